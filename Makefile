@@ -1,0 +1,61 @@
+# sluice front door. Every target installs what is missing first (scripts/install-deps.sh).
+#   make test       build (RelWithDebInfo) and run the whole CTest suite
+#   make test-tsan  the suite under ThreadSanitizer
+#   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make bench      build and run the benchmarks, JSON results in build/bench-results/
+#   make fuzz       build the libFuzzer targets with clang and fuzz the program parser briefly
+#   make format     clang-format every source file
+
+JOBS ?= $(shell nproc)
+CMAKE_GEN := -G Ninja
+CTEST := ctest --output-on-failure -j$(JOBS)
+
+.PHONY: all deps build test test-tsan test-asan bench fuzz format clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build/build.ninja: | deps
+	cmake -S . -B build $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: deps build/build.ninja
+	cmake --build build -j$(JOBS)
+
+test: build
+	cd build && $(CTEST)
+
+build-tsan/build.ninja: | deps
+	cmake -S . -B build-tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=thread -DSLUICE_BUILD_BENCHMARKS=OFF
+
+test-tsan: deps build-tsan/build.ninja
+	cmake --build build-tsan -j$(JOBS)
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(CTEST)
+
+build-asan/build.ninja: | deps
+	cmake -S . -B build-asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=address -DSLUICE_BUILD_BENCHMARKS=OFF
+
+test-asan: deps build-asan/build.ninja
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" $(CTEST)
+
+bench: build
+	@mkdir -p build/bench-results
+	@for b in build/bench/*_bench; do \
+	  echo "== $$b"; \
+	  $$b --benchmark_format=console --benchmark_out=build/bench-results/$$(basename $$b).json --benchmark_out_format=json || exit 1; \
+	done
+
+build-fuzz/build.ninja: | deps
+	CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_BUILD_FUZZERS=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
+
+fuzz: deps build-fuzz/build.ninja
+	cmake --build build-fuzz -j$(JOBS)
+	mkdir -p build-fuzz/corpus && build-fuzz/fuzz/parser_fuzz build-fuzz/corpus fuzz/corpus/parser -max_total_time=$${FUZZ_SECONDS:-60}
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cc')
+
+clean:
+	rm -rf build build-tsan build-asan build-fuzz

@@ -1,0 +1,59 @@
+// Allocator: the one interface through which sluice obtains tensor memory.
+//
+// Every instance keeps its own MemoryStats, so several can coexist (one per pipeline stage) and
+// each reports only its own bytes.
+//
+// Contract for all implementations:
+//   * Allocate(bytes) returns memory aligned to kAlignment for `bytes` > 0. It throws
+//     InvalidArgument for 0 or for a size above kMaxAllocationBytes, and OutOfMemory when the
+//     operating system refuses. It never returns nullptr.
+//   * Deallocate(ptr, bytes) takes back a pointer from Allocate of the same instance with the same
+//     `bytes`.
+//   * Thread-safety: all methods may be called concurrently; in particular one thread may allocate
+//     while another frees (the asynchronous garbage collector frees on its own thread).
+//   * An allocator must outlive every Storage it handed memory to.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "sluice/core/memory_stats.h"
+
+namespace sluice {
+
+inline constexpr size_t kAlignment = 64;
+// Requests above this (1 TiB) are rejected as absurd before asking the OS.
+inline constexpr size_t kMaxAllocationBytes = size_t{1} << 40;
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Deallocate(void* ptr, size_t bytes) = 0;
+
+  // A consistent snapshot of this instance's statistics.
+  virtual MemoryStats Stats() const = 0;
+  // Peaks restart from the current values.
+  virtual void ResetPeak() = 0;
+  // Records (time, ±bytes, tag) for every allocation and free while on; turning on clears.
+  virtual void EnableTimeline(bool on) = 0;
+  virtual std::vector<MemoryEvent> Timeline() const = 0;
+
+  // Short name for reports: "system", "caching".
+  virtual std::string_view name() const = 0;
+};
+
+// Throws InvalidArgument when `bytes` is 0 or above kMaxAllocationBytes. `who` names the allocator.
+void ValidateAllocationSize(size_t bytes, std::string_view who);
+
+// Rounds `bytes` up to a multiple of `multiple` (a power of two).
+constexpr size_t RoundUp(size_t bytes, size_t multiple) {
+  return (bytes + multiple - 1) & ~(multiple - 1);
+}
+
+// The process-wide allocator used when none is given (a CachingAllocator).
+Allocator& DefaultAllocator();
+
+}  // namespace sluice

@@ -1,0 +1,49 @@
+// Element types of tensors.
+//
+// f32 and f64 are what kernels compute (f64 is for gradient checks); i32 and i64 hold indices
+// (embedding ids, targets); bf16 and f16 exist as storage types (size and name) for checkpoints
+// and memory accounting, and kernels reject them with a clear error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace sluice {
+
+enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64 };
+
+// Bytes per element.
+constexpr size_t SizeOf(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF64: return 8;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+  }
+  return 0;
+}
+
+// Short lowercase name as used in the text format and safetensors mapping: "f32", "i64", ...
+std::string_view Name(DType t);
+
+// Inverse of Name(); nullopt for an unknown name.
+std::optional<DType> ParseDType(std::string_view name);
+
+constexpr bool IsFloating(DType t) {
+  return t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
+}
+constexpr bool IsInteger(DType t) { return t == DType::kI32 || t == DType::kI64; }
+
+// Maps a C++ element type to its DType: DTypeOf<float>() == DType::kF32.
+template <typename T>
+constexpr DType DTypeOf();
+template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
+template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
+template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
+template <> constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
+
+}  // namespace sluice

@@ -1,0 +1,74 @@
+// Memory statistics kept by every allocator instance (one per pipeline stage later).
+//
+// "Allocated" counts the bytes callers requested (the sum of live requests), so that it can be
+// compared exactly with a program's liveness lower bound. "Reserved" counts the bytes held from the
+// operating system (chunks of a caching allocator, mapped pages of the system allocator).
+//
+// MemoryStatsRecorder is not synchronized: the owning allocator calls it under its own lock.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace sluice {
+
+struct MemoryStats {
+  int64_t allocated_bytes = 0;       // live requested bytes now
+  int64_t peak_allocated_bytes = 0;  // maximum of allocated_bytes since creation or ResetPeak()
+  int64_t reserved_bytes = 0;        // bytes held from the OS now
+  int64_t peak_reserved_bytes = 0;   // maximum of reserved_bytes since creation or ResetPeak()
+  int64_t num_allocs = 0;            // successful Allocate calls
+  int64_t num_frees = 0;             // Deallocate calls
+  int64_t num_os_allocs = 0;         // times memory was obtained from the OS
+  int64_t num_os_frees = 0;          // times memory was returned to the OS
+};
+
+// One point of the optional memory timeline: after an allocation (delta > 0) or a free (delta < 0).
+struct MemoryEvent {
+  int64_t time_ns;          // steady-clock nanoseconds since the recorder was created
+  int64_t delta_bytes;      // +requested on allocation, -requested on free
+  int64_t allocated_bytes;  // allocated_bytes after the event
+  const char* tag;          // the thread's current MemoryTag (static string), or "" if none
+};
+
+// Sets the tag recorded with timeline events made by this thread while the object lives.
+// Tags must be string literals or otherwise outlive the timeline.
+// Example: { ScopedMemoryTag tag("forward"); RunForward(); }
+class ScopedMemoryTag {
+ public:
+  explicit ScopedMemoryTag(const char* tag);
+  ~ScopedMemoryTag();
+  ScopedMemoryTag(const ScopedMemoryTag&) = delete;
+  ScopedMemoryTag& operator=(const ScopedMemoryTag&) = delete;
+  static const char* Current();
+
+ private:
+  const char* previous_;
+};
+
+class MemoryStatsRecorder {
+ public:
+  MemoryStatsRecorder();
+
+  void OnAllocate(int64_t requested_bytes);
+  void OnFree(int64_t requested_bytes);
+  void OnReserve(int64_t bytes);    // memory obtained from the OS
+  void OnUnreserve(int64_t bytes);  // memory returned to the OS
+
+  const MemoryStats& stats() const { return stats_; }
+  void ResetPeak();
+
+  // Timeline recording is off by default; turning it on clears earlier events.
+  void EnableTimeline(bool on);
+  const std::vector<MemoryEvent>& timeline() const { return timeline_; }
+
+ private:
+  void Record(int64_t delta);
+
+  MemoryStats stats_;
+  bool timeline_on_ = false;
+  int64_t origin_ns_;
+  std::vector<MemoryEvent> timeline_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,74 @@
+#include "sluice/core/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include "sluice/core/system_allocator.h"
+
+namespace sluice {
+namespace {
+
+TEST(Tensor, ViewSeesWritesThroughItsBase) {
+  Tensor x = Tensor::Zeros({2, 3}, DType::kF32);
+  Tensor v = x.Reshape({3, 2});
+  EXPECT_EQ(v.storage(), x.storage());
+  x.data<float>()[5] = 7.0f;
+  EXPECT_EQ(v.At({2, 1}), 7.0);
+  Tensor s = x.Slice(1, 1, 3);
+  x.data<float>()[4] = 3.0f;  // x[1, 1]
+  EXPECT_EQ(s.At({1, 0}), 3.0);
+}
+
+TEST(Tensor, TransposeSwapsStrides) {
+  Tensor x = Tensor::FromVector<float>({2, 3}, {0, 1, 2, 3, 4, 5});
+  Tensor t = x.Transpose(0, 1);
+  EXPECT_EQ(t.shape(), (Shape{3, 2}));
+  EXPECT_EQ(t.strides()[0], 1);
+  EXPECT_EQ(t.strides()[1], 3);
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.At({2, 1}), 5.0);
+  Tensor c = t.Contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_NE(c.storage(), x.storage());
+  EXPECT_EQ(c.FlatAt(1), 3.0);
+}
+
+TEST(Tensor, PermuteAndReshapeOfNonContiguousCopies) {
+  Tensor x = Tensor::FromVector<double>({2, 3, 4}, std::vector<double>(24, 1.0));
+  for (int i = 0; i < 24; ++i) x.data<double>()[i] = i;
+  const int64_t order[] = {2, 0, 1};
+  Tensor p = x.Permute(order);
+  EXPECT_EQ(p.shape(), (Shape{4, 2, 3}));
+  EXPECT_EQ(p.At({3, 1, 2}), x.At({1, 2, 3}));
+  Tensor r = p.Reshape({4, 6});
+  EXPECT_NE(r.storage(), x.storage());
+  EXPECT_EQ(r.At({3, 5}), x.At({1, 2, 3}));
+}
+
+TEST(Tensor, BadViewsAreErrors) {
+  Tensor x = Tensor::Zeros({2, 3}, DType::kF32);
+  EXPECT_THROW(x.Reshape({4, 2}), ShapeError);
+  EXPECT_THROW(x.Slice(1, 2, 4), ShapeError);
+  EXPECT_THROW(x.Transpose(0, 2), ShapeError);
+  EXPECT_THROW(x.data<double>(), ShapeError);
+}
+
+TEST(Tensor, ToStringIsReadable) {
+  Tensor x = Tensor::FromVector<float>({2, 2}, {1, 2, 3, 4.5});
+  EXPECT_EQ(x.ToString(), "Tensor(f32[2, 2], [[1, 2], [3, 4.5]])");
+}
+
+TEST(Tensor, StorageReturnsMemoryToItsAllocator) {
+  SystemAllocator alloc;
+  {
+    Tensor x = Tensor::Zeros({256, 256}, DType::kF32, alloc);
+    Tensor view = x.Transpose(0, 1);
+    EXPECT_EQ(alloc.Stats().allocated_bytes, 256 * 256 * 4);
+    x = Tensor();
+    EXPECT_EQ(alloc.Stats().allocated_bytes, 256 * 256 * 4) << "the view keeps the storage alive";
+  }
+  EXPECT_EQ(alloc.Stats().allocated_bytes, 0);
+  EXPECT_EQ(alloc.Stats().num_frees, 1);
+}
+
+}  // namespace
+}  // namespace sluice

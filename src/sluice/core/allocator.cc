@@ -1,12 +1,12 @@
 #include "sluice/core/allocator.h"
 
-#include "sluice/core/system_allocator.h"
+#include "sluice/core/caching_allocator.h"
 
 namespace sluice {
 
 Allocator& DefaultAllocator() {
   // Never destroyed: tensors with static lifetime may still return memory at exit.
-  static Allocator* const instance = new SystemAllocator();
+  static Allocator* const instance = new CachingAllocator();
   return *instance;
 }
 

@@ -1,0 +1,315 @@
+#include "sluice/autodiff/autodiff.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+#include "sluice/ir/builder.h"
+#include "sluice/ir/ops.h"
+
+namespace sluice {
+
+namespace {
+
+std::string GradName(std::string_view v) { return std::string(v) + ".grad"; }
+
+class BackwardBuilder {
+ public:
+  BackwardBuilder(const Program& fwd, const GradientSpec& spec)
+      : fwd_(fwd), spec_(spec), b_(fwd.name() + ".backward"),
+        imported_(fwd.values().size()), contributions_(fwd.values().size()),
+        grad_(fwd.values().size()), depends_on_wrt_(fwd.values().size(), false) {}
+
+  Backward Build();
+
+  // Used by the VJP context.
+  Builder& builder() { return b_; }
+  Var Import(ValueId v);
+  Var GradOf(ValueId v);
+  bool DependsOnWrt(ValueId v) const { return depends_on_wrt_[v]; }
+
+ private:
+  void MarkGradName(Var v, ValueId forward_value);
+
+  const Program& fwd_;
+  const GradientSpec& spec_;
+  Builder b_;
+  std::vector<Var> imported_;                    // forward value -> its copy in the backward program
+  std::vector<std::vector<Var>> contributions_;  // forward value -> gradient parts, in arrival order
+  std::vector<Var> grad_;                        // forward value -> summed gradient, once final
+  std::vector<bool> depends_on_wrt_;
+  std::unordered_set<ValueId> grad_named_;       // backward values already named "<v>.grad"
+};
+
+class Context final : public VjpContext {
+ public:
+  Context(BackwardBuilder& bb, const Program& fwd, const Instruction& ins) : bb_(bb), fwd_(fwd), ins_(ins) {}
+  Builder& builder() override { return bb_.builder(); }
+  const Attrs& attrs() const override { return ins_.attrs; }
+  int num_inputs() const override { return static_cast<int>(ins_.inputs.size()); }
+  int num_outputs() const override { return static_cast<int>(ins_.outputs.size()); }
+  Var x(int i) override { return bb_.Import(ins_.inputs.at(i)); }
+  Var y(int i) override { return bb_.Import(ins_.outputs.at(i)); }
+  const TensorType& x_type(int i) const override { return fwd_.value(ins_.inputs.at(i)).type; }
+  const TensorType& y_type(int i) const override { return fwd_.value(ins_.outputs.at(i)).type; }
+  Var dy(int i) override { return bb_.GradOf(ins_.outputs.at(i)); }
+  bool needs(int i) const override {
+    ValueId v = ins_.inputs.at(i);
+    return bb_.DependsOnWrt(v) && IsFloating(fwd_.value(v).type.dtype);
+  }
+
+ private:
+  BackwardBuilder& bb_;
+  const Program& fwd_;
+  const Instruction& ins_;
+};
+
+Var BackwardBuilder::Import(ValueId v) {
+  if (!imported_[v].valid()) {
+    const Value& value = fwd_.value(v);
+    imported_[v] = value.kind == ValueKind::kParam ? b_.Param(value.name, value.type.dtype, value.type.shape)
+                                                   : b_.Input(value.name, value.type.dtype, value.type.shape);
+  }
+  return imported_[v];
+}
+
+void BackwardBuilder::MarkGradName(Var v, ValueId forward_value) {
+  // Only values computed by a backward instruction and not yet another value's gradient are renamed.
+  const std::string name = GradName(fwd_.value(forward_value).name);
+  if (v.value().producer >= 0 && !grad_named_.count(v.id()) && !b_.program().Find(name)) {
+    b_.mutable_program().Rename(v.id(), name);
+    grad_named_.insert(v.id());
+  }
+}
+
+Var BackwardBuilder::GradOf(ValueId v) {
+  if (grad_[v].valid()) return grad_[v];
+  const std::vector<Var>& parts = contributions_[v];
+  if (parts.empty()) return Var();
+  Var sum = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) sum = Add(sum, parts[i]);
+  MarkGradName(sum, v);
+  grad_[v] = sum;
+  return sum;
+}
+
+Backward BackwardBuilder::Build() {
+  // Which forward values depend on something we differentiate with respect to.
+  for (const std::string& name : spec_.wrt) {
+    ValueId v = fwd_.Get(name);
+    if (!IsFloating(fwd_.value(v).type.dtype)) {
+      throw ProgramError(fmt::format("autodiff: cannot differentiate with respect to %{} of dtype {}", name,
+                                     Name(fwd_.value(v).type.dtype)));
+    }
+    depends_on_wrt_[v] = true;
+  }
+  for (const Instruction& ins : fwd_.instructions()) {
+    bool any = std::any_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId v) { return depends_on_wrt_[v]; });
+    for (ValueId o : ins.outputs) depends_on_wrt_[o] = any;
+  }
+
+  // Seeds: the loss gets 1 inside the program; other seeds come in as "<v>.grad" inputs.
+  if (!spec_.loss.empty()) {
+    ValueId loss = fwd_.Get(spec_.loss);
+    const TensorType& t = fwd_.value(loss).type;
+    if (t.shape.numel() != 1) {
+      throw ProgramError(fmt::format("autodiff: the loss %{} must be a scalar, it is {}", spec_.loss, t.ToString()));
+    }
+    Var one = Full(b_, t.shape, 1.0, t.dtype);
+    b_.mutable_program().Rename(one.id(), GradName(spec_.loss));
+    grad_named_.insert(one.id());
+    contributions_[loss].push_back(one);
+  }
+  for (const std::string& name : spec_.seeds) {
+    ValueId v = fwd_.Get(name);
+    const TensorType& t = fwd_.value(v).type;
+    Var seed = b_.Input(GradName(name), t.dtype, t.shape);
+    grad_named_.insert(seed.id());
+    contributions_[v].push_back(seed);
+  }
+
+  // Reverse sweep: every instruction whose outputs carry a gradient and whose inputs need one.
+  const auto& instrs = fwd_.instructions();
+  for (size_t k = instrs.size(); k-- > 0;) {
+    const Instruction& ins = instrs[k];
+    if (ins.op->kind == OpKind::kInPlace) continue;
+    Context ctx(*this, fwd_, ins);
+    bool any_needed = false;
+    for (int i = 0; i < ctx.num_inputs(); ++i) any_needed |= ctx.needs(i);
+    bool any_grad = false;
+    for (ValueId o : ins.outputs) any_grad |= GradOf(o).valid();
+    if (!any_needed || !any_grad) continue;
+    const std::string where = fmt::format("{} %{}", ins.op->name, fwd_.value(ins.outputs.at(0)).name);
+    if (ins.op->vjp == nullptr) {
+      throw ProgramError(fmt::format("autodiff: op {} has no gradient rule", where));
+    }
+    std::vector<Var> grads = ins.op->vjp(ctx);
+    SLUICE_CHECK(grads.size() == ins.inputs.size(), "VJP of {} returned {} gradients for {} inputs", where,
+                 grads.size(), ins.inputs.size());
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!ctx.needs(static_cast<int>(i)) || !grads[i].valid()) continue;
+      SLUICE_CHECK(grads[i].type() == ctx.x_type(static_cast<int>(i)), "VJP of {}: gradient of input {} is {}, expected {}",
+                   where, i, grads[i].type().ToString(), ctx.x_type(static_cast<int>(i)).ToString());
+      contributions_[ins.inputs[i]].push_back(grads[i]);
+    }
+  }
+
+  // Outputs: one "<wrt>.grad" per requested value (zeros when nothing depends on it).
+  Backward out;
+  for (const std::string& name : spec_.wrt) {
+    ValueId v = fwd_.Get(name);
+    const TensorType& t = fwd_.value(v).type;
+    Var g = GradOf(v);
+    if (!g.valid()) g = Full(b_, t.shape, 0.0, t.dtype);
+    if (g.name() != GradName(name)) {
+      if (g.value().producer < 0 || grad_named_.count(g.id())) g = Copy(g);  // the gradient aliases another value
+      b_.mutable_program().Rename(g.id(), GradName(name));
+      grad_named_.insert(g.id());
+    }
+    b_.Output(g);
+    out.grads.push_back(GradName(name));
+  }
+
+  out.program = PruneDeadCode(b_.program());
+  std::unordered_set<std::string> seed_names;
+  for (const std::string& s : spec_.seeds) seed_names.insert(GradName(s));
+  for (ValueId v : out.program.inputs()) {
+    const std::string& n = out.program.value(v).name;
+    if (!seed_names.count(n)) out.saved.push_back(n);
+  }
+  for (ValueId v : out.program.params()) out.params_read.push_back(out.program.value(v).name);
+  return out;
+}
+
+// Copies the values and instructions of `src` selected by `keep_instr` into a new program.
+// Inputs and params are kept when `keep_value` says so.
+template <typename KeepInstr, typename KeepValue>
+Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_instr, KeepValue keep_value) {
+  Program dst(name);
+  for (ValueId v : src.inputs()) {
+    if (keep_value(v)) dst.AddInput(src.value(v).name, src.value(v).type);
+  }
+  for (ValueId v : src.params()) {
+    if (keep_value(v)) dst.AddParam(src.value(v).name, src.value(v).type);
+  }
+  const auto& instrs = src.instructions();
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    if (!keep_instr(i)) continue;
+    const Instruction& ins = instrs[i];
+    std::vector<ValueId> inputs;
+    for (ValueId v : ins.inputs) inputs.push_back(dst.Get(src.value(v).name));
+    std::vector<std::string> names;
+    for (ValueId v : ins.outputs) names.push_back(src.value(v).name);
+    dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+  }
+  return dst;
+}
+
+}  // namespace
+
+Program PruneDeadCode(const Program& p) {
+  std::vector<bool> live(p.values().size(), false);
+  for (ValueId v : p.outputs()) live[v] = true;
+  const auto& instrs = p.instructions();
+  std::vector<bool> keep(instrs.size(), false);
+  for (size_t i = instrs.size(); i-- > 0;) {
+    const Instruction& ins = instrs[i];
+    keep[i] = ins.op->kind == OpKind::kInPlace ||
+              std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return live[v]; });
+    if (keep[i]) {
+      for (ValueId v : ins.inputs) live[v] = true;
+    }
+  }
+  Program out = CopyProgram(p, p.name(), [&](size_t i) { return keep[i]; }, [&](ValueId v) { return live[v]; });
+  for (ValueId v : p.outputs()) out.AddOutput(out.Get(p.value(v).name));
+  return out;
+}
+
+Backward BuildBackward(const Program& forward, const GradientSpec& spec) {
+  return BackwardBuilder(forward, spec).Build();
+}
+
+SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& b_wrt) {
+  const Program& p = backward.program;
+  const auto& instrs = p.instructions();
+  const size_t nv = p.values().size();
+
+  // B: the backward slice of the gradients of b_wrt.
+  std::vector<bool> b_value(nv, false), in_b(instrs.size(), false);
+  std::vector<ValueId> b_outputs;
+  for (const std::string& name : b_wrt) {
+    ValueId g = p.Get(name + ".grad");
+    b_value[g] = true;
+    b_outputs.push_back(g);
+  }
+  for (size_t i = instrs.size(); i-- > 0;) {
+    const Instruction& ins = instrs[i];
+    in_b[i] = std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return b_value[v]; });
+    if (in_b[i]) {
+      for (ValueId v : ins.inputs) b_value[v] = true;
+    }
+  }
+  // W: everything else that reaches the remaining outputs.
+  std::vector<bool> w_value(nv, false), in_w(instrs.size(), false);
+  std::vector<ValueId> w_outputs;
+  for (ValueId v : p.outputs()) {
+    bool defined_in_b = p.value(v).producer >= 0 && in_b[p.value(v).producer];
+    if (std::find(b_outputs.begin(), b_outputs.end(), v) != b_outputs.end()) continue;
+    if (defined_in_b || p.value(v).producer < 0) {
+      b_outputs.push_back(v);  // already computed by B (or passed through): B hands it out
+    } else {
+      w_outputs.push_back(v);
+      w_value[v] = true;
+    }
+  }
+  for (size_t i = instrs.size(); i-- > 0;) {
+    const Instruction& ins = instrs[i];
+    if (in_b[i]) continue;
+    in_w[i] = std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return w_value[v]; });
+    if (in_w[i]) {
+      for (ValueId v : ins.inputs) w_value[v] = true;
+    }
+  }
+
+  SplitBackward out;
+  // Values computed in B that W reads.
+  std::vector<ValueId> crossing;
+  for (ValueId v = 0; v < static_cast<ValueId>(nv); ++v) {
+    int32_t prod = p.value(v).producer;
+    if (prod >= 0 && in_b[prod] && w_value[v]) crossing.push_back(v);
+  }
+  out.b = CopyProgram(p, p.name() + ".b", [&](size_t i) { return in_b[i]; }, [&](ValueId v) { return b_value[v]; });
+  for (ValueId v : b_outputs) out.b.AddOutput(out.b.Get(p.value(v).name));
+  for (ValueId v : crossing) {
+    out.b.AddOutput(out.b.Get(p.value(v).name));
+    out.b_to_w.push_back(p.value(v).name);
+  }
+
+  Program w(p.name() + ".w");
+  for (ValueId v : p.inputs()) {
+    if (w_value[v]) {
+      w.AddInput(p.value(v).name, p.value(v).type);
+      out.w_saved.push_back(p.value(v).name);
+    }
+  }
+  for (ValueId v : crossing) w.AddInput(p.value(v).name, p.value(v).type);
+  for (ValueId v : p.params()) {
+    if (w_value[v]) w.AddParam(p.value(v).name, p.value(v).type);
+  }
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    if (!in_w[i]) continue;
+    const Instruction& ins = instrs[i];
+    std::vector<ValueId> inputs;
+    for (ValueId v : ins.inputs) inputs.push_back(w.Get(p.value(v).name));
+    std::vector<std::string> names;
+    for (ValueId v : ins.outputs) names.push_back(p.value(v).name);
+    w.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+  }
+  for (ValueId v : w_outputs) w.AddOutput(w.Get(p.value(v).name));
+  out.w = std::move(w);
+  return out;
+}
+
+}  // namespace sluice

@@ -1,0 +1,75 @@
+// Reverse-mode automatic differentiation over programs.
+//
+// BuildBackward takes a forward program and produces a separate backward program that computes
+// gradients. The two programs meet in a Scope: the backward program declares as inputs exactly the
+// forward values it reads (the *saved* values, same names), declares the forward parameters it
+// reads as parameters, and outputs the gradients.
+//
+// Gradient naming (stable, so optimizers and pipeline stages can find gradients by name):
+//   * the gradient of a value %v is named %v.grad — always for the values differentiated with
+//     respect to (the backward program's outputs), and for every intermediate gradient that is
+//     computed by an instruction of its own;
+//   * a seed gradient fed in by the caller (the gradient of a pipeline stage's output) is the
+//     backward input %v.grad;
+//   * partial contributions to a value used more than once keep generated names (add_3, ...) and
+//     are summed, in the order the uses appear in reverse, into %v.grad.
+//
+// Work no gradient needs is never emitted: VJP rules are only asked for inputs that depend on a
+// value being differentiated, and a final pass removes instructions whose results reach no output.
+//
+// Example:
+//   GradientSpec spec{.loss = "loss", .wrt = {"w1", "w2"}};
+//   Backward bwd = BuildBackward(forward, spec);
+//   // run forward keeping bwd.saved, then run bwd.program; scope now holds "w1.grad", "w2.grad".
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sluice/ir/program.h"
+
+namespace sluice {
+
+struct GradientSpec {
+  // A scalar value whose gradient is seeded with 1 inside the backward program (may be empty).
+  std::string loss;
+  // Values whose gradients are given by the caller as backward inputs named "<v>.grad".
+  std::vector<std::string> seeds;
+  // Values to differentiate with respect to: parameters and/or inputs of the forward program.
+  std::vector<std::string> wrt;
+};
+
+struct Backward {
+  Program program;
+  // Forward values the backward program reads as inputs (saved activations and forward inputs).
+  std::vector<std::string> saved;
+  // Forward parameters the backward program reads.
+  std::vector<std::string> params_read;
+  // Gradient value names, in the order of GradientSpec::wrt: "<wrt>.grad".
+  std::vector<std::string> grads;
+};
+
+// Throws ProgramError when a wrt or seed value does not exist, the loss is not a scalar, or a
+// needed op has no VJP rule (naming the op and the value).
+Backward BuildBackward(const Program& forward, const GradientSpec& spec);
+
+// The zero-bubble split of a backward program.
+//   B computes the gradients of `b_wrt` (typically a stage's inputs: the critical path);
+//   W computes the remaining gradients (typically the parameters'), reading only forward saved
+//   values and the values B leaves for it (`b_to_w`, outputs of B, inputs of W).
+// Running B then W gives bitwise the same gradients as the unsplit backward program: the
+// instructions are the same, only partitioned.
+struct SplitBackward {
+  Program b;
+  Program w;
+  std::vector<std::string> b_to_w;
+  std::vector<std::string> w_saved;  // forward values W reads
+};
+
+SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& b_wrt);
+
+// A copy of `program` without the instructions whose outputs reach no program output (in-place ops
+// always stay) and without inputs and params that nothing reads.
+Program PruneDeadCode(const Program& program);
+
+}  // namespace sluice

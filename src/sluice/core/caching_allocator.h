@@ -1,0 +1,155 @@
+// CachingAllocator: keeps memory obtained from the OS and hands it out again, so that the
+// allocate/free churn of a training step costs tens of nanoseconds instead of an mmap, munmap and
+// a page fault per page. It is the allocator sluice uses by default (DefaultAllocator()).
+//
+// How memory is organised:
+//   * Memory is mapped from the OS (mmap) in chunks; a chunk is split into blocks, each either
+//     allocated (handed to a caller) or free (cached). Blocks of a chunk tile it exactly, in
+//     address order.
+//   * Rounding: every request is rounded up to a multiple of kRoundBytes (512 B). Chunks are
+//     page-aligned and blocks start at multiples of 512 B inside them, so every pointer is aligned
+//     to kAlignment (64 B), and to 512 B in fact.
+//   * Two pools, so that small tensors do not fragment the chunks of large ones:
+//       - small: rounded size <= chunk_bytes / 2 (1 MiB by default); carved from chunks of exactly
+//         chunk_bytes (2 MiB). A free block is split when the remainder is at least 512 B.
+//       - large: rounded size > chunk_bytes / 2; carved from chunks of the rounded size rounded up
+//         to a multiple of chunk_bytes (a 3 MiB request maps a 4 MiB chunk). A free block is split
+//         only when the remainder is at least chunk_bytes / 2, so large blocks are not cut into
+//         slivers; otherwise the caller gets the whole block (the slack is internal waste).
+//   * Best fit: a request takes the smallest free block of its pool that holds it. Free blocks are
+//     kept in size-class bins (exact per 512 B up to 2 MiB, then 16 bins per power of two) with a
+//     bitmap of non-empty bins, so the search is a few bit scans plus, above 2 MiB, a walk of one
+//     bin's list.
+//   * Coalescing: a freed block merges at once with a free neighbour on either side, so a chunk
+//     whose blocks are all free is a single free block again.
+//   * Auto-growth: when no free block fits, a new chunk is mapped. If the OS refuses (or the
+//     max_reserved_bytes budget would be exceeded), completely free chunks are returned to the OS
+//     first and the mapping retried once.
+//   * No heap allocation on the hot path: block descriptors come from a pooled arena and live
+//     pointers are found through an open-addressing hash table; both only grow (rarely) and never
+//     shrink, so a steady state of Allocate/Deallocate allocates nothing.
+//
+// Statistics: allocated_bytes is the exact sum of the live requests (not rounded); reserved_bytes
+// is the sum of the mapped chunks. num_os_allocs / num_os_frees count chunk maps and unmaps.
+//
+// Thread-safety: all methods may be called from any thread at the same time (one mutex guards all
+// state; see the fields). mmap runs under the lock, munmap in ReleaseCached() outside it.
+//
+// Invariants (checked by CheckInvariants()):
+//   * the blocks of a chunk tile it with no gap or overlap, and no two free blocks are adjacent;
+//   * every free block is in exactly the bin of its size, every allocated block in the live map;
+//   * allocated_bytes == sum of live requests; reserved_bytes == sum of chunk sizes.
+//
+// Errors: Allocate throws InvalidArgument for 0 bytes or above kMaxAllocationBytes, and
+// OutOfMemory (naming the request, the chunk and what is held) when no chunk can be mapped.
+// Deallocate of a pointer this instance does not own, or with a size other than the one
+// allocated, fails SLUICE_CHECK (InternalError) and leaves the allocator unchanged.
+//
+// Example:
+//   CachingAllocator alloc;                     // 2 MiB chunks, no budget
+//   void* p = alloc.Allocate(1000);             // maps a 2 MiB chunk, returns its first 1024 B
+//   alloc.Deallocate(p, 1000);                  // cached: the chunk is one free block again
+//   void* q = alloc.Allocate(1000);             // no OS call; q == p
+//   alloc.Deallocate(q, 1000);
+//   alloc.ReleaseCached();                      // unmaps the chunk; Stats().reserved_bytes == 0
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "sluice/core/allocator.h"
+
+namespace sluice {
+
+struct CachingAllocatorOptions {
+  // Size of a small-pool chunk and the granularity of large-pool chunks. A power of two, at least
+  // 64 KiB and a multiple of the page size. Requests whose rounded size is at most half of it are
+  // "small".
+  size_t chunk_bytes = size_t{2} << 20;
+  // Upper bound on reserved_bytes (a device-like memory budget); 0 means only the OS limits it.
+  size_t max_reserved_bytes = 0;
+};
+
+// A read-only picture of the allocator's chunks, for tests and debugging output.
+struct CachingAllocatorSnapshot {
+  struct Block {
+    size_t offset;           // from the chunk's base
+    size_t size;             // bytes the block spans (a multiple of kRoundBytes)
+    size_t requested_bytes;  // what the caller asked for; 0 when the block is free
+    bool allocated;
+  };
+  struct Chunk {
+    uintptr_t base;
+    size_t size;
+    bool small_pool;
+    std::vector<Block> blocks;  // in address order, tiling the chunk
+  };
+  std::vector<Chunk> chunks;  // in no particular order
+};
+
+class CachingAllocator final : public Allocator {
+ public:
+  static constexpr size_t kRoundBytes = 512;
+
+  // Throws InvalidArgument when the options are not as documented above.
+  explicit CachingAllocator(CachingAllocatorOptions options = {});
+  // Unmaps every chunk. Blocks still allocated become invalid (an allocator must outlive every
+  // Storage it handed memory to).
+  ~CachingAllocator() override;
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  void* Allocate(size_t bytes) override;
+  void Deallocate(void* ptr, size_t bytes) override;
+  MemoryStats Stats() const override;
+  void ResetPeak() override;
+  void EnableTimeline(bool on) override;
+  std::vector<MemoryEvent> Timeline() const override;
+  std::string_view name() const override { return "caching"; }
+
+  // Returns every completely free chunk to the OS. Chunks holding an allocated block stay.
+  // Returns the number of bytes unmapped.
+  size_t ReleaseCached();
+
+  // Introspection (each takes the lock; cheap except Snapshot and CheckInvariants, which walk
+  // every block).
+  size_t NumChunks() const;
+  size_t NumFreeBlocks() const;
+  CachingAllocatorSnapshot Snapshot() const;
+  // Verifies the invariants listed at the top; fails SLUICE_CHECK on the first violation.
+  void CheckInvariants() const;
+
+  const CachingAllocatorOptions& options() const { return options_; }
+
+ private:
+  struct Block;     // a span of a chunk, allocated or free (defined in the .cc)
+  struct Chunk;     // one OS mapping
+  class Pool;       // free blocks of one pool in size-class bins
+  class BlockMap;   // pointer -> allocated Block, open addressing
+  class BlockArena; // pooled storage for Block descriptors
+
+  Pool& PoolFor(size_t rounded) const;
+  Block* MapChunk(Pool& pool, size_t rounded, size_t requested);  // requires mu_
+  void Split(Pool& pool, Block* block, size_t rounded);          // requires mu_
+  void FreeBlock(Block* block);                                   // requires mu_
+  // Detaches completely free chunks; the caller unmaps them after dropping mu_ (or under it).
+  std::vector<Chunk*> DetachFreeChunks();                         // requires mu_
+  static void UnmapChunks(const std::vector<Chunk*>& chunks);
+
+  const CachingAllocatorOptions options_;  // immutable after construction
+
+  mutable std::mutex mu_;
+  std::unique_ptr<Pool> small_pool_;       // GUARDED_BY(mu_): blocks of chunk_bytes chunks
+  std::unique_ptr<Pool> large_pool_;       // GUARDED_BY(mu_): blocks of large chunks
+  std::unique_ptr<BlockMap> live_;         // GUARDED_BY(mu_): every allocated block by pointer
+  std::unique_ptr<BlockArena> arena_;      // GUARDED_BY(mu_): spare Block descriptors
+  Chunk* chunks_ = nullptr;                // GUARDED_BY(mu_): all chunks, intrusive list
+  size_t num_chunks_ = 0;                  // GUARDED_BY(mu_)
+  MemoryStatsRecorder recorder_;           // GUARDED_BY(mu_)
+};
+
+}  // namespace sluice

@@ -1,0 +1,43 @@
+#include "sluice/exec/reference_runner.h"
+
+#include <fmt/format.h>
+
+namespace sluice {
+
+void CheckBinding(const Program& program, ValueId v, const Tensor& t) {
+  const Value& value = program.value(v);
+  if (!t.defined() || t.dtype() != value.type.dtype || t.shape() != value.type.shape) {
+    throw ProgramError(fmt::format("program '{}': %{} must be {} but is bound to {}", program.name(),
+                                   value.name, value.type.ToString(),
+                                   t.defined() ? fmt::format("{}{}", Name(t.dtype()), t.shape().ToString())
+                                               : std::string("nothing")));
+  }
+}
+
+void RunReference(const Program& program, Scope& scope, Allocator& allocator, bool use_reference_kernels) {
+  std::vector<Tensor> slots(program.values().size());
+  auto bind = [&](ValueId v) {
+    slots[v] = scope.Get(program.value(v).name);
+    CheckBinding(program, v, slots[v]);
+    if (!slots[v].is_contiguous()) slots[v] = slots[v].Contiguous(allocator);
+  };
+  for (ValueId v : program.inputs()) bind(v);
+  for (ValueId v : program.params()) bind(v);
+
+  std::vector<Tensor> ins, outs;
+  for (const Instruction& instr : program.instructions()) {
+    ins.clear();
+    outs.clear();
+    for (ValueId v : instr.inputs) ins.push_back(slots[v]);
+    for (ValueId v : instr.outputs) {
+      const TensorType& t = program.value(v).type;
+      outs.push_back(instr.op->kind == OpKind::kCompute ? Tensor::Empty(t.shape, t.dtype, allocator) : Tensor());
+    }
+    KernelContext ctx{ins, outs, instr.attrs, allocator};
+    (use_reference_kernels ? instr.op->reference : instr.op->kernel)(ctx);
+    for (size_t i = 0; i < instr.outputs.size(); ++i) slots[instr.outputs[i]] = std::move(outs[i]);
+  }
+  for (ValueId v : program.outputs()) scope.Set(program.value(v).name, slots[v]);
+}
+
+}  // namespace sluice

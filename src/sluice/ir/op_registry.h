@@ -1,0 +1,141 @@
+// The op registry: every op registers, in one place, its shape/dtype inference, its kernels
+// (a plain reference kernel and a fast one) and its VJP (gradient) rule. Autodiff, the verifier,
+// the interpreter and the op test harness all read ops from here; none of them switches on op names.
+//
+// Adding an op: write the kernels in kernels/, register an OpDef in the family file under
+// ir/ops/ (e.g. ir/ops/elementwise.cc), add a builder function to the family header, and add one
+// entry to the op table in tests/ops/.
+//
+// Kinds of ops:
+//   kCompute  outputs are fresh contiguous tensors that the executor allocates before calling the
+//             kernel (KernelContext::outputs are defined and sized by inference).
+//   kView     outputs alias the storage of input 0 (reshape, split along the leading axis); the
+//             kernel assigns KernelContext::outputs itself and allocates nothing.
+//   kInPlace  no outputs; the kernel updates inputs in place (optimizer updates). Never pruned.
+//
+// Contiguity invariant: every tensor bound to a value of a program is contiguous. Kernels may rely
+// on it; view ops only produce contiguous views (ops like transpose copy).
+//
+// Thread-safety: the registry is filled once on first use (thread-safe static) and read-only after.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/core/allocator.h"
+#include "sluice/core/tensor.h"
+#include "sluice/ir/attrs.h"
+
+namespace sluice {
+
+class Builder;
+class Var;
+struct Instruction;
+
+// Dtype and shape of one value, as inference sees it.
+struct TensorType {
+  DType dtype = DType::kF32;
+  Shape shape;
+  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
+  std::string ToString() const;  // "f32[2, 3]"
+};
+
+enum class OpKind : uint8_t { kCompute, kView, kInPlace };
+
+// What a kernel sees. Inputs are contiguous. For kCompute ops, outputs are allocated (contiguous,
+// uninitialized); for kView ops the kernel assigns them; kInPlace ops have none.
+struct KernelContext {
+  std::span<const Tensor> inputs;
+  std::span<Tensor> outputs;
+  const Attrs& attrs;
+  Allocator& allocator;  // for scratch memory the kernel needs
+};
+
+using KernelFn = void (*)(KernelContext& ctx);
+
+// Infers the output types from input types and attributes. Throws ShapeError (without the
+// instruction's name: the caller adds it) when the inputs do not fit.
+using InferFn = std::vector<TensorType> (*)(std::span<const TensorType> inputs, const Attrs& attrs);
+
+// What a VJP rule sees while autodiff builds the backward program. Forward values are imported
+// into the backward program lazily: calling x(i) or y(i) makes that forward value a *saved value*
+// the backward program reads, so rules should only ask for what they need.
+class VjpContext {
+ public:
+  virtual ~VjpContext() = default;
+  virtual Builder& builder() = 0;
+  virtual const Attrs& attrs() const = 0;
+  virtual int num_inputs() const = 0;
+  virtual int num_outputs() const = 0;
+  // Forward input i / output i as a value of the backward program (marks it saved).
+  virtual Var x(int i) = 0;
+  virtual Var y(int i) = 0;
+  // Type of forward input i / output i (no import).
+  virtual const TensorType& x_type(int i) const = 0;
+  virtual const TensorType& y_type(int i) const = 0;
+  // Gradient of output i; an invalid Var when nothing downstream depends on that output.
+  virtual Var dy(int i) = 0;
+  // Whether the gradient of input i is wanted.
+  virtual bool needs(int i) const = 0;
+};
+
+// Returns one entry per forward input: its gradient contribution, or an invalid Var when the input
+// has no gradient (not needed, or not differentiable such as integer indices).
+using VjpFn = std::vector<Var> (*)(VjpContext& ctx);
+
+struct OpDef {
+  std::string name;
+  OpKind kind = OpKind::kCompute;
+  int num_inputs = 0;  // -1: variadic (at least one)
+  InferFn infer = nullptr;
+  KernelFn kernel = nullptr;     // fast kernel
+  KernelFn reference = nullptr;  // plain, commented reference kernel (== kernel when there is one)
+  VjpFn vjp = nullptr;           // null: not differentiable (autodiff reports it by name)
+  std::string doc;               // one line for `sluice ops` and docs
+};
+
+class OpRegistry {
+ public:
+  // The registry with every built-in op.
+  static const OpRegistry& Global();
+
+  // Throws ProgramError("unknown op 'foo'") when absent.
+  const OpDef& Get(std::string_view name) const;
+  const OpDef* Find(std::string_view name) const;
+  std::vector<const OpDef*> All() const;
+
+  // Registration (ir/ops/*.cc). Throws InternalError on a duplicate name.
+  void Register(OpDef def);
+
+ private:
+  std::map<std::string, std::unique_ptr<OpDef>, std::less<>> ops_;
+};
+
+// Family registration functions, called once by OpRegistry::Global() (ir/ops/*.cc).
+void RegisterElementwiseOps(OpRegistry& registry);  // add, sub, mul, div, scale, unary, fill, cast...
+void RegisterReductionOps(OpRegistry& registry);    // sum, mean, sum_to
+void RegisterShapeOps(OpRegistry& registry);        // reshape, transpose, permute, slice, concat, split
+void RegisterLinalgOps(OpRegistry& registry);       // matmul, linear
+void RegisterNnOps(OpRegistry& registry);           // softmax, masks, layer_norm, embedding, cross_entropy
+void RegisterOptimizerOps(OpRegistry& registry);    // sgd_update, adamw_update
+
+// Dispatches on a floating dtype: DispatchFloat(t, [&]<typename T>() { ... }). Throws ShapeError
+// naming `what` for non-float dtypes.
+template <typename F>
+decltype(auto) DispatchFloat(DType t, std::string_view what, F&& f) {
+  switch (t) {
+    case DType::kF32: return f.template operator()<float>();
+    case DType::kF64: return f.template operator()<double>();
+    default: break;
+  }
+  throw ShapeError(std::string(what) + ": kernels compute f32 and f64 only, not " +
+                   std::string(Name(t)));
+}
+
+}  // namespace sluice

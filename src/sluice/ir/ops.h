@@ -1,0 +1,10 @@
+// Builder functions for every built-in op, grouped by family. Include this to write models.
+// Shapes use the glossary B batch, T sequence, C channels, H heads, V vocabulary.
+#pragma once
+
+#include "sluice/ir/ops/elementwise.h"
+#include "sluice/ir/ops/linalg.h"
+#include "sluice/ir/ops/nn.h"
+#include "sluice/ir/ops/optimizer.h"
+#include "sluice/ir/ops/reduction.h"
+#include "sluice/ir/ops/shape.h"

@@ -1,0 +1,93 @@
+// Matrix products: registration, inference and VJP rules. Kernels: kernels/matmul.h.
+#include "sluice/ir/ops/linalg.h"
+
+#include "sluice/ir/ops.h"
+#include "sluice/ir/ops/common.h"
+#include "sluice/kernels/matmul.h"
+
+namespace sluice {
+
+namespace {
+
+std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs& attrs) {
+  DType t = ops::SameFloatDType(in);
+  const bool ta = attrs.GetBool("transpose_a", false), tb = attrs.GetBool("transpose_b", false);
+  kernels::MatMulDims d = kernels::MatMulShape(in[0].shape, in[1].shape, ta, tb);
+  Shape out = in[0].shape;
+  out[out.rank() - 2] = d.m;
+  out[out.rank() - 1] = d.n;
+  return {{t, out}};
+}
+
+template <bool kFast>
+void MatMulKernel(KernelContext& ctx) {
+  const bool ta = ctx.attrs.GetBool("transpose_a", false), tb = ctx.attrs.GetBool("transpose_b", false);
+  DispatchFloat(ctx.outputs[0].dtype(), "matmul", [&]<typename T>() {
+    if constexpr (kFast) {
+      kernels::MatMulBlas<T>(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ta, tb);
+    } else {
+      kernels::MatMulReference<T>(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ta, tb);
+    }
+  });
+}
+
+// Folds every axis but the last into one: [..., X] -> [N, X].
+Var Flatten2D(Var v) { return Reshape(v, {-1, v.shape()[v.rank() - 1]}); }
+
+// C = op(A)·op(B). For each transpose combination the gradients are again matmuls:
+//   ta tb | dA (stored like A)    | dB (stored like B)
+//   0  0  | dC·Bᵀ                 | Aᵀ·dC
+//   0  1  | dC·B                  | dCᵀ·A
+//   1  0  | B·dCᵀ                 | A·dC
+//   1  1  | Bᵀ·dCᵀ                | dCᵀ·Aᵀ
+// When B is a 2-D weight shared by a batched A, dB sums over the batch: with A not transposed the
+// batch folds into the rows (one GEMM), otherwise the batched product is summed with SumTo.
+std::vector<Var> MatMulVjp(VjpContext& ctx) {
+  const bool ta = ctx.attrs().GetBool("transpose_a", false), tb = ctx.attrs().GetBool("transpose_b", false);
+  Var dc = ctx.dy(0);
+  std::vector<Var> grads(2);
+  if (ctx.needs(0)) {
+    Var b = ctx.x(1);
+    if (!ta) {
+      grads[0] = MatMul(dc, b, false, !tb);
+    } else if (b.rank() == 2 && dc.rank() > 2) {
+      // A shared 2-D B cannot lead a batched product: dA = (dC·op(B)ᵀ)ᵀ over the last two axes.
+      grads[0] = Transpose(MatMul(dc, b, false, !tb), -2, -1);
+    } else {
+      grads[0] = MatMul(b, dc, tb, true);
+    }
+  }
+  if (ctx.needs(1)) {
+    Var a = ctx.x(0);
+    const bool shared = ctx.x_type(1).shape.rank() == 2 && ctx.x_type(0).shape.rank() > 2;
+    if (shared && !ta) {
+      Var a2 = Flatten2D(a), dc2 = Flatten2D(dc);
+      grads[1] = tb ? MatMul(dc2, a2, true, false) : MatMul(a2, dc2, true, false);
+    } else {
+      Var g = tb ? MatMul(dc, a, true, ta) : MatMul(a, dc, !ta, false);
+      grads[1] = shared ? SumTo(g, ctx.x_type(1).shape) : g;
+    }
+  }
+  return grads;
+}
+
+}  // namespace
+
+Var MatMul(Var a, Var b, bool transpose_a, bool transpose_b) {
+  Attrs attrs;
+  if (transpose_a) attrs.Set("transpose_a", true);
+  if (transpose_b) attrs.Set("transpose_b", true);
+  return a.builder()->Emit1("matmul", {a, b}, std::move(attrs));
+}
+
+void RegisterLinalgOps(OpRegistry& r) {
+  r.Register({.name = "matmul",
+              .num_inputs = 2,
+              .infer = InferMatMul,
+              .kernel = MatMulKernel<true>,
+              .reference = MatMulKernel<false>,
+              .vjp = MatMulVjp,
+              .doc = "op(a)·op(b) with optional transposes and batch axes (CBLAS GEMM)"});
+}
+
+}  // namespace sluice

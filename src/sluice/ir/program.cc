@@ -1,0 +1,131 @@
+#include "sluice/ir/program.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+
+namespace sluice {
+
+std::string TensorType::ToString() const { return fmt::format("{}{}", Name(dtype), shape.ToString()); }
+
+std::optional<ValueId> Program::Find(std::string_view name) const {
+  auto it = by_name_.find(std::string(name));
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second;
+}
+
+ValueId Program::Get(std::string_view name) const {
+  std::optional<ValueId> id = Find(name);
+  if (!id) throw ProgramError(fmt::format("program '{}' has no value %{}", name_, name));
+  return *id;
+}
+
+ValueId Program::NewValue(std::string name, TensorType type, ValueKind kind, int32_t producer) {
+  if (name.empty()) throw ProgramError(fmt::format("program '{}': a value needs a name", name_));
+  if (by_name_.count(name)) {
+    throw ProgramError(fmt::format("program '{}': value %{} is defined twice", name_, name));
+  }
+  ValueId id = static_cast<ValueId>(values_.size());
+  by_name_.emplace(name, id);
+  values_.push_back({std::move(name), std::move(type), kind, producer});
+  return id;
+}
+
+ValueId Program::AddInput(std::string name, TensorType type) {
+  ValueId id = NewValue(std::move(name), std::move(type), ValueKind::kInput, -1);
+  inputs_.push_back(id);
+  return id;
+}
+
+ValueId Program::AddParam(std::string name, TensorType type) {
+  ValueId id = NewValue(std::move(name), std::move(type), ValueKind::kParam, -1);
+  params_.push_back(id);
+  return id;
+}
+
+std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vector<ValueId> inputs,
+                                             Attrs attrs, std::vector<std::string> output_names) {
+  const OpDef& op = OpRegistry::Global().Get(op_name);
+  auto where = [&]() {
+    return output_names.empty() ? fmt::format("{} (instruction {})", op.name, instructions_.size())
+                                : fmt::format("{} %{}", op.name, output_names[0]);
+  };
+  if (op.num_inputs >= 0 && static_cast<int>(inputs.size()) != op.num_inputs) {
+    throw ProgramError(fmt::format("{}: takes {} inputs, got {}", where(), op.num_inputs, inputs.size()));
+  }
+  if (op.num_inputs < 0 && inputs.empty()) {
+    throw ProgramError(fmt::format("{}: takes at least one input", where()));
+  }
+  std::vector<TensorType> in_types;
+  in_types.reserve(inputs.size());
+  for (ValueId v : inputs) {
+    if (v < 0 || static_cast<size_t>(v) >= values_.size()) {
+      throw ProgramError(fmt::format("{}: input refers to an undefined value", where()));
+    }
+    in_types.push_back(values_[v].type);
+  }
+  std::vector<TensorType> out_types;
+  try {
+    out_types = op.infer(in_types, attrs);
+  } catch (const ShapeError& e) {
+    std::vector<std::string> names;
+    for (ValueId v : inputs) names.push_back(fmt::format("%{}: {}", values_[v].name, values_[v].type.ToString()));
+    throw ShapeError(fmt::format("{}({}): {}", where(), fmt::join(names, ", "), e.what()));
+  } catch (const ProgramError& e) {
+    throw ProgramError(fmt::format("{}: {}", where(), e.what()));
+  }
+  if (!output_names.empty() && output_names.size() != out_types.size()) {
+    throw ProgramError(fmt::format("{}: produces {} outputs but {} names were given", where(),
+                                   out_types.size(), output_names.size()));
+  }
+  // Check every name before defining any, so a failed instruction leaves the program unchanged.
+  for (size_t i = 0; i < output_names.size(); ++i) {
+    if (by_name_.count(output_names[i]) ||
+        std::count(output_names.begin(), output_names.end(), output_names[i]) > 1) {
+      throw ProgramError(fmt::format("{}: value %{} is defined twice", where(), output_names[i]));
+    }
+  }
+  const int32_t index = static_cast<int32_t>(instructions_.size());
+  Instruction instr{&op, std::move(attrs), std::move(inputs), {}};
+  for (size_t i = 0; i < out_types.size(); ++i) {
+    std::string name = output_names.empty() ? FreshName(op.name) : std::move(output_names[i]);
+    instr.outputs.push_back(NewValue(std::move(name), out_types[i], ValueKind::kIntermediate, index));
+  }
+  instructions_.push_back(std::move(instr));
+  return instructions_.back().outputs;
+}
+
+void Program::AddOutput(ValueId id) {
+  SLUICE_CHECK(id >= 0 && static_cast<size_t>(id) < values_.size());
+  if (std::find(outputs_.begin(), outputs_.end(), id) == outputs_.end()) outputs_.push_back(id);
+}
+
+void Program::Rename(ValueId id, std::string new_name) {
+  SLUICE_CHECK(id >= 0 && static_cast<size_t>(id) < values_.size());
+  if (values_[id].name == new_name) return;
+  if (by_name_.count(new_name)) {
+    throw ProgramError(fmt::format("program '{}': cannot rename %{} to %{}: the name is taken",
+                                   name_, values_[id].name, new_name));
+  }
+  by_name_.erase(values_[id].name);
+  by_name_.emplace(new_name, id);
+  values_[id].name = std::move(new_name);
+}
+
+std::string Program::FreshName(std::string_view hint) const {
+  std::string base(hint);
+  int& counter = fresh_counters_[base];
+  for (;;) {
+    std::string candidate = fmt::format("{}_{}", base, counter++);
+    if (!by_name_.count(candidate)) return candidate;
+  }
+}
+
+size_t Program::Bytes(ValueId id) const {
+  const TensorType& t = value(id).type;
+  return static_cast<size_t>(t.shape.numel()) * SizeOf(t.dtype);
+}
+
+}  // namespace sluice

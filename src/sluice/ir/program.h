@@ -1,0 +1,104 @@
+// Program: a static, SSA-form computation — the unit sluice analyses, differentiates and runs.
+//
+// A program has values (each with a unique name, dtype and shape, defined exactly once) and an
+// ordered list of instructions (op, attributes, input values, output values). Values are defined
+// by being declared as a program input, a parameter, or an instruction output. Outputs are the
+// values the program hands back to its caller.
+//   * inputs     data bound by the caller for each run (token ids, targets, the gradient of a
+//                stage's output, values saved by another program such as forward activations).
+//   * params     long-lived state bound by the caller (weights, optimizer moments); never freed.
+//   * outputs    values left in the scope after the run (loss, gradients, saved activations).
+//
+// Values are addressed by ValueId (an index into values()). Programs are built with Builder
+// (ir/builder.h) or parsed from text (ir/text_format.h); both go through AddInput/AddParam/
+// AddInstruction, which run shape inference and reject duplicates immediately.
+//
+// Example:
+//   Program p("affine");
+//   ValueId x = p.AddInput("x", {DType::kF32, Shape{8, 16}});
+//   ValueId w = p.AddParam("w", {DType::kF32, Shape{16, 4}});
+//   ValueId y = p.AddInstruction("matmul", {x, w}, {}, {"y"})[0];
+//   p.AddOutput(y);
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "sluice/ir/attrs.h"
+#include "sluice/ir/op_registry.h"
+
+namespace sluice {
+
+using ValueId = int32_t;
+inline constexpr ValueId kNoValue = -1;
+
+enum class ValueKind : uint8_t { kInput, kParam, kIntermediate };
+
+struct Value {
+  std::string name;
+  TensorType type;
+  ValueKind kind = ValueKind::kIntermediate;
+  int32_t producer = -1;  // index of the defining instruction; -1 for inputs and params
+};
+
+struct Instruction {
+  const OpDef* op = nullptr;
+  Attrs attrs;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+};
+
+class Program {
+ public:
+  explicit Program(std::string name = "main") : name_(std::move(name)) {}
+
+  const std::string& name() const { return name_; }
+  const std::vector<Value>& values() const { return values_; }
+  const Value& value(ValueId id) const { return values_.at(static_cast<size_t>(id)); }
+  const std::vector<Instruction>& instructions() const { return instructions_; }
+  const std::vector<ValueId>& inputs() const { return inputs_; }
+  const std::vector<ValueId>& params() const { return params_; }
+  const std::vector<ValueId>& outputs() const { return outputs_; }
+
+  std::optional<ValueId> Find(std::string_view name) const;
+  // Throws ProgramError naming the value when absent.
+  ValueId Get(std::string_view name) const;
+
+  // Declarations. Throw ProgramError on a duplicate name.
+  ValueId AddInput(std::string name, TensorType type);
+  ValueId AddParam(std::string name, TensorType type);
+  // Appends an instruction of registered op `op`, running its shape inference; output i is named
+  // output_names[i] when given, otherwise a fresh name derived from the op ("matmul_3").
+  // Throws ProgramError (unknown op, wrong arity, undefined input, duplicate name) or ShapeError
+  // (inference), each naming the op and the first output.
+  std::vector<ValueId> AddInstruction(std::string_view op, std::vector<ValueId> inputs, Attrs attrs,
+                                      std::vector<std::string> output_names = {});
+  // Marks a value as a program output (once; order is kept).
+  void AddOutput(ValueId id);
+
+  // Renames a value (the new name must be unused).
+  void Rename(ValueId id, std::string new_name);
+  // A name not used yet: "hint_N" with the smallest free N counting from 0.
+  std::string FreshName(std::string_view hint) const;
+
+  // Total bytes of a value's tensor.
+  size_t Bytes(ValueId id) const;
+
+ private:
+  ValueId NewValue(std::string name, TensorType type, ValueKind kind, int32_t producer);
+
+  std::string name_;
+  std::vector<Value> values_;
+  std::vector<Instruction> instructions_;
+  std::vector<ValueId> inputs_;
+  std::vector<ValueId> params_;
+  std::vector<ValueId> outputs_;
+  std::unordered_map<std::string, ValueId> by_name_;
+  mutable std::unordered_map<std::string, int> fresh_counters_;
+};
+
+}  // namespace sluice

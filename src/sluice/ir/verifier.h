@@ -1,0 +1,15 @@
+// Verifier: checks that a program is well formed before anything analyses or runs it.
+//
+// Checks: every value is defined exactly once (as input, param or the output of one instruction)
+// and before its first use; each instruction's op is registered, has the right number of inputs,
+// and the types of its outputs equal what the op's inference gives; program outputs are defined.
+// Throws ProgramError naming the program, the instruction (index, op, first output) and the value.
+#pragma once
+
+#include "sluice/ir/program.h"
+
+namespace sluice {
+
+void Verify(const Program& program);
+
+}  // namespace sluice

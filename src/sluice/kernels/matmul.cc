@@ -1,0 +1,104 @@
+#include "sluice/kernels/matmul.h"
+
+#include <cblas.h>
+
+#include <fmt/format.h>
+
+namespace sluice::kernels {
+
+MatMulDims MatMulShape(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b) {
+  auto fail = [&](const std::string& why) {
+    throw ShapeError(fmt::format("matmul{}{} of {} and {}: {}", transpose_a ? " (a transposed)" : "",
+                                 transpose_b ? " (b transposed)" : "", a.ToString(), b.ToString(), why));
+  };
+  if (a.rank() < 2 || b.rank() < 2) fail("both operands need rank 2 or more");
+  MatMulDims d;
+  const int ra = a.rank(), rb = b.rank();
+  d.m = transpose_a ? a[ra - 1] : a[ra - 2];
+  d.k = transpose_a ? a[ra - 2] : a[ra - 1];
+  const int64_t kb = transpose_b ? b[rb - 1] : b[rb - 2];
+  d.n = transpose_b ? b[rb - 2] : b[rb - 1];
+  if (d.k != kb) fail(fmt::format("inner dimensions differ ({} vs {})", d.k, kb));
+  for (int i = 0; i < ra - 2; ++i) d.batch *= a[i];
+  if (rb == 2) {
+    d.b_shared = true;
+  } else {
+    if (rb != ra) fail("b must have rank 2 or the rank of a");
+    for (int i = 0; i < ra - 2; ++i) {
+      if (a[i] != b[i]) fail(fmt::format("batch dimension {} differs ({} vs {})", i, a[i], b[i]));
+    }
+  }
+  return d;
+}
+
+template <typename T>
+void MatMulReference(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+                     bool transpose_b) {
+  const MatMulDims d = MatMulShape(a.shape(), b.shape(), transpose_a, transpose_b);
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* po = out.data<T>();
+  for (int64_t bi = 0; bi < d.batch; ++bi) {
+    const T* A = pa + bi * d.m * d.k;
+    const T* B = d.b_shared ? pb : pb + bi * d.k * d.n;
+    T* C = po + bi * d.m * d.n;
+    for (int64_t i = 0; i < d.m; ++i) {
+      for (int64_t j = 0; j < d.n; ++j) {
+        T acc = 0;
+        for (int64_t p = 0; p < d.k; ++p) {
+          // A is [M, K] (or [K, M] when transposed); B is [K, N] (or [N, K]).
+          T x = transpose_a ? A[p * d.m + i] : A[i * d.k + p];
+          T y = transpose_b ? B[j * d.k + p] : B[p * d.n + j];
+          acc += x * y;
+        }
+        C[i * d.n + j] = acc;
+      }
+    }
+  }
+}
+
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          const float* b, float beta, float* c) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c,
+              static_cast<int>(n));
+}
+
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+          const double* b, double beta, double* c) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+              static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c,
+              static_cast<int>(n));
+}
+
+template <typename T>
+void MatMulBlas(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+                bool transpose_b) {
+  const MatMulDims d = MatMulShape(a.shape(), b.shape(), transpose_a, transpose_b);
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* po = out.data<T>();
+  if (d.m == 0 || d.n == 0 || d.batch == 0) return;
+  if (d.k == 0) {
+    for (int64_t i = 0, n = out.numel(); i < n; ++i) po[i] = T(0);
+    return;
+  }
+  if (d.b_shared && !transpose_a) {
+    // Rows of every batch entry are consecutive: one GEMM of (batch·M) × K by K × N.
+    Gemm(false, transpose_b, d.batch * d.m, d.n, d.k, T(1), pa, pb, T(0), po);
+    return;
+  }
+  for (int64_t bi = 0; bi < d.batch; ++bi) {
+    Gemm(transpose_a, transpose_b, d.m, d.n, d.k, T(1), pa + bi * d.m * d.k,
+         d.b_shared ? pb : pb + bi * d.k * d.n, T(0), po + bi * d.m * d.n);
+  }
+}
+
+template void MatMulReference<float>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
+template void MatMulReference<double>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
+template void MatMulBlas<float>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
+template void MatMulBlas<double>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
+
+}  // namespace sluice::kernels

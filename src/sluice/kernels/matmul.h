@@ -1,0 +1,39 @@
+// Matrix multiplication kernels.
+//
+//   out[..., M, N] = op(a)[..., M, K] · op(b)[..., K, N]
+// where op(a) is a or its transpose over the last two axes (transpose_a), likewise b.
+// a has rank ≥ 2; b has rank 2 (shared by every batch entry, as a weight) or a's rank with the
+// same leading (batch) dimensions. All tensors contiguous, out preallocated.
+//
+// MatMulReference: the textbook triple loop, accumulating in T.
+// MatMulBlas: one CBLAS GEMM per batch entry (one GEMM in all when b is a 2-D weight and a is
+// not transposed, by folding a's batch axes into M).
+#pragma once
+
+#include "sluice/core/tensor.h"
+
+namespace sluice::kernels {
+
+struct MatMulDims {
+  int64_t batch = 1;  // product of a's leading dimensions
+  int64_t m = 0, k = 0, n = 0;
+  bool b_shared = false;  // b is 2-D and used by every batch entry
+};
+
+// Throws ShapeError when the shapes do not fit (the message shows both shapes).
+MatMulDims MatMulShape(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b);
+
+template <typename T>
+void MatMulReference(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+                     bool transpose_b);
+template <typename T>
+void MatMulBlas(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+                bool transpose_b);
+
+// Plain GEMM on raw row-major buffers through CBLAS: c = alpha·op(a)·op(b) + beta·c.
+void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, const float* b, float beta, float* c);
+void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, const double* b, double beta, double* c);
+
+}  // namespace sluice::kernels

@@ -1,0 +1,508 @@
+// Tests of CachingAllocator (and the shared Allocator contract on SystemAllocator): disjoint
+// blocks, exact statistics, best fit, splitting and coalescing, returning memory to the OS,
+// cross-thread frees, errors for bad input.
+#include "sluice/core/caching_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "sluice/core/error.h"
+#include "sluice/core/system_allocator.h"
+
+namespace sluice {
+namespace {
+
+constexpr size_t KiB = size_t{1} << 10;
+constexpr size_t MiB = size_t{1} << 20;
+
+// A live block of the randomized tests: its memory holds `id` in every word (and its low byte in
+// the tail), so a block that another one overwrote is noticed before it is freed.
+struct LiveBlock {
+  char* ptr;
+  size_t bytes;
+  uint64_t id;
+};
+
+void Fill(const LiveBlock& b) {
+  const size_t words = b.bytes / 8;
+  auto* w = reinterpret_cast<uint64_t*>(b.ptr);
+  for (size_t i = 0; i < words; ++i) w[i] = b.id;
+  std::memset(b.ptr + words * 8, static_cast<int>(b.id & 0xff), b.bytes - words * 8);
+}
+
+bool Intact(const LiveBlock& b) {
+  const size_t words = b.bytes / 8;
+  const auto* w = reinterpret_cast<const uint64_t*>(b.ptr);
+  for (size_t i = 0; i < words; ++i) {
+    if (w[i] != b.id) return false;
+  }
+  for (size_t i = words * 8; i < b.bytes; ++i) {
+    if (static_cast<unsigned char>(b.ptr[i]) != (b.id & 0xff)) return false;
+  }
+  return true;
+}
+
+// Mostly small requests, some medium, a few large (up to 6 MiB), all sizes odd-ish.
+size_t RandomSize(std::mt19937_64& rng) {
+  const int kind = std::uniform_int_distribution<int>(0, 99)(rng);
+  if (kind < 70) return std::uniform_int_distribution<size_t>(1, 4 * KiB)(rng);
+  if (kind < 94) return std::uniform_int_distribution<size_t>(4 * KiB, MiB + 4 * KiB)(rng);
+  return std::uniform_int_distribution<size_t>(MiB, 6 * MiB)(rng);
+}
+
+class CachingAllocatorRandomTest : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(CachingAllocatorRandomTest, BlocksStayDisjointAndStatsExact) {
+  CachingAllocator alloc;
+  std::mt19937_64 rng(GetParam());
+  std::vector<LiveBlock> live;
+  std::map<uintptr_t, uintptr_t> intervals;  // start -> end of every live block
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+  uint64_t next_id = 1;
+
+  const auto free_one = [&](size_t index) {
+    const LiveBlock b = live[index];
+    ASSERT_TRUE(Intact(b)) << "block " << b.id << " of " << b.bytes << " bytes was overwritten";
+    live[index] = live.back();
+    live.pop_back();
+    intervals.erase(reinterpret_cast<uintptr_t>(b.ptr));
+    alloc.Deallocate(b.ptr, b.bytes);
+    live_bytes -= static_cast<int64_t>(b.bytes);
+  };
+
+  for (int step = 0; step < 3000; ++step) {
+    const bool allocate = live.empty() || std::uniform_int_distribution<int>(0, 99)(rng) < 55;
+    if (allocate) {
+      const size_t bytes = RandomSize(rng);
+      auto* ptr = static_cast<char*>(alloc.Allocate(bytes));
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(ptr) % kAlignment, 0u) << bytes << " bytes";
+      const uintptr_t start = reinterpret_cast<uintptr_t>(ptr);
+      const uintptr_t end = start + bytes;
+      auto after = intervals.lower_bound(start);
+      ASSERT_TRUE(after == intervals.end() || after->first >= end) << "overlaps the next block";
+      ASSERT_TRUE(after == intervals.begin() || std::prev(after)->second <= start)
+          << "overlaps the previous block";
+      intervals.emplace(start, end);
+      live.push_back({ptr, bytes, next_id++});
+      Fill(live.back());
+      live_bytes += static_cast<int64_t>(bytes);
+      peak_bytes = std::max(peak_bytes, live_bytes);
+    } else {
+      free_one(std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng));
+    }
+    const MemoryStats s = alloc.Stats();
+    ASSERT_EQ(s.allocated_bytes, live_bytes) << "step " << step;
+    ASSERT_EQ(s.peak_allocated_bytes, peak_bytes) << "step " << step;
+    ASSERT_GE(s.reserved_bytes, s.allocated_bytes);
+    if (step % 16 == 0) alloc.CheckInvariants();
+  }
+
+  while (!live.empty()) free_one(std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng));
+  alloc.CheckInvariants();
+  const CachingAllocatorSnapshot snapshot = alloc.Snapshot();
+  ASSERT_FALSE(snapshot.chunks.empty());
+  for (const auto& chunk : snapshot.chunks) {
+    ASSERT_EQ(chunk.blocks.size(), 1u) << "chunk of " << chunk.size << " bytes not coalesced";
+    EXPECT_FALSE(chunk.blocks[0].allocated);
+    EXPECT_EQ(chunk.blocks[0].size, chunk.size);
+  }
+  EXPECT_EQ(alloc.NumFreeBlocks(), alloc.NumChunks());
+  const MemoryStats before = alloc.Stats();
+  EXPECT_EQ(before.allocated_bytes, 0);
+  EXPECT_EQ(before.num_allocs, before.num_frees);
+  EXPECT_EQ(alloc.ReleaseCached(), static_cast<size_t>(before.reserved_bytes));
+  const MemoryStats after = alloc.Stats();
+  EXPECT_EQ(after.reserved_bytes, 0);
+  EXPECT_EQ(after.num_os_frees, after.num_os_allocs);
+  EXPECT_EQ(alloc.NumChunks(), 0u);
+  alloc.CheckInvariants();
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, CachingAllocatorRandomTest, ::testing::Values(1, 2, 3, 2024));
+
+TEST(CachingAllocator, EveryPointerIsAlignedTo64) {
+  CachingAllocator alloc;
+  std::vector<std::pair<void*, size_t>> blocks;
+  for (size_t bytes : {size_t{1}, size_t{3}, size_t{63}, size_t{64}, size_t{65}, size_t{511},
+                       size_t{513}, size_t{4097}, MiB - 1, MiB + 1, 3 * MiB + 7}) {
+    for (int i = 0; i < 3; ++i) {
+      void* p = alloc.Allocate(bytes);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kAlignment, 0u) << bytes << " bytes";
+      blocks.emplace_back(p, bytes);
+    }
+  }
+  for (auto [p, bytes] : blocks) alloc.Deallocate(p, bytes);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, ReusesCachedMemoryWithoutTheOs) {
+  CachingAllocator alloc;
+  void* p = alloc.Allocate(1000);
+  alloc.Deallocate(p, 1000);
+  void* q = alloc.Allocate(1000);
+  EXPECT_EQ(q, p) << "the freed block should be handed out again";
+  alloc.Deallocate(q, 1000);
+  EXPECT_EQ(alloc.Stats().num_os_allocs, 1);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+}
+
+TEST(CachingAllocator, SmallAndLargeRequestsGetDocumentedChunks) {
+  CachingAllocator alloc;
+  void* small = alloc.Allocate(MiB);  // rounded 1 MiB: small pool, one 2 MiB chunk
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  void* large = alloc.Allocate(MiB + 1);  // large pool: its own chunk rounded up to 2 MiB
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB));
+  void* larger = alloc.Allocate(3 * MiB);  // a 4 MiB chunk
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(8 * MiB));
+  EXPECT_EQ(alloc.Stats().allocated_bytes, static_cast<int64_t>(5 * MiB + 1));
+  EXPECT_EQ(alloc.NumChunks(), 3u);
+  for (const auto& chunk : alloc.Snapshot().chunks) {
+    EXPECT_EQ(chunk.small_pool, chunk.blocks[0].requested_bytes == MiB);
+  }
+  alloc.Deallocate(small, MiB);
+  alloc.Deallocate(large, MiB + 1);
+  alloc.Deallocate(larger, 3 * MiB);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, LargeBlocksSplitOnlyForALargeRemainder) {
+  CachingAllocator alloc;
+  void* big = alloc.Allocate(64 * MiB);
+  alloc.Deallocate(big, 64 * MiB);
+  // 16 MiB from the free 64 MiB chunk: split, the 48 MiB remainder stays free.
+  void* a = alloc.Allocate(16 * MiB);
+  EXPECT_EQ(a, big);
+  EXPECT_EQ(alloc.Stats().num_os_allocs, 1);
+  auto chunks = alloc.Snapshot().chunks;
+  ASSERT_EQ(chunks.size(), 1u);
+  ASSERT_EQ(chunks[0].blocks.size(), 2u);
+  EXPECT_EQ(chunks[0].blocks[1].size, 48 * MiB);
+  alloc.Deallocate(a, 16 * MiB);
+  // 63.5 MiB leaves 0.5 MiB, below the 1 MiB minimum remainder: the whole block is handed out.
+  void* b = alloc.Allocate(63 * MiB + 512 * KiB);
+  chunks = alloc.Snapshot().chunks;
+  ASSERT_EQ(chunks[0].blocks.size(), 1u);
+  EXPECT_EQ(chunks[0].blocks[0].size, 64 * MiB);
+  EXPECT_EQ(alloc.Stats().allocated_bytes, static_cast<int64_t>(63 * MiB + 512 * KiB));
+  alloc.Deallocate(b, 63 * MiB + 512 * KiB);
+}
+
+TEST(CachingAllocator, PicksTheBestFittingFreeBlock) {
+  CachingAllocator alloc;
+  // One small chunk laid out as a(4K) b(8K) c(4K) d(16K) e(4K) rest; b and d are freed and,
+  // fenced by allocated neighbours, stay separate holes.
+  void* a = alloc.Allocate(4 * KiB);
+  void* b = alloc.Allocate(8 * KiB);
+  void* c = alloc.Allocate(4 * KiB);
+  void* d = alloc.Allocate(16 * KiB);
+  void* e = alloc.Allocate(4 * KiB);
+  ASSERT_EQ(alloc.NumChunks(), 1u);
+  alloc.Deallocate(d, 16 * KiB);
+  alloc.Deallocate(b, 8 * KiB);
+  EXPECT_EQ(alloc.Allocate(6 * KiB), b) << "8K is the best fit for 6K, not 16K or the rest";
+  EXPECT_EQ(alloc.Allocate(12 * KiB), d);
+  EXPECT_EQ(alloc.NumChunks(), 1u);
+  alloc.CheckInvariants();
+  // The 6K request left a 2K hole after b; d's 12K left a 4K hole.
+  const std::vector<std::pair<void*, size_t>> blocks = {
+      {a, 4 * KiB}, {b, 6 * KiB}, {c, 4 * KiB}, {d, 12 * KiB}, {e, 4 * KiB}};
+  for (auto [p, bytes] : blocks) alloc.Deallocate(p, bytes);
+  EXPECT_EQ(alloc.NumFreeBlocks(), 1u);
+}
+
+TEST(CachingAllocator, FreeCoalescesWithBothNeighbours) {
+  CachingAllocator alloc;
+  void* a = alloc.Allocate(1000);
+  void* b = alloc.Allocate(2000);
+  void* c = alloc.Allocate(3000);
+  alloc.Deallocate(a, 1000);
+  alloc.Deallocate(c, 3000);  // merges with the chunk's free tail
+  EXPECT_EQ(alloc.NumFreeBlocks(), 2u);
+  alloc.Deallocate(b, 2000);  // merges with a on the left and the tail on the right
+  EXPECT_EQ(alloc.NumFreeBlocks(), 1u);
+  const auto chunks = alloc.Snapshot().chunks;
+  ASSERT_EQ(chunks.size(), 1u);
+  ASSERT_EQ(chunks[0].blocks.size(), 1u);
+  EXPECT_EQ(chunks[0].blocks[0].size, 2 * MiB);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, ReleaseCachedKeepsChunksInUse) {
+  CachingAllocator alloc;
+  void* kept = alloc.Allocate(100);
+  void* big = alloc.Allocate(10 * MiB);
+  alloc.Deallocate(big, 10 * MiB);
+  EXPECT_EQ(alloc.ReleaseCached(), 10 * MiB);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(alloc.NumChunks(), 1u);
+  alloc.Deallocate(kept, 100);
+  EXPECT_EQ(alloc.ReleaseCached(), 2 * MiB);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, 0);
+  EXPECT_EQ(alloc.Stats().num_os_frees, 2);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, ResetPeakRestartsFromCurrentValues) {
+  CachingAllocator alloc;
+  void* a = alloc.Allocate(3 * MiB);
+  void* b = alloc.Allocate(100);
+  alloc.Deallocate(a, 3 * MiB);
+  MemoryStats s = alloc.Stats();
+  EXPECT_EQ(s.peak_allocated_bytes, static_cast<int64_t>(3 * MiB + 100));
+  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(6 * MiB));
+  alloc.ReleaseCached();
+  alloc.ResetPeak();
+  s = alloc.Stats();
+  EXPECT_EQ(s.peak_allocated_bytes, 100);
+  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(2 * MiB));
+  void* c = alloc.Allocate(50);
+  alloc.Deallocate(c, 50);
+  EXPECT_EQ(alloc.Stats().peak_allocated_bytes, 150);
+  alloc.Deallocate(b, 100);
+  EXPECT_EQ(alloc.Stats().peak_allocated_bytes, 150);
+}
+
+TEST(CachingAllocator, InstancesKeepIndependentStats) {
+  CachingAllocator first;
+  CachingAllocator second;
+  void* p = first.Allocate(123);
+  void* q = second.Allocate(4 * MiB);
+  EXPECT_EQ(first.Stats().allocated_bytes, 123);
+  EXPECT_EQ(second.Stats().allocated_bytes, static_cast<int64_t>(4 * MiB));
+  EXPECT_EQ(first.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(second.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB));
+  EXPECT_THROW(second.Deallocate(p, 123), InternalError) << "p belongs to the first instance";
+  first.Deallocate(p, 123);
+  second.Deallocate(q, 4 * MiB);
+  EXPECT_EQ(first.Stats().num_allocs, 1);
+  EXPECT_EQ(second.Stats().num_frees, 1);
+}
+
+TEST(CachingAllocator, TimelineRecordsTaggedEvents) {
+  CachingAllocator alloc;
+  void* before = alloc.Allocate(7);  // not recorded: the timeline is off
+  alloc.EnableTimeline(true);
+  void* p;
+  {
+    ScopedMemoryTag tag("forward");
+    p = alloc.Allocate(100);
+  }
+  {
+    ScopedMemoryTag tag("backward");
+    alloc.Deallocate(p, 100);
+  }
+  alloc.Deallocate(before, 7);
+  const std::vector<MemoryEvent> events = alloc.Timeline();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].delta_bytes, 100);
+  EXPECT_EQ(events[0].allocated_bytes, 107);
+  EXPECT_STREQ(events[0].tag, "forward");
+  EXPECT_EQ(events[1].delta_bytes, -100);
+  EXPECT_STREQ(events[1].tag, "backward");
+  EXPECT_EQ(events[2].delta_bytes, -7);
+  EXPECT_EQ(events[2].allocated_bytes, 0);
+  EXPECT_STREQ(events[2].tag, "");
+  EXPECT_LE(events[0].time_ns, events[2].time_ns);
+  alloc.EnableTimeline(false);
+  EXPECT_TRUE(alloc.Timeline().empty());
+}
+
+// One thread allocates and hands blocks through a queue to another that frees them, as the
+// asynchronous garbage collector does. Clean under ThreadSanitizer.
+TEST(CachingAllocator, OneThreadAllocatesAnotherFrees) {
+  CachingAllocator alloc;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<LiveBlock> queue;  // guarded by mu
+  bool done = false;            // guarded by mu
+  constexpr int kBlocks = 4000;
+  bool all_intact = true;  // written by the consumer only, read after join
+
+  std::thread consumer([&] {
+    for (;;) {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return !queue.empty() || done; });
+      if (queue.empty()) return;
+      const LiveBlock b = queue.front();
+      queue.pop_front();
+      lock.unlock();
+      all_intact = all_intact && Intact(b);
+      alloc.Deallocate(b.ptr, b.bytes);
+    }
+  });
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < kBlocks; ++i) {
+    const size_t bytes = std::uniform_int_distribution<int>(0, 9)(rng) == 0
+                             ? std::uniform_int_distribution<size_t>(MiB, 3 * MiB)(rng)
+                             : std::uniform_int_distribution<size_t>(1, 8 * KiB)(rng);
+    LiveBlock b{static_cast<char*>(alloc.Allocate(bytes)), bytes, static_cast<uint64_t>(i + 1)};
+    Fill(b);
+    {
+      std::lock_guard lock(mu);
+      queue.push_back(b);
+    }
+    cv.notify_one();
+    if (i % 256 == 0) (void)alloc.Stats();  // reading stats while the other thread frees
+  }
+  {
+    std::lock_guard lock(mu);
+    done = true;
+  }
+  cv.notify_one();
+  consumer.join();
+  EXPECT_TRUE(all_intact);
+  const MemoryStats s = alloc.Stats();
+  EXPECT_EQ(s.allocated_bytes, 0);
+  EXPECT_EQ(s.num_allocs, kBlocks);
+  EXPECT_EQ(s.num_frees, kBlocks);
+  alloc.CheckInvariants();
+  alloc.ReleaseCached();
+  EXPECT_EQ(alloc.Stats().reserved_bytes, 0);
+}
+
+TEST(CachingAllocator, ManyThreadsAllocateAndFreeConcurrently) {
+  CachingAllocator alloc;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&alloc, t] {
+      std::mt19937_64 rng(100 + t);
+      std::vector<std::pair<void*, size_t>> mine;
+      for (int i = 0; i < 2000; ++i) {
+        if (mine.empty() || rng() % 2 == 0) {
+          const size_t bytes = std::uniform_int_distribution<size_t>(1, 64 * KiB)(rng);
+          mine.emplace_back(alloc.Allocate(bytes), bytes);
+        } else {
+          alloc.Deallocate(mine.back().first, mine.back().second);
+          mine.pop_back();
+        }
+        if (i % 500 == 0) alloc.ReleaseCached();
+      }
+      for (auto [p, bytes] : mine) alloc.Deallocate(p, bytes);
+    });
+  }
+  for (auto& t : threads) t.join();
+  alloc.CheckInvariants();
+  EXPECT_EQ(alloc.Stats().allocated_bytes, 0);
+}
+
+TEST(CachingAllocator, BadSizesAreInvalidArgumentsAndLeaveItUsable) {
+  CachingAllocator alloc;
+  try {
+    alloc.Allocate(0);
+    FAIL() << "0 bytes accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "caching allocator: cannot allocate 0 bytes");
+  }
+  try {
+    alloc.Allocate(size_t{1} << 62);
+    FAIL() << "2^62 bytes accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("4611686018427387904 bytes exceeds the limit"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(alloc.Stats().num_allocs, 0);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, 0);
+  void* p = alloc.Allocate(10);
+  alloc.Deallocate(p, 10);
+  alloc.CheckInvariants();
+}
+
+TEST(SystemAllocator, BadSizesAreInvalidArgumentsAndLeaveItUsable) {
+  SystemAllocator alloc;
+  EXPECT_THROW(alloc.Allocate(0), InvalidArgument);
+  EXPECT_THROW(alloc.Allocate(size_t{1} << 62), InvalidArgument);
+  for (size_t bytes : {size_t{10}, 4 * MiB}) {
+    void* p = alloc.Allocate(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kAlignment, 0u);
+    alloc.Deallocate(p, bytes);
+  }
+  EXPECT_EQ(alloc.Stats().allocated_bytes, 0);
+  EXPECT_EQ(alloc.Stats().num_allocs, 2);
+}
+
+TEST(CachingAllocator, ForeignPointersAndWrongSizesFailChecksWithoutHarm) {
+  CachingAllocator alloc;
+  void* p = alloc.Allocate(100);
+  int on_stack = 0;
+  try {
+    alloc.Deallocate(&on_stack, 4);
+    FAIL() << "a foreign pointer was accepted";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not own"), std::string::npos) << e.what();
+  }
+  try {
+    alloc.Deallocate(p, 99);
+    FAIL() << "a wrong size was accepted";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("allocated with 100 bytes"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(alloc.Stats().allocated_bytes, 100);
+  alloc.Deallocate(p, 100);
+  EXPECT_THROW(alloc.Deallocate(p, 100), InternalError) << "double free";
+  alloc.CheckInvariants();
+  EXPECT_EQ(alloc.Stats().num_frees, 1);
+}
+
+TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
+  CachingAllocator alloc({.chunk_bytes = 2 * MiB, .max_reserved_bytes = 4 * MiB});
+  void* big = alloc.Allocate(3 * MiB);  // a 4 MiB chunk: the whole budget
+  try {
+    alloc.Allocate(KiB);
+    FAIL() << "the budget was exceeded";
+  } catch (const OutOfMemory& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("chunk of 2097152 bytes for a request of 1024 bytes"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("max_reserved_bytes = 4194304"), std::string::npos) << message;
+  }
+  alloc.Deallocate(big, 3 * MiB);
+  void* small = alloc.Allocate(KiB);  // the free 4 MiB chunk is unmapped to make room
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  alloc.Deallocate(small, KiB);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, OsRefusalIsOutOfMemory) {
+  CachingAllocator alloc;
+  try {
+    void* p = alloc.Allocate(kMaxAllocationBytes);
+    alloc.Deallocate(p, kMaxAllocationBytes);
+    GTEST_SKIP() << "the OS granted 1 TiB of address space (overcommit); nothing to test";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("request of 1099511627776 bytes: the OS refused"),
+              std::string::npos)
+        << e.what();
+  }
+  void* p = alloc.Allocate(10);
+  alloc.Deallocate(p, 10);
+}
+
+TEST(CachingAllocator, BadOptionsAreInvalidArguments) {
+  EXPECT_THROW(CachingAllocator({.chunk_bytes = 3 * MiB}), InvalidArgument);
+  EXPECT_THROW(CachingAllocator({.chunk_bytes = 4 * KiB}), InvalidArgument);
+  CachingAllocator small_chunks({.chunk_bytes = 64 * KiB});
+  void* p = small_chunks.Allocate(40 * KiB);  // above half a chunk: large pool, one 64 KiB chunk
+  EXPECT_EQ(small_chunks.Stats().reserved_bytes, static_cast<int64_t>(64 * KiB));
+  small_chunks.Deallocate(p, 40 * KiB);
+}
+
+TEST(DefaultAllocator, IsAProcessWideCachingAllocator) {
+  Allocator& a = DefaultAllocator();
+  EXPECT_EQ(&a, &DefaultAllocator());
+  EXPECT_EQ(a.name(), "caching");
+}
+
+}  // namespace
+}  // namespace sluice

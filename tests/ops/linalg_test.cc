@@ -1,0 +1,39 @@
+// Op table: matmul (linalg family).
+#include "op_harness.h"
+
+namespace sluice::testing {
+namespace {
+
+std::vector<OpCase> LinalgCases() {
+  Attrs ta{{"transpose_a", true}}, tb{{"transpose_b", true}}, tab{{"transpose_a", true}, {"transpose_b", true}};
+  return {
+      {.label = "matmul_2d", .op = "matmul", .inputs = {F({3, 5}), F({5, 4})}},
+      {.label = "matmul_odd", .op = "matmul", .inputs = {F({1, 7}), F({7, 1})}},
+      {.label = "matmul_ta", .op = "matmul", .inputs = {F({5, 3}), F({5, 4})}, .attrs = ta},
+      {.label = "matmul_tb", .op = "matmul", .inputs = {F({3, 5}), F({4, 5})}, .attrs = tb},
+      {.label = "matmul_tab", .op = "matmul", .inputs = {F({5, 3}), F({4, 5})}, .attrs = tab},
+      {.label = "matmul_weight_shared", .op = "matmul", .inputs = {F({2, 3, 5}), F({5, 4})}},
+      {.label = "matmul_weight_shared_tb", .op = "matmul", .inputs = {F({2, 3, 5}), F({4, 5})}, .attrs = tb},
+      {.label = "matmul_weight_shared_ta", .op = "matmul", .inputs = {F({2, 5, 3}), F({5, 4})}, .attrs = ta},
+      {.label = "matmul_weight_shared_tab", .op = "matmul", .inputs = {F({2, 5, 3}), F({4, 5})}, .attrs = tab},
+      {.label = "matmul_batched", .op = "matmul", .inputs = {F({2, 2, 3, 4}), F({2, 2, 4, 3})}},
+      {.label = "matmul_batched_tb", .op = "matmul", .inputs = {F({2, 3, 4}), F({2, 5, 4})}, .attrs = tb},
+      {.label = "matmul_batched_ta", .op = "matmul", .inputs = {F({2, 4, 3}), F({2, 4, 5})}, .attrs = ta},
+      {.label = "matmul_big", .op = "matmul", .inputs = {F({33, 65}), F({65, 17})}, .grad = false},
+  };
+}
+
+std::vector<OpErrorCase> LinalgErrors() {
+  return {
+      {.label = "matmul_inner", .op = "matmul", .inputs = {F({3, 5}), F({4, 4})}},
+      {.label = "matmul_rank1", .op = "matmul", .inputs = {F({3}), F({3, 4})}},
+      {.label = "matmul_batch", .op = "matmul", .inputs = {F({2, 3, 4}), F({3, 4, 5})}},
+      {.label = "matmul_dtype", .op = "matmul", .inputs = {F({3, 4}), {DType::kF64, Shape{4, 5}}}},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Linalg, OpHarness, ::testing::ValuesIn(LinalgCases()), CaseName());
+INSTANTIATE_TEST_SUITE_P(Linalg, OpErrors, ::testing::ValuesIn(LinalgErrors()), CaseName());
+
+}  // namespace
+}  // namespace sluice::testing

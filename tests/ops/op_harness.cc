@@ -1,0 +1,174 @@
+#include "op_harness.h"
+
+#include <cmath>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "sluice/autodiff/autodiff.h"
+#include "sluice/exec/reference_runner.h"
+#include "sluice/ir/program.h"
+
+namespace sluice::testing {
+
+namespace {
+
+// The case's program with floating inputs in `float_type`. Inputs are named x0, x1, ...
+Program MakeProgram(const OpCase& c, DType float_type) {
+  Program p(c.label);
+  std::vector<ValueId> ins;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    TensorType t = c.inputs[i];
+    if (IsFloating(t.dtype)) t.dtype = float_type;
+    ins.push_back(p.AddInput(fmt::format("x{}", i), t));
+  }
+  std::vector<ValueId> outs = p.AddInstruction(c.op, ins, c.attrs);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    p.Rename(outs[i], fmt::format("y{}", i));
+    p.AddOutput(outs[i]);
+  }
+  return p;
+}
+
+Tensor MakeInput(const TensorType& t, const Fill& fill, std::mt19937_64& rng) {
+  Tensor x = Tensor::Empty(t.shape, t.dtype);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double v;
+    if (fill.kind == Fill::kIndex) {
+      v = static_cast<double>(std::uniform_int_distribution<int64_t>(0, static_cast<int64_t>(fill.high) - 1)(rng));
+    } else {
+      v = std::uniform_real_distribution<double>(fill.low, fill.high)(rng);
+    }
+    x.FlatSet(i, v);
+  }
+  return x;
+}
+
+Scope MakeInputs(const Program& p, const OpCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Scope scope;
+  for (size_t i = 0; i < p.inputs().size(); ++i) {
+    const Value& v = p.value(p.inputs()[i]);
+    Fill fill = i < c.fills.size() ? c.fills[i] : Fill{};
+    if (fill.kind == Fill::kPositive && fill.low == -1.0) fill = Positive();
+    scope.Set(v.name, MakeInput(v.type, fill, rng));
+  }
+  return scope;
+}
+
+// Inputs are cloned so in-place ops see the same starting state in each run.
+Scope CloneScope(const Scope& s) {
+  Scope out;
+  for (const std::string& n : s.Names()) out.Set(n, s.Get(n).Clone());
+  return out;
+}
+
+void CompareKernels(const OpCase& c, DType t, double tolerance) {
+  Program p = MakeProgram(c, t);
+  Scope inputs = MakeInputs(p, c, 1234);
+  Scope fast = CloneScope(inputs), ref = CloneScope(inputs);
+  RunReference(p, fast, DefaultAllocator(), /*use_reference_kernels=*/false);
+  RunReference(p, ref, DefaultAllocator(), /*use_reference_kernels=*/true);
+  // Compare outputs and (for in-place ops) the possibly updated inputs.
+  for (const std::string& name : fast.Names()) {
+    const Tensor& a = fast.Get(name);
+    const Tensor& b = ref.Get(name);
+    ASSERT_EQ(a.shape(), b.shape()) << name;
+    if (IsInteger(a.dtype())) {
+      EXPECT_TRUE(BitwiseEqual(a, b)) << c.label << " " << name;
+    } else {
+      // Error relative to the tensor's largest magnitude: accumulation order differs between
+      // kernels, so an element that cancels to near zero may differ by a few ulps of its terms.
+      double scale = 1e-6, diff = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        scale = std::max(scale, std::abs(b.FlatAt(i)));
+        diff = std::max(diff, std::abs(a.FlatAt(i) - b.FlatAt(i)));
+      }
+      double err = diff / scale;
+      EXPECT_LE(err, tolerance) << c.label << " (" << Name(t) << "): fast and reference kernels differ on %"
+                                << name << "\nfast " << a.ToString(16) << "\nref  " << b.ToString(16);
+    }
+  }
+}
+
+// L = Σ_k Σ y_k ⊙ r_k for fixed random r_k; dL/dy_k = r_k seeds the backward program.
+void CheckGradients(const OpCase& c) {
+  Program p = MakeProgram(c, DType::kF64);
+  Scope inputs = MakeInputs(p, c, 99);
+  std::mt19937_64 rng(7);
+  std::vector<Tensor> weights;
+  for (ValueId y : p.outputs()) weights.push_back(MakeInput(p.value(y).type, Fill{}, rng));
+
+  GradientSpec spec;
+  for (ValueId y : p.outputs()) spec.seeds.push_back(p.value(y).name);
+  std::vector<size_t> wrt_inputs;
+  for (size_t i = 0; i < p.inputs().size(); ++i) {
+    bool skip = std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), static_cast<int>(i)) != c.no_grad_inputs.end();
+    if (!skip && IsFloating(p.value(p.inputs()[i]).type.dtype)) {
+      spec.wrt.push_back(p.value(p.inputs()[i]).name);
+      wrt_inputs.push_back(i);
+    }
+  }
+  if (spec.wrt.empty()) return;
+  Backward bwd = BuildBackward(p, spec);
+
+  auto loss = [&](Scope& scope) {
+    RunReference(p, scope);
+    double l = 0;
+    for (size_t k = 0; k < p.outputs().size(); ++k) {
+      const Tensor& y = scope.Get(p.value(p.outputs()[k]).name);
+      for (int64_t i = 0; i < y.numel(); ++i) l += y.FlatAt(i) * weights[k].FlatAt(i);
+    }
+    return l;
+  };
+
+  Scope scope = CloneScope(inputs);
+  RunReference(p, scope);
+  for (size_t k = 0; k < p.outputs().size(); ++k) scope.Set(p.value(p.outputs()[k]).name + ".grad", weights[k]);
+  RunReference(bwd.program, scope);
+
+  const double h = 1e-6;
+  for (size_t w = 0; w < spec.wrt.size(); ++w) {
+    const std::string& name = spec.wrt[w];
+    const Tensor& analytic = scope.Get(bwd.grads[w]);
+    const Tensor& x = inputs.Get(name);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      Scope plus = CloneScope(inputs), minus = CloneScope(inputs);
+      plus.Get(name).FlatSet(i, x.FlatAt(i) + h);
+      minus.Get(name).FlatSet(i, x.FlatAt(i) - h);
+      double numeric = (loss(plus) - loss(minus)) / (2 * h);
+      double a = analytic.FlatAt(i);
+      double err = std::abs(a - numeric) / std::max({std::abs(a), std::abs(numeric), 1e-2});
+      ASSERT_LE(err, c.grad_tolerance) << c.label << ": d loss / d " << name << "[" << i << "] analytic " << a
+                                       << " numeric " << numeric;
+    }
+  }
+}
+
+}  // namespace
+
+void RunOpCase(const OpCase& c) {
+  ASSERT_NE(OpRegistry::Global().Find(c.op), nullptr) << "unknown op " << c.op;
+  CompareKernels(c, DType::kF32, c.f32_tolerance);
+  CompareKernels(c, DType::kF64, 1e-12);
+  if (c.grad) CheckGradients(c);
+}
+
+void RunOpErrorCase(const OpErrorCase& c) {
+  Program p(c.label);
+  std::vector<ValueId> ins;
+  for (size_t i = 0; i < c.inputs.size(); ++i) ins.push_back(p.AddInput(fmt::format("x{}", i), c.inputs[i]));
+  try {
+    p.AddInstruction(c.op, ins, c.attrs);
+    ADD_FAILURE() << c.label << ": expected a ShapeError or ProgramError";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find(c.op), std::string::npos) << "message should name the op: " << e.what();
+  } catch (const ProgramError& e) {
+    EXPECT_NE(std::string(e.what()).find(c.op), std::string::npos) << "message should name the op: " << e.what();
+  }
+}
+
+TEST_P(OpHarness, KernelsAgreeAndGradientsCheck) { RunOpCase(GetParam()); }
+TEST_P(OpErrors, BadShapesAreErrors) { RunOpErrorCase(GetParam()); }
+
+}  // namespace sluice::testing

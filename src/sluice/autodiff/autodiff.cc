@@ -96,6 +96,8 @@ Var BackwardBuilder::GradOf(ValueId v) {
 }
 
 Backward BackwardBuilder::Build() {
+  // Backward temporaries must not shadow forward values: both programs share one scope.
+  for (const Value& v : fwd_.values()) b_.mutable_program().ReserveName(v.name);
   // Which forward values depend on something we differentiate with respect to.
   for (const std::string& name : spec_.wrt) {
     ValueId v = fwd_.Get(name);
@@ -188,6 +190,7 @@ Backward BackwardBuilder::Build() {
 template <typename KeepInstr, typename KeepValue>
 Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_instr, KeepValue keep_value) {
   Program dst(name);
+  for (const Value& v : src.values()) dst.ReserveName(v.name);
   for (ValueId v : src.inputs()) {
     if (keep_value(v)) dst.AddInput(src.value(v).name, src.value(v).type);
   }

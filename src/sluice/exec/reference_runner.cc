@@ -14,7 +14,8 @@ void CheckBinding(const Program& program, ValueId v, const Tensor& t) {
   }
 }
 
-void RunReference(const Program& program, Scope& scope, Allocator& allocator, bool use_reference_kernels) {
+void RunReference(const Program& program, Scope& scope, Allocator& allocator, bool use_reference_kernels,
+                  const std::vector<std::string>& keep) {
   std::vector<Tensor> slots(program.values().size());
   auto bind = [&](ValueId v) {
     slots[v] = scope.Get(program.value(v).name);
@@ -38,6 +39,10 @@ void RunReference(const Program& program, Scope& scope, Allocator& allocator, bo
     for (size_t i = 0; i < instr.outputs.size(); ++i) slots[instr.outputs[i]] = std::move(outs[i]);
   }
   for (ValueId v : program.outputs()) scope.Set(program.value(v).name, slots[v]);
+  for (const std::string& name : keep) {
+    ValueId v = program.Get(name);
+    scope.Set(name, slots[v]);
+  }
 }
 
 }  // namespace sluice

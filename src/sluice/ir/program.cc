@@ -119,7 +119,7 @@ std::string Program::FreshName(std::string_view hint) const {
   int& counter = fresh_counters_[base];
   for (;;) {
     std::string candidate = fmt::format("{}_{}", base, counter++);
-    if (!by_name_.count(candidate)) return candidate;
+    if (!by_name_.count(candidate) && !reserved_.count(candidate)) return candidate;
   }
 }
 

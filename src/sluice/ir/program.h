@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "sluice/ir/attrs.h"
@@ -82,8 +83,12 @@ class Program {
 
   // Renames a value (the new name must be unused).
   void Rename(ValueId id, std::string new_name);
-  // A name not used yet: "hint_N" with the smallest free N counting from 0.
+  // A name not used yet: "hint_N" with the smallest free N counting from 0. Names reserved with
+  // ReserveName are avoided too.
   std::string FreshName(std::string_view hint) const;
+  // Keeps FreshName from generating `name` (used so that a backward program's temporaries never
+  // collide with forward values that share a scope with them).
+  void ReserveName(std::string name) { reserved_.insert(std::move(name)); }
 
   // Total bytes of a value's tensor.
   size_t Bytes(ValueId id) const;
@@ -99,6 +104,7 @@ class Program {
   std::vector<ValueId> outputs_;
   std::unordered_map<std::string, ValueId> by_name_;
   mutable std::unordered_map<std::string, int> fresh_counters_;
+  std::unordered_set<std::string> reserved_;
 };
 
 }  // namespace sluice

@@ -1,0 +1,96 @@
+#include "sluice/nn/data.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+
+namespace sluice {
+
+uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index) {
+  uint64_t z = seed ^ (stream * 0x9E3779B97F4A7C15ull) ^ (index * 0xBF58476D1CE4E5B9ull);
+  // SplitMix64 finalizer.
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+SortDataset::SortDataset(int64_t num_digits, int64_t base) : n_(num_digits), base_(base) {
+  if (n_ < 2 || base_ < 2) {
+    throw InvalidArgument(fmt::format("sort data: need at least 2 digits in base 2 or more, got {} digits in base {}",
+                                      n_, base_));
+  }
+}
+
+bool SortDataset::IsHeldOut(const int64_t* digits) const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the digits
+  for (int64_t i = 0; i < n_; ++i) h = (h ^ static_cast<uint64_t>(digits[i])) * 1099511628211ull;
+  return h % 10 == 0;  // one sequence in ten is held out
+}
+
+Batch SortDataset::GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const {
+  const int64_t T = seq_len();
+  Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
+  int64_t* ids = b.ids.data<int64_t>();
+  int64_t* targets = b.targets.data<int64_t>();
+  std::mt19937_64 rng(MixSeed(seed, split == Split::kTrain ? 1 : 2, static_cast<uint64_t>(index)));
+  std::uniform_int_distribution<int64_t> digit(0, base_ - 1);
+  std::vector<int64_t> seq(2 * n_ + 1);
+  for (int64_t r = 0; r < batch_size; ++r) {
+    // Draw until the sequence falls in the requested split.
+    do {
+      for (int64_t i = 0; i < n_; ++i) seq[i] = digit(rng);
+    } while (IsHeldOut(seq.data()) != (split == Split::kValidation));
+    seq[n_] = base_;
+    std::copy(seq.begin(), seq.begin() + n_, seq.begin() + n_ + 1);
+    std::sort(seq.begin() + n_ + 1, seq.end());
+    // Input is the sequence without its last token; the target at position t is token t + 1, and
+    // only positions whose target is a sorted digit count.
+    for (int64_t t = 0; t < T; ++t) {
+      ids[r * T + t] = seq[t];
+      targets[r * T + t] = t >= n_ ? seq[t + 1] : kIgnoreTarget;
+    }
+  }
+  return b;
+}
+
+TextDataset::TextDataset(const std::string& path, int64_t seq_len) : path_(path), seq_len_(seq_len) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("cannot read data file '{}'", path));
+  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (in.bad()) throw IoError(fmt::format("error while reading data file '{}'", path));
+  train_end_ = bytes_.size() * 9 / 10;
+  const size_t need = static_cast<size_t>(seq_len) + 1;
+  if (seq_len < 1 || train_end_ < need || bytes_.size() - train_end_ < need) {
+    throw InvalidArgument(fmt::format(
+        "data file '{}' has {} bytes: too short for sequences of {} tokens (needs at least {} bytes so that "
+        "the 10% validation split holds one sequence); use a larger file or a smaller --seq",
+        path, bytes_.size(), seq_len, need * 10));
+  }
+}
+
+Batch TextDataset::GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const {
+  const int64_t T = seq_len_;
+  const size_t begin = split == Split::kTrain ? 0 : train_end_;
+  const size_t end = split == Split::kTrain ? train_end_ : bytes_.size();
+  Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
+  int64_t* ids = b.ids.data<int64_t>();
+  int64_t* targets = b.targets.data<int64_t>();
+  std::mt19937_64 rng(MixSeed(seed, split == Split::kTrain ? 3 : 4, static_cast<uint64_t>(index)));
+  std::uniform_int_distribution<size_t> start(begin, end - static_cast<size_t>(T) - 1);
+  for (int64_t r = 0; r < batch_size; ++r) {
+    size_t s = start(rng);
+    for (int64_t t = 0; t < T; ++t) {
+      ids[r * T + t] = bytes_[s + t];
+      targets[r * T + t] = bytes_[s + t + 1];
+    }
+  }
+  return b;
+}
+
+}  // namespace sluice

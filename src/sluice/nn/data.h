@@ -1,0 +1,85 @@
+// Training data: token batches for next-token prediction.
+//
+// A Dataset yields batches of ids [B, T] and targets [B, T] (int64). A target of kIgnoreTarget
+// marks a position that does not count in the loss (the prompt of the sort task).
+// Sampling is a pure function of (seed, batch index): batch k of a run is the same whether the run
+// was interrupted or not, so a checkpoint only records the next batch index to resume bitwise.
+//
+//   SortDataset  "sort": n random digits in [0, base), a separator, then the digits sorted.
+//                Needs nothing downloaded. Sequences are split into train and held-out by a hash
+//                of their digits, so validation sequences are never trained on.
+//   TextDataset  byte-level language modelling on any file: vocabulary 256, the first 90% of the
+//                bytes for training, the last 10% for validation, windows drawn uniformly.
+//
+// Thread-safety: const methods are safe to call concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/core/tensor.h"
+
+namespace sluice {
+
+inline constexpr int64_t kIgnoreTarget = -1;
+
+struct Batch {
+  Tensor ids;      // i64 [B, T]
+  Tensor targets;  // i64 [B, T]; kIgnoreTarget where the loss ignores a position
+};
+
+enum class Split { kTrain, kValidation };
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::string name() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // The sequence length T of every batch.
+  virtual int64_t seq_len() const = 0;
+  // Batch number `index` of `split`, deterministic in (seed, index).
+  virtual Batch GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const = 0;
+};
+
+class SortDataset final : public Dataset {
+ public:
+  // n digits in [0, base); T = 2n. Token `base` is the separator. Throws InvalidArgument when
+  // n < 2 or base < 2.
+  SortDataset(int64_t num_digits = 6, int64_t base = 10);
+  std::string name() const override { return "sort"; }
+  int64_t vocab_size() const override { return base_ + 1; }
+  int64_t seq_len() const override { return 2 * n_; }
+  Batch GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const override;
+
+  int64_t num_digits() const { return n_; }
+  int64_t separator() const { return base_; }
+  // Whether a digit sequence belongs to the held-out split.
+  bool IsHeldOut(const int64_t* digits) const;
+
+ private:
+  int64_t n_, base_;
+};
+
+class TextDataset final : public Dataset {
+ public:
+  // Reads the whole file. Throws IoError naming the path when unreadable, InvalidArgument when
+  // either split is shorter than seq_len + 1 bytes (saying how long the file must be).
+  TextDataset(const std::string& path, int64_t seq_len);
+  std::string name() const override { return path_; }
+  int64_t vocab_size() const override { return 256; }
+  int64_t seq_len() const override { return seq_len_; }
+  Batch GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const override;
+
+ private:
+  std::string path_;
+  int64_t seq_len_;
+  std::vector<uint8_t> bytes_;
+  size_t train_end_;  // bytes [0, train_end_) train, [train_end_, size) validation
+};
+
+// SplitMix64 of (seed, stream, index): the seed of every random draw in data and initialization.
+uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index);
+
+}  // namespace sluice

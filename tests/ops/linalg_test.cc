@@ -1,4 +1,4 @@
-// Op table: matmul (linalg family).
+// Op table: matmul and linear (linalg family).
 #include "op_harness.h"
 
 namespace sluice::testing {
@@ -20,6 +20,12 @@ std::vector<OpCase> LinalgCases() {
       {.label = "matmul_batched_tb", .op = "matmul", .inputs = {F({2, 3, 4}), F({2, 5, 4})}, .attrs = tb},
       {.label = "matmul_batched_ta", .op = "matmul", .inputs = {F({2, 4, 3}), F({2, 4, 5})}, .attrs = ta},
       {.label = "matmul_big", .op = "matmul", .inputs = {F({33, 65}), F({65, 17})}, .grad = false},
+      {.label = "linear_2d", .op = "linear", .inputs = {F({3, 5}), F({5, 4}), F({4})}},
+      {.label = "linear_3d", .op = "linear", .inputs = {F({2, 3, 5}), F({5, 4}), F({4})}},
+      {.label = "linear_one", .op = "linear", .inputs = {F({1, 1}), F({1, 7}), F({7})}},
+      {.label = "linear_4d", .op = "linear", .inputs = {F({2, 1, 3, 2}), F({2, 3}), F({3})}},
+      {.label = "linear_no_inputs", .op = "linear", .inputs = {F({3, 0}), F({0, 4}), F({4})}, .grad = false},
+      {.label = "linear_big", .op = "linear", .inputs = {F({33, 65}), F({65, 17}), F({17})}, .grad = false},
   };
 }
 
@@ -29,6 +35,12 @@ std::vector<OpErrorCase> LinalgErrors() {
       {.label = "matmul_rank1", .op = "matmul", .inputs = {F({3}), F({3, 4})}},
       {.label = "matmul_batch", .op = "matmul", .inputs = {F({2, 3, 4}), F({3, 4, 5})}},
       {.label = "matmul_dtype", .op = "matmul", .inputs = {F({3, 4}), {DType::kF64, Shape{4, 5}}}},
+      {.label = "linear_w_rows", .op = "linear", .inputs = {F({3, 5}), F({4, 4}), F({4})}},
+      {.label = "linear_w_rank", .op = "linear", .inputs = {F({3, 5}), F({1, 5, 4}), F({4})}},
+      {.label = "linear_bias", .op = "linear", .inputs = {F({3, 5}), F({5, 4}), F({3})}},
+      {.label = "linear_bias_rank", .op = "linear", .inputs = {F({3, 5}), F({5, 4}), F({1, 4})}},
+      {.label = "linear_rank1", .op = "linear", .inputs = {F({5}), F({5, 4}), F({4})}},
+      {.label = "linear_dtype", .op = "linear", .inputs = {F({3, 5}), F({5, 4}), {DType::kF64, Shape{4}}}},
   };
 }
 

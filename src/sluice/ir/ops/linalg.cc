@@ -1,8 +1,10 @@
-// Matrix products: registration, inference and VJP rules. Kernels: kernels/matmul.h.
+// Matrix products and the linear layer: registration, inference and VJP rules.
+// Kernels: kernels/matmul.h, kernels/linear.h.
 #include "sluice/ir/ops/linalg.h"
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
+#include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
 
 namespace sluice {
@@ -71,7 +73,53 @@ std::vector<Var> MatMulVjp(VjpContext& ctx) {
   return grads;
 }
 
+std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  const Shape &x = in[0].shape, &w = in[1].shape, &b = in[2].shape;
+  if (x.rank() < 2) throw ShapeError(fmt::format("x must be [..., K] of rank 2 or more, got {}", x.ToString()));
+  if (w.rank() != 2 || w[0] != x[x.rank() - 1]) {
+    throw ShapeError(fmt::format("w must be [K, N] = [in, out] with K = {} (x's last axis, x {}), got {}",
+                                 x[x.rank() - 1], x.ToString(), w.ToString()));
+  }
+  if (b.rank() != 1 || b[0] != w[1]) {
+    throw ShapeError(fmt::format("b must be [N] = [{}] for w {}, got {}", w[1], w.ToString(), b.ToString()));
+  }
+  Shape out = x;
+  out[out.rank() - 1] = w[1];
+  return {{t, out}};
+}
+
+template <bool kFast>
+void LinearKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  DispatchFloat(x.dtype(), "linear", [&]<typename T>() {
+    const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1];
+    int64_t m = 1;  // rows: x's leading axes folded
+    for (int i = 0; i < x.rank() - 1; ++i) m *= x.shape()[i];
+    const T* w = ctx.inputs[1].data<T>();
+    const T* b = ctx.inputs[2].data<T>();
+    if constexpr (kFast) {
+      kernels::LinearBlas<T>(x.data<T>(), w, b, ctx.outputs[0].data<T>(), m, k, n);
+    } else {
+      kernels::LinearReference<T>(x.data<T>(), w, b, ctx.outputs[0].data<T>(), m, k, n);
+    }
+  });
+}
+
+// y = x·w + b. dx = dy·wᵀ (w shared: one GEMM over all rows); dw = xᵀ·dy with the leading axes
+// folded into the rows (one GEMM); db sums dy over every axis but the last.
+std::vector<Var> LinearVjp(VjpContext& ctx) {
+  Var dy = ctx.dy(0);
+  std::vector<Var> grads(3);
+  if (ctx.needs(0)) grads[0] = MatMul(dy, ctx.x(1), false, true);
+  if (ctx.needs(1)) grads[1] = MatMul(Flatten2D(ctx.x(0)), Flatten2D(dy), true, false);
+  if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
+  return grads;
+}
+
 }  // namespace
+
+Var Linear(Var x, Var w, Var b) { return x.builder()->Emit1("linear", {x, w, b}); }
 
 Var MatMul(Var a, Var b, bool transpose_a, bool transpose_b) {
   Attrs attrs;
@@ -88,6 +136,13 @@ void RegisterLinalgOps(OpRegistry& r) {
               .reference = MatMulKernel<false>,
               .vjp = MatMulVjp,
               .doc = "op(a)·op(b) with optional transposes and batch axes (CBLAS GEMM)"});
+  r.Register({.name = "linear",
+              .num_inputs = 3,
+              .infer = InferLinear,
+              .kernel = LinearKernel<true>,
+              .reference = LinearKernel<false>,
+              .vjp = LinearVjp,
+              .doc = "x·w + b with w stored [in, out]; x [..., K], w [K, N], b [N] (one CBLAS GEMM)"});
 }
 
 }  // namespace sluice

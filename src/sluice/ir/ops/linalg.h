@@ -1,4 +1,5 @@
-// Matrix products. Shapes: a [..., M, K], b [K, N] (a weight shared by the batch) or [..., K, N].
+// Matrix products and the linear layer.
+// Shapes: a [..., M, K], b [K, N] (a weight shared by the batch) or [..., K, N].
 #pragma once
 
 #include "sluice/ir/builder.h"
@@ -7,5 +8,15 @@ namespace sluice {
 
 // op(a) · op(b), op transposing the last two axes when asked. out [..., M, N].
 Var MatMul(Var a, Var b, bool transpose_a = false, bool transpose_b = false);
+
+// x·w + b: x [..., K], w [K, N], b [N] -> [..., N], x of rank 2 or more ([B·T, C] or [B, T, C]).
+// The weight is stored [in, out] = [K, N] (the transpose of PyTorch's nn.Linear.weight), so the
+// forward product is a plain GEMM. One GEMM in all: b is copied into the output rows and the GEMM
+// adds x·w on top (beta = 1). Op "linear"; VJP: dx = dy·wᵀ, dw = xᵀ·dy (batch folded into rows,
+// one GEMM each), db = sum_to(dy, [N]).
+//
+// Example:
+//   Var qkv = Linear(x, w_qkv, b_qkv);  // x [B, T, C], w_qkv [C, 3C], b_qkv [3C] -> [B, T, 3C]
+Var Linear(Var x, Var w, Var b);
 
 }  // namespace sluice

@@ -1,11 +1,475 @@
-// Neural-network ops: registration, inference and VJP rules. Kernels: kernels/.
+// Neural-network ops: registration, inference, kernel dispatch and VJP rules.
+// Kernels: kernels/{softmax,layer_norm,embedding,cross_entropy}.h.
 #include "sluice/ir/ops/nn.h"
+
+#include <cmath>
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
+#include "sluice/kernels/cross_entropy.h"
+#include "sluice/kernels/embedding.h"
+#include "sluice/kernels/layer_norm.h"
+#include "sluice/kernels/softmax.h"
 
 namespace sluice {
 
-void RegisterNnOps(OpRegistry& r) { (void)r; }
+namespace {
+
+// x [..., C] seen as rows of C.
+int64_t LastDim(const Shape& s) { return s[s.rank() - 1]; }
+int64_t Rows(const Shape& s) {
+  const int64_t c = LastDim(s);
+  return c == 0 ? 0 : s.numel() / c;
+}
+
+// Dispatches on an index dtype: DispatchIndex(t, what, [&]<typename I>() { ... }).
+template <typename F>
+decltype(auto) DispatchIndex(DType t, std::string_view what, F&& f) {
+  switch (t) {
+    case DType::kI32: return f.template operator()<int32_t>();
+    case DType::kI64: return f.template operator()<int64_t>();
+    default: break;
+  }
+  throw ShapeError(fmt::format("{}: indices must be i32 or i64, not {}", what, Name(t)));
+}
+
+void RequireIndices(const TensorType& t, std::string_view what) {
+  if (!IsInteger(t.dtype)) throw ShapeError(fmt::format("{} must be i32 or i64, not {}", what, Name(t.dtype)));
+}
+
+void RequireSameShape(const TensorType& a, const TensorType& b, std::string_view what) {
+  if (a.shape != b.shape) {
+    throw ShapeError(fmt::format("{}: shapes differ: {} vs {}", what, a.shape.ToString(), b.shape.ToString()));
+  }
+}
+
+// ---- softmax, softmax_grad, causal_mask, causal_softmax ----
+
+std::vector<TensorType> InferSoftmax(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  if (in[0].shape.rank() < 1) throw ShapeError("softmax needs rank 1 or more (it runs over the last axis), got a scalar");
+  return {{t, in[0].shape}};
+}
+
+std::vector<TensorType> InferSoftmaxGrad(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  RequireSameShape(in[0], in[1], "dy and y");
+  if (in[0].shape.rank() < 1) throw ShapeError("softmax_grad needs rank 1 or more, got scalars");
+  return {{t, in[0].shape}};
+}
+
+std::vector<TensorType> InferCausal(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  const Shape& s = in[0].shape;
+  if (s.rank() < 2 || s[s.rank() - 1] != s[s.rank() - 2]) {
+    throw ShapeError(fmt::format("scores must be [..., T, T] (square in the last two axes), got {}", s.ToString()));
+  }
+  return {{t, s}};
+}
+
+template <bool kFast>
+void SoftmaxKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  DispatchFloat(x.dtype(), "softmax", [&]<typename T>() {
+    if constexpr (kFast) {
+      kernels::SoftmaxFast<T>(x.data<T>(), ctx.outputs[0].data<T>(), Rows(x.shape()), LastDim(x.shape()));
+    } else {
+      kernels::SoftmaxReference<T>(x.data<T>(), ctx.outputs[0].data<T>(), Rows(x.shape()), LastDim(x.shape()));
+    }
+  });
+}
+
+template <bool kFast>
+void SoftmaxGradKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  const Tensor& y = ctx.inputs[1];
+  DispatchFloat(y.dtype(), "softmax_grad", [&]<typename T>() {
+    const int64_t rows = Rows(y.shape()), cols = LastDim(y.shape());
+    if constexpr (kFast) {
+      kernels::SoftmaxGradFast<T>(dy.data<T>(), y.data<T>(), ctx.outputs[0].data<T>(), rows, cols);
+    } else {
+      kernels::SoftmaxGradReference<T>(dy.data<T>(), y.data<T>(), ctx.outputs[0].data<T>(), rows, cols);
+    }
+  });
+}
+
+template <bool kFast>
+void CausalMaskKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const double value = ctx.attrs.GetFloat("value", -std::numeric_limits<double>::infinity());
+  DispatchFloat(x.dtype(), "causal_mask", [&]<typename T>() {
+    const int64_t t = LastDim(x.shape()), batch = t == 0 ? 0 : x.numel() / (t * t);
+    if constexpr (kFast) {
+      kernels::CausalMaskFast<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t, static_cast<T>(value));
+    } else {
+      kernels::CausalMaskReference<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t, static_cast<T>(value));
+    }
+  });
+}
+
+template <bool kFast>
+void CausalSoftmaxKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  DispatchFloat(x.dtype(), "causal_softmax", [&]<typename T>() {
+    const int64_t t = LastDim(x.shape()), batch = t == 0 ? 0 : x.numel() / (t * t);
+    if constexpr (kFast) {
+      kernels::CausalSoftmaxFast<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t);
+    } else {
+      kernels::CausalSoftmaxReference<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t);
+    }
+  });
+}
+
+// Softmax (and causal softmax, whose masked outputs are 0) backward from y alone.
+std::vector<Var> SoftmaxVjp(VjpContext& ctx) { return {SoftmaxGrad(ctx.dy(0), ctx.y(0))}; }
+// The mask replaced those entries by a constant: no gradient flows to them.
+std::vector<Var> CausalMaskVjp(VjpContext& ctx) { return {CausalMask(ctx.dy(0), 0.0)}; }
+
+// ---- layer_norm and its two gradient ops ----
+
+double Eps(const Attrs& attrs) { return attrs.GetFloat("eps", 1e-5); }
+
+void RequireChannels(const TensorType& x, const TensorType& p, std::string_view what) {
+  if (p.shape.rank() != 1 || p.shape[0] != LastDim(x.shape)) {
+    throw ShapeError(fmt::format("{} must be [C] = [{}] for x {}, got {}", what, LastDim(x.shape), x.shape.ToString(),
+                                 p.shape.ToString()));
+  }
+}
+
+void RequireRank1(const TensorType& x, std::string_view what) {
+  if (x.shape.rank() < 1) throw ShapeError(fmt::format("{} must be [..., C], got a scalar", what));
+}
+
+std::vector<TensorType> InferLayerNorm(std::span<const TensorType> in, const Attrs& attrs) {
+  DType t = ops::SameFloatDType(in);
+  RequireRank1(in[0], "x");
+  RequireChannels(in[0], in[1], "weight");
+  RequireChannels(in[0], in[2], "bias");
+  if (!(Eps(attrs) > 0)) throw ShapeError(fmt::format("eps must be positive, got {}", Eps(attrs)));
+  return {{t, in[0].shape}};
+}
+
+std::vector<TensorType> InferLayerNormGradX(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  RequireSameShape(in[0], in[1], "dy and x");
+  RequireRank1(in[1], "x");
+  RequireChannels(in[1], in[2], "weight");
+  return {{t, in[1].shape}};
+}
+
+std::vector<TensorType> InferLayerNormGradParams(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  RequireSameShape(in[0], in[1], "dy and x");
+  RequireRank1(in[1], "x");
+  const Shape c{LastDim(in[1].shape)};
+  return {{t, c}, {t, c}};
+}
+
+template <bool kFast>
+void LayerNormKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  DispatchFloat(x.dtype(), "layer_norm", [&]<typename T>() {
+    const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
+    const T eps = static_cast<T>(Eps(ctx.attrs));
+    const T* w = ctx.inputs[1].data<T>();
+    const T* b = ctx.inputs[2].data<T>();
+    if constexpr (kFast) {
+      kernels::LayerNormFast<T>(x.data<T>(), w, b, ctx.outputs[0].data<T>(), rows, cols, eps);
+    } else {
+      kernels::LayerNormReference<T>(x.data<T>(), w, b, ctx.outputs[0].data<T>(), rows, cols, eps);
+    }
+  });
+}
+
+template <bool kFast>
+void LayerNormGradXKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[1];
+  DispatchFloat(x.dtype(), "layer_norm_grad_x", [&]<typename T>() {
+    const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
+    const T eps = static_cast<T>(Eps(ctx.attrs));
+    const T* dy = ctx.inputs[0].data<T>();
+    const T* w = ctx.inputs[2].data<T>();
+    if constexpr (kFast) {
+      kernels::LayerNormGradXFast<T>(dy, x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols, eps);
+    } else {
+      kernels::LayerNormGradXReference<T>(dy, x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols, eps);
+    }
+  });
+}
+
+template <bool kFast>
+void LayerNormGradParamsKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[1];
+  DispatchFloat(x.dtype(), "layer_norm_grad_params", [&]<typename T>() {
+    const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
+    const T eps = static_cast<T>(Eps(ctx.attrs));
+    const T* dy = ctx.inputs[0].data<T>();
+    T* dw = ctx.outputs[0].data<T>();
+    T* db = ctx.outputs[1].data<T>();
+    if constexpr (kFast) {
+      kernels::LayerNormGradParamsFast<T>(dy, x.data<T>(), dw, db, rows, cols, eps);
+    } else {
+      kernels::LayerNormGradParamsReference<T>(dy, x.data<T>(), dw, db, rows, cols, eps);
+    }
+  });
+}
+
+// dx needs weight; dweight and dbias come from one op that the zero-bubble split can defer to W.
+std::vector<Var> LayerNormVjp(VjpContext& ctx) {
+  const double eps = Eps(ctx.attrs());
+  Var dy = ctx.dy(0);
+  std::vector<Var> grads(3);
+  if (ctx.needs(0)) grads[0] = LayerNormGradX(dy, ctx.x(0), ctx.x(1), eps);
+  if (ctx.needs(1) || ctx.needs(2)) {
+    auto [dw, db] = LayerNormGradParams(dy, ctx.x(0), eps);
+    if (ctx.needs(1)) grads[1] = dw;
+    if (ctx.needs(2)) grads[2] = db;
+  }
+  return grads;
+}
+
+// ---- embedding, embedding_grad ----
+
+Shape WithChannels(const Shape& ids, int64_t c) {
+  if (ids.rank() + 1 > kMaxRank) throw ShapeError(fmt::format("ids {} have too many axes", ids.ToString()));
+  std::vector<int64_t> dims(ids.dims().begin(), ids.dims().end());
+  dims.push_back(c);
+  return Shape(std::span<const int64_t>(dims));
+}
+
+std::vector<TensorType> InferEmbedding(std::span<const TensorType> in, const Attrs&) {
+  RequireIndices(in[0], "ids");
+  DType t = ops::SameFloatDType(in.subspan(1));
+  if (in[1].shape.rank() != 2) throw ShapeError(fmt::format("table must be [V, C], got {}", in[1].shape.ToString()));
+  return {{t, WithChannels(in[0].shape, in[1].shape[1])}};
+}
+
+std::vector<TensorType> InferEmbeddingGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  RequireIndices(in[0], "ids");
+  DType t = ops::SameFloatDType(in.subspan(1));
+  const int64_t v = attrs.GetInt("num_embeddings");
+  if (v < 0) throw ShapeError(fmt::format("num_embeddings must be ≥ 0, got {}", v));
+  const Shape& dy = in[1].shape;
+  if (dy.rank() != in[0].shape.rank() + 1 || WithChannels(in[0].shape, dy[dy.rank() - 1]) != dy) {
+    throw ShapeError(fmt::format("dy must be ids' shape plus channels ({} + [C]), got {}", in[0].shape.ToString(),
+                                 dy.ToString()));
+  }
+  return {{t, Shape{v, dy[dy.rank() - 1]}}};
+}
+
+template <bool kFast>
+void EmbeddingKernel(KernelContext& ctx) {
+  const Tensor& ids = ctx.inputs[0];
+  const Tensor& table = ctx.inputs[1];
+  DispatchFloat(table.dtype(), "embedding", [&]<typename T>() {
+    DispatchIndex(ids.dtype(), "embedding", [&]<typename I>() {
+      const int64_t v = table.shape()[0], c = table.shape()[1];
+      if constexpr (kFast) {
+        kernels::EmbeddingFast<T, I>(ids.data<I>(), table.data<T>(), ctx.outputs[0].data<T>(), ids.numel(), v, c);
+      } else {
+        kernels::EmbeddingReference<T, I>(ids.data<I>(), table.data<T>(), ctx.outputs[0].data<T>(), ids.numel(), v, c);
+      }
+    });
+  });
+}
+
+template <bool kFast>
+void EmbeddingGradKernel(KernelContext& ctx) {
+  const Tensor& ids = ctx.inputs[0];
+  const Tensor& dy = ctx.inputs[1];
+  const Tensor& out = ctx.outputs[0];
+  DispatchFloat(dy.dtype(), "embedding_grad", [&]<typename T>() {
+    DispatchIndex(ids.dtype(), "embedding_grad", [&]<typename I>() {
+      const int64_t v = out.shape()[0], c = out.shape()[1];
+      if constexpr (kFast) {
+        kernels::EmbeddingGradFast<T, I>(ids.data<I>(), dy.data<T>(), out.data<T>(), ids.numel(), v, c);
+      } else {
+        kernels::EmbeddingGradReference<T, I>(ids.data<I>(), dy.data<T>(), out.data<T>(), ids.numel(), v, c);
+      }
+    });
+  });
+}
+
+std::vector<Var> EmbeddingVjp(VjpContext& ctx) {
+  std::vector<Var> grads(2);
+  if (ctx.needs(1)) grads[1] = EmbeddingGrad(ctx.x(0), ctx.dy(0), ctx.x_type(1).shape[0]);
+  return grads;
+}
+
+// ---- cross_entropy, cross_entropy_grad ----
+
+void CheckLogitsAndTargets(const TensorType& logits, const TensorType& targets) {
+  RequireIndices(targets, "targets");
+  const Shape& s = logits.shape;
+  if (s.rank() < 2) throw ShapeError(fmt::format("logits must be [N, V] or [B, T, V], got {}", s.ToString()));
+  std::vector<int64_t> lead(s.dims().begin(), s.dims().end() - 1);
+  if (targets.shape != Shape(std::span<const int64_t>(lead))) {
+    throw ShapeError(fmt::format("targets must be logits' shape without V ({} for logits {}), got {}",
+                                 Shape(std::span<const int64_t>(lead)).ToString(), s.ToString(),
+                                 targets.shape.ToString()));
+  }
+  if (targets.shape.numel() == 0) throw ShapeError("there are no tokens: the mean loss is undefined");
+}
+
+std::vector<TensorType> InferCrossEntropy(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in.subspan(0, 1));
+  CheckLogitsAndTargets(in[0], in[1]);
+  return {{t, Shape{}}};
+}
+
+std::vector<TensorType> InferCrossEntropyGrad(std::span<const TensorType> in, const Attrs&) {
+  const TensorType floats[] = {in[0], in[2]};
+  DType t = ops::SameFloatDType(floats);
+  CheckLogitsAndTargets(in[0], in[1]);
+  if (in[2].shape.rank() != 0) throw ShapeError(fmt::format("dloss must be a scalar [], got {}", in[2].shape.ToString()));
+  return {{t, in[0].shape}};
+}
+
+template <bool kFast>
+void CrossEntropyKernel(KernelContext& ctx) {
+  const Tensor& logits = ctx.inputs[0];
+  const Tensor& targets = ctx.inputs[1];
+  DispatchFloat(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    DispatchIndex(targets.dtype(), "cross_entropy", [&]<typename I>() {
+      const int64_t n = targets.numel(), v = LastDim(logits.shape());
+      T* loss = ctx.outputs[0].data<T>();
+      if constexpr (kFast) {
+        *loss = kernels::CrossEntropyFast<T, I>(logits.data<T>(), targets.data<I>(), n, v);
+      } else {
+        *loss = kernels::CrossEntropyReference<T, I>(logits.data<T>(), targets.data<I>(), n, v);
+      }
+    });
+  });
+}
+
+template <bool kFast>
+void CrossEntropyGradKernel(KernelContext& ctx) {
+  const Tensor& logits = ctx.inputs[0];
+  const Tensor& targets = ctx.inputs[1];
+  DispatchFloat(logits.dtype(), "cross_entropy_grad", [&]<typename T>() {
+    DispatchIndex(targets.dtype(), "cross_entropy_grad", [&]<typename I>() {
+      const int64_t n = targets.numel(), v = LastDim(logits.shape());
+      const T dloss = ctx.inputs[2].data<T>()[0];
+      T* out = ctx.outputs[0].data<T>();
+      if constexpr (kFast) {
+        kernels::CrossEntropyGradFast<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n, v);
+      } else {
+        kernels::CrossEntropyGradReference<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n, v);
+      }
+    });
+  });
+}
+
+std::vector<Var> CrossEntropyVjp(VjpContext& ctx) {
+  return {CrossEntropyGrad(ctx.x(0), ctx.x(1), ctx.dy(0)), Var()};
+}
+
+}  // namespace
+
+Var Softmax(Var x) { return x.builder()->Emit1("softmax", {x}); }
+Var SoftmaxGrad(Var dy, Var y) { return dy.builder()->Emit1("softmax_grad", {dy, y}); }
+
+Var CausalMask(Var scores, double value) {
+  Attrs attrs;
+  if (!(std::isinf(value) && value < 0)) attrs.Set("value", value);
+  return scores.builder()->Emit1("causal_mask", {scores}, std::move(attrs));
+}
+Var CausalSoftmax(Var scores) { return scores.builder()->Emit1("causal_softmax", {scores}); }
+
+Var LayerNorm(Var x, Var weight, Var bias, double eps) {
+  return x.builder()->Emit1("layer_norm", {x, weight, bias}, {{"eps", eps}});
+}
+Var LayerNormGradX(Var dy, Var x, Var weight, double eps) {
+  return dy.builder()->Emit1("layer_norm_grad_x", {dy, x, weight}, {{"eps", eps}});
+}
+std::pair<Var, Var> LayerNormGradParams(Var dy, Var x, double eps) {
+  std::vector<Var> out = dy.builder()->Emit("layer_norm_grad_params", {dy, x}, {{"eps", eps}});
+  return {out[0], out[1]};
+}
+
+Var Embedding(Var ids, Var table) { return table.builder()->Emit1("embedding", {ids, table}); }
+Var EmbeddingGrad(Var ids, Var dy, int64_t num_embeddings) {
+  return dy.builder()->Emit1("embedding_grad", {ids, dy}, {{"num_embeddings", num_embeddings}});
+}
+
+Var CrossEntropy(Var logits, Var targets) { return logits.builder()->Emit1("cross_entropy", {logits, targets}); }
+Var CrossEntropyGrad(Var logits, Var targets, Var dloss) {
+  return logits.builder()->Emit1("cross_entropy_grad", {logits, targets, dloss});
+}
+
+void RegisterNnOps(OpRegistry& r) {
+  r.Register({.name = "softmax",
+              .num_inputs = 1,
+              .infer = InferSoftmax,
+              .kernel = SoftmaxKernel<true>,
+              .reference = SoftmaxKernel<false>,
+              .vjp = SoftmaxVjp,
+              .doc = "softmax over the last axis (row max subtracted)"});
+  r.Register({.name = "softmax_grad",
+              .num_inputs = 2,
+              .infer = InferSoftmaxGrad,
+              .kernel = SoftmaxGradKernel<true>,
+              .reference = SoftmaxGradKernel<false>,
+              .doc = "softmax backward: y·(dy − Σ dy·y) over the last axis; inputs dy, y"});
+  r.Register({.name = "causal_mask",
+              .num_inputs = 1,
+              .infer = InferCausal,
+              .kernel = CausalMaskKernel<true>,
+              .reference = CausalMaskKernel<false>,
+              .vjp = CausalMaskVjp,
+              .doc = "scores [..., T, T] with entries j > i set to attribute value (default −inf)"});
+  r.Register({.name = "causal_softmax",
+              .num_inputs = 1,
+              .infer = InferCausal,
+              .kernel = CausalSoftmaxKernel<true>,
+              .reference = CausalSoftmaxKernel<false>,
+              .vjp = SoftmaxVjp,
+              .doc = "softmax(causal_mask(scores)) fused: exact zeros for j > i"});
+  r.Register({.name = "layer_norm",
+              .num_inputs = 3,
+              .infer = InferLayerNorm,
+              .kernel = LayerNormKernel<true>,
+              .reference = LayerNormKernel<false>,
+              .vjp = LayerNormVjp,
+              .doc = "layer normalization over the last axis (biased variance, attribute eps); x, weight, bias"});
+  r.Register({.name = "layer_norm_grad_x",
+              .num_inputs = 3,
+              .infer = InferLayerNormGradX,
+              .kernel = LayerNormGradXKernel<true>,
+              .reference = LayerNormGradXKernel<false>,
+              .doc = "layer_norm backward for x (recomputes mean and rstd); dy, x, weight"});
+  r.Register({.name = "layer_norm_grad_params",
+              .num_inputs = 2,
+              .infer = InferLayerNormGradParams,
+              .kernel = LayerNormGradParamsKernel<true>,
+              .reference = LayerNormGradParamsKernel<false>,
+              .doc = "layer_norm backward for weight and bias (recomputes mean and rstd); dy, x"});
+  r.Register({.name = "embedding",
+              .num_inputs = 2,
+              .infer = InferEmbedding,
+              .kernel = EmbeddingKernel<true>,
+              .reference = EmbeddingKernel<false>,
+              .vjp = EmbeddingVjp,
+              .doc = "rows of table [V, C] picked by integer ids"});
+  r.Register({.name = "embedding_grad",
+              .num_inputs = 2,
+              .infer = InferEmbeddingGrad,
+              .kernel = EmbeddingGradKernel<true>,
+              .reference = EmbeddingGradKernel<false>,
+              .doc = "scatter-add of dy rows by ids into zeros [num_embeddings, C], in token order"});
+  r.Register({.name = "cross_entropy",
+              .num_inputs = 2,
+              .infer = InferCrossEntropy,
+              .kernel = CrossEntropyKernel<true>,
+              .reference = CrossEntropyKernel<false>,
+              .vjp = CrossEntropyVjp,
+              .doc = "mean over tokens of −log softmax(logits)[target], fused log-sum-exp"});
+  r.Register({.name = "cross_entropy_grad",
+              .num_inputs = 3,
+              .infer = InferCrossEntropyGrad,
+              .kernel = CrossEntropyGradKernel<true>,
+              .reference = CrossEntropyGradKernel<false>,
+              .doc = "(dloss/N)·(softmax(logits) − onehot(targets)), softmax recomputed; logits, targets, dloss"});
+}
 
 }  // namespace sluice

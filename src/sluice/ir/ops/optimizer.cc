@@ -1,11 +1,127 @@
-// Optimizer update ops (in place): registration and inference. Kernels: kernels/.
+// Optimizer update ops (in place): registration, inference and kernel dispatch.
+// Kernels: kernels/optimizer.h.
 #include "sluice/ir/ops/optimizer.h"
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
+#include "sluice/kernels/optimizer.h"
 
 namespace sluice {
 
-void RegisterOptimizerOps(OpRegistry& r) { (void)r; }
+namespace {
+
+// Every tensor in `state` must have the shape and dtype of the parameter (state[0]).
+void RequireLikeParam(std::span<const TensorType> state, std::initializer_list<const char*> names) {
+  ops::SameFloatDType(state);
+  auto name = names.begin();
+  for (const TensorType& t : state) {
+    if (t.shape != state[0].shape) {
+      throw ShapeError(fmt::format("{} must have the parameter's shape {}, got {}", *name, state[0].shape.ToString(),
+                                   t.shape.ToString()));
+    }
+    ++name;
+  }
+}
+
+void RequireScalar(const TensorType& t, std::string_view what, bool integer_ok) {
+  const bool dtype_ok = t.dtype == DType::kF32 || t.dtype == DType::kF64 || (integer_ok && t.dtype == DType::kI64);
+  if (t.shape.rank() != 0 || !dtype_ok) {
+    throw ShapeError(fmt::format("{} must be a scalar [] of {}, got {}", what, integer_ok ? "f32, f64 or i64" : "f32 or f64",
+                                 t.ToString()));
+  }
+}
+
+// A scalar input as double, whatever its dtype.
+double ScalarValue(const Tensor& t) { return t.FlatAt(0); }
+
+kernels::SgdHyper SgdHyperOf(const Attrs& attrs) {
+  return {.momentum = attrs.GetFloat("momentum", 0), .weight_decay = attrs.GetFloat("weight_decay", 0)};
+}
+
+std::vector<TensorType> InferSgd(std::span<const TensorType> in, const Attrs& attrs) {
+  RequireLikeParam(in.subspan(0, 3), {"param", "grad", "momentum_buf"});
+  RequireScalar(in[3], "lr", false);
+  SgdHyperOf(attrs);  // attributes of the wrong type fail here, not at run time
+  return {};
+}
+
+template <bool kFast>
+void SgdKernel(KernelContext& ctx) {
+  const Tensor& p = ctx.inputs[0];
+  DispatchFloat(p.dtype(), "sgd_update", [&]<typename T>() {
+    const double lr = ScalarValue(ctx.inputs[3]);
+    T* buf = ctx.inputs[2].data<T>();
+    if constexpr (kFast) {
+      kernels::SgdUpdateFast<T>(p.data<T>(), ctx.inputs[1].data<T>(), buf, p.numel(), SgdHyperOf(ctx.attrs), lr);
+    } else {
+      kernels::SgdUpdateReference<T>(p.data<T>(), ctx.inputs[1].data<T>(), buf, p.numel(), SgdHyperOf(ctx.attrs), lr);
+    }
+  });
+}
+
+kernels::AdamWHyper AdamWHyperOf(const Attrs& attrs) {
+  return {.beta1 = attrs.GetFloat("beta1", 0.9),
+          .beta2 = attrs.GetFloat("beta2", 0.999),
+          .eps = attrs.GetFloat("eps", 1e-8),
+          .weight_decay = attrs.GetFloat("weight_decay", 0.01)};
+}
+
+std::vector<TensorType> InferAdamW(std::span<const TensorType> in, const Attrs& attrs) {
+  RequireLikeParam(in.subspan(0, 4), {"param", "grad", "m", "v"});
+  RequireScalar(in[4], "lr", false);
+  RequireScalar(in[5], "step", true);
+  const kernels::AdamWHyper h = AdamWHyperOf(attrs);
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) throw ShapeError(fmt::format("beta1 must be in [0, 1), got {}", h.beta1));
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) throw ShapeError(fmt::format("beta2 must be in [0, 1), got {}", h.beta2));
+  return {};
+}
+
+template <bool kFast>
+void AdamWKernel(KernelContext& ctx) {
+  const Tensor& p = ctx.inputs[0];
+  DispatchFloat(p.dtype(), "adamw_update", [&]<typename T>() {
+    const double lr = ScalarValue(ctx.inputs[4]), step = ScalarValue(ctx.inputs[5]);
+    const T* g = ctx.inputs[1].data<T>();
+    T* m = ctx.inputs[2].data<T>();
+    T* v = ctx.inputs[3].data<T>();
+    if constexpr (kFast) {
+      kernels::AdamWUpdateFast<T>(p.data<T>(), g, m, v, p.numel(), AdamWHyperOf(ctx.attrs), lr, step);
+    } else {
+      kernels::AdamWUpdateReference<T>(p.data<T>(), g, m, v, p.numel(), AdamWHyperOf(ctx.attrs), lr, step);
+    }
+  });
+}
+
+}  // namespace
+
+void SgdUpdate(Var param, Var grad, Var momentum_buf, Var lr, const SgdOptions& options) {
+  param.builder()->Emit("sgd_update", {param, grad, momentum_buf, lr},
+                        {{"momentum", options.momentum}, {"weight_decay", options.weight_decay}});
+}
+
+void AdamWUpdate(Var param, Var grad, Var m, Var v, Var lr, Var step, const AdamWOptions& options) {
+  param.builder()->Emit("adamw_update", {param, grad, m, v, lr, step},
+                        {{"beta1", options.beta1},
+                         {"beta2", options.beta2},
+                         {"eps", options.eps},
+                         {"weight_decay", options.weight_decay}});
+}
+
+void RegisterOptimizerOps(OpRegistry& r) {
+  r.Register({.name = "sgd_update",
+              .kind = OpKind::kInPlace,
+              .num_inputs = 4,
+              .infer = InferSgd,
+              .kernel = SgdKernel<true>,
+              .reference = SgdKernel<false>,
+              .doc = "in place: SGD step of param (and momentum_buf); inputs param, grad, momentum_buf, lr"});
+  r.Register({.name = "adamw_update",
+              .kind = OpKind::kInPlace,
+              .num_inputs = 6,
+              .infer = InferAdamW,
+              .kernel = AdamWKernel<true>,
+              .reference = AdamWKernel<false>,
+              .doc = "in place: AdamW step of param, m, v; inputs param, grad, m, v, lr, step (t from 1)"});
+}
 
 }  // namespace sluice

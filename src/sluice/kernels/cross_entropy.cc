@@ -1,0 +1,122 @@
+#include "sluice/kernels/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "sluice/kernels/embedding.h"
+#include "sluice/kernels/row_math.h"
+
+namespace sluice::kernels {
+
+namespace {
+
+// The row max and Σ e^(x − max), plainly.
+template <typename T>
+void MaxAndSumReference(const T* x, int64_t v, T& m, T& s) {
+  m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < v; ++j) m = std::max(m, x[j]);
+  s = 0;
+  for (int64_t j = 0; j < v; ++j) s += std::exp(x[j] - m);
+}
+
+template <typename T>
+void MaxAndSumFast(const T* __restrict x, int64_t v, T& m, T& s) {
+  m = RowMax(x, v);
+  T acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= v; j += kLanes) {
+    for (int u = 0; u < kLanes; ++u) acc[u] += FastExp(x[j + u] - m);
+  }
+  for (; j < v; ++j) acc[0] += FastExp(x[j] - m);
+  s = 0;
+  for (int u = 0; u < kLanes; ++u) s += acc[u];
+}
+
+}  // namespace
+
+template <typename T, typename I>
+T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v) {
+  double total = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    CheckIndex("cross_entropy target", t, r, v);
+    const T* x = logits + r * v;
+    T m, s;
+    MaxAndSumReference(x, v, m, s);
+    // −log softmax(x)[t] = log Σ e^x − x[t] = (m + log s) − x[t]
+    total += static_cast<double>(m + std::log(s) - x[t]);
+  }
+  return static_cast<T>(total / static_cast<double>(n));
+}
+
+template <typename T, typename I>
+T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v) {
+  double total = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    CheckIndex("cross_entropy target", t, r, v);
+    const T* x = logits + r * v;
+    T m, s;
+    MaxAndSumFast(x, v, m, s);
+    total += static_cast<double>(m + std::log(s) - x[t]);
+  }
+  return static_cast<T>(total / static_cast<double>(n));
+}
+
+template <typename T, typename I>
+void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v) {
+  const T scale = dloss / static_cast<T>(n);  // the mean spreads dloss evenly over the tokens
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    CheckIndex("cross_entropy_grad target", t, r, v);
+    const T* x = logits + r * v;
+    T m, s;
+    MaxAndSumReference(x, v, m, s);
+    for (int64_t j = 0; j < v; ++j) {
+      const T p = std::exp(x[j] - m) / s;
+      dlogits[r * v + j] = scale * (p - (j == t ? T(1) : T(0)));
+    }
+  }
+}
+
+template <typename T, typename I>
+void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v) {
+  const T scale = dloss / static_cast<T>(n);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t t = static_cast<int64_t>(targets[r]);
+    CheckIndex("cross_entropy_grad target", t, r, v);
+    const T* __restrict x = logits + r * v;
+    T* __restrict d = dlogits + r * v;
+    T m, s;
+    MaxAndSumFast(x, v, m, s);
+    const T k = scale / s;
+    for (int64_t j = 0; j < v; ++j) d[j] = k * FastExp(x[j] - m);
+    d[t] -= scale;
+  }
+}
+
+template float CrossEntropyReference<float, int32_t>(const float*, const int32_t*, int64_t, int64_t);
+template float CrossEntropyReference<float, int64_t>(const float*, const int64_t*, int64_t, int64_t);
+template double CrossEntropyReference<double, int32_t>(const double*, const int32_t*, int64_t, int64_t);
+template double CrossEntropyReference<double, int64_t>(const double*, const int64_t*, int64_t, int64_t);
+template float CrossEntropyFast<float, int32_t>(const float*, const int32_t*, int64_t, int64_t);
+template float CrossEntropyFast<float, int64_t>(const float*, const int64_t*, int64_t, int64_t);
+template double CrossEntropyFast<double, int32_t>(const double*, const int32_t*, int64_t, int64_t);
+template double CrossEntropyFast<double, int64_t>(const double*, const int64_t*, int64_t, int64_t);
+template void CrossEntropyGradReference<float, int32_t>(const float*, const int32_t*, float, float*, int64_t,
+                                                        int64_t);
+template void CrossEntropyGradReference<float, int64_t>(const float*, const int64_t*, float, float*, int64_t,
+                                                        int64_t);
+template void CrossEntropyGradReference<double, int32_t>(const double*, const int32_t*, double, double*, int64_t,
+                                                         int64_t);
+template void CrossEntropyGradReference<double, int64_t>(const double*, const int64_t*, double, double*, int64_t,
+                                                         int64_t);
+template void CrossEntropyGradFast<float, int32_t>(const float*, const int32_t*, float, float*, int64_t, int64_t);
+template void CrossEntropyGradFast<float, int64_t>(const float*, const int64_t*, float, float*, int64_t, int64_t);
+template void CrossEntropyGradFast<double, int32_t>(const double*, const int32_t*, double, double*, int64_t,
+                                                    int64_t);
+template void CrossEntropyGradFast<double, int64_t>(const double*, const int64_t*, double, double*, int64_t,
+                                                    int64_t);
+
+}  // namespace sluice::kernels

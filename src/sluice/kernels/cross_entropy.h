@@ -1,0 +1,36 @@
+// Cross-entropy loss over logits, fused with its softmax, and its gradient.
+//
+// Buffers: logits [N, V] (N rows = tokens, V classes, contiguous), targets [N] (int32_t or
+// int64_t), one loss for all tokens:
+//   loss      = (1/N) Σ_n ( lse_n − logits[n, targets[n]] ),  lse_n = m_n + log Σ_v e^(logits[n, v] − m_n)
+//               with m_n the row max (log-sum-exp never overflows; the loss of a row is ≥ 0).
+//   grad      dlogits[n, v] = (dloss / N) · ( softmax(logits[n])[v] − [v == targets[n]] )
+// The gradient recomputes the softmax from the logits: forward saves no probabilities, so the
+// [N, V] probability tensor (the largest activation of a language model) never outlives a kernel.
+// The per-token losses are summed in double in both kernels so the mean does not drift with N.
+//
+// Failure modes: a target outside [0, V) throws InvalidArgument naming the target, its position
+// and V. *Reference: plain loops and std::exp/std::log. *Fast: multi-lane reductions and FastExp.
+// Thread-safety: plain functions over caller-owned memory.
+//
+// Example:
+//   // logits [B·T, V], targets [B·T] -> mean loss
+//   float loss = kernels::CrossEntropyFast<float, int64_t>(logits, targets, B * T, V);
+#pragma once
+
+#include <cstdint>
+
+namespace sluice::kernels {
+
+template <typename T, typename I>
+T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v);
+template <typename T, typename I>
+T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v);
+
+// dlogits [N, V] (overwritten) for the upstream gradient dloss of the mean loss.
+template <typename T, typename I>
+void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v);
+template <typename T, typename I>
+void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v);
+
+}  // namespace sluice::kernels

@@ -1,0 +1,491 @@
+#include "sluice/exec/interpreter.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "sluice/exec/reference_runner.h"
+#include "sluice/exec/ready_queue.h"
+#include "sluice/exec/thread_pool.h"
+#include "sluice/ir/verifier.h"
+
+namespace sluice {
+
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool VerboseFromEnv() {
+  const char* v = std::getenv("SLUICE_VERBOSE");
+  return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
+}
+
+// What one instruction needs at run time, with its operands as offsets into flat arrays.
+struct Step {
+  const OpDef* op = nullptr;
+  const Attrs* attrs = nullptr;
+  int32_t in_begin = 0, in_count = 0;
+  int32_t out_begin = 0, out_count = 0;
+};
+
+// The state of one executing thread.
+struct Worker {
+  std::vector<Tensor> ins, outs;  // kernel operands, sized to the largest arity
+  int64_t gc_ns = 0;
+  int64_t frees = 0;
+  int64_t fallbacks = 0;
+  ThreadTrace* trace = nullptr;  // null when the run is not traced
+  int64_t origin_ns = 0;
+};
+
+// Records the async GC worker's batches into a run trace (runs on the worker thread).
+class TraceListener final : public GcListener {
+ public:
+  TraceListener(ThreadTrace& thread, Allocator& allocator, int64_t origin_ns)
+      : thread_(thread), allocator_(allocator), origin_ns_(origin_ns) {}
+  void OnBatchDestroyed(int32_t tag, int32_t storages, int64_t bytes, int64_t begin_ns,
+                        int64_t end_ns) override {
+    thread_.gc.push_back({tag, storages, bytes, begin_ns - origin_ns_, end_ns - origin_ns_});
+    thread_.memory.push_back({end_ns - origin_ns_, allocator_.Stats().allocated_bytes});
+  }
+
+ private:
+  ThreadTrace& thread_;
+  Allocator& allocator_;
+  int64_t origin_ns_;
+};
+
+}  // namespace
+
+std::string_view Name(RunMode mode) { return mode == RunMode::kTrace ? "trace" : "parallel"; }
+
+std::optional<RunMode> ParseRunMode(std::string_view name) {
+  if (name == "trace") return RunMode::kTrace;
+  if (name == "parallel") return RunMode::kParallel;
+  return std::nullopt;
+}
+
+struct Executable::Impl {
+  Program program;
+  ExecutableOptions options;
+  Allocator* allocator;
+  ExecutionPlan plan;
+
+  std::vector<Step> steps;  // by instruction
+  std::vector<ValueId> operand_values;  // flat inputs of every instruction
+  std::vector<ValueId> result_values;   // flat outputs of every instruction
+  std::vector<TensorType> result_types;
+  std::vector<ValueId> bound;    // inputs and params, bound from the scope
+  std::vector<ValueId> results;  // outputs and kept values, left in the scope
+  std::vector<ValueId> stale;    // results computed by the program: dropped from the scope first
+
+  std::vector<Tensor> slots;  // value -> tensor during a run
+  std::vector<Worker> workers;
+
+  // GC: one preallocated batch per instruction, sized for everything it can release.
+  std::vector<std::shared_ptr<Storage>> handles;
+  std::vector<GarbageBatch> batches;
+  std::unique_ptr<AsyncGarbageCollector> gc;
+
+  // Parallel runs.
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<ReadyQueue> ready;
+  std::unique_ptr<std::atomic<int32_t>[]> pending;     // instruction -> predecessors not done
+  std::unique_ptr<std::atomic<int32_t>[]> users_left;  // group -> users not done
+  std::atomic<int32_t> remaining{0};                   // instructions not done
+  std::mutex error_mu;
+  std::exception_ptr error;  // guarded by error_mu: first failure of a parallel run
+
+  std::atomic<bool> running{false};
+
+  Impl(Program p, ExecutableOptions o);
+  void Prepare();
+  RunStats Run(Scope& scope, RunTrace* trace);
+  void Bind(Scope& scope);
+  void Execute(int32_t i, Worker& w);
+  void ReleaseGroup(int32_t g);
+  void DetachGroup(int32_t g, GarbageBatch& batch);
+  void ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted, Worker& w);
+  void RunTraceMode();
+  void RunParallelMode();
+  void ParallelMember(int member);
+  int64_t ReleaseEverything();
+};
+
+Executable::Impl::Impl(Program p, ExecutableOptions o)
+    : program(std::move(p)),
+      options(std::move(o)),
+      allocator(options.allocator != nullptr ? options.allocator : &DefaultAllocator()) {
+  Verify(program);
+  plan = Analyze(program, {.order = options.order, .keep = options.keep});
+  if (options.threads < 0) {
+    throw InvalidArgument(fmt::format("executable '{}': threads must be ≥ 0, got {}", program.name(),
+                                      options.threads));
+  }
+  Prepare();
+  if (options.verbose || VerboseFromEnv()) {
+    fmt::print(stderr, "{}  run mode {}, gc {}, {} executor thread(s)\n", plan.Describe(program),
+               Name(options.mode), Name(options.gc), workers.size());
+  }
+}
+
+void Executable::Impl::Prepare() {
+  const auto& instrs = program.instructions();
+  const size_t n = instrs.size();
+  size_t max_in = 0, max_out = 0;
+  steps.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Instruction& instr = instrs[i];
+    Step& st = steps[i];
+    st.op = instr.op;
+    st.attrs = &instr.attrs;
+    st.in_begin = static_cast<int32_t>(operand_values.size());
+    st.in_count = static_cast<int32_t>(instr.inputs.size());
+    operand_values.insert(operand_values.end(), instr.inputs.begin(), instr.inputs.end());
+    st.out_begin = static_cast<int32_t>(result_values.size());
+    st.out_count = static_cast<int32_t>(instr.outputs.size());
+    for (ValueId v : instr.outputs) {
+      result_values.push_back(v);
+      result_types.push_back(program.value(v).type);
+    }
+    max_in = std::max(max_in, instr.inputs.size());
+    max_out = std::max(max_out, instr.outputs.size());
+  }
+  bound = program.inputs();
+  bound.insert(bound.end(), program.params().begin(), program.params().end());
+  results = program.outputs();
+  for (const std::string& name : options.keep) results.push_back(program.Get(name));
+  std::sort(results.begin(), results.end());
+  results.erase(std::unique(results.begin(), results.end()), results.end());
+  for (ValueId v : results) {
+    if (program.value(v).kind == ValueKind::kIntermediate) stale.push_back(v);
+  }
+  slots.resize(program.values().size());
+
+  const bool parallel = options.mode == RunMode::kParallel;
+  int threads = 1;
+  if (parallel) {
+    threads = options.threads > 0 ? options.threads
+                                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    pool = std::make_unique<ThreadPool>(threads);
+    ready = std::make_unique<ReadyQueue>(n);
+    pending = std::make_unique<std::atomic<int32_t>[]>(n);
+    users_left = std::make_unique<std::atomic<int32_t>[]>(plan.groups.size());
+  }
+  workers.resize(static_cast<size_t>(threads));
+  for (Worker& w : workers) {
+    w.ins.resize(max_in);
+    w.outs.resize(max_out);
+  }
+
+  if (options.gc == GcMode::kAsync) {
+    // Batch i holds what instruction i can release: its trace free list or its parallel releases.
+    std::vector<int32_t> capacity(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      capacity[i] = static_cast<int32_t>(parallel ? plan.releases[i].size()
+                                                  : plan.FreeList(plan.step_of[i]).size());
+    }
+    int64_t total = 0;
+    for (int32_t c : capacity) total += c;
+    handles.resize(static_cast<size_t>(total));
+    batches.reserve(n);
+    int64_t offset = 0;
+    for (size_t i = 0; i < n; ++i) {
+      batches.emplace_back(std::span(handles).subspan(static_cast<size_t>(offset), static_cast<size_t>(capacity[i])),
+                           static_cast<int32_t>(i));
+      offset += capacity[i];
+    }
+    gc = std::make_unique<AsyncGarbageCollector>(options.async, /*multi_producer=*/parallel);
+  }
+}
+
+void Executable::Impl::Bind(Scope& scope) {
+  for (ValueId v : stale) scope.Erase(program.value(v).name);
+  for (ValueId v : bound) {
+    const Value& value = program.value(v);
+    const Tensor* t = scope.Find(value.name);
+    if (t == nullptr) {
+      throw ProgramError(fmt::format("program '{}': {} %{} ({}) is not bound in the scope", program.name(),
+                                     value.kind == ValueKind::kParam ? "parameter" : "input", value.name,
+                                     value.type.ToString()));
+    }
+    CheckBinding(program, v, *t);
+    slots[v] = t->is_contiguous() ? *t : t->Contiguous(*allocator);
+  }
+}
+
+void Executable::Impl::Execute(int32_t i, Worker& w) {
+  const Step& st = steps[i];
+  const ValueId* in = operand_values.data() + st.in_begin;
+  const ValueId* out = result_values.data() + st.out_begin;
+  for (int32_t k = 0; k < st.in_count; ++k) w.ins[k] = slots[in[k]];
+  if (st.op->kind == OpKind::kCompute) {
+    for (int32_t k = 0; k < st.out_count; ++k) {
+      const TensorType& t = result_types[st.out_begin + k];
+      w.outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
+    }
+    if (w.trace != nullptr) w.trace->memory.push_back({NowNs() - w.origin_ns, allocator->Stats().allocated_bytes});
+  }
+  KernelContext ctx{{w.ins.data(), static_cast<size_t>(st.in_count)},
+                    {w.outs.data(), static_cast<size_t>(st.out_count)}, *st.attrs, *allocator};
+  st.op->kernel(ctx);
+  for (int32_t k = 0; k < st.out_count; ++k) {
+    if (st.op->kind == OpKind::kView) {
+      SLUICE_CHECK(w.outs[k].defined() && w.outs[k].storage() == w.ins[0].storage(),
+                   "view op '{}' did not alias its input for %{}", st.op->name, program.value(out[k]).name);
+    }
+    slots[out[k]] = std::move(w.outs[k]);
+  }
+  for (int32_t k = 0; k < st.in_count; ++k) w.ins[k] = Tensor();
+}
+
+// Drops every reference to group g's storage; the last one frees it (sync GC).
+void Executable::Impl::ReleaseGroup(int32_t g) {
+  for (ValueId v : plan.members[g]) slots[v] = Tensor();
+}
+
+// Drops the views' references and moves the root's storage into `batch` (async GC).
+void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
+  std::span<const int32_t> members = plan.members[g];
+  for (size_t k = 1; k < members.size(); ++k) slots[members[k]] = Tensor();
+  batch.Add(slots[members[0]].DetachStorage());
+}
+
+// Releases `groups` after instruction i ran. With `counted` (parallel runs) a group read by several
+// instructions is released only by the user whose decrement reaches zero.
+void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted, Worker& w) {
+  if (groups.empty()) return;
+  const int64_t begin = NowNs();
+  int32_t freed = 0, storages = 0;
+  int64_t bytes = 0;
+  GarbageBatch* batch = options.gc == GcMode::kAsync ? &batches[i] : nullptr;
+  for (int32_t g : groups) {
+    if (counted && plan.groups[g].num_users >= 2 &&
+        users_left[g].fetch_sub(1, std::memory_order_acq_rel) != 1) {
+      continue;
+    }
+    ++freed;
+    if (w.trace != nullptr) bytes += plan.groups[g].bytes;
+    if (batch != nullptr) {
+      DetachGroup(g, *batch);
+    } else {
+      ReleaseGroup(g);
+    }
+  }
+  if (batch != nullptr && !batch->empty()) {
+    storages = batch->count();
+    if (!gc->Submit(batch)) {
+      batch->Destroy();
+      ++w.fallbacks;
+    }
+  }
+  const int64_t end = NowNs();
+  w.gc_ns += end - begin;
+  w.frees += freed;
+  if (w.trace != nullptr && freed > 0) {
+    w.trace->gc.push_back({i, batch != nullptr ? storages : freed, bytes, begin - w.origin_ns, end - w.origin_ns});
+    w.trace->memory.push_back({end - w.origin_ns, allocator->Stats().allocated_bytes});
+  }
+}
+
+void Executable::Impl::RunTraceMode() {
+  Worker& w = workers[0];
+  const bool release = options.gc != GcMode::kNone;
+  for (size_t s = 0; s < plan.num_steps(); ++s) {
+    const int32_t i = plan.order[s];
+    if (w.trace != nullptr) {
+      const int64_t begin = NowNs();
+      Execute(i, w);
+      w.trace->instructions.push_back({i, begin - w.origin_ns, NowNs() - w.origin_ns});
+    } else {
+      Execute(i, w);
+    }
+    if (release) ReleaseAfter(i, plan.FreeList(static_cast<int32_t>(s)), /*counted=*/false, w);
+  }
+}
+
+void Executable::Impl::RunParallelMode() {
+  const int32_t n = static_cast<int32_t>(plan.num_steps());
+  if (n == 0) return;
+  for (int32_t i = 0; i < n; ++i) pending[i].store(plan.num_predecessors[i], std::memory_order_relaxed);
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    users_left[g].store(plan.groups[g].num_users, std::memory_order_relaxed);
+  }
+  remaining.store(n, std::memory_order_relaxed);
+  error = nullptr;
+  ready->Reset();
+  for (int32_t i = 0; i < n; ++i) {
+    if (plan.num_predecessors[i] == 0) ready->Push(i);
+  }
+  pool->RunOnAll([this](int member) { ParallelMember(member); });
+  if (error) std::rethrow_exception(error);
+}
+
+// One member of a parallel run: take a ready instruction, run it, release what it finished using,
+// make its successors ready — continuing with the first one directly (no queue round trip on a
+// chain) and queueing the others.
+void Executable::Impl::ParallelMember(int member) {
+  Worker& w = workers[static_cast<size_t>(member)];
+  const bool release = options.gc != GcMode::kNone;
+  int32_t i = ready->Pop();
+  while (i >= 0) {
+    try {
+      const int64_t begin = w.trace != nullptr ? NowNs() : 0;
+      Execute(i, w);
+      if (w.trace != nullptr) w.trace->instructions.push_back({i, begin - w.origin_ns, NowNs() - w.origin_ns});
+      if (release) ReleaseAfter(i, plan.releases[i], /*counted=*/true, w);
+    } catch (...) {
+      {
+        std::lock_guard lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+      ready->Stop();
+      return;
+    }
+    int32_t next = -1;
+    for (int32_t s : plan.successors[i]) {
+      if (pending[s].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+      if (next < 0) {
+        next = s;
+      } else {
+        ready->Push(s);
+      }
+    }
+    if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      ready->Stop();
+      return;
+    }
+    i = (next >= 0 && !ready->stopped()) ? next : ready->Pop();
+  }
+}
+
+// Drops every slot and scratch reference; returns the number of unpinned groups whose storage was
+// still held (the frees of a GC-none run).
+int64_t Executable::Impl::ReleaseEverything() {
+  int64_t freed = 0;
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    if (plan.groups[g].pinned) continue;
+    if (slots[plan.groups[g].root].defined()) ++freed;
+    ReleaseGroup(static_cast<int32_t>(g));
+  }
+  for (Tensor& t : slots) t = Tensor();
+  for (Worker& w : workers) {
+    for (Tensor& t : w.ins) t = Tensor();
+    for (Tensor& t : w.outs) t = Tensor();
+  }
+  return freed;
+}
+
+RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
+  if (running.exchange(true, std::memory_order_acq_rel)) {
+    throw InvalidArgument(fmt::format("executable '{}': Run called while another run is in progress",
+                                      program.name()));
+  }
+  struct Guard {
+    std::atomic<bool>& flag;
+    ~Guard() { flag.store(false, std::memory_order_release); }
+  } guard{running};
+
+  const int64_t start = NowNs();
+  RunStats stats;
+  stats.instructions = static_cast<int64_t>(plan.num_steps());
+  stats.liveness_lower_bound_bytes = plan.liveness_bound;
+  std::unique_ptr<TraceListener> listener;
+  for (Worker& w : workers) {
+    w.gc_ns = w.frees = w.fallbacks = 0;
+    w.trace = nullptr;
+    w.origin_ns = start;
+  }
+  if (trace != nullptr) {
+    trace->origin_ns = start;
+    trace->threads.assign(workers.size() + (gc ? 1 : 0), ThreadTrace{});
+    for (size_t k = 0; k < workers.size(); ++k) {
+      trace->threads[k].name = fmt::format("executor {}", k);
+      workers[k].trace = &trace->threads[k];
+    }
+    if (gc) {
+      trace->threads.back().name = "gc worker";
+      listener = std::make_unique<TraceListener>(trace->threads.back(), *allocator, start);
+    }
+  }
+  if (gc) {
+    gc->SetListener(listener.get());
+    gc->TakePendingPeak();
+  }
+
+  try {
+    Bind(scope);
+    stats.baseline_allocated_bytes = allocator->Stats().allocated_bytes;
+    allocator->ResetPeak();
+    if (options.mode == RunMode::kTrace) {
+      RunTraceMode();
+    } else {
+      RunParallelMode();
+    }
+    for (ValueId v : results) scope.Set(program.value(v).name, slots[v]);
+  } catch (...) {
+    ReleaseEverything();
+    if (gc) {
+      try {
+        gc->Drain();
+      } catch (...) {  // the run's own error is the one to report
+      }
+      gc->SetListener(nullptr);
+    }
+    throw;
+  }
+
+  if (options.gc == GcMode::kNone) {
+    const int64_t begin = NowNs();
+    workers[0].frees += ReleaseEverything();
+    workers[0].gc_ns += NowNs() - begin;
+  }
+  ReleaseEverything();
+  if (gc) {
+    const int64_t begin = NowNs();
+    try {
+      gc->Drain();
+    } catch (...) {
+      gc->SetListener(nullptr);
+      throw;
+    }
+    stats.drain_wait_ns = NowNs() - begin;
+    stats.async_pending_peak_bytes = gc->TakePendingPeak();
+    gc->SetListener(nullptr);
+  }
+  for (const Worker& w : workers) {
+    stats.gc_thread_ns += w.gc_ns;
+    stats.frees += w.frees;
+    stats.sync_fallbacks += w.fallbacks;
+  }
+  const MemoryStats mem = allocator->Stats();
+  stats.peak_allocated_bytes = mem.peak_allocated_bytes;
+  stats.peak_reserved_bytes = mem.peak_reserved_bytes;
+  stats.wall_ns = NowNs() - start;
+  return stats;
+}
+
+Executable::Executable(Program program, ExecutableOptions options)
+    : impl_(std::make_unique<Impl>(std::move(program), std::move(options))) {}
+
+Executable::~Executable() = default;
+
+RunStats Executable::Run(Scope& scope, RunTrace* trace) { return impl_->Run(scope, trace); }
+const Program& Executable::program() const { return impl_->program; }
+const ExecutionPlan& Executable::plan() const { return impl_->plan; }
+const ExecutableOptions& Executable::options() const { return impl_->options; }
+int Executable::num_executors() const { return static_cast<int>(impl_->workers.size()); }
+
+}  // namespace sluice

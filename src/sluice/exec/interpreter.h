@@ -1,0 +1,92 @@
+// Executable: a program prepared to run many times — the interpreter at the heart of sluice.
+//
+// Construction verifies the program and analyses it once (exec/analysis.h: order, storage groups,
+// free lists, dependency counts, liveness bound) and precomputes everything a run needs as slot
+// vectors (value ids index a vector of tensors; no name lookup per instruction). Run() then:
+//   1. drops from the scope the previous run's outputs and kept values (they are about to be
+//      replaced and would otherwise count towards this run's peak), binds the program's inputs and
+//      parameters from the scope (ProgramError naming a missing or mistyped one);
+//   2. runs every instruction — in the plan's order on the calling thread (RunMode::kTrace), or on
+//      a thread pool driven by dependency counts (RunMode::kParallel; the caller is member 0) —
+//      allocating kCompute outputs from the executable's allocator and freeing storage groups at
+//      their last use according to the GC mode (exec/garbage_collector.h);
+//   3. leaves the outputs and the `keep` values in the scope, waits for the async GC to drain, and
+//      drops every other reference, so that when Run returns the allocator holds exactly the
+//      outputs and kept values the run produced.
+// Results are bitwise identical in every run mode × GC mode (kernels are deterministic and each
+// instruction sees the same inputs); the tests pin this.
+//
+// Ownership: the executable owns a copy of the program, its slots, its GC worker and thread pool.
+// The allocator (options.allocator, DefaultAllocator() when null) must outlive the executable and
+// every tensor a run leaves in a scope.
+// Thread-safety: one Run at a time per executable (a concurrent Run throws InvalidArgument);
+// distinct executables may run concurrently. The scope is used by the calling thread only.
+// Failure modes: construction throws ProgramError for an invalid program or `keep` name and
+// InvalidArgument for bad options; Run throws ProgramError for missing or mistyped bindings and
+// rethrows kernel errors (e.g. OutOfMemory) and async GC worker errors. After a failed run the
+// executable has released everything it held and can run again.
+//
+// Example:
+//   SystemAllocator alloc;
+//   Executable exe(program, {.allocator = &alloc, .mode = RunMode::kTrace, .gc = GcMode::kAsync});
+//   Scope scope;
+//   scope.Set("x", x);  scope.Set("w", w);
+//   RunStats stats = exe.Run(scope);     // scope now holds the outputs
+//   fmt::print("{} of {} bound\n", stats.peak_allocated_bytes, stats.liveness_lower_bound_bytes);
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/core/allocator.h"
+#include "sluice/exec/analysis.h"
+#include "sluice/exec/garbage_collector.h"
+#include "sluice/exec/run_stats.h"
+#include "sluice/exec/run_trace.h"
+#include "sluice/exec/scope.h"
+#include "sluice/ir/program.h"
+
+namespace sluice {
+
+enum class RunMode : uint8_t { kTrace, kParallel };
+
+std::string_view Name(RunMode mode);  // "trace", "parallel"
+std::optional<RunMode> ParseRunMode(std::string_view name);
+
+struct ExecutableOptions {
+  Allocator* allocator = nullptr;  // intermediates and outputs; null: DefaultAllocator()
+  RunMode mode = RunMode::kTrace;
+  GcMode gc = GcMode::kSync;
+  int threads = 0;                 // parallel runs: threads including the caller; 0: one per core
+  OrderPolicy order = OrderPolicy::kBest;
+  std::vector<std::string> keep;   // values left in the scope besides the outputs (never freed)
+  AsyncGcOptions async;            // queue size and pending-bytes budget of the async GC
+  bool verbose = false;            // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
+};
+
+class Executable {
+ public:
+  explicit Executable(Program program, ExecutableOptions options = {});
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+
+  // Runs the program once on `scope` (see the top of this file). With `trace`, records every
+  // instruction, GC span and memory sample of this run into it (replacing its contents).
+  RunStats Run(Scope& scope, RunTrace* trace = nullptr);
+
+  const Program& program() const;
+  const ExecutionPlan& plan() const;
+  const ExecutableOptions& options() const;
+  // Threads that execute instructions (1 in trace mode).
+  int num_executors() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice

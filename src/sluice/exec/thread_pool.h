@@ -1,0 +1,65 @@
+// ThreadPool: a fixed team of threads that runs one function on every member at once — the shape
+// a parallel run needs (each member pulls ready instructions until the run is complete).
+//
+// The calling thread is member 0; the pool owns size() − 1 worker threads, which sleep on a
+// condition variable between jobs (no spinning). RunOnAll(fn) calls fn(i) on member i for every i
+// in [0, size()) and returns when all calls have returned.
+//
+// Errors: an exception thrown by fn on any member is captured; RunOnAll rethrows the first one on
+// the caller after every member has returned. Exceptions never cross threads by unwinding.
+//
+// Thread-safety: RunOnAll and the destructor are called by the owning thread only, one job at a
+// time. fn is called concurrently from size() threads and must synchronize what it shares.
+//
+// Example:
+//   ThreadPool pool(4);
+//   std::atomic<int> sum{0};
+//   pool.RunOnAll([&](int member) { sum += member; });  // sum == 0 + 1 + 2 + 3
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace sluice {
+
+class ThreadPool {
+ public:
+  // threads ≥ 1 (InvalidArgument otherwise); spawns threads − 1 workers.
+  explicit ThreadPool(int threads);
+  // Wakes and joins the workers.
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  template <typename F>
+  void RunOnAll(F&& fn) {
+    using Fn = std::remove_reference_t<F>;
+    RunJob([](void* f, int member) { (*static_cast<Fn*>(f))(member); }, &fn);
+  }
+
+ private:
+  using JobFn = void (*)(void* context, int member);
+  void RunJob(JobFn fn, void* context);
+  void WorkerLoop(int member);
+  void RecordError(std::exception_ptr error);
+
+  std::mutex mu_;
+  std::condition_variable start_cv_;  // workers wait here for a new generation or stop
+  std::condition_variable done_cv_;   // the caller waits here for active_ == 0
+  uint64_t generation_ = 0;           // guarded by mu_: bumped once per job
+  int active_ = 0;                    // guarded by mu_: workers still running the current job
+  bool stop_ = false;                 // guarded by mu_
+  JobFn job_ = nullptr;               // guarded by mu_
+  void* context_ = nullptr;           // guarded by mu_
+  std::exception_ptr error_;          // guarded by mu_: first error of the current job
+  std::vector<std::thread> workers_;  // written by the constructor only
+};
+
+}  // namespace sluice

@@ -1,0 +1,394 @@
+// The interpreter end to end: every run mode × GC mode gives the reference's bits; sync trace runs
+// reach the liveness bound exactly; none ≥ sync; async ≤ sync + pending; nothing leaks over 1,000
+// runs; a backward program reads what the forward left; errors leave the executable usable.
+#include "sluice/exec/interpreter.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "sluice/autodiff/autodiff.h"
+#include "sluice/core/caching_allocator.h"
+#include "sluice/core/system_allocator.h"
+#include "sluice/exec/reference_runner.h"
+#include "test_programs.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::AddChainProgram;
+using testing::BranchyProgram;
+using testing::MlpProgram;
+using testing::RandomScope;
+
+struct Config {
+  RunMode mode;
+  GcMode gc;
+  OrderPolicy order = OrderPolicy::kBest;
+};
+
+std::string ToString(const Config& c) {
+  return fmt::format("{}/{}/{}", Name(c.mode), Name(c.gc), Name(c.order));
+}
+
+std::vector<Config> AllConfigs() {
+  std::vector<Config> configs;
+  for (RunMode mode : {RunMode::kTrace, RunMode::kParallel}) {
+    for (GcMode gc : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) configs.push_back({mode, gc});
+  }
+  configs.push_back({RunMode::kTrace, GcMode::kSync, OrderPolicy::kProgram});
+  configs.push_back({RunMode::kTrace, GcMode::kAsync, OrderPolicy::kGreedy});
+  return configs;
+}
+
+ExecutableOptions Options(const Config& c, Allocator* allocator) {
+  return {.allocator = allocator, .mode = c.mode, .gc = c.gc, .threads = 3, .order = c.order};
+}
+
+// A deep copy, so that in-place updates of one run do not leak into the next.
+Scope Clone(const Scope& scope) {
+  Scope copy;
+  for (const std::string& name : scope.Names()) copy.Set(name, scope.Get(name).Clone());
+  return copy;
+}
+
+void ExpectSameBits(const Scope& expected, const Scope& actual, const std::vector<std::string>& names,
+                    const std::string& label) {
+  for (const std::string& name : names) {
+    ASSERT_TRUE(actual.Has(name)) << label << ": missing %" << name;
+    EXPECT_TRUE(BitwiseEqual(expected.Get(name), actual.Get(name)))
+        << label << ": %" << name << " differs\n expected " << expected.Get(name).ToString(8) << "\n actual   "
+        << actual.Get(name).ToString(8);
+  }
+}
+
+std::vector<std::string> OutputNames(const Program& p) {
+  std::vector<std::string> names;
+  for (ValueId v : p.outputs()) names.push_back(p.value(v).name);
+  return names;
+}
+
+// `program` also returning `names` (so that RunReference leaves saved activations in the scope).
+Program WithOutputs(Program program, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    const ValueId v = program.Get(name);
+    const auto& outs = program.outputs();
+    if (std::find(outs.begin(), outs.end(), v) == outs.end()) program.AddOutput(v);
+  }
+  return program;
+}
+
+// One SGD step reading the parameter before and after the in-place update.
+Program SgdProgram() {
+  Builder b("sgd");
+  Var param = b.Param("p", DType::kF32, {64});
+  Var grad = b.Input("g", DType::kF32, {64});
+  Var buf = b.Param("m", DType::kF32, {64});
+  Var lr = b.Input("lr", DType::kF32, {});
+  b.Output(b.Name(Copy(param), "before"));
+  SgdUpdate(param, grad, buf, lr, {.momentum = 0.9});
+  b.Output(b.Name(Copy(param) + grad, "after"));
+  return b.Build();
+}
+
+std::vector<Program> Programs() {
+  std::vector<Program> programs;
+  programs.push_back(BranchyProgram(DType::kF32));
+  programs.push_back(BranchyProgram(DType::kF64, 5, 7, 9));
+  programs.push_back(MlpProgram());
+  programs.push_back(AddChainProgram(40));
+  programs.push_back(SgdProgram());
+  return programs;
+}
+
+TEST(Interpreter, EveryModeGivesTheReferenceBits) {
+  for (const Program& program : Programs()) {
+    const Scope inputs = RandomScope(program, 11);
+    Scope expected = Clone(inputs);
+    RunReference(program, expected);
+    for (const Config& c : AllConfigs()) {
+      CachingAllocator alloc;
+      Executable exe(program, Options(c, &alloc));
+      for (int run = 0; run < 2; ++run) {
+        Scope scope = Clone(inputs);
+        exe.Run(scope);
+        ExpectSameBits(expected, scope, OutputNames(program),
+                       fmt::format("{} {} run {}", program.name(), ToString(c), run));
+      }
+    }
+  }
+}
+
+// Forward then backward through one scope: the forward keeps what the backward reads.
+TEST(Interpreter, BackwardReadsWhatTheForwardKept) {
+  Program forward = MlpProgram(DType::kF64);
+  Backward bwd = BuildBackward(forward, {.loss = "loss", .wrt = {"w1", "b1", "w2"}});
+  const Scope inputs = RandomScope(forward, 3);
+  Scope expected = Clone(inputs);
+  RunReference(WithOutputs(forward, bwd.saved), expected);
+  RunReference(bwd.program, expected);
+  for (const Config& c : AllConfigs()) {
+    CachingAllocator alloc;
+    ExecutableOptions fo = Options(c, &alloc);
+    fo.keep = bwd.saved;
+    Executable fwd_exe(forward, fo);
+    Executable bwd_exe(bwd.program, Options(c, &alloc));
+    for (int step = 0; step < 2; ++step) {
+      Scope scope = Clone(inputs);
+      fwd_exe.Run(scope);
+      for (const std::string& name : bwd.saved) EXPECT_TRUE(scope.Has(name)) << name;
+      bwd_exe.Run(scope);
+      ExpectSameBits(expected, scope, bwd.grads, ToString(c));
+      ExpectSameBits(expected, scope, {"loss"}, ToString(c));
+    }
+  }
+}
+
+// The bytes of every group the interpreter allocates (what GC none holds at the end).
+int64_t AllIntermediateBytes(const ExecutionPlan& plan) {
+  int64_t total = 0;
+  for (const StorageGroup& g : plan.groups) total += g.bytes;
+  return total;
+}
+
+TEST(Interpreter, SyncTracePeakEqualsTheLivenessBound) {
+  for (const Program& program : Programs()) {
+    for (OrderPolicy order : {OrderPolicy::kProgram, OrderPolicy::kGreedy}) {
+      Config c{RunMode::kTrace, GcMode::kSync, order};
+      const std::string label = fmt::format("{} {}", program.name(), ToString(c));
+      {
+        CachingAllocator caching;
+        Executable exe(program, Options(c, &caching));
+        for (int run = 0; run < 3; ++run) {
+          Scope scope = RandomScope(program, 1);
+          RunStats s = exe.Run(scope);
+          EXPECT_EQ(s.baseline_allocated_bytes, 0) << label;
+          EXPECT_EQ(s.peak_allocated_bytes, s.liveness_lower_bound_bytes) << label << " caching run " << run;
+          EXPECT_EQ(s.liveness_lower_bound_bytes, exe.plan().liveness_bound);
+        }
+      }
+      SystemAllocator system;
+      Executable exe(program, Options(c, &system));
+      Scope scope = RandomScope(program, 1);
+      RunStats s = exe.Run(scope);
+      EXPECT_EQ(s.peak_allocated_bytes, s.liveness_lower_bound_bytes) << label << " system";
+    }
+  }
+}
+
+TEST(Interpreter, NoneHoldsEverythingAndFreesMatch) {
+  for (const Program& program : Programs()) {
+    for (RunMode mode : {RunMode::kTrace, RunMode::kParallel}) {
+      std::map<GcMode, RunStats> stats;
+      for (GcMode gc : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
+        CachingAllocator alloc;
+        Executable exe(program, Options({mode, gc}, &alloc));
+        Scope scope = RandomScope(program, 2);
+        stats[gc] = exe.Run(scope);
+      }
+      const std::string label = fmt::format("{} {}", program.name(), Name(mode));
+      const ExecutionPlan plan = Analyze(program);
+      EXPECT_EQ(stats[GcMode::kNone].peak_allocated_bytes, AllIntermediateBytes(plan)) << label;
+      EXPECT_GE(stats[GcMode::kNone].peak_allocated_bytes, stats[GcMode::kSync].peak_allocated_bytes) << label;
+      for (GcMode gc : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
+        EXPECT_EQ(stats[gc].frees, plan.NumFreeable()) << label << " " << Name(gc);
+      }
+    }
+  }
+}
+
+// async peak ≤ sync peak + the bytes pending in the queue ≤ sync peak + max_pending_bytes.
+TEST(Interpreter, AsyncPeakIsWithinTheQueueBound) {
+  Program forward = MlpProgram(DType::kF32, 64, 128, 256);
+  Backward bwd = BuildBackward(forward, {.loss = "loss", .wrt = {"w1", "b1", "w2"}});
+  for (const Program* program : {&forward, &bwd.program}) {
+    Scope inputs = RandomScope(forward, 4);
+    if (program == &bwd.program) RunReference(WithOutputs(forward, bwd.saved), inputs);
+    CachingAllocator sync_alloc;
+    Executable sync_exe(*program, Options({RunMode::kTrace, GcMode::kSync}, &sync_alloc));
+    Scope s0 = Clone(inputs);
+    const int64_t sync_peak = sync_exe.Run(s0).peak_allocated_bytes;
+    for (int64_t budget : {int64_t{0}, int64_t{4096}, int64_t{64} << 10, int64_t{1} << 30}) {
+      CachingAllocator alloc;
+      ExecutableOptions o = Options({RunMode::kTrace, GcMode::kAsync}, &alloc);
+      o.async.max_pending_bytes = budget;
+      Executable exe(*program, o);
+      for (int run = 0; run < 5; ++run) {
+        Scope scope = Clone(inputs);
+        RunStats s = exe.Run(scope);
+        const std::string label = fmt::format("{} budget {} run {}", program->name(), budget, run);
+        EXPECT_LE(s.async_pending_peak_bytes, budget) << label;
+        EXPECT_LE(s.peak_allocated_bytes, sync_peak + s.async_pending_peak_bytes) << label;
+        EXPECT_GE(s.peak_allocated_bytes, sync_peak) << label;
+        if (budget == 0) {
+          EXPECT_EQ(s.peak_allocated_bytes, sync_peak) << label;  // every free was synchronous
+          EXPECT_GT(s.sync_fallbacks, 0) << label;
+        }
+      }
+    }
+  }
+}
+
+TEST(Interpreter, ThousandRunsReturnToTheSameBaseline) {
+  Program program = BranchyProgram();
+  const Scope inputs = RandomScope(program, 5);
+  int64_t output_bytes = 0;
+  for (ValueId v : program.outputs()) output_bytes += static_cast<int64_t>(program.Bytes(v));
+  for (const Config& c : AllConfigs()) {
+    CachingAllocator alloc;
+    Executable exe(program, Options(c, &alloc));
+    Scope scope = Clone(inputs);
+    for (int run = 0; run < 1000; ++run) {
+      RunStats s = exe.Run(scope);
+      ASSERT_EQ(alloc.Stats().allocated_bytes, output_bytes) << ToString(c) << " run " << run;
+      ASSERT_EQ(s.baseline_allocated_bytes, 0) << ToString(c) << " run " << run;
+    }
+    scope.Clear();
+    EXPECT_EQ(alloc.Stats().allocated_bytes, 0) << ToString(c);
+    alloc.CheckInvariants();
+  }
+}
+
+// Regression: the base of a view chain must survive until the views' last use, in every mode.
+TEST(Interpreter, ViewsKeepTheirBaseAlive) {
+  Builder b("views");
+  Var x = b.Input("x", DType::kF32, {64, 64});
+  Var a = b.Name(x + x, "a");
+  Var v = b.Name(Reshape(a, {4096}), "v");
+  b.Output(b.Name(Copy(a), "b"));                      // a's last direct use
+  Var big = b.Name(Copy(x), "filler");                 // allocations that could reuse a's block
+  Var w = b.Name(Reshape(v, {64, 64}), "w");
+  b.Output(b.Name(w + big, "c"));                      // the views' last use
+  Program program = b.Build();
+  const Scope inputs = RandomScope(program, 6);
+  Scope expected = Clone(inputs);
+  RunReference(program, expected);
+  for (const Config& c : AllConfigs()) {
+    SystemAllocator alloc;
+    Executable exe(program, Options(c, &alloc));
+    Scope scope = Clone(inputs);
+    RunStats s = exe.Run(scope);
+    ExpectSameBits(expected, scope, {"b", "c"}, ToString(c));
+    if (c.mode == RunMode::kTrace && c.gc == GcMode::kSync) {
+      EXPECT_EQ(s.peak_allocated_bytes, 4 * 16384);  // a, b, filler, c: a is alive at the end
+    }
+  }
+}
+
+TEST(Interpreter, MissingAndMistypedBindingsAreNamed) {
+  Program program = BranchyProgram();
+  Executable exe(program);
+  Scope scope = RandomScope(program, 7);
+  scope.Erase("w2");
+  try {
+    exe.Run(scope);
+    FAIL() << "expected ProgramError";
+  } catch (const ProgramError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("parameter %w2 (f32[16, 32]) is not bound"));
+    EXPECT_THAT(e.what(), HasSubstr("'branchy'"));
+  }
+  scope.Set("w2", Tensor::Zeros({3}, DType::kF32));
+  try {
+    exe.Run(scope);
+    FAIL() << "expected ProgramError";
+  } catch (const ProgramError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("%w2 must be f32[16, 32]"));
+  }
+  EXPECT_THROW(Executable(program, {.threads = -1}), InvalidArgument);
+  EXPECT_THROW(Executable(program, {.keep = {"nope"}}), ProgramError);
+}
+
+// A kernel error (an id out of range) mid-run: the error reaches the caller, everything the run
+// held is released, and the next run works.
+TEST(Interpreter, KernelErrorsLeaveTheExecutableUsable) {
+  Builder b("lookup");
+  Var ids = b.Input("ids", DType::kI64, {2, 3});
+  Var table = b.Param("table", DType::kF32, {5, 4});
+  Var e = Embedding(ids, table);
+  b.Output(b.Name(e + e, "y"));
+  Program program = b.Build();
+  for (const Config& c : AllConfigs()) {
+    CachingAllocator alloc;
+    Executable exe(program, Options(c, &alloc));
+    Scope scope = RandomScope(program, 8);
+    scope.Set("ids", Tensor::FromVector<int64_t>({2, 3}, {0, 1, 2, 3, 4, 9}));
+    EXPECT_THROW(exe.Run(scope), InvalidArgument) << ToString(c);
+    EXPECT_EQ(alloc.Stats().allocated_bytes, 0) << ToString(c);
+    scope.Set("ids", Tensor::FromVector<int64_t>({2, 3}, {0, 1, 2, 3, 4, 4}));
+    exe.Run(scope);
+    EXPECT_EQ(scope.Get("y").shape(), (Shape{2, 3, 4})) << ToString(c);
+  }
+}
+
+TEST(Interpreter, TraceRecordsInstructionsFreesAndMemory) {
+  Program program = BranchyProgram();
+  for (const Config& c : AllConfigs()) {
+    CachingAllocator alloc;
+    Executable exe(program, Options(c, &alloc));
+    Scope scope = RandomScope(program, 9);
+    RunTrace trace;
+    RunStats s = exe.Run(scope, &trace);
+    const bool async = c.gc == GcMode::kAsync;
+    ASSERT_EQ(trace.threads.size(), static_cast<size_t>(exe.num_executors() + (async ? 1 : 0)));
+    size_t spans = 0, samples = 0;
+    int64_t freed_on_executors = 0;
+    for (int k = 0; k < exe.num_executors(); ++k) {
+      for (const InstructionSpan& span : trace.threads[k].instructions) EXPECT_LE(span.begin_ns, span.end_ns);
+      spans += trace.threads[k].instructions.size();
+      samples += trace.threads[k].memory.size();
+      for (const GcSpan& g : trace.threads[k].gc) freed_on_executors += g.storages;
+    }
+    EXPECT_EQ(spans, program.instructions().size()) << ToString(c);
+    EXPECT_GT(samples, 0u) << ToString(c);
+    if (c.gc != GcMode::kNone) EXPECT_EQ(freed_on_executors, s.frees) << ToString(c);
+    if (async) {
+      EXPECT_EQ(trace.threads.back().name, "gc worker");
+      int64_t destroyed = 0;
+      for (const GcSpan& g : trace.threads.back().gc) destroyed += g.storages;
+      EXPECT_LE(destroyed, s.frees) << ToString(c);
+      if (s.sync_fallbacks == 0) EXPECT_EQ(destroyed, s.frees) << ToString(c);
+    }
+  }
+}
+
+TEST(Interpreter, StatsDescribeTheRun) {
+  Program program = AddChainProgram(100);
+  CachingAllocator alloc;
+  Executable exe(program, {.allocator = &alloc, .gc = GcMode::kSync});
+  Scope scope = RandomScope(program, 10);
+  RunStats s = exe.Run(scope);
+  EXPECT_EQ(s.instructions, 100);
+  EXPECT_EQ(s.frees, 99);  // every sum but the output
+  EXPECT_EQ(s.liveness_lower_bound_bytes, 2 * 64 * 4);
+  EXPECT_GT(s.wall_ns, 0);
+  EXPECT_GT(s.gc_thread_ns, 0);
+  EXPECT_EQ(s.async_pending_peak_bytes, 0);
+  EXPECT_EQ(exe.num_executors(), 1);
+}
+
+TEST(RunSummary, MediansAndMaxima) {
+  std::vector<RunStats> runs(3);
+  runs[0].wall_ns = 30;
+  runs[1].wall_ns = 10;
+  runs[2].wall_ns = 20;
+  runs[1].peak_allocated_bytes = 7;
+  RunSummary s = Summarize(runs);
+  EXPECT_EQ(s.runs, 3);
+  EXPECT_EQ(s.wall_ns_median, 20);
+  EXPECT_EQ(s.wall_ns_min, 10);
+  EXPECT_EQ(s.peak_allocated_bytes, 7);
+  EXPECT_THROW(Summarize({}), InvalidArgument);
+}
+
+TEST(RunMode, NamesRoundTrip) {
+  EXPECT_EQ(ParseRunMode("trace"), RunMode::kTrace);
+  EXPECT_EQ(ParseRunMode("parallel"), RunMode::kParallel);
+  EXPECT_EQ(ParseRunMode("async"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace sluice

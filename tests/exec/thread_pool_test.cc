@@ -1,0 +1,92 @@
+// ThreadPool and ReadyQueue: every member runs once per job on its own thread, errors come back
+// to the caller, and the queue hands out each index once.
+#include "sluice/exec/thread_pool.h"
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sluice/exec/ready_queue.h"
+
+namespace sluice {
+namespace {
+
+TEST(ThreadPool, RunsEveryMemberOnItsOwnThread) {
+  ThreadPool pool(4);
+  ASSERT_EQ(pool.size(), 4);
+  for (int job = 0; job < 50; ++job) {
+    std::mutex mu;
+    std::set<int> members;
+    std::set<std::thread::id> threads;
+    pool.RunOnAll([&](int member) {
+      std::lock_guard lock(mu);
+      members.insert(member);
+      threads.insert(std::this_thread::get_id());
+    });
+    EXPECT_EQ(members, (std::set<int>{0, 1, 2, 3}));
+    EXPECT_EQ(threads.size(), 4u);
+    EXPECT_TRUE(threads.count(std::this_thread::get_id()));  // the caller is member 0
+  }
+}
+
+TEST(ThreadPool, RethrowsAWorkerErrorAfterEveryoneFinished) {
+  ThreadPool pool(3);
+  std::atomic<int> finished{0};
+  try {
+    pool.RunOnAll([&](int member) {
+      if (member == 2) throw std::runtime_error("member 2 failed");
+      finished.fetch_add(1);
+    });
+    FAIL() << "expected the error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "member 2 failed");
+  }
+  EXPECT_EQ(finished.load(), 2);
+  // Still usable.
+  std::atomic<int> calls{0};
+  pool.RunOnAll([&](int) { calls.fetch_add(1); });
+  EXPECT_EQ(calls.load(), 3);
+}
+
+TEST(ThreadPool, SingleThreadRunsOnTheCaller) {
+  ThreadPool pool(1);
+  std::thread::id id;
+  pool.RunOnAll([&](int member) {
+    EXPECT_EQ(member, 0);
+    id = std::this_thread::get_id();
+  });
+  EXPECT_EQ(id, std::this_thread::get_id());
+  EXPECT_THROW(ThreadPool(0), InvalidArgument);
+}
+
+TEST(ReadyQueue, HandsOutEachIndexOnceThenStops) {
+  constexpr int kItems = 1000;
+  ReadyQueue q(kItems);
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> taken(kItems);
+  std::atomic<int> done{0};
+  pool.RunOnAll([&](int member) {
+    if (member == 0) {
+      for (int i = 0; i < kItems; ++i) q.Push(i);
+    }
+    for (int32_t i = q.Pop(); i >= 0; i = q.Pop()) {
+      taken[i].fetch_add(1);
+      if (done.fetch_add(1) + 1 == kItems) q.Stop();
+    }
+  });
+  for (int i = 0; i < kItems; ++i) EXPECT_EQ(taken[i].load(), 1) << i;
+  EXPECT_TRUE(q.stopped());
+  EXPECT_EQ(q.Pop(), -1);
+  q.Reset();
+  q.Push(7);
+  EXPECT_EQ(q.Pop(), 7);
+  EXPECT_THROW(for (int i = 0; i <= kItems; ++i) q.Push(i), InternalError);
+}
+
+}  // namespace
+}  // namespace sluice

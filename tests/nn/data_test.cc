@@ -11,7 +11,7 @@ namespace {
 
 TEST(SortDataset, TargetsAreTheSortedDigits) {
   SortDataset data(4, 10);
-  Batch b = data.GetBatch(Split::kTrain, 0, 8, 42);
+  Batch b = data.GetBatch(DataSplit::kTrain, 0, 8, 42);
   ASSERT_EQ(b.ids.shape(), (Shape{8, 8}));
   const int64_t* ids = b.ids.data<int64_t>();
   const int64_t* tg = b.targets.data<int64_t>();
@@ -29,16 +29,16 @@ TEST(SortDataset, TargetsAreTheSortedDigits) {
 
 TEST(SortDataset, BatchesAreAPureFunctionOfSeedAndIndex) {
   SortDataset data;
-  EXPECT_TRUE(BitwiseEqual(data.GetBatch(Split::kTrain, 7, 4, 1).ids, data.GetBatch(Split::kTrain, 7, 4, 1).ids));
-  EXPECT_FALSE(BitwiseEqual(data.GetBatch(Split::kTrain, 7, 4, 1).ids, data.GetBatch(Split::kTrain, 8, 4, 1).ids));
-  EXPECT_FALSE(BitwiseEqual(data.GetBatch(Split::kTrain, 7, 4, 1).ids, data.GetBatch(Split::kTrain, 7, 4, 2).ids));
+  EXPECT_TRUE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids, data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids));
+  EXPECT_FALSE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids, data.GetBatch(DataSplit::kTrain, 8, 4, 1).ids));
+  EXPECT_FALSE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids, data.GetBatch(DataSplit::kTrain, 7, 4, 2).ids));
 }
 
 TEST(SortDataset, HeldOutSequencesNeverAppearInTraining) {
   SortDataset data(3, 4);
   for (int i = 0; i < 20; ++i) {
-    Batch tr = data.GetBatch(Split::kTrain, i, 16, 3);
-    Batch va = data.GetBatch(Split::kValidation, i, 16, 3);
+    Batch tr = data.GetBatch(DataSplit::kTrain, i, 16, 3);
+    Batch va = data.GetBatch(DataSplit::kValidation, i, 16, 3);
     for (int r = 0; r < 16; ++r) {
       EXPECT_FALSE(data.IsHeldOut(tr.ids.data<int64_t>() + r * 6));
       EXPECT_TRUE(data.IsHeldOut(va.ids.data<int64_t>() + r * 6));
@@ -55,7 +55,7 @@ TEST(TextDataset, WindowsPredictTheNextByte) {
   }
   TextDataset data(path, 8);
   EXPECT_EQ(data.vocab_size(), 256);
-  Batch b = data.GetBatch(Split::kTrain, 3, 4, 9);
+  Batch b = data.GetBatch(DataSplit::kTrain, 3, 4, 9);
   for (int r = 0; r < 4; ++r) {
     for (int t = 0; t < 8; ++t) {
       EXPECT_EQ(b.targets.At({r, t}), 'a' + (static_cast<int>(b.ids.At({r, t})) - 'a' + 1) % 26);

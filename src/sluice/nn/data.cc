@@ -33,19 +33,19 @@ bool SortDataset::IsHeldOut(const int64_t* digits) const {
   return h % 10 == 0;  // one sequence in ten is held out
 }
 
-Batch SortDataset::GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const {
+Batch SortDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const {
   const int64_t T = seq_len();
   Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
   int64_t* ids = b.ids.data<int64_t>();
   int64_t* targets = b.targets.data<int64_t>();
-  std::mt19937_64 rng(MixSeed(seed, split == Split::kTrain ? 1 : 2, static_cast<uint64_t>(index)));
+  std::mt19937_64 rng(MixSeed(seed, split == DataSplit::kTrain ? 1 : 2, static_cast<uint64_t>(index)));
   std::uniform_int_distribution<int64_t> digit(0, base_ - 1);
   std::vector<int64_t> seq(2 * n_ + 1);
   for (int64_t r = 0; r < batch_size; ++r) {
     // Draw until the sequence falls in the requested split.
     do {
       for (int64_t i = 0; i < n_; ++i) seq[i] = digit(rng);
-    } while (IsHeldOut(seq.data()) != (split == Split::kValidation));
+    } while (IsHeldOut(seq.data()) != (split == DataSplit::kValidation));
     seq[n_] = base_;
     std::copy(seq.begin(), seq.begin() + n_, seq.begin() + n_ + 1);
     std::sort(seq.begin() + n_ + 1, seq.end());
@@ -74,14 +74,14 @@ TextDataset::TextDataset(const std::string& path, int64_t seq_len) : path_(path)
   }
 }
 
-Batch TextDataset::GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const {
+Batch TextDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const {
   const int64_t T = seq_len_;
-  const size_t begin = split == Split::kTrain ? 0 : train_end_;
-  const size_t end = split == Split::kTrain ? train_end_ : bytes_.size();
+  const size_t begin = split == DataSplit::kTrain ? 0 : train_end_;
+  const size_t end = split == DataSplit::kTrain ? train_end_ : bytes_.size();
   Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
   int64_t* ids = b.ids.data<int64_t>();
   int64_t* targets = b.targets.data<int64_t>();
-  std::mt19937_64 rng(MixSeed(seed, split == Split::kTrain ? 3 : 4, static_cast<uint64_t>(index)));
+  std::mt19937_64 rng(MixSeed(seed, split == DataSplit::kTrain ? 3 : 4, static_cast<uint64_t>(index)));
   std::uniform_int_distribution<size_t> start(begin, end - static_cast<size_t>(T) - 1);
   for (int64_t r = 0; r < batch_size; ++r) {
     size_t s = start(rng);

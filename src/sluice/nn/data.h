@@ -30,7 +30,7 @@ struct Batch {
   Tensor targets;  // i64 [B, T]; kIgnoreTarget where the loss ignores a position
 };
 
-enum class Split { kTrain, kValidation };
+enum class DataSplit { kTrain, kValidation };
 
 class Dataset {
  public:
@@ -40,7 +40,7 @@ class Dataset {
   // The sequence length T of every batch.
   virtual int64_t seq_len() const = 0;
   // Batch number `index` of `split`, deterministic in (seed, index).
-  virtual Batch GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const = 0;
+  virtual Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const = 0;
 };
 
 class SortDataset final : public Dataset {
@@ -51,7 +51,7 @@ class SortDataset final : public Dataset {
   std::string name() const override { return "sort"; }
   int64_t vocab_size() const override { return base_ + 1; }
   int64_t seq_len() const override { return 2 * n_; }
-  Batch GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const override;
+  Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const override;
 
   int64_t num_digits() const { return n_; }
   int64_t separator() const { return base_; }
@@ -70,7 +70,7 @@ class TextDataset final : public Dataset {
   std::string name() const override { return path_; }
   int64_t vocab_size() const override { return 256; }
   int64_t seq_len() const override { return seq_len_; }
-  Batch GetBatch(Split split, int64_t index, int64_t batch_size, uint64_t seed) const override;
+  Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const override;
 
  private:
   std::string path_;

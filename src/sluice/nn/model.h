@@ -1,0 +1,60 @@
+// Models as programs: a model is a forward program plus the description of its parameters.
+//
+// Model builders (gpt.h, mlp.h) write the forward program with the Builder and declare each
+// parameter through ModelBuilder::Param, which records how to initialize it. The forward program
+// reads `ids`/`targets` (or `x`/`labels`) and outputs the scalar `loss`; an eval variant outputs
+// `logits` instead.
+//
+// Initialization is seeded and reproducible: parameter i draws from a generator seeded by
+// MixSeed(seed, kInitStream, i), so it does not depend on the order other parameters are drawn.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sluice/core/allocator.h"
+#include "sluice/core/tensor.h"
+#include "sluice/ir/builder.h"
+#include "sluice/ir/program.h"
+
+namespace sluice {
+
+enum class Init { kNormal, kZeros, kOnes };
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  Init init = Init::kNormal;
+  double std = 0.02;  // for kNormal
+};
+
+struct Model {
+  Program forward;               // outputs "loss" (training) or "logits" (eval)
+  std::vector<ParamSpec> params;  // in declaration order
+  std::string loss = "loss";
+};
+
+// Wraps a Builder and records parameter specs as they are declared.
+class ModelBuilder {
+ public:
+  explicit ModelBuilder(std::string program_name) : b_(std::move(program_name)) {}
+  Builder& b() { return b_; }
+  // Declares parameter prefix+name (f32) and records its initialization.
+  Var Param(std::string_view name, const Shape& shape, Init init, double std = 0.02);
+  Model Finish(std::string loss = "loss");
+
+ private:
+  Builder b_;
+  std::vector<ParamSpec> params_;
+};
+
+// Fresh f32 tensors for every parameter, initialized as the specs say.
+std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, uint64_t seed,
+                                         Allocator& allocator = DefaultAllocator());
+
+// Total number of parameter elements.
+int64_t CountParams(const std::vector<ParamSpec>& specs);
+
+}  // namespace sluice

@@ -1,0 +1,105 @@
+#include "sluice/nn/optimizer.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <numbers>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+#include "sluice/ir/builder.h"
+
+namespace sluice {
+
+std::optional<OptimizerKind> ParseOptimizerKind(std::string_view name) {
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  if (name == "sgd") return OptimizerKind::kSgd;
+  return std::nullopt;
+}
+
+std::optional<LrSchedule> ParseLrSchedule(std::string_view name) {
+  if (name == "constant") return LrSchedule::kConstant;
+  if (name == "cosine") return LrSchedule::kCosine;
+  return std::nullopt;
+}
+
+std::vector<std::string> OptimizerStateNames(const std::string& param, const OptimizerConfig& config) {
+  if (config.kind == OptimizerKind::kAdamW) return {param + ".exp_avg", param + ".exp_avg_sq"};
+  return {param + ".momentum_buffer"};
+}
+
+Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config) {
+  Builder b(config.kind == OptimizerKind::kAdamW ? "adamw" : "sgd");
+  Var lr = b.Input("lr", DType::kF32, {});
+  Var step = config.kind == OptimizerKind::kAdamW ? b.Input("step", DType::kF32, {}) : Var();
+  for (const ParamSpec& s : params) {
+    Var p = b.Param(s.name, DType::kF32, s.shape);
+    Var g = b.Input(s.name + ".grad", DType::kF32, s.shape);
+    std::vector<std::string> state = OptimizerStateNames(s.name, config);
+    if (config.kind == OptimizerKind::kAdamW) {
+      Var m = b.Param(state[0], DType::kF32, s.shape);
+      Var v = b.Param(state[1], DType::kF32, s.shape);
+      b.Emit("adamw_update", {p, g, m, v, lr, step},
+             {{"beta1", config.beta1}, {"beta2", config.beta2}, {"eps", config.eps},
+              {"weight_decay", config.weight_decay}});
+    } else {
+      Var buf = b.Param(state[0], DType::kF32, s.shape);
+      b.Emit("sgd_update", {p, g, buf, lr}, {{"momentum", config.momentum}, {"weight_decay", config.weight_decay}});
+    }
+  }
+  return b.Build();
+}
+
+std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& params, const OptimizerConfig& config,
+                                                 Allocator& allocator) {
+  std::map<std::string, Tensor> state;
+  for (const ParamSpec& s : params) {
+    for (const std::string& n : OptimizerStateNames(s.name, config)) {
+      state.emplace(n, Tensor::Zeros(s.shape, DType::kF32, allocator));
+    }
+  }
+  return state;
+}
+
+double LearningRate(const OptimizerConfig& c, int64_t step, int64_t total_steps) {
+  if (step < c.warmup_steps) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  if (c.schedule == LrSchedule::kConstant) return c.lr;
+  const int64_t decay = std::max<int64_t>(1, total_steps - c.warmup_steps);
+  const double progress = std::min(1.0, static_cast<double>(step - c.warmup_steps) / static_cast<double>(decay));
+  return c.min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (c.lr - c.min_lr);
+}
+
+void GradientAccumulator::Add(const std::string& name, Tensor grad) {
+  SLUICE_CHECK(grad.dtype() == DType::kF32 && grad.is_contiguous(), "gradient {} must be contiguous f32", name);
+  auto it = grads_.find(name);
+  if (it == grads_.end()) {
+    grads_.emplace(name, std::move(grad));
+    return;
+  }
+  SLUICE_CHECK(it->second.shape() == grad.shape(), "gradient {} changed shape", name);
+  cblas_saxpy(static_cast<int>(grad.numel()), 1.0f, grad.data<float>(), 1, it->second.data<float>(), 1);
+}
+
+double GradientAccumulator::Finish(int64_t micro_batches, double clip_norm) {
+  const float inv = 1.0f / static_cast<float>(micro_batches);
+  double sum_sq = 0;
+  for (auto& [name, g] : grads_) {
+    if (micro_batches > 1) cblas_sscal(static_cast<int>(g.numel()), inv, g.data<float>(), 1);
+    const float* p = g.data<float>();
+    double s = 0;
+    for (int64_t i = 0, n = g.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
+    sum_sq += s;
+  }
+  const double norm = std::sqrt(sum_sq);
+  // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
+  if (clip_norm > 0) {
+    const double coef = clip_norm / (norm + 1e-6);
+    if (coef < 1.0) {
+      for (auto& [name, g] : grads_) cblas_sscal(static_cast<int>(g.numel()), static_cast<float>(coef), g.data<float>(), 1);
+    }
+  }
+  return norm;
+}
+
+}  // namespace sluice

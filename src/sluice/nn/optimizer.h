@@ -1,0 +1,73 @@
+// Optimizers as programs, and the host-side pieces around them (learning-rate schedule, gradient
+// accumulation over micro-batches, clipping by global norm).
+//
+// BuildOptimizer writes one program that updates every parameter in place:
+//   params  the model parameters and their state: "<p>.exp_avg", "<p>.exp_avg_sq" (AdamW) or
+//           "<p>.momentum_buffer" (SGD) — names as in PyTorch's optimizer state;
+//   inputs  "<p>.grad" for every parameter, scalar "lr" and (AdamW) scalar "step" (1-based);
+//   ops     adamw_update / sgd_update (OpKind::kInPlace), PyTorch semantics.
+//
+// Example:
+//   OptimizerConfig opt{.kind = OptimizerKind::kAdamW, .lr = 3e-4};
+//   Program update = BuildOptimizer(model.params, opt);
+//   std::map<std::string, Tensor> state = InitOptimizerState(model.params, opt);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sluice/core/tensor.h"
+#include "sluice/ir/program.h"
+#include "sluice/nn/model.h"
+
+namespace sluice {
+
+enum class OptimizerKind { kAdamW, kSgd };
+std::optional<OptimizerKind> ParseOptimizerKind(std::string_view name);
+
+enum class LrSchedule { kConstant, kCosine };
+std::optional<LrSchedule> ParseLrSchedule(std::string_view name);
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
+  double momentum = 0.0;                          // SGD
+  double weight_decay = 0.0;
+  double clip_norm = 0.0;  // clip gradients to this global norm; 0 = off
+  LrSchedule schedule = LrSchedule::kConstant;
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;     // cosine decays from lr to min_lr over the run
+};
+
+Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config);
+
+// Zero-initialized optimizer state tensors, by name.
+std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& params,
+                                                 const OptimizerConfig& config,
+                                                 Allocator& allocator = DefaultAllocator());
+// Names of the state tensors of one parameter.
+std::vector<std::string> OptimizerStateNames(const std::string& param, const OptimizerConfig& config);
+
+// Learning rate for 0-based `step` of `total_steps`: linear warmup over warmup_steps to lr, then
+// constant or cosine decay to min_lr (nanoGPT's schedule).
+double LearningRate(const OptimizerConfig& config, int64_t step, int64_t total_steps);
+
+// Accumulates gradients over micro-batches: Add(g) sums (g is taken over for the first micro-batch,
+// added with BLAS axpy after); Finish(m) divides by m, clips to clip_norm when set and returns
+// the global norm before clipping.
+class GradientAccumulator {
+ public:
+  void Add(const std::string& name, Tensor grad);
+  double Finish(int64_t micro_batches, double clip_norm);
+  const std::map<std::string, Tensor>& grads() const { return grads_; }
+  void Clear() { grads_.clear(); }
+
+ private:
+  std::map<std::string, Tensor> grads_;
+};
+
+}  // namespace sluice

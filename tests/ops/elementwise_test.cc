@@ -1,31 +1,190 @@
-// Op table: elementwise family.
+// Op table: elementwise family (binary with broadcasting, unary, fused activation gradients, fill,
+// cast, copy), plus GELU against PyTorch's numbers.
+#include <cmath>
+#include <limits>
+
 #include "op_harness.h"
+#include "sluice/exec/reference_runner.h"
+#include "sluice/ir/ops.h"
 
 namespace sluice::testing {
 namespace {
 
+// Tables keep one case per line.
+// clang-format off
 std::vector<OpCase> ElementwiseCases() {
+  const Fill positive = Positive();
+  const Fill wide = Uniform(-4, 4);  // reaches GELU's tails and exp's larger values
+  const std::vector<Fill> nonzero_b = {Fill{}, positive};
+  const Attrs f32{{"dtype", std::string("f32")}}, f64{{"dtype", std::string("f64")}};
   return {
+      // Binary ops: equal shapes, rows, columns, scalars, both operands stretched, odd sizes.
       {.label = "add_same", .op = "add", .inputs = {F({4, 3}), F({4, 3})}},
       {.label = "add_row", .op = "add", .inputs = {F({4, 3}), F({3})}},
       {.label = "add_col", .op = "add", .inputs = {F({4, 1}), F({4, 3})}},
       {.label = "add_scalar", .op = "add", .inputs = {F({}), F({2, 5})}},
       {.label = "add_both_stretch", .op = "add", .inputs = {F({3, 1, 5}), F({1, 4, 1})}},
       {.label = "add_odd", .op = "add", .inputs = {F({7, 1, 13}), F({13})}, .grad = false},
+      {.label = "add_long", .op = "add", .inputs = {F({3, 333}), F({3, 333})}, .grad = false},
+      {.label = "add_empty", .op = "add", .inputs = {F({0, 3}), F({3})}},
+      {.label = "sub_same", .op = "sub", .inputs = {F({7, 13}), F({7, 13})}},
+      {.label = "sub_row", .op = "sub", .inputs = {F({2, 7, 13}), F({13})}},
+      {.label = "sub_col", .op = "sub", .inputs = {F({7, 13}), F({7, 1})}},
+      {.label = "sub_scalar_left", .op = "sub", .inputs = {F({}), F({33})}},
+      {.label = "sub_both_stretch", .op = "sub", .inputs = {F({1, 7}), F({13, 1})}},
+      {.label = "mul_same", .op = "mul", .inputs = {F({33}), F({33})}},
+      {.label = "mul_row", .op = "mul", .inputs = {F({7, 13}), F({1, 13})}},
+      {.label = "mul_col", .op = "mul", .inputs = {F({7, 1}), F({7, 13})}},
+      {.label = "mul_scalar", .op = "mul", .inputs = {F({2, 7}), F({1})}},
+      {.label = "mul_middle", .op = "mul", .inputs = {F({2, 7, 3}), F({2, 1, 3})}},
+      {.label = "mul_both_stretch", .op = "mul", .inputs = {F({3, 1, 5}), F({1, 4, 1})}},
+      {.label = "div_same", .op = "div", .inputs = {F({7, 13}), F({7, 13})}, .fills = nonzero_b},
+      {.label = "div_row", .op = "div", .inputs = {F({7, 13}), F({13})}, .fills = nonzero_b},
+      {.label = "div_col", .op = "div", .inputs = {F({7, 13}), F({7, 1})}, .fills = nonzero_b},
+      {.label = "div_scalar", .op = "div", .inputs = {F({33}), F({})}, .fills = nonzero_b},
+      {.label = "div_both_stretch", .op = "div", .inputs = {F({1, 7}), F({13, 1})}, .fills = nonzero_b},
+      // Unary ops.
+      {.label = "scale", .op = "scale", .inputs = {F({7, 13})}, .attrs = {{"factor", 2.5}}},
+      {.label = "scale_int_factor", .op = "scale", .inputs = {F({7})}, .attrs = {{"factor", int64_t{-3}}}},
+      {.label = "neg", .op = "neg", .inputs = {F({33})}},
+      {.label = "relu", .op = "relu", .inputs = {F({7, 13})}},
+      {.label = "relu_scalar", .op = "relu", .inputs = {F({})}},
+      {.label = "gelu", .op = "gelu", .inputs = {F({7, 13})}, .fills = {wide}},
+      {.label = "gelu_one", .op = "gelu", .inputs = {F({1})}},
+      {.label = "gelu_long", .op = "gelu", .inputs = {F({1031})}, .fills = {Uniform(-12, 12)}, .grad = false},
+      {.label = "tanh", .op = "tanh", .inputs = {F({33})}, .fills = {wide}},
+      {.label = "exp", .op = "exp", .inputs = {F({7, 13})}, .fills = {wide}},
+      {.label = "exp_long", .op = "exp", .inputs = {F({1031})}, .fills = {Uniform(-80, 80)}, .grad = false},
+      {.label = "log", .op = "log", .inputs = {F({7, 13})}, .fills = {positive}},
+      {.label = "sqrt", .op = "sqrt", .inputs = {F({33})}, .fills = {positive}},
+      // Fused activation gradients (no gradients of their own).
+      {.label = "relu_grad", .op = "relu_grad", .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
+      {.label = "gelu_grad", .op = "gelu_grad", .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
+      {.label = "gelu_grad_long", .op = "gelu_grad", .inputs = {F({1031}), F({1031})}, .fills = {Fill{}, Uniform(-12, 12)}, .grad = false},
+      {.label = "tanh_grad", .op = "tanh_grad", .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
+      // Fill, cast, copy. (A cast to f32 rounds away what a finite difference measures: no grad.)
+      {.label = "full", .op = "full", .inputs = {}, .attrs = {{"dtype", std::string("f32")}, {"shape", std::vector<int64_t>{2, 3}}, {"value", 1.5}}},
+      {.label = "cast_to_f64", .op = "cast", .inputs = {F({7, 13})}, .attrs = f64},
+      {.label = "cast_to_f32", .op = "cast", .inputs = {F({7, 13})}, .attrs = f32, .grad = false},
       {.label = "copy", .op = "copy", .inputs = {F({3, 7})}},
   };
 }
+// clang-format on
 
+// clang-format off
 std::vector<OpErrorCase> ElementwiseErrors() {
+  const TensorType f64_3{DType::kF64, Shape{3}};
   return {
       {.label = "add_mismatch", .op = "add", .inputs = {F({4, 3}), F({4})}},
-      {.label = "add_dtype", .op = "add", .inputs = {F({3}), {DType::kF64, Shape{3}}}},
+      {.label = "add_dtype", .op = "add", .inputs = {F({3}), f64_3}},
       {.label = "add_int", .op = "add", .inputs = {I64({3}), I64({3})}},
+      {.label = "sub_mismatch", .op = "sub", .inputs = {F({7, 13}), F({13, 7})}},
+      {.label = "mul_dtype", .op = "mul", .inputs = {f64_3, F({3})}},
+      {.label = "div_int", .op = "div", .inputs = {I32({3}), I32({3})}},
+      {.label = "div_mismatch", .op = "div", .inputs = {F({2, 3}), F({3, 3})}},
+      {.label = "scale_no_factor", .op = "scale", .inputs = {F({3})}},
+      {.label = "scale_int", .op = "scale", .inputs = {I64({3})}, .attrs = {{"factor", 2.0}}},
+      {.label = "relu_int", .op = "relu", .inputs = {I64({3})}},
+      {.label = "gelu_bf16", .op = "gelu", .inputs = {{DType::kBF16, Shape{3}}}},
+      {.label = "exp_int", .op = "exp", .inputs = {I32({3})}},
+      {.label = "relu_grad_shape", .op = "relu_grad", .inputs = {F({3}), F({4})}},
+      {.label = "gelu_grad_broadcast", .op = "gelu_grad", .inputs = {F({2, 3}), F({3})}},
+      {.label = "tanh_grad_dtype", .op = "tanh_grad", .inputs = {F({3}), f64_3}},
+      {.label = "full_dtype", .op = "full", .inputs = {}, .attrs = {{"dtype", std::string("q8")}, {"shape", std::vector<int64_t>{2}}, {"value", 0.0}}},
+      {.label = "cast_to_int", .op = "cast", .inputs = {F({3})}, .attrs = {{"dtype", std::string("i64")}}},
+      {.label = "cast_from_int", .op = "cast", .inputs = {I64({3})}, .attrs = {{"dtype", std::string("f32")}}},
   };
 }
+// clang-format on
 
-INSTANTIATE_TEST_SUITE_P(Elementwise, OpHarness, ::testing::ValuesIn(ElementwiseCases()), CaseName());
-INSTANTIATE_TEST_SUITE_P(Elementwise, OpErrors, ::testing::ValuesIn(ElementwiseErrors()), CaseName());
+INSTANTIATE_TEST_SUITE_P(Elementwise, OpHarness, ::testing::ValuesIn(ElementwiseCases()),
+                         CaseName());
+INSTANTIATE_TEST_SUITE_P(Elementwise, OpErrors, ::testing::ValuesIn(ElementwiseErrors()),
+                         CaseName());
+
+// Runs a one-instruction program op(x) in f64 with the fast or the reference kernel.
+std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs,
+                           bool reference) {
+  Program p(op);
+  Scope scope;
+  std::vector<ValueId> ids;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name = "x" + std::to_string(i);
+    ids.push_back(p.AddInput(name, {DType::kF64, inputs[i].shape()}));
+    scope.Set(name, inputs[i]);
+  }
+  p.AddOutput(p.AddInstruction(op, ids, {}, {"y"})[0]);
+  RunReference(p, scope, DefaultAllocator(), reference);
+  const Tensor& y = scope.Get("y");
+  std::vector<double> out;
+  for (int64_t i = 0; i < y.numel(); ++i) out.push_back(y.FlatAt(i));
+  return out;
+}
+
+// torch.nn.functional.gelu(x, approximate='tanh') and its gradient in float64 (PyTorch 1.13).
+TEST(Gelu, MatchesPyTorchTanhApproximation) {
+  const std::vector<double> x = {-6.0, -3.0, -1.5, -0.5, -1e-3, 0.0, 1e-3, 0.5, 1.0, 2.5, 6.0};
+  const std::vector<double> torch_y = {
+      -8.43964897967453e-11, -0.0036373920817729943, -0.10042842301976707,
+      -0.15428599017485606,  -0.000499601057786418,  0.0,
+      0.000500398942213582,  0.34571400982514394,    0.8411919906082768,
+      2.484915733910001,     5.9999999999156035};
+  const std::vector<double> torch_dx = {
+      -7.709976012836329e-10, -0.011584166630969648, -0.12771079315143308,
+      0.13263009646535764,    0.499202115706475,     0.5,
+      0.500797884293525,      0.8673699035346424,    1.0829640838457826,
+      1.037951576212666,      1.0000000007709977};
+  const Shape n{static_cast<int64_t>(x.size())};
+  const Tensor xt = Tensor::FromVector<double>(n, x);
+  const Tensor ones = Tensor::Full(n, 1.0, DType::kF64);
+  for (bool reference : {false, true}) {
+    const std::vector<double> y = RunF64("gelu", {xt}, reference);
+    const std::vector<double> dx = RunF64("gelu_grad", {ones, xt}, reference);
+    for (size_t i = 0; i < x.size(); ++i) {
+      // Absolute below 1: PyTorch's 0.5·x·(1 + tanh u) cancels for very negative x.
+      EXPECT_NEAR(y[i], torch_y[i], 1e-12 * std::max(1.0, std::abs(torch_y[i])))
+          << "gelu(" << x[i] << ") reference=" << reference;
+      EXPECT_NEAR(dx[i], torch_dx[i], 1e-12 * std::max(1.0, std::abs(torch_dx[i])))
+          << "gelu'(" << x[i] << ") reference=" << reference;
+    }
+  }
+}
+
+// exp keeps IEEE special values and the ends of the range in the fast kernel.
+TEST(Exp, FastKernelHandlesSpecialValuesAndRangeEnds) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> x = {-inf, -800.0, -745.0, -708.0, 0.0, 1.0, 709.7, 710.0, inf};
+  const Tensor xt = Tensor::FromVector<double>(Shape{static_cast<int64_t>(x.size())}, x);
+  const std::vector<double> fast = RunF64("exp", {xt}, /*reference=*/false);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(x[i]);
+    if (std::isinf(want)) {
+      EXPECT_EQ(fast[i], want) << "exp(" << x[i] << ")";
+    } else {
+      EXPECT_NEAR(fast[i], want, 4e-16 * want + 1e-323)
+          << "exp(" << x[i] << ")";  // 2 subnormal ulp
+    }
+  }
+  const std::vector<double> nan =
+      RunF64("exp", {Tensor::Full(Shape{3}, std::nan(""), DType::kF64)}, false);
+  for (double v : nan) EXPECT_TRUE(std::isnan(v));
+}
+
+TEST(ElementwiseBuilder, OperatorsEmitTheirOps) {
+  Builder b("ops");
+  Var x = b.Input("x", DType::kF32, {2, 3});
+  Var y = b.Input("y", DType::kF32, {3});
+  const std::vector<std::pair<Var, std::string>> cases = {
+      {x + y, "add"}, {x - y, "sub"},     {x * y, "mul"},    {x / y, "div"},
+      {-x, "neg"},    {x * 2.0, "scale"}, {0.5 * x, "scale"}};
+  for (const auto& [v, op] : cases) {
+    EXPECT_EQ(b.program().instructions()[v.value().producer].op->name, op);
+    EXPECT_EQ(v.shape(), (Shape{2, 3}));
+  }
+  EXPECT_EQ(Cast(x, DType::kF32).id(), x.id()) << "a cast to the same dtype is no op";
+  EXPECT_EQ(Cast(x, DType::kF64).dtype(), DType::kF64);
+  EXPECT_EQ(Zeros(b, {4}, DType::kF64).type(), (TensorType{DType::kF64, Shape{4}}));
+}
 
 }  // namespace
 }  // namespace sluice::testing

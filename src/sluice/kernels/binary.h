@@ -1,15 +1,21 @@
 // Elementwise binary kernels with NumPy broadcasting: out = f(a, b), out contiguous of the
-// broadcast shape, a and b contiguous.
+// broadcast shape, a and b contiguous. f is a functor such as std::plus<>, std::divides<>.
 //
 // BinaryReference is the plain version: one multi-index computation per element.
-// BinaryFast takes the common shapes straight: equal shapes, a scalar operand, and b repeating
-// along the leading axes (bias rows); everything else goes through ForEachBroadcast.
+// BinaryFast first merges output axes along which neither operand changes how it is read
+// (PlanBroadcast: [B, T, C] + [C] becomes rows [B·T] × [C]; two equal shapes become one flat
+// axis), then runs the innermost axis as a tight vectorizable loop in one of four forms — both
+// operands advancing, or one of them (or both) held fixed — and advances the outer axes with a
+// running multi-index. No index arithmetic per element, whatever the broadcasting pattern.
+//
+// Thread-safety: pure functions of their inputs.
 #pragma once
 
 #include <cstdint>
 
 #include "sluice/core/tensor.h"
 #include "sluice/kernels/broadcast.h"
+#include "sluice/kernels/simd.h"
 
 namespace sluice::kernels {
 
@@ -33,41 +39,80 @@ void BinaryReference(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   }
 }
 
-template <typename T, typename F>
-void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
-  const T* __restrict pa = a.data<T>();
-  const T* __restrict pb = b.data<T>();
-  T* __restrict po = out.data<T>();
-  const int64_t n = out.numel();
-  if (a.shape() == out.shape() && b.shape() == out.shape()) {
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
-    return;
-  }
-  if (a.shape() == out.shape() && b.numel() == 1) {
-    const T s = pb[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], s);
-    return;
-  }
-  if (b.shape() == out.shape() && a.numel() == 1) {
-    const T s = pa[0];
-    for (int64_t i = 0; i < n; ++i) po[i] = f(s, pb[i]);
-    return;
-  }
-  // b is a row repeated along the leading axes of a (e.g. a bias [C] added to [B, T, C]).
-  const int64_t m = b.numel();
-  if (a.shape() == out.shape() && m > 0 && n % m == 0 && b.rank() <= out.rank()) {
-    bool trailing = true;
-    for (int i = 1; i <= b.rank(); ++i) trailing &= b.shape()[b.rank() - i] == out.shape()[out.rank() - i];
-    if (trailing) {
-      for (int64_t r = 0; r < n; r += m) {
-        for (int64_t j = 0; j < m; ++j) po[r + j] = f(pa[r + j], pb[j]);
-      }
-      return;
+// The output shape with size-1 axes dropped and neighbouring axes merged where both operands'
+// strides allow it (stride[d] == stride[d + 1] · dims[d + 1]: contiguous, or stretched on both).
+// Strides are in elements, 0 where an operand is stretched. The innermost axis then has stride 0
+// or 1 for each operand.
+struct BroadcastPlan {
+  int rank = 0;
+  int64_t dims[kMaxRank] = {};
+  int64_t sa[kMaxRank] = {}, sb[kMaxRank] = {};
+};
+
+inline BroadcastPlan PlanBroadcast(const Shape& a, const Shape& b, const Shape& out) {
+  const Strides sa = BroadcastStrides(a, out), sb = BroadcastStrides(b, out);
+  BroadcastPlan p;
+  for (int d = 0; d < out.rank(); ++d) {
+    if (out[d] == 1) continue;
+    const int last = p.rank - 1;
+    if (last >= 0 && p.sa[last] == sa[d] * out[d] && p.sb[last] == sb[d] * out[d]) {
+      p.dims[last] *= out[d];
+      p.sa[last] = sa[d];
+      p.sb[last] = sb[d];
+    } else {
+      p.dims[p.rank] = out[d];
+      p.sa[p.rank] = sa[d];
+      p.sb[p.rank] = sb[d];
+      ++p.rank;
     }
   }
-  ForEachBroadcast(out.shape(), BroadcastStrides(a.shape(), out.shape()),
-                   BroadcastStrides(b.shape(), out.shape()),
-                   [&](int64_t o, int64_t ia, int64_t ib) { po[o] = f(pa[ia], pb[ib]); });
+  return p;
+}
+
+// One innermost row of n outputs; a_step/b_step are 1 (advancing) or 0 (held fixed).
+template <typename T, typename F>
+inline void BinaryRow(const T* __restrict a, int64_t a_step, const T* __restrict b, int64_t b_step,
+                      T* __restrict out, int64_t n, F f) {
+  if (a_step == 1 && b_step == 1) {
+    ForEachBlocked(n, [&](int64_t i) { out[i] = f(a[i], b[i]); });
+  } else if (a_step == 1) {
+    const T y = b[0];
+    ForEachBlocked(n, [&](int64_t i) { out[i] = f(a[i], y); });
+  } else if (b_step == 1) {
+    const T x = a[0];
+    ForEachBlocked(n, [&](int64_t i) { out[i] = f(x, b[i]); });
+  } else {
+    const T v = f(a[0], b[0]);
+    ForEachBlocked(n, [&](int64_t i) { out[i] = v; });
+  }
+}
+
+template <typename T, typename F>
+void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* po = out.data<T>();
+  if (out.numel() == 0) return;
+  const BroadcastPlan p = PlanBroadcast(a.shape(), b.shape(), out.shape());
+  if (p.rank == 0) {  // a single element
+    po[0] = f(pa[0], pb[0]);
+    return;
+  }
+  const int inner = p.rank - 1;
+  const int64_t n = p.dims[inner];
+  int64_t index[kMaxRank] = {};
+  int64_t ia = 0, ib = 0;
+  for (int64_t o = 0, total = out.numel(); o < total; o += n) {
+    BinaryRow<T>(pa + ia, p.sa[inner], pb + ib, p.sb[inner], po + o, n, f);
+    for (int d = inner - 1; d >= 0; --d) {  // advance the outer multi-index
+      ia += p.sa[d];
+      ib += p.sb[d];
+      if (++index[d] < p.dims[d]) break;
+      ia -= p.sa[d] * p.dims[d];
+      ib -= p.sb[d] * p.dims[d];
+      index[d] = 0;
+    }
+  }
 }
 
 }  // namespace sluice::kernels

@@ -2,25 +2,24 @@
 #include "sluice/ir/ops/elementwise.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/binary.h"
+#include "sluice/kernels/unary.h"
 
 namespace sluice {
 
 namespace {
 
+// ---- Binary ops with broadcasting ----
+
 std::vector<TensorType> InferBroadcastBinary(std::span<const TensorType> in, const Attrs&) {
   DType t = ops::SameFloatDType(in);
   return {{t, Broadcast(in[0].shape, in[1].shape)}};
 }
-
-struct AddOp {
-  template <typename T>
-  T operator()(T a, T b) const { return a + b; }
-};
 
 template <typename Op, bool kFast>
 void BinaryKernel(KernelContext& ctx) {
@@ -43,9 +42,116 @@ std::vector<Var> AddVjp(VjpContext& ctx) {
   return grads;
 }
 
+// d(a - b): da = dy, db = -dy (negated after summing: on the smaller tensor).
+std::vector<Var> SubVjp(VjpContext& ctx) {
+  Var dy = ctx.dy(0);
+  std::vector<Var> grads(2);
+  if (ctx.needs(0)) grads[0] = SumTo(dy, ctx.x_type(0).shape);
+  if (ctx.needs(1)) grads[1] = Neg(SumTo(dy, ctx.x_type(1).shape));
+  return grads;
+}
+
+// d(a · b): da = dy · b, db = dy · a.
+std::vector<Var> MulVjp(VjpContext& ctx) {
+  Var dy = ctx.dy(0);
+  std::vector<Var> grads(2);
+  if (ctx.needs(0)) grads[0] = SumTo(Mul(dy, ctx.x(1)), ctx.x_type(0).shape);
+  if (ctx.needs(1)) grads[1] = SumTo(Mul(dy, ctx.x(0)), ctx.x_type(1).shape);
+  return grads;
+}
+
+// d(a / b) with y = a / b: da = dy / b, db = -dy · a / b² = -(dy / b) · y.
+std::vector<Var> DivVjp(VjpContext& ctx) {
+  Var g = Div(ctx.dy(0), ctx.x(1));
+  std::vector<Var> grads(2);
+  if (ctx.needs(0)) grads[0] = SumTo(g, ctx.x_type(0).shape);
+  if (ctx.needs(1)) grads[1] = Neg(SumTo(Mul(g, ctx.y(0)), ctx.x_type(1).shape));
+  return grads;
+}
+
+// ---- Unary ops: y = f(x), and fused gradients dx = g(dy, s) ----
+
+std::vector<TensorType> InferUnary(std::span<const TensorType> in, const Attrs&) {
+  return {{ops::SameFloatDType(in), in[0].shape}};
+}
+
+// dy and the saved value: same dtype and the same shape (no broadcasting).
+std::vector<TensorType> InferUnaryGrad(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  if (in[0].shape != in[1].shape) {
+    throw ShapeError(fmt::format("the gradient {} and the saved value {} must have one shape",
+                                 in[0].shape.ToString(), in[1].shape.ToString()));
+  }
+  return {{t, in[0].shape}};
+}
+
+template <typename T>
+using UnaryFn = void (*)(const T*, T*, int64_t);
+template <typename T>
+using UnaryGradFn = void (*)(const T*, const T*, T*, int64_t);
+
+template <UnaryFn<float> kF32, UnaryFn<double> kF64>
+void UnaryKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const Tensor& y = ctx.outputs[0];
+  DispatchFloat(x.dtype(), "unary op", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      kF32(x.data<T>(), y.data<T>(), x.numel());
+    } else {
+      kF64(x.data<T>(), y.data<T>(), x.numel());
+    }
+  });
+}
+
+template <UnaryGradFn<float> kF32, UnaryGradFn<double> kF64>
+void UnaryGradKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  const Tensor& s = ctx.inputs[1];
+  const Tensor& dx = ctx.outputs[0];
+  DispatchFloat(dy.dtype(), "activation gradient", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, float>) {
+      kF32(dy.data<T>(), s.data<T>(), dx.data<T>(), dy.numel());
+    } else {
+      kF64(dy.data<T>(), s.data<T>(), dx.data<T>(), dy.numel());
+    }
+  });
+}
+
+void ScaleKernel(KernelContext& ctx) {
+  const double factor = ctx.attrs.GetFloat("factor");
+  const Tensor& x = ctx.inputs[0];
+  const Tensor& y = ctx.outputs[0];
+  DispatchFloat(x.dtype(), "scale", [&]<typename T>() {
+    kernels::Scale<T>(x.data<T>(), y.data<T>(), x.numel(), static_cast<T>(factor));
+  });
+}
+
+std::vector<TensorType> InferScale(std::span<const TensorType> in, const Attrs& attrs) {
+  attrs.GetFloat("factor");
+  return InferUnary(in, attrs);
+}
+
+std::vector<Var> ScaleVjp(VjpContext& ctx) {
+  return {Scale(ctx.dy(0), ctx.attrs().GetFloat("factor"))};
+}
+std::vector<Var> NegVjp(VjpContext& ctx) { return {Neg(ctx.dy(0))}; }
+std::vector<Var> ReluVjp(VjpContext& ctx) { return {ReluGrad(ctx.dy(0), ctx.y(0))}; }
+std::vector<Var> GeluVjp(VjpContext& ctx) { return {GeluGrad(ctx.dy(0), ctx.x(0))}; }
+std::vector<Var> TanhVjp(VjpContext& ctx) { return {TanhGrad(ctx.dy(0), ctx.y(0))}; }
+// d e^x = dy · y.
+std::vector<Var> ExpVjp(VjpContext& ctx) { return {Mul(ctx.dy(0), ctx.y(0))}; }
+// d ln x = dy / x.
+std::vector<Var> LogVjp(VjpContext& ctx) { return {Div(ctx.dy(0), ctx.x(0))}; }
+// d √x = dy / (2·y).
+std::vector<Var> SqrtVjp(VjpContext& ctx) { return {Scale(Div(ctx.dy(0), ctx.y(0)), 0.5)}; }
+
+// ---- Fill, cast, copy ----
+
+std::optional<DType> DTypeAttr(const Attrs& attrs) { return ParseDType(attrs.GetString("dtype")); }
+
 std::vector<TensorType> InferFull(std::span<const TensorType>, const Attrs& attrs) {
   const std::vector<int64_t>& dims = attrs.GetInts("shape");
-  std::optional<DType> t = ParseDType(attrs.GetString("dtype"));
+  std::optional<DType> t = DTypeAttr(attrs);
   if (!t) throw ShapeError(fmt::format("unknown dtype '{}'", attrs.GetString("dtype")));
   attrs.GetFloat("value");
   return {{*t, Shape(std::span<const int64_t>(dims))}};
@@ -55,13 +161,43 @@ void FullKernel(KernelContext& ctx) {
   const Tensor& out = ctx.outputs[0];
   const double value = ctx.attrs.GetFloat("value");
   switch (out.dtype()) {
-    case DType::kF32: std::fill_n(out.data<float>(), out.numel(), static_cast<float>(value)); break;
-    case DType::kF64: std::fill_n(out.data<double>(), out.numel(), value); break;
-    case DType::kI32: std::fill_n(out.data<int32_t>(), out.numel(), static_cast<int32_t>(value)); break;
-    case DType::kI64: std::fill_n(out.data<int64_t>(), out.numel(), static_cast<int64_t>(value)); break;
-    default: throw ShapeError(fmt::format("full: cannot fill dtype {}", Name(out.dtype())));
+    case DType::kF32:
+      std::fill_n(out.data<float>(), out.numel(), static_cast<float>(value));
+      break;
+    case DType::kF64:
+      std::fill_n(out.data<double>(), out.numel(), value);
+      break;
+    case DType::kI32:
+      std::fill_n(out.data<int32_t>(), out.numel(), static_cast<int32_t>(value));
+      break;
+    case DType::kI64:
+      std::fill_n(out.data<int64_t>(), out.numel(), static_cast<int64_t>(value));
+      break;
+    default:
+      throw ShapeError(fmt::format("full: cannot fill dtype {}", Name(out.dtype())));
   }
 }
+
+std::vector<TensorType> InferCast(std::span<const TensorType> in, const Attrs& attrs) {
+  std::optional<DType> to = DTypeAttr(attrs);
+  if (!to || (*to != DType::kF32 && *to != DType::kF64)) {
+    throw ShapeError(fmt::format("can cast to f32 or f64, not '{}'", attrs.GetString("dtype")));
+  }
+  ops::SameFloatDType(in);
+  return {{*to, in[0].shape}};
+}
+
+void CastKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const Tensor& y = ctx.outputs[0];
+  DispatchFloat(x.dtype(), "cast", [&]<typename From>() {
+    DispatchFloat(y.dtype(), "cast", [&]<typename To>() {
+      kernels::Cast<From, To>(x.data<From>(), y.data<To>(), x.numel());
+    });
+  });
+}
+
+std::vector<Var> CastVjp(VjpContext& ctx) { return {Cast(ctx.dy(0), ctx.x_type(0).dtype)}; }
 
 std::vector<TensorType> InferSame(std::span<const TensorType> in, const Attrs&) { return {in[0]}; }
 
@@ -69,30 +205,128 @@ void CopyKernel(KernelContext& ctx) { ctx.outputs[0].CopyFrom(ctx.inputs[0]); }
 
 std::vector<Var> CopyVjp(VjpContext& ctx) { return {ctx.dy(0)}; }
 
+void RegisterBinary(OpRegistry& r, std::string name, KernelFn fast, KernelFn reference, VjpFn vjp,
+                    std::string doc) {
+  r.Register({.name = std::move(name),
+              .num_inputs = 2,
+              .infer = InferBroadcastBinary,
+              .kernel = fast,
+              .reference = reference,
+              .vjp = vjp,
+              .doc = std::move(doc)});
+}
+
+// reference == nullptr: the kernel is the only version (the registry uses it for both).
+void RegisterUnary(OpRegistry& r, std::string name, KernelFn fast, KernelFn reference, VjpFn vjp,
+                   std::string doc) {
+  r.Register({.name = std::move(name),
+              .num_inputs = 1,
+              .infer = InferUnary,
+              .kernel = fast,
+              .reference = reference,
+              .vjp = vjp,
+              .doc = std::move(doc)});
+}
+
+void RegisterUnaryGrad(OpRegistry& r, std::string name, KernelFn fast, KernelFn reference,
+                       std::string doc) {
+  r.Register({.name = std::move(name),
+              .num_inputs = 2,
+              .infer = InferUnaryGrad,
+              .kernel = fast,
+              .reference = reference,
+              .doc = std::move(doc)});
+}
+
 }  // namespace
 
+Var Add(Var a, Var b) { return a.builder()->Emit1("add", {a, b}); }
+Var Sub(Var a, Var b) { return a.builder()->Emit1("sub", {a, b}); }
+Var Mul(Var a, Var b) { return a.builder()->Emit1("mul", {a, b}); }
+Var Div(Var a, Var b) { return a.builder()->Emit1("div", {a, b}); }
+Var Scale(Var x, double factor) { return x.builder()->Emit1("scale", {x}, {{"factor", factor}}); }
+Var Neg(Var x) { return x.builder()->Emit1("neg", {x}); }
+Var Relu(Var x) { return x.builder()->Emit1("relu", {x}); }
+Var Gelu(Var x) { return x.builder()->Emit1("gelu", {x}); }
+Var Tanh(Var x) { return x.builder()->Emit1("tanh", {x}); }
+Var Exp(Var x) { return x.builder()->Emit1("exp", {x}); }
+Var Log(Var x) { return x.builder()->Emit1("log", {x}); }
+Var Sqrt(Var x) { return x.builder()->Emit1("sqrt", {x}); }
+Var ReluGrad(Var dy, Var s) { return dy.builder()->Emit1("relu_grad", {dy, s}); }
+Var GeluGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_grad", {dy, x}); }
+Var TanhGrad(Var dy, Var y) { return dy.builder()->Emit1("tanh_grad", {dy, y}); }
+
 Var Full(Builder& b, const Shape& shape, double value, DType dtype) {
-  return b.Emit1("full", {}, {{"dtype", std::string(Name(dtype))}, {"shape", ops::ShapeToVector(shape)}, {"value", value}});
+  return b.Emit1("full", {},
+                 {{"dtype", std::string(Name(dtype))},
+                  {"shape", ops::ShapeToVector(shape)},
+                  {"value", value}});
+}
+Var Zeros(Builder& b, const Shape& shape, DType dtype) { return Full(b, shape, 0.0, dtype); }
+Var Ones(Builder& b, const Shape& shape, DType dtype) { return Full(b, shape, 1.0, dtype); }
+
+Var Cast(Var x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  return x.builder()->Emit1("cast", {x}, {{"dtype", std::string(Name(dtype))}});
 }
 
 Var Copy(Var x) { return x.builder()->Emit1("copy", {x}); }
 
-Var Add(Var a, Var b) { return a.builder()->Emit1("add", {a, b}); }
-
 void RegisterElementwiseOps(OpRegistry& r) {
-  r.Register({.name = "add",
-              .kind = OpKind::kCompute,
-              .num_inputs = 2,
-              .infer = InferBroadcastBinary,
-              .kernel = BinaryKernel<AddOp, true>,
-              .reference = BinaryKernel<AddOp, false>,
-              .vjp = AddVjp,
-              .doc = "a + b with broadcasting"});
+  RegisterBinary(r, "add", BinaryKernel<std::plus<>, true>, BinaryKernel<std::plus<>, false>,
+                 AddVjp, "a + b with broadcasting");
+  RegisterBinary(r, "sub", BinaryKernel<std::minus<>, true>, BinaryKernel<std::minus<>, false>,
+                 SubVjp, "a - b with broadcasting");
+  RegisterBinary(r, "mul", BinaryKernel<std::multiplies<>, true>,
+                 BinaryKernel<std::multiplies<>, false>, MulVjp, "a * b with broadcasting");
+  RegisterBinary(r, "div", BinaryKernel<std::divides<>, true>, BinaryKernel<std::divides<>, false>,
+                 DivVjp, "a / b with broadcasting");
+
+  r.Register({.name = "scale",
+              .num_inputs = 1,
+              .infer = InferScale,
+              .kernel = ScaleKernel,
+              .vjp = ScaleVjp,
+              .doc = "x * attribute factor"});
+  RegisterUnary(r, "neg", UnaryKernel<kernels::Neg<float>, kernels::Neg<double>>, nullptr, NegVjp,
+                "-x");
+  RegisterUnary(r, "relu", UnaryKernel<kernels::Relu<float>, kernels::Relu<double>>, nullptr,
+                ReluVjp, "max(x, 0)");
+  RegisterUnary(r, "gelu", UnaryKernel<kernels::GeluFast<float>, kernels::GeluFast<double>>,
+                UnaryKernel<kernels::GeluReference<float>, kernels::GeluReference<double>>, GeluVjp,
+                "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))");
+  RegisterUnary(r, "tanh", UnaryKernel<kernels::Tanh<float>, kernels::Tanh<double>>, nullptr,
+                TanhVjp, "tanh(x)");
+  RegisterUnary(r, "exp", UnaryKernel<kernels::ExpFast<float>, kernels::ExpFast<double>>,
+                UnaryKernel<kernels::ExpReference<float>, kernels::ExpReference<double>>, ExpVjp,
+                "e^x");
+  RegisterUnary(r, "log", UnaryKernel<kernels::Log<float>, kernels::Log<double>>, nullptr, LogVjp,
+                "natural logarithm");
+  RegisterUnary(r, "sqrt", UnaryKernel<kernels::Sqrt<float>, kernels::Sqrt<double>>, nullptr,
+                SqrtVjp, "square root");
+
+  RegisterUnaryGrad(r, "relu_grad",
+                    UnaryGradKernel<kernels::ReluGrad<float>, kernels::ReluGrad<double>>, nullptr,
+                    "relu gradient: dy where the saved relu input/output is > 0, else 0");
+  RegisterUnaryGrad(
+      r, "gelu_grad", UnaryGradKernel<kernels::GeluGradFast<float>, kernels::GeluGradFast<double>>,
+      UnaryGradKernel<kernels::GeluGradReference<float>, kernels::GeluGradReference<double>>,
+      "gelu gradient: dy * gelu'(x)");
+  RegisterUnaryGrad(r, "tanh_grad",
+                    UnaryGradKernel<kernels::TanhGrad<float>, kernels::TanhGrad<double>>, nullptr,
+                    "tanh gradient from the output y: dy * (1 - y^2)");
+
   r.Register({.name = "full",
               .num_inputs = 0,
               .infer = InferFull,
               .kernel = FullKernel,
               .doc = "a new tensor of attribute shape and dtype filled with attribute value"});
+  r.Register({.name = "cast",
+              .num_inputs = 1,
+              .infer = InferCast,
+              .kernel = CastKernel,
+              .vjp = CastVjp,
+              .doc = "x converted to attribute dtype (f32 or f64)"});
   r.Register({.name = "copy",
               .num_inputs = 1,
               .infer = InferSame,

@@ -1,15 +1,68 @@
-// Elementwise ops (NumPy broadcasting for binary ops; both operands of the same dtype).
+// Elementwise ops. Binary ops use NumPy broadcasting (trailing axes aligned, size-1 axes stretch)
+// and need both operands of the same floating dtype (f32 or f64); unary ops keep shape and dtype.
+// Kernels: kernels/binary.h, kernels/unary.h. Shapes below: x, y [...] any shape; a, b broadcast
+// to the output shape.
+//
+// Gradients: binary ops sum the gradient back to each operand's shape (SumTo). Activations use
+// fused gradient ops (relu_grad, gelu_grad, tanh_grad: one pass, no temporaries), which are ops of
+// their own so that the backward program stays one instruction per activation.
+//
+// Example:
+//   Var h = Gelu(MatMul(x, w1) + b1);      // [B, T, 4C]
+//   Var y = (h - Mean(h, {-1}, true)) * 0.5;
 #pragma once
 
 #include "sluice/ir/builder.h"
 
 namespace sluice {
 
-Var Add(Var a, Var b);  // a + b
+// a + b, a - b, a · b, a / b with broadcasting. Ops "add", "sub", "mul", "div".
+Var Add(Var a, Var b);
+Var Sub(Var a, Var b);
+Var Mul(Var a, Var b);
+Var Div(Var a, Var b);
 inline Var operator+(Var a, Var b) { return Add(a, b); }
+inline Var operator-(Var a, Var b) { return Sub(a, b); }
+inline Var operator*(Var a, Var b) { return Mul(a, b); }
+inline Var operator/(Var a, Var b) { return Div(a, b); }
 
-// A new tensor of `shape` filled with `value`. Op "full", no inputs; attributes shape, value, dtype.
+// factor · x. Op "scale", attribute factor.
+Var Scale(Var x, double factor);
+inline Var operator*(Var x, double factor) { return Scale(x, factor); }
+inline Var operator*(double factor, Var x) { return Scale(x, factor); }
+// -x. Op "neg".
+Var Neg(Var x);
+inline Var operator-(Var x) { return Neg(x); }
+
+// Activations and functions, y = f(x), same shape. Ops "relu", "gelu" (tanh approximation,
+// PyTorch's gelu(approximate='tanh')), "tanh", "exp", "log", "sqrt".
+Var Relu(Var x);
+Var Gelu(Var x);
+Var Tanh(Var x);
+Var Exp(Var x);
+Var Log(Var x);
+Var Sqrt(Var x);
+
+// Fused activation gradients (used by the VJP rules; no gradients of their own). dy, the saved
+// value and the result all have one shape.
+// dy where s > 0, else 0; s is relu's input or output (same signs; the rule passes the output,
+// which the next op usually keeps anyway). Op "relu_grad".
+Var ReluGrad(Var dy, Var s);
+// dy · gelu'(x). Op "gelu_grad".
+Var GeluGrad(Var dy, Var x);
+// dy · (1 − y²) for y = tanh(x). Op "tanh_grad".
+Var TanhGrad(Var dy, Var y);
+
+// A new tensor of `shape` filled with `value`. Op "full", no inputs; attributes shape, value,
+// dtype.
 Var Full(Builder& b, const Shape& shape, double value, DType dtype);
+// Full with 0 and 1.
+Var Zeros(Builder& b, const Shape& shape, DType dtype);
+Var Ones(Builder& b, const Shape& shape, DType dtype);
+
+// x converted to `dtype` (f32 <-> f64); x itself when it already has that dtype. Op "cast",
+// attribute dtype.
+Var Cast(Var x, DType dtype);
 // A copy of x in fresh memory. Op "copy".
 Var Copy(Var x);
 

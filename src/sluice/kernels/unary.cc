@@ -1,0 +1,161 @@
+#include "sluice/kernels/unary.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "sluice/kernels/simd.h"
+#include "sluice/kernels/vector_math.h"
+
+namespace sluice::kernels {
+
+namespace {
+
+// GELU constants as PyTorch writes them: kBeta = M_SQRT2 · M_2_SQRTPI · 0.5 = √(2/π).
+template <typename T>
+constexpr T kBeta = static_cast<T>(std::numbers::sqrt2* std::numbers::inv_sqrtpi);
+template <typename T>
+constexpr T kKappa = T(0.044715);
+
+// σ(2u) = 1 / (1 + e^(-2u)) with 2u = 2·kBeta·x·(1 + kKappa·x²): the "(1 + tanh u)/2" of GELU.
+template <typename T>
+inline Vec<T> GeluSigmoidVec(Vec<T> x) {
+  const Vec<T> two_u = x * (T(2) * kBeta<T> + (T(2) * kBeta<T> * kKappa<T>)*(x * x));
+  return T(1) / (T(1) + ExpVec<T>(-two_u));
+}
+
+}  // namespace
+
+template <typename T>
+void Neg(const T* __restrict x, T* __restrict y, int64_t n) {
+  ForEachBlocked(n, [&](int64_t i) { y[i] = -x[i]; });
+}
+
+template <typename T>
+void Scale(const T* __restrict x, T* __restrict y, int64_t n, T factor) {
+  ForEachBlocked(n, [&](int64_t i) { y[i] = factor * x[i]; });
+}
+
+template <typename T>
+void Relu(const T* __restrict x, T* __restrict y, int64_t n) {
+  ForEachBlocked(n, [&](int64_t i) { y[i] = x[i] < T(0) ? T(0) : x[i]; });  // NaN stays NaN
+}
+
+template <typename T>
+void GeluReference(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    // PyTorch's GeluKernelImpl, approximate='tanh'.
+    const T x_cube = x[i] * x[i] * x[i];
+    const T inner = kBeta<T> * (x[i] + kKappa<T> * x_cube);
+    y[i] = T(0.5) * x[i] * (T(1) + std::tanh(inner));
+  }
+}
+
+template <typename T>
+void GeluFast(const T* __restrict x, T* __restrict y, int64_t n) {
+  MapVec<T>(x, y, n, [](Vec<T> v) { return v * GeluSigmoidVec<T>(v); });
+}
+
+template <typename T>
+void Tanh(const T* __restrict x, T* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+
+template <typename T>
+void ExpReference(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+template <typename T>
+void ExpFast(const T* __restrict x, T* __restrict y, int64_t n) {
+  MapVec<T>(x, y, n, [](Vec<T> v) { return ExpVec<T>(v); });
+}
+
+template <typename T>
+void Log(const T* __restrict x, T* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::log(x[i]);
+}
+
+template <typename T>
+void Sqrt(const T* __restrict x, T* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::sqrt(x[i]);
+}
+
+template <typename T>
+void ReluGrad(const T* __restrict dy, const T* __restrict s, T* __restrict dx, int64_t n) {
+  // A select on another operand's sign is not if-converted at -O2: vector code.
+  MapVec2<T>(dy, s, dx, n, [](Vec<T> g, Vec<T> v) { return v > T(0) ? g : Vec<T>{}; });
+}
+
+template <typename T>
+void GeluGradReference(const T* dy, const T* x, T* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    // PyTorch's GeluBackwardKernelImpl, approximate='tanh': d/dx of 0.5·x·(1 + tanh(inner)).
+    const T x_sq = x[i] * x[i];
+    const T x_cube = x_sq * x[i];
+    const T inner = kBeta<T> * (x[i] + kKappa<T> * x_cube);
+    const T tanh_inner = std::tanh(inner);
+    const T left = T(0.5) * x[i];
+    const T right = T(1) + tanh_inner;
+    const T left_derivative = T(0.5) * right;
+    const T tanh_derivative = T(1) - tanh_inner * tanh_inner;
+    const T inner_derivative = kBeta<T> * (T(1) + T(3) * kKappa<T> * x_sq);
+    const T right_derivative = left * tanh_derivative * inner_derivative;
+    dx[i] = dy[i] * (left_derivative + right_derivative);
+  }
+}
+
+template <typename T>
+void GeluGradFast(const T* __restrict dy, const T* __restrict x, T* __restrict dx, int64_t n) {
+  MapVec2<T>(dy, x, dx, n, [](Vec<T> g, Vec<T> v) {
+    const Vec<T> s = GeluSigmoidVec<T>(v);
+    const Vec<T> du = kBeta<T> + (T(3) * kBeta<T> * kKappa<T>)*(v * v);  // u'
+    return g * (s + T(2) * v * s * (T(1) - s) * du);
+  });
+}
+
+template <typename T>
+void TanhGrad(const T* __restrict dy, const T* __restrict y, T* __restrict dx, int64_t n) {
+  ForEachBlocked(n, [&](int64_t i) { dx[i] = dy[i] * (T(1) - y[i] * y[i]); });
+}
+
+template <typename From, typename To>
+void Cast(const From* __restrict x, To* __restrict y, int64_t n) {
+  ForEachBlocked(n, [&](int64_t i) { y[i] = static_cast<To>(x[i]); });
+}
+
+// Explicit instantiations for the two dtypes kernels compute.
+template void Neg<float>(const float*, float*, int64_t);
+template void Scale<float>(const float*, float*, int64_t, float);
+template void Relu<float>(const float*, float*, int64_t);
+template void GeluReference<float>(const float*, float*, int64_t);
+template void GeluFast<float>(const float*, float*, int64_t);
+template void Tanh<float>(const float*, float*, int64_t);
+template void ExpReference<float>(const float*, float*, int64_t);
+template void ExpFast<float>(const float*, float*, int64_t);
+template void Log<float>(const float*, float*, int64_t);
+template void Sqrt<float>(const float*, float*, int64_t);
+template void ReluGrad<float>(const float*, const float*, float*, int64_t);
+template void GeluGradReference<float>(const float*, const float*, float*, int64_t);
+template void GeluGradFast<float>(const float*, const float*, float*, int64_t);
+template void TanhGrad<float>(const float*, const float*, float*, int64_t);
+template void Neg<double>(const double*, double*, int64_t);
+template void Scale<double>(const double*, double*, int64_t, double);
+template void Relu<double>(const double*, double*, int64_t);
+template void GeluReference<double>(const double*, double*, int64_t);
+template void GeluFast<double>(const double*, double*, int64_t);
+template void Tanh<double>(const double*, double*, int64_t);
+template void ExpReference<double>(const double*, double*, int64_t);
+template void ExpFast<double>(const double*, double*, int64_t);
+template void Log<double>(const double*, double*, int64_t);
+template void Sqrt<double>(const double*, double*, int64_t);
+template void ReluGrad<double>(const double*, const double*, double*, int64_t);
+template void GeluGradReference<double>(const double*, const double*, double*, int64_t);
+template void GeluGradFast<double>(const double*, const double*, double*, int64_t);
+template void TanhGrad<double>(const double*, const double*, double*, int64_t);
+
+template void Cast<float, double>(const float*, double*, int64_t);
+template void Cast<double, float>(const double*, float*, int64_t);
+template void Cast<float, float>(const float*, float*, int64_t);
+template void Cast<double, double>(const double*, double*, int64_t);
+
+}  // namespace sluice::kernels

@@ -1,0 +1,67 @@
+// Elementwise unary kernels and their fused gradients, on contiguous buffers of n elements
+// (any shape flattened: x, y, dy, dx are all [N]). T is float or double; explicit instantiations
+// live in unary.cc.
+//
+// Where a fast kernel differs from the plain one, both exist: *Reference is the formula as written
+// (libm calls, one element at a time) and *Fast is the vectorized form the ops run (see simd.h and
+// vector_math.h); the op tests compare them. Kernels with one version are already tight loops
+// (ForEachBlocked) or call libm functions that have no cheaper accurate form here (tanh, log,
+// sqrt).
+//
+// GELU is the tanh approximation, exactly PyTorch's gelu(approximate='tanh'):
+//   gelu(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
+// The fast kernels use the identity (1 + tanh u)/2 = σ(2u) = 1/(1 + e^(-2u)), so
+//   gelu(x) = x·σ(2u),  gelu'(x) = σ + 2·x·σ·(1 − σ)·u',  u' = √(2/π)·(1 + 3·0.044715·x²).
+//
+// Inputs and outputs may not overlap (pointers are __restrict), except where noted.
+// Thread-safety: pure functions of their inputs.
+#pragma once
+
+#include <cstdint>
+
+namespace sluice::kernels {
+
+// y = -x.
+template <typename T>
+void Neg(const T* x, T* y, int64_t n);
+// y = factor · x.
+template <typename T>
+void Scale(const T* x, T* y, int64_t n, T factor);
+// y = max(x, 0).
+template <typename T>
+void Relu(const T* x, T* y, int64_t n);
+// y = gelu(x) (tanh approximation).
+template <typename T>
+void GeluReference(const T* x, T* y, int64_t n);
+template <typename T>
+void GeluFast(const T* x, T* y, int64_t n);
+// y = tanh(x), e^x, ln x, √x.
+template <typename T>
+void Tanh(const T* x, T* y, int64_t n);
+template <typename T>
+void ExpReference(const T* x, T* y, int64_t n);
+template <typename T>
+void ExpFast(const T* x, T* y, int64_t n);
+template <typename T>
+void Log(const T* x, T* y, int64_t n);
+template <typename T>
+void Sqrt(const T* x, T* y, int64_t n);
+
+// Fused gradients: dx from the output gradient dy and one saved forward value.
+// dx = dy where s > 0, else 0; s is relu's input or its output (they have the same sign pattern).
+template <typename T>
+void ReluGrad(const T* dy, const T* s, T* dx, int64_t n);
+// dx = dy · gelu'(x).
+template <typename T>
+void GeluGradReference(const T* dy, const T* x, T* dx, int64_t n);
+template <typename T>
+void GeluGradFast(const T* dy, const T* x, T* dx, int64_t n);
+// dx = dy · (1 − y²) with y = tanh(x).
+template <typename T>
+void TanhGrad(const T* dy, const T* y, T* dx, int64_t n);
+
+// y = static_cast<To>(x).
+template <typename From, typename To>
+void Cast(const From* x, To* y, int64_t n);
+
+}  // namespace sluice::kernels

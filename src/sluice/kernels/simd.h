@@ -14,6 +14,12 @@
 //                         vectors would change the calling convention of every lambda taking one
 //                         depending on -mavx, which GCC warns about.)
 //
+// SLUICE_MULTIVERSION on a kernel compiles it twice, for the baseline target and for x86-64-v3
+// (AVX2, FMA), and the loader picks the version the CPU runs (GCC target_clones, an ifunc); the
+// helpers here are always inlined so that each version gets its own code. The two versions may
+// round differently (FMA), so fast kernels agree with reference kernels to a tolerance, not
+// bitwise. Elsewhere (other compilers, other CPUs) the macro is empty.
+//
 // MapVec handles the tail (n not a multiple of the lane count) by padding one vector, so every
 // element goes through the same vector code and results do not depend on an element's position.
 //
@@ -28,6 +34,14 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define SLUICE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define SLUICE_MULTIVERSION
+#endif
+// For helpers (and lambdas) that must be inlined into each multiversioned kernel.
+#define SLUICE_ALWAYS_INLINE __attribute__((always_inline))
 
 namespace sluice::kernels {
 
@@ -69,25 +83,25 @@ template <typename T>
 inline constexpr int kLanes = static_cast<int>(16 / sizeof(T));
 
 template <typename T>
-inline Vec<T> Splat(T value) {
+SLUICE_ALWAYS_INLINE inline Vec<T> Splat(T value) {
   return Vec<T>{} + value;
 }
 
 template <typename T>
-inline Vec<T> Load(const T* p) {
+SLUICE_ALWAYS_INLINE inline Vec<T> Load(const T* p) {
   Vec<T> v;
   std::memcpy(&v, p, sizeof(v));  // unaligned load
   return v;
 }
 
 template <typename T>
-inline void Store(T* p, Vec<T> v) {
+SLUICE_ALWAYS_INLINE inline void Store(T* p, Vec<T> v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
 // y[i] = f(x[i]) for i in [0, n), f mapping Vec<T> -> Vec<T>.
 template <typename T, typename F>
-inline void MapVec(const T* __restrict x, T* __restrict y, int64_t n, F&& f) {
+SLUICE_ALWAYS_INLINE inline void MapVec(const T* __restrict x, T* __restrict y, int64_t n, F&& f) {
   constexpr int kL = kLanes<T>;
   int64_t i = 0;
   for (; i + kL <= n; i += kL) Store(y + i, f(Load(x + i)));
@@ -101,8 +115,8 @@ inline void MapVec(const T* __restrict x, T* __restrict y, int64_t n, F&& f) {
 
 // z[i] = f(x[i], y[i]) for i in [0, n).
 template <typename T, typename F>
-inline void MapVec2(const T* __restrict x, const T* __restrict y, T* __restrict z, int64_t n,
-                    F&& f) {
+SLUICE_ALWAYS_INLINE inline void MapVec2(const T* __restrict x, const T* __restrict y,
+                                         T* __restrict z, int64_t n, F&& f) {
   constexpr int kL = kLanes<T>;
   int64_t i = 0;
   for (; i + kL <= n; i += kL) Store(z + i, f(Load(x + i), Load(y + i)));

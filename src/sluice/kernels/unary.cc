@@ -18,7 +18,7 @@ constexpr T kKappa = T(0.044715);
 
 // σ(2u) = 1 / (1 + e^(-2u)) with 2u = 2·kBeta·x·(1 + kKappa·x²): the "(1 + tanh u)/2" of GELU.
 template <typename T>
-inline Vec<T> GeluSigmoidVec(Vec<T> x) {
+SLUICE_ALWAYS_INLINE inline Vec<T> GeluSigmoidVec(Vec<T> x) {
   const Vec<T> two_u = x * (T(2) * kBeta<T> + (T(2) * kBeta<T> * kKappa<T>)*(x * x));
   return T(1) / (T(1) + ExpVec<T>(-two_u));
 }
@@ -51,8 +51,8 @@ void GeluReference(const T* x, T* y, int64_t n) {
 }
 
 template <typename T>
-void GeluFast(const T* __restrict x, T* __restrict y, int64_t n) {
-  MapVec<T>(x, y, n, [](Vec<T> v) { return v * GeluSigmoidVec<T>(v); });
+SLUICE_MULTIVERSION void GeluFast(const T* __restrict x, T* __restrict y, int64_t n) {
+  MapVec<T>(x, y, n, [](Vec<T> v) SLUICE_ALWAYS_INLINE { return v * GeluSigmoidVec<T>(v); });
 }
 
 template <typename T>
@@ -66,8 +66,8 @@ void ExpReference(const T* x, T* y, int64_t n) {
 }
 
 template <typename T>
-void ExpFast(const T* __restrict x, T* __restrict y, int64_t n) {
-  MapVec<T>(x, y, n, [](Vec<T> v) { return ExpVec<T>(v); });
+SLUICE_MULTIVERSION void ExpFast(const T* __restrict x, T* __restrict y, int64_t n) {
+  MapVec<T>(x, y, n, [](Vec<T> v) SLUICE_ALWAYS_INLINE { return ExpVec<T>(v); });
 }
 
 template <typename T>
@@ -83,7 +83,8 @@ void Sqrt(const T* __restrict x, T* __restrict y, int64_t n) {
 template <typename T>
 void ReluGrad(const T* __restrict dy, const T* __restrict s, T* __restrict dx, int64_t n) {
   // A select on another operand's sign is not if-converted at -O2: vector code.
-  MapVec2<T>(dy, s, dx, n, [](Vec<T> g, Vec<T> v) { return v > T(0) ? g : Vec<T>{}; });
+  MapVec2<T>(dy, s, dx, n,
+             [](Vec<T> g, Vec<T> v) SLUICE_ALWAYS_INLINE { return v > T(0) ? g : Vec<T>{}; });
 }
 
 template <typename T>
@@ -105,8 +106,9 @@ void GeluGradReference(const T* dy, const T* x, T* dx, int64_t n) {
 }
 
 template <typename T>
-void GeluGradFast(const T* __restrict dy, const T* __restrict x, T* __restrict dx, int64_t n) {
-  MapVec2<T>(dy, x, dx, n, [](Vec<T> g, Vec<T> v) {
+SLUICE_MULTIVERSION void GeluGradFast(const T* __restrict dy, const T* __restrict x,
+                                      T* __restrict dx, int64_t n) {
+  MapVec2<T>(dy, x, dx, n, [](Vec<T> g, Vec<T> v) SLUICE_ALWAYS_INLINE {
     const Vec<T> s = GeluSigmoidVec<T>(v);
     const Vec<T> du = kBeta<T> + (T(3) * kBeta<T> * kKappa<T>)*(v * v);  // u'
     return g * (s + T(2) * v * s * (T(1) - s) * du);

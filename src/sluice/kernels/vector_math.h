@@ -54,7 +54,21 @@ constexpr std::array<T, kDegree + 1> InverseFactorials() {
 }
 
 template <typename T>
-inline Vec<T> ExpVec(Vec<T> x) {
+inline constexpr auto kExpTaylor = InverseFactorials<T, ExpConstants<T>::kDegree>();
+
+// Σ_{j ≥ k} r^(j - k) / j! by Horner's rule, unrolled at compile time (a loop over the
+// coefficients would reload and broadcast each one per call).
+template <typename T, int k>
+SLUICE_ALWAYS_INLINE inline Vec<T> ExpTaylorTail(Vec<T> r) {
+  if constexpr (k == ExpConstants<T>::kDegree) {
+    return Splat<T>(kExpTaylor<T>[k]);
+  } else {
+    return ExpTaylorTail<T, k + 1>(r) * r + kExpTaylor<T>[k];
+  }
+}
+
+template <typename T>
+SLUICE_ALWAYS_INLINE inline Vec<T> ExpVec(Vec<T> x) {
   using C = ExpConstants<T>;
   using I = IntOf<T>;
   // Clamp so that the integer arithmetic below stays in range (NaN passes through unchanged).
@@ -67,10 +81,8 @@ inline Vec<T> ExpVec(Vec<T> x) {
   const IVec<T> n_i = std::bit_cast<IVec<T>>(t) - std::bit_cast<I>(C::kMagic);
   const Vec<T> r = (xc - n_f * C::kLn2Hi) - n_f * C::kLn2Lo;
 
-  // e^r = Σ_k r^k / k!, by Horner's rule from the highest degree.
-  constexpr std::array<T, C::kDegree + 1> inv_factorial = InverseFactorials<T, C::kDegree>();
-  Vec<T> p = Splat<T>(inv_factorial[C::kDegree]);
-  for (int k = C::kDegree - 1; k >= 0; --k) p = p * r + inv_factorial[k];
+  // e^r = Σ_k r^k / k!
+  const Vec<T> p = ExpTaylorTail<T, 0>(r);
 
   // 2^n = 2^n1 · 2^n2, each factor a normal number: exponent field (n_k + bias) << mantissa bits.
   const IVec<T> n1 = n_i >> 1;

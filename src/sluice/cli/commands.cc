@@ -1,28 +1,39 @@
 #include "sluice/cli/commands.h"
 
-#include <functional>
+#include <span>
 #include <vector>
 
 namespace sluice::cli {
 
 namespace {
-struct Command {
-  CLI::App* app;
-  std::function<int()> run;
+
+constexpr CommandSpec kCommands[] = {
+    {"run", "Run a program (text format) with last-use freeing; report time and memory", SetupRunCommand},
 };
-std::vector<Command>& Commands() {
-  static std::vector<Command> commands;
-  return commands;
+
+struct Registered {
+  CLI::App* app;
+  CommandRunner run;
+};
+
+std::vector<Registered>& RegisteredCommands() {
+  static std::vector<Registered> registered;
+  return registered;
 }
+
 }  // namespace
 
+std::span<const CommandSpec> Commands() { return kCommands; }
+
 void RegisterCommands(CLI::App& app) {
-  // Subcommands are added here as they are written (run, train, schedule, ...).
-  (void)app;
+  for (const CommandSpec& spec : kCommands) {
+    CLI::App* sub = app.add_subcommand(spec.name, spec.description);
+    RegisteredCommands().push_back({sub, spec.setup(*sub)});
+  }
 }
 
 int RunSelected(CLI::App& app) {
-  for (const Command& c : Commands()) {
+  for (const Registered& c : RegisteredCommands()) {
     if (c.app->parsed()) return c.run();
   }
   return 0;

@@ -417,6 +417,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     }
     if (gc) {
       trace->threads.back().name = "gc worker";
+      trace->threads.back().gc_worker = true;
       listener = std::make_unique<TraceListener>(trace->threads.back(), *allocator, start);
     }
   }

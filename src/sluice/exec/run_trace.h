@@ -38,6 +38,7 @@ struct MemorySample {
 
 struct ThreadTrace {
   std::string name;
+  bool gc_worker = false;  // the async GC worker (its gc spans are destructions)
   std::vector<InstructionSpan> instructions;
   std::vector<GcSpan> gc;
   std::vector<MemorySample> memory;

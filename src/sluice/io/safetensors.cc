@@ -1,0 +1,261 @@
+#include "sluice/io/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace sluice {
+
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+
+namespace {
+
+using Json = nlohmann::json;
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+};
+constexpr DTypeName kDTypeNames[] = {{DType::kF32, "F32"}, {DType::kF64, "F64"}, {DType::kI32, "I32"},
+                                     {DType::kI64, "I64"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"}};
+
+const char* SafetensorsName(DType t) {
+  for (const DTypeName& d : kDTypeNames) {
+    if (d.dtype == t) return d.name;
+  }
+  return "?";
+}
+
+// Where a tensor's bytes are, before its data is copied.
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+class Reader {
+ public:
+  Reader(std::string_view bytes, std::string_view label) : bytes_(bytes), label_(label) {}
+
+  [[noreturn]] void Fail(const std::string& message) const {
+    throw IoError(fmt::format("{}: {}", label_, message));
+  }
+  [[noreturn]] void FailTensor(const std::string& name, const std::string& message) const {
+    throw IoError(fmt::format("{}: tensor '{}': {}", label_, name, message));
+  }
+
+  SafetensorsFile Parse(Allocator& allocator) {
+    if (bytes_.size() < 8) {
+      Fail(fmt::format("truncated: {} bytes, but the 8-byte header length alone needs 8", bytes_.size()));
+    }
+    uint64_t header_len;
+    std::memcpy(&header_len, bytes_.data(), 8);
+    if (header_len > kMaxSafetensorsHeaderBytes) {
+      Fail(fmt::format("header length {} exceeds the limit of {} bytes", header_len, kMaxSafetensorsHeaderBytes));
+    }
+    if (header_len > bytes_.size() - 8) {
+      Fail(fmt::format("truncated: the header claims {} bytes but only {} follow the length", header_len,
+                       bytes_.size() - 8));
+    }
+    const std::string_view header = bytes_.substr(8, header_len);
+    const std::string_view data = bytes_.substr(8 + header_len);
+
+    Json json = ParseHeader(header);
+    SafetensorsFile file;
+    std::vector<Entry> entries;
+    for (auto& [name, value] : json.items()) {
+      if (name == "__metadata__") {
+        file.metadata = ParseMetadata(value);
+      } else {
+        entries.push_back(ParseEntry(name, value, data.size()));
+      }
+    }
+    CheckLayout(entries, data.size());
+    for (const Entry& e : entries) {
+      Tensor t = Tensor::Empty(e.shape, e.dtype, allocator);
+      if (e.end > e.begin) std::memcpy(t.raw_data(), data.data() + e.begin, e.end - e.begin);
+      file.tensors.emplace(e.name, std::move(t));
+    }
+    return file;
+  }
+
+ private:
+  Json ParseHeader(std::string_view header) const {
+    std::set<std::string> names;
+    // Rejects a name given twice (nlohmann would silently keep the last one).
+    auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+      if (depth == 1 && event == Json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second) {
+        Fail(fmt::format("header names '{}' twice", parsed.get<std::string>()));
+      }
+      return true;
+    };
+    Json json;
+    try {
+      json = Json::parse(header.begin(), header.end(), on_event);
+    } catch (const Json::exception& e) {
+      Fail(fmt::format("header is not valid JSON: {}", e.what()));
+    }
+    if (!json.is_object()) Fail(fmt::format("header must be a JSON object, not {}", json.type_name()));
+    return json;
+  }
+
+  std::map<std::string, std::string> ParseMetadata(const Json& value) const {
+    if (!value.is_object()) Fail("__metadata__ must be an object of strings");
+    std::map<std::string, std::string> metadata;
+    for (const auto& [key, v] : value.items()) {
+      if (!v.is_string()) Fail(fmt::format("__metadata__ entry '{}' must be a string, not {}", key, v.type_name()));
+      metadata[key] = v.get<std::string>();
+    }
+    return metadata;
+  }
+
+  Entry ParseEntry(const std::string& name, const Json& value, uint64_t data_size) const {
+    if (!value.is_object()) FailTensor(name, fmt::format("entry must be an object, not {}", value.type_name()));
+    for (const char* field : {"dtype", "shape", "data_offsets"}) {
+      if (!value.contains(field)) FailTensor(name, fmt::format("missing field '{}'", field));
+    }
+    Entry e;
+    e.name = name;
+    const Json& dtype = value["dtype"];
+    if (!dtype.is_string()) FailTensor(name, "dtype must be a string");
+    const auto* found = std::find_if(std::begin(kDTypeNames), std::end(kDTypeNames),
+                                     [&](const DTypeName& d) { return dtype.get<std::string>() == d.name; });
+    if (found == std::end(kDTypeNames)) {
+      FailTensor(name, fmt::format("unsupported dtype '{}' (sluice reads F32, F64, I32, I64, BF16, F16)",
+                                   dtype.get<std::string>()));
+    }
+    e.dtype = found->dtype;
+
+    const Json& shape = value["shape"];
+    if (!shape.is_array()) FailTensor(name, "shape must be an array of non-negative integers");
+    if (shape.size() > static_cast<size_t>(kMaxRank)) {
+      FailTensor(name, fmt::format("rank {} exceeds the maximum of {}", shape.size(), kMaxRank));
+    }
+    std::vector<int64_t> dims;
+    uint64_t numel = 1;
+    bool overflow = false;
+    for (const Json& d : shape) {
+      if (!d.is_number_unsigned()) FailTensor(name, "shape must be an array of non-negative integers");
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
+      dims.push_back(static_cast<int64_t>(dim));
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
+      numel *= dim;
+    }
+    const uint64_t element = SizeOf(e.dtype);
+    if (overflow || numel > std::numeric_limits<uint64_t>::max() / element) {
+      FailTensor(name, "shape is too large to address");
+    }
+    e.shape = Shape(std::span<const int64_t>(dims));
+
+    const Json& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
+      FailTensor(name, "data_offsets must be [begin, end] with non-negative integers");
+    }
+    e.begin = offsets[0].get<uint64_t>();
+    e.end = offsets[1].get<uint64_t>();
+    if (e.begin > e.end) FailTensor(name, fmt::format("data_offsets [{}, {}] begin after end", e.begin, e.end));
+    if (e.end > data_size) {
+      FailTensor(name, fmt::format("data_offsets [{}, {}] run past the data buffer of {} bytes (truncated file?)",
+                                   e.begin, e.end, data_size));
+    }
+    if (e.end - e.begin != numel * element) {
+      FailTensor(name, fmt::format("{} bytes for {}{} ({} bytes expected)", e.end - e.begin,
+                                   SafetensorsName(e.dtype), e.shape.ToString(), numel * element));
+    }
+    return e;
+  }
+
+  // Tensors must tile the data buffer: no overlap, no hole.
+  void CheckLayout(std::vector<Entry>& entries, uint64_t data_size) const {
+    std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    uint64_t covered = 0;
+    const Entry* previous = nullptr;
+    for (const Entry& e : entries) {
+      if (e.begin == e.end) continue;  // an empty tensor occupies no bytes
+      if (e.begin < covered) {
+        FailTensor(e.name, fmt::format("bytes [{}, {}) overlap tensor '{}'", e.begin, e.end, previous->name));
+      }
+      if (e.begin > covered) Fail(fmt::format("bytes [{}, {}) of the data buffer belong to no tensor", covered, e.begin));
+      covered = e.end;
+      previous = &e;
+    }
+    if (covered != data_size) {
+      Fail(fmt::format("bytes [{}, {}) of the data buffer belong to no tensor", covered, data_size));
+    }
+  }
+
+  std::string_view bytes_;
+  std::string_view label_;
+};
+
+}  // namespace
+
+SafetensorsFile ParseSafetensors(std::string_view bytes, std::string_view label, Allocator& allocator) {
+  return Reader(bytes, label).Parse(allocator);
+}
+
+SafetensorsFile ReadSafetensors(const std::string& path, Allocator& allocator) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) throw IoError(fmt::format("{}: read failed", path));
+  const std::string bytes = std::move(buffer).str();
+  return ParseSafetensors(bytes, path, allocator);
+}
+
+std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  std::vector<Tensor> contiguous;
+  for (const auto& [name, t] : tensors) {
+    if (name.empty() || name == "__metadata__") {
+      throw InvalidArgument(fmt::format("safetensors: '{}' cannot name a tensor", name));
+    }
+    if (!t.defined()) throw InvalidArgument(fmt::format("safetensors: tensor '{}' is undefined", name));
+    contiguous.push_back(t.Contiguous());
+    header[name] = {{"dtype", SafetensorsName(t.dtype())},
+                    {"shape", std::vector<int64_t>(t.shape().dims().begin(), t.shape().dims().end())},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t header_len = text.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &header_len, 8);
+  out += text;
+  out.reserve(out.size() + offset);
+  for (const Tensor& t : contiguous) {
+    if (t.nbytes() > 0) out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+  }
+  return out;
+}
+
+void WriteSafetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  const std::string bytes = SerializeSafetensors(tensors, metadata);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw IoError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) throw IoError(fmt::format("{}: write failed", path));
+}
+
+}  // namespace sluice

@@ -6,6 +6,7 @@
 
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/row_math.h"
+#include "sluice/kernels/simd.h"
 
 namespace sluice::kernels {
 
@@ -21,16 +22,9 @@ void MaxAndSumReference(const T* x, int64_t v, T& m, T& s) {
 }
 
 template <typename T>
-void MaxAndSumFast(const T* __restrict x, int64_t v, T& m, T& s) {
+void MaxAndSumFast(const T* x, int64_t v, T& m, T& s) {
   m = RowMax(x, v);
-  T acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= v; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) acc[u] += FastExp(x[j + u] - m);
-  }
-  for (; j < v; ++j) acc[0] += FastExp(x[j] - m);
-  s = 0;
-  for (int u = 0; u < kLanes; ++u) s += acc[u];
+  s = RowExp<T>(x, m, nullptr, v);
 }
 
 }  // namespace
@@ -90,8 +84,10 @@ void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits
     T* __restrict d = dlogits + r * v;
     T m, s;
     MaxAndSumFast(x, v, m, s);
+    // d = e^(x − m) · (scale / s), then the one-hot part at the target.
+    RowExp(x, m, d, v);
     const T k = scale / s;
-    for (int64_t j = 0; j < v; ++j) d[j] = k * FastExp(x[j] - m);
+    ForEachBlocked(v, [&](int64_t j) { d[j] *= k; });
     d[t] -= scale;
   }
 }

@@ -10,7 +10,7 @@
 // The per-token losses are summed in double in both kernels so the mean does not drift with N.
 //
 // Failure modes: a target outside [0, V) throws InvalidArgument naming the target, its position
-// and V. *Reference: plain loops and std::exp/std::log. *Fast: multi-lane reductions and FastExp.
+// and V. *Reference: plain loops and std::exp/std::log. *Fast: vector row reductions and ExpVec.
 // Thread-safety: plain functions over caller-owned memory.
 //
 // Example:

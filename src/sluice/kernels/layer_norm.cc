@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "sluice/kernels/row_math.h"
+#include "sluice/kernels/simd.h"
 
 namespace sluice::kernels {
 
@@ -52,7 +53,7 @@ void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t row
     const T* __restrict xr = x + r * cols;
     T* __restrict yr = y + r * cols;
     const RowStats<T> s = StatsFast(xr, cols, eps);
-    for (int64_t j = 0; j < cols; ++j) yr[j] = (xr[j] - s.mean) * s.rstd * w[j] + b[j];
+    ForEachBlocked(cols, [&](int64_t j) { yr[j] = (xr[j] - s.mean) * s.rstd * w[j] + b[j]; });
   }
 }
 
@@ -87,29 +88,24 @@ void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t
     const T* __restrict dyr = dy + r * cols;
     T* __restrict dxr = dx + r * cols;
     const RowStats<T> s = StatsFast(xr, cols, eps);
-    T g_acc[kLanes] = {}, gx_acc[kLanes] = {};
+    // Σ g and Σ g·x̂ with g = dy·weight, on vectors (padded tail lanes have dy = 0, so g = 0).
+    Vec<T> g_acc = Splat<T>(0), gx_acc = Splat<T>(0);
+    auto accumulate = [&](Vec<T> dyv, Vec<T> wv, Vec<T> xv) {
+      const Vec<T> g = dyv * wv;
+      g_acc += g;
+      gx_acc += g * ((xv - s.mean) * s.rstd);
+    };
     int64_t j = 0;
-    for (; j + kLanes <= cols; j += kLanes) {
-      for (int u = 0; u < kLanes; ++u) {
-        const T g = dyr[j + u] * w[j + u];
-        g_acc[u] += g;
-        gx_acc[u] += g * ((xr[j + u] - s.mean) * s.rstd);
-      }
+    for (; j + kLanes<T> <= cols; j += kLanes<T>) accumulate(Load(dyr + j), Load(w + j), Load(xr + j));
+    if (j < cols) {
+      const int64_t rest = cols - j;
+      accumulate(LoadPadded(dyr + j, rest, T(0)), LoadPadded(w + j, rest, T(0)), LoadPadded(xr + j, rest, s.mean));
     }
-    for (; j < cols; ++j) {
-      const T g = dyr[j] * w[j];
-      g_acc[0] += g;
-      gx_acc[0] += g * ((xr[j] - s.mean) * s.rstd);
-    }
-    T g_sum = 0, gx_sum = 0;
-    for (int u = 0; u < kLanes; ++u) {
-      g_sum += g_acc[u];
-      gx_sum += gx_acc[u];
-    }
+    const T g_sum = LaneSum<T>(g_acc), gx_sum = LaneSum<T>(gx_acc);
     const T g_mean = g_sum / static_cast<T>(cols), gx_mean = gx_sum / static_cast<T>(cols);
-    for (j = 0; j < cols; ++j) {
+    ForEachBlocked(cols, [&](int64_t j) {
       dxr[j] = s.rstd * (dyr[j] * w[j] - g_mean - ((xr[j] - s.mean) * s.rstd) * gx_mean);
-    }
+    });
   }
 }
 
@@ -140,10 +136,10 @@ void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int6
     const T* __restrict dyr = dy + r * cols;
     const RowStats<T> s = StatsFast(xr, cols, eps);
     // Accumulation runs across channels, so it vectorizes without reordering any sum.
-    for (int64_t j = 0; j < cols; ++j) {
+    ForEachBlocked(cols, [&](int64_t j) {
       dw[j] += dyr[j] * ((xr[j] - s.mean) * s.rstd);
       db[j] += dyr[j];
-    }
+    });
   }
 }
 

@@ -1,116 +1,120 @@
-// Row helpers for the fast row-wise kernels (softmax, layer norm, cross-entropy): reductions over
-// one contiguous row and a vectorizable exp.
+// Row reductions for the fast row-wise kernels (softmax, layer norm, cross-entropy): one
+// contiguous row of n elements in, one scalar out, on explicit vectors (kernels/simd.h) so that
+// they vectorize at -O2 without -ffast-math. Partial results are kept per lane and added at the
+// end, so a result differs from a left-to-right sum by rounding only; the reference kernels never
+// use these helpers. A row's tail (n not a multiple of the lane count) is loaded padded with the
+// reduction's neutral element, so every element goes through the same vector code.
 //
-// The reductions keep kLanes independent partial results, so the compiler can map them onto SIMD
-// registers without reassociating floating-point sums it was not allowed to (no -ffast-math); the
-// result therefore differs from a left-to-right sum by rounding only. The reference kernels never
-// use these: they sum left to right.
+// Exponentials use ExpVec (kernels/vector_math.h): e^(−inf) is exactly 0, so masked entries add
+// nothing to a softmax sum.
 //
-// FastExp(x) is e^x for float by range reduction (x = n·ln2 + r, |r| ≤ ln2/2) and a degree-6
-// polynomial, branch-free so that a loop over it vectorizes. Within a few ulps of std::exp for
-// x in [-87.3, 88]; exactly 0 below -87.3 (results that would be subnormal are flushed, and a −inf
-// mask entry becomes an exact 0, as softmax promises) and +inf above 88 (e^x overflows float at
-// 88.72). The row kernels only call it on x − max ≤ 0. For double it is std::exp (f64 runs are
-// for checks, not speed).
+// Thread-safety: pure functions.
 //
-// Thread-safety: pure functions. Example:
+// Example (a softmax row):
 //   const float m = RowMax(x, n);
-//   for (int64_t j = 0; j < n; ++j) y[j] = FastExp(x[j] - m);
-//   const float s = RowSum(y, n);
+//   const float inv = 1.0f / RowExp(x, m, y, n);   // y = e^(x − m)
+//   ForEachBlocked(n, [&](int64_t j) { y[j] *= inv; });
 #pragma once
 
 #include <algorithm>
-#include <bit>
-#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+
+#include "sluice/kernels/simd.h"
+#include "sluice/kernels/vector_math.h"
 
 namespace sluice::kernels {
 
-inline constexpr int kLanes = 8;
-
+// The `count` (< lanes) elements at p, the remaining lanes set to `fill`.
 template <typename T>
-T RowMax(const T* __restrict x, int64_t n) {
-  T acc[kLanes];
-  std::fill_n(acc, kLanes, -std::numeric_limits<T>::infinity());
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) acc[u] = acc[u] < x[j + u] ? x[j + u] : acc[u];
-  }
-  for (; j < n; ++j) acc[0] = acc[0] < x[j] ? x[j] : acc[0];
-  return *std::max_element(acc, acc + kLanes);
+Vec<T> LoadPadded(const T* p, int64_t count, T fill) {
+  Vec<T> v = Splat<T>(fill);
+  for (int64_t u = 0; u < count; ++u) v[u] = p[u];  // a few scalar moves; cheaper than a memcpy call
+  return v;
 }
 
 template <typename T>
-T RowSum(const T* __restrict x, int64_t n) {
-  T acc[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) acc[u] += x[j + u];
-  }
-  for (; j < n; ++j) acc[0] += x[j];
+T LaneSum(Vec<T> v) {
   T s = 0;
-  for (int u = 0; u < kLanes; ++u) s += acc[u];
+  for (int u = 0; u < kLanes<T>; ++u) s += v[u];
   return s;
 }
 
-// Σ a[j]·b[j].
+// max_j x[j]; −inf for an empty row.
 template <typename T>
-T RowDot(const T* __restrict a, const T* __restrict b, int64_t n) {
-  T acc[kLanes] = {};
+T RowMax(const T* x, int64_t n) {
+  constexpr T kLow = -std::numeric_limits<T>::infinity();
+  Vec<T> acc = Splat<T>(kLow);
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) acc[u] += a[j + u] * b[j + u];
+  for (; j + kLanes<T> <= n; j += kLanes<T>) {
+    const Vec<T> v = Load(x + j);
+    acc = acc < v ? v : acc;
   }
-  for (; j < n; ++j) acc[0] += a[j] * b[j];
-  T s = 0;
-  for (int u = 0; u < kLanes; ++u) s += acc[u];
-  return s;
+  if (j < n) {
+    const Vec<T> v = LoadPadded(x + j, n - j, kLow);
+    acc = acc < v ? v : acc;
+  }
+  T m = kLow;
+  for (int u = 0; u < kLanes<T>; ++u) m = std::max(m, acc[u]);
+  return m;
 }
 
-// Σ (x[j] − c)², the centred sum of squares (biased variance · n).
+// Σ_j x[j].
 template <typename T>
-T RowCentredSquares(const T* __restrict x, T c, int64_t n) {
-  T acc[kLanes] = {};
+T RowSum(const T* x, int64_t n) {
+  Vec<T> acc = Splat<T>(0);
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int u = 0; u < kLanes; ++u) acc[u] += (x[j + u] - c) * (x[j + u] - c);
+  for (; j + kLanes<T> <= n; j += kLanes<T>) acc += Load(x + j);
+  if (j < n) acc += LoadPadded(x + j, n - j, T(0));
+  return LaneSum<T>(acc);
+}
+
+// Σ_j a[j]·b[j].
+template <typename T>
+T RowDot(const T* a, const T* b, int64_t n) {
+  Vec<T> acc = Splat<T>(0);
+  int64_t j = 0;
+  for (; j + kLanes<T> <= n; j += kLanes<T>) acc += Load(a + j) * Load(b + j);
+  if (j < n) acc += LoadPadded(a + j, n - j, T(0)) * LoadPadded(b + j, n - j, T(0));
+  return LaneSum<T>(acc);
+}
+
+// Σ_j (x[j] − c)²: the centred sum of squares (n times the biased variance when c is the mean).
+template <typename T>
+T RowCentredSquares(const T* x, T c, int64_t n) {
+  Vec<T> acc = Splat<T>(0);
+  int64_t j = 0;
+  for (; j + kLanes<T> <= n; j += kLanes<T>) {
+    const Vec<T> d = Load(x + j) - c;
+    acc += d * d;
   }
-  for (; j < n; ++j) acc[0] += (x[j] - c) * (x[j] - c);
-  T s = 0;
-  for (int u = 0; u < kLanes; ++u) s += acc[u];
-  return s;
+  if (j < n) {
+    const Vec<T> d = LoadPadded(x + j, n - j, c) - c;
+    acc += d * d;
+  }
+  return LaneSum<T>(acc);
 }
 
-inline float FastExp(float x) {
-  // Clamp so that the exponent arithmetic stays in range; the selects at the end restore the
-  // limits (0 below, +inf above). NaN passes through the clamps and the polynomial.
-  const float xc = std::min(std::max(x, -87.3f), 88.0f);
-  // n = round(x / ln2) by the magic-number trick: adding 1.5·2^23 leaves n in the low mantissa
-  // bits of k (no float-to-int conversion, so NaN is harmless and the loop vectorizes).
-  constexpr float kMagic = 12582912.0f;
-  const float k = xc * 1.44269504088896341f + kMagic;
-  const float n = k - kMagic;
-  // r = x − n·ln2 in two steps (Cody–Waite) so that r keeps full precision.
-  float r = xc - n * 0.693145751953125f;
-  r = r - n * 1.428606765330187045e-6f;
-  // e^r for |r| ≤ ln2/2: Taylor terms to r^6, Horner form.
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  // 2^n by writing n + 127 into the exponent bits (n ∈ [-126, 127] after the clamp).
-  const int32_t bits = std::bit_cast<int32_t>(k) - std::bit_cast<int32_t>(kMagic);
-  const float scale = std::bit_cast<float>((bits + 127) << 23);
-  float e = p * scale;
-  e = x < -87.3f ? 0.0f : e;
-  e = x > 88.0f ? std::numeric_limits<float>::infinity() : e;
-  return e;
+// y[j] = e^(x[j] − shift); returns Σ_j y[j]. With y == nullptr only the sum is computed.
+template <typename T>
+T RowExp(const T* x, T shift, T* y, int64_t n) {
+  Vec<T> acc = Splat<T>(0);
+  int64_t j = 0;
+  for (; j + kLanes<T> <= n; j += kLanes<T>) {
+    const Vec<T> e = ExpVec<T>(Load(x + j) - shift);
+    if (y) Store(y + j, e);
+    acc += e;
+  }
+  if (j < n) {
+    // Padding with −inf gives e = 0 in the unused lanes.
+    const Vec<T> e = ExpVec<T>(LoadPadded(x + j, n - j, -std::numeric_limits<T>::infinity()) - shift);
+    if (y) {
+      for (int64_t u = 0; u < n - j; ++u) y[j + u] = e[u];
+    }
+    acc += e;
+  }
+  return LaneSum<T>(acc);
 }
-
-inline double FastExp(double x) { return std::exp(x); }
 
 }  // namespace sluice::kernels

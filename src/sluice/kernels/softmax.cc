@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "sluice/kernels/row_math.h"
+#include "sluice/kernels/simd.h"
 
 namespace sluice::kernels {
 
@@ -15,9 +16,8 @@ namespace {
 template <typename T>
 void SoftmaxRowFast(const T* __restrict x, T* __restrict y, int64_t n) {
   const T m = RowMax(x, n);
-  for (int64_t j = 0; j < n; ++j) y[j] = FastExp(x[j] - m);
-  const T inv = T(1) / RowSum(y, n);
-  for (int64_t j = 0; j < n; ++j) y[j] *= inv;
+  const T inv = T(1) / RowExp(x, m, y, n);
+  ForEachBlocked(n, [&](int64_t j) { y[j] *= inv; });
 }
 
 // The same, plainly: left-to-right max and sum, std::exp.
@@ -65,7 +65,7 @@ void SoftmaxGradFast(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols)
     const T* __restrict yr = y + r * cols;
     T* __restrict dxr = dx + r * cols;
     const T s = RowDot(dyr, yr, cols);
-    for (int64_t j = 0; j < cols; ++j) dxr[j] = yr[j] * (dyr[j] - s);
+    ForEachBlocked(cols, [&](int64_t j) { dxr[j] = yr[j] * (dyr[j] - s); });
   }
 }
 

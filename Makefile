@@ -51,8 +51,9 @@ build-fuzz/build.ninja: | deps
 	CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_BUILD_FUZZERS=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
 
 fuzz: deps build-fuzz/build.ninja
-	cmake --build build-fuzz -j$(JOBS)
-	mkdir -p build-fuzz/corpus && build-fuzz/fuzz/parser_fuzz build-fuzz/corpus fuzz/corpus/parser -max_total_time=$${FUZZ_SECONDS:-60}
+	cmake --build build-fuzz --target parser_fuzz -j$(JOBS)
+	mkdir -p build-fuzz/corpus && build-fuzz/fuzz/parser_fuzz build-fuzz/corpus fuzz/corpus/parser \
+	  -dict=fuzz/parser.dict -timeout=10 -max_total_time=$${FUZZ_SECONDS:-60}
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')

@@ -1,0 +1,140 @@
+// Program: declarations, duplicate names, FreshName, Rename, instruction errors that name the op
+// and the values, and that a failed AddInstruction leaves the program unchanged.
+#include "sluice/ir/program.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+
+const TensorType kF32x2x3{DType::kF32, Shape{2, 3}};
+const TensorType kF32x3x4{DType::kF32, Shape{3, 4}};
+
+// Runs `f`, expecting an exception of type E whose message contains every fragment.
+template <typename E, typename F>
+void ExpectError(F&& f, std::initializer_list<const char*> fragments) {
+  try {
+    f();
+    FAIL() << "no exception";
+  } catch (const E& e) {
+    for (const char* fragment : fragments) EXPECT_THAT(e.what(), HasSubstr(fragment));
+  }
+}
+
+TEST(Program, DeclarationsAreFoundByName) {
+  Program p("net");
+  ValueId x = p.AddInput("x", kF32x2x3);
+  ValueId w = p.AddParam("w", kF32x3x4);
+  ValueId y = p.AddInstruction("matmul", {x, w}, {}, {"y"})[0];
+  p.AddOutput(y);
+  EXPECT_EQ(p.Get("x"), x);
+  EXPECT_EQ(p.Find("w"), w);
+  EXPECT_EQ(p.Find("nope"), std::nullopt);
+  EXPECT_EQ(p.value(y).type, (TensorType{DType::kF32, Shape{2, 4}}));
+  EXPECT_EQ(p.value(y).kind, ValueKind::kIntermediate);
+  EXPECT_EQ(p.value(y).producer, 0);
+  EXPECT_EQ(p.value(x).kind, ValueKind::kInput);
+  EXPECT_EQ(p.value(w).kind, ValueKind::kParam);
+  EXPECT_EQ(p.Bytes(y), 2u * 4u * 4u);
+  EXPECT_EQ(p.inputs(), std::vector<ValueId>{x});
+  EXPECT_EQ(p.params(), std::vector<ValueId>{w});
+}
+
+TEST(Program, GetNamesTheMissingValueAndTheProgram) {
+  Program p("net");
+  ExpectError<ProgramError>([&] { p.Get("ghost"); }, {"'net'", "%ghost"});
+}
+
+TEST(Program, RejectsDuplicateDeclarations) {
+  Program p("net");
+  p.AddInput("x", kF32x2x3);
+  ExpectError<ProgramError>([&] { p.AddInput("x", kF32x2x3); }, {"%x is defined twice"});
+  ExpectError<ProgramError>([&] { p.AddParam("x", kF32x2x3); }, {"%x is defined twice"});
+  ExpectError<ProgramError>([&] { p.AddInput("", kF32x2x3); }, {"needs a name"});
+  EXPECT_EQ(p.values().size(), 1u);
+}
+
+TEST(Program, FailedInstructionLeavesTheProgramUnchanged) {
+  Program p("net");
+  ValueId x = p.AddInput("x", kF32x2x3);
+  ExpectError<ProgramError>([&] { p.AddInstruction("copy", {x}, {}, {"x"}); },
+                            {"copy %x", "defined twice"});
+  ExpectError<ProgramError>(
+      [&] {
+        p.AddInstruction("split", {x},
+                         {{"axis", int64_t{1}}, {"sizes", std::vector<int64_t>{1, 2}}}, {"a", "a"});
+      },
+      {"%a is defined twice"});
+  EXPECT_EQ(p.values().size(), 1u);
+  EXPECT_TRUE(p.instructions().empty());
+  EXPECT_FALSE(p.Find("a").has_value());
+}
+
+TEST(Program, InstructionErrorsNameTheOpAndTheValues) {
+  Program p("net");
+  ValueId x = p.AddInput("x", kF32x2x3);
+  ExpectError<ProgramError>([&] { p.AddInstruction("frobnicate", {x}, {}); },
+                            {"unknown op 'frobnicate'"});
+  ExpectError<ProgramError>([&] { p.AddInstruction("matmul", {x}, {}, {"y"}); },
+                            {"matmul %y", "takes 2 inputs, got 1"});
+  ExpectError<ProgramError>([&] { p.AddInstruction("copy", {42}, {}, {"y"}); },
+                            {"copy %y", "undefined value"});
+  ExpectError<ShapeError>(
+      [&] {
+        p.AddInstruction("matmul", {x, x}, {}, {"y"});
+      },
+      {"matmul %y(%x: f32[2, 3], %x: f32[2, 3])", "inner dimensions differ"});
+  ExpectError<ProgramError>(
+      [&] {
+        p.AddInstruction("copy", {x}, {}, {"a", "b"});
+      },
+      {"produces 1 outputs but 2 names were given"});
+  EXPECT_TRUE(p.instructions().empty());
+}
+
+TEST(Program, FreshNamesCountPerHintAndSkipTakenNames) {
+  Program p("net");
+  p.AddInput("matmul_1", kF32x2x3);
+  EXPECT_EQ(p.FreshName("matmul"), "matmul_0");
+  EXPECT_EQ(p.FreshName("matmul"), "matmul_2");  // matmul_1 is taken
+  EXPECT_EQ(p.FreshName("add"), "add_0");
+  ValueId x = p.Get("matmul_1");
+  // Unnamed outputs get fresh names from the op's name.
+  EXPECT_EQ(p.value(p.AddInstruction("copy", {x}, {})[0]).name, "copy_0");
+  EXPECT_EQ(p.value(p.AddInstruction("copy", {x}, {})[0]).name, "copy_1");
+}
+
+TEST(Program, RenameMovesTheNameAndRefusesTakenOnes) {
+  Program p("net");
+  ValueId x = p.AddInput("x", kF32x2x3);
+  ValueId y = p.AddInstruction("copy", {x}, {})[0];
+  p.Rename(y, "h.0.attn.out");
+  EXPECT_EQ(p.value(y).name, "h.0.attn.out");
+  EXPECT_EQ(p.Get("h.0.attn.out"), y);
+  EXPECT_FALSE(p.Find("copy_0").has_value());
+  p.Rename(y, "h.0.attn.out");  // renaming to its own name is a no-op
+  EXPECT_EQ(p.Get("h.0.attn.out"), y);
+  ExpectError<ProgramError>([&] { p.Rename(y, "x"); },
+                            {"cannot rename %h.0.attn.out to %x", "taken"});
+  EXPECT_EQ(p.value(y).name, "h.0.attn.out");
+  // The old name is free again.
+  EXPECT_EQ(p.value(p.AddInstruction("copy", {x}, {}, {"copy_0"})[0]).name, "copy_0");
+}
+
+TEST(Program, OutputsKeepOrderAndAreListedOnce) {
+  Program p("net");
+  ValueId a = p.AddInput("a", kF32x2x3);
+  ValueId b = p.AddInput("b", kF32x2x3);
+  p.AddOutput(b);
+  p.AddOutput(a);
+  p.AddOutput(b);
+  EXPECT_EQ(p.outputs(), (std::vector<ValueId>{b, a}));
+}
+
+}  // namespace
+}  // namespace sluice

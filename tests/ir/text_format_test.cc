@@ -1,0 +1,356 @@
+// The program text format: round trips (print -> parse -> print gives the same text) on programs
+// built with the Builder and on examples/, exact float and attribute-type round trips, quoting of
+// odd names, and file loading. Malformed inputs are in text_format_errors_test.cc.
+#include "sluice/ir/text_format.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+#include "sluice/ir/ops.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path SourceDir() { return fs::path(__FILE__).parent_path().parent_path().parent_path(); }
+
+// Parses `text`, prints it, parses the print and prints again: both prints must agree.
+std::string ExpectStable(const std::string& text, const std::string& label) {
+  const std::string first = PrintProgram(ParseProgram(text, label));
+  const std::string second = PrintProgram(ParseProgram(first, label + " (reprinted)"));
+  EXPECT_EQ(first, second) << label;
+  return first;
+}
+
+void ExpectRoundTrip(const Program& p) {
+  const std::string text = PrintProgram(p);
+  const Program q = ParseProgram(text, p.name());
+  EXPECT_EQ(PrintProgram(q), text);
+  ASSERT_EQ(q.instructions().size(), p.instructions().size());
+  for (size_t i = 0; i < p.instructions().size(); ++i) {
+    EXPECT_EQ(q.instructions()[i].op, p.instructions()[i].op) << "instruction " << i;
+    EXPECT_TRUE(q.instructions()[i].attrs == p.instructions()[i].attrs) << "instruction " << i;
+  }
+  EXPECT_EQ(q.inputs().size(), p.inputs().size());
+  EXPECT_EQ(q.params().size(), p.params().size());
+  EXPECT_EQ(q.outputs().size(), p.outputs().size());
+}
+
+// A GPT-like block: embedding, layer norm, attention with heads, residuals, loss.
+Program TransformerBlock() {
+  const int64_t B = 2, T = 4, C = 8, H = 2, V = 11;
+  Builder b("gpt.block");
+  Var ids = b.Input("ids", DType::kI64, {B, T});
+  Var targets = b.Input("targets", DType::kI32, {B, T});
+  Var wte = b.Param("wte", DType::kF32, {V, C});
+  Var x = b.Name(Embedding(ids, wte), "x");
+  Builder::NameScope h0(b, "h.0");
+  Var ln_w = b.Param(b.Prefixed("ln_1.weight"), DType::kF32, {C});
+  Var ln_b = b.Param(b.Prefixed("ln_1.bias"), DType::kF32, {C});
+  Var xn = b.Name(LayerNorm(x, ln_w, ln_b, 1e-5), "ln_1");
+  Var w_qkv = b.Param(b.Prefixed("attn.c_attn.weight"), DType::kF32, {C, 3 * C});
+  Var b_qkv = b.Param(b.Prefixed("attn.c_attn.bias"), DType::kF32, {3 * C});
+  Var qkv = b.Name(Linear(xn, w_qkv, b_qkv), "attn.c_attn");
+  Var heads = Transpose(Reshape(qkv, {B, T, 3 * H, C / H}), 1, 2);  // [B, 3H, T, C/H]
+  Var scores = MatMul(heads, heads, false, true);
+  Var probs = Softmax(CausalMask(scores));
+  Var probs2 = CausalSoftmax(scores);
+  Var ctx = MatMul(Add(probs, probs2), heads);
+  Var merged = Reshape(Transpose(ctx, 1, 2), {B, T, -1});  // [B, T, 3C]
+  Var w_proj = b.Param(b.Prefixed("attn.c_proj.weight"), DType::kF32, {3 * C, C});
+  Var b_proj = b.Param(b.Prefixed("attn.c_proj.bias"), DType::kF32, {C});
+  Var y = Add(x, Linear(merged, w_proj, b_proj));
+  Var logits = MatMul(y, wte, false, true);  // tied embedding: [B, T, V]
+  Var loss = b.Name(CrossEntropy(logits, targets), "loss");
+  b.Output(loss);
+  b.Output(y);
+  return b.Build();
+}
+
+// Hand-written gradient ops and the optimizers, with names like autodiff's (%w.grad).
+Program GradientsAndOptimizers() {
+  Builder b("grads.and.optimizers");
+  Var x = b.Input("x", DType::kF64, {3, 5});
+  Var dy = b.Input("y.grad", DType::kF64, {3, 5});
+  Var targets = b.Input("targets", DType::kI64, {3});
+  Var ids = b.Input("ids", DType::kI32, {3});
+  Var lr = b.Input("lr", DType::kF64, {});
+  Var step = b.Input("step", DType::kI64, {});
+  Var w = b.Param("w", DType::kF64, {5});
+  Var bias = b.Param("b", DType::kF64, {5});
+  Var m = b.Param("w.m", DType::kF64, {5});
+  Var v = b.Param("w.v", DType::kF64, {5});
+  Var y = Softmax(x);
+  Var dx = b.Name(SoftmaxGrad(dy, y), "x.grad");
+  Var dxn = LayerNormGradX(dy, x, w, 1e-6);
+  auto [dw, db] = LayerNormGradParams(dy, x);
+  b.Name(dw, "w.grad");
+  Var one = Full(b, Shape{}, 1.0, DType::kF64);
+  Var dlogits = CrossEntropyGrad(x, targets, one);
+  Var dtable = EmbeddingGrad(ids, dy, 7);
+  Var summed = SumTo(BroadcastTo(db, Shape{3, 5}), Shape{5});
+  SgdUpdate(bias, summed, Copy(bias), lr, {.momentum = 0.9, .weight_decay = 1e-4});
+  AdamWUpdate(w, dw, m, v, lr, step, {.beta1 = 0.8, .eps = 1e-12});
+  b.Output(dx);
+  b.Output(dxn);
+  b.Output(dlogits);
+  b.Output(dtable);
+  return b.Build();
+}
+
+// Elementwise, reduction and shape ops, several outputs per instruction, every dtype in a type.
+Program ElementwiseShapesAndReductions() {
+  Builder b("shapes");
+  Var x = b.Input("x", DType::kF32, {2, 3, 4});
+  Var y = b.Input("y", DType::kF32, {4});
+  Var z = Add(Sub(Mul(x, y), Div(x, y)), Neg(Scale(x, 0.125)));
+  Var act = Add(Add(Relu(z), Gelu(z)), Add(Tanh(z), Sqrt(Exp(Log(z)))));
+  Var grads = Add(Add(ReluGrad(act, z), GeluGrad(act, z)), TanhGrad(act, z));
+  std::vector<Var> parts = Split(grads, 2, {1, 3});
+  Var joined = Concat({parts[1], parts[0], Slice(grads, 2, 1, 2)}, 2);
+  Var perm = Permute(joined, {2, 0, 1});
+  std::vector<Var> rows = Split(perm, 0, {2, 3});        // leading axis: views
+  perm = Concat({rows[1], Slice(rows[0], 0, 0, 2)}, 0);  // [5, 2, 3]
+  Var reduced = Add(Sum(perm, {0}, true), Mean(perm, {-1, 0}, true));
+  Var full = Add(Zeros(b, Shape{1, 1, 1}, DType::kF32), Ones(b, Shape{1}, DType::kF32));
+  b.Output(Cast(Add(reduced, full), DType::kF64));
+  b.Output(b.Input("half", DType::kF16, {2}));  // storage-only dtypes still read and print
+  b.Output(b.Input("brain", DType::kBF16, {2, 1}));
+  b.Output(b.Input("ids", DType::kI32, {0}));
+  return b.Build();
+}
+
+TEST(TextFormat, RoundTripsTransformerBlock) { ExpectRoundTrip(TransformerBlock()); }
+
+TEST(TextFormat, RoundTripsGradientAndOptimizerOps) { ExpectRoundTrip(GradientsAndOptimizers()); }
+
+TEST(TextFormat, RoundTripsElementwiseShapeAndReductionOps) {
+  ExpectRoundTrip(ElementwiseShapesAndReductions());
+}
+
+// The programs above are meant to use every registered op; an op added later needs a line in one
+// of them so that its attributes are known to round-trip.
+TEST(TextFormat, RoundTripProgramsCoverEveryRegisteredOp) {
+  std::set<std::string> used;
+  for (const Program& p :
+       {TransformerBlock(), GradientsAndOptimizers(), ElementwiseShapesAndReductions()}) {
+    for (const Instruction& ins : p.instructions()) used.insert(ins.op->name);
+  }
+  for (const OpDef* op : OpRegistry::Global().All()) {
+    EXPECT_TRUE(used.count(op->name)) << "op '" << op->name << "' is in no round-trip program of "
+                                      << "tests/ir/text_format_test.cc; add it to one";
+  }
+}
+
+TEST(TextFormat, PrintsTheDocumentedLayout) {
+  Builder b("affine");
+  Var x = b.Input("x", DType::kF32, {8, 16});
+  Var w = b.Param("fc.weight", DType::kF32, {16, 4});
+  Var y = b.Name(MatMul(x, w, false, false), "y");
+  Var z = Reshape(y, {32});
+  b.Output(z);
+  EXPECT_EQ(PrintProgram(b.Build()),
+            "program affine {\n"
+            "  input %x: f32[8, 16]\n"
+            "  param %fc.weight: f32[16, 4]\n"
+            "  %y: f32[8, 4] = matmul(%x, %fc.weight)\n"
+            "  %reshape_0: f32[32] = reshape(%y) {shape = [32]}\n"
+            "  output %reshape_0\n"
+            "}\n");
+}
+
+TEST(TextFormat, FormatFloatIsShortestAndAlwaysAFloat) {
+  EXPECT_EQ(FormatFloat(2.0), "2.0");
+  EXPECT_EQ(FormatFloat(0.5), "0.5");
+  EXPECT_EQ(FormatFloat(1e-5), "1e-05");
+  EXPECT_EQ(FormatFloat(1e20), "1e+20");
+  EXPECT_EQ(FormatFloat(-0.0), "-0.0");
+  EXPECT_EQ(FormatFloat(0.1), "0.1");
+  EXPECT_EQ(FormatFloat(std::numeric_limits<double>::infinity()), "inf");
+  EXPECT_EQ(FormatFloat(-std::numeric_limits<double>::infinity()), "-inf");
+  EXPECT_EQ(FormatFloat(std::numeric_limits<double>::quiet_NaN()), "nan");
+}
+
+// Attributes of every type, at the edges of their ranges, survive print -> parse bit for bit and
+// keep their type (copy ignores attributes, so it can carry any).
+TEST(TextFormat, AttributesRoundTripExactlyAndKeepTheirType) {
+  const double kFloats[] = {0.0,
+                            -0.0,
+                            2.0,
+                            1.0 / 3.0,
+                            0.1,
+                            1e-5,
+                            -2.5e300,
+                            std::numeric_limits<double>::denorm_min(),
+                            std::numeric_limits<double>::min(),
+                            std::numeric_limits<double>::max(),
+                            std::numeric_limits<double>::lowest(),
+                            std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity()};
+  Program p("attrs");
+  ValueId x = p.AddInput("x", {DType::kF32, Shape{2}});
+  for (double f : kFloats) {
+    p.AddInstruction("copy", {x}, {{"f", f}, {"i", int64_t{2}}});
+  }
+  p.AddInstruction(
+      "copy", {x},
+      {{"min", std::numeric_limits<int64_t>::min()},
+       {"max", std::numeric_limits<int64_t>::max()},
+       {"yes", true},
+       {"no", false},
+       {"empty", std::vector<int64_t>{}},
+       {"list", std::vector<int64_t>{1, -2, std::numeric_limits<int64_t>::min()}},
+       {"text", std::string("tab\tquote\"backslash\\newline\nbell\x07 del\x7f utf8 \xc3\xa9")},
+       {"nul", std::string("a\0b", 3)},
+       {"nan", std::numeric_limits<double>::quiet_NaN()}});
+  const std::string text = PrintProgram(p);
+  const Program q = ParseProgram(text);
+  EXPECT_EQ(PrintProgram(q), text);
+  for (size_t i = 0; i < std::size(kFloats); ++i) {
+    const Attrs& a = q.instructions()[i].attrs;
+    const double* f = std::get_if<double>(&a.items()[0].second);
+    ASSERT_NE(f, nullptr) << text;
+    EXPECT_EQ(std::signbit(*f), std::signbit(kFloats[i]));
+    EXPECT_EQ(*f, kFloats[i]);
+    EXPECT_NE(std::get_if<int64_t>(&a.items()[1].second), nullptr) << "2 must stay an integer";
+  }
+  const Attrs& last = q.instructions().back().attrs;
+  EXPECT_TRUE(std::isnan(last.GetFloat("nan")));
+  EXPECT_EQ(last.GetString("nul"), std::string("a\0b", 3));
+  EXPECT_EQ(last.GetInt("min"), std::numeric_limits<int64_t>::min());
+  EXPECT_TRUE(last.GetInts("empty").empty());
+  EXPECT_EQ(last.GetString("text"), p.instructions().back().attrs.GetString("text"));
+}
+
+TEST(TextFormat, QuotesNamesOutsideTheBareCharset) {
+  Program p("my model/v2");
+  ValueId x = p.AddInput("token ids", {DType::kF32, Shape{3}});
+  ValueId y = p.AddInstruction("copy", {x}, {}, {"say \"hi\"\n"})[0];
+  ValueId z = p.AddInstruction("copy", {y}, {{"odd key", int64_t{1}}}, {"0.9"})[0];
+  p.AddOutput(z);
+  const std::string text = PrintProgram(p);
+  EXPECT_NE(text.find("program \"my model/v2\" {"), std::string::npos) << text;
+  EXPECT_NE(text.find("%\"token ids\""), std::string::npos) << text;
+  EXPECT_NE(text.find("%\"say \\\"hi\\\"\\n\""), std::string::npos) << text;
+  EXPECT_NE(text.find("%0.9: f32[3] = copy(%\"say"), std::string::npos) << text;
+  EXPECT_NE(text.find("{\"odd key\" = 1}"), std::string::npos) << text;
+  const Program q = ParseProgram(text);
+  EXPECT_EQ(q.name(), "my model/v2");
+  EXPECT_TRUE(q.Find("say \"hi\"\n").has_value());
+  EXPECT_EQ(PrintProgram(q), text);
+}
+
+TEST(TextFormat, AcceptsFreeLayoutAndComments) {
+  const Program p = ParseProgram(
+      "# leading comment\n"
+      "program\tp{input %x:f32[2,3]# no space needed\r\n"
+      "%y:f32[3,2]=transpose(%x){dim1=1,dim0=0}output %y}\n"
+      "# trailing comment");
+  EXPECT_EQ(PrintProgram(p),
+            "program p {\n"
+            "  input %x: f32[2, 3]\n"
+            "  %y: f32[3, 2] = transpose(%x) {dim0 = 0, dim1 = 1}\n"
+            "  output %y\n"
+            "}\n");
+}
+
+TEST(TextFormat, ReadsScalarsZeroSizesAndQuotedReferences) {
+  const Program p = ParseProgram(
+      "program p {\n"
+      "  input %s: f64[]\n"
+      "  input %e: f32[0, 1099511627776]\n"
+      "  %t: f64[] = copy(%\"s\")\n"
+      "  output %e\n"
+      "}\n");
+  EXPECT_EQ(p.value(p.Get("t")).type, (TensorType{DType::kF64, Shape{}}));
+  EXPECT_EQ(p.value(p.Get("e")).type.shape.numel(), 0);
+}
+
+TEST(TextFormat, ReadsInfAndNanLiterals) {
+  const Program p = ParseProgram(
+      "program p { input %x: f32[2]\n"
+      "  %a: f32[2] = copy(%x) {v = inf}\n"
+      "  %b: f32[2] = copy(%x) {v = -inf}\n"
+      "  %c: f32[2] = copy(%x) {v = nan}\n"
+      "  %d: f32[2] = copy(%x) {v = -nan}\n"
+      "}");
+  EXPECT_EQ(p.instructions()[0].attrs.GetFloat("v"), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(p.instructions()[1].attrs.GetFloat("v"), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(p.instructions()[2].attrs.GetFloat("v")));
+  EXPECT_TRUE(std::signbit(p.instructions()[3].attrs.GetFloat("v")));
+}
+
+TEST(TextFormat, ExamplesParseAndPrintStably) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(SourceDir() / "examples")) {
+    if (entry.path().extension() != ".sluice") continue;
+    ++count;
+    const Program p = LoadProgramFile(entry.path().string());
+    std::ifstream in(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ExpectStable(text, entry.path().string());
+    ExpectRoundTrip(p);
+  }
+  EXPECT_GE(count, 3);
+}
+
+// The fuzzer's seed corpus doubles as a regression suite: valid_* files round-trip, the others
+// fail with a ParseError.
+TEST(TextFormat, FuzzSeedCorpusParsesOrFailsCleanly) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(SourceDir() / "fuzz" / "corpus" / "parser")) {
+    ++count;
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (entry.path().filename().string().starts_with("valid_")) {
+      ExpectStable(text, entry.path().string());
+    } else {
+      EXPECT_THROW(ParseProgram(text, entry.path().string()), ParseError) << entry.path();
+    }
+  }
+  EXPECT_GT(count, 0);
+}
+
+TEST(TextFormat, LoadProgramFileNamesTheUnreadablePath) {
+  const std::string missing = (fs::temp_directory_path() / "sluice-no-such-file.sluice").string();
+  try {
+    LoadProgramFile(missing);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  const std::string dir = fs::temp_directory_path().string();
+  try {
+    LoadProgramFile(dir);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TextFormat, LoadProgramFileLabelsParseErrorsWithThePath) {
+  const fs::path path = fs::temp_directory_path() / "sluice-text-format-test-bad.sluice";
+  {
+    std::ofstream out(path);
+    out << "program p {\n  input %x: f33[2]\n}\n";
+  }
+  try {
+    LoadProgramFile(path.string());
+    FAIL() << "expected ParseError";
+  } catch (const ParseError& e) {
+    EXPECT_EQ(e.file(), path.string());
+    EXPECT_EQ(e.line(), 2);
+    EXPECT_EQ(e.col(), 13);
+  }
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace sluice

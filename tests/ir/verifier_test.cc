@@ -1,0 +1,130 @@
+// Verifier: every defect it checks for is reported with the program, the instruction (index, op,
+// first output) and the value concerned.
+//
+// The Program API checks as it builds, so it cannot make most malformed programs; passes that edit
+// programs in place could. These tests make the defects by editing a program's containers
+// directly (Edit below), which is what such a faulty pass would do.
+#include "sluice/ir/verifier.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+#include "sluice/ir/ops.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Write access to a program's internals, as a buggy pass would have it.
+struct Edit {
+  Program& p;
+  std::vector<Instruction>& instructions() {
+    return const_cast<std::vector<Instruction>&>(p.instructions());
+  }
+  std::vector<Value>& values() { return const_cast<std::vector<Value>&>(p.values()); }
+};
+
+// x [2, 3] -> %a = copy(x) -> %b = copy(%a) -> %y = matmul(%b, w [3, 4]); output %y.
+Program Chain() {
+  Program p("net");
+  ValueId x = p.AddInput("x", {DType::kF32, Shape{2, 3}});
+  ValueId w = p.AddParam("w", {DType::kF32, Shape{3, 4}});
+  ValueId a = p.AddInstruction("copy", {x}, {}, {"a"})[0];
+  ValueId b = p.AddInstruction("copy", {a}, {}, {"b"})[0];
+  p.AddOutput(p.AddInstruction("matmul", {b, w}, {}, {"y"})[0]);
+  return p;
+}
+
+std::string VerifyError(const Program& p) {
+  try {
+    Verify(p);
+  } catch (const ProgramError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "Verify accepted the program";
+  return "";
+}
+
+TEST(Verifier, AcceptsWellFormedPrograms) {
+  EXPECT_NO_THROW(Verify(Chain()));
+  Builder b("built");
+  Var x = b.Input("x", DType::kF32, {4, 8});
+  Var w = b.Param("w", DType::kF32, {8, 2});
+  b.Output(b.Name(MatMul(x, w), "y"));
+  EXPECT_NO_THROW(b.Build());  // Build verifies
+  EXPECT_NO_THROW(Verify(Program("empty")));
+}
+
+TEST(Verifier, UseBeforeDefinitionNamesTheInstructionAndTheValue) {
+  Program p = Chain();
+  std::swap(Edit{p}.instructions()[0], Edit{p}.instructions()[1]);
+  EXPECT_THAT(VerifyError(p),
+              HasSubstr("program 'net', instruction 0 (copy %b): %a is used before it is defined"));
+}
+
+TEST(Verifier, DeclaredTypeDifferentFromInferenceNamesBothTypes) {
+  Program p = Chain();
+  Edit{p}.values()[p.Get("y")].type = {DType::kF64, Shape{2, 4}};
+  EXPECT_THAT(VerifyError(p),
+              HasSubstr("instruction 2 (matmul %y): %y is declared f64[2, 4] but the op "
+                        "gives f32[2, 4]"));
+}
+
+TEST(Verifier, WrongArityNamesTheOp) {
+  Program p = Chain();
+  Edit{p}.instructions()[2].inputs.pop_back();
+  EXPECT_THAT(VerifyError(p), HasSubstr("instruction 2 (matmul %y): takes 2 inputs, has 1"));
+}
+
+TEST(Verifier, ValueDefinedTwiceIsNamed) {
+  Program p = Chain();
+  Edit{p}.instructions()[1].outputs =
+      Edit{p}.instructions()[0].outputs;  // copy(%a) now "defines" %a
+  EXPECT_THAT(VerifyError(p), HasSubstr("instruction 1 (copy %a): %a is defined twice"));
+}
+
+TEST(Verifier, InputDeclaredAsAnOutputOfAnInstructionIsDefinedTwice) {
+  Program p = Chain();
+  Edit{p}.instructions()[0].outputs = {p.Get("x")};
+  Edit{p}.values()[p.Get("x")].producer = 0;
+  EXPECT_THAT(VerifyError(p), HasSubstr("instruction 0 (copy %x): %x is defined twice"));
+}
+
+TEST(Verifier, WrongProducerIsNamed) {
+  Program p = Chain();
+  Edit{p}.values()[p.Get("b")].producer = 0;
+  EXPECT_THAT(VerifyError(p), HasSubstr("instruction 1 (copy %b): %b records the wrong producer"));
+}
+
+TEST(Verifier, OutputNeverDefinedIsNamed) {
+  Program p = Chain();
+  Edit{p}.instructions().pop_back();  // drop the matmul that defined %y, keep %y as an output
+  EXPECT_THAT(VerifyError(p), HasSubstr("program 'net': output %y is never defined"));
+}
+
+TEST(Verifier, InferenceFailureNamesTheInstruction) {
+  Program p = Chain();
+  Edit{p}.instructions()[2].attrs.Set("transpose_a", true);  // [3, 2] x [3, 4] no longer fits
+  EXPECT_THAT(VerifyError(p), HasSubstr("instruction 2 (matmul %y): matmul (a transposed)"));
+}
+
+TEST(Verifier, OutputCountDifferentFromTheOpIsNamed) {
+  Program p = Chain();
+  Edit{p}.instructions()[0].outputs.push_back(p.Get("b"));
+  EXPECT_THAT(VerifyError(p),
+              HasSubstr("instruction 0 (copy %a): op produces 1 outputs, instruction lists 2"));
+}
+
+TEST(Verifier, DanglingReferencesAndMissingOpsAreReported) {
+  Program p = Chain();
+  Edit{p}.instructions()[1].inputs[0] = 99;
+  EXPECT_THAT(VerifyError(p), HasSubstr("instruction 1 (copy %b): input refers to no value"));
+  Program q = Chain();
+  Edit{q}.instructions()[0].op = nullptr;
+  EXPECT_THAT(VerifyError(q), HasSubstr("instruction 0 (<no op> %a): no op"));
+}
+
+}  // namespace
+}  // namespace sluice

@@ -9,6 +9,7 @@ namespace {
 
 constexpr CommandSpec kCommands[] = {
     {"run", "Run a program (text format) with last-use freeing; report time and memory", SetupRunCommand},
+    {"train", "Train a GPT or an MLP; progress on the terminal, JSON-lines metrics, checkpoints", SetupTrainCommand},
 };
 
 struct Registered {

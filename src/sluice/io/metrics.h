@@ -19,6 +19,8 @@ class MetricsWriter {
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
+  MetricsWriter(MetricsWriter&& other) noexcept { *this = std::move(other); }
+  MetricsWriter& operator=(MetricsWriter&& other) noexcept;
 
   bool is_open() const { return file_ != nullptr; }
   const std::string& path() const { return path_; }

@@ -1,0 +1,156 @@
+// `sluice train`: trains a GPT or an MLP on one stage, with progress on the terminal and JSON-lines
+// metrics. Every bad option or configuration is an error that says what to change.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "sluice/cli/commands.h"
+#include "sluice/core/error.h"
+#include "sluice/train/trainer.h"
+
+namespace sluice::cli {
+
+namespace {
+
+struct TrainArgs {
+  TrainConfig config;
+  std::string optimizer = "adamw";
+  std::string schedule = "cosine";
+  std::string gc = "async";
+  std::string mode = "trace";
+  bool quiet = false;
+};
+
+std::string FormatDuration(double seconds) {
+  int s = static_cast<int>(seconds + 0.5);
+  return s >= 60 ? fmt::format("{}m{:02}s", s / 60, s % 60) : fmt::format("{}s", s);
+}
+
+std::string FormatRate(double tokens_per_s) {
+  return tokens_per_s >= 1e3 ? fmt::format("{:.1f}k tok/s", tokens_per_s / 1e3) : fmt::format("{:.0f} tok/s", tokens_per_s);
+}
+
+// A progress bar redrawn in place on a terminal; plain periodic lines otherwise (logs, CI).
+class Progress {
+ public:
+  Progress(int64_t first_step, int64_t steps, bool quiet)
+      : steps_(steps), first_(first_step), quiet_(quiet), tty_(::isatty(STDERR_FILENO) == 1),
+        every_(std::max<int64_t>(1, steps / 20)) {}
+
+  void OnStep(const StepRecord& r) {
+    if (quiet_) return;
+    elapsed_ += r.step_ms / 1000.0;
+    const double per_step = elapsed_ / static_cast<double>(r.step - first_);
+    const double eta = per_step * static_cast<double>(steps_ - r.step);
+    if (tty_) {
+      const int width = 24;
+      const int filled = static_cast<int>(width * r.step / steps_);
+      fmt::print(stderr, "\r  step {:>{}}/{} [{}{}] loss {:.4f} | {} | eta {}   ", r.step,
+                 std::to_string(steps_).size(), steps_, std::string(filled, '#'), std::string(width - filled, '.'),
+                 r.loss, FormatRate(r.tokens_per_s), FormatDuration(eta));
+      if (r.step == steps_) fmt::print(stderr, "\n");
+    } else if (r.step % every_ == 0 || r.step == steps_) {
+      fmt::print(stderr, "  step {}/{}  loss {:.4f}  lr {:.2e}  {}  {:.1f} ms/step\n", r.step, steps_, r.loss, r.lr,
+                 FormatRate(r.tokens_per_s), r.step_ms);
+    }
+  }
+
+  void OnEval(const EvalRecord& e) {
+    if (quiet_) return;
+    if (tty_ && e.step != steps_) fmt::print(stderr, "\n");
+    if (e.accuracy >= 0) {
+      fmt::print(stderr, "  eval at step {}: val_loss {:.4f}, accuracy {:.1f}%\n", e.step, e.val_loss, 100 * e.accuracy);
+    } else {
+      fmt::print(stderr, "  eval at step {}: val_loss {:.4f}\n", e.step, e.val_loss);
+    }
+  }
+
+ private:
+  int64_t steps_, first_;
+  bool quiet_, tty_;
+  int64_t every_;
+  double elapsed_ = 0;
+};
+
+int RunTrain(TrainArgs& a) {
+  TrainConfig& c = a.config;
+  auto opt = ParseOptimizerKind(a.optimizer);
+  if (!opt) throw InvalidArgument(fmt::format("--optimizer must be adamw or sgd, not '{}'", a.optimizer));
+  c.optimizer.kind = *opt;
+  auto schedule = ParseLrSchedule(a.schedule);
+  if (!schedule) throw InvalidArgument(fmt::format("--lr-schedule must be constant or cosine, not '{}'", a.schedule));
+  c.optimizer.schedule = *schedule;
+  auto gc = ParseGcMode(a.gc);
+  if (!gc) throw InvalidArgument(fmt::format("--gc must be none, sync or async, not '{}'", a.gc));
+  c.gc = *gc;
+  auto mode = ParseRunMode(a.mode);
+  if (!mode) throw InvalidArgument(fmt::format("--mode must be trace or parallel, not '{}'", a.mode));
+  c.mode = *mode;
+  if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
+
+  Trainer trainer(c);
+  if (!a.quiet) {
+    fmt::print(stderr, "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n", c.model,
+               c.data, c.steps, c.batch, c.microbatches, a.optimizer, trainer.step());
+  }
+  Progress progress(trainer.step(), c.steps, a.quiet);
+  TrainSummary s = trainer.Run([&](const StepRecord& r) { progress.OnStep(r); },
+                               [&](const EvalRecord& e) { progress.OnEval(e); });
+  if (!a.quiet) {
+    fmt::print(stderr, "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB, {} parameters\n", s.steps,
+               FormatDuration(s.wall_s), FormatRate(s.tokens_per_s), s.peak_allocated_bytes / 1048576.0, s.params);
+    if (s.last_eval.accuracy >= 0) fmt::print(stderr, "held-out accuracy: {:.1f}%\n", 100 * s.last_eval.accuracy);
+    if (!c.metrics_path.empty()) fmt::print(stderr, "metrics: {}\n", c.metrics_path);
+    if (!c.save_path.empty()) fmt::print(stderr, "checkpoint: {}\n", c.save_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner SetupTrainCommand(CLI::App& sub) {
+  auto a = std::make_shared<TrainArgs>();
+  TrainConfig& c = a->config;
+  sub.add_option("--model", c.model, "gpt or mlp")->capture_default_str();
+  sub.add_option("--data", c.data, "sort (synthetic, default), blobs (mlp) or a text file for byte-level LM")
+      ->capture_default_str();
+  sub.add_option("--layers", c.gpt.layers, "transformer blocks")->capture_default_str();
+  sub.add_option("--heads", c.gpt.heads, "attention heads (must divide --dim)")->capture_default_str();
+  sub.add_option("--dim", c.gpt.dim, "model width C")->capture_default_str();
+  sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")->capture_default_str();
+  sub.add_option("--vocab", c.gpt.vocab, "vocabulary size (0: the data's)")->capture_default_str();
+  sub.add_option("--features", c.mlp.features, "mlp: input features")->capture_default_str();
+  sub.add_option("--hidden", c.mlp.hidden, "mlp: hidden width")->capture_default_str();
+  sub.add_option("--classes", c.mlp.classes, "mlp: classes")->capture_default_str();
+  sub.add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
+  sub.add_option("--batch", c.batch, "sequences per step")->capture_default_str();
+  sub.add_option("--microbatches", c.microbatches, "micro-batches per step (gradient accumulation)")->capture_default_str();
+  sub.add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
+  sub.add_option("--lr", c.optimizer.lr, "peak learning rate")->capture_default_str();
+  sub.add_option("--lr-schedule", a->schedule, "constant or cosine")->capture_default_str();
+  sub.add_option("--warmup", c.optimizer.warmup_steps, "linear warmup steps")->capture_default_str();
+  sub.add_option("--min-lr", c.optimizer.min_lr, "cosine floor")->capture_default_str();
+  sub.add_option("--weight-decay", c.optimizer.weight_decay, "decoupled (AdamW) or L2 (SGD) weight decay")->capture_default_str();
+  sub.add_option("--beta1", c.optimizer.beta1, "AdamW β1")->capture_default_str();
+  sub.add_option("--beta2", c.optimizer.beta2, "AdamW β2")->capture_default_str();
+  sub.add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
+  sub.add_option("--clip", c.optimizer.clip_norm, "clip gradients to this global norm (0: off)")->capture_default_str();
+  sub.add_option("--seed", c.seed, "seed of initialization and data")->capture_default_str();
+  sub.add_option("--gc", a->gc, "none, sync or async")->capture_default_str();
+  sub.add_option("--mode", a->mode, "trace or parallel")->capture_default_str();
+  sub.add_option("--threads", c.threads, "intra-op threads, BLAS included (0: all cores)")->capture_default_str();
+  sub.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end)")->capture_default_str();
+  sub.add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")->capture_default_str();
+  sub.add_option("--metrics", c.metrics_path, "write JSON lines (per step, eval, summary) to this file");
+  sub.add_option("--save", c.save_path, "checkpoint file (safetensors)");
+  sub.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end)")->capture_default_str();
+  sub.add_option("--resume", c.resume_path, "continue from this checkpoint (bitwise the same losses)");
+  sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file");
+  sub.add_flag("--quiet", a->quiet, "no progress output");
+  return [a] { return RunTrain(*a); };
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""PyTorch reference for sluice's GPT parity test (tests/train/parity_test.cc).
+
+Reads a safetensors file written by sluice with the initial weights (GPT-2 names, block weights
+[in, out], lm_head.weight [V, C]), the token ids and targets of every step, and the configuration
+in its metadata; builds the same nanoGPT-style model in PyTorch; runs the given number of AdamW
+steps; writes a safetensors file with the per-step losses ("losses", f64 [steps]) and the
+gradients of the first step ("<param>.grad", f32).
+
+Only the Python standard library and torch (Debian's python3-torch) are used: safetensors is read
+and written with struct and json.
+
+Usage: gpt_reference.py INPUT.safetensors OUTPUT.safetensors
+"""
+import json
+import math
+import struct
+import sys
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "I64": (torch.int64, 8), "I32": (torch.int32, 4)}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    base = 8 + n
+    tensors = {}
+    for name, info in header.items():
+        dtype, _ = DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        buf = bytearray(data[base + begin:base + end])
+        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
+        tensors[name] = t.reshape(info["shape"]).clone()
+    return tensors, meta
+
+
+def write_safetensors(path, tensors):
+    names = sorted(tensors)
+    header, blobs, offset = {}, [], 0
+    for name in names:
+        t = tensors[name].contiguous()
+        code = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}[t.dtype]
+        raw = t.numpy().tobytes()
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def forward(p, ids, targets, cfg):
+    B, T = ids.shape
+    C, H, L = cfg["dim"], cfg["heads"], cfg["layers"]
+    D = C // H
+    x = p["wte.weight"][ids] + p["wpe.weight"][:T]
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    for l in range(L):
+        h = f"h.{l}."
+        a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], eps=1e-5)
+        qkv = a @ p[h + "attn.c_attn.weight"] + p[h + "attn.c_attn.bias"]
+        q, k, v = qkv.split(C, dim=-1)
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+        att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + (y @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"])
+        m = F.layer_norm(x, (C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], eps=1e-5)
+        m = F.gelu(m @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"], approximate="tanh")
+        x = x + (m @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"])
+    x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], eps=1e-5)
+    logits = x @ p["lm_head.weight"].t()
+    return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1), ignore_index=-1)
+
+
+def main():
+    tensors, meta = read_safetensors(sys.argv[1])
+    cfg = json.loads(meta["config"])
+    torch.set_num_threads(1)
+    params = {k[len("param."):]: v.requires_grad_() for k, v in tensors.items() if k.startswith("param.")}
+    opt = torch.optim.AdamW(list(params.values()), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
+                            eps=cfg["eps"], weight_decay=cfg["weight_decay"])
+    losses, out = [], {}
+    for step in range(cfg["steps"]):
+        opt.zero_grad()
+        loss = forward(params, tensors[f"ids.{step}"], tensors[f"targets.{step}"], cfg)
+        loss.backward()
+        if step == 0:
+            out.update({f"{k}.grad": v.grad.detach().clone() for k, v in params.items()})
+        losses.append(loss.item())
+        opt.step()
+    out["losses"] = torch.tensor(losses, dtype=torch.float64)
+    write_safetensors(sys.argv[2], out)
+
+
+if __name__ == "__main__":
+    main()

@@ -462,8 +462,7 @@ TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
     FAIL() << "the budget was exceeded";
   } catch (const OutOfMemory& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("chunk of 2097152 bytes for a request of 1024 bytes"),
-              std::string::npos)
+    EXPECT_NE(message.find("chunk of 2097152 bytes for a request of 1024 bytes"), std::string::npos)
         << message;
     EXPECT_NE(message.find("max_reserved_bytes = 4194304"), std::string::npos) << message;
   }

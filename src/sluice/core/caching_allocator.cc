@@ -49,12 +49,12 @@ size_t PageSize() {
 // caller's bytes are all its own.
 struct CachingAllocator::Block {
   char* ptr;
-  size_t size;             // multiple of kRound
-  size_t requested;        // the caller's byte count while allocated, 0 while free
+  size_t size;       // multiple of kRound
+  size_t requested;  // the caller's byte count while allocated, 0 while free
   Chunk* chunk;
-  Block* prev;             // address-order neighbours inside the chunk (nullptr at its ends)
+  Block* prev;  // address-order neighbours inside the chunk (nullptr at its ends)
   Block* next;
-  Block* prev_free;        // bin list while free; next_free also links the arena's spares
+  Block* prev_free;  // bin list while free; next_free also links the arena's spares
   Block* next_free;
   bool allocated;
 };
@@ -226,7 +226,8 @@ class CachingAllocator::BlockMap {
     for (size_t j = (hole + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
       const size_t home = Home(slots_[j].key);
       // Entry j may move to `hole` iff its home is not cyclically inside (hole, j].
-      const bool home_in_between = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+      const bool home_in_between =
+          hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
       if (!home_in_between) {
         slots_[hole] = slots_[j];
         hole = j;
@@ -321,7 +322,7 @@ CachingAllocator::~CachingAllocator() {
   }
 }
 
-CachingAllocator::Pool& CachingAllocator::PoolFor(size_t rounded) const {
+CachingAllocator::Pool& CachingAllocator::PoolFor(size_t rounded) {
   return rounded <= options_.chunk_bytes / 2 ? *small_pool_ : *large_pool_;
 }
 
@@ -347,8 +348,7 @@ void* CachingAllocator::Allocate(size_t bytes) {
   return block->ptr;
 }
 
-CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded,
-                                                    size_t requested) {
+CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded, size_t requested) {
   const size_t chunk_size =
       pool.small_pool() ? options_.chunk_bytes : RoundUp(rounded, options_.chunk_bytes);
   const auto over_budget = [&] {
@@ -371,16 +371,16 @@ CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded,
   if (base == MAP_FAILED) {
     const MemoryStats& s = recorder_.stats();
     const std::string reason =
-        error != 0 ? fmt::format("the OS refused to map it ({})", std::strerror(error))
-                   : fmt::format("it would exceed max_reserved_bytes = {}",
-                                 options_.max_reserved_bytes);
+        error != 0
+            ? fmt::format("the OS refused to map it ({})", std::strerror(error))
+            : fmt::format("it would exceed max_reserved_bytes = {}", options_.max_reserved_bytes);
     throw OutOfMemory(fmt::format(
         "caching allocator: cannot obtain a chunk of {} bytes for a request of {} bytes: {}; "
         "{} bytes are reserved and {} bytes allocated after returning free chunks",
         chunk_size, requested, reason, s.reserved_bytes, s.allocated_bytes));
   }
-  *chunk = Chunk{static_cast<char*>(base), chunk_size, pool.small_pool(), nullptr, nullptr,
-                 chunks_};
+  *chunk =
+      Chunk{static_cast<char*>(base), chunk_size, pool.small_pool(), nullptr, nullptr, chunks_};
   if (chunks_ != nullptr) chunks_->prev = chunk.get();
   chunks_ = chunk.release();
   ++num_chunks_;
@@ -521,8 +521,8 @@ CachingAllocatorSnapshot CachingAllocator::Snapshot() const {
     chunk.size = c->size;
     chunk.small_pool = c->small_pool;
     for (const Block* b = c->first; b != nullptr; b = b->next) {
-      chunk.blocks.push_back({static_cast<size_t>(b->ptr - c->base), b->size, b->requested,
-                              b->allocated});
+      chunk.blocks.push_back(
+          {static_cast<size_t>(b->ptr - c->base), b->size, b->requested, b->allocated});
     }
   }
   return snapshot;
@@ -566,8 +566,8 @@ void CachingAllocator::CheckInvariants() const {
   }
   SLUICE_CHECK(num_chunks == num_chunks_, "num_chunks_ = {} but {} chunks listed", num_chunks_,
                num_chunks);
-  SLUICE_CHECK(num_allocated == live_->size(), "live map holds {} blocks, chunks {}",
-               live_->size(), num_allocated);
+  SLUICE_CHECK(num_allocated == live_->size(), "live map holds {} blocks, chunks {}", live_->size(),
+               num_allocated);
   const MemoryStats& stats = recorder_.stats();
   SLUICE_CHECK(stats.reserved_bytes == reserved, "reserved_bytes {} != chunk total {}",
                stats.reserved_bytes, reserved);

@@ -25,8 +25,8 @@
 #include <fmt/format.h>
 
 #include <cstring>
-#include <utility>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "sluice/core/tensor.h"
@@ -52,25 +52,30 @@ Tensor Random(const Shape& shape, float lo = -1, float hi = 1) {
 enum class Impl { kCblas, kMatMul, kLinear };
 
 void SetFlops(benchmark::State& state, double flops_per_call) {
-  state.counters["GFLOPs"] = benchmark::Counter(flops_per_call * static_cast<double>(state.iterations()) * 1e-9,
-                                                benchmark::Counter::kIsRate);
+  state.counters["GFLOPs"] = benchmark::Counter(
+      flops_per_call * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 
 // out [1024, N] = x [1024, K] · w [K, N] (+ b [N] for kLinear).
 void BM_Gemm(benchmark::State& state, Impl impl, int64_t k, int64_t n) {
-  Tensor x = Random({kRows, k}), w = Random({k, n}), b = Random({n}), out = Tensor::Empty({kRows, n}, DType::kF32);
+  Tensor x = Random({kRows, k}), w = Random({k, n}), b = Random({n}),
+         out = Tensor::Empty({kRows, n}, DType::kF32);
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
   float* po = out.data<float>();
   for (auto _ : state) {
     switch (impl) {
       case Impl::kCblas:
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(kRows), static_cast<int>(n),
-                    static_cast<int>(k), 1.0f, px, static_cast<int>(k), pw, static_cast<int>(n), 0.0f, po,
-                    static_cast<int>(n));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(kRows),
+                    static_cast<int>(n), static_cast<int>(k), 1.0f, px, static_cast<int>(k), pw,
+                    static_cast<int>(n), 0.0f, po, static_cast<int>(n));
         break;
-      case Impl::kMatMul: kernels::MatMulBlas<float>(x, w, out, false, false); break;
-      case Impl::kLinear: kernels::LinearBlas<float>(px, pw, b.data<float>(), po, kRows, k, n); break;
+      case Impl::kMatMul:
+        kernels::MatMulBlas<float>(x, w, out, false, false);
+        break;
+      case Impl::kLinear:
+        kernels::LinearBlas<float>(px, pw, b.data<float>(), po, kRows, k, n);
+        break;
     }
     benchmark::DoNotOptimize(po);
     benchmark::ClobberMemory();
@@ -81,14 +86,15 @@ void BM_Gemm(benchmark::State& state, Impl impl, int64_t k, int64_t n) {
 // q, k [B·H, T, D] -> scores [B·H, T, T] = q · kᵀ, C = 768 = 12 heads of D = 64, B = 1024 / T.
 void BM_Scores(benchmark::State& state, Impl impl, int64_t t) {
   const int64_t d = 64, batch = (kRows / t) * 12;
-  Tensor q = Random({batch, t, d}), k = Random({batch, t, d}), s = Tensor::Empty({batch, t, t}, DType::kF32);
+  Tensor q = Random({batch, t, d}), k = Random({batch, t, d}),
+         s = Tensor::Empty({batch, t, t}, DType::kF32);
   for (auto _ : state) {
     if (impl == Impl::kCblas) {
       for (int64_t i = 0; i < batch; ++i) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t), static_cast<int>(t),
-                    static_cast<int>(d), 1.0f, q.data<float>() + i * t * d, static_cast<int>(d),
-                    k.data<float>() + i * t * d, static_cast<int>(d), 0.0f, s.data<float>() + i * t * t,
-                    static_cast<int>(t));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(t),
+                    static_cast<int>(t), static_cast<int>(d), 1.0f, q.data<float>() + i * t * d,
+                    static_cast<int>(d), k.data<float>() + i * t * d, static_cast<int>(d), 0.0f,
+                    s.data<float>() + i * t * t, static_cast<int>(t));
       }
     } else {
       kernels::MatMulBlas<float>(q, k, s, false, true);
@@ -110,14 +116,17 @@ void RegisterGemms() {
   for (const Layer& layer : layers) {
     for (int64_t c : {128, 256, 512, 768}) {
       for (const auto& [impl_name, impl] : impls) {
-        benchmark::RegisterBenchmark(fmt::format("Gemm/{}/{}/C:{}", layer.name, impl_name, c).c_str(), BM_Gemm, impl,
-                                     layer.k_per_c * c, layer.n_per_c * c);
+        benchmark::RegisterBenchmark(
+            fmt::format("Gemm/{}/{}/C:{}", layer.name, impl_name, c).c_str(), BM_Gemm, impl,
+            layer.k_per_c * c, layer.n_per_c * c);
       }
     }
   }
   for (int64_t t : {64, 128, 256}) {
-    benchmark::RegisterBenchmark(fmt::format("Scores/cblas/T:{}", t).c_str(), BM_Scores, Impl::kCblas, t);
-    benchmark::RegisterBenchmark(fmt::format("Scores/matmul/T:{}", t).c_str(), BM_Scores, Impl::kMatMul, t);
+    benchmark::RegisterBenchmark(fmt::format("Scores/cblas/T:{}", t).c_str(), BM_Scores,
+                                 Impl::kCblas, t);
+    benchmark::RegisterBenchmark(fmt::format("Scores/matmul/T:{}", t).c_str(), BM_Scores,
+                                 Impl::kMatMul, t);
   }
 }
 
@@ -140,13 +149,15 @@ void BM_Memcpy(benchmark::State& state) {
 template <bool kFast>
 void BM_LayerNorm(benchmark::State& state) {
   const int64_t rows = state.range(0), c = state.range(1);
-  Tensor x = Random({rows, c}), w = Random({c}), b = Random({c}), y = Tensor::Empty({rows, c}, DType::kF32);
+  Tensor x = Random({rows, c}), w = Random({c}), b = Random({c}),
+         y = Tensor::Empty({rows, c}, DType::kF32);
   for (auto _ : state) {
     if constexpr (kFast) {
-      kernels::LayerNormFast<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(), rows, c, 1e-5f);
+      kernels::LayerNormFast<float>(x.data<float>(), w.data<float>(), b.data<float>(),
+                                    y.data<float>(), rows, c, 1e-5f);
     } else {
-      kernels::LayerNormReference<float>(x.data<float>(), w.data<float>(), b.data<float>(), y.data<float>(), rows, c,
-                                         1e-5f);
+      kernels::LayerNormReference<float>(x.data<float>(), w.data<float>(), b.data<float>(),
+                                         y.data<float>(), rows, c, 1e-5f);
     }
     benchmark::DoNotOptimize(y.data<float>());
     benchmark::ClobberMemory();
@@ -205,7 +216,9 @@ BENCHMARK_TEMPLATE(BM_LayerNorm, false)->Name("Row/layer_norm_reference")->Apply
 BENCHMARK_TEMPLATE(BM_Softmax, true)->Name("Row/softmax_fast")->Apply(SoftmaxShapes);
 BENCHMARK_TEMPLATE(BM_Softmax, false)->Name("Row/softmax_reference")->Apply(SoftmaxShapes);
 BENCHMARK_TEMPLATE(BM_CausalSoftmax, true)->Name("Row/causal_softmax_fast")->Apply(CausalShapes);
-BENCHMARK_TEMPLATE(BM_CausalSoftmax, false)->Name("Row/causal_softmax_reference")->Apply(CausalShapes);
+BENCHMARK_TEMPLATE(BM_CausalSoftmax, false)
+    ->Name("Row/causal_softmax_reference")
+    ->Apply(CausalShapes);
 
 }  // namespace
 }  // namespace sluice

@@ -22,49 +22,127 @@ std::vector<OpCase> NnCases() {
       {.label = "softmax_3d", .op = "softmax", .inputs = {F({2, 3, 13})}},
       {.label = "softmax_single", .op = "softmax", .inputs = {F({5, 1})}},
       {.label = "softmax_vector", .op = "softmax", .inputs = {F({33})}},
-      {.label = "softmax_wide_range", .op = "softmax", .inputs = {F({3, 33})}, .fills = {Uniform(-8, 8)}},
-      {.label = "softmax_big", .op = "softmax", .inputs = {F({17, 257})}, .fills = {Uniform(-30, 30)}, .grad = false},
-      {.label = "softmax_grad", .op = "softmax_grad", .inputs = {F({3, 7}), F({3, 7})}, .grad = false},
-      {.label = "softmax_grad_odd", .op = "softmax_grad", .inputs = {F({2, 1, 33}), F({2, 1, 33})}, .grad = false},
+      {.label = "softmax_wide_range",
+       .op = "softmax",
+       .inputs = {F({3, 33})},
+       .fills = {Uniform(-8, 8)}},
+      {.label = "softmax_big",
+       .op = "softmax",
+       .inputs = {F({17, 257})},
+       .fills = {Uniform(-30, 30)},
+       .grad = false},
+      {.label = "softmax_grad",
+       .op = "softmax_grad",
+       .inputs = {F({3, 7}), F({3, 7})},
+       .grad = false},
+      {.label = "softmax_grad_odd",
+       .op = "softmax_grad",
+       .inputs = {F({2, 1, 33}), F({2, 1, 33})},
+       .grad = false},
       {.label = "causal_mask", .op = "causal_mask", .inputs = {F({2, 5, 5})}, .attrs = mask_finite},
-      {.label = "causal_mask_zero", .op = "causal_mask", .inputs = {F({2, 2, 4, 4})}, .attrs = mask_zero},
-      {.label = "causal_mask_one", .op = "causal_mask", .inputs = {F({1, 1})}, .attrs = mask_finite},
+      {.label = "causal_mask_zero",
+       .op = "causal_mask",
+       .inputs = {F({2, 2, 4, 4})},
+       .attrs = mask_zero},
+      {.label = "causal_mask_one",
+       .op = "causal_mask",
+       .inputs = {F({1, 1})},
+       .attrs = mask_finite},
       {.label = "causal_softmax", .op = "causal_softmax", .inputs = {F({2, 6, 6})}},
       {.label = "causal_softmax_4d", .op = "causal_softmax", .inputs = {F({2, 2, 7, 7})}},
       {.label = "causal_softmax_one", .op = "causal_softmax", .inputs = {F({1, 1})}},
-      {.label = "causal_softmax_big", .op = "causal_softmax", .inputs = {F({3, 65, 65})}, .fills = {Uniform(-20, 20)},
+      {.label = "causal_softmax_big",
+       .op = "causal_softmax",
+       .inputs = {F({3, 65, 65})},
+       .fills = {Uniform(-20, 20)},
        .grad = false},
-      {.label = "layer_norm", .op = "layer_norm", .inputs = {F({4, 7}), F({7}), F({7})}, .attrs = eps},
-      {.label = "layer_norm_3d", .op = "layer_norm", .inputs = {F({2, 3, 13}), F({13}), F({13})}, .attrs = eps},
-      {.label = "layer_norm_one_channel", .op = "layer_norm", .inputs = {F({3, 1}), F({1}), F({1})}, .attrs = eps},
-      {.label = "layer_norm_offset", .op = "layer_norm", .inputs = {F({5, 33}), F({33}), F({33})},
-       .attrs = {{"eps", 1e-3}}, .fills = {Uniform(2, 6)}},
-      {.label = "layer_norm_big", .op = "layer_norm", .inputs = {F({9, 257}), F({257}), F({257})}, .grad = false},
-      {.label = "layer_norm_grad_x", .op = "layer_norm_grad_x", .inputs = {F({4, 7}), F({4, 7}), F({7})},
-       .attrs = eps, .grad = false},
-      {.label = "layer_norm_grad_x_big", .op = "layer_norm_grad_x", .inputs = {F({9, 257}), F({9, 257}), F({257})},
-       .attrs = eps, .grad = false},
-      {.label = "layer_norm_grad_params", .op = "layer_norm_grad_params", .inputs = {F({2, 3, 7}), F({2, 3, 7})},
-       .attrs = eps, .grad = false},
-      {.label = "embedding", .op = "embedding", .inputs = {I64({2, 3}), F({5, 4})}, .fills = {Indices(5)}},
-      {.label = "embedding_i32", .op = "embedding", .inputs = {I32({7}), F({3, 2})}, .fills = {Indices(3)}},
-      {.label = "embedding_repeats", .op = "embedding", .inputs = {I64({4, 5}), F({2, 13})}, .fills = {Indices(2)}},
-      {.label = "embedding_grad", .op = "embedding_grad", .inputs = {I64({2, 3}), F({2, 3, 5})},
-       .attrs = {{"num_embeddings", int64_t{4}}}, .fills = {Indices(4)}, .grad = false},
-      {.label = "embedding_grad_i32", .op = "embedding_grad", .inputs = {I32({13}), F({13, 3})},
-       .attrs = {{"num_embeddings", int64_t{7}}}, .fills = {Indices(7)}, .grad = false},
-      {.label = "cross_entropy", .op = "cross_entropy", .inputs = {F({4, 7}), I64({4})},
+      {.label = "layer_norm",
+       .op = "layer_norm",
+       .inputs = {F({4, 7}), F({7}), F({7})},
+       .attrs = eps},
+      {.label = "layer_norm_3d",
+       .op = "layer_norm",
+       .inputs = {F({2, 3, 13}), F({13}), F({13})},
+       .attrs = eps},
+      {.label = "layer_norm_one_channel",
+       .op = "layer_norm",
+       .inputs = {F({3, 1}), F({1}), F({1})},
+       .attrs = eps},
+      {.label = "layer_norm_offset",
+       .op = "layer_norm",
+       .inputs = {F({5, 33}), F({33}), F({33})},
+       .attrs = {{"eps", 1e-3}},
+       .fills = {Uniform(2, 6)}},
+      {.label = "layer_norm_big",
+       .op = "layer_norm",
+       .inputs = {F({9, 257}), F({257}), F({257})},
+       .grad = false},
+      {.label = "layer_norm_grad_x",
+       .op = "layer_norm_grad_x",
+       .inputs = {F({4, 7}), F({4, 7}), F({7})},
+       .attrs = eps,
+       .grad = false},
+      {.label = "layer_norm_grad_x_big",
+       .op = "layer_norm_grad_x",
+       .inputs = {F({9, 257}), F({9, 257}), F({257})},
+       .attrs = eps,
+       .grad = false},
+      {.label = "layer_norm_grad_params",
+       .op = "layer_norm_grad_params",
+       .inputs = {F({2, 3, 7}), F({2, 3, 7})},
+       .attrs = eps,
+       .grad = false},
+      {.label = "embedding",
+       .op = "embedding",
+       .inputs = {I64({2, 3}), F({5, 4})},
+       .fills = {Indices(5)}},
+      {.label = "embedding_i32",
+       .op = "embedding",
+       .inputs = {I32({7}), F({3, 2})},
+       .fills = {Indices(3)}},
+      {.label = "embedding_repeats",
+       .op = "embedding",
+       .inputs = {I64({4, 5}), F({2, 13})},
+       .fills = {Indices(2)}},
+      {.label = "embedding_grad",
+       .op = "embedding_grad",
+       .inputs = {I64({2, 3}), F({2, 3, 5})},
+       .attrs = {{"num_embeddings", int64_t{4}}},
+       .fills = {Indices(4)},
+       .grad = false},
+      {.label = "embedding_grad_i32",
+       .op = "embedding_grad",
+       .inputs = {I32({13}), F({13, 3})},
+       .attrs = {{"num_embeddings", int64_t{7}}},
+       .fills = {Indices(7)},
+       .grad = false},
+      {.label = "cross_entropy",
+       .op = "cross_entropy",
+       .inputs = {F({4, 7}), I64({4})},
        .fills = {Uniform(-3, 3), Indices(7)}},
-      {.label = "cross_entropy_3d_i32", .op = "cross_entropy", .inputs = {F({2, 3, 5}), I32({2, 3})},
+      {.label = "cross_entropy_3d_i32",
+       .op = "cross_entropy",
+       .inputs = {F({2, 3, 5}), I32({2, 3})},
        .fills = {Uniform(-3, 3), Indices(5)}},
-      {.label = "cross_entropy_wide", .op = "cross_entropy", .inputs = {F({3, 33}), I64({3})},
+      {.label = "cross_entropy_wide",
+       .op = "cross_entropy",
+       .inputs = {F({3, 33}), I64({3})},
        .fills = {Uniform(-10, 10), Indices(33)}},
-      {.label = "cross_entropy_big", .op = "cross_entropy", .inputs = {F({16, 257}), I64({16})},
-       .fills = {Uniform(-10, 10), Indices(257)}, .grad = false},
-      {.label = "cross_entropy_grad", .op = "cross_entropy_grad", .inputs = {F({4, 7}), I64({4}), F({})},
-       .fills = {Uniform(-3, 3), Indices(7)}, .grad = false},
-      {.label = "cross_entropy_grad_3d", .op = "cross_entropy_grad", .inputs = {F({2, 3, 33}), I32({2, 3}), F({})},
-       .fills = {Uniform(-3, 3), Indices(33)}, .grad = false},
+      {.label = "cross_entropy_big",
+       .op = "cross_entropy",
+       .inputs = {F({16, 257}), I64({16})},
+       .fills = {Uniform(-10, 10), Indices(257)},
+       .grad = false},
+      {.label = "cross_entropy_grad",
+       .op = "cross_entropy_grad",
+       .inputs = {F({4, 7}), I64({4}), F({})},
+       .fills = {Uniform(-3, 3), Indices(7)},
+       .grad = false},
+      {.label = "cross_entropy_grad_3d",
+       .op = "cross_entropy_grad",
+       .inputs = {F({2, 3, 33}), I32({2, 3}), F({})},
+       .fills = {Uniform(-3, 3), Indices(33)},
+       .grad = false},
   };
 }
 
@@ -77,20 +155,39 @@ std::vector<OpErrorCase> NnErrors() {
       {.label = "causal_mask_rank1", .op = "causal_mask", .inputs = {F({4})}},
       {.label = "causal_softmax_not_square", .op = "causal_softmax", .inputs = {F({4, 5})}},
       {.label = "layer_norm_weight", .op = "layer_norm", .inputs = {F({4, 7}), F({6}), F({7})}},
-      {.label = "layer_norm_bias_rank", .op = "layer_norm", .inputs = {F({4, 7}), F({7}), F({7, 1})}},
-      {.label = "layer_norm_dtype", .op = "layer_norm", .inputs = {F({4, 7}), {DType::kF64, Shape{7}}, F({7})}},
-      {.label = "layer_norm_eps", .op = "layer_norm", .inputs = {F({4, 7}), F({7}), F({7})}, .attrs = {{"eps", 0.0}}},
-      {.label = "layer_norm_grad_x_shapes", .op = "layer_norm_grad_x", .inputs = {F({4, 7}), F({4, 6}), F({6})}},
-      {.label = "layer_norm_grad_params_shapes", .op = "layer_norm_grad_params", .inputs = {F({4, 7}), F({3, 7})}},
+      {.label = "layer_norm_bias_rank",
+       .op = "layer_norm",
+       .inputs = {F({4, 7}), F({7}), F({7, 1})}},
+      {.label = "layer_norm_dtype",
+       .op = "layer_norm",
+       .inputs = {F({4, 7}), {DType::kF64, Shape{7}}, F({7})}},
+      {.label = "layer_norm_eps",
+       .op = "layer_norm",
+       .inputs = {F({4, 7}), F({7}), F({7})},
+       .attrs = {{"eps", 0.0}}},
+      {.label = "layer_norm_grad_x_shapes",
+       .op = "layer_norm_grad_x",
+       .inputs = {F({4, 7}), F({4, 6}), F({6})}},
+      {.label = "layer_norm_grad_params_shapes",
+       .op = "layer_norm_grad_params",
+       .inputs = {F({4, 7}), F({3, 7})}},
       {.label = "embedding_float_ids", .op = "embedding", .inputs = {F({2, 3}), F({5, 4})}},
       {.label = "embedding_table_rank", .op = "embedding", .inputs = {I64({2}), F({5})}},
-      {.label = "embedding_grad_dy", .op = "embedding_grad", .inputs = {I64({2, 3}), F({2, 4, 5})},
+      {.label = "embedding_grad_dy",
+       .op = "embedding_grad",
+       .inputs = {I64({2, 3}), F({2, 4, 5})},
        .attrs = {{"num_embeddings", int64_t{4}}}},
-      {.label = "cross_entropy_targets_shape", .op = "cross_entropy", .inputs = {F({4, 7}), I64({3})}},
-      {.label = "cross_entropy_float_targets", .op = "cross_entropy", .inputs = {F({4, 7}), F({4})}},
+      {.label = "cross_entropy_targets_shape",
+       .op = "cross_entropy",
+       .inputs = {F({4, 7}), I64({3})}},
+      {.label = "cross_entropy_float_targets",
+       .op = "cross_entropy",
+       .inputs = {F({4, 7}), F({4})}},
       {.label = "cross_entropy_rank1", .op = "cross_entropy", .inputs = {F({7}), I64({})}},
       {.label = "cross_entropy_no_tokens", .op = "cross_entropy", .inputs = {F({0, 7}), I64({0})}},
-      {.label = "cross_entropy_grad_dloss", .op = "cross_entropy_grad", .inputs = {F({4, 7}), I64({4}), F({1})}},
+      {.label = "cross_entropy_grad_dloss",
+       .op = "cross_entropy_grad",
+       .inputs = {F({4, 7}), I64({4}), F({1})}},
   };
 }
 
@@ -119,20 +216,31 @@ TEST(CausalMask, DefaultMaskThenSoftmaxGivesExactZerosAndMatchesCausalSoftmax) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i)) * 5;
   Tensor scores = Tensor::FromVector<float>({2, t, t}, v);
   for (bool reference : {false, true}) {
-    Tensor masked = RunOne([&](Builder& b) { return CausalMask(b.Input("s", DType::kF32, {2, t, t})); },
-                           With({{"s", scores}}), reference);
-    Tensor split = RunOne([&](Builder& b) { return Softmax(CausalMask(b.Input("s", DType::kF32, {2, t, t}))); },
-                          With({{"s", scores}}), reference);
-    Tensor fused = RunOne([&](Builder& b) { return CausalSoftmax(b.Input("s", DType::kF32, {2, t, t})); },
-                          With({{"s", scores}}), reference);
+    Tensor masked = RunOne(
+        [&](Builder& b) {
+          return CausalMask(b.Input("s", DType::kF32, {2, t, t}));
+        },
+        With({{"s", scores}}), reference);
+    Tensor split = RunOne(
+        [&](Builder& b) {
+          return Softmax(CausalMask(b.Input("s", DType::kF32, {2, t, t})));
+        },
+        With({{"s", scores}}), reference);
+    Tensor fused = RunOne(
+        [&](Builder& b) {
+          return CausalSoftmax(b.Input("s", DType::kF32, {2, t, t}));
+        },
+        With({{"s", scores}}), reference);
     for (int64_t m = 0; m < 2; ++m) {
       for (int64_t i = 0; i < t; ++i) {
         float row_sum = 0;
         for (int64_t j = 0; j < t; ++j) {
           if (j > i) {
             EXPECT_EQ(masked.At({m, i, j}), -std::numeric_limits<double>::infinity());
-            EXPECT_EQ(split.At({m, i, j}), 0.0) << "reference=" << reference << " at " << i << "," << j;
-            EXPECT_EQ(fused.At({m, i, j}), 0.0) << "reference=" << reference << " at " << i << "," << j;
+            EXPECT_EQ(split.At({m, i, j}), 0.0)
+                << "reference=" << reference << " at " << i << "," << j;
+            EXPECT_EQ(fused.At({m, i, j}), 0.0)
+                << "reference=" << reference << " at " << i << "," << j;
           } else {
             EXPECT_EQ(masked.At({m, i, j}), scores.At({m, i, j}));
             EXPECT_GT(fused.At({m, i, j}), 0.0);
@@ -149,8 +257,11 @@ TEST(CausalMask, DefaultMaskThenSoftmaxGivesExactZerosAndMatchesCausalSoftmax) {
 TEST(Softmax, LargeLogitsDoNotOverflow) {
   Tensor x = Tensor::FromVector<float>({1, 3}, {1000.0f, 1000.0f, 0.0f});
   for (bool reference : {false, true}) {
-    Tensor y = RunOne([](Builder& b) { return Softmax(b.Input("x", DType::kF32, {1, 3})); }, With({{"x", x}}),
-                      reference);
+    Tensor y = RunOne(
+        [](Builder& b) {
+          return Softmax(b.Input("x", DType::kF32, {1, 3}));
+        },
+        With({{"x", x}}), reference);
     EXPECT_FLOAT_EQ(static_cast<float>(y.At({0, 0})), 0.5f);
     EXPECT_FLOAT_EQ(static_cast<float>(y.At({0, 1})), 0.5f);
     EXPECT_EQ(y.At({0, 2}), 0.0);
@@ -187,7 +298,9 @@ TEST(CrossEntropy, UniformLogitsGiveLogV) {
   Tensor targets = Tensor::FromVector<int64_t>({3}, {0, 5, 10});
   for (bool reference : {false, true}) {
     Tensor loss = RunOne(
-        [&](Builder& b) { return CrossEntropy(b.Input("l", DType::kF32, {3, v}), b.Input("t", DType::kI64, {3})); },
+        [&](Builder& b) {
+          return CrossEntropy(b.Input("l", DType::kF32, {3, v}), b.Input("t", DType::kI64, {3}));
+        },
         With({{"l", logits}, {"t", targets}}), reference);
     EXPECT_EQ(loss.shape(), Shape{});
     EXPECT_NEAR(loss.FlatAt(0), std::log(static_cast<double>(v)), 1e-6);
@@ -199,9 +312,12 @@ TEST(CrossEntropy, ConfidentCorrectTokensCostAlmostNothing) {
   Tensor logits = Tensor::FromVector<double>({2, 3}, {50, 0, 0, -50, 0, 0});
   Tensor targets = Tensor::FromVector<int32_t>({2}, {0, 0});
   Tensor loss = RunOne(
-      [](Builder& b) { return CrossEntropy(b.Input("l", DType::kF64, {2, 3}), b.Input("t", DType::kI32, {2})); },
+      [](Builder& b) {
+        return CrossEntropy(b.Input("l", DType::kF64, {2, 3}), b.Input("t", DType::kI32, {2}));
+      },
       With({{"l", logits}, {"t", targets}}), false);
-  EXPECT_NEAR(loss.FlatAt(0), (2 * std::exp(-50.0) + 50 + std::log(2.0) + std::exp(-50.0)) / 2, 1e-12);
+  EXPECT_NEAR(loss.FlatAt(0), (2 * std::exp(-50.0) + 50 + std::log(2.0) + std::exp(-50.0)) / 2,
+              1e-12);
 }
 
 template <typename Build>
@@ -219,22 +335,33 @@ void ExpectOutOfRange(Build build, Scope inputs, const std::vector<std::string>&
 TEST(Embedding, OutOfRangeIdNamesTheIdAndV) {
   Tensor table = Tensor::Zeros({5, 2}, DType::kF32);
   ExpectOutOfRange(
-      [](Builder& b) { return Embedding(b.Input("ids", DType::kI64, {3}), b.Input("w", DType::kF32, {5, 2})); },
+      [](Builder& b) {
+        return Embedding(b.Input("ids", DType::kI64, {3}), b.Input("w", DType::kF32, {5, 2}));
+      },
       With({{"ids", Tensor::FromVector<int64_t>({3}, {1, 7, 0})}, {"w", table}}),
       {"embedding id 7 at position 1", "V = 5"});
   ExpectOutOfRange(
-      [](Builder& b) { return Embedding(b.Input("ids", DType::kI32, {2}), b.Input("w", DType::kF32, {5, 2})); },
-      With({{"ids", Tensor::FromVector<int32_t>({2}, {-1, 0})}, {"w", table}}), {"id -1 at position 0", "V = 5"});
+      [](Builder& b) {
+        return Embedding(b.Input("ids", DType::kI32, {2}), b.Input("w", DType::kF32, {5, 2}));
+      },
+      With({{"ids", Tensor::FromVector<int32_t>({2}, {-1, 0})}, {"w", table}}),
+      {"id -1 at position 0", "V = 5"});
   ExpectOutOfRange(
-      [](Builder& b) { return EmbeddingGrad(b.Input("ids", DType::kI64, {2}), b.Input("dy", DType::kF32, {2, 2}), 5); },
-      With({{"ids", Tensor::FromVector<int64_t>({2}, {0, 5})}, {"dy", Tensor::Zeros({2, 2}, DType::kF32)}}),
+      [](Builder& b) {
+        return EmbeddingGrad(b.Input("ids", DType::kI64, {2}), b.Input("dy", DType::kF32, {2, 2}),
+                             5);
+      },
+      With({{"ids", Tensor::FromVector<int64_t>({2}, {0, 5})},
+            {"dy", Tensor::Zeros({2, 2}, DType::kF32)}}),
       {"embedding_grad id 5 at position 1", "V = 5"});
 }
 
 TEST(CrossEntropy, OutOfRangeTargetNamesTheTargetAndV) {
   Tensor logits = Tensor::Zeros({2, 4}, DType::kF32);
   ExpectOutOfRange(
-      [](Builder& b) { return CrossEntropy(b.Input("l", DType::kF32, {2, 4}), b.Input("t", DType::kI64, {2})); },
+      [](Builder& b) {
+        return CrossEntropy(b.Input("l", DType::kF32, {2, 4}), b.Input("t", DType::kI64, {2}));
+      },
       With({{"l", logits}, {"t", Tensor::FromVector<int64_t>({2}, {3, 4})}}),
       {"cross_entropy target 4 at position 1", "V = 4"});
   ExpectOutOfRange(
@@ -242,7 +369,9 @@ TEST(CrossEntropy, OutOfRangeTargetNamesTheTargetAndV) {
         return CrossEntropyGrad(b.Input("l", DType::kF32, {2, 4}), b.Input("t", DType::kI64, {2}),
                                 b.Input("d", DType::kF32, {}));
       },
-      With({{"l", logits}, {"t", Tensor::FromVector<int64_t>({2}, {-2, 0})}, {"d", Tensor::Full({}, 1, DType::kF32)}}),
+      With({{"l", logits},
+            {"t", Tensor::FromVector<int64_t>({2}, {-2, 0})},
+            {"d", Tensor::Full({}, 1, DType::kF32)}}),
       {"cross_entropy_grad target -2 at position 0", "V = 4"});
 }
 

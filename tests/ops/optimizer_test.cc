@@ -20,28 +20,53 @@ std::vector<OpCase> OptimizerCases() {
   const Attrs adamw{{"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}};
   const Fill steps = Uniform(1, 10);  // step counts from 1; an i64 step truncates this to 1..9
   return {
-      {.label = "sgd_momentum", .op = "sgd_update", .inputs = {F({3, 4}), F({3, 4}), F({3, 4}), F({})},
-       .attrs = sgd_momentum, .grad = false},
-      {.label = "sgd_plain", .op = "sgd_update", .inputs = {F({13}), F({13}), F({13}), F({})}, .attrs = sgd_plain,
+      {.label = "sgd_momentum",
+       .op = "sgd_update",
+       .inputs = {F({3, 4}), F({3, 4}), F({3, 4}), F({})},
+       .attrs = sgd_momentum,
        .grad = false},
-      {.label = "adamw", .op = "adamw_update", .inputs = {F({3, 7}), F({3, 7}), F({3, 7}), F({3, 7}), F({}), F({})},
-       .attrs = adamw, .fills = {Fill{}, Fill{}, Fill{}, Positive(), Uniform(1e-3, 1e-1), steps}, .grad = false},
-      {.label = "adamw_i64_step", .op = "adamw_update",
+      {.label = "sgd_plain",
+       .op = "sgd_update",
+       .inputs = {F({13}), F({13}), F({13}), F({})},
+       .attrs = sgd_plain,
+       .grad = false},
+      {.label = "adamw",
+       .op = "adamw_update",
+       .inputs = {F({3, 7}), F({3, 7}), F({3, 7}), F({3, 7}), F({}), F({})},
+       .attrs = adamw,
+       .fills = {Fill{}, Fill{}, Fill{}, Positive(), Uniform(1e-3, 1e-1), steps},
+       .grad = false},
+      {.label = "adamw_i64_step",
+       .op = "adamw_update",
        .inputs = {F({33}), F({33}), F({33}), F({33}), F({}), I64({})},
-       .fills = {Fill{}, Fill{}, Fill{}, Positive(), Uniform(1e-3, 1e-1), steps}, .grad = false},
+       .fills = {Fill{}, Fill{}, Fill{}, Positive(), Uniform(1e-3, 1e-1), steps},
+       .grad = false},
   };
 }
 
 std::vector<OpErrorCase> OptimizerErrors() {
   return {
-      {.label = "sgd_grad_shape", .op = "sgd_update", .inputs = {F({3, 4}), F({4, 3}), F({3, 4}), F({})}},
-      {.label = "sgd_lr_not_scalar", .op = "sgd_update", .inputs = {F({3}), F({3}), F({3}), F({1})}},
-      {.label = "sgd_int_param", .op = "sgd_update", .inputs = {I64({3}), I64({3}), I64({3}), F({})}},
-      {.label = "adamw_v_shape", .op = "adamw_update", .inputs = {F({3}), F({3}), F({3}), F({4}), F({}), F({})}},
-      {.label = "adamw_step_i32", .op = "adamw_update", .inputs = {F({3}), F({3}), F({3}), F({3}), F({}), I32({})}},
-      {.label = "adamw_dtype", .op = "adamw_update",
+      {.label = "sgd_grad_shape",
+       .op = "sgd_update",
+       .inputs = {F({3, 4}), F({4, 3}), F({3, 4}), F({})}},
+      {.label = "sgd_lr_not_scalar",
+       .op = "sgd_update",
+       .inputs = {F({3}), F({3}), F({3}), F({1})}},
+      {.label = "sgd_int_param",
+       .op = "sgd_update",
+       .inputs = {I64({3}), I64({3}), I64({3}), F({})}},
+      {.label = "adamw_v_shape",
+       .op = "adamw_update",
+       .inputs = {F({3}), F({3}), F({3}), F({4}), F({}), F({})}},
+      {.label = "adamw_step_i32",
+       .op = "adamw_update",
+       .inputs = {F({3}), F({3}), F({3}), F({3}), F({}), I32({})}},
+      {.label = "adamw_dtype",
+       .op = "adamw_update",
        .inputs = {F({3}), F({3}), {DType::kF64, Shape{3}}, F({3}), F({}), F({})}},
-      {.label = "adamw_beta", .op = "adamw_update", .inputs = {F({3}), F({3}), F({3}), F({3}), F({}), F({})},
+      {.label = "adamw_beta",
+       .op = "adamw_update",
+       .inputs = {F({3}), F({3}), F({3}), F({3}), F({}), F({})},
        .attrs = {{"beta2", 1.0}}},
   };
 }
@@ -53,10 +78,14 @@ nlohmann::json LoadReference() {
   // Under CTest SLUICE_SOURCE_DIR names the checkout; run by hand, the test finds the file next to
   // its own source.
   const char* root = std::getenv("SLUICE_SOURCE_DIR");
-  const std::filesystem::path path = root ? std::filesystem::path(root) / "tests/ops/data/optimizer_reference.json"
-                                          : std::filesystem::path(__FILE__).parent_path() / "data/optimizer_reference.json";
+  const std::filesystem::path path =
+      root ? std::filesystem::path(root) / "tests/ops/data/optimizer_reference.json"
+           : std::filesystem::path(__FILE__).parent_path() / "data/optimizer_reference.json";
   std::ifstream in(path);
-  if (!in) throw IoError("cannot open " + path.string() + " (regenerate with tests/parity/optimizer_reference.py)");
+  if (!in) {
+    throw IoError("cannot open " + path.string() +
+                  " (regenerate with tests/parity/optimizer_reference.py)");
+  }
   return nlohmann::json::parse(in);
 }
 
@@ -72,10 +101,13 @@ Tensor FromJson(const nlohmann::json& values, const Shape& shape, DType dtype) {
 // implementations round in a different order.
 double RelativeError(const Tensor& ours, const nlohmann::json& torch_values) {
   double scale = 1e-12, worst = 0;
-  for (int64_t i = 0; i < ours.numel(); ++i) scale = std::max(scale, std::abs(torch_values.at(i).get<double>()));
+  for (int64_t i = 0; i < ours.numel(); ++i) {
+    scale = std::max(scale, std::abs(torch_values.at(i).get<double>()));
+  }
   for (int64_t i = 0; i < ours.numel(); ++i) {
     const double want = torch_values.at(i).get<double>();
-    const double denominator = ours.dtype() == DType::kF64 ? std::max(std::abs(want), 1e-12) : scale;
+    const double denominator =
+        ours.dtype() == DType::kF64 ? std::max(std::abs(want), 1e-12) : scale;
     worst = std::max(worst, std::abs(ours.FlatAt(i) - want) / denominator);
   }
   return worst;
@@ -88,9 +120,11 @@ Program StepProgram(const nlohmann::json& c, DType dtype, const Shape& shape) {
   Var p = b.Input("p", dtype, shape), g = b.Input("g", dtype, shape), lr = b.Input("lr", dtype, {});
   if (c.at("kind") == "sgd") {
     SgdUpdate(p, g, b.Input("buf", dtype, shape), lr,
-              {.momentum = c.at("momentum").get<double>(), .weight_decay = c.at("weight_decay").get<double>()});
+              {.momentum = c.at("momentum").get<double>(),
+               .weight_decay = c.at("weight_decay").get<double>()});
   } else {
-    AdamWUpdate(p, g, b.Input("m", dtype, shape), b.Input("v", dtype, shape), lr, b.Input("step", DType::kI64, {}),
+    AdamWUpdate(p, g, b.Input("m", dtype, shape), b.Input("v", dtype, shape), lr,
+                b.Input("step", DType::kI64, {}),
                 {.beta1 = c.at("beta1").get<double>(),
                  .beta2 = c.at("beta2").get<double>(),
                  .eps = c.at("eps").get<double>(),
@@ -105,7 +139,8 @@ TEST(OptimizerParity, SgdAndAdamWMatchPyTorch) {
   for (const nlohmann::json& c : ref.at("cases")) {
     const std::vector<int64_t> dims = c.at("shape").get<std::vector<int64_t>>();
     const Shape shape{std::span<const int64_t>(dims)};
-    for (const auto& [label, dtype] : {std::pair{"f64", DType::kF64}, std::pair{"f32", DType::kF32}}) {
+    for (const auto& [label, dtype] :
+         {std::pair{"f64", DType::kF64}, std::pair{"f32", DType::kF32}}) {
       for (bool reference_kernels : {false, true}) {
         SCOPED_TRACE(fmt::format("{} {} {} kernels", c.at("name").get<std::string>(), label,
                                  reference_kernels ? "reference" : "fast"));
@@ -120,12 +155,16 @@ TEST(OptimizerParity, SgdAndAdamWMatchPyTorch) {
           scope.Set("step", Tensor::Full({}, static_cast<double>(s + 1), DType::kI64));
           RunReference(program, scope, DefaultAllocator(), reference_kernels);
           const nlohmann::json& want = traj.at("steps").at(s);
-          EXPECT_LE(RelativeError(scope.Get("p"), want.at("param")), 1e-6) << "param after step " << s + 1;
+          EXPECT_LE(RelativeError(scope.Get("p"), want.at("param")), 1e-6)
+              << "param after step " << s + 1;
           if (c.at("kind") == "sgd") {
-            EXPECT_LE(RelativeError(scope.Get("buf"), want.at("momentum_buf")), 1e-6) << "buffer after step " << s + 1;
+            EXPECT_LE(RelativeError(scope.Get("buf"), want.at("momentum_buf")), 1e-6)
+                << "buffer after step " << s + 1;
           } else {
-            EXPECT_LE(RelativeError(scope.Get("m"), want.at("m")), 1e-6) << "m after step " << s + 1;
-            EXPECT_LE(RelativeError(scope.Get("v"), want.at("v")), 1e-6) << "v after step " << s + 1;
+            EXPECT_LE(RelativeError(scope.Get("m"), want.at("m")), 1e-6)
+                << "m after step " << s + 1;
+            EXPECT_LE(RelativeError(scope.Get("v"), want.at("v")), 1e-6)
+                << "v after step " << s + 1;
           }
         }
       }

@@ -59,7 +59,8 @@ T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v) {
 }
 
 template <typename T, typename I>
-void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v) {
+void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
+                               int64_t v) {
   const T scale = dloss / static_cast<T>(n);  // the mean spreads dloss evenly over the tokens
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
@@ -75,7 +76,8 @@ void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dl
 }
 
 template <typename T, typename I>
-void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v) {
+void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
+                          int64_t v) {
   const T scale = dloss / static_cast<T>(n);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
@@ -92,27 +94,33 @@ void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits
   }
 }
 
-template float CrossEntropyReference<float, int32_t>(const float*, const int32_t*, int64_t, int64_t);
-template float CrossEntropyReference<float, int64_t>(const float*, const int64_t*, int64_t, int64_t);
-template double CrossEntropyReference<double, int32_t>(const double*, const int32_t*, int64_t, int64_t);
-template double CrossEntropyReference<double, int64_t>(const double*, const int64_t*, int64_t, int64_t);
+template float CrossEntropyReference<float, int32_t>(const float*, const int32_t*, int64_t,
+                                                     int64_t);
+template float CrossEntropyReference<float, int64_t>(const float*, const int64_t*, int64_t,
+                                                     int64_t);
+template double CrossEntropyReference<double, int32_t>(const double*, const int32_t*, int64_t,
+                                                       int64_t);
+template double CrossEntropyReference<double, int64_t>(const double*, const int64_t*, int64_t,
+                                                       int64_t);
 template float CrossEntropyFast<float, int32_t>(const float*, const int32_t*, int64_t, int64_t);
 template float CrossEntropyFast<float, int64_t>(const float*, const int64_t*, int64_t, int64_t);
 template double CrossEntropyFast<double, int32_t>(const double*, const int32_t*, int64_t, int64_t);
 template double CrossEntropyFast<double, int64_t>(const double*, const int64_t*, int64_t, int64_t);
-template void CrossEntropyGradReference<float, int32_t>(const float*, const int32_t*, float, float*, int64_t,
-                                                        int64_t);
-template void CrossEntropyGradReference<float, int64_t>(const float*, const int64_t*, float, float*, int64_t,
-                                                        int64_t);
-template void CrossEntropyGradReference<double, int32_t>(const double*, const int32_t*, double, double*, int64_t,
-                                                         int64_t);
-template void CrossEntropyGradReference<double, int64_t>(const double*, const int64_t*, double, double*, int64_t,
-                                                         int64_t);
-template void CrossEntropyGradFast<float, int32_t>(const float*, const int32_t*, float, float*, int64_t, int64_t);
-template void CrossEntropyGradFast<float, int64_t>(const float*, const int64_t*, float, float*, int64_t, int64_t);
-template void CrossEntropyGradFast<double, int32_t>(const double*, const int32_t*, double, double*, int64_t,
-                                                    int64_t);
-template void CrossEntropyGradFast<double, int64_t>(const double*, const int64_t*, double, double*, int64_t,
-                                                    int64_t);
+template void CrossEntropyGradReference<float, int32_t>(const float*, const int32_t*, float, float*,
+                                                        int64_t, int64_t);
+template void CrossEntropyGradReference<float, int64_t>(const float*, const int64_t*, float, float*,
+                                                        int64_t, int64_t);
+template void CrossEntropyGradReference<double, int32_t>(const double*, const int32_t*, double,
+                                                         double*, int64_t, int64_t);
+template void CrossEntropyGradReference<double, int64_t>(const double*, const int64_t*, double,
+                                                         double*, int64_t, int64_t);
+template void CrossEntropyGradFast<float, int32_t>(const float*, const int32_t*, float, float*,
+                                                   int64_t, int64_t);
+template void CrossEntropyGradFast<float, int64_t>(const float*, const int64_t*, float, float*,
+                                                   int64_t, int64_t);
+template void CrossEntropyGradFast<double, int32_t>(const double*, const int32_t*, double, double*,
+                                                    int64_t, int64_t);
+template void CrossEntropyGradFast<double, int64_t>(const double*, const int64_t*, double, double*,
+                                                    int64_t, int64_t);
 
 }  // namespace sluice::kernels

@@ -2,8 +2,9 @@
 //
 // Buffers: logits [N, V] (N rows = tokens, V classes, contiguous), targets [N] (int32_t or
 // int64_t), one loss for all tokens:
-//   loss      = (1/N) Σ_n ( lse_n − logits[n, targets[n]] ),  lse_n = m_n + log Σ_v e^(logits[n, v] − m_n)
-//               with m_n the row max (log-sum-exp never overflows; the loss of a row is ≥ 0).
+//   loss      = (1/N) Σ_n ( lse_n − logits[n, targets[n]] )
+//   lse_n     = m_n + log Σ_v e^(logits[n, v] − m_n),  m_n = max_v logits[n, v]
+//               (log-sum-exp never overflows; the loss of a row is ≥ 0).
 //   grad      dlogits[n, v] = (dloss / N) · ( softmax(logits[n])[v] − [v == targets[n]] )
 // The gradient recomputes the softmax from the logits: forward saves no probabilities, so the
 // [N, V] probability tensor (the largest activation of a language model) never outlives a kernel.
@@ -29,8 +30,10 @@ T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v);
 
 // dlogits [N, V] (overwritten) for the upstream gradient dloss of the mean loss.
 template <typename T, typename I>
-void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v);
+void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
+                               int64_t v);
 template <typename T, typename I>
-void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n, int64_t v);
+void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
+                          int64_t v);
 
 }  // namespace sluice::kernels

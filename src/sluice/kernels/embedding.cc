@@ -11,8 +11,9 @@ namespace sluice::kernels {
 
 void CheckIndex(const char* what, int64_t id, int64_t position, int64_t v) {
   if (id < 0 || id >= v) [[unlikely]] {
-    throw InvalidArgument(fmt::format("{} {} at position {} is out of range: V = {} (valid: 0 to {})", what,
-                                      id, position, v, v - 1));
+    throw InvalidArgument(
+        fmt::format("{} {} at position {} is out of range: V = {} (valid: 0 to {})", what, id,
+                    position, v, v - 1));
   }
 }
 
@@ -56,23 +57,37 @@ void EmbeddingGradFast(const I* ids, const T* dy, T* dtable, int64_t n, int64_t 
   }
 }
 
-template void EmbeddingReference<float, int32_t>(const int32_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingReference<float, int64_t>(const int64_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingReference<double, int32_t>(const int32_t*, const double*, double*, int64_t, int64_t, int64_t);
-template void EmbeddingReference<double, int64_t>(const int64_t*, const double*, double*, int64_t, int64_t, int64_t);
-template void EmbeddingFast<float, int32_t>(const int32_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingFast<float, int64_t>(const int64_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingFast<double, int32_t>(const int32_t*, const double*, double*, int64_t, int64_t, int64_t);
-template void EmbeddingFast<double, int64_t>(const int64_t*, const double*, double*, int64_t, int64_t, int64_t);
-template void EmbeddingGradReference<float, int32_t>(const int32_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingGradReference<float, int64_t>(const int64_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingGradReference<double, int32_t>(const int32_t*, const double*, double*, int64_t, int64_t,
-                                                      int64_t);
-template void EmbeddingGradReference<double, int64_t>(const int64_t*, const double*, double*, int64_t, int64_t,
-                                                      int64_t);
-template void EmbeddingGradFast<float, int32_t>(const int32_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingGradFast<float, int64_t>(const int64_t*, const float*, float*, int64_t, int64_t, int64_t);
-template void EmbeddingGradFast<double, int32_t>(const int32_t*, const double*, double*, int64_t, int64_t, int64_t);
-template void EmbeddingGradFast<double, int64_t>(const int64_t*, const double*, double*, int64_t, int64_t, int64_t);
+template void EmbeddingReference<float, int32_t>(const int32_t*, const float*, float*, int64_t,
+                                                 int64_t, int64_t);
+template void EmbeddingReference<float, int64_t>(const int64_t*, const float*, float*, int64_t,
+                                                 int64_t, int64_t);
+template void EmbeddingReference<double, int32_t>(const int32_t*, const double*, double*, int64_t,
+                                                  int64_t, int64_t);
+template void EmbeddingReference<double, int64_t>(const int64_t*, const double*, double*, int64_t,
+                                                  int64_t, int64_t);
+template void EmbeddingFast<float, int32_t>(const int32_t*, const float*, float*, int64_t, int64_t,
+                                            int64_t);
+template void EmbeddingFast<float, int64_t>(const int64_t*, const float*, float*, int64_t, int64_t,
+                                            int64_t);
+template void EmbeddingFast<double, int32_t>(const int32_t*, const double*, double*, int64_t,
+                                             int64_t, int64_t);
+template void EmbeddingFast<double, int64_t>(const int64_t*, const double*, double*, int64_t,
+                                             int64_t, int64_t);
+template void EmbeddingGradReference<float, int32_t>(const int32_t*, const float*, float*, int64_t,
+                                                     int64_t, int64_t);
+template void EmbeddingGradReference<float, int64_t>(const int64_t*, const float*, float*, int64_t,
+                                                     int64_t, int64_t);
+template void EmbeddingGradReference<double, int32_t>(const int32_t*, const double*, double*,
+                                                      int64_t, int64_t, int64_t);
+template void EmbeddingGradReference<double, int64_t>(const int64_t*, const double*, double*,
+                                                      int64_t, int64_t, int64_t);
+template void EmbeddingGradFast<float, int32_t>(const int32_t*, const float*, float*, int64_t,
+                                                int64_t, int64_t);
+template void EmbeddingGradFast<float, int64_t>(const int64_t*, const float*, float*, int64_t,
+                                                int64_t, int64_t);
+template void EmbeddingGradFast<double, int32_t>(const int32_t*, const double*, double*, int64_t,
+                                                 int64_t, int64_t);
+template void EmbeddingGradFast<double, int64_t>(const int64_t*, const double*, double*, int64_t,
+                                                 int64_t, int64_t);
 
 }  // namespace sluice::kernels

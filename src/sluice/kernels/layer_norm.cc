@@ -37,16 +37,20 @@ RowStats<T> StatsFast(const T* x, int64_t n, T eps) {
 }  // namespace
 
 template <typename T>
-void LayerNormReference(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols, T eps) {
+void LayerNormReference(const T* x, const T* weight, const T* bias, T* y, int64_t rows,
+                        int64_t cols, T eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     const RowStats<T> s = StatsReference(xr, cols, eps);
-    for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = (xr[j] - s.mean) * s.rstd * weight[j] + bias[j];
+    for (int64_t j = 0; j < cols; ++j) {
+      y[r * cols + j] = (xr[j] - s.mean) * s.rstd * weight[j] + bias[j];
+    }
   }
 }
 
 template <typename T>
-void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols, T eps) {
+void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols,
+                   T eps) {
   const T* __restrict w = weight;
   const T* __restrict b = bias;
   for (int64_t r = 0; r < rows; ++r) {
@@ -58,7 +62,8 @@ void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t row
 }
 
 template <typename T>
-void LayerNormGradXReference(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols, T eps) {
+void LayerNormGradXReference(const T* dy, const T* x, const T* weight, T* dx, int64_t rows,
+                             int64_t cols, T eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     const T* dyr = dy + r * cols;
@@ -81,7 +86,8 @@ void LayerNormGradXReference(const T* dy, const T* x, const T* weight, T* dx, in
 }
 
 template <typename T>
-void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols, T eps) {
+void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols,
+                        T eps) {
   const T* __restrict w = weight;
   for (int64_t r = 0; r < rows; ++r) {
     const T* __restrict xr = x + r * cols;
@@ -96,10 +102,13 @@ void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t
       gx_acc += g * ((xv - s.mean) * s.rstd);
     };
     int64_t j = 0;
-    for (; j + kLanes<T> <= cols; j += kLanes<T>) accumulate(Load(dyr + j), Load(w + j), Load(xr + j));
+    for (; j + kLanes<T> <= cols; j += kLanes<T>) {
+      accumulate(Load(dyr + j), Load(w + j), Load(xr + j));
+    }
     if (j < cols) {
       const int64_t rest = cols - j;
-      accumulate(LoadPadded(dyr + j, rest, T(0)), LoadPadded(w + j, rest, T(0)), LoadPadded(xr + j, rest, s.mean));
+      accumulate(LoadPadded(dyr + j, rest, T(0)), LoadPadded(w + j, rest, T(0)),
+                 LoadPadded(xr + j, rest, s.mean));
     }
     const T g_sum = LaneSum<T>(g_acc), gx_sum = LaneSum<T>(gx_acc);
     const T g_mean = g_sum / static_cast<T>(cols), gx_mean = gx_sum / static_cast<T>(cols);
@@ -110,8 +119,8 @@ void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t
 }
 
 template <typename T>
-void LayerNormGradParamsReference(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows, int64_t cols,
-                                  T eps) {
+void LayerNormGradParamsReference(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
+                                  int64_t cols, T eps) {
   std::fill_n(dweight, cols, T(0));
   std::fill_n(dbias, cols, T(0));
   for (int64_t r = 0; r < rows; ++r) {
@@ -126,7 +135,8 @@ void LayerNormGradParamsReference(const T* dy, const T* x, T* dweight, T* dbias,
 }
 
 template <typename T>
-void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows, int64_t cols, T eps) {
+void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
+                             int64_t cols, T eps) {
   T* __restrict dw = dweight;
   T* __restrict db = dbias;
   std::fill_n(dw, cols, T(0));
@@ -143,24 +153,29 @@ void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int6
   }
 }
 
-template void LayerNormReference<float>(const float*, const float*, const float*, float*, int64_t, int64_t, float);
-template void LayerNormFast<float>(const float*, const float*, const float*, float*, int64_t, int64_t, float);
-template void LayerNormGradXReference<float>(const float*, const float*, const float*, float*, int64_t, int64_t,
-                                             float);
-template void LayerNormGradXFast<float>(const float*, const float*, const float*, float*, int64_t, int64_t, float);
-template void LayerNormGradParamsReference<float>(const float*, const float*, float*, float*, int64_t, int64_t,
-                                                  float);
-template void LayerNormGradParamsFast<float>(const float*, const float*, float*, float*, int64_t, int64_t, float);
-template void LayerNormReference<double>(const double*, const double*, const double*, double*, int64_t, int64_t,
-                                         double);
-template void LayerNormFast<double>(const double*, const double*, const double*, double*, int64_t, int64_t, double);
-template void LayerNormGradXReference<double>(const double*, const double*, const double*, double*, int64_t,
-                                              int64_t, double);
-template void LayerNormGradXFast<double>(const double*, const double*, const double*, double*, int64_t, int64_t,
-                                         double);
-template void LayerNormGradParamsReference<double>(const double*, const double*, double*, double*, int64_t,
-                                                   int64_t, double);
-template void LayerNormGradParamsFast<double>(const double*, const double*, double*, double*, int64_t, int64_t,
-                                              double);
+template void LayerNormReference<float>(const float*, const float*, const float*, float*, int64_t,
+                                        int64_t, float);
+template void LayerNormFast<float>(const float*, const float*, const float*, float*, int64_t,
+                                   int64_t, float);
+template void LayerNormGradXReference<float>(const float*, const float*, const float*, float*,
+                                             int64_t, int64_t, float);
+template void LayerNormGradXFast<float>(const float*, const float*, const float*, float*, int64_t,
+                                        int64_t, float);
+template void LayerNormGradParamsReference<float>(const float*, const float*, float*, float*,
+                                                  int64_t, int64_t, float);
+template void LayerNormGradParamsFast<float>(const float*, const float*, float*, float*, int64_t,
+                                             int64_t, float);
+template void LayerNormReference<double>(const double*, const double*, const double*, double*,
+                                         int64_t, int64_t, double);
+template void LayerNormFast<double>(const double*, const double*, const double*, double*, int64_t,
+                                    int64_t, double);
+template void LayerNormGradXReference<double>(const double*, const double*, const double*, double*,
+                                              int64_t, int64_t, double);
+template void LayerNormGradXFast<double>(const double*, const double*, const double*, double*,
+                                         int64_t, int64_t, double);
+template void LayerNormGradParamsReference<double>(const double*, const double*, double*, double*,
+                                                   int64_t, int64_t, double);
+template void LayerNormGradParamsFast<double>(const double*, const double*, double*, double*,
+                                              int64_t, int64_t, double);
 
 }  // namespace sluice::kernels

@@ -29,20 +29,26 @@
 namespace sluice::kernels {
 
 template <typename T>
-void LayerNormReference(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols, T eps);
+void LayerNormReference(const T* x, const T* weight, const T* bias, T* y, int64_t rows,
+                        int64_t cols, T eps);
 template <typename T>
-void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols, T eps);
+void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols,
+                   T eps);
 
 // dx [rows, cols] from dy, x [rows, cols] and weight [cols].
 template <typename T>
-void LayerNormGradXReference(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols, T eps);
+void LayerNormGradXReference(const T* dy, const T* x, const T* weight, T* dx, int64_t rows,
+                             int64_t cols, T eps);
 template <typename T>
-void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols, T eps);
+void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols,
+                        T eps);
 
 // dweight, dbias [cols] from dy, x [rows, cols]; both outputs are overwritten.
 template <typename T>
-void LayerNormGradParamsReference(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows, int64_t cols, T eps);
+void LayerNormGradParamsReference(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
+                                  int64_t cols, T eps);
 template <typename T>
-void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows, int64_t cols, T eps);
+void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
+                             int64_t cols, T eps);
 
 }  // namespace sluice::kernels

@@ -26,10 +26,13 @@ void LinearBlas(const T* x, const T* w, const T* b, T* out, int64_t m, int64_t k
   Gemm(false, false, m, n, k, T(1), x, w, T(1), out);
 }
 
-template void LinearReference<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
-template void LinearReference<double>(const double*, const double*, const double*, double*, int64_t, int64_t,
-                                      int64_t);
-template void LinearBlas<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t);
-template void LinearBlas<double>(const double*, const double*, const double*, double*, int64_t, int64_t, int64_t);
+template void LinearReference<float>(const float*, const float*, const float*, float*, int64_t,
+                                     int64_t, int64_t);
+template void LinearReference<double>(const double*, const double*, const double*, double*, int64_t,
+                                      int64_t, int64_t);
+template void LinearBlas<float>(const float*, const float*, const float*, float*, int64_t, int64_t,
+                                int64_t);
+template void LinearBlas<double>(const double*, const double*, const double*, double*, int64_t,
+                                 int64_t, int64_t);
 
 }  // namespace sluice::kernels

@@ -5,7 +5,8 @@
 namespace sluice::kernels {
 
 template <typename T>
-void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h, double lr) {
+void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h,
+                        double lr) {
   for (int64_t i = 0; i < n; ++i) {
     T d = grad[i] + static_cast<T>(h.weight_decay) * param[i];
     if (h.momentum != 0) {
@@ -17,11 +18,13 @@ void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, con
 }
 
 template <typename T>
-void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h, double lr) {
+void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h,
+                   double lr) {
   T* __restrict p = param;
   const T* __restrict g = grad;
   T* __restrict buf = momentum_buf;
-  const T wd = static_cast<T>(h.weight_decay), mu = static_cast<T>(h.momentum), rate = static_cast<T>(lr);
+  const T wd = static_cast<T>(h.weight_decay), mu = static_cast<T>(h.momentum),
+          rate = static_cast<T>(lr);
   if (h.momentum != 0) {
     for (int64_t i = 0; i < n; ++i) {
       buf[i] = mu * buf[i] + (g[i] + wd * p[i]);
@@ -33,8 +36,8 @@ void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const Sg
 }
 
 template <typename T>
-void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr,
-                          double step) {
+void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h,
+                          double lr, double step) {
   for (int64_t i = 0; i < n; ++i) {
     // Decoupled weight decay shrinks the parameter itself, not the gradient.
     param[i] = param[i] * static_cast<T>(1 - lr * h.weight_decay);
@@ -50,7 +53,8 @@ void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const 
 }
 
 template <typename T>
-void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr, double step) {
+void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr,
+                     double step) {
   T* __restrict p = param;
   const T* __restrict g = grad;
   T* __restrict mp = m;
@@ -70,17 +74,20 @@ void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamW
   }
 }
 
-template void SgdUpdateReference<float>(float*, const float*, float*, int64_t, const SgdHyper&, double);
-template void SgdUpdateReference<double>(double*, const double*, double*, int64_t, const SgdHyper&, double);
+template void SgdUpdateReference<float>(float*, const float*, float*, int64_t, const SgdHyper&,
+                                        double);
+template void SgdUpdateReference<double>(double*, const double*, double*, int64_t, const SgdHyper&,
+                                         double);
 template void SgdUpdateFast<float>(float*, const float*, float*, int64_t, const SgdHyper&, double);
-template void SgdUpdateFast<double>(double*, const double*, double*, int64_t, const SgdHyper&, double);
-template void AdamWUpdateReference<float>(float*, const float*, float*, float*, int64_t, const AdamWHyper&, double,
-                                          double);
-template void AdamWUpdateReference<double>(double*, const double*, double*, double*, int64_t, const AdamWHyper&,
-                                           double, double);
-template void AdamWUpdateFast<float>(float*, const float*, float*, float*, int64_t, const AdamWHyper&, double,
-                                     double);
-template void AdamWUpdateFast<double>(double*, const double*, double*, double*, int64_t, const AdamWHyper&, double,
-                                      double);
+template void SgdUpdateFast<double>(double*, const double*, double*, int64_t, const SgdHyper&,
+                                    double);
+template void AdamWUpdateReference<float>(float*, const float*, float*, float*, int64_t,
+                                          const AdamWHyper&, double, double);
+template void AdamWUpdateReference<double>(double*, const double*, double*, double*, int64_t,
+                                           const AdamWHyper&, double, double);
+template void AdamWUpdateFast<float>(float*, const float*, float*, float*, int64_t,
+                                     const AdamWHyper&, double, double);
+template void AdamWUpdateFast<double>(double*, const double*, double*, double*, int64_t,
+                                      const AdamWHyper&, double, double);
 
 }  // namespace sluice::kernels

@@ -43,14 +43,17 @@ struct AdamWHyper {
 };
 
 template <typename T>
-void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h, double lr);
+void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h,
+                        double lr);
 template <typename T>
-void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h, double lr);
+void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h,
+                   double lr);
 
 template <typename T>
-void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr,
-                          double step);
+void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h,
+                          double lr, double step);
 template <typename T>
-void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr, double step);
+void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr,
+                     double step);
 
 }  // namespace sluice::kernels

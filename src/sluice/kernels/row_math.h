@@ -30,7 +30,7 @@ namespace sluice::kernels {
 template <typename T>
 Vec<T> LoadPadded(const T* p, int64_t count, T fill) {
   Vec<T> v = Splat<T>(fill);
-  for (int64_t u = 0; u < count; ++u) v[u] = p[u];  // a few scalar moves; cheaper than a memcpy call
+  for (int64_t u = 0; u < count; ++u) v[u] = p[u];  // a few scalar moves, cheaper than memcpy
   return v;
 }
 
@@ -108,7 +108,8 @@ T RowExp(const T* x, T shift, T* y, int64_t n) {
   }
   if (j < n) {
     // Padding with −inf gives e = 0 in the unused lanes.
-    const Vec<T> e = ExpVec<T>(LoadPadded(x + j, n - j, -std::numeric_limits<T>::infinity()) - shift);
+    const Vec<T> e =
+        ExpVec<T>(LoadPadded(x + j, n - j, -std::numeric_limits<T>::infinity()) - shift);
     if (y) {
       for (int64_t u = 0; u < n - j; ++u) y[j + u] = e[u];
     }

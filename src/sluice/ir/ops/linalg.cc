@@ -23,7 +23,8 @@ std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs&
 
 template <bool kFast>
 void MatMulKernel(KernelContext& ctx) {
-  const bool ta = ctx.attrs.GetBool("transpose_a", false), tb = ctx.attrs.GetBool("transpose_b", false);
+  const bool ta = ctx.attrs.GetBool("transpose_a", false),
+             tb = ctx.attrs.GetBool("transpose_b", false);
   DispatchFloat(ctx.outputs[0].dtype(), "matmul", [&]<typename T>() {
     if constexpr (kFast) {
       kernels::MatMulBlas<T>(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ta, tb);
@@ -45,7 +46,8 @@ Var Flatten2D(Var v) { return Reshape(v, {-1, v.shape()[v.rank() - 1]}); }
 // When B is a 2-D weight shared by a batched A, dB sums over the batch: with A not transposed the
 // batch folds into the rows (one GEMM), otherwise the batched product is summed with SumTo.
 std::vector<Var> MatMulVjp(VjpContext& ctx) {
-  const bool ta = ctx.attrs().GetBool("transpose_a", false), tb = ctx.attrs().GetBool("transpose_b", false);
+  const bool ta = ctx.attrs().GetBool("transpose_a", false),
+             tb = ctx.attrs().GetBool("transpose_b", false);
   Var dc = ctx.dy(0);
   std::vector<Var> grads(2);
   if (ctx.needs(0)) {
@@ -76,13 +78,17 @@ std::vector<Var> MatMulVjp(VjpContext& ctx) {
 std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&) {
   DType t = ops::SameFloatDType(in);
   const Shape &x = in[0].shape, &w = in[1].shape, &b = in[2].shape;
-  if (x.rank() < 2) throw ShapeError(fmt::format("x must be [..., K] of rank 2 or more, got {}", x.ToString()));
+  if (x.rank() < 2) {
+    throw ShapeError(fmt::format("x must be [..., K] of rank 2 or more, got {}", x.ToString()));
+  }
   if (w.rank() != 2 || w[0] != x[x.rank() - 1]) {
-    throw ShapeError(fmt::format("w must be [K, N] = [in, out] with K = {} (x's last axis, x {}), got {}",
-                                 x[x.rank() - 1], x.ToString(), w.ToString()));
+    throw ShapeError(
+        fmt::format("w must be [K, N] = [in, out] with K = {} (x's last axis, x {}), got {}",
+                    x[x.rank() - 1], x.ToString(), w.ToString()));
   }
   if (b.rank() != 1 || b[0] != w[1]) {
-    throw ShapeError(fmt::format("b must be [N] = [{}] for w {}, got {}", w[1], w.ToString(), b.ToString()));
+    throw ShapeError(
+        fmt::format("b must be [N] = [{}] for w {}, got {}", w[1], w.ToString(), b.ToString()));
   }
   Shape out = x;
   out[out.rank() - 1] = w[1];
@@ -136,13 +142,14 @@ void RegisterLinalgOps(OpRegistry& r) {
               .reference = MatMulKernel<false>,
               .vjp = MatMulVjp,
               .doc = "op(a)·op(b) with optional transposes and batch axes (CBLAS GEMM)"});
-  r.Register({.name = "linear",
-              .num_inputs = 3,
-              .infer = InferLinear,
-              .kernel = LinearKernel<true>,
-              .reference = LinearKernel<false>,
-              .vjp = LinearVjp,
-              .doc = "x·w + b with w stored [in, out]; x [..., K], w [K, N], b [N] (one CBLAS GEMM)"});
+  r.Register(
+      {.name = "linear",
+       .num_inputs = 3,
+       .infer = InferLinear,
+       .kernel = LinearKernel<true>,
+       .reference = LinearKernel<false>,
+       .vjp = LinearVjp,
+       .doc = "x·w + b with w stored [in, out]; x [..., K], w [K, N], b [N] (one CBLAS GEMM)"});
 }
 
 }  // namespace sluice

@@ -26,20 +26,26 @@ int64_t Rows(const Shape& s) {
 template <typename F>
 decltype(auto) DispatchIndex(DType t, std::string_view what, F&& f) {
   switch (t) {
-    case DType::kI32: return f.template operator()<int32_t>();
-    case DType::kI64: return f.template operator()<int64_t>();
-    default: break;
+    case DType::kI32:
+      return f.template operator()<int32_t>();
+    case DType::kI64:
+      return f.template operator()<int64_t>();
+    default:
+      break;
   }
   throw ShapeError(fmt::format("{}: indices must be i32 or i64, not {}", what, Name(t)));
 }
 
 void RequireIndices(const TensorType& t, std::string_view what) {
-  if (!IsInteger(t.dtype)) throw ShapeError(fmt::format("{} must be i32 or i64, not {}", what, Name(t.dtype)));
+  if (!IsInteger(t.dtype)) {
+    throw ShapeError(fmt::format("{} must be i32 or i64, not {}", what, Name(t.dtype)));
+  }
 }
 
 void RequireSameShape(const TensorType& a, const TensorType& b, std::string_view what) {
   if (a.shape != b.shape) {
-    throw ShapeError(fmt::format("{}: shapes differ: {} vs {}", what, a.shape.ToString(), b.shape.ToString()));
+    throw ShapeError(
+        fmt::format("{}: shapes differ: {} vs {}", what, a.shape.ToString(), b.shape.ToString()));
   }
 }
 
@@ -47,7 +53,9 @@ void RequireSameShape(const TensorType& a, const TensorType& b, std::string_view
 
 std::vector<TensorType> InferSoftmax(std::span<const TensorType> in, const Attrs&) {
   DType t = ops::SameFloatDType(in);
-  if (in[0].shape.rank() < 1) throw ShapeError("softmax needs rank 1 or more (it runs over the last axis), got a scalar");
+  if (in[0].shape.rank() < 1) {
+    throw ShapeError("softmax needs rank 1 or more (it runs over the last axis), got a scalar");
+  }
   return {{t, in[0].shape}};
 }
 
@@ -62,7 +70,8 @@ std::vector<TensorType> InferCausal(std::span<const TensorType> in, const Attrs&
   DType t = ops::SameFloatDType(in);
   const Shape& s = in[0].shape;
   if (s.rank() < 2 || s[s.rank() - 1] != s[s.rank() - 2]) {
-    throw ShapeError(fmt::format("scores must be [..., T, T] (square in the last two axes), got {}", s.ToString()));
+    throw ShapeError(fmt::format("scores must be [..., T, T] (square in the last two axes), got {}",
+                                 s.ToString()));
   }
   return {{t, s}};
 }
@@ -72,9 +81,11 @@ void SoftmaxKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   DispatchFloat(x.dtype(), "softmax", [&]<typename T>() {
     if constexpr (kFast) {
-      kernels::SoftmaxFast<T>(x.data<T>(), ctx.outputs[0].data<T>(), Rows(x.shape()), LastDim(x.shape()));
+      kernels::SoftmaxFast<T>(x.data<T>(), ctx.outputs[0].data<T>(), Rows(x.shape()),
+                              LastDim(x.shape()));
     } else {
-      kernels::SoftmaxReference<T>(x.data<T>(), ctx.outputs[0].data<T>(), Rows(x.shape()), LastDim(x.shape()));
+      kernels::SoftmaxReference<T>(x.data<T>(), ctx.outputs[0].data<T>(), Rows(x.shape()),
+                                   LastDim(x.shape()));
     }
   });
 }
@@ -88,7 +99,8 @@ void SoftmaxGradKernel(KernelContext& ctx) {
     if constexpr (kFast) {
       kernels::SoftmaxGradFast<T>(dy.data<T>(), y.data<T>(), ctx.outputs[0].data<T>(), rows, cols);
     } else {
-      kernels::SoftmaxGradReference<T>(dy.data<T>(), y.data<T>(), ctx.outputs[0].data<T>(), rows, cols);
+      kernels::SoftmaxGradReference<T>(dy.data<T>(), y.data<T>(), ctx.outputs[0].data<T>(), rows,
+                                       cols);
     }
   });
 }
@@ -100,9 +112,11 @@ void CausalMaskKernel(KernelContext& ctx) {
   DispatchFloat(x.dtype(), "causal_mask", [&]<typename T>() {
     const int64_t t = LastDim(x.shape()), batch = t == 0 ? 0 : x.numel() / (t * t);
     if constexpr (kFast) {
-      kernels::CausalMaskFast<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t, static_cast<T>(value));
+      kernels::CausalMaskFast<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t,
+                                 static_cast<T>(value));
     } else {
-      kernels::CausalMaskReference<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t, static_cast<T>(value));
+      kernels::CausalMaskReference<T>(x.data<T>(), ctx.outputs[0].data<T>(), batch, t,
+                                      static_cast<T>(value));
     }
   });
 }
@@ -131,8 +145,8 @@ double Eps(const Attrs& attrs) { return attrs.GetFloat("eps", 1e-5); }
 
 void RequireChannels(const TensorType& x, const TensorType& p, std::string_view what) {
   if (p.shape.rank() != 1 || p.shape[0] != LastDim(x.shape)) {
-    throw ShapeError(fmt::format("{} must be [C] = [{}] for x {}, got {}", what, LastDim(x.shape), x.shape.ToString(),
-                                 p.shape.ToString()));
+    throw ShapeError(fmt::format("{} must be [C] = [{}] for x {}, got {}", what, LastDim(x.shape),
+                                 x.shape.ToString(), p.shape.ToString()));
   }
 }
 
@@ -192,7 +206,8 @@ void LayerNormGradXKernel(KernelContext& ctx) {
     if constexpr (kFast) {
       kernels::LayerNormGradXFast<T>(dy, x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols, eps);
     } else {
-      kernels::LayerNormGradXReference<T>(dy, x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols, eps);
+      kernels::LayerNormGradXReference<T>(dy, x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols,
+                                          eps);
     }
   });
 }
@@ -231,7 +246,9 @@ std::vector<Var> LayerNormVjp(VjpContext& ctx) {
 // ---- embedding, embedding_grad ----
 
 Shape WithChannels(const Shape& ids, int64_t c) {
-  if (ids.rank() + 1 > kMaxRank) throw ShapeError(fmt::format("ids {} have too many axes", ids.ToString()));
+  if (ids.rank() + 1 > kMaxRank) {
+    throw ShapeError(fmt::format("ids {} have too many axes", ids.ToString()));
+  }
   std::vector<int64_t> dims(ids.dims().begin(), ids.dims().end());
   dims.push_back(c);
   return Shape(std::span<const int64_t>(dims));
@@ -240,7 +257,9 @@ Shape WithChannels(const Shape& ids, int64_t c) {
 std::vector<TensorType> InferEmbedding(std::span<const TensorType> in, const Attrs&) {
   RequireIndices(in[0], "ids");
   DType t = ops::SameFloatDType(in.subspan(1));
-  if (in[1].shape.rank() != 2) throw ShapeError(fmt::format("table must be [V, C], got {}", in[1].shape.ToString()));
+  if (in[1].shape.rank() != 2) {
+    throw ShapeError(fmt::format("table must be [V, C], got {}", in[1].shape.ToString()));
+  }
   return {{t, WithChannels(in[0].shape, in[1].shape[1])}};
 }
 
@@ -251,8 +270,8 @@ std::vector<TensorType> InferEmbeddingGrad(std::span<const TensorType> in, const
   if (v < 0) throw ShapeError(fmt::format("num_embeddings must be ≥ 0, got {}", v));
   const Shape& dy = in[1].shape;
   if (dy.rank() != in[0].shape.rank() + 1 || WithChannels(in[0].shape, dy[dy.rank() - 1]) != dy) {
-    throw ShapeError(fmt::format("dy must be ids' shape plus channels ({} + [C]), got {}", in[0].shape.ToString(),
-                                 dy.ToString()));
+    throw ShapeError(fmt::format("dy must be ids' shape plus channels ({} + [C]), got {}",
+                                 in[0].shape.ToString(), dy.ToString()));
   }
   return {{t, Shape{v, dy[dy.rank() - 1]}}};
 }
@@ -265,9 +284,11 @@ void EmbeddingKernel(KernelContext& ctx) {
     DispatchIndex(ids.dtype(), "embedding", [&]<typename I>() {
       const int64_t v = table.shape()[0], c = table.shape()[1];
       if constexpr (kFast) {
-        kernels::EmbeddingFast<T, I>(ids.data<I>(), table.data<T>(), ctx.outputs[0].data<T>(), ids.numel(), v, c);
+        kernels::EmbeddingFast<T, I>(ids.data<I>(), table.data<T>(), ctx.outputs[0].data<T>(),
+                                     ids.numel(), v, c);
       } else {
-        kernels::EmbeddingReference<T, I>(ids.data<I>(), table.data<T>(), ctx.outputs[0].data<T>(), ids.numel(), v, c);
+        kernels::EmbeddingReference<T, I>(ids.data<I>(), table.data<T>(), ctx.outputs[0].data<T>(),
+                                          ids.numel(), v, c);
       }
     });
   });
@@ -282,9 +303,11 @@ void EmbeddingGradKernel(KernelContext& ctx) {
     DispatchIndex(ids.dtype(), "embedding_grad", [&]<typename I>() {
       const int64_t v = out.shape()[0], c = out.shape()[1];
       if constexpr (kFast) {
-        kernels::EmbeddingGradFast<T, I>(ids.data<I>(), dy.data<T>(), out.data<T>(), ids.numel(), v, c);
+        kernels::EmbeddingGradFast<T, I>(ids.data<I>(), dy.data<T>(), out.data<T>(), ids.numel(), v,
+                                         c);
       } else {
-        kernels::EmbeddingGradReference<T, I>(ids.data<I>(), dy.data<T>(), out.data<T>(), ids.numel(), v, c);
+        kernels::EmbeddingGradReference<T, I>(ids.data<I>(), dy.data<T>(), out.data<T>(),
+                                              ids.numel(), v, c);
       }
     });
   });
@@ -301,14 +324,18 @@ std::vector<Var> EmbeddingVjp(VjpContext& ctx) {
 void CheckLogitsAndTargets(const TensorType& logits, const TensorType& targets) {
   RequireIndices(targets, "targets");
   const Shape& s = logits.shape;
-  if (s.rank() < 2) throw ShapeError(fmt::format("logits must be [N, V] or [B, T, V], got {}", s.ToString()));
+  if (s.rank() < 2) {
+    throw ShapeError(fmt::format("logits must be [N, V] or [B, T, V], got {}", s.ToString()));
+  }
   std::vector<int64_t> lead(s.dims().begin(), s.dims().end() - 1);
   if (targets.shape != Shape(std::span<const int64_t>(lead))) {
-    throw ShapeError(fmt::format("targets must be logits' shape without V ({} for logits {}), got {}",
-                                 Shape(std::span<const int64_t>(lead)).ToString(), s.ToString(),
-                                 targets.shape.ToString()));
+    throw ShapeError(fmt::format(
+        "targets must be logits' shape without V ({} for logits {}), got {}",
+        Shape(std::span<const int64_t>(lead)).ToString(), s.ToString(), targets.shape.ToString()));
   }
-  if (targets.shape.numel() == 0) throw ShapeError("there are no tokens: the mean loss is undefined");
+  if (targets.shape.numel() == 0) {
+    throw ShapeError("there are no tokens: the mean loss is undefined");
+  }
 }
 
 std::vector<TensorType> InferCrossEntropy(std::span<const TensorType> in, const Attrs&) {
@@ -321,7 +348,9 @@ std::vector<TensorType> InferCrossEntropyGrad(std::span<const TensorType> in, co
   const TensorType floats[] = {in[0], in[2]};
   DType t = ops::SameFloatDType(floats);
   CheckLogitsAndTargets(in[0], in[1]);
-  if (in[2].shape.rank() != 0) throw ShapeError(fmt::format("dloss must be a scalar [], got {}", in[2].shape.ToString()));
+  if (in[2].shape.rank() != 0) {
+    throw ShapeError(fmt::format("dloss must be a scalar [], got {}", in[2].shape.ToString()));
+  }
   return {{t, in[0].shape}};
 }
 
@@ -354,7 +383,8 @@ void CrossEntropyGradKernel(KernelContext& ctx) {
       if constexpr (kFast) {
         kernels::CrossEntropyGradFast<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n, v);
       } else {
-        kernels::CrossEntropyGradReference<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n, v);
+        kernels::CrossEntropyGradReference<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n,
+                                                 v);
       }
     });
   });
@@ -392,7 +422,9 @@ Var EmbeddingGrad(Var ids, Var dy, int64_t num_embeddings) {
   return dy.builder()->Emit1("embedding_grad", {ids, dy}, {{"num_embeddings", num_embeddings}});
 }
 
-Var CrossEntropy(Var logits, Var targets) { return logits.builder()->Emit1("cross_entropy", {logits, targets}); }
+Var CrossEntropy(Var logits, Var targets) {
+  return logits.builder()->Emit1("cross_entropy", {logits, targets});
+}
 Var CrossEntropyGrad(Var logits, Var targets, Var dloss) {
   return logits.builder()->Emit1("cross_entropy_grad", {logits, targets, dloss});
 }
@@ -411,13 +443,14 @@ void RegisterNnOps(OpRegistry& r) {
               .kernel = SoftmaxGradKernel<true>,
               .reference = SoftmaxGradKernel<false>,
               .doc = "softmax backward: y·(dy − Σ dy·y) over the last axis; inputs dy, y"});
-  r.Register({.name = "causal_mask",
-              .num_inputs = 1,
-              .infer = InferCausal,
-              .kernel = CausalMaskKernel<true>,
-              .reference = CausalMaskKernel<false>,
-              .vjp = CausalMaskVjp,
-              .doc = "scores [..., T, T] with entries j > i set to attribute value (default −inf)"});
+  r.Register(
+      {.name = "causal_mask",
+       .num_inputs = 1,
+       .infer = InferCausal,
+       .kernel = CausalMaskKernel<true>,
+       .reference = CausalMaskKernel<false>,
+       .vjp = CausalMaskVjp,
+       .doc = "scores [..., T, T] with entries j > i set to attribute value (default −inf)"});
   r.Register({.name = "causal_softmax",
               .num_inputs = 1,
               .infer = InferCausal,
@@ -431,7 +464,8 @@ void RegisterNnOps(OpRegistry& r) {
               .kernel = LayerNormKernel<true>,
               .reference = LayerNormKernel<false>,
               .vjp = LayerNormVjp,
-              .doc = "layer normalization over the last axis (biased variance, attribute eps); x, weight, bias"});
+              .doc = "layer normalization over the last axis (biased variance, attribute eps); x, "
+                     "weight, bias"});
   r.Register({.name = "layer_norm_grad_x",
               .num_inputs = 3,
               .infer = InferLayerNormGradX,
@@ -451,12 +485,13 @@ void RegisterNnOps(OpRegistry& r) {
               .reference = EmbeddingKernel<false>,
               .vjp = EmbeddingVjp,
               .doc = "rows of table [V, C] picked by integer ids"});
-  r.Register({.name = "embedding_grad",
-              .num_inputs = 2,
-              .infer = InferEmbeddingGrad,
-              .kernel = EmbeddingGradKernel<true>,
-              .reference = EmbeddingGradKernel<false>,
-              .doc = "scatter-add of dy rows by ids into zeros [num_embeddings, C], in token order"});
+  r.Register(
+      {.name = "embedding_grad",
+       .num_inputs = 2,
+       .infer = InferEmbeddingGrad,
+       .kernel = EmbeddingGradKernel<true>,
+       .reference = EmbeddingGradKernel<false>,
+       .doc = "scatter-add of dy rows by ids into zeros [num_embeddings, C], in token order"});
   r.Register({.name = "cross_entropy",
               .num_inputs = 2,
               .infer = InferCrossEntropy,
@@ -469,7 +504,8 @@ void RegisterNnOps(OpRegistry& r) {
               .infer = InferCrossEntropyGrad,
               .kernel = CrossEntropyGradKernel<true>,
               .reference = CrossEntropyGradKernel<false>,
-              .doc = "(dloss/N)·(softmax(logits) − onehot(targets)), softmax recomputed; logits, targets, dloss"});
+              .doc = "(dloss/N)·(softmax(logits) − onehot(targets)), softmax recomputed; logits, "
+                     "targets, dloss"});
 }
 
 }  // namespace sluice

@@ -16,18 +16,19 @@ void RequireLikeParam(std::span<const TensorType> state, std::initializer_list<c
   auto name = names.begin();
   for (const TensorType& t : state) {
     if (t.shape != state[0].shape) {
-      throw ShapeError(fmt::format("{} must have the parameter's shape {}, got {}", *name, state[0].shape.ToString(),
-                                   t.shape.ToString()));
+      throw ShapeError(fmt::format("{} must have the parameter's shape {}, got {}", *name,
+                                   state[0].shape.ToString(), t.shape.ToString()));
     }
     ++name;
   }
 }
 
 void RequireScalar(const TensorType& t, std::string_view what, bool integer_ok) {
-  const bool dtype_ok = t.dtype == DType::kF32 || t.dtype == DType::kF64 || (integer_ok && t.dtype == DType::kI64);
+  const bool dtype_ok =
+      t.dtype == DType::kF32 || t.dtype == DType::kF64 || (integer_ok && t.dtype == DType::kI64);
   if (t.shape.rank() != 0 || !dtype_ok) {
-    throw ShapeError(fmt::format("{} must be a scalar [] of {}, got {}", what, integer_ok ? "f32, f64 or i64" : "f32 or f64",
-                                 t.ToString()));
+    throw ShapeError(fmt::format("{} must be a scalar [] of {}, got {}", what,
+                                 integer_ok ? "f32, f64 or i64" : "f32 or f64", t.ToString()));
   }
 }
 
@@ -35,7 +36,8 @@ void RequireScalar(const TensorType& t, std::string_view what, bool integer_ok) 
 double ScalarValue(const Tensor& t) { return t.FlatAt(0); }
 
 kernels::SgdHyper SgdHyperOf(const Attrs& attrs) {
-  return {.momentum = attrs.GetFloat("momentum", 0), .weight_decay = attrs.GetFloat("weight_decay", 0)};
+  return {.momentum = attrs.GetFloat("momentum", 0),
+          .weight_decay = attrs.GetFloat("weight_decay", 0)};
 }
 
 std::vector<TensorType> InferSgd(std::span<const TensorType> in, const Attrs& attrs) {
@@ -52,9 +54,11 @@ void SgdKernel(KernelContext& ctx) {
     const double lr = ScalarValue(ctx.inputs[3]);
     T* buf = ctx.inputs[2].data<T>();
     if constexpr (kFast) {
-      kernels::SgdUpdateFast<T>(p.data<T>(), ctx.inputs[1].data<T>(), buf, p.numel(), SgdHyperOf(ctx.attrs), lr);
+      kernels::SgdUpdateFast<T>(p.data<T>(), ctx.inputs[1].data<T>(), buf, p.numel(),
+                                SgdHyperOf(ctx.attrs), lr);
     } else {
-      kernels::SgdUpdateReference<T>(p.data<T>(), ctx.inputs[1].data<T>(), buf, p.numel(), SgdHyperOf(ctx.attrs), lr);
+      kernels::SgdUpdateReference<T>(p.data<T>(), ctx.inputs[1].data<T>(), buf, p.numel(),
+                                     SgdHyperOf(ctx.attrs), lr);
     }
   });
 }
@@ -71,8 +75,12 @@ std::vector<TensorType> InferAdamW(std::span<const TensorType> in, const Attrs& 
   RequireScalar(in[4], "lr", false);
   RequireScalar(in[5], "step", true);
   const kernels::AdamWHyper h = AdamWHyperOf(attrs);
-  if (!(h.beta1 >= 0 && h.beta1 < 1)) throw ShapeError(fmt::format("beta1 must be in [0, 1), got {}", h.beta1));
-  if (!(h.beta2 >= 0 && h.beta2 < 1)) throw ShapeError(fmt::format("beta2 must be in [0, 1), got {}", h.beta2));
+  if (!(h.beta1 >= 0 && h.beta1 < 1)) {
+    throw ShapeError(fmt::format("beta1 must be in [0, 1), got {}", h.beta1));
+  }
+  if (!(h.beta2 >= 0 && h.beta2 < 1)) {
+    throw ShapeError(fmt::format("beta2 must be in [0, 1), got {}", h.beta2));
+  }
   return {};
 }
 
@@ -85,9 +93,11 @@ void AdamWKernel(KernelContext& ctx) {
     T* m = ctx.inputs[2].data<T>();
     T* v = ctx.inputs[3].data<T>();
     if constexpr (kFast) {
-      kernels::AdamWUpdateFast<T>(p.data<T>(), g, m, v, p.numel(), AdamWHyperOf(ctx.attrs), lr, step);
+      kernels::AdamWUpdateFast<T>(p.data<T>(), g, m, v, p.numel(), AdamWHyperOf(ctx.attrs), lr,
+                                  step);
     } else {
-      kernels::AdamWUpdateReference<T>(p.data<T>(), g, m, v, p.numel(), AdamWHyperOf(ctx.attrs), lr, step);
+      kernels::AdamWUpdateReference<T>(p.data<T>(), g, m, v, p.numel(), AdamWHyperOf(ctx.attrs), lr,
+                                       step);
     }
   });
 }
@@ -108,20 +118,24 @@ void AdamWUpdate(Var param, Var grad, Var m, Var v, Var lr, Var step, const Adam
 }
 
 void RegisterOptimizerOps(OpRegistry& r) {
-  r.Register({.name = "sgd_update",
-              .kind = OpKind::kInPlace,
-              .num_inputs = 4,
-              .infer = InferSgd,
-              .kernel = SgdKernel<true>,
-              .reference = SgdKernel<false>,
-              .doc = "in place: SGD step of param (and momentum_buf); inputs param, grad, momentum_buf, lr"});
-  r.Register({.name = "adamw_update",
-              .kind = OpKind::kInPlace,
-              .num_inputs = 6,
-              .infer = InferAdamW,
-              .kernel = AdamWKernel<true>,
-              .reference = AdamWKernel<false>,
-              .doc = "in place: AdamW step of param, m, v; inputs param, grad, m, v, lr, step (t from 1)"});
+  r.Register(
+      {.name = "sgd_update",
+       .kind = OpKind::kInPlace,
+       .num_inputs = 4,
+       .infer = InferSgd,
+       .kernel = SgdKernel<true>,
+       .reference = SgdKernel<false>,
+       .doc =
+           "in place: SGD step of param (and momentum_buf); inputs param, grad, momentum_buf, lr"});
+  r.Register(
+      {.name = "adamw_update",
+       .kind = OpKind::kInPlace,
+       .num_inputs = 6,
+       .infer = InferAdamW,
+       .kernel = AdamWKernel<true>,
+       .reference = AdamWKernel<false>,
+       .doc =
+           "in place: AdamW step of param, m, v; inputs param, grad, m, v, lr, step (t from 1)"});
 }
 
 }  // namespace sluice

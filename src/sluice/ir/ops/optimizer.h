@@ -39,6 +39,7 @@ struct AdamWOptions {
 // count t of this update, used for bias correction; the op reads it and does not increment it.
 // Op "adamw_update", inputs (param, grad, m, v, lr, step), attributes beta1, beta2, eps,
 // weight_decay.
-void AdamWUpdate(Var param, Var grad, Var m, Var v, Var lr, Var step, const AdamWOptions& options = {});
+void AdamWUpdate(Var param, Var grad, Var m, Var v, Var lr, Var step,
+                 const AdamWOptions& options = {});
 
 }  // namespace sluice

@@ -45,8 +45,11 @@ std::vector<Config> AllConfigs() {
   return configs;
 }
 
+// Async GC hands over every batch (min_batch_bytes = 0), so that the tests exercise the worker
+// even on small programs.
 ExecutableOptions Options(const Config& c, Allocator* allocator) {
-  return {.allocator = allocator, .mode = c.mode, .gc = c.gc, .threads = 3, .order = c.order};
+  return {.allocator = allocator, .mode = c.mode, .gc = c.gc, .threads = 3, .order = c.order,
+          .async = {.min_batch_bytes = 0}};
 }
 
 // A deep copy, so that in-place updates of one run do not leak into the next.
@@ -344,13 +347,18 @@ TEST(Interpreter, TraceRecordsInstructionsFreesAndMemory) {
     }
     EXPECT_EQ(spans, program.instructions().size()) << ToString(c);
     EXPECT_GT(samples, 0u) << ToString(c);
-    if (c.gc != GcMode::kNone) EXPECT_EQ(freed_on_executors, s.frees) << ToString(c);
+    if (c.gc != GcMode::kNone) {
+      EXPECT_EQ(freed_on_executors, s.frees) << ToString(c);
+    }
     if (async) {
       EXPECT_EQ(trace.threads.back().name, "gc worker");
       int64_t destroyed = 0;
       for (const GcSpan& g : trace.threads.back().gc) destroyed += g.storages;
       EXPECT_LE(destroyed, s.frees) << ToString(c);
-      if (s.sync_fallbacks == 0) EXPECT_EQ(destroyed, s.frees) << ToString(c);
+      if (s.sync_fallbacks == 0) {
+        EXPECT_EQ(destroyed, s.frees) << ToString(c);
+      }
+      EXPECT_TRUE(trace.threads.back().gc_worker);
     }
   }
 }
@@ -368,6 +376,22 @@ TEST(Interpreter, StatsDescribeTheRun) {
   EXPECT_GT(s.gc_thread_ns, 0);
   EXPECT_EQ(s.async_pending_peak_bytes, 0);
   EXPECT_EQ(exe.num_executors(), 1);
+}
+
+// By default small batches are freed in place: no hand-over, no worker span, nothing pending.
+TEST(Interpreter, AsyncFreesSmallBatchesInPlace) {
+  Program program = BranchyProgram();  // buffers of at most 2 KiB
+  CachingAllocator alloc;
+  Executable exe(program, {.allocator = &alloc, .gc = GcMode::kAsync});
+  Scope scope = RandomScope(program, 12);
+  RunTrace trace;
+  RunStats s = exe.Run(scope, &trace);
+  EXPECT_EQ(s.frees, exe.plan().NumFreeable());
+  EXPECT_EQ(s.async_pending_peak_bytes, 0);
+  EXPECT_EQ(s.sync_fallbacks, 0);
+  EXPECT_TRUE(trace.threads.back().gc_worker);
+  EXPECT_TRUE(trace.threads.back().gc.empty());
+  EXPECT_EQ(s.peak_allocated_bytes, s.liveness_lower_bound_bytes);
 }
 
 TEST(RunSummary, MediansAndMaxima) {

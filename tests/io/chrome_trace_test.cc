@@ -39,7 +39,7 @@ std::vector<Json> EventsOf(const Json& trace, const std::string& ph) {
 TEST(ChromeTrace, RunBecomesThreadsSpansAndACounter) {
   CachingAllocator alloc;
   Program program = Chain();
-  Executable exe(program, {.allocator = &alloc, .gc = GcMode::kAsync});
+  Executable exe(program, {.allocator = &alloc, .gc = GcMode::kAsync, .async = {.min_batch_bytes = 0}});
   Scope scope;
   BindRandomInputs(program, 1, scope);
   RunTrace run;

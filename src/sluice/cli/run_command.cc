@@ -51,6 +51,7 @@ struct RunArgs {
   bool verbose = false;
   int64_t async_max_pending_mib = 1024;
   int64_t async_queue_batches = 1024;
+  int64_t async_min_batch_kib = 64;
 };
 
 // FNV-1a over a tensor's bytes: equal digests mean bitwise-equal outputs across modes.
@@ -120,7 +121,8 @@ int Run(const RunArgs& args) {
                             .threads = args.threads,
                             .order = *ParseOrderPolicy(args.order),
                             .async = {.queue_batches = static_cast<size_t>(args.async_queue_batches),
-                                      .max_pending_bytes = args.async_max_pending_mib << 20},
+                                      .max_pending_bytes = args.async_max_pending_mib << 20,
+                                      .min_batch_bytes = args.async_min_batch_kib << 10},
                             .verbose = args.verbose};
   Executable exe(program, options);
 
@@ -228,6 +230,10 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--async-queue-batches", args->async_queue_batches, "Async GC: queue capacity in batches")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
+      ->capture_default_str();
+  sub.add_option("--async-min-batch-kib", args->async_min_batch_kib,
+                 "Async GC: free batches smaller than this on the executing thread (0: hand over all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->capture_default_str();
   sub.add_flag("--stats-json", args->stats_json, "Print one JSON object with the statistics on stdout");
   sub.add_flag("--verbose,-v", args->verbose, "Print the plan (order, free lists, live bytes) to stderr");

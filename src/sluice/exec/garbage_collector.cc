@@ -20,6 +20,9 @@ const AsyncGcOptions& Validated(const AsyncGcOptions& options) {
   if (options.queue_batches == 0) {
     throw InvalidArgument("async GC: the queue must hold at least one batch (queue_batches = 0)");
   }
+  if (options.min_batch_bytes < 0) {
+    throw InvalidArgument(fmt::format("async GC: min_batch_bytes must be ≥ 0, got {}", options.min_batch_bytes));
+  }
   if (options.max_pending_bytes < 0) {
     throw InvalidArgument(fmt::format("async GC: max_pending_bytes must be ≥ 0, got {}",
                                       options.max_pending_bytes));

@@ -27,6 +27,10 @@ int64_t NowNs() {
       .count();
 }
 
+// Drops one reference to a tensor's storage (the handle DetachStorage returns dies at once), leaving
+// the tensor undefined. Cheaper than assigning Tensor(), which rewrites the whole shape.
+void Drop(Tensor& t) { (void)t.DetachStorage(); }
+
 bool VerboseFromEnv() {
   const char* v = std::getenv("SLUICE_VERBOSE");
   return v != nullptr && std::strcmp(v, "") != 0 && std::strcmp(v, "0") != 0;
@@ -38,6 +42,8 @@ struct Step {
   const Attrs* attrs = nullptr;
   int32_t in_begin = 0, in_count = 0;
   int32_t out_begin = 0, out_count = 0;
+  ValueId first_output = kNoValue;
+  bool outputs_adjacent = false;  // output ids are consecutive: the kernel writes the slots directly
 };
 
 // The state of one executing thread.
@@ -90,6 +96,7 @@ struct Executable::Impl {
   std::vector<ValueId> bound;    // inputs and params, bound from the scope
   std::vector<ValueId> results;  // outputs and kept values, left in the scope
   std::vector<ValueId> stale;    // results computed by the program: dropped from the scope first
+  std::vector<ValueId> held_at_end;  // values of pinned groups: the only slots set after a GC run
 
   std::vector<Tensor> slots;  // value -> tensor during a run
   std::vector<Worker> workers;
@@ -121,7 +128,8 @@ struct Executable::Impl {
   void RunTraceMode();
   void RunParallelMode();
   void ParallelMember(int member);
-  int64_t ReleaseEverything();
+  int64_t ReleaseUnpinned();
+  void DropSlots(bool all);
 };
 
 Executable::Impl::Impl(Program p, ExecutableOptions o)
@@ -160,6 +168,11 @@ void Executable::Impl::Prepare() {
       result_values.push_back(v);
       result_types.push_back(program.value(v).type);
     }
+    st.first_output = instr.outputs.empty() ? kNoValue : instr.outputs[0];
+    st.outputs_adjacent = true;
+    for (size_t k = 0; k < instr.outputs.size(); ++k) {
+      st.outputs_adjacent &= instr.outputs[k] == st.first_output + static_cast<ValueId>(k);
+    }
     max_in = std::max(max_in, instr.inputs.size());
     max_out = std::max(max_out, instr.outputs.size());
   }
@@ -173,6 +186,10 @@ void Executable::Impl::Prepare() {
     if (program.value(v).kind == ValueKind::kIntermediate) stale.push_back(v);
   }
   slots.resize(program.values().size());
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    if (!plan.groups[g].pinned) continue;
+    for (ValueId v : plan.members[g]) held_at_end.push_back(v);
+  }
 
   const bool parallel = options.mode == RunMode::kParallel;
   int threads = 1;
@@ -229,37 +246,39 @@ void Executable::Impl::Bind(Scope& scope) {
 void Executable::Impl::Execute(int32_t i, Worker& w) {
   const Step& st = steps[i];
   const ValueId* in = operand_values.data() + st.in_begin;
-  const ValueId* out = result_values.data() + st.out_begin;
   for (int32_t k = 0; k < st.in_count; ++k) w.ins[k] = slots[in[k]];
+  // Outputs go straight into their slots when adjacent (always, for programs built by Program).
+  Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? &slots[st.first_output] : w.outs.data();
   if (st.op->kind == OpKind::kCompute) {
     for (int32_t k = 0; k < st.out_count; ++k) {
       const TensorType& t = result_types[st.out_begin + k];
-      w.outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
+      outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
     }
     if (w.trace != nullptr) w.trace->memory.push_back({NowNs() - w.origin_ns, allocator->Stats().allocated_bytes});
   }
   KernelContext ctx{{w.ins.data(), static_cast<size_t>(st.in_count)},
-                    {w.outs.data(), static_cast<size_t>(st.out_count)}, *st.attrs, *allocator};
+                    {outs, static_cast<size_t>(st.out_count)}, *st.attrs, *allocator};
   st.op->kernel(ctx);
+  const ValueId* out = result_values.data() + st.out_begin;
   for (int32_t k = 0; k < st.out_count; ++k) {
     if (st.op->kind == OpKind::kView) {
-      SLUICE_CHECK(w.outs[k].defined() && w.outs[k].storage() == w.ins[0].storage(),
+      SLUICE_CHECK(outs[k].defined() && outs[k].storage() == w.ins[0].storage(),
                    "view op '{}' did not alias its input for %{}", st.op->name, program.value(out[k]).name);
     }
-    slots[out[k]] = std::move(w.outs[k]);
+    if (outs != &slots[st.first_output]) slots[out[k]] = std::move(outs[k]);
   }
-  for (int32_t k = 0; k < st.in_count; ++k) w.ins[k] = Tensor();
+  for (int32_t k = 0; k < st.in_count; ++k) Drop(w.ins[k]);
 }
 
 // Drops every reference to group g's storage; the last one frees it (sync GC).
 void Executable::Impl::ReleaseGroup(int32_t g) {
-  for (ValueId v : plan.members[g]) slots[v] = Tensor();
+  for (ValueId v : plan.members[g]) Drop(slots[v]);
 }
 
 // Drops the views' references and moves the root's storage into `batch` (async GC).
 void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
   std::span<const int32_t> members = plan.members[g];
-  for (size_t k = 1; k < members.size(); ++k) slots[members[k]] = Tensor();
+  for (size_t k = 1; k < members.size(); ++k) Drop(slots[members[k]]);
   batch.Add(slots[members[0]].DetachStorage());
 }
 
@@ -267,7 +286,8 @@ void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
 // instructions is released only by the user whose decrement reaches zero.
 void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted, Worker& w) {
   if (groups.empty()) return;
-  const int64_t begin = NowNs();
+  const bool timed = options.measure_gc_time || w.trace != nullptr;
+  const int64_t begin = timed ? NowNs() : 0;
   int32_t freed = 0, storages = 0;
   int64_t bytes = 0;
   GarbageBatch* batch = options.gc == GcMode::kAsync ? &batches[i] : nullptr;
@@ -286,12 +306,14 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
   }
   if (batch != nullptr && !batch->empty()) {
     storages = batch->count();
-    if (!gc->Submit(batch)) {
-      batch->Destroy();
+    if (batch->bytes() < options.async.min_batch_bytes) {
+      batch->Destroy();  // too small to be worth a hand-over
+    } else if (!gc->Submit(batch)) {
+      batch->Destroy();  // back-pressure: the queue or the pending budget is full
       ++w.fallbacks;
     }
   }
-  const int64_t end = NowNs();
+  const int64_t end = timed ? NowNs() : 0;
   w.gc_ns += end - begin;
   w.frees += freed;
   if (w.trace != nullptr && freed > 0) {
@@ -371,21 +393,29 @@ void Executable::Impl::ParallelMember(int member) {
   }
 }
 
-// Drops every slot and scratch reference; returns the number of unpinned groups whose storage was
-// still held (the frees of a GC-none run).
-int64_t Executable::Impl::ReleaseEverything() {
+// Releases every unpinned group still held (all of them in a GC-none run); returns how many.
+int64_t Executable::Impl::ReleaseUnpinned() {
   int64_t freed = 0;
   for (size_t g = 0; g < plan.groups.size(); ++g) {
-    if (plan.groups[g].pinned) continue;
-    if (slots[plan.groups[g].root].defined()) ++freed;
+    if (plan.groups[g].pinned || !slots[plan.groups[g].root].defined()) continue;
+    ++freed;
     ReleaseGroup(static_cast<int32_t>(g));
   }
-  for (Tensor& t : slots) t = Tensor();
-  for (Worker& w : workers) {
-    for (Tensor& t : w.ins) t = Tensor();
-    for (Tensor& t : w.outs) t = Tensor();
-  }
   return freed;
+}
+
+// Drops the executable's references. After a successful run with GC only pinned groups' slots
+// can still be set; after a failure (`all`) anything can, scratch operands included.
+void Executable::Impl::DropSlots(bool all) {
+  if (all) {
+    for (Tensor& t : slots) Drop(t);
+    for (Worker& w : workers) {
+      for (Tensor& t : w.ins) Drop(t);
+      for (Tensor& t : w.outs) Drop(t);
+    }
+    return;
+  }
+  for (ValueId v : held_at_end) Drop(slots[v]);
 }
 
 RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
@@ -437,7 +467,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     }
     for (ValueId v : results) scope.Set(program.value(v).name, slots[v]);
   } catch (...) {
-    ReleaseEverything();
+    DropSlots(/*all=*/true);
     if (gc) {
       try {
         gc->Drain();
@@ -450,10 +480,10 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
 
   if (options.gc == GcMode::kNone) {
     const int64_t begin = NowNs();
-    workers[0].frees += ReleaseEverything();
+    workers[0].frees += ReleaseUnpinned();
     workers[0].gc_ns += NowNs() - begin;
   }
-  ReleaseEverything();
+  DropSlots(/*all=*/false);
   if (gc) {
     const int64_t begin = NowNs();
     try {

@@ -1,0 +1,184 @@
+// `sluice run` as a user runs it: the built binary (SLUICE_BINARY, set by CTest) on program files,
+// checking the JSON statistics, identical outputs in every mode, --inputs, --trace, the readable
+// summary, --verbose, and clear non-zero exits for malformed programs and bad options.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "exec/test_programs.h"
+#include "sluice/io/safetensors.h"
+#include "sluice/ir/text_format.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+struct Result {
+  int status;
+  std::string out, err;
+};
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class RunCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* binary = std::getenv("SLUICE_BINARY");
+    ASSERT_NE(binary, nullptr) << "SLUICE_BINARY must name the sluice binary (CTest sets it)";
+    binary_ = binary;
+    dir_ = fs::temp_directory_path() / fmt::format("sluice_run_cli_{}", ::testing::UnitTest::GetInstance()->random_seed());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path Write(const std::string& name, const std::string& text) {
+    fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+  Result Sluice(const std::string& args, const std::string& env = "") {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = fmt::format("{} '{}' {} > '{}' 2> '{}'", env, binary_, args, out.string(), err.string());
+    const int raw = std::system(cmd.c_str());
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, ReadFile(out), ReadFile(err)};
+  }
+
+  Json StatsJson(const std::string& args) {
+    Result r = Sluice("run " + args + " --stats-json");
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one JSON object on one line:\n" << r.out;
+    return Json::parse(r.out);
+  }
+
+  std::string binary_;
+  fs::path dir_;
+};
+
+constexpr const char* kTriple = R"(program triple {
+  input %x: f32[3]
+  %y: f32[3] = add(%x, %x)
+  %z: f32[3] = add(%y, %x)
+  output %z
+}
+)";
+
+TEST_F(RunCli, StatsJsonHasEveryFieldAndSyncReachesTheBound) {
+  const fs::path program = Write("branchy.sluice", PrintProgram(testing::BranchyProgram()));
+  Json j = StatsJson(program.string() + " --runs 3");
+  for (const char* key : {"instructions", "runs", "wall_ns_median", "peak_allocated_bytes", "peak_reserved_bytes",
+                          "liveness_lower_bound_bytes", "gc_mode", "run_mode", "gc_thread_ns_per_run",
+                          "frees_per_run", "async_pending_peak_bytes", "outputs"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["instructions"], testing::BranchyProgram().instructions().size());
+  EXPECT_EQ(j["runs"], 3);
+  EXPECT_EQ(j["gc_mode"], "sync");
+  EXPECT_EQ(j["run_mode"], "trace");
+  EXPECT_GT(j["liveness_lower_bound_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(j["peak_allocated_bytes"], j["liveness_lower_bound_bytes"]);
+}
+
+TEST_F(RunCli, EveryModeGivesTheSameOutputs) {
+  const fs::path program = Write("branchy.sluice", PrintProgram(testing::BranchyProgram()));
+  Json reference;
+  for (const char* mode : {"trace", "parallel"}) {
+    for (const char* gc : {"none", "sync", "async"}) {
+      Json j = StatsJson(fmt::format("{} --mode {} --gc {} --threads 3 --seed 7", program.string(), mode, gc));
+      EXPECT_EQ(j["gc_mode"], gc);
+      EXPECT_EQ(j["run_mode"], mode);
+      if (reference.is_null()) reference = j["outputs"];
+      EXPECT_EQ(j["outputs"], reference) << mode << " " << gc;
+      if (std::string(gc) == "none") {
+        EXPECT_GE(j["peak_allocated_bytes"].get<int64_t>(), j["liveness_lower_bound_bytes"].get<int64_t>());
+      }
+    }
+  }
+  Json other_seed = StatsJson(program.string() + " --seed 8");
+  EXPECT_NE(other_seed["outputs"], reference);
+}
+
+TEST_F(RunCli, InputsComeFromASafetensorsFile) {
+  const fs::path program = Write("triple.sluice", kTriple);
+  const fs::path inputs = dir_ / "x.safetensors";
+  WriteSafetensors(inputs.string(), {{"x", Tensor::FromVector<float>({3}, {1, 2, 3})}});
+  Json j = StatsJson(fmt::format("{} --inputs {}", program.string(), inputs.string()));
+  EXPECT_EQ(j["outputs"]["z"]["first"], Json::parse("[3.0, 6.0, 9.0]"));
+  EXPECT_EQ(j["outputs"]["z"]["type"], "f32[3]");
+
+  WriteSafetensors(inputs.string(), {{"nope", Tensor::Zeros({3}, DType::kF32)}});
+  Result r = Sluice(fmt::format("run {} --inputs {}", program.string(), inputs.string()));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("tensor 'nope' is not an input or parameter of program 'triple'"));
+
+  WriteSafetensors(inputs.string(), {{"x", Tensor::Zeros({4}, DType::kF32)}});
+  r = Sluice(fmt::format("run {} --inputs {}", program.string(), inputs.string()));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("%x must be f32[3]"));
+}
+
+TEST_F(RunCli, TraceIsAChromeTraceOfTheLastRun) {
+  const fs::path program = Write("triple.sluice", kTriple);
+  const fs::path trace = dir_ / "trace.json";
+  Result r = Sluice(fmt::format("run {} --gc async --runs 2 --trace {}", program.string(), trace.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("trace:"));
+  Json j = Json::parse(ReadFile(trace));
+  int spans = 0, counters = 0;
+  for (const Json& e : j["traceEvents"]) {
+    spans += e["ph"] == "X" && e["cat"] == "instruction";
+    counters += e["ph"] == "C";
+  }
+  EXPECT_EQ(spans, 2);
+  EXPECT_GT(counters, 0);
+}
+
+TEST_F(RunCli, ReadableSummaryAndVerbosePlan) {
+  const fs::path program = Write("triple.sluice", kTriple);
+  Result r = Sluice("run " + program.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("program 'triple'"));
+  EXPECT_THAT(r.out, HasSubstr("liveness lower bound 24 B"));
+  EXPECT_THAT(r.out, HasSubstr("output %z = Tensor(f32[3]"));
+  EXPECT_EQ(r.err, "");
+
+  r = Sluice("run " + program.string() + " --verbose");
+  EXPECT_THAT(r.err, HasSubstr("%z = add(%y, %x)  →  %y (12 B)"));
+  r = Sluice("run " + program.string(), "SLUICE_VERBOSE=1");
+  EXPECT_THAT(r.err, HasSubstr("liveness lower bound: 24 B"));
+}
+
+TEST_F(RunCli, MalformedProgramsAndBadOptionsFailClearly) {
+  const fs::path bad = Write("bad.sluice", "program p {\n  input %x: f32[3]\n  %y: f32[4] = add(%x, %x)\n}\n");
+  Result r = Sluice("run " + bad.string());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr(bad.string() + ":3:"));
+
+  r = Sluice("run " + (dir_ / "missing.sluice").string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("missing.sluice"));
+
+  const fs::path program = Write("triple.sluice", kTriple);
+  for (const char* option : {"--gc eager", "--mode fast", "--runs 0", "--threads -2", "--order random"}) {
+    r = Sluice(fmt::format("run {} {}", program.string(), option));
+    EXPECT_NE(r.status, 0) << option;
+    EXPECT_THAT(r.err, HasSubstr(std::string(option).substr(0, std::string(option).find(' ')))) << option;
+  }
+}
+
+}  // namespace
+}  // namespace sluice

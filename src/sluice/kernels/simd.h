@@ -1,8 +1,8 @@
 // Vectorization helpers for elementwise kernels on contiguous buffers.
 //
 // The project builds at -O2, where GCC vectorizes only loops whose vector code replaces the scalar
-// loop entirely (the "very-cheap" cost model): a loop over an unknown count n is left scalar, and a
-// loop with a floating-point compare-and-select or a libm call is never vectorized. Two tools cover
+// loop entirely (the "very-cheap" cost model): a loop over an unknown count n is left scalar, and
+// most floating-point compare-and-selects and every libm call keep a loop scalar. Two tools cover
 // the kernels here:
 //
 //   ForEachBlocked(n, f)  runs f(i) for every i in [0, n) as blocks with a constant trip count, so
@@ -10,9 +10,9 @@
 //                         with __restrict pointer parameters.
 //   Vec<T>, MapVec        explicit GCC/Clang vector extensions (16 bytes: 4 floats or 2 doubles,
 //                         the SSE2/NEON width every 64-bit target has) for bodies with selects and
-//                         polynomials (exp, gelu); no intrinsics, no runtime dispatch. (32-byte
-//                         vectors would change the calling convention of every lambda taking one
-//                         depending on -mavx, which GCC warns about.)
+//                         polynomials (exp, gelu); no intrinsics. (32-byte vectors would change
+//                         the calling convention of every lambda taking one depending on -mavx,
+//                         which GCC warns about.)
 //
 // SLUICE_MULTIVERSION on a kernel compiles it twice, for the baseline target and for x86-64-v3
 // (AVX2, FMA), and the loader picks the version the CPU runs (GCC target_clones, an ifunc); the

@@ -4,16 +4,16 @@
 //
 // Where a fast kernel differs from the plain one, both exist: *Reference is the formula as written
 // (libm calls, one element at a time) and *Fast is the vectorized form the ops run (see simd.h and
-// vector_math.h); the op tests compare them. Kernels with one version are already tight loops
-// (ForEachBlocked) or call libm functions that have no cheaper accurate form here (tanh, log,
-// sqrt).
+// vector_math.h; GeluFast, GeluGradFast and ExpFast are also multiversioned for AVX2+FMA); the
+// op tests compare them. Kernels with one version are already tight loops (ForEachBlocked) or call
+// libm functions that have no cheaper accurate form here (tanh, log, sqrt).
 //
 // GELU is the tanh approximation, exactly PyTorch's gelu(approximate='tanh'):
 //   gelu(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
 // The fast kernels use the identity (1 + tanh u)/2 = σ(2u) = 1/(1 + e^(-2u)), so
 //   gelu(x) = x·σ(2u),  gelu'(x) = σ + 2·x·σ·(1 − σ)·u',  u' = √(2/π)·(1 + 3·0.044715·x²).
 //
-// Inputs and outputs may not overlap (pointers are __restrict), except where noted.
+// Inputs and outputs may not overlap (pointers are __restrict).
 // Thread-safety: pure functions of their inputs.
 #pragma once
 

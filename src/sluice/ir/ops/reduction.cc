@@ -28,9 +28,10 @@ AxisSet ReducedAxes(const Shape& shape, const Attrs& attrs) {
   }
   for (int64_t a : axes) {
     const int d = shape.Axis(a);
-    if (set[d])
+    if (set[d]) {
       throw ShapeError(
           fmt::format("axis {} is listed twice in axes [{}]", a, fmt::join(axes, ", ")));
+    }
     set.set(d);
   }
   return set;
@@ -85,8 +86,9 @@ std::vector<Var> ReduceVjp(VjpContext& ctx) {
   const Shape& x_shape = ctx.x_type(0).shape;
   const AxisSet reduced = ReducedAxes(x_shape, ctx.attrs());
   Var g = ctx.dy(0);
-  if constexpr (kMean)
+  if constexpr (kMean) {
     g = Scale(g, 1.0 / static_cast<double>(kernels::ReducedCount(x_shape, reduced)));
+  }
   const Shape kept = ReducedShape(x_shape, reduced, /*keepdims=*/true);
   if (g.shape() != kept) g = Reshape(g, ops::ShapeToVector(kept));
   return {BroadcastTo(g, x_shape)};

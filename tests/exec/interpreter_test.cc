@@ -105,6 +105,11 @@ std::vector<Program> Programs() {
   programs.push_back(MlpProgram());
   programs.push_back(AddChainProgram(40));
   programs.push_back(SgdProgram());
+  programs.push_back(testing::TinyTransformerProgram());
+  Program transformer = testing::TinyTransformerProgram();
+  std::vector<std::string> params;
+  for (ValueId p : transformer.params()) params.push_back(transformer.value(p).name);
+  programs.push_back(BuildBackward(transformer, {.loss = "loss", .wrt = params}).program);
   return programs;
 }
 
@@ -128,25 +133,29 @@ TEST(Interpreter, EveryModeGivesTheReferenceBits) {
 
 // Forward then backward through one scope: the forward keeps what the backward reads.
 TEST(Interpreter, BackwardReadsWhatTheForwardKept) {
-  Program forward = MlpProgram(DType::kF64);
-  Backward bwd = BuildBackward(forward, {.loss = "loss", .wrt = {"w1", "b1", "w2"}});
-  const Scope inputs = RandomScope(forward, 3);
-  Scope expected = Clone(inputs);
-  RunReference(WithOutputs(forward, bwd.saved), expected);
-  RunReference(bwd.program, expected);
-  for (const Config& c : AllConfigs()) {
-    CachingAllocator alloc;
-    ExecutableOptions fo = Options(c, &alloc);
-    fo.keep = bwd.saved;
-    Executable fwd_exe(forward, fo);
-    Executable bwd_exe(bwd.program, Options(c, &alloc));
-    for (int step = 0; step < 2; ++step) {
-      Scope scope = Clone(inputs);
-      fwd_exe.Run(scope);
-      for (const std::string& name : bwd.saved) EXPECT_TRUE(scope.Has(name)) << name;
-      bwd_exe.Run(scope);
-      ExpectSameBits(expected, scope, bwd.grads, ToString(c));
-      ExpectSameBits(expected, scope, {"loss"}, ToString(c));
+  for (const Program& forward : {MlpProgram(DType::kF64), testing::TinyTransformerProgram()}) {
+    std::vector<std::string> wrt;
+    for (ValueId p : forward.params()) wrt.push_back(forward.value(p).name);
+    Backward bwd = BuildBackward(forward, {.loss = "loss", .wrt = wrt});
+    const Scope inputs = RandomScope(forward, 3);
+    Scope expected = Clone(inputs);
+    RunReference(WithOutputs(forward, bwd.saved), expected);
+    RunReference(bwd.program, expected);
+    for (const Config& c : AllConfigs()) {
+      const std::string label = fmt::format("{} {}", forward.name(), ToString(c));
+      CachingAllocator alloc;
+      ExecutableOptions fo = Options(c, &alloc);
+      fo.keep = bwd.saved;
+      Executable fwd_exe(forward, fo);
+      Executable bwd_exe(bwd.program, Options(c, &alloc));
+      for (int step = 0; step < 2; ++step) {
+        Scope scope = Clone(inputs);
+        fwd_exe.Run(scope);
+        for (const std::string& name : bwd.saved) EXPECT_TRUE(scope.Has(name)) << label << " " << name;
+        bwd_exe.Run(scope);
+        ExpectSameBits(expected, scope, bwd.grads, label);
+        ExpectSameBits(expected, scope, {"loss"}, label);
+      }
     }
   }
 }

@@ -35,7 +35,10 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+// Not under ThreadSanitizer: the ifunc resolver runs (instrumented) before the TSan runtime is
+// initialised and crashes every test binary at load time.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__SANITIZE_THREAD__)
 #define SLUICE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define SLUICE_MULTIVERSION

@@ -128,6 +128,10 @@ std::vector<OpCase> NnCases() {
        .op = "cross_entropy",
        .inputs = {F({3, 33}), I64({3})},
        .fills = {Uniform(-10, 10), Indices(33)}},
+      {.label = "cross_entropy_ignored_targets",
+       .op = "cross_entropy",
+       .inputs = {F({3, 4, 6}), I64({3, 4})},
+       .fills = {Uniform(-3, 3), IndicesOrIgnored(6)}},
       {.label = "cross_entropy_big",
        .op = "cross_entropy",
        .inputs = {F({16, 257}), I64({16})},
@@ -373,6 +377,39 @@ TEST(CrossEntropy, OutOfRangeTargetNamesTheTargetAndV) {
             {"t", Tensor::FromVector<int64_t>({2}, {-2, 0})},
             {"d", Tensor::Full({}, 1, DType::kF32)}}),
       {"cross_entropy_grad target -2 at position 0", "V = 4"});
+}
+
+}  // namespace
+}  // namespace sluice::testing
+
+namespace sluice::testing {
+namespace {
+
+// Targets of -1 are ignored (PyTorch's ignore_index=-1): the mean runs over counted tokens.
+TEST(CrossEntropy, IgnoredTargetsDoNotCount) {
+  Tensor logits = Tensor::FromVector<double>({3, 2}, {0.0, 1.0, 5.0, -5.0, 2.0, 2.0});
+  Tensor all = Tensor::FromVector<int64_t>({3}, {1, -1, 0});
+  Tensor none = Tensor::FromVector<int64_t>({3}, {-1, -1, -1});
+  Tensor dloss = Tensor::Full({}, 1.0, DType::kF64);
+  for (KernelFn k : {OpRegistry::Global().Get("cross_entropy").kernel, OpRegistry::Global().Get("cross_entropy").reference}) {
+    Tensor out = Tensor::Empty({}, DType::kF64);
+    std::vector<Tensor> in = {logits, all}, outs = {out};
+    KernelContext ctx{in, outs, Attrs(), DefaultAllocator()};
+    k(ctx);
+    // rows 0 and 2 count: (log(1 + e^-1)) and log 2
+    EXPECT_NEAR(out.FlatAt(0), (std::log1p(std::exp(-1.0)) + std::log(2.0)) / 2, 1e-12);
+    in = {logits, none};
+    KernelContext ctx_none{in, outs, Attrs(), DefaultAllocator()};
+    k(ctx_none);
+    EXPECT_EQ(out.FlatAt(0), 0.0);
+  }
+  Tensor grad = Tensor::Empty({3, 2}, DType::kF64);
+  std::vector<Tensor> in = {logits, all, dloss}, outs = {grad};
+  KernelContext ctx{in, outs, Attrs(), DefaultAllocator()};
+  OpRegistry::Global().Get("cross_entropy_grad").kernel(ctx);
+  EXPECT_EQ(grad.At({1, 0}), 0.0);
+  EXPECT_EQ(grad.At({1, 1}), 0.0);
+  EXPECT_NEAR(grad.At({0, 1}), (1.0 / (1.0 + std::exp(-1.0)) - 1.0) / 2, 1e-12);
 }
 
 }  // namespace

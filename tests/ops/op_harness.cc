@@ -35,7 +35,7 @@ Tensor MakeInput(const TensorType& t, const Fill& fill, std::mt19937_64& rng) {
   for (int64_t i = 0; i < x.numel(); ++i) {
     double v;
     if (fill.kind == Fill::kIndex) {
-      v = static_cast<double>(std::uniform_int_distribution<int64_t>(0, static_cast<int64_t>(fill.high) - 1)(rng));
+      v = static_cast<double>(std::uniform_int_distribution<int64_t>(static_cast<int64_t>(fill.low), static_cast<int64_t>(fill.high) - 1)(rng));
     } else {
       v = std::uniform_real_distribution<double>(fill.low, fill.high)(rng);
     }

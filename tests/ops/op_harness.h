@@ -21,11 +21,13 @@ namespace sluice::testing {
 // How the harness fills an input.
 struct Fill {
   enum Kind { kUniform, kPositive, kIndex } kind = kUniform;
-  double low = -1.0, high = 1.0;  // uniform range; kIndex draws integers in [0, high)
+  double low = -1.0, high = 1.0;  // uniform range; kIndex draws integers in [low, high)
 };
 
 inline Fill Positive() { return {Fill::kPositive, 0.5, 2.0}; }
 inline Fill Indices(int64_t n) { return {Fill::kIndex, 0, static_cast<double>(n)}; }
+// Indices in [-1, n): -1 is the ignored target of cross_entropy.
+inline Fill IndicesOrIgnored(int64_t n) { return {Fill::kIndex, -1, static_cast<double>(n)}; }
 inline Fill Uniform(double lo, double hi) { return {Fill::kUniform, lo, hi}; }
 
 // A floating input (run as f32 and as f64) / an integer input of the given dtype.

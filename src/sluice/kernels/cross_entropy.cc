@@ -27,6 +27,14 @@ void MaxAndSumFast(const T* x, int64_t v, T& m, T& s) {
   s = RowExp<T>(x, m, nullptr, v);
 }
 
+// Tokens that count in the mean: targets other than kIgnoredTarget.
+template <typename I>
+int64_t CountedTargets(const I* targets, int64_t n) {
+  int64_t counted = 0;
+  for (int64_t r = 0; r < n; ++r) counted += static_cast<int64_t>(targets[r]) != kIgnoredTarget;
+  return counted;
+}
+
 }  // namespace
 
 template <typename T, typename I>
@@ -34,6 +42,7 @@ T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v)
   double total = 0;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
+    if (t == kIgnoredTarget) continue;
     CheckIndex("cross_entropy target", t, r, v);
     const T* x = logits + r * v;
     T m, s;
@@ -41,7 +50,8 @@ T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v)
     // −log softmax(x)[t] = log Σ e^x − x[t] = (m + log s) − x[t]
     total += static_cast<double>(m + std::log(s) - x[t]);
   }
-  return static_cast<T>(total / static_cast<double>(n));
+  const int64_t counted = CountedTargets(targets, n);
+  return counted == 0 ? T(0) : static_cast<T>(total / static_cast<double>(counted));
 }
 
 template <typename T, typename I>
@@ -49,21 +59,29 @@ T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v) {
   double total = 0;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
+    if (t == kIgnoredTarget) continue;
     CheckIndex("cross_entropy target", t, r, v);
     const T* x = logits + r * v;
     T m, s;
     MaxAndSumFast(x, v, m, s);
     total += static_cast<double>(m + std::log(s) - x[t]);
   }
-  return static_cast<T>(total / static_cast<double>(n));
+  const int64_t counted = CountedTargets(targets, n);
+  return counted == 0 ? T(0) : static_cast<T>(total / static_cast<double>(counted));
 }
 
 template <typename T, typename I>
 void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
                                int64_t v) {
-  const T scale = dloss / static_cast<T>(n);  // the mean spreads dloss evenly over the tokens
+  // The mean spreads dloss evenly over the counted tokens; ignored rows get no gradient.
+  const int64_t counted = CountedTargets(targets, n);
+  const T scale = counted == 0 ? T(0) : dloss / static_cast<T>(counted);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
+    if (t == kIgnoredTarget) {
+      for (int64_t j = 0; j < v; ++j) dlogits[r * v + j] = T(0);
+      continue;
+    }
     CheckIndex("cross_entropy_grad target", t, r, v);
     const T* x = logits + r * v;
     T m, s;
@@ -78,12 +96,17 @@ void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dl
 template <typename T, typename I>
 void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
                           int64_t v) {
-  const T scale = dloss / static_cast<T>(n);
+  const int64_t counted = CountedTargets(targets, n);
+  const T scale = counted == 0 ? T(0) : dloss / static_cast<T>(counted);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
+    T* __restrict d = dlogits + r * v;
+    if (t == kIgnoredTarget) {
+      std::fill_n(d, v, T(0));
+      continue;
+    }
     CheckIndex("cross_entropy_grad target", t, r, v);
     const T* __restrict x = logits + r * v;
-    T* __restrict d = dlogits + r * v;
     T m, s;
     MaxAndSumFast(x, v, m, s);
     // d = e^(x − m) · (scale / s), then the one-hot part at the target.

@@ -6,6 +6,9 @@
 //   lse_n     = m_n + log Σ_v e^(logits[n, v] − m_n),  m_n = max_v logits[n, v]
 //               (log-sum-exp never overflows; the loss of a row is ≥ 0).
 //   grad      dlogits[n, v] = (dloss / N) · ( softmax(logits[n])[v] − [v == targets[n]] )
+// A target of kIgnoredTarget (-1, PyTorch's ignore_index=-1) adds nothing: the mean is over the
+// counted tokens and an ignored row's gradient is zero. With no counted token the loss and the
+// gradient are 0 (PyTorch would give NaN).
 // The gradient recomputes the softmax from the logits: forward saves no probabilities, so the
 // [N, V] probability tensor (the largest activation of a language model) never outlives a kernel.
 // The per-token losses are summed in double in both kernels so the mean does not drift with N.
@@ -22,6 +25,8 @@
 #include <cstdint>
 
 namespace sluice::kernels {
+
+inline constexpr int64_t kIgnoredTarget = -1;
 
 template <typename T, typename I>
 T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v);

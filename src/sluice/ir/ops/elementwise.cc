@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <optional>
+#include <type_traits>
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"

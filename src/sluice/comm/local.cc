@@ -1,0 +1,470 @@
+#include "sluice/comm/local.h"
+
+#include <algorithm>
+#include <compare>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace sluice {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+enum class Phase {
+  kPosted,   // waiting in its channel for the other half of the pair
+  kCopying,  // matched; the thread that matched it copies the elements
+  kCompleted,
+  kFailed,
+};
+
+// One posted send or receive. The identity fields are immutable. `tensor`, `phase`, `handed_over`
+// and `error` are guarded by Shared::mu, with one protocol exception: while a pair is kCopying, the
+// thread that matched it reads the send's tensor and writes the elements of the receive's tensor
+// without the lock; nobody else touches those two tensors in that phase (Abort only fails kPosted
+// operations, Wait and Test only look at `phase` until kCompleted).
+struct Op {
+  Op(bool is_send, int rank, int peer, int tag, Tensor tensor)
+      : is_send(is_send),
+        rank(rank),
+        peer(peer),
+        tag(tag),
+        dtype(tensor.dtype()),
+        shape(tensor.shape()),
+        tensor(std::move(tensor)) {}
+
+  // "rank 0: send f32[2, 3] to rank 1 (tag 5)" or "rank 1: receive f32[2, 3] from rank 0 (tag 5)".
+  std::string Describe() const {
+    return fmt::format("rank {}: {} {} {} rank {} (tag {})", rank, is_send ? "send" : "receive",
+                       DescribeTensor(dtype, shape), is_send ? "to" : "from", peer, tag);
+  }
+  bool finished() const { return phase == Phase::kCompleted || phase == Phase::kFailed; }
+
+  const bool is_send;
+  const int rank;  // the rank that posted it
+  const int peer;
+  const int tag;
+  const DType dtype;  // sent, or expected by the receive
+  const Shape shape;
+  Tensor tensor;  // send: the source, held until no longer read; receive: the destination
+  Phase phase = Phase::kPosted;
+  bool handed_over = false;  // receive: Wait has returned the tensor
+  std::exception_ptr error;  // when kFailed
+};
+
+// Unmatched operations between one sender and one receiver with one tag. At most one of the two
+// queues is non-empty: a new operation first matches the oldest one of the other kind.
+struct ChannelKey {
+  int src;
+  int dst;
+  int tag;
+  auto operator<=>(const ChannelKey&) const = default;
+};
+struct Channel {
+  std::deque<std::shared_ptr<Op>> sends;
+  std::deque<std::shared_ptr<Op>> recvs;
+};
+
+// The state the ranks of one world share.
+struct LocalWorldShared {
+  LocalWorldShared(int size, milliseconds timeout)
+      : size(size), timeout(timeout), present(size, false), operands(size) {}
+
+  void Post(const std::shared_ptr<Op>& op);
+  Tensor Wait(Op& op, milliseconds timeout);
+  bool Test(Op& op);
+  RequestState State(const Op& op);
+  void Abort(int rank, std::string_view reason) noexcept;
+  void Barrier(int rank, milliseconds timeout);
+  void AllReduceSum(int rank, const Tensor& tensor, milliseconds timeout);
+
+  const int size;
+  const milliseconds timeout;  // the default of every rank
+
+  std::mutex mu;
+  // Notified (all waiters) when an operation finishes, a rendezvous completes, or the world aborts.
+  std::condition_variable cv;
+
+  std::map<ChannelKey, Channel> channels;  // GUARDED_BY(mu); a channel left empty is erased
+
+  bool aborted = false;      // GUARDED_BY(mu); set once, never cleared
+  int abort_rank = -1;       // GUARDED_BY(mu)
+  std::string abort_reason;  // GUARDED_BY(mu)
+
+  // Collective rendezvous.
+  uint64_t round = 0;            // GUARDED_BY(mu): rendezvous completed so far
+  int arrived = 0;               // GUARDED_BY(mu): ranks waiting in the current one
+  std::string signature;         // GUARDED_BY(mu): what its first arriver called
+  int signature_rank = -1;       // GUARDED_BY(mu): who that was
+  std::vector<bool> present;     // GUARDED_BY(mu): per rank, waiting in the current one
+  std::vector<Tensor> operands;  // GUARDED_BY(mu): per rank, its all-reduce tensor meanwhile
+
+ private:
+  // All of these require mu.
+  CommAborted AbortedError(const std::string& context) const;
+  void Fail(Op& op, std::exception_ptr error);
+  void AbortLocked(int rank, std::string_view reason);
+  std::string TimeoutMessage(const Op& op, milliseconds timeout) const;
+  // Returns once every rank has arrived at the current rendezvous. `interruptible`: check that
+  // every rank called the same collective (`what`), honour abort and the deadline; a timeout aborts
+  // the world. Otherwise wait unconditionally (the rest of a collective that every rank entered).
+  void Rendezvous(std::unique_lock<std::mutex>& lock, int rank, const std::string& what,
+                  bool interruptible, Clock::time_point deadline, milliseconds timeout);
+};
+
+// Tags of the unmatched operations of one kind between `src` and `dst`, for timeout hints.
+std::string PendingTags(const std::map<ChannelKey, Channel>& channels, int src, int dst,
+                        bool sends) {
+  std::vector<int> tags;
+  for (auto it = channels.lower_bound({src, dst, 0});
+       it != channels.end() && it->first.src == src && it->first.dst == dst; ++it) {
+    if (!(sends ? it->second.sends : it->second.recvs).empty()) tags.push_back(it->first.tag);
+  }
+  return fmt::format("{}", fmt::join(tags, ", "));
+}
+
+// Adds slice [begin, end) of every operand, in rank order, into the same slice of `out` (which is
+// one of the operands: each element is read from every operand before it is written).
+template <typename T>
+void SumSlice(const std::vector<Tensor>& operands, const Tensor& out, int64_t begin, int64_t end) {
+  std::vector<const T*> in;
+  for (const Tensor& t : operands) in.push_back(static_cast<const T*>(t.raw_data()));
+  T* dst = static_cast<T*>(out.raw_data());
+  for (int64_t i = begin; i < end; ++i) {
+    T acc = in[0][i];
+    for (size_t k = 1; k < in.size(); ++k) acc += in[k][i];
+    dst[i] = acc;
+  }
+}
+
+void SumSlice(const std::vector<Tensor>& operands, const Tensor& out, int64_t begin, int64_t end) {
+  switch (out.dtype()) {
+    case DType::kF32:
+      return SumSlice<float>(operands, out, begin, end);
+    case DType::kF64:
+      return SumSlice<double>(operands, out, begin, end);
+    case DType::kI32:
+      return SumSlice<int32_t>(operands, out, begin, end);
+    case DType::kI64:
+      return SumSlice<int64_t>(operands, out, begin, end);
+    default:
+      SLUICE_CHECK(false, "all_reduce_sum of {}", Name(out.dtype()));
+  }
+}
+
+CommAborted LocalWorldShared::AbortedError(const std::string& context) const {
+  return CommAborted(fmt::format("{}: rank {} aborted: {}", context, abort_rank, abort_reason),
+                     abort_rank, abort_reason);
+}
+
+void LocalWorldShared::Fail(Op& op, std::exception_ptr error) {
+  op.phase = Phase::kFailed;
+  op.error = std::move(error);
+  op.tensor =
+      Tensor();  // a failed operation holds no memory (freed here: Abort and mismatch are rare)
+}
+
+void LocalWorldShared::Post(const std::shared_ptr<Op>& op) {
+  std::shared_ptr<Op> partner;
+  {
+    std::lock_guard lock(mu);
+    if (aborted) throw AbortedError(op->Describe() + " refused");
+    const ChannelKey key = op->is_send ? ChannelKey{op->rank, op->peer, op->tag}
+                                       : ChannelKey{op->peer, op->rank, op->tag};
+    auto it = channels.try_emplace(key).first;
+    Channel& channel = it->second;
+    auto& others = op->is_send ? channel.recvs : channel.sends;
+    if (others.empty()) {
+      (op->is_send ? channel.sends : channel.recvs).push_back(op);
+      return;
+    }
+    partner = std::move(others.front());
+    others.pop_front();
+    if (channel.sends.empty() && channel.recvs.empty()) channels.erase(it);
+
+    Op& send = op->is_send ? *op : *partner;
+    Op& recv = op->is_send ? *partner : *op;
+    if (send.dtype != recv.dtype || send.shape != recv.shape) {
+      const std::string what =
+          fmt::format("rank {} sent {} with tag {} but rank {} expects {}", send.rank,
+                      DescribeTensor(send.dtype, send.shape), send.tag, recv.rank,
+                      DescribeTensor(recv.dtype, recv.shape));
+      Fail(send, std::make_exception_ptr(CommError(send.Describe() + " failed: " + what)));
+      Fail(recv, std::make_exception_ptr(CommError(recv.Describe() + " failed: " + what)));
+      cv.notify_all();
+      return;
+    }
+    send.phase = recv.phase = Phase::kCopying;
+  }
+
+  // Outside the lock: only this thread touches the pair's tensors while they are kCopying.
+  Op& send = op->is_send ? *op : *partner;
+  Op& recv = op->is_send ? *partner : *op;
+  recv.tensor.CopyFrom(send.tensor);
+  // Drop the reference before completing, so that a completed send holds no memory of the sender's
+  // (this may free it, on this thread).
+  send.tensor = Tensor();
+  {
+    std::lock_guard lock(mu);
+    send.phase = recv.phase = Phase::kCompleted;
+  }
+  cv.notify_all();
+}
+
+std::string LocalWorldShared::TimeoutMessage(const Op& op, milliseconds timeout) const {
+  std::string message =
+      fmt::format("{} did not complete within {} ms: ", op.Describe(), timeout.count());
+  if (op.phase == Phase::kCopying) return message + "its data was still being copied";
+  const int src = op.is_send ? op.rank : op.peer, dst = op.is_send ? op.peer : op.rank;
+  const auto it = channels.find({src, dst, op.tag});
+  SLUICE_CHECK(it != channels.end(), "{} is posted but not in its channel", op.Describe());
+  const auto& queue = op.is_send ? it->second.sends : it->second.recvs;
+  const auto ahead =
+      std::find_if(queue.begin(), queue.end(), [&](const auto& p) { return p.get() == &op; }) -
+      queue.begin();
+  if (op.is_send) {
+    message += fmt::format("rank {} has posted no receive for it", op.peer);
+  } else {
+    message += fmt::format("rank {} has sent nothing for it", op.peer);
+  }
+  if (ahead > 0) {
+    message += fmt::format(" ({} earlier {} on this channel wait too)", ahead,
+                           op.is_send ? "sends" : "receives");
+  }
+  // The other side may be using another tag: say which tags it has pending.
+  const std::string tags = PendingTags(channels, src, dst, !op.is_send);
+  if (!tags.empty()) {
+    message += fmt::format("; rank {} has unmatched {} with tags {}", op.peer,
+                           op.is_send ? "receives from rank " + std::to_string(op.rank)
+                                      : "sends to rank " + std::to_string(op.rank),
+                           tags);
+  }
+  return message;
+}
+
+Tensor LocalWorldShared::Wait(Op& op, milliseconds timeout) {
+  std::unique_lock lock(mu);
+  if (!cv.wait_for(lock, timeout, [&] { return op.finished(); })) {
+    throw CommTimeout(TimeoutMessage(op, timeout));
+  }
+  if (op.phase == Phase::kFailed) std::rethrow_exception(op.error);
+  if (op.is_send) return Tensor();
+  if (op.handed_over) {
+    throw InvalidArgument(op.Describe() + ": already waited for; its tensor was handed over");
+  }
+  op.handed_over = true;
+  return std::move(op.tensor);
+}
+
+bool LocalWorldShared::Test(Op& op) {
+  std::lock_guard lock(mu);
+  if (op.phase == Phase::kFailed) std::rethrow_exception(op.error);
+  return op.phase == Phase::kCompleted;
+}
+
+RequestState LocalWorldShared::State(const Op& op) {
+  std::lock_guard lock(mu);
+  switch (op.phase) {
+    case Phase::kPosted:
+    case Phase::kCopying:
+      return RequestState::kPending;
+    case Phase::kCompleted:
+      return RequestState::kCompleted;
+    case Phase::kFailed:
+      return RequestState::kFailed;
+  }
+  return RequestState::kFailed;
+}
+
+void LocalWorldShared::AbortLocked(int rank, std::string_view reason) {
+  if (aborted) return;
+  aborted = true;
+  abort_rank = rank;
+  abort_reason = reason;
+  for (auto& [key, channel] : channels) {
+    for (auto* queue : {&channel.sends, &channel.recvs}) {
+      for (const std::shared_ptr<Op>& op : *queue) {
+        Fail(*op, std::make_exception_ptr(AbortedError(op->Describe() + " failed")));
+      }
+    }
+  }
+  channels.clear();
+  cv.notify_all();
+}
+
+void LocalWorldShared::Abort(int rank, std::string_view reason) noexcept {
+  std::lock_guard lock(mu);
+  AbortLocked(rank, reason);
+}
+
+void LocalWorldShared::Rendezvous(std::unique_lock<std::mutex>& lock, int rank,
+                                  const std::string& what, bool interruptible,
+                                  Clock::time_point deadline, milliseconds timeout) {
+  if (interruptible) {
+    if (aborted) throw AbortedError(fmt::format("rank {}: {} refused", rank, what));
+    if (arrived == 0) {
+      signature = what;
+      signature_rank = rank;
+    } else if (what != signature) {
+      const std::string reason =
+          fmt::format("collective mismatch: rank {} called {} while rank {} called {}", rank, what,
+                      signature_rank, signature);
+      AbortLocked(rank, reason);
+      throw CommError(fmt::format("rank {}: {}", rank, reason));
+    }
+  }
+  const uint64_t my_round = round;
+  present[rank] = true;
+  if (++arrived == size) {
+    arrived = 0;
+    ++round;
+    std::fill(present.begin(), present.end(), false);
+    cv.notify_all();
+    return;
+  }
+  const auto done = [&] { return round != my_round; };
+  if (!interruptible) {
+    cv.wait(lock, done);
+    return;
+  }
+  if (cv.wait_until(lock, deadline, [&] { return done() || aborted; })) {
+    if (done()) return;
+    throw AbortedError(fmt::format("rank {}: {} failed", rank, what));
+  }
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (!present[r]) missing.push_back(r);
+  }
+  const std::string message =
+      fmt::format("rank {}: {} timed out after {} ms waiting for rank(s) {}", rank, what,
+                  timeout.count(), fmt::join(missing, ", "));
+  AbortLocked(rank, message);
+  throw CommTimeout(message);
+}
+
+void LocalWorldShared::Barrier(int rank, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::unique_lock lock(mu);
+  Rendezvous(lock, rank, "barrier", /*interruptible=*/true, deadline, timeout);
+}
+
+void LocalWorldShared::AllReduceSum(int rank, const Tensor& tensor, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  const std::string what = "all_reduce_sum of " + DescribeTensor(tensor.dtype(), tensor.shape());
+  std::vector<Tensor> all;  // every rank's tensor, in rank order
+  {
+    std::unique_lock lock(mu);
+    operands[rank] = tensor;
+    try {
+      Rendezvous(lock, rank, what, /*interruptible=*/true, deadline, timeout);
+    } catch (...) {
+      operands[rank] = Tensor();
+      throw;
+    }
+    all = operands;
+  }
+  // Reduce-scatter: slice r of every tensor, summed in rank order, into slice r of rank r's.
+  const int64_t n = tensor.numel();
+  const auto begin = [&](int r) { return n * r / size; };
+  SumSlice(all, tensor, begin(rank), begin(rank + 1));
+  {
+    std::unique_lock lock(mu);
+    Rendezvous(lock, rank, what, /*interruptible=*/false, deadline, timeout);
+  }
+  // All-gather: every other rank's reduced slice into this rank's tensor.
+  const size_t elem = SizeOf(tensor.dtype());
+  for (int r = 0; r < size; ++r) {
+    if (r == rank || begin(r) == begin(r + 1)) continue;
+    std::memcpy(static_cast<char*>(tensor.raw_data()) + begin(r) * elem,
+                static_cast<const char*>(all[r].raw_data()) + begin(r) * elem,
+                (begin(r + 1) - begin(r)) * elem);
+  }
+  {
+    std::unique_lock lock(mu);
+    Rendezvous(lock, rank, what, /*interruptible=*/false, deadline, timeout);
+    operands[rank] = Tensor();
+  }
+}
+
+class LocalRequest final : public RequestImpl {
+ public:
+  LocalRequest(std::shared_ptr<LocalWorldShared> shared, std::shared_ptr<Op> op)
+      : shared_(std::move(shared)), op_(std::move(op)) {}
+
+  Tensor Wait(milliseconds timeout) override { return shared_->Wait(*op_, timeout); }
+  bool Test() override { return shared_->Test(*op_); }
+  RequestState state() const override { return shared_->State(*op_); }
+  std::string Describe() const override { return op_->Describe(); }
+
+ private:
+  std::shared_ptr<LocalWorldShared> shared_;
+  std::shared_ptr<Op> op_;
+};
+
+class LocalCommunicator final : public Communicator {
+ public:
+  LocalCommunicator(std::shared_ptr<LocalWorldShared> shared, int rank)
+      : shared_(std::move(shared)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return shared_->size; }
+  milliseconds default_timeout() const override { return shared_->timeout; }
+  void Abort(std::string_view reason) noexcept override { shared_->Abort(rank_, reason); }
+
+ protected:
+  Request DoIsend(const Tensor& tensor, int peer, int tag) override {
+    return Start(std::make_shared<Op>(/*is_send=*/true, rank_, peer, tag, tensor));
+  }
+  Request DoIrecv(int peer, int tag, DType dtype, const Shape& shape,
+                  Allocator& allocator) override {
+    Tensor destination = Tensor::Empty(shape, dtype, allocator);
+    return Start(std::make_shared<Op>(/*is_send=*/false, rank_, peer, tag, std::move(destination)));
+  }
+  void DoBarrier(milliseconds timeout) override { shared_->Barrier(rank_, timeout); }
+  void DoAllReduceSum(const Tensor& tensor, milliseconds timeout) override {
+    shared_->AllReduceSum(rank_, tensor, timeout);
+  }
+
+ private:
+  Request Start(std::shared_ptr<Op> op) {
+    shared_->Post(op);
+    return Request(std::make_shared<LocalRequest>(shared_, std::move(op)), shared_->timeout);
+  }
+
+  std::shared_ptr<LocalWorldShared> shared_;
+  const int rank_;
+};
+
+}  // namespace
+
+LocalWorld::LocalWorld(int size, LocalWorldOptions options) {
+  if (size < 1) {
+    throw InvalidArgument(fmt::format("LocalWorld: size must be at least 1, got {}", size));
+  }
+  if (options.timeout.count() < 0) {
+    throw InvalidArgument(fmt::format("LocalWorld: timeout must not be negative, got {} ms",
+                                      options.timeout.count()));
+  }
+  auto shared = std::make_shared<LocalWorldShared>(size, std::min(options.timeout, kMaxTimeout));
+  for (int r = 0; r < size; ++r) comms_.push_back(std::make_unique<LocalCommunicator>(shared, r));
+}
+
+LocalWorld::~LocalWorld() = default;
+
+Communicator& LocalWorld::comm(int rank) {
+  if (rank < 0 || rank >= size()) {
+    throw InvalidArgument(fmt::format("LocalWorld: rank {} is outside [0, {})", rank, size()));
+  }
+  return *comms_[rank];
+}
+
+}  // namespace sluice

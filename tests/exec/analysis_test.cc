@@ -40,10 +40,10 @@ TEST(Analysis, FreeListsFollowLastUse) {
   ExecutionPlan plan = Analyze(p, {.order = OrderPolicy::kProgram});
   EXPECT_THAT(plan.order, ElementsAre(0, 1, 2, 3, 4));
   EXPECT_THAT(Freed(plan, p, 0), IsEmpty());
-  EXPECT_THAT(Freed(plan, p, 1), IsEmpty());           // a is read again by c
+  EXPECT_THAT(Freed(plan, p, 1), IsEmpty());  // a is read again by c
   EXPECT_THAT(Freed(plan, p, 2), ElementsAre("a", "b"));
-  EXPECT_THAT(Freed(plan, p, 3), ElementsAre("d"));    // nobody reads d: freed after its producer
-  EXPECT_THAT(Freed(plan, p, 4), ElementsAre("c"));    // e is an output: never freed
+  EXPECT_THAT(Freed(plan, p, 3), ElementsAre("d"));  // nobody reads d: freed after its producer
+  EXPECT_THAT(Freed(plan, p, 4), ElementsAre("c"));  // e is an output: never freed
   EXPECT_EQ(plan.NumFreeable(), 4);
   EXPECT_EQ(plan.groups[plan.group_of[p.Get("a")]].num_users, 2);
 }
@@ -179,7 +179,8 @@ TEST(Analysis, ReleasesCoverEveryFreeableGroupOnce) {
   }
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     const StorageGroup& group = plan.groups[g];
-    EXPECT_EQ(finishes[g], group.pinned ? 0 : std::max(group.num_users, 1)) << p.value(group.root).name;
+    EXPECT_EQ(finishes[g], group.pinned ? 0 : std::max(group.num_users, 1))
+        << p.value(group.root).name;
   }
 }
 

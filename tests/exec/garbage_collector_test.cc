@@ -28,7 +28,8 @@ struct Garbage {
       : handles(static_cast<size_t>(num_batches * per_batch)) {
     batches.reserve(num_batches);
     for (int b = 0; b < num_batches; ++b) {
-      batches.emplace_back(std::span(handles).subspan(static_cast<size_t>(b * per_batch), per_batch), b);
+      batches.emplace_back(
+          std::span(handles).subspan(static_cast<size_t>(b * per_batch), per_batch), b);
       for (int k = 0; k < per_batch; ++k) batches.back().Add(Storage::Create(alloc, bytes));
     }
   }
@@ -54,7 +55,8 @@ class TestListener final : public GcListener {
     }
     ++calls;
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
-    if (tag == throw_on_tag) throw std::runtime_error("listener failed on batch " + std::to_string(tag));
+    if (tag == throw_on_tag)
+      throw std::runtime_error("listener failed on batch " + std::to_string(tag));
   }
 
  private:
@@ -112,7 +114,7 @@ TEST(AsyncGc, FullQueueRefuses) {
   garbage.batches[3].Destroy();
   gate.Open();
   gc.Drain();
-  EXPECT_TRUE(gc.Submit(&garbage.batches[4]));   // room again after the drain
+  EXPECT_TRUE(gc.Submit(&garbage.batches[4]));  // room again after the drain
   gc.Drain();
   EXPECT_EQ(alloc.Stats().allocated_bytes, 0);
 }
@@ -143,7 +145,8 @@ TEST(AsyncGc, ShutdownMidQueueFreesEverything) {
     gc.SetListener(&gate);
     for (GarbageBatch& b : garbage.batches) ASSERT_TRUE(gc.Submit(&b));
     gate.WaitUntilParked();  // 31 batches still queued behind the parked worker
-    EXPECT_GE(alloc.Stats().allocated_bytes, int64_t{31 * 4} * static_cast<int64_t>(SystemAllocator::kMapThreshold));
+    EXPECT_GE(alloc.Stats().allocated_bytes,
+              int64_t{31 * 4} * static_cast<int64_t>(SystemAllocator::kMapThreshold));
     opener = std::thread([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       gate.Open();
@@ -213,7 +216,8 @@ TEST(GarbageBatch, ChecksCapacity) {
 }
 
 TEST(GcMode, NamesRoundTrip) {
-  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) EXPECT_EQ(ParseGcMode(Name(m)), m);
+  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync})
+    EXPECT_EQ(ParseGcMode(Name(m)), m);
   EXPECT_EQ(ParseGcMode("eager"), std::nullopt);
 }
 

@@ -27,6 +27,10 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 namespace sluice {
 namespace {
 
+// 68 KiB buffers: above the async GC's min_batch_bytes (so every free is handed to the worker),
+// below the system allocator's mmap threshold (so sanitizer builds stay fast).
+constexpr int64_t kFloats = 17 * 1024;
+
 // Heap allocations (all threads) during one run, after warm-up runs. The system allocator keeps no
 // bookkeeping on the heap (a caching allocator's tables grow now and then), so the count is exact.
 int64_t AllocationsPerRun(const Program& program, RunMode mode, GcMode gc) {
@@ -37,27 +41,29 @@ int64_t AllocationsPerRun(const Program& program, RunMode mode, GcMode gc) {
   const int64_t before = g_heap_allocations.load();
   RunStats s = exe.Run(scope);
   const int64_t during = g_heap_allocations.load() - before;
-  if (gc == GcMode::kAsync && mode == RunMode::kTrace) EXPECT_GT(s.async_pending_peak_bytes, 0);  // handed over
+  if (gc == GcMode::kAsync && mode == RunMode::kTrace)
+    EXPECT_GT(s.async_pending_peak_bytes, 0);  // handed over
   return during;
 }
 
 TEST(HeapAllocations, TheExecutorAddsNonePerInstruction) {
-  // 256 KiB buffers: above the async GC's min_batch_bytes, so every free is handed to the worker.
-  for (int n : {100, 200}) {
-    Program program = testing::AddChainProgram(n, 64 * 1024);
+  for (int n : {50, 100}) {
+    Program program = testing::AddChainProgram(n, kFloats);
     const int64_t reference = AllocationsPerRun(program, RunMode::kTrace, GcMode::kSync);
     for (RunMode mode : {RunMode::kTrace, RunMode::kParallel}) {
       for (GcMode gc : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
-        EXPECT_EQ(AllocationsPerRun(program, mode, gc), reference) << n << " " << Name(mode) << "/" << Name(gc);
+        EXPECT_EQ(AllocationsPerRun(program, mode, gc), reference)
+            << n << " " << Name(mode) << "/" << Name(gc);
       }
     }
   }
   // And what a run allocates grows with the instructions only by what their tensors cost.
-  const int64_t per_100 = AllocationsPerRun(testing::AddChainProgram(200, 64 * 1024), RunMode::kTrace, GcMode::kAsync) -
-                          AllocationsPerRun(testing::AddChainProgram(100, 64 * 1024), RunMode::kTrace, GcMode::kAsync);
+  const int64_t per_100 =
+      AllocationsPerRun(testing::AddChainProgram(150, kFloats), RunMode::kTrace, GcMode::kAsync) -
+      AllocationsPerRun(testing::AddChainProgram(50, kFloats), RunMode::kTrace, GcMode::kAsync);
   SystemAllocator alloc;
   const int64_t before = g_heap_allocations.load();
-  for (int k = 0; k < 100; ++k) Tensor::Empty({64 * 1024}, DType::kF32, alloc);
+  for (int k = 0; k < 100; ++k) Tensor::Empty({kFloats}, DType::kF32, alloc);
   EXPECT_EQ(per_100, g_heap_allocations.load() - before);
 }
 

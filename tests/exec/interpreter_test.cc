@@ -19,9 +19,9 @@
 namespace sluice {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::AddChainProgram;
 using testing::BranchyProgram;
+using ::testing::HasSubstr;
 using testing::MlpProgram;
 using testing::RandomScope;
 
@@ -48,7 +48,11 @@ std::vector<Config> AllConfigs() {
 // Async GC hands over every batch (min_batch_bytes = 0), so that the tests exercise the worker
 // even on small programs.
 ExecutableOptions Options(const Config& c, Allocator* allocator) {
-  return {.allocator = allocator, .mode = c.mode, .gc = c.gc, .threads = 3, .order = c.order,
+  return {.allocator = allocator,
+          .mode = c.mode,
+          .gc = c.gc,
+          .threads = 3,
+          .order = c.order,
           .async = {.min_batch_bytes = 0}};
 }
 
@@ -59,13 +63,13 @@ Scope Clone(const Scope& scope) {
   return copy;
 }
 
-void ExpectSameBits(const Scope& expected, const Scope& actual, const std::vector<std::string>& names,
-                    const std::string& label) {
+void ExpectSameBits(const Scope& expected, const Scope& actual,
+                    const std::vector<std::string>& names, const std::string& label) {
   for (const std::string& name : names) {
     ASSERT_TRUE(actual.Has(name)) << label << ": missing %" << name;
     EXPECT_TRUE(BitwiseEqual(expected.Get(name), actual.Get(name)))
-        << label << ": %" << name << " differs\n expected " << expected.Get(name).ToString(8) << "\n actual   "
-        << actual.Get(name).ToString(8);
+        << label << ": %" << name << " differs\n expected " << expected.Get(name).ToString(8)
+        << "\n actual   " << actual.Get(name).ToString(8);
   }
 }
 
@@ -151,7 +155,8 @@ TEST(Interpreter, BackwardReadsWhatTheForwardKept) {
       for (int step = 0; step < 2; ++step) {
         Scope scope = Clone(inputs);
         fwd_exe.Run(scope);
-        for (const std::string& name : bwd.saved) EXPECT_TRUE(scope.Has(name)) << label << " " << name;
+        for (const std::string& name : bwd.saved)
+          EXPECT_TRUE(scope.Has(name)) << label << " " << name;
         bwd_exe.Run(scope);
         ExpectSameBits(expected, scope, bwd.grads, label);
         ExpectSameBits(expected, scope, {"loss"}, label);
@@ -179,7 +184,8 @@ TEST(Interpreter, SyncTracePeakEqualsTheLivenessBound) {
           Scope scope = RandomScope(program, 1);
           RunStats s = exe.Run(scope);
           EXPECT_EQ(s.baseline_allocated_bytes, 0) << label;
-          EXPECT_EQ(s.peak_allocated_bytes, s.liveness_lower_bound_bytes) << label << " caching run " << run;
+          EXPECT_EQ(s.peak_allocated_bytes, s.liveness_lower_bound_bytes)
+              << label << " caching run " << run;
           EXPECT_EQ(s.liveness_lower_bound_bytes, exe.plan().liveness_bound);
         }
       }
@@ -205,7 +211,9 @@ TEST(Interpreter, NoneHoldsEverythingAndFreesMatch) {
       const std::string label = fmt::format("{} {}", program.name(), Name(mode));
       const ExecutionPlan plan = Analyze(program);
       EXPECT_EQ(stats[GcMode::kNone].peak_allocated_bytes, AllIntermediateBytes(plan)) << label;
-      EXPECT_GE(stats[GcMode::kNone].peak_allocated_bytes, stats[GcMode::kSync].peak_allocated_bytes) << label;
+      EXPECT_GE(stats[GcMode::kNone].peak_allocated_bytes,
+                stats[GcMode::kSync].peak_allocated_bytes)
+          << label;
       for (GcMode gc : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
         EXPECT_EQ(stats[gc].frees, plan.NumFreeable()) << label << " " << Name(gc);
       }
@@ -271,10 +279,10 @@ TEST(Interpreter, ViewsKeepTheirBaseAlive) {
   Var x = b.Input("x", DType::kF32, {64, 64});
   Var a = b.Name(x + x, "a");
   Var v = b.Name(Reshape(a, {4096}), "v");
-  b.Output(b.Name(Copy(a), "b"));                      // a's last direct use
-  Var big = b.Name(Copy(x), "filler");                 // allocations that could reuse a's block
+  b.Output(b.Name(Copy(a), "b"));       // a's last direct use
+  Var big = b.Name(Copy(x), "filler");  // allocations that could reuse a's block
   Var w = b.Name(Reshape(v, {64, 64}), "w");
-  b.Output(b.Name(w + big, "c"));                      // the views' last use
+  b.Output(b.Name(w + big, "c"));  // the views' last use
   Program program = b.Build();
   const Scope inputs = RandomScope(program, 6);
   Scope expected = Clone(inputs);
@@ -349,7 +357,8 @@ TEST(Interpreter, TraceRecordsInstructionsFreesAndMemory) {
     size_t spans = 0, samples = 0;
     int64_t freed_on_executors = 0;
     for (int k = 0; k < exe.num_executors(); ++k) {
-      for (const InstructionSpan& span : trace.threads[k].instructions) EXPECT_LE(span.begin_ns, span.end_ns);
+      for (const InstructionSpan& span : trace.threads[k].instructions)
+        EXPECT_LE(span.begin_ns, span.end_ns);
       spans += trace.threads[k].instructions.size();
       samples += trace.threads[k].memory.size();
       for (const GcSpan& g : trace.threads[k].gc) freed_on_executors += g.storages;

@@ -19,7 +19,8 @@ namespace sluice::testing {
 //   v = reshape(reshape(s, [B·H]), [B, H])
 //   y = v·w3 + full(0.5) + x   [B, C]
 //   outputs: z = sum_to(y, [1, C]), t = transpose(s, 0, 1) [H, B]
-inline Program BranchyProgram(DType dtype = DType::kF32, int64_t B = 8, int64_t C = 16, int64_t H = 32) {
+inline Program BranchyProgram(DType dtype = DType::kF32, int64_t B = 8, int64_t C = 16,
+                              int64_t H = 32) {
   Builder b("branchy");
   Var x = b.Input("x", dtype, {B, C});
   Var w1 = b.Param("w1", dtype, {C, H});
@@ -68,12 +69,14 @@ inline Program MlpProgram(DType dtype = DType::kF32, int64_t B = 4, int64_t C = 
 
 // A one-block transformer with a loss, using the nn ops: embedding, layer norm, causal softmax
 // attention (one head), a GELU MLP, cross-entropy.  ids, targets [B, T] → loss []
-inline Program TinyTransformerProgram(int64_t B = 2, int64_t T = 8, int64_t C = 16, int64_t V = 11) {
+inline Program TinyTransformerProgram(int64_t B = 2, int64_t T = 8, int64_t C = 16,
+                                      int64_t V = 11) {
   Builder b("tiny_transformer");
   Var ids = b.Input("ids", DType::kI64, {B, T});
   Var targets = b.Input("targets", DType::kI64, {B, T});
   Var x = b.Name(Embedding(ids, b.Param("wte", DType::kF32, {V, C})), "x");
-  Var ln = b.Name(LayerNorm(x, b.Param("ln.w", DType::kF32, {C}), b.Param("ln.b", DType::kF32, {C})), "ln");
+  Var ln = b.Name(
+      LayerNorm(x, b.Param("ln.w", DType::kF32, {C}), b.Param("ln.b", DType::kF32, {C})), "ln");
   Var q = b.Name(MatMul(ln, b.Param("wq", DType::kF32, {C, C})), "q");
   Var k = b.Name(MatMul(ln, b.Param("wk", DType::kF32, {C, C})), "k");
   Var v = b.Name(MatMul(ln, b.Param("wv", DType::kF32, {C, C})), "v");

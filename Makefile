@@ -1,4 +1,5 @@
 # sluice front door. Every target installs what is missing first (scripts/install-deps.sh).
+#   make run        build and train the default job (a GPT on the sort task), metrics in runs/default/
 #   make test       build (RelWithDebInfo) and run the whole CTest suite
 #   make test-tsan  the suite under ThreadSanitizer
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -10,7 +11,7 @@ JOBS ?= $(shell nproc)
 CMAKE_GEN := -G Ninja
 CTEST := ctest --output-on-failure -j$(JOBS)
 
-.PHONY: all deps build test test-tsan test-asan bench fuzz format clean
+.PHONY: all deps build run test test-tsan test-asan bench fuzz format clean
 
 all: build
 
@@ -22,6 +23,10 @@ build/build.ninja: | deps
 
 build: deps build/build.ninja
 	cmake --build build -j$(JOBS)
+
+run: build
+	@mkdir -p runs/default
+	build/sluice train --metrics runs/default/metrics.jsonl --save runs/default/checkpoint.safetensors
 
 test: build
 	cd build && $(CTEST)

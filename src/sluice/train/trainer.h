@@ -38,15 +38,16 @@ struct TrainConfig {
   GptConfig gpt{.vocab = 0, .seq = 0, .layers = 2, .heads = 4, .dim = 64};  // vocab/seq 0: from the data
   MlpConfig mlp;
   std::string data = "sort";  // "sort", "blobs" (mlp) or a text file path
+  // Defaults are the default job (`make run`): a GPT that learns to sort digits in ~10 s.
   int64_t steps = 1000;
   int64_t batch = 32;
   int64_t microbatches = 1;
-  OptimizerConfig optimizer;
+  OptimizerConfig optimizer{.lr = 3e-3, .schedule = LrSchedule::kCosine, .warmup_steps = 50, .min_lr = 3e-4};
   uint64_t seed = 1;
   GcMode gc = GcMode::kAsync;
   RunMode mode = RunMode::kTrace;
   int threads = 0;              // intra-op threads (BLAS and parallel runs); 0 = all cores
-  int64_t eval_every = 0;       // 0: only after the last step
+  int64_t eval_every = 250;     // 0: only after the last step
   int64_t eval_batches = 4;
   std::string metrics_path;     // JSON lines; empty = none
   std::string save_path;        // checkpoint file; empty = none

@@ -40,5 +40,6 @@ int RunSelected(CLI::App& app);
 // One per command file.
 CommandRunner SetupRunCommand(CLI::App& sub);  // run_command.cc
 CommandRunner SetupTrainCommand(CLI::App& sub);  // train_command.cc
+CommandRunner SetupScheduleCommand(CLI::App& sub);  // schedule_command.cc
 
 }  // namespace sluice::cli

@@ -1,0 +1,59 @@
+// `sluice schedule`: prints a pipeline schedule (pipeline/schedules.h) before anything runs it —
+// as the action grid, ranks × time steps at unit cost with the in-flight micro-batches and the
+// bubble of every rank, or with --format json as the full action lists (sends and receives
+// included) that the stage runtime executes. Every printed schedule has passed the validator.
+// A request no schedule can meet (1f1b with fewer micro-batches than stages, …) is an error that
+// names the fix.
+//
+// Example:
+//   sluice schedule --stages 4 --microbatches 8 --schedule 1f1b
+//   sluice schedule --stages 4 --microbatches 8 --schedule interleaved --chunks 2 --format json
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "sluice/cli/commands.h"
+#include "sluice/pipeline/schedule_format.h"
+#include "sluice/pipeline/schedules.h"
+
+namespace sluice::cli {
+
+namespace {
+
+struct ScheduleArgs {
+  int stages = 0;
+  int micro_batches = 0;
+  std::string schedule = "1f1b";
+  int chunks = 0;
+  std::string format = "table";
+};
+
+int RunSchedule(const ScheduleArgs& args) {
+  const pipeline::Schedule schedule = pipeline::MakeSchedule({.kind = pipeline::ParseScheduleKind(args.schedule),
+                                                              .stages = args.stages,
+                                                              .micro_batches = args.micro_batches,
+                                                              .chunks = args.chunks});
+  if (args.format == "json") {
+    fmt::print("{}\n", pipeline::ScheduleToJson(schedule).dump());
+  } else {
+    fmt::print("{}", pipeline::FormatScheduleTable(schedule));
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner SetupScheduleCommand(CLI::App& sub) {
+  auto args = std::make_shared<ScheduleArgs>();
+  sub.add_option("--stages,-p", args->stages, "Pipeline stages P (ranks)")->required();
+  sub.add_option("--microbatches,-m", args->micro_batches, "Micro-batches M per step")->required();
+  sub.add_option("--schedule,-s", args->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
+  sub.add_option("--chunks,-v", args->chunks, "Chunks V per rank (interleaved only; default 2)");
+  sub.add_option("--format", args->format, "table (the action grid) or json (every action, in order)")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  return [args] { return RunSchedule(*args); };
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,41 @@
+#include "sluice/pipeline/schedule.h"
+
+#include <array>
+
+#include <fmt/format.h>
+
+namespace sluice::pipeline {
+
+namespace {
+
+constexpr std::array<std::string_view, 8> kKindNames = {"F",      "B",      "W",      "SEND_F",
+                                                        "RECV_F", "SEND_B", "RECV_B", "OPT"};
+
+}  // namespace
+
+std::string_view ActionKindName(ActionKind kind) { return kKindNames[static_cast<size_t>(kind)]; }
+
+bool IsCompute(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kWeight;
+}
+
+bool IsSend(ActionKind kind) { return kind == ActionKind::kSendF || kind == ActionKind::kSendB; }
+
+bool IsRecv(ActionKind kind) { return kind == ActionKind::kRecvF || kind == ActionKind::kRecvB; }
+
+std::string ActionName(const Action& action, int chunks) {
+  if (action.kind == ActionKind::kOptimizer) return "OPT";
+  std::string name(ActionKindName(action.kind));
+  if (chunks > 1 || action.chunk != 0) name += fmt::format("{}.", action.chunk);
+  name += fmt::format("{}", action.micro_batch);
+  if (action.peer >= 0 && IsSend(action.kind)) name += fmt::format(">{}", action.peer);
+  if (action.peer >= 0 && IsRecv(action.kind)) name += fmt::format("<{}", action.peer);
+  return name;
+}
+
+std::string Schedule::Describe() const {
+  if (chunks > 1) return fmt::format("{} (P={}, M={}, V={})", name, stages, micro_batches, chunks);
+  return fmt::format("{} (P={}, M={})", name, stages, micro_batches);
+}
+
+}  // namespace sluice::pipeline

@@ -1,0 +1,117 @@
+#include "sluice/pipeline/schedule_analysis.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "sluice/pipeline/validator.h"
+
+namespace sluice::pipeline {
+
+std::vector<InFlight> InFlightPeaks(const Schedule& schedule) {
+  ValidateSchedule(schedule);
+  std::vector<InFlight> peaks(schedule.stages);
+  for (int r = 0; r < schedule.stages; ++r) {
+    InFlight& peak = peaks[r];
+    peak.peak_per_chunk.assign(schedule.chunks, 0);
+    std::vector<int> per_chunk(schedule.chunks, 0);
+    int total = 0, awaiting_weight = 0;
+    for (const Action& a : schedule.ranks[r]) {
+      if (a.kind == ActionKind::kForward) {
+        ++total;
+        peak.peak = std::max(peak.peak, total);
+        ++per_chunk[a.chunk];
+        peak.peak_per_chunk[a.chunk] = std::max(peak.peak_per_chunk[a.chunk], per_chunk[a.chunk]);
+      } else if (a.kind == ActionKind::kBackward) {
+        --total;
+        --per_chunk[a.chunk];
+        if (schedule.split_backward) {
+          peak.peak_awaiting_weight = std::max(peak.peak_awaiting_weight, ++awaiting_weight);
+        }
+      } else if (a.kind == ActionKind::kWeight) {
+        --awaiting_weight;
+      }
+    }
+  }
+  return peaks;
+}
+
+Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode mode) {
+  ValidateSchedule(schedule);
+  const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
+  auto cost = [&](ActionKind kind) {
+    switch (kind) {
+      case ActionKind::kForward: return costs.forward;
+      case ActionKind::kBackward: return costs.backward + (schedule.split_backward ? 0 : costs.weight);
+      case ActionKind::kWeight: return costs.weight;
+      default: return 0.0;
+    }
+  };
+  Simulation sim;
+  sim.ranks.resize(P);
+  for (int r = 0; r < P; ++r) sim.ranks[r].actions.resize(schedule.ranks[r].size());
+  std::vector<double> clock(P, 0);
+  std::vector<size_t> next(P, 0);
+  std::vector<std::deque<double>> sent(P * P);  // [from·P + to]: send instants not yet received
+  // kAsync: [rank][F or B][chunk][micro-batch] → when the message that compute reads arrived.
+  std::vector<std::vector<double>> arrived(P, std::vector<double>(2 * V * M, 0));
+  auto arrival = [&](int r, const Action& a) -> double& {
+    const bool forward = a.kind == ActionKind::kForward || a.kind == ActionKind::kRecvF;
+    return arrived[r][((forward ? 0 : 1) * V + a.chunk) * M + a.micro_batch];
+  };
+  auto finish = [&](int r, double start, double end) {
+    sim.ranks[r].actions[next[r]] = {start, end};
+    if (mode != CommMode::kAsync || !IsRecv(schedule.ranks[r][next[r]].kind)) clock[r] = end;
+    ++next[r];
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      while (next[r] < schedule.ranks[r].size()) {
+        const Action& a = schedule.ranks[r][next[r]];
+        if (IsSend(a.kind) && mode == CommMode::kRendezvous) {
+          const int q = a.peer;
+          const Action* b = next[q] < schedule.ranks[q].size() ? &schedule.ranks[q][next[q]] : nullptr;
+          if (b == nullptr || !IsRecv(b->kind) || b->peer != r) break;
+          const double t = std::max(clock[r], clock[q]);
+          finish(q, t, t);
+          finish(r, t, t);
+        } else if (IsSend(a.kind)) {
+          sent[r * P + a.peer].push_back(clock[r]);
+          finish(r, clock[r], clock[r]);
+        } else if (IsRecv(a.kind)) {
+          // Waits here, in the order the simulation visits ranks, until the peer has sent.
+          std::deque<double>& channel = sent[a.peer * P + r];
+          if (mode == CommMode::kRendezvous || channel.empty()) break;
+          const double t = std::max(clock[r], channel.front());
+          channel.pop_front();
+          arrival(r, a) = t;
+          finish(r, clock[r], t);
+        } else {
+          const double start = mode == CommMode::kAsync && a.kind != ActionKind::kWeight &&
+                                       a.kind != ActionKind::kOptimizer
+                                   ? std::max(clock[r], arrival(r, a))
+                                   : clock[r];
+          const double c = cost(a.kind);
+          sim.ranks[r].busy += c;
+          finish(r, start, start + c);
+        }
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < P; ++r) {
+    SLUICE_CHECK(next[r] == schedule.ranks[r].size(), "{}: a validated schedule stalls on rank {} at step {}",
+                 schedule.Describe(), r, next[r]);
+  }
+  sim.makespan = *std::ranges::max_element(clock);
+  double idle = 0;
+  for (RankTime& rank : sim.ranks) {
+    rank.idle = sim.makespan - rank.busy;
+    rank.bubble = sim.makespan > 0 ? rank.idle / sim.makespan : 0;
+    idle += rank.idle;
+  }
+  sim.bubble = sim.makespan > 0 ? idle / (P * sim.makespan) : 0;
+  return sim;
+}
+
+}  // namespace sluice::pipeline

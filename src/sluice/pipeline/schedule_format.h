@@ -1,0 +1,43 @@
+// How a schedule (schedule.h) looks to a person and to a program: the action grid `sluice
+// schedule` prints, and JSON.
+//
+// Table: one row per rank, one column per time step of a unit-cost run (every F, B and W takes
+// one step, messages are free: Simulate in schedule_analysis.h), so a column holds what runs at
+// the same time and the pipeline's shape and bubbles are visible. Cells use the grid glossary of
+// schedule.h: "F3" forward of micro-batch 3, "B3" its backward, "W3" its weight gradients under a
+// split backward, "F1.3" chunk 1 of micro-batch 3 when interleaved, "." idle. Sends and receives
+// are not drawn (they take no time); the JSON lists them. Below the grid, per rank: peak
+// micro-batches in flight (F run, B not: chunk-micro-batches when interleaved), peak awaiting W
+// (split backward only) and the bubble fraction of that unit-cost run.
+//
+//   1f1b (P=2, M=3): 8 steps at unit cost (F = B = 1, messages free)
+//   step    0  1  2  3  4  5  6  7
+//   rank 0  F0 F1 .  B0 F2 B1 .  B2
+//   rank 1  .  F0 B0 F1 B1 F2 B2 .
+//
+// JSON (keys in this order): {"schedule", "stages", "micro_batches", "chunks", "split_backward",
+// "bubble", "ranks": [{"rank", "in_flight_peak", "awaiting_weight_peak", "bubble",
+// "actions": [{"op": "F", "chunk": 0, "mb": 0}, {"op": "SEND_F", "chunk": 0, "mb": 0,
+// "peer": 1}, …, {"op": "OPT"}]}]} — every action in execution order, the IR itself.
+//
+// Failure: both validate first and throw ScheduleError for an invalid schedule.
+// Thread-safety: pure functions.
+//
+// Example:
+//   fmt::print("{}", FormatScheduleTable(MakeSchedule({.stages = 4, .micro_batches = 8})));
+//   fmt::print("{}\n", ScheduleToJson(schedule).dump(2));
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "sluice/pipeline/schedule.h"
+
+namespace sluice::pipeline {
+
+std::string FormatScheduleTable(const Schedule& schedule);
+
+nlohmann::ordered_json ScheduleToJson(const Schedule& schedule);
+
+}  // namespace sluice::pipeline

@@ -1,0 +1,276 @@
+#include "sluice/pipeline/schedules.h"
+
+#include <algorithm>
+#include <array>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "sluice/pipeline/validator.h"
+
+namespace sluice::pipeline {
+
+namespace {
+
+constexpr std::array<std::string_view, 4> kKindNames = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+constexpr int64_t kMaxActions = 10'000'000;
+
+struct Compute {
+  ActionKind kind;
+  int chunk;
+  int micro_batch;
+};
+using ComputeOrder = std::vector<std::vector<Compute>>;  // [rank][compute actions in order]
+
+// ---- compute orders ---------------------------------------------------------------------------
+
+ComputeOrder GPipeOrder(int P, int M) {
+  ComputeOrder order(P);
+  for (int s = 0; s < P; ++s) {
+    for (int m = 0; m < M; ++m) order[s].push_back({ActionKind::kForward, 0, m});
+    for (int m = 0; m < M; ++m) order[s].push_back({ActionKind::kBackward, 0, m});
+  }
+  return order;
+}
+
+// Warm-up forwards, steady (F, B) pairs, cool-down backwards over `count` forward/backward
+// slots; forward(k) and backward(k) name the k-th of each on this rank.
+template <typename Forward, typename Backward>
+std::vector<Compute> OneFOneB(int count, int warmup, Forward forward, Backward backward) {
+  std::vector<Compute> list;
+  for (int k = 0; k < warmup; ++k) list.push_back(forward(k));
+  for (int k = 0; k < count - warmup; ++k) {
+    list.push_back(forward(k + warmup));
+    list.push_back(backward(k));
+  }
+  for (int k = count - warmup; k < count; ++k) list.push_back(backward(k));
+  return list;
+}
+
+ComputeOrder OneFOneBOrder(int P, int M) {
+  ComputeOrder order(P);
+  for (int s = 0; s < P; ++s) {
+    order[s] = OneFOneB(
+        M, std::min(P - 1 - s, M), [](int k) { return Compute{ActionKind::kForward, 0, k}; },
+        [](int k) { return Compute{ActionKind::kBackward, 0, k}; });
+  }
+  return order;
+}
+
+ComputeOrder InterleavedOrder(int P, int M, int V) {
+  // Micro-batches go in groups of P: P forwards of chunk 0, P of chunk 1, …, then the next group.
+  auto micro_batch = [=](int k) { return (k / (P * V)) * P + k % P; };
+  ComputeOrder order(P);
+  for (int s = 0; s < P; ++s) {
+    const int warmup = std::min((V - 1) * P + 2 * (P - 1 - s), V * M);
+    order[s] = OneFOneB(
+        V * M, warmup, [=](int k) { return Compute{ActionKind::kForward, (k / P) % V, micro_batch(k)}; },
+        [=](int k) { return Compute{ActionKind::kBackward, V - 1 - (k / P) % V, micro_batch(k)}; });
+  }
+  return order;
+}
+
+ComputeOrder ZeroBubbleH1Order(int P, int M) {
+  ComputeOrder order(P);
+  for (int s = 0; s < P; ++s) {
+    std::vector<Compute>& list = order[s];
+    int f = 0, b = 0, w = 0;
+    auto F = [&] { list.push_back({ActionKind::kForward, 0, f++}); };
+    auto B = [&] { list.push_back({ActionKind::kBackward, 0, b++}); };
+    auto W = [&] { list.push_back({ActionKind::kWeight, 0, w++}); };
+    for (int k = 0; k < P - s; ++k) F();
+    for (int k = 0; k < s; ++k) B(), F();
+    for (int k = 0; k < M - P; ++k) B(), F(), W();
+    for (int k = 0; k < P - s; ++k) B(), W();
+    for (int k = 0; k < s; ++k) W();
+  }
+  return order;
+}
+
+// ---- timing and message placement -------------------------------------------------------------
+
+// The timing messages are placed by: CostModel{} of schedule_analysis.h, in whole steps — F, B
+// and W take 1 each, except that an unsplit backward (B with W inside) takes 2.
+int64_t PlacementCost(const Schedule& s, ActionKind kind) {
+  return kind == ActionKind::kBackward && !s.split_backward ? 2 : 1;
+}
+
+struct Span {
+  int64_t start, end;
+};
+
+// As-soon-as-possible spans of every compute at placement cost, [rank][index in its order].
+std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& order) {
+  const int P = s.stages, M = s.micro_batches, VP = s.virtual_stages();
+  // end[kind][virtual stage][micro-batch], -1 while not run; kinds F, B, W.
+  std::vector<int64_t> end(3 * VP * M, -1);
+  auto End = [&](ActionKind kind, int vs, int m) -> int64_t& {
+    return end[(static_cast<int>(kind) * VP + vs) * M + m];
+  };
+  std::vector<std::vector<Span>> spans(P);
+  std::vector<int64_t> clock(P, 0);
+  std::vector<size_t> next(P, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      for (; next[r] < order[r].size(); ++next[r]) {
+        const Compute& c = order[r][next[r]];
+        const int vs = s.VirtualStage(r, c.chunk);
+        std::vector<int64_t> inputs;
+        if (c.kind == ActionKind::kForward && vs > 0) inputs.push_back(End(ActionKind::kForward, vs - 1, c.micro_batch));
+        if (c.kind == ActionKind::kBackward) {
+          inputs.push_back(End(ActionKind::kForward, vs, c.micro_batch));
+          if (vs + 1 < VP) inputs.push_back(End(ActionKind::kBackward, vs + 1, c.micro_batch));
+        }
+        if (c.kind == ActionKind::kWeight) inputs.push_back(End(ActionKind::kBackward, vs, c.micro_batch));
+        if (std::ranges::find(inputs, -1) != inputs.end()) break;
+        const int64_t t = std::max(clock[r], inputs.empty() ? 0 : std::ranges::max(inputs));
+        clock[r] = End(c.kind, vs, c.micro_batch) = t + PlacementCost(s, c.kind);
+        spans[r].push_back({t, clock[r]});
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < P; ++r) {
+    SLUICE_CHECK(next[r] == order[r].size(), "{}: the compute order of rank {} stalls at its step {}", s.Describe(),
+                 r, next[r]);
+  }
+  return spans;
+}
+
+// One entry of the global order all ranks' lists are projections of.
+struct Event {
+  int64_t time;
+  int klass;                       // 0: a message (before computes starting at the same time), 1: a compute
+  std::tuple<int, int, int> tie;   // messages: (backward?, ±producer virtual stage, micro-batch)
+  Action action;
+};
+
+Schedule Assemble(Schedule s, const ComputeOrder& order) {
+  const std::vector<std::vector<Span>> spans = TimeOrder(s, order);
+  std::vector<std::vector<Event>> events(s.stages);
+  for (int r = 0; r < s.stages; ++r) {
+    for (size_t i = 0; i < order[r].size(); ++i) {
+      const Compute& c = order[r][i];
+      const Action compute{.kind = c.kind, .chunk = c.chunk, .micro_batch = c.micro_batch};
+      events[r].push_back({spans[r][i].start, 1, {}, compute});
+      if (c.kind == ActionKind::kWeight) continue;
+      // A forward's output goes to the next virtual stage, a backward's input gradient to the previous.
+      const bool forward = c.kind == ActionKind::kForward;
+      const int vs = s.VirtualStage(r, c.chunk);
+      const int to = forward ? vs + 1 : vs - 1;
+      if (to < 0 || to >= s.virtual_stages() || s.RankOf(to) == r) continue;
+      // Forward messages downstream-first, backward messages upstream-first: a rank's own sends
+      // then come before the receives of the same instant.
+      const std::tuple<int, int, int> tie{forward ? 0 : 1, forward ? -vs : vs, c.micro_batch};
+      const int64_t t = spans[r][i].end;
+      const int peer = s.RankOf(to);
+      events[r].push_back({t, 0, tie,
+                           {.kind = forward ? ActionKind::kSendF : ActionKind::kSendB,
+                            .chunk = c.chunk, .micro_batch = c.micro_batch, .peer = peer}});
+      events[peer].push_back({t, 0, tie,
+                              {.kind = forward ? ActionKind::kRecvF : ActionKind::kRecvB,
+                               .chunk = s.ChunkOf(to), .micro_batch = c.micro_batch, .peer = r}});
+    }
+  }
+  s.ranks.assign(s.stages, {});
+  for (int r = 0; r < s.stages; ++r) {
+    std::ranges::sort(events[r], {}, [](const Event& e) { return std::tie(e.time, e.klass, e.tie); });
+    for (const Event& e : events[r]) s.ranks[r].push_back(e.action);
+    s.ranks[r].push_back({.kind = ActionKind::kOptimizer});
+  }
+  return s;
+}
+
+// ---- requests ---------------------------------------------------------------------------------
+
+void CheckRequest(const ScheduleOptions& o, int V) {
+  const std::string_view name = ScheduleKindName(o.kind);
+  const int P = o.stages, M = o.micro_batches;
+  if (P < 1) throw InvalidArgument(fmt::format("{}: needs at least 1 stage (got {})", name, P));
+  if (M < 1) throw InvalidArgument(fmt::format("{}: needs at least 1 micro-batch (got {})", name, M));
+  if (o.kind == ScheduleKind::kInterleaved) {
+    if (V < 2) {
+      throw InvalidArgument(fmt::format("interleaved: needs at least 2 chunks per rank (got {}); for one chunk "
+                                        "per rank use 1f1b", V));
+    }
+    if (M % P != 0) {
+      const int below = M / P * P, above = below + P;
+      throw InvalidArgument(fmt::format("interleaved: the micro-batch count must be a multiple of the stage count "
+                                        "(M={}, P={}): use {} micro-batches",
+                                        M, P, below > 0 ? fmt::format("{} or {}", below, above) : fmt::format("{}", above)));
+    }
+  } else if (V != 1) {
+    throw InvalidArgument(fmt::format("{}: runs 1 chunk per rank (got {} chunks); chunks apply to interleaved "
+                                      "only", name, V));
+  }
+  if ((o.kind == ScheduleKind::kOneFOneB || o.kind == ScheduleKind::kZeroBubbleH1) && M < P) {
+    throw InvalidArgument(fmt::format("{}: needs at least as many micro-batches as stages (M={} < P={}): use "
+                                      "{} or more micro-batches, or gpipe", name, M, P, P));
+  }
+  if (int64_t{P} * M * V * 4 > kMaxActions) {
+    throw InvalidArgument(fmt::format("{}: P={}, M={}, V={} makes a schedule of over {} actions; use fewer stages, "
+                                      "micro-batches or chunks", name, P, M, V, kMaxActions));
+  }
+}
+
+}  // namespace
+
+std::string_view ScheduleKindName(ScheduleKind kind) { return kKindNames[static_cast<size_t>(kind)]; }
+
+ScheduleKind ParseScheduleKind(std::string_view name) {
+  for (size_t i = 0; i < kKindNames.size(); ++i) {
+    if (kKindNames[i] == name) return static_cast<ScheduleKind>(i);
+  }
+  throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", name, fmt::join(kKindNames, ", ")));
+}
+
+Schedule MakeSchedule(const ScheduleOptions& options) {
+  const int V = options.chunks != 0 ? options.chunks : (options.kind == ScheduleKind::kInterleaved ? 2 : 1);
+  CheckRequest(options, V);
+  const int P = options.stages, M = options.micro_batches;
+  Schedule s{.name = std::string(ScheduleKindName(options.kind)),
+             .stages = P,
+             .micro_batches = M,
+             .chunks = V,
+             .split_backward = options.kind == ScheduleKind::kZeroBubbleH1};
+  switch (options.kind) {
+    case ScheduleKind::kGPipe: s = Assemble(std::move(s), GPipeOrder(P, M)); break;
+    case ScheduleKind::kOneFOneB: s = Assemble(std::move(s), OneFOneBOrder(P, M)); break;
+    case ScheduleKind::kInterleaved: s = Assemble(std::move(s), InterleavedOrder(P, M, V)); break;
+    case ScheduleKind::kZeroBubbleH1: s = Assemble(std::move(s), ZeroBubbleH1Order(P, M)); break;
+  }
+  ValidateSchedule(s);
+  return s;
+}
+
+int TheoreticalInFlight(const ScheduleOptions& o, int rank) {
+  const int P = o.stages, M = o.micro_batches;
+  switch (o.kind) {
+    case ScheduleKind::kGPipe: return M;
+    case ScheduleKind::kOneFOneB:
+    case ScheduleKind::kZeroBubbleH1: return std::min(P - rank, M);
+    case ScheduleKind::kInterleaved: {
+      const int V = o.chunks != 0 ? o.chunks : 2;
+      return std::min(V * P + P - 1 - 2 * rank, V * M);
+    }
+  }
+  SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
+}
+
+double TheoreticalBubble(const ScheduleOptions& o) {
+  const double P = o.stages, M = o.micro_batches;
+  switch (o.kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::kOneFOneB: return (P - 1) / (M + P - 1);
+    case ScheduleKind::kInterleaved: {
+      const double V = o.chunks != 0 ? o.chunks : 2;
+      return (P - 1) / (V * M + P - 1);
+    }
+    case ScheduleKind::kZeroBubbleH1: return (P - 1) / (3 * M + P - 1);
+  }
+  SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
+}
+
+}  // namespace sluice::pipeline

@@ -1,0 +1,72 @@
+// Schedule generators: gpipe, 1f1b, interleaved and zb-h1 as schedule IR (schedule.h), plus the
+// closed-form figures they are held to (derived in docs/pipeline.md).
+//
+// Each generator first fixes the order of compute actions on every rank (the schedule's rule,
+// below), then times that order with unit costs (every F, B, W takes 1, sends are free, a
+// compute starts once its inputs exist) and inserts each message as SEND right after the compute
+// that produced it and RECV on the receiver at the same instant — before any compute that starts
+// then, after any compute still running. Every rank's list is thereby one projection of a single
+// global order in which each send meets its receive, so the schedule cannot deadlock even with
+// rendezvous sends; MakeSchedule still runs ValidateSchedule on every result.
+//
+// Compute order on rank (stage) s, with P stages and M micro-batches:
+//   gpipe        F0 … F(M−1), then B0 … B(M−1).
+//   1f1b         w = P−1−s forwards, then M−w pairs (F(i+w), B(i)), then the last w backwards.
+//                The last stage runs every B right after its F.
+//   interleaved  Megatron's interleaved 1F1B, V chunks per rank (chunk c of rank r is virtual
+//                stage c·P + r): forward k of the V·M runs chunk (k div P) mod V of micro-batch
+//                (k div PV)·P + k mod P, backward k the chunk V−1−((k div P) mod V) of the same
+//                micro-batch; w = min((V−1)·P + 2(P−1−s), V·M) forwards, then pairs, then the
+//                last w backwards. Needs M a multiple of P.
+//   zb-h1        Zero Bubble H1 (Qi et al., 2024): the backward split into B (input gradients)
+//                and W (weight gradients); P−s forwards, s pairs (B, F), M−P triples (B, F, W),
+//                P−s pairs (B, W), then the last s W. The W postponed on stage s fill the
+//                bubble 1F1B leaves at its end, while as many micro-batches are in flight
+//                between F and B as under 1F1B.
+//
+// Failure: MakeSchedule throws InvalidArgument for a request that cannot be met, naming the fix.
+// Thread-safety: pure functions. Deterministic: equal options give equal schedules.
+//
+// Example:
+//   Schedule s = MakeSchedule({.kind = ParseScheduleKind("interleaved"), .stages = 4,
+//                              .micro_batches = 8, .chunks = 2});
+//   s.ranks[0].front();  // F(0, 0)
+#pragma once
+
+#include <string_view>
+
+#include "sluice/pipeline/schedule.h"
+
+namespace sluice::pipeline {
+
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1 };
+
+// "gpipe", "1f1b", "interleaved", "zb-h1".
+std::string_view ScheduleKindName(ScheduleKind kind);
+// The kind of a name above; throws InvalidArgument listing the names for anything else.
+ScheduleKind ParseScheduleKind(std::string_view name);
+
+struct ScheduleOptions {
+  ScheduleKind kind = ScheduleKind::kOneFOneB;
+  int stages = 1;         // P ≥ 1
+  int micro_batches = 1;  // M ≥ 1; ≥ P for 1f1b and zb-h1; a multiple of P for interleaved
+  int chunks = 0;         // V: 0 means the schedule's default (2 when interleaved, otherwise 1)
+};
+
+// Generates and validates the schedule. Throws InvalidArgument when P < 1, M < 1, M < P for
+// 1f1b or zb-h1, M not a multiple of P or V < 2 for interleaved, V ≠ 1 for the others, or when
+// the schedule would exceed 10⁷ actions.
+Schedule MakeSchedule(const ScheduleOptions& options);
+
+// The peak number of chunk-micro-batches on `rank` whose F has run and whose B has not (what
+// InFlightPeaks in schedule_analysis.h measures from the action lists):
+//   gpipe M;  1f1b and zb-h1 min(P−s, M);  interleaved min(V·P + P − 1 − 2s, V·M)
+// (interleaved counts chunk-micro-batches, each holding 1/V of a stage's activations).
+int TheoreticalInFlight(const ScheduleOptions& options, int rank);
+
+// The bubble fraction (idle share of every rank's time) with F, B and W all of equal cost and
+// an unsplit backward costing B + W (CostModel{} in schedule_analysis.h):
+//   gpipe and 1f1b (P−1)/(M+P−1);  interleaved (P−1)/(V·M+P−1);  zb-h1 (P−1)/(3M+P−1).
+double TheoreticalBubble(const ScheduleOptions& options);
+
+}  // namespace sluice::pipeline

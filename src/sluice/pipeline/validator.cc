@@ -1,0 +1,269 @@
+#include "sluice/pipeline/validator.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace sluice::pipeline {
+
+namespace {
+
+// The message a send or receive carries, named from the sender's side.
+struct Message {
+  bool forward;       // activation (SEND_F/RECV_F) or gradient (SEND_B/RECV_B)
+  int from_virtual;   // virtual stage that produced it
+  int micro_batch;
+  bool operator==(const Message&) const = default;
+};
+
+class Validator {
+ public:
+  explicit Validator(const Schedule& s) : s_(s) {}
+
+  void Run() {
+    CheckShape();
+    steps_.assign(s_.stages, std::vector<int>(kKinds * s_.chunks * s_.micro_batches, -1));
+    for (int r = 0; r < s_.stages; ++r) {
+      for (int i = 0; i < static_cast<int>(s_.ranks[r].size()); ++i) CheckAction(r, i);
+      CheckComplete(r);
+    }
+    CheckPairing();
+    CheckNoDeadlock();
+  }
+
+ private:
+  static constexpr int kKinds = 7;  // every kind but OPT has a (chunk, micro-batch) slot
+
+  // ---- naming -------------------------------------------------------------------------------
+
+  std::string Name(const Action& a) const { return ActionName(a, s_.chunks); }
+  std::string Name(ActionKind kind, int chunk, int mb) const {
+    return Name(Action{.kind = kind, .chunk = chunk, .micro_batch = mb});
+  }
+  std::string At(int rank, int step) const {
+    return fmt::format("rank {}, step {} ({})", rank, step, Name(s_.ranks[rank][step]));
+  }
+  [[noreturn]] void Fail(const std::string& what) const {
+    throw ScheduleError(fmt::format("{}: {}", s_.Describe(), what));
+  }
+
+  // ---- topology -----------------------------------------------------------------------------
+
+  // The rank a send or receive of `kind` on (rank, chunk) must name, or nullopt when the message
+  // cannot exist: no neighbouring virtual stage, or the neighbour lives on the same rank.
+  std::optional<int> PeerOf(ActionKind kind, int rank, int chunk) const {
+    const int vs = s_.VirtualStage(rank, chunk);
+    const int neighbour =
+        (kind == ActionKind::kSendF || kind == ActionKind::kRecvB) ? vs + 1 : vs - 1;
+    if (neighbour < 0 || neighbour >= s_.virtual_stages()) return std::nullopt;
+    if (s_.RankOf(neighbour) == rank) return std::nullopt;
+    return s_.RankOf(neighbour);
+  }
+
+  bool Needed(ActionKind kind, int rank, int chunk) const {
+    if (kind == ActionKind::kWeight) return s_.split_backward;
+    if (IsCompute(kind)) return true;
+    return PeerOf(kind, rank, chunk).has_value();
+  }
+
+  int& Slot(int rank, ActionKind kind, int chunk, int mb) {
+    return steps_[rank][(static_cast<int>(kind) * s_.chunks + chunk) * s_.micro_batches + mb];
+  }
+  bool Done(int rank, ActionKind kind, int chunk, int mb) { return Slot(rank, kind, chunk, mb) >= 0; }
+
+  // ---- 1. shape -----------------------------------------------------------------------------
+
+  void CheckShape() const {
+    if (s_.stages < 1 || s_.micro_batches < 1 || s_.chunks < 1) {
+      Fail(fmt::format("stages, micro-batches and chunks must all be at least 1 (got P={}, M={}, V={})",
+                       s_.stages, s_.micro_batches, s_.chunks));
+    }
+    if (static_cast<int>(s_.ranks.size()) != s_.stages) {
+      Fail(fmt::format("has {} action lists for {} ranks: one list per rank", s_.ranks.size(), s_.stages));
+    }
+  }
+
+  // ---- 2. and 3. one action, in the order of its rank's list --------------------------------
+
+  void CheckAction(int r, int i) {
+    const Action& a = s_.ranks[r][i];
+    const std::string at = At(r, i);
+    if (a.kind == ActionKind::kOptimizer) {
+      if (i + 1 != static_cast<int>(s_.ranks[r].size())) {
+        Fail(fmt::format("{}: OPT must be the rank's last action, once", at));
+      }
+      return;
+    }
+    if (a.chunk < 0 || a.chunk >= s_.chunks) Fail(fmt::format("{}: chunk {} is outside [0, {})", at, a.chunk, s_.chunks));
+    if (a.micro_batch < 0 || a.micro_batch >= s_.micro_batches) {
+      Fail(fmt::format("{}: micro-batch {} is outside [0, {})", at, a.micro_batch, s_.micro_batches));
+    }
+    if (a.kind == ActionKind::kWeight && !s_.split_backward) {
+      Fail(fmt::format("{}: W in a schedule whose backward is not split (B computes weight gradients too)", at));
+    }
+    if (IsCompute(a.kind) && a.peer != -1) Fail(fmt::format("{}: a compute action names peer {}", at, a.peer));
+    if (IsSend(a.kind) || IsRecv(a.kind)) CheckPeer(r, i, a);
+
+    const int c = a.chunk, m = a.micro_batch;
+    if (Done(r, a.kind, c, m)) {
+      Fail(fmt::format("{}: {} already ran at step {}", at, Name(a.kind, c, m), Slot(r, a.kind, c, m)));
+    }
+    CheckPrerequisites(r, i, a);
+    Slot(r, a.kind, c, m) = i;
+  }
+
+  void CheckPeer(int r, int i, const Action& a) const {
+    const std::optional<int> expected = PeerOf(a.kind, r, a.chunk);
+    const int vs = s_.VirtualStage(r, a.chunk);
+    if (!expected) {
+      const bool outward = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvB;
+      const int neighbour = outward ? vs + 1 : vs - 1;
+      if (neighbour < 0 || neighbour >= s_.virtual_stages()) {
+        Fail(fmt::format("{}: virtual stage {} is the {} stage: it has no {}", At(r, i), vs,
+                         outward ? "last" : "first", ActionKindName(a.kind)));
+      }
+      Fail(fmt::format("{}: virtual stages {} and {} are both on rank {}: the hand-off is local, no {}",
+                       At(r, i), vs, neighbour, r, ActionKindName(a.kind)));
+    }
+    if (a.peer != *expected) {
+      Fail(fmt::format("{}: names peer {}, but the neighbouring virtual stage lives on rank {}", At(r, i),
+                       a.peer, *expected));
+    }
+  }
+
+  // What action `a` at step i needs to have run earlier on the same rank.
+  void CheckPrerequisites(int r, int i, const Action& a) {
+    const int c = a.chunk, m = a.micro_batch;
+    auto need = [&](ActionKind kind, int chunk, const char* why) {
+      if (Done(r, kind, chunk, m)) return;
+      Fail(fmt::format("{}: runs before {} ({})", At(r, i), Name(kind, chunk, m), why));
+    };
+    const int vs = s_.VirtualStage(r, c);
+    switch (a.kind) {
+      case ActionKind::kForward:
+        if (vs > 0) {
+          if (PeerOf(ActionKind::kRecvF, r, c)) need(ActionKind::kRecvF, c, "its input arrives there");
+          else need(ActionKind::kForward, c - 1, "its input is made there, on this rank");
+        }
+        break;
+      case ActionKind::kBackward:
+        need(ActionKind::kForward, c, "a backward needs its forward");
+        if (vs + 1 < s_.virtual_stages()) {
+          if (PeerOf(ActionKind::kRecvB, r, c)) need(ActionKind::kRecvB, c, "its output gradient arrives there");
+          else need(ActionKind::kBackward, c + 1, "its output gradient is made there, on this rank");
+        }
+        break;
+      case ActionKind::kWeight: need(ActionKind::kBackward, c, "W follows its B"); break;
+      case ActionKind::kSendF: need(ActionKind::kForward, c, "it sends that forward's output"); break;
+      case ActionKind::kSendB: need(ActionKind::kBackward, c, "it sends that backward's input gradient"); break;
+      default: break;
+    }
+  }
+
+  // ---- 4. completeness ----------------------------------------------------------------------
+
+  void CheckComplete(int r) {
+    const std::vector<Action>& list = s_.ranks[r];
+    if (list.empty() || list.back().kind != ActionKind::kOptimizer) {
+      Fail(fmt::format("rank {} does not end with OPT (the optimizer step, once per rank)", r));
+    }
+    for (int k = 0; k < kKinds; ++k) {
+      const auto kind = static_cast<ActionKind>(k);
+      for (int c = 0; c < s_.chunks; ++c) {
+        if (!Needed(kind, r, c)) continue;
+        for (int m = 0; m < s_.micro_batches; ++m) {
+          if (!Done(r, kind, c, m)) Fail(fmt::format("rank {} never runs {}", r, Name(kind, c, m)));
+        }
+      }
+    }
+  }
+
+  // ---- 5. sends and receives pair up in order -----------------------------------------------
+
+  Message MessageOf(int r, const Action& a) const {
+    const int vs = s_.VirtualStage(r, a.chunk);
+    switch (a.kind) {
+      case ActionKind::kSendF: return {true, vs, a.micro_batch};
+      case ActionKind::kSendB: return {false, vs, a.micro_batch};
+      case ActionKind::kRecvF: return {true, vs - 1, a.micro_batch};
+      default: return {false, vs + 1, a.micro_batch};  // kRecvB
+    }
+  }
+
+  void CheckPairing() const {
+    // sends[r][q] / recvs[q][r]: steps of rank r's sends to q / of q's receives from r, in order.
+    const int P = s_.stages;
+    std::vector<std::vector<std::vector<int>>> sends(P, std::vector<std::vector<int>>(P));
+    auto recvs = sends;
+    for (int r = 0; r < P; ++r) {
+      for (int i = 0; i < static_cast<int>(s_.ranks[r].size()); ++i) {
+        const Action& a = s_.ranks[r][i];
+        if (IsSend(a.kind)) sends[r][a.peer].push_back(i);
+        if (IsRecv(a.kind)) recvs[r][a.peer].push_back(i);
+      }
+    }
+    for (int r = 0; r < P; ++r) {
+      for (int q = 0; q < P; ++q) {
+        // Completeness made the counts equal; compare in order.
+        const std::vector<int>& out = sends[r][q];
+        const std::vector<int>& in = recvs[q][r];
+        SLUICE_CHECK(out.size() == in.size(), "rank {} → {}: {} sends, {} receives", r, q, out.size(), in.size());
+        for (size_t k = 0; k < out.size(); ++k) {
+          if (MessageOf(r, s_.ranks[r][out[k]]) == MessageOf(q, s_.ranks[q][in[k]])) continue;
+          Fail(fmt::format("message {} from rank {} to rank {} does not pair up: {} sends it, but {} expects it "
+                           "(sends and receives between two ranks must come in the same order)",
+                           k, r, q, At(r, out[k]), At(q, in[k])));
+        }
+      }
+    }
+  }
+
+  // ---- 6. no deadlock under blocking rendezvous ---------------------------------------------
+
+  void CheckNoDeadlock() const {
+    const int P = s_.stages;
+    std::vector<size_t> next(P, 0);
+    auto current = [&](int r) -> const Action* {
+      return next[r] < s_.ranks[r].size() ? &s_.ranks[r][next[r]] : nullptr;
+    };
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int r = 0; r < P; ++r) {
+        while (const Action* a = current(r)) {
+          if (IsSend(a->kind)) {
+            // Pairing (5) guarantees that a receive from r at the peer's front is this message.
+            const Action* b = current(a->peer);
+            if (b == nullptr || !IsRecv(b->kind) || b->peer != r) break;
+            ++next[a->peer];
+          } else if (IsRecv(a->kind)) {
+            break;  // completes when its sender reaches the matching send
+          }
+          ++next[r];
+          progress = true;
+        }
+      }
+    }
+    std::string blocked;
+    for (int r = 0; r < P; ++r) {
+      const Action* a = current(r);
+      if (a == nullptr) continue;
+      // Pairing and completeness leave a peer with work for every message still owed to it.
+      const Action* b = current(a->peer);
+      SLUICE_CHECK(b != nullptr, "rank {} waits for rank {}, which has finished", r, a->peer);
+      blocked += fmt::format("{}rank {} waits at step {} ({}) for rank {}, which waits at step {} ({})",
+                             blocked.empty() ? "" : "; ", r, next[r], Name(*a), a->peer, next[a->peer], Name(*b));
+    }
+    if (!blocked.empty()) Fail("deadlock under blocking send/receive: " + blocked);
+  }
+
+  const Schedule& s_;
+  std::vector<std::vector<int>> steps_;  // [rank][kind, chunk, mb] → step that ran it, or -1
+};
+
+}  // namespace
+
+void ValidateSchedule(const Schedule& schedule) { Validator(schedule).Run(); }
+
+}  // namespace sluice::pipeline

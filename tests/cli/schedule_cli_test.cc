@@ -1,0 +1,103 @@
+// `sluice schedule` as a user runs it: the built binary (SLUICE_BINARY, set by CTest) prints the
+// grid or JSON, and every impossible request exits 1 with a message naming the fix.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct Result {
+  int status;
+  std::string out, err;
+};
+
+class ScheduleCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* binary = std::getenv("SLUICE_BINARY");
+    ASSERT_NE(binary, nullptr) << "SLUICE_BINARY must name the sluice binary (CTest sets it)";
+    binary_ = binary;
+    dir_ = fs::temp_directory_path() / fmt::format("sluice_schedule_cli_{}", ::getpid());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static std::string Read(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  Result Sluice(const std::string& args) {
+    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
+    const std::string cmd = fmt::format("'{}' schedule {} > '{}' 2> '{}'", binary_, args, out.string(), err.string());
+    const int raw = std::system(cmd.c_str());
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, Read(out), Read(err)};
+  }
+
+  std::string binary_;
+  fs::path dir_;
+};
+
+TEST_F(ScheduleCli, PrintsTheGrid) {
+  const Result r = Sluice("--stages 4 --microbatches 8 --schedule 1f1b");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("1f1b (P=4, M=8): 22 steps"));
+  EXPECT_THAT(r.out, HasSubstr("rank 3  .  .  .  F0 B0 F1 B1"));
+  EXPECT_THAT(r.out, HasSubstr("0     4          27.3%"));
+}
+
+TEST_F(ScheduleCli, PrintsJson) {
+  const Result r = Sluice("-p 4 -m 8 -s interleaved --chunks 3 --format json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schedule"], "interleaved");
+  EXPECT_EQ(j["chunks"], 3);
+  EXPECT_EQ(j["ranks"].size(), 4u);
+  EXPECT_EQ(j["ranks"][0]["in_flight_peak"], 3 * 4 + 4 - 1);
+}
+
+TEST_F(ScheduleCli, ImpossibleRequestsAreErrorsNamingTheFix) {
+  struct Case {
+    std::string args, message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"-p 4 -m 2 -s 1f1b", "1f1b: needs at least as many micro-batches as stages (M=2 < P=4): use 4 or more"},
+           {"-p 4 -m 6 -s interleaved", "must be a multiple of the stage count (M=6, P=4): use 4 or 8 micro-batches"},
+           {"-p 4 -m 8 -s interleaved --chunks 1", "needs at least 2 chunks per rank"},
+           {"-p 0 -m 8 -s gpipe", "needs at least 1 stage (got 0)"},
+           {"-p 4 -m 8 -s zb-h2", "unknown schedule 'zb-h2': choose one of gpipe, 1f1b, interleaved, zb-h1"},
+           {"-p 4 -m 8 -s 1f1b --chunks 2", "chunks apply to interleaved only"},
+       }) {
+    const Result r = Sluice(c.args);
+    EXPECT_EQ(r.status, 1) << c.args;
+    EXPECT_THAT(r.err, HasSubstr("sluice: error: ")) << c.args;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+    EXPECT_EQ(r.out, "") << c.args;
+  }
+}
+
+TEST_F(ScheduleCli, MissingOptionsAreUsageErrors) {
+  const Result r = Sluice("--stages 4");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--microbatches is required"));
+}
+
+}  // namespace
+}  // namespace sluice

@@ -40,7 +40,8 @@ class RunCli : public ::testing::Test {
     const char* binary = std::getenv("SLUICE_BINARY");
     ASSERT_NE(binary, nullptr) << "SLUICE_BINARY must name the sluice binary (CTest sets it)";
     binary_ = binary;
-    dir_ = fs::temp_directory_path() / fmt::format("sluice_run_cli_{}", ::testing::UnitTest::GetInstance()->random_seed());
+    dir_ = fs::temp_directory_path() /
+           fmt::format("sluice_run_cli_{}", ::testing::UnitTest::GetInstance()->random_seed());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -53,7 +54,8 @@ class RunCli : public ::testing::Test {
 
   Result Sluice(const std::string& args, const std::string& env = "") {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("{} '{}' {} > '{}' 2> '{}'", env, binary_, args, out.string(), err.string());
+    const std::string cmd =
+        fmt::format("{} '{}' {} > '{}' 2> '{}'", env, binary_, args, out.string(), err.string());
     const int raw = std::system(cmd.c_str());
     return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, ReadFile(out), ReadFile(err)};
   }
@@ -61,7 +63,8 @@ class RunCli : public ::testing::Test {
   Json StatsJson(const std::string& args) {
     Result r = Sluice("run " + args + " --stats-json");
     EXPECT_EQ(r.status, 0) << r.err;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one JSON object on one line:\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one JSON object on one line:\n"
+                                                               << r.out;
     return Json::parse(r.out);
   }
 
@@ -80,9 +83,10 @@ constexpr const char* kTriple = R"(program triple {
 TEST_F(RunCli, StatsJsonHasEveryFieldAndSyncReachesTheBound) {
   const fs::path program = Write("branchy.sluice", PrintProgram(testing::BranchyProgram()));
   Json j = StatsJson(program.string() + " --runs 3");
-  for (const char* key : {"instructions", "runs", "wall_ns_median", "peak_allocated_bytes", "peak_reserved_bytes",
-                          "liveness_lower_bound_bytes", "gc_mode", "run_mode", "gc_thread_ns_per_run",
-                          "frees_per_run", "async_pending_peak_bytes", "outputs"}) {
+  for (const char* key :
+       {"instructions", "runs", "wall_ns_median", "peak_allocated_bytes", "peak_reserved_bytes",
+        "liveness_lower_bound_bytes", "gc_mode", "run_mode", "gc_thread_ns_per_run",
+        "frees_per_run", "async_pending_peak_bytes", "outputs"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["instructions"], testing::BranchyProgram().instructions().size());
@@ -98,13 +102,15 @@ TEST_F(RunCli, EveryModeGivesTheSameOutputs) {
   Json reference;
   for (const char* mode : {"trace", "parallel"}) {
     for (const char* gc : {"none", "sync", "async"}) {
-      Json j = StatsJson(fmt::format("{} --mode {} --gc {} --threads 3 --seed 7", program.string(), mode, gc));
+      Json j = StatsJson(
+          fmt::format("{} --mode {} --gc {} --threads 3 --seed 7", program.string(), mode, gc));
       EXPECT_EQ(j["gc_mode"], gc);
       EXPECT_EQ(j["run_mode"], mode);
       if (reference.is_null()) reference = j["outputs"];
       EXPECT_EQ(j["outputs"], reference) << mode << " " << gc;
       if (std::string(gc) == "none") {
-        EXPECT_GE(j["peak_allocated_bytes"].get<int64_t>(), j["liveness_lower_bound_bytes"].get<int64_t>());
+        EXPECT_GE(j["peak_allocated_bytes"].get<int64_t>(),
+                  j["liveness_lower_bound_bytes"].get<int64_t>());
       }
     }
   }
@@ -134,7 +140,8 @@ TEST_F(RunCli, InputsComeFromASafetensorsFile) {
 TEST_F(RunCli, TraceIsAChromeTraceOfTheLastRun) {
   const fs::path program = Write("triple.sluice", kTriple);
   const fs::path trace = dir_ / "trace.json";
-  Result r = Sluice(fmt::format("run {} --gc async --runs 2 --trace {}", program.string(), trace.string()));
+  Result r = Sluice(
+      fmt::format("run {} --gc async --runs 2 --trace {}", program.string(), trace.string()));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("trace:"));
   Json j = Json::parse(ReadFile(trace));
@@ -163,7 +170,8 @@ TEST_F(RunCli, ReadableSummaryAndVerbosePlan) {
 }
 
 TEST_F(RunCli, MalformedProgramsAndBadOptionsFailClearly) {
-  const fs::path bad = Write("bad.sluice", "program p {\n  input %x: f32[3]\n  %y: f32[4] = add(%x, %x)\n}\n");
+  const fs::path bad =
+      Write("bad.sluice", "program p {\n  input %x: f32[3]\n  %y: f32[4] = add(%x, %x)\n}\n");
   Result r = Sluice("run " + bad.string());
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr(bad.string() + ":3:"));
@@ -173,10 +181,12 @@ TEST_F(RunCli, MalformedProgramsAndBadOptionsFailClearly) {
   EXPECT_THAT(r.err, HasSubstr("missing.sluice"));
 
   const fs::path program = Write("triple.sluice", kTriple);
-  for (const char* option : {"--gc eager", "--mode fast", "--runs 0", "--threads -2", "--order random"}) {
+  for (const char* option :
+       {"--gc eager", "--mode fast", "--runs 0", "--threads -2", "--order random"}) {
     r = Sluice(fmt::format("run {} {}", program.string(), option));
     EXPECT_NE(r.status, 0) << option;
-    EXPECT_THAT(r.err, HasSubstr(std::string(option).substr(0, std::string(option).find(' ')))) << option;
+    EXPECT_THAT(r.err, HasSubstr(std::string(option).substr(0, std::string(option).find(' '))))
+        << option;
   }
 }
 

@@ -55,8 +55,9 @@ class TestListener final : public GcListener {
     }
     ++calls;
     if (delay.count() > 0) std::this_thread::sleep_for(delay);
-    if (tag == throw_on_tag)
+    if (tag == throw_on_tag) {
       throw std::runtime_error("listener failed on batch " + std::to_string(tag));
+    }
   }
 
  private:
@@ -216,8 +217,9 @@ TEST(GarbageBatch, ChecksCapacity) {
 }
 
 TEST(GcMode, NamesRoundTrip) {
-  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync})
+  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
     EXPECT_EQ(ParseGcMode(Name(m)), m);
+  }
   EXPECT_EQ(ParseGcMode("eager"), std::nullopt);
 }
 

@@ -41,8 +41,9 @@ int64_t AllocationsPerRun(const Program& program, RunMode mode, GcMode gc) {
   const int64_t before = g_heap_allocations.load();
   RunStats s = exe.Run(scope);
   const int64_t during = g_heap_allocations.load() - before;
-  if (gc == GcMode::kAsync && mode == RunMode::kTrace)
+  if (gc == GcMode::kAsync && mode == RunMode::kTrace) {
     EXPECT_GT(s.async_pending_peak_bytes, 0);  // handed over
+  }
   return during;
 }
 

@@ -155,8 +155,9 @@ TEST(Interpreter, BackwardReadsWhatTheForwardKept) {
       for (int step = 0; step < 2; ++step) {
         Scope scope = Clone(inputs);
         fwd_exe.Run(scope);
-        for (const std::string& name : bwd.saved)
+        for (const std::string& name : bwd.saved) {
           EXPECT_TRUE(scope.Has(name)) << label << " " << name;
+        }
         bwd_exe.Run(scope);
         ExpectSameBits(expected, scope, bwd.grads, label);
         ExpectSameBits(expected, scope, {"loss"}, label);
@@ -357,8 +358,9 @@ TEST(Interpreter, TraceRecordsInstructionsFreesAndMemory) {
     size_t spans = 0, samples = 0;
     int64_t freed_on_executors = 0;
     for (int k = 0; k < exe.num_executors(); ++k) {
-      for (const InstructionSpan& span : trace.threads[k].instructions)
+      for (const InstructionSpan& span : trace.threads[k].instructions) {
         EXPECT_LE(span.begin_ns, span.end_ns);
+      }
       spans += trace.threads[k].instructions.size();
       samples += trace.threads[k].memory.size();
       for (const GcSpan& g : trace.threads[k].gc) freed_on_executors += g.storages;

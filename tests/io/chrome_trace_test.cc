@@ -39,7 +39,8 @@ std::vector<Json> EventsOf(const Json& trace, const std::string& ph) {
 TEST(ChromeTrace, RunBecomesThreadsSpansAndACounter) {
   CachingAllocator alloc;
   Program program = Chain();
-  Executable exe(program, {.allocator = &alloc, .gc = GcMode::kAsync, .async = {.min_batch_bytes = 0}});
+  Executable exe(program,
+                 {.allocator = &alloc, .gc = GcMode::kAsync, .async = {.min_batch_bytes = 0}});
   Scope scope;
   BindRandomInputs(program, 1, scope);
   RunTrace run;
@@ -88,7 +89,8 @@ TEST(ChromeTrace, WritesAFileAndNamesAnUnwritablePath) {
   trace.NameThread(1, 0, "main");
   trace.AddSpan(1, 0, "work", "test", 1.5, 2.0);
   trace.AddCounter(1, "bytes", "allocated", 1.5, 42);
-  const std::string path = (std::filesystem::temp_directory_path() / "sluice_trace_test.json").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "sluice_trace_test.json").string();
   trace.Write(path);
   std::ifstream in(path);
   const Json json = Json::parse(in);

@@ -69,8 +69,9 @@ void BindFile(const Program& program, const std::string& path, Scope& scope) {
   for (auto& [name, tensor] : file.tensors) {
     std::optional<ValueId> v = program.Find(name);
     if (!v || program.value(*v).kind == ValueKind::kIntermediate) {
-      throw InvalidArgument(fmt::format("{}: tensor '{}' is not an input or parameter of program '{}'", path,
-                                        name, program.name()));
+      throw InvalidArgument(
+          fmt::format("{}: tensor '{}' is not an input or parameter of program '{}'", path, name,
+                      program.name()));
     }
     try {
       CheckBinding(program, *v, tensor);
@@ -95,7 +96,8 @@ nlohmann::json OutputsJson(const Program& program, const Scope& scope) {
     if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
       for (int64_t i = 0; i < std::min<int64_t>(t.numel(), 8); ++i) first.push_back(t.FlatAt(i));
     }
-    outputs[name] = {{"type", program.value(v).type.ToString()}, {"fnv1a", Digest(t)}, {"first", first}};
+    outputs[name] = {
+        {"type", program.value(v).type.ToString()}, {"fnv1a", Digest(t)}, {"first", first}};
   }
   return outputs;
 }
@@ -115,15 +117,16 @@ int Run(const RunArgs& args) {
   if (!args.inputs.empty()) BindFile(program, args.inputs, scope);
   BindRandomInputs(program, args.seed, scope);
 
-  ExecutableOptions options{.allocator = allocator.get(),
-                            .mode = *ParseRunMode(args.mode),
-                            .gc = *ParseGcMode(args.gc),
-                            .threads = args.threads,
-                            .order = *ParseOrderPolicy(args.order),
-                            .async = {.queue_batches = static_cast<size_t>(args.async_queue_batches),
-                                      .max_pending_bytes = args.async_max_pending_mib << 20,
-                                      .min_batch_bytes = args.async_min_batch_kib << 10},
-                            .verbose = args.verbose};
+  ExecutableOptions options{
+      .allocator = allocator.get(),
+      .mode = *ParseRunMode(args.mode),
+      .gc = *ParseGcMode(args.gc),
+      .threads = args.threads,
+      .order = *ParseOrderPolicy(args.order),
+      .async = {.queue_batches = static_cast<size_t>(args.async_queue_batches),
+                .max_pending_bytes = args.async_max_pending_mib << 20,
+                .min_batch_bytes = args.async_min_batch_kib << 10},
+      .verbose = args.verbose};
   Executable exe(program, options);
 
   std::vector<RunStats> stats;
@@ -153,8 +156,9 @@ int Run(const RunArgs& args) {
         {"allocator", args.allocator},
         {"wall_ns_median", s.wall_ns_median},
         {"wall_ns_min", s.wall_ns_min},
-        {"ns_per_instruction_median",
-         s.instructions > 0 ? static_cast<double>(s.wall_ns_median) / static_cast<double>(s.instructions) : 0.0},
+        {"ns_per_instruction_median", s.instructions > 0 ? static_cast<double>(s.wall_ns_median) /
+                                                               static_cast<double>(s.instructions)
+                                                         : 0.0},
         {"peak_allocated_bytes", s.peak_allocated_bytes},
         {"peak_reserved_bytes", s.peak_reserved_bytes},
         {"liveness_lower_bound_bytes", s.liveness_lower_bound_bytes},
@@ -170,28 +174,33 @@ int Run(const RunArgs& args) {
     return 0;
   }
 
-  fmt::print("program '{}' ({}): {} instructions; run mode {}, gc {}, order {}, {} executor thread(s)\n",
-             program.name(), args.program, s.instructions, args.mode, args.gc, Name(plan.chosen),
-             exe.num_executors());
+  fmt::print(
+      "program '{}' ({}): {} instructions; run mode {}, gc {}, order {}, {} executor thread(s)\n",
+      program.name(), args.program, s.instructions, args.mode, args.gc, Name(plan.chosen),
+      exe.num_executors());
   fmt::print("time:   {} runs, wall median {} (min {}), {:.1f} ns per instruction\n", s.runs,
              Duration(s.wall_ns_median), Duration(s.wall_ns_min),
-             s.instructions > 0 ? static_cast<double>(s.wall_ns_median) / static_cast<double>(s.instructions) : 0.0);
+             s.instructions > 0
+                 ? static_cast<double>(s.wall_ns_median) / static_cast<double>(s.instructions)
+                 : 0.0);
   fmt::print("memory: peak allocated {}, peak reserved {} ({} allocator); liveness lower bound {}",
-             FormatBytes(s.peak_allocated_bytes), FormatBytes(s.peak_reserved_bytes), args.allocator,
-             FormatBytes(s.liveness_lower_bound_bytes));
+             FormatBytes(s.peak_allocated_bytes), FormatBytes(s.peak_reserved_bytes),
+             args.allocator, FormatBytes(s.liveness_lower_bound_bytes));
   if (s.liveness_lower_bound_bytes > 0) {
-    fmt::print(" (peak / bound = {:.3f})",
-               static_cast<double>(s.peak_allocated_bytes) / static_cast<double>(s.liveness_lower_bound_bytes));
+    fmt::print(" (peak / bound = {:.3f})", static_cast<double>(s.peak_allocated_bytes) /
+                                               static_cast<double>(s.liveness_lower_bound_bytes));
   }
   fmt::print("\ngc:     {} frees per run, {} on executing threads per run", s.frees_per_run,
              Duration(s.gc_thread_ns_per_run));
   if (args.gc == "async") {
-    fmt::print(", {} sync fallbacks, async pending peak {}, drain wait {}", s.sync_fallbacks_per_run,
-               FormatBytes(s.async_pending_peak_bytes), Duration(s.drain_wait_ns_per_run));
+    fmt::print(", {} sync fallbacks, async pending peak {}, drain wait {}",
+               s.sync_fallbacks_per_run, FormatBytes(s.async_pending_peak_bytes),
+               Duration(s.drain_wait_ns_per_run));
   }
   fmt::print("\n");
   for (ValueId v : program.outputs()) {
-    fmt::print("output %{} = {}\n", program.value(v).name, scope.Get(program.value(v).name).ToString(8));
+    fmt::print("output %{} = {}\n", program.value(v).name,
+               scope.Get(program.value(v).name).ToString(8));
   }
   if (!args.trace.empty()) fmt::print("trace:  {} (open in ui.perfetto.dev)\n", args.trace);
   return 0;
@@ -202,41 +211,54 @@ int Run(const RunArgs& args) {
 CommandRunner SetupRunCommand(CLI::App& sub) {
   auto args = std::make_shared<RunArgs>();
   sub.add_option("program", args->program, "Program file in the text format (.sluice)")->required();
-  sub.add_option("--gc", args->gc, "When dead buffers are freed: none (at the end), sync, async (worker)")
+  sub.add_option("--gc", args->gc,
+                 "When dead buffers are freed: none (at the end), sync, async (worker)")
       ->check(CLI::IsMember({"none", "sync", "async"}))
       ->capture_default_str();
-  sub.add_option("--mode", args->mode, "trace (one thread, planned order) or parallel (thread pool)")
+  sub.add_option("--mode", args->mode,
+                 "trace (one thread, planned order) or parallel (thread pool)")
       ->check(CLI::IsMember({"trace", "parallel"}))
       ->capture_default_str();
-  sub.add_option("--order", args->order, "Trace order: program, greedy (memory-aware) or best of both")
+  sub.add_option("--order", args->order,
+                 "Trace order: program, greedy (memory-aware) or best of both")
       ->check(CLI::IsMember({"program", "greedy", "best"}))
       ->capture_default_str();
-  sub.add_option("--allocator", args->allocator, "Allocator for the program's buffers: caching or system")
+  sub.add_option("--allocator", args->allocator,
+                 "Allocator for the program's buffers: caching or system")
       ->check(CLI::IsMember({"caching", "system"}))
       ->capture_default_str();
   sub.add_option("--runs", args->runs, "Number of runs (statistics are medians / maxima)")
       ->check(CLI::Range(1, 1'000'000))
       ->capture_default_str();
-  sub.add_option("--seed", args->seed, "Seed for inputs not given by --inputs")->capture_default_str();
-  sub.add_option("--threads", args->threads, "Threads of a parallel run, the caller included (0: one per core)")
+  sub.add_option("--seed", args->seed, "Seed for inputs not given by --inputs")
+      ->capture_default_str();
+  sub.add_option("--threads", args->threads,
+                 "Threads of a parallel run, the caller included (0: one per core)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  sub.add_option("--inputs", args->inputs, "Safetensors file with values for inputs and parameters (by name)")
+  sub.add_option("--inputs", args->inputs,
+                 "Safetensors file with values for inputs and parameters (by name)")
       ->check(CLI::ExistingFile);
-  sub.add_option("--trace", args->trace, "Write the last run as a Chrome trace (JSON) to this file");
-  sub.add_option("--async-max-pending-mib", args->async_max_pending_mib,
-                 "Async GC: MiB handed to the worker and not yet freed before the executor frees itself")
+  sub.add_option("--trace", args->trace,
+                 "Write the last run as a Chrome trace (JSON) to this file");
+  sub.add_option(
+         "--async-max-pending-mib", args->async_max_pending_mib,
+         "Async GC: MiB handed to the worker and not yet freed before the executor frees itself")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->capture_default_str();
-  sub.add_option("--async-queue-batches", args->async_queue_batches, "Async GC: queue capacity in batches")
+  sub.add_option("--async-queue-batches", args->async_queue_batches,
+                 "Async GC: queue capacity in batches")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24))
       ->capture_default_str();
-  sub.add_option("--async-min-batch-kib", args->async_min_batch_kib,
-                 "Async GC: free batches smaller than this on the executing thread (0: hand over all)")
+  sub.add_option(
+         "--async-min-batch-kib", args->async_min_batch_kib,
+         "Async GC: free batches smaller than this on the executing thread (0: hand over all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->capture_default_str();
-  sub.add_flag("--stats-json", args->stats_json, "Print one JSON object with the statistics on stdout");
-  sub.add_flag("--verbose,-v", args->verbose, "Print the plan (order, free lists, live bytes) to stderr");
+  sub.add_flag("--stats-json", args->stats_json,
+               "Print one JSON object with the statistics on stdout");
+  sub.add_flag("--verbose,-v", args->verbose,
+               "Print the plan (order, free lists, live bytes) to stderr");
   return [args] { return Run(*args); };
 }
 

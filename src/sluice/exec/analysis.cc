@@ -64,8 +64,8 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
   for (const std::string& name : options.keep) {
     std::optional<ValueId> v = program.Find(name);
     if (!v) {
-      throw ProgramError(fmt::format("program '{}': keep names %{}, which the program does not have",
-                                     program.name(), name));
+      throw ProgramError(fmt::format(
+          "program '{}': keep names %{}, which the program does not have", program.name(), name));
     }
     pin(*v);
   }
@@ -220,9 +220,12 @@ std::string ValueList(const Program& program, std::span<const ValueId> values) {
 
 std::string_view Name(OrderPolicy policy) {
   switch (policy) {
-    case OrderPolicy::kProgram: return "program";
-    case OrderPolicy::kGreedy: return "greedy";
-    case OrderPolicy::kBest: return "best";
+    case OrderPolicy::kProgram:
+      return "program";
+    case OrderPolicy::kGreedy:
+      return "greedy";
+    case OrderPolicy::kBest:
+      return "best";
   }
   return "?";
 }
@@ -318,23 +321,27 @@ std::string ExecutionPlan::Describe(const Program& program) const {
       "program '{}': {} instructions, {} storage groups ({} freed per run); order {} (asked {})\n",
       program.name(), num_steps(), groups.size(), NumFreeable(), Name(chosen), Name(policy));
   out += fmt::format("  liveness bound: program order {}", FormatBytes(program_order_bound));
-  if (greedy_order_bound >= 0) out += fmt::format(", greedy order {}", FormatBytes(greedy_order_bound));
+  if (greedy_order_bound >= 0) {
+    out += fmt::format(", greedy order {}", FormatBytes(greedy_order_bound));
+  }
   out += "\n  step  instr  live        instruction  →  frees after it\n";
   for (size_t s = 0; s < num_steps(); ++s) {
     const Instruction& instr = program.instructions()[order[s]];
     std::string text = fmt::format("{} = {}({})", ValueList(program, instr.outputs), instr.op->name,
                                    ValueList(program, instr.inputs));
-    if (instr.outputs.empty()) text = fmt::format("{}({})", instr.op->name, ValueList(program, instr.inputs));
+    if (instr.outputs.empty()) {
+      text = fmt::format("{}({})", instr.op->name, ValueList(program, instr.inputs));
+    }
     std::string freed;
     for (int32_t g : FreeList(static_cast<int32_t>(s))) {
       if (!freed.empty()) freed += ", ";
       freed += fmt::format("{} ({})", ValueList(program, members[g]), FormatBytes(groups[g].bytes));
     }
-    out += fmt::format("  {:>4}  #{:<5} {:>10}  {}{}{}\n", s, order[s], FormatBytes(live_bytes[s]), text,
-                       freed.empty() ? "" : "  →  ", freed);
+    out += fmt::format("  {:>4}  #{:<5} {:>10}  {}{}{}\n", s, order[s], FormatBytes(live_bytes[s]),
+                       text, freed.empty() ? "" : "  →  ", freed);
   }
-  out += fmt::format("  liveness lower bound: {} ({} bytes) at step {}\n", FormatBytes(liveness_bound),
-                     liveness_bound, peak_step);
+  out += fmt::format("  liveness lower bound: {} ({} bytes) at step {}\n",
+                     FormatBytes(liveness_bound), liveness_bound, peak_step);
   return out;
 }
 

@@ -64,7 +64,7 @@ namespace sluice {
 
 enum class OrderPolicy : uint8_t { kProgram, kGreedy, kBest };
 
-std::string_view Name(OrderPolicy policy);                     // "program", "greedy", "best"
+std::string_view Name(OrderPolicy policy);  // "program", "greedy", "best"
 std::optional<OrderPolicy> ParseOrderPolicy(std::string_view name);
 
 struct AnalysisOptions {
@@ -99,31 +99,33 @@ struct CsrLists {
 };
 
 struct ExecutionPlan {
-  OrderPolicy policy = OrderPolicy::kBest;  // as asked
+  OrderPolicy policy = OrderPolicy::kBest;     // as asked
   OrderPolicy chosen = OrderPolicy::kProgram;  // kProgram or kGreedy
-  int64_t program_order_bound = 0;  // liveness bound of program order (for reports)
+  int64_t program_order_bound = 0;             // liveness bound of program order (for reports)
   int64_t greedy_order_bound = -1;  // liveness bound of the greedy order; -1 when not computed
 
-  std::vector<int32_t> order;          // step -> instruction index
-  std::vector<int32_t> step_of;        // instruction index -> step
+  std::vector<int32_t> order;    // step -> instruction index
+  std::vector<int32_t> step_of;  // instruction index -> step
 
   std::vector<StorageGroup> groups;
-  std::vector<int32_t> group_of;       // value -> its group
-  CsrLists members;                    // group -> its values, root first, views in program order
+  std::vector<int32_t> group_of;  // value -> its group
+  CsrLists members;               // group -> its values, root first, views in program order
 
-  CsrLists free_lists;                 // step -> groups freed after it (trace runs)
-  std::vector<int64_t> live_bytes;     // step -> live(s)
+  CsrLists free_lists;              // step -> groups freed after it (trace runs)
+  std::vector<int64_t> live_bytes;  // step -> live(s)
   int64_t liveness_bound = 0;
-  int32_t peak_step = -1;              // first step reaching the bound; -1 for an empty program
+  int32_t peak_step = -1;  // first step reaching the bound; -1 for an empty program
 
   // Parallel runs, indexed by instruction (not step).
-  CsrLists successors;                 // instructions that wait for this one (deduplicated)
+  CsrLists successors;  // instructions that wait for this one (deduplicated)
   std::vector<int32_t> num_predecessors;
-  CsrLists releases;                   // unpinned groups this instruction finishes using: the groups
-                                       // it reads, plus its own outputs' groups nobody reads
+  CsrLists releases;  // unpinned groups this instruction finishes using: the groups
+                      // it reads, plus its own outputs' groups nobody reads
 
   size_t num_steps() const { return order.size(); }
-  std::span<const int32_t> FreeList(int32_t step) const { return free_lists[static_cast<size_t>(step)]; }
+  std::span<const int32_t> FreeList(int32_t step) const {
+    return free_lists[static_cast<size_t>(step)];
+  }
   // Number of unpinned groups (the frees of one run, whatever the GC mode).
   int32_t NumFreeable() const;
 

@@ -21,11 +21,12 @@ const AsyncGcOptions& Validated(const AsyncGcOptions& options) {
     throw InvalidArgument("async GC: the queue must hold at least one batch (queue_batches = 0)");
   }
   if (options.min_batch_bytes < 0) {
-    throw InvalidArgument(fmt::format("async GC: min_batch_bytes must be ≥ 0, got {}", options.min_batch_bytes));
+    throw InvalidArgument(
+        fmt::format("async GC: min_batch_bytes must be ≥ 0, got {}", options.min_batch_bytes));
   }
   if (options.max_pending_bytes < 0) {
-    throw InvalidArgument(fmt::format("async GC: max_pending_bytes must be ≥ 0, got {}",
-                                      options.max_pending_bytes));
+    throw InvalidArgument(
+        fmt::format("async GC: max_pending_bytes must be ≥ 0, got {}", options.max_pending_bytes));
   }
   return options;
 }
@@ -34,9 +35,12 @@ const AsyncGcOptions& Validated(const AsyncGcOptions& options) {
 
 std::string_view Name(GcMode mode) {
   switch (mode) {
-    case GcMode::kNone: return "none";
-    case GcMode::kSync: return "sync";
-    case GcMode::kAsync: return "async";
+    case GcMode::kNone:
+      return "none";
+    case GcMode::kSync:
+      return "sync";
+    case GcMode::kAsync:
+      return "async";
   }
   return "?";
 }
@@ -49,8 +53,8 @@ std::optional<GcMode> ParseGcMode(std::string_view name) {
 }
 
 void GarbageBatch::Add(std::shared_ptr<Storage> storage) {
-  SLUICE_CHECK(static_cast<size_t>(count_) < handles_.size(), "garbage batch of instruction {} is full ({})",
-               tag_, handles_.size());
+  SLUICE_CHECK(static_cast<size_t>(count_) < handles_.size(),
+               "garbage batch of instruction {} is full ({})", tag_, handles_.size());
   if (storage) bytes_ += static_cast<int64_t>(storage->nbytes());
   handles_[count_++] = std::move(storage);
 }

@@ -14,7 +14,8 @@
 //     worker reads it.
 //   * A batch is a fixed-capacity array of storage handles that the caller preallocates (one per
 //     instruction), so handing over allocates nothing on the heap.
-//   * The idle worker sleeps: the queue's semaphore spins briefly (~1k polls) and then blocks in the
+//   * The idle worker sleeps: the queue's semaphore spins briefly (~1k polls) and then blocks in
+//   the
 //     kernel; there is no yield loop.
 //   * Back-pressure: Submit refuses (returns false) when the queue is full or when the bytes
 //     handed over and not yet destroyed would exceed max_pending_bytes; the caller then destroys
@@ -100,7 +101,7 @@ class GcListener {
 };
 
 struct AsyncGcOptions {
-  size_t queue_batches = 1024;                 // ring capacity in batches (at least 1)
+  size_t queue_batches = 1024;                   // ring capacity in batches (at least 1)
   int64_t max_pending_bytes = int64_t{1} << 30;  // 1 GiB; 0 makes every free synchronous
   // The interpreter frees a batch smaller than this itself instead of handing it over: handing
   // over costs a queue slot and, when the worker sleeps, a wake-up (about a microsecond), more than
@@ -145,10 +146,10 @@ class AsyncGarbageCollector {
   GarbageBatch shutdown_;  // marker: the worker exits when it dequeues it
   std::binary_semaphore drained_{0};
 
-  std::mutex producer_mu_;       // serializes Submit when multi_producer_
-  int64_t pending_peak_ = 0;     // guarded by the producer side (single producer or producer_mu_)
-  bool submitted_since_drain_ = false;  // same guard
-  std::atomic<int64_t> pending_bytes_{0};   // + by producers, - by the worker
+  std::mutex producer_mu_;    // serializes Submit when multi_producer_
+  int64_t pending_peak_ = 0;  // guarded by the producer side (single producer or producer_mu_)
+  bool submitted_since_drain_ = false;     // same guard
+  std::atomic<int64_t> pending_bytes_{0};  // + by producers, - by the worker
   std::atomic<int64_t> batches_destroyed_{0};
   std::atomic<GcListener*> listener_{nullptr};
 

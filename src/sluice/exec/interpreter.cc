@@ -12,8 +12,8 @@
 
 #include <fmt/format.h>
 
-#include "sluice/exec/reference_runner.h"
 #include "sluice/exec/ready_queue.h"
+#include "sluice/exec/reference_runner.h"
 #include "sluice/exec/thread_pool.h"
 #include "sluice/ir/verifier.h"
 
@@ -27,8 +27,8 @@ int64_t NowNs() {
       .count();
 }
 
-// Drops one reference to a tensor's storage (the handle DetachStorage returns dies at once), leaving
-// the tensor undefined. Cheaper than assigning Tensor(), which rewrites the whole shape.
+// Drops one reference to a tensor's storage (the handle DetachStorage returns dies at once),
+// leaving the tensor undefined. Cheaper than assigning Tensor(), which rewrites the whole shape.
 void Drop(Tensor& t) { (void)t.DetachStorage(); }
 
 bool VerboseFromEnv() {
@@ -43,7 +43,8 @@ struct Step {
   int32_t in_begin = 0, in_count = 0;
   int32_t out_begin = 0, out_count = 0;
   ValueId first_output = kNoValue;
-  bool outputs_adjacent = false;  // output ids are consecutive: the kernel writes the slots directly
+  bool outputs_adjacent =
+      false;  // output ids are consecutive: the kernel writes the slots directly
 };
 
 // The state of one executing thread.
@@ -89,7 +90,7 @@ struct Executable::Impl {
   Allocator* allocator;
   ExecutionPlan plan;
 
-  std::vector<Step> steps;  // by instruction
+  std::vector<Step> steps;              // by instruction
   std::vector<ValueId> operand_values;  // flat inputs of every instruction
   std::vector<ValueId> result_values;   // flat outputs of every instruction
   std::vector<TensorType> result_types;
@@ -139,8 +140,8 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
   Verify(program);
   plan = Analyze(program, {.order = options.order, .keep = options.keep});
   if (options.threads < 0) {
-    throw InvalidArgument(fmt::format("executable '{}': threads must be ≥ 0, got {}", program.name(),
-                                      options.threads));
+    throw InvalidArgument(fmt::format("executable '{}': threads must be ≥ 0, got {}",
+                                      program.name(), options.threads));
   }
   Prepare();
   if (options.verbose || VerboseFromEnv()) {
@@ -194,8 +195,9 @@ void Executable::Impl::Prepare() {
   const bool parallel = options.mode == RunMode::kParallel;
   int threads = 1;
   if (parallel) {
-    threads = options.threads > 0 ? options.threads
-                                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    threads = options.threads > 0
+                  ? options.threads
+                  : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     pool = std::make_unique<ThreadPool>(threads);
     ready = std::make_unique<ReadyQueue>(n);
     pending = std::make_unique<std::atomic<int32_t>[]>(n);
@@ -220,8 +222,9 @@ void Executable::Impl::Prepare() {
     batches.reserve(n);
     int64_t offset = 0;
     for (size_t i = 0; i < n; ++i) {
-      batches.emplace_back(std::span(handles).subspan(static_cast<size_t>(offset), static_cast<size_t>(capacity[i])),
-                           static_cast<int32_t>(i));
+      batches.emplace_back(
+          std::span(handles).subspan(static_cast<size_t>(offset), static_cast<size_t>(capacity[i])),
+          static_cast<int32_t>(i));
       offset += capacity[i];
     }
     gc = std::make_unique<AsyncGarbageCollector>(options.async, /*multi_producer=*/parallel);
@@ -234,9 +237,10 @@ void Executable::Impl::Bind(Scope& scope) {
     const Value& value = program.value(v);
     const Tensor* t = scope.Find(value.name);
     if (t == nullptr) {
-      throw ProgramError(fmt::format("program '{}': {} %{} ({}) is not bound in the scope", program.name(),
-                                     value.kind == ValueKind::kParam ? "parameter" : "input", value.name,
-                                     value.type.ToString()));
+      throw ProgramError(fmt::format("program '{}': {} %{} ({}) is not bound in the scope",
+                                     program.name(),
+                                     value.kind == ValueKind::kParam ? "parameter" : "input",
+                                     value.name, value.type.ToString()));
     }
     CheckBinding(program, v, *t);
     slots[v] = t->is_contiguous() ? *t : t->Contiguous(*allocator);
@@ -254,16 +258,21 @@ void Executable::Impl::Execute(int32_t i, Worker& w) {
       const TensorType& t = result_types[st.out_begin + k];
       outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
     }
-    if (w.trace != nullptr) w.trace->memory.push_back({NowNs() - w.origin_ns, allocator->Stats().allocated_bytes});
+    if (w.trace != nullptr) {
+      w.trace->memory.push_back({NowNs() - w.origin_ns, allocator->Stats().allocated_bytes});
+    }
   }
   KernelContext ctx{{w.ins.data(), static_cast<size_t>(st.in_count)},
-                    {outs, static_cast<size_t>(st.out_count)}, *st.attrs, *allocator};
+                    {outs, static_cast<size_t>(st.out_count)},
+                    *st.attrs,
+                    *allocator};
   st.op->kernel(ctx);
   const ValueId* out = result_values.data() + st.out_begin;
   for (int32_t k = 0; k < st.out_count; ++k) {
     if (st.op->kind == OpKind::kView) {
       SLUICE_CHECK(outs[k].defined() && outs[k].storage() == w.ins[0].storage(),
-                   "view op '{}' did not alias its input for %{}", st.op->name, program.value(out[k]).name);
+                   "view op '{}' did not alias its input for %{}", st.op->name,
+                   program.value(out[k]).name);
     }
     if (outs != &slots[st.first_output]) slots[out[k]] = std::move(outs[k]);
   }
@@ -284,7 +293,8 @@ void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
 
 // Releases `groups` after instruction i ran. With `counted` (parallel runs) a group read by several
 // instructions is released only by the user whose decrement reaches zero.
-void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted, Worker& w) {
+void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted,
+                                    Worker& w) {
   if (groups.empty()) return;
   const bool timed = options.measure_gc_time || w.trace != nullptr;
   const int64_t begin = timed ? NowNs() : 0;
@@ -317,7 +327,8 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
   w.gc_ns += end - begin;
   w.frees += freed;
   if (w.trace != nullptr && freed > 0) {
-    w.trace->gc.push_back({i, batch != nullptr ? storages : freed, bytes, begin - w.origin_ns, end - w.origin_ns});
+    w.trace->gc.push_back(
+        {i, batch != nullptr ? storages : freed, bytes, begin - w.origin_ns, end - w.origin_ns});
     w.trace->memory.push_back({end - w.origin_ns, allocator->Stats().allocated_bytes});
   }
 }
@@ -341,7 +352,9 @@ void Executable::Impl::RunTraceMode() {
 void Executable::Impl::RunParallelMode() {
   const int32_t n = static_cast<int32_t>(plan.num_steps());
   if (n == 0) return;
-  for (int32_t i = 0; i < n; ++i) pending[i].store(plan.num_predecessors[i], std::memory_order_relaxed);
+  for (int32_t i = 0; i < n; ++i) {
+    pending[i].store(plan.num_predecessors[i], std::memory_order_relaxed);
+  }
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     users_left[g].store(plan.groups[g].num_users, std::memory_order_relaxed);
   }
@@ -366,7 +379,9 @@ void Executable::Impl::ParallelMember(int member) {
     try {
       const int64_t begin = w.trace != nullptr ? NowNs() : 0;
       Execute(i, w);
-      if (w.trace != nullptr) w.trace->instructions.push_back({i, begin - w.origin_ns, NowNs() - w.origin_ns});
+      if (w.trace != nullptr) {
+        w.trace->instructions.push_back({i, begin - w.origin_ns, NowNs() - w.origin_ns});
+      }
       if (release) ReleaseAfter(i, plan.releases[i], /*counted=*/true, w);
     } catch (...) {
       {
@@ -420,8 +435,8 @@ void Executable::Impl::DropSlots(bool all) {
 
 RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
   if (running.exchange(true, std::memory_order_acq_rel)) {
-    throw InvalidArgument(fmt::format("executable '{}': Run called while another run is in progress",
-                                      program.name()));
+    throw InvalidArgument(fmt::format(
+        "executable '{}': Run called while another run is in progress", program.name()));
   }
   struct Guard {
     std::atomic<bool>& flag;

@@ -60,11 +60,11 @@ struct ExecutableOptions {
   Allocator* allocator = nullptr;  // intermediates and outputs; null: DefaultAllocator()
   RunMode mode = RunMode::kTrace;
   GcMode gc = GcMode::kSync;
-  int threads = 0;                 // parallel runs: threads including the caller; 0: one per core
+  int threads = 0;  // parallel runs: threads including the caller; 0: one per core
   OrderPolicy order = OrderPolicy::kBest;
-  std::vector<std::string> keep;   // values left in the scope besides the outputs (never freed)
-  AsyncGcOptions async;            // queue size and pending-bytes budget of the async GC
-  bool verbose = false;            // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
+  std::vector<std::string> keep;  // values left in the scope besides the outputs (never freed)
+  AsyncGcOptions async;           // queue size and pending-bytes budget of the async GC
+  bool verbose = false;  // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
   // Time the GC work of executing threads (RunStats::gc_thread_ns): two clock reads per
   // instruction that frees something. Off, gc_thread_ns is 0 and dispatch is that much cheaper.
   bool measure_gc_time = true;

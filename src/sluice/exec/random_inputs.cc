@@ -58,10 +58,18 @@ void BindRandomInputs(const Program& program, uint64_t seed, Scope& scope, Alloc
     if (scope.Has(value.name)) continue;
     Tensor t = Tensor::Empty(value.type.shape, value.type.dtype, allocator);
     switch (value.type.dtype) {
-      case DType::kF32: FillUniform<float>(t, rng); break;
-      case DType::kF64: FillUniform<double>(t, rng); break;
-      case DType::kI32: FillIntegers<int32_t>(t, IntegerInputBound(program, v), rng); break;
-      case DType::kI64: FillIntegers<int64_t>(t, IntegerInputBound(program, v), rng); break;
+      case DType::kF32:
+        FillUniform<float>(t, rng);
+        break;
+      case DType::kF64:
+        FillUniform<double>(t, rng);
+        break;
+      case DType::kI32:
+        FillIntegers<int32_t>(t, IntegerInputBound(program, v), rng);
+        break;
+      case DType::kI64:
+        FillIntegers<int64_t>(t, IntegerInputBound(program, v), rng);
+        break;
       default:
         throw ShapeError(fmt::format("program '{}': cannot draw random values for %{} of dtype {}",
                                      program.name(), value.name, Name(value.type.dtype)));

@@ -71,10 +71,10 @@ class ReadyQueue {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int32_t> ring_;  // fixed size; slots guarded by mu_
-  size_t head_ = 0;            // guarded by mu_
-  size_t tail_ = 0;            // guarded by mu_
-  int waiting_ = 0;            // guarded by mu_: threads inside Pop
+  std::vector<int32_t> ring_;         // fixed size; slots guarded by mu_
+  size_t head_ = 0;                   // guarded by mu_
+  size_t tail_ = 0;                   // guarded by mu_
+  int waiting_ = 0;                   // guarded by mu_: threads inside Pop
   std::atomic<bool> stopped_{false};  // written under mu_; read under mu_ or by stopped()
 };
 

@@ -41,7 +41,8 @@ RunSummary Summarize(std::span<const RunStats> runs) {
   s.frees_per_run = Median(runs, [](const RunStats& r) { return r.frees; });
   s.sync_fallbacks_per_run = Median(runs, [](const RunStats& r) { return r.sync_fallbacks; });
   s.drain_wait_ns_per_run = Median(runs, [](const RunStats& r) { return r.drain_wait_ns; });
-  s.async_pending_peak_bytes = Max(runs, [](const RunStats& r) { return r.async_pending_peak_bytes; });
+  s.async_pending_peak_bytes =
+      Max(runs, [](const RunStats& r) { return r.async_pending_peak_bytes; });
   return s;
 }
 

@@ -7,7 +7,9 @@
 namespace sluice {
 
 ThreadPool::ThreadPool(int threads) {
-  if (threads < 1) throw InvalidArgument(fmt::format("thread pool: need at least 1 thread, got {}", threads));
+  if (threads < 1) {
+    throw InvalidArgument(fmt::format("thread pool: need at least 1 thread, got {}", threads));
+  }
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int member = 1; member < threads; ++member) {
     workers_.emplace_back([this, member] { WorkerLoop(member); });

@@ -40,7 +40,8 @@ class ChromeTrace {
   void AddSpan(int pid, int tid, std::string_view name, std::string_view category, double begin_us,
                double duration_us, nlohmann::json args = nullptr);
   // One sample of counter `name` (track) with one `series` value at ts_us.
-  void AddCounter(int pid, std::string_view name, std::string_view series, double ts_us, double value);
+  void AddCounter(int pid, std::string_view name, std::string_view series, double ts_us,
+                  double value);
 
   const nlohmann::json& events() const { return events_; }
   // The whole file's text.

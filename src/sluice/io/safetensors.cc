@@ -15,7 +15,8 @@
 
 namespace sluice {
 
-static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "safetensors I/O assumes a little-endian host");
 
 namespace {
 
@@ -25,8 +26,9 @@ struct DTypeName {
   DType dtype;
   const char* name;
 };
-constexpr DTypeName kDTypeNames[] = {{DType::kF32, "F32"}, {DType::kF64, "F64"}, {DType::kI32, "I32"},
-                                     {DType::kI64, "I64"}, {DType::kBF16, "BF16"}, {DType::kF16, "F16"}};
+constexpr DTypeName kDTypeNames[] = {{DType::kF32, "F32"},   {DType::kF64, "F64"},
+                                     {DType::kI32, "I32"},   {DType::kI64, "I64"},
+                                     {DType::kBF16, "BF16"}, {DType::kF16, "F16"}};
 
 const char* SafetensorsName(DType t) {
   for (const DTypeName& d : kDTypeNames) {
@@ -56,16 +58,18 @@ class Reader {
 
   SafetensorsFile Parse(Allocator& allocator) {
     if (bytes_.size() < 8) {
-      Fail(fmt::format("truncated: {} bytes, but the 8-byte header length alone needs 8", bytes_.size()));
+      Fail(fmt::format("truncated: {} bytes, but the 8-byte header length alone needs 8",
+                       bytes_.size()));
     }
     uint64_t header_len;
     std::memcpy(&header_len, bytes_.data(), 8);
     if (header_len > kMaxSafetensorsHeaderBytes) {
-      Fail(fmt::format("header length {} exceeds the limit of {} bytes", header_len, kMaxSafetensorsHeaderBytes));
+      Fail(fmt::format("header length {} exceeds the limit of {} bytes", header_len,
+                       kMaxSafetensorsHeaderBytes));
     }
     if (header_len > bytes_.size() - 8) {
-      Fail(fmt::format("truncated: the header claims {} bytes but only {} follow the length", header_len,
-                       bytes_.size() - 8));
+      Fail(fmt::format("truncated: the header claims {} bytes but only {} follow the length",
+                       header_len, bytes_.size() - 8));
     }
     const std::string_view header = bytes_.substr(8, header_len);
     const std::string_view data = bytes_.substr(8 + header_len);
@@ -94,7 +98,8 @@ class Reader {
     std::set<std::string> names;
     // Rejects a name given twice (nlohmann would silently keep the last one).
     auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-      if (depth == 1 && event == Json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second) {
+      if (depth == 1 && event == Json::parse_event_t::key &&
+          !names.insert(parsed.get<std::string>()).second) {
         Fail(fmt::format("header names '{}' twice", parsed.get<std::string>()));
       }
       return true;
@@ -105,7 +110,9 @@ class Reader {
     } catch (const Json::exception& e) {
       Fail(fmt::format("header is not valid JSON: {}", e.what()));
     }
-    if (!json.is_object()) Fail(fmt::format("header must be a JSON object, not {}", json.type_name()));
+    if (!json.is_object()) {
+      Fail(fmt::format("header must be a JSON object, not {}", json.type_name()));
+    }
     return json;
   }
 
@@ -113,14 +120,18 @@ class Reader {
     if (!value.is_object()) Fail("__metadata__ must be an object of strings");
     std::map<std::string, std::string> metadata;
     for (const auto& [key, v] : value.items()) {
-      if (!v.is_string()) Fail(fmt::format("__metadata__ entry '{}' must be a string, not {}", key, v.type_name()));
+      if (!v.is_string()) {
+        Fail(fmt::format("__metadata__ entry '{}' must be a string, not {}", key, v.type_name()));
+      }
       metadata[key] = v.get<std::string>();
     }
     return metadata;
   }
 
   Entry ParseEntry(const std::string& name, const Json& value, uint64_t data_size) const {
-    if (!value.is_object()) FailTensor(name, fmt::format("entry must be an object, not {}", value.type_name()));
+    if (!value.is_object()) {
+      FailTensor(name, fmt::format("entry must be an object, not {}", value.type_name()));
+    }
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
       if (!value.contains(field)) FailTensor(name, fmt::format("missing field '{}'", field));
     }
@@ -128,11 +139,13 @@ class Reader {
     e.name = name;
     const Json& dtype = value["dtype"];
     if (!dtype.is_string()) FailTensor(name, "dtype must be a string");
-    const auto* found = std::find_if(std::begin(kDTypeNames), std::end(kDTypeNames),
-                                     [&](const DTypeName& d) { return dtype.get<std::string>() == d.name; });
+    const auto* found =
+        std::find_if(std::begin(kDTypeNames), std::end(kDTypeNames),
+                     [&](const DTypeName& d) { return dtype.get<std::string>() == d.name; });
     if (found == std::end(kDTypeNames)) {
-      FailTensor(name, fmt::format("unsupported dtype '{}' (sluice reads F32, F64, I32, I64, BF16, F16)",
-                                   dtype.get<std::string>()));
+      FailTensor(name,
+                 fmt::format("unsupported dtype '{}' (sluice reads F32, F64, I32, I64, BF16, F16)",
+                             dtype.get<std::string>()));
     }
     e.dtype = found->dtype;
 
@@ -145,7 +158,9 @@ class Reader {
     uint64_t numel = 1;
     bool overflow = false;
     for (const Json& d : shape) {
-      if (!d.is_number_unsigned()) FailTensor(name, "shape must be an array of non-negative integers");
+      if (!d.is_number_unsigned()) {
+        FailTensor(name, "shape must be an array of non-negative integers");
+      }
       const uint64_t dim = d.get<uint64_t>();
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
       dims.push_back(static_cast<int64_t>(dim));
@@ -165,10 +180,14 @@ class Reader {
     }
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();
-    if (e.begin > e.end) FailTensor(name, fmt::format("data_offsets [{}, {}] begin after end", e.begin, e.end));
+    if (e.begin > e.end) {
+      FailTensor(name, fmt::format("data_offsets [{}, {}] begin after end", e.begin, e.end));
+    }
     if (e.end > data_size) {
-      FailTensor(name, fmt::format("data_offsets [{}, {}] run past the data buffer of {} bytes (truncated file?)",
-                                   e.begin, e.end, data_size));
+      FailTensor(name,
+                 fmt::format(
+                     "data_offsets [{}, {}] run past the data buffer of {} bytes (truncated file?)",
+                     e.begin, e.end, data_size));
     }
     if (e.end - e.begin != numel * element) {
       FailTensor(name, fmt::format("{} bytes for {}{} ({} bytes expected)", e.end - e.begin,
@@ -187,14 +206,19 @@ class Reader {
     for (const Entry& e : entries) {
       if (e.begin == e.end) continue;  // an empty tensor occupies no bytes
       if (e.begin < covered) {
-        FailTensor(e.name, fmt::format("bytes [{}, {}) overlap tensor '{}'", e.begin, e.end, previous->name));
+        FailTensor(e.name, fmt::format("bytes [{}, {}) overlap tensor '{}'", e.begin, e.end,
+                                       previous->name));
       }
-      if (e.begin > covered) Fail(fmt::format("bytes [{}, {}) of the data buffer belong to no tensor", covered, e.begin));
+      if (e.begin > covered) {
+        Fail(
+            fmt::format("bytes [{}, {}) of the data buffer belong to no tensor", covered, e.begin));
+      }
       covered = e.end;
       previous = &e;
     }
     if (covered != data_size) {
-      Fail(fmt::format("bytes [{}, {}) of the data buffer belong to no tensor", covered, data_size));
+      Fail(
+          fmt::format("bytes [{}, {}) of the data buffer belong to no tensor", covered, data_size));
     }
   }
 
@@ -204,13 +228,16 @@ class Reader {
 
 }  // namespace
 
-SafetensorsFile ParseSafetensors(std::string_view bytes, std::string_view label, Allocator& allocator) {
+SafetensorsFile ParseSafetensors(std::string_view bytes, std::string_view label,
+                                 Allocator& allocator) {
   return Reader(bytes, label).Parse(allocator);
 }
 
 SafetensorsFile ReadSafetensors(const std::string& path, Allocator& allocator) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
+  if (!in) {
+    throw IoError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
+  }
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) throw IoError(fmt::format("{}: read failed", path));
@@ -228,11 +255,14 @@ std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,
     if (name.empty() || name == "__metadata__") {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot name a tensor", name));
     }
-    if (!t.defined()) throw InvalidArgument(fmt::format("safetensors: tensor '{}' is undefined", name));
+    if (!t.defined()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' is undefined", name));
+    }
     contiguous.push_back(t.Contiguous());
-    header[name] = {{"dtype", SafetensorsName(t.dtype())},
-                    {"shape", std::vector<int64_t>(t.shape().dims().begin(), t.shape().dims().end())},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    header[name] = {
+        {"dtype", SafetensorsName(t.dtype())},
+        {"shape", std::vector<int64_t>(t.shape().dims().begin(), t.shape().dims().end())},
+        {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
   std::string text = header.dump();
@@ -252,7 +282,9 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, Tenso
                       const std::map<std::string, std::string>& metadata) {
   const std::string bytes = SerializeSafetensors(tensors, metadata);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw IoError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+  if (!out) {
+    throw IoError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+  }
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
   if (!out) throw IoError(fmt::format("{}: write failed", path));

@@ -15,6 +15,9 @@ namespace {
 
 std::string GradName(std::string_view v) { return std::string(v) + ".grad"; }
 
+std::vector<ValueId> RecomputableSaved(const Program& fwd, const std::unordered_set<std::string>& saved);
+Program WithRecomputation(const Program& fwd, const Program& bwd, const std::vector<ValueId>& recompute);
+
 class BackwardBuilder {
  public:
   BackwardBuilder(const Program& fwd, const GradientSpec& spec)
@@ -177,6 +180,14 @@ Backward BackwardBuilder::Build() {
   out.program = PruneDeadCode(b_.program());
   std::unordered_set<std::string> seed_names;
   for (const std::string& s : spec_.seeds) seed_names.insert(GradName(s));
+  if (spec_.recompute) {
+    std::unordered_set<std::string> saved;
+    for (ValueId v : out.program.inputs()) {
+      if (!seed_names.count(out.program.value(v).name)) saved.insert(out.program.value(v).name);
+    }
+    std::vector<ValueId> recompute = RecomputableSaved(fwd_, saved);
+    if (!recompute.empty()) out.program = WithRecomputation(fwd_, out.program, recompute);
+  }
   for (ValueId v : out.program.inputs()) {
     const std::string& n = out.program.value(v).name;
     if (!seed_names.count(n)) out.saved.push_back(n);
@@ -207,6 +218,65 @@ Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_
     for (ValueId v : ins.outputs) names.push_back(src.value(v).name);
     dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
   }
+  return dst;
+}
+
+// Saved values that the backward program can recompute from values it reads anyway (see
+// GradientSpec::recompute), in forward order.
+std::vector<ValueId> RecomputableSaved(const Program& fwd, const std::unordered_set<std::string>& saved) {
+  std::unordered_set<std::string> kept = saved;
+  std::vector<ValueId> chosen;
+  for (const Instruction& ins : fwd.instructions()) {
+    if (!ins.op->recomputable || ins.outputs.size() != 1) continue;
+    const std::string& name = fwd.value(ins.outputs[0]).name;
+    if (!kept.count(name)) continue;
+    const bool inputs_available = std::all_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId v) {
+      return fwd.value(v).kind == ValueKind::kParam || kept.count(fwd.value(v).name);
+    });
+    if (!inputs_available) continue;
+    kept.erase(name);
+    chosen.push_back(ins.outputs[0]);
+  }
+  return chosen;
+}
+
+// `bwd` with the values in `recompute` (forward ids) computed by their forward instructions right
+// before their first use instead of being read as inputs.
+Program WithRecomputation(const Program& fwd, const Program& bwd, const std::vector<ValueId>& recompute) {
+  std::unordered_set<std::string> names;
+  for (ValueId v : recompute) names.insert(fwd.value(v).name);
+  Program dst(bwd.name());
+  for (const Value& v : bwd.values()) dst.ReserveName(v.name);
+  for (const Value& v : fwd.values()) dst.ReserveName(v.name);
+  for (ValueId v : bwd.inputs()) {
+    if (!names.count(bwd.value(v).name)) dst.AddInput(bwd.value(v).name, bwd.value(v).type);
+  }
+  for (ValueId v : bwd.params()) dst.AddParam(bwd.value(v).name, bwd.value(v).type);
+  auto ensure = [&](const std::string& name) {
+    if (dst.Find(name) || !names.count(name)) return;
+    const Instruction& ins = fwd.instructions().at(fwd.value(fwd.Get(name)).producer);
+    std::vector<ValueId> inputs;
+    for (ValueId v : ins.inputs) {
+      const Value& in = fwd.value(v);
+      if (!dst.Find(in.name)) {
+        SLUICE_CHECK(in.kind == ValueKind::kParam, "recomputing %{} needs %{}", name, in.name);
+        dst.AddParam(in.name, in.type);
+      }
+      inputs.push_back(dst.Get(in.name));
+    }
+    dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, {name});
+  };
+  for (const Instruction& ins : bwd.instructions()) {
+    std::vector<ValueId> inputs;
+    for (ValueId v : ins.inputs) {
+      ensure(bwd.value(v).name);
+      inputs.push_back(dst.Get(bwd.value(v).name));
+    }
+    std::vector<std::string> out_names;
+    for (ValueId v : ins.outputs) out_names.push_back(bwd.value(v).name);
+    dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(out_names));
+  }
+  for (ValueId v : bwd.outputs()) dst.AddOutput(dst.Get(bwd.value(v).name));
   return dst;
 }
 

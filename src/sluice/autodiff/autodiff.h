@@ -14,6 +14,10 @@
 //   * partial contributions to a value used more than once keep generated names (add_3, ...) and
 //     are summed, in the order the uses appear in reverse, into %v.grad.
 //
+// Recomputation (GradientSpec::recompute, on by default) trades a cheap op for a saved tensor:
+// layer_norm(x) feeding a linear is recomputed from x, which layer_norm's own gradient reads
+// anyway, so a GPT block keeps its normalized activations and its GELU output out of the saved set.
+//
 // Work no gradient needs is never emitted: VJP rules are only asked for inputs that depend on a
 // value being differentiated, and a final pass removes instructions whose results reach no output.
 //
@@ -37,6 +41,11 @@ struct GradientSpec {
   std::vector<std::string> seeds;
   // Values to differentiate with respect to: parameters and/or inputs of the forward program.
   std::vector<std::string> wrt;
+  // Recompute instead of save: a saved value produced by a recomputable op (OpDef::recomputable:
+  // layer_norm, gelu, relu, ...) whose inputs the backward program reads anyway is recomputed
+  // there, right before its first use, and no longer kept alive from the forward pass. Results are
+  // bitwise the same (kernels are deterministic); the forward keeps fewer bytes.
+  bool recompute = true;
 };
 
 struct Backward {

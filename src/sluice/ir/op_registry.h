@@ -97,6 +97,10 @@ struct OpDef {
   KernelFn kernel = nullptr;     // fast kernel
   KernelFn reference = nullptr;  // plain, commented reference kernel (== kernel when there is one)
   VjpFn vjp = nullptr;           // null: not differentiable (autodiff reports it by name)
+  // Cheap enough (one pass over memory, no reduction across rows) that a backward program may
+  // recompute the output from the op's inputs instead of keeping it alive from the forward pass
+  // (GradientSpec::recompute).
+  bool recomputable = false;
   std::string doc;               // one line for `sluice ops` and docs
 };
 

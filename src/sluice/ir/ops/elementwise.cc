@@ -219,13 +219,14 @@ void RegisterBinary(OpRegistry& r, std::string name, KernelFn fast, KernelFn ref
 
 // reference == nullptr: the kernel is the only version (the registry uses it for both).
 void RegisterUnary(OpRegistry& r, std::string name, KernelFn fast, KernelFn reference, VjpFn vjp,
-                   std::string doc) {
+                   std::string doc, bool recomputable = false) {
   r.Register({.name = std::move(name),
               .num_inputs = 1,
               .infer = InferUnary,
               .kernel = fast,
               .reference = reference,
               .vjp = vjp,
+              .recomputable = recomputable,
               .doc = std::move(doc)});
 }
 
@@ -288,16 +289,17 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .infer = InferScale,
               .kernel = ScaleKernel,
               .vjp = ScaleVjp,
+              .recomputable = true,
               .doc = "x * attribute factor"});
   RegisterUnary(r, "neg", UnaryKernel<kernels::Neg<float>, kernels::Neg<double>>, nullptr, NegVjp,
-                "-x");
+                "-x", /*recomputable=*/true);
   RegisterUnary(r, "relu", UnaryKernel<kernels::Relu<float>, kernels::Relu<double>>, nullptr,
-                ReluVjp, "max(x, 0)");
+                ReluVjp, "max(x, 0)", /*recomputable=*/true);
   RegisterUnary(r, "gelu", UnaryKernel<kernels::GeluFast<float>, kernels::GeluFast<double>>,
                 UnaryKernel<kernels::GeluReference<float>, kernels::GeluReference<double>>, GeluVjp,
-                "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))");
+                "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))", /*recomputable=*/true);
   RegisterUnary(r, "tanh", UnaryKernel<kernels::Tanh<float>, kernels::Tanh<double>>, nullptr,
-                TanhVjp, "tanh(x)");
+                TanhVjp, "tanh(x)", /*recomputable=*/true);
   RegisterUnary(r, "exp", UnaryKernel<kernels::ExpFast<float>, kernels::ExpFast<double>>,
                 UnaryKernel<kernels::ExpReference<float>, kernels::ExpReference<double>>, ExpVjp,
                 "e^x");

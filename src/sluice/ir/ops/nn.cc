@@ -464,6 +464,7 @@ void RegisterNnOps(OpRegistry& r) {
               .kernel = LayerNormKernel<true>,
               .reference = LayerNormKernel<false>,
               .vjp = LayerNormVjp,
+              .recomputable = true,
               .doc = "layer normalization over the last axis (biased variance, attribute eps); x, "
                      "weight, bias"});
   r.Register({.name = "layer_norm_grad_x",

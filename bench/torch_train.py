@@ -1,0 +1,116 @@
+#!/usr/bin/python3
+"""PyTorch 1.13 side of the training benchmark (bench/train_bench.cc runs sluice's side).
+
+The same nanoGPT-style GPT as sluice's (tests/parity/gpt_reference.py: pre-LayerNorm blocks,
+biases, GELU tanh, untied head), AdamW, random tokens. Reports tokens/s over --steps timed steps
+(after --warmup) and the peak tensor memory of one training step measured with the profiler
+(profile_memory=True): the bytes of every live tensor — parameters, optimizer state, gradients,
+activations — at the worst moment of forward, backward and the optimizer step. Gradients are
+released between steps (zero_grad(set_to_none=True)), as a memory-conscious user would.
+
+Run: /usr/bin/python3 bench/torch_train.py --threads 1 [--vocab 256 --layers 4 --heads 4 --dim 128
+     --seq 64 --batch 16 --steps 20 --warmup 3]
+Prints one JSON object.
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.H = H
+        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        D = C // self.H
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.H, D).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+        att = att.masked_fill(mask[:T, :T], float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, V, T, L, H, C):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.h = nn.ModuleList(Block(C, H) for _ in range(L))
+        self.ln_f = nn.LayerNorm(C)
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1), persistent=False)
+
+    def forward(self, ids, targets):
+        B, T = ids.shape
+        x = self.wte(ids) + self.wpe.weight[:T]
+        for block in self.h:
+            x = block(x, self.mask)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+
+
+def step(model, opt, ids, targets):
+    opt.zero_grad(set_to_none=True)
+    loss = model(ids, targets)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def peak_step_bytes(model, opt, ids, targets):
+    """Live tensor bytes before the step plus the highest running total of the memory the
+    profiler attributes to each op (self CPU memory: its allocations minus its frees), the ops
+    taken in start order. The op granularity nets allocations and frees inside one op, so the
+    figure can sit slightly below the true peak — it favours PyTorch."""
+    opt.zero_grad(set_to_none=True)
+    live = sum(p.numel() * p.element_size() for p in model.parameters())
+    live += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    live += sum(b.numel() * b.element_size() for b in model.buffers())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(model, opt, ids, targets)
+    total = peak = 0
+    for e in sorted(prof.profiler.function_events, key=lambda e: e.time_range.start):
+        total += e.self_cpu_memory_usage
+        peak = max(peak, total)
+    return live + peak
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("vocab", 256), ("layers", 4), ("heads", 4), ("dim", 128), ("seq", 64), ("batch", 16),
+                          ("steps", 20), ("warmup", 3), ("threads", 1)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = GPT(a.vocab, a.seq, a.layers, a.heads, a.dim)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    ids = torch.randint(0, a.vocab, (a.batch, a.seq))
+    targets = torch.randint(0, a.vocab, (a.batch, a.seq))
+    for _ in range(a.warmup):
+        step(model, opt, ids, targets)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        step(model, opt, ids, targets)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    median = times[len(times) // 2]
+    print(json.dumps({"framework": "pytorch " + torch.__version__, "threads": a.threads,
+                      "tokens_per_s": a.batch * a.seq / median, "step_ms_median": median * 1e3,
+                      "peak_tensor_bytes": peak_step_bytes(model, opt, ids, targets)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+// Training throughput and peak tensor memory of `sluice train` (one stage), for the side-by-side
+// comparison with PyTorch in bench/torch_train.py. Same model (GPT, vocab 256, 4 layers, 4 heads,
+// C = 128, T = 64, batch 16, AdamW), random bytes as data.
+//
+// Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc none|sync|async]
+// Prints one JSON object: tokens_per_s (median step), step_ms_median, and peak_tensor_bytes — the
+// trainer allocator's peak of requested bytes during a step: parameters, optimizer state,
+// gradients and activations, every tensor the step holds (what the PyTorch side measures).
+// bench/compare_train.sh runs both sides at 1 and 2 threads and prints the ratios.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "sluice/train/trainer.h"
+
+int main(int argc, char** argv) {
+  using namespace sluice;
+  int threads = 1;
+  int64_t steps = 20, warmup = 3;
+  std::string gc = "async";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (flag == "--steps") steps = std::atoll(argv[i + 1]);
+    else if (flag == "--warmup") warmup = std::atoll(argv[i + 1]);
+    else if (flag == "--gc") gc = argv[i + 1];
+    else {
+      fmt::print(stderr, "train_bench: unknown option {}\n", flag);
+      return 2;
+    }
+  }
+  const std::string data = fmt::format("/tmp/sluice_train_bench_{}.bin", ::getpid());
+  {
+    std::mt19937 rng(0);
+    std::ofstream out(data, std::ios::binary);
+    for (int i = 0; i < (1 << 20); ++i) out.put(static_cast<char>(rng() & 0xff));
+  }
+  TrainConfig c;
+  c.data = data;
+  c.gpt = {.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .dim = 128};
+  c.batch = 16;
+  c.steps = warmup + steps;
+  c.optimizer = {.kind = OptimizerKind::kAdamW, .lr = 1e-3, .weight_decay = 0.1};
+  c.threads = threads;
+  c.gc = *ParseGcMode(gc);
+  Trainer trainer(c);
+  std::vector<double> ms;
+  int64_t peak = 0;
+  for (int64_t s = 0; s < warmup + steps; ++s) {
+    StepRecord r = trainer.Step();
+    if (s >= warmup) {
+      ms.push_back(r.step_ms);
+      peak = std::max(peak, r.peak_allocated_bytes);
+    }
+  }
+  std::remove(data.c_str());
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2];
+  nlohmann::json out = {{"framework", "sluice"}, {"threads", threads}, {"gc", gc},
+                        {"tokens_per_s", 16 * 64 / (median / 1000.0)}, {"step_ms_median", median},
+                        {"peak_tensor_bytes", peak}};
+  fmt::print("{}\n", out.dump());
+  return 0;
+}

@@ -46,7 +46,8 @@ class ScheduleCli : public ::testing::Test {
 
   Result Sluice(const std::string& args) {
     const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("'{}' schedule {} > '{}' 2> '{}'", binary_, args, out.string(), err.string());
+    const std::string cmd =
+        fmt::format("'{}' schedule {} > '{}' 2> '{}'", binary_, args, out.string(), err.string());
     const int raw = std::system(cmd.c_str());
     return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, Read(out), Read(err)};
   }
@@ -78,11 +79,14 @@ TEST_F(ScheduleCli, ImpossibleRequestsAreErrorsNamingTheFix) {
     std::string args, message;
   };
   for (const Case& c : std::vector<Case>{
-           {"-p 4 -m 2 -s 1f1b", "1f1b: needs at least as many micro-batches as stages (M=2 < P=4): use 4 or more"},
-           {"-p 4 -m 6 -s interleaved", "must be a multiple of the stage count (M=6, P=4): use 4 or 8 micro-batches"},
+           {"-p 4 -m 2 -s 1f1b",
+            "1f1b: needs at least as many micro-batches as stages (M=2 < P=4): use 4 or more"},
+           {"-p 4 -m 6 -s interleaved",
+            "must be a multiple of the stage count (M=6, P=4): use 4 or 8 micro-batches"},
            {"-p 4 -m 8 -s interleaved --chunks 1", "needs at least 2 chunks per rank"},
            {"-p 0 -m 8 -s gpipe", "needs at least 1 stage (got 0)"},
-           {"-p 4 -m 8 -s zb-h2", "unknown schedule 'zb-h2': choose one of gpipe, 1f1b, interleaved, zb-h1"},
+           {"-p 4 -m 8 -s zb-h2",
+            "unknown schedule 'zb-h2': choose one of gpipe, 1f1b, interleaved, zb-h1"},
            {"-p 4 -m 8 -s 1f1b --chunks 2", "chunks apply to interleaved only"},
        }) {
     const Result r = Sluice(c.args);

@@ -14,7 +14,8 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(ScheduleTable, OneFOneBGrid) {
-  const Schedule s = MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 3});
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 3});
   EXPECT_EQ(FormatScheduleTable(s),
             "1f1b (P=2, M=3): 8 steps at unit cost (F = B = 1, messages free)\n"
             "step    0  1  2  3  4  5  6  7\n"
@@ -25,13 +26,14 @@ TEST(ScheduleTable, OneFOneBGrid) {
             "0     2          25.0%\n"
             "1     1          25.0%\n"
             "\n"
-            "cells: Fm forward and Bm backward of micro-batch m; . idle. in flight: micro-batches whose F has run "
+            "cells: Fm forward and Bm backward of micro-batch m; . idle. in flight: micro-batches "
+            "whose F has run "
             "and B has not.\n");
 }
 
 TEST(ScheduleTable, ZeroBubbleShowsWeightGradientsAndAwaitingW) {
-  const std::string table =
-      FormatScheduleTable(MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = 2, .micro_batches = 2}));
+  const std::string table = FormatScheduleTable(
+      MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = 2, .micro_batches = 2}));
   EXPECT_THAT(table, HasSubstr("(F = B = W = 1, messages free)"));
   EXPECT_THAT(table, HasSubstr("rank 0  F0 F1 .  B0 W0 B1 W1\n"));
   EXPECT_THAT(table, HasSubstr("rank  in flight  awaiting W  bubble\n"));
@@ -39,14 +41,15 @@ TEST(ScheduleTable, ZeroBubbleShowsWeightGradientsAndAwaitingW) {
 }
 
 TEST(ScheduleTable, InterleavedCellsNameChunkAndMicroBatch) {
-  const std::string table =
-      FormatScheduleTable(MakeSchedule({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 2}));
+  const std::string table = FormatScheduleTable(
+      MakeSchedule({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 2}));
   EXPECT_THAT(table, HasSubstr("rank 0  F0.0 F0.1 F1.0 F1.1"));
   EXPECT_THAT(table, HasSubstr("chunk-micro-batches"));
 }
 
 TEST(ScheduleJson, ListsEveryActionInOrder) {
-  const Schedule s = MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 2});
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 2});
   const nlohmann::ordered_json j = ScheduleToJson(s);
   EXPECT_EQ(j["schedule"], "1f1b");
   EXPECT_EQ(j["stages"], 2);

@@ -21,14 +21,16 @@ inline void PrintTo(const Action& a, std::ostream* os) { *os << ActionName(a, 2)
 namespace testing {
 
 inline Action ParseAction(const std::string& token) {
-  static const std::regex kAction(R"((SEND_F|RECV_F|SEND_B|RECV_B|F|B|W)(?:(\d+)\.)?(\d+)(?:[<>](\d+))?)");
+  static const std::regex kAction(
+      R"((SEND_F|RECV_F|SEND_B|RECV_B|F|B|W)(?:(\d+)\.)?(\d+)(?:[<>](\d+))?)");
   if (token == "OPT") return {.kind = ActionKind::kOptimizer};
   std::smatch m;
   if (!std::regex_match(token, m, kAction)) {
     ADD_FAILURE() << "not an action: " << token;
     return {};
   }
-  static const std::vector<std::string> kKinds = {"F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
+  static const std::vector<std::string> kKinds = {"F",      "B",      "W",     "SEND_F",
+                                                  "RECV_F", "SEND_B", "RECV_B"};
   Action a;
   for (size_t k = 0; k < kKinds.size(); ++k) {
     if (kKinds[k] == m[1].str()) a.kind = static_cast<ActionKind>(k);

@@ -27,7 +27,8 @@ std::vector<ScheduleOptions> AllRequests() {
       all.push_back({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M});
       if (M % P != 0) continue;
       for (int V : {2, 3}) {
-        all.push_back({.kind = ScheduleKind::kInterleaved, .stages = P, .micro_batches = M, .chunks = V});
+        all.push_back(
+            {.kind = ScheduleKind::kInterleaved, .stages = P, .micro_batches = M, .chunks = V});
       }
     }
   }
@@ -92,7 +93,8 @@ TEST(Schedules, OptimizerOncePerRankAtTheEnd) {
 TEST(Schedules, OneFOneBLastStageRunsEachBackwardRightAfterItsForward) {
   for (int P = 1; P <= 8; ++P) {
     for (int M = P; M <= 4 * P; ++M) {
-      const Schedule s = MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M});
+      const Schedule s =
+          MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M});
       SCOPED_TRACE(s.Describe());
       const std::vector<Action> computes = Computes(s.ranks[P - 1]);
       ASSERT_EQ(computes.size(), 2u * M);
@@ -117,7 +119,8 @@ TEST(Schedules, GPipeRunsAllForwardsThenAllBackwards) {
 TEST(Schedules, InterleavedPlacesChunkCOfRankROnVirtualStageCPPlusR) {
   // P = 2, V = 2: rank 0 holds virtual stages 0 and 2, rank 1 stages 1 and 3, so rank 1's chunk 0
   // sends its forward output back to rank 0's chunk 1.
-  const Schedule s = MakeSchedule({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 2});
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 2});
   const Action send{.kind = ActionKind::kSendF, .chunk = 0, .micro_batch = 0, .peer = 0};
   const Action recv{.kind = ActionKind::kRecvF, .chunk = 1, .micro_batch = 0, .peer = 1};
   EXPECT_EQ(std::ranges::count(s.ranks[1], send), 1);
@@ -130,14 +133,16 @@ TEST(Schedules, InFlightMatchesTheory) {
     const Schedule s = MakeSchedule(o);
     SCOPED_TRACE(s.Describe());
     const std::vector<InFlight> peaks = InFlightPeaks(s);
-    for (int r = 0; r < s.stages; ++r) EXPECT_EQ(peaks[r].peak, TheoreticalInFlight(o, r)) << "rank " << r;
+    for (int r = 0; r < s.stages; ++r)
+      EXPECT_EQ(peaks[r].peak, TheoreticalInFlight(o, r)) << "rank " << r;
   }
 }
 
 TEST(Schedules, InFlightClosedForms) {
   // The formulas themselves, at P = 4, M = 8 (docs/pipeline.md).
   auto in_flight = [](ScheduleKind kind, int rank, int chunks = 0) {
-    return TheoreticalInFlight({.kind = kind, .stages = 4, .micro_batches = 8, .chunks = chunks}, rank);
+    return TheoreticalInFlight({.kind = kind, .stages = 4, .micro_batches = 8, .chunks = chunks},
+                               rank);
   };
   EXPECT_EQ(in_flight(ScheduleKind::kGPipe, 3), 8);
   EXPECT_EQ(in_flight(ScheduleKind::kOneFOneB, 0), 4);
@@ -145,17 +150,25 @@ TEST(Schedules, InFlightClosedForms) {
   EXPECT_EQ(in_flight(ScheduleKind::kZeroBubbleH1, 1), 3);
   EXPECT_EQ(in_flight(ScheduleKind::kInterleaved, 0, 2), 11);  // V·P + P − 1
   EXPECT_EQ(in_flight(ScheduleKind::kInterleaved, 3, 2), 5);
-  EXPECT_EQ(TheoreticalInFlight({.kind = ScheduleKind::kInterleaved, .stages = 4, .micro_batches = 4}, 0), 8);  // V·M
+  EXPECT_EQ(
+      TheoreticalInFlight({.kind = ScheduleKind::kInterleaved, .stages = 4, .micro_batches = 4}, 0),
+      8);  // V·M
 }
 
 TEST(Schedules, ZeroBubbleH1HoldsNoMoreBetweenForwardAndBackwardThanOneFOneB) {
   for (int P = 1; P <= 8; ++P) {
     for (int M = P; M <= 4 * P; ++M) {
-      const auto zb = InFlightPeaks(MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M}));
-      const auto base = InFlightPeaks(MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M}));
+      const auto zb = InFlightPeaks(
+          MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M}));
+      const auto base = InFlightPeaks(
+          MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M}));
       for (int r = 0; r < P; ++r) {
         EXPECT_EQ(zb[r].peak, base[r].peak) << "P=" << P << " M=" << M << " rank " << r;
         EXPECT_EQ(zb[r].peak_awaiting_weight, r + 1) << "P=" << P << " M=" << M << " rank " << r;
+        // Between F and W, at most what 1F1B holds on its fullest stage.
+        EXPECT_EQ(zb[r].peak_until_weight, base[0].peak)
+            << "P=" << P << " M=" << M << " rank " << r;
+        EXPECT_EQ(base[r].peak_until_weight, base[r].peak);
       }
     }
   }
@@ -167,7 +180,8 @@ TEST(Schedules, BubbleMatchesTheoryOnEveryRank) {
     const Schedule s = MakeSchedule(o);
     SCOPED_TRACE(s.Describe());
     const Simulation sim = Simulate(s);
-    for (int r = 0; r < s.stages; ++r) EXPECT_NEAR(sim.ranks[r].bubble, TheoreticalBubble(o), 1e-12) << "rank " << r;
+    for (int r = 0; r < s.stages; ++r)
+      EXPECT_NEAR(sim.ranks[r].bubble, TheoreticalBubble(o), 1e-12) << "rank " << r;
     EXPECT_NEAR(sim.bubble, TheoreticalBubble(o), 1e-12);
   }
 }
@@ -184,8 +198,13 @@ TEST(Schedules, GPipeAndOneFOneBBubbleHoldsForEqualForwardAndBackward) {
 TEST(Schedules, ZeroBubbleH1BubbleBelowOneFOneB) {
   for (int P = 2; P <= 8; ++P) {
     for (int M = P; M <= 4 * P; ++M) {
-      const double zb = Simulate(MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M})).bubble;
-      const double base = Simulate(MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M})).bubble;
+      const double zb =
+          Simulate(
+              MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M}))
+              .bubble;
+      const double base =
+          Simulate(MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M}))
+              .bubble;
       EXPECT_LT(zb, base) << "P=" << P << " M=" << M;
     }
   }
@@ -219,20 +238,26 @@ std::string ErrorOf(const ScheduleOptions& o) {
 }
 
 TEST(Schedules, ImpossibleRequestsNameTheFix) {
-  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kOneFOneB, .stages = 4, .micro_batches = 2}),
-              HasSubstr("1f1b: needs at least as many micro-batches as stages (M=2 < P=4): use 4 or more "
-                        "micro-batches, or gpipe"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kOneFOneB, .stages = 4, .micro_batches = 2}),
+      HasSubstr("1f1b: needs at least as many micro-batches as stages (M=2 < P=4): use 4 or more "
+                "micro-batches, or gpipe"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kZeroBubbleH1, .stages = 3, .micro_batches = 1}),
               HasSubstr("zb-h1: needs at least as many micro-batches as stages (M=1 < P=3)"));
-  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 4, .micro_batches = 6}),
-              HasSubstr("interleaved: the micro-batch count must be a multiple of the stage count (M=6, P=4): "
-                        "use 4 or 8 micro-batches"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 4, .micro_batches = 6}),
+      HasSubstr(
+          "interleaved: the micro-batch count must be a multiple of the stage count (M=6, P=4): "
+          "use 4 or 8 micro-batches"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 4, .micro_batches = 3}),
               HasSubstr("use 4 micro-batches"));
-  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 4, .chunks = 1}),
-              HasSubstr("interleaved: needs at least 2 chunks per rank (got 1); for one chunk per rank use 1f1b"));
-  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 4, .chunks = 2}),
-              HasSubstr("1f1b: runs 1 chunk per rank (got 2 chunks); chunks apply to interleaved only"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 4, .chunks = 1}),
+      HasSubstr("interleaved: needs at least 2 chunks per rank (got 1); for one chunk per rank use "
+                "1f1b"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 4, .chunks = 2}),
+      HasSubstr("1f1b: runs 1 chunk per rank (got 2 chunks); chunks apply to interleaved only"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 0, .micro_batches = 4}),
               HasSubstr("gpipe: needs at least 1 stage (got 0)"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 2, .micro_batches = 0}),
@@ -248,7 +273,9 @@ TEST(Schedules, ParseScheduleKindListsTheNames) {
     ParseScheduleKind("zb-h2");
     ADD_FAILURE() << "zb-h2 parsed";
   } catch (const InvalidArgument& e) {
-    EXPECT_THAT(e.what(), HasSubstr("unknown schedule 'zb-h2': choose one of gpipe, 1f1b, interleaved, zb-h1"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr("unknown schedule 'zb-h2': choose one of gpipe, 1f1b, interleaved, zb-h1"));
   }
 }
 

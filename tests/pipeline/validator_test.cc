@@ -13,8 +13,8 @@ namespace sluice::pipeline {
 namespace {
 
 using ::testing::AllOf;
-using ::testing::HasSubstr;
 using testing::FromText;
+using ::testing::HasSubstr;
 using testing::ScheduleText;
 
 std::string ErrorOfSchedule(const Schedule& schedule) {
@@ -34,22 +34,25 @@ const ScheduleText kGood1F1B = {
     .ranks = {"F0 SEND_F0>1 F1 SEND_F1>1 RECV_B0<1 B0 RECV_B1<1 B1 OPT",
               "RECV_F0<0 F0 RECV_F1<0 B0 SEND_B0>0 F1 B1 SEND_B1>0 OPT"}};
 
-TEST(Validator, AcceptsAHandWrittenOneFOneB) { EXPECT_NO_THROW(ValidateSchedule(FromText(kGood1F1B))); }
+TEST(Validator, AcceptsAHandWrittenOneFOneB) {
+  EXPECT_NO_THROW(ValidateSchedule(FromText(kGood1F1B)));
+}
 
 TEST(Validator, AcceptsLocalHandOffBetweenChunksOfOneRank) {
-  EXPECT_NO_THROW(ValidateSchedule(FromText(
-      {.micro_batches = 1, .chunks = 2, .ranks = {"F0.0 F1.0 B1.0 B0.0 OPT"}})));
+  EXPECT_NO_THROW(ValidateSchedule(
+      FromText({.micro_batches = 1, .chunks = 2, .ranks = {"F0.0 F1.0 B1.0 B0.0 OPT"}})));
 }
 
 TEST(Validator, DeadlockUnderRendezvousNamesEveryBlockedRank) {
   // The textbook mistake: each rank sends before it receives, so both block in their send.
   ScheduleText naive = kGood1F1B;
   naive.ranks[1] = "RECV_F0<0 F0 B0 SEND_B0>0 RECV_F1<0 F1 B1 SEND_B1>0 OPT";
-  EXPECT_THAT(ErrorOf(naive), AllOf(HasSubstr("1f1b (P=2, M=2): deadlock under blocking send/receive"),
-                                    HasSubstr("rank 0 waits at step 3 (SEND_F1>1) for rank 1, which waits at "
-                                              "step 3 (SEND_B0>0)"),
-                                    HasSubstr("rank 1 waits at step 3 (SEND_B0>0) for rank 0, which waits at "
-                                              "step 3 (SEND_F1>1)")));
+  EXPECT_THAT(ErrorOf(naive),
+              AllOf(HasSubstr("1f1b (P=2, M=2): deadlock under blocking send/receive"),
+                    HasSubstr("rank 0 waits at step 3 (SEND_F1>1) for rank 1, which waits at "
+                              "step 3 (SEND_B0>0)"),
+                    HasSubstr("rank 1 waits at step 3 (SEND_B0>0) for rank 0, which waits at "
+                              "step 3 (SEND_F1>1)")));
 }
 
 TEST(Validator, BackwardBeforeItsForward) {
@@ -59,7 +62,8 @@ TEST(Validator, BackwardBeforeItsForward) {
 TEST(Validator, ForwardBeforeItsInputArrives) {
   ScheduleText early = kGood1F1B;
   early.ranks[1] = "F0 RECV_F0<0 RECV_F1<0 B0 SEND_B0>0 F1 B1 SEND_B1>0 OPT";
-  EXPECT_THAT(ErrorOf(early), HasSubstr("rank 1, step 0 (F0): runs before RECV_F0 (its input arrives there)"));
+  EXPECT_THAT(ErrorOf(early),
+              HasSubstr("rank 1, step 0 (F0): runs before RECV_F0 (its input arrives there)"));
 }
 
 TEST(Validator, BackwardBeforeItsGradientArrives) {
@@ -69,8 +73,9 @@ TEST(Validator, BackwardBeforeItsGradientArrives) {
 }
 
 TEST(Validator, SendBeforeItsCompute) {
-  EXPECT_THAT(ErrorOf({.ranks = {"SEND_F0>1 F0 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}}),
-              HasSubstr("rank 0, step 0 (SEND_F0>1): runs before F0"));
+  EXPECT_THAT(
+      ErrorOf({.ranks = {"SEND_F0>1 F0 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}}),
+      HasSubstr("rank 0, step 0 (SEND_F0>1): runs before F0"));
 }
 
 TEST(Validator, WeightBeforeItsBackward) {
@@ -84,12 +89,14 @@ TEST(Validator, WeightInAScheduleWithoutSplitBackward) {
 }
 
 TEST(Validator, MissingWeightUnderSplitBackward) {
-  EXPECT_THAT(ErrorOf({.micro_batches = 2, .split_backward = true, .ranks = {"F0 F1 B0 B1 W1 OPT"}}),
-              HasSubstr("rank 0 never runs W0"));
+  EXPECT_THAT(
+      ErrorOf({.micro_batches = 2, .split_backward = true, .ranks = {"F0 F1 B0 B1 W1 OPT"}}),
+      HasSubstr("rank 0 never runs W0"));
 }
 
 TEST(Validator, MissingForward) {
-  EXPECT_THAT(ErrorOf({.micro_batches = 2, .ranks = {"F0 B0 OPT"}}), HasSubstr("rank 0 never runs F1"));
+  EXPECT_THAT(ErrorOf({.micro_batches = 2, .ranks = {"F0 B0 OPT"}}),
+              HasSubstr("rank 0 never runs F1"));
 }
 
 TEST(Validator, MissingSend) {
@@ -99,7 +106,8 @@ TEST(Validator, MissingSend) {
 }
 
 TEST(Validator, ActionTwice) {
-  EXPECT_THAT(ErrorOf({.ranks = {"F0 F0 B0 OPT"}}), HasSubstr("rank 0, step 1 (F0): F0 already ran at step 0"));
+  EXPECT_THAT(ErrorOf({.ranks = {"F0 F0 B0 OPT"}}),
+              HasSubstr("rank 0, step 1 (F0): F0 already ran at step 0"));
 }
 
 TEST(Validator, OptimizerNotLast) {
@@ -112,28 +120,35 @@ TEST(Validator, OptimizerMissing) {
 }
 
 TEST(Validator, FirstStageHasNoRecvF) {
-  EXPECT_THAT(ErrorOf({.ranks = {"RECV_F0<1 F0 OPT", "F0 OPT"}}),
-              HasSubstr("rank 0, step 0 (RECV_F0<1): virtual stage 0 is the first stage: it has no RECV_F"));
+  EXPECT_THAT(
+      ErrorOf({.ranks = {"RECV_F0<1 F0 OPT", "F0 OPT"}}),
+      HasSubstr(
+          "rank 0, step 0 (RECV_F0<1): virtual stage 0 is the first stage: it has no RECV_F"));
 }
 
 TEST(Validator, LastStageHasNoSendF) {
-  EXPECT_THAT(ErrorOf({.ranks = {"F0 SEND_F0>0 B0 OPT"}}),
-              HasSubstr("rank 0, step 1 (SEND_F0>0): virtual stage 0 is the last stage: it has no SEND_F"));
+  EXPECT_THAT(
+      ErrorOf({.ranks = {"F0 SEND_F0>0 B0 OPT"}}),
+      HasSubstr("rank 0, step 1 (SEND_F0>0): virtual stage 0 is the last stage: it has no SEND_F"));
 }
 
 TEST(Validator, PeerMustBeTheNeighbouringStage) {
-  EXPECT_THAT(ErrorOf({.ranks = {"F0 SEND_F0>2 OPT", "OPT", "OPT"}}),
-              HasSubstr("rank 0, step 1 (SEND_F0>2): names peer 2, but the neighbouring virtual stage lives on "
-                        "rank 1"));
+  EXPECT_THAT(
+      ErrorOf({.ranks = {"F0 SEND_F0>2 OPT", "OPT", "OPT"}}),
+      HasSubstr(
+          "rank 0, step 1 (SEND_F0>2): names peer 2, but the neighbouring virtual stage lives on "
+          "rank 1"));
 }
 
 TEST(Validator, HandOffWithinARankIsNotAMessage) {
-  EXPECT_THAT(ErrorOf({.chunks = 2, .ranks = {"F0.0 SEND_F0.0>0 OPT"}}),
-              HasSubstr("virtual stages 0 and 1 are both on rank 0: the hand-off is local, no SEND_F"));
+  EXPECT_THAT(
+      ErrorOf({.chunks = 2, .ranks = {"F0.0 SEND_F0.0>0 OPT"}}),
+      HasSubstr("virtual stages 0 and 1 are both on rank 0: the hand-off is local, no SEND_F"));
 }
 
 TEST(Validator, ChunkAndMicroBatchInRange) {
-  EXPECT_THAT(ErrorOf({.ranks = {"F1.0 OPT"}}), HasSubstr("rank 0, step 0 (F1.0): chunk 1 is outside [0, 1)"));
+  EXPECT_THAT(ErrorOf({.ranks = {"F1.0 OPT"}}),
+              HasSubstr("rank 0, step 0 (F1.0): chunk 1 is outside [0, 1)"));
   EXPECT_THAT(ErrorOf({.micro_batches = 2, .ranks = {"F2 OPT"}}),
               HasSubstr("rank 0, step 0 (F2): micro-batch 2 is outside [0, 2)"));
 }
@@ -145,7 +160,8 @@ TEST(Validator, SendsAndReceivesPairUpInOrder) {
                .ranks = {"F0 SEND_F0>1 F1 SEND_F1>1 RECV_B0<1 B0 RECV_B1<1 B1 OPT",
                          "RECV_F1<0 RECV_F0<0 F0 F1 B0 SEND_B0>0 B1 SEND_B1>0 OPT"}}),
       AllOf(HasSubstr("gpipe (P=2, M=2): message 0 from rank 0 to rank 1 does not pair up"),
-            HasSubstr("rank 0, step 1 (SEND_F0>1) sends it, but rank 1, step 0 (RECV_F1<0) expects it")));
+            HasSubstr(
+                "rank 0, step 1 (SEND_F0>1) sends it, but rank 1, step 0 (RECV_F1<0) expects it")));
 }
 
 TEST(Validator, OneActionListPerRank) {

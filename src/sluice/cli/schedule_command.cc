@@ -30,10 +30,11 @@ struct ScheduleArgs {
 };
 
 int RunSchedule(const ScheduleArgs& args) {
-  const pipeline::Schedule schedule = pipeline::MakeSchedule({.kind = pipeline::ParseScheduleKind(args.schedule),
-                                                              .stages = args.stages,
-                                                              .micro_batches = args.micro_batches,
-                                                              .chunks = args.chunks});
+  const pipeline::Schedule schedule =
+      pipeline::MakeSchedule({.kind = pipeline::ParseScheduleKind(args.schedule),
+                              .stages = args.stages,
+                              .micro_batches = args.micro_batches,
+                              .chunks = args.chunks});
   if (args.format == "json") {
     fmt::print("{}\n", pipeline::ScheduleToJson(schedule).dump());
   } else {
@@ -48,9 +49,11 @@ CommandRunner SetupScheduleCommand(CLI::App& sub) {
   auto args = std::make_shared<ScheduleArgs>();
   sub.add_option("--stages,-p", args->stages, "Pipeline stages P (ranks)")->required();
   sub.add_option("--microbatches,-m", args->micro_batches, "Micro-batches M per step")->required();
-  sub.add_option("--schedule,-s", args->schedule, "gpipe, 1f1b, interleaved or zb-h1")->capture_default_str();
+  sub.add_option("--schedule,-s", args->schedule, "gpipe, 1f1b, interleaved or zb-h1")
+      ->capture_default_str();
   sub.add_option("--chunks,-v", args->chunks, "Chunks V per rank (interleaved only; default 2)");
-  sub.add_option("--format", args->format, "table (the action grid) or json (every action, in order)")
+  sub.add_option("--format", args->format,
+                 "table (the action grid) or json (every action, in order)")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
   return [args] { return RunSchedule(*args); };

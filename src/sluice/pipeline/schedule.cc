@@ -16,7 +16,8 @@ constexpr std::array<std::string_view, 8> kKindNames = {"F",      "B",      "W",
 std::string_view ActionKindName(ActionKind kind) { return kKindNames[static_cast<size_t>(kind)]; }
 
 bool IsCompute(ActionKind kind) {
-  return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kWeight;
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kWeight;
 }
 
 bool IsSend(ActionKind kind) { return kind == ActionKind::kSendF || kind == ActionKind::kSendB; }

@@ -9,11 +9,11 @@
 // model runs through virtual stages 0, 1, …, V·P − 1, so the first (embeddings) is chunk 0 of
 // rank 0 and the last (loss) is chunk V − 1 of rank P − 1.
 //
-//   action        what the rank does                                          grid cell
-//   F(c, m)       forward of chunk c on micro-batch m                         "Fm"  ("Fc.m" when V > 1)
-//   B(c, m)       backward: input gradients, and also the weight gradients   "Bm"  ("Bc.m")
-//                 unless the schedule splits the backward (split_backward)
-//   W(c, m)       weight gradients of a split backward                        "Wm"  ("Wc.m")
+//   action        what the rank does                                    grid cell (V > 1)
+//   F(c, m)       forward of chunk c on micro-batch m                   "Fm"  ("Fc.m")
+//   B(c, m)       backward: input gradients, and the weight gradients   "Bm"  ("Bc.m")
+//                 too unless the schedule splits the backward
+//   W(c, m)       weight gradients of a split backward                  "Wm"  ("Wc.m")
 //   SEND_F(c, m)  send the output of F(c, m) to `peer` (next virtual stage)
 //   RECV_F(c, m)  receive from `peer` the input of F(c, m)
 //   SEND_B(c, m)  send the input gradient made by B(c, m) to `peer` (previous virtual stage)
@@ -31,7 +31,8 @@
 // of one and the receives of the other name the same messages in the same order; OPT last; and
 // executing each rank's list in order with *blocking rendezvous* sends and receives (a send
 // completes only once the receiver has taken the message) cannot deadlock. A runtime with
-// buffered sends runs any such schedule too.
+// buffered sends, or one that posts receives ahead and waits where the message is read, runs
+// any such schedule too.
 //
 // Ownership and thread-safety: plain values, copied freely; concurrent reads are safe.
 //

@@ -30,6 +30,7 @@ std::vector<InFlight> InFlightPeaks(const Schedule& schedule) {
       } else if (a.kind == ActionKind::kWeight) {
         --awaiting_weight;
       }
+      peak.peak_until_weight = std::max(peak.peak_until_weight, total + awaiting_weight);
     }
   }
   return peaks;
@@ -40,10 +41,14 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
   auto cost = [&](ActionKind kind) {
     switch (kind) {
-      case ActionKind::kForward: return costs.forward;
-      case ActionKind::kBackward: return costs.backward + (schedule.split_backward ? 0 : costs.weight);
-      case ActionKind::kWeight: return costs.weight;
-      default: return 0.0;
+      case ActionKind::kForward:
+        return costs.forward;
+      case ActionKind::kBackward:
+        return costs.backward + (schedule.split_backward ? 0 : costs.weight);
+      case ActionKind::kWeight:
+        return costs.weight;
+      default:
+        return 0.0;
     }
   };
   Simulation sim;
@@ -70,7 +75,8 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
         const Action& a = schedule.ranks[r][next[r]];
         if (IsSend(a.kind) && mode == CommMode::kRendezvous) {
           const int q = a.peer;
-          const Action* b = next[q] < schedule.ranks[q].size() ? &schedule.ranks[q][next[q]] : nullptr;
+          const Action* b =
+              next[q] < schedule.ranks[q].size() ? &schedule.ranks[q][next[q]] : nullptr;
           if (b == nullptr || !IsRecv(b->kind) || b->peer != r) break;
           const double t = std::max(clock[r], clock[q]);
           finish(q, t, t);
@@ -100,8 +106,9 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
     }
   }
   for (int r = 0; r < P; ++r) {
-    SLUICE_CHECK(next[r] == schedule.ranks[r].size(), "{}: a validated schedule stalls on rank {} at step {}",
-                 schedule.Describe(), r, next[r]);
+    SLUICE_CHECK(next[r] == schedule.ranks[r].size(),
+                 "{}: a validated schedule stalls on rank {} at step {}", schedule.Describe(), r,
+                 next[r]);
   }
   sim.makespan = *std::ranges::max_element(clock);
   double idle = 0;

@@ -38,9 +38,11 @@
 namespace sluice::pipeline {
 
 struct InFlight {
-  int peak = 0;                      // max chunk-micro-batches in flight at once (all chunks)
-  std::vector<int> peak_per_chunk;   // [V]: the same, counting each chunk alone
-  int peak_awaiting_weight = 0;      // max chunk-micro-batches between B and W (0 unless split)
+  int peak = 0;                     // max chunk-micro-batches in flight at once (all chunks)
+  std::vector<int> peak_per_chunk;  // [V]: the same, counting each chunk alone
+  int peak_awaiting_weight = 0;     // max chunk-micro-batches between B and W (0 unless split)
+  int peak_until_weight = 0;        // max chunk-micro-batches between F and W: each holds some
+                                    // memory (= peak unless split)
 };
 
 // One entry per rank.
@@ -68,8 +70,8 @@ struct RankTime {
 
 struct Simulation {
   double makespan = 0;
-  double bubble = 0;             // Σ idle / (P · makespan)
-  std::vector<RankTime> ranks;   // [P]
+  double bubble = 0;            // Σ idle / (P · makespan)
+  std::vector<RankTime> ranks;  // [P]
 };
 
 Simulation Simulate(const Schedule& schedule, const CostModel& costs = {},

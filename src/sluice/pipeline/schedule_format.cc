@@ -43,28 +43,33 @@ std::string FormatScheduleTable(const Schedule& s) {
   const size_t label_width = fmt::format("rank {}", s.stages - 1).size() + 2;
   auto row = [&](const std::string& label, auto cell) {
     std::string line = fmt::format("{:<{}}", label, label_width);
-    for (int t = 0; t < steps; ++t) line += fmt::format("{:<{}}", cell(t), t + 1 < steps ? width + 1 : 0);
+    for (int t = 0; t < steps; ++t)
+      line += fmt::format("{:<{}}", cell(t), t + 1 < steps ? width + 1 : 0);
     return line + "\n";
   };
 
-  std::string out = fmt::format("{}: {} steps at unit cost (F = B{} = 1, messages free)\n", s.Describe(), steps,
-                                s.split_backward ? " = W" : "");
+  std::string out = fmt::format("{}: {} steps at unit cost (F = B{} = 1, messages free)\n",
+                                s.Describe(), steps, s.split_backward ? " = W" : "");
   out += row("step", [](int t) { return fmt::format("{}", t); });
   for (int r = 0; r < s.stages; ++r) {
     out += row(fmt::format("rank {}", r), [&](int t) { return grid[r][t]; });
   }
-  out += fmt::format("\n{:<6}{:<11}{}{}\n", "rank", "in flight", s.split_backward ? "awaiting W  " : "", "bubble");
+  out += fmt::format("\n{:<6}{:<11}{}{}\n", "rank", "in flight",
+                     s.split_backward ? "awaiting W  " : "", "bubble");
   for (int r = 0; r < s.stages; ++r) {
-    out += fmt::format("{:<6}{:<11}{}{}\n", r, in_flight[r].peak,
-                       s.split_backward ? fmt::format("{:<12}", in_flight[r].peak_awaiting_weight) : "",
-                       Percent(sim.ranks[r].bubble));
+    out += fmt::format(
+        "{:<6}{:<11}{}{}\n", r, in_flight[r].peak,
+        s.split_backward ? fmt::format("{:<12}", in_flight[r].peak_awaiting_weight) : "",
+        Percent(sim.ranks[r].bubble));
   }
   const std::string m = s.chunks > 1 ? "c.m" : "m";
-  out += fmt::format("\ncells: {} of {}; . idle. in flight: {} whose F has run and B has not.\n",
-                     s.split_backward ? fmt::format("F{0} forward, B{0} input gradients and W{0} weight gradients", m)
-                                      : fmt::format("F{0} forward and B{0} backward", m),
-                     s.chunks > 1 ? "chunk c, micro-batch m" : "micro-batch m",
-                     s.chunks > 1 ? "chunk-micro-batches" : "micro-batches");
+  out += fmt::format(
+      "\ncells: {} of {}; . idle. in flight: {} whose F has run and B has not.\n",
+      s.split_backward
+          ? fmt::format("F{0} forward, B{0} input gradients and W{0} weight gradients", m)
+          : fmt::format("F{0} forward and B{0} backward", m),
+      s.chunks > 1 ? "chunk c, micro-batch m" : "micro-batch m",
+      s.chunks > 1 ? "chunk-micro-batches" : "micro-batches");
   return out;
 }
 

@@ -2,8 +2,9 @@
 // schedule` prints, and JSON.
 //
 // Table: one row per rank, one column per time step of a unit-cost run (every F, B and W takes
-// one step, messages are free: Simulate in schedule_analysis.h), so a column holds what runs at
-// the same time and the pipeline's shape and bubbles are visible. Cells use the grid glossary of
+// one step, the unsplit backward too; messages are free and receives posted ahead: Simulate with
+// CommMode::kAsync, schedule_analysis.h), so a column holds what runs at the same time and the
+// shape and bubbles of the compute order are visible. Cells use the grid glossary of
 // schedule.h: "F3" forward of micro-batch 3, "B3" its backward, "W3" its weight gradients under a
 // split backward, "F1.3" chunk 1 of micro-batch 3 when interleaved, "." idle. Sends and receives
 // are not drawn (they take no time); the JSON lists them. Below the grid, per rank: peak

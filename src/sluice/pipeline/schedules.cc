@@ -52,8 +52,13 @@ ComputeOrder OneFOneBOrder(int P, int M) {
   ComputeOrder order(P);
   for (int s = 0; s < P; ++s) {
     order[s] = OneFOneB(
-        M, std::min(P - 1 - s, M), [](int k) { return Compute{ActionKind::kForward, 0, k}; },
-        [](int k) { return Compute{ActionKind::kBackward, 0, k}; });
+        M, std::min(P - 1 - s, M),
+        [](int k) {
+          return Compute{ActionKind::kForward, 0, k};
+        },
+        [](int k) {
+          return Compute{ActionKind::kBackward, 0, k};
+        });
   }
   return order;
 }
@@ -65,8 +70,13 @@ ComputeOrder InterleavedOrder(int P, int M, int V) {
   for (int s = 0; s < P; ++s) {
     const int warmup = std::min((V - 1) * P + 2 * (P - 1 - s), V * M);
     order[s] = OneFOneB(
-        V * M, warmup, [=](int k) { return Compute{ActionKind::kForward, (k / P) % V, micro_batch(k)}; },
-        [=](int k) { return Compute{ActionKind::kBackward, V - 1 - (k / P) % V, micro_batch(k)}; });
+        V * M, warmup,
+        [=](int k) {
+          return Compute{ActionKind::kForward, (k / P) % V, micro_batch(k)};
+        },
+        [=](int k) {
+          return Compute{ActionKind::kBackward, V - 1 - (k / P) % V, micro_batch(k)};
+        });
   }
   return order;
 }
@@ -81,7 +91,7 @@ ComputeOrder ZeroBubbleH1Order(int P, int M) {
     auto W = [&] { list.push_back({ActionKind::kWeight, 0, w++}); };
     for (int k = 0; k < P - s; ++k) F();
     for (int k = 0; k < s; ++k) B(), F();
-    for (int k = 0; k < M - P; ++k) B(), F(), W();
+    for (int k = 0; k < M - P; ++k) B(), W(), F();
     for (int k = 0; k < P - s; ++k) B(), W();
     for (int k = 0; k < s; ++k) W();
   }
@@ -118,12 +128,14 @@ std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& 
         const Compute& c = order[r][next[r]];
         const int vs = s.VirtualStage(r, c.chunk);
         std::vector<int64_t> inputs;
-        if (c.kind == ActionKind::kForward && vs > 0) inputs.push_back(End(ActionKind::kForward, vs - 1, c.micro_batch));
+        if (c.kind == ActionKind::kForward && vs > 0)
+          inputs.push_back(End(ActionKind::kForward, vs - 1, c.micro_batch));
         if (c.kind == ActionKind::kBackward) {
           inputs.push_back(End(ActionKind::kForward, vs, c.micro_batch));
           if (vs + 1 < VP) inputs.push_back(End(ActionKind::kBackward, vs + 1, c.micro_batch));
         }
-        if (c.kind == ActionKind::kWeight) inputs.push_back(End(ActionKind::kBackward, vs, c.micro_batch));
+        if (c.kind == ActionKind::kWeight)
+          inputs.push_back(End(ActionKind::kBackward, vs, c.micro_batch));
         if (std::ranges::find(inputs, -1) != inputs.end()) break;
         const int64_t t = std::max(clock[r], inputs.empty() ? 0 : std::ranges::max(inputs));
         clock[r] = End(c.kind, vs, c.micro_batch) = t + PlacementCost(s, c.kind);
@@ -133,8 +145,9 @@ std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& 
     }
   }
   for (int r = 0; r < P; ++r) {
-    SLUICE_CHECK(next[r] == order[r].size(), "{}: the compute order of rank {} stalls at its step {}", s.Describe(),
-                 r, next[r]);
+    SLUICE_CHECK(next[r] == order[r].size(),
+                 "{}: the compute order of rank {} stalls at its step {}", s.Describe(), r,
+                 next[r]);
   }
   return spans;
 }
@@ -142,8 +155,8 @@ std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& 
 // One entry of the global order all ranks' lists are projections of.
 struct Event {
   int64_t time;
-  int klass;                       // 0: a message (before computes starting at the same time), 1: a compute
-  std::tuple<int, int, int> tie;   // messages: (backward?, ±producer virtual stage, micro-batch)
+  int klass;  // 0: a message (before computes starting at the same time), 1: a compute
+  std::tuple<int, int, int> tie;  // messages: (backward?, ±producer virtual stage, micro-batch)
   Action action;
 };
 
@@ -156,7 +169,8 @@ Schedule Assemble(Schedule s, const ComputeOrder& order) {
       const Action compute{.kind = c.kind, .chunk = c.chunk, .micro_batch = c.micro_batch};
       events[r].push_back({spans[r][i].start, 1, {}, compute});
       if (c.kind == ActionKind::kWeight) continue;
-      // A forward's output goes to the next virtual stage, a backward's input gradient to the previous.
+      // A forward's output goes to the next virtual stage, a backward's input gradient to the
+      // previous.
       const bool forward = c.kind == ActionKind::kForward;
       const int vs = s.VirtualStage(r, c.chunk);
       const int to = forward ? vs + 1 : vs - 1;
@@ -166,17 +180,26 @@ Schedule Assemble(Schedule s, const ComputeOrder& order) {
       const std::tuple<int, int, int> tie{forward ? 0 : 1, forward ? -vs : vs, c.micro_batch};
       const int64_t t = spans[r][i].end;
       const int peer = s.RankOf(to);
-      events[r].push_back({t, 0, tie,
+      events[r].push_back({t,
+                           0,
+                           tie,
                            {.kind = forward ? ActionKind::kSendF : ActionKind::kSendB,
-                            .chunk = c.chunk, .micro_batch = c.micro_batch, .peer = peer}});
-      events[peer].push_back({t, 0, tie,
+                            .chunk = c.chunk,
+                            .micro_batch = c.micro_batch,
+                            .peer = peer}});
+      events[peer].push_back({t,
+                              0,
+                              tie,
                               {.kind = forward ? ActionKind::kRecvF : ActionKind::kRecvB,
-                               .chunk = s.ChunkOf(to), .micro_batch = c.micro_batch, .peer = r}});
+                               .chunk = s.ChunkOf(to),
+                               .micro_batch = c.micro_batch,
+                               .peer = r}});
     }
   }
   s.ranks.assign(s.stages, {});
   for (int r = 0; r < s.stages; ++r) {
-    std::ranges::sort(events[r], {}, [](const Event& e) { return std::tie(e.time, e.klass, e.tie); });
+    std::ranges::sort(events[r], {},
+                      [](const Event& e) { return std::tie(e.time, e.klass, e.tie); });
     for (const Event& e : events[r]) s.ranks[r].push_back(e.action);
     s.ranks[r].push_back({.kind = ActionKind::kOptimizer});
   }
@@ -189,45 +212,59 @@ void CheckRequest(const ScheduleOptions& o, int V) {
   const std::string_view name = ScheduleKindName(o.kind);
   const int P = o.stages, M = o.micro_batches;
   if (P < 1) throw InvalidArgument(fmt::format("{}: needs at least 1 stage (got {})", name, P));
-  if (M < 1) throw InvalidArgument(fmt::format("{}: needs at least 1 micro-batch (got {})", name, M));
+  if (M < 1)
+    throw InvalidArgument(fmt::format("{}: needs at least 1 micro-batch (got {})", name, M));
   if (o.kind == ScheduleKind::kInterleaved) {
     if (V < 2) {
-      throw InvalidArgument(fmt::format("interleaved: needs at least 2 chunks per rank (got {}); for one chunk "
-                                        "per rank use 1f1b", V));
+      throw InvalidArgument(
+          fmt::format("interleaved: needs at least 2 chunks per rank (got {}); for one chunk "
+                      "per rank use 1f1b",
+                      V));
     }
     if (M % P != 0) {
       const int below = M / P * P, above = below + P;
-      throw InvalidArgument(fmt::format("interleaved: the micro-batch count must be a multiple of the stage count "
-                                        "(M={}, P={}): use {} micro-batches",
-                                        M, P, below > 0 ? fmt::format("{} or {}", below, above) : fmt::format("{}", above)));
+      throw InvalidArgument(fmt::format(
+          "interleaved: the micro-batch count must be a multiple of the stage count "
+          "(M={}, P={}): use {} micro-batches",
+          M, P, below > 0 ? fmt::format("{} or {}", below, above) : fmt::format("{}", above)));
     }
   } else if (V != 1) {
-    throw InvalidArgument(fmt::format("{}: runs 1 chunk per rank (got {} chunks); chunks apply to interleaved "
-                                      "only", name, V));
+    throw InvalidArgument(
+        fmt::format("{}: runs 1 chunk per rank (got {} chunks); chunks apply to interleaved "
+                    "only",
+                    name, V));
   }
   if ((o.kind == ScheduleKind::kOneFOneB || o.kind == ScheduleKind::kZeroBubbleH1) && M < P) {
-    throw InvalidArgument(fmt::format("{}: needs at least as many micro-batches as stages (M={} < P={}): use "
-                                      "{} or more micro-batches, or gpipe", name, M, P, P));
+    throw InvalidArgument(
+        fmt::format("{}: needs at least as many micro-batches as stages (M={} < P={}): use "
+                    "{} or more micro-batches, or gpipe",
+                    name, M, P, P));
   }
   if (int64_t{P} * M * V * 4 > kMaxActions) {
-    throw InvalidArgument(fmt::format("{}: P={}, M={}, V={} makes a schedule of over {} actions; use fewer stages, "
-                                      "micro-batches or chunks", name, P, M, V, kMaxActions));
+    throw InvalidArgument(
+        fmt::format("{}: P={}, M={}, V={} makes a schedule of over {} actions; use fewer stages, "
+                    "micro-batches or chunks",
+                    name, P, M, V, kMaxActions));
   }
 }
 
 }  // namespace
 
-std::string_view ScheduleKindName(ScheduleKind kind) { return kKindNames[static_cast<size_t>(kind)]; }
+std::string_view ScheduleKindName(ScheduleKind kind) {
+  return kKindNames[static_cast<size_t>(kind)];
+}
 
 ScheduleKind ParseScheduleKind(std::string_view name) {
   for (size_t i = 0; i < kKindNames.size(); ++i) {
     if (kKindNames[i] == name) return static_cast<ScheduleKind>(i);
   }
-  throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", name, fmt::join(kKindNames, ", ")));
+  throw InvalidArgument(
+      fmt::format("unknown schedule '{}': choose one of {}", name, fmt::join(kKindNames, ", ")));
 }
 
 Schedule MakeSchedule(const ScheduleOptions& options) {
-  const int V = options.chunks != 0 ? options.chunks : (options.kind == ScheduleKind::kInterleaved ? 2 : 1);
+  const int V =
+      options.chunks != 0 ? options.chunks : (options.kind == ScheduleKind::kInterleaved ? 2 : 1);
   CheckRequest(options, V);
   const int P = options.stages, M = options.micro_batches;
   Schedule s{.name = std::string(ScheduleKindName(options.kind)),
@@ -236,10 +273,18 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
              .chunks = V,
              .split_backward = options.kind == ScheduleKind::kZeroBubbleH1};
   switch (options.kind) {
-    case ScheduleKind::kGPipe: s = Assemble(std::move(s), GPipeOrder(P, M)); break;
-    case ScheduleKind::kOneFOneB: s = Assemble(std::move(s), OneFOneBOrder(P, M)); break;
-    case ScheduleKind::kInterleaved: s = Assemble(std::move(s), InterleavedOrder(P, M, V)); break;
-    case ScheduleKind::kZeroBubbleH1: s = Assemble(std::move(s), ZeroBubbleH1Order(P, M)); break;
+    case ScheduleKind::kGPipe:
+      s = Assemble(std::move(s), GPipeOrder(P, M));
+      break;
+    case ScheduleKind::kOneFOneB:
+      s = Assemble(std::move(s), OneFOneBOrder(P, M));
+      break;
+    case ScheduleKind::kInterleaved:
+      s = Assemble(std::move(s), InterleavedOrder(P, M, V));
+      break;
+    case ScheduleKind::kZeroBubbleH1:
+      s = Assemble(std::move(s), ZeroBubbleH1Order(P, M));
+      break;
   }
   ValidateSchedule(s);
   return s;
@@ -248,9 +293,11 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
 int TheoreticalInFlight(const ScheduleOptions& o, int rank) {
   const int P = o.stages, M = o.micro_batches;
   switch (o.kind) {
-    case ScheduleKind::kGPipe: return M;
+    case ScheduleKind::kGPipe:
+      return M;
     case ScheduleKind::kOneFOneB:
-    case ScheduleKind::kZeroBubbleH1: return std::min(P - rank, M);
+    case ScheduleKind::kZeroBubbleH1:
+      return std::min(P - rank, M);
     case ScheduleKind::kInterleaved: {
       const int V = o.chunks != 0 ? o.chunks : 2;
       return std::min(V * P + P - 1 - 2 * rank, V * M);
@@ -263,12 +310,14 @@ double TheoreticalBubble(const ScheduleOptions& o) {
   const double P = o.stages, M = o.micro_batches;
   switch (o.kind) {
     case ScheduleKind::kGPipe:
-    case ScheduleKind::kOneFOneB: return (P - 1) / (M + P - 1);
+    case ScheduleKind::kOneFOneB:
+      return (P - 1) / (M + P - 1);
     case ScheduleKind::kInterleaved: {
       const double V = o.chunks != 0 ? o.chunks : 2;
       return (P - 1) / (V * M + P - 1);
     }
-    case ScheduleKind::kZeroBubbleH1: return (P - 1) / (3 * M + P - 1);
+    case ScheduleKind::kZeroBubbleH1:
+      return (P - 1) / (3 * M + P - 1);
   }
   SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
 }

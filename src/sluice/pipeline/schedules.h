@@ -2,12 +2,15 @@
 // closed-form figures they are held to (derived in docs/pipeline.md).
 //
 // Each generator first fixes the order of compute actions on every rank (the schedule's rule,
-// below), then times that order with unit costs (every F, B, W takes 1, sends are free, a
-// compute starts once its inputs exist) and inserts each message as SEND right after the compute
-// that produced it and RECV on the receiver at the same instant — before any compute that starts
-// then, after any compute still running. Every rank's list is thereby one projection of a single
-// global order in which each send meets its receive, so the schedule cannot deadlock even with
-// rendezvous sends; MakeSchedule still runs ValidateSchedule on every result.
+// below), then times that order at CostModel{} costs (schedule_analysis.h: F, B and W take 1
+// each, an unsplit backward 2; messages are free; a compute starts once its inputs exist) and
+// inserts each message as SEND right after the compute that produced it and RECV on the receiver
+// at the same instant — before any compute that starts then, after any compute still running.
+// Every rank's list is thereby one projection of a single global order in which each send meets
+// its receive, so the schedule cannot deadlock even with rendezvous sends (MakeSchedule still runs
+// ValidateSchedule on every result), and at CostModel{} no receive waits for a message its rank
+// does not yet need. Messages of one instant go forward ones first, and within a direction the
+// one furthest along the pipeline first.
 //
 // Compute order on rank (stage) s, with P stages and M micro-batches:
 //   gpipe        F0 … F(M−1), then B0 … B(M−1).
@@ -19,10 +22,10 @@
 //                micro-batch; w = min((V−1)·P + 2(P−1−s), V·M) forwards, then pairs, then the
 //                last w backwards. Needs M a multiple of P.
 //   zb-h1        Zero Bubble H1 (Qi et al., 2024): the backward split into B (input gradients)
-//                and W (weight gradients); P−s forwards, s pairs (B, F), M−P triples (B, F, W),
-//                P−s pairs (B, W), then the last s W. The W postponed on stage s fill the
-//                bubble 1F1B leaves at its end, while as many micro-batches are in flight
-//                between F and B as under 1F1B.
+//                and W (weight gradients); P−s forwards, s pairs (B, F), M−P triples (B, W, F),
+//                P−s pairs (B, W), then the last s W. The s W postponed on stage s fill the
+//                bubble 1F1B leaves at its end; as many micro-batches are in flight between F
+//                and B as under 1F1B, and at most P between F and W — 1F1B's peak.
 //
 // Failure: MakeSchedule throws InvalidArgument for a request that cannot be met, naming the fix.
 // Thread-safety: pure functions. Deterministic: equal options give equal schedules.

@@ -12,8 +12,8 @@ namespace {
 
 // The message a send or receive carries, named from the sender's side.
 struct Message {
-  bool forward;       // activation (SEND_F/RECV_F) or gradient (SEND_B/RECV_B)
-  int from_virtual;   // virtual stage that produced it
+  bool forward;      // activation (SEND_F/RECV_F) or gradient (SEND_B/RECV_B)
+  int from_virtual;  // virtual stage that produced it
   int micro_batch;
   bool operator==(const Message&) const = default;
 };
@@ -71,17 +71,21 @@ class Validator {
   int& Slot(int rank, ActionKind kind, int chunk, int mb) {
     return steps_[rank][(static_cast<int>(kind) * s_.chunks + chunk) * s_.micro_batches + mb];
   }
-  bool Done(int rank, ActionKind kind, int chunk, int mb) { return Slot(rank, kind, chunk, mb) >= 0; }
+  bool Done(int rank, ActionKind kind, int chunk, int mb) {
+    return Slot(rank, kind, chunk, mb) >= 0;
+  }
 
   // ---- 1. shape -----------------------------------------------------------------------------
 
   void CheckShape() const {
     if (s_.stages < 1 || s_.micro_batches < 1 || s_.chunks < 1) {
-      Fail(fmt::format("stages, micro-batches and chunks must all be at least 1 (got P={}, M={}, V={})",
-                       s_.stages, s_.micro_batches, s_.chunks));
+      Fail(fmt::format(
+          "stages, micro-batches and chunks must all be at least 1 (got P={}, M={}, V={})",
+          s_.stages, s_.micro_batches, s_.chunks));
     }
     if (static_cast<int>(s_.ranks.size()) != s_.stages) {
-      Fail(fmt::format("has {} action lists for {} ranks: one list per rank", s_.ranks.size(), s_.stages));
+      Fail(fmt::format("has {} action lists for {} ranks: one list per rank", s_.ranks.size(),
+                       s_.stages));
     }
   }
 
@@ -96,19 +100,24 @@ class Validator {
       }
       return;
     }
-    if (a.chunk < 0 || a.chunk >= s_.chunks) Fail(fmt::format("{}: chunk {} is outside [0, {})", at, a.chunk, s_.chunks));
+    if (a.chunk < 0 || a.chunk >= s_.chunks)
+      Fail(fmt::format("{}: chunk {} is outside [0, {})", at, a.chunk, s_.chunks));
     if (a.micro_batch < 0 || a.micro_batch >= s_.micro_batches) {
-      Fail(fmt::format("{}: micro-batch {} is outside [0, {})", at, a.micro_batch, s_.micro_batches));
+      Fail(fmt::format("{}: micro-batch {} is outside [0, {})", at, a.micro_batch,
+                       s_.micro_batches));
     }
     if (a.kind == ActionKind::kWeight && !s_.split_backward) {
-      Fail(fmt::format("{}: W in a schedule whose backward is not split (B computes weight gradients too)", at));
+      Fail(fmt::format(
+          "{}: W in a schedule whose backward is not split (B computes weight gradients too)", at));
     }
-    if (IsCompute(a.kind) && a.peer != -1) Fail(fmt::format("{}: a compute action names peer {}", at, a.peer));
+    if (IsCompute(a.kind) && a.peer != -1)
+      Fail(fmt::format("{}: a compute action names peer {}", at, a.peer));
     if (IsSend(a.kind) || IsRecv(a.kind)) CheckPeer(r, i, a);
 
     const int c = a.chunk, m = a.micro_batch;
     if (Done(r, a.kind, c, m)) {
-      Fail(fmt::format("{}: {} already ran at step {}", at, Name(a.kind, c, m), Slot(r, a.kind, c, m)));
+      Fail(fmt::format("{}: {} already ran at step {}", at, Name(a.kind, c, m),
+                       Slot(r, a.kind, c, m)));
     }
     CheckPrerequisites(r, i, a);
     Slot(r, a.kind, c, m) = i;
@@ -124,12 +133,13 @@ class Validator {
         Fail(fmt::format("{}: virtual stage {} is the {} stage: it has no {}", At(r, i), vs,
                          outward ? "last" : "first", ActionKindName(a.kind)));
       }
-      Fail(fmt::format("{}: virtual stages {} and {} are both on rank {}: the hand-off is local, no {}",
-                       At(r, i), vs, neighbour, r, ActionKindName(a.kind)));
+      Fail(fmt::format(
+          "{}: virtual stages {} and {} are both on rank {}: the hand-off is local, no {}",
+          At(r, i), vs, neighbour, r, ActionKindName(a.kind)));
     }
     if (a.peer != *expected) {
-      Fail(fmt::format("{}: names peer {}, but the neighbouring virtual stage lives on rank {}", At(r, i),
-                       a.peer, *expected));
+      Fail(fmt::format("{}: names peer {}, but the neighbouring virtual stage lives on rank {}",
+                       At(r, i), a.peer, *expected));
     }
   }
 
@@ -144,21 +154,32 @@ class Validator {
     switch (a.kind) {
       case ActionKind::kForward:
         if (vs > 0) {
-          if (PeerOf(ActionKind::kRecvF, r, c)) need(ActionKind::kRecvF, c, "its input arrives there");
-          else need(ActionKind::kForward, c - 1, "its input is made there, on this rank");
+          if (PeerOf(ActionKind::kRecvF, r, c))
+            need(ActionKind::kRecvF, c, "its input arrives there");
+          else
+            need(ActionKind::kForward, c - 1, "its input is made there, on this rank");
         }
         break;
       case ActionKind::kBackward:
         need(ActionKind::kForward, c, "a backward needs its forward");
         if (vs + 1 < s_.virtual_stages()) {
-          if (PeerOf(ActionKind::kRecvB, r, c)) need(ActionKind::kRecvB, c, "its output gradient arrives there");
-          else need(ActionKind::kBackward, c + 1, "its output gradient is made there, on this rank");
+          if (PeerOf(ActionKind::kRecvB, r, c))
+            need(ActionKind::kRecvB, c, "its output gradient arrives there");
+          else
+            need(ActionKind::kBackward, c + 1, "its output gradient is made there, on this rank");
         }
         break;
-      case ActionKind::kWeight: need(ActionKind::kBackward, c, "W follows its B"); break;
-      case ActionKind::kSendF: need(ActionKind::kForward, c, "it sends that forward's output"); break;
-      case ActionKind::kSendB: need(ActionKind::kBackward, c, "it sends that backward's input gradient"); break;
-      default: break;
+      case ActionKind::kWeight:
+        need(ActionKind::kBackward, c, "W follows its B");
+        break;
+      case ActionKind::kSendF:
+        need(ActionKind::kForward, c, "it sends that forward's output");
+        break;
+      case ActionKind::kSendB:
+        need(ActionKind::kBackward, c, "it sends that backward's input gradient");
+        break;
+      default:
+        break;
     }
   }
 
@@ -185,10 +206,14 @@ class Validator {
   Message MessageOf(int r, const Action& a) const {
     const int vs = s_.VirtualStage(r, a.chunk);
     switch (a.kind) {
-      case ActionKind::kSendF: return {true, vs, a.micro_batch};
-      case ActionKind::kSendB: return {false, vs, a.micro_batch};
-      case ActionKind::kRecvF: return {true, vs - 1, a.micro_batch};
-      default: return {false, vs + 1, a.micro_batch};  // kRecvB
+      case ActionKind::kSendF:
+        return {true, vs, a.micro_batch};
+      case ActionKind::kSendB:
+        return {false, vs, a.micro_batch};
+      case ActionKind::kRecvF:
+        return {true, vs - 1, a.micro_batch};
+      default:
+        return {false, vs + 1, a.micro_batch};  // kRecvB
     }
   }
 
@@ -209,12 +234,14 @@ class Validator {
         // Completeness made the counts equal; compare in order.
         const std::vector<int>& out = sends[r][q];
         const std::vector<int>& in = recvs[q][r];
-        SLUICE_CHECK(out.size() == in.size(), "rank {} → {}: {} sends, {} receives", r, q, out.size(), in.size());
+        SLUICE_CHECK(out.size() == in.size(), "rank {} → {}: {} sends, {} receives", r, q,
+                     out.size(), in.size());
         for (size_t k = 0; k < out.size(); ++k) {
           if (MessageOf(r, s_.ranks[r][out[k]]) == MessageOf(q, s_.ranks[q][in[k]])) continue;
-          Fail(fmt::format("message {} from rank {} to rank {} does not pair up: {} sends it, but {} expects it "
-                           "(sends and receives between two ranks must come in the same order)",
-                           k, r, q, At(r, out[k]), At(q, in[k])));
+          Fail(fmt::format(
+              "message {} from rank {} to rank {} does not pair up: {} sends it, but {} expects it "
+              "(sends and receives between two ranks must come in the same order)",
+              k, r, q, At(r, out[k]), At(q, in[k])));
         }
       }
     }
@@ -252,8 +279,9 @@ class Validator {
       // Pairing and completeness leave a peer with work for every message still owed to it.
       const Action* b = current(a->peer);
       SLUICE_CHECK(b != nullptr, "rank {} waits for rank {}, which has finished", r, a->peer);
-      blocked += fmt::format("{}rank {} waits at step {} ({}) for rank {}, which waits at step {} ({})",
-                             blocked.empty() ? "" : "; ", r, next[r], Name(*a), a->peer, next[a->peer], Name(*b));
+      blocked += fmt::format(
+          "{}rank {} waits at step {} ({}) for rank {}, which waits at step {} ({})",
+          blocked.empty() ? "" : "; ", r, next[r], Name(*a), a->peer, next[a->peer], Name(*b));
     }
     if (!blocked.empty()) Fail("deadlock under blocking send/receive: " + blocked);
   }

@@ -25,7 +25,8 @@
 // Example:
 //   ValidateSchedule(s);
 //   // ScheduleError: "1f1b (P=2, M=2): deadlock under blocking send/receive: rank 0 waits at
-//   //   step 3 (SEND_F1>1) for rank 1, which waits at step 3 (SEND_B0>0) for rank 0"
+//   //   step 3 (SEND_F1>1) for rank 1, which waits at step 3 (SEND_B0>0); rank 1 waits at
+//   //   step 3 (SEND_B0>0) for rank 0, which waits at step 3 (SEND_F1>1)"
 #pragma once
 
 #include "sluice/pipeline/schedule.h"

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "sluice/exec/ready_queue.h"
+#include "sluice/exec/cycle_clock.h"
 #include "sluice/exec/reference_runner.h"
 #include "sluice/exec/thread_pool.h"
 #include "sluice/ir/verifier.h"
@@ -43,14 +44,19 @@ struct Step {
   int32_t in_begin = 0, in_count = 0;
   int32_t out_begin = 0, out_count = 0;
   ValueId first_output = kNoValue;
-  bool outputs_adjacent =
-      false;  // output ids are consecutive: the kernel writes the slots directly
+  // Output ids are consecutive: the kernel writes the slots directly.
+  bool outputs_adjacent = false;
+  // No value is read twice: a trace run may borrow (move) the inputs from their slots.
+  bool distinct_inputs = false;
 };
 
 // The state of one executing thread.
 struct Worker {
   std::vector<Tensor> ins, outs;  // kernel operands, sized to the largest arity
-  int64_t gc_ns = 0;
+  // Trace runs move distinct inputs out of their slots and back instead of copying the handles:
+  // no other thread reads the slots, and a move costs no atomic reference-count update.
+  bool borrow = false;
+  int64_t gc_ticks = 0;  // CycleClock ticks spent on GC work
   int64_t frees = 0;
   int64_t fallbacks = 0;
   ThreadTrace* trace = nullptr;  // null when the run is not traced
@@ -169,6 +175,10 @@ void Executable::Impl::Prepare() {
       result_values.push_back(v);
       result_types.push_back(program.value(v).type);
     }
+    std::vector<ValueId> sorted_inputs = instr.inputs;
+    std::sort(sorted_inputs.begin(), sorted_inputs.end());
+    st.distinct_inputs =
+        std::adjacent_find(sorted_inputs.begin(), sorted_inputs.end()) == sorted_inputs.end();
     st.first_output = instr.outputs.empty() ? kNoValue : instr.outputs[0];
     st.outputs_adjacent = true;
     for (size_t k = 0; k < instr.outputs.size(); ++k) {
@@ -207,6 +217,7 @@ void Executable::Impl::Prepare() {
   for (Worker& w : workers) {
     w.ins.resize(max_in);
     w.outs.resize(max_out);
+    w.borrow = !parallel;
   }
 
   if (options.gc == GcMode::kAsync) {
@@ -250,7 +261,14 @@ void Executable::Impl::Bind(Scope& scope) {
 void Executable::Impl::Execute(int32_t i, Worker& w) {
   const Step& st = steps[i];
   const ValueId* in = operand_values.data() + st.in_begin;
-  for (int32_t k = 0; k < st.in_count; ++k) w.ins[k] = slots[in[k]];
+  const bool borrow = w.borrow && st.distinct_inputs;
+  for (int32_t k = 0; k < st.in_count; ++k) {
+    if (borrow) {
+      w.ins[k] = std::move(slots[in[k]]);
+    } else {
+      w.ins[k] = slots[in[k]];
+    }
+  }
   // Outputs go straight into their slots when adjacent (always, for programs built by Program).
   Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? &slots[st.first_output] : w.outs.data();
   if (st.op->kind == OpKind::kCompute) {
@@ -276,7 +294,13 @@ void Executable::Impl::Execute(int32_t i, Worker& w) {
     }
     if (outs != &slots[st.first_output]) slots[out[k]] = std::move(outs[k]);
   }
-  for (int32_t k = 0; k < st.in_count; ++k) Drop(w.ins[k]);
+  for (int32_t k = 0; k < st.in_count; ++k) {
+    if (borrow) {
+      slots[in[k]] = std::move(w.ins[k]);
+    } else {
+      Drop(w.ins[k]);
+    }
+  }
 }
 
 // Drops every reference to group g's storage; the last one frees it (sync GC).
@@ -296,8 +320,9 @@ void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
 void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted,
                                     Worker& w) {
   if (groups.empty()) return;
-  const bool timed = options.measure_gc_time || w.trace != nullptr;
-  const int64_t begin = timed ? NowNs() : 0;
+  const bool timed = options.measure_gc_time;
+  const int64_t begin_ticks = timed ? CycleClock::Now() : 0;
+  const int64_t begin_ns = w.trace != nullptr ? NowNs() : 0;
   int32_t freed = 0, storages = 0;
   int64_t bytes = 0;
   GarbageBatch* batch = options.gc == GcMode::kAsync ? &batches[i] : nullptr;
@@ -307,7 +332,7 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
       continue;
     }
     ++freed;
-    if (w.trace != nullptr) bytes += plan.groups[g].bytes;
+    bytes += plan.groups[g].bytes;
     if (batch != nullptr) {
       DetachGroup(g, *batch);
     } else {
@@ -323,13 +348,13 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
       ++w.fallbacks;
     }
   }
-  const int64_t end = timed ? NowNs() : 0;
-  w.gc_ns += end - begin;
+  if (timed) w.gc_ticks += CycleClock::Now() - begin_ticks;
   w.frees += freed;
   if (w.trace != nullptr && freed > 0) {
-    w.trace->gc.push_back(
-        {i, batch != nullptr ? storages : freed, bytes, begin - w.origin_ns, end - w.origin_ns});
-    w.trace->memory.push_back({end - w.origin_ns, allocator->Stats().allocated_bytes});
+    const int64_t end_ns = NowNs();
+    w.trace->gc.push_back({i, batch != nullptr ? storages : freed, bytes, begin_ns - w.origin_ns,
+                           end_ns - w.origin_ns});
+    w.trace->memory.push_back({end_ns - w.origin_ns, allocator->Stats().allocated_bytes});
   }
 }
 
@@ -449,7 +474,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
   stats.liveness_lower_bound_bytes = plan.liveness_bound;
   std::unique_ptr<TraceListener> listener;
   for (Worker& w : workers) {
-    w.gc_ns = w.frees = w.fallbacks = 0;
+    w.gc_ticks = w.frees = w.fallbacks = 0;
     w.trace = nullptr;
     w.origin_ns = start;
   }
@@ -494,9 +519,9 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
   }
 
   if (options.gc == GcMode::kNone) {
-    const int64_t begin = NowNs();
+    const int64_t begin = CycleClock::Now();
     workers[0].frees += ReleaseUnpinned();
-    workers[0].gc_ns += NowNs() - begin;
+    workers[0].gc_ticks += CycleClock::Now() - begin;
   }
   DropSlots(/*all=*/false);
   if (gc) {
@@ -512,7 +537,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     gc->SetListener(nullptr);
   }
   for (const Worker& w : workers) {
-    stats.gc_thread_ns += w.gc_ns;
+    stats.gc_thread_ns += CycleClock::ToNs(w.gc_ticks);
     stats.frees += w.frees;
     stats.sync_fallbacks += w.fallbacks;
   }

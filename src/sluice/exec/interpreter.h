@@ -65,8 +65,8 @@ struct ExecutableOptions {
   std::vector<std::string> keep;  // values left in the scope besides the outputs (never freed)
   AsyncGcOptions async;           // queue size and pending-bytes budget of the async GC
   bool verbose = false;  // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
-  // Time the GC work of executing threads (RunStats::gc_thread_ns): two clock reads per
-  // instruction that frees something. Off, gc_thread_ns is 0 and dispatch is that much cheaper.
+  // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads per
+  // instruction that frees something (exec/cycle_clock.h). Off, gc_thread_ns is 0.
   bool measure_gc_time = true;
 };
 

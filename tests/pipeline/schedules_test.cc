@@ -106,6 +106,28 @@ TEST(Schedules, OneFOneBLastStageRunsEachBackwardRightAfterItsForward) {
   }
 }
 
+TEST(Schedules, SendsFollowTheirComputeSoOutputsCanBeReleased) {
+  // Every SEND_F (SEND_B) comes right after its F (B), with only other messages in between —
+  // except a few interleaved sends held back to a moment both ranks pause (schedules.h).
+  for (const ScheduleOptions& o : AllRequests()) {
+    if (o.kind == ScheduleKind::kInterleaved) continue;
+    const Schedule s = MakeSchedule(o);
+    SCOPED_TRACE(s.Describe());
+    for (const std::vector<Action>& list : s.ranks) {
+      const Action* last_compute = nullptr;
+      for (const Action& a : list) {
+        if (IsCompute(a.kind)) last_compute = &a;
+        if (!IsSend(a.kind)) continue;
+        ASSERT_NE(last_compute, nullptr);
+        const ActionKind producer =
+            a.kind == ActionKind::kSendF ? ActionKind::kForward : ActionKind::kBackward;
+        EXPECT_EQ(*last_compute,
+                  (Action{.kind = producer, .chunk = a.chunk, .micro_batch = a.micro_batch}));
+      }
+    }
+  }
+}
+
 TEST(Schedules, GPipeRunsAllForwardsThenAllBackwards) {
   const Schedule s = MakeSchedule({.kind = ScheduleKind::kGPipe, .stages = 3, .micro_batches = 2});
   for (int r = 0; r < 3; ++r) {

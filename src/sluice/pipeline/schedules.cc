@@ -152,6 +152,24 @@ std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& 
   return spans;
 }
 
+// The first instant in [from, until] at which neither rank is inside a compute, or `from` if
+// there is none. A message placed there passes without either rank waiting for the other.
+int64_t CommonPause(const std::vector<Span>& a, const std::vector<Span>& b, int64_t from,
+                    int64_t until) {
+  // The end of the compute that `spans` runs across instant t, or t when it runs none.
+  auto free_from = [](const std::vector<Span>& spans, int64_t t) {
+    auto it = std::ranges::upper_bound(spans, t - 1, {}, &Span::start);  // first start ≥ t
+    if (it == spans.begin() || std::prev(it)->end <= t) return t;
+    return std::prev(it)->end;
+  };
+  for (int64_t t = from; t <= until;) {
+    const int64_t next = std::max(free_from(a, t), free_from(b, t));
+    if (next == t) return t;
+    t = next;
+  }
+  return from;
+}
+
 // One entry of the global order all ranks' lists are projections of.
 struct Event {
   int64_t time;
@@ -162,6 +180,17 @@ struct Event {
 
 Schedule Assemble(Schedule s, const ComputeOrder& order) {
   const std::vector<std::vector<Span>> spans = TimeOrder(s, order);
+  // start[F or B][virtual stage][micro-batch]: when the consumer of a message starts.
+  const int VP = s.virtual_stages(), M = s.micro_batches;
+  std::vector<int64_t> start(2 * VP * M);
+  for (int r = 0; r < s.stages; ++r) {
+    for (size_t i = 0; i < order[r].size(); ++i) {
+      const Compute& c = order[r][i];
+      if (c.kind == ActionKind::kWeight) continue;
+      const int backward = c.kind == ActionKind::kBackward ? 1 : 0;
+      start[(backward * VP + s.VirtualStage(r, c.chunk)) * M + c.micro_batch] = spans[r][i].start;
+    }
+  }
   std::vector<std::vector<Event>> events(s.stages);
   for (int r = 0; r < s.stages; ++r) {
     for (size_t i = 0; i < order[r].size(); ++i) {
@@ -178,8 +207,9 @@ Schedule Assemble(Schedule s, const ComputeOrder& order) {
       // Forward messages downstream-first, backward messages upstream-first: a rank's own sends
       // then come before the receives of the same instant.
       const std::tuple<int, int, int> tie{forward ? 0 : 1, forward ? -vs : vs, c.micro_batch};
-      const int64_t t = spans[r][i].end;
       const int peer = s.RankOf(to);
+      const int64_t consumer = start[((forward ? 0 : 1) * VP + to) * M + c.micro_batch];
+      const int64_t t = CommonPause(spans[r], spans[peer], spans[r][i].end, consumer);
       events[r].push_back({t,
                            0,
                            tie,

@@ -4,13 +4,16 @@
 // Each generator first fixes the order of compute actions on every rank (the schedule's rule,
 // below), then times that order at CostModel{} costs (schedule_analysis.h: F, B and W take 1
 // each, an unsplit backward 2; messages are free; a compute starts once its inputs exist) and
-// inserts each message as SEND right after the compute that produced it and RECV on the receiver
-// at the same instant — before any compute that starts then, after any compute still running.
-// Every rank's list is thereby one projection of a single global order in which each send meets
-// its receive, so the schedule cannot deadlock even with rendezvous sends (MakeSchedule still runs
-// ValidateSchedule on every result), and at CostModel{} no receive waits for a message its rank
-// does not yet need. Messages of one instant go forward ones first, and within a direction the
-// one furthest along the pipeline first.
+// gives each message one instant, used on both ranks: the end of the compute that produced it,
+// or, if the receiver is inside a compute then, the first later instant before the consumer
+// starts at which neither rank is inside one (so a blocking send need not wait; this moves a
+// few interleaved sends, no others). The SEND goes there in the sender's list and the RECV in
+// the receiver's: after every compute that starts earlier, before every compute that starts
+// then or later. Each rank's list is thereby one projection of a single global order in which
+// every send meets its receive, so the schedule cannot deadlock even with rendezvous sends
+// (MakeSchedule still runs ValidateSchedule on every result), and at CostModel{} no receive
+// waits for a message its rank does not yet need. Messages of one instant go forward ones
+// first, and within a direction the one furthest along the pipeline first.
 //
 // Compute order on rank (stage) s, with P stages and M micro-batches:
 //   gpipe        F0 … F(M−1), then B0 … B(M−1).

@@ -204,8 +204,9 @@ Schedule Assemble(Schedule s, const ComputeOrder& order) {
       const int vs = s.VirtualStage(r, c.chunk);
       const int to = forward ? vs + 1 : vs - 1;
       if (to < 0 || to >= s.virtual_stages() || s.RankOf(to) == r) continue;
-      // Forward messages downstream-first, backward messages upstream-first: a rank's own sends
-      // then come before the receives of the same instant.
+      // Messages of one instant: forward ones first, then within a direction the one further
+      // along (a higher producing stage forward, a lower one backward), so that a rank's sends
+      // of one direction come before its receives.
       const std::tuple<int, int, int> tie{forward ? 0 : 1, forward ? -vs : vs, c.micro_batch};
       const int peer = s.RankOf(to);
       const int64_t consumer = start[((forward ? 0 : 1) * VP + to) * M + c.micro_batch];
@@ -270,7 +271,7 @@ void CheckRequest(const ScheduleOptions& o, int V) {
                     "{} or more micro-batches, or gpipe",
                     name, M, P, P));
   }
-  if (int64_t{P} * M * V * 4 > kMaxActions) {
+  if (4.0 * P * M * V > kMaxActions) {
     throw InvalidArgument(
         fmt::format("{}: P={}, M={}, V={} makes a schedule of over {} actions; use fewer stages, "
                     "micro-batches or chunks",

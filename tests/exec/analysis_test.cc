@@ -192,6 +192,31 @@ TEST(Analysis, DescribeNamesValuesAndFrees) {
   EXPECT_THAT(text, HasSubstr("liveness lower bound: 48 B"));
 }
 
+// A donated input is freed at its last use and counts from step 0.
+//   s [4] donated, u [4] donated but unread, x [4] kept by the caller
+//   0: a = add(s, x)   1: b = copy(a)   output b
+TEST(Analysis, DonatedInputsAreFreedAtLastUse) {
+  Builder b("donated");
+  Var s = b.Input("s", DType::kF32, {4});
+  b.Input("u", DType::kF32, {4});
+  Var x = b.Input("x", DType::kF32, {4});
+  Var a = b.Name(s + x, "a");
+  b.Output(b.Name(Copy(a), "b"));
+  Program p = b.Build();
+  ExecutionPlan plan = Analyze(p, {.order = OrderPolicy::kProgram, .donate = {"s", "u"}});
+  EXPECT_THAT(Freed(plan, p, 0), ElementsAre("s", "u"));
+  EXPECT_THAT(Freed(plan, p, 1), ElementsAre("a"));
+  EXPECT_THAT(plan.live_bytes, ElementsAre(16 + 16 + 16, 16 + 16));  // s u a | a b
+  EXPECT_EQ(plan.groups[plan.group_of[p.Get("s")]].def_step, 0);
+  EXPECT_TRUE(plan.groups[plan.group_of[p.Get("x")]].pinned);
+  EXPECT_THAT(plan.releases[0], ElementsAre(plan.group_of[p.Get("s")], plan.group_of[p.Get("u")]));
+
+  EXPECT_THROW(Analyze(p, {.donate = {"a"}}), ProgramError);     // not an input
+  EXPECT_THROW(Analyze(p, {.donate = {"nope"}}), ProgramError);
+  ExecutionPlan kept = Analyze(p, {.keep = {"s"}, .donate = {"s"}});
+  EXPECT_TRUE(kept.groups[kept.group_of[p.Get("s")]].pinned);  // keep wins
+}
+
 TEST(Analysis, EmptyProgram) {
   Builder b("empty");
   b.Output(b.Input("x", DType::kF32, {2}));

@@ -166,6 +166,46 @@ TEST(Interpreter, BackwardReadsWhatTheForwardKept) {
   }
 }
 
+// A backward run that takes the forward's saved activations over frees each at its last use: the
+// same gradients, the saved values gone from the scope, and only outputs left in the allocator.
+TEST(Interpreter, DonatedSavedValuesAreFreedByTheBackward) {
+  Program forward = testing::TinyTransformerProgram();
+  std::vector<std::string> wrt;
+  for (ValueId p : forward.params()) wrt.push_back(forward.value(p).name);
+  Backward bwd = BuildBackward(forward, {.loss = "loss", .wrt = wrt});
+  const Scope inputs = RandomScope(forward, 13);
+  Scope expected = Clone(inputs);
+  RunReference(WithOutputs(forward, bwd.saved), expected);
+  RunReference(bwd.program, expected);
+  std::vector<std::string> activations;  // saved values the forward computed (not its inputs)
+  for (const std::string& name : bwd.saved) {
+    if (forward.value(forward.Get(name)).kind == ValueKind::kIntermediate) activations.push_back(name);
+  }
+  ASSERT_FALSE(activations.empty());
+  int64_t output_bytes = static_cast<int64_t>(forward.Bytes(forward.Get("loss")));
+  for (const std::string& g : bwd.grads) output_bytes += static_cast<int64_t>(bwd.program.Bytes(bwd.program.Get(g)));
+  for (const Config& c : AllConfigs()) {
+    CachingAllocator alloc;
+    ExecutableOptions fo = Options(c, &alloc), bo = Options(c, &alloc);
+    fo.keep = bwd.saved;
+    bo.donate = activations;
+    Executable fwd_exe(forward, fo);
+    Executable bwd_exe(bwd.program, bo);
+    Scope scope = Clone(inputs);
+    fwd_exe.Run(scope);
+    RunStats s = bwd_exe.Run(scope);
+    ExpectSameBits(expected, scope, bwd.grads, ToString(c));
+    for (const std::string& name : activations) EXPECT_FALSE(scope.Has(name)) << name;
+    EXPECT_EQ(alloc.Stats().allocated_bytes, output_bytes) << ToString(c);
+    if (c.mode == RunMode::kTrace && c.gc == GcMode::kSync) {
+      // The run starts holding the loss and the donated activations; the bound counts the latter.
+      EXPECT_EQ(s.peak_allocated_bytes,
+                static_cast<int64_t>(forward.Bytes(forward.Get("loss"))) + s.liveness_lower_bound_bytes)
+          << ToString(c);
+    }
+  }
+}
+
 // The bytes of every group the interpreter allocates (what GC none holds at the end).
 int64_t AllIntermediateBytes(const ExecutionPlan& plan) {
   int64_t total = 0;

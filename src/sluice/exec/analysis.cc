@@ -32,7 +32,18 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
     f.groups.push_back({.root = root, .bytes = bytes});
     f.producer_of_group.push_back(producer);
   };
-  for (ValueId v : program.inputs()) new_group(v, 0, -1);
+  std::vector<bool> donated(program.values().size(), false);
+  for (const std::string& name : options.donate) {
+    std::optional<ValueId> v = program.Find(name);
+    if (!v || program.value(*v).kind != ValueKind::kInput) {
+      throw ProgramError(fmt::format("program '{}': donate names %{}, which is not an input of it",
+                                     program.name(), name));
+    }
+    donated[*v] = true;
+  }
+  for (ValueId v : program.inputs()) {
+    new_group(v, donated[v] ? static_cast<int64_t>(program.Bytes(v)) : 0, -1);
+  }
   for (ValueId v : program.params()) new_group(v, 0, -1);
   for (int32_t i = 0; i < n; ++i) {
     const Instruction& instr = instrs[i];
@@ -58,7 +69,9 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
 
   // Pinned groups.
   auto pin = [&](ValueId v) { f.groups[f.group_of[v]].pinned = true; };
-  for (ValueId v : program.inputs()) pin(v);
+  for (ValueId v : program.inputs()) {
+    if (!donated[v]) pin(v);
+  }
   for (ValueId v : program.params()) pin(v);
   for (ValueId v : program.outputs()) pin(v);
   for (const std::string& name : options.keep) {
@@ -134,8 +147,10 @@ Liveness ComputeLiveness(const Facts& f, const std::vector<int32_t>& order) {
   std::vector<int64_t> delta(static_cast<size_t>(n) + 1, 0);
   for (size_t g = 0; g < num_groups; ++g) {
     const int32_t producer = f.producer_of_group[g];
-    if (producer < 0) continue;  // inputs and params: pinned, cost 0
-    const int32_t def = step_of[producer];
+    // Inputs and params cost 0 here (the caller's), except donated inputs: alive from the start.
+    if (producer < 0 && f.groups[g].bytes == 0) continue;
+    if (n == 0) continue;
+    const int32_t def = producer >= 0 ? step_of[producer] : 0;
     int32_t last = def;
     for (int32_t u : f.users[g]) last = std::max(last, step_of[u]);
     l.def_step[g] = def;
@@ -284,19 +299,30 @@ ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options) {
   }
   std::vector<std::vector<int32_t>> frees(n);
   for (size_t g = 0; g < f.groups.size(); ++g) {
-    if (!f.groups[g].pinned) frees[f.groups[g].last_step].push_back(static_cast<int32_t>(g));
+    if (!f.groups[g].pinned && f.groups[g].last_step >= 0) {
+      frees[f.groups[g].last_step].push_back(static_cast<int32_t>(g));
+    }
   }
   for (const auto& list : frees) plan.free_lists.Append(list);
   plan.live_bytes = std::move(live.live_bytes);
   plan.liveness_bound = live.bound;
   plan.peak_step = live.peak_step;
 
-  // What each instruction releases in a parallel run.
+  // What each instruction releases in a parallel run. A donated input nobody reads goes with the
+  // first instruction of the order.
   std::vector<int32_t> list;
   for (int32_t i = 0; i < n; ++i) {
     list.clear();
     for (int32_t g : f.reads[i]) {
       if (!f.groups[g].pinned) list.push_back(g);
+    }
+    if (i == plan.order[0]) {
+      for (size_t g = 0; g < f.groups.size(); ++g) {
+        const StorageGroup& group = f.groups[g];
+        if (f.producer_of_group[g] < 0 && !group.pinned && group.num_users == 0) {
+          list.push_back(static_cast<int32_t>(g));
+        }
+      }
     }
     const Instruction& instr = program.instructions()[i];
     if (instr.op->kind == OpKind::kCompute) {

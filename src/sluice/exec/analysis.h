@@ -9,9 +9,9 @@
 // input, a parameter or a kCompute output) and the views of it. The group is the unit of freeing:
 // it dies after the last use of *any* member, so a base outlives its views.
 //
-// Pinned groups are never freed by the interpreter: groups containing a program input, a parameter,
-// a program output, or a value named in `keep` (values another program reads later, such as the
-// activations a backward program saves).
+// Pinned groups are never freed by the interpreter: groups containing a program input (unless
+// donated), a parameter, a program output, or a value named in `keep` (values another program
+// reads later, such as the activations a backward program saves).
 //
 // Execution order (OrderPolicy):
 //   kProgram  the instructions in program order (already topological);
@@ -34,8 +34,9 @@
 //
 // Liveness lower bound. bytes(g) is the size of a group's root when the interpreter allocates it
 // (kCompute outputs); groups rooted at inputs and parameters belong to the caller and cost 0 here,
-// and views cost nothing (they are members of their base's group). Group g is alive during steps
-// def(g)..last(g) (its producer's step through its last user's; to the end when pinned). Step s
+// except donated inputs, which the run frees and which count from step 0; views cost nothing (they
+// are members of their base's group). Group g is alive during steps def(g)..last(g) (its
+// producer's step, or 0 when donated, through its last user's; to the end when pinned). Step s
 // allocates its outputs before running and frees its free list after, so
 //     live(s) = Σ bytes(g) over groups with def(g) ≤ s ≤ last(g),
 //     liveness_bound = max over s of live(s)   (0 for an empty program).
@@ -43,7 +44,8 @@
 // GC on an allocator that holds nothing else, as long as kernels take no scratch memory from it.
 //
 // Thread-safety: Analyze is a pure function; an ExecutionPlan is immutable and may be shared.
-// Failure modes: Analyze throws ProgramError when `keep` names a value the program does not have.
+// Failure modes: Analyze throws ProgramError when `keep` names a value the program does not have or
+// `donate` names something other than a program input.
 //
 // Example:
 //   ExecutionPlan plan = Analyze(program, {.order = OrderPolicy::kBest, .keep = {"h"}});
@@ -71,15 +73,19 @@ struct AnalysisOptions {
   OrderPolicy order = OrderPolicy::kBest;
   // Values (by name) never freed and left in the scope after a run, in addition to the outputs.
   std::vector<std::string> keep;
+  // Program inputs (by name) handed over to the run: taken out of the scope and freed at their last
+  // use like intermediates (a backward program donating the activations the forward saved). A
+  // donated input that is also an output or kept stays pinned.
+  std::vector<std::string> donate;
 };
 
 // One storage and the values aliasing it.
 struct StorageGroup {
   ValueId root = kNoValue;  // an input, a parameter or a kCompute output
-  int64_t bytes = 0;        // bytes the interpreter allocates for the root; 0 for inputs/params
+  int64_t bytes = 0;        // bytes the run holds for the root; 0 for inputs (unless donated), params
   bool pinned = false;      // never freed by the interpreter
   int32_t num_users = 0;    // distinct instructions reading any member
-  int32_t def_step = -1;    // step of the root's producer; -1 for inputs and params
+  int32_t def_step = -1;    // step of the root's producer (0 if donated); -1 for inputs and params
   int32_t last_step = -1;   // step after which it is freed; -1 when pinned
 };
 

@@ -104,6 +104,7 @@ struct Executable::Impl {
   std::vector<ValueId> results;  // outputs and kept values, left in the scope
   std::vector<ValueId> stale;    // results computed by the program: dropped from the scope first
   std::vector<ValueId> held_at_end;  // values of pinned groups: the only slots set after a GC run
+  std::vector<bool> donated;         // value -> taken out of the scope when bound
 
   std::vector<Tensor> slots;  // value -> tensor during a run
   std::vector<Worker> workers;
@@ -144,7 +145,7 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
       options(std::move(o)),
       allocator(options.allocator != nullptr ? options.allocator : &DefaultAllocator()) {
   Verify(program);
-  plan = Analyze(program, {.order = options.order, .keep = options.keep});
+  plan = Analyze(program, {.order = options.order, .keep = options.keep, .donate = options.donate});
   if (options.threads < 0) {
     throw InvalidArgument(fmt::format("executable '{}': threads must be ≥ 0, got {}",
                                       program.name(), options.threads));
@@ -201,6 +202,11 @@ void Executable::Impl::Prepare() {
     if (!plan.groups[g].pinned) continue;
     for (ValueId v : plan.members[g]) held_at_end.push_back(v);
   }
+  donated.assign(program.values().size(), false);
+  for (const std::string& name : options.donate) {
+    donated[program.Get(name)] = true;
+    held_at_end.push_back(program.Get(name));  // freed by the free lists, unless nothing runs
+  }
 
   const bool parallel = options.mode == RunMode::kParallel;
   int threads = 1;
@@ -254,7 +260,12 @@ void Executable::Impl::Bind(Scope& scope) {
                                      value.name, value.type.ToString()));
     }
     CheckBinding(program, v, *t);
-    slots[v] = t->is_contiguous() ? *t : t->Contiguous(*allocator);
+  }
+  // Every binding is valid: only now take the donated inputs out of the scope.
+  for (ValueId v : bound) {
+    const std::string& name = program.value(v).name;
+    Tensor t = donated[v] ? scope.Take(name) : scope.Get(name);
+    slots[v] = t.is_contiguous() ? std::move(t) : t.Contiguous(*allocator);
   }
 }
 

@@ -5,7 +5,8 @@
 // vectors (value ids index a vector of tensors; no name lookup per instruction). Run() then:
 //   1. drops from the scope the previous run's outputs and kept values (they are about to be
 //      replaced and would otherwise count towards this run's peak), binds the program's inputs and
-//      parameters from the scope (ProgramError naming a missing or mistyped one);
+//      parameters from the scope (ProgramError naming a missing or mistyped one), taking the
+//      donated inputs out of it;
 //   2. runs every instruction — in the plan's order on the calling thread (RunMode::kTrace), or on
 //      a thread pool driven by dependency counts (RunMode::kParallel; the caller is member 0) —
 //      allocating kCompute outputs from the executable's allocator and freeing storage groups at
@@ -21,7 +22,7 @@
 // every tensor a run leaves in a scope.
 // Thread-safety: one Run at a time per executable (a concurrent Run throws InvalidArgument);
 // distinct executables may run concurrently. The scope is used by the calling thread only.
-// Failure modes: construction throws ProgramError for an invalid program or `keep` name and
+// Failure modes: construction throws ProgramError for an invalid program, `keep` or `donate` name, and
 // InvalidArgument for bad options; Run throws ProgramError for missing or mistyped bindings and
 // rethrows kernel errors (e.g. OutOfMemory) and async GC worker errors. After a failed run the
 // executable has released everything it held and can run again.
@@ -63,6 +64,9 @@ struct ExecutableOptions {
   int threads = 0;  // parallel runs: threads including the caller; 0: one per core
   OrderPolicy order = OrderPolicy::kBest;
   std::vector<std::string> keep;  // values left in the scope besides the outputs (never freed)
+  // Inputs taken out of the scope and freed at their last use (exec/analysis.h). Lost if the run
+  // fails. A backward program donates the forward's saved activations.
+  std::vector<std::string> donate;
   AsyncGcOptions async;           // queue size and pending-bytes budget of the async GC
   bool verbose = false;  // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
   // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads per

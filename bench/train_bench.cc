@@ -3,6 +3,7 @@
 // C = 128, T = 64, batch 16, AdamW), random bytes as data.
 //
 // Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc none|sync|async]
+//                              [--no-recompute]
 // Prints one JSON object: tokens_per_s (median step), step_ms_median, and peak_tensor_bytes — the
 // trainer allocator's peak of requested bytes during a step: parameters, optimizer state,
 // gradients and activations, every tensor the step holds (what the PyTorch side measures).
@@ -25,8 +26,18 @@ int main(int argc, char** argv) {
   int threads = 1;
   int64_t steps = 20, warmup = 3;
   std::string gc = "async";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool recompute = true;
+  for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
+    if (flag == "--no-recompute") {
+      recompute = false;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fmt::print(stderr, "train_bench: {} needs a value\n", flag);
+      return 2;
+    }
     if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     else if (flag == "--steps") steps = std::atoll(argv[i + 1]);
     else if (flag == "--warmup") warmup = std::atoll(argv[i + 1]);
@@ -50,6 +61,7 @@ int main(int argc, char** argv) {
   c.optimizer = {.kind = OptimizerKind::kAdamW, .lr = 1e-3, .weight_decay = 0.1};
   c.threads = threads;
   c.gc = *ParseGcMode(gc);
+  c.recompute = recompute;
   Trainer trainer(c);
   std::vector<double> ms;
   int64_t peak = 0;
@@ -63,7 +75,7 @@ int main(int argc, char** argv) {
   std::remove(data.c_str());
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
-  nlohmann::json out = {{"framework", "sluice"}, {"threads", threads}, {"gc", gc},
+  nlohmann::json out = {{"framework", "sluice"}, {"threads", threads}, {"gc", gc}, {"recompute", recompute},
                         {"tokens_per_s", 16 * 64 / (median / 1000.0)}, {"step_ms_median", median},
                         {"peak_tensor_bytes", peak}};
   fmt::print("{}\n", out.dump());

@@ -141,6 +141,7 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--seed", c.seed, "seed of initialization and data")->capture_default_str();
   sub.add_option("--gc", a->gc, "none, sync or async")->capture_default_str();
   sub.add_option("--mode", a->mode, "trace or parallel")->capture_default_str();
+  sub.add_flag("!--no-recompute", c.recompute, "keep cheap activations (layer norm, GELU) instead of recomputing them in backward");
   sub.add_option("--threads", c.threads, "intra-op threads, BLAS included (0: all cores)")->capture_default_str();
   sub.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end)")->capture_default_str();
   sub.add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")->capture_default_str();

@@ -197,13 +197,14 @@ Trainer::Impl::Impl(TrainConfig c) : config(std::move(c)) {
   model = task->BuildTrain(micro_batch);
   std::vector<std::string> wrt;
   for (const ParamSpec& p : model.params) wrt.push_back(p.name);
-  backward = BuildBackward(model.forward, {.loss = model.loss, .wrt = wrt});
+  backward = BuildBackward(model.forward, {.loss = model.loss, .wrt = wrt, .recompute = config.recompute});
 
   ExecutableOptions base{.allocator = &allocator, .mode = config.mode, .gc = config.gc, .threads = threads};
   ExecutableOptions fwd_opts = base;
   fwd_opts.keep = backward.saved;
   forward = std::make_unique<Executable>(model.forward, fwd_opts);
   ExecutableOptions bwd_opts = base;
+  bwd_opts.donate = backward.saved;  // saved activations die at their last backward use
   backward_exe = std::make_unique<Executable>(backward.program, bwd_opts);
   optimizer = std::make_unique<Executable>(BuildOptimizer(model.params, config.optimizer), base);
   eval = std::make_unique<Executable>(model.forward, base);
@@ -282,13 +283,18 @@ StepRecord Trainer::Step() {
   Impl& m = *impl_;
   const TrainConfig& c = m.config;
   const auto t0 = Clock::now();
-  m.allocator.ResetPeak();
+  // Each run restarts the allocator's peak, so the step's peak is the largest of its runs' peaks.
+  int64_t peak_allocated = 0, peak_reserved = 0;
+  auto track = [&](const RunStats& s) {
+    peak_allocated = std::max(peak_allocated, s.peak_allocated_bytes);
+    peak_reserved = std::max(peak_reserved, s.peak_reserved_bytes);
+  };
   double loss_sum = 0;
   for (int64_t k = 0; k < c.microbatches; ++k) {
     m.task->BindBatch(m.scope, DataSplit::kTrain, m.step * c.microbatches + k, m.micro_batch, c.seed);
-    m.forward->Run(m.scope);
+    track(m.forward->Run(m.scope));
     loss_sum += m.scope.Get(m.model.loss).FlatAt(0);
-    m.backward_exe->Run(m.scope);
+    track(m.backward_exe->Run(m.scope));
     for (const std::string& g : m.backward.grads) m.grads.Add(g, m.scope.Take(g));
   }
   StepRecord r;
@@ -298,19 +304,18 @@ StepRecord Trainer::Step() {
   m.grads.Clear();
   m.scope.Set("lr", Tensor::Full({}, r.lr, DType::kF32, m.allocator));
   m.scope.Set("step", Tensor::Full({}, static_cast<double>(m.step + 1), DType::kF32, m.allocator));
-  m.optimizer->Run(m.scope);
+  track(m.optimizer->Run(m.scope));
   for (const std::string& g : m.backward.grads) m.scope.Erase(g);
   m.scope.Erase(m.model.loss);
 
   ++m.step;
-  const MemoryStats stats = m.allocator.Stats();
   r.step = m.step;
   r.loss = loss_sum / static_cast<double>(c.microbatches);
   r.step_ms = MsSince(t0);
   const int64_t tokens = c.batch * m.task->TokensPerSample();
   r.tokens_per_s = static_cast<double>(tokens) / (r.step_ms / 1000.0);
-  r.peak_allocated_bytes = stats.peak_allocated_bytes;
-  r.peak_reserved_bytes = stats.peak_reserved_bytes;
+  r.peak_allocated_bytes = peak_allocated;
+  r.peak_reserved_bytes = peak_reserved;
   m.wall_s += r.step_ms / 1000.0;
   m.tokens += tokens;
   m.peak_allocated = std::max(m.peak_allocated, r.peak_allocated_bytes);

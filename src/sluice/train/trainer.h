@@ -45,6 +45,7 @@ struct TrainConfig {
   OptimizerConfig optimizer{.lr = 3e-3, .schedule = LrSchedule::kCosine, .warmup_steps = 50, .min_lr = 3e-4};
   uint64_t seed = 1;
   GcMode gc = GcMode::kAsync;
+  bool recompute = true;        // recompute cheap activations in backward (GradientSpec::recompute)
   RunMode mode = RunMode::kTrace;
   int threads = 0;              // intra-op threads (BLAS and parallel runs); 0 = all cores
   int64_t eval_every = 250;     // 0: only after the last step

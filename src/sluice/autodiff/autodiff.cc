@@ -196,6 +196,16 @@ Backward BackwardBuilder::Build() {
   return out;
 }
 
+// Appends `ins` (an instruction of `src`) to `dst`, whose values of the same names it reads and
+// defines.
+void CopyInstruction(const Program& src, const Instruction& ins, Program& dst) {
+  std::vector<ValueId> inputs;
+  for (ValueId v : ins.inputs) inputs.push_back(dst.Get(src.value(v).name));
+  std::vector<std::string> names;
+  for (ValueId v : ins.outputs) names.push_back(src.value(v).name);
+  dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+}
+
 // Copies the values and instructions of `src` selected by `keep_instr` into a new program.
 // Inputs and params are kept when `keep_value` says so.
 template <typename KeepInstr, typename KeepValue>
@@ -210,13 +220,7 @@ Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_
   }
   const auto& instrs = src.instructions();
   for (size_t i = 0; i < instrs.size(); ++i) {
-    if (!keep_instr(i)) continue;
-    const Instruction& ins = instrs[i];
-    std::vector<ValueId> inputs;
-    for (ValueId v : ins.inputs) inputs.push_back(dst.Get(src.value(v).name));
-    std::vector<std::string> names;
-    for (ValueId v : ins.outputs) names.push_back(src.value(v).name);
-    dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+    if (keep_instr(i)) CopyInstruction(src, instrs[i], dst);
   }
   return dst;
 }
@@ -267,14 +271,8 @@ Program WithRecomputation(const Program& fwd, const Program& bwd, const std::vec
     dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, {name});
   };
   for (const Instruction& ins : bwd.instructions()) {
-    std::vector<ValueId> inputs;
-    for (ValueId v : ins.inputs) {
-      ensure(bwd.value(v).name);
-      inputs.push_back(dst.Get(bwd.value(v).name));
-    }
-    std::vector<std::string> out_names;
-    for (ValueId v : ins.outputs) out_names.push_back(bwd.value(v).name);
-    dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(out_names));
+    for (ValueId v : ins.inputs) ensure(bwd.value(v).name);
+    CopyInstruction(bwd, ins, dst);
   }
   for (ValueId v : bwd.outputs()) dst.AddOutput(dst.Get(bwd.value(v).name));
   return dst;
@@ -372,13 +370,7 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
     if (w_value[v]) w.AddParam(p.value(v).name, p.value(v).type);
   }
   for (size_t i = 0; i < instrs.size(); ++i) {
-    if (!in_w[i]) continue;
-    const Instruction& ins = instrs[i];
-    std::vector<ValueId> inputs;
-    for (ValueId v : ins.inputs) inputs.push_back(w.Get(p.value(v).name));
-    std::vector<std::string> names;
-    for (ValueId v : ins.outputs) names.push_back(p.value(v).name);
-    w.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+    if (in_w[i]) CopyInstruction(p, instrs[i], w);
   }
   for (ValueId v : w_outputs) w.AddOutput(w.Get(p.value(v).name));
   out.w = std::move(w);

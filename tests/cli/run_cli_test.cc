@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_fixture.h"
 #include "exec/test_programs.h"
 #include "sluice/io/safetensors.h"
 #include "sluice/ir/text_format.h"
@@ -22,44 +23,10 @@ using ::testing::HasSubstr;
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct Result {
-  int status;
-  std::string out, err;
-};
+using Result = CliResult;
 
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-class RunCli : public ::testing::Test {
+class RunCli : public CliTest {
  protected:
-  void SetUp() override {
-    const char* binary = std::getenv("SLUICE_BINARY");
-    ASSERT_NE(binary, nullptr) << "SLUICE_BINARY must name the sluice binary (CTest sets it)";
-    binary_ = binary;
-    dir_ = fs::temp_directory_path() /
-           fmt::format("sluice_run_cli_{}", ::testing::UnitTest::GetInstance()->random_seed());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  fs::path Write(const std::string& name, const std::string& text) {
-    fs::path p = dir_ / name;
-    std::ofstream(p) << text;
-    return p;
-  }
-
-  Result Sluice(const std::string& args, const std::string& env = "") {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd =
-        fmt::format("{} '{}' {} > '{}' 2> '{}'", env, binary_, args, out.string(), err.string());
-    const int raw = std::system(cmd.c_str());
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, ReadFile(out), ReadFile(err)};
-  }
-
   Json StatsJson(const std::string& args) {
     Result r = Sluice("run " + args + " --stats-json");
     EXPECT_EQ(r.status, 0) << r.err;
@@ -67,9 +34,6 @@ class RunCli : public ::testing::Test {
                                                                << r.out;
     return Json::parse(r.out);
   }
-
-  std::string binary_;
-  fs::path dir_;
 };
 
 constexpr const char* kTriple = R"(program triple {

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
+
+#include "cli/cli_fixture.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -21,39 +23,11 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct Result {
-  int status;
-  std::string out, err;
-};
+using Result = CliResult;
 
-class ScheduleCli : public ::testing::Test {
+class ScheduleCli : public CliTest {
  protected:
-  void SetUp() override {
-    const char* binary = std::getenv("SLUICE_BINARY");
-    ASSERT_NE(binary, nullptr) << "SLUICE_BINARY must name the sluice binary (CTest sets it)";
-    binary_ = binary;
-    dir_ = fs::temp_directory_path() / fmt::format("sluice_schedule_cli_{}", ::getpid());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  static std::string Read(const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
-  Result Sluice(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd =
-        fmt::format("'{}' schedule {} > '{}' 2> '{}'", binary_, args, out.string(), err.string());
-    const int raw = std::system(cmd.c_str());
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, Read(out), Read(err)};
-  }
-
-  std::string binary_;
-  fs::path dir_;
+  Result Sluice(const std::string& args) { return CliTest::Sluice("schedule " + args); }
 };
 
 TEST_F(ScheduleCli, PrintsTheGrid) {

@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
+
+#include "cli/cli_fixture.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -21,31 +23,9 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct Result {
-  int status;
-  std::string err;
-};
-
-class TrainCli : public ::testing::Test {
+class TrainCli : public CliTest {
  protected:
-  void SetUp() override {
-    const char* binary = std::getenv("SLUICE_BINARY");
-    ASSERT_NE(binary, nullptr) << "SLUICE_BINARY must name the sluice binary (CTest sets it)";
-    binary_ = binary;
-    dir_ = fs::temp_directory_path() / fmt::format("sluice_train_cli_{}", ::getpid());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  Result Train(const std::string& args) {
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = fmt::format("'{}' train {} > /dev/null 2> '{}'", binary_, args, err.string());
-    const int raw = std::system(cmd.c_str());
-    std::ifstream in(err);
-    std::stringstream s;
-    s << in.rdbuf();
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, s.str()};
-  }
+  CliResult Train(const std::string& args) { return Sluice("train " + args); }
 
   std::vector<nlohmann::json> Lines(const fs::path& p) {
     std::vector<nlohmann::json> out;
@@ -54,15 +34,13 @@ class TrainCli : public ::testing::Test {
     return out;
   }
 
-  std::string binary_;
-  fs::path dir_;
 };
 
 TEST_F(TrainCli, TrainsWritesMetricsAndResumesBitwise) {
   const fs::path full = dir_ / "full.jsonl", first = dir_ / "first.jsonl", ckpt = dir_ / "ckpt.safetensors";
   const std::string common = "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet";
   ASSERT_EQ(Train(fmt::format("{} --steps 6 --metrics {}", common, full.string())).status, 0);
-  Result r = Train(fmt::format("{} --steps 3 --metrics {} --save {}", common, first.string(), ckpt.string()));
+  CliResult r = Train(fmt::format("{} --steps 3 --metrics {} --save {}", common, first.string(), ckpt.string()));
   ASSERT_EQ(r.status, 0) << r.err;
   // Resuming appends to the metrics file and continues from step 4 with the same losses.
   r = Train(fmt::format("{} --steps 6 --metrics {} --resume {}", common, first.string(), ckpt.string()));
@@ -82,7 +60,7 @@ TEST_F(TrainCli, TrainsWritesMetricsAndResumesBitwise) {
 }
 
 TEST_F(TrainCli, BadOptionsSayWhatToChange) {
-  Result r = Train("--heads 3 --dim 16 --steps 1");
+  CliResult r = Train("--heads 3 --dim 16 --steps 1");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, HasSubstr("--heads 3 does not divide --dim 16"));
   r = Train("--data /no/such/corpus.txt --steps 1");
@@ -105,14 +83,14 @@ TEST_F(TrainCli, BadOptionsSayWhatToChange) {
 TEST_F(TrainCli, ResumeFromACorruptCheckpointIsAClearError) {
   const fs::path bad = dir_ / "bad.safetensors";
   std::ofstream(bad) << "not a checkpoint";
-  Result r = Train(fmt::format("--steps 2 --resume {}", bad.string()));
+  CliResult r = Train(fmt::format("--steps 2 --resume {}", bad.string()));
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, HasSubstr(bad.string()));
 }
 
 TEST_F(TrainCli, MlpOnBlobs) {
   const fs::path m = dir_ / "mlp.jsonl";
-  Result r = Train(fmt::format("--model mlp --steps 100 --lr 0.01 --threads 1 --quiet --metrics {}", m.string()));
+  CliResult r = Train(fmt::format("--model mlp --steps 100 --lr 0.01 --threads 1 --quiet --metrics {}", m.string()));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_GE(Lines(m).back()["accuracy"].get<double>(), 0.9);
 }

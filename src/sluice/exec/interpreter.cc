@@ -510,7 +510,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
   try {
     Bind(scope);
     stats.baseline_allocated_bytes = allocator->Stats().allocated_bytes;
-    allocator->ResetPeak();
+    if (options.reset_peak) allocator->ResetPeak();
     if (options.mode == RunMode::kTrace) {
       RunTraceMode();
     } else {

@@ -72,6 +72,10 @@ struct ExecutableOptions {
   // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads per
   // instruction that frees something (exec/cycle_clock.h). Off, gc_thread_ns is 0.
   bool measure_gc_time = true;
+  // Restart the allocator's peak at the start of each run (RunStats then reports the run's own
+  // peak). Off, the peak runs on across runs: a pipeline stage measures one peak over a whole step
+  // of many forward and backward runs with micro-batches in flight between them.
+  bool reset_peak = true;
 };
 
 class Executable {

@@ -82,6 +82,12 @@ void GradientAccumulator::Add(const std::string& name, Tensor grad) {
 }
 
 double GradientAccumulator::Finish(int64_t micro_batches, double clip_norm) {
+  const double norm = std::sqrt(MeanAndSumSquares(micro_batches));
+  Clip(norm, clip_norm);
+  return norm;
+}
+
+double GradientAccumulator::MeanAndSumSquares(int64_t micro_batches) {
   const float inv = 1.0f / static_cast<float>(micro_batches);
   double sum_sq = 0;
   for (auto& [name, g] : grads_) {
@@ -91,15 +97,15 @@ double GradientAccumulator::Finish(int64_t micro_batches, double clip_norm) {
     for (int64_t i = 0, n = g.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
     sum_sq += s;
   }
-  const double norm = std::sqrt(sum_sq);
+  return sum_sq;
+}
+
+void GradientAccumulator::Clip(double norm, double clip_norm) {
   // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
-  if (clip_norm > 0) {
-    const double coef = clip_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      for (auto& [name, g] : grads_) cblas_sscal(static_cast<int>(g.numel()), static_cast<float>(coef), g.data<float>(), 1);
-    }
-  }
-  return norm;
+  if (clip_norm <= 0) return;
+  const double coef = clip_norm / (norm + 1e-6);
+  if (coef >= 1.0) return;
+  for (auto& [name, g] : grads_) cblas_sscal(static_cast<int>(g.numel()), static_cast<float>(coef), g.data<float>(), 1);
 }
 
 }  // namespace sluice

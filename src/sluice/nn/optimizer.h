@@ -63,6 +63,11 @@ class GradientAccumulator {
  public:
   void Add(const std::string& name, Tensor grad);
   double Finish(int64_t micro_batches, double clip_norm);
+  // Finish in two halves, for gradients spread over pipeline stages: divide by micro_batches and
+  // return this accumulator's sum of squares; then, once the global norm is known (the square root
+  // of the sum over stages), Clip scales like Finish does.
+  double MeanAndSumSquares(int64_t micro_batches);
+  void Clip(double norm, double clip_norm);
   const std::map<std::string, Tensor>& grads() const { return grads_; }
   void Clear() { grads_.clear(); }
 

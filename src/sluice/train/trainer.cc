@@ -15,6 +15,7 @@
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/metrics.h"
 #include "sluice/nn/data.h"
+#include "sluice/train/single_stage.h"
 
 namespace sluice {
 
@@ -23,152 +24,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
-// What differs between models: how a batch is bound and how accuracy is measured.
-class Task {
- public:
-  virtual ~Task() = default;
-  virtual Model BuildTrain(int64_t batch) const = 0;
-  virtual Model BuildLogits(int64_t batch) const = 0;
-  virtual void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t seed) const = 0;
-  virtual int64_t TokensPerSample() const = 0;
-  // Exact-match accuracy over `batches` validation batches; -1 when the task has none.
-  virtual double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t seed) const = 0;
-  virtual nlohmann::json Describe() const = 0;
-};
-
-class GptTask final : public Task {
- public:
-  GptTask(const TrainConfig& c) {
-    if (c.data == "sort") {
-      data_ = std::make_unique<SortDataset>();
-    } else {
-      data_ = std::make_unique<TextDataset>(c.data, c.gpt.seq > 0 ? c.gpt.seq : 64);
-    }
-    cfg_ = c.gpt;
-    if (cfg_.vocab == 0) cfg_.vocab = data_->vocab_size();
-    if (cfg_.seq == 0) cfg_.seq = data_->seq_len();
-    if (cfg_.vocab < data_->vocab_size()) {
-      throw InvalidArgument(fmt::format("--vocab {} is smaller than the data's vocabulary {} ({}): raise --vocab",
-                                        cfg_.vocab, data_->vocab_size(), data_->name()));
-    }
-    if (data_->seq_len() > cfg_.seq) {
-      throw InvalidArgument(fmt::format("the data's sequences have {} tokens but the model takes at most --seq {}: "
-                                        "raise --seq", data_->seq_len(), cfg_.seq));
-    }
-    ValidateGptConfig(cfg_);
-  }
-  Model BuildTrain(int64_t batch) const override { return BuildGpt(cfg_, batch, GptOutput::kLoss, data_->seq_len()); }
-  Model BuildLogits(int64_t batch) const override { return BuildGpt(cfg_, batch, GptOutput::kLogits, data_->seq_len()); }
-  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t seed) const override {
-    Batch b = data_->GetBatch(split, index, batch, seed);
-    scope.Set("ids", std::move(b.ids));
-    scope.Set("targets", std::move(b.targets));
-  }
-  int64_t TokensPerSample() const override { return data_->seq_len(); }
-
-  // Sort: generate the answer greedily, one digit per forward pass, and count sequences whose
-  // every digit is right.
-  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t seed) const override {
-    const auto* sort = dynamic_cast<const SortDataset*>(data_.get());
-    if (sort == nullptr) return -1;
-    const int64_t n = sort->num_digits(), T = data_->seq_len(), V = cfg_.vocab;
-    int64_t correct = 0, total = 0;
-    for (int64_t i = 0; i < batches; ++i) {
-      Batch b = data_->GetBatch(DataSplit::kValidation, i, batch, seed);
-      Tensor gen = b.ids.Clone();
-      std::vector<bool> ok(batch, true);
-      for (int64_t t = n; t < T; ++t) {
-        scope.Set("ids", gen);
-        logits.Run(scope);
-        const float* lg = scope.Get("logits").data<float>();
-        for (int64_t r = 0; r < batch; ++r) {
-          const float* row = lg + (r * T + t) * V;
-          int64_t pred = std::max_element(row, row + V) - row;
-          ok[r] = ok[r] && pred == b.targets.data<int64_t>()[r * T + t];
-          if (t + 1 < T) gen.data<int64_t>()[r * T + t + 1] = pred;
-        }
-      }
-      correct += std::count(ok.begin(), ok.end(), true);
-      total += batch;
-    }
-    scope.Erase("ids");
-    scope.Erase("logits");
-    return static_cast<double>(correct) / static_cast<double>(total);
-  }
-  nlohmann::json Describe() const override {
-    return {{"model", "gpt"}, {"vocab", cfg_.vocab}, {"seq", cfg_.seq}, {"layers", cfg_.layers},
-            {"heads", cfg_.heads}, {"dim", cfg_.dim}, {"data", data_->name()}};
-  }
-
- private:
-  std::unique_ptr<Dataset> data_;
-  GptConfig cfg_;
-};
-
-class MlpTask final : public Task {
- public:
-  MlpTask(const TrainConfig& c) : cfg_(c.mlp), data_(c.mlp, c.seed) {
-    if (c.data != "blobs" && c.data != "sort") {
-      throw InvalidArgument(fmt::format("--model mlp trains on --data blobs, not '{}'", c.data));
-    }
-  }
-  Model BuildTrain(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLoss); }
-  Model BuildLogits(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLogits); }
-  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t) const override {
-    auto [x, labels] = data_.GetBatch(split, index, batch);
-    scope.Set("x", std::move(x));
-    scope.Set("labels", std::move(labels));
-  }
-  int64_t TokensPerSample() const override { return 1; }
-  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t) const override {
-    int64_t correct = 0;
-    for (int64_t i = 0; i < batches; ++i) {
-      auto [x, labels] = data_.GetBatch(DataSplit::kValidation, i, batch);
-      scope.Set("x", x);
-      logits.Run(scope);
-      const float* lg = scope.Get("logits").data<float>();
-      for (int64_t r = 0; r < batch; ++r) {
-        const float* row = lg + r * cfg_.classes;
-        correct += (std::max_element(row, row + cfg_.classes) - row) == labels.data<int64_t>()[r];
-      }
-    }
-    scope.Erase("x");
-    scope.Erase("logits");
-    return static_cast<double>(correct) / static_cast<double>(batches * batch);
-  }
-  nlohmann::json Describe() const override {
-    return {{"model", "mlp"}, {"features", cfg_.features}, {"hidden", cfg_.hidden}, {"classes", cfg_.classes},
-            {"layers", cfg_.layers}, {"data", "blobs"}};
-  }
-
- private:
-  MlpConfig cfg_;
-  BlobsDataset data_;
-};
-
-void ValidateTrainConfig(const TrainConfig& c) {
-  auto bad = [](const std::string& what) { throw InvalidArgument(what); };
-  if (c.steps < 1) bad(fmt::format("--steps must be at least 1, got {}", c.steps));
-  if (c.batch < 1) bad(fmt::format("--batch must be at least 1, got {}", c.batch));
-  if (c.microbatches < 1 || c.batch % c.microbatches != 0) {
-    bad(fmt::format("--microbatches {} must divide --batch {}", c.microbatches, c.batch));
-  }
-  if (c.optimizer.lr <= 0) bad(fmt::format("--lr must be positive, got {}", c.optimizer.lr));
-  if (c.eval_batches < 1) bad("--eval-batches must be at least 1");
-  if (c.model != "gpt" && c.model != "mlp") bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
-}
-
 }  // namespace
 
 struct Trainer::Impl {
   TrainConfig config;
-  CachingAllocator allocator;
   std::unique_ptr<Task> task;
-  Model model;
-  Backward backward;
-  std::unique_ptr<Executable> forward, backward_exe, optimizer, eval, logits;
-  Scope scope;
-  GradientAccumulator grads;
+  Model model;                         // one micro-batch's model: parameter names, evaluation
+  std::unique_ptr<StepEngine> engine;  // owns the parameters and optimizer state
+  CachingAllocator eval_allocator;     // evaluation's activations (not counted in step peaks)
+  std::unique_ptr<Executable> eval, logits;
+  Scope scope;                         // the engine's state (shared) plus evaluation's values
   MetricsWriter metrics;
   int64_t step = 0;
   int64_t micro_batch = 0;
@@ -177,46 +42,31 @@ struct Trainer::Impl {
   int64_t tokens = 0;
   int64_t peak_allocated = 0, peak_reserved = 0;
 
-  explicit Impl(TrainConfig c);
-  std::map<std::string, Tensor> StateTensors() const;
-  void LoadWeights(const Checkpoint& ckpt, bool with_optimizer_state);
+  Impl(TrainConfig c, const EngineFactory& factory);
+  void LoadState(const Checkpoint& ckpt, bool with_optimizer_state);
 };
 
-Trainer::Impl::Impl(TrainConfig c) : config(std::move(c)) {
+Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::move(c)) {
   ValidateTrainConfig(config);
-  if (config.model == "gpt") {
-    task = std::make_unique<GptTask>(config);
-  } else {
-    task = std::make_unique<MlpTask>(config);
-  }
+  task = MakeTask(config);
   const int threads = config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(threads);
 
   micro_batch = config.batch / config.microbatches;
   eval_batch = micro_batch;
   model = task->BuildTrain(micro_batch);
-  std::vector<std::string> wrt;
-  for (const ParamSpec& p : model.params) wrt.push_back(p.name);
-  backward = BuildBackward(model.forward, {.loss = model.loss, .wrt = wrt, .recompute = config.recompute});
+  engine = (factory ? factory : EngineFactory(MakeSingleStageEngine))(
+      EngineContext{.config = config, .task = *task, .model = model, .threads = threads});
 
-  ExecutableOptions base{.allocator = &allocator, .mode = config.mode, .gc = config.gc, .threads = threads};
-  ExecutableOptions fwd_opts = base;
-  fwd_opts.keep = backward.saved;
-  forward = std::make_unique<Executable>(model.forward, fwd_opts);
-  ExecutableOptions bwd_opts = base;
-  bwd_opts.donate = backward.saved;  // saved activations die at their last backward use
-  backward_exe = std::make_unique<Executable>(backward.program, bwd_opts);
-  optimizer = std::make_unique<Executable>(BuildOptimizer(model.params, config.optimizer), base);
+  ExecutableOptions base{.allocator = &eval_allocator, .mode = config.mode, .gc = config.gc, .threads = threads};
   eval = std::make_unique<Executable>(model.forward, base);
   logits = std::make_unique<Executable>(task->BuildLogits(eval_batch).forward, base);
+  for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
 
-  for (auto& [name, t] : InitParams(model.params, config.seed, allocator)) scope.Set(name, std::move(t));
-  for (auto& [name, t] : InitOptimizerState(model.params, config.optimizer, allocator)) scope.Set(name, std::move(t));
-
-  if (!config.init_from.empty()) LoadWeights(LoadCheckpoint(config.init_from, allocator), false);
+  if (!config.init_from.empty()) LoadState(LoadCheckpoint(config.init_from, eval_allocator), false);
   if (!config.resume_path.empty()) {
-    Checkpoint ckpt = LoadCheckpoint(config.resume_path, allocator);
-    LoadWeights(ckpt, true);
+    Checkpoint ckpt = LoadCheckpoint(config.resume_path, eval_allocator);
+    LoadState(ckpt, true);
     step = std::stoll(ckpt.metadata.at("step"));
     if (ckpt.metadata.count("data_seed") && std::stoull(ckpt.metadata.at("data_seed")) != config.seed) {
       throw InvalidArgument(fmt::format("checkpoint '{}' was trained with --seed {}; resume with the same seed",
@@ -226,7 +76,9 @@ Trainer::Impl::Impl(TrainConfig c) : config(std::move(c)) {
   if (!config.metrics_path.empty()) metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());
 }
 
-void Trainer::Impl::LoadWeights(const Checkpoint& ckpt, bool with_optimizer_state) {
+// Checks the checkpoint against the model first (every problem in one message), then copies the
+// tensors into the engine's state in place.
+void Trainer::Impl::LoadState(const Checkpoint& ckpt, bool with_optimizer_state) {
   std::vector<std::string> problems;
   std::vector<std::string> expected;
   for (const ParamSpec& p : model.params) {
@@ -255,19 +107,11 @@ void Trainer::Impl::LoadWeights(const Checkpoint& ckpt, bool with_optimizer_stat
   if (!problems.empty()) {
     throw InvalidArgument(fmt::format("cannot load '{}' into this model:\n  {}", ckpt.path, fmt::join(problems, "\n  ")));
   }
-  for (const std::string& name : expected) scope.Set(name, ckpt.tensors.at(name));
+  for (const std::string& name : expected) scope.Get(name).CopyFrom(ckpt.tensors.at(name));
 }
 
-std::map<std::string, Tensor> Trainer::Impl::StateTensors() const {
-  std::map<std::string, Tensor> out;
-  for (const ParamSpec& p : model.params) {
-    out.emplace(p.name, scope.Get(p.name));
-    for (const std::string& s : OptimizerStateNames(p.name, config.optimizer)) out.emplace(s, scope.Get(s));
-  }
-  return out;
-}
-
-Trainer::Trainer(TrainConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {}
+Trainer::Trainer(TrainConfig config, const EngineFactory& engine)
+    : impl_(std::make_unique<Impl>(std::move(config), engine)) {}
 Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
@@ -283,39 +127,18 @@ StepRecord Trainer::Step() {
   Impl& m = *impl_;
   const TrainConfig& c = m.config;
   const auto t0 = Clock::now();
-  // Each run restarts the allocator's peak, so the step's peak is the largest of its runs' peaks.
-  int64_t peak_allocated = 0, peak_reserved = 0;
-  auto track = [&](const RunStats& s) {
-    peak_allocated = std::max(peak_allocated, s.peak_allocated_bytes);
-    peak_reserved = std::max(peak_reserved, s.peak_reserved_bytes);
-  };
-  double loss_sum = 0;
-  for (int64_t k = 0; k < c.microbatches; ++k) {
-    m.task->BindBatch(m.scope, DataSplit::kTrain, m.step * c.microbatches + k, m.micro_batch, c.seed);
-    track(m.forward->Run(m.scope));
-    loss_sum += m.scope.Get(m.model.loss).FlatAt(0);
-    track(m.backward_exe->Run(m.scope));
-    for (const std::string& g : m.backward.grads) m.grads.Add(g, m.scope.Take(g));
-  }
   StepRecord r;
-  r.grad_norm = m.grads.Finish(c.microbatches, c.optimizer.clip_norm);
   r.lr = LearningRate(c.optimizer, m.step, c.steps);
-  for (const auto& [name, g] : m.grads.grads()) m.scope.Set(name, g);
-  m.grads.Clear();
-  m.scope.Set("lr", Tensor::Full({}, r.lr, DType::kF32, m.allocator));
-  m.scope.Set("step", Tensor::Full({}, static_cast<double>(m.step + 1), DType::kF32, m.allocator));
-  track(m.optimizer->Run(m.scope));
-  for (const std::string& g : m.backward.grads) m.scope.Erase(g);
-  m.scope.Erase(m.model.loss);
-
+  StepResult s = m.engine->Step(m.step, r.lr);
   ++m.step;
   r.step = m.step;
-  r.loss = loss_sum / static_cast<double>(c.microbatches);
+  r.loss = s.loss;
+  r.grad_norm = s.grad_norm;
   r.step_ms = MsSince(t0);
   const int64_t tokens = c.batch * m.task->TokensPerSample();
   r.tokens_per_s = static_cast<double>(tokens) / (r.step_ms / 1000.0);
-  r.peak_allocated_bytes = peak_allocated;
-  r.peak_reserved_bytes = peak_reserved;
+  r.peak_allocated_bytes = s.peak_allocated_bytes;
+  r.peak_reserved_bytes = s.peak_reserved_bytes;
   m.wall_s += r.step_ms / 1000.0;
   m.tokens += tokens;
   m.peak_allocated = std::max(m.peak_allocated, r.peak_allocated_bytes);
@@ -357,7 +180,7 @@ void Trainer::SaveCheckpoint(const std::string& path) const {
       {"data_position", std::to_string(m.step * m.config.microbatches)},
       {"config", config.dump()},
   };
-  SaveCheckpointAtomic(path, m.StateTensors(), metadata);
+  SaveCheckpointAtomic(path, m.engine->State(), metadata);
 }
 
 TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
@@ -389,6 +212,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"peak_reserved_bytes", s.peak_reserved_bytes}, {"params", s.params},
                             {"gc", std::string(Name(c.gc))}, {"config", m.task->Describe()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
+  if (nlohmann::json extra = m.engine->Summary(); extra.is_object()) summary.update(extra);
   m.metrics.Write(summary);
   return s;
 }

@@ -1,19 +1,16 @@
-// Trainer: runs `sluice train` on one stage — micro-batched forward and backward through the
-// interpreter, gradient accumulation, clipping, the optimizer program, evaluation, metrics and
-// checkpoints.
+// Trainer: runs `sluice train` — the training loop, evaluation, metrics and checkpoints around a
+// step engine (train/step_engine.h) that computes each optimizer step: on one stage by default
+// (train/single_stage.h: micro-batched forward and backward, accumulation, clipping, the
+// optimizer program), or split into pipeline stages (pipeline/pipeline_engine.h).
 //
-// One step:
-//   for each of M micro-batches (batch B/M each):
-//     forward   (keeps the values backward reads)   ids, targets, params → loss, saved values
-//     backward  (frees saved values at last use)     saved, params → "<p>.grad"
-//     accumulate the gradients (BLAS axpy)
-//   mean over micro-batches, clip to the global norm, optimizer program (in place).
 // Data batch k of step s is batch index s·M + k of the dataset, a pure function of the seed, so
 // resuming from a checkpoint replays exactly the batches an uninterrupted run would see.
 //
-// All tensors come from one CachingAllocator owned by the trainer; the per-step peak in the
-// metrics is that allocator's peak of requested bytes (parameters, optimizer state, activations,
-// gradients — every tensor the run holds).
+// The per-step peak in the metrics is the engine's peak of requested bytes (parameters, optimizer
+// state, activations, gradients — every tensor the step holds; a pipeline's largest stage).
+// Evaluation runs on the calling thread with an allocator of its own, reading the engine's
+// parameters in place. Checkpoints hold parameters and optimizer state by name in one safetensors
+// file, whatever the engine: a pipeline run can resume a single-stage checkpoint and vice versa.
 //
 // Thread-safety: one Trainer per thread. Failure: the constructor throws InvalidArgument or
 // IoError for a bad configuration, data or checkpoint file, naming what to change.
@@ -30,6 +27,7 @@
 #include "sluice/nn/gpt.h"
 #include "sluice/nn/mlp.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/train/step_engine.h"
 
 namespace sluice {
 
@@ -87,7 +85,8 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  explicit Trainer(TrainConfig config);
+  // `engine` builds the step engine; null: the single-stage engine.
+  explicit Trainer(TrainConfig config, const EngineFactory& engine = nullptr);
   ~Trainer();
 
   // Trains from the current step to config.steps. Calls the observers after each step and each

@@ -1,0 +1,66 @@
+// StepEngine: how the trainer computes one optimizer step. The Trainer (train/trainer.h) owns
+// what every run shares — the task and its data, evaluation, metrics, checkpoints, the loop — and
+// asks its engine for each step:
+//
+//   single stage (train/single_stage.h)   one thread, one allocator: forward and backward per
+//                                         micro-batch, accumulation, clipping, the optimizer
+//   pipeline (pipeline/pipeline_engine.h) the model split into stages on their own threads and
+//                                         allocators, micro-batches flowing through a schedule
+//
+// An engine owns the parameters and optimizer state, in its own memory. State() hands out
+// tensors that share that memory: the trainer evaluates with them, saves them, and loads a
+// checkpoint by copying into them in place — so the engine sees every change.
+//
+// Thread-safety: one thread calls an engine at a time. Failure modes: Step throws the error of the
+// run that failed (a pipeline engine names the stage, action and micro-batch).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "sluice/core/tensor.h"
+#include "sluice/nn/model.h"
+#include "sluice/train/task.h"
+
+namespace sluice {
+
+struct TrainConfig;
+
+struct StepResult {
+  double loss = 0;       // mean over micro-batches
+  double grad_norm = 0;  // global, before clipping
+  // Peak tensor memory of the step: every tensor the engine holds (parameters, optimizer state,
+  // activations, gradients). A pipeline reports its largest stage.
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+};
+
+class StepEngine {
+ public:
+  virtual ~StepEngine() = default;
+  // Step `step` (0-based): forward and backward over config.microbatches micro-batches of batch
+  // indices step·M … step·M + M − 1, gradient mean and clipping, then the optimizer at `lr`.
+  virtual StepResult Step(int64_t step, double lr) = 0;
+  // Every parameter and optimizer-state tensor by name, sharing the engine's memory.
+  virtual std::map<std::string, Tensor> State() const = 0;
+  // Extra fields for the metrics summary line ({"stages": [...]} for a pipeline); null when none.
+  virtual nlohmann::json Summary() const { return nullptr; }
+};
+
+// What an engine is built from: the run's configuration, its task and the model of one
+// micro-batch (config.batch / config.microbatches sequences).
+struct EngineContext {
+  const TrainConfig& config;
+  const Task& task;
+  const Model& model;
+  int threads = 1;  // intra-op threads
+};
+
+using EngineFactory = std::function<std::unique_ptr<StepEngine>(const EngineContext&)>;
+
+}  // namespace sluice

@@ -1,0 +1,147 @@
+#include "sluice/train/task.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+#include "sluice/nn/mlp.h"
+#include "sluice/train/trainer.h"
+
+namespace sluice {
+
+namespace {
+
+class GptTask final : public Task {
+ public:
+  GptTask(const TrainConfig& c) {
+    if (c.data == "sort") {
+      data_ = std::make_unique<SortDataset>();
+    } else {
+      data_ = std::make_unique<TextDataset>(c.data, c.gpt.seq > 0 ? c.gpt.seq : 64);
+    }
+    cfg_ = c.gpt;
+    if (cfg_.vocab == 0) cfg_.vocab = data_->vocab_size();
+    if (cfg_.seq == 0) cfg_.seq = data_->seq_len();
+    if (cfg_.vocab < data_->vocab_size()) {
+      throw InvalidArgument(fmt::format("--vocab {} is smaller than the data's vocabulary {} ({}): raise --vocab",
+                                        cfg_.vocab, data_->vocab_size(), data_->name()));
+    }
+    if (data_->seq_len() > cfg_.seq) {
+      throw InvalidArgument(fmt::format("the data's sequences have {} tokens but the model takes at most --seq {}: "
+                                        "raise --seq", data_->seq_len(), cfg_.seq));
+    }
+    ValidateGptConfig(cfg_);
+  }
+  Model BuildTrain(int64_t batch) const override { return BuildGpt(cfg_, batch, GptOutput::kLoss, data_->seq_len()); }
+  Model BuildLogits(int64_t batch) const override { return BuildGpt(cfg_, batch, GptOutput::kLogits, data_->seq_len()); }
+  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t seed) const override {
+    Batch b = data_->GetBatch(split, index, batch, seed);
+    scope.Set("ids", std::move(b.ids));
+    scope.Set("targets", std::move(b.targets));
+  }
+  int64_t TokensPerSample() const override { return data_->seq_len(); }
+  const GptConfig* gpt() const override { return &cfg_; }
+  int64_t seq_len() const override { return data_->seq_len(); }
+
+  // Sort: generate the answer greedily, one digit per forward pass, and count sequences whose
+  // every digit is right.
+  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t seed) const override {
+    const auto* sort = dynamic_cast<const SortDataset*>(data_.get());
+    if (sort == nullptr) return -1;
+    const int64_t n = sort->num_digits(), T = data_->seq_len(), V = cfg_.vocab;
+    int64_t correct = 0, total = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      Batch b = data_->GetBatch(DataSplit::kValidation, i, batch, seed);
+      Tensor gen = b.ids.Clone();
+      std::vector<bool> ok(batch, true);
+      for (int64_t t = n; t < T; ++t) {
+        scope.Set("ids", gen);
+        logits.Run(scope);
+        const float* lg = scope.Get("logits").data<float>();
+        for (int64_t r = 0; r < batch; ++r) {
+          const float* row = lg + (r * T + t) * V;
+          int64_t pred = std::max_element(row, row + V) - row;
+          ok[r] = ok[r] && pred == b.targets.data<int64_t>()[r * T + t];
+          if (t + 1 < T) gen.data<int64_t>()[r * T + t + 1] = pred;
+        }
+      }
+      correct += std::count(ok.begin(), ok.end(), true);
+      total += batch;
+    }
+    scope.Erase("ids");
+    scope.Erase("logits");
+    return static_cast<double>(correct) / static_cast<double>(total);
+  }
+  nlohmann::json Describe() const override {
+    return {{"model", "gpt"}, {"vocab", cfg_.vocab}, {"seq", cfg_.seq}, {"layers", cfg_.layers},
+            {"heads", cfg_.heads}, {"dim", cfg_.dim}, {"data", data_->name()}};
+  }
+
+ private:
+  std::unique_ptr<Dataset> data_;
+  GptConfig cfg_;
+};
+
+class MlpTask final : public Task {
+ public:
+  MlpTask(const TrainConfig& c) : cfg_(c.mlp), data_(c.mlp, c.seed) {
+    if (c.data != "blobs" && c.data != "sort") {
+      throw InvalidArgument(fmt::format("--model mlp trains on --data blobs, not '{}'", c.data));
+    }
+  }
+  Model BuildTrain(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLoss); }
+  Model BuildLogits(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLogits); }
+  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t) const override {
+    auto [x, labels] = data_.GetBatch(split, index, batch);
+    scope.Set("x", std::move(x));
+    scope.Set("labels", std::move(labels));
+  }
+  int64_t TokensPerSample() const override { return 1; }
+  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t) const override {
+    int64_t correct = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      auto [x, labels] = data_.GetBatch(DataSplit::kValidation, i, batch);
+      scope.Set("x", x);
+      logits.Run(scope);
+      const float* lg = scope.Get("logits").data<float>();
+      for (int64_t r = 0; r < batch; ++r) {
+        const float* row = lg + r * cfg_.classes;
+        correct += (std::max_element(row, row + cfg_.classes) - row) == labels.data<int64_t>()[r];
+      }
+    }
+    scope.Erase("x");
+    scope.Erase("logits");
+    return static_cast<double>(correct) / static_cast<double>(batches * batch);
+  }
+  nlohmann::json Describe() const override {
+    return {{"model", "mlp"}, {"features", cfg_.features}, {"hidden", cfg_.hidden}, {"classes", cfg_.classes},
+            {"layers", cfg_.layers}, {"data", "blobs"}};
+  }
+
+ private:
+  MlpConfig cfg_;
+  BlobsDataset data_;
+};
+
+}  // namespace
+
+std::unique_ptr<Task> MakeTask(const TrainConfig& config) {
+  if (config.model == "gpt") return std::make_unique<GptTask>(config);
+  return std::make_unique<MlpTask>(config);
+}
+
+void ValidateTrainConfig(const TrainConfig& c) {
+  auto bad = [](const std::string& what) { throw InvalidArgument(what); };
+  if (c.steps < 1) bad(fmt::format("--steps must be at least 1, got {}", c.steps));
+  if (c.batch < 1) bad(fmt::format("--batch must be at least 1, got {}", c.batch));
+  if (c.microbatches < 1 || c.batch % c.microbatches != 0) {
+    bad(fmt::format("--microbatches {} must divide --batch {}", c.microbatches, c.batch));
+  }
+  if (c.optimizer.lr <= 0) bad(fmt::format("--lr must be positive, got {}", c.optimizer.lr));
+  if (c.eval_batches < 1) bad("--eval-batches must be at least 1");
+  if (c.model != "gpt" && c.model != "mlp") bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
+}
+
+
+}  // namespace sluice

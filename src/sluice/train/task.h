@@ -1,0 +1,62 @@
+// Task: what differs between the models `sluice train` trains — how the model is built, how a
+// batch is bound into a scope, and how accuracy is measured — behind one interface, so the
+// trainer and the step engines (train/step_engine.h) need not know which model they run.
+//
+//   gpt  a GPT (nn/gpt.h) on the sort task or a text file: inputs "ids", "targets" [B, T] (i64)
+//   mlp  an MLP classifier (nn/mlp.h) on Gaussian blobs: inputs "x" [B, F], "labels" [B] (i64)
+//
+// Batches are a pure function of (split, index, batch size, seed) (nn/data.h), so any stage or
+// rank can bind the same batch independently, and a resumed run replays the same batches.
+//
+// Thread-safety: const methods are safe to call concurrently (BindBatch included).
+// Failure modes: MakeTask throws InvalidArgument or IoError for a configuration or data file that
+// cannot be used, naming the option to change.
+//
+// Example:
+//   std::unique_ptr<Task> task = MakeTask(config);
+//   Model m = task->BuildTrain(/*batch=*/8);
+//   Scope scope;
+//   task->BindBatch(scope, DataSplit::kTrain, /*index=*/0, /*batch=*/8, config.seed);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "sluice/exec/interpreter.h"
+#include "sluice/exec/scope.h"
+#include "sluice/nn/data.h"
+#include "sluice/nn/gpt.h"
+#include "sluice/nn/model.h"
+
+namespace sluice {
+
+struct TrainConfig;
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  // The training model (output "loss") and the evaluation model (output "logits") for `batch`.
+  virtual Model BuildTrain(int64_t batch) const = 0;
+  virtual Model BuildLogits(int64_t batch) const = 0;
+  // Binds batch `index` of `split` (its inputs and targets) into `scope`.
+  virtual void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t seed) const = 0;
+  virtual int64_t TokensPerSample() const = 0;
+  // Exact-match accuracy over `batches` validation batches; -1 when the task has none.
+  virtual double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t seed) const = 0;
+  // {"model": ..., sizes, "data": ...}: the configuration line of metrics and checkpoints.
+  virtual nlohmann::json Describe() const = 0;
+  // The GPT's configuration with sizes filled in from the data; nullptr for other models.
+  virtual const GptConfig* gpt() const { return nullptr; }
+  // The sequence length of every batch (1 for models without sequences).
+  virtual int64_t seq_len() const { return 1; }
+};
+
+// The task of config.model; throws InvalidArgument naming the option for an unusable one.
+std::unique_ptr<Task> MakeTask(const TrainConfig& config);
+
+// Throws InvalidArgument for a configuration no task can run (steps, batch, micro-batches, lr).
+void ValidateTrainConfig(const TrainConfig& config);
+
+}  // namespace sluice

@@ -1,8 +1,11 @@
 #include "sluice/nn/gpt.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sluice/core/error.h"
 #include "sluice/ir/ops.h"
@@ -44,31 +47,75 @@ Var Mlp(ModelBuilder& m, Var x, const GptConfig& c, double proj_std) {
   return LinearLayer(m, "c_proj", h, 4 * c.dim, c.dim, proj_std);
 }
 
+// Parameters of the embeddings (wte, wpe) and of one block (ln_1, c_attn, attn.c_proj, ln_2, c_fc,
+// mlp.c_proj: weight and bias each); BuildGpt's list is embeddings, blocks in order, ln_f, lm_head.
+constexpr int64_t kEmbedParams = 2;
+constexpr int64_t kBlockParams = 12;
+
 }  // namespace
 
+std::string SliceText(const GptSlice& s, int64_t layers) {
+  const int64_t end = s.end_layer < 0 ? layers : s.end_layer;
+  std::vector<std::string> items;
+  if (s.embed) items.push_back("embed");
+  if (end - s.first_layer == 1) items.push_back(fmt::format("h.{}", s.first_layer));
+  if (end - s.first_layer > 1) items.push_back(fmt::format("h.{}-{}", s.first_layer, end - 1));
+  if (s.head) items.push_back("head");
+  return items.empty() ? std::string("(nothing)") : fmt::format("{}", fmt::join(items, ","));
+}
+
 Model BuildGpt(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len) {
+  return BuildGptSlice(c, B, output, seq_len, GptSlice{});
+}
+
+Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len, const GptSlice& slice) {
   ValidateGptConfig(c);
   const int64_t T = seq_len == 0 ? c.seq : seq_len;
   if (T < 1 || T > c.seq) {
     throw InvalidArgument(fmt::format("sequence length {} exceeds the model's --seq {}", T, c.seq));
   }
   if (B < 1) throw InvalidArgument(fmt::format("batch size must be positive, got {}", B));
-  ModelBuilder m(output == GptOutput::kLoss ? "gpt" : "gpt_logits");
+  const int64_t first = slice.first_layer, end = slice.end_layer < 0 ? c.layers : slice.end_layer;
+  const std::string text = SliceText(slice, c.layers);
+  if (first < 0 || first > end || end > c.layers) {
+    throw InvalidArgument(fmt::format("GPT slice '{}': layers [{}, {}) are not a range within the model's {} layers",
+                                      text, first, end, c.layers));
+  }
+  if (!slice.embed && !slice.head && first == end) {
+    throw InvalidArgument(fmt::format(
+        "GPT slice with no embed, no head and no layers (layers [{}, {})) is empty: a slice needs at least one",
+        first, end));
+  }
+  const bool whole = slice.embed && slice.head && first == 0 && end == c.layers;
+  const std::string base = output == GptOutput::kLoss ? "gpt" : "gpt_logits";
+  ModelBuilder m(whole ? base : fmt::format("{}[{}]", base, text));
   Builder& b = m.b();
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
 
-  Var ids = b.Input("ids", DType::kI64, {B, T});
-  Var wte = m.Param("wte.weight", {c.vocab, c.dim}, Init::kNormal);
-  Var wpe = m.Param("wpe.weight", {c.seq, c.dim}, Init::kNormal);
-  Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);                       // [T, C]
-  Var x = b.Name(Embedding(ids, wte) + pos, "h_in");                       // [B, T, C]
-  for (int64_t l = 0; l < c.layers; ++l) {
+  Var x;  // the hidden state [B, T, C]
+  if (slice.embed) {
+    m.SetNextInitIndex(0);
+    Var ids = b.Input("ids", DType::kI64, {B, T});
+    Var wte = m.Param("wte.weight", {c.vocab, c.dim}, Init::kNormal);
+    Var wpe = m.Param("wpe.weight", {c.seq, c.dim}, Init::kNormal);
+    Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);                       // [T, C]
+    x = b.Name(Embedding(ids, wte) + pos, "h_in");                           // [B, T, C]
+  } else {
+    x = b.Input("x", DType::kF32, {B, T, c.dim});
+  }
+  for (int64_t l = first; l < end; ++l) {
+    m.SetNextInitIndex(kEmbedParams + kBlockParams * l);
     Builder::NameScope scope(b, fmt::format("h.{}", l));
     Var a = CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim), c, B, T, proj_std);
     x = b.Name(x + a, "attn_out");
     Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim), c, proj_std);
     x = b.Name(x + f, "out");
   }
+  if (!slice.head) {
+    b.Output(b.Name(x, "y"));
+    return m.Finish("");
+  }
+  m.SetNextInitIndex(kEmbedParams + kBlockParams * c.layers);
   x = LayerNormLayer(m, "ln_f", x, c.dim);
   Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);  // [V, C] like torch.nn.Linear
   Var logits = b.Name(MatMul(x, head, false, true), "logits");             // [B, T, V]

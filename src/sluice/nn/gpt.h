@@ -8,12 +8,20 @@
 // bias and is not tied to wte. Parameter names and layouts: docs/models.md (GPT-2 names; block
 // weights stored [in, out], lm_head.weight [V, C] like torch.nn.Linear).
 //
+// A pipeline stage runs a contiguous slice of the model (BuildGptSlice): the hidden state
+// x [B, T, C] passes from one slice to the next, and chaining the slices' programs computes
+// bitwise what the whole model computes.
+//
 // Example:
 //   GptConfig cfg{.vocab = 11, .seq = 12, .layers = 2, .heads = 4, .dim = 64};
 //   Model m = BuildGpt(cfg, /*batch=*/32, GptOutput::kLoss);
+//   Model first = BuildGptSlice(cfg, 32, GptOutput::kLoss, 0, {.embed = true, .end_layer = 1, .head = false});
+//   Model last = BuildGptSlice(cfg, 32, GptOutput::kLoss, 0, {.embed = false, .first_layer = 1});
+//   // first: ids → "y"; last: "x" (= first's "y"), targets → "loss", as m's loss bitwise.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "sluice/nn/model.h"
 
@@ -37,5 +45,32 @@ enum class GptOutput {
 
 // The model for batches of `batch` sequences of length `seq_len` (≤ config.seq; 0 = config.seq).
 Model BuildGpt(const GptConfig& config, int64_t batch, GptOutput output, int64_t seq_len = 0);
+
+// A contiguous piece of the model: one pipeline (virtual) stage. The default is the whole model.
+struct GptSlice {
+  bool embed = true;        // wte + wpe; the program's input is "ids" i64[B, T]
+  int64_t first_layer = 0;  // transformer blocks [first_layer, end_layer)
+  int64_t end_layer = -1;   // -1: config.layers
+  bool head = true;         // ln_f + lm_head (+ cross-entropy with "targets" when kLoss)
+
+  bool operator==(const GptSlice&) const = default;
+};
+
+// The slice of the model as BuildGpt would build it, with the same value and parameter names
+// (h_in, h.3.out, h.3.attn.c_attn.weight, …). Program interface:
+//   embed: input "ids" i64[B, T];  otherwise input "x" f32[B, T, C], the previous slice's "y".
+//   head:  as BuildGpt ("loss" with input "targets", or "logits"); Model::loss as BuildGpt's.
+//   otherwise the single output "y" f32[B, T, C], the hidden state for the next slice (the value
+//          the whole model calls h_in or h.N.out), and Model::loss is "".
+// Every ParamSpec has init_index = its position in BuildGpt's parameter list, so InitParams gives
+// a slice bitwise the whole model's tensors. The whole-model slice gives exactly BuildGpt's model.
+// Throws InvalidArgument naming the slice when it is empty (no embed, no head, no layers) or its
+// layers are out of [0, config.layers); otherwise as BuildGpt.
+Model BuildGptSlice(const GptConfig& config, int64_t batch, GptOutput output, int64_t seq_len,
+                    const GptSlice& slice);
+
+// The slice in --layout syntax (pipeline/partition.h): "embed,h.0-1", "h.2", "h.3-5,head", "head".
+// An end_layer of -1 stands for `layers`.
+std::string SliceText(const GptSlice& slice, int64_t layers);
 
 }  // namespace sluice

@@ -12,13 +12,15 @@ constexpr uint64_t kInitStream = 100;
 
 Var ModelBuilder::Param(std::string_view name, const Shape& shape, Init init, double std) {
   std::string full = b_.Prefixed(name);
-  params_.push_back({full, shape, init, std});
+  params_.push_back({full, shape, init, std, next_init_index_});
+  if (next_init_index_ >= 0) ++next_init_index_;
   return b_.Param(std::move(full), DType::kF32, shape);
 }
 
 Model ModelBuilder::Finish(std::string loss) {
   Model m{b_.Build(), std::move(params_), std::move(loss)};
   params_.clear();
+  next_init_index_ = -1;
   return m;
 }
 
@@ -33,7 +35,8 @@ std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, ui
       case Init::kZeros: std::fill_n(p, n, 0.0f); break;
       case Init::kOnes: std::fill_n(p, n, 1.0f); break;
       case Init::kNormal: {
-        std::mt19937_64 rng(MixSeed(seed, kInitStream, i));
+        const uint64_t index = s.init_index >= 0 ? static_cast<uint64_t>(s.init_index) : i;
+        std::mt19937_64 rng(MixSeed(seed, kInitStream, index));
         std::normal_distribution<float> normal(0.0f, static_cast<float>(s.std));
         for (int64_t k = 0; k < n; ++k) p[k] = normal(rng);
         break;

@@ -7,6 +7,8 @@
 //
 // Initialization is seeded and reproducible: parameter i draws from a generator seeded by
 // MixSeed(seed, kInitStream, i), so it does not depend on the order other parameters are drawn.
+// A piece of a model (a pipeline stage, nn/gpt.h BuildGptSlice) sets ParamSpec::init_index to the
+// parameter's position in the whole model, so the stage's tensors are bitwise the whole model's.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,8 @@ struct ParamSpec {
   Shape shape;
   Init init = Init::kNormal;
   double std = 0.02;  // for kNormal
+  // The index the generator is seeded with; -1: the spec's position in the list given to InitParams.
+  int64_t init_index = -1;
 };
 
 struct Model {
@@ -43,11 +47,16 @@ class ModelBuilder {
   Builder& b() { return b_; }
   // Declares parameter prefix+name (f32) and records its initialization.
   Var Param(std::string_view name, const Shape& shape, Init init, double std = 0.02);
+  // Parameters declared from now on get ParamSpec::init_index = index, index + 1, … (a builder
+  // of part of a model skips the indices of the parameters it leaves out). Until called, specs
+  // keep init_index -1.
+  void SetNextInitIndex(int64_t index) { next_init_index_ = index; }
   Model Finish(std::string loss = "loss");
 
  private:
   Builder b_;
   std::vector<ParamSpec> params_;
+  int64_t next_init_index_ = -1;  // -1: not numbering
 };
 
 // Fresh f32 tensors for every parameter, initialized as the specs say.

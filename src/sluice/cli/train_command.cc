@@ -1,14 +1,19 @@
-// `sluice train`: trains a GPT or an MLP on one stage, with progress on the terminal and JSON-lines
-// metrics. Every bad option or configuration is an error that says what to change.
+// `sluice train`: trains a GPT or an MLP, on one stage or split into pipeline stages (--stages,
+// --schedule), with progress on the terminal and JSON-lines metrics. Every bad option or
+// configuration is an error that says what to change.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "sluice/cli/commands.h"
 #include "sluice/core/error.h"
+#include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/train/trainer.h"
 
 namespace sluice::cli {
@@ -22,7 +27,52 @@ struct TrainArgs {
   std::string gc = "async";
   std::string mode = "trace";
   bool quiet = false;
+  // Pipeline: used when --stages > 1 or any pipeline option is given.
+  bool pipeline = false;
+  pipeline::PipelineOptions pipe;
+  std::string pipe_schedule = "1f1b";
+  std::string partition = "uniform";
+  bool release_outputs = true;
+  double comm_timeout_s = 60;
+  std::string fault;  // tests: MODE:STAGE:ACTION:MICRO_BATCH
 };
+
+// "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
+// 2 in the first step. For tests of failure handling; hidden from --help.
+pipeline::FaultInjection ParseFault(const std::string& text) {
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t end = text.find(':', start);
+    parts.push_back(text.substr(start, end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  auto bad = [&] {
+    return InvalidArgument(fmt::format("--inject-fault '{}': expected MODE:STAGE:ACTION:MICRO_BATCH, e.g. throw:1:F:0", text));
+  };
+  if (parts.size() != 4) throw bad();
+  pipeline::FaultInjection f;
+  if (parts[0] == "throw") {
+    f.mode = pipeline::FaultInjection::Mode::kThrow;
+  } else if (parts[0] == "skip") {
+    f.mode = pipeline::FaultInjection::Mode::kSkip;
+  } else {
+    throw bad();
+  }
+  const std::string kinds[] = {"F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OPT"};
+  auto it = std::find(std::begin(kinds), std::end(kinds), parts[2]);
+  if (it == std::end(kinds)) throw bad();
+  f.kind = static_cast<pipeline::ActionKind>(it - std::begin(kinds));
+  try {
+    f.rank = std::stoi(parts[1]);
+    f.micro_batch = std::stoi(parts[3]);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  return f;
+}
+
+std::string Mib(int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); }
 
 std::string FormatDuration(double seconds) {
   int s = static_cast<int>(seconds + 0.5);
@@ -91,10 +141,29 @@ int RunTrain(TrainArgs& a) {
   c.mode = *mode;
   if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
 
-  Trainer trainer(c);
+  EngineFactory engine;
+  const pipeline::PipelineEngine* pipe = nullptr;
+  if (a.pipeline) {
+    a.pipe.schedule = pipeline::ParseScheduleKind(a.pipe_schedule);
+    a.pipe.partition = pipeline::ParsePartitionKind(a.partition);
+    a.pipe.release_outputs = a.release_outputs;
+    if (!(a.comm_timeout_s > 0)) throw InvalidArgument(fmt::format("--comm-timeout must be positive, got {}", a.comm_timeout_s));
+    a.pipe.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(a.comm_timeout_s, 1e9) * 1000));
+    if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
+    engine = [&](const EngineContext& ctx) -> std::unique_ptr<StepEngine> {
+      auto e = std::make_unique<pipeline::PipelineEngine>(ctx, a.pipe);
+      pipe = e.get();
+      return e;
+    };
+  }
+  Trainer trainer(c, engine);
   if (!a.quiet) {
     fmt::print(stderr, "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n", c.model,
                c.data, c.steps, c.batch, c.microbatches, a.optimizer, trainer.step());
+    if (pipe != nullptr) {
+      fmt::print(stderr, "pipeline: {} stages, {}, layout {}, output release {}\n", a.pipe.stages,
+                 pipe->schedule().Describe(), pipeline::FormatLayout(pipe->partition()), a.release_outputs ? "on" : "off");
+    }
   }
   Progress progress(trainer.step(), c.steps, a.quiet);
   TrainSummary s = trainer.Run([&](const StepRecord& r) { progress.OnStep(r); },
@@ -102,6 +171,14 @@ int RunTrain(TrainArgs& a) {
   if (!a.quiet) {
     fmt::print(stderr, "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB, {} parameters\n", s.steps,
                FormatDuration(s.wall_s), FormatRate(s.tokens_per_s), s.peak_allocated_bytes / 1048576.0, s.params);
+    if (pipe != nullptr) {
+      for (const pipeline::StageReport& r : pipe->reports()) {
+        fmt::print(stderr, "  stage {}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%\n",
+                   r.stage, Mib(r.peak_allocated_bytes), Mib(r.released_output_bytes), r.inflight_peak,
+                   r.theoretical_inflight, 100 * r.bubble());
+      }
+      if (!a.pipe.trace_path.empty()) fmt::print(stderr, "trace of the last step: {}\n", a.pipe.trace_path);
+    }
     if (s.last_eval.accuracy >= 0) fmt::print(stderr, "held-out accuracy: {:.1f}%\n", 100 * s.last_eval.accuracy);
     if (!c.metrics_path.empty()) fmt::print(stderr, "metrics: {}\n", c.metrics_path);
     if (!c.save_path.empty()) fmt::print(stderr, "checkpoint: {}\n", c.save_path);
@@ -151,7 +228,29 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--resume", c.resume_path, "continue from this checkpoint (bitwise the same losses)");
   sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file");
   sub.add_flag("--quiet", a->quiet, "no progress output");
-  return [a] { return RunTrain(*a); };
+
+  sub.add_option("--stages", a->pipe.stages, "pipeline stages P, one thread each (1: no pipeline)")
+                     ->capture_default_str();
+  auto* sched = sub.add_option("--schedule", a->pipe_schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
+                    ->capture_default_str();
+  auto* chunks = sub.add_option("--chunks", a->pipe.chunks, "model chunks per stage V (interleaved; 0: default 2)");
+  auto* partition = sub.add_option("--partition", a->partition, "split the layers uniform or balanced (by estimated cost)")
+                        ->capture_default_str();
+  auto* layout = sub.add_option("--layout", a->pipe.layout,
+                                "explicit layers per stage, stages separated by |, e.g. \"embed,h.0-1|h.2-3,head\"");
+  auto* release = sub.add_flag("--release-outputs,!--no-release-outputs", a->release_outputs,
+                               "free each stage output once its send completed (default on)");
+  auto* timeout = sub.add_option("--comm-timeout", a->comm_timeout_s, "seconds a stage waits for a message before failing")
+                      ->capture_default_str();
+  auto* trace = sub.add_option("--trace", a->pipe.trace_path, "Chrome trace (Perfetto) of the last step, one track per stage");
+  auto* fault = sub.add_option("--inject-fault", a->fault)->group("");  // tests of failure handling
+  return [a, sched, chunks, partition, layout, release, timeout, trace, fault] {
+    a->pipeline = a->pipe.stages != 1;
+    for (const CLI::Option* o : {sched, chunks, partition, layout, release, timeout, trace, fault}) {
+      a->pipeline = a->pipeline || o->count() > 0;
+    }
+    return RunTrain(*a);
+  };
 }
 
 }  // namespace sluice::cli

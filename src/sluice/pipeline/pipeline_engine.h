@@ -1,0 +1,88 @@
+// PipelineEngine: the step engine (train/step_engine.h) of `sluice train --stages P`. The GPT is
+// split into P·V virtual stages (partition.h), every rank runs on its own thread with its own
+// allocator, interpreter and GC (stage_runtime.h), and micro-batches flow through a schedule
+// (schedules.h) over the in-process communicator (comm/local.h).
+//
+// One step: the P rank threads start together, each executes its action list, and the step ends
+// when all have finished. The loss is the last stage's mean over micro-batches; the gradient norm
+// is global (all-reduced at OPT). A failing rank aborts the communicator, every other rank wakes
+// and stops, and Step throws the failing rank's StageError (naming rank, action, micro-batch);
+// a receive waiting beyond options.timeout fails the same way. The engine is unusable afterwards.
+//
+// Records (reports(), and "stages" in the metrics summary): per rank, the peak of its allocator
+// over a step, the bytes released after send completion per step, the in-flight peak (measured,
+// and the schedule's theory beside it), busy and idle time summed over steps, and the bubble
+// (idle / wall). With options.trace_path the last step is written as a Chrome trace: one process
+// per stage, a track of computes (F/B/W/OPT spans labelled chunk and micro-batch), a track of
+// communication (receive waits, sends, the all-reduce) and an allocated-bytes counter.
+//
+// Thread-safety: one thread calls the engine; it runs its own rank threads inside Step.
+// Failure modes: the constructor throws InvalidArgument for a model that is not a GPT, a
+// schedule that cannot exist (MakeSchedule), or a bad partition/layout (partition.h).
+//
+// Example:
+//   PipelineOptions p{.stages = 4, .schedule = ScheduleKind::kOneFOneB};
+//   Trainer trainer(config, PipelineEngineFactory(p));
+//   trainer.Run();
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/pipeline/partition.h"
+#include "sluice/pipeline/schedules.h"
+#include "sluice/pipeline/stage_runtime.h"
+#include "sluice/train/step_engine.h"
+
+namespace sluice::pipeline {
+
+struct PipelineOptions {
+  int stages = 1;  // P
+  ScheduleKind schedule = ScheduleKind::kOneFOneB;
+  int chunks = 0;  // V; 0: the schedule's default
+  PartitionKind partition = PartitionKind::kUniform;
+  std::string layout;  // explicit layout (partition.h syntax); overrides `partition`
+  bool release_outputs = true;
+  std::chrono::milliseconds timeout = std::chrono::seconds(60);  // a receive waiting longer fails
+  std::string trace_path;  // Chrome trace of the last step; empty: none
+  FaultInjection fault;    // tests only
+};
+
+// One rank over the steps run so far.
+struct StageReport {
+  int stage = 0;
+  int64_t peak_allocated_bytes = 0;   // max over steps
+  int64_t peak_reserved_bytes = 0;
+  int64_t released_output_bytes = 0;  // per step (the last one)
+  int64_t output_bytes = 0;           // one forward output of chunk 0 (0 on the loss stage)
+  int inflight_peak = 0;              // chunk-micro-batches between F and B, max over steps
+  std::vector<int> inflight_peak_per_chunk;
+  int theoretical_inflight = 0;       // TheoreticalInFlight for this rank
+  double busy_ms = 0, idle_ms = 0;    // sums over steps
+  double bubble() const { return busy_ms + idle_ms > 0 ? idle_ms / (busy_ms + idle_ms) : 0; }
+};
+
+class PipelineEngine final : public StepEngine {
+ public:
+  PipelineEngine(const EngineContext& context, PipelineOptions options);
+  ~PipelineEngine() override;
+
+  StepResult Step(int64_t step, double lr) override;
+  std::map<std::string, Tensor> State() const override;
+  nlohmann::json Summary() const override;
+
+  const std::vector<StageReport>& reports() const;
+  const Schedule& schedule() const;
+  const GptPartition& partition() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// For Trainer(config, PipelineEngineFactory(options)).
+EngineFactory PipelineEngineFactory(PipelineOptions options);
+
+}  // namespace sluice::pipeline

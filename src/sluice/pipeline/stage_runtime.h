@@ -1,0 +1,141 @@
+// StageRuntime: one rank of a pipeline — its chunks' programs, parameters and optimizer state in
+// its own CachingAllocator, and the loop that executes its list of schedule actions (schedule.h)
+// for one training step over a Communicator (comm/communicator.h).
+//
+// Per chunk (virtual stage) the runtime holds: the slice's forward program (keeping exactly the
+// values its backward reads), the backward program (autodiff over the slice: parameter gradients,
+// and "x.grad" for the previous stage; seeded by "y.grad" from the next one), its B/W split when
+// the schedule splits the backward, and one optimizer program for all of the rank's parameters.
+//
+// Executing the actions of one step, micro-batch (c, m) by micro-batch:
+//   RECV_F  posts a receive of the input "x" f32[B, T, C] (memory from this rank's allocator).
+//   F       waits for that input (or binds "ids" on the first stage, "targets" on the last),
+//           runs the forward, and keeps in (c, m)'s scope only what backward reads — the explicit
+//           forward→backward hand-off. The output "y" is held for its send.
+//   SEND_F  starts sending "y". Output release (on by default): once the send has *completed* —
+//           the receiver holds its own copy — the runtime drops "y" unless backward reads it.
+//           Completion is checked before every action and awaited before B of (c, m). Never
+//           earlier: a buffer freed under a running send would corrupt the receiver's input.
+//           Release off: "y" is kept until B of (c, m) has run (what frameworks holding the
+//           output object do), the baseline the saving is measured against.
+//   RECV_B  posts a receive of "y.grad".  B  runs the backward (or its B half: input gradients),
+//           accumulates parameter gradients, and holds "x.grad" for SEND_B.  W runs the W half.
+//   OPT     mean over micro-batches, the global gradient norm (all-reduce of the ranks' sums of
+//           squares), clipping, then the optimizer program in place.
+// Message tags: the receiving virtual stage v, micro-batch m and direction d: ((v·M + m)·2 + d)
+// mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous.
+// Gradients of one parameter are summed in micro-batch order, as on one stage, so results match
+// single-stage training bit for bit where the norm needs no clipping.
+//
+// Records per step (StageStep): the allocator's peak over the step, bytes released after their
+// send completed, chunk-micro-batches in flight between F and B (peak, per chunk), busy time
+// (F, B, W, OPT compute) and, when tracing, every action's span and a memory sample after it.
+//
+// Failure: any error inside an action aborts the communicator with, and throws, a StageError
+// naming the rank, step, action and micro-batch; a rank woken by another's abort throws the
+// CommAborted it got. Thread-safety: one thread runs a StageRuntime; ranks run on their own
+// threads (or processes) and share nothing but the communicator.
+//
+// Example (what PipelineEngine does for each rank r on its own thread):
+//   StageRuntime rank(setup, r);
+//   StageStep s = rank.RunStep(/*step=*/0, /*lr=*/1e-3, world.comm(r), /*trace=*/false);
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/comm/communicator.h"
+#include "sluice/core/error.h"
+#include "sluice/nn/gpt.h"
+#include "sluice/pipeline/schedule.h"
+#include "sluice/train/task.h"
+#include "sluice/train/trainer.h"
+
+namespace sluice::pipeline {
+
+// A rank failed while executing an action; the message names the rank, step, action and
+// micro-batch, and the cause.
+class StageError : public Error {
+  using Error::Error;
+};
+
+// Fault injection for tests of failure handling: rank `rank` fails at its action of `kind` for
+// micro-batch `micro_batch` (chunk 0) in step `step` — by throwing, or by skipping the action
+// (a skipped send leaves its receiver waiting until the timeout).
+struct FaultInjection {
+  enum class Mode { kNone, kThrow, kSkip };
+  Mode mode = Mode::kNone;
+  int rank = 0;
+  ActionKind kind = ActionKind::kForward;
+  int micro_batch = 0;
+  int64_t step = 0;
+};
+
+// What every rank is built from (shared, read-only while ranks run).
+struct StageSetup {
+  const TrainConfig* config = nullptr;
+  const Task* task = nullptr;
+  GptConfig gpt;
+  int64_t micro_batch = 1;  // sequences per micro-batch
+  int64_t seq_len = 1;
+  Schedule schedule;
+  std::vector<GptSlice> slices;  // [P·V] by virtual stage
+  std::vector<ParamSpec> all_params;  // the whole model's, in declaration order
+  bool release_outputs = true;
+  int threads = 1;  // intra-op threads per rank
+  FaultInjection fault;
+};
+
+struct TraceSpan {
+  std::string name;      // "F", "B", "W", "SEND_F", "RECV_F" (the wait), "OPT", ...
+  int chunk = 0, micro_batch = 0;
+  int64_t begin_ns = 0, end_ns = 0;  // steady clock
+};
+
+struct MemorySample {
+  int64_t time_ns = 0;  // steady clock
+  int64_t allocated_bytes = 0;
+};
+
+struct StageStep {
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t released_output_bytes = 0;  // forward outputs dropped after their send completed
+  int inflight_peak = 0;              // chunk-micro-batches between F and B
+  std::vector<int> inflight_peak_per_chunk;
+  int awaiting_weight_peak = 0;       // between B and W (split backward)
+  int64_t busy_ns = 0;                // F, B, W and OPT compute
+  int64_t wall_ns = 0;                // the whole step on this rank
+  std::vector<double> losses;         // [M] on the last virtual stage's rank; empty elsewhere
+  double grad_norm = 0;
+  std::vector<TraceSpan> spans;       // when tracing
+  std::vector<MemorySample> memory;   // when tracing
+};
+
+class StageRuntime {
+ public:
+  StageRuntime(const StageSetup& setup, int rank);
+  ~StageRuntime();
+  StageRuntime(const StageRuntime&) = delete;
+  StageRuntime& operator=(const StageRuntime&) = delete;
+
+  // Executes this rank's actions for step `step` (0-based) at learning rate `lr`.
+  StageStep RunStep(int64_t step, double lr, Communicator& comm, bool trace);
+
+  int rank() const;
+  // Bytes of one forward output ("y") of chunk c; 0 on the last virtual stage (a scalar loss).
+  int64_t output_bytes(int chunk) const;
+  // This rank's parameters and optimizer state by name (sharing its memory).
+  std::map<std::string, Tensor> State() const;
+
+ private:
+  struct Impl;
+  struct StepRun;  // the execution of one step (stage_runtime.cc)
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::pipeline

@@ -25,7 +25,8 @@ constexpr uint64_t kSeed = 5;
 // Splits of the 4-block model, each a list of slices in model order.
 std::vector<std::vector<GptSlice>> Splits() {
   return {
-      {{.embed = true, .first_layer = 0, .end_layer = 0, .head = false}, {.embed = false, .first_layer = 0}},
+      {{.embed = true, .first_layer = 0, .end_layer = 0, .head = false},
+       {.embed = false, .first_layer = 0}},
       {{.embed = true, .end_layer = 4, .head = false}, {.embed = false, .first_layer = 4}},
       {{.embed = true, .end_layer = 1, .head = false},
        {.embed = false, .first_layer = 1, .end_layer = 3, .head = false},
@@ -102,8 +103,9 @@ TEST(GptSlice, ChainedSlicesGiveTheWholeModelsLossBitwise) {
 }
 
 TEST(GptSlice, ProgramInterfaceNamesTheHiddenStateXAndY) {
-  const Model mid = BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT, {.embed = false, .first_layer = 1, .end_layer = 3,
-                                                                    .head = false});
+  const Model mid =
+      BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT,
+                    {.embed = false, .first_layer = 1, .end_layer = 3, .head = false});
   ASSERT_EQ(mid.forward.inputs().size(), 1u);
   const Value& x = mid.forward.value(mid.forward.inputs()[0]);
   EXPECT_EQ(x.name, "x");
@@ -116,17 +118,20 @@ TEST(GptSlice, ProgramInterfaceNamesTheHiddenStateXAndY) {
   EXPECT_EQ(mid.loss, "");
   EXPECT_TRUE(mid.forward.Find("h.1.attn_out").has_value());  // the whole model's names inside
 
-  const Model embed = BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT, {.end_layer = 0, .head = false});
+  const Model embed =
+      BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT, {.end_layer = 0, .head = false});
   EXPECT_EQ(embed.forward.value(embed.forward.inputs()[0]).name, "ids");
   EXPECT_EQ(embed.forward.value(embed.forward.outputs()[0]).name, "y");
   EXPECT_THAT(ParamNames(embed), ElementsAre("wte.weight", "wpe.weight"));
 
-  const Model logits = BuildGptSlice(kCfg, kB, GptOutput::kLogits, kT, {.embed = false, .first_layer = 4});
+  const Model logits =
+      BuildGptSlice(kCfg, kB, GptOutput::kLogits, kT, {.embed = false, .first_layer = 4});
   EXPECT_EQ(logits.forward.value(logits.forward.outputs()[0]).name, "logits");
   EXPECT_EQ(logits.loss, "");
   EXPECT_THAT(ParamNames(logits), ElementsAre("ln_f.weight", "ln_f.bias", "lm_head.weight"));
 
-  const Model head = BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT, {.embed = false, .first_layer = 4});
+  const Model head =
+      BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT, {.embed = false, .first_layer = 4});
   EXPECT_EQ(head.loss, "loss");
   EXPECT_TRUE(head.forward.Find("targets").has_value());
 }
@@ -134,7 +139,8 @@ TEST(GptSlice, ProgramInterfaceNamesTheHiddenStateXAndY) {
 TEST(GptSlice, SliceParamsPartitionTheModelsAndInitBitwiseAlike) {
   const Model whole = BuildGpt(kCfg, kB, GptOutput::kLoss, kT);
   const std::map<std::string, Tensor> expected = InitParams(whole.params, kSeed);
-  for (size_t i = 0; i < whole.params.size(); ++i) EXPECT_EQ(whole.params[i].init_index, static_cast<int64_t>(i));
+  for (size_t i = 0; i < whole.params.size(); ++i)
+    EXPECT_EQ(whole.params[i].init_index, static_cast<int64_t>(i));
   for (const std::vector<GptSlice>& split : Splits()) {
     SCOPED_TRACE(SplitText(split));
     std::vector<std::string> names;
@@ -189,7 +195,8 @@ TEST(GptSlice, ChainedBackwardGivesTheWholeModelsGradients) {
       if (!split[k].head) scopes[k].Set("y.grad", dy);
       RunReference(backwards[k].program, scopes[k]);
       for (const ParamSpec& p : models[k].params) {
-        EXPECT_TRUE(BitwiseEqual(scopes[k].Get(p.name + ".grad"), ws.Get(p.name + ".grad"))) << p.name;
+        EXPECT_TRUE(BitwiseEqual(scopes[k].Get(p.name + ".grad"), ws.Get(p.name + ".grad")))
+            << p.name;
       }
       if (!split[k].embed) dy = scopes[k].Get("x.grad");
     }
@@ -202,7 +209,8 @@ TEST(GptSlice, WholeSliceIsBuildGpt) {
   EXPECT_EQ(a.forward.name(), "gpt");
   EXPECT_EQ(b.forward.name(), "gpt");
   ASSERT_EQ(a.forward.values().size(), b.forward.values().size());
-  for (size_t i = 0; i < a.forward.values().size(); ++i) EXPECT_EQ(a.forward.values()[i].name, b.forward.values()[i].name);
+  for (size_t i = 0; i < a.forward.values().size(); ++i)
+    EXPECT_EQ(a.forward.values()[i].name, b.forward.values()[i].name);
   EXPECT_TRUE(a.forward.Find("h_in").has_value());
   EXPECT_TRUE(a.forward.Find("h.3.out").has_value());
   EXPECT_FALSE(a.forward.Find("y").has_value());
@@ -219,8 +227,9 @@ TEST(GptSlice, InvalidSlicesNameTheSlice) {
   };
   EXPECT_THAT(message({.embed = false, .first_layer = 2, .end_layer = 2, .head = false}),
               HasSubstr("GPT slice with no embed, no head and no layers (layers [2, 2)) is empty"));
-  EXPECT_THAT(message({.embed = false, .first_layer = 2, .end_layer = 5, .head = false}),
-              HasSubstr("GPT slice 'h.2-4': layers [2, 5) are not a range within the model's 4 layers"));
+  EXPECT_THAT(
+      message({.embed = false, .first_layer = 2, .end_layer = 5, .head = false}),
+      HasSubstr("GPT slice 'h.2-4': layers [2, 5) are not a range within the model's 4 layers"));
   EXPECT_THAT(message({.first_layer = 3, .end_layer = 1}),
               HasSubstr("layers [3, 1) are not a range within the model's 4 layers"));
   EXPECT_THAT(message({.embed = false, .first_layer = -1}), HasSubstr("layers [-1, 4)"));

@@ -68,7 +68,8 @@ Model BuildGpt(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len)
   return BuildGptSlice(c, B, output, seq_len, GptSlice{});
 }
 
-Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len, const GptSlice& slice) {
+Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len,
+                    const GptSlice& slice) {
   ValidateGptConfig(c);
   const int64_t T = seq_len == 0 ? c.seq : seq_len;
   if (T < 1 || T > c.seq) {
@@ -78,13 +79,14 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   const int64_t first = slice.first_layer, end = slice.end_layer < 0 ? c.layers : slice.end_layer;
   const std::string text = SliceText(slice, c.layers);
   if (first < 0 || first > end || end > c.layers) {
-    throw InvalidArgument(fmt::format("GPT slice '{}': layers [{}, {}) are not a range within the model's {} layers",
-                                      text, first, end, c.layers));
+    throw InvalidArgument(
+        fmt::format("GPT slice '{}': layers [{}, {}) are not a range within the model's {} layers",
+                    text, first, end, c.layers));
   }
   if (!slice.embed && !slice.head && first == end) {
-    throw InvalidArgument(fmt::format(
-        "GPT slice with no embed, no head and no layers (layers [{}, {})) is empty: a slice needs at least one",
-        first, end));
+    throw InvalidArgument(
+        fmt::format("GPT slice with no embed, no head and no layers (layers [{}, {})) is empty",
+                    first, end));
   }
   const bool whole = slice.embed && slice.head && first == 0 && end == c.layers;
   const std::string base = output == GptOutput::kLoss ? "gpt" : "gpt_logits";
@@ -98,8 +100,8 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     Var ids = b.Input("ids", DType::kI64, {B, T});
     Var wte = m.Param("wte.weight", {c.vocab, c.dim}, Init::kNormal);
     Var wpe = m.Param("wpe.weight", {c.seq, c.dim}, Init::kNormal);
-    Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);                       // [T, C]
-    x = b.Name(Embedding(ids, wte) + pos, "h_in");                           // [B, T, C]
+    Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);  // [T, C]
+    x = b.Name(Embedding(ids, wte) + pos, "h_in");     // [B, T, C]
   } else {
     x = b.Input("x", DType::kF32, {B, T, c.dim});
   }
@@ -117,8 +119,9 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   }
   m.SetNextInitIndex(kEmbedParams + kBlockParams * c.layers);
   x = LayerNormLayer(m, "ln_f", x, c.dim);
-  Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);  // [V, C] like torch.nn.Linear
-  Var logits = b.Name(MatMul(x, head, false, true), "logits");             // [B, T, V]
+  // [V, C] like torch.nn.Linear
+  Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);
+  Var logits = b.Name(MatMul(x, head, false, true), "logits");  // [B, T, V]
   if (output == GptOutput::kLogits) {
     b.Output(logits);
     return m.Finish("");

@@ -15,7 +15,7 @@
 // Example:
 //   GptConfig cfg{.vocab = 11, .seq = 12, .layers = 2, .heads = 4, .dim = 64};
 //   Model m = BuildGpt(cfg, /*batch=*/32, GptOutput::kLoss);
-//   Model first = BuildGptSlice(cfg, 32, GptOutput::kLoss, 0, {.embed = true, .end_layer = 1, .head = false});
+//   Model first = BuildGptSlice(cfg, 32, GptOutput::kLoss, 0, {.end_layer = 1, .head = false});
 //   Model last = BuildGptSlice(cfg, 32, GptOutput::kLoss, 0, {.embed = false, .first_layer = 1});
 //   // first: ids → "y"; last: "x" (= first's "y"), targets → "loss", as m's loss bitwise.
 #pragma once

@@ -30,7 +30,7 @@ struct ParamSpec {
   Shape shape;
   Init init = Init::kNormal;
   double std = 0.02;  // for kNormal
-  // The index the generator is seeded with; -1: the spec's position in the list given to InitParams.
+  // The index its generator is seeded with; -1: its position in the list given to InitParams.
   int64_t init_index = -1;
 };
 

@@ -1,0 +1,328 @@
+#include "sluice/pipeline/partition.h"
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "sluice/core/error.h"
+
+namespace sluice::pipeline {
+
+std::string_view Name(PartitionKind kind) {
+  switch (kind) {
+    case PartitionKind::kUniform:
+      return "uniform";
+    case PartitionKind::kBalanced:
+      return "balanced";
+  }
+  SLUICE_CHECK(false);
+  return "";
+}
+
+PartitionKind ParsePartitionKind(std::string_view name) {
+  for (PartitionKind k : {PartitionKind::kUniform, PartitionKind::kBalanced}) {
+    if (Name(k) == name) return k;
+  }
+  throw InvalidArgument(fmt::format("unknown partition '{}': expected uniform or balanced", name));
+}
+
+namespace {
+
+int64_t ResolveSeq(const GptConfig& c, int64_t batch, int64_t seq_len) {
+  ValidateGptConfig(c);
+  const int64_t T = seq_len == 0 ? c.seq : seq_len;
+  if (T < 1 || T > c.seq) {
+    throw InvalidArgument(
+        fmt::format("sequence length {} is outside [1, {}] (the model's --seq)", T, c.seq));
+  }
+  if (batch < 1) throw InvalidArgument(fmt::format("batch size must be positive, got {}", batch));
+  return T;
+}
+
+// The unit costs in model order: embed, h.0, …, h.L−1, head.
+std::vector<double> UnitCosts(const GptConfig& c, int64_t batch, int64_t seq_len) {
+  const GptCosts g = EstimateGptCosts(c, batch, seq_len);
+  std::vector<double> units(static_cast<size_t>(c.layers) + 2, g.block);
+  units.front() = g.embed;
+  units.back() = g.head;
+  return units;
+}
+
+// Units [i, j) of UnitCosts as a slice: unit 0 is embed, unit l + 1 block l, unit L + 1 head.
+GptSlice SliceOfUnits(int64_t i, int64_t j, int64_t layers) {
+  return GptSlice{.embed = i == 0,
+                  .first_layer = std::max<int64_t>(i, 1) - 1,
+                  .end_layer = std::min<int64_t>(j, layers + 1) - 1,
+                  .head = j == layers + 2};
+}
+
+GptPartition Uniform(const GptConfig& c, int S) {
+  const int64_t L = c.layers;
+  if (L < S) {
+    throw InvalidArgument(
+        fmt::format("--partition uniform puts at least one layer on every stage, but the model has "
+                    "{} layers for {} virtual stages (--stages × --chunks): use --partition "
+                    "balanced (embed and head may take a stage of their own) or name the layers of "
+                    "each stage with --layout",
+                    L, S));
+  }
+  // L mod S stages get one block more: the middle stages first, then stage 0 (partition.h).
+  std::vector<int64_t> count(static_cast<size_t>(S), L / S);
+  int64_t extra = L % S;
+  for (int s = 1; s + 1 < S && extra > 0; ++s, --extra) ++count[static_cast<size_t>(s)];
+  if (extra > 0) ++count[0];
+  GptPartition p;
+  int64_t first = 0;
+  for (int s = 0; s < S; ++s) {
+    const int64_t end = first + count[static_cast<size_t>(s)];
+    p.stages.push_back(
+        {.embed = s == 0, .first_layer = first, .end_layer = end, .head = s == S - 1});
+    first = end;
+  }
+  return p;
+}
+
+GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S) {
+  const std::vector<double> units = UnitCosts(c, batch, seq_len);
+  const int64_t N = static_cast<int64_t>(units.size());
+  if (S > N) {
+    throw InvalidArgument(fmt::format(
+        "--partition balanced needs at least one unit per stage, but {} virtual stages "
+        "(--stages × --chunks) exceed the model's {} units (embed, {} layers, head): use fewer "
+        "stages or chunks",
+        S, N, c.layers));
+  }
+  // cost[i][j]: units [i, j), summed left to right (as EstimateStageCosts sums them, so the two
+  // agree).
+  std::vector<std::vector<double>> cost(N + 1, std::vector<double>(N + 1, 0.0));
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = i + 1; j <= N; ++j) cost[i][j] = cost[i][j - 1] + units[j - 1];
+  }
+  // best[k][i]: the least possible maximum group cost splitting units [i, N) into k non-empty
+  // groups.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(S + 1, std::vector<double>(N + 1, inf));
+  for (int64_t i = 0; i < N; ++i) best[1][i] = cost[i][N];
+  for (int k = 2; k <= S; ++k) {
+    for (int64_t i = 0; i + k <= N; ++i) {
+      for (int64_t j = i + 1; j + k - 1 <= N; ++j)
+        best[k][i] = std::min(best[k][i], std::max(cost[i][j], best[k - 1][j]));
+    }
+  }
+  // Walk from the front, each stage taking the fewest units that keep the optimum reachable.
+  const double target = best[S][0];
+  GptPartition p;
+  int64_t i = 0;
+  for (int k = S; k >= 1; --k) {
+    int64_t j = i + 1;
+    if (k == 1) {
+      j = N;
+    } else {
+      while (j < N - (k - 1) && !(cost[i][j] <= target && best[k - 1][j] <= target)) ++j;
+      SLUICE_CHECK(cost[i][j] <= target && best[k - 1][j] <= target);
+    }
+    p.stages.push_back(SliceOfUnits(i, j, c.layers));
+    i = j;
+  }
+  return p;
+}
+
+// One parsed layout item: a unit range [first, end) of UnitCosts order.
+struct Item {
+  std::string text;
+  int stage = 0;
+  int64_t first = 0;
+  int64_t end = 0;
+};
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+std::vector<std::string_view> SplitOn(std::string_view s, char sep) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  for (size_t k = 0; k <= s.size(); ++k) {
+    if (k == s.size() || s[k] == sep) {
+      parts.push_back(s.substr(start, k - start));
+      start = k + 1;
+    }
+  }
+  return parts;
+}
+
+std::optional<int64_t> ParseIndex(std::string_view s) {
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || v < 0) return std::nullopt;
+  return v;
+}
+
+// "embed" → unit 0, "h.N" → N + 1, "h.N-M" → [N + 1, M + 2), "head" → L + 1.
+Item ParseItem(std::string_view text, int stage, int64_t layers) {
+  Item item{std::string(text), stage, 0, 0};
+  const auto fail = [&](std::string_view why) {
+    return InvalidArgument(fmt::format("--layout stage {}: '{}' {}", stage, text, why));
+  };
+  if (text == "embed") {
+    item.end = 1;
+    return item;
+  }
+  if (text == "head") {
+    item.first = layers + 1;
+    item.end = layers + 2;
+    return item;
+  }
+  if (!text.starts_with("h.")) throw fail("is not an item: expected embed, head, h.N or h.N-M");
+  const std::string_view range = text.substr(2);
+  const size_t dash = range.find('-');
+  const std::optional<int64_t> lo = ParseIndex(range.substr(0, dash));
+  const std::optional<int64_t> hi =
+      dash == std::string_view::npos ? lo : ParseIndex(range.substr(dash + 1));
+  if (!lo || !hi) throw fail("is not an item: expected embed, head, h.N or h.N-M");
+  if (*lo >= layers || *hi >= layers) {
+    throw fail(fmt::format("is out of range: the model has layers h.0-{} (--layers {})", layers - 1,
+                           layers));
+  }
+  if (*hi < *lo)
+    throw fail(fmt::format("runs backwards: layers are out of order (write h.{}-{})", *hi, *lo));
+  item.first = *lo + 1;
+  item.end = *hi + 2;
+  return item;
+}
+
+std::string UnitName(int64_t unit, int64_t layers) {
+  if (unit == 0) return "embed";
+  if (unit == layers + 1) return "head";
+  return fmt::format("h.{}", unit - 1);
+}
+
+}  // namespace
+
+GptPartition PartitionGpt(const GptConfig& c, int64_t batch, int64_t seq_len, int S,
+                          PartitionKind kind) {
+  ResolveSeq(c, batch, seq_len);
+  if (S < 1)
+    throw InvalidArgument(fmt::format("the number of virtual stages must be positive, got {}", S));
+  return kind == PartitionKind::kUniform ? Uniform(c, S) : Balanced(c, batch, seq_len, S);
+}
+
+GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S) {
+  ValidateGptConfig(c);
+  const int64_t L = c.layers, N = L + 2;
+  std::vector<Item> items;
+  const std::vector<std::string_view> stages = SplitOn(layout, '|');
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const int stage = static_cast<int>(s);
+    if (Trim(stages[s]).empty()) {
+      throw InvalidArgument(fmt::format(
+          "--layout stage {} is empty: every stage needs embed, head or a layer", stage));
+    }
+    for (std::string_view text : SplitOn(stages[s], ',')) {
+      if (Trim(text).empty())
+        throw InvalidArgument(fmt::format("--layout stage {}: an empty item (two commas?)", stage));
+      items.push_back(ParseItem(Trim(text), stage, L));
+    }
+  }
+  const int given = static_cast<int>(stages.size());
+  if (given != S) {
+    throw InvalidArgument(fmt::format(
+        "--layout has {} stages, but --stages × --chunks asks for {} virtual stages", given, S));
+  }
+  // Every unit in exactly one item.
+  std::vector<const Item*> owner(static_cast<size_t>(N), nullptr);
+  for (const Item& item : items) {
+    for (int64_t u = item.first; u < item.end; ++u) {
+      if (const Item* other = owner[static_cast<size_t>(u)]) {
+        throw InvalidArgument(
+            fmt::format("--layout: {} is duplicated: in stage {} ('{}') and stage {} ('{}')",
+                        UnitName(u, L), other->stage, other->text, item.stage, item.text));
+      }
+      owner[static_cast<size_t>(u)] = &item;
+    }
+  }
+  for (int64_t u = 0; u < N; ++u) {
+    if (owner[static_cast<size_t>(u)] == nullptr) {
+      throw InvalidArgument(
+          fmt::format("--layout: {} is in no stage (dropped): every layer, embed and head must "
+                      "be placed",
+                      UnitName(u, L)));
+    }
+  }
+  // Now the items tile [0, N); they must do so in order, embed first and head last.
+  const auto stage_of = [&](int64_t unit) { return owner[static_cast<size_t>(unit)]->stage; };
+  if (items.front().first != 0) {
+    throw InvalidArgument(fmt::format(
+        "--layout stage {}: embed must come first, at the start of stage 0", stage_of(0)));
+  }
+  if (items.back().end != N) {
+    throw InvalidArgument(fmt::format(
+        "--layout stage {}: head must come last, at the end of stage {}", stage_of(N - 1), S - 1));
+  }
+  int64_t next = 0;
+  for (const Item& item : items) {
+    if (item.first != next) {
+      throw InvalidArgument(
+          fmt::format("--layout stage {}: '{}' is out of order: {} comes next in the model",
+                      item.stage, item.text, UnitName(next, L)));
+    }
+    next = item.end;
+  }
+  GptPartition p;
+  for (int s = 0; s < S; ++s) {
+    int64_t first = -1, end = -1;
+    for (const Item& item : items) {
+      if (item.stage != s) continue;
+      if (first < 0) first = item.first;
+      end = item.end;
+    }
+    p.stages.push_back(SliceOfUnits(first, end, L));
+  }
+  return p;
+}
+
+std::string FormatLayout(const GptPartition& p) {
+  std::vector<std::string> stages;
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    if (p.stages[s].end_layer < 0) {
+      throw InvalidArgument(
+          fmt::format("partition stage {}: end_layer -1 (the model's last layer) cannot be "
+                      "written as a layout without the model's --layers",
+                      s));
+    }
+    stages.push_back(SliceText(p.stages[s], p.stages[s].end_layer));
+  }
+  return fmt::format("{}", fmt::join(stages, "|"));
+}
+
+GptCosts EstimateGptCosts(const GptConfig& c, int64_t batch, int64_t seq_len) {
+  const double B = static_cast<double>(batch),
+               T = static_cast<double>(ResolveSeq(c, batch, seq_len));
+  const double C = static_cast<double>(c.dim), V = static_cast<double>(c.vocab);
+  return {.embed = B * T * C,
+          .block = 24 * B * T * C * C + 4 * B * T * T * C,
+          .head = 2 * B * T * C * V};
+}
+
+std::vector<double> EstimateStageCosts(const GptPartition& p, const GptConfig& c, int64_t batch,
+                                       int64_t seq_len) {
+  const std::vector<double> units = UnitCosts(c, batch, seq_len);
+  std::vector<double> out;
+  for (const GptSlice& s : p.stages) {
+    const int64_t end = s.end_layer < 0 ? c.layers : s.end_layer;
+    const int64_t first_unit = s.embed ? 0 : s.first_layer + 1,
+                  end_unit = s.head ? c.layers + 2 : end + 1;
+    double sum = 0;
+    for (int64_t u = first_unit; u < end_unit; ++u) sum += units[static_cast<size_t>(u)];
+    out.push_back(sum);
+  }
+  return out;
+}
+
+}  // namespace sluice::pipeline

@@ -1,0 +1,94 @@
+// Partitioning: which part of the GPT each pipeline (virtual) stage runs.
+//
+// A partition is one GptSlice (nn/gpt.h) per virtual stage, in model order: virtual stage k is
+// chunk k / P of rank k % P (schedule.h), so stage 0 — chunk 0 of rank 0 — always holds the
+// embeddings and the last virtual stage holds the head (ln_f + lm_head + loss). Every transformer
+// block h.0 … h.L−1 lies in exactly one stage, and the stages take them in order.
+//
+// Three ways to make one:
+//   * kUniform: the L blocks split as evenly as possible; L mod S stages get one block more. Those
+//     go to the middle stages first (1, 2, …), since the two ends already carry extra work: the
+//     head's lm_head costs 2·B·T·C·V FLOPs (often several blocks' worth) and its logits [B, T, V]
+//     are the largest activation, the embedding does little. Only when every middle stage has its
+//     extra block does stage 0 take one; the last stage never does.
+//   * kBalanced: the units embed, h.0, …, h.L−1, head, each with its estimated cost
+//     (EstimateGptCosts), are cut into S contiguous non-empty groups so that the most expensive
+//     group is as cheap as possible (exact, by dynamic programming). Among the optimal cuts the
+//     earlier stages take as few units as they can: under 1F1B stage s keeps min(P−s, M)
+//     micro-batches in flight, so memory is dearest at the front.
+//   * ParseGptLayout: an explicit layout, the text of the CLI's --layout. Stages are separated by
+//     '|', items by ','; an item is "embed", "head", "h.N" or a range "h.N-M" (inclusive):
+//       "embed,h.0-1|h.2-3,head"      two stages of two blocks each
+//       "embed|h.0-3|head"            embeddings and head on stages of their own
+//
+// Costs are forward FLOPs (a multiply-add counts 2), from the batch B, sequence T, channels C
+// and vocabulary V:
+//   embed = B·T·C                      the position add (the lookup does no arithmetic)
+//   block = 24·B·T·C² + 4·B·T²·C       c_attn 6, attn.c_proj 2, c_fc 8, mlp.c_proj 8 (× B·T·C²);
+//                                      q·kᵀ and att·v 2 each (× B·T²·C)
+//   head  = 2·B·T·C·V                  lm_head
+// Layer norms, softmax, GELU, biases and the loss are linear in B·T·C (or B·T·V) and left out.
+//
+// Failures throw InvalidArgument with a message naming the stage and the item at fault, and the
+// fix where there is one.
+//
+// Thread-safety: plain functions over values.
+//
+// Example:
+//   GptPartition p = PartitionGpt(cfg, /*batch=*/8, /*seq_len=*/0, /*virtual_stages=*/4,
+//                                 PartitionKind::kBalanced);
+//   FormatLayout(p);                      // e.g. "embed,h.0|h.1-2|h.3-4|h.5,head"
+//   Model stage = BuildGptSlice(cfg, 8, GptOutput::kLoss, 0, p.stages[1]);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/nn/gpt.h"
+
+namespace sluice::pipeline {
+
+enum class PartitionKind { kUniform, kBalanced };
+
+// "uniform", "balanced".
+std::string_view Name(PartitionKind kind);
+// Throws InvalidArgument listing the names.
+PartitionKind ParsePartitionKind(std::string_view name);
+
+struct GptPartition {
+  // One per virtual stage, in model order. end_layer is explicit (never -1); a stage without
+  // blocks has first_layer == end_layer == the number of blocks on the stages before it.
+  std::vector<GptSlice> stages;
+
+  bool operator==(const GptPartition&) const = default;
+};
+
+// S = virtual_stages (--stages × --chunks) slices; seq_len 0 means config.seq.
+// Throws InvalidArgument: kUniform with fewer blocks than stages (suggesting --partition balanced
+// or --layout), kBalanced with S > L + 2, non-positive sizes.
+GptPartition PartitionGpt(const GptConfig& config, int64_t batch, int64_t seq_len,
+                          int virtual_stages, PartitionKind kind);
+
+// Throws InvalidArgument naming the stage and item: unknown item, layer out of range, a layer in
+// two stages (duplicated), a layer in no stage (dropped), an empty stage, layers out of order,
+// embed not first or head not last, or a number of stages other than virtual_stages.
+GptPartition ParseGptLayout(std::string_view layout, const GptConfig& config, int virtual_stages);
+
+// The layout text: ParseGptLayout(FormatLayout(p), config, p.stages.size()) == p.
+std::string FormatLayout(const GptPartition& partition);
+
+// Forward FLOPs of each unit (formulas above); seq_len 0 means config.seq.
+struct GptCosts {
+  double embed = 0;
+  double block = 0;
+  double head = 0;
+};
+GptCosts EstimateGptCosts(const GptConfig& config, int64_t batch, int64_t seq_len);
+
+// Forward FLOPs per stage: the sum of its units' costs.
+std::vector<double> EstimateStageCosts(const GptPartition& partition, const GptConfig& config,
+                                       int64_t batch, int64_t seq_len);
+
+}  // namespace sluice::pipeline

@@ -1,0 +1,253 @@
+// PipelineEngine: every schedule trains exactly like one stage, release on and off agree bit for
+// bit, the in-flight peaks match the schedules' theory, release saves what it should, failures
+// stop every stage with an error naming the place, and traces have one track per stage.
+#include "sluice/pipeline/pipeline_engine.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "sluice/comm/communicator.h"
+#include "sluice/train/trainer.h"
+
+namespace sluice::pipeline {
+namespace {
+
+// A small GPT on the sort task. One intra-op thread, so GEMMs sum in the same order everywhere
+// and results can be compared bit for bit.
+TrainConfig Small(int layers, int64_t microbatches = 4) {
+  TrainConfig c;
+  c.gpt = {.vocab = 0, .seq = 0, .layers = layers, .heads = 2, .dim = 32};
+  c.steps = 3;
+  c.batch = 2 * microbatches;
+  c.microbatches = microbatches;
+  c.optimizer.lr = 1e-2;
+  c.threads = 1;
+  c.eval_every = 0;
+  return c;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> state;  // parameters and optimizer state
+  std::vector<StageReport> reports;
+};
+
+std::vector<float> Values(const Tensor& t) {
+  std::vector<float> v(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<float>(t.FlatAt(i));
+  return v;
+}
+
+RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
+  const PipelineEngine* engine = nullptr;
+  EngineFactory factory;
+  if (options != nullptr) {
+    factory = [&](const EngineContext& ctx) -> std::unique_ptr<StepEngine> {
+      auto e = std::make_unique<PipelineEngine>(ctx, *options);
+      engine = e.get();
+      return e;
+    };
+  }
+  Trainer trainer(config, factory);
+  RunResult run;
+  for (int64_t s = 0; s < config.steps; ++s) run.losses.push_back(trainer.Step().loss);
+  for (const std::string& p : trainer.ParamNames()) {
+    run.state[p] = Values(trainer.Value(p));
+    run.state[p + ".exp_avg"] = Values(trainer.Value(p + ".exp_avg"));
+  }
+  if (engine != nullptr) run.reports = engine->reports();
+  return run;
+}
+
+void ExpectBitwiseEqual(const RunResult& a, const RunResult& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << ": loss of step " << i + 1;
+  ASSERT_EQ(a.state.size(), b.state.size()) << what;
+  for (const auto& [name, values] : a.state) {
+    EXPECT_TRUE(values == b.state.at(name)) << what << ": " << name << " differs";
+  }
+}
+
+struct Case {
+  ScheduleKind kind;
+  int stages;
+  int layers;
+};
+
+const Case kCases[] = {
+    {ScheduleKind::kGPipe, 2, 4},       {ScheduleKind::kGPipe, 4, 4},
+    {ScheduleKind::kOneFOneB, 2, 4},    {ScheduleKind::kOneFOneB, 4, 4},
+    {ScheduleKind::kZeroBubbleH1, 2, 4}, {ScheduleKind::kZeroBubbleH1, 4, 4},
+    {ScheduleKind::kInterleaved, 2, 4}, {ScheduleKind::kInterleaved, 4, 8},  // V = 2: 4 and 8 virtual stages
+};
+
+std::string Describe(const Case& c) { return fmt::format("{} P={}", ScheduleKindName(c.kind), c.stages); }
+
+TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStage) {
+  for (const Case& c : kCases) {
+    const TrainConfig config = Small(c.layers);
+    const RunResult single = Train(config, nullptr);
+    const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
+    ExpectBitwiseEqual(single, Train(config, &options), Describe(c));
+  }
+}
+
+TEST(PipelineEngine, ReleaseOnAndOffAreBitwiseIdentical) {
+  for (const Case& c : kCases) {
+    const TrainConfig config = Small(c.layers);
+    const PipelineOptions on{.stages = c.stages, .schedule = c.kind, .release_outputs = true};
+    const PipelineOptions off{.stages = c.stages, .schedule = c.kind, .release_outputs = false};
+    ExpectBitwiseEqual(Train(config, &on), Train(config, &off), Describe(c));
+  }
+}
+
+TEST(PipelineEngine, OneStageAndLocalChunkHandOffMatchOneStage) {
+  const TrainConfig config = Small(2);
+  const RunResult single = Train(config, nullptr);
+  const PipelineOptions one{.stages = 1, .schedule = ScheduleKind::kOneFOneB};
+  ExpectBitwiseEqual(single, Train(config, &one), "1f1b P=1");
+  // Two chunks on one rank hand activations and gradients over without messages.
+  const PipelineOptions chunks{.stages = 1, .schedule = ScheduleKind::kInterleaved, .chunks = 2};
+  ExpectBitwiseEqual(single, Train(config, &chunks), "interleaved P=1 V=2");
+}
+
+TEST(PipelineEngine, InFlightPeaksMatchTheScheduleTheory) {
+  for (const Case& c : kCases) {
+    TrainConfig config = Small(c.layers, 8);
+    config.steps = 1;
+    const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
+    const RunResult run = Train(config, &options);
+    ASSERT_EQ(run.reports.size(), static_cast<size_t>(c.stages));
+    for (const StageReport& r : run.reports) {
+      const int theory = TheoreticalInFlight({.kind = c.kind, .stages = c.stages, .micro_batches = 8}, r.stage);
+      EXPECT_EQ(r.inflight_peak, theory) << Describe(c) << " stage " << r.stage;
+      EXPECT_EQ(r.theoretical_inflight, theory) << Describe(c) << " stage " << r.stage;
+    }
+  }
+}
+
+// Release frees every stage output once sent; at the stage's peak the outputs of the micro-batches
+// in flight are gone except, possibly, the newest one, whose send may still be under way then.
+// Messages complete when their receiver gets to them, so which buffers are alive at a peak moves
+// with thread timing by one message (a sent output, or a sent input gradient, both f32[B, T, C]):
+// hence the band below rather than one figure. Sync GC keeps frees themselves deterministic.
+TEST(PipelineEngine, ReleaseSavesTheInFlightOutputsAtThePeak) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    TrainConfig config = Small(4, 8);
+    config.steps = 1;
+    config.gc = GcMode::kSync;
+    const PipelineOptions on{.stages = 4, .schedule = kind, .release_outputs = true};
+    const PipelineOptions off{.stages = 4, .schedule = kind, .release_outputs = false};
+    const RunResult with = Train(config, &on), without = Train(config, &off);
+    for (int s = 0; s < 4; ++s) {
+      const StageReport& r = with.reports[s];
+      const int64_t saved = without.reports[s].peak_allocated_bytes - r.peak_allocated_bytes;
+      const std::string where = fmt::format("{} stage {}", ScheduleKindName(kind), s);
+      const int64_t message = 2 * 12 * 32 * 4;  // f32[B, T, C] of one micro-batch
+      if (s == 3) {  // the loss stage sends no outputs
+        EXPECT_EQ(r.output_bytes, 0) << where;
+        EXPECT_LE(std::abs(saved), message) << where;
+        continue;
+      }
+      EXPECT_EQ(r.output_bytes, message) << where;
+      EXPECT_EQ(r.released_output_bytes, 8 * r.output_bytes) << where;
+      EXPECT_EQ(without.reports[s].released_output_bytes, 0) << where;
+      ASSERT_EQ(saved % r.output_bytes, 0) << where << ": saved " << saved;
+      EXPECT_GE(saved / r.output_bytes, r.inflight_peak - 2) << where;
+      EXPECT_LE(saved / r.output_bytes, r.inflight_peak) << where;
+    }
+  }
+}
+
+TEST(PipelineEngine, AFailingStageStopsEveryStageAndNamesThePlace) {
+  PipelineOptions options{.stages = 4, .schedule = ScheduleKind::kOneFOneB};
+  options.fault = {.mode = FaultInjection::Mode::kThrow, .rank = 2, .kind = ActionKind::kBackward, .micro_batch = 1};
+  Trainer trainer(Small(4), PipelineEngineFactory(options));
+  try {
+    trainer.Step();
+    FAIL() << "the injected fault did not surface";
+  } catch (const StageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("stage 2 failed at step 1"), std::string::npos) << what;
+    EXPECT_NE(what.find("(B1, chunk 0, micro-batch 1)"), std::string::npos) << what;
+    EXPECT_NE(what.find("injected fault"), std::string::npos) << what;
+  }
+  EXPECT_THROW(trainer.Step(), StageError);  // the pipeline stays stopped
+}
+
+TEST(PipelineEngine, AMissingMessageTimesOutInsteadOfHanging) {
+  PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kGPipe, .timeout = std::chrono::milliseconds(200)};
+  options.fault = {.mode = FaultInjection::Mode::kSkip, .rank = 0, .kind = ActionKind::kSendF, .micro_batch = 2};
+  Trainer trainer(Small(2), PipelineEngineFactory(options));
+  try {
+    trainer.Step();
+    FAIL() << "the skipped send did not surface";
+  } catch (const StageError& e) {
+    const std::string what = e.what();
+    // Both stages end up waiting (stage 1 for F2's input, stage 0 for a gradient that never comes);
+    // whichever times out first names itself, its action and micro-batch, and the missing message.
+    EXPECT_NE(what.find("failed at step 1"), std::string::npos) << what;
+    EXPECT_NE(what.find(", micro-batch "), std::string::npos) << what;
+    EXPECT_NE(what.find("did not complete within 200 ms"), std::string::npos) << what;
+  }
+}
+
+TEST(PipelineEngine, OnlyAGptCanBeSplit) {
+  TrainConfig config = Small(2);
+  config.model = "mlp";
+  config.data = "blobs";
+  const PipelineOptions options{.stages = 2};
+  EXPECT_THROW(Trainer(config, PipelineEngineFactory(options)), InvalidArgument);
+}
+
+TEST(PipelineEngine, CheckpointsMoveBetweenOneStageAndAPipeline) {
+  const std::string path = ::testing::TempDir() + "/pipeline.safetensors";
+  TrainConfig config = Small(4);
+  config.steps = 4;
+  const RunResult uninterrupted = Train(config, nullptr);
+  const PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kOneFOneB};
+  {
+    Trainer pipe(config, PipelineEngineFactory(options));
+    pipe.Step();
+    pipe.Step();
+    pipe.SaveCheckpoint(path);
+  }
+  config.resume_path = path;
+  Trainer single(config);
+  EXPECT_EQ(single.step(), 2);
+  EXPECT_EQ(single.Step().loss, uninterrupted.losses[2]);
+  EXPECT_EQ(single.Step().loss, uninterrupted.losses[3]);
+}
+
+TEST(PipelineEngine, TraceHasATrackAndAMemoryCounterPerStage) {
+  const std::string path = ::testing::TempDir() + "/pipeline_trace.json";
+  TrainConfig config = Small(4);
+  config.steps = 2;
+  PipelineOptions options{.stages = 4, .schedule = ScheduleKind::kOneFOneB, .trace_path = path};
+  Train(config, &options);
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::set<std::string> processes;
+  std::map<int, int> forwards, backwards, counters;
+  for (const auto& e : trace.at("traceEvents")) {
+    const int pid = e.at("pid");
+    if (e.at("ph") == "M" && e.at("name") == "process_name") processes.insert(e.at("args").at("name"));
+    if (e.at("ph") == "X" && e.at("name").get<std::string>().starts_with("F")) ++forwards[pid];
+    if (e.at("ph") == "X" && e.at("name").get<std::string>().starts_with("B")) ++backwards[pid];
+    if (e.at("ph") == "C") ++counters[pid];
+  }
+  EXPECT_EQ(processes, (std::set<std::string>{"stage 0", "stage 1", "stage 2", "stage 3"}));
+  for (int pid = 1; pid <= 4; ++pid) {
+    EXPECT_EQ(forwards[pid], 4) << "stage " << pid - 1;  // one F per micro-batch, the last step only
+    EXPECT_EQ(backwards[pid], 4) << "stage " << pid - 1;
+    EXPECT_GT(counters[pid], 0) << "stage " << pid - 1;
+  }
+}
+
+}  // namespace
+}  // namespace sluice::pipeline

@@ -1,5 +1,6 @@
 # sluice front door. Every target installs what is missing first (scripts/install-deps.sh).
-#   make run        build and train the default job (a GPT on the sort task), metrics in runs/default/
+#   make run        build and train the default job (a GPT on the sort task in 4 pipeline stages, 1F1B),
+#                   metrics, checkpoint and a trace in runs/default/
 #   make test       build (RelWithDebInfo) and run the whole CTest suite
 #   make test-tsan  the suite under ThreadSanitizer
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -26,7 +27,9 @@ build: deps build/build.ninja
 
 run: build
 	@mkdir -p runs/default
-	build/sluice train --metrics runs/default/metrics.jsonl --save runs/default/checkpoint.safetensors
+	build/sluice train --stages 4 --schedule 1f1b --layers 4 --microbatches 4 \
+	  --metrics runs/default/metrics.jsonl --save runs/default/checkpoint.safetensors \
+	  --trace runs/default/trace.json
 
 test: build
 	cd build && $(CTEST)

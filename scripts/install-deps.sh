@@ -10,6 +10,7 @@ PACKAGES=(
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libreaderwriterqueue-dev # bounded SPSC queue for the async GC
+  openmpi-bin libopenmpi-dev # MPI Communicator backend (comm/mpi.h) and mpirun for its tests
   clang libclang-rt-14-dev # libFuzzer target (make fuzz)
   python3 python3-torch    # independent reference for parity tests and benchmarks
 )

@@ -1,0 +1,662 @@
+#include "sluice/comm/mpi.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace sluice {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// Set once by MpiWorld's constructor, before any other sluice MPI call: true when the library gave
+// less than MPI_THREAD_MULTIPLE, so that every MPI call must hold g_mpi_mu.
+std::atomic<bool> g_serialize{false};
+std::mutex g_mpi_mu;
+
+// Holds the process-wide MPI mutex for one MPI call when calls must be serialized.
+class MpiCall {
+ public:
+  MpiCall() {
+    if (g_serialize.load(std::memory_order_relaxed)) lock_ = std::unique_lock(g_mpi_mu);
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+std::string MpiErrorString(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return fmt::format("MPI error {}", code);
+  return std::string(text, length);
+}
+
+// Throws CommError "<what>: <MPI's message>" unless `code` is MPI_SUCCESS.
+void Check(int code, std::string_view what) {
+  if (code != MPI_SUCCESS) throw CommError(fmt::format("{}: {}", what, MpiErrorString(code)));
+}
+
+bool MpiFinalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+// ---- Headers and signatures ---------------------------------------------------------------------
+
+// A dtype and shape as fixed-size integers: {dtype, rank, dims..., 0 padding}.
+constexpr int kHeaderLength = 2 + kMaxRank;
+using Header = std::array<int64_t, kHeaderLength>;
+
+Header Encode(DType dtype, const Shape& shape) {
+  Header h{};
+  h[0] = static_cast<int64_t>(dtype);
+  h[1] = shape.rank();
+  for (int i = 0; i < shape.rank(); ++i) h[2 + i] = shape[i];
+  return h;
+}
+
+// "f32[2, 3]", or a note that the peer sent something that is not a header.
+std::string DescribeHeader(const Header& h) {
+  if (h[0] < 0 || h[0] > static_cast<int64_t>(DType::kI64) || h[1] < 0 || h[1] > kMaxRank) {
+    return fmt::format("an unreadable header (dtype {}, rank {})", h[0], h[1]);
+  }
+  return DescribeTensor(static_cast<DType>(h[0]),
+                        Shape(std::span<const int64_t>(h.data() + 2, static_cast<size_t>(h[1]))));
+}
+
+// What a rank calls as a collective: {kind, header of the tensor}; every rank's must be equal.
+enum class CollectiveKind : int64_t { kBarrier, kAllReduceSum, kSplit };
+constexpr int kSignatureLength = 1 + kHeaderLength;
+using Signature = std::array<int64_t, kSignatureLength>;
+
+Signature MakeSignature(CollectiveKind kind, DType dtype = DType::kF32, const Shape& shape = {}) {
+  Signature s{};
+  s[0] = static_cast<int64_t>(kind);
+  if (kind == CollectiveKind::kAllReduceSum) {
+    const Header h = Encode(dtype, shape);
+    std::copy(h.begin(), h.end(), s.begin() + 1);
+  }
+  return s;
+}
+
+std::string DescribeSignature(const Signature& s) {
+  switch (static_cast<CollectiveKind>(s[0])) {
+    case CollectiveKind::kBarrier:
+      return "barrier";
+    case CollectiveKind::kSplit:
+      return "split";
+    case CollectiveKind::kAllReduceSum: {
+      Header h;
+      std::copy(s.begin() + 1, s.end(), h.begin());
+      return "all_reduce_sum of " + DescribeHeader(h);
+    }
+  }
+  return fmt::format("an unknown collective ({})", s[0]);
+}
+
+// Polls `done` until it returns true (then true) or `deadline` passes (then false): a brief spin,
+// then sleeps growing to 1 ms, so a long wait costs little CPU and a short one little latency.
+template <typename Done>
+bool PollUntil(Clock::time_point deadline, Done done) {
+  const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+  auto nap = std::chrono::microseconds(10);
+  while (true) {
+    if (done()) return true;
+    const auto now = Clock::now();
+    if (now >= deadline) return false;
+    if (now < spin_until) continue;
+    std::this_thread::sleep_for(std::min<Clock::duration>(nap, deadline - now));
+    nap = std::min(nap * 2, std::chrono::microseconds(1000));
+  }
+}
+
+// ---- In-flight MPI operations -------------------------------------------------------------------
+
+// MPI requests together with every buffer they read or write, kept alive until all complete.
+// Used by one thread at a time: the owner of its Request, or (once orphaned) MpiCommShared under
+// mu.
+class InFlight {
+ public:
+  virtual ~InFlight() = default;
+  // Tests every outstanding MPI request once; true when none is left.
+  virtual bool Progress() = 0;
+  // Cancels and frees the outstanding MPI requests; the buffers must then never be freed.
+  virtual void Cancel() = 0;
+};
+
+// Tests `request` once (unless already done). Returns MPI's error code for a finished request.
+int TestOnce(MPI_Request& request, bool& done) {
+  done = request == MPI_REQUEST_NULL;
+  if (done) return MPI_SUCCESS;
+  int flag = 0;
+  int code;
+  {
+    MpiCall call;
+    code = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+  }
+  if (code != MPI_SUCCESS) {
+    request = MPI_REQUEST_NULL;  // an error finishes the request (MPI has freed it)
+    done = true;
+    return code;
+  }
+  done = flag != 0;
+  return MPI_SUCCESS;
+}
+
+void CancelAll(std::span<MPI_Request> requests) {
+  MpiCall call;
+  for (MPI_Request& r : requests) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    MPI_Request_free(&r);
+  }
+}
+
+enum class Phase { kPending, kCompleted, kFailed };
+
+// One send or receive (see mpi.h for the three MPI operations it is made of).
+class P2POp final : public InFlight {
+ public:
+  P2POp(bool is_send, int rank, int peer, int tag, DType dtype, const Shape& shape, Tensor tensor)
+      : is_send(is_send),
+        rank(rank),
+        peer(peer),
+        tag(tag),
+        dtype(dtype),
+        shape(shape),
+        tensor(std::move(tensor)),
+        mine(Encode(dtype, shape)) {}
+
+  // "rank 0: send f32[2, 3] to rank 1 (tag 5)".
+  std::string Describe() const {
+    return fmt::format("rank {}: {} {} {} rank {} (tag {})", rank, is_send ? "send" : "receive",
+                       DescribeTensor(dtype, shape), is_send ? "to" : "from", peer, tag);
+  }
+
+  bool Progress() override {
+    if (phase != Phase::kPending) return true;
+    bool all_done = true;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      bool done = false;
+      const int code = TestOnce(requests[i], done);
+      if (code != MPI_SUCCESS && mpi_error == MPI_SUCCESS) mpi_error = code;
+      all_done = all_done && done;
+    }
+    if (all_done) Settle();
+    return all_done;
+  }
+
+  void Cancel() override { CancelAll(requests); }
+
+  // Timeout hint: what the operation still waits for.
+  std::string Missing() const {
+    if (requests[kTheirHeader] != MPI_REQUEST_NULL) {
+      return is_send ? fmt::format("rank {} has posted no receive for it", peer)
+                     : fmt::format("rank {} has sent nothing for it", peer);
+    }
+    return "the peer has posted its half, but the data is still in transit";
+  }
+
+  static constexpr size_t kData = 0, kMyHeader = 1, kTheirHeader = 2;
+
+  const bool is_send;
+  const int rank;
+  const int peer;
+  const int tag;
+  const DType dtype;
+  const Shape shape;
+  Tensor tensor;  // send: the (packed) source; receive: the destination; dropped when finished
+  const Header mine;
+  Header theirs{};
+  std::array<MPI_Request, 3> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int mpi_error = MPI_SUCCESS;
+  Phase phase = Phase::kPending;
+  std::exception_ptr error;  // when kFailed
+  bool handed_over = false;  // receive: Wait has returned the tensor
+
+ private:
+  // Every MPI request is done: compare the headers and finish. A mismatch is named even when it
+  // also made MPI fail the data message (a longer message than expected is truncated).
+  void Settle() {
+    if (theirs != mine) {
+      const Header& sent = is_send ? mine : theirs;
+      const Header& expected = is_send ? theirs : mine;
+      Fail(CommError(fmt::format("{} failed: rank {} sent {} with tag {} but rank {} expects {}",
+                                 Describe(), is_send ? rank : peer, DescribeHeader(sent), tag,
+                                 is_send ? peer : rank, DescribeHeader(expected))));
+    } else if (mpi_error != MPI_SUCCESS) {
+      Fail(CommError(Describe() + " failed: " + MpiErrorString(mpi_error)));
+    } else {
+      phase = Phase::kCompleted;
+      if (is_send) tensor = Tensor();  // the elements are no longer read: release them
+    }
+  }
+
+  void Fail(const CommError& e) {
+    phase = Phase::kFailed;
+    error = std::make_exception_ptr(e);
+    tensor = Tensor();
+  }
+};
+
+// One non-blocking collective MPI operation and its buffers.
+class CollectiveOp final : public InFlight {
+ public:
+  bool Progress() override {
+    bool done = false;
+    code = TestOnce(request, done);
+    return done;
+  }
+  void Cancel() override { CancelAll(std::span(&request, 1)); }
+
+  MPI_Request request = MPI_REQUEST_NULL;
+  int code = MPI_SUCCESS;
+  Tensor tensor;                   // the all-reduce operand, read by MPI
+  std::vector<int64_t> words;      // signatures: this rank's, then the gathered ones
+  std::vector<std::byte> scratch;  // gathered all-reduce chunks
+};
+
+}  // namespace
+
+// ---- Shared communicator state ------------------------------------------------------------------
+
+struct MpiCommShared {
+  // Duplicates `parent` into the three private communicators. Collective over `parent`.
+  MpiCommShared(MPI_Comm parent, milliseconds timeout) : timeout(timeout) {
+    MpiCall call;
+    for (MPI_Comm* c : {&data, &send_headers, &recv_headers}) {
+      Check(MPI_Comm_dup(parent, c), "MPI_Comm_dup");
+      Check(MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    }
+    MPI_Comm_rank(data, &rank);
+    MPI_Comm_size(data, &size);
+  }
+
+  ~MpiCommShared() {
+    if (MpiFinalized()) return;  // a precondition was broken; nothing can be done safely
+    const auto deadline = Clock::now() + timeout;
+    PollUntil(deadline, [&] {
+      std::lock_guard lock(mu);
+      SweepLocked();
+      return orphans.empty();
+    });
+    std::lock_guard lock(mu);
+    if (!orphans.empty()) {
+      std::fprintf(stderr,
+                   "sluice: rank %d: %zu MPI operation(s) whose Request was dropped did not "
+                   "complete within %lld ms; cancelled, their buffers are leaked\n",
+                   rank, orphans.size(), static_cast<long long>(timeout.count()));
+      for (const std::shared_ptr<InFlight>& op : orphans) {
+        op->Cancel();
+        new std::shared_ptr<InFlight>(op);  // leaked on purpose: MPI may still touch the buffers
+      }
+    }
+    MpiCall call;
+    for (MPI_Comm* c : {&data, &send_headers, &recv_headers}) MPI_Comm_free(c);
+  }
+
+  // Tests every orphaned operation once and forgets those that finished.
+  void Sweep() {
+    std::lock_guard lock(mu);
+    SweepLocked();
+  }
+  void SweepLocked() {
+    std::erase_if(orphans, [](const std::shared_ptr<InFlight>& op) { return op->Progress(); });
+  }
+  void Adopt(std::shared_ptr<InFlight> op) {
+    std::lock_guard lock(mu);
+    orphans.push_back(std::move(op));
+  }
+
+  // Throws CommAborted if a collective timed out on this communicator.
+  void CheckAborted(std::string_view context) {
+    std::lock_guard lock(mu);
+    if (!aborted) return;
+    throw CommAborted(fmt::format("{}: rank {} aborted: {}", context, rank, abort_reason), rank,
+                      abort_reason);
+  }
+  void AbortLocally(const std::string& reason) {
+    std::lock_guard lock(mu);
+    if (aborted) return;
+    aborted = true;
+    abort_reason = reason;
+  }
+
+  // Runs `op` (already started) to completion, or throws CommTimeout after aborting locally.
+  void WaitCollective(const std::shared_ptr<CollectiveOp>& op, const std::string& what,
+                      Clock::time_point deadline, milliseconds timeout) {
+    if (!PollUntil(deadline, [&] { return op->Progress(); })) {
+      const std::string message = fmt::format(
+          "rank {}: {} timed out after {} ms: not every one of the {} ranks of the communicator "
+          "has entered it",
+          rank, what, timeout.count(), size);
+      Adopt(op);
+      AbortLocally(message);
+      throw CommTimeout(message);
+    }
+    Check(op->code, fmt::format("rank {}: {}", rank, what));
+  }
+
+  // Gathers every rank's signature and checks that all called the same collective as this one.
+  void AgreeOn(const Signature& signature, Clock::time_point deadline, milliseconds timeout) {
+    const std::string what = DescribeSignature(signature);
+    CheckAborted(fmt::format("rank {}: {} refused", rank, what));
+    Sweep();
+    auto op = std::make_shared<CollectiveOp>();
+    op->words.resize(kSignatureLength * (1 + size));
+    std::copy(signature.begin(), signature.end(), op->words.begin());
+    {
+      MpiCall call;
+      Check(MPI_Iallgather(op->words.data(), kSignatureLength, MPI_INT64_T,
+                           op->words.data() + kSignatureLength, kSignatureLength, MPI_INT64_T, data,
+                           &op->request),
+            fmt::format("rank {}: {}: MPI_Iallgather", rank, what));
+    }
+    WaitCollective(op, what, deadline, timeout);
+    const auto row = [&](int r) {
+      Signature s;
+      std::copy_n(op->words.begin() + kSignatureLength * (1 + r), kSignatureLength, s.begin());
+      return s;
+    };
+    const Signature first = row(0);
+    for (int r = 1; r < size; ++r) {
+      if (row(r) == first) continue;
+      const std::string reason =
+          fmt::format("collective mismatch: rank {} called {} while rank 0 called {}", r,
+                      DescribeSignature(row(r)), DescribeSignature(first));
+      AbortLocally(reason);
+      throw CommError(fmt::format("rank {}: {}", rank, reason));
+    }
+  }
+
+  MPI_Comm data = MPI_COMM_NULL;          // elements and collectives
+  MPI_Comm send_headers = MPI_COMM_NULL;  // a send's header, to the receiver
+  MPI_Comm recv_headers = MPI_COMM_NULL;  // a receive's header, to the sender
+  int rank = 0;
+  int size = 0;
+  const milliseconds timeout;
+
+  std::mutex mu;
+  std::vector<std::shared_ptr<InFlight>> orphans;  // GUARDED_BY(mu): dropped while pending
+  bool aborted = false;                            // GUARDED_BY(mu): set once, never cleared
+  std::string abort_reason;                        // GUARDED_BY(mu)
+};
+
+namespace {
+
+class MpiRequest final : public RequestImpl {
+ public:
+  MpiRequest(std::shared_ptr<MpiCommShared> shared, std::shared_ptr<P2POp> op)
+      : shared_(std::move(shared)), op_(std::move(op)) {}
+
+  // A pending operation outlives its Request: the communicator keeps testing it.
+  ~MpiRequest() override {
+    if (op_->phase == Phase::kPending) shared_->Adopt(std::move(op_));
+  }
+
+  Tensor Wait(milliseconds timeout) override {
+    P2POp& op = *op_;
+    if (!PollUntil(Clock::now() + timeout, [&] {
+          shared_->CheckAborted(op.Describe() + " failed");
+          return op.Progress();
+        })) {
+      throw CommTimeout(fmt::format("{} did not complete within {} ms: {}", op.Describe(),
+                                    timeout.count(), op.Missing()));
+    }
+    if (op.phase == Phase::kFailed) std::rethrow_exception(op.error);
+    if (op.is_send) return Tensor();
+    if (op.handed_over) {
+      throw InvalidArgument(op.Describe() + ": already waited for; its tensor was handed over");
+    }
+    op.handed_over = true;
+    return std::move(op.tensor);
+  }
+
+  bool Test() override {
+    shared_->CheckAborted(op_->Describe() + " failed");
+    op_->Progress();
+    if (op_->phase == Phase::kFailed) std::rethrow_exception(op_->error);
+    return op_->phase == Phase::kCompleted;
+  }
+
+  RequestState state() const override {
+    switch (op_->phase) {
+      case Phase::kPending:
+        return RequestState::kPending;
+      case Phase::kCompleted:
+        return RequestState::kCompleted;
+      case Phase::kFailed:
+        return RequestState::kFailed;
+    }
+    return RequestState::kFailed;
+  }
+
+  std::string Describe() const override { return op_->Describe(); }
+
+ private:
+  std::shared_ptr<MpiCommShared> shared_;
+  std::shared_ptr<P2POp> op_;
+};
+
+// Bytes of `t` as an MPI count, or InvalidArgument naming the operation.
+int ByteCount(const P2POp& op) {
+  const size_t bytes = op.tensor.nbytes();
+  if (bytes > static_cast<size_t>(INT_MAX)) {
+    throw InvalidArgument(
+        fmt::format("{}: {} bytes exceed MPI's limit of {} per message; "
+                    "send the tensor in slices",
+                    op.Describe(), bytes, INT_MAX));
+  }
+  return static_cast<int>(bytes);
+}
+
+// Adds chunk [0, n) of every rank's contribution in `scratch` (rank r's at r * n) in rank order.
+template <typename T>
+void SumInRankOrder(const std::byte* scratch, int size, int64_t n, void* out) {
+  const T* in = reinterpret_cast<const T*>(scratch);
+  T* dst = static_cast<T*>(out);
+  for (int64_t i = 0; i < n; ++i) {
+    T acc = in[i];
+    for (int r = 1; r < size; ++r) acc += in[r * n + i];
+    dst[i] = acc;
+  }
+}
+
+void SumInRankOrder(DType dtype, const std::byte* scratch, int size, int64_t n, void* out) {
+  switch (dtype) {
+    case DType::kF32:
+      return SumInRankOrder<float>(scratch, size, n, out);
+    case DType::kF64:
+      return SumInRankOrder<double>(scratch, size, n, out);
+    case DType::kI32:
+      return SumInRankOrder<int32_t>(scratch, size, n, out);
+    case DType::kI64:
+      return SumInRankOrder<int64_t>(scratch, size, n, out);
+    default:
+      SLUICE_CHECK(false, "all_reduce_sum of {}", Name(dtype));
+  }
+}
+
+}  // namespace
+
+// ---- MpiCommunicator ----------------------------------------------------------------------------
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<MpiCommShared> shared)
+    : shared_(std::move(shared)) {}
+
+MpiCommunicator::~MpiCommunicator() = default;
+
+int MpiCommunicator::rank() const { return shared_->rank; }
+int MpiCommunicator::size() const { return shared_->size; }
+milliseconds MpiCommunicator::default_timeout() const { return shared_->timeout; }
+
+void MpiCommunicator::Abort(std::string_view reason) noexcept {
+  int world_rank = -1;
+  MpiCall call;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  std::fprintf(stderr, "sluice: rank %d aborts: %.*s\n", world_rank,
+               static_cast<int>(reason.size()), reason.data());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; should it, the process must still end
+}
+
+namespace {
+
+// Posts the three MPI operations of `op` (see mpi.h) and wraps it in a Request.
+Request Start(const std::shared_ptr<MpiCommShared>& shared, std::shared_ptr<P2POp> op) {
+  MpiCommShared& s = *shared;
+  s.CheckAborted(op->Describe() + " refused");
+  const int bytes = ByteCount(*op);
+  // A send announces on send_headers and learns the receive's header on recv_headers; a receive
+  // the other way round.
+  MPI_Comm announce = op->is_send ? s.send_headers : s.recv_headers;
+  MPI_Comm learn = op->is_send ? s.recv_headers : s.send_headers;
+  try {
+    MpiCall call;
+    Check(MPI_Irecv(op->theirs.data(), kHeaderLength, MPI_INT64_T, op->peer, op->tag, learn,
+                    &op->requests[P2POp::kTheirHeader]),
+          op->Describe());
+    Check(MPI_Isend(op->mine.data(), kHeaderLength, MPI_INT64_T, op->peer, op->tag, announce,
+                    &op->requests[P2POp::kMyHeader]),
+          op->Describe());
+    void* elements = op->tensor.raw_data();
+    Check(op->is_send ? MPI_Isend(elements, bytes, MPI_BYTE, op->peer, op->tag, s.data,
+                                  &op->requests[P2POp::kData])
+                      : MPI_Irecv(elements, bytes, MPI_BYTE, op->peer, op->tag, s.data,
+                                  &op->requests[P2POp::kData]),
+          op->Describe());
+  } catch (...) {
+    s.Adopt(std::move(op));  // what was posted may still use its buffers
+    throw;
+  }
+  return Request(std::make_shared<MpiRequest>(shared, std::move(op)), s.timeout);
+}
+
+}  // namespace
+
+Request MpiCommunicator::DoIsend(const Tensor& tensor, int peer, int tag) {
+  shared_->Sweep();
+  Tensor source = tensor;
+  if (!tensor.is_contiguous()) {  // packed, in row-major logical order, on the sender's allocator
+    Allocator* own = tensor.storage()->allocator();
+    source = tensor.Contiguous(own != nullptr ? *own : DefaultAllocator());
+  }
+  return Start(shared_, std::make_shared<P2POp>(/*is_send=*/true, shared_->rank, peer, tag,
+                                                tensor.dtype(), tensor.shape(), std::move(source)));
+}
+
+Request MpiCommunicator::DoIrecv(int peer, int tag, DType dtype, const Shape& shape,
+                                 Allocator& allocator) {
+  shared_->Sweep();
+  return Start(shared_, std::make_shared<P2POp>(/*is_send=*/false, shared_->rank, peer, tag, dtype,
+                                                shape, Tensor::Empty(shape, dtype, allocator)));
+}
+
+void MpiCommunicator::DoBarrier(milliseconds timeout) {
+  shared_->AgreeOn(MakeSignature(CollectiveKind::kBarrier), Clock::now() + timeout, timeout);
+}
+
+void MpiCommunicator::DoAllReduceSum(const Tensor& tensor, milliseconds timeout) {
+  MpiCommShared& s = *shared_;
+  const auto deadline = Clock::now() + timeout;
+  const Signature signature =
+      MakeSignature(CollectiveKind::kAllReduceSum, tensor.dtype(), tensor.shape());
+  s.AgreeOn(signature, deadline, timeout);
+  const std::string what = DescribeSignature(signature);
+
+  const size_t elem = SizeOf(tensor.dtype());
+  const int64_t numel = tensor.numel();
+  const int64_t chunk = std::min<int64_t>(numel, std::max<int64_t>(1, (int64_t{1} << 20) / elem));
+  auto op = std::make_shared<CollectiveOp>();
+  op->tensor = tensor;
+  op->scratch.resize(static_cast<size_t>(chunk) * elem * s.size);
+  auto* base = static_cast<std::byte*>(tensor.raw_data());
+  for (int64_t begin = 0; begin < numel; begin += chunk) {
+    const int64_t n = std::min(chunk, numel - begin);
+    const int bytes = static_cast<int>(n * elem);
+    {
+      MpiCall call;
+      Check(MPI_Iallgather(base + begin * elem, bytes, MPI_BYTE, op->scratch.data(), bytes,
+                           MPI_BYTE, s.data, &op->request),
+            fmt::format("rank {}: {}: MPI_Iallgather", s.rank, what));
+    }
+    s.WaitCollective(op, what, deadline, timeout);
+    SumInRankOrder(tensor.dtype(), op->scratch.data(), s.size, n, base + begin * elem);
+  }
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::Split(int color, int key) {
+  MpiCommShared& s = *shared_;
+  if (color < 0) {
+    throw InvalidArgument(
+        fmt::format("rank {}: split: color must not be negative, got {}", s.rank, color));
+  }
+  s.AgreeOn(MakeSignature(CollectiveKind::kSplit), Clock::now() + s.timeout, s.timeout);
+  MPI_Comm part = MPI_COMM_NULL;
+  {
+    MpiCall call;
+    Check(MPI_Comm_split(s.data, color, key, &part),
+          fmt::format("rank {}: split (color {}, key {})", s.rank, color, key));
+  }
+  auto shared = std::make_shared<MpiCommShared>(part, s.timeout);
+  {
+    MpiCall call;
+    MPI_Comm_free(&part);
+  }
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(std::move(shared)));
+}
+
+// ---- MpiWorld -----------------------------------------------------------------------------------
+
+MpiWorld::MpiWorld(MpiWorldOptions options) {
+  if (options.timeout.count() < 0) {
+    throw InvalidArgument(
+        fmt::format("MpiWorld: timeout must not be negative, got {} ms", options.timeout.count()));
+  }
+  if (MpiFinalized()) throw CommError("MpiWorld: MPI was already finalized in this process");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized) {
+    MPI_Query_thread(&provided);
+  } else {
+    Check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided),
+          "MpiWorld: MPI_Init_thread");
+    initialized_here_ = true;
+  }
+  g_serialize.store(provided < MPI_THREAD_MULTIPLE);
+  world_.reset(new MpiCommunicator(
+      std::make_shared<MpiCommShared>(MPI_COMM_WORLD, std::min(options.timeout, kMaxTimeout))));
+}
+
+MpiWorld::~MpiWorld() {
+  world_.reset();
+  if (initialized_here_ && !MpiFinalized()) MPI_Finalize();
+}
+
+bool MpiWorld::LaunchedByMpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+}  // namespace sluice

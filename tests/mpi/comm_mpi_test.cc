@@ -1,0 +1,358 @@
+// Tests of the MPI backend (comm/mpi.h), run by CTest under mpirun with 2 and 4 processes: every
+// process runs every test, in the same order, as one rank. Point-to-point (dtypes, non-contiguous
+// tensors, matching order, mismatches, timeouts, dropped requests, memory release on completion)
+// and collectives (Barrier, bitwise AllReduceSum in rank order, Split). Only rank 0 prints the
+// test progress; every rank prints its own failures, prefixed by its rank.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sluice/comm/mpi.h"
+#include "sluice/core/caching_allocator.h"
+
+namespace sluice {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+
+MpiWorld* g_mpi = nullptr;
+
+Communicator& World() { return g_mpi->world(); }
+
+// Rank r's contribution to element i of the all-reduce: magnitudes that differ by rank, so that
+// adding in another order would round differently.
+float Contribution(int r, int64_t i) {
+  return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + r) * std::pow(10.0, r % 4));
+}
+
+TEST(MpiP2P, F32AndI64TravelAroundTheRingAndToSelf) {
+  Communicator& c = World();
+  const int r = c.rank(), n = c.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  CachingAllocator alloc;
+  {
+    Request f = c.Irecv(prev, 0, DType::kF32, {2, 3}, alloc);
+    Request i = c.Irecv(prev, 1, DType::kI64, {5}, alloc);
+    Request self = c.Irecv(r, 2, DType::kI64, {1}, alloc);
+    c.Isend(Tensor::FromVector<float>({2, 3}, {0, 1, 2, 3, 4, 5 + 0.5f * r}, alloc), next, 0);
+    c.Isend(Tensor::FromVector<int64_t>({5}, {r, 1LL << 40, -r, 7, 8}, alloc), next, 1);
+    c.Send(Tensor::FromVector<int64_t>({1}, {100 + r}, alloc), r, 2);
+    Tensor x = f.Wait();
+    ASSERT_EQ(x.shape(), Shape({2, 3}));
+    EXPECT_EQ(x.At({1, 2}), 5 + 0.5 * prev);
+    EXPECT_EQ(x.At({0, 1}), 1);
+    Tensor y = i.Wait();
+    EXPECT_EQ(y.data<int64_t>()[0], prev);
+    EXPECT_EQ(y.data<int64_t>()[1], 1LL << 40);
+    EXPECT_EQ(y.data<int64_t>()[2], -prev);
+    EXPECT_EQ(self.Wait().data<int64_t>()[0], 100 + r);
+  }
+  c.Barrier();
+  EXPECT_EQ(alloc.Stats().allocated_bytes, 0);
+}
+
+TEST(MpiP2P, NonContiguousTensorIsSentInRowMajorOrder) {
+  Communicator& c = World();
+  const int r = c.rank(), n = c.size();
+  CachingAllocator alloc;
+  Request recv = c.Irecv((r + n - 1) % n, 3, DType::kF64, {3, 2}, alloc);
+  // m = [[0, 1, 2], [3, 4, 5]] + 10r; its transpose is [[0, 3], [1, 4], [2, 5]] + 10r.
+  Tensor m = Tensor::FromVector<double>({2, 3}, {0, 1, 2, 3, 4, 5}, alloc);
+  for (int i = 0; i < 6; ++i) m.FlatSet(i, m.FlatAt(i) + 10 * r);
+  Tensor t = m.Transpose(0, 1);
+  ASSERT_FALSE(t.is_contiguous());
+  c.Send(t, (r + 1) % n, 3);
+  Tensor x = recv.Wait();
+  const double base = 10.0 * ((r + n - 1) % n);
+  const std::vector<double> want = {0, 3, 1, 4, 2, 5};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(x.FlatAt(i), base + want[i]) << "element " << i;
+}
+
+TEST(MpiP2P, MessagesMatchInOrderPerPeerAndTag) {
+  constexpr int kTags = 3, kPerTag = 4;
+  Communicator& c = World();
+  CachingAllocator alloc;
+  if (c.rank() == 0) {
+    std::vector<Request> sends;
+    for (int k = 0; k < kPerTag; ++k) {
+      for (int tag = 0; tag < kTags; ++tag) {
+        sends.push_back(c.Isend(Tensor::Full({4}, 100 * tag + k, DType::kF64, alloc), 1, tag));
+      }
+    }
+    for (Request& s : sends) s.Wait();
+  } else if (c.rank() == 1) {
+    // Receives posted tag by tag, in reverse: each (peer, tag) is its own ordered channel.
+    std::vector<std::vector<Request>> recvs(kTags);
+    for (int tag = kTags - 1; tag >= 0; --tag) {
+      for (int k = 0; k < kPerTag; ++k)
+        recvs[tag].push_back(c.Irecv(0, tag, DType::kF64, {4}, alloc));
+    }
+    for (int tag = 0; tag < kTags; ++tag) {
+      for (int k = kPerTag - 1; k >= 0; --k) {
+        EXPECT_EQ(recvs[tag][k].Wait().FlatAt(3), 100 * tag + k) << "tag " << tag << " #" << k;
+      }
+    }
+  }
+  c.Barrier();
+}
+
+TEST(MpiP2P, DtypeOrShapeMismatchFailsBothSidesAndTheChannelStaysInStep) {
+  Communicator& c = World();
+  CachingAllocator alloc;
+  if (c.rank() == 0) {
+    Request wrong_dtype = c.Isend(Tensor::Zeros({4}, DType::kF32, alloc), 1, 7);
+    Request too_long = c.Isend(Tensor::Zeros({8}, DType::kF32, alloc), 1, 7);
+    Request right = c.Isend(Tensor::Full({4}, 2.5, DType::kF32, alloc), 1, 7);
+    try {
+      wrong_dtype.Wait();
+      ADD_FAILURE() << "the send of a mismatched dtype completed";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(),
+                  HasSubstr("rank 0 sent f32[4] with tag 7 but rank 1 expects i64[2, 2]"));
+    }
+    EXPECT_THROW(too_long.Wait(), CommError);
+    EXPECT_EQ(too_long.state(), RequestState::kFailed);
+    right.Wait();
+  } else if (c.rank() == 1) {
+    try {
+      c.Recv(0, 7, DType::kI64, {2, 2}, alloc);
+      ADD_FAILURE() << "the receive of a mismatched dtype completed";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(),
+                  HasSubstr("rank 0 sent f32[4] with tag 7 but rank 1 expects i64[2, 2]"));
+    }
+    try {
+      c.Recv(0, 7, DType::kF32, {4}, alloc);  // the sender's f32[8] does not fit
+      ADD_FAILURE() << "the receive of a longer message completed";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("rank 0 sent f32[8] with tag 7 but rank 1 expects f32[4]"));
+    }
+    EXPECT_EQ(c.Recv(0, 7, DType::kF32, {4}, alloc).FlatAt(3), 2.5);
+  }
+  c.Barrier();
+}
+
+TEST(MpiP2P, WaitTimesOutNamingWhatIsMissingThenStillCompletes) {
+  Communicator& c = World();
+  CachingAllocator alloc;
+  if (c.rank() == 0) {
+    Request send = c.Isend(Tensor::Full({3}, 4.0, DType::kF32, alloc), 1, 4);
+    try {
+      send.Wait(milliseconds(50));
+      ADD_FAILURE() << "a send without a receive completed";
+    } catch (const CommTimeout& e) {
+      EXPECT_THAT(e.what(), HasSubstr("rank 0: send f32[3] to rank 1 (tag 4) did not complete "
+                                      "within 50 ms: rank 1 has posted no receive for it"));
+    }
+    EXPECT_EQ(send.state(), RequestState::kPending);
+    c.Barrier();
+    send.Wait();
+    c.Send(Tensor::Full({2}, 9.0, DType::kF32, alloc), 1, 5);
+  } else {
+    Request recv;
+    if (c.rank() == 1) {
+      recv = c.Irecv(0, 5, DType::kF32, {2}, alloc);
+      try {
+        recv.Wait(milliseconds(50));
+        ADD_FAILURE() << "a receive without a send completed";
+      } catch (const CommTimeout& e) {
+        EXPECT_THAT(e.what(), HasSubstr("rank 1: receive f32[2] from rank 0 (tag 5) did not "
+                                        "complete within 50 ms: rank 0 has sent nothing for it"));
+      }
+    }
+    c.Barrier();
+    if (c.rank() == 1) {
+      EXPECT_EQ(c.Recv(0, 4, DType::kF32, {3}, alloc).FlatAt(2), 4.0);
+      EXPECT_EQ(recv.Wait().FlatAt(1), 9.0);
+    }
+  }
+  c.Barrier();
+}
+
+TEST(MpiP2P, SendHoldsItsStorageUntilCompletionOnly) {
+  Communicator& c = World();
+  CachingAllocator alloc;
+  if (c.rank() == 0) {
+    Tensor y = Tensor::Full({256}, 1.0, DType::kF32, alloc);
+    Request send = c.Isend(y, 1, 6);
+    y = Tensor();  // dropped early: the pending send keeps the bytes alive
+    EXPECT_EQ(alloc.Stats().allocated_bytes, 1024);
+    c.Barrier();  // only now does rank 1 post its receive
+    send.Wait();
+    EXPECT_EQ(alloc.Stats().allocated_bytes, 0);
+  } else {
+    c.Barrier();
+    if (c.rank() == 1) {
+      EXPECT_EQ(c.Recv(0, 6, DType::kF32, {256}, alloc).FlatAt(255), 1.0);
+    }
+  }
+  c.Barrier();
+}
+
+TEST(MpiP2P, DroppedRequestsStillCompleteAndConsumeTheirMessage) {
+  Communicator& c = World();
+  CachingAllocator alloc;
+  if (c.rank() == 0) {
+    c.Isend(Tensor::Full({2}, 1.0, DType::kI32, alloc), 1, 8);  // Request dropped at once
+    c.Send(Tensor::Full({2}, 2.0, DType::kI32, alloc), 1, 8);
+    c.Send(Tensor::Full({2}, 3.0, DType::kI32, alloc), 1, 8);
+  } else if (c.rank() == 1) {
+    EXPECT_EQ(c.Recv(0, 8, DType::kI32, {2}, alloc).FlatAt(0), 1.0);
+    c.Irecv(0, 8, DType::kI32, {2}, alloc);  // dropped: it still takes the second message
+    EXPECT_EQ(c.Recv(0, 8, DType::kI32, {2}, alloc).FlatAt(0), 3.0);
+  }
+  c.Barrier();
+}
+
+TEST(MpiCollective, NoRankLeavesTheBarrierBeforeEveryRankEnteredIt) {
+  Communicator& c = World();
+  CachingAllocator alloc;
+  // Rank 0 names a fresh file, tells everyone, and creates it only after a pause; every rank must
+  // see it once the barrier returns.
+  std::string path;
+  if (c.rank() == 0) {
+    path = (std::filesystem::temp_directory_path() /
+            ("sluice_mpi_barrier_" + std::to_string(getpid())))
+               .string();
+    std::filesystem::remove(path);
+  }
+  Tensor name = Tensor::Zeros({256}, DType::kI32, alloc);
+  for (size_t i = 0; i < path.size(); ++i) name.FlatSet(static_cast<int64_t>(i), path[i]);
+  c.AllReduceSum(name);  // only rank 0 contributes characters
+  path.clear();
+  for (int64_t i = 0; i < 256 && name.FlatAt(i) != 0; ++i)
+    path += static_cast<char>(name.FlatAt(i));
+  if (c.rank() == 0) {
+    std::this_thread::sleep_for(milliseconds(300));
+    std::ofstream(path) << "entered\n";
+  }
+  c.Barrier();
+  EXPECT_TRUE(std::filesystem::exists(path)) << path;
+  c.Barrier();
+  if (c.rank() == 0) std::filesystem::remove(path);
+}
+
+TEST(MpiCollective, AllReduceSumIsTheRankOrderSumBitwiseOnEveryRank) {
+  Communicator& c = World();
+  const int r = c.rank(), n = c.size();
+  CachingAllocator alloc;
+  constexpr int64_t kNumel = 600'000;  // several 1 MiB chunks and a remainder
+  Tensor t = Tensor::Empty({kNumel}, DType::kF32, alloc);
+  std::vector<float> want(kNumel);
+  float* x = t.data<float>();
+  for (int64_t i = 0; i < kNumel; ++i) {
+    x[i] = Contribution(r, i);
+    float acc = Contribution(0, i);
+    for (int k = 1; k < n; ++k) acc += Contribution(k, i);
+    want[i] = acc;
+  }
+  c.AllReduceSum(t);
+  EXPECT_EQ(std::memcmp(x, want.data(), kNumel * sizeof(float)), 0);
+
+  // Every rank holds the same bits: rank 0 compares every other rank's result with its own.
+  if (r == 0) {
+    for (int k = 1; k < n; ++k) {
+      Tensor other = c.Recv(k, 10, DType::kF32, {kNumel}, alloc);
+      EXPECT_EQ(std::memcmp(other.raw_data(), x, kNumel * sizeof(float)), 0) << "rank " << k;
+    }
+  } else {
+    c.Send(t, 0, 10);
+  }
+
+  Tensor ints = Tensor::FromVector<int64_t>({3}, {r, 1LL << 40, -1}, alloc);
+  c.AllReduceSum(ints);
+  EXPECT_EQ(ints.data<int64_t>()[0], n * (n - 1) / 2);
+  EXPECT_EQ(ints.data<int64_t>()[1], n * (1LL << 40));
+  EXPECT_EQ(ints.data<int64_t>()[2], -n);
+}
+
+TEST(MpiCollective, CollectiveMismatchIsAnErrorOnEveryRank) {
+  std::unique_ptr<MpiCommunicator> c = g_mpi->world().Split(/*color=*/0, /*key=*/0);
+  CachingAllocator alloc;
+  Tensor t = Tensor::Zeros({c->rank() == 0 ? 3 : 4}, DType::kF32, alloc);
+  try {
+    c->AllReduceSum(t);
+    ADD_FAILURE() << "an all-reduce of different shapes completed";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("collective mismatch: rank 1 called all_reduce_sum of f32[4] "
+                                    "while rank 0 called all_reduce_sum of f32[3]"));
+  }
+  // The communicator is aborted: later operations fail at once.
+  EXPECT_THROW(c->Barrier(), CommAborted);
+}
+
+TEST(MpiCollective, BarrierTimeoutThrowsAndAbortsTheCommunicator) {
+  std::unique_ptr<MpiCommunicator> c = g_mpi->world().Split(/*color=*/0, /*key=*/0);
+  if (c->rank() == 0) {
+    try {
+      c->Barrier(milliseconds(50));
+      ADD_FAILURE() << "a barrier that one rank entered completed";
+    } catch (const CommTimeout& e) {
+      EXPECT_THAT(e.what(), HasSubstr("rank 0: barrier timed out after 50 ms"));
+    }
+    EXPECT_THROW(c->Barrier(), CommAborted);
+  }
+  World().Barrier();
+  // The other ranks now complete rank 0's abandoned barrier, so no MPI operation is left behind.
+  if (c->rank() != 0) c->Barrier();
+}
+
+TEST(MpiCollective, SplitMakesGroupsThatReduceAmongThemselves) {
+  Communicator& w = World();
+  const int r = w.rank(), n = w.size();
+  // Two groups by parity, ordered by descending world rank.
+  std::unique_ptr<MpiCommunicator> group = g_mpi->world().Split(/*color=*/r % 2, /*key=*/-r);
+  const int members = (n - r % 2 + 1) / 2;
+  ASSERT_EQ(group->size(), members);
+  EXPECT_EQ(group->rank(), members - 1 - r / 2);
+  CachingAllocator alloc;
+  Tensor t = Tensor::Full({5}, r, DType::kF64, alloc);
+  group->AllReduceSum(t);
+  double want = 0;
+  for (int k = r % 2; k < n; k += 2) want += k;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(t.FlatAt(i), want);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace {
+
+// Prints failed assertions of a rank other than 0, prefixed by its rank (rank 0 prints everything).
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank_,
+                 result.file_name() ? result.file_name() : "", result.line_number(),
+                 result.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  sluice::MpiWorld mpi({.timeout = std::chrono::seconds(30)});
+  sluice::g_mpi = &mpi;
+  const int rank = mpi.world().rank();
+  if (rank != 0) {
+    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));
+  }
+  return RUN_ALL_TESTS();
+}

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "sluice/cli/commands.h"
+#include "sluice/comm/mpi.h"
 #include "sluice/core/error.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/train/trainer.h"
@@ -34,6 +35,8 @@ struct TrainArgs {
   std::string partition = "uniform";
   bool release_outputs = true;
   double comm_timeout_s = 60;
+  std::string comm = "local";  // local (stages as threads) or mpi (stages as processes)
+  int data_parallel = 1;
   std::string fault;  // tests: MODE:STAGE:ACTION:MICRO_BATCH
 };
 
@@ -125,6 +128,35 @@ class Progress {
   double elapsed_ = 0;
 };
 
+int RunTrain(TrainArgs& a);
+
+// `--comm mpi`: one rank per process under mpirun. World rank w runs stage w mod P of replica
+// w div P. Any error on any rank ends the whole job (MPI_Abort) with the rank and the message.
+int RunTrainMpi(TrainArgs& a) {
+  if (a.data_parallel < 1) throw InvalidArgument(fmt::format("--data-parallel must be at least 1, got {}", a.data_parallel));
+  MpiWorld mpi(MpiWorldOptions{.timeout = a.pipe.timeout});
+  MpiCommunicator& world = mpi.world();
+  const int P = a.pipe.stages, D = a.data_parallel;
+  try {
+    if (P < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", P));
+    if (world.size() != P * D) {
+      throw InvalidArgument(fmt::format("the job has {} process{} but --stages {} × --data-parallel {} needs {}: launch "
+                                        "with mpirun -np {}", world.size(), world.size() == 1 ? "" : "es", P, D, P * D,
+                                        P * D));
+    }
+    const int w = world.rank();
+    std::unique_ptr<MpiCommunicator> pipe = world.Split(/*color=*/w / P, /*key=*/w % P);
+    std::unique_ptr<MpiCommunicator> data = D > 1 ? world.Split(/*color=*/w % P, /*key=*/w / P) : nullptr;
+    a.pipe.distributed = pipeline::PipelineOptions::Distributed{
+        .world = &world, .pipe = pipe.get(), .data = data.get(), .replicas = D};
+    a.quiet = a.quiet || w != 0;  // the leader reports for everyone
+    return RunTrain(a);
+  } catch (const std::exception& e) {
+    world.Abort(e.what());  // ends every process of the job
+    throw;
+  }
+}
+
 int RunTrain(TrainArgs& a) {
   TrainConfig& c = a.config;
   auto opt = ParseOptimizerKind(a.optimizer);
@@ -147,8 +179,6 @@ int RunTrain(TrainArgs& a) {
     a.pipe.schedule = pipeline::ParseScheduleKind(a.pipe_schedule);
     a.pipe.partition = pipeline::ParsePartitionKind(a.partition);
     a.pipe.release_outputs = a.release_outputs;
-    if (!(a.comm_timeout_s > 0)) throw InvalidArgument(fmt::format("--comm-timeout must be positive, got {}", a.comm_timeout_s));
-    a.pipe.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(a.comm_timeout_s, 1e9) * 1000));
     if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
     engine = [&](const EngineContext& ctx) -> std::unique_ptr<StepEngine> {
       auto e = std::make_unique<pipeline::PipelineEngine>(ctx, a.pipe);
@@ -161,7 +191,8 @@ int RunTrain(TrainArgs& a) {
     fmt::print(stderr, "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n", c.model,
                c.data, c.steps, c.batch, c.microbatches, a.optimizer, trainer.step());
     if (pipe != nullptr) {
-      fmt::print(stderr, "pipeline: {} stages, {}, layout {}, output release {}\n", a.pipe.stages,
+      fmt::print(stderr, "pipeline: {} stages{}, {}, layout {}, output release {}\n", a.pipe.stages,
+                 a.comm == "mpi" ? fmt::format(" × {} replicas as MPI processes", a.data_parallel) : " as threads",
                  pipe->schedule().Describe(), pipeline::FormatLayout(pipe->partition()), a.release_outputs ? "on" : "off");
     }
   }
@@ -173,8 +204,9 @@ int RunTrain(TrainArgs& a) {
                FormatDuration(s.wall_s), FormatRate(s.tokens_per_s), s.peak_allocated_bytes / 1048576.0, s.params);
     if (pipe != nullptr) {
       for (const pipeline::StageReport& r : pipe->reports()) {
-        fmt::print(stderr, "  stage {}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%\n",
-                   r.stage, Mib(r.peak_allocated_bytes), Mib(r.released_output_bytes), r.inflight_peak,
+        const std::string replica = a.data_parallel > 1 ? fmt::format(" (replica {})", r.replica) : "";
+        fmt::print(stderr, "  stage {}{}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%\n",
+                   r.stage, replica, Mib(r.peak_allocated_bytes), Mib(r.released_output_bytes), r.inflight_peak,
                    r.theoretical_inflight, 100 * r.bubble());
       }
       if (!a.pipe.trace_path.empty()) fmt::print(stderr, "trace of the last step: {}\n", a.pipe.trace_path);
@@ -244,10 +276,24 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
                       ->capture_default_str();
   auto* trace = sub.add_option("--trace", a->pipe.trace_path, "Chrome trace (Perfetto) of the last step, one track per stage");
   auto* fault = sub.add_option("--inject-fault", a->fault)->group("");  // tests of failure handling
-  return [a, sched, chunks, partition, layout, release, timeout, trace, fault] {
+  auto* comm = sub.add_option("--comm", a->comm, "local (stages as threads) or mpi (one stage per process, under mpirun)")
+                   ->capture_default_str();
+  auto* dp = sub.add_option("--data-parallel", a->data_parallel,
+                            "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
+                 ->capture_default_str();
+  return [a, sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp] {
     a->pipeline = a->pipe.stages != 1;
-    for (const CLI::Option* o : {sched, chunks, partition, layout, release, timeout, trace, fault}) {
+    for (const CLI::Option* o : {sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp}) {
       a->pipeline = a->pipeline || o->count() > 0;
+    }
+    if (!(a->comm_timeout_s > 0)) {
+      throw InvalidArgument(fmt::format("--comm-timeout must be positive, got {}", a->comm_timeout_s));
+    }
+    a->pipe.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(a->comm_timeout_s, 1e9) * 1000));
+    if (a->comm == "mpi") return RunTrainMpi(*a);
+    if (a->comm != "local") throw InvalidArgument(fmt::format("--comm must be local or mpi, not '{}'", a->comm));
+    if (a->data_parallel != 1) {
+      throw InvalidArgument("--data-parallel runs pipeline replicas as MPI processes: add --comm mpi and launch with mpirun");
     }
     return RunTrain(*a);
   };

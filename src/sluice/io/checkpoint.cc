@@ -7,8 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <set>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
 #include "sluice/io/safetensors.h"
@@ -33,11 +36,8 @@ void WriteAll(int fd, const std::string& bytes, const std::string& path) {
   }
 }
 
-}  // namespace
-
-void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                          const std::map<std::string, std::string>& metadata) {
-  const std::string bytes = SerializeSafetensors(tensors, metadata);
+// tmp + fsync + rename + directory fsync.
+void WriteFileAtomic(const std::string& path, const std::string& bytes) {
   const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) Fail(fmt::format("cannot create '{}'", tmp), path);
@@ -66,7 +66,87 @@ void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, T
   }
 }
 
+}  // namespace
+
+void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                          const std::map<std::string, std::string>& metadata) {
+  WriteFileAtomic(path, SerializeSafetensors(tensors, metadata));
+}
+
+std::string CheckpointIndexPath(const std::string& path) { return path + ".index.json"; }
+
+std::string CheckpointShardPath(const std::string& path, int shard, int shards) {
+  std::string stem = path;
+  if (stem.ends_with(".safetensors")) stem.resize(stem.size() - std::string(".safetensors").size());
+  return fmt::format("{}-stage{}-of-{}.safetensors", stem, shard, shards);
+}
+
+void SaveCheckpointIndex(const std::string& path, const std::vector<std::vector<std::string>>& names_per_shard,
+                         const std::map<std::string, std::string>& metadata) {
+  nlohmann::json weight_map = nlohmann::json::object();
+  const int shards = static_cast<int>(names_per_shard.size());
+  for (int k = 0; k < shards; ++k) {
+    const std::string file = std::filesystem::path(CheckpointShardPath(path, k, shards)).filename().string();
+    for (const std::string& name : names_per_shard[k]) weight_map[name] = file;
+  }
+  const nlohmann::json index = {{"metadata", metadata}, {"weight_map", weight_map}};
+  WriteFileAtomic(CheckpointIndexPath(path), index.dump(1) + "\n");
+}
+
+namespace {
+
+// A sharded checkpoint: the index's metadata, and every shard's tensors merged, each checked to be
+// where the index says.
+Checkpoint LoadSharded(const std::string& path, Allocator& allocator) {
+  const std::string index_path = CheckpointIndexPath(path);
+  nlohmann::json index;
+  try {
+    std::ifstream in(index_path);
+    index = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(fmt::format("cannot read checkpoint index '{}': {}", index_path, e.what()));
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object() ||
+      !index.contains("metadata") || !index["metadata"].is_object()) {
+    throw IoError(fmt::format("checkpoint index '{}' needs the objects \"metadata\" and \"weight_map\"", index_path));
+  }
+  Checkpoint ckpt{path, {}, {}};
+  std::set<std::string> files;
+  for (const auto& [key, value] : index["metadata"].items()) {
+    if (!value.is_string()) throw IoError(fmt::format("checkpoint index '{}': metadata '{}' is not a string", index_path, key));
+    ckpt.metadata[key] = value.get<std::string>();
+  }
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string()) throw IoError(fmt::format("checkpoint index '{}': '{}' names no file", index_path, name));
+    files.insert(file.get<std::string>());
+  }
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  for (const std::string& file : files) {
+    SafetensorsFile f = ReadSafetensors((dir / file).string(), allocator);
+    for (auto& [name, t] : f.tensors) {
+      auto it = index["weight_map"].find(name);
+      if (it == index["weight_map"].end() || it->get<std::string>() != file) {
+        throw IoError(fmt::format("checkpoint shard '{}' holds '{}', which its index '{}' does not place there",
+                                  (dir / file).string(), name, index_path));
+      }
+      ckpt.tensors.emplace(name, std::move(t));
+    }
+  }
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!ckpt.tensors.count(name)) {
+      throw IoError(fmt::format("checkpoint index '{}' places '{}' in '{}', which does not hold it", index_path, name,
+                                file.get<std::string>()));
+    }
+  }
+  return ckpt;
+}
+
+}  // namespace
+
 Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator) {
+  if (!std::filesystem::exists(path) && std::filesystem::exists(CheckpointIndexPath(path))) {
+    return LoadSharded(path, allocator);
+  }
   SafetensorsFile f = ReadSafetensors(path, allocator);
   return Checkpoint{path, std::move(f.tensors), std::move(f.metadata)};
 }

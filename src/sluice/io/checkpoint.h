@@ -6,11 +6,20 @@
 // directory is fsync'ed. A crash at any moment leaves either the previous checkpoint or the new
 // one, never a torn file.
 //
-// Failure: IoError naming the path (unwritable directory, full disk, unreadable or malformed file).
+// Sharded checkpoints (one shard per pipeline stage, written by distributed runs): shard k of n is
+// "<stem>-stage<k>-of-<n>.safetensors" beside <path> (<stem> = <path> without ".safetensors"), and
+// "<path>.index.json" holds {"metadata": {...}, "weight_map": {tensor name: shard file name}} —
+// the layout Hugging Face uses. The index is written last, after every shard: a checkpoint with
+// an index is complete. LoadCheckpoint(path) reads the index when <path> itself does not exist,
+// so any run can resume from a sharded checkpoint.
+//
+// Failure: IoError naming the path (unwritable directory, full disk, unreadable or malformed file,
+// a shard that does not hold what its index says).
 #pragma once
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "sluice/core/allocator.h"
 #include "sluice/core/tensor.h"
@@ -26,6 +35,13 @@ struct Checkpoint {
 void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
                           const std::map<std::string, std::string>& metadata);
 
+// A single-file checkpoint, or a sharded one through its index (all shards merged).
 Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator = DefaultAllocator());
+
+std::string CheckpointIndexPath(const std::string& path);                      // "<path>.index.json"
+std::string CheckpointShardPath(const std::string& path, int shard, int shards);
+// Writes the index of a checkpoint whose shard k holds names_per_shard[k] (atomically).
+void SaveCheckpointIndex(const std::string& path, const std::vector<std::vector<std::string>>& names_per_shard,
+                         const std::map<std::string, std::string>& metadata);
 
 }  // namespace sluice

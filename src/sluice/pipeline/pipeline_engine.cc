@@ -4,43 +4,88 @@
 
 #include <algorithm>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "sluice/comm/local.h"
+#include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
+#include "sluice/nn/optimizer.h"
 
 namespace sluice::pipeline {
+
+namespace {
+
+// The figures one rank contributes to the end-of-step all-reduce of a distributed run.
+enum Field { kPeakAllocated, kPeakReserved, kReleased, kInflight, kBusyNs, kWallNs, kLossSum, kLosses, kNorm, kFields };
+
+bool IsStageError(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const StageError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
 
 struct PipelineEngine::Impl {
   PipelineOptions options;
   StageSetup setup;
   GptPartition partition;
-  std::unique_ptr<LocalWorld> world;
-  std::vector<std::unique_ptr<StageRuntime>> ranks;
-  std::vector<StageReport> reports;
-  std::exception_ptr failure;  // a failed step leaves the communicator aborted
+  std::unique_ptr<LocalWorld> world;               // in-process: every rank here
+  std::vector<std::unique_ptr<StageRuntime>> ranks;  // in-process: P; distributed: this rank
+  std::vector<StageReport> reports;                // every rank of the job, by world rank
+  std::vector<std::vector<std::string>> owned;     // [stage]: its parameter names, model order
+  std::vector<ParamSpec> params;                   // the whole model's
+  std::exception_ptr failure;                      // a failed step leaves the communicator aborted
 
-  void WriteTrace(const std::vector<StageStep>& steps) const;
+  bool distributed() const { return options.distributed.has_value(); }
+  int world_rank() const { return distributed() ? options.distributed->world->rank() : 0; }
+  int stage() const { return distributed() ? options.distributed->pipe->rank() : 0; }
+  int replica() const { return world_rank() / options.stages; }
+
+  std::vector<StageStep> RunLocal(int64_t step, double lr, bool trace);
+  StageStep RunDistributed(int64_t step, double lr, bool trace);
+  void Record(int world_rank, const StageStep& s, int64_t released);
+  void WriteTrace(const std::vector<StageStep>& steps, int first_stage, const std::string& path) const;
 };
 
-PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options)
-    : impl_(std::make_unique<Impl>()) {
+PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
   const TrainConfig& config = ctx.config;
+  const int P = m.options.stages;
   if (ctx.task.gpt() == nullptr) {
     throw InvalidArgument(fmt::format("--stages splits a GPT into pipeline stages; --model {} cannot be split", config.model));
   }
-  if (m.options.stages < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", m.options.stages));
+  if (P < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", P));
+  const int D = m.distributed() ? m.options.distributed->replicas : 1;
+  if (m.distributed()) {
+    const auto& d = *m.options.distributed;
+    if (d.world->size() != P * D) {
+      throw InvalidArgument(fmt::format("the job has {} processes but --stages {} × --data-parallel {} needs {}: launch "
+                                        "mpirun -np {}", d.world->size(), P, D, P * D, P * D));
+    }
+    SLUICE_CHECK(d.pipe->size() == P && (D == 1 || (d.data != nullptr && d.data->size() == D)),
+                 "pipeline communicators do not match --stages {} and --data-parallel {}", P, D);
+  }
+  const int64_t micro_batch = config.batch / config.microbatches;
+  if (micro_batch % D != 0) {
+    throw InvalidArgument(fmt::format("--data-parallel {} must divide the {} sequences of a micro-batch (--batch {} / "
+                                      "--microbatches {})", D, micro_batch, config.batch, config.microbatches));
+  }
   m.setup.config = &config;
   m.setup.task = &ctx.task;
   m.setup.gpt = *ctx.task.gpt();
-  m.setup.micro_batch = config.batch / config.microbatches;
+  m.setup.micro_batch = micro_batch / D;
   m.setup.seq_len = ctx.task.seq_len();
-  m.setup.schedule = MakeSchedule({.kind = m.options.schedule, .stages = m.options.stages,
+  m.setup.schedule = MakeSchedule({.kind = m.options.schedule, .stages = P,
                                    .micro_batches = static_cast<int>(config.microbatches), .chunks = m.options.chunks});
   const int S = m.setup.schedule.virtual_stages();
   m.partition = m.options.layout.empty()
@@ -48,22 +93,40 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
                     : ParseGptLayout(m.options.layout, m.setup.gpt, S);
   m.setup.slices = m.partition.stages;
   m.setup.all_params = ctx.model.params;
+  m.params = ctx.model.params;
   m.setup.release_outputs = m.options.release_outputs;
   m.setup.fault = m.options.fault;
   // Stages share the cores: intra-op threads (BLAS included) are divided among them.
-  m.setup.threads = std::max(1, ctx.threads / m.options.stages);
+  m.setup.threads = m.distributed() ? ctx.threads : std::max(1, ctx.threads / P);
   openblas_set_num_threads(m.setup.threads);
 
-  const int P = m.options.stages;
-  for (int r = 0; r < P; ++r) m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, r));
-  m.world = std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = m.options.timeout});
+  // Which stage holds which parameter (for gathering and the checkpoint index).
+  m.owned.resize(P);
+  for (int v = 0; v < S; ++v) {
+    for (const ParamSpec& p : BuildGptSlice(m.setup.gpt, 1, GptOutput::kLoss, m.setup.seq_len, m.setup.slices[v]).params) {
+      m.owned[m.setup.schedule.RankOf(v)].push_back(p.name);
+    }
+  }
+
+  if (m.distributed()) {
+    m.setup.replica = m.replica();
+    m.setup.replicas = D;
+    m.setup.data = m.options.distributed->data;
+    m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, m.stage()));
+  } else {
+    for (int r = 0; r < P; ++r) m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, r));
+    m.world = std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = m.options.timeout});
+  }
   const ScheduleOptions sched{.kind = m.options.schedule, .stages = P,
                               .micro_batches = static_cast<int>(config.microbatches), .chunks = m.setup.schedule.chunks};
-  for (int r = 0; r < P; ++r) {
+  for (int w = 0; w < P * D; ++w) {
     StageReport rep;
-    rep.stage = r;
-    rep.output_bytes = m.ranks[r]->output_bytes(0);
-    rep.theoretical_inflight = TheoreticalInFlight(sched, r);
+    rep.stage = w % P;
+    rep.replica = w / P;
+    rep.output_bytes = m.setup.slices[rep.stage].head && m.setup.schedule.chunks == 1
+                           ? 0
+                           : m.setup.micro_batch * m.setup.seq_len * m.setup.gpt.dim * static_cast<int64_t>(sizeof(float));
+    rep.theoretical_inflight = TheoreticalInFlight(sched, rep.stage);
     rep.inflight_peak_per_chunk.assign(m.setup.schedule.chunks, 0);
     m.reports.push_back(rep);
   }
@@ -71,11 +134,8 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
 
 PipelineEngine::~PipelineEngine() = default;
 
-StepResult PipelineEngine::Step(int64_t step, double lr) {
-  Impl& m = *impl_;
-  if (m.failure) std::rethrow_exception(m.failure);
-  const int P = m.options.stages;
-  const bool trace = !m.options.trace_path.empty() && step == m.setup.config->steps - 1;
+std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, double lr, bool trace) {
+  const int P = options.stages;
   std::vector<StageStep> steps(P);
   std::vector<std::exception_ptr> errors(P);
   {
@@ -83,7 +143,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     for (int r = 0; r < P; ++r) {
       threads.emplace_back([&, r] {
         try {
-          steps[r] = m.ranks[r]->RunStep(step, lr, m.world->comm(r), trace);
+          steps[r] = ranks[r]->RunStep(step, lr, world->comm(r), trace);
         } catch (...) {
           errors[r] = std::current_exception();
         }
@@ -91,47 +151,108 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     }
   }
   // Report the rank that failed first — its StageError; the others were woken by its abort.
-  auto is_stage_error = [](const std::exception_ptr& e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const StageError&) {
-      return true;
-    } catch (...) {
-      return false;
-    }
-  };
   for (const std::exception_ptr& e : errors) {
-    if (e && (!m.failure || is_stage_error(e))) m.failure = e;
-    if (m.failure && is_stage_error(m.failure)) break;
+    if (e && (!failure || IsStageError(e))) failure = e;
+    if (failure && IsStageError(failure)) break;
   }
-  if (m.failure) std::rethrow_exception(m.failure);
+  if (failure) std::rethrow_exception(failure);
+  return steps;
+}
 
-  StepResult result;
-  const StageStep& last = steps[m.setup.schedule.RankOf(m.setup.schedule.virtual_stages() - 1)];
-  double loss_sum = 0;
-  for (double l : last.losses) loss_sum += l;
-  result.loss = loss_sum / static_cast<double>(m.setup.schedule.micro_batches);
-  result.grad_norm = steps[0].grad_norm;
-  for (int r = 0; r < P; ++r) {
-    const StageStep& s = steps[r];
-    StageReport& rep = m.reports[r];
-    rep.peak_allocated_bytes = std::max(rep.peak_allocated_bytes, s.peak_allocated_bytes);
-    rep.peak_reserved_bytes = std::max(rep.peak_reserved_bytes, s.peak_reserved_bytes);
-    rep.released_output_bytes = s.released_output_bytes;
-    rep.inflight_peak = std::max(rep.inflight_peak, s.inflight_peak);
-    for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
-      rep.inflight_peak_per_chunk[c] = std::max(rep.inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
-    }
-    rep.busy_ms += static_cast<double>(s.busy_ns) / 1e6;
-    rep.idle_ms += static_cast<double>(s.wall_ns - s.busy_ns) / 1e6;
-    result.peak_allocated_bytes = std::max(result.peak_allocated_bytes, s.peak_allocated_bytes);
-    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, s.peak_reserved_bytes);
+// A failing rank aborts the job (MPI_Abort: every process ends), so a return here is a success.
+StageStep PipelineEngine::Impl::RunDistributed(int64_t step, double lr, bool trace) {
+  const auto& d = *options.distributed;
+  // The leader may have evaluated since the last step: wait for it here, not in a receive that
+  // would time out (a dead process ends the job through mpirun, so a long wait cannot hang).
+  d.world->Barrier(std::chrono::hours(24));
+  return ranks[0]->RunStep(step, lr, *d.pipe, trace);
+}
+
+void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released) {
+  StageReport& rep = reports[w];
+  rep.peak_allocated_bytes = std::max(rep.peak_allocated_bytes, s.peak_allocated_bytes);
+  rep.peak_reserved_bytes = std::max(rep.peak_reserved_bytes, s.peak_reserved_bytes);
+  rep.released_output_bytes = released;
+  rep.inflight_peak = std::max(rep.inflight_peak, s.inflight_peak);
+  for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
+    rep.inflight_peak_per_chunk[c] = std::max(rep.inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
   }
-  if (trace) m.WriteTrace(steps);
+  rep.busy_ms += static_cast<double>(s.busy_ns) / 1e6;
+  rep.idle_ms += static_cast<double>(s.wall_ns - s.busy_ns) / 1e6;
+}
+
+StepResult PipelineEngine::Step(int64_t step, double lr) {
+  Impl& m = *impl_;
+  if (m.failure) std::rethrow_exception(m.failure);
+  const int P = m.options.stages;
+  const int M = m.setup.schedule.micro_batches;
+  const bool trace = !m.options.trace_path.empty() && step == m.setup.config->steps - 1;
+  StepResult result;
+
+  if (!m.distributed()) {
+    std::vector<StageStep> steps = m.RunLocal(step, lr, trace);
+    const StageStep& last = steps[m.setup.schedule.RankOf(m.setup.schedule.virtual_stages() - 1)];
+    double loss_sum = 0;
+    for (double l : last.losses) loss_sum += l;
+    result.loss = loss_sum / static_cast<double>(M);
+    result.grad_norm = steps[0].grad_norm;
+    for (int r = 0; r < P; ++r) {
+      m.Record(r, steps[r], steps[r].released_output_bytes);
+      result.peak_allocated_bytes = std::max(result.peak_allocated_bytes, steps[r].peak_allocated_bytes);
+      result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, steps[r].peak_reserved_bytes);
+    }
+    if (trace) m.WriteTrace(steps, 0, m.options.trace_path);
+    return result;
+  }
+
+  // Distributed: run this rank, then one all-reduce brings every rank's figures everywhere.
+  const StageStep s = m.RunDistributed(step, lr, trace);
+  const int W = static_cast<int>(m.reports.size()), w = m.world_rank();
+  Tensor all = Tensor::Zeros({W, kFields}, DType::kF64);
+  double* row = all.data<double>() + w * kFields;
+  double loss_sum = 0;
+  for (double l : s.losses) loss_sum += l;
+  row[kPeakAllocated] = static_cast<double>(s.peak_allocated_bytes);
+  row[kPeakReserved] = static_cast<double>(s.peak_reserved_bytes);
+  row[kReleased] = static_cast<double>(s.released_output_bytes);
+  row[kInflight] = s.inflight_peak;
+  row[kBusyNs] = static_cast<double>(s.busy_ns);
+  row[kWallNs] = static_cast<double>(s.wall_ns);
+  row[kLossSum] = loss_sum;
+  row[kLosses] = static_cast<double>(s.losses.size());
+  row[kNorm] = s.grad_norm;
+  m.options.distributed->world->AllReduceSum(all);
+  double losses = 0, sum = 0;
+  for (int r = 0; r < W; ++r) {
+    const double* f = all.data<double>() + r * kFields;
+    StageStep figures;
+    figures.peak_allocated_bytes = static_cast<int64_t>(f[kPeakAllocated]);
+    figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
+    figures.inflight_peak = static_cast<int>(f[kInflight]);
+    figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
+    figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
+    m.Record(r, figures, static_cast<int64_t>(f[kReleased]));
+    if (r == w) {  // only this rank's per-chunk figures are known here
+      for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
+        m.reports[r].inflight_peak_per_chunk[c] = std::max(m.reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
+      }
+    }
+    sum += f[kLossSum];
+    losses += f[kLosses];
+    result.peak_allocated_bytes = std::max(result.peak_allocated_bytes, figures.peak_allocated_bytes);
+    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, figures.peak_reserved_bytes);
+  }
+  result.loss = losses > 0 ? sum / losses : 0;
+  result.grad_norm = all.data<double>()[kNorm];  // equal on every rank
+  if (trace) {
+    std::string stem = m.options.trace_path;
+    if (stem.ends_with(".json")) stem.resize(stem.size() - 5);
+    m.WriteTrace({s}, m.stage(), fmt::format("{}.rank{}.json", stem, w));
+  }
   return result;
 }
 
-void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps) const {
+void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps, int first_stage, const std::string& path) const {
   int64_t t0 = std::numeric_limits<int64_t>::max();
   for (const StageStep& s : steps) {
     for (const TraceSpan& span : s.spans) t0 = std::min(t0, span.begin_ns);
@@ -140,14 +261,15 @@ void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps) const
   auto us = [&](int64_t ns) { return static_cast<double>(ns - t0) / 1e3; };
   ChromeTrace trace;
   const int V = setup.schedule.chunks;
-  for (size_t r = 0; r < steps.size(); ++r) {
-    const int pid = static_cast<int>(r) + 1;
-    trace.NameProcess(pid, fmt::format("stage {}", r));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int stage = first_stage + static_cast<int>(i);
+    const int pid = stage + 1;
+    trace.NameProcess(pid, fmt::format("stage {}", stage));
     trace.NameThread(pid, 0, "compute");
     trace.NameThread(pid, 1, "communication");
-    for (const TraceSpan& span : steps[r].spans) {
+    for (const TraceSpan& span : steps[i].spans) {
       const bool compute = span.name == "F" || span.name == "B" || span.name == "W" || span.name == "OPT";
-      const std::string label = span.name == "OPT" || span.name == "ALLREDUCE"
+      const std::string label = span.name == "OPT" || span.name.starts_with("ALLREDUCE")
                                     ? span.name
                                     : (V > 1 ? fmt::format("{}{}.{}", span.name, span.chunk, span.micro_batch)
                                              : fmt::format("{}{}", span.name, span.micro_batch));
@@ -155,11 +277,11 @@ void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps) const
                     static_cast<double>(span.end_ns - span.begin_ns) / 1e3,
                     {{"chunk", span.chunk}, {"micro_batch", span.micro_batch}});
     }
-    for (const MemorySample& sample : steps[r].memory) {
+    for (const MemorySample& sample : steps[i].memory) {
       trace.AddCounter(pid, "allocated bytes", "bytes", us(sample.time_ns), static_cast<double>(sample.allocated_bytes));
     }
   }
-  trace.Write(options.trace_path);
+  trace.Write(path);
 }
 
 std::map<std::string, Tensor> PipelineEngine::State() const {
@@ -168,22 +290,89 @@ std::map<std::string, Tensor> PipelineEngine::State() const {
   return out;
 }
 
+bool PipelineEngine::leader() const { return impl_->world_rank() == 0; }
+
+// Distributed: replica 0's stages send their parameters to the leader (stage 0 of replica 0),
+// in model order; one message per parameter, tagged by its index.
+std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator) {
+  Impl& m = *impl_;
+  if (!m.distributed()) return State();
+  if (m.replica() != 0) return {};
+  Communicator& pipe = *m.options.distributed->pipe;
+  std::map<std::string, Tensor> state = State(), out;
+  std::vector<Request> pending;
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamSpec& p = m.params[i];
+    const int tag = static_cast<int>(i % (kMaxTag + 1));
+    int owner = 0;
+    while (std::find(m.owned[owner].begin(), m.owned[owner].end(), p.name) == m.owned[owner].end()) ++owner;
+    if (leader()) {
+      if (owner == 0) {
+        out.emplace(p.name, state.at(p.name));
+      } else {
+        pending.push_back(pipe.Irecv(owner, tag, DType::kF32, p.shape, allocator));
+      }
+    } else if (owner == m.stage()) {
+      pending.push_back(pipe.Isend(state.at(p.name), 0, tag));
+    }
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < m.params.size() && leader(); ++i) {
+    if (out.count(m.params[i].name)) continue;
+    out.emplace(m.params[i].name, pending[k++].Wait());
+  }
+  for (; k < pending.size(); ++k) pending[k].Wait();
+  return out;
+}
+
+// Distributed: a shard per stage (replica 0's ranks write their own), then the leader's index.
+void PipelineEngine::SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata) {
+  Impl& m = *impl_;
+  if (!m.distributed()) {
+    StepEngine::SaveCheckpoint(path, metadata);
+    return;
+  }
+  const int P = m.options.stages;
+  Communicator& world = *m.options.distributed->world;
+  if (m.replica() == 0) {
+    std::map<std::string, std::string> shard_metadata = metadata;
+    shard_metadata["shard"] = fmt::format("{} of {}", m.stage(), P);
+    SaveCheckpointAtomic(CheckpointShardPath(path, m.stage(), P), State(), shard_metadata);
+  }
+  world.Barrier();
+  if (leader()) {
+    std::vector<std::vector<std::string>> names(P);
+    for (int s = 0; s < P; ++s) {
+      for (const std::string& p : m.owned[s]) {
+        names[s].push_back(p);
+        for (const std::string& o : OptimizerStateNames(p, m.setup.config->optimizer)) names[s].push_back(o);
+      }
+    }
+    SaveCheckpointIndex(path, names, metadata);
+  }
+  world.Barrier();
+}
+
 nlohmann::json PipelineEngine::Summary() const {
   const Impl& m = *impl_;
   nlohmann::json stages = nlohmann::json::array();
   for (const StageReport& r : m.reports) {
-    stages.push_back({{"stage", r.stage}, {"peak_allocated_bytes", r.peak_allocated_bytes},
-                      {"peak_reserved_bytes", r.peak_reserved_bytes}, {"released_output_bytes", r.released_output_bytes},
-                      {"output_bytes", r.output_bytes}, {"inflight_peak", r.inflight_peak},
-                      {"inflight_peak_per_chunk", r.inflight_peak_per_chunk},
-                      {"theoretical_inflight", r.theoretical_inflight}, {"busy_ms", r.busy_ms}, {"idle_ms", r.idle_ms},
-                      {"bubble", r.bubble()}});
+    nlohmann::json entry = {{"stage", r.stage}, {"peak_allocated_bytes", r.peak_allocated_bytes},
+                            {"peak_reserved_bytes", r.peak_reserved_bytes},
+                            {"released_output_bytes", r.released_output_bytes}, {"output_bytes", r.output_bytes},
+                            {"inflight_peak", r.inflight_peak}, {"theoretical_inflight", r.theoretical_inflight},
+                            {"busy_ms", r.busy_ms}, {"idle_ms", r.idle_ms}, {"bubble", r.bubble()}};
+    if (!m.distributed()) entry["inflight_peak_per_chunk"] = r.inflight_peak_per_chunk;
+    if (m.distributed()) entry["replica"] = r.replica;
+    stages.push_back(entry);
   }
   return {{"stages", stages},
           {"pipeline", {{"schedule", std::string(ScheduleKindName(m.options.schedule))},
                         {"stages", m.options.stages},
                         {"chunks", m.setup.schedule.chunks},
                         {"micro_batches", m.setup.schedule.micro_batches},
+                        {"data_parallel", m.setup.replicas},
+                        {"comm", m.distributed() ? "mpi" : "local"},
                         {"layout", FormatLayout(m.partition)},
                         {"release_outputs", m.options.release_outputs}}}};
 }

@@ -9,6 +9,12 @@
 // and stops, and Step throws the failing rank's StageError (naming rank, action, micro-batch);
 // a receive waiting beyond options.timeout fails the same way. The engine is unusable afterwards.
 //
+// Distributed (options.distributed, `mpirun -np P·D sluice train --comm mpi`): the process runs the
+// one rank it is, over MPI communicators, and every step ends with one all-reduce that brings
+// every rank's figures (loss, norm, memory, time) to every process; the leader reports them.
+// Parameters for evaluation are gathered to the leader; checkpoints are a shard per stage
+// (written by replica 0's ranks) and an index written by the leader (io/checkpoint.h).
+//
 // Records (reports(), and "stages" in the metrics summary): per rank, the peak of its allocator
 // over a step, the bytes released after send completion per step, the in-flight peak (measured,
 // and the schedule's theory beside it), busy and idle time summed over steps, and the bubble
@@ -16,7 +22,8 @@
 // per stage, a track of computes (F/B/W/OPT spans labelled chunk and micro-batch), a track of
 // communication (receive waits, sends, the all-reduce) and an allocated-bytes counter.
 //
-// Thread-safety: one thread calls the engine; it runs its own rank threads inside Step.
+// Thread-safety: one thread calls the engine; it runs its own rank threads inside Step. Every
+// process of a distributed run calls the same methods in the same order (they are collective).
 // Failure modes: the constructor throws InvalidArgument for a model that is not a GPT, a
 // schedule that cannot exist (MakeSchedule), or a bad partition/layout (partition.h).
 //
@@ -28,6 +35,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,11 +56,24 @@ struct PipelineOptions {
   std::chrono::milliseconds timeout = std::chrono::seconds(60);  // a receive waiting longer fails
   std::string trace_path;  // Chrome trace of the last step; empty: none
   FaultInjection fault;    // tests only
+
+  // Distributed (MPI, docs/mpi.md): this process runs one rank. World rank w is stage w mod P of
+  // replica w div P; `pipe` joins the P stages of this replica (rank = stage), `data` the D
+  // replicas of this stage (rank = replica; null when D = 1), `world` all P·D processes (rank 0
+  // leads: metrics, evaluation, checkpoint index). The communicators outlive the engine.
+  struct Distributed {
+    Communicator* world = nullptr;
+    Communicator* pipe = nullptr;
+    Communicator* data = nullptr;
+    int replicas = 1;  // D
+  };
+  std::optional<Distributed> distributed;  // empty: every rank on a thread of this process
 };
 
 // One rank over the steps run so far.
 struct StageReport {
   int stage = 0;
+  int replica = 0;
   int64_t peak_allocated_bytes = 0;   // max over steps
   int64_t peak_reserved_bytes = 0;
   int64_t released_output_bytes = 0;  // per step (the last one)
@@ -72,6 +93,9 @@ class PipelineEngine final : public StepEngine {
   StepResult Step(int64_t step, double lr) override;
   std::map<std::string, Tensor> State() const override;
   nlohmann::json Summary() const override;
+  bool leader() const override;
+  std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
+  void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata) override;
 
   const std::vector<StageReport>& reports() const;
   const Schedule& schedule() const;

@@ -282,11 +282,16 @@ class StageRuntime::StepRun {
 
   void Forward(const Action& a, Chunk& ch, MicroBatch& mb) {
     Scope& scope = mb.scope;
-    if (ch.first || ch.last) {
+    if (ch.first || ch.last) {  // only the ranks that need data read it
+      const StageSetup& s = rt_.setup;
       Scope batch;
-      rt_.setup.task->BindBatch(batch, DataSplit::kTrain, step_ * rt_.M + a.micro_batch, rt_.setup.micro_batch, cfg_.seed);
-      if (ch.first) scope.Set("ids", batch.Take("ids"));
-      if (ch.last) scope.Set("targets", batch.Take("targets"));
+      s.task->BindBatch(batch, DataSplit::kTrain, step_ * rt_.M + a.micro_batch, s.micro_batch * s.replicas, cfg_.seed);
+      auto rows = [&](const char* name) {  // this replica's share
+        Tensor t = batch.Take(name);
+        return s.replicas == 1 ? t : t.Slice(0, s.replica * s.micro_batch, (s.replica + 1) * s.micro_batch);
+      };
+      if (ch.first) scope.Set("ids", rows("ids"));
+      if (ch.last) scope.Set("targets", rows("targets"));
     }
     if (!ch.first) {
       // The input comes from the previous virtual stage: a message, or this rank's own chunk (P = 1).
@@ -374,8 +379,14 @@ class StageRuntime::StepRun {
   }
 
   void Optimize(const Action& a) {
+    const StageSetup& setup = rt_.setup;
+    if (setup.data != nullptr) {  // sum over replicas, every gradient in name order on every replica
+      const int64_t begin = NowNs();
+      for (const auto& [name, g] : grads_.grads()) setup.data->AllReduceSum(g);
+      Span("ALLREDUCE_DP", a, begin, NowNs());
+    }
     double sum_sq = 0;
-    Compute(a, "OPT", [&] { sum_sq = grads_.MeanAndSumSquares(rt_.M); });
+    Compute(a, "OPT", [&] { sum_sq = grads_.MeanAndSumSquares(rt_.M * setup.replicas); });
     Tensor total = Tensor::Full({}, sum_sq, DType::kF64, rt_.allocator);
     const int64_t begin = NowNs();
     comm_.AllReduceSum(total);

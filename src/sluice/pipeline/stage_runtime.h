@@ -20,8 +20,9 @@
 //           output object do), the baseline the saving is measured against.
 //   RECV_B  posts a receive of "y.grad".  B  runs the backward (or its B half: input gradients),
 //           accumulates parameter gradients, and holds "x.grad" for SEND_B.  W runs the W half.
-//   OPT     mean over micro-batches, the global gradient norm (all-reduce of the ranks' sums of
-//           squares), clipping, then the optimizer program in place.
+//   OPT     with data parallelism, the sum of every gradient over the replicas (all-reduce);
+//           then the mean over micro-batches (and replicas), the global gradient norm
+//           (all-reduce of the stages' sums of squares), clipping, and the optimizer in place.
 // Message tags: the receiving virtual stage v, micro-batch m and direction d: ((v·M + m)·2 + d)
 // mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous.
 // Gradients of one parameter are summed in micro-batch order, as on one stage, so results match
@@ -80,7 +81,7 @@ struct StageSetup {
   const TrainConfig* config = nullptr;
   const Task* task = nullptr;
   GptConfig gpt;
-  int64_t micro_batch = 1;  // sequences per micro-batch
+  int64_t micro_batch = 1;  // sequences per micro-batch (of one replica)
   int64_t seq_len = 1;
   Schedule schedule;
   std::vector<GptSlice> slices;  // [P·V] by virtual stage
@@ -88,6 +89,11 @@ struct StageSetup {
   bool release_outputs = true;
   int threads = 1;  // intra-op threads per rank
   FaultInjection fault;
+  // Data parallelism: this rank belongs to replica `replica` of `replicas`; each replica takes
+  // rows [replica·b, (replica+1)·b) of every micro-batch of b·replicas sequences, and OPT sums the
+  // gradients over `data` (the replicas of this stage) before the norm. Null when replicas = 1.
+  int replica = 0, replicas = 1;
+  Communicator* data = nullptr;
 };
 
 struct TraceSpan {

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sluice/core/allocator.h"
 #include "sluice/core/tensor.h"
 #include "sluice/nn/model.h"
 #include "sluice/train/task.h"
@@ -50,6 +51,16 @@ class StepEngine {
   virtual std::map<std::string, Tensor> State() const = 0;
   // Extra fields for the metrics summary line ({"stages": [...]} for a pipeline); null when none.
   virtual nlohmann::json Summary() const { return nullptr; }
+
+  // Distributed engines run one rank per process (MPI). Only the leader (world rank 0) writes
+  // metrics, evaluates and reports; every process calls every method below (they are collective).
+  virtual bool leader() const { return true; }
+  // The whole model's parameters on the leader (copies from the other ranks, in `allocator`);
+  // empty on the other processes. One process: the parameters of State().
+  virtual std::map<std::string, Tensor> GatherParams(Allocator& allocator);
+  // Writes parameters and optimizer state with `metadata` as a checkpoint at `path`: one file
+  // (io/checkpoint.h), or for a distributed engine a shard per stage and an index.
+  virtual void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata);
 };
 
 // What an engine is built from: the run's configuration, its task and the model of one

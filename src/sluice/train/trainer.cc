@@ -73,20 +73,26 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
                                         config.resume_path, ckpt.metadata.at("data_seed")));
     }
   }
-  if (!config.metrics_path.empty()) metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());
+  if (!config.metrics_path.empty() && engine->leader()) {
+    metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());
+  }
 }
 
 // Checks the checkpoint against the model first (every problem in one message), then copies the
 // tensors into the engine's state in place.
 void Trainer::Impl::LoadState(const Checkpoint& ckpt, bool with_optimizer_state) {
   std::vector<std::string> problems;
+  // What this process holds: every parameter (with its optimizer state), or one stage's.
   std::vector<std::string> expected;
   for (const ParamSpec& p : model.params) {
+    if (!scope.Has(p.name)) continue;
     expected.push_back(p.name);
     if (with_optimizer_state) {
       for (const std::string& s : OptimizerStateNames(p.name, config.optimizer)) expected.push_back(s);
     }
   }
+  const bool whole_model =
+      std::all_of(model.params.begin(), model.params.end(), [&](const ParamSpec& p) { return scope.Has(p.name); });
   for (const std::string& name : expected) {
     auto it = ckpt.tensors.find(name);
     const Tensor& current = scope.Get(name);
@@ -98,7 +104,7 @@ void Trainer::Impl::LoadState(const Checkpoint& ckpt, bool with_optimizer_state)
     }
   }
   for (const auto& [name, t] : ckpt.tensors) {
-    if (std::find(expected.begin(), expected.end(), name) == expected.end() &&
+    if (whole_model && std::find(expected.begin(), expected.end(), name) == expected.end() &&
         (with_optimizer_state || !ckpt.metadata.count("step"))) {
       problems.push_back(fmt::format("unexpected tensor '{}' (not a {} of this model)", name,
                                      with_optimizer_state ? "parameter or optimizer state" : "parameter"));
@@ -154,6 +160,10 @@ EvalRecord Trainer::Evaluate() {
   const TrainConfig& c = m.config;
   EvalRecord e;
   e.step = m.step;
+  // A distributed engine gathers the whole model on the leader, which evaluates alone.
+  std::map<std::string, Tensor> params = m.engine->GatherParams(m.eval_allocator);
+  if (!m.engine->leader()) return e;
+  for (auto& [name, t] : params) m.scope.Set(name, std::move(t));
   double sum = 0;
   for (int64_t i = 0; i < c.eval_batches; ++i) {
     m.task->BindBatch(m.scope, DataSplit::kValidation, i, m.eval_batch, c.seed);
@@ -180,7 +190,7 @@ void Trainer::SaveCheckpoint(const std::string& path) const {
       {"data_position", std::to_string(m.step * m.config.microbatches)},
       {"config", config.dump()},
   };
-  SaveCheckpointAtomic(path, m.engine->State(), metadata);
+  m.engine->SaveCheckpoint(path, metadata);
 }
 
 TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# `sluice train --comm mpi` under mpirun, one check per mode (docs/mpi.md, issue 7):
+#   bitwise   1f1b and interleaved at P = 2 and 4: the same losses as the in-process run, bit for bit
+#   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
+#   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
+#             process
+#   kill      kill -9 of one rank: every other process exits non-zero within 30 s
+#   timeout   a message that never comes: the job exits non-zero within seconds, naming the action
+#   launch    a world size other than P × D: a clear error before any work
+# Usage: train_mpi_test.sh MODE SLUICE MPIEXEC NP_FLAG. Never hangs: every job runs under timeout.
+set -u
+mode=$1 sluice=$2 mpiexec=$3 np=$4
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+small=(--dim 32 --heads 2 --batch 8 --microbatches 4 --eval-every 0 --threads 1 --quiet
+       --lr-schedule constant --warmup 0)
+
+fail() { echo "train_mpi_test ($mode): FAILED: $*"; exit 1; }
+
+# mpirun -np N sluice train --comm mpi ARGS, limited to 120 s.
+mpi() {
+  local n=$1; shift
+  timeout -k 5 120 "$mpiexec" "$np" "$n" "$sluice" train --comm mpi "$@"
+}
+
+# Losses of every step line of a metrics file, one per line, as exact decimal text.
+losses() {
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    d = json.loads(l)
+    if "loss" in d and "summary" not in d: print(repr(d["loss"]))' "$1"
+}
+
+# compare A B TOLERANCE: the same number of steps, losses within the relative tolerance (0: equal).
+compare() {
+  python3 - "$1" "$2" "$3" <<'PY' || fail "losses of $1 and $2 differ"
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if '"summary"' not in l and '"loss"' in l]
+a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+assert len(a) == len(b) and a, f"{len(a)} vs {len(b)} steps"
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(a)} steps, max relative difference {worst:.3g}")
+sys.exit(0 if (worst == 0 if tol == 0 else worst <= tol) else 1)
+PY
+}
+
+case "$mode" in
+  bitwise)
+    for sched in 1f1b interleaved; do
+      for p in 2 4; do
+        layers=4; [ "$sched" = interleaved ] && [ "$p" = 4 ] && layers=8
+        args=("${small[@]}" --layers "$layers" --steps 5 --stages "$p" --schedule "$sched")
+        "$sluice" train "${args[@]}" --metrics "$dir/local.jsonl" || fail "in-process $sched P=$p"
+        mpi "$p" "${args[@]}" --metrics "$dir/mpi.jsonl" || fail "mpirun $sched P=$p"
+        compare "$dir/local.jsonl" "$dir/mpi.jsonl" 0
+        rm -f "$dir"/*.jsonl
+      done
+    done ;;
+  dp)
+    "$sluice" train "${small[@]}" --layers 4 --steps 5 --metrics "$dir/one.jsonl" || fail "one process"
+    mpi 4 "${small[@]}" --layers 4 --steps 5 --stages 2 --data-parallel 2 --metrics "$dir/dp.jsonl" || fail "P=2 x D=2"
+    compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
+    grep -q '"replica":1' "$dir/dp.jsonl" || fail "the summary has no replica 1"
+    ;;
+  resume)
+    args=("${small[@]}" --layers 4 --stages 2)
+    mpi 2 "${args[@]}" --steps 4 --metrics "$dir/whole.jsonl" || fail "uninterrupted run"
+    mpi 2 "${args[@]}" --steps 2 --save "$dir/ck.safetensors" --metrics "$dir/part.jsonl" || fail "first half"
+    for f in ck-stage0-of-2.safetensors ck-stage1-of-2.safetensors ck.safetensors.index.json; do
+      [ -s "$dir/$f" ] || fail "no $f"
+    done
+    mpi 2 "${args[@]}" --steps 4 --resume "$dir/ck.safetensors" --metrics "$dir/part.jsonl" || fail "resume"
+    compare "$dir/whole.jsonl" "$dir/part.jsonl" 0
+    # The sharded checkpoint resumes in one process too (--threads 1 sums GEMMs alike).
+    "$sluice" train "${small[@]}" --layers 4 --steps 4 --resume "$dir/ck.safetensors" --metrics "$dir/one.jsonl" \
+      || fail "resume in one process"
+    python3 - "$dir/whole.jsonl" "$dir/one.jsonl" <<'PY' || fail "one-process resume differs"
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if '"summary"' not in l and '"loss"' in l]
+whole, one = losses(sys.argv[1]), losses(sys.argv[2])
+assert one == whole[2:4], (one, whole)
+PY
+    ;;
+  kill)
+    SECONDS=0
+    timeout -k 5 60 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${small[@]}" --layers 4 --stages 2 --steps 100000000 \
+      --metrics "$dir/kill.jsonl" >"$dir/out" 2>&1 &
+    job=$!
+    for _ in $(seq 300); do [ -s "$dir/kill.jsonl" ] && break; sleep 0.1; done  # training has started
+    [ -s "$dir/kill.jsonl" ] || { cat "$dir/out"; kill -KILL "$job"; fail "the job did not start training"; }
+    victim=$(ps -eo pid=,args= | grep "[s]luice train --comm mpi" | grep -v -e mpirun -e mpiexec -e timeout \
+             | grep -F "$dir/kill.jsonl" | awk 'NR == 2 {print $1}')
+    [ -n "$victim" ] || { kill -KILL "$job"; fail "no rank process found"; }
+    start=$SECONDS
+    kill -KILL "$victim"
+    wait "$job"; rc=$?
+    cat "$dir/out" | tail -5
+    elapsed=$((SECONDS - start))
+    [ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed"
+    [ "$elapsed" -le 30 ] || fail "the other rank took ${elapsed} s to exit"
+    echo "killed rank $victim: the job ended with status $rc after ${elapsed} s"
+    ;;
+  timeout)
+    SECONDS=0
+    mpi 2 "${small[@]}" --layers 4 --stages 2 --steps 3 --comm-timeout 1 --inject-fault skip:0:SEND_F:1 >"$dir/out" 2>&1
+    rc=$?
+    cat "$dir/out" | grep -m1 "aborts"
+    [ "$rc" -ne 0 ] || fail "the job exited 0"
+    [ "$rc" -ne 124 ] || fail "the job hung"
+    grep -q "did not complete within 1000 ms" "$dir/out" || fail "no timeout message"
+    grep -q "failed at step 1, action" "$dir/out" || fail "the message does not name the action"
+    ;;
+  launch)
+    mpi 3 "${small[@]}" --layers 4 --stages 2 --steps 1 --metrics "$dir/metrics.jsonl" >"$dir/out" 2>&1 && fail "3 processes for P=2 were accepted"
+    grep -q "the job has 3 processes but --stages 2 × --data-parallel 1 needs 2" "$dir/out" \
+      || { cat "$dir/out"; fail "no clear message"; }
+    [ ! -e "$dir/metrics.jsonl" ] || fail "work was done"
+    ;;
+  *) fail "unknown mode" ;;
+esac
+echo "train_mpi_test ($mode): passed"

@@ -20,7 +20,9 @@ namespace sluice::pipeline {
 namespace {
 
 // The figures one rank contributes to the end-of-step all-reduce of a distributed run.
-enum Field { kPeakAllocated, kPeakReserved, kReleased, kInflight, kBusyNs, kWallNs, kLossSum, kLosses, kNorm, kFields };
+enum Field {
+  kPeakAllocated, kPeakReserved, kReleased, kInflight, kBusyNs, kCommNs, kWallNs, kLossSum, kLosses, kNorm, kFields
+};
 
 bool IsStageError(const std::exception_ptr& e) {
   try {
@@ -178,6 +180,7 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released) {
     rep.inflight_peak_per_chunk[c] = std::max(rep.inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
   }
   rep.busy_ms += static_cast<double>(s.busy_ns) / 1e6;
+  rep.comm_ms += static_cast<double>(s.comm_ns) / 1e6;
   rep.idle_ms += static_cast<double>(s.wall_ns - s.busy_ns) / 1e6;
 }
 
@@ -217,6 +220,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   row[kReleased] = static_cast<double>(s.released_output_bytes);
   row[kInflight] = s.inflight_peak;
   row[kBusyNs] = static_cast<double>(s.busy_ns);
+  row[kCommNs] = static_cast<double>(s.comm_ns);
   row[kWallNs] = static_cast<double>(s.wall_ns);
   row[kLossSum] = loss_sum;
   row[kLosses] = static_cast<double>(s.losses.size());
@@ -230,6 +234,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
     figures.inflight_peak = static_cast<int>(f[kInflight]);
     figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
+    figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
     figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
     m.Record(r, figures, static_cast<int64_t>(f[kReleased]));
     if (r == w) {  // only this rank's per-chunk figures are known here
@@ -361,7 +366,8 @@ nlohmann::json PipelineEngine::Summary() const {
                             {"peak_reserved_bytes", r.peak_reserved_bytes},
                             {"released_output_bytes", r.released_output_bytes}, {"output_bytes", r.output_bytes},
                             {"inflight_peak", r.inflight_peak}, {"theoretical_inflight", r.theoretical_inflight},
-                            {"busy_ms", r.busy_ms}, {"idle_ms", r.idle_ms}, {"bubble", r.bubble()}};
+                            {"busy_ms", r.busy_ms}, {"idle_ms", r.idle_ms}, {"comm_ms", r.comm_ms},
+                            {"bubble", r.bubble()}};
     if (!m.distributed()) entry["inflight_peak_per_chunk"] = r.inflight_peak_per_chunk;
     if (m.distributed()) entry["replica"] = r.replica;
     stages.push_back(entry);

@@ -82,6 +82,7 @@ struct StageReport {
   std::vector<int> inflight_peak_per_chunk;
   int theoretical_inflight = 0;       // TheoreticalInFlight for this rank
   double busy_ms = 0, idle_ms = 0;    // sums over steps
+  double comm_ms = 0;                 // sum over steps: time inside the communicator (part of idle)
   double bubble() const { return busy_ms + idle_ms > 0 ? idle_ms / (busy_ms + idle_ms) : 0; }
 };
 

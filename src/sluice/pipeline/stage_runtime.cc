@@ -168,9 +168,13 @@ class StageRuntime::StepRun {
     for (size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       try {
-        PollSends();
+        Comm([&] { PollSends(); });
         if (Faulty(a)) continue;
-        Execute(a);
+        if (IsCompute(a.kind) || a.kind == ActionKind::kOptimizer) {
+          Execute(a);
+        } else {
+          Comm([&] { Execute(a); });
+        }
       } catch (const CommAborted&) {
         throw;  // another rank failed first; its error is the one to report
       } catch (const std::exception& e) {
@@ -185,11 +189,13 @@ class StageRuntime::StepRun {
       if (trace_) out_.memory.push_back({NowNs(), rt_.allocator.Stats().allocated_bytes});
     }
     // Every send must have completed before the step ends (its receiver has its copy).
-    for (MicroBatch& mb : mbs_) {
-      if (mb.send_f.valid()) mb.send_f.Wait();
-      if (mb.send_b.valid()) mb.send_b.Wait();
-    }
-    PollSends();
+    Comm([&] {
+      for (MicroBatch& mb : mbs_) {
+        if (mb.send_f.valid()) mb.send_f.Wait();
+        if (mb.send_b.valid()) mb.send_b.Wait();
+      }
+      PollSends();
+    });
     out_.wall_ns = NowNs() - t0;
     const MemoryStats stats = rt_.allocator.Stats();
     out_.peak_allocated_bytes = stats.peak_allocated_bytes;
@@ -225,11 +231,21 @@ class StageRuntime::StepRun {
     if (trace_) out_.spans.push_back({name, a.chunk, a.micro_batch, begin, end});
   }
 
+  // Times communication: posting, testing and waiting for messages, and the all-reduces.
+  template <typename F>
+  void Comm(F&& body) {
+    const int64_t begin = NowNs();
+    body();
+    out_.comm_ns += NowNs() - begin;
+  }
+
   // Waits for a receive, timing the wait as a span.
   Tensor Receive(Request& request, const Action& a, const char* name) {
     const int64_t begin = NowNs();
     Tensor t = request.Wait();
-    Span(name, a, begin, NowNs());
+    const int64_t end = NowNs();
+    out_.comm_ns += end - begin;
+    Span(name, a, begin, end);
     return t;
   }
 
@@ -339,8 +355,10 @@ class StageRuntime::StepRun {
       }
     }
     if (mb.send_f.valid()) {  // the output's receiver has long taken it: this returns at once
-      mb.send_f.Wait();
-      PollSends();
+      Comm([&] {
+        mb.send_f.Wait();
+        PollSends();
+      });
     }
     Compute(a, "B", [&] {
       BindParams(ch, scope);
@@ -383,6 +401,7 @@ class StageRuntime::StepRun {
     if (setup.data != nullptr) {  // sum over replicas, every gradient in name order on every replica
       const int64_t begin = NowNs();
       for (const auto& [name, g] : grads_.grads()) setup.data->AllReduceSum(g);
+      out_.comm_ns += NowNs() - begin;
       Span("ALLREDUCE_DP", a, begin, NowNs());
     }
     double sum_sq = 0;
@@ -390,6 +409,7 @@ class StageRuntime::StepRun {
     Tensor total = Tensor::Full({}, sum_sq, DType::kF64, rt_.allocator);
     const int64_t begin = NowNs();
     comm_.AllReduceSum(total);
+    out_.comm_ns += NowNs() - begin;
     Span("ALLREDUCE", a, begin, NowNs());
     out_.grad_norm = std::sqrt(total.FlatAt(0));
     Compute(a, "OPT", [&] {

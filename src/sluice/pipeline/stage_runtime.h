@@ -115,6 +115,9 @@ struct StageStep {
   std::vector<int> inflight_peak_per_chunk;
   int awaiting_weight_peak = 0;       // between B and W (split backward)
   int64_t busy_ns = 0;                // F, B, W and OPT compute
+  int64_t comm_ns = 0;                // inside the communicator: posting, testing and waiting for
+                                      // messages (a wait for a message not yet sent included),
+                                      // the all-reduces
   int64_t wall_ns = 0;                // the whole step on this rank
   std::vector<double> losses;         // [M] on the last virtual stage's rank; empty elsewhere
   double grad_norm = 0;

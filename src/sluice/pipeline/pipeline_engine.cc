@@ -21,7 +21,8 @@ namespace {
 
 // The figures one rank contributes to the end-of-step all-reduce of a distributed run.
 enum Field {
-  kPeakAllocated, kPeakReserved, kReleased, kInflight, kBusyNs, kCommNs, kWallNs, kLossSum, kLosses, kNorm, kFields
+  kPeakAllocated, kPeakReserved, kReleased, kAtInflightPeak, kInflight, kBusyNs, kCommNs, kWallNs, kLossSum, kLosses,
+  kNorm, kFields
 };
 
 bool IsStageError(const std::exception_ptr& e) {
@@ -175,6 +176,7 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released) {
   rep.peak_allocated_bytes = std::max(rep.peak_allocated_bytes, s.peak_allocated_bytes);
   rep.peak_reserved_bytes = std::max(rep.peak_reserved_bytes, s.peak_reserved_bytes);
   rep.released_output_bytes = released;
+  rep.allocated_at_inflight_peak_bytes = s.allocated_at_inflight_peak_bytes;
   rep.inflight_peak = std::max(rep.inflight_peak, s.inflight_peak);
   for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
     rep.inflight_peak_per_chunk[c] = std::max(rep.inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
@@ -218,6 +220,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   row[kPeakAllocated] = static_cast<double>(s.peak_allocated_bytes);
   row[kPeakReserved] = static_cast<double>(s.peak_reserved_bytes);
   row[kReleased] = static_cast<double>(s.released_output_bytes);
+  row[kAtInflightPeak] = static_cast<double>(s.allocated_at_inflight_peak_bytes);
   row[kInflight] = s.inflight_peak;
   row[kBusyNs] = static_cast<double>(s.busy_ns);
   row[kCommNs] = static_cast<double>(s.comm_ns);
@@ -233,6 +236,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     figures.peak_allocated_bytes = static_cast<int64_t>(f[kPeakAllocated]);
     figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
     figures.inflight_peak = static_cast<int>(f[kInflight]);
+    figures.allocated_at_inflight_peak_bytes = static_cast<int64_t>(f[kAtInflightPeak]);
     figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
     figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
     figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
@@ -365,6 +369,7 @@ nlohmann::json PipelineEngine::Summary() const {
     nlohmann::json entry = {{"stage", r.stage}, {"peak_allocated_bytes", r.peak_allocated_bytes},
                             {"peak_reserved_bytes", r.peak_reserved_bytes},
                             {"released_output_bytes", r.released_output_bytes}, {"output_bytes", r.output_bytes},
+                            {"allocated_at_inflight_peak_bytes", r.allocated_at_inflight_peak_bytes},
                             {"inflight_peak", r.inflight_peak}, {"theoretical_inflight", r.theoretical_inflight},
                             {"busy_ms", r.busy_ms}, {"idle_ms", r.idle_ms}, {"comm_ms", r.comm_ms},
                             {"bubble", r.bubble()}};

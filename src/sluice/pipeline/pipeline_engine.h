@@ -77,6 +77,7 @@ struct StageReport {
   int64_t peak_allocated_bytes = 0;   // max over steps
   int64_t peak_reserved_bytes = 0;
   int64_t released_output_bytes = 0;  // per step (the last one)
+  int64_t allocated_at_inflight_peak_bytes = 0;  // the last step's (StageStep says when)
   int64_t output_bytes = 0;           // one forward output of chunk 0 (0 on the loss stage)
   int inflight_peak = 0;              // chunk-micro-batches between F and B, max over steps
   std::vector<int> inflight_peak_per_chunk;

@@ -239,10 +239,11 @@ class StageRuntime::StepRun {
     out_.comm_ns += NowNs() - begin;
   }
 
-  // Waits for a receive, timing the wait as a span.
+  // Waits for a receive, timing the wait as a span; then releases what completed meanwhile.
   Tensor Receive(Request& request, const Action& a, const char* name) {
     const int64_t begin = NowNs();
     Tensor t = request.Wait();
+    PollSends();
     const int64_t end = NowNs();
     out_.comm_ns += end - begin;
     Span(name, a, begin, end);
@@ -251,17 +252,16 @@ class StageRuntime::StepRun {
 
   // Output release: drop every forward output whose send has completed.
   void PollSends() {
-    for (int c = 0; c < rt_.V; ++c) {
-      for (int m = 0; m < rt_.M; ++m) {
-        MicroBatch& mb = Mb(c, m);
-        if (!mb.send_f.valid() || !mb.send_f.Test()) continue;
-        mb.send_f = Request();
-        if (rt_.setup.release_outputs && mb.output.defined() && !rt_.chunks[c].output_saved) {
-          out_.released_output_bytes += mb.output.numel() * static_cast<int64_t>(SizeOf(mb.output.dtype()));
-          mb.output = Tensor();
-        }
+    std::erase_if(sending_, [&](int index) {
+      MicroBatch& mb = mbs_[index];
+      if (mb.send_f.valid() && !mb.send_f.Test()) return false;
+      mb.send_f = Request();
+      if (rt_.setup.release_outputs && mb.output.defined() && !rt_.chunks[index / rt_.M].output_saved) {
+        out_.released_output_bytes += mb.output.numel() * static_cast<int64_t>(SizeOf(mb.output.dtype()));
+        mb.output = Tensor();
       }
-    }
+      return true;
+    });
   }
 
   void Execute(const Action& a) {
@@ -274,6 +274,7 @@ class StageRuntime::StepRun {
         break;
       case ActionKind::kSendF:
         mb.send_f = comm_.Isend(mb.output, a.peer, rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
+        sending_.push_back(a.chunk * rt_.M + a.micro_batch);
         Span("SEND_F", a, NowNs(), NowNs());
         break;
       case ActionKind::kRecvB:
@@ -360,6 +361,10 @@ class StageRuntime::StepRun {
         PollSends();
       });
     }
+    if (!backward_seen_) {
+      backward_seen_ = true;
+      out_.allocated_at_inflight_peak_bytes = rt_.allocator.Stats().allocated_bytes;
+    }
     Compute(a, "B", [&] {
       BindParams(ch, scope);
       if (rt_.setup.schedule.split_backward) {
@@ -433,8 +438,10 @@ class StageRuntime::StepRun {
   Communicator& comm_;
   bool trace_;
   std::vector<MicroBatch> mbs_;  // [V·M]
+  std::vector<int> sending_;     // micro-batches (c·M + m) whose SEND_F has not been seen complete
   GradientAccumulator grads_;
   int inflight_ = 0, awaiting_ = 0;
+  bool backward_seen_ = false;
   std::vector<int> inflight_chunk_;
   StageStep out_;
 };

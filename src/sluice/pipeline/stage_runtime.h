@@ -111,6 +111,10 @@ struct StageStep {
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   int64_t released_output_bytes = 0;  // forward outputs dropped after their send completed
+  // Allocated bytes right before the step's first backward (after its input arrived): the moment
+  // every schedule here reaches its in-flight peak. Release on and off differ there by exactly
+  // the outputs released (nothing else differs): what release saves at the in-flight peak.
+  int64_t allocated_at_inflight_peak_bytes = 0;
   int inflight_peak = 0;              // chunk-micro-batches between F and B
   std::vector<int> inflight_peak_per_chunk;
   int awaiting_weight_peak = 0;       // between B and W (split backward)

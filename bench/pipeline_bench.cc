@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
              o.layers, o.dim, o.heads, o.micro_batch, o.optimizer, o.gc, o.steps, o.warmup, cores, threads);
   fmt::print(stderr, "{:<11} {:>2} {:>3} {:>2} | {:>6} {:>6} {:>5} | {:<23} | {:>8} {:>8} | {}\n", "schedule", "P",
              "M", "V", "bubble", "theory", "ratio", "bubble per stage", "tok/s", "tok/s off",
-             "per stage: release saving vs held outputs × output bytes, MiB");
+             "per stage: release saving at the peak / at the in-flight peak / held outputs × output bytes, MiB");
   for (const std::string& name : o.schedules) {
     const ScheduleKind kind = pipeline::ParseScheduleKind(name);
     for (int P : o.stages) {
@@ -189,16 +189,19 @@ int main(int argc, char** argv) {
           const StageReport& b = off.reports[r];
           const int64_t saving = b.peak_allocated_bytes - a.peak_allocated_bytes;
           const int64_t expected = static_cast<int64_t>(on.held_outputs[r]) * a.output_bytes;
+          // Where the in-flight count peaks (before the first backward), off − on is the outputs released.
+          const int64_t saving_at_inflight = b.allocated_at_inflight_peak_bytes - a.allocated_at_inflight_peak_bytes;
           stages.push_back({{"stage", r}, {"busy_ms", a.busy_ms}, {"idle_ms", a.idle_ms}, {"bubble", a.bubble()},
                             {"bubble_no_release", b.bubble()},
                             {"peak_allocated_bytes", a.peak_allocated_bytes},
                             {"peak_allocated_bytes_no_release", b.peak_allocated_bytes}, {"release_saving_bytes", saving},
+                            {"release_saving_at_inflight_peak_bytes", saving_at_inflight},
                             {"inflight_peak", a.inflight_peak}, {"inflight_peak_per_chunk", a.inflight_peak_per_chunk},
                             {"theoretical_inflight", a.theoretical_inflight}, {"held_outputs", on.held_outputs[r]},
                             {"output_bytes", a.output_bytes}, {"held_outputs_x_output_bytes", expected},
                             {"released_output_bytes", a.released_output_bytes}});
           bubbles += fmt::format("{}{:.3f}", r ? " " : "", a.bubble());
-          memory += fmt::format("{}{:.2f}/{:.2f}", r ? "  " : "", MiB(saving), MiB(expected));
+          memory += fmt::format("{}{:.2f}/{:.2f}/{:.2f}", r ? "  " : "", MiB(saving), MiB(saving_at_inflight), MiB(expected));
         }
         nlohmann::json row = {{"schedule", name}, {"stages", P}, {"chunks", on.chunks}, {"micro_batches", M},
                               {"layers", o.layers}, {"dim", o.dim}, {"heads", o.heads}, {"micro_batch", o.micro_batch},

@@ -23,7 +23,7 @@
 //   * An operation completes when MPI_Test reports all three of its MPI requests done; only then
 //     does it drop its reference to the tensor's storage. So, as in LocalWorld, a send completes
 //     once the receive is posted and the elements have left the buffer.
-//   * Request::Wait polls MPI_Test — a brief spin, then sleeps of up to 1 ms — until completion or
+//   * Request::Wait polls MPI_Test — a brief spin, then naps of up to 100 µs — until completion or
 //     the timeout (CommTimeout; the Request stays pending and may be waited for again). Polling
 //     also drives MPI's progress (OpenMPI has no progress thread), so a rank that is computing
 //     moves its messages on at its next Wait or Test.

@@ -189,13 +189,22 @@ class StageRuntime::StepRun {
       if (trace_) out_.memory.push_back({NowNs(), rt_.allocator.Stats().allocated_bytes});
     }
     // Every send must have completed before the step ends (its receiver has its copy).
-    Comm([&] {
-      for (MicroBatch& mb : mbs_) {
-        if (mb.send_f.valid()) mb.send_f.Wait();
-        if (mb.send_b.valid()) mb.send_b.Wait();
-      }
-      PollSends();
-    });
+    try {
+      Comm([&] {
+        for (MicroBatch& mb : mbs_) {
+          if (mb.send_f.valid()) mb.send_f.Wait();
+          if (mb.send_b.valid()) mb.send_b.Wait();
+        }
+        PollSends();
+      });
+    } catch (const CommAborted&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string what = fmt::format("stage {} failed at the end of step {}, waiting for its sends to complete: {}",
+                                           rt_.rank, step_ + 1, e.what());
+      comm_.Abort(what);
+      throw StageError(what);
+    }
     out_.wall_ns = NowNs() - t0;
     const MemoryStats stats = rt_.allocator.Stats();
     out_.peak_allocated_bytes = stats.peak_allocated_bytes;

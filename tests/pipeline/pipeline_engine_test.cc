@@ -125,6 +125,9 @@ TEST(PipelineEngine, InFlightPeaksMatchTheScheduleTheory) {
       const int theory = TheoreticalInFlight({.kind = c.kind, .stages = c.stages, .micro_batches = 8}, r.stage);
       EXPECT_EQ(r.inflight_peak, theory) << Describe(c) << " stage " << r.stage;
       EXPECT_EQ(r.theoretical_inflight, theory) << Describe(c) << " stage " << r.stage;
+      // A compute's CPU time on its own thread cannot exceed its wall time (one BLAS thread here).
+      EXPECT_GT(r.busy_cpu_ms, 0) << Describe(c) << " stage " << r.stage;
+      EXPECT_LE(r.busy_cpu_ms, r.busy_ms + 1.0) << Describe(c) << " stage " << r.stage;
     }
   }
 }

@@ -21,8 +21,8 @@ namespace {
 
 // The figures one rank contributes to the end-of-step all-reduce of a distributed run.
 enum Field {
-  kPeakAllocated, kPeakReserved, kReleased, kAtInflightPeak, kInflight, kBusyNs, kCommNs, kWallNs, kLossSum, kLosses,
-  kNorm, kFields
+  kPeakAllocated, kPeakReserved, kReleased, kAtInflightPeak, kInflight, kBusyNs, kBusyCpuNs, kCommNs, kWallNs,
+  kLossSum, kLosses, kNorm, kFields
 };
 
 bool IsStageError(const std::exception_ptr& e) {
@@ -183,6 +183,7 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released) {
   }
   rep.busy_ms += static_cast<double>(s.busy_ns) / 1e6;
   rep.comm_ms += static_cast<double>(s.comm_ns) / 1e6;
+  rep.busy_cpu_ms += static_cast<double>(s.busy_cpu_ns) / 1e6;
   rep.idle_ms += static_cast<double>(s.wall_ns - s.busy_ns) / 1e6;
 }
 
@@ -224,6 +225,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   row[kInflight] = s.inflight_peak;
   row[kBusyNs] = static_cast<double>(s.busy_ns);
   row[kCommNs] = static_cast<double>(s.comm_ns);
+  row[kBusyCpuNs] = static_cast<double>(s.busy_cpu_ns);
   row[kWallNs] = static_cast<double>(s.wall_ns);
   row[kLossSum] = loss_sum;
   row[kLosses] = static_cast<double>(s.losses.size());
@@ -239,6 +241,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     figures.allocated_at_inflight_peak_bytes = static_cast<int64_t>(f[kAtInflightPeak]);
     figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
     figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
+    figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
     figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
     m.Record(r, figures, static_cast<int64_t>(f[kReleased]));
     if (r == w) {  // only this rank's per-chunk figures are known here
@@ -371,7 +374,8 @@ nlohmann::json PipelineEngine::Summary() const {
                             {"released_output_bytes", r.released_output_bytes}, {"output_bytes", r.output_bytes},
                             {"allocated_at_inflight_peak_bytes", r.allocated_at_inflight_peak_bytes},
                             {"inflight_peak", r.inflight_peak}, {"theoretical_inflight", r.theoretical_inflight},
-                            {"busy_ms", r.busy_ms}, {"idle_ms", r.idle_ms}, {"comm_ms", r.comm_ms},
+                            {"busy_ms", r.busy_ms}, {"busy_cpu_ms", r.busy_cpu_ms}, {"idle_ms", r.idle_ms},
+                            {"comm_ms", r.comm_ms},
                             {"bubble", r.bubble()}};
     if (!m.distributed()) entry["inflight_peak_per_chunk"] = r.inflight_peak_per_chunk;
     if (m.distributed()) entry["replica"] = r.replica;

@@ -84,6 +84,7 @@ struct StageReport {
   int theoretical_inflight = 0;       // TheoreticalInFlight for this rank
   double busy_ms = 0, idle_ms = 0;    // sums over steps
   double comm_ms = 0;                 // sum over steps: time inside the communicator (part of idle)
+  double busy_cpu_ms = 0;             // sum over steps: CPU time of the computes (StageStep)
   double bubble() const { return busy_ms + idle_ms > 0 ? idle_ms / (busy_ms + idle_ms) : 0; }
 };
 

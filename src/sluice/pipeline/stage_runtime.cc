@@ -1,5 +1,7 @@
 #include "sluice/pipeline/stage_runtime.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -18,6 +20,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the calling thread: what a compute used, without the time it waited for a core.
+int64_t ThreadCpuNs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 constexpr const char* kInput = "x";
@@ -229,10 +238,11 @@ class StageRuntime::StepRun {
   // Times a compute action: busy time, and a span when tracing.
   template <typename F>
   void Compute(const Action& a, const char* name, F&& body) {
-    const int64_t begin = NowNs();
+    const int64_t begin = NowNs(), cpu_begin = ThreadCpuNs();
     body();
     const int64_t end = NowNs();
     out_.busy_ns += end - begin;
+    out_.busy_cpu_ns += ThreadCpuNs() - cpu_begin;
     Span(name, a, begin, end);
   }
 

@@ -118,7 +118,10 @@ struct StageStep {
   int inflight_peak = 0;              // chunk-micro-batches between F and B
   std::vector<int> inflight_peak_per_chunk;
   int awaiting_weight_peak = 0;       // between B and W (split backward)
-  int64_t busy_ns = 0;                // F, B, W and OPT compute
+  int64_t busy_ns = 0;                // F, B, W and OPT compute (wall clock)
+  int64_t busy_cpu_ns = 0;            // the same computes' CPU time on this rank's thread: less than
+                                      // busy_ns by the time the thread waited for a core (BLAS
+                                      // worker threads, when threads > 1, are not counted)
   int64_t comm_ns = 0;                // inside the communicator: posting, testing and waiting for
                                       // messages (a wait for a message not yet sent included),
                                       // the all-reduces

@@ -97,7 +97,8 @@ namespace {
 
 // A sharded checkpoint: the index's metadata, and every shard's tensors merged, each checked to be
 // where the index says.
-Checkpoint LoadSharded(const std::string& path, Allocator& allocator) {
+Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
+                       const std::function<bool(const std::string&)>& wanted) {
   const std::string index_path = CheckpointIndexPath(path);
   nlohmann::json index;
   try {
@@ -118,7 +119,7 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator) {
   }
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (!file.is_string()) throw IoError(fmt::format("checkpoint index '{}': '{}' names no file", index_path, name));
-    files.insert(file.get<std::string>());
+    if (!wanted || wanted(name)) files.insert(file.get<std::string>());
   }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   for (const std::string& file : files) {
@@ -133,7 +134,7 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator) {
     }
   }
   for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!ckpt.tensors.count(name)) {
+    if (files.count(file.get<std::string>()) && !ckpt.tensors.count(name)) {
       throw IoError(fmt::format("checkpoint index '{}' places '{}' in '{}', which does not hold it", index_path, name,
                                 file.get<std::string>()));
     }
@@ -143,9 +144,10 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator) {
 
 }  // namespace
 
-Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator) {
+Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator,
+                          const std::function<bool(const std::string&)>& wanted) {
   if (!std::filesystem::exists(path) && std::filesystem::exists(CheckpointIndexPath(path))) {
-    return LoadSharded(path, allocator);
+    return LoadSharded(path, allocator, wanted);
   }
   SafetensorsFile f = ReadSafetensors(path, allocator);
   return Checkpoint{path, std::move(f.tensors), std::move(f.metadata)};

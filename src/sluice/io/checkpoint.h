@@ -17,6 +17,7 @@
 // a shard that does not hold what its index says).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,8 +36,11 @@ struct Checkpoint {
 void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
                           const std::map<std::string, std::string>& metadata);
 
-// A single-file checkpoint, or a sharded one through its index (all shards merged).
-Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator = DefaultAllocator());
+// A single-file checkpoint, or a sharded one through its index (shards merged). With `wanted`, a
+// sharded checkpoint reads only the shards that hold a tensor it accepts (a pipeline stage reads
+// its own); a single file is read whole.
+Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator = DefaultAllocator(),
+                          const std::function<bool(const std::string&)>& wanted = nullptr);
 
 std::string CheckpointIndexPath(const std::string& path);                      // "<path>.index.json"
 std::string CheckpointShardPath(const std::string& path, int shard, int shards);

@@ -63,9 +63,11 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
   logits = std::make_unique<Executable>(task->BuildLogits(eval_batch).forward, base);
   for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
 
-  if (!config.init_from.empty()) LoadState(LoadCheckpoint(config.init_from, eval_allocator), false);
+  // A sharded checkpoint: read only the shards holding this engine's state (a stage's own).
+  auto held = [&](const std::string& name) { return scope.Has(name); };
+  if (!config.init_from.empty()) LoadState(LoadCheckpoint(config.init_from, eval_allocator, held), false);
   if (!config.resume_path.empty()) {
-    Checkpoint ckpt = LoadCheckpoint(config.resume_path, eval_allocator);
+    Checkpoint ckpt = LoadCheckpoint(config.resume_path, eval_allocator, held);
     LoadState(ckpt, true);
     step = std::stoll(ckpt.metadata.at("step"));
     if (ckpt.metadata.count("data_seed") && std::stoull(ckpt.metadata.at("data_seed")) != config.seed) {

@@ -95,7 +95,6 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
                     ? PartitionGpt(m.setup.gpt, m.setup.micro_batch, m.setup.seq_len, S, m.options.partition)
                     : ParseGptLayout(m.options.layout, m.setup.gpt, S);
   m.setup.slices = m.partition.stages;
-  m.setup.all_params = ctx.model.params;
   m.params = ctx.model.params;
   m.setup.release_outputs = m.options.release_outputs;
   m.setup.fault = m.options.fault;

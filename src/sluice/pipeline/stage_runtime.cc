@@ -144,12 +144,6 @@ StageRuntime::~StageRuntime() = default;
 
 int StageRuntime::rank() const { return impl_->rank; }
 
-int64_t StageRuntime::output_bytes(int chunk) const {
-  const Impl& m = *impl_;
-  if (m.chunks.at(chunk).last) return 0;
-  return m.io_shape.numel() * static_cast<int64_t>(sizeof(float));
-}
-
 std::map<std::string, Tensor> StageRuntime::State() const {
   const Impl& m = *impl_;
   std::map<std::string, Tensor> out;

@@ -85,7 +85,6 @@ struct StageSetup {
   int64_t seq_len = 1;
   Schedule schedule;
   std::vector<GptSlice> slices;  // [P·V] by virtual stage
-  std::vector<ParamSpec> all_params;  // the whole model's, in declaration order
   bool release_outputs = true;
   int threads = 1;  // intra-op threads per rank
   FaultInjection fault;
@@ -143,8 +142,6 @@ class StageRuntime {
   StageStep RunStep(int64_t step, double lr, Communicator& comm, bool trace);
 
   int rank() const;
-  // Bytes of one forward output ("y") of chunk c; 0 on the last virtual stage (a scalar loss).
-  int64_t output_bytes(int chunk) const;
   // This rank's parameters and optimizer state by name (sharing its memory).
   std::map<std::string, Tensor> State() const;
 

@@ -14,8 +14,9 @@
 //           forward→backward hand-off. The output "y" is held for its send.
 //   SEND_F  starts sending "y". Output release (on by default): once the send has *completed* —
 //           the receiver holds its own copy — the runtime drops "y" unless backward reads it.
-//           Completion is checked before every action and awaited before B of (c, m). Never
-//           earlier: a buffer freed under a running send would corrupt the receiver's input.
+//           Completion is checked before every action and after every wait for a message, and
+//           awaited before B of (c, m). Never earlier: a buffer freed under a running send would
+//           corrupt the receiver's input.
 //           Release off: "y" is kept until B of (c, m) has run (what frameworks holding the
 //           output object do), the baseline the saving is measured against.
 //   RECV_B  posts a receive of "y.grad".  B  runs the backward (or its B half: input gradients),
@@ -28,9 +29,10 @@
 // Gradients of one parameter are summed in micro-batch order, as on one stage, so results match
 // single-stage training bit for bit where the norm needs no clipping.
 //
-// Records per step (StageStep): the allocator's peak over the step, bytes released after their
-// send completed, chunk-micro-batches in flight between F and B (peak, per chunk), busy time
-// (F, B, W, OPT compute) and, when tracing, every action's span and a memory sample after it.
+// Records per step (StageStep): the allocator's peak over the step and its allocated bytes at the
+// in-flight peak, bytes released after their send completed, chunk-micro-batches in flight
+// between F and B (peak, per chunk), busy time (F, B, W, OPT compute; wall and thread CPU), time
+// inside the communicator and, when tracing, every action's span and a memory sample after it.
 //
 // Failure: any error inside an action aborts the communicator with, and throws, a StageError
 // naming the rank, step, action and micro-batch; a rank woken by another's abort throws the

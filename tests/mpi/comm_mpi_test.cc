@@ -43,8 +43,8 @@ TEST(MpiP2P, F32AndI64TravelAroundTheRingAndToSelf) {
     Request f = c.Irecv(prev, 0, DType::kF32, {2, 3}, alloc);
     Request i = c.Irecv(prev, 1, DType::kI64, {5}, alloc);
     Request self = c.Irecv(r, 2, DType::kI64, {1}, alloc);
-    c.Isend(Tensor::FromVector<float>({2, 3}, {0, 1, 2, 3, 4, 5 + 0.5f * r}, alloc), next, 0);
-    c.Isend(Tensor::FromVector<int64_t>({5}, {r, 1LL << 40, -r, 7, 8}, alloc), next, 1);
+    Request sf = c.Isend(Tensor::FromVector<float>({2, 3}, {0, 1, 2, 3, 4, 5 + 0.5f * r}, alloc), next, 0);
+    Request si = c.Isend(Tensor::FromVector<int64_t>({5}, {r, 1LL << 40, -r, 7, 8}, alloc), next, 1);
     c.Send(Tensor::FromVector<int64_t>({1}, {100 + r}, alloc), r, 2);
     Tensor x = f.Wait();
     ASSERT_EQ(x.shape(), Shape({2, 3}));
@@ -55,6 +55,10 @@ TEST(MpiP2P, F32AndI64TravelAroundTheRingAndToSelf) {
     EXPECT_EQ(y.data<int64_t>()[1], 1LL << 40);
     EXPECT_EQ(y.data<int64_t>()[2], -prev);
     EXPECT_EQ(self.Wait().data<int64_t>()[0], 100 + r);
+    // Completion of a send is seen by polling this rank's MPI: wait for it before `alloc` (and
+    // the storage the sends hold) goes out of scope.
+    sf.Wait();
+    si.Wait();
   }
   c.Barrier();
   EXPECT_EQ(alloc.Stats().allocated_bytes, 0);
@@ -200,7 +204,10 @@ TEST(MpiP2P, SendHoldsItsStorageUntilCompletionOnly) {
 
 TEST(MpiP2P, DroppedRequestsStillCompleteAndConsumeTheirMessage) {
   Communicator& c = World();
-  CachingAllocator alloc;
+  // Dropped requests hold their storage until the communicator sees them complete, which may be
+  // after this test returns: their allocator must outlive the world (communicator.h), so it is
+  // static here.
+  static CachingAllocator alloc;
   if (c.rank() == 0) {
     c.Isend(Tensor::Full({2}, 1.0, DType::kI32, alloc), 1, 8);  // Request dropped at once
     c.Send(Tensor::Full({2}, 2.0, DType::kI32, alloc), 1, 8);

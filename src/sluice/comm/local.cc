@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <compare>
+#include <cstddef>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "sluice/comm/rank_order_sum.h"
 
 namespace sluice {
 namespace {
@@ -130,35 +133,6 @@ std::string PendingTags(const std::map<ChannelKey, Channel>& channels, int src, 
     if (!(sends ? it->second.sends : it->second.recvs).empty()) tags.push_back(it->first.tag);
   }
   return fmt::format("{}", fmt::join(tags, ", "));
-}
-
-// Adds slice [begin, end) of every operand, in rank order, into the same slice of `out` (which is
-// one of the operands: each element is read from every operand before it is written).
-template <typename T>
-void SumSlice(const std::vector<Tensor>& operands, const Tensor& out, int64_t begin, int64_t end) {
-  std::vector<const T*> in;
-  for (const Tensor& t : operands) in.push_back(static_cast<const T*>(t.raw_data()));
-  T* dst = static_cast<T*>(out.raw_data());
-  for (int64_t i = begin; i < end; ++i) {
-    T acc = in[0][i];
-    for (size_t k = 1; k < in.size(); ++k) acc += in[k][i];
-    dst[i] = acc;
-  }
-}
-
-void SumSlice(const std::vector<Tensor>& operands, const Tensor& out, int64_t begin, int64_t end) {
-  switch (out.dtype()) {
-    case DType::kF32:
-      return SumSlice<float>(operands, out, begin, end);
-    case DType::kF64:
-      return SumSlice<double>(operands, out, begin, end);
-    case DType::kI32:
-      return SumSlice<int32_t>(operands, out, begin, end);
-    case DType::kI64:
-      return SumSlice<int64_t>(operands, out, begin, end);
-    default:
-      SLUICE_CHECK(false, "all_reduce_sum of {}", Name(out.dtype()));
-  }
 }
 
 CommAborted LocalWorldShared::AbortedError(const std::string& context) const {
@@ -375,7 +349,11 @@ void LocalWorldShared::AllReduceSum(int rank, const Tensor& tensor, milliseconds
   // Reduce-scatter: slice r of every tensor, summed in rank order, into slice r of rank r's.
   const int64_t n = tensor.numel();
   const auto begin = [&](int r) { return n * r / size; };
-  SumSlice(all, tensor, begin(rank), begin(rank + 1));
+  const int64_t offset = begin(rank) * static_cast<int64_t>(SizeOf(tensor.dtype()));
+  std::vector<const void*> slices;
+  for (const Tensor& t : all) slices.push_back(static_cast<const std::byte*>(t.raw_data()) + offset);
+  SumInRankOrder(tensor.dtype(), slices, begin(rank + 1) - begin(rank),
+                 static_cast<std::byte*>(tensor.raw_data()) + offset);
   {
     std::unique_lock lock(mu);
     Rendezvous(lock, rank, what, /*interruptible=*/false, deadline, timeout);

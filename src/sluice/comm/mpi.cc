@@ -19,6 +19,8 @@
 
 #include <fmt/format.h>
 
+#include "sluice/comm/rank_order_sum.h"
+
 namespace sluice {
 
 using Clock = std::chrono::steady_clock;
@@ -471,33 +473,6 @@ int ByteCount(const P2POp& op) {
   return static_cast<int>(bytes);
 }
 
-// Adds chunk [0, n) of every rank's contribution in `scratch` (rank r's at r * n) in rank order.
-template <typename T>
-void SumInRankOrder(const std::byte* scratch, int size, int64_t n, void* out) {
-  const T* in = reinterpret_cast<const T*>(scratch);
-  T* dst = static_cast<T*>(out);
-  for (int64_t i = 0; i < n; ++i) {
-    T acc = in[i];
-    for (int r = 1; r < size; ++r) acc += in[r * n + i];
-    dst[i] = acc;
-  }
-}
-
-void SumInRankOrder(DType dtype, const std::byte* scratch, int size, int64_t n, void* out) {
-  switch (dtype) {
-    case DType::kF32:
-      return SumInRankOrder<float>(scratch, size, n, out);
-    case DType::kF64:
-      return SumInRankOrder<double>(scratch, size, n, out);
-    case DType::kI32:
-      return SumInRankOrder<int32_t>(scratch, size, n, out);
-    case DType::kI64:
-      return SumInRankOrder<int64_t>(scratch, size, n, out);
-    default:
-      SLUICE_CHECK(false, "all_reduce_sum of {}", Name(dtype));
-  }
-}
-
 }  // namespace
 
 // ---- MpiCommunicator ----------------------------------------------------------------------------
@@ -603,7 +578,9 @@ void MpiCommunicator::DoAllReduceSum(const Tensor& tensor, milliseconds timeout)
             fmt::format("rank {}: {}: MPI_Iallgather", s.rank, what));
     }
     s.WaitCollective(op, what, deadline, timeout);
-    SumInRankOrder(tensor.dtype(), op->scratch.data(), s.size, n, base + begin * elem);
+    std::vector<const void*> contributions;  // rank r's at r·n elements into the scratch buffer
+    for (int r = 0; r < s.size; ++r) contributions.push_back(op->scratch.data() + r * n * elem);
+    SumInRankOrder(tensor.dtype(), contributions, n, base + begin * elem);
   }
 }
 

@@ -1,18 +1,13 @@
 #include "sluice/core/memory_stats.h"
 
 #include <algorithm>
-#include <chrono>
+
+#include "sluice/core/clock.h"
 
 namespace sluice {
 
 namespace {
 thread_local const char* current_tag = "";
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 }  // namespace
 
 ScopedMemoryTag::ScopedMemoryTag(const char* tag) : previous_(current_tag) { current_tag = tag; }

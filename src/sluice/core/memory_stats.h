@@ -1,10 +1,18 @@
-// Memory statistics kept by every allocator instance (one per pipeline stage later).
+// Memory statistics kept by every allocator instance (each pipeline stage has its own), and the
+// two kinds of points a memory timeline is made of.
 //
 // "Allocated" counts the bytes callers requested (the sum of live requests), so that it can be
 // compared exactly with a program's liveness lower bound. "Reserved" counts the bytes held from the
-// operating system (chunks of a caching allocator, mapped pages of the system allocator).
+// operating system (chunks of a caching allocator, mapped pages of the system allocator); it is at
+// least the allocated bytes, and a caching allocator keeps it after frees.
 //
-// MemoryStatsRecorder is not synchronized: the owning allocator calls it under its own lock.
+//   MemoryEvent   one allocation or free as the allocator saw it (MemoryStatsRecorder's optional
+//                 timeline: every event, tagged by ScopedMemoryTag).
+//   MemorySample  the allocated bytes read from Allocator::Stats() at a moment a runner chose
+//                 (exec/run_trace.h: after an instruction's outputs were allocated, after a free).
+//
+// Thread-safety: MemoryStatsRecorder is not synchronized: the owning allocator calls it under its
+// own lock. ScopedMemoryTag is per thread.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +36,14 @@ struct MemoryEvent {
   int64_t time_ns;          // steady-clock nanoseconds since the recorder was created
   int64_t delta_bytes;      // +requested on allocation, -requested on free
   int64_t allocated_bytes;  // allocated_bytes after the event
-  const char* tag;          // the thread's current MemoryTag (static string), or "" if none
+  const char* tag;          // the innermost ScopedMemoryTag of the thread, or "" if none
+};
+
+// Allocated bytes at one moment. The time's origin is the owner's to state (a run's start for
+// exec/run_trace.h); the clock is always core/clock.h's NowNs.
+struct MemorySample {
+  int64_t time_ns = 0;
+  int64_t allocated_bytes = 0;
 };
 
 // Sets the tag recorded with timeline events made by this thread while the object lives.
@@ -58,7 +73,7 @@ class MemoryStatsRecorder {
   const MemoryStats& stats() const { return stats_; }
   void ResetPeak();
 
-  // Timeline recording is off by default; turning it on clears earlier events.
+  // Timeline recording is off by default. Either call clears the events recorded so far.
   void EnableTimeline(bool on);
   const std::vector<MemoryEvent>& timeline() const { return timeline_; }
 

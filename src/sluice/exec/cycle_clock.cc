@@ -1,7 +1,5 @@
 #include "sluice/exec/cycle_clock.h"
 
-#include <chrono>
-
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -20,19 +18,17 @@ bool InvariantTsc() {
 #endif
 }
 
-// Ticks per steady-clock nanosecond over a ~2 ms busy wait.
+// Steady-clock nanoseconds per tick, measured over a ~2 ms busy wait.
 double CalibrateNsPerTick() {
   if (!CycleClock::UsesTsc()) return 1.0;
-  using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
+  const int64_t t0 = NowNs();
   const int64_t c0 = CycleClock::Now();
-  Clock::time_point t1;
+  int64_t t1;
   do {
-    t1 = Clock::now();
-  } while (t1 - t0 < std::chrono::milliseconds(2));
+    t1 = NowNs();
+  } while (t1 - t0 < 2'000'000);
   const int64_t c1 = CycleClock::Now();
-  const double ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-  return c1 > c0 ? ns / static_cast<double>(c1 - c0) : 1.0;
+  return c1 > c0 ? static_cast<double>(t1 - t0) / static_cast<double>(c1 - c0) : 1.0;
 }
 
 }  // namespace
@@ -45,12 +41,6 @@ bool CycleClock::UsesTsc() {
 double CycleClock::NsPerTick() {
   static const double ns_per_tick = CalibrateNsPerTick();
   return ns_per_tick;
-}
-
-int64_t CycleClock::SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 }  // namespace sluice

@@ -5,10 +5,10 @@
 // the cost of a small instruction; the CPU's time-stamp counter costs about 15 ns. CycleClock reads
 // the counter (rdtsc) when the CPU says it ticks at a constant rate in every power state
 // (invariant TSC, CPUID 0x80000007 EDX bit 8), converting ticks with a rate calibrated once against
-// steady_clock (about 2 ms, on first use); elsewhere it reads steady_clock and a tick is 1 ns.
+// steady_clock (about 2 ms, on first use); elsewhere it reads NowNs (core/clock.h) and a tick is
+// 1 ns.
 //
-// Use it for durations on one thread; for timestamps shared across threads (traces) use
-// steady_clock.
+// Use it for durations on one thread; for timestamps shared across threads (traces) use NowNs.
 // Thread-safety: all functions may be called from any thread (calibration is a thread-safe static).
 //
 // Example:
@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "sluice/core/clock.h"
 
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -32,16 +34,13 @@ class CycleClock {
 #if defined(__x86_64__)
     if (UsesTsc()) return static_cast<int64_t>(__rdtsc());
 #endif
-    return SteadyNs();
+    return NowNs();
   }
   // Nanoseconds in `ticks`.
   static int64_t ToNs(int64_t ticks) { return static_cast<int64_t>(static_cast<double>(ticks) * NsPerTick()); }
   static double NsPerTick();
   // Whether Now() reads the time-stamp counter.
   static bool UsesTsc();
-
- private:
-  static int64_t SteadyNs();
 };
 
 }  // namespace sluice

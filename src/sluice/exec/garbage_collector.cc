@@ -1,20 +1,13 @@
 #include "sluice/exec/garbage_collector.h"
 
-#include <chrono>
-
 #include <fmt/format.h>
 
+#include "sluice/core/clock.h"
 #include "sluice/core/error.h"
 
 namespace sluice {
 
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 const AsyncGcOptions& Validated(const AsyncGcOptions& options) {
   if (options.queue_batches == 0) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,8 +11,9 @@
 
 #include <fmt/format.h>
 
-#include "sluice/exec/ready_queue.h"
+#include "sluice/core/clock.h"
 #include "sluice/exec/cycle_clock.h"
+#include "sluice/exec/ready_queue.h"
 #include "sluice/exec/reference_runner.h"
 #include "sluice/exec/thread_pool.h"
 #include "sluice/ir/verifier.h"
@@ -21,12 +21,6 @@
 namespace sluice {
 
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Drops one reference to a tensor's storage (the handle DetachStorage returns dies at once),
 // leaving the tensor undefined. Cheaper than assigning Tensor(), which rewrites the whole shape.

@@ -1,7 +1,7 @@
 // RunTrace: what happened during one run, thread by thread, for timelines (io/chrome_trace.h
 // turns it into a Chrome/Perfetto trace). Filled by Executable::Run when given one.
 //
-// Times are nanoseconds since origin_ns (a steady-clock reading taken when the run started).
+// Times are nanoseconds since origin_ns (a core/clock.h NowNs reading taken when the run started).
 // threads[0 .. executors-1] are the executing threads ("executor 0" is the caller); with async GC
 // the last entry is the GC worker. Memory samples are the executable allocator's allocated bytes
 // after an instruction's outputs were allocated, after a release, and (worker) after each batch.
@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "sluice/core/memory_stats.h"
 
 namespace sluice {
 
@@ -29,11 +31,6 @@ struct GcSpan {
   int64_t bytes = 0;
   int64_t begin_ns = 0;
   int64_t end_ns = 0;
-};
-
-struct MemorySample {
-  int64_t time_ns = 0;
-  int64_t allocated_bytes = 0;
 };
 
 struct ThreadTrace {

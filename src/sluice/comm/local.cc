@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <compare>
 #include <cstddef>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +14,8 @@
 #include <fmt/format.h>
 
 #include "sluice/comm/rank_order_sum.h"
+#include "sluice/core/mutex.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 namespace {
@@ -31,18 +31,20 @@ enum class Phase {
 };
 
 // One posted send or receive. The identity fields are immutable. `tensor`, `phase`, `handed_over`
-// and `error` are guarded by Shared::mu, with one protocol exception: while a pair is kCopying, the
+// and `error` are guarded by the world's mutex (LocalWorldShared::mu, which `world_mu` names so
+// that the analysis can check it), with one protocol exception: while a pair is kCopying, the
 // thread that matched it reads the send's tensor and writes the elements of the receive's tensor
-// without the lock; nobody else touches those two tensors in that phase (Abort only fails kPosted
-// operations, Wait and Test only look at `phase` until kCompleted).
+// without the lock (CopyMatchedPair); nobody else touches those two tensors in that phase (Abort
+// only fails kPosted operations, Wait and Test only look at `phase` until kCompleted).
 struct Op {
-  Op(bool is_send, int rank, int peer, int tag, Tensor tensor)
+  Op(Mutex& world_mu, bool is_send, int rank, int peer, int tag, Tensor tensor)
       : is_send(is_send),
         rank(rank),
         peer(peer),
         tag(tag),
         dtype(tensor.dtype()),
         shape(tensor.shape()),
+        world_mu(world_mu),
         tensor(std::move(tensor)) {}
 
   // "rank 0: send f32[2, 3] to rank 1 (tag 5)" or "rank 1: receive f32[2, 3] from rank 0 (tag 5)".
@@ -50,7 +52,9 @@ struct Op {
     return fmt::format("rank {}: {} {} {} rank {} (tag {})", rank, is_send ? "send" : "receive",
                        DescribeTensor(dtype, shape), is_send ? "to" : "from", peer, tag);
   }
-  bool finished() const { return phase == Phase::kCompleted || phase == Phase::kFailed; }
+  bool finished() const REQUIRES(world_mu) {
+    return phase == Phase::kCompleted || phase == Phase::kFailed;
+  }
 
   const bool is_send;
   const int rank;  // the rank that posted it
@@ -58,11 +62,21 @@ struct Op {
   const int tag;
   const DType dtype;  // sent, or expected by the receive
   const Shape shape;
-  Tensor tensor;  // send: the source, held until no longer read; receive: the destination
-  Phase phase = Phase::kPosted;
-  bool handed_over = false;  // receive: Wait has returned the tensor
-  std::exception_ptr error;  // when kFailed
+  Mutex& world_mu;  // the world's LocalWorldShared::mu
+  // send: the source, held until no longer read; receive: the destination
+  Tensor tensor GUARDED_BY(world_mu);
+  Phase phase GUARDED_BY(world_mu) = Phase::kPosted;
+  bool handed_over GUARDED_BY(world_mu) = false;  // receive: Wait has returned the tensor
+  std::exception_ptr error GUARDED_BY(world_mu);  // when kFailed
 };
+
+// The protocol exception of Op: the thread that matched a pair copies the send's elements into the
+// receive's tensor, then drops its reference to the send's storage (which may free it, on this
+// thread), without the lock — both are kCopying, so no other thread touches their tensors.
+void CopyMatchedPair(Op& send, Op& recv) NO_THREAD_SAFETY_ANALYSIS {
+  recv.tensor.CopyFrom(send.tensor);
+  send.tensor = Tensor();
+}
 
 // Unmatched operations between one sender and one receiver with one tag. At most one of the two
 // queues is non-empty: a new operation first matches the oldest one of the other kind.
@@ -77,51 +91,60 @@ struct Channel {
   std::deque<std::shared_ptr<Op>> recvs;
 };
 
-// The state the ranks of one world share.
+// The state the ranks of one world share. Every method but the constructor takes mu itself or, as
+// declared, requires it.
 struct LocalWorldShared {
   LocalWorldShared(int size, milliseconds timeout)
       : size(size), timeout(timeout), present(size, false), operands(size) {}
 
-  void Post(const std::shared_ptr<Op>& op);
-  Tensor Wait(Op& op, milliseconds timeout);
-  bool Test(Op& op);
-  RequestState State(const Op& op);
-  void Abort(int rank, std::string_view reason) noexcept;
-  void Barrier(int rank, milliseconds timeout);
-  void AllReduceSum(int rank, const Tensor& tensor, milliseconds timeout);
+  void Post(const std::shared_ptr<Op>& op) EXCLUDES(mu);
+  Tensor Wait(Op& op, milliseconds timeout) EXCLUDES(mu);
+  bool Test(Op& op) EXCLUDES(mu);
+  RequestState State(const Op& op) EXCLUDES(mu);
+  void Abort(int rank, std::string_view reason) noexcept EXCLUDES(mu);
+  void Barrier(int rank, milliseconds timeout) EXCLUDES(mu);
+  void AllReduceSum(int rank, const Tensor& tensor, milliseconds timeout) EXCLUDES(mu);
 
   const int size;
   const milliseconds timeout;  // the default of every rank
 
-  std::mutex mu;
+  Mutex mu;
   // Notified (all waiters) when an operation finishes, a rendezvous completes, or the world aborts.
-  std::condition_variable cv;
+  CondVar cv;
 
-  std::map<ChannelKey, Channel> channels;  // GUARDED_BY(mu); a channel left empty is erased
+  std::map<ChannelKey, Channel> channels GUARDED_BY(mu);  // a channel left empty is erased
 
-  bool aborted = false;      // GUARDED_BY(mu); set once, never cleared
-  int abort_rank = -1;       // GUARDED_BY(mu)
-  std::string abort_reason;  // GUARDED_BY(mu)
+  bool aborted GUARDED_BY(mu) = false;  // set once, never cleared
+  int abort_rank GUARDED_BY(mu) = -1;
+  std::string abort_reason GUARDED_BY(mu);
 
   // Collective rendezvous.
-  uint64_t round = 0;            // GUARDED_BY(mu): rendezvous completed so far
-  int arrived = 0;               // GUARDED_BY(mu): ranks waiting in the current one
-  std::string signature;         // GUARDED_BY(mu): what its first arriver called
-  int signature_rank = -1;       // GUARDED_BY(mu): who that was
-  std::vector<bool> present;     // GUARDED_BY(mu): per rank, waiting in the current one
-  std::vector<Tensor> operands;  // GUARDED_BY(mu): per rank, its all-reduce tensor meanwhile
+  uint64_t round GUARDED_BY(mu) = 0;            // rendezvous completed so far
+  int arrived GUARDED_BY(mu) = 0;               // ranks waiting in the current one
+  std::string signature GUARDED_BY(mu);         // what its first arriver called
+  int signature_rank GUARDED_BY(mu) = -1;       // who that was
+  std::vector<bool> present GUARDED_BY(mu);     // per rank, waiting in the current one
+  std::vector<Tensor> operands GUARDED_BY(mu);  // per rank, its all-reduce tensor meanwhile
 
  private:
-  // All of these require mu.
-  CommAborted AbortedError(const std::string& context) const;
-  void Fail(Op& op, std::exception_ptr error);
-  void AbortLocked(int rank, std::string_view reason);
-  std::string TimeoutMessage(const Op& op, milliseconds timeout) const;
+  // Tells the analysis what it cannot see: `op` was posted to this world, so its guard
+  // (op.world_mu) is mu, which the caller holds. Call it at the top of a function that holds mu
+  // throughout, never in one that drops mu and then touches `op`.
+  void AssertOwns(const Op& op) const REQUIRES(mu) ASSERT_CAPABILITY(op.world_mu);
+  // Queues `op` on its channel, or takes the oldest operation of the other kind there. Returns
+  // that partner when the pair's elements are now to be copied (both kCopying), nullptr when `op`
+  // was queued or the pair failed (both kFailed: dtype or shape mismatch).
+  std::shared_ptr<Op> Match(const std::shared_ptr<Op>& op) REQUIRES(mu);
+  void Complete(Op& send, Op& recv) REQUIRES(mu);
+  CommAborted AbortedError(const std::string& context) const REQUIRES(mu);
+  void Fail(Op& op, std::exception_ptr error) REQUIRES(mu);
+  void AbortLocked(int rank, std::string_view reason) REQUIRES(mu);
+  std::string TimeoutMessage(const Op& op, milliseconds timeout) const REQUIRES(mu);
   // Returns once every rank has arrived at the current rendezvous. `interruptible`: check that
   // every rank called the same collective (`what`), honour abort and the deadline; a timeout aborts
   // the world. Otherwise wait unconditionally (the rest of a collective that every rank entered).
-  void Rendezvous(std::unique_lock<std::mutex>& lock, int rank, const std::string& what,
-                  bool interruptible, Clock::time_point deadline, milliseconds timeout);
+  void Rendezvous(int rank, const std::string& what, bool interruptible, Clock::time_point deadline,
+                  milliseconds timeout) REQUIRES(mu);
 };
 
 // Tags of the unmatched operations of one kind between `src` and `dst`, for timeout hints.
@@ -135,66 +158,82 @@ std::string PendingTags(const std::map<ChannelKey, Channel>& channels, int src, 
   return fmt::format("{}", fmt::join(tags, ", "));
 }
 
+void LocalWorldShared::AssertOwns(const Op& op) const {
+  SLUICE_CHECK(&op.world_mu == &mu, "{} is not an operation of this world", op.Describe());
+}
+
 CommAborted LocalWorldShared::AbortedError(const std::string& context) const {
   return CommAborted(fmt::format("{}: rank {} aborted: {}", context, abort_rank, abort_reason),
                      abort_rank, abort_reason);
 }
 
 void LocalWorldShared::Fail(Op& op, std::exception_ptr error) {
+  AssertOwns(op);
   op.phase = Phase::kFailed;
   op.error = std::move(error);
   op.tensor =
       Tensor();  // a failed operation holds no memory (freed here: Abort and mismatch are rare)
 }
 
+std::shared_ptr<Op> LocalWorldShared::Match(const std::shared_ptr<Op>& op) {
+  if (aborted) throw AbortedError(op->Describe() + " refused");
+  const ChannelKey key = op->is_send ? ChannelKey{op->rank, op->peer, op->tag}
+                                     : ChannelKey{op->peer, op->rank, op->tag};
+  auto it = channels.try_emplace(key).first;
+  Channel& channel = it->second;
+  auto& others = op->is_send ? channel.recvs : channel.sends;
+  if (others.empty()) {
+    (op->is_send ? channel.sends : channel.recvs).push_back(op);
+    return nullptr;
+  }
+  std::shared_ptr<Op> partner = std::move(others.front());
+  others.pop_front();
+  if (channel.sends.empty() && channel.recvs.empty()) channels.erase(it);
+
+  Op& send = op->is_send ? *op : *partner;
+  Op& recv = op->is_send ? *partner : *op;
+  AssertOwns(send);
+  AssertOwns(recv);
+  if (send.dtype != recv.dtype || send.shape != recv.shape) {
+    const std::string what =
+        fmt::format("rank {} sent {} with tag {} but rank {} expects {}", send.rank,
+                    DescribeTensor(send.dtype, send.shape), send.tag, recv.rank,
+                    DescribeTensor(recv.dtype, recv.shape));
+    Fail(send, std::make_exception_ptr(CommError(send.Describe() + " failed: " + what)));
+    Fail(recv, std::make_exception_ptr(CommError(recv.Describe() + " failed: " + what)));
+    cv.NotifyAll();
+    return nullptr;
+  }
+  send.phase = recv.phase = Phase::kCopying;
+  return partner;
+}
+
+void LocalWorldShared::Complete(Op& send, Op& recv) {
+  AssertOwns(send);
+  AssertOwns(recv);
+  send.phase = recv.phase = Phase::kCompleted;
+}
+
 void LocalWorldShared::Post(const std::shared_ptr<Op>& op) {
   std::shared_ptr<Op> partner;
   {
-    std::lock_guard lock(mu);
-    if (aborted) throw AbortedError(op->Describe() + " refused");
-    const ChannelKey key = op->is_send ? ChannelKey{op->rank, op->peer, op->tag}
-                                       : ChannelKey{op->peer, op->rank, op->tag};
-    auto it = channels.try_emplace(key).first;
-    Channel& channel = it->second;
-    auto& others = op->is_send ? channel.recvs : channel.sends;
-    if (others.empty()) {
-      (op->is_send ? channel.sends : channel.recvs).push_back(op);
-      return;
-    }
-    partner = std::move(others.front());
-    others.pop_front();
-    if (channel.sends.empty() && channel.recvs.empty()) channels.erase(it);
-
-    Op& send = op->is_send ? *op : *partner;
-    Op& recv = op->is_send ? *partner : *op;
-    if (send.dtype != recv.dtype || send.shape != recv.shape) {
-      const std::string what =
-          fmt::format("rank {} sent {} with tag {} but rank {} expects {}", send.rank,
-                      DescribeTensor(send.dtype, send.shape), send.tag, recv.rank,
-                      DescribeTensor(recv.dtype, recv.shape));
-      Fail(send, std::make_exception_ptr(CommError(send.Describe() + " failed: " + what)));
-      Fail(recv, std::make_exception_ptr(CommError(recv.Describe() + " failed: " + what)));
-      cv.notify_all();
-      return;
-    }
-    send.phase = recv.phase = Phase::kCopying;
+    MutexLock lock(&mu);
+    partner = Match(op);
   }
-
+  if (partner == nullptr) return;
   // Outside the lock: only this thread touches the pair's tensors while they are kCopying.
   Op& send = op->is_send ? *op : *partner;
   Op& recv = op->is_send ? *partner : *op;
-  recv.tensor.CopyFrom(send.tensor);
-  // Drop the reference before completing, so that a completed send holds no memory of the sender's
-  // (this may free it, on this thread).
-  send.tensor = Tensor();
+  CopyMatchedPair(send, recv);
   {
-    std::lock_guard lock(mu);
-    send.phase = recv.phase = Phase::kCompleted;
+    MutexLock lock(&mu);
+    Complete(send, recv);
   }
-  cv.notify_all();
+  cv.NotifyAll();
 }
 
 std::string LocalWorldShared::TimeoutMessage(const Op& op, milliseconds timeout) const {
+  AssertOwns(op);
   std::string message =
       fmt::format("{} did not complete within {} ms: ", op.Describe(), timeout.count());
   if (op.phase == Phase::kCopying) return message + "its data was still being copied";
@@ -226,10 +265,12 @@ std::string LocalWorldShared::TimeoutMessage(const Op& op, milliseconds timeout)
 }
 
 Tensor LocalWorldShared::Wait(Op& op, milliseconds timeout) {
-  std::unique_lock lock(mu);
-  if (!cv.wait_for(lock, timeout, [&] { return op.finished(); })) {
-    throw CommTimeout(TimeoutMessage(op, timeout));
+  MutexLock lock(&mu);
+  AssertOwns(op);
+  const auto deadline = Clock::now() + timeout;
+  while (!op.finished() && cv.WaitUntil(&mu, deadline)) {
   }
+  if (!op.finished()) throw CommTimeout(TimeoutMessage(op, timeout));
   if (op.phase == Phase::kFailed) std::rethrow_exception(op.error);
   if (op.is_send) return Tensor();
   if (op.handed_over) {
@@ -240,13 +281,15 @@ Tensor LocalWorldShared::Wait(Op& op, milliseconds timeout) {
 }
 
 bool LocalWorldShared::Test(Op& op) {
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
+  AssertOwns(op);
   if (op.phase == Phase::kFailed) std::rethrow_exception(op.error);
   return op.phase == Phase::kCompleted;
 }
 
 RequestState LocalWorldShared::State(const Op& op) {
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
+  AssertOwns(op);
   switch (op.phase) {
     case Phase::kPosted:
     case Phase::kCopying:
@@ -272,16 +315,15 @@ void LocalWorldShared::AbortLocked(int rank, std::string_view reason) {
     }
   }
   channels.clear();
-  cv.notify_all();
+  cv.NotifyAll();
 }
 
 void LocalWorldShared::Abort(int rank, std::string_view reason) noexcept {
-  std::lock_guard lock(mu);
+  MutexLock lock(&mu);
   AbortLocked(rank, reason);
 }
 
-void LocalWorldShared::Rendezvous(std::unique_lock<std::mutex>& lock, int rank,
-                                  const std::string& what, bool interruptible,
+void LocalWorldShared::Rendezvous(int rank, const std::string& what, bool interruptible,
                                   Clock::time_point deadline, milliseconds timeout) {
   if (interruptible) {
     if (aborted) throw AbortedError(fmt::format("rank {}: {} refused", rank, what));
@@ -302,18 +344,17 @@ void LocalWorldShared::Rendezvous(std::unique_lock<std::mutex>& lock, int rank,
     arrived = 0;
     ++round;
     std::fill(present.begin(), present.end(), false);
-    cv.notify_all();
+    cv.NotifyAll();
     return;
   }
-  const auto done = [&] { return round != my_round; };
   if (!interruptible) {
-    cv.wait(lock, done);
+    while (round == my_round) cv.Wait(&mu);
     return;
   }
-  if (cv.wait_until(lock, deadline, [&] { return done() || aborted; })) {
-    if (done()) return;
-    throw AbortedError(fmt::format("rank {}: {} failed", rank, what));
+  while (round == my_round && !aborted && cv.WaitUntil(&mu, deadline)) {
   }
+  if (round != my_round) return;
+  if (aborted) throw AbortedError(fmt::format("rank {}: {} failed", rank, what));
   std::vector<int> missing;
   for (int r = 0; r < size; ++r) {
     if (!present[r]) missing.push_back(r);
@@ -327,8 +368,8 @@ void LocalWorldShared::Rendezvous(std::unique_lock<std::mutex>& lock, int rank,
 
 void LocalWorldShared::Barrier(int rank, milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
-  std::unique_lock lock(mu);
-  Rendezvous(lock, rank, "barrier", /*interruptible=*/true, deadline, timeout);
+  MutexLock lock(&mu);
+  Rendezvous(rank, "barrier", /*interruptible=*/true, deadline, timeout);
 }
 
 void LocalWorldShared::AllReduceSum(int rank, const Tensor& tensor, milliseconds timeout) {
@@ -336,10 +377,10 @@ void LocalWorldShared::AllReduceSum(int rank, const Tensor& tensor, milliseconds
   const std::string what = "all_reduce_sum of " + DescribeTensor(tensor.dtype(), tensor.shape());
   std::vector<Tensor> all;  // every rank's tensor, in rank order
   {
-    std::unique_lock lock(mu);
+    MutexLock lock(&mu);
     operands[rank] = tensor;
     try {
-      Rendezvous(lock, rank, what, /*interruptible=*/true, deadline, timeout);
+      Rendezvous(rank, what, /*interruptible=*/true, deadline, timeout);
     } catch (...) {
       operands[rank] = Tensor();
       throw;
@@ -351,12 +392,14 @@ void LocalWorldShared::AllReduceSum(int rank, const Tensor& tensor, milliseconds
   const auto begin = [&](int r) { return n * r / size; };
   const int64_t offset = begin(rank) * static_cast<int64_t>(SizeOf(tensor.dtype()));
   std::vector<const void*> slices;
-  for (const Tensor& t : all) slices.push_back(static_cast<const std::byte*>(t.raw_data()) + offset);
+  for (const Tensor& t : all) {
+    slices.push_back(static_cast<const std::byte*>(t.raw_data()) + offset);
+  }
   SumInRankOrder(tensor.dtype(), slices, begin(rank + 1) - begin(rank),
                  static_cast<std::byte*>(tensor.raw_data()) + offset);
   {
-    std::unique_lock lock(mu);
-    Rendezvous(lock, rank, what, /*interruptible=*/false, deadline, timeout);
+    MutexLock lock(&mu);
+    Rendezvous(rank, what, /*interruptible=*/false, deadline, timeout);
   }
   // All-gather: every other rank's reduced slice into this rank's tensor.
   const size_t elem = SizeOf(tensor.dtype());
@@ -367,8 +410,8 @@ void LocalWorldShared::AllReduceSum(int rank, const Tensor& tensor, milliseconds
                 (begin(r + 1) - begin(r)) * elem);
   }
   {
-    std::unique_lock lock(mu);
-    Rendezvous(lock, rank, what, /*interruptible=*/false, deadline, timeout);
+    MutexLock lock(&mu);
+    Rendezvous(rank, what, /*interruptible=*/false, deadline, timeout);
     operands[rank] = Tensor();
   }
 }
@@ -400,12 +443,13 @@ class LocalCommunicator final : public Communicator {
 
  protected:
   Request DoIsend(const Tensor& tensor, int peer, int tag) override {
-    return Start(std::make_shared<Op>(/*is_send=*/true, rank_, peer, tag, tensor));
+    return Start(std::make_shared<Op>(shared_->mu, /*is_send=*/true, rank_, peer, tag, tensor));
   }
   Request DoIrecv(int peer, int tag, DType dtype, const Shape& shape,
                   Allocator& allocator) override {
     Tensor destination = Tensor::Empty(shape, dtype, allocator);
-    return Start(std::make_shared<Op>(/*is_send=*/false, rank_, peer, tag, std::move(destination)));
+    return Start(std::make_shared<Op>(shared_->mu, /*is_send=*/false, rank_, peer, tag,
+                                      std::move(destination)));
   }
   void DoBarrier(milliseconds timeout) override { shared_->Barrier(rank_, timeout); }
   void DoAllReduceSum(const Tensor& tensor, milliseconds timeout) override {

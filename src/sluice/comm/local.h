@@ -31,8 +31,9 @@
 // given to Isend, must outlive the world and its Requests. Join the rank threads before destroying
 // the world.
 //
-// Thread-safety: as in communicator.h. One mutex guards all shared state (the fields in local.cc
-// say which); copies and additions run outside it.
+// Thread-safety: as in communicator.h. One mutex of the world guards all shared state (the fields
+// in local.cc say GUARDED_BY, and clang checks it); copies and additions run outside it, the copy
+// of a matched pair under the protocol that local.cc's Op describes.
 //
 // Example:
 //   LocalWorld world(2, {.timeout = std::chrono::seconds(10)});

@@ -20,6 +20,8 @@
 #include <fmt/format.h>
 
 #include "sluice/comm/rank_order_sum.h"
+#include "sluice/core/mutex.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 
@@ -31,6 +33,9 @@ namespace {
 // Set once by MpiWorld's constructor, before any other sluice MPI call: true when the library gave
 // less than MPI_THREAD_MULTIPLE, so that every MPI call must hold g_mpi_mu.
 std::atomic<bool> g_serialize{false};
+// A plain std::mutex, not an annotated sluice::Mutex: it guards calls into the MPI library rather
+// than fields, and is taken only when g_serialize is set — a conditional lock around code, which
+// the analysis has nothing to check on. MpiCall is its only user.
 std::mutex g_mpi_mu;
 
 // Holds the process-wide MPI mutex for one MPI call when calls must be serialized.
@@ -283,6 +288,9 @@ class CollectiveOp final : public InFlight {
 
 // ---- Shared communicator state ------------------------------------------------------------------
 
+// What a communicator shares with its Requests, which may live on other threads. The MPI
+// communicators, rank, size and timeout are fixed at construction; `mu` guards the rest (the
+// fields say GUARDED_BY).
 struct MpiCommShared {
   // Duplicates `parent` into the three private communicators. Collective over `parent`.
   MpiCommShared(MPI_Comm parent, milliseconds timeout) : timeout(timeout) {
@@ -299,11 +307,11 @@ struct MpiCommShared {
     if (MpiFinalized()) return;  // a precondition was broken; nothing can be done safely
     const auto deadline = Clock::now() + timeout;
     PollUntil(deadline, [&] {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       SweepLocked();
       return orphans.empty();
     });
-    std::lock_guard lock(mu);
+    MutexLock lock(&mu);
     if (!orphans.empty()) {
       std::fprintf(stderr,
                    "sluice: rank %d: %zu MPI operation(s) whose Request was dropped did not "
@@ -319,27 +327,28 @@ struct MpiCommShared {
   }
 
   // Tests every orphaned operation once and forgets those that finished.
-  void Sweep() {
-    std::lock_guard lock(mu);
+  void Sweep() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     SweepLocked();
   }
-  void SweepLocked() {
+  void SweepLocked() REQUIRES(mu) {
     std::erase_if(orphans, [](const std::shared_ptr<InFlight>& op) { return op->Progress(); });
   }
-  void Adopt(std::shared_ptr<InFlight> op) {
-    std::lock_guard lock(mu);
+  // Keeps `op` (pending, its Request dropped) until a later Sweep sees it finish.
+  void Adopt(std::shared_ptr<InFlight> op) EXCLUDES(mu) {
+    MutexLock lock(&mu);
     orphans.push_back(std::move(op));
   }
 
   // Throws CommAborted if a collective timed out on this communicator.
-  void CheckAborted(std::string_view context) {
-    std::lock_guard lock(mu);
+  void CheckAborted(std::string_view context) EXCLUDES(mu) {
+    MutexLock lock(&mu);
     if (!aborted) return;
     throw CommAborted(fmt::format("{}: rank {} aborted: {}", context, rank, abort_reason), rank,
                       abort_reason);
   }
-  void AbortLocally(const std::string& reason) {
-    std::lock_guard lock(mu);
+  void AbortLocally(const std::string& reason) EXCLUDES(mu) {
+    MutexLock lock(&mu);
     if (aborted) return;
     aborted = true;
     abort_reason = reason;
@@ -399,10 +408,10 @@ struct MpiCommShared {
   int size = 0;
   const milliseconds timeout;
 
-  std::mutex mu;
-  std::vector<std::shared_ptr<InFlight>> orphans;  // GUARDED_BY(mu): dropped while pending
-  bool aborted = false;                            // GUARDED_BY(mu): set once, never cleared
-  std::string abort_reason;                        // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<std::shared_ptr<InFlight>> orphans GUARDED_BY(mu);  // Requests dropped while pending
+  bool aborted GUARDED_BY(mu) = false;                            // set once, never cleared
+  std::string abort_reason GUARDED_BY(mu);
 };
 
 namespace {

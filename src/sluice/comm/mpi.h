@@ -63,7 +63,9 @@
 //
 // Thread-safety: as in communicator.h. MpiWorld asks for MPI_THREAD_MULTIPLE; if the library
 // provides less, every MPI call of sluice is serialized by one process-wide mutex (never held
-// while sleeping). Construct one MpiWorld per process, on the main thread.
+// while sleeping). A communicator's state shared with its Requests (dropped operations, the local
+// abort) is guarded by one mutex per communicator (GUARDED_BY in mpi.cc, checked by clang).
+// Construct one MpiWorld per process, on the main thread.
 //
 // Launch (see docs/mpi.md):
 //   mpirun -np 2 ./my_program           # as root: add --allow-run-as-root

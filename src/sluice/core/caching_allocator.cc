@@ -329,7 +329,7 @@ CachingAllocator::Pool& CachingAllocator::PoolFor(size_t rounded) {
 void* CachingAllocator::Allocate(size_t bytes) {
   ValidateAllocationSize(bytes, name());
   const size_t rounded = RoundUp(bytes, kRound);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Everything that could allocate happens first, so a failure leaves no half-made change.
   arena_->Reserve(2);
   live_->ReserveOneMore();
@@ -351,7 +351,7 @@ void* CachingAllocator::Allocate(size_t bytes) {
 CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded, size_t requested) {
   const size_t chunk_size =
       pool.small_pool() ? options_.chunk_bytes : RoundUp(rounded, options_.chunk_bytes);
-  const auto over_budget = [&] {
+  const auto over_budget = [&]() REQUIRES(mu_) {
     return options_.max_reserved_bytes != 0 &&
            static_cast<size_t>(recorder_.stats().reserved_bytes) + chunk_size >
                options_.max_reserved_bytes;
@@ -404,7 +404,7 @@ void CachingAllocator::Split(Pool& pool, Block* block, size_t rounded) {
 }
 
 void CachingAllocator::Deallocate(void* ptr, size_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Block* block = live_->Find(ptr);
   SLUICE_CHECK(block != nullptr,
                "caching allocator: Deallocate({}, {} bytes) of a pointer it does not own (never "
@@ -473,7 +473,7 @@ void CachingAllocator::UnmapChunks(const std::vector<Chunk*>& chunks) {
 size_t CachingAllocator::ReleaseCached() {
   std::vector<Chunk*> detached;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     detached = DetachFreeChunks();
   }
   size_t bytes = 0;
@@ -483,37 +483,37 @@ size_t CachingAllocator::ReleaseCached() {
 }
 
 MemoryStats CachingAllocator::Stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return recorder_.stats();
 }
 
 void CachingAllocator::ResetPeak() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   recorder_.ResetPeak();
 }
 
 void CachingAllocator::EnableTimeline(bool on) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   recorder_.EnableTimeline(on);
 }
 
 std::vector<MemoryEvent> CachingAllocator::Timeline() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return recorder_.timeline();
 }
 
 size_t CachingAllocator::NumChunks() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return num_chunks_;
 }
 
 size_t CachingAllocator::NumFreeBlocks() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return small_pool_->num_free_blocks() + large_pool_->num_free_blocks();
 }
 
 CachingAllocatorSnapshot CachingAllocator::Snapshot() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   CachingAllocatorSnapshot snapshot;
   for (const Chunk* c = chunks_; c != nullptr; c = c->next) {
     auto& chunk = snapshot.chunks.emplace_back();
@@ -529,7 +529,7 @@ CachingAllocatorSnapshot CachingAllocator::Snapshot() const {
 }
 
 void CachingAllocator::CheckInvariants() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   int64_t reserved = 0;
   int64_t requested = 0;
   size_t num_chunks = 0;

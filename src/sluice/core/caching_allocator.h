@@ -32,9 +32,10 @@
 // Statistics: allocated_bytes is the exact sum of the live requests (not rounded); reserved_bytes
 // is the sum of the mapped chunks. num_os_allocs / num_os_frees count chunk maps and unmaps.
 //
-// Thread-safety: all methods may be called from any thread at the same time (one mutex guards all
-// state; see the fields). mmap runs under the lock (growth is rare and mapping without touching
-// is cheap); ReleaseCached() unmaps outside it, the out-of-memory retry in Allocate under it.
+// Thread-safety: all methods may be called from any thread at the same time. One mutex, mu_, guards
+// all mutable state (the fields say GUARDED_BY(mu_), the helpers that need it REQUIRES(mu_); clang
+// checks both). mmap runs under the lock (growth is rare and mapping without touching is cheap);
+// ReleaseCached() unmaps outside it, the out-of-memory retry in Allocate under it.
 //
 // Invariants (checked by CheckInvariants()):
 //   * the blocks of a chunk tile it with no gap or overlap, and no two free blocks are adjacent;
@@ -58,11 +59,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <vector>
 
 #include "sluice/core/allocator.h"
+#include "sluice/core/mutex.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 
@@ -133,24 +135,24 @@ class CachingAllocator final : public Allocator {
   class BlockMap;    // pointer -> allocated Block, open addressing
   class BlockArena;  // pooled storage for Block descriptors
 
-  Pool& PoolFor(size_t rounded);
-  Block* MapChunk(Pool& pool, size_t rounded, size_t requested);  // requires mu_
-  void Split(Pool& pool, Block* block, size_t rounded);           // requires mu_
-  void FreeBlock(Block* block);                                   // requires mu_
+  Pool& PoolFor(size_t rounded) REQUIRES(mu_);
+  Block* MapChunk(Pool& pool, size_t rounded, size_t requested) REQUIRES(mu_);
+  void Split(Pool& pool, Block* block, size_t rounded) REQUIRES(mu_);
+  void FreeBlock(Block* block) REQUIRES(mu_);
   // Detaches completely free chunks; the caller unmaps them after dropping mu_ (or under it).
-  std::vector<Chunk*> DetachFreeChunks();  // requires mu_
+  std::vector<Chunk*> DetachFreeChunks() REQUIRES(mu_);
   static void UnmapChunks(const std::vector<Chunk*>& chunks);
 
   const CachingAllocatorOptions options_;  // immutable after construction
 
-  mutable std::mutex mu_;
-  std::unique_ptr<Pool> small_pool_;   // GUARDED_BY(mu_): blocks of chunk_bytes chunks
-  std::unique_ptr<Pool> large_pool_;   // GUARDED_BY(mu_): blocks of large chunks
-  std::unique_ptr<BlockMap> live_;     // GUARDED_BY(mu_): every allocated block by pointer
-  std::unique_ptr<BlockArena> arena_;  // GUARDED_BY(mu_): spare Block descriptors
-  Chunk* chunks_ = nullptr;            // GUARDED_BY(mu_): all chunks, intrusive list
-  size_t num_chunks_ = 0;              // GUARDED_BY(mu_)
-  MemoryStatsRecorder recorder_;       // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unique_ptr<Pool> small_pool_ GUARDED_BY(mu_);   // blocks of chunk_bytes chunks
+  std::unique_ptr<Pool> large_pool_ GUARDED_BY(mu_);   // blocks of large chunks
+  std::unique_ptr<BlockMap> live_ GUARDED_BY(mu_);     // every allocated block by pointer
+  std::unique_ptr<BlockArena> arena_ GUARDED_BY(mu_);  // spare Block descriptors
+  Chunk* chunks_ GUARDED_BY(mu_) = nullptr;            // all chunks, intrusive list
+  size_t num_chunks_ GUARDED_BY(mu_) = 0;
+  MemoryStatsRecorder recorder_ GUARDED_BY(mu_);
 };
 
 }  // namespace sluice

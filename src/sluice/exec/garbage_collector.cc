@@ -70,8 +70,7 @@ AsyncGarbageCollector::~AsyncGarbageCollector() {
 }
 
 bool AsyncGarbageCollector::Submit(GarbageBatch* batch) {
-  std::unique_lock<std::mutex> lock(producer_mu_, std::defer_lock);
-  if (multi_producer_) lock.lock();
+  MutexLockIf lock(&producer_mu_, multi_producer_);
   const int64_t bytes = batch->bytes();
   const int64_t pending = pending_bytes_.fetch_add(bytes, std::memory_order_acq_rel) + bytes;
   if (pending > options_.max_pending_bytes || !queue_.try_enqueue(batch)) {
@@ -85,8 +84,7 @@ bool AsyncGarbageCollector::Submit(GarbageBatch* batch) {
 
 void AsyncGarbageCollector::Drain() {
   {
-    std::unique_lock<std::mutex> lock(producer_mu_, std::defer_lock);
-    if (multi_producer_) lock.lock();
+    MutexLockIf lock(&producer_mu_, multi_producer_);
     if (submitted_since_drain_) {
       queue_.wait_enqueue(&fence_);
       drained_.acquire();
@@ -95,15 +93,14 @@ void AsyncGarbageCollector::Drain() {
   }
   std::exception_ptr error;
   {
-    std::lock_guard lock(error_mu_);
+    MutexLock lock(&error_mu_);
     std::swap(error, error_);
   }
   if (error) std::rethrow_exception(error);
 }
 
 int64_t AsyncGarbageCollector::TakePendingPeak() {
-  std::unique_lock<std::mutex> lock(producer_mu_, std::defer_lock);
-  if (multi_producer_) lock.lock();
+  MutexLockIf lock(&producer_mu_, multi_producer_);
   const int64_t peak = pending_peak_;
   pending_peak_ = 0;
   return peak;
@@ -134,7 +131,7 @@ void AsyncGarbageCollector::Destroy(GarbageBatch* batch) {
   try {
     listener->OnBatchDestroyed(batch->tag(), storages, bytes, begin, NowNs());
   } catch (...) {
-    std::lock_guard lock(error_mu_);
+    MutexLock lock(&error_mu_);
     if (!error_) error_ = std::current_exception();
   }
 }

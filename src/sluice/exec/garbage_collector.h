@@ -34,7 +34,10 @@
 // Thread-safety: Submit from one producer thread at a time — the single executing thread of a
 // trace run, or, with multi_producer = true, any thread (a mutex then serializes producers so the
 // ring stays single-producer). Drain, SetListener and TakePendingPeak from the owning (caller)
-// thread while no Submit runs. The worker touches only the batches it dequeues and the listener.
+// thread while no Submit runs. The worker touches only the batches it dequeues, the listener and
+// the atomic counters. The producer side's fields are GUARDED_BY(producer_mu_), which is locked
+// only with multi_producer = true; a single producer holds it by the contract above (MutexLockIf
+// in core/mutex.h). The worker's error is GUARDED_BY(error_mu_). clang checks both.
 //
 // Example:
 //   AsyncGarbageCollector gc({.queue_batches = 256, .max_pending_bytes = 1 << 30});
@@ -48,7 +51,6 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <semaphore>
 #include <span>
@@ -57,7 +59,9 @@
 
 #include <readerwriterqueue/readerwritercircularbuffer.h>
 
+#include "sluice/core/mutex.h"
 #include "sluice/core/storage.h"
+#include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 
@@ -146,15 +150,18 @@ class AsyncGarbageCollector {
   GarbageBatch shutdown_;  // marker: the worker exits when it dequeues it
   std::binary_semaphore drained_{0};
 
-  std::mutex producer_mu_;    // serializes Submit when multi_producer_
-  int64_t pending_peak_ = 0;  // guarded by the producer side (single producer or producer_mu_)
-  bool submitted_since_drain_ = false;     // same guard
+  // Serializes Submit when multi_producer_; with a single producer, that thread's exclusive use
+  // guards the producer side instead (see Thread-safety above).
+  Mutex producer_mu_;
+  int64_t pending_peak_ GUARDED_BY(producer_mu_) = 0;
+  bool submitted_since_drain_ GUARDED_BY(producer_mu_) = false;
   std::atomic<int64_t> pending_bytes_{0};  // + by producers, - by the worker
   std::atomic<int64_t> batches_destroyed_{0};
   std::atomic<GcListener*> listener_{nullptr};
 
-  std::mutex error_mu_;
-  std::exception_ptr error_;  // guarded by error_mu_: first listener error since the last Drain
+  Mutex error_mu_;
+  // The first listener error since the last Drain.
+  std::exception_ptr error_ GUARDED_BY(error_mu_);
 
   std::thread worker_;  // last: started when everything above exists
 };

@@ -18,28 +18,28 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
+  start_cv_.NotifyAll();
   for (std::thread& t : workers_) t.join();
 }
 
 void ThreadPool::RecordError(std::exception_ptr error) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!error_) error_ = std::move(error);
 }
 
 void ThreadPool::RunJob(JobFn fn, void* context) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     job_ = fn;
     context_ = context;
     error_ = nullptr;
     active_ = static_cast<int>(workers_.size());
     ++generation_;
   }
-  start_cv_.notify_all();
+  start_cv_.NotifyAll();
   try {
     fn(context, 0);
   } catch (...) {
@@ -47,8 +47,8 @@ void ThreadPool::RunJob(JobFn fn, void* context) {
   }
   std::exception_ptr error;
   {
-    std::unique_lock lock(mu_);
-    done_cv_.wait(lock, [&] { return active_ == 0; });
+    MutexLock lock(&mu_);
+    while (active_ != 0) done_cv_.Wait(&mu_);
     std::swap(error, error_);
   }
   if (error) std::rethrow_exception(error);
@@ -60,8 +60,8 @@ void ThreadPool::WorkerLoop(int member) {
     JobFn fn;
     void* context;
     {
-      std::unique_lock lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen) start_cv_.Wait(&mu_);
       if (stop_) return;
       seen = generation_;
       fn = job_;
@@ -72,8 +72,8 @@ void ThreadPool::WorkerLoop(int member) {
     } catch (...) {
       RecordError(std::current_exception());
     }
-    std::lock_guard lock(mu_);
-    if (--active_ == 0) done_cv_.notify_one();
+    MutexLock lock(&mu_);
+    if (--active_ == 0) done_cv_.NotifyOne();
   }
 }
 

@@ -12,7 +12,7 @@ JOBS ?= $(shell nproc)
 CMAKE_GEN := -G Ninja
 CTEST := ctest --output-on-failure -j$(JOBS)
 
-.PHONY: all deps build run test test-tsan test-asan bench fuzz format clean
+.PHONY: all deps build run test test-tsan test-asan bench fuzz format check-format clean
 
 all: build
 
@@ -65,6 +65,10 @@ fuzz: deps build-fuzz/build.ninja
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
+
+# Fails on any file that `make format` would change (the check_format test of `make test` runs it too).
+check-format: deps
+	@bash scripts/check-format.sh
 
 clean:
 	rm -rf build build-tsan build-asan build-fuzz

@@ -11,7 +11,7 @@ PACKAGES=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libreaderwriterqueue-dev # bounded SPSC queue for the async GC
   openmpi-bin libopenmpi-dev # MPI Communicator backend (comm/mpi.h) and mpirun for its tests
-  clang libclang-rt-14-dev # libFuzzer target (make fuzz)
+  clang libclang-rt-14-dev clang-format # make fuzz; thread-safety and format checks of make test
   python3 python3-torch    # independent reference for parity tests and benchmarks
 )
 

@@ -13,10 +13,15 @@
 // Thread-safety: called from main only.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "sluice/core/enum_names.h"
 
 namespace sluice::cli {
 
@@ -36,6 +41,15 @@ std::span<const CommandSpec> Commands();
 void RegisterCommands(CLI::App& app);
 // Runs the subcommand the user chose; returns the exit status. Throws sluice::Error on bad input.
 int RunSelected(CLI::App& app);
+
+// A CLI11 check that accepts exactly the names of an enum table (core/enum_names.h), so that an
+// option's choices are written once: sub.add_option("--mode", mode)->check(OneOf(kRunModeNames)).
+template <typename E, size_t N>
+CLI::Validator OneOf(const EnumEntry<E> (&table)[N]) {
+  std::vector<std::string> names;
+  for (const EnumEntry<E>& entry : table) names.emplace_back(entry.name);
+  return CLI::IsMember(std::move(names));
+}
 
 // One per command file.
 CommandRunner SetupRunCommand(CLI::App& sub);  // run_command.cc

@@ -217,11 +217,11 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--mode", args->mode,
                  "trace (one thread, planned order) or parallel (thread pool)")
-      ->check(CLI::IsMember({"trace", "parallel"}))
+      ->check(OneOf(kRunModeNames))
       ->capture_default_str();
   sub.add_option("--order", args->order,
                  "Trace order: program, greedy (memory-aware) or best of both")
-      ->check(CLI::IsMember({"program", "greedy", "best"}))
+      ->check(OneOf(kOrderPolicyNames))
       ->capture_default_str();
   sub.add_option("--allocator", args->allocator,
                  "Allocator for the program's buffers: caching or system")

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "sluice/cli/commands.h"
+#include "sluice/core/enum_names.h"
 #include "sluice/pipeline/schedule_format.h"
 #include "sluice/pipeline/schedules.h"
 
@@ -49,7 +50,8 @@ CommandRunner SetupScheduleCommand(CLI::App& sub) {
   auto args = std::make_shared<ScheduleArgs>();
   sub.add_option("--stages,-p", args->stages, "Pipeline stages P (ranks)")->required();
   sub.add_option("--microbatches,-m", args->micro_batches, "Micro-batches M per step")->required();
-  sub.add_option("--schedule,-s", args->schedule, "gpipe, 1f1b, interleaved or zb-h1")
+  sub.add_option("--schedule,-s", args->schedule,
+                 "One of " + EnumNames(pipeline::kScheduleKindNames, ", "))
       ->capture_default_str();
   sub.add_option("--chunks,-v", args->chunks, "Chunks V per rank (interleaved only; default 2)");
   sub.add_option("--format", args->format,

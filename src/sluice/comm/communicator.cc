@@ -18,17 +18,7 @@ std::chrono::milliseconds ClampTimeout(std::string_view who, std::chrono::millis
 
 }  // namespace
 
-std::string_view Name(RequestState state) {
-  switch (state) {
-    case RequestState::kPending:
-      return "pending";
-    case RequestState::kCompleted:
-      return "completed";
-    case RequestState::kFailed:
-      return "failed";
-  }
-  return "unknown";
-}
+std::string_view Name(RequestState state) { return EnumName(kRequestStateNames, state); }
 
 std::string DescribeTensor(DType dtype, const Shape& shape) {
   return fmt::format("{}{}", Name(dtype), shape.ToString());

@@ -72,6 +72,7 @@
 
 #include "sluice/core/allocator.h"
 #include "sluice/core/dtype.h"
+#include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
 #include "sluice/core/shape.h"
 #include "sluice/core/tensor.h"
@@ -113,7 +114,14 @@ enum class RequestState {
   kFailed,     // finished with an error (Test and Wait throw it); the tensor is no longer read
 };
 
-// "pending", "completed", "failed".
+inline constexpr EnumEntry<RequestState> kRequestStateNames[] = {
+    {RequestState::kPending, "pending"},
+    {RequestState::kCompleted, "completed"},
+    {RequestState::kFailed, "failed"},
+};
+static_assert(IsCompleteEnumTable(kRequestStateNames));
+
+// The state's name in kRequestStateNames.
 std::string_view Name(RequestState state);
 
 // "f32[2, 3]": how messages and errors print a tensor's type.

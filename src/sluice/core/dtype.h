@@ -10,24 +10,39 @@
 #include <optional>
 #include <string_view>
 
+#include "sluice/core/enum_names.h"
+
 namespace sluice {
 
 enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64 };
 
+// Short lowercase names as used in the text format and the safetensors mapping.
+inline constexpr EnumEntry<DType> kDTypeNames[] = {
+    {DType::kF32, "f32"}, {DType::kF64, "f64"}, {DType::kBF16, "bf16"},
+    {DType::kF16, "f16"}, {DType::kI32, "i32"}, {DType::kI64, "i64"},
+};
+static_assert(IsCompleteEnumTable(kDTypeNames));
+
 // Bytes per element.
 constexpr size_t SizeOf(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kBF16: return 2;
-    case DType::kF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    case DType::kBF16:
+      return 2;
+    case DType::kF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
 
-// Short lowercase name as used in the text format and safetensors mapping: "f32", "i64", ...
+// "f32", "i64", ... (kDTypeNames).
 std::string_view Name(DType t);
 
 // Inverse of Name(); nullopt for an unknown name.
@@ -41,9 +56,21 @@ constexpr bool IsInteger(DType t) { return t == DType::kI32 || t == DType::kI64;
 // Maps a C++ element type to its DType: DTypeOf<float>() == DType::kF32.
 template <typename T>
 constexpr DType DTypeOf();
-template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
-template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
-template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
-template <> constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
+template <>
+constexpr DType DTypeOf<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType DTypeOf<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType DTypeOf<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType DTypeOf<int64_t>() {
+  return DType::kI64;
+}
 
 }  // namespace sluice

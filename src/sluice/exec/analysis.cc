@@ -233,23 +233,10 @@ std::string ValueList(const Program& program, std::span<const ValueId> values) {
 
 }  // namespace
 
-std::string_view Name(OrderPolicy policy) {
-  switch (policy) {
-    case OrderPolicy::kProgram:
-      return "program";
-    case OrderPolicy::kGreedy:
-      return "greedy";
-    case OrderPolicy::kBest:
-      return "best";
-  }
-  return "?";
-}
+std::string_view Name(OrderPolicy policy) { return EnumName(kOrderPolicyNames, policy); }
 
 std::optional<OrderPolicy> ParseOrderPolicy(std::string_view name) {
-  for (OrderPolicy p : {OrderPolicy::kProgram, OrderPolicy::kGreedy, OrderPolicy::kBest}) {
-    if (Name(p) == name) return p;
-  }
-  return std::nullopt;
+  return ParseEnum(kOrderPolicyNames, name);
 }
 
 std::string FormatBytes(int64_t bytes) {

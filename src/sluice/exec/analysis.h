@@ -60,13 +60,22 @@
 #include <string_view>
 #include <vector>
 
+#include "sluice/core/enum_names.h"
 #include "sluice/ir/program.h"
 
 namespace sluice {
 
 enum class OrderPolicy : uint8_t { kProgram, kGreedy, kBest };
 
-std::string_view Name(OrderPolicy policy);  // "program", "greedy", "best"
+inline constexpr EnumEntry<OrderPolicy> kOrderPolicyNames[] = {
+    {OrderPolicy::kProgram, "program"},
+    {OrderPolicy::kGreedy, "greedy"},
+    {OrderPolicy::kBest, "best"},
+};
+static_assert(IsCompleteEnumTable(kOrderPolicyNames));
+
+// The policy's name in kOrderPolicyNames, and back (nullopt for any other text).
+std::string_view Name(OrderPolicy policy);
 std::optional<OrderPolicy> ParseOrderPolicy(std::string_view name);
 
 struct AnalysisOptions {

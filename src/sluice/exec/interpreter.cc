@@ -76,12 +76,10 @@ class TraceListener final : public GcListener {
 
 }  // namespace
 
-std::string_view Name(RunMode mode) { return mode == RunMode::kTrace ? "trace" : "parallel"; }
+std::string_view Name(RunMode mode) { return EnumName(kRunModeNames, mode); }
 
 std::optional<RunMode> ParseRunMode(std::string_view name) {
-  if (name == "trace") return RunMode::kTrace;
-  if (name == "parallel") return RunMode::kParallel;
-  return std::nullopt;
+  return ParseEnum(kRunModeNames, name);
 }
 
 struct Executable::Impl {

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "sluice/core/allocator.h"
+#include "sluice/core/enum_names.h"
 #include "sluice/exec/analysis.h"
 #include "sluice/exec/garbage_collector.h"
 #include "sluice/exec/run_stats.h"
@@ -54,7 +55,14 @@ namespace sluice {
 
 enum class RunMode : uint8_t { kTrace, kParallel };
 
-std::string_view Name(RunMode mode);  // "trace", "parallel"
+inline constexpr EnumEntry<RunMode> kRunModeNames[] = {
+    {RunMode::kTrace, "trace"},
+    {RunMode::kParallel, "parallel"},
+};
+static_assert(IsCompleteEnumTable(kRunModeNames));
+
+// The mode's name in kRunModeNames, and back (nullopt for any other text).
+std::string_view Name(RunMode mode);
 std::optional<RunMode> ParseRunMode(std::string_view name);
 
 struct ExecutableOptions {

@@ -12,22 +12,12 @@
 
 namespace sluice::pipeline {
 
-std::string_view Name(PartitionKind kind) {
-  switch (kind) {
-    case PartitionKind::kUniform:
-      return "uniform";
-    case PartitionKind::kBalanced:
-      return "balanced";
-  }
-  SLUICE_CHECK(false);
-  return "";
-}
+std::string_view Name(PartitionKind kind) { return EnumName(kPartitionKindNames, kind); }
 
 PartitionKind ParsePartitionKind(std::string_view name) {
-  for (PartitionKind k : {PartitionKind::kUniform, PartitionKind::kBalanced}) {
-    if (Name(k) == name) return k;
-  }
-  throw InvalidArgument(fmt::format("unknown partition '{}': expected uniform or balanced", name));
+  if (std::optional<PartitionKind> kind = ParseEnum(kPartitionKindNames, name)) return *kind;
+  throw InvalidArgument(fmt::format("unknown partition '{}': expected {}", name,
+                                    EnumNames(kPartitionKindNames, " or ")));
 }
 
 namespace {

@@ -42,19 +42,27 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "sluice/core/enum_names.h"
 #include "sluice/nn/gpt.h"
 
 namespace sluice::pipeline {
 
 enum class PartitionKind { kUniform, kBalanced };
 
-// "uniform", "balanced".
+inline constexpr EnumEntry<PartitionKind> kPartitionKindNames[] = {
+    {PartitionKind::kUniform, "uniform"},
+    {PartitionKind::kBalanced, "balanced"},
+};
+static_assert(IsCompleteEnumTable(kPartitionKindNames));
+
+// The kind's name in kPartitionKindNames ("uniform", "balanced"), and back; throws
+// InvalidArgument listing the names for anything else.
 std::string_view Name(PartitionKind kind);
-// Throws InvalidArgument listing the names.
 PartitionKind ParsePartitionKind(std::string_view name);
 
 struct GptPartition {

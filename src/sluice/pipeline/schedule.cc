@@ -1,19 +1,10 @@
 #include "sluice/pipeline/schedule.h"
 
-#include <array>
-
 #include <fmt/format.h>
 
 namespace sluice::pipeline {
 
-namespace {
-
-constexpr std::array<std::string_view, 8> kKindNames = {"F",      "B",      "W",      "SEND_F",
-                                                        "RECV_F", "SEND_B", "RECV_B", "OPT"};
-
-}  // namespace
-
-std::string_view ActionKindName(ActionKind kind) { return kKindNames[static_cast<size_t>(kind)]; }
+std::string_view ActionKindName(ActionKind kind) { return EnumName(kActionKindNames, kind); }
 
 bool IsCompute(ActionKind kind) {
   return kind == ActionKind::kForward || kind == ActionKind::kBackward ||

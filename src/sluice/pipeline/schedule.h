@@ -46,6 +46,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
 
 namespace sluice::pipeline {
@@ -58,7 +59,14 @@ class ScheduleError : public Error {
 
 enum class ActionKind { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB, kOptimizer };
 
-// "F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OPT".
+inline constexpr EnumEntry<ActionKind> kActionKindNames[] = {
+    {ActionKind::kForward, "F"},    {ActionKind::kBackward, "B"},    {ActionKind::kWeight, "W"},
+    {ActionKind::kSendF, "SEND_F"}, {ActionKind::kRecvF, "RECV_F"},  {ActionKind::kSendB, "SEND_B"},
+    {ActionKind::kRecvB, "RECV_B"}, {ActionKind::kOptimizer, "OPT"},
+};
+static_assert(IsCompleteEnumTable(kActionKindNames));
+
+// The kind's name in kActionKindNames: "F", "SEND_F", "OPT", ...
 std::string_view ActionKindName(ActionKind kind);
 
 bool IsCompute(ActionKind kind);  // F, B, W

@@ -1,7 +1,6 @@
 #include "sluice/pipeline/schedules.h"
 
 #include <algorithm>
-#include <array>
 #include <tuple>
 #include <vector>
 
@@ -13,7 +12,6 @@ namespace sluice::pipeline {
 
 namespace {
 
-constexpr std::array<std::string_view, 4> kKindNames = {"gpipe", "1f1b", "interleaved", "zb-h1"};
 constexpr int64_t kMaxActions = 10'000'000;
 
 struct Compute {
@@ -281,16 +279,12 @@ void CheckRequest(const ScheduleOptions& o, int V) {
 
 }  // namespace
 
-std::string_view ScheduleKindName(ScheduleKind kind) {
-  return kKindNames[static_cast<size_t>(kind)];
-}
+std::string_view ScheduleKindName(ScheduleKind kind) { return EnumName(kScheduleKindNames, kind); }
 
 ScheduleKind ParseScheduleKind(std::string_view name) {
-  for (size_t i = 0; i < kKindNames.size(); ++i) {
-    if (kKindNames[i] == name) return static_cast<ScheduleKind>(i);
-  }
-  throw InvalidArgument(
-      fmt::format("unknown schedule '{}': choose one of {}", name, fmt::join(kKindNames, ", ")));
+  if (std::optional<ScheduleKind> kind = ParseEnum(kScheduleKindNames, name)) return *kind;
+  throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", name,
+                                    EnumNames(kScheduleKindNames, ", ")));
 }
 
 Schedule MakeSchedule(const ScheduleOptions& options) {

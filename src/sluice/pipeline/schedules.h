@@ -34,22 +34,32 @@
 // Thread-safety: pure functions. Deterministic: equal options give equal schedules.
 //
 // Example:
-//   Schedule s = MakeSchedule({.kind = ParseScheduleKind("interleaved"), .stages = 4,
+//   Schedule s = MakeSchedule({.kind = ScheduleKind::kInterleaved, .stages = 4,
 //                              .micro_batches = 8, .chunks = 2});
 //   s.ranks[0].front();  // F(0, 0)
 #pragma once
 
+#include <optional>
 #include <string_view>
 
+#include "sluice/core/enum_names.h"
 #include "sluice/pipeline/schedule.h"
 
 namespace sluice::pipeline {
 
 enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1 };
 
-// "gpipe", "1f1b", "interleaved", "zb-h1".
+inline constexpr EnumEntry<ScheduleKind> kScheduleKindNames[] = {
+    {ScheduleKind::kGPipe, "gpipe"},
+    {ScheduleKind::kOneFOneB, "1f1b"},
+    {ScheduleKind::kInterleaved, "interleaved"},
+    {ScheduleKind::kZeroBubbleH1, "zb-h1"},
+};
+static_assert(IsCompleteEnumTable(kScheduleKindNames));
+
+// The kind's name in kScheduleKindNames ("gpipe", "1f1b", "interleaved", "zb-h1"), and back;
+// throws InvalidArgument listing the names for anything else.
 std::string_view ScheduleKindName(ScheduleKind kind);
-// The kind of a name above; throws InvalidArgument listing the names for anything else.
 ScheduleKind ParseScheduleKind(std::string_view name);
 
 struct ScheduleOptions {

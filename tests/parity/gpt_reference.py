@@ -2,15 +2,22 @@
 """PyTorch reference for sluice's GPT parity test (tests/train/parity_test.cc).
 
 Reads a safetensors file written by sluice with the initial weights (GPT-2 names, block weights
-[in, out], lm_head.weight [V, C]), the token ids and targets of every step, and the configuration
-in its metadata; builds the same nanoGPT-style model in PyTorch; runs the given number of AdamW
-steps; writes a safetensors file with the per-step losses ("losses", f64 [steps]) and the
-gradients of the first step ("<param>.grad", f32).
+[in, out], lm_head.weight [vocab, C]), the token ids and targets of every micro-batch of every step
+("ids.<step>.<micro-batch>", "targets.<step>.<micro-batch>"), and the configuration in its
+metadata; builds the same nanoGPT-style model in PyTorch and trains it as `sluice train` does:
+per step, the gradients of every micro-batch's mean loss averaged over the micro-batches,
+torch.nn.utils.clip_grad_norm_ to the configured norm, one AdamW step. Writes a safetensors file
+with the per-step losses ("losses", f64 [steps], the mean over micro-batches), the gradient norms
+before clipping ("grad_norms", f64 [steps]), the first step's averaged gradients ("<param>.grad")
+and the weights after the last step ("final.<param>").
+
+With --golden GOLDEN.json it also writes the small golden file the parity test reads where
+PyTorch is absent: the configuration, every micro-batch and the per-step losses and norms.
 
 Only the Python standard library and torch (Debian's python3-torch) are used: safetensors is read
 and written with struct and json.
 
-Usage: gpt_reference.py INPUT.safetensors OUTPUT.safetensors
+Usage: gpt_reference.py INPUT.safetensors OUTPUT.safetensors [--golden GOLDEN.json]
 """
 import json
 import math
@@ -84,23 +91,44 @@ def forward(p, ids, targets, cfg):
 
 
 def main():
-    tensors, meta = read_safetensors(sys.argv[1])
+    args = sys.argv[1:]
+    golden = None
+    if "--golden" in args:
+        i = args.index("--golden")
+        golden = args[i + 1]
+        del args[i:i + 2]
+    tensors, meta = read_safetensors(args[0])
     cfg = json.loads(meta["config"])
     torch.set_num_threads(1)
     params = {k[len("param."):]: v.requires_grad_() for k, v in tensors.items() if k.startswith("param.")}
     opt = torch.optim.AdamW(list(params.values()), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])
-    losses, out = [], {}
+    M = cfg["microbatches"]
+    losses, norms, out = [], [], {}
     for step in range(cfg["steps"]):
         opt.zero_grad()
-        loss = forward(params, tensors[f"ids.{step}"], tensors[f"targets.{step}"], cfg)
-        loss.backward()
+        total = 0.0
+        for k in range(M):
+            loss = forward(params, tensors[f"ids.{step}.{k}"], tensors[f"targets.{step}.{k}"], cfg)
+            (loss / M).backward()
+            total += loss.item()
         if step == 0:
             out.update({f"{k}.grad": v.grad.detach().clone() for k, v in params.items()})
-        losses.append(loss.item())
+        clip = cfg["clip"] if cfg["clip"] > 0 else float("inf")
+        norms.append(float(torch.nn.utils.clip_grad_norm_(list(params.values()), clip)))
+        losses.append(total / M)
         opt.step()
     out["losses"] = torch.tensor(losses, dtype=torch.float64)
-    write_safetensors(sys.argv[2], out)
+    out["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+    out.update({f"final.{k}": v.detach().clone() for k, v in params.items()})
+    write_safetensors(args[1], out)
+    if golden:
+        batches = {k: tensors[k].reshape(-1).tolist() for k in sorted(tensors) if k.startswith(("ids.", "targets."))}
+        with open(golden, "w") as f:
+            json.dump({"produced_by": f"tests/parity/gpt_reference.py with torch {torch.__version__}",
+                       "config": cfg, "batches": batches, "losses": losses, "grad_norms": norms}, f,
+                      separators=(",", ":"))
+            f.write("\n")
 
 
 if __name__ == "__main__":

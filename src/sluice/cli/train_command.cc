@@ -75,7 +75,6 @@ pipeline::FaultInjection ParseFault(const std::string& text) {
   return f;
 }
 
-std::string Mib(int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); }
 
 std::string FormatDuration(double seconds) {
   int s = static_cast<int>(seconds + 0.5);
@@ -133,23 +132,12 @@ int RunTrain(TrainArgs& a);
 // `--comm mpi`: one rank per process under mpirun. World rank w runs stage w mod P of replica
 // w div P. Any error on any rank ends the whole job (MPI_Abort) with the rank and the message.
 int RunTrainMpi(TrainArgs& a) {
-  if (a.data_parallel < 1) throw InvalidArgument(fmt::format("--data-parallel must be at least 1, got {}", a.data_parallel));
   MpiWorld mpi(MpiWorldOptions{.timeout = a.pipe.timeout});
   MpiCommunicator& world = mpi.world();
-  const int P = a.pipe.stages, D = a.data_parallel;
   try {
-    if (P < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", P));
-    if (world.size() != P * D) {
-      throw InvalidArgument(fmt::format("the job has {} process{} but --stages {} × --data-parallel {} needs {}: launch "
-                                        "with mpirun -np {}", world.size(), world.size() == 1 ? "" : "es", P, D, P * D,
-                                        P * D));
-    }
-    const int w = world.rank();
-    std::unique_ptr<MpiCommunicator> pipe = world.Split(/*color=*/w / P, /*key=*/w % P);
-    std::unique_ptr<MpiCommunicator> data = D > 1 ? world.Split(/*color=*/w % P, /*key=*/w / P) : nullptr;
-    a.pipe.distributed = pipeline::PipelineOptions::Distributed{
-        .world = &world, .pipe = pipe.get(), .data = data.get(), .replicas = D};
-    a.quiet = a.quiet || w != 0;  // the leader reports for everyone
+    pipeline::MpiJob job(world, a.pipe.stages, a.data_parallel);
+    a.pipe.distributed = job.distributed();
+    a.quiet = a.quiet || world.rank() != 0;  // the leader reports for everyone
     return RunTrain(a);
   } catch (const std::exception& e) {
     world.Abort(e.what());  // ends every process of the job
@@ -174,27 +162,18 @@ int RunTrain(TrainArgs& a) {
   if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
 
   EngineFactory engine;
-  const pipeline::PipelineEngine* pipe = nullptr;
   if (a.pipeline) {
     a.pipe.schedule = pipeline::ParseScheduleKind(a.pipe_schedule);
     a.pipe.partition = pipeline::ParsePartitionKind(a.partition);
     a.pipe.release_outputs = a.release_outputs;
     if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
-    engine = [&](const EngineContext& ctx) -> std::unique_ptr<StepEngine> {
-      auto e = std::make_unique<pipeline::PipelineEngine>(ctx, a.pipe);
-      pipe = e.get();
-      return e;
-    };
+    engine = pipeline::PipelineEngineFactory(a.pipe);
   }
   Trainer trainer(c, engine);
   if (!a.quiet) {
     fmt::print(stderr, "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n", c.model,
                c.data, c.steps, c.batch, c.microbatches, a.optimizer, trainer.step());
-    if (pipe != nullptr) {
-      fmt::print(stderr, "pipeline: {} stages{}, {}, layout {}, output release {}\n", a.pipe.stages,
-                 a.comm == "mpi" ? fmt::format(" × {} replicas as MPI processes", a.data_parallel) : " as threads",
-                 pipe->schedule().Describe(), pipeline::FormatLayout(pipe->partition()), a.release_outputs ? "on" : "off");
-    }
+    if (std::string d = trainer.engine().Describe(); !d.empty()) fmt::print(stderr, "{}\n", d);
   }
   Progress progress(trainer.step(), c.steps, a.quiet);
   TrainSummary s = trainer.Run([&](const StepRecord& r) { progress.OnStep(r); },
@@ -202,15 +181,7 @@ int RunTrain(TrainArgs& a) {
   if (!a.quiet) {
     fmt::print(stderr, "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB, {} parameters\n", s.steps,
                FormatDuration(s.wall_s), FormatRate(s.tokens_per_s), s.peak_allocated_bytes / 1048576.0, s.params);
-    if (pipe != nullptr) {
-      for (const pipeline::StageReport& r : pipe->reports()) {
-        const std::string replica = a.data_parallel > 1 ? fmt::format(" (replica {})", r.replica) : "";
-        fmt::print(stderr, "  stage {}{}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%\n",
-                   r.stage, replica, Mib(r.peak_allocated_bytes), Mib(r.released_output_bytes), r.inflight_peak,
-                   r.theoretical_inflight, 100 * r.bubble());
-      }
-      if (!a.pipe.trace_path.empty()) fmt::print(stderr, "trace of the last step: {}\n", a.pipe.trace_path);
-    }
+    for (const std::string& line : trainer.engine().ReportLines()) fmt::print(stderr, "  {}\n", line);
     if (s.last_eval.accuracy >= 0) fmt::print(stderr, "held-out accuracy: {:.1f}%\n", 100 * s.last_eval.accuracy);
     if (!c.metrics_path.empty()) fmt::print(stderr, "metrics: {}\n", c.metrics_path);
     if (!c.save_path.empty()) fmt::print(stderr, "checkpoint: {}\n", c.save_path);

@@ -46,7 +46,7 @@ void MatMulReference(const Tensor& a, const Tensor& b, const Tensor& out, bool t
       for (int64_t j = 0; j < d.n; ++j) {
         T acc = 0;
         for (int64_t p = 0; p < d.k; ++p) {
-          // A is [M, K] (or [K, M] when transposed); B is [K, N] (or [N, K]).
+          // A is [m, k] (or [k, m] when transposed); B is [k, n] (or [n, k]).
           T x = transpose_a ? A[p * d.m + i] : A[i * d.k + p];
           T y = transpose_b ? B[j * d.k + p] : B[p * d.n + j];
           acc += x * y;
@@ -86,7 +86,7 @@ void MatMulBlas(const Tensor& a, const Tensor& b, const Tensor& out, bool transp
     return;
   }
   if (d.b_shared && !transpose_a) {
-    // Rows of every batch entry are consecutive: one GEMM of (batch·M) × K by K × N.
+    // Rows of every batch entry are consecutive: one GEMM of (batch·m) × k by k × n.
     Gemm(false, transpose_b, d.batch * d.m, d.n, d.k, T(1), pa, pb, T(0), po);
     return;
   }
@@ -100,5 +100,7 @@ template void MatMulReference<float>(const Tensor&, const Tensor&, const Tensor&
 template void MatMulReference<double>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
 template void MatMulBlas<float>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
 template void MatMulBlas<double>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
+
+void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
 
 }  // namespace sluice::kernels

@@ -1,13 +1,13 @@
 // Matrix multiplication kernels.
 //
-//   out[..., M, N] = op(a)[..., M, K] · op(b)[..., K, N]
+//   out[..., m, n] = op(a)[..., m, k] · op(b)[..., k, n]
 // where op(a) is a or its transpose over the last two axes (transpose_a), likewise b.
 // a has rank ≥ 2; b has rank 2 (shared by every batch entry, as a weight) or a's rank with the
 // same leading (batch) dimensions. All tensors contiguous, out preallocated.
 //
 // MatMulReference: the textbook triple loop, accumulating in T.
 // MatMulBlas: one CBLAS GEMM per batch entry (one GEMM in all when b is a 2-D weight and a is
-// not transposed, by folding a's batch axes into M).
+// not transposed, by folding a's batch axes into m).
 #pragma once
 
 #include "sluice/core/tensor.h"
@@ -35,5 +35,9 @@ void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, f
           const float* a, const float* b, float beta, float* c);
 void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, const double* b, double beta, double* c);
+
+// The threads every GEMM of the process uses (OpenBLAS's own pool; process-wide). Called once per
+// engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it.
+void SetBlasThreads(int threads);
 
 }  // namespace sluice::kernels

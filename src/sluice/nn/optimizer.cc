@@ -81,27 +81,20 @@ void GradientAccumulator::Add(const std::string& name, Tensor grad) {
   cblas_saxpy(static_cast<int>(grad.numel()), 1.0f, grad.data<float>(), 1, it->second.data<float>(), 1);
 }
 
-double GradientAccumulator::Finish(int64_t micro_batches, double clip_norm) {
-  const double norm = std::sqrt(MeanAndSumSquares(micro_batches));
-  Clip(norm, clip_norm);
-  return norm;
-}
-
-double GradientAccumulator::MeanAndSumSquares(int64_t micro_batches) {
+std::map<std::string, double> GradientAccumulator::MeanAndSumSquares(int64_t micro_batches) {
   const float inv = 1.0f / static_cast<float>(micro_batches);
-  double sum_sq = 0;
+  std::map<std::string, double> sum_squares;
   for (auto& [name, g] : grads_) {
     if (micro_batches > 1) cblas_sscal(static_cast<int>(g.numel()), inv, g.data<float>(), 1);
     const float* p = g.data<float>();
     double s = 0;
     for (int64_t i = 0, n = g.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
-    sum_sq += s;
+    sum_squares.emplace(name, s);
   }
-  return sum_sq;
+  return sum_squares;
 }
 
 void GradientAccumulator::Clip(double norm, double clip_norm) {
-  // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
   if (clip_norm <= 0) return;
   const double coef = clip_norm / (norm + 1e-6);
   if (coef >= 1.0) return;

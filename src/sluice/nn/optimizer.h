@@ -57,16 +57,16 @@ std::vector<std::string> OptimizerStateNames(const std::string& param, const Opt
 double LearningRate(const OptimizerConfig& config, int64_t step, int64_t total_steps);
 
 // Accumulates gradients over micro-batches: Add(g) sums (g is taken over for the first micro-batch,
-// added with BLAS axpy after); Finish(m) divides by m, clips to clip_norm when set and returns
-// the global norm before clipping.
+// added after). Then MeanAndSumSquares divides by the micro-batches and returns each gradient's sum
+// of squares (step/stage_program.h sums them in the model's parameter order into the global
+// norm, whatever stage holds which gradient), and Clip scales to the clip norm.
 class GradientAccumulator {
  public:
   void Add(const std::string& name, Tensor grad);
-  double Finish(int64_t micro_batches, double clip_norm);
-  // Finish in two halves, for gradients spread over pipeline stages: divide by micro_batches and
-  // return this accumulator's sum of squares; then, once the global norm is known (the square root
-  // of the sum over stages), Clip scales like Finish does.
-  double MeanAndSumSquares(int64_t micro_batches);
+  // Divides every gradient by `micro_batches`; returns each one's sum of squares (in f64) by name.
+  std::map<std::string, double> MeanAndSumSquares(int64_t micro_batches);
+  // torch.nn.utils.clip_grad_norm_: scales by clip_norm / (norm + 1e-6) when that is below 1;
+  // nothing when clip_norm is 0.
   void Clip(double norm, double clip_norm);
   const std::map<std::string, Tensor>& grads() const { return grads_; }
   void Clear() { grads_.clear(); }

@@ -1,7 +1,5 @@
 #include "sluice/pipeline/pipeline_engine.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <exception>
 #include <filesystem>
@@ -14,6 +12,7 @@
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/step/stage_program.h"
 
 namespace sluice::pipeline {
 
@@ -67,40 +66,36 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   if (ctx.task.gpt() == nullptr) {
     throw InvalidArgument(fmt::format("--stages splits a GPT into pipeline stages; --model {} cannot be split", config.model));
   }
-  if (P < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", P));
   const int D = m.distributed() ? m.options.distributed->replicas : 1;
+  CheckJobSize(P, D, m.distributed() ? m.options.distributed->world->size() : P);
   if (m.distributed()) {
     const auto& d = *m.options.distributed;
-    if (d.world->size() != P * D) {
-      throw InvalidArgument(fmt::format("the job has {} processes but --stages {} × --data-parallel {} needs {}: launch "
-                                        "mpirun -np {}", d.world->size(), P, D, P * D, P * D));
-    }
     SLUICE_CHECK(d.pipe->size() == P && (D == 1 || (d.data != nullptr && d.data->size() == D)),
                  "pipeline communicators do not match --stages {} and --data-parallel {}", P, D);
   }
-  const int64_t micro_batch = config.batch / config.microbatches;
-  if (micro_batch % D != 0) {
+  const int64_t micro_batch_size = config.batch / config.microbatches;
+  if (micro_batch_size % D != 0) {
     throw InvalidArgument(fmt::format("--data-parallel {} must divide the {} sequences of a micro-batch (--batch {} / "
-                                      "--microbatches {})", D, micro_batch, config.batch, config.microbatches));
+                                      "--microbatches {})", D, micro_batch_size, config.batch, config.microbatches));
   }
   m.setup.config = &config;
   m.setup.task = &ctx.task;
   m.setup.gpt = *ctx.task.gpt();
-  m.setup.micro_batch = micro_batch / D;
+  m.setup.micro_batch_size = micro_batch_size / D;
   m.setup.seq_len = ctx.task.seq_len();
   m.setup.schedule = MakeSchedule({.kind = m.options.schedule, .stages = P,
                                    .micro_batches = static_cast<int>(config.microbatches), .chunks = m.options.chunks});
   const int S = m.setup.schedule.virtual_stages();
   m.partition = m.options.layout.empty()
-                    ? PartitionGpt(m.setup.gpt, m.setup.micro_batch, m.setup.seq_len, S, m.options.partition)
+                    ? PartitionGpt(m.setup.gpt, m.setup.micro_batch_size, m.setup.seq_len, S, m.options.partition)
                     : ParseGptLayout(m.options.layout, m.setup.gpt, S);
   m.setup.slices = m.partition.stages;
   m.params = ctx.model.params;
+  for (const ParamSpec& p : m.params) m.setup.model_params.push_back(p.name);
   m.setup.release_outputs = m.options.release_outputs;
   m.setup.fault = m.options.fault;
-  // Stages share the cores: intra-op threads (BLAS included) are divided among them.
-  m.setup.threads = m.distributed() ? ctx.threads : std::max(1, ctx.threads / P);
-  openblas_set_num_threads(m.setup.threads);
+  // Stages on threads share the process's cores: intra-op threads (BLAS included) are divided.
+  m.setup.threads = ShareIntraOpThreads(ctx.threads, m.distributed() ? 1 : P);
 
   // Which stage holds which parameter (for gathering and the checkpoint index).
   m.owned.resize(P);
@@ -127,7 +122,7 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     rep.replica = w / P;
     rep.output_bytes = m.setup.slices[rep.stage].head && m.setup.schedule.chunks == 1
                            ? 0
-                           : m.setup.micro_batch * m.setup.seq_len * m.setup.gpt.dim * static_cast<int64_t>(sizeof(float));
+                           : m.setup.micro_batch_size * m.setup.seq_len * m.setup.gpt.dim * static_cast<int64_t>(sizeof(float));
     rep.theoretical_inflight = TheoreticalInFlight(sched, rep.stage);
     rep.inflight_peak_per_chunk.assign(m.setup.schedule.chunks, 0);
     m.reports.push_back(rep);
@@ -394,6 +389,50 @@ nlohmann::json PipelineEngine::Summary() const {
 const std::vector<StageReport>& PipelineEngine::reports() const { return impl_->reports; }
 const Schedule& PipelineEngine::schedule() const { return impl_->setup.schedule; }
 const GptPartition& PipelineEngine::partition() const { return impl_->partition; }
+
+void CheckJobSize(int stages, int replicas, int processes) {
+  if (stages < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", stages));
+  if (replicas < 1) throw InvalidArgument(fmt::format("--data-parallel must be at least 1, got {}", replicas));
+  if (processes != stages * replicas) {
+    throw InvalidArgument(fmt::format("the job has {} process{} but --stages {} × --data-parallel {} needs {}: launch "
+                                      "with mpirun -np {}", processes, processes == 1 ? "" : "es", stages, replicas,
+                                      stages * replicas, stages * replicas));
+  }
+}
+
+MpiJob::MpiJob(MpiCommunicator& world, int stages, int replicas) : world_(world), replicas_(replicas) {
+  CheckJobSize(stages, replicas, world.size());
+  const int w = world.rank();
+  pipe_ = world.Split(/*color=*/w / stages, /*key=*/w % stages);
+  if (replicas > 1) data_ = world.Split(/*color=*/w % stages, /*key=*/w / stages);
+}
+
+MpiJob::~MpiJob() = default;
+
+PipelineOptions::Distributed MpiJob::distributed() const {
+  return {.world = &world_, .pipe = pipe_.get(), .data = data_.get(), .replicas = replicas_};
+}
+
+std::string PipelineEngine::Describe() const {
+  const Impl& m = *impl_;
+  return fmt::format("pipeline: {} stages{}, {}, layout {}, output release {}", m.options.stages,
+                     m.distributed() ? fmt::format(" × {} replicas as MPI processes", m.setup.replicas) : " as threads",
+                     m.setup.schedule.Describe(), FormatLayout(m.partition), m.options.release_outputs ? "on" : "off");
+}
+
+std::vector<std::string> PipelineEngine::ReportLines() const {
+  const Impl& m = *impl_;
+  std::vector<std::string> lines;
+  auto mib = [](int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); };
+  for (const StageReport& r : m.reports) {
+    const std::string replica = m.setup.replicas > 1 ? fmt::format(" (replica {})", r.replica) : "";
+    lines.push_back(fmt::format("stage {}{}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%",
+                                r.stage, replica, mib(r.peak_allocated_bytes), mib(r.released_output_bytes),
+                                r.inflight_peak, r.theoretical_inflight, 100 * r.bubble()));
+  }
+  if (!m.options.trace_path.empty()) lines.push_back(fmt::format("trace of the last step: {}", m.options.trace_path));
+  return lines;
+}
 
 EngineFactory PipelineEngineFactory(PipelineOptions options) {
   return [options](const EngineContext& ctx) -> std::unique_ptr<StepEngine> {

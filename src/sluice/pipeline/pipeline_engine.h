@@ -39,10 +39,11 @@
 #include <string>
 #include <vector>
 
+#include "sluice/comm/mpi.h"
 #include "sluice/pipeline/partition.h"
 #include "sluice/pipeline/schedules.h"
 #include "sluice/pipeline/stage_runtime.h"
-#include "sluice/train/step_engine.h"
+#include "sluice/step/step_engine.h"
 
 namespace sluice::pipeline {
 
@@ -99,6 +100,8 @@ class PipelineEngine final : public StepEngine {
   bool leader() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
   void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata) override;
+  std::string Describe() const override;
+  std::vector<std::string> ReportLines() const override;
 
   const std::vector<StageReport>& reports() const;
   const Schedule& schedule() const;
@@ -111,5 +114,26 @@ class PipelineEngine final : public StepEngine {
 
 // For Trainer(config, PipelineEngineFactory(options)).
 EngineFactory PipelineEngineFactory(PipelineOptions options);
+
+// The one check of a job's shape: --stages P ≥ 1, --data-parallel D ≥ 1, and P·D processes (P
+// threads in one process, or P·D MPI processes). Throws InvalidArgument naming the options and,
+// for MPI, the mpirun -np to use.
+void CheckJobSize(int stages, int replicas, int processes);
+
+// The communicators of `mpirun -np P·D sluice train --comm mpi`: CheckJobSize on the world, then
+// world rank w joins the pipeline of replica w div P (rank = stage w mod P) and, when D > 1, the
+// data-parallel group of its stage (rank = replica). Collective: every process constructs it.
+// The world must outlive it; it must outlive the engine using distributed().
+class MpiJob {
+ public:
+  MpiJob(MpiCommunicator& world, int stages, int replicas);
+  ~MpiJob();
+  PipelineOptions::Distributed distributed() const;
+
+ private:
+  MpiCommunicator& world_;
+  int replicas_;
+  std::unique_ptr<MpiCommunicator> pipe_, data_;
+};
 
 }  // namespace sluice::pipeline

@@ -1,64 +1,17 @@
 #include "sluice/pipeline/stage_runtime.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include <fmt/format.h>
 
-#include "sluice/autodiff/autodiff.h"
 #include "sluice/core/caching_allocator.h"
-#include "sluice/exec/interpreter.h"
-#include "sluice/nn/optimizer.h"
+#include "sluice/core/clock.h"
+#include "sluice/step/stage_program.h"
 
 namespace sluice::pipeline {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-}
-
-// CPU time of the calling thread: what a compute used, without the time it waited for a core.
-int64_t ThreadCpuNs() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
-constexpr const char* kInput = "x";
-constexpr const char* kOutput = "y";
-constexpr const char* kOutputGrad = "y.grad";
-constexpr const char* kInputGrad = "x.grad";
-
-bool Contains(const std::vector<std::string>& v, const std::string& s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
-}
-
-// Every input of `program` (not its parameters): what a backward run may free at last use.
-std::vector<std::string> InputNames(const Program& program, const std::vector<std::string>& except = {}) {
-  std::vector<std::string> names;
-  for (ValueId v : program.inputs()) {
-    const std::string& name = program.value(v).name;
-    if (!Contains(except, name)) names.push_back(name);
-  }
-  return names;
-}
-
-// One virtual stage held by this rank.
-struct Chunk {
-  int virtual_stage = 0;
-  bool first = false, last = false;
-  Model model;
-  Backward backward;
-  SplitBackward split;  // when the schedule splits the backward
-  std::vector<std::string> params;
-  bool output_saved = false;  // backward reads "y": it is never released early
-  std::unique_ptr<Executable> forward, backward_exe, b_exe, w_exe;
-};
 
 // The state of one chunk-micro-batch between its actions.
 struct MicroBatch {
@@ -75,12 +28,10 @@ struct StageRuntime::Impl {
   const StageSetup& setup;
   int rank;
   int P, V, M;
-  CachingAllocator allocator;
-  std::vector<Chunk> chunks;  // [V]
-  Scope state;                // parameters and optimizer state of every chunk
-  std::vector<ParamSpec> params;
-  std::unique_ptr<Executable> optimizer;
-  Shape io_shape;  // [B, T, C]
+  CachingAllocator allocator;  // declared before program, which allocates from it
+  std::unique_ptr<StageProgram> program;
+  std::vector<int> model_index;  // [program->params()]: each parameter's index in the whole model
+  Shape io_shape;                // "x" and "y": [B, T, C]
 
   Impl(const StageSetup& s, int r);
   int Tag(int receiving_virtual_stage, int micro_batch, int direction) const {
@@ -90,53 +41,22 @@ struct StageRuntime::Impl {
 
 StageRuntime::Impl::Impl(const StageSetup& s, int r)
     : setup(s), rank(r), P(s.schedule.stages), V(s.schedule.chunks), M(s.schedule.micro_batches) {
-  const TrainConfig& config = *s.config;
-  io_shape = Shape{s.micro_batch, s.seq_len, s.gpt.dim};
-  ExecutableOptions base{.allocator = &allocator, .mode = config.mode, .gc = config.gc, .threads = s.threads,
-                         .reset_peak = false};
-  chunks.resize(V);
+  io_shape = Shape{s.micro_batch_size, s.seq_len, s.gpt.dim};
+  std::vector<ChunkModel> chunks;
   for (int c = 0; c < V; ++c) {
-    Chunk& ch = chunks[c];
-    ch.virtual_stage = s.schedule.VirtualStage(rank, c);
-    ch.first = ch.virtual_stage == 0;
-    ch.last = ch.virtual_stage == s.schedule.virtual_stages() - 1;
-    ch.model = BuildGptSlice(s.gpt, s.micro_batch, GptOutput::kLoss, s.seq_len, s.slices[ch.virtual_stage]);
-    std::vector<std::string> wrt;
-    for (const ParamSpec& p : ch.model.params) {
-      wrt.push_back(p.name);
-      ch.params.push_back(p.name);
-      params.push_back(p);
-    }
-    if (!ch.first) wrt.push_back(kInput);
-    GradientSpec spec{.wrt = wrt, .recompute = config.recompute};
-    if (ch.last) {
-      spec.loss = ch.model.loss;
-    } else {
-      spec.seeds = {kOutput};
-    }
-    ch.backward = BuildBackward(ch.model.forward, spec);
-    ch.output_saved = !ch.last && Contains(ch.backward.saved, kOutput);
-
-    ExecutableOptions fwd = base;
-    fwd.keep = ch.backward.saved;
-    ch.forward = std::make_unique<Executable>(ch.model.forward, fwd);
-    if (s.schedule.split_backward) {
-      ch.split = SplitBW(ch.backward, ch.first ? std::vector<std::string>{} : std::vector<std::string>{kInput});
-      ExecutableOptions b = base;
-      b.donate = InputNames(ch.split.b, ch.split.w_saved);  // W still reads w_saved
-      ch.b_exe = std::make_unique<Executable>(ch.split.b, b);
-      ExecutableOptions w = base;
-      w.donate = InputNames(ch.split.w);
-      ch.w_exe = std::make_unique<Executable>(ch.split.w, w);
-    } else {
-      ExecutableOptions bwd = base;
-      bwd.donate = InputNames(ch.backward.program);  // saved activations and "y.grad" die at last use
-      ch.backward_exe = std::make_unique<Executable>(ch.backward.program, bwd);
-    }
+    const int v = s.schedule.VirtualStage(rank, c);
+    chunks.push_back({.model = BuildGptSlice(s.gpt, s.micro_batch_size, GptOutput::kLoss, s.seq_len, s.slices[v]),
+                      .first = v == 0,
+                      .last = v == s.schedule.virtual_stages() - 1});
   }
-  optimizer = std::make_unique<Executable>(BuildOptimizer(params, config.optimizer), base);
-  for (auto& [name, t] : InitParams(params, config.seed, allocator)) state.Set(name, std::move(t));
-  for (auto& [name, t] : InitOptimizerState(params, config.optimizer, allocator)) state.Set(name, std::move(t));
+  program = std::make_unique<StageProgram>(
+      std::move(chunks), *s.config,
+      StageProgramOptions{.allocator = &allocator, .threads = s.threads, .split_backward = s.schedule.split_backward});
+  for (const ParamSpec& p : program->params()) {
+    auto it = std::find(s.model_params.begin(), s.model_params.end(), p.name);
+    SLUICE_CHECK(it != s.model_params.end(), "stage {} holds '{}', which the model does not", rank, p.name);
+    model_index.push_back(static_cast<int>(it - s.model_params.begin()));
+  }
 }
 
 StageRuntime::StageRuntime(const StageSetup& setup, int rank) : impl_(std::make_unique<Impl>(setup, rank)) {}
@@ -144,15 +64,7 @@ StageRuntime::~StageRuntime() = default;
 
 int StageRuntime::rank() const { return impl_->rank; }
 
-std::map<std::string, Tensor> StageRuntime::State() const {
-  const Impl& m = *impl_;
-  std::map<std::string, Tensor> out;
-  for (const ParamSpec& p : m.params) {
-    out.emplace(p.name, m.state.Get(p.name));
-    for (const std::string& s : OptimizerStateNames(p.name, m.setup.config->optimizer)) out.emplace(s, m.state.Get(s));
-  }
-  return out;
-}
+std::map<std::string, Tensor> StageRuntime::State() const { return impl_->program->State(); }
 
 // Executes one step of one rank; lives for the duration of RunStep.
 class StageRuntime::StepRun {
@@ -217,7 +129,7 @@ class StageRuntime::StepRun {
 
  private:
   MicroBatch& Mb(int chunk, int micro_batch) { return mbs_[chunk * rt_.M + micro_batch]; }
-  int VirtualStage(int chunk) const { return rt_.chunks[chunk].virtual_stage; }
+  int VirtualStage(int chunk) const { return rt_.setup.schedule.VirtualStage(rt_.rank, chunk); }
 
   bool Faulty(const Action& a) {
     const FaultInjection& f = rt_.setup.fault;
@@ -269,7 +181,7 @@ class StageRuntime::StepRun {
       MicroBatch& mb = mbs_[index];
       if (mb.send_f.valid() && !mb.send_f.Test()) return false;
       mb.send_f = Request();
-      if (rt_.setup.release_outputs && mb.output.defined() && !rt_.chunks[index / rt_.M].output_saved) {
+      if (rt_.setup.release_outputs && mb.output.defined() && !rt_.program->chunk(index / rt_.M).output_saved) {
         out_.released_output_bytes += mb.output.numel() * static_cast<int64_t>(SizeOf(mb.output.dtype()));
         mb.output = Tensor();
       }
@@ -278,7 +190,7 @@ class StageRuntime::StepRun {
   }
 
   void Execute(const Action& a) {
-    Chunk& ch = rt_.chunks[a.chunk];
+    const Chunk& ch = rt_.program->chunk(a.chunk);
     MicroBatch& mb = Mb(a.chunk, a.micro_batch);
     switch (a.kind) {
       case ActionKind::kRecvF:
@@ -306,19 +218,16 @@ class StageRuntime::StepRun {
     }
   }
 
-  void BindParams(const Chunk& ch, Scope& scope) {
-    for (const std::string& p : ch.params) scope.Set(p, rt_.state.Get(p));
-  }
-
-  void Forward(const Action& a, Chunk& ch, MicroBatch& mb) {
+  void Forward(const Action& a, const Chunk& ch, MicroBatch& mb) {
     Scope& scope = mb.scope;
     if (ch.first || ch.last) {  // only the ranks that need data read it
       const StageSetup& s = rt_.setup;
       Scope batch;
-      s.task->BindBatch(batch, DataSplit::kTrain, step_ * rt_.M + a.micro_batch, s.micro_batch * s.replicas, cfg_.seed);
+      s.task->BindBatch(batch, DataSplit::kTrain, step_ * rt_.M + a.micro_batch, s.micro_batch_size * s.replicas,
+                        cfg_.seed);
       auto rows = [&](const char* name) {  // this replica's share
         Tensor t = batch.Take(name);
-        return s.replicas == 1 ? t : t.Slice(0, s.replica * s.micro_batch, (s.replica + 1) * s.micro_batch);
+        return s.replicas == 1 ? t : t.Slice(0, s.replica * s.micro_batch_size, (s.replica + 1) * s.micro_batch_size);
       };
       if (ch.first) scope.Set("ids", rows("ids"));
       if (ch.last) scope.Set("targets", rows("targets"));
@@ -326,28 +235,20 @@ class StageRuntime::StepRun {
     if (!ch.first) {
       // The input comes from the previous virtual stage: a message, or this rank's own chunk (P = 1).
       if (mb.recv_f.valid()) {
-        scope.Set(kInput, Receive(mb.recv_f, a, "RECV_F"));
+        scope.Set(kChunkInput, Receive(mb.recv_f, a, "RECV_F"));
         mb.recv_f = Request();
       } else {
         MicroBatch& prev = Mb(a.chunk - 1, a.micro_batch);
-        scope.Set(kInput, std::move(prev.output));
+        scope.Set(kChunkInput, std::move(prev.output));
         prev.output = Tensor();
       }
     }
-    Compute(a, "F", [&] {
-      BindParams(ch, scope);
-      ch.forward->Run(scope);
-    });
+    Compute(a, "F", [&] { rt_.program->Forward(a.chunk, scope); });
     if (ch.last) {
       out_.losses.resize(rt_.M);
-      out_.losses[a.micro_batch] = scope.Get(ch.model.loss).FlatAt(0);
-      scope.Erase(ch.model.loss);
+      out_.losses[a.micro_batch] = scope.Take(ch.model.loss).FlatAt(0);
     } else {
-      mb.output = ch.output_saved ? scope.Get(kOutput) : scope.Take(kOutput);
-    }
-    // The hand-off: the scope keeps exactly what the backward reads.
-    for (const std::string& name : scope.Names()) {
-      if (!Contains(ch.backward.saved, name)) scope.Erase(name);
+      mb.output = ch.output_saved ? scope.Get(kChunkOutput) : scope.Take(kChunkOutput);
     }
     mb.f_done = true;
     ++inflight_;
@@ -356,15 +257,15 @@ class StageRuntime::StepRun {
     out_.inflight_peak_per_chunk[a.chunk] = std::max(out_.inflight_peak_per_chunk[a.chunk], inflight_chunk_[a.chunk]);
   }
 
-  void Backward(const Action& a, Chunk& ch, MicroBatch& mb) {
+  void Backward(const Action& a, const Chunk& ch, MicroBatch& mb) {
     Scope& scope = mb.scope;
     if (!ch.last) {
       if (mb.recv_b.valid()) {
-        scope.Set(kOutputGrad, Receive(mb.recv_b, a, "RECV_B"));
+        scope.Set(kChunkOutputGrad, Receive(mb.recv_b, a, "RECV_B"));
         mb.recv_b = Request();
       } else {
         MicroBatch& next = Mb(a.chunk + 1, a.micro_batch);
-        scope.Set(kOutputGrad, std::move(next.input_grad));
+        scope.Set(kChunkOutputGrad, std::move(next.input_grad));
         next.input_grad = Tensor();
       }
     }
@@ -378,42 +279,27 @@ class StageRuntime::StepRun {
       backward_seen_ = true;
       out_.allocated_at_inflight_peak_bytes = rt_.allocator.Stats().allocated_bytes;
     }
-    Compute(a, "B", [&] {
-      BindParams(ch, scope);
-      if (rt_.setup.schedule.split_backward) {
-        ch.b_exe->Run(scope);
-      } else {
-        ch.backward_exe->Run(scope);
-      }
-      TakeGradients(ch, scope);
-    });
-    if (!ch.first) mb.input_grad = scope.Take(kInputGrad);
+    Compute(a, "B", [&] { rt_.program->Backward(a.chunk, scope, grads_); });
+    if (!ch.first) mb.input_grad = scope.Take(kChunkInputGrad);
     mb.output = Tensor();  // release off: kept until now
-    if (!rt_.setup.schedule.split_backward) scope.Clear();
+    const bool split = rt_.setup.schedule.split_backward;
+    if (!split) scope.Clear();
     mb.b_done = true;
     --inflight_;
     --inflight_chunk_[a.chunk];
-    if (rt_.setup.schedule.split_backward) out_.awaiting_weight_peak = std::max(out_.awaiting_weight_peak, ++awaiting_);
+    if (split) out_.awaiting_weight_peak = std::max(out_.awaiting_weight_peak, ++awaiting_);
   }
 
-  void Weight(const Action& a, Chunk& ch, MicroBatch& mb) {
-    Compute(a, "W", [&] {
-      BindParams(ch, mb.scope);
-      ch.w_exe->Run(mb.scope);
-      TakeGradients(ch, mb.scope);
-    });
+  void Weight(const Action& a, const Chunk&, MicroBatch& mb) {
+    Compute(a, "W", [&] { rt_.program->Weight(a.chunk, mb.scope, grads_); });
     mb.scope.Clear();
     --awaiting_;
   }
 
-  // Parameter gradients a backward run left in the scope go to the accumulator, in micro-batch order.
-  void TakeGradients(const Chunk& ch, Scope& scope) {
-    for (const std::string& p : ch.params) {
-      Tensor g = scope.Take(p + ".grad");
-      if (g.defined()) grads_.Add(p + ".grad", std::move(g));
-    }
-  }
-
+  // The gradient sums over replicas (data parallelism), the mean over micro-batches, the global
+  // norm from every stage's per-parameter sums of squares (all-reduced: each rank fills its own
+  // parameters' entries, so the sum in model order is bitwise the single stage's), clipping and
+  // the optimizer.
   void Optimize(const Action& a) {
     const StageSetup& setup = rt_.setup;
     if (setup.data != nullptr) {  // sum over replicas, every gradient in name order on every replica
@@ -422,30 +308,22 @@ class StageRuntime::StepRun {
       out_.comm_ns += NowNs() - begin;
       Span("ALLREDUCE_DP", a, begin, NowNs());
     }
-    double sum_sq = 0;
-    Compute(a, "OPT", [&] { sum_sq = grads_.MeanAndSumSquares(rt_.M * setup.replicas); });
-    Tensor total = Tensor::Full({}, sum_sq, DType::kF64, rt_.allocator);
+    const int64_t n = static_cast<int64_t>(setup.model_params.size());
+    Tensor sum_squares = Tensor::Zeros({n}, DType::kF64, rt_.allocator);
+    Compute(a, "OPT", [&] {
+      const std::vector<double> mine = rt_.program->FinishGradients(grads_, rt_.M * setup.replicas);
+      for (size_t i = 0; i < mine.size(); ++i) sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
+    });
     const int64_t begin = NowNs();
-    comm_.AllReduceSum(total);
+    comm_.AllReduceSum(sum_squares);
     out_.comm_ns += NowNs() - begin;
     Span("ALLREDUCE", a, begin, NowNs());
-    out_.grad_norm = std::sqrt(total.FlatAt(0));
-    Compute(a, "OPT", [&] {
-      grads_.Clip(out_.grad_norm, cfg_.optimizer.clip_norm);
-      Scope& s = rt_.state;
-      for (const auto& [name, g] : grads_.grads()) s.Set(name, g);
-      grads_.Clear();
-      s.Set("lr", Tensor::Full({}, lr_, DType::kF32, rt_.allocator));
-      s.Set("step", Tensor::Full({}, static_cast<double>(step_ + 1), DType::kF32, rt_.allocator));
-      rt_.optimizer->Run(s);
-      for (const ParamSpec& p : rt_.params) s.Erase(p.name + ".grad");
-      s.Erase("lr");
-      s.Erase("step");
-    });
+    out_.grad_norm = GlobalNorm({sum_squares.data<double>(), sum_squares.data<double>() + n});
+    Compute(a, "OPT", [&] { rt_.program->Update(grads_, out_.grad_norm, lr_, step_); });
   }
 
   StageRuntime::Impl& rt_;
-  const TrainConfig& cfg_;
+  const TrainConfig& cfg_;  // the run's (step/train_config.h)
   int64_t step_;
   double lr_;
   Communicator& comm_;

@@ -2,10 +2,12 @@
 // its own CachingAllocator, and the loop that executes its list of schedule actions (schedule.h)
 // for one training step over a Communicator (comm/communicator.h).
 //
-// Per chunk (virtual stage) the runtime holds: the slice's forward program (keeping exactly the
-// values its backward reads), the backward program (autodiff over the slice: parameter gradients,
-// and "x.grad" for the previous stage; seeded by "y.grad" from the next one), its B/W split when
-// the schedule splits the backward, and one optimizer program for all of the rank's parameters.
+// Its chunks (virtual stages: GPT slices, partition.h) are built by a StageProgram
+// (step/stage_program.h), the same builder the single-stage engine uses: per chunk the forward
+// program keeping exactly the values its backward reads, the backward (parameter gradients and
+// "x.grad" for the previous stage, seeded by "y.grad" from the next one) or its B/W split when the
+// schedule splits the backward, and one optimizer program for all of the rank's parameters. This
+// file adds what only a pipeline has: the action loop, messages, output release, the records.
 //
 // Executing the actions of one step, micro-batch (c, m) by micro-batch:
 //   RECV_F  posts a receive of the input "x" f32[B, T, C] (memory from this rank's allocator).
@@ -23,7 +25,8 @@
 //           accumulates parameter gradients, and holds "x.grad" for SEND_B.  W runs the W half.
 //   OPT     with data parallelism, the sum of every gradient over the replicas (all-reduce);
 //           then the mean over micro-batches (and replicas), the global gradient norm
-//           (all-reduce of the stages' sums of squares), clipping, and the optimizer in place.
+//           (all-reduce of every parameter's sum of squares, each rank filling its own, summed in
+//           model order: bitwise the single stage's norm), clipping, and the optimizer in place.
 // Message tags: the receiving virtual stage v, micro-batch m and direction d: ((v·M + m)·2 + d)
 // mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous.
 // Gradients of one parameter are summed in micro-batch order, as on one stage, so results match
@@ -55,8 +58,8 @@
 #include "sluice/core/error.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/pipeline/schedule.h"
-#include "sluice/train/task.h"
-#include "sluice/train/trainer.h"
+#include "sluice/step/task.h"
+#include "sluice/step/train_config.h"
 
 namespace sluice::pipeline {
 
@@ -83,10 +86,11 @@ struct StageSetup {
   const TrainConfig* config = nullptr;
   const Task* task = nullptr;
   GptConfig gpt;
-  int64_t micro_batch = 1;  // sequences per micro-batch (of one replica)
+  int64_t micro_batch_size = 1;  // sequences per micro-batch (of one replica)
   int64_t seq_len = 1;
   Schedule schedule;
   std::vector<GptSlice> slices;  // [P·V] by virtual stage
+  std::vector<std::string> model_params;  // the whole model's parameter names, model order
   bool release_outputs = true;
   int threads = 1;  // intra-op threads per rank
   FaultInjection fault;

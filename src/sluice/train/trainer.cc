@@ -1,7 +1,5 @@
 #include "sluice/train/trainer.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -9,13 +7,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "sluice/autodiff/autodiff.h"
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
-#include "sluice/io/checkpoint.h"
 #include "sluice/io/metrics.h"
 #include "sluice/nn/data.h"
 #include "sluice/train/single_stage.h"
+#include "sluice/train/training_checkpoint.h"
 
 namespace sluice {
 
@@ -43,14 +40,14 @@ struct Trainer::Impl {
   int64_t peak_allocated = 0, peak_reserved = 0;
 
   Impl(TrainConfig c, const EngineFactory& factory);
-  void LoadState(const Checkpoint& ckpt, bool with_optimizer_state);
 };
 
 Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::move(c)) {
   ValidateTrainConfig(config);
   task = MakeTask(config);
+  // Intra-op threads of the process (0: every core); the engine shares them among its ranks and
+  // sets BLAS's count (step/stage_program.h ShareIntraOpThreads).
   const int threads = config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(threads);
 
   micro_batch = config.batch / config.microbatches;
   eval_batch = micro_batch;
@@ -63,59 +60,15 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
   logits = std::make_unique<Executable>(task->BuildLogits(eval_batch).forward, base);
   for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
 
-  // A sharded checkpoint: read only the shards holding this engine's state (a stage's own).
-  auto held = [&](const std::string& name) { return scope.Has(name); };
-  if (!config.init_from.empty()) LoadState(LoadCheckpoint(config.init_from, eval_allocator, held), false);
+  if (!config.init_from.empty()) {
+    LoadTrainingCheckpoint(config.init_from, LoadKind::kInitFrom, model.params, config, scope, eval_allocator);
+  }
   if (!config.resume_path.empty()) {
-    Checkpoint ckpt = LoadCheckpoint(config.resume_path, eval_allocator, held);
-    LoadState(ckpt, true);
-    step = std::stoll(ckpt.metadata.at("step"));
-    if (ckpt.metadata.count("data_seed") && std::stoull(ckpt.metadata.at("data_seed")) != config.seed) {
-      throw InvalidArgument(fmt::format("checkpoint '{}' was trained with --seed {}; resume with the same seed",
-                                        config.resume_path, ckpt.metadata.at("data_seed")));
-    }
+    step = LoadTrainingCheckpoint(config.resume_path, LoadKind::kResume, model.params, config, scope, eval_allocator);
   }
   if (!config.metrics_path.empty() && engine->leader()) {
     metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());
   }
-}
-
-// Checks the checkpoint against the model first (every problem in one message), then copies the
-// tensors into the engine's state in place.
-void Trainer::Impl::LoadState(const Checkpoint& ckpt, bool with_optimizer_state) {
-  std::vector<std::string> problems;
-  // What this process holds: every parameter (with its optimizer state), or one stage's.
-  std::vector<std::string> expected;
-  for (const ParamSpec& p : model.params) {
-    if (!scope.Has(p.name)) continue;
-    expected.push_back(p.name);
-    if (with_optimizer_state) {
-      for (const std::string& s : OptimizerStateNames(p.name, config.optimizer)) expected.push_back(s);
-    }
-  }
-  const bool whole_model =
-      std::all_of(model.params.begin(), model.params.end(), [&](const ParamSpec& p) { return scope.Has(p.name); });
-  for (const std::string& name : expected) {
-    auto it = ckpt.tensors.find(name);
-    const Tensor& current = scope.Get(name);
-    if (it == ckpt.tensors.end()) {
-      problems.push_back(fmt::format("missing tensor '{}' ({}{})", name, Name(current.dtype()), current.shape().ToString()));
-    } else if (it->second.shape() != current.shape() || it->second.dtype() != current.dtype()) {
-      problems.push_back(fmt::format("tensor '{}' is {}{} but the model needs {}{}", name, Name(it->second.dtype()),
-                                     it->second.shape().ToString(), Name(current.dtype()), current.shape().ToString()));
-    }
-  }
-  for (const auto& [name, t] : ckpt.tensors) {
-    if (whole_model && std::find(expected.begin(), expected.end(), name) == expected.end() &&
-        (with_optimizer_state || !ckpt.metadata.count("step"))) {
-      problems.push_back(fmt::format("unexpected tensor '{}' (not a {} of this model)", name,
-                                     with_optimizer_state ? "parameter or optimizer state" : "parameter"));
-    }
-  }
-  if (!problems.empty()) {
-    throw InvalidArgument(fmt::format("cannot load '{}' into this model:\n  {}", ckpt.path, fmt::join(problems, "\n  ")));
-  }
-  for (const std::string& name : expected) scope.Get(name).CopyFrom(ckpt.tensors.at(name));
 }
 
 Trainer::Trainer(TrainConfig config, const EngineFactory& engine)
@@ -124,6 +77,7 @@ Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
 const TrainConfig& Trainer::config() const { return impl_->config; }
+const StepEngine& Trainer::engine() const { return *impl_->engine; }
 const Tensor& Trainer::Value(const std::string& name) const { return impl_->scope.Get(name); }
 std::vector<std::string> Trainer::ParamNames() const {
   std::vector<std::string> names;
@@ -183,16 +137,7 @@ EvalRecord Trainer::Evaluate() {
 
 void Trainer::SaveCheckpoint(const std::string& path) const {
   const Impl& m = *impl_;
-  nlohmann::json config = m.task->Describe();
-  config["optimizer"] = m.config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
-  std::map<std::string, std::string> metadata = {
-      {"format", "sluice-checkpoint-1"},
-      {"step", std::to_string(m.step)},
-      {"data_seed", std::to_string(m.config.seed)},
-      {"data_position", std::to_string(m.step * m.config.microbatches)},
-      {"config", config.dump()},
-  };
-  m.engine->SaveCheckpoint(path, metadata);
+  m.engine->SaveCheckpoint(path, TrainingCheckpointMetadata(*m.task, m.config, m.step));
 }
 
 TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,

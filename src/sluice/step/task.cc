@@ -1,4 +1,4 @@
-#include "sluice/train/task.h"
+#include "sluice/step/task.h"
 
 #include <algorithm>
 
@@ -6,7 +6,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/nn/mlp.h"
-#include "sluice/train/trainer.h"
+#include "sluice/step/train_config.h"
 
 namespace sluice {
 

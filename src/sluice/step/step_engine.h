@@ -7,6 +7,8 @@
 //   pipeline (pipeline/pipeline_engine.h) the model split into stages on their own threads and
 //                                         allocators, micro-batches flowing through a schedule
 //
+// Both build and run their programs with one StageProgram per rank (step/stage_program.h).
+//
 // An engine owns the parameters and optimizer state, in its own memory. State() hands out
 // tensors that share that memory: the trainer evaluates with them, saves them, and loads a
 // checkpoint by copying into them in place — so the engine sees every change.
@@ -20,17 +22,17 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/allocator.h"
 #include "sluice/core/tensor.h"
 #include "sluice/nn/model.h"
-#include "sluice/train/task.h"
+#include "sluice/step/task.h"
+#include "sluice/step/train_config.h"
 
 namespace sluice {
-
-struct TrainConfig;
 
 struct StepResult {
   double loss = 0;       // mean over micro-batches
@@ -51,6 +53,11 @@ class StepEngine {
   virtual std::map<std::string, Tensor> State() const = 0;
   // Extra fields for the metrics summary line ({"stages": [...]} for a pipeline); null when none.
   virtual nlohmann::json Summary() const { return nullptr; }
+  // For people: one line saying how the engine runs a step (a pipeline: stages, schedule, layout,
+  // release), printed before training; empty when there is nothing beyond the configuration.
+  virtual std::string Describe() const { return {}; }
+  // For people: lines reporting the run so far (a pipeline: one per stage), printed after training.
+  virtual std::vector<std::string> ReportLines() const { return {}; }
 
   // Distributed engines run one rank per process (MPI). Only the leader (world rank 0) writes
   // metrics, evaluates and reports; every process calls every method below (they are collective).

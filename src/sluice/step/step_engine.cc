@@ -1,4 +1,4 @@
-#include "sluice/train/step_engine.h"
+#include "sluice/step/step_engine.h"
 
 #include "sluice/io/checkpoint.h"
 

@@ -1,0 +1,174 @@
+#include "sluice/step/stage_program.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "sluice/core/error.h"
+#include "sluice/kernels/matmul.h"
+
+namespace sluice {
+
+namespace {
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// Every input of `program` (not its parameters), except `except`: what a backward run may free at
+// its last use — saved activations and "y.grad".
+std::vector<std::string> InputNames(const Program& program, const std::vector<std::string>& except = {}) {
+  std::vector<std::string> names;
+  for (ValueId v : program.inputs()) {
+    const std::string& name = program.value(v).name;
+    if (!Contains(except, name)) names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace
+
+StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config, StageProgramOptions options)
+    : config_(config), options_(options) {
+  SLUICE_CHECK(options_.allocator != nullptr, "StageProgram needs an allocator");
+  // Peaks run on across the runs of a step: the engine restarts them once per step.
+  const ExecutableOptions base{.allocator = options_.allocator, .mode = config.mode, .gc = config.gc,
+                               .threads = options_.threads, .reset_peak = false};
+  chunks_.resize(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    Chunk& ch = chunks_[c];
+    ch.model = std::move(chunks[c].model);
+    ch.first = chunks[c].first;
+    ch.last = chunks[c].last;
+    std::vector<std::string> wrt;
+    for (const ParamSpec& p : ch.model.params) {
+      wrt.push_back(p.name);
+      ch.params.push_back(p.name);
+      params_.push_back(p);
+    }
+    if (!ch.first) wrt.push_back(kChunkInput);
+    GradientSpec spec{.wrt = wrt, .recompute = config.recompute};
+    if (ch.last) {
+      spec.loss = ch.model.loss;
+    } else {
+      spec.seeds = {kChunkOutput};
+    }
+    ch.backward = BuildBackward(ch.model.forward, spec);
+    ch.output_saved = !ch.last && Contains(ch.backward.saved, kChunkOutput);
+
+    ExecutableOptions fwd = base;
+    fwd.keep = ch.backward.saved;
+    ch.forward = std::make_unique<Executable>(ch.model.forward, fwd);
+    if (options_.split_backward) {
+      ch.split = SplitBW(ch.backward, ch.first ? std::vector<std::string>{} : std::vector<std::string>{kChunkInput});
+      ExecutableOptions b = base;
+      b.donate = InputNames(ch.split.b, ch.split.w_saved);  // W still reads w_saved
+      ch.b_exe = std::make_unique<Executable>(ch.split.b, b);
+      ExecutableOptions w = base;
+      w.donate = InputNames(ch.split.w);
+      ch.w_exe = std::make_unique<Executable>(ch.split.w, w);
+    } else {
+      ExecutableOptions bwd = base;
+      bwd.donate = InputNames(ch.backward.program);  // saved activations and "y.grad" die at last use
+      ch.backward_exe = std::make_unique<Executable>(ch.backward.program, bwd);
+    }
+  }
+  optimizer_ = std::make_unique<Executable>(BuildOptimizer(params_, config.optimizer), base);
+  Allocator& allocator = *options_.allocator;
+  for (auto& [name, t] : InitParams(params_, config.seed, allocator)) state_.Set(name, std::move(t));
+  for (auto& [name, t] : InitOptimizerState(params_, config.optimizer, allocator)) state_.Set(name, std::move(t));
+}
+
+StageProgram::~StageProgram() = default;
+
+void StageProgram::Forward(int c, Scope& scope) const {
+  const Chunk& ch = chunks_[c];
+  for (const std::string& p : ch.params) scope.Set(p, state_.Get(p));
+  ch.forward->Run(scope);
+  // The hand-off: the scope keeps exactly what the backward reads, and the chunk's output.
+  const std::string& output = ch.last ? ch.model.loss : std::string(kChunkOutput);
+  for (const std::string& name : scope.Names()) {
+    if (name != output && !Contains(ch.backward.saved, name)) scope.Erase(name);
+  }
+}
+
+namespace {
+
+// Parameter gradients a backward run left in the scope go to the accumulator.
+void TakeGradients(const Chunk& ch, Scope& scope, GradientAccumulator& grads) {
+  for (const std::string& p : ch.params) {
+    Tensor g = scope.Take(p + ".grad");
+    if (g.defined()) grads.Add(p + ".grad", std::move(g));
+  }
+}
+
+void UnbindParams(const Chunk& ch, Scope& scope) {
+  for (const std::string& p : ch.params) scope.Erase(p);
+}
+
+}  // namespace
+
+void StageProgram::Backward(int c, Scope& scope, GradientAccumulator& grads) const {
+  const Chunk& ch = chunks_[c];
+  for (const std::string& p : ch.params) scope.Set(p, state_.Get(p));
+  (options_.split_backward ? ch.b_exe : ch.backward_exe)->Run(scope);
+  TakeGradients(ch, scope, grads);
+  UnbindParams(ch, scope);
+}
+
+void StageProgram::Weight(int c, Scope& scope, GradientAccumulator& grads) const {
+  const Chunk& ch = chunks_[c];
+  SLUICE_CHECK(options_.split_backward, "W of chunk {} without a split backward", c);
+  for (const std::string& p : ch.params) scope.Set(p, state_.Get(p));
+  ch.w_exe->Run(scope);
+  TakeGradients(ch, scope, grads);
+  UnbindParams(ch, scope);
+}
+
+std::vector<double> StageProgram::FinishGradients(GradientAccumulator& grads, int64_t micro_batches) const {
+  const std::map<std::string, double> by_name = grads.MeanAndSumSquares(micro_batches);
+  std::vector<double> out;
+  out.reserve(params_.size());
+  for (const ParamSpec& p : params_) {
+    auto it = by_name.find(p.name + ".grad");
+    out.push_back(it == by_name.end() ? 0.0 : it->second);
+  }
+  return out;
+}
+
+void StageProgram::Update(GradientAccumulator& grads, double global_norm, double lr, int64_t step) {
+  grads.Clip(global_norm, config_.optimizer.clip_norm);
+  Allocator& allocator = *options_.allocator;
+  for (const auto& [name, g] : grads.grads()) state_.Set(name, g);
+  grads.Clear();
+  state_.Set("lr", Tensor::Full({}, lr, DType::kF32, allocator));
+  state_.Set("step", Tensor::Full({}, static_cast<double>(step + 1), DType::kF32, allocator));
+  optimizer_->Run(state_);
+  for (const ParamSpec& p : params_) state_.Erase(p.name + ".grad");
+  state_.Erase("lr");
+  state_.Erase("step");
+}
+
+std::map<std::string, Tensor> StageProgram::State() const {
+  std::map<std::string, Tensor> out;
+  for (const ParamSpec& p : params_) {
+    out.emplace(p.name, state_.Get(p.name));
+    for (const std::string& s : OptimizerStateNames(p.name, config_.optimizer)) out.emplace(s, state_.Get(s));
+  }
+  return out;
+}
+
+double GlobalNorm(const std::vector<double>& sum_squares_in_model_order) {
+  double total = 0;
+  for (double s : sum_squares_in_model_order) total += s;
+  return std::sqrt(total);
+}
+
+int ShareIntraOpThreads(int threads, int ranks) {
+  const int all = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int per_rank = std::max(1, all / std::max(1, ranks));
+  kernels::SetBlasThreads(per_rank);
+  return per_rank;
+}
+
+}  // namespace sluice

@@ -1,0 +1,140 @@
+// StageProgram: the one place where the programs of a training step are built and run — for the
+// whole model on one stage (train/single_stage.h) and for every rank of a pipeline
+// (pipeline/stage_runtime.h), which is why single-stage and pipelined training agree bit for bit.
+//
+// A rank trains one or more *chunks*: contiguous pieces of the model (the whole model on one
+// stage). For each chunk, from its forward program, StageProgram builds
+//   forward    keeping in the scope exactly the values its backward reads (Backward::saved): the
+//              forward→backward hand-off
+//   backward   autodiff over the chunk: the parameters' gradients and, unless the chunk is the
+//              first, "x.grad" for the previous chunk; seeded by the loss on the last chunk, by
+//              "y.grad" from the next chunk elsewhere. It donates its inputs, so saved activations
+//              die at their last backward use. With split_backward, its B half (input gradients:
+//              the pipeline's critical path) and W half (parameter gradients) instead (SplitBW)
+// and, for all of the rank's parameters: their initial values and optimizer state in the rank's
+// allocator and the optimizer program that applies the accumulated gradients in place.
+//
+// A chunk's interface: "x" f32 [B, T, C] in from the previous chunk (absent on the first, which
+// reads the batch's "ids"), "y" out to the next (absent on the last, whose output is the loss),
+// and their gradients "y.grad" in, "x.grad" out.
+//
+// One step, as both engines run it:
+//   for each micro-batch: Forward (+ hand-off) → Backward [→ Weight] → gradients accumulated
+//   FinishGradients: mean over micro-batches, per-parameter sums of squares → GlobalNorm (over
+//   every rank's, in model order); Update: clipping to that norm, the optimizer at the step's
+//   learning rate.
+//
+// Thread-safety: one thread uses a StageProgram (a rank's). Failure: the constructor throws
+// ProgramError when the model cannot be differentiated; the run methods rethrow a failing run's
+// error (the scope may then hold partial results).
+//
+// Example (one stage, what the single-stage engine does per step):
+//   StageProgram program({{.model = model}}, config, {.allocator = &allocator});
+//   for (int64_t k = 0; k < M; ++k) {
+//     task.BindBatch(scope, DataSplit::kTrain, step * M + k, micro_batch_size, config.seed);
+//     program.Forward(0, scope);
+//     program.Backward(0, scope, grads);
+//     scope.Clear();
+//   }
+//   const double norm = GlobalNorm(program.FinishGradients(grads, M));
+//   program.Update(grads, norm, lr, step);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/autodiff/autodiff.h"
+#include "sluice/core/allocator.h"
+#include "sluice/exec/interpreter.h"
+#include "sluice/exec/scope.h"
+#include "sluice/nn/model.h"
+#include "sluice/nn/optimizer.h"
+#include "sluice/step/train_config.h"
+
+namespace sluice {
+
+// The names of a chunk's interface.
+inline constexpr const char* kChunkInput = "x";
+inline constexpr const char* kChunkOutput = "y";
+inline constexpr const char* kChunkOutputGrad = "y.grad";
+inline constexpr const char* kChunkInputGrad = "x.grad";
+
+// One chunk to build: its forward program (one micro-batch) and where it sits in the model.
+struct ChunkModel {
+  Model model;
+  bool first = true;  // reads the batch (no "x")
+  bool last = true;   // ends in the loss (no "y")
+};
+
+struct StageProgramOptions {
+  Allocator* allocator = nullptr;  // every tensor of the rank; required
+  int threads = 1;                 // intra-op threads (parallel runs)
+  bool split_backward = false;     // B and W halves (zero-bubble schedules)
+};
+
+// A built chunk. `saved` is what its forward leaves for its backward.
+struct Chunk {
+  Model model;
+  bool first = true, last = true;
+  Backward backward;
+  SplitBackward split;               // when split_backward
+  std::vector<std::string> params;   // its parameters, model order
+  bool output_saved = false;         // the backward reads "y": it may not be released early
+  std::unique_ptr<Executable> forward, backward_exe, b_exe, w_exe;
+};
+
+class StageProgram {
+ public:
+  StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config, StageProgramOptions options);
+  ~StageProgram();
+  StageProgram(const StageProgram&) = delete;
+  StageProgram& operator=(const StageProgram&) = delete;
+
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  const Chunk& chunk(int c) const { return chunks_[c]; }
+  // The rank's parameters, model order.
+  const std::vector<ParamSpec>& params() const { return params_; }
+
+  // Runs chunk c's forward on `scope`, which holds its inputs ("x", or the batch on the first
+  // chunk); binds the chunk's parameters. Afterwards `scope` holds exactly the values the
+  // backward reads, plus the output: the loss on the last chunk, else "y".
+  void Forward(int c, Scope& scope) const;
+  // Runs chunk c's backward — its B half when split — on the forward's hand-off plus "y.grad"
+  // (unless last) and adds the parameter gradients it produced to `grads`. Afterwards `scope`
+  // holds "x.grad" unless the chunk is the first, and, when split, what W reads.
+  void Backward(int c, Scope& scope, GradientAccumulator& grads) const;
+  // Runs chunk c's W half (split only) and adds its parameter gradients to `grads`.
+  void Weight(int c, Scope& scope, GradientAccumulator& grads) const;
+
+  // The mean of `grads` over `micro_batches`, then each of the rank's parameters' gradient sum
+  // of squares, in params() order (0 for a parameter without a gradient).
+  std::vector<double> FinishGradients(GradientAccumulator& grads, int64_t micro_batches) const;
+  // Clips `grads` (averaged) to config.optimizer.clip_norm given their global norm, applies them
+  // to the parameters in place with the optimizer at `lr` for 0-based `step`, then clears `grads`.
+  void Update(GradientAccumulator& grads, double global_norm, double lr, int64_t step);
+
+  // Parameters and optimizer state by name, sharing the rank's memory.
+  std::map<std::string, Tensor> State() const;
+
+ private:
+  const TrainConfig& config_;
+  StageProgramOptions options_;
+  std::vector<Chunk> chunks_;
+  std::vector<ParamSpec> params_;
+  Scope state_;  // parameters and optimizer state
+  std::unique_ptr<Executable> optimizer_;
+};
+
+// The global gradient norm from per-parameter sums of squares in the whole model's parameter
+// order — summed in that order on one stage and on every rank of a pipeline alike, so the norm is
+// bitwise the same however the model is split.
+double GlobalNorm(const std::vector<double>& sum_squares_in_model_order);
+
+// Intra-op threads for each of `ranks` ranks sharing this process, from the run's `threads`
+// (0: every core). Sets BLAS's thread count to it — the one place sluice sets it.
+int ShareIntraOpThreads(int threads, int ranks);
+
+}  // namespace sluice

@@ -1,0 +1,46 @@
+// Training checkpoints: what `sluice train --save` writes and what `--resume` and `--init-from`
+// read — both directions in this one file, so the metadata written is the metadata read.
+//
+// A checkpoint (io/checkpoint.h: one safetensors file, or a shard per stage and an index) holds
+// every parameter and its optimizer state by name, and the metadata
+//   format         "sluice-checkpoint-1"
+//   step           optimizer steps taken (the next step to run, 0-based)
+//   data_seed      --seed: batches are a pure function of it, so a resume must use the same
+//   data_position  micro-batches consumed (step · M)
+//   config         the task's description (model, sizes, data) and the optimizer
+// The engine writes the files (StepEngine::SaveCheckpoint: a distributed engine writes shards);
+// LoadTrainingCheckpoint reads either layout, and a process reads only the shards holding its own
+// tensors, so checkpoints move freely between single-stage, pipelined and MPI runs.
+//
+// Failure: IoError for an unreadable file; InvalidArgument listing every missing, unexpected or
+// mis-shaped tensor at once, or naming the --seed to resume with.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sluice/core/allocator.h"
+#include "sluice/exec/scope.h"
+#include "sluice/nn/model.h"
+#include "sluice/step/task.h"
+#include "sluice/step/train_config.h"
+
+namespace sluice {
+
+std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task, const TrainConfig& config,
+                                                              int64_t step);
+
+enum class LoadKind {
+  kResume,    // parameters and optimizer state; continue at the checkpoint's step
+  kInitFrom,  // parameters only; start at step 0
+};
+
+// Copies the checkpoint at `path` into `state` in place: the tensors of `params` (the whole
+// model's) that `state` holds, with their optimizer state when resuming. Checks everything first
+// and changes nothing when a check fails. Returns the step to continue from (0 for kInitFrom).
+int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const std::vector<ParamSpec>& params,
+                               const TrainConfig& config, Scope& state, Allocator& scratch);
+
+}  // namespace sluice

@@ -3,6 +3,7 @@
 // stop every stage with an error naming the place, and traces have one track per stage.
 #include "sluice/pipeline/pipeline_engine.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 
@@ -31,6 +32,7 @@ TrainConfig Small(int layers, int64_t microbatches = 4) {
 
 struct RunResult {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // before clipping
   std::map<std::string, std::vector<float>> state;  // parameters and optimizer state
   std::vector<StageReport> reports;
 };
@@ -53,10 +55,14 @@ RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
   }
   Trainer trainer(config, factory);
   RunResult run;
-  for (int64_t s = 0; s < config.steps; ++s) run.losses.push_back(trainer.Step().loss);
+  for (int64_t s = 0; s < config.steps; ++s) {
+    const StepRecord r = trainer.Step();
+    run.losses.push_back(r.loss);
+    run.grad_norms.push_back(r.grad_norm);
+  }
   for (const std::string& p : trainer.ParamNames()) {
     run.state[p] = Values(trainer.Value(p));
-    run.state[p + ".exp_avg"] = Values(trainer.Value(p + ".exp_avg"));
+    for (const std::string& s : OptimizerStateNames(p, config.optimizer)) run.state[s] = Values(trainer.Value(s));
   }
   if (engine != nullptr) run.reports = engine->reports();
   return run;
@@ -65,6 +71,10 @@ RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
 void ExpectBitwiseEqual(const RunResult& a, const RunResult& b, const std::string& what) {
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << ": loss of step " << i + 1;
+  ASSERT_EQ(a.grad_norms.size(), b.grad_norms.size()) << what;
+  for (size_t i = 0; i < a.grad_norms.size(); ++i) {
+    EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << what << ": gradient norm of step " << i + 1;
+  }
   ASSERT_EQ(a.state.size(), b.state.size()) << what;
   for (const auto& [name, values] : a.state) {
     EXPECT_TRUE(values == b.state.at(name)) << what << ": " << name << " differs";
@@ -92,6 +102,20 @@ TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStage) {
     const RunResult single = Train(config, nullptr);
     const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
     ExpectBitwiseEqual(single, Train(config, &options), Describe(c));
+  }
+}
+
+// Clipping scales every gradient by the global norm: bitwise only because every rank sums the
+// per-parameter squares in model order, as one stage does.
+TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {
+  for (const Case& c : kCases) {
+    TrainConfig config = Small(c.layers);
+    config.optimizer.clip_norm = 0.05;
+    const RunResult single = Train(config, nullptr);
+    EXPECT_GT(*std::max_element(single.grad_norms.begin(), single.grad_norms.end()), config.optimizer.clip_norm)
+        << "the norm must exceed the clip for clipping to be tested";
+    const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
+    ExpectBitwiseEqual(single, Train(config, &options), Describe(c) + " clipped");
   }
 }
 

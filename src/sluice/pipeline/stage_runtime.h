@@ -56,6 +56,7 @@
 
 #include "sluice/comm/communicator.h"
 #include "sluice/core/error.h"
+#include "sluice/core/memory_stats.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/pipeline/schedule.h"
 #include "sluice/step/task.h"
@@ -105,11 +106,6 @@ struct TraceSpan {
   std::string name;      // "F", "B", "W", "SEND_F", "RECV_F" (the wait), "OPT", ...
   int chunk = 0, micro_batch = 0;
   int64_t begin_ns = 0, end_ns = 0;  // steady clock
-};
-
-struct MemorySample {
-  int64_t time_ns = 0;  // steady clock
-  int64_t allocated_bytes = 0;
 };
 
 struct StageStep {

@@ -56,12 +56,12 @@ Program BigBuffers(int layers) {
 
 // A GPT-like block stack written with the basic ops: token embedding, per layer pre-LayerNorm
 // causal self-attention (one head) and a GELU MLP, then logits and a cross-entropy loss.
-//   ids [B, T] → x [B, T, C] → logits [B, T, V]
-Program Transformer(int64_t B, int64_t T, int64_t C, int64_t V, int layers) {
+//   ids [B, T] → x [B, T, C] → logits [B, T, vocab]
+Program Transformer(int64_t B, int64_t T, int64_t C, int64_t vocab, int layers) {
   Builder b("transformer");
   Var ids = b.Input("ids", DType::kI64, {B, T});
   Var targets = b.Input("targets", DType::kI64, {B, T});
-  Var x = Embedding(ids, b.Param("wte", DType::kF32, {V, C}));
+  Var x = Embedding(ids, b.Param("wte", DType::kF32, {vocab, C}));
   for (int l = 0; l < layers; ++l) {
     Builder::NameScope scope(b, "h" + std::to_string(l));
     Var ln1 = LayerNorm(x, b.Param(b.Prefixed("ln1.w"), DType::kF32, {C}),
@@ -76,7 +76,7 @@ Program Transformer(int64_t B, int64_t T, int64_t C, int64_t V, int layers) {
     Var h = Gelu(MatMul(ln2, b.Param(b.Prefixed("fc"), DType::kF32, {C, 4 * C})));
     x = x + MatMul(h, b.Param(b.Prefixed("proj"), DType::kF32, {4 * C, C}));
   }
-  Var logits = MatMul(x, b.Param("lm_head", DType::kF32, {C, V}));
+  Var logits = MatMul(x, b.Param("lm_head", DType::kF32, {C, vocab}));
   b.Output(b.Name(CrossEntropy(logits, targets), "loss"));
   return b.Build();
 }

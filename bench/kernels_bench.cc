@@ -56,7 +56,7 @@ void SetFlops(benchmark::State& state, double flops_per_call) {
       flops_per_call * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 
-// out [1024, N] = x [1024, K] · w [K, N] (+ b [N] for kLinear).
+// out [1024, n] = x [1024, k] · w [k, n] (+ b [n] for kLinear).
 void BM_Gemm(benchmark::State& state, Impl impl, int64_t k, int64_t n) {
   Tensor x = Random({kRows, k}), w = Random({k, n}), b = Random({n}),
          out = Tensor::Empty({kRows, n}, DType::kF32);

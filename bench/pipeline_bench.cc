@@ -3,9 +3,9 @@
 //
 // Job: a GPT on the sort task (vocabulary 11, T = 12: the embedding, head and loss are cheap, so
 // stages holding equal numbers of blocks cost about the same — "equal-cost stages"), --layers
-// blocks of width --dim, micro-batches of --micro-batch sequences (the batch is M of them, so one
-// micro-batch costs the same at every M). Each configuration trains --warmup untimed steps, then
-// --steps timed ones, twice: with output release (the default) and without.
+// blocks of width --dim, micro-batches of --micro-batch-size sequences (the batch is M of them, so
+// one micro-batch costs the same at every M). Each configuration trains --warmup untimed steps,
+// then --steps timed ones, twice: with output release (the default) and without.
 //
 // Reported per configuration (schedule, P, M), one JSON object a line on stdout and a table on
 // stderr:
@@ -21,7 +21,7 @@
 // ("oversubscribed": true).
 //
 // Run: build/bench/pipeline_bench [--quick] [--threads N] [--layers 8] [--dim 256]
-//                                 [--micro-batch 16] [--steps 3] [--warmup 1] [--gc sync]
+//                                 [--micro-batch-size 16] [--steps 3] [--warmup 1] [--gc sync]
 //                                 [--schedules gpipe,1f1b,...] [--stages 2,4] [--microbatches 4,8,16]
 #include <algorithm>
 #include <cstdio>
@@ -45,7 +45,7 @@ using pipeline::StageReport;
 
 struct Options {
   int threads = 0;  // 0: every core
-  int64_t layers = 8, dim = 256, heads = 4, micro_batch = 16;
+  int64_t layers = 8, dim = 256, heads = 4, micro_batch_size = 16;
   int64_t steps = 3, warmup = 1;
   std::string optimizer = "adamw";
   std::string gc = "sync";  // deterministic peaks: async frees land at the worker's pace
@@ -67,7 +67,7 @@ Measured Train(const Options& o, ScheduleKind kind, int P, int M, bool release) 
   TrainConfig c;
   c.data = "sort";
   c.gpt = {.vocab = 0, .seq = 0, .layers = o.layers, .heads = o.heads, .dim = o.dim};
-  c.batch = M * o.micro_batch;
+  c.batch = M * o.micro_batch_size;
   c.microbatches = M;
   c.steps = o.warmup + o.steps;
   c.optimizer = {.kind = *ParseOptimizerKind(o.optimizer), .lr = 1e-3};
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers", o.layers, "transformer blocks")->capture_default_str();
   app.add_option("--dim", o.dim, "width C")->capture_default_str();
   app.add_option("--heads", o.heads, "attention heads")->capture_default_str();
-  app.add_option("--micro-batch", o.micro_batch, "sequences per micro-batch (T = 12)")->capture_default_str();
+  app.add_option("--micro-batch-size", o.micro_batch_size, "sequences per micro-batch (T = 12)")->capture_default_str();
   app.add_option("--steps", o.steps, "timed steps per run")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed steps before them")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--optimizer", o.optimizer, "adamw | sgd")->capture_default_str()->check(CLI::IsMember({"adamw", "sgd"}));
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   const int threads = o.threads > 0 ? o.threads : cores;
   fmt::print(stderr, "GPT on sort: {} layers, C = {}, {} heads, T = 12, {} sequences per micro-batch, {}; "
              "GC {}; {} timed steps after {} warm-up; {} cores, {} intra-op threads\n",
-             o.layers, o.dim, o.heads, o.micro_batch, o.optimizer, o.gc, o.steps, o.warmup, cores, threads);
+             o.layers, o.dim, o.heads, o.micro_batch_size, o.optimizer, o.gc, o.steps, o.warmup, cores, threads);
   fmt::print(stderr, "{:<11} {:>2} {:>3} {:>2} | {:>6} {:>6} {:>5} | {:<23} | {:>8} {:>8} | {}\n", "schedule", "P",
              "M", "V", "bubble", "theory", "ratio", "bubble per stage", "tok/s", "tok/s off",
              "per stage: release saving at the peak / at the in-flight peak / held outputs × output bytes, MiB");
@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
           memory += fmt::format("{}{:.2f}/{:.2f}/{:.2f}", r ? "  " : "", MiB(saving), MiB(saving_at_inflight), MiB(expected));
         }
         nlohmann::json row = {{"schedule", name}, {"stages", P}, {"chunks", on.chunks}, {"micro_batches", M},
-                              {"layers", o.layers}, {"dim", o.dim}, {"heads", o.heads}, {"micro_batch", o.micro_batch},
+                              {"layers", o.layers}, {"dim", o.dim}, {"heads", o.heads}, {"micro_batch_size", o.micro_batch_size},
                               {"optimizer", o.optimizer}, {"gc", o.gc}, {"steps", o.steps}, {"warmup", o.warmup},
                               {"threads", threads}, {"threads_per_stage", per_stage}, {"cores", cores},
                               {"oversubscribed", oversubscribed}, {"bubble", bubble},

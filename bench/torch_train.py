@@ -43,12 +43,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, V, T, L, H, C):
+    def __init__(self, vocab, T, L, H, C):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.wte, self.wpe = nn.Embedding(vocab, C), nn.Embedding(T, C)
         self.h = nn.ModuleList(Block(C, H) for _ in range(L))
         self.ln_f = nn.LayerNorm(C)
-        self.lm_head = nn.Linear(C, V, bias=False)
+        self.lm_head = nn.Linear(C, vocab, bias=False)
         self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1), persistent=False)
 
     def forward(self, ids, targets):

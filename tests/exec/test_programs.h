@@ -70,11 +70,11 @@ inline Program MlpProgram(DType dtype = DType::kF32, int64_t B = 4, int64_t C = 
 // A one-block transformer with a loss, using the nn ops: embedding, layer norm, causal softmax
 // attention (one head), a GELU MLP, cross-entropy.  ids, targets [B, T] → loss []
 inline Program TinyTransformerProgram(int64_t B = 2, int64_t T = 8, int64_t C = 16,
-                                      int64_t V = 11) {
+                                      int64_t vocab = 11) {
   Builder b("tiny_transformer");
   Var ids = b.Input("ids", DType::kI64, {B, T});
   Var targets = b.Input("targets", DType::kI64, {B, T});
-  Var x = b.Name(Embedding(ids, b.Param("wte", DType::kF32, {V, C})), "x");
+  Var x = b.Name(Embedding(ids, b.Param("wte", DType::kF32, {vocab, C})), "x");
   Var ln = b.Name(
       LayerNorm(x, b.Param("ln.w", DType::kF32, {C}), b.Param("ln.b", DType::kF32, {C})), "ln");
   Var q = b.Name(MatMul(ln, b.Param("wq", DType::kF32, {C, C})), "q");
@@ -84,7 +84,7 @@ inline Program TinyTransformerProgram(int64_t B = 2, int64_t T = 8, int64_t C = 
   x = b.Name(x + MatMul(probs, v), "x1");
   Var h = b.Name(Gelu(MatMul(x, b.Param("fc", DType::kF32, {C, 4 * C}))), "h");
   x = b.Name(x + MatMul(h, b.Param("proj", DType::kF32, {4 * C, C})), "x2");
-  Var logits = b.Name(MatMul(x, b.Param("head", DType::kF32, {C, V})), "logits");
+  Var logits = b.Name(MatMul(x, b.Param("head", DType::kF32, {C, vocab})), "logits");
   b.Output(b.Name(CrossEntropy(logits, targets), "loss"));
   return b.Build();
 }

@@ -45,11 +45,11 @@ void ExpectRoundTrip(const Program& p) {
 
 // A GPT-like block: embedding, layer norm, attention with heads, residuals, loss.
 Program TransformerBlock() {
-  const int64_t B = 2, T = 4, C = 8, H = 2, V = 11;
+  const int64_t B = 2, T = 4, C = 8, H = 2, vocab = 11;
   Builder b("gpt.block");
   Var ids = b.Input("ids", DType::kI64, {B, T});
   Var targets = b.Input("targets", DType::kI32, {B, T});
-  Var wte = b.Param("wte", DType::kF32, {V, C});
+  Var wte = b.Param("wte", DType::kF32, {vocab, C});
   Var x = b.Name(Embedding(ids, wte), "x");
   Builder::NameScope h0(b, "h.0");
   Var ln_w = b.Param(b.Prefixed("ln_1.weight"), DType::kF32, {C});
@@ -67,7 +67,7 @@ Program TransformerBlock() {
   Var w_proj = b.Param(b.Prefixed("attn.c_proj.weight"), DType::kF32, {3 * C, C});
   Var b_proj = b.Param(b.Prefixed("attn.c_proj.bias"), DType::kF32, {C});
   Var y = Add(x, Linear(merged, w_proj, b_proj));
-  Var logits = MatMul(y, wte, false, true);  // tied embedding: [B, T, V]
+  Var logits = MatMul(y, wte, false, true);  // tied embedding: [B, T, vocab]
   Var loss = b.Name(CrossEntropy(logits, targets), "loss");
   b.Output(loss);
   b.Output(y);

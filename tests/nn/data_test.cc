@@ -20,7 +20,7 @@ TEST(SortDataset, TargetsAreTheSortedDigits) {
     EXPECT_EQ(row[4], data.separator());
     std::vector<int64_t> digits(row, row + 4);
     std::sort(digits.begin(), digits.end());
-    for (int t = 0; t < 4; ++t) EXPECT_EQ(tg[r * 8 + t], kIgnoreTarget);
+    for (int t = 0; t < 4; ++t) EXPECT_EQ(tg[r * 8 + t], kernels::kIgnoreTarget);
     for (int i = 0; i < 4; ++i) EXPECT_EQ(tg[r * 8 + 4 + i], digits[i]);
     // Teacher forcing: the input after the separator is the target shifted by one.
     for (int i = 0; i < 3; ++i) EXPECT_EQ(row[5 + i], tg[r * 8 + 4 + i]);

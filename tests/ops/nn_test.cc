@@ -296,18 +296,18 @@ TEST(LayerNorm, NormalizesEachRowWithBiasedVariance) {
   }
 }
 
-TEST(CrossEntropy, UniformLogitsGiveLogV) {
-  const int64_t v = 11;
-  Tensor logits = Tensor::Full({3, v}, 0.25, DType::kF32);
+TEST(CrossEntropy, UniformLogitsGiveLogVocab) {
+  const int64_t vocab = 11;
+  Tensor logits = Tensor::Full({3, vocab}, 0.25, DType::kF32);
   Tensor targets = Tensor::FromVector<int64_t>({3}, {0, 5, 10});
   for (bool reference : {false, true}) {
     Tensor loss = RunOne(
         [&](Builder& b) {
-          return CrossEntropy(b.Input("l", DType::kF32, {3, v}), b.Input("t", DType::kI64, {3}));
+          return CrossEntropy(b.Input("l", DType::kF32, {3, vocab}), b.Input("t", DType::kI64, {3}));
         },
         With({{"l", logits}, {"t", targets}}), reference);
     EXPECT_EQ(loss.shape(), Shape{});
-    EXPECT_NEAR(loss.FlatAt(0), std::log(static_cast<double>(v)), 1e-6);
+    EXPECT_NEAR(loss.FlatAt(0), std::log(static_cast<double>(vocab)), 1e-6);
   }
 }
 
@@ -336,20 +336,20 @@ void ExpectOutOfRange(Build build, Scope inputs, const std::vector<std::string>&
   }
 }
 
-TEST(Embedding, OutOfRangeIdNamesTheIdAndV) {
+TEST(Embedding, OutOfRangeIdNamesTheIdAndVocab) {
   Tensor table = Tensor::Zeros({5, 2}, DType::kF32);
   ExpectOutOfRange(
       [](Builder& b) {
         return Embedding(b.Input("ids", DType::kI64, {3}), b.Input("w", DType::kF32, {5, 2}));
       },
       With({{"ids", Tensor::FromVector<int64_t>({3}, {1, 7, 0})}, {"w", table}}),
-      {"embedding id 7 at position 1", "V = 5"});
+      {"embedding id 7 at position 1", "vocab = 5"});
   ExpectOutOfRange(
       [](Builder& b) {
         return Embedding(b.Input("ids", DType::kI32, {2}), b.Input("w", DType::kF32, {5, 2}));
       },
       With({{"ids", Tensor::FromVector<int32_t>({2}, {-1, 0})}, {"w", table}}),
-      {"id -1 at position 0", "V = 5"});
+      {"id -1 at position 0", "vocab = 5"});
   ExpectOutOfRange(
       [](Builder& b) {
         return EmbeddingGrad(b.Input("ids", DType::kI64, {2}), b.Input("dy", DType::kF32, {2, 2}),
@@ -357,17 +357,17 @@ TEST(Embedding, OutOfRangeIdNamesTheIdAndV) {
       },
       With({{"ids", Tensor::FromVector<int64_t>({2}, {0, 5})},
             {"dy", Tensor::Zeros({2, 2}, DType::kF32)}}),
-      {"embedding_grad id 5 at position 1", "V = 5"});
+      {"embedding_grad id 5 at position 1", "vocab = 5"});
 }
 
-TEST(CrossEntropy, OutOfRangeTargetNamesTheTargetAndV) {
+TEST(CrossEntropy, OutOfRangeTargetNamesTheTargetAndVocab) {
   Tensor logits = Tensor::Zeros({2, 4}, DType::kF32);
   ExpectOutOfRange(
       [](Builder& b) {
         return CrossEntropy(b.Input("l", DType::kF32, {2, 4}), b.Input("t", DType::kI64, {2}));
       },
       With({{"l", logits}, {"t", Tensor::FromVector<int64_t>({2}, {3, 4})}}),
-      {"cross_entropy target 4 at position 1", "V = 4"});
+      {"cross_entropy target 4 at position 1", "vocab = 4"});
   ExpectOutOfRange(
       [](Builder& b) {
         return CrossEntropyGrad(b.Input("l", DType::kF32, {2, 4}), b.Input("t", DType::kI64, {2}),
@@ -376,7 +376,7 @@ TEST(CrossEntropy, OutOfRangeTargetNamesTheTargetAndV) {
       With({{"l", logits},
             {"t", Tensor::FromVector<int64_t>({2}, {-2, 0})},
             {"d", Tensor::Full({}, 1, DType::kF32)}}),
-      {"cross_entropy_grad target -2 at position 0", "V = 4"});
+      {"cross_entropy_grad target -2 at position 0", "vocab = 4"});
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// C = 64, T = 16: a block costs 24·C² + 4·T·C = 102400 FLOPs per token, embed C = 64, head 2·C·V.
+// C = 64, T = 16: a block costs 24·C² + 4·T·C = 102400 FLOPs per token, embed C = 64,
+// head 2·C·vocab.
 GptConfig Config(int64_t layers, int64_t vocab) {
   return {.vocab = vocab, .seq = 16, .layers = layers, .heads = 4, .dim = 64};
 }
@@ -84,13 +85,14 @@ TEST(Partition, KindNamesRoundTripAndUnknownNamesListTheChoices) {
 }
 
 TEST(Partition, UniformGivesTheRemainderToMiddleStagesThenStageZero) {
-  const int64_t V = 50;
-  EXPECT_EQ(Layout(Config(4, V), 1, PartitionKind::kUniform), "embed,h.0-3,head");
-  EXPECT_EQ(Layout(Config(4, V), 2, PartitionKind::kUniform), "embed,h.0-1|h.2-3,head");
-  EXPECT_EQ(Layout(Config(3, V), 2, PartitionKind::kUniform), "embed,h.0-1|h.2,head");
-  EXPECT_EQ(Layout(Config(6, V), 4, PartitionKind::kUniform), "embed,h.0|h.1-2|h.3-4|h.5,head");
-  EXPECT_EQ(Layout(Config(7, V), 4, PartitionKind::kUniform), "embed,h.0-1|h.2-3|h.4-5|h.6,head");
-  EXPECT_EQ(Layout(Config(4, V), 4, PartitionKind::kUniform), "embed,h.0|h.1|h.2|h.3,head");
+  const int64_t vocab = 50;
+  EXPECT_EQ(Layout(Config(4, vocab), 1, PartitionKind::kUniform), "embed,h.0-3,head");
+  EXPECT_EQ(Layout(Config(4, vocab), 2, PartitionKind::kUniform), "embed,h.0-1|h.2-3,head");
+  EXPECT_EQ(Layout(Config(3, vocab), 2, PartitionKind::kUniform), "embed,h.0-1|h.2,head");
+  EXPECT_EQ(Layout(Config(6, vocab), 4, PartitionKind::kUniform), "embed,h.0|h.1-2|h.3-4|h.5,head");
+  EXPECT_EQ(Layout(Config(7, vocab), 4, PartitionKind::kUniform),
+            "embed,h.0-1|h.2-3|h.4-5|h.6,head");
+  EXPECT_EQ(Layout(Config(4, vocab), 4, PartitionKind::kUniform), "embed,h.0|h.1|h.2|h.3,head");
 }
 
 TEST(Partition, UniformWithFewerLayersThanStagesSuggestsBalancedOrLayout) {
@@ -144,10 +146,10 @@ TEST(Partition, BalancedGivesEveryUnitAStageWhenThereAreLPlusTwo) {
 
 TEST(Partition, BalancedIsOptimalAndNeverWorseThanUniform) {
   for (int64_t L = 1; L <= 7; ++L) {
-    for (int64_t V : {2, 800, 1600, 8000}) {
-      const GptConfig cfg = Config(L, V);
+    for (int64_t vocab : {2, 800, 1600, 8000}) {
+      const GptConfig cfg = Config(L, vocab);
       for (int S = 1; S <= L + 2; ++S) {
-        SCOPED_TRACE(testing::Message() << "L " << L << " V " << V << " S " << S);
+        SCOPED_TRACE(testing::Message() << "L " << L << " vocab " << vocab << " S " << S);
         const GptPartition balanced = PartitionGpt(cfg, kB, kT, S, PartitionKind::kBalanced);
         ExpectWellFormed(balanced, cfg, S);
         EXPECT_EQ(MaxCost(balanced, cfg), BruteForceBest(cfg, S));
@@ -204,9 +206,9 @@ std::string LayoutError(std::string_view layout, int S, int64_t layers = 4) {
 
 TEST(Partition, LayoutErrorsNameTheStageAndTheItem) {
   EXPECT_EQ(LayoutError("embed,h.0-1|h.2-3,tail", 2),
-            "--layout stage 1: 'tail' is not an item: expected embed, head, h.N or h.N-M");
+            "--layout stage 1: 'tail' is not an item: expected embed, head, h.i or h.i-j");
   EXPECT_EQ(LayoutError("embed,h.x|h.0-3,head", 2),
-            "--layout stage 0: 'h.x' is not an item: expected embed, head, h.N or h.N-M");
+            "--layout stage 0: 'h.x' is not an item: expected embed, head, h.i or h.i-j");
   EXPECT_EQ(LayoutError("embed,h.0-1|h.2-4,head", 2),
             "--layout stage 1: 'h.2-4' is out of range: the model has layers h.0-3 (--layers 4)");
   EXPECT_EQ(LayoutError("embed,h.0-2|h.2-3,head", 2),

@@ -1,7 +1,8 @@
 // Shape: the dimensions of a tensor, stored inline (no heap allocation) up to kMaxRank.
 //
-// Glossary used on every kernel and op signature in sluice:
-//   B batch, T sequence, C channels, H heads, V vocabulary, P stages, M micro-batches.
+// Glossary used on every kernel and op signature in sluice (docs/glossary.md):
+//   B batch, T sequence, C channels, H heads, P stages, M micro-batches, V chunks (virtual stages
+//   per rank); the vocabulary size is spelled out: vocab.
 //
 // A Shape is a value type; copying is cheap. Rank 0 is a scalar with numel() == 1.
 // Dimensions are non-negative (zero-sized tensors are allowed).

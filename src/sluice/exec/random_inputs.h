@@ -6,8 +6,9 @@
 //   an integer value v is drawn uniformly from [0, IntegerInputBound(program, v)), where the bound
 //   is the smallest dimension of any floating input of any instruction reading v (following views
 //   of v), so the index is in range whichever axis the op indexes; 2 when no reader has a floating
-//   input. For embedding(ids, table [V, C]) that is min(V, C) ≤ V; for cross_entropy(logits
-//   [B, T, V], targets) min(B, T, V) ≤ V. Pass real data (--inputs) when the range matters.
+//   input. For embedding(ids, table [vocab, C]) that is min(vocab, C) ≤ vocab; for
+//   cross_entropy(logits [B, T, vocab], targets) min(B, T, vocab) ≤ vocab. Pass real data
+//   (--inputs) when the range matters.
 //
 // Values are drawn in declaration order (inputs, then parameters) from one std::mt19937_64 seeded
 // with `seed`, so the same program and seed give the same tensors on every machine.

@@ -1,5 +1,6 @@
 // Builder functions for every built-in op, grouped by family. Include this to write models.
-// Shapes use the glossary B batch, T sequence, C channels, H heads, V vocabulary.
+// Shapes use the glossary (docs/glossary.md): B batch, T sequence, C channels, H heads, vocab the
+// vocabulary size.
 #pragma once
 
 #include "sluice/ir/ops/elementwise.h"

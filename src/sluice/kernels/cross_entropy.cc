@@ -14,39 +14,39 @@ namespace {
 
 // The row max and Σ e^(x − max), plainly.
 template <typename T>
-void MaxAndSumReference(const T* x, int64_t v, T& m, T& s) {
+void MaxAndSumReference(const T* x, int64_t vocab, T& m, T& s) {
   m = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < v; ++j) m = std::max(m, x[j]);
+  for (int64_t j = 0; j < vocab; ++j) m = std::max(m, x[j]);
   s = 0;
-  for (int64_t j = 0; j < v; ++j) s += std::exp(x[j] - m);
+  for (int64_t j = 0; j < vocab; ++j) s += std::exp(x[j] - m);
 }
 
 template <typename T>
-void MaxAndSumFast(const T* x, int64_t v, T& m, T& s) {
-  m = RowMax(x, v);
-  s = RowExp<T>(x, m, nullptr, v);
+void MaxAndSumFast(const T* x, int64_t vocab, T& m, T& s) {
+  m = RowMax(x, vocab);
+  s = RowExp<T>(x, m, nullptr, vocab);
 }
 
-// Tokens that count in the mean: targets other than kIgnoredTarget.
+// Tokens that count in the mean: targets other than kIgnoreTarget.
 template <typename I>
 int64_t CountedTargets(const I* targets, int64_t n) {
   int64_t counted = 0;
-  for (int64_t r = 0; r < n; ++r) counted += static_cast<int64_t>(targets[r]) != kIgnoredTarget;
+  for (int64_t r = 0; r < n; ++r) counted += static_cast<int64_t>(targets[r]) != kIgnoreTarget;
   return counted;
 }
 
 }  // namespace
 
 template <typename T, typename I>
-T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v) {
+T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t vocab) {
   double total = 0;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
-    if (t == kIgnoredTarget) continue;
-    CheckIndex("cross_entropy target", t, r, v);
-    const T* x = logits + r * v;
+    if (t == kIgnoreTarget) continue;
+    CheckIndex("cross_entropy target", t, r, vocab);
+    const T* x = logits + r * vocab;
     T m, s;
-    MaxAndSumReference(x, v, m, s);
+    MaxAndSumReference(x, vocab, m, s);
     // −log softmax(x)[t] = log Σ e^x − x[t] = (m + log s) − x[t]
     total += static_cast<double>(m + std::log(s) - x[t]);
   }
@@ -55,15 +55,15 @@ T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v)
 }
 
 template <typename T, typename I>
-T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v) {
+T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t vocab) {
   double total = 0;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
-    if (t == kIgnoredTarget) continue;
-    CheckIndex("cross_entropy target", t, r, v);
-    const T* x = logits + r * v;
+    if (t == kIgnoreTarget) continue;
+    CheckIndex("cross_entropy target", t, r, vocab);
+    const T* x = logits + r * vocab;
     T m, s;
-    MaxAndSumFast(x, v, m, s);
+    MaxAndSumFast(x, vocab, m, s);
     total += static_cast<double>(m + std::log(s) - x[t]);
   }
   const int64_t counted = CountedTargets(targets, n);
@@ -72,47 +72,47 @@ T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v) {
 
 template <typename T, typename I>
 void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
-                               int64_t v) {
+                               int64_t vocab) {
   // The mean spreads dloss evenly over the counted tokens; ignored rows get no gradient.
   const int64_t counted = CountedTargets(targets, n);
   const T scale = counted == 0 ? T(0) : dloss / static_cast<T>(counted);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
-    if (t == kIgnoredTarget) {
-      for (int64_t j = 0; j < v; ++j) dlogits[r * v + j] = T(0);
+    if (t == kIgnoreTarget) {
+      for (int64_t j = 0; j < vocab; ++j) dlogits[r * vocab + j] = T(0);
       continue;
     }
-    CheckIndex("cross_entropy_grad target", t, r, v);
-    const T* x = logits + r * v;
+    CheckIndex("cross_entropy_grad target", t, r, vocab);
+    const T* x = logits + r * vocab;
     T m, s;
-    MaxAndSumReference(x, v, m, s);
-    for (int64_t j = 0; j < v; ++j) {
+    MaxAndSumReference(x, vocab, m, s);
+    for (int64_t j = 0; j < vocab; ++j) {
       const T p = std::exp(x[j] - m) / s;
-      dlogits[r * v + j] = scale * (p - (j == t ? T(1) : T(0)));
+      dlogits[r * vocab + j] = scale * (p - (j == t ? T(1) : T(0)));
     }
   }
 }
 
 template <typename T, typename I>
 void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
-                          int64_t v) {
+                          int64_t vocab) {
   const int64_t counted = CountedTargets(targets, n);
   const T scale = counted == 0 ? T(0) : dloss / static_cast<T>(counted);
   for (int64_t r = 0; r < n; ++r) {
     const int64_t t = static_cast<int64_t>(targets[r]);
-    T* __restrict d = dlogits + r * v;
-    if (t == kIgnoredTarget) {
-      std::fill_n(d, v, T(0));
+    T* __restrict d = dlogits + r * vocab;
+    if (t == kIgnoreTarget) {
+      std::fill_n(d, vocab, T(0));
       continue;
     }
-    CheckIndex("cross_entropy_grad target", t, r, v);
-    const T* __restrict x = logits + r * v;
+    CheckIndex("cross_entropy_grad target", t, r, vocab);
+    const T* __restrict x = logits + r * vocab;
     T m, s;
-    MaxAndSumFast(x, v, m, s);
+    MaxAndSumFast(x, vocab, m, s);
     // d = e^(x − m) · (scale / s), then the one-hot part at the target.
-    RowExp(x, m, d, v);
+    RowExp(x, m, d, vocab);
     const T k = scale / s;
-    ForEachBlocked(v, [&](int64_t j) { d[j] *= k; });
+    ForEachBlocked(vocab, [&](int64_t j) { d[j] *= k; });
     d[t] -= scale;
   }
 }

@@ -1,44 +1,48 @@
 // Cross-entropy loss over logits, fused with its softmax, and its gradient.
 //
-// Buffers: logits [N, V] (N rows = tokens, V classes, contiguous), targets [N] (int32_t or
+// Buffers: logits [N, vocab] (N rows = tokens, vocab classes, contiguous), targets [N] (int32_t or
 // int64_t), one loss for all tokens:
 //   loss      = (1/N) Σ_n ( lse_n − logits[n, targets[n]] )
 //   lse_n     = m_n + log Σ_v e^(logits[n, v] − m_n),  m_n = max_v logits[n, v]
 //               (log-sum-exp never overflows; the loss of a row is ≥ 0).
 //   grad      dlogits[n, v] = (dloss / N) · ( softmax(logits[n])[v] − [v == targets[n]] )
-// A target of kIgnoredTarget (-1, PyTorch's ignore_index=-1) adds nothing: the mean is over the
+// A target of kIgnoreTarget (-1, PyTorch's ignore_index=-1) adds nothing: the mean is over the
 // counted tokens and an ignored row's gradient is zero. With no counted token the loss and the
 // gradient are 0 (PyTorch would give NaN).
 // The gradient recomputes the softmax from the logits: forward saves no probabilities, so the
-// [N, V] probability tensor (the largest activation of a language model) never outlives a kernel.
-// The per-token losses are summed in double in both kernels so the mean does not drift with N.
+// [N, vocab] probability tensor (the largest activation of a language model) never outlives a
+// kernel. The per-token losses are summed in double in both kernels so the mean does not drift
+// with N.
 //
-// Failure modes: a target outside [0, V) throws InvalidArgument naming the target, its position
-// and V. *Reference: plain loops and std::exp/std::log. *Fast: vector row reductions and ExpVec.
+// Failure modes: a target outside [0, vocab) throws InvalidArgument naming the target, its
+// position and vocab. *Reference: plain loops and std::exp/std::log. *Fast: vector row reductions
+// and ExpVec.
 // Thread-safety: plain functions over caller-owned memory.
 //
 // Example:
-//   // logits [B·T, V], targets [B·T] -> mean loss
-//   float loss = kernels::CrossEntropyFast<float, int64_t>(logits, targets, B * T, V);
+//   // logits [B·T, vocab], targets [B·T] -> mean loss
+//   float loss = kernels::CrossEntropyFast<float, int64_t>(logits, targets, B * T, vocab);
 #pragma once
 
 #include <cstdint>
 
 namespace sluice::kernels {
 
-inline constexpr int64_t kIgnoredTarget = -1;
+// The target that adds nothing to the loss (PyTorch's ignore_index=-1): datasets write it where a
+// position is not to be predicted (nn/data.h).
+inline constexpr int64_t kIgnoreTarget = -1;
 
 template <typename T, typename I>
-T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t v);
+T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t vocab);
 template <typename T, typename I>
-T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t v);
+T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t vocab);
 
-// dlogits [N, V] (overwritten) for the upstream gradient dloss of the mean loss.
+// dlogits [N, vocab] (overwritten) for the upstream gradient dloss of the mean loss.
 template <typename T, typename I>
 void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
-                               int64_t v);
+                               int64_t vocab);
 template <typename T, typename I>
 void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
-                          int64_t v);
+                          int64_t vocab);
 
 }  // namespace sluice::kernels

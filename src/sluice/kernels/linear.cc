@@ -21,7 +21,7 @@ void LinearReference(const T* x, const T* w, const T* b, T* out, int64_t m, int6
 template <typename T>
 void LinearBlas(const T* x, const T* w, const T* b, T* out, int64_t m, int64_t k, int64_t n) {
   for (int64_t i = 0; i < m; ++i) std::copy_n(b, n, out + i * n);
-  // CBLAS rejects a leading dimension of 0, and with K = 0 the product adds nothing anyway.
+  // CBLAS rejects a leading dimension of 0, and with k = 0 the product adds nothing anyway.
   if (m == 0 || n == 0 || k == 0) return;
   Gemm(false, false, m, n, k, T(1), x, w, T(1), out);
 }

@@ -1,8 +1,8 @@
 // Linear (fully connected) layer kernels.
 //
-//   out[M, N] = x[M, K] · w[K, N] + b[N]
-// where M folds every leading axis of x (x [..., K] has M = numel / K rows). The weight is stored
-// [in, out] = [K, N], so the forward product needs no transpose and x·w is one row-major GEMM.
+//   out[m, n] = x[m, k] · w[k, n] + b[n]
+// where m folds every leading axis of x (x [..., k] has m = numel / k rows). The weight is stored
+// [in, out] = [k, n], so the forward product needs no transpose and x·w is one row-major GEMM.
 // All pointers address contiguous row-major buffers; out must not alias the inputs.
 //
 // LinearReference: the textbook triple loop, bias first, accumulating in T.

@@ -53,7 +53,7 @@ Batch SortDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size, 
     // only positions whose target is a sorted digit count.
     for (int64_t t = 0; t < T; ++t) {
       ids[r * T + t] = seq[t];
-      targets[r * T + t] = t >= n_ ? seq[t + 1] : kIgnoreTarget;
+      targets[r * T + t] = t >= n_ ? seq[t + 1] : kernels::kIgnoreTarget;
     }
   }
   return b;

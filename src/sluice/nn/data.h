@@ -1,7 +1,8 @@
 // Training data: token batches for next-token prediction.
 //
-// A Dataset yields batches of ids [B, T] and targets [B, T] (int64). A target of kIgnoreTarget
-// marks a position that does not count in the loss (the prompt of the sort task).
+// A Dataset yields batches of ids [B, T] and targets [B, T] (int64). A target of
+// kernels::kIgnoreTarget (kernels/cross_entropy.h) marks a position that does not count in the
+// loss (the prompt of the sort task).
 // Sampling is a pure function of (seed, batch index): batch k of a run is the same whether the run
 // was interrupted or not, so a checkpoint only records the next batch index to resume bitwise.
 //
@@ -20,14 +21,13 @@
 #include <vector>
 
 #include "sluice/core/tensor.h"
+#include "sluice/kernels/cross_entropy.h"
 
 namespace sluice {
 
-inline constexpr int64_t kIgnoreTarget = -1;
-
 struct Batch {
   Tensor ids;      // i64 [B, T]
-  Tensor targets;  // i64 [B, T]; kIgnoreTarget where the loss ignores a position
+  Tensor targets;  // i64 [B, T]; kernels::kIgnoreTarget where the loss ignores a position
 };
 
 enum class DataSplit { kTrain, kValidation };

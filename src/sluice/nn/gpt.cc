@@ -34,8 +34,12 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
   std::vector<Var> parts = Split(qkv, -1, {C, C, C});          // q, k, v: [B, T, C]
   auto heads = [&](Var t) { return Transpose(Reshape(t, {B, T, H, D}), 1, 2); };  // [B, H, T, D]
   Var q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  Var scores = Scale(MatMul(q, k, false, true), 1.0 / std::sqrt(static_cast<double>(D)));  // [B, H, T, T]
-  Var att = Softmax(CausalMask(scores));
+  Builder& b = m.b();
+  Var qk = b.Name(MatMul(q, k, false, true), "qk");                                   // [B, H, T, T]
+  Var scores = b.Name(Scale(qk, 1.0 / std::sqrt(static_cast<double>(D))), "scores");  // [B, H, T, T]
+  Var masked = b.Name(CausalMask(scores), "masked");                                  // [B, H, T, T]
+  Var att = b.Name(Softmax(masked), "probs");                                         // [B, H, T, T]
+  for (const Var& t : {qk, scores, masked, att}) m.MarkAttentionValue(t.name());
   Var y = MatMul(att, v);                                       // [B, H, T, D]
   y = Reshape(Transpose(y, 1, 2), {B, T, C});                   // [B, T, C]
   return LinearLayer(m, "c_proj", y, C, C, proj_std);
@@ -106,6 +110,7 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     x = b.Input("x", DType::kF32, {B, T, c.dim});
   }
   for (int64_t l = first; l < end; ++l) {
+    m.MarkBlockInput(x.name());
     m.SetNextInitIndex(kEmbedParams + kBlockParams * l);
     Builder::NameScope scope(b, fmt::format("h.{}", l));
     Var a = CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim), c, B, T, proj_std);
@@ -119,9 +124,9 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   }
   m.SetNextInitIndex(kEmbedParams + kBlockParams * c.layers);
   x = LayerNormLayer(m, "ln_f", x, c.dim);
-  // [V, C] like torch.nn.Linear
+  // [vocab, C] like torch.nn.Linear
   Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);
-  Var logits = b.Name(MatMul(x, head, false, true), "logits");  // [B, T, V]
+  Var logits = b.Name(MatMul(x, head, false, true), "logits");  // [B, T, vocab]
   if (output == GptOutput::kLogits) {
     b.Output(logits);
     return m.Finish("");

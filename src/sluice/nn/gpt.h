@@ -1,12 +1,12 @@
 // GPT: a nanoGPT-style decoder-only transformer written as a program.
 //
-//   ids [B, T] → wte + wpe → N × pre-LayerNorm block → ln_f → lm_head → logits [B, T, V]
+//   ids [B, T] → wte + wpe → L × pre-LayerNorm block → ln_f → lm_head → logits [B, T, vocab]
 //   block(x) = x + attn(ln_1(x)); x + mlp(ln_2(x))
-//   attn: causal self-attention, H heads of D = C/H, written with matmul and masked softmax
+//   attn: causal self-attention, H heads of C/H channels, written with matmul and masked softmax
 //   mlp:  Linear(C, 4C) → GELU (tanh) → Linear(4C, C)
 // Linear layers have biases, layer norms weight and bias (eps 1e-5), no dropout, lm_head has no
 // bias and is not tied to wte. Parameter names and layouts: docs/models.md (GPT-2 names; block
-// weights stored [in, out], lm_head.weight [V, C] like torch.nn.Linear).
+// weights stored [in, out], lm_head.weight [vocab, C] like torch.nn.Linear).
 //
 // A pipeline stage runs a contiguous slice of the model (BuildGptSlice): the hidden state
 // x [B, T, C] passes from one slice to the next, and chaining the slices' programs computes
@@ -40,7 +40,7 @@ void ValidateGptConfig(const GptConfig& config);
 
 enum class GptOutput {
   kLoss,    // inputs ids, targets [B, T] (i64); output scalar "loss" (mean over counted targets)
-  kLogits,  // input ids [B, T]; output "logits" [B, T, V]
+  kLogits,  // input ids [B, T]; output "logits" [B, T, vocab]
 };
 
 // The model for batches of `batch` sequences of length `seq_len` (≤ config.seq; 0 = config.seq).
@@ -61,7 +61,7 @@ struct GptSlice {
 //   embed: input "ids" i64[B, T];  otherwise input "x" f32[B, T, C], the previous slice's "y".
 //   head:  as BuildGpt ("loss" with input "targets", or "logits"); Model::loss as BuildGpt's.
 //   otherwise the single output "y" f32[B, T, C], the hidden state for the next slice (the value
-//          the whole model calls h_in or h.N.out), and Model::loss is "".
+//          the whole model calls h_in or h.i.out), and Model::loss is "".
 // Every ParamSpec has init_index = its position in BuildGpt's parameter list, so InitParams gives
 // a slice bitwise the whole model's tensors. The whole-model slice gives exactly BuildGpt's model.
 // Throws InvalidArgument naming the slice when it is empty (no embed, no head, no layers) or its

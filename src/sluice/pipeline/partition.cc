@@ -154,7 +154,7 @@ std::optional<int64_t> ParseIndex(std::string_view s) {
   return v;
 }
 
-// "embed" → unit 0, "h.N" → N + 1, "h.N-M" → [N + 1, M + 2), "head" → L + 1.
+// "embed" → unit 0, "h.i" → i + 1, "h.i-j" → [i + 1, j + 2), "head" → L + 1.
 Item ParseItem(std::string_view text, int stage, int64_t layers) {
   Item item{std::string(text), stage, 0, 0};
   const auto fail = [&](std::string_view why) {
@@ -169,13 +169,13 @@ Item ParseItem(std::string_view text, int stage, int64_t layers) {
     item.end = layers + 2;
     return item;
   }
-  if (!text.starts_with("h.")) throw fail("is not an item: expected embed, head, h.N or h.N-M");
+  if (!text.starts_with("h.")) throw fail("is not an item: expected embed, head, h.i or h.i-j");
   const std::string_view range = text.substr(2);
   const size_t dash = range.find('-');
   const std::optional<int64_t> lo = ParseIndex(range.substr(0, dash));
   const std::optional<int64_t> hi =
       dash == std::string_view::npos ? lo : ParseIndex(range.substr(dash + 1));
-  if (!lo || !hi) throw fail("is not an item: expected embed, head, h.N or h.N-M");
+  if (!lo || !hi) throw fail("is not an item: expected embed, head, h.i or h.i-j");
   if (*lo >= layers || *hi >= layers) {
     throw fail(fmt::format("is out of range: the model has layers h.0-{} (--layers {})", layers - 1,
                            layers));
@@ -294,10 +294,10 @@ std::string FormatLayout(const GptPartition& p) {
 GptCosts EstimateGptCosts(const GptConfig& c, int64_t batch, int64_t seq_len) {
   const double B = static_cast<double>(batch),
                T = static_cast<double>(ResolveSeq(c, batch, seq_len));
-  const double C = static_cast<double>(c.dim), V = static_cast<double>(c.vocab);
+  const double C = static_cast<double>(c.dim), vocab = static_cast<double>(c.vocab);
   return {.embed = B * T * C,
           .block = 24 * B * T * C * C + 4 * B * T * T * C,
-          .head = 2 * B * T * C * V};
+          .head = 2 * B * T * C * vocab};
 }
 
 std::vector<double> EstimateStageCosts(const GptPartition& p, const GptConfig& c, int64_t batch,

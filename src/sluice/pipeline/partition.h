@@ -8,26 +8,27 @@
 // Three ways to make one:
 //   * kUniform: the L blocks split as evenly as possible; L mod S stages get one block more. Those
 //     go to the middle stages first (1, 2, …), since the two ends already carry extra work: the
-//     head's lm_head costs 2·B·T·C·V FLOPs (often several blocks' worth) and its logits [B, T, V]
-//     are the largest activation, the embedding does little. Only when every middle stage has its
-//     extra block does stage 0 take one; the last stage never does.
+//     head's lm_head costs 2·B·T·C·vocab FLOPs (often several blocks' worth) and its logits
+//     [B, T, vocab] are the largest activation, the embedding does little. Only when every middle
+//     stage has its extra block does stage 0 take one; the last stage never does.
 //   * kBalanced: the units embed, h.0, …, h.L−1, head, each with its estimated cost
 //     (EstimateGptCosts), are cut into S contiguous non-empty groups so that the most expensive
 //     group is as cheap as possible (exact, by dynamic programming). Among the optimal cuts the
 //     earlier stages take as few units as they can: under 1F1B stage s keeps min(P−s, M)
 //     micro-batches in flight, so memory is dearest at the front.
 //   * ParseGptLayout: an explicit layout, the text of the CLI's --layout. Stages are separated by
-//     '|', items by ','; an item is "embed", "head", "h.N" or a range "h.N-M" (inclusive):
+//     '|', items by ','; an item is "embed", "head", "h.i" or a range "h.i-j" (inclusive):
 //       "embed,h.0-1|h.2-3,head"      two stages of two blocks each
 //       "embed|h.0-3|head"            embeddings and head on stages of their own
 //
 // Costs are forward FLOPs (a multiply-add counts 2), from the batch B, sequence T, channels C
-// and vocabulary V:
+// and the vocabulary size vocab:
 //   embed = B·T·C                      the position add (the lookup does no arithmetic)
 //   block = 24·B·T·C² + 4·B·T²·C       c_attn 6, attn.c_proj 2, c_fc 8, mlp.c_proj 8 (× B·T·C²);
 //                                      q·kᵀ and att·v 2 each (× B·T²·C)
-//   head  = 2·B·T·C·V                  lm_head
-// Layer norms, softmax, GELU, biases and the loss are linear in B·T·C (or B·T·V) and left out.
+//   head  = 2·B·T·C·vocab              lm_head
+// Layer norms, softmax, GELU, biases and the loss are linear in B·T·C (or B·T·vocab) and left
+// out.
 //
 // Failures throw InvalidArgument with a message naming the stage and the item at fault, and the
 // fix where there is one.

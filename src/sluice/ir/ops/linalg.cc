@@ -79,16 +79,16 @@ std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&
   DType t = ops::SameFloatDType(in);
   const Shape &x = in[0].shape, &w = in[1].shape, &b = in[2].shape;
   if (x.rank() < 2) {
-    throw ShapeError(fmt::format("x must be [..., K] of rank 2 or more, got {}", x.ToString()));
+    throw ShapeError(fmt::format("x must be [..., k] of rank 2 or more, got {}", x.ToString()));
   }
   if (w.rank() != 2 || w[0] != x[x.rank() - 1]) {
     throw ShapeError(
-        fmt::format("w must be [K, N] = [in, out] with K = {} (x's last axis, x {}), got {}",
+        fmt::format("w must be [k, n] = [in, out] with k = {} (x's last axis, x {}), got {}",
                     x[x.rank() - 1], x.ToString(), w.ToString()));
   }
   if (b.rank() != 1 || b[0] != w[1]) {
     throw ShapeError(
-        fmt::format("b must be [N] = [{}] for w {}, got {}", w[1], w.ToString(), b.ToString()));
+        fmt::format("b must be [n] = [{}] for w {}, got {}", w[1], w.ToString(), b.ToString()));
   }
   Shape out = x;
   out[out.rank() - 1] = w[1];
@@ -149,7 +149,7 @@ void RegisterLinalgOps(OpRegistry& r) {
        .kernel = LinearKernel<true>,
        .reference = LinearKernel<false>,
        .vjp = LinearVjp,
-       .doc = "x·w + b with w stored [in, out]; x [..., K], w [K, N], b [N] (one CBLAS GEMM)"});
+       .doc = "x·w + b with w stored [in, out]; x [..., k], w [k, n], b [n] (one CBLAS GEMM)"});
 }
 
 }  // namespace sluice

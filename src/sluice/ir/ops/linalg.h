@@ -1,16 +1,17 @@
 // Matrix products and the linear layer.
-// Shapes: a [..., M, K], b [K, N] (a weight shared by the batch) or [..., K, N].
+// Shapes: a [..., m, k], b [k, n] (a weight shared by the batch) or [..., k, n] — lower case, the
+// dimensions of one product (docs/glossary.md).
 #pragma once
 
 #include "sluice/ir/builder.h"
 
 namespace sluice {
 
-// op(a) · op(b), op transposing the last two axes when asked. out [..., M, N].
+// op(a) · op(b), op transposing the last two axes when asked. out [..., m, n].
 Var MatMul(Var a, Var b, bool transpose_a = false, bool transpose_b = false);
 
-// x·w + b: x [..., K], w [K, N], b [N] -> [..., N], x of rank 2 or more ([B·T, C] or [B, T, C]).
-// The weight is stored [in, out] = [K, N] (the transpose of PyTorch's nn.Linear.weight), so the
+// x·w + b: x [..., k], w [k, n], b [n] -> [..., n], x of rank 2 or more ([B·T, C] or [B, T, C]).
+// The weight is stored [in, out] = [k, n] (the transpose of PyTorch's nn.Linear.weight), so the
 // forward product is a plain GEMM. One GEMM in all: b is copied into the output rows and the GEMM
 // adds x·w on top (beta = 1). Op "linear"; VJP: dx = dy·wᵀ, dw = xᵀ·dy (batch folded into rows,
 // one GEMM each), db = sum_to(dy, [N]).

@@ -258,7 +258,7 @@ std::vector<TensorType> InferEmbedding(std::span<const TensorType> in, const Att
   RequireIndices(in[0], "ids");
   DType t = ops::SameFloatDType(in.subspan(1));
   if (in[1].shape.rank() != 2) {
-    throw ShapeError(fmt::format("table must be [V, C], got {}", in[1].shape.ToString()));
+    throw ShapeError(fmt::format("table must be [vocab, C], got {}", in[1].shape.ToString()));
   }
   return {{t, WithChannels(in[0].shape, in[1].shape[1])}};
 }
@@ -325,12 +325,13 @@ void CheckLogitsAndTargets(const TensorType& logits, const TensorType& targets) 
   RequireIndices(targets, "targets");
   const Shape& s = logits.shape;
   if (s.rank() < 2) {
-    throw ShapeError(fmt::format("logits must be [N, V] or [B, T, V], got {}", s.ToString()));
+    throw ShapeError(fmt::format(
+        "logits must be [N, vocab] or [B, T, vocab] (rank 2 or more), got {}", s.ToString()));
   }
   std::vector<int64_t> lead(s.dims().begin(), s.dims().end() - 1);
   if (targets.shape != Shape(std::span<const int64_t>(lead))) {
     throw ShapeError(fmt::format(
-        "targets must be logits' shape without V ({} for logits {}), got {}",
+        "targets must be logits' shape without the vocab axis ({} for logits {}), got {}",
         Shape(std::span<const int64_t>(lead)).ToString(), s.ToString(), targets.shape.ToString()));
   }
   if (targets.shape.numel() == 0) {
@@ -485,7 +486,7 @@ void RegisterNnOps(OpRegistry& r) {
               .kernel = EmbeddingKernel<true>,
               .reference = EmbeddingKernel<false>,
               .vjp = EmbeddingVjp,
-              .doc = "rows of table [V, C] picked by integer ids"});
+              .doc = "rows of table [vocab, C] picked by integer ids"});
   r.Register(
       {.name = "embedding_grad",
        .num_inputs = 2,

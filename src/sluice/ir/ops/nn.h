@@ -1,14 +1,15 @@
 // Neural-network ops: softmax, causal masking, layer normalization, embeddings, cross-entropy.
-// Shapes use the glossary B batch, T sequence, C channels, H heads, V vocabulary; "..." is any
-// number of leading axes. Every op takes f32 or f64 (one dtype per op); ids and targets are i32
-// or i64. Kernels: kernels/{softmax,layer_norm,embedding,cross_entropy}.h.
+// Shapes use the glossary (docs/glossary.md): B batch, T sequence, C channels, H heads, and vocab
+// the vocabulary size; "..." is any number of leading axes. Every op takes f32 or f64 (one dtype
+// per op); ids and targets are i32 or i64. Kernels: kernels/{softmax,layer_norm,embedding,
+// cross_entropy}.h.
 //
 // The *Grad functions are the fused backward ops the VJP rules emit; they are ops of their own
 // (reference and fast kernels, harness entries) but have no VJP themselves.
 //
 // Example (one attention head's probabilities and a language-model loss):
-//   Var probs = Softmax(CausalMask(scores));                 // scores [B, H, T, T]
-//   Var loss = CrossEntropy(logits, targets);                // logits [B, T, V], targets [B, T]
+//   Var probs = Softmax(CausalMask(scores));    // scores [B, H, T, T]
+//   Var loss = CrossEntropy(logits, targets);   // logits [B, T, vocab], targets [B, T]
 #pragma once
 
 #include <limits>
@@ -42,21 +43,23 @@ Var LayerNormGradX(Var dy, Var x, Var weight, double eps = 1e-5);
 // dy, x [..., C] -> {dweight [C], dbias [C]}. Op "layer_norm_grad_params", attribute eps.
 std::pair<Var, Var> LayerNormGradParams(Var dy, Var x, double eps = 1e-5);
 
-// Row lookup: ids [B, T] (any shape, i32 or i64), table [V, C] -> [B, T, C].
-// An id outside [0, V) is an InvalidArgument error at run time. Op "embedding";
+// Row lookup: ids [B, T] (any shape, i32 or i64), table [vocab, C] -> [B, T, C].
+// An id outside [0, vocab) is an InvalidArgument error at run time. Op "embedding";
 // VJP (table only): embedding_grad.
 Var Embedding(Var ids, Var table);
-// Scatter-add of dy rows into zeros [V, C] in token order (deterministic).
+// Scatter-add of dy rows into zeros [num_embeddings, C] (the table's [vocab, C]) in token order
+// (deterministic).
 // ids [B, T], dy [B, T, C] -> dtable [num_embeddings, C]. Op "embedding_grad".
 Var EmbeddingGrad(Var ids, Var dy, int64_t num_embeddings);
 
 // Mean over tokens of −log softmax(logits)[target], fused (log-sum-exp, no probabilities kept).
-// logits [N, V] or [B, T, V], targets [N] or [B, T] (i32 or i64) -> loss []. A target outside
-// [0, V) is an InvalidArgument error at run time. Op "cross_entropy"; VJP (logits only):
+// logits [N, vocab] or [B, T, vocab], targets [N] or [B, T] (i32 or i64) -> loss []. A target
+// outside [0, vocab) is an InvalidArgument error at run time; a target of kernels::kIgnoreTarget
+// (-1) does not count. Op "cross_entropy"; VJP (logits only):
 // cross_entropy_grad, which recomputes the softmax.
 Var CrossEntropy(Var logits, Var targets);
-// (dloss / N) · (softmax(logits) − onehot(targets)). logits [..., V], targets [...], dloss []
-// -> dlogits [..., V]. Op "cross_entropy_grad".
+// (dloss / N) · (softmax(logits) − onehot(targets)). logits [..., vocab], targets [...], dloss []
+// -> dlogits [..., vocab]. Op "cross_entropy_grad".
 Var CrossEntropyGrad(Var logits, Var targets, Var dloss);
 
 }  // namespace sluice

@@ -52,8 +52,9 @@ CLI::Validator OneOf(const EnumEntry<E> (&table)[N]) {
 }
 
 // One per command file.
-CommandRunner SetupRunCommand(CLI::App& sub);  // run_command.cc
-CommandRunner SetupTrainCommand(CLI::App& sub);  // train_command.cc
+CommandRunner SetupRunCommand(CLI::App& sub);       // run_command.cc
+CommandRunner SetupTrainCommand(CLI::App& sub);     // train_command.cc
 CommandRunner SetupScheduleCommand(CLI::App& sub);  // schedule_command.cc
+CommandRunner SetupOpsCommand(CLI::App& sub);       // ops_command.cc
 
 }  // namespace sluice::cli

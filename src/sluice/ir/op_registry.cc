@@ -37,9 +37,43 @@ std::vector<const OpDef*> OpRegistry::All() const {
   return all;
 }
 
+namespace {
+
+bool IsVariadic(const OpParam& p) { return p.name.ends_with("..."); }
+
+// The signature fits the op: one entry per input (a single "xs..." when variadic), no outputs
+// exactly when the op updates in place, and a name and a type everywhere.
+void CheckSignature(const OpDef& def) {
+  const OpSignature& s = def.signature;
+  const int listed = static_cast<int>(s.inputs.size());
+  if (def.num_inputs < 0) {
+    SLUICE_CHECK(listed == 1 && IsVariadic(s.inputs[0]),
+                 "op '{}' is variadic: its signature lists one input named 'xs...'", def.name);
+  } else {
+    SLUICE_CHECK(listed == def.num_inputs, "op '{}' takes {} inputs but its signature lists {}",
+                 def.name, def.num_inputs, listed);
+  }
+  SLUICE_CHECK(s.outputs.empty() == (def.kind == OpKind::kInPlace),
+               "op '{}': an op has outputs unless it updates its inputs in place", def.name);
+  for (const std::vector<OpParam>* params : {&s.inputs, &s.attrs, &s.outputs}) {
+    for (const OpParam& p : *params) {
+      SLUICE_CHECK(!p.name.empty() && !p.type.empty(),
+                   "op '{}': a signature entry lacks a name or type", def.name);
+    }
+  }
+}
+
+}  // namespace
+
+std::string_view Name(OpKind kind) { return EnumName(kOpKindNames, kind); }
+
 void OpRegistry::Register(OpDef def) {
-  SLUICE_CHECK(!def.name.empty() && def.infer != nullptr, "op '{}' needs a name and inference", def.name);
-  SLUICE_CHECK(def.kernel != nullptr || def.reference != nullptr, "op '{}' has no kernel", def.name);
+  SLUICE_CHECK(!def.name.empty() && def.infer != nullptr, "op '{}' needs a name and inference",
+               def.name);
+  SLUICE_CHECK(def.kernel != nullptr || def.reference != nullptr, "op '{}' has no kernel",
+               def.name);
+  SLUICE_CHECK(!def.doc.empty(), "op '{}' has no doc (one line for `sluice ops`)", def.name);
+  CheckSignature(def);
   if (def.kernel == nullptr) def.kernel = def.reference;
   if (def.reference == nullptr) def.reference = def.kernel;
   SLUICE_CHECK(!ops_.count(def.name), "op '{}' registered twice", def.name);

@@ -1,10 +1,13 @@
 // The op registry: every op registers, in one place, its shape/dtype inference, its kernels
-// (a plain reference kernel and a fast one) and its VJP (gradient) rule. Autodiff, the verifier,
-// the interpreter and the op test harness all read ops from here; none of them switches on op names.
+// (a plain reference kernel and a fast one, or a single kernel serving as both), its VJP (gradient)
+// rule, its signature and a one-line doc. Autodiff, the verifier, the interpreter and the op test
+// harness all read ops from here; none of them switches on op names. `sluice ops` lists every op
+// with its signature and doc (`--format json` for tools).
 //
 // Adding an op: write the kernels in kernels/, register an OpDef in the family file under
-// ir/ops/ (e.g. ir/ops/elementwise.cc), add a builder function to the family header, and add one
-// entry to the op table in tests/ops/.
+// ir/ops/ (e.g. ir/ops/elementwise.cc) with its signature and doc, add a builder function to the
+// family header, and add one entry to the op table in tests/ops/ (a test fails, naming the op,
+// until there is one).
 //
 // Kinds of ops:
 //   kCompute  outputs are fresh contiguous tensors that the executor allocates before calling the
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "sluice/core/allocator.h"
+#include "sluice/core/enum_names.h"
 #include "sluice/core/tensor.h"
 #include "sluice/ir/attrs.h"
 
@@ -47,6 +51,36 @@ struct TensorType {
 };
 
 enum class OpKind : uint8_t { kCompute, kView, kInPlace };
+
+inline constexpr EnumEntry<OpKind> kOpKindNames[] = {
+    {OpKind::kCompute, "compute"},
+    {OpKind::kView, "view"},
+    {OpKind::kInPlace, "in_place"},
+};
+static_assert(IsCompleteEnumTable(kOpKindNames));
+
+// "compute", "view", "in_place" (kOpKindNames).
+std::string_view Name(OpKind kind);
+
+// One input, attribute or output of an op's signature, as `sluice ops` prints it.
+struct OpParam {
+  // "x". A name ending in "..." stands for one or more values: concat's inputs, split's outputs.
+  std::string name;
+  // Inputs and outputs: the dtype and the shape in the glossary's letters (docs/glossary.md), e.g.
+  // "float[..., C]" — float is f32 or f64 (one dtype for all the op's float operands), int is i32
+  // or i64, any is every dtype; a shape or dtype an attribute gives is named by it
+  // ("dtype[shape]"). Attributes: the value's type (int, float, bool, string, ints) and its default
+  // when it has one, "float = 1e-05".
+  std::string type;
+};
+
+// What an op takes and gives. Registration checks it against the OpDef (input count, no outputs
+// for kInPlace ops) and the op tests check every case's attributes and output count against it.
+struct OpSignature {
+  std::vector<OpParam> inputs;
+  std::vector<OpParam> attrs;
+  std::vector<OpParam> outputs;
+};
 
 // What a kernel sees. Inputs are contiguous. For kCompute ops, outputs are allocated (contiguous,
 // uninitialized); for kView ops the kernel assigns them; kInPlace ops have none.
@@ -94,14 +128,17 @@ struct OpDef {
   OpKind kind = OpKind::kCompute;
   int num_inputs = 0;  // -1: variadic (at least one)
   InferFn infer = nullptr;
-  KernelFn kernel = nullptr;     // fast kernel
-  KernelFn reference = nullptr;  // plain, commented reference kernel (== kernel when there is one)
-  VjpFn vjp = nullptr;           // null: not differentiable (autodiff reports it by name)
+  // The fast kernel and the plain, commented reference kernel. An op with a single kernel gives
+  // one of the two; Register sets the other to the same function (kernel == reference then).
+  KernelFn kernel = nullptr;
+  KernelFn reference = nullptr;
+  VjpFn vjp = nullptr;  // null: not differentiable (autodiff reports it by name)
   // Cheap enough (one pass over memory, no reduction across rows) that a backward program may
   // recompute the output from the op's inputs instead of keeping it alive from the forward pass
   // (GradientSpec::recompute).
   bool recomputable = false;
-  std::string doc;               // one line for `sluice ops` and docs
+  std::string doc;  // one line, required: what the op computes (`sluice ops` prints it)
+  OpSignature signature;
 };
 
 class OpRegistry {
@@ -114,29 +151,38 @@ class OpRegistry {
   const OpDef* Find(std::string_view name) const;
   std::vector<const OpDef*> All() const;
 
-  // Registration (ir/ops/*.cc). Throws InternalError on a duplicate name.
+  // Registration (ir/ops/*.cc). Throws InternalError on a duplicate name, a missing name,
+  // inference, kernel or doc, or a signature that does not fit the op (input count, outputs of a
+  // kInPlace op).
   void Register(OpDef def);
 
  private:
   std::map<std::string, std::unique_ptr<OpDef>, std::less<>> ops_;
 };
 
-// Family registration functions, called once by OpRegistry::Global() (ir/ops/*.cc).
-void RegisterElementwiseOps(OpRegistry& registry);  // add, sub, mul, div, scale, unary, fill, cast...
-void RegisterReductionOps(OpRegistry& registry);    // sum, mean, sum_to
-void RegisterShapeOps(OpRegistry& registry);        // reshape, transpose, permute, slice, concat, split
-void RegisterLinalgOps(OpRegistry& registry);       // matmul, linear
-void RegisterNnOps(OpRegistry& registry);           // softmax, masks, layer_norm, embedding, cross_entropy
-void RegisterOptimizerOps(OpRegistry& registry);    // sgd_update, adamw_update
+// Family registration functions, called once by OpRegistry::Global() (ir/ops/*.cc): elementwise
+// (add, sub, mul, div, scale, unary functions and their gradients, full, cast, copy), reduction
+// (sum, mean, sum_to, broadcast_to), shape (reshape, transpose, permute, slice, concat, split and
+// their view forms), linalg (matmul, linear), nn (softmax, causal masks, layer_norm, embedding,
+// cross_entropy and their gradients), optimizer (sgd_update, adamw_update).
+void RegisterElementwiseOps(OpRegistry& registry);
+void RegisterReductionOps(OpRegistry& registry);
+void RegisterShapeOps(OpRegistry& registry);
+void RegisterLinalgOps(OpRegistry& registry);
+void RegisterNnOps(OpRegistry& registry);
+void RegisterOptimizerOps(OpRegistry& registry);
 
 // Dispatches on a floating dtype: DispatchFloat(t, [&]<typename T>() { ... }). Throws ShapeError
 // naming `what` for non-float dtypes.
 template <typename F>
 decltype(auto) DispatchFloat(DType t, std::string_view what, F&& f) {
   switch (t) {
-    case DType::kF32: return f.template operator()<float>();
-    case DType::kF64: return f.template operator()<double>();
-    default: break;
+    case DType::kF32:
+      return f.template operator()<float>();
+    case DType::kF64:
+      return f.template operator()<double>();
+    default:
+      break;
   }
   throw ShapeError(std::string(what) + ": kernels compute f32 and f64 only, not " +
                    std::string(Name(t)));

@@ -214,7 +214,9 @@ void RegisterBinary(OpRegistry& r, std::string name, KernelFn fast, KernelFn ref
               .kernel = fast,
               .reference = reference,
               .vjp = vjp,
-              .doc = std::move(doc)});
+              .doc = std::move(doc),
+              .signature = {.inputs = {{"a", "float[...]"}, {"b", "float[...]"}},
+                            .outputs = {{"y", "float[broadcast of a and b]"}}}});
 }
 
 // reference == nullptr: the kernel is the only version (the registry uses it for both).
@@ -227,17 +229,21 @@ void RegisterUnary(OpRegistry& r, std::string name, KernelFn fast, KernelFn refe
               .reference = reference,
               .vjp = vjp,
               .recomputable = recomputable,
-              .doc = std::move(doc)});
+              .doc = std::move(doc),
+              .signature = {.inputs = {{"x", "float[...]"}}, .outputs = {{"y", "float[...]"}}}});
 }
 
-void RegisterUnaryGrad(OpRegistry& r, std::string name, KernelFn fast, KernelFn reference,
-                       std::string doc) {
+// `saved` names the forward value the gradient reads besides dy ("x", "y" or "s").
+void RegisterUnaryGrad(OpRegistry& r, std::string name, const char* saved, KernelFn fast,
+                       KernelFn reference, std::string doc) {
   r.Register({.name = std::move(name),
               .num_inputs = 2,
               .infer = InferUnaryGrad,
               .kernel = fast,
               .reference = reference,
-              .doc = std::move(doc)});
+              .doc = std::move(doc),
+              .signature = {.inputs = {{"dy", "float[...]"}, {saved, "float[...]"}},
+                            .outputs = {{"dx", "float[...]"}}}});
 }
 
 }  // namespace
@@ -290,14 +296,18 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .kernel = ScaleKernel,
               .vjp = ScaleVjp,
               .recomputable = true,
-              .doc = "x * attribute factor"});
+              .doc = "factor · x",
+              .signature = {.inputs = {{"x", "float[...]"}},
+                            .attrs = {{"factor", "float"}},
+                            .outputs = {{"y", "float[...]"}}}});
   RegisterUnary(r, "neg", UnaryKernel<kernels::Neg<float>, kernels::Neg<double>>, nullptr, NegVjp,
                 "-x", /*recomputable=*/true);
   RegisterUnary(r, "relu", UnaryKernel<kernels::Relu<float>, kernels::Relu<double>>, nullptr,
                 ReluVjp, "max(x, 0)", /*recomputable=*/true);
   RegisterUnary(r, "gelu", UnaryKernel<kernels::GeluFast<float>, kernels::GeluFast<double>>,
                 UnaryKernel<kernels::GeluReference<float>, kernels::GeluReference<double>>, GeluVjp,
-                "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))", /*recomputable=*/true);
+                "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))",
+                /*recomputable=*/true);
   RegisterUnary(r, "tanh", UnaryKernel<kernels::Tanh<float>, kernels::Tanh<double>>, nullptr,
                 TanhVjp, "tanh(x)", /*recomputable=*/true);
   RegisterUnary(r, "exp", UnaryKernel<kernels::ExpFast<float>, kernels::ExpFast<double>>,
@@ -308,34 +318,43 @@ void RegisterElementwiseOps(OpRegistry& r) {
   RegisterUnary(r, "sqrt", UnaryKernel<kernels::Sqrt<float>, kernels::Sqrt<double>>, nullptr,
                 SqrtVjp, "square root");
 
-  RegisterUnaryGrad(r, "relu_grad",
+  RegisterUnaryGrad(r, "relu_grad", "s",
                     UnaryGradKernel<kernels::ReluGrad<float>, kernels::ReluGrad<double>>, nullptr,
-                    "relu gradient: dy where the saved relu input/output is > 0, else 0");
+                    "relu gradient: dy where s (relu's input or output) is > 0, else 0");
   RegisterUnaryGrad(
-      r, "gelu_grad", UnaryGradKernel<kernels::GeluGradFast<float>, kernels::GeluGradFast<double>>,
+      r, "gelu_grad", "x",
+      UnaryGradKernel<kernels::GeluGradFast<float>, kernels::GeluGradFast<double>>,
       UnaryGradKernel<kernels::GeluGradReference<float>, kernels::GeluGradReference<double>>,
-      "gelu gradient: dy * gelu'(x)");
-  RegisterUnaryGrad(r, "tanh_grad",
+      "gelu gradient: dy · gelu'(x)");
+  RegisterUnaryGrad(r, "tanh_grad", "y",
                     UnaryGradKernel<kernels::TanhGrad<float>, kernels::TanhGrad<double>>, nullptr,
-                    "tanh gradient from the output y: dy * (1 - y^2)");
+                    "tanh gradient from the output y: dy · (1 − y²)");
 
   r.Register({.name = "full",
               .num_inputs = 0,
               .infer = InferFull,
               .kernel = FullKernel,
-              .doc = "a new tensor of attribute shape and dtype filled with attribute value"});
+              .doc =
+                  "a new tensor of the given shape and dtype (f32, f64, i32 or i64), every element "
+                  "value",
+              .signature = {.attrs = {{"dtype", "string"}, {"shape", "ints"}, {"value", "float"}},
+                            .outputs = {{"y", "dtype[shape]"}}}});
   r.Register({.name = "cast",
               .num_inputs = 1,
               .infer = InferCast,
               .kernel = CastKernel,
               .vjp = CastVjp,
-              .doc = "x converted to attribute dtype (f32 or f64)"});
+              .doc = "x converted to dtype (f32 or f64)",
+              .signature = {.inputs = {{"x", "float[...]"}},
+                            .attrs = {{"dtype", "string"}},
+                            .outputs = {{"y", "dtype[...]"}}}});
   r.Register({.name = "copy",
               .num_inputs = 1,
               .infer = InferSame,
               .kernel = CopyKernel,
               .vjp = CopyVjp,
-              .doc = "a copy of the input in fresh memory"});
+              .doc = "a copy of x in fresh memory",
+              .signature = {.inputs = {{"x", "any[...]"}}, .outputs = {{"y", "any[...]"}}}});
 }
 
 }  // namespace sluice

@@ -135,13 +135,18 @@ Var MatMul(Var a, Var b, bool transpose_a, bool transpose_b) {
 }
 
 void RegisterLinalgOps(OpRegistry& r) {
-  r.Register({.name = "matmul",
-              .num_inputs = 2,
-              .infer = InferMatMul,
-              .kernel = MatMulKernel<true>,
-              .reference = MatMulKernel<false>,
-              .vjp = MatMulVjp,
-              .doc = "op(a)·op(b) with optional transposes and batch axes (CBLAS GEMM)"});
+  r.Register(
+      {.name = "matmul",
+       .num_inputs = 2,
+       .infer = InferMatMul,
+       .kernel = MatMulKernel<true>,
+       .reference = MatMulKernel<false>,
+       .vjp = MatMulVjp,
+       .doc = "op(a)·op(b), op transposing the last two axes when asked; b shared by every "
+              "batch entry when 2-D (CBLAS GEMM)",
+       .signature = {.inputs = {{"a", "float[..., m, k]"}, {"b", "float[k, n] or [..., k, n]"}},
+                     .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
+                     .outputs = {{"y", "float[..., m, n]"}}}});
   r.Register(
       {.name = "linear",
        .num_inputs = 3,
@@ -149,7 +154,9 @@ void RegisterLinalgOps(OpRegistry& r) {
        .kernel = LinearKernel<true>,
        .reference = LinearKernel<false>,
        .vjp = LinearVjp,
-       .doc = "x·w + b with w stored [in, out]; x [..., k], w [k, n], b [n] (one CBLAS GEMM)"});
+       .doc = "x·w + b with w stored [in, out] (one CBLAS GEMM)",
+       .signature = {.inputs = {{"x", "float[..., k]"}, {"w", "float[k, n]"}, {"b", "float[n]"}},
+                     .outputs = {{"y", "float[..., n]"}}}});
 }
 
 }  // namespace sluice

@@ -431,83 +431,116 @@ Var CrossEntropyGrad(Var logits, Var targets, Var dloss) {
 }
 
 void RegisterNnOps(OpRegistry& r) {
-  r.Register({.name = "softmax",
-              .num_inputs = 1,
-              .infer = InferSoftmax,
-              .kernel = SoftmaxKernel<true>,
-              .reference = SoftmaxKernel<false>,
-              .vjp = SoftmaxVjp,
-              .doc = "softmax over the last axis (row max subtracted)"});
+  r.Register(
+      {.name = "softmax",
+       .num_inputs = 1,
+       .infer = InferSoftmax,
+       .kernel = SoftmaxKernel<true>,
+       .reference = SoftmaxKernel<false>,
+       .vjp = SoftmaxVjp,
+       .doc = "softmax over the last axis (row max subtracted)",
+       .signature = {.inputs = {{"x", "float[..., C]"}}, .outputs = {{"y", "float[..., C]"}}}});
   r.Register({.name = "softmax_grad",
               .num_inputs = 2,
               .infer = InferSoftmaxGrad,
               .kernel = SoftmaxGradKernel<true>,
               .reference = SoftmaxGradKernel<false>,
-              .doc = "softmax backward: y·(dy − Σ dy·y) over the last axis; inputs dy, y"});
-  r.Register(
-      {.name = "causal_mask",
-       .num_inputs = 1,
-       .infer = InferCausal,
-       .kernel = CausalMaskKernel<true>,
-       .reference = CausalMaskKernel<false>,
-       .vjp = CausalMaskVjp,
-       .doc = "scores [..., T, T] with entries j > i set to attribute value (default −inf)"});
+              .doc = "softmax backward: y·(dy − Σ dy·y) over the last axis",
+              .signature = {.inputs = {{"dy", "float[..., C]"}, {"y", "float[..., C]"}},
+                            .outputs = {{"dx", "float[..., C]"}}}});
+  r.Register({.name = "causal_mask",
+              .num_inputs = 1,
+              .infer = InferCausal,
+              .kernel = CausalMaskKernel<true>,
+              .reference = CausalMaskKernel<false>,
+              .vjp = CausalMaskVjp,
+              .doc = "scores with the entries j > i (keys after the query) set to value",
+              .signature = {.inputs = {{"scores", "float[..., T, T]"}},
+                            .attrs = {{"value", "float = -inf"}},
+                            .outputs = {{"y", "float[..., T, T]"}}}});
   r.Register({.name = "causal_softmax",
               .num_inputs = 1,
               .infer = InferCausal,
               .kernel = CausalSoftmaxKernel<true>,
               .reference = CausalSoftmaxKernel<false>,
               .vjp = SoftmaxVjp,
-              .doc = "softmax(causal_mask(scores)) fused: exact zeros for j > i"});
-  r.Register({.name = "layer_norm",
-              .num_inputs = 3,
-              .infer = InferLayerNorm,
-              .kernel = LayerNormKernel<true>,
-              .reference = LayerNormKernel<false>,
-              .vjp = LayerNormVjp,
-              .recomputable = true,
-              .doc = "layer normalization over the last axis (biased variance, attribute eps); x, "
-                     "weight, bias"});
-  r.Register({.name = "layer_norm_grad_x",
-              .num_inputs = 3,
-              .infer = InferLayerNormGradX,
-              .kernel = LayerNormGradXKernel<true>,
-              .reference = LayerNormGradXKernel<false>,
-              .doc = "layer_norm backward for x (recomputes mean and rstd); dy, x, weight"});
+              .doc = "softmax(causal_mask(scores)) fused: exact zeros for j > i",
+              .signature = {.inputs = {{"scores", "float[..., T, T]"}},
+                            .outputs = {{"y", "float[..., T, T]"}}}});
+  r.Register(
+      {.name = "layer_norm",
+       .num_inputs = 3,
+       .infer = InferLayerNorm,
+       .kernel = LayerNormKernel<true>,
+       .reference = LayerNormKernel<false>,
+       .vjp = LayerNormVjp,
+       .recomputable = true,
+       .doc = "layer normalization over the last axis (biased variance), then weight and bias",
+       .signature = {
+           .inputs = {{"x", "float[..., C]"}, {"weight", "float[C]"}, {"bias", "float[C]"}},
+           .attrs = {{"eps", "float = 1e-05"}},
+           .outputs = {{"y", "float[..., C]"}}}});
+  r.Register(
+      {.name = "layer_norm_grad_x",
+       .num_inputs = 3,
+       .infer = InferLayerNormGradX,
+       .kernel = LayerNormGradXKernel<true>,
+       .reference = LayerNormGradXKernel<false>,
+       .doc = "layer_norm backward for x (recomputes mean and rstd)",
+       .signature = {
+           .inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}, {"weight", "float[C]"}},
+           .attrs = {{"eps", "float = 1e-05"}},
+           .outputs = {{"dx", "float[..., C]"}}}});
   r.Register({.name = "layer_norm_grad_params",
               .num_inputs = 2,
               .infer = InferLayerNormGradParams,
               .kernel = LayerNormGradParamsKernel<true>,
               .reference = LayerNormGradParamsKernel<false>,
-              .doc = "layer_norm backward for weight and bias (recomputes mean and rstd); dy, x"});
+              .doc = "layer_norm backward for weight and bias (recomputes mean and rstd)",
+              .signature = {.inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}},
+                            .attrs = {{"eps", "float = 1e-05"}},
+                            .outputs = {{"dweight", "float[C]"}, {"dbias", "float[C]"}}}});
   r.Register({.name = "embedding",
               .num_inputs = 2,
               .infer = InferEmbedding,
               .kernel = EmbeddingKernel<true>,
               .reference = EmbeddingKernel<false>,
               .vjp = EmbeddingVjp,
-              .doc = "rows of table [vocab, C] picked by integer ids"});
+              .doc = "the rows of table picked by ids (an id outside [0, vocab) is an error)",
+              .signature = {.inputs = {{"ids", "int[...]"}, {"table", "float[vocab, C]"}},
+                            .outputs = {{"y", "float[..., C]"}}}});
   r.Register(
       {.name = "embedding_grad",
        .num_inputs = 2,
        .infer = InferEmbeddingGrad,
        .kernel = EmbeddingGradKernel<true>,
        .reference = EmbeddingGradKernel<false>,
-       .doc = "scatter-add of dy rows by ids into zeros [num_embeddings, C], in token order"});
+       .doc = "scatter-add of the rows of dy by ids into zeros, in token order (deterministic)",
+       .signature = {.inputs = {{"ids", "int[...]"}, {"dy", "float[..., C]"}},
+                     .attrs = {{"num_embeddings", "int"}},
+                     .outputs = {{"dtable", "float[num_embeddings, C]"}}}});
   r.Register({.name = "cross_entropy",
               .num_inputs = 2,
               .infer = InferCrossEntropy,
               .kernel = CrossEntropyKernel<true>,
               .reference = CrossEntropyKernel<false>,
               .vjp = CrossEntropyVjp,
-              .doc = "mean over tokens of −log softmax(logits)[target], fused log-sum-exp"});
+              .doc =
+                  "mean over tokens of −log softmax(logits)[target], fused log-sum-exp; a target "
+                  "of -1 does not count",
+              .signature = {.inputs = {{"logits", "float[..., vocab]"}, {"targets", "int[...]"}},
+                            .outputs = {{"loss", "float[]"}}}});
   r.Register({.name = "cross_entropy_grad",
               .num_inputs = 3,
               .infer = InferCrossEntropyGrad,
               .kernel = CrossEntropyGradKernel<true>,
               .reference = CrossEntropyGradKernel<false>,
-              .doc = "(dloss/N)·(softmax(logits) − onehot(targets)), softmax recomputed; logits, "
-                     "targets, dloss"});
+              .doc = "(dloss/N)·(softmax(logits) − onehot(targets)) over the N counted tokens, "
+                     "softmax recomputed",
+              .signature = {.inputs = {{"logits", "float[..., vocab]"},
+                                       {"targets", "int[...]"},
+                                       {"dloss", "float[]"}},
+                            .outputs = {{"dlogits", "float[..., vocab]"}}}});
 }
 
 }  // namespace sluice

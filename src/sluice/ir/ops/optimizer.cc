@@ -125,8 +125,12 @@ void RegisterOptimizerOps(OpRegistry& r) {
        .infer = InferSgd,
        .kernel = SgdKernel<true>,
        .reference = SgdKernel<false>,
-       .doc =
-           "in place: SGD step of param (and momentum_buf); inputs param, grad, momentum_buf, lr"});
+       .doc = "one SGD step of param (and of momentum_buf when momentum > 0), PyTorch's semantics",
+       .signature = {.inputs = {{"param", "float[...]"},
+                                {"grad", "float[...]"},
+                                {"momentum_buf", "float[...]"},
+                                {"lr", "f32|f64[]"}},
+                     .attrs = {{"momentum", "float = 0"}, {"weight_decay", "float = 0"}}}});
   r.Register(
       {.name = "adamw_update",
        .kind = OpKind::kInPlace,
@@ -134,8 +138,18 @@ void RegisterOptimizerOps(OpRegistry& r) {
        .infer = InferAdamW,
        .kernel = AdamWKernel<true>,
        .reference = AdamWKernel<false>,
-       .doc =
-           "in place: AdamW step of param, m, v; inputs param, grad, m, v, lr, step (t from 1)"});
+       .doc = "one AdamW step of param and its moments m and v, PyTorch's semantics; step is t, "
+              "counted from 1",
+       .signature = {.inputs = {{"param", "float[...]"},
+                                {"grad", "float[...]"},
+                                {"m", "float[...]"},
+                                {"v", "float[...]"},
+                                {"lr", "f32|f64[]"},
+                                {"step", "f32|f64|i64[]"}},
+                     .attrs = {{"beta1", "float = 0.9"},
+                               {"beta2", "float = 0.999"},
+                               {"eps", "float = 1e-08"},
+                               {"weight_decay", "float = 0.01"}}}});
 }
 
 }  // namespace sluice

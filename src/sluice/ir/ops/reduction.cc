@@ -186,33 +186,46 @@ Var BroadcastTo(Var x, const Shape& shape) {
 }
 
 void RegisterReductionOps(OpRegistry& r) {
+  const OpSignature reduce_signature = {
+      .inputs = {{"x", "float[...]"}},
+      .attrs = {{"axes", "ints = []"}, {"keepdims", "bool = false"}},
+      .outputs = {{"y", "float[...]"}}};
   r.Register({.name = "sum",
               .num_inputs = 1,
               .infer = InferReduce,
               .kernel = ReduceKernel<false, true>,
               .reference = ReduceKernel<false, false>,
               .vjp = ReduceVjp<false>,
-              .doc = "sum over attribute axes (empty: all), keepdims optional"});
+              .doc = "sum over axes (none given: all), keeping them as size 1 with keepdims",
+              .signature = reduce_signature});
   r.Register({.name = "mean",
               .num_inputs = 1,
               .infer = InferReduce,
               .kernel = ReduceKernel<true, true>,
               .reference = ReduceKernel<true, false>,
               .vjp = ReduceVjp<true>,
-              .doc = "mean over attribute axes (empty: all), keepdims optional"});
+              .doc = "mean over axes (none given: all), keeping them as size 1 with keepdims",
+              .signature = reduce_signature});
   r.Register({.name = "sum_to",
               .num_inputs = 1,
               .infer = InferSumTo,
               .kernel = SumToFastKernel,
               .reference = SumToKernel,
               .vjp = SumToVjp,
-              .doc = "sum over broadcast axes down to attribute shape"});
+              .doc = "sum over the axes broadcasting stretched, down to shape (broadcast_to's "
+                     "gradient)",
+              .signature = {.inputs = {{"x", "float[...]"}},
+                            .attrs = {{"shape", "ints"}},
+                            .outputs = {{"y", "float[shape]"}}}});
   r.Register({.name = "broadcast_to",
               .num_inputs = 1,
               .infer = InferBroadcastTo,
               .kernel = BroadcastToKernel,
               .vjp = BroadcastToVjp,
-              .doc = "repeat along stretched axes up to attribute shape"});
+              .doc = "x repeated along the axes it stretches to shape (NumPy broadcast_to, a copy)",
+              .signature = {.inputs = {{"x", "float[...]"}},
+                            .attrs = {{"shape", "ints"}},
+                            .outputs = {{"y", "float[shape]"}}}});
 }
 
 }  // namespace sluice

@@ -344,62 +344,84 @@ std::vector<Var> Split(Var x, int64_t axis, const std::vector<int64_t>& sizes) {
 }
 
 void RegisterShapeOps(OpRegistry& r) {
+  const OpSignature slice_signature = {.inputs = {{"x", "any[...]"}},
+                                       .attrs = {{"axis", "int"}, {"start", "int"}, {"end", "int"}},
+                                       .outputs = {{"y", "any[...]"}}};
+  const OpSignature split_signature = {.inputs = {{"x", "any[...]"}},
+                                       .attrs = {{"axis", "int"}, {"sizes", "ints"}},
+                                       .outputs = {{"ys...", "any[...]"}}};
   r.Register({.name = "reshape",
               .kind = OpKind::kView,
               .num_inputs = 1,
               .infer = InferReshape,
               .kernel = ReshapeKernel,
               .vjp = ReshapeVjp,
-              .doc = "same elements, new shape (a view)"});
+              .doc = "the same elements in a new shape, one dimension may be -1 (a view)",
+              .signature = {.inputs = {{"x", "any[...]"}},
+                            .attrs = {{"shape", "ints"}},
+                            .outputs = {{"y", "any[shape]"}}}});
   r.Register({.name = "transpose",
               .num_inputs = 1,
               .infer = InferTranspose,
               .kernel = TransposeKernel<true>,
               .reference = TransposeKernel<false>,
               .vjp = TransposeVjp,
-              .doc = "swap axes dim0 and dim1 (a contiguous copy)"});
+              .doc = "axes dim0 and dim1 swapped (a contiguous copy)",
+              .signature = {.inputs = {{"x", "any[...]"}},
+                            .attrs = {{"dim0", "int"}, {"dim1", "int"}},
+                            .outputs = {{"y", "any[...]"}}}});
   r.Register({.name = "permute",
               .num_inputs = 1,
               .infer = InferPermute,
               .kernel = PermuteKernel<true>,
               .reference = PermuteKernel<false>,
               .vjp = PermuteVjp,
-              .doc = "reorder the axes by attribute order (a contiguous copy)"});
+              .doc = "the axes reordered, y.shape[i] = x.shape[order[i]] (a contiguous copy)",
+              .signature = {.inputs = {{"x", "any[...]"}},
+                            .attrs = {{"order", "ints"}},
+                            .outputs = {{"y", "any[...]"}}}});
   r.Register({.name = "slice",
               .num_inputs = 1,
               .infer = InferSlice,
               .kernel = SliceKernel<true>,
               .reference = SliceKernel<false>,
               .vjp = SliceVjp,
-              .doc = "elements [start, end) along axis (a copy)"});
+              .doc = "the elements [start, end) along axis (a copy)",
+              .signature = slice_signature});
   r.Register({.name = "slice_view",
               .kind = OpKind::kView,
               .num_inputs = 1,
               .infer = InferSliceView,
               .kernel = SliceViewKernel,
               .vjp = SliceVjp,
-              .doc = "elements [start, end) along axis when they are contiguous (a view)"});
+              .doc = "the elements [start, end) along axis when they are contiguous (a view)",
+              .signature = slice_signature});
   r.Register({.name = "concat",
               .num_inputs = -1,
               .infer = InferConcat,
               .kernel = ConcatKernel<true>,
               .reference = ConcatKernel<false>,
               .vjp = ConcatVjp,
-              .doc = "join the inputs along attribute axis"});
+              .doc = "the inputs joined along axis (one dtype and rank, equal on the other axes)",
+              .signature = {.inputs = {{"xs...", "any[...]"}},
+                            .attrs = {{"axis", "int"}},
+                            .outputs = {{"y", "any[...]"}}}});
   r.Register({.name = "split",
               .num_inputs = 1,
               .infer = InferSplit,
               .kernel = SplitKernel<true>,
               .reference = SplitKernel<false>,
               .vjp = SplitVjp,
-              .doc = "cut along attribute axis into pieces of attribute sizes (copies)"});
+              .doc = "x cut along axis into pieces of the given sizes (copies)",
+              .signature = split_signature});
   r.Register({.name = "split_view",
               .kind = OpKind::kView,
               .num_inputs = 1,
               .infer = InferSplitView,
               .kernel = SplitViewKernel,
               .vjp = SplitVjp,
-              .doc = "cut along attribute axis into contiguous pieces of attribute sizes (views)"});
+              .doc = "x cut along axis into contiguous pieces of the given sizes (views)",
+              .signature = split_signature});
 }
 
 }  // namespace sluice

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -34,17 +35,48 @@ TEST(SortDataset, BatchesAreAPureFunctionOfSeedAndIndex) {
   EXPECT_FALSE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids, data.GetBatch(DataSplit::kTrain, 7, 4, 2).ids));
 }
 
+// The digits of every row of a batch's ids (the first n tokens of each row).
+std::set<std::vector<int64_t>> DigitSequences(const Batch& b, int64_t n) {
+  std::set<std::vector<int64_t>> sequences;
+  const int64_t rows = b.ids.shape()[0], T = b.ids.shape()[1];
+  const int64_t* ids = b.ids.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) sequences.emplace(ids + r * T, ids + r * T + n);
+  return sequences;
+}
+
 TEST(SortDataset, HeldOutSequencesNeverAppearInTraining) {
-  SortDataset data(3, 4);
-  for (int i = 0; i < 20; ++i) {
-    Batch tr = data.GetBatch(DataSplit::kTrain, i, 16, 3);
-    Batch va = data.GetBatch(DataSplit::kValidation, i, 16, 3);
-    for (int r = 0; r < 16; ++r) {
-      EXPECT_FALSE(data.IsHeldOut(tr.ids.data<int64_t>() + r * 6));
-      EXPECT_TRUE(data.IsHeldOut(va.ids.data<int64_t>() + r * 6));
-    }
+  // 3 digits in base 4: 64 sequences in all, few enough that the batches below draw nearly all.
+  const int64_t n = 3, base = 4;
+  SortDataset data(n, base);
+  int held_out = 0;
+  for (int64_t code = 0; code < 64; ++code) {
+    const int64_t digits[] = {code / 16, code / 4 % 4, code % 4};
+    held_out += data.IsHeldOut(digits) ? 1 : 0;
   }
+  // Both splits exist (a split that no sequence falls in would make GetBatch draw forever).
+  ASSERT_GT(held_out, 0);
+  ASSERT_LT(held_out, 64);
+
+  std::set<std::vector<int64_t>> train, validation;
+  for (int i = 0; i < 20; ++i) {
+    train.merge(DigitSequences(data.GetBatch(DataSplit::kTrain, i, 16, 3), n));
+    validation.merge(DigitSequences(data.GetBatch(DataSplit::kValidation, i, 16, 3), n));
+  }
+  // Independently of how the split is decided: no sequence is drawn for both.
+  for (const std::vector<int64_t>& seq : validation) {
+    EXPECT_EQ(train.count(seq), 0u) << "sequence " << seq[0] << seq[1] << seq[2]
+                                    << " is in both splits";
+  }
+  // And each split is the one IsHeldOut describes, all of it drawn (320 draws each).
+  for (const std::vector<int64_t>& seq : train) EXPECT_FALSE(data.IsHeldOut(seq.data()));
+  for (const std::vector<int64_t>& seq : validation) EXPECT_TRUE(data.IsHeldOut(seq.data()));
+  EXPECT_EQ(static_cast<int>(validation.size()), held_out);
+  EXPECT_GT(train.size(), 40u);
+}
+
+TEST(SortDataset, RefusesTooFewDigitsOrTooSmallABase) {
   EXPECT_THROW(SortDataset(1, 10), InvalidArgument);
+  EXPECT_THROW(SortDataset(4, 1), InvalidArgument);
 }
 
 TEST(TextDataset, WindowsPredictTheNextByte) {

@@ -8,8 +8,6 @@
 #include "sluice/ir/ops.h"
 
 namespace sluice::testing {
-namespace {
-
 // Tables keep one case per line.
 // clang-format off
 std::vector<OpCase> ElementwiseCases() {
@@ -44,32 +42,34 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "div_scalar", .op = "div", .inputs = {F({33}), F({})}, .fills = nonzero_b},
       {.label = "div_both_stretch", .op = "div", .inputs = {F({1, 7}), F({13, 1})}, .fills = nonzero_b},
       // Unary ops.
-      {.label = "scale", .op = "scale", .inputs = {F({7, 13})}, .attrs = {{"factor", 2.5}}},
-      {.label = "scale_int_factor", .op = "scale", .inputs = {F({7})}, .attrs = {{"factor", int64_t{-3}}}},
-      {.label = "neg", .op = "neg", .inputs = {F({33})}},
-      {.label = "relu", .op = "relu", .inputs = {F({7, 13})}},
-      {.label = "relu_scalar", .op = "relu", .inputs = {F({})}},
+      {.label = "scale", .op = "scale", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = {{"factor", 2.5}}},
+      {.label = "scale_int_factor", .op = "scale", .single_kernel = true, .inputs = {F({7})}, .attrs = {{"factor", int64_t{-3}}}},
+      {.label = "neg", .op = "neg", .single_kernel = true, .inputs = {F({33})}},
+      {.label = "relu", .op = "relu", .single_kernel = true, .inputs = {F({7, 13})}},
+      {.label = "relu_scalar", .op = "relu", .single_kernel = true, .inputs = {F({})}},
       {.label = "gelu", .op = "gelu", .inputs = {F({7, 13})}, .fills = {wide}},
       {.label = "gelu_one", .op = "gelu", .inputs = {F({1})}},
       {.label = "gelu_long", .op = "gelu", .inputs = {F({1031})}, .fills = {Uniform(-12, 12)}, .grad = false},
-      {.label = "tanh", .op = "tanh", .inputs = {F({33})}, .fills = {wide}},
+      {.label = "tanh", .op = "tanh", .single_kernel = true, .inputs = {F({33})}, .fills = {wide}},
       {.label = "exp", .op = "exp", .inputs = {F({7, 13})}, .fills = {wide}},
       {.label = "exp_long", .op = "exp", .inputs = {F({1031})}, .fills = {Uniform(-80, 80)}, .grad = false},
-      {.label = "log", .op = "log", .inputs = {F({7, 13})}, .fills = {positive}},
-      {.label = "sqrt", .op = "sqrt", .inputs = {F({33})}, .fills = {positive}},
+      {.label = "log", .op = "log", .single_kernel = true, .inputs = {F({7, 13})}, .fills = {positive}},
+      {.label = "sqrt", .op = "sqrt", .single_kernel = true, .inputs = {F({33})}, .fills = {positive}},
       // Fused activation gradients (no gradients of their own).
-      {.label = "relu_grad", .op = "relu_grad", .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
+      {.label = "relu_grad", .op = "relu_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
       {.label = "gelu_grad", .op = "gelu_grad", .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
       {.label = "gelu_grad_long", .op = "gelu_grad", .inputs = {F({1031}), F({1031})}, .fills = {Fill{}, Uniform(-12, 12)}, .grad = false},
-      {.label = "tanh_grad", .op = "tanh_grad", .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
+      {.label = "tanh_grad", .op = "tanh_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
       // Fill, cast, copy. (A cast to f32 rounds away what a finite difference measures: no grad.)
-      {.label = "full", .op = "full", .inputs = {}, .attrs = {{"dtype", std::string("f32")}, {"shape", std::vector<int64_t>{2, 3}}, {"value", 1.5}}},
-      {.label = "cast_to_f64", .op = "cast", .inputs = {F({7, 13})}, .attrs = f64},
-      {.label = "cast_to_f32", .op = "cast", .inputs = {F({7, 13})}, .attrs = f32, .grad = false},
-      {.label = "copy", .op = "copy", .inputs = {F({3, 7})}},
+      {.label = "full", .op = "full", .single_kernel = true, .inputs = {}, .attrs = {{"dtype", std::string("f32")}, {"shape", std::vector<int64_t>{2, 3}}, {"value", 1.5}}},
+      {.label = "cast_to_f64", .op = "cast", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = f64},
+      {.label = "cast_to_f32", .op = "cast", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = f32, .grad = false},
+      {.label = "copy", .op = "copy", .single_kernel = true, .inputs = {F({3, 7})}},
   };
 }
 // clang-format on
+
+namespace {
 
 // clang-format off
 std::vector<OpErrorCase> ElementwiseErrors() {

@@ -2,8 +2,6 @@
 #include "op_harness.h"
 
 namespace sluice::testing {
-namespace {
-
 std::vector<OpCase> LinalgCases() {
   Attrs ta{{"transpose_a", true}}, tb{{"transpose_b", true}},
       tab{{"transpose_a", true}, {"transpose_b", true}};
@@ -50,6 +48,8 @@ std::vector<OpCase> LinalgCases() {
        .grad = false},
   };
 }
+
+namespace {
 
 std::vector<OpErrorCase> LinalgErrors() {
   return {

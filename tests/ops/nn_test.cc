@@ -11,8 +11,6 @@
 #include "sluice/ir/ops.h"
 
 namespace sluice::testing {
-namespace {
-
 std::vector<OpCase> NnCases() {
   const Attrs mask_finite{{"value", -3.0}};  // finite, so the loss of the gradient check is too
   const Attrs mask_zero{{"value", 0.0}};
@@ -149,6 +147,8 @@ std::vector<OpCase> NnCases() {
        .grad = false},
   };
 }
+
+namespace {
 
 std::vector<OpErrorCase> NnErrors() {
   return {
@@ -303,7 +303,8 @@ TEST(CrossEntropy, UniformLogitsGiveLogVocab) {
   for (bool reference : {false, true}) {
     Tensor loss = RunOne(
         [&](Builder& b) {
-          return CrossEntropy(b.Input("l", DType::kF32, {3, vocab}), b.Input("t", DType::kI64, {3}));
+          return CrossEntropy(b.Input("l", DType::kF32, {3, vocab}),
+                              b.Input("t", DType::kI64, {3}));
         },
         With({{"l", logits}, {"t", targets}}), reference);
     EXPECT_EQ(loss.shape(), Shape{});
@@ -391,7 +392,8 @@ TEST(CrossEntropy, IgnoredTargetsDoNotCount) {
   Tensor all = Tensor::FromVector<int64_t>({3}, {1, -1, 0});
   Tensor none = Tensor::FromVector<int64_t>({3}, {-1, -1, -1});
   Tensor dloss = Tensor::Full({}, 1.0, DType::kF64);
-  for (KernelFn k : {OpRegistry::Global().Get("cross_entropy").kernel, OpRegistry::Global().Get("cross_entropy").reference}) {
+  for (KernelFn k : {OpRegistry::Global().Get("cross_entropy").kernel,
+                     OpRegistry::Global().Get("cross_entropy").reference}) {
     Tensor out = Tensor::Empty({}, DType::kF64);
     std::vector<Tensor> in = {logits, all}, outs = {out};
     KernelContext ctx{in, outs, Attrs(), DefaultAllocator()};

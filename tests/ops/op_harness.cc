@@ -1,6 +1,8 @@
 #include "op_harness.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include <fmt/format.h>
@@ -35,7 +37,8 @@ Tensor MakeInput(const TensorType& t, const Fill& fill, std::mt19937_64& rng) {
   for (int64_t i = 0; i < x.numel(); ++i) {
     double v;
     if (fill.kind == Fill::kIndex) {
-      v = static_cast<double>(std::uniform_int_distribution<int64_t>(static_cast<int64_t>(fill.low), static_cast<int64_t>(fill.high) - 1)(rng));
+      v = static_cast<double>(std::uniform_int_distribution<int64_t>(
+          static_cast<int64_t>(fill.low), static_cast<int64_t>(fill.high) - 1)(rng));
     } else {
       v = std::uniform_real_distribution<double>(fill.low, fill.high)(rng);
     }
@@ -85,8 +88,9 @@ void CompareKernels(const OpCase& c, DType t, double tolerance) {
         diff = std::max(diff, std::abs(a.FlatAt(i) - b.FlatAt(i)));
       }
       double err = diff / scale;
-      EXPECT_LE(err, tolerance) << c.label << " (" << Name(t) << "): fast and reference kernels differ on %"
-                                << name << "\nfast " << a.ToString(16) << "\nref  " << b.ToString(16);
+      EXPECT_LE(err, tolerance) << c.label << " (" << Name(t)
+                                << "): fast and reference kernels differ on %" << name << "\nfast "
+                                << a.ToString(16) << "\nref  " << b.ToString(16);
     }
   }
 }
@@ -103,7 +107,8 @@ void CheckGradients(const OpCase& c) {
   for (ValueId y : p.outputs()) spec.seeds.push_back(p.value(y).name);
   std::vector<size_t> wrt_inputs;
   for (size_t i = 0; i < p.inputs().size(); ++i) {
-    bool skip = std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), static_cast<int>(i)) != c.no_grad_inputs.end();
+    bool skip = std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), static_cast<int>(i)) !=
+                c.no_grad_inputs.end();
     if (!skip && IsFloating(p.value(p.inputs()[i]).type.dtype)) {
       spec.wrt.push_back(p.value(p.inputs()[i]).name);
       wrt_inputs.push_back(i);
@@ -124,7 +129,8 @@ void CheckGradients(const OpCase& c) {
 
   Scope scope = CloneScope(inputs);
   RunReference(p, scope);
-  for (size_t k = 0; k < p.outputs().size(); ++k) scope.Set(p.value(p.outputs()[k]).name + ".grad", weights[k]);
+  for (size_t k = 0; k < p.outputs().size(); ++k)
+    scope.Set(p.value(p.outputs()[k]).name + ".grad", weights[k]);
   RunReference(bwd.program, scope);
 
   const double h = 1e-6;
@@ -139,32 +145,89 @@ void CheckGradients(const OpCase& c) {
       double numeric = (loss(plus) - loss(minus)) / (2 * h);
       double a = analytic.FlatAt(i);
       double err = std::abs(a - numeric) / std::max({std::abs(a), std::abs(numeric), 1e-2});
-      ASSERT_LE(err, c.grad_tolerance) << c.label << ": d loss / d " << name << "[" << i << "] analytic " << a
-                                       << " numeric " << numeric;
+      ASSERT_LE(err, c.grad_tolerance) << c.label << ": d loss / d " << name << "[" << i
+                                       << "] analytic " << a << " numeric " << numeric;
     }
+  }
+}
+
+// A single-kernel op's one run per dtype: it runs on the case's shapes and its outputs have the
+// types inference promised; there is no second kernel to compare them with.
+void RunSingleKernel(const OpCase& c, DType t) {
+  Program p = MakeProgram(c, t);
+  Scope scope = MakeInputs(p, c, 1234);
+  RunReference(p, scope, DefaultAllocator(), /*use_reference_kernels=*/false);
+  for (ValueId y : p.outputs()) {
+    EXPECT_NO_THROW(CheckBinding(p, y, scope.Get(p.value(y).name)))
+        << c.label << " (" << Name(t) << ")";
+  }
+}
+
+bool SignatureNames(const std::vector<OpParam>& params, const std::string& name) {
+  return std::any_of(params.begin(), params.end(),
+                     [&](const OpParam& p) { return p.name == name; });
+}
+
+// The case's attributes are the signature's, and the op gives the outputs the signature lists
+// (at least as many as its fixed entries when the last is "ys...").
+void CheckSignature(const OpCase& c, const OpDef& op) {
+  const OpSignature& s = op.signature;
+  for (const auto& [name, value] : c.attrs.items()) {
+    EXPECT_TRUE(SignatureNames(s.attrs, name))
+        << c.label << ": attribute '" << name << "' is not in " << c.op << "'s signature";
+  }
+  const Program p = MakeProgram(c, DType::kF64);
+  const size_t outputs = p.outputs().size();
+  if (!s.outputs.empty() && s.outputs.back().name.ends_with("...")) {
+    EXPECT_GE(outputs + 1, s.outputs.size()) << c.label << ": outputs of " << c.op;
+  } else {
+    EXPECT_EQ(outputs, s.outputs.size())
+        << c.label << ": outputs of " << c.op << " vs its signature";
   }
 }
 
 }  // namespace
 
 void RunOpCase(const OpCase& c) {
-  ASSERT_NE(OpRegistry::Global().Find(c.op), nullptr) << "unknown op " << c.op;
-  CompareKernels(c, DType::kF32, c.f32_tolerance);
-  CompareKernels(c, DType::kF64, 1e-12);
+  const OpDef* op = OpRegistry::Global().Find(c.op);
+  ASSERT_NE(op, nullptr) << "unknown op " << c.op;
+  const bool one_kernel = op->kernel == op->reference;
+  ASSERT_EQ(c.single_kernel, one_kernel)
+      << c.label << ": " << c.op
+      << (one_kernel
+              ? " has a single kernel (the registry's reference is its fast kernel): mark the "
+                "case .single_kernel = true"
+              : " has a reference and a fast kernel: drop .single_kernel so they are compared");
+  CheckSignature(c, *op);
+  if (c.single_kernel) {
+    ::testing::Test::RecordProperty("fast_vs_reference", "skipped: single kernel");
+    std::printf(
+        "[   NOTE   ] %s: %s has a single kernel; fast vs reference skipped, the kernel run "
+        "in f32 and f64\n",
+        c.label.c_str(), c.op.c_str());
+    RunSingleKernel(c, DType::kF32);
+    RunSingleKernel(c, DType::kF64);
+  } else {
+    CompareKernels(c, DType::kF32, c.f32_tolerance);
+    CompareKernels(c, DType::kF64, 1e-12);
+  }
   if (c.grad) CheckGradients(c);
 }
 
 void RunOpErrorCase(const OpErrorCase& c) {
   Program p(c.label);
   std::vector<ValueId> ins;
-  for (size_t i = 0; i < c.inputs.size(); ++i) ins.push_back(p.AddInput(fmt::format("x{}", i), c.inputs[i]));
+  for (size_t i = 0; i < c.inputs.size(); ++i)
+    ins.push_back(p.AddInput(fmt::format("x{}", i), c.inputs[i]));
   try {
     p.AddInstruction(c.op, ins, c.attrs);
     ADD_FAILURE() << c.label << ": expected a ShapeError or ProgramError";
   } catch (const ShapeError& e) {
-    EXPECT_NE(std::string(e.what()).find(c.op), std::string::npos) << "message should name the op: " << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.op), std::string::npos)
+        << "message should name the op: " << e.what();
   } catch (const ProgramError& e) {
-    EXPECT_NE(std::string(e.what()).find(c.op), std::string::npos) << "message should name the op: " << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.op), std::string::npos)
+        << "message should name the op: " << e.what();
   }
 }
 

@@ -1,11 +1,18 @@
 // One harness for every op (tests/ops/): a single OpCase table entry drives
-//   1. fast kernel vs reference kernel, in f32 and f64, on the case's shapes;
+//   1. fast kernel vs reference kernel, in f32 and f64, on the case's shapes — or, for an op with
+//      a single kernel (the registry's kernel == reference), one run in each dtype instead: the
+//      case says so with single_kernel, and the harness fails when that mark and the registry
+//      disagree, so a comparison of a kernel with itself can never pass for a real one;
 //   2. a finite-difference gradient check in f64 (central differences, relative error ≤ 1e-6)
 //      of the op's VJP rule as autodiff uses it;
+//   3. the op's signature (OpDef::signature) against the case: its attributes are ones the
+//      signature names, and the op gives as many outputs as the signature lists;
 // and OpErrorCase entries check that shape/dtype mistakes are reported as errors, not crashes.
+// op_coverage_test.cc fails for every registered op that no table has a case for.
 //
 // Adding an op to the tests = adding entries to its family's table, e.g. in elementwise_test.cc:
 //   {.label = "add_row", .op = "add", .inputs = {F({4, 3}), F({3})}},
+//   {.label = "relu_odd", .op = "relu", .single_kernel = true, .inputs = {F({7, 13})}},
 #pragma once
 
 #include <string>
@@ -38,10 +45,13 @@ inline TensorType I32(std::initializer_list<int64_t> dims) { return {DType::kI32
 struct OpCase {
   std::string label;  // unique, [A-Za-z0-9_]
   std::string op;
+  // The op has one kernel (the registry's reference and fast kernel are the same function): the
+  // harness runs it instead of comparing it with itself, and says so in the test's output.
+  bool single_kernel = false;
   std::vector<TensorType> inputs;
   Attrs attrs;
-  std::vector<Fill> fills;   // per input; missing entries are kUniform(-1, 1)
-  bool grad = true;          // run the gradient check (ops without VJP: false)
+  std::vector<Fill> fills;      // per input; missing entries are kUniform(-1, 1)
+  bool grad = true;             // run the gradient check (ops without VJP: false)
   double f32_tolerance = 2e-5;  // fast vs reference, relative, in f32
   double grad_tolerance = 1e-6;
   // Inputs the gradient check skips (e.g. in-place state); empty = all floating inputs.
@@ -62,12 +72,23 @@ inline void PrintTo(const OpErrorCase& c, std::ostream* os) { *os << c.label; }
 void RunOpCase(const OpCase& c);
 void RunOpErrorCase(const OpErrorCase& c);
 
+// The op tables, one per family file (tests/ops/<family>_test.cc); op_coverage_test.cc checks that
+// together they have a case for every registered op.
+std::vector<OpCase> ElementwiseCases();
+std::vector<OpCase> LinalgCases();
+std::vector<OpCase> NnCases();
+std::vector<OpCase> OptimizerCases();
+std::vector<OpCase> ReductionCases();
+std::vector<OpCase> ShapeCases();
+
 class OpHarness : public ::testing::TestWithParam<OpCase> {};
 class OpErrors : public ::testing::TestWithParam<OpErrorCase> {};
 
 struct CaseName {
   template <typename T>
-  std::string operator()(const ::testing::TestParamInfo<T>& info) const { return info.param.label; }
+  std::string operator()(const ::testing::TestParamInfo<T>& info) const {
+    return info.param.label;
+  }
 };
 
 }  // namespace sluice::testing

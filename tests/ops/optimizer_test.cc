@@ -12,8 +12,6 @@
 #include "sluice/ir/ops.h"
 
 namespace sluice::testing {
-namespace {
-
 std::vector<OpCase> OptimizerCases() {
   const Attrs sgd_momentum{{"momentum", 0.9}, {"weight_decay", 0.01}};
   const Attrs sgd_plain{{"momentum", 0.0}, {"weight_decay", 0.1}};
@@ -43,6 +41,8 @@ std::vector<OpCase> OptimizerCases() {
        .grad = false},
   };
 }
+
+namespace {
 
 std::vector<OpErrorCase> OptimizerErrors() {
   return {

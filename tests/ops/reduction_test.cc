@@ -11,6 +11,8 @@ Attrs Axes(std::vector<int64_t> axes, bool keepdims = false) {
 
 Attrs Target(std::vector<int64_t> shape) { return {{"shape", std::move(shape)}}; }
 
+}  // namespace
+
 // Tables keep one case per line.
 // clang-format off
 std::vector<OpCase> ReductionCases() {
@@ -38,12 +40,14 @@ std::vector<OpCase> ReductionCases() {
       {.label = "sum_to_middle", .op = "sum_to", .inputs = {F({3, 4, 5})}, .attrs = Target({1, 4, 1})},
       {.label = "sum_to_scalar", .op = "sum_to", .inputs = {F({7, 13})}, .attrs = Target({})},
       {.label = "sum_to_lead", .op = "sum_to", .inputs = {F({2, 3, 7})}, .attrs = Target({3, 1})},
-      {.label = "broadcast_to_rows", .op = "broadcast_to", .inputs = {F({13})}, .attrs = Target({7, 13})},
-      {.label = "broadcast_to_column", .op = "broadcast_to", .inputs = {F({7, 1})}, .attrs = Target({7, 13})},
-      {.label = "broadcast_to_scalar", .op = "broadcast_to", .inputs = {F({})}, .attrs = Target({2, 3})},
+      {.label = "broadcast_to_rows", .op = "broadcast_to", .single_kernel = true, .inputs = {F({13})}, .attrs = Target({7, 13})},
+      {.label = "broadcast_to_column", .op = "broadcast_to", .single_kernel = true, .inputs = {F({7, 1})}, .attrs = Target({7, 13})},
+      {.label = "broadcast_to_scalar", .op = "broadcast_to", .single_kernel = true, .inputs = {F({})}, .attrs = Target({2, 3})},
   };
 }
 // clang-format on
+
+namespace {
 
 // clang-format off
 std::vector<OpErrorCase> ReductionErrors() {

@@ -17,11 +17,13 @@ Attrs SplitAttrs(int64_t axis, Ints sizes) { return {{"axis", axis}, {"sizes", s
 Attrs Order(Ints order) { return {{"order", std::move(order)}}; }
 Attrs Axis(int64_t axis) { return {{"axis", axis}}; }
 
+}  // namespace
+
 // Tables keep one case per line.
 // clang-format off
 std::vector<OpCase> ShapeCases() {
   return {
-      {.label = "reshape", .op = "reshape", .inputs = {F({7, 13})}, .attrs = {{"shape", Ints{13, -1}}}},
+      {.label = "reshape", .op = "reshape", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = {{"shape", Ints{13, -1}}}},
       {.label = "transpose_2d", .op = "transpose", .inputs = {F({7, 13})}, .attrs = {{"dim0", int64_t{0}}, {"dim1", int64_t{1}}}},
       {.label = "transpose_3d", .op = "transpose", .inputs = {F({2, 7, 13})}, .attrs = {{"dim0", int64_t{-1}}, {"dim1", int64_t{-3}}}},
       {.label = "permute_2d", .op = "permute", .inputs = {F({7, 13})}, .attrs = Order({1, 0})},
@@ -37,9 +39,9 @@ std::vector<OpCase> ShapeCases() {
       {.label = "slice_empty", .op = "slice", .inputs = {F({7, 13})}, .attrs = SliceAttrs(1, 4, 4)},
       {.label = "slice_whole", .op = "slice", .inputs = {F({7, 13})}, .attrs = SliceAttrs(1, 0, 13)},
       {.label = "slice_i32", .op = "slice", .inputs = {I32({4, 7})}, .attrs = SliceAttrs(1, 2, 7), .fills = {Indices(9)}},
-      {.label = "slice_view_first_axis", .op = "slice_view", .inputs = {F({7, 13})}, .attrs = SliceAttrs(0, 2, 5)},
-      {.label = "slice_view_after_ones", .op = "slice_view", .inputs = {F({1, 1, 33})}, .attrs = SliceAttrs(2, 3, 32)},
-      {.label = "slice_view_tail", .op = "slice_view", .inputs = {F({7, 13})}, .attrs = SliceAttrs(0, 6, 7)},
+      {.label = "slice_view_first_axis", .op = "slice_view", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = SliceAttrs(0, 2, 5)},
+      {.label = "slice_view_after_ones", .op = "slice_view", .single_kernel = true, .inputs = {F({1, 1, 33})}, .attrs = SliceAttrs(2, 3, 32)},
+      {.label = "slice_view_tail", .op = "slice_view", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = SliceAttrs(0, 6, 7)},
       {.label = "concat_first_axis", .op = "concat", .inputs = {F({2, 3}), F({5, 3})}, .attrs = Axis(0)},
       {.label = "concat_last_axis", .op = "concat", .inputs = {F({7, 2}), F({7, 13}), F({7, 1})}, .attrs = Axis(1)},
       {.label = "concat_middle_axis", .op = "concat", .inputs = {F({2, 3, 4}), F({2, 1, 4})}, .attrs = Axis(-2)},
@@ -50,11 +52,13 @@ std::vector<OpCase> ShapeCases() {
       {.label = "split_middle_axis", .op = "split", .inputs = {F({2, 7, 3})}, .attrs = SplitAttrs(-2, {1, 2, 4})},
       {.label = "split_zero_piece", .op = "split", .inputs = {F({3, 13})}, .attrs = SplitAttrs(1, {0, 13})},
       {.label = "split_one_piece", .op = "split", .inputs = {F({3, 13})}, .attrs = SplitAttrs(0, {3})},
-      {.label = "split_view_first_axis", .op = "split_view", .inputs = {F({7, 13})}, .attrs = SplitAttrs(0, {2, 5})},
-      {.label = "split_view_after_one", .op = "split_view", .inputs = {F({1, 33})}, .attrs = SplitAttrs(1, {13, 7, 13})},
+      {.label = "split_view_first_axis", .op = "split_view", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = SplitAttrs(0, {2, 5})},
+      {.label = "split_view_after_one", .op = "split_view", .single_kernel = true, .inputs = {F({1, 33})}, .attrs = SplitAttrs(1, {13, 7, 13})},
   };
 }
 // clang-format on
+
+namespace {
 
 // clang-format off
 std::vector<OpErrorCase> ShapeErrors() {

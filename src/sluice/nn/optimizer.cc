@@ -1,7 +1,5 @@
 #include "sluice/nn/optimizer.h"
 
-#include <cblas.h>
-
 #include <cmath>
 #include <numbers>
 
@@ -9,19 +7,20 @@
 
 #include "sluice/core/error.h"
 #include "sluice/ir/builder.h"
+#include "sluice/kernels/accumulate.h"
 
 namespace sluice {
 
+std::string_view Name(OptimizerKind kind) { return EnumName(kOptimizerKindNames, kind); }
+
 std::optional<OptimizerKind> ParseOptimizerKind(std::string_view name) {
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  if (name == "sgd") return OptimizerKind::kSgd;
-  return std::nullopt;
+  return ParseEnum(kOptimizerKindNames, name);
 }
 
+std::string_view Name(LrSchedule schedule) { return EnumName(kLrScheduleNames, schedule); }
+
 std::optional<LrSchedule> ParseLrSchedule(std::string_view name) {
-  if (name == "constant") return LrSchedule::kConstant;
-  if (name == "cosine") return LrSchedule::kCosine;
-  return std::nullopt;
+  return ParseEnum(kLrScheduleNames, name);
 }
 
 std::vector<std::string> OptimizerStateNames(const std::string& param, const OptimizerConfig& config) {
@@ -30,7 +29,7 @@ std::vector<std::string> OptimizerStateNames(const std::string& param, const Opt
 }
 
 Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config) {
-  Builder b(config.kind == OptimizerKind::kAdamW ? "adamw" : "sgd");
+  Builder b(std::string(Name(config.kind)));
   Var lr = b.Input("lr", DType::kF32, {});
   Var step = config.kind == OptimizerKind::kAdamW ? b.Input("step", DType::kF32, {}) : Var();
   for (const ParamSpec& s : params) {
@@ -78,14 +77,14 @@ void GradientAccumulator::Add(const std::string& name, Tensor grad) {
     return;
   }
   SLUICE_CHECK(it->second.shape() == grad.shape(), "gradient {} changed shape", name);
-  cblas_saxpy(static_cast<int>(grad.numel()), 1.0f, grad.data<float>(), 1, it->second.data<float>(), 1);
+  kernels::AxpyBlas<float>(grad.data<float>(), it->second.data<float>(), grad.numel(), 1.0f);
 }
 
 std::map<std::string, double> GradientAccumulator::MeanAndSumSquares(int64_t micro_batches) {
   const float inv = 1.0f / static_cast<float>(micro_batches);
   std::map<std::string, double> sum_squares;
   for (auto& [name, g] : grads_) {
-    if (micro_batches > 1) cblas_sscal(static_cast<int>(g.numel()), inv, g.data<float>(), 1);
+    if (micro_batches > 1) kernels::ScaleInPlaceBlas<float>(g.data<float>(), g.numel(), inv);
     const float* p = g.data<float>();
     double s = 0;
     for (int64_t i = 0, n = g.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
@@ -98,7 +97,9 @@ void GradientAccumulator::Clip(double norm, double clip_norm) {
   if (clip_norm <= 0) return;
   const double coef = clip_norm / (norm + 1e-6);
   if (coef >= 1.0) return;
-  for (auto& [name, g] : grads_) cblas_sscal(static_cast<int>(g.numel()), static_cast<float>(coef), g.data<float>(), 1);
+  for (auto& [name, g] : grads_) {
+    kernels::ScaleInPlaceBlas<float>(g.data<float>(), g.numel(), static_cast<float>(coef));
+  }
 }
 
 }  // namespace sluice

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "sluice/core/enum_names.h"
 #include "sluice/core/tensor.h"
 #include "sluice/ir/program.h"
 #include "sluice/nn/model.h"
@@ -26,9 +27,28 @@
 namespace sluice {
 
 enum class OptimizerKind { kAdamW, kSgd };
+
+inline constexpr EnumEntry<OptimizerKind> kOptimizerKindNames[] = {
+    {OptimizerKind::kAdamW, "adamw"},
+    {OptimizerKind::kSgd, "sgd"},
+};
+static_assert(IsCompleteEnumTable(kOptimizerKindNames));
+
+// The kind's name in kOptimizerKindNames ("adamw", "sgd"), and back (nullopt for any other text).
+std::string_view Name(OptimizerKind kind);
 std::optional<OptimizerKind> ParseOptimizerKind(std::string_view name);
 
 enum class LrSchedule { kConstant, kCosine };
+
+inline constexpr EnumEntry<LrSchedule> kLrScheduleNames[] = {
+    {LrSchedule::kConstant, "constant"},
+    {LrSchedule::kCosine, "cosine"},
+};
+static_assert(IsCompleteEnumTable(kLrScheduleNames));
+
+// The schedule's name in kLrScheduleNames ("constant", "cosine"), and back (nullopt for any other
+// text).
+std::string_view Name(LrSchedule schedule);
 std::optional<LrSchedule> ParseLrSchedule(std::string_view name);
 
 struct OptimizerConfig {

@@ -1,8 +1,11 @@
 // RunStats: what one run of an Executable measured, and RunSummary: many runs condensed.
 //
-// Memory figures come from the allocator the executable was given (ResetPeak at the start of each
-// run), so they include whatever else that allocator holds: give the executable an allocator of
-// its own to compare peak_allocated_bytes with liveness_lower_bound_bytes (see exec/analysis.h).
+// Memory figures come from the allocator the executable was given, whose peak restarts once the
+// inputs are bound (ExecutableOptions::reset_peak, on by default; off, the peak runs on across
+// runs). They include whatever else that allocator holds — baseline_allocated_bytes says how much
+// it held when the run began — so give the executable an allocator of its own to compare
+// peak_allocated_bytes with liveness_lower_bound_bytes (exec/analysis.h): in trace mode with sync
+// GC the two are equal.
 //
 // Thread-safety: plain values.
 #pragma once
@@ -14,9 +17,9 @@ namespace sluice {
 
 struct RunStats {
   int64_t instructions = 0;
-  int64_t wall_ns = 0;                     // Run() from binding inputs to returning
-  int64_t baseline_allocated_bytes = 0;    // allocator's allocated bytes when the run started
-  int64_t peak_allocated_bytes = 0;        // allocator's peak during the run (requested bytes)
+  int64_t wall_ns = 0;                     // Run(), from binding inputs to the final GC drain
+  int64_t baseline_allocated_bytes = 0;    // allocator's allocated bytes once the inputs were bound
+  int64_t peak_allocated_bytes = 0;        // allocator's peak (requested bytes), baseline included
   int64_t peak_reserved_bytes = 0;         // allocator's peak of bytes held from the OS
   int64_t liveness_lower_bound_bytes = 0;  // the plan's bound for its trace order
   int64_t gc_thread_ns = 0;    // executing threads' time on GC work: releasing free lists (sync),
@@ -27,8 +30,9 @@ struct RunStats {
   int64_t async_pending_peak_bytes = 0;  // async: most bytes handed over and not yet destroyed
 };
 
-// Medians of the per-run times (the middle run; the lower middle for an even count), maxima of the
-// memory figures.
+// Many runs of one executable: medians of the per-run times and counts (the middle run; the lower
+// middle for an even count), the fastest wall time, maxima of the memory figures; instructions and
+// the liveness bound are the plan's, the same in every run.
 struct RunSummary {
   int64_t runs = 0;
   int64_t instructions = 0;

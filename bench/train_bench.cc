@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   c.optimizer = {.kind = OptimizerKind::kAdamW, .lr = 1e-3, .weight_decay = 0.1};
   c.threads = threads;
   c.gc = *ParseGcMode(gc);
-  c.recompute = recompute;
+  c.recompute = {recompute ? RecomputePolicy::kCheap : RecomputePolicy::kNone};
   Trainer trainer(c);
   std::vector<double> ms;
   int64_t peak = 0;

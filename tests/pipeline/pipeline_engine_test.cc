@@ -135,6 +135,19 @@ TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {
   }
 }
 
+// A policy per stage (`--recompute full,selective,…`): still bitwise the single stage without
+// recomputation, split backward (zb-h1) and interleaved chunks included.
+TEST(PipelineEngine, PerStageRecomputeTrainsBitwiseLikeOneStage) {
+  TrainConfig config = Small(4);
+  config.recompute = {RecomputePolicy::kNone};
+  const RunResult single = Train(config, nullptr);
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved}) {
+    config.recompute = {RecomputePolicy::kFull, RecomputePolicy::kSelective};
+    const PipelineOptions options{.stages = 2, .schedule = kind};
+    ExpectBitwiseEqual(single, Train(config, &options), fmt::format("{} full,selective", ScheduleKindName(kind)));
+  }
+}
+
 TEST(PipelineEngine, ReleaseOnAndOffAreBitwiseIdentical) {
   for (const Case& c : kCases) {
     const TrainConfig config = Small(c.layers);

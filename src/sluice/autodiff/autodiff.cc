@@ -16,7 +16,7 @@ namespace {
 std::string GradName(std::string_view v) { return std::string(v) + ".grad"; }
 
 std::vector<ValueId> RecomputableSaved(const Program& fwd, const std::unordered_set<std::string>& saved);
-Program WithRecomputation(const Program& fwd, const Program& bwd, const std::vector<ValueId>& recompute);
+Program WithRecomputation(const Program& fwd, const Program& bwd, const std::unordered_set<std::string>& dropped);
 
 class BackwardBuilder {
  public:
@@ -180,13 +180,31 @@ Backward BackwardBuilder::Build() {
   out.program = PruneDeadCode(b_.program());
   std::unordered_set<std::string> seed_names;
   for (const std::string& s : spec_.seeds) seed_names.insert(GradName(s));
-  if (spec_.recompute) {
+  {
     std::unordered_set<std::string> saved;
     for (ValueId v : out.program.inputs()) {
       if (!seed_names.count(out.program.value(v).name)) saved.insert(out.program.value(v).name);
     }
-    std::vector<ValueId> recompute = RecomputableSaved(fwd_, saved);
-    if (!recompute.empty()) out.program = WithRecomputation(fwd_, out.program, recompute);
+    // Checkpointing first: what is not kept at all; then the cheap ops among what is still kept.
+    std::unordered_set<std::string> dropped;
+    auto is_forward_input = [&](const std::string& name) { return fwd_.value(fwd_.Get(name)).kind == ValueKind::kInput; };
+    if (spec_.checkpoints) {
+      const std::unordered_set<std::string> keep(spec_.checkpoints->begin(), spec_.checkpoints->end());
+      for (const std::string& name : saved) {
+        if (!keep.count(name) && !is_forward_input(name)) dropped.insert(name);
+      }
+    }
+    for (const std::string& name : spec_.recompute_values) {
+      if (saved.count(name) && !is_forward_input(name)) dropped.insert(name);
+    }
+    std::unordered_set<std::string> kept;
+    for (const std::string& name : saved) {
+      if (!dropped.count(name)) kept.insert(name);
+    }
+    if (spec_.recompute) {
+      for (ValueId v : RecomputableSaved(fwd_, kept)) dropped.insert(fwd_.value(v).name);
+    }
+    if (!dropped.empty()) out.program = WithRecomputation(fwd_, out.program, dropped);
   }
   for (ValueId v : out.program.inputs()) {
     const std::string& n = out.program.value(v).name;
@@ -244,34 +262,64 @@ std::vector<ValueId> RecomputableSaved(const Program& fwd, const std::unordered_
   return chosen;
 }
 
-// `bwd` with the values in `recompute` (forward ids) computed by their forward instructions right
-// before their first use instead of being read as inputs.
-Program WithRecomputation(const Program& fwd, const Program& bwd, const std::vector<ValueId>& recompute) {
-  std::unordered_set<std::string> names;
-  for (ValueId v : recompute) names.insert(fwd.value(v).name);
+// `bwd` without the inputs named in `dropped` (forward values): each is computed by its forward
+// instruction right before its first use instead, as is — transitively — every forward value such
+// an instruction reads that `bwd` does not have. Parameters and forward inputs are read as such.
+Program WithRecomputation(const Program& fwd, const Program& bwd, const std::unordered_set<std::string>& dropped) {
   Program dst(bwd.name());
   for (const Value& v : bwd.values()) dst.ReserveName(v.name);
   for (const Value& v : fwd.values()) dst.ReserveName(v.name);
   for (ValueId v : bwd.inputs()) {
-    if (!names.count(bwd.value(v).name)) dst.AddInput(bwd.value(v).name, bwd.value(v).type);
+    if (!dropped.count(bwd.value(v).name)) dst.AddInput(bwd.value(v).name, bwd.value(v).type);
   }
   for (ValueId v : bwd.params()) dst.AddParam(bwd.value(v).name, bwd.value(v).type);
+  // Makes the forward value `name` available in dst. Iterative (a deep model recomputes long
+  // chains): a stack of values whose producers wait for their inputs.
   auto ensure = [&](const std::string& name) {
-    if (dst.Find(name) || !names.count(name)) return;
-    const Instruction& ins = fwd.instructions().at(fwd.value(fwd.Get(name)).producer);
-    std::vector<ValueId> inputs;
-    for (ValueId v : ins.inputs) {
-      const Value& in = fwd.value(v);
-      if (!dst.Find(in.name)) {
-        SLUICE_CHECK(in.kind == ValueKind::kParam, "recomputing %{} needs %{}", name, in.name);
-        dst.AddParam(in.name, in.type);
+    if (dst.Find(name) || !fwd.Find(name)) return;
+    std::vector<ValueId> stack = {fwd.Get(name)};
+    while (!stack.empty()) {
+      const Value& value = fwd.value(stack.back());
+      if (dst.Find(value.name)) {
+        stack.pop_back();
+        continue;
       }
-      inputs.push_back(dst.Get(in.name));
+      if (value.kind == ValueKind::kParam) {
+        dst.AddParam(value.name, value.type);
+        stack.pop_back();
+        continue;
+      }
+      if (value.kind == ValueKind::kInput) {
+        dst.AddInput(value.name, value.type);
+        stack.pop_back();
+        continue;
+      }
+      const Instruction& ins = fwd.instructions().at(value.producer);
+      bool ready = true;
+      for (ValueId in : ins.inputs) {
+        if (!dst.Find(fwd.value(in).name)) {
+          stack.push_back(in);
+          ready = false;
+        }
+      }
+      if (!ready) continue;
+      std::vector<ValueId> inputs;
+      for (ValueId in : ins.inputs) inputs.push_back(dst.Get(fwd.value(in).name));
+      // Outputs the backward already has (another output of a multi-output op, kept) get fresh
+      // names: the recomputed copy is the same value.
+      std::vector<std::string> names;
+      for (ValueId o : ins.outputs) {
+        const std::string& n = fwd.value(o).name;
+        names.push_back(dst.Find(n) ? dst.FreshName(n) : n);
+      }
+      dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+      stack.pop_back();
     }
-    dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, {name});
   };
   for (const Instruction& ins : bwd.instructions()) {
-    for (ValueId v : ins.inputs) ensure(bwd.value(v).name);
+    for (ValueId v : ins.inputs) {
+      if (dropped.count(bwd.value(v).name)) ensure(bwd.value(v).name);
+    }
     CopyInstruction(bwd, ins, dst);
   }
   for (ValueId v : bwd.outputs()) dst.AddOutput(dst.Get(bwd.value(v).name));

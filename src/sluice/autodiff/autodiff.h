@@ -27,6 +27,7 @@
 //   // run forward keeping bwd.saved, then run bwd.program; scope now holds "w1.grad", "w2.grad".
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,13 @@ struct GradientSpec {
   // there, right before its first use, and no longer kept alive from the forward pass. Results are
   // bitwise the same (kernels are deterministic); the forward keeps fewer bytes.
   bool recompute = true;
+  // Activation checkpointing, beyond the cheap ops above. Saved values in `recompute_values`, and,
+  // when `checkpoints` is set, every saved value that is neither in it nor a forward input, are
+  // not kept either: the backward program re-runs the forward instructions that produce them,
+  // right before their first use — and, transitively, those producing any input it does not have
+  // (parameters and forward inputs are always at hand). Gradients stay bitwise the same.
+  std::vector<std::string> recompute_values;
+  std::optional<std::vector<std::string>> checkpoints;
 };
 
 struct Backward {

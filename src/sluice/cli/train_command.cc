@@ -27,6 +27,8 @@ struct TrainArgs {
   std::string schedule = "cosine";
   std::string gc = "async";
   std::string mode = "trace";
+  std::string recompute = "cheap";  // a policy, or a comma list of one per stage
+  bool no_recompute = false;
   bool quiet = false;
   // Pipeline: used when --stages > 1 or any pipeline option is given.
   bool pipeline = false;
@@ -159,6 +161,19 @@ int RunTrain(TrainArgs& a) {
   auto mode = ParseRunMode(a.mode);
   if (!mode) throw InvalidArgument(fmt::format("--mode must be trace or parallel, not '{}'", a.mode));
   c.mode = *mode;
+  c.recompute.clear();
+  for (size_t start = 0;;) {  // "full,cheap,cheap,none"
+    const size_t end = a.recompute.find(',', start);
+    const std::string item = a.recompute.substr(start, end - start);
+    auto policy = ParseRecomputePolicy(item);
+    if (!policy) {
+      throw InvalidArgument(fmt::format("--recompute: '{}' is not a policy; use {} (one, or one per stage separated "
+                                        "by commas)", item, RecomputePolicyNames()));
+    }
+    c.recompute.push_back(a.no_recompute ? RecomputePolicy::kNone : *policy);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
   if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
 
   EngineFactory engine;
@@ -221,7 +236,11 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--seed", c.seed, "seed of initialization and data")->capture_default_str();
   sub.add_option("--gc", a->gc, "none, sync or async")->capture_default_str();
   sub.add_option("--mode", a->mode, "trace or parallel")->capture_default_str();
-  sub.add_flag("!--no-recompute", c.recompute, "keep cheap activations (layer norm, GELU) instead of recomputing them in backward");
+  sub.add_option("--recompute", a->recompute,
+                 "what backward recomputes instead of keeping: none, cheap, full (keep block inputs only) or "
+                 "selective (also drop attention scores); one for all stages or a comma list, one per stage")
+      ->capture_default_str();
+  sub.add_flag("--no-recompute", a->no_recompute, "the same as --recompute none");
   sub.add_option("--threads", c.threads, "intra-op threads, BLAS included (0: all cores)")->capture_default_str();
   sub.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end)")->capture_default_str();
   sub.add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")->capture_default_str();

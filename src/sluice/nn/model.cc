@@ -18,8 +18,10 @@ Var ModelBuilder::Param(std::string_view name, const Shape& shape, Init init, do
 }
 
 Model ModelBuilder::Finish(std::string loss) {
-  Model m{b_.Build(), std::move(params_), std::move(loss)};
+  Model m{b_.Build(), std::move(params_), std::move(loss), std::move(block_inputs_), std::move(attention_values_)};
   params_.clear();
+  block_inputs_.clear();
+  attention_values_.clear();
   next_init_index_ = -1;
   return m;
 }

@@ -38,6 +38,14 @@ struct Model {
   Program forward;               // outputs "loss" (training) or "logits" (eval)
   std::vector<ParamSpec> params;  // in declaration order
   std::string loss = "loss";
+  // What recompute policies (step/stage_program.h) need to know of the model's structure:
+  //   block_inputs      the value each block starts from ("full" keeps only these and recomputes
+  //                     the rest of the block in backward: activation checkpointing)
+  //   attention_values  the attention scores and probabilities [B, H, T, T] ("selective" never
+  //                     keeps these: they grow with T², everything else with T)
+  // Empty for models without blocks or attention (full then keeps only the program's inputs).
+  std::vector<std::string> block_inputs;
+  std::vector<std::string> attention_values;
 };
 
 // Wraps a Builder and records parameter specs as they are declared.
@@ -51,11 +59,15 @@ class ModelBuilder {
   // of part of a model skips the indices of the parameters it leaves out). Until called, specs
   // keep init_index -1.
   void SetNextInitIndex(int64_t index) { next_init_index_ = index; }
+  // Recompute hints (Model::block_inputs, Model::attention_values), by value name.
+  void MarkBlockInput(std::string name) { block_inputs_.push_back(std::move(name)); }
+  void MarkAttentionValue(std::string name) { attention_values_.push_back(std::move(name)); }
   Model Finish(std::string loss = "loss");
 
  private:
   Builder b_;
   std::vector<ParamSpec> params_;
+  std::vector<std::string> block_inputs_, attention_values_;
   int64_t next_init_index_ = -1;  // -1: not numbering
 };
 

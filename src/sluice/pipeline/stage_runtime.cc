@@ -51,7 +51,10 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
   }
   program = std::make_unique<StageProgram>(
       std::move(chunks), *s.config,
-      StageProgramOptions{.allocator = &allocator, .threads = s.threads, .split_backward = s.schedule.split_backward});
+      StageProgramOptions{.allocator = &allocator,
+                          .threads = s.threads,
+                          .split_backward = s.schedule.split_backward,
+                          .recompute = RecomputeForStage(*s.config, rank, P)});
   for (const ParamSpec& p : program->params()) {
     auto it = std::find(s.model_params.begin(), s.model_params.end(), p.name);
     SLUICE_CHECK(it != s.model_params.end(), "stage {} holds '{}', which the model does not", rank, p.name);

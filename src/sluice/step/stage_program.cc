@@ -4,6 +4,8 @@
 #include <cmath>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "sluice/core/error.h"
 #include "sluice/kernels/matmul.h"
 
@@ -47,7 +49,9 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       params_.push_back(p);
     }
     if (!ch.first) wrt.push_back(kChunkInput);
-    GradientSpec spec{.wrt = wrt, .recompute = config.recompute};
+    GradientSpec spec{.wrt = wrt, .recompute = options_.recompute != RecomputePolicy::kNone};
+    if (options_.recompute == RecomputePolicy::kFull) spec.checkpoints = ch.model.block_inputs;
+    if (options_.recompute == RecomputePolicy::kSelective) spec.recompute_values = ch.model.attention_values;
     if (ch.last) {
       spec.loss = ch.model.loss;
     } else {
@@ -162,6 +166,17 @@ double GlobalNorm(const std::vector<double>& sum_squares_in_model_order) {
   double total = 0;
   for (double s : sum_squares_in_model_order) total += s;
   return std::sqrt(total);
+}
+
+RecomputePolicy RecomputeForStage(const TrainConfig& config, int stage, int stages) {
+  const size_t n = config.recompute.size();
+  if (n == 1) return config.recompute[0];
+  if (n != static_cast<size_t>(stages)) {
+    throw InvalidArgument(fmt::format("--recompute lists {} policies but training runs in {} stage{}: give one policy "
+                                      "for all stages or one per stage",
+                                      n, stages, stages == 1 ? "" : "s"));
+  }
+  return config.recompute[stage];
 }
 
 int ShareIntraOpThreads(int threads, int ranks) {

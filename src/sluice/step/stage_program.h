@@ -73,7 +73,13 @@ struct StageProgramOptions {
   Allocator* allocator = nullptr;  // every tensor of the rank; required
   int threads = 1;                 // intra-op threads (parallel runs)
   bool split_backward = false;     // B and W halves (zero-bubble schedules)
+  RecomputePolicy recompute = RecomputePolicy::kCheap;  // this rank's (RecomputeForStage)
 };
+
+// The recompute policy of pipeline stage `stage` of `stages` (0 of 1 on one stage): the one policy
+// of config.recompute, or the stage's own when it lists one per stage. Throws InvalidArgument
+// when the list has neither 1 nor `stages` entries.
+RecomputePolicy RecomputeForStage(const TrainConfig& config, int stage, int stages);
 
 // A built chunk. `saved` is what its forward leaves for its backward.
 struct Chunk {

@@ -5,10 +5,14 @@
 //
 // It sits in step/, below both train/ and pipeline/, so that neither needs the other.
 // ValidateTrainConfig (step/task.h) checks it; the defaults are the default job (`make run`).
+// RecomputePolicy is here too: a property of the step, chosen per stage.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "sluice/exec/garbage_collector.h"
 #include "sluice/exec/interpreter.h"
@@ -17,6 +21,20 @@
 #include "sluice/nn/optimizer.h"
 
 namespace sluice {
+
+// Activation recomputation, per stage (step/stage_program.cc maps it onto GradientSpec). Gradients
+// are bitwise the same under every policy; the forward keeps fewer bytes, the backward does more.
+//   none       keep every value the backward reads
+//   cheap      recompute the outputs of cheap ops (layer norm, GELU, …) from values kept anyway
+//   full       keep only each block's input; recompute the rest of the block in backward
+//              (activation checkpointing: about one more forward per step)
+//   selective  cheap, and never keep the attention scores and probabilities [B, H, T, T]
+//              (recomputed from q and k, which the backward reads anyway)
+enum class RecomputePolicy : uint8_t { kNone, kCheap, kFull, kSelective };
+std::string_view Name(RecomputePolicy policy);
+std::optional<RecomputePolicy> ParseRecomputePolicy(std::string_view name);
+// "none|cheap|full|selective", for messages.
+std::string RecomputePolicyNames();
 
 struct TrainConfig {
   std::string model = "gpt";  // gpt | mlp
@@ -29,8 +47,10 @@ struct TrainConfig {
   int64_t microbatches = 1;
   OptimizerConfig optimizer{.lr = 3e-3, .schedule = LrSchedule::kCosine, .warmup_steps = 50, .min_lr = 3e-4};
   uint64_t seed = 1;
-  GcMode gc = GcMode::kAsync;
-  bool recompute = true;        // recompute cheap activations in backward (GradientSpec::recompute)
+  GcMode gc = GcMode::kAuto;  // sync on the caching allocators training uses (exec/garbage_collector.h)
+  // What the backward recomputes instead of keeping from the forward (RecomputePolicy): one policy
+  // for every pipeline stage, or one per stage (`--recompute full,cheap,cheap,none`).
+  std::vector<RecomputePolicy> recompute = {RecomputePolicy::kCheap};
   RunMode mode = RunMode::kTrace;
   int threads = 0;              // intra-op threads (BLAS and parallel runs); 0 = all cores
   int64_t eval_every = 250;     // 0: only after the last step

@@ -14,7 +14,9 @@ class SingleStageEngine final : public StepEngine {
         task_(ctx.task),
         micro_batch_size_(ctx.config.batch / ctx.config.microbatches),
         program_({{.model = ctx.model}}, ctx.config,
-                 {.allocator = &allocator_, .threads = ShareIntraOpThreads(ctx.threads, /*ranks=*/1)}) {}
+                 {.allocator = &allocator_,
+                  .threads = ShareIntraOpThreads(ctx.threads, /*ranks=*/1),
+                  .recompute = RecomputeForStage(ctx.config, /*stage=*/0, /*stages=*/1)}) {}
 
   StepResult Step(int64_t step, double lr) override {
     const int64_t M = config_.microbatches;

@@ -1,0 +1,147 @@
+// StageProgram: the one builder of a training step. Recompute policies keep fewer bytes from the
+// forward and leave every gradient bitwise the same; a step through the builder matches the
+// trainer's figures.
+#include "sluice/step/stage_program.h"
+
+#include <gtest/gtest.h>
+
+#include "sluice/core/caching_allocator.h"
+#include "sluice/core/error.h"
+#include "sluice/step/task.h"
+#include "sluice/train/trainer.h"
+
+namespace sluice {
+namespace {
+
+TrainConfig SmallGpt() {
+  TrainConfig c;
+  c.gpt = {.vocab = 0, .seq = 0, .layers = 3, .heads = 2, .dim = 32};
+  c.steps = 3;
+  c.batch = 8;
+  c.microbatches = 2;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.clip_norm = 0.5;
+  c.threads = 1;
+  c.eval_every = 0;
+  return c;
+}
+
+int64_t Bytes(const Program& p, const std::vector<std::string>& names) {
+  int64_t bytes = 0;
+  for (const std::string& n : names) {
+    const TensorType& t = p.value(p.Get(n)).type;
+    bytes += t.shape.numel() * static_cast<int64_t>(SizeOf(t.dtype));
+  }
+  return bytes;
+}
+
+struct Built {
+  std::vector<std::string> saved;
+  int64_t saved_bytes = 0;
+  Model model;
+};
+
+Built Build(RecomputePolicy policy) {
+  const TrainConfig c = SmallGpt();
+  std::unique_ptr<Task> task = MakeTask(c);
+  CachingAllocator allocator;
+  StageProgram program({{.model = task->BuildTrain(4)}}, c, {.allocator = &allocator, .recompute = policy});
+  const Chunk& ch = program.chunk(0);
+  return {ch.backward.saved, Bytes(ch.model.forward, ch.backward.saved), ch.model};
+}
+
+TEST(StageProgram, RecomputePoliciesKeepFewerBytes) {
+  const Built none = Build(RecomputePolicy::kNone), cheap = Build(RecomputePolicy::kCheap);
+  const Built full = Build(RecomputePolicy::kFull), selective = Build(RecomputePolicy::kSelective);
+  EXPECT_LT(cheap.saved_bytes, none.saved_bytes);
+  EXPECT_LT(selective.saved_bytes, cheap.saved_bytes);
+  EXPECT_LT(full.saved_bytes, selective.saved_bytes);
+  // full keeps the block inputs and the program's inputs, nothing else.
+  ASSERT_EQ(full.model.block_inputs.size(), 3u);
+  for (const std::string& name : full.saved) {
+    const bool block_input = std::find(full.model.block_inputs.begin(), full.model.block_inputs.end(), name) !=
+                             full.model.block_inputs.end();
+    EXPECT_TRUE(block_input || name == "ids" || name == "targets") << name << " is kept under full recompute";
+  }
+  // selective keeps no attention scores or probabilities; cheap keeps some (softmax's backward
+  // reads its output).
+  ASSERT_EQ(selective.model.attention_values.size(), 4u * 3u);
+  int kept_by_cheap = 0;
+  for (const std::string& name : selective.model.attention_values) {
+    EXPECT_EQ(std::count(selective.saved.begin(), selective.saved.end(), name), 0) << name;
+    kept_by_cheap += static_cast<int>(std::count(cheap.saved.begin(), cheap.saved.end(), name));
+  }
+  EXPECT_GT(kept_by_cheap, 0);
+}
+
+struct Trained {
+  std::vector<double> losses, norms;
+  std::map<std::string, std::vector<float>> state;
+  int64_t peak = 0;
+};
+
+Trained Train(const TrainConfig& c) {
+  Trainer trainer(c);
+  Trained out;
+  for (int64_t s = 0; s < c.steps; ++s) {
+    const StepRecord r = trainer.Step();
+    out.losses.push_back(r.loss);
+    out.norms.push_back(r.grad_norm);
+    out.peak = std::max(out.peak, r.peak_allocated_bytes);
+  }
+  for (const std::string& p : trainer.ParamNames()) {
+    for (const std::string& n : {p, p + ".exp_avg", p + ".exp_avg_sq"}) {
+      const Tensor& t = trainer.Value(n);
+      std::vector<float> v(t.numel());
+      for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<float>(t.FlatAt(i));
+      out.state[n] = v;
+    }
+  }
+  return out;
+}
+
+TEST(StageProgram, EveryRecomputePolicyTrainsBitwiseLikeNone) {
+  TrainConfig c = SmallGpt();
+  c.recompute = {RecomputePolicy::kNone};
+  const Trained none = Train(c);
+  for (RecomputePolicy p : {RecomputePolicy::kCheap, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+    c.recompute = {p};
+    const Trained t = Train(c);
+    EXPECT_EQ(t.losses, none.losses) << Name(p);
+    EXPECT_EQ(t.norms, none.norms) << Name(p);
+    for (const auto& [name, values] : none.state) EXPECT_TRUE(t.state.at(name) == values) << Name(p) << ": " << name;
+    EXPECT_LT(t.peak, none.peak) << Name(p) << " should lower the step's peak";
+  }
+}
+
+TEST(StageProgram, RecomputeListMustHaveOnePolicyOrOnePerStage) {
+  TrainConfig c = SmallGpt();
+  c.recompute = {RecomputePolicy::kFull, RecomputePolicy::kCheap};
+  EXPECT_EQ(RecomputeForStage(c, 1, 2), RecomputePolicy::kCheap);
+  EXPECT_THROW(RecomputeForStage(c, 0, 1), InvalidArgument);
+  EXPECT_THROW(RecomputeForStage(c, 0, 4), InvalidArgument);
+  c.recompute = {RecomputePolicy::kSelective};
+  EXPECT_EQ(RecomputeForStage(c, 3, 4), RecomputePolicy::kSelective);
+  try {
+    Trainer trainer([] {
+      TrainConfig bad = SmallGpt();
+      bad.recompute = {RecomputePolicy::kFull, RecomputePolicy::kCheap};
+      return bad;
+    }());
+    FAIL() << "two policies for one stage were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute lists 2 policies"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StageProgram, PolicyNamesRoundTrip) {
+  for (RecomputePolicy p : {RecomputePolicy::kNone, RecomputePolicy::kCheap, RecomputePolicy::kFull,
+                            RecomputePolicy::kSelective}) {
+    EXPECT_EQ(ParseRecomputePolicy(Name(p)), p);
+  }
+  EXPECT_EQ(ParseRecomputePolicy("all"), std::nullopt);
+  EXPECT_EQ(RecomputePolicyNames(), "none|cheap|full|selective");
+}
+
+}  // namespace
+}  // namespace sluice

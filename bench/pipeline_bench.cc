@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
              "M", "V", "bubble", "theory", "ratio", "bubble per stage", "tok/s", "tok/s off",
              "per stage: release saving at the peak / at the in-flight peak / held outputs × output bytes, MiB");
   for (const std::string& name : o.schedules) {
-    const ScheduleKind kind = pipeline::ParseScheduleKind(name);
+    const ScheduleKind kind = *pipeline::ParseScheduleKind(name);  // --schedules checked the name
     for (int P : o.stages) {
       for (int M : o.microbatches) {
         Measured on, off;

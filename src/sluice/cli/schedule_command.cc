@@ -9,12 +9,14 @@
 //   sluice schedule --stages 4 --microbatches 8 --schedule 1f1b
 //   sluice schedule --stages 4 --microbatches 8 --schedule interleaved --chunks 2 --format json
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "sluice/cli/commands.h"
 #include "sluice/core/enum_names.h"
+#include "sluice/core/error.h"
 #include "sluice/pipeline/schedule_format.h"
 #include "sluice/pipeline/schedules.h"
 
@@ -31,11 +33,15 @@ struct ScheduleArgs {
 };
 
 int RunSchedule(const ScheduleArgs& args) {
-  const pipeline::Schedule schedule =
-      pipeline::MakeSchedule({.kind = pipeline::ParseScheduleKind(args.schedule),
-                              .stages = args.stages,
-                              .micro_batches = args.micro_batches,
-                              .chunks = args.chunks});
+  const std::optional<pipeline::ScheduleKind> kind = pipeline::ParseScheduleKind(args.schedule);
+  if (!kind) {
+    throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", args.schedule,
+                                      EnumNames(pipeline::kScheduleKindNames, ", ")));
+  }
+  const pipeline::Schedule schedule = pipeline::MakeSchedule({.kind = *kind,
+                                                              .stages = args.stages,
+                                                              .micro_batches = args.micro_batches,
+                                                              .chunks = args.chunks});
   if (args.format == "json") {
     fmt::print("{}\n", pipeline::ScheduleToJson(schedule).dump());
   } else {

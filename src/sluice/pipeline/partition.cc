@@ -14,10 +14,8 @@ namespace sluice::pipeline {
 
 std::string_view Name(PartitionKind kind) { return EnumName(kPartitionKindNames, kind); }
 
-PartitionKind ParsePartitionKind(std::string_view name) {
-  if (std::optional<PartitionKind> kind = ParseEnum(kPartitionKindNames, name)) return *kind;
-  throw InvalidArgument(fmt::format("unknown partition '{}': expected {}", name,
-                                    EnumNames(kPartitionKindNames, " or ")));
+std::optional<PartitionKind> ParsePartitionKind(std::string_view name) {
+  return ParseEnum(kPartitionKindNames, name);
 }
 
 namespace {

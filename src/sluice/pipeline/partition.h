@@ -61,10 +61,10 @@ inline constexpr EnumEntry<PartitionKind> kPartitionKindNames[] = {
 };
 static_assert(IsCompleteEnumTable(kPartitionKindNames));
 
-// The kind's name in kPartitionKindNames ("uniform", "balanced"), and back; throws
-// InvalidArgument listing the names for anything else.
+// The kind's name in kPartitionKindNames ("uniform", "balanced"), and back: nullopt for any other
+// text (a caller's error lists EnumNames(kPartitionKindNames, " or ")).
 std::string_view Name(PartitionKind kind);
-PartitionKind ParsePartitionKind(std::string_view name);
+std::optional<PartitionKind> ParsePartitionKind(std::string_view name);
 
 struct GptPartition {
   // One per virtual stage, in model order. end_layer is explicit (never -1); a stage without

@@ -281,10 +281,8 @@ void CheckRequest(const ScheduleOptions& o, int V) {
 
 std::string_view ScheduleKindName(ScheduleKind kind) { return EnumName(kScheduleKindNames, kind); }
 
-ScheduleKind ParseScheduleKind(std::string_view name) {
-  if (std::optional<ScheduleKind> kind = ParseEnum(kScheduleKindNames, name)) return *kind;
-  throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", name,
-                                    EnumNames(kScheduleKindNames, ", ")));
+std::optional<ScheduleKind> ParseScheduleKind(std::string_view name) {
+  return ParseEnum(kScheduleKindNames, name);
 }
 
 Schedule MakeSchedule(const ScheduleOptions& options) {

@@ -57,10 +57,10 @@ inline constexpr EnumEntry<ScheduleKind> kScheduleKindNames[] = {
 };
 static_assert(IsCompleteEnumTable(kScheduleKindNames));
 
-// The kind's name in kScheduleKindNames ("gpipe", "1f1b", "interleaved", "zb-h1"), and back;
-// throws InvalidArgument listing the names for anything else.
+// The kind's name in kScheduleKindNames ("gpipe", "1f1b", "interleaved", "zb-h1"), and back:
+// nullopt for any other text (a caller's error lists EnumNames(kScheduleKindNames, ", ")).
 std::string_view ScheduleKindName(ScheduleKind kind);
-ScheduleKind ParseScheduleKind(std::string_view name);
+std::optional<ScheduleKind> ParseScheduleKind(std::string_view name);
 
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::kOneFOneB;

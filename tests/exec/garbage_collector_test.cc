@@ -1,5 +1,6 @@
 // The async garbage collector on its own: hand-over, drain barrier, back-pressure, the worker's
-// lifetime (never exits early, shutdown mid-queue frees everything) and error propagation.
+// lifetime (never exits early, shutdown mid-queue frees everything) and error propagation; and what
+// the auto mode resolves to for each allocator.
 #include "sluice/exec/garbage_collector.h"
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
 #include "sluice/core/system_allocator.h"
 
@@ -217,10 +219,30 @@ TEST(GarbageBatch, ChecksCapacity) {
 }
 
 TEST(GcMode, NamesRoundTrip) {
-  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
+  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync, GcMode::kAuto}) {
     EXPECT_EQ(ParseGcMode(Name(m)), m);
   }
+  EXPECT_EQ(Name(GcMode::kAuto), "auto");
   EXPECT_EQ(ParseGcMode("eager"), std::nullopt);
+  EXPECT_EQ(EnumNames(kGcModeNames), "auto|none|sync|async");
+}
+
+// A free into the caching allocator is cheap: auto frees in place, so the default costs no memory.
+// A SystemAllocator free of a large block is a munmap: auto hands it to the worker.
+TEST(GcMode, AutoIsSyncWhereAFreeIsCheapAndAsyncWhereItIsExpensive) {
+  CachingAllocator caching;
+  SystemAllocator system;
+  EXPECT_EQ(caching.free_cost(), FreeCost::kCheap);
+  EXPECT_EQ(system.free_cost(), FreeCost::kExpensive);
+  EXPECT_EQ(ResolveGcMode(GcMode::kAuto, caching), GcMode::kSync);
+  EXPECT_EQ(ResolveGcMode(GcMode::kAuto, system), GcMode::kAsync);
+  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
+    EXPECT_EQ(ResolveGcMode(m, caching), m) << Name(m);
+    EXPECT_EQ(ResolveGcMode(m, system), m) << Name(m);
+  }
+  EXPECT_EQ(DescribeGcMode(GcMode::kAuto, GcMode::kSync), "auto (sync)");
+  EXPECT_EQ(DescribeGcMode(GcMode::kAuto, GcMode::kAsync), "auto (async)");
+  EXPECT_EQ(DescribeGcMode(GcMode::kAsync, GcMode::kAsync), "async");
 }
 
 }  // namespace

@@ -454,6 +454,47 @@ TEST(Interpreter, AsyncFreesSmallBatchesInPlace) {
   EXPECT_EQ(s.peak_allocated_bytes, s.liveness_lower_bound_bytes);
 }
 
+// The default GC (auto) frees in place on a caching allocator — its peaks, allocated and reserved,
+// are exactly sync's whatever the machine — and hands frees to the worker on a SystemAllocator,
+// whose free of a large block is a munmap. The bits are the same either way.
+TEST(Interpreter, DefaultGcIsSyncOnACachingAllocatorAndAsyncOnASystemOne) {
+  EXPECT_EQ(ExecutableOptions{}.gc, GcMode::kAuto);
+  Program forward = MlpProgram(DType::kF32, 64, 128, 256);  // frees of 64–128 KiB
+  Backward bwd = BuildBackward(forward, {.loss = "loss", .wrt = {"w1", "b1", "w2"}});
+  for (const Program* program : {&forward, &bwd.program}) {
+    Scope inputs = RandomScope(forward, 4);
+    if (program == &bwd.program) RunReference(WithOutputs(forward, bwd.saved), inputs);
+    Scope expected = Clone(inputs);
+    RunReference(*program, expected);
+    const std::vector<std::string> outputs = OutputNames(*program);
+
+    CachingAllocator sync_alloc, auto_alloc;
+    Executable sync_exe(*program, {.allocator = &sync_alloc, .gc = GcMode::kSync});
+    Executable auto_exe(*program, {.allocator = &auto_alloc});
+    EXPECT_EQ(auto_exe.gc_mode(), GcMode::kSync);
+    for (int run = 0; run < 3; ++run) {
+      Scope s0 = Clone(inputs), s1 = Clone(inputs);
+      const RunStats sync = sync_exe.Run(s0);
+      const RunStats by_default = auto_exe.Run(s1);
+      const std::string label = fmt::format("{} run {}", program->name(), run);
+      EXPECT_EQ(by_default.peak_allocated_bytes, sync.peak_allocated_bytes) << label;
+      EXPECT_EQ(by_default.peak_reserved_bytes, sync.peak_reserved_bytes) << label;
+      EXPECT_EQ(by_default.async_pending_peak_bytes, 0) << label;
+      ExpectSameBits(expected, s1, outputs, label);
+    }
+
+    SystemAllocator system;
+    Executable system_exe(*program, {.allocator = &system});
+    EXPECT_EQ(system_exe.gc_mode(), GcMode::kAsync);
+    Scope s2 = Clone(inputs);
+    RunTrace trace;
+    const RunStats s = system_exe.Run(s2, &trace);
+    EXPECT_TRUE(trace.threads.back().gc_worker) << program->name();
+    EXPECT_EQ(s.frees, system_exe.plan().NumFreeable()) << program->name();
+    ExpectSameBits(expected, s2, outputs, program->name() + " system");
+  }
+}
+
 TEST(RunSummary, MediansAndMaxima) {
   std::vector<RunStats> runs(3);
   runs[0].wall_ns = 30;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -25,6 +26,12 @@ namespace sluice {
 inline constexpr size_t kAlignment = 64;
 // Requests above this (1 TiB) are rejected as absurd before asking the OS.
 inline constexpr size_t kMaxAllocationBytes = size_t{1} << 40;
+
+// What one Deallocate costs, as an allocator declares it: the GC's auto mode frees in place where it
+// is cheap and on a worker thread where it is expensive (exec/garbage_collector.h ResolveGcMode).
+//   kCheap      about a function call: the block goes back to the allocator's own cache
+//   kExpensive  it may return memory to the OS or a device (munmap, a driver call): microseconds
+enum class FreeCost : uint8_t { kCheap, kExpensive };
 
 class Allocator {
  public:
@@ -43,6 +50,8 @@ class Allocator {
 
   // Short name for reports: "system", "caching".
   virtual std::string_view name() const = 0;
+  // What a Deallocate costs (see FreeCost); a property of the implementation, not of a moment.
+  virtual FreeCost free_cost() const = 0;
 };
 
 // Throws InvalidArgument when `bytes` is 0 or above kMaxAllocationBytes. `who` names the allocator.

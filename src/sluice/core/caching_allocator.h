@@ -113,6 +113,8 @@ class CachingAllocator final : public Allocator {
   void EnableTimeline(bool on) override;
   std::vector<MemoryEvent> Timeline() const override;
   std::string_view name() const override { return "caching"; }
+  // A free goes back into a bin (tens of ns); memory returns to the OS only in ReleaseCached().
+  FreeCost free_cost() const override { return FreeCost::kCheap; }
 
   // Returns every completely free chunk to the OS. Chunks holding an allocated block stay.
   // Returns the number of bytes unmapped.

@@ -27,6 +27,8 @@ class SystemAllocator final : public Allocator {
   void EnableTimeline(bool on) override;
   std::vector<MemoryEvent> Timeline() const override;
   std::string_view name() const override { return "system"; }
+  // A free of kMapThreshold bytes or more is a munmap.
+  FreeCost free_cost() const override { return FreeCost::kExpensive; }
 
  private:
   static size_t ReservedSize(size_t bytes);

@@ -26,23 +26,18 @@ const AsyncGcOptions& Validated(const AsyncGcOptions& options) {
 
 }  // namespace
 
-std::string_view Name(GcMode mode) {
-  switch (mode) {
-    case GcMode::kNone:
-      return "none";
-    case GcMode::kSync:
-      return "sync";
-    case GcMode::kAsync:
-      return "async";
-  }
-  return "?";
+std::string_view Name(GcMode mode) { return EnumName(kGcModeNames, mode); }
+
+std::optional<GcMode> ParseGcMode(std::string_view name) { return ParseEnum(kGcModeNames, name); }
+
+GcMode ResolveGcMode(GcMode requested, const Allocator& allocator) {
+  if (requested != GcMode::kAuto) return requested;
+  return allocator.free_cost() == FreeCost::kExpensive ? GcMode::kAsync : GcMode::kSync;
 }
 
-std::optional<GcMode> ParseGcMode(std::string_view name) {
-  for (GcMode m : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
-    if (Name(m) == name) return m;
-  }
-  return std::nullopt;
+std::string DescribeGcMode(GcMode requested, GcMode resolved) {
+  if (requested == GcMode::kAuto) return fmt::format("auto ({})", Name(resolved));
+  return std::string(Name(resolved));
 }
 
 void GarbageBatch::Add(std::shared_ptr<Storage> storage) {

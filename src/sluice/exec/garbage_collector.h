@@ -7,6 +7,17 @@
 //   kSync   the executing thread releases each free list right after the instruction.
 //   kAsync  the executing thread detaches the storages of the free list into a GarbageBatch and
 //           hands the batch to one worker thread (AsyncGarbageCollector) that only destroys them.
+//   kAuto   the default: kSync or kAsync, chosen per executable by ResolveGcMode from what a free
+//           costs its allocator (Allocator::free_cost()). A cheap free (CachingAllocator: ~30 ns,
+//           a block back into a bin) is done in place — async would only delay it, and a starved
+//           worker (pipeline stages sharing cores) lets freed memory pile up: up to +55% on a
+//           stage of the 4-stage job on 2 cores (docs/benchmarks.md, "GC modes on pipeline
+//           stages"). An expensive free (SystemAllocator: munmap) goes to the worker, within the
+//           async bound below.
+//
+// The default's memory promise: where auto resolves to sync (every allocator sluice trains with),
+// peaks are exactly sync's — allocated and reserved, whatever the thread count and machine load;
+// the allowance is zero. Where it resolves to async, the async bound below holds.
 //
 // AsyncGarbageCollector, and how it avoids the upstream async GC's failures:
 //   * The queue is a bounded single-producer/single-consumer ring of batch pointers
@@ -54,21 +65,39 @@
 #include <optional>
 #include <semaphore>
 #include <span>
+#include <string>
 #include <string_view>
 #include <thread>
 
 #include <readerwriterqueue/readerwritercircularbuffer.h>
 
+#include "sluice/core/allocator.h"
+#include "sluice/core/enum_names.h"
 #include "sluice/core/mutex.h"
 #include "sluice/core/storage.h"
 #include "sluice/core/thread_annotations.h"
 
 namespace sluice {
 
-enum class GcMode : uint8_t { kNone, kSync, kAsync };
+enum class GcMode : uint8_t { kNone, kSync, kAsync, kAuto };
 
-std::string_view Name(GcMode mode);  // "none", "sync", "async"
+inline constexpr EnumEntry<GcMode> kGcModeNames[] = {
+    {GcMode::kAuto, "auto"},
+    {GcMode::kNone, "none"},
+    {GcMode::kSync, "sync"},
+    {GcMode::kAsync, "async"},
+};
+static_assert(IsCompleteEnumTable(kGcModeNames));
+
+// The mode's name in kGcModeNames, and back (nullopt for any other text).
+std::string_view Name(GcMode mode);
 std::optional<GcMode> ParseGcMode(std::string_view name);
+
+// The mode a run with `requested` uses on `allocator`: kAuto becomes kSync where the allocator's
+// free is cheap and kAsync where it is expensive; any other mode is itself.
+GcMode ResolveGcMode(GcMode requested, const Allocator& allocator);
+// For reports: "auto (sync)" when `requested` is kAuto, else the name of `resolved`.
+std::string DescribeGcMode(GcMode requested, GcMode resolved);
 
 // Storages to destroy together. The handle array is owned by whoever built the batch; a submitted
 // batch belongs to the collector until the next Drain() returns.

@@ -86,6 +86,7 @@ struct Executable::Impl {
   Program program;
   ExecutableOptions options;
   Allocator* allocator;
+  GcMode gc_mode;  // options.gc resolved against the allocator: never kAuto
   ExecutionPlan plan;
 
   std::vector<Step> steps;              // by instruction
@@ -135,7 +136,8 @@ struct Executable::Impl {
 Executable::Impl::Impl(Program p, ExecutableOptions o)
     : program(std::move(p)),
       options(std::move(o)),
-      allocator(options.allocator != nullptr ? options.allocator : &DefaultAllocator()) {
+      allocator(options.allocator != nullptr ? options.allocator : &DefaultAllocator()),
+      gc_mode(ResolveGcMode(options.gc, *allocator)) {
   Verify(program);
   plan = Analyze(program, {.order = options.order, .keep = options.keep, .donate = options.donate});
   if (options.threads < 0) {
@@ -145,7 +147,7 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
   Prepare();
   if (options.verbose || VerboseFromEnv()) {
     fmt::print(stderr, "{}  run mode {}, gc {}, {} executor thread(s)\n", plan.Describe(program),
-               Name(options.mode), Name(options.gc), workers.size());
+               Name(options.mode), DescribeGcMode(options.gc, gc_mode), workers.size());
   }
 }
 
@@ -218,7 +220,7 @@ void Executable::Impl::Prepare() {
     w.borrow = !parallel;
   }
 
-  if (options.gc == GcMode::kAsync) {
+  if (gc_mode == GcMode::kAsync) {
     // Batch i holds what instruction i can release: its trace free list or its parallel releases.
     std::vector<int32_t> capacity(n, 0);
     for (size_t i = 0; i < n; ++i) {
@@ -328,7 +330,7 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
   const int64_t begin_ns = w.trace != nullptr ? NowNs() : 0;
   int32_t freed = 0, storages = 0;
   int64_t bytes = 0;
-  GarbageBatch* batch = options.gc == GcMode::kAsync ? &batches[i] : nullptr;
+  GarbageBatch* batch = gc_mode == GcMode::kAsync ? &batches[i] : nullptr;
   for (int32_t g : groups) {
     if (counted && plan.groups[g].num_users >= 2 &&
         users_left[g].fetch_sub(1, std::memory_order_acq_rel) != 1) {
@@ -363,7 +365,7 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
 
 void Executable::Impl::RunTraceMode() {
   Worker& w = workers[0];
-  const bool release = options.gc != GcMode::kNone;
+  const bool release = gc_mode != GcMode::kNone;
   for (size_t s = 0; s < plan.num_steps(); ++s) {
     const int32_t i = plan.order[s];
     if (w.trace != nullptr) {
@@ -401,7 +403,7 @@ void Executable::Impl::RunParallelMode() {
 // chain) and queueing the others.
 void Executable::Impl::ParallelMember(int member) {
   Worker& w = workers[static_cast<size_t>(member)];
-  const bool release = options.gc != GcMode::kNone;
+  const bool release = gc_mode != GcMode::kNone;
   int32_t i = ready->Pop();
   while (i >= 0) {
     try {
@@ -521,7 +523,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     throw;
   }
 
-  if (options.gc == GcMode::kNone) {
+  if (gc_mode == GcMode::kNone) {
     const int64_t begin = CycleClock::Now();
     workers[0].frees += ReleaseUnpinned();
     workers[0].gc_ticks += CycleClock::Now() - begin;
@@ -560,6 +562,7 @@ RunStats Executable::Run(Scope& scope, RunTrace* trace) { return impl_->Run(scop
 const Program& Executable::program() const { return impl_->program; }
 const ExecutionPlan& Executable::plan() const { return impl_->plan; }
 const ExecutableOptions& Executable::options() const { return impl_->options; }
+GcMode Executable::gc_mode() const { return impl_->gc_mode; }
 int Executable::num_executors() const { return static_cast<int>(impl_->workers.size()); }
 
 }  // namespace sluice

@@ -10,7 +10,8 @@
 //   2. runs every instruction — in the plan's order on the calling thread (RunMode::kTrace), or on
 //      a thread pool driven by dependency counts (RunMode::kParallel; the caller is member 0) —
 //      allocating kCompute outputs from the executable's allocator and freeing storage groups at
-//      their last use according to the GC mode (exec/garbage_collector.h);
+//      their last use according to the GC mode (exec/garbage_collector.h; kAuto is resolved once,
+//      at construction);
 //   3. leaves the outputs and the `keep` values in the scope, waits for the async GC to drain, and
 //      drops every other reference, so that when Run returns the allocator holds exactly the
 //      outputs and kept values the run produced.
@@ -68,7 +69,9 @@ std::optional<RunMode> ParseRunMode(std::string_view name);
 struct ExecutableOptions {
   Allocator* allocator = nullptr;  // intermediates and outputs; null: DefaultAllocator()
   RunMode mode = RunMode::kTrace;
-  GcMode gc = GcMode::kSync;
+  // kAuto (the default) resolves against the allocator: sync for a caching allocator (exec/
+  // garbage_collector.h); gc_mode() says what it became.
+  GcMode gc = GcMode::kAuto;
   int threads = 0;  // parallel runs: threads including the caller; 0: one per core
   OrderPolicy order = OrderPolicy::kBest;
   std::vector<std::string> keep;  // values left in the scope besides the outputs (never freed)
@@ -100,6 +103,8 @@ class Executable {
   const Program& program() const;
   const ExecutionPlan& plan() const;
   const ExecutableOptions& options() const;
+  // The GC mode runs use: options().gc, with kAuto resolved against the allocator (ResolveGcMode).
+  GcMode gc_mode() const;
   // Threads that execute instructions (1 in trace mode).
   int num_executors() const;
 

@@ -55,10 +55,12 @@ TEST_F(RunCli, StatsJsonHasEveryFieldAndSyncReachesTheBound) {
   }
   EXPECT_EQ(j["instructions"], testing::BranchyProgram().instructions().size());
   EXPECT_EQ(j["runs"], 3);
-  EXPECT_EQ(j["gc_mode"], "sync");
+  EXPECT_EQ(j["gc_mode"], "auto (sync)");  // the default, on the default (caching) allocator
   EXPECT_EQ(j["run_mode"], "trace");
   EXPECT_GT(j["liveness_lower_bound_bytes"].get<int64_t>(), 0);
   EXPECT_EQ(j["peak_allocated_bytes"], j["liveness_lower_bound_bytes"]);
+  // A SystemAllocator's free of a large block is a munmap: the default hands frees to the worker.
+  EXPECT_EQ(StatsJson(program.string() + " --allocator system")["gc_mode"], "auto (async)");
 }
 
 TEST_F(RunCli, EveryModeGivesTheSameOutputs) {

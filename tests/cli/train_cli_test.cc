@@ -71,7 +71,7 @@ TEST_F(TrainCli, BadOptionsSayWhatToChange) {
   EXPECT_THAT(r.err, HasSubstr("--optimizer must be adamw or sgd"));
   r = Train("--gc sometimes --steps 1");
   EXPECT_NE(r.status, 0);
-  EXPECT_THAT(r.err, HasSubstr("--gc must be none, sync or async"));
+  EXPECT_THAT(r.err, HasSubstr("--gc must be one of auto, none, sync, async, not 'sometimes'"));
   r = Train("--no-such-option");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, HasSubstr("no-such-option"));

@@ -38,7 +38,7 @@ namespace {
 
 struct RunArgs {
   std::string program;
-  std::string gc = "sync";
+  std::string gc = "auto";
   std::string mode = "trace";
   std::string order = "best";
   std::string allocator = "caching";
@@ -137,6 +137,7 @@ int Run(const RunArgs& args) {
   }
   const RunSummary s = Summarize(stats);
   const ExecutionPlan& plan = exe.plan();
+  const std::string gc = DescribeGcMode(options.gc, exe.gc_mode());  // "auto (sync)"
 
   if (!args.trace.empty()) {
     ChromeTrace chrome;
@@ -149,7 +150,7 @@ int Run(const RunArgs& args) {
         {"program", program.name()},
         {"instructions", s.instructions},
         {"runs", s.runs},
-        {"gc_mode", args.gc},
+        {"gc_mode", gc},
         {"run_mode", args.mode},
         {"threads", exe.num_executors()},
         {"order", Name(plan.chosen)},
@@ -176,7 +177,7 @@ int Run(const RunArgs& args) {
 
   fmt::print(
       "program '{}' ({}): {} instructions; run mode {}, gc {}, order {}, {} executor thread(s)\n",
-      program.name(), args.program, s.instructions, args.mode, args.gc, Name(plan.chosen),
+      program.name(), args.program, s.instructions, args.mode, gc, Name(plan.chosen),
       exe.num_executors());
   fmt::print("time:   {} runs, wall median {} (min {}), {:.1f} ns per instruction\n", s.runs,
              Duration(s.wall_ns_median), Duration(s.wall_ns_min),
@@ -192,7 +193,7 @@ int Run(const RunArgs& args) {
   }
   fmt::print("\ngc:     {} frees per run, {} on executing threads per run", s.frees_per_run,
              Duration(s.gc_thread_ns_per_run));
-  if (args.gc == "async") {
+  if (exe.gc_mode() == GcMode::kAsync) {
     fmt::print(", {} sync fallbacks, async pending peak {}, drain wait {}",
                s.sync_fallbacks_per_run, FormatBytes(s.async_pending_peak_bytes),
                Duration(s.drain_wait_ns_per_run));
@@ -212,8 +213,9 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
   auto args = std::make_shared<RunArgs>();
   sub.add_option("program", args->program, "Program file in the text format (.sluice)")->required();
   sub.add_option("--gc", args->gc,
-                 "When dead buffers are freed: none (at the end), sync, async (worker)")
-      ->check(CLI::IsMember({"none", "sync", "async"}))
+                 "When dead buffers are freed: auto (sync, async where a free is expensive: the "
+                 "system allocator), none (at the end), sync, async (worker)")
+      ->check(OneOf(kGcModeNames))
       ->capture_default_str();
   sub.add_option("--mode", args->mode,
                  "trace (one thread, planned order) or parallel (thread pool)")

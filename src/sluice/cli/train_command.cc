@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "sluice/cli/commands.h"
+#include "sluice/core/enum_names.h"
 #include "sluice/comm/mpi.h"
 #include "sluice/core/error.h"
 #include "sluice/pipeline/pipeline_engine.h"
@@ -25,7 +26,7 @@ struct TrainArgs {
   TrainConfig config;
   std::string optimizer = "adamw";
   std::string schedule = "cosine";
-  std::string gc = "async";
+  std::string gc = "auto";
   std::string mode = "trace";
   std::string recompute = "cheap";  // a policy, or a comma list of one per stage
   bool no_recompute = false;
@@ -156,7 +157,7 @@ int RunTrain(TrainArgs& a) {
   if (!schedule) throw InvalidArgument(fmt::format("--lr-schedule must be constant or cosine, not '{}'", a.schedule));
   c.optimizer.schedule = *schedule;
   auto gc = ParseGcMode(a.gc);
-  if (!gc) throw InvalidArgument(fmt::format("--gc must be none, sync or async, not '{}'", a.gc));
+  if (!gc) throw InvalidArgument(fmt::format("--gc must be one of {}, not '{}'", EnumNames(kGcModeNames, ", "), a.gc));
   c.gc = *gc;
   auto mode = ParseRunMode(a.mode);
   if (!mode) throw InvalidArgument(fmt::format("--mode must be trace or parallel, not '{}'", a.mode));
@@ -178,8 +179,18 @@ int RunTrain(TrainArgs& a) {
 
   EngineFactory engine;
   if (a.pipeline) {
-    a.pipe.schedule = pipeline::ParseScheduleKind(a.pipe_schedule);
-    a.pipe.partition = pipeline::ParsePartitionKind(a.partition);
+    const auto schedule_kind = pipeline::ParseScheduleKind(a.pipe_schedule);
+    if (!schedule_kind) {
+      throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", a.pipe_schedule,
+                                        EnumNames(pipeline::kScheduleKindNames, ", ")));
+    }
+    a.pipe.schedule = *schedule_kind;
+    const auto partition = pipeline::ParsePartitionKind(a.partition);
+    if (!partition) {
+      throw InvalidArgument(fmt::format("unknown partition '{}': expected {}", a.partition,
+                                        EnumNames(pipeline::kPartitionKindNames, " or ")));
+    }
+    a.pipe.partition = *partition;
     a.pipe.release_outputs = a.release_outputs;
     if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
     engine = pipeline::PipelineEngineFactory(a.pipe);
@@ -234,7 +245,8 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
   sub.add_option("--clip", c.optimizer.clip_norm, "clip gradients to this global norm (0: off)")->capture_default_str();
   sub.add_option("--seed", c.seed, "seed of initialization and data")->capture_default_str();
-  sub.add_option("--gc", a->gc, "none, sync or async")->capture_default_str();
+  sub.add_option("--gc", a->gc, "when dead buffers are freed: auto (sync on the caching allocator), none, sync or async")
+      ->capture_default_str();
   sub.add_option("--mode", a->mode, "trace or parallel")->capture_default_str();
   sub.add_option("--recompute", a->recompute,
                  "what backward recomputes instead of keeping: none, cheap, full (keep block inputs only) or "

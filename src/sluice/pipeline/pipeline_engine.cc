@@ -359,6 +359,8 @@ void PipelineEngine::SaveCheckpoint(const std::string& path, const std::map<std:
   world.Barrier();
 }
 
+GcMode PipelineEngine::gc_mode() const { return impl_->ranks.front()->gc_mode(); }
+
 nlohmann::json PipelineEngine::Summary() const {
   const Impl& m = *impl_;
   nlohmann::json stages = nlohmann::json::array();

@@ -97,6 +97,7 @@ class PipelineEngine final : public StepEngine {
   StepResult Step(int64_t step, double lr) override;
   std::map<std::string, Tensor> State() const override;
   nlohmann::json Summary() const override;
+  GcMode gc_mode() const override;  // every rank allocates from the same kind of allocator
   bool leader() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
   void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata) override;

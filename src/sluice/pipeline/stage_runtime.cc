@@ -69,6 +69,8 @@ int StageRuntime::rank() const { return impl_->rank; }
 
 std::map<std::string, Tensor> StageRuntime::State() const { return impl_->program->State(); }
 
+GcMode StageRuntime::gc_mode() const { return ResolveGcMode(impl_->setup.config->gc, impl_->allocator); }
+
 // Executes one step of one rank; lives for the duration of RunStep.
 class StageRuntime::StepRun {
  public:

@@ -146,6 +146,8 @@ class StageRuntime {
   int rank() const;
   // This rank's parameters and optimizer state by name (sharing its memory).
   std::map<std::string, Tensor> State() const;
+  // The GC mode of this rank's programs: config.gc resolved against its allocator.
+  GcMode gc_mode() const;
 
  private:
   struct Impl;

@@ -51,6 +51,9 @@ class StepEngine {
   virtual StepResult Step(int64_t step, double lr) = 0;
   // Every parameter and optimizer-state tensor by name, sharing the engine's memory.
   virtual std::map<std::string, Tensor> State() const = 0;
+  // The GC mode the engine's programs run with: config.gc, kAuto resolved against the engine's
+  // allocators (exec/garbage_collector.h ResolveGcMode). Named in the metrics summary.
+  virtual GcMode gc_mode() const = 0;
   // Extra fields for the metrics summary line ({"stages": [...]} for a pipeline); null when none.
   virtual nlohmann::json Summary() const { return nullptr; }
   // For people: one line saying how the engine runs a step (a pipeline: stages, schedule, layout,

@@ -41,6 +41,7 @@ class SingleStageEngine final : public StepEngine {
   }
 
   std::map<std::string, Tensor> State() const override { return program_.State(); }
+  GcMode gc_mode() const override { return ResolveGcMode(config_.gc, allocator_); }
 
  private:
   const TrainConfig& config_;

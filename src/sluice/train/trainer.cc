@@ -167,7 +167,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"val_loss", s.last_eval.val_loss}, {"wall_s", s.wall_s},
                             {"tokens_per_s", s.tokens_per_s}, {"peak_allocated_bytes", s.peak_allocated_bytes},
                             {"peak_reserved_bytes", s.peak_reserved_bytes}, {"params", s.params},
-                            {"gc", std::string(Name(c.gc))}, {"config", m.task->Describe()}};
+                            {"gc", DescribeGcMode(c.gc, m.engine->gc_mode())}, {"config", m.task->Describe()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (nlohmann::json extra = m.engine->Summary(); extra.is_object()) summary.update(extra);
   m.metrics.Write(summary);

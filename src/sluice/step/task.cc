@@ -49,7 +49,7 @@ class GptTask final : public Task {
   double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t seed) const override {
     const auto* sort = dynamic_cast<const SortDataset*>(data_.get());
     if (sort == nullptr) return -1;
-    const int64_t n = sort->num_digits(), T = data_->seq_len(), V = cfg_.vocab;
+    const int64_t n = sort->num_digits(), T = data_->seq_len(), vocab = cfg_.vocab;
     int64_t correct = 0, total = 0;
     for (int64_t i = 0; i < batches; ++i) {
       Batch b = data_->GetBatch(DataSplit::kValidation, i, batch, seed);
@@ -60,8 +60,8 @@ class GptTask final : public Task {
         logits.Run(scope);
         const float* lg = scope.Get("logits").data<float>();
         for (int64_t r = 0; r < batch; ++r) {
-          const float* row = lg + (r * T + t) * V;
-          int64_t pred = std::max_element(row, row + V) - row;
+          const float* row = lg + (r * T + t) * vocab;
+          int64_t pred = std::max_element(row, row + vocab) - row;
           ok[r] = ok[r] && pred == b.targets.data<int64_t>()[r * T + t];
           if (t + 1 < T) gen.data<int64_t>()[r * T + t + 1] = pred;
         }

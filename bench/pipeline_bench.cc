@@ -22,15 +22,16 @@
 //
 // Run: build/bench/pipeline_bench [--quick] [--threads N] [--layers 8] [--dim 256]
 //                                 [--micro-batch-size 16] [--steps 3] [--warmup 1] [--gc sync]
-//                                 [--schedules gpipe,1f1b,...] [--stages 2,4] [--microbatches 4,8,16]
+//                                 [--schedules gpipe,1f1b,...] [--stages 2,4] [--microbatches
+//                                 4,8,16]
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "sluice/pipeline/pipeline_engine.h"
@@ -58,7 +59,8 @@ struct Options {
 struct Measured {
   std::vector<StageReport> reports;  // busy/idle over the timed steps only; memory over all steps
   int chunks = 1;
-  std::vector<int> held_outputs;  // per rank: outputs held at the in-flight peak (the loss chunk's excluded)
+  std::vector<int>
+      held_outputs;  // per rank: outputs held at the in-flight peak (the loss chunk's excluded)
   double step_ms_median = 0;
   double tokens_per_s = 0;
 };
@@ -86,7 +88,8 @@ Measured Train(const Options& o, ScheduleKind kind, int P, int M, bool release) 
   const std::vector<StageReport> before = engine->reports();
   std::vector<StepRecord> timed;
   for (int64_t s = 0; s < o.steps; ++s) timed.push_back(trainer.Step());
-  std::sort(timed.begin(), timed.end(), [](const StepRecord& a, const StepRecord& b) { return a.step_ms < b.step_ms; });
+  std::sort(timed.begin(), timed.end(),
+            [](const StepRecord& a, const StepRecord& b) { return a.step_ms < b.step_ms; });
 
   Measured out;
   out.reports = engine->reports();
@@ -107,7 +110,8 @@ Measured Train(const Options& o, ScheduleKind kind, int P, int M, bool release) 
         held += rep.inflight_peak_per_chunk[ch];
       }
     }
-    // Chunk peaks need not coincide; the rank's own peak bounds them unless a chunk's output is the loss.
+    // Chunk peaks need not coincide; the rank's own peak bounds them unless a chunk's output is the
+    // loss.
     out.held_outputs.push_back(holds_loss ? held : rep.inflight_peak);
   }
   out.step_ms_median = timed[timed.size() / 2].step_ms;
@@ -131,17 +135,27 @@ double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 int main(int argc, char** argv) {
   Options o;
   bool quick = false;
-  CLI::App app{"Pipeline benchmark: bubble per stage vs theory, throughput, and the memory output release saves"};
+  CLI::App app{
+      "Pipeline benchmark: bubble per stage vs theory, throughput, and the memory output release "
+      "saves"};
   app.add_flag("--quick", quick, "1f1b and zb-h1 at P = 2, M = 4 and 8 (under a minute)");
-  app.add_option("--threads", o.threads, "intra-op threads in all, divided among the stages (0: every core)")
+  app.add_option("--threads", o.threads,
+                 "intra-op threads in all, divided among the stages (0: every core)")
       ->capture_default_str();
   app.add_option("--layers", o.layers, "transformer blocks")->capture_default_str();
   app.add_option("--dim", o.dim, "width C")->capture_default_str();
   app.add_option("--heads", o.heads, "attention heads")->capture_default_str();
-  app.add_option("--micro-batch-size", o.micro_batch_size, "sequences per micro-batch (T = 12)")->capture_default_str();
-  app.add_option("--steps", o.steps, "timed steps per run")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "untimed steps before them")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--optimizer", o.optimizer, "adamw | sgd")->capture_default_str()->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--micro-batch-size", o.micro_batch_size, "sequences per micro-batch (T = 12)")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps per run")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "untimed steps before them")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--optimizer", o.optimizer, "adamw | sgd")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adamw", "sgd"}));
   app.add_option("--gc", o.gc, "none | sync | async (sync: peaks independent of thread timing)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "sync", "async"}));
@@ -150,7 +164,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
   app.add_option("--stages", o.stages, "stage counts P")->delimiter(',')->capture_default_str();
-  app.add_option("--microbatches", o.microbatches, "micro-batch counts M")->delimiter(',')->capture_default_str();
+  app.add_option("--microbatches", o.microbatches, "micro-batch counts M")
+      ->delimiter(',')
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (quick) {
     o.schedules = {"1f1b", "zb-h1"};
@@ -160,12 +176,16 @@ int main(int argc, char** argv) {
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.threads > 0 ? o.threads : cores;
-  fmt::print(stderr, "GPT on sort: {} layers, C = {}, {} heads, T = 12, {} sequences per micro-batch, {}; "
+  fmt::print(stderr,
+             "GPT on sort: {} layers, C = {}, {} heads, T = 12, {} sequences per micro-batch, {}; "
              "GC {}; {} timed steps after {} warm-up; {} cores, {} intra-op threads\n",
-             o.layers, o.dim, o.heads, o.micro_batch_size, o.optimizer, o.gc, o.steps, o.warmup, cores, threads);
-  fmt::print(stderr, "{:<11} {:>2} {:>3} {:>2} | {:>6} {:>6} {:>5} | {:<23} | {:>8} {:>8} | {}\n", "schedule", "P",
-             "M", "V", "bubble", "theory", "ratio", "bubble per stage", "tok/s", "tok/s off",
-             "per stage: release saving at the peak / at the in-flight peak / held outputs × output bytes, MiB");
+             o.layers, o.dim, o.heads, o.micro_batch_size, o.optimizer, o.gc, o.steps, o.warmup,
+             cores, threads);
+  fmt::print(stderr, "{:<11} {:>2} {:>3} {:>2} | {:>6} {:>6} {:>5} | {:<23} | {:>8} {:>8} | {}\n",
+             "schedule", "P", "M", "V", "bubble", "theory", "ratio", "bubble per stage", "tok/s",
+             "tok/s off",
+             "per stage: release saving at the peak / at the in-flight peak / held outputs × "
+             "output bytes, MiB");
   for (const std::string& name : o.schedules) {
     const ScheduleKind kind = *pipeline::ParseScheduleKind(name);  // --schedules checked the name
     for (int P : o.stages) {
@@ -180,7 +200,8 @@ int main(int argc, char** argv) {
         }
         const int per_stage = std::max(1, threads / P);
         const bool oversubscribed = P * per_stage > cores;
-        const double theory = pipeline::TheoreticalBubble({.kind = kind, .stages = P, .micro_batches = M, .chunks = on.chunks});
+        const double theory = pipeline::TheoreticalBubble(
+            {.kind = kind, .stages = P, .micro_batches = M, .chunks = on.chunks});
         const double bubble = Bubble(on.reports);
         nlohmann::json stages = nlohmann::json::array();
         std::string bubbles, memory;
@@ -189,34 +210,62 @@ int main(int argc, char** argv) {
           const StageReport& b = off.reports[r];
           const int64_t saving = b.peak_allocated_bytes - a.peak_allocated_bytes;
           const int64_t expected = static_cast<int64_t>(on.held_outputs[r]) * a.output_bytes;
-          // Where the in-flight count peaks (before the first backward), off − on is the outputs released.
-          const int64_t saving_at_inflight = b.allocated_at_inflight_peak_bytes - a.allocated_at_inflight_peak_bytes;
-          stages.push_back({{"stage", r}, {"busy_ms", a.busy_ms}, {"idle_ms", a.idle_ms}, {"bubble", a.bubble()},
+          // Where the in-flight count peaks (before the first backward), off − on is the outputs
+          // released.
+          const int64_t saving_at_inflight =
+              b.allocated_at_inflight_peak_bytes - a.allocated_at_inflight_peak_bytes;
+          stages.push_back({{"stage", r},
+                            {"busy_ms", a.busy_ms},
+                            {"idle_ms", a.idle_ms},
+                            {"bubble", a.bubble()},
                             {"bubble_no_release", b.bubble()},
                             {"peak_allocated_bytes", a.peak_allocated_bytes},
-                            {"peak_allocated_bytes_no_release", b.peak_allocated_bytes}, {"release_saving_bytes", saving},
+                            {"peak_allocated_bytes_no_release", b.peak_allocated_bytes},
+                            {"release_saving_bytes", saving},
                             {"release_saving_at_inflight_peak_bytes", saving_at_inflight},
-                            {"inflight_peak", a.inflight_peak}, {"inflight_peak_per_chunk", a.inflight_peak_per_chunk},
-                            {"theoretical_inflight", a.theoretical_inflight}, {"held_outputs", on.held_outputs[r]},
-                            {"output_bytes", a.output_bytes}, {"held_outputs_x_output_bytes", expected},
+                            {"inflight_peak", a.inflight_peak},
+                            {"inflight_peak_per_chunk", a.inflight_peak_per_chunk},
+                            {"theoretical_inflight", a.theoretical_inflight},
+                            {"held_outputs", on.held_outputs[r]},
+                            {"output_bytes", a.output_bytes},
+                            {"held_outputs_x_output_bytes", expected},
                             {"released_output_bytes", a.released_output_bytes}});
           bubbles += fmt::format("{}{:.3f}", r ? " " : "", a.bubble());
-          memory += fmt::format("{}{:.2f}/{:.2f}/{:.2f}", r ? "  " : "", MiB(saving), MiB(saving_at_inflight), MiB(expected));
+          memory += fmt::format("{}{:.2f}/{:.2f}/{:.2f}", r ? "  " : "", MiB(saving),
+                                MiB(saving_at_inflight), MiB(expected));
         }
-        nlohmann::json row = {{"schedule", name}, {"stages", P}, {"chunks", on.chunks}, {"micro_batches", M},
-                              {"layers", o.layers}, {"dim", o.dim}, {"heads", o.heads}, {"micro_batch_size", o.micro_batch_size},
-                              {"optimizer", o.optimizer}, {"gc", o.gc}, {"steps", o.steps}, {"warmup", o.warmup},
-                              {"threads", threads}, {"threads_per_stage", per_stage}, {"cores", cores},
-                              {"oversubscribed", oversubscribed}, {"bubble", bubble},
-                              {"bubble_no_release", Bubble(off.reports)}, {"theoretical_bubble", theory},
+        nlohmann::json row = {{"schedule", name},
+                              {"stages", P},
+                              {"chunks", on.chunks},
+                              {"micro_batches", M},
+                              {"layers", o.layers},
+                              {"dim", o.dim},
+                              {"heads", o.heads},
+                              {"micro_batch_size", o.micro_batch_size},
+                              {"optimizer", o.optimizer},
+                              {"gc", o.gc},
+                              {"steps", o.steps},
+                              {"warmup", o.warmup},
+                              {"threads", threads},
+                              {"threads_per_stage", per_stage},
+                              {"cores", cores},
+                              {"oversubscribed", oversubscribed},
+                              {"bubble", bubble},
+                              {"bubble_no_release", Bubble(off.reports)},
+                              {"theoretical_bubble", theory},
                               {"bubble_ratio", theory > 0 ? bubble / theory : 0.0},
-                              {"tokens_per_s", on.tokens_per_s}, {"tokens_per_s_no_release", off.tokens_per_s},
-                              {"step_ms_median", on.step_ms_median}, {"stages_detail", stages}};
+                              {"tokens_per_s", on.tokens_per_s},
+                              {"tokens_per_s_no_release", off.tokens_per_s},
+                              {"step_ms_median", on.step_ms_median},
+                              {"stages_detail", stages}};
         fmt::print("{}\n", row.dump());
         std::fflush(stdout);
-        fmt::print(stderr, "{:<11} {:>2} {:>3} {:>2} | {:>6.3f} {:>6.3f} {:>5.2f} | {:<23} | {:>8.0f} {:>8.0f} | {}{}\n",
-                   name, P, M, on.chunks, bubble, theory, theory > 0 ? bubble / theory : 0.0, bubbles,
-                   on.tokens_per_s, off.tokens_per_s, memory, oversubscribed ? "  (oversubscribed)" : "");
+        fmt::print(stderr,
+                   "{:<11} {:>2} {:>3} {:>2} | {:>6.3f} {:>6.3f} {:>5.2f} | {:<23} | {:>8.0f} "
+                   "{:>8.0f} | {}{}\n",
+                   name, P, M, on.chunks, bubble, theory, theory > 0 ? bubble / theory : 0.0,
+                   bubbles, on.tokens_per_s, off.tokens_per_s, memory,
+                   oversubscribed ? "  (oversubscribed)" : "");
       }
     }
   }

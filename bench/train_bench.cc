@@ -8,13 +8,13 @@
 // trainer allocator's peak of requested bytes during a step: parameters, optimizer state,
 // gradients and activations, every tensor the step holds (what the PyTorch side measures).
 // bench/compare_train.sh runs both sides at 1 and 2 threads and prints the ratios.
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <string>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -38,10 +38,14 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "train_bench: {} needs a value\n", flag);
       return 2;
     }
-    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (flag == "--steps") steps = std::atoll(argv[i + 1]);
-    else if (flag == "--warmup") warmup = std::atoll(argv[i + 1]);
-    else if (flag == "--gc") gc = argv[i + 1];
+    if (flag == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (flag == "--steps")
+      steps = std::atoll(argv[i + 1]);
+    else if (flag == "--warmup")
+      warmup = std::atoll(argv[i + 1]);
+    else if (flag == "--gc")
+      gc = argv[i + 1];
     else {
       fmt::print(stderr, "train_bench: unknown option {}\n", flag);
       return 2;
@@ -75,8 +79,12 @@ int main(int argc, char** argv) {
   std::remove(data.c_str());
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
-  nlohmann::json out = {{"framework", "sluice"}, {"threads", threads}, {"gc", gc}, {"recompute", recompute},
-                        {"tokens_per_s", 16 * 64 / (median / 1000.0)}, {"step_ms_median", median},
+  nlohmann::json out = {{"framework", "sluice"},
+                        {"threads", threads},
+                        {"gc", gc},
+                        {"recompute", recompute},
+                        {"tokens_per_s", 16 * 64 / (median / 1000.0)},
+                        {"step_ms_median", median},
                         {"peak_tensor_bytes", peak}};
   fmt::print("{}\n", out.dump());
   return 0;

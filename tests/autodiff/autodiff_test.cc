@@ -44,8 +44,10 @@ struct Fixture {
   Tensor dy;
   Fixture() {
     std::mt19937_64 rng(5);
-    for (ValueId v : forward.inputs()) values.Set(forward.value(v).name, Random(forward.value(v).type.shape, rng));
-    for (ValueId v : forward.params()) values.Set(forward.value(v).name, Random(forward.value(v).type.shape, rng));
+    for (ValueId v : forward.inputs())
+      values.Set(forward.value(v).name, Random(forward.value(v).type.shape, rng));
+    for (ValueId v : forward.params())
+      values.Set(forward.value(v).name, Random(forward.value(v).type.shape, rng));
     dy = Random(forward.value(forward.Get("y")).type.shape, rng);
   }
   Scope Clone() const {
@@ -91,7 +93,8 @@ TEST(Autodiff, GradientsMatchFiniteDifferences) {
 TEST(Autodiff, NamesGradientsAndStatesWhatItReads) {
   Fixture f;
   Backward bwd = BuildBackward(f.forward, {.seeds = {"y"}, .wrt = kWrt});
-  EXPECT_EQ(bwd.grads, (std::vector<std::string>{"x.grad", "w1.grad", "b1.grad", "w2.grad", "w3.grad"}));
+  EXPECT_EQ(bwd.grads,
+            (std::vector<std::string>{"x.grad", "w1.grad", "b1.grad", "w2.grad", "w3.grad"}));
   for (const std::string& g : bwd.grads) EXPECT_TRUE(bwd.program.Find(g).has_value()) << g;
   // The backward reads x (for dW1, dW3) and h (for dW2) — and no other forward value.
   std::vector<std::string> saved = bwd.saved;
@@ -128,7 +131,8 @@ TEST(Autodiff, SplitBackwardEqualsUnsplitBitwise) {
     bool saved = std::find(split.w_saved.begin(), split.w_saved.end(), n) != split.w_saved.end();
     EXPECT_TRUE(from_b != saved) << n;
   }
-  EXPECT_EQ(split.b.instructions().size() + split.w.instructions().size(), bwd.program.instructions().size());
+  EXPECT_EQ(split.b.instructions().size() + split.w.instructions().size(),
+            bwd.program.instructions().size());
 
   Scope whole = f.Clone();
   RunReference(f.forward, whole, DefaultAllocator(), false, bwd.saved);

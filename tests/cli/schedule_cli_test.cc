@@ -13,9 +13,9 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 
-#include "cli/cli_fixture.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include "cli/cli_fixture.h"
 
 namespace sluice {
 namespace {

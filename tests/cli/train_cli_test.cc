@@ -13,9 +13,9 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 
-#include "cli/cli_fixture.h"
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include "cli/cli_fixture.h"
 
 namespace sluice {
 namespace {
@@ -33,17 +33,20 @@ class TrainCli : public CliTest {
     for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
     return out;
   }
-
 };
 
 TEST_F(TrainCli, TrainsWritesMetricsAndResumesBitwise) {
-  const fs::path full = dir_ / "full.jsonl", first = dir_ / "first.jsonl", ckpt = dir_ / "ckpt.safetensors";
-  const std::string common = "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet";
+  const fs::path full = dir_ / "full.jsonl", first = dir_ / "first.jsonl",
+                 ckpt = dir_ / "ckpt.safetensors";
+  const std::string common =
+      "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet";
   ASSERT_EQ(Train(fmt::format("{} --steps 6 --metrics {}", common, full.string())).status, 0);
-  CliResult r = Train(fmt::format("{} --steps 3 --metrics {} --save {}", common, first.string(), ckpt.string()));
+  CliResult r = Train(
+      fmt::format("{} --steps 3 --metrics {} --save {}", common, first.string(), ckpt.string()));
   ASSERT_EQ(r.status, 0) << r.err;
   // Resuming appends to the metrics file and continues from step 4 with the same losses.
-  r = Train(fmt::format("{} --steps 6 --metrics {} --resume {}", common, first.string(), ckpt.string()));
+  r = Train(
+      fmt::format("{} --steps 6 --metrics {} --resume {}", common, first.string(), ckpt.string()));
   ASSERT_EQ(r.status, 0) << r.err;
   auto losses = [&](const fs::path& p) {
     std::vector<double> l;
@@ -90,7 +93,8 @@ TEST_F(TrainCli, ResumeFromACorruptCheckpointIsAClearError) {
 
 TEST_F(TrainCli, MlpOnBlobs) {
   const fs::path m = dir_ / "mlp.jsonl";
-  CliResult r = Train(fmt::format("--model mlp --steps 100 --lr 0.01 --threads 1 --quiet --metrics {}", m.string()));
+  CliResult r = Train(fmt::format(
+      "--model mlp --steps 100 --lr 0.01 --threads 1 --quiet --metrics {}", m.string()));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_GE(Lines(m).back()["accuracy"].get<double>(), 0.9);
 }

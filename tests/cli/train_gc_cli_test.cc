@@ -21,17 +21,21 @@ namespace {
 namespace fs = std::filesystem;
 
 // The allowance docs/executor.md states for the default GC over sync, per stage.
-int64_t Allowance(int64_t sync_peak) { return std::max<int64_t>(int64_t{64} << 10, sync_peak / 100); }
+int64_t Allowance(int64_t sync_peak) {
+  return std::max<int64_t>(int64_t{64} << 10, sync_peak / 100);
+}
 
 class TrainGcCli : public CliTest {
  protected:
   // Byte-level text, so that the job has the shapes: T = 64, C = 128, micro-batches of 2
   // sequences, whose buffers (64–256 KiB) are large enough for async GC to hand them over.
   fs::path Text() {
-    const char* words[] = {"the", "of", "and", "to", "in", "is", "you", "that", "it", "he", "was", "for"};
+    const char* words[] = {"the", "of",   "and", "to", "in",  "is",
+                           "you", "that", "it",  "he", "was", "for"};
     std::string text;
     for (int line = 0; line < 600; ++line) {
-      for (int w = 0; w < 12; ++w) text += fmt::format("{}{}", w ? " " : "", words[(line * 7 + w * 5) % 12]);
+      for (int w = 0; w < 12; ++w)
+        text += fmt::format("{}{}", w ? " " : "", words[(line * 7 + w * 5) % 12]);
       text += "\n";
     }
     return Write("text.txt", text);
@@ -40,11 +44,12 @@ class TrainGcCli : public CliTest {
   nlohmann::json Summary(const std::string& args) {
     const fs::path metrics = dir_ / "m.jsonl";
     fs::remove(metrics);
-    const CliResult r = Sluice(fmt::format("train --data {} --layers 4 --heads 4 --dim 128 --seq 64 --batch 16 "
-                                           "--microbatches 8 --threads 1 --steps 4 --eval-every 0 --quiet "
-                                           "--metrics {} {}",
-                                           Text().string(), metrics.string(), args),
-                               "timeout 120");
+    const CliResult r =
+        Sluice(fmt::format("train --data {} --layers 4 --heads 4 --dim 128 --seq 64 --batch 16 "
+                           "--microbatches 8 --threads 1 --steps 4 --eval-every 0 --quiet "
+                           "--metrics {} {}",
+                           Text().string(), metrics.string(), args),
+               "timeout 120");
     EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
     std::ifstream in(metrics);
     for (std::string line; std::getline(in, line);) {

@@ -211,7 +211,7 @@ TEST(Analysis, DonatedInputsAreFreedAtLastUse) {
   EXPECT_TRUE(plan.groups[plan.group_of[p.Get("x")]].pinned);
   EXPECT_THAT(plan.releases[0], ElementsAre(plan.group_of[p.Get("s")], plan.group_of[p.Get("u")]));
 
-  EXPECT_THROW(Analyze(p, {.donate = {"a"}}), ProgramError);     // not an input
+  EXPECT_THROW(Analyze(p, {.donate = {"a"}}), ProgramError);  // not an input
   EXPECT_THROW(Analyze(p, {.donate = {"nope"}}), ProgramError);
   ExecutionPlan kept = Analyze(p, {.keep = {"s"}, .donate = {"s"}});
   EXPECT_TRUE(kept.groups[kept.group_of[p.Get("s")]].pinned);  // keep wins

@@ -179,11 +179,13 @@ TEST(Interpreter, DonatedSavedValuesAreFreedByTheBackward) {
   RunReference(bwd.program, expected);
   std::vector<std::string> activations;  // saved values the forward computed (not its inputs)
   for (const std::string& name : bwd.saved) {
-    if (forward.value(forward.Get(name)).kind == ValueKind::kIntermediate) activations.push_back(name);
+    if (forward.value(forward.Get(name)).kind == ValueKind::kIntermediate)
+      activations.push_back(name);
   }
   ASSERT_FALSE(activations.empty());
   int64_t output_bytes = static_cast<int64_t>(forward.Bytes(forward.Get("loss")));
-  for (const std::string& g : bwd.grads) output_bytes += static_cast<int64_t>(bwd.program.Bytes(bwd.program.Get(g)));
+  for (const std::string& g : bwd.grads)
+    output_bytes += static_cast<int64_t>(bwd.program.Bytes(bwd.program.Get(g)));
   for (const Config& c : AllConfigs()) {
     CachingAllocator alloc;
     ExecutableOptions fo = Options(c, &alloc), bo = Options(c, &alloc);
@@ -199,8 +201,8 @@ TEST(Interpreter, DonatedSavedValuesAreFreedByTheBackward) {
     EXPECT_EQ(alloc.Stats().allocated_bytes, output_bytes) << ToString(c);
     if (c.mode == RunMode::kTrace && c.gc == GcMode::kSync) {
       // The run starts holding the loss and the donated activations; the bound counts the latter.
-      EXPECT_EQ(s.peak_allocated_bytes,
-                static_cast<int64_t>(forward.Bytes(forward.Get("loss"))) + s.liveness_lower_bound_bytes)
+      EXPECT_EQ(s.peak_allocated_bytes, static_cast<int64_t>(forward.Bytes(forward.Get("loss"))) +
+                                            s.liveness_lower_bound_bytes)
           << ToString(c);
     }
   }

@@ -19,13 +19,16 @@ using ::testing::HasSubstr;
 
 struct Sharded {
   std::string path;  // what --save names; the shards and the index lie beside it
-  Sharded() : path(::testing::TempDir() + "/sharded_" + std::to_string(::getpid()) + "/ck.safetensors") {
+  Sharded()
+      : path(::testing::TempDir() + "/sharded_" + std::to_string(::getpid()) + "/ck.safetensors") {
     std::filesystem::create_directories(std::filesystem::path(path).parent_path());
     const std::map<std::string, std::string> metadata = {{"step", "7"}};
-    SaveCheckpointAtomic(CheckpointShardPath(path, 0, 2), {{"a", Tensor::Full({2}, 1.0, DType::kF32)}}, metadata);
-    SaveCheckpointAtomic(CheckpointShardPath(path, 1, 2),
-                         {{"b", Tensor::Full({3}, 2.0, DType::kF32)}, {"c", Tensor::Full({}, 3.0, DType::kF32)}},
-                         metadata);
+    SaveCheckpointAtomic(CheckpointShardPath(path, 0, 2),
+                         {{"a", Tensor::Full({2}, 1.0, DType::kF32)}}, metadata);
+    SaveCheckpointAtomic(
+        CheckpointShardPath(path, 1, 2),
+        {{"b", Tensor::Full({3}, 2.0, DType::kF32)}, {"c", Tensor::Full({}, 3.0, DType::kF32)}},
+        metadata);
     SaveCheckpointIndex(path, {{"a"}, {"b", "c"}}, metadata);
   }
   ~Sharded() { std::filesystem::remove_all(std::filesystem::path(path).parent_path()); }
@@ -47,7 +50,8 @@ TEST(Checkpoint, AShardedCheckpointLoadsThroughItsIndex) {
 TEST(Checkpoint, AStageReadsOnlyTheShardsHoldingItsTensors) {
   Sharded ck;
   std::filesystem::remove(CheckpointShardPath(ck.path, 0, 2));  // never read for "b" and "c"
-  Checkpoint mine = LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; });
+  Checkpoint mine =
+      LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; });
   EXPECT_EQ(mine.tensors.size(), 2u);
   EXPECT_EQ(mine.tensors.at("c").FlatAt(0), 3.0);
   EXPECT_THROW(LoadCheckpoint(ck.path), IoError);  // the whole checkpoint needs the missing shard

@@ -43,8 +43,10 @@ TEST(MpiP2P, F32AndI64TravelAroundTheRingAndToSelf) {
     Request f = c.Irecv(prev, 0, DType::kF32, {2, 3}, alloc);
     Request i = c.Irecv(prev, 1, DType::kI64, {5}, alloc);
     Request self = c.Irecv(r, 2, DType::kI64, {1}, alloc);
-    Request sf = c.Isend(Tensor::FromVector<float>({2, 3}, {0, 1, 2, 3, 4, 5 + 0.5f * r}, alloc), next, 0);
-    Request si = c.Isend(Tensor::FromVector<int64_t>({5}, {r, 1LL << 40, -r, 7, 8}, alloc), next, 1);
+    Request sf =
+        c.Isend(Tensor::FromVector<float>({2, 3}, {0, 1, 2, 3, 4, 5 + 0.5f * r}, alloc), next, 0);
+    Request si =
+        c.Isend(Tensor::FromVector<int64_t>({5}, {r, 1LL << 40, -r, 7, 8}, alloc), next, 1);
     c.Send(Tensor::FromVector<int64_t>({1}, {100 + r}, alloc), r, 2);
     Tensor x = f.Wait();
     ASSERT_EQ(x.shape(), Shape({2, 3}));

@@ -30,9 +30,12 @@ TEST(SortDataset, TargetsAreTheSortedDigits) {
 
 TEST(SortDataset, BatchesAreAPureFunctionOfSeedAndIndex) {
   SortDataset data;
-  EXPECT_TRUE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids, data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids));
-  EXPECT_FALSE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids, data.GetBatch(DataSplit::kTrain, 8, 4, 1).ids));
-  EXPECT_FALSE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids, data.GetBatch(DataSplit::kTrain, 7, 4, 2).ids));
+  EXPECT_TRUE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids,
+                           data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids));
+  EXPECT_FALSE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids,
+                            data.GetBatch(DataSplit::kTrain, 8, 4, 1).ids));
+  EXPECT_FALSE(BitwiseEqual(data.GetBatch(DataSplit::kTrain, 7, 4, 1).ids,
+                            data.GetBatch(DataSplit::kTrain, 7, 4, 2).ids));
 }
 
 // The digits of every row of a batch's ids (the first n tokens of each row).
@@ -64,8 +67,8 @@ TEST(SortDataset, HeldOutSequencesNeverAppearInTraining) {
   }
   // Independently of how the split is decided: no sequence is drawn for both.
   for (const std::vector<int64_t>& seq : validation) {
-    EXPECT_EQ(train.count(seq), 0u) << "sequence " << seq[0] << seq[1] << seq[2]
-                                    << " is in both splits";
+    EXPECT_EQ(train.count(seq), 0u)
+        << "sequence " << seq[0] << seq[1] << seq[2] << " is in both splits";
   }
   // And each split is the one IsHeldOut describes, all of it drawn (320 draws each).
   for (const std::vector<int64_t>& seq : train) EXPECT_FALSE(data.IsHeldOut(seq.data()));

@@ -32,7 +32,7 @@ TrainConfig Small(int layers, int64_t microbatches = 4) {
 
 struct RunResult {
   std::vector<double> losses;
-  std::vector<double> grad_norms;  // before clipping
+  std::vector<double> grad_norms;                   // before clipping
   std::map<std::string, std::vector<float>> state;  // parameters and optimizer state
   std::vector<StageReport> reports;
 };
@@ -62,7 +62,8 @@ RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
   }
   for (const std::string& p : trainer.ParamNames()) {
     run.state[p] = Values(trainer.Value(p));
-    for (const std::string& s : OptimizerStateNames(p, config.optimizer)) run.state[s] = Values(trainer.Value(s));
+    for (const std::string& s : OptimizerStateNames(p, config.optimizer))
+      run.state[s] = Values(trainer.Value(s));
   }
   if (engine != nullptr) run.reports = engine->reports();
   return run;
@@ -70,7 +71,8 @@ RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
 
 void ExpectBitwiseEqual(const RunResult& a, const RunResult& b, const std::string& what) {
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << ": loss of step " << i + 1;
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_EQ(a.losses[i], b.losses[i]) << what << ": loss of step " << i + 1;
   ASSERT_EQ(a.grad_norms.size(), b.grad_norms.size()) << what;
   for (size_t i = 0; i < a.grad_norms.size(); ++i) {
     EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << what << ": gradient norm of step " << i + 1;
@@ -88,13 +90,19 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {ScheduleKind::kGPipe, 2, 4},       {ScheduleKind::kGPipe, 4, 4},
-    {ScheduleKind::kOneFOneB, 2, 4},    {ScheduleKind::kOneFOneB, 4, 4},
-    {ScheduleKind::kZeroBubbleH1, 2, 4}, {ScheduleKind::kZeroBubbleH1, 4, 4},
-    {ScheduleKind::kInterleaved, 2, 4}, {ScheduleKind::kInterleaved, 4, 8},  // V = 2: 4 and 8 virtual stages
+    {ScheduleKind::kGPipe, 2, 4},
+    {ScheduleKind::kGPipe, 4, 4},
+    {ScheduleKind::kOneFOneB, 2, 4},
+    {ScheduleKind::kOneFOneB, 4, 4},
+    {ScheduleKind::kZeroBubbleH1, 2, 4},
+    {ScheduleKind::kZeroBubbleH1, 4, 4},
+    {ScheduleKind::kInterleaved, 2, 4},
+    {ScheduleKind::kInterleaved, 4, 8},  // V = 2: 4 and 8 virtual stages
 };
 
-std::string Describe(const Case& c) { return fmt::format("{} P={}", ScheduleKindName(c.kind), c.stages); }
+std::string Describe(const Case& c) {
+  return fmt::format("{} P={}", ScheduleKindName(c.kind), c.stages);
+}
 
 // Micro-batches in flight on stage s at M micro-batches: the closed forms of docs/pipeline.md,
 // written out here rather than taken from TheoreticalInFlight, which the engine's report copies.
@@ -128,7 +136,8 @@ TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {
     TrainConfig config = Small(c.layers);
     config.optimizer.clip_norm = 0.05;
     const RunResult single = Train(config, nullptr);
-    EXPECT_GT(*std::max_element(single.grad_norms.begin(), single.grad_norms.end()), config.optimizer.clip_norm)
+    EXPECT_GT(*std::max_element(single.grad_norms.begin(), single.grad_norms.end()),
+              config.optimizer.clip_norm)
         << "the norm must exceed the clip for clipping to be tested";
     const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
     ExpectBitwiseEqual(single, Train(config, &options), Describe(c) + " clipped");
@@ -141,10 +150,12 @@ TEST(PipelineEngine, PerStageRecomputeTrainsBitwiseLikeOneStage) {
   TrainConfig config = Small(4);
   config.recompute = {RecomputePolicy::kNone};
   const RunResult single = Train(config, nullptr);
-  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved}) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved}) {
     config.recompute = {RecomputePolicy::kFull, RecomputePolicy::kSelective};
     const PipelineOptions options{.stages = 2, .schedule = kind};
-    ExpectBitwiseEqual(single, Train(config, &options), fmt::format("{} full,selective", ScheduleKindName(kind)));
+    ExpectBitwiseEqual(single, Train(config, &options),
+                       fmt::format("{} full,selective", ScheduleKindName(kind)));
   }
 }
 
@@ -192,7 +203,8 @@ TEST(PipelineEngine, InFlightPeaksMatchTheScheduleTheory) {
 // output may still be in transit (its receiver posts the receive after its own first backward):
 // in-flight − 1 or in-flight outputs. Sync GC keeps frees deterministic.
 TEST(PipelineEngine, ReleaseSavesInFlightTimesOutputBytes) {
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
     TrainConfig config = Small(4, 8);
     config.steps = 1;
     config.gc = GcMode::kSync;
@@ -202,7 +214,8 @@ TEST(PipelineEngine, ReleaseSavesInFlightTimesOutputBytes) {
     for (int s = 0; s < 4; ++s) {
       const StageReport& r = with.reports[s];
       const std::string where = fmt::format("{} stage {}", ScheduleKindName(kind), s);
-      const int64_t saved = without.reports[s].allocated_at_inflight_peak_bytes - r.allocated_at_inflight_peak_bytes;
+      const int64_t saved =
+          without.reports[s].allocated_at_inflight_peak_bytes - r.allocated_at_inflight_peak_bytes;
       if (s == 3) {  // the loss stage sends no outputs
         EXPECT_EQ(r.output_bytes, 0) << where;
         EXPECT_EQ(saved, 0) << where;
@@ -211,13 +224,15 @@ TEST(PipelineEngine, ReleaseSavesInFlightTimesOutputBytes) {
       EXPECT_EQ(r.output_bytes, 2 * 12 * 32 * 4) << where;  // f32[B, T, C] of one micro-batch
       EXPECT_EQ(r.released_output_bytes, 8 * r.output_bytes) << where;
       EXPECT_EQ(without.reports[s].released_output_bytes, 0) << where;
-      if (kind != ScheduleKind::kZeroBubbleH1) {  // zb-h1 peaks in its W tail, after every output is gone
+      if (kind !=
+          ScheduleKind::kZeroBubbleH1) {  // zb-h1 peaks in its W tail, after every output is gone
         EXPECT_LT(r.peak_allocated_bytes, without.reports[s].peak_allocated_bytes) << where;
       }
       if (kind == ScheduleKind::kGPipe) {
         EXPECT_EQ(saved, r.inflight_peak * r.output_bytes) << where;
       } else {
-        EXPECT_TRUE(saved == r.inflight_peak * r.output_bytes || saved == (r.inflight_peak - 1) * r.output_bytes)
+        EXPECT_TRUE(saved == r.inflight_peak * r.output_bytes ||
+                    saved == (r.inflight_peak - 1) * r.output_bytes)
             << where << ": saved " << saved << " B, in flight " << r.inflight_peak;
       }
     }
@@ -226,7 +241,10 @@ TEST(PipelineEngine, ReleaseSavesInFlightTimesOutputBytes) {
 
 TEST(PipelineEngine, AFailingStageStopsEveryStageAndNamesThePlace) {
   PipelineOptions options{.stages = 4, .schedule = ScheduleKind::kOneFOneB};
-  options.fault = {.mode = FaultInjection::Mode::kThrow, .rank = 2, .kind = ActionKind::kBackward, .micro_batch = 1};
+  options.fault = {.mode = FaultInjection::Mode::kThrow,
+                   .rank = 2,
+                   .kind = ActionKind::kBackward,
+                   .micro_batch = 1};
   Trainer trainer(Small(4), PipelineEngineFactory(options));
   try {
     trainer.Step();
@@ -241,8 +259,10 @@ TEST(PipelineEngine, AFailingStageStopsEveryStageAndNamesThePlace) {
 }
 
 TEST(PipelineEngine, AMissingMessageTimesOutInsteadOfHanging) {
-  PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kGPipe, .timeout = std::chrono::milliseconds(200)};
-  options.fault = {.mode = FaultInjection::Mode::kSkip, .rank = 0, .kind = ActionKind::kSendF, .micro_batch = 2};
+  PipelineOptions options{
+      .stages = 2, .schedule = ScheduleKind::kGPipe, .timeout = std::chrono::milliseconds(200)};
+  options.fault = {
+      .mode = FaultInjection::Mode::kSkip, .rank = 0, .kind = ActionKind::kSendF, .micro_batch = 2};
   Trainer trainer(Small(2), PipelineEngineFactory(options));
   try {
     trainer.Step();
@@ -297,14 +317,16 @@ TEST(PipelineEngine, TraceHasATrackAndAMemoryCounterPerStage) {
   std::map<int, int> forwards, backwards, counters;
   for (const auto& e : trace.at("traceEvents")) {
     const int pid = e.at("pid");
-    if (e.at("ph") == "M" && e.at("name") == "process_name") processes.insert(e.at("args").at("name"));
+    if (e.at("ph") == "M" && e.at("name") == "process_name")
+      processes.insert(e.at("args").at("name"));
     if (e.at("ph") == "X" && e.at("name").get<std::string>().starts_with("F")) ++forwards[pid];
     if (e.at("ph") == "X" && e.at("name").get<std::string>().starts_with("B")) ++backwards[pid];
     if (e.at("ph") == "C") ++counters[pid];
   }
   EXPECT_EQ(processes, (std::set<std::string>{"stage 0", "stage 1", "stage 2", "stage 3"}));
   for (int pid = 1; pid <= 4; ++pid) {
-    EXPECT_EQ(forwards[pid], 4) << "stage " << pid - 1;  // one F per micro-batch, the last step only
+    EXPECT_EQ(forwards[pid], 4) << "stage "
+                                << pid - 1;  // one F per micro-batch, the last step only
     EXPECT_EQ(backwards[pid], 4) << "stage " << pid - 1;
     EXPECT_GT(counters[pid], 0) << "stage " << pid - 1;
   }

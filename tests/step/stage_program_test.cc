@@ -45,7 +45,8 @@ Built Build(RecomputePolicy policy) {
   const TrainConfig c = SmallGpt();
   std::unique_ptr<Task> task = MakeTask(c);
   CachingAllocator allocator;
-  StageProgram program({{.model = task->BuildTrain(4)}}, c, {.allocator = &allocator, .recompute = policy});
+  StageProgram program({{.model = task->BuildTrain(4)}}, c,
+                       {.allocator = &allocator, .recompute = policy});
   const Chunk& ch = program.chunk(0);
   return {ch.backward.saved, Bytes(ch.model.forward, ch.backward.saved), ch.model};
 }
@@ -59,9 +60,11 @@ TEST(StageProgram, RecomputePoliciesKeepFewerBytes) {
   // full keeps the block inputs and the program's inputs, nothing else.
   ASSERT_EQ(full.model.block_inputs.size(), 3u);
   for (const std::string& name : full.saved) {
-    const bool block_input = std::find(full.model.block_inputs.begin(), full.model.block_inputs.end(), name) !=
-                             full.model.block_inputs.end();
-    EXPECT_TRUE(block_input || name == "ids" || name == "targets") << name << " is kept under full recompute";
+    const bool block_input =
+        std::find(full.model.block_inputs.begin(), full.model.block_inputs.end(), name) !=
+        full.model.block_inputs.end();
+    EXPECT_TRUE(block_input || name == "ids" || name == "targets")
+        << name << " is kept under full recompute";
   }
   // selective keeps no attention scores or probabilities; cheap keeps some (softmax's backward
   // reads its output).
@@ -104,12 +107,14 @@ TEST(StageProgram, EveryRecomputePolicyTrainsBitwiseLikeNone) {
   TrainConfig c = SmallGpt();
   c.recompute = {RecomputePolicy::kNone};
   const Trained none = Train(c);
-  for (RecomputePolicy p : {RecomputePolicy::kCheap, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+  for (RecomputePolicy p :
+       {RecomputePolicy::kCheap, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
     c.recompute = {p};
     const Trained t = Train(c);
     EXPECT_EQ(t.losses, none.losses) << Name(p);
     EXPECT_EQ(t.norms, none.norms) << Name(p);
-    for (const auto& [name, values] : none.state) EXPECT_TRUE(t.state.at(name) == values) << Name(p) << ": " << name;
+    for (const auto& [name, values] : none.state)
+      EXPECT_TRUE(t.state.at(name) == values) << Name(p) << ": " << name;
     EXPECT_LT(t.peak, none.peak) << Name(p) << " should lower the step's peak";
   }
 }
@@ -130,7 +135,8 @@ TEST(StageProgram, RecomputeListMustHaveOnePolicyOrOnePerStage) {
     }());
     FAIL() << "two policies for one stage were accepted";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute lists 2 policies"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--recompute lists 2 policies"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -36,8 +36,14 @@ TrainConfig ParityConfig() {
   c.steps = 3;
   c.batch = 6;
   c.microbatches = 2;  // accumulation
-  c.optimizer = {.kind = OptimizerKind::kAdamW, .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
-                 .weight_decay = 0.1, .clip_norm = 0.5, .schedule = LrSchedule::kConstant};
+  c.optimizer = {.kind = OptimizerKind::kAdamW,
+                 .lr = 3e-3,
+                 .beta1 = 0.9,
+                 .beta2 = 0.95,
+                 .eps = 1e-8,
+                 .weight_decay = 0.1,
+                 .clip_norm = 0.5,
+                 .schedule = LrSchedule::kConstant};
   c.seed = 11;
   c.threads = 1;
   c.eval_every = 0;
@@ -46,20 +52,33 @@ TrainConfig ParityConfig() {
 
 nlohmann::json ReferenceConfig(const TrainConfig& c, const Trainer& trainer) {
   const OptimizerConfig& o = c.optimizer;
-  return {{"dim", c.gpt.dim}, {"heads", c.gpt.heads}, {"layers", c.gpt.layers}, {"steps", c.steps},
-          {"microbatches", c.microbatches}, {"batch", c.batch}, {"seed", c.seed}, {"data", c.data},
-          {"vocab", trainer.Value("wte.weight").shape()[0]}, {"lr", o.lr}, {"beta1", o.beta1},
-          {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}, {"clip", o.clip_norm}};
+  return {{"dim", c.gpt.dim},
+          {"heads", c.gpt.heads},
+          {"layers", c.gpt.layers},
+          {"steps", c.steps},
+          {"microbatches", c.microbatches},
+          {"batch", c.batch},
+          {"seed", c.seed},
+          {"data", c.data},
+          {"vocab", trainer.Value("wte.weight").shape()[0]},
+          {"lr", o.lr},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"clip", o.clip_norm}};
 }
 
-// The micro-batches of every step, as the engine binds them: "ids.<step>.<k>", "targets.<step>.<k>".
+// The micro-batches of every step, as the engine binds them: "ids.<step>.<k>",
+// "targets.<step>.<k>".
 std::map<std::string, Tensor> MicroBatches(const TrainConfig& c) {
   std::unique_ptr<Task> task = MakeTask(c);
   std::map<std::string, Tensor> out;
   for (int64_t s = 0; s < c.steps; ++s) {
     for (int64_t k = 0; k < c.microbatches; ++k) {
       Scope scope;
-      task->BindBatch(scope, DataSplit::kTrain, s * c.microbatches + k, c.batch / c.microbatches, c.seed);
+      task->BindBatch(scope, DataSplit::kTrain, s * c.microbatches + k, c.batch / c.microbatches,
+                      c.seed);
       out.emplace(fmt::format("ids.{}.{}", s, k), scope.Take("ids"));
       out.emplace(fmt::format("targets.{}.{}", s, k), scope.Take("targets"));
     }
@@ -83,11 +102,13 @@ SluiceRun Train(Trainer& trainer) {
 
 double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
-void ExpectClose(const std::vector<double>& sluice, const std::vector<double>& reference, const char* what) {
+void ExpectClose(const std::vector<double>& sluice, const std::vector<double>& reference,
+                 const char* what) {
   ASSERT_EQ(sluice.size(), reference.size()) << what;
   for (size_t s = 0; s < sluice.size(); ++s) {
     EXPECT_LE(Relative(sluice[s], reference[s]), 1e-5)
-        << what << " of step " << s + 1 << ": sluice " << sluice[s] << " vs PyTorch " << reference[s];
+        << what << " of step " << s + 1 << ": sluice " << sluice[s] << " vs PyTorch "
+        << reference[s];
   }
 }
 
@@ -97,7 +118,8 @@ std::string SourceDir() {
 }
 
 TEST(Parity, GoldenLossesAndNorms) {
-  ASSERT_FALSE(SourceDir().empty()) << "run through CTest (SLUICE_SOURCE_DIR names the source tree)";
+  ASSERT_FALSE(SourceDir().empty())
+      << "run through CTest (SLUICE_SOURCE_DIR names the source tree)";
   const std::string path = SourceDir() + "/tests/parity/gpt_golden.json";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot read " << path;
@@ -106,12 +128,14 @@ TEST(Parity, GoldenLossesAndNorms) {
   const TrainConfig config = ParityConfig();
   Trainer trainer(config);
   EXPECT_EQ(golden.at("config"), ReferenceConfig(config, trainer))
-      << "the golden file was made for another configuration: regenerate it (see the top of this file)";
+      << "the golden file was made for another configuration: regenerate it (see the top of this "
+         "file)";
   // The data first: a mismatch here is a change to the data, not to training.
   for (const auto& [name, t] : MicroBatches(config)) {
     const std::vector<int64_t> expected = golden.at("batches").at(name).get<std::vector<int64_t>>();
     ASSERT_EQ(t.numel(), static_cast<int64_t>(expected.size())) << name;
-    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.data<int64_t>()[i], expected[i]) << name << " at " << i;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      ASSERT_EQ(t.data<int64_t>()[i], expected[i]) << name << " at " << i;
   }
   const std::vector<double> norms = golden.at("grad_norms").get<std::vector<double>>();
   EXPECT_GT(*std::max_element(norms.begin(), norms.end()), config.optimizer.clip_norm)
@@ -123,21 +147,26 @@ TEST(Parity, GoldenLossesAndNorms) {
 }
 
 TEST(Parity, LivePyTorch) {
-  ASSERT_FALSE(SourceDir().empty()) << "run through CTest (SLUICE_SOURCE_DIR names the source tree)";
+  ASSERT_FALSE(SourceDir().empty())
+      << "run through CTest (SLUICE_SOURCE_DIR names the source tree)";
   if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it): only the golden "
-                    "file was checked";
+    GTEST_SKIP()
+        << "python3-torch is not installed (scripts/install-deps.sh installs it): only the golden "
+           "file was checked";
   }
   const TrainConfig config = ParityConfig();
   Trainer trainer(config);
   std::map<std::string, Tensor> input = MicroBatches(config);
-  for (const std::string& name : trainer.ParamNames()) input.emplace("param." + name, trainer.Value(name).Clone());
+  for (const std::string& name : trainer.ParamNames())
+    input.emplace("param." + name, trainer.Value(name).Clone());
   const std::string dir = ::testing::TempDir();
-  const std::string in_path = dir + "/parity_input.safetensors", out_path = dir + "/parity_output.safetensors";
+  const std::string in_path = dir + "/parity_input.safetensors",
+                    out_path = dir + "/parity_output.safetensors";
   WriteSafetensors(in_path, input, {{"config", ReferenceConfig(config, trainer).dump()}});
-  std::string cmd = fmt::format("/usr/bin/python3 {}/tests/parity/gpt_reference.py {} {}", SourceDir(), in_path,
-                                out_path);
-  if (std::getenv("SLUICE_UPDATE_GOLDEN") != nullptr) cmd += " --golden " + SourceDir() + "/tests/parity/gpt_golden.json";
+  std::string cmd = fmt::format("/usr/bin/python3 {}/tests/parity/gpt_reference.py {} {}",
+                                SourceDir(), in_path, out_path);
+  if (std::getenv("SLUICE_UPDATE_GOLDEN") != nullptr)
+    cmd += " --golden " + SourceDir() + "/tests/parity/gpt_golden.json";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "the PyTorch reference failed: " << cmd;
   const SafetensorsFile ref = ReadSafetensors(out_path);
   auto values = [&](const char* name) {
@@ -161,13 +190,17 @@ TEST(Parity, LivePyTorch) {
     }
     // AdamW turns a gradient that is rounding noise in both frameworks (the attention key bias,
     // whose true gradient is zero) into steps of up to lr that differ: allow 1e-3 of those steps.
-    const double allowed = 1e-4 * scale + 1e-3 * config.optimizer.lr * static_cast<double>(config.steps);
+    const double allowed =
+        1e-4 * scale + 1e-3 * config.optimizer.lr * static_cast<double>(config.steps);
     worst = std::max(worst, diff / scale);
-    EXPECT_LE(diff, allowed) << name << " after step " << config.steps << " (largest entry " << scale << ")";
+    EXPECT_LE(diff, allowed) << name << " after step " << config.steps << " (largest entry "
+                             << scale << ")";
   }
   double worst_loss = 0;
-  for (size_t s = 0; s < run.losses.size(); ++s) worst_loss = std::max(worst_loss, Relative(run.losses[s], values("losses")[s]));
-  fmt::print("largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}\n", worst_loss, worst);
+  for (size_t s = 0; s < run.losses.size(); ++s)
+    worst_loss = std::max(worst_loss, Relative(run.losses[s], values("losses")[s]));
+  fmt::print("largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}\n",
+             worst_loss, worst);
 }
 
 }  // namespace

@@ -117,7 +117,8 @@ TEST(Trainer, InvalidConfigurationsSayWhatToChange) {
   EXPECT_NE(message(c).find("raise --seq"), std::string::npos) << message(c);
   c = SmallGpt();
   c.microbatches = 3;
-  EXPECT_NE(message(c).find("--microbatches 3 must divide --batch 4"), std::string::npos) << message(c);
+  EXPECT_NE(message(c).find("--microbatches 3 must divide --batch 4"), std::string::npos)
+      << message(c);
   c = SmallGpt();
   c.data = "/no/such/file.txt";
   EXPECT_NE(message(c).find("/no/such/file.txt"), std::string::npos) << message(c);
@@ -148,7 +149,8 @@ TEST(Trainer, MetricsHaveStepEvalAndSummaryLines) {
       EXPECT_TRUE(j.contains("accuracy"));
     } else {
       ++steps;
-      for (const char* key : {"step", "loss", "lr", "tokens_per_s", "step_ms", "peak_allocated_bytes"}) {
+      for (const char* key :
+           {"step", "loss", "lr", "tokens_per_s", "step_ms", "peak_allocated_bytes"}) {
         EXPECT_TRUE(j.contains(key)) << key;
       }
     }

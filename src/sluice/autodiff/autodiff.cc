@@ -15,15 +15,21 @@ namespace {
 
 std::string GradName(std::string_view v) { return std::string(v) + ".grad"; }
 
-std::vector<ValueId> RecomputableSaved(const Program& fwd, const std::unordered_set<std::string>& saved);
-Program WithRecomputation(const Program& fwd, const Program& bwd, const std::unordered_set<std::string>& dropped);
+std::vector<ValueId> RecomputableSaved(const Program& fwd,
+                                       const std::unordered_set<std::string>& saved);
+Program WithRecomputation(const Program& fwd, const Program& bwd,
+                          const std::unordered_set<std::string>& dropped);
 
 class BackwardBuilder {
  public:
   BackwardBuilder(const Program& fwd, const GradientSpec& spec)
-      : fwd_(fwd), spec_(spec), b_(fwd.name() + ".backward"),
-        imported_(fwd.values().size()), contributions_(fwd.values().size()),
-        grad_(fwd.values().size()), depends_on_wrt_(fwd.values().size(), false) {}
+      : fwd_(fwd),
+        spec_(spec),
+        b_(fwd.name() + ".backward"),
+        imported_(fwd.values().size()),
+        contributions_(fwd.values().size()),
+        grad_(fwd.values().size()),
+        depends_on_wrt_(fwd.values().size(), false) {}
 
   Backward Build();
 
@@ -39,16 +45,18 @@ class BackwardBuilder {
   const Program& fwd_;
   const GradientSpec& spec_;
   Builder b_;
-  std::vector<Var> imported_;                    // forward value -> its copy in the backward program
-  std::vector<std::vector<Var>> contributions_;  // forward value -> gradient parts, in arrival order
-  std::vector<Var> grad_;                        // forward value -> summed gradient, once final
+  std::vector<Var> imported_;  // forward value -> its copy in the backward program
+  std::vector<std::vector<Var>>
+      contributions_;      // forward value -> gradient parts, in arrival order
+  std::vector<Var> grad_;  // forward value -> summed gradient, once final
   std::vector<bool> depends_on_wrt_;
-  std::unordered_set<ValueId> grad_named_;       // backward values already named "<v>.grad"
+  std::unordered_set<ValueId> grad_named_;  // backward values already named "<v>.grad"
 };
 
 class Context final : public VjpContext {
  public:
-  Context(BackwardBuilder& bb, const Program& fwd, const Instruction& ins) : bb_(bb), fwd_(fwd), ins_(ins) {}
+  Context(BackwardBuilder& bb, const Program& fwd, const Instruction& ins)
+      : bb_(bb), fwd_(fwd), ins_(ins) {}
   Builder& builder() override { return bb_.builder(); }
   const Attrs& attrs() const override { return ins_.attrs; }
   int num_inputs() const override { return static_cast<int>(ins_.inputs.size()); }
@@ -72,14 +80,16 @@ class Context final : public VjpContext {
 Var BackwardBuilder::Import(ValueId v) {
   if (!imported_[v].valid()) {
     const Value& value = fwd_.value(v);
-    imported_[v] = value.kind == ValueKind::kParam ? b_.Param(value.name, value.type.dtype, value.type.shape)
-                                                   : b_.Input(value.name, value.type.dtype, value.type.shape);
+    imported_[v] = value.kind == ValueKind::kParam
+                       ? b_.Param(value.name, value.type.dtype, value.type.shape)
+                       : b_.Input(value.name, value.type.dtype, value.type.shape);
   }
   return imported_[v];
 }
 
 void BackwardBuilder::MarkGradName(Var v, ValueId forward_value) {
-  // Only values computed by a backward instruction and not yet another value's gradient are renamed.
+  // Only values computed by a backward instruction and not yet another value's gradient are
+  // renamed.
   const std::string name = GradName(fwd_.value(forward_value).name);
   if (v.value().producer >= 0 && !grad_named_.count(v.id()) && !b_.program().Find(name)) {
     b_.mutable_program().Rename(v.id(), name);
@@ -105,13 +115,15 @@ Backward BackwardBuilder::Build() {
   for (const std::string& name : spec_.wrt) {
     ValueId v = fwd_.Get(name);
     if (!IsFloating(fwd_.value(v).type.dtype)) {
-      throw ProgramError(fmt::format("autodiff: cannot differentiate with respect to %{} of dtype {}", name,
-                                     Name(fwd_.value(v).type.dtype)));
+      throw ProgramError(
+          fmt::format("autodiff: cannot differentiate with respect to %{} of dtype {}", name,
+                      Name(fwd_.value(v).type.dtype)));
     }
     depends_on_wrt_[v] = true;
   }
   for (const Instruction& ins : fwd_.instructions()) {
-    bool any = std::any_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId v) { return depends_on_wrt_[v]; });
+    bool any = std::any_of(ins.inputs.begin(), ins.inputs.end(),
+                           [&](ValueId v) { return depends_on_wrt_[v]; });
     for (ValueId o : ins.outputs) depends_on_wrt_[o] = any;
   }
 
@@ -120,7 +132,8 @@ Backward BackwardBuilder::Build() {
     ValueId loss = fwd_.Get(spec_.loss);
     const TensorType& t = fwd_.value(loss).type;
     if (t.shape.numel() != 1) {
-      throw ProgramError(fmt::format("autodiff: the loss %{} must be a scalar, it is {}", spec_.loss, t.ToString()));
+      throw ProgramError(fmt::format("autodiff: the loss %{} must be a scalar, it is {}",
+                                     spec_.loss, t.ToString()));
     }
     Var one = Full(b_, t.shape, 1.0, t.dtype);
     b_.mutable_program().Rename(one.id(), GradName(spec_.loss));
@@ -146,17 +159,19 @@ Backward BackwardBuilder::Build() {
     bool any_grad = false;
     for (ValueId o : ins.outputs) any_grad |= GradOf(o).valid();
     if (!any_needed || !any_grad) continue;
-    const std::string where = fmt::format("{} %{}", ins.op->name, fwd_.value(ins.outputs.at(0)).name);
+    const std::string where =
+        fmt::format("{} %{}", ins.op->name, fwd_.value(ins.outputs.at(0)).name);
     if (ins.op->vjp == nullptr) {
       throw ProgramError(fmt::format("autodiff: op {} has no gradient rule", where));
     }
     std::vector<Var> grads = ins.op->vjp(ctx);
-    SLUICE_CHECK(grads.size() == ins.inputs.size(), "VJP of {} returned {} gradients for {} inputs", where,
-                 grads.size(), ins.inputs.size());
+    SLUICE_CHECK(grads.size() == ins.inputs.size(), "VJP of {} returned {} gradients for {} inputs",
+                 where, grads.size(), ins.inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!ctx.needs(static_cast<int>(i)) || !grads[i].valid()) continue;
-      SLUICE_CHECK(grads[i].type() == ctx.x_type(static_cast<int>(i)), "VJP of {}: gradient of input {} is {}, expected {}",
-                   where, i, grads[i].type().ToString(), ctx.x_type(static_cast<int>(i)).ToString());
+      SLUICE_CHECK(grads[i].type() == ctx.x_type(static_cast<int>(i)),
+                   "VJP of {}: gradient of input {} is {}, expected {}", where, i,
+                   grads[i].type().ToString(), ctx.x_type(static_cast<int>(i)).ToString());
       contributions_[ins.inputs[i]].push_back(grads[i]);
     }
   }
@@ -169,7 +184,8 @@ Backward BackwardBuilder::Build() {
     Var g = GradOf(v);
     if (!g.valid()) g = Full(b_, t.shape, 0.0, t.dtype);
     if (g.name() != GradName(name)) {
-      if (g.value().producer < 0 || grad_named_.count(g.id())) g = Copy(g);  // the gradient aliases another value
+      if (g.value().producer < 0 || grad_named_.count(g.id()))
+        g = Copy(g);  // the gradient aliases another value
       b_.mutable_program().Rename(g.id(), GradName(name));
       grad_named_.insert(g.id());
     }
@@ -187,9 +203,12 @@ Backward BackwardBuilder::Build() {
     }
     // Checkpointing first: what is not kept at all; then the cheap ops among what is still kept.
     std::unordered_set<std::string> dropped;
-    auto is_forward_input = [&](const std::string& name) { return fwd_.value(fwd_.Get(name)).kind == ValueKind::kInput; };
+    auto is_forward_input = [&](const std::string& name) {
+      return fwd_.value(fwd_.Get(name)).kind == ValueKind::kInput;
+    };
     if (spec_.checkpoints) {
-      const std::unordered_set<std::string> keep(spec_.checkpoints->begin(), spec_.checkpoints->end());
+      const std::unordered_set<std::string> keep(spec_.checkpoints->begin(),
+                                                 spec_.checkpoints->end());
       for (const std::string& name : saved) {
         if (!keep.count(name) && !is_forward_input(name)) dropped.insert(name);
       }
@@ -227,7 +246,8 @@ void CopyInstruction(const Program& src, const Instruction& ins, Program& dst) {
 // Copies the values and instructions of `src` selected by `keep_instr` into a new program.
 // Inputs and params are kept when `keep_value` says so.
 template <typename KeepInstr, typename KeepValue>
-Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_instr, KeepValue keep_value) {
+Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_instr,
+                    KeepValue keep_value) {
   Program dst(name);
   for (const Value& v : src.values()) dst.ReserveName(v.name);
   for (ValueId v : src.inputs()) {
@@ -245,7 +265,8 @@ Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_
 
 // Saved values that the backward program can recompute from values it reads anyway (see
 // GradientSpec::recompute), in forward order.
-std::vector<ValueId> RecomputableSaved(const Program& fwd, const std::unordered_set<std::string>& saved) {
+std::vector<ValueId> RecomputableSaved(const Program& fwd,
+                                       const std::unordered_set<std::string>& saved) {
   std::unordered_set<std::string> kept = saved;
   std::vector<ValueId> chosen;
   for (const Instruction& ins : fwd.instructions()) {
@@ -265,7 +286,8 @@ std::vector<ValueId> RecomputableSaved(const Program& fwd, const std::unordered_
 // `bwd` without the inputs named in `dropped` (forward values): each is computed by its forward
 // instruction right before its first use instead, as is — transitively — every forward value such
 // an instruction reads that `bwd` does not have. Parameters and forward inputs are read as such.
-Program WithRecomputation(const Program& fwd, const Program& bwd, const std::unordered_set<std::string>& dropped) {
+Program WithRecomputation(const Program& fwd, const Program& bwd,
+                          const std::unordered_set<std::string>& dropped) {
   Program dst(bwd.name());
   for (const Value& v : bwd.values()) dst.ReserveName(v.name);
   for (const Value& v : fwd.values()) dst.ReserveName(v.name);
@@ -335,13 +357,15 @@ Program PruneDeadCode(const Program& p) {
   std::vector<bool> keep(instrs.size(), false);
   for (size_t i = instrs.size(); i-- > 0;) {
     const Instruction& ins = instrs[i];
-    keep[i] = ins.op->kind == OpKind::kInPlace ||
-              std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return live[v]; });
+    keep[i] =
+        ins.op->kind == OpKind::kInPlace ||
+        std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return live[v]; });
     if (keep[i]) {
       for (ValueId v : ins.inputs) live[v] = true;
     }
   }
-  Program out = CopyProgram(p, p.name(), [&](size_t i) { return keep[i]; }, [&](ValueId v) { return live[v]; });
+  Program out = CopyProgram(
+      p, p.name(), [&](size_t i) { return keep[i]; }, [&](ValueId v) { return live[v]; });
   for (ValueId v : p.outputs()) out.AddOutput(out.Get(p.value(v).name));
   return out;
 }
@@ -365,7 +389,8 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
   }
   for (size_t i = instrs.size(); i-- > 0;) {
     const Instruction& ins = instrs[i];
-    in_b[i] = std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return b_value[v]; });
+    in_b[i] =
+        std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return b_value[v]; });
     if (in_b[i]) {
       for (ValueId v : ins.inputs) b_value[v] = true;
     }
@@ -386,7 +411,8 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
   for (size_t i = instrs.size(); i-- > 0;) {
     const Instruction& ins = instrs[i];
     if (in_b[i]) continue;
-    in_w[i] = std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return w_value[v]; });
+    in_w[i] =
+        std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return w_value[v]; });
     if (in_w[i]) {
       for (ValueId v : ins.inputs) w_value[v] = true;
     }
@@ -399,7 +425,8 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
     int32_t prod = p.value(v).producer;
     if (prod >= 0 && in_b[prod] && w_value[v]) crossing.push_back(v);
   }
-  out.b = CopyProgram(p, p.name() + ".b", [&](size_t i) { return in_b[i]; }, [&](ValueId v) { return b_value[v]; });
+  out.b = CopyProgram(
+      p, p.name() + ".b", [&](size_t i) { return in_b[i]; }, [&](ValueId v) { return b_value[v]; });
   for (ValueId v : b_outputs) out.b.AddOutput(out.b.Get(p.value(v).name));
   for (ValueId v : crossing) {
     out.b.AddOutput(out.b.Get(p.value(v).name));

@@ -8,10 +8,15 @@ namespace sluice::cli {
 namespace {
 
 constexpr CommandSpec kCommands[] = {
-    {"run", "Run a program (text format) with last-use freeing; report time and memory", SetupRunCommand},
-    {"train", "Train a GPT or an MLP; progress on the terminal, JSON-lines metrics, checkpoints", SetupTrainCommand},
-    {"schedule", "Print a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) as an action grid or JSON", SetupScheduleCommand},
-    {"ops", "List the ops programs can use: signature, doc, kernels and gradient of each", SetupOpsCommand},
+    {"run", "Run a program (text format) with last-use freeing; report time and memory",
+     SetupRunCommand},
+    {"train", "Train a GPT or an MLP; progress on the terminal, JSON-lines metrics, checkpoints",
+     SetupTrainCommand},
+    {"schedule",
+     "Print a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) as an action grid or JSON",
+     SetupScheduleCommand},
+    {"ops", "List the ops programs can use: signature, doc, kernels and gradient of each",
+     SetupOpsCommand},
 };
 
 struct Registered {

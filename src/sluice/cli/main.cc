@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <exception>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "sluice/cli/commands.h"
 #include "sluice/core/error.h"

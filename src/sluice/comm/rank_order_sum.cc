@@ -21,11 +21,16 @@ void Sum(std::span<const void* const> sources, int64_t n, void* out) {
 void SumInRankOrder(DType dtype, std::span<const void* const> sources, int64_t n, void* out) {
   SLUICE_CHECK(!sources.empty(), "all_reduce_sum over no ranks");
   switch (dtype) {
-    case DType::kF32: return Sum<float>(sources, n, out);
-    case DType::kF64: return Sum<double>(sources, n, out);
-    case DType::kI32: return Sum<int32_t>(sources, n, out);
-    case DType::kI64: return Sum<int64_t>(sources, n, out);
-    default: SLUICE_CHECK(false, "all_reduce_sum of {}", Name(dtype));
+    case DType::kF32:
+      return Sum<float>(sources, n, out);
+    case DType::kF64:
+      return Sum<double>(sources, n, out);
+    case DType::kI32:
+      return Sum<int32_t>(sources, n, out);
+    case DType::kI64:
+      return Sum<int64_t>(sources, n, out);
+    default:
+      SLUICE_CHECK(false, "all_reduce_sum of {}", Name(dtype));
   }
 }
 

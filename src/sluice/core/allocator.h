@@ -27,8 +27,9 @@ inline constexpr size_t kAlignment = 64;
 // Requests above this (1 TiB) are rejected as absurd before asking the OS.
 inline constexpr size_t kMaxAllocationBytes = size_t{1} << 40;
 
-// What one Deallocate costs, as an allocator declares it: the GC's auto mode frees in place where it
-// is cheap and on a worker thread where it is expensive (exec/garbage_collector.h ResolveGcMode).
+// What one Deallocate costs, as an allocator declares it: the GC's auto mode frees in place where
+// it is cheap and on a worker thread where it is expensive (exec/garbage_collector.h
+// ResolveGcMode).
 //   kCheap      about a function call: the block goes back to the allocator's own cache
 //   kExpensive  it may return memory to the OS or a device (munmap, a driver call): microseconds
 enum class FreeCost : uint8_t { kCheap, kExpensive };

@@ -41,7 +41,9 @@ class ParseError : public Error {
  public:
   ParseError(std::string file, int line, int col, const std::string& message)
       : Error(fmt::format("{}:{}:{}: {}", file, line, col, message)),
-        file_(std::move(file)), line_(line), col_(col) {}
+        file_(std::move(file)),
+        line_(line),
+        col_(col) {}
   const std::string& file() const { return file_; }
   int line() const { return line_; }
   int col() const { return col_; }
@@ -82,10 +84,10 @@ namespace internal {
 
 // SLUICE_CHECK(cond) or SLUICE_CHECK(cond, "fmt {}", args...): always-on invariant check.
 // Throws sluice::InternalError("file.cc:42: check failed: cond: message").
-#define SLUICE_CHECK(cond, ...)                                                       \
-  do {                                                                                \
-    if (!(cond)) [[unlikely]] {                                                       \
-      ::sluice::internal::CheckFailed(__FILE__, __LINE__, #cond __VA_OPT__(, ) \
-                                          __VA_OPT__(::fmt::format(__VA_ARGS__)));   \
-    }                                                                                 \
+#define SLUICE_CHECK(cond, ...)                                                             \
+  do {                                                                                      \
+    if (!(cond)) [[unlikely]] {                                                             \
+      ::sluice::internal::CheckFailed(                                                      \
+          __FILE__, __LINE__, #cond __VA_OPT__(, ) __VA_OPT__(::fmt::format(__VA_ARGS__))); \
+    }                                                                                       \
   } while (0)

@@ -13,8 +13,8 @@ Shape::Shape(std::initializer_list<int64_t> dims)
 
 Shape::Shape(std::span<const int64_t> dims) {
   if (dims.size() > static_cast<size_t>(kMaxRank)) {
-    throw ShapeError(fmt::format("shape of rank {} exceeds the maximum rank {}", dims.size(),
-                                 kMaxRank));
+    throw ShapeError(
+        fmt::format("shape of rank {} exceeds the maximum rank {}", dims.size(), kMaxRank));
   }
   rank_ = static_cast<int>(dims.size());
   for (int i = 0; i < rank_; ++i) {
@@ -50,7 +50,8 @@ int Shape::Axis(int64_t axis) const {
 }
 
 bool Shape::operator==(const Shape& other) const {
-  return rank_ == other.rank_ && std::equal(dims_.begin(), dims_.begin() + rank_, other.dims_.begin());
+  return rank_ == other.rank_ &&
+         std::equal(dims_.begin(), dims_.begin() + rank_, other.dims_.begin());
 }
 
 std::string Shape::ToString() const { return fmt::format("[{}]", fmt::join(dims(), ", ")); }

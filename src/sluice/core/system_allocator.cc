@@ -18,9 +18,9 @@ void ValidateAllocationSize(size_t bytes, std::string_view who) {
     throw InvalidArgument(fmt::format("{} allocator: cannot allocate 0 bytes", who));
   }
   if (bytes > kMaxAllocationBytes) {
-    throw InvalidArgument(fmt::format(
-        "{} allocator: request of {} bytes exceeds the limit of {} bytes (1 TiB)", who, bytes,
-        kMaxAllocationBytes));
+    throw InvalidArgument(
+        fmt::format("{} allocator: request of {} bytes exceeds the limit of {} bytes (1 TiB)", who,
+                    bytes, kMaxAllocationBytes));
   }
 }
 
@@ -40,8 +40,8 @@ void* SystemAllocator::Allocate(size_t bytes) {
     ptr = std::aligned_alloc(kAlignment, reserved);
   }
   if (ptr == nullptr) {
-    throw OutOfMemory(fmt::format("system allocator: the OS refused {} bytes ({})", bytes,
-                                  std::strerror(errno)));
+    throw OutOfMemory(
+        fmt::format("system allocator: the OS refused {} bytes ({})", bytes, std::strerror(errno)));
   }
   std::lock_guard lock(mu_);
   recorder_.OnReserve(static_cast<int64_t>(reserved));

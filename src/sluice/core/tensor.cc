@@ -12,24 +12,38 @@ namespace {
 
 double LoadAsDouble(const void* base, int64_t index, DType t) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(base)[index];
-    case DType::kF64: return static_cast<const double*>(base)[index];
-    case DType::kI32: return static_cast<const int32_t*>(base)[index];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(base)[index]);
+    case DType::kF32:
+      return static_cast<const float*>(base)[index];
+    case DType::kF64:
+      return static_cast<const double*>(base)[index];
+    case DType::kI32:
+      return static_cast<const int32_t*>(base)[index];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[index]);
     case DType::kBF16:
-    case DType::kF16: break;
+    case DType::kF16:
+      break;
   }
   throw ShapeError(fmt::format("elements of dtype {} cannot be read as numbers", Name(t)));
 }
 
 void StoreFromDouble(void* base, int64_t index, DType t, double v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(base)[index] = static_cast<float>(v); return;
-    case DType::kF64: static_cast<double*>(base)[index] = v; return;
-    case DType::kI32: static_cast<int32_t*>(base)[index] = static_cast<int32_t>(v); return;
-    case DType::kI64: static_cast<int64_t*>(base)[index] = static_cast<int64_t>(v); return;
+    case DType::kF32:
+      static_cast<float*>(base)[index] = static_cast<float>(v);
+      return;
+    case DType::kF64:
+      static_cast<double*>(base)[index] = v;
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(base)[index] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(base)[index] = static_cast<int64_t>(v);
+      return;
     case DType::kBF16:
-    case DType::kF16: break;
+    case DType::kF16:
+      break;
   }
   throw ShapeError(fmt::format("elements of dtype {} cannot be written as numbers", Name(t)));
 }
@@ -80,7 +94,8 @@ bool Tensor::is_contiguous() const {
 void Tensor::CheckType(DType expected) const {
   if (!defined()) throw ShapeError("access to the data of an undefined tensor");
   if (dtype_ != expected) {
-    throw ShapeError(fmt::format("tensor of dtype {} accessed as {}", Name(dtype_), Name(expected)));
+    throw ShapeError(
+        fmt::format("tensor of dtype {} accessed as {}", Name(dtype_), Name(expected)));
   }
 }
 
@@ -96,8 +111,8 @@ int64_t Tensor::LogicalToStorageIndex(int64_t i) const {
 
 double Tensor::At(std::span<const int64_t> index) const {
   if (static_cast<int>(index.size()) != rank()) {
-    throw ShapeError(fmt::format("index of rank {} into tensor of shape {}", index.size(),
-                                 shape_.ToString()));
+    throw ShapeError(
+        fmt::format("index of rank {} into tensor of shape {}", index.size(), shape_.ToString()));
   }
   int64_t pos = 0;
   for (int d = 0; d < rank(); ++d) {
@@ -123,7 +138,8 @@ void Tensor::FlatSet(int64_t i, double value) const {
 Tensor Tensor::Reshape(std::span<const int64_t> dims) const {
   std::array<int64_t, kMaxRank> out{};
   if (dims.size() > static_cast<size_t>(kMaxRank)) {
-    throw ShapeError(fmt::format("reshape to rank {} exceeds the maximum rank {}", dims.size(), kMaxRank));
+    throw ShapeError(
+        fmt::format("reshape to rank {} exceeds the maximum rank {}", dims.size(), kMaxRank));
   }
   int inferred = -1;
   int64_t known = 1;
@@ -138,8 +154,8 @@ Tensor Tensor::Reshape(std::span<const int64_t> dims) const {
   }
   if (inferred >= 0) {
     if (known == 0 || numel() % known != 0) {
-      throw ShapeError(fmt::format("reshape: cannot infer -1 reshaping {} to [{}]", shape_.ToString(),
-                                   fmt::join(dims, ", ")));
+      throw ShapeError(fmt::format("reshape: cannot infer -1 reshaping {} to [{}]",
+                                   shape_.ToString(), fmt::join(dims, ", ")));
     }
     out[inferred] = numel() / known;
   }
@@ -170,7 +186,8 @@ Tensor Tensor::Permute(std::span<const int64_t> order) const {
   for (int i = 0; i < rank(); ++i) {
     int src = shape_.Axis(order[i]);
     if (seen[src]) {
-      throw ShapeError(fmt::format("permute: axis {} appears twice in [{}]", src, fmt::join(order, ", ")));
+      throw ShapeError(
+          fmt::format("permute: axis {} appears twice in [{}]", src, fmt::join(order, ", ")));
     }
     seen[src] = true;
     t.shape_[i] = shape_[src];
@@ -242,7 +259,8 @@ std::string Tensor::ToString(int64_t max_elements) const {
     if (i > 0) body += opens > 0 ? ", " : ", ";
     body.append(opens, '[');
     double v = FlatAt(i);
-    body += IsInteger(dtype_) ? fmt::format("{}", static_cast<int64_t>(v)) : fmt::format("{:.6g}", v);
+    body +=
+        IsInteger(dtype_) ? fmt::format("{}", static_cast<int64_t>(v)) : fmt::format("{:.6g}", v);
     int64_t next = i + 1;
     int closes = 0;
     for (int d = rank() - 1; d >= 0 && shape_[d] > 0 && next % shape_[d] == 0; --d) {

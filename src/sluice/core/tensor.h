@@ -69,7 +69,9 @@ class Tensor {
 
   // Element at a multi-index, converted to double (for tests and debugging; slow).
   double At(std::span<const int64_t> index) const;
-  double At(std::initializer_list<int64_t> index) const { return At(std::span(index.begin(), index.size())); }
+  double At(std::initializer_list<int64_t> index) const {
+    return At(std::span(index.begin(), index.size()));
+  }
   // Element i in row-major logical order, converted to double.
   double FlatAt(int64_t i) const;
   // Sets element i in row-major logical order (converted from double).
@@ -78,7 +80,9 @@ class Tensor {
   // Views. Reshape returns a view when the tensor is contiguous and copies otherwise; the new
   // shape must have the same numel (one dimension may be -1 and is inferred).
   Tensor Reshape(std::span<const int64_t> dims) const;
-  Tensor Reshape(std::initializer_list<int64_t> dims) const { return Reshape(std::span(dims.begin(), dims.size())); }
+  Tensor Reshape(std::initializer_list<int64_t> dims) const {
+    return Reshape(std::span(dims.begin(), dims.size()));
+  }
   Tensor Transpose(int64_t a, int64_t b) const;
   Tensor Permute(std::span<const int64_t> order) const;
   // Elements [start, end) along `axis`.
@@ -100,7 +104,10 @@ class Tensor {
  private:
   Tensor(std::shared_ptr<Storage> storage, int64_t offset, const Shape& shape,
          const Strides& strides, DType dtype)
-      : storage_(std::move(storage)), offset_(offset), shape_(shape), strides_(strides),
+      : storage_(std::move(storage)),
+        offset_(offset),
+        shape_(shape),
+        strides_(strides),
         dtype_(dtype) {}
   void CheckType(DType expected) const;
   int64_t LogicalToStorageIndex(int64_t i) const;

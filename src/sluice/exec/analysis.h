@@ -91,11 +91,11 @@ struct AnalysisOptions {
 // One storage and the values aliasing it.
 struct StorageGroup {
   ValueId root = kNoValue;  // an input, a parameter or a kCompute output
-  int64_t bytes = 0;        // bytes the run holds for the root; 0 for inputs (unless donated), params
-  bool pinned = false;      // never freed by the interpreter
-  int32_t num_users = 0;    // distinct instructions reading any member
-  int32_t def_step = -1;    // step of the root's producer (0 if donated); -1 for inputs and params
-  int32_t last_step = -1;   // step after which it is freed; -1 when pinned
+  int64_t bytes = 0;      // bytes the run holds for the root; 0 for inputs (unless donated), params
+  bool pinned = false;    // never freed by the interpreter
+  int32_t num_users = 0;  // distinct instructions reading any member
+  int32_t def_step = -1;  // step of the root's producer (0 if donated); -1 for inputs and params
+  int32_t last_step = -1;  // step after which it is freed; -1 when pinned
 };
 
 // Offsets into a flat array: the items of entry i are [begin[i], begin[i + 1]).

@@ -37,7 +37,9 @@ class CycleClock {
     return NowNs();
   }
   // Nanoseconds in `ticks`.
-  static int64_t ToNs(int64_t ticks) { return static_cast<int64_t>(static_cast<double>(ticks) * NsPerTick()); }
+  static int64_t ToNs(int64_t ticks) {
+    return static_cast<int64_t>(static_cast<double>(ticks) * NsPerTick());
+  }
   static double NsPerTick();
   // Whether Now() reads the time-stamp counter.
   static bool UsesTsc();

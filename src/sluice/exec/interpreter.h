@@ -23,8 +23,8 @@
 // every tensor a run leaves in a scope.
 // Thread-safety: one Run at a time per executable (a concurrent Run throws InvalidArgument);
 // distinct executables may run concurrently. The scope is used by the calling thread only.
-// Failure modes: construction throws ProgramError for an invalid program, `keep` or `donate` name, and
-// InvalidArgument for bad options; Run throws ProgramError for missing or mistyped bindings and
+// Failure modes: construction throws ProgramError for an invalid program, `keep` or `donate` name,
+// and InvalidArgument for bad options; Run throws ProgramError for missing or mistyped bindings and
 // rethrows kernel errors (e.g. OutOfMemory) and async GC worker errors. After a failed run the
 // executable has released everything it held and can run again.
 //
@@ -78,7 +78,7 @@ struct ExecutableOptions {
   // Inputs taken out of the scope and freed at their last use (exec/analysis.h). Lost if the run
   // fails. A backward program donates the forward's saved activations.
   std::vector<std::string> donate;
-  AsyncGcOptions async;           // queue size and pending-bytes budget of the async GC
+  AsyncGcOptions async;  // queue size and pending-bytes budget of the async GC
   bool verbose = false;  // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
   // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads per
   // instruction that frees something (exec/cycle_clock.h). Off, gc_thread_ns is 0.

@@ -7,15 +7,16 @@ namespace sluice {
 void CheckBinding(const Program& program, ValueId v, const Tensor& t) {
   const Value& value = program.value(v);
   if (!t.defined() || t.dtype() != value.type.dtype || t.shape() != value.type.shape) {
-    throw ProgramError(fmt::format("program '{}': %{} must be {} but is bound to {}", program.name(),
-                                   value.name, value.type.ToString(),
-                                   t.defined() ? fmt::format("{}{}", Name(t.dtype()), t.shape().ToString())
-                                               : std::string("nothing")));
+    throw ProgramError(fmt::format("program '{}': %{} must be {} but is bound to {}",
+                                   program.name(), value.name, value.type.ToString(),
+                                   t.defined()
+                                       ? fmt::format("{}{}", Name(t.dtype()), t.shape().ToString())
+                                       : std::string("nothing")));
   }
 }
 
-void RunReference(const Program& program, Scope& scope, Allocator& allocator, bool use_reference_kernels,
-                  const std::vector<std::string>& keep) {
+void RunReference(const Program& program, Scope& scope, Allocator& allocator,
+                  bool use_reference_kernels, const std::vector<std::string>& keep) {
   std::vector<Tensor> slots(program.values().size());
   auto bind = [&](ValueId v) {
     slots[v] = scope.Get(program.value(v).name);
@@ -32,7 +33,8 @@ void RunReference(const Program& program, Scope& scope, Allocator& allocator, bo
     for (ValueId v : instr.inputs) ins.push_back(slots[v]);
     for (ValueId v : instr.outputs) {
       const TensorType& t = program.value(v).type;
-      outs.push_back(instr.op->kind == OpKind::kCompute ? Tensor::Empty(t.shape, t.dtype, allocator) : Tensor());
+      outs.push_back(instr.op->kind == OpKind::kCompute ? Tensor::Empty(t.shape, t.dtype, allocator)
+                                                        : Tensor());
     }
     KernelContext ctx{ins, outs, instr.attrs, allocator};
     (use_reference_kernels ? instr.op->reference : instr.op->kernel)(ctx);

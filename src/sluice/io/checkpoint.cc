@@ -21,7 +21,8 @@ namespace sluice {
 namespace {
 
 [[noreturn]] void Fail(const std::string& what, const std::string& path) {
-  throw IoError(fmt::format("cannot save checkpoint '{}': {} ({})", path, what, std::strerror(errno)));
+  throw IoError(
+      fmt::format("cannot save checkpoint '{}': {} ({})", path, what, std::strerror(errno)));
 }
 
 void WriteAll(int fd, const std::string& bytes, const std::string& path) {
@@ -81,12 +82,14 @@ std::string CheckpointShardPath(const std::string& path, int shard, int shards) 
   return fmt::format("{}-stage{}-of-{}.safetensors", stem, shard, shards);
 }
 
-void SaveCheckpointIndex(const std::string& path, const std::vector<std::vector<std::string>>& names_per_shard,
+void SaveCheckpointIndex(const std::string& path,
+                         const std::vector<std::vector<std::string>>& names_per_shard,
                          const std::map<std::string, std::string>& metadata) {
   nlohmann::json weight_map = nlohmann::json::object();
   const int shards = static_cast<int>(names_per_shard.size());
   for (int k = 0; k < shards; ++k) {
-    const std::string file = std::filesystem::path(CheckpointShardPath(path, k, shards)).filename().string();
+    const std::string file =
+        std::filesystem::path(CheckpointShardPath(path, k, shards)).filename().string();
     for (const std::string& name : names_per_shard[k]) weight_map[name] = file;
   }
   const nlohmann::json index = {{"metadata", metadata}, {"weight_map", weight_map}};
@@ -109,16 +112,20 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object() ||
       !index.contains("metadata") || !index["metadata"].is_object()) {
-    throw IoError(fmt::format("checkpoint index '{}' needs the objects \"metadata\" and \"weight_map\"", index_path));
+    throw IoError(fmt::format(
+        "checkpoint index '{}' needs the objects \"metadata\" and \"weight_map\"", index_path));
   }
   Checkpoint ckpt{path, {}, {}};
   std::set<std::string> files;
   for (const auto& [key, value] : index["metadata"].items()) {
-    if (!value.is_string()) throw IoError(fmt::format("checkpoint index '{}': metadata '{}' is not a string", index_path, key));
+    if (!value.is_string())
+      throw IoError(
+          fmt::format("checkpoint index '{}': metadata '{}' is not a string", index_path, key));
     ckpt.metadata[key] = value.get<std::string>();
   }
   for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!file.is_string()) throw IoError(fmt::format("checkpoint index '{}': '{}' names no file", index_path, name));
+    if (!file.is_string())
+      throw IoError(fmt::format("checkpoint index '{}': '{}' names no file", index_path, name));
     if (!wanted || wanted(name)) files.insert(file.get<std::string>());
   }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
@@ -127,16 +134,17 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
     for (auto& [name, t] : f.tensors) {
       auto it = index["weight_map"].find(name);
       if (it == index["weight_map"].end() || it->get<std::string>() != file) {
-        throw IoError(fmt::format("checkpoint shard '{}' holds '{}', which its index '{}' does not place there",
-                                  (dir / file).string(), name, index_path));
+        throw IoError(fmt::format(
+            "checkpoint shard '{}' holds '{}', which its index '{}' does not place there",
+            (dir / file).string(), name, index_path));
       }
       ckpt.tensors.emplace(name, std::move(t));
     }
   }
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (files.count(file.get<std::string>()) && !ckpt.tensors.count(name)) {
-      throw IoError(fmt::format("checkpoint index '{}' places '{}' in '{}', which does not hold it", index_path, name,
-                                file.get<std::string>()));
+      throw IoError(fmt::format("checkpoint index '{}' places '{}' in '{}', which does not hold it",
+                                index_path, name, file.get<std::string>()));
     }
   }
   return ckpt;

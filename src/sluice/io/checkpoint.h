@@ -42,10 +42,11 @@ void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, T
 Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator = DefaultAllocator(),
                           const std::function<bool(const std::string&)>& wanted = nullptr);
 
-std::string CheckpointIndexPath(const std::string& path);                      // "<path>.index.json"
+std::string CheckpointIndexPath(const std::string& path);  // "<path>.index.json"
 std::string CheckpointShardPath(const std::string& path, int shard, int shards);
 // Writes the index of a checkpoint whose shard k holds names_per_shard[k] (atomically).
-void SaveCheckpointIndex(const std::string& path, const std::vector<std::vector<std::string>>& names_per_shard,
+void SaveCheckpointIndex(const std::string& path,
+                         const std::vector<std::vector<std::string>>& names_per_shard,
                          const std::map<std::string, std::string>& metadata);
 
 }  // namespace sluice

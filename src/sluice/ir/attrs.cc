@@ -42,7 +42,9 @@ const T& As(const AttrValue& v, std::string_view name, std::string_view type) {
 }
 }  // namespace
 
-int64_t Attrs::GetInt(std::string_view name) const { return As<int64_t>(Get(name), name, "an integer"); }
+int64_t Attrs::GetInt(std::string_view name) const {
+  return As<int64_t>(Get(name), name, "an integer");
+}
 
 int64_t Attrs::GetInt(std::string_view name, int64_t fallback) const {
   return Has(name) ? GetInt(name) : fallback;

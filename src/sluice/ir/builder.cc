@@ -51,7 +51,8 @@ Var Builder::Name(Var v, std::string_view name) {
 
 Var Builder::Lookup(std::string_view name) { return Var(this, program_.Get(name)); }
 
-Builder::NameScope::NameScope(Builder& b, std::string_view scope) : b_(b), previous_size_(b.prefix_.size()) {
+Builder::NameScope::NameScope(Builder& b, std::string_view scope)
+    : b_(b), previous_size_(b.prefix_.size()) {
   b_.prefix_ += std::string(scope) + ".";
 }
 

@@ -8,7 +8,9 @@
 
 namespace sluice {
 
-std::string TensorType::ToString() const { return fmt::format("{}{}", Name(dtype), shape.ToString()); }
+std::string TensorType::ToString() const {
+  return fmt::format("{}{}", Name(dtype), shape.ToString());
+}
 
 std::optional<ValueId> Program::Find(std::string_view name) const {
   auto it = by_name_.find(std::string(name));
@@ -53,7 +55,8 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
                                 : fmt::format("{} %{}", op.name, output_names[0]);
   };
   if (op.num_inputs >= 0 && static_cast<int>(inputs.size()) != op.num_inputs) {
-    throw ProgramError(fmt::format("{}: takes {} inputs, got {}", where(), op.num_inputs, inputs.size()));
+    throw ProgramError(
+        fmt::format("{}: takes {} inputs, got {}", where(), op.num_inputs, inputs.size()));
   }
   if (op.num_inputs < 0 && inputs.empty()) {
     throw ProgramError(fmt::format("{}: takes at least one input", where()));
@@ -71,7 +74,8 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
     out_types = op.infer(in_types, attrs);
   } catch (const ShapeError& e) {
     std::vector<std::string> names;
-    for (ValueId v : inputs) names.push_back(fmt::format("%{}: {}", values_[v].name, values_[v].type.ToString()));
+    for (ValueId v : inputs)
+      names.push_back(fmt::format("%{}: {}", values_[v].name, values_[v].type.ToString()));
     throw ShapeError(fmt::format("{}({}): {}", where(), fmt::join(names, ", "), e.what()));
   } catch (const ProgramError& e) {
     throw ProgramError(fmt::format("{}: {}", where(), e.what()));
@@ -91,7 +95,8 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
   Instruction instr{&op, std::move(attrs), std::move(inputs), {}};
   for (size_t i = 0; i < out_types.size(); ++i) {
     std::string name = output_names.empty() ? FreshName(op.name) : std::move(output_names[i]);
-    instr.outputs.push_back(NewValue(std::move(name), out_types[i], ValueKind::kIntermediate, index));
+    instr.outputs.push_back(
+        NewValue(std::move(name), out_types[i], ValueKind::kIntermediate, index));
   }
   instructions_.push_back(std::move(instr));
   return instructions_.back().outputs;

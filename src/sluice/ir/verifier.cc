@@ -11,8 +11,9 @@ void Verify(const Program& p) {
   std::vector<int> defined(values.size(), 0);
   auto value_ok = [&](ValueId v) { return v >= 0 && static_cast<size_t>(v) < values.size(); };
   auto describe = [&](size_t i, const Instruction& ins) {
-    std::string first = ins.outputs.empty() || !value_ok(ins.outputs[0]) ? std::string("-")
-                                                                          : "%" + values[ins.outputs[0]].name;
+    std::string first = ins.outputs.empty() || !value_ok(ins.outputs[0])
+                            ? std::string("-")
+                            : "%" + values[ins.outputs[0]].name;
     return fmt::format("program '{}', instruction {} ({} {})", p.name(), i,
                        ins.op ? ins.op->name : "<no op>", first);
   };
@@ -23,14 +24,15 @@ void Verify(const Program& p) {
     const Instruction& ins = instrs[i];
     if (ins.op == nullptr) throw ProgramError(describe(i, ins) + ": no op");
     if (ins.op->num_inputs >= 0 && static_cast<int>(ins.inputs.size()) != ins.op->num_inputs) {
-      throw ProgramError(fmt::format("{}: takes {} inputs, has {}", describe(i, ins), ins.op->num_inputs,
-                                     ins.inputs.size()));
+      throw ProgramError(fmt::format("{}: takes {} inputs, has {}", describe(i, ins),
+                                     ins.op->num_inputs, ins.inputs.size()));
     }
     std::vector<TensorType> in_types;
     for (ValueId v : ins.inputs) {
       if (!value_ok(v)) throw ProgramError(describe(i, ins) + ": input refers to no value");
       if (defined[v] == 0) {
-        throw ProgramError(fmt::format("{}: %{} is used before it is defined", describe(i, ins), values[v].name));
+        throw ProgramError(
+            fmt::format("{}: %{} is used before it is defined", describe(i, ins), values[v].name));
       }
       in_types.push_back(values[v].type);
     }
@@ -41,26 +43,31 @@ void Verify(const Program& p) {
       throw ProgramError(fmt::format("{}: {}", describe(i, ins), e.what()));
     }
     if (expected.size() != ins.outputs.size()) {
-      throw ProgramError(fmt::format("{}: op produces {} outputs, instruction lists {}", describe(i, ins),
-                                     expected.size(), ins.outputs.size()));
+      throw ProgramError(fmt::format("{}: op produces {} outputs, instruction lists {}",
+                                     describe(i, ins), expected.size(), ins.outputs.size()));
     }
     for (size_t k = 0; k < ins.outputs.size(); ++k) {
       ValueId v = ins.outputs[k];
       if (!value_ok(v)) throw ProgramError(describe(i, ins) + ": output refers to no value");
       if (++defined[v] > 1) {
-        throw ProgramError(fmt::format("{}: %{} is defined twice", describe(i, ins), values[v].name));
+        throw ProgramError(
+            fmt::format("{}: %{} is defined twice", describe(i, ins), values[v].name));
       }
       if (values[v].type != expected[k]) {
-        throw ProgramError(fmt::format("{}: %{} is declared {} but the op gives {}", describe(i, ins),
-                                       values[v].name, values[v].type.ToString(), expected[k].ToString()));
+        throw ProgramError(fmt::format("{}: %{} is declared {} but the op gives {}",
+                                       describe(i, ins), values[v].name, values[v].type.ToString(),
+                                       expected[k].ToString()));
       }
       if (values[v].producer != static_cast<int32_t>(i)) {
-        throw ProgramError(fmt::format("{}: %{} records the wrong producer", describe(i, ins), values[v].name));
+        throw ProgramError(
+            fmt::format("{}: %{} records the wrong producer", describe(i, ins), values[v].name));
       }
     }
   }
   for (size_t v = 0; v < values.size(); ++v) {
-    if (defined[v] > 1) throw ProgramError(fmt::format("program '{}': %{} is defined twice", p.name(), values[v].name));
+    if (defined[v] > 1)
+      throw ProgramError(
+          fmt::format("program '{}': %{} is defined twice", p.name(), values[v].name));
   }
   for (ValueId v : p.outputs()) {
     if (!value_ok(v) || defined[v] == 0) {

@@ -1,10 +1,10 @@
 // Broadcast iteration for elementwise kernels.
 //
-// BroadcastStrides gives, for an input of shape `in` broadcast to shape `out`, the element stride of
-// each output axis in the (contiguous) input: 0 where the input is stretched.
-// ForEachBroadcast walks a contiguous output of shape `out` in row-major order and calls
-// f(out_index, a_index, b_index) with the matching input offsets; it keeps a running multi-index, so
-// the cost per element is an increment, not a division per axis.
+// BroadcastStrides gives, for an input of shape `in` broadcast to shape `out`, the element stride
+// of each output axis in the (contiguous) input: 0 where the input is stretched. ForEachBroadcast
+// walks a contiguous output of shape `out` in row-major order and calls f(out_index, a_index,
+// b_index) with the matching input offsets; it keeps a running multi-index, so the cost per element
+// is an increment, not a division per axis.
 #pragma once
 
 #include <cstdint>

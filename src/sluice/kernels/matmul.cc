@@ -8,8 +8,9 @@ namespace sluice::kernels {
 
 MatMulDims MatMulShape(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b) {
   auto fail = [&](const std::string& why) {
-    throw ShapeError(fmt::format("matmul{}{} of {} and {}: {}", transpose_a ? " (a transposed)" : "",
-                                 transpose_b ? " (b transposed)" : "", a.ToString(), b.ToString(), why));
+    throw ShapeError(
+        fmt::format("matmul{}{} of {} and {}: {}", transpose_a ? " (a transposed)" : "",
+                    transpose_b ? " (b transposed)" : "", a.ToString(), b.ToString(), why));
   };
   if (a.rank() < 2 || b.rank() < 2) fail("both operands need rank 2 or more");
   MatMulDims d;

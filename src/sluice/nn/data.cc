@@ -22,8 +22,9 @@ uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index) {
 
 SortDataset::SortDataset(int64_t num_digits, int64_t base) : n_(num_digits), base_(base) {
   if (n_ < 2 || base_ < 2) {
-    throw InvalidArgument(fmt::format("sort data: need at least 2 digits in base 2 or more, got {} digits in base {}",
-                                      n_, base_));
+    throw InvalidArgument(
+        fmt::format("sort data: need at least 2 digits in base 2 or more, got {} digits in base {}",
+                    n_, base_));
   }
 }
 
@@ -33,12 +34,14 @@ bool SortDataset::IsHeldOut(const int64_t* digits) const {
   return h % 10 == 0;  // one sequence in ten is held out
 }
 
-Batch SortDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const {
+Batch SortDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size,
+                            uint64_t seed) const {
   const int64_t T = seq_len();
   Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
   int64_t* ids = b.ids.data<int64_t>();
   int64_t* targets = b.targets.data<int64_t>();
-  std::mt19937_64 rng(MixSeed(seed, split == DataSplit::kTrain ? 1 : 2, static_cast<uint64_t>(index)));
+  std::mt19937_64 rng(
+      MixSeed(seed, split == DataSplit::kTrain ? 1 : 2, static_cast<uint64_t>(index)));
   std::uniform_int_distribution<int64_t> digit(0, base_ - 1);
   std::vector<int64_t> seq(2 * n_ + 1);
   for (int64_t r = 0; r < batch_size; ++r) {
@@ -59,7 +62,8 @@ Batch SortDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size, 
   return b;
 }
 
-TextDataset::TextDataset(const std::string& path, int64_t seq_len) : path_(path), seq_len_(seq_len) {
+TextDataset::TextDataset(const std::string& path, int64_t seq_len)
+    : path_(path), seq_len_(seq_len) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(fmt::format("cannot read data file '{}'", path));
   bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -68,20 +72,23 @@ TextDataset::TextDataset(const std::string& path, int64_t seq_len) : path_(path)
   const size_t need = static_cast<size_t>(seq_len) + 1;
   if (seq_len < 1 || train_end_ < need || bytes_.size() - train_end_ < need) {
     throw InvalidArgument(fmt::format(
-        "data file '{}' has {} bytes: too short for sequences of {} tokens (needs at least {} bytes so that "
+        "data file '{}' has {} bytes: too short for sequences of {} tokens (needs at least {} "
+        "bytes so that "
         "the 10% validation split holds one sequence); use a larger file or a smaller --seq",
         path, bytes_.size(), seq_len, need * 10));
   }
 }
 
-Batch TextDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const {
+Batch TextDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size,
+                            uint64_t seed) const {
   const int64_t T = seq_len_;
   const size_t begin = split == DataSplit::kTrain ? 0 : train_end_;
   const size_t end = split == DataSplit::kTrain ? train_end_ : bytes_.size();
   Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
   int64_t* ids = b.ids.data<int64_t>();
   int64_t* targets = b.targets.data<int64_t>();
-  std::mt19937_64 rng(MixSeed(seed, split == DataSplit::kTrain ? 3 : 4, static_cast<uint64_t>(index)));
+  std::mt19937_64 rng(
+      MixSeed(seed, split == DataSplit::kTrain ? 3 : 4, static_cast<uint64_t>(index)));
   std::uniform_int_distribution<size_t> start(begin, end - static_cast<size_t>(T) - 1);
   for (int64_t r = 0; r < batch_size; ++r) {
     size_t s = start(rng);

@@ -40,7 +40,8 @@ class Dataset {
   // The sequence length T of every batch.
   virtual int64_t seq_len() const = 0;
   // Batch number `index` of `split`, deterministic in (seed, index).
-  virtual Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const = 0;
+  virtual Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size,
+                         uint64_t seed) const = 0;
 };
 
 class SortDataset final : public Dataset {

@@ -15,39 +15,43 @@ namespace sluice {
 
 void ValidateGptConfig(const GptConfig& c) {
   if (c.vocab < 1 || c.seq < 1 || c.layers < 1 || c.heads < 1 || c.dim < 1) {
-    throw InvalidArgument(fmt::format("GPT sizes must be positive (vocab {}, seq {}, layers {}, heads {}, dim {})",
-                                      c.vocab, c.seq, c.layers, c.heads, c.dim));
+    throw InvalidArgument(
+        fmt::format("GPT sizes must be positive (vocab {}, seq {}, layers {}, heads {}, dim {})",
+                    c.vocab, c.seq, c.layers, c.heads, c.dim));
   }
   if (c.dim % c.heads != 0) {
-    throw InvalidArgument(fmt::format("--heads {} does not divide --dim {}: choose a dim that is a multiple of heads",
-                                      c.heads, c.dim));
+    throw InvalidArgument(
+        fmt::format("--heads {} does not divide --dim {}: choose a dim that is a multiple of heads",
+                    c.heads, c.dim));
   }
 }
 
 namespace {
 
 // Causal self-attention over x [B, T, C] with H heads of size D = C / H.
-Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, int64_t T, double proj_std) {
+Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, int64_t T,
+                        double proj_std) {
   Builder::NameScope scope(m.b(), "attn");
   const int64_t C = c.dim, H = c.heads, D = C / H;
-  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C);            // [B, T, 3C]
-  std::vector<Var> parts = Split(qkv, -1, {C, C, C});          // q, k, v: [B, T, C]
+  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C);     // [B, T, 3C]
+  std::vector<Var> parts = Split(qkv, -1, {C, C, C});  // q, k, v: [B, T, C]
   auto heads = [&](Var t) { return Transpose(Reshape(t, {B, T, H, D}), 1, 2); };  // [B, H, T, D]
   Var q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   Builder& b = m.b();
-  Var qk = b.Name(MatMul(q, k, false, true), "qk");                                   // [B, H, T, T]
-  Var scores = b.Name(Scale(qk, 1.0 / std::sqrt(static_cast<double>(D))), "scores");  // [B, H, T, T]
-  Var masked = b.Name(CausalMask(scores), "masked");                                  // [B, H, T, T]
-  Var att = b.Name(Softmax(masked), "probs");                                         // [B, H, T, T]
+  Var qk = b.Name(MatMul(q, k, false, true), "qk");  // [B, H, T, T]
+  Var scores =
+      b.Name(Scale(qk, 1.0 / std::sqrt(static_cast<double>(D))), "scores");  // [B, H, T, T]
+  Var masked = b.Name(CausalMask(scores), "masked");                         // [B, H, T, T]
+  Var att = b.Name(Softmax(masked), "probs");                                // [B, H, T, T]
   for (const Var& t : {qk, scores, masked, att}) m.MarkAttentionValue(t.name());
-  Var y = MatMul(att, v);                                       // [B, H, T, D]
-  y = Reshape(Transpose(y, 1, 2), {B, T, C});                   // [B, T, C]
+  Var y = MatMul(att, v);                      // [B, H, T, D]
+  y = Reshape(Transpose(y, 1, 2), {B, T, C});  // [B, T, C]
   return LinearLayer(m, "c_proj", y, C, C, proj_std);
 }
 
 Var Mlp(ModelBuilder& m, Var x, const GptConfig& c, double proj_std) {
   Builder::NameScope scope(m.b(), "mlp");
-  Var h = Gelu(LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim));   // [B, T, 4C]
+  Var h = Gelu(LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim));  // [B, T, 4C]
   return LinearLayer(m, "c_proj", h, 4 * c.dim, c.dim, proj_std);
 }
 
@@ -88,9 +92,8 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
                     text, first, end, c.layers));
   }
   if (!slice.embed && !slice.head && first == end) {
-    throw InvalidArgument(
-        fmt::format("GPT slice with no embed, no head and no layers (layers [{}, {})) is empty",
-                    first, end));
+    throw InvalidArgument(fmt::format(
+        "GPT slice with no embed, no head and no layers (layers [{}, {})) is empty", first, end));
   }
   const bool whole = slice.embed && slice.head && first == 0 && end == c.layers;
   const std::string base = output == GptOutput::kLoss ? "gpt" : "gpt_logits";

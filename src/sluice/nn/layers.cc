@@ -6,7 +6,8 @@
 
 namespace sluice {
 
-Var LinearLayer(ModelBuilder& m, std::string_view name, Var x, int64_t in, int64_t out, double std) {
+Var LinearLayer(ModelBuilder& m, std::string_view name, Var x, int64_t in, int64_t out,
+                double std) {
   Builder::NameScope scope(m.b(), name);
   Var w = m.Param("weight", {in, out}, Init::kNormal, std);
   Var b = m.Param("bias", {out}, Init::kZeros);

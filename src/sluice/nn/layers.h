@@ -6,8 +6,10 @@
 
 namespace sluice {
 
-// y = x·W + b with W [in, out] (std `std`, default 0.02) and b [out] (zeros). x [..., in] → [..., out].
-Var LinearLayer(ModelBuilder& m, std::string_view name, Var x, int64_t in, int64_t out, double std = 0.02);
+// y = x·W + b with W [in, out] (std `std`, default 0.02) and b [out] (zeros). x [..., in] → [...,
+// out].
+Var LinearLayer(ModelBuilder& m, std::string_view name, Var x, int64_t in, int64_t out,
+                double std = 0.02);
 
 // Layer norm over the last axis with weight (ones) and bias (zeros) of size C, eps 1e-5.
 Var LayerNormLayer(ModelBuilder& m, std::string_view name, Var x, int64_t C);

@@ -12,8 +12,10 @@ namespace sluice {
 
 void ValidateMlpConfig(const MlpConfig& c) {
   if (c.features < 1 || c.hidden < 1 || c.classes < 2 || c.layers < 1) {
-    throw InvalidArgument(fmt::format("MLP needs features ≥ 1, hidden ≥ 1, classes ≥ 2 and layers ≥ 1 "
-                                      "(got {}, {}, {}, {})", c.features, c.hidden, c.classes, c.layers));
+    throw InvalidArgument(
+        fmt::format("MLP needs features ≥ 1, hidden ≥ 1, classes ≥ 2 and layers ≥ 1 "
+                    "(got {}, {}, {}, {})",
+                    c.features, c.hidden, c.classes, c.layers));
   }
 }
 
@@ -27,7 +29,8 @@ Model BuildMlp(const MlpConfig& c, int64_t B, MlpOutput output) {
     h = Relu(LinearLayer(m, fmt::format("fc.{}", l), h, in, c.hidden));  // [B, hidden]
     in = c.hidden;
   }
-  Var logits = b.Name(LinearLayer(m, fmt::format("fc.{}", c.layers), h, in, c.classes), "logits");  // [B, K]
+  Var logits =
+      b.Name(LinearLayer(m, fmt::format("fc.{}", c.layers), h, in, c.classes), "logits");  // [B, K]
   if (output == MlpOutput::kLogits) {
     b.Output(logits);
     return m.Finish("");
@@ -49,7 +52,8 @@ std::pair<Tensor, Tensor> BlobsDataset::GetBatch(DataSplit split, int64_t index,
   const int64_t F = config_.features;
   Tensor x = Tensor::Empty({B, F}, DType::kF32);
   Tensor labels = Tensor::Empty({B}, DType::kI64);
-  std::mt19937_64 rng(MixSeed(seed_, split == DataSplit::kTrain ? 6 : 7, static_cast<uint64_t>(index)));
+  std::mt19937_64 rng(
+      MixSeed(seed_, split == DataSplit::kTrain ? 6 : 7, static_cast<uint64_t>(index)));
   std::uniform_int_distribution<int64_t> cls(0, config_.classes - 1);
   std::normal_distribution<float> noise(0.0f, 1.0f);
   for (int64_t r = 0; r < B; ++r) {

@@ -18,7 +18,8 @@ Var ModelBuilder::Param(std::string_view name, const Shape& shape, Init init, do
 }
 
 Model ModelBuilder::Finish(std::string loss) {
-  Model m{b_.Build(), std::move(params_), std::move(loss), std::move(block_inputs_), std::move(attention_values_)};
+  Model m{b_.Build(), std::move(params_), std::move(loss), std::move(block_inputs_),
+          std::move(attention_values_)};
   params_.clear();
   block_inputs_.clear();
   attention_values_.clear();
@@ -26,7 +27,8 @@ Model ModelBuilder::Finish(std::string loss) {
   return m;
 }
 
-std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, uint64_t seed, Allocator& allocator) {
+std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, uint64_t seed,
+                                         Allocator& allocator) {
   std::map<std::string, Tensor> out;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& s = specs[i];
@@ -34,8 +36,12 @@ std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, ui
     float* p = t.data<float>();
     const int64_t n = t.numel();
     switch (s.init) {
-      case Init::kZeros: std::fill_n(p, n, 0.0f); break;
-      case Init::kOnes: std::fill_n(p, n, 1.0f); break;
+      case Init::kZeros:
+        std::fill_n(p, n, 0.0f);
+        break;
+      case Init::kOnes:
+        std::fill_n(p, n, 1.0f);
+        break;
       case Init::kNormal: {
         const uint64_t index = s.init_index >= 0 ? static_cast<uint64_t>(s.init_index) : i;
         std::mt19937_64 rng(MixSeed(seed, kInitStream, index));

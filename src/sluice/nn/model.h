@@ -35,7 +35,7 @@ struct ParamSpec {
 };
 
 struct Model {
-  Program forward;               // outputs "loss" (training) or "logits" (eval)
+  Program forward;                // outputs "loss" (training) or "logits" (eval)
   std::vector<ParamSpec> params;  // in declaration order
   std::string loss = "loss";
   // What recompute policies (step/stage_program.h) need to know of the model's structure:

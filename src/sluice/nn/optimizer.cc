@@ -23,7 +23,8 @@ std::optional<LrSchedule> ParseLrSchedule(std::string_view name) {
   return ParseEnum(kLrScheduleNames, name);
 }
 
-std::vector<std::string> OptimizerStateNames(const std::string& param, const OptimizerConfig& config) {
+std::vector<std::string> OptimizerStateNames(const std::string& param,
+                                             const OptimizerConfig& config) {
   if (config.kind == OptimizerKind::kAdamW) return {param + ".exp_avg", param + ".exp_avg_sq"};
   return {param + ".momentum_buffer"};
 }
@@ -40,17 +41,21 @@ Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConf
       Var m = b.Param(state[0], DType::kF32, s.shape);
       Var v = b.Param(state[1], DType::kF32, s.shape);
       b.Emit("adamw_update", {p, g, m, v, lr, step},
-             {{"beta1", config.beta1}, {"beta2", config.beta2}, {"eps", config.eps},
+             {{"beta1", config.beta1},
+              {"beta2", config.beta2},
+              {"eps", config.eps},
               {"weight_decay", config.weight_decay}});
     } else {
       Var buf = b.Param(state[0], DType::kF32, s.shape);
-      b.Emit("sgd_update", {p, g, buf, lr}, {{"momentum", config.momentum}, {"weight_decay", config.weight_decay}});
+      b.Emit("sgd_update", {p, g, buf, lr},
+             {{"momentum", config.momentum}, {"weight_decay", config.weight_decay}});
     }
   }
   return b.Build();
 }
 
-std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& params, const OptimizerConfig& config,
+std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& params,
+                                                 const OptimizerConfig& config,
                                                  Allocator& allocator) {
   std::map<std::string, Tensor> state;
   for (const ParamSpec& s : params) {
@@ -62,15 +67,18 @@ std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& p
 }
 
 double LearningRate(const OptimizerConfig& c, int64_t step, int64_t total_steps) {
-  if (step < c.warmup_steps) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  if (step < c.warmup_steps)
+    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
   if (c.schedule == LrSchedule::kConstant) return c.lr;
   const int64_t decay = std::max<int64_t>(1, total_steps - c.warmup_steps);
-  const double progress = std::min(1.0, static_cast<double>(step - c.warmup_steps) / static_cast<double>(decay));
+  const double progress =
+      std::min(1.0, static_cast<double>(step - c.warmup_steps) / static_cast<double>(decay));
   return c.min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * progress)) * (c.lr - c.min_lr);
 }
 
 void GradientAccumulator::Add(const std::string& name, Tensor grad) {
-  SLUICE_CHECK(grad.dtype() == DType::kF32 && grad.is_contiguous(), "gradient {} must be contiguous f32", name);
+  SLUICE_CHECK(grad.dtype() == DType::kF32 && grad.is_contiguous(),
+               "gradient {} must be contiguous f32", name);
   auto it = grads_.find(name);
   if (it == grads_.end()) {
     grads_.emplace(name, std::move(grad));

@@ -60,7 +60,7 @@ struct OptimizerConfig {
   double clip_norm = 0.0;  // clip gradients to this global norm; 0 = off
   LrSchedule schedule = LrSchedule::kConstant;
   int64_t warmup_steps = 0;
-  double min_lr = 0.0;     // cosine decays from lr to min_lr over the run
+  double min_lr = 0.0;  // cosine decays from lr to min_lr over the run
 };
 
 Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config);
@@ -70,7 +70,8 @@ std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& p
                                                  const OptimizerConfig& config,
                                                  Allocator& allocator = DefaultAllocator());
 // Names of the state tensors of one parameter.
-std::vector<std::string> OptimizerStateNames(const std::string& param, const OptimizerConfig& config);
+std::vector<std::string> OptimizerStateNames(const std::string& param,
+                                             const OptimizerConfig& config);
 
 // Learning rate for 0-based `step` of `total_steps`: linear warmup over warmup_steps to lr, then
 // constant or cosine decay to min_lr (nanoGPT's schedule).

@@ -20,8 +20,19 @@ namespace {
 
 // The figures one rank contributes to the end-of-step all-reduce of a distributed run.
 enum Field {
-  kPeakAllocated, kPeakReserved, kReleased, kAtInflightPeak, kInflight, kBusyNs, kBusyCpuNs, kCommNs, kWallNs,
-  kLossSum, kLosses, kNorm, kFields
+  kPeakAllocated,
+  kPeakReserved,
+  kReleased,
+  kAtInflightPeak,
+  kInflight,
+  kBusyNs,
+  kBusyCpuNs,
+  kCommNs,
+  kWallNs,
+  kLossSum,
+  kLosses,
+  kNorm,
+  kFields
 };
 
 bool IsStageError(const std::exception_ptr& e) {
@@ -40,12 +51,12 @@ struct PipelineEngine::Impl {
   PipelineOptions options;
   StageSetup setup;
   GptPartition partition;
-  std::unique_ptr<LocalWorld> world;               // in-process: every rank here
+  std::unique_ptr<LocalWorld> world;                 // in-process: every rank here
   std::vector<std::unique_ptr<StageRuntime>> ranks;  // in-process: P; distributed: this rank
-  std::vector<StageReport> reports;                // every rank of the job, by world rank
-  std::vector<std::vector<std::string>> owned;     // [stage]: its parameter names, model order
-  std::vector<ParamSpec> params;                   // the whole model's
-  std::exception_ptr failure;                      // a failed step leaves the communicator aborted
+  std::vector<StageReport> reports;                  // every rank of the job, by world rank
+  std::vector<std::vector<std::string>> owned;       // [stage]: its parameter names, model order
+  std::vector<ParamSpec> params;                     // the whole model's
+  std::exception_ptr failure;  // a failed step leaves the communicator aborted
 
   bool distributed() const { return options.distributed.has_value(); }
   int world_rank() const { return distributed() ? options.distributed->world->rank() : 0; }
@@ -55,16 +66,19 @@ struct PipelineEngine::Impl {
   std::vector<StageStep> RunLocal(int64_t step, double lr, bool trace);
   StageStep RunDistributed(int64_t step, double lr, bool trace);
   void Record(int world_rank, const StageStep& s, int64_t released);
-  void WriteTrace(const std::vector<StageStep>& steps, int first_stage, const std::string& path) const;
+  void WriteTrace(const std::vector<StageStep>& steps, int first_stage,
+                  const std::string& path) const;
 };
 
-PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options) : impl_(std::make_unique<Impl>()) {
+PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = std::move(options);
   const TrainConfig& config = ctx.config;
   const int P = m.options.stages;
   if (ctx.task.gpt() == nullptr) {
-    throw InvalidArgument(fmt::format("--stages splits a GPT into pipeline stages; --model {} cannot be split", config.model));
+    throw InvalidArgument(fmt::format(
+        "--stages splits a GPT into pipeline stages; --model {} cannot be split", config.model));
   }
   const int D = m.distributed() ? m.options.distributed->replicas : 1;
   CheckJobSize(P, D, m.distributed() ? m.options.distributed->world->size() : P);
@@ -75,20 +89,24 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   }
   const int64_t micro_batch_size = config.batch / config.microbatches;
   if (micro_batch_size % D != 0) {
-    throw InvalidArgument(fmt::format("--data-parallel {} must divide the {} sequences of a micro-batch (--batch {} / "
-                                      "--microbatches {})", D, micro_batch_size, config.batch, config.microbatches));
+    throw InvalidArgument(fmt::format(
+        "--data-parallel {} must divide the {} sequences of a micro-batch (--batch {} / "
+        "--microbatches {})",
+        D, micro_batch_size, config.batch, config.microbatches));
   }
   m.setup.config = &config;
   m.setup.task = &ctx.task;
   m.setup.gpt = *ctx.task.gpt();
   m.setup.micro_batch_size = micro_batch_size / D;
   m.setup.seq_len = ctx.task.seq_len();
-  m.setup.schedule = MakeSchedule({.kind = m.options.schedule, .stages = P,
-                                   .micro_batches = static_cast<int>(config.microbatches), .chunks = m.options.chunks});
+  m.setup.schedule = MakeSchedule({.kind = m.options.schedule,
+                                   .stages = P,
+                                   .micro_batches = static_cast<int>(config.microbatches),
+                                   .chunks = m.options.chunks});
   const int S = m.setup.schedule.virtual_stages();
-  m.partition = m.options.layout.empty()
-                    ? PartitionGpt(m.setup.gpt, m.setup.micro_batch_size, m.setup.seq_len, S, m.options.partition)
-                    : ParseGptLayout(m.options.layout, m.setup.gpt, S);
+  m.partition = m.options.layout.empty() ? PartitionGpt(m.setup.gpt, m.setup.micro_batch_size,
+                                                        m.setup.seq_len, S, m.options.partition)
+                                         : ParseGptLayout(m.options.layout, m.setup.gpt, S);
   m.setup.slices = m.partition.stages;
   m.params = ctx.model.params;
   for (const ParamSpec& p : m.params) m.setup.model_params.push_back(p.name);
@@ -100,7 +118,9 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   // Which stage holds which parameter (for gathering and the checkpoint index).
   m.owned.resize(P);
   for (int v = 0; v < S; ++v) {
-    for (const ParamSpec& p : BuildGptSlice(m.setup.gpt, 1, GptOutput::kLoss, m.setup.seq_len, m.setup.slices[v]).params) {
+    for (const ParamSpec& p :
+         BuildGptSlice(m.setup.gpt, 1, GptOutput::kLoss, m.setup.seq_len, m.setup.slices[v])
+             .params) {
       m.owned[m.setup.schedule.RankOf(v)].push_back(p.name);
     }
   }
@@ -114,15 +134,18 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     for (int r = 0; r < P; ++r) m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, r));
     m.world = std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = m.options.timeout});
   }
-  const ScheduleOptions sched{.kind = m.options.schedule, .stages = P,
-                              .micro_batches = static_cast<int>(config.microbatches), .chunks = m.setup.schedule.chunks};
+  const ScheduleOptions sched{.kind = m.options.schedule,
+                              .stages = P,
+                              .micro_batches = static_cast<int>(config.microbatches),
+                              .chunks = m.setup.schedule.chunks};
   for (int w = 0; w < P * D; ++w) {
     StageReport rep;
     rep.stage = w % P;
     rep.replica = w / P;
     rep.output_bytes = m.setup.slices[rep.stage].head && m.setup.schedule.chunks == 1
                            ? 0
-                           : m.setup.micro_batch_size * m.setup.seq_len * m.setup.gpt.dim * static_cast<int64_t>(sizeof(float));
+                           : m.setup.micro_batch_size * m.setup.seq_len * m.setup.gpt.dim *
+                                 static_cast<int64_t>(sizeof(float));
     rep.theoretical_inflight = TheoreticalInFlight(sched, rep.stage);
     rep.inflight_peak_per_chunk.assign(m.setup.schedule.chunks, 0);
     m.reports.push_back(rep);
@@ -173,7 +196,8 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released) {
   rep.allocated_at_inflight_peak_bytes = s.allocated_at_inflight_peak_bytes;
   rep.inflight_peak = std::max(rep.inflight_peak, s.inflight_peak);
   for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
-    rep.inflight_peak_per_chunk[c] = std::max(rep.inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
+    rep.inflight_peak_per_chunk[c] =
+        std::max(rep.inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
   }
   rep.busy_ms += static_cast<double>(s.busy_ns) / 1e6;
   rep.comm_ms += static_cast<double>(s.comm_ns) / 1e6;
@@ -198,8 +222,10 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     result.grad_norm = steps[0].grad_norm;
     for (int r = 0; r < P; ++r) {
       m.Record(r, steps[r], steps[r].released_output_bytes);
-      result.peak_allocated_bytes = std::max(result.peak_allocated_bytes, steps[r].peak_allocated_bytes);
-      result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, steps[r].peak_reserved_bytes);
+      result.peak_allocated_bytes =
+          std::max(result.peak_allocated_bytes, steps[r].peak_allocated_bytes);
+      result.peak_reserved_bytes =
+          std::max(result.peak_reserved_bytes, steps[r].peak_reserved_bytes);
     }
     if (trace) m.WriteTrace(steps, 0, m.options.trace_path);
     return result;
@@ -240,12 +266,14 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     m.Record(r, figures, static_cast<int64_t>(f[kReleased]));
     if (r == w) {  // only this rank's per-chunk figures are known here
       for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
-        m.reports[r].inflight_peak_per_chunk[c] = std::max(m.reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
+        m.reports[r].inflight_peak_per_chunk[c] =
+            std::max(m.reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
       }
     }
     sum += f[kLossSum];
     losses += f[kLosses];
-    result.peak_allocated_bytes = std::max(result.peak_allocated_bytes, figures.peak_allocated_bytes);
+    result.peak_allocated_bytes =
+        std::max(result.peak_allocated_bytes, figures.peak_allocated_bytes);
     result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, figures.peak_reserved_bytes);
   }
   result.loss = losses > 0 ? sum / losses : 0;
@@ -258,7 +286,8 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   return result;
 }
 
-void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps, int first_stage, const std::string& path) const {
+void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps, int first_stage,
+                                      const std::string& path) const {
   int64_t t0 = std::numeric_limits<int64_t>::max();
   for (const StageStep& s : steps) {
     for (const TraceSpan& span : s.spans) t0 = std::min(t0, span.begin_ns);
@@ -274,17 +303,20 @@ void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps, int f
     trace.NameThread(pid, 0, "compute");
     trace.NameThread(pid, 1, "communication");
     for (const TraceSpan& span : steps[i].spans) {
-      const bool compute = span.name == "F" || span.name == "B" || span.name == "W" || span.name == "OPT";
-      const std::string label = span.name == "OPT" || span.name.starts_with("ALLREDUCE")
-                                    ? span.name
-                                    : (V > 1 ? fmt::format("{}{}.{}", span.name, span.chunk, span.micro_batch)
-                                             : fmt::format("{}{}", span.name, span.micro_batch));
+      const bool compute =
+          span.name == "F" || span.name == "B" || span.name == "W" || span.name == "OPT";
+      const std::string label =
+          span.name == "OPT" || span.name.starts_with("ALLREDUCE")
+              ? span.name
+              : (V > 1 ? fmt::format("{}{}.{}", span.name, span.chunk, span.micro_batch)
+                       : fmt::format("{}{}", span.name, span.micro_batch));
       trace.AddSpan(pid, compute ? 0 : 1, label, compute ? "compute" : "comm", us(span.begin_ns),
                     static_cast<double>(span.end_ns - span.begin_ns) / 1e3,
                     {{"chunk", span.chunk}, {"micro_batch", span.micro_batch}});
     }
     for (const MemorySample& sample : steps[i].memory) {
-      trace.AddCounter(pid, "allocated bytes", "bytes", us(sample.time_ns), static_cast<double>(sample.allocated_bytes));
+      trace.AddCounter(pid, "allocated bytes", "bytes", us(sample.time_ns),
+                       static_cast<double>(sample.allocated_bytes));
     }
   }
   trace.Write(path);
@@ -311,7 +343,8 @@ std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator)
     const ParamSpec& p = m.params[i];
     const int tag = static_cast<int>(i % (kMaxTag + 1));
     int owner = 0;
-    while (std::find(m.owned[owner].begin(), m.owned[owner].end(), p.name) == m.owned[owner].end()) ++owner;
+    while (std::find(m.owned[owner].begin(), m.owned[owner].end(), p.name) == m.owned[owner].end())
+      ++owner;
     if (leader()) {
       if (owner == 0) {
         out.emplace(p.name, state.at(p.name));
@@ -332,7 +365,8 @@ std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator)
 }
 
 // Distributed: a shard per stage (replica 0's ranks write their own), then the leader's index.
-void PipelineEngine::SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata) {
+void PipelineEngine::SaveCheckpoint(const std::string& path,
+                                    const std::map<std::string, std::string>& metadata) {
   Impl& m = *impl_;
   if (!m.distributed()) {
     StepEngine::SaveCheckpoint(path, metadata);
@@ -351,7 +385,8 @@ void PipelineEngine::SaveCheckpoint(const std::string& path, const std::map<std:
     for (int s = 0; s < P; ++s) {
       for (const std::string& p : m.owned[s]) {
         names[s].push_back(p);
-        for (const std::string& o : OptimizerStateNames(p, m.setup.config->optimizer)) names[s].push_back(o);
+        for (const std::string& o : OptimizerStateNames(p, m.setup.config->optimizer))
+          names[s].push_back(o);
       }
     }
     SaveCheckpointIndex(path, names, metadata);
@@ -365,27 +400,34 @@ nlohmann::json PipelineEngine::Summary() const {
   const Impl& m = *impl_;
   nlohmann::json stages = nlohmann::json::array();
   for (const StageReport& r : m.reports) {
-    nlohmann::json entry = {{"stage", r.stage}, {"peak_allocated_bytes", r.peak_allocated_bytes},
-                            {"peak_reserved_bytes", r.peak_reserved_bytes},
-                            {"released_output_bytes", r.released_output_bytes}, {"output_bytes", r.output_bytes},
-                            {"allocated_at_inflight_peak_bytes", r.allocated_at_inflight_peak_bytes},
-                            {"inflight_peak", r.inflight_peak}, {"theoretical_inflight", r.theoretical_inflight},
-                            {"busy_ms", r.busy_ms}, {"busy_cpu_ms", r.busy_cpu_ms}, {"idle_ms", r.idle_ms},
-                            {"comm_ms", r.comm_ms},
-                            {"bubble", r.bubble()}};
+    nlohmann::json entry = {
+        {"stage", r.stage},
+        {"peak_allocated_bytes", r.peak_allocated_bytes},
+        {"peak_reserved_bytes", r.peak_reserved_bytes},
+        {"released_output_bytes", r.released_output_bytes},
+        {"output_bytes", r.output_bytes},
+        {"allocated_at_inflight_peak_bytes", r.allocated_at_inflight_peak_bytes},
+        {"inflight_peak", r.inflight_peak},
+        {"theoretical_inflight", r.theoretical_inflight},
+        {"busy_ms", r.busy_ms},
+        {"busy_cpu_ms", r.busy_cpu_ms},
+        {"idle_ms", r.idle_ms},
+        {"comm_ms", r.comm_ms},
+        {"bubble", r.bubble()}};
     if (!m.distributed()) entry["inflight_peak_per_chunk"] = r.inflight_peak_per_chunk;
     if (m.distributed()) entry["replica"] = r.replica;
     stages.push_back(entry);
   }
   return {{"stages", stages},
-          {"pipeline", {{"schedule", std::string(ScheduleKindName(m.options.schedule))},
-                        {"stages", m.options.stages},
-                        {"chunks", m.setup.schedule.chunks},
-                        {"micro_batches", m.setup.schedule.micro_batches},
-                        {"data_parallel", m.setup.replicas},
-                        {"comm", m.distributed() ? "mpi" : "local"},
-                        {"layout", FormatLayout(m.partition)},
-                        {"release_outputs", m.options.release_outputs}}}};
+          {"pipeline",
+           {{"schedule", std::string(ScheduleKindName(m.options.schedule))},
+            {"stages", m.options.stages},
+            {"chunks", m.setup.schedule.chunks},
+            {"micro_batches", m.setup.schedule.micro_batches},
+            {"data_parallel", m.setup.replicas},
+            {"comm", m.distributed() ? "mpi" : "local"},
+            {"layout", FormatLayout(m.partition)},
+            {"release_outputs", m.options.release_outputs}}}};
 }
 
 const std::vector<StageReport>& PipelineEngine::reports() const { return impl_->reports; }
@@ -394,15 +436,19 @@ const GptPartition& PipelineEngine::partition() const { return impl_->partition;
 
 void CheckJobSize(int stages, int replicas, int processes) {
   if (stages < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", stages));
-  if (replicas < 1) throw InvalidArgument(fmt::format("--data-parallel must be at least 1, got {}", replicas));
+  if (replicas < 1)
+    throw InvalidArgument(fmt::format("--data-parallel must be at least 1, got {}", replicas));
   if (processes != stages * replicas) {
-    throw InvalidArgument(fmt::format("the job has {} process{} but --stages {} × --data-parallel {} needs {}: launch "
-                                      "with mpirun -np {}", processes, processes == 1 ? "" : "es", stages, replicas,
-                                      stages * replicas, stages * replicas));
+    throw InvalidArgument(fmt::format(
+        "the job has {} process{} but --stages {} × --data-parallel {} needs {}: launch "
+        "with mpirun -np {}",
+        processes, processes == 1 ? "" : "es", stages, replicas, stages * replicas,
+        stages * replicas));
   }
 }
 
-MpiJob::MpiJob(MpiCommunicator& world, int stages, int replicas) : world_(world), replicas_(replicas) {
+MpiJob::MpiJob(MpiCommunicator& world, int stages, int replicas)
+    : world_(world), replicas_(replicas) {
   CheckJobSize(stages, replicas, world.size());
   const int w = world.rank();
   pipe_ = world.Split(/*color=*/w / stages, /*key=*/w % stages);
@@ -418,21 +464,28 @@ PipelineOptions::Distributed MpiJob::distributed() const {
 std::string PipelineEngine::Describe() const {
   const Impl& m = *impl_;
   return fmt::format("pipeline: {} stages{}, {}, layout {}, output release {}", m.options.stages,
-                     m.distributed() ? fmt::format(" × {} replicas as MPI processes", m.setup.replicas) : " as threads",
-                     m.setup.schedule.Describe(), FormatLayout(m.partition), m.options.release_outputs ? "on" : "off");
+                     m.distributed()
+                         ? fmt::format(" × {} replicas as MPI processes", m.setup.replicas)
+                         : " as threads",
+                     m.setup.schedule.Describe(), FormatLayout(m.partition),
+                     m.options.release_outputs ? "on" : "off");
 }
 
 std::vector<std::string> PipelineEngine::ReportLines() const {
   const Impl& m = *impl_;
   std::vector<std::string> lines;
-  auto mib = [](int64_t bytes) { return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0); };
+  auto mib = [](int64_t bytes) {
+    return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0);
+  };
   for (const StageReport& r : m.reports) {
     const std::string replica = m.setup.replicas > 1 ? fmt::format(" (replica {})", r.replica) : "";
-    lines.push_back(fmt::format("stage {}{}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%",
-                                r.stage, replica, mib(r.peak_allocated_bytes), mib(r.released_output_bytes),
-                                r.inflight_peak, r.theoretical_inflight, 100 * r.bubble()));
+    lines.push_back(fmt::format(
+        "stage {}{}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%",
+        r.stage, replica, mib(r.peak_allocated_bytes), mib(r.released_output_bytes),
+        r.inflight_peak, r.theoretical_inflight, 100 * r.bubble()));
   }
-  if (!m.options.trace_path.empty()) lines.push_back(fmt::format("trace of the last step: {}", m.options.trace_path));
+  if (!m.options.trace_path.empty())
+    lines.push_back(fmt::format("trace of the last step: {}", m.options.trace_path));
   return lines;
 }
 

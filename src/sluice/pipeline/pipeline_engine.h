@@ -75,17 +75,17 @@ struct PipelineOptions {
 struct StageReport {
   int stage = 0;
   int replica = 0;
-  int64_t peak_allocated_bytes = 0;   // max over steps
+  int64_t peak_allocated_bytes = 0;  // max over steps
   int64_t peak_reserved_bytes = 0;
-  int64_t released_output_bytes = 0;  // per step (the last one)
+  int64_t released_output_bytes = 0;             // per step (the last one)
   int64_t allocated_at_inflight_peak_bytes = 0;  // the last step's (StageStep says when)
-  int64_t output_bytes = 0;           // one forward output of chunk 0 (0 on the loss stage)
-  int inflight_peak = 0;              // chunk-micro-batches between F and B, max over steps
+  int64_t output_bytes = 0;  // one forward output of chunk 0 (0 on the loss stage)
+  int inflight_peak = 0;     // chunk-micro-batches between F and B, max over steps
   std::vector<int> inflight_peak_per_chunk;
-  int theoretical_inflight = 0;       // TheoreticalInFlight for this rank
-  double busy_ms = 0, idle_ms = 0;    // sums over steps
-  double comm_ms = 0;                 // sum over steps: time inside the communicator (part of idle)
-  double busy_cpu_ms = 0;             // sum over steps: CPU time of the computes (StageStep)
+  int theoretical_inflight = 0;     // TheoreticalInFlight for this rank
+  double busy_ms = 0, idle_ms = 0;  // sums over steps
+  double comm_ms = 0;               // sum over steps: time inside the communicator (part of idle)
+  double busy_cpu_ms = 0;           // sum over steps: CPU time of the computes (StageStep)
   double bubble() const { return busy_ms + idle_ms > 0 ? idle_ms / (busy_ms + idle_ms) : 0; }
 };
 
@@ -100,7 +100,8 @@ class PipelineEngine final : public StepEngine {
   GcMode gc_mode() const override;  // every rank allocates from the same kind of allocator
   bool leader() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
-  void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata) override;
+  void SaveCheckpoint(const std::string& path,
+                      const std::map<std::string, std::string>& metadata) override;
   std::string Describe() const override;
   std::vector<std::string> ReportLines() const override;
 

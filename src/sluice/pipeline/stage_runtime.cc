@@ -45,7 +45,8 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
   std::vector<ChunkModel> chunks;
   for (int c = 0; c < V; ++c) {
     const int v = s.schedule.VirtualStage(rank, c);
-    chunks.push_back({.model = BuildGptSlice(s.gpt, s.micro_batch_size, GptOutput::kLoss, s.seq_len, s.slices[v]),
+    chunks.push_back({.model = BuildGptSlice(s.gpt, s.micro_batch_size, GptOutput::kLoss, s.seq_len,
+                                             s.slices[v]),
                       .first = v == 0,
                       .last = v == s.schedule.virtual_stages() - 1});
   }
@@ -57,25 +58,34 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
                           .recompute = RecomputeForStage(*s.config, rank, P)});
   for (const ParamSpec& p : program->params()) {
     auto it = std::find(s.model_params.begin(), s.model_params.end(), p.name);
-    SLUICE_CHECK(it != s.model_params.end(), "stage {} holds '{}', which the model does not", rank, p.name);
+    SLUICE_CHECK(it != s.model_params.end(), "stage {} holds '{}', which the model does not", rank,
+                 p.name);
     model_index.push_back(static_cast<int>(it - s.model_params.begin()));
   }
 }
 
-StageRuntime::StageRuntime(const StageSetup& setup, int rank) : impl_(std::make_unique<Impl>(setup, rank)) {}
+StageRuntime::StageRuntime(const StageSetup& setup, int rank)
+    : impl_(std::make_unique<Impl>(setup, rank)) {}
 StageRuntime::~StageRuntime() = default;
 
 int StageRuntime::rank() const { return impl_->rank; }
 
 std::map<std::string, Tensor> StageRuntime::State() const { return impl_->program->State(); }
 
-GcMode StageRuntime::gc_mode() const { return ResolveGcMode(impl_->setup.config->gc, impl_->allocator); }
+GcMode StageRuntime::gc_mode() const {
+  return ResolveGcMode(impl_->setup.config->gc, impl_->allocator);
+}
 
 // Executes one step of one rank; lives for the duration of RunStep.
 class StageRuntime::StepRun {
  public:
   StepRun(StageRuntime::Impl& rt, int64_t step, double lr, Communicator& comm, bool trace)
-      : rt_(rt), cfg_(*rt.setup.config), step_(step), lr_(lr), comm_(comm), trace_(trace),
+      : rt_(rt),
+        cfg_(*rt.setup.config),
+        step_(step),
+        lr_(lr),
+        comm_(comm),
+        trace_(trace),
         mbs_(static_cast<size_t>(rt.V * rt.M)) {
     out_.inflight_peak_per_chunk.assign(rt.V, 0);
     inflight_chunk_.assign(rt.V, 0);
@@ -98,11 +108,13 @@ class StageRuntime::StepRun {
       } catch (const CommAborted&) {
         throw;  // another rank failed first; its error is the one to report
       } catch (const std::exception& e) {
-        const std::string what = fmt::format(
-            "stage {} failed at step {}, action {} of {} ({}{}): {}", rt_.rank, step_ + 1, i + 1, actions.size(),
-            ActionName(a, rt_.V),
-            a.kind == ActionKind::kOptimizer ? "" : fmt::format(", chunk {}, micro-batch {}", a.chunk, a.micro_batch),
-            e.what());
+        const std::string what =
+            fmt::format("stage {} failed at step {}, action {} of {} ({}{}): {}", rt_.rank,
+                        step_ + 1, i + 1, actions.size(), ActionName(a, rt_.V),
+                        a.kind == ActionKind::kOptimizer
+                            ? ""
+                            : fmt::format(", chunk {}, micro-batch {}", a.chunk, a.micro_batch),
+                        e.what());
         comm_.Abort(what);
         throw StageError(what);
       }
@@ -120,8 +132,9 @@ class StageRuntime::StepRun {
     } catch (const CommAborted&) {
       throw;
     } catch (const std::exception& e) {
-      const std::string what = fmt::format("stage {} failed at the end of step {}, waiting for its sends to complete: {}",
-                                           rt_.rank, step_ + 1, e.what());
+      const std::string what = fmt::format(
+          "stage {} failed at the end of step {}, waiting for its sends to complete: {}", rt_.rank,
+          step_ + 1, e.what());
       comm_.Abort(what);
       throw StageError(what);
     }
@@ -186,8 +199,10 @@ class StageRuntime::StepRun {
       MicroBatch& mb = mbs_[index];
       if (mb.send_f.valid() && !mb.send_f.Test()) return false;
       mb.send_f = Request();
-      if (rt_.setup.release_outputs && mb.output.defined() && !rt_.program->chunk(index / rt_.M).output_saved) {
-        out_.released_output_bytes += mb.output.numel() * static_cast<int64_t>(SizeOf(mb.output.dtype()));
+      if (rt_.setup.release_outputs && mb.output.defined() &&
+          !rt_.program->chunk(index / rt_.M).output_saved) {
+        out_.released_output_bytes +=
+            mb.output.numel() * static_cast<int64_t>(SizeOf(mb.output.dtype()));
         mb.output = Tensor();
       }
       return true;
@@ -199,27 +214,37 @@ class StageRuntime::StepRun {
     MicroBatch& mb = Mb(a.chunk, a.micro_batch);
     switch (a.kind) {
       case ActionKind::kRecvF:
-        mb.recv_f = comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0), DType::kF32, rt_.io_shape,
-                                rt_.allocator);
+        mb.recv_f = comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0),
+                                DType::kF32, rt_.io_shape, rt_.allocator);
         break;
       case ActionKind::kSendF:
-        mb.send_f = comm_.Isend(mb.output, a.peer, rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
+        mb.send_f =
+            comm_.Isend(mb.output, a.peer, rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
         sending_.push_back(a.chunk * rt_.M + a.micro_batch);
         Span("SEND_F", a, NowNs(), NowNs());
         break;
       case ActionKind::kRecvB:
-        mb.recv_b = comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1), DType::kF32, rt_.io_shape,
-                                rt_.allocator);
+        mb.recv_b = comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1),
+                                DType::kF32, rt_.io_shape, rt_.allocator);
         break;
       case ActionKind::kSendB:
-        mb.send_b = comm_.Isend(mb.input_grad, a.peer, rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
+        mb.send_b = comm_.Isend(mb.input_grad, a.peer,
+                                rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
         mb.input_grad = Tensor();  // the send holds it until completion, then it is freed
         Span("SEND_B", a, NowNs(), NowNs());
         break;
-      case ActionKind::kForward: Forward(a, ch, mb); break;
-      case ActionKind::kBackward: Backward(a, ch, mb); break;
-      case ActionKind::kWeight: Weight(a, ch, mb); break;
-      case ActionKind::kOptimizer: Optimize(a); break;
+      case ActionKind::kForward:
+        Forward(a, ch, mb);
+        break;
+      case ActionKind::kBackward:
+        Backward(a, ch, mb);
+        break;
+      case ActionKind::kWeight:
+        Weight(a, ch, mb);
+        break;
+      case ActionKind::kOptimizer:
+        Optimize(a);
+        break;
     }
   }
 
@@ -228,17 +253,20 @@ class StageRuntime::StepRun {
     if (ch.first || ch.last) {  // only the ranks that need data read it
       const StageSetup& s = rt_.setup;
       Scope batch;
-      s.task->BindBatch(batch, DataSplit::kTrain, step_ * rt_.M + a.micro_batch, s.micro_batch_size * s.replicas,
-                        cfg_.seed);
+      s.task->BindBatch(batch, DataSplit::kTrain, step_ * rt_.M + a.micro_batch,
+                        s.micro_batch_size * s.replicas, cfg_.seed);
       auto rows = [&](const char* name) {  // this replica's share
         Tensor t = batch.Take(name);
-        return s.replicas == 1 ? t : t.Slice(0, s.replica * s.micro_batch_size, (s.replica + 1) * s.micro_batch_size);
+        return s.replicas == 1 ? t
+                               : t.Slice(0, s.replica * s.micro_batch_size,
+                                         (s.replica + 1) * s.micro_batch_size);
       };
       if (ch.first) scope.Set("ids", rows("ids"));
       if (ch.last) scope.Set("targets", rows("targets"));
     }
     if (!ch.first) {
-      // The input comes from the previous virtual stage: a message, or this rank's own chunk (P = 1).
+      // The input comes from the previous virtual stage: a message, or this rank's own chunk (P =
+      // 1).
       if (mb.recv_f.valid()) {
         scope.Set(kChunkInput, Receive(mb.recv_f, a, "RECV_F"));
         mb.recv_f = Request();
@@ -259,7 +287,8 @@ class StageRuntime::StepRun {
     ++inflight_;
     ++inflight_chunk_[a.chunk];
     out_.inflight_peak = std::max(out_.inflight_peak, inflight_);
-    out_.inflight_peak_per_chunk[a.chunk] = std::max(out_.inflight_peak_per_chunk[a.chunk], inflight_chunk_[a.chunk]);
+    out_.inflight_peak_per_chunk[a.chunk] =
+        std::max(out_.inflight_peak_per_chunk[a.chunk], inflight_chunk_[a.chunk]);
   }
 
   void Backward(const Action& a, const Chunk& ch, MicroBatch& mb) {
@@ -307,7 +336,8 @@ class StageRuntime::StepRun {
   // the optimizer.
   void Optimize(const Action& a) {
     const StageSetup& setup = rt_.setup;
-    if (setup.data != nullptr) {  // sum over replicas, every gradient in name order on every replica
+    if (setup.data !=
+        nullptr) {  // sum over replicas, every gradient in name order on every replica
       const int64_t begin = NowNs();
       for (const auto& [name, g] : grads_.grads()) setup.data->AllReduceSum(g);
       out_.comm_ns += NowNs() - begin;
@@ -317,7 +347,8 @@ class StageRuntime::StepRun {
     Tensor sum_squares = Tensor::Zeros({n}, DType::kF64, rt_.allocator);
     Compute(a, "OPT", [&] {
       const std::vector<double> mine = rt_.program->FinishGradients(grads_, rt_.M * setup.replicas);
-      for (size_t i = 0; i < mine.size(); ++i) sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
+      for (size_t i = 0; i < mine.size(); ++i)
+        sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
     });
     const int64_t begin = NowNs();
     comm_.AllReduceSum(sum_squares);

@@ -90,7 +90,7 @@ struct StageSetup {
   int64_t micro_batch_size = 1;  // sequences per micro-batch (of one replica)
   int64_t seq_len = 1;
   Schedule schedule;
-  std::vector<GptSlice> slices;  // [P·V] by virtual stage
+  std::vector<GptSlice> slices;           // [P·V] by virtual stage
   std::vector<std::string> model_params;  // the whole model's parameter names, model order
   bool release_outputs = true;
   int threads = 1;  // intra-op threads per rank
@@ -103,7 +103,7 @@ struct StageSetup {
 };
 
 struct TraceSpan {
-  std::string name;      // "F", "B", "W", "SEND_F", "RECV_F" (the wait), "OPT", ...
+  std::string name;  // "F", "B", "W", "SEND_F", "RECV_F" (the wait), "OPT", ...
   int chunk = 0, micro_batch = 0;
   int64_t begin_ns = 0, end_ns = 0;  // steady clock
 };
@@ -116,21 +116,21 @@ struct StageStep {
   // every schedule here reaches its in-flight peak. Release on and off differ there by exactly
   // the outputs released (nothing else differs): what release saves at the in-flight peak.
   int64_t allocated_at_inflight_peak_bytes = 0;
-  int inflight_peak = 0;              // chunk-micro-batches between F and B
+  int inflight_peak = 0;  // chunk-micro-batches between F and B
   std::vector<int> inflight_peak_per_chunk;
-  int awaiting_weight_peak = 0;       // between B and W (split backward)
-  int64_t busy_ns = 0;                // F, B, W and OPT compute (wall clock)
-  int64_t busy_cpu_ns = 0;            // the same computes' CPU time on this rank's thread: less than
-                                      // busy_ns by the time the thread waited for a core (BLAS
-                                      // worker threads, when threads > 1, are not counted)
-  int64_t comm_ns = 0;                // inside the communicator: posting, testing and waiting for
-                                      // messages (a wait for a message not yet sent included),
-                                      // the all-reduces
-  int64_t wall_ns = 0;                // the whole step on this rank
-  std::vector<double> losses;         // [M] on the last virtual stage's rank; empty elsewhere
+  int awaiting_weight_peak = 0;  // between B and W (split backward)
+  int64_t busy_ns = 0;           // F, B, W and OPT compute (wall clock)
+  int64_t busy_cpu_ns = 0;       // the same computes' CPU time on this rank's thread: less than
+                                 // busy_ns by the time the thread waited for a core (BLAS
+                                 // worker threads, when threads > 1, are not counted)
+  int64_t comm_ns = 0;           // inside the communicator: posting, testing and waiting for
+                                 // messages (a wait for a message not yet sent included),
+                                 // the all-reduces
+  int64_t wall_ns = 0;           // the whole step on this rank
+  std::vector<double> losses;    // [M] on the last virtual stage's rank; empty elsewhere
   double grad_norm = 0;
-  std::vector<TraceSpan> spans;       // when tracing
-  std::vector<MemorySample> memory;   // when tracing
+  std::vector<TraceSpan> spans;      // when tracing
+  std::vector<MemorySample> memory;  // when tracing
 };
 
 class StageRuntime {

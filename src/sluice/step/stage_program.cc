@@ -19,7 +19,8 @@ bool Contains(const std::vector<std::string>& v, const std::string& s) {
 
 // Every input of `program` (not its parameters), except `except`: what a backward run may free at
 // its last use — saved activations and "y.grad".
-std::vector<std::string> InputNames(const Program& program, const std::vector<std::string>& except = {}) {
+std::vector<std::string> InputNames(const Program& program,
+                                    const std::vector<std::string>& except = {}) {
   std::vector<std::string> names;
   for (ValueId v : program.inputs()) {
     const std::string& name = program.value(v).name;
@@ -30,12 +31,16 @@ std::vector<std::string> InputNames(const Program& program, const std::vector<st
 
 }  // namespace
 
-StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config, StageProgramOptions options)
+StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config,
+                           StageProgramOptions options)
     : config_(config), options_(options) {
   SLUICE_CHECK(options_.allocator != nullptr, "StageProgram needs an allocator");
   // Peaks run on across the runs of a step: the engine restarts them once per step.
-  const ExecutableOptions base{.allocator = options_.allocator, .mode = config.mode, .gc = config.gc,
-                               .threads = options_.threads, .reset_peak = false};
+  const ExecutableOptions base{.allocator = options_.allocator,
+                               .mode = config.mode,
+                               .gc = config.gc,
+                               .threads = options_.threads,
+                               .reset_peak = false};
   chunks_.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& ch = chunks_[c];
@@ -51,7 +56,8 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     if (!ch.first) wrt.push_back(kChunkInput);
     GradientSpec spec{.wrt = wrt, .recompute = options_.recompute != RecomputePolicy::kNone};
     if (options_.recompute == RecomputePolicy::kFull) spec.checkpoints = ch.model.block_inputs;
-    if (options_.recompute == RecomputePolicy::kSelective) spec.recompute_values = ch.model.attention_values;
+    if (options_.recompute == RecomputePolicy::kSelective)
+      spec.recompute_values = ch.model.attention_values;
     if (ch.last) {
       spec.loss = ch.model.loss;
     } else {
@@ -64,7 +70,8 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     fwd.keep = ch.backward.saved;
     ch.forward = std::make_unique<Executable>(ch.model.forward, fwd);
     if (options_.split_backward) {
-      ch.split = SplitBW(ch.backward, ch.first ? std::vector<std::string>{} : std::vector<std::string>{kChunkInput});
+      ch.split = SplitBW(ch.backward, ch.first ? std::vector<std::string>{}
+                                               : std::vector<std::string>{kChunkInput});
       ExecutableOptions b = base;
       b.donate = InputNames(ch.split.b, ch.split.w_saved);  // W still reads w_saved
       ch.b_exe = std::make_unique<Executable>(ch.split.b, b);
@@ -73,14 +80,17 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       ch.w_exe = std::make_unique<Executable>(ch.split.w, w);
     } else {
       ExecutableOptions bwd = base;
-      bwd.donate = InputNames(ch.backward.program);  // saved activations and "y.grad" die at last use
+      bwd.donate =
+          InputNames(ch.backward.program);  // saved activations and "y.grad" die at last use
       ch.backward_exe = std::make_unique<Executable>(ch.backward.program, bwd);
     }
   }
   optimizer_ = std::make_unique<Executable>(BuildOptimizer(params_, config.optimizer), base);
   Allocator& allocator = *options_.allocator;
-  for (auto& [name, t] : InitParams(params_, config.seed, allocator)) state_.Set(name, std::move(t));
-  for (auto& [name, t] : InitOptimizerState(params_, config.optimizer, allocator)) state_.Set(name, std::move(t));
+  for (auto& [name, t] : InitParams(params_, config.seed, allocator))
+    state_.Set(name, std::move(t));
+  for (auto& [name, t] : InitOptimizerState(params_, config.optimizer, allocator))
+    state_.Set(name, std::move(t));
 }
 
 StageProgram::~StageProgram() = default;
@@ -129,7 +139,8 @@ void StageProgram::Weight(int c, Scope& scope, GradientAccumulator& grads) const
   UnbindParams(ch, scope);
 }
 
-std::vector<double> StageProgram::FinishGradients(GradientAccumulator& grads, int64_t micro_batches) const {
+std::vector<double> StageProgram::FinishGradients(GradientAccumulator& grads,
+                                                  int64_t micro_batches) const {
   const std::map<std::string, double> by_name = grads.MeanAndSumSquares(micro_batches);
   std::vector<double> out;
   out.reserve(params_.size());
@@ -157,7 +168,8 @@ std::map<std::string, Tensor> StageProgram::State() const {
   std::map<std::string, Tensor> out;
   for (const ParamSpec& p : params_) {
     out.emplace(p.name, state_.Get(p.name));
-    for (const std::string& s : OptimizerStateNames(p.name, config_.optimizer)) out.emplace(s, state_.Get(s));
+    for (const std::string& s : OptimizerStateNames(p.name, config_.optimizer))
+      out.emplace(s, state_.Get(s));
   }
   return out;
 }
@@ -172,15 +184,17 @@ RecomputePolicy RecomputeForStage(const TrainConfig& config, int stage, int stag
   const size_t n = config.recompute.size();
   if (n == 1) return config.recompute[0];
   if (n != static_cast<size_t>(stages)) {
-    throw InvalidArgument(fmt::format("--recompute lists {} policies but training runs in {} stage{}: give one policy "
-                                      "for all stages or one per stage",
-                                      n, stages, stages == 1 ? "" : "s"));
+    throw InvalidArgument(fmt::format(
+        "--recompute lists {} policies but training runs in {} stage{}: give one policy "
+        "for all stages or one per stage",
+        n, stages, stages == 1 ? "" : "s"));
   }
   return config.recompute[stage];
 }
 
 int ShareIntraOpThreads(int threads, int ranks) {
-  const int all = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int all =
+      threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int per_rank = std::max(1, all / std::max(1, ranks));
   kernels::SetBlasThreads(per_rank);
   return per_rank;

@@ -70,9 +70,9 @@ struct ChunkModel {
 };
 
 struct StageProgramOptions {
-  Allocator* allocator = nullptr;  // every tensor of the rank; required
-  int threads = 1;                 // intra-op threads (parallel runs)
-  bool split_backward = false;     // B and W halves (zero-bubble schedules)
+  Allocator* allocator = nullptr;                       // every tensor of the rank; required
+  int threads = 1;                                      // intra-op threads (parallel runs)
+  bool split_backward = false;                          // B and W halves (zero-bubble schedules)
   RecomputePolicy recompute = RecomputePolicy::kCheap;  // this rank's (RecomputeForStage)
 };
 
@@ -86,15 +86,16 @@ struct Chunk {
   Model model;
   bool first = true, last = true;
   Backward backward;
-  SplitBackward split;               // when split_backward
-  std::vector<std::string> params;   // its parameters, model order
-  bool output_saved = false;         // the backward reads "y": it may not be released early
+  SplitBackward split;              // when split_backward
+  std::vector<std::string> params;  // its parameters, model order
+  bool output_saved = false;        // the backward reads "y": it may not be released early
   std::unique_ptr<Executable> forward, backward_exe, b_exe, w_exe;
 };
 
 class StageProgram {
  public:
-  StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config, StageProgramOptions options);
+  StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config,
+               StageProgramOptions options);
   ~StageProgram();
   StageProgram(const StageProgram&) = delete;
   StageProgram& operator=(const StageProgram&) = delete;

@@ -6,7 +6,8 @@ namespace sluice {
 
 std::map<std::string, Tensor> StepEngine::GatherParams(Allocator&) { return State(); }
 
-void StepEngine::SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata) {
+void StepEngine::SaveCheckpoint(const std::string& path,
+                                const std::map<std::string, std::string>& metadata) {
   SaveCheckpointAtomic(path, State(), metadata);
 }
 

@@ -70,7 +70,8 @@ class StepEngine {
   virtual std::map<std::string, Tensor> GatherParams(Allocator& allocator);
   // Writes parameters and optimizer state with `metadata` as a checkpoint at `path`: one file
   // (io/checkpoint.h), or for a distributed engine a shard per stage and an index.
-  virtual void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata);
+  virtual void SaveCheckpoint(const std::string& path,
+                              const std::map<std::string, std::string>& metadata);
 };
 
 // What an engine is built from: the run's configuration, its task and the model of one

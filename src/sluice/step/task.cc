@@ -24,18 +24,26 @@ class GptTask final : public Task {
     if (cfg_.vocab == 0) cfg_.vocab = data_->vocab_size();
     if (cfg_.seq == 0) cfg_.seq = data_->seq_len();
     if (cfg_.vocab < data_->vocab_size()) {
-      throw InvalidArgument(fmt::format("--vocab {} is smaller than the data's vocabulary {} ({}): raise --vocab",
-                                        cfg_.vocab, data_->vocab_size(), data_->name()));
+      throw InvalidArgument(
+          fmt::format("--vocab {} is smaller than the data's vocabulary {} ({}): raise --vocab",
+                      cfg_.vocab, data_->vocab_size(), data_->name()));
     }
     if (data_->seq_len() > cfg_.seq) {
-      throw InvalidArgument(fmt::format("the data's sequences have {} tokens but the model takes at most --seq {}: "
-                                        "raise --seq", data_->seq_len(), cfg_.seq));
+      throw InvalidArgument(
+          fmt::format("the data's sequences have {} tokens but the model takes at most --seq {}: "
+                      "raise --seq",
+                      data_->seq_len(), cfg_.seq));
     }
     ValidateGptConfig(cfg_);
   }
-  Model BuildTrain(int64_t batch) const override { return BuildGpt(cfg_, batch, GptOutput::kLoss, data_->seq_len()); }
-  Model BuildLogits(int64_t batch) const override { return BuildGpt(cfg_, batch, GptOutput::kLogits, data_->seq_len()); }
-  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t seed) const override {
+  Model BuildTrain(int64_t batch) const override {
+    return BuildGpt(cfg_, batch, GptOutput::kLoss, data_->seq_len());
+  }
+  Model BuildLogits(int64_t batch) const override {
+    return BuildGpt(cfg_, batch, GptOutput::kLogits, data_->seq_len());
+  }
+  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch,
+                 uint64_t seed) const override {
     Batch b = data_->GetBatch(split, index, batch, seed);
     scope.Set("ids", std::move(b.ids));
     scope.Set("targets", std::move(b.targets));
@@ -46,7 +54,8 @@ class GptTask final : public Task {
 
   // Sort: generate the answer greedily, one digit per forward pass, and count sequences whose
   // every digit is right.
-  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t seed) const override {
+  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch,
+                  uint64_t seed) const override {
     const auto* sort = dynamic_cast<const SortDataset*>(data_.get());
     if (sort == nullptr) return -1;
     const int64_t n = sort->num_digits(), T = data_->seq_len(), vocab = cfg_.vocab;
@@ -74,8 +83,9 @@ class GptTask final : public Task {
     return static_cast<double>(correct) / static_cast<double>(total);
   }
   nlohmann::json Describe() const override {
-    return {{"model", "gpt"}, {"vocab", cfg_.vocab}, {"seq", cfg_.seq}, {"layers", cfg_.layers},
-            {"heads", cfg_.heads}, {"dim", cfg_.dim}, {"data", data_->name()}};
+    return {{"model", "gpt"},        {"vocab", cfg_.vocab}, {"seq", cfg_.seq},
+            {"layers", cfg_.layers}, {"heads", cfg_.heads}, {"dim", cfg_.dim},
+            {"data", data_->name()}};
   }
 
  private:
@@ -91,14 +101,18 @@ class MlpTask final : public Task {
     }
   }
   Model BuildTrain(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLoss); }
-  Model BuildLogits(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLogits); }
-  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t) const override {
+  Model BuildLogits(int64_t batch) const override {
+    return BuildMlp(cfg_, batch, MlpOutput::kLogits);
+  }
+  void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch,
+                 uint64_t) const override {
     auto [x, labels] = data_.GetBatch(split, index, batch);
     scope.Set("x", std::move(x));
     scope.Set("labels", std::move(labels));
   }
   int64_t TokensPerSample() const override { return 1; }
-  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t) const override {
+  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch,
+                  uint64_t) const override {
     int64_t correct = 0;
     for (int64_t i = 0; i < batches; ++i) {
       auto [x, labels] = data_.GetBatch(DataSplit::kValidation, i, batch);
@@ -115,8 +129,8 @@ class MlpTask final : public Task {
     return static_cast<double>(correct) / static_cast<double>(batches * batch);
   }
   nlohmann::json Describe() const override {
-    return {{"model", "mlp"}, {"features", cfg_.features}, {"hidden", cfg_.hidden}, {"classes", cfg_.classes},
-            {"layers", cfg_.layers}, {"data", "blobs"}};
+    return {{"model", "mlp"},          {"features", cfg_.features}, {"hidden", cfg_.hidden},
+            {"classes", cfg_.classes}, {"layers", cfg_.layers},     {"data", "blobs"}};
   }
 
  private:
@@ -140,8 +154,8 @@ void ValidateTrainConfig(const TrainConfig& c) {
   }
   if (c.optimizer.lr <= 0) bad(fmt::format("--lr must be positive, got {}", c.optimizer.lr));
   if (c.eval_batches < 1) bad("--eval-batches must be at least 1");
-  if (c.model != "gpt" && c.model != "mlp") bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
+  if (c.model != "gpt" && c.model != "mlp")
+    bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
 }
-
 
 }  // namespace sluice

@@ -41,10 +41,12 @@ class Task {
   virtual Model BuildTrain(int64_t batch) const = 0;
   virtual Model BuildLogits(int64_t batch) const = 0;
   // Binds batch `index` of `split` (its inputs and targets) into `scope`.
-  virtual void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch, uint64_t seed) const = 0;
+  virtual void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch,
+                         uint64_t seed) const = 0;
   virtual int64_t TokensPerSample() const = 0;
   // Exact-match accuracy over `batches` validation batches; -1 when the task has none.
-  virtual double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch, uint64_t seed) const = 0;
+  virtual double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch,
+                          uint64_t seed) const = 0;
   // {"model": ..., sizes, "data": ...}: the configuration line of metrics and checkpoints.
   virtual nlohmann::json Describe() const = 0;
   // The GPT's configuration with sizes filled in from the data; nullptr for other models.

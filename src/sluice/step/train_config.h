@@ -1,6 +1,6 @@
 // TrainConfig: everything a training run is made of — the model, the data, the step (batch,
-// micro-batches, optimizer, GC, recompute, threads) and the files around it. `sluice train` fills it
-// from its flags; the trainer (train/), the step engines (train/single_stage.h,
+// micro-batches, optimizer, GC, recompute, threads) and the files around it. `sluice train` fills
+// it from its flags; the trainer (train/), the step engines (train/single_stage.h,
 // pipeline/pipeline_engine.h) and the stage programs (step/stage_program.h) read it.
 //
 // It sits in step/, below both train/ and pipeline/, so that neither needs the other.
@@ -38,28 +38,31 @@ std::string RecomputePolicyNames();
 
 struct TrainConfig {
   std::string model = "gpt";  // gpt | mlp
-  GptConfig gpt{.vocab = 0, .seq = 0, .layers = 2, .heads = 4, .dim = 64};  // vocab/seq 0: from the data
+  GptConfig gpt{
+      .vocab = 0, .seq = 0, .layers = 2, .heads = 4, .dim = 64};  // vocab/seq 0: from the data
   MlpConfig mlp;
   std::string data = "sort";  // "sort", "blobs" (mlp) or a text file path
   // Defaults are the default job (`make run`): a GPT that learns to sort digits in ~10 s.
   int64_t steps = 1000;
   int64_t batch = 32;
   int64_t microbatches = 1;
-  OptimizerConfig optimizer{.lr = 3e-3, .schedule = LrSchedule::kCosine, .warmup_steps = 50, .min_lr = 3e-4};
+  OptimizerConfig optimizer{
+      .lr = 3e-3, .schedule = LrSchedule::kCosine, .warmup_steps = 50, .min_lr = 3e-4};
   uint64_t seed = 1;
-  GcMode gc = GcMode::kAuto;  // sync on the caching allocators training uses (exec/garbage_collector.h)
+  GcMode gc =
+      GcMode::kAuto;  // sync on the caching allocators training uses (exec/garbage_collector.h)
   // What the backward recomputes instead of keeping from the forward (RecomputePolicy): one policy
   // for every pipeline stage, or one per stage (`--recompute full,cheap,cheap,none`).
   std::vector<RecomputePolicy> recompute = {RecomputePolicy::kCheap};
   RunMode mode = RunMode::kTrace;
-  int threads = 0;              // intra-op threads (BLAS and parallel runs); 0 = all cores
-  int64_t eval_every = 250;     // 0: only after the last step
+  int threads = 0;           // intra-op threads (BLAS and parallel runs); 0 = all cores
+  int64_t eval_every = 250;  // 0: only after the last step
   int64_t eval_batches = 4;
-  std::string metrics_path;     // JSON lines; empty = none
-  std::string save_path;        // checkpoint file; empty = none
-  int64_t save_every = 0;       // 0: only at the end (when save_path is set)
-  std::string resume_path;      // continue a run from this checkpoint
-  std::string init_from;        // load weights only from this safetensors file
+  std::string metrics_path;  // JSON lines; empty = none
+  std::string save_path;     // checkpoint file; empty = none
+  int64_t save_every = 0;    // 0: only at the end (when save_path is set)
+  std::string resume_path;   // continue a run from this checkpoint
+  std::string init_from;     // load weights only from this safetensors file
 };
 
 }  // namespace sluice

@@ -19,7 +19,9 @@ namespace sluice {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double MsSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
 
 }  // namespace
 
@@ -30,7 +32,7 @@ struct Trainer::Impl {
   std::unique_ptr<StepEngine> engine;  // owns the parameters and optimizer state
   CachingAllocator eval_allocator;     // evaluation's activations (not counted in step peaks)
   std::unique_ptr<Executable> eval, logits;
-  Scope scope;                         // the engine's state (shared) plus evaluation's values
+  Scope scope;  // the engine's state (shared) plus evaluation's values
   MetricsWriter metrics;
   int64_t step = 0;
   int64_t micro_batch = 0;
@@ -47,7 +49,9 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
   task = MakeTask(config);
   // Intra-op threads of the process (0: every core); the engine shares them among its ranks and
   // sets BLAS's count (step/stage_program.h ShareIntraOpThreads).
-  const int threads = config.threads > 0 ? config.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = config.threads > 0
+                          ? config.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
   micro_batch = config.batch / config.microbatches;
   eval_batch = micro_batch;
@@ -55,16 +59,19 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
   engine = (factory ? factory : EngineFactory(MakeSingleStageEngine))(
       EngineContext{.config = config, .task = *task, .model = model, .threads = threads});
 
-  ExecutableOptions base{.allocator = &eval_allocator, .mode = config.mode, .gc = config.gc, .threads = threads};
+  ExecutableOptions base{
+      .allocator = &eval_allocator, .mode = config.mode, .gc = config.gc, .threads = threads};
   eval = std::make_unique<Executable>(model.forward, base);
   logits = std::make_unique<Executable>(task->BuildLogits(eval_batch).forward, base);
   for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
 
   if (!config.init_from.empty()) {
-    LoadTrainingCheckpoint(config.init_from, LoadKind::kInitFrom, model.params, config, scope, eval_allocator);
+    LoadTrainingCheckpoint(config.init_from, LoadKind::kInitFrom, model.params, config, scope,
+                           eval_allocator);
   }
   if (!config.resume_path.empty()) {
-    step = LoadTrainingCheckpoint(config.resume_path, LoadKind::kResume, model.params, config, scope, eval_allocator);
+    step = LoadTrainingCheckpoint(config.resume_path, LoadKind::kResume, model.params, config,
+                                  scope, eval_allocator);
   }
   if (!config.metrics_path.empty() && engine->leader()) {
     metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());
@@ -105,9 +112,14 @@ StepRecord Trainer::Step() {
   m.tokens += tokens;
   m.peak_allocated = std::max(m.peak_allocated, r.peak_allocated_bytes);
   m.peak_reserved = std::max(m.peak_reserved, r.peak_reserved_bytes);
-  m.metrics.Write({{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                   {"tokens_per_s", r.tokens_per_s}, {"step_ms", r.step_ms},
-                   {"peak_allocated_bytes", r.peak_allocated_bytes}, {"peak_reserved_bytes", r.peak_reserved_bytes}});
+  m.metrics.Write({{"step", r.step},
+                   {"loss", r.loss},
+                   {"lr", r.lr},
+                   {"grad_norm", r.grad_norm},
+                   {"tokens_per_s", r.tokens_per_s},
+                   {"step_ms", r.step_ms},
+                   {"peak_allocated_bytes", r.peak_allocated_bytes},
+                   {"peak_reserved_bytes", r.peak_reserved_bytes}});
   return r;
 }
 
@@ -155,7 +167,8 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       s.last_eval = Evaluate();
       if (on_eval) on_eval(s.last_eval);
     }
-    if (!c.save_path.empty() && (final || (c.save_every > 0 && m.step % c.save_every == 0))) SaveCheckpoint(c.save_path);
+    if (!c.save_path.empty() && (final || (c.save_every > 0 && m.step % c.save_every == 0)))
+      SaveCheckpoint(c.save_path);
   }
   s.steps = m.step;
   s.wall_s = m.wall_s;
@@ -163,11 +176,17 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   s.peak_allocated_bytes = m.peak_allocated;
   s.peak_reserved_bytes = m.peak_reserved;
   s.params = CountParams(m.model.params);
-  nlohmann::json summary = {{"summary", true}, {"steps", s.steps}, {"final_loss", s.final_loss},
-                            {"val_loss", s.last_eval.val_loss}, {"wall_s", s.wall_s},
-                            {"tokens_per_s", s.tokens_per_s}, {"peak_allocated_bytes", s.peak_allocated_bytes},
-                            {"peak_reserved_bytes", s.peak_reserved_bytes}, {"params", s.params},
-                            {"gc", DescribeGcMode(c.gc, m.engine->gc_mode())}, {"config", m.task->Describe()}};
+  nlohmann::json summary = {{"summary", true},
+                            {"steps", s.steps},
+                            {"final_loss", s.final_loss},
+                            {"val_loss", s.last_eval.val_loss},
+                            {"wall_s", s.wall_s},
+                            {"tokens_per_s", s.tokens_per_s},
+                            {"peak_allocated_bytes", s.peak_allocated_bytes},
+                            {"peak_reserved_bytes", s.peak_reserved_bytes},
+                            {"params", s.params},
+                            {"gc", DescribeGcMode(c.gc, m.engine->gc_mode())},
+                            {"config", m.task->Describe()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (nlohmann::json extra = m.engine->Summary(); extra.is_object()) summary.update(extra);
   m.metrics.Write(summary);

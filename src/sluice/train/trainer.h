@@ -29,10 +29,10 @@
 namespace sluice {
 
 struct StepRecord {
-  int64_t step = 0;             // 1-based step just finished
-  double loss = 0;              // mean over micro-batches
+  int64_t step = 0;  // 1-based step just finished
+  double loss = 0;   // mean over micro-batches
   double lr = 0;
-  double grad_norm = 0;         // before clipping
+  double grad_norm = 0;  // before clipping
   double step_ms = 0;
   double tokens_per_s = 0;
   int64_t peak_allocated_bytes = 0;

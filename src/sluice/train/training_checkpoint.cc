@@ -11,7 +11,8 @@
 
 namespace sluice {
 
-std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task, const TrainConfig& config,
+std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
+                                                              const TrainConfig& config,
                                                               int64_t step) {
   nlohmann::json description = task.Describe();
   description["optimizer"] = config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
@@ -24,11 +25,13 @@ std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task, 
   };
 }
 
-int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const std::vector<ParamSpec>& params,
-                               const TrainConfig& config, Scope& state, Allocator& scratch) {
+int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
+                               const std::vector<ParamSpec>& params, const TrainConfig& config,
+                               Scope& state, Allocator& scratch) {
   const bool resume = kind == LoadKind::kResume;
   // A sharded checkpoint: read only the shards holding this process's state (a stage's own).
-  const Checkpoint ckpt = LoadCheckpoint(path, scratch, [&](const std::string& name) { return state.Has(name); });
+  const Checkpoint ckpt =
+      LoadCheckpoint(path, scratch, [&](const std::string& name) { return state.Has(name); });
 
   // Every problem in one message, before anything is copied.
   std::vector<std::string> problems;
@@ -37,19 +40,22 @@ int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const std
     if (!state.Has(p.name)) continue;
     expected.push_back(p.name);
     if (resume) {
-      for (const std::string& s : OptimizerStateNames(p.name, config.optimizer)) expected.push_back(s);
+      for (const std::string& s : OptimizerStateNames(p.name, config.optimizer))
+        expected.push_back(s);
     }
   }
-  const bool whole_model =
-      std::all_of(params.begin(), params.end(), [&](const ParamSpec& p) { return state.Has(p.name); });
+  const bool whole_model = std::all_of(params.begin(), params.end(),
+                                       [&](const ParamSpec& p) { return state.Has(p.name); });
   for (const std::string& name : expected) {
     auto it = ckpt.tensors.find(name);
     const Tensor& current = state.Get(name);
     if (it == ckpt.tensors.end()) {
-      problems.push_back(fmt::format("missing tensor '{}' ({}{})", name, Name(current.dtype()), current.shape().ToString()));
+      problems.push_back(fmt::format("missing tensor '{}' ({}{})", name, Name(current.dtype()),
+                                     current.shape().ToString()));
     } else if (it->second.shape() != current.shape() || it->second.dtype() != current.dtype()) {
-      problems.push_back(fmt::format("tensor '{}' is {}{} but the model needs {}{}", name, Name(it->second.dtype()),
-                                     it->second.shape().ToString(), Name(current.dtype()), current.shape().ToString()));
+      problems.push_back(fmt::format("tensor '{}' is {}{} but the model needs {}{}", name,
+                                     Name(it->second.dtype()), it->second.shape().ToString(),
+                                     Name(current.dtype()), current.shape().ToString()));
     }
   }
   for (const auto& [name, t] : ckpt.tensors) {
@@ -60,14 +66,17 @@ int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const std
     }
   }
   if (!problems.empty()) {
-    throw InvalidArgument(fmt::format("cannot load '{}' into this model:\n  {}", ckpt.path, fmt::join(problems, "\n  ")));
+    throw InvalidArgument(fmt::format("cannot load '{}' into this model:\n  {}", ckpt.path,
+                                      fmt::join(problems, "\n  ")));
   }
   int64_t step = 0;
   if (resume) {
     step = std::stoll(ckpt.metadata.at("step"));
-    if (ckpt.metadata.count("data_seed") && std::stoull(ckpt.metadata.at("data_seed")) != config.seed) {
-      throw InvalidArgument(fmt::format("checkpoint '{}' was trained with --seed {}; resume with the same seed", path,
-                                        ckpt.metadata.at("data_seed")));
+    if (ckpt.metadata.count("data_seed") &&
+        std::stoull(ckpt.metadata.at("data_seed")) != config.seed) {
+      throw InvalidArgument(
+          fmt::format("checkpoint '{}' was trained with --seed {}; resume with the same seed", path,
+                      ckpt.metadata.at("data_seed")));
     }
   }
   for (const std::string& name : expected) state.Get(name).CopyFrom(ckpt.tensors.at(name));

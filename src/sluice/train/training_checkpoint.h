@@ -29,7 +29,8 @@
 
 namespace sluice {
 
-std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task, const TrainConfig& config,
+std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
+                                                              const TrainConfig& config,
                                                               int64_t step);
 
 enum class LoadKind {
@@ -40,7 +41,8 @@ enum class LoadKind {
 // Copies the checkpoint at `path` into `state` in place: the tensors of `params` (the whole
 // model's) that `state` holds, with their optimizer state when resuming. Checks everything first
 // and changes nothing when a check fails. Returns the step to continue from (0 for kInitFrom).
-int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const std::vector<ParamSpec>& params,
-                               const TrainConfig& config, Scope& state, Allocator& scratch);
+int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
+                               const std::vector<ParamSpec>& params, const TrainConfig& config,
+                               Scope& state, Allocator& scratch);
 
 }  // namespace sluice

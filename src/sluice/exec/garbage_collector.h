@@ -8,10 +8,10 @@
 //   kAsync  the executing thread detaches the storages of the free list into a GarbageBatch and
 //           hands the batch to one worker thread (AsyncGarbageCollector) that only destroys them.
 //   kAuto   the default: kSync or kAsync, chosen per executable by ResolveGcMode from what a free
-//           costs its allocator (Allocator::free_cost()). A cheap free (CachingAllocator: ~30 ns,
-//           a block back into a bin) is done in place — async would only delay it, and a starved
-//           worker (pipeline stages sharing cores) lets freed memory pile up: up to +55% on a
-//           stage of the 4-stage job on 2 cores (docs/benchmarks.md, "GC modes on pipeline
+//           costs its allocator (Allocator::free_cost()). A cheap free (CachingAllocator: tens
+//           of ns, a block back into a bin) is done in place — async would only delay it, and a
+//           starved worker (pipeline stages sharing cores) lets freed memory pile up: +36–56%
+//           per stage on the 4-stage job on 2 cores (docs/benchmarks.md, "GC modes on pipeline
 //           stages"). An expensive free (SystemAllocator: munmap) goes to the worker, within the
 //           async bound below.
 //

@@ -2,7 +2,7 @@
 // comparison with PyTorch in bench/torch_train.py. Same model (GPT, vocab 256, 4 layers, 4 heads,
 // C = 128, T = 64, batch 16, AdamW), random bytes as data.
 //
-// Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc none|sync|async]
+// Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc auto|none|sync|async]
 //                              [--no-recompute]
 // Prints one JSON object: tokens_per_s (median step), step_ms_median, and peak_tensor_bytes — the
 // trainer allocator's peak of requested bytes during a step: parameters, optimizer state,
@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
   using namespace sluice;
   int threads = 1;
   int64_t steps = 20, warmup = 3;
-  std::string gc = "async";
+  std::string gc = "auto";  // the default of sluice train
   bool recompute = true;
   for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
@@ -64,7 +65,12 @@ int main(int argc, char** argv) {
   c.steps = warmup + steps;
   c.optimizer = {.kind = OptimizerKind::kAdamW, .lr = 1e-3, .weight_decay = 0.1};
   c.threads = threads;
-  c.gc = *ParseGcMode(gc);
+  const std::optional<GcMode> gc_mode = ParseGcMode(gc);
+  if (!gc_mode) {
+    fmt::print(stderr, "train_bench: --gc must be auto, none, sync or async, not '{}'\n", gc);
+    return 2;
+  }
+  c.gc = *gc_mode;
   c.recompute = {recompute ? RecomputePolicy::kCheap : RecomputePolicy::kNone};
   Trainer trainer(c);
   std::vector<double> ms;

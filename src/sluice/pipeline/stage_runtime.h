@@ -29,8 +29,9 @@
 //           model order: bitwise the single stage's norm), clipping, and the optimizer in place.
 // Message tags: the receiving virtual stage v, micro-batch m and direction d: ((v·M + m)·2 + d)
 // mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous.
-// Gradients of one parameter are summed in micro-batch order, as on one stage, so results match
-// single-stage training bit for bit where the norm needs no clipping.
+// Gradients of one parameter are summed in micro-batch order and the norm per parameter in model
+// order, as on one stage, so losses, norms, weights and optimizer state match single-stage
+// training bit for bit (with one BLAS thread on both sides), clipping included.
 //
 // Records per step (StageStep): the allocator's peak over the step and its allocated bytes at the
 // in-flight peak, bytes released after their send completed, chunk-micro-batches in flight

@@ -75,6 +75,9 @@ TEST_F(TrainCli, BadOptionsSayWhatToChange) {
   r = Train("--gc sometimes --steps 1");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, HasSubstr("--gc must be one of auto, none, sync, async, not 'sometimes'"));
+  r = Train("--threads -2 --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--threads must be 0 (every core) or more, got -2"));
   r = Train("--no-such-option");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, HasSubstr("no-such-option"));

@@ -24,6 +24,8 @@
 //   every rank's, in model order); Update: clipping to that norm, the optimizer at the step's
 //   learning rate.
 //
+// Ownership: the program keeps a reference to the TrainConfig it was built with (it must outlive
+// the program) and allocates every tensor from options.allocator (likewise).
 // Thread-safety: one thread uses a StageProgram (a rank's). Failure: the constructor throws
 // ProgramError when the model cannot be differentiated; the run methods rethrow a failing run's
 // error (the scope may then hold partial results).
@@ -81,7 +83,7 @@ struct StageProgramOptions {
 // when the list has neither 1 nor `stages` entries.
 RecomputePolicy RecomputeForStage(const TrainConfig& config, int stage, int stages);
 
-// A built chunk. `saved` is what its forward leaves for its backward.
+// A built chunk. backward.saved is what its forward leaves in the scope for its backward.
 struct Chunk {
   Model model;
   bool first = true, last = true;

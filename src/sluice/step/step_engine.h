@@ -80,7 +80,7 @@ struct EngineContext {
   const TrainConfig& config;
   const Task& task;
   const Model& model;
-  int threads = 1;  // intra-op threads
+  int threads = 1;  // intra-op threads of the process, shared by its ranks (0: every core)
 };
 
 using EngineFactory = std::function<std::unique_ptr<StepEngine>(const EngineContext&)>;

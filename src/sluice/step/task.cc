@@ -154,6 +154,8 @@ void ValidateTrainConfig(const TrainConfig& c) {
   }
   if (c.optimizer.lr <= 0) bad(fmt::format("--lr must be positive, got {}", c.optimizer.lr));
   if (c.eval_batches < 1) bad("--eval-batches must be at least 1");
+  if (c.threads < 0)
+    bad(fmt::format("--threads must be 0 (every core) or more, got {}", c.threads));
   if (c.model != "gpt" && c.model != "mlp")
     bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
 }

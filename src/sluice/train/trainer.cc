@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -47,11 +46,10 @@ struct Trainer::Impl {
 Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::move(c)) {
   ValidateTrainConfig(config);
   task = MakeTask(config);
-  // Intra-op threads of the process (0: every core); the engine shares them among its ranks and
-  // sets BLAS's count (step/stage_program.h ShareIntraOpThreads).
-  const int threads = config.threads > 0
-                          ? config.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Intra-op threads of the process (0: every core): the engine shares them among its ranks and
+  // sets BLAS's count (step/stage_program.h ShareIntraOpThreads); evaluation's runs take them as
+  // ExecutableOptions::threads, where 0 means the same.
+  const int threads = config.threads;
 
   micro_batch = config.batch / config.microbatches;
   eval_batch = micro_batch;

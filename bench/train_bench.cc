@@ -1,9 +1,11 @@
 // Training throughput and peak tensor memory of `sluice train` (one stage), for the side-by-side
-// comparison with PyTorch in bench/torch_train.py. Same model (GPT, vocab 256, 4 layers, 4 heads,
-// C = 128, T = 64, batch 16, AdamW), random bytes as data.
+// comparison with PyTorch in bench/torch_train.py. Same model (GPT, by default vocab 256, 4 layers,
+// 4 heads, C = 128, T = 64, batch 16, AdamW), random bytes as data (token ids below 256 whatever
+// the vocabulary).
 //
 // Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc auto|none|sync|async]
-//                              [--no-recompute]
+//                              [--no-recompute] [--attention fused|naive] [--vocab 256]
+//                              [--layers 4] [--heads 4] [--dim 128] [--seq 64] [--batch 16]
 // Prints one JSON object: tokens_per_s (median step), step_ms_median, and peak_tensor_bytes — the
 // trainer allocator's peak of requested bytes during a step: parameters, optimizer state,
 // gradients and activations, every tensor the step holds (what the PyTorch side measures).
@@ -20,6 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "sluice/kernels/simd_kernels.h"
 #include "sluice/train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -27,7 +30,10 @@ int main(int argc, char** argv) {
   int threads = 1;
   int64_t steps = 20, warmup = 3;
   std::string gc = "auto";  // the default of sluice train
+  std::string attention = "fused";
   bool recompute = true;
+  GptConfig gpt{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .dim = 128};
+  int64_t batch = 16;
   for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--no-recompute") {
@@ -47,6 +53,20 @@ int main(int argc, char** argv) {
       warmup = std::atoll(argv[i + 1]);
     else if (flag == "--gc")
       gc = argv[i + 1];
+    else if (flag == "--attention")
+      attention = argv[i + 1];
+    else if (flag == "--vocab")
+      gpt.vocab = std::atoll(argv[i + 1]);
+    else if (flag == "--layers")
+      gpt.layers = std::atoll(argv[i + 1]);
+    else if (flag == "--heads")
+      gpt.heads = std::atoll(argv[i + 1]);
+    else if (flag == "--dim")
+      gpt.dim = std::atoll(argv[i + 1]);
+    else if (flag == "--seq")
+      gpt.seq = std::atoll(argv[i + 1]);
+    else if (flag == "--batch")
+      batch = std::atoll(argv[i + 1]);
     else {
       fmt::print(stderr, "train_bench: unknown option {}\n", flag);
       return 2;
@@ -60,8 +80,14 @@ int main(int argc, char** argv) {
   }
   TrainConfig c;
   c.data = data;
-  c.gpt = {.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .dim = 128};
-  c.batch = 16;
+  const std::optional<GptAttention> attention_kind = ParseGptAttention(attention);
+  if (!attention_kind) {
+    fmt::print(stderr, "train_bench: --attention must be fused or naive, not '{}'\n", attention);
+    return 2;
+  }
+  gpt.attention = *attention_kind;
+  c.gpt = gpt;
+  c.batch = batch;
   c.steps = warmup + steps;
   c.optimizer = {.kind = OptimizerKind::kAdamW, .lr = 1e-3, .weight_decay = 0.1};
   c.threads = threads;
@@ -89,7 +115,9 @@ int main(int argc, char** argv) {
                         {"threads", threads},
                         {"gc", gc},
                         {"recompute", recompute},
-                        {"tokens_per_s", 16 * 64 / (median / 1000.0)},
+                        {"attention", attention},
+                        {"simd", kernels::SimdTarget()},
+                        {"tokens_per_s", static_cast<double>(batch * gpt.seq) / (median / 1000.0)},
                         {"step_ms_median", median},
                         {"peak_tensor_bytes", peak}};
   fmt::print("{}\n", out.dump());

@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-dev          # GEMM through CBLAS
+  libhwy-dev               # Google Highway: runtime-dispatched SIMD row kernels
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev

@@ -95,6 +95,9 @@ Program GradientsAndOptimizers() {
   Var one = Full(b, Shape{}, 1.0, DType::kF64);
   Var dlogits = CrossEntropyGrad(x, targets, one);
   Var dtable = EmbeddingGrad(ids, dy, 7);
+  // Fused attention over x seen as [T = 3, D = 5] (one head), and its gradient.
+  auto [att, lse] = CausalAttention(x, x, x, 0.5);
+  std::vector<Var> dqkv = CausalAttentionGrad(dy, lse, x, x, x, att, lse, 0.5);
   Var summed = SumTo(BroadcastTo(db, Shape{3, 5}), Shape{5});
   SgdUpdate(bias, summed, Copy(bias), lr, {.momentum = 0.9, .weight_decay = 1e-4});
   AdamWUpdate(w, dw, m, v, lr, step, {.beta1 = 0.8, .eps = 1e-12});
@@ -102,6 +105,7 @@ Program GradientsAndOptimizers() {
   b.Output(dxn);
   b.Output(dlogits);
   b.Output(dtable);
+  b.Output(dqkv[0]);
   return b.Build();
 }
 

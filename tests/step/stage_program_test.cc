@@ -41,8 +41,9 @@ struct Built {
   Model model;
 };
 
-Built Build(RecomputePolicy policy) {
-  const TrainConfig c = SmallGpt();
+Built Build(RecomputePolicy policy, GptAttention attention = GptAttention::kNaive) {
+  TrainConfig c = SmallGpt();
+  c.gpt.attention = attention;
   std::unique_ptr<Task> task = MakeTask(c);
   CachingAllocator allocator;
   StageProgram program({{.model = task->BuildTrain(4)}}, c,
@@ -51,6 +52,7 @@ Built Build(RecomputePolicy policy) {
   return {ch.backward.saved, Bytes(ch.model.forward, ch.backward.saved), ch.model};
 }
 
+// Under naive attention, whose [B, H, T, T] scores and probabilities selective recompute drops.
 TEST(StageProgram, RecomputePoliciesKeepFewerBytes) {
   const Built none = Build(RecomputePolicy::kNone), cheap = Build(RecomputePolicy::kCheap);
   const Built full = Build(RecomputePolicy::kFull), selective = Build(RecomputePolicy::kSelective);
@@ -75,6 +77,21 @@ TEST(StageProgram, RecomputePoliciesKeepFewerBytes) {
     kept_by_cheap += static_cast<int>(std::count(cheap.saved.begin(), cheap.saved.end(), name));
   }
   EXPECT_GT(kept_by_cheap, 0);
+}
+
+// Fused attention keeps no [T, T] value under any policy: selective has nothing beyond cheap to
+// drop and keeps what cheap keeps. (What it keeps instead, the attention output and a log-sum-exp
+// per query, grows with T, not T²; at this model's tiny T it is not fewer bytes.)
+TEST(StageProgram, FusedAttentionKeepsNoScoresUnderAnyPolicy) {
+  const Built cheap = Build(RecomputePolicy::kCheap, GptAttention::kFused);
+  const Built selective = Build(RecomputePolicy::kSelective, GptAttention::kFused);
+  EXPECT_TRUE(selective.model.attention_values.empty());
+  EXPECT_EQ(selective.saved, cheap.saved);
+  const Program& p = cheap.model.forward;
+  for (const std::string& name : cheap.saved) {
+    const Shape& s = p.value(p.Get(name)).type.shape;
+    EXPECT_FALSE(s.rank() == 4 && s[2] == s[3]) << name << " " << s.ToString() << " is kept";
+  }
 }
 
 struct Trained {
@@ -104,18 +121,22 @@ Trained Train(const TrainConfig& c) {
 }
 
 TEST(StageProgram, EveryRecomputePolicyTrainsBitwiseLikeNone) {
-  TrainConfig c = SmallGpt();
-  c.recompute = {RecomputePolicy::kNone};
-  const Trained none = Train(c);
-  for (RecomputePolicy p :
-       {RecomputePolicy::kCheap, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
-    c.recompute = {p};
-    const Trained t = Train(c);
-    EXPECT_EQ(t.losses, none.losses) << Name(p);
-    EXPECT_EQ(t.norms, none.norms) << Name(p);
-    for (const auto& [name, values] : none.state)
-      EXPECT_TRUE(t.state.at(name) == values) << Name(p) << ": " << name;
-    EXPECT_LT(t.peak, none.peak) << Name(p) << " should lower the step's peak";
+  for (GptAttention attention : {GptAttention::kFused, GptAttention::kNaive}) {
+    SCOPED_TRACE(std::string(Name(attention)) + " attention");
+    TrainConfig c = SmallGpt();
+    c.gpt.attention = attention;
+    c.recompute = {RecomputePolicy::kNone};
+    const Trained none = Train(c);
+    for (RecomputePolicy p :
+         {RecomputePolicy::kCheap, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+      c.recompute = {p};
+      const Trained t = Train(c);
+      EXPECT_EQ(t.losses, none.losses) << Name(p);
+      EXPECT_EQ(t.norms, none.norms) << Name(p);
+      for (const auto& [name, values] : none.state)
+        EXPECT_TRUE(t.state.at(name) == values) << Name(p) << ": " << name;
+      EXPECT_LT(t.peak, none.peak) << Name(p) << " should lower the step's peak";
+    }
   }
 }
 

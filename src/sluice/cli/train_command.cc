@@ -27,6 +27,7 @@ struct TrainArgs {
   std::string optimizer = "adamw";
   std::string schedule = "cosine";
   std::string gc = "auto";
+  std::string attention = "fused";
   std::string mode = "trace";
   std::string recompute = "cheap";  // a policy, or a comma list of one per stage
   bool no_recompute = false;
@@ -165,6 +166,11 @@ int RunTrain(TrainArgs& a) {
     throw InvalidArgument(
         fmt::format("--lr-schedule must be constant or cosine, not '{}'", a.schedule));
   c.optimizer.schedule = *schedule;
+  auto attention = ParseGptAttention(a.attention);
+  if (!attention)
+    throw InvalidArgument(fmt::format("--attention must be one of {}, not '{}'",
+                                      EnumNames(kGptAttentionNames, ", "), a.attention));
+  c.gpt.attention = *attention;
   auto gc = ParseGcMode(a.gc);
   if (!gc)
     throw InvalidArgument(
@@ -246,6 +252,9 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--heads", c.gpt.heads, "attention heads (must divide --dim)")
       ->capture_default_str();
   sub.add_option("--dim", c.gpt.dim, "model width C")->capture_default_str();
+  sub.add_option("--attention", a->attention,
+                 "gpt: fused (one op, no [T, T] values kept) or naive (matmul, mask, softmax)")
+      ->capture_default_str();
   sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")
       ->capture_default_str();
   sub.add_option("--vocab", c.gpt.vocab, "vocabulary size (0: the data's)")->capture_default_str();

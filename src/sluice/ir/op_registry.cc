@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/ir/ops/attention.h"
 
 namespace sluice {
 
@@ -14,6 +15,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterShapeOps(*r);
     RegisterLinalgOps(*r);
     RegisterNnOps(*r);
+    RegisterAttentionOps(*r);
     RegisterOptimizerOps(*r);
     return r;
   }();

@@ -3,6 +3,7 @@
 // vocabulary size.
 #pragma once
 
+#include "sluice/ir/ops/attention.h"
 #include "sluice/ir/ops/elementwise.h"
 #include "sluice/ir/ops/linalg.h"
 #include "sluice/ir/ops/nn.h"

@@ -5,8 +5,7 @@
 #include <limits>
 
 #include "sluice/kernels/embedding.h"
-#include "sluice/kernels/row_math.h"
-#include "sluice/kernels/simd.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
 
@@ -23,8 +22,7 @@ void MaxAndSumReference(const T* x, int64_t vocab, T& m, T& s) {
 
 template <typename T>
 void MaxAndSumFast(const T* x, int64_t vocab, T& m, T& s) {
-  m = RowMax(x, vocab);
-  s = RowExp<T>(x, m, nullptr, vocab);
+  Simd<T>().max_and_sum_exp(x, vocab, &m, &s);
 }
 
 // Tokens that count in the mean: targets other than kIgnoreTarget.
@@ -110,9 +108,7 @@ void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits
     T m, s;
     MaxAndSumFast(x, vocab, m, s);
     // d = e^(x − m) · (scale / s), then the one-hot part at the target.
-    RowExp(x, m, d, vocab);
-    const T k = scale / s;
-    ForEachBlocked(vocab, [&](int64_t j) { d[j] *= k; });
+    Simd<T>().scaled_exp(x, m, scale / s, d, vocab);
     d[t] -= scale;
   }
 }

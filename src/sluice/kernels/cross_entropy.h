@@ -15,8 +15,8 @@
 // with N.
 //
 // Failure modes: a target outside [0, vocab) throws InvalidArgument naming the target, its
-// position and vocab. *Reference: plain loops and std::exp/std::log. *Fast: vector row reductions
-// and ExpVec.
+// position and vocab. *Reference: plain loops and std::exp/std::log. *Fast: the runtime-dispatched
+// SIMD row kernels (kernels/simd_kernels.h).
 // Thread-safety: plain functions over caller-owned memory.
 //
 // Example:

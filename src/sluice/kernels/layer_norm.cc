@@ -3,8 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "sluice/kernels/row_math.h"
-#include "sluice/kernels/simd.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
 
@@ -27,13 +26,6 @@ RowStats<T> StatsReference(const T* x, int64_t n, T eps) {
   return {mean, T(1) / std::sqrt(var + eps)};
 }
 
-template <typename T>
-RowStats<T> StatsFast(const T* x, int64_t n, T eps) {
-  const T mean = RowSum(x, n) / static_cast<T>(n);
-  const T var = RowCentredSquares(x, mean, n) / static_cast<T>(n);
-  return {mean, T(1) / std::sqrt(var + eps)};
-}
-
 }  // namespace
 
 template <typename T>
@@ -51,14 +43,7 @@ void LayerNormReference(const T* x, const T* weight, const T* bias, T* y, int64_
 template <typename T>
 void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols,
                    T eps) {
-  const T* __restrict w = weight;
-  const T* __restrict b = bias;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict xr = x + r * cols;
-    T* __restrict yr = y + r * cols;
-    const RowStats<T> s = StatsFast(xr, cols, eps);
-    ForEachBlocked(cols, [&](int64_t j) { yr[j] = (xr[j] - s.mean) * s.rstd * w[j] + b[j]; });
-  }
+  Simd<T>().layer_norm(x, weight, bias, y, rows, cols, eps);
 }
 
 template <typename T>
@@ -88,34 +73,7 @@ void LayerNormGradXReference(const T* dy, const T* x, const T* weight, T* dx, in
 template <typename T>
 void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols,
                         T eps) {
-  const T* __restrict w = weight;
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict xr = x + r * cols;
-    const T* __restrict dyr = dy + r * cols;
-    T* __restrict dxr = dx + r * cols;
-    const RowStats<T> s = StatsFast(xr, cols, eps);
-    // Σ g and Σ g·x̂ with g = dy·weight, on vectors (padded tail lanes have dy = 0, so g = 0).
-    Vec<T> g_acc = Splat<T>(0), gx_acc = Splat<T>(0);
-    auto accumulate = [&](Vec<T> dyv, Vec<T> wv, Vec<T> xv) {
-      const Vec<T> g = dyv * wv;
-      g_acc += g;
-      gx_acc += g * ((xv - s.mean) * s.rstd);
-    };
-    int64_t j = 0;
-    for (; j + kLanes<T> <= cols; j += kLanes<T>) {
-      accumulate(Load(dyr + j), Load(w + j), Load(xr + j));
-    }
-    if (j < cols) {
-      const int64_t rest = cols - j;
-      accumulate(LoadPadded(dyr + j, rest, T(0)), LoadPadded(w + j, rest, T(0)),
-                 LoadPadded(xr + j, rest, s.mean));
-    }
-    const T g_sum = LaneSum<T>(g_acc), gx_sum = LaneSum<T>(gx_acc);
-    const T g_mean = g_sum / static_cast<T>(cols), gx_mean = gx_sum / static_cast<T>(cols);
-    ForEachBlocked(cols, [&](int64_t j) {
-      dxr[j] = s.rstd * (dyr[j] * w[j] - g_mean - ((xr[j] - s.mean) * s.rstd) * gx_mean);
-    });
-  }
+  Simd<T>().layer_norm_grad_x(dy, x, weight, dx, rows, cols, eps);
 }
 
 template <typename T>
@@ -137,20 +95,9 @@ void LayerNormGradParamsReference(const T* dy, const T* x, T* dweight, T* dbias,
 template <typename T>
 void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
                              int64_t cols, T eps) {
-  T* __restrict dw = dweight;
-  T* __restrict db = dbias;
-  std::fill_n(dw, cols, T(0));
-  std::fill_n(db, cols, T(0));
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict xr = x + r * cols;
-    const T* __restrict dyr = dy + r * cols;
-    const RowStats<T> s = StatsFast(xr, cols, eps);
-    // Accumulation runs across channels, so it vectorizes without reordering any sum.
-    ForEachBlocked(cols, [&](int64_t j) {
-      dw[j] += dyr[j] * ((xr[j] - s.mean) * s.rstd);
-      db[j] += dyr[j];
-    });
-  }
+  std::fill_n(dweight, cols, T(0));
+  std::fill_n(dbias, cols, T(0));
+  Simd<T>().layer_norm_grad_params(dy, x, dweight, dbias, rows, cols, eps);
 }
 
 template void LayerNormReference<float>(const float*, const float*, const float*, float*, int64_t,

@@ -13,8 +13,8 @@
 // is split into the x part and the parameter part so that a zero-bubble schedule can run the
 // parameter part (W) after the input part (B).
 //
-// *Reference: plain two-pass loops summing left to right. *Fast: vector reductions
-// (kernels/row_math.h) and blocked loops the compiler vectorizes (kernels/simd.h).
+// *Reference: plain two-pass loops summing left to right. *Fast: the same two passes as
+// runtime-dispatched SIMD row kernels (kernels/simd_kernels.h), sums kept per lane.
 // Outputs must not alias inputs.
 // Thread-safety: plain functions over caller-owned memory. Failure modes: none (shapes are checked
 // by the op's inference; eps > 0 keeps rstd finite for constant rows).

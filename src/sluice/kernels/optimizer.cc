@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "sluice/kernels/simd_kernels.h"
+
 namespace sluice::kernels {
 
 template <typename T>
@@ -20,19 +22,8 @@ void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, con
 template <typename T>
 void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h,
                    double lr) {
-  T* __restrict p = param;
-  const T* __restrict g = grad;
-  T* __restrict buf = momentum_buf;
-  const T wd = static_cast<T>(h.weight_decay), mu = static_cast<T>(h.momentum),
-          rate = static_cast<T>(lr);
-  if (h.momentum != 0) {
-    for (int64_t i = 0; i < n; ++i) {
-      buf[i] = mu * buf[i] + (g[i] + wd * p[i]);
-      p[i] = p[i] - rate * buf[i];
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) p[i] = p[i] - rate * (g[i] + wd * p[i]);
-  }
+  Simd<T>().sgd(param, grad, momentum_buf, n, static_cast<T>(h.weight_decay),
+                static_cast<T>(h.momentum), static_cast<T>(lr));
 }
 
 template <typename T>
@@ -55,23 +46,17 @@ void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const 
 template <typename T>
 void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr,
                      double step) {
-  T* __restrict p = param;
-  const T* __restrict g = grad;
-  T* __restrict mp = m;
-  T* __restrict vp = v;
-  const T decay = static_cast<T>(1 - lr * h.weight_decay);
-  const T b1 = static_cast<T>(h.beta1), c1 = static_cast<T>(1 - h.beta1);
-  const T b2 = static_cast<T>(h.beta2), c2 = static_cast<T>(1 - h.beta2);
-  const T step_size = static_cast<T>(lr / (1 - std::pow(h.beta1, step)));
-  const T bias2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(h.beta2, step)));
-  const T eps = static_cast<T>(h.eps);
-  for (int64_t i = 0; i < n; ++i) {
-    const T mi = b1 * mp[i] + c1 * g[i];
-    const T vi = b2 * vp[i] + c2 * g[i] * g[i];
-    mp[i] = mi;
-    vp[i] = vi;
-    p[i] = p[i] * decay - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
-  }
+  const AdamWScalars<T> s{
+      .decay = static_cast<T>(1 - lr * h.weight_decay),
+      .beta1 = static_cast<T>(h.beta1),
+      .one_minus_beta1 = static_cast<T>(1 - h.beta1),
+      .beta2 = static_cast<T>(h.beta2),
+      .one_minus_beta2 = static_cast<T>(1 - h.beta2),
+      .step_size = static_cast<T>(lr / (1 - std::pow(h.beta1, step))),
+      .bias2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(h.beta2, step))),
+      .eps = static_cast<T>(h.eps),
+  };
+  Simd<T>().adamw(param, grad, m, v, n, s);
 }
 
 template void SgdUpdateReference<float>(float*, const float*, float*, int64_t, const SgdHyper&,

@@ -14,11 +14,8 @@
 //                         the calling convention of every lambda taking one depending on -mavx,
 //                         which GCC warns about.)
 //
-// SLUICE_MULTIVERSION on a kernel compiles it twice, for the baseline target and for x86-64-v3
-// (AVX2, FMA), and the loader picks the version the CPU runs (GCC target_clones, an ifunc); the
-// helpers here are always inlined so that each version gets its own code. The two versions may
-// round differently (FMA), so fast kernels agree with reference kernels to a tolerance, not
-// bitwise. Elsewhere (other compilers, other CPUs) the macro is empty.
+// Kernels that need more than the baseline vectors (AVX2, AVX-512) or vectorised transcendentals
+// live in simd_kernels.h, dispatched at run time through Highway.
 //
 // MapVec handles the tail (n not a multiple of the lane count) by padding one vector, so every
 // element goes through the same vector code and results do not depend on an element's position.
@@ -35,15 +32,7 @@
 #include <cstring>
 #include <type_traits>
 
-// Not under ThreadSanitizer: the ifunc resolver runs (instrumented) before the TSan runtime is
-// initialised and crashes every test binary at load time.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(__SANITIZE_THREAD__)
-#define SLUICE_MULTIVERSION __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define SLUICE_MULTIVERSION
-#endif
-// For helpers (and lambdas) that must be inlined into each multiversioned kernel.
+// For helpers (and lambdas) that must be inlined into the kernel using them.
 #define SLUICE_ALWAYS_INLINE __attribute__((always_inline))
 
 namespace sluice::kernels {

@@ -5,22 +5,13 @@
 #include <cstring>
 #include <limits>
 
-#include "sluice/kernels/row_math.h"
-#include "sluice/kernels/simd.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
 
 namespace {
 
-// One row of the fast softmax over its first n entries: y[j] = e^(x[j] − max) / Σ.
-template <typename T>
-void SoftmaxRowFast(const T* __restrict x, T* __restrict y, int64_t n) {
-  const T m = RowMax(x, n);
-  const T inv = T(1) / RowExp(x, m, y, n);
-  ForEachBlocked(n, [&](int64_t j) { y[j] *= inv; });
-}
-
-// The same, plainly: left-to-right max and sum, std::exp.
+// One row of the reference softmax over its first n entries: left-to-right max and sum, std::exp.
 template <typename T>
 void SoftmaxRowReference(const T* x, T* y, int64_t n) {
   T m = -std::numeric_limits<T>::infinity();
@@ -42,7 +33,7 @@ void SoftmaxReference(const T* x, T* y, int64_t rows, int64_t cols) {
 
 template <typename T>
 void SoftmaxFast(const T* x, T* y, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) SoftmaxRowFast(x + r * cols, y + r * cols, cols);
+  Simd<T>().softmax(x, y, rows, cols);
 }
 
 template <typename T>
@@ -60,13 +51,7 @@ void SoftmaxGradReference(const T* dy, const T* y, T* dx, int64_t rows, int64_t 
 
 template <typename T>
 void SoftmaxGradFast(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict dyr = dy + r * cols;
-    const T* __restrict yr = y + r * cols;
-    T* __restrict dxr = dx + r * cols;
-    const T s = RowDot(dyr, yr, cols);
-    ForEachBlocked(cols, [&](int64_t j) { dxr[j] = yr[j] * (dyr[j] - s); });
-  }
+  Simd<T>().softmax_grad(dy, y, dx, rows, cols);
 }
 
 template <typename T>
@@ -101,11 +86,7 @@ void CausalSoftmaxReference(const T* x, T* y, int64_t batch, int64_t t) {
 
 template <typename T>
 void CausalSoftmaxFast(const T* x, T* y, int64_t batch, int64_t t) {
-  for (int64_t row = 0; row < batch * t; ++row) {
-    const int64_t i = row % t;
-    SoftmaxRowFast(x + row * t, y + row * t, i + 1);
-    std::fill(y + row * t + i + 1, y + (row + 1) * t, T(0));
-  }
+  Simd<T>().causal_softmax(x, y, 0, batch * t, t);
 }
 
 template void SoftmaxReference<float>(const float*, float*, int64_t, int64_t);

@@ -15,8 +15,8 @@
 //   CausalSoftmax   Softmax(CausalMask(x)) in one pass that never touches the masked entries
 //                   except to write their 0s. Its VJP is SoftmaxGrad (y is 0 where masked).
 //
-// *Reference: plain loops, left-to-right sums, std::exp. *Fast: vector row reductions and ExpVec
-// (kernels/row_math.h, kernels/vector_math.h).
+// *Reference: plain loops, left-to-right sums, std::exp. *Fast: the runtime-dispatched SIMD row
+// kernels (kernels/simd_kernels.h: Highway, vectorised exp; accuracy bounds there).
 // Outputs must not alias inputs. Thread-safety: plain functions over caller-owned memory.
 // Failure modes: none (shapes are checked by the op's inference); NaN in, NaN out.
 //

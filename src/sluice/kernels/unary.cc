@@ -4,7 +4,7 @@
 #include <numbers>
 
 #include "sluice/kernels/simd.h"
-#include "sluice/kernels/vector_math.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
 
@@ -15,13 +15,6 @@ template <typename T>
 constexpr T kBeta = static_cast<T>(std::numbers::sqrt2* std::numbers::inv_sqrtpi);
 template <typename T>
 constexpr T kKappa = T(0.044715);
-
-// σ(2u) = 1 / (1 + e^(-2u)) with 2u = 2·kBeta·x·(1 + kKappa·x²): the "(1 + tanh u)/2" of GELU.
-template <typename T>
-SLUICE_ALWAYS_INLINE inline Vec<T> GeluSigmoidVec(Vec<T> x) {
-  const Vec<T> two_u = x * (T(2) * kBeta<T> + (T(2) * kBeta<T> * kKappa<T>)*(x * x));
-  return T(1) / (T(1) + ExpVec<T>(-two_u));
-}
 
 }  // namespace
 
@@ -51,13 +44,18 @@ void GeluReference(const T* x, T* y, int64_t n) {
 }
 
 template <typename T>
-SLUICE_MULTIVERSION void GeluFast(const T* __restrict x, T* __restrict y, int64_t n) {
-  MapVec<T>(x, y, n, [](Vec<T> v) SLUICE_ALWAYS_INLINE { return v * GeluSigmoidVec<T>(v); });
+void GeluFast(const T* x, T* y, int64_t n) {
+  Simd<T>().gelu(x, y, n);
 }
 
 template <typename T>
-void Tanh(const T* __restrict x, T* __restrict y, int64_t n) {
+void TanhReference(const T* x, T* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+
+template <typename T>
+void TanhFast(const T* x, T* y, int64_t n) {
+  Simd<T>().tanh(x, y, n);
 }
 
 template <typename T>
@@ -66,8 +64,8 @@ void ExpReference(const T* x, T* y, int64_t n) {
 }
 
 template <typename T>
-SLUICE_MULTIVERSION void ExpFast(const T* __restrict x, T* __restrict y, int64_t n) {
-  MapVec<T>(x, y, n, [](Vec<T> v) SLUICE_ALWAYS_INLINE { return ExpVec<T>(v); });
+void ExpFast(const T* x, T* y, int64_t n) {
+  Simd<T>().exp(x, y, n);
 }
 
 template <typename T>
@@ -106,13 +104,8 @@ void GeluGradReference(const T* dy, const T* x, T* dx, int64_t n) {
 }
 
 template <typename T>
-SLUICE_MULTIVERSION void GeluGradFast(const T* __restrict dy, const T* __restrict x,
-                                      T* __restrict dx, int64_t n) {
-  MapVec2<T>(dy, x, dx, n, [](Vec<T> g, Vec<T> v) SLUICE_ALWAYS_INLINE {
-    const Vec<T> s = GeluSigmoidVec<T>(v);
-    const Vec<T> du = kBeta<T> + (T(3) * kBeta<T> * kKappa<T>)*(v * v);  // u'
-    return g * (s + T(2) * v * s * (T(1) - s) * du);
-  });
+void GeluGradFast(const T* dy, const T* x, T* dx, int64_t n) {
+  Simd<T>().gelu_grad(dy, x, dx, n);
 }
 
 template <typename T>
@@ -131,7 +124,8 @@ template void Scale<float>(const float*, float*, int64_t, float);
 template void Relu<float>(const float*, float*, int64_t);
 template void GeluReference<float>(const float*, float*, int64_t);
 template void GeluFast<float>(const float*, float*, int64_t);
-template void Tanh<float>(const float*, float*, int64_t);
+template void TanhReference<float>(const float*, float*, int64_t);
+template void TanhFast<float>(const float*, float*, int64_t);
 template void ExpReference<float>(const float*, float*, int64_t);
 template void ExpFast<float>(const float*, float*, int64_t);
 template void Log<float>(const float*, float*, int64_t);
@@ -145,7 +139,8 @@ template void Scale<double>(const double*, double*, int64_t, double);
 template void Relu<double>(const double*, double*, int64_t);
 template void GeluReference<double>(const double*, double*, int64_t);
 template void GeluFast<double>(const double*, double*, int64_t);
-template void Tanh<double>(const double*, double*, int64_t);
+template void TanhReference<double>(const double*, double*, int64_t);
+template void TanhFast<double>(const double*, double*, int64_t);
 template void ExpReference<double>(const double*, double*, int64_t);
 template void ExpFast<double>(const double*, double*, int64_t);
 template void Log<double>(const double*, double*, int64_t);

@@ -3,15 +3,13 @@
 // live in unary.cc.
 //
 // Where a fast kernel differs from the plain one, both exist: *Reference is the formula as written
-// (libm calls, one element at a time) and *Fast is the vectorized form the ops run (see simd.h and
-// vector_math.h; GeluFast, GeluGradFast and ExpFast are also multiversioned for AVX2+FMA); the
-// op tests compare them. Kernels with one version are already tight loops (ForEachBlocked) or call
-// libm functions that have no cheaper accurate form here (tanh, log, sqrt).
+// (libm calls, one element at a time) and *Fast is the vectorized form the ops run: the
+// runtime-dispatched Highway kernels of simd_kernels.h (vectorised exp and tanh; the accuracy
+// bounds are there); the op tests compare them. Kernels with one version are already tight loops
+// (ForEachBlocked) or call libm functions that have no cheaper accurate form here (log, sqrt).
 //
-// GELU is the tanh approximation, exactly PyTorch's gelu(approximate='tanh'):
+// GELU is the tanh approximation, exactly PyTorch's gelu(approximate='tanh'), in both versions:
 //   gelu(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
-// The fast kernels use the identity (1 + tanh u)/2 = σ(2u) = 1/(1 + e^(-2u)), so
-//   gelu(x) = x·σ(2u),  gelu'(x) = σ + 2·x·σ·(1 − σ)·u',  u' = √(2/π)·(1 + 3·0.044715·x²).
 //
 // Inputs and outputs may not overlap (pointers are __restrict).
 // Thread-safety: pure functions of their inputs.
@@ -37,7 +35,9 @@ template <typename T>
 void GeluFast(const T* x, T* y, int64_t n);
 // y = tanh(x), e^x, ln x, √x.
 template <typename T>
-void Tanh(const T* x, T* y, int64_t n);
+void TanhReference(const T* x, T* y, int64_t n);
+template <typename T>
+void TanhFast(const T* x, T* y, int64_t n);
 template <typename T>
 void ExpReference(const T* x, T* y, int64_t n);
 template <typename T>

@@ -26,6 +26,12 @@ void ValidateGptConfig(const GptConfig& c) {
   }
 }
 
+std::string_view Name(GptAttention attention) { return EnumName(kGptAttentionNames, attention); }
+
+std::optional<GptAttention> ParseGptAttention(std::string_view name) {
+  return ParseEnum(kGptAttentionNames, name);
+}
+
 namespace {
 
 // Causal self-attention over x [B, T, C] with H heads of size D = C / H.
@@ -38,13 +44,18 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
   auto heads = [&](Var t) { return Transpose(Reshape(t, {B, T, H, D}), 1, 2); };  // [B, H, T, D]
   Var q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   Builder& b = m.b();
-  Var qk = b.Name(MatMul(q, k, false, true), "qk");  // [B, H, T, T]
-  Var scores =
-      b.Name(Scale(qk, 1.0 / std::sqrt(static_cast<double>(D))), "scores");  // [B, H, T, T]
-  Var masked = b.Name(CausalMask(scores), "masked");                         // [B, H, T, T]
-  Var att = b.Name(Softmax(masked), "probs");                                // [B, H, T, T]
-  for (const Var& t : {qk, scores, masked, att}) m.MarkAttentionValue(t.name());
-  Var y = MatMul(att, v);                      // [B, H, T, D]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  Var y;  // [B, H, T, D]
+  if (c.attention == GptAttention::kFused) {
+    y = b.Name(CausalAttention(q, k, v, scale).first, "attention");  // and lse [B, H, T]
+  } else {
+    Var qk = b.Name(MatMul(q, k, false, true), "qk");   // [B, H, T, T]
+    Var scores = b.Name(Scale(qk, scale), "scores");    // [B, H, T, T]
+    Var masked = b.Name(CausalMask(scores), "masked");  // [B, H, T, T]
+    Var att = b.Name(Softmax(masked), "probs");         // [B, H, T, T]
+    for (const Var& t : {qk, scores, masked, att}) m.MarkAttentionValue(t.name());
+    y = MatMul(att, v);
+  }
   y = Reshape(Transpose(y, 1, 2), {B, T, C});  // [B, T, C]
   return LinearLayer(m, "c_proj", y, C, C, proj_std);
 }

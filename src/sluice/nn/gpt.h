@@ -2,7 +2,12 @@
 //
 //   ids [B, T] → wte + wpe → L × pre-LayerNorm block → ln_f → lm_head → logits [B, T, vocab]
 //   block(x) = x + attn(ln_1(x)); x + mlp(ln_2(x))
-//   attn: causal self-attention, H heads of C/H channels, written with matmul and masked softmax
+//   attn: causal self-attention, H heads of C/H channels: by default one fused op
+//         (causal_attention, ir/ops/attention.h: no [T, T] value is kept between forward and
+//         backward); GptAttention::kNaive writes it as matmul → scale → causal_mask → softmax →
+//         matmul, the textbook chain (kept for comparison; its scores and probabilities are the
+//         values Model::attention_values names). The two agree to rounding: relative 1e-5 in f32
+//         on a training run's losses, 1e-11 in f64 (tests/ops/attention_test.cc, tests/nn).
 //   mlp:  Linear(C, 4C) → GELU (tanh) → Linear(4C, C)
 // Linear layers have biases, layer norms weight and bias (eps 1e-5), no dropout, lm_head has no
 // bias and is not tied to wte. Parameter names and layouts: docs/models.md (GPT-2 names; block
@@ -21,11 +26,26 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
+#include "sluice/core/enum_names.h"
 #include "sluice/nn/model.h"
 
 namespace sluice {
+
+enum class GptAttention : uint8_t { kNaive, kFused };
+
+inline constexpr EnumEntry<GptAttention> kGptAttentionNames[] = {
+    {GptAttention::kNaive, "naive"},
+    {GptAttention::kFused, "fused"},
+};
+static_assert(IsCompleteEnumTable(kGptAttentionNames));
+
+// The name in kGptAttentionNames, and back (nullopt for any other text).
+std::string_view Name(GptAttention attention);
+std::optional<GptAttention> ParseGptAttention(std::string_view name);
 
 struct GptConfig {
   int64_t vocab = 256;
@@ -33,6 +53,7 @@ struct GptConfig {
   int64_t layers = 4;
   int64_t heads = 4;
   int64_t dim = 128;
+  GptAttention attention = GptAttention::kFused;  // how blocks compute attention (same parameters)
 };
 
 // Throws InvalidArgument saying what to change (heads not dividing dim, non-positive sizes).

@@ -308,8 +308,9 @@ void RegisterElementwiseOps(OpRegistry& r) {
                 UnaryKernel<kernels::GeluReference<float>, kernels::GeluReference<double>>, GeluVjp,
                 "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))",
                 /*recomputable=*/true);
-  RegisterUnary(r, "tanh", UnaryKernel<kernels::Tanh<float>, kernels::Tanh<double>>, nullptr,
-                TanhVjp, "tanh(x)", /*recomputable=*/true);
+  RegisterUnary(r, "tanh", UnaryKernel<kernels::TanhFast<float>, kernels::TanhFast<double>>,
+                UnaryKernel<kernels::TanhReference<float>, kernels::TanhReference<double>>, TanhVjp,
+                "tanh(x)", /*recomputable=*/true);
   RegisterUnary(r, "exp", UnaryKernel<kernels::ExpFast<float>, kernels::ExpFast<double>>,
                 UnaryKernel<kernels::ExpReference<float>, kernels::ExpReference<double>>, ExpVjp,
                 "e^x");

@@ -1,0 +1,169 @@
+// Attention ops: registration, inference, kernel dispatch and the VJP rule.
+// Kernels: kernels/attention.h.
+#include "sluice/ir/ops/attention.h"
+
+#include <vector>
+
+#include "sluice/ir/ops.h"
+#include "sluice/ir/ops/common.h"
+#include "sluice/kernels/attention.h"
+
+namespace sluice {
+
+namespace {
+
+// [..., T, D] without its last axis: [..., T].
+Shape RowsShape(const Shape& s) {
+  std::vector<int64_t> dims(s.dims().begin(), s.dims().end() - 1);
+  return Shape(std::span<const int64_t>(dims));
+}
+
+void RequireQkv(std::span<const TensorType> qkv) {
+  const Shape& s = qkv[0].shape;
+  if (s.rank() < 2) {
+    throw ShapeError(fmt::format("q must be [..., T, D] (rank 2 or more), got {}", s.ToString()));
+  }
+  for (size_t i = 1; i < qkv.size(); ++i) {
+    if (qkv[i].shape != s) {
+      throw ShapeError(fmt::format("q, k and v must have one shape: q {}, {} {}", s.ToString(),
+                                   i == 1 ? "k" : "v", qkv[i].shape.ToString()));
+    }
+  }
+}
+
+double Scale(const Attrs& attrs) { return attrs.GetFloat("scale"); }
+
+std::vector<TensorType> InferAttention(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  RequireQkv(in);
+  if (!std::isfinite(Scale(attrs))) {
+    throw ShapeError(fmt::format("scale must be finite, got {}", Scale(attrs)));
+  }
+  return {{t, in[0].shape}, {t, RowsShape(in[0].shape)}};
+}
+
+// dy, dlse, q, k, v, y, lse.
+std::vector<TensorType> InferAttentionGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  RequireQkv(in.subspan(2, 3));
+  const Shape& s = in[2].shape;
+  const Shape rows = RowsShape(s);
+  const char* names[] = {"dy", "dlse", "q", "k", "v", "y", "lse"};
+  for (int i : {0, 5}) {
+    if (in[i].shape != s) {
+      throw ShapeError(fmt::format("{} must be q's shape {}, got {}", names[i], s.ToString(),
+                                   in[i].shape.ToString()));
+    }
+  }
+  for (int i : {1, 6}) {
+    if (in[i].shape != rows) {
+      throw ShapeError(fmt::format("{} must be {} (q {} without D), got {}", names[i],
+                                   rows.ToString(), s.ToString(), in[i].shape.ToString()));
+    }
+  }
+  return {{t, s}, {t, s}, {t, s}};
+}
+
+struct Dims {
+  int64_t batch, t, d;
+};
+
+Dims AttentionDims(const Shape& s) {
+  const int64_t t = s[s.rank() - 2], d = s[s.rank() - 1];
+  return {t * d == 0 ? 0 : s.numel() / (t * d), t, d};
+}
+
+template <bool kFast>
+void AttentionKernel(KernelContext& ctx) {
+  const Tensor& q = ctx.inputs[0];
+  DispatchFloat(q.dtype(), "causal_attention", [&]<typename T>() {
+    const Dims n = AttentionDims(q.shape());
+    const T scale = static_cast<T>(Scale(ctx.attrs));
+    const T *qp = q.data<T>(), *kp = ctx.inputs[1].data<T>(), *vp = ctx.inputs[2].data<T>();
+    T *y = ctx.outputs[0].data<T>(), *lse = ctx.outputs[1].data<T>();
+    if constexpr (kFast) {
+      kernels::CausalAttentionFast<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale);
+    } else {
+      kernels::CausalAttentionReference<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale);
+    }
+  });
+}
+
+template <bool kFast>
+void AttentionGradKernel(KernelContext& ctx) {
+  const Tensor& q = ctx.inputs[2];
+  DispatchFloat(q.dtype(), "causal_attention_grad", [&]<typename T>() {
+    const Dims n = AttentionDims(q.shape());
+    const T scale = static_cast<T>(Scale(ctx.attrs));
+    const T* in[7];
+    for (int i = 0; i < 7; ++i) in[i] = ctx.inputs[i].data<T>();
+    T *dq = ctx.outputs[0].data<T>(), *dk = ctx.outputs[1].data<T>(),
+      *dv = ctx.outputs[2].data<T>();
+    if constexpr (kFast) {
+      kernels::CausalAttentionGradFast<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq, dk,
+                                          dv, n.batch, n.t, n.d, scale);
+    } else {
+      kernels::CausalAttentionGradReference<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq,
+                                               dk, dv, n.batch, n.t, n.d, scale);
+    }
+  });
+}
+
+// Gradients that do not reach an output are zeros of its type (the kernel needs both).
+std::vector<Var> AttentionVjp(VjpContext& ctx) {
+  auto or_zeros = [&](int i) {
+    Var g = ctx.dy(i);
+    return g.valid() ? g : Zeros(ctx.builder(), ctx.y_type(i).shape, ctx.y_type(i).dtype);
+  };
+  return CausalAttentionGrad(or_zeros(0), or_zeros(1), ctx.x(0), ctx.x(1), ctx.x(2), ctx.y(0),
+                             ctx.y(1), Scale(ctx.attrs()));
+}
+
+}  // namespace
+
+std::pair<Var, Var> CausalAttention(Var q, Var k, Var v, double scale) {
+  std::vector<Var> out = q.builder()->Emit("causal_attention", {q, k, v}, {{"scale", scale}});
+  return {out[0], out[1]};
+}
+
+std::vector<Var> CausalAttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse,
+                                     double scale) {
+  return dy.builder()->Emit("causal_attention_grad", {dy, dlse, q, k, v, y, lse},
+                            {{"scale", scale}});
+}
+
+void RegisterAttentionOps(OpRegistry& r) {
+  r.Register({.name = "causal_attention",
+              .num_inputs = 3,
+              .infer = InferAttention,
+              .kernel = AttentionKernel<true>,
+              .reference = AttentionKernel<false>,
+              .vjp = AttentionVjp,
+              .doc = "fused causal self-attention softmax(scale·q·kᵀ, masked)·v; also the "
+                     "log-sum-exp of each row (no [T, T] value is kept)",
+              .signature = {.inputs = {{"q", "float[..., T, D]"},
+                                       {"k", "float[..., T, D]"},
+                                       {"v", "float[..., T, D]"}},
+                            .attrs = {{"scale", "float"}},
+                            .outputs = {{"y", "float[..., T, D]"}, {"lse", "float[..., T]"}}}});
+  r.Register({.name = "causal_attention_grad",
+              .num_inputs = 7,
+              .infer = InferAttentionGrad,
+              .kernel = AttentionGradKernel<true>,
+              .reference = AttentionGradKernel<false>,
+              .doc = "causal_attention backward: dq, dk, dv, the probabilities recomputed from q, "
+                     "k and lse tile by tile",
+              .signature = {.inputs = {{"dy", "float[..., T, D]"},
+                                       {"dlse", "float[..., T]"},
+                                       {"q", "float[..., T, D]"},
+                                       {"k", "float[..., T, D]"},
+                                       {"v", "float[..., T, D]"},
+                                       {"y", "float[..., T, D]"},
+                                       {"lse", "float[..., T]"}},
+                            .attrs = {{"scale", "float"}},
+                            .outputs = {{"dq", "float[..., T, D]"},
+                                        {"dk", "float[..., T, D]"},
+                                        {"dv", "float[..., T, D]"}}}});
+}
+
+}  // namespace sluice

@@ -1,0 +1,463 @@
+// The per-target code of simd_kernels.h. Highway compiles this file once per target
+// (hwy/foreach_target.h re-includes it with HWY_NAMESPACE set to N_AVX2, N_SSE4, ...); the part
+// under HWY_ONCE, compiled once, exports the tables and picks one at run time.
+//
+// Every loop walks a row in whole vectors; a row's tail (fewer elements than lanes) is loaded into
+// a padded vector (the padding being the operation's neutral element) and stored partially, so
+// every element goes through the same vector code whatever its position.
+
+// SSSE3 adds nothing over SSE4 for these kernels: one compilation fewer.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "sluice/kernels/simd_kernels.cc"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/highway.h>
+
+#include <hwy/contrib/math/math-inl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numbers>
+
+#include "sluice/kernels/simd_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sluice::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The widest vector of any target, in elements of T: room for a padded tail.
+template <typename T>
+inline constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(T);
+
+// The `count` elements at p (count ≤ lanes), the other lanes set to `fill`.
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> LoadPart(D d, const T* p, size_t count, T fill) {
+  if (count == hn::Lanes(d)) return hn::LoadU(d, p);
+  HWY_ALIGN T buf[kMaxLanes<T>];
+  std::fill_n(buf, hn::Lanes(d), fill);
+  std::memcpy(buf, p, count * sizeof(T));
+  return hn::Load(d, buf);
+}
+
+// Stores the first `count` lanes of v at p.
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE void StorePart(D d, hn::Vec<D> v, T* p, size_t count) {
+  if (count == hn::Lanes(d)) return hn::StoreU(v, d, p);
+  HWY_ALIGN T buf[kMaxLanes<T>];
+  hn::Store(v, d, buf);
+  std::memcpy(p, buf, count * sizeof(T));
+}
+
+// Calls f(j, count) for the vectors of a row of n elements: count = lanes, then the tail.
+template <class D, class F>
+HWY_INLINE void ForVectors(D d, int64_t n, F&& f) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) f(j, static_cast<size_t>(lanes));
+  if (j < n) f(j, static_cast<size_t>(n - j));
+}
+
+template <class D>
+HWY_INLINE hn::TFromD<D> SumLanes(D d, hn::Vec<D> v) {
+  return hn::GetLane(hn::SumOfLanes(d, v));
+}
+
+// ---- row reductions ----
+
+template <typename T>
+T RowMax(const T* x, int64_t n) {
+  const hn::ScalableTag<T> d;
+  constexpr T kLow = -std::numeric_limits<T>::infinity();
+  auto acc = hn::Set(d, kLow);
+  ForVectors(d, n, [&](int64_t j, size_t c) { acc = hn::Max(acc, LoadPart(d, x + j, c, kLow)); });
+  return hn::GetLane(hn::MaxOfLanes(d, acc));
+}
+
+template <typename T>
+T RowSum(const T* x, int64_t n) {
+  const hn::ScalableTag<T> d;
+  auto acc = hn::Zero(d);
+  ForVectors(d, n, [&](int64_t j, size_t c) { acc = hn::Add(acc, LoadPart(d, x + j, c, T(0))); });
+  return SumLanes(d, acc);
+}
+
+template <typename T>
+T RowDot(const T* a, const T* b, int64_t n) {
+  const hn::ScalableTag<T> d;
+  auto acc = hn::Zero(d);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    acc = hn::MulAdd(LoadPart(d, a + j, c, T(0)), LoadPart(d, b + j, c, T(0)), acc);
+  });
+  return SumLanes(d, acc);
+}
+
+// Σ_j (x[j] − c)².
+template <typename T>
+T RowCentredSquares(const T* x, T centre, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vc = hn::Set(d, centre);
+  auto acc = hn::Zero(d);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto v = hn::Sub(LoadPart(d, x + j, c, centre), vc);  // padding: centre, adds 0
+    acc = hn::MulAdd(v, v, acc);
+  });
+  return SumLanes(d, acc);
+}
+
+// y[j] = e^(x[j] − shift) (y may be null); returns Σ_j e^(x[j] − shift). e^(−inf) is exactly 0,
+// so padding with −inf adds nothing.
+template <typename T>
+T RowExpSum(const T* x, T shift, T* y, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vs = hn::Set(d, shift);
+  auto acc = hn::Zero(d);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto v = LoadPart(d, x + j, c, -std::numeric_limits<T>::infinity());
+    const auto e = hn::Exp(d, hn::Sub(v, vs));
+    if (y) StorePart(d, e, y + j, c);
+    acc = hn::Add(acc, e);
+  });
+  return SumLanes(d, acc);
+}
+
+// y[j] *= k.
+template <typename T>
+void RowScaleInPlace(T* y, T k, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vk = hn::Set(d, k);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    StorePart(d, hn::Mul(LoadPart(d, y + j, c, T(0)), vk), y + j, c);
+  });
+}
+
+// out = p · (dp − s).
+template <typename T>
+void SoftmaxGradRow(const T* p, const T* dp, T s, T* out, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vs = hn::Set(d, s);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto pv = LoadPart(d, p + j, c, T(0));
+    StorePart(d, hn::Mul(pv, hn::Sub(LoadPart(d, dp + j, c, T(0)), vs)), out + j, c);
+  });
+}
+
+// ---- softmax ----
+
+template <typename T>
+void SoftmaxRow(const T* x, T* y, int64_t n) {
+  const T m = RowMax(x, n);
+  RowScaleInPlace(y, T(1) / RowExpSum(x, m, y, n), n);
+}
+
+template <typename T>
+void Softmax(const T* x, T* y, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) SoftmaxRow(x + r * cols, y + r * cols, cols);
+}
+
+template <typename T>
+void CausalSoftmax(const T* x, T* y, int64_t begin, int64_t end, int64_t t) {
+  for (int64_t row = begin; row < end; ++row) {
+    const int64_t visible = row % t + 1;
+    SoftmaxRow(x + row * t, y + row * t, visible);
+    std::fill(y + row * t + visible, y + (row + 1) * t, T(0));
+  }
+}
+
+template <typename T>
+void SoftmaxGrad(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* dyr = dy + r * cols;
+    const T* yr = y + r * cols;
+    SoftmaxGradRow(yr, dyr, RowDot(dyr, yr, cols), dx + r * cols, cols);
+  }
+}
+
+// ---- layer norm ----
+
+template <typename T>
+struct RowStats {
+  T mean, rstd;
+};
+
+template <typename T>
+RowStats<T> Stats(const T* x, int64_t n, T eps) {
+  const T mean = RowSum(x, n) / static_cast<T>(n);
+  const T var = RowCentredSquares(x, mean, n) / static_cast<T>(n);
+  return {mean, T(1) / std::sqrt(var + eps)};
+}
+
+template <typename T>
+void LayerNorm(const T* x, const T* w, const T* b, T* y, int64_t rows, int64_t cols, T eps) {
+  const hn::ScalableTag<T> d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    const RowStats<T> s = Stats(xr, cols, eps);
+    const auto mean = hn::Set(d, s.mean), rstd = hn::Set(d, s.rstd);
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto xhat = hn::Mul(hn::Sub(LoadPart(d, xr + j, c, T(0)), mean), rstd);
+      StorePart(d, hn::MulAdd(xhat, LoadPart(d, w + j, c, T(0)), LoadPart(d, b + j, c, T(0))),
+                yr + j, c);
+    });
+  }
+}
+
+template <typename T>
+void LayerNormGradX(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t cols, T eps) {
+  const hn::ScalableTag<T> d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    T* dxr = dx + r * cols;
+    const RowStats<T> s = Stats(xr, cols, eps);
+    const auto mean = hn::Set(d, s.mean), rstd = hn::Set(d, s.rstd);
+    // Σ g and Σ g·x̂ with g = dy·weight (padding: dy = 0, so g = 0).
+    auto g_acc = hn::Zero(d), gx_acc = hn::Zero(d);
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto g = hn::Mul(LoadPart(d, dyr + j, c, T(0)), LoadPart(d, w + j, c, T(0)));
+      const auto xhat = hn::Mul(hn::Sub(LoadPart(d, xr + j, c, s.mean), mean), rstd);
+      g_acc = hn::Add(g_acc, g);
+      gx_acc = hn::MulAdd(g, xhat, gx_acc);
+    });
+    const auto g_mean = hn::Set(d, SumLanes(d, g_acc) / static_cast<T>(cols));
+    const auto gx_mean = hn::Set(d, SumLanes(d, gx_acc) / static_cast<T>(cols));
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto g = hn::Mul(LoadPart(d, dyr + j, c, T(0)), LoadPart(d, w + j, c, T(0)));
+      const auto xhat = hn::Mul(hn::Sub(LoadPart(d, xr + j, c, s.mean), mean), rstd);
+      // rstd · (g − g_mean − x̂·gx_mean)
+      StorePart(d, hn::Mul(rstd, hn::NegMulAdd(xhat, gx_mean, hn::Sub(g, g_mean))), dxr + j, c);
+    });
+  }
+}
+
+template <typename T>
+void LayerNormGradParams(const T* dy, const T* x, T* dw, T* db, int64_t rows, int64_t cols, T eps) {
+  const hn::ScalableTag<T> d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    const RowStats<T> s = Stats(xr, cols, eps);
+    const auto mean = hn::Set(d, s.mean), rstd = hn::Set(d, s.rstd);
+    // Across channels: no sum is reordered, rows are added in order.
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto g = LoadPart(d, dyr + j, c, T(0));
+      const auto xhat = hn::Mul(hn::Sub(LoadPart(d, xr + j, c, s.mean), mean), rstd);
+      StorePart(d, hn::MulAdd(g, xhat, LoadPart(d, dw + j, c, T(0))), dw + j, c);
+      StorePart(d, hn::Add(g, LoadPart(d, db + j, c, T(0))), db + j, c);
+    });
+  }
+}
+
+// ---- cross-entropy rows ----
+
+template <typename T>
+void MaxAndSumExp(const T* x, int64_t n, T* max, T* sum) {
+  *max = RowMax(x, n);
+  *sum = RowExpSum<T>(x, *max, nullptr, n);
+}
+
+template <typename T>
+void ScaledExp(const T* x, T shift, T scale, T* y, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vs = hn::Set(d, shift), vk = hn::Set(d, scale);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto e = hn::Exp(d, hn::Sub(LoadPart(d, x + j, c, shift), vs));
+    StorePart(d, hn::Mul(e, vk), y + j, c);
+  });
+}
+
+// ---- elementwise ----
+
+// Highway's Exp is accurate up to 104 (f32) / 706 (f64) and garbage far beyond; past these
+// bounds every result overflows anyway (e^88.8 > FLT_MAX, e^709.8 > DBL_MAX), so larger inputs
+// are clamped to them and the answer is +inf. The f64 bound is 709.8, not 706: the 2^q scaling
+// (two factors 2^(q/2)) holds up to overflow, which tests/ops check at 709.7.
+template <typename T>
+inline constexpr T kExpClamp = sizeof(T) == 4 ? T(104) : T(709.8);
+
+template <typename T>
+void Exp(const T* x, T* y, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto hi = hn::Set(d, kExpClamp<T>);
+  const auto inf = hn::Set(d, std::numeric_limits<T>::infinity());
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto v = LoadPart(d, x + j, c, T(0));
+    auto e = hn::Exp(d, hn::Min(v, hi));
+    e = hn::IfThenElse(hn::Gt(v, hi), inf, e);
+    StorePart(d, hn::IfThenElse(hn::IsNaN(v), v, e), y + j, c);
+  });
+}
+
+template <typename T>
+void Tanh(const T* x, T* y, int64_t n) {
+  const hn::ScalableTag<T> d;
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    StorePart(d, hn::Tanh(d, LoadPart(d, x + j, c, T(0))), y + j, c);
+  });
+}
+
+// GELU, tanh approximation, as the reference kernel (and PyTorch) writes it:
+// inner = β·(x + κ·x³), β = √(2/π), κ = 0.044715.
+template <typename T>
+inline constexpr T kBeta = static_cast<T>(std::numbers::sqrt2* std::numbers::inv_sqrtpi);
+template <typename T>
+inline constexpr T kKappa = T(0.044715);
+
+template <class D>
+HWY_INLINE hn::Vec<D> GeluInner(D d, hn::Vec<D> x) {
+  using T = hn::TFromD<D>;
+  const auto x_cube = hn::Mul(hn::Mul(x, x), x);
+  return hn::Mul(hn::Set(d, kBeta<T>), hn::MulAdd(hn::Set(d, kKappa<T>), x_cube, x));
+}
+
+template <typename T>
+void Gelu(const T* x, T* y, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto half = hn::Set(d, T(0.5)), one = hn::Set(d, T(1));
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto v = LoadPart(d, x + j, c, T(0));
+    const auto t = hn::Tanh(d, GeluInner(d, v));
+    StorePart(d, hn::Mul(hn::Mul(half, v), hn::Add(one, t)), y + j, c);
+  });
+}
+
+template <typename T>
+void GeluGrad(const T* dy, const T* x, T* dx, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto half = hn::Set(d, T(0.5)), one = hn::Set(d, T(1));
+  const auto beta = hn::Set(d, kBeta<T>), three_kappa = hn::Set(d, T(3) * kKappa<T>);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto v = LoadPart(d, x + j, c, T(0));
+    const auto t = hn::Tanh(d, GeluInner(d, v));
+    // d/dx of 0.5·x·(1 + t): 0.5·(1 + t) + 0.5·x·(1 − t²)·β·(1 + 3κ·x²)
+    const auto left_derivative = hn::Mul(half, hn::Add(one, t));
+    const auto tanh_derivative = hn::NegMulAdd(t, t, one);
+    const auto inner_derivative = hn::Mul(beta, hn::MulAdd(three_kappa, hn::Mul(v, v), one));
+    const auto right_derivative =
+        hn::Mul(hn::Mul(hn::Mul(half, v), tanh_derivative), inner_derivative);
+    StorePart(d, hn::Mul(LoadPart(d, dy + j, c, T(0)), hn::Add(left_derivative, right_derivative)),
+              dx + j, c);
+  });
+}
+
+// ---- optimizer updates ----
+
+template <typename T>
+void AdamW(T* p, const T* g, T* m, T* v, int64_t n, const AdamWScalars<T>& s) {
+  const hn::ScalableTag<T> d;
+  const auto decay = hn::Set(d, s.decay), b1 = hn::Set(d, s.beta1),
+             c1 = hn::Set(d, s.one_minus_beta1), b2 = hn::Set(d, s.beta2),
+             c2 = hn::Set(d, s.one_minus_beta2), step_size = hn::Set(d, s.step_size),
+             bias2_sqrt = hn::Set(d, s.bias2_sqrt), eps = hn::Set(d, s.eps);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto gv = LoadPart(d, g + j, c, T(0));
+    const auto mi = hn::Add(hn::Mul(b1, LoadPart(d, m + j, c, T(0))), hn::Mul(c1, gv));
+    const auto vi = hn::Add(hn::Mul(b2, LoadPart(d, v + j, c, T(0))), hn::Mul(hn::Mul(c2, gv), gv));
+    const auto denom = hn::Add(hn::Div(hn::Sqrt(vi), bias2_sqrt), eps);
+    const auto pv = hn::Mul(LoadPart(d, p + j, c, T(0)), decay);
+    StorePart(d, mi, m + j, c);
+    StorePart(d, vi, v + j, c);
+    StorePart(d, hn::Sub(pv, hn::Mul(step_size, hn::Div(mi, denom))), p + j, c);
+  });
+}
+
+template <typename T>
+void Sgd(T* p, const T* g, T* buf, int64_t n, T weight_decay, T momentum, T lr) {
+  const hn::ScalableTag<T> d;
+  const auto wd = hn::Set(d, weight_decay), mu = hn::Set(d, momentum), rate = hn::Set(d, lr);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto pv = LoadPart(d, p + j, c, T(0));
+    auto dir = hn::Add(LoadPart(d, g + j, c, T(0)), hn::Mul(wd, pv));
+    if (momentum != T(0)) {
+      dir = hn::Add(hn::Mul(mu, LoadPart(d, buf + j, c, T(0))), dir);
+      StorePart(d, dir, buf + j, c);
+    }
+    StorePart(d, hn::Sub(pv, hn::Mul(rate, dir)), p + j, c);
+  });
+}
+
+// A function-local static: initialised on first use, whatever the order of static initialisers.
+template <typename T>
+const SimdRowKernels<T>* Table() {
+  static const SimdRowKernels<T> table = {
+      .target = hwy::TargetName(HWY_TARGET),
+      .softmax = Softmax<T>,
+      .causal_softmax = CausalSoftmax<T>,
+      .softmax_grad = SoftmaxGrad<T>,
+      .layer_norm = LayerNorm<T>,
+      .layer_norm_grad_x = LayerNormGradX<T>,
+      .layer_norm_grad_params = LayerNormGradParams<T>,
+      .row_max = RowMax<T>,
+      .row_dot = RowDot<T>,
+      .exp_sum = RowExpSum<T>,
+      .scale_in_place = RowScaleInPlace<T>,
+      .softmax_grad_row = SoftmaxGradRow<T>,
+      .max_and_sum_exp = MaxAndSumExp<T>,
+      .scaled_exp = ScaledExp<T>,
+      .exp = Exp<T>,
+      .tanh = Tanh<T>,
+      .gelu = Gelu<T>,
+      .gelu_grad = GeluGrad<T>,
+      .adamw = AdamW<T>,
+      .sgd = Sgd<T>,
+  };
+  return &table;
+}
+
+// The exported functions (HWY_EXPORT takes names, not templates).
+const SimdRowKernels<float>* TableF32() { return Table<float>(); }
+const SimdRowKernels<double>* TableF64() { return Table<double>(); }
+
+}  // namespace sluice::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "sluice/core/error.h"
+
+namespace sluice::kernels {
+
+HWY_EXPORT(TableF32);
+HWY_EXPORT(TableF64);
+
+template <>
+const SimdRowKernels<float>& Simd<float>() {
+  return *HWY_DYNAMIC_DISPATCH(TableF32)();
+}
+template <>
+const SimdRowKernels<double>& Simd<double>() {
+  return *HWY_DYNAMIC_DISPATCH(TableF64)();
+}
+
+std::string SimdTarget() { return Simd<float>().target; }
+
+std::vector<std::string> SimdTargets() {
+  // SupportedAndGeneratedTargets lists the lowest bit (the best target) first.
+  std::vector<std::string> names;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) names.emplace_back(hwy::TargetName(t));
+  return names;
+}
+
+void ForceSimdTarget(std::string_view target) {
+  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
+  if (target.empty()) return;
+  std::string available;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    if (target == hwy::TargetName(t)) {
+      hwy::SetSupportedTargetsForTest(t);
+      return;
+    }
+    available += available.empty() ? "" : ", ";
+    available += hwy::TargetName(t);
+  }
+  throw InvalidArgument("SIMD target '" + std::string(target) +
+                        "' is not available on this machine (available: " + available + ")");
+}
+
+}  // namespace sluice::kernels
+#endif  // HWY_ONCE

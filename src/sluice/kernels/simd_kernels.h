@@ -1,0 +1,98 @@
+// Runtime-dispatched SIMD row kernels (Google Highway): the vector code behind the *Fast kernels
+// of softmax.h, layer_norm.h, cross_entropy.h, unary.h and optimizer.h.
+//
+// simd_kernels.cc is compiled once per instruction set that Highway targets on the machine's
+// architecture (x86-64: AVX-512 "AVX3", AVX2+FMA "AVX2", "SSE4" and the one-lane portable
+// baseline "SCALAR"), and the first call picks the best one the CPU runs (HWY_DYNAMIC_DISPATCH):
+// one binary runs everywhere, with wide vectors where the CPU has them. Simd<T>() returns the
+// chosen target's table of kernels; a table entry works on whole rows (or whole buffers), so a
+// kernel pays the dispatch once per call, not per element.
+//
+// Accuracy against the reference kernels (plain loops, libm; tests/kernels/simd_kernels_test.cc
+// checks every available target):
+//   exp   within 1 ulp of the exact result (Highway's contrib/math Exp), so ≤ 2 ulp from std::exp;
+//         e^(−inf) = 0, e^(+inf) and overflow = +inf, NaN stays NaN.
+//   tanh  within 4 ulp (Highway's Tanh), so ≤ 5 ulp from std::tanh.
+//   gelu, gelu_grad: the reference formula with that tanh (relative error a few ulp, absolute
+//         where 1 + tanh cancels).
+//   softmax, layer norm, cross-entropy: sums are kept per lane and added at the end, so results
+//         differ from the left-to-right reference by rounding only (relative 2e-5 in f32, the op
+//         harness's tolerance). The lane count, and so the rounding, depends on the target: results
+//         are bitwise reproducible on one machine, not across instruction sets.
+//   adamw, sgd: elementwise, the fast kernels' formulas exactly (no sums to reorder).
+//
+// Thread-safety: the table is immutable; kernels are plain functions over caller-owned memory, and
+// calls on disjoint outputs may run concurrently. ForceSimdTarget is for tests and benchmarks: it
+// changes the choice for the whole process and must not race with running kernels.
+//
+// Example:
+//   kernels::Simd<float>().softmax(x, y, rows, cols);
+//   for (const std::string& t : kernels::SimdTargets()) { kernels::ForceSimdTarget(t); ... }
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sluice::kernels {
+
+// AdamW's per-step scalars (optimizer.h): p = p·decay − step_size·m / (√v / bias2_sqrt + eps).
+template <typename T>
+struct AdamWScalars {
+  T decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bias2_sqrt, eps;
+};
+
+template <typename T>
+struct SimdRowKernels {
+  const char* target;  // Highway's name of the instruction set: "AVX3", "AVX2", "SSE4", "SCALAR"
+  // x, y [rows, cols]: y = softmax over each row.
+  void (*softmax)(const T* x, T* y, int64_t rows, int64_t cols);
+  // Rows [begin, end) of [batch·t, t] causal scores: row r is query r % t, keys 0..r % t visible;
+  // y is the softmax over the visible keys and 0 elsewhere.
+  void (*causal_softmax)(const T* x, T* y, int64_t begin, int64_t end, int64_t t);
+  // dx = y · (dy − Σ dy·y) per row.
+  void (*softmax_grad)(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols);
+  void (*layer_norm)(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols,
+                     T eps);
+  void (*layer_norm_grad_x)(const T* dy, const T* x, const T* weight, T* dx, int64_t rows,
+                            int64_t cols, T eps);
+  // Adds the rows' Σ dy·x̂ to dweight and Σ dy to dbias ([cols] each), rows in order.
+  void (*layer_norm_grad_params)(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
+                                 int64_t cols, T eps);
+  // Row primitives (fused attention, kernels/attention.h); x and y may be the same buffer.
+  T (*row_max)(const T* x, int64_t n);
+  T (*row_dot)(const T* a, const T* b, int64_t n);
+  // y = e^(x − shift); returns Σ y.
+  T (*exp_sum)(const T* x, T shift, T* y, int64_t n);
+  // y *= k.
+  void (*scale_in_place)(T* y, T k, int64_t n);
+  // out = p · (dp − s) (out may be dp).
+  void (*softmax_grad_row)(const T* p, const T* dp, T s, T* out, int64_t n);
+  // max = max_j x[j], sum = Σ_j e^(x[j] − max): a log-sum-exp row (cross-entropy).
+  void (*max_and_sum_exp)(const T* x, int64_t n, T* max, T* sum);
+  // y = scale · e^(x − shift).
+  void (*scaled_exp)(const T* x, T shift, T scale, T* y, int64_t n);
+  void (*exp)(const T* x, T* y, int64_t n);
+  void (*tanh)(const T* x, T* y, int64_t n);
+  void (*gelu)(const T* x, T* y, int64_t n);
+  void (*gelu_grad)(const T* dy, const T* x, T* dx, int64_t n);
+  void (*adamw)(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWScalars<T>& s);
+  // d = g + weight_decay·p; with momentum: buf = momentum·buf + d, d = buf; p = p − lr·d.
+  void (*sgd)(T* param, const T* grad, T* momentum_buf, int64_t n, T weight_decay, T momentum,
+              T lr);
+};
+
+// The table of the target in use (T = float or double).
+template <typename T>
+const SimdRowKernels<T>& Simd();
+
+// The name of the target in use, e.g. "AVX2".
+std::string SimdTarget();
+// The targets compiled in and supported by this CPU, best first; the first is the default.
+std::vector<std::string> SimdTargets();
+// Restricts dispatch to the named target (one of SimdTargets()); "" restores the default.
+// Throws InvalidArgument naming the target and the available ones when it is not available.
+void ForceSimdTarget(std::string_view target);
+
+}  // namespace sluice::kernels

@@ -1,0 +1,253 @@
+// The runtime-dispatched SIMD kernels (kernels/simd_kernels.h) on every target this machine runs:
+// each test forces each available target in turn (Highway's SetSupportedTargetsForTest, through
+// ForceSimdTarget) and checks the fast kernels against the reference kernels within the bounds the
+// header documents.
+#include "sluice/kernels/simd_kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+#include "sluice/kernels/cross_entropy.h"
+#include "sluice/kernels/layer_norm.h"
+#include "sluice/kernels/optimizer.h"
+#include "sluice/kernels/softmax.h"
+#include "sluice/kernels/unary.h"
+
+namespace sluice::kernels {
+namespace {
+
+template <typename T>
+std::vector<T> Random(int64_t n, uint64_t seed, double lo = -2.0, double hi = 2.0) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  std::vector<T> v(static_cast<size_t>(n));
+  for (T& x : v) x = static_cast<T>(u(rng));
+  return v;
+}
+
+// Distance in units in the last place between two finite values of the same sign (or zeros).
+template <typename T>
+int64_t UlpDistance(T a, T b) {
+  using I = std::conditional_t<sizeof(T) == 4, int32_t, int64_t>;
+  if (a == b) return 0;
+  I ia, ib;
+  std::memcpy(&ia, &a, sizeof(T));
+  std::memcpy(&ib, &b, sizeof(T));
+  if ((ia < 0) != (ib < 0)) return std::numeric_limits<int64_t>::max();
+  return ia > ib ? static_cast<int64_t>(ia) - ib : static_cast<int64_t>(ib) - ia;
+}
+
+// Runs body once per available target, with that target forced; restores the default after.
+template <typename F>
+void ForEachTarget(F&& body) {
+  const std::vector<std::string> targets = SimdTargets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::string& t : targets) {
+    ForceSimdTarget(t);
+    ASSERT_EQ(SimdTarget(), t) << "forcing a target changes the dispatch";
+    SCOPED_TRACE("target " + t);
+    body();
+  }
+  ForceSimdTarget("");
+  EXPECT_EQ(SimdTarget(), targets.front()) << "the default is the best target";
+}
+
+template <typename T>
+class SimdKernels : public ::testing::Test {};
+using FloatTypes = ::testing::Types<float, double>;
+TYPED_TEST_SUITE(SimdKernels, FloatTypes);
+
+// Lengths around every vector width (4 to 16 lanes) and odd tails.
+constexpr int64_t kLengths[] = {1, 3, 4, 7, 8, 15, 16, 17, 33, 100, 1031};
+
+TYPED_TEST(SimdKernels, ExpIsWithinTwoUlpOfStdExp) {
+  using T = TypeParam;
+  // The whole finite range of results, down into the subnormals (where ulps are absolute).
+  const double lo = sizeof(T) == 4 ? -87.0 : -708.0, hi = sizeof(T) == 4 ? 88.7 : 709.7;
+  const std::vector<T> x = Random<T>(4099, 7, lo, hi);
+  ForEachTarget([&] {
+    std::vector<T> y(x.size());
+    ExpFast<T>(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    int64_t worst = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      worst = std::max(worst, UlpDistance(y[i], std::exp(x[i])));
+    EXPECT_LE(worst, 2);
+  });
+}
+
+TYPED_TEST(SimdKernels, ExpKeepsSpecialValues) {
+  using T = TypeParam;
+  const T inf = std::numeric_limits<T>::infinity();
+  const std::vector<T> x = {-inf, T(-1e6), T(0), T(1e6), inf, std::numeric_limits<T>::quiet_NaN()};
+  ForEachTarget([&] {
+    std::vector<T> y(x.size());
+    ExpFast<T>(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    EXPECT_EQ(y[0], T(0));
+    EXPECT_EQ(y[1], T(0));
+    EXPECT_EQ(y[2], T(1));
+    EXPECT_EQ(y[3], inf);
+    EXPECT_EQ(y[4], inf);
+    EXPECT_TRUE(std::isnan(y[5]));
+  });
+}
+
+TYPED_TEST(SimdKernels, TanhIsWithinFiveUlpOfStdTanh) {
+  using T = TypeParam;
+  const std::vector<T> x = Random<T>(4099, 8, -12.0, 12.0);
+  ForEachTarget([&] {
+    std::vector<T> y(x.size());
+    TanhFast<T>(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    int64_t worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      worst = std::max(worst, UlpDistance(y[i], std::tanh(x[i])));
+    }
+    EXPECT_LE(worst, 5);
+  });
+}
+
+// Relative error of a against the reference b, with an absolute floor for values near 0.
+template <typename T>
+void ExpectClose(const std::vector<T>& a, const std::vector<T>& b, double rel, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = std::max(1.0, std::abs(static_cast<double>(b[i])));
+    ASSERT_NEAR(a[i], b[i], rel * scale) << what << " at " << i;
+  }
+}
+
+template <typename T>
+double Tolerance() {
+  return sizeof(T) == 4 ? 2e-6 : 1e-14;
+}
+
+TYPED_TEST(SimdKernels, RowKernelsMatchTheReferences) {
+  using T = TypeParam;
+  ForEachTarget([&] {
+    for (int64_t cols : kLengths) {
+      const int64_t rows = 3, n = rows * cols;
+      const std::vector<T> x = Random<T>(n, 1, -6, 6), dy = Random<T>(n, 2);
+      const std::vector<T> w = Random<T>(cols, 3), b = Random<T>(cols, 4);
+      std::vector<T> fast(n), ref(n);
+
+      GeluFast<T>(x.data(), fast.data(), n);
+      GeluReference<T>(x.data(), ref.data(), n);
+      ExpectClose(fast, ref, Tolerance<T>(), "gelu");
+      GeluGradFast<T>(dy.data(), x.data(), fast.data(), n);
+      GeluGradReference<T>(dy.data(), x.data(), ref.data(), n);
+      // 1 ± tanh cancels for large |x|: one ulp of tanh near ∓1 moves gelu' by ~1e-6 in f32.
+      ExpectClose(fast, ref, 8 * Tolerance<T>(), "gelu_grad");
+
+      SoftmaxFast<T>(x.data(), fast.data(), rows, cols);
+      SoftmaxReference<T>(x.data(), ref.data(), rows, cols);
+      ExpectClose(fast, ref, Tolerance<T>(), "softmax");
+      const std::vector<T> y = ref;
+      SoftmaxGradFast<T>(dy.data(), y.data(), fast.data(), rows, cols);
+      SoftmaxGradReference<T>(dy.data(), y.data(), ref.data(), rows, cols);
+      ExpectClose(fast, ref, Tolerance<T>(), "softmax_grad");
+
+      LayerNormFast<T>(x.data(), w.data(), b.data(), fast.data(), rows, cols, T(1e-5));
+      LayerNormReference<T>(x.data(), w.data(), b.data(), ref.data(), rows, cols, T(1e-5));
+      ExpectClose(fast, ref, 4 * Tolerance<T>(), "layer_norm");
+      if (cols > 1) {  // one channel: x̂ = 0 and dx is 0 up to rounding in both
+        LayerNormGradXFast<T>(dy.data(), x.data(), w.data(), fast.data(), rows, cols, T(1e-5));
+        LayerNormGradXReference<T>(dy.data(), x.data(), w.data(), ref.data(), rows, cols, T(1e-5));
+        ExpectClose(fast, ref, 16 * Tolerance<T>(), "layer_norm_grad_x");
+      }
+      std::vector<T> dw(cols), db(cols), dw_ref(cols), db_ref(cols);
+      LayerNormGradParamsFast<T>(dy.data(), x.data(), dw.data(), db.data(), rows, cols, T(1e-5));
+      LayerNormGradParamsReference<T>(dy.data(), x.data(), dw_ref.data(), db_ref.data(), rows, cols,
+                                      T(1e-5));
+      ExpectClose(dw, dw_ref, 4 * Tolerance<T>(), "layer_norm dweight");
+      ExpectClose(db, db_ref, Tolerance<T>(), "layer_norm dbias");
+    }
+  });
+}
+
+TYPED_TEST(SimdKernels, CausalSoftmaxAndCrossEntropyMatchTheReferences) {
+  using T = TypeParam;
+  ForEachTarget([&] {
+    for (int64_t t : {1, 5, 16, 37}) {
+      const int64_t batch = 2, n = batch * t * t;
+      const std::vector<T> x = Random<T>(n, 5, -8, 8);
+      std::vector<T> fast(n), ref(n);
+      CausalSoftmaxFast<T>(x.data(), fast.data(), batch, t);
+      CausalSoftmaxReference<T>(x.data(), ref.data(), batch, t);
+      ExpectClose(fast, ref, Tolerance<T>(), "causal_softmax");
+      for (int64_t i = 0; i < batch * t; ++i) {
+        for (int64_t j = i % t + 1; j < t; ++j) EXPECT_EQ(fast[i * t + j], T(0)) << "masked";
+      }
+    }
+    const int64_t tokens = 5;
+    for (int64_t vocab : kLengths) {
+      const std::vector<T> logits = Random<T>(tokens * vocab, 6, -10, 10);
+      std::vector<int64_t> targets(tokens);
+      for (int64_t r = 0; r < tokens; ++r) targets[r] = (r * 7) % vocab;
+      targets[1] = kIgnoreTarget;
+      const T fast = CrossEntropyFast<T, int64_t>(logits.data(), targets.data(), tokens, vocab);
+      const T ref = CrossEntropyReference<T, int64_t>(logits.data(), targets.data(), tokens, vocab);
+      EXPECT_NEAR(fast, ref, 4 * Tolerance<T>() * std::max(T(1), std::abs(ref)));
+      std::vector<T> g(tokens * vocab), g_ref(tokens * vocab);
+      CrossEntropyGradFast<T, int64_t>(logits.data(), targets.data(), T(1.5), g.data(), tokens,
+                                       vocab);
+      CrossEntropyGradReference<T, int64_t>(logits.data(), targets.data(), T(1.5), g_ref.data(),
+                                            tokens, vocab);
+      ExpectClose(g, g_ref, Tolerance<T>(), "cross_entropy_grad");
+    }
+  });
+}
+
+TYPED_TEST(SimdKernels, OptimizerUpdatesMatchTheReferences) {
+  using T = TypeParam;
+  ForEachTarget([&] {
+    for (int64_t n : kLengths) {
+      const std::vector<T> g = Random<T>(n, 9);
+      std::vector<T> p = Random<T>(n, 10), m = Random<T>(n, 11, -0.1, 0.1),
+                     v = Random<T>(n, 12, 0, 1);
+      std::vector<T> p_ref = p, m_ref = m, v_ref = v;
+      const AdamWHyper h{.weight_decay = 0.1};
+      AdamWUpdateFast<T>(p.data(), g.data(), m.data(), v.data(), n, h, 1e-2, 3);
+      AdamWUpdateReference<T>(p_ref.data(), g.data(), m_ref.data(), v_ref.data(), n, h, 1e-2, 3);
+      ExpectClose(p, p_ref, Tolerance<T>(), "adamw param");
+      ExpectClose(m, m_ref, Tolerance<T>(), "adamw m");
+      ExpectClose(v, v_ref, Tolerance<T>(), "adamw v");
+
+      std::vector<T> q = Random<T>(n, 13), buf = Random<T>(n, 14), q_ref = q, buf_ref = buf;
+      const SgdHyper s{.momentum = 0.9, .weight_decay = 0.01};
+      SgdUpdateFast<T>(q.data(), g.data(), buf.data(), n, s, 0.1);
+      SgdUpdateReference<T>(q_ref.data(), g.data(), buf_ref.data(), n, s, 0.1);
+      ExpectClose(q, q_ref, Tolerance<T>(), "sgd param");
+      ExpectClose(buf, buf_ref, Tolerance<T>(), "sgd momentum");
+    }
+  });
+}
+
+TEST(SimdTargets, AnUnknownTargetIsAnErrorNamingTheAvailableOnes) {
+  try {
+    ForceSimdTarget("NO_SUCH_ISA");
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("NO_SUCH_ISA"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(SimdTargets().front()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(SimdTarget(), SimdTargets().front()) << "a failed force leaves the default";
+}
+
+// The portable baseline is always compiled in (last, the worst), so a CPU without AVX2 or even
+// SSE4 still has a target to run; the tests above run it.
+TEST(SimdTargets, TheBaselineIsAvailable) {
+  const std::vector<std::string> targets = SimdTargets();
+#if defined(__x86_64__)
+  EXPECT_EQ(targets.back(), "SCALAR") << ::testing::PrintToString(targets);
+#endif
+  EXPECT_GE(targets.size(), 1u);
+}
+
+}  // namespace
+}  // namespace sluice::kernels

@@ -1,6 +1,6 @@
 # sluice front door. Every target installs what is missing first (scripts/install-deps.sh).
 #   make run        build and train the default job (a GPT on the sort task in 4 pipeline stages, 1F1B),
-#                   metrics, checkpoint and a trace in runs/default/
+#                   metrics, checkpoint, a trace and an HTML report (report.html) in runs/default/
 #   make test       build (RelWithDebInfo) and run the whole CTest suite
 #   make test-tsan  the suite under ThreadSanitizer
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -30,6 +30,8 @@ run: build
 	build/sluice train --stages 4 --schedule 1f1b --layers 4 --microbatches 4 \
 	  --metrics runs/default/metrics.jsonl --save runs/default/checkpoint.safetensors \
 	  --trace runs/default/trace.json
+	@build/sluice report runs/default/metrics.jsonl --trace runs/default/trace.json \
+	  --out runs/default/report.html
 
 test: build
 	cd build && $(CTEST)

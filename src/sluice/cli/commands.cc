@@ -17,6 +17,10 @@ constexpr CommandSpec kCommands[] = {
      SetupScheduleCommand},
     {"ops", "List the ops programs can use: signature, doc, kernels and gradient of each",
      SetupOpsCommand},
+    {"sample", "Generate text from a GPT checkpoint (KV cache): greedy or sampled, seeded",
+     SetupSampleCommand},
+    {"report", "Write one self-contained HTML page of a run: losses, memory, the pipeline step",
+     SetupReportCommand},
 };
 
 struct Registered {

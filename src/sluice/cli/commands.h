@@ -56,5 +56,7 @@ CommandRunner SetupRunCommand(CLI::App& sub);       // run_command.cc
 CommandRunner SetupTrainCommand(CLI::App& sub);     // train_command.cc
 CommandRunner SetupScheduleCommand(CLI::App& sub);  // schedule_command.cc
 CommandRunner SetupOpsCommand(CLI::App& sub);       // ops_command.cc
+CommandRunner SetupSampleCommand(CLI::App& sub);    // sample_command.cc
+CommandRunner SetupReportCommand(CLI::App& sub);    // report_command.cc
 
 }  // namespace sluice::cli

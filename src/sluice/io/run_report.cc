@@ -1,0 +1,319 @@
+#include "sluice/io/run_report.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+
+namespace sluice {
+
+using Json = nlohmann::json;
+
+// The page around the data: report_page.cc.
+std::string_view ReportPageTemplate();
+
+namespace {
+
+std::string ReadWholeFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("{}: cannot open {}: {}", path, what, std::strerror(errno)));
+  std::stringstream s;
+  s << in.rdbuf();
+  if (in.bad()) throw IoError(fmt::format("{}: cannot read {}", path, what));
+  return s.str();
+}
+
+// The kind of a pipeline trace span by its name: "F3" → F, "SEND_B1" → SEND, "OPT" → OPT.
+std::string SpanKind(const std::string& name) {
+  for (const char* kind : {"SEND", "RECV", "ALLREDUCE", "OPT"}) {
+    if (name.starts_with(kind)) return kind;
+  }
+  if (!name.empty() && (name[0] == 'F' || name[0] == 'B' || name[0] == 'W') &&
+      (name.size() == 1 || std::isdigit(static_cast<unsigned char>(name[1])))) {
+    return name.substr(0, 1);
+  }
+  return "other";
+}
+
+bool IsCompute(const std::string& kind) {
+  return kind == "F" || kind == "B" || kind == "W" || kind == "OPT";
+}
+
+std::string ValueText(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) return fmt::format("{:.6g}", v.get<double>());
+  return v.dump();
+}
+
+// Rows [key, value] for every scalar of `object`, nested keys joined with '.'.
+void ConfigRows(const Json& object, const std::string& prefix, Json& rows) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it->is_object()) {
+      ConfigRows(*it, key, rows);
+    } else if (!it->is_array()) {
+      rows.push_back(Json::array({key, ValueText(*it)}));
+    }
+  }
+}
+
+double Number(const Json& line, const char* key, double fallback = 0) {
+  auto it = line.find(key);
+  return it != line.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+Json TraceData(const std::vector<Json>& traces) {
+  struct Stage {
+    std::string name;
+    Json spans = Json::array();
+    Json memory = Json::array();
+    double compute_us = 0;
+  };
+  std::map<int64_t, Stage> stages;  // by process id
+  double begin = std::numeric_limits<double>::infinity(), end = -begin;
+  for (const Json& events : traces) {
+    for (const Json& e : events) {
+      if (!e.is_object() || !e.contains("ph") || !e.contains("pid")) continue;
+      const std::string ph = e.value("ph", "");
+      const int64_t pid = e["pid"].get<int64_t>();
+      if (ph == "M" && e.value("name", "") == "process_name") {
+        stages[pid].name = e["args"].value("name", "");
+      } else if (ph == "X") {
+        const std::string name = e.value("name", "");
+        const std::string kind = SpanKind(name);
+        const double b = Number(e, "ts"), d = Number(e, "dur");
+        const int64_t lane = e.value("tid", int64_t{0});
+        stages[pid].spans.push_back(
+            {{"name", name}, {"kind", kind}, {"lane", lane}, {"begin_us", b}, {"dur_us", d}});
+        if (IsCompute(kind)) stages[pid].compute_us += d;
+        begin = std::min(begin, b);
+        end = std::max(end, b + d);
+      } else if (ph == "C" && e.value("name", "") == "allocated bytes" && e.contains("args")) {
+        for (const auto& [series, value] : e["args"].items()) {
+          if (value.is_number()) stages[pid].memory.push_back({Number(e, "ts"), value});
+        }
+      }
+    }
+  }
+  Json out = Json::array();
+  for (auto& [pid, s] : stages) {
+    if (s.spans.empty() && s.memory.empty()) continue;
+    const double span = end - begin;
+    out.push_back({{"pid", pid},
+                   {"name", s.name.empty() ? fmt::format("process {}", pid) : s.name},
+                   {"spans", std::move(s.spans)},
+                   {"memory", std::move(s.memory)},
+                   {"bubble", span > 0 ? 1.0 - s.compute_us / span : 0.0}});
+  }
+  if (out.empty()) return nullptr;
+  return {{"begin_us", begin}, {"end_us", end}, {"stages", std::move(out)}};
+}
+
+}  // namespace
+
+std::vector<Json> ReadMetricsFile(const std::string& path) {
+  std::istringstream in(ReadWholeFile(path, "the metrics"));
+  std::vector<Json> lines;
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Json j;
+    try {
+      j = Json::parse(line);
+    } catch (const Json::parse_error& e) {
+      throw ParseError(path, number, static_cast<int>(e.byte),
+                       fmt::format("not a JSON line of sluice train --metrics: {}", e.what()));
+    }
+    if (!j.is_object()) {
+      throw ParseError(path, number, 1,
+                       "a metrics line must be a JSON object (sluice train --metrics)");
+    }
+    lines.push_back(std::move(j));
+  }
+  return lines;
+}
+
+Json ReadTraceFile(const std::string& path) {
+  Json j;
+  try {
+    j = Json::parse(ReadWholeFile(path, "the trace"));
+  } catch (const Json::parse_error& e) {
+    throw ParseError(path, 1, static_cast<int>(e.byte),
+                     fmt::format("not a Chrome trace (JSON): {}", e.what()));
+  }
+  if (j.is_object() && j.contains("traceEvents")) j = j["traceEvents"];
+  if (!j.is_array()) {
+    throw ParseError(path, 1, 1,
+                     "not a Chrome trace: expected {\"traceEvents\": [...]} or an event array");
+  }
+  return j;
+}
+
+namespace {
+
+// ReportData's metrics part (the trace's already condensed).
+Json MetricsData(const std::vector<Json>& metrics, Json trace) {
+  std::map<int64_t, const Json*> steps;  // a step logged again (after a resume) replaces the first
+  std::map<int64_t, const Json*> evals;
+  const Json* summary = nullptr;
+  for (const Json& line : metrics) {
+    if (line.contains("summary")) {
+      summary = &line;
+    } else if (line.contains("step") && line.contains("loss")) {
+      steps[line["step"].get<int64_t>()] = &line;
+    } else if (line.contains("step") && line.contains("val_loss")) {
+      evals[line["step"].get<int64_t>()] = &line;
+    }
+  }
+  if (steps.empty()) {
+    throw InvalidArgument(
+        "the metrics hold no step (no line with \"step\" and \"loss\"): is this the --metrics "
+        "file of sluice train?");
+  }
+  Json s = {{"step", Json::array()},
+            {"loss", Json::array()},
+            {"lr", Json::array()},
+            {"tokens_per_s", Json::array()},
+            {"peak_allocated_bytes", Json::array()}};
+  for (const auto& [step, line] : steps) {
+    s["step"].push_back(step);
+    s["loss"].push_back(Number(*line, "loss"));
+    s["lr"].push_back(Number(*line, "lr"));
+    s["tokens_per_s"].push_back(Number(*line, "tokens_per_s"));
+    s["peak_allocated_bytes"].push_back(Number(*line, "peak_allocated_bytes"));
+  }
+  Json e = {{"step", Json::array()}, {"val_loss", Json::array()}, {"accuracy", Json::array()}};
+  for (const auto& [step, line] : evals) {
+    e["step"].push_back(step);
+    e["val_loss"].push_back(Number(*line, "val_loss"));
+    e["accuracy"].push_back(line->contains("accuracy") ? (*line)["accuracy"] : Json(nullptr));
+  }
+
+  Json stages = Json::array();
+  Json config = Json::array();
+  if (summary != nullptr && summary->contains("stages") && (*summary)["stages"].is_array()) {
+    for (const Json& st : (*summary)["stages"]) {
+      Json entry = {{"stage", st.value("stage", int64_t{0})},
+                    {"peak_allocated_bytes", Number(st, "peak_allocated_bytes")},
+                    {"peak_reserved_bytes", Number(st, "peak_reserved_bytes")},
+                    {"bubble", Number(st, "bubble")}};
+      if (st.contains("replica")) entry["replica"] = st["replica"];
+      // Optional figures: the liveness bound and `sluice plan`'s prediction, when the run has them.
+      for (const char* key : {"liveness_bound_bytes", "predicted_peak_allocated_bytes"}) {
+        if (st.contains(key) && st[key].is_number()) entry[key] = st[key];
+      }
+      stages.push_back(std::move(entry));
+    }
+  } else {
+    // One stage: the run's peaks (from the summary, or the largest step's).
+    double peak = 0, reserved = 0;
+    for (const auto& [step, line] : steps) {
+      peak = std::max(peak, Number(*line, "peak_allocated_bytes"));
+      reserved = std::max(reserved, Number(*line, "peak_reserved_bytes"));
+    }
+    Json entry = {
+        {"stage", 0},
+        {"peak_allocated_bytes", summary ? Number(*summary, "peak_allocated_bytes", peak) : peak},
+        {"peak_reserved_bytes",
+         summary ? Number(*summary, "peak_reserved_bytes", reserved) : reserved}};
+    for (const char* key : {"liveness_bound_bytes", "predicted_peak_allocated_bytes"}) {
+      if (summary && summary->contains(key) && (*summary)[key].is_number())
+        entry[key] = (*summary)[key];
+    }
+    stages.push_back(std::move(entry));
+  }
+  if (summary != nullptr) {
+    Json flat = *summary;
+    flat.erase("summary");
+    flat.erase("stages");
+    ConfigRows(flat, "", config);
+  }
+  Json data = {{"steps", std::move(s)},          {"evals", std::move(e)},
+               {"stages", std::move(stages)},    {"config", std::move(config)},
+               {"complete", summary != nullptr}, {"trace", std::move(trace)}};
+  if (summary != nullptr && summary->contains("tokens_per_s")) {
+    data["tokens_per_s"] = Number(*summary, "tokens_per_s");
+  }
+  return data;
+}
+
+}  // namespace
+
+Json ReportData(const std::vector<Json>& metrics, const std::vector<Json>& traces) {
+  // A value of the wrong type (a string step, an event without a numeric pid) is the file's fault:
+  // say which file, not "internal error".
+  Json trace;
+  try {
+    trace = TraceData(traces);
+  } catch (const Json::exception& e) {
+    throw InvalidArgument(
+        fmt::format("the trace holds an event that is not a Chrome trace event: {}", e.what()));
+  }
+  try {
+    return MetricsData(metrics, std::move(trace));
+  } catch (const Json::exception& e) {
+    throw InvalidArgument(fmt::format(
+        "the metrics hold a line that sluice train --metrics does not write: {}", e.what()));
+  }
+}
+
+std::string RenderReportHtml(const Json& data, const std::string& title) {
+  // The data goes inside <script type="application/json">: "</" would end the element early.
+  std::string json = data.dump(-1, ' ', /*ensure_ascii=*/true);
+  for (size_t at = 0; (at = json.find("</", at)) != std::string::npos; at += 3) {
+    json.replace(at, 2, "<\\/");
+  }
+  std::string escaped_title;
+  for (char c : title) {
+    switch (c) {
+      case '<':
+        escaped_title += "&lt;";
+        break;
+      case '>':
+        escaped_title += "&gt;";
+        break;
+      case '&':
+        escaped_title += "&amp;";
+        break;
+      case '"':
+        escaped_title += "&quot;";
+        break;
+      case '@':
+        escaped_title += "&#64;";
+        break;  // the page's markers are @NAME@
+      default:
+        escaped_title += c;
+    }
+  }
+  std::string page(ReportPageTemplate());
+  auto replace = [&](std::string_view marker, const std::string& with) {
+    const size_t at = page.find(marker);
+    if (at == std::string::npos) throw InternalError(fmt::format("report page lacks {}", marker));
+    page.replace(at, marker.size(), with);
+  };
+  replace("@TITLE@", escaped_title);
+  replace("@TITLE@", escaped_title);
+  replace("@DATA@", json);
+  return page;
+}
+
+void WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    throw IoError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+  }
+  out << text;
+  out.close();
+  if (!out) throw IoError(fmt::format("{}: write failed", path));
+}
+
+}  // namespace sluice

@@ -2,7 +2,11 @@
 // to the caller, and the queue hands out each index once.
 #include "sluice/exec/thread_pool.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -11,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sluice/core/error.h"
 #include "sluice/exec/ready_queue.h"
 
 namespace sluice {
@@ -62,6 +67,40 @@ TEST(ThreadPool, SingleThreadRunsOnTheCaller) {
   });
   EXPECT_EQ(id, std::this_thread::get_id());
   EXPECT_THROW(ThreadPool(0), InvalidArgument);
+}
+
+TEST(ThreadPool, CountsOutsideTheBoundAreInvalidArguments) {
+  EXPECT_THROW(ThreadPool(0), InvalidArgument);
+  EXPECT_THROW(ThreadPool(ThreadPool::kMaxThreads + 1), InvalidArgument);
+}
+
+// Regression: a thread the system refused used to end in std::terminate (the vector of workers
+// unwound with joinable threads in it). Now the started workers are joined and the error is a
+// ResourceError. The child process caps its address space just above what it uses, so that the
+// stacks of the later workers cannot be mapped.
+TEST(ThreadPool, ARefusedThreadIsAResourceErrorNotATerminate) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizers reserve terabytes of address space; an address-space cap breaks them";
+#else
+  auto body = [] {
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;  // the address space in use, in pages
+    const rlim_t used = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE));
+    const rlimit cap{used + (64u << 20), used + (64u << 20)};  // room for a few 8 MiB stacks
+    if (::setrlimit(RLIMIT_AS, &cap) != 0) std::_Exit(3);
+    try {
+      ThreadPool pool(64);
+      std::_Exit(4);  // every stack fitted: the cap did not bite
+    } catch (const ResourceError& e) {
+      const std::string what = e.what();
+      std::_Exit(what.find("cannot start thread") != std::string::npos ? 0 : 5);
+    } catch (...) {
+      std::_Exit(6);
+    }
+  };
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child re-runs from main, alone
+  EXPECT_EXIT(body(), ::testing::ExitedWithCode(0), "");
+#endif
 }
 
 TEST(ReadyQueue, HandsOutEachIndexOnceThenStops) {

@@ -69,6 +69,18 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+// The system refused a resource other than memory: a thread could not be started (a pid or
+// thread limit, too many threads asked for).
+class ResourceError : public Error {
+  using Error::Error;
+};
+
+// A value that must be finite is not: a training step's loss or gradient norm, a tensor about to
+// be saved. The message names the step or the tensor.
+class NonFiniteError : public Error {
+  using Error::Error;
+};
+
 // A broken internal invariant (a bug in sluice). Thrown by SLUICE_CHECK.
 class InternalError : public std::logic_error {
  public:

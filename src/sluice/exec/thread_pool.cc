@@ -1,5 +1,7 @@
 #include "sluice/exec/thread_pool.h"
 
+#include <system_error>
+
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
@@ -10,19 +12,37 @@ ThreadPool::ThreadPool(int threads) {
   if (threads < 1) {
     throw InvalidArgument(fmt::format("thread pool: need at least 1 thread, got {}", threads));
   }
+  if (threads > kMaxThreads) {
+    throw InvalidArgument(
+        fmt::format("thread pool: at most {} threads, got {}", kMaxThreads, threads));
+  }
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int member = 1; member < threads; ++member) {
-    workers_.emplace_back([this, member] { WorkerLoop(member); });
+    try {
+      workers_.emplace_back([this, member] { WorkerLoop(member); });
+    } catch (const std::system_error& e) {
+      // The system refused a thread (pid or thread limit, no memory for its stack). The workers
+      // already started must be stopped and joined here: a joinable std::thread destroyed by the
+      // unwinding vector would call std::terminate.
+      StopWorkers();
+      throw ResourceError(fmt::format(
+          "cannot start thread {} of {}: {}; ask for fewer threads (--threads) or raise the "
+          "process limits (ulimit -u, ulimit -v)",
+          member + 1, threads, e.what()));
+    }
   }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { StopWorkers(); }
+
+void ThreadPool::StopWorkers() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
   }
   start_cv_.NotifyAll();
   for (std::thread& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::RecordError(std::exception_ptr error) {

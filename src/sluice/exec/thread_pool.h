@@ -5,7 +5,9 @@
 // condition variable between jobs (no spinning). RunOnAll(fn) calls fn(i) on member i for every i
 // in [0, size()) and returns when all calls have returned.
 //
-// Errors: an exception thrown by fn on any member is captured; RunOnAll rethrows the first one on
+// Errors: the constructor throws InvalidArgument for threads outside [1, kMaxThreads] and
+// ResourceError when the system refuses a thread (the workers already started are joined first).
+// An exception thrown by fn on any member is captured; RunOnAll rethrows the first one on
 // the caller after every member has returned. Exceptions never cross threads by unwinding.
 //
 // Thread-safety: RunOnAll and the destructor are called by the owning thread only, one job at a
@@ -31,7 +33,12 @@ namespace sluice {
 
 class ThreadPool {
  public:
-  // threads ≥ 1 (InvalidArgument otherwise); spawns threads − 1 workers.
+  // The most members a pool may have: far more than any machine's cores, few enough that the
+  // stacks of a mistyped count (--threads 100000) are refused before any is mapped.
+  static constexpr int kMaxThreads = 1024;
+
+  // 1 ≤ threads ≤ kMaxThreads (InvalidArgument otherwise); spawns threads − 1 workers, or throws
+  // ResourceError, having joined those it started, when the system refuses one.
   explicit ThreadPool(int threads);
   // Wakes and joins the workers.
   ~ThreadPool();
@@ -51,6 +58,7 @@ class ThreadPool {
   void RunJob(JobFn fn, void* context) EXCLUDES(mu_);
   void WorkerLoop(int member) EXCLUDES(mu_);
   void RecordError(std::exception_ptr error) EXCLUDES(mu_);
+  void StopWorkers() EXCLUDES(mu_);  // wakes, joins and forgets every worker
 
   Mutex mu_;
   CondVar start_cv_;                         // workers wait here for a new generation or stop

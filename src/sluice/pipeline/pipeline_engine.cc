@@ -4,6 +4,7 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -161,15 +162,26 @@ std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, double lr, b
   {
     std::vector<std::jthread> threads;
     for (int r = 0; r < P; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          steps[r] = ranks[r]->RunStep(step, lr, world->comm(r), trace);
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
+      try {
+        threads.emplace_back([&, r] {
+          try {
+            steps[r] = ranks[r]->RunStep(step, lr, world->comm(r), trace);
+          } catch (...) {
+            errors[r] = std::current_exception();
+          }
+        });
+      } catch (const std::system_error& e) {
+        // The system refused a stage's thread: the stages already running would wait for it until
+        // their timeout; the abort wakes them now, and the joins below end the step.
+        const std::string what =
+            fmt::format("cannot start the thread of pipeline stage {} of {}: {}", r, P, e.what());
+        world->comm(0).Abort(what);
+        failure = std::make_exception_ptr(ResourceError(what));
+        break;
+      }
     }
   }
+  if (failure) std::rethrow_exception(failure);
   // Report the rank that failed first — its StageError; the others were woken by its abort.
   for (const std::exception_ptr& e : errors) {
     if (e && (!failure || IsStageError(e))) failure = e;

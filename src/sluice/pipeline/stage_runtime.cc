@@ -149,6 +149,26 @@ class StageRuntime::StepRun {
   MicroBatch& Mb(int chunk, int micro_batch) { return mbs_[chunk * rt_.M + micro_batch]; }
   int VirtualStage(int chunk) const { return rt_.setup.schedule.VirtualStage(rt_.rank, chunk); }
 
+  // The same micro-batch of the chunk `delta` away on this rank, whose output (or input gradient)
+  // an action takes without a message. That happens only on a single rank (P = 1), where chunk
+  // c + 1 is virtual stage c + 1; anywhere else the value had to come by a receive, and a schedule
+  // (or an injected fault) that skipped it is an error here, not a read past the chunks.
+  MicroBatch& LocalNeighbour(const Action& a, int delta, const char* why) {
+    const int chunk = a.chunk + delta;
+    if (rt_.P != 1 || chunk < 0 || chunk >= rt_.V) throw Missing(a, why);
+    return Mb(chunk, a.micro_batch);
+  }
+
+  static ProgramError NothingToSend(const char* what, const char* producer) {
+    return ProgramError(fmt::format("no {} to send: {} did not produce one", what, producer));
+  }
+
+  // Run() wraps it with the stage, step, action, chunk and micro-batch.
+  static ProgramError Missing(const Action& a, const char* why) {
+    return ProgramError(fmt::format(
+        "no {}: {}", a.kind == ActionKind::kForward ? "input" : "output gradient", why));
+  }
+
   bool Faulty(const Action& a) {
     const FaultInjection& f = rt_.setup.fault;
     if (f.mode == FaultInjection::Mode::kNone || f.rank != rt_.rank || f.kind != a.kind ||
@@ -218,6 +238,7 @@ class StageRuntime::StepRun {
                                 DType::kF32, rt_.io_shape, rt_.allocator);
         break;
       case ActionKind::kSendF:
+        if (!mb.output.defined()) throw NothingToSend("output", "its forward");
         mb.send_f =
             comm_.Isend(mb.output, a.peer, rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
         sending_.push_back(a.chunk * rt_.M + a.micro_batch);
@@ -228,6 +249,7 @@ class StageRuntime::StepRun {
                                 DType::kF32, rt_.io_shape, rt_.allocator);
         break;
       case ActionKind::kSendB:
+        if (!mb.input_grad.defined()) throw NothingToSend("input gradient", "its backward");
         mb.send_b = comm_.Isend(mb.input_grad, a.peer,
                                 rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
         mb.input_grad = Tensor();  // the send holds it until completion, then it is freed
@@ -271,7 +293,8 @@ class StageRuntime::StepRun {
         scope.Set(kChunkInput, Receive(mb.recv_f, a, "RECV_F"));
         mb.recv_f = Request();
       } else {
-        MicroBatch& prev = Mb(a.chunk - 1, a.micro_batch);
+        MicroBatch& prev = LocalNeighbour(a, -1, "its RECV_F was not posted");
+        if (!prev.output.defined()) throw Missing(a, "the previous chunk produced no output");
         scope.Set(kChunkInput, std::move(prev.output));
         prev.output = Tensor();
       }
@@ -298,7 +321,8 @@ class StageRuntime::StepRun {
         scope.Set(kChunkOutputGrad, Receive(mb.recv_b, a, "RECV_B"));
         mb.recv_b = Request();
       } else {
-        MicroBatch& next = Mb(a.chunk + 1, a.micro_batch);
+        MicroBatch& next = LocalNeighbour(a, +1, "its RECV_B was not posted");
+        if (!next.input_grad.defined()) throw Missing(a, "the next chunk produced no gradient");
         scope.Set(kChunkOutputGrad, std::move(next.input_grad));
         next.input_grad = Tensor();
       }

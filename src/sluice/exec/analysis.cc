@@ -103,18 +103,37 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
     f.users.Append(users[g]);
   }
 
-  // Dependency graph: data edges, plus the hazards of in-place updates on every group they touch.
+  // Dependency graph: data edges, plus the hazards of in-place updates on every group they touch:
+  // each user of a group must stay on its side of every in-place user of it (program order).
+  // Rather than an edge per such pair — quadratic when thousands of updates share one input such
+  // as the learning rate — the users of a group are walked in program order and each is tied to
+  // its nearest in-place neighbours only: the previous in-place user → this user, and every user
+  // since the previous in-place one → the next in-place user. The transitive closure is the same
+  // partial order; the edges are at most two per (group, user).
   std::vector<std::vector<int32_t>> succ(n);
   for (int32_t i = 0; i < n; ++i) {
     for (ValueId v : instrs[i].inputs) {
       const int32_t p = program.value(v).producer;
       if (p >= 0) succ[p].push_back(i);
     }
-    if (instrs[i].op->kind != OpKind::kInPlace) continue;
-    for (int32_t g : f.reads[i]) {
-      for (int32_t u : f.users[g]) {
-        if (u < i) succ[u].push_back(i);
-        if (u > i) succ[i].push_back(u);
+  }
+  std::vector<int32_t> since_update;  // users of the group since its last in-place user
+  for (size_t g = 0; g < num_groups; ++g) {
+    const std::span<const int32_t> group_users = f.users[g];
+    if (std::none_of(group_users.begin(), group_users.end(),
+                     [&](int32_t u) { return instrs[u].op->kind == OpKind::kInPlace; })) {
+      continue;
+    }
+    int32_t last_update = -1;
+    since_update.clear();
+    for (int32_t u : group_users) {
+      if (last_update >= 0) succ[last_update].push_back(u);
+      if (instrs[u].op->kind == OpKind::kInPlace) {
+        for (int32_t r : since_update) succ[r].push_back(u);
+        since_update.clear();
+        last_update = u;
+      } else {
+        since_update.push_back(u);
       }
     }
   }

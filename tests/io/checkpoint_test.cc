@@ -2,10 +2,15 @@
 // only where a stage's tensors are, with clear errors when shards and index disagree.
 #include "sluice/io/checkpoint.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+
+#include <fmt/format.h>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -78,6 +83,62 @@ TEST(Checkpoint, AMalformedIndexIsAnErrorNamingIt) {
   } catch (const IoError& e) {
     EXPECT_THAT(e.what(), HasSubstr("ck.safetensors.index.json"));
   }
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+std::string ScratchDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name + "_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Regression: a run whose weights went NaN saved them over a good checkpoint with exit 0.
+TEST(Checkpoint, ATensorHoldingNanOrInfIsNeverSaved) {
+  const std::string dir = ScratchDir("nonfinite");
+  const std::string path = dir + "/ck.safetensors";
+  SaveCheckpointAtomic(path, {{"w", Tensor::Full({3}, 1.0, DType::kF32)}}, {});
+  const auto good_size = std::filesystem::file_size(path);
+  Tensor bad = Tensor::Full({3}, 1.0, DType::kF32);
+  bad.data<float>()[2] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    SaveCheckpointAtomic(path, {{"a", Tensor::Full({2}, 0.5, DType::kF64)}, {"w", bad}}, {});
+    FAIL() << "a NaN was saved";
+  } catch (const NonFiniteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("tensor 'w' holds nan at flat index 2"));
+    EXPECT_THAT(e.what(), HasSubstr(path));
+  }
+  Tensor inf = Tensor::Full({2}, 1.0, DType::kF64);
+  inf.data<double>()[0] = -std::numeric_limits<double>::infinity();
+  EXPECT_THROW(SaveCheckpointAtomic(path, {{"v", inf}}, {}), NonFiniteError);
+  // The good checkpoint is untouched, and integer tensors are not checked (they cannot be NaN).
+  EXPECT_EQ(std::filesystem::file_size(path), good_size);
+  EXPECT_EQ(LoadCheckpoint(path).tensors.count("w"), 1u);
+  std::filesystem::remove_all(dir);
+}
+
+// Regression: kill -9 during a save left "<path>.tmp-<pid>" files that were never removed.
+TEST(Checkpoint, TheNextSaveRemovesTheTemporariesOfDeadProcesses) {
+  const std::string dir = ScratchDir("stale_tmp");
+  const std::string path = dir + "/ck.safetensors";
+  pid_t gone = 4'000'000;  // a pid that runs nothing (above most pid_max; probed to be sure)
+  while (::kill(gone, 0) == 0 || errno != ESRCH) --gone;
+  const std::string stale = fmt::format("{}.tmp-{}", path, gone);
+  const std::string live = fmt::format("{}.tmp-{}", path, ::getppid());  // our parent runs
+  const std::string other = dir + "/other.safetensors.tmp-" + std::to_string(gone);
+  const std::string not_ours = path + ".tmp-notapid";
+  for (const std::string& f : {stale, live, other, not_ours}) std::ofstream(f) << "partial";
+  SaveCheckpointAtomic(path, {{"w", Tensor::Full({1}, 1.0, DType::kF32)}}, {});
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(live)) << "a running process's temporary was removed";
+  EXPECT_TRUE(std::filesystem::exists(other)) << "another checkpoint's temporary was removed";
+  EXPECT_TRUE(std::filesystem::exists(not_ours));
+  EXPECT_TRUE(std::filesystem::exists(path));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

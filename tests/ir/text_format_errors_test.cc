@@ -1,5 +1,6 @@
 // Malformed program text: every case must fail with a ParseError at the offending token
 // (line:col) whose message contains a fragment naming the problem. One table entry per case.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -176,7 +177,11 @@ INSTANTIATE_TEST_SUITE_P(Table, TextFormatErrors, ::testing::ValuesIn(Cases()),
 // Inputs the fuzzer found (or that guard against what it could find), kept in tests/ir/data/.
 // Each must fail with a ParseError and nothing else.
 TEST(TextFormatRegressions, CheckedInMalformedFilesFailCleanly) {
-  const auto dir = std::filesystem::path(__FILE__).parent_path() / "data";
+  // SLUICE_SOURCE_DIR under CTest: __FILE__ may be relative to the build folder (ccache).
+  const char* root = std::getenv("SLUICE_SOURCE_DIR");
+  const auto dir = (root ? std::filesystem::path(root) / "tests/ir"
+                         : std::filesystem::path(__FILE__).parent_path()) /
+                   "data";
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     ++count;

@@ -4,6 +4,7 @@
 #include "sluice/ir/text_format.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -19,7 +20,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path SourceDir() { return fs::path(__FILE__).parent_path().parent_path().parent_path(); }
+// The checkout: SLUICE_SOURCE_DIR under CTest (__FILE__ may be relative to the build folder when
+// ccache rewrites paths, and CTest runs the test from another folder); __FILE__'s when run by hand.
+fs::path SourceDir() {
+  if (const char* root = std::getenv("SLUICE_SOURCE_DIR")) return root;
+  return fs::path(__FILE__).parent_path().parent_path().parent_path();
+}
 
 // Parses `text`, prints it, parses the print and prints again: both prints must agree.
 std::string ExpectStable(const std::string& text, const std::string& label) {

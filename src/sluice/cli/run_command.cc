@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/cli/commands.h"
+#include "sluice/cli/file_checks.h"
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/system_allocator.h"
 #include "sluice/exec/interpreter.h"
@@ -109,6 +110,7 @@ std::string Duration(int64_t ns) {
 }
 
 int Run(const RunArgs& args) {
+  CheckRunFiles(args.program, args.inputs, args.trace);
   const Program program = LoadProgramFile(args.program);
 
   // The allocator outlives the scope, which ends up holding outputs allocated from it.
@@ -233,6 +235,7 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
       ->check(CLI::Range(1, 1'000'000))
       ->capture_default_str();
   sub.add_option("--seed", args->seed, "Seed for inputs not given by --inputs")
+      ->check(CLI::NonNegativeNumber)  // a uint64: "-1" would wrap around silently
       ->capture_default_str();
   sub.add_option("--threads", args->threads,
                  "Threads of a parallel run, the caller included (0: one per core)")

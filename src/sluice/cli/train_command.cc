@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "sluice/cli/commands.h"
+#include "sluice/cli/file_checks.h"
 #include "sluice/comm/mpi.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
@@ -196,6 +197,7 @@ int RunTrain(TrainArgs& a) {
     start = end + 1;
   }
   if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
+  CheckTrainFiles(c, a.pipe.trace_path);
 
   EngineFactory engine;
   if (a.pipeline) {
@@ -270,7 +272,8 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--lr-schedule", a->schedule, "constant or cosine")->capture_default_str();
   sub.add_option("--warmup", c.optimizer.warmup_steps, "linear warmup steps")
       ->capture_default_str();
-  sub.add_option("--min-lr", c.optimizer.min_lr, "cosine floor")->capture_default_str();
+  auto* min_lr = sub.add_option("--min-lr", c.optimizer.min_lr,
+                                "cosine floor, at most --lr (default: 0.0003 or --lr if lower)");
   sub.add_option("--weight-decay", c.optimizer.weight_decay,
                  "decoupled (AdamW) or L2 (SGD) weight decay")
       ->capture_default_str();
@@ -279,7 +282,9 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
   sub.add_option("--clip", c.optimizer.clip_norm, "clip gradients to this global norm (0: off)")
       ->capture_default_str();
-  sub.add_option("--seed", c.seed, "seed of initialization and data")->capture_default_str();
+  sub.add_option("--seed", c.seed, "seed of initialization and data")
+      ->check(CLI::NonNegativeNumber)  // a uint64: "-1" would wrap around silently
+      ->capture_default_str();
   sub.add_option(
          "--gc", a->gc,
          "when dead buffers are freed: auto (sync on the caching allocator), none, sync or async")
@@ -292,7 +297,8 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
                  "per stage")
       ->capture_default_str();
   sub.add_flag("--no-recompute", a->no_recompute, "the same as --recompute none");
-  sub.add_option("--threads", c.threads, "intra-op threads, BLAS included (0: all cores)")
+  sub.add_option("--threads", c.threads,
+                 "intra-op threads, BLAS included (0: all cores; at most 1024)")
       ->capture_default_str();
   sub.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end)")
       ->capture_default_str();
@@ -338,7 +344,9 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
              "--data-parallel", a->data_parallel,
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
-  return [a, sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp] {
+  return [a, sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp, min_lr] {
+    OptimizerConfig& opt = a->config.optimizer;
+    if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;
     for (const CLI::Option* o :
          {sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp}) {

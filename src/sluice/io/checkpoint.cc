@@ -1,9 +1,13 @@
 #include "sluice/io/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
+#include "sluice/core/files.h"
 #include "sluice/io/safetensors.h"
 
 namespace sluice {
@@ -37,9 +42,13 @@ void WriteAll(int fd, const std::string& bytes, const std::string& path) {
   }
 }
 
+std::string TemporaryPath(const std::string& path, long pid) {
+  return fmt::format("{}.tmp-{}", path, pid);
+}
+
 // tmp + fsync + rename + directory fsync.
 void WriteFileAtomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  const std::string tmp = TemporaryPath(path, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) Fail(fmt::format("cannot create '{}'", tmp), path);
   try {
@@ -69,8 +78,55 @@ void WriteFileAtomic(const std::string& path, const std::string& bytes) {
 
 }  // namespace
 
+void RemoveStaleTemporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string prefix = p.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    if (digits.size() > 9) continue;  // not a pid sluice wrote
+    const long pid = std::stol(digits);
+    // A live process may be writing it: only a pid that is gone (ESRCH) leaves a stale file. Our
+    // own pid's file is stale too: it is ours only between open and rename.
+    if (pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
+    std::error_code ignored;
+    fs::remove(it->path(), ignored);
+  }
+}
+
+void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (!IsFloating(t.dtype())) continue;
+    const int64_t n = t.numel();
+    int64_t bad = -1;
+    if (t.dtype() == DType::kF32 && t.is_contiguous()) {
+      const float* p = t.data<float>();
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        if (!std::isfinite(p[i])) bad = i;
+      }
+    } else {
+      for (int64_t i = 0; i < n && bad < 0; ++i) {
+        if (!std::isfinite(t.FlatAt(i))) bad = i;
+      }
+    }
+    if (bad >= 0) {
+      throw NonFiniteError(fmt::format(
+          "not saving checkpoint '{}': tensor '{}' holds {} at flat index {}; the file on disk "
+          "(if any) is left as it was",
+          path, name, t.FlatAt(bad), bad));
+    }
+  }
+}
+
 void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
                           const std::map<std::string, std::string>& metadata) {
+  CheckFinite(path, tensors);
+  RemoveStaleTemporaries(path);
   WriteFileAtomic(path, SerializeSafetensors(tensors, metadata));
 }
 
@@ -93,6 +149,7 @@ void SaveCheckpointIndex(const std::string& path,
     for (const std::string& name : names_per_shard[k]) weight_map[name] = file;
   }
   const nlohmann::json index = {{"metadata", metadata}, {"weight_map", weight_map}};
+  RemoveStaleTemporaries(CheckpointIndexPath(path));
   WriteFileAtomic(CheckpointIndexPath(path), index.dump(1) + "\n");
 }
 
@@ -104,9 +161,9 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
                        const std::function<bool(const std::string&)>& wanted) {
   const std::string index_path = CheckpointIndexPath(path);
   nlohmann::json index;
+  const std::string text = ReadWholeFile("checkpoint index", index_path);
   try {
-    std::ifstream in(index_path);
-    index = nlohmann::json::parse(in);
+    index = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw IoError(fmt::format("cannot read checkpoint index '{}': {}", index_path, e.what()));
   }

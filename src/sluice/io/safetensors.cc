@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "sluice/core/files.h"
+
 namespace sluice {
 
 static_assert(std::endian::native == std::endian::little,
@@ -234,14 +236,7 @@ SafetensorsFile ParseSafetensors(std::string_view bytes, std::string_view label,
 }
 
 SafetensorsFile ReadSafetensors(const std::string& path, Allocator& allocator) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw IoError(fmt::format("{}: cannot open for reading: {}", path, std::strerror(errno)));
-  }
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw IoError(fmt::format("{}: read failed", path));
-  const std::string bytes = std::move(buffer).str();
+  const std::string bytes = ReadWholeFile("safetensors file", path);
   return ParseSafetensors(bytes, path, allocator);
 }
 

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/core/files.h"
 #include "sluice/ir/lexer.h"
 #include "sluice/ir/verifier.h"
 
@@ -480,19 +481,7 @@ Program ParseProgram(std::string_view text, std::string_view filename) {
 }
 
 Program LoadProgramFile(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw IoError(fmt::format("cannot read program file '{}': it is a directory", path));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw IoError(fmt::format("cannot open program file '{}': {}", path, std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad() || text.bad()) {
-    throw IoError(fmt::format("cannot read program file '{}': {}", path, std::strerror(errno)));
-  }
-  return ParseProgram(text.str(), path);
+  return ParseProgram(ReadWholeFile("program file", path), path);
 }
 
 }  // namespace sluice

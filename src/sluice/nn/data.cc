@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/core/files.h"
 
 namespace sluice {
 
@@ -64,10 +65,8 @@ Batch SortDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size,
 
 TextDataset::TextDataset(const std::string& path, int64_t seq_len)
     : path_(path), seq_len_(seq_len) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("cannot read data file '{}'", path));
-  bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (in.bad()) throw IoError(fmt::format("error while reading data file '{}'", path));
+  const std::string bytes = ReadWholeFile("data file", path);
+  bytes_.assign(bytes.begin(), bytes.end());
   train_end_ = bytes_.size() * 9 / 10;
   const size_t need = static_cast<size_t>(seq_len) + 1;
   if (seq_len < 1 || train_end_ < need || bytes_.size() - train_end_ < need) {

@@ -6,6 +6,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/nn/mlp.h"
+#include "sluice/step/config_checks.h"
 #include "sluice/step/train_config.h"
 
 namespace sluice {
@@ -152,12 +153,12 @@ void ValidateTrainConfig(const TrainConfig& c) {
   if (c.microbatches < 1 || c.batch % c.microbatches != 0) {
     bad(fmt::format("--microbatches {} must divide --batch {}", c.microbatches, c.batch));
   }
-  if (c.optimizer.lr <= 0) bad(fmt::format("--lr must be positive, got {}", c.optimizer.lr));
   if (c.eval_batches < 1) bad("--eval-batches must be at least 1");
   if (c.threads < 0)
     bad(fmt::format("--threads must be 0 (every core) or more, got {}", c.threads));
   if (c.model != "gpt" && c.model != "mlp")
     bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
+  ValidateTrainRanges(c);
 }
 
 }  // namespace sluice

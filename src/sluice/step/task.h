@@ -58,7 +58,8 @@ class Task {
 // The task of config.model; throws InvalidArgument naming the option for an unusable one.
 std::unique_ptr<Task> MakeTask(const TrainConfig& config);
 
-// Throws InvalidArgument for a configuration no task can run (steps, batch, micro-batches, lr).
+// Throws InvalidArgument for a configuration no task can run (steps, batch, micro-batches) or a
+// number out of its range (step/config_checks.h: finite learning rates, min-lr ≤ lr, ...).
 void ValidateTrainConfig(const TrainConfig& config);
 
 }  // namespace sluice

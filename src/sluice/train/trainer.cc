@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,12 @@ StepRecord Trainer::Step() {
                    {"step_ms", r.step_ms},
                    {"peak_allocated_bytes", r.peak_allocated_bytes},
                    {"peak_reserved_bytes", r.peak_reserved_bytes}});
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    throw NonFiniteError(fmt::format(
+        "step {}: the loss is {} and the gradient norm {}; training stopped there, no checkpoint "
+        "of it is saved (lower --lr, or clip gradients with --clip)",
+        r.step, r.loss, r.grad_norm));
+  }
   return r;
 }
 

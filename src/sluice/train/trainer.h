@@ -14,7 +14,10 @@
 // or under MPI a shard per stage and an index; any engine resumes any of them.
 //
 // Thread-safety: one Trainer per thread. Failure: the constructor throws InvalidArgument or
-// IoError for a bad configuration, data or checkpoint file, naming what to change.
+// IoError for a bad configuration, data or checkpoint file, naming what to change. A step whose
+// loss or gradient norm is not finite throws NonFiniteError naming the step (after writing its
+// metrics line, before any evaluation or checkpoint of it), and no checkpoint holding a non-finite
+// value is ever written (io/checkpoint.h): a diverged run leaves the last good checkpoint alone.
 #pragma once
 
 #include <cstdint>
@@ -67,7 +70,7 @@ class Trainer {
   TrainSummary Run(const std::function<void(const StepRecord&)>& on_step = nullptr,
                    const std::function<void(const EvalRecord&)>& on_eval = nullptr);
 
-  // One optimizer step (for tests); returns its record.
+  // One optimizer step (for tests); returns its record, or throws NonFiniteError.
   StepRecord Step();
   EvalRecord Evaluate();
   void SaveCheckpoint(const std::string& path) const;

@@ -1,6 +1,7 @@
 #include "sluice/train/training_checkpoint.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -17,12 +18,68 @@ std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
   nlohmann::json description = task.Describe();
   description["optimizer"] = config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
   return {
-      {"format", "sluice-checkpoint-1"},
+      {"format", kTrainingCheckpointFormat},
       {"step", std::to_string(step)},
       {"data_seed", std::to_string(config.seed)},
       {"data_position", std::to_string(step * config.microbatches)},
       {"config", description.dump()},
   };
+}
+
+namespace {
+
+// The whole of `text` as a number of type T (no sign for unsigned, no spaces, nothing after it).
+template <typename T>
+T ParseMetadataNumber(const std::string& path, const std::string& key, const std::string& text,
+                      const char* allowed) {
+  T value{};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    throw IoError(fmt::format("checkpoint '{}': metadata \"{}\" is \"{}\", not {}", path, key, text,
+                              allowed));
+  }
+  return value;
+}
+
+}  // namespace
+
+TrainingCheckpointInfo ParseTrainingCheckpointMetadata(
+    const std::string& path, const std::map<std::string, std::string>& metadata) {
+  auto get = [&](const std::string& key) -> const std::string& {
+    auto it = metadata.find(key);
+    if (it == metadata.end()) {
+      throw IoError(fmt::format(
+          "checkpoint '{}' has no metadata \"{}\": it was not written by sluice train (load "
+          "weights alone with --init-from)",
+          path, key));
+    }
+    return it->second;
+  };
+  if (const std::string& format = get("format"); format != kTrainingCheckpointFormat) {
+    throw IoError(
+        fmt::format("checkpoint '{}': metadata \"format\" is \"{}\"; this sluice reads \"{}\"",
+                    path, format, kTrainingCheckpointFormat));
+  }
+  TrainingCheckpointInfo info;
+  info.step = ParseMetadataNumber<int64_t>(path, "step", get("step"), "a step count (0 or more)");
+  if (info.step < 0) {
+    throw IoError(
+        fmt::format("checkpoint '{}': metadata \"step\" is {}, not 0 or more", path, info.step));
+  }
+  info.data_seed =
+      ParseMetadataNumber<uint64_t>(path, "data_seed", get("data_seed"), "a seed (0 or more)");
+  info.data_position = ParseMetadataNumber<int64_t>(path, "data_position", get("data_position"),
+                                                    "a batch count (0 or more)");
+  if (info.data_position < 0) {
+    throw IoError(fmt::format("checkpoint '{}': metadata \"data_position\" is {}, not 0 or more",
+                              path, info.data_position));
+  }
+  const std::string& config = get("config");
+  if (!nlohmann::json::accept(config) || !nlohmann::json::parse(config).is_object()) {
+    throw IoError(fmt::format("checkpoint '{}': metadata \"config\" is not a JSON object", path));
+  }
+  return info;
 }
 
 int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
@@ -71,12 +128,18 @@ int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
   }
   int64_t step = 0;
   if (resume) {
-    step = std::stoll(ckpt.metadata.at("step"));
-    if (ckpt.metadata.count("data_seed") &&
-        std::stoull(ckpt.metadata.at("data_seed")) != config.seed) {
-      throw InvalidArgument(
-          fmt::format("checkpoint '{}' was trained with --seed {}; resume with the same seed", path,
-                      ckpt.metadata.at("data_seed")));
+    const TrainingCheckpointInfo info = ParseTrainingCheckpointMetadata(ckpt.path, ckpt.metadata);
+    step = info.step;
+    if (info.data_seed != config.seed) {
+      throw InvalidArgument(fmt::format(
+          "checkpoint '{}' was trained with --seed {}; resume with the same seed, not {}", path,
+          info.data_seed, config.seed));
+    }
+    if (step >= config.steps) {
+      throw InvalidArgument(fmt::format(
+          "checkpoint '{}' is at step {}, at or past --steps {}: nothing is left to train; give "
+          "--steps above {}",
+          path, step, config.steps, step));
     }
   }
   for (const std::string& name : expected) state.Get(name).CopyFrom(ckpt.tensors.at(name));

@@ -12,8 +12,9 @@
 // LoadTrainingCheckpoint reads either layout, and a process reads only the shards holding its own
 // tensors, so checkpoints move freely between single-stage, pipelined and MPI runs.
 //
-// Failure: IoError for an unreadable file; InvalidArgument listing every missing, unexpected or
-// mis-shaped tensor at once, or naming the --seed to resume with.
+// Failure: IoError for an unreadable file or metadata that is missing or malformed (every key above
+// is read strictly: "2 apples" is not a step); InvalidArgument listing every missing, unexpected or
+// mis-shaped tensor at once, naming the --seed to resume with, or a checkpoint at or past --steps.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +30,21 @@
 
 namespace sluice {
 
+inline constexpr const char* kTrainingCheckpointFormat = "sluice-checkpoint-1";
+
 std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
                                                               const TrainConfig& config,
                                                               int64_t step);
+
+// The metadata of a training checkpoint, parsed strictly (IoError naming `path`, the key, its text
+// and what it must be).
+struct TrainingCheckpointInfo {
+  int64_t step = 0;
+  uint64_t data_seed = 0;
+  int64_t data_position = 0;
+};
+TrainingCheckpointInfo ParseTrainingCheckpointMetadata(
+    const std::string& path, const std::map<std::string, std::string>& metadata);
 
 enum class LoadKind {
   kResume,    // parameters and optimizer state; continue at the checkpoint's step

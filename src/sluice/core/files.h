@@ -1,0 +1,49 @@
+// Files at the boundary: every file sluice reads whole (a program, a data file, a checkpoint) goes
+// through ReadWholeFile, and every command checks its output paths with CheckOutputPaths before it
+// does any work — so that a directory, a device or an unwritable folder is a clear error at once,
+// never an exception from the standard library, an endless read or a failure after hours of
+// training.
+//
+// Errors: IoError for what the file system refuses (missing, a directory, unreadable, unwritable,
+// a device that yields more than the limit); InvalidArgument for paths that clash (an output that
+// is an input, or two outputs that are one file). Every message names the option or the kind of
+// file, the path, and what is allowed.
+//
+// Thread-safety: plain functions over the file system; safe from any thread.
+//
+// Example:
+//   const std::string text = ReadWholeFile("program", path);            // IoError if unreadable
+//   CheckOutputPaths({{"--resume", resume}, {"--data", data}},          // inputs
+//                    {{"--save", save}, {"--metrics", metrics}});       // outputs
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sluice {
+
+// The most bytes read from a file that is not a regular file (a pipe, /dev/stdin, a device such as
+// /dev/zero, which never ends). A regular file is read at its size.
+inline constexpr int64_t kSpecialFileLimit = int64_t{64} << 20;
+
+// The whole content of `path`. `what` names the file in messages ("program", "--data file").
+// Throws IoError when it does not exist, is a directory, cannot be read, or is not a regular file
+// and yields more than `special_limit` bytes.
+std::string ReadWholeFile(std::string_view what, const std::string& path,
+                          int64_t special_limit = kSpecialFileLimit);
+
+// A path given on the command line, with the option that named it ("--save").
+struct NamedPath {
+  std::string option;
+  std::string path;  // empty: not given (skipped)
+};
+
+// Before any work: refuses an output that resolves to the same file as an input or as another
+// output (symbolic and hard links and "./a" vs "a" included) — InvalidArgument naming both options
+// and the path; then checks that each output can be written: its folder exists and is writable,
+// and the path is not a directory (IoError naming the option, the path and the reason).
+void CheckOutputPaths(const std::vector<NamedPath>& inputs, const std::vector<NamedPath>& outputs);
+
+}  // namespace sluice

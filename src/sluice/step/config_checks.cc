@@ -1,0 +1,67 @@
+#include "sluice/step/config_checks.h"
+
+#include <cmath>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+#include "sluice/exec/thread_pool.h"
+
+namespace sluice {
+
+namespace {
+
+[[noreturn]] void Refuse(std::string_view option, double value, std::string_view allowed) {
+  throw InvalidArgument(fmt::format("{} must be {}, got {}", option, allowed, value));
+}
+
+// lo ≤ value (< hi when hi_open, ≤ hi otherwise), and finite.
+void CheckReal(std::string_view option, double value, double lo, double hi, bool hi_open,
+               std::string_view allowed) {
+  if (!std::isfinite(value) || value < lo || value > hi || (hi_open && value == hi)) {
+    Refuse(option, value, allowed);
+  }
+}
+
+void CheckCount(std::string_view option, int64_t value, int64_t lo, std::string_view allowed) {
+  if (value < lo) {
+    throw InvalidArgument(fmt::format("{} must be {}, got {}", option, allowed, value));
+  }
+}
+
+}  // namespace
+
+void ValidateTrainRanges(const TrainConfig& c) {
+  const OptimizerConfig& o = c.optimizer;
+  constexpr double kInf = INFINITY;
+  CheckReal("--lr", o.lr, 0, kInf, false, "a finite number above 0");
+  if (o.lr == 0) Refuse("--lr", o.lr, "a finite number above 0");
+  CheckReal("--min-lr", o.min_lr, 0, o.lr, false,
+            fmt::format("a finite number from 0 to --lr ({})", o.lr));
+  CheckReal("--weight-decay", o.weight_decay, 0, kInf, false, "a finite number, 0 or more");
+  CheckReal("--beta1", o.beta1, 0, 1, true, "in [0, 1)");
+  CheckReal("--beta2", o.beta2, 0, 1, true, "in [0, 1)");
+  CheckReal("--momentum", o.momentum, 0, 1, true, "in [0, 1)");
+  CheckReal("--clip", o.clip_norm, 0, kInf, false, "a finite number, 0 (off) or more");
+  CheckCount("--warmup", o.warmup_steps, 0, "0 or more");
+  CheckCount("--eval-every", c.eval_every, 0, "0 (only at the end) or more");
+  CheckCount("--save-every", c.save_every, 0, "0 (only at the end) or more");
+  CheckCount("--seq", c.gpt.seq, 0, "0 (the data's) or more");
+  CheckCount("--vocab", c.gpt.vocab, 0, "0 (the data's) or more");
+  if (c.threads > ThreadPool::kMaxThreads) {
+    throw InvalidArgument(fmt::format("--threads must be 0 (every core) to {}, got {}",
+                                      ThreadPool::kMaxThreads, c.threads));
+  }
+  if (c.model == "gpt") {
+    CheckCount("--layers", c.gpt.layers, 1, "1 or more");
+    CheckCount("--heads", c.gpt.heads, 1, "1 or more");
+    CheckCount("--dim", c.gpt.dim, 1, "1 or more");
+  } else if (c.model == "mlp") {
+    CheckCount("--features", c.mlp.features, 1, "1 or more");
+    CheckCount("--hidden", c.mlp.hidden, 1, "1 or more");
+    CheckCount("--classes", c.mlp.classes, 1, "1 or more");
+  }
+}
+
+}  // namespace sluice

@@ -1,0 +1,228 @@
+// Bad input and faults against the built binary, as a hostile but ordinary user would try them:
+// every case must end with exit status 1, "sluice: error: " and a message naming the option or
+// file and what is allowed — never "internal error", a signal or a silent success. Each case was
+// a crash, a loss of data or a silent acceptance before (the issue "Bad input and faults").
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/cli_fixture.h"
+#include "sluice/io/safetensors.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
+
+// A model small enough that a step takes milliseconds: kTiny has one layer, kTwoStages two layers
+// on two pipeline stages.
+#define SLUICE_TINY \
+  "--dim 16 --heads 2 --batch 4 --threads 1 --eval-every 0 --eval-batches 1 --quiet"
+constexpr const char* kTiny = "--layers 1 " SLUICE_TINY;
+constexpr const char* kTwoStages = "--layers 2 --stages 2 " SLUICE_TINY;
+
+class BadInputCli : public CliTest {
+ protected:
+  // Runs `sluice args`, which must fail cleanly; returns stderr.
+  std::string Refused(const std::string& args) {
+    const CliResult r = Sluice(args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr("sluice: error: ")) << args;
+    EXPECT_THAT(r.err, Not(HasSubstr("internal error"))) << args;
+    return r.err;
+  }
+  std::string Train(const std::string& args) {
+    return Refused(fmt::format("train {} {}", kTiny, args));
+  }
+  // A real checkpoint after `steps` steps of the tiny model.
+  fs::path Checkpoint(const std::string& name, int steps = 1) {
+    const fs::path ck = dir_ / name;
+    const CliResult r =
+        Sluice(fmt::format("train {} --steps {} --save {}", kTiny, steps, ck.string()));
+    EXPECT_EQ(r.status, 0) << r.err;
+    return ck;
+  }
+  // `ck` with its metadata key set to `value` (erased when value is null), written to `name`.
+  fs::path WithMetadata(const fs::path& ck, const std::string& name, const std::string& key,
+                        const char* value) {
+    SafetensorsFile f = ReadSafetensors(ck.string());
+    if (value == nullptr) {
+      f.metadata.erase(key);
+    } else {
+      f.metadata[key] = value;
+    }
+    const fs::path out = dir_ / name;
+    WriteSafetensors(out.string(), f.tensors, f.metadata);
+    return out;
+  }
+};
+
+struct Case {
+  std::string args;
+  std::string message;
+};
+
+TEST_F(BadInputCli, NumericFlagsMustBeFiniteAndInRange) {
+  const std::vector<Case> cases = {
+      {"--lr nan", "--lr must be a finite number above 0, got nan"},
+      {"--lr inf", "--lr must be a finite number above 0, got inf"},
+      {"--lr -1", "--lr must be a finite number above 0, got -1"},
+      {"--lr 0", "--lr must be a finite number above 0, got 0"},
+      {"--min-lr -1", "--min-lr must be a finite number from 0 to --lr (0.003), got -1"},
+      {"--lr 0.001 --min-lr 0.01", "--min-lr must be a finite number from 0 to --lr (0.001)"},
+      {"--weight-decay nan", "--weight-decay must be a finite number, 0 or more, got nan"},
+      {"--clip -1", "--clip must be a finite number, 0 (off) or more, got -1"},
+      {"--beta1 1", "--beta1 must be in [0, 1), got 1"},
+      {"--beta2 -0.1", "--beta2 must be in [0, 1), got -0.1"},
+      {"--momentum 1.5", "--momentum must be in [0, 1), got 1.5"},
+      {"--warmup -5", "--warmup must be 0 or more, got -5"},
+      {"--eval-every -1", "--eval-every must be 0 (only at the end) or more, got -1"},
+      {"--save-every -2", "--save-every must be 0 (only at the end) or more, got -2"},
+      {"--seq -1", "--seq must be 0 (the data's) or more, got -1"},
+      {"--threads 100000", "--threads must be 0 (every core) to 1024, got 100000"},
+      {"--batch -4", "--batch must be at least 1, got -4"},
+  };
+  for (const Case& c : cases) {
+    // Without kTiny: each case must fail in validation, before any model is built.
+    EXPECT_THAT(Refused("train --steps 1 " + c.args), HasSubstr(c.message)) << c.args;
+  }
+  // An unsigned seed: "-1" wrapped around to 2^64 − 1 before; CLI11 refuses it now (usage error).
+  const CliResult r = Sluice("train --steps 1 --seed -1");
+  EXPECT_EQ(r.status, static_cast<int>(CLI::ExitCodes::ValidationError)) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--seed"));
+}
+
+TEST_F(BadInputCli, AnOmittedMinLrFollowsALowerLr) {
+  // --min-lr's default (0.0003) above a smaller --lr is no error: the floor follows --lr.
+  const CliResult r = Sluice(fmt::format("train {} --steps 1 --lr 0.0001", kTiny));
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST_F(BadInputCli, InputFilesMustBeRegularFiles) {
+  EXPECT_THAT(Train("--steps 1 --data " + dir_.string()),
+              HasSubstr("cannot read data file '" + dir_.string() + "': it is a directory"));
+  EXPECT_THAT(Train("--steps 1 --data /dev/zero"),
+              HasSubstr("data file '/dev/zero' is a character device and yields more than 64 MiB"));
+  EXPECT_THAT(Train("--steps 1 --resume " + dir_.string()),
+              HasSubstr("cannot read safetensors file '" + dir_.string() + "'"));
+  EXPECT_THAT(Refused("run " + dir_.string()),
+              HasSubstr("cannot read program file '" + dir_.string() + "': it is a directory"));
+  EXPECT_THAT(Refused("run /dev/zero"),
+              HasSubstr("program file '/dev/zero' is a character device"));
+}
+
+TEST_F(BadInputCli, OutputsMayNotOverwriteInputsOrEachOther) {
+  const fs::path corpus = Write("corpus.txt", std::string(4096, 'a'));
+  const std::string before = ReadFile(corpus);
+  EXPECT_THAT(Train(fmt::format("--steps 1 --data {0} --metrics {0}", corpus.string())),
+              HasSubstr("--metrics '" + corpus.string() + "' is the --data file"));
+  EXPECT_THAT(Train(fmt::format("--steps 1 --data {0} --save {0}", corpus.string())),
+              HasSubstr("--save '" + corpus.string() + "' is the --data file"));
+  EXPECT_EQ(ReadFile(corpus), before);
+  const fs::path ck = Checkpoint("ck.safetensors");
+  const std::string saved = ReadFile(ck);
+  EXPECT_THAT(Train(fmt::format("--steps 2 --resume {0} --save {0}", ck.string())),
+              HasSubstr("--save '" + ck.string() + "' is the --resume file"));
+  EXPECT_THAT(Train(fmt::format("--steps 2 --resume {0} --metrics {0}", ck.string())),
+              HasSubstr("is the --resume file"));
+  EXPECT_EQ(ReadFile(ck), saved);
+  const fs::path out = dir_ / "out.json";
+  EXPECT_THAT(Train(fmt::format("--steps 1 --save {0} --metrics {0}", out.string())),
+              HasSubstr("are the same file"));
+  const fs::path program = Write(
+      "p.sluice", "program p {\n  input %x: f32[2]\n  %y: f32[2] = copy(%x)\n  output %y\n}\n");
+  const std::string text = ReadFile(program);
+  EXPECT_THAT(Refused(fmt::format("run {0} --trace {0}", program.string())),
+              HasSubstr("--trace '" + program.string() + "' is the program file"));
+  EXPECT_EQ(ReadFile(program), text);
+}
+
+TEST_F(BadInputCli, UnwritableOutputsFailBeforeTheFirstStep) {
+  const fs::path missing = dir_ / "no" / "such" / "ck.safetensors";
+  const fs::path metrics = dir_ / "m.jsonl";
+  EXPECT_THAT(
+      Train(fmt::format("--steps 1 --metrics {} --save {}", metrics.string(), missing.string())),
+      HasSubstr("--save '" + missing.string() + "': its folder"));
+  EXPECT_FALSE(fs::exists(metrics)) << "a step ran before the output check";
+  const fs::path file = Write("plain.txt", "x");
+  EXPECT_THAT(
+      Refused(fmt::format("train {} --steps 1 --trace {}/t.json", kTwoStages, file.string())),
+      HasSubstr("is not a directory"));
+  EXPECT_THAT(Train("--steps 1 --save " + dir_.string()), HasSubstr("is a directory"));
+}
+
+TEST_F(BadInputCli, CheckpointMetadataIsReadStrictly) {
+  const fs::path ck = Checkpoint("ck.safetensors");
+  const std::vector<std::tuple<std::string, const char*, std::string>> cases = {
+      {"step", nullptr, "has no metadata \"step\""},
+      {"step", "2 apples", "metadata \"step\" is \"2 apples\", not a step count"},
+      {"step", "", "metadata \"step\" is \"\""},
+      {"step", "-3", "metadata \"step\" is -3, not 0 or more"},
+      {"step", "99999999999999999999", "not a step count"},
+      {"data_seed", "one", "metadata \"data_seed\" is \"one\", not a seed"},
+      {"data_position", nullptr, "has no metadata \"data_position\""},
+      {"format", "sluice-checkpoint-0", "metadata \"format\" is \"sluice-checkpoint-0\""},
+      {"config", "{not json", "metadata \"config\" is not a JSON object"},
+  };
+  int n = 0;
+  for (const auto& [key, value, message] : cases) {
+    const fs::path bad = WithMetadata(ck, fmt::format("bad{}.safetensors", n++), key, value);
+    const std::string err = Train(fmt::format("--steps 5 --resume {}", bad.string()));
+    EXPECT_THAT(err, HasSubstr(message)) << key << " = " << (value ? value : "(missing)");
+    EXPECT_THAT(err, HasSubstr(bad.string()));
+  }
+}
+
+TEST_F(BadInputCli, ACheckpointAtOrPastStepsIsAnError) {
+  const fs::path ck = Checkpoint("ck.safetensors", 2);
+  EXPECT_THAT(Train(fmt::format("--steps 2 --resume {}", ck.string())),
+              HasSubstr("is at step 2, at or past --steps 2: nothing is left to train"));
+}
+
+// Regression: the weights went to NaN and were saved over a good checkpoint with exit 0.
+TEST_F(BadInputCli, ADivergingRunStopsAtTheStepAndKeepsTheLastCheckpoint) {
+  const fs::path ck = Checkpoint("ck.safetensors");
+  const std::string good = ReadFile(ck);
+  const std::string err =
+      Train(fmt::format("--steps 4 --lr 1e30 --lr-schedule constant --save {}", ck.string()));
+  EXPECT_THAT(err, HasSubstr("training stopped there, no checkpoint of it is saved"));
+  EXPECT_EQ(ReadFile(ck), good) << "the checkpoint was overwritten";
+}
+
+// Regression: a stage failing mid-step (a skipped receive) read past its micro-batches and could
+// crash; every skipped or failing action of either stage is now an error naming the stage.
+TEST_F(BadInputCli, EveryFaultInjectionPointIsACleanError) {
+  for (const char* action : {"F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OPT"}) {
+    for (const std::string mode : {"skip", "throw"}) {
+      for (int stage : {0, 1}) {
+        const std::string fault = fmt::format("{}:{}:{}:0", mode, stage, action);
+        const CliResult r = Sluice(
+            fmt::format("train {} --steps 1 --microbatches 2 --comm-timeout 0.5 --inject-fault {}",
+                        kTwoStages, fault));
+        // A skip that finds no such action on the stage skips nothing and trains normally.
+        EXPECT_TRUE(r.status == 0 || r.status == 1) << fault << "\n" << r.err;
+        EXPECT_THAT(r.err, Not(HasSubstr("internal error"))) << fault;
+        // Stage 0 receives no forward and sends no gradient; stage 1 the other way round.
+        const std::string a = action;
+        const bool exists =
+            stage == 0 ? a != "RECV_F" && a != "SEND_B" : a != "SEND_F" && a != "RECV_B";
+        if (mode == "throw") EXPECT_EQ(r.status, exists ? 1 : 0) << fault << "\n" << r.err;
+        if (r.status == 1) {
+          EXPECT_THAT(r.err, HasSubstr("stage ")) << fault << "\n" << r.err;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,120 @@
+// Files at the boundary: whole-file reads refuse directories and endless devices with a message
+// naming the file, and output paths that clash with an input or with each other, or cannot be
+// written, are refused before any work.
+#include "sluice/core/files.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+class Files : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        fs::path(::testing::TempDir()) /
+        ("files_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+         "_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  // The message of the IoError or InvalidArgument `f` throws; fails the test if it throws none.
+  template <typename E, typename F>
+  std::string ErrorOf(F&& f) {
+    try {
+      f();
+    } catch (const E& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no error";
+    return "";
+  }
+  fs::path dir_;
+};
+
+TEST_F(Files, ReadsARegularFileWhole) {
+  EXPECT_EQ(ReadWholeFile("program file", Write("a.txt", "hello\n")), "hello\n");
+  EXPECT_EQ(ReadWholeFile("program file", Write("empty.txt", "")), "");
+}
+
+TEST_F(Files, AMissingFileOrADirectoryIsAnIoErrorNamingIt) {
+  EXPECT_THAT(ErrorOf<IoError>([&] { ReadWholeFile("data file", (dir_ / "none").string()); }),
+              HasSubstr("cannot read data file '" + (dir_ / "none").string() +
+                        "': No such file or directory"));
+  EXPECT_THAT(ErrorOf<IoError>([&] { ReadWholeFile("data file", dir_.string()); }),
+              HasSubstr("it is a directory, not a file"));
+}
+
+// Regression: /dev/zero given as a program, data or checkpoint was read until memory ran out.
+TEST_F(Files, ADeviceIsReadOnlyUpToTheLimit) {
+  const std::string what =
+      ErrorOf<IoError>([] { ReadWholeFile("program file", "/dev/zero", int64_t{1} << 20); });
+  EXPECT_THAT(what, HasSubstr("program file '/dev/zero' is a character device and yields more "
+                              "than 1 MiB"));
+  EXPECT_EQ(ReadWholeFile("program file", "/dev/null"), "");  // a device that ends is fine
+}
+
+TEST_F(Files, AnOutputNamingAnInputIsRefused) {
+  const std::string data = Write("corpus.txt", "text");
+  fs::create_symlink(data, dir_ / "link.txt");
+  fs::create_hard_link(data, dir_ / "hard.txt");
+  for (const std::string& out : {data, (dir_ / "link.txt").string(), (dir_ / "hard.txt").string(),
+                                 (dir_ / "." / "corpus.txt").string()}) {
+    EXPECT_THAT(ErrorOf<InvalidArgument>([&] {
+                  CheckOutputPaths({{"--data", data}}, {{"--metrics", out}});
+                }),
+                HasSubstr("--metrics '" + out + "' is the --data file '" + data + "'"));
+  }
+  // An input that does not exist yet (a checkpoint to come) still clashes by name.
+  const std::string ck = (dir_ / "ck.safetensors").string();
+  EXPECT_THROW(CheckOutputPaths({{"--resume", ck}}, {{"--save", ck}}), InvalidArgument);
+}
+
+TEST_F(Files, TwoOutputsOfOneFileAreRefused) {
+  const std::string p = (dir_ / "out.json").string();
+  EXPECT_THAT(ErrorOf<InvalidArgument>([&] {
+                CheckOutputPaths({}, {{"--save", p}, {"--metrics", ""}, {"--trace", p}});
+              }),
+              HasSubstr("--save '" + p + "' and --trace '" + p + "' are the same file"));
+}
+
+// Regression: an unwritable --save or --trace failed only after all the training.
+TEST_F(Files, AnOutputThatCannotBeWrittenIsRefusedFirst) {
+  const std::string missing = (dir_ / "no" / "ck.safetensors").string();
+  EXPECT_THAT(ErrorOf<IoError>([&] {
+                CheckOutputPaths({}, {{"--save", missing}});
+              }),
+              HasSubstr("--save '" + missing + "': its folder '" + (dir_ / "no").string() +
+                        "' does not exist"));
+  const std::string file = Write("plain.txt", "x");
+  EXPECT_THAT(ErrorOf<IoError>([&] {
+                CheckOutputPaths({}, {{"--trace", file + "/t.json"}});
+              }),
+              HasSubstr("is not a directory"));
+  EXPECT_THAT(ErrorOf<IoError>([&] {
+                CheckOutputPaths({}, {{"--save", dir_.string()}});
+              }),
+              HasSubstr("is a directory; name a file in it"));
+  EXPECT_NO_THROW(CheckOutputPaths(
+      {{"--data", file}}, {{"--save", (dir_ / "ck").string()}, {"--metrics", "relative.jsonl"}}));
+}
+
+}  // namespace
+}  // namespace sluice

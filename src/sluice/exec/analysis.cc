@@ -348,6 +348,15 @@ ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options) {
   return plan;
 }
 
+std::string DescribeInstruction(const Program& program, int32_t instruction) {
+  const Instruction& instr = program.instructions()[static_cast<size_t>(instruction)];
+  if (instr.outputs.empty()) {
+    return fmt::format("{}({})", instr.op->name, ValueList(program, instr.inputs));
+  }
+  return fmt::format("{} = {}({})", ValueList(program, instr.outputs), instr.op->name,
+                     ValueList(program, instr.inputs));
+}
+
 std::string ExecutionPlan::Describe(const Program& program) const {
   std::string out = fmt::format(
       "program '{}': {} instructions, {} storage groups ({} freed per run); order {} (asked {})\n",
@@ -358,12 +367,7 @@ std::string ExecutionPlan::Describe(const Program& program) const {
   }
   out += "\n  step  instr  live        instruction  →  frees after it\n";
   for (size_t s = 0; s < num_steps(); ++s) {
-    const Instruction& instr = program.instructions()[order[s]];
-    std::string text = fmt::format("{} = {}({})", ValueList(program, instr.outputs), instr.op->name,
-                                   ValueList(program, instr.inputs));
-    if (instr.outputs.empty()) {
-      text = fmt::format("{}({})", instr.op->name, ValueList(program, instr.inputs));
-    }
+    const std::string text = DescribeInstruction(program, order[s]);
     std::string freed;
     for (int32_t g : FreeList(static_cast<int32_t>(s))) {
       if (!freed.empty()) freed += ", ";

@@ -152,6 +152,9 @@ struct ExecutionPlan {
 // Analyses a verified program. See the top of this file for what is computed.
 ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options = {});
 
+// Instruction `instruction` as Describe lists it: "%h = matmul(%x, %w)".
+std::string DescribeInstruction(const Program& program, int32_t instruction);
+
 // "1.5 MiB", "512 B": bytes for humans (reports and Describe).
 std::string FormatBytes(int64_t bytes);
 

@@ -86,6 +86,7 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     }
   }
   optimizer_ = std::make_unique<Executable>(BuildOptimizer(params_, config.optimizer), base);
+  if (options_.plan_only) return;
   Allocator& allocator = *options_.allocator;
   for (auto& [name, t] : InitParams(params_, config.seed, allocator))
     state_.Set(name, std::move(t));

@@ -76,6 +76,9 @@ struct StageProgramOptions {
   int threads = 1;                                      // intra-op threads (parallel runs)
   bool split_backward = false;                          // B and W halves (zero-bubble schedules)
   RecomputePolicy recompute = RecomputePolicy::kCheap;  // this rank's (RecomputeForStage)
+  // Build the programs only: no parameters or optimizer state are allocated, and only the
+  // accessors may be used (for step/memory_replay.h, which predicts what a run would hold).
+  bool plan_only = false;
 };
 
 // The recompute policy of pipeline stage `stage` of `stages` (0 of 1 on one stage): the one policy
@@ -106,6 +109,9 @@ class StageProgram {
   const Chunk& chunk(int c) const { return chunks_[c]; }
   // The rank's parameters, model order.
   const std::vector<ParamSpec>& params() const { return params_; }
+  const Executable& optimizer() const { return *optimizer_; }
+  const TrainConfig& config() const { return config_; }
+  bool split_backward() const { return options_.split_backward; }
 
   // Runs chunk c's forward on `scope`, which holds its inputs ("x", or the batch on the first
   // chunk); binds the chunk's parameters. Afterwards `scope` holds exactly the values the

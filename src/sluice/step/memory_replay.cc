@@ -1,0 +1,350 @@
+#include "sluice/step/memory_replay.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "sluice/core/caching_allocator.h"
+#include "sluice/core/error.h"
+#include "sluice/exec/analysis.h"
+
+namespace sluice {
+
+std::string_view Name(MemoryUse use) { return EnumName(kMemoryUseNames, use); }
+
+int64_t MemoryBreakdown::total() const {
+  int64_t sum = 0;
+  for (int64_t b : bytes) sum += b;
+  return sum;
+}
+
+// ---- MemoryLedger ----
+
+MemoryLedger::Id MemoryLedger::Allocate(int64_t bytes, MemoryUse use) {
+  SLUICE_CHECK(bytes >= 0, "a storage of {} bytes", bytes);
+  const Id id = static_cast<Id>(storages_.size());
+  Storage& s = storages_.emplace_back();
+  s.bytes = bytes;
+  s.refs[static_cast<size_t>(use)] = 1;
+  s.live_index = static_cast<int32_t>(live_.size());
+  live_.push_back(id);
+  allocated_ += bytes;
+  if (allocated_ > peak_) Snapshot();
+  return id;
+}
+
+void MemoryLedger::Retain(Id id, MemoryUse use) {
+  if (id == kExternal) return;
+  Storage& s = storages_.at(static_cast<size_t>(id));
+  SLUICE_CHECK(s.live_index >= 0, "storage {} retained after it was freed", id);
+  ++s.refs[static_cast<size_t>(use)];
+}
+
+void MemoryLedger::Release(Id id, MemoryUse use) {
+  if (id == kExternal) return;
+  Storage& s = storages_.at(static_cast<size_t>(id));
+  int32_t& refs = s.refs[static_cast<size_t>(use)];
+  SLUICE_CHECK(refs > 0, "storage {} released by {}, which holds no reference", id, Name(use));
+  --refs;
+  for (int32_t r : s.refs) {
+    if (r > 0) return;
+  }
+  allocated_ -= s.bytes;
+  const Id last = live_.back();
+  live_[static_cast<size_t>(s.live_index)] = last;
+  storages_[static_cast<size_t>(last)].live_index = s.live_index;
+  live_.pop_back();
+  s.live_index = -1;
+}
+
+void MemoryLedger::Transfer(Id id, MemoryUse from, MemoryUse to) {
+  if (from == to) return;
+  Retain(id, to);
+  Release(id, from);
+}
+
+void MemoryLedger::ResetPeak() {
+  peak_ = -1;  // the next Snapshot records the present
+  Snapshot();
+}
+
+void MemoryLedger::Snapshot() {
+  peak_ = allocated_;
+  at_peak_ = {};
+  for (Id id : live_) {
+    const Storage& s = storages_[static_cast<size_t>(id)];
+    size_t use = 0;
+    while (use + 1 < s.refs.size() && s.refs[use] == 0) ++use;
+    at_peak_.bytes[use] += s.bytes;
+  }
+  peak_phase_ = phase_;
+  peak_instruction_.clear();
+  if (program_ != nullptr && instruction_ >= 0) {
+    peak_instruction_ = DescribeInstruction(*program_, instruction_);
+  }
+}
+
+// ---- SymbolicScope ----
+
+void SymbolicScope::Set(const std::string& name, MemoryLedger::Id id) { Set(name, id, use_); }
+
+void SymbolicScope::Set(const std::string& name, MemoryLedger::Id id, MemoryUse use) {
+  ledger_.Retain(id, use);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    entries_.emplace(name, Entry{id, use});
+    return;
+  }
+  const Entry old = it->second;
+  it->second = {id, use};
+  ledger_.Release(old.id, old.use);
+}
+
+MemoryLedger::Id SymbolicScope::Get(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw ProgramError(fmt::format("scope has no value %{}", name));
+  return it->second.id;
+}
+
+MemoryLedger::Id SymbolicScope::Take(const std::string& name, MemoryUse to) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw ProgramError(fmt::format("scope has no value %{}", name));
+  const Entry e = it->second;
+  entries_.erase(it);
+  ledger_.Transfer(e.id, e.use, to);
+  return e.id;
+}
+
+void SymbolicScope::Erase(const std::string& name) {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return;
+  const Entry e = it->second;
+  entries_.erase(it);
+  ledger_.Release(e.id, e.use);
+}
+
+void SymbolicScope::Clear() {
+  while (!entries_.empty()) Erase(entries_.begin()->first);
+}
+
+std::vector<std::string> SymbolicScope::Names() const {
+  std::vector<std::string> names;
+  names.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) names.push_back(name);
+  return names;
+}
+
+// ---- ReplayRun ----
+
+void ReplayRun(const Executable& exe, SymbolicScope& scope) {
+  const Program& program = exe.program();
+  const ExecutionPlan& plan = exe.plan();
+  const ExecutableOptions& options = exe.options();
+  MemoryLedger& ledger = scope.ledger();
+  constexpr MemoryUse kRun = MemoryUse::kWorking;
+
+  std::vector<ValueId> results = program.outputs();
+  for (const std::string& name : options.keep) results.push_back(program.Get(name));
+  // Results the program computes replace what the scope holds under their names, first.
+  for (ValueId v : results) {
+    if (program.value(v).kind == ValueKind::kIntermediate) scope.Erase(program.value(v).name);
+  }
+
+  std::vector<MemoryLedger::Id> storage(plan.groups.size(), MemoryLedger::kExternal);
+  std::vector<char> held(plan.groups.size(), 0);
+  auto bind = [&](ValueId v) {
+    const std::string& name = program.value(v).name;
+    if (!scope.Has(name)) {
+      throw ProgramError(
+          fmt::format("program '{}': %{} is not bound in the scope", program.name(), name));
+    }
+    const size_t g = static_cast<size_t>(plan.group_of[static_cast<size_t>(v)]);
+    const bool donated =
+        std::find(options.donate.begin(), options.donate.end(), name) != options.donate.end();
+    storage[g] = donated ? scope.Take(name, kRun) : scope.Get(name);
+    if (!donated) ledger.Retain(storage[g], kRun);
+    held[g] = 1;
+  };
+  for (ValueId v : program.inputs()) bind(v);
+  for (ValueId v : program.params()) bind(v);
+
+  for (size_t s = 0; s < plan.num_steps(); ++s) {
+    const int32_t i = plan.order[s];
+    ledger.SetInstruction(&program, i);
+    for (ValueId v : program.instructions()[static_cast<size_t>(i)].outputs) {
+      const size_t g = static_cast<size_t>(plan.group_of[static_cast<size_t>(v)]);
+      if (plan.groups[g].root != v) continue;  // a view: a member of its input's group
+      storage[g] = ledger.Allocate(plan.groups[g].bytes, kRun);
+      held[g] = 1;
+    }
+    for (int32_t g : plan.FreeList(static_cast<int32_t>(s))) {
+      if (!held[static_cast<size_t>(g)]) continue;
+      held[static_cast<size_t>(g)] = 0;
+      ledger.Release(storage[static_cast<size_t>(g)], kRun);
+    }
+  }
+  ledger.SetInstruction(nullptr, -1);
+  for (ValueId v : results) {
+    scope.Set(program.value(v).name, storage[static_cast<size_t>(plan.group_of[v])]);
+  }
+  for (size_t g = 0; g < held.size(); ++g) {
+    if (held[g]) ledger.Release(storage[g], kRun);
+  }
+}
+
+// ---- SymbolicGradients ----
+
+void SymbolicGradients::AddFrom(SymbolicScope& scope, const std::string& name) {
+  if (!scope.Has(name)) return;
+  const MemoryLedger::Id id = scope.Take(name, MemoryUse::kWorking);
+  // The first gradient is kept; a later one is added into it and freed.
+  if (!grads_.Has(name)) grads_.Set(name, id);
+  grads_.ledger().Release(id, MemoryUse::kWorking);
+}
+
+// ---- StageReplay ----
+
+namespace {
+
+int64_t F32Bytes(const Shape& shape) { return shape.numel() * static_cast<int64_t>(sizeof(float)); }
+
+}  // namespace
+
+StageReplay::StageReplay(const StageProgram& program, MemoryLedger& ledger)
+    : program_(program), state_(ledger, MemoryUse::kParameters) {
+  // InitParams, then InitOptimizerState, in the order StageProgram allocates them.
+  for (const ParamSpec& p : program.params()) {
+    const MemoryLedger::Id id = ledger.Allocate(F32Bytes(p.shape), MemoryUse::kParameters);
+    state_.Set(p.name, id, MemoryUse::kParameters);
+    ledger.Release(id, MemoryUse::kParameters);
+  }
+  for (const ParamSpec& p : program.params()) {
+    for (const std::string& s : OptimizerStateNames(p.name, program.config().optimizer)) {
+      const MemoryLedger::Id id = ledger.Allocate(F32Bytes(p.shape), MemoryUse::kOptimizerState);
+      state_.Set(s, id, MemoryUse::kOptimizerState);
+      ledger.Release(id, MemoryUse::kOptimizerState);
+    }
+  }
+}
+
+void StageReplay::BindParams(int c, SymbolicScope& scope) const {
+  for (const std::string& p : program_.chunk(c).params) scope.Set(p, state_.Get(p));
+}
+
+void StageReplay::TakeGradients(int c, SymbolicScope& scope, SymbolicGradients& grads) const {
+  for (const std::string& p : program_.chunk(c).params) grads.AddFrom(scope, p + ".grad");
+  for (const std::string& p : program_.chunk(c).params) scope.Erase(p);
+}
+
+void StageReplay::Forward(int c, SymbolicScope& scope) const {
+  const Chunk& ch = program_.chunk(c);
+  BindParams(c, scope);
+  ReplayRun(*ch.forward, scope);
+  work_ += EstimateWork(ch.forward->program());
+  const std::string output = ch.last ? ch.model.loss : std::string(kChunkOutput);
+  for (const std::string& name : scope.Names()) {
+    if (name != output && std::find(ch.backward.saved.begin(), ch.backward.saved.end(), name) ==
+                              ch.backward.saved.end()) {
+      scope.Erase(name);
+    }
+  }
+}
+
+void StageReplay::Backward(int c, SymbolicScope& scope, SymbolicGradients& grads) const {
+  const Chunk& ch = program_.chunk(c);
+  BindParams(c, scope);
+  const Executable& exe = program_.split_backward() ? *ch.b_exe : *ch.backward_exe;
+  ReplayRun(exe, scope);
+  work_ += EstimateWork(exe.program());
+  TakeGradients(c, scope, grads);
+}
+
+void StageReplay::Weight(int c, SymbolicScope& scope, SymbolicGradients& grads) const {
+  const Chunk& ch = program_.chunk(c);
+  SLUICE_CHECK(ch.w_exe != nullptr, "W of chunk {} without a split backward", c);
+  BindParams(c, scope);
+  ReplayRun(*ch.w_exe, scope);
+  work_ += EstimateWork(ch.w_exe->program());
+  TakeGradients(c, scope, grads);
+}
+
+void StageReplay::Update(SymbolicGradients& grads) {
+  MemoryLedger& ledger = state_.ledger();
+  std::vector<std::string> names = grads.scope().Names();
+  for (const std::string& name : names) {
+    state_.Set(name, grads.scope().Get(name), MemoryUse::kGradients);
+  }
+  grads.scope().Clear();
+  for (const char* scalar : {"lr", "step"}) {
+    const MemoryLedger::Id id = ledger.Allocate(sizeof(float), MemoryUse::kWorking);
+    state_.Set(scalar, id, MemoryUse::kWorking);
+    ledger.Release(id, MemoryUse::kWorking);
+  }
+  ReplayRun(program_.optimizer(), state_);
+  for (const std::string& name : names) state_.Erase(name);
+  state_.Erase("lr");
+  state_.Erase("step");
+}
+
+double EstimateWork(const Program& program) {
+  double work = 0;
+  for (const Instruction& instr : program.instructions()) {
+    if (instr.outputs.empty()) continue;
+    const TensorType& out = program.value(instr.outputs[0]).type;
+    if (instr.inputs.empty()) {
+      work += static_cast<double>(out.shape.numel());
+      continue;
+    }
+    const TensorType& in = program.value(instr.inputs[0]).type;
+    const bool matmul = instr.op->name == "matmul" && in.shape.rank() >= 2;
+    if (matmul || (instr.op->name == "linear" && in.shape.rank() >= 1)) {
+      const bool ta = matmul && instr.attrs.GetBool("transpose_a", false);
+      const int64_t k = in.shape[in.shape.rank() - (ta ? 2 : 1)];
+      work += 2.0 * static_cast<double>(out.shape.numel()) * static_cast<double>(k);
+    } else {
+      work += static_cast<double>(std::max(out.shape.numel(), in.shape.numel()));
+    }
+  }
+  return work;
+}
+
+// ---- the single stage ----
+
+StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& config) {
+  TrainConfig replayed = config;  // what the forecast is exact for (see the top of the header)
+  replayed.gc = GcMode::kSync;
+  replayed.mode = RunMode::kTrace;
+  CachingAllocator unused;  // a plan-only program allocates nothing
+  const StageProgram program({{.model = model}}, replayed,
+                             {.allocator = &unused,
+                              .recompute = RecomputeForStage(config, /*stage=*/0, /*stages=*/1),
+                              .plan_only = true});
+  MemoryLedger ledger;
+  StageReplay stage(program, ledger);
+  StageMemoryForecast out;
+  out.persistent_bytes = ledger.allocated();
+  ledger.ResetPeak();
+  SymbolicGradients grads(ledger);
+  const Chunk& ch = program.chunk(0);
+  for (int64_t k = 0; k < config.microbatches; ++k) {
+    SymbolicScope scope(ledger, MemoryUse::kActivations);
+    for (ValueId v : ch.model.forward.inputs()) {  // the batch: another allocator's
+      scope.Set(ch.model.forward.value(v).name, MemoryLedger::kExternal);
+    }
+    ledger.SetPhase(fmt::format("forward of micro-batch {}", k));
+    stage.Forward(0, scope);
+    scope.Erase(ch.model.loss);
+    ledger.SetPhase(fmt::format("backward of micro-batch {}", k));
+    stage.Backward(0, scope, grads);
+  }
+  ledger.SetPhase("optimizer");
+  stage.Update(grads);
+  out.peak_allocated_bytes = out.least_peak_allocated_bytes = ledger.peak();
+  out.work = stage.work();
+  out.at_peak = ledger.at_peak();
+  out.peak_phase = ledger.peak_phase();
+  out.peak_instruction = ledger.peak_instruction();
+  return out;
+}
+
+}  // namespace sluice

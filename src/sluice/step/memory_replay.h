@@ -1,0 +1,219 @@
+// Memory replay: the bytes a training step holds, predicted before any kernel runs by replaying
+// the step on a symbolic allocator — the execution plans the interpreter follows (exec/analysis.h:
+// order, storage groups, free lists) and the engines' own hand-offs between runs, with byte counts
+// in place of tensors. Nothing is allocated, nothing computed. `sluice plan` and
+// `--memory-budget` are built on it (the single stage here, pipeline ranks in
+// pipeline/memory_forecast.h).
+//
+//   MemoryLedger    a symbolic allocator: storages with sizes and reference counts, the allocated
+//                   bytes (requested-bytes accounting, as core/memory_stats.h counts them), their
+//                   peak, and at the peak what the bytes are (MemoryUse) and where the step was.
+//   SymbolicScope   a Scope (exec/scope.h) of storage ids: names bound to storages.
+//   ReplayRun       one Executable::Run: binds, takes donated inputs, allocates each instruction's
+//                   outputs at its step, frees each step's free list, leaves outputs and kept
+//                   values in the scope — exactly the interpreter's trace-mode, sync-GC run.
+//   StageReplay     one StageProgram (step/stage_program.h): parameters and optimizer state, and
+//                   Forward / Backward / Weight / Update as StageProgram runs them.
+//
+// What a storage *is* at the peak comes from who holds it (MemoryUse, first match in this order):
+// the rank's parameters, optimizer state, accumulated gradients, activations kept for a backward
+// (a micro-batch's scope between runs), messages (received inputs and gradients, outputs awaiting
+// their send), and the working set of the run in progress.
+//
+// Exact (equal to the allocator's peak_allocated_bytes) when the real run is: trace mode, sync
+// GC (what --gc auto is on the caching allocator), every bound input contiguous and no kernel
+// taking scratch memory from the allocator (exec/analysis.h says the same of the liveness bound).
+//
+// Thread-safety: none; one thread replays. Failure: ReplayRun throws ProgramError when a value the
+// program reads is not bound, like Executable::Run.
+//
+// Example (what ForecastSingleStage does per micro-batch):
+//   MemoryLedger ledger;
+//   StageReplay stage(program, ledger);        // parameters and optimizer state
+//   SymbolicScope scope(ledger, MemoryUse::kActivations);
+//   scope.Set("ids", MemoryLedger::kExternal); // the batch lives in another allocator
+//   stage.Forward(0, scope);
+//   ledger.peak();                             // bytes; ledger.PeakReport() says of what
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sluice/core/enum_names.h"
+#include "sluice/exec/interpreter.h"
+#include "sluice/step/stage_program.h"
+
+namespace sluice {
+
+enum class MemoryUse : uint8_t {
+  kParameters,
+  kOptimizerState,
+  kGradients,
+  kActivations,
+  kMessages,
+  kWorking
+};
+inline constexpr int kNumMemoryUses = 6;
+
+inline constexpr EnumEntry<MemoryUse> kMemoryUseNames[] = {
+    {MemoryUse::kParameters, "parameters"}, {MemoryUse::kOptimizerState, "optimizer_state"},
+    {MemoryUse::kGradients, "gradients"},   {MemoryUse::kActivations, "activations"},
+    {MemoryUse::kMessages, "messages"},     {MemoryUse::kWorking, "working"},
+};
+static_assert(IsCompleteEnumTable(kMemoryUseNames));
+std::string_view Name(MemoryUse use);
+
+// Bytes by use, at one moment.
+struct MemoryBreakdown {
+  std::array<int64_t, kNumMemoryUses> bytes{};
+  int64_t operator[](MemoryUse use) const { return bytes[static_cast<size_t>(use)]; }
+  int64_t total() const;
+};
+
+class MemoryLedger {
+ public:
+  using Id = int32_t;
+  // A storage of another allocator (the batch's ids and targets): binding it costs nothing.
+  static constexpr Id kExternal = -1;
+
+  // A new storage of `bytes` held once by `use`.
+  Id Allocate(int64_t bytes, MemoryUse use);
+  // One more / one fewer reference by `use`; the last release frees the bytes. No-ops on
+  // kExternal.
+  void Retain(Id id, MemoryUse use);
+  void Release(Id id, MemoryUse use);
+  // Moves one reference from `from` to `to`.
+  void Transfer(Id id, MemoryUse from, MemoryUse to);
+
+  int64_t allocated() const { return allocated_; }
+  int64_t peak() const { return peak_; }
+  // Restarts the peak from the current bytes (an engine's step start).
+  void ResetPeak();
+
+  // Where the step is, for the peak's report: the action ("B of micro-batch 3, chunk 0") and,
+  // set by ReplayRun, the instruction whose outputs were being allocated.
+  void SetPhase(std::string phase) { phase_ = std::move(phase); }
+  void SetInstruction(const Program* program, int32_t instruction) {
+    program_ = program;
+    instruction_ = instruction;
+  }
+
+  // The bytes by use at the (first) peak since ResetPeak, and where it happened.
+  const MemoryBreakdown& at_peak() const { return at_peak_; }
+  const std::string& peak_phase() const { return peak_phase_; }
+  // "%h = matmul(%x, %w)" of the instruction at the peak; empty when it was not inside a run.
+  const std::string& peak_instruction() const { return peak_instruction_; }
+
+ private:
+  struct Storage {
+    int64_t bytes = 0;
+    std::array<int32_t, kNumMemoryUses> refs{};
+    int32_t live_index = -1;  // position in live_, -1 when freed
+  };
+  void Snapshot();
+
+  std::vector<Storage> storages_;  // by id; never reused
+  std::vector<Id> live_;
+  int64_t allocated_ = 0, peak_ = 0;
+  MemoryBreakdown at_peak_;
+  std::string phase_, peak_phase_, peak_instruction_;
+  const Program* program_ = nullptr;
+  int32_t instruction_ = -1;
+};
+
+// Names bound to storages, each binding one reference of the scope's use (or the one given).
+class SymbolicScope {
+ public:
+  SymbolicScope(MemoryLedger& ledger, MemoryUse use) : ledger_(ledger), use_(use) {}
+  ~SymbolicScope() { Clear(); }
+  SymbolicScope(const SymbolicScope&) = delete;
+  SymbolicScope& operator=(const SymbolicScope&) = delete;
+
+  // Binds `name` (retaining `id`), replacing and releasing a previous binding.
+  void Set(const std::string& name, MemoryLedger::Id id);
+  void Set(const std::string& name, MemoryLedger::Id id, MemoryUse use);
+  bool Has(const std::string& name) const { return entries_.contains(name); }
+  // The storage bound to `name`; throws ProgramError when there is none.
+  MemoryLedger::Id Get(const std::string& name) const;
+  // Unbinds `name`, moving its reference to `to` (the caller now holds it). Throws when absent.
+  MemoryLedger::Id Take(const std::string& name, MemoryUse to);
+  void Erase(const std::string& name);
+  void Clear();
+  std::vector<std::string> Names() const;
+  MemoryLedger& ledger() const { return ledger_; }
+
+ private:
+  struct Entry {
+    MemoryLedger::Id id;
+    MemoryUse use;
+  };
+  MemoryLedger& ledger_;
+  MemoryUse use_;
+  std::map<std::string, Entry> entries_;
+};
+
+// One Executable::Run of `exe` on `scope`, on the scope's ledger (see the top of this file).
+void ReplayRun(const Executable& exe, SymbolicScope& scope);
+
+// A GradientAccumulator of storages: the first gradient of a parameter is kept, later ones are
+// added into it (and freed).
+class SymbolicGradients {
+ public:
+  explicit SymbolicGradients(MemoryLedger& ledger) : grads_(ledger, MemoryUse::kGradients) {}
+  // Takes `name` out of `scope` when it is bound there.
+  void AddFrom(SymbolicScope& scope, const std::string& name);
+  SymbolicScope& scope() { return grads_; }
+
+ private:
+  SymbolicScope grads_;
+};
+
+class StageReplay {
+ public:
+  // Allocates the program's parameters and optimizer state on `ledger`, as StageProgram does.
+  StageReplay(const StageProgram& program, MemoryLedger& ledger);
+
+  void Forward(int c, SymbolicScope& scope) const;
+  void Backward(int c, SymbolicScope& scope, SymbolicGradients& grads) const;
+  void Weight(int c, SymbolicScope& scope, SymbolicGradients& grads) const;
+  // Clipping and the optimizer: the gradients join the state for the optimizer run, then go.
+  void Update(SymbolicGradients& grads);
+
+  const StageProgram& program() const { return program_; }
+  // The estimated work (EstimateWork) of the F, B and W runs replayed so far.
+  double work() const { return work_; }
+
+ private:
+  void BindParams(int c, SymbolicScope& scope) const;
+  void TakeGradients(int c, SymbolicScope& scope, SymbolicGradients& grads) const;
+
+  const StageProgram& program_;
+  mutable SymbolicScope state_;  // parameters and optimizer state
+  mutable double work_ = 0;
+};
+
+// A program's arithmetic, estimated for comparing recompute policies: 2·M·N·K for a matmul or
+// linear, the larger of its output's and first input's elements for any other instruction.
+double EstimateWork(const Program& program);
+
+// The forecast of one stage (the whole model on one stage, or one pipeline rank).
+struct StageMemoryForecast {
+  int stage = 0;
+  int64_t peak_allocated_bytes = 0;  // predicted: the allocator's peak over a step
+  // Where thread timing decides (a pipeline send completing before or after a compute): the peak
+  // if every send completed at once. The measured peak lies in [least, peak]; equal elsewhere.
+  int64_t least_peak_allocated_bytes = 0;
+  MemoryBreakdown at_peak;       // what the peak consists of
+  std::string peak_phase;        // where in the step: the action
+  std::string peak_instruction;  // and the instruction being run ("" between runs)
+  int64_t persistent_bytes = 0;  // parameters and optimizer state: held between steps
+  double work = 0;               // EstimateWork of the step's F, B and W runs
+};
+
+// The forecast of SingleStageEngine (train/single_stage.h) for `config` on `model`.
+StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& config);
+
+}  // namespace sluice

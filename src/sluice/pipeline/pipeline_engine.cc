@@ -71,6 +71,43 @@ struct PipelineEngine::Impl {
                   const std::string& path) const;
 };
 
+PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& options,
+                              int replicas) {
+  const TrainConfig& config = ctx.config;
+  const int P = options.stages;
+  if (ctx.task.gpt() == nullptr) {
+    throw InvalidArgument(fmt::format(
+        "--stages splits a GPT into pipeline stages; --model {} cannot be split", config.model));
+  }
+  const int64_t micro_batch_size = config.batch / config.microbatches;
+  if (micro_batch_size % replicas != 0) {
+    throw InvalidArgument(fmt::format(
+        "--data-parallel {} must divide the {} sequences of a micro-batch (--batch {} / "
+        "--microbatches {})",
+        replicas, micro_batch_size, config.batch, config.microbatches));
+  }
+  PipelineLayout out;
+  StageSetup& setup = out.setup;
+  setup.config = &config;
+  setup.task = &ctx.task;
+  setup.gpt = *ctx.task.gpt();
+  setup.micro_batch_size = micro_batch_size / replicas;
+  setup.seq_len = ctx.task.seq_len();
+  setup.schedule = MakeSchedule({.kind = options.schedule,
+                                 .stages = P,
+                                 .micro_batches = static_cast<int>(config.microbatches),
+                                 .chunks = options.chunks});
+  const int S = setup.schedule.virtual_stages();
+  out.partition = options.layout.empty() ? PartitionGpt(setup.gpt, setup.micro_batch_size,
+                                                        setup.seq_len, S, options.partition)
+                                         : ParseGptLayout(options.layout, setup.gpt, S);
+  setup.slices = out.partition.stages;
+  for (const ParamSpec& p : ctx.model.params) setup.model_params.push_back(p.name);
+  setup.release_outputs = options.release_outputs;
+  setup.fault = options.fault;
+  return out;
+}
+
 PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
@@ -88,31 +125,11 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     SLUICE_CHECK(d.pipe->size() == P && (D == 1 || (d.data != nullptr && d.data->size() == D)),
                  "pipeline communicators do not match --stages {} and --data-parallel {}", P, D);
   }
-  const int64_t micro_batch_size = config.batch / config.microbatches;
-  if (micro_batch_size % D != 0) {
-    throw InvalidArgument(fmt::format(
-        "--data-parallel {} must divide the {} sequences of a micro-batch (--batch {} / "
-        "--microbatches {})",
-        D, micro_batch_size, config.batch, config.microbatches));
-  }
-  m.setup.config = &config;
-  m.setup.task = &ctx.task;
-  m.setup.gpt = *ctx.task.gpt();
-  m.setup.micro_batch_size = micro_batch_size / D;
-  m.setup.seq_len = ctx.task.seq_len();
-  m.setup.schedule = MakeSchedule({.kind = m.options.schedule,
-                                   .stages = P,
-                                   .micro_batches = static_cast<int>(config.microbatches),
-                                   .chunks = m.options.chunks});
+  PipelineLayout layout = LayOutPipeline(ctx, m.options, D);
+  m.setup = std::move(layout.setup);
+  m.partition = std::move(layout.partition);
   const int S = m.setup.schedule.virtual_stages();
-  m.partition = m.options.layout.empty() ? PartitionGpt(m.setup.gpt, m.setup.micro_batch_size,
-                                                        m.setup.seq_len, S, m.options.partition)
-                                         : ParseGptLayout(m.options.layout, m.setup.gpt, S);
-  m.setup.slices = m.partition.stages;
   m.params = ctx.model.params;
-  for (const ParamSpec& p : m.params) m.setup.model_params.push_back(p.name);
-  m.setup.release_outputs = m.options.release_outputs;
-  m.setup.fault = m.options.fault;
   // Stages on threads share the process's cores: intra-op threads (BLAS included) are divided.
   m.setup.threads = ShareIntraOpThreads(ctx.threads, m.distributed() ? 1 : P);
 

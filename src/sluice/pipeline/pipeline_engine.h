@@ -114,6 +114,18 @@ class PipelineEngine final : public StepEngine {
   std::unique_ptr<Impl> impl_;
 };
 
+// How `sluice train --stages P` lays the model out: the schedule, the partition and what every
+// rank is built from (threads, replica and communicators left for the engine to fill). The one
+// source of the engine and of the memory forecast (memory_forecast.h). Throws InvalidArgument for
+// a model that is not a GPT or `replicas` not dividing a micro-batch, and what MakeSchedule and
+// the partitioner throw.
+struct PipelineLayout {
+  StageSetup setup;
+  GptPartition partition;
+};
+PipelineLayout LayOutPipeline(const EngineContext& context, const PipelineOptions& options,
+                              int replicas);
+
 // For Trainer(config, PipelineEngineFactory(options)).
 EngineFactory PipelineEngineFactory(PipelineOptions options);
 

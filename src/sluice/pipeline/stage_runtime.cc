@@ -7,7 +7,6 @@
 
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/clock.h"
-#include "sluice/step/stage_program.h"
 
 namespace sluice::pipeline {
 
@@ -39,9 +38,9 @@ struct StageRuntime::Impl {
   }
 };
 
-StageRuntime::Impl::Impl(const StageSetup& s, int r)
-    : setup(s), rank(r), P(s.schedule.stages), V(s.schedule.chunks), M(s.schedule.micro_batches) {
-  io_shape = Shape{s.micro_batch_size, s.seq_len, s.gpt.dim};
+std::unique_ptr<StageProgram> BuildStageProgram(const StageSetup& s, int rank, Allocator& allocator,
+                                                bool plan_only) {
+  const int V = s.schedule.chunks;
   std::vector<ChunkModel> chunks;
   for (int c = 0; c < V; ++c) {
     const int v = s.schedule.VirtualStage(rank, c);
@@ -50,12 +49,28 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
                       .first = v == 0,
                       .last = v == s.schedule.virtual_stages() - 1});
   }
-  program = std::make_unique<StageProgram>(
+  return std::make_unique<StageProgram>(
       std::move(chunks), *s.config,
       StageProgramOptions{.allocator = &allocator,
                           .threads = s.threads,
                           .split_backward = s.schedule.split_backward,
-                          .recompute = RecomputeForStage(*s.config, rank, P)});
+                          .recompute = RecomputeForStage(*s.config, rank, s.schedule.stages),
+                          .plan_only = plan_only});
+}
+
+StageRuntime::Impl::Impl(const StageSetup& s, int r)
+    : setup(s),
+      rank(r),
+      P(s.schedule.stages),
+      V(s.schedule.chunks),
+      M(s.schedule.micro_batches),
+      allocator(CachingAllocatorOptions{
+          .max_allocated_bytes =
+              s.config->memory_budget.empty()
+                  ? 0
+                  : static_cast<size_t>(s.config->memory_budget.at(static_cast<size_t>(r)))}) {
+  io_shape = Shape{s.micro_batch_size, s.seq_len, s.gpt.dim};
+  program = BuildStageProgram(s, rank, allocator);
   for (const ParamSpec& p : program->params()) {
     auto it = std::find(s.model_params.begin(), s.model_params.end(), p.name);
     SLUICE_CHECK(it != s.model_params.end(), "stage {} holds '{}', which the model does not", rank,

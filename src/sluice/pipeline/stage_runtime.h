@@ -60,6 +60,7 @@
 #include "sluice/core/memory_stats.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/pipeline/schedule.h"
+#include "sluice/step/stage_program.h"
 #include "sluice/step/task.h"
 #include "sluice/step/train_config.h"
 
@@ -133,6 +134,11 @@ struct StageStep {
   std::vector<TraceSpan> spans;      // when tracing
   std::vector<MemorySample> memory;  // when tracing
 };
+
+// The StageProgram of rank `rank` (its V chunks, its recompute policy) from `setup`, allocating
+// from `allocator` — or, with plan_only, allocating nothing (step/memory_replay.h).
+std::unique_ptr<StageProgram> BuildStageProgram(const StageSetup& setup, int rank,
+                                                Allocator& allocator, bool plan_only = false);
 
 class StageRuntime {
  public:

@@ -1,0 +1,39 @@
+// Memory forecast of a pipeline: each rank's peak allocated bytes over a step, predicted before
+// the run by replaying the rank's action list (schedule.h) on a symbolic allocator
+// (step/memory_replay.h) exactly as StageRuntime executes it — receives allocating their buffer
+// when posted, forwards keeping what their backward reads, outputs held until their send has
+// completed (output release), input gradients until theirs has, gradients accumulating, the
+// optimizer — with the programs' own execution plans.
+//
+// The one thing a rank's list does not say is *when* a send completes: when its receiver posts
+// the matching receive, on another thread. The forecast counts a message as still held by its
+// sender until the receive was *certainly* posted — it happens before the sender's current action
+// through rank order and messages (a vector clock per action: a compute reading a message runs
+// after its send; B(c, m) after the receive of its output was posted, since B waits for that
+// send; OPT's all-reduce after every rank's last receive). That is the most any timing can hold:
+// the forecast peak. least_peak_allocated_bytes replays the other extreme, every send completing
+// at once. A real run lies in between (tests/pipeline/memory_forecast_test.cc): at most one stage
+// output apart for gpipe and 1f1b, two for zb-h1, four chunk outputs for interleaved (V = 2).
+//
+// Exact where the replay is (trace mode, sync GC — the default on the caching allocator); the
+// same for in-process threads and MPI ranks, whose per-rank memory does not differ.
+//
+// Thread-safety: a pure function of its arguments. Failure: what LayOutPipeline throws.
+//
+// Example:
+//   std::vector<StageMemoryForecast> f = ForecastPipeline(context, {.stages = 4});
+//   f[0].peak_allocated_bytes;  // what stage 0's allocator will peak at, in bytes
+#pragma once
+
+#include <vector>
+
+#include "sluice/pipeline/pipeline_engine.h"
+#include "sluice/step/memory_replay.h"
+
+namespace sluice::pipeline {
+
+// One forecast per stage (rank), for `replicas` data-parallel replicas of the pipeline.
+std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,
+                                                  const PipelineOptions& options, int replicas = 1);
+
+}  // namespace sluice::pipeline

@@ -473,6 +473,28 @@ TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
   alloc.CheckInvariants();
 }
 
+TEST(CachingAllocator, AllocatedBytesBudgetRefusesAndChangesNothing) {
+  CachingAllocator alloc({.max_allocated_bytes = 10000});
+  void* a = alloc.Allocate(6000);
+  void* b = alloc.Allocate(4000);  // exactly the budget
+  const MemoryStats before = alloc.Stats();
+  try {
+    alloc.Allocate(1);
+    FAIL() << "the budget was exceeded";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("over the memory budget of 10000 bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(alloc.Stats().allocated_bytes, before.allocated_bytes);
+  EXPECT_EQ(alloc.Stats().num_allocs, before.num_allocs);
+  alloc.Deallocate(b, 4000);
+  void* c = alloc.Allocate(4000);  // room again once memory is freed
+  alloc.Deallocate(c, 4000);
+  alloc.Deallocate(a, 6000);
+  alloc.CheckInvariants();
+}
+
 TEST(CachingAllocator, OsRefusalIsOutOfMemory) {
   CachingAllocator alloc;
   try {

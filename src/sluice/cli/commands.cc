@@ -12,6 +12,10 @@ constexpr CommandSpec kCommands[] = {
      SetupRunCommand},
     {"train", "Train a GPT or an MLP; progress on the terminal, JSON-lines metrics, checkpoints",
      SetupTrainCommand},
+    {"plan",
+     "Predict each stage's peak memory before training (the train options); --memory-budget "
+     "plans recompute to fit it",
+     SetupPlanCommand},
     {"schedule",
      "Print a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) as an action grid or JSON",
      SetupScheduleCommand},

@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +19,11 @@
 #include "sluice/comm/mpi.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
+#include "sluice/exec/analysis.h"
+#include "sluice/pipeline/memory_forecast.h"
 #include "sluice/pipeline/pipeline_engine.h"
+#include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/step/memory_budget.h"
 #include "sluice/train/trainer.h"
 
 namespace sluice::cli {
@@ -43,6 +50,11 @@ struct TrainArgs {
   std::string comm = "local";  // local (stages as threads) or mpi (stages as processes)
   int data_parallel = 1;
   std::string fault;  // tests: MODE:STAGE:ACTION:MICRO_BATCH
+  // Memory: a budget per stage (step/memory_budget.h) that picks the recompute policies (and, with
+  // --schedule auto, the schedule) before training.
+  std::string memory_budget;
+  bool recompute_given = false;  // --recompute or --no-recompute on the command line
+  std::string format = "table";  // sluice plan: table or json
 };
 
 // "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
@@ -156,7 +168,193 @@ int RunTrainMpi(TrainArgs& a) {
   }
 }
 
-int RunTrain(TrainArgs& a) {
+// The model and data of a job, built as Trainer builds them, for forecasting before training.
+struct Job {
+  std::unique_ptr<Task> task;
+  Model model;
+};
+
+Job MakeJob(const TrainConfig& c) {
+  ValidateTrainConfig(c);
+  Job job;
+  job.task = MakeTask(c);
+  job.model = job.task->BuildTrain(c.batch / c.microbatches);
+  return job;
+}
+
+// Every stage's forecast for `config` under schedule `kind` (single stage without a pipeline).
+std::vector<StageMemoryForecast> ForecastJob(const TrainArgs& a, const Job& job,
+                                             const TrainConfig& config,
+                                             pipeline::ScheduleKind kind) {
+  if (!a.pipeline) return {ForecastSingleStage(job.model, config)};
+  const EngineContext ctx{.config = config, .task = *job.task, .model = job.model, .threads = 1};
+  pipeline::PipelineOptions options = a.pipe;
+  options.schedule = kind;
+  return pipeline::ForecastPipeline(ctx, options, a.data_parallel);
+}
+
+// What `sluice plan` prints and `--memory-budget` / `--schedule auto` train with.
+struct MemoryPlanChoice {
+  bool pipeline = false;
+  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kOneFOneB;
+  double bubble = 0;            // the schedule's, at unit cost (schedule_analysis.h)
+  std::vector<int64_t> budget;  // per stage; empty: none given
+  MemoryPlan plan;
+
+  std::string Describe(const TrainArgs& a) const {
+    std::string out = fmt::format(
+        "memory plan: {} on {}, batch {} in {} micro-batches, {}{}\n", a.config.model,
+        a.config.data, a.config.batch, a.config.microbatches,
+        pipeline ? fmt::format("{} stages, {} (bubble {:.1f}% at unit cost)", plan.stages.size(),
+                               pipeline::ScheduleKindName(schedule), 100 * bubble)
+                 : std::string("one stage"),
+        budget.empty() ? std::string() : fmt::format(", budget {}", a.memory_budget));
+    out += fmt::format(
+        "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  {}\n", "stage",
+        "recompute", "peak B", "peak", "parameters", "optimizer", "gradients", "activations",
+        "messages", "working", "peak at");
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      const StagePlan& p = plan.stages[s];
+      const MemoryBreakdown& b = p.forecast.at_peak;
+      out += fmt::format(
+          "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  {}{}\n", s,
+          Name(p.policy), p.forecast.peak_allocated_bytes,
+          FormatBytes(p.forecast.peak_allocated_bytes), FormatBytes(b[MemoryUse::kParameters]),
+          FormatBytes(b[MemoryUse::kOptimizerState]), FormatBytes(b[MemoryUse::kGradients]),
+          FormatBytes(b[MemoryUse::kActivations]), FormatBytes(b[MemoryUse::kMessages]),
+          FormatBytes(b[MemoryUse::kWorking]), p.forecast.peak_phase,
+          p.forecast.peak_instruction.empty() ? "" : ": " + p.forecast.peak_instruction);
+    }
+    if (pipeline) {
+      out +=
+          "  a pipeline stage's measured peak lies between its peak above and, if every send "
+          "completes at once, ";
+      for (size_t s = 0; s < plan.stages.size(); ++s) {
+        out +=
+            fmt::format("{}{}", s ? " / " : "", plan.stages[s].forecast.least_peak_allocated_bytes);
+      }
+      out += " B\n";
+    }
+    if (!budget.empty()) {
+      for (size_t s = 0; s < plan.stages.size(); ++s) {
+        const StagePlan& p = plan.stages[s];
+        out += fmt::format("  stage {}: {} of {} ({:.0f}%), recompute {}: {:+.0f}% work\n", s,
+                           FormatBytes(p.forecast.peak_allocated_bytes), FormatBytes(budget[s]),
+                           100.0 * static_cast<double>(p.forecast.peak_allocated_bytes) /
+                               static_cast<double>(budget[s]),
+                           Name(p.policy), 100 * p.extra_work);
+      }
+    }
+    return out;
+  }
+
+  nlohmann::json Json(const TrainArgs& a) const {
+    nlohmann::json stages = nlohmann::json::array();
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      const StagePlan& p = plan.stages[s];
+      nlohmann::json breakdown;
+      for (const auto& [use, name] : kMemoryUseNames) breakdown[name] = p.forecast.at_peak[use];
+      stages.push_back(
+          {{"stage", s},
+           {"recompute", Name(p.policy)},
+           {"predicted_peak_allocated_bytes", p.forecast.peak_allocated_bytes},
+           {"least_peak_allocated_bytes", p.forecast.least_peak_allocated_bytes},
+           {"persistent_bytes", p.forecast.persistent_bytes},
+           {"breakdown", breakdown},
+           {"peak_at", p.forecast.peak_phase},
+           {"peak_instruction", p.forecast.peak_instruction},
+           {"extra_work", p.extra_work},
+           {"estimated_work", p.forecast.work},
+           {"budget_bytes", budget.empty() ? nlohmann::json(nullptr) : nlohmann::json(budget[s])},
+           {"fits", p.fits}});
+    }
+    return {{"model", a.config.model},
+            {"schedule", pipeline ? nlohmann::json(pipeline::ScheduleKindName(schedule))
+                                  : nlohmann::json(nullptr)},
+            {"bubble", bubble},
+            {"fits", plan.fits},
+            {"stages", stages}};
+  }
+};
+
+// The plan for a's job: its forecast; with --memory-budget the recompute policies that fit; with
+// --schedule auto the schedule (every kind the job can run) with the least estimated step time
+// — the unit-cost makespan times the largest stage's extra work — among those that fit.
+// Throws InvalidArgument when nothing fits, naming each stage's smallest achievable peak.
+MemoryPlanChoice ChooseMemoryPlan(const TrainArgs& a) {
+  const bool automatic = a.pipe_schedule == "auto";
+  if (a.recompute_given && !a.memory_budget.empty()) {
+    throw InvalidArgument(
+        "--recompute and --memory-budget both choose the recompute policy: give one of them");
+  }
+  if (automatic && a.pipe.stages < 2) {
+    throw InvalidArgument("--schedule auto chooses a pipeline schedule: give --stages P > 1 too");
+  }
+  const int stages = a.pipeline ? a.pipe.stages : 1;
+  const Job job = MakeJob(a.config);
+  std::vector<int64_t> budget;
+  if (!a.memory_budget.empty()) budget = ParseMemoryBudget(a.memory_budget, stages);
+
+  std::vector<pipeline::ScheduleKind> kinds = {a.pipe.schedule};
+  if (automatic) {
+    kinds.clear();
+    for (const auto& [kind, name] : pipeline::kScheduleKindNames) kinds.push_back(kind);
+  }
+  std::optional<MemoryPlanChoice> best, closest;
+  double best_time = 0;
+  std::string refused;
+  for (pipeline::ScheduleKind kind : kinds) {
+    MemoryPlanChoice choice;
+    choice.pipeline = a.pipeline;
+    choice.schedule = kind;
+    choice.budget = budget;
+    double makespan = 1;
+    try {
+      auto forecast = [&](const TrainConfig& c) { return ForecastJob(a, job, c, kind); };
+      if (budget.empty()) {
+        const std::vector<StageMemoryForecast> f = forecast(a.config);
+        choice.plan.fits = true;
+        for (size_t s = 0; s < f.size(); ++s) {
+          choice.plan.stages.push_back({.policy = RecomputeForStage(a.config, static_cast<int>(s),
+                                                                    static_cast<int>(f.size())),
+                                        .forecast = f[s],
+                                        .fits = true});
+        }
+      } else {
+        choice.plan = PlanForBudget(a.config, budget, forecast);
+      }
+      if (a.pipeline) {
+        const pipeline::Simulation sim = pipeline::Simulate(
+            pipeline::MakeSchedule({.kind = kind,
+                                    .stages = a.pipe.stages,
+                                    .micro_batches = static_cast<int>(a.config.microbatches),
+                                    .chunks = a.pipe.chunks}));
+        makespan = sim.makespan;
+        choice.bubble = sim.bubble;
+      }
+    } catch (const Error& e) {
+      if (!automatic) throw;
+      refused += fmt::format("\n  {}: {}", pipeline::ScheduleKindName(kind), e.what());
+      continue;
+    }
+    double extra = 0;
+    for (const StagePlan& p : choice.plan.stages) extra = std::max(extra, p.extra_work);
+    const double time = makespan * (1 + extra);
+    if (choice.plan.fits && (!best || time < best_time)) {
+      best = choice;
+      best_time = time;
+    }
+    if (!closest) closest = choice;
+  }
+  if (best) return *best;
+  if (!closest) throw InvalidArgument("--schedule auto: no schedule can run this job:" + refused);
+  throw InvalidArgument(fmt::format("--memory-budget {}: no recompute policy{} fits every stage:{}",
+                                    a.memory_budget, automatic ? " and schedule" : "",
+                                    closest->plan.Explain(budget)));
+}
+
+// Reads the textual options into a.config and a.pipe (everything but the memory budget).
+void Configure(TrainArgs& a) {
   TrainConfig& c = a.config;
   auto opt = ParseOptimizerKind(a.optimizer);
   if (!opt)
@@ -197,16 +395,17 @@ int RunTrain(TrainArgs& a) {
     start = end + 1;
   }
   if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
-  CheckTrainFiles(c, a.pipe.trace_path);
 
-  EngineFactory engine;
   if (a.pipeline) {
-    const auto schedule_kind = pipeline::ParseScheduleKind(a.pipe_schedule);
-    if (!schedule_kind) {
-      throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", a.pipe_schedule,
-                                        EnumNames(pipeline::kScheduleKindNames, ", ")));
+    if (a.pipe_schedule != "auto") {
+      const auto schedule_kind = pipeline::ParseScheduleKind(a.pipe_schedule);
+      if (!schedule_kind) {
+        throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {} or auto",
+                                          a.pipe_schedule,
+                                          EnumNames(pipeline::kScheduleKindNames, ", ")));
+      }
+      a.pipe.schedule = *schedule_kind;
     }
-    a.pipe.schedule = *schedule_kind;
     const auto partition = pipeline::ParsePartitionKind(a.partition);
     if (!partition) {
       throw InvalidArgument(fmt::format("unknown partition '{}': expected {}", a.partition,
@@ -215,8 +414,22 @@ int RunTrain(TrainArgs& a) {
     a.pipe.partition = *partition;
     a.pipe.release_outputs = a.release_outputs;
     if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
-    engine = pipeline::PipelineEngineFactory(a.pipe);
   }
+}
+
+int RunTrain(TrainArgs& a) {
+  Configure(a);
+  TrainConfig& c = a.config;
+  CheckTrainFiles(c, a.pipe.trace_path);
+  if (!a.memory_budget.empty() || a.pipe_schedule == "auto") {
+    const MemoryPlanChoice choice = ChooseMemoryPlan(a);
+    if (!a.quiet) fmt::print(stderr, "{}", choice.Describe(a));
+    c.recompute = choice.plan.Policies();
+    c.memory_budget = choice.budget;
+    a.pipe.schedule = choice.schedule;
+  }
+  EngineFactory engine;
+  if (a.pipeline) engine = pipeline::PipelineEngineFactory(a.pipe);
   Trainer trainer(c, engine);
   if (!a.quiet) {
     fmt::print(stderr,
@@ -241,9 +454,14 @@ int RunTrain(TrainArgs& a) {
   return 0;
 }
 
-}  // namespace
+// The options `sluice train` and `sluice plan` share. `finish`, called once the command line is
+// parsed, settles what depends on which options were given.
+struct TrainOptions {
+  std::shared_ptr<TrainArgs> args;
+  std::function<void()> finish;
+};
 
-CommandRunner SetupTrainCommand(CLI::App& sub) {
+TrainOptions AddTrainOptions(CLI::App& sub) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
   sub.add_option("--model", c.model, "gpt or mlp")->capture_default_str();
@@ -290,13 +508,20 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
          "when dead buffers are freed: auto (sync on the caching allocator), none, sync or async")
       ->capture_default_str();
   sub.add_option("--mode", a->mode, "trace or parallel")->capture_default_str();
-  sub.add_option("--recompute", a->recompute,
-                 "what backward recomputes instead of keeping: none, cheap, full (keep block "
-                 "inputs only) or "
-                 "selective (also drop attention scores); one for all stages or a comma list, one "
-                 "per stage")
-      ->capture_default_str();
-  sub.add_flag("--no-recompute", a->no_recompute, "the same as --recompute none");
+  auto* recompute =
+      sub.add_option(
+             "--recompute", a->recompute,
+             "what backward recomputes instead of keeping: none, cheap, full (keep block "
+             "inputs only) or "
+             "selective (also drop attention scores); one for all stages or a comma list, one "
+             "per stage")
+          ->capture_default_str();
+  auto* no_recompute =
+      sub.add_flag("--no-recompute", a->no_recompute, "the same as --recompute none");
+  sub.add_option("--memory-budget", a->memory_budget,
+                 "most bytes a stage may hold, e.g. 6MiB or 1.5GB (one, or one per stage "
+                 "separated by commas): picks each stage's recompute policy before training and "
+                 "stops a step that would exceed it");
   sub.add_option("--threads", c.threads,
                  "intra-op threads, BLAS included (0: all cores; at most 1024)")
       ->capture_default_str();
@@ -317,7 +542,8 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
   sub.add_option("--stages", a->pipe.stages, "pipeline stages P, one thread each (1: no pipeline)")
       ->capture_default_str();
   auto* sched = sub.add_option("--schedule", a->pipe_schedule,
-                               "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1")
+                               "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or auto (the "
+                               "fastest whose forecast fits --memory-budget)")
                     ->capture_default_str();
   auto* chunks = sub.add_option("--chunks", a->pipe.chunks,
                                 "model chunks per stage V (interleaved; 0: default 2)");
@@ -344,7 +570,8 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
              "--data-parallel", a->data_parallel,
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
-  return [a, sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp, min_lr] {
+  auto finish = [a, sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp,
+                 recompute, no_recompute, min_lr] {
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;
@@ -352,12 +579,24 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
          {sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp}) {
       a->pipeline = a->pipeline || o->count() > 0;
     }
+    a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
     if (!(a->comm_timeout_s > 0)) {
       throw InvalidArgument(
           fmt::format("--comm-timeout must be positive, got {}", a->comm_timeout_s));
     }
     a->pipe.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(std::min(a->comm_timeout_s, 1e9) * 1000));
+  };
+  return {a, finish};
+}
+
+}  // namespace
+
+CommandRunner SetupTrainCommand(CLI::App& sub) {
+  TrainOptions options = AddTrainOptions(sub);
+  return [options] {
+    options.finish();
+    TrainArgs* a = options.args.get();
     if (a->comm == "mpi") return RunTrainMpi(*a);
     if (a->comm != "local")
       throw InvalidArgument(fmt::format("--comm must be local or mpi, not '{}'", a->comm));
@@ -367,6 +606,25 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
           "mpirun");
     }
     return RunTrain(*a);
+  };
+}
+
+CommandRunner SetupPlanCommand(CLI::App& sub) {
+  TrainOptions options = AddTrainOptions(sub);
+  sub.add_option("--format", options.args->format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  return [options] {
+    options.finish();
+    TrainArgs& a = *options.args;
+    Configure(a);
+    const MemoryPlanChoice choice = ChooseMemoryPlan(a);
+    if (a.format == "json") {
+      fmt::print("{}\n", choice.Json(a).dump(2));
+    } else {
+      fmt::print("{}", choice.Describe(a));
+    }
+    return 0;
   };
 }
 

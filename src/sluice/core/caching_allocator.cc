@@ -330,6 +330,14 @@ void* CachingAllocator::Allocate(size_t bytes) {
   ValidateAllocationSize(bytes, name());
   const size_t rounded = RoundUp(bytes, kRound);
   MutexLock lock(&mu_);
+  if (options_.max_allocated_bytes != 0 &&
+      static_cast<size_t>(recorder_.stats().allocated_bytes) + bytes >
+          options_.max_allocated_bytes) {
+    throw OutOfMemory(
+        fmt::format("allocating {} bytes would hold {} bytes, over the memory budget of {} bytes",
+                    bytes, static_cast<size_t>(recorder_.stats().allocated_bytes) + bytes,
+                    options_.max_allocated_bytes));
+  }
   // Everything that could allocate happens first, so a failure leaves no half-made change.
   arena_->Reserve(2);
   live_->ReserveOneMore();

@@ -43,7 +43,8 @@
 //   * allocated_bytes == sum of live requests; reserved_bytes == sum of chunk sizes.
 //
 // Errors: Allocate throws InvalidArgument for 0 bytes or above kMaxAllocationBytes, and
-// OutOfMemory (naming the request, the chunk and what is held) when no chunk can be mapped.
+// OutOfMemory (naming the request, the chunk and what is held) when no chunk can be mapped or
+// the request would exceed max_allocated_bytes (naming the budget); the allocator is unchanged.
 // Deallocate of a pointer this instance does not own, or with a size other than the one
 // allocated, fails SLUICE_CHECK (InternalError) and leaves the allocator unchanged.
 //
@@ -75,6 +76,9 @@ struct CachingAllocatorOptions {
   size_t chunk_bytes = size_t{2} << 20;
   // Upper bound on reserved_bytes (a device-like memory budget); 0 means only the OS limits it.
   size_t max_reserved_bytes = 0;
+  // Upper bound on allocated_bytes (`--memory-budget`): an Allocate that would take the live
+  // requested bytes above it throws OutOfMemory instead; 0 means no bound.
+  size_t max_allocated_bytes = 0;
 };
 
 // A read-only picture of the allocator's chunks, for tests and debugging output.

@@ -54,6 +54,10 @@ struct TrainConfig {
   // What the backward recomputes instead of keeping from the forward (RecomputePolicy): one policy
   // for every pipeline stage, or one per stage (`--recompute full,cheap,cheap,none`).
   std::vector<RecomputePolicy> recompute = {RecomputePolicy::kCheap};
+  // `--memory-budget`: per stage, the most bytes its allocator may hold at once (an allocation
+  // beyond it fails the step with OutOfMemory); empty: no bound. The CLI plans the recompute
+  // policies to fit it before training (step/memory_budget.h).
+  std::vector<int64_t> memory_budget;
   RunMode mode = RunMode::kTrace;
   int threads = 0;           // intra-op threads (BLAS and parallel runs); 0 = all cores
   int64_t eval_every = 250;  // 0: only after the last step

@@ -7,12 +7,21 @@ namespace sluice {
 
 namespace {
 
+CachingAllocatorOptions AllocatorOptions(const TrainConfig& config) {
+  CachingAllocatorOptions options;
+  if (!config.memory_budget.empty()) {
+    options.max_allocated_bytes = static_cast<size_t>(config.memory_budget[0]);
+  }
+  return options;
+}
+
 class SingleStageEngine final : public StepEngine {
  public:
   explicit SingleStageEngine(const EngineContext& ctx)
       : config_(ctx.config),
         task_(ctx.task),
         micro_batch_size_(ctx.config.batch / ctx.config.microbatches),
+        allocator_(AllocatorOptions(ctx.config)),
         program_({{.model = ctx.model}}, ctx.config,
                  {.allocator = &allocator_,
                   .threads = ShareIntraOpThreads(ctx.threads, /*ranks=*/1),

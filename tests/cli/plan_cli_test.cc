@@ -1,0 +1,162 @@
+// `sluice plan` and `--memory-budget` from the command line: the forecast brackets what the same
+// job measures when it trains; a budget of 0.75× the largest unbudgeted stage peak trains with
+// every stage within it and the very same losses; budgets that cannot be met or are written
+// wrongly are refused before any step, naming the option and what is allowed.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_fixture.h"
+
+namespace sluice {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small job of the default task in 4 stages (the shapes of `make run`, fewer steps).
+#define SLUICE_MODEL "--layers 4 --batch 16 --microbatches 4 --threads 1 --steps 2 --eval-every 0"
+constexpr const char* kModel = SLUICE_MODEL;
+constexpr const char* kJob = SLUICE_MODEL " --stages 4 --schedule 1f1b";
+#undef SLUICE_MODEL
+
+class PlanCli : public CliTest {
+ protected:
+  nlohmann::json Plan(const std::string& args) {
+    const CliResult r = Sluice(fmt::format("plan {} --format json", args));
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
+    return nlohmann::json::parse(r.out.empty() ? "{}" : r.out);
+  }
+
+  // The step losses and the summary of a training run.
+  struct Trained {
+    std::vector<double> losses;
+    nlohmann::json summary;
+  };
+  Trained Train(const std::string& args) {
+    const fs::path metrics = dir_ / "m.jsonl";
+    fs::remove(metrics);
+    const CliResult r =
+        Sluice(fmt::format("train {} --quiet --metrics {}", args, metrics.string()), "timeout 300");
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
+    Trained t;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("summary", false)) {
+        t.summary = j;
+      } else if (j.contains("loss") && !j.contains("val_loss")) {
+        t.losses.push_back(j["loss"].get<double>());
+      }
+    }
+    return t;
+  }
+};
+
+TEST_F(PlanCli, ForecastBracketsTheMeasuredPeaks) {
+  const nlohmann::json plan = Plan(kJob);
+  ASSERT_EQ(plan["stages"].size(), 4u) << plan.dump();
+  const Trained run = Train(kJob);
+  ASSERT_EQ(run.summary["stages"].size(), 4u) << run.summary.dump();
+  // One stage output: 4 sequences × T × C f32 (T from the sort task, C = 64 by default).
+  for (size_t s = 0; s < 4; ++s) {
+    const int64_t predicted = plan["stages"][s]["predicted_peak_allocated_bytes"].get<int64_t>();
+    const int64_t measured = run.summary["stages"][s]["peak_allocated_bytes"].get<int64_t>();
+    const int64_t output = run.summary["stages"][0]["output_bytes"].get<int64_t>();
+    EXPECT_LE(measured, predicted) << "stage " << s;
+    EXPECT_GE(measured, predicted - output) << "stage " << s;
+    int64_t parts = 0;
+    for (const auto& [use, bytes] : plan["stages"][s]["breakdown"].items())
+      parts += bytes.get<int64_t>();
+    EXPECT_EQ(parts, predicted) << "stage " << s;
+  }
+}
+
+TEST_F(PlanCli, OneStageForecastIsExact) {
+  const std::string job =
+      "--layers 2 --batch 8 --microbatches 2 --threads 1 --steps 2 --eval-every 0";
+  const nlohmann::json plan = Plan(job);
+  const Trained run = Train(job);
+  ASSERT_EQ(plan["stages"].size(), 1u);
+  EXPECT_EQ(plan["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>(),
+            run.summary["peak_allocated_bytes"].get<int64_t>());
+}
+
+TEST_F(PlanCli, TableNamesWhereThePeakIs) {
+  const CliResult r = Sluice(fmt::format("plan {}", kJob));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("peak at"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("of micro-batch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("activations"), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCli, ABudgetOfThreeQuartersTrainsWithinItAndLosesNothing) {
+  const nlohmann::json plan = Plan(fmt::format("{} --recompute none", kJob));
+  int64_t largest = 0;
+  for (const auto& s : plan["stages"])
+    largest = std::max(largest, s["predicted_peak_allocated_bytes"].get<int64_t>());
+  const int64_t budget = largest * 3 / 4;
+  const Trained free_run = Train(fmt::format("{} --recompute none", kJob));
+  const Trained budgeted = Train(fmt::format("{} --memory-budget {}", kJob, budget));
+  ASSERT_EQ(budgeted.summary["stages"].size(), 4u) << budgeted.summary.dump();
+  for (const auto& s : budgeted.summary["stages"]) {
+    EXPECT_LE(s["peak_allocated_bytes"].get<int64_t>(), budget) << s.dump();
+  }
+  ASSERT_EQ(free_run.losses.size(), 2u);
+  EXPECT_EQ(budgeted.losses, free_run.losses);  // recompute changes no bit of the gradients
+}
+
+TEST_F(PlanCli, ABudgetNothingFitsIsRefusedBeforeTraining) {
+  const fs::path metrics = dir_ / "m.jsonl";
+  const CliResult r =
+      Sluice(fmt::format("train {} --memory-budget 1KiB --metrics {}", kJob, metrics.string()));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--memory-budget 1KiB"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("smallest achievable peak"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stage 3"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(metrics)) << "nothing may be written before the plan fits";
+  const CliResult p = Sluice(fmt::format("plan {} --memory-budget 1KiB", kJob));
+  EXPECT_NE(p.status, 0);
+  EXPECT_NE(p.err.find("smallest achievable peak"), std::string::npos) << p.err;
+}
+
+TEST_F(PlanCli, BadBudgetsAreClearErrors) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--memory-budget 6MB/s", "unknown unit 'MB/s'"},
+      {"--memory-budget -1", "not positive"},
+      {"--memory-budget 0", "not positive"},
+      {"--memory-budget nan", "not a number"},
+      {"--memory-budget 6MiB,6MiB", "lists 2 sizes but training runs in 4 stages"},
+      {"--memory-budget 6MiB --recompute full", "--recompute and --memory-budget"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CliResult r = Sluice(fmt::format("plan {} {}", kJob, args));
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << args << "\n" << r.err;
+  }
+  const CliResult r = Sluice(fmt::format("plan {} --stages 1 --schedule auto", kModel));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--schedule auto chooses a pipeline schedule"), std::string::npos) << r.err;
+}
+
+TEST_F(PlanCli, AutoScheduleFitsTheBudget) {
+  const std::string job = fmt::format("{} --stages 4", kModel);
+  const nlohmann::json none = Plan(fmt::format("{} --recompute none --schedule gpipe", job));
+  const int64_t stage0 = none["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>();
+  // Below gpipe's stage 0 without recompute: auto must pick a schedule or policies that fit.
+  const nlohmann::json plan =
+      Plan(fmt::format("{} --schedule auto --memory-budget {}", job, stage0 * 9 / 10));
+  EXPECT_TRUE(plan["fits"].get<bool>()) << plan.dump();
+  for (const auto& s : plan["stages"]) {
+    EXPECT_LE(s["predicted_peak_allocated_bytes"].get<int64_t>(), stage0 * 9 / 10) << s.dump();
+  }
+  EXPECT_TRUE(plan["schedule"].is_string());
+}
+
+}  // namespace
+}  // namespace sluice

@@ -8,7 +8,7 @@ biases, GELU tanh, untied head), AdamW, random tokens. Reports tokens/s over --s
 activations — at the worst moment of forward, backward and the optimizer step. Gradients are
 released between steps (zero_grad(set_to_none=True)), as a memory-conscious user would.
 
-Run: /usr/bin/python3 bench/torch_train.py --threads 1 [--vocab 256 --layers 4 --heads 4 --dim 128
+Run: /usr/bin/python3 bench/torch_train.py --threads 1 [--checkpoint] [--vocab 256 --layers 4 --heads 4 --dim 128
      --seq 64 --batch 16 --steps 20 --warmup 3]
 Prints one JSON object.
 """
@@ -19,6 +19,7 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -49,13 +50,17 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(Block(C, H) for _ in range(L))
         self.ln_f = nn.LayerNorm(C)
         self.lm_head = nn.Linear(C, vocab, bias=False)
+        self.checkpoint = False
         self.register_buffer("mask", torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1), persistent=False)
 
     def forward(self, ids, targets):
         B, T = ids.shape
         x = self.wte(ids) + self.wpe.weight[:T]
         for block in self.h:
-            x = block(x, self.mask)
+            if self.checkpoint:  # activation checkpointing: keep each block's input only
+                x = torch.utils.checkpoint.checkpoint(block, x, self.mask, use_reentrant=False)
+            else:
+                x = block(x, self.mask)
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
 
@@ -91,10 +96,12 @@ def main():
     for name, default in (("vocab", 256), ("layers", 4), ("heads", 4), ("dim", 128), ("seq", 64), ("batch", 16),
                           ("steps", 20), ("warmup", 3), ("threads", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = GPT(a.vocab, a.seq, a.layers, a.heads, a.dim)
+    model.checkpoint = a.checkpoint
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     ids = torch.randint(0, a.vocab, (a.batch, a.seq))
     targets = torch.randint(0, a.vocab, (a.batch, a.seq))
@@ -107,7 +114,7 @@ def main():
         times.append(time.perf_counter() - t0)
     times.sort()
     median = times[len(times) // 2]
-    print(json.dumps({"framework": "pytorch " + torch.__version__, "threads": a.threads,
+    print(json.dumps({"framework": "pytorch " + torch.__version__, "threads": a.threads, "checkpoint": a.checkpoint,
                       "tokens_per_s": a.batch * a.seq / median, "step_ms_median": median * 1e3,
                       "peak_tensor_bytes": peak_step_bytes(model, opt, ids, targets)}))
 

@@ -67,6 +67,9 @@ TEST_F(PlanCli, ForecastBracketsTheMeasuredPeaks) {
     const int64_t predicted = plan["stages"][s]["predicted_peak_allocated_bytes"].get<int64_t>();
     const int64_t measured = run.summary["stages"][s]["peak_allocated_bytes"].get<int64_t>();
     const int64_t output = run.summary["stages"][0]["output_bytes"].get<int64_t>();
+    // The run's summary carries the same forecast beside what it measured (for sluice report).
+    EXPECT_EQ(run.summary["stages"][s]["predicted_peak_allocated_bytes"].get<int64_t>(), predicted)
+        << "stage " << s;
     EXPECT_LE(measured, predicted) << "stage " << s;
     EXPECT_GE(measured, predicted - output) << "stage " << s;
     int64_t parts = 0;
@@ -83,6 +86,8 @@ TEST_F(PlanCli, OneStageForecastIsExact) {
   const Trained run = Train(job);
   ASSERT_EQ(plan["stages"].size(), 1u);
   EXPECT_EQ(plan["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>(),
+            run.summary["peak_allocated_bytes"].get<int64_t>());
+  EXPECT_EQ(run.summary["predicted_peak_allocated_bytes"].get<int64_t>(),
             run.summary["peak_allocated_bytes"].get<int64_t>());
 }
 

@@ -310,25 +310,27 @@ class RankReplay {
 
 }  // namespace
 
-std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,
-                                                  const PipelineOptions& options, int replicas) {
-  TrainConfig replayed = context.config;  // what the forecast is exact for (memory_replay.h)
+std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup) {
+  TrainConfig replayed = *setup.config;  // what the forecast is exact for (memory_replay.h)
   replayed.gc = GcMode::kSync;
   replayed.mode = RunMode::kTrace;
-  const EngineContext ctx{
-      .config = replayed, .task = context.task, .model = context.model, .threads = 1};
-  PipelineLayout layout = LayOutPipeline(ctx, options, replicas);
-  layout.setup.threads = 1;
-  const Schedule& schedule = layout.setup.schedule;
-  const Causality causality = Order(schedule);
+  StageSetup s = setup;
+  s.config = &replayed;
+  s.threads = 1;
+  const Causality causality = Order(s.schedule);
   std::vector<StageMemoryForecast> out;
-  for (int r = 0; r < schedule.stages; ++r) {
-    StageMemoryForecast f = RankReplay(layout.setup, r, causality, /*prompt=*/false).Run();
+  for (int r = 0; r < s.schedule.stages; ++r) {
+    StageMemoryForecast f = RankReplay(s, r, causality, /*prompt=*/false).Run();
     f.least_peak_allocated_bytes =
-        RankReplay(layout.setup, r, causality, /*prompt=*/true).Run().peak_allocated_bytes;
+        RankReplay(s, r, causality, /*prompt=*/true).Run().peak_allocated_bytes;
     out.push_back(std::move(f));
   }
   return out;
+}
+
+std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,
+                                                  const PipelineOptions& options, int replicas) {
+  return ForecastStages(LayOutPipeline(context, options, replicas).setup);
 }
 
 }  // namespace sluice::pipeline

@@ -35,5 +35,8 @@ namespace sluice::pipeline {
 // One forecast per stage (rank), for `replicas` data-parallel replicas of the pipeline.
 std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,
                                                   const PipelineOptions& options, int replicas = 1);
+// The same from the setup the ranks are built from (PipelineEngine's); its config is replayed
+// as trace mode with sync GC whatever it says.
+std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup);
 
 }  // namespace sluice::pipeline

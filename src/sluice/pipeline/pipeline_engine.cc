@@ -13,6 +13,7 @@
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/pipeline/memory_forecast.h"
 #include "sluice/step/stage_program.h"
 
 namespace sluice::pipeline {
@@ -424,6 +425,11 @@ void PipelineEngine::SaveCheckpoint(const std::string& path,
 }
 
 GcMode PipelineEngine::gc_mode() const { return impl_->ranks.front()->gc_mode(); }
+
+std::vector<StageMemoryForecast> PipelineEngine::Forecast() const {
+  if (impl_->distributed()) return {};
+  return ForecastStages(impl_->setup);
+}
 
 nlohmann::json PipelineEngine::Summary() const {
   const Impl& m = *impl_;

@@ -98,6 +98,7 @@ class PipelineEngine final : public StepEngine {
   std::map<std::string, Tensor> State() const override;
   nlohmann::json Summary() const override;
   GcMode gc_mode() const override;  // every rank allocates from the same kind of allocator
+  std::vector<StageMemoryForecast> Forecast() const override;  // memory_forecast.h; in-process
   bool leader() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
   void SaveCheckpoint(const std::string& path,

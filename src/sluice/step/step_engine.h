@@ -29,6 +29,7 @@
 #include "sluice/core/allocator.h"
 #include "sluice/core/tensor.h"
 #include "sluice/nn/model.h"
+#include "sluice/step/memory_replay.h"
 #include "sluice/step/task.h"
 #include "sluice/step/train_config.h"
 
@@ -56,6 +57,9 @@ class StepEngine {
   virtual GcMode gc_mode() const = 0;
   // Extra fields for the metrics summary line ({"stages": [...]} for a pipeline); null when none.
   virtual nlohmann::json Summary() const { return nullptr; }
+  // Each stage's memory forecast (step/memory_replay.h): what its allocator peaks at in a step,
+  // predicted from the programs; empty where the engine cannot say (a distributed rank).
+  virtual std::vector<StageMemoryForecast> Forecast() const { return {}; }
   // For people: one line saying how the engine runs a step (a pipeline: stages, schedule, layout,
   // release), printed before training; empty when there is nothing beyond the configuration.
   virtual std::string Describe() const { return {}; }

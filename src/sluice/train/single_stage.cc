@@ -50,6 +50,9 @@ class SingleStageEngine final : public StepEngine {
   }
 
   std::map<std::string, Tensor> State() const override { return program_.State(); }
+  std::vector<StageMemoryForecast> Forecast() const override {
+    return {ForecastSingleStage(program_.chunk(0).model, config_)};
+  }
   GcMode gc_mode() const override { return ResolveGcMode(config_.gc, allocator_); }
 
  private:

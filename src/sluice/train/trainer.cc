@@ -194,6 +194,16 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"config", m.task->Describe()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (nlohmann::json extra = m.engine->Summary(); extra.is_object()) summary.update(extra);
+  if (!c.metrics_path.empty() && m.engine->leader()) {
+    // What `sluice plan` predicts beside what was measured, per stage.
+    const std::vector<StageMemoryForecast> forecast = m.engine->Forecast();
+    nlohmann::json* stages = summary.contains("stages") ? &summary["stages"] : nullptr;
+    for (size_t s = 0; s < forecast.size(); ++s) {
+      nlohmann::json& entry = stages != nullptr && s < stages->size() ? (*stages)[s] : summary;
+      entry["predicted_peak_allocated_bytes"] = forecast[s].peak_allocated_bytes;
+      entry["least_peak_allocated_bytes"] = forecast[s].least_peak_allocated_bytes;
+    }
+  }
   m.metrics.Write(summary);
   return s;
 }

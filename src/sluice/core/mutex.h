@@ -50,6 +50,8 @@ class CAPABILITY("mutex") Mutex {
 
   // Blocks until this thread holds the mutex. Locking a mutex the thread already holds deadlocks.
   void Lock() ACQUIRE() { mu_.lock(); }
+  // Takes the mutex if no thread holds it; returns whether it did (never blocks).
+  bool TryLock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
   // Releases the mutex, which this thread must hold.
   void Unlock() RELEASE() { mu_.unlock(); }
 

@@ -12,10 +12,10 @@
 #include <fmt/format.h>
 
 #include "sluice/core/clock.h"
+#include "sluice/core/thread_pool.h"
 #include "sluice/exec/cycle_clock.h"
 #include "sluice/exec/ready_queue.h"
 #include "sluice/exec/reference_runner.h"
-#include "sluice/exec/thread_pool.h"
 #include "sluice/ir/verifier.h"
 
 namespace sluice {

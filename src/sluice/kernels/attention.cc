@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
@@ -93,40 +94,43 @@ void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64
                          int64_t d, T scale) {
   const SimdRowKernels<T>& simd = Simd<T>();
   constexpr int64_t kT = kAttentionTile;
-  std::vector<T> s(kT * kT), row_max(kT), row_sum(kT);
-  for (int64_t b = 0; b < batch; ++b) {
-    const T *qb = q + b * t * d, *kb = k + b * t * d, *vb = v + b * t * d;
-    for (int64_t q0 = 0; q0 < t; q0 += kT) {
-      const int64_t qt = std::min(kT, t - q0);
-      T* out = y + (b * t + q0) * d;  // [qt, d]: the running, unnormalised output
-      std::fill_n(out, qt * d, T(0));
-      std::fill_n(row_max.begin(), qt, -std::numeric_limits<T>::infinity());
-      std::fill_n(row_sum.begin(), qt, T(0));
-      for (int64_t k0 = 0; k0 < q0 + qt; k0 += kT) {  // key tiles up to the diagonal
-        const int64_t kt = std::min(kT, t - k0);
-        // s = scale · q[q0 : q0+qt] · k[k0 : k0+kt]ᵀ   [qt, kt]
-        Gemm(false, true, qt, kt, d, scale, qb + q0 * d, kb + k0 * d, T(0), s.data());
-        for (int64_t r = 0; r < qt; ++r) {
-          T* sr = s.data() + r * kt;
-          const int64_t n = Visible(q0 + r, k0, kt);
-          std::fill(sr + n, sr + kt, T(0));  // keys after the query: p = 0
-          if (n == 0) continue;
-          // Online softmax: a larger max rescales what the row has summed so far.
-          const T m = std::max(row_max[r], simd.row_max(sr, n));
-          const T rescale = std::exp(row_max[r] - m);  // 0 on the first tile (max was −inf)
-          row_sum[r] = row_sum[r] * rescale + simd.exp_sum(sr, m, sr, n);
-          row_max[r] = m;
-          if (rescale != T(1)) simd.scale_in_place(out + r * d, rescale, d);
+  // One chunk per batch entry (a head of a sequence): each writes only its own y and lse.
+  ParallelFor(batch, 1, [&](int64_t b_begin, int64_t b_end) {
+    std::vector<T> s(kT * kT), row_max(kT), row_sum(kT);
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      const T *qb = q + b * t * d, *kb = k + b * t * d, *vb = v + b * t * d;
+      for (int64_t q0 = 0; q0 < t; q0 += kT) {
+        const int64_t qt = std::min(kT, t - q0);
+        T* out = y + (b * t + q0) * d;  // [qt, d]: the running, unnormalised output
+        std::fill_n(out, qt * d, T(0));
+        std::fill_n(row_max.begin(), qt, -std::numeric_limits<T>::infinity());
+        std::fill_n(row_sum.begin(), qt, T(0));
+        for (int64_t k0 = 0; k0 < q0 + qt; k0 += kT) {  // key tiles up to the diagonal
+          const int64_t kt = std::min(kT, t - k0);
+          // s = scale · q[q0 : q0+qt] · k[k0 : k0+kt]ᵀ   [qt, kt]
+          Gemm(false, true, qt, kt, d, scale, qb + q0 * d, kb + k0 * d, T(0), s.data());
+          for (int64_t r = 0; r < qt; ++r) {
+            T* sr = s.data() + r * kt;
+            const int64_t n = Visible(q0 + r, k0, kt);
+            std::fill(sr + n, sr + kt, T(0));  // keys after the query: p = 0
+            if (n == 0) continue;
+            // Online softmax: a larger max rescales what the row has summed so far.
+            const T m = std::max(row_max[r], simd.row_max(sr, n));
+            const T rescale = std::exp(row_max[r] - m);  // 0 on the first tile (max was −inf)
+            row_sum[r] = row_sum[r] * rescale + simd.exp_sum(sr, m, sr, n);
+            row_max[r] = m;
+            if (rescale != T(1)) simd.scale_in_place(out + r * d, rescale, d);
+          }
+          // out += p · v[k0 : k0+kt]   [qt, d]
+          Gemm(false, false, qt, d, kt, T(1), s.data(), vb + k0 * d, T(1), out);
         }
-        // out += p · v[k0 : k0+kt]   [qt, d]
-        Gemm(false, false, qt, d, kt, T(1), s.data(), vb + k0 * d, T(1), out);
-      }
-      for (int64_t r = 0; r < qt; ++r) {
-        simd.scale_in_place(out + r * d, T(1) / row_sum[r], d);
-        lse[b * t + q0 + r] = row_max[r] + std::log(row_sum[r]);
+        for (int64_t r = 0; r < qt; ++r) {
+          simd.scale_in_place(out + r * d, T(1) / row_sum[r], d);
+          lse[b * t + q0 + r] = row_max[r] + std::log(row_sum[r]);
+        }
       }
     }
-  }
+  });
 }
 
 template <typename T>
@@ -135,43 +139,46 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
                              int64_t t, int64_t d, T scale) {
   const SimdRowKernels<T>& simd = Simd<T>();
   constexpr int64_t kT = kAttentionTile;
-  std::fill_n(dq, batch * t * d, T(0));
-  std::fill_n(dk, batch * t * d, T(0));
-  std::fill_n(dv, batch * t * d, T(0));
-  std::vector<T> p(kT * kT), ds(kT * kT), row(static_cast<size_t>(t));
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t at = b * t * d;
-    const T *qb = q + at, *kb = k + at, *vb = v + at, *dyb = dy + at;
-    // row[i] = dy[i]·y[i] − dlse[i]: what softmax backward subtracts from dp on row i.
-    for (int64_t i = 0; i < t; ++i) {
-      row[i] = simd.row_dot(dyb + i * d, y + at + i * d, d) - (dlse ? dlse[b * t + i] : T(0));
-    }
-    for (int64_t q0 = 0; q0 < t; q0 += kT) {
-      const int64_t qt = std::min(kT, t - q0);
-      for (int64_t k0 = 0; k0 < q0 + qt; k0 += kT) {
-        const int64_t kt = std::min(kT, t - k0);
-        // p = e^(s − lse), recomputed from q, k and the saved lse   [qt, kt]
-        Gemm(false, true, qt, kt, d, scale, qb + q0 * d, kb + k0 * d, T(0), p.data());
-        for (int64_t r = 0; r < qt; ++r) {
-          T* pr = p.data() + r * kt;
-          const int64_t n = Visible(q0 + r, k0, kt);
-          simd.exp_sum(pr, lse[b * t + q0 + r], pr, n);
-          std::fill(pr + n, pr + kt, T(0));
+  // One chunk per batch entry: each writes only its own dq, dk, dv.
+  ParallelFor(batch, 1, [&](int64_t b_begin, int64_t b_end) {
+    std::vector<T> p(kT * kT), ds(kT * kT), row(static_cast<size_t>(t));
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      const int64_t at = b * t * d;
+      std::fill_n(dq + at, t * d, T(0));
+      std::fill_n(dk + at, t * d, T(0));
+      std::fill_n(dv + at, t * d, T(0));
+      const T *qb = q + at, *kb = k + at, *vb = v + at, *dyb = dy + at;
+      // row[i] = dy[i]·y[i] − dlse[i]: what softmax backward subtracts from dp on row i.
+      for (int64_t i = 0; i < t; ++i) {
+        row[i] = simd.row_dot(dyb + i * d, y + at + i * d, d) - (dlse ? dlse[b * t + i] : T(0));
+      }
+      for (int64_t q0 = 0; q0 < t; q0 += kT) {
+        const int64_t qt = std::min(kT, t - q0);
+        for (int64_t k0 = 0; k0 < q0 + qt; k0 += kT) {
+          const int64_t kt = std::min(kT, t - k0);
+          // p = e^(s − lse), recomputed from q, k and the saved lse   [qt, kt]
+          Gemm(false, true, qt, kt, d, scale, qb + q0 * d, kb + k0 * d, T(0), p.data());
+          for (int64_t r = 0; r < qt; ++r) {
+            T* pr = p.data() + r * kt;
+            const int64_t n = Visible(q0 + r, k0, kt);
+            simd.exp_sum(pr, lse[b * t + q0 + r], pr, n);
+            std::fill(pr + n, pr + kt, T(0));
+          }
+          // dv[k0 …] += pᵀ · dy[q0 …]   [kt, d]
+          Gemm(true, false, kt, d, qt, T(1), p.data(), dyb + q0 * d, T(1), dv + at + k0 * d);
+          // dp = dy[q0 …] · v[k0 …]ᵀ   [qt, kt], then ds = p · (dp − row)
+          Gemm(false, true, qt, kt, d, T(1), dyb + q0 * d, vb + k0 * d, T(0), ds.data());
+          for (int64_t r = 0; r < qt; ++r) {
+            simd.softmax_grad_row(p.data() + r * kt, ds.data() + r * kt, row[q0 + r],
+                                  ds.data() + r * kt, kt);
+          }
+          // dq[q0 …] += scale · ds · k[k0 …];  dk[k0 …] += scale · dsᵀ · q[q0 …]
+          Gemm(false, false, qt, d, kt, scale, ds.data(), kb + k0 * d, T(1), dq + at + q0 * d);
+          Gemm(true, false, kt, d, qt, scale, ds.data(), qb + q0 * d, T(1), dk + at + k0 * d);
         }
-        // dv[k0 …] += pᵀ · dy[q0 …]   [kt, d]
-        Gemm(true, false, kt, d, qt, T(1), p.data(), dyb + q0 * d, T(1), dv + at + k0 * d);
-        // dp = dy[q0 …] · v[k0 …]ᵀ   [qt, kt], then ds = p · (dp − row)
-        Gemm(false, true, qt, kt, d, T(1), dyb + q0 * d, vb + k0 * d, T(0), ds.data());
-        for (int64_t r = 0; r < qt; ++r) {
-          simd.softmax_grad_row(p.data() + r * kt, ds.data() + r * kt, row[q0 + r],
-                                ds.data() + r * kt, kt);
-        }
-        // dq[q0 …] += scale · ds · k[k0 …];  dk[k0 …] += scale · dsᵀ · q[q0 …]
-        Gemm(false, false, qt, d, kt, scale, ds.data(), kb + k0 * d, T(1), dq + at + q0 * d);
-        Gemm(true, false, kt, d, qt, scale, ds.data(), qb + q0 * d, T(1), dk + at + k0 * d);
       }
     }
-  }
+  });
 }
 
 template void CausalAttentionReference<float>(const float*, const float*, const float*, float*,

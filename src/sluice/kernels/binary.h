@@ -6,7 +6,9 @@
 // (PlanBroadcast: [B, T, C] + [C] becomes rows [B·T] × [C]; two equal shapes become one flat
 // axis), then runs the innermost axis as a tight vectorizable loop in one of four forms — both
 // operands advancing, or one of them (or both) held fixed — and advances the outer axes with a
-// running multi-index. No index arithmetic per element, whatever the broadcasting pattern.
+// running multi-index. No index arithmetic per element, whatever the broadcasting pattern. Chunks
+// of rows (or of the one flat row) run on the intra-op threads (kernels/parallel.h); every element
+// is computed alone, so results do not depend on the thread count.
 //
 // Thread-safety: pure functions of their inputs.
 #pragma once
@@ -15,6 +17,7 @@
 
 #include "sluice/core/tensor.h"
 #include "sluice/kernels/broadcast.h"
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd.h"
 
 namespace sluice::kernels {
@@ -92,7 +95,14 @@ void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   T* po = out.data<T>();
-  if (out.numel() == 0) return;
+  const int64_t total = out.numel();
+  if (total == 0) return;
+  if (a.shape() == out.shape() && b.shape() == out.shape()) {  // equal shapes: no plan to make
+    ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
+      BinaryRow<T>(pa + begin, 1, pb + begin, 1, po + begin, end - begin, f);
+    });
+    return;
+  }
   const BroadcastPlan p = PlanBroadcast(a.shape(), b.shape(), out.shape());
   if (p.rank == 0) {  // a single element
     po[0] = f(pa[0], pb[0]);
@@ -100,19 +110,35 @@ void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   }
   const int inner = p.rank - 1;
   const int64_t n = p.dims[inner];
-  int64_t index[kMaxRank] = {};
-  int64_t ia = 0, ib = 0;
-  for (int64_t o = 0, total = out.numel(); o < total; o += n) {
-    BinaryRow<T>(pa + ia, p.sa[inner], pb + ib, p.sb[inner], po + o, n, f);
-    for (int d = inner - 1; d >= 0; --d) {  // advance the outer multi-index
-      ia += p.sa[d];
-      ib += p.sb[d];
-      if (++index[d] < p.dims[d]) break;
-      ia -= p.sa[d] * p.dims[d];
-      ib -= p.sb[d] * p.dims[d];
-      index[d] = 0;
-    }
+  if (p.rank == 1) {  // one flat row: equal shapes, or an operand held fixed
+    ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+      BinaryRow<T>(pa + begin * p.sa[0], p.sa[0], pb + begin * p.sb[0], p.sb[0], po + begin,
+                   end - begin, f);
+    });
+    return;
   }
+  // Chunks of innermost rows; each starts its outer multi-index at its first row.
+  ParallelFor(total / n, ChunkRows(n), [&](int64_t row_begin, int64_t row_end) {
+    int64_t index[kMaxRank] = {};
+    int64_t ia = 0, ib = 0;
+    for (int64_t d = inner - 1, rest = row_begin; d >= 0; --d) {
+      index[d] = rest % p.dims[d];
+      rest /= p.dims[d];
+      ia += index[d] * p.sa[d];
+      ib += index[d] * p.sb[d];
+    }
+    for (int64_t o = row_begin * n, stop = row_end * n; o < stop; o += n) {
+      BinaryRow<T>(pa + ia, p.sa[inner], pb + ib, p.sb[inner], po + o, n, f);
+      for (int d = inner - 1; d >= 0; --d) {  // advance the outer multi-index
+        ia += p.sa[d];
+        ib += p.sb[d];
+        if (++index[d] < p.dims[d]) break;
+        ia -= p.sa[d] * p.dims[d];
+        ib -= p.sb[d] * p.dims[d];
+        index[d] = 0;
+      }
+    }
+  });
 }
 
 }  // namespace sluice::kernels

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "sluice/kernels/embedding.h"
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
@@ -54,16 +55,20 @@ T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t vo
 
 template <typename T, typename I>
 T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t vocab) {
-  double total = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t t = static_cast<int64_t>(targets[r]);
-    if (t == kIgnoreTarget) continue;
-    CheckIndex("cross_entropy target", t, r, vocab);
-    const T* x = logits + r * vocab;
-    T m, s;
-    MaxAndSumFast(x, vocab, m, s);
-    total += static_cast<double>(m + std::log(s) - x[t]);
-  }
+  // Partial sums per chunk of rows, added in chunk order (kernels/parallel.h).
+  const double total = ParallelSum<double>(n, ChunkRows(vocab), [&](int64_t begin, int64_t end) {
+    double partial = 0;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t t = static_cast<int64_t>(targets[r]);
+      if (t == kIgnoreTarget) continue;
+      CheckIndex("cross_entropy target", t, r, vocab);
+      const T* x = logits + r * vocab;
+      T m, s;
+      MaxAndSumFast(x, vocab, m, s);
+      partial += static_cast<double>(m + std::log(s) - x[t]);
+    }
+    return partial;
+  });
   const int64_t counted = CountedTargets(targets, n);
   return counted == 0 ? T(0) : static_cast<T>(total / static_cast<double>(counted));
 }
@@ -96,21 +101,23 @@ void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits
                           int64_t vocab) {
   const int64_t counted = CountedTargets(targets, n);
   const T scale = counted == 0 ? T(0) : dloss / static_cast<T>(counted);
-  for (int64_t r = 0; r < n; ++r) {
-    const int64_t t = static_cast<int64_t>(targets[r]);
-    T* __restrict d = dlogits + r * vocab;
-    if (t == kIgnoreTarget) {
-      std::fill_n(d, vocab, T(0));
-      continue;
+  ParallelFor(n, ChunkRows(vocab), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t t = static_cast<int64_t>(targets[r]);
+      T* __restrict d = dlogits + r * vocab;
+      if (t == kIgnoreTarget) {
+        std::fill_n(d, vocab, T(0));
+        continue;
+      }
+      CheckIndex("cross_entropy_grad target", t, r, vocab);
+      const T* __restrict x = logits + r * vocab;
+      T m, s;
+      MaxAndSumFast(x, vocab, m, s);
+      // d = e^(x − m) · (scale / s), then the one-hot part at the target.
+      Simd<T>().scaled_exp(x, m, scale / s, d, vocab);
+      d[t] -= scale;
     }
-    CheckIndex("cross_entropy_grad target", t, r, vocab);
-    const T* __restrict x = logits + r * vocab;
-    T m, s;
-    MaxAndSumFast(x, vocab, m, s);
-    // d = e^(x − m) · (scale / s), then the one-hot part at the target.
-    Simd<T>().scaled_exp(x, m, scale / s, d, vocab);
-    d[t] -= scale;
-  }
+  });
 }
 
 template float CrossEntropyReference<float, int32_t>(const float*, const int32_t*, int64_t,

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/kernels/parallel.h"
 
 namespace sluice::kernels {
 
@@ -28,11 +29,13 @@ void EmbeddingReference(const I* ids, const T* table, T* out, int64_t n, int64_t
 
 template <typename T, typename I>
 void EmbeddingFast(const I* ids, const T* table, T* out, int64_t n, int64_t vocab, int64_t c) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    CheckIndex("embedding id", id, i, vocab);
-    std::memcpy(out + i * c, table + id * c, static_cast<size_t>(c) * sizeof(T));
-  }
+  ParallelFor(n, ChunkRows(c), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t id = static_cast<int64_t>(ids[i]);
+      CheckIndex("embedding id", id, i, vocab);
+      std::memcpy(out + i * c, table + id * c, static_cast<size_t>(c) * sizeof(T));
+    }
+  });
 }
 
 template <typename T, typename I>
@@ -48,14 +51,21 @@ void EmbeddingGradReference(const I* ids, const T* dy, T* dtable, int64_t n, int
 
 template <typename T, typename I>
 void EmbeddingGradFast(const I* ids, const T* dy, T* dtable, int64_t n, int64_t vocab, int64_t c) {
-  std::fill_n(dtable, vocab * c, T(0));
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t id = static_cast<int64_t>(ids[i]);
-    CheckIndex("embedding_grad id", id, i, vocab);
-    T* __restrict row = dtable + id * c;
-    const T* __restrict d = dy + i * c;
-    for (int64_t j = 0; j < c; ++j) row[j] += d[j];
+    CheckIndex("embedding_grad id", static_cast<int64_t>(ids[i]), i, vocab);
   }
+  // Chunks of columns: each owns dtable[:, c0:c1) and adds the rows in order, so every element
+  // sums the same values in the same order at any thread count. 64 columns per chunk at most
+  // (whole vectors), fewer when few rows make a column cheap.
+  const int64_t columns = std::clamp<int64_t>(ChunkRows(n) / 16 * 16, 16, 64);
+  ParallelFor(c, columns, [&](int64_t c0, int64_t c1) {
+    for (int64_t k = 0; k < vocab; ++k) std::fill(dtable + k * c + c0, dtable + k * c + c1, T(0));
+    for (int64_t i = 0; i < n; ++i) {
+      T* __restrict row = dtable + static_cast<int64_t>(ids[i]) * c;
+      const T* __restrict d = dy + i * c;
+      for (int64_t j = c0; j < c1; ++j) row[j] += d[j];
+    }
+  });
 }
 
 template void EmbeddingReference<float, int32_t>(const int32_t*, const float*, float*, int64_t,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
@@ -43,7 +44,10 @@ void LayerNormReference(const T* x, const T* weight, const T* bias, T* y, int64_
 template <typename T>
 void LayerNormFast(const T* x, const T* weight, const T* bias, T* y, int64_t rows, int64_t cols,
                    T eps) {
-  Simd<T>().layer_norm(x, weight, bias, y, rows, cols, eps);
+  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
+    const int64_t at = begin * cols;
+    Simd<T>().layer_norm(x + at, weight, bias, y + at, end - begin, cols, eps);
+  });
 }
 
 template <typename T>
@@ -73,7 +77,10 @@ void LayerNormGradXReference(const T* dy, const T* x, const T* weight, T* dx, in
 template <typename T>
 void LayerNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, int64_t rows, int64_t cols,
                         T eps) {
-  Simd<T>().layer_norm_grad_x(dy, x, weight, dx, rows, cols, eps);
+  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
+    const int64_t at = begin * cols;
+    Simd<T>().layer_norm_grad_x(dy + at, x + at, weight, dx + at, end - begin, cols, eps);
+  });
 }
 
 template <typename T>
@@ -95,9 +102,23 @@ void LayerNormGradParamsReference(const T* dy, const T* x, T* dweight, T* dbias,
 template <typename T>
 void LayerNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
                              int64_t cols, T eps) {
+  // One [dweight, dbias] partial per chunk of rows, added in chunk order: the same at any thread
+  // count (kernels/parallel.h).
+  const int64_t chunk = ChunkRows(cols);
+  const int64_t chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
+  std::vector<T> partials(static_cast<size_t>(chunks * 2 * cols), T(0));
+  ParallelFor(rows, chunk, [&](int64_t begin, int64_t end) {
+    T* pw = partials.data() + (begin / chunk) * 2 * cols;
+    const int64_t at = begin * cols;
+    Simd<T>().layer_norm_grad_params(dy + at, x + at, pw, pw + cols, end - begin, cols, eps);
+  });
   std::fill_n(dweight, cols, T(0));
   std::fill_n(dbias, cols, T(0));
-  Simd<T>().layer_norm_grad_params(dy, x, dweight, dbias, rows, cols, eps);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const T* pw = partials.data() + c * 2 * cols;
+    for (int64_t j = 0; j < cols; ++j) dweight[j] += pw[j];
+    for (int64_t j = 0; j < cols; ++j) dbias[j] += pw[cols + j];
+  }
 }
 
 template void LayerNormReference<float>(const float*, const float*, const float*, float*, int64_t,

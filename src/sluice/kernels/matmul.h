@@ -37,7 +37,8 @@ void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, d
           const double* a, const double* b, double beta, double* c);
 
 // The threads every GEMM of the process uses (OpenBLAS's own pool; process-wide). Called once per
-// engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it.
+// engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it (it sizes
+// the other kernels' intra-op pool, kernels/parallel.h, to the same count).
 void SetBlasThreads(int threads);
 
 }  // namespace sluice::kernels

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
@@ -22,8 +23,11 @@ void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, con
 template <typename T>
 void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h,
                    double lr) {
-  Simd<T>().sgd(param, grad, momentum_buf, n, static_cast<T>(h.weight_decay),
-                static_cast<T>(h.momentum), static_cast<T>(lr));
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    Simd<T>().sgd(param + begin, grad + begin, momentum_buf ? momentum_buf + begin : nullptr,
+                  end - begin, static_cast<T>(h.weight_decay), static_cast<T>(h.momentum),
+                  static_cast<T>(lr));
+  });
 }
 
 template <typename T>
@@ -56,7 +60,9 @@ void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamW
       .bias2_sqrt = static_cast<T>(std::sqrt(1 - std::pow(h.beta2, step))),
       .eps = static_cast<T>(h.eps),
   };
-  Simd<T>().adamw(param, grad, m, v, n, s);
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    Simd<T>().adamw(param + begin, grad + begin, m + begin, v + begin, end - begin, s);
+  });
 }
 
 template void SgdUpdateReference<float>(float*, const float*, float*, int64_t, const SgdHyper&,

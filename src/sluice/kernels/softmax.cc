@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
@@ -33,7 +34,9 @@ void SoftmaxReference(const T* x, T* y, int64_t rows, int64_t cols) {
 
 template <typename T>
 void SoftmaxFast(const T* x, T* y, int64_t rows, int64_t cols) {
-  Simd<T>().softmax(x, y, rows, cols);
+  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
+    Simd<T>().softmax(x + begin * cols, y + begin * cols, end - begin, cols);
+  });
 }
 
 template <typename T>
@@ -51,7 +54,10 @@ void SoftmaxGradReference(const T* dy, const T* y, T* dx, int64_t rows, int64_t 
 
 template <typename T>
 void SoftmaxGradFast(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols) {
-  Simd<T>().softmax_grad(dy, y, dx, rows, cols);
+  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
+    const int64_t at = begin * cols;
+    Simd<T>().softmax_grad(dy + at, y + at, dx + at, end - begin, cols);
+  });
 }
 
 template <typename T>
@@ -86,7 +92,8 @@ void CausalSoftmaxReference(const T* x, T* y, int64_t batch, int64_t t) {
 
 template <typename T>
 void CausalSoftmaxFast(const T* x, T* y, int64_t batch, int64_t t) {
-  Simd<T>().causal_softmax(x, y, 0, batch * t, t);
+  ParallelFor(batch * t, ChunkRows(t),
+              [&](int64_t begin, int64_t end) { Simd<T>().causal_softmax(x, y, begin, end, t); });
 }
 
 template void SoftmaxReference<float>(const float*, float*, int64_t, int64_t);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd.h"
 #include "sluice/kernels/simd_kernels.h"
 
@@ -45,7 +46,9 @@ void GeluReference(const T* x, T* y, int64_t n) {
 
 template <typename T>
 void GeluFast(const T* x, T* y, int64_t n) {
-  Simd<T>().gelu(x, y, n);
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    Simd<T>().gelu(x + begin, y + begin, end - begin);
+  });
 }
 
 template <typename T>
@@ -55,7 +58,9 @@ void TanhReference(const T* x, T* y, int64_t n) {
 
 template <typename T>
 void TanhFast(const T* x, T* y, int64_t n) {
-  Simd<T>().tanh(x, y, n);
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    Simd<T>().tanh(x + begin, y + begin, end - begin);
+  });
 }
 
 template <typename T>
@@ -65,7 +70,9 @@ void ExpReference(const T* x, T* y, int64_t n) {
 
 template <typename T>
 void ExpFast(const T* x, T* y, int64_t n) {
-  Simd<T>().exp(x, y, n);
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    Simd<T>().exp(x + begin, y + begin, end - begin);
+  });
 }
 
 template <typename T>
@@ -105,7 +112,9 @@ void GeluGradReference(const T* dy, const T* x, T* dx, int64_t n) {
 
 template <typename T>
 void GeluGradFast(const T* dy, const T* x, T* dx, int64_t n) {
-  Simd<T>().gelu_grad(dy, x, dx, n);
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    Simd<T>().gelu_grad(dy + begin, x + begin, dx + begin, end - begin);
+  });
 }
 
 template <typename T>

@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
-#include "sluice/exec/thread_pool.h"
+#include "sluice/core/thread_pool.h"
 
 namespace sluice {
 

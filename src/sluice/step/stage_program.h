@@ -149,7 +149,9 @@ class StageProgram {
 double GlobalNorm(const std::vector<double>& sum_squares_in_model_order);
 
 // Intra-op threads for each of `ranks` ranks sharing this process, from the run's `threads`
-// (0: every core). Sets BLAS's thread count to it — the one place sluice sets it.
+// (0: every core). Sets BLAS's thread count and the intra-op pool of the other kernels
+// (kernels/parallel.h) to it — the one place sluice sets them; docs/executor.md says how they
+// share the cores.
 int ShareIntraOpThreads(int threads, int ranks);
 
 }  // namespace sluice

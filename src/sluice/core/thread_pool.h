@@ -1,5 +1,6 @@
 // ThreadPool: a fixed team of threads that runs one function on every member at once — the shape
-// a parallel run needs (each member pulls ready instructions until the run is complete).
+// a parallel run needs (each member pulls ready instructions until the run is complete, or chunks
+// of a kernel's rows: kernels/parallel.h).
 //
 // The calling thread is member 0; the pool owns size() − 1 worker threads, which sleep on a
 // condition variable between jobs (no spinning). RunOnAll(fn) calls fn(i) on member i for every i
@@ -46,6 +47,10 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // True on a thread while it runs a job of any pool (as member 0 or as a worker): kernels use it
+  // to run serially inside a parallel run instead of nesting pools (kernels/parallel.h).
+  static bool InJob();
 
   template <typename F>
   void RunOnAll(F&& fn) {

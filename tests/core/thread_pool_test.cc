@@ -1,6 +1,6 @@
-// ThreadPool and ReadyQueue: every member runs once per job on its own thread, errors come back
-// to the caller, and the queue hands out each index once.
-#include "sluice/exec/thread_pool.h"
+// ThreadPool: every member runs once per job on its own thread, and errors come back to the
+// caller.
+#include "sluice/core/thread_pool.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include "sluice/core/error.h"
-#include "sluice/exec/ready_queue.h"
 
 namespace sluice {
 namespace {
@@ -101,30 +100,6 @@ TEST(ThreadPool, ARefusedThreadIsAResourceErrorNotATerminate) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child re-runs from main, alone
   EXPECT_EXIT(body(), ::testing::ExitedWithCode(0), "");
 #endif
-}
-
-TEST(ReadyQueue, HandsOutEachIndexOnceThenStops) {
-  constexpr int kItems = 1000;
-  ReadyQueue q(kItems);
-  ThreadPool pool(4);
-  std::vector<std::atomic<int>> taken(kItems);
-  std::atomic<int> done{0};
-  pool.RunOnAll([&](int member) {
-    if (member == 0) {
-      for (int i = 0; i < kItems; ++i) q.Push(i);
-    }
-    for (int32_t i = q.Pop(); i >= 0; i = q.Pop()) {
-      taken[i].fetch_add(1);
-      if (done.fetch_add(1) + 1 == kItems) q.Stop();
-    }
-  });
-  for (int i = 0; i < kItems; ++i) EXPECT_EQ(taken[i].load(), 1) << i;
-  EXPECT_TRUE(q.stopped());
-  EXPECT_EQ(q.Pop(), -1);
-  q.Reset();
-  q.Push(7);
-  EXPECT_EQ(q.Pop(), 7);
-  EXPECT_THROW(for (int i = 0; i <= kItems; ++i) q.Push(i), InternalError);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "sluice/exec/thread_pool.h"
+#include "sluice/core/thread_pool.h"
 
 #include <system_error>
 
@@ -7,6 +7,21 @@
 #include "sluice/core/error.h"
 
 namespace sluice {
+
+namespace {
+
+thread_local bool t_in_job = false;
+
+// Marks the calling thread as running a pool job for its lifetime.
+struct InJobScope {
+  bool saved = t_in_job;
+  InJobScope() { t_in_job = true; }
+  ~InJobScope() { t_in_job = saved; }
+};
+
+}  // namespace
+
+bool ThreadPool::InJob() { return t_in_job; }
 
 ThreadPool::ThreadPool(int threads) {
   if (threads < 1) {
@@ -61,6 +76,7 @@ void ThreadPool::RunJob(JobFn fn, void* context) {
   }
   start_cv_.NotifyAll();
   try {
+    InJobScope in_job;
     fn(context, 0);
   } catch (...) {
     RecordError(std::current_exception());
@@ -88,6 +104,7 @@ void ThreadPool::WorkerLoop(int member) {
       context = context_;
     }
     try {
+      InJobScope in_job;
       fn(context, member);
     } catch (...) {
       RecordError(std::current_exception());

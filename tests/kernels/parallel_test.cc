@@ -1,0 +1,293 @@
+// Intra-op threads (kernels/parallel.h): ParallelFor hands out fixed chunks once each, runs
+// serially inside a pool job, passes errors back; and every threaded kernel gives bitwise the same
+// results at 1, 2 and 3 threads.
+#include "sluice/kernels/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+#include "sluice/core/tensor.h"
+#include "sluice/core/thread_pool.h"
+#include "sluice/kernels/attention.h"
+#include "sluice/kernels/binary.h"
+#include "sluice/kernels/cross_entropy.h"
+#include "sluice/kernels/embedding.h"
+#include "sluice/kernels/layer_norm.h"
+#include "sluice/kernels/optimizer.h"
+#include "sluice/kernels/softmax.h"
+#include "sluice/kernels/unary.h"
+
+namespace sluice::kernels {
+namespace {
+
+// Restores one intra-op thread when a test ends, whatever it set.
+class ParallelKernels : public ::testing::Test {
+ protected:
+  void TearDown() override { SetIntraOpThreads(1); }
+};
+
+std::vector<float> Random(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+using Chunks = std::set<std::pair<int64_t, int64_t>>;
+
+Chunks RecordChunks(int64_t n, int64_t chunk, std::set<std::thread::id>* threads = nullptr) {
+  std::mutex mu;
+  Chunks chunks;
+  ParallelFor(n, chunk, [&](int64_t begin, int64_t end) {
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(chunks.emplace(begin, end).second) << begin;
+    if (threads != nullptr) threads->insert(std::this_thread::get_id());
+  });
+  return chunks;
+}
+
+TEST_F(ParallelKernels, ChunksAreFixedByTheWorkNotTheThreads) {
+  const Chunks expected = {{0, 40}, {40, 80}, {80, 100}};
+  for (int threads : {1, 2, 3}) {
+    SetIntraOpThreads(threads);
+    EXPECT_EQ(IntraOpThreads(), threads);
+    EXPECT_EQ(RecordChunks(100, 40), expected) << threads << " threads";
+  }
+  EXPECT_TRUE(RecordChunks(0, 40).empty());
+  EXPECT_EQ(RecordChunks(5, 40), (Chunks{{0, 5}}));
+}
+
+TEST_F(ParallelKernels, ManyChunksUseThePoolsThreads) {
+  SetIntraOpThreads(3);
+  // Enough chunks, each slow enough, that a worker wakes before the caller has taken them all.
+  std::set<std::thread::id> threads;
+  std::mutex mu;
+  ParallelFor(64, 1, [&](int64_t, int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::lock_guard lock(mu);
+    threads.insert(std::this_thread::get_id());
+  });
+  EXPECT_GT(threads.size(), 1u);
+}
+
+TEST_F(ParallelKernels, InsideAPoolJobChunksRunOnTheCaller) {
+  SetIntraOpThreads(3);
+  ThreadPool outer(2);
+  std::atomic<int> foreign{0};
+  outer.RunOnAll([&](int) {
+    const std::thread::id me = std::this_thread::get_id();
+    ParallelFor(64, 1, [&](int64_t, int64_t) {
+      if (std::this_thread::get_id() != me) foreign.fetch_add(1);
+    });
+  });
+  EXPECT_EQ(foreign.load(), 0);
+}
+
+TEST_F(ParallelKernels, AChunksErrorReachesTheCallerAndThePoolStaysUsable) {
+  SetIntraOpThreads(2);
+  EXPECT_THROW(ParallelFor(100, 1,
+                           [](int64_t begin, int64_t) {
+                             if (begin == 37) throw std::runtime_error("chunk 37");
+                           }),
+               std::runtime_error);
+  EXPECT_EQ(RecordChunks(10, 3).size(), 4u);
+}
+
+TEST_F(ParallelKernels, ConcurrentCallersEachCoverTheirWork) {
+  SetIntraOpThreads(2);
+  std::vector<std::thread> callers;
+  std::atomic<int64_t> sums[4] = {};
+  for (int k = 0; k < 4; ++k) {
+    callers.emplace_back([&, k] {
+      ParallelFor(1000, 7, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) sums[k].fetch_add(i);
+      });
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (auto& s : sums) EXPECT_EQ(s.load(), 999 * 1000 / 2);
+}
+
+TEST_F(ParallelKernels, BadCountsAreInvalidArguments) {
+  EXPECT_THROW(SetIntraOpThreads(0), InvalidArgument);
+  EXPECT_THROW(SetIntraOpThreads(ThreadPool::kMaxThreads + 1), InvalidArgument);
+}
+
+TEST_F(ParallelKernels, ParallelSumAddsChunksInOrder) {
+  // 1e8 + 1 + ... : added left to right per chunk, then chunks in order, the same every time.
+  std::vector<double> x(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = i % 3 == 0 ? 1e8 : 0.1 * static_cast<double>(i);
+  auto sum = [&] {
+    return ParallelSum<double>(1000, 64, [&](int64_t begin, int64_t end) {
+      double s = 0;
+      for (int64_t i = begin; i < end; ++i) s += x[i];
+      return s;
+    });
+  };
+  SetIntraOpThreads(1);
+  const double one = sum();
+  for (int threads : {2, 3}) {
+    SetIntraOpThreads(threads);
+    EXPECT_EQ(sum(), one) << threads;
+  }
+}
+
+// Runs `kernel` (which fills and returns its outputs) at 1, 2 and 3 threads; every output must be
+// bitwise the same.
+void ExpectBitwiseAcrossThreads(const std::function<std::vector<float>()>& kernel,
+                                const char* name) {
+  SetIntraOpThreads(1);
+  const std::vector<float> one = kernel();
+  ASSERT_FALSE(one.empty()) << name;
+  for (int threads : {2, 3}) {
+    SetIntraOpThreads(threads);
+    const std::vector<float> many = kernel();
+    ASSERT_EQ(many.size(), one.size()) << name;
+    EXPECT_EQ(std::memcmp(many.data(), one.data(), one.size() * sizeof(float)), 0)
+        << name << " differs at " << threads << " threads";
+  }
+}
+
+// Shapes large enough for several chunks (kChunkCost elements each), ragged on purpose.
+constexpr int64_t kRows = 517, kCols = 133;
+
+TEST_F(ParallelKernels, RowKernelsAreBitwiseTheSameAtAnyThreadCount) {
+  const std::vector<float> x = Random(kRows * kCols, 1), dy = Random(kRows * kCols, 2);
+  const std::vector<float> w = Random(kCols, 3), b = Random(kCols, 4);
+  std::vector<float> y(x.size()), z(x.size());
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        SoftmaxFast(x.data(), y.data(), kRows, kCols);
+        SoftmaxGradFast(dy.data(), y.data(), z.data(), kRows, kCols);
+        std::vector<float> out = y;
+        out.insert(out.end(), z.begin(), z.end());
+        return out;
+      },
+      "softmax");
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        const int64_t t = 47, batch = 31;  // 31 · 47 · 47 scores fit in x
+        std::vector<float> s(static_cast<size_t>(batch * t * t));
+        CausalSoftmaxFast(x.data(), s.data(), batch, t);
+        return s;
+      },
+      "causal_softmax");
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        std::vector<float> dw(kCols), db(kCols);
+        LayerNormFast(x.data(), w.data(), b.data(), y.data(), kRows, kCols, 1e-5f);
+        LayerNormGradXFast(dy.data(), x.data(), w.data(), z.data(), kRows, kCols, 1e-5f);
+        LayerNormGradParamsFast(dy.data(), x.data(), dw.data(), db.data(), kRows, kCols, 1e-5f);
+        std::vector<float> out = y;
+        out.insert(out.end(), z.begin(), z.end());
+        out.insert(out.end(), dw.begin(), dw.end());
+        out.insert(out.end(), db.begin(), db.end());
+        return out;
+      },
+      "layer_norm");
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        const int64_t n = kRows * kCols;
+        std::vector<float> out(static_cast<size_t>(4 * n));
+        GeluFast(x.data(), out.data(), n);
+        TanhFast(x.data(), out.data() + n, n);
+        ExpFast(x.data(), out.data() + 2 * n, n);
+        GeluGradFast(dy.data(), x.data(), out.data() + 3 * n, n);
+        return out;
+      },
+      "unary");
+}
+
+TEST_F(ParallelKernels, LossEmbeddingOptimizerAndAttentionAreBitwiseTheSame) {
+  const std::vector<float> logits = Random(kRows * kCols, 5);
+  std::vector<int32_t> ids(kRows);
+  for (int64_t r = 0; r < kRows; ++r) ids[r] = static_cast<int32_t>((r * 37) % kCols);
+  ids[3] = static_cast<int32_t>(kIgnoreTarget);
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        std::vector<float> out(logits.size() + 1);
+        out[0] = CrossEntropyFast(logits.data(), ids.data(), kRows, kCols);
+        CrossEntropyGradFast(logits.data(), ids.data(), 0.5f, out.data() + 1, kRows, kCols);
+        return out;
+      },
+      "cross_entropy");
+  ids[3] = 0;
+  const std::vector<float> table = Random(kCols * 96, 6), dy = Random(kRows * 96, 7);
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        std::vector<float> out(static_cast<size_t>(kRows * 96 + kCols * 96));
+        EmbeddingFast(ids.data(), table.data(), out.data(), kRows, kCols, 96);
+        EmbeddingGradFast(ids.data(), dy.data(), out.data() + kRows * 96, kRows, kCols, 96);
+        return out;
+      },
+      "embedding");
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        std::vector<float> p = Random(70001, 8), m = Random(70001, 9), v = Random(70001, 10);
+        for (float& x : v) x = std::abs(x);
+        const std::vector<float> g = Random(70001, 11);
+        AdamWUpdateFast(p.data(), g.data(), m.data(), v.data(), 70001, AdamWHyper{}, 1e-3, 3.0);
+        std::vector<float> buf(70001, 0.25f);
+        SgdUpdateFast(p.data(), g.data(), buf.data(), 70001, SgdHyper{.momentum = 0.9}, 0.1);
+        p.insert(p.end(), m.begin(), m.end());
+        p.insert(p.end(), v.begin(), v.end());
+        p.insert(p.end(), buf.begin(), buf.end());
+        return p;
+      },
+      "adamw, sgd");
+  const int64_t batch = 6, t = 70, d = 16;
+  const std::vector<float> q = Random(batch * t * d, 12), k = Random(batch * t * d, 13),
+                           v = Random(batch * t * d, 14), dyy = Random(batch * t * d, 15);
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        const size_t n = static_cast<size_t>(batch * t * d);
+        std::vector<float> y(n), lse(static_cast<size_t>(batch * t)), grads(3 * n);
+        CausalAttentionFast(q.data(), k.data(), v.data(), y.data(), lse.data(), batch, t, d, 0.25f);
+        CausalAttentionGradFast(dyy.data(), static_cast<const float*>(nullptr), q.data(), k.data(),
+                                v.data(), y.data(), lse.data(), grads.data(), grads.data() + n,
+                                grads.data() + 2 * n, batch, t, d, 0.25f);
+        y.insert(y.end(), lse.begin(), lse.end());
+        y.insert(y.end(), grads.begin(), grads.end());
+        return y;
+      },
+      "attention");
+}
+
+TEST_F(ParallelKernels, BroadcastBinaryIsBitwiseTheSame) {
+  const Tensor a = Tensor::FromVector<float>({kRows, 3, kCols}, Random(kRows * 3 * kCols, 16));
+  const Tensor b = Tensor::FromVector<float>({3, 1}, Random(3, 17));
+  const Tensor c = Tensor::FromVector<float>({kRows, 3, kCols}, Random(kRows * 3 * kCols, 18));
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        Tensor broadcast = Tensor::Empty(a.shape(), DType::kF32);
+        Tensor flat = Tensor::Empty(a.shape(), DType::kF32);
+        BinaryFast<float>(a, b, broadcast, std::multiplies<>{});
+        BinaryFast<float>(a, c, flat, std::plus<>{});
+        std::vector<float> out(broadcast.data<float>(), broadcast.data<float>() + a.numel());
+        out.insert(out.end(), flat.data<float>(), flat.data<float>() + a.numel());
+        return out;
+      },
+      "binary");
+  // And the threaded fast kernel agrees with the reference exactly (elementwise: no sums).
+  SetIntraOpThreads(3);
+  Tensor fast = Tensor::Empty(a.shape(), DType::kF32), ref = Tensor::Empty(a.shape(), DType::kF32);
+  BinaryFast<float>(a, b, fast, std::multiplies<>{});
+  BinaryReference<float>(a, b, ref, std::multiplies<>{});
+  EXPECT_EQ(std::memcmp(fast.data<float>(), ref.data<float>(), a.numel() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace sluice::kernels

@@ -3,9 +3,14 @@
 namespace sluice {
 
 std::shared_ptr<Storage> Storage::Create(Allocator& allocator, size_t nbytes) {
+  // The Storage and its reference count in one heap block (make_shared): the only heap allocation
+  // of a tensor besides the allocator's. A local class may call the private constructor.
+  struct Made final : Storage {
+    Made(Allocator* allocator, void* data, size_t nbytes) : Storage(allocator, data, nbytes) {}
+  };
   void* data = nbytes > 0 ? allocator.Allocate(nbytes) : nullptr;
   try {
-    return std::shared_ptr<Storage>(new Storage(&allocator, data, nbytes));
+    return std::make_shared<Made>(&allocator, data, nbytes);
   } catch (...) {
     if (data != nullptr) allocator.Deallocate(data, nbytes);
     throw;

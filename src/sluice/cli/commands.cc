@@ -16,6 +16,10 @@ constexpr CommandSpec kCommands[] = {
      "Predict each stage's peak memory before training (the train options); --memory-budget "
      "plans recompute to fit it",
      SetupPlanCommand},
+    {"simulate",
+     "Predict a pipeline step's time per stage (measured costs of --profile-out, or unit costs) "
+     "beside its memory forecast",
+     SetupSimulateCommand},
     {"schedule",
      "Print a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1) as an action grid or JSON",
      SetupScheduleCommand},

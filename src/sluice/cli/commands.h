@@ -55,6 +55,7 @@ CLI::Validator OneOf(const EnumEntry<E> (&table)[N]) {
 CommandRunner SetupRunCommand(CLI::App& sub);       // run_command.cc
 CommandRunner SetupTrainCommand(CLI::App& sub);     // train_command.cc
 CommandRunner SetupPlanCommand(CLI::App& sub);      // train_command.cc (the train options)
+CommandRunner SetupSimulateCommand(CLI::App& sub);  // train_command.cc (the train options)
 CommandRunner SetupScheduleCommand(CLI::App& sub);  // schedule_command.cc
 CommandRunner SetupOpsCommand(CLI::App& sub);       // ops_command.cc
 CommandRunner SetupSampleCommand(CLI::App& sub);    // sample_command.cc

@@ -23,6 +23,7 @@
 #include "sluice/pipeline/memory_forecast.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/pipeline/step_simulator.h"
 #include "sluice/step/memory_budget.h"
 #include "sluice/train/trainer.h"
 
@@ -54,7 +55,8 @@ struct TrainArgs {
   // --schedule auto, the schedule) before training.
   std::string memory_budget;
   bool recompute_given = false;  // --recompute or --no-recompute on the command line
-  std::string format = "table";  // sluice plan: table or json
+  std::string format = "table";  // sluice plan and simulate: table or json
+  std::string costs;             // sluice simulate: a costs file of --profile-out
 };
 
 // "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
@@ -560,6 +562,9 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
                       ->capture_default_str();
   auto* trace = sub.add_option("--trace", a->pipe.trace_path,
                                "Chrome trace (Perfetto) of the last step, one track per stage");
+  auto* profile = sub.add_option("--profile-out", a->pipe.profile_path,
+                                 "write the step's measured costs (F, B, W, OPT medians, messages) "
+                                 "as JSON for sluice simulate --costs");
   auto* fault = sub.add_option("--inject-fault", a->fault)->group("");  // tests of failure handling
   auto* comm =
       sub.add_option("--comm", a->comm,
@@ -570,13 +575,13 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
              "--data-parallel", a->data_parallel,
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
-  auto finish = [a, sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp,
-                 recompute, no_recompute, min_lr] {
+  auto finish = [a, sched, chunks, partition, layout, release, timeout, trace, profile, fault, comm,
+                 dp, recompute, no_recompute, min_lr] {
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;
     for (const CLI::Option* o :
-         {sched, chunks, partition, layout, release, timeout, trace, fault, comm, dp}) {
+         {sched, chunks, partition, layout, release, timeout, trace, profile, fault, comm, dp}) {
       a->pipeline = a->pipeline || o->count() > 0;
     }
     a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
@@ -588,6 +593,65 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
         std::chrono::milliseconds(static_cast<int64_t>(std::min(a->comm_timeout_s, 1e9) * 1000));
   };
   return {a, finish};
+}
+
+// `sluice simulate`: the job's step replayed by the step simulator (pipeline/step_simulator.h) with
+// measured or unit costs, beside the memory forecast of every stage.
+int RunSimulate(TrainArgs& a) {
+  a.pipeline = true;
+  Configure(a);
+  if (a.pipe_schedule == "auto") {
+    throw InvalidArgument(fmt::format("sluice simulate --schedule: name a schedule ({}), not auto",
+                                      EnumNames(pipeline::kScheduleKindNames, ", ")));
+  }
+  const Job job = MakeJob(a.config);
+  const EngineContext ctx{.config = a.config, .task = *job.task, .model = job.model, .threads = 1};
+  const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, a.pipe, 1);
+  const pipeline::Schedule& schedule = layout.setup.schedule;
+  pipeline::StepCosts costs = pipeline::UnitCosts(schedule);
+  if (!a.costs.empty()) {
+    costs = pipeline::ReadCostsFile(a.costs);
+    pipeline::CheckCostsCover(costs, schedule);
+    pipeline::CheckCostsJob(
+        costs, pipeline::ProfileJob(layout.setup, pipeline::FormatLayout(layout.partition)));
+  }
+  const pipeline::StepPrediction p = pipeline::SimulateStep(schedule, costs);
+  const std::vector<StageMemoryForecast> memory = ForecastJob(a, job, a.config, a.pipe.schedule);
+  const char* unit = a.costs.empty() ? "units" : "ms";
+  if (a.format == "json") {
+    nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+    for (size_t s = 0; s < p.ranks.size(); ++s) {
+      stages.push_back({{"stage", s},
+                        {"busy_ms", p.ranks[s].busy_ms},
+                        {"idle_ms", p.ranks[s].idle_ms},
+                        {"bubble", p.ranks[s].bubble},
+                        {"peak_allocated_bytes", memory[s].peak_allocated_bytes}});
+    }
+    nlohmann::ordered_json out;
+    out["schedule"] = schedule.Describe();
+    out["costs"] = costs.source;
+    out["time_unit"] = unit;
+    out["step_ms"] = p.step_ms;
+    out["makespan_ms"] = p.makespan_ms;
+    out["bubble"] = p.bubble;
+    out["stages"] = stages;
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+  fmt::print("simulated step: {}, {}\n", schedule.Describe(), costs.source);
+  fmt::print(
+      "  step {:.3f} {} (makespan {:.3f}{}), bubble {:.1f}%\n", p.step_ms, unit, p.makespan_ms,
+      costs.step_overhead_ms > 0 ? fmt::format(" + {:.3f} step overhead", costs.step_overhead_ms)
+                                 : std::string(),
+      100 * p.bubble);
+  fmt::print("  {:<5}  {:>10}  {:>10}  {:>7}  {:>12}\n", "stage", "busy", "idle", "bubble",
+             "peak memory");
+  for (size_t s = 0; s < p.ranks.size(); ++s) {
+    fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%  {:>12}\n", s, p.ranks[s].busy_ms,
+               p.ranks[s].idle_ms, 100 * p.ranks[s].bubble,
+               FormatBytes(memory[s].peak_allocated_bytes));
+  }
+  return 0;
 }
 
 }  // namespace
@@ -625,6 +689,19 @@ CommandRunner SetupPlanCommand(CLI::App& sub) {
       fmt::print("{}", choice.Describe(a));
     }
     return 0;
+  };
+}
+
+CommandRunner SetupSimulateCommand(CLI::App& sub) {
+  TrainOptions options = AddTrainOptions(sub);
+  sub.add_option("--costs", options.args->costs,
+                 "costs file of sluice train --profile-out (default: unit costs)");
+  sub.add_option("--format", options.args->format, "table or json")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  return [options] {
+    options.finish();
+    return RunSimulate(*options.args);
   };
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <system_error>
 #include <thread>
@@ -10,10 +11,12 @@
 #include <fmt/format.h>
 
 #include "sluice/comm/local.h"
+#include "sluice/core/clock.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
 #include "sluice/nn/optimizer.h"
 #include "sluice/pipeline/memory_forecast.h"
+#include "sluice/pipeline/step_simulator.h"
 #include "sluice/step/stage_program.h"
 
 namespace sluice::pipeline {
@@ -58,7 +61,8 @@ struct PipelineEngine::Impl {
   std::vector<StageReport> reports;                  // every rank of the job, by world rank
   std::vector<std::vector<std::string>> owned;       // [stage]: its parameter names, model order
   std::vector<ParamSpec> params;                     // the whole model's
-  std::exception_ptr failure;  // a failed step leaves the communicator aborted
+  std::exception_ptr failure;              // a failed step leaves the communicator aborted
+  std::unique_ptr<CostProfiler> profiler;  // with options.profile_path
 
   bool distributed() const { return options.distributed.has_value(); }
   int world_rank() const { return distributed() ? options.distributed->world->rank() : 0; }
@@ -144,6 +148,10 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     }
   }
 
+  if (m.distributed() && !m.options.profile_path.empty()) {
+    throw InvalidArgument(
+        "--profile-out records the stages of one process: run without --comm mpi to profile");
+  }
   if (m.distributed()) {
     m.setup.replica = m.replica();
     m.setup.replicas = D;
@@ -152,6 +160,10 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   } else {
     for (int r = 0; r < P; ++r) m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, r));
     m.world = std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = m.options.timeout});
+    if (!m.options.profile_path.empty()) {
+      m.profiler = std::make_unique<CostProfiler>(m.setup.schedule,
+                                                  ProfileJob(m.setup, FormatLayout(m.partition)));
+    }
   }
   const ScheduleOptions sched{.kind = m.options.schedule,
                               .stages = P,
@@ -172,6 +184,16 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
 }
 
 PipelineEngine::~PipelineEngine() = default;
+
+namespace {
+
+void WriteCosts(const StepCosts& costs, const std::string& path) {
+  std::ofstream out(path);
+  out << CostsToJson(costs).dump(2) << "\n";
+  if (!out) throw IoError(fmt::format("--profile-out {}: cannot write the costs file", path));
+}
+
+}  // namespace
 
 std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, double lr, bool trace) {
   const int P = options.stages;
@@ -244,7 +266,13 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   StepResult result;
 
   if (!m.distributed()) {
+    const int64_t begin = NowNs();
     std::vector<StageStep> steps = m.RunLocal(step, lr, trace);
+    if (m.profiler) {
+      const int64_t steps_run = m.setup.config->steps;
+      if (step > 0 || steps_run == 1) m.profiler->Add(steps, NowNs() - begin);  // step 0 warms up
+      if (step == steps_run - 1) WriteCosts(m.profiler->Costs(), m.options.profile_path);
+    }
     const StageStep& last = steps[m.setup.schedule.RankOf(m.setup.schedule.virtual_stages() - 1)];
     double loss_sum = 0;
     for (double l : last.losses) loss_sum += l;

@@ -56,7 +56,10 @@ struct PipelineOptions {
   bool release_outputs = true;
   std::chrono::milliseconds timeout = std::chrono::seconds(60);  // a receive waiting longer fails
   std::string trace_path;  // Chrome trace of the last step; empty: none
-  FaultInjection fault;    // tests only
+  // Costs of every step but the first (warm-up) as JSON (step_simulator.h), written after the
+  // last step; empty: none. In-process ranks only.
+  std::string profile_path;
+  FaultInjection fault;  // tests only
 
   // Distributed (MPI, docs/mpi.md): this process runs one rank. World rank w is stage w mod P of
   // replica w div P; `pipe` joins the P stages of this replica (rank = stage), `data` the D

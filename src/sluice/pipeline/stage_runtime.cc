@@ -103,6 +103,7 @@ class StageRuntime::StepRun {
         trace_(trace),
         mbs_(static_cast<size_t>(rt.V * rt.M)) {
     out_.inflight_peak_per_chunk.assign(rt.V, 0);
+    out_.message_bytes = rt.io_shape.numel() * static_cast<int64_t>(SizeOf(DType::kF32));
     inflight_chunk_.assign(rt.V, 0);
   }
 
@@ -195,14 +196,27 @@ class StageRuntime::StepRun {
   }
 
   // Times a compute action: busy time, and a span when tracing.
+  // `profile` is the index into StageStep::computes (0 F, 1 B, 2 W, 3 optimizer, 4 update).
   template <typename F>
-  void Compute(const Action& a, const char* name, F&& body) {
+  void Compute(const Action& a, const char* name, int profile, F&& body) {
     const int64_t begin = NowNs(), cpu_begin = ThreadCpuNs();
     body();
-    const int64_t end = NowNs();
+    const int64_t end = NowNs(), cpu = ThreadCpuNs() - cpu_begin;
     out_.busy_ns += end - begin;
-    out_.busy_cpu_ns += ThreadCpuNs() - cpu_begin;
+    out_.busy_cpu_ns += cpu;
+    out_.computes[profile].push_back({a.chunk, end - begin, cpu});
     Span(name, a, begin, end);
+  }
+
+  // Times one Isend or Irecv call for the profile; `request` tells whether the call copied the
+  // message (it completed at once: the peer had posted first).
+  template <typename F>
+  Request Post(F&& post) {
+    const int64_t begin = NowNs();
+    Request request = post();
+    const int64_t ns = NowNs() - begin;
+    (request.Test() ? out_.post_copy_ns : out_.post_ns).push_back(ns);
+    return request;
   }
 
   void Span(const char* name, const Action& a, int64_t begin, int64_t end) {
@@ -249,24 +263,32 @@ class StageRuntime::StepRun {
     MicroBatch& mb = Mb(a.chunk, a.micro_batch);
     switch (a.kind) {
       case ActionKind::kRecvF:
-        mb.recv_f = comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0),
-                                DType::kF32, rt_.io_shape, rt_.allocator);
+        mb.recv_f = Post([&] {
+          return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0), DType::kF32,
+                             rt_.io_shape, rt_.allocator);
+        });
         break;
       case ActionKind::kSendF:
         if (!mb.output.defined()) throw NothingToSend("output", "its forward");
-        mb.send_f =
-            comm_.Isend(mb.output, a.peer, rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
+        mb.send_f = Post([&] {
+          return comm_.Isend(mb.output, a.peer,
+                             rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
+        });
         sending_.push_back(a.chunk * rt_.M + a.micro_batch);
         Span("SEND_F", a, NowNs(), NowNs());
         break;
       case ActionKind::kRecvB:
-        mb.recv_b = comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1),
-                                DType::kF32, rt_.io_shape, rt_.allocator);
+        mb.recv_b = Post([&] {
+          return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1), DType::kF32,
+                             rt_.io_shape, rt_.allocator);
+        });
         break;
       case ActionKind::kSendB:
         if (!mb.input_grad.defined()) throw NothingToSend("input gradient", "its backward");
-        mb.send_b = comm_.Isend(mb.input_grad, a.peer,
-                                rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
+        mb.send_b = Post([&] {
+          return comm_.Isend(mb.input_grad, a.peer,
+                             rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
+        });
         mb.input_grad = Tensor();  // the send holds it until completion, then it is freed
         Span("SEND_B", a, NowNs(), NowNs());
         break;
@@ -314,7 +336,7 @@ class StageRuntime::StepRun {
         prev.output = Tensor();
       }
     }
-    Compute(a, "F", [&] { rt_.program->Forward(a.chunk, scope); });
+    Compute(a, "F", 0, [&] { rt_.program->Forward(a.chunk, scope); });
     if (ch.last) {
       out_.losses.resize(rt_.M);
       out_.losses[a.micro_batch] = scope.Take(ch.model.loss).FlatAt(0);
@@ -352,7 +374,7 @@ class StageRuntime::StepRun {
       backward_seen_ = true;
       out_.allocated_at_inflight_peak_bytes = rt_.allocator.Stats().allocated_bytes;
     }
-    Compute(a, "B", [&] { rt_.program->Backward(a.chunk, scope, grads_); });
+    Compute(a, "B", 1, [&] { rt_.program->Backward(a.chunk, scope, grads_); });
     if (!ch.first) mb.input_grad = scope.Take(kChunkInputGrad);
     mb.output = Tensor();  // release off: kept until now
     const bool split = rt_.setup.schedule.split_backward;
@@ -364,7 +386,7 @@ class StageRuntime::StepRun {
   }
 
   void Weight(const Action& a, const Chunk&, MicroBatch& mb) {
-    Compute(a, "W", [&] { rt_.program->Weight(a.chunk, mb.scope, grads_); });
+    Compute(a, "W", 2, [&] { rt_.program->Weight(a.chunk, mb.scope, grads_); });
     mb.scope.Clear();
     --awaiting_;
   }
@@ -384,7 +406,7 @@ class StageRuntime::StepRun {
     }
     const int64_t n = static_cast<int64_t>(setup.model_params.size());
     Tensor sum_squares = Tensor::Zeros({n}, DType::kF64, rt_.allocator);
-    Compute(a, "OPT", [&] {
+    Compute(a, "OPT", 3, [&] {
       const std::vector<double> mine = rt_.program->FinishGradients(grads_, rt_.M * setup.replicas);
       for (size_t i = 0; i < mine.size(); ++i)
         sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
@@ -394,7 +416,7 @@ class StageRuntime::StepRun {
     out_.comm_ns += NowNs() - begin;
     Span("ALLREDUCE", a, begin, NowNs());
     out_.grad_norm = GlobalNorm({sum_squares.data<double>(), sum_squares.data<double>() + n});
-    Compute(a, "OPT", [&] { rt_.program->Update(grads_, out_.grad_norm, lr_, step_); });
+    Compute(a, "OPT", 4, [&] { rt_.program->Update(grads_, out_.grad_norm, lr_, step_); });
   }
 
   StageRuntime::Impl& rt_;

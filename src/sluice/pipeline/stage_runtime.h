@@ -133,6 +133,17 @@ struct StageStep {
   double grad_norm = 0;
   std::vector<TraceSpan> spans;      // when tracing
   std::vector<MemorySample> memory;  // when tracing
+  // Profile (step_simulator.h's costs): every compute's wall and thread CPU time, one sample per
+  // action, [kind] = F, B, W, OPT before its all-reduce ("optimizer"), OPT after it ("update");
+  // and every message post (Isend or Irecv call), split by whether the call copied the message
+  // (the later of a matched pair copies, comm/local.h).
+  struct Sample {
+    int chunk = 0;
+    int64_t wall_ns = 0, cpu_ns = 0;
+  };
+  std::vector<Sample> computes[5];
+  std::vector<int64_t> post_ns, post_copy_ns;  // posts that did not / did copy a message
+  int64_t message_bytes = 0;                   // one message ("x" or "y.grad": f32[B, T, C])
 };
 
 // The StageProgram of rank `rank` (its V chunks, its recompute policy) from `setup`, allocating

@@ -1,0 +1,463 @@
+#include "sluice/pipeline/step_simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "sluice/pipeline/validator.h"
+
+namespace sluice::pipeline {
+
+namespace {
+
+constexpr double kNone = -1;  // no message for this slot: nothing to wait for
+constexpr double kPending = std::numeric_limits<double>::infinity();  // posted, not yet matched
+constexpr const char* kFormat = "sluice-step-costs/1";
+
+double Median(std::vector<int64_t> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  double m = static_cast<double>(v[mid]);
+  if (v.size() % 2 == 0) {
+    m = (m + static_cast<double>(
+                 *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)))) /
+        2;
+  }
+  return m;
+}
+
+double MedianD(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
+}
+
+}  // namespace
+
+StepCosts UnitCosts(const Schedule& schedule) {
+  StepCosts c;
+  c.stages = schedule.stages;
+  c.chunks = schedule.chunks;
+  c.split_backward = true;
+  c.ranks.assign(schedule.stages, RankCosts{});
+  for (RankCosts& r : c.ranks) {
+    r.chunks.assign(schedule.chunks, ChunkCosts{.forward_ms = 1,
+                                                .backward_ms = 1,
+                                                .weight_ms = 1,
+                                                .forward_cpu_ms = 1,
+                                                .backward_cpu_ms = 1,
+                                                .weight_cpu_ms = 1});
+  }
+  return c;
+}
+
+void CheckCostsCover(const StepCosts& costs, const Schedule& schedule) {
+  if (costs.stages != schedule.stages) {
+    throw InvalidArgument(fmt::format(
+        "{}: measured on {} stages, but {} has {}: profile a run with --stages {}", costs.source,
+        costs.stages, schedule.Describe(), schedule.stages, schedule.stages));
+  }
+  if (costs.chunks != schedule.chunks) {
+    throw InvalidArgument(fmt::format(
+        "{}: measured with {} chunk(s) per stage, but {} runs {}: profile a run of a schedule "
+        "with {} chunk(s) per stage",
+        costs.source, costs.chunks, schedule.Describe(), schedule.chunks, schedule.chunks));
+  }
+  if (schedule.split_backward && !costs.split_backward) {
+    throw InvalidArgument(fmt::format(
+        "{}: measured with the backward whole, but {} splits it into B and W: profile a run of "
+        "a split-backward schedule (zb-h1) to cover it",
+        costs.source, schedule.Describe()));
+  }
+}
+
+void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job) {
+  for (const auto& [key, value] : costs.job.items()) {
+    if (!job.contains(key)) continue;
+    if (job[key] != value) {
+      throw InvalidArgument(
+          fmt::format("{}: measured on another job: {} is {} there, {} here (profile this job "
+                      "with sluice train ... --profile-out)",
+                      costs.source, key, value.dump(), job[key].dump()));
+    }
+  }
+}
+
+StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs) {
+  ValidateSchedule(schedule);
+  CheckCostsCover(costs, schedule);
+  const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
+  const size_t slots = static_cast<size_t>(2) * V * M;  // [direction][chunk][micro-batch]
+  auto slot = [&](const Action& a) {
+    const bool forward = a.kind == ActionKind::kForward || a.kind == ActionKind::kRecvF ||
+                         a.kind == ActionKind::kSendF;
+    return ((forward ? 0 : 1) * static_cast<size_t>(V) + a.chunk) * M + a.micro_batch;
+  };
+  // Per rank: when the message a compute reads arrived, and when the send of a slot completed.
+  std::vector<std::vector<double>> arrived(P, std::vector<double>(slots, kNone));
+  std::vector<std::vector<double>> completed(P, std::vector<double>(slots, kNone));
+  struct Post {
+    int rank;
+    size_t slot;
+  };
+  struct Channel {
+    std::deque<Post> sends, recvs;  // posted, unmatched, in list order
+  };
+  std::unordered_map<int64_t, Channel> channels;  // [from·P + to]
+  auto channel = [&](int from, int to) -> Channel& {
+    return channels[static_cast<int64_t>(from) * P + to];
+  };
+
+  std::vector<double> clock(P, 0), busy(P, 0);
+  std::vector<size_t> next(P, 0);
+  std::vector<double*> waiting(P, nullptr);  // the slot time a blocked rank waits for
+  std::vector<bool> at_barrier(P, false);
+  int barrier_count = 0;
+  using Entry = std::pair<double, int>;  // (clock, rank): earliest first, then lowest rank
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> ready;
+  for (int r = 0; r < P; ++r) ready.push({0, r});
+
+  auto wake = [&](int r, double* t) {
+    if (waiting[r] == t) {
+      waiting[r] = nullptr;
+      ready.push({clock[r], r});
+    }
+  };
+  auto cost = [&](int r, const Action& a) {
+    const ChunkCosts& c = costs.ranks[r].chunks[a.chunk];
+    switch (a.kind) {
+      case ActionKind::kForward:
+        return c.forward_ms;
+      case ActionKind::kBackward:
+        return c.backward_ms + (schedule.split_backward ? 0 : c.weight_ms);
+      default:
+        return c.weight_ms;
+    }
+  };
+  // Rank r posts its side of message `s` (its slot) with peer q; the later post copies.
+  auto post = [&](int r, const Action& a) {
+    clock[r] += costs.post_ms;
+    const bool send = IsSend(a.kind);
+    Channel& ch = send ? channel(r, a.peer) : channel(a.peer, r);
+    std::deque<Post>& mine = send ? ch.sends : ch.recvs;
+    std::deque<Post>& theirs = send ? ch.recvs : ch.sends;
+    const size_t s = slot(a);
+    if (send) {
+      completed[r][s] = kPending;
+    } else {
+      arrived[r][s] = kPending;
+    }
+    if (theirs.empty()) {
+      mine.push_back({r, s});
+      return;
+    }
+    const Post other = theirs.front();
+    theirs.pop_front();
+    clock[r] += costs.copy_ms;
+    const double t = clock[r];
+    double& arrival = send ? arrived[other.rank][other.slot] : arrived[r][s];
+    double& done = send ? completed[r][s] : completed[other.rank][other.slot];
+    arrival = t;
+    done = t;
+    wake(other.rank, &arrival);
+    wake(other.rank, &done);
+  };
+
+  while (!ready.empty()) {
+    const auto [t, r] = ready.top();
+    ready.pop();
+    if (t != clock[r] || waiting[r] != nullptr || at_barrier[r]) continue;  // stale entry
+    const std::vector<Action>& actions = schedule.ranks[r];
+    if (next[r] == actions.size()) continue;
+    const Action& a = actions[next[r]];
+    // A compute waits for what it reads; a blocked rank resumes when that time is known.
+    auto wait_for = [&](double& when) {
+      if (when == kPending) {
+        waiting[r] = &when;
+        return false;
+      }
+      if (when != kNone) clock[r] = std::max(clock[r], when);
+      return true;
+    };
+    if (IsSend(a.kind) || IsRecv(a.kind)) {
+      post(r, a);
+    } else if (a.kind == ActionKind::kForward) {
+      if (!wait_for(arrived[r][slot(a)])) continue;
+      const double c = cost(r, a);
+      clock[r] += c;
+      busy[r] += c;
+    } else if (a.kind == ActionKind::kBackward) {
+      Action recv = a;
+      recv.kind = ActionKind::kRecvB;
+      Action send = a;
+      send.kind = ActionKind::kSendF;
+      if (!wait_for(arrived[r][slot(recv)])) continue;
+      if (!wait_for(completed[r][slot(send)])) continue;
+      const double c = cost(r, a);
+      clock[r] += c;
+      busy[r] += c;
+    } else if (a.kind == ActionKind::kWeight) {
+      const double c = cost(r, a);
+      clock[r] += c;
+      busy[r] += c;
+    } else {  // OPT: its first half, then the all-reduce's barrier
+      clock[r] += costs.ranks[r].optimizer_ms;
+      busy[r] += costs.ranks[r].optimizer_ms;
+      at_barrier[r] = true;
+      if (++barrier_count == P) {
+        const double all = *std::ranges::max_element(clock);
+        for (int q = 0; q < P; ++q) {
+          at_barrier[q] = false;
+          clock[q] = all + costs.ranks[q].update_ms;
+          busy[q] += costs.ranks[q].update_ms;
+          ++next[q];
+          ready.push({clock[q], q});
+        }
+      }
+      continue;
+    }
+    ++next[r];
+    if (next[r] < actions.size()) ready.push({clock[r], r});
+  }
+  for (int r = 0; r < P; ++r) {
+    SLUICE_CHECK(next[r] == schedule.ranks[r].size(),
+                 "{}: the simulation of a validated schedule stalls on rank {} at step {}",
+                 schedule.Describe(), r, next[r]);
+  }
+  StepPrediction p;
+  p.ranks.resize(P);
+  for (int r = 0; r < P; ++r) {
+    double end = clock[r];
+    for (double done : completed[r]) {
+      SLUICE_CHECK(done != kPending, "{}: a send of rank {} never completes", schedule.Describe(),
+                   r);
+      end = std::max(end, done);
+    }
+    p.ranks[r].end_ms = end;
+    p.ranks[r].busy_ms = busy[r];
+    p.makespan_ms = std::max(p.makespan_ms, end);
+  }
+  double idle = 0;
+  for (RankPrediction& rank : p.ranks) {
+    rank.idle_ms = p.makespan_ms - rank.busy_ms;
+    rank.bubble = p.makespan_ms > 0 ? rank.idle_ms / p.makespan_ms : 0;
+    idle += rank.idle_ms;
+  }
+  p.bubble = p.makespan_ms > 0 ? idle / (P * p.makespan_ms) : 0;
+  p.step_ms = p.makespan_ms + costs.step_overhead_ms;
+  return p;
+}
+
+nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout) {
+  std::string recompute;
+  for (int r = 0; r < setup.schedule.stages; ++r) {
+    recompute += fmt::format("{}{}", r ? "," : "",
+                             Name(RecomputeForStage(*setup.config, r, setup.schedule.stages)));
+  }
+  return {{"model", "gpt"},
+          {"vocab", setup.gpt.vocab},
+          {"seq", setup.seq_len},
+          {"layers", setup.gpt.layers},
+          {"heads", setup.gpt.heads},
+          {"dim", setup.gpt.dim},
+          {"attention", std::string(Name(setup.gpt.attention))},
+          {"micro_batch_size", setup.micro_batch_size},
+          {"layout", layout},
+          {"recompute", recompute},
+          {"threads", setup.config->threads}};
+}
+
+nlohmann::ordered_json CostsToJson(const StepCosts& c) {
+  nlohmann::ordered_json j;
+  j["format"] = kFormat;
+  j["job"] = c.job;
+  j["stages"] = c.stages;
+  j["chunks"] = c.chunks;
+  j["split_backward"] = c.split_backward;
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (size_t r = 0; r < c.ranks.size(); ++r) {
+    nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
+    for (const ChunkCosts& ch : c.ranks[r].chunks) {
+      chunks.push_back({{"forward_ms", ch.forward_ms},
+                        {"backward_ms", ch.backward_ms},
+                        {"weight_ms", ch.weight_ms},
+                        {"forward_cpu_ms", ch.forward_cpu_ms},
+                        {"backward_cpu_ms", ch.backward_cpu_ms},
+                        {"weight_cpu_ms", ch.weight_cpu_ms}});
+    }
+    ranks.push_back({{"stage", r},
+                     {"chunks", chunks},
+                     {"optimizer_ms", c.ranks[r].optimizer_ms},
+                     {"update_ms", c.ranks[r].update_ms}});
+  }
+  j["ranks"] = ranks;
+  j["messages"] = {{"bytes", c.message_bytes},
+                   {"post_ms", c.post_ms},
+                   {"copy_ms", c.copy_ms},
+                   {"copy_ms_per_byte",
+                    c.message_bytes > 0 ? c.copy_ms / static_cast<double>(c.message_bytes) : 0.0}};
+  j["step_overhead_ms"] = c.step_overhead_ms;
+  j["measured"] = c.measured;
+  return j;
+}
+
+StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
+  auto bad = [&](const std::string& where, const std::string& what) {
+    return InvalidArgument(fmt::format("{}: {} {}", source, where, what));
+  };
+  if (!j.is_object()) throw bad("the file", "is not a JSON object (a costs file of --profile-out)");
+  if (j.value("format", std::string()) != kFormat) {
+    throw bad("\"format\"", fmt::format("must be \"{}\" (a file written by sluice train "
+                                        "--profile-out)",
+                                        kFormat));
+  }
+  auto number = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
+    if (!obj.contains(key)) throw bad(where, fmt::format("has no \"{}\"", key));
+    const nlohmann::json& v = obj[key];
+    if (!v.is_number()) throw bad(where, fmt::format("\"{}\" is not a number", key));
+    const double d = v.get<double>();
+    if (!(d >= 0) || !std::isfinite(d)) {
+      throw bad(where, fmt::format("\"{}\" is {}: it must be a finite number ≥ 0", key, v.dump()));
+    }
+    return d;
+  };
+  StepCosts c;
+  c.source = source;
+  c.stages = static_cast<int>(number(j, "stages", "the file"));
+  c.chunks = static_cast<int>(number(j, "chunks", "the file"));
+  if (c.stages < 1 || c.chunks < 1) throw bad("the file", "must have stages ≥ 1 and chunks ≥ 1");
+  if (!j.contains("split_backward") || !j["split_backward"].is_boolean()) {
+    throw bad("the file", "has no boolean \"split_backward\"");
+  }
+  c.split_backward = j["split_backward"].get<bool>();
+  if (j.contains("job")) {
+    if (!j["job"].is_object()) throw bad("\"job\"", "is not an object");
+    c.job = j["job"];
+  }
+  if (!j.contains("ranks") || !j["ranks"].is_array() ||
+      j["ranks"].size() != static_cast<size_t>(c.stages)) {
+    throw bad("\"ranks\"", fmt::format("must be an array of one entry per stage ({})", c.stages));
+  }
+  for (int r = 0; r < c.stages; ++r) {
+    const nlohmann::json& rank = j["ranks"][r];
+    const std::string where = fmt::format("stage {}", r);
+    if (!rank.is_object()) throw bad(where, "is not an object");
+    RankCosts rc;
+    rc.optimizer_ms = number(rank, "optimizer_ms", where);
+    rc.update_ms = number(rank, "update_ms", where);
+    if (!rank.contains("chunks") || !rank["chunks"].is_array() ||
+        rank["chunks"].size() != static_cast<size_t>(c.chunks)) {
+      throw bad(where, fmt::format("must have \"chunks\": one entry per chunk ({})", c.chunks));
+    }
+    for (int v = 0; v < c.chunks; ++v) {
+      const nlohmann::json& ch = rank["chunks"][v];
+      const std::string w = fmt::format("stage {} chunk {}", r, v);
+      if (!ch.is_object()) throw bad(w, "is not an object");
+      ChunkCosts cc;
+      cc.forward_ms = number(ch, "forward_ms", w);
+      cc.backward_ms = number(ch, "backward_ms", w);
+      cc.weight_ms = number(ch, "weight_ms", w);
+      for (auto [key, field] : {std::pair{"forward_cpu_ms", &cc.forward_cpu_ms},
+                                {"backward_cpu_ms", &cc.backward_cpu_ms},
+                                {"weight_cpu_ms", &cc.weight_cpu_ms}}) {
+        if (ch.contains(key)) *field = number(ch, key, w);
+      }
+      rc.chunks.push_back(cc);
+    }
+    c.ranks.push_back(std::move(rc));
+  }
+  if (!j.contains("messages") || !j["messages"].is_object()) {
+    throw bad("the file", "has no \"messages\" object");
+  }
+  c.message_bytes = static_cast<int64_t>(number(j["messages"], "bytes", "\"messages\""));
+  c.post_ms = number(j["messages"], "post_ms", "\"messages\"");
+  c.copy_ms = number(j["messages"], "copy_ms", "\"messages\"");
+  c.step_overhead_ms = number(j, "step_overhead_ms", "the file");
+  if (j.contains("measured")) c.measured = j["measured"];
+  return c;
+}
+
+StepCosts ReadCostsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument(fmt::format("--costs {}: cannot open the file", path));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw InvalidArgument(fmt::format("--costs {}: not valid JSON", path));
+  return CostsFromJson(j, path);
+}
+
+CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
+    : schedule_(schedule), job_(std::move(job)) {
+  const size_t P = static_cast<size_t>(schedule.stages), V = static_cast<size_t>(schedule.chunks);
+  wall_.assign(
+      P, std::vector<std::vector<std::vector<int64_t>>>(5, std::vector<std::vector<int64_t>>(V)));
+  cpu_ = wall_;
+  bubble_.assign(P, {});
+}
+
+void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns) {
+  int64_t slowest = 0;
+  for (size_t r = 0; r < steps.size(); ++r) {
+    const StageStep& s = steps[r];
+    for (int kind = 0; kind < 5; ++kind) {
+      // OPT's two halves are one sample each per step, recorded under chunk 0.
+      for (const StageStep::Sample& x : s.computes[kind]) {
+        wall_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.wall_ns);
+        cpu_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.cpu_ns);
+      }
+    }
+    post_.insert(post_.end(), s.post_ns.begin(), s.post_ns.end());
+    copy_.insert(copy_.end(), s.post_copy_ns.begin(), s.post_copy_ns.end());
+    message_bytes_ = s.message_bytes;
+    slowest = std::max(slowest, s.wall_ns);
+    bubble_[r].push_back(s.wall_ns > 0 ? static_cast<double>(s.wall_ns - s.busy_ns) /
+                                             static_cast<double>(s.wall_ns)
+                                       : 0);
+  }
+  overhead_.push_back(std::max<int64_t>(0, step_wall_ns - slowest));
+  step_wall_.push_back(step_wall_ns);
+}
+
+StepCosts CostProfiler::Costs() const {
+  StepCosts c;
+  c.source = "profile";
+  c.stages = schedule_.stages;
+  c.chunks = schedule_.chunks;
+  c.split_backward = schedule_.split_backward;
+  c.job = job_;
+  auto ms = [](double ns) { return ns / 1e6; };
+  for (size_t r = 0; r < wall_.size(); ++r) {
+    RankCosts rc;
+    for (int v = 0; v < c.chunks; ++v) {
+      ChunkCosts ch;
+      ch.forward_ms = ms(Median(wall_[r][0][v]));
+      ch.backward_ms = ms(Median(wall_[r][1][v]));
+      ch.weight_ms = ms(Median(wall_[r][2][v]));
+      ch.forward_cpu_ms = ms(Median(cpu_[r][0][v]));
+      ch.backward_cpu_ms = ms(Median(cpu_[r][1][v]));
+      ch.weight_cpu_ms = ms(Median(cpu_[r][2][v]));
+      rc.chunks.push_back(ch);
+    }
+    rc.optimizer_ms = ms(Median(wall_[r][3][0]));
+    rc.update_ms = ms(Median(wall_[r][4][0]));
+    c.ranks.push_back(std::move(rc));
+  }
+  c.message_bytes = message_bytes_;
+  c.post_ms = ms(Median(post_));
+  c.copy_ms = std::max(0.0, ms(Median(copy_)) - c.post_ms);
+  c.step_overhead_ms = ms(Median(overhead_));
+  nlohmann::json bubbles = nlohmann::json::array();
+  for (const std::vector<double>& b : bubble_) bubbles.push_back(MedianD(b));
+  c.measured = {
+      {"steps", step_wall_.size()}, {"step_ms", ms(Median(step_wall_))}, {"stage_bubble", bubbles}};
+  return c;
+}
+
+}  // namespace sluice::pipeline

@@ -1,0 +1,172 @@
+// The step simulator: unit costs reproduce the unit-cost analysis for every schedule kind; measured
+// costs of a hand-written schedule give the makespan computed by hand; costs that do not cover a
+// schedule, and costs files with missing or negative entries, are refused naming the mismatch.
+#include "sluice/pipeline/step_simulator.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "pipeline/schedule_text.h"
+#include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/pipeline/schedules.h"
+
+namespace sluice::pipeline {
+namespace {
+
+using testing::FromText;
+
+TEST(StepSimulator, UnitCostsReproduceTheUnitCostAnalysisForEveryKind) {
+  for (const auto& [kind, name] : kScheduleKindNames) {
+    for (int P : {2, 4}) {
+      for (int M : {4, 8}) {
+        Schedule s;
+        try {
+          s = MakeSchedule({.kind = kind, .stages = P, .micro_batches = M});
+        } catch (const InvalidArgument&) {
+          continue;  // a kind that cannot run this (P, M)
+        }
+        SCOPED_TRACE(s.Describe());
+        const Simulation theory = Simulate(s);
+        const StepPrediction p = SimulateStep(s, UnitCosts(s));
+        EXPECT_DOUBLE_EQ(p.makespan_ms, theory.makespan);
+        EXPECT_DOUBLE_EQ(p.step_ms, theory.makespan);
+        EXPECT_NEAR(p.bubble, theory.bubble, 1e-12);
+        for (int r = 0; r < P; ++r) {
+          EXPECT_DOUBLE_EQ(p.ranks[r].busy_ms, theory.ranks[r].busy);
+          EXPECT_NEAR(p.ranks[r].bubble, theory.ranks[r].bubble, 1e-12);
+        }
+      }
+    }
+  }
+}
+
+TEST(StepSimulator, UnitCostBubbleOfOneFOneBIsTheClosedForm) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 4, .micro_batches = 8});
+  EXPECT_NEAR(SimulateStep(s, UnitCosts(s)).ranks[0].bubble, 3.0 / 11.0, 1e-12);
+}
+
+// Two ranks, one micro-batch; every cost different so that each rule shows in the sum.
+StepCosts HandCosts() {
+  StepCosts c;
+  c.source = "hand";
+  c.stages = 2;
+  c.split_backward = false;
+  c.ranks = {RankCosts{.chunks = {{.forward_ms = 1, .backward_ms = 2, .weight_ms = 0.5}},
+                       .optimizer_ms = 0.3,
+                       .update_ms = 0.2},
+             RankCosts{.chunks = {{.forward_ms = 3, .backward_ms = 4, .weight_ms = 0.5}},
+                       .optimizer_ms = 0.3,
+                       .update_ms = 0.2}};
+  c.post_ms = 0.1;
+  c.copy_ms = 0.2;
+  c.step_overhead_ms = 1;
+  return c;
+}
+
+TEST(StepSimulator, MeasuredCostsGiveTheHandComputedMakespan) {
+  const Schedule s =
+      FromText({.micro_batches = 1,
+                .ranks = {"F0 SEND_F0>1 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}});
+  const StepPrediction p = SimulateStep(s, HandCosts());
+  // Rank 1 posts RECV_F at 0 (→ 0.1). Rank 0: F 0→1, SEND_F posts (→1.1) second, so it copies:
+  // the message arrives at 1.3. Rank 0 posts RECV_B (→1.4). Rank 1: F 1.3→4.3, B + W 4.5 → 8.8,
+  // SEND_B posts (→8.9) and copies (→9.1), OPT's first half → 9.4. Rank 0: B waits for 9.1,
+  // 2.5 → 11.6, OPT → 11.9. The all-reduce at 11.9, the update → 12.1 on both; + 1 overhead.
+  EXPECT_NEAR(p.makespan_ms, 12.1, 1e-12);
+  EXPECT_NEAR(p.step_ms, 13.1, 1e-12);
+  EXPECT_NEAR(p.ranks[0].busy_ms, 1 + 2.5 + 0.3 + 0.2, 1e-12);
+  EXPECT_NEAR(p.ranks[1].busy_ms, 3 + 4.5 + 0.3 + 0.2, 1e-12);
+  EXPECT_NEAR(p.ranks[0].bubble, (12.1 - 4.0) / 12.1, 1e-12);
+}
+
+TEST(StepSimulator, RefusesAnInvalidSchedule) {
+  const Schedule s =
+      FromText({.micro_batches = 1, .ranks = {"F0 SEND_F0>1 OPT", "RECV_F0<0 F0 OPT"}});
+  EXPECT_THROW(SimulateStep(s, HandCosts()), ScheduleError);  // no backward
+}
+
+TEST(StepSimulator, RefusesCostsThatDoNotCoverTheSchedule) {
+  const Schedule four =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 4, .micro_batches = 4});
+  StepCosts c = HandCosts();
+  try {
+    SimulateStep(four, c);
+    ADD_FAILURE() << "costs of 2 stages simulated 4";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("measured on 2 stages"), std::string::npos) << e.what();
+  }
+  const Schedule zb =
+      MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = 2, .micro_batches = 4});
+  try {
+    SimulateStep(zb, c);
+    ADD_FAILURE() << "unsplit costs simulated a split backward";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("splits it into B and W"), std::string::npos) << e.what();
+  }
+  const Schedule inter =
+      MakeSchedule({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 4});
+  EXPECT_THROW(SimulateStep(inter, c), InvalidArgument);
+  // Split costs cover an unsplit schedule: B costs B + W.
+  c.split_backward = true;
+  const Schedule onefb =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 2});
+  EXPECT_GT(SimulateStep(onefb, c).step_ms, 0);
+}
+
+TEST(StepSimulator, RefusesCostsOfAnotherJob) {
+  StepCosts c = HandCosts();
+  c.job = {{"dim", 64}, {"layers", 4}};
+  EXPECT_NO_THROW(CheckCostsJob(c, {{"dim", 64}, {"layers", 4}}));
+  try {
+    CheckCostsJob(c, {{"dim", 128}, {"layers", 4}});
+    ADD_FAILURE();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("dim is 64 there, 128 here"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(StepSimulator, CostsRoundTripThroughJson) {
+  const StepCosts c = HandCosts();
+  const StepCosts back = CostsFromJson(nlohmann::json::parse(CostsToJson(c).dump()), "file");
+  EXPECT_EQ(back.stages, 2);
+  EXPECT_DOUBLE_EQ(back.ranks[1].chunks[0].backward_ms, 4);
+  EXPECT_DOUBLE_EQ(back.copy_ms, 0.2);
+  const Schedule s =
+      FromText({.micro_batches = 1,
+                .ranks = {"F0 SEND_F0>1 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}});
+  EXPECT_DOUBLE_EQ(SimulateStep(s, back).step_ms, SimulateStep(s, c).step_ms);
+}
+
+TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
+  const nlohmann::json good = nlohmann::json::parse(CostsToJson(HandCosts()).dump());
+  auto error = [](const nlohmann::json& j) {
+    try {
+      CostsFromJson(j, "costs.json");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json negative = good;
+  negative["ranks"][1]["chunks"][0]["forward_ms"] = -2;
+  EXPECT_NE(error(negative).find("costs.json: stage 1 chunk 0 \"forward_ms\" is -2"),
+            std::string::npos)
+      << error(negative);
+  nlohmann::json missing = good;
+  missing["ranks"][0].erase("update_ms");
+  EXPECT_NE(error(missing).find("stage 0 has no \"update_ms\""), std::string::npos)
+      << error(missing);
+  nlohmann::json short_ranks = good;
+  short_ranks["ranks"].erase(1);
+  EXPECT_NE(error(short_ranks).find("one entry per stage (2)"), std::string::npos);
+  nlohmann::json other = good;
+  other["format"] = "something else";
+  EXPECT_NE(error(other).find("\"format\""), std::string::npos);
+  EXPECT_NE(error(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sluice::pipeline

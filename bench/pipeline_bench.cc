@@ -162,7 +162,11 @@ int main(int argc, char** argv) {
   app.add_option("--schedules", o.schedules, "schedules to run")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (const auto& [kind, name] : pipeline::kScheduleKindNames) names.emplace_back(name);
+        return names;
+      }()));
   app.add_option("--stages", o.stages, "stage counts P")->delimiter(',')->capture_default_str();
   app.add_option("--microbatches", o.microbatches, "micro-batch counts M")
       ->delimiter(',')

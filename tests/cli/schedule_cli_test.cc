@@ -59,8 +59,10 @@ TEST_F(ScheduleCli, ImpossibleRequestsAreErrorsNamingTheFix) {
             "must be a multiple of the stage count (M=6, P=4): use 4 or 8 micro-batches"},
            {"-p 4 -m 8 -s interleaved --chunks 1", "needs at least 2 chunks per rank"},
            {"-p 0 -m 8 -s gpipe", "needs at least 1 stage (got 0)"},
-           {"-p 4 -m 8 -s zb-h2",
-            "unknown schedule 'zb-h2': choose one of gpipe, 1f1b, interleaved, zb-h1"},
+           {"-p 4 -m 8 -s zb-h3",
+            "unknown schedule 'zb-h3': choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2"},
+           {"-p 4 -m 3 -s zb-h2",
+            "zb-h2: needs at least as many micro-batches as stages (M=3 < P=4)"},
            {"-p 4 -m 8 -s 1f1b --chunks 2", "chunks apply to interleaved only"},
        }) {
     const Result r = Sluice(c.args);

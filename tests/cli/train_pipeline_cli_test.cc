@@ -120,6 +120,7 @@ TEST_F(TrainPipelineCli, EveryScheduleTrainsLikeOneStage) {
       {"interleaved P=4", "--layers 8 --microbatches 4",
        "--stages 4 --schedule interleaved --chunks 2"},
       {"zb-h1", "--layers 4 --microbatches 4", "--stages 4 --schedule zb-h1"},
+      {"zb-h2", "--layers 4 --microbatches 4", "--stages 4 --schedule zb-h2"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

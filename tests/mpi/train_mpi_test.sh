@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `sluice train --comm mpi` under mpirun, one check per mode (docs/mpi.md, issue 7):
-#   bitwise   1f1b and interleaved at P = 2 and 4: the same losses as the in-process run, bit for bit
+#   bitwise   1f1b, interleaved and zb-h2 at P = 2 and 4: the same losses as the in-process run, bit for bit
 #   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
 #             process
@@ -47,7 +47,7 @@ PY
 
 case "$mode" in
   bitwise)
-    for sched in 1f1b interleaved; do
+    for sched in 1f1b interleaved zb-h2; do
       for p in 2 4; do
         layers=4; [ "$sched" = interleaved ] && [ "$p" = 4 ] && layers=8
         args=("${small[@]}" --layers "$layers" --steps 5 --stages "$p" --schedule "$sched")

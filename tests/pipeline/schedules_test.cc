@@ -3,6 +3,7 @@
 // in-flight micro-batches and bubble; and impossible requests fail naming the fix.
 #include "sluice/pipeline/schedules.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ std::vector<ScheduleOptions> AllRequests() {
       if (M < P) continue;
       all.push_back({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M});
       all.push_back({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M});
+      all.push_back({.kind = ScheduleKind::kZeroBubbleH2, .stages = P, .micro_batches = M});
       if (M % P != 0) continue;
       for (int V : {2, 3}) {
         all.push_back(
@@ -52,7 +54,8 @@ TEST(Schedules, EveryRequestValidates) {
     EXPECT_EQ(s.stages, o.stages);
     EXPECT_EQ(s.micro_batches, o.micro_batches);
     EXPECT_EQ(s.chunks, o.kind == ScheduleKind::kInterleaved ? o.chunks : 1);
-    EXPECT_EQ(s.split_backward, o.kind == ScheduleKind::kZeroBubbleH1);
+    EXPECT_EQ(s.split_backward,
+              o.kind == ScheduleKind::kZeroBubbleH1 || o.kind == ScheduleKind::kZeroBubbleH2);
   }
 }
 
@@ -170,6 +173,12 @@ TEST(Schedules, InFlightClosedForms) {
   EXPECT_EQ(in_flight(ScheduleKind::kOneFOneB, 0), 4);
   EXPECT_EQ(in_flight(ScheduleKind::kOneFOneB, 3), 1);
   EXPECT_EQ(in_flight(ScheduleKind::kZeroBubbleH1, 1), 3);
+  EXPECT_EQ(in_flight(ScheduleKind::kZeroBubbleH2, 0), 7);  // 2(P − s) − 1
+  EXPECT_EQ(in_flight(ScheduleKind::kZeroBubbleH2, 1), 5);
+  EXPECT_EQ(in_flight(ScheduleKind::kZeroBubbleH2, 3), 1);
+  EXPECT_EQ(TheoreticalInFlight(
+                {.kind = ScheduleKind::kZeroBubbleH2, .stages = 4, .micro_batches = 5}, 0),
+            5);                                                // M
   EXPECT_EQ(in_flight(ScheduleKind::kInterleaved, 0, 2), 11);  // V·P + P − 1
   EXPECT_EQ(in_flight(ScheduleKind::kInterleaved, 3, 2), 5);
   EXPECT_EQ(
@@ -192,6 +201,62 @@ TEST(Schedules, ZeroBubbleH1HoldsNoMoreBetweenForwardAndBackwardThanOneFOneB) {
             << "P=" << P << " M=" << M << " rank " << r;
         EXPECT_EQ(base[r].peak_until_weight, base[r].peak);
       }
+    }
+  }
+}
+
+TEST(Schedules, ZeroBubbleH2HoldsUpToTwiceOneFOneB) {
+  // Between F and W every stage holds at most 2P − 1 micro-batches (1F1B's stage 0 holds P),
+  // and exactly that many once M allows it.
+  for (int P = 1; P <= 8; ++P) {
+    for (int M = P; M <= 4 * P; ++M) {
+      const auto zb = InFlightPeaks(
+          MakeSchedule({.kind = ScheduleKind::kZeroBubbleH2, .stages = P, .micro_batches = M}));
+      for (int r = 0; r < P; ++r) {
+        EXPECT_EQ(zb[r].peak_until_weight, std::min(2 * P - 1, M))
+            << "P=" << P << " M=" << M << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(Schedules, ZeroBubbleH2RunsEachStageWithoutAGapOnceMAllows) {
+  // M ≥ 2P − 1 at unit cost: stage s computes from step s to step s + 3M without pausing (the
+  // parallelogram of Qi et al.), so its only idle time is the skew: P − 1 steps, as for zb-h1.
+  for (int P = 1; P <= 8; ++P) {
+    for (int M = 2 * P - 1; M <= 4 * P; ++M) {
+      const Schedule s =
+          MakeSchedule({.kind = ScheduleKind::kZeroBubbleH2, .stages = P, .micro_batches = M});
+      const Simulation sim = Simulate(s);
+      for (int r = 0; r < P; ++r) {
+        double first = -1, last = 0;
+        for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+          if (!IsCompute(s.ranks[r][i].kind)) continue;
+          if (first < 0) first = sim.ranks[r].actions[i].start;
+          last = sim.ranks[r].actions[i].end;
+        }
+        EXPECT_EQ(first, r) << s.Describe() << " rank " << r;
+        EXPECT_EQ(last, r + 3 * M) << s.Describe() << " rank " << r;
+      }
+    }
+  }
+}
+
+TEST(Schedules, ZeroBubbleH2BeatsH1WhenWeightGradientsAreCheaper) {
+  // With W cheaper than F + B, zb-h1 idles (P − 1)(F + B − W) (Qi et al.), zb-h2 only the
+  // (P − 1)·F of its skew: makespan M(F + B + W) + (P − 1)·F. Receives are posted ahead, as
+  // messages were placed for W = 1.
+  const CostModel cheap_w{.forward = 1, .backward = 1, .weight = 0.5};
+  for (int P = 2; P <= 8; ++P) {
+    for (int M = 2 * P - 1; M <= 4 * P; ++M) {
+      const Simulation h2 = Simulate(
+          MakeSchedule({.kind = ScheduleKind::kZeroBubbleH2, .stages = P, .micro_batches = M}),
+          cheap_w, CommMode::kAsync);
+      const Simulation h1 = Simulate(
+          MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M}),
+          cheap_w, CommMode::kAsync);
+      EXPECT_EQ(h2.makespan, 2.5 * M + (P - 1)) << "P=" << P << " M=" << M;
+      EXPECT_EQ(h1.makespan, 2.5 * M + 1.5 * (P - 1)) << "P=" << P << " M=" << M;
     }
   }
 }
@@ -266,6 +331,8 @@ TEST(Schedules, ImpossibleRequestsNameTheFix) {
                 "micro-batches, or gpipe"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kZeroBubbleH1, .stages = 3, .micro_batches = 1}),
               HasSubstr("zb-h1: needs at least as many micro-batches as stages (M=1 < P=3)"));
+  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kZeroBubbleH2, .stages = 4, .micro_batches = 3}),
+              HasSubstr("zb-h2: needs at least as many micro-batches as stages (M=3 < P=4)"));
   EXPECT_THAT(
       ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 4, .micro_batches = 6}),
       HasSubstr(
@@ -291,13 +358,12 @@ TEST(Schedules, ImpossibleRequestsNameTheFix) {
 TEST(Schedules, ScheduleKindNamesRoundTripAndOthersAreRefused) {
   EXPECT_EQ(ParseScheduleKind("zb-h1"), ScheduleKind::kZeroBubbleH1);
   EXPECT_EQ(ParseScheduleKind("gpipe"), ScheduleKind::kGPipe);
-  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
-                         ScheduleKind::kZeroBubbleH1}) {
+  for (const auto& [k, name] : kScheduleKindNames) {
     EXPECT_EQ(ParseScheduleKind(ScheduleKindName(k)), k);
   }
-  EXPECT_EQ(ParseScheduleKind("zb-h2"), std::nullopt);
+  EXPECT_EQ(ParseScheduleKind("zb-h3"), std::nullopt);
   EXPECT_EQ(ParseScheduleKind("1F1B"), std::nullopt);  // names are case-sensitive
-  EXPECT_EQ(EnumNames(kScheduleKindNames, ", "), "gpipe, 1f1b, interleaved, zb-h1");
+  EXPECT_EQ(EnumNames(kScheduleKindNames, ", "), "gpipe, 1f1b, interleaved, zb-h1, zb-h2");
 }
 
 }  // namespace

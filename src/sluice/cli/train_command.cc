@@ -326,12 +326,14 @@ MemoryPlanChoice ChooseMemoryPlan(const TrainArgs& a) {
         choice.plan = PlanForBudget(a.config, budget, forecast);
       }
       if (a.pipeline) {
-        const pipeline::Simulation sim = pipeline::Simulate(
+        const pipeline::Schedule schedule =
             pipeline::MakeSchedule({.kind = kind,
                                     .stages = a.pipe.stages,
                                     .micro_batches = static_cast<int>(a.config.microbatches),
-                                    .chunks = a.pipe.chunks}));
-        makespan = sim.makespan;
+                                    .chunks = a.pipe.chunks});
+        const pipeline::Simulation sim = pipeline::Simulate(schedule);
+        // Unit cost is per action, and an action of a rank with V chunks does 1/V of its work.
+        makespan = sim.makespan / schedule.chunks;
         choice.bubble = sim.bubble;
       }
     } catch (const Error& e) {
@@ -543,10 +545,11 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
 
   sub.add_option("--stages", a->pipe.stages, "pipeline stages P, one thread each (1: no pipeline)")
       ->capture_default_str();
-  auto* sched = sub.add_option("--schedule", a->pipe_schedule,
-                               "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or auto (the "
-                               "fastest whose forecast fits --memory-budget)")
-                    ->capture_default_str();
+  auto* sched =
+      sub.add_option("--schedule", a->pipe_schedule,
+                     "pipeline schedule: " + EnumNames(pipeline::kScheduleKindNames, ", ") +
+                         " or auto (the fastest whose forecast fits --memory-budget)")
+          ->capture_default_str();
   auto* chunks = sub.add_option("--chunks", a->pipe.chunks,
                                 "model chunks per stage V (interleaved; 0: default 2)");
   auto* partition = sub.add_option("--partition", a->partition,

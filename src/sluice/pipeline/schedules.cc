@@ -1,6 +1,7 @@
 #include "sluice/pipeline/schedules.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -92,6 +93,38 @@ ComputeOrder ZeroBubbleH1Order(int P, int M) {
     for (int k = 0; k < M - P; ++k) B(), W(), F();
     for (int k = 0; k < P - s; ++k) B(), W();
     for (int k = 0; k < s; ++k) W();
+  }
+  return order;
+}
+
+// The unit-time list scheduler of zb-h2 (schedules.h): at every step each stage takes the first
+// of B, F, W that can run then — B once the next stage's B of that micro-batch has ended, F once
+// the previous stage's F has ended and the in-flight limits allow it, W whenever a B awaits one.
+ComputeOrder ZeroBubbleH2Order(int P, int M) {
+  ComputeOrder order(P);
+  // Step at whose start the F / B of [stage][micro-batch] has ended; kNever while it has not run.
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  std::vector<std::vector<int64_t>> f_end(P, std::vector<int64_t>(M, kNever)), b_end = f_end;
+  std::vector<int> f(P, 0), b(P, 0), w(P, 0);  // next F, B, W of each stage
+  int done = 0;
+  for (int64_t t = 0; done < P; ++t) {
+    done = 0;
+    for (int s = 0; s < P; ++s) {
+      const int until_b = std::min(2 * (P - s) - 1, M), until_w = std::min(2 * P - 1, M);
+      if (b[s] < f[s] && (s == P - 1 || b_end[s + 1][b[s]] <= t)) {
+        order[s].push_back({ActionKind::kBackward, 0, b[s]});
+        b_end[s][b[s]++] = t + 1;
+      } else if (f[s] < M && f[s] - b[s] < until_b && f[s] - w[s] < until_w &&
+                 (s == 0 || f_end[s - 1][f[s]] <= t)) {
+        order[s].push_back({ActionKind::kForward, 0, f[s]});
+        f_end[s][f[s]++] = t + 1;
+      } else if (w[s] < b[s]) {
+        order[s].push_back({ActionKind::kWeight, 0, w[s]++});
+      }
+      if (w[s] == M) ++done;
+    }
+    SLUICE_CHECK(t < 3 * static_cast<int64_t>(M) * P + P, "zb-h2 (P={}, M={}) stalls at step {}", P,
+                 M, t);
   }
   return order;
 }
@@ -263,7 +296,9 @@ void CheckRequest(const ScheduleOptions& o, int V) {
                     "only",
                     name, V));
   }
-  if ((o.kind == ScheduleKind::kOneFOneB || o.kind == ScheduleKind::kZeroBubbleH1) && M < P) {
+  if ((o.kind == ScheduleKind::kOneFOneB || o.kind == ScheduleKind::kZeroBubbleH1 ||
+       o.kind == ScheduleKind::kZeroBubbleH2) &&
+      M < P) {
     throw InvalidArgument(
         fmt::format("{}: needs at least as many micro-batches as stages (M={} < P={}): use "
                     "{} or more micro-batches, or gpipe",
@@ -294,7 +329,8 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
              .stages = P,
              .micro_batches = M,
              .chunks = V,
-             .split_backward = options.kind == ScheduleKind::kZeroBubbleH1};
+             .split_backward = options.kind == ScheduleKind::kZeroBubbleH1 ||
+                               options.kind == ScheduleKind::kZeroBubbleH2};
   switch (options.kind) {
     case ScheduleKind::kGPipe:
       s = Assemble(std::move(s), GPipeOrder(P, M));
@@ -307,6 +343,9 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
       break;
     case ScheduleKind::kZeroBubbleH1:
       s = Assemble(std::move(s), ZeroBubbleH1Order(P, M));
+      break;
+    case ScheduleKind::kZeroBubbleH2:
+      s = Assemble(std::move(s), ZeroBubbleH2Order(P, M));
       break;
   }
   ValidateSchedule(s);
@@ -321,6 +360,8 @@ int TheoreticalInFlight(const ScheduleOptions& o, int rank) {
     case ScheduleKind::kOneFOneB:
     case ScheduleKind::kZeroBubbleH1:
       return std::min(P - rank, M);
+    case ScheduleKind::kZeroBubbleH2:
+      return std::min(2 * (P - rank) - 1, M);
     case ScheduleKind::kInterleaved: {
       const int V = o.chunks != 0 ? o.chunks : 2;
       return std::min(V * P + P - 1 - 2 * rank, V * M);
@@ -340,6 +381,7 @@ double TheoreticalBubble(const ScheduleOptions& o) {
       return (P - 1) / (V * M + P - 1);
     }
     case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kZeroBubbleH2:
       return (P - 1) / (3 * M + P - 1);
   }
   SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));

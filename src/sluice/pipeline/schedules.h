@@ -1,5 +1,5 @@
-// Schedule generators: gpipe, 1f1b, interleaved and zb-h1 as schedule IR (schedule.h), plus the
-// closed-form figures they are held to (derived in docs/pipeline.md).
+// Schedule generators: gpipe, 1f1b, interleaved, zb-h1 and zb-h2 as schedule IR (schedule.h), plus
+// the closed-form figures they are held to (derived in docs/pipeline.md).
 //
 // Each generator first fixes the order of compute actions on every rank (the schedule's rule,
 // below), then times that order at CostModel{} costs (schedule_analysis.h: F, B and W take 1
@@ -29,6 +29,15 @@
 //                P−s pairs (B, W), then the last s W. The s W postponed on stage s fill the
 //                bubble 1F1B leaves at its end; as many micro-batches are in flight between F
 //                and B as under 1F1B, and at most P between F and W — 1F1B's peak.
+//   zb-h2        Zero Bubble H2 (Qi et al., 2024): split backward, and the order a unit-time list
+//                scheduler gives: at every step each stage runs B if its output gradient has
+//                arrived, else F if its input has arrived and the stage then holds at most
+//                2(P−s)−1 micro-batches between F and B and 2P−1 between F and W, else a W.
+//                The 2(P−s)−1 warm-up forwards fill the time until the first B comes back, the
+//                B-first rule lets the last backward climb the pipeline unhindered and the W
+//                postponed meanwhile fill the end: with M ≥ 2P−1, stage s computes without a
+//                gap from step s to step s + 3M (the paper's parallelogram), at up to twice
+//                1F1B's in-flight micro-batches. Needs M ≥ P.
 //
 // Failure: MakeSchedule throws InvalidArgument for a request that cannot be met, naming the fix.
 // Thread-safety: pure functions. Deterministic: equal options give equal schedules.
@@ -47,17 +56,18 @@
 
 namespace sluice::pipeline {
 
-enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1 };
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1, kZeroBubbleH2 };
 
 inline constexpr EnumEntry<ScheduleKind> kScheduleKindNames[] = {
     {ScheduleKind::kGPipe, "gpipe"},
     {ScheduleKind::kOneFOneB, "1f1b"},
     {ScheduleKind::kInterleaved, "interleaved"},
     {ScheduleKind::kZeroBubbleH1, "zb-h1"},
+    {ScheduleKind::kZeroBubbleH2, "zb-h2"},
 };
 static_assert(IsCompleteEnumTable(kScheduleKindNames));
 
-// The kind's name in kScheduleKindNames ("gpipe", "1f1b", "interleaved", "zb-h1"), and back:
+// The kind's name in kScheduleKindNames ("gpipe", "1f1b", "interleaved", "zb-h1", …), and back:
 // nullopt for any other text (a caller's error lists EnumNames(kScheduleKindNames, ", ")).
 std::string_view ScheduleKindName(ScheduleKind kind);
 std::optional<ScheduleKind> ParseScheduleKind(std::string_view name);
@@ -65,24 +75,27 @@ std::optional<ScheduleKind> ParseScheduleKind(std::string_view name);
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
   int stages = 1;         // P ≥ 1
-  int micro_batches = 1;  // M ≥ 1; ≥ P for 1f1b and zb-h1; a multiple of P for interleaved
+  int micro_batches = 1;  // M ≥ 1; ≥ P for 1f1b, zb-h1 and zb-h2; a multiple of P for interleaved
   int chunks = 0;         // V: 0 means the schedule's default (2 when interleaved, otherwise 1)
 };
 
 // Generates and validates the schedule. Throws InvalidArgument when P < 1, M < 1, M < P for
-// 1f1b or zb-h1, M not a multiple of P or V < 2 for interleaved, V ≠ 1 for the others, or when
-// the schedule would exceed 10⁷ actions.
+// 1f1b, zb-h1 or zb-h2, M not a multiple of P or V < 2 for interleaved, V ≠ 1 for the others, or
+// when the schedule would exceed 10⁷ actions.
 Schedule MakeSchedule(const ScheduleOptions& options);
 
 // The peak number of chunk-micro-batches on `rank` whose F has run and whose B has not (what
 // InFlightPeaks in schedule_analysis.h measures from the action lists):
-//   gpipe M;  1f1b and zb-h1 min(P−s, M);  interleaved min(V·P + P − 1 − 2s, V·M)
+//   gpipe M;  1f1b and zb-h1 min(P−s, M);  zb-h2 min(2(P−s)−1, M);
+//   interleaved min(V·P + P − 1 − 2s, V·M)
 // (interleaved counts chunk-micro-batches, each holding 1/V of a stage's activations).
 int TheoreticalInFlight(const ScheduleOptions& options, int rank);
 
 // The bubble fraction (idle share of every rank's time) with F, B and W all of equal cost and
 // an unsplit backward costing B + W (CostModel{} in schedule_analysis.h):
-//   gpipe and 1f1b (P−1)/(M+P−1);  interleaved (P−1)/(V·M+P−1);  zb-h1 (P−1)/(3M+P−1).
+//   gpipe and 1f1b (P−1)/(M+P−1);  interleaved (P−1)/(V·M+P−1);  zb-h1 and zb-h2
+//   (P−1)/(3M+P−1) — the s idle steps before stage s's first F and P−1−s after its last W,
+//   which a synchronous optimizer step leaves (docs/pipeline.md: where zb-h2 gains over zb-h1).
 double TheoreticalBubble(const ScheduleOptions& options);
 
 }  // namespace sluice::pipeline

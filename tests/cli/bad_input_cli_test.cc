@@ -146,6 +146,18 @@ TEST_F(BadInputCli, OutputsMayNotOverwriteInputsOrEachOther) {
   EXPECT_EQ(ReadFile(program), text);
 }
 
+// Regression: a misspelled attribute was ignored, and `run` computed a plain matmul.
+TEST_F(BadInputCli, AnUndeclaredAttributeIsAnErrorAtItsName) {
+  const fs::path program = Write("typo.sluice",
+                                 "program p {\n  input %a: f32[2, 3]\n"
+                                 "  %y: f32[2, 2] = matmul(%a, %a) {tranpose_b = true}\n"
+                                 "  output %y\n}\n");
+  EXPECT_THAT(
+      Refused("run " + program.string()),
+      HasSubstr(program.string() + ":3:35: matmul has no attribute 'tranpose_b' (did you mean "
+                                   "'transpose_b'?); its attributes are transpose_a, transpose_b"));
+}
+
 TEST_F(BadInputCli, UnwritableOutputsFailBeforeTheFirstStep) {
   const fs::path missing = dir_ / "no" / "such" / "ck.safetensors";
   const fs::path metrics = dir_ / "m.jsonl";

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "sluice/core/error.h"
+#include "sluice/ir/builder.h"
 
 namespace sluice {
 namespace {
@@ -95,6 +96,28 @@ TEST(Program, InstructionErrorsNameTheOpAndTheValues) {
       },
       {"produces 1 outputs but 2 names were given"});
   EXPECT_TRUE(p.instructions().empty());
+}
+
+// Regression: an attribute the op does not declare was accepted and ignored.
+TEST(Program, AttributesTheOpDoesNotDeclareAreRefused) {
+  Program p("net");
+  ValueId x = p.AddInput("x", kF32x2x3);
+  ExpectError<ProgramError>(
+      [&] {
+        p.AddInstruction("transpose", {x}, {{"dim0", int64_t{0}}, {"dim_1", int64_t{1}}}, {"t"});
+      },
+      {"transpose %t: transpose has no attribute 'dim_1' (did you mean 'dim1'?); its attributes "
+       "are dim0, dim1"});
+  ExpectError<ProgramError>(
+      [&] {
+        p.AddInstruction("copy", {x}, {{"eps", 1e-5}}, {"c"});
+      },
+      {"copy %c: copy takes no attributes, got 'eps'"});
+  EXPECT_TRUE(p.instructions().empty());
+  Builder b("built");
+  Var m = b.Input("m", DType::kF32, {2, 2});
+  EXPECT_THROW(b.Emit1("matmul", {m, m}, {{"tranpose_b", true}}), ProgramError);
+  EXPECT_NO_THROW(b.Emit1("matmul", {m, m}, {{"transpose_b", true}}));
 }
 
 TEST(Program, FreshNamesCountPerHintAndSkipTakenNames) {

@@ -68,6 +68,20 @@ std::vector<BadText> Cases() {
        "missing attribute 'dim0'"},
       {"wrong_attribute_type", Body("  %y: f32[2] = transpose(%x) {dim0 = 0.5, dim1 = 0}\n"), 3, 16,
        "attribute 'dim0' must be an integer"},
+      // Regression: an attribute the op does not declare was ignored ({tranpose_b = true} ran a
+      // plain matmul); it is an error at the attribute's name now.
+      {"misspelled_attribute",
+       Body("  input %m: f32[2, 2]\n  %y: f32[2, 2] = matmul(%m, %m) {tranpose_b = true}\n"), 4, 35,
+       "matmul has no attribute 'tranpose_b' (did you mean 'transpose_b'?); its attributes are "
+       "transpose_a, transpose_b"},
+      {"unknown_attribute_no_hint",
+       Body("  input %m: f32[2, 2]\n  %y: f32[2, 2] = matmul(%m, %m) {axis = 1}\n"), 4, 35,
+       "matmul has no attribute 'axis'; its attributes are transpose_a, transpose_b"},
+      {"unknown_attribute_after_a_known_one",
+       Body("  %y: f32[2] = scale(%x) {factor = 2.0, factr = 3.0}\n"), 3, 41,
+       "scale has no attribute 'factr' (did you mean 'factor'?)"},
+      {"attribute_of_an_op_without_attributes", Body("  %y: f32[2] = copy(%x) {a = 1}\n"), 3, 26,
+       "copy takes no attributes, got 'a'"},
       {"too_many_results", Body("  %a: f32[2], %b: f32[2] = copy(%x)\n"), 3, 28,
        "produces 1 outputs but 2 names"},
       {"missing_results", Body("  copy(%x)\n"), 3, 3,

@@ -189,7 +189,11 @@ TEST(TextFormat, FormatFloatIsShortestAndAlwaysAFloat) {
 }
 
 // Attributes of every type, at the edges of their ranges, survive print -> parse bit for bit and
-// keep their type (copy ignores attributes, so it can carry any).
+// keep their type. An instruction carries only the attributes its op declares, so each type rides
+// on an op that takes it: floats on scale's factor, integers on full's value (an op reads an
+// integer where it asks for a float, and the text keeps it an integer), booleans on matmul's
+// transposes, lists on sum's axes and permute's order, strings on full's dtype. Escapes in strings
+// are the names' (QuotesNamesOutsideTheBareCharset): one quoting routine writes both.
 TEST(TextFormat, AttributesRoundTripExactlyAndKeepTheirType) {
   const double kFloats[] = {0.0,
                             -0.0,
@@ -203,58 +207,78 @@ TEST(TextFormat, AttributesRoundTripExactlyAndKeepTheirType) {
                             std::numeric_limits<double>::max(),
                             std::numeric_limits<double>::lowest(),
                             std::numeric_limits<double>::infinity(),
-                            -std::numeric_limits<double>::infinity()};
+                            -std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::quiet_NaN()};
+  const int64_t kInts[] = {2, -1, std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max()};
   Program p("attrs");
-  ValueId x = p.AddInput("x", {DType::kF32, Shape{2}});
-  for (double f : kFloats) {
-    p.AddInstruction("copy", {x}, {{"f", f}, {"i", int64_t{2}}});
+  ValueId x = p.AddInput("x", {DType::kF32, Shape{2, 3}});
+  for (double f : kFloats) p.AddInstruction("scale", {x}, {{"factor", f}});
+  for (int64_t i : kInts) {
+    p.AddInstruction(
+        "full", {},
+        {{"dtype", std::string("f64")}, {"shape", std::vector<int64_t>{}}, {"value", i}});
   }
-  p.AddInstruction(
-      "copy", {x},
-      {{"min", std::numeric_limits<int64_t>::min()},
-       {"max", std::numeric_limits<int64_t>::max()},
-       {"yes", true},
-       {"no", false},
-       {"empty", std::vector<int64_t>{}},
-       {"list", std::vector<int64_t>{1, -2, std::numeric_limits<int64_t>::min()}},
-       {"text", std::string("tab\tquote\"backslash\\newline\nbell\x07 del\x7f utf8 \xc3\xa9")},
-       {"nul", std::string("a\0b", 3)},
-       {"nan", std::numeric_limits<double>::quiet_NaN()}});
+  p.AddInstruction("matmul", {x, x}, {{"transpose_a", false}, {"transpose_b", true}});
+  p.AddInstruction("sum", {x}, {{"axes", std::vector<int64_t>{}}, {"keepdims", true}});
+  p.AddInstruction("permute", {x}, {{"order", std::vector<int64_t>{-1, 0}}});
   const std::string text = PrintProgram(p);
   const Program q = ParseProgram(text);
   EXPECT_EQ(PrintProgram(q), text);
-  for (size_t i = 0; i < std::size(kFloats); ++i) {
-    const Attrs& a = q.instructions()[i].attrs;
-    const double* f = std::get_if<double>(&a.items()[0].second);
+  size_t n = 0;
+  for (double want : kFloats) {
+    const double* f = std::get_if<double>(&q.instructions()[n++].attrs.items()[0].second);
     ASSERT_NE(f, nullptr) << text;
-    EXPECT_EQ(std::signbit(*f), std::signbit(kFloats[i]));
-    EXPECT_EQ(*f, kFloats[i]);
-    EXPECT_NE(std::get_if<int64_t>(&a.items()[1].second), nullptr) << "2 must stay an integer";
+    EXPECT_EQ(std::signbit(*f), std::signbit(want));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(*f));
+    } else {
+      EXPECT_EQ(*f, want);
+    }
   }
-  const Attrs& last = q.instructions().back().attrs;
-  EXPECT_TRUE(std::isnan(last.GetFloat("nan")));
-  EXPECT_EQ(last.GetString("nul"), std::string("a\0b", 3));
-  EXPECT_EQ(last.GetInt("min"), std::numeric_limits<int64_t>::min());
-  EXPECT_TRUE(last.GetInts("empty").empty());
-  EXPECT_EQ(last.GetString("text"), p.instructions().back().attrs.GetString("text"));
+  for (int64_t want : kInts) {
+    const Attrs& a = q.instructions()[n++].attrs;
+    const int64_t* i = std::get_if<int64_t>(&a.items()[2].second);  // dtype, shape, value
+    ASSERT_NE(i, nullptr) << "an integer must stay an integer:\n" << text;
+    EXPECT_EQ(*i, want);
+    EXPECT_EQ(a.GetString("dtype"), "f64");
+    EXPECT_TRUE(a.GetInts("shape").empty());
+  }
+  EXPECT_TRUE(q.instructions()[n].attrs == p.instructions()[n].attrs);
+  EXPECT_TRUE(q.instructions()[n].attrs.GetBool("transpose_b", false));
+  EXPECT_FALSE(q.instructions()[n].attrs.GetBool("transpose_a", true));
+  ++n;
+  EXPECT_TRUE(q.instructions()[n].attrs.GetInts("axes").empty());
+  EXPECT_TRUE(q.instructions()[n].attrs.GetBool("keepdims", false));
+  ++n;
+  EXPECT_EQ(q.instructions()[n].attrs.GetInts("order"), (std::vector<int64_t>{-1, 0}));
 }
 
 TEST(TextFormat, QuotesNamesOutsideTheBareCharset) {
   Program p("my model/v2");
   ValueId x = p.AddInput("token ids", {DType::kF32, Shape{3}});
   ValueId y = p.AddInstruction("copy", {x}, {}, {"say \"hi\"\n"})[0];
-  ValueId z = p.AddInstruction("copy", {y}, {{"odd key", int64_t{1}}}, {"0.9"})[0];
+  ValueId z = p.AddInstruction("copy", {y}, {}, {"0.9"})[0];
+  const std::string odd("tab\tbackslash\\bell\x07 del\x7f utf8 \xc3\xa9 nul\0end", 40);
   p.AddOutput(z);
+  p.AddOutput(p.AddInstruction("copy", {z}, {}, {odd})[0]);
   const std::string text = PrintProgram(p);
   EXPECT_NE(text.find("program \"my model/v2\" {"), std::string::npos) << text;
   EXPECT_NE(text.find("%\"token ids\""), std::string::npos) << text;
   EXPECT_NE(text.find("%\"say \\\"hi\\\"\\n\""), std::string::npos) << text;
   EXPECT_NE(text.find("%0.9: f32[3] = copy(%\"say"), std::string::npos) << text;
-  EXPECT_NE(text.find("{\"odd key\" = 1}"), std::string::npos) << text;
   const Program q = ParseProgram(text);
   EXPECT_EQ(q.name(), "my model/v2");
   EXPECT_TRUE(q.Find("say \"hi\"\n").has_value());
+  EXPECT_TRUE(q.Find(odd).has_value()) << text;
   EXPECT_EQ(PrintProgram(q), text);
+}
+
+// An attribute name may be written quoted; it is the same attribute.
+TEST(TextFormat, AcceptsQuotedAttributeNames) {
+  const Program p = ParseProgram(
+      "program p {\n  input %x: f32[2]\n  %y: f32[2] = scale(%x) {\"factor\" = 2.0}\n}\n");
+  EXPECT_EQ(p.instructions()[0].attrs.GetFloat("factor"), 2.0);
 }
 
 TEST(TextFormat, AcceptsFreeLayoutAndComments) {
@@ -286,15 +310,15 @@ TEST(TextFormat, ReadsScalarsZeroSizesAndQuotedReferences) {
 TEST(TextFormat, ReadsInfAndNanLiterals) {
   const Program p = ParseProgram(
       "program p { input %x: f32[2]\n"
-      "  %a: f32[2] = copy(%x) {v = inf}\n"
-      "  %b: f32[2] = copy(%x) {v = -inf}\n"
-      "  %c: f32[2] = copy(%x) {v = nan}\n"
-      "  %d: f32[2] = copy(%x) {v = -nan}\n"
+      "  %a: f32[2] = scale(%x) {factor = inf}\n"
+      "  %b: f32[2] = scale(%x) {factor = -inf}\n"
+      "  %c: f32[2] = scale(%x) {factor = nan}\n"
+      "  %d: f32[2] = scale(%x) {factor = -nan}\n"
       "}");
-  EXPECT_EQ(p.instructions()[0].attrs.GetFloat("v"), std::numeric_limits<double>::infinity());
-  EXPECT_EQ(p.instructions()[1].attrs.GetFloat("v"), -std::numeric_limits<double>::infinity());
-  EXPECT_TRUE(std::isnan(p.instructions()[2].attrs.GetFloat("v")));
-  EXPECT_TRUE(std::signbit(p.instructions()[3].attrs.GetFloat("v")));
+  EXPECT_EQ(p.instructions()[0].attrs.GetFloat("factor"), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(p.instructions()[1].attrs.GetFloat("factor"), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(p.instructions()[2].attrs.GetFloat("factor")));
+  EXPECT_TRUE(std::signbit(p.instructions()[3].attrs.GetFloat("factor")));
 }
 
 TEST(TextFormat, ExamplesParseAndPrintStably) {

@@ -57,6 +57,16 @@ TEST(Verifier, AcceptsWellFormedPrograms) {
   EXPECT_NO_THROW(Verify(Program("empty")));
 }
 
+TEST(Verifier, AttributesTheOpDoesNotDeclareAreNamed) {
+  Program p = Chain();
+  Edit{p}.instructions()[2].attrs.Set("transpose_c", true);
+  EXPECT_THAT(
+      VerifyError(p),
+      ::testing::AllOf(HasSubstr("program 'net', instruction 2 (matmul %y)"),
+                       HasSubstr("matmul has no attribute 'transpose_c' (did you mean "
+                                 "'transpose_a'?); its attributes are transpose_a, transpose_b")));
+}
+
 TEST(Verifier, UseBeforeDefinitionNamesTheInstructionAndTheValue) {
   Program p = Chain();
   std::swap(Edit{p}.instructions()[0], Edit{p}.instructions()[1]);

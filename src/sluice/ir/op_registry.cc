@@ -1,8 +1,12 @@
 #include "sluice/ir/op_registry.h"
 
+#include <optional>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sluice/core/error.h"
+#include "sluice/core/spelling.h"
 #include "sluice/ir/ops/attention.h"
 
 namespace sluice {
@@ -66,6 +70,27 @@ void CheckSignature(const OpDef& def) {
 }
 
 }  // namespace
+
+std::string UndeclaredAttrMessage(const OpDef& op, std::string_view name) {
+  std::vector<std::string_view> declared;
+  for (const OpParam& a : op.signature.attrs) {
+    if (a.name == name) return "";
+    declared.push_back(a.name);
+  }
+  if (declared.empty()) return fmt::format("{} takes no attributes, got '{}'", op.name, name);
+  std::optional<std::string> meant = ClosestSpelling(name, declared);
+  return fmt::format("{} has no attribute '{}'{}; its attributes are {}", op.name, name,
+                     meant ? fmt::format(" (did you mean '{}'?)", *meant) : "",
+                     fmt::join(declared, ", "));
+}
+
+std::string UndeclaredAttrsMessage(const OpDef& op, const Attrs& attrs) {
+  for (const auto& [name, value] : attrs.items()) {
+    std::string message = UndeclaredAttrMessage(op, name);
+    if (!message.empty()) return message;
+  }
+  return "";
+}
 
 std::string_view Name(OpKind kind) { return EnumName(kOpKindNames, kind); }
 

@@ -141,6 +141,15 @@ struct OpDef {
   OpSignature signature;
 };
 
+// Attributes: an instruction may carry only the attributes its op's signature declares, so that a
+// misspelled one (`{tranpose_b = true}`) is an error rather than a silently ignored default.
+// Empty when `op` declares `name`; otherwise what is wrong, naming the op and the attribute,
+// listing the declared ones and suggesting the nearest ("matmul has no attribute 'tranpose_b'
+// (did you mean 'transpose_b'?); its attributes are transpose_a, transpose_b").
+std::string UndeclaredAttrMessage(const OpDef& op, std::string_view name);
+// The message for the first attribute of `attrs` that `op` does not declare; empty when all are.
+std::string UndeclaredAttrsMessage(const OpDef& op, const Attrs& attrs);
+
 class OpRegistry {
  public:
   // The registry with every built-in op.

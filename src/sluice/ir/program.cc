@@ -61,6 +61,9 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
   if (op.num_inputs < 0 && inputs.empty()) {
     throw ProgramError(fmt::format("{}: takes at least one input", where()));
   }
+  if (std::string undeclared = UndeclaredAttrsMessage(op, attrs); !undeclared.empty()) {
+    throw ProgramError(fmt::format("{}: {}", where(), undeclared));
+  }
   std::vector<TensorType> in_types;
   in_types.reserve(inputs.size());
   for (ValueId v : inputs) {

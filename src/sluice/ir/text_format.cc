@@ -326,7 +326,12 @@ class Parser {
     }
     Take(TokenKind::kRParen, fmt::format("to close the inputs of {}", op->name));
     Attrs attrs;
-    if (tok_.kind == TokenKind::kLBrace) attrs = ParseAttrs();
+    if (tok_.kind == TokenKind::kLBrace) {
+      for (const Token& key : ParseAttrs(attrs)) {
+        std::string undeclared = UndeclaredAttrMessage(*op, key.text);
+        if (!undeclared.empty()) Fail(key, undeclared);
+      }
+    }
 
     if (op->num_inputs >= 0 && static_cast<int>(inputs.size()) != op->num_inputs) {
       Fail(op_token, fmt::format("{} takes {} input{}, got {}", op->name, op->num_inputs,
@@ -392,11 +397,12 @@ class Parser {
     return {*t, Shape(std::span<const int64_t>(dims))};
   }
 
-  // {name = value, ...}
-  Attrs ParseAttrs() {
+  // {name = value, ...} into `attrs`; returns the name tokens, in the order written, so that
+  // the caller can point at a name the op does not declare.
+  std::vector<Token> ParseAttrs(Attrs& attrs) {
     Take(TokenKind::kLBrace, "to open the attributes");
-    Attrs attrs;
-    if (Accept(TokenKind::kRBrace)) return attrs;
+    std::vector<Token> keys;
+    if (Accept(TokenKind::kRBrace)) return keys;
     do {
       if (tok_.kind != TokenKind::kIdent && tok_.kind != TokenKind::kString) {
         Fail(tok_, fmt::format("expected an attribute name, found {}", Describe(tok_)));
@@ -406,9 +412,10 @@ class Parser {
       if (attrs.Has(key.text)) Fail(key, fmt::format("attribute '{}' is given twice", key.text));
       Take(TokenKind::kEquals, fmt::format("after attribute '{}'", key.text));
       attrs.Set(key.text, ParseAttrValue());
+      keys.push_back(std::move(key));
     } while (Accept(TokenKind::kComma));
     Take(TokenKind::kRBrace, "to close the attributes");
-    return attrs;
+    return keys;
   }
 
   // 1, -2.5, 1e-05, inf, -nan, true, "text", [1, -2]

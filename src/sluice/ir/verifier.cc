@@ -27,6 +27,9 @@ void Verify(const Program& p) {
       throw ProgramError(fmt::format("{}: takes {} inputs, has {}", describe(i, ins),
                                      ins.op->num_inputs, ins.inputs.size()));
     }
+    if (std::string undeclared = UndeclaredAttrsMessage(*ins.op, ins.attrs); !undeclared.empty()) {
+      throw ProgramError(fmt::format("{}: {}", describe(i, ins), undeclared));
+    }
     std::vector<TensorType> in_types;
     for (ValueId v : ins.inputs) {
       if (!value_ok(v)) throw ProgramError(describe(i, ins) + ": input refers to no value");

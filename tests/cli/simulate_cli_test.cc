@@ -4,6 +4,7 @@
 // are refused naming the mismatch.
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -107,6 +108,77 @@ TEST_F(SimulateCli, RefusesCostsThatDoNotMatch) {
   std::ofstream(dir_ / "text.json") << "not json";
   err = Error(fmt::format("{} --costs {}", kJob, (dir_ / "text.json").string()));
   EXPECT_NE(err.find("not valid JSON"), std::string::npos) << err;
+}
+
+// --compare: every named schedule simulated and ranked by predicted step time; with a budget those
+// within it first; a schedule the costs do not cover is listed, not ranked.
+TEST_F(SimulateCli, CompareRanksSchedulesByPredictedTimeWithinTheBudget) {
+  const nlohmann::json j = Simulate(fmt::format("{} --compare 1f1b,gpipe,zb-h1,interleaved", kJob));
+  ASSERT_EQ(j["ranking"].size(), 4u);
+  EXPECT_TRUE(j["not_simulated"].empty());
+  std::map<std::string, double> step;
+  for (size_t i = 0; i < 4; ++i) {
+    const nlohmann::json& row = j["ranking"][i];
+    EXPECT_EQ(row["rank"], i + 1);
+    step[row["schedule"].get<std::string>()] = row["step_ms"].get<double>();
+    // Each row is what simulating that schedule alone gives.
+    const nlohmann::json one =
+        Simulate(fmt::format("{} --schedule {}", kJob, row["schedule"].get<std::string>()));
+    EXPECT_DOUBLE_EQ(row["step_ms"].get<double>(), one["step_ms"].get<double>());
+    if (i > 0) {
+      EXPECT_LE(j["ranking"][i - 1]["step_ms"].get<double>(), row["step_ms"].get<double>());
+    }
+  }
+  EXPECT_DOUBLE_EQ(step["1f1b"], 15);  // (F + B + W)(M + P − 1) at unit cost
+  EXPECT_DOUBLE_EQ(step["gpipe"], 15);
+  EXPECT_DOUBLE_EQ(step["zb-h1"], 13);          // 3M + P − 1: W fills the bubble
+  EXPECT_DOUBLE_EQ(step["interleaved"], 13.5);  // each chunk's action costs 1/V
+  EXPECT_EQ(j["ranking"][0]["schedule"], "zb-h1");
+  // 1F1B and GPipe tie on time; 1F1B holds fewer micro-batches, so it ranks first.
+  EXPECT_EQ(j["ranking"][2]["schedule"], "1f1b");
+  EXPECT_EQ(j["ranking"][3]["schedule"], "gpipe");
+
+  // A budget of 1F1B's own forecast: gpipe holds every micro-batch in flight and goes over, so it
+  // ranks after every schedule that fits, although its step time ties 1F1B's.
+  const CliResult plan = Sluice(fmt::format("plan {} --schedule 1f1b --format json", kJob));
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  const nlohmann::json p = nlohmann::json::parse(plan.out);
+  const std::string budget =
+      fmt::format("{},{}", p["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>(),
+                  p["stages"][1]["predicted_peak_allocated_bytes"].get<int64_t>());
+  const nlohmann::json b =
+      Simulate(fmt::format("{} --compare gpipe,1f1b --memory-budget {}", kJob, budget));
+  ASSERT_EQ(b["ranking"].size(), 2u);
+  EXPECT_EQ(b["ranking"][0]["schedule"], "1f1b");
+  EXPECT_EQ(b["ranking"][0]["fits_budget"], true);
+  EXPECT_EQ(b["ranking"][1]["schedule"], "gpipe");
+  EXPECT_EQ(b["ranking"][1]["fits_budget"], false);
+  EXPECT_GT(b["ranking"][1]["peak_allocated_bytes"].get<int64_t>(),
+            b["ranking"][0]["peak_allocated_bytes"].get<int64_t>());
+
+  // Measured costs of 1F1B cover gpipe too, not interleaved (V = 2): it is listed, not ranked.
+  const std::string costs = Profile("1f1b");
+  const nlohmann::json m =
+      Simulate(fmt::format("{} --compare 1f1b,interleaved,gpipe --costs {}", kJob, costs));
+  EXPECT_EQ(m["time_unit"], "ms");
+  ASSERT_EQ(m["ranking"].size(), 2u);
+  ASSERT_EQ(m["not_simulated"].size(), 1u);
+  EXPECT_EQ(m["not_simulated"][0]["schedule"], "interleaved");
+  EXPECT_NE(m["not_simulated"][0]["reason"].get<std::string>().find("chunk(s) per stage"),
+            std::string::npos);
+  // A second costs file covering interleaved brings it into the ranking.
+  const std::string interleaved = Profile("interleaved");
+  const nlohmann::json both = Simulate(fmt::format(
+      "{} --compare 1f1b,interleaved,gpipe --costs {} --costs {}", kJob, costs, interleaved));
+  EXPECT_EQ(both["ranking"].size(), 3u);
+  EXPECT_TRUE(both["not_simulated"].empty());
+
+  std::string err = Error(fmt::format("{} --compare 1f1b,zb-h9", kJob));
+  EXPECT_NE(err.find("'zb-h9' is not a schedule"), std::string::npos) << err;
+  err = Error(fmt::format("{} --compare 1f1b,1f1b", kJob));
+  EXPECT_NE(err.find("named twice"), std::string::npos) << err;
+  err = Error(fmt::format("{} --compare interleaved --costs {}", kJob, costs));
+  EXPECT_NE(err.find("no schedule named can be simulated"), std::string::npos) << err;
 }
 
 }  // namespace

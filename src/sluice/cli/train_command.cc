@@ -54,9 +54,10 @@ struct TrainArgs {
   // Memory: a budget per stage (step/memory_budget.h) that picks the recompute policies (and, with
   // --schedule auto, the schedule) before training.
   std::string memory_budget;
-  bool recompute_given = false;  // --recompute or --no-recompute on the command line
-  std::string format = "table";  // sluice plan and simulate: table or json
-  std::string costs;             // sluice simulate: a costs file of --profile-out
+  bool recompute_given = false;    // --recompute or --no-recompute on the command line
+  std::string format = "table";    // sluice plan and simulate: table or json
+  std::vector<std::string> costs;  // sluice simulate: costs files of --profile-out
+  std::string compare;             // sluice simulate: schedules to rank
 };
 
 // "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
@@ -598,29 +599,186 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   return {a, finish};
 }
 
+// One schedule's simulated step: the prediction and the memory forecast of every stage.
+struct SimulatedSchedule {
+  pipeline::ScheduleKind kind;
+  std::string describe;  // the schedule (kind, P, M, V)
+  std::string costs;     // where its costs come from
+  pipeline::StepPrediction prediction;
+  std::vector<StageMemoryForecast> memory;
+  bool fits = true;  // every stage's forecast within --memory-budget (true without a budget)
+};
+
+// The first of `costs` that covers the job under `kind` (P, V, split backward, the same model,
+// micro-batch, layout, recompute and threads); unit costs when none is given. Throws
+// InvalidArgument naming why each file does not cover it.
+pipeline::StepCosts CostsFor(const std::vector<pipeline::StepCosts>& costs,
+                             const pipeline::PipelineLayout& layout) {
+  const pipeline::Schedule& schedule = layout.setup.schedule;
+  if (costs.empty()) return pipeline::UnitCosts(schedule);
+  std::string why;
+  for (const pipeline::StepCosts& c : costs) {
+    try {
+      pipeline::CheckCostsCover(c, schedule);
+      pipeline::CheckCostsJob(
+          c, pipeline::ProfileJob(layout.setup, pipeline::FormatLayout(layout.partition)));
+      return c;
+    } catch (const InvalidArgument& e) {
+      why += costs.size() > 1 ? fmt::format("\n  {}", e.what()) : e.what();
+    }
+  }
+  throw InvalidArgument(why);
+}
+
+SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline::ScheduleKind kind,
+                                   const std::vector<pipeline::StepCosts>& costs,
+                                   const std::vector<int64_t>& budget) {
+  const EngineContext ctx{.config = a.config, .task = *job.task, .model = job.model, .threads = 1};
+  pipeline::PipelineOptions options = a.pipe;
+  options.schedule = kind;
+  const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
+  const pipeline::StepCosts chosen = CostsFor(costs, layout);
+  SimulatedSchedule out{.kind = kind,
+                        .describe = layout.setup.schedule.Describe(),
+                        .costs = chosen.source,
+                        .prediction = pipeline::SimulateStep(layout.setup.schedule, chosen),
+                        .memory = ForecastJob(a, job, a.config, kind)};
+  for (size_t s = 0; s < budget.size() && s < out.memory.size(); ++s) {
+    if (out.memory[s].peak_allocated_bytes > budget[s]) out.fits = false;
+  }
+  return out;
+}
+
+// The kinds of --compare: a comma list of schedule names, or "all".
+std::vector<pipeline::ScheduleKind> ParseCompareList(const std::string& text) {
+  std::vector<pipeline::ScheduleKind> kinds;
+  if (text == "all") {
+    for (const auto& [kind, name] : pipeline::kScheduleKindNames) kinds.push_back(kind);
+    return kinds;
+  }
+  for (size_t start = 0;;) {
+    const size_t end = text.find(',', start);
+    const std::string name = text.substr(start, end - start);
+    const std::optional<pipeline::ScheduleKind> kind = pipeline::ParseScheduleKind(name);
+    if (!kind) {
+      throw InvalidArgument(fmt::format("--compare '{}': '{}' is not a schedule ({}, or all)", text,
+                                        name, EnumNames(pipeline::kScheduleKindNames, ", ")));
+    }
+    if (std::find(kinds.begin(), kinds.end(), *kind) != kinds.end()) {
+      throw InvalidArgument(fmt::format("--compare '{}': '{}' is named twice", text, name));
+    }
+    kinds.push_back(*kind);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return kinds;
+}
+
+int64_t LargestPeak(const std::vector<StageMemoryForecast>& memory) {
+  int64_t peak = 0;
+  for (const StageMemoryForecast& m : memory) peak = std::max(peak, m.peak_allocated_bytes);
+  return peak;
+}
+
+// `sluice simulate --compare`: every named schedule simulated and ranked by predicted step time;
+// with --memory-budget those whose forecast exceeds it rank after those within it.
+int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::StepCosts>& costs,
+               const std::vector<int64_t>& budget) {
+  std::vector<SimulatedSchedule> ranked;
+  std::vector<std::pair<pipeline::ScheduleKind, std::string>> refused;
+  for (pipeline::ScheduleKind kind : ParseCompareList(a.compare)) {
+    try {
+      ranked.push_back(SimulateSchedule(a, job, kind, costs, budget));
+    } catch (const Error& e) {
+      refused.emplace_back(kind, e.what());
+    }
+  }
+  if (ranked.empty()) {
+    std::string why;
+    for (const auto& [kind, reason] : refused) {
+      why += fmt::format("\n  {}: {}", pipeline::ScheduleKindName(kind), reason);
+    }
+    throw InvalidArgument("--compare: no schedule named can be simulated for this job:" + why);
+  }
+  // Within the budget first, then the fastest; of equal times, the one needing less memory.
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) {
+    if (x.fits != y.fits) return x.fits;
+    if (x.prediction.step_ms != y.prediction.step_ms) {
+      return x.prediction.step_ms < y.prediction.step_ms;
+    }
+    return LargestPeak(x.memory) < LargestPeak(y.memory);
+  });
+  const char* unit = costs.empty() ? "units" : "ms";
+  if (a.format == "json") {
+    nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < ranked.size(); ++i) {
+      const SimulatedSchedule& r = ranked[i];
+      nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+      for (size_t s = 0; s < r.prediction.ranks.size(); ++s) {
+        stages.push_back({{"stage", s},
+                          {"bubble", r.prediction.ranks[s].bubble},
+                          {"peak_allocated_bytes", r.memory[s].peak_allocated_bytes}});
+      }
+      rows.push_back({{"rank", i + 1},
+                      {"schedule", pipeline::ScheduleKindName(r.kind)},
+                      {"describe", r.describe},
+                      {"costs", r.costs},
+                      {"step_ms", r.prediction.step_ms},
+                      {"bubble", r.prediction.bubble},
+                      {"peak_allocated_bytes", LargestPeak(r.memory)},
+                      {"fits_budget", r.fits},
+                      {"stages", stages}});
+    }
+    nlohmann::ordered_json not_simulated = nlohmann::ordered_json::array();
+    for (const auto& [kind, reason] : refused) {
+      not_simulated.push_back({{"schedule", pipeline::ScheduleKindName(kind)}, {"reason", reason}});
+    }
+    nlohmann::ordered_json out;
+    out["time_unit"] = unit;
+    out["ranking"] = rows;
+    out["not_simulated"] = not_simulated;
+    fmt::print("{}\n", out.dump(2));
+    return 0;
+  }
+  fmt::print("schedules ranked by predicted step time ({}){}\n",
+             costs.empty() ? "unit costs" : "measured costs",
+             budget.empty() ? "" : ", those within --memory-budget first");
+  fmt::print("  {:<4}  {:<28}  {:>10}  {:>7}  {:>16}{}\n", "rank", "schedule", "step", "bubble",
+             "largest peak", budget.empty() ? "" : "  budget");
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const SimulatedSchedule& r = ranked[i];
+    fmt::print("  {:<4}  {:<28}  {:>7.3f} {:<2}  {:>6.1f}%  {:>16}{}\n", i + 1, r.describe,
+               r.prediction.step_ms, unit, 100 * r.prediction.bubble,
+               FormatBytes(LargestPeak(r.memory)),
+               budget.empty() ? "" : (r.fits ? "  fits" : "  over"));
+  }
+  for (const auto& [kind, reason] : refused) {
+    fmt::print("  not simulated: {}: {}\n", pipeline::ScheduleKindName(kind), reason);
+  }
+  return 0;
+}
+
 // `sluice simulate`: the job's step replayed by the step simulator (pipeline/step_simulator.h) with
 // measured or unit costs, beside the memory forecast of every stage.
 int RunSimulate(TrainArgs& a) {
   a.pipeline = true;
   Configure(a);
-  if (a.pipe_schedule == "auto") {
-    throw InvalidArgument(fmt::format("sluice simulate --schedule: name a schedule ({}), not auto",
-                                      EnumNames(pipeline::kScheduleKindNames, ", ")));
-  }
   const Job job = MakeJob(a.config);
-  const EngineContext ctx{.config = a.config, .task = *job.task, .model = job.model, .threads = 1};
-  const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, a.pipe, 1);
-  const pipeline::Schedule& schedule = layout.setup.schedule;
-  pipeline::StepCosts costs = pipeline::UnitCosts(schedule);
-  if (!a.costs.empty()) {
-    costs = pipeline::ReadCostsFile(a.costs);
-    pipeline::CheckCostsCover(costs, schedule);
-    pipeline::CheckCostsJob(
-        costs, pipeline::ProfileJob(layout.setup, pipeline::FormatLayout(layout.partition)));
+  std::vector<pipeline::StepCosts> costs;
+  for (const std::string& path : a.costs) costs.push_back(pipeline::ReadCostsFile(path));
+  std::vector<int64_t> budget;
+  if (!a.memory_budget.empty()) budget = ParseMemoryBudget(a.memory_budget, a.pipe.stages);
+  if (!a.compare.empty()) return RunCompare(a, job, costs, budget);
+  if (a.pipe_schedule == "auto") {
+    throw InvalidArgument(fmt::format(
+        "sluice simulate --schedule: name a schedule ({}), not auto; --compare ranks several",
+        EnumNames(pipeline::kScheduleKindNames, ", ")));
   }
-  const pipeline::StepPrediction p = pipeline::SimulateStep(schedule, costs);
-  const std::vector<StageMemoryForecast> memory = ForecastJob(a, job, a.config, a.pipe.schedule);
-  const char* unit = a.costs.empty() ? "units" : "ms";
+  const SimulatedSchedule r = SimulateSchedule(a, job, a.pipe.schedule, costs, budget);
+  const pipeline::StepPrediction& p = r.prediction;
+  const std::vector<StageMemoryForecast>& memory = r.memory;
+  const char* unit = costs.empty() ? "units" : "ms";
+  const double overhead = costs.empty() ? 0 : p.step_ms - p.makespan_ms;
   if (a.format == "json") {
     nlohmann::ordered_json stages = nlohmann::ordered_json::array();
     for (size_t s = 0; s < p.ranks.size(); ++s) {
@@ -631,28 +789,32 @@ int RunSimulate(TrainArgs& a) {
                         {"peak_allocated_bytes", memory[s].peak_allocated_bytes}});
     }
     nlohmann::ordered_json out;
-    out["schedule"] = schedule.Describe();
-    out["costs"] = costs.source;
+    out["schedule"] = r.describe;
+    out["costs"] = r.costs;
     out["time_unit"] = unit;
     out["step_ms"] = p.step_ms;
     out["makespan_ms"] = p.makespan_ms;
     out["bubble"] = p.bubble;
+    if (!budget.empty()) out["fits_budget"] = r.fits;
     out["stages"] = stages;
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("simulated step: {}, {}\n", schedule.Describe(), costs.source);
-  fmt::print(
-      "  step {:.3f} {} (makespan {:.3f}{}), bubble {:.1f}%\n", p.step_ms, unit, p.makespan_ms,
-      costs.step_overhead_ms > 0 ? fmt::format(" + {:.3f} step overhead", costs.step_overhead_ms)
-                                 : std::string(),
-      100 * p.bubble);
-  fmt::print("  {:<5}  {:>10}  {:>10}  {:>7}  {:>12}\n", "stage", "busy", "idle", "bubble",
-             "peak memory");
+  fmt::print("simulated step: {}, {}\n", r.describe, r.costs);
+  fmt::print("  step {:.3f} {} (makespan {:.3f}{}), bubble {:.1f}%\n", p.step_ms, unit,
+             p.makespan_ms,
+             overhead > 0 ? fmt::format(" + {:.3f} step overhead", overhead) : std::string(),
+             100 * p.bubble);
+  fmt::print("  {:<5}  {:>10}  {:>10}  {:>7}  {:>12}{}\n", "stage", "busy", "idle", "bubble",
+             "peak memory", budget.empty() ? "" : "  budget");
   for (size_t s = 0; s < p.ranks.size(); ++s) {
-    fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%  {:>12}\n", s, p.ranks[s].busy_ms,
+    fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%  {:>12}{}\n", s, p.ranks[s].busy_ms,
                p.ranks[s].idle_ms, 100 * p.ranks[s].bubble,
-               FormatBytes(memory[s].peak_allocated_bytes));
+               FormatBytes(memory[s].peak_allocated_bytes),
+               budget.empty() ? ""
+                              : fmt::format("  {}", memory[s].peak_allocated_bytes <= budget[s]
+                                                        ? "fits"
+                                                        : "over " + FormatBytes(budget[s])));
   }
   return 0;
 }
@@ -698,7 +860,13 @@ CommandRunner SetupPlanCommand(CLI::App& sub) {
 CommandRunner SetupSimulateCommand(CLI::App& sub) {
   TrainOptions options = AddTrainOptions(sub);
   sub.add_option("--costs", options.args->costs,
-                 "costs file of sluice train --profile-out (default: unit costs)");
+                 "costs file of sluice train --profile-out (default: unit costs); repeat it to "
+                 "give several (interleaved needs its own): each schedule uses the first that "
+                 "covers it")
+      ->delimiter(',');
+  sub.add_option("--compare", options.args->compare,
+                 "rank these schedules (comma list, or all) by predicted step time; with "
+                 "--memory-budget, those within it first");
   sub.add_option("--format", options.args->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

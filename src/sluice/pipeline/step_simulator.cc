@@ -48,13 +48,15 @@ StepCosts UnitCosts(const Schedule& schedule) {
   c.chunks = schedule.chunks;
   c.split_backward = true;
   c.ranks.assign(schedule.stages, RankCosts{});
+  // A chunk holds 1/V of the stage's layers: its F, B and W cost 1/V.
+  const double unit = 1.0 / schedule.chunks;
   for (RankCosts& r : c.ranks) {
-    r.chunks.assign(schedule.chunks, ChunkCosts{.forward_ms = 1,
-                                                .backward_ms = 1,
-                                                .weight_ms = 1,
-                                                .forward_cpu_ms = 1,
-                                                .backward_cpu_ms = 1,
-                                                .weight_cpu_ms = 1});
+    r.chunks.assign(schedule.chunks, ChunkCosts{.forward_ms = unit,
+                                                .backward_ms = unit,
+                                                .weight_ms = unit,
+                                                .forward_cpu_ms = unit,
+                                                .backward_cpu_ms = unit,
+                                                .weight_cpu_ms = unit});
   }
   return c;
 }

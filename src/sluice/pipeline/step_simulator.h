@@ -71,7 +71,10 @@ struct StepCosts {
   nlohmann::json measured = nlohmann::json::object();
 };
 
-// F, B and W cost 1 each (an unsplit B 2), everything else 0: the unit-cost analysis.
+// A stage's F, B and W of a micro-batch cost 1 each (an unsplit B 2), everything else 0: the
+// unit-cost analysis, in units of a whole stage's forward — with V chunks per stage each chunk's
+// action costs 1/V, so schedules of different V compare (schedule_analysis.h's Simulate counts
+// one per action: its makespan and busy times are V times these, its bubbles the same).
 StepCosts UnitCosts(const Schedule& schedule);
 
 // Throws InvalidArgument when `costs` do not cover `schedule` (see above).

@@ -163,5 +163,14 @@ TEST_F(PlanCli, AutoScheduleFitsTheBudget) {
   EXPECT_TRUE(plan["schedule"].is_string());
 }
 
+// Without a budget auto takes the least step time: the unit-cost makespan per chunk (an action of
+// a two-chunk rank does half its work). P = 2, M = 4: zb-v 25/2 beats zb-h1 and zb-h2 (13) and
+// interleaved (27/2).
+TEST_F(PlanCli, AutoScheduleCountsAChunkAsPartOfAStage) {
+  const nlohmann::json plan = Plan(fmt::format("{} --stages 2 --schedule auto", kModel));
+  EXPECT_EQ(plan["schedule"], "zb-v") << plan.dump();
+  EXPECT_NEAR(plan["bubble"].get<double>(), 1.0 / 25, 1e-12);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -60,10 +60,13 @@ TEST_F(ScheduleCli, ImpossibleRequestsAreErrorsNamingTheFix) {
            {"-p 4 -m 8 -s interleaved --chunks 1", "needs at least 2 chunks per rank"},
            {"-p 0 -m 8 -s gpipe", "needs at least 1 stage (got 0)"},
            {"-p 4 -m 8 -s zb-h3",
-            "unknown schedule 'zb-h3': choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2"},
+            "unknown schedule 'zb-h3': choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, "
+            "zb-v"},
+           {"-p 4 -m 6 -s zb-v", "zb-v: needs at least 2P − 1 micro-batches (M=6 < 7 for P=4)"},
+           {"-p 4 -m 8 -s zb-v --chunks 4", "zb-v: runs exactly 2 chunks per rank"},
            {"-p 4 -m 3 -s zb-h2",
             "zb-h2: needs at least as many micro-batches as stages (M=3 < P=4)"},
-           {"-p 4 -m 8 -s 1f1b --chunks 2", "chunks apply to interleaved only"},
+           {"-p 4 -m 8 -s 1f1b --chunks 2", "chunks apply to interleaved and zb-v only"},
        }) {
     const Result r = Sluice(c.args);
     EXPECT_EQ(r.status, 1) << c.args;

@@ -121,6 +121,8 @@ TEST_F(TrainPipelineCli, EveryScheduleTrainsLikeOneStage) {
        "--stages 4 --schedule interleaved --chunks 2"},
       {"zb-h1", "--layers 4 --microbatches 4", "--stages 4 --schedule zb-h1"},
       {"zb-h2", "--layers 4 --microbatches 4", "--stages 4 --schedule zb-h2"},
+      {"zb-v P=2", "--layers 4 --microbatches 4", "--stages 2 --schedule zb-v"},
+      {"zb-v P=4", "--layers 8 --microbatches 8", "--stages 4 --schedule zb-v"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -181,6 +183,22 @@ TEST_F(TrainPipelineCli, ExplicitLayoutIsUsed) {
   EXPECT_EQ(own["pipeline"]["layout"], "embed|h.0-3|head");
 }
 
+TEST_F(TrainPipelineCli, VShapedLayoutPutsEmbedAndHeadOnRankZero) {
+  // zb-v, P = 2: the layout lists 4 virtual stages in model order; rank 0 runs the first and the
+  // last, rank 1 the middle two.
+  const nlohmann::json s =
+      Summary(TrainMetrics("--layers 4 --microbatches 4 --stages 2 --schedule zb-v --layout "
+                           "'embed,h.0|h.1|h.2|h.3,head'"));
+  EXPECT_EQ(s["pipeline"]["layout"], "embed,h.0|h.1|h.2|h.3,head");
+  EXPECT_EQ(s["pipeline"]["chunks"], 2);
+  ASSERT_EQ(s["stages"].size(), 2u);
+  // One output sent (and released) per micro-batch on each rank: rank 0's chunk 1 holds the loss,
+  // and rank 1 hands chunk 0's output to its own chunk 1 without a message (the turn of the V).
+  const int64_t released = s["stages"][0]["released_output_bytes"].get<int64_t>();
+  EXPECT_EQ(released, s["stages"][0]["output_bytes"].get<int64_t>() * 4);
+  EXPECT_EQ(s["stages"][1]["released_output_bytes"].get<int64_t>(), released);
+}
+
 TEST_F(TrainPipelineCli, BadLayoutsNameTheProblem) {
   const std::string job = "--layers 4 --microbatches 4 --stages 3 --layout ";
   EXPECT_THAT(Refused(job + "'embed,h.0|h.1|h.3,head'"), HasSubstr("h.2 is in no stage (dropped)"));
@@ -188,6 +206,10 @@ TEST_F(TrainPipelineCli, BadLayoutsNameTheProblem) {
   EXPECT_THAT(Refused(job + "'embed,h.0-1||h.2-3,head'"), HasSubstr("--layout stage 1 is empty"));
   EXPECT_THAT(Refused(job + "'embed,h.0-1|h.2-3,head'"), HasSubstr("--layout has 2 stages"));
   EXPECT_THAT(Refused(job + "'embed,h.0|h.1-2|h.3-4,head'"), HasSubstr("'h.3-4' is out of range"));
+  EXPECT_THAT(Refused("--layers 4 --microbatches 4 --stages 2 --schedule zb-v --layout "
+                      "'embed,h.0-1|h.2-3,head'"),
+              HasSubstr("--layout has 2 stages, but a V-shaped schedule (zb-v) runs 4 virtual "
+                        "stages: 2 per rank, listed in model order"));
 }
 
 TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
@@ -198,6 +220,10 @@ TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
   EXPECT_THAT(
       Refused("--layers 6 --microbatches 4 --stages 3 --schedule interleaved"),
       HasSubstr("must be a multiple of the stage count (M=4, P=3): use 3 or 6 micro-batches"));
+  EXPECT_THAT(Refused("--layers 8 --microbatches 4 --stages 4 --schedule zb-v"),
+              HasSubstr("zb-v: needs at least 2P − 1 micro-batches (M=4 < 7 for P=4)"));
+  EXPECT_THAT(Refused(gpt + " --stages 2 --schedule zb-v --chunks 3"),
+              HasSubstr("zb-v: runs exactly 2 chunks per rank, V-shaped (got 3 chunks)"));
   EXPECT_THAT(Refused(gpt + " --stages 0"), HasSubstr("--stages must be at least 1, got 0"));
   EXPECT_THAT(Refused("--model mlp --stages 2"), HasSubstr("--model mlp cannot be split"));
   EXPECT_THAT(Refused(gpt + " --stages 2 --comm-timeout 0"),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `sluice train --comm mpi` under mpirun, one check per mode (docs/mpi.md, issue 7):
-#   bitwise   1f1b, interleaved and zb-h2 at P = 2 and 4: the same losses as the in-process run, bit for bit
+#   bitwise   1f1b, interleaved, zb-h2 and zb-v at P = 2 and 4: the same losses as the in-process run,
+#             bit for bit
 #   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
 #             process
@@ -12,8 +13,8 @@ set -u
 mode=$1 sluice=$2 mpiexec=$3 np=$4
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-small=(--dim 32 --heads 2 --batch 8 --microbatches 4 --eval-every 0 --threads 1 --quiet
-       --lr-schedule constant --warmup 0)
+common=(--dim 32 --heads 2 --eval-every 0 --threads 1 --quiet --lr-schedule constant --warmup 0)
+small=("${common[@]}" --batch 8 --microbatches 4)
 
 fail() { echo "train_mpi_test ($mode): FAILED: $*"; exit 1; }
 
@@ -47,10 +48,15 @@ PY
 
 case "$mode" in
   bitwise)
-    for sched in 1f1b interleaved zb-h2; do
+    for sched in 1f1b interleaved zb-h2 zb-v; do
       for p in 2 4; do
-        layers=4; [ "$sched" = interleaved ] && [ "$p" = 4 ] && layers=8
-        args=("${small[@]}" --layers "$layers" --steps 5 --stages "$p" --schedule "$sched")
+        # Two chunks per rank need 2P layers; zb-v needs M >= 2P - 1 micro-batches.
+        layers=4 m=4
+        if [ "$p" = 4 ]; then
+          case "$sched" in interleaved) layers=8 ;; zb-v) layers=8 m=8 ;; esac
+        fi
+        args=("${common[@]}" --batch $((2 * m)) --microbatches "$m" --layers "$layers" --steps 5
+              --stages "$p" --schedule "$sched")
         "$sluice" train "${args[@]}" --metrics "$dir/local.jsonl" || fail "in-process $sched P=$p"
         mpi "$p" "${args[@]}" --metrics "$dir/mpi.jsonl" || fail "mpirun $sched P=$p"
         compare "$dir/local.jsonl" "$dir/mpi.jsonl" 0

@@ -1,5 +1,6 @@
 // Partitioning the GPT into virtual stages: uniform and balanced splits for a few sizes, balanced
-// checked against every possible cut, the layout text round trip, and every layout error.
+// checked against every possible cut (per stage, and per rank for the V-shaped placement), the
+// layout text round trip, and every layout error.
 #include "sluice/pipeline/partition.h"
 
 #include <algorithm>
@@ -232,6 +233,80 @@ TEST(Partition, LayoutErrorsNameTheStageAndTheItem) {
             "--layout stage 0: head must come last, at the end of stage 1");
   EXPECT_EQ(LayoutError("embed,h.0-1|h.2-3,head", 4),
             "--layout has 2 stages, but --stages × --chunks asks for 4 virtual stages");
+}
+
+// The most expensive rank of a V-shaped placement: rank r runs virtual stages r and S − 1 − r.
+double MaxRankCostV(const GptPartition& p, const GptConfig& cfg) {
+  const std::vector<double> costs = EstimateStageCosts(p, cfg, kB, kT);
+  const size_t S = costs.size();
+  double most = 0;
+  for (size_t r = 0; r < S / 2; ++r) most = std::max(most, costs[r] + costs[S - 1 - r]);
+  return most;
+}
+
+// The least possible most expensive rank over every cut into S groups, placed V-shaped.
+double BruteForceBestV(const GptConfig& cfg, int S) {
+  const int64_t N = cfg.layers + 2;
+  double best = 1e300;
+  for (uint32_t cuts = 0; cuts < (1u << (N - 1)); ++cuts) {
+    if (std::popcount(cuts) != S - 1) continue;
+    GptPartition p;
+    int64_t first = 0;
+    for (int64_t u = 0; u < N; ++u) {
+      if (u + 1 < N && !(cuts & (1u << u))) continue;
+      p.stages.push_back({.embed = first == 0,
+                          .first_layer = std::max<int64_t>(first, 1) - 1,
+                          .end_layer = std::min<int64_t>(u + 1, cfg.layers + 1) - 1,
+                          .head = u + 1 == N});
+      first = u + 1;
+    }
+    best = std::min(best, MaxRankCostV(p, cfg));
+  }
+  return best;
+}
+
+TEST(Partition, BalancedVShapeEvensOutTheRanksAndIsOptimal) {
+  // Rank 0 runs the first and the last virtual stage: embed and head. The cut balances the ranks'
+  // sums, not the stages, and no cut does better.
+  for (int64_t L = 2; L <= 8; ++L) {
+    for (int64_t vocab : {2, 800, 1600, 8000}) {
+      const GptConfig cfg = Config(L, vocab);
+      for (int S = 2; S <= L + 2; S += 2) {
+        SCOPED_TRACE(testing::Message() << "L " << L << " vocab " << vocab << " S " << S);
+        const GptPartition v =
+            PartitionGpt(cfg, kB, kT, S, PartitionKind::kBalanced, Placement::kVShape);
+        ExpectWellFormed(v, cfg, S);
+        EXPECT_EQ(MaxRankCostV(v, cfg), BruteForceBestV(cfg, S));
+        EXPECT_EQ(ParseGptLayout(FormatLayout(v), cfg, S, Placement::kVShape), v);
+      }
+    }
+  }
+}
+
+TEST(Partition, BalancedVShapeBeatsBalancingTheStages) {
+  // 4 layers and a head worth 2 blocks, P = 2: balancing the stages gives embed|h.0-1|h.2-3|head,
+  // which leaves rank 1 four blocks (h.0-1 and h.2-3) against rank 0's embed and head; balancing
+  // the ranks gets every rank down to about 3.
+  const GptConfig cfg = Config(4, 1600);
+  const GptPartition looped = PartitionGpt(cfg, kB, kT, 4, PartitionKind::kBalanced);
+  EXPECT_EQ(FormatLayout(looped), "embed|h.0-1|h.2-3|head");
+  const GptPartition v = PartitionGpt(cfg, kB, kT, 4, PartitionKind::kBalanced, Placement::kVShape);
+  EXPECT_LT(MaxRankCostV(v, cfg), 0.8 * MaxRankCostV(looped, cfg)) << FormatLayout(v);
+}
+
+TEST(Partition, VShapeLayoutErrorsExplainTheV) {
+  const GptConfig cfg = Config(4, 50);
+  try {
+    ParseGptLayout("embed,h.0-1|h.2-3,head", cfg, 4, Placement::kVShape);
+    FAIL() << "a layout of 2 stages for a V of 2 ranks";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--layout has 2 stages, but a V-shaped schedule (zb-v) runs 4 virtual stages: 2 per "
+              "rank, listed in model order — stage k runs on rank k for k < 2, on rank 3 − k "
+              "after, so rank 0 runs the first stage (embed) and the last (head)");
+  }
+  EXPECT_THAT([&] { PartitionGpt(cfg, kB, kT, 3, PartitionKind::kBalanced, Placement::kVShape); },
+              ::testing::ThrowsMessage<InvalidArgument>(HasSubstr("an even number (got 3)")));
 }
 
 TEST(Partition, FormatNeedsExplicitLayers) {

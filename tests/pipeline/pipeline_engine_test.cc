@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/comm/communicator.h"
+#include "sluice/pipeline/schedules.h"
 #include "sluice/train/trainer.h"
 
 namespace sluice::pipeline {
@@ -87,6 +88,7 @@ struct Case {
   ScheduleKind kind;
   int stages;
   int layers;
+  int64_t microbatches = 4;
 };
 
 const Case kCases[] = {
@@ -100,6 +102,8 @@ const Case kCases[] = {
     {ScheduleKind::kZeroBubbleH2, 4, 4},
     {ScheduleKind::kInterleaved, 2, 4},
     {ScheduleKind::kInterleaved, 4, 8},  // V = 2: 4 and 8 virtual stages
+    {ScheduleKind::kZeroBubbleV, 2, 4},
+    {ScheduleKind::kZeroBubbleV, 4, 8, 8},  // M ≥ 2P − 1
 };
 
 std::string Describe(const Case& c) {
@@ -120,13 +124,15 @@ int ExpectedInFlight(const Case& c, int M, int s) {
       return std::min(2 * (P - s) - 1, M);
     case ScheduleKind::kInterleaved:
       return std::min(V * P + P - 1 - 2 * s, V * M);
+    case ScheduleKind::kZeroBubbleV:
+      return 2 * P;
   }
   return -1;
 }
 
 TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStage) {
   for (const Case& c : kCases) {
-    const TrainConfig config = Small(c.layers);
+    const TrainConfig config = Small(c.layers, c.microbatches);
     const RunResult single = Train(config, nullptr);
     const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
     ExpectBitwiseEqual(single, Train(config, &options), Describe(c));
@@ -137,7 +143,7 @@ TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStage) {
 // per-parameter squares in model order, as one stage does.
 TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {
   for (const Case& c : kCases) {
-    TrainConfig config = Small(c.layers);
+    TrainConfig config = Small(c.layers, c.microbatches);
     config.optimizer.clip_norm = 0.05;
     const RunResult single = Train(config, nullptr);
     EXPECT_GT(*std::max_element(single.grad_norms.begin(), single.grad_norms.end()),
@@ -149,13 +155,13 @@ TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {
 }
 
 // A policy per stage (`--recompute full,selective,…`): still bitwise the single stage without
-// recomputation, split backward (zb-h1) and interleaved chunks included.
+// recomputation, split backward (zb-h1), interleaved and V-shaped chunks included.
 TEST(PipelineEngine, PerStageRecomputeTrainsBitwiseLikeOneStage) {
   TrainConfig config = Small(4);
   config.recompute = {RecomputePolicy::kNone};
   const RunResult single = Train(config, nullptr);
-  for (ScheduleKind kind :
-       {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved}) {
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
+                            ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleV}) {
     config.recompute = {RecomputePolicy::kFull, RecomputePolicy::kSelective};
     const PipelineOptions options{.stages = 2, .schedule = kind};
     ExpectBitwiseEqual(single, Train(config, &options),
@@ -165,7 +171,7 @@ TEST(PipelineEngine, PerStageRecomputeTrainsBitwiseLikeOneStage) {
 
 TEST(PipelineEngine, ReleaseOnAndOffAreBitwiseIdentical) {
   for (const Case& c : kCases) {
-    const TrainConfig config = Small(c.layers);
+    const TrainConfig config = Small(c.layers, c.microbatches);
     const PipelineOptions on{.stages = c.stages, .schedule = c.kind, .release_outputs = true};
     const PipelineOptions off{.stages = c.stages, .schedule = c.kind, .release_outputs = false};
     ExpectBitwiseEqual(Train(config, &on), Train(config, &off), Describe(c));
@@ -180,6 +186,29 @@ TEST(PipelineEngine, OneStageAndLocalChunkHandOffMatchOneStage) {
   // Two chunks on one rank hand activations and gradients over without messages.
   const PipelineOptions chunks{.stages = 1, .schedule = ScheduleKind::kInterleaved, .chunks = 2};
   ExpectBitwiseEqual(single, Train(config, &chunks), "interleaved P=1 V=2");
+  const PipelineOptions v{.stages = 1, .schedule = ScheduleKind::kZeroBubbleV};
+  ExpectBitwiseEqual(single, Train(config, &v), "zb-v P=1");
+}
+
+// Output release applies to every send: each rank releases, every step, one output per SEND_F in
+// its list — both chunks' under zb-v, whose turn (rank P − 1, chunk 0 → chunk 1) and loss chunk
+// send none — and with release off none.
+TEST(PipelineEngine, ReleaseCoversEverySend) {
+  for (const Case& c : kCases) {
+    TrainConfig config = Small(c.layers, c.microbatches);
+    config.steps = 1;
+    const PipelineOptions on{.stages = c.stages, .schedule = c.kind};
+    const PipelineOptions off{.stages = c.stages, .schedule = c.kind, .release_outputs = false};
+    const RunResult with = Train(config, &on), without = Train(config, &off);
+    const Schedule s = MakeSchedule(
+        {.kind = c.kind, .stages = c.stages, .micro_batches = static_cast<int>(c.microbatches)});
+    for (int r = 0; r < c.stages; ++r) {
+      const int64_t sends = std::ranges::count(s.ranks[r], ActionKind::kSendF, &Action::kind);
+      EXPECT_EQ(with.reports[r].released_output_bytes, sends * 2 * 12 * 32 * 4)
+          << Describe(c) << " stage " << r;  // f32[B, T, C] of one micro-batch
+      EXPECT_EQ(without.reports[r].released_output_bytes, 0) << Describe(c) << " stage " << r;
+    }
+  }
 }
 
 TEST(PipelineEngine, InFlightPeaksMatchTheScheduleTheory) {

@@ -1,6 +1,6 @@
-// The generators over every request in P ∈ 1..8, M ∈ P..4P (gpipe also M < P), V ∈ {2, 3}
-// (interleaved): each schedule validates, has the promised shape, and meets the closed forms for
-// in-flight micro-batches and bubble; and impossible requests fail naming the fix.
+// The generators over every request in P ∈ 1..8, M ∈ P..4P (gpipe also M < P, zb-v from 2P − 1),
+// V ∈ {2, 3} (interleaved): each schedule validates, has the promised shape, and meets the closed
+// forms for in-flight micro-batches and bubble; and impossible requests fail naming the fix.
 #include "sluice/pipeline/schedules.h"
 
 #include <algorithm>
@@ -27,6 +27,8 @@ std::vector<ScheduleOptions> AllRequests() {
       all.push_back({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M});
       all.push_back({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M});
       all.push_back({.kind = ScheduleKind::kZeroBubbleH2, .stages = P, .micro_batches = M});
+      if (M >= 2 * P - 1)
+        all.push_back({.kind = ScheduleKind::kZeroBubbleV, .stages = P, .micro_batches = M});
       if (M % P != 0) continue;
       for (int V : {2, 3}) {
         all.push_back(
@@ -53,9 +55,14 @@ TEST(Schedules, EveryRequestValidates) {
     EXPECT_EQ(s.name, ScheduleKindName(o.kind));
     EXPECT_EQ(s.stages, o.stages);
     EXPECT_EQ(s.micro_batches, o.micro_batches);
-    EXPECT_EQ(s.chunks, o.kind == ScheduleKind::kInterleaved ? o.chunks : 1);
-    EXPECT_EQ(s.split_backward,
-              o.kind == ScheduleKind::kZeroBubbleH1 || o.kind == ScheduleKind::kZeroBubbleH2);
+    EXPECT_EQ(s.chunks, o.kind == ScheduleKind::kInterleaved   ? o.chunks
+                        : o.kind == ScheduleKind::kZeroBubbleV ? 2
+                                                               : 1);
+    EXPECT_EQ(s.chunks, ChunksOf(o));
+    EXPECT_EQ(s.split_backward, o.kind == ScheduleKind::kZeroBubbleH1 ||
+                                    o.kind == ScheduleKind::kZeroBubbleH2 ||
+                                    o.kind == ScheduleKind::kZeroBubbleV);
+    EXPECT_EQ(s.v_shape, o.kind == ScheduleKind::kZeroBubbleV);
   }
 }
 
@@ -178,7 +185,8 @@ TEST(Schedules, InFlightClosedForms) {
   EXPECT_EQ(in_flight(ScheduleKind::kZeroBubbleH2, 3), 1);
   EXPECT_EQ(TheoreticalInFlight(
                 {.kind = ScheduleKind::kZeroBubbleH2, .stages = 4, .micro_batches = 5}, 0),
-            5);                                                // M
+            5);                                                                        // M
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(in_flight(ScheduleKind::kZeroBubbleV, r), 8);  // 2P
   EXPECT_EQ(in_flight(ScheduleKind::kInterleaved, 0, 2), 11);  // V·P + P − 1
   EXPECT_EQ(in_flight(ScheduleKind::kInterleaved, 3, 2), 5);
   EXPECT_EQ(
@@ -261,6 +269,61 @@ TEST(Schedules, ZeroBubbleH2BeatsH1WhenWeightGradientsAreCheaper) {
   }
 }
 
+TEST(Schedules, ZeroBubbleVRunsTheModelDownAndBackUp) {
+  // P = 4: rank r holds virtual stages r and 7 − r. Rank 0 runs the first and the last (embed and
+  // loss); rank 3 hands chunk 0's output to its own chunk 1 and the gradient back, no message.
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kZeroBubbleV, .stages = 4, .micro_batches = 8});
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(s.VirtualStage(r, 0), r);
+    EXPECT_EQ(s.VirtualStage(r, 1), 7 - r);
+    EXPECT_EQ(s.RankOf(r), r);
+    EXPECT_EQ(s.RankOf(7 - r), r);
+  }
+  auto count = [&](int r, ActionKind kind, int chunk) {
+    return std::ranges::count_if(
+        s.ranks[r], [&](const Action& a) { return a.kind == kind && a.chunk == chunk; });
+  };
+  EXPECT_EQ(count(3, ActionKind::kSendF, 0), 0);
+  EXPECT_EQ(count(3, ActionKind::kRecvF, 1), 0);
+  EXPECT_EQ(count(3, ActionKind::kSendB, 1), 0);
+  EXPECT_EQ(count(3, ActionKind::kRecvB, 0), 0);
+  EXPECT_EQ(count(0, ActionKind::kRecvF, 0), 0);  // embed
+  EXPECT_EQ(count(0, ActionKind::kSendF, 1), 0);  // loss
+  EXPECT_EQ(count(0, ActionKind::kRecvF, 1), 8);  // from rank 1's chunk 1
+  EXPECT_EQ(count(1, ActionKind::kSendF, 1), 8);
+  const Action to_rank0{.kind = ActionKind::kSendF, .chunk = 1, .micro_batch = 0, .peer = 0};
+  EXPECT_EQ(std::ranges::count(s.ranks[1], to_rank0), 1);
+}
+
+TEST(Schedules, ZeroBubbleVRunsEachRankWithoutAGap) {
+  // At unit cost rank r computes from step r to step r + 6M without pausing: its only idle time
+  // is the skew, P − 1 steps of 6M + P − 1.
+  for (int P = 1; P <= 8; ++P) {
+    for (int M = 2 * P - 1; M <= 4 * P; ++M) {
+      const Schedule s =
+          MakeSchedule({.kind = ScheduleKind::kZeroBubbleV, .stages = P, .micro_batches = M});
+      const Simulation sim = Simulate(s);
+      const std::vector<InFlight> peaks = InFlightPeaks(s);
+      for (int r = 0; r < P; ++r) {
+        double first = -1, last = 0;
+        for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+          if (!IsCompute(s.ranks[r][i].kind)) continue;
+          if (first < 0) first = sim.ranks[r].actions[i].start;
+          last = sim.ranks[r].actions[i].end;
+        }
+        EXPECT_EQ(first, r) << s.Describe() << " rank " << r;
+        EXPECT_EQ(last, r + 6 * M) << s.Describe() << " rank " << r;
+        // 2P chunk-micro-batches of half a stage each: 1F1B's stage 0, P stage-micro-batches;
+        // and no more between F and W.
+        EXPECT_EQ(peaks[r].peak, 2 * P) << s.Describe() << " rank " << r;
+        EXPECT_EQ(peaks[r].peak_until_weight, 2 * P) << s.Describe() << " rank " << r;
+        EXPECT_EQ(peaks[r].peak_awaiting_weight, 2 * r + 1) << s.Describe() << " rank " << r;
+      }
+    }
+  }
+}
+
 TEST(Schedules, BubbleMatchesTheoryOnEveryRank) {
   // CostModel{}: F = B = W = 1, the unsplit backward costing B + W = 2.
   for (const ScheduleOptions& o : AllRequests()) {
@@ -333,6 +396,15 @@ TEST(Schedules, ImpossibleRequestsNameTheFix) {
               HasSubstr("zb-h1: needs at least as many micro-batches as stages (M=1 < P=3)"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kZeroBubbleH2, .stages = 4, .micro_batches = 3}),
               HasSubstr("zb-h2: needs at least as many micro-batches as stages (M=3 < P=4)"));
+  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kZeroBubbleV, .stages = 4, .micro_batches = 6}),
+              HasSubstr("zb-v: needs at least 2P − 1 micro-batches (M=6 < 7 for P=4): use 7 or "
+                        "more micro-batches, or zb-h1"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kZeroBubbleV, .stages = 2, .micro_batches = 4, .chunks = 3}),
+      HasSubstr("zb-v: runs exactly 2 chunks per rank, V-shaped (got 3 chunks)"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kZeroBubbleV, .stages = 2, .micro_batches = 4, .chunks = 1}),
+      HasSubstr("zb-v: runs exactly 2 chunks per rank"));
   EXPECT_THAT(
       ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 4, .micro_batches = 6}),
       HasSubstr(
@@ -346,7 +418,8 @@ TEST(Schedules, ImpossibleRequestsNameTheFix) {
                 "1f1b"));
   EXPECT_THAT(
       ErrorOf({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 4, .chunks = 2}),
-      HasSubstr("1f1b: runs 1 chunk per rank (got 2 chunks); chunks apply to interleaved only"));
+      HasSubstr("1f1b: runs 1 chunk per rank (got 2 chunks); chunks apply to interleaved and zb-v "
+                "only"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 0, .micro_batches = 4}),
               HasSubstr("gpipe: needs at least 1 stage (got 0)"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 2, .micro_batches = 0}),
@@ -363,7 +436,7 @@ TEST(Schedules, ScheduleKindNamesRoundTripAndOthersAreRefused) {
   }
   EXPECT_EQ(ParseScheduleKind("zb-h3"), std::nullopt);
   EXPECT_EQ(ParseScheduleKind("1F1B"), std::nullopt);  // names are case-sensitive
-  EXPECT_EQ(EnumNames(kScheduleKindNames, ", "), "gpipe, 1f1b, interleaved, zb-h1, zb-h2");
+  EXPECT_EQ(EnumNames(kScheduleKindNames, ", "), "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v");
 }
 
 }  // namespace

@@ -119,6 +119,70 @@ GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S)
   return p;
 }
 
+// Placement::kVShape: 2P groups, rank r running groups r and 2P − 1 − r, cut so that the most
+// expensive rank is as cheap as possible. From the outside in: best(k, i, j) is the least possible
+// maximum rank cost when groups 0 … k−1 hold units [0, i) and groups 2P−k … 2P−1 units [j, N);
+// rank k takes [i, a) and [b, j) with a ≤ b (a = b for the innermost rank, k = P − 1).
+GptPartition BalancedV(const GptConfig& c, int64_t batch, int64_t seq_len, int S) {
+  const std::vector<double> units = UnitCosts(c, batch, seq_len);
+  const int64_t N = static_cast<int64_t>(units.size());
+  const int P = S / 2;
+  if (S > N) {
+    throw InvalidArgument(fmt::format(
+        "--partition balanced needs at least one unit per stage, but {} virtual stages "
+        "(--stages × 2 chunks) exceed the model's {} units (embed, {} layers, head): use fewer "
+        "stages",
+        S, N, c.layers));
+  }
+  std::vector<double> prefix(static_cast<size_t>(N) + 1, 0.0);
+  for (int64_t u = 0; u < N; ++u) prefix[u + 1] = prefix[u] + units[u];
+  auto cost = [&](int64_t i, int64_t j) { return prefix[j] - prefix[i]; };
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[k][i][j], with at least 2(P − k) units left in [i, j) for the groups still to cut.
+  std::vector<std::vector<std::vector<double>>> best(
+      P + 1, std::vector<std::vector<double>>(N + 1, std::vector<double>(N + 1, inf)));
+  for (int64_t i = 0; i <= N; ++i) best[P][i][i] = 0;
+  for (int k = P - 1; k >= 0; --k) {
+    const int64_t inner = 2 * (P - 1 - k);  // units the inner ranks need at least
+    for (int64_t i = k; i <= N; ++i) {
+      for (int64_t j = i + inner + 2; j <= N - k; ++j) {
+        double& b = best[k][i][j];
+        for (int64_t a = i + 1; a < j; ++a) {
+          for (int64_t e = (k == P - 1 ? a : a + inner); e < j && (k < P - 1 || e == a); ++e) {
+            b = std::min(b, std::max(cost(i, a) + cost(e, j), best[k + 1][a][e]));
+          }
+        }
+      }
+    }
+  }
+  const double target = best[0][0][N];
+  SLUICE_CHECK(target < inf, "no V-shaped cut of {} units into {} groups", N, S);
+  // Walk from the outside in, each rank's front group taking as few units as it can, then its
+  // back group as few.
+  std::vector<std::pair<int64_t, int64_t>> groups(static_cast<size_t>(S));
+  int64_t i = 0, j = N;
+  for (int k = 0; k < P; ++k) {
+    const int64_t inner = 2 * (P - 1 - k);
+    bool found = false;
+    for (int64_t a = i + 1; a < j && !found; ++a) {
+      for (int64_t e = j - 1; e >= (k == P - 1 ? a : a + inner) && !found; --e) {
+        if (k == P - 1 && e != a) continue;
+        if (std::max(cost(i, a) + cost(e, j), best[k + 1][a][e]) <= target) {
+          groups[static_cast<size_t>(k)] = {i, a};
+          groups[static_cast<size_t>(S - 1 - k)] = {e, j};
+          i = a;
+          j = e;
+          found = true;
+        }
+      }
+    }
+    SLUICE_CHECK(found, "the V-shaped cut lost its optimum at rank {}", k);
+  }
+  GptPartition p;
+  for (const auto& [first, end] : groups) p.stages.push_back(SliceOfUnits(first, end, c.layers));
+  return p;
+}
+
 // One parsed layout item: a unit range [first, end) of UnitCosts order.
 struct Item {
   std::string text;
@@ -194,14 +258,21 @@ std::string UnitName(int64_t unit, int64_t layers) {
 }  // namespace
 
 GptPartition PartitionGpt(const GptConfig& c, int64_t batch, int64_t seq_len, int S,
-                          PartitionKind kind) {
+                          PartitionKind kind, Placement placement) {
   ResolveSeq(c, batch, seq_len);
   if (S < 1)
     throw InvalidArgument(fmt::format("the number of virtual stages must be positive, got {}", S));
-  return kind == PartitionKind::kUniform ? Uniform(c, S) : Balanced(c, batch, seq_len, S);
+  if (placement == Placement::kVShape && S % 2 != 0) {
+    throw InvalidArgument(fmt::format(
+        "a V-shaped placement runs 2 virtual stages per rank, so an even number (got {})", S));
+  }
+  if (kind == PartitionKind::kUniform) return Uniform(c, S);
+  return placement == Placement::kVShape ? BalancedV(c, batch, seq_len, S)
+                                         : Balanced(c, batch, seq_len, S);
 }
 
-GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S) {
+GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
+                            Placement placement) {
   ValidateGptConfig(c);
   const int64_t L = c.layers, N = L + 2;
   std::vector<Item> items;
@@ -219,6 +290,13 @@ GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S) 
     }
   }
   const int given = static_cast<int>(stages.size());
+  if (given != S && placement == Placement::kVShape) {
+    throw InvalidArgument(fmt::format(
+        "--layout has {} stages, but a V-shaped schedule (zb-v) runs {} virtual stages: 2 per "
+        "rank, listed in model order — stage k runs on rank k for k < {}, on rank {} − k after, "
+        "so rank 0 runs the first stage (embed) and the last (head)",
+        given, S, S / 2, S - 1));
+  }
   if (given != S) {
     throw InvalidArgument(fmt::format(
         "--layout has {} stages, but --stages × --chunks asks for {} virtual stages", given, S));

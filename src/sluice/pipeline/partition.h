@@ -16,10 +16,16 @@
 //     group is as cheap as possible (exact, by dynamic programming). Among the optimal cuts the
 //     earlier stages take as few units as they can: under 1F1B stage s keeps min(P−s, M)
 //     micro-batches in flight, so memory is dearest at the front.
+//     Placement::kVShape (zb-v, schedule.h): S = 2P groups, and rank r runs groups r and
+//     2P − 1 − r — rank 0 both embed's and head's. The cut makes the most expensive *rank* (the
+//     sum of its two groups) as cheap as possible, exact, in O(P·N⁴) for N = L + 2 units.
 //   * ParseGptLayout: an explicit layout, the text of the CLI's --layout. Stages are separated by
 //     '|', items by ','; an item is "embed", "head", "h.i" or a range "h.i-j" (inclusive):
 //       "embed,h.0-1|h.2-3,head"      two stages of two blocks each
 //       "embed|h.0-3|head"            embeddings and head on stages of their own
+//     A layout always lists the virtual stages in model order; the placement says which rank runs
+//     each. V-shaped with P = 2, "embed,h.0|h.1|h.2|h.3,head" puts embed,h.0 and h.3,head on
+//     rank 0, h.1 and h.2 on rank 1.
 //
 // Costs are forward FLOPs (a multiply-add counts 2), from the batch B, sequence T, channels C
 // and the vocabulary size vocab:
@@ -61,6 +67,10 @@ inline constexpr EnumEntry<PartitionKind> kPartitionKindNames[] = {
 };
 static_assert(IsCompleteEnumTable(kPartitionKindNames));
 
+// Which rank runs virtual stage k of S = V·P (schedule.h): kLooped k mod P (one chunk per rank,
+// or interleaved), kVShape k for k < P and 2P − 1 − k after (zb-v; S = 2P).
+enum class Placement { kLooped, kVShape };
+
 // The kind's name in kPartitionKindNames ("uniform", "balanced"), and back: nullopt for any other
 // text (a caller's error lists EnumNames(kPartitionKindNames, " or ")).
 std::string_view Name(PartitionKind kind);
@@ -76,14 +86,18 @@ struct GptPartition {
 
 // S = virtual_stages (--stages × --chunks) slices; seq_len 0 means config.seq.
 // Throws InvalidArgument: kUniform with fewer blocks than stages (suggesting --partition balanced
-// or --layout), kBalanced with S > L + 2, non-positive sizes.
+// or --layout), kBalanced with S > L + 2, non-positive sizes, kVShape with S odd.
 GptPartition PartitionGpt(const GptConfig& config, int64_t batch, int64_t seq_len,
-                          int virtual_stages, PartitionKind kind);
+                          int virtual_stages, PartitionKind kind,
+                          Placement placement = Placement::kLooped);
 
 // Throws InvalidArgument naming the stage and item: unknown item, layer out of range, a layer in
 // two stages (duplicated), a layer in no stage (dropped), an empty stage, layers out of order,
-// embed not first or head not last, or a number of stages other than virtual_stages.
-GptPartition ParseGptLayout(std::string_view layout, const GptConfig& config, int virtual_stages);
+// embed not first or head not last, or a number of stages other than virtual_stages (for
+// kVShape the message explains the V: 2P stages in model order, rank 0 running the first and the
+// last).
+GptPartition ParseGptLayout(std::string_view layout, const GptConfig& config, int virtual_stages,
+                            Placement placement = Placement::kLooped);
 
 // The layout text: ParseGptLayout(FormatLayout(p), config, p.stages.size()) == p.
 std::string FormatLayout(const GptPartition& partition);

@@ -103,9 +103,11 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
                                  .micro_batches = static_cast<int>(config.microbatches),
                                  .chunks = options.chunks});
   const int S = setup.schedule.virtual_stages();
-  out.partition = options.layout.empty() ? PartitionGpt(setup.gpt, setup.micro_batch_size,
-                                                        setup.seq_len, S, options.partition)
-                                         : ParseGptLayout(options.layout, setup.gpt, S);
+  const Placement placement = setup.schedule.v_shape ? Placement::kVShape : Placement::kLooped;
+  out.partition = options.layout.empty()
+                      ? PartitionGpt(setup.gpt, setup.micro_batch_size, setup.seq_len, S,
+                                     options.partition, placement)
+                      : ParseGptLayout(options.layout, setup.gpt, S, placement);
   setup.slices = out.partition.stages;
   for (const ParamSpec& p : ctx.model.params) setup.model_params.push_back(p.name);
   setup.release_outputs = options.release_outputs;

@@ -4,10 +4,15 @@
 // (validator.h), the stage runtime executes it rank by rank, and the analysis, simulator and
 // trace cost and draw it (schedule_analysis.h, schedule_format.h).
 //
-// Glossary — P stages (= ranks), M micro-batches, V chunks per rank (V > 1 only when interleaved).
-// Ranks, chunks and micro-batches count from 0. Chunk c of rank r is *virtual stage* c·P + r; the
-// model runs through virtual stages 0, 1, …, V·P − 1, so the first (embeddings) is chunk 0 of
-// rank 0 and the last (loss) is chunk V − 1 of rank P − 1.
+// Glossary — P stages (= ranks), M micro-batches, V chunks per rank (V > 1 when interleaved or
+// V-shaped). Ranks, chunks and micro-batches count from 0. The model runs through *virtual
+// stages* 0, 1, …, V·P − 1, placed on the ranks in one of two ways:
+//   looped (interleaved)  chunk c of rank r is virtual stage c·P + r: the first (embeddings) is
+//                         chunk 0 of rank 0, the last (loss) chunk V − 1 of rank P − 1;
+//   V-shaped (V = 2)      chunk 0 of rank r is virtual stage r, chunk 1 is 2P − 1 − r: the model
+//                         runs down the ranks and back up, so rank 0 holds both the first and the
+//                         last virtual stage, and rank P − 1 hands chunk 0's output to its own
+//                         chunk 1 (virtual stages P − 1 → P) without a message.
 //
 //   action        what the rank does                                    grid cell (V > 1)
 //   F(c, m)       forward of chunk c on micro-batch m                   "Fm"  ("Fc.m")
@@ -22,8 +27,10 @@
 //
 // The chunk of a send or receive is always the chunk of *this* rank that produces or consumes the
 // message, so SEND_F(0, m) on rank P − 1 pairs with RECV_F(1, m) on rank 0 when interleaved.
-// A hand-off between two chunks of the same rank (only possible when P = 1) is local: there is no
-// SEND/RECV, the consuming F (or B) simply follows the producing one in the rank's list.
+// A hand-off between neighbouring virtual stages of the same rank (P = 1, or the turn of a V) is
+// local: there is no SEND/RECV, the consuming F (or B) simply follows the producing one in the
+// rank's list. Who neighbours whom is always asked of the Schedule (VirtualStage, RankOf,
+// ChunkOf), never computed from c·P + r.
 //
 // What a valid schedule promises its executor (validator.h checks all of it): every action a
 // rank needs appears exactly once; F before B before W; a F (B) after the RECV_F (RECV_B) of
@@ -93,11 +100,17 @@ struct Schedule {
   int micro_batches = 1;        // M
   int chunks = 1;               // V: chunks per rank
   bool split_backward = false;  // backward is B (input gradients) then W (weight gradients)
+  bool v_shape = false;         // V-shaped placement (chunks = 2), else looped (glossary above)
   std::vector<std::vector<Action>> ranks;  // [P][steps]: each rank's actions in execution order
 
   int virtual_stages() const { return stages * chunks; }
-  int VirtualStage(int rank, int chunk) const { return chunk * stages + rank; }
-  int RankOf(int virtual_stage) const { return virtual_stage % stages; }
+  int VirtualStage(int rank, int chunk) const {
+    return v_shape && chunk == 1 ? 2 * stages - 1 - rank : chunk * stages + rank;
+  }
+  int RankOf(int virtual_stage) const {
+    return v_shape && virtual_stage >= stages ? 2 * stages - 1 - virtual_stage
+                                              : virtual_stage % stages;
+  }
   int ChunkOf(int virtual_stage) const { return virtual_stage / stages; }
 
   // "1f1b (P=4, M=8)" or "interleaved (P=4, M=8, V=2)": how errors and headings name it.

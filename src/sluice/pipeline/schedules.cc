@@ -129,6 +129,31 @@ ComputeOrder ZeroBubbleH2Order(int P, int M) {
   return order;
 }
 
+// ZB-V (schedules.h): rank r holds chunk 0 (virtual stage r, on the way down) and chunk 1
+// (virtual stage 2P − 1 − r, on the way back up).
+ComputeOrder ZeroBubbleVOrder(int P, int M) {
+  ComputeOrder order(P);
+  for (int r = 0; r < P; ++r) {
+    std::vector<Compute>& list = order[r];
+    int f[2] = {}, b[2] = {}, w[2] = {};  // [chunk]: the next micro-batch of F, B, W
+    auto F = [&](int c) { list.push_back({ActionKind::kForward, c, f[c]++}); };
+    auto B = [&](int c) { list.push_back({ActionKind::kBackward, c, b[c]++}); };
+    auto W = [&](int c) { list.push_back({ActionKind::kWeight, c, w[c]++}); };
+    for (int k = 0; k < 2 * (P - r) - 1; ++k) F(0);
+    for (int k = 0; k < r; ++k) F(1), F(0);
+    for (int k = 0; k < P - r; ++k) F(1), B(1), W(1);
+    while (f[1] < f[0] || f[0] < M) {
+      if (f[0] < M) F(0);
+      B(0), W(0), F(1), B(1), W(1);
+    }
+    for (int k = 0; k < r; ++k) B(0), B(1);
+    for (int k = 0; k < P - r; ++k) B(0), W(0);
+    while (w[1] < M) W(1);
+    while (w[0] < M) W(0);
+  }
+  return order;
+}
+
 // ---- timing and message placement -------------------------------------------------------------
 
 // The timing messages are placed by: CostModel{} of schedule_analysis.h, in whole steps — F, B
@@ -276,7 +301,20 @@ void CheckRequest(const ScheduleOptions& o, int V) {
   if (P < 1) throw InvalidArgument(fmt::format("{}: needs at least 1 stage (got {})", name, P));
   if (M < 1)
     throw InvalidArgument(fmt::format("{}: needs at least 1 micro-batch (got {})", name, M));
-  if (o.kind == ScheduleKind::kInterleaved) {
+  if (o.kind == ScheduleKind::kZeroBubbleV) {
+    if (V != 2) {
+      throw InvalidArgument(fmt::format(
+          "zb-v: runs exactly 2 chunks per rank, V-shaped (got {} chunks): give --chunks 2 or "
+          "leave it out",
+          V));
+    }
+    if (M < 2 * P - 1) {
+      throw InvalidArgument(fmt::format(
+          "zb-v: needs at least 2P − 1 micro-batches (M={} < {} for P={}): use {} or more "
+          "micro-batches, or zb-h1",
+          M, 2 * P - 1, P, 2 * P - 1));
+    }
+  } else if (o.kind == ScheduleKind::kInterleaved) {
     if (V < 2) {
       throw InvalidArgument(
           fmt::format("interleaved: needs at least 2 chunks per rank (got {}); for one chunk "
@@ -293,7 +331,7 @@ void CheckRequest(const ScheduleOptions& o, int V) {
   } else if (V != 1) {
     throw InvalidArgument(
         fmt::format("{}: runs 1 chunk per rank (got {} chunks); chunks apply to interleaved "
-                    "only",
+                    "and zb-v only",
                     name, V));
   }
   if ((o.kind == ScheduleKind::kOneFOneB || o.kind == ScheduleKind::kZeroBubbleH1 ||
@@ -320,9 +358,13 @@ std::optional<ScheduleKind> ParseScheduleKind(std::string_view name) {
   return ParseEnum(kScheduleKindNames, name);
 }
 
+int ChunksOf(const ScheduleOptions& o) {
+  if (o.chunks != 0) return o.chunks;
+  return o.kind == ScheduleKind::kInterleaved || o.kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+}
+
 Schedule MakeSchedule(const ScheduleOptions& options) {
-  const int V =
-      options.chunks != 0 ? options.chunks : (options.kind == ScheduleKind::kInterleaved ? 2 : 1);
+  const int V = ChunksOf(options);
   CheckRequest(options, V);
   const int P = options.stages, M = options.micro_batches;
   Schedule s{.name = std::string(ScheduleKindName(options.kind)),
@@ -330,7 +372,9 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
              .micro_batches = M,
              .chunks = V,
              .split_backward = options.kind == ScheduleKind::kZeroBubbleH1 ||
-                               options.kind == ScheduleKind::kZeroBubbleH2};
+                               options.kind == ScheduleKind::kZeroBubbleH2 ||
+                               options.kind == ScheduleKind::kZeroBubbleV,
+             .v_shape = options.kind == ScheduleKind::kZeroBubbleV};
   switch (options.kind) {
     case ScheduleKind::kGPipe:
       s = Assemble(std::move(s), GPipeOrder(P, M));
@@ -346,6 +390,9 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
       break;
     case ScheduleKind::kZeroBubbleH2:
       s = Assemble(std::move(s), ZeroBubbleH2Order(P, M));
+      break;
+    case ScheduleKind::kZeroBubbleV:
+      s = Assemble(std::move(s), ZeroBubbleVOrder(P, M));
       break;
   }
   ValidateSchedule(s);
@@ -363,9 +410,11 @@ int TheoreticalInFlight(const ScheduleOptions& o, int rank) {
     case ScheduleKind::kZeroBubbleH2:
       return std::min(2 * (P - rank) - 1, M);
     case ScheduleKind::kInterleaved: {
-      const int V = o.chunks != 0 ? o.chunks : 2;
+      const int V = ChunksOf(o);
       return std::min(V * P + P - 1 - 2 * rank, V * M);
     }
+    case ScheduleKind::kZeroBubbleV:
+      return 2 * P;
   }
   SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
 }
@@ -377,9 +426,11 @@ double TheoreticalBubble(const ScheduleOptions& o) {
     case ScheduleKind::kOneFOneB:
       return (P - 1) / (M + P - 1);
     case ScheduleKind::kInterleaved: {
-      const double V = o.chunks != 0 ? o.chunks : 2;
+      const double V = ChunksOf(o);
       return (P - 1) / (V * M + P - 1);
     }
+    case ScheduleKind::kZeroBubbleV:
+      return (P - 1) / (6 * M + P - 1);
     case ScheduleKind::kZeroBubbleH1:
     case ScheduleKind::kZeroBubbleH2:
       return (P - 1) / (3 * M + P - 1);

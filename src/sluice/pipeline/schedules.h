@@ -1,5 +1,5 @@
-// Schedule generators: gpipe, 1f1b, interleaved, zb-h1 and zb-h2 as schedule IR (schedule.h), plus
-// the closed-form figures they are held to (derived in docs/pipeline.md).
+// Schedule generators: gpipe, 1f1b, interleaved, zb-h1, zb-h2 and zb-v as schedule IR
+// (schedule.h), plus the closed-form figures they are held to (derived in docs/pipeline.md).
 //
 // Each generator first fixes the order of compute actions on every rank (the schedule's rule,
 // below), then times that order at CostModel{} costs (schedule_analysis.h: F, B and W take 1
@@ -38,6 +38,15 @@
 //                postponed meanwhile fill the end: with M ≥ 2P−1, stage s computes without a
 //                gap from step s to step s + 3M (the paper's parallelogram), at up to twice
 //                1F1B's in-flight micro-batches. Needs M ≥ P.
+//   zb-v         ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024; PyTorch's
+//                ScheduleZBVZeroBubble): split backward, 2 chunks per rank placed V-shaped
+//                (schedule.h: rank r holds virtual stages r and 2P−1−r, so embeddings and loss
+//                are both on rank 0). With F0/B0/W0 chunk 0 and F1/B1/W1 chunk 1: 2(P−r)−1 F0,
+//                r pairs (F1, F0), P−r triples (F1, B1, W1); then, while forwards remain,
+//                (F0 if any is left, B0, W0, F1, B1, W1); then r pairs (B0, B1), P−r pairs
+//                (B0, W0), and the W still owed, chunk 1's first. Every rank holds 2P chunk-
+//                micro-batches between F and B — each half a stage, so 1F1B's stage-0 peak —
+//                and computes without a gap from step r to step r + 6M. Needs M ≥ 2P−1.
 //
 // Failure: MakeSchedule throws InvalidArgument for a request that cannot be met, naming the fix.
 // Thread-safety: pure functions. Deterministic: equal options give equal schedules.
@@ -56,7 +65,14 @@
 
 namespace sluice::pipeline {
 
-enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1, kZeroBubbleH2 };
+enum class ScheduleKind {
+  kGPipe,
+  kOneFOneB,
+  kInterleaved,
+  kZeroBubbleH1,
+  kZeroBubbleH2,
+  kZeroBubbleV
+};
 
 inline constexpr EnumEntry<ScheduleKind> kScheduleKindNames[] = {
     {ScheduleKind::kGPipe, "gpipe"},
@@ -64,6 +80,7 @@ inline constexpr EnumEntry<ScheduleKind> kScheduleKindNames[] = {
     {ScheduleKind::kInterleaved, "interleaved"},
     {ScheduleKind::kZeroBubbleH1, "zb-h1"},
     {ScheduleKind::kZeroBubbleH2, "zb-h2"},
+    {ScheduleKind::kZeroBubbleV, "zb-v"},
 };
 static_assert(IsCompleteEnumTable(kScheduleKindNames));
 
@@ -75,27 +92,32 @@ std::optional<ScheduleKind> ParseScheduleKind(std::string_view name);
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
   int stages = 1;         // P ≥ 1
-  int micro_batches = 1;  // M ≥ 1; ≥ P for 1f1b, zb-h1 and zb-h2; a multiple of P for interleaved
-  int chunks = 0;         // V: 0 means the schedule's default (2 when interleaved, otherwise 1)
+  int micro_batches = 1;  // M ≥ 1; ≥ P for 1f1b, zb-h1 and zb-h2; a multiple of P for interleaved;
+                          // ≥ 2P − 1 for zb-v
+  int chunks = 0;  // V: 0 means the schedule's default (2 for interleaved and zb-v, else 1)
 };
 
+// V with the default resolved: options.chunks, or the schedule's default when it is 0.
+int ChunksOf(const ScheduleOptions& options);
+
 // Generates and validates the schedule. Throws InvalidArgument when P < 1, M < 1, M < P for
-// 1f1b, zb-h1 or zb-h2, M not a multiple of P or V < 2 for interleaved, V ≠ 1 for the others, or
-// when the schedule would exceed 10⁷ actions.
+// 1f1b, zb-h1 or zb-h2, M not a multiple of P or V < 2 for interleaved, M < 2P − 1 or V ≠ 2 for
+// zb-v, V ≠ 1 for the others, or when the schedule would exceed 10⁷ actions.
 Schedule MakeSchedule(const ScheduleOptions& options);
 
 // The peak number of chunk-micro-batches on `rank` whose F has run and whose B has not (what
 // InFlightPeaks in schedule_analysis.h measures from the action lists):
 //   gpipe M;  1f1b and zb-h1 min(P−s, M);  zb-h2 min(2(P−s)−1, M);
-//   interleaved min(V·P + P − 1 − 2s, V·M)
-// (interleaved counts chunk-micro-batches, each holding 1/V of a stage's activations).
+//   interleaved min(V·P + P − 1 − 2s, V·M);  zb-v 2P
+// (interleaved and zb-v count chunk-micro-batches, each holding 1/V of a stage's activations).
 int TheoreticalInFlight(const ScheduleOptions& options, int rank);
 
 // The bubble fraction (idle share of every rank's time) with F, B and W all of equal cost and
 // an unsplit backward costing B + W (CostModel{} in schedule_analysis.h):
-//   gpipe and 1f1b (P−1)/(M+P−1);  interleaved (P−1)/(V·M+P−1);  zb-h1 and zb-h2
-//   (P−1)/(3M+P−1) — the s idle steps before stage s's first F and P−1−s after its last W,
-//   which a synchronous optimizer step leaves (docs/pipeline.md: where zb-h2 gains over zb-h1).
+//   gpipe and 1f1b (P−1)/(M+P−1);  interleaved (P−1)/(V·M+P−1);  zb-v (P−1)/(6M+P−1);
+//   zb-h1 and zb-h2 (P−1)/(3M+P−1). For zb-h2 and zb-v that is only the skew — s idle steps
+//   before stage s's first F, P−1−s after its last W — which a synchronous optimizer step keeps
+//   (docs/pipeline.md: where zb-h2 gains over zb-h1).
 double TheoreticalBubble(const ScheduleOptions& options);
 
 }  // namespace sluice::pipeline

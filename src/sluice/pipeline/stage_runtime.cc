@@ -165,14 +165,16 @@ class StageRuntime::StepRun {
   MicroBatch& Mb(int chunk, int micro_batch) { return mbs_[chunk * rt_.M + micro_batch]; }
   int VirtualStage(int chunk) const { return rt_.setup.schedule.VirtualStage(rt_.rank, chunk); }
 
-  // The same micro-batch of the chunk `delta` away on this rank, whose output (or input gradient)
-  // an action takes without a message. That happens only on a single rank (P = 1), where chunk
-  // c + 1 is virtual stage c + 1; anywhere else the value had to come by a receive, and a schedule
-  // (or an injected fault) that skipped it is an error here, not a read past the chunks.
+  // The same micro-batch of the virtual stage `delta` away, when this rank holds it too, whose
+  // output (or input gradient) an action takes without a message: on a single rank (P = 1), and at
+  // the turn of a V (virtual stages P − 1 and P both on rank P − 1). Anywhere else the value had
+  // to come by a receive, and a schedule (or an injected fault) that skipped it is an error here,
+  // not a read past the chunks.
   MicroBatch& LocalNeighbour(const Action& a, int delta, const char* why) {
-    const int chunk = a.chunk + delta;
-    if (rt_.P != 1 || chunk < 0 || chunk >= rt_.V) throw Missing(a, why);
-    return Mb(chunk, a.micro_batch);
+    const Schedule& s = rt_.setup.schedule;
+    const int v = VirtualStage(a.chunk) + delta;
+    if (v < 0 || v >= s.virtual_stages() || s.RankOf(v) != rt_.rank) throw Missing(a, why);
+    return Mb(s.ChunkOf(v), a.micro_batch);
   }
 
   static ProgramError NothingToSend(const char* what, const char* producer) {
@@ -324,8 +326,7 @@ class StageRuntime::StepRun {
       if (ch.last) scope.Set("targets", rows("targets"));
     }
     if (!ch.first) {
-      // The input comes from the previous virtual stage: a message, or this rank's own chunk (P =
-      // 1).
+      // The input comes from the previous virtual stage: a message, or this rank's own chunk.
       if (mb.recv_f.valid()) {
         scope.Set(kChunkInput, Receive(mb.recv_f, a, "RECV_F"));
         mb.recv_f = Request();

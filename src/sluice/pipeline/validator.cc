@@ -83,6 +83,10 @@ class Validator {
           "stages, micro-batches and chunks must all be at least 1 (got P={}, M={}, V={})",
           s_.stages, s_.micro_batches, s_.chunks));
     }
+    if (s_.v_shape && s_.chunks != 2) {
+      Fail(fmt::format("a V-shaped placement holds exactly 2 chunks per rank (got V={})",
+                       s_.chunks));
+    }
     if (static_cast<int>(s_.ranks.size()) != s_.stages) {
       Fail(fmt::format("has {} action lists for {} ranks: one list per rank", s_.ranks.size(),
                        s_.stages));
@@ -157,7 +161,7 @@ class Validator {
           if (PeerOf(ActionKind::kRecvF, r, c))
             need(ActionKind::kRecvF, c, "its input arrives there");
           else
-            need(ActionKind::kForward, c - 1, "its input is made there, on this rank");
+            need(ActionKind::kForward, s_.ChunkOf(vs - 1), "its input is made there, on this rank");
         }
         break;
       case ActionKind::kBackward:
@@ -166,7 +170,8 @@ class Validator {
           if (PeerOf(ActionKind::kRecvB, r, c))
             need(ActionKind::kRecvB, c, "its output gradient arrives there");
           else
-            need(ActionKind::kBackward, c + 1, "its output gradient is made there, on this rank");
+            need(ActionKind::kBackward, s_.ChunkOf(vs + 1),
+                 "its output gradient is made there, on this rank");
         }
         break;
       case ActionKind::kWeight:

@@ -2,7 +2,7 @@
 // that a wrong schedule is a clear error instead of wrong gradients or a hang.
 //
 // Checks, in this order; the first fault found is thrown:
-//   1. shape: P, M, V ≥ 1 and one action list per rank;
+//   1. shape: P, M, V ≥ 1 (V = 2 when V-shaped) and one action list per rank;
 //   2. each action on its own: chunk in [0, V), micro-batch in [0, M), W only when the backward
 //      is split, a send or receive only between adjacent virtual stages on different ranks and
 //      naming that neighbour as its peer (so a first stage never has RECV_F, a last never SEND_F);

@@ -4,6 +4,7 @@
 // a crash, a loss of data or a silent acceptance before (the issue "Bad input and faults").
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -207,7 +208,34 @@ TEST_F(BadInputCli, ADivergingRunStopsAtTheStepAndKeepsTheLastCheckpoint) {
   const std::string err =
       Train(fmt::format("--steps 4 --lr 1e30 --lr-schedule constant --save {}", ck.string()));
   EXPECT_THAT(err, HasSubstr("training stopped there, no checkpoint of it is saved"));
+  EXPECT_THAT(err, HasSubstr("or skip such steps with --skip-nonfinite N"));
   EXPECT_EQ(ReadFile(ck), good) << "the checkpoint was overwritten";
+}
+
+// --skip-nonfinite N: a diverging run goes on past its non-finite steps, warning about each, and
+// the checkpoint it saves holds the last good state; on two stages alike.
+TEST_F(BadInputCli, SkippedNonFiniteStepsAreWarnedCountedAndNotSaved) {
+  for (const char* model : {kTiny, kTwoStages}) {
+    const fs::path ck = dir_ / "ck.safetensors", metrics = dir_ / "m.jsonl";
+    const CliResult r = Sluice(fmt::format(
+        "train {} --steps 4 --microbatches 2 --lr 1e30 --lr-schedule constant --skip-nonfinite 10 "
+        "--metrics {} "
+        "--save {}",
+        model, metrics.string(), ck.string()));
+    ASSERT_EQ(r.status, 0) << model << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr("sluice: warning: step 4: the loss is")) << model;
+    EXPECT_THAT(r.err, HasSubstr("of --skip-nonfinite 10)")) << model;
+    std::string line, summary;  // the last line
+    for (std::istringstream in(ReadFile(metrics)); std::getline(in, line);) summary = line;
+    EXPECT_THAT(summary, HasSubstr("\"summary\":true")) << model;
+    EXPECT_THAT(summary, HasSubstr("\"skipped\":")) << model;
+    EXPECT_THAT(summary, Not(HasSubstr("\"skipped\":0"))) << model;
+    EXPECT_TRUE(fs::exists(ck)) << model;  // a checkpoint holding NaN would have been refused
+    fs::remove(ck);
+    fs::remove(metrics);
+  }
+  EXPECT_THAT(Refused("train --steps 1 --skip-nonfinite -1"),
+              HasSubstr("--skip-nonfinite must be 0 (stop at the first) or more, got -1"));
 }
 
 // Regression: a stage failing mid-step (a skipped receive) read past its micro-batches and could

@@ -272,6 +272,39 @@ TEST(PipelineEngine, ReleaseSavesInFlightTimesOutputBytes) {
   }
 }
 
+// --skip-nonfinite on a pipeline: every stage withholds the update of a step whose loss (known
+// to the last stage only) or gradient norm is not finite — the decision is made on all-reduced
+// figures — so the pipeline skips exactly the steps one stage skips and ends in the same state.
+TEST(PipelineEngine, SkipsTheSameNonFiniteStepsAsOneStage) {
+  TrainConfig c = Small(2);
+  c.steps = 5;
+  c.optimizer.lr = 1e30;
+  c.optimizer.schedule = LrSchedule::kConstant;
+  c.optimizer.warmup_steps = 0;
+  c.optimizer.clip_norm = 0;
+  c.skip_nonfinite = 100;
+  struct Skipping {
+    std::vector<bool> skipped;
+    std::map<std::string, std::vector<float>> state;
+  };
+  auto run = [&](const PipelineOptions* options) {
+    Trainer t(c, options != nullptr ? PipelineEngineFactory(*options) : EngineFactory());
+    Skipping s;
+    while (t.step() < c.steps) s.skipped.push_back(t.Step().skipped);
+    for (const std::string& p : t.ParamNames()) {
+      s.state[p] = Values(t.Value(p));
+      for (const std::string& o : OptimizerStateNames(p, c.optimizer))
+        s.state[o] = Values(t.Value(o));
+    }
+    return s;
+  };
+  const PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kOneFOneB};
+  const Skipping one = run(nullptr), pipe = run(&options);
+  EXPECT_GE(std::count(one.skipped.begin(), one.skipped.end(), true), 2);
+  EXPECT_EQ(pipe.skipped, one.skipped);
+  EXPECT_TRUE(pipe.state == one.state) << "a stage applied the update of a skipped step";
+}
+
 TEST(PipelineEngine, AFailingStageStopsEveryStageAndNamesThePlace) {
   PipelineOptions options{.stages = 4, .schedule = ScheduleKind::kOneFOneB};
   options.fault = {.mode = FaultInjection::Mode::kThrow,

@@ -1,14 +1,19 @@
 // Trainer: bitwise resume, weight loading errors, configuration errors, metrics lines.
 #include "sluice/train/trainer.h"
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/safetensors.h"
+#include "sluice/nn/optimizer.h"
 
 namespace sluice {
 namespace {
@@ -159,6 +164,181 @@ TEST(Trainer, MetricsHaveStepEvalAndSummaryLines) {
   EXPECT_EQ(evals, 2);
   EXPECT_EQ(summaries, 1);
   std::remove(c.metrics_path.c_str());
+}
+
+// A run that diverges: at lr 1e30 without clipping, the steps after the first have a loss or
+// gradient norm that is not finite.
+TrainConfig Diverging() {
+  TrainConfig c = SmallGpt();
+  c.optimizer.lr = 1e30;
+  c.optimizer.schedule = LrSchedule::kConstant;
+  c.optimizer.warmup_steps = 0;
+  c.optimizer.clip_norm = 0;
+  return c;
+}
+
+// Every parameter and optimizer-state tensor of `t`, copied.
+std::map<std::string, Tensor> StateCopy(const Trainer& t) {
+  std::map<std::string, Tensor> state;
+  for (const std::string& p : t.ParamNames()) {
+    state.emplace(p, t.Value(p).Clone());
+    for (const std::string& s : OptimizerStateNames(p, t.config().optimizer))
+      state.emplace(s, t.Value(s).Clone());
+  }
+  return state;
+}
+
+// Steps `t` to its end; checks that each skipped step left the state bit for bit as it was and
+// that only steps with a non-finite loss or norm were skipped. Returns how many were.
+int StepCheckingSkips(Trainer& t) {
+  int skipped = 0;
+  while (t.step() < t.config().steps) {
+    const std::map<std::string, Tensor> before = StateCopy(t);
+    const StepRecord r = t.Step();
+    const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+    EXPECT_EQ(r.skipped, !finite) << "step " << r.step;
+    if (!r.skipped) continue;
+    ++skipped;
+    for (const auto& [name, value] : before) {
+      EXPECT_TRUE(BitwiseEqual(value, t.Value(name)))
+          << name << " changed in skipped step " << r.step;
+    }
+  }
+  return skipped;
+}
+
+// --skip-nonfinite: the update of a non-finite step is withheld, training goes on.
+TEST(Trainer, SkippedStepsLeaveParametersAndOptimizerStateUntouched) {
+  TrainConfig c = Diverging();
+  c.skip_nonfinite = 100;
+  Trainer t(c);
+  EXPECT_GE(StepCheckingSkips(t), 2);
+  EXPECT_EQ(t.step(), c.steps);  // the step counter advanced over the skipped steps
+  for (const auto& [name, value] : StateCopy(t)) {
+    for (int64_t i = 0; i < value.numel(); ++i) {
+      ASSERT_TRUE(std::isfinite(value.FlatAt(i))) << name;
+    }
+  }
+}
+
+TEST(Trainer, TheStepAfterTheLastSkipStopsTraining) {
+  TrainConfig c = Diverging();
+  c.skip_nonfinite = 1;
+  c.metrics_path = Temp("skip_metrics.jsonl");
+  Trainer t(c);
+  try {
+    t.Run();
+    FAIL() << "a second non-finite step did not stop training";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("after skipping 1 such step (--skip-nonfinite 1)"),
+              std::string::npos)
+        << e.what();
+  }
+  std::ifstream in(c.metrics_path);
+  std::string line;
+  int skipped_lines = 0;
+  while (std::getline(in, line)) skipped_lines += nlohmann::json::parse(line).contains("skipped");
+  EXPECT_EQ(skipped_lines, 1);
+  std::remove(c.metrics_path.c_str());
+}
+
+TEST(Trainer, WithoutSkippingANonFiniteStepStopsTraining) {
+  Trainer t(Diverging());
+  EXPECT_THROW(
+      {
+        while (t.step() < t.config().steps) t.Step();
+      },
+      NonFiniteError);
+}
+
+TEST(Trainer, TheSummaryCountsSkippedSteps) {
+  TrainConfig c = Diverging();
+  c.skip_nonfinite = 100;
+  c.metrics_path = Temp("skip_summary.jsonl");
+  int64_t skipped = 0;
+  {
+    Trainer t(c);
+    skipped = t.Run().skipped;
+  }
+  EXPECT_GE(skipped, 2);
+  std::ifstream in(c.metrics_path);
+  std::string line, last;
+  int64_t marked = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("summary")) {
+      EXPECT_EQ(j["skipped"], skipped);
+    } else if (j.contains("skipped")) {
+      ++marked;
+    }
+  }
+  EXPECT_EQ(marked, skipped);
+  std::remove(c.metrics_path.c_str());
+}
+
+// A failure after training never loses the trained state: the final save's folder removed while
+// training ran, the state goes to the temporary folder and the error says where.
+TEST(Trainer, AFailedFinalSaveRescuesTheStateToTheTemporaryFolder) {
+  namespace fs = std::filesystem;
+  const fs::path dir = Temp("rescue_run"), tmp = Temp("rescue_tmp");
+  fs::create_directories(dir);
+  fs::create_directories(tmp);
+  TrainConfig c = SmallGpt();
+  c.steps = 2;
+  c.save_path = (dir / "ck.safetensors").string();
+  Trainer t(c);
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved_tmpdir = old_tmpdir ? old_tmpdir : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  std::string message;
+  try {
+    t.Run([&](const StepRecord& r) {
+      if (r.step == c.steps) fs::remove_all(dir);
+    });
+  } catch (const IoError& e) {
+    message = e.what();
+  }
+  if (old_tmpdir) {
+    ::setenv("TMPDIR", saved_tmpdir.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  const fs::path rescue = tmp / "ck.safetensors.rescue-step2.safetensors";
+  EXPECT_NE(message.find("cannot save checkpoint '" + c.save_path + "'"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("the trained state (step 2) is saved to '" + rescue.string() + "'"),
+            std::string::npos)
+      << message;
+  ASSERT_TRUE(fs::exists(rescue)) << message;
+  Checkpoint ck = LoadCheckpoint(rescue.string());
+  EXPECT_EQ(ck.metadata.at("step"), "2");
+  for (const std::string& p : t.ParamNames()) {
+    EXPECT_TRUE(BitwiseEqual(ck.tensors.at(p), t.Value(p))) << p;
+  }
+  fs::remove_all(tmp);
+}
+
+// When the save fails but its folder is still writable (here the path became a folder), the
+// rescue goes beside it.
+TEST(Trainer, AFailedSaveRescuesTheStateBesideItsPath) {
+  namespace fs = std::filesystem;
+  const fs::path dir = Temp("rescue_beside");
+  fs::create_directories(dir);
+  TrainConfig c = SmallGpt();
+  c.steps = 1;
+  c.save_path = (dir / "ck.safetensors").string();
+  Trainer t(c);
+  try {
+    t.Run([&](const StepRecord&) { fs::create_directories(dir / "ck.safetensors" / "x"); });
+    FAIL() << "the save into a folder succeeded";
+  } catch (const IoError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("is saved to '" + c.save_path + ".rescue-step1.safetensors'"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::exists(c.save_path + ".rescue-step1.safetensors"));
+  fs::remove_all(dir);
 }
 
 TEST(Trainer, MlpLearnsBlobs) {

@@ -443,8 +443,19 @@ int RunTrain(TrainArgs& a) {
     if (std::string d = trainer.engine().Describe(); !d.empty()) fmt::print(stderr, "{}\n", d);
   }
   Progress progress(trainer.step(), c.steps, a.quiet);
-  TrainSummary s = trainer.Run([&](const StepRecord& r) { progress.OnStep(r); },
-                               [&](const EvalRecord& e) { progress.OnEval(e); });
+  const bool leader = trainer.engine().leader();
+  int64_t skipped = 0;
+  TrainSummary s = trainer.Run(
+      [&](const StepRecord& r) {
+        if (r.skipped && leader) {  // a warning, printed under --quiet too
+          fmt::print(stderr,
+                     "sluice: warning: step {}: the loss is {} and the gradient norm {}; its "
+                     "update is skipped ({} of --skip-nonfinite {})\n",
+                     r.step, r.loss, r.grad_norm, ++skipped, c.skip_nonfinite);
+        }
+        progress.OnStep(r);
+      },
+      [&](const EvalRecord& e) { progress.OnEval(e); });
   if (!a.quiet) {
     fmt::print(stderr, "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB, {} parameters\n",
                s.steps, FormatDuration(s.wall_s), FormatRate(s.tokens_per_s),
@@ -542,6 +553,10 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--resume", c.resume_path,
                  "continue from this checkpoint (bitwise the same losses)");
   sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file");
+  sub.add_option("--skip-nonfinite", c.skip_nonfinite,
+                 "skip the update of up to N steps whose loss or gradient norm is not finite "
+                 "(0: stop at the first)")
+      ->capture_default_str();
   sub.add_flag("--quiet", a->quiet, "no progress output");
 
   sub.add_option("--stages", a->pipe.stages, "pipeline stages P, one thread each (1: no pipeline)")

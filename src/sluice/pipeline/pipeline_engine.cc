@@ -280,6 +280,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     for (double l : last.losses) loss_sum += l;
     result.loss = loss_sum / static_cast<double>(M);
     result.grad_norm = steps[0].grad_norm;
+    result.updated = steps[0].updated;  // every rank decided on the same all-reduced figures
     for (int r = 0; r < P; ++r) {
       m.Record(r, steps[r], steps[r].released_output_bytes);
       result.peak_allocated_bytes =
@@ -338,6 +339,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   }
   result.loss = losses > 0 ? sum / losses : 0;
   result.grad_norm = all.data<double>()[kNorm];  // equal on every rank
+  result.updated = s.updated;                    // likewise
   if (trace) {
     std::string stem = m.options.trace_path;
     if (stem.ends_with(".json")) stem.resize(stem.size() - 5);
@@ -453,6 +455,8 @@ void PipelineEngine::SaveCheckpoint(const std::string& path,
   }
   world.Barrier();
 }
+
+bool PipelineEngine::distributed() const { return impl_->distributed(); }
 
 GcMode PipelineEngine::gc_mode() const { return impl_->ranks.front()->gc_mode(); }
 

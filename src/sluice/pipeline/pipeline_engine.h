@@ -103,6 +103,7 @@ class PipelineEngine final : public StepEngine {
   GcMode gc_mode() const override;  // every rank allocates from the same kind of allocator
   std::vector<StageMemoryForecast> Forecast() const override;  // memory_forecast.h; in-process
   bool leader() const override;
+  bool distributed() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
   void SaveCheckpoint(const std::string& path,
                       const std::map<std::string, std::string>& metadata) override;

@@ -395,18 +395,25 @@ class StageRuntime::StepRun {
   // The gradient sums over replicas (data parallelism), the mean over micro-batches, the global
   // norm from every stage's per-parameter sums of squares (all-reduced: each rank fills its own
   // parameters' entries, so the sum in model order is bitwise the single stage's), clipping and
-  // the optimizer.
+  // the optimizer. The same all-reduces carry the sum of the step's losses (the last stage's,
+  // every replica's) to every rank, so that all of them withhold the update together when the
+  // loss or the norm is not finite (StageProgram::UpdateIfFinite).
   void Optimize(const Action& a) {
     const StageSetup& setup = rt_.setup;
+    Tensor loss_sum = Tensor::Zeros({1}, DType::kF64, rt_.allocator);
+    for (double l : out_.losses) loss_sum.data<double>()[0] += l;
     if (setup.data !=
         nullptr) {  // sum over replicas, every gradient in name order on every replica
       const int64_t begin = NowNs();
       for (const auto& [name, g] : grads_.grads()) setup.data->AllReduceSum(g);
+      setup.data->AllReduceSum(loss_sum);
       out_.comm_ns += NowNs() - begin;
       Span("ALLREDUCE_DP", a, begin, NowNs());
     }
     const int64_t n = static_cast<int64_t>(setup.model_params.size());
-    Tensor sum_squares = Tensor::Zeros({n}, DType::kF64, rt_.allocator);
+    // [n] sums of squares in model order, then the loss sum.
+    Tensor sum_squares = Tensor::Zeros({n + 1}, DType::kF64, rt_.allocator);
+    sum_squares.data<double>()[n] = loss_sum.data<double>()[0];
     Compute(a, "OPT", 3, [&] {
       const std::vector<double> mine = rt_.program->FinishGradients(grads_, rt_.M * setup.replicas);
       for (size_t i = 0; i < mine.size(); ++i)
@@ -417,7 +424,10 @@ class StageRuntime::StepRun {
     out_.comm_ns += NowNs() - begin;
     Span("ALLREDUCE", a, begin, NowNs());
     out_.grad_norm = GlobalNorm({sum_squares.data<double>(), sum_squares.data<double>() + n});
-    Compute(a, "OPT", 4, [&] { rt_.program->Update(grads_, out_.grad_norm, lr_, step_); });
+    const double all_losses = sum_squares.data<double>()[n];
+    Compute(a, "OPT", 4, [&] {
+      out_.updated = rt_.program->UpdateIfFinite(grads_, out_.grad_norm, all_losses, lr_, step_);
+    });
   }
 
   StageRuntime::Impl& rt_;

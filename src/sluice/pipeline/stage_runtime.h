@@ -131,6 +131,7 @@ struct StageStep {
   int64_t wall_ns = 0;           // the whole step on this rank
   std::vector<double> losses;    // [M] on the last virtual stage's rank; empty elsewhere
   double grad_norm = 0;
+  bool updated = true;  // false: the step's loss or gradient norm was not finite (no update)
   std::vector<TraceSpan> spans;      // when tracing
   std::vector<MemorySample> memory;  // when tracing
   // Profile (step_simulator.h's costs): every compute's wall and thread CPU time, one sample per

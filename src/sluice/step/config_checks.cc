@@ -47,6 +47,7 @@ void ValidateTrainRanges(const TrainConfig& c) {
   CheckCount("--warmup", o.warmup_steps, 0, "0 or more");
   CheckCount("--eval-every", c.eval_every, 0, "0 (only at the end) or more");
   CheckCount("--save-every", c.save_every, 0, "0 (only at the end) or more");
+  CheckCount("--skip-nonfinite", c.skip_nonfinite, 0, "0 (stop at the first) or more");
   CheckCount("--seq", c.gpt.seq, 0, "0 (the data's) or more");
   CheckCount("--vocab", c.gpt.vocab, 0, "0 (the data's) or more");
   if (c.threads > ThreadPool::kMaxThreads) {

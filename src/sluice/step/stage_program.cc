@@ -166,6 +166,16 @@ void StageProgram::Update(GradientAccumulator& grads, double global_norm, double
   state_.Erase("step");
 }
 
+bool StageProgram::UpdateIfFinite(GradientAccumulator& grads, double global_norm, double loss,
+                                  double lr, int64_t step) {
+  if (!std::isfinite(loss) || !std::isfinite(global_norm)) {
+    grads.Clear();
+    return false;
+  }
+  Update(grads, global_norm, lr, step);
+  return true;
+}
+
 std::map<std::string, Tensor> StageProgram::State() const {
   std::map<std::string, Tensor> out;
   for (const ParamSpec& p : params_) {

@@ -130,6 +130,12 @@ class StageProgram {
   // Clips `grads` (averaged) to config.optimizer.clip_norm given their global norm, applies them
   // to the parameters in place with the optimizer at `lr` for 0-based `step`, then clears `grads`.
   void Update(GradientAccumulator& grads, double global_norm, double lr, int64_t step);
+  // Update when the step is finite — `loss` (the step's loss, or any sum of its micro-batches'
+  // losses) and `global_norm` both finite — and returns true. Otherwise withholds the update:
+  // clears `grads`, leaves parameters and optimizer state as they were and returns false. Both
+  // engines decide here, on figures every rank of a pipeline agrees on, so no rank updates alone.
+  bool UpdateIfFinite(GradientAccumulator& grads, double global_norm, double loss, double lr,
+                      int64_t step);
 
   // Parameters and optimizer state by name, sharing the rank's memory.
   std::map<std::string, Tensor> State() const;

@@ -38,6 +38,9 @@ namespace sluice {
 struct StepResult {
   double loss = 0;       // mean over micro-batches
   double grad_norm = 0;  // global, before clipping
+  // False when the loss or the gradient norm was not finite: the engine then withheld the
+  // update (StageProgram::UpdateIfFinite), parameters and optimizer state are as they were.
+  bool updated = true;
   // Peak tensor memory of the step: every tensor the engine holds (parameters, optimizer state,
   // activations, gradients). A pipeline reports its largest stage.
   int64_t peak_allocated_bytes = 0;
@@ -48,7 +51,8 @@ class StepEngine {
  public:
   virtual ~StepEngine() = default;
   // Step `step` (0-based): forward and backward over config.microbatches micro-batches of batch
-  // indices step·M … step·M + M − 1, gradient mean and clipping, then the optimizer at `lr`.
+  // indices step·M … step·M + M − 1, gradient mean and clipping, then the optimizer at `lr` —
+  // unless the loss or gradient norm is not finite, when the update is withheld (`updated`).
   virtual StepResult Step(int64_t step, double lr) = 0;
   // Every parameter and optimizer-state tensor by name, sharing the engine's memory.
   virtual std::map<std::string, Tensor> State() const = 0;
@@ -69,6 +73,8 @@ class StepEngine {
   // Distributed engines run one rank per process (MPI). Only the leader (world rank 0) writes
   // metrics, evaluates and reports; every process calls every method below (they are collective).
   virtual bool leader() const { return true; }
+  // Whether the engine is one rank of several processes (State() holds this rank's part only).
+  virtual bool distributed() const { return false; }
   // The whole model's parameters on the leader (copies from the other ranks, in `allocator`);
   // empty on the other processes. One process: the parameters of State().
   virtual std::map<std::string, Tensor> GatherParams(Allocator& allocator);

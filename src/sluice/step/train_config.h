@@ -62,6 +62,9 @@ struct TrainConfig {
   int threads = 0;           // intra-op threads (BLAS and parallel runs); 0 = all cores
   int64_t eval_every = 250;  // 0: only after the last step
   int64_t eval_batches = 4;
+  // `--skip-nonfinite N`: up to N steps whose loss or gradient norm is not finite have their
+  // update withheld and training goes on; the next one stops it (NonFiniteError). Counted per run.
+  int64_t skip_nonfinite = 0;
   std::string metrics_path;  // JSON lines; empty = none
   std::string save_path;     // checkpoint file; empty = none
   int64_t save_every = 0;    // 0: only at the end (when save_path is set)

@@ -42,7 +42,7 @@ class SingleStageEngine final : public StepEngine {
     }
     r.loss = loss_sum / static_cast<double>(M);
     r.grad_norm = GlobalNorm(program_.FinishGradients(grads_, M));
-    program_.Update(grads_, r.grad_norm, lr, step);
+    r.updated = program_.UpdateIfFinite(grads_, r.grad_norm, r.loss, lr, step);
     const MemoryStats stats = allocator_.Stats();
     r.peak_allocated_bytes = stats.peak_allocated_bytes;
     r.peak_reserved_bytes = stats.peak_reserved_bytes;

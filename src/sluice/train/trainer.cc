@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
+#include "sluice/io/checkpoint.h"
 #include "sluice/io/metrics.h"
 #include "sluice/nn/data.h"
 #include "sluice/train/single_stage.h"
@@ -40,8 +42,12 @@ struct Trainer::Impl {
   double wall_s = 0;
   int64_t tokens = 0;
   int64_t peak_allocated = 0, peak_reserved = 0;
+  int64_t skipped = 0;  // steps of this run whose update was withheld
 
   Impl(TrainConfig c, const EngineFactory& factory);
+  // Saves a checkpoint at config.save_path; when that fails, saves the state elsewhere
+  // (RescuePaths) and throws IoError naming both.
+  void SaveOrRescue();
 };
 
 Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::move(c)) {
@@ -111,19 +117,32 @@ StepRecord Trainer::Step() {
   m.tokens += tokens;
   m.peak_allocated = std::max(m.peak_allocated, r.peak_allocated_bytes);
   m.peak_reserved = std::max(m.peak_reserved, r.peak_reserved_bytes);
-  m.metrics.Write({{"step", r.step},
-                   {"loss", r.loss},
-                   {"lr", r.lr},
-                   {"grad_norm", r.grad_norm},
-                   {"tokens_per_s", r.tokens_per_s},
-                   {"step_ms", r.step_ms},
-                   {"peak_allocated_bytes", r.peak_allocated_bytes},
-                   {"peak_reserved_bytes", r.peak_reserved_bytes}});
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+  // The engine withheld the update of a step whose loss or norm is not finite (on a pipeline,
+  // judged on the all-reduced figures); the trainer decides whether training goes on.
+  const bool finite = s.updated && std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+  r.skipped = !finite && m.skipped < c.skip_nonfinite;
+  nlohmann::json line = {{"step", r.step},
+                         {"loss", r.loss},
+                         {"lr", r.lr},
+                         {"grad_norm", r.grad_norm},
+                         {"tokens_per_s", r.tokens_per_s},
+                         {"step_ms", r.step_ms},
+                         {"peak_allocated_bytes", r.peak_allocated_bytes},
+                         {"peak_reserved_bytes", r.peak_reserved_bytes}};
+  if (r.skipped) line["skipped"] = true;
+  m.metrics.Write(line);
+  if (r.skipped) {
+    ++m.skipped;
+  } else if (!finite) {
+    const std::string skipped =
+        c.skip_nonfinite > 0 ? fmt::format(" after skipping {} such step{} (--skip-nonfinite {})",
+                                           m.skipped, m.skipped == 1 ? "" : "s", c.skip_nonfinite)
+                             : std::string();
     throw NonFiniteError(fmt::format(
-        "step {}: the loss is {} and the gradient norm {}; training stopped there, no checkpoint "
-        "of it is saved (lower --lr, or clip gradients with --clip)",
-        r.step, r.loss, r.grad_norm));
+        "step {}: the loss is {} and the gradient norm {}; training stopped there{}, no "
+        "checkpoint of it is saved (lower --lr, clip gradients with --clip, or skip such steps "
+        "with --skip-nonfinite N)",
+        r.step, r.loss, r.grad_norm, skipped));
   }
   return r;
 }
@@ -157,6 +176,50 @@ void Trainer::SaveCheckpoint(const std::string& path) const {
   m.engine->SaveCheckpoint(path, TrainingCheckpointMetadata(*m.task, m.config, m.step));
 }
 
+namespace {
+
+// Where a checkpoint that could not be written at `path` goes instead, in order of preference:
+// beside it, then in the temporary folder.
+std::vector<std::string> RescuePaths(const std::string& path, int64_t step) {
+  const std::string suffix = fmt::format(".rescue-step{}.safetensors", step);
+  std::vector<std::string> paths = {path + suffix};
+  std::error_code ec;
+  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (!ec) {
+    paths.push_back((tmp / (std::filesystem::path(path).filename().string() + suffix)).string());
+  }
+  return paths;
+}
+
+}  // namespace
+
+void Trainer::Impl::SaveOrRescue() {
+  const std::map<std::string, std::string> metadata =
+      TrainingCheckpointMetadata(*task, config, step);
+  try {
+    engine->SaveCheckpoint(config.save_path, metadata);
+    return;
+  } catch (const IoError& e) {
+    // A rank of several processes holds a part of the state only: its failure ends the job.
+    if (engine->distributed()) throw;
+    std::string failures;
+    for (const std::string& rescue : RescuePaths(config.save_path, step)) {
+      try {
+        SaveCheckpointAtomic(rescue, engine->State(), metadata);
+      } catch (const Error& again) {
+        failures += fmt::format("; saving it to '{}' failed too: {}", rescue, again.what());
+        continue;
+      }
+      throw IoError(
+          fmt::format("{}; the trained state (step {}) is saved to '{}' instead: "
+                      "resume from it with --resume {}",
+                      e.what(), step, rescue, rescue));
+    }
+    throw IoError(
+        fmt::format("{}{}; the trained state (step {}) is lost", e.what(), failures, step));
+  }
+}
+
 TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                           const std::function<void(const EvalRecord&)>& on_eval) {
   Impl& m = *impl_;
@@ -173,7 +236,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       if (on_eval) on_eval(s.last_eval);
     }
     if (!c.save_path.empty() && (final || (c.save_every > 0 && m.step % c.save_every == 0)))
-      SaveCheckpoint(c.save_path);
+      m.SaveOrRescue();
   }
   s.steps = m.step;
   s.wall_s = m.wall_s;
@@ -181,6 +244,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   s.peak_allocated_bytes = m.peak_allocated;
   s.peak_reserved_bytes = m.peak_reserved;
   s.params = CountParams(m.model.params);
+  s.skipped = m.skipped;
   nlohmann::json summary = {{"summary", true},
                             {"steps", s.steps},
                             {"final_loss", s.final_loss},
@@ -190,6 +254,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"peak_allocated_bytes", s.peak_allocated_bytes},
                             {"peak_reserved_bytes", s.peak_reserved_bytes},
                             {"params", s.params},
+                            {"skipped", s.skipped},
                             {"gc", DescribeGcMode(c.gc, m.engine->gc_mode())},
                             {"config", m.task->Describe()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;

@@ -18,6 +18,13 @@
 // loss or gradient norm is not finite throws NonFiniteError naming the step (after writing its
 // metrics line, before any evaluation or checkpoint of it), and no checkpoint holding a non-finite
 // value is ever written (io/checkpoint.h): a diverged run leaves the last good checkpoint alone.
+// With config.skip_nonfinite = N, the first N such steps are skipped instead: the engine withholds
+// their update (StepEngine::Step), the step counter advances — and with it the learning-rate
+// schedule and AdamW's step count, which are functions of the step number, so a skipped step's
+// rate is simply not applied — and the N+1-th throws. A checkpoint that cannot be written by Run
+// does not lose the trained state: it is saved to "<path>.rescue-step<N>.safetensors" beside
+// the path or, failing that, in the temporary folder ($TMPDIR), and the IoError says where
+// (one-process runs; under MPI a failed save ends the job).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +47,9 @@ struct StepRecord {
   double tokens_per_s = 0;
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
+  // The loss or gradient norm was not finite and --skip-nonfinite allowed the step: its update
+  // was withheld (parameters and optimizer state as before it).
+  bool skipped = false;
 };
 
 struct EvalRecord {
@@ -57,6 +67,7 @@ struct TrainSummary {
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   int64_t params = 0;
+  int64_t skipped = 0;  // steps whose update was withheld (StepRecord::skipped)
 };
 
 class Trainer {
@@ -70,7 +81,8 @@ class Trainer {
   TrainSummary Run(const std::function<void(const StepRecord&)>& on_step = nullptr,
                    const std::function<void(const EvalRecord&)>& on_eval = nullptr);
 
-  // One optimizer step (for tests); returns its record, or throws NonFiniteError.
+  // One optimizer step (for tests); returns its record (skipped when its update was withheld),
+  // or throws NonFiniteError.
   StepRecord Step();
   EvalRecord Evaluate();
   void SaveCheckpoint(const std::string& path) const;

@@ -181,5 +181,22 @@ TEST_F(SimulateCli, CompareRanksSchedulesByPredictedTimeWithinTheBudget) {
   EXPECT_NE(err.find("no schedule named can be simulated"), std::string::npos) << err;
 }
 
+// Above the forecast's action limit a simulation predicts time only and says so; a budget cannot
+// be checked there and is refused.
+TEST_F(SimulateCli, LargeJobsPredictTimeAndSayMemoryWasNotForecast) {
+  const std::string job =
+      "--layers 8 --stages 8 --batch 16384 --microbatches 16384 --schedule 1f1b --threads 1";
+  const nlohmann::json j = Simulate(job);
+  EXPECT_DOUBLE_EQ(j["step_ms"].get<double>(), 3.0 * (16384 + 8 - 1));  // (F + B + W)(M + P − 1)
+  EXPECT_NE(j["memory_note"].get<std::string>().find("memory not forecast"), std::string::npos);
+  ASSERT_EQ(j["stages"].size(), 8u);
+  EXPECT_TRUE(j["stages"][0]["peak_allocated_bytes"].is_null());
+  const CliResult table = Sluice("simulate " + job);
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("memory not forecast"), std::string::npos) << table.out;
+  const std::string err = Error(job + " --memory-budget 1GiB");
+  EXPECT_NE(err.find("--memory-budget: memory not forecast"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace sluice

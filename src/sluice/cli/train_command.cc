@@ -620,9 +620,15 @@ struct SimulatedSchedule {
   std::string describe;  // the schedule (kind, P, M, V)
   std::string costs;     // where its costs come from
   pipeline::StepPrediction prediction;
-  std::vector<StageMemoryForecast> memory;
+  std::vector<StageMemoryForecast> memory;  // empty when not forecast (memory_note says why)
+  std::string memory_note;
   bool fits = true;  // every stage's forecast within --memory-budget (true without a budget)
 };
+
+// The memory forecast replays every action of every rank through its programs' execution plans
+// (about 30 µs an action on a 2 GHz core): above this many actions a simulation predicts time
+// only, and says so.
+constexpr int64_t kForecastActionLimit = 400'000;
 
 // The first of `costs` that covers the job under `kind` (P, V, split backward, the same model,
 // micro-batch, layout, recompute and threads); unit costs when none is given. Throws
@@ -656,12 +662,28 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
   SimulatedSchedule out{.kind = kind,
                         .describe = layout.setup.schedule.Describe(),
                         .costs = chosen.source,
-                        .prediction = pipeline::SimulateStep(layout.setup.schedule, chosen),
-                        .memory = ForecastJob(a, job, a.config, kind)};
+                        .prediction = pipeline::SimulateStep(layout.setup.schedule, chosen)};
+  int64_t actions = 0;
+  for (const auto& rank : layout.setup.schedule.ranks) actions += std::ssize(rank);
+  if (actions <= kForecastActionLimit) {
+    out.memory = pipeline::ForecastStages(layout.setup);
+  } else {
+    out.memory_note = fmt::format(
+        "memory not forecast: {} actions, over the forecast's {} (it replays every action's "
+        "programs); simulate fewer micro-batches or stages to see it",
+        actions, kForecastActionLimit);
+    if (!budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
+  }
   for (size_t s = 0; s < budget.size() && s < out.memory.size(); ++s) {
     if (out.memory[s].peak_allocated_bytes > budget[s]) out.fits = false;
   }
   return out;
+}
+
+// Stage s's forecast peak, or null when memory was not forecast.
+nlohmann::ordered_json PeakJson(const std::vector<StageMemoryForecast>& memory, size_t s) {
+  return memory.empty() ? nlohmann::ordered_json()
+                        : nlohmann::ordered_json(memory[s].peak_allocated_bytes);
 }
 
 // The kinds of --compare: a comma list of schedule names, or "all".
@@ -689,8 +711,9 @@ std::vector<pipeline::ScheduleKind> ParseCompareList(const std::string& text) {
   return kinds;
 }
 
+// The largest stage's forecast peak; -1 when memory was not forecast.
 int64_t LargestPeak(const std::vector<StageMemoryForecast>& memory) {
-  int64_t peak = 0;
+  int64_t peak = memory.empty() ? -1 : 0;
   for (const StageMemoryForecast& m : memory) peak = std::max(peak, m.peak_allocated_bytes);
   return peak;
 }
@@ -732,7 +755,7 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
       for (size_t s = 0; s < r.prediction.ranks.size(); ++s) {
         stages.push_back({{"stage", s},
                           {"bubble", r.prediction.ranks[s].bubble},
-                          {"peak_allocated_bytes", r.memory[s].peak_allocated_bytes}});
+                          {"peak_allocated_bytes", PeakJson(r.memory, s)}});
       }
       rows.push_back({{"rank", i + 1},
                       {"schedule", pipeline::ScheduleKindName(r.kind)},
@@ -740,9 +763,12 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
                       {"costs", r.costs},
                       {"step_ms", r.prediction.step_ms},
                       {"bubble", r.prediction.bubble},
-                      {"peak_allocated_bytes", LargestPeak(r.memory)},
+                      {"peak_allocated_bytes", r.memory.empty()
+                                                   ? nlohmann::ordered_json()
+                                                   : nlohmann::ordered_json(LargestPeak(r.memory))},
                       {"fits_budget", r.fits},
                       {"stages", stages}});
+      if (!r.memory_note.empty()) rows.back()["memory_note"] = r.memory_note;
     }
     nlohmann::ordered_json not_simulated = nlohmann::ordered_json::array();
     for (const auto& [kind, reason] : refused) {
@@ -764,8 +790,11 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
     const SimulatedSchedule& r = ranked[i];
     fmt::print("  {:<4}  {:<28}  {:>7.3f} {:<2}  {:>6.1f}%  {:>16}{}\n", i + 1, r.describe,
                r.prediction.step_ms, unit, 100 * r.prediction.bubble,
-               FormatBytes(LargestPeak(r.memory)),
+               r.memory.empty() ? "-" : FormatBytes(LargestPeak(r.memory)),
                budget.empty() ? "" : (r.fits ? "  fits" : "  over"));
+  }
+  for (const SimulatedSchedule& r : ranked) {
+    if (!r.memory_note.empty()) fmt::print("  {}: {}\n", r.describe, r.memory_note);
   }
   for (const auto& [kind, reason] : refused) {
     fmt::print("  not simulated: {}: {}\n", pipeline::ScheduleKindName(kind), reason);
@@ -801,7 +830,7 @@ int RunSimulate(TrainArgs& a) {
                         {"busy_ms", p.ranks[s].busy_ms},
                         {"idle_ms", p.ranks[s].idle_ms},
                         {"bubble", p.ranks[s].bubble},
-                        {"peak_allocated_bytes", memory[s].peak_allocated_bytes}});
+                        {"peak_allocated_bytes", PeakJson(memory, s)}});
     }
     nlohmann::ordered_json out;
     out["schedule"] = r.describe;
@@ -811,6 +840,7 @@ int RunSimulate(TrainArgs& a) {
     out["makespan_ms"] = p.makespan_ms;
     out["bubble"] = p.bubble;
     if (!budget.empty()) out["fits_budget"] = r.fits;
+    if (!r.memory_note.empty()) out["memory_note"] = r.memory_note;
     out["stages"] = stages;
     fmt::print("{}\n", out.dump(2));
     return 0;
@@ -825,12 +855,13 @@ int RunSimulate(TrainArgs& a) {
   for (size_t s = 0; s < p.ranks.size(); ++s) {
     fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%  {:>12}{}\n", s, p.ranks[s].busy_ms,
                p.ranks[s].idle_ms, 100 * p.ranks[s].bubble,
-               FormatBytes(memory[s].peak_allocated_bytes),
+               memory.empty() ? "-" : FormatBytes(memory[s].peak_allocated_bytes),
                budget.empty() ? ""
                               : fmt::format("  {}", memory[s].peak_allocated_bytes <= budget[s]
                                                         ? "fits"
                                                         : "over " + FormatBytes(budget[s])));
   }
+  if (!r.memory_note.empty()) fmt::print("  {}\n", r.memory_note);
   return 0;
 }
 

@@ -97,30 +97,31 @@ class Validator {
 
   void CheckAction(int r, int i) {
     const Action& a = s_.ranks[r][i];
-    const std::string at = At(r, i);
+    // The place is formatted only for an error: this runs once per action of every schedule.
     if (a.kind == ActionKind::kOptimizer) {
       if (i + 1 != static_cast<int>(s_.ranks[r].size())) {
-        Fail(fmt::format("{}: OPT must be the rank's last action, once", at));
+        Fail(fmt::format("{}: OPT must be the rank's last action, once", At(r, i)));
       }
       return;
     }
     if (a.chunk < 0 || a.chunk >= s_.chunks)
-      Fail(fmt::format("{}: chunk {} is outside [0, {})", at, a.chunk, s_.chunks));
+      Fail(fmt::format("{}: chunk {} is outside [0, {})", At(r, i), a.chunk, s_.chunks));
     if (a.micro_batch < 0 || a.micro_batch >= s_.micro_batches) {
-      Fail(fmt::format("{}: micro-batch {} is outside [0, {})", at, a.micro_batch,
+      Fail(fmt::format("{}: micro-batch {} is outside [0, {})", At(r, i), a.micro_batch,
                        s_.micro_batches));
     }
     if (a.kind == ActionKind::kWeight && !s_.split_backward) {
       Fail(fmt::format(
-          "{}: W in a schedule whose backward is not split (B computes weight gradients too)", at));
+          "{}: W in a schedule whose backward is not split (B computes weight gradients too)",
+          At(r, i)));
     }
     if (IsCompute(a.kind) && a.peer != -1)
-      Fail(fmt::format("{}: a compute action names peer {}", at, a.peer));
+      Fail(fmt::format("{}: a compute action names peer {}", At(r, i), a.peer));
     if (IsSend(a.kind) || IsRecv(a.kind)) CheckPeer(r, i, a);
 
     const int c = a.chunk, m = a.micro_batch;
     if (Done(r, a.kind, c, m)) {
-      Fail(fmt::format("{}: {} already ran at step {}", at, Name(a.kind, c, m),
+      Fail(fmt::format("{}: {} already ran at step {}", At(r, i), Name(a.kind, c, m),
                        Slot(r, a.kind, c, m)));
     }
     CheckPrerequisites(r, i, a);

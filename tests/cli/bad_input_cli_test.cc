@@ -88,7 +88,15 @@ TEST_F(BadInputCli, NumericFlagsMustBeFiniteAndInRange) {
       {"--warmup -5", "--warmup must be 0 or more, got -5"},
       {"--eval-every -1", "--eval-every must be 0 (only at the end) or more, got -1"},
       {"--save-every -2", "--save-every must be 0 (only at the end) or more, got -2"},
-      {"--seq -1", "--seq must be 0 (the data's) or more, got -1"},
+      {"--seq -1", "--seq must be 0 (the data's) to 16384, got -1"},
+      {"--vocab 1000000000000", "--vocab must be 0 (the data's) to 1048576, got 1000000000000"},
+      // Sizes that overflowed a tensor's byte count (an internal error) or took hours of setup.
+      {"--layers 1000000000", "--layers must be 1 to 10000, got 1000000000"},
+      {"--dim 1000000000", "--dim must be 1 to 65536, got 1000000000"},
+      {"--batch 1000000000", "--batch must be 1 to 16384, got 1000000000"},
+      // Regression: "must divide --batch" for 0; an evaluation of 10^12 batches was accepted.
+      {"--microbatches 0", "--microbatches must be 1 or more, got 0"},
+      {"--eval-batches 1000000000000", "--eval-batches must be 1 to 10000, got 1000000000000"},
       {"--threads 100000", "--threads must be 0 (every core) to 1024, got 100000"},
       {"--batch -4", "--batch must be at least 1, got -4"},
   };
@@ -212,6 +220,40 @@ TEST_F(BadInputCli, ADivergingRunStopsAtTheStepAndKeepsTheLastCheckpoint) {
   EXPECT_EQ(ReadFile(ck), good) << "the checkpoint was overwritten";
 }
 
+// The other commands, with hostile arguments: each was an internal error, a hang, or a loss of
+// data (the report written over its own metrics).
+TEST_F(BadInputCli, OtherCommandsRefuseHostileArgumentsCleanly) {
+  const fs::path metrics = Write("m.jsonl", "{\"step\": 1, \"loss\": 2.5}\n");
+  const std::string before = ReadFile(metrics);
+  EXPECT_THAT(Refused(fmt::format("report {0} --out {0}", metrics.string())),
+              HasSubstr("--out '" + metrics.string() + "' is the metrics file"));
+  EXPECT_EQ(ReadFile(metrics), before);
+  EXPECT_THAT(Refused("report /dev/zero"),
+              HasSubstr("metrics file '/dev/zero' is a character device"));
+  EXPECT_THAT(Refused(fmt::format("report {} --trace /dev/zero --out {}/r.html", metrics.string(),
+                                  dir_.string())),
+              HasSubstr("trace file '/dev/zero' is a character device"));
+  EXPECT_THAT(Refused("report " + dir_.string()),
+              HasSubstr("cannot read metrics file '" + dir_.string() + "': it is a directory"));
+  EXPECT_THAT(Refused("simulate --stages 2 --microbatches 2 --costs " + dir_.string()),
+              HasSubstr("cannot read --costs file '" + dir_.string() + "': it is a directory"));
+  EXPECT_THAT(Refused("simulate --stages 2 --microbatches 0"),
+              HasSubstr("--microbatches must be 1 or more, got 0"));
+  EXPECT_THAT(Refused("plan --layers 1000000000"), HasSubstr("--layers must be 1 to 10000"));
+  EXPECT_THAT(Refused("plan --dim 1000000000"), HasSubstr("--dim must be 1 to 65536"));
+  EXPECT_THAT(Refused("plan --eval-batches 100000"), HasSubstr("--eval-batches must be 1 to"));
+  // Cases that were already clean, kept so that they stay so.
+  for (const std::string& args : std::vector<std::string>{
+           "schedule -p 0 -m 4", "schedule -p 4 -m -3", "schedule -p 4 -m 1000000000",
+           "schedule -p 2 -m 4 -s interleaved -v -1", "schedule -p 2 -m 4 -s bogus",
+           "plan --stages -1", "plan --memory-budget nan", "plan --memory-budget -1",
+           "plan --data /dev/zero", "plan --recompute ,,,", "sample --checkpoint /dev/zero",
+           "sample --checkpoint " + dir_.string(), "run /dev/null",
+           "simulate --stages 2 --microbatches 2 --costs /dev/zero"}) {
+    Refused(args);
+  }
+}
+
 // --skip-nonfinite N: a diverging run goes on past its non-finite steps, warning about each, and
 // the checkpoint it saves holds the last good state; on two stages alike.
 TEST_F(BadInputCli, SkippedNonFiniteStepsAreWarnedCountedAndNotSaved) {
@@ -255,7 +297,9 @@ TEST_F(BadInputCli, EveryFaultInjectionPointIsACleanError) {
         const std::string a = action;
         const bool exists =
             stage == 0 ? a != "RECV_F" && a != "SEND_B" : a != "SEND_F" && a != "RECV_B";
-        if (mode == "throw") EXPECT_EQ(r.status, exists ? 1 : 0) << fault << "\n" << r.err;
+        if (mode == "throw") {
+          EXPECT_EQ(r.status, exists ? 1 : 0) << fault << "\n" << r.err;
+        }
         if (r.status == 1) {
           EXPECT_THAT(r.err, HasSubstr("stage ")) << fault << "\n" << r.err;
         }

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "sluice/cli/commands.h"
+#include "sluice/core/files.h"
 #include "sluice/io/run_report.h"
 
 namespace sluice::cli {
@@ -28,13 +29,17 @@ struct ReportArgs {
 };
 
 int RunReport(const ReportArgs& a) {
-  std::vector<nlohmann::json> traces;
-  for (const std::string& t : a.traces) traces.push_back(ReadTraceFile(t));
-  const nlohmann::json data = ReportData(ReadMetricsFile(a.metrics), traces);
   std::string out = a.out;
   if (out.empty()) {
     out = (std::filesystem::path(a.metrics).parent_path() / "report.html").string();
   }
+  // Before reading anything: the page may not overwrite the metrics or a trace.
+  std::vector<NamedPath> inputs = {{"metrics", a.metrics}};
+  for (const std::string& t : a.traces) inputs.push_back({"--trace", t});
+  CheckOutputPaths(inputs, {{"--out", out}});
+  std::vector<nlohmann::json> traces;
+  for (const std::string& t : a.traces) traces.push_back(ReadTraceFile(t));
+  const nlohmann::json data = ReportData(ReadMetricsFile(a.metrics), traces);
   WriteTextFile(out, RenderReportHtml(data, fmt::format("sluice run: {}", a.metrics)));
   fmt::print("report: {}\n", out);
   return 0;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/core/files.h"
 
 namespace sluice {
 
@@ -21,15 +22,6 @@ using Json = nlohmann::json;
 std::string_view ReportPageTemplate();
 
 namespace {
-
-std::string ReadWholeFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("{}: cannot open {}: {}", path, what, std::strerror(errno)));
-  std::stringstream s;
-  s << in.rdbuf();
-  if (in.bad()) throw IoError(fmt::format("{}: cannot read {}", path, what));
-  return s.str();
-}
 
 // The kind of a pipeline trace span by its name: "F3" → F, "SEND_B1" → SEND, "OPT" → OPT.
 std::string SpanKind(const std::string& name) {
@@ -120,7 +112,7 @@ Json TraceData(const std::vector<Json>& traces) {
 }  // namespace
 
 std::vector<Json> ReadMetricsFile(const std::string& path) {
-  std::istringstream in(ReadWholeFile(path, "the metrics"));
+  std::istringstream in(ReadWholeFile("metrics file", path));
   std::vector<Json> lines;
   int number = 0;
   for (std::string line; std::getline(in, line);) {
@@ -145,7 +137,7 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
 Json ReadTraceFile(const std::string& path) {
   Json j;
   try {
-    j = Json::parse(ReadWholeFile(path, "the trace"));
+    j = Json::parse(ReadWholeFile("trace file", path));
   } catch (const Json::parse_error& e) {
     throw ParseError(path, 1, static_cast<int>(e.byte),
                      fmt::format("not a Chrome trace (JSON): {}", e.what()));

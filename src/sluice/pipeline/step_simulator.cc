@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "sluice/core/files.h"
 #include "sluice/pipeline/validator.h"
 
 namespace sluice::pipeline {
@@ -388,9 +389,8 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
 }
 
 StepCosts ReadCostsFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InvalidArgument(fmt::format("--costs {}: cannot open the file", path));
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(ReadWholeFile("--costs file", path), nullptr,
+                                           /*allow_exceptions=*/false);
   if (j.is_discarded()) throw InvalidArgument(fmt::format("--costs {}: not valid JSON", path));
   return CostsFromJson(j, path);
 }

@@ -1,6 +1,8 @@
 #include "sluice/step/config_checks.h"
 
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -24,8 +26,9 @@ void CheckReal(std::string_view option, double value, double lo, double hi, bool
   }
 }
 
-void CheckCount(std::string_view option, int64_t value, int64_t lo, std::string_view allowed) {
-  if (value < lo) {
+void CheckCount(std::string_view option, int64_t value, int64_t lo, std::string_view allowed,
+                int64_t hi = INT64_MAX) {
+  if (value < lo || value > hi) {
     throw InvalidArgument(fmt::format("{} must be {}, got {}", option, allowed, value));
   }
 }
@@ -48,20 +51,25 @@ void ValidateTrainRanges(const TrainConfig& c) {
   CheckCount("--eval-every", c.eval_every, 0, "0 (only at the end) or more");
   CheckCount("--save-every", c.save_every, 0, "0 (only at the end) or more");
   CheckCount("--skip-nonfinite", c.skip_nonfinite, 0, "0 (stop at the first) or more");
-  CheckCount("--seq", c.gpt.seq, 0, "0 (the data's) or more");
-  CheckCount("--vocab", c.gpt.vocab, 0, "0 (the data's) or more");
+  CheckCount("--seq", c.gpt.seq, 0, fmt::format("0 (the data's) to {}", kMaxSeq), kMaxSeq);
+  CheckCount("--vocab", c.gpt.vocab, 0, fmt::format("0 (the data's) to {}", kMaxVocab), kMaxVocab);
+  CheckCount("--batch", c.batch, 1, fmt::format("1 to {}", kMaxBatch), kMaxBatch);
+  CheckCount("--eval-batches", c.eval_batches, 1, fmt::format("1 to {}", kMaxEvalBatches),
+             kMaxEvalBatches);
   if (c.threads > ThreadPool::kMaxThreads) {
     throw InvalidArgument(fmt::format("--threads must be 0 (every core) to {}, got {}",
                                       ThreadPool::kMaxThreads, c.threads));
   }
   if (c.model == "gpt") {
-    CheckCount("--layers", c.gpt.layers, 1, "1 or more");
-    CheckCount("--heads", c.gpt.heads, 1, "1 or more");
-    CheckCount("--dim", c.gpt.dim, 1, "1 or more");
+    const std::string width = fmt::format("1 to {}", kMaxWidth);
+    CheckCount("--layers", c.gpt.layers, 1, fmt::format("1 to {}", kMaxLayers), kMaxLayers);
+    CheckCount("--heads", c.gpt.heads, 1, width, kMaxWidth);
+    CheckCount("--dim", c.gpt.dim, 1, width, kMaxWidth);
   } else if (c.model == "mlp") {
-    CheckCount("--features", c.mlp.features, 1, "1 or more");
-    CheckCount("--hidden", c.mlp.hidden, 1, "1 or more");
-    CheckCount("--classes", c.mlp.classes, 1, "1 or more");
+    const std::string width = fmt::format("1 to {}", kMaxWidth);
+    CheckCount("--features", c.mlp.features, 1, width, kMaxWidth);
+    CheckCount("--hidden", c.mlp.hidden, 1, width, kMaxWidth);
+    CheckCount("--classes", c.mlp.classes, 1, width, kMaxWidth);
   }
 }
 

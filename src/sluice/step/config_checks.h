@@ -9,7 +9,22 @@
 
 #include "sluice/step/train_config.h"
 
+#include <cstdint>
+
 namespace sluice {
+
+// Bounds of the sizes. They keep every tensor a step can make — the logits [B, T, V], a naive
+// attention's scores [B, H, T, T], a weight [V, C] or [C, 4C] — far below 2^63 bytes, so a size
+// typed by mistake is an error at once, not an overflow or hours of setup; a model this large
+// does not fit in memory anyway (the allocator reports that, OutOfMemory).
+inline constexpr int64_t kMaxLayers = 10'000;
+inline constexpr int64_t kMaxWidth = 65'536;  // --dim, --heads; mlp --features, --hidden, --classes
+inline constexpr int64_t kMaxSeq = 16'384;
+inline constexpr int64_t kMaxVocab = int64_t{1} << 20;
+inline constexpr int64_t kMaxBatch = 16'384;
+// Validation batches are drawn at random from the held-out split, as many as asked: a bound keeps
+// an evaluation (run every --eval-every steps) from running for days.
+inline constexpr int64_t kMaxEvalBatches = 10'000;
 
 // Learning rates, weight decay, betas, momentum and clip finite and in range (min-lr ≤ lr); counts
 // (warmup, eval and save intervals, model sizes, threads) within their bounds.

@@ -150,10 +150,12 @@ void ValidateTrainConfig(const TrainConfig& c) {
   auto bad = [](const std::string& what) { throw InvalidArgument(what); };
   if (c.steps < 1) bad(fmt::format("--steps must be at least 1, got {}", c.steps));
   if (c.batch < 1) bad(fmt::format("--batch must be at least 1, got {}", c.batch));
-  if (c.microbatches < 1 || c.batch % c.microbatches != 0) {
+  if (c.microbatches < 1) {
+    bad(fmt::format("--microbatches must be 1 or more, got {}", c.microbatches));
+  }
+  if (c.batch % c.microbatches != 0) {
     bad(fmt::format("--microbatches {} must divide --batch {}", c.microbatches, c.batch));
   }
-  if (c.eval_batches < 1) bad("--eval-batches must be at least 1");
   if (c.threads < 0)
     bad(fmt::format("--threads must be 0 (every core) or more, got {}", c.threads));
   if (c.model != "gpt" && c.model != "mlp")

@@ -12,8 +12,12 @@ and per-stage bubble (medians over the steps after the first). Then:
 Timing depends on the machine: the accuracy targets (±10% step time, ±0.03 bubble) are for one
 core per stage thread on a quiet machine; the script prints the load average beside its figures.
 
+With --cores N, each schedule is also predicted from its own costs with the stage threads sharing
+N cores (`sluice simulate --cores`: computes wait for a free core and cost their CPU time) — the
+model of an oversubscribed run such as P = 4 on 2 cores.
+
 Usage: /usr/bin/python3 bench/simulate_accuracy.py [--build build] [--stages 2] [--steps 30]
-       [--microbatches 8] [--schedules gpipe,1f1b,zb-h1,zb-h2,interleaved]
+       [--microbatches 8] [--schedules gpipe,1f1b,zb-h1,zb-h2,interleaved] [--cores N]
 Prints a table and one JSON line.
 """
 import argparse
@@ -38,6 +42,8 @@ def main():
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--schedules", default="gpipe,1f1b,zb-h1,zb-h2,interleaved")
+    p.add_argument("--cores", type=int, default=0,
+                   help="also predict with the stage threads sharing this many cores (simulate --cores)")
     p.add_argument("--model", default="--layers 4 --dim 128 --heads 4 --seq 64 --vocab 256 --batch 16",
                    help="model options of sluice train")
     a = p.parse_args()
@@ -58,9 +64,9 @@ def main():
         with open(path) as f:
             measured[s] = json.load(f)["measured"]
 
-    def simulate(schedule, costs_files):
+    def simulate(schedule, costs_files, cores=0):
         args = " ".join(f"--costs {c}" for c in costs_files)
-        return json.loads(run(f"{sluice} simulate {job} --schedule {schedule} {args} --format json"))
+        return json.loads(run(f"{sluice} simulate {job} --schedule {schedule} {args} --cores {cores} --format json"))
 
     rows = []
     shared = [costs["zb-h1"]] if "zb-h1" in costs else []
@@ -71,12 +77,15 @@ def main():
         cross = simulate(s, shared) if shared else own
         m = measured[s]
         mb = m["stage_bubble"]
+        on_cores = simulate(s, [costs[s]], a.cores)["step_ms"] if a.cores else None
         rows.append({
             "schedule": s, "measured_step_ms": m["step_ms"],
             "self_step_ms": own["step_ms"], "self_error": own["step_ms"] / m["step_ms"] - 1,
             "self_bubble_error": max(abs(st["bubble"] - b) for st, b in zip(own["stages"], mb)),
             "cross_step_ms": cross["step_ms"], "cross_error": cross["step_ms"] / m["step_ms"] - 1,
             "measured_bubble": mb, "self_bubble": [st["bubble"] for st in own["stages"]],
+            "shared_cores_step_ms": on_cores,
+            "shared_cores_error": on_cores / m["step_ms"] - 1 if on_cores else None,
         })
     load_after = os.getloadavg()[0]
 
@@ -85,11 +94,12 @@ def main():
     print(f"P={a.stages} M={a.microbatches} {a.model} --threads 1, {a.steps} steps each; "
           f"load average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} cores")
     print(f"{'schedule':<12} {'measured ms':>11} {'self ms':>9} {'err':>7} {'bubble err':>10} "
-          f"{'cross ms':>9} {'err':>7}")
+          f"{'cross ms':>9} {'err':>7}" + (f" {f'{a.cores} cores ms':>12} {'err':>7}" if a.cores else ""))
     for r in rows:
         print(f"{r['schedule']:<12} {r['measured_step_ms']:>11.3f} {r['self_step_ms']:>9.3f} "
               f"{100 * r['self_error']:>6.1f}% {r['self_bubble_error']:>10.3f} {r['cross_step_ms']:>9.3f} "
-              f"{100 * r['cross_error']:>6.1f}%")
+              f"{100 * r['cross_error']:>6.1f}%" +
+              (f" {r['shared_cores_step_ms']:>12.3f} {100 * r['shared_cores_error']:>6.1f}%" if a.cores else ""))
     print(f"ranking measured: {', '.join(by_measure)}")
     print(f"ranking predicted from one profile: {', '.join(by_cross)}")
     print(json.dumps({"bench": "simulate_accuracy", "stages": a.stages, "microbatches": a.microbatches,

@@ -53,6 +53,18 @@ TEST_F(SimulateCli, UnitCostsGiveTheTheoryBubble) {
   EXPECT_DOUBLE_EQ(j["step_ms"].get<double>(), 21);                      // (F + B + W)(M + P − 1)
 }
 
+// --cores: stage threads sharing fewer cores than stages wait for one (step_simulator.h).
+TEST_F(SimulateCli, SharedCoresSlowTheStepDown) {
+  const nlohmann::json own = Simulate(fmt::format("{} --schedule 1f1b", kJob));
+  const nlohmann::json one = Simulate(fmt::format("{} --schedule 1f1b --cores 1", kJob));
+  EXPECT_EQ(own["cores"], 0);
+  EXPECT_EQ(one["cores"], 1);
+  EXPECT_DOUBLE_EQ(own["step_ms"].get<double>(), 15);  // (F + B + W)(M + P − 1)
+  EXPECT_DOUBLE_EQ(one["step_ms"].get<double>(), 24);  // every compute of both stages in a row
+  const std::string err = Error(fmt::format("{} --cores -1", kJob));
+  EXPECT_NE(err.find("--cores"), std::string::npos) << err;
+}
+
 TEST_F(SimulateCli, ProfiledCostsDriveTheSimulationAndMemoryIsThePlans) {
   const std::string costs = Profile("zb-h1");
   std::ifstream in(costs);

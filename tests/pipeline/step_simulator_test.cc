@@ -169,5 +169,31 @@ TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
   EXPECT_NE(error(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
 }
 
+// Shared cores: with one core for two ranks nothing overlaps, so the makespan is every compute's
+// CPU time in a row plus the posts and copies that sit between them on the critical path; with a
+// core per rank the model is the one above.
+TEST(StepSimulator, SharedCoresSerialiseComputes) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 4});
+  const StepCosts unit = UnitCosts(s);
+  const StepPrediction free = SimulateStep(s, unit);
+  EXPECT_DOUBLE_EQ(SimulateStep(s, unit, {.cores = 2}).makespan_ms, free.makespan_ms);
+  EXPECT_DOUBLE_EQ(SimulateStep(s, unit, {.cores = 8}).makespan_ms, free.makespan_ms);
+  // One core: 2 ranks × 4 micro-batches × (F + B + W) = 24 units, back to back.
+  const StepPrediction one = SimulateStep(s, unit, {.cores = 1});
+  EXPECT_DOUBLE_EQ(one.makespan_ms, 24);
+  EXPECT_DOUBLE_EQ(one.ranks[0].busy_ms, 12);
+  EXPECT_NEAR(one.bubble, 0.5, 1e-12);  // each rank idles while the other holds the core
+
+  // Shared cores charge CPU time, not wall: a profile taken with the threads competing has wall
+  // above CPU, and its wall times already hold the waits.
+  StepCosts measured = unit;
+  for (RankCosts& r : measured.ranks) {
+    for (ChunkCosts& c : r.chunks) c.forward_ms = c.backward_ms = c.weight_ms = 5;
+  }
+  EXPECT_DOUBLE_EQ(SimulateStep(s, measured, {.cores = 1}).makespan_ms, 24);
+  EXPECT_GT(SimulateStep(s, measured).makespan_ms, 24);
+}
+
 }  // namespace
 }  // namespace sluice::pipeline

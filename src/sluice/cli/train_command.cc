@@ -58,6 +58,7 @@ struct TrainArgs {
   std::string format = "table";    // sluice plan and simulate: table or json
   std::vector<std::string> costs;  // sluice simulate: costs files of --profile-out
   std::string compare;             // sluice simulate: schedules to rank
+  int cores = 0;                   // sluice simulate: cores the stage threads share (0: one each)
 };
 
 // "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
@@ -659,10 +660,11 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
   options.schedule = kind;
   const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
   const pipeline::StepCosts chosen = CostsFor(costs, layout);
-  SimulatedSchedule out{.kind = kind,
-                        .describe = layout.setup.schedule.Describe(),
-                        .costs = chosen.source,
-                        .prediction = pipeline::SimulateStep(layout.setup.schedule, chosen)};
+  SimulatedSchedule out{
+      .kind = kind,
+      .describe = layout.setup.schedule.Describe(),
+      .costs = chosen.source,
+      .prediction = pipeline::SimulateStep(layout.setup.schedule, chosen, {.cores = a.cores})};
   int64_t actions = 0;
   for (const auto& rank : layout.setup.schedule.ranks) actions += std::ssize(rank);
   if (actions <= kForecastActionLimit) {
@@ -776,6 +778,7 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
     }
     nlohmann::ordered_json out;
     out["time_unit"] = unit;
+    out["cores"] = a.cores;
     out["ranking"] = rows;
     out["not_simulated"] = not_simulated;
     fmt::print("{}\n", out.dump(2));
@@ -836,6 +839,7 @@ int RunSimulate(TrainArgs& a) {
     out["schedule"] = r.describe;
     out["costs"] = r.costs;
     out["time_unit"] = unit;
+    out["cores"] = a.cores;
     out["step_ms"] = p.step_ms;
     out["makespan_ms"] = p.makespan_ms;
     out["bubble"] = p.bubble;
@@ -845,7 +849,8 @@ int RunSimulate(TrainArgs& a) {
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("simulated step: {}, {}\n", r.describe, r.costs);
+  fmt::print("simulated step: {}, {}{}\n", r.describe, r.costs,
+             a.cores > 0 ? fmt::format(", {} shared core(s)", a.cores) : "");
   fmt::print("  step {:.3f} {} (makespan {:.3f}{}), bubble {:.1f}%\n", p.step_ms, unit,
              p.makespan_ms,
              overhead > 0 ? fmt::format(" + {:.3f} step overhead", overhead) : std::string(),
@@ -910,6 +915,10 @@ CommandRunner SetupSimulateCommand(CLI::App& sub) {
                  "give several (interleaved needs its own): each schedule uses the first that "
                  "covers it")
       ->delimiter(',');
+  sub.add_option("--cores", options.args->cores,
+                 "cores the stage threads share (0: one per stage); with fewer, computes wait "
+                 "for a free core and cost their measured CPU time")
+      ->check(CLI::Range(0, 1 << 20));
   sub.add_option("--compare", options.args->compare,
                  "rank these schedules (comma list, or all) by predicted step time; with "
                  "--memory-budget, those within it first");

@@ -94,7 +94,8 @@ void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job) {
   }
 }
 
-StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs) {
+StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
+                            const SimulateOptions& options) {
   ValidateSchedule(schedule);
   CheckCostsCover(costs, schedule);
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
@@ -134,16 +135,36 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs) {
       ready.push({clock[r], r});
     }
   };
+  // With shared cores a compute holds a core for its CPU time (its wall time, measured with the
+  // threads competing, already holds the waits this model adds).
+  const bool shared = options.cores > 0;
   auto cost = [&](int r, const Action& a) {
     const ChunkCosts& c = costs.ranks[r].chunks[a.chunk];
+    const double f = shared ? c.forward_cpu_ms : c.forward_ms;
+    const double b = shared ? c.backward_cpu_ms : c.backward_ms;
+    const double w = shared ? c.weight_cpu_ms : c.weight_ms;
     switch (a.kind) {
       case ActionKind::kForward:
-        return c.forward_ms;
+        return f;
       case ActionKind::kBackward:
-        return c.backward_ms + (schedule.split_backward ? 0 : c.weight_ms);
+        return b + (schedule.split_backward ? 0 : w);
       default:
-        return c.weight_ms;
+        return w;
     }
+  };
+  // When each core is next free (min-heap); empty without shared cores.
+  std::priority_queue<double, std::vector<double>, std::greater<>> cores;
+  for (int i = 0; i < options.cores; ++i) cores.push(0);
+  // Rank r runs a compute of cost c from its clock, or from when a core is free.
+  auto compute = [&](int r, double c) {
+    double start = clock[r];
+    if (shared) {
+      start = std::max(start, cores.top());
+      cores.pop();
+      cores.push(start + c);
+    }
+    clock[r] = start + c;
+    busy[r] += c;
   };
   // Rank r posts its side of message `s` (its slot) with peer q; the later post copies.
   auto post = [&](int r, const Action& a) {
@@ -194,9 +215,7 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs) {
       post(r, a);
     } else if (a.kind == ActionKind::kForward) {
       if (!wait_for(arrived[r][slot(a)])) continue;
-      const double c = cost(r, a);
-      clock[r] += c;
-      busy[r] += c;
+      compute(r, cost(r, a));
     } else if (a.kind == ActionKind::kBackward) {
       Action recv = a;
       recv.kind = ActionKind::kRecvB;
@@ -204,23 +223,18 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs) {
       send.kind = ActionKind::kSendF;
       if (!wait_for(arrived[r][slot(recv)])) continue;
       if (!wait_for(completed[r][slot(send)])) continue;
-      const double c = cost(r, a);
-      clock[r] += c;
-      busy[r] += c;
+      compute(r, cost(r, a));
     } else if (a.kind == ActionKind::kWeight) {
-      const double c = cost(r, a);
-      clock[r] += c;
-      busy[r] += c;
+      compute(r, cost(r, a));
     } else {  // OPT: its first half, then the all-reduce's barrier
-      clock[r] += costs.ranks[r].optimizer_ms;
-      busy[r] += costs.ranks[r].optimizer_ms;
+      compute(r, costs.ranks[r].optimizer_ms);
       at_barrier[r] = true;
       if (++barrier_count == P) {
         const double all = *std::ranges::max_element(clock);
         for (int q = 0; q < P; ++q) {
           at_barrier[q] = false;
-          clock[q] = all + costs.ranks[q].update_ms;
-          busy[q] += costs.ranks[q].update_ms;
+          clock[q] = all;
+          compute(q, costs.ranks[q].update_ms);
           ++next[q];
           ready.push({clock[q], q});
         }
@@ -368,10 +382,12 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
       cc.forward_ms = number(ch, "forward_ms", w);
       cc.backward_ms = number(ch, "backward_ms", w);
       cc.weight_ms = number(ch, "weight_ms", w);
-      for (auto [key, field] : {std::pair{"forward_cpu_ms", &cc.forward_cpu_ms},
-                                {"backward_cpu_ms", &cc.backward_cpu_ms},
-                                {"weight_cpu_ms", &cc.weight_cpu_ms}}) {
-        if (ch.contains(key)) *field = number(ch, key, w);
+      // CPU times are optional (a hand-written file); absent, they are the wall times.
+      for (auto [key, field, wall] :
+           {std::tuple{"forward_cpu_ms", &cc.forward_cpu_ms, cc.forward_ms},
+            {"backward_cpu_ms", &cc.backward_cpu_ms, cc.backward_ms},
+            {"weight_cpu_ms", &cc.weight_cpu_ms, cc.weight_ms}}) {
+        *field = ch.contains(key) ? number(ch, key, w) : wall;
       }
       rc.chunks.push_back(cc);
     }

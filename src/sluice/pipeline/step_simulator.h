@@ -94,8 +94,18 @@ struct StepPrediction {
   std::vector<RankPrediction> ranks;
 };
 
+struct SimulateOptions {
+  // Cores the rank threads share; 0: a core per rank, the model above. With fewer cores than
+  // ranks a compute (F, B, W, either half of OPT) starts when its rank is ready AND a core is free
+  // — the earliest-ready compute first — and holds the core for its CPU time (`*_cpu_ms`: its
+  // wall time was measured with the threads competing and already holds such waits); the waits
+  // count as idle.
+  int cores = 0;
+};
+
 // Validates, checks coverage, and replays one step.
-StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs);
+StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
+                            const SimulateOptions& options = {});
 
 // What a costs file says it was measured on, for CheckCostsJob: the model's shape, the
 // micro-batch, the layout of the layers, the recompute policies and the threads.

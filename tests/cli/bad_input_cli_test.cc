@@ -242,6 +242,18 @@ TEST_F(BadInputCli, OtherCommandsRefuseHostileArgumentsCleanly) {
   EXPECT_THAT(Refused("plan --layers 1000000000"), HasSubstr("--layers must be 1 to 10000"));
   EXPECT_THAT(Refused("plan --dim 1000000000"), HasSubstr("--dim must be 1 to 65536"));
   EXPECT_THAT(Refused("plan --eval-batches 100000"), HasSubstr("--eval-batches must be 1 to"));
+  // An empty path names no file: it quietly meant "not given" (no checkpoint, no trace).
+  for (const char* option : {"--save", "--metrics", "--resume", "--init-from", "--trace"}) {
+    const CliResult r = Sluice(fmt::format("train --steps 1 {} ''", option));
+    EXPECT_EQ(r.status, static_cast<int>(CLI::ExitCodes::ValidationError)) << option << r.err;
+    EXPECT_THAT(r.err, HasSubstr("an empty path names no file")) << option;
+  }
+  for (const std::string& args : {std::string("run p.sluice --trace ''"),
+                                  fmt::format("report {} --out ''", metrics.string())}) {
+    const CliResult r = Sluice(args);
+    EXPECT_EQ(r.status, static_cast<int>(CLI::ExitCodes::ValidationError)) << args << r.err;
+    EXPECT_THAT(r.err, HasSubstr("an empty path names no file")) << args;
+  }
   // Cases that were already clean, kept so that they stay so.
   for (const std::string& args : std::vector<std::string>{
            "schedule -p 0 -m 4", "schedule -p 4 -m -3", "schedule -p 4 -m 1000000000",

@@ -51,6 +51,16 @@ CLI::Validator OneOf(const EnumEntry<E> (&table)[N]) {
   return CLI::IsMember(std::move(names));
 }
 
+// A CLI11 check for a file option: refuses an empty path, which names no file. Without it
+// `--save ''` or `--resume ''` would quietly mean "not given": no checkpoint, a run from scratch.
+inline CLI::Validator NonEmptyPath() {
+  return CLI::Validator(
+      [](std::string& path) {
+        return path.empty() ? std::string("an empty path names no file") : std::string();
+      },
+      "");
+}
+
 // One per command file.
 CommandRunner SetupRunCommand(CLI::App& sub);       // run_command.cc
 CommandRunner SetupTrainCommand(CLI::App& sub);     // train_command.cc

@@ -53,7 +53,8 @@ CommandRunner SetupReportCommand(CLI::App& sub) {
       ->required();
   sub.add_option("--trace", a->traces,
                  "the Chrome trace of sluice train --trace (under MPI: one per rank, each given)");
-  sub.add_option("--out", a->out, "the HTML file to write (default: report.html beside METRICS)");
+  sub.add_option("--out", a->out, "the HTML file to write (default: report.html beside METRICS)")
+      ->check(NonEmptyPath());
   return [a] { return RunReport(*a); };
 }
 

@@ -244,8 +244,8 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
   sub.add_option("--inputs", args->inputs,
                  "Safetensors file with values for inputs and parameters (by name)")
       ->check(CLI::ExistingFile);
-  sub.add_option("--trace", args->trace,
-                 "Write the last run as a Chrome trace (JSON) to this file");
+  sub.add_option("--trace", args->trace, "Write the last run as a Chrome trace (JSON) to this file")
+      ->check(NonEmptyPath());
   sub.add_option(
          "--async-max-pending-mib", args->async_max_pending_mib,
          "Async GC: MiB handed to the worker and not yet freed before the executor frees itself")

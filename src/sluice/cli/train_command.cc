@@ -547,13 +547,16 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")
       ->capture_default_str();
   sub.add_option("--metrics", c.metrics_path,
-                 "write JSON lines (per step, eval, summary) to this file");
-  sub.add_option("--save", c.save_path, "checkpoint file (safetensors)");
+                 "write JSON lines (per step, eval, summary) to this file")
+      ->check(NonEmptyPath());
+  sub.add_option("--save", c.save_path, "checkpoint file (safetensors)")->check(NonEmptyPath());
   sub.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end)")
       ->capture_default_str();
   sub.add_option("--resume", c.resume_path,
-                 "continue from this checkpoint (bitwise the same losses)");
-  sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file");
+                 "continue from this checkpoint (bitwise the same losses)")
+      ->check(NonEmptyPath());
+  sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file")
+      ->check(NonEmptyPath());
   sub.add_option("--skip-nonfinite", c.skip_nonfinite,
                  "skip the update of up to N steps whose loss or gradient norm is not finite "
                  "(0: stop at the first)")
@@ -581,10 +584,12 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
                                  "seconds a stage waits for a message before failing")
                       ->capture_default_str();
   auto* trace = sub.add_option("--trace", a->pipe.trace_path,
-                               "Chrome trace (Perfetto) of the last step, one track per stage");
+                               "Chrome trace (Perfetto) of the last step, one track per stage")
+                    ->check(NonEmptyPath());
   auto* profile = sub.add_option("--profile-out", a->pipe.profile_path,
                                  "write the step's measured costs (F, B, W, OPT medians, messages) "
-                                 "as JSON for sluice simulate --costs");
+                                 "as JSON for sluice simulate --costs")
+                      ->check(NonEmptyPath());
   auto* fault = sub.add_option("--inject-fault", a->fault)->group("");  // tests of failure handling
   auto* comm =
       sub.add_option("--comm", a->comm,

@@ -254,6 +254,13 @@ TEST_F(BadInputCli, OtherCommandsRefuseHostileArgumentsCleanly) {
     EXPECT_EQ(r.status, static_cast<int>(CLI::ExitCodes::ValidationError)) << args << r.err;
     EXPECT_THAT(r.err, HasSubstr("an empty path names no file")) << args;
   }
+  // Regression: 10^12 tokens were generated for days; --threads had no bound.
+  const fs::path ck = Checkpoint("ck.safetensors");
+  EXPECT_THAT(Refused(fmt::format("sample --checkpoint {} --prompt 315402 --tokens 1000000000000",
+                                  ck.string())),
+              HasSubstr("--tokens must be 0 to 1000000, got 1000000000000"));
+  EXPECT_EQ(Sluice(fmt::format("sample --checkpoint {} --threads 100000", ck.string())).status,
+            static_cast<int>(CLI::ExitCodes::ValidationError));
   // Cases that were already clean, kept so that they stay so.
   for (const std::string& args : std::vector<std::string>{
            "schedule -p 0 -m 4", "schedule -p 4 -m -3", "schedule -p 4 -m 1000000000",

@@ -14,7 +14,8 @@
 //
 // Bad input is an error naming the option: a prompt byte outside the vocabulary, a prompt longer
 // than the model's positions, a checkpoint that is not a sluice GPT, --temperature ≤ 0 when
-// sampling (--greedy takes the most likely token instead).
+// sampling (--greedy takes the most likely token instead), --tokens beyond kMaxSampleTokens (10^12
+// ran for days).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -33,6 +34,9 @@
 namespace sluice::cli {
 
 namespace {
+
+// The most tokens one `sluice sample` generates.
+constexpr int64_t kMaxSampleTokens = 1'000'000;
 
 struct SampleArgs {
   std::string checkpoint;
@@ -220,10 +224,11 @@ CommandRunner SetupSampleCommand(CLI::App& sub) {
   sub.add_flag("--greedy", a->greedy, "always the most likely token (no sampling)");
   sub.add_option("--threads", a->threads, "BLAS threads of the matrix products")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1024));
   return [a, tokens] {
-    if (tokens->count() > 0 && a->tokens < 0) {
-      throw InvalidArgument(fmt::format("--tokens must be ≥ 0, got {}", a->tokens));
+    if (tokens->count() > 0 && (a->tokens < 0 || a->tokens > kMaxSampleTokens)) {
+      throw InvalidArgument(
+          fmt::format("--tokens must be 0 to {}, got {}", kMaxSampleTokens, a->tokens));
     }
     return RunSample(*a);
   };

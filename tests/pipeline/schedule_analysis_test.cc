@@ -86,6 +86,23 @@ TEST(Simulate, RendezvousSendWaitsForTheReceiverBufferedDoesNot) {
   EXPECT_EQ(Simulate(s, unit, CommMode::kRendezvous).ranks[0].actions[4].start, 3);
 }
 
+TEST(Simulate, PostedRendezvousSendWaitsOnlyUntilTheReceiveIsPosted) {
+  // Rank 1 posts RECV_F1 before its F0 and B0 and goes on computing: rank 0's SEND_F1 completes
+  // as F1 ends, and the message waits for rank 1's F1. Under kRendezvous rank 1 would block at
+  // RECV_F1 instead, and start F0 only once the message came.
+  const Schedule s =
+      FromText({.micro_batches = 2,
+                .ranks = {"F0 SEND_F0>1 F1 SEND_F1>1 RECV_B0<1 B0 RECV_B1<1 B1 OPT",
+                          "RECV_F0<0 RECV_F1<0 F0 B0 SEND_B0>0 F1 B1 SEND_B1>0 OPT"}});
+  const CostModel unit{.forward = 1, .backward = 1, .weight = 0};
+  const Simulation posted = Simulate(s, unit, CommMode::kRendezvousPosted);
+  EXPECT_EQ(posted.ranks[0].actions[3].start, 2);  // SEND_F1 as F1 ends
+  EXPECT_EQ(posted.ranks[1].actions[1].start, 0);  // RECV_F1 posted at once …
+  EXPECT_EQ(posted.ranks[1].actions[1].end, 2);    // … its message arrives with the send
+  EXPECT_EQ(posted.ranks[1].actions[5].start, 3);  // F1 once B0 is done
+  EXPECT_EQ(Simulate(s, unit, CommMode::kRendezvous).ranks[1].actions[2].start, 2);
+}
+
 TEST(Simulate, AsyncReceiveWaitsOnlyWhereTheMessageIsRead) {
   // Interleaved messages are placed for an unsplit backward of 2. At unit cost messages arrive at
   // other moments: a blocking receive then holds up computes that do not read it, a posted one

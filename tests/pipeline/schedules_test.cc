@@ -362,18 +362,85 @@ TEST(Schedules, ZeroBubbleH1BubbleBelowOneFOneB) {
 
 TEST(Schedules, CommModesAgreeAtThePlacementCosts) {
   // Messages are placed from a CostModel{} timing: there, a receive never waits for a message the
-  // rank does not yet need, so blocking and posted receives give the same run.
+  // rank does not yet need, so blocking and posted receives give the same run — unless receives
+  // are posted ahead, which only a runtime that posts them (kAsync, kRendezvousPosted) can use.
   for (const ScheduleOptions& o : AllRequests()) {
     const Schedule s = MakeSchedule(o);
     const Simulation buffered = Simulate(s, {}, CommMode::kBuffered);
     const Simulation async = Simulate(s, {}, CommMode::kAsync);
     const Simulation rendezvous = Simulate(s, {}, CommMode::kRendezvous);
+    const Simulation posted = Simulate(s, {}, CommMode::kRendezvousPosted);
+    // Posted ahead, no send waits for its receiver to reach the receive.
+    if (PostsReceivesAhead(o)) {
+      EXPECT_EQ(posted.makespan, async.makespan) << s.Describe();
+      continue;
+    }
     EXPECT_EQ(buffered.makespan, async.makespan) << s.Describe();
+    EXPECT_EQ(posted.makespan, rendezvous.makespan) << s.Describe();
     // Blocking sends cost only interleaved time (a sender may wait out its receiver's compute).
     if (o.kind == ScheduleKind::kInterleaved) {
       EXPECT_GE(rendezvous.makespan, buffered.makespan) << s.Describe();
     } else {
       EXPECT_EQ(rendezvous.makespan, buffered.makespan) << s.Describe();
+    }
+  }
+}
+
+TEST(Schedules, ReceivesPostedAheadRemoveInterleavedRendezvousWaits) {
+  // Sends that block until their receive is posted (kRendezvousPosted): with receives at their
+  // message's instant interleaved loses time where no common pause exists; posted ahead it runs
+  // as if sends never blocked. zb-v loses nothing either way, so it does not post ahead.
+  auto bubble = [](ScheduleKind kind, int P, int M, bool ahead) {
+    const Schedule s =
+        MakeSchedule({.kind = kind, .stages = P, .micro_batches = M, .post_receives_ahead = ahead});
+    return Simulate(s, {}, CommMode::kRendezvousPosted).bubble;
+  };
+  for (int P = 2; P <= 8; ++P) {
+    for (int M = P; M <= 4 * P; M += P) {
+      const ScheduleOptions o{.kind = ScheduleKind::kInterleaved, .stages = P, .micro_batches = M};
+      const double before = bubble(o.kind, P, M, false), after = bubble(o.kind, P, M, true);
+      EXPECT_DOUBLE_EQ(after, TheoreticalBubble(o)) << "P=" << P << " M=" << M;
+      EXPECT_GE(before, after) << "P=" << P << " M=" << M;
+    }
+    for (int M = 2 * P - 1; M <= 4 * P; ++M) {
+      EXPECT_EQ(bubble(ScheduleKind::kZeroBubbleV, P, M, false),
+                bubble(ScheduleKind::kZeroBubbleV, P, M, true))
+          << "P=" << P << " M=" << M;
+    }
+  }
+  EXPECT_NEAR(bubble(ScheduleKind::kInterleaved, 8, 32, false), 0.241, 5e-4);
+  EXPECT_NEAR(bubble(ScheduleKind::kInterleaved, 8, 32, true), 0.099, 5e-4);
+  EXPECT_NEAR(bubble(ScheduleKind::kInterleaved, 2, 8, false), 0.158, 5e-4);
+  EXPECT_NEAR(bubble(ScheduleKind::kInterleaved, 2, 8, true), 0.059, 5e-4);
+  EXPECT_TRUE(PostsReceivesAhead({.kind = ScheduleKind::kInterleaved}));
+  EXPECT_FALSE(PostsReceivesAhead({.kind = ScheduleKind::kZeroBubbleV}));
+}
+
+TEST(Schedules, ReceivesPostedAheadKeepEveryRanksMessageOrder) {
+  // Only computes move: each RECV goes up to just after the rank's previous send or receive.
+  for (int P = 2; P <= 8; ++P) {
+    for (int M = P; M <= 4 * P; M += P) {
+      ScheduleOptions o{.kind = ScheduleKind::kInterleaved, .stages = P, .micro_batches = M};
+      o.post_receives_ahead = false;
+      const Schedule at_instant = MakeSchedule(o);
+      o.post_receives_ahead = true;
+      const Schedule ahead = MakeSchedule(o);
+      for (int r = 0; r < P; ++r) {
+        auto filtered = [](const std::vector<Action>& list, bool compute) {
+          std::vector<Action> out;
+          for (const Action& a : list)
+            if (IsCompute(a.kind) == compute) out.push_back(a);
+          return out;
+        };
+        EXPECT_EQ(filtered(ahead.ranks[r], false), filtered(at_instant.ranks[r], false));
+        EXPECT_EQ(filtered(ahead.ranks[r], true), filtered(at_instant.ranks[r], true));
+        for (size_t i = 1; i < ahead.ranks[r].size(); ++i) {
+          if (IsRecv(ahead.ranks[r][i].kind)) {
+            EXPECT_FALSE(IsCompute(ahead.ranks[r][i - 1].kind))
+                << ahead.Describe() << " rank " << r << " step " << i;
+          }
+        }
+      }
     }
   }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 
 #include "sluice/pipeline/validator.h"
 
@@ -57,6 +58,10 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
   std::vector<double> clock(P, 0);
   std::vector<size_t> next(P, 0);
   std::vector<std::deque<double>> sent(P * P);  // [from·P + to]: send instants not yet received
+  // kRendezvousPosted: [from·P + to] → the receiver's steps of receives posted, not yet matched.
+  std::vector<std::deque<size_t>> posted(P * P);
+  const bool posting = mode == CommMode::kAsync || mode == CommMode::kRendezvousPosted;
+  constexpr double kNotYet = std::numeric_limits<double>::infinity();
   // kAsync: [rank][F or B][chunk][micro-batch] → when the message that compute reads arrived.
   std::vector<std::vector<double>> arrived(P, std::vector<double>(2 * V * M, 0));
   auto arrival = [&](int r, const Action& a) -> double& {
@@ -65,7 +70,7 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
   };
   auto finish = [&](int r, double start, double end) {
     sim.ranks[r].actions[next[r]] = {start, end};
-    if (mode != CommMode::kAsync || !IsRecv(schedule.ranks[r][next[r]].kind)) clock[r] = end;
+    if (!posting || !IsRecv(schedule.ranks[r][next[r]].kind)) clock[r] = end;
     ++next[r];
   };
   for (bool progress = true; progress;) {
@@ -81,9 +86,22 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
           const double t = std::max(clock[r], clock[q]);
           finish(q, t, t);
           finish(r, t, t);
+        } else if (IsSend(a.kind) && mode == CommMode::kRendezvousPosted) {
+          std::deque<size_t>& receives = posted[r * P + a.peer];
+          if (receives.empty()) break;
+          const size_t step = receives.front();
+          receives.pop_front();
+          ActionTime& receive = sim.ranks[a.peer].actions[step];
+          const double t = std::max(clock[r], receive.start);
+          receive.end = arrival(a.peer, schedule.ranks[a.peer][step]) = t;
+          finish(r, t, t);
         } else if (IsSend(a.kind)) {
           sent[r * P + a.peer].push_back(clock[r]);
           finish(r, clock[r], clock[r]);
+        } else if (IsRecv(a.kind) && mode == CommMode::kRendezvousPosted) {
+          posted[a.peer * P + r].push_back(next[r]);
+          arrival(r, a) = kNotYet;  // until its send is made
+          finish(r, clock[r], kNotYet);
         } else if (IsRecv(a.kind)) {
           // Waits here, in the order the simulation visits ranks, until the peer has sent.
           std::deque<double>& channel = sent[a.peer * P + r];
@@ -93,10 +111,10 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
           arrival(r, a) = t;
           finish(r, clock[r], t);
         } else {
-          const double start = mode == CommMode::kAsync && a.kind != ActionKind::kWeight &&
-                                       a.kind != ActionKind::kOptimizer
-                                   ? std::max(clock[r], arrival(r, a))
-                                   : clock[r];
+          const bool reads =
+              posting && a.kind != ActionKind::kWeight && a.kind != ActionKind::kOptimizer;
+          if (reads && arrival(r, a) == kNotYet) break;  // its message is not sent yet
+          const double start = reads ? std::max(clock[r], arrival(r, a)) : clock[r];
           const double c = cost(a.kind);
           sim.ranks[r].busy += c;
           finish(r, start, start + c);

@@ -14,11 +14,16 @@
 // CommMode — from the strictest to the loosest:
 //   kRendezvous  a send blocks until its receiver takes the message, a receive until it arrives
 //   kBuffered    a send never blocks; a receive blocks until its message has arrived
+//   kRendezvousPosted  a receive is posted where it stands, as under kAsync; a send blocks until
+//                its receiver has posted the matching receive (MPI_Ssend against MPI_Irecv)
 //   kAsync       neither blocks: a receive is posted where it stands and the compute that reads
 //                the message (F after RECV_F, B after RECV_B) waits for it — a runtime whose
 //                communicator returns completion handles
 // Generators place messages by a CostModel{} timing (schedules.h), so at CostModel{} a buffered
-// or asynchronous run of a generated schedule never waits for a message it does not yet need.
+// or asynchronous run of a generated schedule never waits for a message it does not yet need —
+// unless its receives are posted ahead (interleaved, ScheduleOptions::post_receives_ahead): a
+// receive listed early is meant to be posted, and blocking there (kRendezvous, kBuffered) stalls
+// the rank. The default, kAsync, is what the stage runtime does (Irecv where listed, Isend).
 // Makespan is when the last rank finishes; a rank's idle time is the makespan minus its busy
 // time, so the idle time before its first and after its last compute counts as bubble.
 //
@@ -54,7 +59,7 @@ struct CostModel {
   double weight = 1;    // W: weight gradients (part of B when the backward is not split)
 };
 
-enum class CommMode { kRendezvous, kBuffered, kAsync };
+enum class CommMode { kRendezvous, kRendezvousPosted, kBuffered, kAsync };
 
 struct ActionTime {
   double start = 0;  // a send: when it is made; a receive: when it is posted
@@ -75,6 +80,6 @@ struct Simulation {
 };
 
 Simulation Simulate(const Schedule& schedule, const CostModel& costs = {},
-                    CommMode mode = CommMode::kBuffered);
+                    CommMode mode = CommMode::kAsync);
 
 }  // namespace sluice::pipeline

@@ -234,7 +234,23 @@ struct Event {
   Action action;
 };
 
-Schedule Assemble(Schedule s, const ComputeOrder& order) {
+// Receives posted ahead: each RECV moves up past the computes before it, to just after the
+// rank's previous send or receive. Every rank keeps its sends and receives in the same order, so
+// the schedule stays deadlock-free under rendezvous; a receive listed earlier is posted (and its
+// buffer allocated) earlier, so a send whose receiver is inside a compute need not wait it out.
+void PostReceivesAhead(std::vector<Action>& list) {
+  size_t first = 0;  // where the next receive may go
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (IsRecv(list[i].kind)) {
+      std::rotate(list.begin() + first, list.begin() + i, list.begin() + i + 1);
+      ++first;
+    } else if (IsSend(list[i].kind)) {
+      first = i + 1;
+    }
+  }
+}
+
+Schedule Assemble(Schedule s, const ComputeOrder& order, bool post_ahead) {
   const std::vector<std::vector<Span>> spans = TimeOrder(s, order);
   // start[F or B][virtual stage][micro-batch]: when the consumer of a message starts.
   const int VP = s.virtual_stages(), M = s.micro_batches;
@@ -288,6 +304,7 @@ Schedule Assemble(Schedule s, const ComputeOrder& order) {
     std::ranges::sort(events[r], {},
                       [](const Event& e) { return std::tie(e.time, e.klass, e.tie); });
     for (const Event& e : events[r]) s.ranks[r].push_back(e.action);
+    if (post_ahead) PostReceivesAhead(s.ranks[r]);
     s.ranks[r].push_back({.kind = ActionKind::kOptimizer});
   }
   return s;
@@ -363,10 +380,15 @@ int ChunksOf(const ScheduleOptions& o) {
   return o.kind == ScheduleKind::kInterleaved || o.kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
 }
 
+bool PostsReceivesAhead(const ScheduleOptions& options) {
+  return options.post_receives_ahead.value_or(options.kind == ScheduleKind::kInterleaved);
+}
+
 Schedule MakeSchedule(const ScheduleOptions& options) {
   const int V = ChunksOf(options);
   CheckRequest(options, V);
   const int P = options.stages, M = options.micro_batches;
+  const bool ahead = PostsReceivesAhead(options);
   Schedule s{.name = std::string(ScheduleKindName(options.kind)),
              .stages = P,
              .micro_batches = M,
@@ -377,22 +399,22 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
              .v_shape = options.kind == ScheduleKind::kZeroBubbleV};
   switch (options.kind) {
     case ScheduleKind::kGPipe:
-      s = Assemble(std::move(s), GPipeOrder(P, M));
+      s = Assemble(std::move(s), GPipeOrder(P, M), ahead);
       break;
     case ScheduleKind::kOneFOneB:
-      s = Assemble(std::move(s), OneFOneBOrder(P, M));
+      s = Assemble(std::move(s), OneFOneBOrder(P, M), ahead);
       break;
     case ScheduleKind::kInterleaved:
-      s = Assemble(std::move(s), InterleavedOrder(P, M, V));
+      s = Assemble(std::move(s), InterleavedOrder(P, M, V), ahead);
       break;
     case ScheduleKind::kZeroBubbleH1:
-      s = Assemble(std::move(s), ZeroBubbleH1Order(P, M));
+      s = Assemble(std::move(s), ZeroBubbleH1Order(P, M), ahead);
       break;
     case ScheduleKind::kZeroBubbleH2:
-      s = Assemble(std::move(s), ZeroBubbleH2Order(P, M));
+      s = Assemble(std::move(s), ZeroBubbleH2Order(P, M), ahead);
       break;
     case ScheduleKind::kZeroBubbleV:
-      s = Assemble(std::move(s), ZeroBubbleVOrder(P, M));
+      s = Assemble(std::move(s), ZeroBubbleVOrder(P, M), ahead);
       break;
   }
   ValidateSchedule(s);

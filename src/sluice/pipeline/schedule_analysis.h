@@ -21,7 +21,7 @@
 //                communicator returns completion handles
 // Generators place messages by a CostModel{} timing (schedules.h), so at CostModel{} a buffered
 // or asynchronous run of a generated schedule never waits for a message it does not yet need —
-// unless its receives are posted ahead (interleaved, ScheduleOptions::post_receives_ahead): a
+// unless its receives are posted ahead (ScheduleOptions::post_receives_ahead, off by default): a
 // receive listed early is meant to be posted, and blocking there (kRendezvous, kBuffered) stalls
 // the rank. The default, kAsync, is what the stage runtime does (Irecv where listed, Isend).
 // Makespan is when the last rank finishes; a rank's idle time is the makespan minus its busy

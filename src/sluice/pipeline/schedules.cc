@@ -381,7 +381,9 @@ int ChunksOf(const ScheduleOptions& o) {
 }
 
 bool PostsReceivesAhead(const ScheduleOptions& options) {
-  return options.post_receives_ahead.value_or(options.kind == ScheduleKind::kInterleaved);
+  // Off by default: sluice's runtimes post receives and never block in a send, so listing them
+  // early gains them no time and holds receive buffers longer (docs/pipeline.md).
+  return options.post_receives_ahead.value_or(false);
 }
 
 Schedule MakeSchedule(const ScheduleOptions& options) {

@@ -13,8 +13,9 @@
 // every send meets its receive, so the schedule cannot deadlock even with rendezvous sends
 // (MakeSchedule still runs ValidateSchedule on every result), and at CostModel{} no receive
 // waits for a message its rank does not yet need. Messages of one instant go forward ones
-// first, and within a direction the one furthest along the pipeline first. Interleaved then
-// posts its receives ahead (ScheduleOptions::post_receives_ahead): each RECV moves up past the
+// first, and within a direction the one furthest along the pipeline first. On request
+// (ScheduleOptions::post_receives_ahead, off by default) receives are posted ahead: each RECV
+// moves up past the
 // computes before it, to just after the rank's previous send or receive, so a send that blocks
 // until its receive is posted never waits out the receiver's compute (bubble 0.241 → 0.099 at
 // P = 8, M = 32 under CommMode::kRendezvousPosted), at the price of receive buffers allocated
@@ -101,8 +102,9 @@ struct ScheduleOptions {
                           // ≥ 2P − 1 for zb-v
   int chunks = 0;  // V: 0 means the schedule's default (2 for interleaved and zb-v, else 1)
   // Receives posted ahead (docs/pipeline.md): each RECV listed right after the rank's previous
-  // send or receive instead of at its message's instant. nullopt: the schedule's default, on
-  // for interleaved only (PostsReceivesAhead).
+  // send or receive instead of at its message's instant, for a runtime whose sends block until
+  // the receive is posted. nullopt: the default, off (sluice's runtimes gain no time from it and
+  // hold receive buffers longer).
   std::optional<bool> post_receives_ahead;
 };
 

@@ -1,27 +1,61 @@
-// Setup cost: what the interpreter's analysis (exec/analysis.h) costs before the first run, as
-// programs grow. Figures: docs/benchmarks.md, "Setup".
+// Setup cost: what sluice does before the first instruction runs, as programs grow to a million
+// instructions. Figures: docs/benchmarks.md, "Setup".
 //
 //   BM_AnalyzeSharedInput  N sgd_updates sharing one learning-rate input (the in-place-heavy
-//                          program of an optimizer step over N parameters): time of Analyze, the
-//                          dependency edges it builds (linear: N − 1 for the chain through the
-//                          updates; it was N·(N − 1) before the hazards were chained) and the
-//                          process's peak RSS after the runs.
-//   BM_AnalyzeTransformer  a GPT-like forward of L layers (about 17 instructions per layer): the
-//                          same figures for a deep ordinary program.
+//                          program of an optimizer step over N parameters): Analyze alone.
+//   BM_AnalyzeGpt          the training programs of a GPT of L layers (nn/gpt.h, tiny dimensions:
+//                          the cost of setup depends on the instruction count, not on the sizes),
+//                          forward and backward (autodiff/autodiff.h): Analyze of both.
+//   BM_SetupSharedInput    the whole setup of the first program from its text: ParseProgram (which
+//                          verifies), then the Executable (Verify, Analyze, the interpreter's slot
+//                          vectors and GC batches).
+//   BM_SetupGpt            the whole setup of the second: BuildGpt, BuildBackward, and an
+//                          Executable for each program.
+// Counters: instructions (all programs together), edges (dependency edges of the plans: linear,
+// N − 1 for the updates' chain through %lr, where a pair per update sharing it was N·(N − 1)),
+// peak_rss_mib (the process's peak resident set during the benchmark, the program itself and
+// its construction included: the peak is reset before each benchmark) and, for the
+// Analyze-only benchmarks, rss_before_mib (resident before Analyze, with the program built).
 //
-// Run: build/bench/setup_bench --benchmark_format=json (counters carry the figures).
-#include <sys/resource.h>
+// Run: build/bench/setup_bench --benchmark_format=json (counters carry the figures); one
+// benchmark at a time for clean peaks: --benchmark_filter='BM_SetupGpt/layers:1000$'.
+#include <malloc.h>
 
+#include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 
 #include <benchmark/benchmark.h>
 
+#include "sluice/autodiff/autodiff.h"
 #include "sluice/exec/analysis.h"
+#include "sluice/exec/interpreter.h"
 #include "sluice/ir/builder.h"
 #include "sluice/ir/ops.h"
+#include "sluice/ir/text_format.h"
+#include "sluice/nn/gpt.h"
 
 namespace sluice {
 namespace {
+
+// Resident set size now and its peak (VmRSS, VmHWM of /proc/self/status), in MiB.
+double StatusMiB(const char* key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(status, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::stod(line.substr(prefix.size())) / 1024.0;
+  }
+  return 0;
+}
+
+// Returns freed heap to the system and restarts the peak (Linux: clear_refs 5), so that the next
+// VmHWM reading is this benchmark's own peak.
+void ResetPeakRss() {
+  ::malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
 
 Program SharedInputUpdates(int n) {
   Builder b("updates");
@@ -34,47 +68,33 @@ Program SharedInputUpdates(int n) {
   return b.Build();
 }
 
-Program TransformerForward(int layers) {
-  constexpr int64_t B = 2, T = 8, C = 16, vocab = 32;
-  Builder b("transformer");
-  Var ids = b.Input("ids", DType::kI64, {B, T});
-  Var targets = b.Input("targets", DType::kI64, {B, T});
-  Var x = Embedding(ids, b.Param("wte", DType::kF32, {vocab, C}));
-  for (int l = 0; l < layers; ++l) {
-    Builder::NameScope scope(b, "h" + std::to_string(l));
-    Var ln1 = LayerNorm(x, b.Param(b.Prefixed("ln1.w"), DType::kF32, {C}),
-                        b.Param(b.Prefixed("ln1.b"), DType::kF32, {C}));
-    Var q = MatMul(ln1, b.Param(b.Prefixed("wq"), DType::kF32, {C, C}));
-    Var k = MatMul(ln1, b.Param(b.Prefixed("wk"), DType::kF32, {C, C}));
-    Var v = MatMul(ln1, b.Param(b.Prefixed("wv"), DType::kF32, {C, C}));
-    Var probs = CausalSoftmax(Scale(MatMul(q, k, false, true), 0.25));
-    x = x + MatMul(MatMul(probs, v), b.Param(b.Prefixed("wo"), DType::kF32, {C, C}));
-    Var ln2 = LayerNorm(x, b.Param(b.Prefixed("ln2.w"), DType::kF32, {C}),
-                        b.Param(b.Prefixed("ln2.b"), DType::kF32, {C}));
-    Var h = Gelu(MatMul(ln2, b.Param(b.Prefixed("fc"), DType::kF32, {C, 4 * C})));
-    x = x + MatMul(h, b.Param(b.Prefixed("proj"), DType::kF32, {4 * C, C}));
-  }
-  Var logits = MatMul(x, b.Param("lm_head", DType::kF32, {C, vocab}));
-  b.Output(b.Name(CrossEntropy(logits, targets), "loss"));
-  return b.Build();
+// A GPT small enough in every dimension that only its depth costs.
+GptConfig TinyGpt(int layers) {
+  return {.vocab = 8, .seq = 4, .layers = layers, .heads = 1, .dim = 4};
 }
 
-void Report(benchmark::State& state, const Program& program, const ExecutionPlan& plan) {
-  rusage usage{};
-  ::getrusage(RUSAGE_SELF, &usage);
-  state.counters["instructions"] = static_cast<double>(program.instructions().size());
-  state.counters["edges"] = static_cast<double>(plan.successors.items.size());
-  state.counters["peak_rss_mib"] = static_cast<double>(usage.ru_maxrss) / 1024.0;
+Backward GptBackward(const Model& model) {
+  GradientSpec spec{.loss = model.loss};
+  for (const ParamSpec& p : model.params) spec.wrt.push_back(p.name);
+  return BuildBackward(model.forward, spec);
+}
+
+void Report(benchmark::State& state, size_t instructions, size_t edges) {
+  state.counters["instructions"] = static_cast<double>(instructions);
+  state.counters["edges"] = static_cast<double>(edges);
+  state.counters["peak_rss_mib"] = StatusMiB("VmHWM");
 }
 
 void BM_AnalyzeSharedInput(benchmark::State& state) {
+  ResetPeakRss();
   const Program program = SharedInputUpdates(static_cast<int>(state.range(0)));
+  state.counters["rss_before_mib"] = StatusMiB("VmRSS");
   ExecutionPlan plan;
   for (auto _ : state) {
     plan = Analyze(program, {.order = OrderPolicy::kBest});
     benchmark::DoNotOptimize(plan.order.data());
   }
-  Report(state, program, plan);
+  Report(state, program.instructions().size(), plan.successors.items.size());
 }
 BENCHMARK(BM_AnalyzeSharedInput)
     ->Arg(10'000)
@@ -85,18 +105,69 @@ BENCHMARK(BM_AnalyzeSharedInput)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-void BM_AnalyzeTransformer(benchmark::State& state) {
-  const Program program = TransformerForward(static_cast<int>(state.range(0)));
-  ExecutionPlan plan;
+void BM_AnalyzeGpt(benchmark::State& state) {
+  ResetPeakRss();
+  const Model model = BuildGpt(TinyGpt(static_cast<int>(state.range(0))), 1, GptOutput::kLoss);
+  const Backward backward = GptBackward(model);
+  state.counters["rss_before_mib"] = StatusMiB("VmRSS");
+  ExecutionPlan forward_plan, backward_plan;
   for (auto _ : state) {
-    plan = Analyze(program, {.order = OrderPolicy::kBest});
-    benchmark::DoNotOptimize(plan.order.data());
+    forward_plan = Analyze(model.forward, {.order = OrderPolicy::kBest, .keep = backward.saved});
+    backward_plan = Analyze(backward.program, {.order = OrderPolicy::kBest});
+    benchmark::DoNotOptimize(forward_plan.order.data());
+    benchmark::DoNotOptimize(backward_plan.order.data());
   }
-  Report(state, program, plan);
+  Report(state, model.forward.instructions().size() + backward.program.instructions().size(),
+         forward_plan.successors.items.size() + backward_plan.successors.items.size());
 }
-BENCHMARK(BM_AnalyzeTransformer)
-    ->Arg(100)
-    ->Arg(1000)
+// About 60 instructions per layer (forward and backward): 17,000 layers make a million.
+BENCHMARK(BM_AnalyzeGpt)
+    ->Arg(170)
+    ->Arg(1'700)
+    ->Arg(17'000)
+    ->ArgName("layers")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_SetupSharedInput(benchmark::State& state) {
+  const std::string text = PrintProgram(SharedInputUpdates(static_cast<int>(state.range(0))));
+  ResetPeakRss();
+  size_t instructions = 0, edges = 0;
+  for (auto _ : state) {
+    Executable exe(ParseProgram(text, "updates"), {});
+    instructions = exe.program().instructions().size();
+    edges = exe.plan().successors.items.size();
+  }
+  Report(state, instructions, edges);
+}
+BENCHMARK(BM_SetupSharedInput)
+    ->Arg(10'000)
+    ->Arg(100'000)
+    ->Arg(1'000'000)
+    ->ArgName("updates")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void BM_SetupGpt(benchmark::State& state) {
+  ResetPeakRss();
+  size_t instructions = 0, edges = 0;
+  for (auto _ : state) {
+    Model model = BuildGpt(TinyGpt(static_cast<int>(state.range(0))), 1, GptOutput::kLoss);
+    Backward backward = GptBackward(model);
+    Executable forward(std::move(model.forward), {.keep = backward.saved});
+    Executable backward_exe(std::move(backward.program), {});
+    instructions =
+        forward.program().instructions().size() + backward_exe.program().instructions().size();
+    edges = forward.plan().successors.items.size() + backward_exe.plan().successors.items.size();
+  }
+  Report(state, instructions, edges);
+}
+BENCHMARK(BM_SetupGpt)
+    ->Arg(170)
+    ->Arg(1'700)
+    ->Arg(17'000)
     ->ArgName("layers")
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond)

@@ -2,6 +2,7 @@
 // and the values, and that a failed AddInstruction leaves the program unchanged.
 #include "sluice/ir/program.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -147,6 +148,37 @@ TEST(Program, RenameMovesTheNameAndRefusesTakenOnes) {
   EXPECT_EQ(p.value(y).name, "h.0.attn.out");
   // The old name is free again.
   EXPECT_EQ(p.value(p.AddInstruction("copy", {x}, {}, {"copy_0"})[0]).name, "copy_0");
+}
+
+// The name index is an open-addressing table whose removals shift later entries back: after
+// thousands of renames in every order (so that removals land inside long probe runs), every
+// current name is found, every old one is gone.
+TEST(Program, ManyRenamesKeepEveryNameFindable) {
+  constexpr int kValues = 3000;
+  Program p("net");
+  for (int i = 0; i < kValues; ++i) p.AddInput(fmt::format("v{}", i), kF32x2x3);
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < kValues; ++k) {
+      const ValueId id = static_cast<ValueId>((k * 7 + round * 13) % kValues);
+      p.Rename(id, fmt::format("r{}.{}", round, id));
+    }
+    for (ValueId id = 0; id < kValues; ++id) {
+      ASSERT_EQ(p.Find(fmt::format("r{}.{}", round, id)), id) << "round " << round;
+      ASSERT_FALSE(p.Find(fmt::format("v{}", id)).has_value());
+      if (round > 0) ASSERT_FALSE(p.Find(fmt::format("r{}.{}", round - 1, id)).has_value());
+    }
+  }
+  EXPECT_EQ(p.values().size(), static_cast<size_t>(kValues));
+}
+
+// FreshName skips names reserved for another program's values, whatever their number.
+TEST(Program, FreshNamesAvoidReservedNames) {
+  Program p("bwd");
+  p.ReserveName("add_0");
+  p.ReserveName("add_2");
+  p.ReserveName("h.0.weight");  // not a name FreshName makes; nothing to avoid
+  EXPECT_EQ(p.FreshName("add"), "add_1");
+  EXPECT_EQ(p.FreshName("add"), "add_3");
 }
 
 TEST(Program, OutputsKeepOrderAndAreListedOnce) {

@@ -382,10 +382,12 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
   // B: the backward slice of the gradients of b_wrt.
   std::vector<bool> b_value(nv, false), in_b(instrs.size(), false);
   std::vector<ValueId> b_outputs;
+  std::vector<bool> is_b_output(nv, false);
   for (const std::string& name : b_wrt) {
     ValueId g = p.Get(name + ".grad");
     b_value[g] = true;
     b_outputs.push_back(g);
+    is_b_output[g] = true;
   }
   for (size_t i = instrs.size(); i-- > 0;) {
     const Instruction& ins = instrs[i];
@@ -400,9 +402,10 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
   std::vector<ValueId> w_outputs;
   for (ValueId v : p.outputs()) {
     bool defined_in_b = p.value(v).producer >= 0 && in_b[p.value(v).producer];
-    if (std::find(b_outputs.begin(), b_outputs.end(), v) != b_outputs.end()) continue;
+    if (is_b_output[v]) continue;
     if (defined_in_b || p.value(v).producer < 0) {
       b_outputs.push_back(v);  // already computed by B (or passed through): B hands it out
+      is_b_output[v] = true;
     } else {
       w_outputs.push_back(v);
       w_value[v] = true;

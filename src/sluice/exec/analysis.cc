@@ -1,8 +1,9 @@
 #include "sluice/exec/analysis.h"
 
 #include <algorithm>
-#include <limits>
-#include <unordered_set>
+#include <functional>
+#include <queue>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -10,7 +11,9 @@ namespace sluice {
 
 namespace {
 
-// The order-independent facts: groups, who reads them, the dependency graph.
+// The order-independent facts: groups, who reads them, the dependency graph. Every list is flat
+// (CsrLists built by counting): a million instructions make millions of groups, and a vector per
+// group or per instruction would cost more than the facts themselves.
 struct Facts {
   std::vector<StorageGroup> groups;
   std::vector<int32_t> group_of;
@@ -22,17 +25,30 @@ struct Facts {
   std::vector<int32_t> producer_of_group;  // instruction defining the root; -1 for inputs/params
 };
 
+// Lists from (key, item) pairs: entry k holds the items of the pairs with key k, in pair order.
+CsrLists GroupByKey(size_t num_keys, std::span<const std::pair<int32_t, int32_t>> pairs) {
+  CsrLists lists;
+  lists.begin.assign(num_keys + 1, 0);
+  for (const auto& [key, item] : pairs) ++lists.begin[static_cast<size_t>(key) + 1];
+  for (size_t k = 0; k < num_keys; ++k) lists.begin[k + 1] += lists.begin[k];
+  lists.items.resize(pairs.size());
+  std::vector<int32_t> cursor(lists.begin.begin(), lists.begin.end() - 1);
+  for (const auto& [key, item] : pairs) lists.items[cursor[key]++] = item;
+  return lists;
+}
+
 Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
   const auto& instrs = program.instructions();
   const int32_t n = static_cast<int32_t>(instrs.size());
+  const size_t num_values = program.values().size();
   Facts f;
-  f.group_of.assign(program.values().size(), -1);
+  f.group_of.assign(num_values, -1);
   auto new_group = [&](ValueId root, int64_t bytes, int32_t producer) {
     f.group_of[root] = static_cast<int32_t>(f.groups.size());
     f.groups.push_back({.root = root, .bytes = bytes});
     f.producer_of_group.push_back(producer);
   };
-  std::vector<bool> donated(program.values().size(), false);
+  std::vector<bool> donated(num_values, false);
   for (const std::string& name : options.donate) {
     std::optional<ValueId> v = program.Find(name);
     if (!v || program.value(*v).kind != ValueKind::kInput) {
@@ -41,31 +57,71 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
     }
     donated[*v] = true;
   }
+  f.groups.reserve(num_values);
+  f.producer_of_group.reserve(num_values);
   for (ValueId v : program.inputs()) {
     new_group(v, donated[v] ? static_cast<int64_t>(program.Bytes(v)) : 0, -1);
   }
   for (ValueId v : program.params()) new_group(v, 0, -1);
+  // (group, view) pairs in definition order: the members after each root.
+  std::vector<std::pair<int32_t, int32_t>> views;
   for (int32_t i = 0; i < n; ++i) {
     const Instruction& instr = instrs[i];
     for (ValueId out : instr.outputs) {
       if (instr.op->kind == OpKind::kView) {
         SLUICE_CHECK(!instr.inputs.empty(), "view op '{}' has no input to alias", instr.op->name);
         f.group_of[out] = f.group_of[instr.inputs[0]];
+        views.emplace_back(f.group_of[out], out);
       } else {
         new_group(out, static_cast<int64_t>(program.Bytes(out)), i);
       }
     }
   }
+  f.groups.shrink_to_fit();
+  f.producer_of_group.shrink_to_fit();
   const size_t num_groups = f.groups.size();
 
   // Members, root first then views in definition order.
-  std::vector<std::vector<int32_t>> members(num_groups);
-  for (size_t g = 0; g < num_groups; ++g) members[g].push_back(f.groups[g].root);
-  for (const Instruction& instr : instrs) {
-    if (instr.op->kind != OpKind::kView) continue;
-    for (ValueId out : instr.outputs) members[f.group_of[out]].push_back(out);
+  {
+    CsrLists view_lists = GroupByKey(num_groups, views);
+    f.members.begin.resize(num_groups + 1);
+    f.members.items.reserve(num_groups + views.size());
+    for (size_t g = 0; g < num_groups; ++g) {
+      f.members.items.push_back(f.groups[g].root);
+      const std::span<const int32_t> list = view_lists[g];
+      f.members.items.insert(f.members.items.end(), list.begin(), list.end());
+      f.members.begin[g + 1] = static_cast<int32_t>(f.members.items.size());
+    }
   }
-  for (const auto& m : members) f.members.Append(m);
+
+  // Reads (distinct groups per instruction) and users (distinct instructions per group).
+  {
+    std::vector<int32_t> seen(num_groups, -1);
+    f.reads.begin.resize(static_cast<size_t>(n) + 1);
+    for (int32_t i = 0; i < n; ++i) {
+      for (ValueId v : instrs[i].inputs) {
+        const int32_t g = f.group_of[v];
+        if (seen[g] == i) continue;
+        seen[g] = i;
+        f.reads.items.push_back(g);
+        ++f.groups[g].num_users;
+      }
+      f.reads.begin[i + 1] = static_cast<int32_t>(f.reads.items.size());
+    }
+    f.reads.items.shrink_to_fit();
+  }
+  // Users by counting: the instructions in order, so each list is ascending.
+  f.users.begin.assign(num_groups + 1, 0);
+  for (size_t g = 0; g < num_groups; ++g) {
+    f.users.begin[g + 1] = f.users.begin[g] + f.groups[g].num_users;
+  }
+  f.users.items.resize(f.reads.items.size());
+  {
+    std::vector<int32_t> cursor(f.users.begin.begin(), f.users.begin.end() - 1);
+    for (int32_t i = 0; i < n; ++i) {
+      for (int32_t g : f.reads[i]) f.users.items[cursor[g]++] = i;
+    }
+  }
 
   // Pinned groups.
   auto pin = [&](ValueId v) { f.groups[f.group_of[v]].pinned = true; };
@@ -83,26 +139,6 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
     pin(*v);
   }
 
-  // Reads (distinct groups per instruction) and users (distinct instructions per group).
-  std::vector<std::vector<int32_t>> users(num_groups);
-  std::vector<int32_t> seen(num_groups, -1);
-  std::vector<int32_t> list;
-  for (int32_t i = 0; i < n; ++i) {
-    list.clear();
-    for (ValueId v : instrs[i].inputs) {
-      const int32_t g = f.group_of[v];
-      if (seen[g] == i) continue;
-      seen[g] = i;
-      list.push_back(g);
-      users[g].push_back(i);
-    }
-    f.reads.Append(list);
-  }
-  for (size_t g = 0; g < num_groups; ++g) {
-    f.groups[g].num_users = static_cast<int32_t>(users[g].size());
-    f.users.Append(users[g]);
-  }
-
   // Dependency graph: data edges, plus the hazards of in-place updates on every group they touch:
   // each user of a group must stay on its side of every in-place user of it (program order).
   // Rather than an edge per such pair — quadratic when thousands of updates share one input such
@@ -110,14 +146,13 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
   // its nearest in-place neighbours only: the previous in-place user → this user, and every user
   // since the previous in-place one → the next in-place user. The transitive closure is the same
   // partial order; the edges are at most two per (group, user).
-  std::vector<std::vector<int32_t>> succ(n);
+  std::vector<std::pair<int32_t, int32_t>> edges;  // (from, to)
   for (int32_t i = 0; i < n; ++i) {
     for (ValueId v : instrs[i].inputs) {
       const int32_t p = program.value(v).producer;
-      if (p >= 0) succ[p].push_back(i);
+      if (p >= 0) edges.emplace_back(p, i);
     }
   }
-  std::vector<int32_t> since_update;  // users of the group since its last in-place user
   for (size_t g = 0; g < num_groups; ++g) {
     const std::span<const int32_t> group_users = f.users[g];
     if (std::none_of(group_users.begin(), group_users.end(),
@@ -125,24 +160,33 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
       continue;
     }
     int32_t last_update = -1;
-    since_update.clear();
-    for (int32_t u : group_users) {
-      if (last_update >= 0) succ[last_update].push_back(u);
+    size_t since_update = 0;  // users [since_update, k) came after the last in-place user
+    for (size_t k = 0; k < group_users.size(); ++k) {
+      const int32_t u = group_users[k];
+      if (last_update >= 0) edges.emplace_back(last_update, u);
       if (instrs[u].op->kind == OpKind::kInPlace) {
-        for (int32_t r : since_update) succ[r].push_back(u);
-        since_update.clear();
+        for (size_t r = since_update; r < k; ++r) edges.emplace_back(group_users[r], u);
+        since_update = k + 1;
         last_update = u;
-      } else {
-        since_update.push_back(u);
       }
     }
   }
+  // By source, each list sorted and deduplicated in place.
+  CsrLists succ = GroupByKey(static_cast<size_t>(n), edges);
+  edges = {};
   f.num_predecessors.assign(n, 0);
+  f.successors.begin.resize(static_cast<size_t>(n) + 1);
+  f.successors.items.reserve(succ.items.size());
   for (int32_t i = 0; i < n; ++i) {
-    std::sort(succ[i].begin(), succ[i].end());
-    succ[i].erase(std::unique(succ[i].begin(), succ[i].end()), succ[i].end());
-    for (int32_t s : succ[i]) ++f.num_predecessors[s];
-    f.successors.Append(succ[i]);
+    auto first = succ.items.begin() + succ.begin[i];
+    auto last = succ.items.begin() + succ.begin[i + 1];
+    std::sort(first, last);
+    last = std::unique(first, last);
+    for (auto it = first; it != last; ++it) {
+      ++f.num_predecessors[*it];
+      f.successors.items.push_back(*it);
+    }
+    f.successors.begin[i + 1] = static_cast<int32_t>(f.successors.items.size());
   }
   return f;
 }
@@ -192,48 +236,61 @@ Liveness ComputeLiveness(const Facts& f, const std::vector<int32_t>& order) {
   return l;
 }
 
-// Kahn's algorithm choosing, among ready instructions, the smallest net growth in live bytes.
+// Kahn's algorithm choosing, among ready instructions, the smallest net growth in live bytes (ties:
+// the lower index). The ready instructions wait in a min-heap keyed by (growth, index). A ready
+// instruction's growth only falls while it waits — when it becomes the last remaining user of a
+// group it reads, it will free that group — and then it is pushed again with the new key; the
+// stale entry is skipped when it surfaces. O((instructions + reads) · log).
 std::vector<int32_t> GreedyOrder(const Program& program, const Facts& f) {
   const auto& instrs = program.instructions();
   const int32_t n = static_cast<int32_t>(instrs.size());
   std::vector<int32_t> remaining_users(f.groups.size());
   for (size_t g = 0; g < f.groups.size(); ++g) remaining_users[g] = f.groups[g].num_users;
   std::vector<int32_t> pending = f.num_predecessors;
-  std::vector<int64_t> alloc(n, 0), dead(n, 0);
+  std::vector<int64_t> growth(n, 0);  // alloc − dead at first; the full figure once ready
   for (int32_t i = 0; i < n; ++i) {
     if (instrs[i].op->kind != OpKind::kCompute) continue;
     for (ValueId out : instrs[i].outputs) {
       const StorageGroup& g = f.groups[f.group_of[out]];
-      alloc[i] += g.bytes;
-      if (!g.pinned && g.num_users == 0) dead[i] += g.bytes;
+      growth[i] += g.bytes;
+      if (!g.pinned && g.num_users == 0) growth[i] -= g.bytes;
     }
   }
-  std::vector<int32_t> ready;
+  // Freed by its last remaining user: counts against that user's growth.
+  auto frees_when_last = [&](int32_t g) { return !f.groups[g].pinned && f.groups[g].bytes > 0; };
+  using Entry = std::pair<int64_t, int32_t>;  // (growth, instruction)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> ready;
+  std::vector<bool> done(n, false);
+  auto make_ready = [&](int32_t i) {
+    for (int32_t g : f.reads[i]) {
+      if (remaining_users[g] == 1 && frees_when_last(g)) growth[i] -= f.groups[g].bytes;
+    }
+    ready.emplace(growth[i], i);
+  };
   for (int32_t i = 0; i < n; ++i) {
-    if (pending[i] == 0) ready.push_back(i);
+    if (pending[i] == 0) make_ready(i);
   }
   std::vector<int32_t> order;
   order.reserve(n);
   while (!ready.empty()) {
-    size_t best = 0;
-    int64_t best_growth = std::numeric_limits<int64_t>::max();
-    for (size_t k = 0; k < ready.size(); ++k) {
-      const int32_t i = ready[k];
-      int64_t growth = alloc[i] - dead[i];
-      for (int32_t g : f.reads[i]) {
-        if (!f.groups[g].pinned && remaining_users[g] == 1) growth -= f.groups[g].bytes;
-      }
-      if (growth < best_growth || (growth == best_growth && i < ready[best])) {
-        best = k;
-        best_growth = growth;
+    const auto [key, i] = ready.top();
+    ready.pop();
+    if (done[i] || key != growth[i]) continue;  // stale
+    done[i] = true;
+    order.push_back(i);
+    for (int32_t g : f.reads[i]) {
+      if (--remaining_users[g] != 1 || !frees_when_last(g)) continue;
+      for (int32_t u : f.users[g]) {  // once per group: the count reaches 1 once
+        if (done[u]) continue;
+        if (pending[u] == 0) {  // waiting in the heap: re-key it
+          growth[u] -= f.groups[g].bytes;
+          ready.emplace(growth[u], u);
+        }
+        break;
       }
     }
-    const int32_t i = ready[best];
-    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(best));
-    order.push_back(i);
-    for (int32_t g : f.reads[i]) --remaining_users[g];
     for (int32_t s : f.successors[i]) {
-      if (--pending[s] == 0) ready.push_back(s);
+      if (--pending[s] == 0) make_ready(s);
     }
   }
   SLUICE_CHECK(static_cast<int32_t>(order.size()) == n, "dependency graph of '{}' has a cycle",
@@ -303,13 +360,15 @@ ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options) {
     f.groups[g].def_step = live.def_step[g];
     f.groups[g].last_step = live.last_step[g];
   }
-  std::vector<std::vector<int32_t>> frees(n);
-  for (size_t g = 0; g < f.groups.size(); ++g) {
-    if (!f.groups[g].pinned && f.groups[g].last_step >= 0) {
-      frees[f.groups[g].last_step].push_back(static_cast<int32_t>(g));
+  {
+    std::vector<std::pair<int32_t, int32_t>> frees;  // (step, group), groups ascending
+    for (size_t g = 0; g < f.groups.size(); ++g) {
+      if (!f.groups[g].pinned && f.groups[g].last_step >= 0) {
+        frees.emplace_back(f.groups[g].last_step, static_cast<int32_t>(g));
+      }
     }
+    plan.free_lists = GroupByKey(static_cast<size_t>(n), frees);
   }
-  for (const auto& list : frees) plan.free_lists.Append(list);
   plan.live_bytes = std::move(live.live_bytes);
   plan.liveness_bound = live.bound;
   plan.peak_step = live.peak_step;

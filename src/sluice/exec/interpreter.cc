@@ -92,7 +92,8 @@ struct Executable::Impl {
   std::vector<Step> steps;              // by instruction
   std::vector<ValueId> operand_values;  // flat inputs of every instruction
   std::vector<ValueId> result_values;   // flat outputs of every instruction
-  std::vector<TensorType> result_types;
+  // Their types: pointers into program's values, which never change.
+  std::vector<const TensorType*> result_types;
   std::vector<ValueId> bound;    // inputs and params, bound from the scope
   std::vector<ValueId> results;  // outputs and kept values, left in the scope
   std::vector<ValueId> stale;    // results computed by the program: dropped from the scope first
@@ -168,7 +169,7 @@ void Executable::Impl::Prepare() {
     st.out_count = static_cast<int32_t>(instr.outputs.size());
     for (ValueId v : instr.outputs) {
       result_values.push_back(v);
-      result_types.push_back(program.value(v).type);
+      result_types.push_back(&program.value(v).type);
     }
     std::vector<ValueId> sorted_inputs = instr.inputs;
     std::sort(sorted_inputs.begin(), sorted_inputs.end());
@@ -278,7 +279,7 @@ void Executable::Impl::Execute(int32_t i, Worker& w) {
   Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? &slots[st.first_output] : w.outs.data();
   if (st.op->kind == OpKind::kCompute) {
     for (int32_t k = 0; k < st.out_count; ++k) {
-      const TensorType& t = result_types[st.out_begin + k];
+      const TensorType& t = *result_types[st.out_begin + k];
       outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
     }
     if (w.trace != nullptr) {

@@ -1,6 +1,7 @@
 #include "sluice/ir/program.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -12,10 +13,69 @@ std::string TensorType::ToString() const {
   return fmt::format("{}{}", Name(dtype), shape.ToString());
 }
 
+namespace {
+
+uint32_t HashName(std::string_view name) {
+  return static_cast<uint32_t>(std::hash<std::string_view>{}(name));
+}
+
+// Whether FreshName can make `name`: "<hint>_<decimal counter>".
+bool LooksFresh(std::string_view name) {
+  const size_t underscore = name.find_last_of('_');
+  if (underscore == std::string_view::npos || underscore + 1 == name.size()) return false;
+  return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(underscore) + 1, name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
+size_t Program::FindSlot(std::string_view name, uint32_t hash) const {
+  const size_t mask = index_.size() - 1;
+  size_t slot = hash & mask;
+  for (;; slot = (slot + 1) & mask) {
+    const IndexSlot& s = index_[slot];
+    if (s.id == kNoValue || (s.hash == hash && values_[s.id].name == name)) return slot;
+  }
+}
+
+void Program::IndexReserve(size_t values) {
+  if (2 * values <= index_.size()) return;
+  size_t size = 16;
+  while (size < 4 * values) size *= 2;
+  std::vector<IndexSlot> old = std::move(index_);
+  index_.assign(size, IndexSlot{});
+  const size_t mask = size - 1;
+  auto place = [&](IndexSlot entry) {  // names are distinct: the first free slot is its place
+    size_t slot = entry.hash & mask;
+    while (index_[slot].id != kNoValue) slot = (slot + 1) & mask;
+    index_[slot] = entry;
+  };
+  for (const IndexSlot& entry : old) {
+    if (entry.id != kNoValue) place(entry);
+  }
+}
+
+// Backward-shift deletion: the entries after the freed slot move up into it when their probe
+// sequence passes it, so that no search stops early.
+void Program::IndexErase(ValueId id) {
+  const size_t mask = index_.size() - 1;
+  size_t hole = FindSlot(values_[id].name, HashName(values_[id].name));
+  SLUICE_CHECK(index_[hole].id == id);
+  for (size_t s = (hole + 1) & mask; index_[s].id != kNoValue; s = (s + 1) & mask) {
+    const size_t home = index_[s].hash & mask;
+    if (((s - home) & mask) >= ((s - hole) & mask)) {
+      index_[hole] = index_[s];
+      hole = s;
+    }
+  }
+  index_[hole] = {};
+}
+
 std::optional<ValueId> Program::Find(std::string_view name) const {
-  auto it = by_name_.find(std::string(name));
-  if (it == by_name_.end()) return std::nullopt;
-  return it->second;
+  if (index_.empty()) return std::nullopt;
+  const ValueId id = index_[FindSlot(name, HashName(name))].id;
+  if (id == kNoValue) return std::nullopt;
+  return id;
 }
 
 ValueId Program::Get(std::string_view name) const {
@@ -26,12 +86,15 @@ ValueId Program::Get(std::string_view name) const {
 
 ValueId Program::NewValue(std::string name, TensorType type, ValueKind kind, int32_t producer) {
   if (name.empty()) throw ProgramError(fmt::format("program '{}': a value needs a name", name_));
-  if (by_name_.count(name)) {
+  IndexReserve(values_.size() + 1);
+  const uint32_t hash = HashName(name);
+  const size_t slot = FindSlot(name, hash);
+  if (index_[slot].id != kNoValue) {
     throw ProgramError(fmt::format("program '{}': value %{} is defined twice", name_, name));
   }
   ValueId id = static_cast<ValueId>(values_.size());
-  by_name_.emplace(name, id);
   values_.push_back({std::move(name), std::move(type), kind, producer});
+  index_[slot] = {id, hash};
   return id;
 }
 
@@ -89,7 +152,7 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
   }
   // Check every name before defining any, so a failed instruction leaves the program unchanged.
   for (size_t i = 0; i < output_names.size(); ++i) {
-    if (by_name_.count(output_names[i]) ||
+    if (Find(output_names[i]) ||
         std::count(output_names.begin(), output_names.end(), output_names[i]) > 1) {
       throw ProgramError(fmt::format("{}: value %{} is defined twice", where(), output_names[i]));
     }
@@ -107,19 +170,27 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
 
 void Program::AddOutput(ValueId id) {
   SLUICE_CHECK(id >= 0 && static_cast<size_t>(id) < values_.size());
-  if (std::find(outputs_.begin(), outputs_.end(), id) == outputs_.end()) outputs_.push_back(id);
+  if (IsOutput(id)) return;
+  is_output_.resize(values_.size(), false);
+  is_output_[static_cast<size_t>(id)] = true;
+  outputs_.push_back(id);
 }
 
 void Program::Rename(ValueId id, std::string new_name) {
   SLUICE_CHECK(id >= 0 && static_cast<size_t>(id) < values_.size());
   if (values_[id].name == new_name) return;
-  if (by_name_.count(new_name)) {
+  if (Find(new_name)) {
     throw ProgramError(fmt::format("program '{}': cannot rename %{} to %{}: the name is taken",
                                    name_, values_[id].name, new_name));
   }
-  by_name_.erase(values_[id].name);
-  by_name_.emplace(new_name, id);
+  IndexErase(id);
   values_[id].name = std::move(new_name);
+  const uint32_t hash = HashName(values_[id].name);
+  index_[FindSlot(values_[id].name, hash)] = {id, hash};
+}
+
+void Program::ReserveName(std::string_view name) {
+  if (LooksFresh(name)) reserved_.emplace(name);
 }
 
 std::string Program::FreshName(std::string_view hint) const {
@@ -127,7 +198,7 @@ std::string Program::FreshName(std::string_view hint) const {
   int& counter = fresh_counters_[base];
   for (;;) {
     std::string candidate = fmt::format("{}_{}", base, counter++);
-    if (!by_name_.count(candidate) && !reserved_.count(candidate)) return candidate;
+    if (!Find(candidate) && !reserved_.count(candidate)) return candidate;
   }
 }
 

@@ -13,6 +13,11 @@
 // (ir/builder.h) or parsed from text (ir/text_format.h); both go through AddInput/AddParam/
 // AddInstruction, which run shape inference and reject duplicates immediately.
 //
+// Cost: a program of a million instructions is an ordinary input (a deep model's backward, an
+// optimizer step over every parameter), so every operation here is O(1) amortized per value or
+// instruction (AddOutput included), and a value's name is stored once: the name index holds value
+// ids, not copies of the names (docs/benchmarks.md, "Setup").
+//
 // Example:
 //   Program p("affine");
 //   ValueId x = p.AddInput("x", {DType::kF32, Shape{8, 16}});
@@ -80,6 +85,9 @@ class Program {
                                       std::vector<std::string> output_names = {});
   // Marks a value as a program output (once; order is kept).
   void AddOutput(ValueId id);
+  bool IsOutput(ValueId id) const {
+    return static_cast<size_t>(id) < is_output_.size() && is_output_[static_cast<size_t>(id)];
+  }
 
   // Renames a value (the new name must be unused).
   void Rename(ValueId id, std::string new_name);
@@ -87,14 +95,27 @@ class Program {
   // ReserveName are avoided too.
   std::string FreshName(std::string_view hint) const;
   // Keeps FreshName from generating `name` (used so that a backward program's temporaries never
-  // collide with forward values that share a scope with them).
-  void ReserveName(std::string name) { reserved_.insert(std::move(name)); }
+  // collide with forward values that share a scope with them). Only names FreshName could make
+  // ("hint_N") are remembered.
+  void ReserveName(std::string_view name);
 
   // Total bytes of a value's tensor.
   size_t Bytes(ValueId id) const;
 
  private:
   ValueId NewValue(std::string name, TensorType type, ValueKind kind, int32_t producer);
+  // The name index: open addressing (linear probing) over value ids, a power of two in size, at
+  // most half full. A slot keeps the name's hash beside the id, so that a probe reads the name
+  // itself only when the hashes agree.
+  struct IndexSlot {
+    ValueId id = kNoValue;  // kNoValue: free
+    uint32_t hash = 0;
+  };
+  // The slot holding `name`, or the free slot ending its probe sequence.
+  size_t FindSlot(std::string_view name, uint32_t hash) const;
+  // Grows the index (rehashing) so that it can hold `values` names.
+  void IndexReserve(size_t values);
+  void IndexErase(ValueId id);
 
   std::string name_;
   std::vector<Value> values_;
@@ -102,7 +123,8 @@ class Program {
   std::vector<ValueId> inputs_;
   std::vector<ValueId> params_;
   std::vector<ValueId> outputs_;
-  std::unordered_map<std::string, ValueId> by_name_;
+  std::vector<bool> is_output_;   // value -> listed in outputs_ (sized lazily)
+  std::vector<IndexSlot> index_;  // name -> value
   mutable std::unordered_map<std::string, int> fresh_counters_;
   std::unordered_set<std::string> reserved_;
 };

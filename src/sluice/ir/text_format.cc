@@ -9,7 +9,7 @@
 #include <optional>
 #include <span>
 #include <sstream>
-#include <unordered_map>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -238,9 +238,18 @@ class Parser {
   void Advance() { tok_ = lex_.Next(); }
 
   // Consumes a token of `kind` or fails saying what was expected and why.
-  Token Take(TokenKind kind, std::string_view purpose) {
+  // `purpose` says in the error what the token is for: text, or a function returning the text,
+  // called only on failure (a large program takes millions of tokens, nearly all fine).
+  template <typename Purpose>
+  Token Take(TokenKind kind, const Purpose& purpose) {
     if (tok_.kind != kind) {
-      Fail(tok_, fmt::format("expected {} {}, found {}", KindName(kind), purpose, Describe(tok_)));
+      std::string text;
+      if constexpr (std::is_invocable_v<Purpose>) {
+        text = purpose();
+      } else {
+        text = std::string_view(purpose);
+      }
+      Fail(tok_, fmt::format("expected {} {}, found {}", KindName(kind), text, Describe(tok_)));
     }
     Token t = std::move(tok_);
     Advance();
@@ -272,8 +281,7 @@ class Parser {
     } else if (word.text == "output") {
       const Token v = Take(TokenKind::kValue, "after 'output'");
       const ValueId id = Use(v);
-      const auto& outs = program_.outputs();
-      if (std::find(outs.begin(), outs.end(), id) != outs.end()) {
+      if (program_.IsOutput(id)) {
         Fail(v, fmt::format("{} is already an output", ValueRef(v.text)));
       }
       program_.AddOutput(id);
@@ -287,14 +295,10 @@ class Parser {
   // input %x: f32[8, 16]   |   param %w: f32[16, 4]
   void ParseDeclaration(bool is_input) {
     const Token v = Take(TokenKind::kValue, is_input ? "after 'input'" : "after 'param'");
-    Take(TokenKind::kColon, fmt::format("after {}", ValueRef(v.text)));
+    Take(TokenKind::kColon, [&] { return fmt::format("after {}", ValueRef(v.text)); });
     const TensorType type = ParseType();
-    Define(v);
-    if (is_input) {
-      program_.AddInput(v.text, type);
-    } else {
-      program_.AddParam(v.text, type);
-    }
+    CheckUnused(v, {});
+    Record(is_input ? program_.AddInput(v.text, type) : program_.AddParam(v.text, type), v);
   }
 
   // %a: T, %b: T = op(%x, %y) {attrs}
@@ -302,8 +306,9 @@ class Parser {
     std::vector<Result> results;
     for (;;) {
       Token v = Take(TokenKind::kValue, "to name an output");
-      Take(TokenKind::kColon,
-           fmt::format("after {} (every output is written with its type)", ValueRef(v.text)));
+      Take(TokenKind::kColon, [&] {
+        return fmt::format("after {} (every output is written with its type)", ValueRef(v.text));
+      });
       TensorType type = ParseType();
       results.push_back({std::move(v), std::move(type)});
       if (!Accept(TokenKind::kComma)) break;
@@ -317,14 +322,15 @@ class Parser {
   void ParseCall(const Token& op_token, std::vector<Result> results) {
     const OpDef* op = OpRegistry::Global().Find(op_token.text);
     if (op == nullptr) Fail(op_token, fmt::format("unknown op '{}'", op_token.text));
-    Take(TokenKind::kLParen, fmt::format("after '{}'", op->name));
+    Take(TokenKind::kLParen, [&] { return fmt::format("after '{}'", op->name); });
     std::vector<ValueId> inputs;
     if (tok_.kind != TokenKind::kRParen) {
       do {
-        inputs.push_back(Use(Take(TokenKind::kValue, fmt::format("as an input of {}", op->name))));
+        inputs.push_back(Use(
+            Take(TokenKind::kValue, [&] { return fmt::format("as an input of {}", op->name); })));
       } while (Accept(TokenKind::kComma));
     }
-    Take(TokenKind::kRParen, fmt::format("to close the inputs of {}", op->name));
+    Take(TokenKind::kRParen, [&] { return fmt::format("to close the inputs of {}", op->name); });
     Attrs attrs;
     if (tok_.kind == TokenKind::kLBrace) {
       for (const Token& key : ParseAttrs(attrs)) {
@@ -341,9 +347,9 @@ class Parser {
       Fail(op_token, fmt::format("{} takes at least one input", op->name));
     }
     std::vector<std::string> names;
-    for (const Result& r : results) {
-      Define(r.at);
-      names.push_back(r.at.text);
+    for (size_t k = 0; k < results.size(); ++k) {
+      CheckUnused(results[k].at, std::span(results).first(k));
+      names.push_back(results[k].at.text);
     }
     std::vector<ValueId> outputs;
     try {
@@ -353,6 +359,9 @@ class Parser {
     } catch (const std::exception& e) {
       Fail(op_token, fmt::format("internal error in {} (a bug in sluice, please report it): {}",
                                  op->name, e.what()));
+    }
+    for (size_t i = 0; i < std::min(outputs.size(), results.size()); ++i) {
+      Record(outputs[i], results[i].at);
     }
     if (outputs.size() != results.size()) {
       Fail(op_token, fmt::format("{} produces {} output{}, the instruction names {}", op->name,
@@ -410,7 +419,7 @@ class Parser {
       Token key = std::move(tok_);
       Advance();
       if (attrs.Has(key.text)) Fail(key, fmt::format("attribute '{}' is given twice", key.text));
-      Take(TokenKind::kEquals, fmt::format("after attribute '{}'", key.text));
+      Take(TokenKind::kEquals, [&] { return fmt::format("after attribute '{}'", key.text); });
       attrs.Set(key.text, ParseAttrValue());
       keys.push_back(std::move(key));
     } while (Accept(TokenKind::kComma));
@@ -466,19 +475,31 @@ class Parser {
     return *id;
   }
 
-  // Claims a name for a definition, failing when it is taken.
-  void Define(const Token& v) {
-    auto [it, fresh] = defined_at_.try_emplace(v.text, v.line, v.col);
-    if (!fresh) {
-      Fail(v, fmt::format("{} is already defined at {}:{}", ValueRef(v.text), it->second.first,
-                          it->second.second));
+  // Fails when the name a definition claims is taken: by a value above, or by one of the
+  // `earlier` outputs of the same instruction.
+  void CheckUnused(const Token& v, std::span<const Result> earlier) {
+    std::pair<int, int> at;
+    if (std::optional<ValueId> id = program_.Find(v.text)) {
+      at = defined_at_[static_cast<size_t>(*id)];
+    } else {
+      auto same = [&](const Result& r) { return r.at.text == v.text; };
+      auto it = std::find_if(earlier.begin(), earlier.end(), same);
+      if (it == earlier.end()) return;
+      at = {it->at.line, it->at.col};
     }
+    Fail(v, fmt::format("{} is already defined at {}:{}", ValueRef(v.text), at.first, at.second));
+  }
+
+  // Where value `id` was defined (for the message of a later duplicate).
+  void Record(ValueId id, const Token& v) {
+    defined_at_.resize(program_.values().size());
+    defined_at_[static_cast<size_t>(id)] = {v.line, v.col};
   }
 
   Lexer lex_;
   Token tok_;
   Program program_;
-  std::unordered_map<std::string, std::pair<int, int>> defined_at_;  // name -> line, col
+  std::vector<std::pair<int, int>> defined_at_;  // value -> line, col of its definition
 };
 
 }  // namespace

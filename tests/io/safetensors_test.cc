@@ -131,6 +131,32 @@ TEST(Safetensors, RejectsBadHeaders) {
                 "data_offsets must be [begin, end]");
 }
 
+// Regression: a zero-element shape passed the size check even when its other dimensions
+// multiply past int64 ([2^62, 3, 0], or [0, 2^62, 3] whose contiguous strides overflow); Shape and
+// Tensor then multiplied them in int64 (undefined behaviour, a UBSan report).
+TEST(Safetensors, RejectsEmptyShapesWhoseDimensionsOverflow) {
+  ExpectIoError(
+      FileWith(R"({"w":{"dtype":"F32","shape":[4611686018427387904,3,0],"data_offsets":[0,0]}})",
+               0),
+      "tensor 'w': shape is too large to address");
+  ExpectIoError(
+      FileWith(R"({"w":{"dtype":"F32","shape":[0,4611686018427387904,3],"data_offsets":[0,0]}})",
+               0),
+      "tensor 'w': shape is too large to address");
+  // Large but addressable: fine.
+  const SafetensorsFile ok = ParseSafetensors(
+      FileWith(R"({"w":{"dtype":"F32","shape":[0,1152921504606846976],"data_offsets":[0,0]}})", 0),
+      "ok.safetensors");
+  EXPECT_EQ(ok.tensors.at("w").numel(), 0);
+}
+
+// Regression: the reader accepted a tensor named "", which the writer refuses (and no scope can
+// bind): a checkpoint read back could not be saved again.
+TEST(Safetensors, RejectsAnEmptyTensorName) {
+  ExpectIoError(FileWith(R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4),
+                "tensor '': a tensor needs a name");
+}
+
 TEST(Safetensors, RejectsBadOffsets) {
   ExpectIoError(FileWith(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4),
                 "tensor 'w': 4 bytes for F32[2] (8 bytes expected)");

@@ -137,6 +137,7 @@ class Reader {
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
       if (!value.contains(field)) FailTensor(name, fmt::format("missing field '{}'", field));
     }
+    if (name.empty()) FailTensor(name, "a tensor needs a name (sluice never writes an empty one)");
     Entry e;
     e.name = name;
     const Json& dtype = value["dtype"];
@@ -157,22 +158,26 @@ class Reader {
       FailTensor(name, fmt::format("rank {} exceeds the maximum of {}", shape.size(), kMaxRank));
     }
     std::vector<int64_t> dims;
-    uint64_t numel = 1;
+    // Shape and Tensor multiply dimensions in int64 (numel, strides) in every order: the product
+    // of the non-zero dimensions, elements and bytes, must fit, even when a zero makes numel 0.
+    constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
+    uint64_t numel = 1, nonzero = 1;
     bool overflow = false;
     for (const Json& d : shape) {
       if (!d.is_number_unsigned()) {
         FailTensor(name, "shape must be an array of non-negative integers");
       }
       const uint64_t dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) overflow = true;
+      if (dim > kMax || (dim != 0 && nonzero > kMax / dim)) {
+        overflow = true;
+        break;
+      }
       dims.push_back(static_cast<int64_t>(dim));
-      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
       numel *= dim;
+      nonzero *= std::max<uint64_t>(dim, 1);
     }
     const uint64_t element = SizeOf(e.dtype);
-    if (overflow || numel > std::numeric_limits<uint64_t>::max() / element) {
-      FailTensor(name, "shape is too large to address");
-    }
+    if (overflow || nonzero > kMax / element) FailTensor(name, "shape is too large to address");
     e.shape = Shape(std::span<const int64_t>(dims));
 
     const Json& offsets = value["data_offsets"];

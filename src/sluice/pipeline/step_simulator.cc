@@ -196,7 +196,8 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
   };
 
   while (!ready.empty()) {
-    const auto [t, r] = ready.top();
+    const auto [t, top_rank] = ready.top();
+    const int r = top_rank;  // a plain variable: clang 14 cannot capture a structured binding
     ready.pop();
     if (t != clock[r] || waiting[r] != nullptr || at_barrier[r]) continue;  // stale entry
     const std::vector<Action>& actions = schedule.ranks[r];

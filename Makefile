@@ -5,7 +5,8 @@
 #   make test-tsan  the suite under ThreadSanitizer
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench      build and run the benchmarks, JSON results in build/bench-results/
-#   make fuzz       build the libFuzzer targets with clang and fuzz the program parser briefly
+#   make fuzz       build the libFuzzer targets with clang and fuzz each briefly (FUZZ_SECONDS each,
+#                   default 30): the program parser, the checkpoint readers, the --layout parser
 #   make format     clang-format every source file
 
 JOBS ?= $(shell nproc)
@@ -60,10 +61,20 @@ bench: build
 build-fuzz/build.ninja: | deps
 	CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_BUILD_FUZZERS=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
 
+FUZZ_TARGETS := parser checkpoint layout
+
+# Each target starts from its committed seed corpus (fuzz/corpus/NAME, read only) and keeps what it
+# finds in build-fuzz/corpus/NAME; a crash, hang or leak stops `make fuzz` with the input saved as
+# crash-*/timeout-*/leak-* in the working directory (docs/development.md, "Fuzzing").
 fuzz: deps build-fuzz/build.ninja
-	cmake --build build-fuzz --target parser_fuzz -j$(JOBS)
-	mkdir -p build-fuzz/corpus && build-fuzz/fuzz/parser_fuzz build-fuzz/corpus fuzz/corpus/parser \
-	  -dict=fuzz/parser.dict -timeout=10 -max_total_time=$${FUZZ_SECONDS:-60}
+	cmake --build build-fuzz --target $(FUZZ_TARGETS:%=%_fuzz) -j$(JOBS)
+	@for t in $(FUZZ_TARGETS); do \
+	  echo "== $${t}_fuzz"; \
+	  mkdir -p build-fuzz/corpus/$$t && \
+	  build-fuzz/fuzz/$${t}_fuzz build-fuzz/corpus/$$t fuzz/corpus/$$t -dict=fuzz/$$t.dict \
+	    -timeout=10 -rss_limit_mb=2048 -max_total_time=$${FUZZ_SECONDS:-30} -print_final_stats=1 \
+	    || exit 1; \
+	done
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')

@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -12,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "sluice/core/error.h"
+#include "source_dir.h"
 
 namespace sluice::pipeline {
 namespace {
@@ -307,6 +312,33 @@ TEST(Partition, VShapeLayoutErrorsExplainTheV) {
   }
   EXPECT_THAT([&] { PartitionGpt(cfg, kB, kT, 3, PartitionKind::kBalanced, Placement::kVShape); },
               ::testing::ThrowsMessage<InvalidArgument>(HasSubstr("an even number (got 3)")));
+}
+
+// The fuzzer's seed corpus (fuzz/corpus/layout: the low 3 bits of byte 0 are the stages − 1, its
+// bit 3 the V-shaped placement, byte 1 the layers − 1, then the layout) doubles as a regression
+// suite: valid_* parse and format back to themselves up to spaces, the others fail with
+// InvalidArgument.
+TEST(Partition, FuzzSeedCorpusParsesOrFailsCleanly) {
+  int count = 0;
+  for (const std::filesystem::path& file : testing_support::FuzzCorpus("layout")) {
+    ++count;
+    std::ifstream in(file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GE(bytes.size(), 2u) << file;
+    const int stages = 1 + static_cast<uint8_t>(bytes[0]) % 8;
+    const Placement placement = (bytes[0] & 8) != 0 ? Placement::kVShape : Placement::kLooped;
+    GptConfig cfg = Config(1 + static_cast<uint8_t>(bytes[1]) % 16, 32);
+    const std::string layout = bytes.substr(2);
+    if (file.filename().string().starts_with("valid_")) {
+      const GptPartition p = ParseGptLayout(layout, cfg, stages, placement);
+      std::string compact = layout;
+      std::erase(compact, ' ');
+      EXPECT_EQ(FormatLayout(p), compact) << file;
+    } else {
+      EXPECT_THROW(ParseGptLayout(layout, cfg, stages, placement), InvalidArgument) << file;
+    }
+  }
+  EXPECT_GT(count, 0);
 }
 
 TEST(Partition, FormatNeedsExplicitLayers) {

@@ -42,20 +42,21 @@ namespace {
   std::abort();
 }
 
-// The scratch directory with the two shards, made once per process.
+// The scratch directory with the two shards, made once per process and removed at exit (the
+// string is never destroyed, so that the exit handler can still read it).
 const std::string& ScratchCheckpoint() {
-  static const std::string path = [] {
+  static const std::string* const path = [] {
     std::string dir = (std::filesystem::temp_directory_path() / "checkpoint_fuzz.XXXXXX").string();
     if (::mkdtemp(dir.data()) == nullptr) Die("cannot make a scratch directory", dir);
-    const std::string ckpt = dir + "/ckpt.safetensors";
-    sluice::WriteSafetensors(sluice::CheckpointShardPath(ckpt, 0, 2),
+    auto* ckpt = new std::string(dir + "/ckpt.safetensors");
+    sluice::WriteSafetensors(sluice::CheckpointShardPath(*ckpt, 0, 2),
                              {{"a", sluice::Tensor::Full({2}, 1.5, sluice::DType::kF32)}});
-    sluice::WriteSafetensors(sluice::CheckpointShardPath(ckpt, 1, 2),
+    sluice::WriteSafetensors(sluice::CheckpointShardPath(*ckpt, 1, 2),
                              {{"b", sluice::Tensor::Full({1}, 7, sluice::DType::kI64)}});
-    std::atexit([] { std::filesystem::remove_all(std::filesystem::path(path).parent_path()); });
+    std::atexit([] { std::filesystem::remove_all(std::filesystem::path(*path).parent_path()); });
     return ckpt;
   }();
-  return path;
+  return *path;
 }
 
 bool SameTensors(const std::map<std::string, sluice::Tensor>& x,

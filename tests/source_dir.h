@@ -4,15 +4,23 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <system_error>
 #include <vector>
 
 namespace sluice::testing_support {
 
 // SLUICE_SOURCE_DIR under CTest (tests/CMakeLists.txt sets it: __FILE__ may be relative to the
-// build folder when ccache rewrites paths, and CTest runs a test from another folder); run by
-// hand, the folder above tests/ that holds this header.
+// build folder when ccache rewrites paths, and CTest runs a test from another folder). Run by hand,
+// the nearest folder at or above the working directory that holds this header, else the one
+// __FILE__ names.
 inline std::filesystem::path SourceDir() {
   if (const char* root = std::getenv("SLUICE_SOURCE_DIR")) return root;
+  std::error_code ec;
+  for (std::filesystem::path dir = std::filesystem::current_path(ec); !ec && !dir.empty();
+       dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir / "tests" / "source_dir.h", ec)) return dir;
+    if (dir == dir.parent_path()) break;
+  }
   return std::filesystem::path(__FILE__).parent_path().parent_path();
 }
 

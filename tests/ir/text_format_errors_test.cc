@@ -11,6 +11,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/ir/text_format.h"
+#include "source_dir.h"
 
 namespace sluice {
 namespace {
@@ -191,11 +192,7 @@ INSTANTIATE_TEST_SUITE_P(Table, TextFormatErrors, ::testing::ValuesIn(Cases()),
 // Inputs the fuzzer found (or that guard against what it could find), kept in tests/ir/data/.
 // Each must fail with a ParseError and nothing else.
 TEST(TextFormatRegressions, CheckedInMalformedFilesFailCleanly) {
-  // SLUICE_SOURCE_DIR under CTest: __FILE__ may be relative to the build folder (ccache).
-  const char* root = std::getenv("SLUICE_SOURCE_DIR");
-  const auto dir = (root ? std::filesystem::path(root) / "tests/ir"
-                         : std::filesystem::path(__FILE__).parent_path()) /
-                   "data";
+  const auto dir = testing_support::SourceDir() / "tests/ir/data";
   int count = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     ++count;

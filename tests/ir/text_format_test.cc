@@ -14,18 +14,14 @@
 
 #include "sluice/core/error.h"
 #include "sluice/ir/ops.h"
+#include "source_dir.h"
 
 namespace sluice {
 namespace {
 
 namespace fs = std::filesystem;
 
-// The checkout: SLUICE_SOURCE_DIR under CTest (__FILE__ may be relative to the build folder when
-// ccache rewrites paths, and CTest runs the test from another folder); __FILE__'s when run by hand.
-fs::path SourceDir() {
-  if (const char* root = std::getenv("SLUICE_SOURCE_DIR")) return root;
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
-}
+using testing_support::SourceDir;
 
 // Parses `text`, prints it, parses the print and prints again: both prints must agree.
 std::string ExpectStable(const std::string& text, const std::string& label) {

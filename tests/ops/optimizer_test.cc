@@ -10,6 +10,7 @@
 #include "op_harness.h"
 #include "sluice/exec/reference_runner.h"
 #include "sluice/ir/ops.h"
+#include "source_dir.h"
 
 namespace sluice::testing {
 std::vector<OpCase> OptimizerCases() {
@@ -75,12 +76,8 @@ INSTANTIATE_TEST_SUITE_P(Optimizer, OpHarness, ::testing::ValuesIn(OptimizerCase
 INSTANTIATE_TEST_SUITE_P(Optimizer, OpErrors, ::testing::ValuesIn(OptimizerErrors()), CaseName());
 
 nlohmann::json LoadReference() {
-  // Under CTest SLUICE_SOURCE_DIR names the checkout; run by hand, the test finds the file next to
-  // its own source.
-  const char* root = std::getenv("SLUICE_SOURCE_DIR");
   const std::filesystem::path path =
-      root ? std::filesystem::path(root) / "tests/ops/data/optimizer_reference.json"
-           : std::filesystem::path(__FILE__).parent_path() / "data/optimizer_reference.json";
+      testing_support::SourceDir() / "tests/ops/data/optimizer_reference.json";
   std::ifstream in(path);
   if (!in) {
     throw IoError("cannot open " + path.string() +

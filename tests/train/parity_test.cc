@@ -24,6 +24,7 @@
 #include "sluice/io/safetensors.h"
 #include "sluice/step/task.h"
 #include "sluice/train/trainer.h"
+#include "source_dir.h"
 
 namespace sluice {
 namespace {
@@ -112,14 +113,9 @@ void ExpectClose(const std::vector<double>& sluice, const std::vector<double>& r
   }
 }
 
-std::string SourceDir() {
-  const char* source = std::getenv("SLUICE_SOURCE_DIR");
-  return source != nullptr ? source : "";
-}
+std::string SourceDir() { return testing_support::SourceDir().string(); }
 
 TEST(Parity, GoldenLossesAndNorms) {
-  ASSERT_FALSE(SourceDir().empty())
-      << "run through CTest (SLUICE_SOURCE_DIR names the source tree)";
   const std::string path = SourceDir() + "/tests/parity/gpt_golden.json";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot read " << path;
@@ -147,8 +143,6 @@ TEST(Parity, GoldenLossesAndNorms) {
 }
 
 TEST(Parity, LivePyTorch) {
-  ASSERT_FALSE(SourceDir().empty())
-      << "run through CTest (SLUICE_SOURCE_DIR names the source tree)";
   if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) {
     GTEST_SKIP()
         << "python3-torch is not installed (scripts/install-deps.sh installs it): only the golden "

@@ -120,6 +120,9 @@ TEST_F(SampleCli, BadPromptsAndOptionsAreClearErrors) {
   r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --top-k -2", ckpt));
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("--top-k must be 0 (all tokens) or positive, got -2"));
+  r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --top-k 100000", ckpt));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--top-k 100000 is more than the model's vocabulary of"));
   r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --tokens -3", ckpt));
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("--tokens must be 0 to 1000000, got -3"));

@@ -141,6 +141,11 @@ int RunSample(const SampleArgs& a) {
   }
   const std::string data = config.value("data", "");
   const Codec codec(data, gpt.vocab);
+  if (a.top_k > gpt.vocab) {
+    throw InvalidArgument(fmt::format(
+        "--top-k {} is more than the model's vocabulary of {} tokens (0 samples among all of them)",
+        a.top_k, gpt.vocab));
+  }
 
   std::string prompt = a.prompt;
   if (codec.sort()) {

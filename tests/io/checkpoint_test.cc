@@ -14,6 +14,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
 
@@ -71,6 +72,22 @@ TEST(Checkpoint, AnIndexPlacingATensorInTheWrongShardIsAnError) {
   } catch (const IoError& e) {
     EXPECT_THAT(e.what(), HasSubstr("'b'"));
     EXPECT_THAT(e.what(), HasSubstr("ck-stage1-of-2.safetensors"));
+  }
+}
+
+TEST(Checkpoint, AnIndexNamingAShardOutsideItsFolderIsRefused) {
+  Sharded ck;
+  for (const char* shard : {"../ck-stage0-of-2.safetensors", "/etc/passwd", "sub/x.safetensors",
+                            "..", "", "a\\b.safetensors"}) {
+    const nlohmann::json index = {{"metadata", {{"step", "7"}}}, {"weight_map", {{"a", shard}}}};
+    std::ofstream(CheckpointIndexPath(ck.path)) << index.dump();
+    try {
+      LoadCheckpoint(ck.path);
+      ADD_FAILURE() << "an index placing 'a' in '" << shard << "' was followed";
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("a shard must be a file name in the index's folder"));
+      EXPECT_THAT(e.what(), HasSubstr("ck.safetensors.index.json"));
+    }
   }
 }
 

@@ -183,6 +183,16 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (!file.is_string())
       throw IoError(fmt::format("checkpoint index '{}': '{}' names no file", index_path, name));
+    // Shards lie beside their index (SaveCheckpointIndex writes bare file names): an index that
+    // reaches elsewhere ("../x", "/etc/x", "sub/x") is refused rather than followed.
+    const std::string& shard = file.get_ref<const std::string&>();
+    if (shard.empty() || shard == "." || shard == ".." ||
+        shard.find_first_of("/\\") != std::string::npos) {
+      throw IoError(fmt::format(
+          "checkpoint index '{}' places '{}' in '{}': a shard must be a file name in the index's "
+          "folder",
+          index_path, name, shard));
+    }
     if (!wanted || wanted(name)) files.insert(file.get<std::string>());
   }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();

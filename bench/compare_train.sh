@@ -6,6 +6,10 @@
 #   gpt2    GPT vocab 50257, L=12, H=12, C=768, T=64,  B=4    at 2 threads
 # AdamW, median step of STEPS timed steps (default 20; gpt2: STEPS_GPT2, default 6) after 2–3
 # warm-up steps. Extra flags for sluice's side go in SLUICE_FLAGS, e.g. "--attention naive".
+# PyTorch runs twice: as installed ("torch"), and with OPENBLAS_CORETYPE set to the GEMM kernels
+# sluice uses ("torch@blas"): on a CPU that OpenBLAS does not know, PyTorch's GEMM otherwise runs
+# OpenBLAS's SSE3 fallback while sluice switches to the kernels the CPU runs (kernels/blas.h), and
+# the second ratio is the one that compares the frameworks rather than their BLAS settings.
 # Usage: bench/compare_train.sh [BUILD_DIR] [MODEL...]   (default: build small medium gpt2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +20,8 @@ models=("$@")
 steps=${STEPS:-20}
 read -r -a extra <<<"${SLUICE_FLAGS:-}"
 
-printf "%-7s %-8s %12s %12s %7s %14s %14s %7s %s\n" model threads "sluice tok/s" "torch tok/s" ratio \
-  "sluice peak B" "torch peak B" ratio simd
+printf "%-7s %-7s %12s %12s %6s %12s %6s %14s %14s %6s %s\n" model threads "sluice tok/s" \
+  "torch tok/s" ratio "torch@blas" ratio "sluice peak B" "torch peak B" ratio "simd blas attention"
 for model in "${models[@]}"; do
   case $model in
     small) shape=(--vocab 256 --layers 4 --heads 4 --dim 128 --seq 64 --batch 16); threads=(1 2); n=$steps; w=3 ;;
@@ -28,12 +32,17 @@ for model in "${models[@]}"; do
   for t in "${threads[@]}"; do
     s=$("$build/bench/train_bench" --threads "$t" --steps "$n" --warmup "$w" "${shape[@]}" ${extra[@]+"${extra[@]}"})
     p=$(/usr/bin/python3 bench/torch_train.py --threads "$t" --steps "$n" --warmup "$w" "${shape[@]}")
-    python3 - "$model" "$t" "$s" "$p" <<'PY'
+    blas=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["blas"])' "$s")
+    q=$(OPENBLAS_CORETYPE=$blas /usr/bin/python3 bench/torch_train.py --threads "$t" --steps "$n" --warmup "$w" "${shape[@]}")
+    python3 - "$model" "$t" "$s" "$p" "$q" <<'PY'
 import json, sys
-m, t, s, p = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-print(f"{m:<7} {t:<8} {s['tokens_per_s']:12.0f} {p['tokens_per_s']:12.0f} {s['tokens_per_s']/p['tokens_per_s']:7.2f} "
-      f"{s['peak_tensor_bytes']:14d} {p['peak_tensor_bytes']:14d} {s['peak_tensor_bytes']/p['peak_tensor_bytes']:7.2f} "
-      f"{s['simd']} {s['attention']}")
+m, t = sys.argv[1], sys.argv[2]
+s, p, q = (json.loads(x) for x in sys.argv[3:6])
+st = s['tokens_per_s']
+print(f"{m:<7} {t:<7} {st:12.0f} {p['tokens_per_s']:12.0f} {st/p['tokens_per_s']:6.2f} "
+      f"{q['tokens_per_s']:12.0f} {st/q['tokens_per_s']:6.2f} "
+      f"{s['peak_tensor_bytes']:14d} {p['peak_tensor_bytes']:14d} {s['peak_tensor_bytes']/p['peak_tensor_bytes']:6.2f} "
+      f"{s['simd']} {s['blas']} (torch {p['blas']}, {q['blas']}) {s['attention']}")
 PY
   done
 done

@@ -10,9 +10,12 @@ released between steps (zero_grad(set_to_none=True)), as a memory-conscious user
 
 Run: /usr/bin/python3 bench/torch_train.py --threads 1 [--checkpoint] [--vocab 256 --layers 4 --heads 4 --dim 128
      --seq 64 --batch 16 --steps 20 --warmup 3]
-Prints one JSON object.
+Prints one JSON object. "blas" names the OpenBLAS kernels PyTorch's GEMM ran: on a CPU the
+library does not know they are its SSE3 fallback ("Prescott") unless OPENBLAS_CORETYPE says
+otherwise (bench/compare_train.sh runs PyTorch both ways).
 """
 import argparse
+import ctypes
 import json
 import math
 import time
@@ -91,6 +94,16 @@ def peak_step_bytes(model, opt, ids, targets):
     return live + peak
 
 
+def blas_core():
+    """The kernels OpenBLAS chose in this process (PyTorch's BLAS here is OpenBLAS)."""
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "unknown"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (("vocab", 256), ("layers", 4), ("heads", 4), ("dim", 128), ("seq", 64), ("batch", 16),
@@ -116,7 +129,8 @@ def main():
     median = times[len(times) // 2]
     print(json.dumps({"framework": "pytorch " + torch.__version__, "threads": a.threads, "checkpoint": a.checkpoint,
                       "tokens_per_s": a.batch * a.seq / median, "step_ms_median": median * 1e3,
-                      "peak_tensor_bytes": peak_step_bytes(model, opt, ids, targets)}))
+                      "peak_tensor_bytes": peak_step_bytes(model, opt, ids, targets),
+                      "blas": blas_core()}))
 
 
 if __name__ == "__main__":

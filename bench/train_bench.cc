@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "sluice/kernels/blas.h"
 #include "sluice/kernels/simd_kernels.h"
 #include "sluice/train/trainer.h"
 
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
                         {"recompute", recompute},
                         {"attention", attention},
                         {"simd", kernels::SimdTarget()},
+                        {"blas", kernels::EnsureBlasKernels().core},
                         {"tokens_per_s", static_cast<double>(batch * gpt.seq) / (median / 1000.0)},
                         {"step_ms_median", median},
                         {"peak_tensor_bytes", peak}};

@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 
+#include "sluice/kernels/blas.h"
+
 #include <algorithm>
 #include <climits>
 
@@ -12,6 +14,7 @@ namespace {
 // Calls f(offset, count) over [0, n) in pieces CBLAS can count (int).
 template <typename F>
 void InBlasPieces(int64_t n, F f) {
+  EnsureBlasKernels();
   for (int64_t offset = 0; offset < n; offset += INT_MAX) {
     f(offset, static_cast<int>(std::min<int64_t>(n - offset, INT_MAX)));
   }

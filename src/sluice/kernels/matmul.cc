@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "sluice/kernels/blas.h"
+
 namespace sluice::kernels {
 
 MatMulDims MatMulShape(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b) {
@@ -60,6 +62,7 @@ void MatMulReference(const Tensor& a, const Tensor& b, const Tensor& out, bool t
 
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           const float* b, float beta, float* c) {
+  EnsureBlasKernels();
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c,
@@ -68,6 +71,7 @@ void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const 
 
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
           const double* b, double beta, double* c) {
+  EnsureBlasKernels();
   cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
               static_cast<int>(ta ? m : k), b, static_cast<int>(tb ? k : n), beta, c,
@@ -102,6 +106,9 @@ template void MatMulReference<double>(const Tensor&, const Tensor&, const Tensor
 template void MatMulBlas<float>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
 template void MatMulBlas<double>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
 
-void SetBlasThreads(int threads) { openblas_set_num_threads(threads); }
+void SetBlasThreads(int threads) {
+  EnsureBlasKernels();
+  openblas_set_num_threads(threads);
+}
 
 }  // namespace sluice::kernels

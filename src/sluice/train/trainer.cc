@@ -12,6 +12,8 @@
 #include "sluice/core/error.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/metrics.h"
+#include "sluice/kernels/blas.h"
+#include "sluice/kernels/simd_kernels.h"
 #include "sluice/nn/data.h"
 #include "sluice/train/single_stage.h"
 #include "sluice/train/training_checkpoint.h"
@@ -19,6 +21,15 @@
 namespace sluice {
 
 namespace {
+
+// The instruction sets the run's kernels use: Highway's target for the row kernels, OpenBLAS's
+// core for GEMM (and what OpenBLAS chose by itself, when sluice replaced it: kernels/blas.h).
+nlohmann::json KernelsDescription() {
+  const kernels::BlasKernels& blas = kernels::EnsureBlasKernels();
+  nlohmann::json k = {{"simd", kernels::SimdTarget()}, {"blas", blas.core}};
+  if (blas.switched) k["blas_openblas_choice"] = blas.openblas_choice;
+  return k;
+}
 
 using Clock = std::chrono::steady_clock;
 double MsSince(Clock::time_point t) {
@@ -256,7 +267,8 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"params", s.params},
                             {"skipped", s.skipped},
                             {"gc", DescribeGcMode(c.gc, m.engine->gc_mode())},
-                            {"config", m.task->Describe()}};
+                            {"config", m.task->Describe()},
+                            {"kernels", KernelsDescription()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (nlohmann::json extra = m.engine->Summary(); extra.is_object()) summary.update(extra);
   if (!c.metrics_path.empty() && m.engine->leader()) {

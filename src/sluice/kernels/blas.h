@@ -1,0 +1,40 @@
+// Which GEMM kernels OpenBLAS runs, and setting them right on CPUs it does not know.
+//
+// OpenBLAS built with DYNAMIC_ARCH (Debian's is) picks its kernels for the CPU when it loads. A CPU
+// newer than the library falls back to "Prescott", SSE3 kernels: OpenBLAS 0.3.21 (Debian 12) does
+// not know Sapphire or Emerald Rapids, and there runs GEMM 4–8× slower than its AVX-512 kernels
+// (docs/benchmarks.md, "GEMM kernels"). Before sluice's first GEMM, EnsureBlasKernels() checks the
+// choice: when OpenBLAS took a pre-AVX2 core on a CPU that runs AVX2 + FMA (or AVX-512), it
+// switches to the kernels the CPU runs ("Haswell", or "SkylakeX"). A choice made by the user
+// through OPENBLAS_CORETYPE is never changed, and a BLAS without OpenBLAS's dynamic dispatch is
+// left alone.
+//
+// Thread-safety: EnsureBlasKernels is idempotent and safe from any thread; every GEMM and the
+// thread setting call it, so the switch happens before OpenBLAS runs anything.
+//
+// Example:
+//   kernels::BlasKernels k = kernels::EnsureBlasKernels();
+//   fmt::print("BLAS {}{}\n", k.core, k.switched ? " (OpenBLAS chose " + k.openblas_choice + ")" :
+//   "");
+#pragma once
+
+#include <string>
+
+namespace sluice::kernels {
+
+struct BlasKernels {
+  std::string core;             // the kernels GEMM runs: "SkylakeX", "Haswell", "Prescott", ...
+  std::string openblas_choice;  // what OpenBLAS chose by itself when it loaded
+  bool switched = false;        // sluice replaced openblas_choice by core
+};
+
+// Checks (once per process) and returns the GEMM kernels in use.
+const BlasKernels& EnsureBlasKernels();
+
+// The kernels sluice would choose: `openblas_choice` is OpenBLAS's own pick, `user_choice` the
+// OPENBLAS_CORETYPE setting (empty when unset), and `avx2`/`avx512` what the CPU and OS support.
+// Empty: keep OpenBLAS's pick. (Pure; EnsureBlasKernels applies it.)
+std::string BetterBlasCore(const std::string& openblas_choice, const std::string& user_choice,
+                           bool avx2, bool avx512);
+
+}  // namespace sluice::kernels

@@ -48,6 +48,21 @@ TEST_F(ScheduleCli, PrintsJson) {
   EXPECT_EQ(j["ranks"][0]["in_flight_peak"], 3 * 4 + 4 - 1);
 }
 
+// The memory-controllable V schedules: V-shaped chunks, the paper's memory on the fullest rank.
+TEST_F(ScheduleCli, PrintsVHalfAndVMin) {
+  Result r = Sluice("--stages 2 --microbatches 4 --schedule v-min");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("v-min (P=2, M=4, V=2): 27 steps"));
+  EXPECT_THAT(r.out, HasSubstr("rank 1  .    F0.0 F1.0 .    .    B1.0 B0.0 F0.1 F1.1 W1.0"));
+  r = Sluice("-p 8 -m 32 -s v-half --format json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["schedule"], "v-half");
+  EXPECT_EQ(j["chunks"], 2);
+  for (const nlohmann::json& rank : j["ranks"]) EXPECT_EQ(rank["in_flight_peak"], 10);
+  EXPECT_NEAR(j["bubble"].get<double>(), 17.0 / 209, 1e-9);
+}
+
 TEST_F(ScheduleCli, ImpossibleRequestsAreErrorsNamingTheFix) {
   struct Case {
     std::string args, message;
@@ -61,12 +76,17 @@ TEST_F(ScheduleCli, ImpossibleRequestsAreErrorsNamingTheFix) {
            {"-p 0 -m 8 -s gpipe", "needs at least 1 stage (got 0)"},
            {"-p 4 -m 8 -s zb-h3",
             "unknown schedule 'zb-h3': choose one of gpipe, 1f1b, interleaved, zb-h1, zb-h2, "
-            "zb-v"},
+            "zb-v, v-half, v-min"},
+           {"-p 4 -m 8 -s v-half --chunks 3",
+            "v-half: runs exactly 2 chunks per rank, V-shaped (got 3 chunks): give --chunks 2 or "
+            "leave it out"},
+           {"-p 4 -m 0 -s v-min", "v-min: needs at least 1 micro-batch (got 0)"},
            {"-p 4 -m 6 -s zb-v", "zb-v: needs at least 2P − 1 micro-batches (M=6 < 7 for P=4)"},
            {"-p 4 -m 8 -s zb-v --chunks 4", "zb-v: runs exactly 2 chunks per rank"},
            {"-p 4 -m 3 -s zb-h2",
             "zb-h2: needs at least as many micro-batches as stages (M=3 < P=4)"},
-           {"-p 4 -m 8 -s 1f1b --chunks 2", "chunks apply to interleaved and zb-v only"},
+           {"-p 4 -m 8 -s 1f1b --chunks 2",
+            "chunks apply to interleaved, zb-v, v-half and v-min only"},
        }) {
     const Result r = Sluice(c.args);
     EXPECT_EQ(r.status, 1) << c.args;

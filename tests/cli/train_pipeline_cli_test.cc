@@ -206,10 +206,12 @@ TEST_F(TrainPipelineCli, BadLayoutsNameTheProblem) {
   EXPECT_THAT(Refused(job + "'embed,h.0-1||h.2-3,head'"), HasSubstr("--layout stage 1 is empty"));
   EXPECT_THAT(Refused(job + "'embed,h.0-1|h.2-3,head'"), HasSubstr("--layout has 2 stages"));
   EXPECT_THAT(Refused(job + "'embed,h.0|h.1-2|h.3-4,head'"), HasSubstr("'h.3-4' is out of range"));
-  EXPECT_THAT(Refused("--layers 4 --microbatches 4 --stages 2 --schedule zb-v --layout "
-                      "'embed,h.0-1|h.2-3,head'"),
-              HasSubstr("--layout has 2 stages, but a V-shaped schedule (zb-v) runs 4 virtual "
-                        "stages: 2 per rank, listed in model order"));
+  EXPECT_THAT(
+      Refused("--layers 4 --microbatches 4 --stages 2 --schedule zb-v --layout "
+              "'embed,h.0-1|h.2-3,head'"),
+      HasSubstr(
+          "--layout has 2 stages, but a V-shaped schedule (zb-v, v-half, v-min) runs 4 virtual "
+          "stages: 2 per rank, listed in model order"));
 }
 
 TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {

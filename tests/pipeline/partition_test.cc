@@ -306,9 +306,9 @@ TEST(Partition, VShapeLayoutErrorsExplainTheV) {
     FAIL() << "a layout of 2 stages for a V of 2 ranks";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(std::string(e.what()),
-              "--layout has 2 stages, but a V-shaped schedule (zb-v) runs 4 virtual stages: 2 per "
-              "rank, listed in model order — stage k runs on rank k for k < 2, on rank 3 − k "
-              "after, so rank 0 runs the first stage (embed) and the last (head)");
+              "--layout has 2 stages, but a V-shaped schedule (zb-v, v-half, v-min) runs 4 virtual "
+              "stages: 2 per rank, listed in model order — stage k runs on rank k for k < 2, on "
+              "rank 3 − k after, so rank 0 runs the first stage (embed) and the last (head)");
   }
   EXPECT_THAT([&] { PartitionGpt(cfg, kB, kT, 3, PartitionKind::kBalanced, Placement::kVShape); },
               ::testing::ThrowsMessage<InvalidArgument>(HasSubstr("an even number (got 3)")));

@@ -137,6 +137,10 @@ TEST(SchedulePin, EveryKindGivesThePinnedActionsAndFigures) {
       {{.kind = K::kZeroBubbleV, .stages = 8, .micro_batches = 32}, "e044644c838487cd"},
       {{.kind = K::kZeroBubbleV, .stages = 8, .micro_batches = 32, .post_receives_ahead = true},
        "ff4290b2cf1da10d"},
+      {{.kind = K::kVHalf, .stages = 4, .micro_batches = 8}, "7cbd3a6d654c52bf"},
+      {{.kind = K::kVHalf, .stages = 7, .micro_batches = 7}, "b191b2f0668af79f"},
+      {{.kind = K::kVMin, .stages = 3, .micro_batches = 3}, "1fd2d019ec15c655"},
+      {{.kind = K::kVMin, .stages = 8, .micro_batches = 32}, "3d224abdcbdf0b7e"},
   };
   for (const Pin& pin : pins) {
     EXPECT_EQ(DigestOf(pin.options), pin.digest) << Name(pin.options);

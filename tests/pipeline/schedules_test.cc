@@ -1,15 +1,19 @@
-// The generators over every request in P ∈ 1..8, M ∈ P..4P (gpipe also M < P, zb-v from 2P − 1),
-// V ∈ {2, 3} (interleaved): each schedule validates, has the promised shape, and meets the closed
-// forms for in-flight micro-batches and bubble; and impossible requests fail naming the fix.
+// The generators over every request in P ∈ 1..8, M ∈ P..4P (gpipe, v-half and v-min also M < P,
+// zb-v from 2P − 1), V ∈ {2, 3} (interleaved): each schedule validates, has the promised shape,
+// and meets the closed forms for in-flight micro-batches and bubble (v-half and v-min: the
+// paper's activation memory, and the bubble for M ≥ 2P); impossible requests fail naming the fix.
 #include "sluice/pipeline/schedules.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "sluice/pipeline/building_block.h"
 #include "sluice/pipeline/schedule_analysis.h"
 #include "sluice/pipeline/validator.h"
 
@@ -23,6 +27,8 @@ std::vector<ScheduleOptions> AllRequests() {
   for (int P = 1; P <= 8; ++P) {
     for (int M = 1; M <= 4 * P; ++M) {
       all.push_back({.kind = ScheduleKind::kGPipe, .stages = P, .micro_batches = M});
+      all.push_back({.kind = ScheduleKind::kVHalf, .stages = P, .micro_batches = M});
+      all.push_back({.kind = ScheduleKind::kVMin, .stages = P, .micro_batches = M});
       if (M < P) continue;
       all.push_back({.kind = ScheduleKind::kOneFOneB, .stages = P, .micro_batches = M});
       all.push_back({.kind = ScheduleKind::kZeroBubbleH1, .stages = P, .micro_batches = M});
@@ -55,14 +61,14 @@ TEST(Schedules, EveryRequestValidates) {
     EXPECT_EQ(s.name, ScheduleKindName(o.kind));
     EXPECT_EQ(s.stages, o.stages);
     EXPECT_EQ(s.micro_batches, o.micro_batches);
-    EXPECT_EQ(s.chunks, o.kind == ScheduleKind::kInterleaved   ? o.chunks
-                        : o.kind == ScheduleKind::kZeroBubbleV ? 2
-                                                               : 1);
+    const bool v = o.kind == ScheduleKind::kZeroBubbleV || o.kind == ScheduleKind::kVHalf ||
+                   o.kind == ScheduleKind::kVMin;
+    EXPECT_EQ(IsVShaped(o.kind), v);
+    EXPECT_EQ(s.chunks, o.kind == ScheduleKind::kInterleaved ? o.chunks : v ? 2 : 1);
     EXPECT_EQ(s.chunks, ChunksOf(o));
-    EXPECT_EQ(s.split_backward, o.kind == ScheduleKind::kZeroBubbleH1 ||
-                                    o.kind == ScheduleKind::kZeroBubbleH2 ||
-                                    o.kind == ScheduleKind::kZeroBubbleV);
-    EXPECT_EQ(s.v_shape, o.kind == ScheduleKind::kZeroBubbleV);
+    EXPECT_EQ(s.split_backward,
+              o.kind == ScheduleKind::kZeroBubbleH1 || o.kind == ScheduleKind::kZeroBubbleH2 || v);
+    EXPECT_EQ(s.v_shape, v);
   }
 }
 
@@ -324,15 +330,117 @@ TEST(Schedules, ZeroBubbleVRunsEachRankWithoutAGap) {
   }
 }
 
+bool IsBuildingBlock(ScheduleKind kind) {
+  return kind == ScheduleKind::kVHalf || kind == ScheduleKind::kVMin;
+}
+
 TEST(Schedules, BubbleMatchesTheoryOnEveryRank) {
-  // CostModel{}: F = B = W = 1, the unsplit backward costing B + W = 2.
+  // CostModel{}: F = B = W = 1, the unsplit backward costing B + W = 2. v-half and v-min: for
+  // M ≥ 2P (VHalfAndVMinBubble covers fewer).
   for (const ScheduleOptions& o : AllRequests()) {
+    if (IsBuildingBlock(o.kind) && o.micro_batches < 2 * o.stages) continue;
     const Schedule s = MakeSchedule(o);
     SCOPED_TRACE(s.Describe());
     const Simulation sim = Simulate(s);
     for (int r = 0; r < s.stages; ++r)
       EXPECT_NEAR(sim.ranks[r].bubble, TheoreticalBubble(o), 1e-12) << "rank " << r;
     EXPECT_NEAR(sim.bubble, TheoreticalBubble(o), 1e-12);
+  }
+}
+
+// V-Min and V-Half hold at most the paper's activation memory between F and W — 2⌊(P + 4)/3⌋ and
+// 2⌊(P + 2)/2⌋ chunk-micro-batches (Qi et al. 2024, in stage-micro-batches ⌊(P + 4)/3⌋ and
+// ⌊(P + 2)/2⌋) — on every rank, and their fullest rank exactly that once M ≥ P: about a third
+// and a half of 1F1B's stage 0 (2P chunk-micro-batches), where zb-v holds all of it.
+TEST(Schedules, VHalfAndVMinHoldThePapersActivationMemory) {
+  for (BuildingBlock block : {BuildingBlock::kVMin, BuildingBlock::kVHalf}) {
+    const ScheduleKind kind =
+        block == BuildingBlock::kVMin ? ScheduleKind::kVMin : ScheduleKind::kVHalf;
+    for (int P = 1; P <= 8; ++P) {
+      const int paper = BuildingBlockPeakActivations(block, P);
+      for (int M = 1; M <= 4 * P; ++M) {
+        const Schedule s = MakeSchedule({.kind = kind, .stages = P, .micro_batches = M});
+        SCOPED_TRACE(s.Describe());
+        int fullest = 0;
+        for (const InFlight& rank : InFlightPeaks(s)) {
+          EXPECT_LE(rank.peak, rank.peak_until_weight);
+          EXPECT_LE(rank.peak_until_weight, paper);
+          fullest = std::max(fullest, rank.peak_until_weight);
+        }
+        if (M >= P) EXPECT_EQ(fullest, paper);
+      }
+    }
+  }
+  EXPECT_EQ(BuildingBlockPeakActivations(BuildingBlock::kVMin, 8), 8);    // 4 stage-mb of 1F1B's 8
+  EXPECT_EQ(BuildingBlockPeakActivations(BuildingBlock::kVHalf, 8), 10);  // 5 of 8
+  EXPECT_EQ(BuildingBlockPeakActivations(BuildingBlock::kVMin, 6), 6);
+  EXPECT_EQ(BuildingBlockPeakActivations(BuildingBlock::kVHalf, 6), 8);
+}
+
+// The bubble: exactly TheoreticalBubble for M ≥ 2P (BubbleMatchesTheoryOnEveryRank); with fewer
+// micro-batches warm-up and cool-down overlap and it can only be larger. Always below 1F1B's and
+// below the paper's estimates 2P/(3M) (V-Min) and P/(2M) (V-Half).
+TEST(Schedules, VHalfAndVMinBubble) {
+  for (ScheduleKind kind : {ScheduleKind::kVMin, ScheduleKind::kVHalf}) {
+    for (int P = 2; P <= 8; ++P) {
+      for (int M = P; M <= 4 * P; ++M) {
+        const ScheduleOptions o{.kind = kind, .stages = P, .micro_batches = M};
+        const double bubble = Simulate(MakeSchedule(o)).bubble;
+        const double paper = kind == ScheduleKind::kVMin ? 2.0 * P / (3 * M) : P / (2.0 * M);
+        SCOPED_TRACE(fmt::format("{} P={} M={}", ScheduleKindName(kind), P, M));
+        EXPECT_GE(bubble, TheoreticalBubble(o) - 1e-12);
+        EXPECT_LT(bubble, paper);
+        EXPECT_LT(bubble, double(P - 1) / (M + P - 1));  // 1F1B
+      }
+    }
+  }
+  // Where warm-up and cool-down overlap (idle slots X against the steady 4P − 5 or 3P − 7).
+  EXPECT_NEAR(
+      Simulate(MakeSchedule({.kind = ScheduleKind::kVHalf, .stages = 4, .micro_batches = 4}))
+          .bubble,
+      10.0 / 34, 1e-12);
+  EXPECT_NEAR(
+      Simulate(MakeSchedule({.kind = ScheduleKind::kVMin, .stages = 3, .micro_batches = 3})).bubble,
+      8.0 / 26, 1e-12);
+  EXPECT_NEAR(TheoreticalBubble({.kind = ScheduleKind::kVMin, .stages = 8, .micro_batches = 32}),
+              27.0 / 219, 1e-12);
+  EXPECT_NEAR(TheoreticalBubble({.kind = ScheduleKind::kVHalf, .stages = 8, .micro_batches = 32}),
+              17.0 / 209, 1e-12);
+}
+
+// The steady state is the building block repeated: on every rank each of the four computes of
+// micro-batch m + 1 starts 6 steps after micro-batch m's, at the block's offsets from rank 0.
+TEST(Schedules, VHalfAndVMinRepeatTheBuildingBlock) {
+  for (BuildingBlock block : {BuildingBlock::kVMin, BuildingBlock::kVHalf}) {
+    const ScheduleKind kind =
+        block == BuildingBlock::kVMin ? ScheduleKind::kVMin : ScheduleKind::kVHalf;
+    for (int P = 2; P <= 8; ++P) {
+      const int M = 4 * P;
+      const Schedule s = MakeSchedule({.kind = kind, .stages = P, .micro_batches = M});
+      SCOPED_TRACE(s.Describe());
+      const Simulation sim = Simulate(s);
+      // start[rank][F0, F1, B1, B0][micro-batch]
+      std::vector<std::array<std::vector<double>, 4>> start(P);
+      for (int r = 0; r < P; ++r) {
+        for (auto& lane : start[r]) lane.assign(M, -1);
+        for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+          const Action& a = s.ranks[r][i];
+          if (a.kind != ActionKind::kForward && a.kind != ActionKind::kBackward) continue;
+          const int lane = a.kind == ActionKind::kForward ? a.chunk : 3 - a.chunk;
+          start[r][lane][a.micro_batch] = sim.ranks[r].actions[i].start;
+        }
+      }
+      const int m = M / 2 - 1;  // inside the steady state
+      const double base = start[0][0][m];
+      for (int r = 0; r < P; ++r) {
+        const BlockOffsets o = BuildingBlockOffsets(block, P, r);
+        const int offset[4] = {o.forward0, o.forward1, o.backward1, o.backward0};
+        for (int lane = 0; lane < 4; ++lane) {
+          EXPECT_EQ(start[r][lane][m + 1] - start[r][lane][m], 6) << "rank " << r;
+          EXPECT_EQ(start[r][lane][m] - base, offset[lane]) << "rank " << r << " lane " << lane;
+        }
+      }
+    }
   }
 }
 
@@ -488,8 +596,16 @@ TEST(Schedules, ImpossibleRequestsNameTheFix) {
                 "1f1b"));
   EXPECT_THAT(
       ErrorOf({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 4, .chunks = 2}),
-      HasSubstr("1f1b: runs 1 chunk per rank (got 2 chunks); chunks apply to interleaved and zb-v "
-                "only"));
+      HasSubstr("1f1b: runs 1 chunk per rank (got 2 chunks); chunks apply to interleaved, zb-v, "
+                "v-half and v-min only"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kVHalf, .stages = 2, .micro_batches = 4, .chunks = 3}),
+      HasSubstr("v-half: runs exactly 2 chunks per rank, V-shaped (got 3 chunks): give --chunks 2 "
+                "or leave it out"));
+  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kVMin, .stages = 2, .micro_batches = 4, .chunks = 1}),
+              HasSubstr("v-min: runs exactly 2 chunks per rank"));
+  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kVMin, .stages = 2, .micro_batches = 0}),
+              HasSubstr("v-min: needs at least 1 micro-batch (got 0)"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 0, .micro_batches = 4}),
               HasSubstr("gpipe: needs at least 1 stage (got 0)"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 2, .micro_batches = 0}),
@@ -506,7 +622,8 @@ TEST(Schedules, ScheduleKindNamesRoundTripAndOthersAreRefused) {
   }
   EXPECT_EQ(ParseScheduleKind("zb-h3"), std::nullopt);
   EXPECT_EQ(ParseScheduleKind("1F1B"), std::nullopt);  // names are case-sensitive
-  EXPECT_EQ(EnumNames(kScheduleKindNames, ", "), "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v");
+  EXPECT_EQ(EnumNames(kScheduleKindNames, ", "),
+            "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, v-min");
 }
 
 }  // namespace

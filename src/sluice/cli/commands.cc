@@ -21,8 +21,8 @@ constexpr CommandSpec kCommands[] = {
      "beside its memory forecast",
      SetupSimulateCommand},
     {"schedule",
-     "Print a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v) as an action grid "
-     "or JSON",
+     "Print a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, v-min) as "
+     "an action grid or JSON",
      SetupScheduleCommand},
     {"ops", "List the ops programs can use: signature, doc, kernels and gradient of each",
      SetupOpsCommand},

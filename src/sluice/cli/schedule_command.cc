@@ -60,7 +60,7 @@ CommandRunner SetupScheduleCommand(CLI::App& sub) {
                  "One of " + EnumNames(pipeline::kScheduleKindNames, ", "))
       ->capture_default_str();
   sub.add_option("--chunks,-v", args->chunks,
-                 "Chunks V per rank (interleaved: default 2; zb-v: exactly 2)");
+                 "Chunks V per rank (interleaved: default 2; zb-v, v-half, v-min: exactly 2)");
   sub.add_option("--format", args->format,
                  "table (the action grid) or json (every action, in order)")
       ->check(CLI::IsMember({"table", "json"}))

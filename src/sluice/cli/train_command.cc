@@ -570,8 +570,9 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
                      "pipeline schedule: " + EnumNames(pipeline::kScheduleKindNames, ", ") +
                          " or auto (the fastest whose forecast fits --memory-budget)")
           ->capture_default_str();
-  auto* chunks = sub.add_option("--chunks", a->pipe.chunks,
-                                "model chunks per stage V (interleaved, zb-v: 2; 0: the default)");
+  auto* chunks = sub.add_option(
+      "--chunks", a->pipe.chunks,
+      "model chunks per stage V (interleaved, zb-v, v-half, v-min: 2; 0: the default)");
   auto* partition = sub.add_option("--partition", a->partition,
                                    "split the layers uniform or balanced (by estimated cost)")
                         ->capture_default_str();

@@ -292,9 +292,9 @@ GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
   const int given = static_cast<int>(stages.size());
   if (given != S && placement == Placement::kVShape) {
     throw InvalidArgument(fmt::format(
-        "--layout has {} stages, but a V-shaped schedule (zb-v) runs {} virtual stages: 2 per "
-        "rank, listed in model order — stage k runs on rank k for k < {}, on rank {} − k after, "
-        "so rank 0 runs the first stage (embed) and the last (head)",
+        "--layout has {} stages, but a V-shaped schedule (zb-v, v-half, v-min) runs {} virtual "
+        "stages: 2 per rank, listed in model order — stage k runs on rank k for k < {}, on "
+        "rank {} − k after, so rank 0 runs the first stage (embed) and the last (head)",
         given, S, S / 2, S - 1));
   }
   if (given != S) {

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "sluice/pipeline/building_block.h"
+#include "sluice/pipeline/schedule_analysis.h"
 #include "sluice/pipeline/validator.h"
 
 namespace sluice::pipeline {
@@ -150,6 +152,16 @@ ComputeOrder ZeroBubbleVOrder(int P, int M) {
     for (int k = 0; k < P - r; ++k) B(0), W(0);
     while (w[1] < M) W(1);
     while (w[0] < M) W(0);
+  }
+  return order;
+}
+
+// V-Half and V-Min (schedules.h): the building block's order (building_block.h).
+ComputeOrder BuildingBlockComputeOrder(BuildingBlock block, int P, int M) {
+  ComputeOrder order(P);
+  const std::vector<std::vector<Action>> actions = BuildingBlockOrder(block, P, M);
+  for (int r = 0; r < P; ++r) {
+    for (const Action& a : actions[r]) order[r].push_back({a.kind, a.chunk, a.micro_batch});
   }
   return order;
 }
@@ -318,14 +330,14 @@ void CheckRequest(const ScheduleOptions& o, int V) {
   if (P < 1) throw InvalidArgument(fmt::format("{}: needs at least 1 stage (got {})", name, P));
   if (M < 1)
     throw InvalidArgument(fmt::format("{}: needs at least 1 micro-batch (got {})", name, M));
-  if (o.kind == ScheduleKind::kZeroBubbleV) {
+  if (IsVShaped(o.kind)) {
     if (V != 2) {
       throw InvalidArgument(fmt::format(
-          "zb-v: runs exactly 2 chunks per rank, V-shaped (got {} chunks): give --chunks 2 or "
+          "{}: runs exactly 2 chunks per rank, V-shaped (got {} chunks): give --chunks 2 or "
           "leave it out",
-          V));
+          name, V));
     }
-    if (M < 2 * P - 1) {
+    if (o.kind == ScheduleKind::kZeroBubbleV && M < 2 * P - 1) {
       throw InvalidArgument(fmt::format(
           "zb-v: needs at least 2P − 1 micro-batches (M={} < {} for P={}): use {} or more "
           "micro-batches, or zb-h1",
@@ -347,8 +359,8 @@ void CheckRequest(const ScheduleOptions& o, int V) {
     }
   } else if (V != 1) {
     throw InvalidArgument(
-        fmt::format("{}: runs 1 chunk per rank (got {} chunks); chunks apply to interleaved "
-                    "and zb-v only",
+        fmt::format("{}: runs 1 chunk per rank (got {} chunks); chunks apply to interleaved, "
+                    "zb-v, v-half and v-min only",
                     name, V));
   }
   if ((o.kind == ScheduleKind::kOneFOneB || o.kind == ScheduleKind::kZeroBubbleH1 ||
@@ -375,9 +387,14 @@ std::optional<ScheduleKind> ParseScheduleKind(std::string_view name) {
   return ParseEnum(kScheduleKindNames, name);
 }
 
+bool IsVShaped(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kVHalf ||
+         kind == ScheduleKind::kVMin;
+}
+
 int ChunksOf(const ScheduleOptions& o) {
   if (o.chunks != 0) return o.chunks;
-  return o.kind == ScheduleKind::kInterleaved || o.kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+  return o.kind == ScheduleKind::kInterleaved || IsVShaped(o.kind) ? 2 : 1;
 }
 
 bool PostsReceivesAhead(const ScheduleOptions& options) {
@@ -397,8 +414,8 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
              .chunks = V,
              .split_backward = options.kind == ScheduleKind::kZeroBubbleH1 ||
                                options.kind == ScheduleKind::kZeroBubbleH2 ||
-                               options.kind == ScheduleKind::kZeroBubbleV,
-             .v_shape = options.kind == ScheduleKind::kZeroBubbleV};
+                               IsVShaped(options.kind),
+             .v_shape = IsVShaped(options.kind)};
   switch (options.kind) {
     case ScheduleKind::kGPipe:
       s = Assemble(std::move(s), GPipeOrder(P, M), ahead);
@@ -417,6 +434,12 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
       break;
     case ScheduleKind::kZeroBubbleV:
       s = Assemble(std::move(s), ZeroBubbleVOrder(P, M), ahead);
+      break;
+    case ScheduleKind::kVHalf:
+      s = Assemble(std::move(s), BuildingBlockComputeOrder(BuildingBlock::kVHalf, P, M), ahead);
+      break;
+    case ScheduleKind::kVMin:
+      s = Assemble(std::move(s), BuildingBlockComputeOrder(BuildingBlock::kVMin, P, M), ahead);
       break;
   }
   ValidateSchedule(s);
@@ -439,6 +462,9 @@ int TheoreticalInFlight(const ScheduleOptions& o, int rank) {
     }
     case ScheduleKind::kZeroBubbleV:
       return 2 * P;
+    case ScheduleKind::kVHalf:
+    case ScheduleKind::kVMin:
+      return InFlightPeaks(MakeSchedule(o)).at(rank).peak;
   }
   SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
 }
@@ -458,6 +484,15 @@ double TheoreticalBubble(const ScheduleOptions& o) {
     case ScheduleKind::kZeroBubbleH1:
     case ScheduleKind::kZeroBubbleH2:
       return (P - 1) / (3 * M + P - 1);
+    case ScheduleKind::kVHalf:
+    case ScheduleKind::kVMin: {
+      // The idle steps of every rank (docs/pipeline.md, measured for P ≤ 8).
+      const int p = o.stages;
+      int idle = 0;
+      if (p > 1 && o.kind == ScheduleKind::kVMin) idle = 4 * p - 5 - (p % 3 == 0 ? 2 : 0);
+      if (p > 1 && o.kind == ScheduleKind::kVHalf) idle = p == 2 ? 1 : 6 * ((p - 1) / 2) - 1;
+      return idle / (6 * M + idle);
+    }
   }
   SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
 }

@@ -1,5 +1,5 @@
-// Schedule generators: gpipe, 1f1b, interleaved, zb-h1, zb-h2 and zb-v as schedule IR
-// (schedule.h), plus the closed-form figures they are held to (derived in docs/pipeline.md).
+// Schedule generators: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half and v-min as schedule
+// IR (schedule.h), plus the closed-form figures they are held to (derived in docs/pipeline.md).
 //
 // Each generator first fixes the order of compute actions on every rank (the schedule's rule,
 // below), then times that order at CostModel{} costs (schedule_analysis.h: F, B and W take 1
@@ -53,6 +53,13 @@
 //                (B0, W0), and the W still owed, chunk 1's first. Every rank holds 2P chunk-
 //                micro-batches between F and B — each half a stage, so 1F1B's stage-0 peak —
 //                and computes without a gap from step r to step r + 6M. Needs M ≥ 2P−1.
+//   v-half,      V-Half and V-Min (Qi et al., "Pipeline Parallelism with Controllable Memory",
+//   v-min        2024): zb-v's placement and split backward, the order built by repeating the
+//                paper's building block — each micro-batch's F, B of both chunks at fixed slots
+//                on every rank, 6 slots apart, W in the free slots — and squeezing its warm-up
+//                and cool-down (building_block.h). The block's lifespan bounds the activations:
+//                at most 2⌊(P+2)/2⌋ (V-Half) or 2⌊(P+4)/3⌋ (V-Min) chunk-micro-batches between F
+//                and W on any rank, about a half and a third of 1F1B's stage 0. Any M ≥ 1.
 //
 // Failure: MakeSchedule throws InvalidArgument for a request that cannot be met, naming the fix.
 // Thread-safety: pure functions. Deterministic: equal options give equal schedules.
@@ -77,7 +84,9 @@ enum class ScheduleKind {
   kInterleaved,
   kZeroBubbleH1,
   kZeroBubbleH2,
-  kZeroBubbleV
+  kZeroBubbleV,
+  kVHalf,
+  kVMin
 };
 
 inline constexpr EnumEntry<ScheduleKind> kScheduleKindNames[] = {
@@ -87,6 +96,8 @@ inline constexpr EnumEntry<ScheduleKind> kScheduleKindNames[] = {
     {ScheduleKind::kZeroBubbleH1, "zb-h1"},
     {ScheduleKind::kZeroBubbleH2, "zb-h2"},
     {ScheduleKind::kZeroBubbleV, "zb-v"},
+    {ScheduleKind::kVHalf, "v-half"},
+    {ScheduleKind::kVMin, "v-min"},
 };
 static_assert(IsCompleteEnumTable(kScheduleKindNames));
 
@@ -100,7 +111,8 @@ struct ScheduleOptions {
   int stages = 1;         // P ≥ 1
   int micro_batches = 1;  // M ≥ 1; ≥ P for 1f1b, zb-h1 and zb-h2; a multiple of P for interleaved;
                           // ≥ 2P − 1 for zb-v
-  int chunks = 0;  // V: 0 means the schedule's default (2 for interleaved and zb-v, else 1)
+  int chunks = 0;  // V: 0 means the schedule's default (2 for interleaved and the V-shaped
+                   // zb-v, v-half and v-min, else 1)
   // Receives posted ahead (docs/pipeline.md): each RECV listed right after the rank's previous
   // send or receive instead of at its message's instant, for a runtime whose sends block until
   // the receive is posted. nullopt: the default, off (sluice's runtimes gain no time from it and
@@ -114,24 +126,34 @@ bool PostsReceivesAhead(const ScheduleOptions& options);
 // V with the default resolved: options.chunks, or the schedule's default when it is 0.
 int ChunksOf(const ScheduleOptions& options);
 
+// Whether the schedule places its two chunks per rank V-shaped (schedule.h): zb-v, v-half, v-min.
+bool IsVShaped(ScheduleKind kind);
+
 // Generates and validates the schedule. Throws InvalidArgument when P < 1, M < 1, M < P for
-// 1f1b, zb-h1 or zb-h2, M not a multiple of P or V < 2 for interleaved, M < 2P − 1 or V ≠ 2 for
-// zb-v, V ≠ 1 for the others, or when the schedule would exceed 10⁷ actions.
+// 1f1b, zb-h1 or zb-h2, M not a multiple of P or V < 2 for interleaved, M < 2P − 1 for zb-v,
+// V ≠ 2 for the V-shaped ones, V ≠ 1 for the others, or when the schedule would exceed 10⁷
+// actions.
 Schedule MakeSchedule(const ScheduleOptions& options);
 
 // The peak number of chunk-micro-batches on `rank` whose F has run and whose B has not (what
 // InFlightPeaks in schedule_analysis.h measures from the action lists):
 //   gpipe M;  1f1b and zb-h1 min(P−s, M);  zb-h2 min(2(P−s)−1, M);
-//   interleaved min(V·P + P − 1 − 2s, V·M);  zb-v 2P
-// (interleaved and zb-v count chunk-micro-batches, each holding 1/V of a stage's activations).
+//   interleaved min(V·P + P − 1 − 2s, V·M);  zb-v 2P;
+//   v-half and v-min: the peak of the generated lists (InFlightPeaks) — the squeezed warm-up
+//   leaves no closed form per rank; every rank is at most the block's 2⌊(P+2)/2⌋ resp.
+//   2⌊(P+4)/3⌋ (building_block.h), and the tests hold the lists to that
+// (interleaved and the V-shaped count chunk-micro-batches, each 1/V of a stage's activations).
 int TheoreticalInFlight(const ScheduleOptions& options, int rank);
 
 // The bubble fraction (idle share of every rank's time) with F, B and W all of equal cost and
 // an unsplit backward costing B + W (CostModel{} in schedule_analysis.h):
 //   gpipe and 1f1b (P−1)/(M+P−1);  interleaved (P−1)/(V·M+P−1);  zb-v (P−1)/(6M+P−1);
-//   zb-h1 and zb-h2 (P−1)/(3M+P−1). For zb-h2 and zb-v that is only the skew — s idle steps
-//   before stage s's first F, P−1−s after its last W — which a synchronous optimizer step keeps
-//   (docs/pipeline.md: where zb-h2 gains over zb-h1).
+//   zb-h1 and zb-h2 (P−1)/(3M+P−1);  v-min and v-half X/(6M+X) with X the idle slots of every
+//   rank: v-min 4P−5 (4P−7 when 3 | P), v-half 6⌊(P−1)/2⌋−1 (1 at P = 2), 0 at P = 1 —
+//   exact for M ≥ 2P (measured, P ≤ 8; docs/pipeline.md), a lower bound for P ≤ M < 2P.
+//   For zb-h2 and zb-v that is only the skew — s idle steps before stage s's first F, P−1−s
+//   after its last W — which a synchronous optimizer step keeps (docs/pipeline.md: where zb-h2
+//   gains over zb-h1).
 double TheoreticalBubble(const ScheduleOptions& options);
 
 }  // namespace sluice::pipeline

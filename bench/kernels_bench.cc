@@ -32,6 +32,7 @@
 #include "sluice/core/tensor.h"
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/linear.h"
+#include "sluice/kernels/blas.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/kernels/softmax.h"
 
@@ -224,6 +225,10 @@ BENCHMARK_TEMPLATE(BM_CausalSoftmax, false)
 }  // namespace sluice
 
 int main(int argc, char** argv) {
+  // The GEMM kernels every variant runs, "cblas" included (kernels/blas.h); OPENBLAS_CORETYPE
+  // chooses others.
+  const sluice::kernels::BlasKernels& blas = sluice::kernels::EnsureBlasKernels();
+  benchmark::AddCustomContext("blas", blas.core);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   sluice::RegisterGemms();

@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "sluice/core/tensor.h"
+#include "sluice/kernels/blas.h"
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/linear.h"
-#include "sluice/kernels/blas.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/kernels/softmax.h"
 

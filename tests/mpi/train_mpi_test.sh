@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `sluice train --comm mpi` under mpirun, one check per mode (docs/mpi.md, issue 7):
-#   bitwise   1f1b, interleaved, zb-h2 and zb-v at P = 2 and 4: the same losses as the in-process run,
-#             bit for bit
+#   bitwise   1f1b, interleaved, zb-h2, zb-v, v-half and v-min at P = 2 and 4: the same losses as
+#             the in-process run, bit for bit
 #   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
 #             process
@@ -48,12 +48,13 @@ PY
 
 case "$mode" in
   bitwise)
-    for sched in 1f1b interleaved zb-h2 zb-v; do
+    for sched in 1f1b interleaved zb-h2 zb-v v-half v-min; do
       for p in 2 4; do
-        # Two chunks per rank need 2P layers; zb-v needs M >= 2P - 1 micro-batches.
+        # Two chunks per rank need 2P layers; zb-v needs M >= 2P - 1 micro-batches, and v-half and
+        # v-min reach their steady state with as many.
         layers=4 m=4
         if [ "$p" = 4 ]; then
-          case "$sched" in interleaved) layers=8 ;; zb-v) layers=8 m=8 ;; esac
+          case "$sched" in interleaved) layers=8 ;; zb-v | v-half | v-min) layers=8 m=8 ;; esac
         fi
         args=("${common[@]}" --batch $((2 * m)) --microbatches "$m" --layers "$layers" --steps 5
               --stages "$p" --schedule "$sched")

@@ -105,6 +105,10 @@ const Case kCases[] = {
     {ScheduleKind::kInterleaved, 4, 8},  // V = 2: 4 and 8 virtual stages
     {ScheduleKind::kZeroBubbleV, 2, 4},
     {ScheduleKind::kZeroBubbleV, 4, 8, 8},  // M ≥ 2P − 1
+    {ScheduleKind::kVHalf, 2, 4},
+    {ScheduleKind::kVHalf, 4, 8, 8},
+    {ScheduleKind::kVMin, 2, 4},
+    {ScheduleKind::kVMin, 4, 8, 8},
 };
 
 std::string Describe(const Case& c) {
@@ -127,6 +131,12 @@ int ExpectedInFlight(const Case& c, int M, int s) {
       return std::min(V * P + P - 1 - 2 * s, V * M);
     case ScheduleKind::kZeroBubbleV:
       return 2 * P;
+    // No closed form per rank (docs/pipeline.md): the lists' peaks at M = 8, below the paper's
+    // bounds 2⌊(P + 2)/2⌋ and 2⌊(P + 4)/3⌋.
+    case ScheduleKind::kVHalf:
+      return P == 2 ? 4 : 6;
+    case ScheduleKind::kVMin:
+      return P == 2 ? (s == 0 ? 3 : 2) : 4;
   }
   return -1;
 }
@@ -161,8 +171,9 @@ TEST(PipelineEngine, PerStageRecomputeTrainsBitwiseLikeOneStage) {
   TrainConfig config = Small(4);
   config.recompute = {RecomputePolicy::kNone};
   const RunResult single = Train(config, nullptr);
-  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
-                            ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleV}) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved,
+        ScheduleKind::kZeroBubbleV, ScheduleKind::kVHalf, ScheduleKind::kVMin}) {
     config.recompute = {RecomputePolicy::kFull, RecomputePolicy::kSelective};
     const PipelineOptions options{.stages = 2, .schedule = kind};
     ExpectBitwiseEqual(single, Train(config, &options),
@@ -187,8 +198,11 @@ TEST(PipelineEngine, OneStageAndLocalChunkHandOffMatchOneStage) {
   // Two chunks on one rank hand activations and gradients over without messages.
   const PipelineOptions chunks{.stages = 1, .schedule = ScheduleKind::kInterleaved, .chunks = 2};
   ExpectBitwiseEqual(single, Train(config, &chunks), "interleaved P=1 V=2");
-  const PipelineOptions v{.stages = 1, .schedule = ScheduleKind::kZeroBubbleV};
-  ExpectBitwiseEqual(single, Train(config, &v), "zb-v P=1");
+  for (ScheduleKind kind :
+       {ScheduleKind::kZeroBubbleV, ScheduleKind::kVHalf, ScheduleKind::kVMin}) {
+    const PipelineOptions v{.stages = 1, .schedule = kind};
+    ExpectBitwiseEqual(single, Train(config, &v), fmt::format("{} P=1", ScheduleKindName(kind)));
+  }
 }
 
 // Output release applies to every send: each rank releases, every step, one output per SEND_F in

@@ -13,8 +13,8 @@
 // send; OPT's all-reduce after every rank's last receive). That is the most any timing can hold:
 // the forecast peak. least_peak_allocated_bytes replays the other extreme, every send completing
 // at once. A real run lies in between (tests/pipeline/memory_forecast_test.cc): at most one stage
-// output apart for gpipe and 1f1b, two for zb-h1, three for zb-h2 and zb-v (chunk outputs), four
-// chunk outputs for interleaved (V = 2).
+// output apart for gpipe and 1f1b, two for zb-h1, three for zb-h2 and the V-shaped zb-v, v-half
+// and v-min (chunk outputs), four chunk outputs for interleaved (V = 2).
 //
 // Exact where the replay is (trace mode, sync GC — the default on the caching allocator); the
 // same for in-process threads and MPI ranks, whose per-rank memory does not differ.

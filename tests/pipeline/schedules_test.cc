@@ -610,8 +610,14 @@ TEST(Schedules, ImpossibleRequestsNameTheFix) {
               HasSubstr("gpipe: needs at least 1 stage (got 0)"));
   EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 2, .micro_batches = 0}),
               HasSubstr("gpipe: needs at least 1 micro-batch (got 0)"));
-  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 1000, .micro_batches = 100000}),
-              HasSubstr("makes a schedule of over 10000000 actions"));
+  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 10000, .micro_batches = 100000}),
+              HasSubstr("gpipe: P=10000, M=100000, V=1 makes a schedule of 5999610000 actions, "
+                        "over the 1000000000 a schedule may hold"));
+  EXPECT_THAT(ErrorOf({.kind = ScheduleKind::kGPipe, .stages = 40000, .micro_batches = 1}),
+              HasSubstr("gpipe: at most 32767 stages (got 40000)"));
+  EXPECT_THAT(
+      ErrorOf({.kind = ScheduleKind::kInterleaved, .stages = 2, .micro_batches = 2, .chunks = 200}),
+      HasSubstr("interleaved: at most 127 chunks per rank (got 200)"));
 }
 
 TEST(Schedules, ScheduleKindNamesRoundTripAndOthersAreRefused) {

@@ -6,15 +6,6 @@ namespace sluice::pipeline {
 
 std::string_view ActionKindName(ActionKind kind) { return EnumName(kActionKindNames, kind); }
 
-bool IsCompute(ActionKind kind) {
-  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
-         kind == ActionKind::kWeight;
-}
-
-bool IsSend(ActionKind kind) { return kind == ActionKind::kSendF || kind == ActionKind::kSendB; }
-
-bool IsRecv(ActionKind kind) { return kind == ActionKind::kRecvF || kind == ActionKind::kRecvB; }
-
 std::string ActionName(const Action& action, int chunks) {
   if (action.kind == ActionKind::kOptimizer) return "OPT";
   std::string name(ActionKindName(action.kind));

@@ -49,6 +49,7 @@
 //   // RECV_F0<1 F0 SEND_F0>3 RECV_F1<1 F1 SEND_F1>3 RECV_F2<1 RECV_B0<3 B0 SEND_B0>1 F2 …
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,7 +65,16 @@ class ScheduleError : public Error {
   using Error::Error;
 };
 
-enum class ActionKind { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB, kOptimizer };
+enum class ActionKind : uint8_t {
+  kForward,
+  kBackward,
+  kWeight,
+  kSendF,
+  kRecvF,
+  kSendB,
+  kRecvB,
+  kOptimizer
+};
 
 inline constexpr EnumEntry<ActionKind> kActionKindNames[] = {
     {ActionKind::kForward, "F"},    {ActionKind::kBackward, "B"},    {ActionKind::kWeight, "W"},
@@ -76,18 +86,36 @@ static_assert(IsCompleteEnumTable(kActionKindNames));
 // The kind's name in kActionKindNames: "F", "SEND_F", "OPT", ...
 std::string_view ActionKindName(ActionKind kind);
 
-bool IsCompute(ActionKind kind);  // F, B, W
-bool IsSend(ActionKind kind);     // SEND_F, SEND_B
-bool IsRecv(ActionKind kind);     // RECV_F, RECV_B
+// F, B, W
+constexpr bool IsCompute(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kWeight;
+}
+// SEND_F, SEND_B
+constexpr bool IsSend(ActionKind kind) {
+  return kind == ActionKind::kSendF || kind == ActionKind::kSendB;
+}
+// RECV_F, RECV_B
+constexpr bool IsRecv(ActionKind kind) {
+  return kind == ActionKind::kRecvF || kind == ActionKind::kRecvB;
+}
 
+// An action takes 8 bytes (a schedule of P = 1024, M = 8192 holds 50 M of them): a schedule has
+// at most kMaxStages ranks and kMaxChunks chunks per rank; MakeSchedule refuses more.
+inline constexpr int kMaxStages = INT16_MAX;
+inline constexpr int kMaxChunks = INT8_MAX;
+
+// Eight bytes: micro_batch and peer are bit-fields (read them as values; they bind to no
+// reference — `+a.micro_batch` where a function takes its argument by reference, as fmt does).
 struct Action {
   ActionKind kind = ActionKind::kForward;
-  int chunk = 0;        // local chunk of this rank, in [0, V); 0 for OPT
-  int micro_batch = 0;  // in [0, M); 0 for OPT
-  int peer = -1;        // the other rank of a send or receive; -1 for every other action
+  int8_t chunk = 0;              // local chunk of this rank, in [0, V); 0 for OPT
+  int64_t micro_batch : 32 = 0;  // in [0, M); 0 for OPT
+  int64_t peer : 16 = -1;        // the other rank of a send or receive; -1 for every other
 
   bool operator==(const Action&) const = default;
 };
+static_assert(sizeof(Action) == 8);
 
 // Compact name: "F3", "B1.2" (chunk.micro-batch when chunks > 1), "SEND_F3>2" (to rank 2),
 // "RECV_B3<2" (from rank 2; the peer is left out while it is -1), "OPT". The same text as a grid

@@ -15,11 +15,18 @@ namespace sluice::pipeline {
 
 namespace {
 
-constexpr int64_t kMaxActions = 10'000'000;
+// The most actions a schedule may hold: 8 GB of action lists. Every rank's list stays indexable
+// by an int (validator.h reports steps as ints), and a request no memory could hold is an error
+// naming the limit, not an allocation failure halfway through.
+constexpr int64_t kMaxActions = 1'000'000'000;
 
+// One compute of a rank's order, 8 bytes like an Action (an order of P = 1024, M = 8192 holds
+// 8.4 M of them).
 struct Compute {
+  Compute(ActionKind kind, int chunk, int micro_batch)
+      : kind(kind), chunk(static_cast<int8_t>(chunk)), micro_batch(micro_batch) {}
   ActionKind kind;
-  int chunk;
+  int8_t chunk;
   int micro_batch;
 };
 using ComputeOrder = std::vector<std::vector<Compute>>;  // [rank][compute actions in order]
@@ -174,19 +181,29 @@ int64_t PlacementCost(const Schedule& s, ActionKind kind) {
   return kind == ActionKind::kBackward && !s.split_backward ? 2 : 1;
 }
 
-struct Span {
-  int64_t start, end;
+// The as-soon-as-possible timing of every compute at placement cost. Times are whole steps.
+struct Timing {
+  std::vector<std::vector<int64_t>> start;  // [rank][index in its order]
+  // end[F or B][virtual stage][micro-batch]: when that forward or backward ends.
+  std::vector<int64_t> end;
+  int virtual_stages = 0, micro_batches = 0;
+
+  int64_t& End(ActionKind kind, int vs, int m) {
+    return end[(static_cast<size_t>(kind) * virtual_stages + vs) * micro_batches + m];
+  }
+  int64_t End(ActionKind kind, int vs, int m) const {
+    return end[(static_cast<size_t>(kind) * virtual_stages + vs) * micro_batches + m];
+  }
 };
 
-// As-soon-as-possible spans of every compute at placement cost, [rank][index in its order].
-std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& order) {
+Timing TimeOrder(const Schedule& s, const ComputeOrder& order) {
   const int P = s.stages, M = s.micro_batches, VP = s.virtual_stages();
-  // end[kind][virtual stage][micro-batch], -1 while not run; kinds F, B, W.
-  std::vector<int64_t> end(3 * VP * M, -1);
-  auto End = [&](ActionKind kind, int vs, int m) -> int64_t& {
-    return end[(static_cast<int>(kind) * VP + vs) * M + m];
-  };
-  std::vector<std::vector<Span>> spans(P);
+  Timing timing{.start = std::vector<std::vector<int64_t>>(P),
+                .end = std::vector<int64_t>(static_cast<size_t>(2) * VP * M, -1),  // -1: not run
+                .virtual_stages = VP,
+                .micro_batches = M};
+  // W ends nowhere in the table: nothing waits for it. Its inputs are B's.
+  for (int r = 0; r < P; ++r) timing.start[r].reserve(order[r].size());
   std::vector<int64_t> clock(P, 0);
   std::vector<size_t> next(P, 0);
   for (bool progress = true; progress;) {
@@ -195,19 +212,22 @@ std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& 
       for (; next[r] < order[r].size(); ++next[r]) {
         const Compute& c = order[r][next[r]];
         const int vs = s.VirtualStage(r, c.chunk);
-        std::vector<int64_t> inputs;
-        if (c.kind == ActionKind::kForward && vs > 0)
-          inputs.push_back(End(ActionKind::kForward, vs - 1, c.micro_batch));
+        int64_t ready = 0;  // the latest input's end; -1 while an input has not run
+        auto input = [&](ActionKind kind, int v) {
+          const int64_t end = timing.End(kind, v, c.micro_batch);
+          ready = ready < 0 || end < 0 ? -1 : std::max(ready, end);
+        };
+        if (c.kind == ActionKind::kForward && vs > 0) input(ActionKind::kForward, vs - 1);
         if (c.kind == ActionKind::kBackward) {
-          inputs.push_back(End(ActionKind::kForward, vs, c.micro_batch));
-          if (vs + 1 < VP) inputs.push_back(End(ActionKind::kBackward, vs + 1, c.micro_batch));
+          input(ActionKind::kForward, vs);
+          if (vs + 1 < VP) input(ActionKind::kBackward, vs + 1);
         }
-        if (c.kind == ActionKind::kWeight)
-          inputs.push_back(End(ActionKind::kBackward, vs, c.micro_batch));
-        if (std::ranges::find(inputs, -1) != inputs.end()) break;
-        const int64_t t = std::max(clock[r], inputs.empty() ? 0 : std::ranges::max(inputs));
-        clock[r] = End(c.kind, vs, c.micro_batch) = t + PlacementCost(s, c.kind);
-        spans[r].push_back({t, clock[r]});
+        if (c.kind == ActionKind::kWeight) input(ActionKind::kBackward, vs);
+        if (ready < 0) break;
+        const int64_t t = std::max(clock[r], ready);
+        clock[r] = t + PlacementCost(s, c.kind);
+        if (c.kind != ActionKind::kWeight) timing.End(c.kind, vs, c.micro_batch) = clock[r];
+        timing.start[r].push_back(t);
         progress = true;
       }
     }
@@ -217,21 +237,39 @@ std::vector<std::vector<Span>> TimeOrder(const Schedule& s, const ComputeOrder& 
                  "{}: the compute order of rank {} stalls at its step {}", s.Describe(), r,
                  next[r]);
   }
-  return spans;
+  return timing;
 }
+
+// One rank's computes in time: start[i] to start[i] + cost of order[i]. Messages are placed
+// in the order of their producers, so the instants asked about mostly grow: `hint`, the first
+// compute starting at or after the last instant asked about, saves a search.
+struct RankSpans {
+  const Schedule* s;
+  const std::vector<Compute>* order;
+  const std::vector<int64_t>* start;
+  size_t hint = 0;
+
+  int64_t End(size_t i) const { return (*start)[i] + PlacementCost(*s, (*order)[i].kind); }
+  // Moves hint to the first compute starting at or after t.
+  void Seek(int64_t t) {
+    const std::vector<int64_t>& st = *start;
+    while (hint > 0 && st[hint - 1] >= t) --hint;
+    while (hint < st.size() && st[hint] < t) ++hint;
+  }
+  // The end of the compute that runs across instant t, or t when none does.
+  int64_t FreeFrom(int64_t t) {
+    Seek(t);
+    if (hint == 0) return t;
+    const int64_t end = End(hint - 1);
+    return end <= t ? t : end;
+  }
+};
 
 // The first instant in [from, until] at which neither rank is inside a compute, or `from` if
 // there is none. A message placed there passes without either rank waiting for the other.
-int64_t CommonPause(const std::vector<Span>& a, const std::vector<Span>& b, int64_t from,
-                    int64_t until) {
-  // The end of the compute that `spans` runs across instant t, or t when it runs none.
-  auto free_from = [](const std::vector<Span>& spans, int64_t t) {
-    auto it = std::ranges::upper_bound(spans, t - 1, {}, &Span::start);  // first start ≥ t
-    if (it == spans.begin() || std::prev(it)->end <= t) return t;
-    return std::prev(it)->end;
-  };
+int64_t CommonPause(RankSpans& a, RankSpans& b, int64_t from, int64_t until) {
   for (int64_t t = from; t <= until;) {
-    const int64_t next = std::max(free_from(a, t), free_from(b, t));
+    const int64_t next = std::max(a.FreeFrom(t), b.FreeFrom(t));
     if (next == t) return t;
     t = next;
   }
@@ -244,7 +282,36 @@ struct Event {
   int klass;  // 0: a message (before computes starting at the same time), 1: a compute
   std::tuple<int, int, int> tie;  // messages: (backward?, ±producer virtual stage, micro-batch)
   Action action;
+
+  auto Key() const { return std::tie(time, klass, tie); }
 };
+
+// Sorts one rank's events by Key(): by time with a counting sort (times are whole steps, a few per
+// event), then each instant's few events by the rest of the key. Every key of a rank is distinct
+// (one compute starts at an instant; a message's tie names it), so the order is the one sort.
+void SortEvents(std::vector<Event>& events, std::vector<Event>& scratch) {
+  if (events.empty()) return;
+  auto [lo, hi] = std::ranges::minmax(events, {}, &Event::time);
+  const int64_t t0 = lo.time, span = hi.time - lo.time + 1;
+  if (span > 4 * static_cast<int64_t>(events.size()) + 64) {  // sparse in time: a plain sort
+    std::ranges::sort(events, {}, &Event::Key);
+    return;
+  }
+  std::vector<size_t> first(static_cast<size_t>(span) + 1, 0);
+  for (const Event& e : events) ++first[static_cast<size_t>(e.time - t0) + 1];
+  for (size_t t = 1; t < first.size(); ++t) first[t] += first[t - 1];
+  scratch.resize(events.size());
+  std::vector<size_t> fill(first.begin(), first.end() - 1);
+  for (const Event& e : events) scratch[fill[static_cast<size_t>(e.time - t0)]++] = e;
+  for (size_t t = 0; t + 1 < first.size(); ++t) {
+    if (first[t + 1] - first[t] > 1) {
+      std::sort(scratch.begin() + static_cast<std::ptrdiff_t>(first[t]),
+                scratch.begin() + static_cast<std::ptrdiff_t>(first[t + 1]),
+                [](const Event& x, const Event& y) { return x.Key() < y.Key(); });
+    }
+  }
+  events.swap(scratch);
+}
 
 // Receives posted ahead: each RECV moves up past the computes before it, to just after the
 // rank's previous send or receive. Every rank keeps its sends and receives in the same order, so
@@ -262,67 +329,119 @@ void PostReceivesAhead(std::vector<Action>& list) {
   }
 }
 
-Schedule Assemble(Schedule s, const ComputeOrder& order, bool post_ahead) {
-  const std::vector<std::vector<Span>> spans = TimeOrder(s, order);
-  // start[F or B][virtual stage][micro-batch]: when the consumer of a message starts.
-  const int VP = s.virtual_stages(), M = s.micro_batches;
-  std::vector<int64_t> start(2 * VP * M);
-  for (int r = 0; r < s.stages; ++r) {
-    for (size_t i = 0; i < order[r].size(); ++i) {
-      const Compute& c = order[r][i];
-      if (c.kind == ActionKind::kWeight) continue;
-      const int backward = c.kind == ActionKind::kBackward ? 1 : 0;
-      start[(backward * VP + s.VirtualStage(r, c.chunk)) * M + c.micro_batch] = spans[r][i].start;
+// The ranks rank r exchanges messages with: the ranks of its chunks' neighbouring virtual stages.
+std::vector<int> PeersOf(const Schedule& s, int r) {
+  std::vector<int> peers;
+  for (int c = 0; c < s.chunks; ++c) {
+    const int vs = s.VirtualStage(r, c);
+    for (int to : {vs - 1, vs + 1}) {
+      if (to < 0 || to >= s.virtual_stages() || s.RankOf(to) == r) continue;
+      if (std::ranges::find(peers, s.RankOf(to)) == peers.end()) peers.push_back(s.RankOf(to));
     }
   }
-  std::vector<std::vector<Event>> events(s.stages);
-  for (int r = 0; r < s.stages; ++r) {
-    for (size_t i = 0; i < order[r].size(); ++i) {
-      const Compute& c = order[r][i];
-      const Action compute{.kind = c.kind, .chunk = c.chunk, .micro_batch = c.micro_batch};
-      events[r].push_back({spans[r][i].start, 1, {}, compute});
+  return peers;
+}
+
+// Lists every rank's actions one rank at a time: its computes, the sends they make and the
+// receives its peers' computes make for it, in the global order.
+Schedule Assemble(Schedule s, const ComputeOrder& order, bool post_ahead) {
+  const Timing timing = TimeOrder(s, order);
+  std::vector<RankSpans> spans;
+  for (int r = 0; r < s.stages; ++r) spans.push_back({&s, &order[r], &timing.start[r]});
+  // The message a compute of rank `from` makes for rank `to`, if any: calls
+  // add(time, tie, chunk of `from`, chunk of the receiver) for each.
+  auto messages = [&](int from, int to_rank, auto add) {
+    RankSpans& sender = spans[from];
+    for (size_t i = 0; i < order[from].size(); ++i) {
+      const Compute& c = order[from][i];
       if (c.kind == ActionKind::kWeight) continue;
       // A forward's output goes to the next virtual stage, a backward's input gradient to the
       // previous.
       const bool forward = c.kind == ActionKind::kForward;
-      const int vs = s.VirtualStage(r, c.chunk);
+      const int vs = s.VirtualStage(from, c.chunk);
       const int to = forward ? vs + 1 : vs - 1;
-      if (to < 0 || to >= s.virtual_stages() || s.RankOf(to) == r) continue;
+      if (to < 0 || to >= s.virtual_stages() || s.RankOf(to) == from) continue;
+      const int peer = s.RankOf(to);
+      if (to_rank >= 0 && peer != to_rank) continue;
       // Messages of one instant: forward ones first, then within a direction the one further
       // along (a higher producing stage forward, a lower one backward), so that a rank's sends
       // of one direction come before its receives.
       const std::tuple<int, int, int> tie{forward ? 0 : 1, forward ? -vs : vs, c.micro_batch};
-      const int peer = s.RankOf(to);
-      const int64_t consumer = start[((forward ? 0 : 1) * VP + to) * M + c.micro_batch];
-      const int64_t t = CommonPause(spans[r], spans[peer], spans[r][i].end, consumer);
-      events[r].push_back({t,
-                           0,
-                           tie,
-                           {.kind = forward ? ActionKind::kSendF : ActionKind::kSendB,
-                            .chunk = c.chunk,
-                            .micro_batch = c.micro_batch,
-                            .peer = peer}});
-      events[peer].push_back({t,
-                              0,
-                              tie,
-                              {.kind = forward ? ActionKind::kRecvF : ActionKind::kRecvB,
-                               .chunk = s.ChunkOf(to),
-                               .micro_batch = c.micro_batch,
-                               .peer = r}});
+      // The consumer (F of the next virtual stage, B of the previous) starts its cost before
+      // its end.
+      const ActionKind consumer_kind = forward ? ActionKind::kForward : ActionKind::kBackward;
+      const int64_t consumer =
+          timing.End(consumer_kind, to, c.micro_batch) - PlacementCost(s, consumer_kind);
+      const int64_t t = CommonPause(sender, spans[peer], sender.End(i), consumer);
+      add(t, tie, c, peer, s.ChunkOf(to));
     }
-  }
+  };
   s.ranks.assign(s.stages, {});
+  std::vector<Event> events, scratch;
   for (int r = 0; r < s.stages; ++r) {
-    std::ranges::sort(events[r], {},
-                      [](const Event& e) { return std::tie(e.time, e.klass, e.tie); });
-    for (const Event& e : events[r]) s.ranks[r].push_back(e.action);
-    if (post_ahead) PostReceivesAhead(s.ranks[r]);
-    s.ranks[r].push_back({.kind = ActionKind::kOptimizer});
+    events.clear();
+    const std::vector<Compute>& computes = order[r];
+    for (size_t i = 0; i < computes.size(); ++i) {
+      const Compute& c = computes[i];
+      events.push_back({timing.start[r][i],
+                        1,
+                        {},
+                        {.kind = c.kind, .chunk = c.chunk, .micro_batch = c.micro_batch}});
+    }
+    messages(r, -1, [&](int64_t t, auto tie, const Compute& c, int peer, int) {
+      events.push_back(
+          {t,
+           0,
+           tie,
+           {.kind = c.kind == ActionKind::kForward ? ActionKind::kSendF : ActionKind::kSendB,
+            .chunk = c.chunk,
+            .micro_batch = c.micro_batch,
+            .peer = peer}});
+    });
+    for (int q : PeersOf(s, r)) {
+      messages(q, r, [&](int64_t t, auto tie, const Compute& c, int, int chunk) {
+        events.push_back(
+            {t,
+             0,
+             tie,
+             {.kind = c.kind == ActionKind::kForward ? ActionKind::kRecvF : ActionKind::kRecvB,
+              .chunk = static_cast<int8_t>(chunk),
+              .micro_batch = c.micro_batch,
+              .peer = q}});
+      });
+    }
+    SortEvents(events, scratch);
+    std::vector<Action>& list = s.ranks[r];
+    list.reserve(events.size() + 1);
+    for (const Event& e : events) list.push_back(e.action);
+    if (post_ahead) PostReceivesAhead(list);
+    list.push_back({.kind = ActionKind::kOptimizer});
   }
   return s;
 }
 
 // ---- requests ---------------------------------------------------------------------------------
+
+// Whether the schedule splits the backward into B and W.
+bool SplitsBackward(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleH1 || kind == ScheduleKind::kZeroBubbleH2 ||
+         IsVShaped(kind);
+}
+
+// How many actions the schedule holds: per rank, 2 or 3 computes per chunk-micro-batch, a send and
+// a receive per micro-batch for each neighbouring virtual stage on another rank, and OPT.
+int64_t ActionCount(ScheduleKind kind, int P, int M, int V) {
+  const bool split = SplitsBackward(kind);
+  const Schedule shape{.stages = P, .chunks = V, .v_shape = IsVShaped(kind)};
+  int64_t per_micro_batch = 0;  // over all ranks
+  for (int vs = 0; vs < shape.virtual_stages(); ++vs) {
+    per_micro_batch += split ? 3 : 2;
+    // A message to the next virtual stage: a send and a receive each way (F and B).
+    if (vs + 1 < shape.virtual_stages() && shape.RankOf(vs + 1) != shape.RankOf(vs))
+      per_micro_batch += 4;
+  }
+  return per_micro_batch * M + P;
+}
 
 void CheckRequest(const ScheduleOptions& o, int V) {
   const std::string_view name = ScheduleKindName(o.kind);
@@ -371,11 +490,19 @@ void CheckRequest(const ScheduleOptions& o, int V) {
                     "{} or more micro-batches, or gpipe",
                     name, M, P, P));
   }
-  if (4.0 * P * M * V > kMaxActions) {
+  if (P > kMaxStages) {
+    throw InvalidArgument(fmt::format("{}: at most {} stages (got {})", name, kMaxStages, P));
+  }
+  if (V > kMaxChunks) {
     throw InvalidArgument(
-        fmt::format("{}: P={}, M={}, V={} makes a schedule of over {} actions; use fewer stages, "
-                    "micro-batches or chunks",
-                    name, P, M, V, kMaxActions));
+        fmt::format("{}: at most {} chunks per rank (got {})", name, kMaxChunks, V));
+  }
+  const int64_t actions = ActionCount(o.kind, P, M, V);
+  if (actions > kMaxActions) {
+    throw InvalidArgument(
+        fmt::format("{}: P={}, M={}, V={} makes a schedule of {} actions, over the {} a schedule "
+                    "may hold; use fewer stages, micro-batches or chunks",
+                    name, P, M, V, actions, kMaxActions));
   }
 }
 
@@ -412,9 +539,7 @@ Schedule MakeSchedule(const ScheduleOptions& options) {
              .stages = P,
              .micro_batches = M,
              .chunks = V,
-             .split_backward = options.kind == ScheduleKind::kZeroBubbleH1 ||
-                               options.kind == ScheduleKind::kZeroBubbleH2 ||
-                               IsVShaped(options.kind),
+             .split_backward = SplitsBackward(options.kind),
              .v_shape = IsVShaped(options.kind)};
   switch (options.kind) {
     case ScheduleKind::kGPipe:

@@ -131,8 +131,9 @@ bool IsVShaped(ScheduleKind kind);
 
 // Generates and validates the schedule. Throws InvalidArgument when P < 1, M < 1, M < P for
 // 1f1b, zb-h1 or zb-h2, M not a multiple of P or V < 2 for interleaved, M < 2P − 1 for zb-v,
-// V ≠ 2 for the V-shaped ones, V ≠ 1 for the others, or when the schedule would exceed 10⁷
-// actions.
+// V ≠ 2 for the V-shaped ones, V ≠ 1 for the others, P > kMaxStages or V > kMaxChunks
+// (schedule.h), or when the schedule would exceed 10⁹ actions (8 GB). Time and memory are
+// linear in the actions: 8 bytes held per action.
 Schedule MakeSchedule(const ScheduleOptions& options);
 
 // The peak number of chunk-micro-batches on `rank` whose F has run and whose B has not (what

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <limits>
 #include <queue>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -99,25 +98,35 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
   ValidateSchedule(schedule);
   CheckCostsCover(costs, schedule);
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
-  const size_t slots = static_cast<size_t>(2) * V * M;  // [direction][chunk][micro-batch]
-  auto slot = [&](const Action& a) {
-    const bool forward = a.kind == ActionKind::kForward || a.kind == ActionKind::kRecvF ||
-                         a.kind == ActionKind::kSendF;
-    return ((forward ? 0 : 1) * static_cast<size_t>(V) + a.chunk) * M + a.micro_batch;
+  const size_t per_chunk = static_cast<size_t>(V) * M;  // [chunk][micro-batch]
+  auto index = [&](const Action& a) { return static_cast<size_t>(a.chunk) * M + a.micro_batch; };
+  // Per rank and chunk-micro-batch: when the message its F reads arrived, when the one its B reads
+  // arrived, and when the send of F's output completed (B waits for it) — side by side, as the
+  // actions of one micro-batch read them. A send of B's input gradient only matters to the
+  // rank's end: its latest completion, and how many are pending.
+  struct Slot {
+    double arrived_f = kNone, arrived_b = kNone, completed_f = kNone;
   };
-  // Per rank: when the message a compute reads arrived, and when the send of a slot completed.
-  std::vector<std::vector<double>> arrived(P, std::vector<double>(slots, kNone));
-  std::vector<std::vector<double>> completed(P, std::vector<double>(slots, kNone));
+  std::vector<std::vector<Slot>> slots(P, std::vector<Slot>(per_chunk));
+  std::vector<double> completed_b(P, kNone);
+  std::vector<int64_t> pending_b(P, 0);
+  // The time a post fills in when matched: a receive's arrival, a forward send's completion, or
+  // (when null) a backward send's, which only counts towards its rank's end.
   struct Post {
     int rank;
-    size_t slot;
+    double* when;
   };
   struct Channel {
+    int to;
     std::deque<Post> sends, recvs;  // posted, unmatched, in list order
   };
-  std::unordered_map<int64_t, Channel> channels;  // [from·P + to]
+  // [from]: its channels to its peers (neighbours: at most 2V).
+  std::vector<std::vector<Channel>> channels(P);
   auto channel = [&](int from, int to) -> Channel& {
-    return channels[static_cast<int64_t>(from) * P + to];
+    for (Channel& c : channels[from]) {
+      if (c.to == to) return c;
+    }
+    return channels[from].emplace_back(Channel{.to = to});
   };
 
   std::vector<double> clock(P, 0), busy(P, 0);
@@ -166,84 +175,105 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
     clock[r] = start + c;
     busy[r] += c;
   };
-  // Rank r posts its side of message `s` (its slot) with peer q; the later post copies.
+  // The time rank r's side of message `a` fills in (null: a backward send's completion).
+  auto time_of = [&](int r, const Action& a) -> double* {
+    switch (a.kind) {
+      case ActionKind::kRecvF:
+        return &slots[r][index(a)].arrived_f;
+      case ActionKind::kRecvB:
+        return &slots[r][index(a)].arrived_b;
+      case ActionKind::kSendF:
+        return &slots[r][index(a)].completed_f;
+      default:
+        return nullptr;  // kSendB
+    }
+  };
+  auto fill = [&](int r, double* when, double t) {
+    if (when != nullptr) {
+      *when = t;
+      return;
+    }
+    completed_b[r] = std::max(completed_b[r], t);
+    --pending_b[r];
+  };
+  // Rank r posts its side of message `a` with its peer; the later post copies.
   auto post = [&](int r, const Action& a) {
     clock[r] += costs.post_ms;
     const bool send = IsSend(a.kind);
     Channel& ch = send ? channel(r, a.peer) : channel(a.peer, r);
     std::deque<Post>& mine = send ? ch.sends : ch.recvs;
     std::deque<Post>& theirs = send ? ch.recvs : ch.sends;
-    const size_t s = slot(a);
-    if (send) {
-      completed[r][s] = kPending;
+    double* when = time_of(r, a);
+    if (when != nullptr) {
+      *when = kPending;
     } else {
-      arrived[r][s] = kPending;
+      ++pending_b[r];
     }
     if (theirs.empty()) {
-      mine.push_back({r, s});
+      mine.push_back({r, when});
       return;
     }
     const Post other = theirs.front();
     theirs.pop_front();
     clock[r] += costs.copy_ms;
     const double t = clock[r];
-    double& arrival = send ? arrived[other.rank][other.slot] : arrived[r][s];
-    double& done = send ? completed[r][s] : completed[other.rank][other.slot];
-    arrival = t;
-    done = t;
-    wake(other.rank, &arrival);
-    wake(other.rank, &done);
+    fill(r, when, t);
+    fill(other.rank, other.when, t);
+    if (other.when != nullptr) wake(other.rank, other.when);
   };
 
   while (!ready.empty()) {
-    const auto [t, top_rank] = ready.top();
-    const int r = top_rank;  // a plain variable: clang 14 cannot capture a structured binding
+    const int r = ready.top().second;
+    const bool stale = ready.top().first != clock[r];
     ready.pop();
-    if (t != clock[r] || waiting[r] != nullptr || at_barrier[r]) continue;  // stale entry
+    if (stale || waiting[r] != nullptr || at_barrier[r]) continue;
     const std::vector<Action>& actions = schedule.ranks[r];
-    if (next[r] == actions.size()) continue;
-    const Action& a = actions[next[r]];
-    // A compute waits for what it reads; a blocked rank resumes when that time is known.
-    auto wait_for = [&](double& when) {
-      if (when == kPending) {
-        waiting[r] = &when;
-        return false;
-      }
-      if (when != kNone) clock[r] = std::max(clock[r], when);
-      return true;
-    };
-    if (IsSend(a.kind) || IsRecv(a.kind)) {
-      post(r, a);
-    } else if (a.kind == ActionKind::kForward) {
-      if (!wait_for(arrived[r][slot(a)])) continue;
-      compute(r, cost(r, a));
-    } else if (a.kind == ActionKind::kBackward) {
-      Action recv = a;
-      recv.kind = ActionKind::kRecvB;
-      Action send = a;
-      send.kind = ActionKind::kSendF;
-      if (!wait_for(arrived[r][slot(recv)])) continue;
-      if (!wait_for(completed[r][slot(send)])) continue;
-      compute(r, cost(r, a));
-    } else if (a.kind == ActionKind::kWeight) {
-      compute(r, cost(r, a));
-    } else {  // OPT: its first half, then the all-reduce's barrier
-      compute(r, costs.ranks[r].optimizer_ms);
-      at_barrier[r] = true;
-      if (++barrier_count == P) {
-        const double all = *std::ranges::max_element(clock);
-        for (int q = 0; q < P; ++q) {
-          at_barrier[q] = false;
-          clock[q] = all;
-          compute(q, costs.ranks[q].update_ms);
-          ++next[q];
-          ready.push({clock[q], q});
+    // Rank r runs on while it stays the earliest ready rank (what the queue would pop next).
+    while (next[r] < actions.size()) {
+      const Action& a = actions[next[r]];
+      // A compute waits for what it reads; a blocked rank resumes when that time is known.
+      auto wait_for = [&](double& when) {
+        if (when == kPending) {
+          waiting[r] = &when;
+          return false;
         }
+        if (when != kNone) clock[r] = std::max(clock[r], when);
+        return true;
+      };
+      if (IsSend(a.kind) || IsRecv(a.kind)) {
+        post(r, a);
+      } else if (a.kind == ActionKind::kForward) {
+        if (!wait_for(slots[r][index(a)].arrived_f)) break;
+        compute(r, cost(r, a));
+      } else if (a.kind == ActionKind::kBackward) {
+        Slot& slot = slots[r][index(a)];
+        if (!wait_for(slot.arrived_b)) break;
+        if (!wait_for(slot.completed_f)) break;
+        compute(r, cost(r, a));
+      } else if (a.kind == ActionKind::kWeight) {
+        compute(r, cost(r, a));
+      } else {  // OPT: its first half, then the all-reduce's barrier
+        compute(r, costs.ranks[r].optimizer_ms);
+        at_barrier[r] = true;
+        if (++barrier_count == P) {
+          const double all = *std::ranges::max_element(clock);
+          for (int q = 0; q < P; ++q) {
+            at_barrier[q] = false;
+            clock[q] = all;
+            compute(q, costs.ranks[q].update_ms);
+            ++next[q];
+            ready.push({clock[q], q});
+          }
+        }
+        break;
       }
-      continue;
+      ++next[r];
+      if (next[r] == actions.size()) break;
+      if (!ready.empty() && !(Entry{clock[r], r} < ready.top())) {
+        ready.push({clock[r], r});
+        break;
+      }
     }
-    ++next[r];
-    if (next[r] < actions.size()) ready.push({clock[r], r});
   }
   for (int r = 0; r < P; ++r) {
     SLUICE_CHECK(next[r] == schedule.ranks[r].size(),
@@ -253,12 +283,13 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
   StepPrediction p;
   p.ranks.resize(P);
   for (int r = 0; r < P; ++r) {
-    double end = clock[r];
-    for (double done : completed[r]) {
-      SLUICE_CHECK(done != kPending, "{}: a send of rank {} never completes", schedule.Describe(),
-                   r);
-      end = std::max(end, done);
+    double end = std::max(clock[r], completed_b[r]);
+    bool pending = pending_b[r] != 0;
+    for (const Slot& slot : slots[r]) {
+      pending = pending || slot.completed_f == kPending;
+      end = std::max(end, slot.completed_f);
     }
+    SLUICE_CHECK(!pending, "{}: a send of rank {} never completes", schedule.Describe(), r);
     p.ranks[r].end_ms = end;
     p.ranks[r].busy_ms = busy[r];
     p.makespan_ms = std::max(p.makespan_ms, end);

@@ -1,7 +1,9 @@
 #include "sluice/pipeline/validator.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,8 +26,8 @@ class Validator {
 
   void Run() {
     CheckShape();
-    steps_.assign(s_.stages, std::vector<int>(kKinds * s_.chunks * s_.micro_batches, -1));
     for (int r = 0; r < s_.stages; ++r) {
+      steps_.assign(static_cast<size_t>(kKinds) * s_.chunks * s_.micro_batches, -1);
       for (int i = 0; i < static_cast<int>(s_.ranks[r].size()); ++i) CheckAction(r, i);
       CheckComplete(r);
     }
@@ -40,7 +42,7 @@ class Validator {
 
   std::string Name(const Action& a) const { return ActionName(a, s_.chunks); }
   std::string Name(ActionKind kind, int chunk, int mb) const {
-    return Name(Action{.kind = kind, .chunk = chunk, .micro_batch = mb});
+    return Name(Action{.kind = kind, .chunk = static_cast<int8_t>(chunk), .micro_batch = mb});
   }
   std::string At(int rank, int step) const {
     return fmt::format("rank {}, step {} ({})", rank, step, Name(s_.ranks[rank][step]));
@@ -68,8 +70,9 @@ class Validator {
     return PeerOf(kind, rank, chunk).has_value();
   }
 
+  // Checks 2 to 4 walk one rank at a time: steps_ holds the rank being walked.
   int& Slot(int rank, ActionKind kind, int chunk, int mb) {
-    return steps_[rank][(static_cast<int>(kind) * s_.chunks + chunk) * s_.micro_batches + mb];
+    return steps_[(static_cast<size_t>(kind) * s_.chunks + chunk) * s_.micro_batches + mb];
   }
   bool Done(int rank, ActionKind kind, int chunk, int mb) {
     return Slot(rank, kind, chunk, mb) >= 0;
@@ -224,31 +227,47 @@ class Validator {
   }
 
   void CheckPairing() const {
-    // sends[r][q] / recvs[q][r]: steps of rank r's sends to q / of q's receives from r, in order.
+    // Every ordered pair (r → q) that exchanges a message; peers are neighbours (check 2), so a
+    // rank has at most 2V of them.
     const int P = s_.stages;
-    std::vector<std::vector<std::vector<int>>> sends(P, std::vector<std::vector<int>>(P));
-    auto recvs = sends;
+    std::vector<std::pair<int, int>> pairs;
     for (int r = 0; r < P; ++r) {
-      for (int i = 0; i < static_cast<int>(s_.ranks[r].size()); ++i) {
-        const Action& a = s_.ranks[r][i];
-        if (IsSend(a.kind)) sends[r][a.peer].push_back(i);
-        if (IsRecv(a.kind)) recvs[r][a.peer].push_back(i);
+      const size_t first = pairs.size();
+      for (const Action& a : s_.ranks[r]) {
+        if (!IsSend(a.kind) && !IsRecv(a.kind)) continue;
+        const std::pair<int, int> pair =
+            IsSend(a.kind) ? std::pair{r, +a.peer} : std::pair{+a.peer, r};
+        if (std::find(pairs.begin() + static_cast<std::ptrdiff_t>(first), pairs.end(), pair) ==
+            pairs.end()) {
+          pairs.push_back(pair);
+        }
       }
     }
-    for (int r = 0; r < P; ++r) {
-      for (int q = 0; q < P; ++q) {
-        // Completeness made the counts equal; compare in order.
-        const std::vector<int>& out = sends[r][q];
-        const std::vector<int>& in = recvs[q][r];
-        SLUICE_CHECK(out.size() == in.size(), "rank {} → {}: {} sends, {} receives", r, q,
-                     out.size(), in.size());
-        for (size_t k = 0; k < out.size(); ++k) {
-          if (MessageOf(r, s_.ranks[r][out[k]]) == MessageOf(q, s_.ranks[q][in[k]])) continue;
-          Fail(fmt::format(
-              "message {} from rank {} to rank {} does not pair up: {} sends it, but {} expects it "
-              "(sends and receives between two ranks must come in the same order)",
-              k, r, q, At(r, out[k]), At(q, in[k])));
-        }
+    std::sort(pairs.begin(), pairs.end());
+    pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
+    for (const auto& [r, q] : pairs) {
+      // The k-th send from r to q against the k-th receive on q from r, walking both lists.
+      const std::vector<Action>& out = s_.ranks[r];
+      const std::vector<Action>& in = s_.ranks[q];
+      size_t i = 0, j = 0;
+      auto next_send = [&] {
+        while (i < out.size() && !(IsSend(out[i].kind) && out[i].peer == q)) ++i;
+      };
+      auto next_receive = [&] {
+        while (j < in.size() && !(IsRecv(in[j].kind) && in[j].peer == r)) ++j;
+      };
+      for (int k = 0;; ++k, ++i, ++j) {
+        next_send();
+        next_receive();
+        // Completeness made the counts equal.
+        SLUICE_CHECK((i < out.size()) == (j < in.size()),
+                     "rank {} → {}: message {} is sent but not received, or the reverse", r, q, k);
+        if (i == out.size()) break;
+        if (MessageOf(r, out[i]) == MessageOf(q, in[j])) continue;
+        Fail(fmt::format(
+            "message {} from rank {} to rank {} does not pair up: {} sends it, but {} expects it "
+            "(sends and receives between two ranks must come in the same order)",
+            k, r, q, At(r, static_cast<int>(i)), At(q, static_cast<int>(j))));
       }
     }
   }
@@ -293,7 +312,7 @@ class Validator {
   }
 
   const Schedule& s_;
-  std::vector<std::vector<int>> steps_;  // [rank][kind, chunk, mb] → step that ran it, or -1
+  std::vector<int> steps_;  // [kind, chunk, mb] → the step of the rank walked that ran it, or -1
 };
 
 }  // namespace

@@ -20,7 +20,8 @@
 //
 // Failure: throws ScheduleError whose message names the schedule and the rank, step (index into
 // the rank's list, from 0) and action at fault — for a deadlock, every blocked rank and what it
-// waits for. Runs in O(total actions + P²). Thread-safety: a pure function.
+// waits for. Runs in O(V · total actions + P²) time and O(V · M + P) memory beyond the schedule.
+// Thread-safety: a pure function.
 //
 // Example:
 //   ValidateSchedule(s);

@@ -63,6 +63,26 @@ TEST_F(ScheduleCli, PrintsVHalfAndVMin) {
   EXPECT_NEAR(j["bubble"].get<double>(), 17.0 / 209, 1e-9);
 }
 
+// --post-receives-ahead lists each receive right after the rank's previous message: the lists
+// change, and no RECV follows a compute.
+TEST_F(ScheduleCli, PostReceivesAheadMovesReceivesUpPastComputes) {
+  auto ranks = [&](const std::string& args) {
+    const Result r = Sluice("-p 2 -m 8 -s interleaved --format json " + args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out)["ranks"];
+  };
+  const nlohmann::json ahead = ranks("--post-receives-ahead");
+  EXPECT_NE(ahead, ranks(""));
+  for (const nlohmann::json& rank : ahead) {
+    const nlohmann::json& actions = rank["actions"];
+    for (size_t i = 1; i < actions.size(); ++i) {
+      const std::string op = actions[i]["op"], before = actions[i - 1]["op"];
+      if (!op.starts_with("RECV")) continue;
+      EXPECT_TRUE(before != "F" && before != "B" && before != "W") << rank["rank"] << " " << i;
+    }
+  }
+}
+
 TEST_F(ScheduleCli, ImpossibleRequestsAreErrorsNamingTheFix) {
   struct Case {
     std::string args, message;

@@ -123,6 +123,10 @@ TEST_F(TrainPipelineCli, EveryScheduleTrainsLikeOneStage) {
       {"zb-h2", "--layers 4 --microbatches 4", "--stages 4 --schedule zb-h2"},
       {"zb-v P=2", "--layers 4 --microbatches 4", "--stages 2 --schedule zb-v"},
       {"zb-v P=4", "--layers 8 --microbatches 8", "--stages 4 --schedule zb-v"},
+      {"v-half P=2", "--layers 4 --microbatches 4", "--stages 2 --schedule v-half"},
+      {"v-min P=4", "--layers 8 --microbatches 8", "--stages 4 --schedule v-min"},
+      {"interleaved P=2, receives posted ahead", "--layers 4 --microbatches 4",
+       "--stages 2 --schedule interleaved --post-receives-ahead"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

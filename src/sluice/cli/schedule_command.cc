@@ -8,6 +8,7 @@
 // Example:
 //   sluice schedule --stages 4 --microbatches 8 --schedule 1f1b
 //   sluice schedule --stages 4 --microbatches 8 --schedule interleaved --chunks 2 --format json
+//   sluice schedule -p 8 -m 32 -s interleaved --post-receives-ahead   # receives posted early
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,7 @@ struct ScheduleArgs {
   int micro_batches = 0;
   std::string schedule = "1f1b";
   int chunks = 0;
+  bool post_receives_ahead = false;
   std::string format = "table";
 };
 
@@ -38,10 +40,12 @@ int RunSchedule(const ScheduleArgs& args) {
     throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {}", args.schedule,
                                       EnumNames(pipeline::kScheduleKindNames, ", ")));
   }
-  const pipeline::Schedule schedule = pipeline::MakeSchedule({.kind = *kind,
-                                                              .stages = args.stages,
-                                                              .micro_batches = args.micro_batches,
-                                                              .chunks = args.chunks});
+  const pipeline::Schedule schedule =
+      pipeline::MakeSchedule({.kind = *kind,
+                              .stages = args.stages,
+                              .micro_batches = args.micro_batches,
+                              .chunks = args.chunks,
+                              .post_receives_ahead = args.post_receives_ahead});
   if (args.format == "json") {
     fmt::print("{}\n", pipeline::ScheduleToJson(schedule).dump());
   } else {
@@ -61,6 +65,9 @@ CommandRunner SetupScheduleCommand(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--chunks,-v", args->chunks,
                  "Chunks V per rank (interleaved: default 2; zb-v, v-half, v-min: exactly 2)");
+  sub.add_flag("--post-receives-ahead", args->post_receives_ahead,
+               "List each receive right after the rank's previous message (for sends that block "
+               "until their receive is posted; default off)");
   sub.add_option("--format", args->format,
                  "table (the action grid) or json (every action, in order)")
       ->check(CLI::IsMember({"table", "json"}))

@@ -332,7 +332,8 @@ MemoryPlanChoice ChooseMemoryPlan(const TrainArgs& a) {
             pipeline::MakeSchedule({.kind = kind,
                                     .stages = a.pipe.stages,
                                     .micro_batches = static_cast<int>(a.config.microbatches),
-                                    .chunks = a.pipe.chunks});
+                                    .chunks = a.pipe.chunks,
+                                    .post_receives_ahead = a.pipe.post_receives_ahead});
         const pipeline::Simulation sim = pipeline::Simulate(schedule);
         // Unit cost is per action, and an action of a rank with V chunks does 1/V of its work.
         makespan = sim.makespan / schedule.chunks;
@@ -581,6 +582,9 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       "explicit layers per stage, stages separated by |, e.g. \"embed,h.0-1|h.2-3,head\"");
   auto* release = sub.add_flag("--release-outputs,!--no-release-outputs", a->release_outputs,
                                "free each stage output once its send completed (default on)");
+  auto* ahead = sub.add_flag("--post-receives-ahead", a->pipe.post_receives_ahead,
+                             "list each receive right after the rank's previous message, for "
+                             "sends that block until their receive is posted (default off)");
   auto* timeout = sub.add_option("--comm-timeout", a->comm_timeout_s,
                                  "seconds a stage waits for a message before failing")
                       ->capture_default_str();
@@ -601,13 +605,13 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
              "--data-parallel", a->data_parallel,
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
-  auto finish = [a, sched, chunks, partition, layout, release, timeout, trace, profile, fault, comm,
-                 dp, recompute, no_recompute, min_lr] {
+  auto finish = [a, sched, chunks, partition, layout, release, ahead, timeout, trace, profile,
+                 fault, comm, dp, recompute, no_recompute, min_lr] {
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;
-    for (const CLI::Option* o :
-         {sched, chunks, partition, layout, release, timeout, trace, profile, fault, comm, dp}) {
+    for (const CLI::Option* o : {sched, chunks, partition, layout, release, ahead, timeout, trace,
+                                 profile, fault, comm, dp}) {
       a->pipeline = a->pipeline || o->count() > 0;
     }
     a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;

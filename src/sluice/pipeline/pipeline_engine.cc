@@ -101,7 +101,8 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   setup.schedule = MakeSchedule({.kind = options.schedule,
                                  .stages = P,
                                  .micro_batches = static_cast<int>(config.microbatches),
-                                 .chunks = options.chunks});
+                                 .chunks = options.chunks,
+                                 .post_receives_ahead = options.post_receives_ahead});
   const int S = setup.schedule.virtual_stages();
   const Placement placement = setup.schedule.v_shape ? Placement::kVShape : Placement::kLooped;
   out.partition = options.layout.empty()

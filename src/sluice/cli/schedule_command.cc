@@ -9,6 +9,7 @@
 //   sluice schedule --stages 4 --microbatches 8 --schedule 1f1b
 //   sluice schedule --stages 4 --microbatches 8 --schedule interleaved --chunks 2 --format json
 //   sluice schedule -p 8 -m 32 -s interleaved --post-receives-ahead   # receives posted early
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,11 +47,17 @@ int RunSchedule(const ScheduleArgs& args) {
                               .micro_batches = args.micro_batches,
                               .chunks = args.chunks,
                               .post_receives_ahead = args.post_receives_ahead});
+  // Streamed: at P = 1024, M = 8192 the JSON is 2 GB.
   if (args.format == "json") {
-    fmt::print("{}\n", pipeline::ScheduleToJson(schedule).dump());
+    pipeline::WriteScheduleJson(schedule, std::cout);
+    std::cout << "\n";
   } else {
-    fmt::print("{}", pipeline::FormatScheduleTable(schedule));
+    pipeline::WriteScheduleTable(schedule, std::cout);
   }
+  std::cout.flush();
+  if (!std::cout)
+    throw IoError(
+        "sluice schedule: could not write the output (disk full, or the reader went away)");
   return 0;
 }
 

@@ -670,11 +670,11 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
   options.schedule = kind;
   const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
   const pipeline::StepCosts chosen = CostsFor(costs, layout);
-  SimulatedSchedule out{
-      .kind = kind,
-      .describe = layout.setup.schedule.Describe(),
-      .costs = chosen.source,
-      .prediction = pipeline::SimulateStep(layout.setup.schedule, chosen, {.cores = a.cores})};
+  SimulatedSchedule out{.kind = kind,
+                        .describe = layout.setup.schedule.Describe(),
+                        .costs = chosen.source,
+                        .prediction = pipeline::SimulateStep(
+                            layout.setup.schedule, chosen, {.cores = a.cores, .validated = true})};
   int64_t actions = 0;
   for (const auto& rank : layout.setup.schedule.ranks) actions += std::ssize(rank);
   if (actions <= kForecastActionLimit) {

@@ -3,10 +3,32 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <utility>
 
 #include "sluice/pipeline/validator.h"
 
 namespace sluice::pipeline {
+
+namespace {
+
+// A queue per ordered pair of ranks that exchange messages — neighbours, at most 2V per rank —
+// so that memory grows with the messages, not with P².
+template <typename T>
+class PeerQueues {
+ public:
+  explicit PeerQueues(int ranks) : from_(ranks) {}
+  std::deque<T>& operator()(int from, int to) {
+    for (auto& [peer, queue] : from_[from]) {
+      if (peer == to) return queue;
+    }
+    return from_[from].emplace_back(to, std::deque<T>()).second;
+  }
+
+ private:
+  std::vector<std::vector<std::pair<int, std::deque<T>>>> from_;  // [from] → (to, queue)
+};
+
+}  // namespace
 
 std::vector<InFlight> InFlightPeaks(const Schedule& schedule) {
   ValidateSchedule(schedule);
@@ -37,7 +59,8 @@ std::vector<InFlight> InFlightPeaks(const Schedule& schedule) {
   return peaks;
 }
 
-Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode mode) {
+Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode mode,
+                    bool keep_action_times) {
   ValidateSchedule(schedule);
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
   auto cost = [&](ActionKind kind) {
@@ -54,12 +77,16 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
   };
   Simulation sim;
   sim.ranks.resize(P);
-  for (int r = 0; r < P; ++r) sim.ranks[r].actions.resize(schedule.ranks[r].size());
+  // kRendezvousPosted reads the times of posted receives back.
+  const bool times = keep_action_times || mode == CommMode::kRendezvousPosted;
+  if (times) {
+    for (int r = 0; r < P; ++r) sim.ranks[r].actions.resize(schedule.ranks[r].size());
+  }
   std::vector<double> clock(P, 0);
   std::vector<size_t> next(P, 0);
-  std::vector<std::deque<double>> sent(P * P);  // [from·P + to]: send instants not yet received
+  PeerQueues<double> sent(P);  // (from, to): send instants not yet received
   // kRendezvousPosted: [from·P + to] → the receiver's steps of receives posted, not yet matched.
-  std::vector<std::deque<size_t>> posted(P * P);
+  PeerQueues<size_t> posted(P);
   const bool posting = mode == CommMode::kAsync || mode == CommMode::kRendezvousPosted;
   constexpr double kNotYet = std::numeric_limits<double>::infinity();
   // kAsync: [rank][F or B][chunk][micro-batch] → when the message that compute reads arrived.
@@ -69,7 +96,7 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
     return arrived[r][((forward ? 0 : 1) * V + a.chunk) * M + a.micro_batch];
   };
   auto finish = [&](int r, double start, double end) {
-    sim.ranks[r].actions[next[r]] = {start, end};
+    if (times) sim.ranks[r].actions[next[r]] = {start, end};
     if (!posting || !IsRecv(schedule.ranks[r][next[r]].kind)) clock[r] = end;
     ++next[r];
   };
@@ -87,7 +114,7 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
           finish(q, t, t);
           finish(r, t, t);
         } else if (IsSend(a.kind) && mode == CommMode::kRendezvousPosted) {
-          std::deque<size_t>& receives = posted[r * P + a.peer];
+          std::deque<size_t>& receives = posted(r, a.peer);
           if (receives.empty()) break;
           const size_t step = receives.front();
           receives.pop_front();
@@ -96,15 +123,15 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
           receive.end = arrival(a.peer, schedule.ranks[a.peer][step]) = t;
           finish(r, t, t);
         } else if (IsSend(a.kind)) {
-          sent[r * P + a.peer].push_back(clock[r]);
+          sent(r, a.peer).push_back(clock[r]);
           finish(r, clock[r], clock[r]);
         } else if (IsRecv(a.kind) && mode == CommMode::kRendezvousPosted) {
-          posted[a.peer * P + r].push_back(next[r]);
+          posted(a.peer, r).push_back(next[r]);
           arrival(r, a) = kNotYet;  // until its send is made
           finish(r, clock[r], kNotYet);
         } else if (IsRecv(a.kind)) {
           // Waits here, in the order the simulation visits ranks, until the peer has sent.
-          std::deque<double>& channel = sent[a.peer * P + r];
+          std::deque<double>& channel = sent(a.peer, r);
           if (mode == CommMode::kRendezvous || channel.empty()) break;
           const double t = std::max(clock[r], channel.front());
           channel.pop_front();
@@ -127,6 +154,9 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
     SLUICE_CHECK(next[r] == schedule.ranks[r].size(),
                  "{}: a validated schedule stalls on rank {} at step {}", schedule.Describe(), r,
                  next[r]);
+  }
+  if (!keep_action_times) {
+    for (RankTime& rank : sim.ranks) rank.actions = {};
   }
   sim.makespan = *std::ranges::max_element(clock);
   double idle = 0;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
@@ -14,30 +16,24 @@ namespace {
 
 // Every compute action one step, the unsplit backward too; receives posted ahead, so the grid
 // shows the shape of the compute order itself.
-Simulation UnitCostRun(const Schedule& s) {
+Simulation UnitCostRun(const Schedule& s, bool keep_action_times) {
   return Simulate(s, CostModel{.forward = 1, .backward = 1, .weight = s.split_backward ? 1.0 : 0.0},
-                  CommMode::kAsync);
+                  CommMode::kAsync, keep_action_times);
 }
 
 std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100 * fraction); }
 
 }  // namespace
 
-std::string FormatScheduleTable(const Schedule& s) {
-  const Simulation sim = UnitCostRun(s);
+void WriteScheduleTable(const Schedule& s, std::ostream& out) {
+  const Simulation sim = UnitCostRun(s, /*keep_action_times=*/true);
   const std::vector<InFlight> in_flight = InFlightPeaks(s);
   const int steps = static_cast<int>(std::lround(sim.makespan));
 
-  // grid[r][t]: the compute starting at step t on rank r, "." when the rank idles.
-  std::vector<std::vector<std::string>> grid(s.stages, std::vector<std::string>(steps, "."));
   size_t width = fmt::format("{}", steps - 1).size();
-  for (int r = 0; r < s.stages; ++r) {
-    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
-      const Action& a = s.ranks[r][i];
-      if (!IsCompute(a.kind)) continue;
-      std::string& cell = grid[r][std::lround(sim.ranks[r].actions[i].start)];
-      cell = ActionName(a, s.chunks);
-      width = std::max(width, cell.size());
+  for (const std::vector<Action>& rank : s.ranks) {
+    for (const Action& a : rank) {
+      if (IsCompute(a.kind)) width = std::max(width, ActionName(a, s.chunks).size());
     }
   }
   const size_t label_width = fmt::format("rank {}", s.stages - 1).size() + 2;
@@ -48,59 +44,94 @@ std::string FormatScheduleTable(const Schedule& s) {
     return line + "\n";
   };
 
-  std::string out = fmt::format("{}: {} steps at unit cost (F = B{} = 1, messages free)\n",
-                                s.Describe(), steps, s.split_backward ? " = W" : "");
-  out += row("step", [](int t) { return fmt::format("{}", t); });
+  out << fmt::format("{}: {} steps at unit cost (F = B{} = 1, messages free)\n", s.Describe(),
+                     steps, s.split_backward ? " = W" : "");
+  out << row("step", [](int t) { return fmt::format("{}", t); });
+  // One rank's row at a time: cells[t], the compute starting at step t, "." when the rank idles.
+  std::vector<std::string> cells;
   for (int r = 0; r < s.stages; ++r) {
-    out += row(fmt::format("rank {}", r), [&](int t) { return grid[r][t]; });
+    cells.assign(steps, ".");
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const Action& a = s.ranks[r][i];
+      if (IsCompute(a.kind))
+        cells[std::lround(sim.ranks[r].actions[i].start)] = ActionName(a, s.chunks);
+    }
+    out << row(fmt::format("rank {}", r), [&](int t) { return cells[t]; });
   }
-  out += fmt::format("\n{:<6}{:<11}{}{}\n", "rank", "in flight",
+  out << fmt::format("\n{:<6}{:<11}{}{}\n", "rank", "in flight",
                      s.split_backward ? "awaiting W  " : "", "bubble");
   for (int r = 0; r < s.stages; ++r) {
-    out += fmt::format(
+    out << fmt::format(
         "{:<6}{:<11}{}{}\n", r, in_flight[r].peak,
         s.split_backward ? fmt::format("{:<12}", in_flight[r].peak_awaiting_weight) : "",
         Percent(sim.ranks[r].bubble));
   }
   const std::string m = s.chunks > 1 ? "c.m" : "m";
-  out += fmt::format(
+  out << fmt::format(
       "\ncells: {} of {}; . idle. in flight: {} whose F has run and B has not.\n",
       s.split_backward
           ? fmt::format("F{0} forward, B{0} input gradients and W{0} weight gradients", m)
           : fmt::format("F{0} forward and B{0} backward", m),
       s.chunks > 1 ? "chunk c, micro-batch m" : "micro-batch m",
       s.chunks > 1 ? "chunk-micro-batches" : "micro-batches");
-  return out;
+}
+
+std::string FormatScheduleTable(const Schedule& s) {
+  std::ostringstream out;
+  WriteScheduleTable(s, out);
+  return out.str();
+}
+
+namespace {
+
+// `object` dumped without its closing brace, so that more keys can follow.
+std::string OpenObject(const nlohmann::ordered_json& object) {
+  std::string text = object.dump();
+  text.pop_back();
+  return text;
+}
+
+}  // namespace
+
+void WriteScheduleJson(const Schedule& s, std::ostream& out) {
+  const Simulation sim = UnitCostRun(s, /*keep_action_times=*/false);
+  const std::vector<InFlight> in_flight = InFlightPeaks(s);
+  out << OpenObject({{"schedule", s.name},
+                     {"stages", s.stages},
+                     {"micro_batches", s.micro_batches},
+                     {"chunks", s.chunks},
+                     {"split_backward", s.split_backward},
+                     {"bubble", sim.bubble}})
+      << ",\"ranks\":[";
+  std::string text;  // one rank's, written at once
+  for (int r = 0; r < s.stages; ++r) {
+    text = r > 0 ? "," : "";
+    text += OpenObject({{"rank", r},
+                        {"in_flight_peak", in_flight[r].peak},
+                        {"awaiting_weight_peak", in_flight[r].peak_awaiting_weight},
+                        {"bubble", sim.ranks[r].bubble}});
+    text += ",\"actions\":[";
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const Action& a = s.ranks[r][i];
+      if (i > 0) text += ',';
+      fmt::format_to(std::back_inserter(text), "{{\"op\":\"{}\"", ActionKindName(a.kind));
+      if (a.kind != ActionKind::kOptimizer) {
+        fmt::format_to(std::back_inserter(text), ",\"chunk\":{},\"mb\":{}", +a.chunk,
+                       +a.micro_batch);
+      }
+      if (a.peer >= 0) fmt::format_to(std::back_inserter(text), ",\"peer\":{}", +a.peer);
+      text += '}';
+    }
+    text += "]}";
+    out << text;
+  }
+  out << "]}";
 }
 
 nlohmann::ordered_json ScheduleToJson(const Schedule& s) {
-  const Simulation sim = UnitCostRun(s);
-  const std::vector<InFlight> in_flight = InFlightPeaks(s);
-  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  for (int r = 0; r < s.stages; ++r) {
-    nlohmann::ordered_json actions = nlohmann::ordered_json::array();
-    for (const Action& a : s.ranks[r]) {
-      nlohmann::ordered_json action = {{"op", ActionKindName(a.kind)}};
-      if (a.kind != ActionKind::kOptimizer) {
-        action["chunk"] = a.chunk;
-        action["mb"] = a.micro_batch;
-      }
-      if (a.peer >= 0) action["peer"] = a.peer;
-      actions.push_back(std::move(action));
-    }
-    ranks.push_back({{"rank", r},
-                     {"in_flight_peak", in_flight[r].peak},
-                     {"awaiting_weight_peak", in_flight[r].peak_awaiting_weight},
-                     {"bubble", sim.ranks[r].bubble},
-                     {"actions", std::move(actions)}});
-  }
-  return {{"schedule", s.name},
-          {"stages", s.stages},
-          {"micro_batches", s.micro_batches},
-          {"chunks", s.chunks},
-          {"split_backward", s.split_backward},
-          {"bubble", sim.bubble},
-          {"ranks", std::move(ranks)}};
+  std::ostringstream out;
+  WriteScheduleJson(s, out);
+  return nlohmann::ordered_json::parse(out.str());
 }
 
 }  // namespace sluice::pipeline

@@ -95,7 +95,7 @@ void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job) {
 
 StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
                             const SimulateOptions& options) {
-  ValidateSchedule(schedule);
+  if (!options.validated) ValidateSchedule(schedule);
   CheckCostsCover(costs, schedule);
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
   const size_t per_chunk = static_cast<size_t>(V) * M;  // [chunk][micro-batch]

@@ -168,7 +168,8 @@ ComputeOrder BuildingBlockComputeOrder(BuildingBlock block, int P, int M) {
   ComputeOrder order(P);
   const std::vector<std::vector<Action>> actions = BuildingBlockOrder(block, P, M);
   for (int r = 0; r < P; ++r) {
-    for (const Action& a : actions[r]) order[r].push_back({a.kind, a.chunk, a.micro_batch});
+    for (const Action& a : actions[r])
+      order[r].emplace_back(a.kind, a.chunk, static_cast<int>(a.micro_batch));
   }
   return order;
 }

@@ -24,6 +24,8 @@
 //                                 [--micro-batch-size 16] [--steps 3] [--warmup 1] [--gc sync]
 //                                 [--schedules gpipe,1f1b,...] [--stages 2,4] [--microbatches
 //                                 4,8,16]
+// (--schedules defaults to every schedule: gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half,
+// v-min; a configuration a schedule refuses, zb-v at M < 2P − 1, is reported as skipped.)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -50,7 +52,11 @@ struct Options {
   int64_t steps = 3, warmup = 1;
   std::string optimizer = "adamw";
   std::string gc = "sync";  // deterministic peaks: async frees land at the worker's pace
-  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+  std::vector<std::string> schedules = [] {  // every schedule sluice has
+    std::vector<std::string> names;
+    for (const auto& [kind, name] : sluice::pipeline::kScheduleKindNames) names.emplace_back(name);
+    return names;
+  }();
   std::vector<int> stages = {2, 4};
   std::vector<int> microbatches = {4, 8, 16};
 };

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 
-SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"]
+SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min"]
 MODEL = ["--layers", "8", "--dim", "256", "--heads", "4", "--threads", "2", "--steps", "3",
          "--eval-every", "0", "--quiet"]
 MB_SIZE = 8

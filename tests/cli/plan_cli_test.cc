@@ -129,6 +129,20 @@ TEST_F(PlanCli, ABudgetNothingFitsIsRefusedBeforeTraining) {
   EXPECT_NE(p.err.find("smallest achievable peak"), std::string::npos) << p.err;
 }
 
+// Above the forecast's action limit (memory_forecast.h) plan says so at once instead of replaying
+// millions of actions; --schedule auto refuses each schedule for that reason.
+TEST_F(PlanCli, JobsOverTheForecastLimitAreRefusedNamingIt) {
+  const std::string job = "--layers 8 --stages 8 --batch 16384 --microbatches 16384 --threads 1";
+  const CliResult r = Sluice(fmt::format("plan {} --schedule 1f1b", job));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("memory not forecast: 720904 actions, over the forecast's 400000"),
+            std::string::npos)
+      << r.err;
+  const CliResult a = Sluice(fmt::format("plan {} --schedule auto --memory-budget 1GiB", job));
+  EXPECT_NE(a.status, 0);
+  EXPECT_NE(a.err.find("1f1b: memory not forecast"), std::string::npos) << a.err;
+}
+
 TEST_F(PlanCli, BadBudgetsAreClearErrors) {
   const std::pair<const char*, const char*> cases[] = {
       {"--memory-budget 6MB/s", "unknown unit 'MB/s'"},

@@ -636,11 +636,6 @@ struct SimulatedSchedule {
   bool fits = true;  // every stage's forecast within --memory-budget (true without a budget)
 };
 
-// The memory forecast replays every action of every rank through its programs' execution plans
-// (about 30 µs an action on a 2 GHz core): above this many actions a simulation predicts time
-// only, and says so.
-constexpr int64_t kForecastActionLimit = 400'000;
-
 // The first of `costs` that covers the job under `kind` (P, V, split backward, the same model,
 // micro-batch, layout, recompute and threads); unit costs when none is given. Throws
 // InvalidArgument naming why each file does not cover it.
@@ -675,16 +670,11 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
                         .costs = chosen.source,
                         .prediction = pipeline::SimulateStep(
                             layout.setup.schedule, chosen, {.cores = a.cores, .validated = true})};
-  int64_t actions = 0;
-  for (const auto& rank : layout.setup.schedule.ranks) actions += std::ssize(rank);
-  if (actions <= kForecastActionLimit) {
-    out.memory = pipeline::ForecastStages(layout.setup);
-  } else {
-    out.memory_note = fmt::format(
-        "memory not forecast: {} actions, over the forecast's {} (it replays every action's "
-        "programs); simulate fewer micro-batches or stages to see it",
-        actions, kForecastActionLimit);
+  if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
+    out.memory_note = *why;
     if (!budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
+  } else {
+    out.memory = pipeline::ForecastStages(layout.setup);
   }
   for (size_t s = 0; s < budget.size() && s < out.memory.size(); ++s) {
     if (out.memory[s].peak_allocated_bytes > budget[s]) out.fits = false;

@@ -310,7 +310,18 @@ class RankReplay {
 
 }  // namespace
 
+std::optional<std::string> ForecastRefusal(const Schedule& schedule) {
+  int64_t actions = 0;
+  for (const std::vector<Action>& rank : schedule.ranks) actions += std::ssize(rank);
+  if (actions <= kForecastActionLimit) return std::nullopt;
+  return fmt::format(
+      "memory not forecast: {} actions, over the forecast's {} (it replays every action's "
+      "programs); use fewer micro-batches or stages to see it",
+      actions, kForecastActionLimit);
+}
+
 std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup) {
+  if (std::optional<std::string> why = ForecastRefusal(setup.schedule)) throw InvalidArgument(*why);
   TrainConfig replayed = *setup.config;  // what the forecast is exact for (memory_replay.h)
   replayed.gc = GcMode::kSync;
   replayed.mode = RunMode::kTrace;

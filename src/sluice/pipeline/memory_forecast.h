@@ -19,19 +19,35 @@
 // Exact where the replay is (trace mode, sync GC — the default on the caching allocator); the
 // same for in-process threads and MPI ranks, whose per-rank memory does not differ.
 //
-// Thread-safety: a pure function of its arguments. Failure: what LayOutPipeline throws.
+// Cost: the replay runs every action's programs (about 30 µs an action on a 2 GHz core) and the
+// vector clocks take 4·P bytes an action, so a schedule of over kForecastActionLimit actions is
+// not forecast: ForecastRefusal says why, ForecastStages throws that as InvalidArgument, and
+// every caller (plan, --memory-budget, --schedule auto, simulate, the train summary) either
+// reports it or goes without (docs/simulator.md, "Scale").
+//
+// Thread-safety: a pure function of its arguments. Failure: what LayOutPipeline throws, and the
+// refusal above.
 //
 // Example:
 //   std::vector<StageMemoryForecast> f = ForecastPipeline(context, {.stages = 4});
 //   f[0].peak_allocated_bytes;  // what stage 0's allocator will peak at, in bytes
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/step/memory_replay.h"
 
 namespace sluice::pipeline {
+
+inline constexpr int64_t kForecastActionLimit = 400'000;
+
+// Why `schedule` is too large to forecast — "memory not forecast: N actions, over the
+// forecast's 400000 …" — or nullopt when it can be.
+std::optional<std::string> ForecastRefusal(const Schedule& schedule);
 
 // One forecast per stage (rank), for `replicas` data-parallel replicas of the pipeline.
 std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,

@@ -462,7 +462,7 @@ bool PipelineEngine::distributed() const { return impl_->distributed(); }
 GcMode PipelineEngine::gc_mode() const { return impl_->ranks.front()->gc_mode(); }
 
 std::vector<StageMemoryForecast> PipelineEngine::Forecast() const {
-  if (impl_->distributed()) return {};
+  if (impl_->distributed() || ForecastRefusal(impl_->setup.schedule)) return {};
   return ForecastStages(impl_->setup);
 }
 

@@ -105,7 +105,8 @@ class PipelineEngine final : public StepEngine {
   std::map<std::string, Tensor> State() const override;
   nlohmann::json Summary() const override;
   GcMode gc_mode() const override;  // every rank allocates from the same kind of allocator
-  std::vector<StageMemoryForecast> Forecast() const override;  // memory_forecast.h; in-process
+  // memory_forecast.h: in-process only, and empty above its action limit (kForecastActionLimit).
+  std::vector<StageMemoryForecast> Forecast() const override;
   bool leader() const override;
   bool distributed() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;

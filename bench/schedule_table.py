@@ -4,6 +4,7 @@ the schedule analysis (`sluice schedule --format json`, unit cost) beside what `
 measures (its metrics summary: per-stage bubble, in-flight peak and allocator peak).
 
 Usage: bench/schedule_table.py [--sluice build/sluice] [--out schedule_table.jsonl]
+                               [--schedules 1f1b,v-min,...] [--stages 2,4]
 Prints one markdown table; writes every run's figures as JSON lines. A GPT of 8 blocks, C = 256,
 8 sequences per micro-batch, 3 steps, --threads 2 (P = 2: one core per stage on a 2-core machine;
 P = 4 oversubscribes). Takes ~10 minutes on 2 busy cores.
@@ -48,11 +49,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sluice", default="build/sluice")
     ap.add_argument("--out", default="schedule_table.jsonl")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES), help="comma list (default: all)")
+    ap.add_argument("--stages", default="2,4", help="comma list of P")
     a = ap.parse_args()
+    schedules = a.schedules.split(",")
+    unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown:
+        ap.error(f"unknown schedule(s) {', '.join(unknown)}; known: {', '.join(SCHEDULES)}")
+    stages = [int(p) for p in a.stages.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp, open(a.out, "w") as out:
-        for p in (2, 4):
-            for schedule in SCHEDULES:
+        for p in stages:
+            for schedule in schedules:
                 for m in (4, 8, 16):
                     t, why = theory(a.sluice, schedule, p, m)
                     row = {"schedule": schedule, "P": p, "M": m, "theory": t, "refused": why}

@@ -369,12 +369,15 @@ TEST(PipelineEngine, EveryFaultPointEndsCleanly) {
             trainer.Step();
           } catch (const StageError& e) {
             failed = true;
-            if (throws)
+            if (throws) {
               EXPECT_NE(std::string(e.what()).find("injected fault"), std::string::npos)
                   << e.what();
+            }
           }
           EXPECT_EQ(failed && throws, throws && !absent);
-          if (failed) EXPECT_THROW(trainer.Step(), StageError);
+          if (failed) {
+            EXPECT_THROW(trainer.Step(), StageError);
+          }
         }
       }
     }

@@ -283,7 +283,7 @@ std::vector<std::vector<Action>> ComputeOrder(const Timeline& tl) {
     }
     std::deque<int> waiting[2];  // [chunk]: micro-batches whose W is due
     auto emit = [&](ActionKind kind, int chunk, int m) {
-      order[r].push_back({.kind = kind, .chunk = chunk, .micro_batch = m});
+      order[r].push_back({.kind = kind, .chunk = static_cast<int8_t>(chunk), .micro_batch = m});
     };
     for (size_t t = 0; t < cells.size() || !waiting[0].empty() || !waiting[1].empty(); ++t) {
       const auto [lane, k] = t < cells.size() ? cells[t] : std::pair<int8_t, int>{kFree, 0};

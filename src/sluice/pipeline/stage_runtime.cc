@@ -222,7 +222,7 @@ class StageRuntime::StepRun {
   }
 
   void Span(const char* name, const Action& a, int64_t begin, int64_t end) {
-    if (trace_) out_.spans.push_back({name, a.chunk, a.micro_batch, begin, end});
+    if (trace_) out_.spans.push_back({name, a.chunk, static_cast<int>(a.micro_batch), begin, end});
   }
 
   // Times communication: posting, testing and waiting for messages, and the all-reduces.

@@ -214,15 +214,16 @@ class Validator {
 
   Message MessageOf(int r, const Action& a) const {
     const int vs = s_.VirtualStage(r, a.chunk);
+    const int m = static_cast<int>(a.micro_batch);
     switch (a.kind) {
       case ActionKind::kSendF:
-        return {true, vs, a.micro_batch};
+        return {true, vs, m};
       case ActionKind::kSendB:
-        return {false, vs, a.micro_batch};
+        return {false, vs, m};
       case ActionKind::kRecvF:
-        return {true, vs - 1, a.micro_batch};
+        return {true, vs - 1, m};
       default:
-        return {false, vs + 1, a.micro_batch};  // kRecvB
+        return {false, vs + 1, m};  // kRecvB
     }
   }
 

@@ -1,7 +1,8 @@
 // Interpreter benchmarks (issue 4). Figures and how to read them: docs/benchmarks.md, "Executor".
 //
 //   BM_Dispatch      a chain of 10,000 adds on 64-float tensors: ns per instruction of the whole
-//                    interpreter (allocate, kernel, free) in trace and parallel mode. Compare with
+//                    interpreter (allocate, kernel, free) in trace and parallel mode, and with the
+//                    static memory plan (`static:1`, trace only: no allocation). Compare with
 //                    bench/torch_dispatch.py (PyTorch eager on the same loop).
 //   BM_GcCriticalPath  instructions that free several 8 MiB buffers from a SystemAllocator (mmap
 //   and
@@ -88,11 +89,16 @@ void BM_Dispatch(benchmark::State& state) {
   const RunMode mode = state.range(0) == 0 ? RunMode::kTrace : RunMode::kParallel;
   const GcMode gc = kGcModes[state.range(1)];
   const bool timed = state.range(2) != 0;
+  const MemoryPlanMode plan =
+      state.range(3) != 0 ? MemoryPlanMode::kStatic : MemoryPlanMode::kDynamic;
   static const Program program = AddChain(kInstructions, 64);
   CachingAllocator alloc;
-  Executable exe(
-      program,
-      {.allocator = &alloc, .mode = mode, .gc = gc, .threads = 2, .measure_gc_time = timed});
+  Executable exe(program, {.allocator = &alloc,
+                           .mode = mode,
+                           .gc = gc,
+                           .threads = 2,
+                           .memory_plan = plan,
+                           .measure_gc_time = timed});
   Scope scope;
   BindRandomInputs(program, 0, scope);
   exe.Run(scope);  // warm the allocator's cache
@@ -106,7 +112,8 @@ void BM_Dispatch(benchmark::State& state) {
   }
   // Process CPU time: all threads (in parallel mode idle members sleep and cost nothing).
   const double cpu_ns = static_cast<double>(std::clock() - cpu_start) * 1e9 / CLOCKS_PER_SEC;
-  state.SetLabel(fmt::format("{}/{}{}", Name(mode), Name(gc), timed ? "" : "/untimed"));
+  state.SetLabel(
+      fmt::format("{}/{}/{}{}", Name(mode), Name(gc), Name(plan), timed ? "" : "/untimed"));
   state.counters["ns_per_instruction"] =
       static_cast<double>(wall) / static_cast<double>(runs * kInstructions);
   state.counters["cpu_ns_per_instruction"] = cpu_ns / static_cast<double>(runs * kInstructions);
@@ -114,8 +121,9 @@ void BM_Dispatch(benchmark::State& state) {
       static_cast<double>(gc_ns) / static_cast<double>(runs * kInstructions);
 }
 BENCHMARK(BM_Dispatch)
-    ->ArgsProduct({{0, 1}, {0, 1, 2}, {1, 0}})
-    ->ArgNames({"parallel", "gc", "timed"})
+    ->ArgsProduct({{0, 1}, {0, 1, 2}, {1, 0}, {0}})
+    ->ArgsProduct({{0}, {0, 1, 2}, {1, 0}, {1}})
+    ->ArgNames({"parallel", "gc", "timed", "static"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -80,8 +80,17 @@ TEST_F(RunCli, EveryModeGivesTheSameOutputs) {
       }
     }
   }
+  for (const char* gc : {"none", "sync", "async"}) {
+    Json j = StatsJson(
+        fmt::format("{} --memory-plan static --gc {} --seed 7 --runs 2", program.string(), gc));
+    EXPECT_EQ(j["memory_plan"], "static");
+    EXPECT_GT(j["arena_bytes"].get<int64_t>(), 0);
+    EXPECT_EQ(j["outputs"], reference) << "static " << gc;
+  }
   Json other_seed = StatsJson(program.string() + " --seed 8");
   EXPECT_NE(other_seed["outputs"], reference);
+  EXPECT_EQ(other_seed["memory_plan"], "dynamic");
+  EXPECT_EQ(other_seed["arena_bytes"], 0);
 }
 
 TEST_F(RunCli, InputsComeFromASafetensorsFile) {
@@ -147,13 +156,16 @@ TEST_F(RunCli, MalformedProgramsAndBadOptionsFailClearly) {
   EXPECT_THAT(r.err, HasSubstr("missing.sluice"));
 
   const fs::path program = Write("triple.sluice", kTriple);
-  for (const char* option :
-       {"--gc eager", "--mode fast", "--runs 0", "--threads -2", "--order random"}) {
+  for (const char* option : {"--gc eager", "--mode fast", "--runs 0", "--threads -2",
+                             "--order random", "--memory-plan arena"}) {
     r = Sluice(fmt::format("run {} {}", program.string(), option));
     EXPECT_NE(r.status, 0) << option;
     EXPECT_THAT(r.err, HasSubstr(std::string(option).substr(0, std::string(option).find(' '))))
         << option;
   }
+  r = Sluice(fmt::format("run {} --memory-plan static --mode parallel", program.string()));
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("memory plan static needs run mode trace"));
 }
 
 }  // namespace

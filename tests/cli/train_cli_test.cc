@@ -75,6 +75,12 @@ TEST_F(TrainCli, BadOptionsSayWhatToChange) {
   r = Train("--gc sometimes --steps 1");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, HasSubstr("--gc must be one of auto, none, sync, async, not 'sometimes'"));
+  r = Train("--memory-plan arena --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--memory-plan must be one of dynamic, static, not 'arena'"));
+  r = Train("--memory-plan static --mode parallel --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--memory-plan static needs --mode trace"));
   r = Train("--threads -2 --steps 1");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, HasSubstr("--threads must be 0 (every core) or more, got -2"));

@@ -68,5 +68,23 @@ TEST(HeapAllocations, TheExecutorAddsNonePerInstruction) {
   EXPECT_EQ(per_100, g_heap_allocations.load() - before);
 }
 
+// Steady state: a static run's heap allocations do not grow with the planned values (a dynamic
+// run's grow by one Storage per value).
+TEST(HeapAllocations, AStaticPlanAddsNonePerPlannedValue) {
+  auto per_run = [](int n) {
+    const Program program = testing::AddChainProgram(n, 1024);
+    SystemAllocator alloc;
+    Executable exe(
+        program,
+        {.allocator = &alloc, .gc = GcMode::kSync, .memory_plan = MemoryPlanMode::kStatic});
+    Scope scope = testing::RandomScope(program, 1);
+    for (int warm = 0; warm < 2; ++warm) exe.Run(scope);
+    const int64_t before = g_heap_allocations.load();
+    exe.Run(scope);
+    return g_heap_allocations.load() - before;
+  };
+  EXPECT_EQ(per_run(150), per_run(50));
+}
+
 }  // namespace
 }  // namespace sluice

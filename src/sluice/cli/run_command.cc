@@ -42,6 +42,7 @@ struct RunArgs {
   std::string gc = "auto";
   std::string mode = "trace";
   std::string order = "best";
+  std::string memory_plan = "dynamic";
   std::string allocator = "caching";
   int runs = 1;
   uint64_t seed = 0;
@@ -125,6 +126,7 @@ int Run(const RunArgs& args) {
       .gc = *ParseGcMode(args.gc),
       .threads = args.threads,
       .order = *ParseOrderPolicy(args.order),
+      .memory_plan = *ParseMemoryPlanMode(args.memory_plan),
       .async = {.queue_batches = static_cast<size_t>(args.async_queue_batches),
                 .max_pending_bytes = args.async_max_pending_mib << 20,
                 .min_batch_bytes = args.async_min_batch_kib << 10},
@@ -156,6 +158,8 @@ int Run(const RunArgs& args) {
         {"run_mode", args.mode},
         {"threads", exe.num_executors()},
         {"order", Name(plan.chosen)},
+        {"memory_plan", args.memory_plan},
+        {"arena_bytes", exe.arena().arena_bytes},
         {"allocator", args.allocator},
         {"wall_ns_median", s.wall_ns_median},
         {"wall_ns_min", s.wall_ns_min},
@@ -193,6 +197,9 @@ int Run(const RunArgs& args) {
     fmt::print(" (peak / bound = {:.3f})", static_cast<double>(s.peak_allocated_bytes) /
                                                static_cast<double>(s.liveness_lower_bound_bytes));
   }
+  if (options.memory_plan == MemoryPlanMode::kStatic) {
+    fmt::print("\nplan:   static, {}", exe.arena().Describe());
+  }
   fmt::print("\ngc:     {} frees per run, {} on executing threads per run", s.frees_per_run,
              Duration(s.gc_thread_ns_per_run));
   if (exe.gc_mode() == GcMode::kAsync) {
@@ -226,6 +233,11 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
   sub.add_option("--order", args->order,
                  "Trace order: program, greedy (memory-aware) or best of both")
       ->check(OneOf(kOrderPolicyNames))
+      ->capture_default_str();
+  sub.add_option("--memory-plan", args->memory_plan,
+                 "Intermediates: dynamic (allocated and freed one by one) or static (one arena "
+                 "per run at planned offsets; trace mode)")
+      ->check(OneOf(kMemoryPlanModeNames))
       ->capture_default_str();
   sub.add_option("--allocator", args->allocator,
                  "Allocator for the program's buffers: caching or system")

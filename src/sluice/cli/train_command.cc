@@ -36,6 +36,7 @@ struct TrainArgs {
   std::string optimizer = "adamw";
   std::string schedule = "cosine";
   std::string gc = "auto";
+  std::string memory_plan = "dynamic";
   std::string attention = "fused";
   std::string mode = "trace";
   std::string recompute = "cheap";  // a policy, or a comma list of one per stage
@@ -382,6 +383,11 @@ void Configure(TrainArgs& a) {
     throw InvalidArgument(
         fmt::format("--gc must be one of {}, not '{}'", EnumNames(kGcModeNames, ", "), a.gc));
   c.gc = *gc;
+  auto memory_plan = ParseMemoryPlanMode(a.memory_plan);
+  if (!memory_plan)
+    throw InvalidArgument(fmt::format("--memory-plan must be one of {}, not '{}'",
+                                      EnumNames(kMemoryPlanModeNames, ", "), a.memory_plan));
+  c.memory_plan = *memory_plan;
   auto mode = ParseRunMode(a.mode);
   if (!mode)
     throw InvalidArgument(fmt::format("--mode must be trace or parallel, not '{}'", a.mode));
@@ -526,6 +532,10 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
          "when dead buffers are freed: auto (sync on the caching allocator), none, sync or async")
       ->capture_default_str();
   sub.add_option("--mode", a->mode, "trace or parallel")->capture_default_str();
+  sub.add_option("--memory-plan", a->memory_plan,
+                 "intermediates: dynamic (allocated and freed one by one) or static (one arena "
+                 "per run at planned offsets; --mode trace)")
+      ->capture_default_str();
   auto* recompute =
       sub.add_option(
              "--recompute", a->recompute,

@@ -55,6 +55,16 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Allocator& allocator) {
   return Tensor(Storage::Create(allocator, bytes), 0, shape, shape.ContiguousStrides(), dtype);
 }
 
+Tensor Tensor::OnStorage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * SizeOf(dtype);
+  if (storage == nullptr || storage->nbytes() < bytes) {
+    throw ShapeError(fmt::format("a tensor of {}{} ({} bytes) does not fit a storage of {} bytes",
+                                 Name(dtype), shape.ToString(), bytes,
+                                 storage == nullptr ? 0 : storage->nbytes()));
+  }
+  return Tensor(std::move(storage), 0, shape, shape.ContiguousStrides(), dtype);
+}
+
 Tensor Tensor::Zeros(const Shape& shape, DType dtype, Allocator& allocator) {
   Tensor t = Empty(shape, dtype, allocator);
   if (t.nbytes() > 0) std::memset(t.raw_data(), 0, t.nbytes());

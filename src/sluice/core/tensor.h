@@ -40,6 +40,9 @@ class Tensor {
   // Every element set to `value` (converted to dtype).
   static Tensor Full(const Shape& shape, double value, DType dtype,
                      Allocator& allocator = DefaultAllocator());
+  // A contiguous tensor of `shape` on `storage` from its first byte, sharing it (no allocation
+  // beyond what the handle costs). Throws ShapeError when the storage is too small.
+  static Tensor OnStorage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
   // A contiguous tensor holding `values` (row-major); values.size() must equal shape.numel().
   template <typename T>
   static Tensor FromVector(const Shape& shape, const std::vector<T>& values,

@@ -101,6 +101,15 @@ struct Executable::Impl {
   std::vector<bool> donated;         // value -> taken out of the scope when bound
 
   std::vector<Tensor> slots;  // value -> tensor during a run
+
+  // Static memory plan (empty in dynamic mode). A planned group's storage is borrowed: created
+  // once, pointed at its offset of the arena while a run holds the arena.
+  ArenaPlan arena;
+  std::vector<int32_t> planned_groups;
+  std::vector<std::shared_ptr<Storage>> group_storage;  // group -> borrowed storage, or null
+  // Flat result index -> its planned storage (null: allocated); empty in dynamic mode.
+  std::vector<const std::shared_ptr<Storage>*> result_storage;
+  void* arena_data = nullptr;  // held from AcquireArena to ReleaseArena
   std::vector<Worker> workers;
 
   // GC: one preallocated batch per instruction, sized for everything it can release.
@@ -124,6 +133,9 @@ struct Executable::Impl {
   RunStats Run(Scope& scope, RunTrace* trace);
   void Bind(Scope& scope);
   void Execute(int32_t i, Worker& w);
+  void AcquireArena();
+  void ReleaseArena();
+  bool Planned(int32_t g) const { return !arena.offset.empty() && arena.offset[g] >= 0; }
   void ReleaseGroup(int32_t g);
   void DetachGroup(int32_t g, GarbageBatch& batch);
   void ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted, Worker& w);
@@ -145,10 +157,19 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
     throw InvalidArgument(fmt::format("executable '{}': threads must be ≥ 0, got {}",
                                       program.name(), options.threads));
   }
+  if (options.memory_plan == MemoryPlanMode::kStatic && options.mode != RunMode::kTrace) {
+    throw InvalidArgument(fmt::format(
+        "executable '{}': memory plan static needs run mode trace (the plan follows the trace "
+        "order), not {}",
+        program.name(), Name(options.mode)));
+  }
   Prepare();
   if (options.verbose || VerboseFromEnv()) {
-    fmt::print(stderr, "{}  run mode {}, gc {}, {} executor thread(s)\n", plan.Describe(program),
-               Name(options.mode), DescribeGcMode(options.gc, gc_mode), workers.size());
+    fmt::print(stderr, "{}  run mode {}, gc {}, memory plan {}{}, {} executor thread(s)\n",
+               plan.Describe(program), Name(options.mode), DescribeGcMode(options.gc, gc_mode),
+               Name(options.memory_plan),
+               options.memory_plan == MemoryPlanMode::kStatic ? ": " + arena.Describe() : "",
+               workers.size());
   }
 }
 
@@ -201,6 +222,23 @@ void Executable::Impl::Prepare() {
   for (const std::string& name : options.donate) {
     donated[program.Get(name)] = true;
     held_at_end.push_back(program.Get(name));  // freed by the free lists, unless nothing runs
+  }
+
+  if (options.memory_plan == MemoryPlanMode::kStatic) {
+    arena = PlanArena(program, plan);
+    group_storage.resize(plan.groups.size());
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      if (!arena.planned(static_cast<int32_t>(g))) continue;
+      planned_groups.push_back(static_cast<int32_t>(g));
+      group_storage[g] = Storage::Borrowed(*allocator, static_cast<size_t>(plan.groups[g].bytes));
+    }
+    result_storage.assign(result_values.size(), nullptr);
+    for (size_t r = 0; r < result_values.size(); ++r) {
+      const int32_t g = plan.group_of[result_values[r]];
+      if (Planned(g) && plan.groups[g].root == result_values[r]) {
+        result_storage[r] = &group_storage[g];
+      }
+    }
   }
 
   const bool parallel = options.mode == RunMode::kParallel;
@@ -280,7 +318,10 @@ void Executable::Impl::Execute(int32_t i, Worker& w) {
   if (st.op->kind == OpKind::kCompute) {
     for (int32_t k = 0; k < st.out_count; ++k) {
       const TensorType& t = *result_types[st.out_begin + k];
-      outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
+      const std::shared_ptr<Storage>* planned =
+          result_storage.empty() ? nullptr : result_storage[st.out_begin + k];
+      outs[k] = planned != nullptr ? Tensor::OnStorage(*planned, t.shape, t.dtype)
+                                   : Tensor::Empty(t.shape, t.dtype, *allocator);
     }
     if (w.trace != nullptr) {
       w.trace->memory.push_back({NowNs() - w.origin_ns, allocator->Stats().allocated_bytes});
@@ -329,7 +370,7 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
   const bool timed = options.measure_gc_time;
   const int64_t begin_ticks = timed ? CycleClock::Now() : 0;
   const int64_t begin_ns = w.trace != nullptr ? NowNs() : 0;
-  int32_t freed = 0, storages = 0;
+  int32_t freed = 0, storages = 0, planned = 0;
   int64_t bytes = 0;
   GarbageBatch* batch = gc_mode == GcMode::kAsync ? &batches[i] : nullptr;
   for (int32_t g : groups) {
@@ -338,6 +379,11 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
       continue;
     }
     ++freed;
+    if (Planned(g)) {  // its arena bytes stay held: only the handles go
+      ReleaseGroup(g);
+      ++planned;
+      continue;
+    }
     bytes += plan.groups[g].bytes;
     if (batch != nullptr) {
       DetachGroup(g, *batch);
@@ -358,8 +404,8 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
   w.frees += freed;
   if (w.trace != nullptr && freed > 0) {
     const int64_t end_ns = NowNs();
-    w.trace->gc.push_back({i, batch != nullptr ? storages : freed, bytes, begin_ns - w.origin_ns,
-                           end_ns - w.origin_ns});
+    w.trace->gc.push_back({i, batch != nullptr ? storages + planned : freed, bytes,
+                           begin_ns - w.origin_ns, end_ns - w.origin_ns});
     w.trace->memory.push_back({end_ns - w.origin_ns, allocator->Stats().allocated_bytes});
   }
 }
@@ -439,6 +485,28 @@ void Executable::Impl::ParallelMember(int member) {
   }
 }
 
+// Allocates the arena and points the planned storages at it (static memory plan).
+void Executable::Impl::AcquireArena() {
+  if (arena.arena_bytes == 0) return;
+  arena_data = allocator->Allocate(static_cast<size_t>(arena.arena_bytes));
+  char* base = static_cast<char*>(arena_data);
+  for (int32_t g : planned_groups) group_storage[g]->Rebind(base + arena.offset[g]);
+}
+
+// Unbinds the planned storages and frees the arena. Every handle a run made of them must be gone:
+// one that escaped would read the next run's (or freed) memory, so the arena is leaked instead.
+void Executable::Impl::ReleaseArena() {
+  if (arena_data == nullptr) return;
+  for (int32_t g : planned_groups) {
+    SLUICE_CHECK(group_storage[g].use_count() == 1,
+                 "executable '{}': planned value %{} is still referenced after the run",
+                 program.name(), program.value(plan.groups[g].root).name);
+    group_storage[g]->Rebind(nullptr);
+  }
+  allocator->Deallocate(arena_data, static_cast<size_t>(arena.arena_bytes));
+  arena_data = nullptr;
+}
+
 // Releases every unpinned group still held (all of them in a GC-none run); returns how many.
 int64_t Executable::Impl::ReleaseUnpinned() {
   int64_t freed = 0;
@@ -506,6 +574,8 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     Bind(scope);
     stats.baseline_allocated_bytes = allocator->Stats().allocated_bytes;
     if (options.reset_peak) allocator->ResetPeak();
+    AcquireArena();
+    stats.arena_bytes = arena.arena_bytes;
     if (options.mode == RunMode::kTrace) {
       RunTraceMode();
     } else {
@@ -514,6 +584,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     for (ValueId v : results) scope.Set(program.value(v).name, slots[v]);
   } catch (...) {
     DropSlots(/*all=*/true);
+    ReleaseArena();
     if (gc) {
       try {
         gc->Drain();
@@ -530,6 +601,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     workers[0].gc_ticks += CycleClock::Now() - begin;
   }
   DropSlots(/*all=*/false);
+  ReleaseArena();
   if (gc) {
     const int64_t begin = NowNs();
     try {
@@ -562,6 +634,7 @@ Executable::~Executable() = default;
 RunStats Executable::Run(Scope& scope, RunTrace* trace) { return impl_->Run(scope, trace); }
 const Program& Executable::program() const { return impl_->program; }
 const ExecutionPlan& Executable::plan() const { return impl_->plan; }
+const ArenaPlan& Executable::arena() const { return impl_->arena; }
 const ExecutableOptions& Executable::options() const { return impl_->options; }
 GcMode Executable::gc_mode() const { return impl_->gc_mode; }
 int Executable::num_executors() const { return static_cast<int>(impl_->workers.size()); }

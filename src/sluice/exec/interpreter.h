@@ -11,12 +11,15 @@
 //      a thread pool driven by dependency counts (RunMode::kParallel; the caller is member 0) —
 //      allocating kCompute outputs from the executable's allocator and freeing storage groups at
 //      their last use according to the GC mode (exec/garbage_collector.h; kAuto is resolved once,
-//      at construction);
+//      at construction). With the static memory plan (exec/memory_plan.h) the planned
+//      intermediates instead sit at fixed offsets of one arena, allocated once the inputs are
+//      bound and freed when the run ends: no allocator call for them, and "freeing" one drops
+//      its handles;
 //   3. leaves the outputs and the `keep` values in the scope, waits for the async GC to drain, and
 //      drops every other reference, so that when Run returns the allocator holds exactly the
 //      outputs and kept values the run produced.
-// Results are bitwise identical in every run mode × GC mode (kernels are deterministic and each
-// instruction sees the same inputs); the tests pin this.
+// Results are bitwise identical in every run mode × GC mode × memory plan (kernels are
+// deterministic and each instruction sees the same inputs); the tests pin this.
 //
 // Ownership: the executable owns a copy of the program, its slots, its GC worker and thread pool.
 // The allocator (options.allocator, DefaultAllocator() when null) must outlive the executable and
@@ -24,9 +27,10 @@
 // Thread-safety: one Run at a time per executable (a concurrent Run throws InvalidArgument);
 // distinct executables may run concurrently. The scope is used by the calling thread only.
 // Failure modes: construction throws ProgramError for an invalid program, `keep` or `donate` name,
-// and InvalidArgument for bad options; Run throws ProgramError for missing or mistyped bindings and
-// rethrows kernel errors (e.g. OutOfMemory) and async GC worker errors. After a failed run the
-// executable has released everything it held and can run again.
+// and InvalidArgument for bad options (a static memory plan with RunMode::kParallel); Run throws
+// ProgramError for missing or mistyped bindings and rethrows kernel errors (e.g. OutOfMemory) and
+// async GC worker errors. After a failed run the executable has released everything it held and can
+// run again.
 //
 // Example:
 //   SystemAllocator alloc;
@@ -47,6 +51,7 @@
 #include "sluice/core/enum_names.h"
 #include "sluice/exec/analysis.h"
 #include "sluice/exec/garbage_collector.h"
+#include "sluice/exec/memory_plan.h"
 #include "sluice/exec/run_stats.h"
 #include "sluice/exec/run_trace.h"
 #include "sluice/exec/scope.h"
@@ -78,6 +83,10 @@ struct ExecutableOptions {
   // Inputs taken out of the scope and freed at their last use (exec/analysis.h). Lost if the run
   // fails. A backward program donates the forward's saved activations.
   std::vector<std::string> donate;
+  // kStatic: the intermediates that die inside a run live in one arena per run, at offsets planned
+  // at construction (exec/memory_plan.h). Trace runs only. Not the default: it holds the arena
+  // for the whole run (figures: docs/executor.md, "Static memory plan").
+  MemoryPlanMode memory_plan = MemoryPlanMode::kDynamic;
   AsyncGcOptions async;  // queue size and pending-bytes budget of the async GC
   bool verbose = false;  // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
   // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads per
@@ -102,6 +111,8 @@ class Executable {
 
   const Program& program() const;
   const ExecutionPlan& plan() const;
+  // The placement of the intermediates: empty (no group planned) unless memory_plan is kStatic.
+  const ArenaPlan& arena() const;
   const ExecutableOptions& options() const;
   // The GC mode runs use: options().gc, with kAuto resolved against the allocator (ResolveGcMode).
   GcMode gc_mode() const;

@@ -22,9 +22,11 @@ struct RunStats {
   int64_t peak_allocated_bytes = 0;        // allocator's peak (requested bytes), baseline included
   int64_t peak_reserved_bytes = 0;         // allocator's peak of bytes held from the OS
   int64_t liveness_lower_bound_bytes = 0;  // the plan's bound for its trace order
-  int64_t gc_thread_ns = 0;    // executing threads' time on GC work: releasing free lists (sync),
-                               // detaching and handing over (async), the end-of-run release (none)
-  int64_t frees = 0;           // storages released by the run (the same in every GC mode)
+  int64_t arena_bytes = 0;   // static memory plan: the run's one allocation for its intermediates
+  int64_t gc_thread_ns = 0;  // executing threads' time on GC work: releasing free lists (sync),
+                             // detaching and handing over (async), the end-of-run release (none)
+  int64_t frees = 0;  // storages released by the run (the same in every GC mode and memory plan:
+                      // a planned value counts when its handles are dropped)
   int64_t sync_fallbacks = 0;  // async: batches freed on an executing thread (queue or budget full)
   int64_t drain_wait_ns = 0;   // async: time the caller waited at the end-of-run drain barrier
   int64_t async_pending_peak_bytes = 0;  // async: most bytes handed over and not yet destroyed

@@ -27,8 +27,8 @@ struct InstructionSpan {
 // Freeing work: on an executing thread (sync; async hand-over) or on the GC worker.
 struct GcSpan {
   int32_t instruction = -1;  // whose free list
-  int32_t storages = 0;
-  int64_t bytes = 0;
+  int32_t storages = 0;      // released (executor: a static plan's arena values count, bytes not)
+  int64_t bytes = 0;         // returned to the allocator (or handed to the worker)
   int64_t begin_ns = 0;
   int64_t end_ns = 0;
 };

@@ -167,6 +167,10 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
   };
   for (ValueId v : program.inputs()) bind(v);
   for (ValueId v : program.params()) bind(v);
+  // A static memory plan: one arena for the planned groups, held from here to the end of the run.
+  const ArenaPlan& arena = exe.arena();
+  const MemoryLedger::Id arena_storage =
+      arena.arena_bytes > 0 ? ledger.Allocate(arena.arena_bytes, kRun) : MemoryLedger::kExternal;
 
   for (size_t s = 0; s < plan.num_steps(); ++s) {
     const int32_t i = plan.order[s];
@@ -174,6 +178,7 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
     for (ValueId v : program.instructions()[static_cast<size_t>(i)].outputs) {
       const size_t g = static_cast<size_t>(plan.group_of[static_cast<size_t>(v)]);
       if (plan.groups[g].root != v) continue;  // a view: a member of its input's group
+      if (!arena.offset.empty() && arena.planned(static_cast<int32_t>(g))) continue;  // in it
       storage[g] = ledger.Allocate(plan.groups[g].bytes, kRun);
       held[g] = 1;
     }
@@ -190,6 +195,7 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
   for (size_t g = 0; g < held.size(); ++g) {
     if (held[g]) ledger.Release(storage[g], kRun);
   }
+  if (arena.arena_bytes > 0) ledger.Release(arena_storage, kRun);
 }
 
 // ---- SymbolicGradients ----

@@ -11,7 +11,9 @@
 //   SymbolicScope   a Scope (exec/scope.h) of storage ids: names bound to storages.
 //   ReplayRun       one Executable::Run: binds, takes donated inputs, allocates each instruction's
 //                   outputs at its step, frees each step's free list, leaves outputs and kept
-//                   values in the scope — exactly the interpreter's trace-mode, sync-GC run.
+//                   values in the scope — exactly the interpreter's trace-mode, sync-GC run;
+//                   under a static memory plan, one arena for the run in place of the planned
+//                   values (exec/memory_plan.h).
 //   StageReplay     one StageProgram (step/stage_program.h): parameters and optimizer state, and
 //                   Forward / Backward / Weight / Update as StageProgram runs them.
 //

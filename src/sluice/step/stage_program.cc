@@ -41,6 +41,7 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
                                .mode = config.mode,
                                .gc = config.gc,
                                .threads = options_.threads,
+                               .memory_plan = config.memory_plan,
                                .reset_peak = false};
   chunks_.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {

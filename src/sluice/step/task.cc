@@ -158,6 +158,12 @@ void ValidateTrainConfig(const TrainConfig& c) {
   }
   if (c.threads < 0)
     bad(fmt::format("--threads must be 0 (every core) or more, got {}", c.threads));
+  if (c.memory_plan == MemoryPlanMode::kStatic && c.mode != RunMode::kTrace) {
+    bad(
+        fmt::format("--memory-plan static needs --mode trace (the plan follows the trace order), "
+                    "not {}",
+                    Name(c.mode)));
+  }
   if (c.model != "gpt" && c.model != "mlp")
     bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
   ValidateTrainRanges(c);

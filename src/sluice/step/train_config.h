@@ -51,6 +51,9 @@ struct TrainConfig {
   uint64_t seed = 1;
   GcMode gc =
       GcMode::kAuto;  // sync on the caching allocators training uses (exec/garbage_collector.h)
+  // `--memory-plan`: dynamic (the default) or static — every run's intermediates in one arena
+  // (exec/memory_plan.h; trace mode only). Bitwise the same results.
+  MemoryPlanMode memory_plan = MemoryPlanMode::kDynamic;
   // What the backward recomputes instead of keeping from the forward (RecomputePolicy): one policy
   // for every pipeline stage, or one per stage (`--recompute full,cheap,cheap,none`).
   std::vector<RecomputePolicy> recompute = {RecomputePolicy::kCheap};

@@ -75,8 +75,11 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
   engine = (factory ? factory : EngineFactory(MakeSingleStageEngine))(
       EngineContext{.config = config, .task = *task, .model = model, .threads = threads});
 
-  ExecutableOptions base{
-      .allocator = &eval_allocator, .mode = config.mode, .gc = config.gc, .threads = threads};
+  ExecutableOptions base{.allocator = &eval_allocator,
+                         .mode = config.mode,
+                         .gc = config.gc,
+                         .threads = threads,
+                         .memory_plan = config.memory_plan};
   eval = std::make_unique<Executable>(model.forward, base);
   logits = std::make_unique<Executable>(task->BuildLogits(eval_batch).forward, base);
   for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
@@ -267,6 +270,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"params", s.params},
                             {"skipped", s.skipped},
                             {"gc", DescribeGcMode(c.gc, m.engine->gc_mode())},
+                            {"memory_plan", Name(c.memory_plan)},
                             {"config", m.task->Describe()},
                             {"kernels", KernelsDescription()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;

@@ -8,11 +8,8 @@
 
 #include "sluice/cli/commands.h"
 #include "sluice/core/error.h"
-#include "sluice/kernels/blas.h"
 
 int main(int argc, char** argv) {
-  // While the process has one thread: the check may set an environment variable for OpenBLAS.
-  sluice::kernels::EnsureBlasKernels();
   CLI::App app{"sluice: train neural networks with as little memory as the work allows"};
   app.set_version_flag("--version", "sluice 0.1.0");
   app.require_subcommand(1);

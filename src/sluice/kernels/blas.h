@@ -9,8 +9,12 @@
 // through OPENBLAS_CORETYPE is never changed, and a BLAS without OpenBLAS's dynamic dispatch is
 // left alone.
 //
-// Thread-safety: EnsureBlasKernels is idempotent and safe from any thread; every GEMM and the
-// thread setting call it, so the switch happens before OpenBLAS runs anything.
+// Thread-safety: EnsureBlasKernels is idempotent and safe from any thread; every BLAS call sluice
+// makes (GEMM, axpy, scal, the thread setting) goes through it, so the switch happens before
+// OpenBLAS runs any work, and no other sluice thread reaches OpenBLAS until it is done. OpenBLAS's
+// own worker threads, started when the library loads, read the kernel table only when a call hands
+// them work — except once at their own start, so the switch is made at the first BLAS call, not at
+// the start of main() (ThreadSanitizer caught a worker still starting there).
 //
 // Example:
 //   kernels::BlasKernels k = kernels::EnsureBlasKernels();

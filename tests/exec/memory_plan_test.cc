@@ -35,7 +35,7 @@ struct Pair {
 };
 
 Pair TransformerPair() {
-  Pair p{testing::TinyTransformerProgram(4, 16, 32, 19), {}, {}, {}};
+  Pair p{testing::TinyTransformerProgram(4, 16, 32, 19), Program(), {}, {}};
   Backward bwd = BuildBackward(p.forward, {.loss = "loss", .wrt = ParamNames(p.forward)});
   p.backward = bwd.program;
   p.saved = bwd.saved;

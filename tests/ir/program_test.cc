@@ -165,7 +165,9 @@ TEST(Program, ManyRenamesKeepEveryNameFindable) {
     for (ValueId id = 0; id < kValues; ++id) {
       ASSERT_EQ(p.Find(fmt::format("r{}.{}", round, id)), id) << "round " << round;
       ASSERT_FALSE(p.Find(fmt::format("v{}", id)).has_value());
-      if (round > 0) ASSERT_FALSE(p.Find(fmt::format("r{}.{}", round - 1, id)).has_value());
+      if (round > 0) {
+        ASSERT_FALSE(p.Find(fmt::format("r{}.{}", round - 1, id)).has_value());
+      }
     }
   }
   EXPECT_EQ(p.values().size(), static_cast<size_t>(kValues));

@@ -45,10 +45,10 @@ struct Fixture {
   Fixture() {
     std::mt19937_64 rng(5);
     for (ValueId v : forward.inputs())
-      values.Set(forward.value(v).name, Random(forward.value(v).type.shape, rng));
+      values.Set(forward.value(v).name, Random(forward.type(v).shape, rng));
     for (ValueId v : forward.params())
-      values.Set(forward.value(v).name, Random(forward.value(v).type.shape, rng));
-    dy = Random(forward.value(forward.Get("y")).type.shape, rng);
+      values.Set(forward.value(v).name, Random(forward.type(v).shape, rng));
+    dy = Random(forward.type(forward.Get("y")).shape, rng);
   }
   Scope Clone() const {
     Scope s;
@@ -225,8 +225,8 @@ TEST(Autodiff, RecomputesCheapValuesInsteadOfSavingThem) {
 
   std::mt19937_64 rng(1);
   Scope base;
-  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.value(v).type.shape, rng));
-  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.value(v).type.shape, rng));
+  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
+  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
   Tensor dy = Random({4, 3}, rng);
   std::vector<Scope> results(2);
   const Backward* bwds[] = {&saving, &recomputing};

@@ -37,7 +37,7 @@ TEST(Program, DeclarationsAreFoundByName) {
   EXPECT_EQ(p.Get("x"), x);
   EXPECT_EQ(p.Find("w"), w);
   EXPECT_EQ(p.Find("nope"), std::nullopt);
-  EXPECT_EQ(p.value(y).type, (TensorType{DType::kF32, Shape{2, 4}}));
+  EXPECT_EQ(p.type(y), (TensorType{DType::kF32, Shape{2, 4}}));
   EXPECT_EQ(p.value(y).kind, ValueKind::kIntermediate);
   EXPECT_EQ(p.value(y).producer, 0);
   EXPECT_EQ(p.value(x).kind, ValueKind::kInput);

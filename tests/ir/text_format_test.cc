@@ -299,8 +299,8 @@ TEST(TextFormat, ReadsScalarsZeroSizesAndQuotedReferences) {
       "  %t: f64[] = copy(%\"s\")\n"
       "  output %e\n"
       "}\n");
-  EXPECT_EQ(p.value(p.Get("t")).type, (TensorType{DType::kF64, Shape{}}));
-  EXPECT_EQ(p.value(p.Get("e")).type.shape.numel(), 0);
+  EXPECT_EQ(p.type(p.Get("t")), (TensorType{DType::kF64, Shape{}}));
+  EXPECT_EQ(p.type(p.Get("e")).shape.numel(), 0);
 }
 
 TEST(TextFormat, ReadsInfAndNanLiterals) {

@@ -76,7 +76,7 @@ TEST(Verifier, UseBeforeDefinitionNamesTheInstructionAndTheValue) {
 
 TEST(Verifier, DeclaredTypeDifferentFromInferenceNamesBothTypes) {
   Program p = Chain();
-  Edit{p}.values()[p.Get("y")].type = {DType::kF64, Shape{2, 4}};
+  Edit{p}.values()[p.Get("y")].type_id = p.InternType({DType::kF64, Shape{2, 4}});
   EXPECT_THAT(VerifyError(p),
               HasSubstr("instruction 2 (matmul %y): %y is declared f64[2, 4] but the op "
                         "gives f32[2, 4]"));

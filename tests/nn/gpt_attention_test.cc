@@ -56,7 +56,7 @@ TEST(GptFusedAttention, FusedIsTheDefaultAndKeepsNoScores) {
       BuildGpt({.vocab = 11, .seq = 8, .layers = 2, .heads = 2, .dim = 24}, 2, GptOutput::kLoss);
   EXPECT_TRUE(fused.attention_values.empty());
   for (const Value& v : fused.forward.values()) {
-    const Shape& s = v.type.shape;
+    const Shape& s = fused.forward.types()[v.type_id].shape;
     EXPECT_FALSE(s.rank() == 4 && s[2] == 8 && s[3] == 8) << v.name << " is [.., T, T]";
   }
   const Model naive = BuildGpt({.vocab = 11,

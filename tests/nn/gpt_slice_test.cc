@@ -109,12 +109,12 @@ TEST(GptSlice, ProgramInterfaceNamesTheHiddenStateXAndY) {
   ASSERT_EQ(mid.forward.inputs().size(), 1u);
   const Value& x = mid.forward.value(mid.forward.inputs()[0]);
   EXPECT_EQ(x.name, "x");
-  EXPECT_EQ(x.type.dtype, DType::kF32);
-  EXPECT_EQ(x.type.shape, Shape({kB, kT, kCfg.dim}));
+  EXPECT_EQ(mid.forward.type(mid.forward.inputs()[0]).dtype, DType::kF32);
+  EXPECT_EQ(mid.forward.type(mid.forward.inputs()[0]).shape, Shape({kB, kT, kCfg.dim}));
   ASSERT_EQ(mid.forward.outputs().size(), 1u);
   const Value& y = mid.forward.value(mid.forward.outputs()[0]);
   EXPECT_EQ(y.name, "y");
-  EXPECT_EQ(y.type.shape, Shape({kB, kT, kCfg.dim}));
+  EXPECT_EQ(mid.forward.type(mid.forward.outputs()[0]).shape, Shape({kB, kT, kCfg.dim}));
   EXPECT_EQ(mid.loss, "");
   EXPECT_TRUE(mid.forward.Find("h.1.attn_out").has_value());  // the whole model's names inside
 

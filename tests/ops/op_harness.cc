@@ -24,7 +24,7 @@ Program MakeProgram(const OpCase& c, DType float_type) {
     if (IsFloating(t.dtype)) t.dtype = float_type;
     ins.push_back(p.AddInput(fmt::format("x{}", i), t));
   }
-  std::vector<ValueId> outs = p.AddInstruction(c.op, ins, c.attrs);
+  ValueList outs = p.AddInstruction(c.op, ins, c.attrs);
   for (size_t i = 0; i < outs.size(); ++i) {
     p.Rename(outs[i], fmt::format("y{}", i));
     p.AddOutput(outs[i]);
@@ -54,7 +54,7 @@ Scope MakeInputs(const Program& p, const OpCase& c, uint64_t seed) {
     const Value& v = p.value(p.inputs()[i]);
     Fill fill = i < c.fills.size() ? c.fills[i] : Fill{};
     if (fill.kind == Fill::kPositive && fill.low == -1.0) fill = Positive();
-    scope.Set(v.name, MakeInput(v.type, fill, rng));
+    scope.Set(v.name, MakeInput(p.type(p.inputs()[i]), fill, rng));
   }
   return scope;
 }
@@ -101,7 +101,7 @@ void CheckGradients(const OpCase& c) {
   Scope inputs = MakeInputs(p, c, 99);
   std::mt19937_64 rng(7);
   std::vector<Tensor> weights;
-  for (ValueId y : p.outputs()) weights.push_back(MakeInput(p.value(y).type, Fill{}, rng));
+  for (ValueId y : p.outputs()) weights.push_back(MakeInput(p.type(y), Fill{}, rng));
 
   GradientSpec spec;
   for (ValueId y : p.outputs()) spec.seeds.push_back(p.value(y).name);
@@ -109,7 +109,7 @@ void CheckGradients(const OpCase& c) {
   for (size_t i = 0; i < p.inputs().size(); ++i) {
     bool skip = std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(), static_cast<int>(i)) !=
                 c.no_grad_inputs.end();
-    if (!skip && IsFloating(p.value(p.inputs()[i]).type.dtype)) {
+    if (!skip && IsFloating(p.type(p.inputs()[i]).dtype)) {
       spec.wrt.push_back(p.value(p.inputs()[i]).name);
       wrt_inputs.push_back(i);
     }

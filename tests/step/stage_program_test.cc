@@ -29,7 +29,7 @@ TrainConfig SmallGpt() {
 int64_t Bytes(const Program& p, const std::vector<std::string>& names) {
   int64_t bytes = 0;
   for (const std::string& n : names) {
-    const TensorType& t = p.value(p.Get(n)).type;
+    const TensorType& t = p.type(p.Get(n));
     bytes += t.shape.numel() * static_cast<int64_t>(SizeOf(t.dtype));
   }
   return bytes;
@@ -89,7 +89,7 @@ TEST(StageProgram, FusedAttentionKeepsNoScoresUnderAnyPolicy) {
   EXPECT_EQ(selective.saved, cheap.saved);
   const Program& p = cheap.model.forward;
   for (const std::string& name : cheap.saved) {
-    const Shape& s = p.value(p.Get(name)).type.shape;
+    const Shape& s = p.type(p.Get(name)).shape;
     EXPECT_FALSE(s.rank() == 4 && s[2] == s[3]) << name << " " << s.ToString() << " is kept";
   }
 }

@@ -63,12 +63,12 @@ class Context final : public VjpContext {
   int num_outputs() const override { return static_cast<int>(ins_.outputs.size()); }
   Var x(int i) override { return bb_.Import(ins_.inputs.at(i)); }
   Var y(int i) override { return bb_.Import(ins_.outputs.at(i)); }
-  const TensorType& x_type(int i) const override { return fwd_.value(ins_.inputs.at(i)).type; }
-  const TensorType& y_type(int i) const override { return fwd_.value(ins_.outputs.at(i)).type; }
+  const TensorType& x_type(int i) const override { return fwd_.type(ins_.inputs.at(i)); }
+  const TensorType& y_type(int i) const override { return fwd_.type(ins_.outputs.at(i)); }
   Var dy(int i) override { return bb_.GradOf(ins_.outputs.at(i)); }
   bool needs(int i) const override {
     ValueId v = ins_.inputs.at(i);
-    return bb_.DependsOnWrt(v) && IsFloating(fwd_.value(v).type.dtype);
+    return bb_.DependsOnWrt(v) && IsFloating(fwd_.type(v).dtype);
   }
 
  private:
@@ -81,8 +81,8 @@ Var BackwardBuilder::Import(ValueId v) {
   if (!imported_[v].valid()) {
     const Value& value = fwd_.value(v);
     imported_[v] = value.kind == ValueKind::kParam
-                       ? b_.Param(value.name, value.type.dtype, value.type.shape)
-                       : b_.Input(value.name, value.type.dtype, value.type.shape);
+                       ? b_.Param(value.name, fwd_.type(v).dtype, fwd_.type(v).shape)
+                       : b_.Input(value.name, fwd_.type(v).dtype, fwd_.type(v).shape);
   }
   return imported_[v];
 }
@@ -114,10 +114,10 @@ Backward BackwardBuilder::Build() {
   // Which forward values depend on something we differentiate with respect to.
   for (const std::string& name : spec_.wrt) {
     ValueId v = fwd_.Get(name);
-    if (!IsFloating(fwd_.value(v).type.dtype)) {
+    if (!IsFloating(fwd_.type(v).dtype)) {
       throw ProgramError(
           fmt::format("autodiff: cannot differentiate with respect to %{} of dtype {}", name,
-                      Name(fwd_.value(v).type.dtype)));
+                      Name(fwd_.type(v).dtype)));
     }
     depends_on_wrt_[v] = true;
   }
@@ -130,7 +130,7 @@ Backward BackwardBuilder::Build() {
   // Seeds: the loss gets 1 inside the program; other seeds come in as "<v>.grad" inputs.
   if (!spec_.loss.empty()) {
     ValueId loss = fwd_.Get(spec_.loss);
-    const TensorType& t = fwd_.value(loss).type;
+    const TensorType& t = fwd_.type(loss);
     if (t.shape.numel() != 1) {
       throw ProgramError(fmt::format("autodiff: the loss %{} must be a scalar, it is {}",
                                      spec_.loss, t.ToString()));
@@ -142,7 +142,7 @@ Backward BackwardBuilder::Build() {
   }
   for (const std::string& name : spec_.seeds) {
     ValueId v = fwd_.Get(name);
-    const TensorType& t = fwd_.value(v).type;
+    const TensorType& t = fwd_.type(v);
     Var seed = b_.Input(GradName(name), t.dtype, t.shape);
     grad_named_.insert(seed.id());
     contributions_[v].push_back(seed);
@@ -180,7 +180,7 @@ Backward BackwardBuilder::Build() {
   Backward out;
   for (const std::string& name : spec_.wrt) {
     ValueId v = fwd_.Get(name);
-    const TensorType& t = fwd_.value(v).type;
+    const TensorType& t = fwd_.type(v);
     Var g = GradOf(v);
     if (!g.valid()) g = Full(b_, t.shape, 0.0, t.dtype);
     if (g.name() != GradName(name)) {
@@ -251,10 +251,10 @@ Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_
   Program dst(name);
   for (const Value& v : src.values()) dst.ReserveName(v.name);
   for (ValueId v : src.inputs()) {
-    if (keep_value(v)) dst.AddInput(src.value(v).name, src.value(v).type);
+    if (keep_value(v)) dst.AddInput(src.value(v).name, src.type(v));
   }
   for (ValueId v : src.params()) {
-    if (keep_value(v)) dst.AddParam(src.value(v).name, src.value(v).type);
+    if (keep_value(v)) dst.AddParam(src.value(v).name, src.type(v));
   }
   const auto& instrs = src.instructions();
   for (size_t i = 0; i < instrs.size(); ++i) {
@@ -292,9 +292,9 @@ Program WithRecomputation(const Program& fwd, const Program& bwd,
   for (const Value& v : bwd.values()) dst.ReserveName(v.name);
   for (const Value& v : fwd.values()) dst.ReserveName(v.name);
   for (ValueId v : bwd.inputs()) {
-    if (!dropped.count(bwd.value(v).name)) dst.AddInput(bwd.value(v).name, bwd.value(v).type);
+    if (!dropped.count(bwd.value(v).name)) dst.AddInput(bwd.value(v).name, bwd.type(v));
   }
-  for (ValueId v : bwd.params()) dst.AddParam(bwd.value(v).name, bwd.value(v).type);
+  for (ValueId v : bwd.params()) dst.AddParam(bwd.value(v).name, bwd.type(v));
   // Makes the forward value `name` available in dst. Iterative (a deep model recomputes long
   // chains): a stack of values whose producers wait for their inputs.
   auto ensure = [&](const std::string& name) {
@@ -307,12 +307,12 @@ Program WithRecomputation(const Program& fwd, const Program& bwd,
         continue;
       }
       if (value.kind == ValueKind::kParam) {
-        dst.AddParam(value.name, value.type);
+        dst.AddParam(value.name, fwd.type(stack.back()));
         stack.pop_back();
         continue;
       }
       if (value.kind == ValueKind::kInput) {
-        dst.AddInput(value.name, value.type);
+        dst.AddInput(value.name, fwd.type(stack.back()));
         stack.pop_back();
         continue;
       }
@@ -439,13 +439,13 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
   Program w(p.name() + ".w");
   for (ValueId v : p.inputs()) {
     if (w_value[v]) {
-      w.AddInput(p.value(v).name, p.value(v).type);
+      w.AddInput(p.value(v).name, p.type(v));
       out.w_saved.push_back(p.value(v).name);
     }
   }
-  for (ValueId v : crossing) w.AddInput(p.value(v).name, p.value(v).type);
+  for (ValueId v : crossing) w.AddInput(p.value(v).name, p.type(v));
   for (ValueId v : p.params()) {
-    if (w_value[v]) w.AddParam(p.value(v).name, p.value(v).type);
+    if (w_value[v]) w.AddParam(p.value(v).name, p.type(v));
   }
   for (size_t i = 0; i < instrs.size(); ++i) {
     if (in_w[i]) CopyInstruction(p, instrs[i], w);

@@ -98,8 +98,7 @@ nlohmann::json OutputsJson(const Program& program, const Scope& scope) {
     if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16) {
       for (int64_t i = 0; i < std::min<int64_t>(t.numel(), 8); ++i) first.push_back(t.FlatAt(i));
     }
-    outputs[name] = {
-        {"type", program.value(v).type.ToString()}, {"fnv1a", Digest(t)}, {"first", first}};
+    outputs[name] = {{"type", program.type(v).ToString()}, {"fnv1a", Digest(t)}, {"first", first}};
   }
   return outputs;
 }

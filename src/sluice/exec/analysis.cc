@@ -298,7 +298,7 @@ std::vector<int32_t> GreedyOrder(const Program& program, const Facts& f) {
   return order;
 }
 
-std::string ValueList(const Program& program, std::span<const ValueId> values) {
+std::string ValueNames(const Program& program, std::span<const ValueId> values) {
   std::string s;
   for (ValueId v : values) {
     if (!s.empty()) s += ", ";
@@ -410,10 +410,10 @@ ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options) {
 std::string DescribeInstruction(const Program& program, int32_t instruction) {
   const Instruction& instr = program.instructions()[static_cast<size_t>(instruction)];
   if (instr.outputs.empty()) {
-    return fmt::format("{}({})", instr.op->name, ValueList(program, instr.inputs));
+    return fmt::format("{}({})", instr.op->name, ValueNames(program, instr.inputs));
   }
-  return fmt::format("{} = {}({})", ValueList(program, instr.outputs), instr.op->name,
-                     ValueList(program, instr.inputs));
+  return fmt::format("{} = {}({})", ValueNames(program, instr.outputs), instr.op->name,
+                     ValueNames(program, instr.inputs));
 }
 
 std::string ExecutionPlan::Describe(const Program& program) const {
@@ -430,7 +430,8 @@ std::string ExecutionPlan::Describe(const Program& program) const {
     std::string freed;
     for (int32_t g : FreeList(static_cast<int32_t>(s))) {
       if (!freed.empty()) freed += ", ";
-      freed += fmt::format("{} ({})", ValueList(program, members[g]), FormatBytes(groups[g].bytes));
+      freed +=
+          fmt::format("{} ({})", ValueNames(program, members[g]), FormatBytes(groups[g].bytes));
     }
     out += fmt::format("  {:>4}  #{:<5} {:>10}  {}{}{}\n", s, order[s], FormatBytes(live_bytes[s]),
                        text, freed.empty() ? "" : "  →  ", freed);

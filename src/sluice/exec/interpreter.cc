@@ -190,9 +190,9 @@ void Executable::Impl::Prepare() {
     st.out_count = static_cast<int32_t>(instr.outputs.size());
     for (ValueId v : instr.outputs) {
       result_values.push_back(v);
-      result_types.push_back(&program.value(v).type);
+      result_types.push_back(&program.type(v));
     }
-    std::vector<ValueId> sorted_inputs = instr.inputs;
+    ValueList sorted_inputs = instr.inputs;
     std::sort(sorted_inputs.begin(), sorted_inputs.end());
     st.distinct_inputs =
         std::adjacent_find(sorted_inputs.begin(), sorted_inputs.end()) == sorted_inputs.end();
@@ -290,7 +290,7 @@ void Executable::Impl::Bind(Scope& scope) {
       throw ProgramError(fmt::format("program '{}': {} %{} ({}) is not bound in the scope",
                                      program.name(),
                                      value.kind == ValueKind::kParam ? "parameter" : "input",
-                                     value.name, value.type.ToString()));
+                                     value.name, program.type(v).ToString()));
     }
     CheckBinding(program, v, *t);
   }

@@ -22,7 +22,7 @@ int64_t IntegerInputBound(const Program& program, ValueId v) {
       aliases.insert(aliases.end(), instr.outputs.begin(), instr.outputs.end());
     }
     for (ValueId in : instr.inputs) {
-      const TensorType& t = program.value(in).type;
+      const TensorType& t = program.type(in);
       if (!IsFloating(t.dtype)) continue;
       for (int64_t d : t.shape.dims()) bound = std::min(bound, d);
     }
@@ -56,8 +56,8 @@ void BindRandomInputs(const Program& program, uint64_t seed, Scope& scope, Alloc
   for (ValueId v : values) {
     const Value& value = program.value(v);
     if (scope.Has(value.name)) continue;
-    Tensor t = Tensor::Empty(value.type.shape, value.type.dtype, allocator);
-    switch (value.type.dtype) {
+    Tensor t = Tensor::Empty(program.type(v).shape, program.type(v).dtype, allocator);
+    switch (program.type(v).dtype) {
       case DType::kF32:
         FillUniform<float>(t, rng);
         break;
@@ -72,7 +72,7 @@ void BindRandomInputs(const Program& program, uint64_t seed, Scope& scope, Alloc
         break;
       default:
         throw ShapeError(fmt::format("program '{}': cannot draw random values for %{} of dtype {}",
-                                     program.name(), value.name, Name(value.type.dtype)));
+                                     program.name(), value.name, Name(program.type(v).dtype)));
     }
     scope.Set(value.name, std::move(t));
   }

@@ -6,9 +6,9 @@ namespace sluice {
 
 void CheckBinding(const Program& program, ValueId v, const Tensor& t) {
   const Value& value = program.value(v);
-  if (!t.defined() || t.dtype() != value.type.dtype || t.shape() != value.type.shape) {
+  if (!t.defined() || t.dtype() != program.type(v).dtype || t.shape() != program.type(v).shape) {
     throw ProgramError(fmt::format("program '{}': %{} must be {} but is bound to {}",
-                                   program.name(), value.name, value.type.ToString(),
+                                   program.name(), value.name, program.type(v).ToString(),
                                    t.defined()
                                        ? fmt::format("{}{}", Name(t.dtype()), t.shape().ToString())
                                        : std::string("nothing")));
@@ -32,7 +32,7 @@ void RunReference(const Program& program, Scope& scope, Allocator& allocator,
     outs.clear();
     for (ValueId v : instr.inputs) ins.push_back(slots[v]);
     for (ValueId v : instr.outputs) {
-      const TensorType& t = program.value(v).type;
+      const TensorType& t = program.type(v);
       outs.push_back(instr.op->kind == OpKind::kCompute ? Tensor::Empty(t.shape, t.dtype, allocator)
                                                         : Tensor());
     }

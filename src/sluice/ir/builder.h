@@ -37,9 +37,9 @@ class Var {
   Builder* builder() const { return builder_; }
   ValueId id() const { return id_; }
   const Value& value() const;
-  const TensorType& type() const { return value().type; }
-  const Shape& shape() const { return value().type.shape; }
-  DType dtype() const { return value().type.dtype; }
+  const TensorType& type() const { return type(); }
+  const Shape& shape() const { return type().shape; }
+  DType dtype() const { return type().dtype; }
   int rank() const { return shape().rank(); }
   const std::string& name() const { return value().name; }
 

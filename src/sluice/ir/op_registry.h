@@ -50,6 +50,10 @@ struct TensorType {
   std::string ToString() const;  // "f32[2, 3]"
 };
 
+struct TensorTypeHash {
+  size_t operator()(const TensorType& t) const;
+};
+
 enum class OpKind : uint8_t { kCompute, kView, kInPlace };
 
 inline constexpr EnumEntry<OpKind> kOpKindNames[] = {

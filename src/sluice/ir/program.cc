@@ -13,6 +13,19 @@ std::string TensorType::ToString() const {
   return fmt::format("{}{}", Name(dtype), shape.ToString());
 }
 
+size_t TensorTypeHash::operator()(const TensorType& t) const {
+  size_t h =
+      static_cast<size_t>(t.dtype) * 0x9E3779B97F4A7C15ull + static_cast<size_t>(t.shape.rank());
+  for (int64_t d : t.shape.dims()) h = (h ^ static_cast<size_t>(d)) * 0x100000001B3ull;
+  return h;
+}
+
+TypeId Program::InternType(const TensorType& type) {
+  auto [it, added] = type_ids_.try_emplace(type, static_cast<TypeId>(types_.size()));
+  if (added) types_.push_back(type);
+  return it->second;
+}
+
 namespace {
 
 uint32_t HashName(std::string_view name) {
@@ -84,7 +97,7 @@ ValueId Program::Get(std::string_view name) const {
   return *id;
 }
 
-ValueId Program::NewValue(std::string name, TensorType type, ValueKind kind, int32_t producer) {
+ValueId Program::NewValue(std::string name, TypeId type, ValueKind kind, int32_t producer) {
   if (name.empty()) throw ProgramError(fmt::format("program '{}': a value needs a name", name_));
   IndexReserve(values_.size() + 1);
   const uint32_t hash = HashName(name);
@@ -93,25 +106,25 @@ ValueId Program::NewValue(std::string name, TensorType type, ValueKind kind, int
     throw ProgramError(fmt::format("program '{}': value %{} is defined twice", name_, name));
   }
   ValueId id = static_cast<ValueId>(values_.size());
-  values_.push_back({std::move(name), std::move(type), kind, producer});
+  values_.push_back({std::move(name), type, kind, producer});
   index_[slot] = {id, hash};
   return id;
 }
 
 ValueId Program::AddInput(std::string name, TensorType type) {
-  ValueId id = NewValue(std::move(name), std::move(type), ValueKind::kInput, -1);
+  ValueId id = NewValue(std::move(name), InternType(type), ValueKind::kInput, -1);
   inputs_.push_back(id);
   return id;
 }
 
 ValueId Program::AddParam(std::string name, TensorType type) {
-  ValueId id = NewValue(std::move(name), std::move(type), ValueKind::kParam, -1);
+  ValueId id = NewValue(std::move(name), InternType(type), ValueKind::kParam, -1);
   params_.push_back(id);
   return id;
 }
 
-std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vector<ValueId> inputs,
-                                             Attrs attrs, std::vector<std::string> output_names) {
+ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, Attrs attrs,
+                                  std::vector<std::string> output_names) {
   const OpDef& op = OpRegistry::Global().Get(op_name);
   auto where = [&]() {
     return output_names.empty() ? fmt::format("{} (instruction {})", op.name, instructions_.size())
@@ -133,7 +146,7 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
     if (v < 0 || static_cast<size_t>(v) >= values_.size()) {
       throw ProgramError(fmt::format("{}: input refers to an undefined value", where()));
     }
-    in_types.push_back(values_[v].type);
+    in_types.push_back(types_[values_[v].type_id]);
   }
   std::vector<TensorType> out_types;
   try {
@@ -141,7 +154,7 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
   } catch (const ShapeError& e) {
     std::vector<std::string> names;
     for (ValueId v : inputs)
-      names.push_back(fmt::format("%{}: {}", values_[v].name, values_[v].type.ToString()));
+      names.push_back(fmt::format("%{}: {}", values_[v].name, type(v).ToString()));
     throw ShapeError(fmt::format("{}({}): {}", where(), fmt::join(names, ", "), e.what()));
   } catch (const ProgramError& e) {
     throw ProgramError(fmt::format("{}: {}", where(), e.what()));
@@ -162,7 +175,7 @@ std::vector<ValueId> Program::AddInstruction(std::string_view op_name, std::vect
   for (size_t i = 0; i < out_types.size(); ++i) {
     std::string name = output_names.empty() ? FreshName(op.name) : std::move(output_names[i]);
     instr.outputs.push_back(
-        NewValue(std::move(name), out_types[i], ValueKind::kIntermediate, index));
+        NewValue(std::move(name), InternType(out_types[i]), ValueKind::kIntermediate, index));
   }
   instructions_.push_back(std::move(instr));
   return instructions_.back().outputs;
@@ -203,7 +216,7 @@ std::string Program::FreshName(std::string_view hint) const {
 }
 
 size_t Program::Bytes(ValueId id) const {
-  const TensorType& t = value(id).type;
+  const TensorType& t = type(id);
   return static_cast<size_t>(t.shape.numel()) * SizeOf(t.dtype);
 }
 

@@ -9,14 +9,18 @@
 //   * params     long-lived state bound by the caller (weights, optimizer moments); never freed.
 //   * outputs    values left in the scope after the run (loss, gradients, saved activations).
 //
-// Values are addressed by ValueId (an index into values()). Programs are built with Builder
-// (ir/builder.h) or parsed from text (ir/text_format.h); both go through AddInput/AddParam/
-// AddInstruction, which run shape inference and reject duplicates immediately.
+// Values are addressed by ValueId (an index into values()). A value's type is interned: the
+// program keeps each distinct TensorType once (types()) and a value holds its index, so that
+// type(v) is the TensorType of value v. Programs are built with Builder (ir/builder.h) or parsed
+// from text (ir/text_format.h); both go through AddInput/AddParam/ AddInstruction, which run shape
+// inference and reject duplicates immediately.
 //
 // Cost: a program of a million instructions is an ordinary input (a deep model's backward, an
 // optimizer step over every parameter), so every operation here is O(1) amortized per value or
-// instruction (AddOutput included), and a value's name is stored once: the name index holds value
-// ids, not copies of the names (docs/benchmarks.md, "Setup").
+// instruction (AddOutput included), a value's name is stored once (the name index holds value ids,
+// not copies of the names) and its type once per distinct type; an instruction keeps short operand
+// lists inline (ir/value_list.h). A value costs about 50 bytes, an instruction about 80 (docs/
+// benchmarks.md, "Setup").
 //
 // Example:
 //   Program p("affine");
@@ -36,17 +40,18 @@
 
 #include "sluice/ir/attrs.h"
 #include "sluice/ir/op_registry.h"
+#include "sluice/ir/value_list.h"
 
 namespace sluice {
 
-using ValueId = int32_t;
-inline constexpr ValueId kNoValue = -1;
+// Index of a type in Program::types().
+using TypeId = uint32_t;
 
 enum class ValueKind : uint8_t { kInput, kParam, kIntermediate };
 
 struct Value {
   std::string name;
-  TensorType type;
+  TypeId type_id = 0;  // Program::type(id) is the TensorType
   ValueKind kind = ValueKind::kIntermediate;
   int32_t producer = -1;  // index of the defining instruction; -1 for inputs and params
 };
@@ -54,8 +59,8 @@ struct Value {
 struct Instruction {
   const OpDef* op = nullptr;
   Attrs attrs;
-  std::vector<ValueId> inputs;
-  std::vector<ValueId> outputs;
+  ValueList inputs;
+  ValueList outputs;
 };
 
 class Program {
@@ -65,6 +70,12 @@ class Program {
   const std::string& name() const { return name_; }
   const std::vector<Value>& values() const { return values_; }
   const Value& value(ValueId id) const { return values_.at(static_cast<size_t>(id)); }
+  // The dtype and shape of value `id`.
+  const TensorType& type(ValueId id) const { return types_[value(id).type_id]; }
+  // Every distinct type of the program's values, each once.
+  const std::vector<TensorType>& types() const { return types_; }
+  // The id of `type` in types(), adding it when new.
+  TypeId InternType(const TensorType& type);
   const std::vector<Instruction>& instructions() const { return instructions_; }
   const std::vector<ValueId>& inputs() const { return inputs_; }
   const std::vector<ValueId>& params() const { return params_; }
@@ -81,8 +92,8 @@ class Program {
   // output_names[i] when given, otherwise a fresh name derived from the op ("matmul_3").
   // Throws ProgramError (unknown op, wrong arity, undefined input, duplicate name) or ShapeError
   // (inference), each naming the op and the first output.
-  std::vector<ValueId> AddInstruction(std::string_view op, std::vector<ValueId> inputs, Attrs attrs,
-                                      std::vector<std::string> output_names = {});
+  ValueList AddInstruction(std::string_view op, ValueList inputs, Attrs attrs,
+                           std::vector<std::string> output_names = {});
   // Marks a value as a program output (once; order is kept).
   void AddOutput(ValueId id);
   bool IsOutput(ValueId id) const {
@@ -103,7 +114,7 @@ class Program {
   size_t Bytes(ValueId id) const;
 
  private:
-  ValueId NewValue(std::string name, TensorType type, ValueKind kind, int32_t producer);
+  ValueId NewValue(std::string name, TypeId type, ValueKind kind, int32_t producer);
   // The name index: open addressing (linear probing) over value ids, a power of two in size, at
   // most half full. A slot keeps the name's hash beside the id, so that a probe reads the name
   // itself only when the hashes agree.
@@ -125,6 +136,8 @@ class Program {
   std::vector<ValueId> outputs_;
   std::vector<bool> is_output_;   // value -> listed in outputs_ (sized lazily)
   std::vector<IndexSlot> index_;  // name -> value
+  std::vector<TensorType> types_;
+  std::unordered_map<TensorType, TypeId, TensorTypeHash> type_ids_;  // types_[i] -> i
   mutable std::unordered_map<std::string, int> fresh_counters_;
   std::unordered_set<std::string> reserved_;
 };

@@ -100,7 +100,7 @@ std::string FormatAttr(const AttrValue& value) {
 
 std::string Typed(const Program& p, ValueId id) {
   const Value& v = p.value(id);
-  return ValueRef(v.name) + ": " + v.type.ToString();
+  return ValueRef(v.name) + ": " + p.type(id).ToString();
 }
 
 }  // namespace
@@ -351,7 +351,7 @@ class Parser {
       CheckUnused(results[k].at, std::span(results).first(k));
       names.push_back(results[k].at.text);
     }
-    std::vector<ValueId> outputs;
+    ValueList outputs;
     try {
       outputs = program_.AddInstruction(op->name, std::move(inputs), std::move(attrs), names);
     } catch (const Error& e) {
@@ -368,7 +368,7 @@ class Parser {
                                  outputs.size(), outputs.size() == 1 ? "" : "s", results.size()));
     }
     for (size_t i = 0; i < results.size(); ++i) {
-      const TensorType& inferred = program_.value(outputs[i]).type;
+      const TensorType& inferred = program_.type(outputs[i]);
       if (inferred != results[i].type) {
         Fail(results[i].at,
              fmt::format("{} is declared {} but {} gives {}", ValueRef(results[i].at.text),

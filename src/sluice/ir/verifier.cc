@@ -37,7 +37,7 @@ void Verify(const Program& p) {
         throw ProgramError(
             fmt::format("{}: %{} is used before it is defined", describe(i, ins), values[v].name));
       }
-      in_types.push_back(values[v].type);
+      in_types.push_back(p.type(v));
     }
     std::vector<TensorType> expected;
     try {
@@ -56,9 +56,9 @@ void Verify(const Program& p) {
         throw ProgramError(
             fmt::format("{}: %{} is defined twice", describe(i, ins), values[v].name));
       }
-      if (values[v].type != expected[k]) {
+      if (p.type(v) != expected[k]) {
         throw ProgramError(fmt::format("{}: %{} is declared {} but the op gives {}",
-                                       describe(i, ins), values[v].name, values[v].type.ToString(),
+                                       describe(i, ins), values[v].name, p.type(v).ToString(),
                                        expected[k].ToString()));
       }
       if (values[v].producer != static_cast<int32_t>(i)) {

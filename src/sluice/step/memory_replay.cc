@@ -296,12 +296,12 @@ double EstimateWork(const Program& program) {
   double work = 0;
   for (const Instruction& instr : program.instructions()) {
     if (instr.outputs.empty()) continue;
-    const TensorType& out = program.value(instr.outputs[0]).type;
+    const TensorType& out = program.type(instr.outputs[0]);
     if (instr.inputs.empty()) {
       work += static_cast<double>(out.shape.numel());
       continue;
     }
-    const TensorType& in = program.value(instr.inputs[0]).type;
+    const TensorType& in = program.type(instr.inputs[0]);
     const bool matmul = instr.op->name == "matmul" && in.shape.rank() >= 2;
     if (matmul || (instr.op->name == "linear" && in.shape.rank() >= 1)) {
       const bool ta = matmul && instr.attrs.GetBool("transpose_a", false);

@@ -10,6 +10,11 @@ const Value& Var::value() const {
   return builder_->program().value(id_);
 }
 
+const TensorType& Var::type() const {
+  SLUICE_CHECK(valid(), "use of an invalid Var");
+  return builder_->program().type(id_);
+}
+
 Var Builder::Input(std::string name, DType dtype, const Shape& shape) {
   return Var(this, program_.AddInput(std::move(name), {dtype, shape}));
 }

@@ -37,7 +37,7 @@ class Var {
   Builder* builder() const { return builder_; }
   ValueId id() const { return id_; }
   const Value& value() const;
-  const TensorType& type() const { return type(); }
+  const TensorType& type() const;
   const Shape& shape() const { return type().shape; }
   DType dtype() const { return type().dtype; }
   int rank() const { return shape().rank(); }

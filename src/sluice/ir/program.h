@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -70,10 +71,11 @@ class Program {
   const std::string& name() const { return name_; }
   const std::vector<Value>& values() const { return values_; }
   const Value& value(ValueId id) const { return values_.at(static_cast<size_t>(id)); }
-  // The dtype and shape of value `id`.
+  // The dtype and shape of value `id`. The reference stays valid while the program lives, also
+  // across later Add* calls (types are kept in a deque and never removed).
   const TensorType& type(ValueId id) const { return types_[value(id).type_id]; }
   // Every distinct type of the program's values, each once.
-  const std::vector<TensorType>& types() const { return types_; }
+  const std::deque<TensorType>& types() const { return types_; }
   // The id of `type` in types(), adding it when new.
   TypeId InternType(const TensorType& type);
   const std::vector<Instruction>& instructions() const { return instructions_; }
@@ -136,7 +138,7 @@ class Program {
   std::vector<ValueId> outputs_;
   std::vector<bool> is_output_;   // value -> listed in outputs_ (sized lazily)
   std::vector<IndexSlot> index_;  // name -> value
-  std::vector<TensorType> types_;
+  std::deque<TensorType> types_;
   std::unordered_map<TensorType, TypeId, TensorTypeHash> type_ids_;  // types_[i] -> i
   mutable std::unordered_map<std::string, int> fresh_counters_;
   std::unordered_set<std::string> reserved_;

@@ -302,47 +302,56 @@ void Tanh(const T* x, T* y, int64_t n) {
   });
 }
 
-// GELU, tanh approximation, as the reference kernel (and PyTorch) writes it:
-// inner = β·(x + κ·x³), β = √(2/π), κ = 0.044715.
+// GELU, tanh approximation (the reference kernel's and PyTorch's function), evaluated through the
+// logistic function: 0.5·(1 + tanh(u)) = σ(2u) = 1 / (1 + e^(−2u)), with u = β·(x + κ·x³),
+// β = √(2/π), κ = 0.044715. With e = e^(−2u) and s = 1 / (1 + e):
+//   gelu(x)  = x · s
+//   gelu'(x) = s + x·s·(1 − s)·2u' = s · (1 + 2·x·u'·e·s),   u' = β·(1 + 3κ·x²)
+// One exp and one division per element, where tanh costs an expm1 and a division; and nothing
+// cancels (1 − s is e·s), where 1 + tanh(u) does for negative x. −2u is clamped at kSigmoidClamp
+// (e^88 in f32): beyond it Exp is inaccurate and 1 + e overflows, and s < 1e-38 there anyway.
 template <typename T>
 inline constexpr T kBeta = static_cast<T>(std::numbers::sqrt2* std::numbers::inv_sqrtpi);
 template <typename T>
 inline constexpr T kKappa = T(0.044715);
+template <typename T>
+inline constexpr T kSigmoidClamp = sizeof(T) == 4 ? T(88) : T(709);
 
+// e^(−2u) for x (the e above), and x² for the caller.
 template <class D>
-HWY_INLINE hn::Vec<D> GeluInner(D d, hn::Vec<D> x) {
+HWY_INLINE hn::Vec<D> GeluExp(D d, hn::Vec<D> x, hn::Vec<D> x_square) {
   using T = hn::TFromD<D>;
-  const auto x_cube = hn::Mul(hn::Mul(x, x), x);
-  return hn::Mul(hn::Set(d, kBeta<T>), hn::MulAdd(hn::Set(d, kKappa<T>), x_cube, x));
+  // −2u = −2β·(x + κ·x³) = −2β·x·(1 + κ·x²)
+  const auto minus_two_u = hn::Mul(hn::Mul(hn::Set(d, T(-2) * kBeta<T>), x),
+                                   hn::MulAdd(hn::Set(d, kKappa<T>), x_square, hn::Set(d, T(1))));
+  return hn::Exp(d, hn::Min(minus_two_u, hn::Set(d, kSigmoidClamp<T>)));
 }
 
 template <typename T>
 void Gelu(const T* x, T* y, int64_t n) {
   const hn::ScalableTag<T> d;
-  const auto half = hn::Set(d, T(0.5)), one = hn::Set(d, T(1));
+  const auto one = hn::Set(d, T(1));
   ForVectors(d, n, [&](int64_t j, size_t c) {
     const auto v = LoadPart(d, x + j, c, T(0));
-    const auto t = hn::Tanh(d, GeluInner(d, v));
-    StorePart(d, hn::Mul(hn::Mul(half, v), hn::Add(one, t)), y + j, c);
+    const auto e = GeluExp(d, v, hn::Mul(v, v));
+    StorePart(d, hn::Div(v, hn::Add(one, e)), y + j, c);
   });
 }
 
 template <typename T>
 void GeluGrad(const T* dy, const T* x, T* dx, int64_t n) {
   const hn::ScalableTag<T> d;
-  const auto half = hn::Set(d, T(0.5)), one = hn::Set(d, T(1));
-  const auto beta = hn::Set(d, kBeta<T>), three_kappa = hn::Set(d, T(3) * kKappa<T>);
+  const auto one = hn::Set(d, T(1));
+  const auto two_beta = hn::Set(d, T(2) * kBeta<T>), three_kappa = hn::Set(d, T(3) * kKappa<T>);
   ForVectors(d, n, [&](int64_t j, size_t c) {
     const auto v = LoadPart(d, x + j, c, T(0));
-    const auto t = hn::Tanh(d, GeluInner(d, v));
-    // d/dx of 0.5·x·(1 + t): 0.5·(1 + t) + 0.5·x·(1 − t²)·β·(1 + 3κ·x²)
-    const auto left_derivative = hn::Mul(half, hn::Add(one, t));
-    const auto tanh_derivative = hn::NegMulAdd(t, t, one);
-    const auto inner_derivative = hn::Mul(beta, hn::MulAdd(three_kappa, hn::Mul(v, v), one));
-    const auto right_derivative =
-        hn::Mul(hn::Mul(hn::Mul(half, v), tanh_derivative), inner_derivative);
-    StorePart(d, hn::Mul(LoadPart(d, dy + j, c, T(0)), hn::Add(left_derivative, right_derivative)),
-              dx + j, c);
+    const auto v_square = hn::Mul(v, v);
+    const auto e = GeluExp(d, v, v_square);
+    const auto s = hn::Div(one, hn::Add(one, e));
+    // 2·x·u' = 2β·x·(1 + 3κ·x²)
+    const auto two_x_du = hn::Mul(hn::Mul(two_beta, v), hn::MulAdd(three_kappa, v_square, one));
+    const auto derivative = hn::Mul(s, hn::MulAdd(two_x_du, hn::Mul(e, s), one));
+    StorePart(d, hn::Mul(LoadPart(d, dy + j, c, T(0)), derivative), dx + j, c);
   });
 }
 

@@ -13,8 +13,10 @@
 //   exp   within 1 ulp of the exact result (Highway's contrib/math Exp), so ≤ 2 ulp from std::exp;
 //         e^(−inf) = 0, e^(+inf) and overflow = +inf, NaN stays NaN.
 //   tanh  within 4 ulp (Highway's Tanh), so ≤ 5 ulp from std::tanh.
-//   gelu, gelu_grad: the reference formula with that tanh (relative error a few ulp, absolute
-//         where 1 + tanh cancels).
+//   gelu, gelu_grad: the reference's function through the logistic form 0.5·(1 + tanh(u)) =
+//         1 / (1 + e^(−2u)) — one exp and one division (simd_kernels.cc) — within a few ulp
+//         relative of the exact value; beside the reference (libm tanh, where 1 + tanh cancels for
+//         negative x) within 2e-6 in f32 (absolute below 1, relative above), tested over ±12.
 //   softmax, layer norm, cross-entropy: sums are kept per lane and added at the end, so results
 //         differ from the left-to-right reference by rounding only (relative 2e-5 in f32, the op
 //         harness's tolerance). The lane count, and so the rounding, depends on the target: results

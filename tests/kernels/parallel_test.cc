@@ -26,6 +26,7 @@
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/optimizer.h"
+#include "sluice/kernels/reduce.h"
 #include "sluice/kernels/softmax.h"
 #include "sluice/kernels/unary.h"
 
@@ -264,6 +265,30 @@ TEST_F(ParallelKernels, LossEmbeddingOptimizerAndAttentionAreBitwiseTheSame) {
         return y;
       },
       "attention");
+}
+
+// Column sums (a bias gradient: [B, T, C] summed over B and T) are bitwise the reference's sums at
+// every thread count: each column is added top to bottom from 0 whichever chunk holds it. Widths
+// around the 64-column chunks and the vector widths, and a long column (several chunks of rows'
+// worth of work).
+TEST_F(ParallelKernels, ColumnSumsAreBitwiseTheReferenceAtAnyThreadCount) {
+  for (const Shape& shape : {Shape{kRows, kCols}, Shape{4, 129, 200}, Shape{2, 16, 1000},
+                             Shape{3000, 7}, Shape{5, 64}, Shape{1, 1, 17}}) {
+    SCOPED_TRACE(shape.ToString());
+    const std::vector<float> x = Random(shape.numel(), 19);
+    AxisSet reduced;
+    for (int d = 0; d + 1 < shape.rank(); ++d) reduced[d] = true;
+    const int64_t cols = shape[shape.rank() - 1];
+    std::vector<float> ref(static_cast<size_t>(cols));
+    SumReference(x.data(), shape, reduced, ref.data());
+    for (int threads : {1, 2, 3}) {
+      SetIntraOpThreads(threads);
+      std::vector<float> fast(static_cast<size_t>(cols), -1.0f);
+      SumFast(x.data(), shape, reduced, fast.data());
+      EXPECT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
+          << "at " << threads << " threads";
+    }
+  }
 }
 
 TEST_F(ParallelKernels, BroadcastBinaryIsBitwiseTheSame) {

@@ -1,6 +1,8 @@
 #include "sluice/kernels/reduce.h"
 
+#include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
 
@@ -137,6 +139,16 @@ void SumFast(const T* x, const Shape& shape, AxisSet reduced, T* out) {
   if (shape.numel() == 0) return;  // nothing to add (num_out may still be > 0)
   if (p.rank == 0) {
     out[0] = x[0];
+    return;
+  }
+  if (p.rank == 2 && p.reduced[0] && !p.reduced[1]) {
+    // Column sums ([B, T, C] over B and T: a bias gradient). Chunks of whole columns, a multiple
+    // of 64 (whole vectors on every target): each chunk sums its columns over every row.
+    const int64_t rows = p.dims[0], cols = p.dims[1];
+    const int64_t chunk = (ChunkRows(rows) + 63) / 64 * 64;
+    ParallelFor(cols, chunk, [&](int64_t begin, int64_t end) {
+      Simd<T>().column_sum(x + begin, out + begin, rows, end - begin, cols);
+    });
     return;
   }
   Walk(p, 0, x, out);

@@ -10,8 +10,11 @@
 // per element, accumulating in T.
 // SumFast: merges neighbouring axes with the same role ([B, T, C] summed over B and T is [B·T] ×
 // [C]), then runs the innermost axis as a tight loop: a vectorized row sum (several accumulators)
-// when it is reduced, a vectorized out[j] += x[j] row accumulation when it is kept. The two sum in
-// different orders, so f32 results agree to rounding, not bitwise.
+// when it is reduced, a vectorized out[j] += x[j] row accumulation when it is kept. Column sums
+// ([R] reduced × [N] kept, e.g. a bias gradient) run as the runtime-dispatched column_sum of
+// simd_kernels.h on the intra-op threads (kernels/parallel.h), chunks of whole columns, each
+// column added top to bottom: bitwise the reference's result at every thread count. Row sums add
+// in another order than the reference, so their f32 results agree to rounding, not bitwise.
 //
 // Thread-safety: pure functions of their inputs.
 #pragma once

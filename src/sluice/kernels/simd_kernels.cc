@@ -147,6 +147,36 @@ void SoftmaxGradRow(const T* p, const T* dp, T s, T* out, int64_t n) {
   });
 }
 
+// ---- column sums ----
+
+template <typename T>
+void ColumnSum(const T* x, T* out, int64_t rows, int64_t cols, int64_t ld) {
+  const hn::ScalableTag<T> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  // Four vectors of columns at a time: four independent chains of adds down the rows.
+  for (; j + 4 * lanes <= cols; j += 4 * lanes) {
+    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = x + r * ld + j;
+      a0 = hn::Add(a0, hn::LoadU(d, row));
+      a1 = hn::Add(a1, hn::LoadU(d, row + lanes));
+      a2 = hn::Add(a2, hn::LoadU(d, row + 2 * lanes));
+      a3 = hn::Add(a3, hn::LoadU(d, row + 3 * lanes));
+    }
+    hn::StoreU(a0, d, out + j);
+    hn::StoreU(a1, d, out + j + lanes);
+    hn::StoreU(a2, d, out + j + 2 * lanes);
+    hn::StoreU(a3, d, out + j + 3 * lanes);
+  }
+  for (; j < cols; j += lanes) {
+    const size_t c = static_cast<size_t>(std::min(lanes, cols - j));
+    auto a = hn::Zero(d);
+    for (int64_t r = 0; r < rows; ++r) a = hn::Add(a, LoadPart(d, x + r * ld + j, c, T(0)));
+    StorePart(d, a, out + j, c);
+  }
+}
+
 // ---- softmax ----
 
 template <typename T>
@@ -402,6 +432,7 @@ const SimdRowKernels<T>* Table() {
       .layer_norm = LayerNorm<T>,
       .layer_norm_grad_x = LayerNormGradX<T>,
       .layer_norm_grad_params = LayerNormGradParams<T>,
+      .column_sum = ColumnSum<T>,
       .row_max = RowMax<T>,
       .row_dot = RowDot<T>,
       .exp_sum = RowExpSum<T>,

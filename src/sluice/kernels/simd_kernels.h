@@ -62,6 +62,9 @@ struct SimdRowKernels {
   // Adds the rows' Σ dy·x̂ to dweight and Σ dy to dbias ([cols] each), rows in order.
   void (*layer_norm_grad_params)(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
                                  int64_t cols, T eps);
+  // out[j] = Σ_r x[r·ld + j] for j in [0, cols): the column sums of [rows, cols] (row stride ld),
+  // each column added top to bottom from 0 — the reference's order, so bitwise equal to it.
+  void (*column_sum)(const T* x, T* out, int64_t rows, int64_t cols, int64_t ld);
   // Row primitives (fused attention, kernels/attention.h); x and y may be the same buffer.
   T (*row_max)(const T* x, int64_t n);
   T (*row_dot)(const T* a, const T* b, int64_t n);

@@ -6,10 +6,14 @@
 // Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc auto|none|sync|async]
 //                              [--no-recompute] [--attention fused|naive] [--vocab 256]
 //                              [--layers 4] [--heads 4] [--dim 128] [--seq 64] [--batch 16]
-// Prints one JSON object: tokens_per_s (median step), step_ms_median, and peak_tensor_bytes — the
+// Prints one JSON object: tokens_per_s (median step), step_ms_median, cpu_ms_median and cpu_ms_min
+// (the process's CPU time per step, user + system, every thread: on a shared machine it moves less
+// with the load than the wall time does, the minimum least, so A/B runs compare those), and
+// peak_tensor_bytes — the
 // trainer allocator's peak of requested bytes during a step: parameters, optimizer state,
 // gradients and activations, every tensor the step holds (what the PyTorch side measures).
 // bench/compare_train.sh runs both sides at 1 and 2 threads and prints the ratios.
+#include <sys/resource.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +29,18 @@
 #include "sluice/kernels/blas.h"
 #include "sluice/kernels/simd_kernels.h"
 #include "sluice/train/trainer.h"
+
+namespace {
+
+// CPU time of the whole process (user + system, all threads), in ms.
+double ProcessCpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(u.ru_utime) + ms(u.ru_stime);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace sluice;
@@ -100,17 +116,20 @@ int main(int argc, char** argv) {
   c.gc = *gc_mode;
   c.recompute = {recompute ? RecomputePolicy::kCheap : RecomputePolicy::kNone};
   Trainer trainer(c);
-  std::vector<double> ms;
+  std::vector<double> ms, cpu_ms;
   int64_t peak = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
+    const double cpu0 = ProcessCpuMs();
     StepRecord r = trainer.Step();
     if (s >= warmup) {
+      cpu_ms.push_back(ProcessCpuMs() - cpu0);
       ms.push_back(r.step_ms);
       peak = std::max(peak, r.peak_allocated_bytes);
     }
   }
   std::remove(data.c_str());
   std::sort(ms.begin(), ms.end());
+  std::sort(cpu_ms.begin(), cpu_ms.end());
   const double median = ms[ms.size() / 2];
   nlohmann::json out = {{"framework", "sluice"},
                         {"threads", threads},
@@ -121,6 +140,8 @@ int main(int argc, char** argv) {
                         {"blas", kernels::EnsureBlasKernels().core},
                         {"tokens_per_s", static_cast<double>(batch * gpt.seq) / (median / 1000.0)},
                         {"step_ms_median", median},
+                        {"cpu_ms_median", cpu_ms[cpu_ms.size() / 2]},
+                        {"cpu_ms_min", cpu_ms.front()},
                         {"peak_tensor_bytes", peak}};
   fmt::print("{}\n", out.dump());
   return 0;

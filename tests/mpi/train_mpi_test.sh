@@ -5,6 +5,8 @@
 #   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
 #             process
+#   rescue    one rank cannot write its shard: the job exits non-zero naming where the whole state
+#             went instead (every rank's rescue shard and the index), and it resumes bitwise
 #   kill      kill -9 of one rank: every other process exits non-zero within 30 s
 #   timeout   a message that never comes: the job exits non-zero within seconds, naming the action
 #   launch    a world size other than P × D: a clear error before any work
@@ -88,6 +90,31 @@ def losses(p):
     return [json.loads(l)["loss"] for l in open(p) if '"summary"' not in l and '"loss"' in l]
 whole, one = losses(sys.argv[1]), losses(sys.argv[2])
 assert one == whole[2:4], (one, whole)
+PY
+    ;;
+  rescue)
+    args=("${small[@]}" --layers 4 --stages 2)
+    mpi 2 "${args[@]}" --steps 4 --metrics "$dir/whole.jsonl" || fail "uninterrupted run"
+    # Stage 1's shard cannot be written (a folder has its name); stage 0's can.
+    mkdir "$dir/ck-stage1-of-2.safetensors"
+    mpi 2 "${args[@]}" --steps 2 --save "$dir/ck.safetensors" --metrics "$dir/part.jsonl" >"$dir/out" 2>&1 \
+      && fail "a save that failed on one rank exited 0"
+    rescue="$dir/ck.safetensors.rescue-step2.safetensors"
+    grep -F -q "the trained state (step 2) is saved to '$rescue' instead" "$dir/out" \
+      || { cat "$dir/out"; fail "the error does not say where the state went"; }
+    grep -q "ck-stage1-of-2.safetensors" "$dir/out" || { cat "$dir/out"; fail "the failing shard is not named"; }
+    for f in ck.safetensors.rescue-step2-stage0-of-2.safetensors ck.safetensors.rescue-step2-stage1-of-2.safetensors \
+             ck.safetensors.rescue-step2.safetensors.index.json; do
+      [ -s "$dir/$f" ] || fail "no $f"
+    done
+    [ ! -e "$dir/ck.safetensors.index.json" ] || fail "an index was written for an incomplete checkpoint"
+    mpi 2 "${args[@]}" --steps 4 --resume "$rescue" --metrics "$dir/resumed.jsonl" || fail "resume from the rescue"
+    python3 - "$dir/whole.jsonl" "$dir/resumed.jsonl" <<'PY' || fail "the rescued state does not resume bitwise"
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if '"summary"' not in l and '"loss"' in l]
+whole, resumed = losses(sys.argv[1]), losses(sys.argv[2])
+assert resumed == whole[2:4], (resumed, whole)
 PY
     ;;
   kill)

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sluice/comm/local.h"
 #include "sluice/core/clock.h"
@@ -428,21 +429,47 @@ std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator)
 }
 
 // Distributed: a shard per stage (replica 0's ranks write their own), then the leader's index.
-void PipelineEngine::SaveCheckpoint(const std::string& path,
-                                    const std::map<std::string, std::string>& metadata) {
+// Each write is followed by an all-reduce of who failed (it is also the barrier: the index is
+// written once every shard is), so one rank's failure reaches every rank and none waits alone.
+std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
+    const std::string& path, const std::map<std::string, std::string>& metadata) {
   Impl& m = *impl_;
-  if (!m.distributed()) {
-    StepEngine::SaveCheckpoint(path, metadata);
-    return;
-  }
+  if (!m.distributed()) return StepEngine::TrySaveCheckpoint(path, metadata);
   const int P = m.options.stages;
   Communicator& world = *m.options.distributed->world;
+  std::optional<std::string> mine;
+  // The world ranks whose write failed, the same list on every rank.
+  auto agree = [&] {
+    Tensor failed = Tensor::Zeros({world.size()}, DType::kF64);
+    failed.data<double>()[world.rank()] = mine ? 1 : 0;
+    world.AllReduceSum(failed);
+    std::vector<int> ranks;
+    for (int w = 0; w < world.size(); ++w)
+      if (failed.data<double>()[w] != 0) ranks.push_back(w);
+    return ranks;
+  };
   if (m.replica() == 0) {
     std::map<std::string, std::string> shard_metadata = metadata;
     shard_metadata["shard"] = fmt::format("{} of {}", m.stage(), P);
-    SaveCheckpointAtomic(CheckpointShardPath(path, m.stage(), P), State(), shard_metadata);
+    try {
+      SaveCheckpointAtomic(CheckpointShardPath(path, m.stage(), P), State(), shard_metadata);
+    } catch (const IoError& e) {
+      mine = e.what();
+    }
   }
-  world.Barrier();
+  // Names what the failed ranks were writing, for the ranks that did not fail.
+  auto others = [&](const std::vector<int>& failed, bool index) {
+    std::vector<std::string> parts;
+    for (int w : failed) {
+      parts.push_back(
+          fmt::format("rank {} could not write '{}'", w,
+                      index ? CheckpointIndexPath(path) : CheckpointShardPath(path, w % P, P)));
+    }
+    return fmt::format("checkpoint '{}' not written: {} (the error is in that rank's output)", path,
+                       fmt::join(parts, ", "));
+  };
+  if (std::vector<int> failed = agree(); !failed.empty())
+    return mine ? mine : others(failed, false);
   if (leader()) {
     std::vector<std::vector<std::string>> names(P);
     for (int s = 0; s < P; ++s) {
@@ -452,9 +479,14 @@ void PipelineEngine::SaveCheckpoint(const std::string& path,
           names[s].push_back(o);
       }
     }
-    SaveCheckpointIndex(path, names, metadata);
+    try {
+      SaveCheckpointIndex(path, names, metadata);
+    } catch (const IoError& e) {
+      mine = e.what();
+    }
   }
-  world.Barrier();
+  if (std::vector<int> failed = agree(); !failed.empty()) return mine ? mine : others(failed, true);
+  return std::nullopt;
 }
 
 bool PipelineEngine::distributed() const { return impl_->distributed(); }

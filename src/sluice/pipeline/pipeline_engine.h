@@ -110,8 +110,8 @@ class PipelineEngine final : public StepEngine {
   bool leader() const override;
   bool distributed() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
-  void SaveCheckpoint(const std::string& path,
-                      const std::map<std::string, std::string>& metadata) override;
+  std::optional<std::string> TrySaveCheckpoint(
+      const std::string& path, const std::map<std::string, std::string>& metadata) override;
   std::string Describe() const override;
   std::vector<std::string> ReportLines() const override;
 

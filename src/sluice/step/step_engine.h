@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,9 +80,15 @@ class StepEngine {
   // empty on the other processes. One process: the parameters of State().
   virtual std::map<std::string, Tensor> GatherParams(Allocator& allocator);
   // Writes parameters and optimizer state with `metadata` as a checkpoint at `path`: one file
-  // (io/checkpoint.h), or for a distributed engine a shard per stage and an index.
-  virtual void SaveCheckpoint(const std::string& path,
-                              const std::map<std::string, std::string>& metadata);
+  // (io/checkpoint.h), or for a distributed engine a shard per stage and an index. Says how it
+  // went instead of throwing an IoError: nothing when the whole checkpoint is written, else why
+  // not (other errors, such as non-finite values, are thrown). Collective when distributed: a
+  // failure on any rank is a failure on every rank (its own message there, elsewhere which ranks
+  // failed), so that all ranks take the same next step — no rank waits for one that gave up.
+  virtual std::optional<std::string> TrySaveCheckpoint(
+      const std::string& path, const std::map<std::string, std::string>& metadata);
+  // TrySaveCheckpoint, throwing its failure as an IoError.
+  void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata);
 };
 
 // What an engine is built from: the run's configuration, its task and the model of one

@@ -193,16 +193,14 @@ void Trainer::SaveCheckpoint(const std::string& path) const {
 namespace {
 
 // Where a checkpoint that could not be written at `path` goes instead, in order of preference:
-// beside it, then in the temporary folder.
+// beside it, then in the temporary folder (the same list on every rank of a distributed run).
 std::vector<std::string> RescuePaths(const std::string& path, int64_t step) {
   const std::string suffix = fmt::format(".rescue-step{}.safetensors", step);
-  std::vector<std::string> paths = {path + suffix};
   std::error_code ec;
-  const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-  if (!ec) {
-    paths.push_back((tmp / (std::filesystem::path(path).filename().string() + suffix)).string());
-  }
-  return paths;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+  if (ec) tmp = "/tmp";
+  return {path + suffix,
+          (tmp / (std::filesystem::path(path).filename().string() + suffix)).string()};
 }
 
 }  // namespace
@@ -210,28 +208,21 @@ std::vector<std::string> RescuePaths(const std::string& path, int64_t step) {
 void Trainer::Impl::SaveOrRescue() {
   const std::map<std::string, std::string> metadata =
       TrainingCheckpointMetadata(*task, config, step);
-  try {
-    engine->SaveCheckpoint(config.save_path, metadata);
-    return;
-  } catch (const IoError& e) {
-    // A rank of several processes holds a part of the state only: its failure ends the job.
-    if (engine->distributed()) throw;
-    std::string failures;
-    for (const std::string& rescue : RescuePaths(config.save_path, step)) {
-      try {
-        SaveCheckpointAtomic(rescue, engine->State(), metadata);
-      } catch (const Error& again) {
-        failures += fmt::format("; saving it to '{}' failed too: {}", rescue, again.what());
-        continue;
-      }
-      throw IoError(
-          fmt::format("{}; the trained state (step {}) is saved to '{}' instead: "
-                      "resume from it with --resume {}",
-                      e.what(), step, rescue, rescue));
+  // Every rank of a distributed run gets the same verdicts (TrySaveCheckpoint is collective), so
+  // all try the same paths and end with the same outcome.
+  const std::optional<std::string> failure = engine->TrySaveCheckpoint(config.save_path, metadata);
+  if (!failure) return;
+  std::string failures;
+  for (const std::string& rescue : RescuePaths(config.save_path, step)) {
+    if (std::optional<std::string> again = engine->TrySaveCheckpoint(rescue, metadata)) {
+      failures += fmt::format("; saving it to '{}' failed too: {}", rescue, *again);
+      continue;
     }
-    throw IoError(
-        fmt::format("{}{}; the trained state (step {}) is lost", e.what(), failures, step));
+    throw IoError(fmt::format(
+        "{}; the trained state (step {}) is saved to '{}' instead: resume from it with --resume {}",
+        *failure, step, rescue, rescue));
   }
+  throw IoError(fmt::format("{}{}; the trained state (step {}) is lost", *failure, failures, step));
 }
 
 TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,

@@ -24,7 +24,7 @@
 // rate is simply not applied — and the N+1-th throws. A checkpoint that cannot be written by Run
 // does not lose the trained state: it is saved to "<path>.rescue-step<N>.safetensors" beside
 // the path or, failing that, in the temporary folder ($TMPDIR), and the IoError says where
-// (one-process runs; under MPI a failed save ends the job).
+// (under MPI too: the ranks agree on every attempt, so all write the rescue shards and index).
 #pragma once
 
 #include <cstdint>

@@ -75,6 +75,25 @@ TEST(Checkpoint, AnIndexPlacingATensorInTheWrongShardIsAnError) {
   }
 }
 
+// A distributed save whose second shard failed leaves the first shard of the new step beside the
+// index and second shard of the previous save: loading it must not mix the two states.
+TEST(Checkpoint, AShardOfAnotherSaveIsAnError) {
+  Sharded ck;
+  SaveCheckpointAtomic(CheckpointShardPath(ck.path, 0, 2),
+                       {{"a", Tensor::Full({2}, 5.0, DType::kF32)}},
+                       {{"step", "9"}, {"shard", "0 of 2"}});
+  try {
+    LoadCheckpoint(ck.path);
+    FAIL() << "a shard of step 9 was mixed into the checkpoint of step 7";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("ck-stage0-of-2.safetensors' has step '9'"));
+    EXPECT_THAT(e.what(), HasSubstr("has '7'"));
+  }
+  // A stage that reads only the other shard is not affected.
+  EXPECT_NO_THROW(
+      LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; }));
+}
+
 TEST(Checkpoint, AnIndexNamingAShardOutsideItsFolderIsRefused) {
   Sharded ck;
   for (const char* shard : {"../ck-stage0-of-2.safetensors", "/etc/passwd", "sub/x.safetensors",

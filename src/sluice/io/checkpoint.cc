@@ -198,6 +198,17 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   for (const std::string& file : files) {
     SafetensorsFile f = ReadSafetensors((dir / file).string(), allocator);
+    // Every shard of one save carries the index's metadata: a shard left by another save (one
+    // rank's part written before another's failed) must not be mixed into this state.
+    for (const auto& [key, value] : ckpt.metadata) {
+      auto it = f.metadata.find(key);
+      if (it != f.metadata.end() && it->second != value) {
+        throw IoError(fmt::format(
+            "checkpoint shard '{}' has {} '{}' but its index '{}' has '{}': the shard is from "
+            "another save",
+            (dir / file).string(), key, it->second, index_path, value));
+      }
+    }
     for (auto& [name, t] : f.tensors) {
       auto it = index["weight_map"].find(name);
       if (it == index["weight_map"].end() || it->get<std::string>() != file) {

@@ -93,10 +93,45 @@ void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job) {
   }
 }
 
-StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
-                            const SimulateOptions& options) {
-  if (!options.validated) ValidateSchedule(schedule);
-  CheckCostsCover(costs, schedule);
+namespace {
+
+// What a replay gives per rank: when its step ends and how long it computed.
+struct RankTimes {
+  std::vector<double> end, busy;  // [P]
+};
+
+// F, B (with W when the backward is not split) and W of chunk `chunk` of rank r: wall time, or
+// the CPU time a compute holds a core for when the cores are shared.
+struct ComputeCosts {
+  double forward, backward, weight;
+};
+ComputeCosts CostsOf(const Schedule& s, const StepCosts& costs, int r, int chunk, bool cpu) {
+  const ChunkCosts& c = costs.ranks[r].chunks[chunk];
+  const double f = cpu ? c.forward_cpu_ms : c.forward_ms;
+  const double b = cpu ? c.backward_cpu_ms : c.backward_ms;
+  const double w = cpu ? c.weight_cpu_ms : c.weight_ms;
+  return {.forward = f, .backward = b + (s.split_backward ? 0 : w), .weight = w};
+}
+
+// Every cost the rank-by-rank replay adds is ≥ 0 (so no clock runs backwards): its condition for
+// being exact. A costs file guarantees it (CostsFromJson); costs made in code may not.
+bool NoNegativeCosts(const StepCosts& c) {
+  auto ok = [](double x) { return x >= 0; };  // false for NaN too
+  if (!ok(c.post_ms) || !ok(c.copy_ms)) return false;
+  for (const RankCosts& r : c.ranks) {
+    if (!ok(r.optimizer_ms) || !ok(r.update_ms)) return false;
+    for (const ChunkCosts& ch : r.chunks) {
+      if (!ok(ch.forward_ms) || !ok(ch.backward_ms) || !ok(ch.weight_ms)) return false;
+    }
+  }
+  return true;
+}
+
+// The reference replay: one action at a time, always of the rank whose clock is earliest (then
+// the lowest rank), so every post and every compute happens in the global order of its start
+// time. With shared cores that order decides which compute gets a free core first, so this is
+// the replay of --cores; without, ReplayByRank gives the same times bit for bit, faster.
+RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, int cores_given) {
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
   const size_t per_chunk = static_cast<size_t>(V) * M;  // [chunk][micro-batch]
   auto index = [&](const Action& a) { return static_cast<size_t>(a.chunk) * M + a.micro_batch; };
@@ -146,24 +181,21 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
   };
   // With shared cores a compute holds a core for its CPU time (its wall time, measured with the
   // threads competing, already holds the waits this model adds).
-  const bool shared = options.cores > 0;
+  const bool shared = cores_given > 0;
   auto cost = [&](int r, const Action& a) {
-    const ChunkCosts& c = costs.ranks[r].chunks[a.chunk];
-    const double f = shared ? c.forward_cpu_ms : c.forward_ms;
-    const double b = shared ? c.backward_cpu_ms : c.backward_ms;
-    const double w = shared ? c.weight_cpu_ms : c.weight_ms;
+    const ComputeCosts c = CostsOf(schedule, costs, r, a.chunk, shared);
     switch (a.kind) {
       case ActionKind::kForward:
-        return f;
+        return c.forward;
       case ActionKind::kBackward:
-        return b + (schedule.split_backward ? 0 : w);
+        return c.backward;
       default:
-        return w;
+        return c.weight;
     }
   };
   // When each core is next free (min-heap); empty without shared cores.
   std::priority_queue<double, std::vector<double>, std::greater<>> cores;
-  for (int i = 0; i < options.cores; ++i) cores.push(0);
+  for (int i = 0; i < cores_given; ++i) cores.push(0);
   // Rank r runs a compute of cost c from its clock, or from when a core is free.
   auto compute = [&](int r, double c) {
     double start = clock[r];
@@ -280,8 +312,7 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
                  "{}: the simulation of a validated schedule stalls on rank {} at step {}",
                  schedule.Describe(), r, next[r]);
   }
-  StepPrediction p;
-  p.ranks.resize(P);
+  RankTimes out{.end = std::vector<double>(P), .busy = busy};
   for (int r = 0; r < P; ++r) {
     double end = std::max(clock[r], completed_b[r]);
     bool pending = pending_b[r] != 0;
@@ -290,9 +321,224 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
       end = std::max(end, slot.completed_f);
     }
     SLUICE_CHECK(!pending, "{}: a send of rank {} never completes", schedule.Describe(), r);
-    p.ranks[r].end_ms = end;
-    p.ranks[r].busy_ms = busy[r];
-    p.makespan_ms = std::max(p.makespan_ms, end);
+    out.end[r] = end;
+  }
+  return out;
+}
+
+// The replay rank by rank: each rank runs down its list as far as it can — until a compute needs
+// a message not yet matched — and the ranks take turns in sweeps (down the pipeline, then up),
+// so long stretches of one rank's list run back to back and no queue orders the actions.
+//
+// It gives ReplayInEventOrder's times bit for bit, because the model's times do not depend on
+// the order in which ranks act, with one exception: which of a message's two posts copies (the
+// later; of equal clocks, the higher rank's). When copying costs nothing, the message's time is
+// the later post's clock whoever comes second here. When it costs something, a rank posts first
+// only once it is certain to be first: its peer's clock is already past its own (clocks never
+// run backwards), or no rank can move otherwise — then the earliest of the ranks waiting to post
+// is first, since every other post still owed depends on a message that will match later than
+// its clock. Computes never compete (each rank has its core), and the all-reduce waits for all.
+//
+// Memory: a double per message (2·P·V·M) where the reference keeps three per rank and
+// chunk-micro-batch, plus a queue per channel.
+RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs) {
+  const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
+  const int VS = schedule.virtual_stages();
+  // A message's time, in the F and B messages sent by virtual stage u, micro-batch m, at
+  // 2·(u·M + m) and 2·(u·M + m) + 1: kUnposted, −(the post's clock) once one side has posted
+  // (the sign bit marks it, −0 included), the time it arrived and completed once both have.
+  // A virtual stage's row is padded by a cache line: rows 2^k bytes apart would put every rank's
+  // messages of one micro-batch in the same few cache sets.
+  constexpr double kUnposted = -std::numeric_limits<double>::infinity();
+  const ptrdiff_t row = 2 * static_cast<ptrdiff_t>(M) + 8;
+  std::vector<double> messages(static_cast<size_t>(VS) * row, kUnposted);
+  // Per rank and chunk: where its messages are and what its computes cost.
+  struct Chunk {
+    double* in_f = nullptr;  // F messages it receives (null: the input is made on this rank)
+    double* out = nullptr;   // F messages it sends, B messages it sends at +1
+    double* in_b = nullptr;  // B messages it receives (null: made here, or the last stage)
+    bool sends_f = false;    // its F's output goes to another rank (B waits for that send)
+    ComputeCosts cost;
+  };
+  std::vector<Chunk> chunks(static_cast<size_t>(P) * V);
+  for (int r = 0; r < P; ++r) {
+    for (int c = 0; c < V; ++c) {
+      const int vs = schedule.VirtualStage(r, c);
+      Chunk& ch = chunks[static_cast<size_t>(r) * V + c];
+      ch.out = messages.data() + vs * row;
+      if (vs > 0 && schedule.RankOf(vs - 1) != r) ch.in_f = ch.out - row;
+      if (vs + 1 < VS && schedule.RankOf(vs + 1) != r) {
+        ch.in_b = ch.out + row;
+        ch.sends_f = true;
+      }
+      ch.cost = CostsOf(schedule, costs, r, c, /*cpu=*/false);
+    }
+  }
+  struct Rank {
+    const Action* next;
+    const Action* end;
+    double clock = 0, busy = 0;
+    double sent = kNone;            // the latest completion of its sends
+    const double* waits = nullptr;  // the message time a blocked compute waits for
+    bool runnable = true;
+    bool first = false;  // its next post may go first (no rank could move)
+  };
+  std::vector<Rank> ranks(P);
+  for (int r = 0; r < P; ++r) {
+    ranks[r].next = schedule.ranks[r].data();
+    ranks[r].end = schedule.ranks[r].data() + schedule.ranks[r].size();
+  }
+  const bool copies = costs.copy_ms > 0;
+  int at_barrier = 0, finished = 0;
+  int64_t unmatched = 0;
+  // Rank r is certainly the first to post a message with `peer`, which has not posted it yet.
+  auto certainly_first = [&](int r, int peer) {
+    const double mine = ranks[r].clock, theirs = ranks[peer].clock;
+    return theirs > mine || (theirs == mine && peer > r);
+  };
+  // Runs rank r until it blocks or ends; true when it ran at least one action.
+  auto run = [&](int r) {
+    Rank& me = ranks[r];
+    const Action* const from = me.next;
+    const Chunk* const mine = chunks.data() + static_cast<size_t>(r) * V;
+    // A compute waits for a message's time; false (the rank blocks) while it is not matched.
+    auto wait_for = [&](const double& when) {
+      if (std::signbit(when)) {
+        me.waits = &when;
+        me.runnable = false;
+        return false;
+      }
+      me.clock = std::max(me.clock, when);
+      return true;
+    };
+    for (; me.next != me.end; ++me.next) {
+      const Action a = *me.next;
+      const Chunk& ch = mine[a.chunk];
+      const ptrdiff_t m = 2 * static_cast<ptrdiff_t>(a.micro_batch);
+      switch (a.kind) {
+        case ActionKind::kForward:
+          if (ch.in_f != nullptr && !wait_for(ch.in_f[m])) return me.next != from;
+          me.clock += ch.cost.forward;
+          me.busy += ch.cost.forward;
+          break;
+        case ActionKind::kBackward:
+          if (ch.in_b != nullptr && !wait_for(ch.in_b[m + 1])) return me.next != from;
+          if (ch.sends_f && !wait_for(ch.out[m])) return me.next != from;
+          me.clock += ch.cost.backward;
+          me.busy += ch.cost.backward;
+          break;
+        case ActionKind::kWeight:
+          me.clock += ch.cost.weight;
+          me.busy += ch.cost.weight;
+          break;
+        case ActionKind::kOptimizer:  // its first half, then the all-reduce's barrier
+          me.clock += costs.ranks[r].optimizer_ms;
+          me.busy += costs.ranks[r].optimizer_ms;
+          me.runnable = false;
+          if (++at_barrier == P) {
+            double all = 0;
+            for (const Rank& q : ranks) all = std::max(all, q.clock);
+            for (int q = 0; q < P; ++q) {
+              ranks[q].clock = all + costs.ranks[q].update_ms;
+              ranks[q].busy += costs.ranks[q].update_ms;
+              ++ranks[q].next;
+            }
+            finished = P;
+          }
+          return true;
+        default: {  // a send or a receive
+          double* when;
+          switch (a.kind) {
+            case ActionKind::kSendF:
+              when = &ch.out[m];
+              break;
+            case ActionKind::kSendB:
+              when = &ch.out[m + 1];
+              break;
+            case ActionKind::kRecvF:
+              when = &ch.in_f[m];
+              break;
+            default:  // kRecvB
+              when = &ch.in_b[m + 1];
+              break;
+          }
+          if (*when == kUnposted) {
+            if (copies && !me.first && !certainly_first(r, a.peer)) return me.next != from;
+            me.first = false;
+            me.clock += costs.post_ms;
+            *when = -me.clock;
+            ++unmatched;
+            break;
+          }
+          const double earlier = -*when;  // the peer's clock after its post
+          me.clock += costs.post_ms;
+          me.clock += costs.copy_ms;
+          // Copying costs something: the peer posted first (above). Nothing: the later clock.
+          const double t = copies ? me.clock : std::max(earlier, me.clock);
+          *when = t;
+          --unmatched;
+          Rank& sender = IsSend(a.kind) ? me : ranks[a.peer];
+          sender.sent = std::max(sender.sent, t);
+          Rank& peer = ranks[a.peer];
+          if (peer.waits == when) {
+            peer.waits = nullptr;
+            peer.runnable = true;
+          }
+          break;
+        }
+      }
+    }
+    return me.next != from;
+  };
+  // Sweeps down and up the pipeline until every rank has ended.
+  for (bool down = true; finished < P; down = !down) {
+    bool moved = false;
+    for (int i = 0; i < P; ++i) {
+      const int r = down ? i : P - 1 - i;
+      if (ranks[r].runnable) moved = run(r) || moved;
+    }
+    if (moved || finished == P) continue;
+    // No rank can move: the earliest rank waiting to post goes first (only when copying costs).
+    int earliest = -1;
+    for (int r = 0; r < P; ++r) {
+      const Rank& q = ranks[r];
+      if (q.runnable && q.next != q.end && (earliest < 0 || q.clock < ranks[earliest].clock)) {
+        earliest = r;
+      }
+    }
+    if (earliest < 0) {
+      int r = 0;
+      while (ranks[r].next == ranks[r].end) ++r;
+      SLUICE_CHECK(false, "{}: the simulation of a validated schedule stalls on rank {} at step {}",
+                   schedule.Describe(), r, ranks[r].next - schedule.ranks[r].data());
+    }
+    ranks[earliest].first = true;
+  }
+  SLUICE_CHECK(unmatched == 0, "{}: a send never completes", schedule.Describe());
+  RankTimes out;
+  for (const Rank& r : ranks) {
+    out.end.push_back(std::max(r.clock, r.sent));
+    out.busy.push_back(r.busy);
+  }
+  return out;
+}
+
+}  // namespace
+
+StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
+                            const SimulateOptions& options) {
+  if (!options.validated) ValidateSchedule(schedule);
+  CheckCostsCover(costs, schedule);
+  const RankTimes times = options.cores > 0 || options.in_event_order || !NoNegativeCosts(costs)
+                              ? ReplayInEventOrder(schedule, costs, options.cores)
+                              : ReplayByRank(schedule, costs);
+  const int P = schedule.stages;
+  StepPrediction p;
+  p.ranks.resize(P);
+  for (int r = 0; r < P; ++r) {
+    p.ranks[r].end_ms = times.end[r];
+    p.ranks[r].busy_ms = times.busy[r];
+    p.makespan_ms = std::max(p.makespan_ms, times.end[r]);
   }
   double idle = 0;
   for (RankPrediction& rank : p.ranks) {

@@ -21,6 +21,9 @@
 // The step time is the last rank's end plus `step_overhead_ms` (starting and joining the rank
 // threads, the loss): step_ms. A rank's busy time is the sum of its compute costs; idle is the
 // makespan (without overhead) minus busy; bubble = idle / makespan — as the engine measures it.
+// The replay runs rank by rank — each rank down its list until a compute needs a message not yet
+// matched — which gives, bit for bit, the times of replaying one action at a time in the global
+// order of start times (the reference, SimulateOptions::in_event_order; the replay of --cores).
 //
 // Costs cover a schedule when they have its stage count P and chunk count V and, for a schedule
 // that splits the backward into B and W, were measured split (an unsplit B costs B + W).
@@ -104,6 +107,10 @@ struct SimulateOptions {
   // The schedule came from MakeSchedule, which validated it: SimulateStep skips validating it
   // again (a fifth of its time at P = 1024, M = 8192). Anything else is validated.
   bool validated = false;
+  // Replay every action in the global order of start times, as ReplayInEventOrder does (the
+  // reference; always so with shared cores), instead of rank by rank: the same times bit for bit
+  // (tests/pipeline/step_simulator_test.cc holds the two to it), several times slower at scale.
+  bool in_event_order = false;
 };
 
 // Validates (unless options.validated), checks coverage, and replays one step.

@@ -7,6 +7,8 @@
 #             process
 #   rescue    one rank cannot write its shard: the job exits non-zero naming where the whole state
 #             went instead (every rank's rescue shard and the index), and it resumes bitwise
+#   profile   --profile-out under MPI (P = 2, and P = 2 × D = 2) writes rank 0's costs file of every
+#             stage, which sluice simulate reads
 #   kill      kill -9 of one rank: every other process exits non-zero within 30 s
 #   timeout   a message that never comes: the job exits non-zero within seconds, naming the action
 #   launch    a world size other than P × D: a clear error before any work
@@ -116,6 +118,32 @@ def losses(p):
 whole, resumed = losses(sys.argv[1]), losses(sys.argv[2])
 assert resumed == whole[2:4], (resumed, whole)
 PY
+    ;;
+  profile)
+    args=("${small[@]}" --layers 4 --stages 2)
+    check_costs() {
+      python3 - "$1" <<'PY' || fail "the costs file $1"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["format"] == "sluice-step-costs/1" and c["stages"] == 2 and c["split_backward"], c
+for r in c["ranks"]:
+    ch = r["chunks"][0]
+    assert ch["forward_ms"] > 0 and ch["backward_ms"] > 0 and ch["weight_ms"] > 0, r
+    assert ch["forward_cpu_ms"] > 0 and r["optimizer_ms"] > 0 and r["update_ms"] > 0, r
+assert c["messages"]["bytes"] > 0 and c["messages"]["post_ms"] > 0, c["messages"]
+assert c["measured"]["steps"] == 3 and len(c["measured"]["stage_bubble"]) == 2, c["measured"]
+print(f"{sys.argv[1]}: F {[r['chunks'][0]['forward_ms'] for r in c['ranks']]} ms")
+PY
+    }
+    mpi 2 "${args[@]}" --schedule zb-h1 --steps 4 --profile-out "$dir/costs.json" || fail "profiled run"
+    check_costs "$dir/costs.json"
+    "$sluice" simulate "${args[@]}" --schedule 1f1b --costs "$dir/costs.json" --format json >"$dir/sim.json" \
+      || fail "simulate with the MPI costs"
+    python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["step_ms"] > 0, s' "$dir/sim.json" \
+      || fail "no predicted step"
+    mpi 4 "${args[@]}" --schedule zb-h1 --data-parallel 2 --steps 4 --profile-out "$dir/dp.json" \
+      || fail "profiled P=2 x D=2"
+    check_costs "$dir/dp.json"
     ;;
   kill)
     SECONDS=0

@@ -152,9 +152,9 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     }
   }
 
-  if (m.distributed() && !m.options.profile_path.empty()) {
-    throw InvalidArgument(
-        "--profile-out records the stages of one process: run without --comm mpi to profile");
+  if (!m.options.profile_path.empty()) {
+    m.profiler = std::make_unique<CostProfiler>(m.setup.schedule,
+                                                ProfileJob(m.setup, FormatLayout(m.partition)));
   }
   if (m.distributed()) {
     m.setup.replica = m.replica();
@@ -164,10 +164,6 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   } else {
     for (int r = 0; r < P; ++r) m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, r));
     m.world = std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = m.options.timeout});
-    if (!m.options.profile_path.empty()) {
-      m.profiler = std::make_unique<CostProfiler>(m.setup.schedule,
-                                                  ProfileJob(m.setup, FormatLayout(m.partition)));
-    }
   }
   const ScheduleOptions sched{.kind = m.options.schedule,
                               .stages = P,
@@ -195,6 +191,52 @@ void WriteCosts(const StepCosts& costs, const std::string& path) {
   std::ofstream out(path);
   out << CostsToJson(costs).dump(2) << "\n";
   if (!out) throw IoError(fmt::format("--profile-out {}: cannot write the costs file", path));
+}
+
+// A distributed run's costs: every process profiled its own rank (`mine`: its Costs(), the other
+// ranks empty); one all-reduce brings replica 0's ranks to every process. A rank's figures are its
+// own medians; the message costs are the mean of the ranks' medians. Collective.
+StepCosts GatherCosts(StepCosts mine, int stage, bool contributes, Communicator& world) {
+  const int P = mine.stages, V = mine.chunks;
+  const int fields = 6 * V + 6;
+  Tensor all = Tensor::Zeros({P, fields}, DType::kF64);
+  if (contributes) {
+    double* row = all.data<double>() + stage * fields;
+    const RankCosts& r = mine.ranks[stage];
+    for (int v = 0; v < V; ++v) {
+      const ChunkCosts& c = r.chunks[v];
+      for (double x : {c.forward_ms, c.backward_ms, c.weight_ms, c.forward_cpu_ms,
+                       c.backward_cpu_ms, c.weight_cpu_ms})
+        *row++ = x;
+    }
+    const nlohmann::json& bubbles = mine.measured["stage_bubble"];
+    for (double x : {r.optimizer_ms, r.update_ms, mine.post_ms, mine.copy_ms,
+                     static_cast<double>(mine.message_bytes), bubbles[stage].get<double>()})
+      *row++ = x;
+  }
+  world.AllReduceSum(all);
+  StepCosts c = std::move(mine);
+  c.post_ms = c.copy_ms = 0;
+  c.message_bytes = 0;
+  nlohmann::json bubbles = nlohmann::json::array();
+  for (int s = 0; s < P; ++s) {
+    const double* row = all.data<double>() + s * fields;
+    RankCosts& r = c.ranks[s];
+    for (int v = 0; v < V; ++v) {
+      ChunkCosts& ch = r.chunks[v];
+      for (double* x : {&ch.forward_ms, &ch.backward_ms, &ch.weight_ms, &ch.forward_cpu_ms,
+                        &ch.backward_cpu_ms, &ch.weight_cpu_ms})
+        *x = *row++;
+    }
+    r.optimizer_ms = *row++;
+    r.update_ms = *row++;
+    c.post_ms += *row++ / P;
+    c.copy_ms += *row++ / P;
+    c.message_bytes = std::max(c.message_bytes, static_cast<int64_t>(*row++));
+    bubbles.push_back(*row++);
+  }
+  c.measured["stage_bubble"] = bubbles;
+  return c;
 }
 
 }  // namespace
@@ -295,6 +337,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   }
 
   // Distributed: run this rank, then one all-reduce brings every rank's figures everywhere.
+  const int64_t begin = NowNs();
   const StageStep s = m.RunDistributed(step, lr, trace);
   const int W = static_cast<int>(m.reports.size()), w = m.world_rank();
   Tensor all = Tensor::Zeros({W, kFields}, DType::kF64);
@@ -342,6 +385,22 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   result.loss = losses > 0 ? sum / losses : 0;
   result.grad_norm = all.data<double>()[kNorm];  // equal on every rank
   result.updated = s.updated;                    // likewise
+  if (m.profiler) {
+    const int64_t steps_run = m.setup.config->steps;
+    if (step > 0 || steps_run == 1) {  // step 0 warms up
+      int64_t slowest = 0;
+      for (int r = 0; r < W; ++r)
+        slowest =
+            std::max(slowest, static_cast<int64_t>(all.data<double>()[r * kFields + kWallNs]));
+      m.profiler->AddRank(m.stage(), s);
+      m.profiler->AddStep(NowNs() - begin, slowest);
+    }
+    if (step == steps_run - 1) {
+      const StepCosts costs = GatherCosts(m.profiler->Costs(), m.stage(), m.replica() == 0,
+                                          *m.options.distributed->world);
+      if (leader()) WriteCosts(costs, m.options.profile_path);
+    }
+  }
   if (trace) {
     std::string stem = m.options.trace_path;
     if (stem.ends_with(".json")) stem.resize(stem.size() - 5);

@@ -701,23 +701,30 @@ CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
 void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns) {
   int64_t slowest = 0;
   for (size_t r = 0; r < steps.size(); ++r) {
-    const StageStep& s = steps[r];
-    for (int kind = 0; kind < 5; ++kind) {
-      // OPT's two halves are one sample each per step, recorded under chunk 0.
-      for (const StageStep::Sample& x : s.computes[kind]) {
-        wall_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.wall_ns);
-        cpu_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.cpu_ns);
-      }
-    }
-    post_.insert(post_.end(), s.post_ns.begin(), s.post_ns.end());
-    copy_.insert(copy_.end(), s.post_copy_ns.begin(), s.post_copy_ns.end());
-    message_bytes_ = s.message_bytes;
-    slowest = std::max(slowest, s.wall_ns);
-    bubble_[r].push_back(s.wall_ns > 0 ? static_cast<double>(s.wall_ns - s.busy_ns) /
-                                             static_cast<double>(s.wall_ns)
-                                       : 0);
+    AddRank(static_cast<int>(r), steps[r]);
+    slowest = std::max(slowest, steps[r].wall_ns);
   }
-  overhead_.push_back(std::max<int64_t>(0, step_wall_ns - slowest));
+  AddStep(step_wall_ns, slowest);
+}
+
+void CostProfiler::AddRank(int r, const StageStep& s) {
+  for (int kind = 0; kind < 5; ++kind) {
+    // OPT's two halves are one sample each per step, recorded under chunk 0.
+    for (const StageStep::Sample& x : s.computes[kind]) {
+      wall_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.wall_ns);
+      cpu_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.cpu_ns);
+    }
+  }
+  post_.insert(post_.end(), s.post_ns.begin(), s.post_ns.end());
+  copy_.insert(copy_.end(), s.post_copy_ns.begin(), s.post_copy_ns.end());
+  message_bytes_ = std::max(message_bytes_, s.message_bytes);
+  bubble_[r].push_back(s.wall_ns > 0 ? static_cast<double>(s.wall_ns - s.busy_ns) /
+                                           static_cast<double>(s.wall_ns)
+                                     : 0);
+}
+
+void CostProfiler::AddStep(int64_t step_wall_ns, int64_t slowest_rank_wall_ns) {
+  overhead_.push_back(std::max<int64_t>(0, step_wall_ns - slowest_rank_wall_ns));
   step_wall_.push_back(step_wall_ns);
 }
 

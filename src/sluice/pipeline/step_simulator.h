@@ -134,6 +134,10 @@ class CostProfiler {
   CostProfiler(const Schedule& schedule, nlohmann::json job);
   // One step of every rank ([P]) and its wall time in the engine.
   void Add(const std::vector<StageStep>& steps, int64_t step_wall_ns);
+  // The same in two parts, for a distributed run whose process knows only its own rank's step:
+  // rank r's step, and the step's wall time beside its slowest rank's.
+  void AddRank(int r, const StageStep& step);
+  void AddStep(int64_t step_wall_ns, int64_t slowest_rank_wall_ns);
   StepCosts Costs() const;
 
  private:

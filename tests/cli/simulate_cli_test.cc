@@ -210,5 +210,20 @@ TEST_F(SimulateCli, LargeJobsPredictTimeAndSayMemoryWasNotForecast) {
   EXPECT_NE(err.find("--memory-budget: memory not forecast"), std::string::npos) << err;
 }
 
+// The command without a model (`sluice simulate --stages P --microbatches M --schedule
+// 1f1b`) simulates the job `sluice train` would run, whose defaults (--batch 32, --layers 2)
+// cannot be split that way: each error names the flag that fixes it, and with both it runs.
+TEST_F(SimulateCli, AJobTooSmallForTheScheduleNamesTheFlagsThatFixIt) {
+  const std::string job = "--stages 8 --microbatches 64 --schedule 1f1b --threads 1";
+  std::string err = Error(job);
+  EXPECT_NE(err.find("--microbatches 64 must divide --batch 32: use --batch 64"), std::string::npos)
+      << err;
+  err = Error(job + " --batch 64");
+  EXPECT_NE(err.find("2 layers for 8 virtual stages"), std::string::npos) << err;
+  EXPECT_NE(err.find("--layers 8 or more"), std::string::npos) << err;
+  const nlohmann::json j = Simulate(job + " --batch 64 --layers 8");
+  EXPECT_DOUBLE_EQ(j["step_ms"].get<double>(), 3.0 * (64 + 8 - 1));  // (F + B + W)(M + P − 1)
+}
+
 }  // namespace
 }  // namespace sluice

@@ -54,9 +54,9 @@ GptPartition Uniform(const GptConfig& c, int S) {
     throw InvalidArgument(
         fmt::format("--partition uniform puts at least one layer on every stage, but the model has "
                     "{} layers for {} virtual stages (--stages × --chunks): use --partition "
-                    "balanced (embed and head may take a stage of their own) or name the layers of "
-                    "each stage with --layout",
-                    L, S));
+                    "balanced (embed and head may take a stage of their own), name the layers of "
+                    "each stage with --layout, or give the model --layers {} or more",
+                    L, S, S));
   }
   // L mod S stages get one block more: the middle stages first, then stage 0 (partition.h).
   std::vector<int64_t> count(static_cast<size_t>(S), L / S);

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <limits>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -185,51 +185,77 @@ int64_t PlacementCost(const Schedule& s, ActionKind kind) {
 // The as-soon-as-possible timing of every compute at placement cost. Times are whole steps.
 struct Timing {
   std::vector<std::vector<int64_t>> start;  // [rank][index in its order]
-  // end[F or B][virtual stage][micro-batch]: when that forward or backward ends.
+  // end[F or B][virtual stage][micro-batch]: when that forward or backward ends. A row (one
+  // kind and virtual stage) is padded by a cache line: rows 2^k bytes apart would put every
+  // rank's entries of one micro-batch into the same few cache sets.
   std::vector<int64_t> end;
-  int virtual_stages = 0, micro_batches = 0;
+  int virtual_stages = 0;
+  size_t row = 0;  // micro-batches + 8
 
   int64_t& End(ActionKind kind, int vs, int m) {
-    return end[(static_cast<size_t>(kind) * virtual_stages + vs) * micro_batches + m];
+    return end[(static_cast<size_t>(kind) * virtual_stages + vs) * row + m];
   }
   int64_t End(ActionKind kind, int vs, int m) const {
-    return end[(static_cast<size_t>(kind) * virtual_stages + vs) * micro_batches + m];
+    return end[(static_cast<size_t>(kind) * virtual_stages + vs) * row + m];
   }
 };
 
 Timing TimeOrder(const Schedule& s, const ComputeOrder& order) {
   const int P = s.stages, M = s.micro_batches, VP = s.virtual_stages();
+  const size_t row = static_cast<size_t>(M) + 8;
   Timing timing{.start = std::vector<std::vector<int64_t>>(P),
-                .end = std::vector<int64_t>(static_cast<size_t>(2) * VP * M, -1),  // -1: not run
+                .end = std::vector<int64_t>(2 * VP * row, -1),  // -1: not run
                 .virtual_stages = VP,
-                .micro_batches = M};
+                .row = row};
   // W ends nowhere in the table: nothing waits for it. Its inputs are B's.
   for (int r = 0; r < P; ++r) timing.start[r].reserve(order[r].size());
   std::vector<int64_t> clock(P, 0);
   std::vector<size_t> next(P, 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int r = 0; r < P; ++r) {
-      for (; next[r] < order[r].size(); ++next[r]) {
-        const Compute& c = order[r][next[r]];
-        const int vs = s.VirtualStage(r, c.chunk);
-        int64_t ready = 0;  // the latest input's end; -1 while an input has not run
-        auto input = [&](ActionKind kind, int v) {
-          const int64_t end = timing.End(kind, v, c.micro_batch);
-          ready = ready < 0 || end < 0 ? -1 : std::max(ready, end);
-        };
-        if (c.kind == ActionKind::kForward && vs > 0) input(ActionKind::kForward, vs - 1);
-        if (c.kind == ActionKind::kBackward) {
-          input(ActionKind::kForward, vs);
-          if (vs + 1 < VP) input(ActionKind::kBackward, vs + 1);
-        }
-        if (c.kind == ActionKind::kWeight) input(ActionKind::kBackward, vs);
-        if (ready < 0) break;
-        const int64_t t = std::max(clock[r], ready);
-        clock[r] = t + PlacementCost(s, c.kind);
-        if (c.kind != ActionKind::kWeight) timing.End(c.kind, vs, c.micro_batch) = clock[r];
-        timing.start[r].push_back(t);
-        progress = true;
+  // Each rank runs until a compute's input has not ended; the rank ending that input wakes it.
+  // The times do not depend on which rank runs first.
+  constexpr int64_t kNotWaiting = -1;
+  std::vector<int64_t> waits(P, kNotWaiting);  // the index in timing.end a blocked rank waits for
+  std::vector<int> work;
+  for (int r = P - 1; r >= 0; --r) work.push_back(r);
+  auto index = [&](ActionKind kind, int vs, int m) {
+    return static_cast<int64_t>(&timing.End(kind, vs, m) - timing.end.data());
+  };
+  while (!work.empty()) {
+    const int r = work.back();
+    work.pop_back();
+    waits[r] = kNotWaiting;
+    for (; next[r] < order[r].size(); ++next[r]) {
+      const Compute& c = order[r][next[r]];
+      const int vs = s.VirtualStage(r, c.chunk);
+      int64_t ready = 0;     // the latest input's end
+      int64_t missing = -1;  // the first input that has not ended
+      auto input = [&](ActionKind kind, int v) {
+        const int64_t end = timing.End(kind, v, c.micro_batch);
+        if (end < 0 && missing < 0) missing = index(kind, v, c.micro_batch);
+        ready = std::max(ready, end);
+      };
+      if (c.kind == ActionKind::kForward && vs > 0) input(ActionKind::kForward, vs - 1);
+      if (c.kind == ActionKind::kBackward) {
+        input(ActionKind::kForward, vs);
+        if (vs + 1 < VP) input(ActionKind::kBackward, vs + 1);
+      }
+      if (c.kind == ActionKind::kWeight) input(ActionKind::kBackward, vs);
+      if (missing >= 0) {
+        waits[r] = missing;
+        break;
+      }
+      const int64_t t = std::max(clock[r], ready);
+      clock[r] = t + PlacementCost(s, c.kind);
+      timing.start[r].push_back(t);
+      if (c.kind == ActionKind::kWeight) continue;
+      timing.End(c.kind, vs, c.micro_batch) = clock[r];
+      // The consumer on another rank: F of the next virtual stage, B of the previous.
+      const int to = c.kind == ActionKind::kForward ? vs + 1 : vs - 1;
+      if (to < 0 || to >= VP) continue;
+      const int q = s.RankOf(to);
+      if (q != r && waits[q] == index(c.kind, vs, c.micro_batch)) {
+        waits[q] = kNotWaiting;
+        work.push_back(q);
       }
     }
   }
@@ -277,20 +303,33 @@ int64_t CommonPause(RankSpans& a, RankSpans& b, int64_t from, int64_t until) {
   return from;
 }
 
-// One entry of the global order all ranks' lists are projections of.
+// One entry of the global order all ranks' lists are projections of, 24 bytes: the order is
+// (time, order), `order` packing what ranks the entries of one instant (MessageOrder).
 struct Event {
   int64_t time;
-  int klass;  // 0: a message (before computes starting at the same time), 1: a compute
-  std::tuple<int, int, int> tie;  // messages: (backward?, ±producer virtual stage, micro-batch)
+  uint64_t order;
   Action action;
 
-  auto Key() const { return std::tie(time, klass, tie); }
+  auto Key() const { return std::pair(time, order); }
 };
 
+// Of one instant, messages before computes (there is at most one compute); of messages, forward
+// ones first, then within a direction the one further along (a higher producing virtual stage
+// forward, a lower one backward), then the lower micro-batch — as bits: 63 compute, 62 backward,
+// 61–32 the producing stage (forward: 2^30 − 1 − vs), 31–0 the micro-batch.
+constexpr uint64_t kComputeOrder = uint64_t{1} << 63;
+uint64_t MessageOrder(bool forward, int producer_vs, int micro_batch) {
+  const uint64_t vs = forward ? (uint64_t{1} << 30) - 1 - static_cast<uint64_t>(producer_vs)
+                              : static_cast<uint64_t>(producer_vs);
+  return (uint64_t{forward ? 0u : 1u} << 62) | (vs << 32) | static_cast<uint32_t>(micro_batch);
+}
+
 // Sorts one rank's events by Key(): by time with a counting sort (times are whole steps, a few per
-// event), then each instant's few events by the rest of the key. Every key of a rank is distinct
-// (one compute starts at an instant; a message's tie names it), so the order is the one sort.
-void SortEvents(std::vector<Event>& events, std::vector<Event>& scratch) {
+// event), then each instant's few events by `order`. Every key of a rank is distinct (one
+// compute starts at an instant; a message's order names it), so the order is the one sort.
+// `scratch` and `bucket` are buffers kept between calls.
+void SortEvents(std::vector<Event>& events, std::vector<Event>& scratch,
+                std::vector<size_t>& bucket) {
   if (events.empty()) return;
   auto [lo, hi] = std::ranges::minmax(events, {}, &Event::time);
   const int64_t t0 = lo.time, span = hi.time - lo.time + 1;
@@ -298,17 +337,28 @@ void SortEvents(std::vector<Event>& events, std::vector<Event>& scratch) {
     std::ranges::sort(events, {}, &Event::Key);
     return;
   }
-  std::vector<size_t> first(static_cast<size_t>(span) + 1, 0);
-  for (const Event& e : events) ++first[static_cast<size_t>(e.time - t0) + 1];
-  for (size_t t = 1; t < first.size(); ++t) first[t] += first[t - 1];
+  // bucket[t]: first the end of instant t0 + t's events in the sorted order, then, once they
+  // are placed from the back, their start.
+  bucket.assign(static_cast<size_t>(span), 0);
+  for (const Event& e : events) ++bucket[static_cast<size_t>(e.time - t0)];
+  for (size_t t = 1; t < bucket.size(); ++t) bucket[t] += bucket[t - 1];
   scratch.resize(events.size());
-  std::vector<size_t> fill(first.begin(), first.end() - 1);
-  for (const Event& e : events) scratch[fill[static_cast<size_t>(e.time - t0)]++] = e;
-  for (size_t t = 0; t + 1 < first.size(); ++t) {
-    if (first[t + 1] - first[t] > 1) {
-      std::sort(scratch.begin() + static_cast<std::ptrdiff_t>(first[t]),
-                scratch.begin() + static_cast<std::ptrdiff_t>(first[t + 1]),
-                [](const Event& x, const Event& y) { return x.Key() < y.Key(); });
+  for (size_t i = events.size(); i-- > 0;) {
+    scratch[--bucket[static_cast<size_t>(events[i].time - t0)]] = events[i];
+  }
+  for (size_t t = 0; t < bucket.size(); ++t) {
+    const size_t begin = bucket[t], end = t + 1 < bucket.size() ? bucket[t + 1] : events.size();
+    if (end - begin <= 16) {  // an insertion sort of the instant's few events
+      for (size_t i = begin + 1; i < end; ++i) {
+        const Event e = scratch[i];
+        size_t j = i;
+        for (; j > begin && scratch[j - 1].order > e.order; --j) scratch[j] = scratch[j - 1];
+        scratch[j] = e;
+      }
+    } else {
+      std::sort(scratch.begin() + static_cast<std::ptrdiff_t>(begin),
+                scratch.begin() + static_cast<std::ptrdiff_t>(end),
+                [](const Event& x, const Event& y) { return x.order < y.order; });
     }
   }
   events.swap(scratch);
@@ -330,28 +380,24 @@ void PostReceivesAhead(std::vector<Action>& list) {
   }
 }
 
-// The ranks rank r exchanges messages with: the ranks of its chunks' neighbouring virtual stages.
-std::vector<int> PeersOf(const Schedule& s, int r) {
-  std::vector<int> peers;
-  for (int c = 0; c < s.chunks; ++c) {
-    const int vs = s.VirtualStage(r, c);
-    for (int to : {vs - 1, vs + 1}) {
-      if (to < 0 || to >= s.virtual_stages() || s.RankOf(to) == r) continue;
-      if (std::ranges::find(peers, s.RankOf(to)) == peers.end()) peers.push_back(s.RankOf(to));
-    }
-  }
-  return peers;
-}
-
 // Lists every rank's actions one rank at a time: its computes, the sends they make and the
-// receives its peers' computes make for it, in the global order.
+// receives its peers' computes make for it, in the global order. Each message's instant is placed
+// once, beside the timing; the timing's table of ends goes before the lists grow.
 Schedule Assemble(Schedule s, const ComputeOrder& order, bool post_ahead) {
-  const Timing timing = TimeOrder(s, order);
+  Timing timing = TimeOrder(s, order);
+  const int P = s.stages, M = s.micro_batches, VP = s.virtual_stages();
   std::vector<RankSpans> spans;
-  for (int r = 0; r < s.stages; ++r) spans.push_back({&s, &order[r], &timing.start[r]});
-  // The message a compute of rank `from` makes for rank `to`, if any: calls
-  // add(time, tie, chunk of `from`, chunk of the receiver) for each.
-  auto messages = [&](int from, int to_rank, auto add) {
+  for (int r = 0; r < P; ++r) spans.push_back({&s, &order[r], &timing.start[r]});
+  // The instant of every message, [F or B][producing virtual stage][micro-batch]; kNoMessage
+  // where its producer does not run. An int holds every instant: a schedule's makespan at
+  // placement costs is at most twice its computes, and they are at most kMaxActions.
+  static_assert(2 * kMaxActions < std::numeric_limits<int32_t>::max());
+  constexpr int32_t kNoMessage = -1;
+  std::vector<int32_t> instants(2 * static_cast<size_t>(VP) * M, kNoMessage);
+  auto instant = [&](bool forward, int vs, int m) -> int32_t& {
+    return instants[(static_cast<size_t>(forward ? 0 : 1) * VP + vs) * M + m];
+  };
+  for (int from = 0; from < P; ++from) {
     RankSpans& sender = spans[from];
     for (size_t i = 0; i < order[from].size(); ++i) {
       const Compute& c = order[from][i];
@@ -361,57 +407,65 @@ Schedule Assemble(Schedule s, const ComputeOrder& order, bool post_ahead) {
       const bool forward = c.kind == ActionKind::kForward;
       const int vs = s.VirtualStage(from, c.chunk);
       const int to = forward ? vs + 1 : vs - 1;
-      if (to < 0 || to >= s.virtual_stages() || s.RankOf(to) == from) continue;
-      const int peer = s.RankOf(to);
-      if (to_rank >= 0 && peer != to_rank) continue;
-      // Messages of one instant: forward ones first, then within a direction the one further
-      // along (a higher producing stage forward, a lower one backward), so that a rank's sends
-      // of one direction come before its receives.
-      const std::tuple<int, int, int> tie{forward ? 0 : 1, forward ? -vs : vs, c.micro_batch};
+      if (to < 0 || to >= VP || s.RankOf(to) == from) continue;
       // The consumer (F of the next virtual stage, B of the previous) starts its cost before
       // its end.
       const ActionKind consumer_kind = forward ? ActionKind::kForward : ActionKind::kBackward;
       const int64_t consumer =
           timing.End(consumer_kind, to, c.micro_batch) - PlacementCost(s, consumer_kind);
-      const int64_t t = CommonPause(sender, spans[peer], sender.End(i), consumer);
-      add(t, tie, c, peer, s.ChunkOf(to));
+      instant(forward, vs, c.micro_batch) =
+          static_cast<int32_t>(CommonPause(sender, spans[s.RankOf(to)], sender.End(i), consumer));
     }
-  };
-  s.ranks.assign(s.stages, {});
+  }
+  std::vector<int64_t>().swap(timing.end);
+
+  s.ranks.assign(P, {});
   std::vector<Event> events, scratch;
-  for (int r = 0; r < s.stages; ++r) {
+  std::vector<size_t> buckets;
+  for (int r = 0; r < P; ++r) {
     events.clear();
     const std::vector<Compute>& computes = order[r];
     for (size_t i = 0; i < computes.size(); ++i) {
       const Compute& c = computes[i];
       events.push_back({timing.start[r][i],
-                        1,
-                        {},
+                        kComputeOrder,
                         {.kind = c.kind, .chunk = c.chunk, .micro_batch = c.micro_batch}});
     }
-    messages(r, -1, [&](int64_t t, auto tie, const Compute& c, int peer, int) {
-      events.push_back(
-          {t,
-           0,
-           tie,
-           {.kind = c.kind == ActionKind::kForward ? ActionKind::kSendF : ActionKind::kSendB,
-            .chunk = c.chunk,
-            .micro_batch = c.micro_batch,
-            .peer = peer}});
-    });
-    for (int q : PeersOf(s, r)) {
-      messages(q, r, [&](int64_t t, auto tie, const Compute& c, int, int chunk) {
-        events.push_back(
-            {t,
-             0,
-             tie,
-             {.kind = c.kind == ActionKind::kForward ? ActionKind::kRecvF : ActionKind::kRecvB,
-              .chunk = static_cast<int8_t>(chunk),
-              .micro_batch = c.micro_batch,
-              .peer = q}});
-      });
+    // Its sends: messages of one instant go forward ones first, then within a direction the one
+    // further along (MessageOrder), so that a rank's sends of one direction come before its
+    // receives.
+    for (const Compute& c : computes) {
+      if (c.kind == ActionKind::kWeight) continue;
+      const bool forward = c.kind == ActionKind::kForward;
+      const int vs = s.VirtualStage(r, c.chunk);
+      const int to = forward ? vs + 1 : vs - 1;
+      if (to < 0 || to >= VP || s.RankOf(to) == r) continue;
+      events.push_back({instant(forward, vs, c.micro_batch),
+                        MessageOrder(forward, vs, c.micro_batch),
+                        {.kind = forward ? ActionKind::kSendF : ActionKind::kSendB,
+                         .chunk = c.chunk,
+                         .micro_batch = c.micro_batch,
+                         .peer = s.RankOf(to)}});
     }
-    SortEvents(events, scratch);
+    // Its receives: the messages of the neighbouring virtual stages on other ranks.
+    for (int c = 0; c < s.chunks; ++c) {
+      const int vs = s.VirtualStage(r, c);
+      for (const bool forward : {true, false}) {
+        const int from = forward ? vs - 1 : vs + 1;
+        if (from < 0 || from >= VP || s.RankOf(from) == r) continue;
+        for (int m = 0; m < M; ++m) {
+          const int32_t t = instant(forward, from, m);
+          if (t == kNoMessage) continue;
+          events.push_back({t,
+                            MessageOrder(forward, from, m),
+                            {.kind = forward ? ActionKind::kRecvF : ActionKind::kRecvB,
+                             .chunk = static_cast<int8_t>(c),
+                             .micro_batch = m,
+                             .peer = s.RankOf(from)}});
+        }
+      }
+    }
+    SortEvents(events, scratch, buckets);
     std::vector<Action>& list = s.ranks[r];
     list.reserve(events.size() + 1);
     for (const Event& e : events) list.push_back(e.action);

@@ -26,17 +26,27 @@ class Validator {
 
   void Run() {
     CheckShape();
+    sequence_.assign(2 * static_cast<size_t>(s_.virtual_stages()) * s_.micro_batches, 0);
     for (int r = 0; r < s_.stages; ++r) {
-      steps_.assign(static_cast<size_t>(kKinds) * s_.chunks * s_.micro_batches, -1);
+      steps_.assign(static_cast<size_t>(kSlotKinds) * s_.chunks * s_.micro_batches, -1);
+      chunks_.clear();
+      for (int c = 0; c < s_.chunks; ++c) {
+        chunks_.push_back({.vs = s_.VirtualStage(r, c),
+                           .prev_peer = PeerOf(ActionKind::kRecvF, r, c).value_or(-1),
+                           .next_peer = PeerOf(ActionKind::kSendF, r, c).value_or(-1)});
+      }
+      peers_.clear();
       for (int i = 0; i < static_cast<int>(s_.ranks[r].size()); ++i) CheckAction(r, i);
       CheckComplete(r);
     }
-    CheckPairing();
+    // The walk of every pair of lists, only to name the first message out of order.
+    if (out_of_order_) CheckPairing();
     CheckNoDeadlock();
   }
 
  private:
-  static constexpr int kKinds = 7;  // every kind but OPT has a (chunk, micro-batch) slot
+  static constexpr int kKinds = 7;      // every kind but OPT has a (chunk, micro-batch) slot
+  static constexpr int kSlotKinds = 8;  // slots of one chunk-micro-batch side by side, padded
 
   // ---- naming -------------------------------------------------------------------------------
 
@@ -70,9 +80,11 @@ class Validator {
     return PeerOf(kind, rank, chunk).has_value();
   }
 
-  // Checks 2 to 4 walk one rank at a time: steps_ holds the rank being walked.
+  // Checks 2 to 4 walk one rank at a time: steps_ holds the rank being walked, the kinds of one
+  // chunk-micro-batch side by side (an action and what it needs share a cache line).
   int& Slot(int rank, ActionKind kind, int chunk, int mb) {
-    return steps_[(static_cast<size_t>(kind) * s_.chunks + chunk) * s_.micro_batches + mb];
+    return steps_[(static_cast<size_t>(chunk) * s_.micro_batches + mb) * kSlotKinds +
+                  static_cast<size_t>(kind)];
   }
   bool Done(int rank, ActionKind kind, int chunk, int mb) {
     return Slot(rank, kind, chunk, mb) >= 0;
@@ -129,9 +141,32 @@ class Validator {
     }
     CheckPrerequisites(r, i, a);
     Slot(r, a.kind, c, m) = i;
+    if (IsSend(a.kind) || IsRecv(a.kind)) Sequence(r, a);
+  }
+
+  // Check 5 without walking lists twice: the k-th send from r to q records k + 1 at its message,
+  // the k-th receive on q from r −(k + 1); the other side of the message must find the same k.
+  void Sequence(int r, const Action& a) {
+    const bool send = IsSend(a.kind);
+    const int to = static_cast<int>(a.peer);
+    auto peer = std::ranges::find(peers_, to, &PeerCount::peer);
+    if (peer == peers_.end()) peer = peers_.insert(peer, {.peer = to});
+    const int k = send ? ++peer->sends : ++peer->receives;
+    const Message msg = MessageOf(r, a);
+    int& other =
+        sequence_[(static_cast<size_t>(msg.from_virtual) * s_.micro_batches + msg.micro_batch) * 2 +
+                  (msg.forward ? 0 : 1)];
+    if (other == 0) {
+      other = send ? k : -k;
+    } else if (other != (send ? -k : k)) {
+      out_of_order_ = true;
+    }
   }
 
   void CheckPeer(int r, int i, const Action& a) const {
+    const ChunkPlace& place = chunks_[a.chunk];
+    const bool outward = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvB;
+    if (a.peer == (outward ? place.next_peer : place.prev_peer) && a.peer >= 0) return;
     const std::optional<int> expected = PeerOf(a.kind, r, a.chunk);
     const int vs = s_.VirtualStage(r, a.chunk);
     if (!expected) {
@@ -158,11 +193,12 @@ class Validator {
       if (Done(r, kind, chunk, m)) return;
       Fail(fmt::format("{}: runs before {} ({})", At(r, i), Name(kind, chunk, m), why));
     };
-    const int vs = s_.VirtualStage(r, c);
+    const ChunkPlace& place = chunks_[c];
+    const int vs = place.vs;
     switch (a.kind) {
       case ActionKind::kForward:
         if (vs > 0) {
-          if (PeerOf(ActionKind::kRecvF, r, c))
+          if (place.prev_peer >= 0)
             need(ActionKind::kRecvF, c, "its input arrives there");
           else
             need(ActionKind::kForward, s_.ChunkOf(vs - 1), "its input is made there, on this rank");
@@ -171,7 +207,7 @@ class Validator {
       case ActionKind::kBackward:
         need(ActionKind::kForward, c, "a backward needs its forward");
         if (vs + 1 < s_.virtual_stages()) {
-          if (PeerOf(ActionKind::kRecvB, r, c))
+          if (place.next_peer >= 0)
             need(ActionKind::kRecvB, c, "its output gradient arrives there");
           else
             need(ActionKind::kBackward, s_.ChunkOf(vs + 1),
@@ -281,21 +317,34 @@ class Validator {
     auto current = [&](int r) -> const Action* {
       return next[r] < s_.ranks[r].size() ? &s_.ranks[r][next[r]] : nullptr;
     };
-    for (bool progress = true; progress;) {
-      progress = false;
-      for (int r = 0; r < P; ++r) {
-        while (const Action* a = current(r)) {
-          if (IsSend(a->kind)) {
-            // Pairing (5) guarantees that a receive from r at the peer's front is this message.
-            const Action* b = current(a->peer);
-            if (b == nullptr || !IsRecv(b->kind) || b->peer != r) break;
-            ++next[a->peer];
-          } else if (IsRecv(a->kind)) {
-            break;  // completes when its sender reaches the matching send
-          }
-          ++next[r];
-          progress = true;
+    // Each rank runs until it blocks; a rank that moves its peer, or reaches a receive its
+    // blocked sender waits for, wakes it. Which rank runs first does not change where they all
+    // end up (completing one send never prevents another).
+    std::vector<int> work;
+    std::vector<bool> queued(P, true);
+    for (int r = P - 1; r >= 0; --r) work.push_back(r);
+    auto wake = [&](int r) {
+      if (!queued[r]) {
+        queued[r] = true;
+        work.push_back(r);
+      }
+    };
+    while (!work.empty()) {
+      const int r = work.back();
+      work.pop_back();
+      queued[r] = false;
+      while (const Action* a = current(r)) {
+        if (IsSend(a->kind)) {
+          // Pairing (5) guarantees that a receive from r at the peer's front is this message.
+          const Action* b = current(a->peer);
+          if (b == nullptr || !IsRecv(b->kind) || b->peer != r) break;
+          ++next[a->peer];
+          wake(a->peer);
+        } else if (IsRecv(a->kind)) {
+          wake(a->peer);  // completes when its sender reaches the matching send
+          break;
         }
+        ++next[r];
       }
     }
     std::string blocked;
@@ -313,7 +362,23 @@ class Validator {
   }
 
   const Schedule& s_;
-  std::vector<int> steps_;  // [kind, chunk, mb] → the step of the rank walked that ran it, or -1
+  // [chunk, mb, kind] → the step of the rank walked that ran it, or -1
+  std::vector<int> steps_;
+  // Per chunk of the rank walked: its virtual stage and the ranks its messages go to and come
+  // from (−1: none, the first or last stage or a hand-off on the rank).
+  struct ChunkPlace {
+    int vs, prev_peer, next_peer;
+  };
+  std::vector<ChunkPlace> chunks_;
+  // The rank walked's messages so far, per peer (at most 2V).
+  struct PeerCount {
+    int peer, sends = 0, receives = 0;
+  };
+  std::vector<PeerCount> peers_;
+  // [producing virtual stage, mb, F or B]: the index of the message's send in its pair of ranks
+  // (k + 1) or of its receive (−(k + 1)), whichever was walked first; 0 before either.
+  std::vector<int> sequence_;
+  bool out_of_order_ = false;  // some message's send and receive have different indices
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "sluice/step/task.h"
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -154,7 +156,15 @@ void ValidateTrainConfig(const TrainConfig& c) {
     bad(fmt::format("--microbatches must be 1 or more, got {}", c.microbatches));
   }
   if (c.batch % c.microbatches != 0) {
-    bad(fmt::format("--microbatches {} must divide --batch {}", c.microbatches, c.batch));
+    std::string fix;
+    if (c.batch <= std::numeric_limits<int64_t>::max() - c.microbatches) {
+      const int64_t up = c.batch - c.batch % c.microbatches + c.microbatches;  // next multiple
+      fix = fmt::format(
+          ": use --batch {} (micro-batches of {}) or a number of micro-batches "
+          "that divides {}",
+          up, up / c.microbatches, c.batch);
+    }
+    bad(fmt::format("--microbatches {} must divide --batch {}{}", c.microbatches, c.batch, fix));
   }
   if (c.threads < 0)
     bad(fmt::format("--threads must be 0 (every core) or more, got {}", c.threads));

@@ -2,12 +2,16 @@
 // and the values, and that a failed AddInstruction leaves the program unchanged.
 #include "sluice/ir/program.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "sluice/core/error.h"
 #include "sluice/ir/builder.h"
+#include "sluice/ir/ops.h"
+#include "sluice/ir/verifier.h"
 
 namespace sluice {
 namespace {
@@ -181,6 +185,80 @@ TEST(Program, FreshNamesAvoidReservedNames) {
   p.ReserveName("h.0.weight");  // not a name FreshName makes; nothing to avoid
   EXPECT_EQ(p.FreshName("add"), "add_1");
   EXPECT_EQ(p.FreshName("add"), "add_3");
+}
+
+// Reserved names are kept once each, however often they are reserved, and many of them stay
+// findable as the set grows.
+TEST(Program, ManyReservedNamesAreAllAvoided) {
+  Program p("bwd");
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 5000; i += 2) p.ReserveName(fmt::format("mul_{}", i));
+  }
+  for (int i = 1; i < 5000; i += 2) EXPECT_EQ(p.FreshName("mul"), fmt::format("mul_{}", i));
+  EXPECT_EQ(p.FreshName("mul"), "mul_5000");
+}
+
+// An instruction with thousands of outputs is checked for repeated names in one pass: the first
+// repeated name is the one reported, and the program is left unchanged.
+TEST(Program, RepeatedNamesAmongManyOutputsAreFound) {
+  Program p("net");
+  ValueId x = p.AddInput("x", {DType::kF32, Shape{1, 4000}});
+  std::vector<std::string> names;
+  for (int i = 0; i < 4000; ++i) names.push_back(fmt::format("part{}", i));
+  names[3999] = "part7";
+  const Attrs split{{"axis", int64_t{1}}, {"sizes", std::vector<int64_t>(4000, 1)}};
+  ExpectError<ProgramError>([&] { p.AddInstruction("split", {x}, split, names); },
+                            {"split %part0: value %part7 is defined twice"});
+  EXPECT_EQ(p.values().size(), 1u);
+  names[3999] = "part3999";
+  EXPECT_EQ(p.AddInstruction("split", {x}, split, names).size(), 4000u);
+}
+
+// Instructions with the same attributes share one block of them; a copy changed by Set is its own.
+TEST(Program, EqualAttributesAreStoredOnce) {
+  Program p("net");
+  ValueId x = p.AddInput("x", {DType::kF32, Shape{2, 3}});
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  ValueId a = p.AddInstruction("scale", {x}, {{"factor", 0.5}}, {"a"})[0];
+  p.AddInstruction("scale", {a}, {{"factor", 0.5}}, {"b"});
+  p.AddInstruction("scale", {a}, {{"factor", 2.0}}, {"c"});
+  p.AddInstruction("scale", {a}, {{"factor", nan}}, {"d"});
+  p.AddInstruction("scale", {a}, {{"factor", nan}}, {"e"});
+  const auto& ins = p.instructions();
+  EXPECT_TRUE(ins[0].attrs.SharesItemsWith(ins[1].attrs));
+  EXPECT_FALSE(ins[0].attrs.SharesItemsWith(ins[2].attrs));
+  EXPECT_TRUE(ins[3].attrs.SharesItemsWith(ins[4].attrs));  // NaN is identical to itself
+  Attrs changed = ins[1].attrs;
+  changed.Set("factor", 3.0);
+  EXPECT_EQ(ins[1].attrs.GetFloat("factor"), 0.5);
+  EXPECT_EQ(ins[0].attrs.GetFloat("factor"), 0.5);
+  EXPECT_EQ(changed.GetFloat("factor"), 3.0);
+}
+
+// Verify runs once per program state: VerifyOnce marks a program that passes, and any change
+// clears the mark, so that the next VerifyOnce checks again.
+TEST(Program, VerifiedUntilChanged) {
+  Program p("net");
+  ValueId x = p.AddInput("x", kF32x2x3);
+  EXPECT_FALSE(p.verified());
+  VerifyOnce(p);
+  EXPECT_TRUE(p.verified());
+  Program copy = p;
+  EXPECT_TRUE(copy.verified());
+  ValueId y = p.AddInstruction("copy", {x}, {}, {"y"})[0];
+  EXPECT_FALSE(p.verified());
+  VerifyOnce(p);
+  p.AddOutput(y);
+  EXPECT_FALSE(p.verified());
+  VerifyOnce(p);
+  p.Rename(y, "z");
+  EXPECT_FALSE(p.verified());
+  VerifyOnce(p);
+  p.AddParam("w", kF32x3x4);
+  EXPECT_FALSE(p.verified());
+  Builder b("built");
+  b.Output(b.Name(Copy(b.Input("x", DType::kF32, {4})), "y"));
+  EXPECT_TRUE(b.Build().verified());
 }
 
 TEST(Program, OutputsKeepOrderAndAreListedOnce) {

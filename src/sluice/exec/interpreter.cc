@@ -151,7 +151,7 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
       options(std::move(o)),
       allocator(options.allocator != nullptr ? options.allocator : &DefaultAllocator()),
       gc_mode(ResolveGcMode(options.gc, *allocator)) {
-  Verify(program);
+  VerifyOnce(program);
   plan = Analyze(program, {.order = options.order, .keep = options.keep, .donate = options.donate});
   if (options.threads < 0) {
     throw InvalidArgument(fmt::format("executable '{}': threads must be ≥ 0, got {}",

@@ -64,7 +64,7 @@ Builder::NameScope::NameScope(Builder& b, std::string_view scope)
 Builder::NameScope::~NameScope() { b_.prefix_.resize(previous_size_); }
 
 Program Builder::Build() {
-  Verify(program_);
+  VerifyOnce(program_);
   Program out = std::move(program_);
   program_ = Program(out.name());
   return out;

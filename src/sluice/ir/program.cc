@@ -1,6 +1,7 @@
 #include "sluice/ir/program.h"
 
 #include <algorithm>
+#include <climits>
 #include <functional>
 
 #include <fmt/format.h>
@@ -42,31 +43,42 @@ bool LooksFresh(std::string_view name) {
 
 }  // namespace
 
-size_t Program::FindSlot(std::string_view name, uint32_t hash) const {
-  const size_t mask = index_.size() - 1;
+// Open addressing with linear probing over ids whose names `name_of(id)` gives: the slot holding
+// `name`, or the free slot ending its probe sequence.
+template <typename Slot, typename NameOf>
+size_t Probe(const std::vector<Slot>& index, std::string_view name, uint32_t hash, NameOf name_of) {
+  const size_t mask = index.size() - 1;
   size_t slot = hash & mask;
   for (;; slot = (slot + 1) & mask) {
-    const IndexSlot& s = index_[slot];
-    if (s.id == kNoValue || (s.hash == hash && values_[s.id].name == name)) return slot;
+    const Slot& s = index[slot];
+    if (s.id == kNoValue || (s.hash == hash && name_of(s.id) == name)) return slot;
   }
 }
 
-void Program::IndexReserve(size_t values) {
-  if (2 * values <= index_.size()) return;
+// Grows `index` (rehashing) to the smallest power of two, at least 16, that holds `names` at most
+// half full. Doubling at half load keeps the load between 1/4 and 1/2.
+template <typename Slot>
+void Reserve(std::vector<Slot>& index, size_t names) {
+  if (2 * names <= index.size()) return;
   size_t size = 16;
-  while (size < 4 * values) size *= 2;
-  std::vector<IndexSlot> old = std::move(index_);
-  index_.assign(size, IndexSlot{});
+  while (size < 2 * names) size *= 2;
+  std::vector<Slot> old = std::move(index);
+  index.assign(size, Slot{});
   const size_t mask = size - 1;
-  auto place = [&](IndexSlot entry) {  // names are distinct: the first free slot is its place
+  for (const Slot& entry : old) {  // names are distinct: the first free slot is its place
+    if (entry.id == kNoValue) continue;
     size_t slot = entry.hash & mask;
-    while (index_[slot].id != kNoValue) slot = (slot + 1) & mask;
-    index_[slot] = entry;
-  };
-  for (const IndexSlot& entry : old) {
-    if (entry.id != kNoValue) place(entry);
+    while (index[slot].id != kNoValue) slot = (slot + 1) & mask;
+    index[slot] = entry;
   }
 }
+
+size_t Program::FindSlot(std::string_view name, uint32_t hash) const {
+  return Probe(index_, name, hash,
+               [&](ValueId id) -> std::string_view { return values_[id].name; });
+}
+
+void Program::IndexReserve(size_t values) { Reserve(index_, values); }
 
 // Backward-shift deletion: the entries after the freed slot move up into it when their probe
 // sequence passes it, so that no search stops early.
@@ -108,6 +120,7 @@ ValueId Program::NewValue(std::string name, TypeId type, ValueKind kind, int32_t
   ValueId id = static_cast<ValueId>(values_.size());
   values_.push_back({std::move(name), type, kind, producer});
   index_[slot] = {id, hash};
+  verified_ = false;
   return id;
 }
 
@@ -164,18 +177,56 @@ ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, At
                                    out_types.size(), output_names.size()));
   }
   // Check every name before defining any, so a failed instruction leaves the program unchanged.
-  for (size_t i = 0; i < output_names.size(); ++i) {
-    if (Find(output_names[i]) ||
-        std::count(output_names.begin(), output_names.end(), output_names[i]) > 1) {
-      throw ProgramError(fmt::format("{}: value %{} is defined twice", where(), output_names[i]));
+  // One index probe per name: the slot found stays valid for the first output (the index is grown
+  // for all of them first); later outputs probe again, since an earlier one may have taken it.
+  const size_t n = out_types.size();
+  IndexReserve(values_.size() + n);
+  std::vector<uint32_t> hashes(output_names.size());
+  size_t first_slot = 0;
+  if (!output_names.empty()) {
+    // Names given more than once in this instruction: sort the positions by name.
+    std::vector<bool> repeated(n, false);
+    if (n > 1) {
+      std::vector<uint32_t> by_name(n);
+      for (size_t i = 0; i < n; ++i) by_name[i] = static_cast<uint32_t>(i);
+      std::sort(by_name.begin(), by_name.end(),
+                [&](uint32_t a, uint32_t b) { return output_names[a] < output_names[b]; });
+      for (size_t k = 1; k < n; ++k) {
+        if (output_names[by_name[k]] == output_names[by_name[k - 1]]) {
+          repeated[by_name[k]] = repeated[by_name[k - 1]] = true;
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      hashes[i] = HashName(output_names[i]);
+      const size_t slot = FindSlot(output_names[i], hashes[i]);
+      if (index_[slot].id != kNoValue || repeated[i]) {
+        throw ProgramError(fmt::format("{}: value %{} is defined twice", where(), output_names[i]));
+      }
+      if (i == 0) first_slot = slot;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (output_names[i].empty()) {
+        throw ProgramError(fmt::format("program '{}': a value needs a name", name_));
+      }
     }
   }
+  verified_ = false;
   const int32_t index = static_cast<int32_t>(instructions_.size());
+  if (!attrs.empty()) attrs = *attrs_pool_.insert(std::move(attrs)).first;
   Instruction instr{&op, std::move(attrs), std::move(inputs), {}};
-  for (size_t i = 0; i < out_types.size(); ++i) {
-    std::string name = output_names.empty() ? FreshName(op.name) : std::move(output_names[i]);
-    instr.outputs.push_back(
-        NewValue(std::move(name), InternType(out_types[i]), ValueKind::kIntermediate, index));
+  for (size_t i = 0; i < n; ++i) {
+    const TypeId type_id = InternType(out_types[i]);
+    if (output_names.empty()) {
+      instr.outputs.push_back(
+          NewValue(FreshName(op.name), type_id, ValueKind::kIntermediate, index));
+      continue;
+    }
+    const size_t slot = i == 0 ? first_slot : FindSlot(output_names[i], hashes[i]);
+    const ValueId id = static_cast<ValueId>(values_.size());
+    values_.push_back({std::move(output_names[i]), type_id, ValueKind::kIntermediate, index});
+    index_[slot] = {id, hashes[i]};
+    instr.outputs.push_back(id);
   }
   instructions_.push_back(std::move(instr));
   return instructions_.back().outputs;
@@ -187,6 +238,7 @@ void Program::AddOutput(ValueId id) {
   is_output_.resize(values_.size(), false);
   is_output_[static_cast<size_t>(id)] = true;
   outputs_.push_back(id);
+  verified_ = false;
 }
 
 void Program::Rename(ValueId id, std::string new_name) {
@@ -197,13 +249,34 @@ void Program::Rename(ValueId id, std::string new_name) {
                                    name_, values_[id].name, new_name));
   }
   IndexErase(id);
+  verified_ = false;
   values_[id].name = std::move(new_name);
   const uint32_t hash = HashName(values_[id].name);
   index_[FindSlot(values_[id].name, hash)] = {id, hash};
 }
 
+std::string_view Program::ReservedName(int32_t i) const {
+  const size_t begin = i == 0 ? 0 : reserved_ends_[static_cast<size_t>(i) - 1];
+  return std::string_view(reserved_chars_).substr(begin, reserved_ends_[i] - begin);
+}
+
+bool Program::IsReserved(std::string_view name) const {
+  if (reserved_index_.empty()) return false;
+  auto name_of = [&](int32_t i) { return ReservedName(i); };
+  return reserved_index_[Probe(reserved_index_, name, HashName(name), name_of)].id != kNoValue;
+}
+
 void Program::ReserveName(std::string_view name) {
-  if (LooksFresh(name)) reserved_.emplace(name);
+  if (!LooksFresh(name)) return;
+  SLUICE_CHECK(reserved_ends_.size() < static_cast<size_t>(INT32_MAX), "too many reserved names");
+  Reserve(reserved_index_, reserved_ends_.size() + 1);
+  const uint32_t hash = HashName(name);
+  auto name_of = [&](int32_t i) { return ReservedName(i); };
+  IndexSlot& slot = reserved_index_[Probe(reserved_index_, name, hash, name_of)];
+  if (slot.id != kNoValue) return;  // reserved already
+  reserved_chars_.append(name);
+  reserved_ends_.push_back(reserved_chars_.size());
+  slot = {static_cast<ValueId>(reserved_ends_.size() - 1), hash};
 }
 
 std::string Program::FreshName(std::string_view hint) const {
@@ -211,7 +284,7 @@ std::string Program::FreshName(std::string_view hint) const {
   int& counter = fresh_counters_[base];
   for (;;) {
     std::string candidate = fmt::format("{}_{}", base, counter++);
-    if (!Find(candidate) && !reserved_.count(candidate)) return candidate;
+    if (!Find(candidate) && !IsReserved(candidate)) return candidate;
   }
 }
 

@@ -19,8 +19,9 @@
 // optimizer step over every parameter), so every operation here is O(1) amortized per value or
 // instruction (AddOutput included), a value's name is stored once (the name index holds value ids,
 // not copies of the names) and its type once per distinct type; an instruction keeps short operand
-// lists inline (ir/value_list.h). A value costs about 50 bytes, an instruction about 80 (docs/
-// benchmarks.md, "Setup").
+// lists inline (ir/value_list.h) and shares its attributes with every instruction that has the same
+// ones (ir/attrs.h). A value costs about 50 bytes, an instruction about 80 (docs/benchmarks.md,
+// "Setup").
 //
 // Example:
 //   Program p("affine");
@@ -115,7 +116,13 @@ class Program {
   // Total bytes of a value's tensor.
   size_t Bytes(ValueId id) const;
 
+  // Whether the program passed Verify through VerifyOnce (ir/verifier.h) and nothing changed it
+  // since: every Add*, AddOutput and Rename clears it; a copy or move carries it along.
+  bool verified() const { return verified_; }
+
  private:
+  friend void VerifyOnce(Program& program);
+
   ValueId NewValue(std::string name, TypeId type, ValueKind kind, int32_t producer);
   // The name index: open addressing (linear probing) over value ids, a power of two in size, at
   // most half full. A slot keeps the name's hash beside the id, so that a probe reads the name
@@ -129,6 +136,8 @@ class Program {
   // Grows the index (rehashing) so that it can hold `values` names.
   void IndexReserve(size_t values);
   void IndexErase(ValueId id);
+  std::string_view ReservedName(int32_t i) const;
+  bool IsReserved(std::string_view name) const;
 
   std::string name_;
   std::vector<Value> values_;
@@ -140,8 +149,15 @@ class Program {
   std::vector<IndexSlot> index_;  // name -> value
   std::deque<TensorType> types_;
   std::unordered_map<TensorType, TypeId, TensorTypeHash> type_ids_;  // types_[i] -> i
+  // One Attrs block per distinct set of attributes (ir/attrs.h); instructions share them.
+  std::unordered_set<Attrs, AttrsHash, AttrsIdentical> attrs_pool_;
   mutable std::unordered_map<std::string, int> fresh_counters_;
-  std::unordered_set<std::string> reserved_;
+  // Names kept by ReserveName, each once: their characters end to end, where name i ends, and an
+  // index over them like index_ (IndexSlot::id is i).
+  std::string reserved_chars_;
+  std::vector<size_t> reserved_ends_;
+  std::vector<IndexSlot> reserved_index_;
+  bool verified_ = false;
 };
 
 }  // namespace sluice

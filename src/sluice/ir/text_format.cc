@@ -1,6 +1,7 @@
 #include "sluice/ir/text_format.h"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <span>
 #include <sstream>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 
@@ -223,7 +225,7 @@ class Parser {
                              Describe(tok_)));
     }
     try {
-      Verify(program_);
+      VerifyOnce(program_);
     } catch (const Error& e) {
       Fail(keyword, e.what());
     }
@@ -297,8 +299,14 @@ class Parser {
     const Token v = Take(TokenKind::kValue, is_input ? "after 'input'" : "after 'param'");
     Take(TokenKind::kColon, [&] { return fmt::format("after {}", ValueRef(v.text)); });
     const TensorType type = ParseType();
-    CheckUnused(v, {});
-    Record(is_input ? program_.AddInput(v.text, type) : program_.AddParam(v.text, type), v);
+    ValueId id;
+    try {
+      id = is_input ? program_.AddInput(v.text, type) : program_.AddParam(v.text, type);
+    } catch (const ProgramError&) {
+      CheckUnused(v);  // a taken name: say where it was defined
+      throw;
+    }
+    Record(id, v);
   }
 
   // %a: T, %b: T = op(%x, %y) {attrs}
@@ -323,7 +331,7 @@ class Parser {
     const OpDef* op = OpRegistry::Global().Find(op_token.text);
     if (op == nullptr) Fail(op_token, fmt::format("unknown op '{}'", op_token.text));
     Take(TokenKind::kLParen, [&] { return fmt::format("after '{}'", op->name); });
-    std::vector<ValueId> inputs;
+    ValueList inputs;
     if (tok_.kind != TokenKind::kRParen) {
       do {
         inputs.push_back(Use(
@@ -347,16 +355,27 @@ class Parser {
       Fail(op_token, fmt::format("{} takes at least one input", op->name));
     }
     std::vector<std::string> names;
-    for (size_t k = 0; k < results.size(); ++k) {
-      CheckUnused(results[k].at, std::span(results).first(k));
-      names.push_back(results[k].at.text);
-    }
+    names.reserve(results.size());
+    for (const Result& r : results) names.push_back(r.at.text);
+    // A name taken by a value above or by an earlier output fails here before anything else the
+    // program checks: AddInstruction fails on it too, and only then are the names looked at.
+    auto check_names = [&] {
+      std::unordered_map<std::string_view, const Token*> earlier;  // linear in the outputs
+      for (const Result& r : results) {
+        CheckUnused(r.at);
+        auto [it, added] = earlier.emplace(r.at.text, &r.at);
+        if (!added) FailTaken(r.at, {it->second->line, it->second->col});
+      }
+    };
     ValueList outputs;
     try {
-      outputs = program_.AddInstruction(op->name, std::move(inputs), std::move(attrs), names);
+      outputs =
+          program_.AddInstruction(op->name, std::move(inputs), std::move(attrs), std::move(names));
     } catch (const Error& e) {
+      check_names();
       Fail(op_token, e.what());
     } catch (const std::exception& e) {
+      check_names();
       Fail(op_token, fmt::format("internal error in {} (a bug in sluice, please report it): {}",
                                  op->name, e.what()));
     }
@@ -386,12 +405,13 @@ class Parser {
                               dtype.text));
     }
     Take(TokenKind::kLBracket, "to open the dimensions (a scalar is written f32[])");
-    std::vector<int64_t> dims;
+    std::array<int64_t, kMaxRank> dims;
+    int rank = 0;
     int64_t elements = 1;  // product of the dimensions, a 0 counting as 1
     if (tok_.kind != TokenKind::kRBracket) {
       do {
         const Token d = Take(TokenKind::kInt, "(a dimension)");
-        if (static_cast<int>(dims.size()) == kMaxRank) {
+        if (rank == kMaxRank) {
           Fail(d, fmt::format("a type has at most {} dimensions", kMaxRank));
         }
         if (d.int_value < 0) Fail(d, fmt::format("dimension {} is negative", d.int_value));
@@ -399,11 +419,11 @@ class Parser {
           Fail(d, fmt::format("type too large: more than 2^40 elements"));
         }
         elements *= std::max<int64_t>(d.int_value, 1);
-        dims.push_back(d.int_value);
+        dims[rank++] = d.int_value;
       } while (Accept(TokenKind::kComma));
     }
     Take(TokenKind::kRBracket, "to close the dimensions");
-    return {*t, Shape(std::span<const int64_t>(dims))};
+    return {*t, Shape(std::span<const int64_t>(dims.data(), static_cast<size_t>(rank)))};
   }
 
   // {name = value, ...} into `attrs`; returns the name tokens, in the order written, so that
@@ -475,18 +495,14 @@ class Parser {
     return *id;
   }
 
-  // Fails when the name a definition claims is taken: by a value above, or by one of the
-  // `earlier` outputs of the same instruction.
-  void CheckUnused(const Token& v, std::span<const Result> earlier) {
-    std::pair<int, int> at;
+  // Fails when the name a definition claims is taken by a value above.
+  void CheckUnused(const Token& v) {
     if (std::optional<ValueId> id = program_.Find(v.text)) {
-      at = defined_at_[static_cast<size_t>(*id)];
-    } else {
-      auto same = [&](const Result& r) { return r.at.text == v.text; };
-      auto it = std::find_if(earlier.begin(), earlier.end(), same);
-      if (it == earlier.end()) return;
-      at = {it->at.line, it->at.col};
+      FailTaken(v, defined_at_[static_cast<size_t>(*id)]);
     }
+  }
+
+  [[noreturn]] void FailTaken(const Token& v, std::pair<int, int> at) const {
     Fail(v, fmt::format("{} is already defined at {}:{}", ValueRef(v.text), at.first, at.second));
   }
 

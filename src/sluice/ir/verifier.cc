@@ -20,6 +20,7 @@ void Verify(const Program& p) {
   for (ValueId v : p.inputs()) ++defined.at(v);
   for (ValueId v : p.params()) ++defined.at(v);
   const auto& instrs = p.instructions();
+  std::vector<TensorType> in_types;
   for (size_t i = 0; i < instrs.size(); ++i) {
     const Instruction& ins = instrs[i];
     if (ins.op == nullptr) throw ProgramError(describe(i, ins) + ": no op");
@@ -30,7 +31,7 @@ void Verify(const Program& p) {
     if (std::string undeclared = UndeclaredAttrsMessage(*ins.op, ins.attrs); !undeclared.empty()) {
       throw ProgramError(fmt::format("{}: {}", describe(i, ins), undeclared));
     }
-    std::vector<TensorType> in_types;
+    in_types.clear();
     for (ValueId v : ins.inputs) {
       if (!value_ok(v)) throw ProgramError(describe(i, ins) + ": input refers to no value");
       if (defined[v] == 0) {
@@ -78,6 +79,12 @@ void Verify(const Program& p) {
                                      value_ok(v) ? "%" + values[v].name : std::string("?")));
     }
   }
+}
+
+void VerifyOnce(Program& program) {
+  if (program.verified_) return;
+  Verify(program);
+  program.verified_ = true;
 }
 
 }  // namespace sluice

@@ -12,4 +12,9 @@ namespace sluice {
 
 void Verify(const Program& program);
 
+// Verify, skipped when `program` has passed it here before and nothing changed it since
+// (Program::verified()); marks it verified when it passes. For the stages that each verify the
+// program they are given (the parser, Builder::Build, Executable): a program checks once.
+void VerifyOnce(Program& program);
+
 }  // namespace sluice

@@ -396,6 +396,28 @@ TEST(Interpreter, KernelErrorsLeaveTheExecutableUsable) {
   }
 }
 
+// Runs read inputs and parameters where the scope holds them (a trace run moves them out for the
+// kernel and back): a kernel that fails must leave every binding in the scope as it was.
+TEST(Interpreter, AFailedRunLeavesTheBindingsInTheScope) {
+  Builder b("lookup");
+  Var ids = b.Input("ids", DType::kI64, {2, 3});
+  Var table = b.Param("table", DType::kF32, {5, 4});
+  b.Output(b.Name(Embedding(ids, table), "y"));
+  Program program = b.Build();
+  for (const Config& c : AllConfigs()) {
+    CachingAllocator alloc;
+    Executable exe(program, Options(c, &alloc));
+    Scope scope = RandomScope(program, 8);
+    const Tensor bad_ids = Tensor::FromVector<int64_t>({2, 3}, {0, 1, 2, 3, 4, 9});
+    scope.Set("ids", bad_ids);
+    const Scope before = Clone(scope);
+    EXPECT_THROW(exe.Run(scope), InvalidArgument) << ToString(c);
+    ASSERT_EQ(scope.size(), 2u) << ToString(c);
+    ExpectSameBits(before, scope, {"ids", "table"}, ToString(c));
+    EXPECT_EQ(scope.Get("ids").storage(), bad_ids.storage()) << ToString(c);
+  }
+}
+
 TEST(Interpreter, TraceRecordsInstructionsFreesAndMemory) {
   Program program = BranchyProgram();
   for (const Config& c : AllConfigs()) {

@@ -97,10 +97,19 @@ struct Executable::Impl {
   std::vector<ValueId> bound;    // inputs and params, bound from the scope
   std::vector<ValueId> results;  // outputs and kept values, left in the scope
   std::vector<ValueId> stale;    // results computed by the program: dropped from the scope first
-  std::vector<ValueId> held_at_end;  // values of pinned groups: the only slots set after a GC run
-  std::vector<bool> donated;         // value -> taken out of the scope when bound
+  // Values of pinned groups with slots of their own: the only ones set after a GC run.
+  std::vector<ValueId> held_at_end;
+  std::vector<bool> donated;  // value -> taken out of the scope when bound
 
-  std::vector<Tensor> slots;  // value -> tensor during a run
+  // value -> its tensor during a run. A value the run computes (or a donated input) has a slot of
+  // its own in `own`, fixed at construction, in value order (so that an instruction's adjacent
+  // outputs have adjacent slots); an input or parameter is read where the scope holds it (set by
+  // Bind) — a slot per bound value would cost 168 bytes each (docs/benchmarks.md, "Setup").
+  std::vector<Tensor*> slots;
+  std::vector<Tensor> own;
+  // Contiguous copies of the bindings that are not contiguous (this run only). Reserved for every
+  // bound value at the first copy, so that pointers into it stay valid.
+  std::vector<Tensor> bound_copies;
 
   // Static memory plan (empty in dynamic mode). A planned group's storage is borrowed: created
   // once, pointed at its offset of the arena while a run holds the arena.
@@ -133,6 +142,7 @@ struct Executable::Impl {
   RunStats Run(Scope& scope, RunTrace* trace);
   void Bind(Scope& scope);
   void Execute(int32_t i, Worker& w);
+  void RunStep(int32_t i, const Step& st, Tensor* outs, Worker& w);
   void AcquireArena();
   void ReleaseArena();
   bool Planned(int32_t g) const { return !arena.offset.empty() && arena.offset[g] >= 0; }
@@ -213,14 +223,27 @@ void Executable::Impl::Prepare() {
   for (ValueId v : results) {
     if (program.value(v).kind == ValueKind::kIntermediate) stale.push_back(v);
   }
-  slots.resize(program.values().size());
+  donated.assign(program.values().size(), false);
+  for (const std::string& name : options.donate) donated[program.Get(name)] = true;
+  // A slot of its own for every value but the inputs and parameters read from the scope.
+  auto owns_slot = [&](ValueId v) {
+    return program.value(v).kind == ValueKind::kIntermediate || donated[v];
+  };
+  const size_t num_values = program.values().size();
+  size_t num_own = 0;
+  for (size_t v = 0; v < num_values; ++v) num_own += owns_slot(static_cast<ValueId>(v));
+  own.resize(num_own);
+  slots.assign(num_values, nullptr);
+  for (size_t v = 0, k = 0; v < num_values; ++v) {
+    if (owns_slot(static_cast<ValueId>(v))) slots[v] = &own[k++];
+  }
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     if (!plan.groups[g].pinned) continue;
-    for (ValueId v : plan.members[g]) held_at_end.push_back(v);
+    for (ValueId v : plan.members[g]) {
+      if (owns_slot(v)) held_at_end.push_back(v);
+    }
   }
-  donated.assign(program.values().size(), false);
   for (const std::string& name : options.donate) {
-    donated[program.Get(name)] = true;
     held_at_end.push_back(program.Get(name));  // freed by the free lists, unless nothing runs
   }
 
@@ -297,8 +320,19 @@ void Executable::Impl::Bind(Scope& scope) {
   // Every binding is valid: only now take the donated inputs out of the scope.
   for (ValueId v : bound) {
     const std::string& name = program.value(v).name;
-    Tensor t = donated[v] ? scope.Take(name) : scope.Get(name);
-    slots[v] = t.is_contiguous() ? std::move(t) : t.Contiguous(*allocator);
+    if (donated[v]) {
+      Tensor t = scope.Take(name);
+      *slots[v] = t.is_contiguous() ? std::move(t) : t.Contiguous(*allocator);
+      continue;
+    }
+    Tensor* t = scope.FindMutable(name);
+    if (t->is_contiguous()) {
+      slots[v] = t;
+      continue;
+    }
+    if (bound_copies.empty()) bound_copies.reserve(bound.size());
+    bound_copies.push_back(t->Contiguous(*allocator));
+    slots[v] = &bound_copies.back();
   }
 }
 
@@ -308,13 +342,33 @@ void Executable::Impl::Execute(int32_t i, Worker& w) {
   const bool borrow = w.borrow && st.distinct_inputs;
   for (int32_t k = 0; k < st.in_count; ++k) {
     if (borrow) {
-      w.ins[k] = std::move(slots[in[k]]);
+      w.ins[k] = std::move(*slots[in[k]]);
     } else {
-      w.ins[k] = slots[in[k]];
+      w.ins[k] = *slots[in[k]];
     }
   }
   // Outputs go straight into their slots when adjacent (always, for programs built by Program).
-  Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? &slots[st.first_output] : w.outs.data();
+  Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? slots[st.first_output] : w.outs.data();
+  try {
+    RunStep(i, st, outs, w);
+  } catch (...) {
+    // A borrowed input may be the scope's own tensor: give it back before the run unwinds.
+    if (borrow) {
+      for (int32_t k = 0; k < st.in_count; ++k) *slots[in[k]] = std::move(w.ins[k]);
+    }
+    throw;
+  }
+  for (int32_t k = 0; k < st.in_count; ++k) {
+    if (borrow) {
+      *slots[in[k]] = std::move(w.ins[k]);
+    } else {
+      Drop(w.ins[k]);
+    }
+  }
+}
+
+// Allocates instruction i's outputs, runs its kernel and stores its outputs in their slots.
+void Executable::Impl::RunStep(int32_t i, const Step& st, Tensor* outs, Worker& w) {
   if (st.op->kind == OpKind::kCompute) {
     for (int32_t k = 0; k < st.out_count; ++k) {
       const TensorType& t = *result_types[st.out_begin + k];
@@ -339,27 +393,20 @@ void Executable::Impl::Execute(int32_t i, Worker& w) {
                    "view op '{}' did not alias its input for %{}", st.op->name,
                    program.value(out[k]).name);
     }
-    if (outs != &slots[st.first_output]) slots[out[k]] = std::move(outs[k]);
-  }
-  for (int32_t k = 0; k < st.in_count; ++k) {
-    if (borrow) {
-      slots[in[k]] = std::move(w.ins[k]);
-    } else {
-      Drop(w.ins[k]);
-    }
+    if (outs != slots[st.first_output]) *slots[out[k]] = std::move(outs[k]);
   }
 }
 
 // Drops every reference to group g's storage; the last one frees it (sync GC).
 void Executable::Impl::ReleaseGroup(int32_t g) {
-  for (ValueId v : plan.members[g]) Drop(slots[v]);
+  for (ValueId v : plan.members[g]) Drop(*slots[v]);
 }
 
 // Drops the views' references and moves the root's storage into `batch` (async GC).
 void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
   std::span<const int32_t> members = plan.members[g];
-  for (size_t k = 1; k < members.size(); ++k) Drop(slots[members[k]]);
-  batch.Add(slots[members[0]].DetachStorage());
+  for (size_t k = 1; k < members.size(); ++k) Drop(*slots[members[k]]);
+  batch.Add(slots[members[0]]->DetachStorage());
 }
 
 // Releases `groups` after instruction i ran. With `counted` (parallel runs) a group read by several
@@ -511,7 +558,7 @@ void Executable::Impl::ReleaseArena() {
 int64_t Executable::Impl::ReleaseUnpinned() {
   int64_t freed = 0;
   for (size_t g = 0; g < plan.groups.size(); ++g) {
-    if (plan.groups[g].pinned || !slots[plan.groups[g].root].defined()) continue;
+    if (plan.groups[g].pinned || !slots[plan.groups[g].root]->defined()) continue;
     ++freed;
     ReleaseGroup(static_cast<int32_t>(g));
   }
@@ -522,14 +569,16 @@ int64_t Executable::Impl::ReleaseUnpinned() {
 // can still be set; after a failure (`all`) anything can, scratch operands included.
 void Executable::Impl::DropSlots(bool all) {
   if (all) {
-    for (Tensor& t : slots) Drop(t);
+    for (Tensor& t : own) Drop(t);
+    bound_copies.clear();
     for (Worker& w : workers) {
       for (Tensor& t : w.ins) Drop(t);
       for (Tensor& t : w.outs) Drop(t);
     }
     return;
   }
-  for (ValueId v : held_at_end) Drop(slots[v]);
+  for (ValueId v : held_at_end) Drop(*slots[v]);
+  bound_copies.clear();
 }
 
 RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
@@ -581,7 +630,7 @@ RunStats Executable::Impl::Run(Scope& scope, RunTrace* trace) {
     } else {
       RunParallelMode();
     }
-    for (ValueId v : results) scope.Set(program.value(v).name, slots[v]);
+    for (ValueId v : results) scope.Set(program.value(v).name, *slots[v]);
   } catch (...) {
     DropSlots(/*all=*/true);
     ReleaseArena();

@@ -1,8 +1,10 @@
 // Executable: a program prepared to run many times — the interpreter at the heart of sluice.
 //
-// Construction verifies the program and analyses it once (exec/analysis.h: order, storage groups,
-// free lists, dependency counts, liveness bound) and precomputes everything a run needs as slot
-// vectors (value ids index a vector of tensors; no name lookup per instruction). Run() then:
+// Construction verifies the program (VerifyOnce: not again when it passed Verify and nothing
+// changed it since), analyses it once (exec/analysis.h: order, storage groups, free lists,
+// dependency counts, liveness bound) and precomputes everything a run needs as slot vectors (value
+// ids index a vector of tensor pointers; no name lookup per instruction; the inputs and parameters
+// are read where the scope holds them, the other values have slots of their own). Run() then:
 //   1. drops from the scope the previous run's outputs and kept values (they are about to be
 //      replaced and would otherwise count towards this run's peak), binds the program's inputs and
 //      parameters from the scope (ProgramError naming a missing or mistyped one), taking the

@@ -12,6 +12,11 @@ const Tensor* Scope::Find(std::string_view name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
+Tensor* Scope::FindMutable(std::string_view name) {
+  auto it = tensors_.find(std::string(name));
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
 const Tensor& Scope::Get(std::string_view name) const {
   const Tensor* t = Find(name);
   if (t == nullptr) throw ProgramError(fmt::format("scope has no value %{}", name));

@@ -20,8 +20,10 @@ class Scope {
  public:
   void Set(const std::string& name, Tensor tensor) { tensors_[name] = std::move(tensor); }
   bool Has(std::string_view name) const { return Find(name) != nullptr; }
-  // nullptr when absent.
+  // nullptr when absent. The pointer stays valid until the name is erased or the scope cleared
+  // (setting other names does not move it).
   const Tensor* Find(std::string_view name) const;
+  Tensor* FindMutable(std::string_view name);
   // Throws ProgramError("scope has no value %name") when absent.
   const Tensor& Get(std::string_view name) const;
   // Removes the binding and returns its tensor (undefined when absent).

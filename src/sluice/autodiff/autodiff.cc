@@ -15,10 +15,25 @@ namespace {
 
 std::string GradName(std::string_view v) { return std::string(v) + ".grad"; }
 
+// The live part of a program: the instructions whose results reach a program output (in-place
+// ops always stay) and the values they read or give.
+struct Liveness {
+  std::vector<bool> keep;  // instruction -> kept
+  std::vector<bool> live;  // value -> an output or read by a kept instruction
+  // Whether value v is in the program that keeps only the live part: a live input or param, or
+  // any output of a kept instruction.
+  bool Kept(const Program& p, ValueId v) const {
+    const int32_t producer = p.value(v).producer;
+    return producer < 0 ? live[v] : keep[producer];
+  }
+};
+Liveness FindLive(const Program& p);
+
 std::vector<ValueId> RecomputableSaved(const Program& fwd,
                                        const std::unordered_set<std::string>& saved);
-Program WithRecomputation(const Program& fwd, const Program& bwd,
-                          const std::unordered_set<std::string>& dropped);
+Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
+                                const std::unordered_set<std::string>& dropped);
+Program Pruned(const Program& p, const Liveness& liveness);
 
 class BackwardBuilder {
  public:
@@ -159,18 +174,20 @@ Backward BackwardBuilder::Build() {
     bool any_grad = false;
     for (ValueId o : ins.outputs) any_grad |= GradOf(o).valid();
     if (!any_needed || !any_grad) continue;
-    const std::string where =
-        fmt::format("{} %{}", ins.op->name, fwd_.value(ins.outputs.at(0)).name);
+    // Formatted only for a message (the sweep visits a million instructions of a deep model).
+    auto where = [&] {
+      return fmt::format("{} %{}", ins.op->name, fwd_.value(ins.outputs.at(0)).name);
+    };
     if (ins.op->vjp == nullptr) {
-      throw ProgramError(fmt::format("autodiff: op {} has no gradient rule", where));
+      throw ProgramError(fmt::format("autodiff: op {} has no gradient rule", where()));
     }
     std::vector<Var> grads = ins.op->vjp(ctx);
     SLUICE_CHECK(grads.size() == ins.inputs.size(), "VJP of {} returned {} gradients for {} inputs",
-                 where, grads.size(), ins.inputs.size());
+                 where(), grads.size(), ins.inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!ctx.needs(static_cast<int>(i)) || !grads[i].valid()) continue;
       SLUICE_CHECK(grads[i].type() == ctx.x_type(static_cast<int>(i)),
-                   "VJP of {}: gradient of input {} is {}, expected {}", where, i,
+                   "VJP of {}: gradient of input {} is {}, expected {}", where(), i,
                    grads[i].type().ToString(), ctx.x_type(static_cast<int>(i)).ToString());
       contributions_[ins.inputs[i]].push_back(grads[i]);
     }
@@ -193,13 +210,16 @@ Backward BackwardBuilder::Build() {
     out.grads.push_back(GradName(name));
   }
 
-  out.program = PruneDeadCode(b_.program());
+  // The program handed out is b_'s without dead code (PruneDeadCode) and, when saved values are
+  // dropped, with their recomputation: built in one copy, the same as pruning and then recomputing.
+  const Program& bwd = b_.program();
+  const Liveness liveness = FindLive(bwd);
   std::unordered_set<std::string> seed_names;
   for (const std::string& s : spec_.seeds) seed_names.insert(GradName(s));
   {
     std::unordered_set<std::string> saved;
-    for (ValueId v : out.program.inputs()) {
-      if (!seed_names.count(out.program.value(v).name)) saved.insert(out.program.value(v).name);
+    for (ValueId v : bwd.inputs()) {
+      if (liveness.live[v] && !seed_names.count(bwd.value(v).name)) saved.insert(bwd.value(v).name);
     }
     // Checkpointing first: what is not kept at all; then the cheap ops among what is still kept.
     std::unordered_set<std::string> dropped;
@@ -223,7 +243,8 @@ Backward BackwardBuilder::Build() {
     if (spec_.recompute) {
       for (ValueId v : RecomputableSaved(fwd_, kept)) dropped.insert(fwd_.value(v).name);
     }
-    if (!dropped.empty()) out.program = WithRecomputation(fwd_, out.program, dropped);
+    out.program = dropped.empty() ? Pruned(bwd, liveness)
+                                  : PrunedWithRecomputation(fwd_, bwd, liveness, dropped);
   }
   for (ValueId v : out.program.inputs()) {
     const std::string& n = out.program.value(v).name;
@@ -234,33 +255,69 @@ Backward BackwardBuilder::Build() {
 }
 
 // Appends `ins` (an instruction of `src`) to `dst`, whose values of the same names it reads and
-// defines.
-void CopyInstruction(const Program& src, const Instruction& ins, Program& dst) {
-  std::vector<ValueId> inputs;
-  for (ValueId v : ins.inputs) inputs.push_back(dst.Get(src.value(v).name));
+// defines. `to_dst` maps values of `src` to their copies in `dst` (kNoValue: not mapped yet, found
+// by name); the outputs' copies are added to it.
+void CopyInstruction(const Program& src, const Instruction& ins, Program& dst,
+                     std::vector<ValueId>& to_dst) {
+  ValueList inputs;
+  for (ValueId v : ins.inputs) {
+    inputs.push_back(to_dst[v] != kNoValue ? to_dst[v] : dst.Get(src.value(v).name));
+  }
   std::vector<std::string> names;
+  names.reserve(ins.outputs.size());
   for (ValueId v : ins.outputs) names.push_back(src.value(v).name);
-  dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+  const ValueList outputs =
+      dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+  for (size_t k = 0; k < outputs.size(); ++k) to_dst[ins.outputs[k]] = outputs[k];
 }
 
 // Copies the values and instructions of `src` selected by `keep_instr` into a new program.
-// Inputs and params are kept when `keep_value` says so.
+// Inputs and params are kept when `keep_value` says so. `to_dst` (sized to src's values) receives
+// the copies' ids.
 template <typename KeepInstr, typename KeepValue>
 Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_instr,
-                    KeepValue keep_value) {
+                    KeepValue keep_value, std::vector<ValueId>& to_dst) {
   Program dst(name);
+  to_dst.assign(src.values().size(), kNoValue);
   for (const Value& v : src.values()) dst.ReserveName(v.name);
   for (ValueId v : src.inputs()) {
-    if (keep_value(v)) dst.AddInput(src.value(v).name, src.type(v));
+    if (keep_value(v)) to_dst[v] = dst.AddInput(src.value(v).name, src.type(v));
   }
   for (ValueId v : src.params()) {
-    if (keep_value(v)) dst.AddParam(src.value(v).name, src.type(v));
+    if (keep_value(v)) to_dst[v] = dst.AddParam(src.value(v).name, src.type(v));
   }
   const auto& instrs = src.instructions();
   for (size_t i = 0; i < instrs.size(); ++i) {
-    if (keep_instr(i)) CopyInstruction(src, instrs[i], dst);
+    if (keep_instr(i)) CopyInstruction(src, instrs[i], dst, to_dst);
   }
   return dst;
+}
+
+Liveness FindLive(const Program& p) {
+  Liveness l;
+  l.live.assign(p.values().size(), false);
+  for (ValueId v : p.outputs()) l.live[v] = true;
+  const auto& instrs = p.instructions();
+  l.keep.assign(instrs.size(), false);
+  for (size_t i = instrs.size(); i-- > 0;) {
+    const Instruction& ins = instrs[i];
+    l.keep[i] =
+        ins.op->kind == OpKind::kInPlace ||
+        std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return l.live[v]; });
+    if (l.keep[i]) {
+      for (ValueId v : ins.inputs) l.live[v] = true;
+    }
+  }
+  return l;
+}
+
+Program Pruned(const Program& p, const Liveness& liveness) {
+  std::vector<ValueId> to_dst;
+  Program out = CopyProgram(
+      p, p.name(), [&](size_t i) { return liveness.keep[i]; },
+      [&](ValueId v) { return liveness.live[v]; }, to_dst);
+  for (ValueId v : p.outputs()) out.AddOutput(to_dst[v]);
+  return out;
 }
 
 // Saved values that the backward program can recompute from values it reads anyway (see
@@ -283,18 +340,31 @@ std::vector<ValueId> RecomputableSaved(const Program& fwd,
   return chosen;
 }
 
-// `bwd` without the inputs named in `dropped` (forward values): each is computed by its forward
-// instruction right before its first use instead, as is — transitively — every forward value such
-// an instruction reads that `bwd` does not have. Parameters and forward inputs are read as such.
-Program WithRecomputation(const Program& fwd, const Program& bwd,
-                          const std::unordered_set<std::string>& dropped) {
+// The live part of `bwd` (as Pruned gives it) without the inputs named in `dropped` (forward
+// values): each is computed by its forward instruction right before its first use instead, as is —
+// transitively — every forward value such an instruction reads that the program does not have.
+// Parameters and forward inputs are read as such.
+Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
+                                const std::unordered_set<std::string>& dropped) {
   Program dst(bwd.name());
-  for (const Value& v : bwd.values()) dst.ReserveName(v.name);
-  for (const Value& v : fwd.values()) dst.ReserveName(v.name);
-  for (ValueId v : bwd.inputs()) {
-    if (!dropped.count(bwd.value(v).name)) dst.AddInput(bwd.value(v).name, bwd.type(v));
+  // The names the pruned program has (it reserves those) and the forward's.
+  for (ValueId v = 0; v < static_cast<ValueId>(bwd.values().size()); ++v) {
+    if (liveness.Kept(bwd, v)) dst.ReserveName(bwd.value(v).name);
   }
-  for (ValueId v : bwd.params()) dst.AddParam(bwd.value(v).name, bwd.type(v));
+  for (const Value& v : fwd.values()) dst.ReserveName(v.name);
+  std::vector<ValueId> to_dst(bwd.values().size(), kNoValue);
+  std::vector<bool> is_dropped(bwd.values().size(), false);
+  for (ValueId v : bwd.inputs()) {
+    if (!liveness.live[v]) continue;
+    if (dropped.count(bwd.value(v).name)) {
+      is_dropped[v] = true;
+    } else {
+      to_dst[v] = dst.AddInput(bwd.value(v).name, bwd.type(v));
+    }
+  }
+  for (ValueId v : bwd.params()) {
+    if (liveness.live[v]) to_dst[v] = dst.AddParam(bwd.value(v).name, bwd.type(v));
+  }
   // Makes the forward value `name` available in dst. Iterative (a deep model recomputes long
   // chains): a stack of values whose producers wait for their inputs.
   auto ensure = [&](const std::string& name) {
@@ -338,37 +408,28 @@ Program WithRecomputation(const Program& fwd, const Program& bwd,
       stack.pop_back();
     }
   };
-  for (const Instruction& ins : bwd.instructions()) {
-    for (ValueId v : ins.inputs) {
-      if (dropped.count(bwd.value(v).name)) ensure(bwd.value(v).name);
+  auto available = [&](ValueId v) {  // a dropped input: recomputed before its first use
+    if (is_dropped[v] && to_dst[v] == kNoValue) {
+      ensure(bwd.value(v).name);
+      to_dst[v] = dst.Get(bwd.value(v).name);
     }
-    CopyInstruction(bwd, ins, dst);
+  };
+  const auto& instrs = bwd.instructions();
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    if (!liveness.keep[i]) continue;
+    for (ValueId v : instrs[i].inputs) available(v);
+    CopyInstruction(bwd, instrs[i], dst, to_dst);
   }
-  for (ValueId v : bwd.outputs()) dst.AddOutput(dst.Get(bwd.value(v).name));
+  for (ValueId v : bwd.outputs()) {
+    available(v);
+    dst.AddOutput(to_dst[v] != kNoValue ? to_dst[v] : dst.Get(bwd.value(v).name));
+  }
   return dst;
 }
 
 }  // namespace
 
-Program PruneDeadCode(const Program& p) {
-  std::vector<bool> live(p.values().size(), false);
-  for (ValueId v : p.outputs()) live[v] = true;
-  const auto& instrs = p.instructions();
-  std::vector<bool> keep(instrs.size(), false);
-  for (size_t i = instrs.size(); i-- > 0;) {
-    const Instruction& ins = instrs[i];
-    keep[i] =
-        ins.op->kind == OpKind::kInPlace ||
-        std::any_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return live[v]; });
-    if (keep[i]) {
-      for (ValueId v : ins.inputs) live[v] = true;
-    }
-  }
-  Program out = CopyProgram(
-      p, p.name(), [&](size_t i) { return keep[i]; }, [&](ValueId v) { return live[v]; });
-  for (ValueId v : p.outputs()) out.AddOutput(out.Get(p.value(v).name));
-  return out;
-}
+Program PruneDeadCode(const Program& p) { return Pruned(p, FindLive(p)); }
 
 Backward BuildBackward(const Program& forward, const GradientSpec& spec) {
   return BackwardBuilder(forward, spec).Build();
@@ -428,29 +489,35 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
     int32_t prod = p.value(v).producer;
     if (prod >= 0 && in_b[prod] && w_value[v]) crossing.push_back(v);
   }
+  std::vector<ValueId> to_b;
   out.b = CopyProgram(
-      p, p.name() + ".b", [&](size_t i) { return in_b[i]; }, [&](ValueId v) { return b_value[v]; });
-  for (ValueId v : b_outputs) out.b.AddOutput(out.b.Get(p.value(v).name));
+      p, p.name() + ".b", [&](size_t i) { return in_b[i]; }, [&](ValueId v) { return b_value[v]; },
+      to_b);
+  auto in_b_program = [&](ValueId v) {
+    return to_b[v] != kNoValue ? to_b[v] : out.b.Get(p.value(v).name);
+  };
+  for (ValueId v : b_outputs) out.b.AddOutput(in_b_program(v));
   for (ValueId v : crossing) {
-    out.b.AddOutput(out.b.Get(p.value(v).name));
+    out.b.AddOutput(in_b_program(v));
     out.b_to_w.push_back(p.value(v).name);
   }
 
   Program w(p.name() + ".w");
+  std::vector<ValueId> to_w(nv, kNoValue);
   for (ValueId v : p.inputs()) {
     if (w_value[v]) {
-      w.AddInput(p.value(v).name, p.type(v));
+      to_w[v] = w.AddInput(p.value(v).name, p.type(v));
       out.w_saved.push_back(p.value(v).name);
     }
   }
-  for (ValueId v : crossing) w.AddInput(p.value(v).name, p.type(v));
+  for (ValueId v : crossing) to_w[v] = w.AddInput(p.value(v).name, p.type(v));
   for (ValueId v : p.params()) {
-    if (w_value[v]) w.AddParam(p.value(v).name, p.type(v));
+    if (w_value[v]) to_w[v] = w.AddParam(p.value(v).name, p.type(v));
   }
   for (size_t i = 0; i < instrs.size(); ++i) {
-    if (in_w[i]) CopyInstruction(p, instrs[i], w);
+    if (in_w[i]) CopyInstruction(p, instrs[i], w, to_w);
   }
-  for (ValueId v : w_outputs) w.AddOutput(w.Get(p.value(v).name));
+  for (ValueId v : w_outputs) w.AddOutput(to_w[v] != kNoValue ? to_w[v] : w.Get(p.value(v).name));
   out.w = std::move(w);
   return out;
 }

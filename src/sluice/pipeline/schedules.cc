@@ -47,6 +47,7 @@ ComputeOrder GPipeOrder(int P, int M) {
 template <typename Forward, typename Backward>
 std::vector<Compute> OneFOneB(int count, int warmup, Forward forward, Backward backward) {
   std::vector<Compute> list;
+  list.reserve(2 * static_cast<size_t>(count));
   for (int k = 0; k < warmup; ++k) list.push_back(forward(k));
   for (int k = 0; k < count - warmup; ++k) {
     list.push_back(forward(k + warmup));
@@ -208,30 +209,45 @@ Timing TimeOrder(const Schedule& s, const ComputeOrder& order) {
                 .virtual_stages = VP,
                 .row = row};
   // W ends nowhere in the table: nothing waits for it. Its inputs are B's.
-  for (int r = 0; r < P; ++r) timing.start[r].reserve(order[r].size());
-  std::vector<int64_t> clock(P, 0);
-  std::vector<size_t> next(P, 0);
   // Each rank runs until a compute's input has not ended; the rank ending that input wakes it.
-  // The times do not depend on which rank runs first.
+  // The times do not depend on which rank runs first. What a switch to a rank touches first
+  // lies in one cache line.
   constexpr int64_t kNotWaiting = -1;
-  std::vector<int64_t> waits(P, kNotWaiting);  // the index in timing.end a blocked rank waits for
+  struct Rank {
+    const Compute* next;
+    const Compute* end;
+    int64_t* start;  // where the next start goes
+    int64_t clock = 0;
+    int64_t waits = kNotWaiting;  // the index in timing.end a blocked rank waits for
+  };
+  std::vector<Rank> ranks;
+  for (int r = 0; r < P; ++r) {
+    timing.start[r].resize(order[r].size());
+    ranks.push_back({.next = order[r].data(),
+                     .end = order[r].data() + order[r].size(),
+                     .start = timing.start[r].data()});
+  }
   std::vector<int> work;
   for (int r = P - 1; r >= 0; --r) work.push_back(r);
+  int64_t* const ends = timing.end.data();
   auto index = [&](ActionKind kind, int vs, int m) {
-    return static_cast<int64_t>(&timing.End(kind, vs, m) - timing.end.data());
+    return static_cast<int64_t>((static_cast<size_t>(kind) * VP + vs) * row + m);
   };
+  const int64_t backward_cost = PlacementCost(s, ActionKind::kBackward);
   while (!work.empty()) {
     const int r = work.back();
     work.pop_back();
-    waits[r] = kNotWaiting;
-    for (; next[r] < order[r].size(); ++next[r]) {
-      const Compute& c = order[r][next[r]];
+    Rank& me = ranks[r];
+    me.waits = kNotWaiting;
+    for (; me.next != me.end; ++me.next) {
+      const Compute& c = *me.next;
       const int vs = s.VirtualStage(r, c.chunk);
       int64_t ready = 0;     // the latest input's end
       int64_t missing = -1;  // the first input that has not ended
       auto input = [&](ActionKind kind, int v) {
-        const int64_t end = timing.End(kind, v, c.micro_batch);
-        if (end < 0 && missing < 0) missing = index(kind, v, c.micro_batch);
+        const int64_t i = index(kind, v, c.micro_batch);
+        const int64_t end = ends[i];
+        if (end < 0 && missing < 0) missing = i;
         ready = std::max(ready, end);
       };
       if (c.kind == ActionKind::kForward && vs > 0) input(ActionKind::kForward, vs - 1);
@@ -241,28 +257,29 @@ Timing TimeOrder(const Schedule& s, const ComputeOrder& order) {
       }
       if (c.kind == ActionKind::kWeight) input(ActionKind::kBackward, vs);
       if (missing >= 0) {
-        waits[r] = missing;
+        me.waits = missing;
         break;
       }
-      const int64_t t = std::max(clock[r], ready);
-      clock[r] = t + PlacementCost(s, c.kind);
-      timing.start[r].push_back(t);
+      const int64_t t = std::max(me.clock, ready);
+      me.clock = t + (c.kind == ActionKind::kBackward ? backward_cost : 1);
+      *me.start++ = t;
       if (c.kind == ActionKind::kWeight) continue;
-      timing.End(c.kind, vs, c.micro_batch) = clock[r];
+      const int64_t produced = index(c.kind, vs, c.micro_batch);
+      ends[produced] = me.clock;
       // The consumer on another rank: F of the next virtual stage, B of the previous.
       const int to = c.kind == ActionKind::kForward ? vs + 1 : vs - 1;
       if (to < 0 || to >= VP) continue;
       const int q = s.RankOf(to);
-      if (q != r && waits[q] == index(c.kind, vs, c.micro_batch)) {
-        waits[q] = kNotWaiting;
+      if (q != r && ranks[q].waits == produced) {
+        ranks[q].waits = kNotWaiting;
         work.push_back(q);
       }
     }
   }
   for (int r = 0; r < P; ++r) {
-    SLUICE_CHECK(next[r] == order[r].size(),
+    SLUICE_CHECK(ranks[r].next == ranks[r].end,
                  "{}: the compute order of rank {} stalls at its step {}", s.Describe(), r,
-                 next[r]);
+                 ranks[r].next - order[r].data());
   }
   return timing;
 }

@@ -58,11 +58,23 @@ void Lexer::Advance() {
   ++pos_;
 }
 
+void Lexer::AdvanceWhileIdentChar() {
+  size_t end = pos_;
+  while (end < text_.size() && IsIdentChar(text_[end])) ++end;
+  col_ += static_cast<int>(end - pos_);  // no newline among them
+  pos_ = end;
+}
+
 void Lexer::SkipSpaceAndComments() {
-  while (!AtEnd()) {
-    const char c = Peek();
-    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
-      Advance();
+  while (pos_ < text_.size()) {
+    const char c = text_[pos_];
+    if (c == ' ' || c == '\t' || c == '\r') {
+      ++pos_;
+      ++col_;
+    } else if (c == '\n') {
+      ++pos_;
+      ++line_;
+      col_ = 1;
     } else if (c == '#') {
       while (!AtEnd() && Peek() != '\n') Advance();
     } else {
@@ -123,7 +135,7 @@ Token Lexer::Next() {
         LexNumber(t);
       } else if (IsIdentStart(c)) {
         t.kind = TokenKind::kIdent;
-        while (!AtEnd() && IsIdentChar(Peek())) Advance();
+        AdvanceWhileIdentChar();
         t.text = std::string(text_.substr(start, pos_ - start));
       } else {
         Fail(line_, col_,
@@ -143,7 +155,7 @@ void Lexer::LexValue(Token& t) {
     return;
   }
   const size_t start = pos_;
-  while (!AtEnd() && IsIdentChar(Peek())) Advance();
+  AdvanceWhileIdentChar();
   if (pos_ == start) Fail(t, "expected a value name after '%' (letters, digits, '_' and '.')");
   t.text = std::string(text_.substr(start, pos_ - start));
 }

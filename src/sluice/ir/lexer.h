@@ -78,7 +78,8 @@ class Lexer {
   char Peek(size_t ahead = 0) const {
     return pos_ + ahead < text_.size() ? text_[pos_ + ahead] : '\0';
   }
-  void Advance();  // one byte, keeping line and column
+  void Advance();                // one byte, keeping line and column
+  void AdvanceWhileIdentChar();  // over [A-Za-z0-9_.]*
   void SkipSpaceAndComments();
   void LexNumber(Token& t);
   void LexValue(Token& t);

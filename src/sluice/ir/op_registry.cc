@@ -72,11 +72,11 @@ void CheckSignature(const OpDef& def) {
 }  // namespace
 
 std::string UndeclaredAttrMessage(const OpDef& op, std::string_view name) {
-  std::vector<std::string_view> declared;
   for (const OpParam& a : op.signature.attrs) {
-    if (a.name == name) return "";
-    declared.push_back(a.name);
+    if (a.name == name) return "";  // the common case, once per attribute of every instruction
   }
+  std::vector<std::string_view> declared;
+  for (const OpParam& a : op.signature.attrs) declared.push_back(a.name);
   if (declared.empty()) return fmt::format("{} takes no attributes, got '{}'", op.name, name);
   std::optional<std::string> meant = ClosestSpelling(name, declared);
   return fmt::format("{} has no attribute '{}'{}; its attributes are {}", op.name, name,

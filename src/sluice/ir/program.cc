@@ -1,8 +1,14 @@
 #include "sluice/ir/program.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <climits>
+#include <cstdint>
 #include <functional>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -43,6 +49,22 @@ bool LooksFresh(std::string_view name) {
 
 }  // namespace
 
+// Asks the kernel to back the (untouched) memory [data, data + bytes) with huge pages where it can
+// (Linux: MADV_HUGEPAGE; transparent huge pages are often 'madvise' only). A large index is probed
+// at random, once per name looked up: with 4 KiB pages nearly every probe also misses the TLB.
+void AdviseHugePages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t kPage = 4096;
+  if (bytes < (size_t{4} << 20)) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kPage - 1) & ~(kPage - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(kPage - 1);
+  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 // Open addressing with linear probing over ids whose names `name_of(id)` gives: the slot holding
 // `name`, or the free slot ending its probe sequence.
 template <typename Slot, typename NameOf>
@@ -63,6 +85,9 @@ void Reserve(std::vector<Slot>& index, size_t names) {
   size_t size = 16;
   while (size < 2 * names) size *= 2;
   std::vector<Slot> old = std::move(index);
+  index = {};
+  index.reserve(size);
+  AdviseHugePages(index.data(), size * sizeof(Slot));
   index.assign(size, Slot{});
   const size_t mask = size - 1;
   for (const Slot& entry : old) {  // names are distinct: the first free slot is its place
@@ -153,13 +178,20 @@ ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, At
   if (std::string undeclared = UndeclaredAttrsMessage(op, attrs); !undeclared.empty()) {
     throw ProgramError(fmt::format("{}: {}", where(), undeclared));
   }
-  std::vector<TensorType> in_types;
-  in_types.reserve(inputs.size());
-  for (ValueId v : inputs) {
+  // The input types, on the stack for the usual few inputs.
+  constexpr size_t kInline = 6;
+  std::array<TensorType, kInline> inline_types;
+  std::vector<TensorType> heap_types;
+  if (inputs.size() > kInline) heap_types.resize(inputs.size());
+  const std::span<TensorType> in_types = inputs.size() > kInline
+                                             ? std::span<TensorType>(heap_types)
+                                             : std::span(inline_types).first(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const ValueId v = inputs[k];
     if (v < 0 || static_cast<size_t>(v) >= values_.size()) {
       throw ProgramError(fmt::format("{}: input refers to an undefined value", where()));
     }
-    in_types.push_back(types_[values_[v].type_id]);
+    in_types[k] = types_[values_[v].type_id];
   }
   std::vector<TensorType> out_types;
   try {
@@ -266,6 +298,18 @@ bool Program::IsReserved(std::string_view name) const {
   return reserved_index_[Probe(reserved_index_, name, HashName(name), name_of)].id != kNoValue;
 }
 
+namespace {
+
+// "<prefix><n>" in `out`, whose first `prefix` characters are kept.
+void AppendNumber(std::string& out, size_t prefix, int n) {
+  char digits[16];
+  const auto [end, ec] = std::to_chars(digits, digits + sizeof(digits), n);
+  out.resize(prefix);
+  out.append(digits, end);
+}
+
+}  // namespace
+
 void Program::ReserveName(std::string_view name) {
   if (!LooksFresh(name)) return;
   SLUICE_CHECK(reserved_ends_.size() < static_cast<size_t>(INT32_MAX), "too many reserved names");
@@ -280,10 +324,12 @@ void Program::ReserveName(std::string_view name) {
 }
 
 std::string Program::FreshName(std::string_view hint) const {
-  std::string base(hint);
-  int& counter = fresh_counters_[base];
+  std::string candidate(hint);
+  int& counter = fresh_counters_[candidate];
+  candidate += '_';
+  const size_t prefix = candidate.size();
   for (;;) {
-    std::string candidate = fmt::format("{}_{}", base, counter++);
+    AppendNumber(candidate, prefix, counter++);
     if (!Find(candidate) && !IsReserved(candidate)) return candidate;
   }
 }

@@ -1,6 +1,7 @@
 #include "sluice/autodiff/autodiff.h"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -29,10 +30,9 @@ struct Liveness {
 };
 Liveness FindLive(const Program& p);
 
-std::vector<ValueId> RecomputableSaved(const Program& fwd,
-                                       const std::unordered_set<std::string>& saved);
+std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kept);
 Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
-                                const std::unordered_set<std::string>& dropped);
+                                const std::vector<bool>& dropped);
 Program Pruned(const Program& p, const Liveness& liveness);
 
 class BackwardBuilder {
@@ -42,7 +42,8 @@ class BackwardBuilder {
         spec_(spec),
         b_(fwd.name() + ".backward"),
         imported_(fwd.values().size()),
-        contributions_(fwd.values().size()),
+        first_part_(fwd.values().size(), -1),
+        last_part_(fwd.values().size(), -1),
         grad_(fwd.values().size()),
         depends_on_wrt_(fwd.values().size(), false) {}
 
@@ -61,11 +62,27 @@ class BackwardBuilder {
   const GradientSpec& spec_;
   Builder b_;
   std::vector<Var> imported_;  // forward value -> its copy in the backward program
-  std::vector<std::vector<Var>>
-      contributions_;      // forward value -> gradient parts, in arrival order
-  std::vector<Var> grad_;  // forward value -> summed gradient, once final
+  // Adds a gradient part (a contribution to the gradient) of forward value v.
+  void AddPart(ValueId v, Var part);
+  bool GradNamed(Var v) const {
+    return static_cast<size_t>(v.id()) < grad_named_.size() && grad_named_[v.id()];
+  }
+  void MarkGradNamed(Var v) {
+    if (static_cast<size_t>(v.id()) >= grad_named_.size()) grad_named_.resize(v.id() + 1, false);
+    grad_named_[v.id()] = true;
+  }
+
+  // Gradient parts of every forward value, in arrival order: a list per value through one flat
+  // vector (a million values would otherwise hold a heap block each).
+  struct Part {
+    Var var;
+    int32_t next = -1;
+  };
+  std::vector<Part> parts_;
+  std::vector<int32_t> first_part_, last_part_;  // forward value -> its first, last part; -1: none
+  std::vector<Var> grad_;                        // forward value -> summed gradient, once final
   std::vector<bool> depends_on_wrt_;
-  std::unordered_set<ValueId> grad_named_;  // backward values already named "<v>.grad"
+  std::vector<bool> grad_named_;  // backward value -> already named "<v>.grad"
 };
 
 class Context final : public VjpContext {
@@ -106,18 +123,29 @@ void BackwardBuilder::MarkGradName(Var v, ValueId forward_value) {
   // Only values computed by a backward instruction and not yet another value's gradient are
   // renamed.
   const std::string name = GradName(fwd_.value(forward_value).name);
-  if (v.value().producer >= 0 && !grad_named_.count(v.id()) && !b_.program().Find(name)) {
+  if (v.value().producer >= 0 && !GradNamed(v) && !b_.program().Find(name)) {
     b_.mutable_program().Rename(v.id(), name);
-    grad_named_.insert(v.id());
+    MarkGradNamed(v);
   }
+}
+
+void BackwardBuilder::AddPart(ValueId v, Var part) {
+  const int32_t k = static_cast<int32_t>(parts_.size());
+  parts_.push_back({part, -1});
+  if (first_part_[v] < 0) {
+    first_part_[v] = k;
+  } else {
+    parts_[last_part_[v]].next = k;
+  }
+  last_part_[v] = k;
 }
 
 Var BackwardBuilder::GradOf(ValueId v) {
   if (grad_[v].valid()) return grad_[v];
-  const std::vector<Var>& parts = contributions_[v];
-  if (parts.empty()) return Var();
-  Var sum = parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) sum = Add(sum, parts[i]);
+  int32_t k = first_part_[v];
+  if (k < 0) return Var();
+  Var sum = parts_[k].var;
+  for (k = parts_[k].next; k >= 0; k = parts_[k].next) sum = Add(sum, parts_[k].var);
   MarkGradName(sum, v);
   grad_[v] = sum;
   return sum;
@@ -152,15 +180,15 @@ Backward BackwardBuilder::Build() {
     }
     Var one = Full(b_, t.shape, 1.0, t.dtype);
     b_.mutable_program().Rename(one.id(), GradName(spec_.loss));
-    grad_named_.insert(one.id());
-    contributions_[loss].push_back(one);
+    MarkGradNamed(one);
+    AddPart(loss, one);
   }
   for (const std::string& name : spec_.seeds) {
     ValueId v = fwd_.Get(name);
     const TensorType& t = fwd_.type(v);
     Var seed = b_.Input(GradName(name), t.dtype, t.shape);
-    grad_named_.insert(seed.id());
-    contributions_[v].push_back(seed);
+    MarkGradNamed(seed);
+    AddPart(v, seed);
   }
 
   // Reverse sweep: every instruction whose outputs carry a gradient and whose inputs need one.
@@ -189,7 +217,7 @@ Backward BackwardBuilder::Build() {
       SLUICE_CHECK(grads[i].type() == ctx.x_type(static_cast<int>(i)),
                    "VJP of {}: gradient of input {} is {}, expected {}", where(), i,
                    grads[i].type().ToString(), ctx.x_type(static_cast<int>(i)).ToString());
-      contributions_[ins.inputs[i]].push_back(grads[i]);
+      AddPart(ins.inputs[i], grads[i]);
     }
   }
 
@@ -201,10 +229,10 @@ Backward BackwardBuilder::Build() {
     Var g = GradOf(v);
     if (!g.valid()) g = Full(b_, t.shape, 0.0, t.dtype);
     if (g.name() != GradName(name)) {
-      if (g.value().producer < 0 || grad_named_.count(g.id()))
+      if (g.value().producer < 0 || GradNamed(g))
         g = Copy(g);  // the gradient aliases another value
       b_.mutable_program().Rename(g.id(), GradName(name));
-      grad_named_.insert(g.id());
+      MarkGradNamed(g);
     }
     b_.Output(g);
     out.grads.push_back(GradName(name));
@@ -217,34 +245,50 @@ Backward BackwardBuilder::Build() {
   std::unordered_set<std::string> seed_names;
   for (const std::string& s : spec_.seeds) seed_names.insert(GradName(s));
   {
-    std::unordered_set<std::string> saved;
+    // Sets of forward values, by id: a backward input other than a seed is a forward value
+    // imported under its own name.
+    const size_t nf = fwd_.values().size();
+    std::vector<ValueId> fwd_of(bwd.values().size(), kNoValue);
+    for (size_t f = 0; f < nf; ++f) {
+      if (imported_[f].valid()) fwd_of[imported_[f].id()] = static_cast<ValueId>(f);
+    }
+    std::vector<bool> saved(nf, false);
     for (ValueId v : bwd.inputs()) {
-      if (liveness.live[v] && !seed_names.count(bwd.value(v).name)) saved.insert(bwd.value(v).name);
+      if (liveness.live[v] && fwd_of[v] != kNoValue) saved[fwd_of[v]] = true;
     }
     // Checkpointing first: what is not kept at all; then the cheap ops among what is still kept.
-    std::unordered_set<std::string> dropped;
-    auto is_forward_input = [&](const std::string& name) {
-      return fwd_.value(fwd_.Get(name)).kind == ValueKind::kInput;
+    std::vector<bool> dropped(nf, false);
+    auto is_forward_input = [&](size_t f) {
+      return fwd_.value(static_cast<ValueId>(f)).kind == ValueKind::kInput;
     };
     if (spec_.checkpoints) {
       const std::unordered_set<std::string> keep(spec_.checkpoints->begin(),
                                                  spec_.checkpoints->end());
-      for (const std::string& name : saved) {
-        if (!keep.count(name) && !is_forward_input(name)) dropped.insert(name);
+      for (size_t f = 0; f < nf; ++f) {
+        if (saved[f] && !keep.count(fwd_.value(static_cast<ValueId>(f)).name) &&
+            !is_forward_input(f)) {
+          dropped[f] = true;
+        }
       }
     }
     for (const std::string& name : spec_.recompute_values) {
-      if (saved.count(name) && !is_forward_input(name)) dropped.insert(name);
+      const std::optional<ValueId> f = fwd_.Find(name);
+      if (f && saved[*f] && !is_forward_input(*f)) dropped[*f] = true;
     }
-    std::unordered_set<std::string> kept;
-    for (const std::string& name : saved) {
-      if (!dropped.count(name)) kept.insert(name);
-    }
+    std::vector<bool> kept(nf, false);
+    for (size_t f = 0; f < nf; ++f) kept[f] = saved[f] && !dropped[f];
     if (spec_.recompute) {
-      for (ValueId v : RecomputableSaved(fwd_, kept)) dropped.insert(fwd_.value(v).name);
+      for (ValueId v : RecomputableSaved(fwd_, std::move(kept))) dropped[v] = true;
     }
-    out.program = dropped.empty() ? Pruned(bwd, liveness)
-                                  : PrunedWithRecomputation(fwd_, bwd, liveness, dropped);
+    std::vector<bool> bwd_dropped(bwd.values().size(), false);
+    bool any_dropped = false;
+    for (ValueId v : bwd.inputs()) {
+      if (liveness.live[v] && fwd_of[v] != kNoValue && dropped[fwd_of[v]]) {
+        bwd_dropped[v] = any_dropped = true;
+      }
+    }
+    out.program = any_dropped ? PrunedWithRecomputation(fwd_, bwd, liveness, bwd_dropped)
+                              : Pruned(bwd, liveness);
   }
   for (ValueId v : out.program.inputs()) {
     const std::string& n = out.program.value(v).name;
@@ -322,30 +366,29 @@ Program Pruned(const Program& p, const Liveness& liveness) {
 
 // Saved values that the backward program can recompute from values it reads anyway (see
 // GradientSpec::recompute), in forward order.
-std::vector<ValueId> RecomputableSaved(const Program& fwd,
-                                       const std::unordered_set<std::string>& saved) {
-  std::unordered_set<std::string> kept = saved;
+// `kept`: forward value -> saved and not dropped.
+std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kept) {
   std::vector<ValueId> chosen;
   for (const Instruction& ins : fwd.instructions()) {
     if (!ins.op->recomputable || ins.outputs.size() != 1) continue;
-    const std::string& name = fwd.value(ins.outputs[0]).name;
-    if (!kept.count(name)) continue;
+    const ValueId out = ins.outputs[0];
+    if (!kept[out]) continue;
     const bool inputs_available = std::all_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId v) {
-      return fwd.value(v).kind == ValueKind::kParam || kept.count(fwd.value(v).name);
+      return fwd.value(v).kind == ValueKind::kParam || kept[v];
     });
     if (!inputs_available) continue;
-    kept.erase(name);
-    chosen.push_back(ins.outputs[0]);
+    kept[out] = false;
+    chosen.push_back(out);
   }
   return chosen;
 }
 
-// The live part of `bwd` (as Pruned gives it) without the inputs named in `dropped` (forward
-// values): each is computed by its forward instruction right before its first use instead, as is —
-// transitively — every forward value such an instruction reads that the program does not have.
-// Parameters and forward inputs are read as such.
+// The live part of `bwd` (as Pruned gives it) without the `dropped` inputs (forward values, by
+// backward value id): each is computed by its forward instruction right before its first use
+// instead, as is — transitively — every forward value such an instruction reads that the program
+// does not have. Parameters and forward inputs are read as such.
 Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
-                                const std::unordered_set<std::string>& dropped) {
+                                const std::vector<bool>& dropped) {
   Program dst(bwd.name());
   // The names the pruned program has (it reserves those) and the forward's.
   for (ValueId v = 0; v < static_cast<ValueId>(bwd.values().size()); ++v) {
@@ -353,14 +396,8 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
   }
   for (const Value& v : fwd.values()) dst.ReserveName(v.name);
   std::vector<ValueId> to_dst(bwd.values().size(), kNoValue);
-  std::vector<bool> is_dropped(bwd.values().size(), false);
   for (ValueId v : bwd.inputs()) {
-    if (!liveness.live[v]) continue;
-    if (dropped.count(bwd.value(v).name)) {
-      is_dropped[v] = true;
-    } else {
-      to_dst[v] = dst.AddInput(bwd.value(v).name, bwd.type(v));
-    }
+    if (liveness.live[v] && !dropped[v]) to_dst[v] = dst.AddInput(bwd.value(v).name, bwd.type(v));
   }
   for (ValueId v : bwd.params()) {
     if (liveness.live[v]) to_dst[v] = dst.AddParam(bwd.value(v).name, bwd.type(v));
@@ -409,7 +446,7 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
     }
   };
   auto available = [&](ValueId v) {  // a dropped input: recomputed before its first use
-    if (is_dropped[v] && to_dst[v] == kNoValue) {
+    if (dropped[v] && to_dst[v] == kNoValue) {
       ensure(bwd.value(v).name);
       to_dst[v] = dst.Get(bwd.value(v).name);
     }

@@ -193,6 +193,50 @@ TEST_F(SimulateCli, CompareRanksSchedulesByPredictedTimeWithinTheBudget) {
   EXPECT_NE(err.find("no schedule named can be simulated"), std::string::npos) << err;
 }
 
+// Where the choice matters, --compare ranks the schedules as their runs measure. Every F, B and W
+// is made to take 25 ms more (a sleep: a slow device whose costs the machine's load barely moves —
+// the compute itself is well under a millisecond), so that at P = 2, M = 4 zb-h1, which runs W in
+// 1F1B's bubble, takes 13 units against 15 for 1F1B and GPipe: 50 ms apart.
+TEST_F(SimulateCli, CompareRanksTheSchedulesAsTheirRunsMeasure) {
+  const std::string slow = std::string(kJob) + " --inject-compute-ms 25";
+  std::map<std::string, double> measured;
+  std::map<std::string, std::string> costs;
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"}) {
+    const std::string path = (dir_ / (schedule + "_slow.json")).string();
+    const CliResult r = Sluice(fmt::format("train {} --schedule {} --steps 4 --eval-every 0 "
+                                           "--quiet --profile-out {}",
+                                           slow, schedule, path),
+                               "timeout 300");
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::ifstream in(path);
+    const nlohmann::json file = nlohmann::json::parse(in);
+    measured[schedule] = file["measured"]["step_ms"].get<double>();  // median of 3 steps
+    costs[schedule] = path;
+    // The sleep is in the profile: every F costs at least 25 ms.
+    EXPECT_GE(file["ranks"][0]["chunks"][0]["forward_ms"].get<double>(), 25) << schedule;
+  }
+  // One profile (zb-h1's covers all three) predicts the ranking before the others run.
+  const nlohmann::json j =
+      Simulate(fmt::format("{} --compare gpipe,1f1b,zb-h1 --costs {}", kJob, costs["zb-h1"]));
+  ASSERT_EQ(j["ranking"].size(), 3u);
+  std::string figures;
+  for (const nlohmann::json& row : j["ranking"]) {
+    const std::string schedule = row["schedule"].get<std::string>();
+    figures += fmt::format("{}: predicted {:.1f} ms, measured {:.1f} ms\n", schedule,
+                           row["step_ms"].get<double>(), measured[schedule]);
+  }
+  EXPECT_EQ(j["ranking"][0]["schedule"], "zb-h1") << figures;
+  EXPECT_LT(measured["zb-h1"], measured["1f1b"]) << figures;
+  EXPECT_LT(measured["zb-h1"], measured["gpipe"]) << figures;
+}
+
+// The knob is for tests and pipeline runs only; out of range it is refused.
+TEST_F(SimulateCli, InjectedComputeTimeIsBounded) {
+  const CliResult r = Sluice(fmt::format("train {} --steps 1 --inject-compute-ms -1", kJob));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("--inject-compute-ms"), std::string::npos) << r.err;
+}
+
 // Above the forecast's action limit a simulation predicts time only and says so; a budget cannot
 // be checked there and is refused.
 TEST_F(SimulateCli, LargeJobsPredictTimeAndSayMemoryWasNotForecast) {

@@ -51,7 +51,8 @@ struct TrainArgs {
   double comm_timeout_s = 60;
   std::string comm = "local";  // local (stages as threads) or mpi (stages as processes)
   int data_parallel = 1;
-  std::string fault;  // tests: MODE:STAGE:ACTION:MICRO_BATCH
+  std::string fault;            // tests: MODE:STAGE:ACTION:MICRO_BATCH
+  double compute_sleep_ms = 0;  // tests: every F, B and W sleeps this long
   // Memory: a budget per stage (step/memory_budget.h) that picks the recompute policies (and, with
   // --schedule auto, the schedule) before training.
   std::string memory_budget;
@@ -427,6 +428,7 @@ void Configure(TrainArgs& a) {
     a.pipe.partition = *partition;
     a.pipe.release_outputs = a.release_outputs;
     if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
+    a.pipe.fault.compute_sleep_ns = static_cast<int64_t>(a.compute_sleep_ms * 1e6);
   }
 }
 
@@ -606,6 +608,8 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
                                  "as JSON for sluice simulate --costs")
                       ->check(NonEmptyPath());
   auto* fault = sub.add_option("--inject-fault", a->fault)->group("");  // tests of failure handling
+  // Tests of the simulator against measured runs: a slow device whose costs the load does not move.
+  auto* compute_sleep = sub.add_option("--inject-compute-ms", a->compute_sleep_ms)->group("");
   auto* comm =
       sub.add_option("--comm", a->comm,
                      "local (stages as threads) or mpi (one stage per process, under mpirun)")
@@ -616,15 +620,19 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
   auto finish = [a, sched, chunks, partition, layout, release, ahead, timeout, trace, profile,
-                 fault, comm, dp, recompute, no_recompute, min_lr] {
+                 fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr] {
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;
     for (const CLI::Option* o : {sched, chunks, partition, layout, release, ahead, timeout, trace,
-                                 profile, fault, comm, dp}) {
+                                 profile, fault, compute_sleep, comm, dp}) {
       a->pipeline = a->pipeline || o->count() > 0;
     }
     a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
+    if (!(a->compute_sleep_ms >= 0 && a->compute_sleep_ms <= 60'000)) {
+      throw InvalidArgument(
+          fmt::format("--inject-compute-ms must be in [0, 60000] ms, got {}", a->compute_sleep_ms));
+    }
     if (!(a->comm_timeout_s > 0)) {
       throw InvalidArgument(
           fmt::format("--comm-timeout must be positive, got {}", a->comm_timeout_s));

@@ -1,7 +1,9 @@
 #include "sluice/pipeline/stage_runtime.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -203,6 +205,10 @@ class StageRuntime::StepRun {
   void Compute(const Action& a, const char* name, int profile, F&& body) {
     const int64_t begin = NowNs(), cpu_begin = ThreadCpuNs();
     body();
+    if (const int64_t sleep = rt_.setup.fault.compute_sleep_ns; sleep > 0 && profile <= 2) {
+      const bool with_w = profile == 1 && !rt_.setup.schedule.split_backward;
+      std::this_thread::sleep_for(std::chrono::nanoseconds(with_w ? 2 * sleep : sleep));
+    }
     const int64_t end = NowNs(), cpu = ThreadCpuNs() - cpu_begin;
     out_.busy_ns += end - begin;
     out_.busy_cpu_ns += cpu;

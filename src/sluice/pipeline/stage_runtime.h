@@ -75,6 +75,9 @@ class StageError : public Error {
 // Fault injection for tests of failure handling: rank `rank` fails at its action of `kind` for
 // micro-batch `micro_batch` (chunk 0) in step `step` — by throwing, or by skipping the action
 // (a skipped send leaves its receiver waiting until the timeout).
+// compute_sleep_ns makes every F, B and W of every rank sleep that long inside its timed compute
+// (an unsplit B twice: its W is part of it) — a slow device whose costs the machine's load does
+// not move, for tests of the simulator against measured runs.
 struct FaultInjection {
   enum class Mode { kNone, kThrow, kSkip };
   Mode mode = Mode::kNone;
@@ -82,6 +85,7 @@ struct FaultInjection {
   ActionKind kind = ActionKind::kForward;
   int micro_batch = 0;
   int64_t step = 0;
+  int64_t compute_sleep_ns = 0;
 };
 
 // What every rank is built from (shared, read-only while ranks run).

@@ -105,7 +105,7 @@ struct SimulateOptions {
   // count as idle.
   int cores = 0;
   // The schedule came from MakeSchedule, which validated it: SimulateStep skips validating it
-  // again (a fifth of its time at P = 1024, M = 8192). Anything else is validated.
+  // again (longer than the replay itself at P = 1024, M = 8192). Anything else is validated.
   bool validated = false;
   // Replay every action in the global order of start times, as ReplayInEventOrder does (the
   // reference; always so with shared cores), instead of rank by rank: the same times bit for bit

@@ -1,6 +1,7 @@
 #include "sluice/pipeline/validator.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -27,8 +28,16 @@ class Validator {
   void Run() {
     CheckShape();
     sequence_.assign(2 * static_cast<size_t>(s_.virtual_stages()) * s_.micro_batches, 0);
-    for (int r = 0; r < s_.stages; ++r) {
-      steps_.assign(static_cast<size_t>(kSlotKinds) * s_.chunks * s_.micro_batches, -1);
+    // A rank's steps are counted on from the previous rank's, so that steps_ needs no clearing
+    // between ranks (only when the count would leave an int).
+    const size_t slots = static_cast<size_t>(kSlotKinds) * s_.chunks * s_.micro_batches;
+    for (int r = 0, size = 0; r < s_.stages; ++r) {
+      first_step_ += size;
+      size = static_cast<int>(s_.ranks[r].size());
+      if (r == 0 || first_step_ + size > std::numeric_limits<int>::max()) {
+        steps_.assign(slots, -1);
+        first_step_ = 0;
+      }
       chunks_.clear();
       for (int c = 0; c < s_.chunks; ++c) {
         chunks_.push_back({.vs = s_.VirtualStage(r, c),
@@ -87,7 +96,7 @@ class Validator {
                   static_cast<size_t>(kind)];
   }
   bool Done(int rank, ActionKind kind, int chunk, int mb) {
-    return Slot(rank, kind, chunk, mb) >= 0;
+    return Slot(rank, kind, chunk, mb) >= first_step_;
   }
 
   // ---- 1. shape -----------------------------------------------------------------------------
@@ -137,10 +146,10 @@ class Validator {
     const int c = a.chunk, m = a.micro_batch;
     if (Done(r, a.kind, c, m)) {
       Fail(fmt::format("{}: {} already ran at step {}", At(r, i), Name(a.kind, c, m),
-                       Slot(r, a.kind, c, m)));
+                       Slot(r, a.kind, c, m) - first_step_));
     }
     CheckPrerequisites(r, i, a);
-    Slot(r, a.kind, c, m) = i;
+    Slot(r, a.kind, c, m) = static_cast<int>(first_step_ + i);
     if (IsSend(a.kind) || IsRecv(a.kind)) Sequence(r, a);
   }
 
@@ -362,8 +371,10 @@ class Validator {
   }
 
   const Schedule& s_;
-  // [chunk, mb, kind] → the step of the rank walked that ran it, or -1
+  // [chunk, mb, kind] → first_step_ + the step of the rank walked that ran it; less than
+  // first_step_ when it has not run (a step of an earlier rank, or -1).
   std::vector<int> steps_;
+  int64_t first_step_ = 0;
   // Per chunk of the rank walked: its virtual stage and the ranks its messages go to and come
   // from (−1: none, the first or last stage or a hand-off on the rank).
   struct ChunkPlace {

@@ -194,30 +194,31 @@ TEST_F(SimulateCli, CompareRanksSchedulesByPredictedTimeWithinTheBudget) {
 }
 
 // Where the choice matters, --compare ranks the schedules as their runs measure. Every F, B and W
-// is made to take 25 ms more (a sleep: a slow device whose costs the machine's load barely moves —
-// the compute itself is well under a millisecond), so that at P = 2, M = 4 zb-h1, which runs W in
-// 1F1B's bubble, takes 13 units against 15 for 1F1B and GPipe: 50 ms apart.
+// is made to take 40 ms more (a sleep: a slow device whose costs the machine's load barely moves —
+// the compute itself is well under a millisecond), so that at P = 2, M = 2 zb-h1, which runs W in
+// 1F1B's bubble, takes 7 units against 9 for 1F1B and GPipe: 80 ms (22%) apart.
 TEST_F(SimulateCli, CompareRanksTheSchedulesAsTheirRunsMeasure) {
-  const std::string slow = std::string(kJob) + " --inject-compute-ms 25";
+  const std::string job = "--layers 4 --batch 16 --microbatches 2 --threads 1 --stages 2";
+  const std::string slow = job + " --inject-compute-ms 40";
   std::map<std::string, double> measured;
   std::map<std::string, std::string> costs;
   for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"}) {
     const std::string path = (dir_ / (schedule + "_slow.json")).string();
-    const CliResult r = Sluice(fmt::format("train {} --schedule {} --steps 4 --eval-every 0 "
+    const CliResult r = Sluice(fmt::format("train {} --schedule {} --steps 5 --eval-every 0 "
                                            "--quiet --profile-out {}",
                                            slow, schedule, path),
                                "timeout 300");
     ASSERT_EQ(r.status, 0) << r.err;
     std::ifstream in(path);
     const nlohmann::json file = nlohmann::json::parse(in);
-    measured[schedule] = file["measured"]["step_ms"].get<double>();  // median of 3 steps
+    measured[schedule] = file["measured"]["step_ms"].get<double>();  // median of 4 steps
     costs[schedule] = path;
-    // The sleep is in the profile: every F costs at least 25 ms.
-    EXPECT_GE(file["ranks"][0]["chunks"][0]["forward_ms"].get<double>(), 25) << schedule;
+    // The sleep is in the profile: every F costs at least 40 ms.
+    EXPECT_GE(file["ranks"][0]["chunks"][0]["forward_ms"].get<double>(), 40) << schedule;
   }
   // One profile (zb-h1's covers all three) predicts the ranking before the others run.
   const nlohmann::json j =
-      Simulate(fmt::format("{} --compare gpipe,1f1b,zb-h1 --costs {}", kJob, costs["zb-h1"]));
+      Simulate(fmt::format("{} --compare gpipe,1f1b,zb-h1 --costs {}", job, costs["zb-h1"]));
   ASSERT_EQ(j["ranking"].size(), 3u);
   std::string figures;
   for (const nlohmann::json& row : j["ranking"]) {

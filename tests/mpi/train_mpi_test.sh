@@ -50,6 +50,17 @@ sys.exit(0 if (worst == 0 if tol == 0 else worst <= tol) else 1)
 PY
 }
 
+# continues WHOLE PART: PART's losses are WHOLE's of steps 3 and 4, bit for bit (a run resumed at 2).
+continues() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if '"summary"' not in l and '"loss"' in l]
+whole, part = losses(sys.argv[1]), losses(sys.argv[2])
+assert part == whole[2:4], (part, whole)
+PY
+}
+
 case "$mode" in
   bitwise)
     for sched in 1f1b interleaved zb-h2 zb-v v-half v-min; do
@@ -86,13 +97,7 @@ case "$mode" in
     # The sharded checkpoint resumes in one process too (--threads 1 sums GEMMs alike).
     "$sluice" train "${small[@]}" --layers 4 --steps 4 --resume "$dir/ck.safetensors" --metrics "$dir/one.jsonl" \
       || fail "resume in one process"
-    python3 - "$dir/whole.jsonl" "$dir/one.jsonl" <<'PY' || fail "one-process resume differs"
-import json, sys
-def losses(p):
-    return [json.loads(l)["loss"] for l in open(p) if '"summary"' not in l and '"loss"' in l]
-whole, one = losses(sys.argv[1]), losses(sys.argv[2])
-assert one == whole[2:4], (one, whole)
-PY
+    continues "$dir/whole.jsonl" "$dir/one.jsonl" || fail "one-process resume differs"
     ;;
   rescue)
     args=("${small[@]}" --layers 4 --stages 2)
@@ -111,13 +116,7 @@ PY
     done
     [ ! -e "$dir/ck.safetensors.index.json" ] || fail "an index was written for an incomplete checkpoint"
     mpi 2 "${args[@]}" --steps 4 --resume "$rescue" --metrics "$dir/resumed.jsonl" || fail "resume from the rescue"
-    python3 - "$dir/whole.jsonl" "$dir/resumed.jsonl" <<'PY' || fail "the rescued state does not resume bitwise"
-import json, sys
-def losses(p):
-    return [json.loads(l)["loss"] for l in open(p) if '"summary"' not in l and '"loss"' in l]
-whole, resumed = losses(sys.argv[1]), losses(sys.argv[2])
-assert resumed == whole[2:4], (resumed, whole)
-PY
+    continues "$dir/whole.jsonl" "$dir/resumed.jsonl" || fail "the rescued state does not resume bitwise"
     ;;
   profile)
     args=("${small[@]}" --layers 4 --stages 2)

@@ -90,9 +90,10 @@ TEST_F(SimulateCli, ProfiledCostsDriveTheSimulationAndMemoryIsThePlans) {
               p["stages"][s]["predicted_peak_allocated_bytes"]);
     EXPECT_GT(j["stages"][s]["busy_ms"].get<double>(), 0);
   }
-  // Split costs cover 1f1b (B costs B + W), whose bubble at these costs is larger.
+  // Split costs cover 1f1b (B costs B + W), whose bubble is never smaller than zb-h1's (equal
+  // where a measured W is too short to fill anything: costs measured under load vary).
   const nlohmann::json one = Simulate(fmt::format("{} --schedule 1f1b --costs {}", kJob, costs));
-  EXPECT_GT(one["bubble"].get<double>(), j["bubble"].get<double>());
+  EXPECT_GE(one["bubble"].get<double>(), j["bubble"].get<double>());
 }
 
 TEST_F(SimulateCli, RefusesCostsThatDoNotMatch) {

@@ -367,7 +367,9 @@ TEST(Schedules, VHalfAndVMinHoldThePapersActivationMemory) {
           EXPECT_LE(rank.peak_until_weight, paper);
           fullest = std::max(fullest, rank.peak_until_weight);
         }
-        if (M >= P) EXPECT_EQ(fullest, paper);
+        if (M >= P) {
+          EXPECT_EQ(fullest, paper);
+        }
       }
     }
   }

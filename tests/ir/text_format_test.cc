@@ -100,6 +100,11 @@ Program GradientsAndOptimizers() {
   // Fused attention over x seen as [T = 3, D = 5] (one head), and its gradient.
   auto [att, lse] = CausalAttention(x, x, x, 0.5);
   std::vector<Var> dqkv = CausalAttentionGrad(dy, lse, x, x, x, att, lse, 0.5);
+  // The packed form over qkv [T = 3, 3C = 6], one head of C = 2, and its gradient.
+  Var packed = b.Input("qkv", DType::kF64, {3, 6});
+  auto [att_packed, lse_packed] = CausalAttentionQkv(packed, 1, 0.5);
+  Var dpacked =
+      CausalAttentionQkvGrad(att_packed, lse_packed, packed, att_packed, lse_packed, 1, 0.5);
   Var summed = SumTo(BroadcastTo(db, Shape{3, 5}), Shape{5});
   SgdUpdate(bias, summed, Copy(bias), lr, {.momentum = 0.9, .weight_decay = 1e-4});
   AdamWUpdate(w, dw, m, v, lr, step, {.beta1 = 0.8, .eps = 1e-12});
@@ -108,6 +113,7 @@ Program GradientsAndOptimizers() {
   b.Output(dlogits);
   b.Output(dtable);
   b.Output(dqkv[0]);
+  b.Output(dpacked);
   return b.Build();
 }
 

@@ -265,6 +265,26 @@ TEST_F(ParallelKernels, LossEmbeddingOptimizerAndAttentionAreBitwiseTheSame) {
         return y;
       },
       "attention");
+  // The packed layout (heads side by side in qkv [B, T, 3C] and y [B, T, C]): batch 6 = 2 · 3
+  // heads.
+  const int64_t heads = 3, c = heads * d, seqs = batch / heads;
+  const std::vector<float> qkv = Random(seqs * t * 3 * c, 16), dy_packed = Random(seqs * t * c, 17);
+  const AttentionLayout in = AttentionLayout::Packed(heads, t, c, 3 * c),
+                        out = AttentionLayout::Packed(heads, t, c, c);
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        std::vector<float> y(static_cast<size_t>(seqs * t * c)),
+            lse(static_cast<size_t>(batch * t)), dqkv(qkv.size());
+        const float* q = qkv.data();
+        CausalAttentionFast(q, q + c, q + 2 * c, y.data(), lse.data(), batch, t, d, 0.25f, in, out);
+        CausalAttentionGradFast(dy_packed.data(), lse.data(), q, q + c, q + 2 * c, y.data(),
+                                lse.data(), dqkv.data(), dqkv.data() + c, dqkv.data() + 2 * c,
+                                batch, t, d, 0.25f, in, out);
+        y.insert(y.end(), lse.begin(), lse.end());
+        y.insert(y.end(), dqkv.begin(), dqkv.end());
+        return y;
+      },
+      "attention, packed heads");
 }
 
 // Column sums (a bias gradient: [B, T, C] summed over B and T) are bitwise the reference's sums at

@@ -1,6 +1,8 @@
-// Op table: fused causal attention (causal_attention and its gradient), plus what the table
-// cannot state: the fused op computes what the naive chain matmul → scale → causal_mask → softmax
-// → matmul computes, across several tiles of the fast kernel (T > kernels::kAttentionTile).
+// Op table: fused causal attention (causal_attention, causal_attention_qkv and their gradients),
+// plus what the table cannot state: the fused op computes what the naive chain matmul → scale →
+// causal_mask → softmax → matmul computes, across several tiles of the fast kernel
+// (T > kernels::kAttentionTile), and the packed op what split → transpose → causal_attention →
+// transpose computes.
 #include <cmath>
 #include <vector>
 
@@ -39,6 +41,29 @@ std::vector<OpCase> AttentionCases() {
        .inputs = {F({2, long_t, 8}), F({2, long_t, 8}), F({2, long_t, 8})},
        .attrs = scale,
        .fills = {wide, wide},
+       .grad = false},
+      {.label = "attention_qkv",
+       .op = "causal_attention_qkv",
+       .inputs = {F({2, 5, 3 * 6})},
+       .attrs = {{"heads", 2}, {"scale", 0.5}},
+       .fills = {wide}},
+      {.label = "attention_qkv_one_head_two_tiles",
+       .op = "causal_attention_qkv",
+       .inputs = {F({67, 3 * 2})},
+       .attrs = {{"heads", 1}, {"scale", 0.5}},
+       .fills = {wide},
+       .grad_tolerance = 1e-5},
+      {.label = "attention_qkv_long",
+       .op = "causal_attention_qkv",
+       .inputs = {F({2, long_t, 3 * 16})},
+       .attrs = {{"heads", 2}, {"scale", 0.5}},
+       .fills = {wide},
+       .grad = false},
+      {.label = "attention_qkv_grad",
+       .op = "causal_attention_qkv_grad",
+       .inputs = {F({2, long_t, 16}), F({2, 2, long_t}), F({2, long_t, 3 * 16}), F({2, long_t, 16}),
+                  F({2, 2, long_t})},
+       .attrs = {{"heads", 2}, {"scale", 0.5}},
        .grad = false},
       {.label = "attention_grad",
        .op = "causal_attention_grad",
@@ -79,6 +104,22 @@ std::vector<OpErrorCase> AttentionErrors() {
       {.label = "attention_no_scale",
        .op = "causal_attention",
        .inputs = {F({5, 4}), F({5, 4}), F({5, 4})}},
+      {.label = "attention_qkv_not_three_heads",
+       .op = "causal_attention_qkv",
+       .inputs = {F({2, 5, 12})},
+       .attrs = {{"heads", 3}, {"scale", 0.5}}},
+      {.label = "attention_qkv_rank1",
+       .op = "causal_attention_qkv",
+       .inputs = {F({12})},
+       .attrs = {{"heads", 2}, {"scale", 0.5}}},
+      {.label = "attention_qkv_no_heads",
+       .op = "causal_attention_qkv",
+       .inputs = {F({5, 12})},
+       .attrs = {{"scale", 0.5}}},
+      {.label = "attention_qkv_grad_lse",
+       .op = "causal_attention_qkv_grad",
+       .inputs = {F({5, 4}), F({2, 4}), F({5, 12}), F({5, 4}), F({2, 4})},
+       .attrs = {{"heads", 2}, {"scale", 0.5}}},
       {.label = "attention_grad_lse",
        .op = "causal_attention_grad",
        .inputs = {F({5, 4}), F({5}), F({5, 4}), F({5, 4}), F({5, 4}), F({5, 4}), F({4})},
@@ -133,6 +174,49 @@ TEST(CausalAttention, MatchesTheNaiveChainWithGradients) {
     for (int64_t j = 0; j < naive[i].numel(); ++j) {
       EXPECT_NEAR(fused[i].FlatAt(j), naive[i].FlatAt(j),
                   1e-11 * std::max(1.0, std::abs(naive[i].FlatAt(j))))
+          << "output " << i << " at " << j;
+    }
+  }
+}
+
+// The packed op computes what the copies around causal_attention compute — split qkv, heads
+// [B, H, T, D], attention, heads back side by side — output and gradient of qkv, in f64 with the
+// fast kernels, over two tiles of keys.
+TEST(CausalAttentionQkv, MatchesSplitTransposeAndCausalAttention) {
+  const int64_t batch = 2, t = kernels::kAttentionTile + 9, heads = 3, d = 4, c = heads * d;
+  const Shape s{batch, t, 3 * c};
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  auto run = [&](bool packed) {
+    Builder b(packed ? "packed" : "copies");
+    Var qkv = b.Input("qkv", DType::kF64, s);
+    Var y;
+    if (packed) {
+      y = CausalAttentionQkv(qkv, heads, scale).first;
+    } else {
+      std::vector<Var> parts = Split(qkv, -1, {c, c, c});
+      auto split_heads = [&](Var x) { return Transpose(Reshape(x, {batch, t, heads, d}), 1, 2); };
+      Var att = CausalAttention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]),
+                                scale)
+                    .first;
+      y = Reshape(Transpose(att, 1, 2), {batch, t, c});
+    }
+    Var w = b.Input("w", DType::kF64, {batch, t, c});
+    b.Output(b.Name(Sum(y * w), "loss"));
+    Program p = b.Build();
+    Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"qkv"}});
+    Scope scope;
+    scope.Set("qkv", Sine(s, 0.37));
+    scope.Set("w", Sine({batch, t, c}, 0.71));
+    RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
+    RunReference(bwd.program, scope);
+    return std::vector<Tensor>{scope.Get("loss"), scope.Get(bwd.grads[0])};
+  };
+  const std::vector<Tensor> copies = run(false), packed = run(true);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    ASSERT_EQ(copies[i].numel(), packed[i].numel());
+    for (int64_t j = 0; j < copies[i].numel(); ++j) {
+      EXPECT_NEAR(packed[i].FlatAt(j), copies[i].FlatAt(j),
+                  1e-12 * std::max(1.0, std::abs(copies[i].FlatAt(j))))
           << "output " << i << " at " << j;
     }
   }

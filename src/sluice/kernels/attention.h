@@ -14,13 +14,19 @@
 //   it) dq[i] = scale · Σ_j ds[i, j] · k[j]    dk[j] = scale · Σ_i ds[i, j] · q[i]    dv[j] = Σ_i
 //   p[i, j] · dy[i]
 //
+// Where the [T, D] matrices live is an AttentionLayout: contiguous [batch, T, D] tensors, or the
+// heads read in place from a GPT's packed projections — q, k, v as column blocks of qkv [B, T, 3C]
+// and y written straight into [B, T, C] (heads side by side, the layout the output projection
+// reads) — so that no split, transpose or concat copies them. lse is always [batch, T].
+//
 // *Reference: the formulas row by row with std::exp and left-to-right sums, the whole row of p
 // at once. *Fast: tiles of kTile queries × kTile keys: s by GEMM (kernels/matmul.h), an online
 // softmax per query row (running max and sum, earlier partial outputs rescaled when the max grows),
 // y, dq, dk, dv by GEMM, exp through the SIMD row kernels (kernels/simd_kernels.h); tiles above
 // the diagonal are skipped and the diagonal tile's rows stop at the query. Scratch: a few tiles
 // (O(kTile²) floats), never O(T²). Fast agrees with the reference to rounding (sums in another
-// order): relative 1e-5 in f32 on the op tests.
+// order): relative 1e-5 in f32 on the op tests. The fast kernels run batch entries on the intra-op
+// threads (kernels/parallel.h), one entry per chunk, each writing only its own rows and columns.
 //
 // Outputs must not alias inputs. Thread-safety: plain functions over caller-owned memory.
 // Failure modes: none (shapes are checked by the op's inference).
@@ -28,6 +34,11 @@
 // Example:
 //   // q, k, v, y [B·H, T, D], lse [B·H, T]
 //   kernels::CausalAttentionFast<float>(q, k, v, y, lse, B * H, T, D, 1.0f / std::sqrt(D));
+//   // qkv [B, T, 3C] (q, k, v side by side), y [B, T, C], lse [B, H, T]
+//   const auto in = kernels::AttentionLayout::Packed(H, T, C, 3 * C);
+//   const auto out = kernels::AttentionLayout::Packed(H, T, C, C);
+//   kernels::CausalAttentionFast<float>(qkv, qkv + C, qkv + 2 * C, y, lse, B * H, T, C / H, scale,
+//                                       in, out);
 #pragma once
 
 #include <cstdint>
@@ -37,12 +48,40 @@ namespace sluice::kernels {
 // Queries and keys per tile of the fast kernels.
 inline constexpr int64_t kAttentionTile = 64;
 
+// Where batch entry e's [T, D] matrix lives: row i at base + Offset(e) + i·row_stride, with
+// e = b·heads + h (b the sequence, h the head).
+struct AttentionLayout {
+  int64_t heads = 1;
+  int64_t batch_stride = 0;  // from one sequence to the next
+  int64_t head_stride = 0;   // from one head to the next within a sequence
+  int64_t row_stride = 0;    // from one position to the next
+
+  int64_t Offset(int64_t e) const { return (e / heads) * batch_stride + (e % heads) * head_stride; }
+
+  // [batch, T, D], contiguous.
+  static AttentionLayout Contiguous(int64_t t, int64_t d) { return {1, t * d, 0, d}; }
+  // H heads of D = C / H channels side by side in rows `width` elements apart: [B, T, width] with
+  // the heads in columns [0, C) — y [B, T, C] (width C), or q in qkv [B, T, 3C] (width 3C; k and
+  // v have the same layout from base + C and base + 2C).
+  static AttentionLayout Packed(int64_t heads, int64_t t, int64_t c, int64_t width) {
+    return {heads, t * width, c / heads, width};
+  }
+};
+
 template <typename T>
 void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
                               int64_t t, int64_t d, T scale);
 template <typename T>
 void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
                          int64_t d, T scale);
+// q, k and v in the layout `in`, y in `out`.
+template <typename T>
+void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
+                              int64_t t, int64_t d, T scale, const AttentionLayout& in,
+                              const AttentionLayout& out);
+template <typename T>
+void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
+                         int64_t d, T scale, const AttentionLayout& in, const AttentionLayout& out);
 
 // dlse may be null (no gradient reaches lse: dlse = 0).
 template <typename T>
@@ -53,5 +92,16 @@ template <typename T>
 void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                              const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
                              int64_t t, int64_t d, T scale);
+// q, k, v, dq, dk and dv in the layout `in`; dy and y in `out`.
+template <typename T>
+void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
+                                  const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
+                                  int64_t t, int64_t d, T scale, const AttentionLayout& in,
+                                  const AttentionLayout& out);
+template <typename T>
+void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
+                             const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
+                             int64_t t, int64_t d, T scale, const AttentionLayout& in,
+                             const AttentionLayout& out);
 
 }  // namespace sluice::kernels

@@ -35,6 +35,14 @@ void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, f
           const float* a, const float* b, float beta, float* c);
 void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, double alpha,
           const double* a, const double* b, double beta, double* c);
+// The same on matrices inside larger ones: lda, ldb, ldc are the row strides (in elements) of the
+// buffers a, b and c as stored (a is [m, k], or [k, m] when transposed; likewise b).
+void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc);
+void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc);
 
 // The threads every GEMM of the process uses (OpenBLAS's own pool; process-wide). Called once per
 // engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it (it sizes

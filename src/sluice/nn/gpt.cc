@@ -39,24 +39,24 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
                         double proj_std) {
   Builder::NameScope scope(m.b(), "attn");
   const int64_t C = c.dim, H = c.heads, D = C / H;
-  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C);     // [B, T, 3C]
-  std::vector<Var> parts = Split(qkv, -1, {C, C, C});  // q, k, v: [B, T, C]
-  auto heads = [&](Var t) { return Transpose(Reshape(t, {B, T, H, D}), 1, 2); };  // [B, H, T, D]
-  Var q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C);  // [B, T, 3C]
   Builder& b = m.b();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  Var y;  // [B, H, T, D]
+  Var y;  // [B, T, C]
   if (c.attention == GptAttention::kFused) {
-    y = b.Name(CausalAttention(q, k, v, scale).first, "attention");  // and lse [B, H, T]
+    // The heads read in place from qkv, y written with the heads side by side: no copies.
+    y = b.Name(CausalAttentionQkv(qkv, H, scale).first, "attention");  // and lse [B, H, T]
   } else {
+    std::vector<Var> parts = Split(qkv, -1, {C, C, C});  // q, k, v: [B, T, C]
+    auto heads = [&](Var t) { return Transpose(Reshape(t, {B, T, H, D}), 1, 2); };  // [B, H, T, D]
+    Var q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     Var qk = b.Name(MatMul(q, k, false, true), "qk");   // [B, H, T, T]
     Var scores = b.Name(Scale(qk, scale), "scores");    // [B, H, T, T]
     Var masked = b.Name(CausalMask(scores), "masked");  // [B, H, T, T]
     Var att = b.Name(Softmax(masked), "probs");         // [B, H, T, T]
     for (const Var& t : {qk, scores, masked, att}) m.MarkAttentionValue(t.name());
-    y = MatMul(att, v);
+    y = Reshape(Transpose(MatMul(att, v), 1, 2), {B, T, C});  // [B, H, T, D] -> [B, T, C]
   }
-  y = Reshape(Transpose(y, 1, 2), {B, T, C});  // [B, T, C]
   return LinearLayer(m, "c_proj", y, C, C, proj_std);
 }
 

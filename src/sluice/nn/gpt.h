@@ -3,11 +3,13 @@
 //   ids [B, T] → wte + wpe → L × pre-LayerNorm block → ln_f → lm_head → logits [B, T, vocab]
 //   block(x) = x + attn(ln_1(x)); x + mlp(ln_2(x))
 //   attn: causal self-attention, H heads of C/H channels: by default one fused op
-//         (causal_attention, ir/ops/attention.h: no [T, T] value is kept between forward and
-//         backward); GptAttention::kNaive writes it as matmul → scale → causal_mask → softmax →
-//         matmul, the textbook chain (kept for comparison; its scores and probabilities are the
-//         values Model::attention_values names). The two agree to rounding: relative 1e-5 in f32
-//         on a training run's losses, 1e-11 in f64 (tests/ops/attention_test.cc, tests/nn).
+//         (causal_attention_qkv, ir/ops/attention.h: no [T, T] value is kept between forward and
+//         backward, and the heads are read from c_attn's output and written for c_proj in place,
+//         no split, transpose or concat copies); GptAttention::kNaive writes it as matmul → scale →
+//         causal_mask → softmax → matmul, the textbook chain (kept for comparison; its scores and
+//         probabilities are the values Model::attention_values names). The two agree to rounding:
+//         relative 1e-5 in f32 on a training run's losses, 1e-11 in f64
+//         (tests/ops/attention_test.cc, tests/nn).
 //   mlp:  Linear(C, 4C) → GELU (tanh) → Linear(4C, C)
 // Linear layers have biases, layer norms weight and bias (eps 1e-5), no dropout, lm_head has no
 // bias and is not tied to wte. Parameter names and layouts: docs/models.md (GPT-2 names; block

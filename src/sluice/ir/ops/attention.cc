@@ -109,6 +109,119 @@ void AttentionGradKernel(KernelContext& ctx) {
   });
 }
 
+// ---- causal_attention_qkv: heads read from qkv [..., T, 3C] in place ----
+
+struct PackedDims {
+  int64_t sequences, t, c, heads;  // sequences: the leading axes folded
+};
+
+// qkv [..., T, 3C] with heads dividing C; throws ShapeError naming what does not fit.
+PackedDims RequirePackedQkv(const Shape& s, const Attrs& attrs) {
+  const int64_t heads = attrs.GetInt("heads");
+  if (s.rank() < 2) {
+    throw ShapeError(
+        fmt::format("qkv must be [..., T, 3C] (rank 2 or more), got {}", s.ToString()));
+  }
+  const int64_t width = s[s.rank() - 1], t = s[s.rank() - 2];
+  if (heads < 1 || width % (3 * heads) != 0) {
+    throw ShapeError(fmt::format(
+        "qkv's last axis {} (qkv {}) must be 3·C with C a multiple of heads = {}: q, k and v side "
+        "by side, each of heads × D channels",
+        width, s.ToString(), heads));
+  }
+  return {t * width == 0 ? 0 : s.numel() / (t * width), t, width / 3, heads};
+}
+
+// [..., T, 3C] -> y [..., T, C] and lse [..., H, T].
+std::pair<Shape, Shape> PackedOutputShapes(const Shape& qkv, const PackedDims& n) {
+  std::vector<int64_t> y(qkv.dims().begin(), qkv.dims().end());
+  y.back() = n.c;
+  std::vector<int64_t> lse(qkv.dims().begin(), qkv.dims().end() - 2);
+  lse.push_back(n.heads);
+  lse.push_back(n.t);
+  return {Shape(std::span<const int64_t>(y)), Shape(std::span<const int64_t>(lse))};
+}
+
+std::vector<TensorType> InferAttentionQkv(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  const PackedDims n = RequirePackedQkv(in[0].shape, attrs);
+  if (!std::isfinite(Scale(attrs))) {
+    throw ShapeError(fmt::format("scale must be finite, got {}", Scale(attrs)));
+  }
+  const auto [y, lse] = PackedOutputShapes(in[0].shape, n);
+  return {{t, y}, {t, lse}};
+}
+
+// dy, dlse, qkv, y, lse.
+std::vector<TensorType> InferAttentionQkvGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  const PackedDims n = RequirePackedQkv(in[2].shape, attrs);
+  const auto [y, lse] = PackedOutputShapes(in[2].shape, n);
+  const char* names[] = {"dy", "dlse", "qkv", "y", "lse"};
+  for (int i : {0, 1, 3, 4}) {
+    const Shape& want = (i == 1 || i == 4) ? lse : y;
+    if (in[i].shape != want) {
+      throw ShapeError(fmt::format("{} must be {} for qkv {} and {} heads, got {}", names[i],
+                                   want.ToString(), in[2].shape.ToString(), n.heads,
+                                   in[i].shape.ToString()));
+    }
+  }
+  return {{t, in[2].shape}};
+}
+
+// The kernels' layouts for qkv [..., T, 3C] (q, k, v at columns 0, C, 2C) and y [..., T, C].
+struct PackedLayouts {
+  kernels::AttentionLayout in, out;
+  int64_t entries, d;
+};
+
+PackedLayouts Layouts(const PackedDims& n) {
+  return {kernels::AttentionLayout::Packed(n.heads, n.t, n.c, 3 * n.c),
+          kernels::AttentionLayout::Packed(n.heads, n.t, n.c, n.c), n.sequences * n.heads,
+          n.c / n.heads};
+}
+
+template <bool kFast>
+void AttentionQkvKernel(KernelContext& ctx) {
+  const Tensor& qkv = ctx.inputs[0];
+  DispatchFloat(qkv.dtype(), "causal_attention_qkv", [&]<typename T>() {
+    const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
+    const PackedLayouts l = Layouts(n);
+    const T scale = static_cast<T>(Scale(ctx.attrs));
+    const T* q = qkv.data<T>();
+    T *y = ctx.outputs[0].data<T>(), *lse = ctx.outputs[1].data<T>();
+    if constexpr (kFast) {
+      kernels::CausalAttentionFast<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d, scale,
+                                      l.in, l.out);
+    } else {
+      kernels::CausalAttentionReference<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d,
+                                           scale, l.in, l.out);
+    }
+  });
+}
+
+template <bool kFast>
+void AttentionQkvGradKernel(KernelContext& ctx) {
+  const Tensor& qkv = ctx.inputs[2];
+  DispatchFloat(qkv.dtype(), "causal_attention_qkv_grad", [&]<typename T>() {
+    const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
+    const PackedLayouts l = Layouts(n);
+    const T scale = static_cast<T>(Scale(ctx.attrs));
+    const T *dy = ctx.inputs[0].data<T>(), *dlse = ctx.inputs[1].data<T>(), *q = qkv.data<T>(),
+            *y = ctx.inputs[3].data<T>(), *lse = ctx.inputs[4].data<T>();
+    T* dq = ctx.outputs[0].data<T>();
+    const T *k = q + n.c, *v = q + 2 * n.c;
+    T *dk = dq + n.c, *dv = dq + 2 * n.c;
+    if constexpr (kFast) {
+      kernels::CausalAttentionGradFast<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries, n.t,
+                                          l.d, scale, l.in, l.out);
+    } else {
+      kernels::CausalAttentionGradReference<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries,
+                                               n.t, l.d, scale, l.in, l.out);
+    }
+  });
+}
+
 // Gradients that do not reach an output are zeros of its type (the kernel needs both).
 std::vector<Var> AttentionVjp(VjpContext& ctx) {
   auto or_zeros = [&](int i) {
@@ -119,7 +232,27 @@ std::vector<Var> AttentionVjp(VjpContext& ctx) {
                              ctx.y(1), Scale(ctx.attrs()));
 }
 
+std::vector<Var> AttentionQkvVjp(VjpContext& ctx) {
+  auto or_zeros = [&](int i) {
+    Var g = ctx.dy(i);
+    return g.valid() ? g : Zeros(ctx.builder(), ctx.y_type(i).shape, ctx.y_type(i).dtype);
+  };
+  return {CausalAttentionQkvGrad(or_zeros(0), or_zeros(1), ctx.x(0), ctx.y(0), ctx.y(1),
+                                 ctx.attrs().GetInt("heads"), Scale(ctx.attrs()))};
+}
+
 }  // namespace
+
+std::pair<Var, Var> CausalAttentionQkv(Var qkv, int64_t heads, double scale) {
+  std::vector<Var> out =
+      qkv.builder()->Emit("causal_attention_qkv", {qkv}, {{"heads", heads}, {"scale", scale}});
+  return {out[0], out[1]};
+}
+
+Var CausalAttentionQkvGrad(Var dy, Var dlse, Var qkv, Var y, Var lse, int64_t heads, double scale) {
+  return dy.builder()->Emit1("causal_attention_qkv_grad", {dy, dlse, qkv, y, lse},
+                             {{"heads", heads}, {"scale", scale}});
+}
 
 std::pair<Var, Var> CausalAttention(Var q, Var k, Var v, double scale) {
   std::vector<Var> out = q.builder()->Emit("causal_attention", {q, k, v}, {{"scale", scale}});
@@ -164,6 +297,31 @@ void RegisterAttentionOps(OpRegistry& r) {
                             .outputs = {{"dq", "float[..., T, D]"},
                                         {"dk", "float[..., T, D]"},
                                         {"dv", "float[..., T, D]"}}}});
+  r.Register({.name = "causal_attention_qkv",
+              .num_inputs = 1,
+              .infer = InferAttentionQkv,
+              .kernel = AttentionQkvKernel<true>,
+              .reference = AttentionQkvKernel<false>,
+              .vjp = AttentionQkvVjp,
+              .doc = "causal_attention over the heads of q, k, v packed side by side in qkv (a "
+                     "GPT's c_attn output), read in place; y comes out with the heads side by "
+                     "side, no split, transpose or concat copies",
+              .signature = {.inputs = {{"qkv", "float[..., T, 3C]"}},
+                            .attrs = {{"heads", "int (H, dividing C)"}, {"scale", "float"}},
+                            .outputs = {{"y", "float[..., T, C]"}, {"lse", "float[..., H, T]"}}}});
+  r.Register({.name = "causal_attention_qkv_grad",
+              .num_inputs = 5,
+              .infer = InferAttentionQkvGrad,
+              .kernel = AttentionQkvGradKernel<true>,
+              .reference = AttentionQkvGradKernel<false>,
+              .doc = "causal_attention_qkv backward: dq, dk, dv written side by side into dqkv",
+              .signature = {.inputs = {{"dy", "float[..., T, C]"},
+                                       {"dlse", "float[..., H, T]"},
+                                       {"qkv", "float[..., T, 3C]"},
+                                       {"y", "float[..., T, C]"},
+                                       {"lse", "float[..., H, T]"}},
+                            .attrs = {{"heads", "int"}, {"scale", "float"}},
+                            .outputs = {{"dqkv", "float[..., T, 3C]"}}}});
 }
 
 }  // namespace sluice

@@ -8,6 +8,7 @@
 //
 // Example:
 //   auto [y, lse] = CausalAttention(q, k, v, 1.0 / std::sqrt(D));   // q, k, v [B, H, T, D]
+//   auto [y, lse] = CausalAttentionQkv(qkv, H, 1.0 / std::sqrt(D));  // qkv [B, T, 3C], y [B, T, C]
 #pragma once
 
 #include <utility>
@@ -26,8 +27,21 @@ std::pair<Var, Var> CausalAttention(Var q, Var k, Var v, double scale);
 std::vector<Var> CausalAttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse,
                                      double scale);
 
+// causal_attention on heads packed the way a GPT's c_attn projection writes them: qkv [..., T, 3C]
+// holds q, k and v side by side, each H heads of D = C / H channels (head h of q in columns
+// [h·D, (h + 1)·D)). -> {y [..., T, C] (heads side by side: what the output projection reads),
+// lse [..., H, T]}. The same results as Split → Reshape [..., T, H, D] → Transpose →
+// causal_attention → Transpose → Reshape, without the copies; the forward keeps qkv and y for
+// backward instead of q, k, v, y per head and the merged y. Op "causal_attention_qkv", attributes
+// heads and scale; VJP: causal_attention_qkv_grad.
+std::pair<Var, Var> CausalAttentionQkv(Var qkv, int64_t heads, double scale);
+// dy [..., T, C], dlse [..., H, T], qkv [..., T, 3C], y [..., T, C], lse [..., H, T] -> dqkv
+// [..., T, 3C]. Op "causal_attention_qkv_grad".
+Var CausalAttentionQkvGrad(Var dy, Var dlse, Var qkv, Var y, Var lse, int64_t heads, double scale);
+
 class OpRegistry;
-// Registers causal_attention and causal_attention_grad; called once by OpRegistry::Global().
+// Registers causal_attention, causal_attention_qkv and their gradients; called once by
+// OpRegistry::Global().
 void RegisterAttentionOps(OpRegistry& registry);
 
 }  // namespace sluice

@@ -191,6 +191,53 @@ TEST(Autodiff, UnusedParameterGetsZeroGradient) {
   EXPECT_EQ(s.Get("w.grad").FlatAt(0), 0.0);
 }
 
+// A GELU whose output gradient is one matmul gets its input gradient from one matmul_gelu_grad;
+// the gradients are bitwise those of the unfused pair, which a second use of the GELU's output
+// (adding a zero gradient, so the matmul's result is no longer gelu_grad's own) keeps apart.
+TEST(Autodiff, FusesTheMatMulIntoTheGeluGradient) {
+  auto build = [](bool second_use) {
+    Builder b(second_use ? "unfused" : "fused");
+    Var x = b.Input("x", DType::kF64, {4, 6});
+    Var w1 = b.Param("w1", DType::kF64, {6, 8});
+    Var w2 = b.Param("w2", DType::kF64, {3, 8});
+    Var h = b.Name(Gelu(b.Name(MatMul(x, w1), "pre")), "h");
+    Var y = MatMul(h, w2, false, true);
+    if (second_use) y = y + MatMul(h, Zeros(b, {8, 3}, DType::kF64));
+    b.Output(b.Name(y, "y"));
+    return b.Build();
+  };
+  auto count = [](const Program& p, std::string_view op) {
+    return std::count_if(p.instructions().begin(), p.instructions().end(),
+                         [&](const Instruction& ins) { return ins.op->name == op; });
+  };
+  const std::vector<std::string> wrt = {"x", "w1", "w2"};
+  const Program fused = build(false), unfused = build(true);
+  const Backward fused_bwd = BuildBackward(fused, {.seeds = {"y"}, .wrt = wrt});
+  const Backward unfused_bwd = BuildBackward(unfused, {.seeds = {"y"}, .wrt = wrt});
+  EXPECT_EQ(count(fused_bwd.program, "matmul_gelu_grad"), 1);
+  EXPECT_EQ(count(fused_bwd.program, "gelu_grad"), 0);
+  EXPECT_EQ(count(unfused_bwd.program, "matmul_gelu_grad"), 0);
+  EXPECT_EQ(count(unfused_bwd.program, "gelu_grad"), 1);
+
+  std::mt19937_64 rng(2);
+  Scope base;
+  for (ValueId v : fused.inputs()) base.Set(fused.value(v).name, Random(fused.type(v).shape, rng));
+  for (ValueId v : fused.params()) base.Set(fused.value(v).name, Random(fused.type(v).shape, rng));
+  const Tensor dy = Random({4, 3}, rng);
+  std::vector<Scope> results(2);
+  const std::pair<const Program*, const Backward*> runs[] = {{&fused, &fused_bwd},
+                                                             {&unfused, &unfused_bwd}};
+  for (int i = 0; i < 2; ++i) {
+    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name));
+    RunReference(*runs[i].first, results[i], DefaultAllocator(), false, runs[i].second->saved);
+    results[i].Set("y.grad", dy);
+    RunReference(runs[i].second->program, results[i]);
+  }
+  for (const std::string& grad : fused_bwd.grads) {
+    EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[1].Get(grad))) << grad;
+  }
+}
+
 }  // namespace
 }  // namespace sluice
 

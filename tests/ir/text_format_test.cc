@@ -105,6 +105,8 @@ Program GradientsAndOptimizers() {
   auto [att_packed, lse_packed] = CausalAttentionQkv(packed, 1, 0.5);
   Var dpacked =
       CausalAttentionQkvGrad(att_packed, lse_packed, packed, att_packed, lse_packed, 1, 0.5);
+  // A GELU's input gradient from the matmul producing its output gradient: [3, 5]·[5, 5]ᵀ.
+  Var dgelu = MatMulGeluGrad(dy, b.Input("w5", DType::kF64, {5, 5}), x, false, true);
   Var summed = SumTo(BroadcastTo(db, Shape{3, 5}), Shape{5});
   SgdUpdate(bias, summed, Copy(bias), lr, {.momentum = 0.9, .weight_decay = 1e-4});
   AdamWUpdate(w, dw, m, v, lr, step, {.beta1 = 0.8, .eps = 1e-12});
@@ -114,6 +116,7 @@ Program GradientsAndOptimizers() {
   b.Output(dtable);
   b.Output(dqkv[0]);
   b.Output(dpacked);
+  b.Output(dgelu);
   return b.Build();
 }
 

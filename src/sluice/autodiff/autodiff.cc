@@ -34,6 +34,7 @@ std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kep
 Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
                                 const std::vector<bool>& dropped);
 Program Pruned(const Program& p, const Liveness& liveness);
+Program FuseMatMulIntoGeluGrad(Program p);
 
 class BackwardBuilder {
  public:
@@ -287,8 +288,9 @@ Backward BackwardBuilder::Build() {
         bwd_dropped[v] = any_dropped = true;
       }
     }
-    out.program = any_dropped ? PrunedWithRecomputation(fwd_, bwd, liveness, bwd_dropped)
-                              : Pruned(bwd, liveness);
+    out.program = FuseMatMulIntoGeluGrad(
+        any_dropped ? PrunedWithRecomputation(fwd_, bwd, liveness, bwd_dropped)
+                    : Pruned(bwd, liveness));
   }
   for (ValueId v : out.program.inputs()) {
     const std::string& n = out.program.value(v).name;
@@ -462,6 +464,47 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
     dst.AddOutput(to_dst[v] != kNoValue ? to_dst[v] : dst.Get(bwd.value(v).name));
   }
   return dst;
+}
+
+// gelu_grad(dy, x) whose dy is a matmul's result that nothing else reads becomes one
+// matmul_gelu_grad at the gelu_grad's place (see autodiff.h).
+Program FuseMatMulIntoGeluGrad(Program p) {
+  const auto& instrs = p.instructions();
+  std::vector<int> uses(p.values().size(), 0);
+  for (const Instruction& ins : instrs) {
+    for (ValueId v : ins.inputs) ++uses[v];
+  }
+  for (ValueId v : p.outputs()) ++uses[v];
+  std::vector<int32_t> fused_matmul(instrs.size(), -1);  // per gelu_grad: the matmul it absorbs
+  std::vector<bool> absorbed(instrs.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    if (instrs[i].op->name != "gelu_grad") continue;
+    const ValueId dy = instrs[i].inputs[0];
+    const int32_t producer = p.value(dy).producer;
+    if (producer < 0 || uses[dy] != 1 || instrs[producer].op->name != "matmul") continue;
+    fused_matmul[i] = producer;
+    absorbed[producer] = any = true;
+  }
+  if (!any) return p;
+  std::vector<ValueId> to_dst;
+  Program out = CopyProgram(
+      p, p.name(), [](size_t) { return false; }, [](ValueId) { return true; }, to_dst);
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    if (absorbed[i]) continue;
+    if (fused_matmul[i] < 0) {
+      CopyInstruction(p, instrs[i], out, to_dst);
+      continue;
+    }
+    const Instruction& mm = instrs[fused_matmul[i]];
+    const ValueId dx = instrs[i].outputs[0];
+    to_dst[dx] = out.AddInstruction(
+        "matmul_gelu_grad",
+        {to_dst[mm.inputs[0]], to_dst[mm.inputs[1]], to_dst[instrs[i].inputs[1]]}, mm.attrs,
+        {p.value(dx).name})[0];
+  }
+  for (ValueId v : p.outputs()) out.AddOutput(to_dst[v]);
+  return out;
 }
 
 }  // namespace

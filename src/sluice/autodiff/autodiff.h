@@ -18,6 +18,10 @@
 // layer_norm(x) feeding a linear is recomputed from x, which layer_norm's own gradient reads
 // anyway, so a GPT block keeps its normalized activations and its GELU output out of the saved set.
 //
+// One fusion: gelu_grad(dy, x) whose dy is the result of a matmul that nothing else reads (a GPT
+// MLP's c_proj input gradient) becomes one matmul_gelu_grad (ir/ops/linalg.h), so the [B, T, 4C]
+// product is written once, into the gradient, and never lives beside it (bitwise the same result).
+//
 // Work no gradient needs is never emitted: VJP rules are only asked for inputs that depend on a
 // value being differentiated, and a final pass removes instructions whose results reach no output.
 //

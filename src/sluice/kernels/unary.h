@@ -11,7 +11,7 @@
 // GELU is the tanh approximation, exactly PyTorch's gelu(approximate='tanh'), in both versions:
 //   gelu(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
 //
-// Inputs and outputs may not overlap (pointers are __restrict).
+// Inputs and outputs may not overlap (pointers are __restrict), unless a kernel says otherwise.
 // Thread-safety: pure functions of their inputs.
 #pragma once
 
@@ -51,7 +51,7 @@ void Sqrt(const T* x, T* y, int64_t n);
 // dx = dy where s > 0, else 0; s is relu's input or its output (they have the same sign pattern).
 template <typename T>
 void ReluGrad(const T* dy, const T* s, T* dx, int64_t n);
-// dx = dy · gelu'(x).
+// dx = dy · gelu'(x). Both may run in place (dx = dy).
 template <typename T>
 void GeluGradReference(const T* dy, const T* x, T* dx, int64_t n);
 template <typename T>

@@ -6,6 +6,7 @@
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/unary.h"
 
 namespace sluice {
 
@@ -123,7 +124,46 @@ std::vector<Var> LinearVjp(VjpContext& ctx) {
   return grads;
 }
 
+// a, b as matmul's; x the product's shape.
+std::vector<TensorType> InferMatMulGeluGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  const Shape product = InferMatMul(in.first(2), attrs)[0].shape;
+  if (in[2].shape != product) {
+    throw ShapeError(fmt::format("x must have the product's shape {} (a {}, b {}), got {}",
+                                 product.ToString(), in[0].shape.ToString(), in[1].shape.ToString(),
+                                 in[2].shape.ToString()));
+  }
+  return {{t, product}};
+}
+
+template <bool kFast>
+void MatMulGeluGradKernel(KernelContext& ctx) {
+  const bool ta = ctx.attrs.GetBool("transpose_a", false),
+             tb = ctx.attrs.GetBool("transpose_b", false);
+  const Tensor& out = ctx.outputs[0];
+  DispatchFloat(out.dtype(), "matmul_gelu_grad", [&]<typename T>() {
+    const T* x = ctx.inputs[2].data<T>();
+    if constexpr (kFast) {
+      // The product goes into the result, which the GELU gradient then scales in place (it reads
+      // dy[j] before it writes dx[j]).
+      kernels::MatMulBlas<T>(ctx.inputs[0], ctx.inputs[1], out, ta, tb);
+      kernels::GeluGradFast<T>(out.data<T>(), x, out.data<T>(), out.numel());
+    } else {
+      const Tensor dy = Tensor::Empty(out.shape(), out.dtype());
+      kernels::MatMulReference<T>(ctx.inputs[0], ctx.inputs[1], dy, ta, tb);
+      kernels::GeluGradReference<T>(dy.data<T>(), x, out.data<T>(), out.numel());
+    }
+  });
+}
+
 }  // namespace
+
+Var MatMulGeluGrad(Var a, Var b, Var x, bool transpose_a, bool transpose_b) {
+  Attrs attrs;
+  if (transpose_a) attrs.Set("transpose_a", true);
+  if (transpose_b) attrs.Set("transpose_b", true);
+  return a.builder()->Emit1("matmul_gelu_grad", {a, b, x}, std::move(attrs));
+}
 
 Var Linear(Var x, Var w, Var b) { return x.builder()->Emit1("linear", {x, w, b}); }
 
@@ -157,6 +197,19 @@ void RegisterLinalgOps(OpRegistry& r) {
        .doc = "x·w + b with w stored [in, out] (one CBLAS GEMM)",
        .signature = {.inputs = {{"x", "float[..., k]"}, {"w", "float[k, n]"}, {"b", "float[n]"}},
                      .outputs = {{"y", "float[..., n]"}}}});
+  r.Register(
+      {.name = "matmul_gelu_grad",
+       .num_inputs = 3,
+       .infer = InferMatMulGeluGrad,
+       .kernel = MatMulGeluGradKernel<true>,
+       .reference = MatMulGeluGradKernel<false>,
+       .doc = "gelu_grad(op(a)·op(b), x): a GELU's input gradient from the matmul giving its "
+              "output gradient, the product written once, into the result (autodiff's fusion)",
+       .signature = {.inputs = {{"a", "float[..., m, k]"},
+                                {"b", "float[k, n] or [..., k, n]"},
+                                {"x", "float[..., m, n]"}},
+                     .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
+                     .outputs = {{"dx", "float[..., m, n]"}}}});
 }
 
 }  // namespace sluice

@@ -8,6 +8,11 @@
 namespace sluice {
 
 // op(a) · op(b), op transposing the last two axes when asked. out [..., m, n].
+// gelu_grad(matmul(a, b, transpose_a, transpose_b), x) as one instruction: x [..., m, n] is the
+// GELU's input, the product its output gradient. Op "matmul_gelu_grad", no VJP (autodiff emits it:
+// autodiff.h). The product is written into the result and scaled there, so no [..., m, n] value
+// lives beside the result.
+Var MatMulGeluGrad(Var a, Var b, Var x, bool transpose_a = false, bool transpose_b = false);
 Var MatMul(Var a, Var b, bool transpose_a = false, bool transpose_b = false);
 
 // x·w + b: x [..., k], w [k, n], b [n] -> [..., n], x of rank 2 or more ([B·T, C] or [B, T, C]).

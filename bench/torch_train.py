@@ -18,9 +18,27 @@ import argparse
 import ctypes
 import json
 import math
+import os
+import sys
 import time
 
-import torch
+
+def _threads_from_argv(argv):
+    """--threads N (or --threads=N) as given, before argparse runs: it is needed before import."""
+    for i, arg in enumerate(argv):
+        if arg == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return "1"
+
+
+# torch.set_num_threads does not reach the OpenBLAS that PyTorch calls for its GEMMs: OpenBLAS
+# starts a thread per core, so "--threads 1" would run GEMMs on every core (177% CPU measured on
+# 2 cores) while sluice uses one. OpenBLAS reads its thread count when it loads, with torch.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", _threads_from_argv(sys.argv[1:]))
+
+import torch  # noqa: E402 (after OPENBLAS_NUM_THREADS)
 import torch.nn as nn
 import torch.utils.checkpoint
 import torch.nn.functional as F

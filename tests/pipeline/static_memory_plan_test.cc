@@ -11,6 +11,7 @@
 #include "sluice/step/task.h"
 #include "sluice/train/single_stage.h"
 #include "sluice/train/trainer.h"
+#include "trained_run.h"
 
 namespace sluice::pipeline {
 namespace {
@@ -69,11 +70,8 @@ TEST(StaticMemoryPlan, GptArenasAreWithinFivePercentOfTheBound) {
   }
 }
 
-struct Trained {
-  std::vector<double> losses, norms;
-  std::map<std::string, std::vector<float>> state;
-  int64_t peak = 0;
-};
+using testing_support::TrainAndKeep;
+using Trained = testing_support::TrainedRun;
 
 Trained Train(const TrainConfig& c, const PipelineOptions* pipe = nullptr) {
   EngineFactory factory;
@@ -82,23 +80,7 @@ Trained Train(const TrainConfig& c, const PipelineOptions* pipe = nullptr) {
       return std::make_unique<PipelineEngine>(ctx, *pipe);
     };
   }
-  Trainer trainer(c, factory);
-  Trained out;
-  for (int64_t s = 0; s < c.steps; ++s) {
-    const StepRecord r = trainer.Step();
-    out.losses.push_back(r.loss);
-    out.norms.push_back(r.grad_norm);
-    out.peak = std::max(out.peak, r.peak_allocated_bytes);
-  }
-  for (const std::string& p : trainer.ParamNames()) {
-    for (const std::string& n : {p, p + ".exp_avg", p + ".exp_avg_sq"}) {
-      const Tensor& t = trainer.Value(n);
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<float>(t.FlatAt(i));
-      out.state[n] = v;
-    }
-  }
-  return out;
+  return TrainAndKeep(c, factory);
 }
 
 void ExpectSameTraining(const Trained& a, const Trained& b, const std::string& label) {

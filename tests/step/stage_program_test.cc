@@ -9,6 +9,7 @@
 #include "sluice/core/error.h"
 #include "sluice/step/task.h"
 #include "sluice/train/trainer.h"
+#include "trained_run.h"
 
 namespace sluice {
 namespace {
@@ -94,31 +95,9 @@ TEST(StageProgram, FusedAttentionKeepsNoScoresUnderAnyPolicy) {
   }
 }
 
-struct Trained {
-  std::vector<double> losses, norms;
-  std::map<std::string, std::vector<float>> state;
-  int64_t peak = 0;
-};
+using Trained = testing_support::TrainedRun;
 
-Trained Train(const TrainConfig& c) {
-  Trainer trainer(c);
-  Trained out;
-  for (int64_t s = 0; s < c.steps; ++s) {
-    const StepRecord r = trainer.Step();
-    out.losses.push_back(r.loss);
-    out.norms.push_back(r.grad_norm);
-    out.peak = std::max(out.peak, r.peak_allocated_bytes);
-  }
-  for (const std::string& p : trainer.ParamNames()) {
-    for (const std::string& n : {p, p + ".exp_avg", p + ".exp_avg_sq"}) {
-      const Tensor& t = trainer.Value(n);
-      std::vector<float> v(t.numel());
-      for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<float>(t.FlatAt(i));
-      out.state[n] = v;
-    }
-  }
-  return out;
-}
+Trained Train(const TrainConfig& c) { return testing_support::TrainAndKeep(c); }
 
 TEST(StageProgram, EveryRecomputePolicyTrainsBitwiseLikeNone) {
   for (GptAttention attention : {GptAttention::kFused, GptAttention::kNaive}) {

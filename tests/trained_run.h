@@ -1,0 +1,44 @@
+// A few training steps through Trainer, kept whole for comparing two runs bit for bit: each step's
+// loss and gradient norm, the largest allocated peak, and every parameter's and AdamW moment's
+// values at the end.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sluice/train/trainer.h"
+
+namespace sluice::testing_support {
+
+struct TrainedRun {
+  std::vector<double> losses, norms;
+  std::map<std::string, std::vector<float>> state;  // "<param>", "<param>.exp_avg", "….exp_avg_sq"
+  int64_t peak = 0;
+};
+
+// Runs config.steps steps of a Trainer (on `engine`, the default engine when empty).
+inline TrainedRun TrainAndKeep(const TrainConfig& config, const EngineFactory& engine = nullptr) {
+  Trainer trainer(config, engine);
+  TrainedRun out;
+  for (int64_t s = 0; s < config.steps; ++s) {
+    const StepRecord r = trainer.Step();
+    out.losses.push_back(r.loss);
+    out.norms.push_back(r.grad_norm);
+    out.peak = std::max(out.peak, r.peak_allocated_bytes);
+  }
+  for (const std::string& p : trainer.ParamNames()) {
+    for (const std::string& n : {p, p + ".exp_avg", p + ".exp_avg_sq"}) {
+      const Tensor& t = trainer.Value(n);
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i)
+        v[static_cast<size_t>(i)] = static_cast<float>(t.FlatAt(i));
+      out.state[n] = std::move(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace sluice::testing_support

@@ -1,5 +1,5 @@
 // A few training steps through Trainer, kept whole for comparing two runs bit for bit: each step's
-// loss and gradient norm, the largest allocated peak, and every parameter's and AdamW moment's
+// loss and gradient norm, the largest allocated peak, and every parameter's and optimizer state's
 // values at the end.
 #pragma once
 
@@ -9,15 +9,34 @@
 #include <string>
 #include <vector>
 
+#include "sluice/nn/optimizer.h"
 #include "sluice/train/trainer.h"
 
 namespace sluice::testing_support {
 
 struct TrainedRun {
-  std::vector<double> losses, norms;
-  std::map<std::string, std::vector<float>> state;  // "<param>", "<param>.exp_avg", "….exp_avg_sq"
+  std::vector<double> losses, norms;                // norms: the gradient's, before clipping
+  std::map<std::string, std::vector<float>> state;  // parameters and optimizer state, by name
   int64_t peak = 0;
 };
+
+// Every parameter's and its optimizer state's values, by name.
+inline std::map<std::string, std::vector<float>> KeepState(const Trainer& trainer,
+                                                           const OptimizerConfig& optimizer) {
+  std::map<std::string, std::vector<float>> state;
+  for (const std::string& p : trainer.ParamNames()) {
+    std::vector<std::string> names = OptimizerStateNames(p, optimizer);
+    names.insert(names.begin(), p);
+    for (const std::string& n : names) {
+      const Tensor& t = trainer.Value(n);
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i)
+        v[static_cast<size_t>(i)] = static_cast<float>(t.FlatAt(i));
+      state[n] = std::move(v);
+    }
+  }
+  return state;
+}
 
 // Runs config.steps steps of a Trainer (on `engine`, the default engine when empty).
 inline TrainedRun TrainAndKeep(const TrainConfig& config, const EngineFactory& engine = nullptr) {
@@ -29,15 +48,7 @@ inline TrainedRun TrainAndKeep(const TrainConfig& config, const EngineFactory& e
     out.norms.push_back(r.grad_norm);
     out.peak = std::max(out.peak, r.peak_allocated_bytes);
   }
-  for (const std::string& p : trainer.ParamNames()) {
-    for (const std::string& n : {p, p + ".exp_avg", p + ".exp_avg_sq"}) {
-      const Tensor& t = trainer.Value(n);
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      for (int64_t i = 0; i < t.numel(); ++i)
-        v[static_cast<size_t>(i)] = static_cast<float>(t.FlatAt(i));
-      out.state[n] = std::move(v);
-    }
-  }
+  out.state = KeepState(trainer, config.optimizer);
   return out;
 }
 

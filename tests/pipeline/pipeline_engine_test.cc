@@ -14,6 +14,7 @@
 #include "sluice/comm/communicator.h"
 #include "sluice/pipeline/schedules.h"
 #include "sluice/train/trainer.h"
+#include "trained_run.h"
 
 namespace sluice::pipeline {
 namespace {
@@ -32,18 +33,11 @@ TrainConfig Small(int layers, int64_t microbatches = 4) {
   return c;
 }
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<double> grad_norms;                   // before clipping
-  std::map<std::string, std::vector<float>> state;  // parameters and optimizer state
+// A run's losses, gradient norms and final state (tests/trained_run.h), with the pipeline's
+// reports.
+struct RunResult : testing_support::TrainedRun {
   std::vector<StageReport> reports;
 };
-
-std::vector<float> Values(const Tensor& t) {
-  std::vector<float> v(t.numel());
-  for (int64_t i = 0; i < t.numel(); ++i) v[i] = static_cast<float>(t.FlatAt(i));
-  return v;
-}
 
 RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
   const PipelineEngine* engine = nullptr;
@@ -55,18 +49,15 @@ RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
       return e;
     };
   }
+  // The engine's reports are read before the trainer (which owns it) goes.
   Trainer trainer(config, factory);
   RunResult run;
   for (int64_t s = 0; s < config.steps; ++s) {
     const StepRecord r = trainer.Step();
     run.losses.push_back(r.loss);
-    run.grad_norms.push_back(r.grad_norm);
+    run.norms.push_back(r.grad_norm);
   }
-  for (const std::string& p : trainer.ParamNames()) {
-    run.state[p] = Values(trainer.Value(p));
-    for (const std::string& s : OptimizerStateNames(p, config.optimizer))
-      run.state[s] = Values(trainer.Value(s));
-  }
+  run.state = testing_support::KeepState(trainer, config.optimizer);
   if (engine != nullptr) run.reports = engine->reports();
   return run;
 }
@@ -75,9 +66,9 @@ void ExpectBitwiseEqual(const RunResult& a, const RunResult& b, const std::strin
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
   for (size_t i = 0; i < a.losses.size(); ++i)
     EXPECT_EQ(a.losses[i], b.losses[i]) << what << ": loss of step " << i + 1;
-  ASSERT_EQ(a.grad_norms.size(), b.grad_norms.size()) << what;
-  for (size_t i = 0; i < a.grad_norms.size(); ++i) {
-    EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << what << ": gradient norm of step " << i + 1;
+  ASSERT_EQ(a.norms.size(), b.norms.size()) << what;
+  for (size_t i = 0; i < a.norms.size(); ++i) {
+    EXPECT_EQ(a.norms[i], b.norms[i]) << what << ": gradient norm of step " << i + 1;
   }
   ASSERT_EQ(a.state.size(), b.state.size()) << what;
   for (const auto& [name, values] : a.state) {
@@ -157,7 +148,7 @@ TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {
     TrainConfig config = Small(c.layers, c.microbatches);
     config.optimizer.clip_norm = 0.05;
     const RunResult single = Train(config, nullptr);
-    EXPECT_GT(*std::max_element(single.grad_norms.begin(), single.grad_norms.end()),
+    EXPECT_GT(*std::max_element(single.norms.begin(), single.norms.end()),
               config.optimizer.clip_norm)
         << "the norm must exceed the clip for clipping to be tested";
     const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
@@ -306,11 +297,7 @@ TEST(PipelineEngine, SkipsTheSameNonFiniteStepsAsOneStage) {
     Trainer t(c, options != nullptr ? PipelineEngineFactory(*options) : EngineFactory());
     Skipping s;
     while (t.step() < c.steps) s.skipped.push_back(t.Step().skipped);
-    for (const std::string& p : t.ParamNames()) {
-      s.state[p] = Values(t.Value(p));
-      for (const std::string& o : OptimizerStateNames(p, c.optimizer))
-        s.state[o] = Values(t.Value(o));
-    }
+    s.state = testing_support::KeepState(t, c.optimizer);
     return s;
   };
   const PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kOneFOneB};

@@ -5,6 +5,7 @@
 #include "sluice/pipeline/step_simulator.h"
 
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -82,6 +83,30 @@ TEST(StepSimulator, MeasuredCostsGiveTheHandComputedMakespan) {
   EXPECT_NEAR(p.ranks[0].busy_ms, 1 + 2.5 + 0.3 + 0.2, 1e-12);
   EXPECT_NEAR(p.ranks[1].busy_ms, 3 + 4.5 + 0.3 + 0.2, 1e-12);
   EXPECT_NEAR(p.ranks[0].bubble, (12.1 - 4.0) / 12.1, 1e-12);
+}
+
+// The measured bubble has the simulator's definition: every stage's idle time is the step's span
+// — the first rank's start to the last rank's end, the makespan of the replay — minus its busy
+// time, not its own wall minus busy (which leaves out a late start and an early end); the step
+// overhead is the engine's wall beyond that span.
+TEST(StepSimulator, ProfiledBubbleIsIdleOverTheStepsSpan) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 2});
+  CostProfiler profiler(s, nlohmann::json::object());
+  std::vector<StageStep> steps(2);
+  steps[0].begin_ns = 1'000'000;  // starts first, ends at 101 ms
+  steps[0].wall_ns = 100'000'000;
+  steps[0].busy_ns = 60'000'000;
+  steps[1].begin_ns = 11'000'000;  // starts 10 ms later, ends last at 111 ms
+  steps[1].wall_ns = 100'000'000;
+  steps[1].busy_ns = 80'000'000;
+  profiler.Add(steps, /*step_wall_ns=*/120'000'000);
+  const StepCosts c = profiler.Costs();
+  // Span 110 ms: idle 50 and 30 ms (own walls would give 40 and 20).
+  EXPECT_NEAR(c.measured["stage_bubble"][0].get<double>(), 50.0 / 110, 1e-12);
+  EXPECT_NEAR(c.measured["stage_bubble"][1].get<double>(), 30.0 / 110, 1e-12);
+  EXPECT_NEAR(c.step_overhead_ms, 10, 1e-12);
+  EXPECT_EQ(StepSpanNs(steps), 110'000'000);
 }
 
 TEST(StepSimulator, RefusesAnInvalidSchedule) {

@@ -72,7 +72,9 @@ struct PipelineEngine::Impl {
 
   std::vector<StageStep> RunLocal(int64_t step, double lr, bool trace);
   StageStep RunDistributed(int64_t step, double lr, bool trace);
-  void Record(int world_rank, const StageStep& s, int64_t released);
+  // Adds rank `world_rank`'s step to its report; its idle time is the step's span (StepSpanNs)
+  // minus its busy time.
+  void Record(int world_rank, const StageStep& s, int64_t released, int64_t span_ns);
   void WriteTrace(const std::vector<StageStep>& steps, int first_stage,
                   const std::string& path) const;
 };
@@ -286,7 +288,7 @@ StageStep PipelineEngine::Impl::RunDistributed(int64_t step, double lr, bool tra
   return ranks[0]->RunStep(step, lr, *d.pipe, trace);
 }
 
-void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released) {
+void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released, int64_t span_ns) {
   StageReport& rep = reports[w];
   rep.peak_allocated_bytes = std::max(rep.peak_allocated_bytes, s.peak_allocated_bytes);
   rep.peak_reserved_bytes = std::max(rep.peak_reserved_bytes, s.peak_reserved_bytes);
@@ -300,7 +302,7 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released) {
   rep.busy_ms += static_cast<double>(s.busy_ns) / 1e6;
   rep.comm_ms += static_cast<double>(s.comm_ns) / 1e6;
   rep.busy_cpu_ms += static_cast<double>(s.busy_cpu_ns) / 1e6;
-  rep.idle_ms += static_cast<double>(s.wall_ns - s.busy_ns) / 1e6;
+  rep.idle_ms += static_cast<double>(span_ns - s.busy_ns) / 1e6;
 }
 
 StepResult PipelineEngine::Step(int64_t step, double lr) {
@@ -314,6 +316,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   if (!m.distributed()) {
     const int64_t begin = NowNs();
     std::vector<StageStep> steps = m.RunLocal(step, lr, trace);
+    const int64_t span = StepSpanNs(steps);
     if (m.profiler) {
       const int64_t steps_run = m.setup.config->steps;
       if (step > 0 || steps_run == 1) m.profiler->Add(steps, NowNs() - begin);  // step 0 warms up
@@ -326,7 +329,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     result.grad_norm = steps[0].grad_norm;
     result.updated = steps[0].updated;  // every rank decided on the same all-reduced figures
     for (int r = 0; r < P; ++r) {
-      m.Record(r, steps[r], steps[r].released_output_bytes);
+      m.Record(r, steps[r], steps[r].released_output_bytes, span);
       result.peak_allocated_bytes =
           std::max(result.peak_allocated_bytes, steps[r].peak_allocated_bytes);
       result.peak_reserved_bytes =
@@ -357,6 +360,11 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   row[kLosses] = static_cast<double>(s.losses.size());
   row[kNorm] = s.grad_norm;
   m.options.distributed->world->AllReduceSum(all);
+  // Processes share no clock: the step's span is its slowest rank's wall (each starts its step
+  // as the barrier above releases it).
+  int64_t span = 0;
+  for (int r = 0; r < W; ++r)
+    span = std::max(span, static_cast<int64_t>(all.data<double>()[r * kFields + kWallNs]));
   double losses = 0, sum = 0;
   for (int r = 0; r < W; ++r) {
     const double* f = all.data<double>() + r * kFields;
@@ -369,7 +377,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
     figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
     figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
     figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
-    m.Record(r, figures, static_cast<int64_t>(f[kReleased]));
+    m.Record(r, figures, static_cast<int64_t>(f[kReleased]), span);
     if (r == w) {  // only this rank's per-chunk figures are known here
       for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
         m.reports[r].inflight_peak_per_chunk[c] =
@@ -388,12 +396,8 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
   if (m.profiler) {
     const int64_t steps_run = m.setup.config->steps;
     if (step > 0 || steps_run == 1) {  // step 0 warms up
-      int64_t slowest = 0;
-      for (int r = 0; r < W; ++r)
-        slowest =
-            std::max(slowest, static_cast<int64_t>(all.data<double>()[r * kFields + kWallNs]));
-      m.profiler->AddRank(m.stage(), s);
-      m.profiler->AddStep(NowNs() - begin, slowest);
+      m.profiler->AddRank(m.stage(), s, span);
+      m.profiler->AddStep(NowNs() - begin, span);
     }
     if (step == steps_run - 1) {
       const StepCosts costs = GatherCosts(m.profiler->Costs(), m.stage(), m.replica() == 0,

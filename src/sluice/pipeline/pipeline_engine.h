@@ -18,9 +18,11 @@
 // Records (reports(), and "stages" in the metrics summary): per rank, the peak of its allocator
 // over a step, the bytes released after send completion per step, the in-flight peak (measured,
 // and the schedule's theory beside it), busy and idle time summed over steps, and the bubble
-// (idle / wall). With options.trace_path the last step is written as a Chrome trace: one process
-// per stage, a track of computes (F/B/W/OPT spans labelled chunk and micro-batch), a track of
-// communication (receive waits, sends, the all-reduce) and an allocated-bytes counter.
+// (idle / (busy + idle)). Idle is the step's span (StepSpanNs: the first rank's start to the last
+// one's end; under MPI the slowest rank's wall) minus busy, as the simulator's makespan minus busy.
+// With options.trace_path the last step is written as a Chrome trace: one process per stage, a
+// track of computes (F/B/W/OPT spans labelled chunk and micro-batch), a track of communication
+// (receive waits, sends, the all-reduce) and an allocated-bytes counter.
 //
 // Thread-safety: one thread calls the engine; it runs its own rank threads inside Step. Every
 // process of a distributed run calls the same methods in the same order (they are collective).
@@ -90,7 +92,7 @@ struct StageReport {
   int inflight_peak = 0;     // chunk-micro-batches between F and B, max over steps
   std::vector<int> inflight_peak_per_chunk;
   int theoretical_inflight = 0;     // TheoreticalInFlight for this rank
-  double busy_ms = 0, idle_ms = 0;  // sums over steps
+  double busy_ms = 0, idle_ms = 0;  // sums over steps; idle: the step's span minus busy
   double comm_ms = 0;               // sum over steps: time inside the communicator (part of idle)
   double busy_cpu_ms = 0;           // sum over steps: CPU time of the computes (StageStep)
   double bubble() const { return busy_ms + idle_ms > 0 ? idle_ms / (busy_ms + idle_ms) : 0; }

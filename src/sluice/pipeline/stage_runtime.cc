@@ -113,6 +113,7 @@ class StageRuntime::StepRun {
     const auto& actions = rt_.setup.schedule.ranks[rt_.rank];
     rt_.allocator.ResetPeak();
     const int64_t t0 = NowNs();
+    out_.begin_ns = t0;
     for (size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       try {
@@ -450,6 +451,16 @@ class StageRuntime::StepRun {
   std::vector<int> inflight_chunk_;
   StageStep out_;
 };
+
+int64_t StepSpanNs(const std::vector<StageStep>& steps) {
+  if (steps.empty()) return 0;
+  int64_t first = steps.front().begin_ns, last = first;
+  for (const StageStep& s : steps) {
+    first = std::min(first, s.begin_ns);
+    last = std::max(last, s.begin_ns + s.wall_ns);
+  }
+  return last - first;
+}
 
 StageStep StageRuntime::RunStep(int64_t step, double lr, Communicator& comm, bool trace) {
   return StepRun(*impl_, step, lr, comm, trace).Run();

@@ -132,6 +132,7 @@ struct StageStep {
   int64_t comm_ns = 0;           // inside the communicator: posting, testing and waiting for
                                  // messages (a wait for a message not yet sent included),
                                  // the all-reduces
+  int64_t begin_ns = 0;          // steady clock when this rank began the step
   int64_t wall_ns = 0;           // the whole step on this rank
   std::vector<double> losses;    // [M] on the last virtual stage's rank; empty elsewhere
   double grad_norm = 0;
@@ -150,6 +151,14 @@ struct StageStep {
   std::vector<int64_t> post_ns, post_copy_ns;  // posts that did not / did copy a message
   int64_t message_bytes = 0;                   // one message ("x" or "y.grad": f32[B, T, C])
 };
+
+// The span of one step over ranks that share a clock (threads of one process): from the earliest
+// rank's start to the latest rank's end. A stage's idle time in the step is the span minus its
+// busy time, its bubble idle / span: the stage's time not computing within the step the pipeline
+// took — the simulator's definition with its makespan (step_simulator.h). A rank's own wall is
+// shorter by its start after the first and its end before the last, which a per-rank bubble
+// would leave out. (Ranks in processes without a common clock use their slowest rank's wall.)
+int64_t StepSpanNs(const std::vector<StageStep>& steps);
 
 // The StageProgram of rank `rank` (its V chunks, its recompute policy) from `setup`, allocating
 // from `allocator` — or, with plan_only, allocating nothing (step/memory_replay.h).

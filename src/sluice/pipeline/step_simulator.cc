@@ -699,15 +699,12 @@ CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
 }
 
 void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns) {
-  int64_t slowest = 0;
-  for (size_t r = 0; r < steps.size(); ++r) {
-    AddRank(static_cast<int>(r), steps[r]);
-    slowest = std::max(slowest, steps[r].wall_ns);
-  }
-  AddStep(step_wall_ns, slowest);
+  const int64_t span = StepSpanNs(steps);
+  for (size_t r = 0; r < steps.size(); ++r) AddRank(static_cast<int>(r), steps[r], span);
+  AddStep(step_wall_ns, span);
 }
 
-void CostProfiler::AddRank(int r, const StageStep& s) {
+void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
   for (int kind = 0; kind < 5; ++kind) {
     // OPT's two halves are one sample each per step, recorded under chunk 0.
     for (const StageStep::Sample& x : s.computes[kind]) {
@@ -718,13 +715,12 @@ void CostProfiler::AddRank(int r, const StageStep& s) {
   post_.insert(post_.end(), s.post_ns.begin(), s.post_ns.end());
   copy_.insert(copy_.end(), s.post_copy_ns.begin(), s.post_copy_ns.end());
   message_bytes_ = std::max(message_bytes_, s.message_bytes);
-  bubble_[r].push_back(s.wall_ns > 0 ? static_cast<double>(s.wall_ns - s.busy_ns) /
-                                           static_cast<double>(s.wall_ns)
-                                     : 0);
+  bubble_[r].push_back(
+      span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
 }
 
-void CostProfiler::AddStep(int64_t step_wall_ns, int64_t slowest_rank_wall_ns) {
-  overhead_.push_back(std::max<int64_t>(0, step_wall_ns - slowest_rank_wall_ns));
+void CostProfiler::AddStep(int64_t step_wall_ns, int64_t span_ns) {
+  overhead_.push_back(std::max<int64_t>(0, step_wall_ns - span_ns));
   step_wall_.push_back(step_wall_ns);
 }
 

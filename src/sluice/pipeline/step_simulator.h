@@ -20,7 +20,8 @@
 //   end     a rank's step ends once every send it made has completed.
 // The step time is the last rank's end plus `step_overhead_ms` (starting and joining the rank
 // threads, the loss): step_ms. A rank's busy time is the sum of its compute costs; idle is the
-// makespan (without overhead) minus busy; bubble = idle / makespan — as the engine measures it.
+// makespan (without overhead) minus busy; bubble = idle / makespan — as the engine measures it,
+// with the step's span from the first rank's start to the last one's end (StepSpanNs).
 // The replay runs rank by rank — each rank down its list until a compute needs a message not yet
 // matched — which gives, bit for bit, the times of replaying one action at a time in the global
 // order of start times (the reference, SimulateOptions::in_event_order; the replay of --cores).
@@ -135,9 +136,10 @@ class CostProfiler {
   // One step of every rank ([P]) and its wall time in the engine.
   void Add(const std::vector<StageStep>& steps, int64_t step_wall_ns);
   // The same in two parts, for a distributed run whose process knows only its own rank's step:
-  // rank r's step, and the step's wall time beside its slowest rank's.
-  void AddRank(int r, const StageStep& step);
-  void AddStep(int64_t step_wall_ns, int64_t slowest_rank_wall_ns);
+  // rank r's step and the step's span (StepSpanNs: there, the slowest rank's wall), then the
+  // step's wall time in the engine beside its span (the difference is the step overhead).
+  void AddRank(int r, const StageStep& step, int64_t span_ns);
+  void AddStep(int64_t step_wall_ns, int64_t span_ns);
   StepCosts Costs() const;
 
  private:

@@ -91,9 +91,19 @@ TEST_F(SimulateCli, ProfiledCostsDriveTheSimulationAndMemoryIsThePlans) {
     EXPECT_GT(j["stages"][s]["busy_ms"].get<double>(), 0);
   }
   // Split costs cover 1f1b (B costs B + W), whose bubble is never smaller than zb-h1's (equal
-  // where a measured W is too short to fill anything: costs measured under load vary).
-  const nlohmann::json one = Simulate(fmt::format("{} --schedule 1f1b --costs {}", kJob, costs));
-  EXPECT_GE(one["bubble"].get<double>(), j["bubble"].get<double>());
+  // where a measured W is too short to fill anything: costs measured under load vary) — for the
+  // computes: the waits between them (wake-ups above all, long under load) fall where each
+  // schedule waits, so they are left out of this comparison.
+  nlohmann::json computes_only = file;
+  computes_only["allreduce_ms"] = 0;
+  computes_only["messages"]["wake_ms"] = 0;
+  for (nlohmann::json& rank : computes_only["ranks"]) rank["overhead_ms"] = 0;
+  const std::string computes = (dir_ / "computes_only.json").string();
+  std::ofstream(computes) << computes_only.dump();
+  const nlohmann::json split =
+      Simulate(fmt::format("{} --schedule zb-h1 --costs {}", kJob, computes));
+  const nlohmann::json one = Simulate(fmt::format("{} --schedule 1f1b --costs {}", kJob, computes));
+  EXPECT_GE(one["bubble"].get<double>(), split["bubble"].get<double>());
 }
 
 TEST_F(SimulateCli, RefusesCostsThatDoNotMatch) {
@@ -230,6 +240,43 @@ TEST_F(SimulateCli, CompareRanksTheSchedulesAsTheirRunsMeasure) {
   EXPECT_EQ(j["ranking"][0]["schedule"], "zb-h1") << figures;
   EXPECT_LT(measured["zb-h1"], measured["1f1b"]) << figures;
   EXPECT_LT(measured["zb-h1"], measured["gpipe"]) << figures;
+}
+
+// The predicted bubble of every schedule at P = 2 is the measured one when the computes are
+// sleeps (20 ms each: a slow device whose costs the machine's load barely moves): each run's
+// own profile, replayed, gives every stage's idle share of the step as the run measured it. A
+// definition that differs between the two (busy counting other work, idle over a rank's own
+// wall rather than the step's span) or an overhead the model misses shows here as a gap. The
+// tolerance (0.05, against worst-stage errors of 0.000–0.020 at load 7–8) leaves room for the
+// wake-up delays of a loaded machine; the measured bubble is the median of 3 steps, so one step
+// slowed down by other work does not decide it.
+TEST_F(SimulateCli, PredictedBubbleOfEveryScheduleIsTheMeasuredOne) {
+  for (const char* schedule :
+       {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min"}) {
+    SCOPED_TRACE(schedule);
+    const std::string name = schedule;
+    // M = 2 keeps the runs short; zb-v needs 2P − 1 micro-batches.
+    const std::string job =
+        fmt::format("--layers 4 --batch 12 --microbatches {} --threads 1 --stages 2 --schedule {}",
+                    name == "zb-v" ? 3 : 2, name);
+    const std::string path = (dir_ / (name + "_sleeps.json")).string();
+    const CliResult r = Sluice(fmt::format("train {} --inject-compute-ms 20 --steps 4 "
+                                           "--eval-every 0 --quiet --profile-out {}",
+                                           job, path),
+                               "timeout 300");
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::ifstream in(path);
+    const nlohmann::json measured = nlohmann::json::parse(in)["measured"];
+    const nlohmann::json predicted = Simulate(fmt::format("{} --costs {}", job, path));
+    ASSERT_EQ(predicted["stages"].size(), 2u);
+    for (int stage = 0; stage < 2; ++stage) {
+      const double m = measured["stage_bubble"][stage].get<double>();
+      const double p = predicted["stages"][stage]["bubble"].get<double>();
+      EXPECT_NEAR(p, m, 0.05) << "stage " << stage << ": predicted step "
+                              << predicted["step_ms"].get<double>() << " ms, measured "
+                              << measured["step_ms"].get<double>() << " ms";
+    }
+  }
 }
 
 // The knob is for tests and pipeline runs only; out of range it is refused.

@@ -109,6 +109,42 @@ TEST(StepSimulator, ProfiledBubbleIsIdleOverTheStepsSpan) {
   EXPECT_EQ(StepSpanNs(steps), 110'000'000);
 }
 
+// The fixed costs between computes: a compute that waited starts wake_ms after its message, every
+// F, B and W is followed by its rank's overhead_ms (idle), the all-reduce ends allreduce_ms after
+// the last rank reaches it. A costs file round-trips them; one written before them reads 0.
+TEST(StepSimulator, WakeUpsBookkeepingAndTheAllReduceGiveTheHandComputedMakespan) {
+  const Schedule s =
+      FromText({.micro_batches = 1,
+                .ranks = {"F0 SEND_F0>1 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}});
+  StepCosts c = HandCosts();
+  c.wake_ms = 0.5;
+  c.allreduce_ms = 0.4;
+  c.ranks[0].overhead_ms = 0.1;
+  c.ranks[1].overhead_ms = 0.2;
+  // Rank 1 posts RECV_F (→ 0.1). Rank 0: F 0 → 1, its overhead → 1.1, SEND_F posts (→ 1.2) and
+  // copies: the message arrives at 1.4; RECV_B → 1.5. Rank 1 waited: F starts at 1.4 + 0.5,
+  // → 4.9 + 0.2; B + W → 9.6 + 0.2; SEND_B posts (→ 9.9) and copies: arrives at 10.1; OPT's first
+  // half → 10.4. Rank 0 waited: B from 10.6 → 13.1 + 0.1, OPT → 13.5. The all-reduce ends at
+  // 13.9, the update → 14.1 on both.
+  for (const StepCosts& costs :
+       {c, CostsFromJson(nlohmann::json::parse(CostsToJson(c).dump()), "file")}) {
+    const StepPrediction p = SimulateStep(s, costs);
+    EXPECT_NEAR(p.makespan_ms, 14.1, 1e-12);
+    EXPECT_NEAR(p.step_ms, 15.1, 1e-12);
+    EXPECT_NEAR(p.ranks[0].busy_ms, 4.0, 1e-12);  // the overheads are idle
+    EXPECT_NEAR(p.ranks[0].bubble, (14.1 - 4.0) / 14.1, 1e-12);
+  }
+  nlohmann::json old = nlohmann::json::parse(CostsToJson(c).dump());
+  old.erase("allreduce_ms");
+  old["messages"].erase("wake_ms");
+  for (nlohmann::json& rank : old["ranks"]) rank.erase("overhead_ms");
+  const StepCosts back = CostsFromJson(old, "old.json");
+  EXPECT_EQ(back.wake_ms, 0);
+  EXPECT_EQ(back.allreduce_ms, 0);
+  EXPECT_EQ(back.ranks[1].overhead_ms, 0);
+  EXPECT_NEAR(SimulateStep(s, back).makespan_ms, 12.1, 1e-12);  // HandCosts' own
+}
+
 TEST(StepSimulator, RefusesAnInvalidSchedule) {
   const Schedule s =
       FromText({.micro_batches = 1, .ranks = {"F0 SEND_F0>1 OPT", "RECV_F0<0 F0 OPT"}});
@@ -239,9 +275,14 @@ TEST(StepSimulator, RankByRankReplayGivesTheEventOrderedTimesExactly) {
       StepCosts unit_copies = UnitCosts(s);
       unit_copies.post_ms = 0.125;
       unit_copies.copy_ms = 0.25;
-      for (const StepCosts& c : {UnitCosts(s), unit_copies, UnevenCosts(s, 0.01, 0.05, false),
-                                 UnevenCosts(s, 0.01, 0, false), UnevenCosts(s, 0, 0.05, false),
-                                 UnevenCosts(s, 0.01, 0.05, true), UnevenCosts(s, 0, 0, true)}) {
+      StepCosts overheads = UnevenCosts(s, 0.01, 0.05, false);  // between the computes too
+      overheads.wake_ms = 0.03;
+      overheads.allreduce_ms = 0.2;
+      for (int r = 0; r < s.stages; ++r) overheads.ranks[r].overhead_ms = 0.02 * (r + 1);
+      for (const StepCosts& c :
+           {UnitCosts(s), unit_copies, overheads, UnevenCosts(s, 0.01, 0.05, false),
+            UnevenCosts(s, 0.01, 0, false), UnevenCosts(s, 0, 0.05, false),
+            UnevenCosts(s, 0.01, 0.05, true), UnevenCosts(s, 0, 0, true)}) {
         SCOPED_TRACE(fmt::format("{}{}, post {} copy {}, forward {}", s.Describe(),
                                  k.ahead ? " receives ahead" : "", c.post_ms, c.copy_ms,
                                  c.ranks[0].chunks[0].forward_ms));

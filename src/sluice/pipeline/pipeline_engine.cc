@@ -200,7 +200,7 @@ void WriteCosts(const StepCosts& costs, const std::string& path) {
 // own medians; the message costs are the mean of the ranks' medians. Collective.
 StepCosts GatherCosts(StepCosts mine, int stage, bool contributes, Communicator& world) {
   const int P = mine.stages, V = mine.chunks;
-  const int fields = 6 * V + 6;
+  const int fields = 6 * V + 7;
   Tensor all = Tensor::Zeros({P, fields}, DType::kF64);
   if (contributes) {
     double* row = all.data<double>() + stage * fields;
@@ -212,7 +212,7 @@ StepCosts GatherCosts(StepCosts mine, int stage, bool contributes, Communicator&
         *row++ = x;
     }
     const nlohmann::json& bubbles = mine.measured["stage_bubble"];
-    for (double x : {r.optimizer_ms, r.update_ms, mine.post_ms, mine.copy_ms,
+    for (double x : {r.optimizer_ms, r.update_ms, r.overhead_ms, mine.post_ms, mine.copy_ms,
                      static_cast<double>(mine.message_bytes), bubbles[stage].get<double>()})
       *row++ = x;
   }
@@ -232,6 +232,7 @@ StepCosts GatherCosts(StepCosts mine, int stage, bool contributes, Communicator&
     }
     r.optimizer_ms = *row++;
     r.update_ms = *row++;
+    r.overhead_ms = *row++;
     c.post_ms += *row++ / P;
     c.copy_ms += *row++ / P;
     c.message_bytes = std::max(c.message_bytes, static_cast<int64_t>(*row++));

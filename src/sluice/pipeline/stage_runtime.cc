@@ -35,8 +35,13 @@ struct StageRuntime::Impl {
   Shape io_shape;                // "x" and "y": [B, T, C]
 
   Impl(const StageSetup& s, int r);
+  // One step's messages, numbered as StageStep::MessageEvent says; tags wrap it.
+  int64_t Message(int receiving_virtual_stage, int micro_batch, int direction) const {
+    return (static_cast<int64_t>(receiving_virtual_stage) * M + micro_batch) * 2 + direction;
+  }
   int Tag(int receiving_virtual_stage, int micro_batch, int direction) const {
-    return ((receiving_virtual_stage * M + micro_batch) * 2 + direction) % (kMaxTag + 1);
+    return static_cast<int>(Message(receiving_virtual_stage, micro_batch, direction) %
+                            (kMaxTag + 1));
   }
 };
 
@@ -218,13 +223,16 @@ class StageRuntime::StepRun {
   }
 
   // Times one Isend or Irecv call for the profile; `request` tells whether the call copied the
-  // message (it completed at once: the peer had posted first).
+  // message (it completed at once: the peer had posted first). A send that copied is when
+  // `message` arrived (its receiver may be waiting for it).
   template <typename F>
-  Request Post(F&& post) {
+  Request Post(F&& post, int64_t message, bool send) {
     const int64_t begin = NowNs();
     Request request = post();
-    const int64_t ns = NowNs() - begin;
-    (request.Test() ? out_.post_copy_ns : out_.post_ns).push_back(ns);
+    const int64_t end = NowNs();
+    const bool copied = request.Test();
+    (copied ? out_.post_copy_ns : out_.post_ns).push_back(end - begin);
+    if (copied && send) out_.copied_sends.push_back({message, begin, end});
     return request;
   }
 
@@ -240,10 +248,13 @@ class StageRuntime::StepRun {
     out_.comm_ns += NowNs() - begin;
   }
 
-  // Waits for a receive, timing the wait as a span; then releases what completed meanwhile.
-  Tensor Receive(Request& request, const Action& a, const char* name) {
+  // Waits for a receive of `message`, timing the wait as a span (and, when the message had not
+  // arrived, for the profile); then releases what completed meanwhile.
+  Tensor Receive(Request& request, const Action& a, const char* name, int64_t message) {
     const int64_t begin = NowNs();
+    const bool arrived = request.Test();
     Tensor t = request.Wait();
+    if (!arrived) out_.blocked_receives.push_back({message, begin, NowNs()});
     PollSends();
     const int64_t end = NowNs();
     out_.comm_ns += end - begin;
@@ -272,32 +283,40 @@ class StageRuntime::StepRun {
     MicroBatch& mb = Mb(a.chunk, a.micro_batch);
     switch (a.kind) {
       case ActionKind::kRecvF:
-        mb.recv_f = Post([&] {
-          return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0), DType::kF32,
-                             rt_.io_shape, rt_.allocator);
-        });
+        mb.recv_f = Post(
+            [&] {
+              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0),
+                                 DType::kF32, rt_.io_shape, rt_.allocator);
+            },
+            rt_.Message(VirtualStage(a.chunk), a.micro_batch, 0), /*send=*/false);
         break;
       case ActionKind::kSendF:
         if (!mb.output.defined()) throw NothingToSend("output", "its forward");
-        mb.send_f = Post([&] {
-          return comm_.Isend(mb.output, a.peer,
-                             rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
-        });
+        mb.send_f = Post(
+            [&] {
+              return comm_.Isend(mb.output, a.peer,
+                                 rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
+            },
+            rt_.Message(VirtualStage(a.chunk) + 1, a.micro_batch, 0), /*send=*/true);
         sending_.push_back(a.chunk * rt_.M + a.micro_batch);
         Span("SEND_F", a, NowNs(), NowNs());
         break;
       case ActionKind::kRecvB:
-        mb.recv_b = Post([&] {
-          return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1), DType::kF32,
-                             rt_.io_shape, rt_.allocator);
-        });
+        mb.recv_b = Post(
+            [&] {
+              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1),
+                                 DType::kF32, rt_.io_shape, rt_.allocator);
+            },
+            rt_.Message(VirtualStage(a.chunk), a.micro_batch, 1), /*send=*/false);
         break;
       case ActionKind::kSendB:
         if (!mb.input_grad.defined()) throw NothingToSend("input gradient", "its backward");
-        mb.send_b = Post([&] {
-          return comm_.Isend(mb.input_grad, a.peer,
-                             rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
-        });
+        mb.send_b = Post(
+            [&] {
+              return comm_.Isend(mb.input_grad, a.peer,
+                                 rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
+            },
+            rt_.Message(VirtualStage(a.chunk) - 1, a.micro_batch, 1), /*send=*/true);
         mb.input_grad = Tensor();  // the send holds it until completion, then it is freed
         Span("SEND_B", a, NowNs(), NowNs());
         break;
@@ -335,7 +354,8 @@ class StageRuntime::StepRun {
     if (!ch.first) {
       // The input comes from the previous virtual stage: a message, or this rank's own chunk.
       if (mb.recv_f.valid()) {
-        scope.Set(kChunkInput, Receive(mb.recv_f, a, "RECV_F"));
+        scope.Set(kChunkInput, Receive(mb.recv_f, a, "RECV_F",
+                                       rt_.Message(VirtualStage(a.chunk), a.micro_batch, 0)));
         mb.recv_f = Request();
       } else {
         MicroBatch& prev = LocalNeighbour(a, -1, "its RECV_F was not posted");
@@ -363,7 +383,8 @@ class StageRuntime::StepRun {
     Scope& scope = mb.scope;
     if (!ch.last) {
       if (mb.recv_b.valid()) {
-        scope.Set(kChunkOutputGrad, Receive(mb.recv_b, a, "RECV_B"));
+        scope.Set(kChunkOutputGrad, Receive(mb.recv_b, a, "RECV_B",
+                                            rt_.Message(VirtualStage(a.chunk), a.micro_batch, 1)));
         mb.recv_b = Request();
       } else {
         MicroBatch& next = LocalNeighbour(a, +1, "its RECV_B was not posted");
@@ -426,10 +447,11 @@ class StageRuntime::StepRun {
       for (size_t i = 0; i < mine.size(); ++i)
         sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
     });
-    const int64_t begin = NowNs();
+    out_.allreduce_begin_ns = NowNs();
     comm_.AllReduceSum(sum_squares);
-    out_.comm_ns += NowNs() - begin;
-    Span("ALLREDUCE", a, begin, NowNs());
+    out_.allreduce_end_ns = NowNs();
+    out_.comm_ns += out_.allreduce_end_ns - out_.allreduce_begin_ns;
+    Span("ALLREDUCE", a, out_.allreduce_begin_ns, out_.allreduce_end_ns);
     out_.grad_norm = GlobalNorm({sum_squares.data<double>(), sum_squares.data<double>() + n});
     const double all_losses = sum_squares.data<double>()[n];
     Compute(a, "OPT", 4, [&] {

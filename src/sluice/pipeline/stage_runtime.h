@@ -150,6 +150,17 @@ struct StageStep {
   std::vector<Sample> computes[5];
   std::vector<int64_t> post_ns, post_copy_ns;  // posts that did not / did copy a message
   int64_t message_bytes = 0;                   // one message ("x" or "y.grad": f32[B, T, C])
+  // The waits a replay does not see in the costs above: when a message this rank sent was copied
+  // by its Isend (end_ns; the receiver may be blocked on it), every wait for a receive that had
+  // not completed when the wait began (begin_ns, end_ns) — joined by message, the delay from a
+  // message's arrival to its blocked receiver running — and OPT's all-reduce of the norm.
+  // `message`: (receiving virtual stage · M + micro-batch) · 2 + direction (0 F, 1 B).
+  struct MessageEvent {
+    int64_t message = 0;
+    int64_t begin_ns = 0, end_ns = 0;
+  };
+  std::vector<MessageEvent> copied_sends, blocked_receives;
+  int64_t allreduce_begin_ns = 0, allreduce_end_ns = 0;
 };
 
 // The span of one step over ranks that share a clock (threads of one process): from the earliest

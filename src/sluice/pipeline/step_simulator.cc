@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <queue>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -31,6 +32,13 @@ double Median(std::vector<int64_t> v) {
         2;
   }
   return m;
+}
+
+template <typename T>
+double Mean(const std::vector<T>& v) {
+  double sum = 0;
+  for (T x : v) sum += static_cast<double>(x);
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
 }
 
 double MedianD(std::vector<double> v) {
@@ -117,9 +125,9 @@ ComputeCosts CostsOf(const Schedule& s, const StepCosts& costs, int r, int chunk
 // being exact. A costs file guarantees it (CostsFromJson); costs made in code may not.
 bool NoNegativeCosts(const StepCosts& c) {
   auto ok = [](double x) { return x >= 0; };  // false for NaN too
-  if (!ok(c.post_ms) || !ok(c.copy_ms)) return false;
+  if (!ok(c.post_ms) || !ok(c.copy_ms) || !ok(c.wake_ms) || !ok(c.allreduce_ms)) return false;
   for (const RankCosts& r : c.ranks) {
-    if (!ok(r.optimizer_ms) || !ok(r.update_ms)) return false;
+    if (!ok(r.optimizer_ms) || !ok(r.update_ms) || !ok(r.overhead_ms)) return false;
     for (const ChunkCosts& ch : r.chunks) {
       if (!ok(ch.forward_ms) || !ok(ch.backward_ms) || !ok(ch.weight_ms)) return false;
     }
@@ -196,15 +204,16 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
   // When each core is next free (min-heap); empty without shared cores.
   std::priority_queue<double, std::vector<double>, std::greater<>> cores;
   for (int i = 0; i < cores_given; ++i) cores.push(0);
-  // Rank r runs a compute of cost c from its clock, or from when a core is free.
-  auto compute = [&](int r, double c) {
+  // Rank r runs a compute of cost c from its clock, or from when a core is free; then its
+  // bookkeeping `after` (holding no core).
+  auto compute = [&](int r, double c, double after = 0) {
     double start = clock[r];
     if (shared) {
       start = std::max(start, cores.top());
       cores.pop();
       cores.push(start + c);
     }
-    clock[r] = start + c;
+    clock[r] = start + c + after;
     busy[r] += c;
   };
   // The time rank r's side of message `a` fills in (null: a backward send's completion).
@@ -269,26 +278,27 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
           waiting[r] = &when;
           return false;
         }
-        if (when != kNone) clock[r] = std::max(clock[r], when);
+        if (when != kNone && when > clock[r]) clock[r] = when + costs.wake_ms;
         return true;
       };
+      const double overhead = costs.ranks[r].overhead_ms;
       if (IsSend(a.kind) || IsRecv(a.kind)) {
         post(r, a);
       } else if (a.kind == ActionKind::kForward) {
         if (!wait_for(slots[r][index(a)].arrived_f)) break;
-        compute(r, cost(r, a));
+        compute(r, cost(r, a), overhead);
       } else if (a.kind == ActionKind::kBackward) {
         Slot& slot = slots[r][index(a)];
         if (!wait_for(slot.arrived_b)) break;
         if (!wait_for(slot.completed_f)) break;
-        compute(r, cost(r, a));
+        compute(r, cost(r, a), overhead);
       } else if (a.kind == ActionKind::kWeight) {
-        compute(r, cost(r, a));
+        compute(r, cost(r, a), overhead);
       } else {  // OPT: its first half, then the all-reduce's barrier
         compute(r, costs.ranks[r].optimizer_ms);
         at_barrier[r] = true;
         if (++barrier_count == P) {
-          const double all = *std::ranges::max_element(clock);
+          const double all = *std::ranges::max_element(clock) + costs.allreduce_ms;
           for (int q = 0; q < P; ++q) {
             at_barrier[q] = false;
             clock[q] = all;
@@ -408,9 +418,10 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs) {
         me.runnable = false;
         return false;
       }
-      me.clock = std::max(me.clock, when);
+      if (when > me.clock) me.clock = when + costs.wake_ms;
       return true;
     };
+    const double overhead = costs.ranks[r].overhead_ms;
     for (; me.next != me.end; ++me.next) {
       const Action a = *me.next;
       const Chunk& ch = mine[a.chunk];
@@ -419,16 +430,19 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs) {
         case ActionKind::kForward:
           if (ch.in_f != nullptr && !wait_for(ch.in_f[m])) return me.next != from;
           me.clock += ch.cost.forward;
+          me.clock += overhead;
           me.busy += ch.cost.forward;
           break;
         case ActionKind::kBackward:
           if (ch.in_b != nullptr && !wait_for(ch.in_b[m + 1])) return me.next != from;
           if (ch.sends_f && !wait_for(ch.out[m])) return me.next != from;
           me.clock += ch.cost.backward;
+          me.clock += overhead;
           me.busy += ch.cost.backward;
           break;
         case ActionKind::kWeight:
           me.clock += ch.cost.weight;
+          me.clock += overhead;
           me.busy += ch.cost.weight;
           break;
         case ActionKind::kOptimizer:  // its first half, then the all-reduce's barrier
@@ -438,6 +452,7 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs) {
           if (++at_barrier == P) {
             double all = 0;
             for (const Rank& q : ranks) all = std::max(all, q.clock);
+            all += costs.allreduce_ms;
             for (int q = 0; q < P; ++q) {
               ranks[q].clock = all + costs.ranks[q].update_ms;
               ranks[q].busy += costs.ranks[q].update_ms;
@@ -591,14 +606,17 @@ nlohmann::ordered_json CostsToJson(const StepCosts& c) {
     ranks.push_back({{"stage", r},
                      {"chunks", chunks},
                      {"optimizer_ms", c.ranks[r].optimizer_ms},
-                     {"update_ms", c.ranks[r].update_ms}});
+                     {"update_ms", c.ranks[r].update_ms},
+                     {"overhead_ms", c.ranks[r].overhead_ms}});
   }
   j["ranks"] = ranks;
   j["messages"] = {{"bytes", c.message_bytes},
                    {"post_ms", c.post_ms},
                    {"copy_ms", c.copy_ms},
                    {"copy_ms_per_byte",
-                    c.message_bytes > 0 ? c.copy_ms / static_cast<double>(c.message_bytes) : 0.0}};
+                    c.message_bytes > 0 ? c.copy_ms / static_cast<double>(c.message_bytes) : 0.0},
+                   {"wake_ms", c.wake_ms}};
+  j["allreduce_ms"] = c.allreduce_ms;
   j["step_overhead_ms"] = c.step_overhead_ms;
   j["measured"] = c.measured;
   return j;
@@ -624,6 +642,10 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     }
     return d;
   };
+  // Entries a file written before they were measured lacks: absent, they cost nothing.
+  auto optional = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
+    return obj.contains(key) ? number(obj, key, where) : 0.0;
+  };
   StepCosts c;
   c.source = source;
   c.stages = static_cast<int>(number(j, "stages", "the file"));
@@ -648,6 +670,7 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     RankCosts rc;
     rc.optimizer_ms = number(rank, "optimizer_ms", where);
     rc.update_ms = number(rank, "update_ms", where);
+    rc.overhead_ms = optional(rank, "overhead_ms", where);
     if (!rank.contains("chunks") || !rank["chunks"].is_array() ||
         rank["chunks"].size() != static_cast<size_t>(c.chunks)) {
       throw bad(where, fmt::format("must have \"chunks\": one entry per chunk ({})", c.chunks));
@@ -677,6 +700,8 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
   c.message_bytes = static_cast<int64_t>(number(j["messages"], "bytes", "\"messages\""));
   c.post_ms = number(j["messages"], "post_ms", "\"messages\"");
   c.copy_ms = number(j["messages"], "copy_ms", "\"messages\"");
+  c.wake_ms = optional(j["messages"], "wake_ms", "\"messages\"");
+  c.allreduce_ms = optional(j, "allreduce_ms", "the file");
   c.step_overhead_ms = number(j, "step_overhead_ms", "the file");
   if (j.contains("measured")) c.measured = j["measured"];
   return c;
@@ -696,12 +721,34 @@ CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
       P, std::vector<std::vector<std::vector<int64_t>>>(5, std::vector<std::vector<int64_t>>(V)));
   cpu_ = wall_;
   bubble_.assign(P, {});
+  overhead_per_compute_.assign(P, {});
 }
 
 void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns) {
   const int64_t span = StepSpanNs(steps);
   for (size_t r = 0; r < steps.size(); ++r) AddRank(static_cast<int>(r), steps[r], span);
   AddStep(step_wall_ns, span);
+  // Wake-ups: a receive blocked on a message resumes this long after the Isend that copied it.
+  std::unordered_map<int64_t, int64_t> arrived;  // message → end of the Isend that copied it
+  for (const StageStep& s : steps) {
+    for (const StageStep::MessageEvent& e : s.copied_sends) arrived[e.message] = e.end_ns;
+  }
+  for (const StageStep& s : steps) {
+    for (const StageStep::MessageEvent& e : s.blocked_receives) {
+      auto it = arrived.find(e.message);
+      if (it != arrived.end() && it->second >= e.begin_ns) {
+        wake_.push_back(std::max<int64_t>(0, e.end_ns - it->second));
+      }
+    }
+  }
+  // The all-reduce as the last rank to reach it sees it (the others' also holds their wait).
+  const StageStep* last = nullptr;
+  for (const StageStep& s : steps) {
+    if (s.allreduce_end_ns > 0 &&
+        (last == nullptr || s.allreduce_begin_ns > last->allreduce_begin_ns))
+      last = &s;
+  }
+  if (last != nullptr) allreduce_.push_back(last->allreduce_end_ns - last->allreduce_begin_ns);
 }
 
 void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
@@ -717,6 +764,13 @@ void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
   message_bytes_ = std::max(message_bytes_, s.message_bytes);
   bubble_[r].push_back(
       span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
+  // Bookkeeping: the rank's time neither computing nor inside the communicator, per compute.
+  const size_t computes = s.computes[0].size() + s.computes[1].size() + s.computes[2].size();
+  if (computes > 0) {
+    overhead_per_compute_[r].push_back(
+        static_cast<double>(std::max<int64_t>(0, s.wall_ns - s.busy_ns - s.comm_ns)) /
+        static_cast<double>(computes));
+  }
 }
 
 void CostProfiler::AddStep(int64_t step_wall_ns, int64_t span_ns) {
@@ -746,11 +800,16 @@ StepCosts CostProfiler::Costs() const {
     }
     rc.optimizer_ms = ms(Median(wall_[r][3][0]));
     rc.update_ms = ms(Median(wall_[r][4][0]));
+    rc.overhead_ms = ms(Mean(overhead_per_compute_[r]));
     c.ranks.push_back(std::move(rc));
   }
   c.message_bytes = message_bytes_;
   c.post_ms = ms(Median(post_));
   c.copy_ms = std::max(0.0, ms(Median(copy_)) - c.post_ms);
+  // Means, not medians: what these waits add to a step is their sum, and their rare long ones (a
+  // thread waiting for a core to wake on) are much of it.
+  c.wake_ms = ms(Mean(wake_));
+  c.allreduce_ms = ms(Mean(allreduce_));
   c.step_overhead_ms = ms(Median(overhead_));
   nlohmann::json bubbles = nlohmann::json::array();
   for (const std::vector<double>& b : bubble_) bubbles.push_back(MedianD(b));

@@ -15,8 +15,12 @@
 //   B(c, m) waits for its RECV_B's message, then for the completion of SEND_F(c, m) (output
 //           release), then costs backward_ms (+ weight_ms when the schedule does not split).
 //   W(c, m) costs weight_ms.
+//           A compute that waited (its message came after r's clock) starts `wake_ms` after the
+//           message (the blocked thread waking); after each compute r spends `overhead_ms` of
+//           its own (bookkeeping between actions: idle, not busy).
 //   OPT     costs optimizer_ms (gradient mean and norm), then the all-reduce of the norm: a barrier
-//           of all ranks; then update_ms (the optimizer proper).
+//           of all ranks, ending `allreduce_ms` after the last rank reaches it; then update_ms
+//           (the optimizer proper).
 //   end     a rank's step ends once every send it made has completed.
 // The step time is the last rank's end plus `step_overhead_ms` (starting and joining the rank
 // threads, the loss): step_ms. A rank's busy time is the sum of its compute costs; idle is the
@@ -57,6 +61,9 @@ struct ChunkCosts {
 struct RankCosts {
   std::vector<ChunkCosts> chunks;  // [V]
   double optimizer_ms = 0, update_ms = 0;
+  // Per F, B or W: the rank's time outside computes and the communicator (binding a batch,
+  // handing values between scopes, freeing a micro-batch's): idle, spent after each compute.
+  double overhead_ms = 0;
 };
 
 struct StepCosts {
@@ -67,7 +74,9 @@ struct StepCosts {
   int64_t message_bytes = 0;          // one message
   double post_ms = 0;                 // an Isend or Irecv call that copies nothing
   double copy_ms = 0;                 // the extra of the call that copies the message
-  double step_overhead_ms = 0;        // per step, beyond the slowest rank
+  double wake_ms = 0;           // from a message's arrival to its blocked receiver running again
+  double allreduce_ms = 0;      // OPT's all-reduce, once the last rank has reached it
+  double step_overhead_ms = 0;  // per step, beyond the slowest rank
   // What the costs were measured on ("model", "layers", "dim", ... → value): a simulation of
   // another job is refused (CheckCostsJob).
   nlohmann::json job = nlohmann::json::object();
@@ -129,7 +138,9 @@ StepCosts CostsFromJson(const nlohmann::json& json, const std::string& source);
 StepCosts ReadCostsFile(const std::string& path);
 
 // Collects the profile of a run's steps (StageStep::computes, posts) per rank and makes costs of
-// them: medians over every sample.
+// them: medians over every sample of the computes and posts; means of the waits between computes
+// (overhead_ms, wake_ms, allreduce_ms: their sum is what they cost a step, long tail included).
+// wake_ms and allreduce_ms need every rank's step on one clock (Add): AddRank leaves them 0.
 class CostProfiler {
  public:
   CostProfiler(const Schedule& schedule, nlohmann::json job);
@@ -148,7 +159,9 @@ class CostProfiler {
   // [P][kind][V] wall and CPU samples; kind 0 F, 1 B, 2 W, 3 optimizer, 4 update.
   std::vector<std::vector<std::vector<std::vector<int64_t>>>> wall_, cpu_;
   std::vector<int64_t> post_, copy_, overhead_, step_wall_;
-  std::vector<std::vector<double>> bubble_;  // [P] per step
+  std::vector<int64_t> wake_, allreduce_;                  // in-process runs only
+  std::vector<std::vector<double>> bubble_;                // [P] per step
+  std::vector<std::vector<double>> overhead_per_compute_;  // [P] per step, ns
   int64_t message_bytes_ = 0;
 };
 

@@ -25,12 +25,6 @@ Shape::Shape(std::span<const int64_t> dims) {
   }
 }
 
-int64_t Shape::numel() const {
-  int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= dims_[i];
-  return n;
-}
-
 Strides Shape::ContiguousStrides() const {
   Strides s{};
   int64_t acc = 1;
@@ -47,11 +41,6 @@ int Shape::Axis(int64_t axis) const {
     throw ShapeError(fmt::format("axis {} is out of range for shape {}", axis, ToString()));
   }
   return static_cast<int>(a);
-}
-
-bool Shape::operator==(const Shape& other) const {
-  return rank_ == other.rank_ &&
-         std::equal(dims_.begin(), dims_.begin() + rank_, other.dims_.begin());
 }
 
 std::string Shape::ToString() const { return fmt::format("[{}]", fmt::join(dims(), ", ")); }

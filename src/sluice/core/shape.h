@@ -32,7 +32,11 @@ class Shape {
   int64_t operator[](int axis) const { return dims_[axis]; }
   int64_t& operator[](int axis) { return dims_[axis]; }
   std::span<const int64_t> dims() const { return {dims_.data(), static_cast<size_t>(rank_)}; }
-  int64_t numel() const;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= dims_[i];
+    return n;
+  }
 
   // Row-major strides of a contiguous tensor of this shape.
   Strides ContiguousStrides() const;
@@ -40,7 +44,14 @@ class Shape {
   // Normalizes a possibly negative axis (-1 is the last); throws ShapeError when out of range.
   int Axis(int64_t axis) const;
 
-  bool operator==(const Shape& other) const;
+  // Inline, a plain loop: the executor's and the kernels' equal-shapes checks run per instruction.
+  bool operator==(const Shape& other) const {
+    if (rank_ != other.rank_) return false;
+    for (int i = 0; i < rank_; ++i) {
+      if (dims_[i] != other.dims_[i]) return false;
+    }
+    return true;
+  }
   bool operator!=(const Shape& other) const { return !(*this == other); }
 
   // "[2, 3]"; a scalar prints as "[]".

@@ -101,12 +101,9 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
-void Tensor::CheckType(DType expected) const {
+void Tensor::ThrowTypeMismatch(DType expected) const {
   if (!defined()) throw ShapeError("access to the data of an undefined tensor");
-  if (dtype_ != expected) {
-    throw ShapeError(
-        fmt::format("tensor of dtype {} accessed as {}", Name(dtype_), Name(expected)));
-  }
+  throw ShapeError(fmt::format("tensor of dtype {} accessed as {}", Name(dtype_), Name(expected)));
 }
 
 int64_t Tensor::LogicalToStorageIndex(int64_t i) const {

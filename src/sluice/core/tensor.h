@@ -112,7 +112,11 @@ class Tensor {
         shape_(shape),
         strides_(strides),
         dtype_(dtype) {}
-  void CheckType(DType expected) const;
+  // Inline check, out-of-line throw: data<T>() runs several times per instruction.
+  void CheckType(DType expected) const {
+    if (storage_ == nullptr || dtype_ != expected) ThrowTypeMismatch(expected);
+  }
+  [[noreturn]] void ThrowTypeMismatch(DType expected) const;
   int64_t LogicalToStorageIndex(int64_t i) const;
 
   std::shared_ptr<Storage> storage_;

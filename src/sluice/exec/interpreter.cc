@@ -40,16 +40,16 @@ struct Step {
   ValueId first_output = kNoValue;
   // Output ids are consecutive: the kernel writes the slots directly.
   bool outputs_adjacent = false;
-  // No value is read twice: a trace run may borrow (move) the inputs from their slots.
-  bool distinct_inputs = false;
 };
 
 // The state of one executing thread.
 struct Worker {
-  std::vector<Tensor> ins, outs;  // kernel operands, sized to the largest arity
-  // Trace runs move distinct inputs out of their slots and back instead of copying the handles:
-  // no other thread reads the slots, and a move costs no atomic reference-count update.
-  bool borrow = false;
+  // Kernel operands, sized to the largest arity. Inputs are pointers to the tensors where their
+  // slots (or the scope) hold them: passing them costs no handle copy and no reference-count
+  // update. A slot is only written by its value's producer, before any reader runs, and cleared
+  // after its group's last reader (parallel runs count the readers), so the pointers stay valid.
+  std::vector<const Tensor*> ins;
+  std::vector<Tensor> outs;
   int64_t gc_ticks = 0;  // CycleClock ticks spent on GC work
   int64_t frees = 0;
   int64_t fallbacks = 0;
@@ -202,10 +202,6 @@ void Executable::Impl::Prepare() {
       result_values.push_back(v);
       result_types.push_back(&program.type(v));
     }
-    ValueList sorted_inputs = instr.inputs;
-    std::sort(sorted_inputs.begin(), sorted_inputs.end());
-    st.distinct_inputs =
-        std::adjacent_find(sorted_inputs.begin(), sorted_inputs.end()) == sorted_inputs.end();
     st.first_output = instr.outputs.empty() ? kNoValue : instr.outputs[0];
     st.outputs_adjacent = true;
     for (size_t k = 0; k < instr.outputs.size(); ++k) {
@@ -279,7 +275,6 @@ void Executable::Impl::Prepare() {
   for (Worker& w : workers) {
     w.ins.resize(max_in);
     w.outs.resize(max_out);
-    w.borrow = !parallel;
   }
 
   if (gc_mode == GcMode::kAsync) {
@@ -339,32 +334,10 @@ void Executable::Impl::Bind(Scope& scope) {
 void Executable::Impl::Execute(int32_t i, Worker& w) {
   const Step& st = steps[i];
   const ValueId* in = operand_values.data() + st.in_begin;
-  const bool borrow = w.borrow && st.distinct_inputs;
-  for (int32_t k = 0; k < st.in_count; ++k) {
-    if (borrow) {
-      w.ins[k] = std::move(*slots[in[k]]);
-    } else {
-      w.ins[k] = *slots[in[k]];
-    }
-  }
+  for (int32_t k = 0; k < st.in_count; ++k) w.ins[k] = slots[in[k]];
   // Outputs go straight into their slots when adjacent (always, for programs built by Program).
   Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? slots[st.first_output] : w.outs.data();
-  try {
-    RunStep(i, st, outs, w);
-  } catch (...) {
-    // A borrowed input may be the scope's own tensor: give it back before the run unwinds.
-    if (borrow) {
-      for (int32_t k = 0; k < st.in_count; ++k) *slots[in[k]] = std::move(w.ins[k]);
-    }
-    throw;
-  }
-  for (int32_t k = 0; k < st.in_count; ++k) {
-    if (borrow) {
-      *slots[in[k]] = std::move(w.ins[k]);
-    } else {
-      Drop(w.ins[k]);
-    }
-  }
+  RunStep(i, st, outs, w);
 }
 
 // Allocates instruction i's outputs, runs its kernel and stores its outputs in their slots.
@@ -374,14 +347,19 @@ void Executable::Impl::RunStep(int32_t i, const Step& st, Tensor* outs, Worker& 
       const TensorType& t = *result_types[st.out_begin + k];
       const std::shared_ptr<Storage>* planned =
           result_storage.empty() ? nullptr : result_storage[st.out_begin + k];
-      outs[k] = planned != nullptr ? Tensor::OnStorage(*planned, t.shape, t.dtype)
-                                   : Tensor::Empty(t.shape, t.dtype, *allocator);
+      if (planned == nullptr) {
+        outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
+      } else if (outs[k].storage() != *planned) {
+        // Made at the first run; the slot keeps it from then on (ReleaseGroup leaves a planned
+        // root alone), so a planned output costs no handle and no reference count per run.
+        outs[k] = Tensor::OnStorage(*planned, t.shape, t.dtype);
+      }
     }
     if (w.trace != nullptr) {
       w.trace->memory.push_back({NowNs() - w.origin_ns, allocator->Stats().allocated_bytes});
     }
   }
-  KernelContext ctx{{w.ins.data(), static_cast<size_t>(st.in_count)},
+  KernelContext ctx{KernelInputs({w.ins.data(), static_cast<size_t>(st.in_count)}),
                     {outs, static_cast<size_t>(st.out_count)},
                     *st.attrs,
                     *allocator};
@@ -389,7 +367,7 @@ void Executable::Impl::RunStep(int32_t i, const Step& st, Tensor* outs, Worker& 
   const ValueId* out = result_values.data() + st.out_begin;
   for (int32_t k = 0; k < st.out_count; ++k) {
     if (st.op->kind == OpKind::kView) {
-      SLUICE_CHECK(outs[k].defined() && outs[k].storage() == w.ins[0].storage(),
+      SLUICE_CHECK(outs[k].defined() && outs[k].storage() == w.ins[0]->storage(),
                    "view op '{}' did not alias its input for %{}", st.op->name,
                    program.value(out[k]).name);
     }
@@ -397,9 +375,12 @@ void Executable::Impl::RunStep(int32_t i, const Step& st, Tensor* outs, Worker& 
   }
 }
 
-// Drops every reference to group g's storage; the last one frees it (sync GC).
+// Drops every reference to group g's storage; the last one frees it (sync GC). A planned group's
+// root (members[0]) keeps its handle on the borrowed storage in its slot for the next run: its
+// arena bytes stay held either way, and its next writer finds the tensor made.
 void Executable::Impl::ReleaseGroup(int32_t g) {
-  for (ValueId v : plan.members[g]) Drop(*slots[v]);
+  std::span<const int32_t> members = plan.members[g];
+  for (size_t k = Planned(g) ? 1 : 0; k < members.size(); ++k) Drop(*slots[members[k]]);
 }
 
 // Drops the views' references and moves the root's storage into `batch` (async GC).
@@ -414,6 +395,12 @@ void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
 void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted,
                                     Worker& w) {
   if (groups.empty()) return;
+  if (!counted && gc_mode == GcMode::kSync && !options.measure_gc_time && w.trace == nullptr) {
+    // The default trace run's case, with nothing to count but the frees.
+    for (int32_t g : groups) ReleaseGroup(g);
+    w.frees += static_cast<int64_t>(groups.size());
+    return;
+  }
   const bool timed = options.measure_gc_time;
   const int64_t begin_ticks = timed ? CycleClock::Now() : 0;
   const int64_t begin_ns = w.trace != nullptr ? NowNs() : 0;
@@ -540,12 +527,14 @@ void Executable::Impl::AcquireArena() {
   for (int32_t g : planned_groups) group_storage[g]->Rebind(base + arena.offset[g]);
 }
 
-// Unbinds the planned storages and frees the arena. Every handle a run made of them must be gone:
-// one that escaped would read the next run's (or freed) memory, so the arena is leaked instead.
+// Unbinds the planned storages and frees the arena. Every handle a run made of them must be gone
+// but the one its root's slot keeps: one that escaped would read the next run's (or freed) memory,
+// so the arena is leaked instead.
 void Executable::Impl::ReleaseArena() {
   if (arena_data == nullptr) return;
   for (int32_t g : planned_groups) {
-    SLUICE_CHECK(group_storage[g].use_count() == 1,
+    const bool in_slot = slots[plan.groups[g].root]->storage() == group_storage[g];
+    SLUICE_CHECK(group_storage[g].use_count() == (in_slot ? 2 : 1),
                  "executable '{}': planned value %{} is still referenced after the run",
                  program.name(), program.value(plan.groups[g].root).name);
     group_storage[g]->Rebind(nullptr);
@@ -572,7 +561,6 @@ void Executable::Impl::DropSlots(bool all) {
     for (Tensor& t : own) Drop(t);
     bound_copies.clear();
     for (Worker& w : workers) {
-      for (Tensor& t : w.ins) Drop(t);
       for (Tensor& t : w.outs) Drop(t);
     }
     return;

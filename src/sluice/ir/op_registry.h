@@ -86,10 +86,53 @@ struct OpSignature {
   std::vector<OpParam> outputs;
 };
 
+// A kernel's inputs: read-only access to n tensors that lie either side by side (an array of
+// Tensor) or wherever their owner keeps them (an array of pointers, which is how the interpreter
+// passes the tensors in its slots: no handle is copied or moved, no reference count touched).
+// Reads like a span: inputs[i], size(), range-for. Holds no tensor; what it points at must outlive
+// it.
+class KernelInputs {
+ public:
+  KernelInputs(std::span<const Tensor> tensors)  // NOLINT(google-explicit-constructor)
+      : tensors_(tensors.data()), size_(tensors.size()) {}
+  KernelInputs(const std::vector<Tensor>& tensors)  // NOLINT(google-explicit-constructor)
+      : tensors_(tensors.data()), size_(tensors.size()) {}
+  explicit KernelInputs(std::span<const Tensor* const> pointers)
+      : pointers_(pointers.data()), size_(pointers.size()) {}
+
+  const Tensor& operator[](size_t i) const {
+    return pointers_ != nullptr ? *pointers_[i] : tensors_[i];
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+  class Iterator {
+   public:
+    Iterator(const KernelInputs* inputs, size_t i) : inputs_(inputs), i_(i) {}
+    const Tensor& operator*() const { return (*inputs_)[i_]; }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator==(const Iterator& other) const { return i_ == other.i_; }
+
+   private:
+    const KernelInputs* inputs_;
+    size_t i_;
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size_}; }
+
+ private:
+  const Tensor* tensors_ = nullptr;          // side by side, or
+  const Tensor* const* pointers_ = nullptr;  // one pointer each
+  size_t size_;
+};
+
 // What a kernel sees. Inputs are contiguous. For kCompute ops, outputs are allocated (contiguous,
 // uninitialized); for kView ops the kernel assigns them; kInPlace ops have none.
 struct KernelContext {
-  std::span<const Tensor> inputs;
+  KernelInputs inputs;
   std::span<Tensor> outputs;
   const Attrs& attrs;
   Allocator& allocator;  // for scratch memory the kernel needs

@@ -41,6 +41,19 @@ class Allocator {
   virtual void* Allocate(size_t bytes) = 0;
   virtual void Deallocate(void* ptr, size_t bytes) = 0;
 
+  // The same pair with a token: AllocateWithToken may set *token to anything, and the caller
+  // hands it back to DeallocateWithToken with the pointer and size (Storage does). An allocator
+  // may keep there what finds its bookkeeping for the block without a lookup (CachingAllocator's
+  // per-thread fast path). Memory from either Allocate may go back through either Deallocate
+  // (token 0 when it came from plain Allocate). The defaults ignore the token.
+  virtual void* AllocateWithToken(size_t bytes, uintptr_t* token) {
+    *token = 0;
+    return Allocate(bytes);
+  }
+  virtual void DeallocateWithToken(void* ptr, size_t bytes, uintptr_t /*token*/) {
+    Deallocate(ptr, bytes);
+  }
+
   // A consistent snapshot of this instance's statistics.
   virtual MemoryStats Stats() const = 0;
   // Peaks restart from the current values.

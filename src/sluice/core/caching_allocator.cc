@@ -43,20 +43,47 @@ size_t PageSize() {
   return page;
 }
 
+// Guards the meeting of a thread cache's thread (exiting) and its allocator (being destroyed);
+// taken before any allocator's mu_.
+Mutex& CacheRegistryMutex() {
+  static Mutex* const mu = new Mutex();  // never destroyed: threads may exit after static teardown
+  return *mu;
+}
+
+std::atomic<uint64_t> next_allocator_id{1};
+
+// Set when this thread's LocalCaches is destroyed (a trivially destructible thread_local stays
+// readable after that).
+thread_local bool local_caches_gone = false;
+
 }  // namespace
 
 // A span of a chunk. Descriptors live in the BlockArena, never in the chunk's own memory, so a
 // caller's bytes are all its own.
 struct CachingAllocator::Block {
   char* ptr;
-  size_t size;       // multiple of kRound
-  size_t requested;  // the caller's byte count while allocated, 0 while free
+  size_t size;  // multiple of kRound
+  // The caller's byte count while a caller holds the block; 0 while free or parked in a thread
+  // cache. Atomic: the fast path writes it without mu_ (ptr and size do not change while the
+  // block is allocated, so the fast path reads them plainly).
+  std::atomic<size_t> requested;
   Chunk* chunk;
   Block* prev;  // address-order neighbours inside the chunk (nullptr at its ends)
   Block* next;
   Block* prev_free;  // bin list while free; next_free also links the arena's spares
   Block* next_free;
-  bool allocated;
+  bool allocated;  // held by a caller or parked in a thread cache
+
+  void InitFree(char* p, size_t s, Chunk* c, Block* before, Block* after) {
+    ptr = p;
+    size = s;
+    requested.store(0, std::memory_order_relaxed);
+    chunk = c;
+    prev = before;
+    next = after;
+    prev_free = next_free = nullptr;
+    allocated = false;
+  }
 };
 
 // One OS mapping. `first` is the block at `base`; it is never recycled while the chunk lives,
@@ -298,7 +325,120 @@ class CachingAllocator::BlockArena {
   size_t num_spare_ = 0;
 };
 
-CachingAllocator::CachingAllocator(CachingAllocatorOptions options) : options_(options) {
+// One thread's parked blocks of one allocator: a LIFO stack per size class. Only its thread pushes
+// and pops; `owner` and the counters are read by others (see the top of the header).
+class CachingAllocator::ThreadCache {
+ public:
+  static constexpr int kClasses = static_cast<int>(kMaxCachedBytes / kRound);
+
+  ThreadCache(CachingAllocator* allocator, uint64_t allocator_id)
+      : owner(allocator), id(allocator_id) {}
+
+  // A parked block of exactly `rounded` bytes, or nullptr.
+  Block* Pop(size_t rounded) {
+    Stack& stack = stacks_[rounded / kRound - 1];
+    if (stack.count == 0) return nullptr;
+    bytes_ -= rounded;
+    return stack.blocks[--stack.count];
+  }
+
+  // Parks `block` (of at most kMaxCachedBytes); false when its class or the cache is full.
+  bool Push(Block* block) {
+    Stack& stack = stacks_[block->size / kRound - 1];
+    if (stack.count == kThreadCacheDepth || bytes_ + block->size > kMaxThreadCacheBytes) {
+      return false;
+    }
+    stack.blocks[stack.count++] = block;
+    bytes_ += block->size;
+    return true;
+  }
+
+  // Any parked block, or nullptr when the cache is empty.
+  Block* PopAny() {
+    for (Stack& stack : stacks_) {
+      if (stack.count > 0) {
+        Block* block = stack.blocks[--stack.count];
+        bytes_ -= block->size;
+        return block;
+      }
+    }
+    return nullptr;
+  }
+
+  // Counts of this cache's thread, written by it alone (a relaxed load and store, no
+  // read-modify-write) and summed by Stats().
+  static void Bump(std::atomic<int64_t>& counter) {
+    counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+
+  std::atomic<CachingAllocator*> owner;  // set to nullptr under the registry lock when it dies
+  const uint64_t id;                     // the owner's id_
+  std::atomic<int64_t> num_allocs{0};
+  std::atomic<int64_t> num_frees{0};
+
+ private:
+  struct Stack {
+    int count = 0;
+    Block* blocks[kThreadCacheDepth];
+  };
+  Stack stacks_[kClasses];
+  size_t bytes_ = 0;  // parked bytes, at most kMaxThreadCacheBytes
+};
+
+// The caches of one thread, one per allocator it used; the thread's exit flushes them into their
+// allocators (if alive) and deletes them.
+class CachingAllocator::LocalCaches {
+ public:
+  // At most this many allocators' caches per thread; beyond it, the locked path.
+  static constexpr size_t kMaxCaches = 16;
+
+  ~LocalCaches() {
+    local_caches_gone = true;
+    MutexLock registry(&CacheRegistryMutex());
+    for (ThreadCache* cache : caches_) {
+      CachingAllocator* owner = cache->owner.load(std::memory_order_acquire);
+      if (owner != nullptr) {
+        MutexLock lock(&owner->mu_);
+        owner->DrainCache(cache, /*retire=*/true);
+      }
+      delete cache;
+    }
+  }
+
+  ThreadCache* Find(uint64_t id) {
+    if (last_ != nullptr && last_->id == id) return last_;
+    for (ThreadCache* cache : caches_) {
+      if (cache->id == id) return last_ = cache;
+    }
+    return nullptr;
+  }
+
+  ThreadCache* Make(CachingAllocator* allocator) {
+    MutexLock registry(&CacheRegistryMutex());
+    // Forget the caches of allocators that are gone (their blocks went with them).
+    std::erase_if(caches_, [](ThreadCache* cache) {
+      if (cache->owner.load(std::memory_order_acquire) != nullptr) return false;
+      delete cache;
+      return true;
+    });
+    last_ = nullptr;
+    if (caches_.size() >= kMaxCaches) return nullptr;
+    auto cache = std::make_unique<ThreadCache>(allocator, allocator->id_);
+    {
+      MutexLock lock(&allocator->mu_);
+      allocator->caches_.push_back(cache.get());
+    }
+    caches_.push_back(cache.get());
+    return last_ = cache.release();
+  }
+
+ private:
+  std::vector<ThreadCache*> caches_;
+  ThreadCache* last_ = nullptr;  // the one used last: most threads use one allocator
+};
+
+CachingAllocator::CachingAllocator(CachingAllocatorOptions options)
+    : options_(options), id_(next_allocator_id.fetch_add(1, std::memory_order_relaxed)) {
   const size_t chunk = options_.chunk_bytes;
   if (!std::has_single_bit(chunk) || chunk < (size_t{64} << 10) || chunk > (size_t{1} << 30) ||
       chunk % PageSize() != 0) {
@@ -314,6 +454,14 @@ CachingAllocator::CachingAllocator(CachingAllocatorOptions options) : options_(o
 }
 
 CachingAllocator::~CachingAllocator() {
+  {
+    // Threads still holding a cache of this allocator drop it (and its blocks) instead of
+    // flushing it here.
+    MutexLock registry(&CacheRegistryMutex());
+    MutexLock lock(&mu_);
+    for (ThreadCache* cache : caches_) cache->owner.store(nullptr, std::memory_order_release);
+    caches_.clear();
+  }
   for (Chunk* c = chunks_; c != nullptr;) {
     Chunk* next = c->next;
     munmap(c->base, c->size);  // nothing useful to do on failure in a destructor
@@ -326,34 +474,143 @@ CachingAllocator::Pool& CachingAllocator::PoolFor(size_t rounded) {
   return rounded <= options_.chunk_bytes / 2 ? *small_pool_ : *large_pool_;
 }
 
-void* CachingAllocator::Allocate(size_t bytes) {
+int64_t CachingAllocator::Account(size_t bytes) {
+  const auto delta = static_cast<int64_t>(bytes);
+  if (options_.max_allocated_bytes == 0) {
+    return allocated_.fetch_add(delta, std::memory_order_relaxed) + delta;
+  }
+  const auto budget = static_cast<int64_t>(options_.max_allocated_bytes);
+  int64_t before = allocated_.load(std::memory_order_relaxed);
+  do {
+    if (before + delta > budget) return -1;
+  } while (!allocated_.compare_exchange_weak(before, before + delta, std::memory_order_relaxed));
+  return before + delta;
+}
+
+void CachingAllocator::NotePeak(int64_t allocated) {
+  int64_t peak = peak_allocated_.load(std::memory_order_relaxed);
+  while (allocated > peak &&
+         !peak_allocated_.compare_exchange_weak(peak, allocated, std::memory_order_relaxed)) {
+  }
+}
+
+void CachingAllocator::ThrowOverBudget(size_t bytes) const {
+  const auto held = static_cast<size_t>(allocated_.load(std::memory_order_relaxed));
+  throw OutOfMemory(
+      fmt::format("allocating {} bytes would hold {} bytes, over the memory budget of {} bytes",
+                  bytes, held + bytes, options_.max_allocated_bytes));
+}
+
+void* CachingAllocator::Allocate(size_t bytes) { return AllocateBlock(bytes)->ptr; }
+
+CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
   ValidateAllocationSize(bytes, name());
   const size_t rounded = RoundUp(bytes, kRound);
   MutexLock lock(&mu_);
-  if (options_.max_allocated_bytes != 0 &&
-      static_cast<size_t>(recorder_.stats().allocated_bytes) + bytes >
-          options_.max_allocated_bytes) {
-    throw OutOfMemory(
-        fmt::format("allocating {} bytes would hold {} bytes, over the memory budget of {} bytes",
-                    bytes, static_cast<size_t>(recorder_.stats().allocated_bytes) + bytes,
-                    options_.max_allocated_bytes));
+  const int64_t allocated = Account(bytes);
+  if (allocated < 0) ThrowOverBudget(bytes);
+  Block* block = nullptr;
+  try {
+    // Everything that could allocate happens first, so a failure leaves no half-made change.
+    arena_->Reserve(2);
+    live_->ReserveOneMore();
+    Pool& pool = PoolFor(rounded);
+    block = pool.FindBestFit(rounded);
+    if (block != nullptr) {
+      pool.Remove(block);
+    } else {
+      block = MapChunk(pool, rounded, bytes);
+    }
+    Split(pool, block, rounded);
+  } catch (...) {
+    allocated_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    throw;
   }
-  // Everything that could allocate happens first, so a failure leaves no half-made change.
-  arena_->Reserve(2);
-  live_->ReserveOneMore();
-  Pool& pool = PoolFor(rounded);
-  Block* block = pool.FindBestFit(rounded);
-  if (block != nullptr) {
-    pool.Remove(block);
-  } else {
-    block = MapChunk(pool, rounded, bytes);
-  }
-  Split(pool, block, rounded);
   block->allocated = true;
-  block->requested = bytes;
+  block->requested.store(bytes, std::memory_order_relaxed);
   live_->Insert(block);
-  recorder_.OnAllocate(static_cast<int64_t>(bytes));
+  NotePeak(allocated);  // only now: a failed request leaves the peak as it was
+  ++num_allocs_;
+  recorder_.RecordEvent(static_cast<int64_t>(bytes), allocated);
+  return block;
+}
+
+CachingAllocator::ThreadCache* CachingAllocator::LocalCache() {
+  // Storages destroyed by thread-local or static objects after this thread's caches are gone
+  // take the locked path.
+  if (local_caches_gone) return nullptr;
+  thread_local LocalCaches local;
+  ThreadCache* cache = local.Find(id_);
+  return cache != nullptr ? cache : local.Make(this);
+}
+
+void* CachingAllocator::AllocateWithToken(size_t bytes, uintptr_t* token) {
+  if (bytes - 1 < kMaxCachedBytes && !timeline_on_.load(std::memory_order_relaxed)) {
+    ThreadCache* cache = LocalCache();
+    if (Block* block = cache != nullptr ? cache->Pop(RoundUp(bytes, kRound)) : nullptr) {
+      const int64_t allocated = Account(bytes);
+      if (allocated < 0) {
+        cache->Push(block);
+        ThrowOverBudget(bytes);
+      }
+      NotePeak(allocated);
+      block->requested.store(bytes, std::memory_order_relaxed);
+      ThreadCache::Bump(cache->num_allocs);
+      *token = reinterpret_cast<uintptr_t>(block);
+      return block->ptr;
+    }
+  }
+  Block* block = AllocateBlock(bytes);
+  *token = reinterpret_cast<uintptr_t>(block);
   return block->ptr;
+}
+
+void CachingAllocator::DeallocateWithToken(void* ptr, size_t bytes, uintptr_t token) {
+  auto* block = reinterpret_cast<Block*>(token);
+  // The token is checked against what it claims; anything else (a wrong size, a double free, a
+  // block not from this path) goes the locked way, which reports it.
+  if (block != nullptr && bytes - 1 < kMaxCachedBytes && block->ptr == ptr &&
+      block->size == RoundUp(bytes, kRound) &&
+      block->requested.load(std::memory_order_relaxed) == bytes &&
+      !timeline_on_.load(std::memory_order_relaxed)) {
+    ThreadCache* cache = LocalCache();
+    if (cache != nullptr && cache->Push(block)) {
+      block->requested.store(0, std::memory_order_relaxed);
+      allocated_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+      ThreadCache::Bump(cache->num_frees);
+      return;
+    }
+  }
+  Deallocate(ptr, bytes);
+}
+
+void CachingAllocator::DrainCache(ThreadCache* cache, bool retire) {
+  while (Block* block = cache->PopAny()) {
+    live_->Erase(block->ptr);
+    FreeBlock(block);
+  }
+  if (!retire) return;
+  num_allocs_ += cache->num_allocs.load(std::memory_order_relaxed);
+  num_frees_ += cache->num_frees.load(std::memory_order_relaxed);
+  std::erase(caches_, cache);
+}
+
+void CachingAllocator::FlushThreadCache() {
+  ThreadCache* cache = LocalCache();
+  if (cache == nullptr) return;
+  MutexLock lock(&mu_);
+  DrainCache(cache, /*retire=*/false);
+}
+
+size_t CachingAllocator::NumThreadCachedBlocks() const {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const Chunk* c = chunks_; c != nullptr; c = c->next) {
+    for (const Block* b = c->first; b != nullptr; b = b->next) {
+      n += b->allocated && b->requested.load(std::memory_order_relaxed) == 0;
+    }
+  }
+  return n;
 }
 
 CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded, size_t requested) {
@@ -385,7 +642,8 @@ CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded, 
     throw OutOfMemory(fmt::format(
         "caching allocator: cannot obtain a chunk of {} bytes for a request of {} bytes: {}; "
         "{} bytes are reserved and {} bytes allocated after returning free chunks",
-        chunk_size, requested, reason, s.reserved_bytes, s.allocated_bytes));
+        chunk_size, requested, reason, s.reserved_bytes,
+        allocated_.load(std::memory_order_relaxed)));
   }
   *chunk =
       Chunk{static_cast<char*>(base), chunk_size, pool.small_pool(), nullptr, nullptr, chunks_};
@@ -393,7 +651,7 @@ CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded, 
   chunks_ = chunk.release();
   ++num_chunks_;
   Block* block = arena_->Take();
-  *block = Block{chunks_->base, chunk_size, 0, chunks_, nullptr, nullptr, nullptr, nullptr, false};
+  block->InitFree(chunks_->base, chunk_size, chunks_, nullptr, nullptr);
   chunks_->first = block;
   recorder_.OnReserve(static_cast<int64_t>(chunk_size));
   return block;
@@ -403,8 +661,7 @@ void CachingAllocator::Split(Pool& pool, Block* block, size_t rounded) {
   const size_t remainder = block->size - rounded;
   if (remainder == 0 || remainder < pool.min_split_remainder()) return;
   Block* rest = arena_->Take();
-  *rest = Block{block->ptr + rounded, remainder, 0,       block->chunk, block,
-                block->next,          nullptr,   nullptr, false};
+  rest->InitFree(block->ptr + rounded, remainder, block->chunk, block, block->next);
   if (block->next != nullptr) block->next->prev = rest;
   block->next = rest;
   block->size = rounded;
@@ -418,18 +675,27 @@ void CachingAllocator::Deallocate(void* ptr, size_t bytes) {
                "caching allocator: Deallocate({}, {} bytes) of a pointer it does not own (never "
                "allocated by this instance, or already freed)",
                fmt::ptr(ptr), bytes);
-  SLUICE_CHECK(block->requested == bytes,
+  const size_t requested = block->requested.load(std::memory_order_relaxed);
+  SLUICE_CHECK(requested != 0,
+               "caching allocator: Deallocate({}, {} bytes) of a block already freed (it is parked "
+               "in a thread's cache)",
+               fmt::ptr(ptr), bytes);
+  SLUICE_CHECK(requested == bytes,
                "caching allocator: Deallocate({}, {} bytes) of a block allocated with {} bytes",
-               fmt::ptr(ptr), bytes, block->requested);
+               fmt::ptr(ptr), bytes, requested);
   live_->Erase(ptr);
-  recorder_.OnFree(static_cast<int64_t>(bytes));
+  const int64_t after =
+      allocated_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed) -
+      static_cast<int64_t>(bytes);
+  ++num_frees_;
+  recorder_.RecordEvent(-static_cast<int64_t>(bytes), after);
   FreeBlock(block);
 }
 
 void CachingAllocator::FreeBlock(Block* block) {
   Pool& pool = block->chunk->small_pool ? *small_pool_ : *large_pool_;
   block->allocated = false;
-  block->requested = 0;
+  block->requested.store(0, std::memory_order_relaxed);
   if (Block* next = block->next; next != nullptr && !next->allocated) {
     pool.Remove(next);
     block->size += next->size;
@@ -479,9 +745,11 @@ void CachingAllocator::UnmapChunks(const std::vector<Chunk*>& chunks) {
 }
 
 size_t CachingAllocator::ReleaseCached() {
+  ThreadCache* cache = LocalCache();
   std::vector<Chunk*> detached;
   {
     MutexLock lock(&mu_);
+    if (cache != nullptr) DrainCache(cache, /*retire=*/false);
     detached = DetachFreeChunks();
   }
   size_t bytes = 0;
@@ -492,17 +760,28 @@ size_t CachingAllocator::ReleaseCached() {
 
 MemoryStats CachingAllocator::Stats() const {
   MutexLock lock(&mu_);
-  return recorder_.stats();
+  MemoryStats stats = recorder_.stats();
+  stats.allocated_bytes = allocated_.load(std::memory_order_relaxed);
+  stats.peak_allocated_bytes = peak_allocated_.load(std::memory_order_relaxed);
+  stats.num_allocs = num_allocs_;
+  stats.num_frees = num_frees_;
+  for (const ThreadCache* cache : caches_) {
+    stats.num_allocs += cache->num_allocs.load(std::memory_order_relaxed);
+    stats.num_frees += cache->num_frees.load(std::memory_order_relaxed);
+  }
+  return stats;
 }
 
 void CachingAllocator::ResetPeak() {
   MutexLock lock(&mu_);
   recorder_.ResetPeak();
+  peak_allocated_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 void CachingAllocator::EnableTimeline(bool on) {
   MutexLock lock(&mu_);
   recorder_.EnableTimeline(on);
+  timeline_on_.store(on, std::memory_order_relaxed);
 }
 
 std::vector<MemoryEvent> CachingAllocator::Timeline() const {
@@ -529,8 +808,8 @@ CachingAllocatorSnapshot CachingAllocator::Snapshot() const {
     chunk.size = c->size;
     chunk.small_pool = c->small_pool;
     for (const Block* b = c->first; b != nullptr; b = b->next) {
-      chunk.blocks.push_back(
-          {static_cast<size_t>(b->ptr - c->base), b->size, b->requested, b->allocated});
+      chunk.blocks.push_back({static_cast<size_t>(b->ptr - c->base), b->size,
+                              b->requested.load(std::memory_order_relaxed), b->allocated});
     }
   }
   return snapshot;
@@ -558,9 +837,10 @@ void CachingAllocator::CheckInvariants() const {
       SLUICE_CHECK(b->next == nullptr || b->next->prev == b, "block links broken");
       if (b->allocated) {
         ++num_allocated;
-        requested += static_cast<int64_t>(b->requested);
-        SLUICE_CHECK(b->requested > 0 && RoundUp(b->requested, kRound) <= b->size,
-                     "allocated block of {} bytes holds a request of {}", b->size, b->requested);
+        const size_t r = b->requested.load(std::memory_order_relaxed);  // 0: parked
+        requested += static_cast<int64_t>(r);
+        SLUICE_CHECK(RoundUp(r, kRound) <= b->size && (r > 0 || b->size <= kMaxCachedBytes),
+                     "allocated block of {} bytes holds a request of {}", b->size, r);
         SLUICE_CHECK(live_->Find(b->ptr) == b, "allocated block {} missing from the live map",
                      fmt::ptr(b->ptr));
       } else {
@@ -579,8 +859,9 @@ void CachingAllocator::CheckInvariants() const {
   const MemoryStats& stats = recorder_.stats();
   SLUICE_CHECK(stats.reserved_bytes == reserved, "reserved_bytes {} != chunk total {}",
                stats.reserved_bytes, reserved);
-  SLUICE_CHECK(stats.allocated_bytes == requested, "allocated_bytes {} != live requests {}",
-               stats.allocated_bytes, requested);
+  const int64_t allocated = allocated_.load(std::memory_order_relaxed);
+  SLUICE_CHECK(allocated == requested, "allocated_bytes {} != live requests {}", allocated,
+               requested);
   for (const Pool* pool : {small_pool_.get(), large_pool_.get()}) {
     size_t listed = 0;
     pool->ForEach([&](int bin, const Block* b) {

@@ -28,18 +28,38 @@
 //   * No heap allocation on the hot path: block descriptors come from a pooled arena and live
 //     pointers are found through an open-addressing hash table; both only grow (rarely) and never
 //     shrink, so a steady state of Allocate/Deallocate allocates nothing.
+//   * Per-thread fast path (AllocateWithToken / DeallocateWithToken, which Storage uses): each
+//     thread keeps, per allocator, a small cache of freed blocks of up to kMaxCachedBytes (64 KiB),
+//     by size class (one per 512 B), at most kThreadCacheDepth blocks a class and
+//     kMaxThreadCacheBytes (256 KiB) in all. A free with its token parks the block in the freeing
+//     thread's cache; an allocation of that class on the thread takes it back — neither takes the
+//     mutex nor touches the bins or the live map. A parked block stays allocated as far as the
+//     chunks are concerned (in the live map, not coalesced) with requested 0; it returns to the
+//     bins when its thread flushes the cache (FlushThreadCache, ReleaseCached from that thread,
+//     thread exit). Blocks may be freed on any thread (the async GC worker, pipeline stages):
+//     whichever thread frees a block parks it. The plain Allocate / Deallocate pair never uses the
+//     caches. The token is the block's descriptor, so a fast free needs no lookup; it is checked
+//     against the pointer and size, and a free that fails the check takes the locked path, which
+//     reports it.
 //
-// Statistics: allocated_bytes is the exact sum of the live requests (not rounded); reserved_bytes
-// is the sum of the mapped chunks. num_os_allocs / num_os_frees count chunk maps and unmaps.
+// Statistics: allocated_bytes is the exact sum of the live requests (not rounded) — parked blocks
+// count as freed — kept with peak_allocated_bytes in atomics that both paths update, so they are
+// exact across threads at every moment; reserved_bytes is the sum of the mapped chunks. num_allocs
+// / num_frees count both paths. num_os_allocs / num_os_frees count chunk maps and unmaps. While the
+// timeline is on (EnableTimeline), every call takes the locked path, so every event is recorded.
 //
 // Thread-safety: all methods may be called from any thread at the same time. One mutex, mu_, guards
-// all mutable state (the fields say GUARDED_BY(mu_), the helpers that need it REQUIRES(mu_); clang
-// checks both). mmap runs under the lock (growth is rare and mapping without touching is cheap);
-// ReleaseCached() unmaps outside it, the out-of-memory retry in Allocate under it.
+// the chunks, bins and live map (the fields say GUARDED_BY(mu_), the helpers that need it
+// REQUIRES(mu_); clang checks both). mmap runs under the lock (growth is rare and mapping without
+// touching is cheap); ReleaseCached() unmaps outside it, the out-of-memory retry in Allocate under
+// it. A thread cache is touched only by its thread, except when the thread exits or the allocator
+// is destroyed: those two meet under one process-wide registry lock (taken before mu_), so a
+// cache is flushed into a live allocator or dropped with a dead one, never both.
 //
 // Invariants (checked by CheckInvariants()):
 //   * the blocks of a chunk tile it with no gap or overlap, and no two free blocks are adjacent;
-//   * every free block is in exactly the bin of its size, every allocated block in the live map;
+//   * every free block is in exactly the bin of its size, every allocated block (held by a caller
+//     or parked in a thread cache) in the live map;
 //   * allocated_bytes == sum of live requests; reserved_bytes == sum of chunk sizes.
 //
 // Errors: Allocate throws InvalidArgument for 0 bytes or above kMaxAllocationBytes, and
@@ -57,6 +77,7 @@
 //   alloc.ReleaseCached();                      // unmaps the chunk; Stats().reserved_bytes == 0
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -86,7 +107,7 @@ struct CachingAllocatorSnapshot {
   struct Block {
     size_t offset;           // from the chunk's base
     size_t size;             // bytes the block spans (a multiple of kRoundBytes)
-    size_t requested_bytes;  // what the caller asked for; 0 when the block is free
+    size_t requested_bytes;  // what the caller asked for; 0 when free or parked in a thread cache
     bool allocated;
   };
   struct Chunk {
@@ -101,6 +122,10 @@ struct CachingAllocatorSnapshot {
 class CachingAllocator final : public Allocator {
  public:
   static constexpr size_t kRoundBytes = 512;
+  // Per-thread fast path limits (see the top).
+  static constexpr size_t kMaxCachedBytes = size_t{64} << 10;
+  static constexpr int kThreadCacheDepth = 4;
+  static constexpr size_t kMaxThreadCacheBytes = size_t{256} << 10;
 
   // Throws InvalidArgument when the options are not as documented above.
   explicit CachingAllocator(CachingAllocatorOptions options = {});
@@ -112,6 +137,9 @@ class CachingAllocator final : public Allocator {
 
   void* Allocate(size_t bytes) override;
   void Deallocate(void* ptr, size_t bytes) override;
+  // The per-thread fast path (see the top); errors as Allocate / Deallocate.
+  void* AllocateWithToken(size_t bytes, uintptr_t* token) override;
+  void DeallocateWithToken(void* ptr, size_t bytes, uintptr_t token) override;
   MemoryStats Stats() const override;
   void ResetPeak() override;
   void EnableTimeline(bool on) override;
@@ -120,9 +148,14 @@ class CachingAllocator final : public Allocator {
   // A free goes back into a bin (tens of ns); memory returns to the OS only in ReleaseCached().
   FreeCost free_cost() const override { return FreeCost::kCheap; }
 
-  // Returns every completely free chunk to the OS. Chunks holding an allocated block stay.
+  // Returns the calling thread's cached blocks to the bins, then every completely free chunk to
+  // the OS. Chunks holding an allocated block, or one parked in another thread's cache, stay.
   // Returns the number of bytes unmapped.
   size_t ReleaseCached();
+  // Returns the calling thread's cached blocks (of this allocator) to the bins.
+  void FlushThreadCache();
+  // Blocks parked in thread caches now (for tests).
+  size_t NumThreadCachedBlocks() const;
 
   // Introspection (each takes the lock; cheap except Snapshot and CheckInvariants, which walk
   // every block).
@@ -135,13 +168,27 @@ class CachingAllocator final : public Allocator {
   const CachingAllocatorOptions& options() const { return options_; }
 
  private:
-  struct Block;      // a span of a chunk, allocated or free (defined in the .cc)
-  struct Chunk;      // one OS mapping
-  class Pool;        // free blocks of one pool in size-class bins
-  class BlockMap;    // pointer -> allocated Block, open addressing
-  class BlockArena;  // pooled storage for Block descriptors
+  struct Block;       // a span of a chunk, allocated or free (defined in the .cc)
+  struct Chunk;       // one OS mapping
+  class Pool;         // free blocks of one pool in size-class bins
+  class BlockMap;     // pointer -> allocated Block, open addressing
+  class BlockArena;   // pooled storage for Block descriptors
+  class ThreadCache;  // one thread's parked blocks of this allocator
+  class LocalCaches;  // one thread's caches, of every allocator it used
 
   Pool& PoolFor(size_t rounded) REQUIRES(mu_);
+  // The locked path of Allocate: the block handed out.
+  Block* AllocateBlock(size_t bytes) EXCLUDES(mu_);
+  // The calling thread's cache of this allocator, made (and registered) on first use; nullptr
+  // when the thread has too many allocators' caches already.
+  ThreadCache* LocalCache();
+  // Returns a cache's blocks to the bins; with `retire`, also folds its counters in and forgets it.
+  void DrainCache(ThreadCache* cache, bool retire) REQUIRES(mu_);
+  // allocated_bytes += bytes and returns the new value, unless that would pass
+  // max_allocated_bytes (then -1, unchanged). The caller raises the peak once the request holds.
+  int64_t Account(size_t bytes);
+  void NotePeak(int64_t allocated);
+  [[noreturn]] void ThrowOverBudget(size_t bytes) const;
   Block* MapChunk(Pool& pool, size_t rounded, size_t requested) REQUIRES(mu_);
   void Split(Pool& pool, Block* block, size_t rounded) REQUIRES(mu_);
   void FreeBlock(Block* block) REQUIRES(mu_);
@@ -158,7 +205,17 @@ class CachingAllocator final : public Allocator {
   std::unique_ptr<BlockArena> arena_ GUARDED_BY(mu_);  // spare Block descriptors
   Chunk* chunks_ GUARDED_BY(mu_) = nullptr;            // all chunks, intrusive list
   size_t num_chunks_ GUARDED_BY(mu_) = 0;
+  // Reserved bytes, OS calls and the timeline; allocated bytes are the atomics below.
   MemoryStatsRecorder recorder_ GUARDED_BY(mu_);
+  std::vector<ThreadCache*> caches_ GUARDED_BY(mu_);  // live thread caches of this allocator
+  int64_t num_allocs_ GUARDED_BY(mu_) = 0;            // locked path, plus retired caches' counts
+  int64_t num_frees_ GUARDED_BY(mu_) = 0;
+
+  // Updated by both paths without mu_: exact sums in one modification order.
+  std::atomic<int64_t> allocated_{0};
+  std::atomic<int64_t> peak_allocated_{0};
+  std::atomic<bool> timeline_on_{false};  // mirrors the recorder's: the fast path stands aside
+  const uint64_t id_;                     // unique per instance, never reused (thread caches' key)
 };
 
 }  // namespace sluice

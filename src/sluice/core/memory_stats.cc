@@ -50,8 +50,9 @@ void MemoryStatsRecorder::EnableTimeline(bool on) {
   timeline_.clear();
 }
 
-void MemoryStatsRecorder::Record(int64_t delta) {
-  timeline_.push_back({NowNs() - origin_ns_, delta, stats_.allocated_bytes, current_tag});
+void MemoryStatsRecorder::RecordEvent(int64_t delta_bytes, int64_t allocated_after) {
+  if (!timeline_on_) return;
+  timeline_.push_back({NowNs() - origin_ns_, delta_bytes, allocated_after, current_tag});
 }
 
 }  // namespace sluice

@@ -67,6 +67,10 @@ class MemoryStatsRecorder {
 
   void OnAllocate(int64_t requested_bytes);
   void OnFree(int64_t requested_bytes);
+  // For an owner that counts allocated bytes itself (CachingAllocator: atomics, so that its
+  // per-thread fast path needs no lock): the timeline event of an allocation (delta > 0) or a free
+  // (delta < 0), given allocated_bytes after it. Touches no counter.
+  void RecordEvent(int64_t delta_bytes, int64_t allocated_after);
   void OnReserve(int64_t bytes);    // memory obtained from the OS
   void OnUnreserve(int64_t bytes);  // memory returned to the OS
 
@@ -78,7 +82,7 @@ class MemoryStatsRecorder {
   const std::vector<MemoryEvent>& timeline() const { return timeline_; }
 
  private:
-  void Record(int64_t delta);
+  void Record(int64_t delta) { RecordEvent(delta, stats_.allocated_bytes); }
 
   MemoryStats stats_;
   bool timeline_on_ = false;

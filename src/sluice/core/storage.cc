@@ -8,14 +8,15 @@ std::shared_ptr<Storage> Storage::Create(Allocator& allocator, size_t nbytes) {
   // The Storage and its reference count in one heap block (make_shared): the only heap allocation
   // of a tensor besides the allocator's. A local class may call the private constructor.
   struct Made final : Storage {
-    Made(Allocator* allocator, void* data, size_t nbytes)
-        : Storage(allocator, data, nbytes, /*owns=*/true) {}
+    Made(Allocator* allocator, void* data, size_t nbytes, uintptr_t token)
+        : Storage(allocator, data, nbytes, /*owns=*/true, token) {}
   };
-  void* data = nbytes > 0 ? allocator.Allocate(nbytes) : nullptr;
+  uintptr_t token = 0;
+  void* data = nbytes > 0 ? allocator.AllocateWithToken(nbytes, &token) : nullptr;
   try {
-    return std::make_shared<Made>(&allocator, data, nbytes);
+    return std::make_shared<Made>(&allocator, data, nbytes, token);
   } catch (...) {
-    if (data != nullptr) allocator.Deallocate(data, nbytes);
+    if (data != nullptr) allocator.DeallocateWithToken(data, nbytes, token);
     throw;
   }
 }
@@ -23,7 +24,7 @@ std::shared_ptr<Storage> Storage::Create(Allocator& allocator, size_t nbytes) {
 std::shared_ptr<Storage> Storage::Borrowed(Allocator& allocator, size_t nbytes) {
   struct Made final : Storage {
     Made(Allocator* allocator, size_t nbytes)
-        : Storage(allocator, nullptr, nbytes, /*owns=*/false) {}
+        : Storage(allocator, nullptr, nbytes, /*owns=*/false, /*token=*/0) {}
   };
   return std::make_shared<Made>(&allocator, nbytes);
 }
@@ -34,7 +35,7 @@ void Storage::Rebind(void* data) {
 }
 
 Storage::~Storage() {
-  if (owns_ && data_ != nullptr) allocator_->Deallocate(data_, nbytes_);
+  if (owns_ && data_ != nullptr) allocator_->DeallocateWithToken(data_, nbytes_, token_);
 }
 
 }  // namespace sluice

@@ -44,12 +44,13 @@ class Storage {
   void Rebind(void* data);
 
  private:
-  Storage(Allocator* allocator, void* data, size_t nbytes, bool owns)
-      : allocator_(allocator), data_(data), nbytes_(nbytes), owns_(owns) {}
+  Storage(Allocator* allocator, void* data, size_t nbytes, bool owns, uintptr_t token)
+      : allocator_(allocator), data_(data), nbytes_(nbytes), token_(token), owns_(owns) {}
 
   Allocator* allocator_;
   void* data_;
   size_t nbytes_;
+  uintptr_t token_;  // from Allocator::AllocateWithToken, handed back when freeing
   bool owns_;
 };
 

@@ -230,6 +230,31 @@ TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
   other["format"] = "something else";
   EXPECT_NE(error(other).find("\"format\""), std::string::npos);
   EXPECT_NE(error(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
+  // A format of another type, counts that are not integers or out of range, costs so large that
+  // the replay's sums would overflow: each an error naming the entry, never a type error or a
+  // replay that stalls on infinite clocks.
+  nlohmann::json format_number = good;
+  format_number["format"] = 1;
+  EXPECT_NE(error(format_number).find("\"format\" must be"), std::string::npos)
+      << error(format_number);
+  nlohmann::json fractional = good;
+  fractional["stages"] = 1.5;
+  EXPECT_NE(error(fractional).find("\"stages\" is 1.5: it must be an integer from 1 to 32767"),
+            std::string::npos)
+      << error(fractional);
+  nlohmann::json huge_stages = good;
+  huge_stages["stages"] = 1e308;
+  EXPECT_NE(error(huge_stages).find("it must be an integer"), std::string::npos);
+  nlohmann::json huge_bytes = good;
+  huge_bytes["messages"]["bytes"] = uint64_t{1} << 63;
+  EXPECT_NE(error(huge_bytes).find("\"messages\" \"bytes\" is 9223372036854775808"),
+            std::string::npos)
+      << error(huge_bytes);
+  nlohmann::json huge_cost = good;
+  huge_cost["ranks"][0]["chunks"][0]["backward_ms"] = 1e308;
+  EXPECT_NE(error(huge_cost).find("\"backward_ms\" is 1e+308: it must be a number from 0 to 1e+09"),
+            std::string::npos)
+      << error(huge_cost);
 }
 
 // Costs that differ per rank and chunk, with the given message costs; `zero_forward` makes every

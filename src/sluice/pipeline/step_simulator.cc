@@ -20,6 +20,8 @@ namespace {
 constexpr double kNone = -1;  // no message for this slot: nothing to wait for
 constexpr double kPending = std::numeric_limits<double>::infinity();  // posted, not yet matched
 constexpr const char* kFormat = "sluice-step-costs/1";
+// The most one cost may be, in ms (11.6 days): a replay sums millions of them.
+constexpr double kMaxCostMs = 1e9;
 
 double Median(std::vector<int64_t> v) {
   if (v.empty()) return 0;
@@ -627,7 +629,8 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     return InvalidArgument(fmt::format("{}: {} {}", source, where, what));
   };
   if (!j.is_object()) throw bad("the file", "is not a JSON object (a costs file of --profile-out)");
-  if (j.value("format", std::string()) != kFormat) {
+  if (!j.contains("format") || !j["format"].is_string() ||
+      j["format"].get_ref<const std::string&>() != kFormat) {
     throw bad("\"format\"", fmt::format("must be \"{}\" (a file written by sluice train "
                                         "--profile-out)",
                                         kFormat));
@@ -637,8 +640,10 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     const nlohmann::json& v = obj[key];
     if (!v.is_number()) throw bad(where, fmt::format("\"{}\" is not a number", key));
     const double d = v.get<double>();
-    if (!(d >= 0) || !std::isfinite(d)) {
-      throw bad(where, fmt::format("\"{}\" is {}: it must be a finite number ≥ 0", key, v.dump()));
+    // Bounded so that the replay's sums of millions of them stay finite.
+    if (!(d >= 0 && d <= kMaxCostMs)) {
+      throw bad(where, fmt::format("\"{}\" is {}: it must be a number from 0 to {:g}", key,
+                                   v.dump(), kMaxCostMs));
     }
     return d;
   };
@@ -646,11 +651,21 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
   auto optional = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
     return obj.contains(key) ? number(obj, key, where) : 0.0;
   };
+  auto integer = [&](const nlohmann::json& obj, const char* key, const std::string& where,
+                     int64_t least, int64_t most) {
+    if (!obj.contains(key)) throw bad(where, fmt::format("has no \"{}\"", key));
+    const nlohmann::json& v = obj[key];
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(most)) ||
+        v.get<int64_t>() < least || v.get<int64_t>() > most) {
+      throw bad(where, fmt::format("\"{}\" is {}: it must be an integer from {} to {}", key,
+                                   v.dump(), least, most));
+    }
+    return v.get<int64_t>();
+  };
   StepCosts c;
   c.source = source;
-  c.stages = static_cast<int>(number(j, "stages", "the file"));
-  c.chunks = static_cast<int>(number(j, "chunks", "the file"));
-  if (c.stages < 1 || c.chunks < 1) throw bad("the file", "must have stages ≥ 1 and chunks ≥ 1");
+  c.stages = static_cast<int>(integer(j, "stages", "the file", 1, kMaxStages));
+  c.chunks = static_cast<int>(integer(j, "chunks", "the file", 1, kMaxChunks));
   if (!j.contains("split_backward") || !j["split_backward"].is_boolean()) {
     throw bad("the file", "has no boolean \"split_backward\"");
   }
@@ -697,7 +712,7 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
   if (!j.contains("messages") || !j["messages"].is_object()) {
     throw bad("the file", "has no \"messages\" object");
   }
-  c.message_bytes = static_cast<int64_t>(number(j["messages"], "bytes", "\"messages\""));
+  c.message_bytes = integer(j["messages"], "bytes", "\"messages\"", 0, int64_t{1} << 53);
   c.post_ms = number(j["messages"], "post_ms", "\"messages\"");
   c.copy_ms = number(j["messages"], "copy_ms", "\"messages\"");
   c.wake_ms = optional(j["messages"], "wake_ms", "\"messages\"");

@@ -427,9 +427,13 @@ TEST(PipelineEngine, TraceHasATrackAndAMemoryCounterPerStage) {
   ASSERT_TRUE(in) << path;
   const nlohmann::json trace = nlohmann::json::parse(in);
   std::set<std::string> processes;
-  std::map<int, int> forwards, backwards, counters;
+  std::map<int, int> forwards, backwards, counters, sends;
   for (const auto& e : trace.at("traceEvents")) {
     const int pid = e.at("pid");
+    // Every span runs forward in time, the sends' too (their ends were once read before their
+    // beginnings: two clock reads as arguments of one call, in either order).
+    if (e.at("ph") == "X") EXPECT_GE(e.at("dur").get<double>(), 0) << e.dump();
+    if (e.at("ph") == "X" && e.at("name").get<std::string>().starts_with("SEND_")) ++sends[pid];
     if (e.at("ph") == "M" && e.at("name") == "process_name")
       processes.insert(e.at("args").at("name"));
     if (e.at("ph") == "X" && e.at("name").get<std::string>().starts_with("F")) ++forwards[pid];
@@ -441,6 +445,8 @@ TEST(PipelineEngine, TraceHasATrackAndAMemoryCounterPerStage) {
     EXPECT_EQ(forwards[pid], 4) << "stage "
                                 << pid - 1;  // one F per micro-batch, the last step only
     EXPECT_EQ(backwards[pid], 4) << "stage " << pid - 1;
+    // SEND_F to the next stage, SEND_B to the previous one, per micro-batch.
+    EXPECT_EQ(sends[pid], 4 * ((pid > 1) + (pid < 4))) << "stage " << pid - 1;
     EXPECT_GT(counters[pid], 0) << "stage " << pid - 1;
   }
 }

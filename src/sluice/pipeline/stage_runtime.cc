@@ -281,6 +281,7 @@ class StageRuntime::StepRun {
   void Execute(const Action& a) {
     const Chunk& ch = rt_.program->chunk(a.chunk);
     MicroBatch& mb = Mb(a.chunk, a.micro_batch);
+    int64_t begin = 0;  // a send's span: the post (Isend), copy included when the peer was first
     switch (a.kind) {
       case ActionKind::kRecvF:
         mb.recv_f = Post(
@@ -292,6 +293,7 @@ class StageRuntime::StepRun {
         break;
       case ActionKind::kSendF:
         if (!mb.output.defined()) throw NothingToSend("output", "its forward");
+        begin = NowNs();
         mb.send_f = Post(
             [&] {
               return comm_.Isend(mb.output, a.peer,
@@ -299,7 +301,7 @@ class StageRuntime::StepRun {
             },
             rt_.Message(VirtualStage(a.chunk) + 1, a.micro_batch, 0), /*send=*/true);
         sending_.push_back(a.chunk * rt_.M + a.micro_batch);
-        Span("SEND_F", a, NowNs(), NowNs());
+        Span("SEND_F", a, begin, NowNs());
         break;
       case ActionKind::kRecvB:
         mb.recv_b = Post(
@@ -311,6 +313,7 @@ class StageRuntime::StepRun {
         break;
       case ActionKind::kSendB:
         if (!mb.input_grad.defined()) throw NothingToSend("input gradient", "its backward");
+        begin = NowNs();
         mb.send_b = Post(
             [&] {
               return comm_.Isend(mb.input_grad, a.peer,
@@ -318,7 +321,7 @@ class StageRuntime::StepRun {
             },
             rt_.Message(VirtualStage(a.chunk) - 1, a.micro_batch, 1), /*send=*/true);
         mb.input_grad = Tensor();  // the send holds it until completion, then it is freed
-        Span("SEND_B", a, NowNs(), NowNs());
+        Span("SEND_B", a, begin, NowNs());
         break;
       case ActionKind::kForward:
         Forward(a, ch, mb);

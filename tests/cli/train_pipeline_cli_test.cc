@@ -218,6 +218,24 @@ TEST_F(TrainPipelineCli, BadLayoutsNameTheProblem) {
           "stages: 2 per rank, listed in model order"));
 }
 
+// `sluice train --stages P` without --microbatches runs: the fewest micro-batches the schedule
+// takes that divide --batch (8 here), not 1, which every schedule but gpipe refuses.
+TEST_F(TrainPipelineCli, WithoutMicrobatchesAPipelineRunsTheFewestItsScheduleTakes) {
+  for (const auto& [args, expected] :
+       std::vector<std::pair<std::string, int>>{{"--layers 4 --stages 4", 4},
+                                                {"--layers 3 --stages 3", 4},
+                                                {"--layers 8 --stages 4 --schedule zb-v", 8},
+                                                {"--layers 4 --stages 2 --schedule interleaved", 2},
+                                                {"--layers 4 --stages 2 --schedule auto", 2}}) {
+    const nlohmann::json summary = Summary(TrainMetrics(args, "m.jsonl", 1));
+    EXPECT_EQ(summary["pipeline"]["micro_batches"], expected) << args << "\n" << summary.dump();
+  }
+  // None divides the batch: the schedule's own error with the count it would have had.
+  EXPECT_THAT(Refused("--layers 4 --stages 3 --schedule interleaved"),
+              HasSubstr("interleaved: the micro-batch count must be a multiple of the stage count "
+                        "(M=1, P=3)"));
+}
+
 TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
   const std::string gpt = "--layers 4 --microbatches 4";
   EXPECT_THAT(Refused(gpt + " --stages 4 --schedule bogus"), HasSubstr("unknown schedule 'bogus'"));

@@ -567,6 +567,23 @@ std::string ErrorOf(const ScheduleOptions& o) {
   return "(no error)";
 }
 
+// Without --microbatches a pipeline runs the fewest micro-batches that divide the batch, are at
+// least P and that the schedule accepts.
+TEST(Schedules, DefaultMicroBatchesAreTheFewestTheScheduleRunsThatDivideTheBatch) {
+  using K = ScheduleKind;
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kOneFOneB, .stages = 4}, 32), 4);
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kOneFOneB, .stages = 4}, 6), 6);
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kOneFOneB, .stages = 3}, 8), 4);
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kGPipe, .stages = 2}, 7), 7);         // a prime batch
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kZeroBubbleV, .stages = 4}, 32), 8);  // ≥ 2P − 1
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kInterleaved, .stages = 3}, 12), 3);
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kInterleaved, .stages = 3}, 8), std::nullopt);
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kOneFOneB, .stages = 4}, 3), std::nullopt);
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kZeroBubbleV, .stages = 2, .chunks = 3}, 8),
+            std::nullopt);  // no count makes 3 chunks V-shaped
+  EXPECT_EQ(DefaultMicroBatches({.kind = K::kOneFOneB, .stages = 1}, 36), 1);
+}
+
 TEST(Schedules, ImpossibleRequestsNameTheFix) {
   EXPECT_THAT(
       ErrorOf({.kind = ScheduleKind::kOneFOneB, .stages = 4, .micro_batches = 2}),

@@ -56,11 +56,12 @@ struct TrainArgs {
   // Memory: a budget per stage (step/memory_budget.h) that picks the recompute policies (and, with
   // --schedule auto, the schedule) before training.
   std::string memory_budget;
-  bool recompute_given = false;    // --recompute or --no-recompute on the command line
-  std::string format = "table";    // sluice plan and simulate: table or json
-  std::vector<std::string> costs;  // sluice simulate: costs files of --profile-out
-  std::string compare;             // sluice simulate: schedules to rank
-  int cores = 0;                   // sluice simulate: cores the stage threads share (0: one each)
+  bool recompute_given = false;     // --recompute or --no-recompute on the command line
+  bool microbatches_given = false;  // --microbatches on the command line
+  std::string format = "table";     // sluice plan and simulate: table or json
+  std::vector<std::string> costs;   // sluice simulate: costs files of --profile-out
+  std::string compare;              // sluice simulate: schedules to rank
+  int cores = 0;                    // sluice simulate: cores the stage threads share (0: one each)
 };
 
 // "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
@@ -426,6 +427,16 @@ void Configure(TrainArgs& a) {
                                         EnumNames(pipeline::kPartitionKindNames, " or ")));
     }
     a.pipe.partition = *partition;
+    if (!a.microbatches_given) {
+      // --schedule auto: 1f1b's count; a schedule that needs more is skipped naming why. Each of
+      // D replicas takes its rows of every micro-batch, so M divides the batch D times over.
+      const int64_t D = a.data_parallel;
+      if (auto m = pipeline::DefaultMicroBatches(
+              {.kind = a.pipe.schedule, .stages = a.pipe.stages, .chunks = a.pipe.chunks},
+              D >= 1 && c.batch % D == 0 ? c.batch / D : c.batch)) {
+        c.microbatches = *m;
+      }
+    }
     a.pipe.release_outputs = a.release_outputs;
     if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
     a.pipe.fault.compute_sleep_ns = static_cast<int64_t>(a.compute_sleep_ms * 1e6);
@@ -509,8 +520,10 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--classes", c.mlp.classes, "mlp: classes")->capture_default_str();
   sub.add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
   sub.add_option("--batch", c.batch, "sequences per step")->capture_default_str();
-  sub.add_option("--microbatches", c.microbatches, "micro-batches per step (gradient accumulation)")
-      ->capture_default_str();
+  auto* microbatches = sub.add_option(
+      "--microbatches", c.microbatches,
+      "micro-batches per step (gradient accumulation; default 1, with a pipeline the fewest its "
+      "schedule runs with, at least --stages, that divide --batch)");
   sub.add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
   sub.add_option("--lr", c.optimizer.lr, "peak learning rate")->capture_default_str();
   sub.add_option("--lr-schedule", a->schedule, "constant or cosine")->capture_default_str();
@@ -620,7 +633,7 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
   auto finish = [a, sched, chunks, partition, layout, release, ahead, timeout, trace, profile,
-                 fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr] {
+                 fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr, microbatches] {
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;
@@ -629,6 +642,7 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       a->pipeline = a->pipeline || o->count() > 0;
     }
     a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
+    a->microbatches_given = microbatches->count() > 0;
     if (!(a->compute_sleep_ms >= 0 && a->compute_sleep_ms <= 60'000)) {
       throw InvalidArgument(
           fmt::format("--inject-compute-ms must be in [0, 60000] ms, got {}", a->compute_sleep_ms));

@@ -602,6 +602,30 @@ bool PostsReceivesAhead(const ScheduleOptions& options) {
   return options.post_receives_ahead.value_or(false);
 }
 
+std::optional<int> DefaultMicroBatches(const ScheduleOptions& options, int64_t batch) {
+  std::vector<int64_t> divisors;  // of batch, ascending, from P on
+  for (int64_t d = 1; d <= batch / d; ++d) {
+    if (batch % d != 0) continue;
+    for (int64_t x : {d, batch / d}) {
+      if (x >= options.stages && x <= std::numeric_limits<int>::max()) divisors.push_back(x);
+      if (d == batch / d) break;
+    }
+  }
+  std::ranges::sort(divisors);
+  const int V = ChunksOf(options);
+  for (int64_t m : divisors) {
+    ScheduleOptions o = options;
+    o.micro_batches = static_cast<int>(m);
+    try {
+      CheckRequest(o, V);
+      return o.micro_batches;
+    } catch (const InvalidArgument&) {
+      // the schedule does not run with m: try the next divisor
+    }
+  }
+  return std::nullopt;
+}
+
 Schedule MakeSchedule(const ScheduleOptions& options) {
   const int V = ChunksOf(options);
   CheckRequest(options, V);

@@ -136,6 +136,13 @@ bool IsVShaped(ScheduleKind kind);
 // linear in the actions: 8 bytes held per action.
 Schedule MakeSchedule(const ScheduleOptions& options);
 
+// The micro-batch count a pipeline runs with when the user gives none: the fewest that divide
+// `batch` (every micro-batch the same size), are at least P (fewer leave every stage idle for
+// most of the step) and that the schedule accepts (MakeSchedule's rules: M ≥ 2P − 1 for zb-v, a
+// multiple of P for interleaved). nullopt when no divisor of `batch` qualifies — MakeSchedule's
+// error with the user's count then says what to change.
+std::optional<int> DefaultMicroBatches(const ScheduleOptions& options, int64_t batch);
+
 // The peak number of chunk-micro-batches on `rank` whose F has run and whose B has not (what
 // InFlightPeaks in schedule_analysis.h measures from the action lists):
 //   gpipe M;  1f1b and zb-h1 min(P−s, M);  zb-h2 min(2(P−s)−1, M);

@@ -43,6 +43,26 @@ class SimulateCli : public CliTest {
     EXPECT_NE(r.status, 0) << args;
     return r.err;
   }
+  // The tests with injected computes assume the sleeps dominate: every F, B and W of `profile`
+  // spends under a tenth of `inject_ms` computing (CPU time, which a sleep does not count). A
+  // sanitizer or Debug build computes 50–100 times slower, and the schedules' times then differ
+  // by what the model computes, not by their structure. Returns why not, or "" when they do.
+  static std::string SleepsDoNotDominate(const nlohmann::json& profile, double inject_ms) {
+    for (const nlohmann::json& rank : profile["ranks"]) {
+      for (const nlohmann::json& chunk : rank["chunks"]) {
+        for (const char* key : {"forward_cpu_ms", "backward_cpu_ms", "weight_cpu_ms"}) {
+          const double cpu = chunk[key].get<double>();
+          if (cpu >= inject_ms / 10) {
+            return fmt::format(
+                "{} is {:.1f} ms of CPU against {} ms injected: this build "
+                "computes too slowly for the sleeps to dominate",
+                key, cpu, inject_ms);
+          }
+        }
+      }
+    }
+    return "";
+  }
 };
 
 TEST_F(SimulateCli, UnitCostsGiveTheTheoryBubble) {
@@ -222,6 +242,7 @@ TEST_F(SimulateCli, CompareRanksTheSchedulesAsTheirRunsMeasure) {
     ASSERT_EQ(r.status, 0) << r.err;
     std::ifstream in(path);
     const nlohmann::json file = nlohmann::json::parse(in);
+    if (const std::string why = SleepsDoNotDominate(file, 40); !why.empty()) GTEST_SKIP() << why;
     measured[schedule] = file["measured"]["step_ms"].get<double>();  // median of 4 steps
     costs[schedule] = path;
     // The sleep is in the profile: every F costs at least 40 ms.
@@ -266,7 +287,9 @@ TEST_F(SimulateCli, PredictedBubbleOfEveryScheduleIsTheMeasuredOne) {
                                "timeout 300");
     ASSERT_EQ(r.status, 0) << r.err;
     std::ifstream in(path);
-    const nlohmann::json measured = nlohmann::json::parse(in)["measured"];
+    const nlohmann::json profile = nlohmann::json::parse(in);
+    if (const std::string why = SleepsDoNotDominate(profile, 20); !why.empty()) GTEST_SKIP() << why;
+    const nlohmann::json& measured = profile["measured"];
     const nlohmann::json predicted = Simulate(fmt::format("{} --costs {}", job, path));
     ASSERT_EQ(predicted["stages"].size(), 2u);
     for (int stage = 0; stage < 2; ++stage) {

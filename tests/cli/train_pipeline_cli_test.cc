@@ -236,6 +236,23 @@ TEST_F(TrainPipelineCli, WithoutMicrobatchesAPipelineRunsTheFewestItsScheduleTak
                         "(M=1, P=3)"));
 }
 
+// Fewer layers than stages and no --partition: balanced, embed and head on stages of their own;
+// --partition uniform asked for is still refused naming the fixes.
+TEST_F(TrainPipelineCli, FewerLayersThanStagesSplitBalancedUnlessUniformIsAskedFor) {
+  const nlohmann::json summary = Summary(TrainMetrics("--layers 2 --stages 4", "m.jsonl", 1));
+  EXPECT_EQ(summary["pipeline"]["layout"], "embed|h.0|h.1|head") << summary.dump();
+  EXPECT_EQ(Summary(TrainMetrics("--layers 4 --stages 4", "u.jsonl", 1))["pipeline"]["layout"],
+            "embed,h.0|h.1|h.2|h.3,head");  // enough layers: uniform, as before
+  EXPECT_THAT(Refused("--layers 2 --stages 4 --partition uniform"),
+              HasSubstr("use --partition balanced (embed and head may take a stage of their own), "
+                        "name the layers of each stage with --layout, or give the model --layers "
+                        "4 or more"));
+  EXPECT_THAT(Refused("--layers 2 --stages 5"),
+              HasSubstr("the model has 2 layers for 5 virtual stages (--stages × --chunks): give "
+                        "the model --layers 5 or more (3 with --partition balanced: embed and head "
+                        "may take a stage of their own), or use fewer stages"));
+}
+
 TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
   const std::string gpt = "--layers 4 --microbatches 4";
   EXPECT_THAT(Refused(gpt + " --stages 4 --schedule bogus"), HasSubstr("unknown schedule 'bogus'"));

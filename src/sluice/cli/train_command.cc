@@ -58,6 +58,7 @@ struct TrainArgs {
   std::string memory_budget;
   bool recompute_given = false;     // --recompute or --no-recompute on the command line
   bool microbatches_given = false;  // --microbatches on the command line
+  bool partition_given = false;     // --partition on the command line
   std::string format = "table";     // sluice plan and simulate: table or json
   std::vector<std::string> costs;   // sluice simulate: costs files of --profile-out
   std::string compare;              // sluice simulate: schedules to rank
@@ -427,6 +428,15 @@ void Configure(TrainArgs& a) {
                                         EnumNames(pipeline::kPartitionKindNames, " or ")));
     }
     a.pipe.partition = *partition;
+    const int64_t virtual_stages =
+        int64_t{a.pipe.stages} *
+        pipeline::ChunksOf({.kind = a.pipe.schedule, .chunks = a.pipe.chunks});
+    if (!a.partition_given && c.model == "gpt" && c.gpt.layers < virtual_stages &&
+        c.gpt.layers + 2 >= virtual_stages) {
+      // Uniform puts a layer on every virtual stage; balanced may give embed and head their own.
+      // With fewer units than that still, uniform's error names the layers either would need.
+      a.pipe.partition = pipeline::PartitionKind::kBalanced;
+    }
     if (!a.microbatches_given) {
       // --schedule auto: 1f1b's count; a schedule that needs more is skipped naming why. Each of
       // D replicas takes its rows of every micro-batch, so M divides the batch D times over.
@@ -599,9 +609,10 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   auto* chunks = sub.add_option(
       "--chunks", a->pipe.chunks,
       "model chunks per stage V (interleaved, zb-v, v-half, v-min: 2; 0: the default)");
-  auto* partition = sub.add_option("--partition", a->partition,
-                                   "split the layers uniform or balanced (by estimated cost)")
-                        ->capture_default_str();
+  auto* partition = sub.add_option(
+      "--partition", a->partition,
+      "split the layers uniform or balanced (by estimated cost; embed and head may take a stage "
+      "of their own). Default: uniform, balanced when the model has fewer layers than stages");
   auto* layout = sub.add_option(
       "--layout", a->pipe.layout,
       "explicit layers per stage, stages separated by |, e.g. \"embed,h.0-1|h.2-3,head\"");
@@ -643,6 +654,7 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
     }
     a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
     a->microbatches_given = microbatches->count() > 0;
+    a->partition_given = partition->count() > 0;
     if (!(a->compute_sleep_ms >= 0 && a->compute_sleep_ms <= 60'000)) {
       throw InvalidArgument(
           fmt::format("--inject-compute-ms must be in [0, 60000] ms, got {}", a->compute_sleep_ms));

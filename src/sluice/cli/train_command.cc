@@ -24,6 +24,7 @@
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/pipeline/schedule_analysis.h"
 #include "sluice/pipeline/step_simulator.h"
+#include "sluice/step/config_checks.h"
 #include "sluice/step/memory_budget.h"
 #include "sluice/train/trainer.h"
 
@@ -437,7 +438,8 @@ void Configure(TrainArgs& a) {
       // With fewer units than that still, uniform's error names the layers either would need.
       a.pipe.partition = pipeline::PartitionKind::kBalanced;
     }
-    if (!a.microbatches_given) {
+    // Out of range, the batch is refused by ValidateTrainConfig before anything is built.
+    if (!a.microbatches_given && c.batch >= 1 && c.batch <= kMaxBatch) {
       // --schedule auto: 1f1b's count; a schedule that needs more is skipped naming why. Each of
       // D replicas takes its rows of every micro-batch, so M divides the batch D times over.
       const int64_t D = a.data_parallel;

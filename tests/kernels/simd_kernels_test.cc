@@ -254,6 +254,51 @@ TYPED_TEST(SimdKernels, OptimizerUpdatesMatchTheReferences) {
   });
 }
 
+// The equal-shapes rows of kernels/binary.h: one IEEE operation per element, so the bits of the
+// scalar loop on every target — special values (zeros of both signs, infinities, NaN, subnormals,
+// division by zero) included, in every position of a vector and of the tail.
+TYPED_TEST(SimdKernels, BinaryRowsAreBitwiseTheScalarLoop) {
+  using T = TypeParam;
+  const T inf = std::numeric_limits<T>::infinity();
+  const T specials[] = {T(0),
+                        T(-0.0),
+                        inf,
+                        -inf,
+                        std::numeric_limits<T>::quiet_NaN(),
+                        std::numeric_limits<T>::denorm_min(),
+                        T(1),
+                        T(-3)};
+  ForEachTarget([&] {
+    for (int64_t n : kLengths) {
+      std::vector<T> a = Random<T>(n, 15), b = Random<T>(n, 16);
+      for (int64_t i = 0; i < n; ++i) {
+        if (i % 3 == 0) a[i] = specials[(i / 3) % 8];
+        if (i % 5 == 0) b[i] = specials[(i / 5 + 3) % 8];
+      }
+      const SimdRowKernels<T>& k = Simd<T>();
+      const struct {
+        const char* name;
+        void (*row)(const T*, const T*, T*, int64_t);
+        T (*scalar)(T, T);
+      } ops[] = {{"add", k.add, [](T x, T y) { return x + y; }},
+                 {"sub", k.sub, [](T x, T y) { return x - y; }},
+                 {"mul", k.mul, [](T x, T y) { return x * y; }},
+                 {"div", k.div, [](T x, T y) { return x / y; }}};
+      for (const auto& op : ops) {
+        std::vector<T> fast(n), ref(n);
+        op.row(a.data(), b.data(), fast.data(), n);
+        for (int64_t i = 0; i < n; ++i) ref[i] = op.scalar(a[i], b[i]);
+        EXPECT_EQ(std::memcmp(fast.data(), ref.data(), n * sizeof(T)), 0) << op.name << " n=" << n;
+      }
+      // In place: out is a.
+      std::vector<T> in_place = a, ref(n);
+      k.add(in_place.data(), b.data(), in_place.data(), n);
+      for (int64_t i = 0; i < n; ++i) ref[i] = a[i] + b[i];
+      EXPECT_EQ(std::memcmp(in_place.data(), ref.data(), n * sizeof(T)), 0) << "add in place";
+    }
+  });
+}
+
 TEST(SimdTargets, AnUnknownTargetIsAnErrorNamingTheAvailableOnes) {
   try {
     ForceSimdTarget("NO_SUCH_ISA");

@@ -6,7 +6,9 @@
 // (PlanBroadcast: [B, T, C] + [C] becomes rows [B·T] × [C]; two equal shapes become one flat
 // axis), then runs the innermost axis as a tight vectorizable loop in one of four forms — both
 // operands advancing, or one of them (or both) held fixed — and advances the outer axes with a
-// running multi-index. No index arithmetic per element, whatever the broadcasting pattern. Chunks
+// running multi-index. No index arithmetic per element, whatever the broadcasting pattern. Two
+// equal shapes under +, −, ·, / skip the plan and run as one flat row of Highway's widest vectors
+// (simd_kernels.h: bitwise the scalar loop's results, one IEEE operation per element). Chunks
 // of rows (or of the one flat row) run on the intra-op threads (kernels/parallel.h); every element
 // is computed alone, so results do not depend on the thread count.
 //
@@ -14,11 +16,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <type_traits>
 
 #include "sluice/core/tensor.h"
 #include "sluice/kernels/broadcast.h"
 #include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
 
@@ -90,6 +95,23 @@ inline void BinaryRow(const T* __restrict a, int64_t a_step, const T* __restrict
   }
 }
 
+// The runtime-dispatched row of f over two advancing operands (simd_kernels.h), or nullptr when f
+// has none.
+template <typename T, typename F>
+auto SimdBinaryRow() -> void (*)(const T*, const T*, T*, int64_t) {
+  if constexpr (std::is_same_v<F, std::plus<>>) {
+    return Simd<T>().add;
+  } else if constexpr (std::is_same_v<F, std::minus<>>) {
+    return Simd<T>().sub;
+  } else if constexpr (std::is_same_v<F, std::multiplies<>>) {
+    return Simd<T>().mul;
+  } else if constexpr (std::is_same_v<F, std::divides<>>) {
+    return Simd<T>().div;
+  } else {
+    return nullptr;
+  }
+}
+
 template <typename T, typename F>
 void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const T* pa = a.data<T>();
@@ -98,6 +120,13 @@ void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const int64_t total = out.numel();
   if (total == 0) return;
   if (a.shape() == out.shape() && b.shape() == out.shape()) {  // equal shapes: no plan to make
+    if (const auto row = SimdBinaryRow<T, F>(); row != nullptr) {
+      if (total <= kChunkElements) return row(pa, pb, po, total);  // one chunk: no ParallelFor
+      ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
+        row(pa + begin, pb + begin, po + begin, end - begin);
+      });
+      return;
+    }
     ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
       BinaryRow<T>(pa + begin, 1, pb + begin, 1, po + begin, end - begin, f);
     });

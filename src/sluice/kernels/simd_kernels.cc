@@ -385,6 +385,60 @@ void GeluGrad(const T* dy, const T* x, T* dx, int64_t n) {
   });
 }
 
+// ---- elementwise binary ----
+
+struct AddOp {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Add(a, b);
+  }
+};
+struct SubOp {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Sub(a, b);
+  }
+};
+struct MulOp {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Mul(a, b);
+  }
+};
+struct DivOp {
+  template <class V>
+  HWY_INLINE V operator()(V a, V b) const {
+    return hn::Div(a, b);
+  }
+};
+
+// out = op(a, b) over n elements; four vectors a step (the rows of the dispatch chain are short:
+// 64 floats are two steps of AVX2), then single vectors, then a padded tail. One IEEE operation
+// per element, so every target gives the scalar loop's bits.
+template <typename T, class Op>
+void Binary(const T* a, const T* b, T* out, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const Op op;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + 4 * lanes <= n; j += 4 * lanes) {
+    const auto r0 = op(hn::LoadU(d, a + j), hn::LoadU(d, b + j));
+    const auto r1 = op(hn::LoadU(d, a + j + lanes), hn::LoadU(d, b + j + lanes));
+    const auto r2 = op(hn::LoadU(d, a + j + 2 * lanes), hn::LoadU(d, b + j + 2 * lanes));
+    const auto r3 = op(hn::LoadU(d, a + j + 3 * lanes), hn::LoadU(d, b + j + 3 * lanes));
+    hn::StoreU(r0, d, out + j);
+    hn::StoreU(r1, d, out + j + lanes);
+    hn::StoreU(r2, d, out + j + 2 * lanes);
+    hn::StoreU(r3, d, out + j + 3 * lanes);
+  }
+  for (; j + lanes <= n; j += lanes)
+    hn::StoreU(op(hn::LoadU(d, a + j), hn::LoadU(d, b + j)), d, out + j);
+  if (j < n) {
+    const size_t c = static_cast<size_t>(n - j);
+    StorePart(d, op(LoadPart(d, a + j, c, T(1)), LoadPart(d, b + j, c, T(1))), out + j, c);
+  }
+}
+
 // ---- optimizer updates ----
 
 template <typename T>
@@ -446,6 +500,10 @@ const SimdRowKernels<T>* Table() {
       .gelu_grad = GeluGrad<T>,
       .adamw = AdamW<T>,
       .sgd = Sgd<T>,
+      .add = Binary<T, AddOp>,
+      .sub = Binary<T, SubOp>,
+      .mul = Binary<T, MulOp>,
+      .div = Binary<T, DivOp>,
   };
   return &table;
 }

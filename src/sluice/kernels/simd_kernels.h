@@ -1,5 +1,5 @@
 // Runtime-dispatched SIMD row kernels (Google Highway): the vector code behind the *Fast kernels
-// of softmax.h, layer_norm.h, cross_entropy.h, unary.h and optimizer.h.
+// of softmax.h, layer_norm.h, cross_entropy.h, unary.h, optimizer.h and binary.h (equal shapes).
 //
 // simd_kernels.cc is compiled once per instruction set that Highway targets on the machine's
 // architecture (x86-64: AVX-512 "AVX3", AVX2+FMA "AVX2", "SSE4" and the one-lane portable
@@ -22,6 +22,8 @@
 //         harness's tolerance). The lane count, and so the rounding, depends on the target: results
 //         are bitwise reproducible on one machine, not across instruction sets.
 //   adamw, sgd: elementwise, the fast kernels' formulas exactly (no sums to reorder).
+//   add, sub, mul, div: one IEEE operation per element, so bitwise equal to the scalar loop on
+//         every target.
 //
 // Thread-safety: the table is immutable; kernels are plain functions over caller-owned memory, and
 // calls on disjoint outputs may run concurrently. ForceSimdTarget is for tests and benchmarks: it
@@ -86,6 +88,11 @@ struct SimdRowKernels {
   // d = g + weight_decay·p; with momentum: buf = momentum·buf + d, d = buf; p = p − lr·d.
   void (*sgd)(T* param, const T* grad, T* momentum_buf, int64_t n, T weight_decay, T momentum,
               T lr);
+  // out = a ∘ b over n elements (the equal-shapes case of kernels/binary.h); out may be a or b.
+  void (*add)(const T* a, const T* b, T* out, int64_t n);
+  void (*sub)(const T* a, const T* b, T* out, int64_t n);
+  void (*mul)(const T* a, const T* b, T* out, int64_t n);
+  void (*div)(const T* a, const T* b, T* out, int64_t n);
 };
 
 // The table of the target in use (T = float or double).

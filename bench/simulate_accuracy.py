@@ -12,12 +12,23 @@ and per-stage bubble (medians over the steps after the first). Then:
 Timing depends on the machine: the accuracy targets (±10% step time, ±0.03 bubble) are for one
 core per stage thread on a quiet machine; the script prints the load average beside its figures.
 
+With --draws N, each schedule is also predicted from its own costs by N replays of costs drawn from
+the profile's recorded computes (`sluice simulate --draws N`), both draw modes: "steps" (draw d
+replays recorded step d, every compute its own micro-batch's time in that step) and "computes"
+(every compute drawn at random from its rank, chunk and kind), beside the replay of medians. The
+"steps" replay with one draw per recorded step is also compared step by step with the run: each
+recorded step's replay against that step's measured span and bubbles (what the model misses
+when it has every compute's own time).
+
 With --cores N, each schedule is also predicted from its own costs with the stage threads sharing
 N cores (`sluice simulate --cores`: computes wait for a free core and cost their CPU time) — the
 model of an oversubscribed run such as P = 4 on 2 cores.
 
 Usage: /usr/bin/python3 bench/simulate_accuracy.py [--build build] [--stages 2] [--steps 30]
        [--microbatches 8] [--schedules gpipe,1f1b,zb-h1,zb-h2,interleaved] [--cores N]
+"self" and "cross" are what `sluice simulate` predicts by default: the mean of draws of the recorded
+computes where a profile recorded them (docs/simulator.md), the replay of the medians otherwise.
+
 Prints a table and one JSON line.
 """
 import argparse
@@ -44,6 +55,8 @@ def main():
     p.add_argument("--schedules", default="gpipe,1f1b,zb-h1,zb-h2,interleaved")
     p.add_argument("--cores", type=int, default=0,
                    help="also predict with the stage threads sharing this many cores (simulate --cores)")
+    p.add_argument("--draws", type=int, default=0,
+                   help="also predict by this many draws of the recorded computes (simulate --draws)")
     p.add_argument("--model", default="--layers 4 --dim 128 --heads 4 --seq 64 --vocab 256 --batch 16",
                    help="model options of sluice train")
     a = p.parse_args()
@@ -64,9 +77,67 @@ def main():
         with open(path) as f:
             measured[s] = json.load(f)["measured"]
 
-    def simulate(schedule, costs_files, cores=0):
+    def simulate(schedule, costs_files, cores=0, extra=""):
         args = " ".join(f"--costs {c}" for c in costs_files)
-        return json.loads(run(f"{sluice} simulate {job} --schedule {schedule} {args} --cores {cores} --format json"))
+        return json.loads(run(f"{sluice} simulate {job} --schedule {schedule} {args} --cores {cores} "
+                              f"{extra} --format json"))
+
+    def median(v):
+        v = sorted(v)
+        n = len(v)
+        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+    def drawn(s, mode, draws, m):
+        """Errors of a prediction by draws: of the draws' mean and of their median."""
+        j = simulate(s, [costs[s]], extra=f"--draws {draws} --draw-mode {mode}")
+        mb = m["stage_bubble"]
+        d = j["drawn"]
+        med_step = median([x["step_ms"] for x in d])
+        med_bubble = [median([x["stage_bubble"][i] for x in d]) for i in range(len(mb))]
+        return {"step_ms": j["step_ms"], "error": j["step_ms"] / m["step_ms"] - 1,
+                "bubble_error": max(abs(st["bubble"] - b) for st, b in zip(j["stages"], mb)),
+                "bubble_signed": [st["bubble"] - b for st, b in zip(j["stages"], mb)],
+                "median_error": med_step / m["step_ms"] - 1,
+                "median_bubble_error": max(abs(p - b) for p, b in zip(med_bubble, mb)),
+                # the standard error of the draws' mean step, relative: how far another seed moves it
+                "mean_step_stderr": (sum((x["step_ms"] - j["step_ms"]) ** 2 for x in d) / (len(d) - 1)) ** 0.5
+                / len(d) ** 0.5 / j["step_ms"] if len(d) > 1 else 0}
+
+    def means(s, m):
+        """The replay of the recorded computes' means instead of their medians (no draws)."""
+        with open(costs[s]) as f:
+            c = json.load(f)
+        rec = c.pop("steps", [])
+        if not rec:
+            return None
+        for r, rank in enumerate(c["ranks"]):
+            for v, ch in enumerate(rank["chunks"]):
+                for key in ("forward_ms", "backward_ms", "weight_ms"):
+                    x = [y for st in rec for y in st["ranks"][r]["chunks"][v][key]]
+                    ch[key] = sum(x) / len(x)
+            for key in ("optimizer_ms", "update_ms"):
+                rank[key] = sum(st["ranks"][r][key] for st in rec) / len(rec)
+        path = os.path.join(work, f"{s}.means.json")
+        with open(path, "w") as f:
+            json.dump(c, f)
+        j = simulate(s, [path])
+        mb = m["stage_bubble"]
+        return {"step_ms": j["step_ms"], "error": j["step_ms"] / m["step_ms"] - 1,
+                "bubble_error": max(abs(st["bubble"] - b) for st, b in zip(j["stages"], mb))}
+
+    def per_step(s):
+        """Each recorded step replayed with its own computes beside what the run measured of it."""
+        with open(costs[s]) as f:
+            rec = json.load(f).get("steps", [])
+        if not rec:
+            return None
+        j = simulate(s, [costs[s]], extra=f"--draws {len(rec)} --draw-mode steps")
+        span_err = [d["makespan_ms"] / r["span_ms"] - 1 for d, r in zip(j["drawn"], rec)]
+        bub_err = [p - b for d, r in zip(j["drawn"], rec) for p, b in zip(d["stage_bubble"], r["stage_bubble"])]
+        return {"steps": len(rec), "span_error_mean": sum(span_err) / len(span_err),
+                "span_error_median": median(span_err),
+                "bubble_error_mean": sum(bub_err) / len(bub_err),
+                "bubble_error_abs_mean": sum(abs(x) for x in bub_err) / len(bub_err)}
 
     rows = []
     shared = [costs["zb-h1"]] if "zb-h1" in costs else []
@@ -78,6 +149,14 @@ def main():
         m = measured[s]
         mb = m["stage_bubble"]
         on_cores = simulate(s, [costs[s]], a.cores)["step_ms"] if a.cores else None
+        if a.draws:
+            rows_draws = {mode: drawn(s, mode, a.draws, m) for mode in ("steps", "computes")}
+            med = simulate(s, [costs[s]], extra="--draws 0")
+            rows_draws["medians"] = {
+                "step_ms": med["step_ms"], "error": med["step_ms"] / m["step_ms"] - 1,
+                "bubble_error": max(abs(st["bubble"] - b) for st, b in zip(med["stages"], m["stage_bubble"]))}
+            rows_draws["per_step"] = per_step(s)
+            rows_draws["means"] = means(s, m)
         rows.append({
             "schedule": s, "measured_step_ms": m["step_ms"],
             "self_step_ms": own["step_ms"], "self_error": own["step_ms"] / m["step_ms"] - 1,
@@ -86,7 +165,10 @@ def main():
             "measured_bubble": mb, "self_bubble": [st["bubble"] for st in own["stages"]],
             "shared_cores_step_ms": on_cores,
             "shared_cores_error": on_cores / m["step_ms"] - 1 if on_cores else None,
+            "self_bubble_signed": [st["bubble"] - b for st, b in zip(own["stages"], mb)],
         })
+        if a.draws:
+            rows[-1]["draws"] = rows_draws
     load_after = os.getloadavg()[0]
 
     by_measure = [r["schedule"] for r in sorted(rows, key=lambda r: r["measured_step_ms"])]
@@ -100,6 +182,24 @@ def main():
               f"{100 * r['self_error']:>6.1f}% {r['self_bubble_error']:>10.3f} {r['cross_step_ms']:>9.3f} "
               f"{100 * r['cross_error']:>6.1f}%" +
               (f" {r['shared_cores_step_ms']:>12.3f} {100 * r['shared_cores_error']:>6.1f}%" if a.cores else ""))
+    if a.draws:
+        print(f"{a.draws} draws of the recorded computes (mean of draws; median of draws in brackets):")
+        print(f"{'schedule':<12} {'medians err':>11} {'bubble':>7} {'steps err':>16} {'bubble':>14} "
+              f"{'computes err':>16} {'bubble':>14} {'per-step span err':>17} {'bubble':>7} "
+              f"{'means err':>9} {'bubble':>7}")
+        for r in rows:
+            d = r["draws"]
+            ps = d["per_step"]
+            md = d["medians"]
+            cells = [f"{100 * md['error']:>10.1f}% {md['bubble_error']:>7.3f}"]
+            for mode in ("steps", "computes"):
+                x = d[mode]
+                cells.append(f"{100 * x['error']:>6.1f}% ({100 * x['median_error']:>5.1f}%) "
+                             f"{x['bubble_error']:>6.3f} ({x['median_bubble_error']:.3f})")
+            cells.append(f"{100 * ps['span_error_mean']:>16.1f}% {ps['bubble_error_mean']:>+7.3f}" if ps else "-")
+            mn = d["means"]
+            cells.append(f"{100 * mn['error']:>8.1f}% {mn['bubble_error']:>7.3f}" if mn else "-")
+            print(f"{r['schedule']:<12} " + " ".join(cells))
     print(f"ranking measured: {', '.join(by_measure)}")
     print(f"ranking predicted from one profile: {', '.join(by_cross)}")
     print(json.dumps({"bench": "simulate_accuracy", "stages": a.stages, "microbatches": a.microbatches,

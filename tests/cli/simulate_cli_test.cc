@@ -120,10 +120,54 @@ TEST_F(SimulateCli, ProfiledCostsDriveTheSimulationAndMemoryIsThePlans) {
   for (nlohmann::json& rank : computes_only["ranks"]) rank["overhead_ms"] = 0;
   const std::string computes = (dir_ / "computes_only.json").string();
   std::ofstream(computes) << computes_only.dump();
+  // (The replay of the medians: --draws 0.)
   const nlohmann::json split =
-      Simulate(fmt::format("{} --schedule zb-h1 --costs {}", kJob, computes));
-  const nlohmann::json one = Simulate(fmt::format("{} --schedule 1f1b --costs {}", kJob, computes));
+      Simulate(fmt::format("{} --schedule zb-h1 --costs {} --draws 0", kJob, computes));
+  const nlohmann::json one =
+      Simulate(fmt::format("{} --schedule 1f1b --costs {} --draws 0", kJob, computes));
   EXPECT_GE(one["bubble"].get<double>(), split["bubble"].get<double>());
+}
+
+// A profile records every compute of its steps after the warm-up; `sluice simulate` replays
+// kDefaultDraws (64) draws of them and gives their mean, each draw's own figures beside it
+// (`--draws N` sets how many, 0 replays the medians; `--draw-mode steps` replays recorded step d
+// in draw d). A costs file without recorded steps (an older profile's) simulates its medians, and
+// is refused for draws asked for, naming why; so are draws with shared cores.
+TEST_F(SimulateCli, DrawsReplayTheProfilesRecordedComputes) {
+  const std::string costs = Profile("1f1b");
+  std::ifstream in(costs);
+  const nlohmann::json file = nlohmann::json::parse(in);
+  ASSERT_EQ(file["steps"].size(), 2u);  // 3 steps, the first warms up
+  for (const nlohmann::json& rank : file["steps"][1]["ranks"]) {
+    ASSERT_EQ(rank["chunks"][0]["forward_ms"].size(), 4u);  // M = 4
+    for (const nlohmann::json& f : rank["chunks"][0]["forward_ms"]) EXPECT_GT(f.get<double>(), 0);
+  }
+  EXPECT_GT(file["steps"][0]["span_ms"].get<double>(), 0);
+
+  const std::string job = fmt::format("{} --schedule 1f1b --costs {}", kJob, costs);
+  const nlohmann::json j = Simulate(job);
+  EXPECT_EQ(j["draws"], 64);
+  ASSERT_EQ(j["drawn"].size(), 64u);
+  double sum = 0;
+  for (const nlohmann::json& d : j["drawn"]) sum += d["step_ms"].get<double>();
+  EXPECT_NEAR(j["step_ms"].get<double>(), sum / 64, 1e-9);
+  EXPECT_EQ(Simulate(job)["step_ms"], j["step_ms"]);  // the same draws every time
+  const nlohmann::json steps = Simulate(job + " --draws 3 --draw-mode steps");
+  ASSERT_EQ(steps["drawn"].size(), 3u);
+  EXPECT_EQ(steps["drawn"][0], steps["drawn"][2]);  // draw 2 replays recorded step 0 again
+  const nlohmann::json medians = Simulate(job + " --draws 0");
+  EXPECT_EQ(medians["draws"], 0);
+  EXPECT_FALSE(medians.contains("drawn"));
+
+  nlohmann::json old = file;
+  old.erase("steps");
+  const std::string old_path = (dir_ / "old.json").string();
+  std::ofstream(old_path) << old.dump();
+  const std::string old_job = fmt::format("{} --schedule 1f1b --costs {}", kJob, old_path);
+  EXPECT_EQ(Simulate(old_job)["draws"], 0);
+  EXPECT_EQ(Simulate(old_job)["step_ms"], medians["step_ms"]);
+  EXPECT_NE(Error(old_job + " --draws 3").find("no recorded steps"), std::string::npos);
+  EXPECT_NE(Error(job + " --draws 3 --cores 1").find("shared cores"), std::string::npos);
 }
 
 TEST_F(SimulateCli, RefusesCostsThatDoNotMatch) {

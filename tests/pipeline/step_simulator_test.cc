@@ -325,6 +325,189 @@ TEST(StepSimulator, RankByRankReplayGivesTheEventOrderedTimesExactly) {
   }
 }
 
+// `costs` with `steps` recorded steps: every compute of step k costs its median times
+// scale(k, micro-batch) — the medians' costs when scale is 1.
+template <typename Scale>
+StepCosts WithRecordedSteps(StepCosts costs, int steps, int micro_batches, Scale scale) {
+  costs.micro_batches = micro_batches;
+  for (int k = 0; k < steps; ++k) {
+    RecordedStep& rec = costs.recorded.emplace_back();
+    rec.stage_bubble.assign(costs.stages, 0);
+    for (const RankCosts& r : costs.ranks) {
+      RecordedStep::Rank& rank = rec.ranks.emplace_back();
+      rank.optimizer_ms = r.optimizer_ms;
+      rank.update_ms = r.update_ms;
+      for (const ChunkCosts& c : r.chunks) {
+        RecordedStep::Chunk& ch = rank.chunks.emplace_back();
+        for (int m = 0; m < micro_batches; ++m) {
+          ch.forward_ms.push_back(c.forward_ms * scale(k, m));
+          ch.backward_ms.push_back(c.backward_ms * scale(k, m));
+          ch.weight_ms.push_back(c.weight_ms * scale(k, m));
+        }
+      }
+    }
+  }
+  return costs;
+}
+
+// A draw of mode kSteps replays one recorded step, every compute its own micro-batch's time:
+// draw k's makespan is the replay of medians equal to step k's costs; the prediction is the mean.
+TEST(StepSimulator, DrawsOfRecordedStepsReplayEachStepWithItsOwnComputes) {
+  const Schedule s =
+      FromText({.micro_batches = 1,
+                .ranks = {"F0 SEND_F0>1 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}});
+  const StepCosts c = WithRecordedSteps(HandCosts(), 2, 1, [](int k, int) { return k + 1.0; });
+  StepCosts doubled = HandCosts();
+  for (RankCosts& r : doubled.ranks) {
+    for (ChunkCosts& ch : r.chunks) {
+      ch.forward_ms *= 2;
+      ch.backward_ms *= 2;
+      ch.weight_ms *= 2;
+    }
+  }
+  const StepPrediction p = SimulateStep(s, c, {.draws = 2, .draw_mode = DrawMode::kSteps});
+  ASSERT_EQ(p.draws.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.draws[0].makespan_ms, 12.1);  // HandCosts' own, by hand above
+  EXPECT_DOUBLE_EQ(p.draws[1].makespan_ms, SimulateStep(s, doubled).makespan_ms);
+  EXPECT_GT(p.draws[1].makespan_ms, 12.1);
+  EXPECT_NEAR(p.makespan_ms, (p.draws[0].makespan_ms + p.draws[1].makespan_ms) / 2, 1e-12);
+  EXPECT_NEAR(p.step_ms, p.makespan_ms + 1, 1e-12);
+  EXPECT_NEAR(p.ranks[0].idle_ms, p.makespan_ms - p.ranks[0].busy_ms, 1e-12);
+  EXPECT_EQ(p.draws[0].stage_bubble.size(), 2u);
+  // A third draw takes the first step again.
+  EXPECT_DOUBLE_EQ(
+      SimulateStep(s, c, {.draws = 3, .draw_mode = DrawMode::kSteps}).draws[2].makespan_ms, 12.1);
+}
+
+// Computes that vary make waits at every hand-off: over draws of costs whose every compute
+// averages its median, the mean makespan is at least the medians' (a replay is a maximum of
+// sums — E[max] ≥ max E), and above it here. Recorded costs that do not vary give the medians'
+// replay in either mode. Draws are deterministic: the same seed, the same draws.
+TEST(StepSimulator, DrawsOfVaryingComputesPredictLongerStepsThanTheirMedians) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 4, .micro_batches = 8});
+  StepCosts base = UnevenCosts(s, 0, 0, false);
+  const StepPrediction medians = SimulateStep(s, base);
+  for (DrawMode mode : {DrawMode::kSteps, DrawMode::kComputes}) {
+    const StepCosts steady = WithRecordedSteps(base, 3, 8, [](int, int) { return 1.0; });
+    const StepPrediction same = SimulateStep(s, steady, {.draws = 5, .draw_mode = mode});
+    EXPECT_NEAR(same.makespan_ms, medians.makespan_ms, 1e-9);
+    EXPECT_NEAR(same.ranks[2].bubble, medians.ranks[2].bubble, 1e-12);
+    // Step k, micro-batch m: 0.5 or 1.5 times the median, half of each in every step.
+    const StepCosts varying =
+        WithRecordedSteps(base, 4, 8, [](int k, int m) { return (k + m) % 2 ? 1.5 : 0.5; });
+    const StepPrediction drawn = SimulateStep(s, varying, {.draws = 4, .draw_mode = mode});
+    EXPECT_GT(drawn.makespan_ms, medians.makespan_ms * 1.01);
+    const StepPrediction again = SimulateStep(s, varying, {.draws = 4, .draw_mode = mode});
+    EXPECT_EQ(again.makespan_ms, drawn.makespan_ms);
+    // The replay in event order agrees with the replay rank by rank on drawn costs too.
+    const StepPrediction reference =
+        SimulateStep(s, varying, {.in_event_order = true, .draws = 4, .draw_mode = mode});
+    for (int d = 0; d < 4; ++d)
+      EXPECT_EQ(reference.draws[d].makespan_ms, drawn.draws[d].makespan_ms);
+  }
+  const StepCosts varying =
+      WithRecordedSteps(base, 4, 8, [](int k, int m) { return (k * 8 + m) % 3 ? 1.5 : 0.25; });
+  EXPECT_NE(SimulateStep(s, varying, {.draws = 4, .draw_mode = DrawMode::kComputes, .seed = 1})
+                .makespan_ms,
+            SimulateStep(s, varying, {.draws = 4, .draw_mode = DrawMode::kComputes, .seed = 2})
+                .makespan_ms);
+}
+
+// Draws need recorded steps (a costs file of an older profile, or of an MPI run, has medians
+// only) and a core per rank; each refusal says why. A schedule of more micro-batches than were
+// recorded draws micro-batch m's costs from m mod M.
+TEST(StepSimulator, DrawsNeedRecordedStepsAndACorePerRank) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 4});
+  StepCosts c = UnitCosts(s);
+  c.source = "old.json";
+  try {
+    SimulateStep(s, c, {.draws = 2});
+    ADD_FAILURE() << "draws without recorded steps";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("old.json: no recorded steps"), std::string::npos)
+        << e.what();
+  }
+  c = WithRecordedSteps(c, 2, 2, [](int, int) { return 1.0; });
+  EXPECT_THROW(SimulateStep(s, c, {.cores = 1, .draws = 2}), InvalidArgument);
+  EXPECT_NEAR(SimulateStep(s, c, {.draws = 2}).makespan_ms, SimulateStep(s, c).makespan_ms, 1e-9);
+}
+
+// The recorded steps round-trip through a costs file; a file without them still reads (it
+// predates them); a broken entry is an error naming the step, stage, chunk and micro-batch.
+TEST(StepSimulator, RecordedStepsRoundTripAndTheirErrorsNameTheEntry) {
+  const StepCosts c =
+      WithRecordedSteps(HandCosts(), 2, 3, [](int k, int m) { return k + m + 1.0; });
+  const nlohmann::json file = nlohmann::json::parse(CostsToJson(c).dump());
+  const StepCosts back = CostsFromJson(file, "file");
+  ASSERT_EQ(back.recorded.size(), 2u);
+  EXPECT_EQ(back.micro_batches, 3);
+  EXPECT_DOUBLE_EQ(back.recorded[1].ranks[1].chunks[0].backward_ms[2], 4.0 * 4);
+  EXPECT_DOUBLE_EQ(back.recorded[0].ranks[0].update_ms, 0.2);
+  nlohmann::json old = file;
+  old.erase("steps");
+  EXPECT_TRUE(CostsFromJson(old, "old.json").recorded.empty());
+  auto error = [](const nlohmann::json& j) {
+    try {
+      CostsFromJson(j, "costs.json");
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  nlohmann::json negative = file;
+  negative["steps"][1]["ranks"][0]["chunks"][0]["forward_ms"][2] = -1;
+  EXPECT_NE(error(negative).find("costs.json: steps[1] stage 0 chunk 0 \"forward_ms\"[2] is -1"),
+            std::string::npos)
+      << error(negative);
+  nlohmann::json ragged = file;
+  ragged["steps"][1]["ranks"][1]["chunks"][0]["weight_ms"].erase(0);
+  EXPECT_NE(error(ragged).find("steps[1] stage 1 chunk 0 \"weight_ms\" has 2 entries, the first "
+                               "step's 3"),
+            std::string::npos)
+      << error(ragged);
+  nlohmann::json no_ranks = file;
+  no_ranks["steps"][0].erase("ranks");
+  EXPECT_NE(error(no_ranks).find("steps[0] must have \"ranks\""), std::string::npos)
+      << error(no_ranks);
+}
+
+// The profiler records each step's computes by micro-batch (the order they ran in does not
+// matter), the step's span and its bubbles — the first kMaxRecordedSteps steps.
+TEST(StepSimulator, ProfilerRecordsEveryComputeByMicroBatch) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kZeroBubbleH1, .stages = 2, .micro_batches = 2});
+  CostProfiler profiler(s, nlohmann::json::object());
+  for (int k = 0; k < kMaxRecordedSteps + 3; ++k) {
+    std::vector<StageStep> steps(2);
+    for (int r = 0; r < 2; ++r) {
+      steps[r].begin_ns = r * 1'000'000;
+      steps[r].wall_ns = 10'000'000;
+      steps[r].busy_ns = 5'000'000;
+      for (int m : {1, 0}) {  // micro-batch 1 first
+        for (int kind = 0; kind < 3; ++kind) {
+          steps[r].computes[kind].push_back(
+              {.chunk = 0, .micro_batch = m, .wall_ns = (kind + 1) * 1'000'000 + m * 100'000 + r});
+        }
+      }
+      steps[r].computes[3].push_back({.wall_ns = 300'000});
+      steps[r].computes[4].push_back({.wall_ns = 400'000});
+    }
+    profiler.Add(steps, 12'000'000);
+  }
+  const StepCosts c = profiler.Costs();
+  ASSERT_EQ(c.recorded.size(), static_cast<size_t>(kMaxRecordedSteps));
+  EXPECT_EQ(c.micro_batches, 2);
+  const RecordedStep& step = c.recorded[0];
+  EXPECT_DOUBLE_EQ(step.span_ms, 11);
+  EXPECT_DOUBLE_EQ(step.step_ms, 12);
+  EXPECT_DOUBLE_EQ(step.stage_bubble[1], 6.0 / 11);
+  EXPECT_DOUBLE_EQ(step.ranks[1].chunks[0].forward_ms[1], 1.100001);
+  EXPECT_DOUBLE_EQ(step.ranks[0].chunks[0].weight_ms[0], 3);
+  EXPECT_DOUBLE_EQ(step.ranks[0].update_ms, 0.4);
+}
+
 // Shared cores: with one core for two ranks nothing overlaps, so the makespan is every compute's
 // CPU time in a row plus the posts and copies that sit between them on the critical path; with a
 // core per rank the model is the one above.

@@ -64,6 +64,9 @@ struct TrainArgs {
   std::vector<std::string> costs;   // sluice simulate: costs files of --profile-out
   std::string compare;              // sluice simulate: schedules to rank
   int cores = 0;                    // sluice simulate: cores the stage threads share (0: one each)
+  int draws = -1;                   // sluice simulate: replays of recorded costs (0: medians;
+                                    // -1: kDefaultDraws where the costs recorded steps)
+  std::string draw_mode = "computes";  // sluice simulate: computes or steps (pipeline::DrawMode)
 };
 
 // "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
@@ -677,6 +680,7 @@ struct SimulatedSchedule {
   std::string describe;  // the schedule (kind, P, M, V)
   std::string costs;     // where its costs come from
   pipeline::StepPrediction prediction;
+  int draws = 0;                            // replays of drawn costs (0: of the medians)
   std::vector<StageMemoryForecast> memory;  // empty when not forecast (memory_note says why)
   std::string memory_note;
   bool fits = true;  // every stage's forecast within --memory-budget (true without a budget)
@@ -711,11 +715,22 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
   options.schedule = kind;
   const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
   const pipeline::StepCosts chosen = CostsFor(costs, layout);
+  // By default, draws where the costs recorded steps and every stage has a core (the model
+  // draws are for); the medians elsewhere.
+  const int draws = a.draws >= 0                               ? a.draws
+                    : !chosen.recorded.empty() && a.cores == 0 ? pipeline::kDefaultDraws
+                                                               : 0;
   SimulatedSchedule out{.kind = kind,
                         .describe = layout.setup.schedule.Describe(),
                         .costs = chosen.source,
                         .prediction = pipeline::SimulateStep(
-                            layout.setup.schedule, chosen, {.cores = a.cores, .validated = true})};
+                            layout.setup.schedule, chosen,
+                            {.cores = a.cores,
+                             .validated = true,
+                             .draws = draws,
+                             .draw_mode = a.draw_mode == "steps" ? pipeline::DrawMode::kSteps
+                                                                 : pipeline::DrawMode::kComputes}),
+                        .draws = draws};
   if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
     out.memory_note = *why;
     if (!budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
@@ -886,17 +901,29 @@ int RunSimulate(TrainArgs& a) {
     out["costs"] = r.costs;
     out["time_unit"] = unit;
     out["cores"] = a.cores;
+    out["draws"] = r.draws;
     out["step_ms"] = p.step_ms;
     out["makespan_ms"] = p.makespan_ms;
     out["bubble"] = p.bubble;
     if (!budget.empty()) out["fits_budget"] = r.fits;
     if (!r.memory_note.empty()) out["memory_note"] = r.memory_note;
     out["stages"] = stages;
+    if (!p.draws.empty()) {
+      nlohmann::ordered_json draws = nlohmann::ordered_json::array();
+      for (const pipeline::DrawPrediction& d : p.draws) {
+        draws.push_back({{"step_ms", d.step_ms},
+                         {"makespan_ms", d.makespan_ms},
+                         {"stage_bubble", d.stage_bubble}});
+      }
+      out["drawn"] = draws;
+    }
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("simulated step: {}, {}{}\n", r.describe, r.costs,
-             a.cores > 0 ? fmt::format(", {} shared core(s)", a.cores) : "");
+  fmt::print(
+      "simulated step: {}, {}{}{}\n", r.describe, r.costs,
+      a.cores > 0 ? fmt::format(", {} shared core(s)", a.cores) : "",
+      r.draws > 0 ? fmt::format(", mean of {} draws of the recorded computes", r.draws) : "");
   fmt::print("  step {:.3f} {} (makespan {:.3f}{}), bubble {:.1f}%\n", p.step_ms, unit,
              p.makespan_ms,
              overhead > 0 ? fmt::format(" + {:.3f} step overhead", overhead) : std::string(),
@@ -965,6 +992,16 @@ CommandRunner SetupSimulateCommand(CLI::App& sub) {
                  "cores the stage threads share (0: one per stage); with fewer, computes wait "
                  "for a free core and cost their measured CPU time")
       ->check(CLI::Range(0, 1 << 20));
+  sub.add_option("--draws", options.args->draws,
+                 "replay this many draws of the costs file's recorded computes and give their "
+                 "mean (0: one replay of the medians; default: 64 where the file recorded steps "
+                 "and without --cores)")
+      ->check(CLI::Range(0, 100000));
+  sub.add_option("--draw-mode", options.args->draw_mode,
+                 "computes (every compute drawn at random from its rank, chunk and kind) or steps "
+                 "(draw d replays recorded step d)")
+      ->check(CLI::IsMember({"computes", "steps"}))
+      ->capture_default_str();
   sub.add_option("--compare", options.args->compare,
                  "rank these schedules (comma list, or all) by predicted step time; with "
                  "--memory-budget, those within it first");

@@ -218,7 +218,7 @@ class StageRuntime::StepRun {
     const int64_t end = NowNs(), cpu = ThreadCpuNs() - cpu_begin;
     out_.busy_ns += end - begin;
     out_.busy_cpu_ns += cpu;
-    out_.computes[profile].push_back({a.chunk, end - begin, cpu});
+    out_.computes[profile].push_back({a.chunk, static_cast<int>(a.micro_batch), end - begin, cpu});
     Span(name, a, begin, end);
   }
 

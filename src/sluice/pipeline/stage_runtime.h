@@ -144,7 +144,7 @@ struct StageStep {
   // and every message post (Isend or Irecv call), split by whether the call copied the message
   // (the later of a matched pair copies, comm/local.h).
   struct Sample {
-    int chunk = 0;
+    int chunk = 0, micro_batch = 0;  // OPT's: 0, 0
     int64_t wall_ns = 0, cpu_ns = 0;
   };
   std::vector<Sample> computes[5];

@@ -3,14 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <fstream>
 #include <limits>
 #include <queue>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
-#include "sluice/core/files.h"
 #include "sluice/pipeline/validator.h"
 
 namespace sluice::pipeline {
@@ -19,91 +16,14 @@ namespace {
 
 constexpr double kNone = -1;  // no message for this slot: nothing to wait for
 constexpr double kPending = std::numeric_limits<double>::infinity();  // posted, not yet matched
-constexpr const char* kFormat = "sluice-step-costs/1";
-// The most one cost may be, in ms (11.6 days): a replay sums millions of them.
-constexpr double kMaxCostMs = 1e9;
 
-double Median(std::vector<int64_t> v) {
-  if (v.empty()) return 0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
-  double m = static_cast<double>(v[mid]);
-  if (v.size() % 2 == 0) {
-    m = (m + static_cast<double>(
-                 *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)))) /
-        2;
-  }
-  return m;
-}
-
-template <typename T>
-double Mean(const std::vector<T>& v) {
-  double sum = 0;
-  for (T x : v) sum += static_cast<double>(x);
-  return v.empty() ? 0 : sum / static_cast<double>(v.size());
-}
-
-double MedianD(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t mid = v.size() / 2;
-  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
-}
-
-}  // namespace
-
-StepCosts UnitCosts(const Schedule& schedule) {
-  StepCosts c;
-  c.stages = schedule.stages;
-  c.chunks = schedule.chunks;
-  c.split_backward = true;
-  c.ranks.assign(schedule.stages, RankCosts{});
-  // A chunk holds 1/V of the stage's layers: its F, B and W cost 1/V.
-  const double unit = 1.0 / schedule.chunks;
-  for (RankCosts& r : c.ranks) {
-    r.chunks.assign(schedule.chunks, ChunkCosts{.forward_ms = unit,
-                                                .backward_ms = unit,
-                                                .weight_ms = unit,
-                                                .forward_cpu_ms = unit,
-                                                .backward_cpu_ms = unit,
-                                                .weight_cpu_ms = unit});
-  }
-  return c;
-}
-
-void CheckCostsCover(const StepCosts& costs, const Schedule& schedule) {
-  if (costs.stages != schedule.stages) {
-    throw InvalidArgument(fmt::format(
-        "{}: measured on {} stages, but {} has {}: profile a run with --stages {}", costs.source,
-        costs.stages, schedule.Describe(), schedule.stages, schedule.stages));
-  }
-  if (costs.chunks != schedule.chunks) {
-    throw InvalidArgument(fmt::format(
-        "{}: measured with {} chunk(s) per stage, but {} runs {}: profile a run of a schedule "
-        "with {} chunk(s) per stage",
-        costs.source, costs.chunks, schedule.Describe(), schedule.chunks, schedule.chunks));
-  }
-  if (schedule.split_backward && !costs.split_backward) {
-    throw InvalidArgument(fmt::format(
-        "{}: measured with the backward whole, but {} splits it into B and W: profile a run of "
-        "a split-backward schedule (zb-h1) to cover it",
-        costs.source, schedule.Describe()));
-  }
-}
-
-void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job) {
-  for (const auto& [key, value] : costs.job.items()) {
-    if (!job.contains(key)) continue;
-    if (job[key] != value) {
-      throw InvalidArgument(
-          fmt::format("{}: measured on another job: {} is {} there, {} here (profile this job "
-                      "with sluice train ... --profile-out)",
-                      costs.source, key, value.dump(), job[key].dump()));
-    }
-  }
-}
-
-namespace {
+// The costs of one draw (SimulateOptions::draws): every compute of every rank by its index in
+// the rank's action list — F, B (with W when not split) or W, and OPT's first half — and OPT's
+// second half.
+struct DrawnCosts {
+  std::vector<std::vector<double>> action;  // [P][action index]; 0 for posts
+  std::vector<double> update;               // [P]
+};
 
 // What a replay gives per rank: when its step ends and how long it computed.
 struct RankTimes {
@@ -141,7 +61,8 @@ bool NoNegativeCosts(const StepCosts& c) {
 // the lowest rank), so every post and every compute happens in the global order of its start
 // time. With shared cores that order decides which compute gets a free core first, so this is
 // the replay of --cores; without, ReplayByRank gives the same times bit for bit, faster.
-RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, int cores_given) {
+RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, int cores_given,
+                             const DrawnCosts* drawn) {
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
   const size_t per_chunk = static_cast<size_t>(V) * M;  // [chunk][micro-batch]
   auto index = [&](const Action& a) { return static_cast<size_t>(a.chunk) * M + a.micro_batch; };
@@ -193,6 +114,7 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
   // threads competing, already holds the waits this model adds).
   const bool shared = cores_given > 0;
   auto cost = [&](int r, const Action& a) {
+    if (drawn != nullptr) return drawn->action[r][next[r]];
     const ComputeCosts c = CostsOf(schedule, costs, r, a.chunk, shared);
     switch (a.kind) {
       case ActionKind::kForward:
@@ -297,14 +219,14 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
       } else if (a.kind == ActionKind::kWeight) {
         compute(r, cost(r, a), overhead);
       } else {  // OPT: its first half, then the all-reduce's barrier
-        compute(r, costs.ranks[r].optimizer_ms);
+        compute(r, drawn != nullptr ? drawn->action[r][next[r]] : costs.ranks[r].optimizer_ms);
         at_barrier[r] = true;
         if (++barrier_count == P) {
           const double all = *std::ranges::max_element(clock) + costs.allreduce_ms;
           for (int q = 0; q < P; ++q) {
             at_barrier[q] = false;
             clock[q] = all;
-            compute(q, costs.ranks[q].update_ms);
+            compute(q, drawn != nullptr ? drawn->update[q] : costs.ranks[q].update_ms);
             ++next[q];
             ready.push({clock[q], q});
           }
@@ -353,7 +275,7 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
 //
 // Memory: a double per message (2·P·V·M) where the reference keeps three per rank and
 // chunk-micro-batch, plus a queue per channel.
-RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs) {
+RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs, const DrawnCosts* drawn) {
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
   const int VS = schedule.virtual_stages();
   // A message's time, in the F and B messages sent by virtual stage u, micro-batch m, at
@@ -426,38 +348,43 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs) {
     const double overhead = costs.ranks[r].overhead_ms;
     for (; me.next != me.end; ++me.next) {
       const Action a = *me.next;
+      // This compute's cost: the draw's, or the medians' `median`.
+      auto cost = [&](double median) {
+        return drawn != nullptr ? drawn->action[r][me.next - schedule.ranks[r].data()] : median;
+      };
       const Chunk& ch = mine[a.chunk];
       const ptrdiff_t m = 2 * static_cast<ptrdiff_t>(a.micro_batch);
       switch (a.kind) {
         case ActionKind::kForward:
           if (ch.in_f != nullptr && !wait_for(ch.in_f[m])) return me.next != from;
-          me.clock += ch.cost.forward;
+          me.clock += cost(ch.cost.forward);
           me.clock += overhead;
-          me.busy += ch.cost.forward;
+          me.busy += cost(ch.cost.forward);
           break;
         case ActionKind::kBackward:
           if (ch.in_b != nullptr && !wait_for(ch.in_b[m + 1])) return me.next != from;
           if (ch.sends_f && !wait_for(ch.out[m])) return me.next != from;
-          me.clock += ch.cost.backward;
+          me.clock += cost(ch.cost.backward);
           me.clock += overhead;
-          me.busy += ch.cost.backward;
+          me.busy += cost(ch.cost.backward);
           break;
         case ActionKind::kWeight:
-          me.clock += ch.cost.weight;
+          me.clock += cost(ch.cost.weight);
           me.clock += overhead;
-          me.busy += ch.cost.weight;
+          me.busy += cost(ch.cost.weight);
           break;
         case ActionKind::kOptimizer:  // its first half, then the all-reduce's barrier
-          me.clock += costs.ranks[r].optimizer_ms;
-          me.busy += costs.ranks[r].optimizer_ms;
+          me.clock += cost(costs.ranks[r].optimizer_ms);
+          me.busy += cost(costs.ranks[r].optimizer_ms);
           me.runnable = false;
           if (++at_barrier == P) {
             double all = 0;
             for (const Rank& q : ranks) all = std::max(all, q.clock);
             all += costs.allreduce_ms;
             for (int q = 0; q < P; ++q) {
-              ranks[q].clock = all + costs.ranks[q].update_ms;
-              ranks[q].busy += costs.ranks[q].update_ms;
+              const double update = drawn != nullptr ? drawn->update[q] : costs.ranks[q].update_ms;
+              ranks[q].clock = all + update;
+              ranks[q].busy += update;
               ++ranks[q].next;
             }
             finished = P;
@@ -540,16 +467,60 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs) {
   return out;
 }
 
-}  // namespace
+// splitmix64: a portable generator, so that a seed gives the same draws everywhere.
+uint64_t NextRandom(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
 
-StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
-                            const SimulateOptions& options) {
-  if (!options.validated) ValidateSchedule(schedule);
-  CheckCostsCover(costs, schedule);
-  const RankTimes times = options.cores > 0 || options.in_event_order || !NoNegativeCosts(costs)
-                              ? ReplayInEventOrder(schedule, costs, options.cores)
-                              : ReplayByRank(schedule, costs);
-  const int P = schedule.stages;
+// Draw `d` of the recorded steps' costs for every compute of `schedule` (see DrawMode). A
+// schedule of more micro-batches than were recorded takes micro-batch m's from m mod M.
+DrawnCosts Draw(const Schedule& schedule, const StepCosts& costs, int d, DrawMode mode,
+                uint64_t seed) {
+  const size_t S = costs.recorded.size(), M = static_cast<size_t>(costs.micro_batches);
+  uint64_t state = seed + 0x632be59bd9b4e019ULL * static_cast<uint64_t>(d);
+  auto pick = [&](size_t n) { return static_cast<size_t>(NextRandom(state) % n); };
+  DrawnCosts out;
+  out.action.resize(schedule.stages);
+  out.update.resize(schedule.stages);
+  for (int r = 0; r < schedule.stages; ++r) {
+    const std::vector<Action>& actions = schedule.ranks[r];
+    std::vector<double>& cost = out.action[r];
+    cost.assign(actions.size(), 0);
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const Action& a = actions[i];
+      const bool steps = mode == DrawMode::kSteps;
+      const RecordedStep& step = costs.recorded[steps ? static_cast<size_t>(d) % S : pick(S)];
+      const RecordedStep::Rank& rank = step.ranks[r];
+      if (a.kind == ActionKind::kOptimizer) {
+        cost[i] = rank.optimizer_ms;
+        out.update[r] = rank.update_ms;
+        continue;
+      }
+      if (!IsCompute(a.kind)) continue;
+      const RecordedStep::Chunk& ch = rank.chunks[a.chunk];
+      const size_t m = steps ? static_cast<size_t>(a.micro_batch) % M : pick(M);
+      switch (a.kind) {
+        case ActionKind::kForward:
+          cost[i] = ch.forward_ms[m];
+          break;
+        case ActionKind::kBackward:
+          cost[i] = ch.backward_ms[m] + (schedule.split_backward ? 0 : ch.weight_ms[m]);
+          break;
+        default:
+          cost[i] = ch.weight_ms[m];
+          break;
+      }
+    }
+  }
+  return out;
+}
+
+// The prediction of one replay.
+StepPrediction Predict(const RankTimes& times, const StepCosts& costs) {
+  const int P = static_cast<int>(times.end.size());
   StepPrediction p;
   p.ranks.resize(P);
   for (int r = 0; r < P; ++r) {
@@ -568,269 +539,54 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
   return p;
 }
 
-nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout) {
-  std::string recompute;
-  for (int r = 0; r < setup.schedule.stages; ++r) {
-    recompute += fmt::format("{}{}", r ? "," : "",
-                             Name(RecomputeForStage(*setup.config, r, setup.schedule.stages)));
-  }
-  return {{"model", "gpt"},
-          {"vocab", setup.gpt.vocab},
-          {"seq", setup.seq_len},
-          {"layers", setup.gpt.layers},
-          {"heads", setup.gpt.heads},
-          {"dim", setup.gpt.dim},
-          {"attention", std::string(Name(setup.gpt.attention))},
-          {"micro_batch_size", setup.micro_batch_size},
-          {"layout", layout},
-          {"recompute", recompute},
-          {"threads", setup.config->threads}};
-}
+}  // namespace
 
-nlohmann::ordered_json CostsToJson(const StepCosts& c) {
-  nlohmann::ordered_json j;
-  j["format"] = kFormat;
-  j["job"] = c.job;
-  j["stages"] = c.stages;
-  j["chunks"] = c.chunks;
-  j["split_backward"] = c.split_backward;
-  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  for (size_t r = 0; r < c.ranks.size(); ++r) {
-    nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
-    for (const ChunkCosts& ch : c.ranks[r].chunks) {
-      chunks.push_back({{"forward_ms", ch.forward_ms},
-                        {"backward_ms", ch.backward_ms},
-                        {"weight_ms", ch.weight_ms},
-                        {"forward_cpu_ms", ch.forward_cpu_ms},
-                        {"backward_cpu_ms", ch.backward_cpu_ms},
-                        {"weight_cpu_ms", ch.weight_cpu_ms}});
-    }
-    ranks.push_back({{"stage", r},
-                     {"chunks", chunks},
-                     {"optimizer_ms", c.ranks[r].optimizer_ms},
-                     {"update_ms", c.ranks[r].update_ms},
-                     {"overhead_ms", c.ranks[r].overhead_ms}});
-  }
-  j["ranks"] = ranks;
-  j["messages"] = {{"bytes", c.message_bytes},
-                   {"post_ms", c.post_ms},
-                   {"copy_ms", c.copy_ms},
-                   {"copy_ms_per_byte",
-                    c.message_bytes > 0 ? c.copy_ms / static_cast<double>(c.message_bytes) : 0.0},
-                   {"wake_ms", c.wake_ms}};
-  j["allreduce_ms"] = c.allreduce_ms;
-  j["step_overhead_ms"] = c.step_overhead_ms;
-  j["measured"] = c.measured;
-  return j;
-}
-
-StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
-  auto bad = [&](const std::string& where, const std::string& what) {
-    return InvalidArgument(fmt::format("{}: {} {}", source, where, what));
+StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
+                            const SimulateOptions& options) {
+  if (!options.validated) ValidateSchedule(schedule);
+  CheckCostsCover(costs, schedule);
+  const bool in_event_order =
+      options.cores > 0 || options.in_event_order || !NoNegativeCosts(costs);
+  auto replay = [&](const DrawnCosts* drawn) {
+    return Predict(in_event_order ? ReplayInEventOrder(schedule, costs, options.cores, drawn)
+                                  : ReplayByRank(schedule, costs, drawn),
+                   costs);
   };
-  if (!j.is_object()) throw bad("the file", "is not a JSON object (a costs file of --profile-out)");
-  if (!j.contains("format") || !j["format"].is_string() ||
-      j["format"].get_ref<const std::string&>() != kFormat) {
-    throw bad("\"format\"", fmt::format("must be \"{}\" (a file written by sluice train "
-                                        "--profile-out)",
-                                        kFormat));
+  if (options.draws <= 0) return replay(nullptr);
+  if (options.cores > 0) {
+    throw InvalidArgument(
+        "draws of recorded costs model a core per stage: with shared cores the replay uses the "
+        "medians' CPU times (leave out the draws)");
   }
-  auto number = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
-    if (!obj.contains(key)) throw bad(where, fmt::format("has no \"{}\"", key));
-    const nlohmann::json& v = obj[key];
-    if (!v.is_number()) throw bad(where, fmt::format("\"{}\" is not a number", key));
-    const double d = v.get<double>();
-    // Bounded so that the replay's sums of millions of them stay finite.
-    if (!(d >= 0 && d <= kMaxCostMs)) {
-      throw bad(where, fmt::format("\"{}\" is {}: it must be a number from 0 to {:g}", key,
-                                   v.dump(), kMaxCostMs));
-    }
-    return d;
-  };
-  // Entries a file written before they were measured lacks: absent, they cost nothing.
-  auto optional = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
-    return obj.contains(key) ? number(obj, key, where) : 0.0;
-  };
-  auto integer = [&](const nlohmann::json& obj, const char* key, const std::string& where,
-                     int64_t least, int64_t most) {
-    if (!obj.contains(key)) throw bad(where, fmt::format("has no \"{}\"", key));
-    const nlohmann::json& v = obj[key];
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(most)) ||
-        v.get<int64_t>() < least || v.get<int64_t>() > most) {
-      throw bad(where, fmt::format("\"{}\" is {}: it must be an integer from {} to {}", key,
-                                   v.dump(), least, most));
-    }
-    return v.get<int64_t>();
-  };
-  StepCosts c;
-  c.source = source;
-  c.stages = static_cast<int>(integer(j, "stages", "the file", 1, kMaxStages));
-  c.chunks = static_cast<int>(integer(j, "chunks", "the file", 1, kMaxChunks));
-  if (!j.contains("split_backward") || !j["split_backward"].is_boolean()) {
-    throw bad("the file", "has no boolean \"split_backward\"");
+  if (costs.recorded.empty() || costs.micro_batches <= 0) {
+    throw InvalidArgument(fmt::format(
+        "{}: no recorded steps to draw costs from: profile the job again with sluice train "
+        "--profile-out (a costs file written before they were recorded, or under --comm mpi, "
+        "has medians only)",
+        costs.source));
   }
-  c.split_backward = j["split_backward"].get<bool>();
-  if (j.contains("job")) {
-    if (!j["job"].is_object()) throw bad("\"job\"", "is not an object");
-    c.job = j["job"];
-  }
-  if (!j.contains("ranks") || !j["ranks"].is_array() ||
-      j["ranks"].size() != static_cast<size_t>(c.stages)) {
-    throw bad("\"ranks\"", fmt::format("must be an array of one entry per stage ({})", c.stages));
-  }
-  for (int r = 0; r < c.stages; ++r) {
-    const nlohmann::json& rank = j["ranks"][r];
-    const std::string where = fmt::format("stage {}", r);
-    if (!rank.is_object()) throw bad(where, "is not an object");
-    RankCosts rc;
-    rc.optimizer_ms = number(rank, "optimizer_ms", where);
-    rc.update_ms = number(rank, "update_ms", where);
-    rc.overhead_ms = optional(rank, "overhead_ms", where);
-    if (!rank.contains("chunks") || !rank["chunks"].is_array() ||
-        rank["chunks"].size() != static_cast<size_t>(c.chunks)) {
-      throw bad(where, fmt::format("must have \"chunks\": one entry per chunk ({})", c.chunks));
-    }
-    for (int v = 0; v < c.chunks; ++v) {
-      const nlohmann::json& ch = rank["chunks"][v];
-      const std::string w = fmt::format("stage {} chunk {}", r, v);
-      if (!ch.is_object()) throw bad(w, "is not an object");
-      ChunkCosts cc;
-      cc.forward_ms = number(ch, "forward_ms", w);
-      cc.backward_ms = number(ch, "backward_ms", w);
-      cc.weight_ms = number(ch, "weight_ms", w);
-      // CPU times are optional (a hand-written file); absent, they are the wall times.
-      for (auto [key, field, wall] :
-           {std::tuple{"forward_cpu_ms", &cc.forward_cpu_ms, cc.forward_ms},
-            {"backward_cpu_ms", &cc.backward_cpu_ms, cc.backward_ms},
-            {"weight_cpu_ms", &cc.weight_cpu_ms, cc.weight_ms}}) {
-        *field = ch.contains(key) ? number(ch, key, w) : wall;
-      }
-      rc.chunks.push_back(cc);
-    }
-    c.ranks.push_back(std::move(rc));
-  }
-  if (!j.contains("messages") || !j["messages"].is_object()) {
-    throw bad("the file", "has no \"messages\" object");
-  }
-  c.message_bytes = integer(j["messages"], "bytes", "\"messages\"", 0, int64_t{1} << 53);
-  c.post_ms = number(j["messages"], "post_ms", "\"messages\"");
-  c.copy_ms = number(j["messages"], "copy_ms", "\"messages\"");
-  c.wake_ms = optional(j["messages"], "wake_ms", "\"messages\"");
-  c.allreduce_ms = optional(j, "allreduce_ms", "the file");
-  c.step_overhead_ms = number(j, "step_overhead_ms", "the file");
-  if (j.contains("measured")) c.measured = j["measured"];
-  return c;
-}
-
-StepCosts ReadCostsFile(const std::string& path) {
-  nlohmann::json j = nlohmann::json::parse(ReadWholeFile("--costs file", path), nullptr,
-                                           /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw InvalidArgument(fmt::format("--costs {}: not valid JSON", path));
-  return CostsFromJson(j, path);
-}
-
-CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
-    : schedule_(schedule), job_(std::move(job)) {
-  const size_t P = static_cast<size_t>(schedule.stages), V = static_cast<size_t>(schedule.chunks);
-  wall_.assign(
-      P, std::vector<std::vector<std::vector<int64_t>>>(5, std::vector<std::vector<int64_t>>(V)));
-  cpu_ = wall_;
-  bubble_.assign(P, {});
-  overhead_per_compute_.assign(P, {});
-}
-
-void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns) {
-  const int64_t span = StepSpanNs(steps);
-  for (size_t r = 0; r < steps.size(); ++r) AddRank(static_cast<int>(r), steps[r], span);
-  AddStep(step_wall_ns, span);
-  // Wake-ups: a receive blocked on a message resumes this long after the Isend that copied it.
-  std::unordered_map<int64_t, int64_t> arrived;  // message → end of the Isend that copied it
-  for (const StageStep& s : steps) {
-    for (const StageStep::MessageEvent& e : s.copied_sends) arrived[e.message] = e.end_ns;
-  }
-  for (const StageStep& s : steps) {
-    for (const StageStep::MessageEvent& e : s.blocked_receives) {
-      auto it = arrived.find(e.message);
-      if (it != arrived.end() && it->second >= e.begin_ns) {
-        wake_.push_back(std::max<int64_t>(0, e.end_ns - it->second));
-      }
+  // The mean of every figure over the draws (idle stays makespan minus busy).
+  const int P = schedule.stages;
+  StepPrediction mean;
+  mean.ranks.resize(P);
+  const double n = options.draws;
+  for (int d = 0; d < options.draws; ++d) {
+    const DrawnCosts drawn = Draw(schedule, costs, d, options.draw_mode, options.seed);
+    const StepPrediction p = replay(&drawn);
+    DrawPrediction& draw =
+        mean.draws.emplace_back(DrawPrediction{.makespan_ms = p.makespan_ms, .step_ms = p.step_ms});
+    mean.makespan_ms += p.makespan_ms / n;
+    mean.step_ms += p.step_ms / n;
+    mean.bubble += p.bubble / n;
+    for (int r = 0; r < P; ++r) {
+      draw.stage_bubble.push_back(p.ranks[r].bubble);
+      mean.ranks[r].busy_ms += p.ranks[r].busy_ms / n;
+      mean.ranks[r].idle_ms += p.ranks[r].idle_ms / n;
+      mean.ranks[r].bubble += p.ranks[r].bubble / n;
+      mean.ranks[r].end_ms += p.ranks[r].end_ms / n;
     }
   }
-  // The all-reduce as the last rank to reach it sees it (the others' also holds their wait).
-  const StageStep* last = nullptr;
-  for (const StageStep& s : steps) {
-    if (s.allreduce_end_ns > 0 &&
-        (last == nullptr || s.allreduce_begin_ns > last->allreduce_begin_ns))
-      last = &s;
-  }
-  if (last != nullptr) allreduce_.push_back(last->allreduce_end_ns - last->allreduce_begin_ns);
-}
-
-void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
-  for (int kind = 0; kind < 5; ++kind) {
-    // OPT's two halves are one sample each per step, recorded under chunk 0.
-    for (const StageStep::Sample& x : s.computes[kind]) {
-      wall_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.wall_ns);
-      cpu_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.cpu_ns);
-    }
-  }
-  post_.insert(post_.end(), s.post_ns.begin(), s.post_ns.end());
-  copy_.insert(copy_.end(), s.post_copy_ns.begin(), s.post_copy_ns.end());
-  message_bytes_ = std::max(message_bytes_, s.message_bytes);
-  bubble_[r].push_back(
-      span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
-  // Bookkeeping: the rank's time neither computing nor inside the communicator, per compute.
-  const size_t computes = s.computes[0].size() + s.computes[1].size() + s.computes[2].size();
-  if (computes > 0) {
-    overhead_per_compute_[r].push_back(
-        static_cast<double>(std::max<int64_t>(0, s.wall_ns - s.busy_ns - s.comm_ns)) /
-        static_cast<double>(computes));
-  }
-}
-
-void CostProfiler::AddStep(int64_t step_wall_ns, int64_t span_ns) {
-  overhead_.push_back(std::max<int64_t>(0, step_wall_ns - span_ns));
-  step_wall_.push_back(step_wall_ns);
-}
-
-StepCosts CostProfiler::Costs() const {
-  StepCosts c;
-  c.source = "profile";
-  c.stages = schedule_.stages;
-  c.chunks = schedule_.chunks;
-  c.split_backward = schedule_.split_backward;
-  c.job = job_;
-  auto ms = [](double ns) { return ns / 1e6; };
-  for (size_t r = 0; r < wall_.size(); ++r) {
-    RankCosts rc;
-    for (int v = 0; v < c.chunks; ++v) {
-      ChunkCosts ch;
-      ch.forward_ms = ms(Median(wall_[r][0][v]));
-      ch.backward_ms = ms(Median(wall_[r][1][v]));
-      ch.weight_ms = ms(Median(wall_[r][2][v]));
-      ch.forward_cpu_ms = ms(Median(cpu_[r][0][v]));
-      ch.backward_cpu_ms = ms(Median(cpu_[r][1][v]));
-      ch.weight_cpu_ms = ms(Median(cpu_[r][2][v]));
-      rc.chunks.push_back(ch);
-    }
-    rc.optimizer_ms = ms(Median(wall_[r][3][0]));
-    rc.update_ms = ms(Median(wall_[r][4][0]));
-    rc.overhead_ms = ms(Mean(overhead_per_compute_[r]));
-    c.ranks.push_back(std::move(rc));
-  }
-  c.message_bytes = message_bytes_;
-  c.post_ms = ms(Median(post_));
-  c.copy_ms = std::max(0.0, ms(Median(copy_)) - c.post_ms);
-  // Means, not medians: what these waits add to a step is their sum, and their rare long ones (a
-  // thread waiting for a core to wake on) are much of it.
-  c.wake_ms = ms(Mean(wake_));
-  c.allreduce_ms = ms(Mean(allreduce_));
-  c.step_overhead_ms = ms(Median(overhead_));
-  nlohmann::json bubbles = nlohmann::json::array();
-  for (const std::vector<double>& b : bubble_) bubbles.push_back(MedianD(b));
-  c.measured = {
-      {"steps", step_wall_.size()}, {"step_ms", ms(Median(step_wall_))}, {"stage_bubble", bubbles}};
-  return c;
+  return mean;
 }
 
 }  // namespace sluice::pipeline

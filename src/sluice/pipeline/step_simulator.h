@@ -30,9 +30,12 @@
 // matched — which gives, bit for bit, the times of replaying one action at a time in the global
 // order of start times (the reference, SimulateOptions::in_event_order; the replay of --cores).
 //
-// Costs cover a schedule when they have its stage count P and chunk count V and, for a schedule
-// that splits the backward into B and W, were measured split (an unsplit B costs B + W).
-// CheckCostsCover throws InvalidArgument naming the mismatch and what to measure instead.
+// Draws (SimulateOptions::draws): instead of one replay of the medians, N replays in which every
+// compute costs a time recorded by the profile (StepCosts::recorded) — a whole recorded step's,
+// or each compute's drawn at random — and the prediction is their mean. A replay is a maximum of
+// sums, so computes that vary lengthen it beyond the replay of their medians (E[max] ≥ max E).
+//
+// Costs cover a schedule as step_costs.h says (CheckCostsCover).
 //
 // Thread-safety: pure functions. Failure: ScheduleError for a schedule the validator refuses.
 //
@@ -46,58 +49,20 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "sluice/pipeline/schedule.h"
-#include "sluice/pipeline/stage_runtime.h"
+#include "sluice/pipeline/step_costs.h"
 
 namespace sluice::pipeline {
-
-struct ChunkCosts {
-  double forward_ms = 0, backward_ms = 0, weight_ms = 0;  // per micro-batch; medians when measured
-  double forward_cpu_ms = 0, backward_cpu_ms = 0, weight_cpu_ms = 0;  // thread CPU beside wall
-};
-
-struct RankCosts {
-  std::vector<ChunkCosts> chunks;  // [V]
-  double optimizer_ms = 0, update_ms = 0;
-  // Per F, B or W: the rank's time outside computes and the communicator (binding a batch,
-  // handing values between scopes, freeing a micro-batch's): idle, spent after each compute.
-  double overhead_ms = 0;
-};
-
-struct StepCosts {
-  std::string source = "unit costs";  // where they come from: errors name it
-  int stages = 1, chunks = 1;         // P and V of the run measured
-  bool split_backward = false;        // measured with B and W apart
-  std::vector<RankCosts> ranks;       // [P]
-  int64_t message_bytes = 0;          // one message
-  double post_ms = 0;                 // an Isend or Irecv call that copies nothing
-  double copy_ms = 0;                 // the extra of the call that copies the message
-  double wake_ms = 0;           // from a message's arrival to its blocked receiver running again
-  double allreduce_ms = 0;      // OPT's all-reduce, once the last rank has reached it
-  double step_overhead_ms = 0;  // per step, beyond the slowest rank
-  // What the costs were measured on ("model", "layers", "dim", ... → value): a simulation of
-  // another job is refused (CheckCostsJob).
-  nlohmann::json job = nlohmann::json::object();
-  // The run's own figures, for comparing predictions with it (empty for unit costs).
-  nlohmann::json measured = nlohmann::json::object();
-};
-
-// A stage's F, B and W of a micro-batch cost 1 each (an unsplit B 2), everything else 0: the
-// unit-cost analysis, in units of a whole stage's forward — with V chunks per stage each chunk's
-// action costs 1/V, so schedules of different V compare (schedule_analysis.h's Simulate counts
-// one per action: its makespan and busy times are V times these, its bubbles the same).
-StepCosts UnitCosts(const Schedule& schedule);
-
-// Throws InvalidArgument when `costs` do not cover `schedule` (see above).
-void CheckCostsCover(const StepCosts& costs, const Schedule& schedule);
-// Throws InvalidArgument naming the first field of costs.job that `job` has with another value.
-void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job);
 
 struct RankPrediction {
   double busy_ms = 0, idle_ms = 0, bubble = 0;
   double end_ms = 0;  // when this rank's step ends
+};
+
+// One replay of drawn costs (SimulateOptions::draws).
+struct DrawPrediction {
+  double makespan_ms = 0, step_ms = 0;
+  std::vector<double> stage_bubble;  // [P]
 };
 
 struct StepPrediction {
@@ -105,6 +70,14 @@ struct StepPrediction {
   double step_ms = 0;      // makespan + step overhead
   double bubble = 0;       // Σ idle / (P · makespan)
   std::vector<RankPrediction> ranks;
+  // With draws: every draw's own figures; the fields above are their means.
+  std::vector<DrawPrediction> draws;
+};
+
+// How a replay of draws takes each compute's cost from the recorded steps.
+enum class DrawMode {
+  kSteps,     // draw d replays recorded step d mod S: each compute the one of its micro-batch
+  kComputes,  // each compute drawn at random from every recorded one of its rank, chunk and kind
 };
 
 struct SimulateOptions {
@@ -121,48 +94,22 @@ struct SimulateOptions {
   // reference; always so with shared cores), instead of rank by rank: the same times bit for bit
   // (tests/pipeline/step_simulator_test.cc holds the two to it), several times slower at scale.
   bool in_event_order = false;
+  // 0: one replay of the medians. N > 0: N replays of costs drawn from the recorded steps
+  // (StepCosts::recorded; draw_mode says how), each compute its own wall time — the waits that
+  // computes' variation adds at every hand-off, which a replay of medians leaves out — and the
+  // prediction is their mean (a costs file without recorded steps is refused). Deterministic:
+  // the same seed gives the same draws. One core per rank only (cores = 0).
+  int draws = 0;
+  DrawMode draw_mode = DrawMode::kComputes;
+  uint64_t seed = 1;
 };
+
+// The draws `sluice simulate` replays by default when its costs recorded steps: the standard
+// error of the mean of 64 was under 1% of the step on the profiles measured (docs/simulator.md).
+inline constexpr int kDefaultDraws = 64;
 
 // Validates (unless options.validated), checks coverage, and replays one step.
 StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
                             const SimulateOptions& options = {});
-
-// What a costs file says it was measured on, for CheckCostsJob: the model's shape, the
-// micro-batch, the layout of the layers, the recompute policies and the threads.
-nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout);
-
-// Costs files (docs/simulator.md): JSON, written by `sluice train --profile-out`.
-nlohmann::ordered_json CostsToJson(const StepCosts& costs);
-// Throws InvalidArgument naming `source` and the entry for a missing, mistyped or negative entry.
-StepCosts CostsFromJson(const nlohmann::json& json, const std::string& source);
-StepCosts ReadCostsFile(const std::string& path);
-
-// Collects the profile of a run's steps (StageStep::computes, posts) per rank and makes costs of
-// them: medians over every sample of the computes and posts; means of the waits between computes
-// (overhead_ms, wake_ms, allreduce_ms: their sum is what they cost a step, long tail included).
-// wake_ms and allreduce_ms need every rank's step on one clock (Add): AddRank leaves them 0.
-class CostProfiler {
- public:
-  CostProfiler(const Schedule& schedule, nlohmann::json job);
-  // One step of every rank ([P]) and its wall time in the engine.
-  void Add(const std::vector<StageStep>& steps, int64_t step_wall_ns);
-  // The same in two parts, for a distributed run whose process knows only its own rank's step:
-  // rank r's step and the step's span (StepSpanNs: there, the slowest rank's wall), then the
-  // step's wall time in the engine beside its span (the difference is the step overhead).
-  void AddRank(int r, const StageStep& step, int64_t span_ns);
-  void AddStep(int64_t step_wall_ns, int64_t span_ns);
-  StepCosts Costs() const;
-
- private:
-  const Schedule& schedule_;
-  nlohmann::json job_;
-  // [P][kind][V] wall and CPU samples; kind 0 F, 1 B, 2 W, 3 optimizer, 4 update.
-  std::vector<std::vector<std::vector<std::vector<int64_t>>>> wall_, cpu_;
-  std::vector<int64_t> post_, copy_, overhead_, step_wall_;
-  std::vector<int64_t> wake_, allreduce_;                  // in-process runs only
-  std::vector<std::vector<double>> bubble_;                // [P] per step
-  std::vector<std::vector<double>> overhead_per_compute_;  // [P] per step, ns
-  int64_t message_bytes_ = 0;
-};
 
 }  // namespace sluice::pipeline

@@ -1,0 +1,485 @@
+#include "sluice/pipeline/step_costs.h"
+
+#include <algorithm>
+#include <fstream>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "sluice/core/files.h"
+
+namespace sluice::pipeline {
+
+namespace {
+
+constexpr const char* kFormat = "sluice-step-costs/1";
+// The most one cost may be, in ms (11.6 days): a replay sums millions of them.
+constexpr double kMaxCostMs = 1e9;
+
+double Median(std::vector<int64_t> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
+  double m = static_cast<double>(v[mid]);
+  if (v.size() % 2 == 0) {
+    m = (m + static_cast<double>(
+                 *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid)))) /
+        2;
+  }
+  return m;
+}
+
+template <typename T>
+double Mean(const std::vector<T>& v) {
+  double sum = 0;
+  for (T x : v) sum += static_cast<double>(x);
+  return v.empty() ? 0 : sum / static_cast<double>(v.size());
+}
+
+double MedianD(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t mid = v.size() / 2;
+  return v.size() % 2 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
+}
+
+}  // namespace
+
+StepCosts UnitCosts(const Schedule& schedule) {
+  StepCosts c;
+  c.stages = schedule.stages;
+  c.chunks = schedule.chunks;
+  c.split_backward = true;
+  c.ranks.assign(schedule.stages, RankCosts{});
+  // A chunk holds 1/V of the stage's layers: its F, B and W cost 1/V.
+  const double unit = 1.0 / schedule.chunks;
+  for (RankCosts& r : c.ranks) {
+    r.chunks.assign(schedule.chunks, ChunkCosts{.forward_ms = unit,
+                                                .backward_ms = unit,
+                                                .weight_ms = unit,
+                                                .forward_cpu_ms = unit,
+                                                .backward_cpu_ms = unit,
+                                                .weight_cpu_ms = unit});
+  }
+  return c;
+}
+
+void CheckCostsCover(const StepCosts& costs, const Schedule& schedule) {
+  if (costs.stages != schedule.stages) {
+    throw InvalidArgument(fmt::format(
+        "{}: measured on {} stages, but {} has {}: profile a run with --stages {}", costs.source,
+        costs.stages, schedule.Describe(), schedule.stages, schedule.stages));
+  }
+  if (costs.chunks != schedule.chunks) {
+    throw InvalidArgument(fmt::format(
+        "{}: measured with {} chunk(s) per stage, but {} runs {}: profile a run of a schedule "
+        "with {} chunk(s) per stage",
+        costs.source, costs.chunks, schedule.Describe(), schedule.chunks, schedule.chunks));
+  }
+  if (schedule.split_backward && !costs.split_backward) {
+    throw InvalidArgument(fmt::format(
+        "{}: measured with the backward whole, but {} splits it into B and W: profile a run of "
+        "a split-backward schedule (zb-h1) to cover it",
+        costs.source, schedule.Describe()));
+  }
+}
+
+void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job) {
+  for (const auto& [key, value] : costs.job.items()) {
+    if (!job.contains(key)) continue;
+    if (job[key] != value) {
+      throw InvalidArgument(
+          fmt::format("{}: measured on another job: {} is {} there, {} here (profile this job "
+                      "with sluice train ... --profile-out)",
+                      costs.source, key, value.dump(), job[key].dump()));
+    }
+  }
+}
+
+nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout) {
+  std::string recompute;
+  for (int r = 0; r < setup.schedule.stages; ++r) {
+    recompute += fmt::format("{}{}", r ? "," : "",
+                             Name(RecomputeForStage(*setup.config, r, setup.schedule.stages)));
+  }
+  return {{"model", "gpt"},
+          {"vocab", setup.gpt.vocab},
+          {"seq", setup.seq_len},
+          {"layers", setup.gpt.layers},
+          {"heads", setup.gpt.heads},
+          {"dim", setup.gpt.dim},
+          {"attention", std::string(Name(setup.gpt.attention))},
+          {"micro_batch_size", setup.micro_batch_size},
+          {"layout", layout},
+          {"recompute", recompute},
+          {"threads", setup.config->threads}};
+}
+
+nlohmann::ordered_json CostsToJson(const StepCosts& c) {
+  nlohmann::ordered_json j;
+  j["format"] = kFormat;
+  j["job"] = c.job;
+  j["stages"] = c.stages;
+  j["chunks"] = c.chunks;
+  j["split_backward"] = c.split_backward;
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (size_t r = 0; r < c.ranks.size(); ++r) {
+    nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
+    for (const ChunkCosts& ch : c.ranks[r].chunks) {
+      chunks.push_back({{"forward_ms", ch.forward_ms},
+                        {"backward_ms", ch.backward_ms},
+                        {"weight_ms", ch.weight_ms},
+                        {"forward_cpu_ms", ch.forward_cpu_ms},
+                        {"backward_cpu_ms", ch.backward_cpu_ms},
+                        {"weight_cpu_ms", ch.weight_cpu_ms}});
+    }
+    ranks.push_back({{"stage", r},
+                     {"chunks", chunks},
+                     {"optimizer_ms", c.ranks[r].optimizer_ms},
+                     {"update_ms", c.ranks[r].update_ms},
+                     {"overhead_ms", c.ranks[r].overhead_ms}});
+  }
+  j["ranks"] = ranks;
+  j["messages"] = {{"bytes", c.message_bytes},
+                   {"post_ms", c.post_ms},
+                   {"copy_ms", c.copy_ms},
+                   {"copy_ms_per_byte",
+                    c.message_bytes > 0 ? c.copy_ms / static_cast<double>(c.message_bytes) : 0.0},
+                   {"wake_ms", c.wake_ms}};
+  j["allreduce_ms"] = c.allreduce_ms;
+  j["step_overhead_ms"] = c.step_overhead_ms;
+  j["measured"] = c.measured;
+  if (!c.recorded.empty()) {
+    nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+    for (const RecordedStep& step : c.recorded) {
+      nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+      for (const RecordedStep::Rank& rank : step.ranks) {
+        nlohmann::ordered_json chunks = nlohmann::ordered_json::array();
+        for (const RecordedStep::Chunk& ch : rank.chunks) {
+          chunks.push_back({{"forward_ms", ch.forward_ms},
+                            {"backward_ms", ch.backward_ms},
+                            {"weight_ms", ch.weight_ms}});
+        }
+        ranks.push_back({{"chunks", chunks},
+                         {"optimizer_ms", rank.optimizer_ms},
+                         {"update_ms", rank.update_ms}});
+      }
+      steps.push_back({{"step_ms", step.step_ms},
+                       {"span_ms", step.span_ms},
+                       {"stage_bubble", step.stage_bubble},
+                       {"ranks", ranks}});
+    }
+    j["steps"] = steps;
+  }
+  return j;
+}
+
+StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
+  auto bad = [&](const std::string& where, const std::string& what) {
+    return InvalidArgument(fmt::format("{}: {} {}", source, where, what));
+  };
+  if (!j.is_object()) throw bad("the file", "is not a JSON object (a costs file of --profile-out)");
+  if (!j.contains("format") || !j["format"].is_string() ||
+      j["format"].get_ref<const std::string&>() != kFormat) {
+    throw bad("\"format\"", fmt::format("must be \"{}\" (a file written by sluice train "
+                                        "--profile-out)",
+                                        kFormat));
+  }
+  // A cost `v`, named `what` ("\"forward_ms\"", "\"forward_ms\"[3]") in `where`.
+  auto cost = [&](const nlohmann::json& v, const std::string& what, const std::string& where) {
+    if (!v.is_number()) throw bad(where, fmt::format("{} is not a number", what));
+    const double d = v.get<double>();
+    // Bounded so that the replay's sums of millions of them stay finite.
+    if (!(d >= 0 && d <= kMaxCostMs)) {
+      throw bad(where, fmt::format("{} is {}: it must be a number from 0 to {:g}", what, v.dump(),
+                                   kMaxCostMs));
+    }
+    return d;
+  };
+  auto number = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
+    if (!obj.contains(key)) throw bad(where, fmt::format("has no \"{}\"", key));
+    return cost(obj[key], fmt::format("\"{}\"", key), where);
+  };
+  // Entries a file written before they were measured lacks: absent, they cost nothing.
+  auto optional = [&](const nlohmann::json& obj, const char* key, const std::string& where) {
+    return obj.contains(key) ? number(obj, key, where) : 0.0;
+  };
+  auto integer = [&](const nlohmann::json& obj, const char* key, const std::string& where,
+                     int64_t least, int64_t most) {
+    if (!obj.contains(key)) throw bad(where, fmt::format("has no \"{}\"", key));
+    const nlohmann::json& v = obj[key];
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(most)) ||
+        v.get<int64_t>() < least || v.get<int64_t>() > most) {
+      throw bad(where, fmt::format("\"{}\" is {}: it must be an integer from {} to {}", key,
+                                   v.dump(), least, most));
+    }
+    return v.get<int64_t>();
+  };
+  StepCosts c;
+  c.source = source;
+  c.stages = static_cast<int>(integer(j, "stages", "the file", 1, kMaxStages));
+  c.chunks = static_cast<int>(integer(j, "chunks", "the file", 1, kMaxChunks));
+  if (!j.contains("split_backward") || !j["split_backward"].is_boolean()) {
+    throw bad("the file", "has no boolean \"split_backward\"");
+  }
+  c.split_backward = j["split_backward"].get<bool>();
+  if (j.contains("job")) {
+    if (!j["job"].is_object()) throw bad("\"job\"", "is not an object");
+    c.job = j["job"];
+  }
+  if (!j.contains("ranks") || !j["ranks"].is_array() ||
+      j["ranks"].size() != static_cast<size_t>(c.stages)) {
+    throw bad("\"ranks\"", fmt::format("must be an array of one entry per stage ({})", c.stages));
+  }
+  for (int r = 0; r < c.stages; ++r) {
+    const nlohmann::json& rank = j["ranks"][r];
+    const std::string where = fmt::format("stage {}", r);
+    if (!rank.is_object()) throw bad(where, "is not an object");
+    RankCosts rc;
+    rc.optimizer_ms = number(rank, "optimizer_ms", where);
+    rc.update_ms = number(rank, "update_ms", where);
+    rc.overhead_ms = optional(rank, "overhead_ms", where);
+    if (!rank.contains("chunks") || !rank["chunks"].is_array() ||
+        rank["chunks"].size() != static_cast<size_t>(c.chunks)) {
+      throw bad(where, fmt::format("must have \"chunks\": one entry per chunk ({})", c.chunks));
+    }
+    for (int v = 0; v < c.chunks; ++v) {
+      const nlohmann::json& ch = rank["chunks"][v];
+      const std::string w = fmt::format("stage {} chunk {}", r, v);
+      if (!ch.is_object()) throw bad(w, "is not an object");
+      ChunkCosts cc;
+      cc.forward_ms = number(ch, "forward_ms", w);
+      cc.backward_ms = number(ch, "backward_ms", w);
+      cc.weight_ms = number(ch, "weight_ms", w);
+      // CPU times are optional (a hand-written file); absent, they are the wall times.
+      for (auto [key, field, wall] :
+           {std::tuple{"forward_cpu_ms", &cc.forward_cpu_ms, cc.forward_ms},
+            {"backward_cpu_ms", &cc.backward_cpu_ms, cc.backward_ms},
+            {"weight_cpu_ms", &cc.weight_cpu_ms, cc.weight_ms}}) {
+        *field = ch.contains(key) ? number(ch, key, w) : wall;
+      }
+      rc.chunks.push_back(cc);
+    }
+    c.ranks.push_back(std::move(rc));
+  }
+  if (!j.contains("messages") || !j["messages"].is_object()) {
+    throw bad("the file", "has no \"messages\" object");
+  }
+  c.message_bytes = integer(j["messages"], "bytes", "\"messages\"", 0, int64_t{1} << 53);
+  c.post_ms = number(j["messages"], "post_ms", "\"messages\"");
+  c.copy_ms = number(j["messages"], "copy_ms", "\"messages\"");
+  c.wake_ms = optional(j["messages"], "wake_ms", "\"messages\"");
+  c.allreduce_ms = optional(j, "allreduce_ms", "the file");
+  c.step_overhead_ms = number(j, "step_overhead_ms", "the file");
+  if (j.contains("measured")) c.measured = j["measured"];
+  // The recorded steps: optional (a file written before they were recorded has none), and every
+  // compute's array has the same length, M, on every rank, chunk and step.
+  if (j.contains("steps")) {
+    if (!j["steps"].is_array()) throw bad("\"steps\"", "is not an array");
+    for (size_t k = 0; k < j["steps"].size(); ++k) {
+      const nlohmann::json& step = j["steps"][k];
+      const std::string where = fmt::format("steps[{}]", k);
+      if (!step.is_object()) throw bad(where, "is not an object");
+      RecordedStep rec;
+      rec.step_ms = number(step, "step_ms", where);
+      rec.span_ms = number(step, "span_ms", where);
+      if (!step.contains("stage_bubble") || !step["stage_bubble"].is_array() ||
+          step["stage_bubble"].size() != static_cast<size_t>(c.stages)) {
+        throw bad(where,
+                  fmt::format("must have \"stage_bubble\": one number per stage ({})", c.stages));
+      }
+      for (const nlohmann::json& b : step["stage_bubble"]) {
+        if (!b.is_number()) throw bad(where, "\"stage_bubble\" holds something not a number");
+        rec.stage_bubble.push_back(b.get<double>());
+      }
+      if (!step.contains("ranks") || !step["ranks"].is_array() ||
+          step["ranks"].size() != static_cast<size_t>(c.stages)) {
+        throw bad(where, fmt::format("must have \"ranks\": one entry per stage ({})", c.stages));
+      }
+      for (int r = 0; r < c.stages; ++r) {
+        const nlohmann::json& rank = step["ranks"][r];
+        const std::string at = fmt::format("{} stage {}", where, r);
+        if (!rank.is_object()) throw bad(at, "is not an object");
+        RecordedStep::Rank rr;
+        rr.optimizer_ms = number(rank, "optimizer_ms", at);
+        rr.update_ms = number(rank, "update_ms", at);
+        if (!rank.contains("chunks") || !rank["chunks"].is_array() ||
+            rank["chunks"].size() != static_cast<size_t>(c.chunks)) {
+          throw bad(at, fmt::format("must have \"chunks\": one entry per chunk ({})", c.chunks));
+        }
+        for (int v = 0; v < c.chunks; ++v) {
+          const nlohmann::json& ch = rank["chunks"][v];
+          const std::string w = fmt::format("{} chunk {}", at, v);
+          if (!ch.is_object()) throw bad(w, "is not an object");
+          RecordedStep::Chunk rc;
+          for (auto [key, field] : {std::pair{"forward_ms", &rc.forward_ms},
+                                    {"backward_ms", &rc.backward_ms},
+                                    {"weight_ms", &rc.weight_ms}}) {
+            if (!ch.contains(key) || !ch[key].is_array() || ch[key].empty()) {
+              throw bad(w, fmt::format("has no \"{}\" array (one figure per micro-batch)", key));
+            }
+            if (c.micro_batches == 0) c.micro_batches = static_cast<int>(ch[key].size());
+            if (ch[key].size() != static_cast<size_t>(c.micro_batches)) {
+              throw bad(w, fmt::format("\"{}\" has {} entries, the first step's {}: every "
+                                       "recorded step has one per micro-batch",
+                                       key, ch[key].size(), c.micro_batches));
+            }
+            for (size_t m = 0; m < ch[key].size(); ++m) {
+              field->push_back(cost(ch[key][m], fmt::format("\"{}\"[{}]", key, m), w));
+            }
+          }
+          rr.chunks.push_back(std::move(rc));
+        }
+        rec.ranks.push_back(std::move(rr));
+      }
+      c.recorded.push_back(std::move(rec));
+    }
+  }
+  return c;
+}
+
+StepCosts ReadCostsFile(const std::string& path) {
+  nlohmann::json j = nlohmann::json::parse(ReadWholeFile("--costs file", path), nullptr,
+                                           /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw InvalidArgument(fmt::format("--costs {}: not valid JSON", path));
+  return CostsFromJson(j, path);
+}
+
+CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
+    : schedule_(schedule), job_(std::move(job)) {
+  const size_t P = static_cast<size_t>(schedule.stages), V = static_cast<size_t>(schedule.chunks);
+  wall_.assign(
+      P, std::vector<std::vector<std::vector<int64_t>>>(5, std::vector<std::vector<int64_t>>(V)));
+  cpu_ = wall_;
+  bubble_.assign(P, {});
+  overhead_per_compute_.assign(P, {});
+}
+
+void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns) {
+  const int64_t span = StepSpanNs(steps);
+  for (size_t r = 0; r < steps.size(); ++r) AddRank(static_cast<int>(r), steps[r], span);
+  AddStep(step_wall_ns, span);
+  Record(steps, step_wall_ns, span);
+  // Wake-ups: a receive blocked on a message resumes this long after the Isend that copied it.
+  std::unordered_map<int64_t, int64_t> arrived;  // message → end of the Isend that copied it
+  for (const StageStep& s : steps) {
+    for (const StageStep::MessageEvent& e : s.copied_sends) arrived[e.message] = e.end_ns;
+  }
+  for (const StageStep& s : steps) {
+    for (const StageStep::MessageEvent& e : s.blocked_receives) {
+      auto it = arrived.find(e.message);
+      if (it != arrived.end() && it->second >= e.begin_ns) {
+        wake_.push_back(std::max<int64_t>(0, e.end_ns - it->second));
+      }
+    }
+  }
+  // The all-reduce as the last rank to reach it sees it (the others' also holds their wait).
+  const StageStep* last = nullptr;
+  for (const StageStep& s : steps) {
+    if (s.allreduce_end_ns > 0 &&
+        (last == nullptr || s.allreduce_begin_ns > last->allreduce_begin_ns))
+      last = &s;
+  }
+  if (last != nullptr) allreduce_.push_back(last->allreduce_end_ns - last->allreduce_begin_ns);
+}
+
+void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
+  for (int kind = 0; kind < 5; ++kind) {
+    // OPT's two halves are one sample each per step, recorded under chunk 0.
+    for (const StageStep::Sample& x : s.computes[kind]) {
+      wall_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.wall_ns);
+      cpu_[r][kind][kind >= 3 ? 0 : x.chunk].push_back(x.cpu_ns);
+    }
+  }
+  post_.insert(post_.end(), s.post_ns.begin(), s.post_ns.end());
+  copy_.insert(copy_.end(), s.post_copy_ns.begin(), s.post_copy_ns.end());
+  message_bytes_ = std::max(message_bytes_, s.message_bytes);
+  bubble_[r].push_back(
+      span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
+  // Bookkeeping: the rank's time neither computing nor inside the communicator, per compute.
+  const size_t computes = s.computes[0].size() + s.computes[1].size() + s.computes[2].size();
+  if (computes > 0) {
+    overhead_per_compute_[r].push_back(
+        static_cast<double>(std::max<int64_t>(0, s.wall_ns - s.busy_ns - s.comm_ns)) /
+        static_cast<double>(computes));
+  }
+}
+
+void CostProfiler::AddStep(int64_t step_wall_ns, int64_t span_ns) {
+  overhead_.push_back(std::max<int64_t>(0, step_wall_ns - span_ns));
+  step_wall_.push_back(step_wall_ns);
+}
+
+StepCosts CostProfiler::Costs() const {
+  StepCosts c;
+  c.source = "profile";
+  c.stages = schedule_.stages;
+  c.chunks = schedule_.chunks;
+  c.split_backward = schedule_.split_backward;
+  c.job = job_;
+  auto ms = [](double ns) { return ns / 1e6; };
+  for (size_t r = 0; r < wall_.size(); ++r) {
+    RankCosts rc;
+    for (int v = 0; v < c.chunks; ++v) {
+      ChunkCosts ch;
+      ch.forward_ms = ms(Median(wall_[r][0][v]));
+      ch.backward_ms = ms(Median(wall_[r][1][v]));
+      ch.weight_ms = ms(Median(wall_[r][2][v]));
+      ch.forward_cpu_ms = ms(Median(cpu_[r][0][v]));
+      ch.backward_cpu_ms = ms(Median(cpu_[r][1][v]));
+      ch.weight_cpu_ms = ms(Median(cpu_[r][2][v]));
+      rc.chunks.push_back(ch);
+    }
+    rc.optimizer_ms = ms(Median(wall_[r][3][0]));
+    rc.update_ms = ms(Median(wall_[r][4][0]));
+    rc.overhead_ms = ms(Mean(overhead_per_compute_[r]));
+    c.ranks.push_back(std::move(rc));
+  }
+  c.message_bytes = message_bytes_;
+  c.post_ms = ms(Median(post_));
+  c.copy_ms = std::max(0.0, ms(Median(copy_)) - c.post_ms);
+  // Means, not medians: what these waits add to a step is their sum, and their rare long ones (a
+  // thread waiting for a core to wake on) are much of it.
+  c.wake_ms = ms(Mean(wake_));
+  c.allreduce_ms = ms(Mean(allreduce_));
+  c.step_overhead_ms = ms(Median(overhead_));
+  nlohmann::json bubbles = nlohmann::json::array();
+  for (const std::vector<double>& b : bubble_) bubbles.push_back(MedianD(b));
+  c.recorded = recorded_;
+  c.micro_batches = recorded_.empty() ? 0 : schedule_.micro_batches;
+  c.measured = {
+      {"steps", step_wall_.size()}, {"step_ms", ms(Median(step_wall_))}, {"stage_bubble", bubbles}};
+  return c;
+}
+
+void CostProfiler::Record(const std::vector<StageStep>& steps, int64_t step_wall_ns,
+                          int64_t span_ns) {
+  if (recorded_.size() >= static_cast<size_t>(kMaxRecordedSteps)) return;
+  const size_t V = static_cast<size_t>(schedule_.chunks),
+               M = static_cast<size_t>(schedule_.micro_batches);
+  auto ms = [](int64_t ns) { return static_cast<double>(ns) / 1e6; };
+  RecordedStep& rec = recorded_.emplace_back();
+  rec.step_ms = ms(step_wall_ns);
+  rec.span_ms = ms(span_ns);
+  for (const StageStep& s : steps) {
+    rec.stage_bubble.push_back(
+        span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
+    RecordedStep::Rank& rank = rec.ranks.emplace_back();
+    rank.chunks.assign(V, RecordedStep::Chunk{.forward_ms = std::vector<double>(M),
+                                              .backward_ms = std::vector<double>(M),
+                                              .weight_ms = std::vector<double>(M)});
+    for (int kind = 0; kind < 3; ++kind) {
+      for (const StageStep::Sample& x : s.computes[kind]) {
+        RecordedStep::Chunk& ch = rank.chunks[static_cast<size_t>(x.chunk)];
+        std::vector<double>& to = kind == 0   ? ch.forward_ms
+                                  : kind == 1 ? ch.backward_ms
+                                              : ch.weight_ms;
+        to[static_cast<size_t>(x.micro_batch)] = ms(x.wall_ns);
+      }
+    }
+    for (const StageStep::Sample& x : s.computes[3]) rank.optimizer_ms = ms(x.wall_ns);
+    for (const StageStep::Sample& x : s.computes[4]) rank.update_ms = ms(x.wall_ns);
+  }
+}
+
+}  // namespace sluice::pipeline

@@ -1,0 +1,141 @@
+// Step costs: what one training step of a pipeline costs, per rank and chunk — the input of the
+// step simulator (step_simulator.h). Unit costs (the theory figures), or costs measured by a real
+// run: `sluice train --profile-out` collects them (CostProfiler) and writes a costs file
+// (CostsToJson; format in docs/simulator.md), `sluice simulate --costs` reads it back
+// (ReadCostsFile: every missing, mistyped or negative entry is an error naming the entry).
+//
+// A profile holds two things: per rank and chunk the medians of F, B and W (with the means of the
+// waits between computes: bookkeeping, wake-ups, the all-reduce), which the deterministic replay
+// uses; and the recorded steps — every compute's own wall time, by micro-batch, in each of the
+// first kMaxRecordedSteps profiled steps — which a replay of draws uses (SimulateOptions::draws):
+// the medians leave out how much computes vary, and a pipeline's waits grow with it.
+//
+// Costs cover a schedule when they have its stage count P and chunk count V and, for a schedule
+// that splits the backward into B and W, were measured split (an unsplit B costs B + W).
+// CheckCostsCover throws InvalidArgument naming the mismatch and what to measure instead.
+//
+// Thread-safety: plain values and pure functions; one CostProfiler per run, used by one thread.
+//
+// Example:
+//   StepCosts c = ReadCostsFile("costs.json");
+//   CheckCostsCover(c, schedule);  // throws when it was measured on another P, V or split
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sluice/pipeline/schedule.h"
+#include "sluice/pipeline/stage_runtime.h"
+
+namespace sluice::pipeline {
+
+struct ChunkCosts {
+  double forward_ms = 0, backward_ms = 0, weight_ms = 0;  // per micro-batch; medians when measured
+  double forward_cpu_ms = 0, backward_cpu_ms = 0, weight_cpu_ms = 0;  // thread CPU beside wall
+};
+
+struct RankCosts {
+  std::vector<ChunkCosts> chunks;  // [V]
+  double optimizer_ms = 0, update_ms = 0;
+  // Per F, B or W: the rank's time outside computes and the communicator (binding a batch,
+  // handing values between scopes, freeing a micro-batch's): idle, spent after each compute.
+  double overhead_ms = 0;
+};
+
+// One profiled step as it ran: every compute's wall time, and what the run measured of the step.
+struct RecordedStep {
+  struct Chunk {
+    std::vector<double> forward_ms, backward_ms, weight_ms;  // [M] by micro-batch; W 0 unsplit
+  };
+  struct Rank {
+    std::vector<Chunk> chunks;  // [V]
+    double optimizer_ms = 0, update_ms = 0;
+  };
+  std::vector<Rank> ranks;           // [P]
+  double step_ms = 0;                // the engine's wall time of the step
+  double span_ms = 0;                // the first rank's start to the last rank's end
+  std::vector<double> stage_bubble;  // [P] idle / span
+};
+
+// Steps a profile records compute by compute: the first this many after the warm-up.
+inline constexpr int kMaxRecordedSteps = 64;
+
+struct StepCosts {
+  std::string source = "unit costs";  // where they come from: errors name it
+  int stages = 1, chunks = 1;         // P and V of the run measured
+  bool split_backward = false;        // measured with B and W apart
+  std::vector<RankCosts> ranks;       // [P]
+  int64_t message_bytes = 0;          // one message
+  double post_ms = 0;                 // an Isend or Irecv call that copies nothing
+  double copy_ms = 0;                 // the extra of the call that copies the message
+  double wake_ms = 0;           // from a message's arrival to its blocked receiver running again
+  double allreduce_ms = 0;      // OPT's all-reduce, once the last rank has reached it
+  double step_overhead_ms = 0;  // per step, beyond the slowest rank
+  // Every compute of the profiled steps (empty for unit costs, costs files written before they
+  // were recorded, and runs under MPI); each has `micro_batches` entries per compute kind.
+  std::vector<RecordedStep> recorded;
+  int micro_batches = 0;  // M of the recorded steps
+  // What the costs were measured on ("model", "layers", "dim", ... → value): a simulation of
+  // another job is refused (CheckCostsJob).
+  nlohmann::json job = nlohmann::json::object();
+  // The run's own figures, for comparing predictions with it (empty for unit costs).
+  nlohmann::json measured = nlohmann::json::object();
+};
+
+// A stage's F, B and W of a micro-batch cost 1 each (an unsplit B 2), everything else 0: the
+// unit-cost analysis, in units of a whole stage's forward — with V chunks per stage each chunk's
+// action costs 1/V, so schedules of different V compare (schedule_analysis.h's Simulate counts
+// one per action: its makespan and busy times are V times these, its bubbles the same).
+StepCosts UnitCosts(const Schedule& schedule);
+
+// Throws InvalidArgument when `costs` do not cover `schedule` (see above).
+void CheckCostsCover(const StepCosts& costs, const Schedule& schedule);
+// Throws InvalidArgument naming the first field of costs.job that `job` has with another value.
+void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job);
+
+// What a costs file says it was measured on, for CheckCostsJob: the model's shape, the
+// micro-batch, the layout of the layers, the recompute policies and the threads.
+nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout);
+
+// Costs files (docs/simulator.md): JSON, written by `sluice train --profile-out`.
+nlohmann::ordered_json CostsToJson(const StepCosts& costs);
+// Throws InvalidArgument naming `source` and the entry for a missing, mistyped or negative entry.
+StepCosts CostsFromJson(const nlohmann::json& json, const std::string& source);
+StepCosts ReadCostsFile(const std::string& path);
+
+// Collects the profile of a run's steps (StageStep::computes, posts) per rank and makes costs of
+// them: medians over every sample of the computes and posts; means of the waits between computes
+// (overhead_ms, wake_ms, allreduce_ms: their sum is what they cost a step, long tail included);
+// and the first kMaxRecordedSteps steps compute by compute (Add only).
+// wake_ms and allreduce_ms need every rank's step on one clock (Add): AddRank leaves them 0.
+class CostProfiler {
+ public:
+  CostProfiler(const Schedule& schedule, nlohmann::json job);
+  // One step of every rank ([P]) and its wall time in the engine.
+  void Add(const std::vector<StageStep>& steps, int64_t step_wall_ns);
+  // The same in two parts, for a distributed run whose process knows only its own rank's step:
+  // rank r's step and the step's span (StepSpanNs: there, the slowest rank's wall), then the
+  // step's wall time in the engine beside its span (the difference is the step overhead).
+  void AddRank(int r, const StageStep& step, int64_t span_ns);
+  void AddStep(int64_t step_wall_ns, int64_t span_ns);
+  StepCosts Costs() const;
+
+ private:
+  void Record(const std::vector<StageStep>& steps, int64_t step_wall_ns, int64_t span_ns);
+
+  const Schedule& schedule_;
+  nlohmann::json job_;
+  // [P][kind][V] wall and CPU samples; kind 0 F, 1 B, 2 W, 3 optimizer, 4 update.
+  std::vector<std::vector<std::vector<std::vector<int64_t>>>> wall_, cpu_;
+  std::vector<int64_t> post_, copy_, overhead_, step_wall_;
+  std::vector<int64_t> wake_, allreduce_;                  // in-process runs only
+  std::vector<std::vector<double>> bubble_;                // [P] per step
+  std::vector<std::vector<double>> overhead_per_compute_;  // [P] per step, ns
+  std::vector<RecordedStep> recorded_;                     // in-process runs only
+  int64_t message_bytes_ = 0;
+};
+
+}  // namespace sluice::pipeline

@@ -120,5 +120,16 @@ TEST(Simulate, RejectsAnInvalidSchedule) {
   EXPECT_THROW(InFlightPeaks(FromText({.ranks = {"F0 B0"}})), ScheduleError);
 }
 
+// A caller that has validated the schedule (MakeSchedule does) says so and the analysis does not
+// validate it again — `sluice schedule` validated each schedule three times, a second of CPU each
+// at P = 1024, M = 8192. The schedule here lacks its OPT: only a validation would refuse it.
+TEST(Simulate, SkipsTheValidationItsCallerHasDone) {
+  const Schedule no_optimizer = FromText({.ranks = {"F0 B0"}});
+  EXPECT_THROW(Simulate(no_optimizer), ScheduleError);
+  // F 1, the unsplit B 1 + W 1.
+  EXPECT_EQ(Simulate(no_optimizer, {}, CommMode::kAsync, true, /*validated=*/true).makespan, 3);
+  EXPECT_EQ(InFlightPeaks(no_optimizer, /*validated=*/true)[0].peak, 1);
+}
+
 }  // namespace
 }  // namespace sluice::pipeline

@@ -1,12 +1,15 @@
 // The action grid and the JSON form of a schedule.
 #include "sluice/pipeline/schedule_format.h"
 
+#include <sstream>
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "pipeline/schedule_text.h"
 #include "sluice/pipeline/schedules.h"
+#include "sluice/pipeline/validator.h"
 
 namespace sluice::pipeline {
 namespace {
@@ -73,6 +76,18 @@ TEST(ScheduleJson, ListsEveryActionInOrder) {
     }
   }
   EXPECT_EQ(j["ranks"][0]["actions"][1].dump(), R"({"op":"SEND_F","chunk":0,"mb":0,"peer":1})");
+}
+
+// The writers validate a schedule once, unless their caller says it has (sluice schedule's
+// MakeSchedule did): a schedule without its OPT is refused, or written as it stands.
+TEST(ScheduleJson, ValidatesUnlessTheCallerHas) {
+  const Schedule no_optimizer = testing::FromText({.ranks = {"F0 B0"}});
+  std::ostringstream out;
+  EXPECT_THROW(WriteScheduleJson(no_optimizer, out), ScheduleError);
+  EXPECT_THROW(WriteScheduleTable(no_optimizer, out), ScheduleError);
+  std::ostringstream json;
+  WriteScheduleJson(no_optimizer, json, /*validated=*/true);
+  EXPECT_THAT(json.str(), HasSubstr(R"({"op":"B","chunk":0,"mb":0})"));
 }
 
 }  // namespace

@@ -49,10 +49,10 @@ int RunSchedule(const ScheduleArgs& args) {
                               .post_receives_ahead = args.post_receives_ahead});
   // Streamed: at P = 1024, M = 8192 the JSON is 2 GB.
   if (args.format == "json") {
-    pipeline::WriteScheduleJson(schedule, std::cout);
+    pipeline::WriteScheduleJson(schedule, std::cout, /*validated=*/true);  // MakeSchedule did
     std::cout << "\n";
   } else {
-    pipeline::WriteScheduleTable(schedule, std::cout);
+    pipeline::WriteScheduleTable(schedule, std::cout, /*validated=*/true);
   }
   std::cout.flush();
   if (!std::cout)

@@ -30,8 +30,8 @@ class PeerQueues {
 
 }  // namespace
 
-std::vector<InFlight> InFlightPeaks(const Schedule& schedule) {
-  ValidateSchedule(schedule);
+std::vector<InFlight> InFlightPeaks(const Schedule& schedule, bool validated) {
+  if (!validated) ValidateSchedule(schedule);
   std::vector<InFlight> peaks(schedule.stages);
   for (int r = 0; r < schedule.stages; ++r) {
     InFlight& peak = peaks[r];
@@ -60,8 +60,8 @@ std::vector<InFlight> InFlightPeaks(const Schedule& schedule) {
 }
 
 Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode mode,
-                    bool keep_action_times) {
-  ValidateSchedule(schedule);
+                    bool keep_action_times, bool validated) {
+  if (!validated) ValidateSchedule(schedule);
   const int P = schedule.stages, V = schedule.chunks, M = schedule.micro_batches;
   auto cost = [&](ActionKind kind) {
     switch (kind) {

@@ -28,7 +28,9 @@
 // time, so the idle time before its first and after its last compute counts as bubble.
 //
 // Failure: both functions validate first and throw the validator's ScheduleError for a schedule
-// that is not valid (validator.h). Thread-safety: pure functions.
+// that is not valid (validator.h) — unless `validated` says the caller has (a schedule of
+// MakeSchedule, which validates: at P = 1024, M = 8192 a validation is a second of CPU, and
+// `sluice schedule` made three). Thread-safety: pure functions.
 //
 // Example:
 //   Schedule s = MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 4, .micro_batches = 8});
@@ -51,7 +53,7 @@ struct InFlight {
 };
 
 // One entry per rank.
-std::vector<InFlight> InFlightPeaks(const Schedule& schedule);
+std::vector<InFlight> InFlightPeaks(const Schedule& schedule, bool validated = false);
 
 struct CostModel {
   double forward = 1;   // F
@@ -82,6 +84,7 @@ struct Simulation {
 // keep_action_times false leaves every RankTime::actions empty: the figures without 16 bytes per
 // action (what `sluice schedule --format json` needs at P = 1024, M = 8192: 50 M actions).
 Simulation Simulate(const Schedule& schedule, const CostModel& costs = {},
-                    CommMode mode = CommMode::kAsync, bool keep_action_times = true);
+                    CommMode mode = CommMode::kAsync, bool keep_action_times = true,
+                    bool validated = false);
 
 }  // namespace sluice::pipeline

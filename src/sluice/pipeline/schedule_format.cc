@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/pipeline/validator.h"
 
 namespace sluice::pipeline {
 
@@ -16,18 +17,20 @@ namespace {
 
 // Every compute action one step, the unsplit backward too; receives posted ahead, so the grid
 // shows the shape of the compute order itself.
+// `s` is valid (the writers validate it once).
 Simulation UnitCostRun(const Schedule& s, bool keep_action_times) {
   return Simulate(s, CostModel{.forward = 1, .backward = 1, .weight = s.split_backward ? 1.0 : 0.0},
-                  CommMode::kAsync, keep_action_times);
+                  CommMode::kAsync, keep_action_times, /*validated=*/true);
 }
 
 std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100 * fraction); }
 
 }  // namespace
 
-void WriteScheduleTable(const Schedule& s, std::ostream& out) {
+void WriteScheduleTable(const Schedule& s, std::ostream& out, bool validated) {
+  if (!validated) ValidateSchedule(s);
   const Simulation sim = UnitCostRun(s, /*keep_action_times=*/true);
-  const std::vector<InFlight> in_flight = InFlightPeaks(s);
+  const std::vector<InFlight> in_flight = InFlightPeaks(s, /*validated=*/true);
   const int steps = static_cast<int>(std::lround(sim.makespan));
 
   size_t width = fmt::format("{}", steps - 1).size();
@@ -93,9 +96,10 @@ std::string OpenObject(const nlohmann::ordered_json& object) {
 
 }  // namespace
 
-void WriteScheduleJson(const Schedule& s, std::ostream& out) {
+void WriteScheduleJson(const Schedule& s, std::ostream& out, bool validated) {
+  if (!validated) ValidateSchedule(s);
   const Simulation sim = UnitCostRun(s, /*keep_action_times=*/false);
-  const std::vector<InFlight> in_flight = InFlightPeaks(s);
+  const std::vector<InFlight> in_flight = InFlightPeaks(s, /*validated=*/true);
   out << OpenObject({{"schedule", s.name},
                      {"stages", s.stages},
                      {"micro_batches", s.micro_batches},

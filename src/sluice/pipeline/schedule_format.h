@@ -40,13 +40,14 @@ namespace sluice::pipeline {
 
 std::string FormatScheduleTable(const Schedule& schedule);
 // The same, written to `out` one row at a time (the unit-cost run keeps every action's time:
-// 16 bytes an action).
-void WriteScheduleTable(const Schedule& schedule, std::ostream& out);
+// 16 bytes an action). Both writers validate the schedule once (ScheduleError) unless
+// `validated` says the caller has (MakeSchedule validates).
+void WriteScheduleTable(const Schedule& schedule, std::ostream& out, bool validated = false);
 
 nlohmann::ordered_json ScheduleToJson(const Schedule& schedule);
 // ScheduleToJson(schedule).dump(), written to `out` one rank at a time without a JSON tree:
 // beyond the schedule it holds one rank's text and O(P + V·M) figures, so P = 1024, M = 8192
 // (50 M actions, 2 GB of JSON) streams out in the memory of its action lists.
-void WriteScheduleJson(const Schedule& schedule, std::ostream& out);
+void WriteScheduleJson(const Schedule& schedule, std::ostream& out, bool validated = false);
 
 }  // namespace sluice::pipeline

@@ -685,7 +685,7 @@ int TheoreticalInFlight(const ScheduleOptions& o, int rank) {
       return 2 * P;
     case ScheduleKind::kVHalf:
     case ScheduleKind::kVMin:
-      return InFlightPeaks(MakeSchedule(o)).at(rank).peak;
+      return InFlightPeaks(MakeSchedule(o), /*validated=*/true).at(rank).peak;
   }
   SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
 }

@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <CLI/CLI.hpp>
+
 #include "cli/cli_fixture.h"
 
 namespace sluice {
@@ -117,6 +119,9 @@ TEST_F(SampleCli, BadPromptsAndOptionsAreClearErrors) {
   // Greedy decoding does not use the temperature.
   r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --temperature 0 --greedy", ckpt));
   EXPECT_EQ(r.status, 0) << r.err;
+  r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --seed -1", ckpt));
+  EXPECT_EQ(r.status, static_cast<int>(CLI::ExitCodes::ValidationError)) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("a seed is an integer from 0 to 18446744073709551615, got '-1'"));
   r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --top-k -2", ckpt));
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("--top-k must be 0 (all tokens) or positive, got -2"));

@@ -61,6 +61,19 @@ inline CLI::Validator NonEmptyPath() {
       "");
 }
 
+// A CLI11 check for a seed bound to a uint64_t: a decimal integer from 0 to 2^64 - 1. CLI11 alone
+// would wrap "-1" around to 2^64 - 1, and its NonNegativeNumber prints a 300-digit upper bound.
+inline CLI::Validator Seed() {
+  return CLI::Validator(
+      [](std::string& text) {
+        const bool digits = !text.empty() && text.size() <= 20 &&
+                            text.find_first_not_of("0123456789") == std::string::npos;
+        if (digits && (text.size() < 20 || text <= "18446744073709551615")) return std::string();
+        return "a seed is an integer from 0 to 18446744073709551615, got '" + text + "'";
+      },
+      "UINT64");
+}
+
 // One per command file.
 CommandRunner SetupRunCommand(CLI::App& sub);       // run_command.cc
 CommandRunner SetupTrainCommand(CLI::App& sub);     // train_command.cc

@@ -246,7 +246,7 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
       ->check(CLI::Range(1, 1'000'000))
       ->capture_default_str();
   sub.add_option("--seed", args->seed, "Seed for inputs not given by --inputs")
-      ->check(CLI::NonNegativeNumber)  // a uint64: "-1" would wrap around silently
+      ->check(Seed())
       ->capture_default_str();
   sub.add_option("--threads", args->threads,
                  "Threads of a parallel run, the caller included (0: one per core)")

@@ -200,6 +200,7 @@ int RunSample(const SampleArgs& a) {
     std::fflush(stdout);
   });
   fmt::print("\n");
+  std::fflush(stdout);  // the text's last line before the figures on stderr, in a terminal too
   const double rate = r.decode_s > 0 ? static_cast<double>(r.tokens.size()) / r.decode_s : 0;
   fmt::print(stderr,
              "sample: {} tokens in {:.1f} ms, {:.0f} tokens/s (prompt of {} tokens encoded in "
@@ -225,6 +226,7 @@ CommandRunner SetupSampleCommand(CLI::App& sub) {
   sub.add_option("--top-k", a->top_k, "sample among the k most likely tokens (0: all)")
       ->capture_default_str();
   sub.add_option("--seed", a->seed, "seed of the draws: the same seed, the same text")
+      ->check(Seed())
       ->capture_default_str();
   sub.add_flag("--greedy", a->greedy, "always the most likely token (no sampling)");
   sub.add_option("--threads", a->threads, "BLAS threads of the matrix products")

@@ -555,7 +555,7 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--clip", c.optimizer.clip_norm, "clip gradients to this global norm (0: off)")
       ->capture_default_str();
   sub.add_option("--seed", c.seed, "seed of initialization and data")
-      ->check(CLI::NonNegativeNumber)  // a uint64: "-1" would wrap around silently
+      ->check(Seed())
       ->capture_default_str();
   sub.add_option(
          "--gc", a->gc,

@@ -1,6 +1,7 @@
 // Trainer: bitwise resume, weight loading errors, configuration errors, metrics lines.
 #include "sluice/train/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +88,33 @@ TEST(Trainer, InitFromReportsMissingExtraAndMisShapedTensorsByName) {
     EXPECT_NE(m.find("unexpected tensor 'surprise'"), std::string::npos) << m;
   }
   std::remove(path.c_str());
+}
+
+TEST(Trainer, ResumingAnotherSizeOfModelNamesTheOptionsAndListsAFewTensors) {
+  const std::string ckpt = Temp("four_layers.safetensors");
+  TrainConfig four = SmallGpt();
+  four.gpt.layers = 4;
+  Trainer t(four);
+  t.Step();
+  t.SaveCheckpoint(ckpt);
+  TrainConfig two = SmallGpt();
+  two.gpt.layers = 2;
+  two.gpt.dim = 32;
+  two.resume_path = ckpt;
+  try {
+    Trainer bad(two);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("it was written with --dim 16 (this run: 32), --layers 4 (this run: 2)"),
+              std::string::npos)
+        << m;
+    // Every tensor of the two layers is mis-shaped and two layers are unexpected: 12 listed.
+    EXPECT_NE(m.find("tensor 'wte.weight' is f32["), std::string::npos) << m;
+    EXPECT_EQ(std::count(m.begin(), m.end(), '\n'), 13) << m;
+    EXPECT_NE(m.find("\n  … and "), std::string::npos) << m;
+  }
+  std::remove(ckpt.c_str());
 }
 
 TEST(Trainer, InitFromLoadsWeights) {

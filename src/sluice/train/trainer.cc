@@ -85,12 +85,12 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
   for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
 
   if (!config.init_from.empty()) {
-    LoadTrainingCheckpoint(config.init_from, LoadKind::kInitFrom, model.params, config, scope,
-                           eval_allocator);
+    LoadTrainingCheckpoint(config.init_from, LoadKind::kInitFrom, *task, model.params, config,
+                           scope, eval_allocator);
   }
   if (!config.resume_path.empty()) {
-    step = LoadTrainingCheckpoint(config.resume_path, LoadKind::kResume, model.params, config,
-                                  scope, eval_allocator);
+    step = LoadTrainingCheckpoint(config.resume_path, LoadKind::kResume, *task, model.params,
+                                  config, scope, eval_allocator);
   }
   if (!config.metrics_path.empty() && engine->leader()) {
     metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());

@@ -12,11 +12,42 @@
 
 namespace sluice {
 
+namespace {
+
+// The "config" metadata: the task's description and the optimizer.
+nlohmann::json DescribeRun(const Task& task, const TrainConfig& config) {
+  nlohmann::json description = task.Describe();
+  description["optimizer"] = config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  return description;
+}
+
+// "--layers 4 (this run: 6)" for every key of the checkpoint's config whose value differs from
+// this run's; nothing when the checkpoint has no config or it is not a JSON object.
+std::vector<std::string> ConfigDifferences(const std::map<std::string, std::string>& metadata,
+                                           const nlohmann::json& ours) {
+  std::vector<std::string> differences;
+  auto it = metadata.find("config");
+  if (it == metadata.end() || !nlohmann::json::accept(it->second)) return differences;
+  const nlohmann::json theirs = nlohmann::json::parse(it->second);
+  if (!theirs.is_object()) return differences;
+  auto text = [](const nlohmann::json& v) {
+    return v.is_string() ? v.get<std::string>() : v.dump();
+  };
+  for (const auto& [key, value] : theirs.items()) {
+    if (ours.contains(key) && ours[key] != value) {
+      differences.push_back(
+          fmt::format("--{} {} (this run: {})", key, text(value), text(ours[key])));
+    }
+  }
+  return differences;
+}
+
+}  // namespace
+
 std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
                                                               const TrainConfig& config,
                                                               int64_t step) {
-  nlohmann::json description = task.Describe();
-  description["optimizer"] = config.optimizer.kind == OptimizerKind::kAdamW ? "adamw" : "sgd";
+  const nlohmann::json description = DescribeRun(task, config);
   return {
       {"format", kTrainingCheckpointFormat},
       {"step", std::to_string(step)},
@@ -82,7 +113,7 @@ TrainingCheckpointInfo ParseTrainingCheckpointMetadata(
   return info;
 }
 
-int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
+int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const Task& task,
                                const std::vector<ParamSpec>& params, const TrainConfig& config,
                                Scope& state, Allocator& scratch) {
   const bool resume = kind == LoadKind::kResume;
@@ -123,8 +154,18 @@ int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
     }
   }
   if (!problems.empty()) {
-    throw InvalidArgument(fmt::format("cannot load '{}' into this model:\n  {}", ckpt.path,
-                                      fmt::join(problems, "\n  ")));
+    // A model of another size misses every tensor of a layer: name the sizes, then a few tensors.
+    const std::vector<std::string> differences =
+        ConfigDifferences(ckpt.metadata, DescribeRun(task, config));
+    const std::string written_by =
+        differences.empty() ? std::string()
+                            : fmt::format(" it was written with {}", fmt::join(differences, ", "));
+    constexpr size_t kListed = 12;
+    const size_t more = problems.size() > kListed ? problems.size() - kListed : 0;
+    problems.resize(problems.size() - more);
+    if (more > 0) problems.push_back(fmt::format("… and {} more", more));
+    throw InvalidArgument(fmt::format("cannot load '{}' into this model:{}\n  {}", ckpt.path,
+                                      written_by, fmt::join(problems, "\n  ")));
   }
   int64_t step = 0;
   if (resume) {

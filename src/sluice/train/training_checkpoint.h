@@ -14,7 +14,8 @@
 //
 // Failure: IoError for an unreadable file or metadata that is missing or malformed (every key above
 // is read strictly: "2 apples" is not a step); InvalidArgument listing every missing, unexpected or
-// mis-shaped tensor at once, naming the --seed to resume with, or a checkpoint at or past --steps.
+// mis-shaped tensor at once (the first 12, and how many more), naming the --seed to resume with, or
+// a checkpoint at or past --steps.
 #pragma once
 
 #include <cstdint>
@@ -54,7 +55,10 @@ enum class LoadKind {
 // Copies the checkpoint at `path` into `state` in place: the tensors of `params` (the whole
 // model's) that `state` holds, with their optimizer state when resuming. Checks everything first
 // and changes nothing when a check fails. Returns the step to continue from (0 for kInitFrom).
-int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
+// When tensors are missing or mis-shaped, the message leads with the options of the checkpoint's
+// run that differ from this one's (its "config" beside `task`'s: "--layers 4 (this run: 6)") and
+// lists the first tensors, then how many more.
+int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const Task& task,
                                const std::vector<ParamSpec>& params, const TrainConfig& config,
                                Scope& state, Allocator& scratch);
 

@@ -131,6 +131,9 @@ for r in c["ranks"]:
     assert ch["forward_cpu_ms"] > 0 and r["optimizer_ms"] > 0 and r["update_ms"] > 0, r
 assert c["messages"]["bytes"] > 0 and c["messages"]["post_ms"] > 0, c["messages"]
 assert c["measured"]["steps"] == 3 and len(c["measured"]["stage_bubble"]) == 2, c["measured"]
+# the norm's all-reduce, joined over the ranks (the shortest of each step's); no shared clock for
+# wake-ups, and no recorded steps (draws replay the in-process profile's)
+assert c["allreduce_ms"] > 0 and c["messages"]["wake_ms"] == 0 and "steps" not in c, c
 print(f"{sys.argv[1]}: F {[r['chunks'][0]['forward_ms'] for r in c['ranks']]} ms")
 PY
     }

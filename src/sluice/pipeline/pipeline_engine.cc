@@ -197,8 +197,11 @@ void WriteCosts(const StepCosts& costs, const std::string& path) {
 
 // A distributed run's costs: every process profiled its own rank (`mine`: its Costs(), the other
 // ranks empty); one all-reduce brings replica 0's ranks to every process. A rank's figures are its
-// own medians; the message costs are the mean of the ranks' medians. Collective.
-StepCosts GatherCosts(StepCosts mine, int stage, bool contributes, Communicator& world) {
+// own medians; the message costs are the mean of the ranks' medians; the all-reduce is, per step,
+// the shortest of the ranks' (`allreduce`: this rank's per step; the last rank to reach it waits
+// least), averaged over the steps as in-process. Collective.
+StepCosts GatherCosts(StepCosts mine, const std::vector<double>& allreduce, int stage,
+                      bool contributes, Communicator& world) {
   const int P = mine.stages, V = mine.chunks;
   const int fields = 6 * V + 7;
   Tensor all = Tensor::Zeros({P, fields}, DType::kF64);
@@ -239,6 +242,19 @@ StepCosts GatherCosts(StepCosts mine, int stage, bool contributes, Communicator&
     bubbles.push_back(*row++);
   }
   c.measured["stage_bubble"] = bubbles;
+  // Every process profiled the same steps: the same S everywhere, so all take part or none.
+  if (const int S = static_cast<int>(allreduce.size()); S > 0) {
+    Tensor each = Tensor::Zeros({P, S}, DType::kF64);
+    if (contributes) std::copy(allreduce.begin(), allreduce.end(), each.data<double>() + stage * S);
+    world.AllReduceSum(each);
+    double sum = 0;
+    for (int k = 0; k < S; ++k) {
+      double least = std::numeric_limits<double>::infinity();
+      for (int s = 0; s < P; ++s) least = std::min(least, each.data<double>()[s * S + k]);
+      sum += least;
+    }
+    c.allreduce_ms = sum / S;
+  }
   return c;
 }
 
@@ -401,8 +417,9 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
       m.profiler->AddStep(NowNs() - begin, span);
     }
     if (step == steps_run - 1) {
-      const StepCosts costs = GatherCosts(m.profiler->Costs(), m.stage(), m.replica() == 0,
-                                          *m.options.distributed->world);
+      const StepCosts costs =
+          GatherCosts(m.profiler->Costs(), m.profiler->RankAllReduceMs(), m.stage(),
+                      m.replica() == 0, *m.options.distributed->world);
       if (leader()) WriteCosts(costs, m.options.profile_path);
     }
   }

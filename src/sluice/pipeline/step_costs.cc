@@ -394,6 +394,9 @@ void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
   post_.insert(post_.end(), s.post_ns.begin(), s.post_ns.end());
   copy_.insert(copy_.end(), s.post_copy_ns.begin(), s.post_copy_ns.end());
   message_bytes_ = std::max(message_bytes_, s.message_bytes);
+  rank_allreduce_ms_.push_back(
+      s.allreduce_end_ns > 0 ? static_cast<double>(s.allreduce_end_ns - s.allreduce_begin_ns) / 1e6
+                             : 0);
   bubble_[r].push_back(
       span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
   // Bookkeeping: the rank's time neither computing nor inside the communicator, per compute.

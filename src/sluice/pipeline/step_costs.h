@@ -110,7 +110,8 @@ StepCosts ReadCostsFile(const std::string& path);
 // them: medians over every sample of the computes and posts; means of the waits between computes
 // (overhead_ms, wake_ms, allreduce_ms: their sum is what they cost a step, long tail included);
 // and the first kMaxRecordedSteps steps compute by compute (Add only).
-// wake_ms and allreduce_ms need every rank's step on one clock (Add): AddRank leaves them 0.
+// wake_ms and allreduce_ms need every rank's step on one clock (Add): AddRank leaves them 0 (a
+// distributed run joins its ranks' all-reduces itself: RankAllReduceMs).
 class CostProfiler {
  public:
   CostProfiler(const Schedule& schedule, nlohmann::json job);
@@ -122,6 +123,10 @@ class CostProfiler {
   void AddRank(int r, const StageStep& step, int64_t span_ns);
   void AddStep(int64_t step_wall_ns, int64_t span_ns);
   StepCosts Costs() const;
+  // The duration of OPT's all-reduce on each rank AddRank was given, in order (ms): one per step
+  // in a distributed process, whose ranks' figures GatherCosts joins — the last rank to reach
+  // the all-reduce waits least, so the shortest of a step's is its all-reduce.
+  const std::vector<double>& RankAllReduceMs() const { return rank_allreduce_ms_; }
 
  private:
   void Record(const std::vector<StageStep>& steps, int64_t step_wall_ns, int64_t span_ns);
@@ -135,6 +140,7 @@ class CostProfiler {
   std::vector<std::vector<double>> bubble_;                // [P] per step
   std::vector<std::vector<double>> overhead_per_compute_;  // [P] per step, ns
   std::vector<RecordedStep> recorded_;                     // in-process runs only
+  std::vector<double> rank_allreduce_ms_;                  // AddRank's, in order
   int64_t message_bytes_ = 0;
 };
 

@@ -23,12 +23,12 @@ constexpr const char* kJob = SLUICE_MODEL " --stages 2";
 
 class SimulateCli : public CliTest {
  protected:
-  // Profiles `schedule` (3 steps) and returns the costs file's path.
-  std::string Profile(const std::string& schedule) {
-    const std::string path = (dir_ / (schedule + ".json")).string();
-    const CliResult r = Sluice(fmt::format("train {} --schedule {} --steps 3 --eval-every 0 "
+  // Profiles `schedule` (3 steps unless told) and returns the costs file's path.
+  std::string Profile(const std::string& schedule, int steps = 3) {
+    const std::string path = (dir_ / fmt::format("{}_{}.json", schedule, steps)).string();
+    const CliResult r = Sluice(fmt::format("train {} --schedule {} --steps {} --eval-every 0 "
                                            "--quiet --profile-out {}",
-                                           kJob, schedule, path),
+                                           kJob, schedule, steps, path),
                                "timeout 300");
     EXPECT_EQ(r.status, 0) << r.err;
     return path;
@@ -128,16 +128,24 @@ TEST_F(SimulateCli, ProfiledCostsDriveTheSimulationAndMemoryIsThePlans) {
   EXPECT_GE(one["bubble"].get<double>(), split["bubble"].get<double>());
 }
 
-// A profile records every compute of its steps after the warm-up; `sluice simulate` replays
-// kDefaultDraws (64) draws of them and gives their mean, each draw's own figures beside it
-// (`--draws N` sets how many, 0 replays the medians; `--draw-mode steps` replays recorded step d
-// in draw d). A costs file without recorded steps (an older profile's) simulates its medians, and
-// is refused for draws asked for, naming why; so are draws with shared cores.
+// A profile records every compute of its steps after the warm-up; from 8 recorded steps on,
+// `sluice simulate` replays kDefaultDraws (64) draws of them and gives their mean, each draw's own
+// figures beside it (`--draws N` sets how many, 0 replays the medians; `--draw-mode steps` replays
+// recorded step d in draw d). Fewer recorded steps, or none (an older profile's), simulate the
+// medians by default; draws asked of a file without steps are refused, naming why, and so are
+// draws with shared cores.
 TEST_F(SimulateCli, DrawsReplayTheProfilesRecordedComputes) {
-  const std::string costs = Profile("1f1b");
+  const std::string few = Profile("1f1b");
+  std::ifstream few_in(few);
+  EXPECT_EQ(nlohmann::json::parse(few_in)["steps"].size(), 2u);  // 3 steps, the first warms up
+  EXPECT_EQ(Simulate(fmt::format("{} --schedule 1f1b --costs {}", kJob, few))["draws"], 0);
+  EXPECT_EQ(Simulate(fmt::format("{} --schedule 1f1b --costs {} --draws 5", kJob, few))["draws"],
+            5);
+
+  const std::string costs = Profile("1f1b", 9);
   std::ifstream in(costs);
   const nlohmann::json file = nlohmann::json::parse(in);
-  ASSERT_EQ(file["steps"].size(), 2u);  // 3 steps, the first warms up
+  ASSERT_EQ(file["steps"].size(), 8u);
   for (const nlohmann::json& rank : file["steps"][1]["ranks"]) {
     ASSERT_EQ(rank["chunks"][0]["forward_ms"].size(), 4u);  // M = 4
     for (const nlohmann::json& f : rank["chunks"][0]["forward_ms"]) EXPECT_GT(f.get<double>(), 0);
@@ -154,7 +162,8 @@ TEST_F(SimulateCli, DrawsReplayTheProfilesRecordedComputes) {
   EXPECT_EQ(Simulate(job)["step_ms"], j["step_ms"]);  // the same draws every time
   const nlohmann::json steps = Simulate(job + " --draws 3 --draw-mode steps");
   ASSERT_EQ(steps["drawn"].size(), 3u);
-  EXPECT_EQ(steps["drawn"][0], steps["drawn"][2]);  // draw 2 replays recorded step 0 again
+  const nlohmann::json again = Simulate(job + " --draws 9 --draw-mode steps");
+  EXPECT_EQ(again["drawn"][0], again["drawn"][8]);  // draw 8 replays recorded step 0 again
   const nlohmann::json medians = Simulate(job + " --draws 0");
   EXPECT_EQ(medians["draws"], 0);
   EXPECT_FALSE(medians.contains("drawn"));

@@ -715,11 +715,10 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
   options.schedule = kind;
   const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
   const pipeline::StepCosts chosen = CostsFor(costs, layout);
-  // By default, draws where the costs recorded steps and every stage has a core (the model
-  // draws are for); the medians elsewhere.
-  const int draws = a.draws >= 0                               ? a.draws
-                    : !chosen.recorded.empty() && a.cores == 0 ? pipeline::kDefaultDraws
-                                                               : 0;
+  // By default, draws where the costs recorded enough steps and every stage has a core (the
+  // model draws are for); the medians elsewhere.
+  const bool enough = chosen.recorded.size() >= size_t{pipeline::kDefaultDrawsLeastSteps};
+  const int draws = a.draws >= 0 ? a.draws : enough && a.cores == 0 ? pipeline::kDefaultDraws : 0;
   SimulatedSchedule out{.kind = kind,
                         .describe = layout.setup.schedule.Describe(),
                         .costs = chosen.source,
@@ -994,8 +993,8 @@ CommandRunner SetupSimulateCommand(CLI::App& sub) {
       ->check(CLI::Range(0, 1 << 20));
   sub.add_option("--draws", options.args->draws,
                  "replay this many draws of the costs file's recorded computes and give their "
-                 "mean (0: one replay of the medians; default: 64 where the file recorded steps "
-                 "and without --cores)")
+                 "mean (0: one replay of the medians; default: 64 where the file recorded 8 "
+                 "steps or more, without --cores)")
       ->check(CLI::Range(0, 100000));
   sub.add_option("--draw-mode", options.args->draw_mode,
                  "computes (every compute drawn at random from its rank, chunk and kind) or steps "

@@ -107,6 +107,10 @@ struct SimulateOptions {
 // The draws `sluice simulate` replays by default when its costs recorded steps: the standard
 // error of the mean of 64 was under 1% of the step on the profiles measured (docs/simulator.md).
 inline constexpr int kDefaultDraws = 64;
+// ... and only when it recorded at least this many steps: a pool of fewer is not a distribution,
+// and one step slowed by other work (a load burst) would lengthen most draws where the median
+// step the run measures leaves it out; with fewer the medians are the robust figure.
+inline constexpr int kDefaultDrawsLeastSteps = 8;
 
 // Validates (unless options.validated), checks coverage, and replays one step.
 StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,

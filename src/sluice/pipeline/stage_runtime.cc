@@ -227,11 +227,11 @@ class StageRuntime::StepRun {
   // `message` arrived (its receiver may be waiting for it).
   template <typename F>
   Request Post(F&& post, int64_t message, bool send) {
-    const int64_t begin = NowNs();
+    const int64_t begin = NowNs(), cpu_begin = ThreadCpuNs();
     Request request = post();
-    const int64_t end = NowNs();
+    const int64_t end = NowNs(), cpu = ThreadCpuNs() - cpu_begin;
     const bool copied = request.Test();
-    (copied ? out_.post_copy_ns : out_.post_ns).push_back(end - begin);
+    (copied ? out_.post_copy_ns : out_.post_ns).push_back(cpu);
     if (copied && send) out_.copied_sends.push_back({message, begin, end});
     return request;
   }

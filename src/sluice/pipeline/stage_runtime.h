@@ -141,14 +141,17 @@ struct StageStep {
   std::vector<MemorySample> memory;  // when tracing
   // Profile (step_simulator.h's costs): every compute's wall and thread CPU time, one sample per
   // action, [kind] = F, B, W, OPT before its all-reduce ("optimizer"), OPT after it ("update");
-  // and every message post (Isend or Irecv call), split by whether the call copied the message
-  // (the later of a matched pair copies, comm/local.h).
+  // and every message post (Isend or Irecv call): its thread CPU time, split by whether the call
+  // copied the message (the later of a matched pair copies, comm/local.h). CPU, not wall: a
+  // copying Isend wakes its blocked receiver, and on a loaded machine the wall time of the call
+  // then holds the time the sender lost its core to it — 1.7–2.5 ms against 0.02 ms of copying
+  // (docs/benchmarks.md), which the simulator charged on every message.
   struct Sample {
     int chunk = 0, micro_batch = 0;  // OPT's: 0, 0
     int64_t wall_ns = 0, cpu_ns = 0;
   };
   std::vector<Sample> computes[5];
-  std::vector<int64_t> post_ns, post_copy_ns;  // posts that did not / did copy a message
+  std::vector<int64_t> post_ns, post_copy_ns;  // CPU of posts that did not / did copy a message
   int64_t message_bytes = 0;                   // one message ("x" or "y.grad": f32[B, T, C])
   // The waits a replay does not see in the costs above: when a message this rank sent was copied
   // by its Isend (end_ns; the receiver may be blocked on it), every wait for a receive that had

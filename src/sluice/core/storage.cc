@@ -1,20 +1,25 @@
 #include "sluice/core/storage.h"
 
 #include "sluice/core/error.h"
+#include "sluice/core/storage_pool.h"
 
 namespace sluice {
 
 std::shared_ptr<Storage> Storage::Create(Allocator& allocator, size_t nbytes) {
-  // The Storage and its reference count in one heap block (make_shared): the only heap allocation
-  // of a tensor besides the allocator's. A local class may call the private constructor.
+  // The Storage and its reference count in one node of the StoragePool (allocate_shared): in
+  // steady state a tensor costs no heap allocation besides the allocator's memory. A local class
+  // may call the private constructor.
   struct Made final : Storage {
     Made(Allocator* allocator, void* data, size_t nbytes, uintptr_t token)
         : Storage(allocator, data, nbytes, /*owns=*/true, token) {}
   };
+  // The control block: a vtable pointer and two 32-bit counts before the object.
+  static_assert(sizeof(Made) + 2 * sizeof(void*) <= StoragePool::kNodeBytes);
   uintptr_t token = 0;
   void* data = nbytes > 0 ? allocator.AllocateWithToken(nbytes, &token) : nullptr;
   try {
-    return std::make_shared<Made>(&allocator, data, nbytes, token);
+    return std::allocate_shared<Made>(StorageNodeAllocator<Made>(), &allocator, data, nbytes,
+                                      token);
   } catch (...) {
     if (data != nullptr) allocator.DeallocateWithToken(data, nbytes, token);
     throw;
@@ -26,7 +31,7 @@ std::shared_ptr<Storage> Storage::Borrowed(Allocator& allocator, size_t nbytes) 
     Made(Allocator* allocator, size_t nbytes)
         : Storage(allocator, nullptr, nbytes, /*owns=*/false, /*token=*/0) {}
   };
-  return std::make_shared<Made>(&allocator, nbytes);
+  return std::allocate_shared<Made>(StorageNodeAllocator<Made>(), &allocator, nbytes);
 }
 
 void Storage::Rebind(void* data) {

@@ -1,9 +1,11 @@
 // Storage: the reference-counted owner of one allocation.
 //
 // A Storage is created through Storage::Create, which returns a std::shared_ptr; the shared_ptr's
-// count is the reference count. Tensors and views share one Storage; the memory goes back to the
-// allocator when the last reference is dropped — on whichever thread drops it (this is how the
-// asynchronous garbage collector moves freeing off the executing thread).
+// count is the reference count. The object and its count live in one recycled node of the
+// StoragePool (core/storage_pool.h), not in a heap block of their own. Tensors and views share one
+// Storage; the memory goes back to the allocator when the last reference is dropped — on whichever
+// thread drops it (this is how the asynchronous garbage collector moves freeing off the executing
+// thread).
 //
 // A *borrowed* Storage (Storage::Borrowed) owns no memory: it is a window of nbytes() onto memory
 // its creator holds — an executable's arena (exec/memory_plan.h) — and its creator points it at

@@ -56,6 +56,12 @@ std::atomic<uint64_t> next_allocator_id{1};
 // readable after that).
 thread_local bool local_caches_gone = false;
 
+// The cache this thread used last and its allocator's id (0: none), checked first by every fast
+// call: plain thread-locals, read without the guard that the LocalCaches object (non-trivially
+// destructible) puts on each access. Ids are never reused, so a stale pair never matches.
+thread_local constinit uint64_t last_cache_id = 0;
+thread_local constinit void* last_cache = nullptr;
+
 }  // namespace
 
 // A span of a chunk. Descriptors live in the BlockArena, never in the chunk's own memory, so a
@@ -394,6 +400,8 @@ class CachingAllocator::LocalCaches {
 
   ~LocalCaches() {
     local_caches_gone = true;
+    last_cache_id = 0;
+    last_cache = nullptr;
     MutexLock registry(&CacheRegistryMutex());
     for (ThreadCache* cache : caches_) {
       CachingAllocator* owner = cache->owner.load(std::memory_order_acquire);
@@ -405,10 +413,25 @@ class CachingAllocator::LocalCaches {
     }
   }
 
+  // The calling thread's cache of `allocator`, made (and registered) on first use; nullptr after
+  // the thread's caches are gone or when it has kMaxCaches already. Remembers it as the last used.
+  [[gnu::noinline]] static ThreadCache* Lookup(CachingAllocator* allocator) {
+    // Storages destroyed by thread-local or static objects after this thread's caches are gone
+    // take the locked path.
+    if (local_caches_gone) return nullptr;
+    thread_local LocalCaches local;
+    ThreadCache* cache = local.Find(allocator->id_);
+    if (cache == nullptr) cache = local.Make(allocator);
+    if (cache != nullptr) {
+      last_cache_id = cache->id;
+      last_cache = cache;
+    }
+    return cache;
+  }
+
   ThreadCache* Find(uint64_t id) {
-    if (last_ != nullptr && last_->id == id) return last_;
     for (ThreadCache* cache : caches_) {
-      if (cache->id == id) return last_ = cache;
+      if (cache->id == id) return cache;
     }
     return nullptr;
   }
@@ -418,10 +441,13 @@ class CachingAllocator::LocalCaches {
     // Forget the caches of allocators that are gone (their blocks went with them).
     std::erase_if(caches_, [](ThreadCache* cache) {
       if (cache->owner.load(std::memory_order_acquire) != nullptr) return false;
+      if (last_cache == cache) {
+        last_cache_id = 0;
+        last_cache = nullptr;
+      }
       delete cache;
       return true;
     });
-    last_ = nullptr;
     if (caches_.size() >= kMaxCaches) return nullptr;
     auto cache = std::make_unique<ThreadCache>(allocator, allocator->id_);
     {
@@ -429,12 +455,11 @@ class CachingAllocator::LocalCaches {
       allocator->caches_.push_back(cache.get());
     }
     caches_.push_back(cache.get());
-    return last_ = cache.release();
+    return cache.release();
   }
 
  private:
   std::vector<ThreadCache*> caches_;
-  ThreadCache* last_ = nullptr;  // the one used last: most threads use one allocator
 };
 
 CachingAllocator::CachingAllocator(CachingAllocatorOptions options)
@@ -535,13 +560,10 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
   return block;
 }
 
-CachingAllocator::ThreadCache* CachingAllocator::LocalCache() {
-  // Storages destroyed by thread-local or static objects after this thread's caches are gone
-  // take the locked path.
-  if (local_caches_gone) return nullptr;
-  thread_local LocalCaches local;
-  ThreadCache* cache = local.Find(id_);
-  return cache != nullptr ? cache : local.Make(this);
+inline CachingAllocator::ThreadCache* CachingAllocator::LocalCache() {
+  // Most threads use one allocator: two thread-local reads and a compare.
+  if (last_cache_id == id_) return static_cast<ThreadCache*>(last_cache);
+  return LocalCaches::Lookup(this);
 }
 
 void* CachingAllocator::AllocateWithToken(size_t bytes, uintptr_t* token) {

@@ -95,8 +95,13 @@ inline void BinaryRow(const T* __restrict a, int64_t a_step, const T* __restrict
   }
 }
 
-// The runtime-dispatched row of f over two advancing operands (simd_kernels.h), or nullptr when f
-// has none.
+// Whether f has a runtime-dispatched row over two advancing operands (simd_kernels.h).
+template <typename F>
+inline constexpr bool kHasSimdBinaryRow =
+    std::is_same_v<F, std::plus<>> || std::is_same_v<F, std::minus<>> ||
+    std::is_same_v<F, std::multiplies<>> || std::is_same_v<F, std::divides<>>;
+
+// That row, or nullptr when f has none.
 template <typename T, typename F>
 auto SimdBinaryRow() -> void (*)(const T*, const T*, T*, int64_t) {
   if constexpr (std::is_same_v<F, std::plus<>>) {
@@ -112,21 +117,17 @@ auto SimdBinaryRow() -> void (*)(const T*, const T*, T*, int64_t) {
   }
 }
 
+// BinaryFast past its first case: broadcast planning, or equal shapes under an f without a SIMD
+// row. Out of line, so that the first case (the interpreter's most frequent instruction) pays no
+// stack frame for the plan.
 template <typename T, typename F>
-void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+[[gnu::noinline]] void BinaryPlanned(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   T* po = out.data<T>();
   const int64_t total = out.numel();
   if (total == 0) return;
   if (a.shape() == out.shape() && b.shape() == out.shape()) {  // equal shapes: no plan to make
-    if (const auto row = SimdBinaryRow<T, F>(); row != nullptr) {
-      if (total <= kChunkElements) return row(pa, pb, po, total);  // one chunk: no ParallelFor
-      ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
-        row(pa + begin, pb + begin, po + begin, end - begin);
-      });
-      return;
-    }
     ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
       BinaryRow<T>(pa + begin, 1, pb + begin, 1, po + begin, end - begin, f);
     });
@@ -168,6 +169,26 @@ void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
       }
     }
   });
+}
+
+template <typename T, typename F>
+void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  if constexpr (kHasSimdBinaryRow<F>) {
+    const Shape& s = out.shape();
+    if (a.shape() == s && b.shape() == s) {  // equal shapes: one flat row of SIMD vectors
+      const T* pa = a.data<T>();
+      const T* pb = b.data<T>();
+      T* po = out.data<T>();
+      const int64_t total = s.numel();
+      const auto row = SimdBinaryRow<T, F>();
+      if (total <= kChunkElements) return row(pa, pb, po, total);  // one chunk: no ParallelFor
+      ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
+        row(pa + begin, pb + begin, po + begin, end - begin);
+      });
+      return;
+    }
+  }
+  BinaryPlanned<T>(a, b, out, f);
 }
 
 }  // namespace sluice::kernels

@@ -17,6 +17,16 @@
 namespace sluice::pipeline {
 namespace {
 
+// What CostsFromJson says of `j` read as "costs.json": its error message, or "no error".
+std::string CostsError(const nlohmann::json& j) {
+  try {
+    CostsFromJson(j, "costs.json");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 using testing::FromText;
 
 TEST(StepSimulator, UnitCostsReproduceTheUnitCostAnalysisForEveryKind) {
@@ -206,55 +216,48 @@ TEST(StepSimulator, CostsRoundTripThroughJson) {
 
 TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
   const nlohmann::json good = nlohmann::json::parse(CostsToJson(HandCosts()).dump());
-  auto error = [](const nlohmann::json& j) {
-    try {
-      CostsFromJson(j, "costs.json");
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   nlohmann::json negative = good;
   negative["ranks"][1]["chunks"][0]["forward_ms"] = -2;
-  EXPECT_NE(error(negative).find("costs.json: stage 1 chunk 0 \"forward_ms\" is -2"),
+  EXPECT_NE(CostsError(negative).find("costs.json: stage 1 chunk 0 \"forward_ms\" is -2"),
             std::string::npos)
-      << error(negative);
+      << CostsError(negative);
   nlohmann::json missing = good;
   missing["ranks"][0].erase("update_ms");
-  EXPECT_NE(error(missing).find("stage 0 has no \"update_ms\""), std::string::npos)
-      << error(missing);
+  EXPECT_NE(CostsError(missing).find("stage 0 has no \"update_ms\""), std::string::npos)
+      << CostsError(missing);
   nlohmann::json short_ranks = good;
   short_ranks["ranks"].erase(1);
-  EXPECT_NE(error(short_ranks).find("one entry per stage (2)"), std::string::npos);
+  EXPECT_NE(CostsError(short_ranks).find("one entry per stage (2)"), std::string::npos);
   nlohmann::json other = good;
   other["format"] = "something else";
-  EXPECT_NE(error(other).find("\"format\""), std::string::npos);
-  EXPECT_NE(error(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
+  EXPECT_NE(CostsError(other).find("\"format\""), std::string::npos);
+  EXPECT_NE(CostsError(nlohmann::json::array()).find("not a JSON object"), std::string::npos);
   // A format of another type, counts that are not integers or out of range, costs so large that
   // the replay's sums would overflow: each an error naming the entry, never a type error or a
   // replay that stalls on infinite clocks.
   nlohmann::json format_number = good;
   format_number["format"] = 1;
-  EXPECT_NE(error(format_number).find("\"format\" must be"), std::string::npos)
-      << error(format_number);
+  EXPECT_NE(CostsError(format_number).find("\"format\" must be"), std::string::npos)
+      << CostsError(format_number);
   nlohmann::json fractional = good;
   fractional["stages"] = 1.5;
-  EXPECT_NE(error(fractional).find("\"stages\" is 1.5: it must be an integer from 1 to 32767"),
+  EXPECT_NE(CostsError(fractional).find("\"stages\" is 1.5: it must be an integer from 1 to 32767"),
             std::string::npos)
-      << error(fractional);
+      << CostsError(fractional);
   nlohmann::json huge_stages = good;
   huge_stages["stages"] = 1e308;
-  EXPECT_NE(error(huge_stages).find("it must be an integer"), std::string::npos);
+  EXPECT_NE(CostsError(huge_stages).find("it must be an integer"), std::string::npos);
   nlohmann::json huge_bytes = good;
   huge_bytes["messages"]["bytes"] = uint64_t{1} << 63;
-  EXPECT_NE(error(huge_bytes).find("\"messages\" \"bytes\" is 9223372036854775808"),
+  EXPECT_NE(CostsError(huge_bytes).find("\"messages\" \"bytes\" is 9223372036854775808"),
             std::string::npos)
-      << error(huge_bytes);
+      << CostsError(huge_bytes);
   nlohmann::json huge_cost = good;
   huge_cost["ranks"][0]["chunks"][0]["backward_ms"] = 1e308;
-  EXPECT_NE(error(huge_cost).find("\"backward_ms\" is 1e+308: it must be a number from 0 to 1e+09"),
-            std::string::npos)
-      << error(huge_cost);
+  EXPECT_NE(
+      CostsError(huge_cost).find("\"backward_ms\" is 1e+308: it must be a number from 0 to 1e+09"),
+      std::string::npos)
+      << CostsError(huge_cost);
 }
 
 // Costs that differ per rank and chunk, with the given message costs; `zero_forward` makes every
@@ -448,29 +451,23 @@ TEST(StepSimulator, RecordedStepsRoundTripAndTheirErrorsNameTheEntry) {
   nlohmann::json old = file;
   old.erase("steps");
   EXPECT_TRUE(CostsFromJson(old, "old.json").recorded.empty());
-  auto error = [](const nlohmann::json& j) {
-    try {
-      CostsFromJson(j, "costs.json");
-    } catch (const InvalidArgument& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   nlohmann::json negative = file;
   negative["steps"][1]["ranks"][0]["chunks"][0]["forward_ms"][2] = -1;
-  EXPECT_NE(error(negative).find("costs.json: steps[1] stage 0 chunk 0 \"forward_ms\"[2] is -1"),
-            std::string::npos)
-      << error(negative);
+  EXPECT_NE(
+      CostsError(negative).find("costs.json: steps[1] stage 0 chunk 0 \"forward_ms\"[2] is -1"),
+      std::string::npos)
+      << CostsError(negative);
   nlohmann::json ragged = file;
   ragged["steps"][1]["ranks"][1]["chunks"][0]["weight_ms"].erase(0);
-  EXPECT_NE(error(ragged).find("steps[1] stage 1 chunk 0 \"weight_ms\" has 2 entries, the first "
-                               "step's 3"),
-            std::string::npos)
-      << error(ragged);
+  EXPECT_NE(
+      CostsError(ragged).find("steps[1] stage 1 chunk 0 \"weight_ms\" has 2 entries, the first "
+                              "step's 3"),
+      std::string::npos)
+      << CostsError(ragged);
   nlohmann::json no_ranks = file;
   no_ranks["steps"][0].erase("ranks");
-  EXPECT_NE(error(no_ranks).find("steps[0] must have \"ranks\""), std::string::npos)
-      << error(no_ranks);
+  EXPECT_NE(CostsError(no_ranks).find("steps[0] must have \"ranks\""), std::string::npos)
+      << CostsError(no_ranks);
 }
 
 // The profiler records each step's computes by micro-batch (the order they ran in does not

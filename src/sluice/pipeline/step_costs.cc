@@ -215,6 +215,14 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     }
     return v.get<int64_t>();
   };
+  // obj[key], which must be an array of `n` entries ("what" says of what, in the message).
+  auto entries = [&](const nlohmann::json& obj, const char* key, size_t n, const std::string& where,
+                     const std::string& what) -> const nlohmann::json& {
+    if (!obj.contains(key) || !obj[key].is_array() || obj[key].size() != n) {
+      throw bad(where, fmt::format("must have \"{}\": {}", key, what));
+    }
+    return obj[key];
+  };
   StepCosts c;
   c.source = source;
   c.stages = static_cast<int>(integer(j, "stages", "the file", 1, kMaxStages));
@@ -239,12 +247,10 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     rc.optimizer_ms = number(rank, "optimizer_ms", where);
     rc.update_ms = number(rank, "update_ms", where);
     rc.overhead_ms = optional(rank, "overhead_ms", where);
-    if (!rank.contains("chunks") || !rank["chunks"].is_array() ||
-        rank["chunks"].size() != static_cast<size_t>(c.chunks)) {
-      throw bad(where, fmt::format("must have \"chunks\": one entry per chunk ({})", c.chunks));
-    }
+    const nlohmann::json& chunks =
+        entries(rank, "chunks", c.chunks, where, fmt::format("one entry per chunk ({})", c.chunks));
     for (int v = 0; v < c.chunks; ++v) {
-      const nlohmann::json& ch = rank["chunks"][v];
+      const nlohmann::json& ch = chunks[v];
       const std::string w = fmt::format("stage {} chunk {}", r, v);
       if (!ch.is_object()) throw bad(w, "is not an object");
       ChunkCosts cc;
@@ -283,32 +289,24 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
       RecordedStep rec;
       rec.step_ms = number(step, "step_ms", where);
       rec.span_ms = number(step, "span_ms", where);
-      if (!step.contains("stage_bubble") || !step["stage_bubble"].is_array() ||
-          step["stage_bubble"].size() != static_cast<size_t>(c.stages)) {
-        throw bad(where,
-                  fmt::format("must have \"stage_bubble\": one number per stage ({})", c.stages));
-      }
-      for (const nlohmann::json& b : step["stage_bubble"]) {
+      for (const nlohmann::json& b : entries(step, "stage_bubble", c.stages, where,
+                                             fmt::format("one number per stage ({})", c.stages))) {
         if (!b.is_number()) throw bad(where, "\"stage_bubble\" holds something not a number");
         rec.stage_bubble.push_back(b.get<double>());
       }
-      if (!step.contains("ranks") || !step["ranks"].is_array() ||
-          step["ranks"].size() != static_cast<size_t>(c.stages)) {
-        throw bad(where, fmt::format("must have \"ranks\": one entry per stage ({})", c.stages));
-      }
+      const nlohmann::json& ranks = entries(step, "ranks", c.stages, where,
+                                            fmt::format("one entry per stage ({})", c.stages));
       for (int r = 0; r < c.stages; ++r) {
-        const nlohmann::json& rank = step["ranks"][r];
+        const nlohmann::json& rank = ranks[r];
         const std::string at = fmt::format("{} stage {}", where, r);
         if (!rank.is_object()) throw bad(at, "is not an object");
         RecordedStep::Rank rr;
         rr.optimizer_ms = number(rank, "optimizer_ms", at);
         rr.update_ms = number(rank, "update_ms", at);
-        if (!rank.contains("chunks") || !rank["chunks"].is_array() ||
-            rank["chunks"].size() != static_cast<size_t>(c.chunks)) {
-          throw bad(at, fmt::format("must have \"chunks\": one entry per chunk ({})", c.chunks));
-        }
+        const nlohmann::json& chunks = entries(rank, "chunks", c.chunks, at,
+                                               fmt::format("one entry per chunk ({})", c.chunks));
         for (int v = 0; v < c.chunks; ++v) {
-          const nlohmann::json& ch = rank["chunks"][v];
+          const nlohmann::json& ch = chunks[v];
           const std::string w = fmt::format("{} chunk {}", at, v);
           if (!ch.is_object()) throw bad(w, "is not an object");
           RecordedStep::Chunk rc;

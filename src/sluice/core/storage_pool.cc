@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <climits>
-#include <vector>
 
 #include "sluice/core/mutex.h"
 #include "sluice/core/thread_annotations.h"
@@ -35,13 +34,21 @@ static_assert(kLinkOffset + sizeof(Node) <= StoragePool::kNodeBytes);
 Node* LinksOf(void* p) { return reinterpret_cast<Node*>(static_cast<char*>(p) + kLinkOffset); }
 void* NodeOf(Node* links) { return reinterpret_cast<char*>(links) - kLinkOffset; }
 
+// A slab's link to the slab before it, ahead of its nodes (which stay kNodeAlign-aligned).
+constexpr size_t kSlabHeader = StoragePool::kNodeAlign;
+static_assert(kSlabHeader >= sizeof(void*) && kSlabHeader % StoragePool::kNodeAlign == 0);
+static_assert(__STDCPP_DEFAULT_NEW_ALIGNMENT__ >= StoragePool::kNodeAlign);
+
 // The process-wide list of chains and the slabs. Never destroyed: storages may die during static
 // destruction and thread exit after it.
 struct Global {
   Mutex mu;
   Node* chains GUARDED_BY(mu) = nullptr;
   int64_t free_nodes GUARDED_BY(mu) = 0;
-  std::vector<void*> slabs GUARDED_BY(mu);  // keeps every node reachable (leak checkers)
+  // The newest slab; each slab's first kSlabHeader bytes point to the one before. Keeps every
+  // node reachable (leak checkers) without a heap allocation of its own: a slab is exactly one
+  // operator new, which is what SlabsAllocated counts.
+  void* slabs GUARDED_BY(mu) = nullptr;
   std::atomic<int64_t> num_slabs{0};
 };
 
@@ -72,17 +79,19 @@ Node* PopChain(int* length) {
       return head;
     }
   }
-  auto* slab = static_cast<char*>(::operator new(StoragePool::kBatch* StoragePool::kNodeBytes));
+  auto* slab = static_cast<char*>(
+      ::operator new(kSlabHeader + StoragePool::kBatch * StoragePool::kNodeBytes));
   Node* head = nullptr;
   for (int i = StoragePool::kBatch - 1; i >= 0; --i) {
-    char* node = slab + static_cast<size_t>(i) * StoragePool::kNodeBytes;
+    char* node = slab + kSlabHeader + static_cast<size_t>(i) * StoragePool::kNodeBytes;
     SLUICE_POISON(node, kLinkOffset);
     LinksOf(node)->next = head;
     head = LinksOf(node);
   }
   {
     MutexLock lock(&g.mu);
-    g.slabs.push_back(slab);
+    *reinterpret_cast<void**>(slab) = g.slabs;
+    g.slabs = slab;
   }
   g.num_slabs.fetch_add(1, std::memory_order_relaxed);
   *length = StoragePool::kBatch;

@@ -20,12 +20,21 @@ replays recorded step d, every compute its own micro-batch's time in that step) 
 recorded step's replay against that step's measured span and bubbles (what the model misses
 when it has every compute's own time).
 
+The profile says how long each stage thread waited for a core (other work on the machine): the
+"core wait" column is the largest stage's mean wait over the median step. The model gives every
+stage a core of its own; a run whose threads waited measured another machine (docs/simulator.md,
+"Accuracy"). With --realtime the profiled runs' threads run under SCHED_FIFO (`chrt -f 10`, which
+needs CAP_SYS_NICE): each stage thread then takes a core from the machine's other work as soon as
+it is ready — a core per stage on a loaded machine, the case the accuracy targets are for. The
+per-step comparison also reports the steps in which no stage waited for a core more than 5% of
+the step ("quiet steps").
+
 With --cores N, each schedule is also predicted from its own costs with the stage threads sharing
 N cores (`sluice simulate --cores`: computes wait for a free core and cost their CPU time) — the
 model of an oversubscribed run such as P = 4 on 2 cores.
 
 Usage: /usr/bin/python3 bench/simulate_accuracy.py [--build build] [--stages 2] [--steps 30]
-       [--microbatches 8] [--schedules gpipe,1f1b,zb-h1,zb-h2,interleaved] [--cores N]
+       [--microbatches 8] [--schedules gpipe,1f1b,zb-h1,zb-h2,interleaved] [--cores N] [--realtime]
 "self" and "cross" are what `sluice simulate` predicts by default: the mean of draws of the recorded
 computes where a profile recorded them (docs/simulator.md), the replay of the medians otherwise.
 
@@ -57,6 +66,8 @@ def main():
                    help="also predict with the stage threads sharing this many cores (simulate --cores)")
     p.add_argument("--draws", type=int, default=0,
                    help="also predict by this many draws of the recorded computes (simulate --draws)")
+    p.add_argument("--realtime", action="store_true",
+                   help="run the profiled trainings under SCHED_FIFO (chrt -f 10): a core per stage thread")
     p.add_argument("--model", default="--layers 4 --dim 128 --heads 4 --seq 64 --vocab 256 --batch 16",
                    help="model options of sluice train")
     a = p.parse_args()
@@ -72,7 +83,7 @@ def main():
     measured, costs = {}, {}
     for s in schedules:
         path = os.path.join(work, f"{s}.json")
-        run(f"{sluice} train {job} --schedule {s} --steps {a.steps} --eval-every 0 --quiet --profile-out {path}")
+        run(f"{'chrt -f 10 ' if a.realtime else ''}{sluice} train {job} --schedule {s} --steps {a.steps} --eval-every 0 --quiet --profile-out {path}")
         costs[s] = path
         with open(path) as f:
             measured[s] = json.load(f)["measured"]
@@ -134,10 +145,19 @@ def main():
         j = simulate(s, [costs[s]], extra=f"--draws {len(rec)} --draw-mode steps")
         span_err = [d["makespan_ms"] / r["span_ms"] - 1 for d, r in zip(j["drawn"], rec)]
         bub_err = [p - b for d, r in zip(j["drawn"], rec) for p, b in zip(d["stage_bubble"], r["stage_bubble"])]
+        # Steps in which no stage thread waited for a core more than 5% of the step's span.
+        quiet = [i for i, r in enumerate(rec)
+                 if all(0 <= x.get("core_wait_ms", -1) <= 0.05 * r["span_ms"] for x in r["ranks"])]
+        quiet_err = [span_err[i] for i in quiet]
+        quiet_bub = [p - b for i in quiet
+                     for p, b in zip(j["drawn"][i]["stage_bubble"], rec[i]["stage_bubble"])]
         return {"steps": len(rec), "span_error_mean": sum(span_err) / len(span_err),
                 "span_error_median": median(span_err),
                 "bubble_error_mean": sum(bub_err) / len(bub_err),
-                "bubble_error_abs_mean": sum(abs(x) for x in bub_err) / len(bub_err)}
+                "bubble_error_abs_mean": sum(abs(x) for x in bub_err) / len(bub_err),
+                "quiet_steps": len(quiet),
+                "quiet_span_error_mean": sum(quiet_err) / len(quiet_err) if quiet else None,
+                "quiet_bubble_error_mean": sum(quiet_bub) / len(quiet_bub) if quiet else None}
 
     rows = []
     shared = [costs["zb-h1"]] if "zb-h1" in costs else []
@@ -166,6 +186,7 @@ def main():
             "shared_cores_step_ms": on_cores,
             "shared_cores_error": on_cores / m["step_ms"] - 1 if on_cores else None,
             "self_bubble_signed": [st["bubble"] - b for st, b in zip(own["stages"], mb)],
+            "core_wait_share": own.get("core_wait_share"),
         })
         if a.draws:
             rows[-1]["draws"] = rows_draws
@@ -173,20 +194,23 @@ def main():
 
     by_measure = [r["schedule"] for r in sorted(rows, key=lambda r: r["measured_step_ms"])]
     by_cross = [r["schedule"] for r in sorted(rows, key=lambda r: r["cross_step_ms"])]
-    print(f"P={a.stages} M={a.microbatches} {a.model} --threads 1, {a.steps} steps each; "
+    print(f"P={a.stages} M={a.microbatches} {a.model} --threads 1, {a.steps} steps each"
+          f"{', SCHED_FIFO' if a.realtime else ''}; "
           f"load average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} cores")
     print(f"{'schedule':<12} {'measured ms':>11} {'self ms':>9} {'err':>7} {'bubble err':>10} "
-          f"{'cross ms':>9} {'err':>7}" + (f" {f'{a.cores} cores ms':>12} {'err':>7}" if a.cores else ""))
+          f"{'cross ms':>9} {'err':>7} {'core wait':>9}" +
+          (f" {f'{a.cores} cores ms':>12} {'err':>7}" if a.cores else ""))
     for r in rows:
+        cw = r["core_wait_share"]
         print(f"{r['schedule']:<12} {r['measured_step_ms']:>11.3f} {r['self_step_ms']:>9.3f} "
               f"{100 * r['self_error']:>6.1f}% {r['self_bubble_error']:>10.3f} {r['cross_step_ms']:>9.3f} "
-              f"{100 * r['cross_error']:>6.1f}%" +
+              f"{100 * r['cross_error']:>6.1f}% {'-' if cw is None else f'{100 * cw:.1f}%':>9}" +
               (f" {r['shared_cores_step_ms']:>12.3f} {100 * r['shared_cores_error']:>6.1f}%" if a.cores else ""))
     if a.draws:
         print(f"{a.draws} draws of the recorded computes (mean of draws; median of draws in brackets):")
         print(f"{'schedule':<12} {'medians err':>11} {'bubble':>7} {'steps err':>16} {'bubble':>14} "
               f"{'computes err':>16} {'bubble':>14} {'per-step span err':>17} {'bubble':>7} "
-              f"{'means err':>9} {'bubble':>7}")
+              f"{'quiet steps: err':>16} {'bubble':>7} {'means err':>9} {'bubble':>7}")
         for r in rows:
             d = r["draws"]
             ps = d["per_step"]
@@ -197,12 +221,16 @@ def main():
                 cells.append(f"{100 * x['error']:>6.1f}% ({100 * x['median_error']:>5.1f}%) "
                              f"{x['bubble_error']:>6.3f} ({x['median_bubble_error']:.3f})")
             cells.append(f"{100 * ps['span_error_mean']:>16.1f}% {ps['bubble_error_mean']:>+7.3f}" if ps else "-")
+            cells.append(f"{ps['quiet_steps']:>3}: {100 * ps['quiet_span_error_mean']:>9.1f}% "
+                         f"{ps['quiet_bubble_error_mean']:>+7.3f}" if ps and ps["quiet_steps"] else
+                         f"{'0':>3}: {'-':>10} {'-':>7}")
             mn = d["means"]
             cells.append(f"{100 * mn['error']:>8.1f}% {mn['bubble_error']:>7.3f}" if mn else "-")
             print(f"{r['schedule']:<12} " + " ".join(cells))
     print(f"ranking measured: {', '.join(by_measure)}")
     print(f"ranking predicted from one profile: {', '.join(by_cross)}")
     print(json.dumps({"bench": "simulate_accuracy", "stages": a.stages, "microbatches": a.microbatches,
+                      "realtime": a.realtime,
                       "load": [load_before, load_after], "cores": os.cpu_count(), "rows": rows,
                       "ranking_measured": by_measure, "ranking_predicted": by_cross}))
 

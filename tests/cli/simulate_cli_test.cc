@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_fixture.h"
+#include "sluice/pipeline/stage_runtime.h"
 
 namespace sluice {
 namespace {
@@ -177,6 +178,58 @@ TEST_F(SimulateCli, DrawsReplayTheProfilesRecordedComputes) {
   EXPECT_EQ(Simulate(old_job)["step_ms"], medians["step_ms"]);
   EXPECT_NE(Error(old_job + " --draws 3").find("no recorded steps"), std::string::npos);
   EXPECT_NE(Error(job + " --draws 3 --cores 1").find("shared cores"), std::string::npos);
+}
+
+// A profile says how long each stage thread waited for a core (other work on the machine): the
+// model gives every stage a core of its own, so a prediction from a run whose threads waited says
+// so beside it — in the table, in --format json and in --compare — and one whose threads did not
+// wait (much) says nothing. The profile's waits are set by hand: a real run's depend on the load.
+TEST_F(SimulateCli, APredictionFromARunThatSharedCoresSaysSo) {
+  const std::string costs = Profile("1f1b");
+  std::ifstream in(costs);
+  nlohmann::json file = nlohmann::json::parse(in);
+  const nlohmann::json& measured = file["measured"];
+  if (pipeline::ThreadCoreWaitNs() >= 0) {  // this system says: every stage's mean wait per step
+    ASSERT_TRUE(measured.contains("stage_core_wait_ms")) << measured.dump();
+    ASSERT_EQ(measured["stage_core_wait_ms"].size(), 2u);
+    for (const nlohmann::json& w : measured["stage_core_wait_ms"]) EXPECT_GE(w.get<double>(), 0);
+    EXPECT_TRUE(file["steps"][0]["ranks"][1].contains("core_wait_ms"));
+  }
+  const double step = measured["step_ms"].get<double>();
+  auto with_waits = [&](double stage1_share, const std::string& name) {
+    file["measured"]["stage_core_wait_ms"] = {0.0, stage1_share * step};
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << file.dump();
+    return fmt::format("{} --schedule 1f1b --costs {}", kJob, path);
+  };
+  const std::string shared = with_waits(0.25, "shared.json");
+  const nlohmann::json j = Simulate(shared);
+  EXPECT_NEAR(j["core_wait_share"].get<double>(), 0.25, 1e-9);
+  ASSERT_TRUE(j.contains("note")) << j.dump();
+  EXPECT_NE(j["note"].get<std::string>().find("waited for a core 25% of its step"),
+            std::string::npos)
+      << j["note"];
+  CliResult r = Sluice("simulate " + shared);
+  EXPECT_NE(r.out.find("note: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("a core per stage"), std::string::npos) << r.out;
+  const nlohmann::json compared = Simulate(
+      fmt::format("{} --compare 1f1b,gpipe --costs {}", kJob, (dir_ / "shared.json").string()));
+  EXPECT_TRUE(compared["ranking"][0].contains("note")) << compared.dump();
+
+  const std::string own = with_waits(0.01, "own.json");
+  const nlohmann::json quiet = Simulate(own);
+  EXPECT_NEAR(quiet["core_wait_share"].get<double>(), 0.01, 1e-9);
+  EXPECT_FALSE(quiet.contains("note")) << quiet.dump();
+  EXPECT_EQ(quiet["step_ms"], j["step_ms"]);  // a note, not another prediction
+  r = Sluice("simulate " + own);
+  EXPECT_EQ(r.out.find("note: "), std::string::npos) << r.out;
+  // Costs that do not say (an older file, unit costs): no share, no note.
+  file["measured"].erase("stage_core_wait_ms");
+  const std::string old = (dir_ / "old.json").string();
+  std::ofstream(old) << file.dump();
+  const nlohmann::json unknown = Simulate(fmt::format("{} --schedule 1f1b --costs {}", kJob, old));
+  EXPECT_FALSE(unknown.contains("core_wait_share"));
+  EXPECT_FALSE(unknown.contains("note"));
 }
 
 TEST_F(SimulateCli, RefusesCostsThatDoNotMatch) {

@@ -4,13 +4,21 @@
 // schedule, and costs files with missing or negative entries, are refused naming the mismatch.
 #include "sluice/pipeline/step_simulator.h"
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#endif
+
 #include "pipeline/schedule_text.h"
+#include "sluice/core/clock.h"
 #include "sluice/pipeline/schedule_analysis.h"
 #include "sluice/pipeline/schedules.h"
 
@@ -464,6 +472,16 @@ TEST(StepSimulator, RecordedStepsRoundTripAndTheirErrorsNameTheEntry) {
                               "step's 3"),
       std::string::npos)
       << CostsError(ragged);
+  // A stage thread's wait for a core, where the run recorded it: kept; absent, unknown.
+  EXPECT_DOUBLE_EQ(back.recorded[0].ranks[0].core_wait_ms, -1);
+  nlohmann::json waits = file;
+  waits["steps"][1]["ranks"][0]["core_wait_ms"] = 2.5;
+  EXPECT_DOUBLE_EQ(CostsFromJson(waits, "file").recorded[1].ranks[0].core_wait_ms, 2.5);
+  EXPECT_EQ(CostsToJson(CostsFromJson(waits, "file"))["steps"][1]["ranks"][0]["core_wait_ms"], 2.5);
+  EXPECT_FALSE(CostsToJson(back)["steps"][1]["ranks"][0].contains("core_wait_ms"));
+  waits["steps"][1]["ranks"][0]["core_wait_ms"] = -2;
+  EXPECT_NE(CostsError(waits).find("steps[1] stage 0 \"core_wait_ms\" is -2"), std::string::npos)
+      << CostsError(waits);
   nlohmann::json no_ranks = file;
   no_ranks["steps"][0].erase("ranks");
   EXPECT_NE(CostsError(no_ranks).find("steps[0] must have \"ranks\""), std::string::npos)
@@ -490,6 +508,7 @@ TEST(StepSimulator, ProfilerRecordsEveryComputeByMicroBatch) {
       }
       steps[r].computes[3].push_back({.wall_ns = 300'000});
       steps[r].computes[4].push_back({.wall_ns = 400'000});
+      steps[r].core_wait_ns = r * (k % 2 + 1) * 1'000'000;  // stage 1: 1 and 2 ms in turn
     }
     profiler.Add(steps, 12'000'000);
   }
@@ -503,7 +522,80 @@ TEST(StepSimulator, ProfilerRecordsEveryComputeByMicroBatch) {
   EXPECT_DOUBLE_EQ(step.ranks[1].chunks[0].forward_ms[1], 1.100001);
   EXPECT_DOUBLE_EQ(step.ranks[0].chunks[0].weight_ms[0], 3);
   EXPECT_DOUBLE_EQ(step.ranks[0].update_ms, 0.4);
+  // The threads' waits for a core: each step's, and each stage's mean over the steps.
+  EXPECT_DOUBLE_EQ(step.ranks[0].core_wait_ms, 0);
+  EXPECT_DOUBLE_EQ(step.ranks[1].core_wait_ms, 1);
+  EXPECT_DOUBLE_EQ(c.recorded[1].ranks[1].core_wait_ms, 2);
+  const nlohmann::json& waits = c.measured["stage_core_wait_ms"];
+  ASSERT_EQ(waits.size(), 2u);
+  EXPECT_DOUBLE_EQ(waits[0].get<double>(), 0);
+  // 67 steps, 34 of 1 ms and 33 of 2 ms.
+  EXPECT_DOUBLE_EQ(waits[1].get<double>(), (34 * 1.0 + 33 * 2.0) / 67);
+  EXPECT_DOUBLE_EQ(CoreWaitShare(c), waits[1].get<double>() / 12);
 }
+
+// Where a stage's thread could not say how long it waited for a core (StageStep::core_wait_ns
+// -1: not Linux, or a distributed process that knows only its own rank), the costs say nothing
+// of it rather than 0 — and a prediction from them carries no note.
+TEST(StepSimulator, UnknownWaitsForACoreAreNotZero) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 2});
+  CostProfiler profiler(s, nlohmann::json::object());
+  std::vector<StageStep> steps(2);
+  for (StageStep& st : steps) {
+    st.wall_ns = 10'000'000;
+    for (int m : {0, 1}) {
+      st.computes[0].push_back({.micro_batch = m, .wall_ns = 1'000'000});
+      st.computes[1].push_back({.micro_batch = m, .wall_ns = 2'000'000});
+    }
+  }
+  steps[0].core_wait_ns = 3'000'000;  // stage 1 does not say
+  profiler.Add(steps, 10'000'000);
+  const StepCosts c = profiler.Costs();
+  EXPECT_FALSE(c.measured.contains("stage_core_wait_ms")) << c.measured.dump();
+  EXPECT_DOUBLE_EQ(c.recorded[0].ranks[0].core_wait_ms, 3);
+  EXPECT_DOUBLE_EQ(c.recorded[0].ranks[1].core_wait_ms, -1);
+  EXPECT_DOUBLE_EQ(CoreWaitShare(c), -1);
+  EXPECT_DOUBLE_EQ(CoreWaitShare(UnitCosts(s)), -1);
+}
+
+#if defined(__linux__)
+// The measure of whether a run had a core per stage: two threads kept on one core, both ready to
+// run for 30 ms of CPU time each, cannot run at once, so one of them waits for the core while the
+// other holds it — on an idle machine or a loaded one (there they wait longer).
+TEST(StepSimulator, ThreadsSharingOneCoreWaitForIt) {
+  if (ThreadCoreWaitNs() < 0) GTEST_SKIP() << "this system does not say how long threads wait";
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
+  ASSERT_LT(cpu, CPU_SETSIZE);
+  std::atomic<int> ready{0};
+  std::vector<int64_t> waits(2, -1);
+  auto spin = [&](int i) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    const bool kept = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+    ++ready;
+    if (!kept) return;  // waits[i] stays -1: the test fails instead of hanging
+    while (ready.load() < 2) {
+    }
+    const int64_t wait = ThreadCoreWaitNs(), cpu_begin = ThreadCpuNs();
+    while (ThreadCpuNs() - cpu_begin < 30'000'000) {
+    }
+    waits[i] = ThreadCoreWaitNs() - wait;
+  };
+  std::thread a(spin, 0), b(spin, 1);
+  a.join();
+  b.join();
+  ASSERT_GE(waits[0], 0);
+  ASSERT_GE(waits[1], 0);
+  EXPECT_GT(waits[0] + waits[1], 0);
+  const int64_t before = ThreadCoreWaitNs();
+  EXPECT_GE(ThreadCoreWaitNs(), before);
+}
+#endif
 
 // Shared cores: with one core for two ranks nothing overlaps, so the makespan is every compute's
 // CPU time in a row plus the posts and copies that sit between them on the critical path; with a

@@ -684,7 +684,19 @@ struct SimulatedSchedule {
   std::vector<StageMemoryForecast> memory;  // empty when not forecast (memory_note says why)
   std::string memory_note;
   bool fits = true;  // every stage's forecast within --memory-budget (true without a budget)
+  double core_wait_share = -1;  // of the costs' run (pipeline::CoreWaitShare); -1 unknown
 };
+
+// What to say beside a prediction from costs whose run's stage threads waited for cores; "" when
+// they did not (much).
+std::string CoreWaitNote(const SimulatedSchedule& r) {
+  if (r.core_wait_share < pipeline::kCoreWaitShareNoted) return "";
+  return fmt::format(
+      "{}: a stage thread of the profiled run waited for a core {:.0f}% of its step (other work "
+      "on the machine): the prediction is for a core per stage, which that run did not have — "
+      "profile where every stage has one",
+      r.costs, 100 * r.core_wait_share);
+}
 
 // The first of `costs` that covers the job under `kind` (P, V, split backward, the same model,
 // micro-batch, layout, recompute and threads); unit costs when none is given. Throws
@@ -729,7 +741,8 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
                              .draws = draws,
                              .draw_mode = a.draw_mode == "steps" ? pipeline::DrawMode::kSteps
                                                                  : pipeline::DrawMode::kComputes}),
-                        .draws = draws};
+                        .draws = draws,
+                        .core_wait_share = pipeline::CoreWaitShare(chosen)};
   if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
     out.memory_note = *why;
     if (!budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
@@ -831,6 +844,8 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
                       {"fits_budget", r.fits},
                       {"stages", stages}});
       if (!r.memory_note.empty()) rows.back()["memory_note"] = r.memory_note;
+      if (r.core_wait_share >= 0) rows.back()["core_wait_share"] = r.core_wait_share;
+      if (const std::string note = CoreWaitNote(r); !note.empty()) rows.back()["note"] = note;
     }
     nlohmann::ordered_json not_simulated = nlohmann::ordered_json::array();
     for (const auto& [kind, reason] : refused) {
@@ -856,9 +871,15 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
                r.memory.empty() ? "-" : FormatBytes(LargestPeak(r.memory)),
                budget.empty() ? "" : (r.fits ? "  fits" : "  over"));
   }
+  std::vector<std::string> notes;  // one per costs file
   for (const SimulatedSchedule& r : ranked) {
     if (!r.memory_note.empty()) fmt::print("  {}: {}\n", r.describe, r.memory_note);
+    const std::string note = CoreWaitNote(r);
+    if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) {
+      notes.push_back(note);
+    }
   }
+  for (const std::string& note : notes) fmt::print("  note: {}\n", note);
   for (const auto& [kind, reason] : refused) {
     fmt::print("  not simulated: {}: {}\n", pipeline::ScheduleKindName(kind), reason);
   }
@@ -906,6 +927,8 @@ int RunSimulate(TrainArgs& a) {
     out["bubble"] = p.bubble;
     if (!budget.empty()) out["fits_budget"] = r.fits;
     if (!r.memory_note.empty()) out["memory_note"] = r.memory_note;
+    if (r.core_wait_share >= 0) out["core_wait_share"] = r.core_wait_share;
+    if (const std::string note = CoreWaitNote(r); !note.empty()) out["note"] = note;
     out["stages"] = stages;
     if (!p.draws.empty()) {
       nlohmann::ordered_json draws = nlohmann::ordered_json::array();
@@ -939,6 +962,7 @@ int RunSimulate(TrainArgs& a) {
                                                         : "over " + FormatBytes(budget[s])));
   }
   if (!r.memory_note.empty()) fmt::print("  {}\n", r.memory_note);
+  if (const std::string note = CoreWaitNote(r); !note.empty()) fmt::print("  note: {}\n", note);
   return 0;
 }
 

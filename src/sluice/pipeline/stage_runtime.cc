@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <thread>
 
 #include <fmt/format.h>
@@ -117,7 +118,7 @@ class StageRuntime::StepRun {
   StageStep Run() {
     const auto& actions = rt_.setup.schedule.ranks[rt_.rank];
     rt_.allocator.ResetPeak();
-    const int64_t t0 = NowNs();
+    const int64_t t0 = NowNs(), core_wait0 = ThreadCoreWaitNs();
     out_.begin_ns = t0;
     for (size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
@@ -163,6 +164,10 @@ class StageRuntime::StepRun {
       throw StageError(what);
     }
     out_.wall_ns = NowNs() - t0;
+    if (core_wait0 >= 0) {
+      const int64_t core_wait1 = ThreadCoreWaitNs();
+      if (core_wait1 >= core_wait0) out_.core_wait_ns = core_wait1 - core_wait0;
+    }
     const MemoryStats stats = rt_.allocator.Stats();
     out_.peak_allocated_bytes = stats.peak_allocated_bytes;
     out_.peak_reserved_bytes = stats.peak_reserved_bytes;
@@ -476,6 +481,21 @@ class StageRuntime::StepRun {
   std::vector<int> inflight_chunk_;
   StageStep out_;
 };
+
+int64_t ThreadCoreWaitNs() {
+#if defined(__linux__)
+  // "run ns, wait ns, timeslices" of this thread (the kernel's sched_info, always kept when it was
+  // built with CONFIG_SCHED_INFO, as distribution kernels are).
+  std::FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
+  if (f == nullptr) return -1;
+  unsigned long long run = 0, wait = 0;  // NOLINT(google-runtime-int): fscanf's %llu
+  const int read = std::fscanf(f, "%llu %llu", &run, &wait);
+  std::fclose(f);
+  return read == 2 ? static_cast<int64_t>(wait) : -1;
+#else
+  return -1;
+#endif
+}
 
 int64_t StepSpanNs(const std::vector<StageStep>& steps) {
   if (steps.empty()) return 0;

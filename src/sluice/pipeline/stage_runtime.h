@@ -134,7 +134,11 @@ struct StageStep {
                                  // the all-reduces
   int64_t begin_ns = 0;          // steady clock when this rank began the step
   int64_t wall_ns = 0;           // the whole step on this rank
-  std::vector<double> losses;    // [M] on the last virtual stage's rank; empty elsewhere
+  // Time this rank's thread was ready to run but waited for a core (ThreadCoreWaitNs over the
+  // step); -1 where the system does not say. The step simulator assumes a core per stage: a run
+  // whose threads waited is not the machine it models (docs/simulator.md, "Accuracy").
+  int64_t core_wait_ns = -1;
+  std::vector<double> losses;  // [M] on the last virtual stage's rank; empty elsewhere
   double grad_norm = 0;
   bool updated = true;  // false: the step's loss or gradient norm was not finite (no update)
   std::vector<TraceSpan> spans;      // when tracing
@@ -173,6 +177,11 @@ struct StageStep {
 // shorter by its start after the first and its end before the last, which a per-rank bubble
 // would leave out. (Ranks in processes without a common clock use their slowest rank's wall.)
 int64_t StepSpanNs(const std::vector<StageStep>& steps);
+
+// The calling thread's time so far runnable but not running — waiting in the run queue for a core
+// that other threads held — in ns: the second figure of Linux's /proc/thread-self/schedstat. -1
+// where the system does not say (not Linux, or a kernel without scheduler statistics).
+int64_t ThreadCoreWaitNs();
 
 // The StageProgram of rank `rank` (its V chunks, its recompute policy) from `setup`, allocating
 // from `allocator` — or, with plan_only, allocating nothing (step/memory_replay.h).

@@ -163,6 +163,7 @@ nlohmann::ordered_json CostsToJson(const StepCosts& c) {
         ranks.push_back({{"chunks", chunks},
                          {"optimizer_ms", rank.optimizer_ms},
                          {"update_ms", rank.update_ms}});
+        if (rank.core_wait_ms >= 0) ranks.back()["core_wait_ms"] = rank.core_wait_ms;
       }
       steps.push_back({{"step_ms", step.step_ms},
                        {"span_ms", step.span_ms},
@@ -303,6 +304,7 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
         RecordedStep::Rank rr;
         rr.optimizer_ms = number(rank, "optimizer_ms", at);
         rr.update_ms = number(rank, "update_ms", at);
+        if (rank.contains("core_wait_ms")) rr.core_wait_ms = number(rank, "core_wait_ms", at);
         const nlohmann::json& chunks = entries(rank, "chunks", c.chunks, at,
                                                fmt::format("one entry per chunk ({})", c.chunks));
         for (int v = 0; v < c.chunks; ++v) {
@@ -336,6 +338,20 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
   return c;
 }
 
+double CoreWaitShare(const StepCosts& costs) {
+  const nlohmann::json& m = costs.measured;
+  if (!m.is_object() || !m.contains("stage_core_wait_ms") || !m.contains("step_ms")) return -1;
+  const nlohmann::json& waits = m["stage_core_wait_ms"];
+  const nlohmann::json& step = m["step_ms"];
+  if (!waits.is_array() || !step.is_number() || step.get<double>() <= 0) return -1;
+  double share = -1;
+  for (const nlohmann::json& w : waits) {
+    if (!w.is_number()) return -1;
+    share = std::max(share, w.get<double>() / step.get<double>());
+  }
+  return share;
+}
+
 StepCosts ReadCostsFile(const std::string& path) {
   nlohmann::json j = nlohmann::json::parse(ReadWholeFile("--costs file", path), nullptr,
                                            /*allow_exceptions=*/false);
@@ -350,6 +366,7 @@ CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
       P, std::vector<std::vector<std::vector<int64_t>>>(5, std::vector<std::vector<int64_t>>(V)));
   cpu_ = wall_;
   bubble_.assign(P, {});
+  core_wait_.assign(P, {});
   overhead_per_compute_.assign(P, {});
 }
 
@@ -397,6 +414,7 @@ void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
                              : 0);
   bubble_[r].push_back(
       span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
+  if (s.core_wait_ns >= 0) core_wait_[r].push_back(static_cast<double>(s.core_wait_ns) / 1e6);
   // Bookkeeping: the rank's time neither computing nor inside the communicator, per compute.
   const size_t computes = s.computes[0].size() + s.computes[1].size() + s.computes[2].size();
   if (computes > 0) {
@@ -450,6 +468,12 @@ StepCosts CostProfiler::Costs() const {
   c.micro_batches = recorded_.empty() ? 0 : schedule_.micro_batches;
   c.measured = {
       {"steps", step_wall_.size()}, {"step_ms", ms(Median(step_wall_))}, {"stage_bubble", bubbles}};
+  // Means, as the waits they are; only where every stage's thread said (in-process runs).
+  if (std::ranges::all_of(core_wait_, [](const auto& v) { return !v.empty(); })) {
+    nlohmann::json waits = nlohmann::json::array();
+    for (const std::vector<double>& w : core_wait_) waits.push_back(Mean(w));
+    c.measured["stage_core_wait_ms"] = waits;
+  }
   return c;
 }
 
@@ -478,6 +502,7 @@ void CostProfiler::Record(const std::vector<StageStep>& steps, int64_t step_wall
         to[static_cast<size_t>(x.micro_batch)] = ms(x.wall_ns);
       }
     }
+    if (s.core_wait_ns >= 0) rank.core_wait_ms = ms(s.core_wait_ns);
     for (const StageStep::Sample& x : s.computes[3]) rank.optimizer_ms = ms(x.wall_ns);
     for (const StageStep::Sample& x : s.computes[4]) rank.update_ms = ms(x.wall_ns);
   }

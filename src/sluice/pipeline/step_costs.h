@@ -53,6 +53,9 @@ struct RecordedStep {
   struct Rank {
     std::vector<Chunk> chunks;  // [V]
     double optimizer_ms = 0, update_ms = 0;
+    // The time its thread waited for a core in the step (StageStep::core_wait_ns); -1 unknown.
+    // Not replayed: it says whether the step ran as the model assumes, a core per stage.
+    double core_wait_ms = -1;
   };
   std::vector<Rank> ranks;           // [P]
   double step_ms = 0;                // the engine's wall time of the step
@@ -81,7 +84,10 @@ struct StepCosts {
   // What the costs were measured on ("model", "layers", "dim", ... → value): a simulation of
   // another job is refused (CheckCostsJob).
   nlohmann::json job = nlohmann::json::object();
-  // The run's own figures, for comparing predictions with it (empty for unit costs).
+  // The run's own figures, for comparing predictions with it (empty for unit costs): "steps",
+  // "step_ms" (median), "stage_bubble" [P] (medians) and, where the system says,
+  // "stage_core_wait_ms" [P]: each stage thread's mean time per step ready to run but waiting
+  // for a core (CoreWaitShare).
   nlohmann::json measured = nlohmann::json::object();
 };
 
@@ -90,6 +96,15 @@ struct StepCosts {
 // action costs 1/V, so schedules of different V compare (schedule_analysis.h's Simulate counts
 // one per action: its makespan and busy times are V times these, its bubbles the same).
 StepCosts UnitCosts(const Schedule& schedule);
+
+// The largest share of the measured step a stage thread of the profiled run spent waiting for a
+// core (measured "stage_core_wait_ms" over "step_ms"); -1 when the costs do not say. The replay
+// gives every stage a core of its own: above a few percent the run measured another machine —
+// its stage threads shared cores with other work, and a woken stage then takes the core of the
+// stage that woke it, which no replay of a core per stage holds (docs/simulator.md, "Accuracy").
+double CoreWaitShare(const StepCosts& costs);
+// The share above which `sluice simulate` says so beside its prediction.
+inline constexpr double kCoreWaitShareNoted = 0.05;
 
 // Throws InvalidArgument when `costs` do not cover `schedule` (see above).
 void CheckCostsCover(const StepCosts& costs, const Schedule& schedule);
@@ -138,6 +153,7 @@ class CostProfiler {
   std::vector<int64_t> post_, copy_, overhead_, step_wall_;
   std::vector<int64_t> wake_, allreduce_;                  // in-process runs only
   std::vector<std::vector<double>> bubble_;                // [P] per step
+  std::vector<std::vector<double>> core_wait_;             // [P] per step, ms (where known)
   std::vector<std::vector<double>> overhead_per_compute_;  // [P] per step, ns
   std::vector<RecordedStep> recorded_;                     // in-process runs only
   std::vector<double> rank_allreduce_ms_;                  // AddRank's, in order

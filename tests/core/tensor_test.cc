@@ -70,5 +70,33 @@ TEST(Tensor, StorageReturnsMemoryToItsAllocator) {
   EXPECT_EQ(alloc.Stats().num_frees, 1);
 }
 
+// AssignEmpty gives what Empty gives, whatever the tensor was: a strided view, an offset slice, a
+// tensor of another shape or dtype, an undefined one; it drops the old storage's reference only.
+TEST(Tensor, AssignEmptyIsLikeAssigningEmpty) {
+  SystemAllocator alloc;
+  Tensor base = Tensor::Zeros({4, 6}, DType::kF32, alloc);
+  const Tensor kept = base;  // the old storage outlives the reassigned handles
+  std::vector<Tensor> before = {base.Transpose(0, 1),
+                                base.Slice(0, 1, 3),
+                                base.Reshape({6, 4}),
+                                Tensor::Zeros({3, 2}, DType::kF64, alloc),
+                                Tensor(),
+                                base};
+  for (Tensor& t : before) {
+    t.AssignEmpty({6, 4}, DType::kF32, alloc);
+    const Tensor expected = Tensor::Empty({6, 4}, DType::kF32, alloc);
+    EXPECT_EQ(t.shape(), expected.shape());
+    EXPECT_EQ(t.dtype(), DType::kF32);
+    EXPECT_EQ(t.offset(), 0);
+    EXPECT_EQ(t.strides(), expected.strides());
+    EXPECT_TRUE(t.is_contiguous());
+    EXPECT_NE(t.storage(), kept.storage());
+    EXPECT_EQ(t.storage()->nbytes(), 6 * 4 * sizeof(float));
+  }
+  EXPECT_EQ(kept.storage().use_count(), 2);  // kept and base
+  before.clear();
+  EXPECT_EQ(alloc.Stats().allocated_bytes, 4 * 6 * sizeof(float));
+}
+
 }  // namespace
 }  // namespace sluice

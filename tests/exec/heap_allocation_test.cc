@@ -43,9 +43,12 @@ constexpr int64_t kFloats = 17 * 1024;
 // Heap allocations (all threads) during one run, after warm-up runs, less the StoragePool's slabs
 // (returned apart in *slabs). The system allocator keeps no bookkeeping on the heap (a caching
 // allocator's tables grow now and then), so the count is exact.
-int64_t AllocationsPerRun(const Program& program, RunMode mode, GcMode gc, int64_t* slabs) {
+int64_t AllocationsPerRun(const Program& program, RunMode mode, GcMode gc, int64_t* slabs,
+                          bool timed = true) {
   SystemAllocator alloc;
-  Executable exe(program, {.allocator = &alloc, .mode = mode, .gc = gc, .threads = 2});
+  Executable exe(
+      program,
+      {.allocator = &alloc, .mode = mode, .gc = gc, .threads = 2, .measure_gc_time = timed});
   Scope scope = testing::RandomScope(program, 1);
   for (int warm = 0; warm < 3; ++warm) exe.Run(scope);
   const int64_t slabs_before = StoragePool::SlabsAllocated();
@@ -72,6 +75,9 @@ TEST(HeapAllocations, TheExecutorAddsNonePerInstruction) {
             << n << " " << Name(mode) << "/" << Name(gc);
       }
     }
+    // Untimed sync GC: the trace run's precomputed drops.
+    EXPECT_EQ(AllocationsPerRun(program, RunMode::kTrace, GcMode::kSync, &slabs, false), reference)
+        << n << " trace/sync/untimed";
   }
   // A tensor itself costs no heap allocation once the pool holds a node for it.
   SystemAllocator alloc;

@@ -30,10 +30,13 @@ struct Config {
   GcMode gc;
   OrderPolicy order = OrderPolicy::kBest;
   MemoryPlanMode plan = MemoryPlanMode::kDynamic;
+  // measure_gc_time: off, a sync trace run takes the interpreter's untimed path (the benchmarks').
+  bool timed = true;
 };
 
 std::string ToString(const Config& c) {
-  return fmt::format("{}/{}/{}/{}", Name(c.mode), Name(c.gc), Name(c.order), Name(c.plan));
+  return fmt::format("{}/{}/{}/{}{}", Name(c.mode), Name(c.gc), Name(c.order), Name(c.plan),
+                     c.timed ? "" : "/untimed");
 }
 
 bool Dynamic(const Config& c) { return c.plan == MemoryPlanMode::kDynamic; }
@@ -50,6 +53,11 @@ std::vector<Config> AllConfigs() {
   }
   configs.push_back(
       {RunMode::kTrace, GcMode::kSync, OrderPolicy::kProgram, MemoryPlanMode::kStatic});
+  for (MemoryPlanMode plan : {MemoryPlanMode::kDynamic, MemoryPlanMode::kStatic}) {
+    configs.push_back({RunMode::kTrace, GcMode::kSync, OrderPolicy::kBest, plan, /*timed=*/false});
+  }
+  configs.push_back({RunMode::kParallel, GcMode::kSync, OrderPolicy::kBest,
+                     MemoryPlanMode::kDynamic, /*timed=*/false});
   return configs;
 }
 
@@ -62,7 +70,8 @@ ExecutableOptions Options(const Config& c, Allocator* allocator) {
           .threads = 3,
           .order = c.order,
           .memory_plan = c.plan,
-          .async = {.min_batch_bytes = 0}};
+          .async = {.min_batch_bytes = 0},
+          .measure_gc_time = c.timed};
 }
 
 // A deep copy, so that in-place updates of one run do not leak into the next.
@@ -226,8 +235,10 @@ int64_t AllIntermediateBytes(const ExecutionPlan& plan) {
 
 TEST(Interpreter, SyncTracePeakEqualsTheLivenessBound) {
   for (const Program& program : Programs()) {
-    for (OrderPolicy order : {OrderPolicy::kProgram, OrderPolicy::kGreedy}) {
-      Config c{RunMode::kTrace, GcMode::kSync, order};
+    for (auto [order, timed] : {std::pair{OrderPolicy::kProgram, true},
+                                {OrderPolicy::kGreedy, true},
+                                {OrderPolicy::kBest, false}}) {
+      Config c{RunMode::kTrace, GcMode::kSync, order, MemoryPlanMode::kDynamic, timed};
       const std::string label = fmt::format("{} {}", program.name(), ToString(c));
       {
         CachingAllocator caching;
@@ -268,6 +279,16 @@ TEST(Interpreter, NoneHoldsEverythingAndFreesMatch) {
           << label;
       for (GcMode gc : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
         EXPECT_EQ(stats[gc].frees, plan.NumFreeable()) << label << " " << Name(gc);
+      }
+      CachingAllocator alloc;
+      Executable untimed(program, Options({mode, GcMode::kSync, OrderPolicy::kBest,
+                                           MemoryPlanMode::kDynamic, /*timed=*/false},
+                                          &alloc));
+      Scope scope = RandomScope(program, 2);
+      const RunStats s = untimed.Run(scope);
+      EXPECT_EQ(s.frees, plan.NumFreeable()) << label << " sync untimed";
+      if (mode == RunMode::kTrace) {  // a parallel run's peak depends on the scheduling
+        EXPECT_EQ(s.peak_allocated_bytes, stats[GcMode::kSync].peak_allocated_bytes) << label;
       }
     }
   }

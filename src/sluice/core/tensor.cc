@@ -55,6 +55,18 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Allocator& allocator) {
   return Tensor(Storage::Create(allocator, bytes), 0, shape, shape.ContiguousStrides(), dtype);
 }
 
+void Tensor::AssignEmpty(const Shape& shape, DType dtype, Allocator& allocator) {
+  const size_t bytes = static_cast<size_t>(shape.numel()) * SizeOf(dtype);
+  std::shared_ptr<Storage> storage = Storage::Create(allocator, bytes);
+  if (dtype_ != dtype || offset_ != 0 || shape_ != shape || !is_contiguous()) {
+    shape_ = shape;
+    strides_ = shape.ContiguousStrides();
+    offset_ = 0;
+    dtype_ = dtype;
+  }
+  storage_ = std::move(storage);
+}
+
 Tensor Tensor::OnStorage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shape.numel()) * SizeOf(dtype);
   if (storage == nullptr || storage->nbytes() < bytes) {

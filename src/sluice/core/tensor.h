@@ -98,6 +98,12 @@ class Tensor {
   // Copies the elements of `src` (same shape and dtype) into this tensor.
   void CopyFrom(const Tensor& src) const;
 
+  // *this = Empty(shape, dtype, allocator) without the temporary: when this tensor already has
+  // `shape` and `dtype`, contiguous from offset 0 (an interpreter's output slot, run after run),
+  // only its storage is replaced. The new storage is allocated before the old reference is dropped;
+  // if allocation throws, the tensor is unchanged.
+  void AssignEmpty(const Shape& shape, DType dtype, Allocator& allocator = DefaultAllocator());
+
   // Drops this handle's reference; returns the storage so the caller decides where it dies.
   std::shared_ptr<Storage> DetachStorage();
 

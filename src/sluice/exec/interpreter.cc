@@ -44,11 +44,7 @@ struct Step {
 
 // The state of one executing thread.
 struct Worker {
-  // Kernel operands, sized to the largest arity. Inputs are pointers to the tensors where their
-  // slots (or the scope) hold them: passing them costs no handle copy and no reference-count
-  // update. A slot is only written by its value's producer, before any reader runs, and cleared
-  // after its group's last reader (parallel runs count the readers), so the pointers stay valid.
-  std::vector<const Tensor*> ins;
+  // Scratch outputs, sized to the largest arity, for an instruction whose outputs are not adjacent.
   std::vector<Tensor> outs;
   int64_t gc_ticks = 0;  // CycleClock ticks spent on GC work
   int64_t frees = 0;
@@ -91,7 +87,15 @@ struct Executable::Impl {
 
   std::vector<Step> steps;              // by instruction
   std::vector<ValueId> operand_values;  // flat inputs of every instruction
-  std::vector<ValueId> result_values;   // flat outputs of every instruction
+  // The tensors of operand_values, where their slots (or the scope) hold them: a kernel reads its
+  // inputs through these pointers, so passing them costs no handle copy and no reference-count
+  // update. Fixed at construction for values with slots of their own; rewritten by Bind at the
+  // positions in bound_operands (inputs and parameters). A slot is only written by its value's
+  // producer, before any reader runs, and cleared after its group's last reader (parallel runs
+  // count the readers), so the pointers stay valid while a reader runs.
+  std::vector<const Tensor*> operand_slots;
+  std::vector<int32_t> bound_operands;
+  std::vector<ValueId> result_values;  // flat outputs of every instruction
   // Their types: pointers into program's values, which never change.
   std::vector<const TensorType*> result_types;
   std::vector<ValueId> bound;    // inputs and params, bound from the scope
@@ -121,6 +125,11 @@ struct Executable::Impl {
   void* arena_data = nullptr;  // held from AcquireArena to ReleaseArena
   std::vector<Worker> workers;
 
+  // Trace runs with sync GC: step -> the slots its free list empties (every member of each group,
+  // but a planned group's root, which keeps its tensor; see ReleaseGroup).
+  std::vector<Tensor*> sync_drops;
+  std::vector<int32_t> sync_drops_begin;
+
   // GC: one preallocated batch per instruction, sized for everything it can release.
   std::vector<std::shared_ptr<Storage>> handles;
   std::vector<GarbageBatch> batches;
@@ -141,8 +150,8 @@ struct Executable::Impl {
   void Prepare();
   RunStats Run(Scope& scope, RunTrace* trace);
   void Bind(Scope& scope);
+  void PrepareSyncDrops();
   void Execute(int32_t i, Worker& w);
-  void RunStep(int32_t i, const Step& st, Tensor* outs, Worker& w);
   void AcquireArena();
   void ReleaseArena();
   bool Planned(int32_t g) const { return !arena.offset.empty() && arena.offset[g] >= 0; }
@@ -186,7 +195,7 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
 void Executable::Impl::Prepare() {
   const auto& instrs = program.instructions();
   const size_t n = instrs.size();
-  size_t max_in = 0, max_out = 0;
+  size_t max_out = 0;
   steps.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const Instruction& instr = instrs[i];
@@ -207,7 +216,6 @@ void Executable::Impl::Prepare() {
     for (size_t k = 0; k < instr.outputs.size(); ++k) {
       st.outputs_adjacent &= instr.outputs[k] == st.first_output + static_cast<ValueId>(k);
     }
-    max_in = std::max(max_in, instr.inputs.size());
     max_out = std::max(max_out, instr.outputs.size());
   }
   bound = program.inputs();
@@ -232,6 +240,11 @@ void Executable::Impl::Prepare() {
   slots.assign(num_values, nullptr);
   for (size_t v = 0, k = 0; v < num_values; ++v) {
     if (owns_slot(static_cast<ValueId>(v))) slots[v] = &own[k++];
+  }
+  operand_slots.resize(operand_values.size());
+  for (size_t p = 0; p < operand_values.size(); ++p) {
+    operand_slots[p] = slots[operand_values[p]];
+    if (operand_slots[p] == nullptr) bound_operands.push_back(static_cast<int32_t>(p));
   }
   for (size_t g = 0; g < plan.groups.size(); ++g) {
     if (!plan.groups[g].pinned) continue;
@@ -272,10 +285,8 @@ void Executable::Impl::Prepare() {
     users_left = std::make_unique<std::atomic<int32_t>[]>(plan.groups.size());
   }
   workers.resize(static_cast<size_t>(threads));
-  for (Worker& w : workers) {
-    w.ins.resize(max_in);
-    w.outs.resize(max_out);
-  }
+  for (Worker& w : workers) w.outs.resize(max_out);
+  if (!parallel && gc_mode == GcMode::kSync) PrepareSyncDrops();
 
   if (gc_mode == GcMode::kAsync) {
     // Batch i holds what instruction i can release: its trace free list or its parallel releases.
@@ -296,6 +307,19 @@ void Executable::Impl::Prepare() {
       offset += capacity[i];
     }
     gc = std::make_unique<AsyncGarbageCollector>(options.async, /*multi_producer=*/parallel);
+  }
+}
+
+void Executable::Impl::PrepareSyncDrops() {
+  sync_drops_begin.assign(1, 0);
+  for (size_t s = 0; s < plan.num_steps(); ++s) {
+    for (int32_t g : plan.FreeList(static_cast<int32_t>(s))) {
+      std::span<const int32_t> members = plan.members[g];
+      for (size_t k = Planned(g) ? 1 : 0; k < members.size(); ++k) {
+        sync_drops.push_back(slots[members[k]]);
+      }
+    }
+    sync_drops_begin.push_back(static_cast<int32_t>(sync_drops.size()));
   }
 }
 
@@ -329,26 +353,21 @@ void Executable::Impl::Bind(Scope& scope) {
     bound_copies.push_back(t->Contiguous(*allocator));
     slots[v] = &bound_copies.back();
   }
+  for (int32_t p : bound_operands) operand_slots[p] = slots[operand_values[p]];
 }
 
+// Allocates instruction i's outputs, runs its kernel and leaves its outputs in their slots.
 void Executable::Impl::Execute(int32_t i, Worker& w) {
   const Step& st = steps[i];
-  const ValueId* in = operand_values.data() + st.in_begin;
-  for (int32_t k = 0; k < st.in_count; ++k) w.ins[k] = slots[in[k]];
   // Outputs go straight into their slots when adjacent (always, for programs built by Program).
   Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? slots[st.first_output] : w.outs.data();
-  RunStep(i, st, outs, w);
-}
-
-// Allocates instruction i's outputs, runs its kernel and stores its outputs in their slots.
-void Executable::Impl::RunStep(int32_t i, const Step& st, Tensor* outs, Worker& w) {
   if (st.op->kind == OpKind::kCompute) {
     for (int32_t k = 0; k < st.out_count; ++k) {
       const TensorType& t = *result_types[st.out_begin + k];
       const std::shared_ptr<Storage>* planned =
           result_storage.empty() ? nullptr : result_storage[st.out_begin + k];
       if (planned == nullptr) {
-        outs[k] = Tensor::Empty(t.shape, t.dtype, *allocator);
+        outs[k].AssignEmpty(t.shape, t.dtype, *allocator);
       } else if (outs[k].storage() != *planned) {
         // Made at the first run; the slot keeps it from then on (ReleaseGroup leaves a planned
         // root alone), so a planned output costs no handle and no reference count per run.
@@ -359,19 +378,22 @@ void Executable::Impl::RunStep(int32_t i, const Step& st, Tensor* outs, Worker& 
       w.trace->memory.push_back({NowNs() - w.origin_ns, allocator->Stats().allocated_bytes});
     }
   }
-  KernelContext ctx{KernelInputs({w.ins.data(), static_cast<size_t>(st.in_count)}),
+  const Tensor* const* ins = operand_slots.data() + st.in_begin;
+  KernelContext ctx{KernelInputs({ins, static_cast<size_t>(st.in_count)}),
                     {outs, static_cast<size_t>(st.out_count)},
                     *st.attrs,
                     *allocator};
   st.op->kernel(ctx);
   const ValueId* out = result_values.data() + st.out_begin;
-  for (int32_t k = 0; k < st.out_count; ++k) {
-    if (st.op->kind == OpKind::kView) {
-      SLUICE_CHECK(outs[k].defined() && outs[k].storage() == w.ins[0]->storage(),
+  if (st.op->kind == OpKind::kView) {
+    for (int32_t k = 0; k < st.out_count; ++k) {
+      SLUICE_CHECK(outs[k].defined() && outs[k].storage() == ins[0]->storage(),
                    "view op '{}' did not alias its input for %{}", st.op->name,
                    program.value(out[k]).name);
     }
-    if (outs != slots[st.first_output]) *slots[out[k]] = std::move(outs[k]);
+  }
+  if (outs == w.outs.data()) {
+    for (int32_t k = 0; k < st.out_count; ++k) *slots[out[k]] = std::move(outs[k]);
   }
 }
 
@@ -395,12 +417,6 @@ void Executable::Impl::DetachGroup(int32_t g, GarbageBatch& batch) {
 void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, bool counted,
                                     Worker& w) {
   if (groups.empty()) return;
-  if (!counted && gc_mode == GcMode::kSync && !options.measure_gc_time && w.trace == nullptr) {
-    // The default trace run's case, with nothing to count but the frees.
-    for (int32_t g : groups) ReleaseGroup(g);
-    w.frees += static_cast<int64_t>(groups.size());
-    return;
-  }
   const bool timed = options.measure_gc_time;
   const int64_t begin_ticks = timed ? CycleClock::Now() : 0;
   const int64_t begin_ns = w.trace != nullptr ? NowNs() : 0;
@@ -446,6 +462,15 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
 
 void Executable::Impl::RunTraceMode() {
   Worker& w = workers[0];
+  if (!sync_drops_begin.empty() && !options.measure_gc_time && w.trace == nullptr) {
+    // Sync GC with nothing to time or record: each step's free list is its precomputed drops.
+    for (size_t s = 0; s < plan.num_steps(); ++s) {
+      Execute(plan.order[s], w);
+      for (int32_t d = sync_drops_begin[s]; d < sync_drops_begin[s + 1]; ++d) Drop(*sync_drops[d]);
+    }
+    w.frees += static_cast<int64_t>(plan.free_lists.items.size());
+    return;
+  }
   const bool release = gc_mode != GcMode::kNone;
   for (size_t s = 0; s < plan.num_steps(); ++s) {
     const int32_t i = plan.order[s];

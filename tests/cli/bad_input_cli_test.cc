@@ -84,7 +84,7 @@ TEST_F(BadInputCli, NumericFlagsMustBeFiniteAndInRange) {
       {"--clip -1", "--clip must be a finite number, 0 (off) or more, got -1"},
       {"--beta1 1", "--beta1 must be in [0, 1), got 1"},
       {"--beta2 -0.1", "--beta2 must be in [0, 1), got -0.1"},
-      {"--momentum 1.5", "--momentum must be in [0, 1), got 1.5"},
+      {"--optimizer sgd --momentum 1.5", "--momentum must be in [0, 1), got 1.5"},
       {"--warmup -5", "--warmup must be 0 or more, got -5"},
       {"--eval-every -1", "--eval-every must be 0 (only at the end) or more, got -1"},
       {"--save-every -2", "--save-every must be 0 (only at the end) or more, got -2"},

@@ -92,6 +92,31 @@ TEST_F(TrainCli, BadOptionsSayWhatToChange) {
   EXPECT_THAT(r.err, HasSubstr("--steps must be at least 1"));
 }
 
+// An option only the other model or optimizer reads would change nothing: it is refused, naming
+// what it applies to, instead of being silently ignored.
+TEST_F(TrainCli, OptionsOfTheOtherModelOrOptimizerAreRefused) {
+  CliResult r = Train("--model mlp --dim 32 --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--dim applies to --model gpt only; this run uses --model mlp"));
+  r = Train("--hidden 8 --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--hidden applies to --model mlp only; this run uses --model gpt"));
+  r = Train("--momentum 0.9 --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err,
+              HasSubstr("--momentum applies to --optimizer sgd only; this run uses --optimizer "
+                        "adamw"));
+  r = Train("--optimizer sgd --beta2 0.95 --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--beta2 applies to --optimizer adamw only"));
+  // Given where they apply, they run; an unknown model keeps its own error.
+  r = Train("--optimizer sgd --momentum 0.9 --model mlp --hidden 16 --steps 2 --quiet");
+  EXPECT_EQ(r.status, 0) << r.err;
+  r = Train("--model cnn --dim 32 --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--model must be gpt or mlp, not 'cnn'"));
+}
+
 TEST_F(TrainCli, ResumeFromACorruptCheckpointIsAClearError) {
   const fs::path bad = dir_ / "bad.safetensors";
   std::ofstream(bad) << "not a checkpoint";

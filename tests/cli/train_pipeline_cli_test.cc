@@ -266,7 +266,10 @@ TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
   EXPECT_THAT(Refused(gpt + " --stages 2 --schedule zb-v --chunks 3"),
               HasSubstr("zb-v: runs exactly 2 chunks per rank, V-shaped (got 3 chunks)"));
   EXPECT_THAT(Refused(gpt + " --stages 0"), HasSubstr("--stages must be at least 1, got 0"));
-  EXPECT_THAT(Refused("--model mlp --stages 2"), HasSubstr("--model mlp cannot be split"));
+  // Without kJob: its GPT shape options would be refused for an MLP first.
+  const CliResult mlp = Sluice("train --model mlp --stages 2 --steps 3", "timeout 120");
+  EXPECT_EQ(mlp.status, 1) << mlp.err;
+  EXPECT_THAT(mlp.err, HasSubstr("--model mlp cannot be split"));
   EXPECT_THAT(Refused(gpt + " --stages 2 --comm-timeout 0"),
               HasSubstr("--comm-timeout must be positive"));
   EXPECT_THAT(Refused("--layers 2 --microbatches 4 --stages 4 --partition uniform"),

@@ -506,6 +506,30 @@ int RunTrain(TrainArgs& a) {
   return 0;
 }
 
+// An option that only one choice of another option reads (--dim: --model gpt).
+struct ScopedOption {
+  const CLI::Option* option;
+  std::string_view owner;  // "--model"
+  std::string_view value;  // "gpt"
+};
+
+// Refuses an option given for a model or optimizer that does not read it, which would otherwise
+// be silently ignored. Unknown model or optimizer names are left to their own, clearer error.
+void CheckScopedOptions(const std::vector<ScopedOption>& scoped, const std::string& model,
+                        const std::string& optimizer) {
+  for (const ScopedOption& s : scoped) {
+    const std::string& chosen = s.owner == "--model" ? model : optimizer;
+    const bool known = s.owner == "--model" ? (chosen == "gpt" || chosen == "mlp")
+                                            : (chosen == "adamw" || chosen == "sgd");
+    if (s.option->count() == 0 || !known || chosen == s.value) continue;
+    throw InvalidArgument(
+        fmt::format("{} applies to {} {} only; this run uses {} {}, which does "
+                    "not read it: drop {} or choose {} {}",
+                    s.option->get_name(), s.owner, s.value, s.owner, chosen, s.option->get_name(),
+                    s.owner, s.value));
+  }
+}
+
 // The options `sluice train` and `sluice plan` share. `finish`, called once the command line is
 // parsed, settles what depends on which options were given.
 struct TrainOptions {
@@ -520,19 +544,25 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--data", c.data,
                  "sort (synthetic, default), blobs (mlp) or a text file for byte-level LM")
       ->capture_default_str();
-  sub.add_option("--layers", c.gpt.layers, "transformer blocks")->capture_default_str();
-  sub.add_option("--heads", c.gpt.heads, "attention heads (must divide --dim)")
-      ->capture_default_str();
-  sub.add_option("--dim", c.gpt.dim, "model width C")->capture_default_str();
-  sub.add_option("--attention", a->attention,
-                 "gpt: fused (one op, no [T, T] values kept) or naive (matmul, mask, softmax)")
-      ->capture_default_str();
-  sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")
-      ->capture_default_str();
-  sub.add_option("--vocab", c.gpt.vocab, "vocabulary size (0: the data's)")->capture_default_str();
-  sub.add_option("--features", c.mlp.features, "mlp: input features")->capture_default_str();
-  sub.add_option("--hidden", c.mlp.hidden, "mlp: hidden width")->capture_default_str();
-  sub.add_option("--classes", c.mlp.classes, "mlp: classes")->capture_default_str();
+  auto* layers =
+      sub.add_option("--layers", c.gpt.layers, "transformer blocks")->capture_default_str();
+  auto* heads = sub.add_option("--heads", c.gpt.heads, "attention heads (must divide --dim)")
+                    ->capture_default_str();
+  auto* dim = sub.add_option("--dim", c.gpt.dim, "model width C")->capture_default_str();
+  auto* attention =
+      sub.add_option("--attention", a->attention,
+                     "gpt: fused (one op, no [T, T] values kept) or naive (matmul, mask, softmax)")
+          ->capture_default_str();
+  auto* seq =
+      sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")
+          ->capture_default_str();
+  auto* vocab = sub.add_option("--vocab", c.gpt.vocab, "vocabulary size (0: the data's)")
+                    ->capture_default_str();
+  auto* features =
+      sub.add_option("--features", c.mlp.features, "mlp: input features")->capture_default_str();
+  auto* hidden =
+      sub.add_option("--hidden", c.mlp.hidden, "mlp: hidden width")->capture_default_str();
+  auto* classes = sub.add_option("--classes", c.mlp.classes, "mlp: classes")->capture_default_str();
   sub.add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
   sub.add_option("--batch", c.batch, "sequences per step")->capture_default_str();
   auto* microbatches = sub.add_option(
@@ -549,9 +579,10 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--weight-decay", c.optimizer.weight_decay,
                  "decoupled (AdamW) or L2 (SGD) weight decay")
       ->capture_default_str();
-  sub.add_option("--beta1", c.optimizer.beta1, "AdamW β1")->capture_default_str();
-  sub.add_option("--beta2", c.optimizer.beta2, "AdamW β2")->capture_default_str();
-  sub.add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
+  auto* beta1 = sub.add_option("--beta1", c.optimizer.beta1, "AdamW β1")->capture_default_str();
+  auto* beta2 = sub.add_option("--beta2", c.optimizer.beta2, "AdamW β2")->capture_default_str();
+  auto* momentum =
+      sub.add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
   sub.add_option("--clip", c.optimizer.clip_norm, "clip gradients to this global norm (0: off)")
       ->capture_default_str();
   sub.add_option("--seed", c.seed, "seed of initialization and data")
@@ -648,8 +679,19 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
              "--data-parallel", a->data_parallel,
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
-  auto finish = [a, sched, chunks, partition, layout, release, ahead, timeout, trace, profile,
-                 fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr, microbatches] {
+  // Options only one model or one optimizer reads: given for the other, they would change nothing.
+  const std::vector<ScopedOption> scoped = {
+      {layers, "--model", "gpt"},      {heads, "--model", "gpt"},
+      {dim, "--model", "gpt"},         {attention, "--model", "gpt"},
+      {seq, "--model", "gpt"},         {vocab, "--model", "gpt"},
+      {features, "--model", "mlp"},    {hidden, "--model", "mlp"},
+      {classes, "--model", "mlp"},     {beta1, "--optimizer", "adamw"},
+      {beta2, "--optimizer", "adamw"}, {momentum, "--optimizer", "sgd"},
+  };
+  auto finish = [a, scoped, sched, chunks, partition, layout, release, ahead, timeout, trace,
+                 profile, fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr,
+                 microbatches] {
+    CheckScopedOptions(scoped, a->config.model, a->optimizer);
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;

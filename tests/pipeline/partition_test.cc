@@ -288,6 +288,56 @@ TEST(Partition, BalancedVShapeEvensOutTheRanksAndIsOptimal) {
   }
 }
 
+// The least possible most expensive rank, V-shaped, by the direct dynamic program over every
+// rank's pair of groups (O(P·N⁴)): best(k, i, j) for ranks k … P − 1 on units [i, j).
+double DirectBestV(const GptConfig& cfg, int S) {
+  const GptCosts g = EstimateGptCosts(cfg, kB, kT);
+  std::vector<double> units(static_cast<size_t>(cfg.layers) + 2, g.block);
+  units.front() = g.embed;
+  units.back() = g.head;
+  const int64_t N = static_cast<int64_t>(units.size());
+  const int P = S / 2;
+  auto cost = [&](int64_t i, int64_t j) {
+    double c = 0;
+    for (int64_t u = i; u < j; ++u) c += units[u];
+    return c;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<std::vector<double>>> best(
+      P + 1, std::vector<std::vector<double>>(N + 1, std::vector<double>(N + 1, inf)));
+  for (int64_t i = 0; i <= N; ++i) best[P][i][i] = 0;
+  for (int k = P - 1; k >= 0; --k) {
+    for (int64_t i = 0; i <= N; ++i) {
+      for (int64_t j = i + 2; j <= N; ++j) {
+        for (int64_t a = i + 1; a < j; ++a) {
+          for (int64_t e = a; e < j; ++e) {
+            best[k][i][j] =
+                std::min(best[k][i][j], std::max(cost(i, a) + cost(e, j), best[k + 1][a][e]));
+          }
+        }
+      }
+    }
+  }
+  return best[0][0][N];
+}
+
+TEST(Partition, BalancedVShapeIsOptimalBeyondBruteForce) {
+  // Models too deep to try every cut: the bisection over bounds finds the direct program's
+  // optimum, and the cut is one of the model's.
+  for (int64_t L : {14, 22, 30}) {
+    for (int64_t vocab : {2, 1600, 8000}) {
+      const GptConfig cfg = Config(L, vocab);
+      for (int S : {2, 6, 10, 16}) {
+        SCOPED_TRACE(testing::Message() << "L " << L << " vocab " << vocab << " S " << S);
+        const GptPartition v =
+            PartitionGpt(cfg, kB, kT, S, PartitionKind::kBalanced, Placement::kVShape);
+        ExpectWellFormed(v, cfg, S);
+        EXPECT_EQ(MaxRankCostV(v, cfg), DirectBestV(cfg, S));
+      }
+    }
+  }
+}
+
 TEST(Partition, BalancedVShapeBeatsBalancingTheStages) {
   // 4 layers and a head worth 2 blocks, P = 2: balancing the stages gives embed|h.0-1|h.2-3|head,
   // which leaves rank 1 four blocks (h.0-1 and h.2-3) against rank 0's embed and head; balancing

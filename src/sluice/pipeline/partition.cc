@@ -1,9 +1,12 @@
 #include "sluice/pipeline/partition.h"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -128,10 +131,105 @@ GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S)
   return p;
 }
 
+// Which cuts of a V-shaped placement keep every rank's cost at most a bound T. Rank k runs groups k
+// and 2P − 1 − k: when the ranks outside it have taken units [0, i) and [j, N), rank k takes a
+// front group [i, a) and a back group [e, j), a ≤ e, and leaves [a, e) to the ranks inside it
+// (a = e for the innermost). Its cost is span(i, j) − span(a, e): the whole interval minus what it
+// leaves, one formula wherever a rank's cost is compared, so the test and the walk agree bit for
+// bit.
+class VShapeCuts {
+ public:
+  VShapeCuts(const std::vector<double>& units, int P)
+      : N_(static_cast<int64_t>(units.size())), P_(P), prefix_(units.size() + 1, 0.0) {
+    for (int64_t u = 0; u < N_; ++u) prefix_[u + 1] = prefix_[u] + units[u];
+  }
+
+  double span(int64_t i, int64_t j) const { return prefix_[j] - prefix_[i]; }
+  double total() const { return prefix_[N_]; }
+
+  // ok(k)[i][j]: ranks k … P − 1 can cut [i, j) into non-empty groups, each rank at most T.
+  // Computed from the innermost rank out, each rank in O(N²): for rank k at [i, j) the best
+  // choice leaves the largest span(a, e) the inner ranks can cut, and that largest span over
+  // i < a ≤ e < j is a running maximum, best(i, j) = max(best(i + 1, j), best(i, j − 1),
+  // inner(i + 1, j − 1)). With keep_all, every rank's table is kept for Walk.
+  bool Feasible(double T, bool keep_all) {
+    const int64_t W = N_ + 1;
+    std::vector<uint8_t> inner(static_cast<size_t>(W * W), 0);
+    for (int64_t i = 0; i <= N_; ++i) inner[i * W + i] = 1;  // no rank left: an empty interval
+    const double none = -std::numeric_limits<double>::infinity();
+    std::vector<double> best(static_cast<size_t>(W * W), none);
+    tables_.clear();
+    if (keep_all) tables_.assign(static_cast<size_t>(P_) + 1, {});
+    if (keep_all) tables_[P_] = inner;
+    for (int k = P_ - 1; k >= 0; --k) {
+      std::vector<uint8_t> ok(static_cast<size_t>(W * W), 0);
+      for (int64_t i = N_; i >= 0; --i) {
+        for (int64_t j = i; j <= N_; ++j) {
+          double b = none;
+          if (j >= i + 2) {
+            b = std::max(best[(i + 1) * W + j], best[i * W + j - 1]);
+            if (inner[(i + 1) * W + j - 1]) b = std::max(b, span(i + 1, j - 1));
+          }
+          best[i * W + j] = b;
+          ok[i * W + j] = b != none && span(i, j) - b <= T;
+        }
+      }
+      inner = std::move(ok);
+      if (keep_all) tables_[k] = inner;
+    }
+    return inner[N_] != 0;  // [0, N) by ranks 0 … P − 1
+  }
+
+  // After Feasible(T, true): the groups, from the outside in, each rank's front group taking as
+  // few units as it can, then its back group as few.
+  std::vector<std::pair<int64_t, int64_t>> Walk(double T) const {
+    const int64_t W = N_ + 1;
+    std::vector<std::pair<int64_t, int64_t>> groups(static_cast<size_t>(2 * P_));
+    int64_t i = 0, j = N_;
+    for (int k = 0; k < P_; ++k) {
+      const std::vector<uint8_t>& inner = tables_[k + 1];
+      bool found = false;
+      for (int64_t a = i + 1; a < j && !found; ++a) {
+        for (int64_t e = j - 1; e >= a && !found; --e) {
+          if (!inner[a * W + e] || span(i, j) - span(a, e) > T) continue;
+          groups[static_cast<size_t>(k)] = {i, a};
+          groups[static_cast<size_t>(2 * P_ - 1 - k)] = {e, j};
+          i = a;
+          j = e;
+          found = true;
+        }
+      }
+      SLUICE_CHECK(found, "the V-shaped cut lost its optimum at rank {}", k);
+    }
+    return groups;
+  }
+
+ private:
+  int64_t N_;
+  int P_;
+  std::vector<double> prefix_;
+  std::vector<std::vector<uint8_t>> tables_;  // ok(k) for k = 0 … P, kept by Feasible
+};
+
+// The least double x ≥ lo for which feasible(x) holds, given feasible(hi): bisection over the
+// doubles' order (for non-negative doubles, the order of their bits), exact in at most 64 tests.
+template <typename Test>
+double LeastFeasible(double lo, double hi, Test feasible) {
+  uint64_t a = std::bit_cast<uint64_t>(lo), b = std::bit_cast<uint64_t>(hi);
+  while (a < b) {
+    const uint64_t mid = a + (b - a) / 2;
+    if (feasible(std::bit_cast<double>(mid))) {
+      b = mid;
+    } else {
+      a = mid + 1;
+    }
+  }
+  return std::bit_cast<double>(b);
+}
+
 // Placement::kVShape: 2P groups, rank r running groups r and 2P − 1 − r, cut so that the most
-// expensive rank is as cheap as possible. From the outside in: best(k, i, j) is the least possible
-// maximum rank cost when groups 0 … k−1 hold units [0, i) and groups 2P−k … 2P−1 units [j, N);
-// rank k takes [i, a) and [b, j) with a ≤ b (a = b for the innermost rank, k = P − 1).
+// expensive rank is as cheap as possible — exact: the least bound T some cut meets, found by
+// bisection (whether a cut meets T is monotone in T), each test O(P·N²) (VShapeCuts).
 GptPartition BalancedV(const GptConfig& c, int64_t batch, int64_t seq_len, int S) {
   const std::vector<double> units = UnitCosts(c, batch, seq_len);
   const int64_t N = static_cast<int64_t>(units.size());
@@ -143,52 +241,15 @@ GptPartition BalancedV(const GptConfig& c, int64_t batch, int64_t seq_len, int S
         "stages, or give the model --layers {} or more",
         S, N, c.layers, S - 2));
   }
-  std::vector<double> prefix(static_cast<size_t>(N) + 1, 0.0);
-  for (int64_t u = 0; u < N; ++u) prefix[u + 1] = prefix[u] + units[u];
-  auto cost = [&](int64_t i, int64_t j) { return prefix[j] - prefix[i]; };
-  const double inf = std::numeric_limits<double>::infinity();
-  // best[k][i][j], with at least 2(P − k) units left in [i, j) for the groups still to cut.
-  std::vector<std::vector<std::vector<double>>> best(
-      P + 1, std::vector<std::vector<double>>(N + 1, std::vector<double>(N + 1, inf)));
-  for (int64_t i = 0; i <= N; ++i) best[P][i][i] = 0;
-  for (int k = P - 1; k >= 0; --k) {
-    const int64_t inner = 2 * (P - 1 - k);  // units the inner ranks need at least
-    for (int64_t i = k; i <= N; ++i) {
-      for (int64_t j = i + inner + 2; j <= N - k; ++j) {
-        double& b = best[k][i][j];
-        for (int64_t a = i + 1; a < j; ++a) {
-          for (int64_t e = (k == P - 1 ? a : a + inner); e < j && (k < P - 1 || e == a); ++e) {
-            b = std::min(b, std::max(cost(i, a) + cost(e, j), best[k + 1][a][e]));
-          }
-        }
-      }
-    }
-  }
-  const double target = best[0][0][N];
-  SLUICE_CHECK(target < inf, "no V-shaped cut of {} units into {} groups", N, S);
-  // Walk from the outside in, each rank's front group taking as few units as it can, then its
-  // back group as few.
-  std::vector<std::pair<int64_t, int64_t>> groups(static_cast<size_t>(S));
-  int64_t i = 0, j = N;
-  for (int k = 0; k < P; ++k) {
-    const int64_t inner = 2 * (P - 1 - k);
-    bool found = false;
-    for (int64_t a = i + 1; a < j && !found; ++a) {
-      for (int64_t e = j - 1; e >= (k == P - 1 ? a : a + inner) && !found; --e) {
-        if (k == P - 1 && e != a) continue;
-        if (std::max(cost(i, a) + cost(e, j), best[k + 1][a][e]) <= target) {
-          groups[static_cast<size_t>(k)] = {i, a};
-          groups[static_cast<size_t>(S - 1 - k)] = {e, j};
-          i = a;
-          j = e;
-          found = true;
-        }
-      }
-    }
-    SLUICE_CHECK(found, "the V-shaped cut lost its optimum at rank {}", k);
-  }
+  VShapeCuts cuts(units, P);
+  SLUICE_CHECK(cuts.Feasible(cuts.total(), false), "no V-shaped cut of {} units into {} groups", N,
+               S);
+  const double target =
+      LeastFeasible(0.0, cuts.total(), [&](double T) { return cuts.Feasible(T, false); });
+  cuts.Feasible(target, true);
   GptPartition p;
-  for (const auto& [first, end] : groups) p.stages.push_back(SliceOfUnits(first, end, c.layers));
+  for (const auto& [first, end] : cuts.Walk(target))
+    p.stages.push_back(SliceOfUnits(first, end, c.layers));
   return p;
 }
 

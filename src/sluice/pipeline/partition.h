@@ -18,7 +18,10 @@
 //     micro-batches in flight, so memory is dearest at the front.
 //     Placement::kVShape (zb-v, schedule.h): S = 2P groups, and rank r runs groups r and
 //     2P − 1 − r — rank 0 both embed's and head's. The cut makes the most expensive *rank* (the
-//     sum of its two groups) as cheap as possible, exact, in O(P·N⁴) for N = L + 2 units.
+//     sum of its two groups) as cheap as possible, exact: the least bound every rank can meet,
+//     found by bisection over the doubles, each test a dynamic program in O(P·N²) for N = L + 2
+//     units (P = 8, L = 512: 0.35 s; the program over every rank's pair of cuts it replaced was
+//     O(P·N⁴), 16 s).
 //   * ParseGptLayout: an explicit layout, the text of the CLI's --layout. Stages are separated by
 //     '|', items by ','; an item is "embed", "head", "h.i" or a range "h.i-j" (inclusive):
 //       "embed,h.0-1|h.2-3,head"      two stages of two blocks each

@@ -338,8 +338,13 @@ TEST(PipelineEngine, EveryFaultPointEndsCleanly) {
           const bool throws = mode == FaultInjection::Mode::kThrow;
           SCOPED_TRACE(fmt::format("{} {}:{}:{}", EnumName(kScheduleKindNames, schedule),
                                    throws ? "throw" : "skip", rank, kind_name));
-          PipelineOptions options{
-              .stages = 2, .schedule = schedule, .timeout = std::chrono::milliseconds(200)};
+          // A skipped message surfaces when its receiver times out: 200 ms. A thrown fault aborts
+          // the other rank at once, so there the timeout only guards against a hang — short, a
+          // loaded machine could time a rank out before its peer reached the fault, and the step
+          // would fail with the timeout instead of the fault (seen at load average 19).
+          PipelineOptions options{.stages = 2,
+                                  .schedule = schedule,
+                                  .timeout = std::chrono::milliseconds(throws ? 60'000 : 200)};
           options.fault = {.mode = mode,
                            .rank = rank,
                            .kind = kind,

@@ -361,6 +361,42 @@ StepCosts WithRecordedSteps(StepCosts costs, int steps, int micro_batches, Scale
   return costs;
 }
 
+// Draws of computes (the default) leave out the recorded steps that other work on the machine
+// stalled — a stage thread waited for a core 5% of the step's span or more — while they are fewer
+// than half: their computes are another machine's (one such step of 19 put the draws' mean 10%
+// above the measured median). kSteps still replays every recorded step, the stalled ones too.
+TEST(StepSimulator, DrawsLeaveOutStepsWhoseThreadsWaitedForACore) {
+  const Schedule s =
+      FromText({.micro_batches = 1,
+                .ranks = {"F0 SEND_F0>1 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}});
+  // Step 3 was stalled: its computes took 10 times as long, and stage 1 waited 5 of its 50 ms.
+  StepCosts c =
+      WithRecordedSteps(HandCosts(), 4, 1, [](int k, int) { return k == 3 ? 10.0 : 1.0; });
+  for (RecordedStep& step : c.recorded) {
+    step.span_ms = 50;
+    for (RecordedStep::Rank& r : step.ranks) r.core_wait_ms = 0;
+  }
+  c.recorded[3].ranks[1].core_wait_ms = 5;
+  EXPECT_EQ(DrawnSteps(c), (std::vector<size_t>{0, 1, 2}));
+  const StepPrediction p = SimulateStep(s, c, {.draws = 16});
+  ASSERT_EQ(p.draws.size(), 16u);
+  for (const DrawPrediction& d : p.draws) EXPECT_DOUBLE_EQ(d.makespan_ms, 12.1);  // HandCosts'
+  const StepPrediction steps = SimulateStep(s, c, {.draws = 4, .draw_mode = DrawMode::kSteps});
+  EXPECT_GT(steps.draws[3].makespan_ms, 12.1);
+  // A wait under 5% of the span, or one the step does not know, is a core per stage.
+  c.recorded[3].ranks[1].core_wait_ms = 2.4;
+  EXPECT_EQ(DrawnSteps(c).size(), 4u);
+  EXPECT_GT(SimulateStep(s, c, {.draws = 16}).makespan_ms, 12.1);
+  c.recorded[3].ranks[1].core_wait_ms = -1;
+  EXPECT_EQ(DrawnSteps(c).size(), 4u);
+  // Half of the steps stalled: the other half is drawn; more than half: the run is of that
+  // machine throughout, and every step is drawn.
+  c.recorded[2].ranks[0].core_wait_ms = c.recorded[3].ranks[0].core_wait_ms = 2.5;
+  EXPECT_EQ(DrawnSteps(c), (std::vector<size_t>{0, 1}));
+  c.recorded[1].ranks[1].core_wait_ms = 20;
+  EXPECT_EQ(DrawnSteps(c).size(), 4u);
+}
+
 // A draw of mode kSteps replays one recorded step, every compute its own micro-batch's time:
 // draw k's makespan is the replay of medians equal to step k's costs; the prediction is the mean.
 TEST(StepSimulator, DrawsOfRecordedStepsReplayEachStepWithItsOwnComputes) {
@@ -532,6 +568,65 @@ TEST(StepSimulator, ProfilerRecordsEveryComputeByMicroBatch) {
   // 67 steps, 34 of 1 ms and 33 of 2 ms.
   EXPECT_DOUBLE_EQ(waits[1].get<double>(), (34 * 1.0 + 33 * 2.0) / 67);
   EXPECT_DOUBLE_EQ(CoreWaitShare(c), waits[1].get<double>() / 12);
+}
+
+// One stalled step does not skew the waits' means: a step in which a stage thread waited for a
+// core (other work took it) holds a wake-up, bookkeeping and all-reduce of another machine, and
+// while such steps are fewer than half, the means are of the steps that ran with a core per stage
+// (two stalled steps of 19 made wake_ms 25 times its value, docs/simulator.md). When most steps
+// waited, the run is of that other machine throughout, and the means are of every step.
+TEST(StepSimulator, StepsThatWaitedForACoreDoNotSkewTheWaitsMeans) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 2});
+  // A step of 10 ms whose receive on stage 1 waited `wake` after its message was copied, whose
+  // stage 0 spent `bookkeeping` outside computes and the communicator, whose all-reduce took
+  // `allreduce` on the last rank to reach it, and whose stage 1 waited `core_wait` for a core.
+  auto step = [](int64_t wake, int64_t bookkeeping, int64_t allreduce, int64_t core_wait) {
+    std::vector<StageStep> steps(2);
+    for (int r = 0; r < 2; ++r) {
+      StageStep& st = steps[r];
+      st.wall_ns = 10'000'000;
+      st.computes[0].push_back({.wall_ns = 1'000'000});
+      st.computes[1].push_back({.wall_ns = 2'000'000});
+      st.busy_ns = 3'000'000;
+      st.comm_ns = 7'000'000 - (r == 0 ? 2 * bookkeeping : 0);  // 2 computes
+      st.allreduce_begin_ns = 8'000'000 + r;
+      st.allreduce_end_ns = st.allreduce_begin_ns + (r == 1 ? allreduce : 1'000'000);
+      st.core_wait_ns = r == 1 ? core_wait : 0;
+    }
+    steps[0].copied_sends.push_back({.message = 3, .begin_ns = 1'000'000, .end_ns = 1'100'000});
+    steps[1].blocked_receives.push_back(
+        {.message = 3, .begin_ns = 500'000, .end_ns = 1'100'000 + wake});
+    return steps;
+  };
+  auto costs = [&](int stalled) {  // 4 steps, the last `stalled` of them stalled
+    CostProfiler profiler(s, nlohmann::json::object());
+    for (int k = 0; k < 4; ++k) {
+      if (k < 4 - stalled) {
+        profiler.Add(step(10'000 * (k + 1), 1'000 * (k + 1), 100'000 * (k + 1), 0), 10'000'000);
+      } else {  // 3 ms of its 10 waiting for a core
+        profiler.Add(step(5'000'000, 2'000'000, 4'000'000, 3'000'000), 10'000'000);
+      }
+    }
+    return profiler.Costs();
+  };
+  const StepCosts one = costs(1);  // the means of steps 1-3: 20 µs, 2 µs, 200 µs
+  EXPECT_DOUBLE_EQ(one.wake_ms, 0.02);
+  EXPECT_DOUBLE_EQ(one.ranks[0].overhead_ms, 0.002);
+  EXPECT_DOUBLE_EQ(one.allreduce_ms, 0.2);
+  EXPECT_EQ(one.measured["steps_without_core_wait"], 3);
+  const StepCosts two = costs(2);  // half: still the steps with a core per stage, 15 µs ...
+  EXPECT_DOUBLE_EQ(two.wake_ms, 0.015);
+  EXPECT_DOUBLE_EQ(two.ranks[0].overhead_ms, 0.0015);
+  EXPECT_DOUBLE_EQ(two.allreduce_ms, 0.15);
+  const StepCosts three = costs(3);  // most steps waited: every step's mean
+  EXPECT_DOUBLE_EQ(three.wake_ms, (0.01 + 3 * 5.0) / 4);
+  EXPECT_DOUBLE_EQ(three.ranks[0].overhead_ms, (0.001 + 3 * 2.0) / 4);
+  EXPECT_DOUBLE_EQ(three.allreduce_ms, (0.1 + 3 * 4.0) / 4);
+  EXPECT_EQ(three.measured["steps_without_core_wait"], 1);
+  // The medians and the run's own figures are every step's.
+  EXPECT_EQ(one.measured["steps"], 4);
+  EXPECT_DOUBLE_EQ(one.ranks[1].chunks[0].forward_ms, 1);
 }
 
 // Where a stage's thread could not say how long it waited for a core (StageStep::core_wait_ns

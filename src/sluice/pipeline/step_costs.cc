@@ -372,7 +372,22 @@ CostProfiler::CostProfiler(const Schedule& schedule, nlohmann::json job)
 
 void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns) {
   const int64_t span = StepSpanNs(steps);
-  for (size_t r = 0; r < steps.size(); ++r) AddRank(static_cast<int>(r), steps[r], span);
+  // Whether every stage thread had a core: the waits of such a step are the model's machine's.
+  const bool own_cores = std::ranges::all_of(steps, [&](const StageStep& s) {
+    return s.core_wait_ns == 0 ||
+           (s.core_wait_ns > 0 &&
+            static_cast<double>(s.core_wait_ns) < kCoreWaitShareNoted * static_cast<double>(span));
+  });
+  ++added_steps_;
+  if (own_cores) ++own_core_steps_;
+  own_core_overhead_.resize(steps.size());
+  for (size_t r = 0; r < steps.size(); ++r) {
+    const size_t before = overhead_per_compute_[r].size();
+    AddRank(static_cast<int>(r), steps[r], span);
+    if (own_cores && overhead_per_compute_[r].size() > before) {
+      own_core_overhead_[r].push_back(overhead_per_compute_[r].back());
+    }
+  }
   AddStep(step_wall_ns, span);
   Record(steps, step_wall_ns, span);
   // Wake-ups: a receive blocked on a message resumes this long after the Isend that copied it.
@@ -385,6 +400,7 @@ void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns
       auto it = arrived.find(e.message);
       if (it != arrived.end() && it->second >= e.begin_ns) {
         wake_.push_back(std::max<int64_t>(0, e.end_ns - it->second));
+        if (own_cores) own_core_wake_.push_back(wake_.back());
       }
     }
   }
@@ -395,7 +411,10 @@ void CostProfiler::Add(const std::vector<StageStep>& steps, int64_t step_wall_ns
         (last == nullptr || s.allreduce_begin_ns > last->allreduce_begin_ns))
       last = &s;
   }
-  if (last != nullptr) allreduce_.push_back(last->allreduce_end_ns - last->allreduce_begin_ns);
+  if (last != nullptr) {
+    allreduce_.push_back(last->allreduce_end_ns - last->allreduce_begin_ns);
+    if (own_cores) own_core_allreduce_.push_back(allreduce_.back());
+  }
 }
 
 void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
@@ -437,6 +456,8 @@ StepCosts CostProfiler::Costs() const {
   c.split_backward = schedule_.split_backward;
   c.job = job_;
   auto ms = [](double ns) { return ns / 1e6; };
+  // The waits' means: of the steps that ran with a core per stage when they are at least half.
+  const bool own_cores = own_core_steps_ > 0 && 2 * own_core_steps_ >= added_steps_;
   for (size_t r = 0; r < wall_.size(); ++r) {
     RankCosts rc;
     for (int v = 0; v < c.chunks; ++v) {
@@ -451,7 +472,10 @@ StepCosts CostProfiler::Costs() const {
     }
     rc.optimizer_ms = ms(Median(wall_[r][3][0]));
     rc.update_ms = ms(Median(wall_[r][4][0]));
-    rc.overhead_ms = ms(Mean(overhead_per_compute_[r]));
+    rc.overhead_ms =
+        ms(Mean(own_cores && r < own_core_overhead_.size() && !own_core_overhead_[r].empty()
+                    ? own_core_overhead_[r]
+                    : overhead_per_compute_[r]));
     c.ranks.push_back(std::move(rc));
   }
   c.message_bytes = message_bytes_;
@@ -459,8 +483,8 @@ StepCosts CostProfiler::Costs() const {
   c.copy_ms = std::max(0.0, ms(Median(copy_)) - c.post_ms);
   // Means, not medians: what these waits add to a step is their sum, and their rare long ones (a
   // thread waiting for a core to wake on) are much of it.
-  c.wake_ms = ms(Mean(wake_));
-  c.allreduce_ms = ms(Mean(allreduce_));
+  c.wake_ms = ms(Mean(own_cores ? own_core_wake_ : wake_));
+  c.allreduce_ms = ms(Mean(own_cores ? own_core_allreduce_ : allreduce_));
   c.step_overhead_ms = ms(Median(overhead_));
   nlohmann::json bubbles = nlohmann::json::array();
   for (const std::vector<double>& b : bubble_) bubbles.push_back(MedianD(b));
@@ -473,6 +497,7 @@ StepCosts CostProfiler::Costs() const {
     nlohmann::json waits = nlohmann::json::array();
     for (const std::vector<double>& w : core_wait_) waits.push_back(Mean(w));
     c.measured["stage_core_wait_ms"] = waits;
+    c.measured["steps_without_core_wait"] = own_core_steps_;
   }
   return c;
 }

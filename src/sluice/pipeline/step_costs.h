@@ -125,6 +125,13 @@ StepCosts ReadCostsFile(const std::string& path);
 // them: medians over every sample of the computes and posts; means of the waits between computes
 // (overhead_ms, wake_ms, allreduce_ms: their sum is what they cost a step, long tail included);
 // and the first kMaxRecordedSteps steps compute by compute (Add only).
+// The means are robust to a few stalled steps (Add only): when at least half of the steps ran
+// with a core per stage — no stage thread waited for a core kCoreWaitShareNoted of the step's
+// span or more (StageStep::core_wait_ns) — the waits' means are of those steps alone. A step in
+// which other work took the cores holds waits of another machine (a woken thread waiting for a
+// core), and two such steps of 19 made wake_ms 25 times its value (docs/simulator.md); the
+// medians and the run's measured figures leave such steps out by themselves. measured
+// "steps_without_core_wait" says how many steps those were.
 // wake_ms and allreduce_ms need every rank's step on one clock (Add): AddRank leaves them 0 (a
 // distributed run joins its ranks' all-reduces itself: RankAllReduceMs).
 class CostProfiler {
@@ -151,7 +158,11 @@ class CostProfiler {
   // [P][kind][V] wall and CPU samples; kind 0 F, 1 B, 2 W, 3 optimizer, 4 update.
   std::vector<std::vector<std::vector<std::vector<int64_t>>>> wall_, cpu_;
   std::vector<int64_t> post_, copy_, overhead_, step_wall_;
-  std::vector<int64_t> wake_, allreduce_;                  // in-process runs only
+  std::vector<int64_t> wake_, allreduce_;  // in-process runs only
+  // The same waits of the steps that ran with a core per stage (Add only), and their count.
+  std::vector<int64_t> own_core_wake_, own_core_allreduce_;
+  std::vector<std::vector<double>> own_core_overhead_;  // [P] per step, ns
+  int64_t own_core_steps_ = 0, added_steps_ = 0;
   std::vector<std::vector<double>> bubble_;                // [P] per step
   std::vector<std::vector<double>> core_wait_;             // [P] per step, ms (where known)
   std::vector<std::vector<double>> overhead_per_compute_;  // [P] per step, ns

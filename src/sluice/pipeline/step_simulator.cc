@@ -478,7 +478,7 @@ uint64_t NextRandom(uint64_t& state) {
 // Draw `d` of the recorded steps' costs for every compute of `schedule` (see DrawMode). A
 // schedule of more micro-batches than were recorded takes micro-batch m's from m mod M.
 DrawnCosts Draw(const Schedule& schedule, const StepCosts& costs, int d, DrawMode mode,
-                uint64_t seed) {
+                uint64_t seed, const std::vector<size_t>& pool) {
   const size_t S = costs.recorded.size(), M = static_cast<size_t>(costs.micro_batches);
   uint64_t state = seed + 0x632be59bd9b4e019ULL * static_cast<uint64_t>(d);
   auto pick = [&](size_t n) { return static_cast<size_t>(NextRandom(state) % n); };
@@ -492,7 +492,8 @@ DrawnCosts Draw(const Schedule& schedule, const StepCosts& costs, int d, DrawMod
     for (size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       const bool steps = mode == DrawMode::kSteps;
-      const RecordedStep& step = costs.recorded[steps ? static_cast<size_t>(d) % S : pick(S)];
+      const RecordedStep& step =
+          costs.recorded[steps ? static_cast<size_t>(d) % S : pool[pick(pool.size())]];
       const RecordedStep::Rank& rank = step.ranks[r];
       if (a.kind == ActionKind::kOptimizer) {
         cost[i] = rank.optimizer_ms;
@@ -541,6 +542,19 @@ StepPrediction Predict(const RankTimes& times, const StepCosts& costs) {
 
 }  // namespace
 
+std::vector<size_t> DrawnSteps(const StepCosts& costs) {
+  std::vector<size_t> own_cores, all;
+  for (size_t k = 0; k < costs.recorded.size(); ++k) {
+    const RecordedStep& step = costs.recorded[k];
+    all.push_back(k);
+    const bool waited = std::ranges::any_of(step.ranks, [&](const RecordedStep::Rank& r) {
+      return r.core_wait_ms > 0 && r.core_wait_ms >= kCoreWaitShareNoted * step.span_ms;
+    });
+    if (!waited) own_cores.push_back(k);
+  }
+  return !own_cores.empty() && 2 * own_cores.size() >= all.size() ? own_cores : all;
+}
+
 StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
                             const SimulateOptions& options) {
   if (!options.validated) ValidateSchedule(schedule);
@@ -570,8 +584,9 @@ StepPrediction SimulateStep(const Schedule& schedule, const StepCosts& costs,
   StepPrediction mean;
   mean.ranks.resize(P);
   const double n = options.draws;
+  const std::vector<size_t> pool = DrawnSteps(costs);
   for (int d = 0; d < options.draws; ++d) {
-    const DrawnCosts drawn = Draw(schedule, costs, d, options.draw_mode, options.seed);
+    const DrawnCosts drawn = Draw(schedule, costs, d, options.draw_mode, options.seed, pool);
     const StepPrediction p = replay(&drawn);
     DrawPrediction& draw =
         mean.draws.emplace_back(DrawPrediction{.makespan_ms = p.makespan_ms, .step_ms = p.step_ms});

@@ -78,7 +78,16 @@ struct StepPrediction {
 enum class DrawMode {
   kSteps,     // draw d replays recorded step d mod S: each compute the one of its micro-batch
   kComputes,  // each compute drawn at random from every recorded one of its rank, chunk and kind
+              // — of the steps that ran with a core per stage (DrawnSteps)
 };
+
+// The recorded steps kComputes draws from: those in which no stage thread waited for a core
+// kCoreWaitShareNoted of the step's span or more, when they are at least half of the steps;
+// otherwise every one. A step stalled by other work on the machine holds computes of another
+// machine, and one such step of 19 (106 ms against 45–50) put the mean of the draws 10% above
+// the measured median (docs/simulator.md). Steps that do not say how long their threads waited
+// (files written before they did) count as having had a core.
+std::vector<size_t> DrawnSteps(const StepCosts& costs);
 
 struct SimulateOptions {
   // Cores the rank threads share; 0: a core per rank, the model above. With fewer cores than

@@ -1,6 +1,8 @@
 #include "sluice/step/memory_replay.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -20,15 +22,21 @@ int64_t MemoryBreakdown::total() const {
 
 // ---- MemoryLedger ----
 
+size_t MemoryLedger::UseOf(const Storage& s) {
+  size_t use = 0;
+  while (use + 1 < s.refs.size() && s.refs[use] == 0) ++use;
+  return use;
+}
+
 MemoryLedger::Id MemoryLedger::Allocate(int64_t bytes, MemoryUse use) {
   SLUICE_CHECK(bytes >= 0, "a storage of {} bytes", bytes);
   const Id id = static_cast<Id>(storages_.size());
   Storage& s = storages_.emplace_back();
   s.bytes = bytes;
   s.refs[static_cast<size_t>(use)] = 1;
-  s.live_index = static_cast<int32_t>(live_.size());
-  live_.push_back(id);
+  s.live = true;
   allocated_ += bytes;
+  now_.bytes[static_cast<size_t>(use)] += bytes;
   if (allocated_ > peak_) Snapshot();
   return id;
 }
@@ -36,8 +44,10 @@ MemoryLedger::Id MemoryLedger::Allocate(int64_t bytes, MemoryUse use) {
 void MemoryLedger::Retain(Id id, MemoryUse use) {
   if (id == kExternal) return;
   Storage& s = storages_.at(static_cast<size_t>(id));
-  SLUICE_CHECK(s.live_index >= 0, "storage {} retained after it was freed", id);
+  SLUICE_CHECK(s.live, "storage {} retained after it was freed", id);
+  const size_t before = UseOf(s);
   ++s.refs[static_cast<size_t>(use)];
+  Reclassify(s, before);
 }
 
 void MemoryLedger::Release(Id id, MemoryUse use) {
@@ -45,16 +55,24 @@ void MemoryLedger::Release(Id id, MemoryUse use) {
   Storage& s = storages_.at(static_cast<size_t>(id));
   int32_t& refs = s.refs[static_cast<size_t>(use)];
   SLUICE_CHECK(refs > 0, "storage {} released by {}, which holds no reference", id, Name(use));
+  const size_t before = UseOf(s);
   --refs;
   for (int32_t r : s.refs) {
-    if (r > 0) return;
+    if (r > 0) {
+      Reclassify(s, before);
+      return;
+    }
   }
   allocated_ -= s.bytes;
-  const Id last = live_.back();
-  live_[static_cast<size_t>(s.live_index)] = last;
-  storages_[static_cast<size_t>(last)].live_index = s.live_index;
-  live_.pop_back();
-  s.live_index = -1;
+  now_.bytes[before] -= s.bytes;
+  s.live = false;
+}
+
+void MemoryLedger::Reclassify(const Storage& s, size_t before) {
+  const size_t after = UseOf(s);
+  if (after == before) return;
+  now_.bytes[before] -= s.bytes;
+  now_.bytes[after] += s.bytes;
 }
 
 void MemoryLedger::Transfer(Id id, MemoryUse from, MemoryUse to) {
@@ -70,18 +88,15 @@ void MemoryLedger::ResetPeak() {
 
 void MemoryLedger::Snapshot() {
   peak_ = allocated_;
-  at_peak_ = {};
-  for (Id id : live_) {
-    const Storage& s = storages_[static_cast<size_t>(id)];
-    size_t use = 0;
-    while (use + 1 < s.refs.size() && s.refs[use] == 0) ++use;
-    at_peak_.bytes[use] += s.bytes;
-  }
+  at_peak_ = now_;
   peak_phase_ = phase_;
-  peak_instruction_.clear();
-  if (program_ != nullptr && instruction_ >= 0) {
-    peak_instruction_ = DescribeInstruction(*program_, instruction_);
-  }
+  peak_program_ = program_;
+  peak_instruction_index_ = instruction_;
+}
+
+std::string MemoryLedger::peak_instruction() const {
+  if (peak_program_ == nullptr || peak_instruction_index_ < 0) return {};
+  return DescribeInstruction(*peak_program_, peak_instruction_index_);
 }
 
 // ---- SymbolicScope ----
@@ -131,6 +146,7 @@ std::vector<std::string> SymbolicScope::Names() const {
   std::vector<std::string> names;
   names.reserve(entries_.size());
   for (const auto& [name, e] : entries_) names.push_back(name);
+  std::sort(names.begin(), names.end());
   return names;
 }
 
@@ -152,6 +168,7 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
 
   std::vector<MemoryLedger::Id> storage(plan.groups.size(), MemoryLedger::kExternal);
   std::vector<char> held(plan.groups.size(), 0);
+  const std::unordered_set<std::string_view> donate(options.donate.begin(), options.donate.end());
   auto bind = [&](ValueId v) {
     const std::string& name = program.value(v).name;
     if (!scope.Has(name)) {
@@ -159,8 +176,7 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
           fmt::format("program '{}': %{} is not bound in the scope", program.name(), name));
     }
     const size_t g = static_cast<size_t>(plan.group_of[static_cast<size_t>(v)]);
-    const bool donated =
-        std::find(options.donate.begin(), options.donate.end(), name) != options.donate.end();
+    const bool donated = donate.contains(name);
     storage[g] = donated ? scope.Take(name, kRun) : scope.Get(name);
     if (!donated) ledger.Retain(storage[g], kRun);
     held[g] = 1;
@@ -248,11 +264,10 @@ void StageReplay::Forward(int c, SymbolicScope& scope) const {
   ReplayRun(*ch.forward, scope);
   work_ += EstimateWork(ch.forward->program());
   const std::string output = ch.last ? ch.model.loss : std::string(kChunkOutput);
+  const std::unordered_set<std::string_view> saved(ch.backward.saved.begin(),
+                                                   ch.backward.saved.end());
   for (const std::string& name : scope.Names()) {
-    if (name != output && std::find(ch.backward.saved.begin(), ch.backward.saved.end(), name) ==
-                              ch.backward.saved.end()) {
-      scope.Erase(name);
-    }
+    if (name != output && !saved.contains(name)) scope.Erase(name);
   }
 }
 

@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "sluice/core/enum_names.h"
@@ -107,23 +108,32 @@ class MemoryLedger {
   const MemoryBreakdown& at_peak() const { return at_peak_; }
   const std::string& peak_phase() const { return peak_phase_; }
   // "%h = matmul(%x, %w)" of the instruction at the peak; empty when it was not inside a run.
-  const std::string& peak_instruction() const { return peak_instruction_; }
+  // Described on request: the program of SetInstruction must still be alive.
+  std::string peak_instruction() const;
 
  private:
   struct Storage {
     int64_t bytes = 0;
     std::array<int32_t, kNumMemoryUses> refs{};
-    int32_t live_index = -1;  // position in live_, -1 when freed
+    bool live = false;  // false once the last reference is released
   };
+  // What a storage counts as: the first use (in MemoryUse order) holding a reference to it.
+  static size_t UseOf(const Storage& s);
+  // Moves the storage's bytes in now_ from `before` to what its references now make it.
+  void Reclassify(const Storage& s, size_t before);
+  // Records the present as the peak: O(1), the breakdown being kept as references change (a
+  // walk over the live storages at every new peak made a replay quadratic in its storages).
   void Snapshot();
 
   std::vector<Storage> storages_;  // by id; never reused
-  std::vector<Id> live_;
   int64_t allocated_ = 0, peak_ = 0;
+  MemoryBreakdown now_;  // the allocated bytes by use, now
   MemoryBreakdown at_peak_;
-  std::string phase_, peak_phase_, peak_instruction_;
+  std::string phase_, peak_phase_;
   const Program* program_ = nullptr;
   int32_t instruction_ = -1;
+  const Program* peak_program_ = nullptr;  // the instruction at the peak, described on request
+  int32_t peak_instruction_index_ = -1;
 };
 
 // Names bound to storages, each binding one reference of the scope's use (or the one given).
@@ -144,7 +154,7 @@ class SymbolicScope {
   MemoryLedger::Id Take(const std::string& name, MemoryUse to);
   void Erase(const std::string& name);
   void Clear();
-  std::vector<std::string> Names() const;
+  std::vector<std::string> Names() const;  // sorted
   MemoryLedger& ledger() const { return ledger_; }
 
  private:
@@ -154,7 +164,7 @@ class SymbolicScope {
   };
   MemoryLedger& ledger_;
   MemoryUse use_;
-  std::map<std::string, Entry> entries_;
+  std::unordered_map<std::string, Entry> entries_;
 };
 
 // One Executable::Run of `exe` on `scope`, on the scope's ledger (see the top of this file).

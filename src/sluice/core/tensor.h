@@ -64,7 +64,7 @@ class Tensor {
   template <typename T>
   T* data() const {
     CheckType(DTypeOf<T>());
-    return static_cast<T*>(raw_data());
+    return static_cast<T*>(storage_->data()) + offset_;  // checked: T is the element type
   }
   void* raw_data() const {
     return static_cast<char*>(storage_->data()) + offset_ * static_cast<int64_t>(SizeOf(dtype_));

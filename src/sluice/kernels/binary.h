@@ -171,6 +171,16 @@ template <typename T, typename F>
   });
 }
 
+// Equal shapes of more than one chunk: the SIMD row over chunks on the intra-op threads. Out of
+// line, so that BinaryFast's one-chunk case pays no stack frame for the chunks' closure.
+template <typename T, typename F>
+[[gnu::noinline]] void BinarySimdChunks(const T* pa, const T* pb, T* po, int64_t total) {
+  const auto row = SimdBinaryRow<T, F>();
+  ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
+    row(pa + begin, pb + begin, po + begin, end - begin);
+  });
+}
+
 template <typename T, typename F>
 void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
   if constexpr (kHasSimdBinaryRow<F>) {
@@ -180,12 +190,8 @@ void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
       const T* pb = b.data<T>();
       T* po = out.data<T>();
       const int64_t total = s.numel();
-      const auto row = SimdBinaryRow<T, F>();
-      if (total <= kChunkElements) return row(pa, pb, po, total);  // one chunk: no ParallelFor
-      ParallelFor(total, kChunkElements, [&](int64_t begin, int64_t end) {
-        row(pa + begin, pb + begin, po + begin, end - begin);
-      });
-      return;
+      if (total > kChunkElements) return BinarySimdChunks<T, F>(pa, pb, po, total);
+      return SimdBinaryRow<T, F>()(pa, pb, po, total);  // one chunk: no ParallelFor
     }
   }
   BinaryPlanned<T>(a, b, out, f);

@@ -20,6 +20,7 @@
 #include <hwy/contrib/math/math-inl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -523,13 +524,33 @@ namespace sluice::kernels {
 HWY_EXPORT(TableF32);
 HWY_EXPORT(TableF64);
 
+namespace {
+
+// The tables in use, remembered after the first HWY_DYNAMIC_DISPATCH (whose lookup is a call into
+// libhwy per use: a small kernel, such as an add of 64 floats, paid it on every call) and forgotten
+// by ForceSimdTarget.
+std::atomic<const SimdRowKernels<float>*> chosen_f32{nullptr};
+std::atomic<const SimdRowKernels<double>*> chosen_f64{nullptr};
+
+template <typename T, typename Choose>
+const SimdRowKernels<T>& Chosen(std::atomic<const SimdRowKernels<T>*>& chosen, Choose choose) {
+  const SimdRowKernels<T>* table = chosen.load(std::memory_order_acquire);
+  if (table == nullptr) {
+    table = choose();
+    chosen.store(table, std::memory_order_release);
+  }
+  return *table;
+}
+
+}  // namespace
+
 template <>
 const SimdRowKernels<float>& Simd<float>() {
-  return *HWY_DYNAMIC_DISPATCH(TableF32)();
+  return Chosen(chosen_f32, [] { return HWY_DYNAMIC_DISPATCH(TableF32)(); });
 }
 template <>
 const SimdRowKernels<double>& Simd<double>() {
-  return *HWY_DYNAMIC_DISPATCH(TableF64)();
+  return Chosen(chosen_f64, [] { return HWY_DYNAMIC_DISPATCH(TableF64)(); });
 }
 
 std::string SimdTarget() { return Simd<float>().target; }
@@ -543,11 +564,15 @@ std::vector<std::string> SimdTargets() {
 
 void ForceSimdTarget(std::string_view target) {
   hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
+  chosen_f32.store(nullptr, std::memory_order_release);
+  chosen_f64.store(nullptr, std::memory_order_release);
   if (target.empty()) return;
   std::string available;
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
     if (target == hwy::TargetName(t)) {
       hwy::SetSupportedTargetsForTest(t);
+      chosen_f32.store(nullptr, std::memory_order_release);
+      chosen_f64.store(nullptr, std::memory_order_release);
       return;
     }
     available += available.empty() ? "" : ", ";

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sluice/core/caching_allocator.h"
 #include "sluice/core/system_allocator.h"
 
 namespace sluice {
@@ -96,6 +97,41 @@ TEST(Tensor, AssignEmptyIsLikeAssigningEmpty) {
   EXPECT_EQ(kept.storage().use_count(), 2);  // kept and base
   before.clear();
   EXPECT_EQ(alloc.Stats().allocated_bytes, 4 * 6 * sizeof(float));
+}
+
+// A vacated storage gives its memory back at once and keeps its object; AssignEmpty refills it when
+// the tensor alone holds it (the allocator sees one free and one allocation, as for a new storage)
+// and makes a new storage when another handle shares it or the size differs.
+TEST(Tensor, AssignEmptyRefillsAVacantStorageItHoldsAlone) {
+  SystemAllocator system;
+  CachingAllocator caching;
+  for (Allocator* alloc : {static_cast<Allocator*>(&system), static_cast<Allocator*>(&caching)}) {
+    Tensor t = Tensor::Empty({16}, DType::kF32, *alloc);
+    const Storage* first = t.storage().get();
+    for (int round = 0; round < 3; ++round) {
+      t.storage()->Vacate();
+      EXPECT_TRUE(t.storage()->vacant());
+      EXPECT_EQ(t.storage()->data(), nullptr);
+      EXPECT_EQ(alloc->Stats().allocated_bytes, 0);
+      t.AssignEmpty({16}, DType::kF32, *alloc);
+      EXPECT_EQ(t.storage().get(), first) << "refilled, not made anew";
+      EXPECT_FALSE(t.storage()->vacant());
+      EXPECT_EQ(alloc->Stats().allocated_bytes, 64);
+      t.data<float>()[15] = 1.0f;
+    }
+    t.storage()->Vacate();
+    const Tensor other = t;  // a second handle: never refilled under it
+    t.AssignEmpty({16}, DType::kF32, *alloc);
+    EXPECT_NE(t.storage().get(), first);
+    EXPECT_TRUE(other.storage()->vacant());
+    t.storage()->Vacate();
+    t.AssignEmpty({32}, DType::kF32, *alloc);  // another size: a new storage
+    EXPECT_EQ(t.storage()->nbytes(), 128);
+    EXPECT_EQ(alloc->Stats().allocated_bytes, 128);
+    EXPECT_EQ(alloc->Stats().num_allocs, 6);
+    EXPECT_EQ(alloc->Stats().num_frees, 5);
+  }
+  caching.CheckInvariants();
 }
 
 }  // namespace

@@ -39,6 +39,16 @@ void Storage::Rebind(void* data) {
   data_ = data;
 }
 
+void Storage::Vacate() {
+  SLUICE_CHECK(owns_, "Vacate of a borrowed storage");
+  if (data_ != nullptr) allocator_->DeallocateWithToken(data_, nbytes_, token_);
+  data_ = nullptr;
+}
+
+void Storage::Refill() {
+  if (nbytes_ > 0) data_ = allocator_->AllocateWithToken(nbytes_, &token_);
+}
+
 Storage::~Storage() {
   if (owns_ && data_ != nullptr) allocator_->DeallocateWithToken(data_, nbytes_, token_);
 }

@@ -7,6 +7,11 @@
 // thread drops it (this is how the asynchronous garbage collector moves freeing off the executing
 // thread).
 //
+// An owning Storage can give its memory back early and take as much again later (Vacate, Refill)
+// instead of being destroyed and made anew: an executable keeps an intermediate's storage in the
+// value's slot from one run to the next (exec/interpreter.cc), and the allocator sees the same
+// frees and allocations at the same moments. A vacant Storage's data() is null.
+//
 // A *borrowed* Storage (Storage::Borrowed) owns no memory: it is a window of nbytes() onto memory
 // its creator holds — an executable's arena (exec/memory_plan.h) — and its creator points it at
 // that memory with Rebind for as long as it holds it. Destroying it frees nothing; allocator()
@@ -40,6 +45,15 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Allocator* allocator() const { return allocator_; }
   bool borrowed() const { return !owns_; }
+  // Owns its memory and holds none now (after Vacate; always for a zero-byte storage).
+  bool vacant() const { return owns_ && data_ == nullptr; }
+
+  // Gives the memory back to the allocator; data() is null until Refill. REQUIRES: owns its
+  // memory, and the caller holds the only reference (no one can see the memory go).
+  void Vacate();
+  // Allocates nbytes() again (a new token). Throws what Allocator::AllocateWithToken throws; the
+  // storage then stays vacant. REQUIRES: vacant().
+  void Refill();
 
   // Points a borrowed Storage at `data` (kAlignment-aligned, at least nbytes() long, or null to
   // unbind). REQUIRES: borrowed(), and no other thread uses the storage meanwhile.

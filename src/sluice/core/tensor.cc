@@ -57,8 +57,14 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Allocator& allocator) {
 
 void Tensor::AssignEmpty(const Shape& shape, DType dtype, Allocator& allocator) {
   const size_t bytes = static_cast<size_t>(shape.numel()) * SizeOf(dtype);
+  const bool same_layout = dtype_ == dtype && offset_ == 0 && shape_ == shape && is_contiguous();
+  if (same_layout && storage_ != nullptr && storage_->vacant() && storage_->nbytes() == bytes &&
+      storage_->allocator() == &allocator && storage_.use_count() == 1) {
+    storage_->Refill();
+    return;
+  }
   std::shared_ptr<Storage> storage = Storage::Create(allocator, bytes);
-  if (dtype_ != dtype || offset_ != 0 || shape_ != shape || !is_contiguous()) {
+  if (!same_layout) {
     shape_ = shape;
     strides_ = shape.ContiguousStrides();
     offset_ = 0;

@@ -100,8 +100,10 @@ class Tensor {
 
   // *this = Empty(shape, dtype, allocator) without the temporary: when this tensor already has
   // `shape` and `dtype`, contiguous from offset 0 (an interpreter's output slot, run after run),
-  // only its storage is replaced. The new storage is allocated before the old reference is dropped;
-  // if allocation throws, the tensor is unchanged.
+  // only its storage is replaced — and when that storage is vacant (Storage::Vacate), from
+  // `allocator`, of the size needed and referenced by this tensor alone, it is refilled instead of
+  // made anew. The new memory is allocated before the old reference is dropped; if allocation
+  // throws, the tensor is unchanged.
   void AssignEmpty(const Shape& shape, DType dtype, Allocator& allocator = DefaultAllocator());
 
   // Drops this handle's reference; returns the storage so the caller decides where it dies.

@@ -42,6 +42,25 @@ struct Step {
   bool outputs_adjacent = false;
 };
 
+// A slot a trace run with sync GC empties after a step (Executable::Impl::sync_drops).
+struct SlotDrop {
+  Tensor* slot;
+  bool vacate;  // the root of a group the run computes
+};
+
+// Empties a slot of the sync drops. A computed root whose slot holds the only reference keeps its
+// storage object, vacated (Storage::Vacate): the memory goes back to the allocator at the moment
+// the last reference's drop would have freed it, and the next run's Tensor::AssignEmpty refills the
+// storage instead of making a new one. Anything else drops its reference.
+void Release(const SlotDrop& d) {
+  const std::shared_ptr<Storage>& storage = d.slot->storage();
+  if (d.vacate && storage != nullptr && storage.use_count() == 1 && !storage->borrowed()) {
+    storage->Vacate();
+  } else {
+    Drop(*d.slot);
+  }
+}
+
 // The state of one executing thread.
 struct Worker {
   // Scratch outputs, sized to the largest arity, for an instruction whose outputs are not adjacent.
@@ -125,9 +144,10 @@ struct Executable::Impl {
   void* arena_data = nullptr;  // held from AcquireArena to ReleaseArena
   std::vector<Worker> workers;
 
-  // Trace runs with sync GC: step -> the slots its free list empties (every member of each group,
-  // but a planned group's root, which keeps its tensor; see ReleaseGroup).
-  std::vector<Tensor*> sync_drops;
+  // Trace runs with sync GC: step -> the slots its free list empties, each group's views before its
+  // root (so that the root's slot then holds the last reference), a planned root excepted (it
+  // keeps its tensor; see ReleaseGroup).
+  std::vector<SlotDrop> sync_drops;
   std::vector<int32_t> sync_drops_begin;
 
   // GC: one preallocated batch per instruction, sized for everything it can release.
@@ -315,9 +335,10 @@ void Executable::Impl::PrepareSyncDrops() {
   for (size_t s = 0; s < plan.num_steps(); ++s) {
     for (int32_t g : plan.FreeList(static_cast<int32_t>(s))) {
       std::span<const int32_t> members = plan.members[g];
-      for (size_t k = Planned(g) ? 1 : 0; k < members.size(); ++k) {
-        sync_drops.push_back(slots[members[k]]);
-      }
+      for (size_t k = 1; k < members.size(); ++k) sync_drops.push_back({slots[members[k]], false});
+      if (Planned(g)) continue;
+      const ValueId root = members[0];
+      sync_drops.push_back({slots[root], program.value(root).kind == ValueKind::kIntermediate});
     }
     sync_drops_begin.push_back(static_cast<int32_t>(sync_drops.size()));
   }
@@ -462,11 +483,16 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
 
 void Executable::Impl::RunTraceMode() {
   Worker& w = workers[0];
-  if (!sync_drops_begin.empty() && !options.measure_gc_time && w.trace == nullptr) {
-    // Sync GC with nothing to time or record: each step's free list is its precomputed drops.
+  if (!sync_drops_begin.empty() && w.trace == nullptr) {
+    // Sync GC with nothing to record: each step's free list is its precomputed drops.
+    const bool timed = options.measure_gc_time;
     for (size_t s = 0; s < plan.num_steps(); ++s) {
       Execute(plan.order[s], w);
-      for (int32_t d = sync_drops_begin[s]; d < sync_drops_begin[s + 1]; ++d) Drop(*sync_drops[d]);
+      const int32_t begin = sync_drops_begin[s], end = sync_drops_begin[s + 1];
+      if (begin == end) continue;
+      const int64_t begin_ticks = timed ? CycleClock::Now() : 0;
+      for (int32_t d = begin; d < end; ++d) Release(sync_drops[d]);
+      if (timed) w.gc_ticks += CycleClock::Now() - begin_ticks;
     }
     w.frees += static_cast<int64_t>(plan.free_lists.items.size());
     return;

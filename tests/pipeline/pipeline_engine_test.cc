@@ -437,7 +437,9 @@ TEST(PipelineEngine, TraceHasATrackAndAMemoryCounterPerStage) {
     const int pid = e.at("pid");
     // Every span runs forward in time, the sends' too (their ends were once read before their
     // beginnings: two clock reads as arguments of one call, in either order).
-    if (e.at("ph") == "X") EXPECT_GE(e.at("dur").get<double>(), 0) << e.dump();
+    if (e.at("ph") == "X") {
+      EXPECT_GE(e.at("dur").get<double>(), 0) << e.dump();
+    }
     if (e.at("ph") == "X" && e.at("name").get<std::string>().starts_with("SEND_")) ++sends[pid];
     if (e.at("ph") == "M" && e.at("name") == "process_name")
       processes.insert(e.at("args").at("name"));

@@ -1,0 +1,356 @@
+#include "sluice/cli/train_options.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "sluice/cli/commands.h"
+#include "sluice/core/enum_names.h"
+#include "sluice/core/error.h"
+#include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/step/config_checks.h"
+
+namespace sluice::cli {
+
+namespace {
+
+// "--inject-fault throw:1:F:2" (or skip:0:SEND_F:1): rank 1 throws at its forward of micro-batch
+// 2 in the first step. For tests of failure handling; hidden from --help.
+pipeline::FaultInjection ParseFault(const std::string& text) {
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t end = text.find(':', start);
+    parts.push_back(text.substr(start, end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  auto bad = [&] {
+    return InvalidArgument(fmt::format(
+        "--inject-fault '{}': expected MODE:STAGE:ACTION:MICRO_BATCH, e.g. throw:1:F:0", text));
+  };
+  if (parts.size() != 4) throw bad();
+  pipeline::FaultInjection f;
+  if (parts[0] == "throw") {
+    f.mode = pipeline::FaultInjection::Mode::kThrow;
+  } else if (parts[0] == "skip") {
+    f.mode = pipeline::FaultInjection::Mode::kSkip;
+  } else {
+    throw bad();
+  }
+  const std::string kinds[] = {"F", "B", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "OPT"};
+  auto it = std::find(std::begin(kinds), std::end(kinds), parts[2]);
+  if (it == std::end(kinds)) throw bad();
+  f.kind = static_cast<pipeline::ActionKind>(it - std::begin(kinds));
+  try {
+    f.rank = std::stoi(parts[1]);
+    f.micro_batch = std::stoi(parts[3]);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  return f;
+}
+// An option that only one choice of another option reads (--dim: --model gpt).
+struct ScopedOption {
+  const CLI::Option* option;
+  std::string_view owner;  // "--model"
+  std::string_view value;  // "gpt"
+};
+
+// Refuses an option given for a model or optimizer that does not read it, which would otherwise
+// be silently ignored. Unknown model or optimizer names are left to their own, clearer error.
+void CheckScopedOptions(const std::vector<ScopedOption>& scoped, const std::string& model,
+                        const std::string& optimizer) {
+  for (const ScopedOption& s : scoped) {
+    const std::string& chosen = s.owner == "--model" ? model : optimizer;
+    const bool known = s.owner == "--model" ? (chosen == "gpt" || chosen == "mlp")
+                                            : (chosen == "adamw" || chosen == "sgd");
+    if (s.option->count() == 0 || !known || chosen == s.value) continue;
+    throw InvalidArgument(
+        fmt::format("{} applies to {} {} only; this run uses {} {}, which does "
+                    "not read it: drop {} or choose {} {}",
+                    s.option->get_name(), s.owner, s.value, s.owner, chosen, s.option->get_name(),
+                    s.owner, s.value));
+  }
+}
+
+}  // namespace
+
+TrainOptions AddTrainOptions(CLI::App& sub) {
+  auto a = std::make_shared<TrainArgs>();
+  TrainConfig& c = a->config;
+  sub.add_option("--model", c.model, "gpt or mlp")->capture_default_str();
+  sub.add_option("--data", c.data,
+                 "sort (synthetic, default), blobs (mlp) or a text file for byte-level LM")
+      ->capture_default_str();
+  auto* layers =
+      sub.add_option("--layers", c.gpt.layers, "transformer blocks")->capture_default_str();
+  auto* heads = sub.add_option("--heads", c.gpt.heads, "attention heads (must divide --dim)")
+                    ->capture_default_str();
+  auto* dim = sub.add_option("--dim", c.gpt.dim, "model width C")->capture_default_str();
+  auto* attention =
+      sub.add_option("--attention", a->attention,
+                     "gpt: fused (one op, no [T, T] values kept) or naive (matmul, mask, softmax)")
+          ->capture_default_str();
+  auto* seq =
+      sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")
+          ->capture_default_str();
+  auto* vocab = sub.add_option("--vocab", c.gpt.vocab, "vocabulary size (0: the data's)")
+                    ->capture_default_str();
+  auto* features =
+      sub.add_option("--features", c.mlp.features, "mlp: input features")->capture_default_str();
+  auto* hidden =
+      sub.add_option("--hidden", c.mlp.hidden, "mlp: hidden width")->capture_default_str();
+  auto* classes = sub.add_option("--classes", c.mlp.classes, "mlp: classes")->capture_default_str();
+  sub.add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
+  sub.add_option("--batch", c.batch, "sequences per step")->capture_default_str();
+  auto* microbatches = sub.add_option(
+      "--microbatches", c.microbatches,
+      "micro-batches per step (gradient accumulation; default 1, with a pipeline the fewest its "
+      "schedule runs with, at least --stages, that divide --batch)");
+  sub.add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
+  sub.add_option("--lr", c.optimizer.lr, "peak learning rate")->capture_default_str();
+  sub.add_option("--lr-schedule", a->schedule, "constant or cosine")->capture_default_str();
+  sub.add_option("--warmup", c.optimizer.warmup_steps, "linear warmup steps")
+      ->capture_default_str();
+  auto* min_lr = sub.add_option("--min-lr", c.optimizer.min_lr,
+                                "cosine floor, at most --lr (default: 0.0003 or --lr if lower)");
+  sub.add_option("--weight-decay", c.optimizer.weight_decay,
+                 "decoupled (AdamW) or L2 (SGD) weight decay")
+      ->capture_default_str();
+  auto* beta1 = sub.add_option("--beta1", c.optimizer.beta1, "AdamW β1")->capture_default_str();
+  auto* beta2 = sub.add_option("--beta2", c.optimizer.beta2, "AdamW β2")->capture_default_str();
+  auto* momentum =
+      sub.add_option("--momentum", c.optimizer.momentum, "SGD momentum")->capture_default_str();
+  sub.add_option("--clip", c.optimizer.clip_norm, "clip gradients to this global norm (0: off)")
+      ->capture_default_str();
+  sub.add_option("--seed", c.seed, "seed of initialization and data")
+      ->check(Seed())
+      ->capture_default_str();
+  sub.add_option(
+         "--gc", a->gc,
+         "when dead buffers are freed: auto (sync on the caching allocator), none, sync or async")
+      ->capture_default_str();
+  sub.add_option("--mode", a->mode, "trace or parallel")->capture_default_str();
+  sub.add_option("--memory-plan", a->memory_plan,
+                 "intermediates: dynamic (allocated and freed one by one) or static (one arena "
+                 "per run at planned offsets; --mode trace)")
+      ->capture_default_str();
+  auto* recompute =
+      sub.add_option(
+             "--recompute", a->recompute,
+             "what backward recomputes instead of keeping: none, cheap, full (keep block "
+             "inputs only) or "
+             "selective (also drop attention scores); one for all stages or a comma list, one "
+             "per stage")
+          ->capture_default_str();
+  auto* no_recompute =
+      sub.add_flag("--no-recompute", a->no_recompute, "the same as --recompute none");
+  sub.add_option("--memory-budget", a->memory_budget,
+                 "most bytes a stage may hold, e.g. 6MiB or 1.5GB (one, or one per stage "
+                 "separated by commas): picks each stage's recompute policy before training and "
+                 "stops a step that would exceed it");
+  sub.add_option("--threads", c.threads,
+                 "intra-op threads, BLAS included (0: all cores; at most 1024)")
+      ->capture_default_str();
+  sub.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end)")
+      ->capture_default_str();
+  sub.add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")
+      ->capture_default_str();
+  sub.add_option("--metrics", c.metrics_path,
+                 "write JSON lines (per step, eval, summary) to this file")
+      ->check(NonEmptyPath());
+  sub.add_option("--save", c.save_path, "checkpoint file (safetensors)")->check(NonEmptyPath());
+  sub.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end)")
+      ->capture_default_str();
+  sub.add_option("--resume", c.resume_path,
+                 "continue from this checkpoint (bitwise the same losses)")
+      ->check(NonEmptyPath());
+  sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file")
+      ->check(NonEmptyPath());
+  sub.add_option("--skip-nonfinite", c.skip_nonfinite,
+                 "skip the update of up to N steps whose loss or gradient norm is not finite "
+                 "(0: stop at the first)")
+      ->capture_default_str();
+  sub.add_flag("--quiet", a->quiet, "no progress output");
+
+  sub.add_option("--stages", a->pipe.stages, "pipeline stages P, one thread each (1: no pipeline)")
+      ->capture_default_str();
+  auto* sched =
+      sub.add_option("--schedule", a->pipe_schedule,
+                     "pipeline schedule: " + EnumNames(pipeline::kScheduleKindNames, ", ") +
+                         " or auto (the fastest whose forecast fits --memory-budget)")
+          ->capture_default_str();
+  auto* chunks = sub.add_option(
+      "--chunks", a->pipe.chunks,
+      "model chunks per stage V (interleaved, zb-v, v-half, v-min: 2; 0: the default)");
+  auto* partition = sub.add_option(
+      "--partition", a->partition,
+      "split the layers uniform or balanced (by estimated cost; embed and head may take a stage "
+      "of their own). Default: uniform, balanced when the model has fewer layers than stages");
+  auto* layout = sub.add_option(
+      "--layout", a->pipe.layout,
+      "explicit layers per stage, stages separated by |, e.g. \"embed,h.0-1|h.2-3,head\"");
+  auto* release = sub.add_flag("--release-outputs,!--no-release-outputs", a->release_outputs,
+                               "free each stage output once its send completed (default on)");
+  auto* ahead = sub.add_flag("--post-receives-ahead", a->pipe.post_receives_ahead,
+                             "list each receive right after the rank's previous message, for "
+                             "sends that block until their receive is posted (default off)");
+  auto* timeout = sub.add_option("--comm-timeout", a->comm_timeout_s,
+                                 "seconds a stage waits for a message before failing")
+                      ->capture_default_str();
+  auto* trace = sub.add_option("--trace", a->pipe.trace_path,
+                               "Chrome trace (Perfetto) of the last step, one track per stage")
+                    ->check(NonEmptyPath());
+  auto* profile = sub.add_option("--profile-out", a->pipe.profile_path,
+                                 "write the step's measured costs (F, B, W, OPT medians, messages) "
+                                 "as JSON for sluice simulate --costs")
+                      ->check(NonEmptyPath());
+  auto* fault = sub.add_option("--inject-fault", a->fault)->group("");  // tests of failure handling
+  // Tests of the simulator against measured runs: a slow device whose costs the load does not move.
+  auto* compute_sleep = sub.add_option("--inject-compute-ms", a->compute_sleep_ms)->group("");
+  auto* comm =
+      sub.add_option("--comm", a->comm,
+                     "local (stages as threads) or mpi (one stage per process, under mpirun)")
+          ->capture_default_str();
+  auto* dp =
+      sub.add_option(
+             "--data-parallel", a->data_parallel,
+             "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
+          ->capture_default_str();
+  // Options only one model or one optimizer reads: given for the other, they would change nothing.
+  const std::vector<ScopedOption> scoped = {
+      {layers, "--model", "gpt"},      {heads, "--model", "gpt"},
+      {dim, "--model", "gpt"},         {attention, "--model", "gpt"},
+      {seq, "--model", "gpt"},         {vocab, "--model", "gpt"},
+      {features, "--model", "mlp"},    {hidden, "--model", "mlp"},
+      {classes, "--model", "mlp"},     {beta1, "--optimizer", "adamw"},
+      {beta2, "--optimizer", "adamw"}, {momentum, "--optimizer", "sgd"},
+  };
+  auto finish = [a, scoped, sched, chunks, partition, layout, release, ahead, timeout, trace,
+                 profile, fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr,
+                 microbatches] {
+    CheckScopedOptions(scoped, a->config.model, a->optimizer);
+    OptimizerConfig& opt = a->config.optimizer;
+    if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
+    a->pipeline = a->pipe.stages != 1;
+    for (const CLI::Option* o : {sched, chunks, partition, layout, release, ahead, timeout, trace,
+                                 profile, fault, compute_sleep, comm, dp}) {
+      a->pipeline = a->pipeline || o->count() > 0;
+    }
+    a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
+    a->microbatches_given = microbatches->count() > 0;
+    a->partition_given = partition->count() > 0;
+    if (!(a->compute_sleep_ms >= 0 && a->compute_sleep_ms <= 60'000)) {
+      throw InvalidArgument(
+          fmt::format("--inject-compute-ms must be in [0, 60000] ms, got {}", a->compute_sleep_ms));
+    }
+    if (!(a->comm_timeout_s > 0)) {
+      throw InvalidArgument(
+          fmt::format("--comm-timeout must be positive, got {}", a->comm_timeout_s));
+    }
+    a->pipe.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(std::min(a->comm_timeout_s, 1e9) * 1000));
+  };
+  return {a, finish};
+}
+
+void Configure(TrainArgs& a) {
+  TrainConfig& c = a.config;
+  auto opt = ParseOptimizerKind(a.optimizer);
+  if (!opt)
+    throw InvalidArgument(fmt::format("--optimizer must be adamw or sgd, not '{}'", a.optimizer));
+  c.optimizer.kind = *opt;
+  auto schedule = ParseLrSchedule(a.schedule);
+  if (!schedule)
+    throw InvalidArgument(
+        fmt::format("--lr-schedule must be constant or cosine, not '{}'", a.schedule));
+  c.optimizer.schedule = *schedule;
+  auto attention = ParseGptAttention(a.attention);
+  if (!attention)
+    throw InvalidArgument(fmt::format("--attention must be one of {}, not '{}'",
+                                      EnumNames(kGptAttentionNames, ", "), a.attention));
+  c.gpt.attention = *attention;
+  auto gc = ParseGcMode(a.gc);
+  if (!gc)
+    throw InvalidArgument(
+        fmt::format("--gc must be one of {}, not '{}'", EnumNames(kGcModeNames, ", "), a.gc));
+  c.gc = *gc;
+  auto memory_plan = ParseMemoryPlanMode(a.memory_plan);
+  if (!memory_plan)
+    throw InvalidArgument(fmt::format("--memory-plan must be one of {}, not '{}'",
+                                      EnumNames(kMemoryPlanModeNames, ", "), a.memory_plan));
+  c.memory_plan = *memory_plan;
+  auto mode = ParseRunMode(a.mode);
+  if (!mode)
+    throw InvalidArgument(fmt::format("--mode must be trace or parallel, not '{}'", a.mode));
+  c.mode = *mode;
+  c.recompute.clear();
+  for (size_t start = 0;;) {  // "full,cheap,cheap,none"
+    const size_t end = a.recompute.find(',', start);
+    const std::string item = a.recompute.substr(start, end - start);
+    auto policy = ParseRecomputePolicy(item);
+    if (!policy) {
+      throw InvalidArgument(
+          fmt::format("--recompute: '{}' is not a policy; use {} (one, or one per stage separated "
+                      "by commas)",
+                      item, RecomputePolicyNames()));
+    }
+    c.recompute.push_back(a.no_recompute ? RecomputePolicy::kNone : *policy);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
+
+  if (a.pipeline) {
+    if (a.pipe_schedule != "auto") {
+      const auto schedule_kind = pipeline::ParseScheduleKind(a.pipe_schedule);
+      if (!schedule_kind) {
+        throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {} or auto",
+                                          a.pipe_schedule,
+                                          EnumNames(pipeline::kScheduleKindNames, ", ")));
+      }
+      a.pipe.schedule = *schedule_kind;
+    }
+    const auto partition = pipeline::ParsePartitionKind(a.partition);
+    if (!partition) {
+      throw InvalidArgument(fmt::format("unknown partition '{}': expected {}", a.partition,
+                                        EnumNames(pipeline::kPartitionKindNames, " or ")));
+    }
+    a.pipe.partition = *partition;
+    const int64_t virtual_stages =
+        int64_t{a.pipe.stages} *
+        pipeline::ChunksOf({.kind = a.pipe.schedule, .chunks = a.pipe.chunks});
+    if (!a.partition_given && c.model == "gpt" && c.gpt.layers < virtual_stages &&
+        c.gpt.layers + 2 >= virtual_stages) {
+      // Uniform puts a layer on every virtual stage; balanced may give embed and head their own.
+      // With fewer units than that still, uniform's error names the layers either would need.
+      a.pipe.partition = pipeline::PartitionKind::kBalanced;
+    }
+    // Out of range, the batch is refused by ValidateTrainConfig before anything is built.
+    if (!a.microbatches_given && c.batch >= 1 && c.batch <= kMaxBatch) {
+      // --schedule auto: 1f1b's count; a schedule that needs more is skipped naming why. Each of
+      // D replicas takes its rows of every micro-batch, so M divides the batch D times over.
+      const int64_t D = a.data_parallel;
+      if (auto m = pipeline::DefaultMicroBatches(
+              {.kind = a.pipe.schedule, .stages = a.pipe.stages, .chunks = a.pipe.chunks},
+              D >= 1 && c.batch % D == 0 ? c.batch / D : c.batch)) {
+        c.microbatches = *m;
+      }
+    }
+    a.pipe.release_outputs = a.release_outputs;
+    if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
+    a.pipe.fault.compute_sleep_ns = static_cast<int64_t>(a.compute_sleep_ms * 1e6);
+  }
+}
+
+Job MakeJob(const TrainConfig& c) {
+  ValidateTrainConfig(c);
+  Job job;
+  job.task = MakeTask(c);
+  job.model = job.task->BuildTrain(c.batch / c.microbatches);
+  return job;
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,91 @@
+// The options `sluice train`, `sluice plan` and `sluice simulate` share, and what they make of
+// them: TrainArgs holds the parsed text, Configure turns it into a TrainConfig and the pipeline's
+// options (every bad value an InvalidArgument that says what to change), and MakeJob builds the
+// job's model and data as Trainer would, for a forecast or a simulation before any training.
+//
+// Thread-safety: called from main only.
+//
+// Example (what a command's setup does):
+//   TrainOptions options = AddTrainOptions(sub);
+//   return [options] {
+//     options.finish();            // once CLI11 has parsed the command line
+//     TrainArgs& a = *options.args;
+//     Configure(a);
+//     Job job = MakeJob(a.config);
+//     ...
+//   };
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "sluice/nn/model.h"
+#include "sluice/pipeline/pipeline_engine.h"
+#include "sluice/step/task.h"
+#include "sluice/step/train_config.h"
+
+namespace sluice::cli {
+
+struct TrainArgs {
+  TrainConfig config;
+  std::string optimizer = "adamw";
+  std::string schedule = "cosine";
+  std::string gc = "auto";
+  std::string memory_plan = "dynamic";
+  std::string attention = "fused";
+  std::string mode = "trace";
+  std::string recompute = "cheap";  // a policy, or a comma list of one per stage
+  bool no_recompute = false;
+  bool quiet = false;
+  // Pipeline: used when --stages > 1 or any pipeline option is given.
+  bool pipeline = false;
+  pipeline::PipelineOptions pipe;
+  std::string pipe_schedule = "1f1b";
+  std::string partition = "uniform";
+  bool release_outputs = true;
+  double comm_timeout_s = 60;
+  std::string comm = "local";  // local (stages as threads) or mpi (stages as processes)
+  int data_parallel = 1;
+  std::string fault;            // tests: MODE:STAGE:ACTION:MICRO_BATCH
+  double compute_sleep_ms = 0;  // tests: every F, B and W sleeps this long
+  // Memory: a budget per stage (step/memory_budget.h) that picks the recompute policies (and, with
+  // --schedule auto, the schedule) before training.
+  std::string memory_budget;
+  bool recompute_given = false;     // --recompute or --no-recompute on the command line
+  bool microbatches_given = false;  // --microbatches on the command line
+  bool partition_given = false;     // --partition on the command line
+  std::string format = "table";     // sluice plan and simulate: table or json
+  std::vector<std::string> costs;   // sluice simulate: costs files of --profile-out
+  std::string compare;              // sluice simulate: schedules to rank
+  int cores = 0;                    // sluice simulate: cores the stage threads share (0: one each)
+  int draws = -1;                   // sluice simulate: replays of recorded costs (0: medians;
+                                    // -1: kDefaultDraws where the costs recorded steps)
+  std::string draw_mode = "computes";  // sluice simulate: computes or steps (pipeline::DrawMode)
+};
+
+// The options `sluice train`, `plan` and `simulate` share. `finish`, called once the command line
+// is parsed, settles what depends on which options were given.
+struct TrainOptions {
+  std::shared_ptr<TrainArgs> args;
+  std::function<void()> finish;
+};
+
+TrainOptions AddTrainOptions(CLI::App& sub);
+
+// Reads the textual options into a.config and a.pipe (everything but the memory budget).
+void Configure(TrainArgs& a);
+
+// The model and data of a job, built as Trainer builds them, for forecasting before training.
+struct Job {
+  std::unique_ptr<Task> task;
+  Model model;
+};
+
+// Validates the config and builds the job's task and model (the micro-batch's).
+Job MakeJob(const TrainConfig& c);
+
+}  // namespace sluice::cli

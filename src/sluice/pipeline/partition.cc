@@ -86,16 +86,22 @@ GptPartition Uniform(const GptConfig& c, int S) {
   return p;
 }
 
+// --partition balanced puts at least one of the N units (embed, the layers, head) on each of the
+// S virtual stages; `stages` says how S was counted, `fewer` what to reduce.
+void RequireUnitPerStage(int S, int64_t N, int64_t layers, std::string_view stages,
+                         std::string_view fewer) {
+  if (S <= N) return;
+  throw InvalidArgument(fmt::format(
+      "--partition balanced needs at least one unit per stage, but {} virtual stages ({}) exceed "
+      "the model's {} units (embed, {} layers, head): use fewer {}, or give the model --layers {} "
+      "or more",
+      S, stages, N, layers, fewer, S - 2));
+}
+
 GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S) {
   const std::vector<double> units = UnitCosts(c, batch, seq_len);
   const int64_t N = static_cast<int64_t>(units.size());
-  if (S > N) {
-    throw InvalidArgument(fmt::format(
-        "--partition balanced needs at least one unit per stage, but {} virtual stages "
-        "(--stages × --chunks) exceed the model's {} units (embed, {} layers, head): use fewer "
-        "stages or chunks, or give the model --layers {} or more",
-        S, N, c.layers, S - 2));
-  }
+  RequireUnitPerStage(S, N, c.layers, "--stages × --chunks", "stages or chunks");
   // cost[i][j]: units [i, j), summed left to right (as EstimateStageCosts sums them, so the two
   // agree).
   std::vector<std::vector<double>> cost(N + 1, std::vector<double>(N + 1, 0.0));
@@ -234,13 +240,7 @@ GptPartition BalancedV(const GptConfig& c, int64_t batch, int64_t seq_len, int S
   const std::vector<double> units = UnitCosts(c, batch, seq_len);
   const int64_t N = static_cast<int64_t>(units.size());
   const int P = S / 2;
-  if (S > N) {
-    throw InvalidArgument(fmt::format(
-        "--partition balanced needs at least one unit per stage, but {} virtual stages "
-        "(--stages × 2 chunks) exceed the model's {} units (embed, {} layers, head): use fewer "
-        "stages, or give the model --layers {} or more",
-        S, N, c.layers, S - 2));
-  }
+  RequireUnitPerStage(S, N, c.layers, "--stages × 2 chunks", "stages");
   VShapeCuts cuts(units, P);
   SLUICE_CHECK(cuts.Feasible(cuts.total(), false), "no V-shaped cut of {} units into {} groups", N,
                S);

@@ -117,6 +117,34 @@ TEST_F(TrainCli, OptionsOfTheOtherModelOrOptimizerAreRefused) {
   EXPECT_THAT(r.err, HasSubstr("--model must be gpt or mlp, not 'cnn'"));
 }
 
+// `--model mlp --data sort` trained on blobs without a word: each model's default data applies
+// only when --data is not given, and data the model cannot train on is an error naming both.
+TEST_F(TrainCli, DataTheModelCannotTrainOnIsRefusedNotReplaced) {
+  for (const char* data : {"sort", "corpus.txt"}) {
+    const CliResult r = Train(fmt::format("--model mlp --data {} --steps 1", data));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(fmt::format(
+                           "--data {}: --model mlp trains on blobs only (Gaussian clusters, its "
+                           "default); drop --data or choose --model gpt",
+                           data)));
+  }
+  CliResult r = Train("--data blobs --steps 1");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--data blobs: --model gpt trains on sort (its default) or a text "
+                               "file; blobs is --model mlp's data"));
+  // plan and simulate read the same options.
+  r = Sluice("plan --model mlp --data sort --steps 1");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--data sort: --model mlp trains on blobs only"));
+  // Without --data each model takes its own; with the right one given, it trains.
+  const fs::path m = dir_ / "mlp.jsonl";
+  r = Train(fmt::format("--model mlp --steps 1 --threads 1 --quiet --metrics {}", m.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(Lines(m).back()["config"]["data"], "blobs");
+  r = Train("--model mlp --data blobs --steps 1 --threads 1 --quiet");
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
 TEST_F(TrainCli, ResumeFromACorruptCheckpointIsAClearError) {
   const fs::path bad = dir_ / "bad.safetensors";
   std::ofstream(bad) << "not a checkpoint";

@@ -6,7 +6,8 @@
 namespace sluice::cli {
 
 void CheckTrainFiles(const TrainConfig& c, const std::string& trace_path) {
-  const bool data_file = c.data != "sort" && c.data != "blobs";
+  // Only the GPT reads a file; MakeTask refuses any other --data of the MLP before reading.
+  const bool data_file = c.model == "gpt" && c.data != "sort" && c.data != "blobs";
   std::vector<NamedPath> inputs = {{"--data", data_file ? c.data : ""},
                                    {"--resume", c.resume_path},
                                    {"--init-from", c.init_from}};

@@ -81,9 +81,9 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
   sub.add_option("--model", c.model, "gpt or mlp")->capture_default_str();
-  sub.add_option("--data", c.data,
-                 "sort (synthetic, default), blobs (mlp) or a text file for byte-level LM")
-      ->capture_default_str();
+  auto* data = sub.add_option("--data", c.data,
+                              "gpt: sort (synthetic digits to sort, the default) or a text file "
+                              "for a byte-level LM; mlp: blobs (Gaussian clusters, the default)");
   auto* layers =
       sub.add_option("--layers", c.gpt.layers, "transformer blocks")->capture_default_str();
   auto* heads = sub.add_option("--heads", c.gpt.heads, "attention heads (must divide --dim)")
@@ -228,10 +228,11 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       {classes, "--model", "mlp"},     {beta1, "--optimizer", "adamw"},
       {beta2, "--optimizer", "adamw"}, {momentum, "--optimizer", "sgd"},
   };
-  auto finish = [a, scoped, sched, chunks, partition, layout, release, ahead, timeout, trace,
+  auto finish = [a, data, scoped, sched, chunks, partition, layout, release, ahead, timeout, trace,
                  profile, fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr,
                  microbatches] {
     CheckScopedOptions(scoped, a->config.model, a->optimizer);
+    if (data->count() == 0) a->config.data = DefaultData(a->config.model);
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;
@@ -301,8 +302,6 @@ void Configure(TrainArgs& a) {
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  if (c.model == "mlp" && c.data == "sort") c.data = "blobs";
-
   if (a.pipeline) {
     if (a.pipe_schedule != "auto") {
       const auto schedule_kind = pipeline::ParseScheduleKind(a.pipe_schedule);

@@ -98,11 +98,7 @@ class GptTask final : public Task {
 
 class MlpTask final : public Task {
  public:
-  MlpTask(const TrainConfig& c) : cfg_(c.mlp), data_(c.mlp, c.seed) {
-    if (c.data != "blobs" && c.data != "sort") {
-      throw InvalidArgument(fmt::format("--model mlp trains on --data blobs, not '{}'", c.data));
-    }
-  }
+  MlpTask(const TrainConfig& c) : cfg_(c.mlp), data_(c.mlp, c.seed) {}
   Model BuildTrain(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLoss); }
   Model BuildLogits(int64_t batch) const override {
     return BuildMlp(cfg_, batch, MlpOutput::kLogits);
@@ -143,7 +139,24 @@ class MlpTask final : public Task {
 
 }  // namespace
 
+std::string DefaultData(const std::string& model) { return model == "mlp" ? "blobs" : "sort"; }
+
+void CheckModelData(const TrainConfig& c) {
+  if (c.model == "mlp" && c.data != "blobs") {
+    throw InvalidArgument(fmt::format(
+        "--data {}: --model mlp trains on blobs only (Gaussian clusters, its default); drop "
+        "--data or choose --model gpt, which trains on sort or a text file",
+        c.data));
+  }
+  if (c.model == "gpt" && c.data == "blobs") {
+    throw InvalidArgument(
+        "--data blobs: --model gpt trains on sort (its default) or a text file; blobs is --model "
+        "mlp's data (a file named blobs: --data ./blobs)");
+  }
+}
+
 std::unique_ptr<Task> MakeTask(const TrainConfig& config) {
+  CheckModelData(config);
   if (config.model == "gpt") return std::make_unique<GptTask>(config);
   return std::make_unique<MlpTask>(config);
 }
@@ -176,6 +189,7 @@ void ValidateTrainConfig(const TrainConfig& c) {
   }
   if (c.model != "gpt" && c.model != "mlp")
     bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
+  CheckModelData(c);
   ValidateTrainRanges(c);
 }
 

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -57,6 +58,13 @@ class Task {
 
 // The task of config.model; throws InvalidArgument naming the option for an unusable one.
 std::unique_ptr<Task> MakeTask(const TrainConfig& config);
+
+// The data `model` trains on when --data is not given: "sort" for gpt, "blobs" for mlp.
+std::string DefaultData(const std::string& model);
+
+// Throws InvalidArgument when config.model cannot train on config.data: the MLP takes "blobs"
+// only; the GPT takes "sort" or a text file, not "blobs". MakeTask calls it.
+void CheckModelData(const TrainConfig& config);
 
 // Throws InvalidArgument for a configuration no task can run (steps, batch, micro-batches) or a
 // number out of its range (step/config_checks.h: finite learning rates, min-lr ≤ lr, ...).

@@ -41,7 +41,9 @@ struct TrainConfig {
   GptConfig gpt{
       .vocab = 0, .seq = 0, .layers = 2, .heads = 4, .dim = 64};  // vocab/seq 0: from the data
   MlpConfig mlp;
-  std::string data = "sort";  // "sort", "blobs" (mlp) or a text file path
+  // gpt: "sort" or a text file path; mlp: "blobs". `sluice train` without --data takes
+  // DefaultData(model) (step/task.h); MakeTask refuses a pair that does not fit.
+  std::string data = "sort";
   // Defaults are the default job (`make run`): a GPT that learns to sort digits in ~10 s.
   int64_t steps = 1000;
   int64_t batch = 32;

@@ -11,6 +11,10 @@
 //   Scores/<impl>/T:t     attention scores q · kᵀ for C = 768 (H = 12 heads of D = 64) and
 //                         B = 1024 / T: B·H batched [T, D] · [D, T] products, through MatMulBlas
 //                         (transpose_b) and through a plain loop of cblas_sgemm calls.
+//   Attention/<dir>/T:t/D:d  fused causal attention (kernels/attention.h), forward or backward,
+//                         on a GPT's packed projections: B·T = 2048 positions, C = 384 (H = C / D
+//                         heads), T = 64 or 256; GFLOPs counts the GEMMs of the visible (causal)
+//                         half, 2·T²·D per head and product (forward 2 products, backward 4).
 //   Row/<kernel>/...      bytes_per_second (bytes read + written) of layer norm, softmax and
 //                         causal softmax forward, fast and reference kernels, next to a memcpy of
 //                         the same bytes (the memory-bandwidth ceiling).
@@ -24,12 +28,14 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "sluice/core/tensor.h"
+#include "sluice/kernels/attention.h"
 #include "sluice/kernels/blas.h"
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/linear.h"
@@ -199,6 +205,38 @@ void BM_CausalSoftmax(benchmark::State& state) {
   SetBytes(state, rows * t);
 }
 
+// Causal attention over qkv [B, T, 3C] into y [B, T, C] (the GPT builder's layout), B·T = 2048.
+template <bool kBackward>
+void BM_Attention(benchmark::State& state) {
+  const int64_t t = state.range(0), d = state.range(1), c = 384, h = c / d, b = 2048 / t;
+  Tensor qkv = Random({b, t, 3 * c}), y = Tensor::Empty({b, t, c}, DType::kF32),
+         lse = Tensor::Empty({b * h, t}, DType::kF32), dy = Random({b, t, c}),
+         dqkv = Tensor::Empty({b, t, 3 * c}, DType::kF32);
+  const auto in = kernels::AttentionLayout::Packed(h, t, c, 3 * c);
+  const auto out = kernels::AttentionLayout::Packed(h, t, c, c);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float* q = qkv.data<float>();
+  kernels::CausalAttentionFast<float>(q, q + c, q + 2 * c, y.data<float>(), lse.data<float>(),
+                                      b * h, t, d, scale, in, out);
+  for (auto _ : state) {
+    if constexpr (kBackward) {
+      float* dq = dqkv.data<float>();
+      kernels::CausalAttentionGradFast<float>(dy.data<float>(), nullptr, q, q + c, q + 2 * c,
+                                              y.data<float>(), lse.data<float>(), dq, dq + c,
+                                              dq + 2 * c, b * h, t, d, scale, in, out);
+      benchmark::DoNotOptimize(dqkv.data<float>());
+    } else {
+      kernels::CausalAttentionFast<float>(q, q + c, q + 2 * c, y.data<float>(), lse.data<float>(),
+                                          b * h, t, d, scale, in, out);
+      benchmark::DoNotOptimize(y.data<float>());
+    }
+    benchmark::ClobberMemory();
+  }
+  // The visible half of the [T, T] products: T·(T + 1)/2 dot products of D per head and product.
+  SetFlops(state, (kBackward ? 4.0 : 2.0) * static_cast<double>(b * h) * static_cast<double>(t) *
+                      static_cast<double>(t + 1) * static_cast<double>(d));
+}
+
 // Layer norm over [B·T, C]; softmax over attention rows [B·H·T, T] (C = 768, H = 12, B = 1024/T)
 // and over a vocabulary-sized row block [64, 50304].
 void LayerNormShapes(benchmark::internal::Benchmark* b) {
@@ -211,6 +249,16 @@ void CausalShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "T"})->Args({12 * kRows, 64})->Args({12 * kRows, 256});
 }
 
+BENCHMARK_TEMPLATE(BM_Attention, false)
+    ->Name("Attention/forward")
+    ->ArgNames({"T", "D"})
+    ->Args({64, 32})
+    ->Args({256, 64});
+BENCHMARK_TEMPLATE(BM_Attention, true)
+    ->Name("Attention/backward")
+    ->ArgNames({"T", "D"})
+    ->Args({64, 32})
+    ->Args({256, 64});
 BENCHMARK(BM_Memcpy)->Name("Row/memcpy")->Apply(LayerNormShapes)->Apply(SoftmaxShapes);
 BENCHMARK_TEMPLATE(BM_LayerNorm, true)->Name("Row/layer_norm_fast")->Apply(LayerNormShapes);
 BENCHMARK_TEMPLATE(BM_LayerNorm, false)->Name("Row/layer_norm_reference")->Apply(LayerNormShapes);

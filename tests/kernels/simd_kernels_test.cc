@@ -196,6 +196,66 @@ TYPED_TEST(SimdKernels, RowKernelsMatchTheReferences) {
   });
 }
 
+TYPED_TEST(SimdKernels, SumSquaresIsTheDoubleLoopUpToOrder) {
+  using T = TypeParam;
+  ForEachTarget([&] {
+    for (int64_t n :
+         {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{17}, int64_t{1031}, int64_t{100003}}) {
+      const std::vector<T> x = Random<T>(n, 5, -3, 3);
+      double exact = 0;
+      for (T v : x) exact += static_cast<double>(v) * static_cast<double>(v);
+      const double fast = Simd<T>().sum_squares(x.data(), n);
+      EXPECT_NEAR(fast, exact, 1e-13 * exact) << "n = " << n;
+    }
+    // Squares of f32 values past √FLT_MAX stay finite: they are squared as doubles.
+    const std::vector<T> big(33, T(1e20));
+    EXPECT_NEAR(Simd<T>().sum_squares(big.data(), 33), 33 * 1e40, 1e-6 * 33 * 1e40);
+  });
+}
+
+// Every register-tile shape (rows 1–4 left over, columns in 4, 2, 1 vectors and a scalar tail),
+// A read as itself and as a transpose, beta 0 over a C full of NaN and beta ≠ 0 adding to it.
+TYPED_TEST(SimdKernels, SmallGemmIsTheProduct) {
+  using T = TypeParam;
+  ForEachTarget([&] {
+    for (int64_t m : {1, 3, 4, 7, 64}) {
+      for (int64_t n : {1, 5, 16, 37, 64, 100}) {
+        for (int64_t k : {1, 9, 64}) {
+          for (bool transposed : {false, true}) {
+            for (T beta : {T(0), T(0.5)}) {
+              const std::vector<T> a = Random<T>(m * k, 11), b = Random<T>(k * (n + 3), 12);
+              const int64_t ldb = n + 3, ldc = n + 2;
+              // A [m, k] row-major, or stored as Aᵀ [k, m].
+              const int64_t a_row = transposed ? 1 : k, a_col = transposed ? m : 1;
+              std::vector<T> c = Random<T>(m * ldc, 13), want = c;
+              if (beta == T(0)) std::fill(c.begin(), c.end(), std::numeric_limits<T>::quiet_NaN());
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  double sum = 0;
+                  for (int64_t p = 0; p < k; ++p) {
+                    sum += static_cast<double>(a[i * a_row + p * a_col]) * b[p * ldb + j];
+                  }
+                  T& w = want[i * ldc + j];
+                  w = static_cast<T>(1.5 * sum + (beta == T(0) ? 0.0 : beta * w));
+                }
+              }
+              Simd<T>().small_gemm(m, n, k, T(1.5), a.data(), a_row, a_col, b.data(), ldb, beta,
+                                   c.data(), ldc);
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  ASSERT_NEAR(c[i * ldc + j], want[i * ldc + j], 16 * k * Tolerance<T>())
+                      << "m " << m << " n " << n << " k " << k << " transposed " << transposed
+                      << " beta " << beta << " at " << i << ", " << j;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 TYPED_TEST(SimdKernels, CausalSoftmaxAndCrossEntropyMatchTheReferences) {
   using T = TypeParam;
   ForEachTarget([&] {

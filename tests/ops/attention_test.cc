@@ -1,8 +1,8 @@
 // Op table: fused causal attention (causal_attention, causal_attention_qkv and their gradients),
 // plus what the table cannot state: the fused op computes what the naive chain matmul → scale →
-// causal_mask → softmax → matmul computes, across several tiles of the fast kernel
-// (T > kernels::kAttentionTile), and the packed op what split → transpose → causal_attention →
-// transpose computes.
+// causal_mask → softmax → matmul computes, across several query tiles and key chunks of the fast
+// kernels (T > kernels::kAttentionKeyChunk), and the packed op what split → transpose →
+// causal_attention → transpose computes.
 #include <cmath>
 #include <vector>
 
@@ -18,8 +18,8 @@ namespace sluice::testing {
 std::vector<OpCase> AttentionCases() {
   const Attrs scale{{"scale", 0.5}};
   const Fill wide = Uniform(-2, 2);
-  // T beyond one tile, so the fast kernels rescale partial rows (online softmax) and skip tiles.
-  const int64_t long_t = kernels::kAttentionTile * 2 + 3;
+  // T beyond one key chunk, so the fast kernels rescale partial rows (online softmax).
+  const int64_t long_t = kernels::kAttentionKeyChunk + 3;
   return {
       {.label = "attention",
        .op = "causal_attention",
@@ -141,9 +141,9 @@ Tensor Sine(const Shape& s, double freq) {
 }
 
 // The fused op and the naive chain give the same output and the same gradients of q, k and v, in
-// f64 with the fast kernels, over three tiles of keys.
+// f64 with the fast kernels, over five query tiles and two chunks of keys.
 TEST(CausalAttention, MatchesTheNaiveChainWithGradients) {
-  const int64_t t = kernels::kAttentionTile * 2 + 9, d = 5;
+  const int64_t t = kernels::kAttentionKeyChunk + 9, d = 5;
   const Shape s{2, t, d};
   const double scale = 1 / std::sqrt(static_cast<double>(d));
   auto run = [&](bool fused) {
@@ -181,9 +181,9 @@ TEST(CausalAttention, MatchesTheNaiveChainWithGradients) {
 
 // The packed op computes what the copies around causal_attention compute — split qkv, heads
 // [B, H, T, D], attention, heads back side by side — output and gradient of qkv, in f64 with the
-// fast kernels, over two tiles of keys.
+// fast kernels, over two query tiles.
 TEST(CausalAttentionQkv, MatchesSplitTransposeAndCausalAttention) {
-  const int64_t batch = 2, t = kernels::kAttentionTile + 9, heads = 3, d = 4, c = heads * d;
+  const int64_t batch = 2, t = kernels::kAttentionQueryTile + 9, heads = 3, d = 4, c = heads * d;
   const Shape s{batch, t, 3 * c};
   const double scale = 1 / std::sqrt(static_cast<double>(d));
   auto run = [&](bool packed) {

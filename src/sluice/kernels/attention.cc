@@ -5,7 +5,6 @@
 #include <limits>
 #include <vector>
 
-#include "sluice/kernels/matmul.h"
 #include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd_kernels.h"
 
@@ -112,44 +111,80 @@ void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const 
   }
 }
 
+// The fast kernels walk query tiles of kQ rows; each tile meets the keys up to its diagonal in
+// chunks of at most kK. The products are small ([kQ, D] by [D, ≤ kK] and back) and go through
+// the SIMD small-product kernel (simd_kernels.h), which reads one operand by broadcasts from
+// wherever it lies and the other by rows: kᵀ and vᵀ are copied once per head into [D, T] rows
+// (T·D floats of scratch), every other operand is read in place.
+
+// dst [d, t] = srcᵀ for the t rows of d channels at src, ld apart; in 8 × 8 blocks, so that
+// reads and writes both stay within a few cache lines at a time.
+template <typename T>
+void TransposeRows(const T* src, int64_t ld, int64_t t, int64_t d, T* dst) {
+  constexpr int64_t kB = 8;
+  for (int64_t j0 = 0; j0 < t; j0 += kB) {
+    const int64_t j1 = std::min(t, j0 + kB);
+    for (int64_t c0 = 0; c0 < d; c0 += kB) {
+      const int64_t c1 = std::min(d, c0 + kB);
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t j = j0; j < j1; ++j) dst[c * t + j] = src[j * ld + c];
+      }
+    }
+  }
+}
+
+// The calling thread's scratch, at least n elements, kept from call to call: ParallelFor calls
+// the kernels once per batch entry, and a fresh vector each time cost an allocation and a zeroing
+// pass per head (page faults too, past malloc's mmap threshold). It grows to the largest
+// T·D the thread has met: 2·T·D + T + 2·kQ·kK elements, 1.1 MB at T = 1024, D = 128.
+template <typename T>
+T* Scratch(size_t n) {
+  thread_local std::vector<T> buffer;
+  if (buffer.size() < n) buffer.resize(n);
+  return buffer.data();
+}
+
 template <typename T>
 void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
                          int64_t d, T scale, const AttentionLayout& in,
                          const AttentionLayout& out) {
   const SimdRowKernels<T>& simd = Simd<T>();
-  constexpr int64_t kT = kAttentionTile;
+  constexpr int64_t kQ = kAttentionQueryTile, kK = kAttentionKeyChunk;
   const int64_t ld = in.row_stride, ldy = out.row_stride;
   // One chunk per batch entry (a head of a sequence): each writes only its own y and lse.
   ParallelFor(batch, 1, [&](int64_t b_begin, int64_t b_end) {
-    std::vector<T> s(kT * kT), row_max(kT), row_sum(kT);
+    const int64_t width = std::min(kK, t);  // the widest key chunk
+    T* s = Scratch<T>(static_cast<size_t>(kQ * width + 2 * kQ + d * t));
+    T *row_max = s + kQ * width, *row_sum = row_max + kQ, *kt_rows = row_sum + kQ;
     for (int64_t b = b_begin; b < b_end; ++b) {
       const T *qb = q + in.Offset(b), *kb = k + in.Offset(b), *vb = v + in.Offset(b);
       T* yb = y + out.Offset(b);
-      for (int64_t q0 = 0; q0 < t; q0 += kT) {
-        const int64_t qt = std::min(kT, t - q0);
+      TransposeRows(kb, ld, t, d, kt_rows);
+      for (int64_t q0 = 0; q0 < t; q0 += kQ) {
+        const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;  // keys [0, keys) are visible
         T* o = yb + q0 * ldy;  // [qt, d] rows ldy apart: the running, unnormalised output
-        for (int64_t r = 0; r < qt; ++r) std::fill_n(o + r * ldy, d, T(0));
-        std::fill_n(row_max.begin(), qt, -std::numeric_limits<T>::infinity());
-        std::fill_n(row_sum.begin(), qt, T(0));
-        for (int64_t k0 = 0; k0 < q0 + qt; k0 += kT) {  // key tiles up to the diagonal
-          const int64_t kt = std::min(kT, t - k0);
+        for (int64_t k0 = 0; k0 < keys; k0 += kK) {
+          const int64_t kt = std::min(kK, keys - k0);
           // s = scale · q[q0 : q0+qt] · k[k0 : k0+kt]ᵀ   [qt, kt]
-          Gemm(false, true, qt, kt, d, scale, qb + q0 * ld, ld, kb + k0 * ld, ld, T(0), s.data(),
-               kt);
+          simd.small_gemm(qt, kt, d, scale, qb + q0 * ld, ld, 1, kt_rows + k0, t, T(0), s, kt);
           for (int64_t r = 0; r < qt; ++r) {
-            T* sr = s.data() + r * kt;
-            const int64_t n = Visible(q0 + r, k0, kt);
-            std::fill(sr + n, sr + kt, T(0));  // keys after the query: p = 0
-            if (n == 0) continue;
+            T* sr = s + r * kt;
+            const int64_t n = Visible(q0 + r, k0, kt);  // ≥ 1: chunks start at or before q0
+            std::fill(sr + n, sr + kt, T(0));           // keys after the query: p = 0
+            if (k0 == 0) {
+              row_max[r] = simd.row_max(sr, n);
+              row_sum[r] = simd.exp_sum(sr, row_max[r], sr, n);
+              continue;
+            }
             // Online softmax: a larger max rescales what the row has summed so far.
             const T m = std::max(row_max[r], simd.row_max(sr, n));
-            const T rescale = std::exp(row_max[r] - m);  // 0 on the first tile (max was −inf)
+            const T rescale = std::exp(row_max[r] - m);
             row_sum[r] = row_sum[r] * rescale + simd.exp_sum(sr, m, sr, n);
             row_max[r] = m;
             if (rescale != T(1)) simd.scale_in_place(o + r * ldy, rescale, d);
           }
-          // o += p · v[k0 : k0+kt]   [qt, d]
-          Gemm(false, false, qt, d, kt, T(1), s.data(), kt, vb + k0 * ld, ld, T(1), o, ldy);
+          // o = p · v[k0 : k0+kt] on the first chunk, o += on the next   [qt, d]
+          simd.small_gemm(qt, d, kt, T(1), s, kt, 1, vb + k0 * ld, ld, T(k0 == 0 ? 0 : 1), o, ldy);
         }
         for (int64_t r = 0; r < qt; ++r) {
           simd.scale_in_place(o + r * ldy, T(1) / row_sum[r], d);
@@ -166,52 +201,52 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
                              int64_t t, int64_t d, T scale, const AttentionLayout& in,
                              const AttentionLayout& out) {
   const SimdRowKernels<T>& simd = Simd<T>();
-  constexpr int64_t kT = kAttentionTile;
+  constexpr int64_t kQ = kAttentionQueryTile, kK = kAttentionKeyChunk;
   const int64_t ld = in.row_stride, ldy = out.row_stride;
   // One chunk per batch entry: each writes only its own dq, dk, dv.
   ParallelFor(batch, 1, [&](int64_t b_begin, int64_t b_end) {
-    std::vector<T> p(kT * kT), ds(kT * kT), row(static_cast<size_t>(t));
+    const int64_t width = std::min(kK, t);  // the widest key chunk
+    T* p = Scratch<T>(static_cast<size_t>(2 * kQ * width + t + 2 * d * t));
+    T *ds = p + kQ * width, *row = ds + kQ * width, *kt_rows = row + t, *vt_rows = kt_rows + d * t;
     for (int64_t b = b_begin; b < b_end; ++b) {
       const int64_t at = in.Offset(b), at_y = out.Offset(b);
       const T *qb = q + at, *kb = k + at, *vb = v + at, *dyb = dy + at_y, *yb = y + at_y;
       T *dqb = dq + at, *dkb = dk + at, *dvb = dv + at;
-      for (int64_t i = 0; i < t; ++i) {
-        std::fill_n(dqb + i * ld, d, T(0));
-        std::fill_n(dkb + i * ld, d, T(0));
-        std::fill_n(dvb + i * ld, d, T(0));
-      }
+      TransposeRows(kb, ld, t, d, kt_rows);
+      TransposeRows(vb, ld, t, d, vt_rows);
       // row[i] = dy[i]·y[i] − dlse[i]: what softmax backward subtracts from dp on row i.
       for (int64_t i = 0; i < t; ++i) {
         row[i] = simd.row_dot(dyb + i * ldy, yb + i * ldy, d) - (dlse ? dlse[b * t + i] : T(0));
       }
-      for (int64_t q0 = 0; q0 < t; q0 += kT) {
-        const int64_t qt = std::min(kT, t - q0);
-        for (int64_t k0 = 0; k0 < q0 + qt; k0 += kT) {
-          const int64_t kt = std::min(kT, t - k0);
+      // Query tiles from the last: it sees every key, so its products write dk and dv (beta 0)
+      // and the tiles after add to them — no pass zeroes dq, dk, dv first.
+      const int64_t last = (t - 1) / kQ * kQ;
+      for (int64_t q0 = last; q0 >= 0; q0 -= kQ) {
+        const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;
+        const T first_query_tile = q0 == last ? T(0) : T(1);  // beta of the dk, dv products
+        for (int64_t k0 = 0; k0 < keys; k0 += kK) {
+          const int64_t kt = std::min(kK, keys - k0);
           // p = e^(s − lse), recomputed from q, k and the saved lse   [qt, kt]
-          Gemm(false, true, qt, kt, d, scale, qb + q0 * ld, ld, kb + k0 * ld, ld, T(0), p.data(),
-               kt);
+          simd.small_gemm(qt, kt, d, scale, qb + q0 * ld, ld, 1, kt_rows + k0, t, T(0), p, kt);
           for (int64_t r = 0; r < qt; ++r) {
-            T* pr = p.data() + r * kt;
+            T* pr = p + r * kt;
             const int64_t n = Visible(q0 + r, k0, kt);
             simd.exp_sum(pr, lse[b * t + q0 + r], pr, n);
             std::fill(pr + n, pr + kt, T(0));
           }
-          // dv[k0 …] += pᵀ · dy[q0 …]   [kt, d]
-          Gemm(true, false, kt, d, qt, T(1), p.data(), kt, dyb + q0 * ldy, ldy, T(1), dvb + k0 * ld,
-               ld);
+          // dv[k0 …] (+)= pᵀ · dy[q0 …]   [kt, d]
+          simd.small_gemm(kt, d, qt, T(1), p, 1, kt, dyb + q0 * ldy, ldy, first_query_tile,
+                          dvb + k0 * ld, ld);
           // dp = dy[q0 …] · v[k0 …]ᵀ   [qt, kt], then ds = p · (dp − row)
-          Gemm(false, true, qt, kt, d, T(1), dyb + q0 * ldy, ldy, vb + k0 * ld, ld, T(0), ds.data(),
-               kt);
+          simd.small_gemm(qt, kt, d, T(1), dyb + q0 * ldy, ldy, 1, vt_rows + k0, t, T(0), ds, kt);
           for (int64_t r = 0; r < qt; ++r) {
-            simd.softmax_grad_row(p.data() + r * kt, ds.data() + r * kt, row[q0 + r],
-                                  ds.data() + r * kt, kt);
+            simd.softmax_grad_row(p + r * kt, ds + r * kt, row[q0 + r], ds + r * kt, kt);
           }
-          // dq[q0 …] += scale · ds · k[k0 …];  dk[k0 …] += scale · dsᵀ · q[q0 …]
-          Gemm(false, false, qt, d, kt, scale, ds.data(), kt, kb + k0 * ld, ld, T(1), dqb + q0 * ld,
-               ld);
-          Gemm(true, false, kt, d, qt, scale, ds.data(), kt, qb + q0 * ld, ld, T(1), dkb + k0 * ld,
-               ld);
+          // dq[q0 …] (+)= scale · ds · k[k0 …];  dk[k0 …] (+)= scale · dsᵀ · q[q0 …]
+          simd.small_gemm(qt, d, kt, scale, ds, kt, 1, kb + k0 * ld, ld, T(k0 == 0 ? 0 : 1),
+                          dqb + q0 * ld, ld);
+          simd.small_gemm(kt, d, qt, scale, ds, 1, kt, qb + q0 * ld, ld, first_query_tile,
+                          dkb + k0 * ld, ld);
         }
       }
     }

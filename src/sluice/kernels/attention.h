@@ -20,13 +20,19 @@
 // reads) — so that no split, transpose or concat copies them. lse is always [batch, T].
 //
 // *Reference: the formulas row by row with std::exp and left-to-right sums, the whole row of p
-// at once. *Fast: tiles of kTile queries × kTile keys: s by GEMM (kernels/matmul.h), an online
-// softmax per query row (running max and sum, earlier partial outputs rescaled when the max grows),
-// y, dq, dk, dv by GEMM, exp through the SIMD row kernels (kernels/simd_kernels.h); tiles above
-// the diagonal are skipped and the diagonal tile's rows stop at the query. Scratch: a few tiles
-// (O(kTile²) floats), never O(T²). Fast agrees with the reference to rounding (sums in another
-// order): relative 1e-5 in f32 on the op tests. The fast kernels run batch entries on the intra-op
-// threads (kernels/parallel.h), one entry per chunk, each writing only its own rows and columns.
+// at once. *Fast: tiles of kAttentionQueryTile queries, each against the keys up to its diagonal
+// in chunks of at most kAttentionKeyChunk keys (one chunk for T ≤ 256): s by a small product, an
+// online softmax per query row across chunks (running max and sum, earlier partial outputs
+// rescaled when the max grows), y, dq, dk, dv by small products; products and exp through the
+// SIMD kernels (kernels/simd_kernels.h: `small_gemm`, a register-tiled product that reads one
+// operand in place by broadcasts, so kᵀ and vᵀ are the only copies, one per head). Keys past the
+// diagonal are skipped and the diagonal's rows stop at the query; 32-query tiles waste 1/8 of the
+// products on the masked triangle at T = 256, 64-query tiles 1/4. Backward walks the query tiles
+// from the last, which sees every key, so dk and dv need no zeroing pass. Scratch, per thread and
+// kept between calls: 2·T·D + T + 2·kQ·kK elements, never O(T²). Fast agrees with the reference
+// to rounding (sums in another order): relative 1e-5 in f32 on the op tests. The fast kernels run
+// batch entries on the intra-op threads (kernels/parallel.h), one entry per chunk, each writing
+// only its own rows and columns.
 //
 // Outputs must not alias inputs. Thread-safety: plain functions over caller-owned memory.
 // Failure modes: none (shapes are checked by the op's inference).
@@ -45,8 +51,10 @@
 
 namespace sluice::kernels {
 
-// Queries and keys per tile of the fast kernels.
-inline constexpr int64_t kAttentionTile = 64;
+// The fast kernels' tiling: queries per tile, and the most keys one product of a query tile
+// takes (a query tile meets the keys up to its diagonal in chunks of this many).
+inline constexpr int64_t kAttentionQueryTile = 32;
+inline constexpr int64_t kAttentionKeyChunk = 256;
 
 // Where batch entry e's [T, D] matrix lives: row i at base + Offset(e) + i·row_stride, with
 // e = b·heads + h (b the sequence, h the head).

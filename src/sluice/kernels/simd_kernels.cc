@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <numbers>
+#include <type_traits>
 
 #include "sluice/kernels/simd_kernels.h"
 
@@ -36,23 +37,42 @@ namespace hn = hwy::HWY_NAMESPACE;
 template <typename T>
 inline constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(T);
 
+// AVX2 and AVX-512 load and store 4- and 8-byte lanes under a mask without touching the memory of
+// the lanes left out (no fault past the end, no write to a neighbour's elements): a row's tail is
+// one masked instruction there. Other targets go through a padded buffer.
+#undef SLUICE_MASKED_TAILS  // this file is compiled once per target
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define SLUICE_MASKED_TAILS 1
+#else
+#define SLUICE_MASKED_TAILS 0
+#endif
+
 // The `count` elements at p (count ≤ lanes), the other lanes set to `fill`.
 template <class D, typename T = hn::TFromD<D>>
 HWY_INLINE hn::Vec<D> LoadPart(D d, const T* p, size_t count, T fill) {
   if (count == hn::Lanes(d)) return hn::LoadU(d, p);
+#if SLUICE_MASKED_TAILS
+  const auto m = hn::FirstN(d, count);
+  return hn::IfThenElse(m, hn::MaskedLoad(m, d, p), hn::Set(d, fill));
+#else
   HWY_ALIGN T buf[kMaxLanes<T>];
   std::fill_n(buf, hn::Lanes(d), fill);
   std::memcpy(buf, p, count * sizeof(T));
   return hn::Load(d, buf);
+#endif
 }
 
 // Stores the first `count` lanes of v at p.
 template <class D, typename T = hn::TFromD<D>>
 HWY_INLINE void StorePart(D d, hn::Vec<D> v, T* p, size_t count) {
   if (count == hn::Lanes(d)) return hn::StoreU(v, d, p);
+#if SLUICE_MASKED_TAILS
+  hn::BlendedStore(v, hn::FirstN(d, count), d, p);
+#else
   HWY_ALIGN T buf[kMaxLanes<T>];
   hn::Store(v, d, buf);
   std::memcpy(p, buf, count * sizeof(T));
+#endif
 }
 
 // Calls f(j, count) for the vectors of a row of n elements: count = lanes, then the tail.
@@ -303,6 +323,142 @@ void ScaledExp(const T* x, T shift, T scale, T* y, int64_t n) {
   });
 }
 
+// Σ x² in double: every element widened before it is squared, so a sum over millions of
+// parameters (the gradient norm) rounds as a double loop does, in a different order. Two
+// accumulators a step: a load, a widen and an FMA per vector of doubles, memory-bound.
+template <typename T>
+double SumSquares(const T* x, int64_t n) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<T, decltype(dd)> dt;  // as many T as dd has doubles
+  const auto widen = [&](const T* p) {
+    if constexpr (std::is_same_v<T, double>) {
+      return hn::LoadU(dd, p);
+    } else {
+      return hn::PromoteTo(dd, hn::LoadU(dt, p));
+    }
+  };
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(dd));
+  auto a0 = hn::Zero(dd), a1 = hn::Zero(dd);
+  int64_t j = 0;
+  for (; j + 2 * lanes <= n; j += 2 * lanes) {
+    const auto v0 = widen(x + j), v1 = widen(x + j + lanes);
+    a0 = hn::MulAdd(v0, v0, a0);
+    a1 = hn::MulAdd(v1, v1, a1);
+  }
+  double sum = SumLanes(dd, hn::Add(a0, a1));
+  for (; j < n; ++j) sum += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+  return sum;
+}
+
+// ---- small products (fused attention) ----
+
+// The operand of a small product read element by element: A(i, p) = a[i·row + p·col], so A or Aᵀ
+// of a row-major matrix without a copy.
+template <typename T>
+struct Strided {
+  const T* a;
+  int64_t row, col;
+  T operator()(int64_t i, int64_t p) const { return a[i * row + p * col]; }
+};
+
+// One register tile of C: R ≤ 4 rows × V ≤ 4 vectors. Each step of p loads V vectors of B's row
+// p, broadcasts R elements of A's column p and issues R·V FMAs into R·V accumulators (16 at
+// 4 × 4: enough independent sums to cover the FMA latency on two ports). Named accumulators,
+// not arrays: sizeless vector types (SVE, RVV) cannot form arrays; unused ones compile away.
+template <size_t R, size_t V, class D, typename T = hn::TFromD<D>>
+HWY_INLINE void ProductTile(D d, int64_t k, T alpha, Strided<T> a, int64_t i, const T* b,
+                            int64_t ldb, T beta, T* c, int64_t ldc) {
+  static_assert(R >= 1 && R <= 4 && V >= 1 && V <= 4);
+  const size_t L = hn::Lanes(d);
+  auto c00 = hn::Zero(d), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
+       c13 = c00, c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00,
+       c33 = c00;
+  for (int64_t p = 0; p < k; ++p) {
+    const T* bp = b + p * ldb;
+    const auto b0 = hn::LoadU(d, bp);
+    const auto b1 = V > 1 ? hn::LoadU(d, bp + L) : b0;
+    const auto b2 = V > 2 ? hn::LoadU(d, bp + 2 * L) : b0;
+    const auto b3 = V > 3 ? hn::LoadU(d, bp + 3 * L) : b0;
+    const auto row = [&](auto& x0, auto& x1, auto& x2, auto& x3, int64_t r) {
+      const auto av = hn::Set(d, a(i + r, p));
+      x0 = hn::MulAdd(av, b0, x0);
+      if constexpr (V > 1) x1 = hn::MulAdd(av, b1, x1);
+      if constexpr (V > 2) x2 = hn::MulAdd(av, b2, x2);
+      if constexpr (V > 3) x3 = hn::MulAdd(av, b3, x3);
+    };
+    row(c00, c01, c02, c03, 0);
+    if constexpr (R > 1) row(c10, c11, c12, c13, 1);
+    if constexpr (R > 2) row(c20, c21, c22, c23, 2);
+    if constexpr (R > 3) row(c30, c31, c32, c33, 3);
+  }
+  const auto va = hn::Set(d, alpha), vb = hn::Set(d, beta);
+  const auto store = [&](hn::Vec<D> x, int64_t r, size_t v) {
+    T* out = c + (i + r) * ldc + v * L;
+    // beta = 0 writes C without reading it (C may hold anything, NaN included).
+    hn::StoreU(beta == T(0) ? hn::Mul(va, x) : hn::MulAdd(vb, hn::LoadU(d, out), hn::Mul(va, x)), d,
+               out);
+  };
+  const auto store_row = [&](hn::Vec<D> x0, hn::Vec<D> x1, hn::Vec<D> x2, hn::Vec<D> x3,
+                             int64_t r) {
+    store(x0, r, 0);
+    if constexpr (V > 1) store(x1, r, 1);
+    if constexpr (V > 2) store(x2, r, 2);
+    if constexpr (V > 3) store(x3, r, 3);
+  };
+  store_row(c00, c01, c02, c03, 0);
+  if constexpr (R > 1) store_row(c10, c11, c12, c13, 1);
+  if constexpr (R > 2) store_row(c20, c21, c22, c23, 2);
+  if constexpr (R > 3) store_row(c30, c31, c32, c33, 3);
+}
+
+// The columns [j, j + V·lanes) of every row of C, four rows a tile.
+template <size_t V, class D, typename T = hn::TFromD<D>>
+HWY_INLINE void ProductColumns(D d, int64_t m, int64_t k, T alpha, Strided<T> a, const T* b,
+                               int64_t ldb, T beta, T* c, int64_t ldc) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) ProductTile<4, V>(d, k, alpha, a, i, b, ldb, beta, c, ldc);
+  switch (m - i) {
+    case 3:
+      return ProductTile<3, V>(d, k, alpha, a, i, b, ldb, beta, c, ldc);
+    case 2:
+      return ProductTile<2, V>(d, k, alpha, a, i, b, ldb, beta, c, ldc);
+    case 1:
+      return ProductTile<1, V>(d, k, alpha, a, i, b, ldb, beta, c, ldc);
+    default:
+      return;
+  }
+}
+
+// C [m, n] = alpha · A [m, k] · B [k, n] + beta · C, A(i, p) = a[i·a_row + p·a_col], B and C
+// row-major (ldb, ldc apart). Columns go four vectors at a time, then two, then one; the last
+// n mod lanes columns (odd head sizes, short key chunks) by a scalar loop.
+template <typename T>
+void SmallGemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row, int64_t a_col,
+               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const hn::ScalableTag<T> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const Strided<T> sa{a, a_row, a_col};
+  int64_t j = 0;
+  for (; j + 4 * lanes <= n; j += 4 * lanes)
+    ProductColumns<4>(d, m, k, alpha, sa, b + j, ldb, beta, c + j, ldc);
+  if (j + 2 * lanes <= n) {
+    ProductColumns<2>(d, m, k, alpha, sa, b + j, ldb, beta, c + j, ldc);
+    j += 2 * lanes;
+  }
+  if (j + lanes <= n) {
+    ProductColumns<1>(d, m, k, alpha, sa, b + j, ldb, beta, c + j, ldc);
+    j += lanes;
+  }
+  for (int64_t i = 0; i < m && j < n; ++i) {
+    for (int64_t jj = j; jj < n; ++jj) {
+      T sum = 0;
+      for (int64_t p = 0; p < k; ++p) sum += sa(i, p) * b[p * ldb + jj];
+      T& out = c[i * ldc + jj];
+      out = beta == T(0) ? alpha * sum : alpha * sum + beta * out;
+    }
+  }
+}
+
 // ---- elementwise ----
 
 // Highway's Exp is accurate up to 104 (f32) / 706 (f64) and garbage far beyond; past these
@@ -490,6 +646,8 @@ const SimdRowKernels<T>* Table() {
       .column_sum = ColumnSum<T>,
       .row_max = RowMax<T>,
       .row_dot = RowDot<T>,
+      .sum_squares = SumSquares<T>,
+      .small_gemm = SmallGemm<T>,
       .exp_sum = RowExpSum<T>,
       .scale_in_place = RowScaleInPlace<T>,
       .softmax_grad_row = SoftmaxGradRow<T>,

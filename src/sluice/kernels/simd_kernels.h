@@ -21,6 +21,8 @@
 //         differ from the left-to-right reference by rounding only (relative 2e-5 in f32, the op
 //         harness's tolerance). The lane count, and so the rounding, depends on the target: results
 //         are bitwise reproducible on one machine, not across instruction sets.
+//   sum_squares: in double, per lane then across lanes: a double loop's result up to the order of
+//         its additions (relative 1e-15 on the gradient norm's sums).
 //   adamw, sgd: elementwise, the fast kernels' formulas exactly (no sums to reorder).
 //   add, sub, mul, div: one IEEE operation per element, so bitwise equal to the scalar loop on
 //         every target.
@@ -70,6 +72,14 @@ struct SimdRowKernels {
   // Row primitives (fused attention, kernels/attention.h); x and y may be the same buffer.
   T (*row_max)(const T* x, int64_t n);
   T (*row_dot)(const T* a, const T* b, int64_t n);
+  // Σ x² over n elements, each widened to double first (the gradient norm).
+  double (*sum_squares)(const T* x, int64_t n);
+  // c [m, n] = alpha · A [m, k] · b [k, n] + beta · c, with A(i, p) = a[i·a_row + p·a_col] (A or
+  // Aᵀ of a row-major matrix), b and c row-major (ldb, ldc apart); beta = 0 does not read c. For
+  // the small products of fused attention (kernels/attention.h), where a BLAS call's packing and
+  // dispatch cost as much as its arithmetic: register tiles of 4 rows × up to 4 vectors.
+  void (*small_gemm)(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row,
+                     int64_t a_col, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
   // y = e^(x − shift); returns Σ y.
   T (*exp_sum)(const T* x, T shift, T* y, int64_t n);
   // y *= k.

@@ -8,6 +8,7 @@
 #include "sluice/core/error.h"
 #include "sluice/ir/builder.h"
 #include "sluice/kernels/accumulate.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice {
 
@@ -93,10 +94,7 @@ std::map<std::string, double> GradientAccumulator::MeanAndSumSquares(int64_t mic
   std::map<std::string, double> sum_squares;
   for (auto& [name, g] : grads_) {
     if (micro_batches > 1) kernels::ScaleInPlaceBlas<float>(g.data<float>(), g.numel(), inv);
-    const float* p = g.data<float>();
-    double s = 0;
-    for (int64_t i = 0, n = g.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
-    sum_squares.emplace(name, s);
+    sum_squares.emplace(name, kernels::Simd<float>().sum_squares(g.data<float>(), g.numel()));
   }
   return sum_squares;
 }

@@ -256,6 +256,27 @@ TYPED_TEST(SimdKernels, SmallGemmIsTheProduct) {
   });
 }
 
+// Whole 8 × 8 blocks and every kind of edge, with strides wider than the rows.
+TYPED_TEST(SimdKernels, TransposeMovesEveryElement) {
+  using T = TypeParam;
+  ForEachTarget([&] {
+    for (int64_t rows : {1, 7, 8, 9, 64, 67}) {
+      for (int64_t cols : {1, 5, 8, 16, 19}) {
+        const int64_t ld = cols + 3, ldd = rows + 2;
+        const std::vector<T> src = Random<T>(rows * ld, 14);
+        std::vector<T> dst(static_cast<size_t>(cols * ldd), T(-7));
+        Simd<T>().transpose(src.data(), ld, rows, cols, dst.data(), ldd);
+        for (int64_t c = 0; c < cols; ++c) {
+          for (int64_t j = 0; j < ldd; ++j) {
+            const T want = j < rows ? src[j * ld + c] : T(-7);  // padding left alone
+            ASSERT_EQ(dst[c * ldd + j], want) << rows << " x " << cols << " at " << c << ", " << j;
+          }
+        }
+      }
+    }
+  });
+}
+
 TYPED_TEST(SimdKernels, CausalSoftmaxAndCrossEntropyMatchTheReferences) {
   using T = TypeParam;
   ForEachTarget([&] {

@@ -117,22 +117,6 @@ void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const 
 // wherever it lies and the other by rows: kᵀ and vᵀ are copied once per head into [D, T] rows
 // (T·D floats of scratch), every other operand is read in place.
 
-// dst [d, t] = srcᵀ for the t rows of d channels at src, ld apart; in 8 × 8 blocks, so that
-// reads and writes both stay within a few cache lines at a time.
-template <typename T>
-void TransposeRows(const T* src, int64_t ld, int64_t t, int64_t d, T* dst) {
-  constexpr int64_t kB = 8;
-  for (int64_t j0 = 0; j0 < t; j0 += kB) {
-    const int64_t j1 = std::min(t, j0 + kB);
-    for (int64_t c0 = 0; c0 < d; c0 += kB) {
-      const int64_t c1 = std::min(d, c0 + kB);
-      for (int64_t c = c0; c < c1; ++c) {
-        for (int64_t j = j0; j < j1; ++j) dst[c * t + j] = src[j * ld + c];
-      }
-    }
-  }
-}
-
 // The calling thread's scratch, at least n elements, kept from call to call: ParallelFor calls
 // the kernels once per batch entry, and a fresh vector each time cost an allocation and a zeroing
 // pass per head (page faults too, past malloc's mmap threshold). It grows to the largest
@@ -159,7 +143,7 @@ void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64
     for (int64_t b = b_begin; b < b_end; ++b) {
       const T *qb = q + in.Offset(b), *kb = k + in.Offset(b), *vb = v + in.Offset(b);
       T* yb = y + out.Offset(b);
-      TransposeRows(kb, ld, t, d, kt_rows);
+      simd.transpose(kb, ld, t, d, kt_rows, t);
       for (int64_t q0 = 0; q0 < t; q0 += kQ) {
         const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;  // keys [0, keys) are visible
         T* o = yb + q0 * ldy;  // [qt, d] rows ldy apart: the running, unnormalised output
@@ -212,8 +196,8 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
       const int64_t at = in.Offset(b), at_y = out.Offset(b);
       const T *qb = q + at, *kb = k + at, *vb = v + at, *dyb = dy + at_y, *yb = y + at_y;
       T *dqb = dq + at, *dkb = dk + at, *dvb = dv + at;
-      TransposeRows(kb, ld, t, d, kt_rows);
-      TransposeRows(vb, ld, t, d, vt_rows);
+      simd.transpose(kb, ld, t, d, kt_rows, t);
+      simd.transpose(vb, ld, t, d, vt_rows, t);
       // row[i] = dy[i]·y[i] − dlse[i]: what softmax backward subtracts from dp on row i.
       for (int64_t i = 0; i < t; ++i) {
         row[i] = simd.row_dot(dyb + i * ldy, yb + i * ldy, d) - (dlse ? dlse[b * t + i] : T(0));

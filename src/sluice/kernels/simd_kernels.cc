@@ -459,6 +459,70 @@ void SmallGemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_r
   }
 }
 
+// ---- transpose ----
+
+#if SLUICE_MASKED_TAILS
+// dst rows c0 … c0+7 (ldd apart), columns j0 … j0+7 = the 8 × 8 f32 block of src at rows j0 …,
+// columns c0 … (ld apart): eight 256-bit loads, the classic three rounds of interleaves (32-bit
+// pairs, 64-bit pairs, 128-bit halves) and eight stores.
+HWY_INLINE void Transpose8x8(const float* src, int64_t ld, float* dst, int64_t ldd) {
+  const hn::FixedTag<float, 8> d;
+  const hn::Repartition<double, decltype(d)> dd;
+  const auto r0 = hn::LoadU(d, src), r1 = hn::LoadU(d, src + ld), r2 = hn::LoadU(d, src + 2 * ld),
+             r3 = hn::LoadU(d, src + 3 * ld), r4 = hn::LoadU(d, src + 4 * ld),
+             r5 = hn::LoadU(d, src + 5 * ld), r6 = hn::LoadU(d, src + 6 * ld),
+             r7 = hn::LoadU(d, src + 7 * ld);
+  // Per 128-bit half: (a0 b0 a1 b1), (a2 b2 a3 b3).
+  const auto t0 = hn::BitCast(dd, hn::InterleaveLower(d, r0, r1));
+  const auto t1 = hn::BitCast(dd, hn::InterleaveUpper(d, r0, r1));
+  const auto t2 = hn::BitCast(dd, hn::InterleaveLower(d, r2, r3));
+  const auto t3 = hn::BitCast(dd, hn::InterleaveUpper(d, r2, r3));
+  const auto t4 = hn::BitCast(dd, hn::InterleaveLower(d, r4, r5));
+  const auto t5 = hn::BitCast(dd, hn::InterleaveUpper(d, r4, r5));
+  const auto t6 = hn::BitCast(dd, hn::InterleaveLower(d, r6, r7));
+  const auto t7 = hn::BitCast(dd, hn::InterleaveUpper(d, r6, r7));
+  // Per 128-bit half: column c of rows 0–3 (u0 … u3), of rows 4–7 (u4 … u7); halves c and c + 4.
+  const auto u0 = hn::BitCast(d, hn::InterleaveLower(dd, t0, t2));
+  const auto u1 = hn::BitCast(d, hn::InterleaveUpper(dd, t0, t2));
+  const auto u2 = hn::BitCast(d, hn::InterleaveLower(dd, t1, t3));
+  const auto u3 = hn::BitCast(d, hn::InterleaveUpper(dd, t1, t3));
+  const auto u4 = hn::BitCast(d, hn::InterleaveLower(dd, t4, t6));
+  const auto u5 = hn::BitCast(d, hn::InterleaveUpper(dd, t4, t6));
+  const auto u6 = hn::BitCast(d, hn::InterleaveLower(dd, t5, t7));
+  const auto u7 = hn::BitCast(d, hn::InterleaveUpper(dd, t5, t7));
+  hn::StoreU(hn::ConcatLowerLower(d, u4, u0), d, dst);
+  hn::StoreU(hn::ConcatLowerLower(d, u5, u1), d, dst + ldd);
+  hn::StoreU(hn::ConcatLowerLower(d, u6, u2), d, dst + 2 * ldd);
+  hn::StoreU(hn::ConcatLowerLower(d, u7, u3), d, dst + 3 * ldd);
+  hn::StoreU(hn::ConcatUpperUpper(d, u4, u0), d, dst + 4 * ldd);
+  hn::StoreU(hn::ConcatUpperUpper(d, u5, u1), d, dst + 5 * ldd);
+  hn::StoreU(hn::ConcatUpperUpper(d, u6, u2), d, dst + 6 * ldd);
+  hn::StoreU(hn::ConcatUpperUpper(d, u7, u3), d, dst + 7 * ldd);
+}
+#endif
+
+// dst [cols, rows] (rows ldd apart) = srcᵀ, src [rows, cols] (rows ld apart). f32 on AVX2 and
+// AVX-512 in 8 × 8 register blocks; the edges, f64 and other targets element by element.
+template <typename T>
+void Transpose(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t ldd) {
+  int64_t j0 = 0;
+#if SLUICE_MASKED_TAILS
+  if constexpr (std::is_same_v<T, float>) {
+    for (; j0 + 8 <= rows; j0 += 8) {
+      int64_t c0 = 0;
+      for (; c0 + 8 <= cols; c0 += 8)
+        Transpose8x8(src + j0 * ld + c0, ld, dst + c0 * ldd + j0, ldd);
+      for (int64_t c = c0; c < cols; ++c) {
+        for (int64_t j = j0; j < j0 + 8; ++j) dst[c * ldd + j] = src[j * ld + c];
+      }
+    }
+  }
+#endif
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t j = j0; j < rows; ++j) dst[c * ldd + j] = src[j * ld + c];
+  }
+}
+
 // ---- elementwise ----
 
 // Highway's Exp is accurate up to 104 (f32) / 706 (f64) and garbage far beyond; past these
@@ -648,6 +712,7 @@ const SimdRowKernels<T>* Table() {
       .row_dot = RowDot<T>,
       .sum_squares = SumSquares<T>,
       .small_gemm = SmallGemm<T>,
+      .transpose = Transpose<T>,
       .exp_sum = RowExpSum<T>,
       .scale_in_place = RowScaleInPlace<T>,
       .softmax_grad_row = SoftmaxGradRow<T>,

@@ -80,6 +80,8 @@ struct SimdRowKernels {
   // dispatch cost as much as its arithmetic: register tiles of 4 rows × up to 4 vectors.
   void (*small_gemm)(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t a_row,
                      int64_t a_col, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+  // dst [cols, rows] (rows ldd apart) = srcᵀ for src [rows, cols] (rows ld apart); not in place.
+  void (*transpose)(const T* src, int64_t ld, int64_t rows, int64_t cols, T* dst, int64_t ldd);
   // y = e^(x − shift); returns Σ y.
   T (*exp_sum)(const T* x, T shift, T* y, int64_t n);
   // y *= k.

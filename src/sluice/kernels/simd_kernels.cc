@@ -15,6 +15,7 @@
 #define HWY_TARGET_INCLUDE "sluice/kernels/simd_kernels.cc"
 #include <hwy/foreach_target.h>  // must come before highway.h
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <hwy/contrib/math/math-inl.h>
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <numbers>
@@ -83,6 +85,24 @@ HWY_INLINE void ForVectors(D d, int64_t n, F&& f) {
   for (; j + lanes <= n; j += lanes) f(j, static_cast<size_t>(lanes));
   if (j < n) f(j, static_cast<size_t>(n - j));
 }
+
+// Software prefetch 4 KiB ahead of p. On the VMs measured the hardware prefetcher leaves the
+// streaming kernels waiting on memory: GELU over 64 MiB took 12.4 ms without, 7.5 ms with
+// (elementwise_bench, docs/benchmarks.md). A prefetch never faults, past the end of a buffer
+// included, and costs one instruction per vector where the data is in cache already.
+inline constexpr uintptr_t kPrefetchBytes = 4096;
+template <typename T>
+HWY_INLINE void PrefetchAhead(const T* p) {
+  hwy::Prefetch(reinterpret_cast<const T*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes));
+}
+// Every cache line of the n elements at p (a row that the next iterations will read).
+template <typename T>
+HWY_INLINE void PrefetchSpan(const T* p, int64_t n) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + n * sizeof(T);
+  for (uintptr_t a = begin; a < end; a += 64) hwy::Prefetch(reinterpret_cast<const T*>(a));
+}
+// Rows ahead that the row kernels prefetch.
+inline constexpr int64_t kRowsAhead = 2;
 
 template <class D>
 HWY_INLINE hn::TFromD<D> SumLanes(D d, hn::Vec<D> v) {
@@ -180,6 +200,7 @@ void ColumnSum(const T* x, T* out, int64_t rows, int64_t cols, int64_t ld) {
     auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
     for (int64_t r = 0; r < rows; ++r) {
       const T* row = x + r * ld + j;
+      if (r + 8 < rows) PrefetchSpan(row + 8 * ld, 4 * lanes);
       a0 = hn::Add(a0, hn::LoadU(d, row));
       a1 = hn::Add(a1, hn::LoadU(d, row + lanes));
       a2 = hn::Add(a2, hn::LoadU(d, row + 2 * lanes));
@@ -208,7 +229,10 @@ void SoftmaxRow(const T* x, T* y, int64_t n) {
 
 template <typename T>
 void Softmax(const T* x, T* y, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) SoftmaxRow(x + r * cols, y + r * cols, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r + kRowsAhead < rows) PrefetchSpan(x + (r + kRowsAhead) * cols, cols);
+    SoftmaxRow(x + r * cols, y + r * cols, cols);
+  }
 }
 
 template <typename T>
@@ -249,6 +273,7 @@ void LayerNorm(const T* x, const T* w, const T* b, T* y, int64_t rows, int64_t c
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
+    if (r + kRowsAhead < rows) PrefetchSpan(xr + kRowsAhead * cols, cols);
     const RowStats<T> s = Stats(xr, cols, eps);
     const auto mean = hn::Set(d, s.mean), rstd = hn::Set(d, s.rstd);
     ForVectors(d, cols, [&](int64_t j, size_t c) {
@@ -266,6 +291,10 @@ void LayerNormGradX(const T* dy, const T* x, const T* w, T* dx, int64_t rows, in
     const T* xr = x + r * cols;
     const T* dyr = dy + r * cols;
     T* dxr = dx + r * cols;
+    if (r + kRowsAhead < rows) {
+      PrefetchSpan(xr + kRowsAhead * cols, cols);
+      PrefetchSpan(dyr + kRowsAhead * cols, cols);
+    }
     const RowStats<T> s = Stats(xr, cols, eps);
     const auto mean = hn::Set(d, s.mean), rstd = hn::Set(d, s.rstd);
     // Σ g and Σ g·x̂ with g = dy·weight (padding: dy = 0, so g = 0).
@@ -293,6 +322,10 @@ void LayerNormGradParams(const T* dy, const T* x, T* dw, T* db, int64_t rows, in
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     const T* dyr = dy + r * cols;
+    if (r + kRowsAhead < rows) {
+      PrefetchSpan(xr + kRowsAhead * cols, cols);
+      PrefetchSpan(dyr + kRowsAhead * cols, cols);
+    }
     const RowStats<T> s = Stats(xr, cols, eps);
     const auto mean = hn::Set(d, s.mean), rstd = hn::Set(d, s.rstd);
     // Across channels: no sum is reordered, rows are added in order.
@@ -341,6 +374,7 @@ double SumSquares(const T* x, int64_t n) {
   auto a0 = hn::Zero(dd), a1 = hn::Zero(dd);
   int64_t j = 0;
   for (; j + 2 * lanes <= n; j += 2 * lanes) {
+    PrefetchAhead(x + j);
     const auto v0 = widen(x + j), v1 = widen(x + j + lanes);
     a0 = hn::MulAdd(v0, v0, a0);
     a1 = hn::MulAdd(v1, v1, a1);
@@ -538,6 +572,7 @@ void Exp(const T* x, T* y, int64_t n) {
   const auto hi = hn::Set(d, kExpClamp<T>);
   const auto inf = hn::Set(d, std::numeric_limits<T>::infinity());
   ForVectors(d, n, [&](int64_t j, size_t c) {
+    PrefetchAhead(x + j);
     const auto v = LoadPart(d, x + j, c, T(0));
     auto e = hn::Exp(d, hn::Min(v, hi));
     e = hn::IfThenElse(hn::Gt(v, hi), inf, e);
@@ -549,6 +584,7 @@ template <typename T>
 void Tanh(const T* x, T* y, int64_t n) {
   const hn::ScalableTag<T> d;
   ForVectors(d, n, [&](int64_t j, size_t c) {
+    PrefetchAhead(x + j);
     StorePart(d, hn::Tanh(d, LoadPart(d, x + j, c, T(0))), y + j, c);
   });
 }
@@ -583,6 +619,7 @@ void Gelu(const T* x, T* y, int64_t n) {
   const hn::ScalableTag<T> d;
   const auto one = hn::Set(d, T(1));
   ForVectors(d, n, [&](int64_t j, size_t c) {
+    PrefetchAhead(x + j);
     const auto v = LoadPart(d, x + j, c, T(0));
     const auto e = GeluExp(d, v, hn::Mul(v, v));
     StorePart(d, hn::Div(v, hn::Add(one, e)), y + j, c);
@@ -595,6 +632,8 @@ void GeluGrad(const T* dy, const T* x, T* dx, int64_t n) {
   const auto one = hn::Set(d, T(1));
   const auto two_beta = hn::Set(d, T(2) * kBeta<T>), three_kappa = hn::Set(d, T(3) * kKappa<T>);
   ForVectors(d, n, [&](int64_t j, size_t c) {
+    PrefetchAhead(x + j);
+    PrefetchAhead(dy + j);
     const auto v = LoadPart(d, x + j, c, T(0));
     const auto v_square = hn::Mul(v, v);
     const auto e = GeluExp(d, v, v_square);
@@ -642,7 +681,14 @@ void Binary(const T* a, const T* b, T* out, int64_t n) {
   const Op op;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   int64_t j = 0;
+  const bool stream = static_cast<uintptr_t>(n) * sizeof(T) > 4 * kPrefetchBytes;  // not short rows
   for (; j + 4 * lanes <= n; j += 4 * lanes) {
+    if (stream) {
+      for (int64_t o = 0; o < 4 * lanes; o += lanes) {
+        PrefetchAhead(a + j + o);
+        PrefetchAhead(b + j + o);
+      }
+    }
     const auto r0 = op(hn::LoadU(d, a + j), hn::LoadU(d, b + j));
     const auto r1 = op(hn::LoadU(d, a + j + lanes), hn::LoadU(d, b + j + lanes));
     const auto r2 = op(hn::LoadU(d, a + j + 2 * lanes), hn::LoadU(d, b + j + 2 * lanes));
@@ -670,6 +716,10 @@ void AdamW(T* p, const T* g, T* m, T* v, int64_t n, const AdamWScalars<T>& s) {
              c2 = hn::Set(d, s.one_minus_beta2), step_size = hn::Set(d, s.step_size),
              bias2_sqrt = hn::Set(d, s.bias2_sqrt), eps = hn::Set(d, s.eps);
   ForVectors(d, n, [&](int64_t j, size_t c) {
+    PrefetchAhead(g + j);
+    PrefetchAhead(m + j);
+    PrefetchAhead(v + j);
+    PrefetchAhead(p + j);
     const auto gv = LoadPart(d, g + j, c, T(0));
     const auto mi = hn::Add(hn::Mul(b1, LoadPart(d, m + j, c, T(0))), hn::Mul(c1, gv));
     const auto vi = hn::Add(hn::Mul(b2, LoadPart(d, v + j, c, T(0))), hn::Mul(hn::Mul(c2, gv), gv));
@@ -686,6 +736,9 @@ void Sgd(T* p, const T* g, T* buf, int64_t n, T weight_decay, T momentum, T lr) 
   const hn::ScalableTag<T> d;
   const auto wd = hn::Set(d, weight_decay), mu = hn::Set(d, momentum), rate = hn::Set(d, lr);
   ForVectors(d, n, [&](int64_t j, size_t c) {
+    PrefetchAhead(p + j);
+    PrefetchAhead(g + j);
+    if (momentum != T(0)) PrefetchAhead(buf + j);
     const auto pv = LoadPart(d, p + j, c, T(0));
     auto dir = hn::Add(LoadPart(d, g + j, c, T(0)), hn::Mul(wd, pv));
     if (momentum != T(0)) {

@@ -2,6 +2,9 @@
 // every case must end with exit status 1, "sluice: error: " and a message naming the option or
 // file and what is allowed — never "internal error", a signal or a silent success. Each case was
 // a crash, a loss of data or a silent acceptance before (the issue "Bad input and faults").
+#include <sys/stat.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -281,6 +284,93 @@ TEST_F(BadInputCli, OtherCommandsRefuseHostileArgumentsCleanly) {
            "sample --checkpoint " + dir_.string(), "run /dev/null",
            "simulate --stages 2 --microbatches 2 --costs /dev/zero"}) {
     Refused(args);
+  }
+}
+
+// Regression: `sample` read the checkpoint's config with unchecked JSON accessors (a config that
+// was an array, or a model that was a number, was an internal error) and used its sizes before
+// checking them (a vocabulary of -5 was blamed on --top-k).
+TEST_F(BadInputCli, SampleChecksTheCheckpointConfigBeforeUsingIt) {
+  const fs::path ck = Checkpoint("ck.safetensors");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[1, 2]", "the 'config' metadata is array, not a JSON object"},
+      {R"({"model": 5})", "the checkpoint holds a '5' model, not a GPT"},
+      {R"({"model": "gpt", "data": "sort", "vocab": -5, "seq": 12, "layers": 1, "heads": 2,
+          "dim": 16})",
+       "the 'config' metadata describes no GPT: GPT sizes must be positive (vocab -5"},
+      {R"({"model": "gpt", "data": "sort", "vocab": 11, "seq": 0, "layers": 1, "heads": 2,
+          "dim": 16})",
+       "the 'config' metadata describes no GPT: GPT sizes must be positive (vocab 11, seq 0"},
+  };
+  int n = 0;
+  for (const auto& [config, message] : cases) {
+    const fs::path bad =
+        WithMetadata(ck, fmt::format("config{}.safetensors", n++), "config", config.c_str());
+    const std::string err =
+        Refused(fmt::format("sample --checkpoint {} --prompt 315402", bad.string()));
+    EXPECT_THAT(err, HasSubstr(bad.string() + ": " + message)) << config;
+  }
+}
+
+// Regression: a checkpoint holding NaN (damaged: no save writes one) loaded silently; training
+// then stopped at its first step advising a lower --lr, and sample printed garbage with exit 0.
+TEST_F(BadInputCli, ACheckpointHoldingNaNIsRefusedWhenLoaded) {
+  const fs::path ck = Checkpoint("ck.safetensors");
+  SafetensorsFile f = ReadSafetensors(ck.string());
+  f.tensors.at("wte.weight").data<float>()[3] = std::nanf("");
+  const fs::path bad = dir_ / "nan.safetensors";
+  WriteSafetensors(bad.string(), f.tensors, f.metadata);
+  const std::string message = fmt::format(
+      "checkpoint '{}': tensor 'wte.weight' holds nan at flat index 3; sluice never saves NaN or "
+      "infinite values",
+      bad.string());
+  EXPECT_THAT(Train(fmt::format("--steps 4 --resume {}", bad.string())), HasSubstr(message));
+  EXPECT_THAT(Train(fmt::format("--steps 4 --init-from {}", bad.string())), HasSubstr(message));
+  EXPECT_THAT(Refused(fmt::format("sample --checkpoint {} --prompt 315402", bad.string())),
+              HasSubstr(message));
+}
+
+// Regression: a checkpoint is written beside its path and renamed over it, so `--save` naming a
+// device or a pipe replaced it with a regular file (as root, `--save /dev/full` did so to the
+// system's /dev/full). A symbolic link is replaced, not what it points to.
+TEST_F(BadInputCli, SaveNeverReplacesADeviceOrAPipe) {
+  const fs::path fifo = dir_ / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(Train(fmt::format("--steps 1 --save {}", fifo.string())),
+              HasSubstr(fmt::format("--save '{}' is a pipe: this output is written to a new file "
+                                    "renamed over its path, which would replace it",
+                                    fifo.string())));
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  const fs::path link = dir_ / "link.safetensors";
+  fs::create_symlink(fifo, link);
+  const CliResult r = Sluice(fmt::format("train {} --steps 1 --save {}", kTiny, link.string()));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(link)));
+}
+
+// Regression: --profile-out was not among the outputs checked before training, so a folder or a
+// missing directory failed only after the last step, with no reason given.
+TEST_F(BadInputCli, ProfileOutIsCheckedBeforeTheFirstStep) {
+  const fs::path metrics = dir_ / "m.jsonl";
+  EXPECT_THAT(Refused(fmt::format("train {} --steps 1 --metrics {} --profile-out {}", kTwoStages,
+                                  metrics.string(), dir_.string())),
+              HasSubstr("--profile-out '" + dir_.string() + "' is a directory"));
+  EXPECT_FALSE(fs::exists(metrics)) << "a step ran before the output check";
+}
+
+// Regression: an empty value quietly meant "not given": no budget, the default partition, no
+// ranking.
+TEST_F(BadInputCli, AnEmptyValueIsNotTakenForAnOmittedOption) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --steps 1 --memory-budget ''", "--memory-budget: an empty value gives no size"},
+      {"train --steps 1 --stages 2 --layout ''", "--layout: an empty layout places no layer"},
+      {"simulate --stages 2 --compare ''", "--compare: an empty list names no schedule"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CliResult r = Sluice(args);
+    EXPECT_EQ(r.status, static_cast<int>(CLI::ExitCodes::ValidationError)) << args << r.err;
+    EXPECT_THAT(r.err, HasSubstr(message)) << args;
   }
 }
 

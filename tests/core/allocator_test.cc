@@ -465,6 +465,10 @@ TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
     EXPECT_NE(message.find("chunk of 2097152 bytes for a request of 1024 bytes"), std::string::npos)
         << message;
     EXPECT_NE(message.find("max_reserved_bytes = 4194304"), std::string::npos) << message;
+    // What is held, not counting the refused request (it was: 3146752 bytes allocated).
+    EXPECT_NE(message.find("4194304 bytes are reserved and 3145728 bytes allocated"),
+              std::string::npos)
+        << message;
   }
   alloc.Deallocate(big, 3 * MiB);
   void* small = alloc.Allocate(KiB);  // the free 4 MiB chunk is unmapped to make room

@@ -3,6 +3,7 @@
 // written, are refused before any work.
 #include "sluice/core/files.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -114,6 +115,28 @@ TEST_F(Files, AnOutputThatCannotBeWrittenIsRefusedFirst) {
               HasSubstr("is a directory; name a file in it"));
   EXPECT_NO_THROW(CheckOutputPaths(
       {{"--data", file}}, {{"--save", (dir_ / "ck").string()}, {"--metrics", "relative.jsonl"}}));
+}
+
+// An output written by renaming a new file over its path (a checkpoint) would replace a device or
+// a pipe there; a symbolic link is replaced itself, not what it points to.
+TEST_F(Files, AReplacedOutputMayNotBeADeviceOrAPipe) {
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(ErrorOf<IoError>([&] {
+                CheckOutputPaths({}, {{"--save", fifo, /*replaced=*/true}});
+              }),
+              HasSubstr("--save '" + fifo +
+                        "' is a pipe: this output is written to a new file "
+                        "renamed over its path, which would replace it; name a regular file"));
+  EXPECT_THAT(ErrorOf<IoError>([&] { CheckReplaceable("checkpoint", "/dev/null"); }),
+              HasSubstr("checkpoint '/dev/null' is a character device"));
+  // Written in place, a pipe or a device is fine (--metrics >(jq), --trace /dev/null).
+  EXPECT_NO_THROW(CheckOutputPaths({}, {{"--metrics", fifo}}));
+  const std::string link = (dir_ / "link").string();
+  fs::create_symlink(fifo, link);
+  EXPECT_NO_THROW(CheckReplaceable("--save", link));
+  EXPECT_NO_THROW(CheckReplaceable("--save", Write("plain.txt", "x")));
+  EXPECT_NO_THROW(CheckReplaceable("--save", (dir_ / "missing").string()));
 }
 
 }  // namespace

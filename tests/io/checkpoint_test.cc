@@ -3,6 +3,7 @@
 #include "sluice/io/checkpoint.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
+#include "sluice/io/safetensors.h"
 
 namespace sluice {
 namespace {
@@ -154,6 +156,40 @@ TEST(Checkpoint, ATensorHoldingNanOrInfIsNeverSaved) {
   // The good checkpoint is untouched, and integer tensors are not checked (they cannot be NaN).
   EXPECT_EQ(std::filesystem::file_size(path), good_size);
   EXPECT_EQ(LoadCheckpoint(path).tensors.count("w"), 1u);
+  std::filesystem::remove_all(dir);
+}
+
+// No save writes NaN or ±inf, so one in a file is damage: loading it is an IoError naming the
+// tensor, not weights that diverge at the first step.
+TEST(Checkpoint, ATensorHoldingNanOrInfIsRefusedWhenLoaded) {
+  const std::string dir = ScratchDir("load_nonfinite");
+  const std::string path = dir + "/ck.safetensors";
+  Tensor w = Tensor::Full({4}, 1.0, DType::kF32);
+  w.data<float>()[1] = std::numeric_limits<float>::infinity();
+  WriteSafetensors(path, {{"a", Tensor::Full({2}, 0.5, DType::kF32)}, {"w", w}});
+  try {
+    LoadCheckpoint(path);
+    FAIL() << "an inf was loaded";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("checkpoint '" + path +
+                                    "': tensor 'w' holds inf at flat index 1; sluice never saves "
+                                    "NaN or infinite values"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Regression: the rename of a save replaced a device or a pipe at the checkpoint's path.
+TEST(Checkpoint, ASaveNeverReplacesADeviceOrAPipe) {
+  const std::string dir = ScratchDir("fifo");
+  const std::string fifo = dir + "/ck.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    SaveCheckpointAtomic(fifo, {{"w", Tensor::Full({3}, 1.0, DType::kF32)}}, {});
+    FAIL() << "saved over a pipe";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("checkpoint '" + fifo + "' is a pipe"));
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
   std::filesystem::remove_all(dir);
 }
 

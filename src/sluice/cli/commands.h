@@ -51,15 +51,17 @@ CLI::Validator OneOf(const EnumEntry<E> (&table)[N]) {
   return CLI::IsMember(std::move(names));
 }
 
-// A CLI11 check for a file option: refuses an empty path, which names no file. Without it
-// `--save ''` or `--resume ''` would quietly mean "not given": no checkpoint, a run from scratch.
-inline CLI::Validator NonEmptyPath() {
+// A CLI11 check that refuses an empty value, which would otherwise quietly mean "not given";
+// `why` is the message CLI11 prints after the option's name.
+inline CLI::Validator NonEmpty(std::string why) {
   return CLI::Validator(
-      [](std::string& path) {
-        return path.empty() ? std::string("an empty path names no file") : std::string();
-      },
+      [why = std::move(why)](std::string& value) { return value.empty() ? why : std::string(); },
       "");
 }
+
+// A CLI11 check for a file option: refuses an empty path, which names no file. Without it
+// `--save ''` or `--resume ''` would quietly mean "not given": no checkpoint, a run from scratch.
+inline CLI::Validator NonEmptyPath() { return NonEmpty("an empty path names no file"); }
 
 // A CLI11 check for a seed bound to a uint64_t: a decimal integer from 0 to 2^64 - 1. CLI11 alone
 // would wrap "-1" around to 2^64 - 1, and its NonNegativeNumber prints a 300-digit upper bound.

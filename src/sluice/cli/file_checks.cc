@@ -5,7 +5,8 @@
 
 namespace sluice::cli {
 
-void CheckTrainFiles(const TrainConfig& c, const std::string& trace_path) {
+void CheckTrainFiles(const TrainConfig& c, const std::string& trace_path,
+                     const std::string& profile_path) {
   // Only the GPT reads a file; MakeTask refuses any other --data of the MLP before reading.
   const bool data_file = c.model == "gpt" && c.data != "sort" && c.data != "blobs";
   std::vector<NamedPath> inputs = {{"--data", data_file ? c.data : ""},
@@ -15,11 +16,13 @@ void CheckTrainFiles(const TrainConfig& c, const std::string& trace_path) {
   for (const std::string& ckpt : {c.resume_path, c.init_from}) {
     if (!ckpt.empty()) inputs.push_back({"the index of " + ckpt, CheckpointIndexPath(ckpt)});
   }
-  CheckOutputPaths(inputs, {{"--save", c.save_path},
-                            {"--metrics", c.metrics_path},
-                            {"--trace", trace_path},
-                            {"the index of --save",
-                             c.save_path.empty() ? "" : CheckpointIndexPath(c.save_path)}});
+  CheckOutputPaths(
+      inputs, {{"--save", c.save_path, /*replaced=*/true},
+               {"--metrics", c.metrics_path},
+               {"--trace", trace_path},
+               {"--profile-out", profile_path},
+               {"the index of --save", c.save_path.empty() ? "" : CheckpointIndexPath(c.save_path),
+                /*replaced=*/true}});
 }
 
 void CheckRunFiles(const std::string& program, const std::string& inputs,

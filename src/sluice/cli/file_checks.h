@@ -13,8 +13,10 @@
 namespace sluice::cli {
 
 // `sluice train`: inputs --data (a file), --resume, --init-from; outputs --save (its shards and
-// index beside it), --metrics, --trace.
-void CheckTrainFiles(const TrainConfig& config, const std::string& trace_path);
+// index beside it; written by rename, so never over a device or pipe), --metrics, --trace,
+// --profile-out.
+void CheckTrainFiles(const TrainConfig& config, const std::string& trace_path,
+                     const std::string& profile_path);
 
 // `sluice run`: inputs the program and --inputs; output --trace.
 void CheckRunFiles(const std::string& program, const std::string& inputs,

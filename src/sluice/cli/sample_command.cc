@@ -29,6 +29,7 @@
 #include "sluice/io/checkpoint.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/nn/data.h"
+#include "sluice/nn/gpt.h"
 #include "sluice/nn/gpt_decoder.h"
 
 namespace sluice::cli {
@@ -121,7 +122,19 @@ int RunSample(const SampleArgs& a) {
     throw InvalidArgument(
         fmt::format("{}: the 'config' metadata is not JSON: {}", a.checkpoint, e.what()));
   }
-  const std::string model = config.value("model", "");
+  if (!config.is_object()) {
+    throw InvalidArgument(fmt::format(
+        "{}: the 'config' metadata is {}, not a JSON object: it was not written by sluice train "
+        "--save",
+        a.checkpoint, config.type_name()));
+  }
+  // A string field of the config: its text, any other value as JSON ("7"), "" when absent.
+  const auto field = [&config](const char* key) -> std::string {
+    const auto it = config.find(key);
+    if (it == config.end()) return "";
+    return it->is_string() ? it->get<std::string>() : it->dump();
+  };
+  const std::string model = field("model");
   if (model != "gpt") {
     throw InvalidArgument(fmt::format(
         "{}: the checkpoint holds a{} model, not a GPT: sluice sample generates from GPT "
@@ -139,7 +152,14 @@ int RunSample(const SampleArgs& a) {
     throw InvalidArgument(fmt::format("{}: the GPT's sizes are missing from its metadata: {}",
                                       a.checkpoint, e.what()));
   }
-  const std::string data = config.value("data", "");
+  // Before any size is used: a vocabulary of -5 made the --top-k check the first to complain.
+  try {
+    ValidateGptConfig(gpt);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(
+        fmt::format("{}: the 'config' metadata describes no GPT: {}", a.checkpoint, e.what()));
+  }
+  const std::string data = field("data");
   const Codec codec(data, gpt.vocab);
   if (a.top_k > gpt.vocab) {
     throw InvalidArgument(fmt::format(

@@ -338,7 +338,9 @@ CommandRunner SetupSimulateCommand(CLI::App& sub) {
       ->capture_default_str();
   sub.add_option("--compare", options.args->compare,
                  "rank these schedules (comma list, or all) by predicted step time; with "
-                 "--memory-budget, those within it first");
+                 "--memory-budget, those within it first")
+      ->check(NonEmpty("an empty list names no schedule; give schedules separated by commas, "
+                       "or all"));
   sub.add_option("--format", options.args->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

@@ -287,7 +287,7 @@ MemoryPlanChoice ChooseMemoryPlan(const TrainArgs& a) {
 int RunTrain(TrainArgs& a) {
   Configure(a);
   TrainConfig& c = a.config;
-  CheckTrainFiles(c, a.pipe.trace_path);
+  CheckTrainFiles(c, a.pipe.trace_path, a.pipe.profile_path);
   if (!a.memory_budget.empty() || a.pipe_schedule == "auto") {
     const MemoryPlanChoice choice = ChooseMemoryPlan(a);
     if (!a.quiet) fmt::print(stderr, "{}", choice.Describe(a));

@@ -150,7 +150,8 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--memory-budget", a->memory_budget,
                  "most bytes a stage may hold, e.g. 6MiB or 1.5GB (one, or one per stage "
                  "separated by commas): picks each stage's recompute policy before training and "
-                 "stops a step that would exceed it");
+                 "stops a step that would exceed it")
+      ->check(NonEmpty("an empty value gives no size; leave the option out for no budget"));
   sub.add_option("--threads", c.threads,
                  "intra-op threads, BLAS included (0: all cores; at most 1024)")
       ->capture_default_str();
@@ -189,9 +190,12 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       "--partition", a->partition,
       "split the layers uniform or balanced (by estimated cost; embed and head may take a stage "
       "of their own). Default: uniform, balanced when the model has fewer layers than stages");
-  auto* layout = sub.add_option(
-      "--layout", a->pipe.layout,
-      "explicit layers per stage, stages separated by |, e.g. \"embed,h.0-1|h.2-3,head\"");
+  auto* layout =
+      sub.add_option(
+             "--layout", a->pipe.layout,
+             "explicit layers per stage, stages separated by |, e.g. \"embed,h.0-1|h.2-3,head\"")
+          ->check(
+              NonEmpty("an empty layout places no layer; leave the option out for --partition"));
   auto* release = sub.add_flag("--release-outputs,!--no-release-outputs", a->release_outputs,
                                "free each stage output once its send completed (default on)");
   auto* ahead = sub.add_flag("--post-receives-ahead", a->pipe.post_receives_ahead,

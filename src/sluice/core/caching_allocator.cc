@@ -133,7 +133,8 @@ CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded, 
         "caching allocator: cannot obtain a chunk of {} bytes for a request of {} bytes: {}; "
         "{} bytes are reserved and {} bytes allocated after returning free chunks",
         chunk_size, requested, reason, s.reserved_bytes,
-        allocated_.load(std::memory_order_relaxed)));
+        // AllocateBlock accounted the request before mapping: it is not held.
+        allocated_.load(std::memory_order_relaxed) - static_cast<int64_t>(requested)));
   }
   *chunk =
       Chunk{static_cast<char*>(base), chunk_size, pool.small_pool(), nullptr, nullptr, chunks_};

@@ -57,6 +57,7 @@ void CheckWritable(const NamedPath& out) {
     if (S_ISDIR(st.st_mode)) {
       throw IoError(fmt::format("{} '{}' is a directory; name a file in it", out.option, out.path));
     }
+    if (out.replaced) CheckReplaceable(out.option, out.path);
     if (::access(out.path.c_str(), W_OK) != 0) {
       throw IoError(
           fmt::format("{} '{}' cannot be written: {}", out.option, out.path, std::strerror(errno)));
@@ -78,6 +79,16 @@ void CheckWritable(const NamedPath& out) {
 }
 
 }  // namespace
+
+void CheckReplaceable(std::string_view what, const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;  // nothing there to replace
+  if (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode) || S_ISDIR(st.st_mode)) return;
+  throw IoError(fmt::format(
+      "{} '{}' is {}: this output is written to a new file renamed over its path, which would "
+      "replace it; name a regular file",
+      what, path, KindOf(st.st_mode)));
+}
 
 std::string ReadWholeFile(std::string_view what, const std::string& path, int64_t special_limit) {
   struct stat st;

@@ -38,12 +38,22 @@ std::string ReadWholeFile(std::string_view what, const std::string& path,
 struct NamedPath {
   std::string option;
   std::string path;  // empty: not given (skipped)
+  // Outputs: written to a new file renamed over `path` (checkpoints), which replaces whatever is
+  // there; CheckOutputPaths then also refuses a device, pipe or socket (CheckReplaceable).
+  bool replaced = false;
 };
+
+// Refuses (IoError naming `what`, the path and its kind) a path that holds a device, a pipe or a
+// socket, for an output written by renaming a new file over it: as root, `--save /dev/null` would
+// otherwise replace /dev/null itself. A regular file, a symbolic link (the link is replaced, not
+// its target), a path that does not exist and a directory (for the caller's own message) pass.
+void CheckReplaceable(std::string_view what, const std::string& path);
 
 // Before any work: refuses an output that resolves to the same file as an input or as another
 // output (symbolic and hard links and "./a" vs "a" included) — InvalidArgument naming both options
 // and the path; then checks that each output can be written: its folder exists and is writable,
-// and the path is not a directory (IoError naming the option, the path and the reason).
+// and the path is not a directory, nor, for a `replaced` output, a device, pipe or socket (IoError
+// naming the option, the path and the reason).
 void CheckOutputPaths(const std::vector<NamedPath>& inputs, const std::vector<NamedPath>& outputs);
 
 }  // namespace sluice

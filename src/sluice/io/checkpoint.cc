@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -48,6 +50,7 @@ std::string TemporaryPath(const std::string& path, long pid) {
 
 // tmp + fsync + rename + directory fsync.
 void WriteFileAtomic(const std::string& path, const std::string& bytes) {
+  CheckReplaceable("checkpoint", path);  // the rename would replace a device or pipe at `path`
   const std::string tmp = TemporaryPath(path, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) Fail(fmt::format("cannot create '{}'", tmp), path);
@@ -99,7 +102,16 @@ void RemoveStaleTemporaries(const std::string& path) {
   }
 }
 
-void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+namespace {
+
+struct NonFiniteValue {
+  const std::string* tensor;
+  int64_t index;  // flat
+  double value;
+};
+
+// The first value of `tensors` (in name order) that is NaN or ±inf.
+std::optional<NonFiniteValue> FirstNonFinite(const std::map<std::string, Tensor>& tensors) {
   for (const auto& [name, t] : tensors) {
     if (!IsFloating(t.dtype())) continue;
     const int64_t n = t.numel();
@@ -114,12 +126,19 @@ void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& t
         if (!std::isfinite(t.FlatAt(i))) bad = i;
       }
     }
-    if (bad >= 0) {
-      throw NonFiniteError(fmt::format(
-          "not saving checkpoint '{}': tensor '{}' holds {} at flat index {}; the file on disk "
-          "(if any) is left as it was",
-          path, name, t.FlatAt(bad), bad));
-    }
+    if (bad >= 0) return NonFiniteValue{&name, bad, t.FlatAt(bad)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& tensors) {
+  if (const auto bad = FirstNonFinite(tensors)) {
+    throw NonFiniteError(fmt::format(
+        "not saving checkpoint '{}': tensor '{}' holds {} at flat index {}; the file on disk "
+        "(if any) is left as it was",
+        path, *bad->tensor, bad->value, bad->index));
   }
 }
 
@@ -228,15 +247,30 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
   return ckpt;
 }
 
-}  // namespace
-
-Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator,
-                          const std::function<bool(const std::string&)>& wanted) {
+// A single file or, where only its index exists, a sharded checkpoint.
+Checkpoint LoadAnyCheckpoint(const std::string& path, Allocator& allocator,
+                             const std::function<bool(const std::string&)>& wanted) {
   if (!std::filesystem::exists(path) && std::filesystem::exists(CheckpointIndexPath(path))) {
     return LoadSharded(path, allocator, wanted);
   }
   SafetensorsFile f = ReadSafetensors(path, allocator);
   return Checkpoint{path, std::move(f.tensors), std::move(f.metadata)};
+}
+
+}  // namespace
+
+Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator,
+                          const std::function<bool(const std::string&)>& wanted) {
+  Checkpoint ckpt = LoadAnyCheckpoint(path, allocator, wanted);
+  // sluice never saves such a value (SaveCheckpointAtomic): it is damage, and loaded it would
+  // surface as a diverging first step (blamed on --lr) or, in sample, as garbage text.
+  if (const auto bad = FirstNonFinite(ckpt.tensors)) {
+    throw IoError(fmt::format(
+        "checkpoint '{}': tensor '{}' holds {} at flat index {}; sluice never saves NaN or "
+        "infinite values, so the file is damaged or was not written by sluice train",
+        path, *bad->tensor, bad->value, bad->index));
+  }
+  return ckpt;
 }
 
 }  // namespace sluice

@@ -48,7 +48,8 @@ void RemoveStaleTemporaries(const std::string& path);
 
 // A single-file checkpoint, or a sharded one through its index (shards merged). With `wanted`, a
 // sharded checkpoint reads only the shards that hold a tensor it accepts (a pipeline stage reads
-// its own); a single file is read whole.
+// its own); a single file is read whole. A tensor holding NaN or ±inf, which no save writes, is an
+// IoError naming it (the file is damaged).
 Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator = DefaultAllocator(),
                           const std::function<bool(const std::string&)>& wanted = nullptr);
 

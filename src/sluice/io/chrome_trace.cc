@@ -48,11 +48,12 @@ std::string ChromeTrace::Dump() const {
 void ChromeTrace::Write(const std::string& path) const {
   std::ofstream out(path, std::ios::trunc);
   if (!out) {
-    throw IoError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
+    throw IoError(
+        fmt::format("trace '{}': cannot open for writing: {}", path, std::strerror(errno)));
   }
   out << Dump() << '\n';
   out.close();
-  if (!out) throw IoError(fmt::format("{}: write failed", path));
+  if (!out) throw IoError(fmt::format("trace '{}': write failed: {}", path, std::strerror(errno)));
 }
 
 void AddRunTrace(ChromeTrace& trace, const RunTrace& run, const Program& program, int pid,

@@ -1,6 +1,8 @@
 #include "sluice/pipeline/pipeline_engine.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -192,7 +194,11 @@ namespace {
 void WriteCosts(const StepCosts& costs, const std::string& path) {
   std::ofstream out(path);
   out << CostsToJson(costs).dump(2) << "\n";
-  if (!out) throw IoError(fmt::format("--profile-out {}: cannot write the costs file", path));
+  out.close();
+  if (!out) {
+    throw IoError(fmt::format("--profile-out '{}': cannot write the costs file: {}", path,
+                              std::strerror(errno)));
+  }
 }
 
 // A distributed run's costs: every process profiled its own rank (`mine`: its Costs(), the other

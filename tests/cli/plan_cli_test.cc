@@ -143,6 +143,15 @@ TEST_F(PlanCli, JobsOverTheForecastLimitAreRefusedNamingIt) {
   EXPECT_NE(a.err.find("1f1b: memory not forecast"), std::string::npos) << a.err;
 }
 
+// Regression: building the MLP's task drew its blob centres [K, F] at once — at the widest sizes
+// 16 GiB and 80 s before plan printed a line. plan reads no batch, so it draws none.
+TEST_F(PlanCli, AnMlpAtTheWidestSizesIsForecastWithoutDrawingItsData) {
+  const CliResult r = Sluice(
+      "plan --model mlp --features 65536 --hidden 65536 --classes 65536 --batch 16384 --threads 1");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("196.00 GiB"), std::string::npos) << r.out;
+}
+
 TEST_F(PlanCli, BadBudgetsAreClearErrors) {
   const std::pair<const char*, const char*> cases[] = {
       {"--memory-budget 6MB/s", "unknown unit 'MB/s'"},

@@ -3,9 +3,12 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "sluice/nn/mlp.h"
 
 namespace sluice {
 namespace {
@@ -80,6 +83,24 @@ TEST(SortDataset, HeldOutSequencesNeverAppearInTraining) {
 TEST(SortDataset, RefusesTooFewDigitsOrTooSmallABase) {
   EXPECT_THROW(SortDataset(1, 10), InvalidArgument);
   EXPECT_THROW(SortDataset(4, 1), InvalidArgument);
+}
+
+// The centres are drawn at the first batch, not at construction (plan builds the task without
+// reading a batch); threads racing to that first batch get the same centres.
+TEST(BlobsDataset, ConcurrentFirstBatchesAgreeWithASequentialOne) {
+  const MlpConfig config{.features = 8, .hidden = 4, .classes = 3};
+  BlobsDataset shared(config, 7), alone(config, 7);
+  std::vector<std::pair<Tensor, Tensor>> got(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { got[i] = shared.GetBatch(DataSplit::kTrain, i, 5); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    const auto [x, labels] = alone.GetBatch(DataSplit::kTrain, i, 5);
+    EXPECT_TRUE(BitwiseEqual(got[i].first, x)) << i;
+    EXPECT_TRUE(BitwiseEqual(got[i].second, labels)) << i;
+  }
 }
 
 TEST(TextDataset, WindowsPredictTheNextByte) {

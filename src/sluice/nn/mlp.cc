@@ -1,6 +1,8 @@
 #include "sluice/nn/mlp.h"
 
+#include <mutex>
 #include <random>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -42,10 +44,16 @@ Model BuildMlp(const MlpConfig& c, int64_t B, MlpOutput output) {
 
 BlobsDataset::BlobsDataset(const MlpConfig& config, uint64_t seed) : config_(config), seed_(seed) {
   ValidateMlpConfig(config);
-  std::mt19937_64 rng(MixSeed(seed, 5, 0));
-  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
-  centres_.resize(static_cast<size_t>(config.classes * config.features));
-  for (float& v : centres_) v = u(rng);
+}
+
+const std::vector<float>& BlobsDataset::Centres() const {
+  std::call_once(centres_once_, [this] {
+    std::mt19937_64 rng(MixSeed(seed_, 5, 0));
+    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+    centres_.resize(static_cast<size_t>(config_.classes * config_.features));
+    for (float& v : centres_) v = u(rng);
+  });
+  return centres_;
 }
 
 std::pair<Tensor, Tensor> BlobsDataset::GetBatch(DataSplit split, int64_t index, int64_t B) const {
@@ -56,10 +64,11 @@ std::pair<Tensor, Tensor> BlobsDataset::GetBatch(DataSplit split, int64_t index,
       MixSeed(seed_, split == DataSplit::kTrain ? 6 : 7, static_cast<uint64_t>(index)));
   std::uniform_int_distribution<int64_t> cls(0, config_.classes - 1);
   std::normal_distribution<float> noise(0.0f, 1.0f);
+  const std::vector<float>& centres = Centres();
   for (int64_t r = 0; r < B; ++r) {
     int64_t k = cls(rng);
     labels.data<int64_t>()[r] = k;
-    for (int64_t f = 0; f < F; ++f) x.data<float>()[r * F + f] = centres_[k * F + f] + noise(rng);
+    for (int64_t f = 0; f < F; ++f) x.data<float>()[r * F + f] = centres[k * F + f] + noise(rng);
   }
   return {x, labels};
 }

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "sluice/core/tensor.h"
 #include "sluice/nn/data.h"
@@ -29,6 +32,9 @@ enum class MlpOutput { kLoss, kLogits };
 Model BuildMlp(const MlpConfig& config, int64_t batch, MlpOutput output);
 
 // K Gaussian clusters (σ = 1) around centres drawn uniformly in [-4, 4]^F from the seed.
+// The centres [K, F] are drawn at the first GetBatch, not at construction: `sluice plan` and
+// `simulate` build the task without reading a batch (at K = F = 65536 the centres are 16 GiB, and
+// plan took 80 s and that much memory). Thread-safety: GetBatch may be called concurrently.
 class BlobsDataset {
  public:
   BlobsDataset(const MlpConfig& config, uint64_t seed);
@@ -36,9 +42,13 @@ class BlobsDataset {
   std::pair<Tensor, Tensor> GetBatch(DataSplit split, int64_t index, int64_t batch_size) const;
 
  private:
+  // The centres, drawn on first use (under centres_once_).
+  const std::vector<float>& Centres() const;
+
   MlpConfig config_;
   uint64_t seed_;
-  std::vector<float> centres_;  // [K, F]
+  mutable std::once_flag centres_once_;
+  mutable std::vector<float> centres_;  // [K, F]; written once, under centres_once_
 };
 
 }  // namespace sluice

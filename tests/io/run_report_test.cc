@@ -204,6 +204,43 @@ TEST_F(RunReportFiles, ATraceMustBeAChromeTrace) {
   EXPECT_THROW(ReadTraceFile(Write("c.json", "not json")), ParseError);
 }
 
+// Regression: a value of the wrong type was reported without its file or line ("the metrics hold a
+// line that ... does not write"), and a process_name event without "args" was read through
+// operator[] on a const object (undefined behaviour: the message differed between builds).
+TEST_F(RunReportFiles, AValueOfTheWrongTypeIsNamedByFileAndLineOrEvent) {
+  const std::string m = Write("m.jsonl", "{\"step\": 1, \"loss\": 2}\n{\"step\": \"two\"}\n");
+  try {
+    ReadMetricsFile(m);
+    FAIL() << "expected ParseError";
+  } catch (const ParseError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(m + ":2:1: \"step\" is \"two\", not an integer"));
+  }
+  const std::string s = Write("s.jsonl", "{\"summary\": true, \"stages\": [{\"stage\": null}]}\n");
+  EXPECT_THROW(ReadMetricsFile(s), ParseError);
+  const std::vector<std::pair<Json, std::string>> cases = {
+      {{{"ph", "X"}, {"name", "F1"}, {"pid", nullptr}},
+       "event 1 is not a Chrome trace event: "
+       "\"pid\" is null, not an integer"},
+      {{{"ph", "X"}, {"name", 7}, {"pid", 1}}, "\"name\" is 7, not a string"},
+      {{{"ph", "M"}, {"name", "process_name"}, {"pid", 1}, {"args", "x"}},
+       "\"args\" is \"x\", not an object"},
+  };
+  for (const auto& [event, message] : cases) {
+    const std::string t = Write("t.json", Json::array({Trace()[0], event}).dump());
+    try {
+      ReadTraceFile(t);
+      FAIL() << event.dump();
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("trace file '" + t + "': event 1"));
+      EXPECT_THAT(e.what(), HasSubstr(message));
+    }
+  }
+  // A process name without "args" is a process without a name, the same in every build.
+  const Json unnamed = Json::array({{{"ph", "M"}, {"name", "process_name"}, {"pid", 0}}});
+  const Json data = ReportData(Metrics(), {ReadTraceFile(Write("u.json", unnamed.dump()))});
+  EXPECT_TRUE(data["trace"].is_null());
+}
+
 TEST(RunReport, ThePageEmbedsTheDataSafelyAndLoadsNothingFromTheNetwork) {
   std::vector<Json> m = Metrics();
   m.back()["config"]["data"] = "</script><script>alert(1)</script>";

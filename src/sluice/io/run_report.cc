@@ -57,6 +57,38 @@ void ConfigRows(const Json& object, const std::string& prefix, Json& rows) {
   }
 }
 
+// "" when `object` has no `key` or an integer there; else what is wrong, for a message.
+std::string NotInteger(const Json& object, const char* key) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_number_integer()) return "";
+  return fmt::format("\"{}\" is {}, not an integer", key, it->dump());
+}
+
+// The same for a string.
+std::string NotText(const Json& object, const char* key) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_string()) return "";
+  return fmt::format("\"{}\" is {}, not a string", key, it->dump());
+}
+
+// What TraceData reads from an event with a type of its own, checked where the file is known:
+// "" when the event is fine (or not an object: TraceData skips those).
+std::string BadTraceEvent(const Json& e) {
+  if (!e.is_object()) return "";
+  for (const char* key : {"ph", "name"}) {
+    if (std::string bad = NotText(e, key); !bad.empty()) return bad;
+  }
+  for (const char* key : {"pid", "tid"}) {
+    if (std::string bad = NotInteger(e, key); !bad.empty()) return bad;
+  }
+  const auto args = e.find("args");
+  if (args != e.end()) {
+    if (!args->is_object()) return fmt::format("\"args\" is {}, not an object", args->dump());
+    if (std::string bad = NotText(*args, "name"); !bad.empty()) return "in \"args\", " + bad;
+  }
+  return "";
+}
+
 double Number(const Json& line, const char* key, double fallback = 0) {
   auto it = line.find(key);
   return it != line.end() && it->is_number() ? it->get<double>() : fallback;
@@ -77,7 +109,9 @@ Json TraceData(const std::vector<Json>& traces) {
       const std::string ph = e.value("ph", "");
       const int64_t pid = e["pid"].get<int64_t>();
       if (ph == "M" && e.value("name", "") == "process_name") {
-        stages[pid].name = e["args"].value("name", "");
+        // find, not operator[]: on a const object a missing key is undefined behaviour.
+        const auto args = e.find("args");
+        if (args != e.end() && args->is_object()) stages[pid].name = args->value("name", "");
       } else if (ph == "X") {
         const std::string name = e.value("name", "");
         const std::string kind = SpanKind(name);
@@ -129,6 +163,23 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
       throw ParseError(path, number, 1,
                        "a metrics line must be a JSON object (sluice train --metrics)");
     }
+    // What the report reads as an integer, checked here where the line is known.
+    std::string bad = NotInteger(j, "step");
+    const auto stages = j.find("stages");
+    if (bad.empty() && j.contains("summary") && stages != j.end() && stages->is_array()) {
+      for (const Json& stage : *stages) {
+        if (!stage.is_object()) {
+          bad = fmt::format("\"stages\" holds {}, not an object", stage.dump());
+        } else if (std::string b = NotInteger(stage, "stage"); !b.empty()) {
+          bad = "in \"stages\", " + b;
+        }
+        if (!bad.empty()) break;
+      }
+    }
+    if (!bad.empty()) {
+      throw ParseError(path, number, 1,
+                       fmt::format("{} (not a line of sluice train --metrics)", bad));
+    }
     lines.push_back(std::move(j));
   }
   return lines;
@@ -146,6 +197,12 @@ Json ReadTraceFile(const std::string& path) {
   if (!j.is_array()) {
     throw ParseError(path, 1, 1,
                      "not a Chrome trace: expected {\"traceEvents\": [...]} or an event array");
+  }
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (const std::string bad = BadTraceEvent(j[i]); !bad.empty()) {
+      throw InvalidArgument(
+          fmt::format("trace file '{}': event {} is not a Chrome trace event: {}", path, i, bad));
+    }
   }
   return j;
 }

@@ -21,8 +21,10 @@
 // an inline script, nothing loaded from the network.
 //
 // Thread-safety: plain functions. Failure: IoError naming the path for an unreadable file;
-// ParseError naming path:line for a metrics line that is not a JSON object, or a trace that is not
-// a Chrome trace; InvalidArgument for metrics without a single step.
+// ParseError naming path:line for a metrics line that is not a JSON object or holds a value of the
+// wrong type ("step" not an integer), or a trace that is not a Chrome trace; InvalidArgument
+// naming the trace file and the event's index for an event of the wrong types ("pid" null), and
+// for metrics without a single step.
 //
 // Example:
 //   nlohmann::json data = ReportData(ReadMetricsFile("runs/default/metrics.jsonl"),

@@ -359,6 +359,16 @@ TEST_F(BadInputCli, ProfileOutIsCheckedBeforeTheFirstStep) {
   EXPECT_FALSE(fs::exists(metrics)) << "a step ran before the output check";
 }
 
+// Regression: messages quote text read from files, and a checkpoint whose metadata held an ESC
+// sequence wrote it to the terminal as is. Control bytes are printed as \xHH.
+TEST_F(BadInputCli, ControlBytesFromAFileReachTheTerminalEscaped) {
+  const fs::path ck = Checkpoint("ck.safetensors");
+  const fs::path bad = WithMetadata(ck, "esc.safetensors", "step", "\x1b[2J\x1b[31m7");
+  const std::string err = Train(fmt::format("--steps 9 --resume {}", bad.string()));
+  EXPECT_THAT(err, HasSubstr("metadata \"step\" is \"\\x1b[2J\\x1b[31m7\", not a step count"));
+  EXPECT_EQ(err.find('\x1b'), std::string::npos) << "an ESC byte reached stderr";
+}
+
 // Regression: an empty value quietly meant "not given": no budget, the default partition, no
 // ranking.
 TEST_F(BadInputCli, AnEmptyValueIsNotTakenForAnOmittedOption) {

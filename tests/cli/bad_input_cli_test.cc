@@ -369,6 +369,20 @@ TEST_F(BadInputCli, ControlBytesFromAFileReachTheTerminalEscaped) {
   EXPECT_EQ(err.find('\x1b'), std::string::npos) << "an ESC byte reached stderr";
 }
 
+// Regression: a fault at a stage or micro-batch the run does not have never fired, and the run
+// succeeded: a failure-handling test asking for it passed without testing anything.
+TEST_F(BadInputCli, AFaultNoStageReachesIsRefused) {
+  for (const char* fault : {"throw:2:F:0", "throw:-1:F:0", "throw:0:F:4", "skip:1:B:-1"}) {
+    EXPECT_THAT(Refused(fmt::format("train {} --steps 1 --microbatches 4 --inject-fault {}",
+                                    kTwoStages, fault)),
+                HasSubstr(fmt::format("--inject-fault '{}': stage", fault)))
+        << fault;
+  }
+  EXPECT_THAT(Refused(fmt::format("train {} --steps 1 --microbatches 4 --inject-fault throw:1:F:3",
+                                  kTwoStages)),
+              HasSubstr("stage 1 failed at step 1"));
+}
+
 // Regression: an empty value quietly meant "not given": no budget, the default partition, no
 // ranking.
 TEST_F(BadInputCli, AnEmptyValueIsNotTakenForAnOmittedOption) {

@@ -71,7 +71,8 @@ CommandRunner SetupScheduleCommand(CLI::App& sub) {
                  "One of " + EnumNames(pipeline::kScheduleKindNames, ", "))
       ->capture_default_str();
   sub.add_option("--chunks,-v", args->chunks,
-                 "Chunks V per rank (interleaved: default 2; zb-v, v-half, v-min: exactly 2)");
+                 "Chunks V per rank (interleaved: default 2; zb-v, v-half, v-min: exactly 2; "
+                 "0: the default)");
   sub.add_flag("--post-receives-ahead", args->post_receives_ahead,
                "List each receive right after the rank's previous message (for sends that block "
                "until their receive is posted; default off)");

@@ -343,7 +343,19 @@ void Configure(TrainArgs& a) {
       }
     }
     a.pipe.release_outputs = a.release_outputs;
-    if (!a.fault.empty()) a.pipe.fault = ParseFault(a.fault);
+    if (!a.fault.empty()) {
+      a.pipe.fault = ParseFault(a.fault);
+      // A fault no stage or micro-batch reaches never fires: the test that asked for it would
+      // pass without testing anything.
+      const pipeline::FaultInjection& f = a.pipe.fault;
+      if (f.rank < 0 || f.rank >= a.pipe.stages || f.micro_batch < 0 ||
+          f.micro_batch >= c.microbatches) {
+        throw InvalidArgument(fmt::format(
+            "--inject-fault '{}': stage {} and micro-batch {} must be below --stages {} and the "
+            "step's {} micro-batches, or the fault never fires",
+            a.fault, f.rank, f.micro_batch, a.pipe.stages, c.microbatches));
+      }
+    }
     a.pipe.fault.compute_sleep_ns = static_cast<int64_t>(a.compute_sleep_ms * 1e6);
   }
 }

@@ -205,8 +205,9 @@ TEST_F(RunReportFiles, ATraceMustBeAChromeTrace) {
 }
 
 // Regression: a value of the wrong type was reported without its file or line ("the metrics hold a
-// line that ... does not write"), and a process_name event without "args" was read through
-// operator[] on a const object (undefined behaviour: the message differed between builds).
+// line that ... does not write") or, for a figure, drawn as 0; and a process_name event without
+// "args" was read through operator[] on a const object (undefined behaviour: the message differed
+// between builds).
 TEST_F(RunReportFiles, AValueOfTheWrongTypeIsNamedByFileAndLineOrEvent) {
   const std::string m = Write("m.jsonl", "{\"step\": 1, \"loss\": 2}\n{\"step\": \"two\"}\n");
   try {
@@ -217,11 +218,22 @@ TEST_F(RunReportFiles, AValueOfTheWrongTypeIsNamedByFileAndLineOrEvent) {
   }
   const std::string s = Write("s.jsonl", "{\"summary\": true, \"stages\": [{\"stage\": null}]}\n");
   EXPECT_THROW(ReadMetricsFile(s), ParseError);
+  // A figure of another type was drawn as 0 without a word; null (a non-finite loss) is fine.
+  const std::string l =
+      Write("l.jsonl", "{\"step\": 1, \"loss\": null}\n{\"step\": 2, \"loss\": \"x\"}\n");
+  try {
+    ReadMetricsFile(l);
+    FAIL() << "expected ParseError";
+  } catch (const ParseError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(l + ":2:1: \"loss\" is \"x\", not a number"));
+  }
   const std::vector<std::pair<Json, std::string>> cases = {
       {{{"ph", "X"}, {"name", "F1"}, {"pid", nullptr}},
        "event 1 is not a Chrome trace event: "
        "\"pid\" is null, not an integer"},
       {{{"ph", "X"}, {"name", 7}, {"pid", 1}}, "\"name\" is 7, not a string"},
+      {{{"ph", "X"}, {"name", "F0"}, {"pid", 1}, {"ts", "soon"}},
+       "\"ts\" is \"soon\", not a number"},
       {{{"ph", "M"}, {"name", "process_name"}, {"pid", 1}, {"args", "x"}},
        "\"args\" is \"x\", not an object"},
   };

@@ -64,6 +64,32 @@ std::string NotInteger(const Json& object, const char* key) {
   return fmt::format("\"{}\" is {}, not an integer", key, it->dump());
 }
 
+// The same for a number; null passes too (the metrics write a non-finite loss as null).
+std::string NotNumber(const Json& object, const char* key) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_number() || it->is_null()) return "";
+  return fmt::format("\"{}\" is {}, not a number", key, it->dump());
+}
+
+// The figures the report draws from a metrics line or a summary's stage: read as 0 when absent,
+// so a value of another type would be drawn as 0 without a word.
+constexpr const char* kFigures[] = {"loss",
+                                    "lr",
+                                    "tokens_per_s",
+                                    "val_loss",
+                                    "accuracy",
+                                    "peak_allocated_bytes",
+                                    "peak_reserved_bytes",
+                                    "bubble"};
+
+// The first of kFigures in `object` that is not a number, or "".
+std::string BadFigure(const Json& object) {
+  for (const char* key : kFigures) {
+    if (std::string bad = NotNumber(object, key); !bad.empty()) return bad;
+  }
+  return "";
+}
+
 // The same for a string.
 std::string NotText(const Json& object, const char* key) {
   const auto it = object.find(key);
@@ -80,6 +106,9 @@ std::string BadTraceEvent(const Json& e) {
   }
   for (const char* key : {"pid", "tid"}) {
     if (std::string bad = NotInteger(e, key); !bad.empty()) return bad;
+  }
+  for (const char* key : {"ts", "dur"}) {
+    if (std::string bad = NotNumber(e, key); !bad.empty()) return bad;
   }
   const auto args = e.find("args");
   if (args != e.end()) {
@@ -165,6 +194,7 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
     }
     // What the report reads as an integer, checked here where the line is known.
     std::string bad = NotInteger(j, "step");
+    if (bad.empty()) bad = BadFigure(j);
     const auto stages = j.find("stages");
     if (bad.empty() && j.contains("summary") && stages != j.end() && stages->is_array()) {
       for (const Json& stage : *stages) {
@@ -172,6 +202,8 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
           bad = fmt::format("\"stages\" holds {}, not an object", stage.dump());
         } else if (std::string b = NotInteger(stage, "stage"); !b.empty()) {
           bad = "in \"stages\", " + b;
+        } else if (std::string f = BadFigure(stage); !f.empty()) {
+          bad = "in \"stages\", " + f;
         }
         if (!bad.empty()) break;
       }

@@ -22,9 +22,9 @@
 //
 // Thread-safety: plain functions. Failure: IoError naming the path for an unreadable file;
 // ParseError naming path:line for a metrics line that is not a JSON object or holds a value of the
-// wrong type ("step" not an integer), or a trace that is not a Chrome trace; InvalidArgument
-// naming the trace file and the event's index for an event of the wrong types ("pid" null), and
-// for metrics without a single step.
+// wrong type ("step" not an integer, "loss" not a number or null), or a trace that is not a
+// Chrome trace; InvalidArgument naming the trace file and the event's index for an event of the
+// wrong types ("pid" null), and for metrics without a single step.
 //
 // Example:
 //   nlohmann::json data = ReportData(ReadMetricsFile("runs/default/metrics.jsonl"),

@@ -91,8 +91,10 @@ struct ExecutableOptions {
   MemoryPlanMode memory_plan = MemoryPlanMode::kDynamic;
   AsyncGcOptions async;  // queue size and pending-bytes budget of the async GC
   bool verbose = false;  // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
-  // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads per
-  // instruction that frees something (exec/cycle_clock.h). Off, gc_thread_ns is 0.
+  // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads
+  // (exec/cycle_clock.h) around one freeing instruction in 8, the first included, scaled to all
+  // of them — an estimate, exact when a run frees after at most one instruction. Off,
+  // gc_thread_ns is 0.
   bool measure_gc_time = true;
   // Restart the allocator's peak at the start of each run (RunStats then reports the run's own
   // peak). Off, the peak runs on across runs: a pipeline stage measures one peak over a whole step

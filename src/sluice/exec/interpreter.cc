@@ -8,10 +8,12 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <typeinfo>
 
 #include <fmt/format.h>
 
 #include "sluice/core/clock.h"
+#include "sluice/core/error.h"
 #include "sluice/core/thread_pool.h"
 #include "sluice/exec/cycle_clock.h"
 #include "sluice/exec/ready_queue.h"
@@ -193,7 +195,9 @@ struct Executable::Impl {
   RunStats Run(Scope& scope, RunTrace* trace);
   void Bind(Scope& scope);
   void PrepareSyncDrops();
+  // Runs instruction i; a user-facing error it raises names the instruction.
   void Execute(int32_t i, Worker& w);
+  void ExecuteUnnamed(int32_t i, Worker& w);
   void AcquireArena();
   void ReleaseArena();
   bool Planned(int32_t g) const { return !arena.offset.empty() && arena.offset[g] >= 0; }
@@ -400,7 +404,36 @@ void Executable::Impl::Bind(Scope& scope) {
 }
 
 // Allocates instruction i's outputs, runs its kernel and leaves its outputs in their slots.
+// Rethrows the error in flight with the instruction that raised it named in front — "program
+// 'gpt', instruction 41 (cross_entropy %loss): target -7 at position 0 …" — as its own type, for
+// the user-facing types of core/error.h; any other error (a communicator's, a stage's) unchanged.
+[[noreturn]] void RethrowNamingInstruction(const Error& e, const std::string& where) {
+  const std::string m = fmt::format("{}: {}", where, e.what());
+  const std::type_info& t = typeid(e);
+  if (t == typeid(InvalidArgument)) throw InvalidArgument(m);
+  if (t == typeid(ShapeError)) throw ShapeError(m);
+  if (t == typeid(ProgramError)) throw ProgramError(m);
+  if (t == typeid(IoError)) throw IoError(m);
+  if (t == typeid(OutOfMemory)) throw OutOfMemory(m);
+  if (t == typeid(ResourceError)) throw ResourceError(m);
+  if (t == typeid(NonFiniteError)) throw NonFiniteError(m);
+  if (t == typeid(Error)) throw Error(m);
+  throw;
+}
+
 void Executable::Impl::Execute(int32_t i, Worker& w) {
+  try {
+    ExecuteUnnamed(i, w);
+  } catch (const Error& e) {
+    const Step& st = steps[i];
+    const std::string out =
+        st.out_count > 0 ? "%" + program.value(result_values[st.out_begin]).name : "-";
+    RethrowNamingInstruction(e, fmt::format("program '{}', instruction {} ({} {})", program.name(),
+                                            i, st.op->name, out));
+  }
+}
+
+void Executable::Impl::ExecuteUnnamed(int32_t i, Worker& w) {
   const Step& st = steps[i];
   // Outputs go straight into their slots when adjacent (always, for programs built by Program).
   Tensor* outs = st.outputs_adjacent && st.out_count > 0 ? slots[st.first_output] : w.outs.data();

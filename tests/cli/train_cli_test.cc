@@ -62,6 +62,31 @@ TEST_F(TrainCli, TrainsWritesMetricsAndResumesBitwise) {
   EXPECT_TRUE(summary.contains("accuracy"));
 }
 
+TEST_F(TrainCli, ResumeOnOtherDataWarnsAndOfAnotherModelIsRefused) {
+  const fs::path a = dir_ / "a.txt", b = dir_ / "b.txt", ckpt = dir_ / "a.safetensors";
+  for (const fs::path& p : {a, b}) {
+    std::ofstream out(p);
+    for (int i = 0; i < 200; ++i) out << (p == a ? "to be or not to be. " : "all the world. ");
+  }
+  const std::string common = "--layers 1 --dim 16 --batch 4 --seq 16 --threads 1 --eval-every 0";
+  CliResult r = Train(fmt::format("{} --heads 2 --data {} --steps 1 --quiet --save {}", common,
+                                  a.string(), ckpt.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  // Other data: a warning, under --quiet too, and training goes on.
+  r = Train(fmt::format("{} --heads 2 --data {} --steps 2 --quiet --resume {}", common, b.string(),
+                        ckpt.string()));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(fmt::format("sluice: warning: checkpoint '{}' was trained with "
+                                           "--data {} (this run: {})",
+                                           ckpt.string(), a.string(), b.string())));
+  // Another model whose tensors fit: refused, pointing at --init-from.
+  r = Train(fmt::format("{} --heads 4 --data {} --steps 2 --resume {}", common, a.string(),
+                        ckpt.string()));
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("was written with --heads 2 (this run: 4)"));
+  EXPECT_THAT(r.err, HasSubstr("--init-from"));
+}
+
 TEST_F(TrainCli, BadOptionsSayWhatToChange) {
   CliResult r = Train("--heads 3 --dim 16 --steps 1");
   EXPECT_NE(r.status, 0);

@@ -47,6 +47,20 @@ TEST(MemoryBudget, OneSizeOrOnePerStage) {
   EXPECT_THROW(ParseMemoryBudget("1KiB,", 2), InvalidArgument);
 }
 
+TEST(MemoryBudget, SpacesAroundASizeAreNotPartOfIt) {
+  EXPECT_EQ(ParseByteSize(" 5MiB "), 5 * 1024 * 1024);
+  EXPECT_EQ(ParseByteSize("\t5 MiB"), 5 * 1024 * 1024);
+  EXPECT_EQ(ParseMemoryBudget("1KiB, 2KiB , 3KiB", 3), (std::vector<int64_t>{1024, 2048, 3072}));
+  try {
+    ParseByteSize(" ");
+    ADD_FAILURE() << "' ' was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--memory-budget ' ': empty"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(ParseByteSize("5 M iB"), InvalidArgument);
+}
+
 // A forecaster of two stages whose peaks and work depend on the policy as recompute's do: less
 // memory for more work.
 std::vector<StageMemoryForecast> Fake(const TrainConfig& config) {

@@ -9,12 +9,14 @@
 #include <fstream>
 #include <map>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/safetensors.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/train/single_stage.h"
 
 namespace sluice {
 namespace {
@@ -51,6 +53,111 @@ TEST(Trainer, ResumeGivesBitwiseTheSameLosses) {
   EXPECT_EQ(resumed.step(), 3);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed.Step().loss, uninterrupted[i]) << "step " << 4 + i;
   std::remove(ckpt.c_str());
+}
+
+// The single-stage engine, recording the first training batch of every step it is asked to run.
+class BatchRecorder final : public StepEngine {
+ public:
+  BatchRecorder(const EngineContext& ctx, std::vector<int64_t>& first_batches)
+      : engine_(MakeSingleStageEngine(ctx)), first_batches_(first_batches) {}
+  StepResult Step(int64_t step, int64_t first_batch, double lr) override {
+    first_batches_.push_back(first_batch);
+    return engine_->Step(step, first_batch, lr);
+  }
+  std::map<std::string, Tensor> State() const override { return engine_->State(); }
+  GcMode gc_mode() const override { return engine_->gc_mode(); }
+
+ private:
+  std::unique_ptr<StepEngine> engine_;
+  std::vector<int64_t>& first_batches_;
+};
+
+TEST(Trainer, ResumeWithOtherMicroBatchesContinuesTheDataWhereItStopped) {
+  const std::string ckpt = Temp("four_micro.safetensors");
+  std::vector<int64_t> first;
+  auto recording = [&](const EngineContext& ctx) {
+    return std::make_unique<BatchRecorder>(ctx, first);
+  };
+  TrainConfig four = SmallGpt();
+  four.microbatches = 4;
+  {
+    Trainer t(four, recording);
+    t.Step();
+    t.Step();
+    t.SaveCheckpoint(ckpt);  // 2 steps of 4 micro-batches: batches 0 … 7 consumed
+  }
+  EXPECT_EQ(first, (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(LoadCheckpoint(ckpt).metadata.at("data_position"), "8");
+
+  first.clear();
+  TrainConfig two = SmallGpt();  // 2 micro-batches: step·M would repeat batches 4 … 7
+  two.resume_path = ckpt;
+  Trainer resumed(two, recording);
+  EXPECT_TRUE(resumed.warnings().empty());
+  resumed.Step();
+  resumed.Step();
+  EXPECT_EQ(first, (std::vector<int64_t>{8, 10}));
+  resumed.SaveCheckpoint(ckpt);
+  const Checkpoint again = LoadCheckpoint(ckpt);
+  EXPECT_EQ(again.metadata.at("step"), "4");
+  EXPECT_EQ(again.metadata.at("data_position"), "12");
+  std::remove(ckpt.c_str());
+}
+
+TEST(Trainer, ResumingAModelThatDiffersButFitsIsRefusedNamingTheOption) {
+  // Heads do not change any tensor's shape: the checkpoint would load into another model.
+  const std::string ckpt = Temp("two_heads.safetensors");
+  {
+    Trainer t(SmallGpt());
+    t.Step();
+    t.SaveCheckpoint(ckpt);
+  }
+  TrainConfig four_heads = SmallGpt();
+  four_heads.gpt.heads = 4;
+  four_heads.resume_path = ckpt;
+  try {
+    Trainer bad(four_heads);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("was written with --heads 2 (this run: 4)"), std::string::npos) << m;
+    EXPECT_NE(m.find("--init-from"), std::string::npos) << m;
+  }
+  // Starting a new run from its weights is what --init-from is for.
+  TrainConfig init = four_heads;
+  init.resume_path.clear();
+  init.init_from = ckpt;
+  EXPECT_NO_THROW(Trainer{init});
+  std::remove(ckpt.c_str());
+}
+
+TEST(Trainer, ResumingOnOtherDataWarnsAndGoesOn) {
+  const std::string a = Temp("corpus_a.txt"), b = Temp("corpus_b.txt"),
+                    ckpt = Temp("corpus_a.safetensors");
+  for (const std::string& path : {a, b}) {
+    std::ofstream out(path);
+    for (int i = 0; i < 200; ++i) out << (path == a ? "to be or not to be. " : "all the world. ");
+  }
+  TrainConfig on_a = SmallGpt();
+  on_a.data = a;
+  on_a.gpt.seq = 16;
+  {
+    Trainer t(on_a);
+    t.Step();
+    EXPECT_TRUE(t.warnings().empty());
+    t.SaveCheckpoint(ckpt);
+  }
+  TrainConfig on_b = on_a;
+  on_b.data = b;
+  on_b.resume_path = ckpt;
+  Trainer t(on_b);
+  ASSERT_EQ(t.warnings().size(), 1u);
+  EXPECT_NE(t.warnings()[0].find(fmt::format("trained with --data {} (this run: {})", a, b)),
+            std::string::npos)
+      << t.warnings()[0];
+  EXPECT_EQ(t.step(), 1);
+  EXPECT_TRUE(std::isfinite(t.Step().loss));
+  for (const std::string& path : {a, b, ckpt}) std::remove(path.c_str());
 }
 
 TEST(Trainer, CheckpointHoldsWeightsStateAndMetadata) {

@@ -298,6 +298,9 @@ int RunTrain(TrainArgs& a) {
   EngineFactory engine;
   if (a.pipeline) engine = pipeline::PipelineEngineFactory(a.pipe);
   Trainer trainer(c, engine);
+  if (trainer.engine().leader()) {  // warnings, printed under --quiet too
+    for (const std::string& w : trainer.warnings()) fmt::print(stderr, "sluice: warning: {}\n", w);
+  }
   if (!a.quiet) {
     fmt::print(stderr,
                "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n",

@@ -72,8 +72,8 @@ struct PipelineEngine::Impl {
   int stage() const { return distributed() ? options.distributed->pipe->rank() : 0; }
   int replica() const { return world_rank() / options.stages; }
 
-  std::vector<StageStep> RunLocal(int64_t step, double lr, bool trace);
-  StageStep RunDistributed(int64_t step, double lr, bool trace);
+  std::vector<StageStep> RunLocal(int64_t step, int64_t first_batch, double lr, bool trace);
+  StageStep RunDistributed(int64_t step, int64_t first_batch, double lr, bool trace);
   // Adds rank `world_rank`'s step to its report; its idle time is the step's span (StepSpanNs)
   // minus its busy time.
   void Record(int world_rank, const StageStep& s, int64_t released, int64_t span_ns);
@@ -266,7 +266,8 @@ StepCosts GatherCosts(StepCosts mine, const std::vector<double>& allreduce, int 
 
 }  // namespace
 
-std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, double lr, bool trace) {
+std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, int64_t first_batch, double lr,
+                                                      bool trace) {
   const int P = options.stages;
   std::vector<StageStep> steps(P);
   std::vector<std::exception_ptr> errors(P);
@@ -276,7 +277,7 @@ std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, double lr, b
       try {
         threads.emplace_back([&, r] {
           try {
-            steps[r] = ranks[r]->RunStep(step, lr, world->comm(r), trace);
+            steps[r] = ranks[r]->RunStep(step, first_batch, lr, world->comm(r), trace);
           } catch (...) {
             errors[r] = std::current_exception();
           }
@@ -303,12 +304,13 @@ std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, double lr, b
 }
 
 // A failing rank aborts the job (MPI_Abort: every process ends), so a return here is a success.
-StageStep PipelineEngine::Impl::RunDistributed(int64_t step, double lr, bool trace) {
+StageStep PipelineEngine::Impl::RunDistributed(int64_t step, int64_t first_batch, double lr,
+                                               bool trace) {
   const auto& d = *options.distributed;
   // The leader may have evaluated since the last step: wait for it here, not in a receive that
   // would time out (a dead process ends the job through mpirun, so a long wait cannot hang).
   d.world->Barrier(std::chrono::hours(24));
-  return ranks[0]->RunStep(step, lr, *d.pipe, trace);
+  return ranks[0]->RunStep(step, first_batch, lr, *d.pipe, trace);
 }
 
 void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released, int64_t span_ns) {
@@ -328,7 +330,7 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released, i
   rep.idle_ms += static_cast<double>(span_ns - s.busy_ns) / 1e6;
 }
 
-StepResult PipelineEngine::Step(int64_t step, double lr) {
+StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
   Impl& m = *impl_;
   if (m.failure) std::rethrow_exception(m.failure);
   const int P = m.options.stages;
@@ -338,7 +340,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
 
   if (!m.distributed()) {
     const int64_t begin = NowNs();
-    std::vector<StageStep> steps = m.RunLocal(step, lr, trace);
+    std::vector<StageStep> steps = m.RunLocal(step, first_batch, lr, trace);
     const int64_t span = StepSpanNs(steps);
     if (m.profiler) {
       const int64_t steps_run = m.setup.config->steps;
@@ -364,7 +366,7 @@ StepResult PipelineEngine::Step(int64_t step, double lr) {
 
   // Distributed: run this rank, then one all-reduce brings every rank's figures everywhere.
   const int64_t begin = NowNs();
-  const StageStep s = m.RunDistributed(step, lr, trace);
+  const StageStep s = m.RunDistributed(step, first_batch, lr, trace);
   const int W = static_cast<int>(m.reports.size()), w = m.world_rank();
   Tensor all = Tensor::Zeros({W, kFields}, DType::kF64);
   double* row = all.data<double>() + w * kFields;

@@ -103,7 +103,7 @@ class PipelineEngine final : public StepEngine {
   PipelineEngine(const EngineContext& context, PipelineOptions options);
   ~PipelineEngine() override;
 
-  StepResult Step(int64_t step, double lr) override;
+  StepResult Step(int64_t step, int64_t first_batch, double lr) override;
   std::map<std::string, Tensor> State() const override;
   nlohmann::json Summary() const override;
   GcMode gc_mode() const override;  // every rank allocates from the same kind of allocator

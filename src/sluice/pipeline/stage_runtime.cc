@@ -102,10 +102,12 @@ GcMode StageRuntime::gc_mode() const {
 // Executes one step of one rank; lives for the duration of RunStep.
 class StageRuntime::StepRun {
  public:
-  StepRun(StageRuntime::Impl& rt, int64_t step, double lr, Communicator& comm, bool trace)
+  StepRun(StageRuntime::Impl& rt, int64_t step, int64_t first_batch, double lr, Communicator& comm,
+          bool trace)
       : rt_(rt),
         cfg_(*rt.setup.config),
         step_(step),
+        first_batch_(first_batch),
         lr_(lr),
         comm_(comm),
         trace_(trace),
@@ -348,7 +350,7 @@ class StageRuntime::StepRun {
     if (ch.first || ch.last) {  // only the ranks that need data read it
       const StageSetup& s = rt_.setup;
       Scope batch;
-      s.task->BindBatch(batch, DataSplit::kTrain, step_ * rt_.M + a.micro_batch,
+      s.task->BindBatch(batch, DataSplit::kTrain, first_batch_ + a.micro_batch,
                         s.micro_batch_size * s.replicas, cfg_.seed);
       auto rows = [&](const char* name) {  // this replica's share
         Tensor t = batch.Take(name);
@@ -470,6 +472,7 @@ class StageRuntime::StepRun {
   StageRuntime::Impl& rt_;
   const TrainConfig& cfg_;  // the run's (step/train_config.h)
   int64_t step_;
+  int64_t first_batch_;  // the training batch of micro-batch 0
   double lr_;
   Communicator& comm_;
   bool trace_;
@@ -507,8 +510,9 @@ int64_t StepSpanNs(const std::vector<StageStep>& steps) {
   return last - first;
 }
 
-StageStep StageRuntime::RunStep(int64_t step, double lr, Communicator& comm, bool trace) {
-  return StepRun(*impl_, step, lr, comm, trace).Run();
+StageStep StageRuntime::RunStep(int64_t step, int64_t first_batch, double lr, Communicator& comm,
+                                bool trace) {
+  return StepRun(*impl_, step, first_batch, lr, comm, trace).Run();
 }
 
 }  // namespace sluice::pipeline

@@ -45,7 +45,8 @@
 //
 // Example (what PipelineEngine does for each rank r on its own thread):
 //   StageRuntime rank(setup, r);
-//   StageStep s = rank.RunStep(/*step=*/0, /*lr=*/1e-3, world.comm(r), /*trace=*/false);
+//   StageStep s = rank.RunStep(/*step=*/0, /*first_batch=*/0, /*lr=*/1e-3, world.comm(r),
+//   /*trace=*/false);
 #pragma once
 
 #include <chrono>
@@ -195,8 +196,9 @@ class StageRuntime {
   StageRuntime(const StageRuntime&) = delete;
   StageRuntime& operator=(const StageRuntime&) = delete;
 
-  // Executes this rank's actions for step `step` (0-based) at learning rate `lr`.
-  StageStep RunStep(int64_t step, double lr, Communicator& comm, bool trace);
+  // Executes this rank's actions for step `step` (0-based) at learning rate `lr`, on training
+  // batches first_batch … first_batch + M − 1 (StepEngine::Step).
+  StageStep RunStep(int64_t step, int64_t first_batch, double lr, Communicator& comm, bool trace);
 
   int rank() const;
   // This rank's parameters and optimizer state by name (sharing its memory).

@@ -36,13 +36,18 @@ std::string Lower(std::string_view s) {
 
 }  // namespace
 
-int64_t ParseByteSize(std::string_view text, std::string_view option) {
+int64_t ParseByteSize(std::string_view given, std::string_view option) {
   auto bad = [&](std::string_view why) {
     return InvalidArgument(fmt::format(
         "{} '{}': {}; expected a positive size such as 6MiB, 1.5GB or 1048576 (units B, KB, MB, "
         "GB, TB, KiB, MiB, GiB, TiB)",
-        option, text, why));
+        option, given, why));
   };
+  // Spaces around the size are not part of it ("6MiB, 8MiB" lists two).
+  auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  std::string_view text = given;
+  while (!text.empty() && space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && space(text.back())) text.remove_suffix(1);
   size_t end = 0;
   while (end < text.size() &&
          (std::isdigit(static_cast<unsigned char>(text[end])) != 0 || text[end] == '.')) {

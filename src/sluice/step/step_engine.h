@@ -51,10 +51,12 @@ struct StepResult {
 class StepEngine {
  public:
   virtual ~StepEngine() = default;
-  // Step `step` (0-based): forward and backward over config.microbatches micro-batches of batch
-  // indices step·M … step·M + M − 1, gradient mean and clipping, then the optimizer at `lr` —
-  // unless the loss or gradient norm is not finite, when the update is withheld (`updated`).
-  virtual StepResult Step(int64_t step, double lr) = 0;
+  // Step `step` (0-based, the optimizer's count): forward and backward over config.microbatches
+  // micro-batches of training batch indices first_batch … first_batch + M − 1, gradient mean and
+  // clipping, then the optimizer at `lr` — unless the loss or gradient norm is not finite, when
+  // the update is withheld (`updated`). A run from scratch has first_batch = step·M; a resumed one
+  // continues from the checkpoint's data position, whatever M the checkpoint's run used.
+  virtual StepResult Step(int64_t step, int64_t first_batch, double lr) = 0;
   // Every parameter and optimizer-state tensor by name, sharing the engine's memory.
   virtual std::map<std::string, Tensor> State() const = 0;
   // The GC mode the engine's programs run with: config.gc, kAuto resolved against the engine's

@@ -27,7 +27,7 @@ class SingleStageEngine final : public StepEngine {
                   .threads = ShareIntraOpThreads(ctx.threads, /*ranks=*/1),
                   .recompute = RecomputeForStage(ctx.config, /*stage=*/0, /*stages=*/1)}) {}
 
-  StepResult Step(int64_t step, double lr) override {
+  StepResult Step(int64_t step, int64_t first_batch, double lr) override {
     const int64_t M = config_.microbatches;
     const std::string& loss = program_.chunk(0).model.loss;
     allocator_.ResetPeak();
@@ -35,7 +35,7 @@ class SingleStageEngine final : public StepEngine {
     double loss_sum = 0;
     for (int64_t k = 0; k < M; ++k) {
       Scope scope;
-      task_.BindBatch(scope, DataSplit::kTrain, step * M + k, micro_batch_size_, config_.seed);
+      task_.BindBatch(scope, DataSplit::kTrain, first_batch + k, micro_batch_size_, config_.seed);
       program_.Forward(0, scope);
       loss_sum += scope.Take(loss).FlatAt(0);
       program_.Backward(0, scope, grads_);

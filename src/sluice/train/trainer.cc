@@ -48,6 +48,8 @@ struct Trainer::Impl {
   Scope scope;  // the engine's state (shared) plus evaluation's values
   MetricsWriter metrics;
   int64_t step = 0;
+  int64_t data_position = 0;          // the next step's first training batch
+  std::vector<std::string> warnings;  // from --resume (LoadTrainingCheckpoint)
   int64_t micro_batch = 0;
   int64_t eval_batch = 0;
   double wall_s = 0;
@@ -89,8 +91,11 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
                            scope, eval_allocator);
   }
   if (!config.resume_path.empty()) {
-    step = LoadTrainingCheckpoint(config.resume_path, LoadKind::kResume, *task, model.params,
-                                  config, scope, eval_allocator);
+    const TrainingCheckpointInfo resumed = LoadTrainingCheckpoint(
+        config.resume_path, LoadKind::kResume, *task, model.params, config, scope, eval_allocator);
+    step = resumed.step;
+    data_position = resumed.data_position;
+    warnings = resumed.warnings;
   }
   if (!config.metrics_path.empty() && engine->leader()) {
     metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());
@@ -102,6 +107,7 @@ Trainer::Trainer(TrainConfig config, const EngineFactory& engine)
 Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
+const std::vector<std::string>& Trainer::warnings() const { return impl_->warnings; }
 const TrainConfig& Trainer::config() const { return impl_->config; }
 const StepEngine& Trainer::engine() const { return *impl_->engine; }
 const Tensor& Trainer::Value(const std::string& name) const { return impl_->scope.Get(name); }
@@ -117,8 +123,9 @@ StepRecord Trainer::Step() {
   const auto t0 = Clock::now();
   StepRecord r;
   r.lr = LearningRate(c.optimizer, m.step, c.steps);
-  StepResult s = m.engine->Step(m.step, r.lr);
+  StepResult s = m.engine->Step(m.step, m.data_position, r.lr);
   ++m.step;
+  m.data_position += c.microbatches;
   r.step = m.step;
   r.loss = s.loss;
   r.grad_norm = s.grad_norm;
@@ -187,7 +194,8 @@ EvalRecord Trainer::Evaluate() {
 
 void Trainer::SaveCheckpoint(const std::string& path) const {
   const Impl& m = *impl_;
-  m.engine->SaveCheckpoint(path, TrainingCheckpointMetadata(*m.task, m.config, m.step));
+  m.engine->SaveCheckpoint(path,
+                           TrainingCheckpointMetadata(*m.task, m.config, m.step, m.data_position));
 }
 
 namespace {
@@ -207,7 +215,7 @@ std::vector<std::string> RescuePaths(const std::string& path, int64_t step) {
 
 void Trainer::Impl::SaveOrRescue() {
   const std::map<std::string, std::string> metadata =
-      TrainingCheckpointMetadata(*task, config, step);
+      TrainingCheckpointMetadata(*task, config, step, data_position);
   // Every rank of a distributed run gets the same verdicts (TrySaveCheckpoint is collective), so
   // all try the same paths and end with the same outcome.
   const std::optional<std::string> failure = engine->TrySaveCheckpoint(config.save_path, metadata);

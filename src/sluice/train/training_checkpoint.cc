@@ -21,11 +21,17 @@ nlohmann::json DescribeRun(const Task& task, const TrainConfig& config) {
   return description;
 }
 
-// "--layers 4 (this run: 6)" for every key of the checkpoint's config whose value differs from
-// this run's; nothing when the checkpoint has no config or it is not a JSON object.
-std::vector<std::string> ConfigDifferences(const std::map<std::string, std::string>& metadata,
-                                           const nlohmann::json& ours) {
-  std::vector<std::string> differences;
+// A key of the checkpoint's config whose value differs from this run's, as people read it:
+// "--layers 4 (this run: 6)".
+struct ConfigDifference {
+  std::string key;
+  std::string text;
+};
+
+// Every difference; nothing when the checkpoint has no config or it is not a JSON object.
+std::vector<ConfigDifference> ConfigDifferences(const std::map<std::string, std::string>& metadata,
+                                                const nlohmann::json& ours) {
+  std::vector<ConfigDifference> differences;
   auto it = metadata.find("config");
   if (it == metadata.end() || !nlohmann::json::accept(it->second)) return differences;
   const nlohmann::json theirs = nlohmann::json::parse(it->second);
@@ -36,23 +42,29 @@ std::vector<std::string> ConfigDifferences(const std::map<std::string, std::stri
   for (const auto& [key, value] : theirs.items()) {
     if (ours.contains(key) && ours[key] != value) {
       differences.push_back(
-          fmt::format("--{} {} (this run: {})", key, text(value), text(ours[key])));
+          {key, fmt::format("--{} {} (this run: {})", key, text(value), text(ours[key]))});
     }
   }
   return differences;
+}
+
+std::string Texts(const std::vector<ConfigDifference>& differences) {
+  std::vector<std::string> texts;
+  for (const ConfigDifference& d : differences) texts.push_back(d.text);
+  return fmt::format("{}", fmt::join(texts, ", "));
 }
 
 }  // namespace
 
 std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
                                                               const TrainConfig& config,
-                                                              int64_t step) {
+                                                              int64_t step, int64_t data_position) {
   const nlohmann::json description = DescribeRun(task, config);
   return {
       {"format", kTrainingCheckpointFormat},
       {"step", std::to_string(step)},
       {"data_seed", std::to_string(config.seed)},
-      {"data_position", std::to_string(step * config.microbatches)},
+      {"data_position", std::to_string(data_position)},
       {"config", description.dump()},
   };
 }
@@ -113,9 +125,11 @@ TrainingCheckpointInfo ParseTrainingCheckpointMetadata(
   return info;
 }
 
-int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const Task& task,
-                               const std::vector<ParamSpec>& params, const TrainConfig& config,
-                               Scope& state, Allocator& scratch) {
+TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
+                                              const Task& task,
+                                              const std::vector<ParamSpec>& params,
+                                              const TrainConfig& config, Scope& state,
+                                              Allocator& scratch) {
   const bool resume = kind == LoadKind::kResume;
   // A sharded checkpoint: read only the shards holding this process's state (a stage's own).
   const Checkpoint ckpt =
@@ -153,13 +167,13 @@ int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const Tas
                                      resume ? "parameter or optimizer state" : "parameter"));
     }
   }
+  const std::vector<ConfigDifference> differences =
+      ConfigDifferences(ckpt.metadata, DescribeRun(task, config));
   if (!problems.empty()) {
     // A model of another size misses every tensor of a layer: name the sizes, then a few tensors.
-    const std::vector<std::string> differences =
-        ConfigDifferences(ckpt.metadata, DescribeRun(task, config));
-    const std::string written_by =
-        differences.empty() ? std::string()
-                            : fmt::format(" it was written with {}", fmt::join(differences, ", "));
+    const std::string written_by = differences.empty()
+                                       ? std::string()
+                                       : fmt::format(" it was written with {}", Texts(differences));
     constexpr size_t kListed = 12;
     const size_t more = problems.size() > kListed ? problems.size() - kListed : 0;
     problems.resize(problems.size() - more);
@@ -167,10 +181,29 @@ int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const Tas
     throw InvalidArgument(fmt::format("cannot load '{}' into this model:{}\n  {}", ckpt.path,
                                       written_by, fmt::join(problems, "\n  ")));
   }
-  int64_t step = 0;
+  TrainingCheckpointInfo info;
   if (resume) {
-    const TrainingCheckpointInfo info = ParseTrainingCheckpointMetadata(ckpt.path, ckpt.metadata);
-    step = info.step;
+    info = ParseTrainingCheckpointMetadata(ckpt.path, ckpt.metadata);
+    const int64_t step = info.step;
+    // Resuming continues the checkpoint's run: another model whose tensors happen to fit (--heads
+    // 8 against 4) is refused; other data is allowed, with a warning.
+    std::vector<ConfigDifference> model_differences;
+    for (const ConfigDifference& d : differences) {
+      if (d.key == "data") {
+        info.warnings.push_back(
+            fmt::format("checkpoint '{}' was trained with {}; training goes on with this run's "
+                        "data",
+                        path, d.text));
+      } else {
+        model_differences.push_back(d);
+      }
+    }
+    if (!model_differences.empty()) {
+      throw InvalidArgument(fmt::format(
+          "checkpoint '{}' was written with {}: --resume continues the same run, so give the "
+          "checkpoint's options (or start a new run from its weights with --init-from)",
+          path, Texts(model_differences)));
+    }
     if (info.data_seed != config.seed) {
       throw InvalidArgument(fmt::format(
           "checkpoint '{}' was trained with --seed {}; resume with the same seed, not {}", path,
@@ -184,7 +217,7 @@ int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const Tas
     }
   }
   for (const std::string& name : expected) state.Get(name).CopyFrom(ckpt.tensors.at(name));
-  return step;
+  return info;
 }
 
 }  // namespace sluice

@@ -6,7 +6,9 @@
 //   format         "sluice-checkpoint-1"
 //   step           optimizer steps taken (the next step to run, 0-based)
 //   data_seed      --seed: batches are a pure function of it, so a resume must use the same
-//   data_position  micro-batches consumed (step · M)
+//   data_position  training batches consumed: the next step's first batch index (step · M when
+//                  the whole run used one M; a resumed run continues from it, so changing
+//                  --microbatches on resume neither repeats nor skips data)
 //   config         the task's description (model, sizes, data) and the optimizer
 // The engine writes the files (StepEngine::SaveCheckpoint: a distributed engine writes shards);
 // LoadTrainingCheckpoint reads either layout, and a process reads only the shards holding its own
@@ -15,7 +17,8 @@
 // Failure: IoError for an unreadable file or metadata that is missing or malformed (every key above
 // is read strictly: "2 apples" is not a step); InvalidArgument listing every missing, unexpected or
 // mis-shaped tensor at once (the first 12, and how many more), naming the --seed to resume with, or
-// a checkpoint at or past --steps.
+// a checkpoint at or past --steps, or — on resume — a checkpoint of a model that differs from this
+// run's in anything but its data (--heads 4 against 8 loads but is another model).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +38,7 @@ inline constexpr const char* kTrainingCheckpointFormat = "sluice-checkpoint-1";
 
 std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
                                                               const TrainConfig& config,
-                                                              int64_t step);
+                                                              int64_t step, int64_t data_position);
 
 // The metadata of a training checkpoint, parsed strictly (IoError naming `path`, the key, its text
 // and what it must be).
@@ -43,6 +46,9 @@ struct TrainingCheckpointInfo {
   int64_t step = 0;
   uint64_t data_seed = 0;
   int64_t data_position = 0;
+  // What a resumed run was told but may go on with (LoadTrainingCheckpoint): the checkpoint was
+  // trained on other data ("--data a.txt (this run: b.txt)"). Empty after parsing alone.
+  std::vector<std::string> warnings;
 };
 TrainingCheckpointInfo ParseTrainingCheckpointMetadata(
     const std::string& path, const std::map<std::string, std::string>& metadata);
@@ -54,12 +60,15 @@ enum class LoadKind {
 
 // Copies the checkpoint at `path` into `state` in place: the tensors of `params` (the whole
 // model's) that `state` holds, with their optimizer state when resuming. Checks everything first
-// and changes nothing when a check fails. Returns the step to continue from (0 for kInitFrom).
+// and changes nothing when a check fails. Returns where to continue: the checkpoint's step, data
+// position and warnings for kResume; all zero and empty for kInitFrom.
 // When tensors are missing or mis-shaped, the message leads with the options of the checkpoint's
 // run that differ from this one's (its "config" beside `task`'s: "--layers 4 (this run: 6)") and
 // lists the first tensors, then how many more.
-int64_t LoadTrainingCheckpoint(const std::string& path, LoadKind kind, const Task& task,
-                               const std::vector<ParamSpec>& params, const TrainConfig& config,
-                               Scope& state, Allocator& scratch);
+TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind kind,
+                                              const Task& task,
+                                              const std::vector<ParamSpec>& params,
+                                              const TrainConfig& config, Scope& state,
+                                              Allocator& scratch);
 
 }  // namespace sluice

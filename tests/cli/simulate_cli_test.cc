@@ -99,10 +99,24 @@ TEST_F(SimulateCli, ProfiledCostsDriveTheSimulationAndMemoryIsThePlans) {
   }
   EXPECT_EQ(file["messages"]["bytes"], 4 * 12 * 64 * 4);  // f32[B, T, C] of the default task
   EXPECT_EQ(file["measured"]["steps"], 2);                // the first step warms up
+  EXPECT_EQ(file["measured"]["schedule"], "zb-h1 (P=2, M=4)");
 
   const nlohmann::json j = Simulate(fmt::format("{} --schedule zb-h1 --costs {}", kJob, costs));
   EXPECT_EQ(j["time_unit"], "ms");
   EXPECT_GT(j["step_ms"].get<double>(), 0);
+  // The profiled run of this very schedule is set beside the prediction; of another, it is not.
+  EXPECT_EQ(j["measured"]["step_ms"], file["measured"]["step_ms"]);
+  EXPECT_EQ(j["measured"]["stage_bubble"], file["measured"]["stage_bubble"]);
+  EXPECT_FALSE(
+      Simulate(fmt::format("{} --schedule 1f1b --costs {}", kJob, costs)).contains("measured"));
+  const CliResult text =
+      Sluice(fmt::format("simulate {} --schedule zb-h1 --costs {}", kJob, costs));
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find(fmt::format("measured {:.3f} ms: the profiled run of this schedule, "
+                                      "median of 2 steps; the prediction is ",
+                                      file["measured"]["step_ms"].get<double>())),
+            std::string::npos)
+      << text.out;
   const CliResult plan = Sluice(fmt::format("plan {} --schedule zb-h1 --format json", kJob));
   ASSERT_EQ(plan.status, 0) << plan.err;
   const nlohmann::json p = nlohmann::json::parse(plan.out);

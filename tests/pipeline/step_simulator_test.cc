@@ -266,6 +266,30 @@ TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
       CostsError(huge_cost).find("\"backward_ms\" is 1e+308: it must be a number from 0 to 1e+09"),
       std::string::npos)
       << CostsError(huge_cost);
+  // Entries moved by hand out of stage order, and a "measured" that cannot be set beside a
+  // prediction.
+  nlohmann::json swapped = good;
+  std::swap(swapped["ranks"][0], swapped["ranks"][1]);
+  EXPECT_NE(CostsError(swapped).find("\"ranks\"[0] says \"stage\": 1: the entries must be in "
+                                     "stage order, 0 to 1"),
+            std::string::npos)
+      << CostsError(swapped);
+  nlohmann::json measured_text = good;
+  measured_text["measured"] = "fast";
+  EXPECT_NE(CostsError(measured_text).find("\"measured\" is not an object"), std::string::npos)
+      << CostsError(measured_text);
+  nlohmann::json bubbles = good;
+  bubbles["measured"] = {{"step_ms", 3.0}, {"stage_bubble", {0.5}}};
+  EXPECT_NE(CostsError(bubbles).find("one number per stage (2)"), std::string::npos)
+      << CostsError(bubbles);
+  bubbles["measured"]["stage_bubble"] = {0.5, 7};
+  EXPECT_NE(CostsError(bubbles).find("\"stage_bubble\" holds 7: a share from 0 to 1"),
+            std::string::npos)
+      << CostsError(bubbles);
+  bubbles["measured"]["stage_bubble"] = {0.5, 0.25};
+  bubbles["measured"]["step_ms"] = -1;
+  EXPECT_NE(CostsError(bubbles).find("\"measured\" \"step_ms\" is -1"), std::string::npos)
+      << CostsError(bubbles);
 }
 
 // Costs that differ per rank and chunk, with the given message costs; `zero_forward` makes every

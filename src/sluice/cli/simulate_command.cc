@@ -2,6 +2,7 @@
 // (pipeline/step_simulator.h) with measured or unit costs, beside every stage's memory forecast;
 // --compare ranks schedules by predicted step time.
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,26 @@ struct SimulatedSchedule {
   std::string memory_note;
   bool fits = true;  // every stage's forecast within --memory-budget (true without a budget)
   double core_wait_share = -1;  // of the costs' run (pipeline::CoreWaitShare); -1 unknown
+  // The profiled run's own step, when it ran this very schedule (its costs' "measured"): what the
+  // prediction can be checked against. Null otherwise.
+  nlohmann::ordered_json measured;
 };
+
+// The costs' run's step time and stage bubbles when it ran `schedule`; null when it ran another
+// (or the costs do not say: unit costs, files written before they named the schedule).
+nlohmann::ordered_json MeasuredStep(const pipeline::StepCosts& costs,
+                                    const pipeline::Schedule& schedule) {
+  const nlohmann::json& m = costs.measured;
+  if (!m.is_object() || !m.contains("schedule") || m["schedule"] != schedule.Describe() ||
+      !m.contains("step_ms") || !m.contains("stage_bubble")) {
+    return nullptr;
+  }
+  nlohmann::ordered_json out;
+  if (m.contains("steps")) out["steps"] = m["steps"];
+  out["step_ms"] = m["step_ms"];
+  out["stage_bubble"] = m["stage_bubble"];
+  return out;
+}
 
 // What to say beside a prediction from costs whose run's stage threads waited for cores; "" when
 // they did not (much).
@@ -89,7 +109,8 @@ SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline:
                              .draw_mode = a.draw_mode == "steps" ? pipeline::DrawMode::kSteps
                                                                  : pipeline::DrawMode::kComputes}),
                         .draws = draws,
-                        .core_wait_share = pipeline::CoreWaitShare(chosen)};
+                        .core_wait_share = pipeline::CoreWaitShare(chosen),
+                        .measured = MeasuredStep(chosen, layout.setup.schedule)};
   if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
     out.memory_note = *why;
     if (!budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
@@ -276,6 +297,7 @@ int RunSimulate(TrainArgs& a) {
     if (!r.memory_note.empty()) out["memory_note"] = r.memory_note;
     if (r.core_wait_share >= 0) out["core_wait_share"] = r.core_wait_share;
     if (const std::string note = CoreWaitNote(r); !note.empty()) out["note"] = note;
+    if (!r.measured.is_null()) out["measured"] = r.measured;
     out["stages"] = stages;
     if (!p.draws.empty()) {
       nlohmann::ordered_json draws = nlohmann::ordered_json::array();
@@ -297,11 +319,27 @@ int RunSimulate(TrainArgs& a) {
              p.makespan_ms,
              overhead > 0 ? fmt::format(" + {:.3f} step overhead", overhead) : std::string(),
              100 * p.bubble);
-  fmt::print("  {:<5}  {:>10}  {:>10}  {:>7}  {:>12}{}\n", "stage", "busy", "idle", "bubble",
-             "peak memory", budget.empty() ? "" : "  budget");
+  const bool measured = !r.measured.is_null();
+  if (measured) {
+    const double step_ms = r.measured["step_ms"].get<double>();
+    const double off = step_ms > 0 ? 100 * (p.step_ms / step_ms - 1) : 0.0;
+    fmt::print(
+        "  measured {:.3f} ms: the profiled run of this schedule{}; the prediction is "
+        "{:.1f}% {} it\n",
+        step_ms,
+        r.measured.contains("steps")
+            ? fmt::format(", median of {} steps", r.measured["steps"].dump())
+            : "",
+        std::abs(off), off >= 0 ? "above" : "below");
+  }
+  fmt::print("  {:<5}  {:>10}  {:>10}  {:>7}{}  {:>12}{}\n", "stage", "busy", "idle", "bubble",
+             measured ? "  measured" : "", "peak memory", budget.empty() ? "" : "  budget");
   for (size_t s = 0; s < p.ranks.size(); ++s) {
-    fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%  {:>12}{}\n", s, p.ranks[s].busy_ms,
+    fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%{}  {:>12}{}\n", s, p.ranks[s].busy_ms,
                p.ranks[s].idle_ms, 100 * p.ranks[s].bubble,
+               measured
+                   ? fmt::format("  {:>7.1f}%", 100 * r.measured["stage_bubble"][s].get<double>())
+                   : "",
                memory.empty() ? "-" : FormatBytes(memory[s].peak_allocated_bytes),
                budget.empty() ? ""
                               : fmt::format("  {}", memory[s].peak_allocated_bytes <= budget[s]

@@ -244,6 +244,12 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     const nlohmann::json& rank = j["ranks"][r];
     const std::string where = fmt::format("stage {}", r);
     if (!rank.is_object()) throw bad(where, "is not an object");
+    // The entries are in stage order; a "stage" that says otherwise was moved by hand.
+    if (rank.contains("stage") && !(rank["stage"].is_number_integer() && rank["stage"] == r)) {
+      throw bad(fmt::format("\"ranks\"[{}]", r),
+                fmt::format("says \"stage\": {}: the entries must be in stage order, 0 to {}",
+                            rank["stage"].dump(), c.stages - 1));
+    }
     RankCosts rc;
     rc.optimizer_ms = number(rank, "optimizer_ms", where);
     rc.update_ms = number(rank, "update_ms", where);
@@ -278,7 +284,30 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
   c.wake_ms = optional(j["messages"], "wake_ms", "\"messages\"");
   c.allreduce_ms = optional(j, "allreduce_ms", "the file");
   c.step_overhead_ms = number(j, "step_overhead_ms", "the file");
-  if (j.contains("measured")) c.measured = j["measured"];
+  if (j.contains("measured")) {
+    // The profiled run's own figures: only read to set beside a prediction, but read strictly.
+    const nlohmann::json& m = j["measured"];
+    const std::string where = "\"measured\"";
+    if (!m.is_object()) throw bad(where, "is not an object");
+    if (m.contains("step_ms")) cost(m["step_ms"], "\"step_ms\"", where);
+    if (m.contains("schedule") && !m["schedule"].is_string()) {
+      throw bad(where, "\"schedule\" is not a string");
+    }
+    if (m.contains("stage_bubble")) {
+      const nlohmann::json& b = m["stage_bubble"];
+      if (!b.is_array() || b.size() != static_cast<size_t>(c.stages)) {
+        throw bad(where, fmt::format("\"stage_bubble\" must be an array of one number per stage "
+                                     "({})",
+                                     c.stages));
+      }
+      for (const nlohmann::json& x : b) {
+        if (!x.is_number() || !(x.get<double>() >= 0 && x.get<double>() <= 1)) {
+          throw bad(where, fmt::format("\"stage_bubble\" holds {}: a share from 0 to 1", x.dump()));
+        }
+      }
+    }
+    c.measured = m;
+  }
   // The recorded steps: optional (a file written before they were recorded has none), and every
   // compute's array has the same length, M, on every rank, chunk and step.
   if (j.contains("steps")) {
@@ -490,8 +519,10 @@ StepCosts CostProfiler::Costs() const {
   for (const std::vector<double>& b : bubble_) bubbles.push_back(MedianD(b));
   c.recorded = recorded_;
   c.micro_batches = recorded_.empty() ? 0 : schedule_.micro_batches;
-  c.measured = {
-      {"steps", step_wall_.size()}, {"step_ms", ms(Median(step_wall_))}, {"stage_bubble", bubbles}};
+  c.measured = {{"schedule", schedule_.Describe()},
+                {"steps", step_wall_.size()},
+                {"step_ms", ms(Median(step_wall_))},
+                {"stage_bubble", bubbles}};
   // Means, as the waits they are; only where every stage's thread said (in-process runs).
   if (std::ranges::all_of(core_wait_, [](const auto& v) { return !v.empty(); })) {
     nlohmann::json waits = nlohmann::json::array();

@@ -84,10 +84,11 @@ struct StepCosts {
   // What the costs were measured on ("model", "layers", "dim", ... → value): a simulation of
   // another job is refused (CheckCostsJob).
   nlohmann::json job = nlohmann::json::object();
-  // The run's own figures, for comparing predictions with it (empty for unit costs): "steps",
-  // "step_ms" (median), "stage_bubble" [P] (medians) and, where the system says,
-  // "stage_core_wait_ms" [P]: each stage thread's mean time per step ready to run but waiting
-  // for a core (CoreWaitShare).
+  // The run's own figures, for comparing predictions with it (empty for unit costs): "schedule"
+  // (Schedule::Describe of the run: `sluice simulate` of that schedule shows them beside its
+  // prediction), "steps", "step_ms" (median), "stage_bubble" [P] (medians) and, where the system
+  // says, "stage_core_wait_ms" [P]: each stage thread's mean time per step ready to run but
+  // waiting for a core (CoreWaitShare).
   nlohmann::json measured = nlohmann::json::object();
 };
 

@@ -87,6 +87,22 @@ TEST_F(TrainCli, ResumeOnOtherDataWarnsAndOfAnotherModelIsRefused) {
   EXPECT_THAT(r.err, HasSubstr("--init-from"));
 }
 
+TEST_F(TrainCli, DataNamedLikeABuiltInTaskSaysWhichItTrainsOn) {
+  {
+    std::ofstream out(dir_ / "sort");
+    for (int i = 0; i < 200; ++i) out << "to be or not to be. ";
+  }
+  const std::string here = fmt::format("cd '{}' &&", dir_.string());
+  const std::string common = "--layers 1 --dim 16 --heads 2 --batch 4 --threads 1 --eval-every 0";
+  CliResult r = Sluice(fmt::format("train {} --steps 1 --quiet --data sort", common), here);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("sluice: warning: --data sort is the built-in sort task, not the "
+                               "file 'sort' here: give --data ./sort to train on the file"));
+  r = Sluice(fmt::format("train {} --steps 1 --quiet --seq 16 --data ./sort", common), here);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+}
+
 TEST_F(TrainCli, BadOptionsSayWhatToChange) {
   CliResult r = Train("--heads 3 --dim 16 --steps 1");
   EXPECT_NE(r.status, 0);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -288,6 +289,13 @@ int RunTrain(TrainArgs& a) {
   Configure(a);
   TrainConfig& c = a.config;
   CheckTrainFiles(c, a.pipe.trace_path, a.pipe.profile_path);
+  // "sort" names the GPT's built-in task, even where a file of that name lies (a warning, printed
+  // under --quiet too).
+  if (c.model == "gpt" && c.data == "sort" && std::filesystem::exists(c.data)) {
+    fmt::print(stderr,
+               "sluice: warning: --data sort is the built-in sort task, not the file 'sort' here: "
+               "give --data ./sort to train on the file\n");
+  }
   if (!a.memory_budget.empty() || a.pipe_schedule == "auto") {
     const MemoryPlanChoice choice = ChooseMemoryPlan(a);
     if (!a.quiet) fmt::print(stderr, "{}", choice.Describe(a));

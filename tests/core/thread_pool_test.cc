@@ -57,6 +57,45 @@ TEST(ThreadPool, RethrowsAWorkerErrorAfterEveryoneFinished) {
   EXPECT_EQ(calls.load(), 3);
 }
 
+// A kParts job's members are parts of one kernel: kernels inside run serially (InJob). A kOwnWork
+// job's members (pipeline stages) keep their own pools: inside, InJob is false and a pool of
+// their own runs on threads of its own — on the same threads job after job.
+TEST(ThreadPool, OwnWorkMembersRunPoolsOfTheirOwnOnThreadsThatLast) {
+  EXPECT_FALSE(ThreadPool::InJob());
+  ThreadPool stages(2, ThreadPool::Jobs::kOwnWork);
+  std::vector<std::thread::id> first(2), again(2);
+  std::atomic<int> nested_members{0}, in_job_inside_nested{0}, in_job_in_stage{0};
+  for (std::vector<std::thread::id>* ids : {&first, &again}) {
+    stages.RunOnAll([&](int stage) {
+      (*ids)[stage] = std::this_thread::get_id();
+      if (ThreadPool::InJob()) in_job_in_stage.fetch_add(1);
+      ThreadPool own(2);
+      std::set<std::thread::id> threads;
+      std::mutex mu;
+      own.RunOnAll([&](int) {
+        nested_members.fetch_add(1);
+        if (ThreadPool::InJob()) in_job_inside_nested.fetch_add(1);
+        std::lock_guard lock(mu);
+        threads.insert(std::this_thread::get_id());
+      });
+      EXPECT_EQ(threads.size(), 2u);
+      EXPECT_FALSE(ThreadPool::InJob());
+    });
+  }
+  EXPECT_EQ(in_job_in_stage.load(), 0);
+  EXPECT_EQ(nested_members.load(), 8);        // 2 jobs × 2 stages × 2 members
+  EXPECT_EQ(in_job_inside_nested.load(), 8);  // each a kParts member
+  EXPECT_EQ(first, again);
+  EXPECT_EQ(first[0], std::this_thread::get_id());
+  EXPECT_FALSE(ThreadPool::InJob());
+  // A kParts pool marks its members, the caller included, for the job only.
+  ThreadPool parts(2);
+  std::atomic<int> marked{0};
+  parts.RunOnAll([&](int) { marked.fetch_add(ThreadPool::InJob() ? 1 : 0); });
+  EXPECT_EQ(marked.load(), 2);
+  EXPECT_FALSE(ThreadPool::InJob());
+}
+
 TEST(ThreadPool, SingleThreadRunsOnTheCaller) {
   ThreadPool pool(1);
   std::thread::id id;

@@ -12,10 +12,13 @@ namespace {
 
 thread_local bool t_in_job = false;
 
-// Marks the calling thread as running a pool job for its lifetime.
+// Marks the calling thread as running a kParts job for its lifetime (a kOwnWork job leaves the
+// mark as it was).
 struct InJobScope {
   bool saved = t_in_job;
-  InJobScope() { t_in_job = true; }
+  explicit InJobScope(ThreadPool::Jobs jobs) {
+    if (jobs == ThreadPool::Jobs::kParts) t_in_job = true;
+  }
   ~InJobScope() { t_in_job = saved; }
 };
 
@@ -23,7 +26,7 @@ struct InJobScope {
 
 bool ThreadPool::InJob() { return t_in_job; }
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, Jobs jobs) : jobs_(jobs) {
   if (threads < 1) {
     throw InvalidArgument(fmt::format("thread pool: need at least 1 thread, got {}", threads));
   }
@@ -41,9 +44,10 @@ ThreadPool::ThreadPool(int threads) {
       // unwinding vector would call std::terminate.
       StopWorkers();
       throw ResourceError(fmt::format(
-          "cannot start thread {} of {}: {}; ask for fewer threads (--threads) or raise the "
-          "process limits (ulimit -u, ulimit -v)",
-          member + 1, threads, e.what()));
+          "cannot start thread {} of {}: {}; ask for fewer {} or raise the process limits (ulimit "
+          "-u, ulimit -v)",
+          member + 1, threads, e.what(),
+          jobs == Jobs::kParts ? "threads (--threads)" : "pipeline stages (--stages)"));
     }
   }
 }
@@ -76,7 +80,7 @@ void ThreadPool::RunJob(JobFn fn, void* context) {
   }
   start_cv_.NotifyAll();
   try {
-    InJobScope in_job;
+    InJobScope in_job(jobs_);
     fn(context, 0);
   } catch (...) {
     RecordError(std::current_exception());
@@ -104,7 +108,7 @@ void ThreadPool::WorkerLoop(int member) {
       context = context_;
     }
     try {
-      InJobScope in_job;
+      InJobScope in_job(jobs_);
       fn(context, member);
     } catch (...) {
       RecordError(std::current_exception());

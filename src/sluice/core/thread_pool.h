@@ -38,9 +38,15 @@ class ThreadPool {
   // stacks of a mistyped count (--threads 100000) are refused before any is mapped.
   static constexpr int kMaxThreads = 1024;
 
+  // What the members of a job run.
+  enum class Jobs {
+    kParts,    // parts of one piece of work (a kernel's rows): kernels called inside run serially
+    kOwnWork,  // work of their own (a pipeline stage each), which may use pools of its own
+  };
+
   // 1 ≤ threads ≤ kMaxThreads (InvalidArgument otherwise); spawns threads − 1 workers, or throws
   // ResourceError, having joined those it started, when the system refuses one.
-  explicit ThreadPool(int threads);
+  explicit ThreadPool(int threads, Jobs jobs = Jobs::kParts);
   // Wakes and joins the workers.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -48,8 +54,8 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // True on a thread while it runs a job of any pool (as member 0 or as a worker): kernels use it
-  // to run serially inside a parallel run instead of nesting pools (kernels/parallel.h).
+  // True on a thread while it runs a job of any kParts pool (as member 0 or as a worker): kernels
+  // use it to run serially inside a parallel run instead of nesting pools (kernels/parallel.h).
   static bool InJob();
 
   template <typename F>
@@ -74,7 +80,8 @@ class ThreadPool {
   JobFn job_ GUARDED_BY(mu_) = nullptr;
   void* context_ GUARDED_BY(mu_) = nullptr;
   std::exception_ptr error_ GUARDED_BY(mu_);  // first error of the current job
-  std::vector<std::thread> workers_;          // written by the constructor only
+  const Jobs jobs_;
+  std::vector<std::thread> workers_;  // written by the constructor only
 };
 
 }  // namespace sluice

@@ -7,14 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <system_error>
-#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "sluice/comm/local.h"
 #include "sluice/core/clock.h"
+#include "sluice/core/thread_pool.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
 #include "sluice/nn/optimizer.h"
@@ -66,6 +65,11 @@ struct PipelineEngine::Impl {
   std::vector<ParamSpec> params;                     // the whole model's
   std::exception_ptr failure;              // a failed step leaves the communicator aborted
   std::unique_ptr<CostProfiler> profiler;  // with options.profile_path
+  // In-process: the stages' threads, kept for the engine's life (the caller's thread is stage
+  // 0's), so that a step starts no thread and each stage's thread-local state — its caches in the
+  // allocator and the storage pool, the kernels' scratch — carries over from step to step.
+  // Declared last: its workers are joined before the ranks they ran are destroyed.
+  std::unique_ptr<ThreadPool> stage_threads;
 
   bool distributed() const { return options.distributed.has_value(); }
   int world_rank() const { return distributed() ? options.distributed->world->rank() : 0; }
@@ -168,6 +172,7 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   } else {
     for (int r = 0; r < P; ++r) m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, r));
     m.world = std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = m.options.timeout});
+    m.stage_threads = std::make_unique<ThreadPool>(P, ThreadPool::Jobs::kOwnWork);
   }
   const ScheduleOptions sched{.kind = m.options.schedule,
                               .stages = P,
@@ -271,29 +276,13 @@ std::vector<StageStep> PipelineEngine::Impl::RunLocal(int64_t step, int64_t firs
   const int P = options.stages;
   std::vector<StageStep> steps(P);
   std::vector<std::exception_ptr> errors(P);
-  {
-    std::vector<std::jthread> threads;
-    for (int r = 0; r < P; ++r) {
-      try {
-        threads.emplace_back([&, r] {
-          try {
-            steps[r] = ranks[r]->RunStep(step, first_batch, lr, world->comm(r), trace);
-          } catch (...) {
-            errors[r] = std::current_exception();
-          }
-        });
-      } catch (const std::system_error& e) {
-        // The system refused a stage's thread: the stages already running would wait for it until
-        // their timeout; the abort wakes them now, and the joins below end the step.
-        const std::string what =
-            fmt::format("cannot start the thread of pipeline stage {} of {}: {}", r, P, e.what());
-        world->comm(0).Abort(what);
-        failure = std::make_exception_ptr(ResourceError(what));
-        break;
-      }
+  stage_threads->RunOnAll([&](int r) {
+    try {
+      steps[r] = ranks[r]->RunStep(step, first_batch, lr, world->comm(r), trace);
+    } catch (...) {
+      errors[r] = std::current_exception();
     }
-  }
-  if (failure) std::rethrow_exception(failure);
+  });
   // Report the rank that failed first — its StageError; the others were woken by its abort.
   for (const std::exception_ptr& e : errors) {
     if (e && (!failure || IsStageError(e))) failure = e;

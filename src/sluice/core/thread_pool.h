@@ -4,7 +4,9 @@
 //
 // The calling thread is member 0; the pool owns size() − 1 worker threads, which sleep on a
 // condition variable between jobs (no spinning). RunOnAll(fn) calls fn(i) on member i for every i
-// in [0, size()) and returns when all calls have returned.
+// in [0, size()) and returns when all calls have returned. A pool's Jobs say what its members
+// run: parts of one kernel (kParts, the default: kernels called inside run serially) or work of
+// their own that may use pools of its own (kOwnWork: the pipeline's stage threads).
 //
 // Errors: the constructor throws InvalidArgument for threads outside [1, kMaxThreads] and
 // ResourceError when the system refuses a thread (the workers already started are joined first).

@@ -3,8 +3,9 @@
 // allocator, interpreter and GC (stage_runtime.h), and micro-batches flow through a schedule
 // (schedules.h) over the in-process communicator (comm/local.h).
 //
-// One step: the P rank threads start together, each executes its action list, and the step ends
-// when all have finished. The loss is the last stage's mean over micro-batches; the gradient norm
+// One step: the P rank threads — started with the engine and kept for its life, the calling
+// thread being rank 0's — begin together, each executes its action list, and the step ends when
+// all have finished. The loss is the last stage's mean over micro-batches; the gradient norm
 // is global (all-reduced at OPT). A failing rank aborts the communicator, every other rank wakes
 // and stops, and Step throws the failing rank's StageError (naming rank, action, micro-batch);
 // a receive waiting beyond options.timeout fails the same way. The engine is unusable afterwards.
@@ -27,7 +28,8 @@
 // Thread-safety: one thread calls the engine; it runs its own rank threads inside Step. Every
 // process of a distributed run calls the same methods in the same order (they are collective).
 // Failure modes: the constructor throws InvalidArgument for a model that is not a GPT, a
-// schedule that cannot exist (MakeSchedule), or a bad partition/layout (partition.h).
+// schedule that cannot exist (MakeSchedule), or a bad partition/layout (partition.h), and
+// ResourceError when the system refuses a rank's thread.
 //
 // Example:
 //   PipelineOptions p{.stages = 4, .schedule = ScheduleKind::kOneFOneB};

@@ -246,7 +246,9 @@ Timeline RunEagerly(const Timeline& tl) {
     progress = false;
     for (int r = 0; r < P; ++r) {
       for (; next[r] < order[r].size(); ++next[r]) {
-        const auto [lane, k] = order[r][next[r]];
+        // Not a structured binding: the lambda below reads k, which clang before 16 cannot capture.
+        const int lane = order[r][next[r]].first;
+        const int k = order[r][next[r]].second;
         int64_t start = clock[r];
         auto input = [&](int rank, int input_lane) {
           const int64_t e = end[rank][input_lane][k];

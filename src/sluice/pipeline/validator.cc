@@ -291,7 +291,10 @@ class Validator {
     }
     std::sort(pairs.begin(), pairs.end());
     pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
-    for (const auto& [r, q] : pairs) {
+    for (const auto& pair : pairs) {
+      // Not a structured binding: the lambdas below read r and q, which clang before 16 cannot
+      // capture.
+      const int r = pair.first, q = pair.second;
       // The k-th send from r to q against the k-th receive on q from r, walking both lists.
       const std::vector<Action>& out = s_.ranks[r];
       const std::vector<Action>& in = s_.ranks[q];

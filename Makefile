@@ -6,7 +6,8 @@
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make bench      build and run the benchmarks, JSON results in build/bench-results/
 #   make fuzz       build the libFuzzer targets with clang and fuzz each briefly (FUZZ_SECONDS each,
-#                   default 30): the program parser, the checkpoint readers, the --layout parser
+#                   default 30): the program parser, the checkpoint readers, the --layout parser,
+#                   the costs file of simulate --costs
 #   make format     clang-format every source file
 
 JOBS ?= $(shell nproc)
@@ -61,7 +62,7 @@ bench: build
 build-fuzz/build.ninja: | deps
 	CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_BUILD_FUZZERS=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
 
-FUZZ_TARGETS := parser checkpoint layout
+FUZZ_TARGETS := parser checkpoint layout costs
 
 # Each target starts from its committed seed corpus (fuzz/corpus/NAME, read only) and keeps what it
 # finds in build-fuzz/corpus/NAME; a crash, hang or leak stops `make fuzz` with the input saved as

@@ -62,7 +62,7 @@ bool WellFormed(const StepCosts& c) {
 // sound or the simulator refused the costs with an InvalidArgument.
 std::string Replay(const StepCosts& c, int draws) {
   using sluice::pipeline::ScheduleKind;
-  const ScheduleKind kind = c.split_backward ? ScheduleKind::kZbH1
+  const ScheduleKind kind = c.split_backward ? ScheduleKind::kZeroBubbleH1
                             : c.chunks == 2  ? ScheduleKind::kInterleaved
                                              : ScheduleKind::kOneFOneB;
   try {
@@ -104,7 +104,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (sluice::pipeline::CostsToJson(again).dump() != written) {
     Die("what CostsToJson wrote reads back different", written);
   }
-  if (const double share = sluice::pipeline::CoreWaitShare(costs); !(share == -1 || (share >= 0 && share <= 1))) {
+  if (const double share = sluice::pipeline::CoreWaitShare(costs);
+      !(share == -1 || (share >= 0 && share <= 1))) {
     Die("CoreWaitShare is neither -1 nor a share", text);
   }
   if (costs.stages <= 8 && costs.chunks <= 2) {

@@ -5,6 +5,7 @@
 #include "sluice/pipeline/step_simulator.h"
 
 #include <atomic>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "sluice/core/clock.h"
 #include "sluice/pipeline/schedule_analysis.h"
 #include "sluice/pipeline/schedules.h"
+#include "source_dir.h"
 
 namespace sluice::pipeline {
 namespace {
@@ -290,6 +292,41 @@ TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
   bubbles["measured"]["step_ms"] = -1;
   EXPECT_NE(CostsError(bubbles).find("\"measured\" \"step_ms\" is -1"), std::string::npos)
       << CostsError(bubbles);
+  nlohmann::json waits = good;
+  waits["measured"] = {{"step_ms", 3.0}, {"stage_core_wait_ms", {0.5}}};
+  EXPECT_NE(CostsError(waits).find("\"stage_core_wait_ms\" must be an array of one number per "
+                                   "stage (2)"),
+            std::string::npos)
+      << CostsError(waits);
+  waits["measured"]["stage_core_wait_ms"] = {0.5, -1};
+  EXPECT_NE(CostsError(waits).find("\"stage_core_wait_ms\"[1] is -1"), std::string::npos)
+      << CostsError(waits);
+  // A wait longer than the step (a hand-edited file) is a share of at most 1.
+  waits["measured"]["stage_core_wait_ms"] = {0.5, 1e6};
+  EXPECT_DOUBLE_EQ(CoreWaitShare(CostsFromJson(waits, "costs.json")), 1);
+}
+
+// The costs fuzzer's seeds (fuzz/costs_fuzz.cc): valid_* are profiles sluice wrote (and one
+// written by hand) that read and replay on the schedule they cover; the others fail cleanly.
+TEST(StepSimulator, FuzzSeedCorpusReadsOrFailsCleanly) {
+  int count = 0;
+  for (const std::filesystem::path& file : testing_support::FuzzCorpus("costs")) {
+    ++count;
+    if (file.filename().string().starts_with("valid_")) {
+      const StepCosts c = ReadCostsFile(file.string());
+      const ScheduleKind kind = c.split_backward ? ScheduleKind::kZeroBubbleH1
+                                : c.chunks == 2  ? ScheduleKind::kInterleaved
+                                                 : ScheduleKind::kOneFOneB;
+      const Schedule s = MakeSchedule(
+          {.kind = kind, .stages = c.stages, .micro_batches = 2 * c.stages, .chunks = c.chunks});
+      const StepPrediction p = SimulateStep(s, c, {});
+      EXPECT_GT(p.step_ms, 0) << file;
+      EXPECT_GE(p.step_ms, p.makespan_ms) << file;
+    } else {
+      EXPECT_THROW(ReadCostsFile(file.string()), InvalidArgument) << file;
+    }
+  }
+  EXPECT_GE(count, 7);
 }
 
 // Costs that differ per rank and chunk, with the given message costs; `zero_forward` makes every

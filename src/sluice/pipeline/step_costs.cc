@@ -13,8 +13,6 @@ namespace sluice::pipeline {
 namespace {
 
 constexpr const char* kFormat = "sluice-step-costs/1";
-// The most one cost may be, in ms (11.6 days): a replay sums millions of them.
-constexpr double kMaxCostMs = 1e9;
 
 double Median(std::vector<int64_t> v) {
   if (v.empty()) return 0;
@@ -293,6 +291,17 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     if (m.contains("schedule") && !m["schedule"].is_string()) {
       throw bad(where, "\"schedule\" is not a string");
     }
+    if (m.contains("stage_core_wait_ms")) {
+      const nlohmann::json& w = m["stage_core_wait_ms"];
+      if (!w.is_array() || w.size() != static_cast<size_t>(c.stages)) {
+        throw bad(where, fmt::format("\"stage_core_wait_ms\" must be an array of one number per "
+                                     "stage ({})",
+                                     c.stages));
+      }
+      for (size_t r = 0; r < w.size(); ++r) {
+        cost(w[r], fmt::format("\"stage_core_wait_ms\"[{}]", r), where);
+      }
+    }
     if (m.contains("stage_bubble")) {
       const nlohmann::json& b = m["stage_bubble"];
       if (!b.is_array() || b.size() != static_cast<size_t>(c.stages)) {
@@ -378,7 +387,7 @@ double CoreWaitShare(const StepCosts& costs) {
     if (!w.is_number()) return -1;
     share = std::max(share, w.get<double>() / step.get<double>());
   }
-  return share;
+  return std::min(share, 1.0);  // a hand-edited file may claim a wait longer than the step
 }
 
 StepCosts ReadCostsFile(const std::string& path) {

@@ -66,6 +66,9 @@ struct RecordedStep {
 // Steps a profile records compute by compute: the first this many after the warm-up.
 inline constexpr int kMaxRecordedSteps = 64;
 
+// The most one cost of a costs file may be, in ms (11.6 days): a replay sums millions of them.
+inline constexpr double kMaxCostMs = 1e9;
+
 struct StepCosts {
   std::string source = "unit costs";  // where they come from: errors name it
   int stages = 1, chunks = 1;         // P and V of the run measured
@@ -99,9 +102,9 @@ struct StepCosts {
 StepCosts UnitCosts(const Schedule& schedule);
 
 // The largest share of the measured step a stage thread of the profiled run spent waiting for a
-// core (measured "stage_core_wait_ms" over "step_ms"); -1 when the costs do not say. The replay
-// gives every stage a core of its own: above a few percent the run measured another machine —
-// its stage threads shared cores with other work, and a woken stage then takes the core of the
+// core (measured "stage_core_wait_ms" over "step_ms", at most 1); -1 when the costs do not say. The
+// replay gives every stage a core of its own: above a few percent the run measured another machine
+// — its stage threads shared cores with other work, and a woken stage then takes the core of the
 // stage that woke it, which no replay of a core per stage holds (docs/simulator.md, "Accuracy").
 double CoreWaitShare(const StepCosts& costs);
 // The share above which `sluice simulate` says so beside its prediction.

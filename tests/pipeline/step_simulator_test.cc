@@ -282,7 +282,9 @@ TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
       << CostsError(measured_text);
   nlohmann::json bubbles = good;
   bubbles["measured"] = {{"step_ms", 3.0}, {"stage_bubble", {0.5}}};
-  EXPECT_NE(CostsError(bubbles).find("one number per stage (2)"), std::string::npos)
+  EXPECT_NE(CostsError(bubbles).find("\"measured\" must have \"stage_bubble\": one number per "
+                                     "stage (2)"),
+            std::string::npos)
       << CostsError(bubbles);
   bubbles["measured"]["stage_bubble"] = {0.5, 7};
   EXPECT_NE(CostsError(bubbles).find("\"stage_bubble\" holds 7: a share from 0 to 1"),
@@ -294,7 +296,7 @@ TEST(StepSimulator, CostsFileErrorsNameTheEntry) {
       << CostsError(bubbles);
   nlohmann::json waits = good;
   waits["measured"] = {{"step_ms", 3.0}, {"stage_core_wait_ms", {0.5}}};
-  EXPECT_NE(CostsError(waits).find("\"stage_core_wait_ms\" must be an array of one number per "
+  EXPECT_NE(CostsError(waits).find("\"measured\" must have \"stage_core_wait_ms\": one number per "
                                    "stage (2)"),
             std::string::npos)
       << CostsError(waits);

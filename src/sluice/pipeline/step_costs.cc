@@ -291,25 +291,15 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     if (m.contains("schedule") && !m["schedule"].is_string()) {
       throw bad(where, "\"schedule\" is not a string");
     }
+    const std::string per_stage = fmt::format("one number per stage ({})", c.stages);
     if (m.contains("stage_core_wait_ms")) {
-      const nlohmann::json& w = m["stage_core_wait_ms"];
-      if (!w.is_array() || w.size() != static_cast<size_t>(c.stages)) {
-        throw bad(where, fmt::format("\"stage_core_wait_ms\" must be an array of one number per "
-                                     "stage ({})",
-                                     c.stages));
-      }
+      const nlohmann::json& w = entries(m, "stage_core_wait_ms", c.stages, where, per_stage);
       for (size_t r = 0; r < w.size(); ++r) {
         cost(w[r], fmt::format("\"stage_core_wait_ms\"[{}]", r), where);
       }
     }
     if (m.contains("stage_bubble")) {
-      const nlohmann::json& b = m["stage_bubble"];
-      if (!b.is_array() || b.size() != static_cast<size_t>(c.stages)) {
-        throw bad(where, fmt::format("\"stage_bubble\" must be an array of one number per stage "
-                                     "({})",
-                                     c.stages));
-      }
-      for (const nlohmann::json& x : b) {
+      for (const nlohmann::json& x : entries(m, "stage_bubble", c.stages, where, per_stage)) {
         if (!x.is_number() || !(x.get<double>() >= 0 && x.get<double>() <= 1)) {
           throw bad(where, fmt::format("\"stage_bubble\" holds {}: a share from 0 to 1", x.dump()));
         }

@@ -48,7 +48,7 @@ nlohmann::ordered_json MeasuredStep(const pipeline::StepCosts& costs,
     return nullptr;
   }
   nlohmann::ordered_json out;
-  if (m.contains("steps")) out["steps"] = m["steps"];
+  if (m.contains("steps") && m["steps"].is_number_unsigned()) out["steps"] = m["steps"];  // a count
   out["step_ms"] = m["step_ms"];
   out["stage_bubble"] = m["stage_bubble"];
   return out;

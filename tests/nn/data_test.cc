@@ -1,17 +1,26 @@
 #include "sluice/nn/data.h"
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "sluice/nn/mlp.h"
 
 namespace sluice {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 TEST(SortDataset, TargetsAreTheSortedDigits) {
   SortDataset data(4, 10);
@@ -132,6 +141,176 @@ TEST(TextDataset, ClearErrorsForMissingOrShortFiles) {
     EXPECT_NE(std::string(e.what()).find("--seq"), std::string::npos);
   }
   std::remove(path.c_str());
+}
+
+// Where the windows of a batch start, pinned from TextDataset before its sampler became the one
+// TokenFileDataset shares: a resumed run draws the same batches as the run it resumes, across
+// versions.
+TEST(TextDataset, WindowStartsArePinned) {
+  const std::string path = ::testing::TempDir() + "/text_pinned.txt";
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (int i = 0; i < 200; ++i) out << static_cast<char>(i);  // byte i is i: ids name positions
+  }
+  TextDataset data(path, 8);
+  const Batch train = data.GetBatch(DataSplit::kTrain, 3, 4, 9);
+  const Batch validation = data.GetBatch(DataSplit::kValidation, 3, 4, 9);
+  const int64_t train_starts[] = {42, 111, 28, 160}, validation_starts[] = {191, 186, 191, 190};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(train.ids.At({r, 0}), train_starts[r]) << r;
+    EXPECT_EQ(validation.ids.At({r, 0}), validation_starts[r]) << r;
+  }
+  std::remove(path.c_str());
+}
+
+// Writes `tokens` as little-endian unsigned 16-bit ids, byte by byte (whatever the host's order).
+std::string WriteTokenFile(const std::string& name, const std::vector<uint16_t>& tokens) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream out(path, std::ios::binary);
+  for (uint16_t t : tokens) out << static_cast<char>(t & 0xff) << static_cast<char>(t >> 8);
+  return path;
+}
+
+// Token i of the file is 1000 + i: ids above 255 need both bytes, and an id names its position.
+std::vector<uint16_t> CountingTokens(int n) {
+  std::vector<uint16_t> tokens(n);
+  for (int i = 0; i < n; ++i) tokens[i] = static_cast<uint16_t>(1000 + i);
+  return tokens;
+}
+
+TEST(TokenFileDataset, WindowsPredictTheNextToken) {
+  const std::string path = WriteTokenFile("tokens_round_trip.bin", CountingTokens(200));
+  TokenFileDataset data(path, 8, 0);
+  EXPECT_EQ(data.name(), path);
+  EXPECT_EQ(data.seq_len(), 8);
+  EXPECT_EQ(data.num_tokens(), 200);
+  EXPECT_EQ(data.vocab_size(), 1200);  // vocab 0: the largest id + 1
+  EXPECT_EQ(data.token(0), 1000);
+  EXPECT_EQ(data.token(199), 1199);
+  const Batch b = data.GetBatch(DataSplit::kTrain, 3, 4, 9);
+  ASSERT_EQ(b.ids.shape(), (Shape{4, 8}));
+  ASSERT_EQ(b.targets.shape(), (Shape{4, 8}));
+  ASSERT_EQ(b.ids.dtype(), DType::kI64);
+  ASSERT_EQ(b.targets.dtype(), DType::kI64);
+  for (int r = 0; r < 4; ++r) {
+    const double start = b.ids.At({r, 0});
+    for (int t = 0; t < 8; ++t) {
+      EXPECT_EQ(b.ids.At({r, t}), start + t) << r << "," << t;  // consecutive tokens of the file
+      EXPECT_EQ(b.targets.At({r, t}), start + t + 1) << r << "," << t;  // each one's next
+    }
+  }
+  std::remove(path.c_str());
+}
+
+TEST(TokenFileDataset, KeepsTheFullSixteenBitsAndAGivenVocabulary) {
+  std::vector<uint16_t> tokens = CountingTokens(100);
+  tokens[50] = 65535;
+  const std::string path = WriteTokenFile("tokens_wide.bin", tokens);
+  EXPECT_EQ(TokenFileDataset(path, 4, 0).vocab_size(), 65536);
+  EXPECT_EQ(TokenFileDataset(path, 4, 65536).token(50), 65535);
+  EXPECT_EQ(TokenFileDataset(path, 4, 70000).vocab_size(), 70000);  // a model wider than its data
+  std::remove(path.c_str());
+}
+
+TEST(TokenFileDataset, BatchesAreAPureFunctionOfSeedAndIndex) {
+  const std::string path = WriteTokenFile("tokens_determinism.bin", CountingTokens(2000));
+  const TokenFileDataset data(path, 16, 0), again(path, 16, 0);
+  const auto ids = [](const Dataset& d, DataSplit split, int64_t index, uint64_t seed) {
+    return d.GetBatch(split, index, 8, seed).ids;
+  };
+  EXPECT_TRUE(
+      BitwiseEqual(ids(data, DataSplit::kTrain, 7, 1), ids(again, DataSplit::kTrain, 7, 1)));
+  EXPECT_TRUE(BitwiseEqual(ids(data, DataSplit::kValidation, 7, 1),
+                           ids(again, DataSplit::kValidation, 7, 1)));
+  EXPECT_FALSE(
+      BitwiseEqual(ids(data, DataSplit::kTrain, 7, 1), ids(data, DataSplit::kTrain, 8, 1)));
+  EXPECT_FALSE(
+      BitwiseEqual(ids(data, DataSplit::kTrain, 7, 1), ids(data, DataSplit::kTrain, 7, 2)));
+  std::remove(path.c_str());
+}
+
+// 100 tokens: the first 90 train (window starts 0..85 for T = 4), the last 10 validate (starts
+// 90..95). Enough draws reach both ends of each range and never cross them.
+TEST(TokenFileDataset, SplitsAtNinetyPercentOfTheTokens) {
+  const std::string path = WriteTokenFile("tokens_split.bin", CountingTokens(100));
+  const TokenFileDataset data(path, 4, 0);
+  EXPECT_EQ(data.train_tokens(), 90);
+  const auto start_range = [&](DataSplit split) {
+    int64_t lo = 1 << 20, hi = -1, last = -1;
+    for (int i = 0; i < 100; ++i) {
+      const Batch b = data.GetBatch(split, i, 16, 5);
+      for (int r = 0; r < 16; ++r) {
+        const int64_t start = static_cast<int64_t>(b.ids.At({r, 0})) - 1000;
+        lo = std::min(lo, start);
+        hi = std::max(hi, start);
+        last = std::max(last, static_cast<int64_t>(b.targets.At({r, 3})) - 1000);
+      }
+    }
+    return std::array<int64_t, 3>{lo, hi, last};
+  };
+  EXPECT_EQ(start_range(DataSplit::kTrain), (std::array<int64_t, 3>{0, 85, 89}));
+  EXPECT_EQ(start_range(DataSplit::kValidation), (std::array<int64_t, 3>{90, 95, 99}));
+  std::remove(path.c_str());
+}
+
+TEST(TokenFileDataset, ErrorsNameTheFileAndTheFix) {
+  EXPECT_THAT([] { TokenFileDataset("/nonexistent/tokens.bin", 8, 0); },
+              ThrowsMessage<IoError>(HasSubstr("/nonexistent/tokens.bin")));
+
+  const std::string odd = ::testing::TempDir() + "/tokens_odd.bin";
+  { std::ofstream(odd, std::ios::binary) << "abc"; }
+  EXPECT_THAT([&] { TokenFileDataset(odd, 8, 0); },
+              ThrowsMessage<IoError>(
+                  AllOf(HasSubstr(odd), HasSubstr("3 bytes is not a whole number of 16-bit tokens"),
+                        HasSubstr("little-endian unsigned 16-bit"))));
+  std::remove(odd.c_str());
+
+  std::vector<uint16_t> tokens(100, 7);
+  tokens[42] = 150;
+  const std::string big_id = WriteTokenFile("tokens_big_id.bin", tokens);
+  EXPECT_THAT([&] { TokenFileDataset(big_id, 8, 100); },
+              ThrowsMessage<InvalidArgument>(AllOf(
+                  HasSubstr(big_id), HasSubstr("token 42 (byte offset 84) is 150"),
+                  HasSubstr("vocabulary of 100"), HasSubstr("raise --vocab to at least 151"))));
+  EXPECT_EQ(TokenFileDataset(big_id, 8, 151).vocab_size(), 151);
+  EXPECT_THAT([&] { TokenFileDataset(big_id, 8, -1); },
+              ThrowsMessage<InvalidArgument>(AllOf(HasSubstr(big_id), HasSubstr("negative"))));
+  std::remove(big_id.c_str());
+
+  // 50 tokens: the validation split holds 5, too few for a window of 8 + 1.
+  const std::string short_file = WriteTokenFile("tokens_short.bin", CountingTokens(50));
+  EXPECT_THAT(
+      [&] { TokenFileDataset(short_file, 8, 0); },
+      ThrowsMessage<InvalidArgument>(AllOf(HasSubstr(short_file), HasSubstr("50 tokens"),
+                                           HasSubstr("at least 90 tokens"), HasSubstr("--seq"))));
+  EXPECT_THAT([&] { TokenFileDataset(short_file, 0, 0); },
+              ThrowsMessage<InvalidArgument>(HasSubstr("--seq")));
+  EXPECT_EQ(TokenFileDataset(short_file, 4, 0).seq_len(), 4);  // 5 validation tokens: T = 4 fits
+  std::remove(short_file.c_str());
+
+  const std::string empty = WriteTokenFile("tokens_empty.bin", {});
+  EXPECT_THAT([&] { TokenFileDataset(empty, 8, 0); },
+              ThrowsMessage<InvalidArgument>(AllOf(HasSubstr(empty), HasSubstr("0 tokens"))));
+  std::remove(empty.c_str());
+}
+
+TEST(OpenTokenData, PicksTheSourceFromTheSpec) {
+  EXPECT_NE(dynamic_cast<SortDataset*>(OpenTokenData("sort", 64, 0).get()), nullptr);
+
+  const std::string bin = WriteTokenFile("open_tokens.bin", CountingTokens(200));
+  const std::unique_ptr<Dataset> tokens = OpenTokenData(bin, 8, 5000);
+  ASSERT_NE(dynamic_cast<TokenFileDataset*>(tokens.get()), nullptr);
+  EXPECT_EQ(tokens->vocab_size(), 5000);
+  EXPECT_EQ(tokens->seq_len(), 8);
+
+  // Any other name is text, read as bytes: the same file named .txt has vocabulary 256.
+  const std::string txt = ::testing::TempDir() + "/open_tokens.txt";
+  std::filesystem::copy_file(bin, txt, std::filesystem::copy_options::overwrite_existing);
+  const std::unique_ptr<Dataset> text = OpenTokenData(txt, 8, 5000);
+  ASSERT_NE(dynamic_cast<TextDataset*>(text.get()), nullptr);
+  EXPECT_EQ(text->vocab_size(), 256);
+  std::remove(bin.c_str());
+  std::remove(txt.c_str());
 }
 
 }  // namespace

@@ -12,6 +12,31 @@
 
 namespace sluice {
 
+namespace {
+
+// Windows of T + 1 consecutive tokens of a sequence, starts drawn uniformly from the tokens
+// [begin, end) (token(i) is token i): ids [B, T] the first T of each, targets [B, T] the last T.
+// The one window sampler of TextDataset and TokenFileDataset; `rng_seed` is MixSeed(...).
+template <typename TokenAt>
+Batch DrawWindows(const TokenAt& token, size_t begin, size_t end, int64_t T, int64_t batch_size,
+                  uint64_t rng_seed) {
+  Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
+  int64_t* ids = b.ids.data<int64_t>();
+  int64_t* targets = b.targets.data<int64_t>();
+  std::mt19937_64 rng(rng_seed);
+  std::uniform_int_distribution<size_t> start(begin, end - static_cast<size_t>(T) - 1);
+  for (int64_t r = 0; r < batch_size; ++r) {
+    size_t s = start(rng);
+    for (int64_t t = 0; t < T; ++t) {
+      ids[r * T + t] = token(s + t);
+      targets[r * T + t] = token(s + t + 1);
+    }
+  }
+  return b;
+}
+
+}  // namespace
+
 uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index) {
   uint64_t z = seed ^ (stream * 0x9E3779B97F4A7C15ull) ^ (index * 0xBF58476D1CE4E5B9ull);
   // SplitMix64 finalizer.
@@ -80,23 +105,64 @@ TextDataset::TextDataset(const std::string& path, int64_t seq_len)
 
 Batch TextDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size,
                             uint64_t seed) const {
-  const int64_t T = seq_len_;
-  const size_t begin = split == DataSplit::kTrain ? 0 : train_end_;
-  const size_t end = split == DataSplit::kTrain ? train_end_ : bytes_.size();
-  Batch b{Tensor::Empty({batch_size, T}, DType::kI64), Tensor::Empty({batch_size, T}, DType::kI64)};
-  int64_t* ids = b.ids.data<int64_t>();
-  int64_t* targets = b.targets.data<int64_t>();
-  std::mt19937_64 rng(
-      MixSeed(seed, split == DataSplit::kTrain ? 3 : 4, static_cast<uint64_t>(index)));
-  std::uniform_int_distribution<size_t> start(begin, end - static_cast<size_t>(T) - 1);
-  for (int64_t r = 0; r < batch_size; ++r) {
-    size_t s = start(rng);
-    for (int64_t t = 0; t < T; ++t) {
-      ids[r * T + t] = bytes_[s + t];
-      targets[r * T + t] = bytes_[s + t + 1];
+  const bool train = split == DataSplit::kTrain;
+  return DrawWindows([this](size_t i) { return int64_t{bytes_[i]}; }, train ? 0 : train_end_,
+                     train ? train_end_ : bytes_.size(), seq_len_, batch_size,
+                     MixSeed(seed, train ? 3 : 4, static_cast<uint64_t>(index)));
+}
+
+TokenFileDataset::TokenFileDataset(const std::string& path, int64_t seq_len, int64_t vocab)
+    : path_(path), seq_len_(seq_len), vocab_(vocab) {
+  if (vocab < 0) {
+    throw InvalidArgument(fmt::format(
+        "token file '{}': the vocabulary {} is negative; pass the model's --vocab, or 0 to take "
+        "the largest id in the file + 1",
+        path, vocab));
+  }
+  bytes_ = ReadWholeFile("token file", path);
+  if (bytes_.size() % 2 != 0) {
+    throw IoError(fmt::format(
+        "token file '{}': {} bytes is not a whole number of 16-bit tokens; a .bin token file holds "
+        "little-endian unsigned 16-bit ids (numpy: ids.astype(np.uint16).tofile(path)), or name a "
+        "file not ending in .bin to read it as bytes",
+        path, bytes_.size()));
+  }
+  const size_t n = bytes_.size() / 2;
+  train_end_ = n * 9 / 10;
+  const size_t need = static_cast<size_t>(seq_len) + 1;
+  if (seq_len < 1 || train_end_ < need || n - train_end_ < need) {
+    throw InvalidArgument(fmt::format(
+        "token file '{}' has {} tokens: too short for sequences of {} tokens (needs at least {} "
+        "tokens so that the 10% validation split holds one sequence); use a larger file or a "
+        "smaller --seq",
+        path, n, seq_len, need * 10));
+  }
+  if (vocab_ == 0) {
+    for (size_t i = 0; i < n; ++i) vocab_ = std::max(vocab_, token(i) + 1);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      if (token(i) >= vocab_) {
+        throw InvalidArgument(fmt::format(
+            "token file '{}': token {} (byte offset {}) is {}, outside the vocabulary of {}; raise "
+            "--vocab to at least {} (or 0 to take the largest id in the file + 1)",
+            path, i, 2 * i, token(i), vocab_, token(i) + 1));
+      }
     }
   }
-  return b;
+}
+
+Batch TokenFileDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size,
+                                 uint64_t seed) const {
+  const bool train = split == DataSplit::kTrain;
+  return DrawWindows([this](size_t i) { return token(i); }, train ? 0 : train_end_,
+                     train ? train_end_ : bytes_.size() / 2, seq_len_, batch_size,
+                     MixSeed(seed, train ? 8 : 9, static_cast<uint64_t>(index)));
+}
+
+std::unique_ptr<Dataset> OpenTokenData(const std::string& spec, int64_t seq_len, int64_t vocab) {
+  if (spec == "sort") return std::make_unique<SortDataset>();
+  if (spec.ends_with(".bin")) return std::make_unique<TokenFileDataset>(spec, seq_len, vocab);
+  return std::make_unique<TextDataset>(spec, seq_len);
 }
 
 }  // namespace sluice

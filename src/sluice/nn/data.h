@@ -11,6 +11,10 @@
 //                of their digits, so validation sequences are never trained on.
 //   TextDataset  byte-level language modelling on any file: vocabulary 256, the first 90% of the
 //                bytes for training, the last 10% for validation, windows drawn uniformly.
+//   TokenFileDataset  language modelling on a file of token ids, each a little-endian unsigned
+//                16-bit integer (the `.bin` of nanoGPT-style pipelines: `np.array(ids,
+//                dtype=np.uint16).tofile(path)`); split and windows as TextDataset's.
+// OpenTokenData picks one of them from a --data spec, so that every caller decides alike.
 //
 // Thread-safety: const methods are safe to call concurrently.
 #pragma once
@@ -80,7 +84,51 @@ class TextDataset final : public Dataset {
   size_t train_end_;  // bytes [0, train_end_) train, [train_end_, size) validation
 };
 
+class TokenFileDataset final : public Dataset {
+ public:
+  // Reads the whole file: ids [B, T], targets [B, T] are windows of T + 1 consecutive tokens, the
+  // first 90% of the tokens for training and the last 10% for validation. `vocab` bounds the ids
+  // (every id < vocab); 0 takes the largest id in the file + 1. Throws, naming the path and the
+  // fix: IoError when the file cannot be read or its size is odd (not whole 16-bit tokens);
+  // InvalidArgument when vocab < 0, when an id is >= vocab (its position and value: raise
+  // --vocab), or when either split is shorter than seq_len + 1 tokens (or seq_len < 1).
+  // Memory: the file's bytes, 2 per token, held for the dataset's life.
+  TokenFileDataset(const std::string& path, int64_t seq_len, int64_t vocab = 0);
+  std::string name() const override { return path_; }
+  int64_t vocab_size() const override { return vocab_; }
+  int64_t seq_len() const override { return seq_len_; }
+  Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const override;
+
+  // Tokens in the file, and in the training split (tokens [0, train_tokens()); the rest validate).
+  int64_t num_tokens() const { return static_cast<int64_t>(bytes_.size() / 2); }
+  int64_t train_tokens() const { return static_cast<int64_t>(train_end_); }
+  // Token i of the file (0 <= i < num_tokens()).
+  int64_t token(size_t i) const {
+    return static_cast<uint8_t>(bytes_[2 * i]) | (static_cast<uint8_t>(bytes_[2 * i + 1]) << 8);
+  }
+
+ private:
+  std::string path_;
+  int64_t seq_len_;
+  int64_t vocab_;
+  std::string bytes_;  // the file as read: token i is bytes 2i (low) and 2i + 1 (high)
+  size_t train_end_;   // tokens [0, train_end_) train, [train_end_, num_tokens()) validation
+};
+
+// The token data a --data spec names: "sort" → SortDataset() (its own T = 12 and vocabulary 11:
+// seq_len and vocab are not used), a path ending in ".bin" → TokenFileDataset(spec, seq_len,
+// vocab), any other path → TextDataset(spec, seq_len) (vocabulary 256: vocab is not used). The
+// caller checks its model's vocabulary and T against the result's. Throws what the constructor
+// throws.
+//
+// Example:
+//   std::unique_ptr<Dataset> data = OpenTokenData("train.bin", 256, 0);  // vocab from the file
+std::unique_ptr<Dataset> OpenTokenData(const std::string& spec, int64_t seq_len, int64_t vocab);
+
 // SplitMix64 of (seed, stream, index): the seed of every random draw in data and initialization.
+// Streams in use, one per kind of draw so that no two share a sequence: 1-2 sort (train,
+// validation), 3-4 text, 5-7 blobs (centres, train, validation), 8-9 token file, 10-11 arrays
+// (step/array_dataset.h), 100 parameter initialization (nn/model.h). A new source takes new ones.
 uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index);
 
 }  // namespace sluice

@@ -15,9 +15,9 @@
 //                         on a GPT's packed projections: B·T = 2048 positions, C = 384 (H = C / D
 //                         heads), T = 64 or 256; GFLOPs counts the GEMMs of the visible (causal)
 //                         half, 2·T²·D per head and product (forward 2 products, backward 4).
-//   Row/<kernel>/...      bytes_per_second (bytes read + written) of layer norm, softmax and
-//                         causal softmax forward, fast and reference kernels, next to a memcpy of
-//                         the same bytes (the memory-bandwidth ceiling).
+//   Row/<kernel>/...      bytes_per_second (bytes read + written) of layer norm, RMS norm, softmax
+//                         and causal softmax forward, fast and reference kernels, next to a memcpy
+//                         of the same bytes (the memory-bandwidth ceiling).
 //
 // Rates are per CPU second of the benchmark thread, so run GEMMs single-threaded for a fair
 // ratio on a shared machine: OPENBLAS_NUM_THREADS=1 build/bench/kernels_bench
@@ -40,6 +40,7 @@
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/rms_norm.h"
 #include "sluice/kernels/softmax.h"
 
 namespace sluice {
@@ -173,6 +174,24 @@ void BM_LayerNorm(benchmark::State& state) {
 }
 
 template <bool kFast>
+void BM_RmsNorm(benchmark::State& state) {
+  const int64_t rows = state.range(0), c = state.range(1);
+  Tensor x = Random({rows, c}), w = Random({c}), y = Tensor::Empty({rows, c}, DType::kF32);
+  for (auto _ : state) {
+    if constexpr (kFast) {
+      kernels::RmsNormFast<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, c,
+                                  1e-6f);
+    } else {
+      kernels::RmsNormReference<float>(x.data<float>(), w.data<float>(), y.data<float>(), rows, c,
+                                       1e-6f);
+    }
+    benchmark::DoNotOptimize(y.data<float>());
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, rows * c);
+}
+
+template <bool kFast>
 void BM_Softmax(benchmark::State& state) {
   const int64_t rows = state.range(0), c = state.range(1);
   Tensor x = Random({rows, c}, -8, 8), y = Tensor::Empty({rows, c}, DType::kF32);
@@ -237,8 +256,8 @@ void BM_Attention(benchmark::State& state) {
                       static_cast<double>(t + 1) * static_cast<double>(d));
 }
 
-// Layer norm over [B·T, C]; softmax over attention rows [B·H·T, T] (C = 768, H = 12, B = 1024/T)
-// and over a vocabulary-sized row block [64, 50304].
+// Layer and RMS norm over [B·T, C]; softmax over attention rows [B·H·T, T] (C = 768, H = 12,
+// B = 1024/T) and over a vocabulary-sized row block [64, 50304].
 void LayerNormShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "C"})->Args({kRows, 128})->Args({kRows, 768});
 }
@@ -262,6 +281,8 @@ BENCHMARK_TEMPLATE(BM_Attention, true)
 BENCHMARK(BM_Memcpy)->Name("Row/memcpy")->Apply(LayerNormShapes)->Apply(SoftmaxShapes);
 BENCHMARK_TEMPLATE(BM_LayerNorm, true)->Name("Row/layer_norm_fast")->Apply(LayerNormShapes);
 BENCHMARK_TEMPLATE(BM_LayerNorm, false)->Name("Row/layer_norm_reference")->Apply(LayerNormShapes);
+BENCHMARK_TEMPLATE(BM_RmsNorm, true)->Name("Row/rms_norm_fast")->Apply(LayerNormShapes);
+BENCHMARK_TEMPLATE(BM_RmsNorm, false)->Name("Row/rms_norm_reference")->Apply(LayerNormShapes);
 BENCHMARK_TEMPLATE(BM_Softmax, true)->Name("Row/softmax_fast")->Apply(SoftmaxShapes);
 BENCHMARK_TEMPLATE(BM_Softmax, false)->Name("Row/softmax_reference")->Apply(SoftmaxShapes);
 BENCHMARK_TEMPLATE(BM_CausalSoftmax, true)->Name("Row/causal_softmax_fast")->Apply(CausalShapes);

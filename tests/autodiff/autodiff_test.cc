@@ -2,6 +2,7 @@
 // summation for values used more than once, pruning, naming, and the B/W split.
 #include "sluice/autodiff/autodiff.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -145,6 +146,51 @@ TEST(Autodiff, SplitBackwardEqualsUnsplitBitwise) {
   RunReference(split.w, parts);
   for (const std::string& g : bwd.grads) {
     EXPECT_TRUE(BitwiseEqual(whole.Get(g), parts.Get(g))) << g;
+  }
+}
+
+// y = rms_norm(x, g)·W: the weight gradient of the norm is an op of its own (rms_norm_grad_weight),
+// so the zero-bubble split leaves it to W, and B computes x's gradient without it. rms_norm is
+// recomputable: its output, which dW needs, is rebuilt from x rather than saved.
+TEST(Autodiff, SplitBackwardDefersTheRmsNormWeightGradientToW) {
+  Builder b("rms");
+  Var x = b.Input("x", DType::kF64, {3, 5});
+  Var g = b.Param("norm.weight", DType::kF64, {5});
+  Var w = b.Param("w", DType::kF64, {5, 2});
+  b.Output(b.Name(MatMul(b.Name(RmsNorm(x, g, 1e-6), "n"), w), "y"));
+  Program p = b.Build();
+  Backward bwd = BuildBackward(p, {.seeds = {"y"}, .wrt = {"x", "norm.weight", "w"}});
+  EXPECT_EQ(bwd.saved, (std::vector<std::string>{"x"}));
+  SplitBackward split = SplitBW(bwd, {"x"});
+  auto ops = [](const Program& q) {
+    std::vector<std::string> names;
+    for (const Instruction& ins : q.instructions()) names.push_back(ins.op->name);
+    return names;
+  };
+  auto has = [](const std::vector<std::string>& names, const std::string& op) {
+    return std::find(names.begin(), names.end(), op) != names.end();
+  };
+  EXPECT_TRUE(has(ops(split.b), "rms_norm_grad_x"));
+  EXPECT_FALSE(has(ops(split.b), "rms_norm_grad_weight"));
+  EXPECT_TRUE(has(ops(split.w), "rms_norm_grad_weight"));
+  EXPECT_FALSE(has(ops(split.w), "rms_norm_grad_x"));
+
+  std::mt19937_64 rng(3);
+  Scope base;
+  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
+  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
+  Tensor dy = Random({3, 2}, rng);
+  Scope whole, parts;
+  for (Scope* s : {&whole, &parts}) {
+    for (const std::string& name : base.Names()) s->Set(name, base.Get(name).Clone());
+    RunReference(p, *s, DefaultAllocator(), false, bwd.saved);
+    s->Set("y.grad", dy);
+  }
+  RunReference(bwd.program, whole);
+  RunReference(split.b, parts);
+  RunReference(split.w, parts);
+  for (const std::string& grad : bwd.grads) {
+    EXPECT_TRUE(BitwiseEqual(whole.Get(grad), parts.Get(grad))) << grad;
   }
 }
 

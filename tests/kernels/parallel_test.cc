@@ -27,6 +27,7 @@
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/optimizer.h"
 #include "sluice/kernels/reduce.h"
+#include "sluice/kernels/rms_norm.h"
 #include "sluice/kernels/softmax.h"
 #include "sluice/kernels/unary.h"
 
@@ -199,6 +200,18 @@ TEST_F(ParallelKernels, RowKernelsAreBitwiseTheSameAtAnyThreadCount) {
         return out;
       },
       "layer_norm");
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        std::vector<float> dw(kCols);
+        RmsNormFast(x.data(), w.data(), y.data(), kRows, kCols, 1e-6f);
+        RmsNormGradXFast(dy.data(), x.data(), w.data(), z.data(), kRows, kCols, 1e-6f);
+        RmsNormGradWeightFast(dy.data(), x.data(), dw.data(), kRows, kCols, 1e-6f);
+        std::vector<float> out = y;
+        out.insert(out.end(), z.begin(), z.end());
+        out.insert(out.end(), dw.begin(), dw.end());
+        return out;
+      },
+      "rms_norm");
   ExpectBitwiseAcrossThreads(
       [&] {
         const int64_t n = kRows * kCols;

@@ -17,6 +17,7 @@
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/optimizer.h"
+#include "sluice/kernels/rms_norm.h"
 #include "sluice/kernels/softmax.h"
 #include "sluice/kernels/unary.h"
 
@@ -192,6 +193,18 @@ TYPED_TEST(SimdKernels, RowKernelsMatchTheReferences) {
                                       T(1e-5));
       ExpectClose(dw, dw_ref, 4 * Tolerance<T>(), "layer_norm dweight");
       ExpectClose(db, db_ref, Tolerance<T>(), "layer_norm dbias");
+
+      RmsNormFast<T>(x.data(), w.data(), fast.data(), rows, cols, T(1e-6));
+      RmsNormReference<T>(x.data(), w.data(), ref.data(), rows, cols, T(1e-6));
+      ExpectClose(fast, ref, 4 * Tolerance<T>(), "rms_norm");
+      if (cols > 1) {  // one channel: x̂ = ±1 and dx is 0 up to rounding in both
+        RmsNormGradXFast<T>(dy.data(), x.data(), w.data(), fast.data(), rows, cols, T(1e-6));
+        RmsNormGradXReference<T>(dy.data(), x.data(), w.data(), ref.data(), rows, cols, T(1e-6));
+        ExpectClose(fast, ref, 16 * Tolerance<T>(), "rms_norm_grad_x");
+      }
+      RmsNormGradWeightFast<T>(dy.data(), x.data(), dw.data(), rows, cols, T(1e-6));
+      RmsNormGradWeightReference<T>(dy.data(), x.data(), dw_ref.data(), rows, cols, T(1e-6));
+      ExpectClose(dw, dw_ref, 4 * Tolerance<T>(), "rms_norm dweight");
     }
   });
 }

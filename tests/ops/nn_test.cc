@@ -1,20 +1,27 @@
-// Op table: neural-network family (softmax, causal masking, layer norm, embedding, cross-entropy),
-// plus the properties the table cannot state: exact zeros under the mask, stability for large
-// logits, closed-form losses and the out-of-range errors.
+// Op table: neural-network family (softmax, causal masking, layer and RMS norm, embedding,
+// cross-entropy), plus the properties the table cannot state: exact zeros under the mask, stability
+// for large logits, closed-form norms and losses and the out-of-range errors; and the PyTorch
+// parity check of rms_norm and its gradients (tests/parity/rms_norm_reference.py, checked in as
+// tests/ops/data/rms_norm_reference.json).
 #include <cmath>
 #include <limits>
+#include <span>
+#include <tuple>
 
 #include <gmock/gmock.h>
 
 #include "op_harness.h"
+#include "sluice/autodiff/autodiff.h"
 #include "sluice/exec/reference_runner.h"
 #include "sluice/ir/ops.h"
+#include "torch_reference.h"
 
 namespace sluice::testing {
 std::vector<OpCase> NnCases() {
   const Attrs mask_finite{{"value", -3.0}};  // finite, so the loss of the gradient check is too
   const Attrs mask_zero{{"value", 0.0}};
   const Attrs eps{{"eps", 1e-5}};
+  const Attrs rms_eps{{"eps", 1e-6}};
   return {
       {.label = "softmax_row", .op = "softmax", .inputs = {F({4, 7})}},
       {.label = "softmax_3d", .op = "softmax", .inputs = {F({2, 3, 13})}},
@@ -89,6 +96,45 @@ std::vector<OpCase> NnCases() {
        .op = "layer_norm_grad_params",
        .inputs = {F({2, 3, 7}), F({2, 3, 7})},
        .attrs = eps,
+       .grad = false},
+      {.label = "rms_norm", .op = "rms_norm", .inputs = {F({4, 7}), F({7})}},
+      {.label = "rms_norm_3d",
+       .op = "rms_norm",
+       .inputs = {F({2, 3, 13}), F({13})},
+       .attrs = rms_eps},
+      {.label = "rms_norm_one_channel",
+       .op = "rms_norm",
+       .inputs = {F({3, 1}), F({1})},
+       .attrs = rms_eps},
+      {.label = "rms_norm_offset",
+       .op = "rms_norm",
+       .inputs = {F({5, 33}), F({33})},
+       .attrs = {{"eps", 1e-3}},
+       .fills = {Uniform(2, 6)}},
+      {.label = "rms_norm_small",  // mean(x²) ≈ 1e-4, near eps: eps's share of rstd is tested
+       .op = "rms_norm",
+       .inputs = {F({3, 9}), F({9})},
+       .attrs = {{"eps", 1e-4}},
+       .fills = {Uniform(-0.02, 0.02)}},
+      {.label = "rms_norm_big", .op = "rms_norm", .inputs = {F({9, 257}), F({257})}, .grad = false},
+      {.label = "rms_norm_grad_x",
+       .op = "rms_norm_grad_x",
+       .inputs = {F({4, 7}), F({4, 7}), F({7})},
+       .attrs = rms_eps,
+       .grad = false},
+      {.label = "rms_norm_grad_x_big",
+       .op = "rms_norm_grad_x",
+       .inputs = {F({9, 257}), F({9, 257}), F({257})},
+       .attrs = rms_eps,
+       .grad = false},
+      {.label = "rms_norm_grad_weight",
+       .op = "rms_norm_grad_weight",
+       .inputs = {F({2, 3, 7}), F({2, 3, 7})},
+       .attrs = rms_eps,
+       .grad = false},
+      {.label = "rms_norm_grad_weight_big",
+       .op = "rms_norm_grad_weight",
+       .inputs = {F({9, 257}), F({9, 257})},
        .grad = false},
       {.label = "embedding",
        .op = "embedding",
@@ -174,6 +220,25 @@ std::vector<OpErrorCase> NnErrors() {
        .inputs = {F({4, 7}), F({4, 6}), F({6})}},
       {.label = "layer_norm_grad_params_shapes",
        .op = "layer_norm_grad_params",
+       .inputs = {F({4, 7}), F({3, 7})}},
+      {.label = "rms_norm_weight", .op = "rms_norm", .inputs = {F({4, 7}), F({6})}},
+      {.label = "rms_norm_weight_rank", .op = "rms_norm", .inputs = {F({4, 7}), F({7, 1})}},
+      {.label = "rms_norm_scalar", .op = "rms_norm", .inputs = {F({}), F({1})}},
+      {.label = "rms_norm_dtype", .op = "rms_norm", .inputs = {F({4, 7}), {DType::kF64, Shape{7}}}},
+      {.label = "rms_norm_int", .op = "rms_norm", .inputs = {I64({4, 7}), I64({7})}},
+      {.label = "rms_norm_eps",
+       .op = "rms_norm",
+       .inputs = {F({4, 7}), F({7})},
+       .attrs = {{"eps", -1e-6}}},
+      {.label = "rms_norm_arity", .op = "rms_norm", .inputs = {F({4, 7}), F({7}), F({7})}},
+      {.label = "rms_norm_grad_x_shapes",
+       .op = "rms_norm_grad_x",
+       .inputs = {F({4, 7}), F({4, 6}), F({6})}},
+      {.label = "rms_norm_grad_x_weight",
+       .op = "rms_norm_grad_x",
+       .inputs = {F({4, 7}), F({4, 7}), F({6})}},
+      {.label = "rms_norm_grad_weight_shapes",
+       .op = "rms_norm_grad_weight",
        .inputs = {F({4, 7}), F({3, 7})}},
       {.label = "embedding_float_ids", .op = "embedding", .inputs = {F({2, 3}), F({5, 4})}},
       {.label = "embedding_table_rank", .op = "embedding", .inputs = {I64({2}), F({5})}},
@@ -292,6 +357,89 @@ TEST(LayerNorm, NormalizesEachRowWithBiasedVariance) {
       const double var = r == 0 ? 1.25 : 31.25;
       EXPECT_NEAR(mean, 0.0, 1e-12);
       EXPECT_NEAR(sq, var / (var + 1e-5), 1e-12);
+    }
+  }
+}
+
+TEST(RmsNorm, ScalesEachRowToUnitRootMeanSquareWithoutCentring) {
+  // Row 0 has mean square (9 + 16) / 2 = 12.5; row 1 is constant, which layer norm would map to
+  // 0 and RMS norm maps to ±1 (no mean is removed). Weight [2, −0.5] scales the channels.
+  Tensor x = Tensor::FromVector<double>({2, 2}, {3, 4, -7, -7});
+  Tensor w = Tensor::FromVector<double>({2}, {2, -0.5});
+  const double eps = 1e-6;
+  for (bool reference : {false, true}) {
+    Tensor y = RunOne(
+        [&](Builder& b) {
+          return RmsNorm(b.Input("x", DType::kF64, {2, 2}), b.Input("w", DType::kF64, {2}), eps);
+        },
+        With({{"x", x}, {"w", w}}), reference);
+    const double r0 = 1 / std::sqrt(12.5 + eps), r1 = 1 / std::sqrt(49 + eps);
+    EXPECT_NEAR(y.At({0, 0}), 3 * r0 * 2, 1e-14);
+    EXPECT_NEAR(y.At({0, 1}), 4 * r0 * -0.5, 1e-14);
+    EXPECT_NEAR(y.At({1, 0}), -7 * r1 * 2, 1e-14);
+    EXPECT_NEAR(y.At({1, 1}), -7 * r1 * -0.5, 1e-14);
+  }
+}
+
+TEST(RmsNorm, AllZeroRowStaysZeroAndFinite) {
+  // eps > 0 keeps rstd finite (1 / sqrt(eps)): a zero row gives y = 0 and dx = rstd · dy · weight.
+  const double eps = 1e-6;
+  Tensor x = Tensor::Zeros({1, 3}, DType::kF32);
+  Tensor w = Tensor::FromVector<float>({3}, {1, 2, 3});
+  Tensor dy = Tensor::FromVector<float>({1, 3}, {1, 1, -1});
+  for (bool reference : {false, true}) {
+    Tensor y = RunOne(
+        [&](Builder& b) {
+          return RmsNorm(b.Input("x", DType::kF32, {1, 3}), b.Input("w", DType::kF32, {3}), eps);
+        },
+        With({{"x", x}, {"w", w}}), reference);
+    Tensor dx = RunOne(
+        [&](Builder& b) {
+          return RmsNormGradX(b.Input("dy", DType::kF32, {1, 3}), b.Input("x", DType::kF32, {1, 3}),
+                              b.Input("w", DType::kF32, {3}), eps);
+        },
+        With({{"dy", dy}, {"x", x}, {"w", w}}), reference);
+    for (int64_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(y.At({0, j}), 0.0);
+      EXPECT_NEAR(dx.At({0, j}), dy.At({0, j}) * w.At({j}) / std::sqrt(eps), 1e-2);
+    }
+  }
+}
+
+// PyTorch parity: y, dx and dweight of x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) *
+// weight, recorded by tests/parity/rms_norm_reference.py (tests/ops/data/rms_norm_reference.json),
+// against rms_norm and the gradients autodiff builds from its VJP, with both kernel sets.
+TEST(RmsNormParity, OutputAndGradientsMatchPyTorch) {
+  const nlohmann::json ref =
+      LoadTorchReference("rms_norm_reference.json", "tests/parity/rms_norm_reference.py");
+  ASSERT_FALSE(ref.at("cases").empty());
+  for (const nlohmann::json& c : ref.at("cases")) {
+    const std::vector<int64_t> dims = c.at("shape").get<std::vector<int64_t>>();
+    const Shape shape{std::span<const int64_t>(dims)};
+    const Shape channels{dims.back()};
+    for (const auto& [label, dtype, tolerance] :
+         {std::tuple{"f64", DType::kF64, 1e-12}, std::tuple{"f32", DType::kF32, 2e-6}}) {
+      Builder b(c.at("name").get<std::string>());
+      b.Output(b.Name(RmsNorm(b.Input("x", dtype, shape), b.Input("w", dtype, channels),
+                              c.at("eps").get<double>()),
+                      "y"));
+      const Program forward = b.Build();
+      const Backward backward = BuildBackward(forward, {.seeds = {"y"}, .wrt = {"x", "w"}});
+      const nlohmann::json& want = c.at(label);
+      for (bool reference_kernels : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} {} {} kernels", c.at("name").get<std::string>(), label,
+                                 reference_kernels ? "reference" : "fast"));
+        Scope scope;
+        scope.Set("x", TensorFromJson(want.at("x"), shape, dtype));
+        scope.Set("w", TensorFromJson(want.at("weight"), channels, dtype));
+        RunReference(forward, scope, DefaultAllocator(), reference_kernels, backward.saved);
+        scope.Set("y.grad", TensorFromJson(want.at("dy"), shape, dtype));
+        RunReference(backward.program, scope, DefaultAllocator(), reference_kernels);
+        EXPECT_LE(RelativeErrorToTorch(scope.Get("y"), want.at("y")), tolerance) << "y";
+        EXPECT_LE(RelativeErrorToTorch(scope.Get("x.grad"), want.at("dx")), tolerance) << "dx";
+        EXPECT_LE(RelativeErrorToTorch(scope.Get("w.grad"), want.at("dweight")), tolerance)
+            << "dweight";
+      }
     }
   }
 }

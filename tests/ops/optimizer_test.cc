@@ -1,16 +1,12 @@
 // Op table: optimizer updates (in place, no gradients), and the PyTorch parity check: trajectories
 // recorded from torch.optim.SGD and torch.optim.AdamW (tests/parity/optimizer_reference.py, checked
 // in as tests/ops/data/optimizer_reference.json) replayed through sgd_update and adamw_update.
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "op_harness.h"
 #include "sluice/exec/reference_runner.h"
 #include "sluice/ir/ops.h"
-#include "source_dir.h"
+#include "torch_reference.h"
 
 namespace sluice::testing {
 std::vector<OpCase> OptimizerCases() {
@@ -75,41 +71,6 @@ std::vector<OpErrorCase> OptimizerErrors() {
 INSTANTIATE_TEST_SUITE_P(Optimizer, OpHarness, ::testing::ValuesIn(OptimizerCases()), CaseName());
 INSTANTIATE_TEST_SUITE_P(Optimizer, OpErrors, ::testing::ValuesIn(OptimizerErrors()), CaseName());
 
-nlohmann::json LoadReference() {
-  const std::filesystem::path path =
-      testing_support::SourceDir() / "tests/ops/data/optimizer_reference.json";
-  std::ifstream in(path);
-  if (!in) {
-    throw IoError("cannot open " + path.string() +
-                  " (regenerate with tests/parity/optimizer_reference.py)");
-  }
-  return nlohmann::json::parse(in);
-}
-
-Tensor FromJson(const nlohmann::json& values, const Shape& shape, DType dtype) {
-  Tensor t = Tensor::Empty(shape, dtype);
-  for (int64_t i = 0; i < t.numel(); ++i) t.FlatSet(i, values.at(i).get<double>());
-  return t;
-}
-
-// Largest relative difference from PyTorch's values. In f64 it is elementwise: |ours − torch| /
-// |torch|. In f32 it is relative to the tensor's largest magnitude, because an element that
-// cancels to near zero (p − lr·d) legitimately differs by an ulp of its terms when the two
-// implementations round in a different order.
-double RelativeError(const Tensor& ours, const nlohmann::json& torch_values) {
-  double scale = 1e-12, worst = 0;
-  for (int64_t i = 0; i < ours.numel(); ++i) {
-    scale = std::max(scale, std::abs(torch_values.at(i).get<double>()));
-  }
-  for (int64_t i = 0; i < ours.numel(); ++i) {
-    const double want = torch_values.at(i).get<double>();
-    const double denominator =
-        ours.dtype() == DType::kF64 ? std::max(std::abs(want), 1e-12) : scale;
-    worst = std::max(worst, std::abs(ours.FlatAt(i) - want) / denominator);
-  }
-  return worst;
-}
-
 // One optimizer step as a program: state tensors are inputs updated in place, so the scope keeps
 // them from step to step.
 Program StepProgram(const nlohmann::json& c, DType dtype, const Shape& shape) {
@@ -131,7 +92,8 @@ Program StepProgram(const nlohmann::json& c, DType dtype, const Shape& shape) {
 }
 
 TEST(OptimizerParity, SgdAndAdamWMatchPyTorch) {
-  const nlohmann::json ref = LoadReference();
+  const nlohmann::json ref =
+      LoadTorchReference("optimizer_reference.json", "tests/parity/optimizer_reference.py");
   ASSERT_FALSE(ref.at("cases").empty());
   for (const nlohmann::json& c : ref.at("cases")) {
     const std::vector<int64_t> dims = c.at("shape").get<std::vector<int64_t>>();
@@ -144,23 +106,23 @@ TEST(OptimizerParity, SgdAndAdamWMatchPyTorch) {
         const nlohmann::json& traj = c.at(label);
         const Program program = StepProgram(c, dtype, shape);
         Scope scope;
-        scope.Set("p", FromJson(traj.at("start"), shape, dtype));
+        scope.Set("p", TensorFromJson(traj.at("start"), shape, dtype));
         for (const char* state : {"buf", "m", "v"}) scope.Set(state, Tensor::Zeros(shape, dtype));
         for (size_t s = 0; s < traj.at("steps").size(); ++s) {
-          scope.Set("g", FromJson(traj.at("grads").at(s), shape, dtype));
+          scope.Set("g", TensorFromJson(traj.at("grads").at(s), shape, dtype));
           scope.Set("lr", Tensor::Full({}, c.at("lrs").at(s).get<double>(), dtype));
           scope.Set("step", Tensor::Full({}, static_cast<double>(s + 1), DType::kI64));
           RunReference(program, scope, DefaultAllocator(), reference_kernels);
           const nlohmann::json& want = traj.at("steps").at(s);
-          EXPECT_LE(RelativeError(scope.Get("p"), want.at("param")), 1e-6)
+          EXPECT_LE(RelativeErrorToTorch(scope.Get("p"), want.at("param")), 1e-6)
               << "param after step " << s + 1;
           if (c.at("kind") == "sgd") {
-            EXPECT_LE(RelativeError(scope.Get("buf"), want.at("momentum_buf")), 1e-6)
+            EXPECT_LE(RelativeErrorToTorch(scope.Get("buf"), want.at("momentum_buf")), 1e-6)
                 << "buffer after step " << s + 1;
           } else {
-            EXPECT_LE(RelativeError(scope.Get("m"), want.at("m")), 1e-6)
+            EXPECT_LE(RelativeErrorToTorch(scope.Get("m"), want.at("m")), 1e-6)
                 << "m after step " << s + 1;
-            EXPECT_LE(RelativeError(scope.Get("v"), want.at("v")), 1e-6)
+            EXPECT_LE(RelativeErrorToTorch(scope.Get("v"), want.at("v")), 1e-6)
                 << "v after step " << s + 1;
           }
         }

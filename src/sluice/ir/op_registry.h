@@ -219,8 +219,8 @@ class OpRegistry {
 // Family registration functions, called once by OpRegistry::Global() (ir/ops/*.cc): elementwise
 // (add, sub, mul, div, scale, unary functions and their gradients, full, cast, copy), reduction
 // (sum, mean, sum_to, broadcast_to), shape (reshape, transpose, permute, slice, concat, split and
-// their view forms), linalg (matmul, linear), nn (softmax, causal masks, layer_norm, embedding,
-// cross_entropy and their gradients), optimizer (sgd_update, adamw_update).
+// their view forms), linalg (matmul, linear), nn (softmax, causal masks, layer_norm, rms_norm,
+// embedding, cross_entropy and their gradients), optimizer (sgd_update, adamw_update).
 void RegisterElementwiseOps(OpRegistry& registry);
 void RegisterReductionOps(OpRegistry& registry);
 void RegisterShapeOps(OpRegistry& registry);

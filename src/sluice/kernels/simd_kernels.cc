@@ -340,6 +340,77 @@ void LayerNormGradParams(const T* dy, const T* x, T* dw, T* db, int64_t rows, in
   }
 }
 
+// ---- RMS norm ----
+
+// 1 / sqrt(mean of squares + eps); the squares summed per lane (padding 0 adds nothing).
+template <typename T>
+T RmsRstd(const T* x, int64_t n, T eps) {
+  return T(1) / std::sqrt(RowDot(x, x, n) / static_cast<T>(n) + eps);
+}
+
+template <typename T>
+void RmsNorm(const T* x, const T* w, T* y, int64_t rows, int64_t cols, T eps) {
+  const hn::ScalableTag<T> d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    if (r + kRowsAhead < rows) PrefetchSpan(xr + kRowsAhead * cols, cols);
+    const auto rstd = hn::Set(d, RmsRstd(xr, cols, eps));
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto xhat = hn::Mul(LoadPart(d, xr + j, c, T(0)), rstd);
+      StorePart(d, hn::Mul(xhat, LoadPart(d, w + j, c, T(0))), yr + j, c);
+    });
+  }
+}
+
+template <typename T>
+void RmsNormGradX(const T* dy, const T* x, const T* w, T* dx, int64_t rows, int64_t cols, T eps) {
+  const hn::ScalableTag<T> d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    T* dxr = dx + r * cols;
+    if (r + kRowsAhead < rows) {
+      PrefetchSpan(xr + kRowsAhead * cols, cols);
+      PrefetchSpan(dyr + kRowsAhead * cols, cols);
+    }
+    const auto rstd = hn::Set(d, RmsRstd(xr, cols, eps));
+    // Σ g·x̂ with g = dy·weight (padding: dy = 0, so g = 0).
+    auto gx_acc = hn::Zero(d);
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto g = hn::Mul(LoadPart(d, dyr + j, c, T(0)), LoadPart(d, w + j, c, T(0)));
+      gx_acc = hn::MulAdd(g, hn::Mul(LoadPart(d, xr + j, c, T(0)), rstd), gx_acc);
+    });
+    const auto gx_mean = hn::Set(d, SumLanes(d, gx_acc) / static_cast<T>(cols));
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto g = hn::Mul(LoadPart(d, dyr + j, c, T(0)), LoadPart(d, w + j, c, T(0)));
+      const auto xhat = hn::Mul(LoadPart(d, xr + j, c, T(0)), rstd);
+      // rstd · (g − x̂·gx_mean)
+      StorePart(d, hn::Mul(rstd, hn::NegMulAdd(xhat, gx_mean, g)), dxr + j, c);
+    });
+  }
+}
+
+template <typename T>
+void RmsNormGradWeight(const T* dy, const T* x, T* dw, int64_t rows, int64_t cols, T eps) {
+  const hn::ScalableTag<T> d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    if (r + kRowsAhead < rows) {
+      PrefetchSpan(xr + kRowsAhead * cols, cols);
+      PrefetchSpan(dyr + kRowsAhead * cols, cols);
+    }
+    const auto rstd = hn::Set(d, RmsRstd(xr, cols, eps));
+    // Across channels: no sum is reordered, rows are added in order.
+    ForVectors(d, cols, [&](int64_t j, size_t c) {
+      const auto xhat = hn::Mul(LoadPart(d, xr + j, c, T(0)), rstd);
+      StorePart(d, hn::MulAdd(LoadPart(d, dyr + j, c, T(0)), xhat, LoadPart(d, dw + j, c, T(0))),
+                dw + j, c);
+    });
+  }
+}
+
 // ---- cross-entropy rows ----
 
 template <typename T>
@@ -589,6 +660,9 @@ const SimdRowKernels<T>* Table() {
       .layer_norm = LayerNorm<T>,
       .layer_norm_grad_x = LayerNormGradX<T>,
       .layer_norm_grad_params = LayerNormGradParams<T>,
+      .rms_norm = RmsNorm<T>,
+      .rms_norm_grad_x = RmsNormGradX<T>,
+      .rms_norm_grad_weight = RmsNormGradWeight<T>,
       .column_sum = ColumnSum<T>,
       .row_max = RowMax<T>,
       .row_dot = RowDot<T>,

@@ -1,5 +1,6 @@
 // Runtime-dispatched SIMD row kernels (Google Highway): the vector code behind the *Fast kernels
-// of softmax.h, layer_norm.h, cross_entropy.h, unary.h, optimizer.h and binary.h (equal shapes).
+// of softmax.h, layer_norm.h, rms_norm.h, cross_entropy.h, unary.h, optimizer.h and binary.h
+// (equal shapes).
 //
 // simd_kernels.cc is compiled once per instruction set that Highway targets on the machine's
 // architecture (x86-64: AVX-512 "AVX3", AVX2+FMA "AVX2", "SSE4" and the one-lane portable
@@ -17,10 +18,10 @@
 //         1 / (1 + e^(−2u)) — one exp and one division (simd_kernels.cc) — within a few ulp
 //         relative of the exact value; beside the reference (libm tanh, where 1 + tanh cancels for
 //         negative x) within 2e-6 in f32 (absolute below 1, relative above), tested over ±12.
-//   softmax, layer norm, cross-entropy: sums are kept per lane and added at the end, so results
-//         differ from the left-to-right reference by rounding only (relative 2e-5 in f32, the op
-//         harness's tolerance). The lane count, and so the rounding, depends on the target: results
-//         are bitwise reproducible on one machine, not across instruction sets.
+//   softmax, layer norm, RMS norm, cross-entropy: sums are kept per lane and added at the end, so
+//         results differ from the left-to-right reference by rounding only (relative 2e-5 in f32,
+//         the op harness's tolerance). The lane count, and so the rounding, depends on the target:
+//         results are bitwise reproducible on one machine, not across instruction sets.
 //   sum_squares: in double, per lane then across lanes: a double loop's result up to the order of
 //         its additions (relative 1e-15 on the gradient norm's sums).
 //   adamw, sgd: elementwise, the fast kernels' formulas exactly (no sums to reorder).
@@ -66,6 +67,12 @@ struct SimdRowKernels {
   // Adds the rows' Σ dy·x̂ to dweight and Σ dy to dbias ([cols] each), rows in order.
   void (*layer_norm_grad_params)(const T* dy, const T* x, T* dweight, T* dbias, int64_t rows,
                                  int64_t cols, T eps);
+  void (*rms_norm)(const T* x, const T* weight, T* y, int64_t rows, int64_t cols, T eps);
+  void (*rms_norm_grad_x)(const T* dy, const T* x, const T* weight, T* dx, int64_t rows,
+                          int64_t cols, T eps);
+  // Adds the rows' Σ dy·x̂ to dweight ([cols]), rows in order.
+  void (*rms_norm_grad_weight)(const T* dy, const T* x, T* dweight, int64_t rows, int64_t cols,
+                               T eps);
   // out[j] = Σ_r x[r·ld + j] for j in [0, cols): the column sums of [rows, cols] (row stride ld),
   // each column added top to bottom from 0 — the reference's order, so bitwise equal to it.
   void (*column_sum)(const T* x, T* out, int64_t rows, int64_t cols, int64_t ld);

@@ -1,5 +1,5 @@
 // Neural-network ops: registration, inference, kernel dispatch and VJP rules.
-// Kernels: kernels/{softmax,layer_norm,embedding,cross_entropy}.h.
+// Kernels: kernels/{softmax,layer_norm,rms_norm,embedding,cross_entropy}.h.
 #include "sluice/ir/ops/nn.h"
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/layer_norm.h"
+#include "sluice/kernels/rms_norm.h"
 #include "sluice/kernels/softmax.h"
 
 namespace sluice {
@@ -163,7 +164,8 @@ std::vector<TensorType> InferLayerNorm(std::span<const TensorType> in, const Att
   return {{t, in[0].shape}};
 }
 
-std::vector<TensorType> InferLayerNormGradX(std::span<const TensorType> in, const Attrs&) {
+// layer_norm_grad_x and rms_norm_grad_x: dy, x [..., C], weight [C] -> dx [..., C].
+std::vector<TensorType> InferNormGradX(std::span<const TensorType> in, const Attrs&) {
   DType t = ops::SameFloatDType(in);
   RequireSameShape(in[0], in[1], "dy and x");
   RequireRank1(in[1], "x");
@@ -240,6 +242,85 @@ std::vector<Var> LayerNormVjp(VjpContext& ctx) {
     if (ctx.needs(1)) grads[1] = dw;
     if (ctx.needs(2)) grads[2] = db;
   }
+  return grads;
+}
+
+// ---- rms_norm and its two gradient ops ----
+
+double RmsEps(const Attrs& attrs) { return attrs.GetFloat("eps", 1e-6); }
+
+std::vector<TensorType> InferRmsNorm(std::span<const TensorType> in, const Attrs& attrs) {
+  DType t = ops::SameFloatDType(in);
+  RequireRank1(in[0], "x");
+  RequireChannels(in[0], in[1], "weight");
+  if (!(RmsEps(attrs) > 0)) {
+    throw ShapeError(fmt::format("eps must be positive, got {}", RmsEps(attrs)));
+  }
+  return {{t, in[0].shape}};
+}
+
+std::vector<TensorType> InferRmsNormGradWeight(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  RequireSameShape(in[0], in[1], "dy and x");
+  RequireRank1(in[1], "x");
+  return {{t, Shape{LastDim(in[1].shape)}}};
+}
+
+template <bool kFast>
+void RmsNormKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  DispatchFloat(x.dtype(), "rms_norm", [&]<typename T>() {
+    const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
+    const T eps = static_cast<T>(RmsEps(ctx.attrs));
+    const T* w = ctx.inputs[1].data<T>();
+    if constexpr (kFast) {
+      kernels::RmsNormFast<T>(x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols, eps);
+    } else {
+      kernels::RmsNormReference<T>(x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols, eps);
+    }
+  });
+}
+
+template <bool kFast>
+void RmsNormGradXKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[1];
+  DispatchFloat(x.dtype(), "rms_norm_grad_x", [&]<typename T>() {
+    const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
+    const T eps = static_cast<T>(RmsEps(ctx.attrs));
+    const T* dy = ctx.inputs[0].data<T>();
+    const T* w = ctx.inputs[2].data<T>();
+    if constexpr (kFast) {
+      kernels::RmsNormGradXFast<T>(dy, x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols, eps);
+    } else {
+      kernels::RmsNormGradXReference<T>(dy, x.data<T>(), w, ctx.outputs[0].data<T>(), rows, cols,
+                                        eps);
+    }
+  });
+}
+
+template <bool kFast>
+void RmsNormGradWeightKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[1];
+  DispatchFloat(x.dtype(), "rms_norm_grad_weight", [&]<typename T>() {
+    const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
+    const T eps = static_cast<T>(RmsEps(ctx.attrs));
+    const T* dy = ctx.inputs[0].data<T>();
+    T* dw = ctx.outputs[0].data<T>();
+    if constexpr (kFast) {
+      kernels::RmsNormGradWeightFast<T>(dy, x.data<T>(), dw, rows, cols, eps);
+    } else {
+      kernels::RmsNormGradWeightReference<T>(dy, x.data<T>(), dw, rows, cols, eps);
+    }
+  });
+}
+
+// dx needs weight; dweight comes from an op of its own that the zero-bubble split can defer to W.
+std::vector<Var> RmsNormVjp(VjpContext& ctx) {
+  const double eps = RmsEps(ctx.attrs());
+  Var dy = ctx.dy(0);
+  std::vector<Var> grads(2);
+  if (ctx.needs(0)) grads[0] = RmsNormGradX(dy, ctx.x(0), ctx.x(1), eps);
+  if (ctx.needs(1)) grads[1] = RmsNormGradWeight(dy, ctx.x(0), eps);
   return grads;
 }
 
@@ -418,6 +499,16 @@ std::pair<Var, Var> LayerNormGradParams(Var dy, Var x, double eps) {
   return {out[0], out[1]};
 }
 
+Var RmsNorm(Var x, Var weight, double eps) {
+  return x.builder()->Emit1("rms_norm", {x, weight}, {{"eps", eps}});
+}
+Var RmsNormGradX(Var dy, Var x, Var weight, double eps) {
+  return dy.builder()->Emit1("rms_norm_grad_x", {dy, x, weight}, {{"eps", eps}});
+}
+Var RmsNormGradWeight(Var dy, Var x, double eps) {
+  return dy.builder()->Emit1("rms_norm_grad_weight", {dy, x}, {{"eps", eps}});
+}
+
 Var Embedding(Var ids, Var table) { return table.builder()->Emit1("embedding", {ids, table}); }
 Var EmbeddingGrad(Var ids, Var dy, int64_t num_embeddings) {
   return dy.builder()->Emit1("embedding_grad", {ids, dy}, {{"num_embeddings", num_embeddings}});
@@ -483,7 +574,7 @@ void RegisterNnOps(OpRegistry& r) {
   r.Register(
       {.name = "layer_norm_grad_x",
        .num_inputs = 3,
-       .infer = InferLayerNormGradX,
+       .infer = InferNormGradX,
        .kernel = LayerNormGradXKernel<true>,
        .reference = LayerNormGradXKernel<false>,
        .doc = "layer_norm backward for x (recomputes mean and rstd)",
@@ -500,6 +591,37 @@ void RegisterNnOps(OpRegistry& r) {
               .signature = {.inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}},
                             .attrs = {{"eps", "float = 1e-05"}},
                             .outputs = {{"dweight", "float[C]"}, {"dbias", "float[C]"}}}});
+  r.Register({.name = "rms_norm",
+              .num_inputs = 2,
+              .infer = InferRmsNorm,
+              .kernel = RmsNormKernel<true>,
+              .reference = RmsNormKernel<false>,
+              .vjp = RmsNormVjp,
+              .recomputable = true,
+              .doc = "RMS normalization over the last axis (x / sqrt(mean(x²) + eps)), then weight",
+              .signature = {.inputs = {{"x", "float[..., C]"}, {"weight", "float[C]"}},
+                            .attrs = {{"eps", "float = 1e-06"}},
+                            .outputs = {{"y", "float[..., C]"}}}});
+  r.Register(
+      {.name = "rms_norm_grad_x",
+       .num_inputs = 3,
+       .infer = InferNormGradX,
+       .kernel = RmsNormGradXKernel<true>,
+       .reference = RmsNormGradXKernel<false>,
+       .doc = "rms_norm backward for x (recomputes rstd)",
+       .signature = {
+           .inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}, {"weight", "float[C]"}},
+           .attrs = {{"eps", "float = 1e-06"}},
+           .outputs = {{"dx", "float[..., C]"}}}});
+  r.Register({.name = "rms_norm_grad_weight",
+              .num_inputs = 2,
+              .infer = InferRmsNormGradWeight,
+              .kernel = RmsNormGradWeightKernel<true>,
+              .reference = RmsNormGradWeightKernel<false>,
+              .doc = "rms_norm backward for weight (recomputes rstd)",
+              .signature = {.inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}},
+                            .attrs = {{"eps", "float = 1e-06"}},
+                            .outputs = {{"dweight", "float[C]"}}}});
   r.Register({.name = "embedding",
               .num_inputs = 2,
               .infer = InferEmbedding,

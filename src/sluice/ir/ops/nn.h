@@ -1,8 +1,9 @@
-// Neural-network ops: softmax, causal masking, layer normalization, embeddings, cross-entropy.
+// Neural-network ops: softmax, causal masking, layer and RMS normalization, embeddings,
+// cross-entropy.
 // Shapes use the glossary (docs/glossary.md): B batch, T sequence, C channels, H heads, and vocab
 // the vocabulary size; "..." is any number of leading axes. Every op takes f32 or f64 (one dtype
-// per op); ids and targets are i32 or i64. Kernels: kernels/{softmax,layer_norm,embedding,
-// cross_entropy}.h.
+// per op); ids and targets are i32 or i64. Kernels: kernels/{softmax,layer_norm,rms_norm,
+// embedding,cross_entropy}.h.
 //
 // The *Grad functions are the fused backward ops the VJP rules emit; they are ops of their own
 // (reference and fast kernels, harness entries) but have no VJP themselves.
@@ -42,6 +43,18 @@ Var LayerNorm(Var x, Var weight, Var bias, double eps = 1e-5);
 Var LayerNormGradX(Var dy, Var x, Var weight, double eps = 1e-5);
 // dy, x [..., C] -> {dweight [C], dbias [C]}. Op "layer_norm_grad_params", attribute eps.
 std::pair<Var, Var> LayerNormGradParams(Var dy, Var x, double eps = 1e-5);
+
+// RMS normalization over the last axis (Llama's RMSNorm; no mean removed, no bias):
+// y = x / sqrt(mean(x²) + eps) · weight, as PyTorch's
+// x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.
+// x [..., C], weight [C] -> [..., C]. Op "rms_norm", attribute eps (> 0).
+// VJP: rms_norm_grad_x and rms_norm_grad_weight, which recompute rstd from x (no statistics are
+// saved from forward); the weight part is its own op so that the zero-bubble split defers it to W.
+Var RmsNorm(Var x, Var weight, double eps = 1e-6);
+// dy, x [..., C], weight [C] -> dx [..., C]. Op "rms_norm_grad_x", attribute eps.
+Var RmsNormGradX(Var dy, Var x, Var weight, double eps = 1e-6);
+// dy, x [..., C] -> dweight [C]. Op "rms_norm_grad_weight", attribute eps.
+Var RmsNormGradWeight(Var dy, Var x, double eps = 1e-6);
 
 // Row lookup: ids [B, T] (any shape, i32 or i64), table [vocab, C] -> [B, T, C].
 // An id outside [0, vocab) is an InvalidArgument error at run time. Op "embedding";

@@ -266,10 +266,12 @@ TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
   EXPECT_THAT(Refused(gpt + " --stages 2 --schedule zb-v --chunks 3"),
               HasSubstr("zb-v: runs exactly 2 chunks per rank, V-shaped (got 3 chunks)"));
   EXPECT_THAT(Refused(gpt + " --stages 0"), HasSubstr("--stages must be at least 1, got 0"));
-  // Without kJob: its GPT shape options would be refused for an MLP first.
-  const CliResult mlp = Sluice("train --model mlp --stages 2 --steps 3", "timeout 120");
+  // Without kJob: its GPT shape options would be refused for an MLP first. The MLP's layers are
+  // units like the GPT's blocks; three units do not fill four stages.
+  const CliResult mlp = Sluice("train --model mlp --stages 4 --steps 3", "timeout 120");
   EXPECT_EQ(mlp.status, 1) << mlp.err;
-  EXPECT_THAT(mlp.err, HasSubstr("--model mlp cannot be split"));
+  EXPECT_THAT(mlp.err, HasSubstr("4 virtual stages (--stages × --chunks) exceed the model's 3 "
+                                 "units (fc.0, fc.1, fc.2)"));
   EXPECT_THAT(Refused(gpt + " --stages 2 --comm-timeout 0"),
               HasSubstr("--comm-timeout must be positive"));
   EXPECT_THAT(Refused("--layers 2 --microbatches 4 --stages 4 --partition uniform"),

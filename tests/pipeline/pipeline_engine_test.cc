@@ -2,12 +2,15 @@
 // bit, the in-flight peaks match the schedules' theory, release saves what it should, failures
 // stop every stage with an error naming the place, and traces have one track per stage.
 #include "sluice/pipeline/pipeline_engine.h"
+#include "sluice/step/program_task.h"
+#include "source_dir.h"
 
 #include <algorithm>
 #include <fstream>
 #include <set>
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -395,12 +398,99 @@ TEST(PipelineEngine, AMissingMessageTimesOutInsteadOfHanging) {
   }
 }
 
-TEST(PipelineEngine, OnlyAGptCanBeSplit) {
-  TrainConfig config = Small(2);
-  config.model = "mlp";
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TrainConfig AsProgram(TrainConfig c, const std::string& path) {
+  c.model = "program";
+  c.program = path;
+  return c;
+}
+
+// `sluice export`'s program of the GPT, trained with --program, runs every schedule bitwise like
+// --model gpt (which is bitwise like one stage, above): the program is cut at its units as the
+// GPT is cut at its layers.
+TEST(PipelineEngine, AnExportedGptProgramTrainsEveryScheduleBitwiseLikeModelGpt) {
+  for (const Case& c : kCases) {
+    TrainConfig config = Small(c.layers, c.microbatches);
+    config.optimizer.clip_norm = 0.05;
+    const std::string path = WriteTemp("gpt.sluice", ExportBuiltinProgram(config));
+    const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
+    ExpectBitwiseEqual(Train(config, &options), Train(AsProgram(config, path), &options),
+                       Describe(c) + " --program");
+  }
+}
+
+// Any model with units is split: the MLP (units fc.0 … fc.L) and a hand-written classifier.
+TEST(PipelineEngine, ModelsOtherThanTheGptTrainBitwiseLikeOneStage) {
+  TrainConfig mlp = Small(2);
+  mlp.model = "mlp";
+  mlp.data = "blobs";
+  mlp.mlp.layers = 3;
+  TrainConfig classifier =
+      AsProgram(Small(2), (testing_support::SourceDir() / "examples/classifier.sluice").string());
+  classifier.data = "blobs";
+  for (const TrainConfig& config : {mlp, classifier}) {
+    const RunResult single = Train(config, nullptr);
+    for (ScheduleKind kind :
+         {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV}) {
+      for (PartitionKind partition : {PartitionKind::kBalanced, PartitionKind::kUniform}) {
+        // Uniform spreads the units between the first and the last: the classifier has one.
+        if (partition == PartitionKind::kUniform &&
+            (kind == ScheduleKind::kZeroBubbleV || config.model == "program")) {
+          continue;
+        }
+        const PipelineOptions options{.stages = 2, .schedule = kind, .partition = partition};
+        ExpectBitwiseEqual(
+            single, Train(config, &options),
+            fmt::format("{} {} {}", config.model, ScheduleKindName(kind), Name(partition)));
+      }
+    }
+  }
+}
+
+// A cut passes one value from stage to stage; a parameter lives on one stage.
+TEST(PipelineEngine, ACutThatPassesTwoValuesOrSplitsATiedWeightIsRefused) {
+  const std::string skip = R"(program skip {
+  input %x: f32[B, 16]
+  input %labels: i64[B]
+  param %a.weight: f32[16, 16] = normal(0, 0.1)
+  param %b.weight: f32[16, 4] = normal(0, 0.1)
+  unit a {
+    %h: f32[B, 16] = matmul(%x, %a.weight)
+  }
+  unit b {
+    %g: f32[B, 16] = gelu(%h)
+  }
+  unit c {
+    %r: f32[B, 16] = add(%g, %h)
+    %logits: f32[B, 4] = matmul(%r, %b.weight)
+    %loss: f32[] = cross_entropy(%logits, %labels)
+  }
+  output %loss
+}
+)";
+  TrainConfig config = AsProgram(Small(2), WriteTemp("skip.sluice", skip));
   config.data = "blobs";
-  const PipelineOptions options{.stages = 2};
-  EXPECT_THROW(Trainer(config, PipelineEngineFactory(options)), InvalidArgument);
+  const PipelineOptions cut_b{.stages = 2, .layout = "a,b|c"};
+  EXPECT_THAT([&] { Trainer(config, PipelineEngineFactory(cut_b)); },
+              ::testing::ThrowsMessage<InvalidArgument>(::testing::HasSubstr(
+                  "cannot be cut between units 'b' and 'c': a pipeline cut passes one value, and "
+                  "2 pass there: %g, %h")));
+  const PipelineOptions cut_a{.stages = 2, .layout = "a|b,c"};
+  EXPECT_NO_THROW(Trainer(config, PipelineEngineFactory(cut_a)));
+
+  std::string tied = skip;
+  tied.replace(tied.find("matmul(%r, %b.weight)"), 21, "matmul(%r, %a.weight)");
+  tied.replace(tied.find("f32[B, 4] = matmul"), 9, "f32[B, 16]");
+  config.program = WriteTemp("tied.sluice", tied);
+  EXPECT_THAT([&] { Trainer(config, PipelineEngineFactory(cut_a)); },
+              ::testing::ThrowsMessage<InvalidArgument>(::testing::HasSubstr(
+                  "parameter a.weight is read by virtual stages 0 (units a-a) and 1 (units b-c): "
+                  "tied parameters must lie in one stage")));
 }
 
 TEST(PipelineEngine, CheckpointsMoveBetweenOneStageAndAPipeline) {

@@ -10,8 +10,12 @@ namespace {
 constexpr CommandSpec kCommands[] = {
     {"run", "Run a program (text format) with last-use freeing; report time and memory",
      SetupRunCommand},
-    {"train", "Train a GPT or an MLP; progress on the terminal, JSON-lines metrics, checkpoints",
+    {"train",
+     "Train a GPT, an MLP or your own program (--program); progress on the terminal, JSON-lines "
+     "metrics, checkpoints",
      SetupTrainCommand},
+    {"export", "Write the training program of --model gpt or mlp, to train with --program",
+     SetupExportCommand},
     {"plan",
      "Predict each stage's peak memory before training (the train options); --memory-budget "
      "plans recompute to fit it",

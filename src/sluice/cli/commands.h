@@ -85,5 +85,6 @@ CommandRunner SetupScheduleCommand(CLI::App& sub);  // schedule_command.cc
 CommandRunner SetupOpsCommand(CLI::App& sub);       // ops_command.cc
 CommandRunner SetupSampleCommand(CLI::App& sub);    // sample_command.cc
 CommandRunner SetupReportCommand(CLI::App& sub);    // report_command.cc
+CommandRunner SetupExportCommand(CLI::App& sub);    // export_command.cc
 
 }  // namespace sluice::cli

@@ -7,9 +7,10 @@ namespace sluice::cli {
 
 void CheckTrainFiles(const TrainConfig& c, const std::string& trace_path,
                      const std::string& profile_path) {
-  // Only the GPT reads a file; MakeTask refuses any other --data of the MLP before reading.
-  const bool data_file = c.model == "gpt" && c.data != "sort" && c.data != "blobs";
-  std::vector<NamedPath> inputs = {{"--data", data_file ? c.data : ""},
+  // The GPT and programs read a file; MakeTask refuses any other --data of the MLP before reading.
+  const bool data_file = c.model != "mlp" && c.data != "sort" && c.data != "blobs";
+  std::vector<NamedPath> inputs = {{"--program", c.program},
+                                   {"--data", data_file ? c.data : ""},
                                    {"--resume", c.resume_path},
                                    {"--init-from", c.init_from}};
   // A sharded checkpoint is read through its index.

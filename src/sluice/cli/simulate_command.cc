@@ -76,8 +76,7 @@ pipeline::StepCosts CostsFor(const std::vector<pipeline::StepCosts>& costs,
   for (const pipeline::StepCosts& c : costs) {
     try {
       pipeline::CheckCostsCover(c, schedule);
-      pipeline::CheckCostsJob(
-          c, pipeline::ProfileJob(layout.setup, pipeline::FormatLayout(layout.partition)));
+      pipeline::CheckCostsJob(c, pipeline::ProfileJob(layout.setup, layout.layout));
       return c;
     } catch (const InvalidArgument& e) {
       why += costs.size() > 1 ? fmt::format("\n  {}", e.what()) : e.what();

@@ -56,6 +56,7 @@ struct ScopedOption {
   const CLI::Option* option;
   std::string_view owner;  // "--model"
   std::string_view value;  // "gpt"
+  bool program = false;    // also read with --program (a data option: --seq, --vocab, --classes)
 };
 
 // Refuses an option given for a model or optimizer that does not read it, which would otherwise
@@ -64,9 +65,16 @@ void CheckScopedOptions(const std::vector<ScopedOption>& scoped, const std::stri
                         const std::string& optimizer) {
   for (const ScopedOption& s : scoped) {
     const std::string& chosen = s.owner == "--model" ? model : optimizer;
+    if (s.option->count() == 0) continue;
+    if (s.owner == "--model" && chosen == "program") {
+      if (s.program) continue;
+      throw InvalidArgument(fmt::format(
+          "{} sets a size of --model {}; a --program's sizes are written in its file: drop {}",
+          s.option->get_name(), s.value, s.option->get_name()));
+    }
     const bool known = s.owner == "--model" ? (chosen == "gpt" || chosen == "mlp")
                                             : (chosen == "adamw" || chosen == "sgd");
-    if (s.option->count() == 0 || !known || chosen == s.value) continue;
+    if (!known || chosen == s.value) continue;
     throw InvalidArgument(
         fmt::format("{} applies to {} {} only; this run uses {} {}, which does "
                     "not read it: drop {} or choose {} {}",
@@ -80,7 +88,10 @@ void CheckScopedOptions(const std::vector<ScopedOption>& scoped, const std::stri
 TrainOptions AddTrainOptions(CLI::App& sub) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
-  sub.add_option("--model", c.model, "gpt or mlp")->capture_default_str();
+  auto* model = sub.add_option("--model", c.model, "gpt or mlp")->capture_default_str();
+  auto* program = sub.add_option("--program", c.program,
+                                 "train this program file (a model of your own, "
+                                 "docs/program-format.md) instead of --model");
   auto* data = sub.add_option("--data", c.data,
                               "gpt: sort (synthetic digits to sort, the default) or a text file "
                               "for a byte-level LM; mlp: blobs (Gaussian clusters, the default)");
@@ -225,16 +236,23 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
           ->capture_default_str();
   // Options only one model or one optimizer reads: given for the other, they would change nothing.
   const std::vector<ScopedOption> scoped = {
-      {layers, "--model", "gpt"},      {heads, "--model", "gpt"},
-      {dim, "--model", "gpt"},         {attention, "--model", "gpt"},
-      {seq, "--model", "gpt"},         {vocab, "--model", "gpt"},
-      {features, "--model", "mlp"},    {hidden, "--model", "mlp"},
-      {classes, "--model", "mlp"},     {beta1, "--optimizer", "adamw"},
-      {beta2, "--optimizer", "adamw"}, {momentum, "--optimizer", "sgd"},
+      {layers, "--model", "gpt"},        {heads, "--model", "gpt"},
+      {dim, "--model", "gpt"},           {attention, "--model", "gpt"},
+      {seq, "--model", "gpt", true},     {vocab, "--model", "gpt", true},
+      {features, "--model", "mlp"},      {hidden, "--model", "mlp"},
+      {classes, "--model", "mlp", true}, {beta1, "--optimizer", "adamw"},
+      {beta2, "--optimizer", "adamw"},   {momentum, "--optimizer", "sgd"},
   };
   auto finish = [a, data, scoped, sched, chunks, partition, layout, release, ahead, timeout, trace,
                  profile, fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr,
-                 microbatches] {
+                 microbatches, model, program] {
+    if (program->count() > 0) {
+      if (model->count() > 0) {
+        throw InvalidArgument(fmt::format("--program {} and --model {} name two models: drop one",
+                                          a->config.program, a->config.model));
+      }
+      a->config.model = "program";
+    }
     CheckScopedOptions(scoped, a->config.model, a->optimizer);
     if (data->count() == 0) a->config.data = DefaultData(a->config.model);
     OptimizerConfig& opt = a->config.optimizer;
@@ -331,6 +349,9 @@ void Configure(TrainArgs& a) {
       // With fewer units than that still, uniform's error names the layers either would need.
       a.pipe.partition = pipeline::PartitionKind::kBalanced;
     }
+    // Other models' units are not a GPT's run of equal blocks: cut them by their costs.
+    if (!a.partition_given && c.model != "gpt")
+      a.pipe.partition = pipeline::PartitionKind::kBalanced;
     // Out of range, the batch is refused by ValidateTrainConfig before anything is built.
     if (!a.microbatches_given && c.batch >= 1 && c.batch <= kMaxBatch) {
       // --schedule auto: 1f1b's count; a schedule that needs more is skipped naming why. Each of

@@ -81,6 +81,19 @@ class Builder {
   };
   std::string Prefixed(std::string_view name) const { return prefix_ + std::string(name); }
 
+  // Instructions emitted while a Unit lives belong to the program's unit `name`
+  // (Program::BeginUnit): a layer, a block, the head. Units do not nest.
+  class Unit {
+   public:
+    Unit(Builder& b, std::string name) : b_(b) { b_.program_.BeginUnit(std::move(name)); }
+    ~Unit() { b_.program_.EndUnit(); }
+    Unit(const Unit&) = delete;
+    Unit& operator=(const Unit&) = delete;
+
+   private:
+    Builder& b_;
+  };
+
   const Program& program() const { return program_; }
   Program& mutable_program() { return program_; }
   // Verifies and returns the program; the builder is left empty.

@@ -123,6 +123,9 @@ Token Lexer::Next() {
     case '=':
       punct(TokenKind::kEquals);
       break;
+    case '*':
+      punct(TokenKind::kStar);
+      break;
     case '%':
       LexValue(t);
       break;

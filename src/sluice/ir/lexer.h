@@ -8,7 +8,7 @@
 //   float       -?[0-9]+(.[0-9]+)?([eE][+-]?[0-9]+)? with a '.' or an exponent; also -inf, -nan
 //               (plain inf and nan lex as identifiers; the parser reads them as floats)
 //   string      "..." with escapes \" \\ \n \t \r \xHH, decoded into Token::text
-//   punctuation { } ( ) [ ] , : =
+//   punctuation { } ( ) [ ] , : = *
 // Whitespace (space, tab, CR, LF) separates tokens and is otherwise insignificant; '#' starts a
 // comment that runs to the end of the line.
 //
@@ -46,6 +46,7 @@ enum class TokenKind : uint8_t {
   kComma,
   kColon,
   kEquals,
+  kStar,
 };
 
 struct Token {

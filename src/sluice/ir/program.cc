@@ -264,6 +264,25 @@ ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, At
   return instructions_.back().outputs;
 }
 
+void Program::BeginUnit(std::string name) {
+  if (unit_open_) {
+    throw ProgramError(fmt::format("unit '{}' opens inside unit '{}' (units do not nest)", name,
+                                   units_.back().name));
+  }
+  for (const ProgramUnit& u : units_) {
+    if (u.name == name) throw ProgramError(fmt::format("unit '{}' is defined twice", name));
+  }
+  const auto at = static_cast<int32_t>(instructions_.size());
+  units_.push_back({std::move(name), at, at});
+  unit_open_ = true;
+}
+
+void Program::EndUnit() {
+  if (!unit_open_) throw ProgramError("EndUnit without an open unit");
+  units_.back().end = static_cast<int32_t>(instructions_.size());
+  unit_open_ = false;
+}
+
 void Program::AddOutput(ValueId id) {
   SLUICE_CHECK(id >= 0 && static_cast<size_t>(id) < values_.size());
   if (IsOutput(id)) return;

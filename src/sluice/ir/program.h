@@ -65,6 +65,17 @@ struct Instruction {
   ValueList outputs;
 };
 
+// A unit: a named, contiguous range of instructions [begin, end) — an embedding, a block, a head.
+// Pipeline layouts, balanced partitions and recompute policies cut and keep programs by units
+// (docs/program-format.md, "Units"). Units never overlap and follow program order.
+struct ProgramUnit {
+  std::string name;
+  int32_t begin = 0;  // first instruction
+  int32_t end = 0;    // one past the last
+
+  bool operator==(const ProgramUnit&) const = default;
+};
+
 class Program {
  public:
   explicit Program(std::string name = "main") : name_(std::move(name)) {}
@@ -83,6 +94,15 @@ class Program {
   const std::vector<ValueId>& inputs() const { return inputs_; }
   const std::vector<ValueId>& params() const { return params_; }
   const std::vector<ValueId>& outputs() const { return outputs_; }
+
+  // Units in program order; empty for a program that names none.
+  const std::vector<ProgramUnit>& units() const { return units_; }
+  // Opens unit `name` at the next instruction; the instructions added until EndUnit belong to it.
+  // Throws ProgramError when a unit is already open or the name is taken by another unit.
+  void BeginUnit(std::string name);
+  // Closes the open unit (throws ProgramError when none is open). A unit may be empty.
+  void EndUnit();
+  bool unit_open() const { return unit_open_; }
 
   std::optional<ValueId> Find(std::string_view name) const;
   // Throws ProgramError naming the value when absent.
@@ -158,6 +178,8 @@ class Program {
   std::vector<size_t> reserved_ends_;
   std::vector<IndexSlot> reserved_index_;
   bool verified_ = false;
+  std::vector<ProgramUnit> units_;
+  bool unit_open_ = false;
 };
 
 }  // namespace sluice

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -113,32 +114,75 @@ std::string FormatFloat(double value) {
   return s;
 }
 
-std::string PrintProgram(const Program& p) {
+namespace {
+
+std::string FormatInitializer(const Initializer& init) {
+  if (init.args.empty()) return init.kind;
+  return fmt::format("{}({})", init.kind, fmt::join(init.args, ", "));
+}
+
+std::string FormatInstruction(const Program& p, const Instruction& ins) {
+  std::string out;
+  for (size_t i = 0; i < ins.outputs.size(); ++i) {
+    out += (i ? ", " : "") + Typed(p, ins.outputs[i]);
+  }
+  if (!ins.outputs.empty()) out += " = ";
+  out += ins.op ? ins.op->name : "?";
+  out += "(";
+  for (size_t i = 0; i < ins.inputs.size(); ++i) {
+    out += (i ? ", " : "") + ValueRef(p.value(ins.inputs[i]).name);
+  }
+  out += ")";
+  if (!ins.attrs.empty()) {
+    out += " {";
+    bool first = true;
+    for (const auto& [name, value] : ins.attrs.items()) {
+      out += fmt::format("{}{} = {}", first ? "" : ", ", IdentOrQuoted(name), FormatAttr(value));
+      first = false;
+    }
+    out += "}";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string PrintProgram(const Program& p, const ProgramAnnotations* annotations) {
   std::string out = fmt::format("program {} {{\n", IdentOrQuoted(p.name()));
-  for (ValueId v : p.inputs()) out += fmt::format("  input {}\n", Typed(p, v));
-  for (ValueId v : p.params()) out += fmt::format("  param {}\n", Typed(p, v));
-  for (const Instruction& ins : p.instructions()) {
-    out += "  ";
-    for (size_t i = 0; i < ins.outputs.size(); ++i) {
-      out += (i ? ", " : "") + Typed(p, ins.outputs[i]);
-    }
-    if (!ins.outputs.empty()) out += " = ";
-    out += ins.op ? ins.op->name : "?";
-    out += "(";
-    for (size_t i = 0; i < ins.inputs.size(); ++i) {
-      out += (i ? ", " : "") + ValueRef(p.value(ins.inputs[i]).name);
-    }
-    out += ")";
-    if (!ins.attrs.empty()) {
-      out += " {";
-      bool first = true;
-      for (const auto& [name, value] : ins.attrs.items()) {
-        out += fmt::format("{}{} = {}", first ? "" : ", ", IdentOrQuoted(name), FormatAttr(value));
-        first = false;
-      }
-      out += "}";
+  for (ValueId v : p.inputs()) {
+    out += fmt::format("  input {}", Typed(p, v));
+    if (annotations) {
+      auto it = annotations->data.find(p.value(v).name);
+      if (it != annotations->data.end()) out += " = " + IdentOrQuoted(it->second);
     }
     out += "\n";
+  }
+  for (ValueId v : p.params()) {
+    out += fmt::format("  param {}", Typed(p, v));
+    if (annotations) {
+      auto it = annotations->initializers.find(p.value(v).name);
+      if (it != annotations->initializers.end()) out += " = " + FormatInitializer(it->second);
+    }
+    out += "\n";
+  }
+  const std::vector<ProgramUnit>& units = p.units();
+  size_t u = 0;       // the next unit to open
+  bool open = false;  // units[u - 1] is open
+  const auto n = static_cast<int32_t>(p.instructions().size());
+  for (int32_t i = 0; i <= n; ++i) {
+    if (open && units[u - 1].end == i) {
+      out += "  }\n";
+      open = false;
+    }
+    while (!open && u < units.size() && units[u].begin == i) {
+      out += fmt::format("  unit {} {{\n", IdentOrQuoted(units[u].name));
+      open = units[u].end > i;
+      if (!open) out += "  }\n";
+      ++u;
+    }
+    if (i == n) break;
+    out += (open ? "    " : "  ") + FormatInstruction(p, p.instructions()[static_cast<size_t>(i)]) +
+           "\n";
   }
   for (ValueId v : p.outputs()) out += fmt::format("  output {}\n", ValueRef(p.value(v).name));
   out += "}\n";
@@ -183,6 +227,8 @@ const char* KindName(TokenKind kind) {
       return "':'";
     case TokenKind::kEquals:
       return "'='";
+    case TokenKind::kStar:
+      return "'*'";
   }
   return "?";
 }
@@ -197,7 +243,12 @@ struct Result {
 // recursion at all and its depth does not depend on the input.
 class Parser {
  public:
-  Parser(std::string_view text, std::string_view file) : lex_(text, file) {}
+  Parser(std::string_view text, std::string_view file, const SizeBindings& sizes,
+         ProgramAnnotations* annotations, const InputCheck& check_input)
+      : lex_(text, file),
+        sizes_(sizes),
+        annotations_(annotations ? annotations : &discarded_),
+        check_input_(check_input) {}
 
   Program Parse() {
     Advance();
@@ -212,8 +263,18 @@ class Parser {
     program_ = Program(tok_.text);
     Advance();
     const Token open = Take(TokenKind::kLBrace, "to open the program body");
-    while (tok_.kind != TokenKind::kRBrace) {
+    for (;;) {
+      if (tok_.kind == TokenKind::kRBrace) {
+        if (!program_.unit_open()) break;
+        program_.EndUnit();
+        Advance();
+        continue;
+      }
       if (tok_.kind == TokenKind::kEnd) {
+        if (program_.unit_open()) {
+          Fail(tok_, fmt::format("unterminated unit '{}': expected '}}' to close the '{{' at {}:{}",
+                                 program_.units().back().name, unit_open_.line, unit_open_.col));
+        }
         Fail(tok_, fmt::format("unterminated program: expected '}}' to close the '{{' at {}:{}",
                                open.line, open.col));
       }
@@ -280,6 +341,8 @@ class Parser {
       ParseCall(word, {});
     } else if (word.text == "input" || word.text == "param") {
       ParseDeclaration(word.text == "input");
+    } else if (word.text == "unit") {
+      ParseUnit(word);
     } else if (word.text == "output") {
       const Token v = Take(TokenKind::kValue, "after 'output'");
       const ValueId id = Use(v);
@@ -294,7 +357,26 @@ class Parser {
     }
   }
 
-  // input %x: f32[8, 16]   |   param %w: f32[16, 4]
+  // unit h.0 {   (the statements up to the matching '}' belong to the unit)
+  void ParseUnit(const Token& keyword) {
+    if (tok_.kind != TokenKind::kIdent && tok_.kind != TokenKind::kString) {
+      Fail(tok_, fmt::format("expected the unit's name after 'unit', found {}", Describe(tok_)));
+    }
+    const Token name = std::move(tok_);
+    Advance();
+    if (program_.unit_open()) {
+      Fail(keyword, fmt::format("unit '{}' opens inside unit '{}' (units do not nest)", name.text,
+                                program_.units().back().name));
+    }
+    for (const ProgramUnit& u : program_.units()) {
+      if (u.name == name.text) Fail(name, fmt::format("unit '{}' is defined twice", name.text));
+    }
+    unit_open_ =
+        Take(TokenKind::kLBrace, [&] { return fmt::format("after unit '{}'", name.text); });
+    program_.BeginUnit(name.text);
+  }
+
+  // input %x: f32[8, 16] [= array]   |   param %w: f32[16, 4] [= initializer]
   void ParseDeclaration(bool is_input) {
     const Token v = Take(TokenKind::kValue, is_input ? "after 'input'" : "after 'param'");
     Take(TokenKind::kColon, [&] { return fmt::format("after {}", ValueRef(v.text)); });
@@ -307,6 +389,133 @@ class Parser {
       throw;
     }
     Record(id, v);
+    annotations_->declared_at[v.text] = {v.line, v.col};
+    std::string array = v.text;
+    if (Accept(TokenKind::kEquals)) {
+      if (is_input) {
+        if (tok_.kind != TokenKind::kIdent && tok_.kind != TokenKind::kString) {
+          Fail(tok_, fmt::format("expected the name of the data array {} binds after '=', found {}",
+                                 ValueRef(v.text), Describe(tok_)));
+        }
+        array = tok_.text;
+        annotations_->data[v.text] = array;
+        Advance();
+      } else {
+        annotations_->initializers[v.text] = ParseInitializer(v);
+      }
+    }
+    if (is_input && check_input_) {
+      try {
+        check_input_(v.text, type, array);
+      } catch (const InvalidArgument& e) {
+        Fail(v, e.what());
+      }
+    }
+  }
+
+  // normal(0, 0.02) | uniform(-0.1, 0.1) | zeros | ones | loaded
+  Initializer ParseInitializer(const Token& param) {
+    const Token kind = Take(TokenKind::kIdent, [&] {
+      return fmt::format("(an initializer: normal, uniform, zeros, ones or loaded) for {}",
+                         ValueRef(param.text));
+    });
+    Initializer init{kind.text, {}};
+    if (Accept(TokenKind::kLParen) && !Accept(TokenKind::kRParen)) {
+      do {
+        if (tok_.kind == TokenKind::kInt) {
+          init.args.push_back(static_cast<double>(tok_.int_value));
+        } else if (tok_.kind == TokenKind::kFloat) {
+          init.args.push_back(tok_.float_value);
+        } else {
+          Fail(tok_,
+               fmt::format("{}'s arguments are numbers, found {}", kind.text, Describe(tok_)));
+        }
+        if (!std::isfinite(init.args.back())) {
+          Fail(tok_,
+               fmt::format("{}'s arguments must be finite, found {}", kind.text, Describe(tok_)));
+        }
+        Advance();
+      } while (Accept(TokenKind::kComma));
+      Take(TokenKind::kRParen, [&] { return fmt::format("to close {}'s arguments", kind.text); });
+    }
+    auto want = [&](size_t n, const char* signature) {
+      if (init.args.size() != n) {
+        Fail(kind, fmt::format("{} takes {} argument{} ({}), got {}", kind.text, n,
+                               n == 1 ? "" : "s", signature, init.args.size()));
+      }
+    };
+    if (init.kind == "normal") {
+      want(2, "mean, std");
+      if (!(init.args[1] > 0)) {
+        Fail(kind, fmt::format("normal's std must be positive, got {}", init.args[1]));
+      }
+    } else if (init.kind == "uniform") {
+      want(2, "low, high");
+      if (!(init.args[0] < init.args[1])) {
+        Fail(kind, fmt::format("uniform's low must be below its high, got {} and {}", init.args[0],
+                               init.args[1]));
+      }
+    } else if (init.kind == "zeros" || init.kind == "ones" || init.kind == "loaded") {
+      want(0, "none");
+    } else {
+      Fail(kind, fmt::format("unknown initializer '{}' for {} (expected normal(mean, std), "
+                             "uniform(low, high), zeros, ones or loaded)",
+                             kind.text, ValueRef(param.text)));
+    }
+    return init;
+  }
+
+  // INT or a size name, optionally times more of them: 8, B, B*T, 3*C. The caller has checked
+  // that tok_ starts one.
+  int64_t ParseSizeProduct() {
+    int64_t product = 1;
+    bool first = true;
+    for (;;) {
+      const Token t = std::move(tok_);
+      Advance();
+      int64_t factor = 0;
+      if (t.kind == TokenKind::kInt) {
+        factor = t.int_value;
+      } else if (t.kind == TokenKind::kIdent && IsSizeName(t.text)) {
+        auto it = sizes_.find(t.text);
+        if (it == sizes_.end()) {
+          Fail(t, fmt::format("size '{}' is not bound here ({})", t.text,
+                              sizes_.empty() ? "sizes are bound by sluice train, plan and "
+                                               "simulate: B the micro-batch, T the sequence length"
+                                             : fmt::format("bound sizes: {}", BoundSizes())));
+        }
+        factor = it->second;
+        annotations_->sizes.insert(t.text);
+      } else {
+        Fail(t, fmt::format("expected an integer or a size name{}, found {}",
+                            first ? "" : " after '*'", Describe(t)));
+      }
+      if (!first && factor < 0) Fail(t, "a factor after '*' may not be negative");
+      if (__builtin_mul_overflow(product, factor, &product)) {
+        Fail(t, "the product overflows int64");
+      }
+      first = false;
+      if (!Accept(TokenKind::kStar)) return product;
+    }
+  }
+
+  // Whether tok_ can start a size product.
+  bool AtSize() const {
+    return tok_.kind == TokenKind::kInt ||
+           (tok_.kind == TokenKind::kIdent && IsSizeName(tok_.text));
+  }
+
+  // A name that is no keyword of a value position: true, false, inf and nan are values.
+  static bool IsSizeName(std::string_view s) {
+    return s != "true" && s != "false" && s != "inf" && s != "nan";
+  }
+
+  std::string BoundSizes() const {
+    std::string out;
+    for (const auto& [name, value] : sizes_) {
+      out += fmt::format("{}{} = {}", out.empty() ? "" : ", ", name, value);
+    }
+    return out;
   }
 
   // %a: T, %b: T = op(%x, %y) {attrs}
@@ -410,16 +619,22 @@ class Parser {
     int64_t elements = 1;  // product of the dimensions, a 0 counting as 1
     if (tok_.kind != TokenKind::kRBracket) {
       do {
-        const Token d = Take(TokenKind::kInt, "(a dimension)");
+        const Token d = tok_;
+        if (!AtSize()) {
+          Fail(tok_, fmt::format("expected a dimension (an integer or a size name such as B), "
+                                 "found {}",
+                                 Describe(tok_)));
+        }
+        const int64_t dim = ParseSizeProduct();
         if (rank == kMaxRank) {
           Fail(d, fmt::format("a type has at most {} dimensions", kMaxRank));
         }
-        if (d.int_value < 0) Fail(d, fmt::format("dimension {} is negative", d.int_value));
-        if (d.int_value > 0 && elements > kMaxTextElements / d.int_value) {
+        if (dim < 0) Fail(d, fmt::format("dimension {} is negative", dim));
+        if (dim > 0 && elements > kMaxTextElements / dim) {
           Fail(d, fmt::format("type too large: more than 2^40 elements"));
         }
-        elements *= std::max<int64_t>(d.int_value, 1);
-        dims[rank++] = d.int_value;
+        elements *= std::max<int64_t>(dim, 1);
+        dims[rank++] = dim;
       } while (Accept(TokenKind::kComma));
     }
     Take(TokenKind::kRBracket, "to close the dimensions");
@@ -449,6 +664,11 @@ class Parser {
 
   // 1, -2.5, 1e-05, inf, -nan, true, "text", [1, -2]
   AttrValue ParseAttrValue() {
+    // A bare name is a size only when bound: otherwise the message below says what values are.
+    if (tok_.kind == TokenKind::kInt ||
+        (tok_.kind == TokenKind::kIdent && sizes_.find(tok_.text) != sizes_.end())) {
+      return ParseSizeProduct();
+    }
     Token t = std::move(tok_);
     Advance();
     switch (t.kind) {
@@ -468,12 +688,11 @@ class Parser {
         std::vector<int64_t> list;
         if (tok_.kind != TokenKind::kRBracket) {
           do {
-            if (tok_.kind != TokenKind::kInt) {
+            if (!AtSize()) {
               Fail(tok_,
                    fmt::format("attribute lists hold integers only, found {}", Describe(tok_)));
             }
-            list.push_back(tok_.int_value);
-            Advance();
+            list.push_back(ParseSizeProduct());
           } while (Accept(TokenKind::kComma));
         }
         Take(TokenKind::kRBracket, "to close the list");
@@ -516,16 +735,97 @@ class Parser {
   Token tok_;
   Program program_;
   std::vector<std::pair<int, int>> defined_at_;  // value -> line, col of its definition
+  const SizeBindings& sizes_;
+  ProgramAnnotations discarded_;     // where annotations go when the caller wants none
+  ProgramAnnotations* annotations_;  // never null
+  Token unit_open_;                  // the '{' of the open unit
+  const InputCheck& check_input_;
 };
 
 }  // namespace
 
-Program ParseProgram(std::string_view text, std::string_view filename) {
-  return Parser(text, filename).Parse();
+Program ParseProgram(std::string_view text, std::string_view filename, const SizeBindings& sizes,
+                     ProgramAnnotations* annotations, const InputCheck& check_input) {
+  return Parser(text, filename, sizes, annotations, check_input).Parse();
 }
 
 Program LoadProgramFile(const std::string& path) {
   return ParseProgram(ReadWholeFile("program file", path), path);
+}
+
+}  // namespace sluice
+
+namespace sluice {
+
+namespace {
+
+// The product of sizes (each to a power 0..2) times a factor that gives `a` under `sizes_a` and `b`
+// under `sizes_b`, lowest total power first; nullopt when none does or two of one power do.
+std::optional<std::string> SizeProduct(int64_t a, int64_t b, const SizeBindings& sizes_a,
+                                       const SizeBindings& sizes_b) {
+  std::vector<std::string> names;
+  for (const auto& [name, value] : sizes_a) {
+    if (sizes_b.count(name)) names.push_back(name);
+  }
+  const size_t n = names.size();
+  size_t combinations = 1;
+  for (size_t i = 0; i < n; ++i) combinations *= 3;
+  for (int degree = 1; degree <= 3; ++degree) {
+    std::optional<std::string> found;
+    for (size_t c = 0; c < combinations; ++c) {
+      std::vector<int> power(n);
+      int total = 0;
+      for (size_t i = 0, r = c; i < n; ++i, r /= 3) total += power[i] = static_cast<int>(r % 3);
+      if (total != degree) continue;
+      __int128 pa = 1, pb = 1;
+      std::string expr;
+      for (size_t i = 0; i < n; ++i) {
+        for (int k = 0; k < power[i]; ++k) {
+          pa *= sizes_a.find(names[i])->second;
+          pb *= sizes_b.find(names[i])->second;
+          expr += (expr.empty() ? "" : "*") + names[i];
+        }
+      }
+      if (pa == 0 || pb == 0 || a % pa != 0 || b % pb != 0) continue;
+      const __int128 factor = a / pa;
+      if (factor == 0 || factor != b / pb) continue;
+      if (found) return std::nullopt;  // two products of one degree: the bindings cannot tell
+      found = factor == 1 ? expr : fmt::format("{}*{}", static_cast<int64_t>(factor), expr);
+    }
+    if (found) return found;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string GeneraliseSizes(std::string_view text_a, const SizeBindings& sizes_a,
+                            std::string_view text_b, const SizeBindings& sizes_b) {
+  Lexer la(text_a, "a"), lb(text_b, "b");
+  std::string out;
+  size_t copied = 0;  // text_a[0, copied) is in out
+  for (;;) {
+    const Token ta = la.Next(), tb = lb.Next();
+    if (ta.kind != tb.kind || (ta.kind != TokenKind::kInt && ta.raw != tb.raw)) {
+      throw InvalidArgument(fmt::format(
+          "line {}: the program differs between sizes in more than numbers ({} against {})",
+          ta.line, Describe(ta), Describe(tb)));
+    }
+    if (ta.kind == TokenKind::kEnd) break;
+    if (ta.kind != TokenKind::kInt || ta.int_value == tb.int_value) continue;
+    std::optional<std::string> expr = SizeProduct(ta.int_value, tb.int_value, sizes_a, sizes_b);
+    if (!expr) {
+      throw InvalidArgument(
+          fmt::format("line {}: {} becomes {} at other sizes, which no product of the sizes gives",
+                      ta.line, ta.int_value, tb.int_value));
+    }
+    const auto at = static_cast<size_t>(ta.raw.data() - text_a.data());
+    out.append(text_a.substr(copied, at - copied));
+    out += *expr;
+    copied = at + ta.raw.size();
+  }
+  out.append(text_a.substr(copied));
+  return out;
 }
 
 }  // namespace sluice

@@ -1,5 +1,6 @@
 #include "sluice/nn/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -83,6 +84,42 @@ std::string SliceText(const GptSlice& s, int64_t layers) {
   return items.empty() ? std::string("(nothing)") : fmt::format("{}", fmt::join(items, ","));
 }
 
+GptCosts EstimateGptCosts(const GptConfig& c, int64_t batch, int64_t seq_len) {
+  ValidateGptConfig(c);
+  const int64_t t = seq_len == 0 ? c.seq : seq_len;
+  if (t < 1 || t > c.seq) {
+    throw InvalidArgument(
+        fmt::format("sequence length {} is outside [1, {}] (the model's --seq)", t, c.seq));
+  }
+  if (batch < 1) throw InvalidArgument(fmt::format("batch size must be positive, got {}", batch));
+  const double B = static_cast<double>(batch), T = static_cast<double>(t);
+  const double C = static_cast<double>(c.dim), vocab = static_cast<double>(c.vocab);
+  return {.embed = B * T * C,
+          .block = 24 * B * T * C * C + 4 * B * T * T * C,
+          .head = 2 * B * T * C * vocab};
+}
+
+ModelUnits GptUnits(const GptConfig& c, int64_t batch, int64_t seq_len) {
+  const GptCosts g = EstimateGptCosts(c, batch, seq_len);
+  ModelUnits units;
+  units.names.push_back("embed");
+  units.costs.push_back(g.embed);
+  for (int64_t l = 0; l < c.layers; ++l) {
+    units.names.push_back(fmt::format("h.{}", l));
+    units.costs.push_back(g.block);
+  }
+  units.names.push_back("head");
+  units.costs.push_back(g.head);
+  return units;
+}
+
+GptSlice GptSliceOfUnits(const UnitRange& r, int64_t layers) {
+  return GptSlice{.embed = r.first == 0,
+                  .first_layer = std::max<int64_t>(r.first, 1) - 1,
+                  .end_layer = std::min<int64_t>(r.end, layers + 1) - 1,
+                  .head = r.end == layers + 2};
+}
+
 Model BuildGpt(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len) {
   return BuildGptSlice(c, B, output, seq_len, GptSlice{});
 }
@@ -118,6 +155,7 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     Var ids = b.Input("ids", DType::kI64, {B, T});
     Var wte = m.Param("wte.weight", {c.vocab, c.dim}, Init::kNormal);
     Var wpe = m.Param("wpe.weight", {c.seq, c.dim}, Init::kNormal);
+    Builder::Unit unit(b, "embed");
     Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);  // [T, C]
     x = b.Name(Embedding(ids, wte) + pos, "h_in");     // [B, T, C]
   } else {
@@ -127,6 +165,7 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     m.MarkBlockInput(x.name());
     m.SetNextInitIndex(kEmbedParams + kBlockParams * l);
     Builder::NameScope scope(b, fmt::format("h.{}", l));
+    Builder::Unit unit(b, fmt::format("h.{}", l));
     Var a = CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim), c, B, T, proj_std);
     x = b.Name(x + a, "attn_out");
     Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim), c, proj_std);
@@ -137,16 +176,22 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     return m.Finish("");
   }
   m.SetNextInitIndex(kEmbedParams + kBlockParams * c.layers);
-  x = LayerNormLayer(m, "ln_f", x, c.dim);
-  // [vocab, C] like torch.nn.Linear
-  Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);
-  Var logits = b.Name(MatMul(x, head, false, true), "logits");  // [B, T, vocab]
+  Var logits, loss;
+  {
+    Builder::Unit unit(b, "head");
+    x = LayerNormLayer(m, "ln_f", x, c.dim);
+    // [vocab, C] like torch.nn.Linear
+    Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);
+    logits = b.Name(MatMul(x, head, false, true), "logits");  // [B, T, vocab]
+    if (output == GptOutput::kLoss) {
+      Var targets = b.Input("targets", DType::kI64, {B, T});
+      loss = b.Name(CrossEntropy(logits, targets), "loss");
+    }
+  }
   if (output == GptOutput::kLogits) {
     b.Output(logits);
     return m.Finish("");
   }
-  Var targets = b.Input("targets", DType::kI64, {B, T});
-  Var loss = b.Name(CrossEntropy(logits, targets), "loss");
   b.Output(loss);
   return m.Finish("loss");
 }

@@ -92,6 +92,25 @@ struct GptSlice {
 Model BuildGptSlice(const GptConfig& config, int64_t batch, GptOutput output, int64_t seq_len,
                     const GptSlice& slice);
 
+// The GPT's units in model order — embed (unit 0), h.0 … h.L−1 (units 1 … L), head (unit L + 1) —
+// and their forward FLOPs (a multiply-add counts 2) at batch B, sequence T (seq_len; 0 =
+// config.seq), channels C:
+//   embed = B·T·C                      the position add (the lookup does no arithmetic)
+//   block = 24·B·T·C² + 4·B·T²·C       c_attn 6, attn.c_proj 2, c_fc 8, mlp.c_proj 8 (× B·T·C²);
+//                                      q·kᵀ and att·v 2 each (× B·T²·C)
+//   head  = 2·B·T·C·vocab              lm_head
+// Layer norms, softmax, GELU, biases and the loss are linear in B·T·C (or B·T·vocab) and left out.
+struct GptCosts {
+  double embed = 0;
+  double block = 0;
+  double head = 0;
+};
+GptCosts EstimateGptCosts(const GptConfig& config, int64_t batch, int64_t seq_len);
+ModelUnits GptUnits(const GptConfig& config, int64_t batch, int64_t seq_len);
+
+// Units [range.first, range.end) of GptUnits as a slice.
+GptSlice GptSliceOfUnits(const UnitRange& range, int64_t layers);
+
 // The slice in --layout syntax (pipeline/partition.h): "embed,h.0-1", "h.2", "h.3-5,head", "head".
 // An end_layer of -1 stands for `layers`.
 std::string SliceText(const GptSlice& slice, int64_t layers);

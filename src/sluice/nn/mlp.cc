@@ -28,17 +28,25 @@ Model BuildMlp(const MlpConfig& c, int64_t B, MlpOutput output) {
   Var h = b.Input("x", DType::kF32, {B, c.features});
   int64_t in = c.features;
   for (int64_t l = 0; l < c.layers; ++l) {
+    Builder::Unit unit(b, fmt::format("fc.{}", l));
     h = Relu(LinearLayer(m, fmt::format("fc.{}", l), h, in, c.hidden));  // [B, hidden]
     in = c.hidden;
   }
-  Var logits =
-      b.Name(LinearLayer(m, fmt::format("fc.{}", c.layers), h, in, c.classes), "logits");  // [B, K]
+  Var logits, loss;
+  {
+    Builder::Unit unit(b, fmt::format("fc.{}", c.layers));
+    logits = b.Name(LinearLayer(m, fmt::format("fc.{}", c.layers), h, in, c.classes),
+                    "logits");  // [B, K]
+    if (output == MlpOutput::kLoss) {
+      Var labels = b.Input("labels", DType::kI64, {B});
+      loss = b.Name(CrossEntropy(logits, labels), "loss");
+    }
+  }
   if (output == MlpOutput::kLogits) {
     b.Output(logits);
     return m.Finish("");
   }
-  Var labels = b.Input("labels", DType::kI64, {B});
-  b.Output(b.Name(CrossEntropy(logits, labels), "loss"));
+  b.Output(loss);
   return m.Finish("loss");
 }
 

@@ -35,6 +35,7 @@ std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, ui
     Tensor t = Tensor::Empty(s.shape, DType::kF32, allocator);
     float* p = t.data<float>();
     const int64_t n = t.numel();
+    const uint64_t index = s.init_index >= 0 ? static_cast<uint64_t>(s.init_index) : i;
     switch (s.init) {
       case Init::kZeros:
         std::fill_n(p, n, 0.0f);
@@ -42,11 +43,21 @@ std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, ui
       case Init::kOnes:
         std::fill_n(p, n, 1.0f);
         break;
+      case Init::kLoaded:
+        std::fill_n(p, n, 0.0f);  // the caller loads it (--init-from)
+        break;
       case Init::kNormal: {
-        const uint64_t index = s.init_index >= 0 ? static_cast<uint64_t>(s.init_index) : i;
         std::mt19937_64 rng(MixSeed(seed, kInitStream, index));
-        std::normal_distribution<float> normal(0.0f, static_cast<float>(s.std));
+        std::normal_distribution<float> normal(static_cast<float>(s.mean),
+                                               static_cast<float>(s.std));
         for (int64_t k = 0; k < n; ++k) p[k] = normal(rng);
+        break;
+      }
+      case Init::kUniform: {
+        std::mt19937_64 rng(MixSeed(seed, kInitStream, index));
+        std::uniform_real_distribution<float> uniform(static_cast<float>(s.low),
+                                                      static_cast<float>(s.high));
+        for (int64_t k = 0; k < n; ++k) p[k] = uniform(rng);
         break;
       }
     }

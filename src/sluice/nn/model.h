@@ -23,7 +23,9 @@
 
 namespace sluice {
 
-enum class Init { kNormal, kZeros, kOnes };
+// How a parameter is initialized: normal(mean, std), zeros, ones, uniform(low, high), or loaded
+// (its value comes from --init-from; InitParams leaves it zero).
+enum class Init { kNormal, kZeros, kOnes, kUniform, kLoaded };
 
 struct ParamSpec {
   std::string name;
@@ -32,6 +34,8 @@ struct ParamSpec {
   double std = 0.02;  // for kNormal
   // The index its generator is seeded with; -1: its position in the list given to InitParams.
   int64_t init_index = -1;
+  double mean = 0.0;             // for kNormal
+  double low = 0.0, high = 0.0;  // for kUniform
 };
 
 struct Model {
@@ -46,6 +50,22 @@ struct Model {
   // Empty for models without blocks or attention (full then keeps only the program's inputs).
   std::vector<std::string> block_inputs;
   std::vector<std::string> attention_values;
+};
+
+// A contiguous run of a model's units [first, end), counted in the model's unit order: what one
+// pipeline (virtual) stage runs.
+struct UnitRange {
+  int64_t first = 0;
+  int64_t end = 0;
+
+  bool operator==(const UnitRange&) const = default;
+};
+
+// A model's units in order — the pieces pipeline layouts and partitions cut it at (embed, h.0 …
+// h.L−1, head for the GPT; a program's `unit` blocks) — and each one's estimated forward FLOPs.
+struct ModelUnits {
+  std::vector<std::string> names;
+  std::vector<double> costs;
 };
 
 // Wraps a Builder and records parameter specs as they are declared.

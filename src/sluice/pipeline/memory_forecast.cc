@@ -118,9 +118,7 @@ class RankReplay {
         prompt_(prompt),
         program_(BuildStageProgram(setup, rank, unused_, /*plan_only=*/true)),
         stage_(*program_, ledger_),
-        grads_(ledger_),
-        io_bytes_(setup.micro_batch_size * setup.seq_len * setup.gpt.dim *
-                  static_cast<int64_t>(sizeof(float))) {
+        grads_(ledger_) {
     const int V = setup.schedule.chunks, M = setup.schedule.micro_batches;
     mbs_.reserve(static_cast<size_t>(V * M));
     for (int k = 0; k < V * M; ++k) mbs_.emplace_back(std::make_unique<MicroBatch>(ledger_));
@@ -204,10 +202,10 @@ class RankReplay {
     const int index = a.chunk * M + a.micro_batch;
     switch (a.kind) {
       case ActionKind::kRecvF:
-        mb.recv_f = ledger_.Allocate(io_bytes_, MemoryUse::kMessages);
+        mb.recv_f = ledger_.Allocate(MessageBytes(ch, kChunkInput), MemoryUse::kMessages);
         break;
       case ActionKind::kRecvB:
-        mb.recv_b = ledger_.Allocate(io_bytes_, MemoryUse::kMessages);
+        mb.recv_b = ledger_.Allocate(MessageBytes(ch, kChunkOutput), MemoryUse::kMessages);
         break;
       case ActionKind::kSendF:
         mb.sending = true;
@@ -238,6 +236,12 @@ class RankReplay {
     }
   }
 
+  // The bytes of a chunk's input "x" or output "y" (its gradient's as well): a message's.
+  static int64_t MessageBytes(const Chunk& ch, const char* name) {
+    const Program& p = ch.model.forward;
+    return static_cast<int64_t>(p.Bytes(p.Get(name)));
+  }
+
   // Binds an input that arrived in `*held` (a receive's buffer or a local hand-off).
   void Bind(SymbolicScope& scope, const char* name, Id& held) {
     scope.Set(name, held);
@@ -247,8 +251,10 @@ class RankReplay {
 
   void Forward(const Action& a, const Chunk& ch, MicroBatch& mb, size_t i) {
     SymbolicScope& scope = mb.scope;
-    if (ch.first) scope.Set("ids", MemoryLedger::kExternal);  // the batch: another allocator's
-    if (ch.last) scope.Set("targets", MemoryLedger::kExternal);
+    for (ValueId v : ch.model.forward.inputs()) {  // the batch: another allocator's
+      const std::string& name = ch.model.forward.value(v).name;
+      if (ch.first || name != kChunkInput) scope.Set(name, MemoryLedger::kExternal);
+    }
     if (!ch.first) {
       if (mb.recv_f != kNone) {
         Bind(scope, kChunkInput, mb.recv_f);
@@ -303,7 +309,6 @@ class RankReplay {
   MemoryLedger ledger_;
   StageReplay stage_;
   SymbolicGradients grads_;
-  int64_t io_bytes_;
   std::vector<std::unique_ptr<MicroBatch>> mbs_;  // [V·M]
   std::vector<Pending> pending_;
 };

@@ -23,48 +23,30 @@ std::optional<PartitionKind> ParsePartitionKind(std::string_view name) {
 
 namespace {
 
-int64_t ResolveSeq(const GptConfig& c, int64_t batch, int64_t seq_len) {
-  ValidateGptConfig(c);
-  const int64_t T = seq_len == 0 ? c.seq : seq_len;
-  if (T < 1 || T > c.seq) {
-    throw InvalidArgument(
-        fmt::format("sequence length {} is outside [1, {}] (the model's --seq)", T, c.seq));
-  }
-  if (batch < 1) throw InvalidArgument(fmt::format("batch size must be positive, got {}", batch));
-  return T;
+// Whether the units are the GPT's (embed, h.i, head): messages then speak of its layers.
+bool IsGpt(const std::vector<std::string>& names) {
+  return names.size() >= 2 && names.front() == "embed" && names.back() == "head";
 }
 
-// The unit costs in model order: embed, h.0, …, h.L−1, head.
-std::vector<double> UnitCosts(const GptConfig& c, int64_t batch, int64_t seq_len) {
-  const GptCosts g = EstimateGptCosts(c, batch, seq_len);
-  std::vector<double> units(static_cast<size_t>(c.layers) + 2, g.block);
-  units.front() = g.embed;
-  units.back() = g.head;
-  return units;
-}
-
-// Units [i, j) of UnitCosts as a slice: unit 0 is embed, unit l + 1 block l, unit L + 1 head.
-GptSlice SliceOfUnits(int64_t i, int64_t j, int64_t layers) {
-  return GptSlice{.embed = i == 0,
-                  .first_layer = std::max<int64_t>(i, 1) - 1,
-                  .end_layer = std::min<int64_t>(j, layers + 1) - 1,
-                  .head = j == layers + 2};
-}
-
-GptPartition Uniform(const GptConfig& c, int S) {
-  const int64_t L = c.layers;
+// The units between the first and the last (the GPT's layers) split evenly; the first unit goes
+// with stage 0, the last with stage S − 1.
+Partition Uniform(const ModelUnits& units, int S) {
+  const int64_t L = static_cast<int64_t>(units.names.size()) - 2;
   if (L < S) {
+    const bool gpt = IsGpt(units.names);
+    const std::string ends =
+        gpt ? "embed and head" : fmt::format("{} and {}", units.names.front(), units.names.back());
+    const std::string grow =
+        gpt ? fmt::format("give the model --layers {} or more", S) : "give the model more units";
     const std::string fix =
         L + 2 >= S ? fmt::format(
-                         "use --partition balanced (embed and head may take a stage of "
-                         "their own), name the layers of each stage with --layout, or "
-                         "give the model --layers {} or more",
-                         S)
+                         "use --partition balanced ({} may take a stage of their own), name the "
+                         "layers of each stage with --layout, or {}",
+                         ends, grow)
                    : fmt::format(
-                         "give the model --layers {} or more ({} with --partition "
-                         "balanced: embed and head may take a stage of their own), or use "
-                         "fewer stages",
-                         S, S - 2);
+                         "{} ({} with --partition balanced: {} may take a stage of their own), "
+                         "or use fewer stages",
+                         grow, gpt ? fmt::format("{}", S - 2) : fmt::format("{} units", S), ends);
     throw InvalidArgument(
         fmt::format("--partition uniform puts at least one layer on every stage, but the model has "
                     "{} layers for {} virtual stages (--stages × --chunks): {}",
@@ -75,12 +57,12 @@ GptPartition Uniform(const GptConfig& c, int S) {
   int64_t extra = L % S;
   for (int s = 1; s + 1 < S && extra > 0; ++s, --extra) ++count[static_cast<size_t>(s)];
   if (extra > 0) ++count[0];
-  GptPartition p;
+  Partition p;
   int64_t first = 0;
   for (int s = 0; s < S; ++s) {
     const int64_t end = first + count[static_cast<size_t>(s)];
-    p.stages.push_back(
-        {.embed = s == 0, .first_layer = first, .end_layer = end, .head = s == S - 1});
+    // Units: the first is 0, layer l is l + 1, the last is L + 1.
+    p.stages.push_back({.first = s == 0 ? 0 : first + 1, .end = s == S - 1 ? L + 2 : end + 1});
     first = end;
   }
   return p;
@@ -88,20 +70,27 @@ GptPartition Uniform(const GptConfig& c, int S) {
 
 // --partition balanced puts at least one of the N units (embed, the layers, head) on each of the
 // S virtual stages; `stages` says how S was counted, `fewer` what to reduce.
-void RequireUnitPerStage(int S, int64_t N, int64_t layers, std::string_view stages,
+void RequireUnitPerStage(int S, const std::vector<std::string>& names, std::string_view stages,
                          std::string_view fewer) {
+  const auto N = static_cast<int64_t>(names.size());
   if (S <= N) return;
+  if (IsGpt(names)) {
+    throw InvalidArgument(fmt::format(
+        "--partition balanced needs at least one unit per stage, but {} virtual stages ({}) "
+        "exceed the model's {} units (embed, {} layers, head): use fewer {}, or give the model "
+        "--layers {} or more",
+        S, stages, N, N - 2, fewer, S - 2));
+  }
   throw InvalidArgument(fmt::format(
       "--partition balanced needs at least one unit per stage, but {} virtual stages ({}) exceed "
-      "the model's {} units (embed, {} layers, head): use fewer {}, or give the model --layers {} "
-      "or more",
-      S, stages, N, layers, fewer, S - 2));
+      "the model's {} unit{} ({}): use fewer {}, or split the model into more units",
+      S, stages, N, N == 1 ? "" : "s", fmt::join(names, ", "), fewer));
 }
 
-GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S) {
-  const std::vector<double> units = UnitCosts(c, batch, seq_len);
+Partition Balanced(const ModelUnits& model, int S) {
+  const std::vector<double>& units = model.costs;
   const int64_t N = static_cast<int64_t>(units.size());
-  RequireUnitPerStage(S, N, c.layers, "--stages × --chunks", "stages or chunks");
+  RequireUnitPerStage(S, model.names, "--stages × --chunks", "stages or chunks");
   // cost[i][j]: units [i, j), summed left to right (as EstimateStageCosts sums them, so the two
   // agree).
   std::vector<std::vector<double>> cost(N + 1, std::vector<double>(N + 1, 0.0));
@@ -121,7 +110,7 @@ GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S)
   }
   // Walk from the front, each stage taking the fewest units that keep the optimum reachable.
   const double target = best[S][0];
-  GptPartition p;
+  Partition p;
   int64_t i = 0;
   for (int k = S; k >= 1; --k) {
     int64_t j = i + 1;
@@ -131,7 +120,7 @@ GptPartition Balanced(const GptConfig& c, int64_t batch, int64_t seq_len, int S)
       while (j < N - (k - 1) && !(cost[i][j] <= target && best[k - 1][j] <= target)) ++j;
       SLUICE_CHECK(cost[i][j] <= target && best[k - 1][j] <= target);
     }
-    p.stages.push_back(SliceOfUnits(i, j, c.layers));
+    p.stages.push_back({i, j});
     i = j;
   }
   return p;
@@ -236,20 +225,19 @@ double LeastFeasible(double lo, double hi, Test feasible) {
 // Placement::kVShape: 2P groups, rank r running groups r and 2P − 1 − r, cut so that the most
 // expensive rank is as cheap as possible — exact: the least bound T some cut meets, found by
 // bisection (whether a cut meets T is monotone in T), each test O(P·N²) (VShapeCuts).
-GptPartition BalancedV(const GptConfig& c, int64_t batch, int64_t seq_len, int S) {
-  const std::vector<double> units = UnitCosts(c, batch, seq_len);
+Partition BalancedV(const ModelUnits& model, int S) {
+  const std::vector<double>& units = model.costs;
   const int64_t N = static_cast<int64_t>(units.size());
   const int P = S / 2;
-  RequireUnitPerStage(S, N, c.layers, "--stages × 2 chunks", "stages");
+  RequireUnitPerStage(S, model.names, "--stages × 2 chunks", "stages");
   VShapeCuts cuts(units, P);
   SLUICE_CHECK(cuts.Feasible(cuts.total(), false), "no V-shaped cut of {} units into {} groups", N,
                S);
   const double target =
       LeastFeasible(0.0, cuts.total(), [&](double T) { return cuts.Feasible(T, false); });
   cuts.Feasible(target, true);
-  GptPartition p;
-  for (const auto& [first, end] : cuts.Walk(target))
-    p.stages.push_back(SliceOfUnits(first, end, c.layers));
+  Partition p;
+  for (const auto& [first, end] : cuts.Walk(target)) p.stages.push_back({first, end});
   return p;
 }
 
@@ -286,77 +274,114 @@ std::optional<int64_t> ParseIndex(std::string_view s) {
   return v;
 }
 
-// "embed" → unit 0, "h.i" → i + 1, "h.i-j" → [i + 1, j + 2), "head" → L + 1.
-Item ParseItem(std::string_view text, int stage, int64_t layers) {
+// The forms an item may take, for messages: each unit that is not numbered, then "P.i or P.i-j"
+// for each prefix P of numbered units ("embed, head, h.i or h.i-j" for the GPT).
+std::string ItemForms(const std::vector<std::string>& names) {
+  std::vector<std::string> single, families;
+  for (const std::string& n : names) {
+    const size_t dot = n.rfind('.');
+    if (dot != std::string::npos && ParseIndex(std::string_view(n).substr(dot + 1))) {
+      const std::string family = n.substr(0, dot);
+      if (std::find(families.begin(), families.end(), family) == families.end())
+        families.push_back(family);
+    } else {
+      single.push_back(n);
+    }
+  }
+  std::vector<std::string> forms = single;
+  for (const std::string& f : families) forms.push_back(fmt::format("{0}.i or {0}.i-j", f));
+  if (forms.size() > 12) forms.resize(12), forms.push_back("…");
+  if (single.empty() && families.size() == 1) return forms[0];
+  std::string last = forms.back();
+  forms.pop_back();
+  return fmt::format("{}{}{}", fmt::join(forms, ", "), forms.empty() ? "" : ", ", last);
+}
+
+// A unit name → its index, or a range "P.i-j" of numbered units → [index of P.i, index of P.j + 1).
+Item ParseItem(std::string_view text, int stage, const std::vector<std::string>& names) {
   Item item{std::string(text), stage, 0, 0};
   const auto fail = [&](std::string_view why) {
     return InvalidArgument(fmt::format("--layout stage {}: '{}' {}", stage, text, why));
   };
-  if (text == "embed") {
-    item.end = 1;
+  const auto index = [&](std::string_view name) -> std::optional<int64_t> {
+    auto it = std::find(names.begin(), names.end(), name);
+    if (it == names.end()) return std::nullopt;
+    return static_cast<int64_t>(it - names.begin());
+  };
+  if (std::optional<int64_t> u = index(text)) {
+    item.first = *u;
+    item.end = *u + 1;
     return item;
   }
-  if (text == "head") {
-    item.first = layers + 1;
-    item.end = layers + 2;
-    return item;
-  }
-  if (!text.starts_with("h.")) throw fail("is not an item: expected embed, head, h.i or h.i-j");
-  const std::string_view range = text.substr(2);
+  const std::string forms = fmt::format("is not an item: expected {}", ItemForms(names));
+  const size_t dot = text.rfind('.');
+  if (dot == std::string_view::npos) throw fail(forms);
+  const std::string_view family = text.substr(0, dot), range = text.substr(dot + 1);
   const size_t dash = range.find('-');
   const std::optional<int64_t> lo = ParseIndex(range.substr(0, dash));
   const std::optional<int64_t> hi =
       dash == std::string_view::npos ? lo : ParseIndex(range.substr(dash + 1));
-  if (!lo || !hi) throw fail("is not an item: expected embed, head, h.i or h.i-j");
-  if (*lo >= layers || *hi >= layers) {
-    throw fail(fmt::format("is out of range: the model has layers h.0-{} (--layers {})", layers - 1,
-                           layers));
+  if (!lo || !hi) throw fail(forms);
+  // The numbered units of this family: the model's P.0 … P.n.
+  int64_t count = 0;
+  while (index(fmt::format("{}.{}", family, count))) ++count;
+  if (count == 0) throw fail(forms);
+  if (*lo >= count || *hi >= count) {
+    throw fail(fmt::format("is out of range: the model has {}{}.0-{}{}",
+                           IsGpt(names) ? "layers " : "", family, count - 1,
+                           IsGpt(names) ? fmt::format(" (--layers {})", count) : ""));
   }
-  if (*hi < *lo)
-    throw fail(fmt::format("runs backwards: layers are out of order (write h.{}-{})", *hi, *lo));
-  item.first = *lo + 1;
-  item.end = *hi + 2;
+  if (*hi < *lo) {
+    throw fail(fmt::format("runs backwards: {} are out of order (write {}.{}-{})",
+                           IsGpt(names) ? "layers" : "units", family, *hi, *lo));
+  }
+  item.first = *index(fmt::format("{}.{}", family, *lo));
+  item.end = *index(fmt::format("{}.{}", family, *hi)) + 1;
+  if (item.end <= item.first) throw fail("is not a run of units in model order");
   return item;
-}
-
-std::string UnitName(int64_t unit, int64_t layers) {
-  if (unit == 0) return "embed";
-  if (unit == layers + 1) return "head";
-  return fmt::format("h.{}", unit - 1);
 }
 
 }  // namespace
 
-GptPartition PartitionGpt(const GptConfig& c, int64_t batch, int64_t seq_len, int S,
-                          PartitionKind kind, Placement placement) {
-  ResolveSeq(c, batch, seq_len);
+Partition PartitionUnits(const ModelUnits& units, int S, PartitionKind kind, Placement placement) {
+  SLUICE_CHECK(units.names.size() == units.costs.size(), "{} unit names for {} costs",
+               units.names.size(), units.costs.size());
+  if (units.names.empty()) {
+    throw InvalidArgument(
+        "the model has no units to split into pipeline stages (a program names "
+        "them with `unit NAME { ... }`, docs/program-format.md)");
+  }
   if (S < 1)
     throw InvalidArgument(fmt::format("the number of virtual stages must be positive, got {}", S));
   if (placement == Placement::kVShape && S % 2 != 0) {
     throw InvalidArgument(fmt::format(
         "a V-shaped placement runs 2 virtual stages per rank, so an even number (got {})", S));
   }
-  if (kind == PartitionKind::kUniform) return Uniform(c, S);
-  return placement == Placement::kVShape ? BalancedV(c, batch, seq_len, S)
-                                         : Balanced(c, batch, seq_len, S);
+  if (kind == PartitionKind::kUniform) return Uniform(units, S);
+  return placement == Placement::kVShape ? BalancedV(units, S) : Balanced(units, S);
 }
 
-GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
-                            Placement placement) {
-  ValidateGptConfig(c);
-  const int64_t L = c.layers, N = L + 2;
+Partition ParseLayout(std::string_view layout, const std::vector<std::string>& names, int S,
+                      Placement placement) {
+  const auto N = static_cast<int64_t>(names.size());
+  if (N == 0) {
+    throw InvalidArgument(
+        "--layout: the model has no units to lay out (a program names them with "
+        "`unit NAME { ... }`, docs/program-format.md)");
+  }
+  const bool gpt = IsGpt(names);
   std::vector<Item> items;
   const std::vector<std::string_view> stages = SplitOn(layout, '|');
   for (size_t s = 0; s < stages.size(); ++s) {
     const int stage = static_cast<int>(s);
     if (Trim(stages[s]).empty()) {
-      throw InvalidArgument(fmt::format(
-          "--layout stage {} is empty: every stage needs embed, head or a layer", stage));
+      throw InvalidArgument(fmt::format("--layout stage {} is empty: every stage needs {}", stage,
+                                        gpt ? "embed, head or a layer" : "a unit"));
     }
     for (std::string_view text : SplitOn(stages[s], ',')) {
       if (Trim(text).empty())
         throw InvalidArgument(fmt::format("--layout stage {}: an empty item (two commas?)", stage));
-      items.push_back(ParseItem(Trim(text), stage, L));
+      items.push_back(ParseItem(Trim(text), stage, names));
     }
   }
   const int given = static_cast<int>(stages.size());
@@ -364,8 +389,8 @@ GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
     throw InvalidArgument(fmt::format(
         "--layout has {} stages, but a V-shaped schedule (zb-v, v-half, v-min) runs {} virtual "
         "stages: 2 per rank, listed in model order — stage k runs on rank k for k < {}, on "
-        "rank {} − k after, so rank 0 runs the first stage (embed) and the last (head)",
-        given, S, S / 2, S - 1));
+        "rank {} − k after, so rank 0 runs the first stage ({}) and the last ({})",
+        given, S, S / 2, S - 1, names.front(), names.back()));
   }
   if (given != S) {
     throw InvalidArgument(fmt::format(
@@ -376,9 +401,9 @@ GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
   for (const Item& item : items) {
     for (int64_t u = item.first; u < item.end; ++u) {
       if (const Item* other = owner[static_cast<size_t>(u)]) {
-        throw InvalidArgument(
-            fmt::format("--layout: {} is duplicated: in stage {} ('{}') and stage {} ('{}')",
-                        UnitName(u, L), other->stage, other->text, item.stage, item.text));
+        throw InvalidArgument(fmt::format(
+            "--layout: {} is duplicated: in stage {} ('{}') and stage {} ('{}')",
+            names[static_cast<size_t>(u)], other->stage, other->text, item.stage, item.text));
       }
       owner[static_cast<size_t>(u)] = &item;
     }
@@ -386,31 +411,32 @@ GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
   for (int64_t u = 0; u < N; ++u) {
     if (owner[static_cast<size_t>(u)] == nullptr) {
       throw InvalidArgument(
-          fmt::format("--layout: {} is in no stage (dropped): every layer, embed and head must "
-                      "be placed",
-                      UnitName(u, L)));
+          fmt::format("--layout: {} is in no stage (dropped): every {} must be placed",
+                      names[static_cast<size_t>(u)], gpt ? "layer, embed and head" : "unit"));
     }
   }
   // Now the items tile [0, N); they must do so in order, embed first and head last.
   const auto stage_of = [&](int64_t unit) { return owner[static_cast<size_t>(unit)]->stage; };
   if (items.front().first != 0) {
-    throw InvalidArgument(fmt::format(
-        "--layout stage {}: embed must come first, at the start of stage 0", stage_of(0)));
+    throw InvalidArgument(
+        fmt::format("--layout stage {}: {} must come first, at the start of stage 0", stage_of(0),
+                    names.front()));
   }
   if (items.back().end != N) {
-    throw InvalidArgument(fmt::format(
-        "--layout stage {}: head must come last, at the end of stage {}", stage_of(N - 1), S - 1));
+    throw InvalidArgument(
+        fmt::format("--layout stage {}: {} must come last, at the end of stage {}", stage_of(N - 1),
+                    names.back(), S - 1));
   }
   int64_t next = 0;
   for (const Item& item : items) {
     if (item.first != next) {
       throw InvalidArgument(
           fmt::format("--layout stage {}: '{}' is out of order: {} comes next in the model",
-                      item.stage, item.text, UnitName(next, L)));
+                      item.stage, item.text, names[static_cast<size_t>(next)]));
     }
     next = item.end;
   }
-  GptPartition p;
+  Partition p;
   for (int s = 0; s < S; ++s) {
     int64_t first = -1, end = -1;
     for (const Item& item : items) {
@@ -418,9 +444,79 @@ GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
       if (first < 0) first = item.first;
       end = item.end;
     }
-    p.stages.push_back(SliceOfUnits(first, end, L));
+    p.stages.push_back({first, end});
   }
   return p;
+}
+
+std::string FormatLayout(const Partition& p, const std::vector<std::string>& names) {
+  // Runs of numbered units of one family are written P.i-j.
+  auto numbered = [&](int64_t u) -> std::optional<std::pair<std::string, int64_t>> {
+    const std::string& n = names.at(static_cast<size_t>(u));
+    const size_t dot = n.rfind('.');
+    if (dot == std::string::npos) return std::nullopt;
+    std::optional<int64_t> i = ParseIndex(std::string_view(n).substr(dot + 1));
+    if (!i) return std::nullopt;
+    return std::pair{n.substr(0, dot), *i};
+  };
+  std::vector<std::string> stages;
+  for (const UnitRange& r : p.stages) {
+    std::vector<std::string> items;
+    for (int64_t u = r.first; u < r.end;) {
+      auto first = numbered(u);
+      int64_t v = u + 1;
+      while (first && v < r.end) {
+        auto next = numbered(v);
+        if (!next || next->first != first->first || next->second != first->second + (v - u)) break;
+        ++v;
+      }
+      if (v - u > 1) {
+        items.push_back(
+            fmt::format("{}.{}-{}", first->first, first->second, first->second + (v - u - 1)));
+      } else {
+        items.push_back(names.at(static_cast<size_t>(u)));
+      }
+      u = v;
+    }
+    stages.push_back(fmt::format("{}", fmt::join(items, ",")));
+  }
+  return fmt::format("{}", fmt::join(stages, "|"));
+}
+
+std::vector<double> EstimateStageCosts(const Partition& p, const ModelUnits& units) {
+  std::vector<double> out;
+  for (const UnitRange& r : p.stages) {
+    double sum = 0;
+    for (int64_t u = r.first; u < r.end; ++u) sum += units.costs.at(static_cast<size_t>(u));
+    out.push_back(sum);
+  }
+  return out;
+}
+
+namespace {
+
+GptPartition ToGpt(const Partition& p, int64_t layers) {
+  GptPartition out;
+  for (const UnitRange& r : p.stages) out.stages.push_back(GptSliceOfUnits(r, layers));
+  return out;
+}
+
+UnitRange FromGpt(const GptSlice& s, int64_t layers) {
+  const int64_t end = s.end_layer < 0 ? layers : s.end_layer;
+  return {.first = s.embed ? 0 : s.first_layer + 1, .end = s.head ? layers + 2 : end + 1};
+}
+
+}  // namespace
+
+GptPartition PartitionGpt(const GptConfig& c, int64_t batch, int64_t seq_len, int S,
+                          PartitionKind kind, Placement placement) {
+  return ToGpt(PartitionUnits(GptUnits(c, batch, seq_len), S, kind, placement), c.layers);
+}
+
+GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
+                            Placement placement) {
+  ValidateGptConfig(c);
+  return ToGpt(ParseLayout(layout, GptUnits(c, 1, 0).names, S, placement), c.layers);
 }
 
 std::string FormatLayout(const GptPartition& p) {
@@ -437,28 +533,11 @@ std::string FormatLayout(const GptPartition& p) {
   return fmt::format("{}", fmt::join(stages, "|"));
 }
 
-GptCosts EstimateGptCosts(const GptConfig& c, int64_t batch, int64_t seq_len) {
-  const double B = static_cast<double>(batch),
-               T = static_cast<double>(ResolveSeq(c, batch, seq_len));
-  const double C = static_cast<double>(c.dim), vocab = static_cast<double>(c.vocab);
-  return {.embed = B * T * C,
-          .block = 24 * B * T * C * C + 4 * B * T * T * C,
-          .head = 2 * B * T * C * vocab};
-}
-
 std::vector<double> EstimateStageCosts(const GptPartition& p, const GptConfig& c, int64_t batch,
                                        int64_t seq_len) {
-  const std::vector<double> units = UnitCosts(c, batch, seq_len);
-  std::vector<double> out;
-  for (const GptSlice& s : p.stages) {
-    const int64_t end = s.end_layer < 0 ? c.layers : s.end_layer;
-    const int64_t first_unit = s.embed ? 0 : s.first_layer + 1,
-                  end_unit = s.head ? c.layers + 2 : end + 1;
-    double sum = 0;
-    for (int64_t u = first_unit; u < end_unit; ++u) sum += units[static_cast<size_t>(u)];
-    out.push_back(sum);
-  }
-  return out;
+  Partition units;
+  for (const GptSlice& s : p.stages) units.stages.push_back(FromGpt(s, c.layers));
+  return EstimateStageCosts(units, GptUnits(c, batch, seq_len));
 }
 
 }  // namespace sluice::pipeline

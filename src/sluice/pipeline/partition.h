@@ -1,43 +1,41 @@
-// Partitioning: which part of the GPT each pipeline (virtual) stage runs.
+// Partitioning: which units of the model each pipeline (virtual) stage runs.
 //
-// A partition is one GptSlice (nn/gpt.h) per virtual stage, in model order: virtual stage k is
-// chunk k / P of rank k % P (schedule.h), so stage 0 — chunk 0 of rank 0 — always holds the
-// embeddings and the last virtual stage holds the head (ln_f + lm_head + loss). Every transformer
-// block h.0 … h.L−1 lies in exactly one stage, and the stages take them in order.
+// A model is a sequence of units (nn/model.h ModelUnits: the GPT's embed, h.0 … h.L−1, head; a
+// program's `unit` blocks), each with an estimated cost. A partition is one UnitRange per virtual
+// stage, in model order: virtual stage k is chunk k / P of rank k % P (schedule.h), so stage 0 —
+// chunk 0 of rank 0 — always holds the first unit and the last virtual stage the last (the loss).
+// Every unit lies in exactly one stage, and the stages take them in order. For the GPT the same
+// partition is also written as GptSlices (GptPartition, below).
 //
 // Three ways to make one:
-//   * kUniform: the L blocks split as evenly as possible; L mod S stages get one block more. Those
+//   * kUniform: the units between the first and the last (the GPT's L blocks) split as evenly as
+//     possible, the first unit with stage 0, the last with stage S − 1; L mod S stages get one
+//     block more. Those
 //     go to the middle stages first (1, 2, …), since the two ends already carry extra work: the
 //     head's lm_head costs 2·B·T·C·vocab FLOPs (often several blocks' worth) and its logits
 //     [B, T, vocab] are the largest activation, the embedding does little. Only when every middle
 //     stage has its extra block does stage 0 take one; the last stage never does.
-//   * kBalanced: the units embed, h.0, …, h.L−1, head, each with its estimated cost
-//     (EstimateGptCosts), are cut into S contiguous non-empty groups so that the most expensive
-//     group is as cheap as possible (exact, by dynamic programming). Among the optimal cuts the
-//     earlier stages take as few units as they can: under 1F1B stage s keeps min(P−s, M)
-//     micro-batches in flight, so memory is dearest at the front.
+//   * kBalanced: the units, each with its estimated cost (the GPT's: EstimateGptCosts, nn/gpt.h;
+//     a program's: EstimateUnitCosts, nn/training_program.h), are cut into S contiguous non-empty
+//     groups so that the most expensive group is as cheap as possible (exact, by dynamic
+//     programming). Among the optimal cuts the earlier stages take as few units as they can: under
+//     1F1B stage s keeps min(P−s, M) micro-batches in flight, so memory is dearest at the front.
 //     Placement::kVShape (zb-v, schedule.h): S = 2P groups, and rank r runs groups r and
 //     2P − 1 − r — rank 0 both embed's and head's. The cut makes the most expensive *rank* (the
 //     sum of its two groups) as cheap as possible, exact: the least bound every rank can meet,
 //     found by bisection over the doubles, each test a dynamic program in O(P·N²) for N = L + 2
 //     units (P = 8, L = 512: 0.35 s; the program over every rank's pair of cuts it replaced was
 //     O(P·N⁴), 16 s).
-//   * ParseGptLayout: an explicit layout, the text of the CLI's --layout. Stages are separated by
-//     '|', items by ','; an item is "embed", "head", "h.i" or a range "h.i-j" (inclusive):
+//   * ParseLayout: an explicit layout, the text of the CLI's --layout. Stages are separated by
+//     '|', items by ','; an item is a unit's name, or a range "P.i-j" (inclusive) of the units
+//     P.i … P.j — for the GPT "embed", "head", "h.i" or "h.i-j":
 //       "embed,h.0-1|h.2-3,head"      two stages of two blocks each
 //       "embed|h.0-3|head"            embeddings and head on stages of their own
 //     A layout always lists the virtual stages in model order; the placement says which rank runs
 //     each. V-shaped with P = 2, "embed,h.0|h.1|h.2|h.3,head" puts embed,h.0 and h.3,head on
 //     rank 0, h.1 and h.2 on rank 1.
 //
-// Costs are forward FLOPs (a multiply-add counts 2), from the batch B, sequence T, channels C
-// and the vocabulary size vocab:
-//   embed = B·T·C                      the position add (the lookup does no arithmetic)
-//   block = 24·B·T·C² + 4·B·T²·C       c_attn 6, attn.c_proj 2, c_fc 8, mlp.c_proj 8 (× B·T·C²);
-//                                      q·kᵀ and att·v 2 each (× B·T²·C)
-//   head  = 2·B·T·C·vocab              lm_head
-// Layer norms, softmax, GELU, biases and the loss are linear in B·T·C (or B·T·vocab) and left
-// out.
+// Costs are forward FLOPs (a multiply-add counts 2); the GPT's formulas are in nn/gpt.h.
 //
 // Failures throw InvalidArgument with a message naming the stage and the item at fault, and the
 // fix where there is one.
@@ -79,6 +77,35 @@ enum class Placement { kLooped, kVShape };
 std::string_view Name(PartitionKind kind);
 std::optional<PartitionKind> ParsePartitionKind(std::string_view name);
 
+struct Partition {
+  std::vector<UnitRange> stages;  // one per virtual stage, in model order
+
+  bool operator==(const Partition&) const = default;
+};
+
+// S = virtual_stages (--stages × --chunks) ranges of `units`.
+// Throws InvalidArgument: a model without units, kUniform with fewer units between the first and
+// the last than stages (suggesting --partition balanced or --layout), kBalanced with more stages
+// than units, kVShape with S odd.
+Partition PartitionUnits(const ModelUnits& units, int virtual_stages, PartitionKind kind,
+                         Placement placement = Placement::kLooped);
+
+// Throws InvalidArgument naming the stage and item: unknown item (listing the forms the model's
+// units take), a range out of range, a unit in two stages (duplicated), a unit in no stage
+// (dropped), an empty stage, units out of order, or a number of stages other than
+// virtual_stages (for kVShape the message explains the V: 2P stages in model order, rank 0
+// running the first and the last).
+Partition ParseLayout(std::string_view layout, const std::vector<std::string>& unit_names,
+                      int virtual_stages, Placement placement = Placement::kLooped);
+
+// The layout text, runs of numbered units written P.i-j:
+// ParseLayout(FormatLayout(p, names), names, p.stages.size()) == p.
+std::string FormatLayout(const Partition& partition, const std::vector<std::string>& unit_names);
+
+// Forward FLOPs per stage: the sum of its units' costs.
+std::vector<double> EstimateStageCosts(const Partition& partition, const ModelUnits& units);
+
+// The GPT's partitions as GptSlices (nn/gpt.h): the same partitions over GptUnits.
 struct GptPartition {
   // One per virtual stage, in model order. end_layer is explicit (never -1); a stage without
   // blocks has first_layer == end_layer == the number of blocks on the stages before it.
@@ -104,14 +131,6 @@ GptPartition ParseGptLayout(std::string_view layout, const GptConfig& config, in
 
 // The layout text: ParseGptLayout(FormatLayout(p), config, p.stages.size()) == p.
 std::string FormatLayout(const GptPartition& partition);
-
-// Forward FLOPs of each unit (formulas above); seq_len 0 means config.seq.
-struct GptCosts {
-  double embed = 0;
-  double block = 0;
-  double head = 0;
-};
-GptCosts EstimateGptCosts(const GptConfig& config, int64_t batch, int64_t seq_len);
 
 // Forward FLOPs per stage: the sum of its units' costs.
 std::vector<double> EstimateStageCosts(const GptPartition& partition, const GptConfig& config,

@@ -57,7 +57,8 @@ bool IsStageError(const std::exception_ptr& e) {
 struct PipelineEngine::Impl {
   PipelineOptions options;
   StageSetup setup;
-  GptPartition partition;
+  Partition partition;
+  std::string layout;                                // the partition's --layout text
   std::unique_ptr<LocalWorld> world;                 // in-process: every rank here
   std::vector<std::unique_ptr<StageRuntime>> ranks;  // in-process: P; distributed: this rank
   std::vector<StageReport> reports;                  // every rank of the job, by world rank
@@ -89,10 +90,6 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
                               int replicas) {
   const TrainConfig& config = ctx.config;
   const int P = options.stages;
-  if (ctx.task.gpt() == nullptr) {
-    throw InvalidArgument(fmt::format(
-        "--stages splits a GPT into pipeline stages; --model {} cannot be split", config.model));
-  }
   const int64_t micro_batch_size = config.batch / config.microbatches;
   if (micro_batch_size % replicas != 0) {
     throw InvalidArgument(fmt::format(
@@ -104,8 +101,8 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   StageSetup& setup = out.setup;
   setup.config = &config;
   setup.task = &ctx.task;
-  setup.gpt = *ctx.task.gpt();
   setup.micro_batch_size = micro_batch_size / replicas;
+  setup.units = ctx.task.Units(setup.micro_batch_size);
   setup.seq_len = ctx.task.seq_len();
   setup.schedule = MakeSchedule({.kind = options.schedule,
                                  .stages = P,
@@ -115,9 +112,9 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   const int S = setup.schedule.virtual_stages();
   const Placement placement = setup.schedule.v_shape ? Placement::kVShape : Placement::kLooped;
   out.partition = options.layout.empty()
-                      ? PartitionGpt(setup.gpt, setup.micro_batch_size, setup.seq_len, S,
-                                     options.partition, placement)
-                      : ParseGptLayout(options.layout, setup.gpt, S, placement);
+                      ? PartitionUnits(setup.units, S, options.partition, placement)
+                      : ParseLayout(options.layout, setup.units.names, S, placement);
+  out.layout = FormatLayout(out.partition, setup.units.names);
   setup.slices = out.partition.stages;
   for (const ParamSpec& p : ctx.model.params) setup.model_params.push_back(p.name);
   setup.release_outputs = options.release_outputs;
@@ -131,10 +128,6 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   m.options = std::move(options);
   const TrainConfig& config = ctx.config;
   const int P = m.options.stages;
-  if (ctx.task.gpt() == nullptr) {
-    throw InvalidArgument(fmt::format(
-        "--stages splits a GPT into pipeline stages; --model {} cannot be split", config.model));
-  }
   const int D = m.distributed() ? m.options.distributed->replicas : 1;
   CheckJobSize(P, D, m.distributed() ? m.options.distributed->world->size() : P);
   if (m.distributed()) {
@@ -145,24 +138,44 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   PipelineLayout layout = LayOutPipeline(ctx, m.options, D);
   m.setup = std::move(layout.setup);
   m.partition = std::move(layout.partition);
+  m.layout = std::move(layout.layout);
   const int S = m.setup.schedule.virtual_stages();
   m.params = ctx.model.params;
   // Stages on threads share the process's cores: intra-op threads (BLAS included) are divided.
   m.setup.threads = ShareIntraOpThreads(ctx.threads, m.distributed() ? 1 : P);
 
-  // Which stage holds which parameter (for gathering and the checkpoint index).
+  // Which stage holds which parameter (for gathering and the checkpoint index), and the largest
+  // output a rank sends (for its report).
   m.owned.resize(P);
+  std::vector<int64_t> output_bytes(static_cast<size_t>(P), 0);
+  std::map<std::string, int> holder;  // parameter -> the virtual stage reading it
   for (int v = 0; v < S; ++v) {
-    for (const ParamSpec& p :
-         BuildGptSlice(m.setup.gpt, 1, GptOutput::kLoss, m.setup.seq_len, m.setup.slices[v])
-             .params) {
-      m.owned[m.setup.schedule.RankOf(v)].push_back(p.name);
+    const Model piece = ctx.task.BuildPiece(m.setup.micro_batch_size, m.setup.slices[v]);
+    const int rank = m.setup.schedule.RankOf(v);
+    for (const ParamSpec& p : piece.params) {
+      auto [it, added] = holder.emplace(p.name, v);
+      if (!added) {
+        const auto& names = m.setup.units.names;
+        auto text = [&](int stage) {
+          const UnitRange& r = m.setup.slices[static_cast<size_t>(stage)];
+          return fmt::format("{} (units {}-{})", stage, names[static_cast<size_t>(r.first)],
+                             names[static_cast<size_t>(r.end - 1)]);
+        };
+        throw InvalidArgument(fmt::format(
+            "parameter {} is read by virtual stages {} and {}: tied parameters must lie in one "
+            "stage (one --layout stage holding every unit that reads it)",
+            p.name, text(it->second), text(v)));
+      }
+      m.owned[rank].push_back(p.name);
+    }
+    if (std::optional<ValueId> y = piece.forward.Find(kChunkOutput)) {
+      output_bytes[rank] =
+          std::max(output_bytes[rank], static_cast<int64_t>(piece.forward.Bytes(*y)));
     }
   }
 
   if (!m.options.profile_path.empty()) {
-    m.profiler = std::make_unique<CostProfiler>(m.setup.schedule,
-                                                ProfileJob(m.setup, FormatLayout(m.partition)));
+    m.profiler = std::make_unique<CostProfiler>(m.setup.schedule, ProfileJob(m.setup, m.layout));
   }
   if (m.distributed()) {
     m.setup.replica = m.replica();
@@ -182,10 +195,7 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     StageReport rep;
     rep.stage = w % P;
     rep.replica = w / P;
-    rep.output_bytes = m.setup.slices[rep.stage].head && m.setup.schedule.chunks == 1
-                           ? 0
-                           : m.setup.micro_batch_size * m.setup.seq_len * m.setup.gpt.dim *
-                                 static_cast<int64_t>(sizeof(float));
+    rep.output_bytes = output_bytes[static_cast<size_t>(rep.stage)];
     rep.theoretical_inflight = TheoreticalInFlight(sched, rep.stage);
     rep.inflight_peak_per_chunk.assign(m.setup.schedule.chunks, 0);
     m.reports.push_back(rep);
@@ -606,13 +616,13 @@ nlohmann::json PipelineEngine::Summary() const {
             {"micro_batches", m.setup.schedule.micro_batches},
             {"data_parallel", m.setup.replicas},
             {"comm", m.distributed() ? "mpi" : "local"},
-            {"layout", FormatLayout(m.partition)},
+            {"layout", m.layout},
             {"release_outputs", m.options.release_outputs}}}};
 }
 
 const std::vector<StageReport>& PipelineEngine::reports() const { return impl_->reports; }
 const Schedule& PipelineEngine::schedule() const { return impl_->setup.schedule; }
-const GptPartition& PipelineEngine::partition() const { return impl_->partition; }
+const Partition& PipelineEngine::partition() const { return impl_->partition; }
 
 void CheckJobSize(int stages, int replicas, int processes) {
   if (stages < 1) throw InvalidArgument(fmt::format("--stages must be at least 1, got {}", stages));
@@ -643,12 +653,11 @@ PipelineOptions::Distributed MpiJob::distributed() const {
 
 std::string PipelineEngine::Describe() const {
   const Impl& m = *impl_;
-  return fmt::format("pipeline: {} stages{}, {}, layout {}, output release {}", m.options.stages,
-                     m.distributed()
-                         ? fmt::format(" × {} replicas as MPI processes", m.setup.replicas)
-                         : " as threads",
-                     m.setup.schedule.Describe(), FormatLayout(m.partition),
-                     m.options.release_outputs ? "on" : "off");
+  return fmt::format(
+      "pipeline: {} stages{}, {}, layout {}, output release {}", m.options.stages,
+      m.distributed() ? fmt::format(" × {} replicas as MPI processes", m.setup.replicas)
+                      : " as threads",
+      m.setup.schedule.Describe(), m.layout, m.options.release_outputs ? "on" : "off");
 }
 
 std::vector<std::string> PipelineEngine::ReportLines() const {

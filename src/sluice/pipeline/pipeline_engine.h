@@ -121,7 +121,7 @@ class PipelineEngine final : public StepEngine {
 
   const std::vector<StageReport>& reports() const;
   const Schedule& schedule() const;
-  const GptPartition& partition() const;
+  const Partition& partition() const;
 
  private:
   struct Impl;
@@ -131,11 +131,13 @@ class PipelineEngine final : public StepEngine {
 // How `sluice train --stages P` lays the model out: the schedule, the partition and what every
 // rank is built from (threads, replica and communicators left for the engine to fill). The one
 // source of the engine and of the memory forecast (memory_forecast.h). Throws InvalidArgument for
-// a model that is not a GPT or `replicas` not dividing a micro-batch, and what MakeSchedule and
-// the partitioner throw.
+// a model without units, `replicas` not dividing a micro-batch, a parameter read by two virtual
+// stages (tied weights the cut separates), and what MakeSchedule, the partitioner and
+// Task::BuildPiece throw.
 struct PipelineLayout {
   StageSetup setup;
-  GptPartition partition;
+  Partition partition;
+  std::string layout;  // FormatLayout(partition, unit names): "embed,h.0-1|h.2-3,head"
 };
 PipelineLayout LayOutPipeline(const EngineContext& context, const PipelineOptions& options,
                               int replicas);

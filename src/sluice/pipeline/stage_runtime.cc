@@ -33,7 +33,6 @@ struct StageRuntime::Impl {
   CachingAllocator allocator;  // declared before program, which allocates from it
   std::unique_ptr<StageProgram> program;
   std::vector<int> model_index;  // [program->params()]: each parameter's index in the whole model
-  Shape io_shape;                // "x" and "y": [B, T, C]
 
   Impl(const StageSetup& s, int r);
   // One step's messages, numbered as StageStep::MessageEvent says; tags wrap it.
@@ -52,8 +51,7 @@ std::unique_ptr<StageProgram> BuildStageProgram(const StageSetup& s, int rank, A
   std::vector<ChunkModel> chunks;
   for (int c = 0; c < V; ++c) {
     const int v = s.schedule.VirtualStage(rank, c);
-    chunks.push_back({.model = BuildGptSlice(s.gpt, s.micro_batch_size, GptOutput::kLoss, s.seq_len,
-                                             s.slices[v]),
+    chunks.push_back({.model = s.task->BuildPiece(s.micro_batch_size, s.slices[v]),
                       .first = v == 0,
                       .last = v == s.schedule.virtual_stages() - 1});
   }
@@ -77,7 +75,6 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
               s.config->memory_budget.empty()
                   ? 0
                   : static_cast<size_t>(s.config->memory_budget.at(static_cast<size_t>(r)))}) {
-  io_shape = Shape{s.micro_batch_size, s.seq_len, s.gpt.dim};
   program = BuildStageProgram(s, rank, allocator);
   for (const ParamSpec& p : program->params()) {
     auto it = std::find(s.model_params.begin(), s.model_params.end(), p.name);
@@ -113,7 +110,14 @@ class StageRuntime::StepRun {
         trace_(trace),
         mbs_(static_cast<size_t>(rt.V * rt.M)) {
     out_.inflight_peak_per_chunk.assign(rt.V, 0);
-    out_.message_bytes = rt.io_shape.numel() * static_cast<int64_t>(SizeOf(DType::kF32));
+    for (int c = 0; c < rt.V; ++c) {  // the largest message this rank sends or receives
+      const Program& p = rt.program->chunk(c).model.forward;
+      for (const char* name : {kChunkInput, kChunkOutput}) {
+        if (std::optional<ValueId> v = p.Find(name)) {
+          out_.message_bytes = std::max(out_.message_bytes, static_cast<int64_t>(p.Bytes(*v)));
+        }
+      }
+    }
     inflight_chunk_.assign(rt.V, 0);
   }
 
@@ -285,6 +289,12 @@ class StageRuntime::StepRun {
     });
   }
 
+  // The type of a chunk's input "x" or output "y": what crosses to its neighbour.
+  static const TensorType& MessageType(const Chunk& ch, const char* name) {
+    const Program& p = ch.model.forward;
+    return p.type(p.Get(name));
+  }
+
   void Execute(const Action& a) {
     const Chunk& ch = rt_.program->chunk(a.chunk);
     MicroBatch& mb = Mb(a.chunk, a.micro_batch);
@@ -293,8 +303,9 @@ class StageRuntime::StepRun {
       case ActionKind::kRecvF:
         mb.recv_f = Post(
             [&] {
-              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0),
-                                 DType::kF32, rt_.io_shape, rt_.allocator);
+              const TensorType& t = MessageType(ch, kChunkInput);
+              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0), t.dtype,
+                                 t.shape, rt_.allocator);
             },
             rt_.Message(VirtualStage(a.chunk), a.micro_batch, 0), /*send=*/false);
         break;
@@ -313,8 +324,9 @@ class StageRuntime::StepRun {
       case ActionKind::kRecvB:
         mb.recv_b = Post(
             [&] {
-              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1),
-                                 DType::kF32, rt_.io_shape, rt_.allocator);
+              const TensorType& t = MessageType(ch, kChunkOutput);  // its gradient's
+              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1), t.dtype,
+                                 t.shape, rt_.allocator);
             },
             rt_.Message(VirtualStage(a.chunk), a.micro_batch, 1), /*send=*/false);
         break;
@@ -347,19 +359,26 @@ class StageRuntime::StepRun {
 
   void Forward(const Action& a, const Chunk& ch, MicroBatch& mb) {
     Scope& scope = mb.scope;
-    if (ch.first || ch.last) {  // only the ranks that need data read it
+    const auto& inputs = ch.model.forward.inputs();
+    const bool reads_data =  // only the chunks that need data read it
+        std::any_of(inputs.begin(), inputs.end(), [&](ValueId v) {
+          return ch.first || ch.model.forward.value(v).name != kChunkInput;
+        });
+    if (reads_data) {
       const StageSetup& s = rt_.setup;
       Scope batch;
       s.task->BindBatch(batch, DataSplit::kTrain, first_batch_ + a.micro_batch,
                         s.micro_batch_size * s.replicas, cfg_.seed);
-      auto rows = [&](const char* name) {  // this replica's share
+      auto rows = [&](const std::string& name) {  // this replica's share
         Tensor t = batch.Take(name);
         return s.replicas == 1 ? t
                                : t.Slice(0, s.replica * s.micro_batch_size,
                                          (s.replica + 1) * s.micro_batch_size);
       };
-      if (ch.first) scope.Set("ids", rows("ids"));
-      if (ch.last) scope.Set("targets", rows("targets"));
+      for (ValueId v : ch.model.forward.inputs()) {  // the data this chunk reads
+        const std::string& name = ch.model.forward.value(v).name;
+        if (ch.first || name != kChunkInput) scope.Set(name, rows(name));
+      }
     }
     if (!ch.first) {
       // The input comes from the previous virtual stage: a message, or this rank's own chunk.

@@ -59,7 +59,7 @@
 #include "sluice/comm/communicator.h"
 #include "sluice/core/error.h"
 #include "sluice/core/memory_stats.h"
-#include "sluice/nn/gpt.h"
+#include "sluice/nn/model.h"
 #include "sluice/pipeline/schedule.h"
 #include "sluice/step/stage_program.h"
 #include "sluice/step/task.h"
@@ -93,11 +93,11 @@ struct FaultInjection {
 struct StageSetup {
   const TrainConfig* config = nullptr;
   const Task* task = nullptr;
-  GptConfig gpt;
+  ModelUnits units;              // the model's, in order (Task::Units)
   int64_t micro_batch_size = 1;  // sequences per micro-batch (of one replica)
   int64_t seq_len = 1;
   Schedule schedule;
-  std::vector<GptSlice> slices;           // [P·V] by virtual stage
+  std::vector<UnitRange> slices;          // [P·V] by virtual stage: the units each one runs
   std::vector<std::string> model_params;  // the whole model's parameter names, model order
   bool release_outputs = true;
   int threads = 1;  // intra-op threads per rank

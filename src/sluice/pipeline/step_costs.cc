@@ -100,17 +100,24 @@ nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout) {
     recompute += fmt::format("{}{}", r ? "," : "",
                              Name(RecomputeForStage(*setup.config, r, setup.schedule.stages)));
   }
-  return {{"model", "gpt"},
-          {"vocab", setup.gpt.vocab},
-          {"seq", setup.seq_len},
-          {"layers", setup.gpt.layers},
-          {"heads", setup.gpt.heads},
-          {"dim", setup.gpt.dim},
-          {"attention", std::string(Name(setup.gpt.attention))},
-          {"micro_batch_size", setup.micro_batch_size},
-          {"layout", layout},
-          {"recompute", recompute},
-          {"threads", setup.config->threads}};
+  nlohmann::json job;
+  if (const GptConfig* gpt = setup.task->gpt()) {
+    job = {{"model", "gpt"},
+           {"vocab", gpt->vocab},
+           {"seq", setup.seq_len},
+           {"layers", gpt->layers},
+           {"heads", gpt->heads},
+           {"dim", gpt->dim},
+           {"attention", std::string(Name(gpt->attention))}};
+  } else {
+    job = setup.task->Describe();  // the model, its sizes or file, and the data
+    job["seq"] = setup.seq_len;
+  }
+  job["micro_batch_size"] = setup.micro_batch_size;
+  job["layout"] = layout;
+  job["recompute"] = recompute;
+  job["threads"] = setup.config->threads;
+  return job;
 }
 
 nlohmann::ordered_json CostsToJson(const StepCosts& c) {

@@ -8,7 +8,9 @@
 
 #include "sluice/core/error.h"
 #include "sluice/nn/mlp.h"
+#include "sluice/nn/training_program.h"
 #include "sluice/step/config_checks.h"
+#include "sluice/step/program_task.h"
 #include "sluice/step/train_config.h"
 
 namespace sluice {
@@ -18,11 +20,7 @@ namespace {
 class GptTask final : public Task {
  public:
   GptTask(const TrainConfig& c) {
-    if (c.data == "sort") {
-      data_ = std::make_unique<SortDataset>();
-    } else {
-      data_ = std::make_unique<TextDataset>(c.data, c.gpt.seq > 0 ? c.gpt.seq : 64);
-    }
+    data_ = OpenTokenData(c.data, c.gpt.seq > 0 ? c.gpt.seq : 64, c.gpt.vocab);
     cfg_ = c.gpt;
     if (cfg_.vocab == 0) cfg_.vocab = data_->vocab_size();
     if (cfg_.seq == 0) cfg_.seq = data_->seq_len();
@@ -44,6 +42,11 @@ class GptTask final : public Task {
   }
   Model BuildLogits(int64_t batch) const override {
     return BuildGpt(cfg_, batch, GptOutput::kLogits, data_->seq_len());
+  }
+  ModelUnits Units(int64_t batch) const override { return GptUnits(cfg_, batch, data_->seq_len()); }
+  Model BuildPiece(int64_t batch, const UnitRange& range) const override {
+    return BuildGptSlice(cfg_, batch, GptOutput::kLoss, data_->seq_len(),
+                         GptSliceOfUnits(range, cfg_.layers));
   }
   void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch,
                  uint64_t seed) const override {
@@ -100,6 +103,10 @@ class MlpTask final : public Task {
  public:
   MlpTask(const TrainConfig& c) : cfg_(c.mlp), data_(c.mlp, c.seed) {}
   Model BuildTrain(int64_t batch) const override { return BuildMlp(cfg_, batch, MlpOutput::kLoss); }
+  ModelUnits Units(int64_t batch) const override { return UnitsOf(BuildTrain(batch).forward); }
+  Model BuildPiece(int64_t batch, const UnitRange& range) const override {
+    return SliceTrainingModel(BuildTrain(batch), range);
+  }
   Model BuildLogits(int64_t batch) const override {
     return BuildMlp(cfg_, batch, MlpOutput::kLogits);
   }
@@ -142,6 +149,7 @@ class MlpTask final : public Task {
 std::string DefaultData(const std::string& model) { return model == "mlp" ? "blobs" : "sort"; }
 
 void CheckModelData(const TrainConfig& c) {
+  if (c.model == "program") return;  // the program's inputs say what it takes (program_task.h)
   if (c.model == "mlp" && c.data != "blobs") {
     throw InvalidArgument(fmt::format(
         "--data {}: --model mlp trains on blobs only (Gaussian clusters, its default); drop "
@@ -157,6 +165,7 @@ void CheckModelData(const TrainConfig& c) {
 
 std::unique_ptr<Task> MakeTask(const TrainConfig& config) {
   CheckModelData(config);
+  if (config.model == "program") return MakeProgramTask(config);
   if (config.model == "gpt") return std::make_unique<GptTask>(config);
   return std::make_unique<MlpTask>(config);
 }
@@ -187,8 +196,9 @@ void ValidateTrainConfig(const TrainConfig& c) {
                     "not {}",
                     Name(c.mode)));
   }
-  if (c.model != "gpt" && c.model != "mlp")
+  if (c.model != "gpt" && c.model != "mlp" && c.model != "program")
     bad(fmt::format("--model must be gpt or mlp, not '{}'", c.model));
+  if (c.model == "program" && c.program.empty()) bad("--model program needs --program FILE");
   CheckModelData(c);
   ValidateTrainRanges(c);
 }

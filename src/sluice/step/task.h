@@ -50,6 +50,16 @@ class Task {
                           uint64_t seed) const = 0;
   // {"model": ..., sizes, "data": ...}: the configuration line of metrics and checkpoints.
   virtual nlohmann::json Describe() const = 0;
+  // The model's units in order with their estimated forward FLOPs at micro-batch `batch`
+  // (nn/model.h ModelUnits): what pipeline layouts and partitions cut. The GPT's are embed,
+  // h.0 … h.L−1, head; the MLP's fc.0 … fc.L; a program's its `unit` blocks.
+  virtual ModelUnits Units(int64_t batch) const = 0;
+  // The training model of units `range` at micro-batch `batch`: one pipeline (virtual) stage.
+  // Input "x" (the previous piece's "y") unless range.first is 0, output "y" unless the range
+  // ends at the last unit (then the loss); each ParamSpec's init_index its position in the whole
+  // model (nn/training_program.h SliceTrainingModel). Throws InvalidArgument naming the units when
+  // the model cannot be cut there.
+  virtual Model BuildPiece(int64_t batch, const UnitRange& range) const = 0;
   // The GPT's configuration with sizes filled in from the data; nullptr for other models.
   virtual const GptConfig* gpt() const { return nullptr; }
   // The sequence length of every batch (1 for models without sequences).

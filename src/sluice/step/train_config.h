@@ -37,7 +37,8 @@ std::optional<RecomputePolicy> ParseRecomputePolicy(std::string_view name);
 std::string RecomputePolicyNames();
 
 struct TrainConfig {
-  std::string model = "gpt";  // gpt | mlp
+  std::string model = "gpt";  // gpt | mlp | program (`--program`: the file in `program`)
+  std::string program;        // a training program's file (nn/training_program.h)
   GptConfig gpt{
       .vocab = 0, .seq = 0, .layers = 2, .heads = 4, .dim = 64};  // vocab/seq 0: from the data
   MlpConfig mlp;

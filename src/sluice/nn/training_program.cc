@@ -1,0 +1,319 @@
+#include "sluice/nn/training_program.h"
+
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "sluice/core/error.h"
+
+namespace sluice {
+
+namespace {
+
+ParamSpec SpecOf(const Program& p, ValueId id, const Initializer& init, int64_t index) {
+  ParamSpec spec{.name = p.value(id).name, .shape = p.type(id).shape, .init_index = index};
+  if (init.kind == "normal") {
+    spec.init = Init::kNormal;
+    spec.mean = init.args.at(0);
+    spec.std = init.args.at(1);
+  } else if (init.kind == "uniform") {
+    spec.init = Init::kUniform;
+    spec.low = init.args.at(0);
+    spec.high = init.args.at(1);
+  } else if (init.kind == "zeros") {
+    spec.init = Init::kZeros;
+  } else if (init.kind == "ones") {
+    spec.init = Init::kOnes;
+  } else {
+    spec.init = Init::kLoaded;
+  }
+  return spec;
+}
+
+Initializer InitializerOf(const ParamSpec& spec) {
+  switch (spec.init) {
+    case Init::kNormal:
+      return {"normal", {spec.mean, spec.std}};
+    case Init::kUniform:
+      return {"uniform", {spec.low, spec.high}};
+    case Init::kZeros:
+      return {"zeros", {}};
+    case Init::kOnes:
+      return {"ones", {}};
+    case Init::kLoaded:
+      return {"loaded", {}};
+  }
+  return {"loaded", {}};
+}
+
+}  // namespace
+
+std::vector<std::string> UnitInputs(const Program& p) {
+  std::vector<std::string> kept;
+  std::set<ValueId> seen;
+  for (const ProgramUnit& u : p.units()) {
+    for (int32_t i = u.begin; i < u.end; ++i) {
+      for (ValueId v : p.instructions()[static_cast<size_t>(i)].inputs) {
+        const int32_t producer = p.value(v).producer;
+        if (producer >= 0 && producer < u.begin && seen.insert(v).second) {
+          kept.push_back(p.value(v).name);
+        }
+      }
+    }
+  }
+  return kept;
+}
+
+TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view file,
+                                     const SizeBindings& sizes, const InputCheck& check_input) {
+  TrainingProgram out;
+  Program program = ParseProgram(text, file, sizes, &out.annotations, check_input);
+  const ProgramAnnotations& a = out.annotations;
+  auto at = [&](const std::string& name) {
+    auto it = a.declared_at.find(name);
+    return it == a.declared_at.end()
+               ? std::string(file)
+               : fmt::format("{}:{}:{}", file, it->second.first, it->second.second);
+  };
+
+  // The loss: the output named "loss", or the only output.
+  std::optional<ValueId> loss;
+  for (ValueId v : program.outputs()) {
+    if (program.value(v).name == "loss") loss = v;
+  }
+  if (!loss && program.outputs().size() == 1) loss = program.outputs()[0];
+  if (!loss) {
+    throw InvalidArgument(fmt::format(
+        "{}: a training program outputs its loss: an output named %loss, or a single output "
+        "(this program has {} output{})",
+        file, program.outputs().size(), program.outputs().size() == 1 ? "" : "s"));
+  }
+  const TensorType& loss_type = program.type(*loss);
+  if (loss_type.shape.rank() != 0 ||
+      (loss_type.dtype != DType::kF32 && loss_type.dtype != DType::kF64)) {
+    throw InvalidArgument(
+        fmt::format("{}: the loss %{} is {}; a training loss is a float scalar "
+                    "(f32[]), such as cross_entropy gives",
+                    file, program.value(*loss).name, loss_type.ToString()));
+  }
+
+  std::vector<ParamSpec> params;
+  std::vector<std::string> missing;
+  for (ValueId id : program.params()) {
+    const std::string& name = program.value(id).name;
+    if (program.type(id).dtype != DType::kF32) {
+      throw InvalidArgument(fmt::format("{}: param %{} is {}; training keeps f32 parameters",
+                                        at(name), name, program.type(id).ToString()));
+    }
+    auto init = a.initializers.find(name);
+    if (init == a.initializers.end()) {
+      missing.push_back(fmt::format("%{} ({})", name, at(name)));
+      continue;
+    }
+    params.push_back(SpecOf(program, id, init->second, static_cast<int64_t>(params.size())));
+  }
+  if (!missing.empty()) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} without an initializer: {}. Write one after the type, e.g. `param %w: f32[16, 32] "
+        "= normal(0, 0.02)` (or zeros, ones, uniform(low, high), loaded for --init-from)",
+        file, missing.size() == 1 ? "a parameter" : "parameters", fmt::join(missing, ", ")));
+  }
+  for (ValueId id : program.inputs()) {
+    const std::string& name = program.value(id).name;
+    auto it = a.data.find(name);
+    out.data[name] = it == a.data.end() ? name : it->second;
+  }
+  out.model.loss = program.value(*loss).name;
+  out.model.block_inputs = UnitInputs(program);
+  out.model.params = std::move(params);
+  out.model.forward = std::move(program);
+  return out;
+}
+
+std::string PrintTrainingProgram(const Model& model,
+                                 const std::map<std::string, std::string>& data) {
+  ProgramAnnotations a;
+  for (const ParamSpec& spec : model.params) a.initializers[spec.name] = InitializerOf(spec);
+  for (const auto& [input, array] : data) {
+    if (input != array) a.data[input] = array;
+  }
+  return PrintProgram(model.forward, &a);
+}
+
+namespace {
+
+// The instructions [begin, end) of units [first, end) of `p`.
+std::pair<int32_t, int32_t> InstructionRange(const Program& p, const UnitRange& r) {
+  const auto n = static_cast<int64_t>(p.units().size());
+  const int32_t all = static_cast<int32_t>(p.instructions().size());
+  const int32_t begin = r.first == 0 ? 0 : p.units()[static_cast<size_t>(r.first)].begin;
+  const int32_t end = r.end >= n ? all : p.units()[static_cast<size_t>(r.end)].begin;
+  return {begin, end};
+}
+
+// The values computed before instruction `cut` and read at or after it (or handed back).
+std::vector<ValueId> LiveAcross(const Program& p, int32_t cut) {
+  std::vector<ValueId> live;
+  std::vector<bool> seen(p.values().size(), false);
+  const auto& ins = p.instructions();
+  for (size_t i = static_cast<size_t>(cut); i < ins.size(); ++i) {
+    for (ValueId v : ins[i].inputs) {
+      const int32_t producer = p.value(v).producer;
+      if (producer >= 0 && producer < cut && !seen[static_cast<size_t>(v)]) {
+        seen[static_cast<size_t>(v)] = true;
+        live.push_back(v);
+      }
+    }
+  }
+  for (ValueId v : p.outputs()) {
+    const int32_t producer = p.value(v).producer;
+    if (producer >= 0 && producer < cut && !seen[static_cast<size_t>(v)]) live.push_back(v);
+  }
+  return live;
+}
+
+std::string UnitName(const Program& p, int64_t u) { return p.units()[static_cast<size_t>(u)].name; }
+
+// The one value crossing the cut before unit `u`; throws naming the values otherwise.
+ValueId CrossingValue(const Program& p, int64_t u) {
+  const std::vector<ValueId> live = LiveAcross(p, p.units()[static_cast<size_t>(u)].begin);
+  if (live.size() == 1) return live[0];
+  std::vector<std::string> names;
+  for (ValueId v : live) names.push_back("%" + p.value(v).name);
+  throw InvalidArgument(fmt::format(
+      "program {} cannot be cut between units '{}' and '{}': a pipeline cut passes one value, and "
+      "{} pass{} there{}{}; cut at another unit (--layout) or join these units",
+      p.name(), UnitName(p, u - 1), UnitName(p, u),
+      live.empty() ? "none" : fmt::format("{}", live.size()), live.size() == 1 ? "es" : "",
+      live.empty() ? "" : ": ", fmt::format("{}", fmt::join(names, ", "))));
+}
+
+}  // namespace
+
+Model SliceTrainingModel(const Model& whole, const UnitRange& r) {
+  const Program& p = whole.forward;
+  const auto n = static_cast<int64_t>(p.units().size());
+  if (n == 0 && r.first == 0 && r.end <= 1) return whole;
+  if (r.first < 0 || r.first >= r.end || r.end > n) {
+    throw InvalidArgument(fmt::format("units [{}, {}) are not a range within program {}'s {} units",
+                                      r.first, r.end, p.name(), n));
+  }
+  if (r.first == 0 && r.end == n) return whole;
+  const auto [begin, end] = InstructionRange(p, r);
+  const ValueId x = r.first > 0 ? CrossingValue(p, r.first) : kNoValue;
+  const ValueId y = r.end < n ? CrossingValue(p, r.end) : kNoValue;
+  const ValueId loss = p.Get(whole.loss);
+  if (r.end == n && p.value(loss).producer < begin) {
+    throw InvalidArgument(
+        fmt::format("program {}: the loss %{} is computed before unit '{}', so "
+                    "the last stage cannot start there",
+                    p.name(), whole.loss, UnitName(p, r.first)));
+  }
+
+  // What the piece reads: values made before it (x), data inputs, parameters.
+  std::vector<bool> read(p.values().size(), false);
+  for (int32_t i = begin; i < end; ++i) {
+    for (ValueId v : p.instructions()[static_cast<size_t>(i)].inputs)
+      read[static_cast<size_t>(v)] = true;
+  }
+  Model m;
+  m.loss = r.end == n ? whole.loss : "";
+  Program& q = m.forward;
+  q = Program(fmt::format("{}[{}-{}]", p.name(), UnitName(p, r.first), UnitName(p, r.end - 1)));
+  std::vector<ValueId> map(p.values().size(), kNoValue);
+  if (x != kNoValue) map[static_cast<size_t>(x)] = q.AddInput("x", p.type(x));
+  for (ValueId v : p.inputs()) {
+    if (!read[static_cast<size_t>(v)]) continue;
+    if (x != kNoValue && p.value(v).name == "x") {
+      throw InvalidArgument(fmt::format(
+          "program {}: units from '{}' on read the data input %x, a name a later pipeline stage "
+          "gives the value it receives: rename the input (and bind it with `= x`)",
+          p.name(), UnitName(p, r.first)));
+    }
+    map[static_cast<size_t>(v)] = q.AddInput(p.value(v).name, p.type(v));
+  }
+  for (size_t i = 0; i < p.params().size(); ++i) {
+    const ValueId v = p.params()[i];
+    if (!read[static_cast<size_t>(v)]) continue;
+    map[static_cast<size_t>(v)] = q.AddParam(p.value(v).name, p.type(v));
+    ParamSpec spec = whole.params.at(i);
+    SLUICE_CHECK(spec.name == p.value(v).name, "parameter {} has the spec of {}", p.value(v).name,
+                 spec.name);
+    if (spec.init_index < 0) spec.init_index = static_cast<int64_t>(i);
+    m.params.push_back(std::move(spec));
+  }
+  size_t u = static_cast<size_t>(r.first);
+  for (int32_t i = begin; i < end; ++i) {
+    while (q.unit_open() && u < p.units().size() && p.units()[u].end <= i) {
+      q.EndUnit();
+      ++u;
+    }
+    while (!q.unit_open() && u < static_cast<size_t>(r.end) && p.units()[u].begin <= i) {
+      q.BeginUnit(p.units()[u].name);
+      if (p.units()[u].end > i) break;
+      q.EndUnit();
+      ++u;
+    }
+    const Instruction& ins = p.instructions()[static_cast<size_t>(i)];
+    ValueList inputs;
+    for (ValueId v : ins.inputs) {
+      SLUICE_CHECK(map[static_cast<size_t>(v)] != kNoValue, "%{} is read before it is defined",
+                   p.value(v).name);
+      inputs.push_back(map[static_cast<size_t>(v)]);
+    }
+    std::vector<std::string> names;
+    for (ValueId v : ins.outputs) names.push_back(v == y ? std::string("y") : p.value(v).name);
+    const ValueList outs =
+        q.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+    for (size_t k = 0; k < outs.size(); ++k) map[static_cast<size_t>(ins.outputs[k])] = outs[k];
+  }
+  if (q.unit_open()) q.EndUnit();
+  q.AddOutput(map[static_cast<size_t>(y != kNoValue ? y : loss)]);
+  m.block_inputs = UnitInputs(q);
+  return m;
+}
+
+std::vector<double> EstimateUnitCosts(const Program& p) {
+  std::vector<double> costs;
+  for (const ProgramUnit& u : p.units()) {
+    double flops = 0;
+    for (int32_t i = u.begin; i < u.end; ++i) {
+      const Instruction& ins = p.instructions()[static_cast<size_t>(i)];
+      if (ins.outputs.empty()) continue;
+      const Shape& out = p.type(ins.outputs[0]).shape;
+      const double elements = static_cast<double>(out.numel());
+      const std::string& op = ins.op->name;
+      if ((op == "matmul" || op == "linear") && !ins.inputs.empty()) {
+        const Shape& a = p.type(ins.inputs[0]).shape;
+        const bool ta = op == "matmul" && ins.attrs.GetBool("transpose_a", false);
+        const int64_t k =
+            a.rank() == 0 ? 1 : (ta && a.rank() >= 2 ? a[a.rank() - 2] : a[a.rank() - 1]);
+        flops += 2 * elements * static_cast<double>(k);
+      } else if (op.find("attention") != std::string::npos && out.rank() >= 2) {
+        flops += 2 * elements * static_cast<double>(out[1]);  // each query meets up to T keys
+      } else {
+        flops += elements;
+      }
+    }
+    costs.push_back(flops);
+  }
+  return costs;
+}
+
+ModelUnits UnitsOf(const Program& p) {
+  ModelUnits units{.costs = EstimateUnitCosts(p)};
+  for (const ProgramUnit& u : p.units()) units.names.push_back(u.name);
+  return units;
+}
+
+std::string ExportTrainingProgram(const std::function<Model(int64_t B, int64_t T)>& build,
+                                  const std::map<std::string, std::string>& data) {
+  // Primes, apart from each other and from the sizes of models (powers of two, multiples of 64).
+  const SizeBindings a{{"B", 1009}, {"T", 1013}}, b{{"B", 1019}, {"T", 1021}};
+  const std::string text_a = PrintTrainingProgram(build(1009, 1013), data);
+  const std::string text_b = PrintTrainingProgram(build(1019, 1021), data);
+  return GeneraliseSizes(text_a, a, text_b, b);
+}
+
+}  // namespace sluice

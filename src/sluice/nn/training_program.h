@@ -1,0 +1,89 @@
+// Training programs: a model written as program text, so that `sluice train --program FILE` trains
+// a user's own model with everything the built-in ones have (docs/program-format.md, "Training
+// programs"). The text says what training needs besides the computation:
+//
+//   program classifier {
+//     input %x: f32[B, 16]                      # B: the micro-batch, bound at training time
+//     input %y: i64[B] = labels                 # binds the data's array "labels"
+//     param %fc.weight: f32[16, 10] = normal(0, 0.02)
+//     param %fc.bias: f32[10] = zeros
+//     unit fc {
+//       %logits: f32[B, 10] = linear(%x, %fc.weight, %fc.bias)
+//       %loss: f32[] = cross_entropy(%logits, %y)
+//     }
+//     output %loss
+//   }
+//
+// A Model made from such a text is like a built-in one: parameter i (in declaration order) draws
+// from MixSeed(seed, 100, i), so --seed fixes every weight; a parameter used by several
+// instructions (tied weights) gets the sum of their gradients from autodiff; each unit's inputs
+// are the values a full recompute keeps.
+//
+// Failures: ParseError at file:line:col for bad text (ir/text_format.h), InvalidArgument naming the
+// file for a program training cannot use (no scalar float loss output, a parameter without an
+// initializer, a parameter that is not f32).
+//
+// Thread-safety: reentrant.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "sluice/ir/text_format.h"
+#include "sluice/nn/model.h"
+
+namespace sluice {
+
+struct TrainingProgram {
+  Model model;  // forward program with its loss, ParamSpecs with initializers, recompute hints
+  // Every input → the data array it binds: the name written after '=', else its own name.
+  std::map<std::string, std::string> data;
+  ProgramAnnotations annotations;  // as parsed: initializers, data arrays, positions, sizes used
+};
+
+// Parses `text` (labelled `file` in errors) with its sizes bound to `sizes` and describes it as a
+// Model. The loss is the output named "loss", or else the program's only output; it must be a
+// float scalar.
+// `check_input` sees each input as it is declared (ir/text_format.h InputCheck).
+TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view file,
+                                     const SizeBindings& sizes, const InputCheck& check_input = {});
+
+// The text of `model` as a training program: each parameter with its initializer, each input with
+// the data array `data` names for it (none where that is the input's own name), units as built.
+std::string PrintTrainingProgram(const Model& model,
+                                 const std::map<std::string, std::string>& data);
+
+// A model that can be built at any batch B and sequence length T, written as a training program
+// whose sizes are the names B and T (`f32[B, T, 128]`, `shape = [B*T, 384]`): `build` is called at
+// two pairs of sizes that no constant of a model takes, and the integers that differ become
+// products of B and T (ir/text_format.h GeneraliseSizes). A model without sequences ignores T.
+std::string ExportTrainingProgram(const std::function<Model(int64_t B, int64_t T)>& build,
+                                  const std::map<std::string, std::string>& data);
+
+// The piece of a training model made of its units [range.first, range.end) (Program::units(),
+// instructions outside every unit belonging to the unit that follows them): one pipeline stage.
+// Interface, as the GPT's slices (nn/gpt.h):
+//   input "x"   the one value the units before the piece pass to it (absent when first == 0);
+//   the whole model's data inputs and parameters that the piece reads, under their own names, each
+//   ParamSpec with init_index = its position in the whole model (so its tensors are bitwise the
+//   whole model's);
+//   output "y"  the one value the piece passes on (when end < units), else the whole model's loss.
+// Throws InvalidArgument naming the units when the model cannot be cut there: more (or fewer)
+// than one value crossing a cut (name them), the loss computed before the last piece.
+Model SliceTrainingModel(const Model& whole, const UnitRange& range);
+
+// Each unit's forward FLOPs, estimated from its instructions' shapes: 2·M·N·K for a product
+// (matmul, linear), 4·B·H·T²·D for causal attention, one per output element for the rest.
+std::vector<double> EstimateUnitCosts(const Program& program);
+
+// The program's unit names with their EstimateUnitCosts.
+ModelUnits UnitsOf(const Program& program);
+
+// The values a full recompute keeps for `program`: the values each unit reads that an instruction
+// before the unit computed (the residual stream of a transformer, one per block).
+std::vector<std::string> UnitInputs(const Program& program);
+
+}  // namespace sluice

@@ -1,0 +1,196 @@
+// `--program`: a model written as a training program trains like a built-in one. The programs
+// `sluice export` writes for the GPT and the MLP train with bitwise the losses, gradient norms
+// and weights of --model; a hand-written classifier learns; the program is checked against its data
+// before the first step.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+#include "sluice/step/program_task.h"
+#include "sluice/train/trainer.h"
+#include "source_dir.h"
+#include "trained_run.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing_support::TrainAndKeep;
+using testing_support::TrainedRun;
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TrainConfig SmallGpt() {
+  TrainConfig c;
+  c.gpt = {.vocab = 0, .seq = 0, .layers = 2, .heads = 2, .dim = 16};
+  c.steps = 4;
+  c.batch = 4;
+  c.microbatches = 2;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.clip_norm = 0.5;  // fires at these sizes: clipping is part of what is compared
+  c.optimizer.warmup_steps = 1;
+  c.threads = 1;
+  c.eval_batches = 1;
+  return c;
+}
+
+TrainConfig AsProgram(TrainConfig c, const std::string& path) {
+  c.model = "program";
+  c.program = path;
+  return c;
+}
+
+void ExpectBitwise(const TrainedRun& a, const TrainedRun& b) {
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.norms, b.norms);
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (const auto& [name, values] : a.state) {
+    ASSERT_TRUE(b.state.count(name)) << name;
+    EXPECT_EQ(values, b.state.at(name)) << name;
+  }
+}
+
+TEST(ProgramTraining, ExportedGptTrainsBitwiseLikeModelGpt) {
+  const TrainConfig c = SmallGpt();
+  const std::string path = WriteTemp("gpt.sluice", ExportBuiltinProgram(c));
+  ExpectBitwise(TrainAndKeep(c), TrainAndKeep(AsProgram(c, path)));
+}
+
+TEST(ProgramTraining, ExportedGptTrainsBitwiseAtOtherBatchesAndPolicies) {
+  TrainConfig c = SmallGpt();
+  const std::string path = WriteTemp("gpt_any.sluice", ExportBuiltinProgram(c));
+  c.batch = 6;
+  c.microbatches = 3;
+  c.recompute = {RecomputePolicy::kFull};
+  c.optimizer.kind = OptimizerKind::kSgd;
+  c.optimizer.momentum = 0.9;
+  ExpectBitwise(TrainAndKeep(c), TrainAndKeep(AsProgram(c, path)));
+}
+
+TEST(ProgramTraining, ExportedMlpTrainsBitwiseLikeModelMlp) {
+  TrainConfig c = SmallGpt();
+  c.model = "mlp";
+  c.data = "blobs";
+  const std::string path = WriteTemp("mlp.sluice", ExportBuiltinProgram(c));
+  ExpectBitwise(TrainAndKeep(c), TrainAndKeep(AsProgram(c, path)));
+}
+
+TEST(ProgramTraining, ExportedGptNamesItsSizesAndUnits) {
+  const std::string text = ExportBuiltinProgram(SmallGpt());
+  EXPECT_THAT(text, HasSubstr("input %ids: i64[B, T] = tokens"));
+  EXPECT_THAT(text, HasSubstr("input %targets: i64[B, T] = next_tokens"));
+  EXPECT_THAT(text, HasSubstr("param %wte.weight: f32[11, 16] = normal(0, 0.02)"));
+  EXPECT_THAT(text, HasSubstr("param %h.0.ln_1.weight: f32[16] = ones"));
+  EXPECT_THAT(text, HasSubstr("unit embed {"));
+  EXPECT_THAT(text, HasSubstr("unit h.1 {"));
+  EXPECT_THAT(text, HasSubstr("unit head {"));
+}
+
+// A classifier that is not a built-in model: two layers, a tied projection (the first layer's
+// weight used again, transposed, by a reconstruction term), on blobs.
+constexpr const char* kTiedClassifier = R"(program tied {
+  input %x: f32[B, 16]
+  input %labels: i64[B]
+  param %enc.weight: f32[16, 32] = normal(0, 0.1)
+  param %enc.bias: f32[32] = zeros
+  param %out.weight: f32[32, 4] = normal(0, 0.1)
+  param %out.bias: f32[4] = zeros
+  unit enc {
+    %h: f32[B, 32] = linear(%x, %enc.weight, %enc.bias)
+    %a: f32[B, 32] = gelu(%h)
+  }
+  unit head {
+    %logits: f32[B, 4] = linear(%a, %out.weight, %out.bias)
+    %ce: f32[] = cross_entropy(%logits, %labels)
+    %back: f32[B, 16] = matmul(%a, %enc.weight) {transpose_b = true}
+    %sq: f32[B, 16] = mul(%back, %back)
+    %r: f32[] = mean(%sq)
+    %rs: f32[] = scale(%r) {factor = 0.001}
+    %loss: f32[] = add(%ce, %rs)
+  }
+  output %loss
+}
+)";
+
+TEST(ProgramTraining, AHandWrittenClassifierWithATiedWeightLearns) {
+  TrainConfig c = SmallGpt();
+  c.data = "blobs";
+  c.steps = 30;
+  c.batch = 16;
+  c.microbatches = 1;
+  c.optimizer.clip_norm = 0;
+  c.optimizer.lr = 3e-2;
+  const TrainedRun run = TrainAndKeep(AsProgram(c, WriteTemp("tied.sluice", kTiedClassifier)));
+  EXPECT_LT(run.losses.back(), 0.5 * run.losses.front());
+}
+
+TEST(ProgramTraining, ExamplesTrain) {
+  TrainConfig c = SmallGpt();
+  c.data = "blobs";
+  c.steps = 20;
+  c.batch = 16;
+  c.microbatches = 2;
+  c.optimizer.clip_norm = 0;
+  c.optimizer.lr = 3e-2;
+  const TrainedRun run = TrainAndKeep(
+      AsProgram(c, (testing_support::SourceDir() / "examples/classifier.sluice").string()));
+  EXPECT_LT(run.losses.back(), 0.7 * run.losses.front());
+}
+
+std::string ErrorOf(const TrainConfig& c) {
+  try {
+    Trainer t(c);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ProgramTraining, AProgramTheDataCannotFeedIsRefusedBeforeTheFirstStep) {
+  TrainConfig c = SmallGpt();
+  c.data = "blobs";
+  auto with = [&](const std::string& name, const std::string& text) {
+    return ErrorOf(AsProgram(c, WriteTemp(name, text)));
+  };
+  const std::string base = kTiedClassifier;
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = base;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  EXPECT_THAT(with("unbound.sluice", replace("input %labels: i64[B]", "input %classes: i64[B]")),
+              HasSubstr("unbound.sluice:3:9: input %classes binds the data array 'classes', "
+                        "which blobs does not have (its arrays: labels, x)"));
+  EXPECT_THAT(with("fixed.sluice", replace("input %labels: i64[B]", "input %labels: i64[3]")),
+              HasSubstr("fixed.sluice:3:9: input %labels is declared i64[3], but its first axis "
+                        "is the batch, and this run's micro-batches hold 2 examples"));
+  EXPECT_THAT(with("dtype.sluice", replace("input %labels: i64[B]", "input %labels: f32[B]")),
+              HasSubstr("the data's 'labels' is i64"));
+  EXPECT_THAT(
+      with("noinit.sluice", replace("param %out.bias: f32[4] = zeros", "param %out.bias: f32[4]")),
+      HasSubstr("a parameter without an initializer: %out.bias"));
+  EXPECT_THAT(with("loaded.sluice",
+                   replace("param %out.bias: f32[4] = zeros", "param %out.bias: f32[4] = loaded")),
+              HasSubstr("%out.bias is `loaded` (its value comes from --init-from) but no "
+                        "--init-from file is given"));
+  EXPECT_THAT(with("noloss.sluice", replace("output %loss", "output %ce\n  output %logits")),
+              HasSubstr("a training program outputs its loss: an output named %loss, or a single "
+                        "output (this program has 2 outputs)"));
+  EXPECT_THAT(with("vector.sluice", replace("output %loss", "output %logits")),
+              HasSubstr("the loss %logits is f32[2, 4]; a training loss is a float scalar"));
+  EXPECT_THAT(with("bad.sluice", replace("normal(0, 0.1)", "normal(0, 0)")),
+              HasSubstr("bad.sluice:4:36: normal's std must be positive"));
+}
+
+}  // namespace
+}  // namespace sluice

@@ -3,6 +3,8 @@
 #   bitwise   1f1b, interleaved, zb-h2, zb-v, v-half and v-min at P = 2 and 4: the same losses as
 #             the in-process run, bit for bit
 #   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
+#   program   the GPT as `sluice export` writes it, trained with --program under mpirun: P = 2
+#             (1f1b, zb-v) bitwise and P = 2 × D = 2 within 1e-6 of --model gpt in one process
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
 #             process
 #   rescue    one rank cannot write its shard: the job exits non-zero naming where the whole state
@@ -84,6 +86,26 @@ case "$mode" in
     mpi 4 "${small[@]}" --layers 4 --steps 5 --stages 2 --data-parallel 2 --metrics "$dir/dp.jsonl" || fail "P=2 x D=2"
     compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
     grep -q '"replica":1' "$dir/dp.jsonl" || fail "the summary has no replica 1"
+    ;;
+  program)
+    model=(--dim 32 --heads 2 --layers 4)
+    run=(--eval-every 0 --threads 1 --quiet --lr-schedule constant --warmup 0 --batch 14
+         --microbatches 7 --steps 4)
+    "$sluice" export "${model[@]}" --out "$dir/gpt.sluice" || fail "export"
+    for sched in 1f1b zb-v; do
+      "$sluice" train "${model[@]}" "${run[@]}" --stages 2 --schedule "$sched" \
+        --metrics "$dir/gpt.jsonl" || fail "in-process --model gpt $sched"
+      mpi 2 --program "$dir/gpt.sluice" "${run[@]}" --stages 2 --schedule "$sched" \
+        --metrics "$dir/prog.jsonl" || fail "mpirun --program $sched P=2"
+      compare "$dir/gpt.jsonl" "$dir/prog.jsonl" 0
+      rm -f "$dir"/*.jsonl
+    done
+    run=(--eval-every 0 --threads 1 --quiet --lr-schedule constant --warmup 0 --batch 8
+         --microbatches 4 --steps 4)
+    "$sluice" train "${model[@]}" "${run[@]}" --metrics "$dir/one.jsonl" || fail "one process"
+    mpi 4 --program "$dir/gpt.sluice" "${run[@]}" --stages 2 --data-parallel 2 \
+      --metrics "$dir/dp.jsonl" || fail "mpirun --program P=2 x D=2"
+    compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
     ;;
   resume)
     args=("${small[@]}" --layers 4 --stages 2)

@@ -132,7 +132,7 @@ struct MemoryPlanChoice {
 
   std::string Describe(const TrainArgs& a) const {
     std::string out = fmt::format(
-        "memory plan: {} on {}, batch {} in {} micro-batches, {}{}\n", a.config.model,
+        "memory plan: {} on {}, batch {} in {} micro-batches, {}{}\n", a.config.ModelName(),
         a.config.data, a.config.batch, a.config.microbatches,
         pipeline ? fmt::format("{} stages, {} (bubble {:.1f}% at unit cost)", plan.stages.size(),
                                pipeline::ScheduleKindName(schedule), 100 * bubble)
@@ -197,7 +197,7 @@ struct MemoryPlanChoice {
            {"budget_bytes", budget.empty() ? nlohmann::json(nullptr) : nlohmann::json(budget[s])},
            {"fits", p.fits}});
     }
-    return {{"model", a.config.model},
+    return {{"model", a.config.ModelName()},
             {"schedule", pipeline ? nlohmann::json(pipeline::ScheduleKindName(schedule))
                                   : nlohmann::json(nullptr)},
             {"bubble", bubble},
@@ -291,7 +291,7 @@ int RunTrain(TrainArgs& a) {
   CheckTrainFiles(c, a.pipe.trace_path, a.pipe.profile_path);
   // "sort" names the GPT's built-in task, even where a file of that name lies (a warning, printed
   // under --quiet too).
-  if (c.model == "gpt" && c.data == "sort" && std::filesystem::exists(c.data)) {
+  if (c.model != "mlp" && c.data == "sort" && std::filesystem::exists(c.data)) {
     fmt::print(stderr,
                "sluice: warning: --data sort is the built-in sort task, not the file 'sort' here: "
                "give --data ./sort to train on the file\n");
@@ -312,7 +312,8 @@ int RunTrain(TrainArgs& a) {
   if (!a.quiet) {
     fmt::print(stderr,
                "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n",
-               c.model, c.data, c.steps, c.batch, c.microbatches, a.optimizer, trainer.step());
+               c.ModelName(), c.data, c.steps, c.batch, c.microbatches, a.optimizer,
+               trainer.step());
     if (std::string d = trainer.engine().Describe(); !d.empty()) fmt::print(stderr, "{}\n", d);
   }
   Progress progress(trainer.step(), c.steps, a.quiet);

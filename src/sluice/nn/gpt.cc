@@ -101,7 +101,7 @@ GptCosts EstimateGptCosts(const GptConfig& c, int64_t batch, int64_t seq_len) {
 
 ModelUnits GptUnits(const GptConfig& c, int64_t batch, int64_t seq_len) {
   const GptCosts g = EstimateGptCosts(c, batch, seq_len);
-  ModelUnits units;
+  ModelUnits units{.count_option = "--layers"};
   units.names.push_back("embed");
   units.costs.push_back(g.embed);
   for (int64_t l = 0; l < c.layers; ++l) {

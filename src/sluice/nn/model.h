@@ -66,6 +66,9 @@ struct UnitRange {
 struct ModelUnits {
   std::vector<std::string> names;
   std::vector<double> costs;
+  // The option that sets the number of repeated units, for messages: "--layers" for the built-in
+  // GPT (whose units are embed, h.i, head); empty for a program, whose file says it.
+  std::string count_option;
 };
 
 // Wraps a Builder and records parameter specs as they are declared.

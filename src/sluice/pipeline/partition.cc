@@ -23,17 +23,15 @@ std::optional<PartitionKind> ParsePartitionKind(std::string_view name) {
 
 namespace {
 
-// Whether the units are the GPT's (embed, h.i, head): messages then speak of its layers.
-bool IsGpt(const std::vector<std::string>& names) {
-  return names.size() >= 2 && names.front() == "embed" && names.back() == "head";
-}
+// Whether the units are the built-in GPT's (embed, h.i, head): messages then speak of its layers.
+bool IsGpt(const ModelUnits& units) { return units.count_option == "--layers"; }
 
 // The units between the first and the last (the GPT's layers) split evenly; the first unit goes
 // with stage 0, the last with stage S − 1.
 Partition Uniform(const ModelUnits& units, int S) {
   const int64_t L = static_cast<int64_t>(units.names.size()) - 2;
   if (L < S) {
-    const bool gpt = IsGpt(units.names);
+    const bool gpt = IsGpt(units);
     const std::string ends =
         gpt ? "embed and head" : fmt::format("{} and {}", units.names.front(), units.names.back());
     const std::string grow =
@@ -70,11 +68,12 @@ Partition Uniform(const ModelUnits& units, int S) {
 
 // --partition balanced puts at least one of the N units (embed, the layers, head) on each of the
 // S virtual stages; `stages` says how S was counted, `fewer` what to reduce.
-void RequireUnitPerStage(int S, const std::vector<std::string>& names, std::string_view stages,
+void RequireUnitPerStage(int S, const ModelUnits& units, std::string_view stages,
                          std::string_view fewer) {
+  const std::vector<std::string>& names = units.names;
   const auto N = static_cast<int64_t>(names.size());
   if (S <= N) return;
-  if (IsGpt(names)) {
+  if (IsGpt(units)) {
     throw InvalidArgument(fmt::format(
         "--partition balanced needs at least one unit per stage, but {} virtual stages ({}) "
         "exceed the model's {} units (embed, {} layers, head): use fewer {}, or give the model "
@@ -90,7 +89,7 @@ void RequireUnitPerStage(int S, const std::vector<std::string>& names, std::stri
 Partition Balanced(const ModelUnits& model, int S) {
   const std::vector<double>& units = model.costs;
   const int64_t N = static_cast<int64_t>(units.size());
-  RequireUnitPerStage(S, model.names, "--stages × --chunks", "stages or chunks");
+  RequireUnitPerStage(S, model, "--stages × --chunks", "stages or chunks");
   // cost[i][j]: units [i, j), summed left to right (as EstimateStageCosts sums them, so the two
   // agree).
   std::vector<std::vector<double>> cost(N + 1, std::vector<double>(N + 1, 0.0));
@@ -229,7 +228,7 @@ Partition BalancedV(const ModelUnits& model, int S) {
   const std::vector<double>& units = model.costs;
   const int64_t N = static_cast<int64_t>(units.size());
   const int P = S / 2;
-  RequireUnitPerStage(S, model.names, "--stages × 2 chunks", "stages");
+  RequireUnitPerStage(S, model, "--stages × 2 chunks", "stages");
   VShapeCuts cuts(units, P);
   SLUICE_CHECK(cuts.Feasible(cuts.total(), false), "no V-shaped cut of {} units into {} groups", N,
                S);
@@ -298,7 +297,7 @@ std::string ItemForms(const std::vector<std::string>& names) {
 }
 
 // A unit name → its index, or a range "P.i-j" of numbered units → [index of P.i, index of P.j + 1).
-Item ParseItem(std::string_view text, int stage, const std::vector<std::string>& names) {
+Item ParseItem(std::string_view text, int stage, const std::vector<std::string>& names, bool gpt) {
   Item item{std::string(text), stage, 0, 0};
   const auto fail = [&](std::string_view why) {
     return InvalidArgument(fmt::format("--layout stage {}: '{}' {}", stage, text, why));
@@ -328,12 +327,12 @@ Item ParseItem(std::string_view text, int stage, const std::vector<std::string>&
   if (count == 0) throw fail(forms);
   if (*lo >= count || *hi >= count) {
     throw fail(fmt::format("is out of range: the model has {}{}.0-{}{}",
-                           IsGpt(names) ? "layers " : "", family, count - 1,
-                           IsGpt(names) ? fmt::format(" (--layers {})", count) : ""));
+                           gpt ? "layers " : "", family, count - 1,
+                           gpt ? fmt::format(" (--layers {})", count) : ""));
   }
   if (*hi < *lo) {
     throw fail(fmt::format("runs backwards: {} are out of order (write {}.{}-{})",
-                           IsGpt(names) ? "layers" : "units", family, *hi, *lo));
+                           gpt ? "layers" : "units", family, *hi, *lo));
   }
   item.first = *index(fmt::format("{}.{}", family, *lo));
   item.end = *index(fmt::format("{}.{}", family, *hi)) + 1;
@@ -361,15 +360,16 @@ Partition PartitionUnits(const ModelUnits& units, int S, PartitionKind kind, Pla
   return placement == Placement::kVShape ? BalancedV(units, S) : Balanced(units, S);
 }
 
-Partition ParseLayout(std::string_view layout, const std::vector<std::string>& names, int S,
+Partition ParseLayout(std::string_view layout, const ModelUnits& units, int S,
                       Placement placement) {
+  const std::vector<std::string>& names = units.names;
   const auto N = static_cast<int64_t>(names.size());
   if (N == 0) {
     throw InvalidArgument(
         "--layout: the model has no units to lay out (a program names them with "
         "`unit NAME { ... }`, docs/program-format.md)");
   }
-  const bool gpt = IsGpt(names);
+  const bool gpt = IsGpt(units);
   std::vector<Item> items;
   const std::vector<std::string_view> stages = SplitOn(layout, '|');
   for (size_t s = 0; s < stages.size(); ++s) {
@@ -381,7 +381,7 @@ Partition ParseLayout(std::string_view layout, const std::vector<std::string>& n
     for (std::string_view text : SplitOn(stages[s], ',')) {
       if (Trim(text).empty())
         throw InvalidArgument(fmt::format("--layout stage {}: an empty item (two commas?)", stage));
-      items.push_back(ParseItem(Trim(text), stage, names));
+      items.push_back(ParseItem(Trim(text), stage, names, gpt));
     }
   }
   const int given = static_cast<int>(stages.size());
@@ -516,7 +516,7 @@ GptPartition PartitionGpt(const GptConfig& c, int64_t batch, int64_t seq_len, in
 GptPartition ParseGptLayout(std::string_view layout, const GptConfig& c, int S,
                             Placement placement) {
   ValidateGptConfig(c);
-  return ToGpt(ParseLayout(layout, GptUnits(c, 1, 0).names, S, placement), c.layers);
+  return ToGpt(ParseLayout(layout, GptUnits(c, 1, 0), S, placement), c.layers);
 }
 
 std::string FormatLayout(const GptPartition& p) {

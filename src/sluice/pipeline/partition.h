@@ -95,11 +95,11 @@ Partition PartitionUnits(const ModelUnits& units, int virtual_stages, PartitionK
 // (dropped), an empty stage, units out of order, or a number of stages other than
 // virtual_stages (for kVShape the message explains the V: 2P stages in model order, rank 0
 // running the first and the last).
-Partition ParseLayout(std::string_view layout, const std::vector<std::string>& unit_names,
-                      int virtual_stages, Placement placement = Placement::kLooped);
+Partition ParseLayout(std::string_view layout, const ModelUnits& units, int virtual_stages,
+                      Placement placement = Placement::kLooped);
 
 // The layout text, runs of numbered units written P.i-j:
-// ParseLayout(FormatLayout(p, names), names, p.stages.size()) == p.
+// ParseLayout(FormatLayout(p, units.names), units, p.stages.size()) == p.
 std::string FormatLayout(const Partition& partition, const std::vector<std::string>& unit_names);
 
 // Forward FLOPs per stage: the sum of its units' costs.

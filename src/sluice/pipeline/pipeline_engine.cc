@@ -113,7 +113,7 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   const Placement placement = setup.schedule.v_shape ? Placement::kVShape : Placement::kLooped;
   out.partition = options.layout.empty()
                       ? PartitionUnits(setup.units, S, options.partition, placement)
-                      : ParseLayout(options.layout, setup.units.names, S, placement);
+                      : ParseLayout(options.layout, setup.units, S, placement);
   out.layout = FormatLayout(out.partition, setup.units.names);
   setup.slices = out.partition.stages;
   for (const ParamSpec& p : ctx.model.params) setup.model_params.push_back(p.name);

@@ -489,7 +489,7 @@ TEST(PipelineEngine, ACutThatPassesTwoValuesOrSplitsATiedWeightIsRefused) {
   config.program = WriteTemp("tied.sluice", tied);
   EXPECT_THAT([&] { Trainer(config, PipelineEngineFactory(cut_a)); },
               ::testing::ThrowsMessage<InvalidArgument>(::testing::HasSubstr(
-                  "parameter a.weight is read by virtual stages 0 (units a-a) and 1 (units b-c): "
+                  "parameter %a.weight is read by virtual stages 0 (unit a) and 1 (units b to c): "
                   "tied parameters must lie in one stage")));
 }
 

@@ -69,8 +69,8 @@ CommandRunner SetupExportCommand(CLI::App& sub) {
     CheckOutputPaths({}, {{"--out", *out, /*replaced=*/true}});
     const std::string text = ExportBuiltinProgram(c);
     WriteTextAtomic(*out, text);
-    fmt::print("wrote {} (--model {}): train it with sluice train --program {}\n", *out, c.model,
-               *out);
+    fmt::print("wrote {} (--model {}): train it with sluice train --program {} --data {}\n", *out,
+               c.model, *out, c.data);
     return 0;
   };
 }

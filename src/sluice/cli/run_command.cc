@@ -12,6 +12,7 @@
 // Example:
 //   sluice run examples/mlp.sluice --gc async --runs 100 --stats-json
 //   sluice run model.sluice --inputs batch.safetensors --trace run.json --verbose
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -25,6 +26,8 @@
 #include "sluice/cli/commands.h"
 #include "sluice/cli/file_checks.h"
 #include "sluice/core/caching_allocator.h"
+#include "sluice/core/error.h"
+#include "sluice/core/files.h"
 #include "sluice/core/system_allocator.h"
 #include "sluice/exec/interpreter.h"
 #include "sluice/exec/random_inputs.h"
@@ -39,6 +42,7 @@ namespace {
 
 struct RunArgs {
   std::string program;
+  std::vector<std::string> sizes;  // --size NAME=VALUE: the program's size names (B, T)
   std::string gc = "auto";
   std::string mode = "trace";
   std::string order = "best";
@@ -109,9 +113,31 @@ std::string Duration(int64_t ns) {
   return fmt::format("{:.2f} ms", static_cast<double>(ns) / 1e6);
 }
 
+// --size B=8 --size T=64 → {B: 8, T: 64}.
+SizeBindings ParseSizes(const std::vector<std::string>& texts) {
+  SizeBindings sizes;
+  for (const std::string& text : texts) {
+    const size_t eq = text.find('=');
+    int64_t value = 0;
+    const char* end = text.data() + text.size();
+    const bool number = eq != std::string::npos &&
+                        std::from_chars(text.data() + eq + 1, end, value).ptr == end &&
+                        eq + 1 < text.size();
+    if (eq == 0 || !number || value < 0) {
+      throw InvalidArgument(fmt::format(
+          "--size '{}': expected NAME=VALUE with a non-negative integer, e.g. --size B=8", text));
+    }
+    if (!sizes.emplace(text.substr(0, eq), value).second) {
+      throw InvalidArgument(fmt::format("--size {} is given twice", text.substr(0, eq)));
+    }
+  }
+  return sizes;
+}
+
 int Run(const RunArgs& args) {
   CheckRunFiles(args.program, args.inputs, args.trace);
-  const Program program = LoadProgramFile(args.program);
+  const Program program = ParseProgram(ReadWholeFile("program file", args.program), args.program,
+                                       ParseSizes(args.sizes));
 
   // The allocator outlives the scope, which ends up holding outputs allocated from it.
   std::unique_ptr<Allocator> allocator = MakeAllocator(args.allocator);
@@ -220,6 +246,9 @@ int Run(const RunArgs& args) {
 CommandRunner SetupRunCommand(CLI::App& sub) {
   auto args = std::make_shared<RunArgs>();
   sub.add_option("program", args->program, "Program file in the text format (.sluice)")->required();
+  sub.add_option("--size", args->sizes,
+                 "A size the program names, NAME=VALUE (a training program's B and T: --size B=8 "
+                 "--size T=64)");
   sub.add_option("--gc", args->gc,
                  "When dead buffers are freed: auto (sync, async where a free is expensive: the "
                  "system allocator), none (at the end), sync, async (worker)")

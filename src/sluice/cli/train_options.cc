@@ -11,6 +11,7 @@
 #include "sluice/core/error.h"
 #include "sluice/pipeline/schedule_analysis.h"
 #include "sluice/step/config_checks.h"
+#include "sluice/step/program_task.h"
 
 namespace sluice::cli {
 
@@ -254,7 +255,10 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       a->config.model = "program";
     }
     CheckScopedOptions(scoped, a->config.model, a->optimizer);
-    if (data->count() == 0) a->config.data = DefaultData(a->config.model);
+    if (data->count() == 0) {
+      a->config.data = a->config.model == "program" ? DefaultProgramData(a->config.program)
+                                                    : DefaultData(a->config.model);
+    }
     OptimizerConfig& opt = a->config.optimizer;
     if (min_lr->count() == 0) opt.min_lr = std::min(opt.min_lr, opt.lr);  // no floor above peak
     a->pipeline = a->pipe.stages != 1;

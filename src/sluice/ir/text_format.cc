@@ -480,8 +480,9 @@ class Parser {
         auto it = sizes_.find(t.text);
         if (it == sizes_.end()) {
           Fail(t, fmt::format("size '{}' is not bound here ({})", t.text,
-                              sizes_.empty() ? "sizes are bound by sluice train, plan and "
-                                               "simulate: B the micro-batch, T the sequence length"
+                              sizes_.empty() ? "sluice train, plan and simulate bind B to the "
+                                               "micro-batch and T to the sequence length; sluice "
+                                               "run takes --size B=8"
                                              : fmt::format("bound sizes: {}", BoundSizes())));
         }
         factor = it->second;

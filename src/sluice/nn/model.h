@@ -69,6 +69,11 @@ struct ModelUnits {
   // The option that sets the number of repeated units, for messages: "--layers" for the built-in
   // GPT (whose units are embed, h.i, head); empty for a program, whose file says it.
   std::string count_option;
+  // cuttable[u]: whether a pipeline stage may start at unit u (one value crosses there, nn/
+  // training_program.h SliceTrainingModel); empty: at every unit.
+  std::vector<bool> cuttable;
+
+  bool CanCut(int64_t u) const { return cuttable.empty() || cuttable.at(static_cast<size_t>(u)); }
 };
 
 // Wraps a Builder and records parameter specs as they are declared.

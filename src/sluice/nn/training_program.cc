@@ -303,7 +303,10 @@ std::vector<double> EstimateUnitCosts(const Program& p) {
 
 ModelUnits UnitsOf(const Program& p) {
   ModelUnits units{.costs = EstimateUnitCosts(p)};
-  for (const ProgramUnit& u : p.units()) units.names.push_back(u.name);
+  for (const ProgramUnit& u : p.units()) {
+    units.names.push_back(u.name);
+    units.cuttable.push_back(units.names.size() > 1 && LiveAcross(p, u.begin).size() == 1);
+  }
   return units;
 }
 

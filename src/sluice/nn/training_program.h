@@ -63,8 +63,9 @@ std::string PrintTrainingProgram(const Model& model,
 std::string ExportTrainingProgram(const std::function<Model(int64_t B, int64_t T)>& build,
                                   const std::map<std::string, std::string>& data);
 
-// The piece of a training model made of its units [range.first, range.end) (Program::units(),
-// instructions outside every unit belonging to the unit that follows them): one pipeline stage.
+// The piece of a training model made of its units [range.first, range.end) (Program::units();
+// instructions written between two units run with the unit before them, those before the first
+// unit with the first): one pipeline stage.
 // Interface, as the GPT's slices (nn/gpt.h):
 //   input "x"   the one value the units before the piece pass to it (absent when first == 0);
 //   the whole model's data inputs and parameters that the piece reads, under their own names, each

@@ -86,6 +86,19 @@ void RequireUnitPerStage(int S, const ModelUnits& units, std::string_view stages
       S, stages, N, N == 1 ? "" : "s", fmt::join(names, ", "), fewer));
 }
 
+// No cut of the model into S stages passes one value at every cut.
+InvalidArgument NoCut(const ModelUnits& model, int S) {
+  std::vector<std::string> at;
+  for (size_t u = 1; u < model.names.size(); ++u) {
+    if (model.CanCut(static_cast<int64_t>(u))) at.push_back(model.names[u]);
+  }
+  return InvalidArgument(fmt::format(
+      "the model cannot be cut into {} virtual stages: a pipeline cut passes one value, and only "
+      "{} unit{} start{} where one does ({}); use fewer stages or change the units",
+      S, at.size(), at.size() == 1 ? "" : "s", at.size() == 1 ? "s" : "",
+      at.empty() ? std::string("none") : fmt::format("{}", fmt::join(at, ", "))));
+}
+
 Partition Balanced(const ModelUnits& model, int S) {
   const std::vector<double>& units = model.costs;
   const int64_t N = static_cast<int64_t>(units.size());
@@ -103,10 +116,13 @@ Partition Balanced(const ModelUnits& model, int S) {
   for (int64_t i = 0; i < N; ++i) best[1][i] = cost[i][N];
   for (int k = 2; k <= S; ++k) {
     for (int64_t i = 0; i + k <= N; ++i) {
-      for (int64_t j = i + 1; j + k - 1 <= N; ++j)
+      for (int64_t j = i + 1; j + k - 1 <= N; ++j) {
+        if (!model.CanCut(j)) continue;
         best[k][i] = std::min(best[k][i], std::max(cost[i][j], best[k - 1][j]));
+      }
     }
   }
+  if (best[S][0] == inf) throw NoCut(model, S);
   // Walk from the front, each stage taking the fewest units that keep the optimum reachable.
   const double target = best[S][0];
   Partition p;
@@ -116,7 +132,10 @@ Partition Balanced(const ModelUnits& model, int S) {
     if (k == 1) {
       j = N;
     } else {
-      while (j < N - (k - 1) && !(cost[i][j] <= target && best[k - 1][j] <= target)) ++j;
+      while (j < N - (k - 1) &&
+             !(model.CanCut(j) && cost[i][j] <= target && best[k - 1][j] <= target)) {
+        ++j;
+      }
       SLUICE_CHECK(cost[i][j] <= target && best[k - 1][j] <= target);
     }
     p.stages.push_back({i, j});
@@ -133,9 +152,12 @@ Partition Balanced(const ModelUnits& model, int S) {
 // bit.
 class VShapeCuts {
  public:
-  VShapeCuts(const std::vector<double>& units, int P)
-      : N_(static_cast<int64_t>(units.size())), P_(P), prefix_(units.size() + 1, 0.0) {
-    for (int64_t u = 0; u < N_; ++u) prefix_[u + 1] = prefix_[u] + units[u];
+  VShapeCuts(const ModelUnits& model, int P)
+      : model_(model),
+        N_(static_cast<int64_t>(model.costs.size())),
+        P_(P),
+        prefix_(model.costs.size() + 1, 0.0) {
+    for (int64_t u = 0; u < N_; ++u) prefix_[u + 1] = prefix_[u] + model.costs[u];
   }
 
   double span(int64_t i, int64_t j) const { return prefix_[j] - prefix_[i]; }
@@ -162,7 +184,9 @@ class VShapeCuts {
           double b = none;
           if (j >= i + 2) {
             b = std::max(best[(i + 1) * W + j], best[i * W + j - 1]);
-            if (inner[(i + 1) * W + j - 1]) b = std::max(b, span(i + 1, j - 1));
+            if (inner[(i + 1) * W + j - 1] && model_.CanCut(i + 1) && model_.CanCut(j - 1)) {
+              b = std::max(b, span(i + 1, j - 1));
+            }
           }
           best[i * W + j] = b;
           ok[i * W + j] = b != none && span(i, j) - b <= T;
@@ -185,7 +209,10 @@ class VShapeCuts {
       bool found = false;
       for (int64_t a = i + 1; a < j && !found; ++a) {
         for (int64_t e = j - 1; e >= a && !found; --e) {
-          if (!inner[a * W + e] || span(i, j) - span(a, e) > T) continue;
+          if (!inner[a * W + e] || !model_.CanCut(a) || !model_.CanCut(e) ||
+              span(i, j) - span(a, e) > T) {
+            continue;
+          }
           groups[static_cast<size_t>(k)] = {i, a};
           groups[static_cast<size_t>(2 * P_ - 1 - k)] = {e, j};
           i = a;
@@ -199,6 +226,7 @@ class VShapeCuts {
   }
 
  private:
+  const ModelUnits& model_;
   int64_t N_;
   int P_;
   std::vector<double> prefix_;
@@ -229,9 +257,8 @@ Partition BalancedV(const ModelUnits& model, int S) {
   const int64_t N = static_cast<int64_t>(units.size());
   const int P = S / 2;
   RequireUnitPerStage(S, model, "--stages × 2 chunks", "stages");
-  VShapeCuts cuts(units, P);
-  SLUICE_CHECK(cuts.Feasible(cuts.total(), false), "no V-shaped cut of {} units into {} groups", N,
-               S);
+  VShapeCuts cuts(model, P);
+  if (!cuts.Feasible(cuts.total(), false)) throw NoCut(model, S);
   const double target =
       LeastFeasible(0.0, cuts.total(), [&](double T) { return cuts.Feasible(T, false); });
   cuts.Feasible(target, true);
@@ -326,9 +353,8 @@ Item ParseItem(std::string_view text, int stage, const std::vector<std::string>&
   while (index(fmt::format("{}.{}", family, count))) ++count;
   if (count == 0) throw fail(forms);
   if (*lo >= count || *hi >= count) {
-    throw fail(fmt::format("is out of range: the model has {}{}.0-{}{}",
-                           gpt ? "layers " : "", family, count - 1,
-                           gpt ? fmt::format(" (--layers {})", count) : ""));
+    throw fail(fmt::format("is out of range: the model has {}{}.0-{}{}", gpt ? "layers " : "",
+                           family, count - 1, gpt ? fmt::format(" (--layers {})", count) : ""));
   }
   if (*hi < *lo) {
     throw fail(fmt::format("runs backwards: {} are out of order (write {}.{}-{})",

@@ -158,11 +158,14 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
         const auto& names = m.setup.units.names;
         auto text = [&](int stage) {
           const UnitRange& r = m.setup.slices[static_cast<size_t>(stage)];
-          return fmt::format("{} (units {}-{})", stage, names[static_cast<size_t>(r.first)],
+          if (r.end - r.first == 1) {
+            return fmt::format("{} (unit {})", stage, names[static_cast<size_t>(r.first)]);
+          }
+          return fmt::format("{} (units {} to {})", stage, names[static_cast<size_t>(r.first)],
                              names[static_cast<size_t>(r.end - 1)]);
         };
         throw InvalidArgument(fmt::format(
-            "parameter {} is read by virtual stages {} and {}: tied parameters must lie in one "
+            "parameter %{} is read by virtual stages {} and {}: tied parameters must lie in one "
             "stage (one --layout stage holding every unit that reads it)",
             p.name, text(it->second), text(v)));
       }

@@ -1,5 +1,7 @@
 #include "sluice/step/program_task.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
@@ -9,6 +11,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/core/files.h"
+#include "sluice/kernels/cross_entropy.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/nn/mlp.h"
 #include "sluice/nn/training_program.h"
@@ -95,8 +98,9 @@ std::string ArrayNames(const ArraySource& source) {
 class ProgramTask final : public Task {
  public:
   explicit ProgramTask(const TrainConfig& c) : path_(c.program) {
-    text_ = ReadWholeFile("program", c.program);
+    text_ = ReadWholeFile("program file", c.program);
     const int64_t micro = c.batch / std::max<int64_t>(c.microbatches, 1);
+    seq_ = c.gpt.seq;  // T of data without sequences: --seq, when given
     if (c.data == "blobs") {
       source_ = std::make_unique<BlobsSource>(BlobsConfig(c, micro), c.seed);
     } else if (c.data.ends_with(".safetensors")) {
@@ -109,6 +113,8 @@ class ProgramTask final : public Task {
     // Every check, before the first step.
     TrainingProgram tp = Parse(micro);
     bindings_ = tp.data;
+    FindPredictions(tp.model.forward);
+    loss_ = tp.model.loss;
     for (const ParamSpec& p : tp.model.params) {
       if (p.init == Init::kLoaded && c.init_from.empty()) {
         throw InvalidArgument(fmt::format(
@@ -124,8 +130,13 @@ class ProgramTask final : public Task {
   Model BuildPiece(int64_t batch, const UnitRange& range) const override {
     return SliceTrainingModel(BuildTrain(batch), range);
   }
-  // Evaluation runs the training program itself: its loss on held-out batches.
-  Model BuildLogits(int64_t batch) const override { return BuildTrain(batch); }
+  // Evaluation runs the training program itself: its loss on held-out batches, and its logits
+  // when it has a cross-entropy of data targets (Accuracy).
+  Model BuildLogits(int64_t batch) const override {
+    Model m = BuildTrain(batch);
+    if (!logits_.empty()) m.forward.AddOutput(m.forward.Get(logits_));
+    return m;
+  }
 
   void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch,
                  uint64_t seed) const override {
@@ -133,9 +144,38 @@ class ProgramTask final : public Task {
     for (const auto& [input, array] : bindings_) scope.Set(input, arrays.at(array));
   }
   int64_t TokensPerSample() const override { return source_->seq_len() > 0 ? seq_ : 1; }
-  double Accuracy(Executable&, Scope&, int64_t, int64_t, uint64_t) const override { return -1; }
+  // The share of held-out targets whose logits' largest entry is the target (positions the loss
+  // ignores left out): a classifier's accuracy, a language model's next-token accuracy.
+  double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch,
+                  uint64_t seed) const override {
+    if (logits_.empty()) return -1;
+    int64_t right = 0, counted = 0;
+    for (int64_t i = 0; i < batches; ++i) {
+      BindBatch(scope, DataSplit::kValidation, i, batch, seed);
+      logits.Run(scope);
+      const Tensor& lg = scope.Get(logits_);
+      const Tensor& targets = scope.Get(targets_);
+      const int64_t classes = lg.shape()[lg.shape().rank() - 1];
+      const float* row = lg.data<float>();
+      for (int64_t k = 0; k < targets.numel(); ++k, row += classes) {
+        const int64_t target = static_cast<int64_t>(targets.FlatAt(k));
+        if (target == kernels::kIgnoreTarget) continue;
+        ++counted;
+        right += std::max_element(row, row + classes) - row == target;
+      }
+    }
+    for (const auto& [input, array] : bindings_) scope.Erase(input);
+    scope.Erase(logits_);
+    scope.Erase(loss_);
+    return counted == 0 ? -1 : static_cast<double>(right) / static_cast<double>(counted);
+  }
   nlohmann::json Describe() const override {
-    return {{"model", "program"}, {"program", path_}, {"data", source_->name()}};
+    // The file as an absolute path, so that ./m.sluice and m.sluice resume each other.
+    std::error_code ec;
+    const std::filesystem::path canonical = std::filesystem::weakly_canonical(path_, ec);
+    return {{"model", "program"},
+            {"program", ec ? path_ : canonical.string()},
+            {"data", source_->name()}};
   }
   int64_t seq_len() const override { return seq_ > 0 ? seq_ : 1; }
 
@@ -152,7 +192,7 @@ class ProgramTask final : public Task {
     std::optional<TensorType> x;
     std::string x_name;
     try {
-      ParseProgram(text_, path_, {{"B", micro}}, nullptr,
+      ParseProgram(text_, path_, Sizes(micro), nullptr,
                    [&](const std::string& name, const TensorType& type, const std::string& array) {
                      if (array == "x" && !x) {
                        x = type;
@@ -222,13 +262,50 @@ class ProgramTask final : public Task {
   std::string text_;
   std::unique_ptr<ArraySource> source_;
   int64_t seq_ = 0;  // T; 0 when the data has no sequences and --seq is not given
-  std::map<std::string, std::string> bindings_;  // input -> data array, the same at every batch
+  // A cross_entropy(logits, targets) of f32 logits and a targets input, if the program has one.
+  void FindPredictions(const Program& p) {
+    for (const Instruction& ins : p.instructions()) {
+      if (ins.op->name != "cross_entropy" || ins.inputs.size() != 2) continue;
+      const ValueId lg = ins.inputs[0], targets = ins.inputs[1];
+      if (p.type(lg).dtype != DType::kF32 || p.value(targets).kind != ValueKind::kInput) continue;
+      logits_ = p.value(lg).name;
+      targets_ = p.value(targets).name;
+      return;
+    }
+  }
+
+  std::map<std::string, std::string> bindings_;
+  std::string logits_, targets_;  // empty: no accuracy
+  std::string loss_;              // input -> data array, the same at every batch
 };
 
 }  // namespace
 
 std::unique_ptr<Task> MakeProgramTask(const TrainConfig& config) {
   return std::make_unique<ProgramTask>(config);
+}
+
+std::string DefaultProgramData(const std::string& path) {
+  const std::string text = ReadWholeFile("program file", path);
+  std::set<std::string> arrays;
+  try {
+    // Only the declarations are read: sizes take placeholder values, and a later error in the
+    // text is the training run's to report.
+    ParseProgram(text, path, {{"B", 1}, {"T", 1}}, nullptr,
+                 [&](const std::string&, const TensorType&, const std::string& array) {
+                   arrays.insert(array);
+                 });
+  } catch (const Error&) {
+  }
+  if (arrays.count("tokens") || arrays.count("next_tokens")) return "sort";
+  if (std::all_of(arrays.begin(), arrays.end(),
+                  [](const std::string& a) { return a == "x" || a == "labels"; })) {
+    return "blobs";
+  }
+  throw InvalidArgument(fmt::format(
+      "--program {} binds the data arrays {}: give --data FILE.safetensors holding them (or a "
+      "text or .bin token file for tokens and next_tokens)",
+      path, fmt::join(arrays, ", ")));
 }
 
 std::string ExportBuiltinProgram(const TrainConfig& c) {

@@ -23,6 +23,11 @@ namespace sluice {
 
 std::unique_ptr<Task> MakeProgramTask(const TrainConfig& config);
 
+// The data a program trains on when --data is not given: "sort" when it binds tokens or
+// next_tokens, "blobs" when it binds only x and labels. Throws InvalidArgument naming the arrays
+// it binds otherwise (they need --data FILE.safetensors), IoError when the file cannot be read.
+std::string DefaultProgramData(const std::string& program_path);
+
 // The training program of config.model (gpt or mlp) as `sluice export` writes it: what
 // --program trains with bitwise the losses of --model. The GPT's vocabulary comes from the data.
 std::string ExportBuiltinProgram(const TrainConfig& config);

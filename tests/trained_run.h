@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "sluice/nn/optimizer.h"
 #include "sluice/train/trainer.h"
 
@@ -50,6 +52,18 @@ inline TrainedRun TrainAndKeep(const TrainConfig& config, const EngineFactory& e
   }
   out.state = KeepState(trainer, config.optimizer);
   return out;
+}
+
+// Expects `b` to be `a` bit for bit: every step's loss and gradient norm, every final value.
+// `what` labels the failures.
+inline void ExpectBitwiseRun(const TrainedRun& a, const TrainedRun& b, const std::string& what) {
+  EXPECT_EQ(a.losses, b.losses) << what << ": losses";
+  EXPECT_EQ(a.norms, b.norms) << what << ": gradient norms";
+  ASSERT_EQ(a.state.size(), b.state.size()) << what;
+  for (const auto& [name, values] : a.state) {
+    ASSERT_TRUE(b.state.count(name)) << what << ": " << name << " missing";
+    EXPECT_TRUE(values == b.state.at(name)) << what << ": " << name << " differs";
+  }
 }
 
 }  // namespace sluice::testing_support

@@ -1,0 +1,113 @@
+// The example programs train, on one stage and cut into two pipeline stages at their units, bit for
+// bit alike: examples/gpt.sluice (the exported GPT) and examples/prenorm.sluice (a hand-written
+// pre-norm LM with RMSNorm and fused attention) on the sort task, and
+// examples/array_classifier.sluice (two blocks sharing a tied weight) on a safetensors file of
+// named arrays that its inputs bind under other names.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "sluice/core/error.h"
+#include "sluice/io/safetensors.h"
+#include "sluice/pipeline/pipeline_engine.h"
+#include "sluice/train/trainer.h"
+#include "source_dir.h"
+#include "trained_run.h"
+
+namespace sluice::pipeline {
+namespace {
+
+using testing_support::TrainAndKeep;
+using testing_support::TrainedRun;
+
+std::string Example(const std::string& name) {
+  return (testing_support::SourceDir() / "examples" / name).string();
+}
+
+// A short run of `program` that learns visibly: a constant learning rate after one warm-up step,
+// one intra-op thread so that sums run in one order and two runs compare bit for bit.
+TrainConfig Short(const std::string& program, const std::string& data) {
+  TrainConfig c;
+  c.model = "program";
+  c.program = program;
+  c.data = data;
+  c.steps = 30;
+  c.batch = 16;
+  c.microbatches = 2;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.schedule = LrSchedule::kConstant;
+  c.optimizer.warmup_steps = 1;
+  c.threads = 1;
+  c.eval_every = 0;
+  c.eval_batches = 1;
+  return c;
+}
+
+// The mean of the last three losses is below `fraction` of the first: the model learns (the run
+// is deterministic, so this is a fixed fact of the program, not a chance).
+void ExpectLossFalls(const TrainedRun& run, double fraction, const std::string& what) {
+  ASSERT_GE(run.losses.size(), 4u) << what;
+  const size_t n = run.losses.size();
+  const double last = (run.losses[n - 1] + run.losses[n - 2] + run.losses[n - 3]) / 3;
+  EXPECT_LT(last, fraction * run.losses.front())
+      << what << ": first loss " << run.losses.front() << ", last three " << last;
+}
+
+// Trains `config` on one stage and on two (cut by `layout`): the loss falls on both, and the two
+// runs are bitwise alike.
+void ExpectTrainsOnOneAndTwoStages(const TrainConfig& config, const std::string& layout,
+                                   double fraction) {
+  const TrainedRun one = TrainAndKeep(config);
+  ExpectLossFalls(one, fraction, config.program + " on one stage");
+  const PipelineOptions two{.stages = 2, .schedule = ScheduleKind::kOneFOneB, .layout = layout};
+  const TrainedRun piped = TrainAndKeep(config, PipelineEngineFactory(two));
+  ExpectLossFalls(piped, fraction, config.program + " on two stages");
+  testing_support::ExpectBitwiseRun(one, piped, config.program + " two stages (" + layout + ")");
+}
+
+TEST(ProgramExamples, TheExportedGptLearnsToSortOnOneAndTwoStagesAlike) {
+  ExpectTrainsOnOneAndTwoStages(Short(Example("gpt.sluice"), "sort"), "embed,h.0|h.1,head", 0.8);
+}
+
+TEST(ProgramExamples, APreNormLmLearnsToSortOnOneAndTwoStagesAlike) {
+  ExpectTrainsOnOneAndTwoStages(Short(Example("prenorm.sluice"), "sort"),
+                                "embed,block.0|block.1,head", 0.8);
+}
+
+// N examples of 8 features uniform in [-1, 1) and a label in [0, 4) that is a function of them,
+// (x0 + x1 > 0) + 2·(x2 − x3 > 0), as examples/classifier_data.py writes: "features" f32[N, 8],
+// "label" i64[N].
+std::string WriteClassifierData(const std::string& name, int64_t n) {
+  std::mt19937 rng(7);
+  std::vector<float> features(static_cast<size_t>(n * 8));
+  std::vector<int64_t> labels(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    float* x = &features[static_cast<size_t>(i * 8)];
+    for (int j = 0; j < 8; ++j) x[j] = static_cast<float>(rng() >> 8) * 0x1p-23f - 1.0f;
+    labels[static_cast<size_t>(i)] = int64_t{x[0] + x[1] > 0} + 2 * int64_t{x[2] - x[3] > 0};
+  }
+  const std::string path = ::testing::TempDir() + "/" + name;
+  WriteSafetensors(path, {{"features", Tensor::FromVector<float>({n, 8}, features)},
+                          {"label", Tensor::FromVector<int64_t>({n}, labels)}});
+  return path;
+}
+
+TEST(ProgramExamples, AClassifierOnNamedArraysWithATiedWeightLearnsOnOneAndTwoStagesAlike) {
+  const TrainConfig config =
+      Short(Example("array_classifier.sluice"), WriteClassifierData("classifier.safetensors", 256));
+  // The tied %shared.weight is read by block.0 and block.1: a layout keeps them on one stage.
+  ExpectTrainsOnOneAndTwoStages(config, "in,block.0,block.1|head", 0.5);
+  const PipelineOptions split{.stages = 2, .layout = "in,block.0|block.1,head"};
+  EXPECT_THAT([&] { Trainer(config, PipelineEngineFactory(split)); },
+              ::testing::ThrowsMessage<InvalidArgument>(::testing::HasSubstr(
+                  "parameter shared.weight is read by virtual stages 0 (units in-block.0) and 1 "
+                  "(units block.1-head): tied parameters must lie in one stage")));
+}
+
+}  // namespace
+}  // namespace sluice::pipeline

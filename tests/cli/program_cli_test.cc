@@ -220,7 +220,7 @@ TEST_F(ProgramCli, BadProgramsAndOptionsAreRefusedNamingThePlaceAndWriteNothing)
                 fmt::format("--program {} and --model gpt name two models: drop one", small));
   const std::string missing = (dir_ / "missing.sluice").string();
   ExpectRefused(fmt::format("--program {}", missing),
-                fmt::format("cannot read program '{}'", missing));
+                fmt::format("cannot read program file '{}'", missing));
 
   const std::string no_loss =
       Write("noloss.sluice", SmallWith("output %loss", "output %logits")).string();

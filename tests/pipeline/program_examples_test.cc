@@ -105,8 +105,8 @@ TEST(ProgramExamples, AClassifierOnNamedArraysWithATiedWeightLearnsOnOneAndTwoSt
   const PipelineOptions split{.stages = 2, .layout = "in,block.0|block.1,head"};
   EXPECT_THAT([&] { Trainer(config, PipelineEngineFactory(split)); },
               ::testing::ThrowsMessage<InvalidArgument>(::testing::HasSubstr(
-                  "parameter shared.weight is read by virtual stages 0 (units in-block.0) and 1 "
-                  "(units block.1-head): tied parameters must lie in one stage")));
+                  "parameter %shared.weight is read by virtual stages 0 (units in to block.0) and "
+                  "1 (units block.1 to head): tied parameters must lie in one stage")));
 }
 
 }  // namespace

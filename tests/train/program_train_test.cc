@@ -264,5 +264,27 @@ TEST(ProgramTraining, AProgramTheDataCannotFeedIsRefusedBeforeTheFirstStep) {
               HasSubstr("bad.sluice:4:36: normal's std must be positive"));
 }
 
+// With --init-from, a parameter written without an initializer comes from the file (as if written
+// `= loaded`); without it, the program is refused naming the parameter.
+TEST(ProgramTraining, ParametersWithoutInitializersComeFromInitFrom) {
+  std::vector<float> table(11 * 8);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * static_cast<float>(i));
+  const std::string init = ::testing::TempDir() + "/bare_init.safetensors";
+  WriteSafetensors(init, {{"table", Tensor::FromVector<float>({11, 8}, table)}});
+  std::string bare = TinyLm("table", "table");
+  bare.replace(bare.find(" = loaded"), 9, "");
+  TrainConfig c = SmallGpt();
+  c.steps = 2;
+  TrainConfig written = AsProgram(c, WriteTemp("loaded_lm.sluice", TinyLm("table", "table")));
+  written.init_from = init;
+  TrainConfig unwritten = AsProgram(c, WriteTemp("bare_lm.sluice", bare));
+  unwritten.init_from = init;
+  const TrainedRun a = TrainAndKeep(written), b = TrainAndKeep(unwritten);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.state, b.state);
+  unwritten.init_from.clear();
+  EXPECT_THAT(ErrorOf(unwritten), HasSubstr("a parameter without an initializer: %table"));
+}
+
 }  // namespace
 }  // namespace sluice

@@ -66,7 +66,8 @@ std::vector<std::string> UnitInputs(const Program& p) {
 }
 
 TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view file,
-                                     const SizeBindings& sizes, const InputCheck& check_input) {
+                                     const SizeBindings& sizes, const InputCheck& check_input,
+                                     bool loaded_by_default) {
   TrainingProgram out;
   Program program = ParseProgram(text, file, sizes, &out.annotations, check_input);
   const ProgramAnnotations& a = out.annotations;
@@ -107,16 +108,19 @@ TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view fil
                                         at(name), name, program.type(id).ToString()));
     }
     auto init = a.initializers.find(name);
-    if (init == a.initializers.end()) {
+    if (init == a.initializers.end() && !loaded_by_default) {
       missing.push_back(fmt::format("%{} ({})", name, at(name)));
       continue;
     }
-    params.push_back(SpecOf(program, id, init->second, static_cast<int64_t>(params.size())));
+    const Initializer loaded{"loaded", {}};
+    params.push_back(SpecOf(program, id, init == a.initializers.end() ? loaded : init->second,
+                            static_cast<int64_t>(params.size())));
   }
   if (!missing.empty()) {
     throw InvalidArgument(fmt::format(
         "{}: {} without an initializer: {}. Write one after the type, e.g. `param %w: f32[16, 32] "
-        "= normal(0, 0.02)` (or zeros, ones, uniform(low, high), loaded for --init-from)",
+        "= normal(0, 0.02)` (or zeros, ones, uniform(low, high), loaded), or give --init-from a "
+        "file that holds every parameter",
         file, missing.size() == 1 ? "a parameter" : "parameters", fmt::join(missing, ", ")));
   }
   for (ValueId id : program.inputs()) {

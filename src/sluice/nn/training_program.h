@@ -47,9 +47,12 @@ struct TrainingProgram {
 // Parses `text` (labelled `file` in errors) with its sizes bound to `sizes` and describes it as a
 // Model. The loss is the output named "loss", or else the program's only output; it must be a
 // float scalar.
-// `check_input` sees each input as it is declared (ir/text_format.h InputCheck).
+// `check_input` sees each input as it is declared (ir/text_format.h InputCheck). With
+// `loaded_by_default` (a run given --init-from), a parameter written without an initializer is
+// `loaded`: the file must hold it.
 TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view file,
-                                     const SizeBindings& sizes, const InputCheck& check_input = {});
+                                     const SizeBindings& sizes, const InputCheck& check_input = {},
+                                     bool loaded_by_default = false);
 
 // The text of `model` as a training program: each parameter with its initializer, each input with
 // the data array `data` names for it (none where that is the input's own name), units as built.

@@ -97,7 +97,8 @@ std::string ArrayNames(const ArraySource& source) {
 
 class ProgramTask final : public Task {
  public:
-  explicit ProgramTask(const TrainConfig& c) : path_(c.program) {
+  explicit ProgramTask(const TrainConfig& c)
+      : path_(c.program), loaded_by_default_(!c.init_from.empty()) {
     text_ = ReadWholeFile("program file", c.program);
     const int64_t micro = c.batch / std::max<int64_t>(c.microbatches, 1);
     seq_ = c.gpt.seq;  // T of data without sequences: --seq, when given
@@ -223,7 +224,8 @@ class ProgramTask final : public Task {
         text_, path_, Sizes(batch),
         [&](const std::string& input, const TensorType& declared, const std::string& array) {
           CheckInput(input, declared, array, batch);
-        });
+        },
+        loaded_by_default_);
   }
 
   void CheckInput(const std::string& input, const TensorType& declared, const std::string& array,
@@ -259,6 +261,7 @@ class ProgramTask final : public Task {
   }
 
   std::string path_;
+  bool loaded_by_default_;  // --init-from given: parameters without an initializer are loaded
   std::string text_;
   std::unique_ptr<ArraySource> source_;
   int64_t seq_ = 0;  // T; 0 when the data has no sequences and --seq is not given

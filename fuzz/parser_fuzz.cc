@@ -6,7 +6,8 @@
 //     this function and libFuzzer reports it as a crash; so does a ParseError that wraps an
 //     internal error of an op's inference. Crashes, hangs, sanitizer reports and huge allocations
 //     are bugs too.
-//   * A parsed program prints to text that parses again and prints identically.
+//   * A parsed program prints to text that parses again and prints identically, with what it
+//     says for training (sizes B = 3 and T = 5 bound, initializers, data arrays, units).
 //
 // Run: make fuzz (FUZZ_SECONDS=300 for longer), or build-fuzz/fuzz/parser_fuzz
 // -dict=fuzz/parser.dict CORPUS_DIR fuzz/corpus/parser. Add each input that found a bug to
@@ -36,8 +37,11 @@ namespace {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   std::string printed;
+  const sluice::SizeBindings sizes{{"B", 3}, {"T", 5}};
   try {
-    printed = sluice::PrintProgram(sluice::ParseProgram(text, "fuzz"));
+    sluice::ProgramAnnotations annotations;
+    printed =
+        sluice::PrintProgram(sluice::ParseProgram(text, "fuzz", sizes, &annotations), &annotations);
   } catch (const sluice::ParseError& e) {
     // "fuzz:L:C: internal error in <op> ...": the parser's wrapping of an exception that is not a
     // sluice::Error (user text never starts a message, so it cannot fake this).
@@ -50,7 +54,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::string reprinted;
   try {
-    reprinted = sluice::PrintProgram(sluice::ParseProgram(printed, "reprinted"));
+    sluice::ProgramAnnotations annotations;
+    reprinted = sluice::PrintProgram(sluice::ParseProgram(printed, "reprinted", {}, &annotations),
+                                     &annotations);
   } catch (const sluice::Error& e) {
     Die("the printed program does not parse", std::string(e.what()) + "\n--- printed:\n" + printed);
   }

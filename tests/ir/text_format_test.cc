@@ -359,10 +359,16 @@ TEST(TextFormat, FuzzSeedCorpusParsesOrFailsCleanly) {
     ++count;
     std::ifstream in(entry.path(), std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // As the fuzzer reads them: sizes B and T bound, annotations printed back.
+    const SizeBindings sizes{{"B", 3}, {"T", 5}};
     if (entry.path().filename().string().starts_with("valid_")) {
-      ExpectStable(text, entry.path().string());
+      ProgramAnnotations a, b;
+      const std::string printed =
+          PrintProgram(ParseProgram(text, entry.path().string(), sizes, &a), &a);
+      EXPECT_EQ(PrintProgram(ParseProgram(printed, "reprinted", {}, &b), &b), printed)
+          << entry.path();
     } else {
-      EXPECT_THROW(ParseProgram(text, entry.path().string()), ParseError) << entry.path();
+      EXPECT_THROW(ParseProgram(text, entry.path().string(), sizes), ParseError) << entry.path();
     }
   }
   EXPECT_GT(count, 0);

@@ -86,7 +86,9 @@ class Builder {
   class Unit {
    public:
     Unit(Builder& b, std::string name) : b_(b) { b_.program_.BeginUnit(std::move(name)); }
-    ~Unit() { b_.program_.EndUnit(); }
+    ~Unit() {
+      if (b_.program_.unit_open()) b_.program_.EndUnit();  // Build() may have taken the program
+    }
     Unit(const Unit&) = delete;
     Unit& operator=(const Unit&) = delete;
 

@@ -1,0 +1,149 @@
+// Parity of an imported PyTorch module (tools/torch_export.py, docs/torch-export.md) with PyTorch
+// training that very module: for each model of tests/parity/torch_models.py, the exporter writes
+// model.sluice and init.safetensors; a Trainer runs the program (`--program ... --init-from ...
+// --data sort --threads 1`, AdamW, constant lr, no clipping) for ten steps and saves a
+// checkpoint; tests/parity/torch_import_reference.py trains the module in PyTorch from the same
+// weights on the same batches, and loads sluice's checkpoint back into a fresh module.
+//
+//   losses          the ten per-step losses, 1e-5 relative
+//   final weights   1e-4 of each tensor's largest entry plus 2e-2 of the AdamW steps taken
+//                   (lr · steps: the key bias, whose gradient is rounding noise)
+//   weights back    PyTorch's loss of the module holding sluice's checkpoint, on the batch of the
+//                   step after it, against the loss sluice computes in that step: 1e-5 relative
+//
+// Skipped, saying so, without python3-torch (/usr/bin/python3 -c 'import torch').
+#include <cstdlib>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "sluice/io/safetensors.h"
+#include "sluice/step/task.h"
+#include "sluice/train/trainer.h"
+#include "source_dir.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kSteps = 10;
+
+std::string SourceDir() { return testing_support::SourceDir().string(); }
+
+bool HaveTorch() { return std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") == 0; }
+
+// The run: kSteps steps and one more whose loss is the checkpoint's, on one batch per step.
+TrainConfig ImportConfig(const std::string& dir) {
+  TrainConfig c;
+  c.model = "program";
+  c.program = dir + "/model.sluice";
+  c.init_from = dir + "/init.safetensors";
+  c.data = "sort";
+  c.steps = kSteps + 1;
+  c.batch = 4;
+  c.microbatches = 1;
+  c.optimizer = {.kind = OptimizerKind::kAdamW,
+                 .lr = 1e-2,
+                 .beta1 = 0.9,
+                 .beta2 = 0.99,
+                 .eps = 1e-8,
+                 .weight_decay = 0.0,
+                 .clip_norm = 0.0,
+                 .schedule = LrSchedule::kConstant,
+                 .warmup_steps = 0};
+  c.seed = 7;
+  c.threads = 1;
+  c.eval_every = 0;
+  return c;
+}
+
+double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+
+class TorchImportParity : public testing::TestWithParam<const char*> {};
+
+TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
+  if (!HaveTorch()) {
+    GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it): "
+                    "tools/torch_export.py needs it";
+  }
+  const std::string model = GetParam();
+  const std::string spec = SourceDir() + "/tests/parity/torch_models.py:" + model;
+  const std::string dir = ::testing::TempDir() + "/torch_import_" + model;
+  std::filesystem::remove_all(dir);
+  const std::string export_cmd =
+      fmt::format("/usr/bin/python3 {}/tools/torch_export.py {} --batch 4 --seq 12 --out {}",
+                  SourceDir(), spec, dir);
+  ASSERT_EQ(std::system(export_cmd.c_str()), 0) << "the exporter failed: " << export_cmd;
+
+  const TrainConfig config = ImportConfig(dir);
+  std::map<std::string, Tensor> batches;
+  {
+    std::unique_ptr<Task> task = MakeTask(config);
+    for (int64_t s = 0; s < config.steps; ++s) {
+      Scope scope;
+      task->BindBatch(scope, DataSplit::kTrain, s, config.batch, config.seed);
+      batches.emplace(fmt::format("tokens.{}", s), scope.Take("tokens"));
+      batches.emplace(fmt::format("targets.{}", s), scope.Take("targets"));
+    }
+  }
+  Trainer trainer(config);
+  std::vector<double> losses;
+  for (int64_t s = 0; s < kSteps; ++s) losses.push_back(trainer.Step().loss);
+  const std::string checkpoint = dir + "/trained.safetensors";
+  trainer.SaveCheckpoint(checkpoint);
+  std::map<std::string, Tensor> trained;
+  for (const std::string& name : trainer.ParamNames()) trained.emplace(name, trainer.Value(name).Clone());
+  const double next_loss = trainer.Step().loss;  // the checkpoint's weights on batch kSteps
+
+  const OptimizerConfig& o = config.optimizer;
+  const nlohmann::json reference_config = {{"steps", kSteps},         {"lr", o.lr},
+                                           {"beta1", o.beta1},         {"beta2", o.beta2},
+                                           {"eps", o.eps},             {"weight_decay", o.weight_decay}};
+  const std::string in_path = dir + "/reference_input.safetensors",
+                    out_path = dir + "/reference_output.safetensors";
+  WriteSafetensors(in_path, batches, {{"config", reference_config.dump()}});
+  const std::string cmd =
+      fmt::format("/usr/bin/python3 {}/tests/parity/torch_import_reference.py {} {} {} {} {}",
+                  SourceDir(), spec, in_path, config.init_from, checkpoint, out_path);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the PyTorch reference failed: " << cmd;
+  const SafetensorsFile ref = ReadSafetensors(out_path);
+
+  const Tensor& ref_losses = ref.tensors.at("losses");
+  ASSERT_EQ(ref_losses.numel(), kSteps);
+  double worst_loss = 0;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    const double r = Relative(losses[static_cast<size_t>(s)], ref_losses.FlatAt(s));
+    worst_loss = std::max(worst_loss, r);
+    EXPECT_LE(r, 1e-5) << "loss of step " << s + 1 << ": sluice " << losses[static_cast<size_t>(s)]
+                       << " vs PyTorch " << ref_losses.FlatAt(s);
+  }
+  double worst_weight = 0;
+  for (const auto& [name, mine] : trained) {
+    const Tensor& theirs = ref.tensors.at("final." + name);
+    ASSERT_EQ(mine.numel(), theirs.numel()) << name;
+    double diff = 0, scale = 1e-12;
+    for (int64_t i = 0; i < mine.numel(); ++i) {
+      diff = std::max(diff, std::abs(mine.FlatAt(i) - theirs.FlatAt(i)));
+      scale = std::max(scale, std::abs(theirs.FlatAt(i)));
+    }
+    worst_weight = std::max(worst_weight, diff / scale);
+    // The attention key bias has a true gradient of zero (softmax ignores a shift shared by every
+    // key): AdamW turns its rounding noise into steps of up to lr that differ between frameworks.
+    EXPECT_LE(diff, 1e-4 * scale + 2e-2 * o.lr * kSteps) << name << " after step " << kSteps;
+  }
+  const double back = ref.tensors.at("checkpoint_loss").FlatAt(0);
+  EXPECT_LE(Relative(back, next_loss), 1e-5)
+      << "PyTorch's loss with sluice's checkpoint loaded, " << back << ", vs sluice's " << next_loss;
+  fmt::print("{}: largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}, "
+             "loss with the checkpoint loaded back {:.2e}\n",
+             model, worst_loss, worst_weight, Relative(back, next_loss));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TorchImportParity, testing::Values("gpt", "mlp_lm"),
+                         [](const testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param);
+                         });
+
+}  // namespace
+}  // namespace sluice

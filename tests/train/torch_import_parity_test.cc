@@ -93,13 +93,14 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
   const std::string checkpoint = dir + "/trained.safetensors";
   trainer.SaveCheckpoint(checkpoint);
   std::map<std::string, Tensor> trained;
-  for (const std::string& name : trainer.ParamNames()) trained.emplace(name, trainer.Value(name).Clone());
+  for (const std::string& name : trainer.ParamNames())
+    trained.emplace(name, trainer.Value(name).Clone());
   const double next_loss = trainer.Step().loss;  // the checkpoint's weights on batch kSteps
 
   const OptimizerConfig& o = config.optimizer;
-  const nlohmann::json reference_config = {{"steps", kSteps},         {"lr", o.lr},
-                                           {"beta1", o.beta1},         {"beta2", o.beta2},
-                                           {"eps", o.eps},             {"weight_decay", o.weight_decay}};
+  const nlohmann::json reference_config = {{"steps", kSteps},  {"lr", o.lr},
+                                           {"beta1", o.beta1}, {"beta2", o.beta2},
+                                           {"eps", o.eps},     {"weight_decay", o.weight_decay}};
   const std::string in_path = dir + "/reference_input.safetensors",
                     out_path = dir + "/reference_output.safetensors";
   WriteSafetensors(in_path, batches, {{"config", reference_config.dump()}});
@@ -133,11 +134,12 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
     EXPECT_LE(diff, 1e-4 * scale + 2e-2 * o.lr * kSteps) << name << " after step " << kSteps;
   }
   const double back = ref.tensors.at("checkpoint_loss").FlatAt(0);
-  EXPECT_LE(Relative(back, next_loss), 1e-5)
-      << "PyTorch's loss with sluice's checkpoint loaded, " << back << ", vs sluice's " << next_loss;
-  fmt::print("{}: largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}, "
-             "loss with the checkpoint loaded back {:.2e}\n",
-             model, worst_loss, worst_weight, Relative(back, next_loss));
+  EXPECT_LE(Relative(back, next_loss), 1e-5) << "PyTorch's loss with sluice's checkpoint loaded, "
+                                             << back << ", vs sluice's " << next_loss;
+  fmt::print(
+      "{}: largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}, "
+      "loss with the checkpoint loaded back {:.2e}\n",
+      model, worst_loss, worst_weight, Relative(back, next_loss));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportParity, testing::Values("gpt", "mlp_lm"),

@@ -49,6 +49,20 @@ Initializer InitializerOf(const ParamSpec& spec) {
 
 }  // namespace
 
+std::vector<std::string> SquareInSequence(const Program& p, int64_t T) {
+  std::vector<std::string> out;
+  if (T <= 1) return out;  // at T = 1 every value would look square
+  for (size_t i = 0; i < p.values().size(); ++i) {
+    const auto id = static_cast<ValueId>(i);
+    if (p.value(id).kind != ValueKind::kIntermediate) continue;
+    const Shape& s = p.type(id).shape;
+    if (s.rank() >= 3 && s[s.rank() - 1] == T && s[s.rank() - 2] == T) {
+      out.push_back(p.value(id).name);
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> UnitInputs(const Program& p) {
   std::vector<std::string> kept;
   std::set<ValueId> seen;
@@ -130,6 +144,9 @@ TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view fil
   }
   out.model.loss = program.value(*loss).name;
   out.model.block_inputs = UnitInputs(program);
+  if (auto t = sizes.find("T"); t != sizes.end()) {
+    out.model.attention_values = SquareInSequence(program, t->second);
+  }
   out.model.params = std::move(params);
   out.model.forward = std::move(program);
   return out;
@@ -275,6 +292,9 @@ Model SliceTrainingModel(const Model& whole, const UnitRange& r) {
   if (q.unit_open()) q.EndUnit();
   q.AddOutput(map[static_cast<size_t>(y != kNoValue ? y : loss)]);
   m.block_inputs = UnitInputs(q);
+  for (const std::string& name : whole.attention_values) {
+    if (q.Find(name)) m.attention_values.push_back(name);
+  }
   return m;
 }
 

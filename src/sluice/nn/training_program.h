@@ -17,7 +17,7 @@
 // A Model made from such a text is like a built-in one: parameter i (in declaration order) draws
 // from MixSeed(seed, 100, i), so --seed fixes every weight; a parameter used by several
 // instructions (tied weights) gets the sum of their gradients from autodiff; each unit's inputs
-// are the values a full recompute keeps.
+// are the values a full recompute keeps, and values [..., T, T] those a selective one never keeps.
 //
 // Failures: ParseError at file:line:col for bad text (ir/text_format.h), InvalidArgument naming the
 // file for a program training cannot use (no scalar float loss output, a parameter without an
@@ -85,6 +85,11 @@ std::vector<double> EstimateUnitCosts(const Program& program);
 
 // The program's unit names with their EstimateUnitCosts.
 ModelUnits UnitsOf(const Program& program);
+
+// The values of `program` whose last two axes are both the sequence length T ([B, H, T, T]:
+// attention scores and probabilities, which grow with T²): what `--recompute selective` never
+// keeps (Model::attention_values). Empty when T is 1.
+std::vector<std::string> SquareInSequence(const Program& program, int64_t T);
 
 // The values a full recompute keeps for `program`: the values each unit reads that an instruction
 // before the unit computed (the residual stream of a transformer, one per block).

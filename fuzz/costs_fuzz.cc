@@ -1,5 +1,5 @@
 // Fuzz target for the costs file of `sluice train --profile-out` that `sluice simulate --costs`
-// reads (pipeline/step_costs.h: CostsFromJson, CostsToJson; pipeline/step_simulator.h).
+// reads (schedule/step_costs.h: CostsFromJson, CostsToJson; schedule/step_simulator.h).
 //
 // Input: the file's text. For every input that is JSON:
 //   * CostsFromJson returns costs or throws InvalidArgument. Any other exception escapes and
@@ -14,7 +14,7 @@
 //
 // Run: make fuzz (FUZZ_SECONDS=300 for longer), or build-fuzz/fuzz/costs_fuzz
 // -dict=fuzz/costs.dict CORPUS_DIR fuzz/corpus/costs. Add each input that found a bug to
-// tests/pipeline/step_simulator_test.cc.
+// tests/schedule/step_simulator_test.cc.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -24,9 +24,9 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
-#include "sluice/pipeline/schedules.h"
-#include "sluice/pipeline/step_costs.h"
-#include "sluice/pipeline/step_simulator.h"
+#include "sluice/schedule/schedules.h"
+#include "sluice/schedule/step_costs.h"
+#include "sluice/schedule/step_simulator.h"
 
 namespace {
 

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/train/single_stage.h"
 #include "sluice/train/trainer.h"
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/comm/communicator.h"
-#include "sluice/pipeline/schedules.h"
+#include "sluice/schedule/schedules.h"
 #include "sluice/train/trainer.h"
 #include "trained_run.h"
 

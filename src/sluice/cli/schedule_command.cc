@@ -1,4 +1,4 @@
-// `sluice schedule`: prints a pipeline schedule (pipeline/schedules.h) before anything runs it —
+// `sluice schedule`: prints a pipeline schedule (schedule/schedules.h) before anything runs it —
 // as the action grid, ranks × time steps at unit cost with the in-flight micro-batches and the
 // bubble of every rank, or with --format json as the full action lists (sends and receives
 // included) that the stage runtime executes. Every printed schedule has passed the validator.
@@ -19,8 +19,8 @@
 #include "sluice/cli/commands.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
-#include "sluice/pipeline/schedule_format.h"
-#include "sluice/pipeline/schedules.h"
+#include "sluice/schedule/schedule_format.h"
+#include "sluice/schedule/schedules.h"
 
 namespace sluice::cli {
 

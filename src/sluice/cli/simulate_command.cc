@@ -1,5 +1,5 @@
 // `sluice simulate`: the job's pipeline step replayed by the step simulator
-// (pipeline/step_simulator.h) with measured or unit costs, beside every stage's memory forecast;
+// (schedule/step_simulator.h) with measured or unit costs, beside every stage's memory forecast;
 // --compare ranks schedules by predicted step time.
 #include <algorithm>
 #include <cmath>
@@ -13,9 +13,10 @@
 #include "sluice/cli/train_options.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
+#include "sluice/pipeline/cost_profiler.h"
 #include "sluice/pipeline/memory_forecast.h"
-#include "sluice/pipeline/schedule_analysis.h"
-#include "sluice/pipeline/step_simulator.h"
+#include "sluice/schedule/schedule_analysis.h"
+#include "sluice/schedule/step_simulator.h"
 #include "sluice/step/memory_budget.h"
 
 namespace sluice::cli {
@@ -253,7 +254,7 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
   return 0;
 }
 
-// `sluice simulate`: the job's step replayed by the step simulator (pipeline/step_simulator.h) with
+// `sluice simulate`: the job's step replayed by the step simulator (schedule/step_simulator.h) with
 // measured or unit costs, beside the memory forecast of every stage.
 int RunSimulate(TrainArgs& a) {
   a.pipeline = true;

@@ -9,7 +9,7 @@
 #include "sluice/cli/commands.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
-#include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/schedule/schedule_analysis.h"
 #include "sluice/step/config_checks.h"
 #include "sluice/step/program_task.h"
 

@@ -38,7 +38,7 @@
 #include <string>
 #include <vector>
 
-#include "sluice/pipeline/pipeline_engine.h"
+#include "sluice/pipeline/layout.h"
 #include "sluice/step/memory_replay.h"
 
 namespace sluice::pipeline {

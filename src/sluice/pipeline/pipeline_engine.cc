@@ -17,8 +17,9 @@
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/pipeline/cost_profiler.h"
 #include "sluice/pipeline/memory_forecast.h"
-#include "sluice/pipeline/step_simulator.h"
+#include "sluice/schedule/step_simulator.h"
 #include "sluice/step/stage_program.h"
 
 namespace sluice::pipeline {
@@ -85,42 +86,6 @@ struct PipelineEngine::Impl {
   void WriteTrace(const std::vector<StageStep>& steps, int first_stage,
                   const std::string& path) const;
 };
-
-PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& options,
-                              int replicas) {
-  const TrainConfig& config = ctx.config;
-  const int P = options.stages;
-  const int64_t micro_batch_size = config.batch / config.microbatches;
-  if (micro_batch_size % replicas != 0) {
-    throw InvalidArgument(fmt::format(
-        "--data-parallel {} must divide the {} sequences of a micro-batch (--batch {} / "
-        "--microbatches {})",
-        replicas, micro_batch_size, config.batch, config.microbatches));
-  }
-  PipelineLayout out;
-  StageSetup& setup = out.setup;
-  setup.config = &config;
-  setup.task = &ctx.task;
-  setup.micro_batch_size = micro_batch_size / replicas;
-  setup.units = ctx.task.Units(setup.micro_batch_size);
-  setup.seq_len = ctx.task.seq_len();
-  setup.schedule = MakeSchedule({.kind = options.schedule,
-                                 .stages = P,
-                                 .micro_batches = static_cast<int>(config.microbatches),
-                                 .chunks = options.chunks,
-                                 .post_receives_ahead = options.post_receives_ahead});
-  const int S = setup.schedule.virtual_stages();
-  const Placement placement = setup.schedule.v_shape ? Placement::kVShape : Placement::kLooped;
-  out.partition = options.layout.empty()
-                      ? PartitionUnits(setup.units, S, options.partition, placement)
-                      : ParseLayout(options.layout, setup.units, S, placement);
-  out.layout = FormatLayout(out.partition, setup.units.names);
-  setup.slices = out.partition.stages;
-  for (const ParamSpec& p : ctx.model.params) setup.model_params.push_back(p.name);
-  setup.release_outputs = options.release_outputs;
-  setup.fault = options.fault;
-  return out;
-}
 
 PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options)
     : impl_(std::make_unique<Impl>()) {

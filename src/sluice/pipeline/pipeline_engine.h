@@ -1,4 +1,4 @@
-// PipelineEngine: the step engine (train/step_engine.h) of `sluice train --stages P`. The GPT is
+// PipelineEngine: the step engine (step/step_engine.h) of `sluice train --stages P`. The GPT is
 // split into P·V virtual stages (partition.h), every rank runs on its own thread with its own
 // allocator, interpreter and GC (stage_runtime.h), and micro-batches flow through a schedule
 // (schedules.h) over the in-process communicator (comm/local.h).
@@ -44,43 +44,13 @@
 #include <vector>
 
 #include "sluice/comm/mpi.h"
+#include "sluice/pipeline/layout.h"
 #include "sluice/pipeline/partition.h"
-#include "sluice/pipeline/schedules.h"
 #include "sluice/pipeline/stage_runtime.h"
+#include "sluice/schedule/schedules.h"
 #include "sluice/step/step_engine.h"
 
 namespace sluice::pipeline {
-
-struct PipelineOptions {
-  int stages = 1;  // P
-  ScheduleKind schedule = ScheduleKind::kOneFOneB;
-  int chunks = 0;  // V; 0: the schedule's default
-  PartitionKind partition = PartitionKind::kUniform;
-  std::string layout;  // explicit layout (partition.h syntax); overrides `partition`
-  bool release_outputs = true;
-  // ScheduleOptions::post_receives_ahead (schedules.h): each RECV listed right after the rank's
-  // previous message, for sends that block until their receive is posted. Off by default: this
-  // runtime's sends never block, so it only holds receive buffers longer (docs/pipeline.md).
-  bool post_receives_ahead = false;
-  std::chrono::milliseconds timeout = std::chrono::seconds(60);  // a receive waiting longer fails
-  std::string trace_path;  // Chrome trace of the last step; empty: none
-  // Costs of every step but the first (warm-up) as JSON (step_simulator.h), written after the
-  // last step; empty: none. In-process ranks only.
-  std::string profile_path;
-  FaultInjection fault;  // tests only
-
-  // Distributed (MPI, docs/mpi.md): this process runs one rank. World rank w is stage w mod P of
-  // replica w div P; `pipe` joins the P stages of this replica (rank = stage), `data` the D
-  // replicas of this stage (rank = replica; null when D = 1), `world` all P·D processes (rank 0
-  // leads: metrics, evaluation, checkpoint index). The communicators outlive the engine.
-  struct Distributed {
-    Communicator* world = nullptr;
-    Communicator* pipe = nullptr;
-    Communicator* data = nullptr;
-    int replicas = 1;  // D
-  };
-  std::optional<Distributed> distributed;  // empty: every rank on a thread of this process
-};
 
 // One rank over the steps run so far.
 struct StageReport {
@@ -127,20 +97,6 @@ class PipelineEngine final : public StepEngine {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// How `sluice train --stages P` lays the model out: the schedule, the partition and what every
-// rank is built from (threads, replica and communicators left for the engine to fill). The one
-// source of the engine and of the memory forecast (memory_forecast.h). Throws InvalidArgument for
-// a model without units, `replicas` not dividing a micro-batch, a parameter read by two virtual
-// stages (tied weights the cut separates), and what MakeSchedule, the partitioner and
-// Task::BuildPiece throw.
-struct PipelineLayout {
-  StageSetup setup;
-  Partition partition;
-  std::string layout;  // FormatLayout(partition, unit names): "embed,h.0-1|h.2-3,head"
-};
-PipelineLayout LayOutPipeline(const EngineContext& context, const PipelineOptions& options,
-                              int replicas);
 
 // For Trainer(config, PipelineEngineFactory(options)).
 EngineFactory PipelineEngineFactory(PipelineOptions options);

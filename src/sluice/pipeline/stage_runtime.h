@@ -60,7 +60,7 @@
 #include "sluice/core/error.h"
 #include "sluice/core/memory_stats.h"
 #include "sluice/nn/model.h"
-#include "sluice/pipeline/schedule.h"
+#include "sluice/schedule/schedule.h"
 #include "sluice/step/stage_program.h"
 #include "sluice/step/task.h"
 #include "sluice/step/train_config.h"

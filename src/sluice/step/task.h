@@ -1,6 +1,6 @@
 // Task: what differs between the models `sluice train` trains — how the model is built, how a
 // batch is bound into a scope, and how accuracy is measured — behind one interface, so the
-// trainer and the step engines (train/step_engine.h) need not know which model they run.
+// trainer and the step engines (step/step_engine.h) need not know which model they run.
 //
 //   gpt  a GPT (nn/gpt.h) on the sort task or a text file: inputs "ids", "targets" [B, T] (i64)
 //   mlp  an MLP classifier (nn/mlp.h) on Gaussian blobs: inputs "x" [B, F], "labels" [B] (i64)

@@ -2,7 +2,7 @@
 // zb-v from 2P − 1), V ∈ {2, 3} (interleaved): each schedule validates, has the promised shape,
 // and meets the closed forms for in-flight micro-batches and bubble (v-half and v-min: the
 // paper's activation memory, and the bubble for M ≥ 2P); impossible requests fail naming the fix.
-#include "sluice/pipeline/schedules.h"
+#include "sluice/schedule/schedules.h"
 
 #include <algorithm>
 #include <array>
@@ -13,9 +13,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "sluice/pipeline/building_block.h"
-#include "sluice/pipeline/schedule_analysis.h"
-#include "sluice/pipeline/validator.h"
+#include "sluice/schedule/building_block.h"
+#include "sluice/schedule/schedule_analysis.h"
+#include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
 namespace {

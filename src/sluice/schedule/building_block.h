@@ -47,7 +47,7 @@
 
 #include <vector>
 
-#include "sluice/pipeline/schedule.h"
+#include "sluice/schedule/schedule.h"
 
 namespace sluice::pipeline {
 

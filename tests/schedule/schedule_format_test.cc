@@ -1,5 +1,5 @@
 // The action grid and the JSON form of a schedule.
-#include "sluice/pipeline/schedule_format.h"
+#include "sluice/schedule/schedule_format.h"
 
 #include <sstream>
 #include <string>
@@ -7,9 +7,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "pipeline/schedule_text.h"
-#include "sluice/pipeline/schedules.h"
-#include "sluice/pipeline/validator.h"
+#include "schedule/schedule_text.h"
+#include "sluice/schedule/schedules.h"
+#include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
 namespace {

@@ -1,11 +1,11 @@
-#include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/schedule/schedule_analysis.h"
 
 #include <algorithm>
 #include <deque>
 #include <limits>
 #include <utility>
 
-#include "sluice/pipeline/validator.h"
+#include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
 

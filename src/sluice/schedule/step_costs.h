@@ -1,7 +1,7 @@
 // Step costs: what one training step of a pipeline costs, per rank and chunk — the input of the
 // step simulator (step_simulator.h). Unit costs (the theory figures), or costs measured by a real
-// run: `sluice train --profile-out` collects them (CostProfiler) and writes a costs file
-// (CostsToJson; format in docs/simulator.md), `sluice simulate --costs` reads it back
+// run: `sluice train --profile-out` collects them (pipeline/cost_profiler.h) and writes a costs
+// file (CostsToJson; format in docs/simulator.md), `sluice simulate --costs` reads it back
 // (ReadCostsFile: every missing, mistyped or negative entry is an error naming the entry).
 //
 // A profile holds two things: per rank and chunk the medians of F, B and W (with the means of the
@@ -14,7 +14,7 @@
 // that splits the backward into B and W, were measured split (an unsplit B costs B + W).
 // CheckCostsCover throws InvalidArgument naming the mismatch and what to measure instead.
 //
-// Thread-safety: plain values and pure functions; one CostProfiler per run, used by one thread.
+// Thread-safety: plain values and pure functions.
 //
 // Example:
 //   StepCosts c = ReadCostsFile("costs.json");
@@ -27,8 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sluice/pipeline/schedule.h"
-#include "sluice/pipeline/stage_runtime.h"
+#include "sluice/schedule/schedule.h"
 
 namespace sluice::pipeline {
 
@@ -115,64 +114,10 @@ void CheckCostsCover(const StepCosts& costs, const Schedule& schedule);
 // Throws InvalidArgument naming the first field of costs.job that `job` has with another value.
 void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job);
 
-// What a costs file says it was measured on, for CheckCostsJob: the model's shape, the
-// micro-batch, the layout of the layers, the recompute policies and the threads.
-nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout);
-
 // Costs files (docs/simulator.md): JSON, written by `sluice train --profile-out`.
 nlohmann::ordered_json CostsToJson(const StepCosts& costs);
 // Throws InvalidArgument naming `source` and the entry for a missing, mistyped or negative entry.
 StepCosts CostsFromJson(const nlohmann::json& json, const std::string& source);
 StepCosts ReadCostsFile(const std::string& path);
-
-// Collects the profile of a run's steps (StageStep::computes, posts) per rank and makes costs of
-// them: medians over every sample of the computes and posts; means of the waits between computes
-// (overhead_ms, wake_ms, allreduce_ms: their sum is what they cost a step, long tail included);
-// and the first kMaxRecordedSteps steps compute by compute (Add only).
-// The means are robust to a few stalled steps (Add only): when at least half of the steps ran
-// with a core per stage — no stage thread waited for a core kCoreWaitShareNoted of the step's
-// span or more (StageStep::core_wait_ns) — the waits' means are of those steps alone. A step in
-// which other work took the cores holds waits of another machine (a woken thread waiting for a
-// core), and two such steps of 19 made wake_ms 25 times its value (docs/simulator.md); the
-// medians and the run's measured figures leave such steps out by themselves. measured
-// "steps_without_core_wait" says how many steps those were.
-// wake_ms and allreduce_ms need every rank's step on one clock (Add): AddRank leaves them 0 (a
-// distributed run joins its ranks' all-reduces itself: RankAllReduceMs).
-class CostProfiler {
- public:
-  CostProfiler(const Schedule& schedule, nlohmann::json job);
-  // One step of every rank ([P]) and its wall time in the engine.
-  void Add(const std::vector<StageStep>& steps, int64_t step_wall_ns);
-  // The same in two parts, for a distributed run whose process knows only its own rank's step:
-  // rank r's step and the step's span (StepSpanNs: there, the slowest rank's wall), then the
-  // step's wall time in the engine beside its span (the difference is the step overhead).
-  void AddRank(int r, const StageStep& step, int64_t span_ns);
-  void AddStep(int64_t step_wall_ns, int64_t span_ns);
-  StepCosts Costs() const;
-  // The duration of OPT's all-reduce on each rank AddRank was given, in order (ms): one per step
-  // in a distributed process, whose ranks' figures GatherCosts joins — the last rank to reach
-  // the all-reduce waits least, so the shortest of a step's is its all-reduce.
-  const std::vector<double>& RankAllReduceMs() const { return rank_allreduce_ms_; }
-
- private:
-  void Record(const std::vector<StageStep>& steps, int64_t step_wall_ns, int64_t span_ns);
-
-  const Schedule& schedule_;
-  nlohmann::json job_;
-  // [P][kind][V] wall and CPU samples; kind 0 F, 1 B, 2 W, 3 optimizer, 4 update.
-  std::vector<std::vector<std::vector<std::vector<int64_t>>>> wall_, cpu_;
-  std::vector<int64_t> post_, copy_, overhead_, step_wall_;
-  std::vector<int64_t> wake_, allreduce_;  // in-process runs only
-  // The same waits of the steps that ran with a core per stage (Add only), and their count.
-  std::vector<int64_t> own_core_wake_, own_core_allreduce_;
-  std::vector<std::vector<double>> own_core_overhead_;  // [P] per step, ns
-  int64_t own_core_steps_ = 0, added_steps_ = 0;
-  std::vector<std::vector<double>> bubble_;                // [P] per step
-  std::vector<std::vector<double>> core_wait_;             // [P] per step, ms (where known)
-  std::vector<std::vector<double>> overhead_per_compute_;  // [P] per step, ns
-  std::vector<RecordedStep> recorded_;                     // in-process runs only
-  std::vector<double> rank_allreduce_ms_;                  // AddRank's, in order
-  int64_t message_bytes_ = 0;
-};
 
 }  // namespace sluice::pipeline

@@ -34,7 +34,7 @@
 //   //   step 3 (SEND_B0>0) for rank 0, which waits at step 3 (SEND_F1>1)"
 #pragma once
 
-#include "sluice/pipeline/schedule.h"
+#include "sluice/schedule/schedule.h"
 
 namespace sluice::pipeline {
 

@@ -13,9 +13,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "sluice/pipeline/schedule_analysis.h"
-#include "sluice/pipeline/schedules.h"
-#include "sluice/pipeline/step_simulator.h"
+#include "sluice/schedule/schedule_analysis.h"
+#include "sluice/schedule/schedules.h"
+#include "sluice/schedule/step_simulator.h"
 
 namespace sluice::pipeline {
 namespace {

@@ -1,10 +1,10 @@
 // InFlightPeaks and Simulate on hand-written schedules whose figures can be checked by hand.
-#include "sluice/pipeline/schedule_analysis.h"
+#include "sluice/schedule/schedule_analysis.h"
 
 #include <gtest/gtest.h>
 
-#include "pipeline/schedule_text.h"
-#include "sluice/pipeline/schedules.h"
+#include "schedule/schedule_text.h"
+#include "sluice/schedule/schedules.h"
 
 namespace sluice::pipeline {
 namespace {

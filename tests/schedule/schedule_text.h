@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "sluice/pipeline/schedule.h"
+#include "sluice/schedule/schedule.h"
 
 namespace sluice::pipeline {
 

@@ -49,8 +49,8 @@
 #include <string>
 #include <vector>
 
-#include "sluice/pipeline/schedule.h"
-#include "sluice/pipeline/step_costs.h"
+#include "sluice/schedule/schedule.h"
+#include "sluice/schedule/step_costs.h"
 
 namespace sluice::pipeline {
 
@@ -101,7 +101,7 @@ struct SimulateOptions {
   bool validated = false;
   // Replay every action in the global order of start times, as ReplayInEventOrder does (the
   // reference; always so with shared cores), instead of rank by rank: the same times bit for bit
-  // (tests/pipeline/step_simulator_test.cc holds the two to it), several times slower at scale.
+  // (tests/schedule/step_simulator_test.cc holds the two to it), several times slower at scale.
   bool in_event_order = false;
   // 0: one replay of the medians. N > 0: N replays of costs drawn from the recorded steps
   // (StepCosts::recorded; draw_mode says how), each compute its own wall time — the waits that

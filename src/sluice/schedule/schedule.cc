@@ -1,4 +1,4 @@
-#include "sluice/pipeline/schedule.h"
+#include "sluice/schedule/schedule.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "sluice/pipeline/schedule_format.h"
+#include "sluice/schedule/schedule_format.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +8,8 @@
 
 #include <fmt/format.h>
 
-#include "sluice/pipeline/schedule_analysis.h"
-#include "sluice/pipeline/validator.h"
+#include "sluice/schedule/schedule_analysis.h"
+#include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
 

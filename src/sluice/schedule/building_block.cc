@@ -1,4 +1,4 @@
-#include "sluice/pipeline/building_block.h"
+#include "sluice/schedule/building_block.h"
 
 #include <algorithm>
 #include <array>

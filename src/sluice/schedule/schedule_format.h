@@ -34,7 +34,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "sluice/pipeline/schedule.h"
+#include "sluice/schedule/schedule.h"
 
 namespace sluice::pipeline {
 

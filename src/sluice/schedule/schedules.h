@@ -74,7 +74,7 @@
 #include <string_view>
 
 #include "sluice/core/enum_names.h"
-#include "sluice/pipeline/schedule.h"
+#include "sluice/schedule/schedule.h"
 
 namespace sluice::pipeline {
 

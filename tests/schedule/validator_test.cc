@@ -1,13 +1,13 @@
 // ValidateSchedule on hand-written schedules: each fault it must catch, and the rank, step and
 // action its message must name.
-#include "sluice/pipeline/validator.h"
+#include "sluice/schedule/validator.h"
 
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "pipeline/schedule_text.h"
+#include "schedule/schedule_text.h"
 
 namespace sluice::pipeline {
 namespace {

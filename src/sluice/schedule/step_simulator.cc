@@ -1,4 +1,4 @@
-#include "sluice/pipeline/step_simulator.h"
+#include "sluice/schedule/step_simulator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "sluice/pipeline/validator.h"
+#include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
 

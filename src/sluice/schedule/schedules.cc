@@ -1,4 +1,4 @@
-#include "sluice/pipeline/schedules.h"
+#include "sluice/schedule/schedules.h"
 
 #include <algorithm>
 #include <limits>
@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "sluice/pipeline/building_block.h"
-#include "sluice/pipeline/schedule_analysis.h"
-#include "sluice/pipeline/validator.h"
+#include "sluice/schedule/building_block.h"
+#include "sluice/schedule/schedule_analysis.h"
+#include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
 

@@ -1,4 +1,4 @@
-#include "sluice/pipeline/validator.h"
+#include "sluice/schedule/validator.h"
 
 #include <algorithm>
 #include <limits>

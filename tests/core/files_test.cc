@@ -139,5 +139,40 @@ TEST_F(Files, AReplacedOutputMayNotBeADeviceOrAPipe) {
   EXPECT_NO_THROW(CheckReplaceable("--save", (dir_ / "missing").string()));
 }
 
+TEST_F(Files, WriteFileAtomicReplacesWholeAndLeavesNoTemporary) {
+  const std::string path = Write("out.json", "old");
+  WriteFileAtomic("trace", path, "new content\n");
+  EXPECT_EQ(ReadWholeFile("trace", path), "new content\n");
+  // Only the file itself is left: the temporary was renamed over it.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+  // A temporary a killed writer left behind (no process has pid 999999999) is removed.
+  Write("out.json.tmp-999999999", "torn");
+  WriteFileAtomic("trace", path, "again");
+  EXPECT_FALSE(fs::exists(dir_ / "out.json.tmp-999999999"));
+}
+
+TEST_F(Files, WriteFileAtomicFailsNamingThePathAndKeepsNothingTorn) {
+  const std::string missing = (dir_ / "gone" / "r.html").string();
+  EXPECT_THAT(
+      ErrorOf<IoError>([&] { WriteFileAtomic("report", missing, "x"); }),
+      HasSubstr("cannot save report '" + missing + "': cannot create '" + missing + ".tmp-"));
+  // A device is written in place: /dev/full fails with its error, /dev/null takes the bytes.
+  EXPECT_THAT(ErrorOf<IoError>([&] { WriteFileAtomic("trace", "/dev/full", "x"); }),
+              HasSubstr("cannot save trace '/dev/full': write failed (No space left on device)"));
+  EXPECT_NO_THROW(WriteFileAtomic("trace", "/dev/null", "x"));
+}
+
+// Regression: a link to a pipe with no reader was followed and written in place, which blocked
+// for ever (BadInputCli.SaveNeverReplacesADeviceOrAPipe hung). The link itself is replaced.
+TEST_F(Files, WriteFileAtomicReplacesALinkInsteadOfFollowingIt) {
+  const std::string fifo = (dir_ / "fifo").string(), link = (dir_ / "link").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_symlink(fifo, link);
+  WriteFileAtomic("trace", link, "x");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(link)));
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_EQ(ReadWholeFile("trace", link), "x");
+}
+
 }  // namespace
 }  // namespace sluice

@@ -11,6 +11,9 @@
 #             went instead (every rank's rescue shard and the index), and it resumes bitwise
 #   profile   --profile-out under MPI (P = 2, and P = 2 × D = 2) writes rank 0's costs file of every
 #             stage, which sluice simulate reads
+#   signal    SIGINT to one rank (not rank 0): every rank stops after the same step (they agree
+#             before each step), exits 130, the sharded checkpoint is written, and it resumes
+#             bitwise (the losses of an uninterrupted in-process run)
 #   kill      kill -9 of one rank: every other process exits non-zero within 30 s
 #   timeout   a message that never comes: the job exits non-zero within seconds, naming the action
 #   launch    a world size other than P × D: a clear error before any work
@@ -168,6 +171,31 @@ PY
     mpi 4 "${args[@]}" --schedule zb-h1 --data-parallel 2 --steps 4 --profile-out "$dir/dp.json" \
       || fail "profiled P=2 x D=2"
     check_costs "$dir/dp.json"
+    ;;
+  signal)
+    timeout -k 5 120 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${small[@]}" --layers 4 --stages 2 \
+      --steps 100000000 --metrics "$dir/sig.jsonl" --save "$dir/sig.safetensors" >"$dir/out" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do [ -s "$dir/sig.jsonl" ] && break; sleep 0.1; done  # training has started
+    [ -s "$dir/sig.jsonl" ] || { cat "$dir/out"; kill -KILL "$job"; fail "the job did not start training"; }
+    victim=$(ps -eo pid=,args= | grep "[s]luice train --comm mpi" | grep -v -e mpirun -e mpiexec -e timeout \
+             | grep -F "$dir/sig.jsonl" | awk 'NR == 2 {print $1}')
+    [ -n "$victim" ] || { kill -KILL "$job"; fail "no rank process found"; }
+    kill -INT "$victim"
+    wait "$job"; rc=$?
+    tail -5 "$dir/out"
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job ended with status $rc"
+    [ "$(grep -c 'stopped by SIGINT after step' "$dir/out")" -ge 1 ] || fail "no stop message"
+    grep -q "internal error\|aborts" "$dir/out" && fail "a rank failed instead of stopping"
+    steps=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d["stopped"] == "SIGINT"; print(d["steps"])' "$dir/sig.jsonl") \
+      || fail "the metrics summary does not say the run stopped"
+    [ -f "$dir/sig.safetensors.index.json" ] || fail "no checkpoint index"
+    total=$((steps + 2))
+    "$sluice" train "${small[@]}" --layers 4 --stages 2 --steps "$total" --metrics "$dir/sig.jsonl" \
+      --resume "$dir/sig.safetensors" >"$dir/out" 2>&1 || { cat "$dir/out"; fail "resume failed"; }
+    "$sluice" train "${small[@]}" --layers 4 --stages 2 --steps "$total" --metrics "$dir/whole.jsonl" \
+      >"$dir/out" 2>&1 || { cat "$dir/out"; fail "the uninterrupted run failed"; }
+    compare "$dir/whole.jsonl" "$dir/sig.jsonl" 0
     ;;
   kill)
     SECONDS=0

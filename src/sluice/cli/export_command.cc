@@ -25,30 +25,7 @@
 
 namespace sluice::cli {
 
-namespace {
-
-// Writes `text` to a new file renamed over `path`, so that a failed write leaves what was there.
-void WriteTextAtomic(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp-{}", path, getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw IoError(fmt::format("--out {}: cannot write the program", path));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw IoError(fmt::format("--out {}: cannot replace the file", path));
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 CommandRunner SetupExportCommand(CLI::App& sub) {
   TrainOptions options = AddTrainOptions(sub);
@@ -68,7 +45,7 @@ CommandRunner SetupExportCommand(CLI::App& sub) {
     }
     CheckOutputPaths({}, {{"--out", *out, /*replaced=*/true}});
     const std::string text = ExportBuiltinProgram(c);
-    WriteTextAtomic(*out, text);
+    WriteFileAtomic("program", *out, text);  // a failed write leaves what was there
     fmt::print("wrote {} (--model {}): train it with sluice train --program {} --data {}\n", *out,
                c.model, *out, c.data);
     return 0;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sluice/cli/commands.h"
 #include "sluice/cli/file_checks.h"
@@ -30,6 +31,7 @@
 #include "sluice/schedule/step_simulator.h"
 #include "sluice/step/config_checks.h"
 #include "sluice/step/memory_budget.h"
+#include "sluice/train/stop_signals.h"
 #include "sluice/train/trainer.h"
 
 namespace sluice::cli {
@@ -73,6 +75,11 @@ class Progress {
       fmt::print(stderr, "  step {}/{}  loss {:.4f}  lr {:.2e}  {}  {:.1f} ms/step\n", r.step,
                  steps_, r.loss, r.lr, FormatRate(r.tokens_per_s), r.step_ms);
     }
+  }
+
+  // Ends a progress bar left mid-line (a run stopped early).
+  void EndLine() {
+    if (!quiet_ && tty_) fmt::print(stderr, "\n");
   }
 
   void OnEval(const EvalRecord& e) {
@@ -305,6 +312,8 @@ int RunTrain(TrainArgs& a) {
   }
   EngineFactory engine;
   if (a.pipeline) engine = pipeline::PipelineEngineFactory(a.pipe);
+  // From here a first SIGINT or SIGTERM stops training after the current step, with a checkpoint.
+  const StopSignals signals;
   Trainer trainer(c, engine);
   if (trainer.engine().leader()) {  // warnings, printed under --quiet too
     for (const std::string& w : trainer.warnings()) fmt::print(stderr, "sluice: warning: {}\n", w);
@@ -329,7 +338,45 @@ int RunTrain(TrainArgs& a) {
         }
         progress.OnStep(r);
       },
-      [&](const EvalRecord& e) { progress.OnEval(e); });
+      [&](const EvalRecord& e) { progress.OnEval(e); }, [&] { return signals.received(); });
+  // A side output that failed did not stop training; the run ends with its error once the model
+  // is saved (Trainer::Run has written the checkpoints).
+  auto fail_on_lost_outputs = [&] {
+    if (s.output_failures.empty()) return;
+    const std::string saved = !s.stop_checkpoint.empty() ? s.stop_checkpoint
+                              : !c.save_path.empty()     ? c.save_path
+                                                         : std::string();
+    throw IoError(fmt::format("{}; training itself went on to step {}{}",
+                              fmt::join(s.output_failures, "; also, "), s.steps,
+                              saved.empty()
+                                  ? std::string(" (no --save was given, so its state is not kept)")
+                                  : fmt::format(" and its state is saved to '{}'", saved)));
+  };
+  if (s.stop_signal != 0) {
+    // Printed under --quiet too: the run did not do what was asked, and the user must know where
+    // its state went.
+    if (leader) {
+      progress.EndLine();
+      const std::string where =
+          c.save_path.empty() ? fmt::format(" (no --save was given: saved {})",
+                                            c.metrics_path.empty() ? "in the working directory"
+                                                                   : "beside the --metrics file")
+                              : std::string();
+      if (s.stop_checkpoint.empty()) {
+        fmt::print(stderr, "sluice: stopped by {} before the first step; nothing new to save\n",
+                   SignalName(s.stop_signal));
+      } else {
+        fmt::print(stderr,
+                   "sluice: stopped by {} after step {} of {}; checkpoint saved to '{}'{}: "
+                   "continue with --resume {}\n",
+                   SignalName(s.stop_signal), s.steps, c.steps, s.stop_checkpoint, where,
+                   s.stop_checkpoint);
+      }
+    }
+    fail_on_lost_outputs();
+    return 128 + s.stop_signal;  // as a shell reports a process the signal ended
+  }
+  fail_on_lost_outputs();
   if (!a.quiet) {
     fmt::print(stderr, "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB, {} parameters\n",
                s.steps, FormatDuration(s.wall_s), FormatRate(s.tokens_per_s),

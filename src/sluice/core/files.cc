@@ -1,9 +1,12 @@
 #include "sluice/core/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -79,6 +82,98 @@ void CheckWritable(const NamedPath& out) {
 }
 
 }  // namespace
+
+void RemoveStaleTemporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string prefix = p.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    if (digits.size() > 9) continue;  // not a pid sluice wrote
+    const long pid = std::stol(digits);
+    // A live process may be writing it: only a pid that is gone (ESRCH) leaves a stale file. Our
+    // own pid's file is stale too: it is ours only between open and rename.
+    if (pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
+    std::error_code ignored;
+    fs::remove(it->path(), ignored);
+  }
+}
+
+namespace {
+
+[[noreturn]] void FailSave(std::string_view what, const std::string& path, const std::string& how) {
+  throw IoError(fmt::format("cannot save {} '{}': {} ({})", what, path, how, std::strerror(errno)));
+}
+
+void WriteAll(int fd, std::string_view bytes, std::string_view what, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      FailSave(what, path, "write failed");
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void WriteFileAtomic(std::string_view what, const std::string& path, std::string_view bytes) {
+  // lstat: a symbolic link is replaced itself, like a regular file (as for checkpoints), so that
+  // a link to a pipe without a reader does not block the write.
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) &&
+      !S_ISLNK(st.st_mode)) {
+    // A device or pipe: written in place (there is no file to keep).
+    Fd f{::open(path.c_str(), O_WRONLY | O_CLOEXEC)};
+    if (f.fd < 0) FailSave(what, path, "cannot open");
+    WriteAll(f.fd, bytes, what, path);
+    const int closed = ::close(f.fd);
+    f.fd = -1;
+    if (closed != 0) FailSave(what, path, "close failed");
+    return;
+  }
+  RemoveStaleTemporaries(path);
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) FailSave(what, path, fmt::format("cannot create '{}'", tmp));
+  auto give_up = [&](const char* how) {
+    const int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    FailSave(what, path, how);
+  };
+  try {
+    WriteAll(fd, bytes, what, path);
+  } catch (...) {
+    const int saved = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    errno = saved;
+    throw;
+  }
+  if (::fsync(fd) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    give_up("fsync failed");
+  }
+  if (::close(fd) != 0) give_up("close failed");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) give_up("rename failed");
+  // Make the rename itself durable.
+  const std::string dir = fs::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
 
 void CheckReplaceable(std::string_view what, const std::string& path) {
   struct stat st;

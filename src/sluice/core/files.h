@@ -49,6 +49,21 @@ struct NamedPath {
 // its target), a path that does not exist and a directory (for the caller's own message) pass.
 void CheckReplaceable(std::string_view what, const std::string& path);
 
+// Writes `bytes` to `path` so that `path` holds what it held before or all of `bytes`, never a
+// part (a full disk, a folder removed meanwhile, a process killed mid-write): the bytes go to
+// "<path>.tmp-<pid>" beside it, are fsync'ed and renamed over `path`, and the folder is fsync'ed.
+// A device or pipe at `path` (an output written in place: /dev/null, a FIFO) is written directly
+// instead — there is no file to keep, and renaming over it would replace the device (a symbolic
+// link is not followed: the link itself is replaced, whatever it points to); a caller
+// that must never write in place refuses such a path first (CheckReplaceable). Removes stale
+// temporaries of `path` first (RemoveStaleTemporaries). `what` names the file in messages: IoError
+// "cannot save WHAT 'PATH': cannot create 'PATH.tmp-42' (No such file or directory)".
+void WriteFileAtomic(std::string_view what, const std::string& path, std::string_view bytes);
+
+// Removes "<path>.tmp-<pid>" files left by a process killed while writing `path` atomically: those
+// of a pid that no longer runs (and of this process). A live process's temporary is left alone.
+void RemoveStaleTemporaries(const std::string& path);
+
 // Before any work: refuses an output that resolves to the same file as an input or as another
 // output (symbolic and hard links and "./a" vs "a" included) — InvalidArgument naming both options
 // and the path; then checks that each output can be written: its folder exists and is writable,

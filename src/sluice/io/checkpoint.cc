@@ -27,80 +27,14 @@ namespace sluice {
 
 namespace {
 
-[[noreturn]] void Fail(const std::string& what, const std::string& path) {
-  throw IoError(
-      fmt::format("cannot save checkpoint '{}': {} ({})", path, what, std::strerror(errno)));
-}
-
-void WriteAll(int fd, const std::string& bytes, const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Fail("write failed", path);
-    }
-    done += static_cast<size_t>(n);
-  }
-}
-
-std::string TemporaryPath(const std::string& path, long pid) {
-  return fmt::format("{}.tmp-{}", path, pid);
-}
-
-// tmp + fsync + rename + directory fsync.
-void WriteFileAtomic(const std::string& path, const std::string& bytes) {
+// tmp + fsync + rename + directory fsync (core/files.h); never in place: a device or pipe at
+// `path` is refused.
+void SaveFileAtomic(const std::string& path, const std::string& bytes) {
   CheckReplaceable("checkpoint", path);  // the rename would replace a device or pipe at `path`
-  const std::string tmp = TemporaryPath(path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) Fail(fmt::format("cannot create '{}'", tmp), path);
-  try {
-    WriteAll(fd, bytes, path);
-    if (::fsync(fd) != 0) Fail("fsync failed", path);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    Fail("close failed", path);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    Fail("rename failed", path);
-  }
-  // Make the rename itself durable.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  WriteFileAtomic("checkpoint", path, bytes);
 }
 
 }  // namespace
-
-void RemoveStaleTemporaries(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
-  const std::string prefix = p.filename().string() + ".tmp-";
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (!name.starts_with(prefix)) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
-    if (digits.size() > 9) continue;  // not a pid sluice wrote
-    const long pid = std::stol(digits);
-    // A live process may be writing it: only a pid that is gone (ESRCH) leaves a stale file. Our
-    // own pid's file is stale too: it is ours only between open and rename.
-    if (pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
-    std::error_code ignored;
-    fs::remove(it->path(), ignored);
-  }
-}
 
 namespace {
 
@@ -145,8 +79,7 @@ void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& t
 void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
                           const std::map<std::string, std::string>& metadata) {
   CheckFinite(path, tensors);
-  RemoveStaleTemporaries(path);
-  WriteFileAtomic(path, SerializeSafetensors(tensors, metadata));
+  SaveFileAtomic(path, SerializeSafetensors(tensors, metadata));
 }
 
 std::string CheckpointIndexPath(const std::string& path) { return path + ".index.json"; }
@@ -168,8 +101,7 @@ void SaveCheckpointIndex(const std::string& path,
     for (const std::string& name : names_per_shard[k]) weight_map[name] = file;
   }
   const nlohmann::json index = {{"metadata", metadata}, {"weight_map", weight_map}};
-  RemoveStaleTemporaries(CheckpointIndexPath(path));
-  WriteFileAtomic(CheckpointIndexPath(path), index.dump(1) + "\n");
+  SaveFileAtomic(CheckpointIndexPath(path), index.dump(1) + "\n");
 }
 
 namespace {

@@ -2,10 +2,11 @@
 // (step, configuration, data seed and position) in the safetensors "__metadata__" map, so that
 // other frameworks can read the weights and sluice can resume bitwise.
 //
-// Saving is atomic: the bytes go to "<path>.tmp-<pid>", are fsync'ed, renamed over <path>, and the
-// directory is fsync'ed. A crash at any moment leaves either the previous checkpoint or the new
-// one, never a torn file. A process killed mid-save leaves its "<path>.tmp-<pid>" behind; the next
-// save of <path> removes it (RemoveStaleTemporaries).
+// Saving is atomic (core/files.h WriteFileAtomic, never in place): the bytes go to
+// "<path>.tmp-<pid>", are fsync'ed, renamed over <path>, and the directory is fsync'ed. A crash at
+// any moment leaves either the previous checkpoint or the new one, never a torn file. A process
+// killed mid-save leaves its "<path>.tmp-<pid>" behind; the next save of <path> removes it
+// (core/files.h RemoveStaleTemporaries).
 //
 // Sharded checkpoints (one shard per pipeline stage, written by distributed runs): shard k of n is
 // "<stem>-stage<k>-of-<n>.safetensors" beside <path> (<stem> = <path> without ".safetensors"), and
@@ -41,10 +42,6 @@ void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, T
 
 // NonFiniteError naming `path`, the first tensor holding NaN or ±inf and its flat index.
 void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& tensors);
-
-// Removes "<path>.tmp-<pid>" files left by a process killed while saving: those of a pid that no
-// longer runs (and of this process). A live process's temporary is left alone.
-void RemoveStaleTemporaries(const std::string& path);
 
 // A single-file checkpoint, or a sharded one through its index (shards merged). With `wanted`, a
 // sharded checkpoint reads only the shards that hold a tensor it accepts (a pipeline stage reads

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/core/files.h"
 
 namespace sluice {
 
@@ -46,14 +47,7 @@ std::string ChromeTrace::Dump() const {
 }
 
 void ChromeTrace::Write(const std::string& path) const {
-  std::ofstream out(path, std::ios::trunc);
-  if (!out) {
-    throw IoError(
-        fmt::format("trace '{}': cannot open for writing: {}", path, std::strerror(errno)));
-  }
-  out << Dump() << '\n';
-  out.close();
-  if (!out) throw IoError(fmt::format("trace '{}': write failed: {}", path, std::strerror(errno)));
+  WriteFileAtomic("trace", path, Dump() + "\n");
 }
 
 void AddRunTrace(ChromeTrace& trace, const RunTrace& run, const Program& program, int pid,

@@ -46,6 +46,8 @@ class ChromeTrace {
   const nlohmann::json& events() const { return events_; }
   // The whole file's text.
   std::string Dump() const;
+  // Writes Dump() to `path` atomically (core/files.h WriteFileAtomic): a failed write leaves a good
+  // trace there as it was. IoError "cannot save trace 'PATH': ...".
   void Write(const std::string& path) const;
 
  private:

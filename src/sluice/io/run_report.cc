@@ -387,14 +387,4 @@ std::string RenderReportHtml(const Json& data, const std::string& title) {
   return page;
 }
 
-void WriteTextFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    throw IoError(fmt::format("{}: cannot open for writing: {}", path, std::strerror(errno)));
-  }
-  out << text;
-  out.close();
-  if (!out) throw IoError(fmt::format("{}: write failed", path));
-}
-
 }  // namespace sluice

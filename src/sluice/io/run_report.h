@@ -29,7 +29,8 @@
 // Example:
 //   nlohmann::json data = ReportData(ReadMetricsFile("runs/default/metrics.jsonl"),
 //                                    {ReadTraceFile("runs/default/trace.json")});
-//   WriteTextFile("runs/default/report.html", RenderReportHtml(data, "runs/default"));
+//   WriteFileAtomic("report", "runs/default/report.html",                   // core/files.h
+//                   RenderReportHtml(data, "runs/default"));
 #pragma once
 
 #include <string>
@@ -52,8 +53,5 @@ nlohmann::json ReportData(const std::vector<nlohmann::json>& metrics,
 
 // The whole HTML page for `data`, titled `title`.
 std::string RenderReportHtml(const nlohmann::json& data, const std::string& title);
-
-// Writes `text` to `path` (replacing it); IoError naming the path on failure.
-void WriteTextFile(const std::string& path, const std::string& text);
 
 }  // namespace sluice

@@ -5,14 +5,16 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "sluice/comm/local.h"
 #include "sluice/core/clock.h"
+#include "sluice/core/files.h"
 #include "sluice/core/thread_pool.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
@@ -65,7 +67,16 @@ struct PipelineEngine::Impl {
   std::vector<StageReport> reports;                  // every rank of the job, by world rank
   std::vector<std::vector<std::string>> owned;       // [stage]: its parameter names, model order
   std::vector<ParamSpec> params;                     // the whole model's
-  std::exception_ptr failure;              // a failed step leaves the communicator aborted
+  std::exception_ptr failure;                // a failed step leaves the communicator aborted
+  std::vector<std::string> output_failures;  // TakeOutputFailures: trace and costs files
+  // Writes a side output with `write`; a failure is kept for TakeOutputFailures, never thrown.
+  void WriteSideOutput(const std::function<void()>& write) {
+    try {
+      write();
+    } catch (const IoError& e) {
+      output_failures.push_back(e.what());
+    }
+  }
   std::unique_ptr<CostProfiler> profiler;  // with options.profile_path
   // In-process: the stages' threads, kept for the engine's life (the caller's thread is stage
   // 0's), so that a step starts no thread and each stage's thread-local state — its caches in the
@@ -175,13 +186,7 @@ PipelineEngine::~PipelineEngine() = default;
 namespace {
 
 void WriteCosts(const StepCosts& costs, const std::string& path) {
-  std::ofstream out(path);
-  out << CostsToJson(costs).dump(2) << "\n";
-  out.close();
-  if (!out) {
-    throw IoError(fmt::format("--profile-out '{}': cannot write the costs file: {}", path,
-                              std::strerror(errno)));
-  }
+  WriteFileAtomic("--profile-out costs file", path, CostsToJson(costs).dump(2) + "\n");
 }
 
 // A distributed run's costs: every process profiled its own rank (`mine`: its Costs(), the other
@@ -312,7 +317,9 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
     if (m.profiler) {
       const int64_t steps_run = m.setup.config->steps;
       if (step > 0 || steps_run == 1) m.profiler->Add(steps, NowNs() - begin);  // step 0 warms up
-      if (step == steps_run - 1) WriteCosts(m.profiler->Costs(), m.options.profile_path);
+      if (step == steps_run - 1) {
+        m.WriteSideOutput([&] { WriteCosts(m.profiler->Costs(), m.options.profile_path); });
+      }
     }
     const StageStep& last = steps[m.setup.schedule.RankOf(m.setup.schedule.virtual_stages() - 1)];
     double loss_sum = 0;
@@ -327,7 +334,7 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
       result.peak_reserved_bytes =
           std::max(result.peak_reserved_bytes, steps[r].peak_reserved_bytes);
     }
-    if (trace) m.WriteTrace(steps, 0, m.options.trace_path);
+    if (trace) m.WriteSideOutput([&] { m.WriteTrace(steps, 0, m.options.trace_path); });
     return result;
   }
 
@@ -395,13 +402,14 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
       const StepCosts costs =
           GatherCosts(m.profiler->Costs(), m.profiler->RankAllReduceMs(), m.stage(),
                       m.replica() == 0, *m.options.distributed->world);
-      if (leader()) WriteCosts(costs, m.options.profile_path);
+      if (leader()) m.WriteSideOutput([&] { WriteCosts(costs, m.options.profile_path); });
     }
   }
   if (trace) {
     std::string stem = m.options.trace_path;
     if (stem.ends_with(".json")) stem.resize(stem.size() - 5);
-    m.WriteTrace({s}, m.stage(), fmt::format("{}.rank{}.json", stem, w));
+    m.WriteSideOutput(
+        [&] { m.WriteTrace({s}, m.stage(), fmt::format("{}.rank{}.json", stem, w)); });
   }
   return result;
 }
@@ -482,6 +490,23 @@ std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator)
   }
   for (; k < pending.size(); ++k) pending[k].Wait();
   return out;
+}
+
+std::vector<std::string> PipelineEngine::TakeOutputFailures() {
+  return std::exchange(impl_->output_failures, {});
+}
+
+int PipelineEngine::AgreeOnStop(int mine) {
+  Impl& m = *impl_;
+  if (!m.distributed()) return mine;
+  Communicator& world = *m.options.distributed->world;
+  Tensor requests = Tensor::Zeros({world.size()}, DType::kF64);
+  requests.data<double>()[world.rank()] = mine;
+  world.AllReduceSum(requests);
+  for (int w = 0; w < world.size(); ++w) {
+    if (const double r = requests.data<double>()[w]; r != 0) return static_cast<int>(r);
+  }
+  return 0;
 }
 
 // Distributed: a shard per stage (replica 0's ranks write their own), then the leader's index.

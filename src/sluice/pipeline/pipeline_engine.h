@@ -86,6 +86,8 @@ class PipelineEngine final : public StepEngine {
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
   std::optional<std::string> TrySaveCheckpoint(
       const std::string& path, const std::map<std::string, std::string>& metadata) override;
+  int AgreeOnStop(int mine) override;
+  std::vector<std::string> TakeOutputFailures() override;
   std::string Describe() const override;
   std::vector<std::string> ReportLines() const override;
 

@@ -89,6 +89,15 @@ class StepEngine {
   // failed), so that all ranks take the same next step — no rank waits for one that gave up.
   virtual std::optional<std::string> TrySaveCheckpoint(
       const std::string& path, const std::map<std::string, std::string>& metadata);
+  // Side outputs (a pipeline's --trace and --profile-out files) that could not be written since the
+  // last call, each an IoError's message. A failed side output never fails a step: the step's
+  // update is done, so the trainer goes on, saves the model, and reports these at the end.
+  virtual std::vector<std::string> TakeOutputFailures() { return {}; }
+  // The request to stop training this process acts on (a signal number, train/stop_signals.h; 0:
+  // none), given this process's own. One process: `mine`. Distributed: the first non-zero request
+  // of the world ranks (collective: one all-reduce of a figure per rank), so that every rank stops
+  // after the same step even when only one was signalled.
+  virtual int AgreeOnStop(int mine) { return mine; }
   // TrySaveCheckpoint, throwing its failure as an IoError.
   void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata);
 };

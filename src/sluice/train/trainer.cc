@@ -16,6 +16,7 @@
 #include "sluice/kernels/simd_kernels.h"
 #include "sluice/nn/data.h"
 #include "sluice/train/single_stage.h"
+#include "sluice/train/stop_signals.h"
 #include "sluice/train/training_checkpoint.h"
 
 namespace sluice {
@@ -56,11 +57,21 @@ struct Trainer::Impl {
   int64_t tokens = 0;
   int64_t peak_allocated = 0, peak_reserved = 0;
   int64_t skipped = 0;  // steps of this run whose update was withheld
+  // Side outputs that failed (TrainSummary::output_failures); the metrics are abandoned after their
+  // first failed write.
+  std::vector<std::string> output_failures;
 
   Impl(TrainConfig c, const EngineFactory& factory);
-  // Saves a checkpoint at config.save_path; when that fails, saves the state elsewhere
-  // (RescuePaths) and throws IoError naming both.
-  void SaveOrRescue();
+  // Writes a metrics line; a failed write abandons the metrics (kept in output_failures) instead
+  // of failing the run.
+  void WriteMetrics(const nlohmann::json& line);
+  // After `error` (a step that was not finite; the engine withheld its update, so the state is the
+  // previous step's): with config.save_path, saves that state as LastFiniteCheckpointPath unless
+  // this run trained nothing, then throws `error` naming where it went (or why not).
+  [[noreturn]] void SaveLastFinite(const NonFiniteError& error, int64_t first_step);
+  // Saves a checkpoint at `path`; when that fails, saves the state elsewhere (RescuePaths) and
+  // throws IoError naming both.
+  void SaveOrRescue(const std::string& path);
 };
 
 Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::move(c)) {
@@ -124,6 +135,8 @@ StepRecord Trainer::Step() {
   StepRecord r;
   r.lr = LearningRate(c.optimizer, m.step, c.steps);
   StepResult s = m.engine->Step(m.step, m.data_position, r.lr);
+  for (std::string& failure : m.engine->TakeOutputFailures())
+    m.output_failures.push_back(std::move(failure));
   ++m.step;
   m.data_position += c.microbatches;
   r.step = m.step;
@@ -151,7 +164,7 @@ StepRecord Trainer::Step() {
                          {"peak_allocated_bytes", r.peak_allocated_bytes},
                          {"peak_reserved_bytes", r.peak_reserved_bytes}};
   if (r.skipped) line["skipped"] = true;
-  m.metrics.Write(line);
+  m.WriteMetrics(line);
   if (r.skipped) {
     ++m.skipped;
   } else if (!finite) {
@@ -188,7 +201,7 @@ EvalRecord Trainer::Evaluate() {
   e.accuracy = m.task->Accuracy(*m.logits, m.scope, c.eval_batches, m.eval_batch, c.seed);
   nlohmann::json line = {{"step", e.step}, {"val_loss", e.val_loss}};
   if (e.accuracy >= 0) line["accuracy"] = e.accuracy;
-  m.metrics.Write(line);
+  m.WriteMetrics(line);
   return e;
 }
 
@@ -213,15 +226,54 @@ std::vector<std::string> RescuePaths(const std::string& path, int64_t step) {
 
 }  // namespace
 
-void Trainer::Impl::SaveOrRescue() {
+void Trainer::Impl::WriteMetrics(const nlohmann::json& line) {
+  try {
+    metrics.Write(line);
+  } catch (const IoError& e) {
+    output_failures.push_back(fmt::format("{}; no more metrics are written", e.what()));
+    metrics = MetricsWriter();
+  }
+}
+
+void Trainer::Impl::SaveLastFinite(const NonFiniteError& error, int64_t first_step) {
+  const int64_t good = step - 1;
+  if (config.save_path.empty() || good <= first_step) throw error;
+  // The state in memory is step `good`'s: roll the counters back to it for the metadata.
+  step = good;
+  data_position -= config.microbatches;
+  const std::string path = LastFiniteCheckpointPath(config.save_path, good);
+  try {
+    SaveOrRescue(path);
+  } catch (const IoError& e) {
+    throw NonFiniteError(
+        fmt::format("{}; saving the last finite state failed: {}", error.what(), e.what()));
+  }
+  throw NonFiniteError(
+      fmt::format("{}; the last finite state (step {}) is saved to '{}': resume from it with "
+                  "--resume {}",
+                  error.what(), good, path, path));
+}
+
+std::string LastFiniteCheckpointPath(const std::string& save_path, int64_t step) {
+  return fmt::format("{}.last-finite-step{}.safetensors", save_path, step);
+}
+
+std::string StopCheckpointPath(const TrainConfig& config, int64_t step) {
+  if (!config.save_path.empty()) return config.save_path;
+  const std::string name = fmt::format("sluice-stopped-step{}.safetensors", step);
+  if (config.metrics_path.empty()) return name;
+  return (std::filesystem::path(config.metrics_path).parent_path() / name).string();
+}
+
+void Trainer::Impl::SaveOrRescue(const std::string& path) {
   const std::map<std::string, std::string> metadata =
       TrainingCheckpointMetadata(*task, config, step, data_position);
   // Every rank of a distributed run gets the same verdicts (TrySaveCheckpoint is collective), so
   // all try the same paths and end with the same outcome.
-  const std::optional<std::string> failure = engine->TrySaveCheckpoint(config.save_path, metadata);
+  const std::optional<std::string> failure = engine->TrySaveCheckpoint(path, metadata);
   if (!failure) return;
   std::string failures;
-  for (const std::string& rescue : RescuePaths(config.save_path, step)) {
+  for (const std::string& rescue : RescuePaths(path, step)) {
     if (std::optional<std::string> again = engine->TrySaveCheckpoint(rescue, metadata)) {
       failures += fmt::format("; saving it to '{}' failed too: {}", rescue, *again);
       continue;
@@ -234,13 +286,24 @@ void Trainer::Impl::SaveOrRescue() {
 }
 
 TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
-                          const std::function<void(const EvalRecord&)>& on_eval) {
+                          const std::function<void(const EvalRecord&)>& on_eval,
+                          const std::function<int()>& stop) {
   Impl& m = *impl_;
   const TrainConfig& c = m.config;
   TrainSummary s;
   StepRecord last;
+  const int64_t first_step = m.step;
+  int64_t saved_step = -1;  // the step of the last checkpoint this run wrote
   while (m.step < c.steps) {
-    last = Step();
+    if (stop) {
+      s.stop_signal = m.engine->AgreeOnStop(stop());
+      if (s.stop_signal != 0) break;
+    }
+    try {
+      last = Step();
+    } catch (const NonFiniteError& e) {
+      m.SaveLastFinite(e, first_step);  // throws
+    }
     s.final_loss = last.loss;
     if (on_step) on_step(last);
     const bool final = m.step == c.steps;
@@ -248,8 +311,14 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       s.last_eval = Evaluate();
       if (on_eval) on_eval(s.last_eval);
     }
-    if (!c.save_path.empty() && (final || (c.save_every > 0 && m.step % c.save_every == 0)))
-      m.SaveOrRescue();
+    if (!c.save_path.empty() && (final || (c.save_every > 0 && m.step % c.save_every == 0))) {
+      m.SaveOrRescue(c.save_path);
+      saved_step = m.step;
+    }
+  }
+  if (s.stop_signal != 0 && m.step > first_step) {
+    s.stop_checkpoint = StopCheckpointPath(c, m.step);
+    if (saved_step != m.step || s.stop_checkpoint != c.save_path) m.SaveOrRescue(s.stop_checkpoint);
   }
   s.steps = m.step;
   s.wall_s = m.wall_s;
@@ -273,6 +342,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"config", m.task->Describe()},
                             {"kernels", KernelsDescription()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
+  if (s.stop_signal != 0) summary["stopped"] = SignalName(s.stop_signal);
   if (nlohmann::json extra = m.engine->Summary(); extra.is_object()) summary.update(extra);
   if (!c.metrics_path.empty() && m.engine->leader()) {
     // What `sluice plan` predicts beside what was measured, per stage.
@@ -284,7 +354,8 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       entry["least_peak_allocated_bytes"] = forecast[s].least_peak_allocated_bytes;
     }
   }
-  m.metrics.Write(summary);
+  m.WriteMetrics(summary);
+  s.output_failures = m.output_failures;
   return s;
 }
 

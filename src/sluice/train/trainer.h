@@ -18,6 +18,9 @@
 // loss or gradient norm is not finite throws NonFiniteError naming the step (after writing its
 // metrics line, before any evaluation or checkpoint of it), and no checkpoint holding a non-finite
 // value is ever written (io/checkpoint.h): a diverged run leaves the last good checkpoint alone.
+// Run then keeps the last finite state (the engine withheld the failed step's update) when a
+// checkpoint path is configured and this run trained a step before: it is saved beside it as
+// LastFiniteCheckpointPath, and the NonFiniteError says where.
 // With config.skip_nonfinite = N, the first N such steps are skipped instead: the engine withholds
 // their update (StepEngine::Step), the step counter advances — and with it the learning-rate
 // schedule and AdamW's step count, which are functions of the step number, so a skipped step's
@@ -25,6 +28,16 @@
 // does not lose the trained state: it is saved to "<path>.rescue-step<N>.safetensors" beside
 // the path or, failing that, in the temporary folder ($TMPDIR), and the IoError says where
 // (under MPI too: the ranks agree on every attempt, so all write the rescue shards and index).
+// A side output that cannot be written — the metrics (then abandoned), a pipeline's trace or
+// costs file — never stops training: Run goes on, saves as configured and lists the failures in
+// TrainSummary::output_failures.
+//
+// Stopping early (Run's `stop`, fed by train/stop_signals.h in `sluice train`): `stop` is asked
+// before every step; once it names a signal (on any rank: StepEngine::AgreeOnStop), training
+// stops there — every pipeline stage after the same step, since a step runs all of them — saves
+// a checkpoint of the last step at StopCheckpointPath (config.save_path, or a file named for the
+// stop beside the metrics or in the working directory), writes the metrics summary with
+// "stopped" and returns. Nothing is saved when no step ran (the state is what was loaded).
 #pragma once
 
 #include <cstdint>
@@ -68,7 +81,23 @@ struct TrainSummary {
   int64_t peak_reserved_bytes = 0;
   int64_t params = 0;
   int64_t skipped = 0;  // steps whose update was withheld (StepRecord::skipped)
+  // Run stopped early at this signal's request (0: it ran to config.steps).
+  int stop_signal = 0;
+  // Where the early stop saved the state; empty when it did not (no step had run).
+  std::string stop_checkpoint;
+  // Side outputs that could not be written (metrics, a pipeline's trace or costs file), each an
+  // IoError's message. Training went on past them and saved its checkpoints as configured.
+  std::vector<std::string> output_failures;
 };
+
+// Where a run stopped early at step `step` saves its state: config.save_path when given, else
+// "sluice-stopped-step<step>.safetensors" in the folder of config.metrics_path, or in the working
+// directory without metrics.
+std::string StopCheckpointPath(const TrainConfig& config, int64_t step);
+
+// Where Run saves the last finite state (step `step`) of a run stopped by a non-finite step:
+// "<save_path>.last-finite-step<step>.safetensors".
+std::string LastFiniteCheckpointPath(const std::string& save_path, int64_t step);
 
 class Trainer {
  public:
@@ -77,9 +106,12 @@ class Trainer {
   ~Trainer();
 
   // Trains from the current step to config.steps. Calls the observers after each step and each
-  // evaluation; writes metrics and checkpoints as configured.
+  // evaluation; writes metrics and checkpoints as configured. `stop`, asked before every step,
+  // returns a signal number to stop there (see above; 0: go on). Collective when distributed:
+  // every rank calls Run with a `stop` or every rank without.
   TrainSummary Run(const std::function<void(const StepRecord&)>& on_step = nullptr,
-                   const std::function<void(const EvalRecord&)>& on_eval = nullptr);
+                   const std::function<void(const EvalRecord&)>& on_eval = nullptr,
+                   const std::function<int()>& stop = nullptr);
 
   // One optimizer step (for tests); returns its record (skipped when its update was withheld),
   // or throws NonFiniteError.

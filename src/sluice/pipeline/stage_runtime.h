@@ -157,7 +157,7 @@ struct StageStep {
   };
   std::vector<Sample> computes[5];
   std::vector<int64_t> post_ns, post_copy_ns;  // CPU of posts that did not / did copy a message
-  int64_t message_bytes = 0;                   // one message ("x" or "y.grad": f32[B, T, C])
+  int64_t message_bytes = 0;  // the largest message: a chunk's "x" or "y" (its gradient alike)
   // The waits a replay does not see in the costs above: when a message this rank sent was copied
   // by its Isend (end_ns; the receiver may be blocked on it), every wait for a receive that had
   // not completed when the wait began (begin_ns, end_ns) — joined by message, the delay from a

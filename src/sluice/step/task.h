@@ -2,8 +2,11 @@
 // batch is bound into a scope, and how accuracy is measured — behind one interface, so the
 // trainer and the step engines (step/step_engine.h) need not know which model they run.
 //
-//   gpt  a GPT (nn/gpt.h) on the sort task or a text file: inputs "ids", "targets" [B, T] (i64)
-//   mlp  an MLP classifier (nn/mlp.h) on Gaussian blobs: inputs "x" [B, F], "labels" [B] (i64)
+//   gpt      a GPT (nn/gpt.h) on sort, a text or .bin token file: inputs "ids", "targets" [B, T]
+//   mlp      an MLP classifier (nn/mlp.h) on Gaussian blobs: inputs "x" [B, F], "labels" [B]
+//   program  a training program of the user's (step/program_task.h) on the data its inputs bind
+// Every task also says where a pipeline may cut its model (Units) and builds each piece
+// (BuildPiece), so the pipeline never asks which model it runs.
 //
 // Batches are a pure function of (split, index, batch size, seed) (nn/data.h), so any stage or
 // rank can bind the same batch independently, and a resumed run replays the same batches.

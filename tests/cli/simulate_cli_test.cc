@@ -140,7 +140,9 @@ TEST_F(SimulateCli, ProfiledCostsDriveTheSimulationAndMemoryIsThePlans) {
       Simulate(fmt::format("{} --schedule zb-h1 --costs {} --draws 0", kJob, computes));
   const nlohmann::json one =
       Simulate(fmt::format("{} --schedule 1f1b --costs {} --draws 0", kJob, computes));
-  EXPECT_GE(one["bubble"].get<double>(), split["bubble"].get<double>());
+  // Equal bubbles come out of two replays that sum the same durations in another order: they
+  // may differ in the last bits (seen: 0.225275 against 0.225275 failing >=).
+  EXPECT_GE(one["bubble"].get<double>(), split["bubble"].get<double>() * (1 - 1e-12));
 }
 
 // A profile records every compute of its steps after the warm-up; from 8 recorded steps on,

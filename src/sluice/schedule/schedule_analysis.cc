@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "sluice/schedule/bubble.h"
 #include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
@@ -158,14 +159,15 @@ Simulation Simulate(const Schedule& schedule, const CostModel& costs, CommMode m
   if (!keep_action_times) {
     for (RankTime& rank : sim.ranks) rank.actions = {};
   }
-  sim.makespan = *std::ranges::max_element(clock);
-  double idle = 0;
-  for (RankTime& rank : sim.ranks) {
-    rank.idle = sim.makespan - rank.busy;
-    rank.bubble = sim.makespan > 0 ? rank.idle / sim.makespan : 0;
-    idle += rank.idle;
+  std::vector<double> busy(P);
+  for (int r = 0; r < P; ++r) busy[r] = sim.ranks[r].busy;
+  const Bubble bubble = BubbleOf(clock, busy);
+  sim.makespan = bubble.makespan;
+  for (int r = 0; r < P; ++r) {
+    sim.ranks[r].idle = bubble.idle[r];
+    sim.ranks[r].bubble = bubble.share[r];
   }
-  sim.bubble = sim.makespan > 0 ? idle / (P * sim.makespan) : 0;
+  sim.bubble = bubble.total;
   return sim;
 }
 

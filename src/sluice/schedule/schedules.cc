@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "sluice/schedule/bubble.h"
 #include "sluice/schedule/building_block.h"
 #include "sluice/schedule/schedule_analysis.h"
 #include "sluice/schedule/validator.h"
@@ -691,31 +692,36 @@ int TheoreticalInFlight(const ScheduleOptions& o, int rank) {
 }
 
 double TheoreticalBubble(const ScheduleOptions& o) {
+  // One rank's step in units of a forward (the closed forms of docs/pipeline.md): its compute
+  // and the idle time before and after it, so that the step ends at busy + idle.
   const double P = o.stages, M = o.micro_batches;
-  switch (o.kind) {
-    case ScheduleKind::kGPipe:
-    case ScheduleKind::kOneFOneB:
-      return (P - 1) / (M + P - 1);
-    case ScheduleKind::kInterleaved: {
-      const double V = ChunksOf(o);
-      return (P - 1) / (V * M + P - 1);
+  auto busy_and_idle = [&]() -> std::pair<double, double> {
+    switch (o.kind) {
+      case ScheduleKind::kGPipe:
+      case ScheduleKind::kOneFOneB:
+        return {M, P - 1};
+      case ScheduleKind::kInterleaved:
+        return {ChunksOf(o) * M, P - 1};
+      case ScheduleKind::kZeroBubbleV:
+        return {6 * M, P - 1};
+      case ScheduleKind::kZeroBubbleH1:
+      case ScheduleKind::kZeroBubbleH2:
+        return {3 * M, P - 1};
+      case ScheduleKind::kVHalf:
+      case ScheduleKind::kVMin: {
+        // The idle steps of every rank (docs/pipeline.md, measured for P ≤ 8).
+        const int p = o.stages;
+        int idle = 0;
+        if (p > 1 && o.kind == ScheduleKind::kVMin) idle = 4 * p - 5 - (p % 3 == 0 ? 2 : 0);
+        if (p > 1 && o.kind == ScheduleKind::kVHalf) idle = p == 2 ? 1 : 6 * ((p - 1) / 2) - 1;
+        return {6 * M, idle};
+      }
     }
-    case ScheduleKind::kZeroBubbleV:
-      return (P - 1) / (6 * M + P - 1);
-    case ScheduleKind::kZeroBubbleH1:
-    case ScheduleKind::kZeroBubbleH2:
-      return (P - 1) / (3 * M + P - 1);
-    case ScheduleKind::kVHalf:
-    case ScheduleKind::kVMin: {
-      // The idle steps of every rank (docs/pipeline.md, measured for P ≤ 8).
-      const int p = o.stages;
-      int idle = 0;
-      if (p > 1 && o.kind == ScheduleKind::kVMin) idle = 4 * p - 5 - (p % 3 == 0 ? 2 : 0);
-      if (p > 1 && o.kind == ScheduleKind::kVHalf) idle = p == 2 ? 1 : 6 * ((p - 1) / 2) - 1;
-      return idle / (6 * M + idle);
-    }
-  }
-  SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
+    SLUICE_CHECK(false, "unknown schedule kind {}", static_cast<int>(o.kind));
+  };
+  const auto [busy, idle] = busy_and_idle();
+  const double end = busy + idle;
+  return BubbleOf(std::span(&end, 1), std::span(&busy, 1)).total;
 }
 
 }  // namespace sluice::pipeline

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "sluice/schedule/bubble.h"
 #include "sluice/schedule/validator.h"
 
 namespace sluice::pipeline {
@@ -522,20 +523,17 @@ DrawnCosts Draw(const Schedule& schedule, const StepCosts& costs, int d, DrawMod
 // The prediction of one replay.
 StepPrediction Predict(const RankTimes& times, const StepCosts& costs) {
   const int P = static_cast<int>(times.end.size());
+  const Bubble bubble = BubbleOf(times.end, times.busy);
   StepPrediction p;
   p.ranks.resize(P);
+  p.makespan_ms = bubble.makespan;
   for (int r = 0; r < P; ++r) {
     p.ranks[r].end_ms = times.end[r];
     p.ranks[r].busy_ms = times.busy[r];
-    p.makespan_ms = std::max(p.makespan_ms, times.end[r]);
+    p.ranks[r].idle_ms = bubble.idle[r];
+    p.ranks[r].bubble = bubble.share[r];
   }
-  double idle = 0;
-  for (RankPrediction& rank : p.ranks) {
-    rank.idle_ms = p.makespan_ms - rank.busy_ms;
-    rank.bubble = p.makespan_ms > 0 ? rank.idle_ms / p.makespan_ms : 0;
-    idle += rank.idle_ms;
-  }
-  p.bubble = p.makespan_ms > 0 ? idle / (P * p.makespan_ms) : 0;
+  p.bubble = bubble.total;
   p.step_ms = p.makespan_ms + costs.step_overhead_ms;
   return p;
 }

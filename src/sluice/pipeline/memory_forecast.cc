@@ -111,12 +111,14 @@ class RankReplay {
  public:
   // `prompt`: every send completes as soon as it is made (its receive was posted before), the
   // least memory any timing gives; otherwise only once its receive was certainly posted.
-  RankReplay(const StageSetup& setup, int rank, const Causality& causality, bool prompt)
+  RankReplay(const StageSetup& setup, int rank, const Causality& causality, bool prompt,
+             ReplayFrees frees)
       : setup_(setup),
         rank_(rank),
         causality_(causality),
         prompt_(prompt),
         program_(BuildStageProgram(setup, rank, unused_, /*plan_only=*/true)),
+        ledger_(frees),
         stage_(*program_, ledger_),
         grads_(ledger_) {
     const int V = setup.schedule.chunks, M = setup.schedule.micro_batches;
@@ -327,7 +329,10 @@ std::optional<std::string> ForecastRefusal(const Schedule& schedule) {
 
 std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup) {
   if (std::optional<std::string> why = ForecastRefusal(setup.schedule)) throw InvalidArgument(*why);
-  TrainConfig replayed = *setup.config;  // what the forecast is exact for (memory_replay.h)
+  // The programs are built as trace mode with sync GC plans them; the frees follow the run's own
+  // --gc and --mode (memory_replay.h ReplayFreesFor).
+  const ReplayFrees frees = ReplayFreesFor(*setup.config);
+  TrainConfig replayed = *setup.config;
   replayed.gc = GcMode::kSync;
   replayed.mode = RunMode::kTrace;
   StageSetup s = setup;
@@ -336,9 +341,9 @@ std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup) {
   const Causality causality = Order(s.schedule);
   std::vector<StageMemoryForecast> out;
   for (int r = 0; r < s.schedule.stages; ++r) {
-    StageMemoryForecast f = RankReplay(s, r, causality, /*prompt=*/false).Run();
+    StageMemoryForecast f = RankReplay(s, r, causality, /*prompt=*/false, frees).Run();
     f.least_peak_allocated_bytes =
-        RankReplay(s, r, causality, /*prompt=*/true).Run().peak_allocated_bytes;
+        RankReplay(s, r, causality, /*prompt=*/true, frees).Run().peak_allocated_bytes;
     out.push_back(std::move(f));
   }
   return out;

@@ -16,11 +16,12 @@
 // output apart for gpipe and 1f1b, two for zb-h1, three for zb-h2 and the V-shaped zb-v, v-half
 // and v-min (chunk outputs), four chunk outputs for interleaved (V = 2).
 //
-// Exact where the replay is (trace mode, sync GC — the default on the caching allocator); the
-// same for in-process threads and MPI ranks, whose per-rank memory does not differ.
+// Exact where the replay is (trace mode, sync GC — the default on the caching allocator — or gc
+// none), an upper bound under async GC or parallel mode (memory_replay.h ReplayFrees); the same
+// for in-process threads and MPI ranks, whose per-rank memory does not differ.
 //
-// Cost: the replay runs every action's programs (about 30 µs an action on a 2 GHz core) and the
-// vector clocks take 4·P bytes an action, so a schedule of over kForecastActionLimit actions is
+// Cost: the replay runs every action's programs (docs/simulator.md, "Scale", has the time) and
+// the vector clocks take 4·P bytes an action, so a schedule of over kForecastActionLimit actions is
 // not forecast: ForecastRefusal says why, ForecastStages throws that as InvalidArgument, and
 // every caller (plan, --memory-budget, --schedule auto, simulate, the train summary) either
 // reports it or goes without (docs/simulator.md, "Scale").
@@ -52,8 +53,8 @@ std::optional<std::string> ForecastRefusal(const Schedule& schedule);
 // One forecast per stage (rank), for `replicas` data-parallel replicas of the pipeline.
 std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,
                                                   const PipelineOptions& options, int replicas = 1);
-// The same from the setup the ranks are built from (PipelineEngine's); its config is replayed
-// as trace mode with sync GC whatever it says.
+// The same from the setup the ranks are built from (PipelineEngine's); its programs are planned
+// as trace mode plans them, its frees follow the config's --gc and --mode.
 std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup);
 
 }  // namespace sluice::pipeline

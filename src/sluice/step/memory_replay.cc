@@ -198,6 +198,7 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
       storage[g] = ledger.Allocate(plan.groups[g].bytes, kRun);
       held[g] = 1;
     }
+    if (ledger.frees() == ReplayFrees::kAtRunEnd) continue;  // all of them below, at the end
     for (int32_t g : plan.FreeList(static_cast<int32_t>(s))) {
       if (!held[static_cast<size_t>(g)]) continue;
       held[static_cast<size_t>(g)] = 0;
@@ -212,6 +213,11 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
     if (held[g]) ledger.Release(storage[g], kRun);
   }
   if (arena.arena_bytes > 0) ledger.Release(arena_storage, kRun);
+}
+
+ReplayFrees ReplayFreesFor(const TrainConfig& config) {
+  const bool sync = config.gc == GcMode::kSync || config.gc == GcMode::kAuto;
+  return sync && config.mode == RunMode::kTrace ? ReplayFrees::kAtLastUse : ReplayFrees::kAtRunEnd;
 }
 
 // ---- SymbolicGradients ----
@@ -340,7 +346,7 @@ StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& c
                              {.allocator = &unused,
                               .recompute = RecomputeForStage(config, /*stage=*/0, /*stages=*/1),
                               .plan_only = true});
-  MemoryLedger ledger;
+  MemoryLedger ledger(ReplayFreesFor(config));
   StageReplay stage(program, ledger);
   StageMemoryForecast out;
   out.persistent_bytes = ledger.allocated();

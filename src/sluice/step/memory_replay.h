@@ -25,6 +25,9 @@
 // Exact (equal to the allocator's peak_allocated_bytes) when the real run is: trace mode, sync
 // GC (what --gc auto is on the caching allocator), every bound input contiguous and no kernel
 // taking scratch memory from the allocator (exec/analysis.h says the same of the liveness bound).
+// The frees follow the config (ReplayFrees): at last use for sync GC in trace mode; at the run's
+// end for --gc none (exact in trace mode) and as the upper bound of --gc async and --mode
+// parallel, whose frees thread timing decides but which drain before a run returns.
 //
 // Thread-safety: none; one thread replays. Failure: ReplayRun throws ProgramError when a value the
 // program reads is not bound, like Executable::Run.
@@ -76,11 +79,25 @@ struct MemoryBreakdown {
   int64_t total() const;
 };
 
+// When a replayed run (ReplayRun) releases what it no longer reads.
+enum class ReplayFrees : uint8_t {
+  kAtLastUse,  // after each step, its free list: the interpreter's trace mode with sync GC
+  kAtRunEnd,   // when the run ends: gc none; an upper bound for async GC and parallel mode
+};
+
+// The frees of training with `config`: kAtLastUse for trace mode under sync GC (auto resolves
+// to sync on the caching allocators training uses), kAtRunEnd otherwise.
+ReplayFrees ReplayFreesFor(const TrainConfig& config);
+
 class MemoryLedger {
  public:
   using Id = int32_t;
   // A storage of another allocator (the batch's ids and targets): binding it costs nothing.
   static constexpr Id kExternal = -1;
+
+  explicit MemoryLedger(ReplayFrees frees = ReplayFrees::kAtLastUse) : frees_(frees) {}
+  // How the runs replayed on this ledger free their values.
+  ReplayFrees frees() const { return frees_; }
 
   // A new storage of `bytes` held once by `use`.
   Id Allocate(int64_t bytes, MemoryUse use);
@@ -125,6 +142,7 @@ class MemoryLedger {
   // walk over the live storages at every new peak made a replay quadratic in its storages).
   void Snapshot();
 
+  ReplayFrees frees_;
   std::vector<Storage> storages_;  // by id; never reused
   int64_t allocated_ = 0, peak_ = 0;
   MemoryBreakdown now_;  // the allocated bytes by use, now
@@ -225,7 +243,8 @@ struct StageMemoryForecast {
   double work = 0;               // EstimateWork of the step's F, B and W runs
 };
 
-// The forecast of SingleStageEngine (train/single_stage.h) for `config` on `model`.
+// The forecast of SingleStageEngine (train/single_stage.h) for `config` on `model`, with the
+// frees of its --gc and --mode (ReplayFreesFor).
 StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& config);
 
 }  // namespace sluice

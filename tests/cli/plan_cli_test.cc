@@ -195,5 +195,30 @@ TEST_F(PlanCli, AutoScheduleCountsAChunkAsPartOfAStage) {
   EXPECT_NEAR(plan["bubble"].get<double>(), 1.0 / 25, 1e-12);
 }
 
+// Regression (issue 37): the forecast replayed sync GC whatever --gc said, so a budget planned for
+// `--gc none` chose policies whose run then failed over the budget at its first backward. The
+// forecast follows --gc: the run it plans trains, every stage within the budget and as forecast.
+TEST_F(PlanCli, ABudgetPlannedUnderGcNoneTrainsWithinIt) {
+  const std::string job = fmt::format("{} --gc none", kJob);
+  const nlohmann::json none = Plan(fmt::format("{} --recompute none", job));
+  const nlohmann::json sync = Plan(fmt::format("{} --recompute none", kJob));
+  int64_t largest = 0;
+  for (size_t s = 0; s < 4; ++s) {
+    const int64_t peak = none["stages"][s]["predicted_peak_allocated_bytes"].get<int64_t>();
+    EXPECT_GT(peak, sync["stages"][s]["predicted_peak_allocated_bytes"].get<int64_t>())
+        << "stage " << s << ": gc none holds a run's values to its end";
+    largest = std::max(largest, peak);
+  }
+  const int64_t budget = largest * 9 / 10;
+  const Trained run = Train(fmt::format("{} --memory-budget {}", job, budget));
+  ASSERT_EQ(run.summary["stages"].size(), 4u) << run.summary.dump();
+  for (const auto& s : run.summary["stages"]) {
+    EXPECT_LE(s["peak_allocated_bytes"].get<int64_t>(), budget) << s.dump();
+    EXPECT_LE(s["peak_allocated_bytes"].get<int64_t>(),
+              s["predicted_peak_allocated_bytes"].get<int64_t>())
+        << s.dump();
+  }
+}
+
 }  // namespace
 }  // namespace sluice

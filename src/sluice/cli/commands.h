@@ -79,7 +79,7 @@ inline CLI::Validator Seed() {
 // One per command file.
 CommandRunner SetupRunCommand(CLI::App& sub);       // run_command.cc
 CommandRunner SetupTrainCommand(CLI::App& sub);     // train_command.cc
-CommandRunner SetupPlanCommand(CLI::App& sub);      // train_command.cc (train_options.h)
+CommandRunner SetupPlanCommand(CLI::App& sub);      // plan_command.cc (train_options.h)
 CommandRunner SetupSimulateCommand(CLI::App& sub);  // simulate_command.cc (train_options.h)
 CommandRunner SetupScheduleCommand(CLI::App& sub);  // schedule_command.cc
 CommandRunner SetupOpsCommand(CLI::App& sub);       // ops_command.cc

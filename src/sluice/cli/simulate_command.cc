@@ -265,7 +265,7 @@ int RunSimulate(TrainArgs& a) {
   std::vector<int64_t> budget;
   if (!a.memory_budget.empty()) budget = ParseMemoryBudget(a.memory_budget, a.pipe.stages);
   if (!a.compare.empty()) return RunCompare(a, job, costs, budget);
-  if (a.pipe_schedule == "auto") {
+  if (a.pipeline_schedule == "auto") {
     throw InvalidArgument(fmt::format(
         "sluice simulate --schedule: name a schedule ({}), not auto; --compare ranks several",
         EnumNames(pipeline::kScheduleKindNames, ", ")));

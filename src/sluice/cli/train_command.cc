@@ -1,8 +1,9 @@
 // `sluice train`: trains a GPT or an MLP, on one stage or split into pipeline stages (--stages,
 // --schedule), with progress on the terminal and JSON-lines metrics. Every bad option or
-// configuration is an error that says what to change. `sluice plan`: the memory forecast of the
-// same options, and the recompute policies (and schedule) that --memory-budget would train with.
-// Their shared options are cli/train_options.h's; `sluice simulate` is cli/simulate_command.cc.
+// configuration is an error that says what to change. With --memory-budget or --schedule auto
+// the planner (plan/planner.h) chooses before training, as `sluice plan` (cli/plan_command.cc)
+// shows. The shared options are cli/train_options.h's; `sluice simulate` is
+// cli/simulate_command.cc.
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,13 +25,9 @@
 #include "sluice/comm/mpi.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
-#include "sluice/exec/analysis.h"
-#include "sluice/pipeline/memory_forecast.h"
 #include "sluice/pipeline/pipeline_engine.h"
-#include "sluice/schedule/schedule_analysis.h"
-#include "sluice/schedule/step_simulator.h"
+#include "sluice/plan/planner.h"
 #include "sluice/step/config_checks.h"
-#include "sluice/step/memory_budget.h"
 #include "sluice/train/stop_signals.h"
 #include "sluice/train/trainer.h"
 
@@ -118,180 +115,6 @@ int RunTrainMpi(TrainArgs& a) {
   }
 }
 
-// Every stage's forecast for `config` under schedule `kind` (single stage without a pipeline).
-std::vector<StageMemoryForecast> ForecastJob(const TrainArgs& a, const Job& job,
-                                             const TrainConfig& config,
-                                             pipeline::ScheduleKind kind) {
-  if (!a.pipeline) return {ForecastSingleStage(job.model, config)};
-  const EngineContext ctx{.config = config, .task = *job.task, .model = job.model, .threads = 1};
-  pipeline::PipelineOptions options = a.pipe;
-  options.schedule = kind;
-  return pipeline::ForecastPipeline(ctx, options, a.data_parallel);
-}
-
-// What `sluice plan` prints and `--memory-budget` / `--schedule auto` train with.
-struct MemoryPlanChoice {
-  bool pipeline = false;
-  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kOneFOneB;
-  double bubble = 0;            // the schedule's, at unit cost (schedule_analysis.h)
-  std::vector<int64_t> budget;  // per stage; empty: none given
-  MemoryPlan plan;
-
-  std::string Describe(const TrainArgs& a) const {
-    std::string out = fmt::format(
-        "memory plan: {} on {}, batch {} in {} micro-batches, {}{}\n", a.config.ModelName(),
-        a.config.data, a.config.batch, a.config.microbatches,
-        pipeline ? fmt::format("{} stages, {} (bubble {:.1f}% at unit cost)", plan.stages.size(),
-                               pipeline::ScheduleKindName(schedule), 100 * bubble)
-                 : std::string("one stage"),
-        budget.empty() ? std::string() : fmt::format(", budget {}", a.memory_budget));
-    out += fmt::format(
-        "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  {}\n", "stage",
-        "recompute", "peak B", "peak", "parameters", "optimizer", "gradients", "activations",
-        "messages", "working", "peak at");
-    for (size_t s = 0; s < plan.stages.size(); ++s) {
-      const StagePlan& p = plan.stages[s];
-      const MemoryBreakdown& b = p.forecast.at_peak;
-      out += fmt::format(
-          "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  {}{}\n", s,
-          Name(p.policy), p.forecast.peak_allocated_bytes,
-          FormatBytes(p.forecast.peak_allocated_bytes), FormatBytes(b[MemoryUse::kParameters]),
-          FormatBytes(b[MemoryUse::kOptimizerState]), FormatBytes(b[MemoryUse::kGradients]),
-          FormatBytes(b[MemoryUse::kActivations]), FormatBytes(b[MemoryUse::kMessages]),
-          FormatBytes(b[MemoryUse::kWorking]), p.forecast.peak_phase,
-          p.forecast.peak_instruction.empty() ? "" : ": " + p.forecast.peak_instruction);
-    }
-    if (pipeline) {
-      out +=
-          "  a pipeline stage's measured peak lies between its peak above and, if every send "
-          "completes at once, ";
-      for (size_t s = 0; s < plan.stages.size(); ++s) {
-        out +=
-            fmt::format("{}{}", s ? " / " : "", plan.stages[s].forecast.least_peak_allocated_bytes);
-      }
-      out += " B\n";
-    }
-    if (!budget.empty()) {
-      for (size_t s = 0; s < plan.stages.size(); ++s) {
-        const StagePlan& p = plan.stages[s];
-        out += fmt::format("  stage {}: {} of {} ({:.0f}%), recompute {}: {:+.0f}% work\n", s,
-                           FormatBytes(p.forecast.peak_allocated_bytes), FormatBytes(budget[s]),
-                           100.0 * static_cast<double>(p.forecast.peak_allocated_bytes) /
-                               static_cast<double>(budget[s]),
-                           Name(p.policy), 100 * p.extra_work);
-      }
-    }
-    return out;
-  }
-
-  nlohmann::json Json(const TrainArgs& a) const {
-    nlohmann::json stages = nlohmann::json::array();
-    for (size_t s = 0; s < plan.stages.size(); ++s) {
-      const StagePlan& p = plan.stages[s];
-      nlohmann::json breakdown;
-      for (const auto& [use, name] : kMemoryUseNames) breakdown[name] = p.forecast.at_peak[use];
-      stages.push_back(
-          {{"stage", s},
-           {"recompute", Name(p.policy)},
-           {"predicted_peak_allocated_bytes", p.forecast.peak_allocated_bytes},
-           {"least_peak_allocated_bytes", p.forecast.least_peak_allocated_bytes},
-           {"persistent_bytes", p.forecast.persistent_bytes},
-           {"breakdown", breakdown},
-           {"peak_at", p.forecast.peak_phase},
-           {"peak_instruction", p.forecast.peak_instruction},
-           {"extra_work", p.extra_work},
-           {"estimated_work", p.forecast.work},
-           {"budget_bytes", budget.empty() ? nlohmann::json(nullptr) : nlohmann::json(budget[s])},
-           {"fits", p.fits}});
-    }
-    return {{"model", a.config.ModelName()},
-            {"schedule", pipeline ? nlohmann::json(pipeline::ScheduleKindName(schedule))
-                                  : nlohmann::json(nullptr)},
-            {"bubble", bubble},
-            {"fits", plan.fits},
-            {"stages", stages}};
-  }
-};
-
-// The plan for a's job: its forecast; with --memory-budget the recompute policies that fit; with
-// --schedule auto the schedule (every kind the job can run) with the least estimated step time
-// — the unit-cost makespan times the largest stage's extra work — among those that fit.
-// Throws InvalidArgument when nothing fits, naming each stage's smallest achievable peak.
-MemoryPlanChoice ChooseMemoryPlan(const TrainArgs& a) {
-  const bool automatic = a.pipe_schedule == "auto";
-  if (a.recompute_given && !a.memory_budget.empty()) {
-    throw InvalidArgument(
-        "--recompute and --memory-budget both choose the recompute policy: give one of them");
-  }
-  if (automatic && a.pipe.stages < 2) {
-    throw InvalidArgument("--schedule auto chooses a pipeline schedule: give --stages P > 1 too");
-  }
-  const int stages = a.pipeline ? a.pipe.stages : 1;
-  const Job job = MakeJob(a.config);
-  std::vector<int64_t> budget;
-  if (!a.memory_budget.empty()) budget = ParseMemoryBudget(a.memory_budget, stages);
-
-  std::vector<pipeline::ScheduleKind> kinds = {a.pipe.schedule};
-  if (automatic) {
-    kinds.clear();
-    for (const auto& [kind, name] : pipeline::kScheduleKindNames) kinds.push_back(kind);
-  }
-  std::optional<MemoryPlanChoice> best, closest;
-  double best_time = 0;
-  std::string refused;
-  for (pipeline::ScheduleKind kind : kinds) {
-    MemoryPlanChoice choice;
-    choice.pipeline = a.pipeline;
-    choice.schedule = kind;
-    choice.budget = budget;
-    double makespan = 1;
-    try {
-      auto forecast = [&](const TrainConfig& c) { return ForecastJob(a, job, c, kind); };
-      if (budget.empty()) {
-        const std::vector<StageMemoryForecast> f = forecast(a.config);
-        choice.plan.fits = true;
-        for (size_t s = 0; s < f.size(); ++s) {
-          choice.plan.stages.push_back({.policy = RecomputeForStage(a.config, static_cast<int>(s),
-                                                                    static_cast<int>(f.size())),
-                                        .forecast = f[s],
-                                        .fits = true});
-        }
-      } else {
-        choice.plan = PlanForBudget(a.config, budget, forecast);
-      }
-      if (a.pipeline) {
-        const pipeline::Schedule schedule =
-            pipeline::MakeSchedule({.kind = kind,
-                                    .stages = a.pipe.stages,
-                                    .micro_batches = static_cast<int>(a.config.microbatches),
-                                    .chunks = a.pipe.chunks,
-                                    .post_receives_ahead = a.pipe.post_receives_ahead});
-        const pipeline::Simulation sim = pipeline::Simulate(schedule);
-        // Unit cost is per action, and an action of a rank with V chunks does 1/V of its work.
-        makespan = sim.makespan / schedule.chunks;
-        choice.bubble = sim.bubble;
-      }
-    } catch (const Error& e) {
-      if (!automatic) throw;
-      refused += fmt::format("\n  {}: {}", pipeline::ScheduleKindName(kind), e.what());
-      continue;
-    }
-    double extra = 0;
-    for (const StagePlan& p : choice.plan.stages) extra = std::max(extra, p.extra_work);
-    const double time = makespan * (1 + extra);
-    if (choice.plan.fits && (!best || time < best_time)) {
-      best = choice;
-      best_time = time;
-    }
-    if (!closest) closest = choice;
-  }
-  if (best) return *best;
-  if (!closest) throw InvalidArgument("--schedule auto: no schedule can run this job:" + refused);
-  throw InvalidArgument(fmt::format("--memory-budget {}: no recompute policy{} fits every stage:{}",
-                                    a.memory_budget, automatic ? " and schedule" : "",
-                                    closest->plan.Explain(budget)));
-}
-
 int RunTrain(TrainArgs& a) {
   Configure(a);
   TrainConfig& c = a.config;
@@ -303,9 +126,9 @@ int RunTrain(TrainArgs& a) {
                "sluice: warning: --data sort is the built-in sort task, not the file 'sort' here: "
                "give --data ./sort to train on the file\n");
   }
-  if (!a.memory_budget.empty() || a.pipe_schedule == "auto") {
-    const MemoryPlanChoice choice = ChooseMemoryPlan(a);
-    if (!a.quiet) fmt::print(stderr, "{}", choice.Describe(a));
+  if (!a.memory_budget.empty() || a.pipeline_schedule == "auto") {
+    const PlanChoice choice = ChoosePlan(MakePlanRequest(a));
+    if (!a.quiet) fmt::print(stderr, "{}", DescribePlan(choice, a));
     c.recompute = choice.plan.Policies();
     c.memory_budget = choice.budget;
     a.pipe.schedule = choice.schedule;
@@ -407,25 +230,6 @@ CommandRunner SetupTrainCommand(CLI::App& sub) {
           "mpirun");
     }
     return RunTrain(*a);
-  };
-}
-
-CommandRunner SetupPlanCommand(CLI::App& sub) {
-  TrainOptions options = AddTrainOptions(sub);
-  sub.add_option("--format", options.args->format, "table or json")
-      ->check(CLI::IsMember({"table", "json"}))
-      ->capture_default_str();
-  return [options] {
-    options.finish();
-    TrainArgs& a = *options.args;
-    Configure(a);
-    const MemoryPlanChoice choice = ChooseMemoryPlan(a);
-    if (a.format == "json") {
-      fmt::print("{}\n", choice.Json(a).dump(2));
-    } else {
-      fmt::print("{}", choice.Describe(a));
-    }
-    return 0;
   };
 }
 

@@ -11,6 +11,7 @@
 #include "sluice/core/error.h"
 #include "sluice/schedule/schedule_analysis.h"
 #include "sluice/step/config_checks.h"
+#include "sluice/step/memory_budget.h"
 #include "sluice/step/program_task.h"
 
 namespace sluice::cli {
@@ -123,7 +124,7 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       "schedule runs with, at least --stages, that divide --batch)");
   sub.add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
   sub.add_option("--lr", c.optimizer.lr, "peak learning rate")->capture_default_str();
-  sub.add_option("--lr-schedule", a->schedule, "constant or cosine")->capture_default_str();
+  sub.add_option("--lr-schedule", a->lr_schedule, "constant or cosine")->capture_default_str();
   sub.add_option("--warmup", c.optimizer.warmup_steps, "linear warmup steps")
       ->capture_default_str();
   auto* min_lr = sub.add_option("--min-lr", c.optimizer.min_lr,
@@ -191,7 +192,7 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--stages", a->pipe.stages, "pipeline stages P, one thread each (1: no pipeline)")
       ->capture_default_str();
   auto* sched =
-      sub.add_option("--schedule", a->pipe_schedule,
+      sub.add_option("--schedule", a->pipeline_schedule,
                      "pipeline schedule: " + EnumNames(pipeline::kScheduleKindNames, ", ") +
                          " or auto (the fastest whose forecast fits --memory-budget)")
           ->capture_default_str();
@@ -289,11 +290,11 @@ void Configure(TrainArgs& a) {
   if (!opt)
     throw InvalidArgument(fmt::format("--optimizer must be adamw or sgd, not '{}'", a.optimizer));
   c.optimizer.kind = *opt;
-  auto schedule = ParseLrSchedule(a.schedule);
-  if (!schedule)
+  auto lr_schedule = ParseLrSchedule(a.lr_schedule);
+  if (!lr_schedule)
     throw InvalidArgument(
-        fmt::format("--lr-schedule must be constant or cosine, not '{}'", a.schedule));
-  c.optimizer.schedule = *schedule;
+        fmt::format("--lr-schedule must be constant or cosine, not '{}'", a.lr_schedule));
+  c.optimizer.schedule = *lr_schedule;
   auto attention = ParseGptAttention(a.attention);
   if (!attention)
     throw InvalidArgument(fmt::format("--attention must be one of {}, not '{}'",
@@ -329,11 +330,11 @@ void Configure(TrainArgs& a) {
     start = end + 1;
   }
   if (a.pipeline) {
-    if (a.pipe_schedule != "auto") {
-      const auto schedule_kind = pipeline::ParseScheduleKind(a.pipe_schedule);
+    if (a.pipeline_schedule != "auto") {
+      const auto schedule_kind = pipeline::ParseScheduleKind(a.pipeline_schedule);
       if (!schedule_kind) {
         throw InvalidArgument(fmt::format("unknown schedule '{}': choose one of {} or auto",
-                                          a.pipe_schedule,
+                                          a.pipeline_schedule,
                                           EnumNames(pipeline::kScheduleKindNames, ", ")));
       }
       a.pipe.schedule = *schedule_kind;
@@ -385,12 +386,21 @@ void Configure(TrainArgs& a) {
   }
 }
 
-Job MakeJob(const TrainConfig& c) {
-  ValidateTrainConfig(c);
-  Job job;
-  job.task = MakeTask(c);
-  job.model = job.task->BuildTrain(c.batch / c.microbatches);
-  return job;
+PlanRequest MakePlanRequest(const TrainArgs& a) {
+  if (a.recompute_given && !a.memory_budget.empty()) {
+    throw InvalidArgument(
+        "--recompute and --memory-budget both choose the recompute policy: give one of them");
+  }
+  PlanRequest r{.config = a.config,
+                .pipeline = a.pipeline,
+                .pipe = a.pipe,
+                .data_parallel = a.data_parallel,
+                .automatic = a.pipeline_schedule == "auto",
+                .budget_text = a.memory_budget};
+  if (!a.memory_budget.empty()) {
+    r.budget = ParseMemoryBudget(a.memory_budget, a.pipeline ? a.pipe.stages : 1);
+  }
+  return r;
 }
 
 }  // namespace sluice::cli

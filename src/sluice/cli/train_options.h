@@ -1,7 +1,8 @@
 // The options `sluice train`, `sluice plan` and `sluice simulate` share, and what they make of
 // them: TrainArgs holds the parsed text, Configure turns it into a TrainConfig and the pipeline's
-// options (every bad value an InvalidArgument that says what to change), and MakeJob builds the
-// job's model and data as Trainer would, for a forecast or a simulation before any training.
+// options (every bad value an InvalidArgument that says what to change), and MakePlanRequest into
+// what the planner (plan/planner.h) decides from; MakeJob (plan/planner.h) builds the job's model
+// and data as Trainer would, for a forecast or a simulation before any training.
 //
 // Thread-safety: called from main only.
 //
@@ -25,6 +26,7 @@
 
 #include "sluice/nn/model.h"
 #include "sluice/pipeline/pipeline_engine.h"
+#include "sluice/plan/planner.h"
 #include "sluice/step/task.h"
 #include "sluice/step/train_config.h"
 
@@ -33,7 +35,7 @@ namespace sluice::cli {
 struct TrainArgs {
   TrainConfig config;
   std::string optimizer = "adamw";
-  std::string schedule = "cosine";
+  std::string lr_schedule = "cosine";  // --lr-schedule: the learning rate's
   std::string gc = "auto";
   std::string memory_plan = "dynamic";
   std::string attention = "fused";
@@ -44,7 +46,7 @@ struct TrainArgs {
   // Pipeline: used when --stages > 1 or any pipeline option is given.
   bool pipeline = false;
   pipeline::PipelineOptions pipe;
-  std::string pipe_schedule = "1f1b";
+  std::string pipeline_schedule = "1f1b";  // --schedule: a ScheduleKind's name or auto
   std::string partition = "uniform";
   bool release_outputs = true;
   double comm_timeout_s = 60;
@@ -79,13 +81,13 @@ TrainOptions AddTrainOptions(CLI::App& sub);
 // Reads the textual options into a.config and a.pipe (everything but the memory budget).
 void Configure(TrainArgs& a);
 
-// The model and data of a job, built as Trainer builds them, for forecasting before training.
-struct Job {
-  std::unique_ptr<Task> task;
-  Model model;
-};
+// What the planner decides from, for a's job once configured: the config, the pipeline's options,
+// auto, the budget per stage. Throws InvalidArgument for --recompute given with --memory-budget
+// (both choose the policy) and for a budget ParseMemoryBudget refuses.
+PlanRequest MakePlanRequest(const TrainArgs& a);
 
-// Validates the config and builds the job's task and model (the micro-batch's).
-Job MakeJob(const TrainConfig& c);
+// For people: the plan as `sluice plan` prints it, and `sluice train` before training under a
+// budget or auto (plan_command.cc).
+std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a);
 
 }  // namespace sluice::cli

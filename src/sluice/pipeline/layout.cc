@@ -6,10 +6,17 @@
 
 namespace sluice::pipeline {
 
+ScheduleOptions ScheduleOptionsOf(const PipelineOptions& options, int64_t micro_batches) {
+  return {.kind = options.schedule,
+          .stages = options.stages,
+          .micro_batches = static_cast<int>(micro_batches),
+          .chunks = options.chunks,
+          .post_receives_ahead = options.post_receives_ahead};
+}
+
 PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& options,
                               int replicas) {
   const TrainConfig& config = ctx.config;
-  const int P = options.stages;
   const int64_t micro_batch_size = config.batch / config.microbatches;
   if (micro_batch_size % replicas != 0) {
     throw InvalidArgument(fmt::format(
@@ -24,11 +31,7 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   setup.micro_batch_size = micro_batch_size / replicas;
   setup.units = ctx.task.Units(setup.micro_batch_size);
   setup.seq_len = ctx.task.seq_len();
-  setup.schedule = MakeSchedule({.kind = options.schedule,
-                                 .stages = P,
-                                 .micro_batches = static_cast<int>(config.microbatches),
-                                 .chunks = options.chunks,
-                                 .post_receives_ahead = options.post_receives_ahead});
+  setup.schedule = MakeSchedule(ScheduleOptionsOf(options, config.microbatches));
   const int S = setup.schedule.virtual_stages();
   const Placement placement = setup.schedule.v_shape ? Placement::kVShape : Placement::kLooped;
   out.partition = options.layout.empty()

@@ -53,6 +53,11 @@ struct PipelineOptions {
   std::optional<Distributed> distributed;  // empty: every rank on a thread of this process
 };
 
+// The schedule the options run with M micro-batches a step: kind, P, M, V (0: the kind's
+// default) and where receives are listed — the one translation of PipelineOptions into
+// ScheduleOptions (schedules.h), for the layout, the engine's reports and the planner.
+ScheduleOptions ScheduleOptionsOf(const PipelineOptions& options, int64_t micro_batches);
+
 // How `sluice train --stages P` lays the model out: the schedule, the partition and what every
 // rank is built from (threads, replica and communicators left for the engine to fill). The one
 // source of the engine and of the memory forecast (memory_forecast.h). Throws InvalidArgument for

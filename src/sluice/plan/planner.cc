@@ -1,0 +1,131 @@
+#include "sluice/plan/planner.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+#include "sluice/pipeline/memory_forecast.h"
+#include "sluice/schedule/schedule_analysis.h"
+#include "sluice/step/config_checks.h"
+#include "sluice/step/program_task.h"
+
+namespace sluice {
+
+namespace {
+
+// How far the plan is from fitting: the most any stage's smallest achievable peak exceeds its
+// budget (≤ 0 when it fits).
+int64_t Overshoot(const MemoryPlan& plan, const std::vector<int64_t>& budget) {
+  int64_t worst = INT64_MIN;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StagePlan& p = plan.stages[s];
+    const int64_t peak = p.fits ? p.forecast.peak_allocated_bytes : p.smallest.peak_allocated_bytes;
+    worst = std::max(worst, peak - budget[s]);
+  }
+  return worst;
+}
+
+// The plan of one schedule kind; throws what the forecast or the schedule throws.
+PlanChoice PlanKind(const PlanRequest& r, const Job& job, pipeline::ScheduleKind kind) {
+  PlanChoice choice;
+  choice.pipeline = r.pipeline;
+  choice.schedule = kind;
+  choice.budget = r.budget;
+  auto forecast = [&](const TrainConfig& c) { return ForecastJob(r, job, c, kind); };
+  if (r.budget.empty()) {
+    const std::vector<StageMemoryForecast> f = forecast(r.config);
+    choice.plan.fits = true;
+    for (size_t s = 0; s < f.size(); ++s) {
+      choice.plan.stages.push_back(
+          {.policy = RecomputeForStage(r.config, static_cast<int>(s), static_cast<int>(f.size())),
+           .forecast = f[s],
+           .fits = true});
+    }
+  } else {
+    choice.plan = PlanForBudget(r.config, r.budget, forecast);
+  }
+  double makespan = 1;
+  if (r.pipeline) {
+    pipeline::PipelineOptions options = r.pipe;
+    options.schedule = kind;
+    const pipeline::Schedule schedule =
+        pipeline::MakeSchedule(pipeline::ScheduleOptionsOf(options, r.config.microbatches));
+    const pipeline::Simulation sim = pipeline::Simulate(schedule);
+    // Unit cost is per action, and an action of a rank with V chunks does 1/V of its work.
+    makespan = sim.makespan / schedule.chunks;
+    choice.bubble = sim.bubble;
+  }
+  double extra = 0;
+  for (const StagePlan& p : choice.plan.stages) extra = std::max(extra, p.extra_work);
+  choice.step_time = makespan * (1 + extra);
+  return choice;
+}
+
+}  // namespace
+
+Job MakeJob(const TrainConfig& config) {
+  ValidateTrainConfig(config);
+  Job job;
+  job.task = MakeTask(config);
+  job.model = job.task->BuildTrain(config.batch / config.microbatches);
+  return job;
+}
+
+std::vector<StageMemoryForecast> ForecastJob(const PlanRequest& request, const Job& job,
+                                             const TrainConfig& config,
+                                             pipeline::ScheduleKind kind) {
+  if (!request.pipeline) return {ForecastSingleStage(job.model, config)};
+  const EngineContext ctx{.config = config, .task = *job.task, .model = job.model, .threads = 1};
+  pipeline::PipelineOptions options = request.pipe;
+  options.schedule = kind;
+  return pipeline::ForecastPipeline(ctx, options, request.data_parallel);
+}
+
+PlanChoice ChoosePlan(const PlanRequest& request) {
+  if (request.automatic && (!request.pipeline || request.pipe.stages < 2)) {
+    throw InvalidArgument("--schedule auto chooses a pipeline schedule: give --stages P > 1 too");
+  }
+  const int stages = request.pipeline ? request.pipe.stages : 1;
+  SLUICE_CHECK(request.budget.empty() || std::ssize(request.budget) == stages,
+               "a budget of {} stages for a job of {}", request.budget.size(), stages);
+  const Job job = MakeJob(request.config);
+
+  std::vector<pipeline::ScheduleKind> kinds = {request.pipe.schedule};
+  if (request.automatic) {
+    kinds.clear();
+    for (const auto& [kind, name] : pipeline::kScheduleKindNames) kinds.push_back(kind);
+  }
+  std::optional<PlanChoice> best, closest;
+  std::string refused;
+  for (pipeline::ScheduleKind kind : kinds) {
+    std::optional<PlanChoice> choice;
+    try {
+      choice = PlanKind(request, job, kind);
+    } catch (const Error& e) {
+      if (!request.automatic) throw;
+      refused += fmt::format("\n  {}: {}", pipeline::ScheduleKindName(kind), e.what());
+      continue;
+    }
+    if (choice->plan.fits) {
+      if (!best || choice->step_time < best->step_time) best = choice;
+    } else if (!closest ||
+               Overshoot(choice->plan, request.budget) < Overshoot(closest->plan, request.budget)) {
+      closest = choice;
+    }
+  }
+  if (best) return *best;
+  if (!closest) {
+    throw InvalidArgument("--schedule auto: no schedule can run this job:" + refused);
+  }
+  throw InvalidArgument(fmt::format(
+      "--memory-budget {}: no recompute policy{} fits every stage{}:{}", request.budget_text,
+      request.automatic ? " and schedule" : "",
+      request.automatic
+          ? fmt::format(" (the closest, {})", pipeline::ScheduleKindName(closest->schedule))
+          : std::string(),
+      closest->plan.Explain(request.budget)));
+}
+
+}  // namespace sluice

@@ -28,8 +28,9 @@ namespace sluice::pipeline {
 
 namespace {
 
-// The figures one rank contributes to the end-of-step all-reduce of a distributed run.
-enum Field {
+// The figures one rank contributes to the end-of-step all-reduce of a distributed run: the
+// columns of its row of the reduced [P·D, kReducedFigures] tensor.
+enum ReducedFigure {
   kPeakAllocated,
   kPeakReserved,
   kReleased,
@@ -42,7 +43,7 @@ enum Field {
   kLossSum,
   kLosses,
   kNorm,
-  kFields
+  kReducedFigures
 };
 
 bool IsStageError(const std::exception_ptr& e) {
@@ -100,40 +101,40 @@ struct PipelineEngine::Impl {
 
 PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options)
     : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.options = std::move(options);
+  Impl& impl = *impl_;
+  impl.options = std::move(options);
   const TrainConfig& config = ctx.config;
-  const int P = m.options.stages;
-  const int D = m.distributed() ? m.options.distributed->replicas : 1;
-  CheckJobSize(P, D, m.distributed() ? m.options.distributed->world->size() : P);
-  if (m.distributed()) {
-    const auto& d = *m.options.distributed;
+  const int P = impl.options.stages;
+  const int D = impl.distributed() ? impl.options.distributed->replicas : 1;
+  CheckJobSize(P, D, impl.distributed() ? impl.options.distributed->world->size() : P);
+  if (impl.distributed()) {
+    const auto& d = *impl.options.distributed;
     SLUICE_CHECK(d.pipe->size() == P && (D == 1 || (d.data != nullptr && d.data->size() == D)),
                  "pipeline communicators do not match --stages {} and --data-parallel {}", P, D);
   }
-  PipelineLayout layout = LayOutPipeline(ctx, m.options, D);
-  m.setup = std::move(layout.setup);
-  m.partition = std::move(layout.partition);
-  m.layout = std::move(layout.layout);
-  const int S = m.setup.schedule.virtual_stages();
-  m.params = ctx.model.params;
+  PipelineLayout layout = LayOutPipeline(ctx, impl.options, D);
+  impl.setup = std::move(layout.setup);
+  impl.partition = std::move(layout.partition);
+  impl.layout = std::move(layout.layout);
+  const int S = impl.setup.schedule.virtual_stages();
+  impl.params = ctx.model.params;
   // Stages on threads share the process's cores: intra-op threads (BLAS included) are divided.
-  m.setup.threads = ShareIntraOpThreads(ctx.threads, m.distributed() ? 1 : P);
+  impl.setup.threads = ShareIntraOpThreads(ctx.threads, impl.distributed() ? 1 : P);
 
   // Which stage holds which parameter (for gathering and the checkpoint index), and the largest
   // output a rank sends (for its report).
-  m.owned.resize(P);
+  impl.owned.resize(P);
   std::vector<int64_t> output_bytes(static_cast<size_t>(P), 0);
   std::map<std::string, int> holder;  // parameter -> the virtual stage reading it
   for (int v = 0; v < S; ++v) {
-    const Model piece = ctx.task.BuildPiece(m.setup.micro_batch_size, m.setup.slices[v]);
-    const int rank = m.setup.schedule.RankOf(v);
+    const Model piece = ctx.task.BuildPiece(impl.setup.micro_batch_size, impl.setup.slices[v]);
+    const int rank = impl.setup.schedule.RankOf(v);
     for (const ParamSpec& p : piece.params) {
       auto [it, added] = holder.emplace(p.name, v);
       if (!added) {
-        const auto& names = m.setup.units.names;
+        const auto& names = impl.setup.units.names;
         auto text = [&](int stage) {
-          const UnitRange& r = m.setup.slices[static_cast<size_t>(stage)];
+          const UnitRange& r = impl.setup.slices[static_cast<size_t>(stage)];
           if (r.end - r.first == 1) {
             return fmt::format("{} (unit {})", stage, names[static_cast<size_t>(r.first)]);
           }
@@ -145,7 +146,7 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
             "stage (one --layout stage holding every unit that reads it)",
             p.name, text(it->second), text(v)));
       }
-      m.owned[rank].push_back(p.name);
+      impl.owned[rank].push_back(p.name);
     }
     if (std::optional<ValueId> y = piece.forward.Find(kChunkOutput)) {
       output_bytes[rank] =
@@ -153,31 +154,30 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     }
   }
 
-  if (!m.options.profile_path.empty()) {
-    m.profiler = std::make_unique<CostProfiler>(m.setup.schedule, ProfileJob(m.setup, m.layout));
+  if (!impl.options.profile_path.empty()) {
+    impl.profiler =
+        std::make_unique<CostProfiler>(impl.setup.schedule, ProfileJob(impl.setup, impl.layout));
   }
-  if (m.distributed()) {
-    m.setup.replica = m.replica();
-    m.setup.replicas = D;
-    m.setup.data = m.options.distributed->data;
-    m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, m.stage()));
+  if (impl.distributed()) {
+    impl.setup.replica = impl.replica();
+    impl.setup.replicas = D;
+    impl.setup.data = impl.options.distributed->data;
+    impl.ranks.push_back(std::make_unique<StageRuntime>(impl.setup, impl.stage()));
   } else {
-    for (int r = 0; r < P; ++r) m.ranks.push_back(std::make_unique<StageRuntime>(m.setup, r));
-    m.world = std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = m.options.timeout});
-    m.stage_threads = std::make_unique<ThreadPool>(P, ThreadPool::Jobs::kOwnWork);
+    for (int r = 0; r < P; ++r) impl.ranks.push_back(std::make_unique<StageRuntime>(impl.setup, r));
+    impl.world =
+        std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = impl.options.timeout});
+    impl.stage_threads = std::make_unique<ThreadPool>(P, ThreadPool::Jobs::kOwnWork);
   }
-  const ScheduleOptions sched{.kind = m.options.schedule,
-                              .stages = P,
-                              .micro_batches = static_cast<int>(config.microbatches),
-                              .chunks = m.setup.schedule.chunks};
+  const ScheduleOptions sched = ScheduleOptionsOf(impl.options, config.microbatches);
   for (int w = 0; w < P * D; ++w) {
     StageReport rep;
     rep.stage = w % P;
     rep.replica = w / P;
     rep.output_bytes = output_bytes[static_cast<size_t>(rep.stage)];
     rep.theoretical_inflight = TheoreticalInFlight(sched, rep.stage);
-    rep.inflight_peak_per_chunk.assign(m.setup.schedule.chunks, 0);
-    m.reports.push_back(rep);
+    rep.inflight_peak_per_chunk.assign(impl.setup.schedule.chunks, 0);
+    impl.reports.push_back(rep);
   }
 }
 
@@ -303,47 +303,50 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released, i
 }
 
 StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
-  Impl& m = *impl_;
-  if (m.failure) std::rethrow_exception(m.failure);
-  const int P = m.options.stages;
-  const int M = m.setup.schedule.micro_batches;
-  const bool trace = !m.options.trace_path.empty() && step == m.setup.config->steps - 1;
+  Impl& impl = *impl_;
+  if (impl.failure) std::rethrow_exception(impl.failure);
+  const int P = impl.options.stages;
+  const int M = impl.setup.schedule.micro_batches;
+  const bool trace = !impl.options.trace_path.empty() && step == impl.setup.config->steps - 1;
   StepResult result;
 
-  if (!m.distributed()) {
+  if (!impl.distributed()) {
     const int64_t begin = NowNs();
-    std::vector<StageStep> steps = m.RunLocal(step, first_batch, lr, trace);
+    std::vector<StageStep> steps = impl.RunLocal(step, first_batch, lr, trace);
     const int64_t span = StepSpanNs(steps);
-    if (m.profiler) {
-      const int64_t steps_run = m.setup.config->steps;
-      if (step > 0 || steps_run == 1) m.profiler->Add(steps, NowNs() - begin);  // step 0 warms up
+    if (impl.profiler) {
+      const int64_t steps_run = impl.setup.config->steps;
+      if (step > 0 || steps_run == 1)
+        impl.profiler->Add(steps, NowNs() - begin);  // step 0 warms up
       if (step == steps_run - 1) {
-        m.WriteSideOutput([&] { WriteCosts(m.profiler->Costs(), m.options.profile_path); });
+        impl.WriteSideOutput(
+            [&] { WriteCosts(impl.profiler->Costs(), impl.options.profile_path); });
       }
     }
-    const StageStep& last = steps[m.setup.schedule.RankOf(m.setup.schedule.virtual_stages() - 1)];
+    const StageStep& last =
+        steps[impl.setup.schedule.RankOf(impl.setup.schedule.virtual_stages() - 1)];
     double loss_sum = 0;
     for (double l : last.losses) loss_sum += l;
     result.loss = loss_sum / static_cast<double>(M);
     result.grad_norm = steps[0].grad_norm;
     result.updated = steps[0].updated;  // every rank decided on the same all-reduced figures
     for (int r = 0; r < P; ++r) {
-      m.Record(r, steps[r], steps[r].released_output_bytes, span);
+      impl.Record(r, steps[r], steps[r].released_output_bytes, span);
       result.peak_allocated_bytes =
           std::max(result.peak_allocated_bytes, steps[r].peak_allocated_bytes);
       result.peak_reserved_bytes =
           std::max(result.peak_reserved_bytes, steps[r].peak_reserved_bytes);
     }
-    if (trace) m.WriteSideOutput([&] { m.WriteTrace(steps, 0, m.options.trace_path); });
+    if (trace) impl.WriteSideOutput([&] { impl.WriteTrace(steps, 0, impl.options.trace_path); });
     return result;
   }
 
   // Distributed: run this rank, then one all-reduce brings every rank's figures everywhere.
   const int64_t begin = NowNs();
-  const StageStep s = m.RunDistributed(step, first_batch, lr, trace);
-  const int W = static_cast<int>(m.reports.size()), w = m.world_rank();
-  Tensor all = Tensor::Zeros({W, kFields}, DType::kF64);
-  double* row = all.data<double>() + w * kFields;
+  const StageStep s = impl.RunDistributed(step, first_batch, lr, trace);
+  const int W = static_cast<int>(impl.reports.size()), w = impl.world_rank();
+  Tensor all = Tensor::Zeros({W, kReducedFigures}, DType::kF64);
+  double* row = all.data<double>() + w * kReducedFigures;
   double loss_sum = 0;
   for (double l : s.losses) loss_sum += l;
   row[kPeakAllocated] = static_cast<double>(s.peak_allocated_bytes);
@@ -358,15 +361,15 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
   row[kLossSum] = loss_sum;
   row[kLosses] = static_cast<double>(s.losses.size());
   row[kNorm] = s.grad_norm;
-  m.options.distributed->world->AllReduceSum(all);
+  impl.options.distributed->world->AllReduceSum(all);
   // Processes share no clock: the step's span is its slowest rank's wall (each starts its step
   // as the barrier above releases it).
   int64_t span = 0;
   for (int r = 0; r < W; ++r)
-    span = std::max(span, static_cast<int64_t>(all.data<double>()[r * kFields + kWallNs]));
+    span = std::max(span, static_cast<int64_t>(all.data<double>()[r * kReducedFigures + kWallNs]));
   double losses = 0, sum = 0;
   for (int r = 0; r < W; ++r) {
-    const double* f = all.data<double>() + r * kFields;
+    const double* f = all.data<double>() + r * kReducedFigures;
     StageStep figures;
     figures.peak_allocated_bytes = static_cast<int64_t>(f[kPeakAllocated]);
     figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
@@ -376,11 +379,11 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
     figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
     figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
     figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
-    m.Record(r, figures, static_cast<int64_t>(f[kReleased]), span);
+    impl.Record(r, figures, static_cast<int64_t>(f[kReleased]), span);
     if (r == w) {  // only this rank's per-chunk figures are known here
       for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
-        m.reports[r].inflight_peak_per_chunk[c] =
-            std::max(m.reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
+        impl.reports[r].inflight_peak_per_chunk[c] =
+            std::max(impl.reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
       }
     }
     sum += f[kLossSum];
@@ -392,24 +395,24 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
   result.loss = losses > 0 ? sum / losses : 0;
   result.grad_norm = all.data<double>()[kNorm];  // equal on every rank
   result.updated = s.updated;                    // likewise
-  if (m.profiler) {
-    const int64_t steps_run = m.setup.config->steps;
+  if (impl.profiler) {
+    const int64_t steps_run = impl.setup.config->steps;
     if (step > 0 || steps_run == 1) {  // step 0 warms up
-      m.profiler->AddRank(m.stage(), s, span);
-      m.profiler->AddStep(NowNs() - begin, span);
+      impl.profiler->AddRank(impl.stage(), s, span);
+      impl.profiler->AddStep(NowNs() - begin, span);
     }
     if (step == steps_run - 1) {
       const StepCosts costs =
-          GatherCosts(m.profiler->Costs(), m.profiler->RankAllReduceMs(), m.stage(),
-                      m.replica() == 0, *m.options.distributed->world);
-      if (leader()) m.WriteSideOutput([&] { WriteCosts(costs, m.options.profile_path); });
+          GatherCosts(impl.profiler->Costs(), impl.profiler->RankAllReduceMs(), impl.stage(),
+                      impl.replica() == 0, *impl.options.distributed->world);
+      if (leader()) impl.WriteSideOutput([&] { WriteCosts(costs, impl.options.profile_path); });
     }
   }
   if (trace) {
-    std::string stem = m.options.trace_path;
+    std::string stem = impl.options.trace_path;
     if (stem.ends_with(".json")) stem.resize(stem.size() - 5);
-    m.WriteSideOutput(
-        [&] { m.WriteTrace({s}, m.stage(), fmt::format("{}.rank{}.json", stem, w)); });
+    impl.WriteSideOutput(
+        [&] { impl.WriteTrace({s}, impl.stage(), fmt::format("{}.rank{}.json", stem, w)); });
   }
   return result;
 }
@@ -461,17 +464,18 @@ bool PipelineEngine::leader() const { return impl_->world_rank() == 0; }
 // Distributed: replica 0's stages send their parameters to the leader (stage 0 of replica 0),
 // in model order; one message per parameter, tagged by its index.
 std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator) {
-  Impl& m = *impl_;
-  if (!m.distributed()) return State();
-  if (m.replica() != 0) return {};
-  Communicator& pipe = *m.options.distributed->pipe;
+  Impl& impl = *impl_;
+  if (!impl.distributed()) return State();
+  if (impl.replica() != 0) return {};
+  Communicator& pipe = *impl.options.distributed->pipe;
   std::map<std::string, Tensor> state = State(), out;
   std::vector<Request> pending;
-  for (size_t i = 0; i < m.params.size(); ++i) {
-    const ParamSpec& p = m.params[i];
+  for (size_t i = 0; i < impl.params.size(); ++i) {
+    const ParamSpec& p = impl.params[i];
     const int tag = static_cast<int>(i % (kMaxTag + 1));
     int owner = 0;
-    while (std::find(m.owned[owner].begin(), m.owned[owner].end(), p.name) == m.owned[owner].end())
+    while (std::find(impl.owned[owner].begin(), impl.owned[owner].end(), p.name) ==
+           impl.owned[owner].end())
       ++owner;
     if (leader()) {
       if (owner == 0) {
@@ -479,14 +483,14 @@ std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator)
       } else {
         pending.push_back(pipe.Irecv(owner, tag, DType::kF32, p.shape, allocator));
       }
-    } else if (owner == m.stage()) {
+    } else if (owner == impl.stage()) {
       pending.push_back(pipe.Isend(state.at(p.name), 0, tag));
     }
   }
   size_t k = 0;
-  for (size_t i = 0; i < m.params.size() && leader(); ++i) {
-    if (out.count(m.params[i].name)) continue;
-    out.emplace(m.params[i].name, pending[k++].Wait());
+  for (size_t i = 0; i < impl.params.size() && leader(); ++i) {
+    if (out.count(impl.params[i].name)) continue;
+    out.emplace(impl.params[i].name, pending[k++].Wait());
   }
   for (; k < pending.size(); ++k) pending[k].Wait();
   return out;
@@ -497,9 +501,9 @@ std::vector<std::string> PipelineEngine::TakeOutputFailures() {
 }
 
 int PipelineEngine::AgreeOnStop(int mine) {
-  Impl& m = *impl_;
-  if (!m.distributed()) return mine;
-  Communicator& world = *m.options.distributed->world;
+  Impl& impl = *impl_;
+  if (!impl.distributed()) return mine;
+  Communicator& world = *impl.options.distributed->world;
   Tensor requests = Tensor::Zeros({world.size()}, DType::kF64);
   requests.data<double>()[world.rank()] = mine;
   world.AllReduceSum(requests);
@@ -514,10 +518,10 @@ int PipelineEngine::AgreeOnStop(int mine) {
 // written once every shard is), so one rank's failure reaches every rank and none waits alone.
 std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
     const std::string& path, const std::map<std::string, std::string>& metadata) {
-  Impl& m = *impl_;
-  if (!m.distributed()) return StepEngine::TrySaveCheckpoint(path, metadata);
-  const int P = m.options.stages;
-  Communicator& world = *m.options.distributed->world;
+  Impl& impl = *impl_;
+  if (!impl.distributed()) return StepEngine::TrySaveCheckpoint(path, metadata);
+  const int P = impl.options.stages;
+  Communicator& world = *impl.options.distributed->world;
   std::optional<std::string> mine;
   // The world ranks whose write failed, the same list on every rank.
   auto agree = [&] {
@@ -529,11 +533,11 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
       if (failed.data<double>()[w] != 0) ranks.push_back(w);
     return ranks;
   };
-  if (m.replica() == 0) {
+  if (impl.replica() == 0) {
     std::map<std::string, std::string> shard_metadata = metadata;
-    shard_metadata["shard"] = fmt::format("{} of {}", m.stage(), P);
+    shard_metadata["shard"] = fmt::format("{} of {}", impl.stage(), P);
     try {
-      SaveCheckpointAtomic(CheckpointShardPath(path, m.stage(), P), State(), shard_metadata);
+      SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P), State(), shard_metadata);
     } catch (const IoError& e) {
       mine = e.what();
     }
@@ -554,9 +558,9 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
   if (leader()) {
     std::vector<std::vector<std::string>> names(P);
     for (int s = 0; s < P; ++s) {
-      for (const std::string& p : m.owned[s]) {
+      for (const std::string& p : impl.owned[s]) {
         names[s].push_back(p);
-        for (const std::string& o : OptimizerStateNames(p, m.setup.config->optimizer))
+        for (const std::string& o : OptimizerStateNames(p, impl.setup.config->optimizer))
           names[s].push_back(o);
       }
     }
@@ -580,9 +584,9 @@ std::vector<StageMemoryForecast> PipelineEngine::Forecast() const {
 }
 
 nlohmann::json PipelineEngine::Summary() const {
-  const Impl& m = *impl_;
+  const Impl& impl = *impl_;
   nlohmann::json stages = nlohmann::json::array();
-  for (const StageReport& r : m.reports) {
+  for (const StageReport& r : impl.reports) {
     nlohmann::json entry = {
         {"stage", r.stage},
         {"peak_allocated_bytes", r.peak_allocated_bytes},
@@ -597,20 +601,20 @@ nlohmann::json PipelineEngine::Summary() const {
         {"idle_ms", r.idle_ms},
         {"comm_ms", r.comm_ms},
         {"bubble", r.bubble()}};
-    if (!m.distributed()) entry["inflight_peak_per_chunk"] = r.inflight_peak_per_chunk;
-    if (m.distributed()) entry["replica"] = r.replica;
+    if (!impl.distributed()) entry["inflight_peak_per_chunk"] = r.inflight_peak_per_chunk;
+    if (impl.distributed()) entry["replica"] = r.replica;
     stages.push_back(entry);
   }
   return {{"stages", stages},
           {"pipeline",
-           {{"schedule", std::string(ScheduleKindName(m.options.schedule))},
-            {"stages", m.options.stages},
-            {"chunks", m.setup.schedule.chunks},
-            {"micro_batches", m.setup.schedule.micro_batches},
-            {"data_parallel", m.setup.replicas},
-            {"comm", m.distributed() ? "mpi" : "local"},
-            {"layout", m.layout},
-            {"release_outputs", m.options.release_outputs}}}};
+           {{"schedule", std::string(ScheduleKindName(impl.options.schedule))},
+            {"stages", impl.options.stages},
+            {"chunks", impl.setup.schedule.chunks},
+            {"micro_batches", impl.setup.schedule.micro_batches},
+            {"data_parallel", impl.setup.replicas},
+            {"comm", impl.distributed() ? "mpi" : "local"},
+            {"layout", impl.layout},
+            {"release_outputs", impl.options.release_outputs}}}};
 }
 
 const std::vector<StageReport>& PipelineEngine::reports() const { return impl_->reports; }
@@ -645,29 +649,30 @@ PipelineOptions::Distributed MpiJob::distributed() const {
 }
 
 std::string PipelineEngine::Describe() const {
-  const Impl& m = *impl_;
+  const Impl& impl = *impl_;
   return fmt::format(
-      "pipeline: {} stages{}, {}, layout {}, output release {}", m.options.stages,
-      m.distributed() ? fmt::format(" × {} replicas as MPI processes", m.setup.replicas)
-                      : " as threads",
-      m.setup.schedule.Describe(), m.layout, m.options.release_outputs ? "on" : "off");
+      "pipeline: {} stages{}, {}, layout {}, output release {}", impl.options.stages,
+      impl.distributed() ? fmt::format(" × {} replicas as MPI processes", impl.setup.replicas)
+                         : " as threads",
+      impl.setup.schedule.Describe(), impl.layout, impl.options.release_outputs ? "on" : "off");
 }
 
 std::vector<std::string> PipelineEngine::ReportLines() const {
-  const Impl& m = *impl_;
+  const Impl& impl = *impl_;
   std::vector<std::string> lines;
   auto mib = [](int64_t bytes) {
     return fmt::format("{:.2f} MiB", static_cast<double>(bytes) / 1048576.0);
   };
-  for (const StageReport& r : m.reports) {
-    const std::string replica = m.setup.replicas > 1 ? fmt::format(" (replica {})", r.replica) : "";
+  for (const StageReport& r : impl.reports) {
+    const std::string replica =
+        impl.setup.replicas > 1 ? fmt::format(" (replica {})", r.replica) : "";
     lines.push_back(fmt::format(
         "stage {}{}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%",
         r.stage, replica, mib(r.peak_allocated_bytes), mib(r.released_output_bytes),
         r.inflight_peak, r.theoretical_inflight, 100 * r.bubble()));
   }
-  if (!m.options.trace_path.empty())
-    lines.push_back(fmt::format("trace of the last step: {}", m.options.trace_path));
+  if (!impl.options.trace_path.empty())
+    lines.push_back(fmt::format("trace of the last step: {}", impl.options.trace_path));
   return lines;
 }
 

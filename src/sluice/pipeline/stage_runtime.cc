@@ -24,6 +24,12 @@ struct MicroBatch {
   bool f_done = false, b_done = false;
 };
 
+// Which way a message travels between virtual stages: its number's lowest bit (Message).
+enum class Direction : int {
+  kForward = 0,   // a stage output, to virtual stage v + 1 (SEND_F / RECV_F)
+  kBackward = 1,  // an input gradient, to virtual stage v − 1 (SEND_B / RECV_B)
+};
+
 }  // namespace
 
 struct StageRuntime::Impl {
@@ -36,10 +42,11 @@ struct StageRuntime::Impl {
 
   Impl(const StageSetup& s, int r);
   // One step's messages, numbered as StageStep::MessageEvent says; tags wrap it.
-  int64_t Message(int receiving_virtual_stage, int micro_batch, int direction) const {
-    return (static_cast<int64_t>(receiving_virtual_stage) * M + micro_batch) * 2 + direction;
+  int64_t Message(int receiving_virtual_stage, int micro_batch, Direction direction) const {
+    return (static_cast<int64_t>(receiving_virtual_stage) * M + micro_batch) * 2 +
+           static_cast<int>(direction);
   }
-  int Tag(int receiving_virtual_stage, int micro_batch, int direction) const {
+  int Tag(int receiving_virtual_stage, int micro_batch, Direction direction) const {
     return static_cast<int>(Message(receiving_virtual_stage, micro_batch, direction) %
                             (kMaxTag + 1));
   }
@@ -304,20 +311,23 @@ class StageRuntime::StepRun {
         mb.recv_f = Post(
             [&] {
               const TensorType& t = MessageType(ch, kChunkInput);
-              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 0), t.dtype,
-                                 t.shape, rt_.allocator);
+              return comm_.Irecv(a.peer,
+                                 rt_.Tag(VirtualStage(a.chunk), a.micro_batch, Direction::kForward),
+                                 t.dtype, t.shape, rt_.allocator);
             },
-            rt_.Message(VirtualStage(a.chunk), a.micro_batch, 0), /*send=*/false);
+            rt_.Message(VirtualStage(a.chunk), a.micro_batch, Direction::kForward), /*send=*/false);
         break;
       case ActionKind::kSendF:
         if (!mb.output.defined()) throw NothingToSend("output", "its forward");
         begin = NowNs();
         mb.send_f = Post(
             [&] {
-              return comm_.Isend(mb.output, a.peer,
-                                 rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, 0));
+              return comm_.Isend(
+                  mb.output, a.peer,
+                  rt_.Tag(VirtualStage(a.chunk) + 1, a.micro_batch, Direction::kForward));
             },
-            rt_.Message(VirtualStage(a.chunk) + 1, a.micro_batch, 0), /*send=*/true);
+            rt_.Message(VirtualStage(a.chunk) + 1, a.micro_batch, Direction::kForward),
+            /*send=*/true);
         sending_.push_back(a.chunk * rt_.M + a.micro_batch);
         Span("SEND_F", a, begin, NowNs());
         break;
@@ -325,20 +335,24 @@ class StageRuntime::StepRun {
         mb.recv_b = Post(
             [&] {
               const TensorType& t = MessageType(ch, kChunkOutput);  // its gradient's
-              return comm_.Irecv(a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, 1), t.dtype,
-                                 t.shape, rt_.allocator);
+              return comm_.Irecv(
+                  a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, Direction::kBackward),
+                  t.dtype, t.shape, rt_.allocator);
             },
-            rt_.Message(VirtualStage(a.chunk), a.micro_batch, 1), /*send=*/false);
+            rt_.Message(VirtualStage(a.chunk), a.micro_batch, Direction::kBackward),
+            /*send=*/false);
         break;
       case ActionKind::kSendB:
         if (!mb.input_grad.defined()) throw NothingToSend("input gradient", "its backward");
         begin = NowNs();
         mb.send_b = Post(
             [&] {
-              return comm_.Isend(mb.input_grad, a.peer,
-                                 rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, 1));
+              return comm_.Isend(
+                  mb.input_grad, a.peer,
+                  rt_.Tag(VirtualStage(a.chunk) - 1, a.micro_batch, Direction::kBackward));
             },
-            rt_.Message(VirtualStage(a.chunk) - 1, a.micro_batch, 1), /*send=*/true);
+            rt_.Message(VirtualStage(a.chunk) - 1, a.micro_batch, Direction::kBackward),
+            /*send=*/true);
         mb.input_grad = Tensor();  // the send holds it until completion, then it is freed
         Span("SEND_B", a, begin, NowNs());
         break;
@@ -383,8 +397,9 @@ class StageRuntime::StepRun {
     if (!ch.first) {
       // The input comes from the previous virtual stage: a message, or this rank's own chunk.
       if (mb.recv_f.valid()) {
-        scope.Set(kChunkInput, Receive(mb.recv_f, a, "RECV_F",
-                                       rt_.Message(VirtualStage(a.chunk), a.micro_batch, 0)));
+        scope.Set(kChunkInput,
+                  Receive(mb.recv_f, a, "RECV_F",
+                          rt_.Message(VirtualStage(a.chunk), a.micro_batch, Direction::kForward)));
         mb.recv_f = Request();
       } else {
         MicroBatch& prev = LocalNeighbour(a, -1, "its RECV_F was not posted");
@@ -412,8 +427,9 @@ class StageRuntime::StepRun {
     Scope& scope = mb.scope;
     if (!ch.last) {
       if (mb.recv_b.valid()) {
-        scope.Set(kChunkOutputGrad, Receive(mb.recv_b, a, "RECV_B",
-                                            rt_.Message(VirtualStage(a.chunk), a.micro_batch, 1)));
+        scope.Set(kChunkOutputGrad,
+                  Receive(mb.recv_b, a, "RECV_B",
+                          rt_.Message(VirtualStage(a.chunk), a.micro_batch, Direction::kBackward)));
         mb.recv_b = Request();
       } else {
         MicroBatch& next = LocalNeighbour(a, +1, "its RECV_B was not posted");

@@ -129,32 +129,32 @@ std::vector<std::string> Trainer::ParamNames() const {
 }
 
 StepRecord Trainer::Step() {
-  Impl& m = *impl_;
-  const TrainConfig& c = m.config;
+  Impl& impl = *impl_;
+  const TrainConfig& c = impl.config;
   const auto t0 = Clock::now();
   StepRecord r;
-  r.lr = LearningRate(c.optimizer, m.step, c.steps);
-  StepResult s = m.engine->Step(m.step, m.data_position, r.lr);
-  for (std::string& failure : m.engine->TakeOutputFailures())
-    m.output_failures.push_back(std::move(failure));
-  ++m.step;
-  m.data_position += c.microbatches;
-  r.step = m.step;
+  r.lr = LearningRate(c.optimizer, impl.step, c.steps);
+  StepResult s = impl.engine->Step(impl.step, impl.data_position, r.lr);
+  for (std::string& failure : impl.engine->TakeOutputFailures())
+    impl.output_failures.push_back(std::move(failure));
+  ++impl.step;
+  impl.data_position += c.microbatches;
+  r.step = impl.step;
   r.loss = s.loss;
   r.grad_norm = s.grad_norm;
   r.step_ms = MsSince(t0);
-  const int64_t tokens = c.batch * m.task->TokensPerSample();
+  const int64_t tokens = c.batch * impl.task->TokensPerSample();
   r.tokens_per_s = static_cast<double>(tokens) / (r.step_ms / 1000.0);
   r.peak_allocated_bytes = s.peak_allocated_bytes;
   r.peak_reserved_bytes = s.peak_reserved_bytes;
-  m.wall_s += r.step_ms / 1000.0;
-  m.tokens += tokens;
-  m.peak_allocated = std::max(m.peak_allocated, r.peak_allocated_bytes);
-  m.peak_reserved = std::max(m.peak_reserved, r.peak_reserved_bytes);
+  impl.wall_s += r.step_ms / 1000.0;
+  impl.tokens += tokens;
+  impl.peak_allocated = std::max(impl.peak_allocated, r.peak_allocated_bytes);
+  impl.peak_reserved = std::max(impl.peak_reserved, r.peak_reserved_bytes);
   // The engine withheld the update of a step whose loss or norm is not finite (on a pipeline,
   // judged on the all-reduced figures); the trainer decides whether training goes on.
   const bool finite = s.updated && std::isfinite(r.loss) && std::isfinite(r.grad_norm);
-  r.skipped = !finite && m.skipped < c.skip_nonfinite;
+  r.skipped = !finite && impl.skipped < c.skip_nonfinite;
   nlohmann::json line = {{"step", r.step},
                          {"loss", r.loss},
                          {"lr", r.lr},
@@ -164,14 +164,15 @@ StepRecord Trainer::Step() {
                          {"peak_allocated_bytes", r.peak_allocated_bytes},
                          {"peak_reserved_bytes", r.peak_reserved_bytes}};
   if (r.skipped) line["skipped"] = true;
-  m.WriteMetrics(line);
+  impl.WriteMetrics(line);
   if (r.skipped) {
-    ++m.skipped;
+    ++impl.skipped;
   } else if (!finite) {
     const std::string skipped =
-        c.skip_nonfinite > 0 ? fmt::format(" after skipping {} such step{} (--skip-nonfinite {})",
-                                           m.skipped, m.skipped == 1 ? "" : "s", c.skip_nonfinite)
-                             : std::string();
+        c.skip_nonfinite > 0
+            ? fmt::format(" after skipping {} such step{} (--skip-nonfinite {})", impl.skipped,
+                          impl.skipped == 1 ? "" : "s", c.skip_nonfinite)
+            : std::string();
     throw NonFiniteError(fmt::format(
         "step {}: the loss is {} and the gradient norm {}; training stopped there{}, no "
         "checkpoint of it is saved (lower --lr, clip gradients with --clip, or skip such steps "
@@ -182,33 +183,34 @@ StepRecord Trainer::Step() {
 }
 
 EvalRecord Trainer::Evaluate() {
-  Impl& m = *impl_;
-  const TrainConfig& c = m.config;
+  Impl& impl = *impl_;
+  const TrainConfig& c = impl.config;
   EvalRecord e;
-  e.step = m.step;
+  e.step = impl.step;
   // A distributed engine gathers the whole model on the leader, which evaluates alone.
-  std::map<std::string, Tensor> params = m.engine->GatherParams(m.eval_allocator);
-  if (!m.engine->leader()) return e;
-  for (auto& [name, t] : params) m.scope.Set(name, std::move(t));
+  std::map<std::string, Tensor> params = impl.engine->GatherParams(impl.eval_allocator);
+  if (!impl.engine->leader()) return e;
+  for (auto& [name, t] : params) impl.scope.Set(name, std::move(t));
   double sum = 0;
   for (int64_t i = 0; i < c.eval_batches; ++i) {
-    m.task->BindBatch(m.scope, DataSplit::kValidation, i, m.eval_batch, c.seed);
-    m.eval->Run(m.scope);
-    sum += m.scope.Get(m.model.loss).FlatAt(0);
+    impl.task->BindBatch(impl.scope, DataSplit::kValidation, i, impl.eval_batch, c.seed);
+    impl.eval->Run(impl.scope);
+    sum += impl.scope.Get(impl.model.loss).FlatAt(0);
   }
-  m.scope.Erase(m.model.loss);
+  impl.scope.Erase(impl.model.loss);
   e.val_loss = sum / static_cast<double>(c.eval_batches);
-  e.accuracy = m.task->Accuracy(*m.logits, m.scope, c.eval_batches, m.eval_batch, c.seed);
+  e.accuracy =
+      impl.task->Accuracy(*impl.logits, impl.scope, c.eval_batches, impl.eval_batch, c.seed);
   nlohmann::json line = {{"step", e.step}, {"val_loss", e.val_loss}};
   if (e.accuracy >= 0) line["accuracy"] = e.accuracy;
-  m.WriteMetrics(line);
+  impl.WriteMetrics(line);
   return e;
 }
 
 void Trainer::SaveCheckpoint(const std::string& path) const {
-  const Impl& m = *impl_;
-  m.engine->SaveCheckpoint(path,
-                           TrainingCheckpointMetadata(*m.task, m.config, m.step, m.data_position));
+  const Impl& impl = *impl_;
+  impl.engine->SaveCheckpoint(
+      path, TrainingCheckpointMetadata(*impl.task, impl.config, impl.step, impl.data_position));
 }
 
 namespace {
@@ -288,45 +290,46 @@ void Trainer::Impl::SaveOrRescue(const std::string& path) {
 TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                           const std::function<void(const EvalRecord&)>& on_eval,
                           const std::function<int()>& stop) {
-  Impl& m = *impl_;
-  const TrainConfig& c = m.config;
+  Impl& impl = *impl_;
+  const TrainConfig& c = impl.config;
   TrainSummary s;
   StepRecord last;
-  const int64_t first_step = m.step;
+  const int64_t first_step = impl.step;
   int64_t saved_step = -1;  // the step of the last checkpoint this run wrote
-  while (m.step < c.steps) {
+  while (impl.step < c.steps) {
     if (stop) {
-      s.stop_signal = m.engine->AgreeOnStop(stop());
+      s.stop_signal = impl.engine->AgreeOnStop(stop());
       if (s.stop_signal != 0) break;
     }
     try {
       last = Step();
     } catch (const NonFiniteError& e) {
-      m.SaveLastFinite(e, first_step);  // throws
+      impl.SaveLastFinite(e, first_step);  // throws
     }
     s.final_loss = last.loss;
     if (on_step) on_step(last);
-    const bool final = m.step == c.steps;
-    if (final || (c.eval_every > 0 && m.step % c.eval_every == 0)) {
+    const bool final = impl.step == c.steps;
+    if (final || (c.eval_every > 0 && impl.step % c.eval_every == 0)) {
       s.last_eval = Evaluate();
       if (on_eval) on_eval(s.last_eval);
     }
-    if (!c.save_path.empty() && (final || (c.save_every > 0 && m.step % c.save_every == 0))) {
-      m.SaveOrRescue(c.save_path);
-      saved_step = m.step;
+    if (!c.save_path.empty() && (final || (c.save_every > 0 && impl.step % c.save_every == 0))) {
+      impl.SaveOrRescue(c.save_path);
+      saved_step = impl.step;
     }
   }
-  if (s.stop_signal != 0 && m.step > first_step) {
-    s.stop_checkpoint = StopCheckpointPath(c, m.step);
-    if (saved_step != m.step || s.stop_checkpoint != c.save_path) m.SaveOrRescue(s.stop_checkpoint);
+  if (s.stop_signal != 0 && impl.step > first_step) {
+    s.stop_checkpoint = StopCheckpointPath(c, impl.step);
+    if (saved_step != impl.step || s.stop_checkpoint != c.save_path)
+      impl.SaveOrRescue(s.stop_checkpoint);
   }
-  s.steps = m.step;
-  s.wall_s = m.wall_s;
-  s.tokens_per_s = m.wall_s > 0 ? static_cast<double>(m.tokens) / m.wall_s : 0;
-  s.peak_allocated_bytes = m.peak_allocated;
-  s.peak_reserved_bytes = m.peak_reserved;
-  s.params = CountParams(m.model.params);
-  s.skipped = m.skipped;
+  s.steps = impl.step;
+  s.wall_s = impl.wall_s;
+  s.tokens_per_s = impl.wall_s > 0 ? static_cast<double>(impl.tokens) / impl.wall_s : 0;
+  s.peak_allocated_bytes = impl.peak_allocated;
+  s.peak_reserved_bytes = impl.peak_reserved;
+  s.params = CountParams(impl.model.params);
+  s.skipped = impl.skipped;
   nlohmann::json summary = {{"summary", true},
                             {"steps", s.steps},
                             {"final_loss", s.final_loss},
@@ -337,16 +340,16 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"peak_reserved_bytes", s.peak_reserved_bytes},
                             {"params", s.params},
                             {"skipped", s.skipped},
-                            {"gc", DescribeGcMode(c.gc, m.engine->gc_mode())},
+                            {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
                             {"memory_plan", Name(c.memory_plan)},
-                            {"config", m.task->Describe()},
+                            {"config", impl.task->Describe()},
                             {"kernels", KernelsDescription()}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (s.stop_signal != 0) summary["stopped"] = SignalName(s.stop_signal);
-  if (nlohmann::json extra = m.engine->Summary(); extra.is_object()) summary.update(extra);
-  if (!c.metrics_path.empty() && m.engine->leader()) {
+  if (nlohmann::json extra = impl.engine->Summary(); extra.is_object()) summary.update(extra);
+  if (!c.metrics_path.empty() && impl.engine->leader()) {
     // What `sluice plan` predicts beside what was measured, per stage.
-    const std::vector<StageMemoryForecast> forecast = m.engine->Forecast();
+    const std::vector<StageMemoryForecast> forecast = impl.engine->Forecast();
     nlohmann::json* stages = summary.contains("stages") ? &summary["stages"] : nullptr;
     for (size_t s = 0; s < forecast.size(); ++s) {
       nlohmann::json& entry = stages != nullptr && s < stages->size() ? (*stages)[s] : summary;
@@ -354,8 +357,8 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       entry["least_peak_allocated_bytes"] = forecast[s].least_peak_allocated_bytes;
     }
   }
-  m.WriteMetrics(summary);
-  s.output_failures = m.output_failures;
+  impl.WriteMetrics(summary);
+  s.output_failures = impl.output_failures;
   return s;
 }
 

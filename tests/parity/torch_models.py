@@ -1,5 +1,5 @@
 """Plain PyTorch modules that tools/torch_export.py imports in the parity tests
-(tests/train/torch_import_parity_test.cc) and in the README's "From PyTorch".
+(tests/train/torch_import_parity_test.cc) and in docs/guide.md's "From PyTorch".
 
 Each factory returns a module whose forward(tokens, targets) (int64 [B, T] each) returns the mean
 next-token cross-entropy; targets of -1 are ignored (sluice's data marks the prompt of `sort` so).

@@ -1,12 +1,12 @@
 // CycleClock: a cheap timestamp for hot paths, converted to nanoseconds.
 //
 // The executor times the GC work of every freeing instruction (RunStats::gc_thread_ns). Under a
-// hypervisor's clock source (kvm-clock) a steady_clock read costs about 50 ns, which would double
-// the cost of a small instruction; the CPU's time-stamp counter costs about 15 ns. CycleClock reads
-// the counter (rdtsc) when the CPU says it ticks at a constant rate in every power state
-// (invariant TSC, CPUID 0x80000007 EDX bit 8), converting ticks with a rate calibrated once against
-// steady_clock (about 2 ms, on first use); elsewhere it reads NowNs (core/clock.h) and a tick is
-// 1 ns.
+// hypervisor's clock source (kvm-clock) a steady_clock read costs several times a read of the
+// CPU's time-stamp counter, enough to double the cost of a small instruction (docs/benchmarks.md,
+// "Executor", has the figures). CycleClock reads the counter (rdtsc) when the CPU says it ticks at
+// a constant rate in every power state (invariant TSC, CPUID 0x80000007 EDX bit 8), converting
+// ticks with a rate calibrated once against steady_clock, on first use; elsewhere it reads NowNs
+// (core/clock.h) and a tick is 1 ns.
 //
 // Use it for durations on one thread; for timestamps shared across threads (traces) use NowNs.
 // Thread-safety: all functions may be called from any thread (calibration is a thread-safe static).

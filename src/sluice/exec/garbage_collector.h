@@ -10,10 +10,9 @@
 //   kAuto   the default: kSync or kAsync, chosen per executable by ResolveGcMode from what a free
 //           costs its allocator (Allocator::free_cost()). A cheap free (CachingAllocator: tens
 //           of ns, a block back into a bin) is done in place — async would only delay it, and a
-//           starved worker (pipeline stages sharing cores) lets freed memory pile up: +36–56%
-//           per stage on the 4-stage job on 2 cores (docs/benchmarks.md, "GC modes on pipeline
-//           stages"). An expensive free (SystemAllocator: munmap) goes to the worker, within the
-//           async bound below.
+//           starved worker (pipeline stages sharing cores) lets freed memory pile up and raises
+//           every stage's peak (docs/benchmarks.md, "GC modes on pipeline stages"). An expensive
+//           free (SystemAllocator: munmap) goes to the worker, within the async bound below.
 //
 // The default's memory promise: where auto resolves to sync (every allocator sluice trains with),
 // peaks are exactly sync's — allocated and reserved, whatever the thread count and machine load;

@@ -29,8 +29,8 @@
 //               placed, largest first (Pisarchyk and Lee 2020, "greedy by breadth"); skipped
 //               when the groups' lifetimes add up to more than 2^22 steps.
 // All (order, fit) pairs are tried and the smallest arena kept: on the GPT programs one of them
-// reaches the bound where another misses it by up to 8%. Sizes and offsets are rounded up to
-// kAlignment (64 B).
+// reaches the bound where another misses it (docs/benchmarks.md, "Figures once in headers").
+// Sizes and offsets are rounded up to kAlignment (64 B).
 //
 //   planned_bound = max over steps s of Σ bytes(g) over planned groups alive at s
 // is the least any placement could use (the liveness bound of the planned groups alone, in

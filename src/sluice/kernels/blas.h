@@ -2,10 +2,10 @@
 //
 // OpenBLAS built with DYNAMIC_ARCH (Debian's is) picks its kernels for the CPU when it loads. A CPU
 // newer than the library falls back to "Prescott", SSE3 kernels: OpenBLAS 0.3.21 (Debian 12) does
-// not know Sapphire or Emerald Rapids, and there runs GEMM 3–7× slower than its AVX-512 kernels
-// (docs/benchmarks.md, "GEMM kernels"). At sluice's first BLAS call EnsureBlasKernels() checks the
-// choice: when OpenBLAS took a pre-AVX2 core on a CPU that runs AVX2 + FMA (or AVX-512), it
-// switches to the kernels the CPU runs ("Haswell", or "SkylakeX"). A choice made by the user
+// not know Sapphire or Emerald Rapids, and there runs GEMM several times slower than its AVX-512
+// kernels (docs/benchmarks.md, "GEMM kernels"). At sluice's first BLAS call EnsureBlasKernels()
+// checks the choice: when OpenBLAS took a pre-AVX2 core on a CPU that runs AVX2 + FMA (or AVX-512),
+// it switches to the kernels the CPU runs ("Haswell", or "SkylakeX"). A choice made by the user
 // through OPENBLAS_CORETYPE is never changed, and a BLAS without OpenBLAS's dynamic dispatch is
 // left alone.
 //

@@ -149,8 +149,8 @@ struct StageStep {
   // and every message post (Isend or Irecv call): its thread CPU time, split by whether the call
   // copied the message (the later of a matched pair copies, comm/local.h). CPU, not wall: a
   // copying Isend wakes its blocked receiver, and on a loaded machine the wall time of the call
-  // then holds the time the sender lost its core to it — 1.7–2.5 ms against 0.02 ms of copying
-  // (docs/benchmarks.md), which the simulator charged on every message.
+  // then holds the time the sender lost its core to it — far more than the copy (docs/simulator.md
+  // has the figures) — which the simulator charged on every message.
   struct Sample {
     int chunk = 0, micro_batch = 0;  // OPT's: 0, 0
     int64_t wall_ns = 0, cpu_ns = 0;

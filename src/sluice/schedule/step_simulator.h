@@ -84,8 +84,8 @@ enum class DrawMode {
 // The recorded steps kComputes draws from: those in which no stage thread waited for a core
 // kCoreWaitShareNoted of the step's span or more, when they are at least half of the steps;
 // otherwise every one. A step stalled by other work on the machine holds computes of another
-// machine, and one such step of 19 (106 ms against 45–50) put the mean of the draws 10% above
-// the measured median (docs/simulator.md). Steps that do not say how long their threads waited
+// machine, and one such step of 19 put the mean of the draws well above the measured median
+// (docs/benchmarks.md, "Simulator accuracy"). Steps that do not say how long their threads waited
 // (files written before they did) count as having had a core.
 std::vector<size_t> DrawnSteps(const StepCosts& costs);
 
@@ -113,8 +113,8 @@ struct SimulateOptions {
   uint64_t seed = 1;
 };
 
-// The draws `sluice simulate` replays by default when its costs recorded steps: the standard
-// error of the mean of 64 was under 1% of the step on the profiles measured (docs/simulator.md).
+// The draws `sluice simulate` replays by default when its costs recorded steps: enough that the
+// standard error of their mean is small beside the step (docs/simulator.md has the figures).
 inline constexpr int kDefaultDraws = 64;
 // ... and only when it recorded at least this many steps: a pool of fewer is not a distribution,
 // and one step slowed by other work (a load burst) would lengthen most draws where the median

@@ -1,6 +1,7 @@
 // `sluice simulate`: the job's pipeline step replayed by the step simulator
 // (schedule/step_simulator.h) with measured or unit costs, beside every stage's memory forecast;
-// --compare ranks schedules by predicted step time.
+// --compare ranks schedules by predicted step time. The simulation and the ranking are
+// plan/simulation.h's; this file parses the options and prints.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -13,47 +14,12 @@
 #include "sluice/cli/train_options.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
-#include "sluice/pipeline/cost_profiler.h"
-#include "sluice/pipeline/memory_forecast.h"
-#include "sluice/schedule/schedule_analysis.h"
-#include "sluice/schedule/step_simulator.h"
+#include "sluice/plan/simulation.h"
 #include "sluice/step/memory_budget.h"
 
 namespace sluice::cli {
 
 namespace {
-
-// One schedule's simulated step: the prediction and the memory forecast of every stage.
-struct SimulatedSchedule {
-  pipeline::ScheduleKind kind;
-  std::string describe;  // the schedule (kind, P, M, V)
-  std::string costs;     // where its costs come from
-  pipeline::StepPrediction prediction;
-  int draws = 0;                            // replays of drawn costs (0: of the medians)
-  std::vector<StageMemoryForecast> memory;  // empty when not forecast (memory_note says why)
-  std::string memory_note;
-  bool fits = true;  // every stage's forecast within --memory-budget (true without a budget)
-  double core_wait_share = -1;  // of the costs' run (pipeline::CoreWaitShare); -1 unknown
-  // The profiled run's own step, when it ran this very schedule (its costs' "measured"): what the
-  // prediction can be checked against. Null otherwise.
-  nlohmann::ordered_json measured;
-};
-
-// The costs' run's step time and stage bubbles when it ran `schedule`; null when it ran another
-// (or the costs do not say: unit costs, files written before they named the schedule).
-nlohmann::ordered_json MeasuredStep(const pipeline::StepCosts& costs,
-                                    const pipeline::Schedule& schedule) {
-  const nlohmann::json& m = costs.measured;
-  if (!m.is_object() || !m.contains("schedule") || m["schedule"] != schedule.Describe() ||
-      !m.contains("step_ms") || !m.contains("stage_bubble")) {
-    return nullptr;
-  }
-  nlohmann::ordered_json out;
-  if (m.contains("steps") && m["steps"].is_number_unsigned()) out["steps"] = m["steps"];  // a count
-  out["step_ms"] = m["step_ms"];
-  out["stage_bubble"] = m["stage_bubble"];
-  return out;
-}
 
 // What to say beside a prediction from costs whose run's stage threads waited for cores; "" when
 // they did not (much).
@@ -64,63 +30,6 @@ std::string CoreWaitNote(const SimulatedSchedule& r) {
       "on the machine): the prediction is for a core per stage, which that run did not have — "
       "profile where every stage has one",
       r.costs, 100 * r.core_wait_share);
-}
-
-// The first of `costs` that covers the job under `kind` (P, V, split backward, the same model,
-// micro-batch, layout, recompute and threads); unit costs when none is given. Throws
-// InvalidArgument naming why each file does not cover it.
-pipeline::StepCosts CostsFor(const std::vector<pipeline::StepCosts>& costs,
-                             const pipeline::PipelineLayout& layout) {
-  const pipeline::Schedule& schedule = layout.setup.schedule;
-  if (costs.empty()) return pipeline::UnitCosts(schedule);
-  std::string why;
-  for (const pipeline::StepCosts& c : costs) {
-    try {
-      pipeline::CheckCostsCover(c, schedule);
-      pipeline::CheckCostsJob(c, pipeline::ProfileJob(layout.setup, layout.layout));
-      return c;
-    } catch (const InvalidArgument& e) {
-      why += costs.size() > 1 ? fmt::format("\n  {}", e.what()) : e.what();
-    }
-  }
-  throw InvalidArgument(why);
-}
-
-SimulatedSchedule SimulateSchedule(const TrainArgs& a, const Job& job, pipeline::ScheduleKind kind,
-                                   const std::vector<pipeline::StepCosts>& costs,
-                                   const std::vector<int64_t>& budget) {
-  const EngineContext ctx{.config = a.config, .task = *job.task, .model = job.model, .threads = 1};
-  pipeline::PipelineOptions options = a.pipe;
-  options.schedule = kind;
-  const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
-  const pipeline::StepCosts chosen = CostsFor(costs, layout);
-  // By default, draws where the costs recorded enough steps and every stage has a core (the
-  // model draws are for); the medians elsewhere.
-  const bool enough = chosen.recorded.size() >= size_t{pipeline::kDefaultDrawsLeastSteps};
-  const int draws = a.draws >= 0 ? a.draws : enough && a.cores == 0 ? pipeline::kDefaultDraws : 0;
-  SimulatedSchedule out{.kind = kind,
-                        .describe = layout.setup.schedule.Describe(),
-                        .costs = chosen.source,
-                        .prediction = pipeline::SimulateStep(
-                            layout.setup.schedule, chosen,
-                            {.cores = a.cores,
-                             .validated = true,
-                             .draws = draws,
-                             .draw_mode = a.draw_mode == "steps" ? pipeline::DrawMode::kSteps
-                                                                 : pipeline::DrawMode::kComputes}),
-                        .draws = draws,
-                        .core_wait_share = pipeline::CoreWaitShare(chosen),
-                        .measured = MeasuredStep(chosen, layout.setup.schedule)};
-  if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
-    out.memory_note = *why;
-    if (!budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
-  } else {
-    out.memory = pipeline::ForecastStages(layout.setup);
-  }
-  for (size_t s = 0; s < budget.size() && s < out.memory.size(); ++s) {
-    if (out.memory[s].peak_allocated_bytes > budget[s]) out.fits = false;
-  }
-  return out;
 }
 
 // Stage s's forecast peak, or null when memory was not forecast.
@@ -154,41 +63,14 @@ std::vector<pipeline::ScheduleKind> ParseCompareList(const std::string& text) {
   return kinds;
 }
 
-// The largest stage's forecast peak; -1 when memory was not forecast.
-int64_t LargestPeak(const std::vector<StageMemoryForecast>& memory) {
-  int64_t peak = memory.empty() ? -1 : 0;
-  for (const StageMemoryForecast& m : memory) peak = std::max(peak, m.peak_allocated_bytes);
-  return peak;
-}
-
 // `sluice simulate --compare`: every named schedule simulated and ranked by predicted step time;
 // with --memory-budget those whose forecast exceeds it rank after those within it.
-int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::StepCosts>& costs,
-               const std::vector<int64_t>& budget) {
-  std::vector<SimulatedSchedule> ranked;
-  std::vector<std::pair<pipeline::ScheduleKind, std::string>> refused;
-  for (pipeline::ScheduleKind kind : ParseCompareList(a.compare)) {
-    try {
-      ranked.push_back(SimulateSchedule(a, job, kind, costs, budget));
-    } catch (const Error& e) {
-      refused.emplace_back(kind, e.what());
-    }
-  }
-  if (ranked.empty()) {
-    std::string why;
-    for (const auto& [kind, reason] : refused) {
-      why += fmt::format("\n  {}: {}", pipeline::ScheduleKindName(kind), reason);
-    }
-    throw InvalidArgument("--compare: no schedule named can be simulated for this job:" + why);
-  }
-  // Within the budget first, then the fastest; of equal times, the one needing less memory.
-  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) {
-    if (x.fits != y.fits) return x.fits;
-    if (x.prediction.step_ms != y.prediction.step_ms) {
-      return x.prediction.step_ms < y.prediction.step_ms;
-    }
-    return LargestPeak(x.memory) < LargestPeak(y.memory);
-  });
+int RunCompare(const TrainArgs& a, const SimulationRequest& request, const Job& job) {
+  const ScheduleRanking ranking = RankSchedules(request, job, ParseCompareList(a.compare));
+  const std::vector<SimulatedSchedule>& ranked = ranking.ranked;
+  const auto& refused = ranking.refused;
+  const std::vector<pipeline::StepCosts>& costs = request.costs;
+  const std::vector<int64_t>& budget = request.budget;
   const char* unit = costs.empty() ? "units" : "ms";
   if (a.format == "json") {
     nlohmann::ordered_json rows = nlohmann::ordered_json::array();
@@ -200,17 +82,17 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
                           {"bubble", r.prediction.ranks[s].bubble},
                           {"peak_allocated_bytes", PeakJson(r.memory, s)}});
       }
-      rows.push_back({{"rank", i + 1},
-                      {"schedule", pipeline::ScheduleKindName(r.kind)},
-                      {"describe", r.describe},
-                      {"costs", r.costs},
-                      {"step_ms", r.prediction.step_ms},
-                      {"bubble", r.prediction.bubble},
-                      {"peak_allocated_bytes", r.memory.empty()
-                                                   ? nlohmann::ordered_json()
-                                                   : nlohmann::ordered_json(LargestPeak(r.memory))},
-                      {"fits_budget", r.fits},
-                      {"stages", stages}});
+      rows.push_back(
+          {{"rank", i + 1},
+           {"schedule", pipeline::ScheduleKindName(r.kind)},
+           {"describe", r.describe},
+           {"costs", r.costs},
+           {"step_ms", r.prediction.step_ms},
+           {"bubble", r.prediction.bubble},
+           {"peak_allocated_bytes",
+            r.memory.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(r.LargestPeak())},
+           {"fits_budget", r.fits},
+           {"stages", stages}});
       if (!r.memory_note.empty()) rows.back()["memory_note"] = r.memory_note;
       if (r.core_wait_share >= 0) rows.back()["core_wait_share"] = r.core_wait_share;
       if (const std::string note = CoreWaitNote(r); !note.empty()) rows.back()["note"] = note;
@@ -236,7 +118,7 @@ int RunCompare(const TrainArgs& a, const Job& job, const std::vector<pipeline::S
     const SimulatedSchedule& r = ranked[i];
     fmt::print("  {:<4}  {:<28}  {:>7.3f} {:<2}  {:>6.1f}%  {:>16}{}\n", i + 1, r.describe,
                r.prediction.step_ms, unit, 100 * r.prediction.bubble,
-               r.memory.empty() ? "-" : FormatBytes(LargestPeak(r.memory)),
+               r.memory.empty() ? "-" : FormatBytes(r.LargestPeak()),
                budget.empty() ? "" : (r.fits ? "  fits" : "  over"));
   }
   std::vector<std::string> notes;  // one per costs file
@@ -260,17 +142,25 @@ int RunSimulate(TrainArgs& a) {
   a.pipeline = true;
   Configure(a);
   const Job job = MakeJob(a.config);
-  std::vector<pipeline::StepCosts> costs;
-  for (const std::string& path : a.costs) costs.push_back(pipeline::ReadCostsFile(path));
-  std::vector<int64_t> budget;
-  if (!a.memory_budget.empty()) budget = ParseMemoryBudget(a.memory_budget, a.pipe.stages);
-  if (!a.compare.empty()) return RunCompare(a, job, costs, budget);
+  SimulationRequest request{.config = a.config,
+                            .pipe = a.pipe,
+                            .cores = a.cores,
+                            .draws = a.draws,
+                            .draw_mode = a.draw_mode == "steps" ? pipeline::DrawMode::kSteps
+                                                                : pipeline::DrawMode::kComputes};
+  for (const std::string& path : a.costs) request.costs.push_back(pipeline::ReadCostsFile(path));
+  if (!a.memory_budget.empty()) {
+    request.budget = ParseMemoryBudget(a.memory_budget, a.pipe.stages);
+  }
+  if (!a.compare.empty()) return RunCompare(a, request, job);
   if (a.pipeline_schedule == "auto") {
     throw InvalidArgument(fmt::format(
         "sluice simulate --schedule: name a schedule ({}), not auto; --compare ranks several",
         EnumNames(pipeline::kScheduleKindNames, ", ")));
   }
-  const SimulatedSchedule r = SimulateSchedule(a, job, a.pipe.schedule, costs, budget);
+  const SimulatedSchedule r = SimulateSchedule(request, job, a.pipe.schedule);
+  const std::vector<pipeline::StepCosts>& costs = request.costs;
+  const std::vector<int64_t>& budget = request.budget;
   const pipeline::StepPrediction& p = r.prediction;
   const std::vector<StageMemoryForecast>& memory = r.memory;
   const char* unit = costs.empty() ? "units" : "ms";

@@ -1,0 +1,121 @@
+#include "sluice/plan/simulation.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+#include "sluice/pipeline/cost_profiler.h"
+#include "sluice/pipeline/memory_forecast.h"
+
+namespace sluice {
+
+namespace {
+
+// The costs' run's step time and stage bubbles when it ran `schedule`; null when it ran another
+// (or the costs do not say: unit costs, files written before they named the schedule).
+nlohmann::ordered_json MeasuredStep(const pipeline::StepCosts& costs,
+                                    const pipeline::Schedule& schedule) {
+  const nlohmann::json& m = costs.measured;
+  if (!m.is_object() || !m.contains("schedule") || m["schedule"] != schedule.Describe() ||
+      !m.contains("step_ms") || !m.contains("stage_bubble")) {
+    return nullptr;
+  }
+  nlohmann::ordered_json out;
+  if (m.contains("steps") && m["steps"].is_number_unsigned()) out["steps"] = m["steps"];  // a count
+  out["step_ms"] = m["step_ms"];
+  out["stage_bubble"] = m["stage_bubble"];
+  return out;
+}
+
+// The first of `costs` that covers the job under `kind` (P, V, split backward, the same model,
+// micro-batch, layout, recompute and threads); unit costs when none is given. Throws
+// InvalidArgument naming why each file does not cover it.
+pipeline::StepCosts CostsFor(const std::vector<pipeline::StepCosts>& costs,
+                             const pipeline::PipelineLayout& layout) {
+  const pipeline::Schedule& schedule = layout.setup.schedule;
+  if (costs.empty()) return pipeline::UnitCosts(schedule);
+  std::string why;
+  for (const pipeline::StepCosts& c : costs) {
+    try {
+      pipeline::CheckCostsCover(c, schedule);
+      pipeline::CheckCostsJob(c, pipeline::ProfileJob(layout.setup, layout.layout));
+      return c;
+    } catch (const InvalidArgument& e) {
+      why += costs.size() > 1 ? fmt::format("\n  {}", e.what()) : e.what();
+    }
+  }
+  throw InvalidArgument(why);
+}
+
+}  // namespace
+
+int64_t SimulatedSchedule::LargestPeak() const {
+  int64_t peak = memory.empty() ? -1 : 0;
+  for (const StageMemoryForecast& m : memory) peak = std::max(peak, m.peak_allocated_bytes);
+  return peak;
+}
+
+SimulatedSchedule SimulateSchedule(const SimulationRequest& r, const Job& job,
+                                   pipeline::ScheduleKind kind) {
+  const EngineContext ctx{.config = r.config, .task = *job.task, .model = job.model, .threads = 1};
+  pipeline::PipelineOptions options = r.pipe;
+  options.schedule = kind;
+  const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
+  const pipeline::StepCosts chosen = CostsFor(r.costs, layout);
+  // By default, draws where the costs recorded enough steps and every stage has a core (the
+  // model draws are for); the medians elsewhere.
+  const bool enough = chosen.recorded.size() >= size_t{pipeline::kDefaultDrawsLeastSteps};
+  const int draws = r.draws >= 0 ? r.draws : enough && r.cores == 0 ? pipeline::kDefaultDraws : 0;
+  SimulatedSchedule out{
+      .kind = kind,
+      .describe = layout.setup.schedule.Describe(),
+      .costs = chosen.source,
+      .prediction = pipeline::SimulateStep(
+          layout.setup.schedule, chosen,
+          {.cores = r.cores, .validated = true, .draws = draws, .draw_mode = r.draw_mode}),
+      .draws = draws,
+      .core_wait_share = pipeline::CoreWaitShare(chosen),
+      .measured = MeasuredStep(chosen, layout.setup.schedule)};
+  if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
+    out.memory_note = *why;
+    if (!r.budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
+  } else {
+    out.memory = pipeline::ForecastStages(layout.setup);
+  }
+  for (size_t s = 0; s < r.budget.size() && s < out.memory.size(); ++s) {
+    if (out.memory[s].peak_allocated_bytes > r.budget[s]) out.fits = false;
+  }
+  return out;
+}
+
+ScheduleRanking RankSchedules(const SimulationRequest& request, const Job& job,
+                              const std::vector<pipeline::ScheduleKind>& kinds) {
+  ScheduleRanking out;
+  for (pipeline::ScheduleKind kind : kinds) {
+    try {
+      out.ranked.push_back(SimulateSchedule(request, job, kind));
+    } catch (const Error& e) {
+      out.refused.emplace_back(kind, e.what());
+    }
+  }
+  if (out.ranked.empty()) {
+    std::string why;
+    for (const auto& [kind, reason] : out.refused) {
+      why += fmt::format("\n  {}: {}", pipeline::ScheduleKindName(kind), reason);
+    }
+    throw InvalidArgument("--compare: no schedule named can be simulated for this job:" + why);
+  }
+  // Within the budget first, then the fastest; of equal times, the one needing less memory.
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const auto& x, const auto& y) {
+    if (x.fits != y.fits) return x.fits;
+    if (x.prediction.step_ms != y.prediction.step_ms) {
+      return x.prediction.step_ms < y.prediction.step_ms;
+    }
+    return x.LargestPeak() < y.LargestPeak();
+  });
+  return out;
+}
+
+}  // namespace sluice

@@ -2,12 +2,17 @@
 // that cannot be written (/dev/full: a full disk) is reported with a non-zero exit, while training
 // goes on and its --save checkpoint is written; `report --out` on a full disk (a file size limit)
 // leaves a good page as it was; a run stopped by a non-finite step keeps its last finite state.
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/cli_fixture.h"
 
@@ -47,6 +52,58 @@ TEST_F(SideOutputsCli, AnUnwritableTraceOrProfileOrMetricsStillSavesTheCheckpoin
     EXPECT_TRUE(fs::exists(ck)) << c.option << ": the checkpoint was lost";
     EXPECT_THAT(r.err, ::testing::Not(HasSubstr("internal error")));
   }
+}
+
+// A real full disk: a 16 KiB tmpfs, mounted in a mount namespace of the run's own (`unshare -m`,
+// so nothing is left mounted), holds the metrics; the checkpoint is on another disk. The metrics
+// fill it after some steps: training goes on to its last step, the checkpoint is saved, the run
+// ends with status 1 naming the metrics, and the metrics file holds whole JSON lines only (a line
+// cut off by the full disk is removed again). Skipped, with the reason, where the machine does not
+// let the test mount a tmpfs (no root, no CAP_SYS_ADMIN, no unshare).
+TEST_F(SideOutputsCli, AFullDiskAbandonsTheMetricsInWholeLinesAndKeepsTraining) {
+  const fs::path disk = dir_ / "disk", ck = dir_ / "ck.safetensors", copy = dir_ / "m.jsonl";
+  fs::create_directories(disk);
+  const std::string script = fmt::format(
+      "unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs \"$0\" || exit 77; \"$1\" train "
+      "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet --steps 200 "
+      "--metrics \"$0/m.jsonl\" --save \"$2\"; rc=$?; cp \"$0/m.jsonl\" \"$3\"; exit $rc' "
+      "'{}' '{}' '{}' '{}' > '{}' 2>&1",
+      disk.string(), binary_, ck.string(), copy.string(), (dir_ / "err.txt").string());
+  const int raw = std::system(script.c_str());
+  const int status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  const std::string err = ReadFile(dir_ / "err.txt");
+  if (status == 77 || (status != 1 && err.find("unshare") != std::string::npos)) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): " << err;
+  }
+  EXPECT_EQ(status, 1) << err;
+  EXPECT_THAT(err, HasSubstr("cannot write metrics file"));
+  EXPECT_THAT(err, HasSubstr("No space left on device; no more metrics are written"));
+  EXPECT_THAT(
+      err, HasSubstr(fmt::format(
+               "training itself went on to step 200 and its state is saved to '{}'", ck.string())));
+  EXPECT_TRUE(fs::exists(ck)) << "the checkpoint was lost";
+  const std::string metrics = ReadFile(copy);
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_EQ(metrics.back(), '\n') << "the metrics end in a cut-off line";
+  std::istringstream lines(metrics);
+  int count = 0;
+  for (std::string line; std::getline(lines, line); ++count) {
+    EXPECT_TRUE(nlohmann::json::accept(line)) << "line " << count + 1 << ": " << line;
+  }
+  EXPECT_GT(count, 1);
+  EXPECT_LT(count, 200) << "the 16 KiB disk held every line: nothing was tested";
+}
+
+// A run that fails before its first step leaves the metrics of the run before it whole (it
+// truncated them at once before).
+TEST_F(SideOutputsCli, ARunThatFailsBeforeItsFirstLineKeepsTheEarlierMetrics) {
+  const std::string earlier = "{\"step\":1,\"loss\":2.5}\n";
+  const fs::path metrics = Write("m.jsonl", earlier);
+  const CliResult r = Sluice(
+      fmt::format("train {} --stages 2 --microbatches 2 --inject-fault throw:0:F:0 --metrics {}",
+                  kSmall, metrics.string()));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_EQ(ReadFile(metrics), earlier);
 }
 
 // A full disk under `report --out` (here a file size limit of 512 bytes; the page is larger):

@@ -1,5 +1,10 @@
 #include "sluice/io/metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -9,33 +14,88 @@
 
 namespace sluice {
 
+namespace {
+
+// The length of `fd`'s first `size` bytes up to and including their last newline (0: none).
+int64_t WholeLinesLength(int fd, int64_t size) {
+  char buffer[4096];
+  for (int64_t end = size; end > 0;) {
+    const int64_t start = std::max<int64_t>(0, end - static_cast<int64_t>(sizeof buffer));
+    const ssize_t n = ::pread(fd, buffer, static_cast<size_t>(end - start), start);
+    if (n <= 0) return size;  // unreadable: keep it as it is
+    for (ssize_t i = n - 1; i >= 0; --i) {
+      if (buffer[i] == '\n') return start + i + 1;
+    }
+    end = start;
+  }
+  return 0;
+}
+
+}  // namespace
+
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (file_ == nullptr) {
+  // O_RDWR: a resumed file is read back to find its last whole line.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+  if (fd_ < 0) {
     throw IoError(fmt::format("cannot open metrics file '{}': {}", path, std::strerror(errno)));
+  }
+  struct stat st {};
+  regular_ = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
+  if (!regular_) return;
+  truncate_ = !append;
+  if (append) {
+    // A killed run may have left half a line: drop it, so the next line starts a line of its own.
+    size_ = WholeLinesLength(fd_, st.st_size);
+    if (size_ != st.st_size && ::ftruncate(fd_, size_) != 0) size_ = st.st_size;
   }
 }
 
 MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
   if (this != &other) {
-    if (file_ != nullptr) std::fclose(file_);
+    Close();
     path_ = std::move(other.path_);
-    file_ = other.file_;
-    other.file_ = nullptr;
+    fd_ = other.fd_;
+    regular_ = other.regular_;
+    truncate_ = other.truncate_;
+    size_ = other.size_;
+    other.fd_ = -1;
   }
   return *this;
 }
 
-MetricsWriter::~MetricsWriter() {
-  if (file_ != nullptr) std::fclose(file_);
+MetricsWriter::~MetricsWriter() { Close(); }
+
+void MetricsWriter::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 void MetricsWriter::Write(const nlohmann::json& object) {
-  if (file_ == nullptr) return;
-  std::string line = object.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
-    throw IoError(fmt::format("cannot write metrics file '{}': {}", path_, std::strerror(errno)));
+  if (fd_ < 0) return;
+  const std::string line = object.dump() + "\n";
+  auto fail = [&](int error) {
+    // Cut a part-written line off: the file keeps whole lines only.
+    if (regular_) {
+      [[maybe_unused]] const int cut = ::ftruncate(fd_, size_);  // best effort; the error follows
+    }
+    return IoError(fmt::format("cannot write metrics file '{}': {}", path_, std::strerror(error)));
+  };
+  if (truncate_) {
+    if (::ftruncate(fd_, 0) != 0) throw fail(errno);
+    truncate_ = false;
+    size_ = 0;
   }
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = regular_ ? ::pwrite(fd_, line.data() + done, line.size() - done,
+                                          size_ + static_cast<int64_t>(done))
+                               : ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw fail(n < 0 ? errno : ENOSPC);
+    done += static_cast<size_t>(n);
+  }
+  size_ += static_cast<int64_t>(line.size());
 }
 
 }  // namespace sluice

@@ -143,6 +143,37 @@ TEST(TextDataset, ClearErrorsForMissingOrShortFiles) {
   std::remove(path.c_str());
 }
 
+// The least size the error names is the one the check takes: 640 bytes are refused for sequences
+// of 64 naming 641, and 641 bytes train (the message said 650 while 641 to 649 trained).
+TEST(TextDataset, TheLeastSizeNamedIsTheLeastThatTrains) {
+  const std::string path = ::testing::TempDir() + "/bytes_640.txt";
+  { std::ofstream(path) << std::string(640, 'a'); }
+  EXPECT_THAT([&] { TextDataset(path, 64); },
+              ThrowsMessage<InvalidArgument>(
+                  AllOf(HasSubstr("640 bytes"), HasSubstr("needs at least 641 bytes"))));
+  { std::ofstream(path) << std::string(641, 'a'); }
+  EXPECT_EQ(TextDataset(path, 64).seq_len(), 64);
+  for (const int64_t T : {1, 7, 8, 63, 64, 100}) {  // the named size trains; one byte less does not
+    const size_t least = [&] {
+      try {
+        { std::ofstream(path) << "a"; }
+        TextDataset(path, T);
+      } catch (const InvalidArgument& e) {
+        const std::string m = e.what();
+        const size_t at = m.find("needs at least ") + 15;
+        return static_cast<size_t>(std::stoll(m.substr(at)));
+      }
+      return size_t{0};
+    }();
+    ASSERT_GT(least, 1u) << T;
+    { std::ofstream(path) << std::string(least, 'b'); }
+    EXPECT_EQ(TextDataset(path, T).seq_len(), T);
+    { std::ofstream(path) << std::string(least - 1, 'b'); }
+    EXPECT_THROW(TextDataset(path, T), InvalidArgument) << T << " at " << least - 1;
+  }
+  std::remove(path.c_str());
+}
+
 // Where the windows of a batch start, pinned from TextDataset before its sampler became the one
 // TokenFileDataset shares: a resumed run draws the same batches as the run it resumes, across
 // versions.
@@ -282,7 +313,7 @@ TEST(TokenFileDataset, ErrorsNameTheFileAndTheFix) {
   EXPECT_THAT(
       [&] { TokenFileDataset(short_file, 8, 0); },
       ThrowsMessage<InvalidArgument>(AllOf(HasSubstr(short_file), HasSubstr("50 tokens"),
-                                           HasSubstr("at least 90 tokens"), HasSubstr("--seq"))));
+                                           HasSubstr("at least 81 tokens"), HasSubstr("--seq"))));
   EXPECT_THAT([&] { TokenFileDataset(short_file, 0, 0); },
               ThrowsMessage<InvalidArgument>(HasSubstr("--seq")));
   EXPECT_EQ(TokenFileDataset(short_file, 4, 0).seq_len(), 4);  // 5 validation tokens: T = 4 fits

@@ -35,6 +35,15 @@ Batch DrawWindows(const TokenAt& token, size_t begin, size_t end, int64_t T, int
   return b;
 }
 
+// The fewest tokens a file needs so that both splits — the first 90% (rounded down) for training,
+// the rest for validation — hold a window of `need` tokens. The validation split of n tokens holds
+// n - floor(9n / 10) = ceil(n / 10) of them, so n >= 10 (need - 1) + 1; the training split needs
+// floor(9n / 10) >= need. The error for a shorter file states this figure, and the check is the
+// same inequality: 641 bytes train sequences of 64 (a message that said 650 let 641 to 649 pass).
+size_t LeastTokensForSplits(size_t need) {
+  return std::max<size_t>(10 * (need - 1) + 1, (10 * need + 8) / 9);
+}
+
 }  // namespace
 
 uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index) {
@@ -93,13 +102,13 @@ TextDataset::TextDataset(const std::string& path, int64_t seq_len)
   const std::string bytes = ReadWholeFile("data file", path);
   bytes_.assign(bytes.begin(), bytes.end());
   train_end_ = bytes_.size() * 9 / 10;
-  const size_t need = static_cast<size_t>(seq_len) + 1;
-  if (seq_len < 1 || train_end_ < need || bytes_.size() - train_end_ < need) {
+  const size_t need = static_cast<size_t>(std::max<int64_t>(seq_len, 0)) + 1;
+  if (seq_len < 1 || bytes_.size() < LeastTokensForSplits(need)) {
     throw InvalidArgument(fmt::format(
         "data file '{}' has {} bytes: too short for sequences of {} tokens (needs at least {} "
-        "bytes so that "
-        "the 10% validation split holds one sequence); use a larger file or a smaller --seq",
-        path, bytes_.size(), seq_len, need * 10));
+        "bytes so that the 10% validation split holds one sequence); use a larger file or a "
+        "smaller --seq",
+        path, bytes_.size(), seq_len, LeastTokensForSplits(need)));
   }
 }
 
@@ -129,13 +138,13 @@ TokenFileDataset::TokenFileDataset(const std::string& path, int64_t seq_len, int
   }
   const size_t n = bytes_.size() / 2;
   train_end_ = n * 9 / 10;
-  const size_t need = static_cast<size_t>(seq_len) + 1;
-  if (seq_len < 1 || train_end_ < need || n - train_end_ < need) {
+  const size_t need = static_cast<size_t>(std::max<int64_t>(seq_len, 0)) + 1;
+  if (seq_len < 1 || n < LeastTokensForSplits(need)) {
     throw InvalidArgument(fmt::format(
         "token file '{}' has {} tokens: too short for sequences of {} tokens (needs at least {} "
         "tokens so that the 10% validation split holds one sequence); use a larger file or a "
         "smaller --seq",
-        path, n, seq_len, need * 10));
+        path, n, seq_len, LeastTokensForSplits(need)));
   }
   if (vocab_ == 0) {
     for (size_t i = 0; i < n; ++i) vocab_ = std::max(vocab_, token(i) + 1);

@@ -61,6 +61,13 @@ void CheckSignature(const OpDef& def) {
   }
   SLUICE_CHECK(s.outputs.empty() == (def.kind == OpKind::kInPlace),
                "op '{}': an op has outputs unless it updates its inputs in place", def.name);
+  SLUICE_CHECK(def.updates.empty() != (def.kind == OpKind::kInPlace),
+               "op '{}': an in-place op names the inputs it writes (OpDef::updates), and only it",
+               def.name);
+  for (int u : def.updates) {
+    SLUICE_CHECK(u >= 0 && u < listed, "op '{}': updates input {}, which it does not have",
+                 def.name, u);
+  }
   for (const std::vector<OpParam>* params : {&s.inputs, &s.attrs, &s.outputs}) {
     for (const OpParam& p : *params) {
       SLUICE_CHECK(!p.name.empty() && !p.type.empty(),

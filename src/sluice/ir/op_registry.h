@@ -186,6 +186,10 @@ struct OpDef {
   bool recomputable = false;
   std::string doc;  // one line, required: what the op computes (`sluice ops` prints it)
   OpSignature signature;
+  // kInPlace ops: the inputs the kernel writes (indices; the others it only reads). The verifier
+  // refuses an instruction whose written input shares its storage with another input, and a view
+  // read after an update of the storage it was taken of (ir/verifier.h).
+  std::vector<int> updates;
 };
 
 // Attributes: an instruction may carry only the attributes its op's signature declares, so that a

@@ -1,5 +1,8 @@
 #include "sluice/ir/verifier.h"
 
+#include <cstdint>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
@@ -20,6 +23,17 @@ void Verify(const Program& p) {
   for (ValueId v : p.inputs()) ++defined.at(v);
   for (ValueId v : p.params()) ++defined.at(v);
   const auto& instrs = p.instructions();
+  // Storage: a view's output shares the storage of its input 0; every other value has its own.
+  // root[v] is the value that owns v's storage; updated[r] the last in-place instruction that
+  // wrote storage r (-1: none yet).
+  std::vector<ValueId> root(values.size());
+  for (size_t v = 0; v < values.size(); ++v) root[v] = static_cast<ValueId>(v);
+  std::vector<int64_t> updated(values.size(), -1);
+  auto input_name = [](const Instruction& ins, size_t k) {
+    const auto& listed = ins.op->signature.inputs;
+    return k < listed.size() ? fmt::format("'{}' (input {})", listed[k].name, k)
+                             : fmt::format("input {}", k);
+  };
   std::vector<TensorType> in_types;
   for (size_t i = 0; i < instrs.size(); ++i) {
     const Instruction& ins = instrs[i];
@@ -39,6 +53,33 @@ void Verify(const Program& p) {
             fmt::format("{}: %{} is used before it is defined", describe(i, ins), values[v].name));
       }
       in_types.push_back(p.type(v));
+      // A view taken before an in-place update of its storage would show the updated values,
+      // not those it was taken of: reading it after the update is refused (docs/program-format.md).
+      const int32_t view_at = values[v].producer;
+      if (root[v] != v && updated[root[v]] > view_at) {
+        throw ProgramError(fmt::format(
+            "{}: reads %{}, a view of %{} taken at instruction {}, after instruction {} ({}) "
+            "updated %{} in place; a view shares its storage, so it would show the updated "
+            "values: take the view after the update, or read it before",
+            describe(i, ins), values[v].name, values[root[v]].name, view_at, updated[root[v]],
+            instrs[updated[root[v]]].op->name, values[root[v]].name));
+      }
+    }
+    if (ins.op->kind == OpKind::kInPlace) {
+      // An input the kernel writes may share its storage with no other input: the kernel would
+      // read values it is overwriting (`sgd_update(%w, %w, %w, %lr)`).
+      for (int u : ins.op->updates) {
+        for (size_t k = 0; k < ins.inputs.size(); ++k) {
+          if (static_cast<int>(k) == u || root[ins.inputs[k]] != root[ins.inputs[u]]) continue;
+          const ValueId w = ins.inputs[u], other = ins.inputs[k];
+          throw ProgramError(fmt::format(
+              "{}: updates %{} in place as {} and also reads {} as {}{}: an in-place update may "
+              "not read what it writes through another input; give each input a value of its own",
+              describe(i, ins), values[w].name, input_name(ins, u),
+              other == w ? "it" : "%" + values[other].name, input_name(ins, k),
+              other == w ? "" : ", which shares its storage"));
+        }
+      }
     }
     std::vector<TensorType> expected;
     try {
@@ -66,6 +107,10 @@ void Verify(const Program& p) {
         throw ProgramError(
             fmt::format("{}: %{} records the wrong producer", describe(i, ins), values[v].name));
       }
+      if (ins.op->kind == OpKind::kView && !ins.inputs.empty()) root[v] = root[ins.inputs[0]];
+    }
+    if (ins.op->kind == OpKind::kInPlace) {
+      for (int u : ins.op->updates) updated[root[ins.inputs[u]]] = static_cast<int64_t>(i);
     }
   }
   for (size_t v = 0; v < values.size(); ++v) {

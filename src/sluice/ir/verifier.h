@@ -3,6 +3,11 @@
 // Checks: every value is defined exactly once (as input, param or the output of one instruction)
 // and before its first use; each instruction's op is registered, has the right number of inputs,
 // and the types of its outputs equal what the op's inference gives; program outputs are defined.
+// In-place updates (OpKind::kInPlace, OpDef::updates): an input the op writes shares its storage
+// with no other input of the instruction (`sgd_update(%w, %w, %w, %lr)`, or a view of %w), and a
+// view (kView: it shares its input's storage) taken before an update of its storage is not read
+// after it — it would show the updated values. The value updated, and views taken after the
+// update, read the new values (docs/program-format.md, "In-place updates").
 // Throws ProgramError naming the program, the instruction (index, op, first output) and the value.
 #pragma once
 

@@ -130,7 +130,8 @@ void RegisterOptimizerOps(OpRegistry& r) {
                                 {"grad", "float[...]"},
                                 {"momentum_buf", "float[...]"},
                                 {"lr", "f32|f64[]"}},
-                     .attrs = {{"momentum", "float = 0"}, {"weight_decay", "float = 0"}}}});
+                     .attrs = {{"momentum", "float = 0"}, {"weight_decay", "float = 0"}}},
+       .updates = {0, 2}});
   r.Register(
       {.name = "adamw_update",
        .kind = OpKind::kInPlace,
@@ -149,7 +150,8 @@ void RegisterOptimizerOps(OpRegistry& r) {
                      .attrs = {{"beta1", "float = 0.9"},
                                {"beta2", "float = 0.999"},
                                {"eps", "float = 1e-08"},
-                               {"weight_decay", "float = 0.01"}}}});
+                               {"weight_decay", "float = 0.01"}}},
+       .updates = {0, 2, 3}});
 }
 
 }  // namespace sluice

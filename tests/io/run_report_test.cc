@@ -204,6 +204,41 @@ TEST_F(RunReportFiles, ATraceMustBeAChromeTrace) {
   EXPECT_THROW(ReadTraceFile(Write("c.json", "not json")), ParseError);
 }
 
+// Regression (issue "Nothing lost"): figures out of their range were drawn as they came — a step
+// of 2^63 as negative, negative steps, byte counts and stage indices, a bubble above 1. Each is a
+// ParseError naming the file, the line and the range.
+TEST_F(RunReportFiles, AFigureOutOfItsRangeIsNamedByFileAndLine) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{\"step\": 9223372036854775808, \"loss\": 1}",
+       "\"step\" is 9223372036854775808, outside 0 to 9223372036854775807"},
+      {"{\"step\": -3, \"loss\": 1}", "\"step\" is -3, outside 0 to 9223372036854775807"},
+      {"{\"step\": 2, \"loss\": 1, \"peak_allocated_bytes\": -5}",
+       "\"peak_allocated_bytes\" is -5, below 0"},
+      {"{\"step\": 2, \"loss\": 1, \"lr\": -0.1}", "\"lr\" is -0.1, below 0"},
+      {"{\"summary\": true, \"stages\": [{\"stage\": -1}]}",
+       "in \"stages\", \"stage\" is -1, outside 0 to 9223372036854775807"},
+      {"{\"summary\": true, \"stages\": [{\"stage\": 0, \"bubble\": 1.5}]}",
+       "in \"stages\", \"bubble\" is 1.5, outside 0 to 1"},
+      {"{\"summary\": true, \"stages\": [{\"stage\": 0, \"peak_reserved_bytes\": -1}]}",
+       "in \"stages\", \"peak_reserved_bytes\" is -1, below 0"},
+  };
+  for (const auto& [line, message] : cases) {
+    const std::string m = Write("m.jsonl", "{\"step\": 1, \"loss\": 2}\n" + line + "\n");
+    try {
+      ReadMetricsFile(m);
+      ADD_FAILURE() << "accepted " << line;
+    } catch (const ParseError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(m + ":2:1: " + message)) << line;
+    }
+  }
+  // The edges are figures: step 2^63 - 1, a bubble of 1, a byte count of 0.
+  const std::string edges =
+      Write("edges.jsonl",
+            "{\"step\": 9223372036854775807, \"loss\": 1, \"peak_allocated_bytes\": 0}\n"
+            "{\"summary\": true, \"stages\": [{\"stage\": 0, \"bubble\": 1}]}\n");
+  EXPECT_NO_THROW(ReadMetricsFile(edges));
+}
+
 // Regression: a value of the wrong type was reported without its file or line ("the metrics hold a
 // line that ... does not write") or, for a figure, drawn as 0; and a process_name event without
 // "args" was read through operator[] on a const object (undefined behaviour: the message differed

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "schedule/schedule_text.h"
@@ -178,6 +179,22 @@ TEST(StepSimulator, RefusesCostsOfAnotherJob) {
     EXPECT_NE(std::string(e.what()).find("dim is 64 there, 128 here"), std::string::npos)
         << e.what();
   }
+  // A file that does not say what it measured fits no job (it was taken for any before).
+  c.job = nlohmann::json::object();
+  EXPECT_THAT(
+      [&] {
+        CheckCostsJob(c, {{"dim", 64}});
+      },
+      ::testing::ThrowsMessage<InvalidArgument>(::testing::HasSubstr(
+          "it has no \"job\": it says nothing of \"dim\", so it could have been "
+          "measured on any job")));
+  c.job = {{"layers", 4}};
+  EXPECT_THAT(
+      [&] {
+        CheckCostsJob(c, {{"dim", 64}, {"layers", 4}});
+      },
+      ::testing::ThrowsMessage<InvalidArgument>(
+          ::testing::HasSubstr("its \"job\" says nothing of \"dim\"")));
 }
 
 TEST(StepSimulator, CostsRoundTripThroughJson) {

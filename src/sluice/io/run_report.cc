@@ -64,6 +64,19 @@ std::string NotInteger(const Json& object, const char* key) {
   return fmt::format("\"{}\" is {}, not an integer", key, it->dump());
 }
 
+// The same for a count or an index ("step", "stage"): an integer from 0 to 2^63 - 1 (a step of
+// 2^63 was drawn as negative, and negative ones were drawn as they came).
+std::string NotCount(const Json& object, const char* key) {
+  if (std::string bad = NotInteger(object, key); !bad.empty()) return bad;
+  const auto it = object.find(key);
+  if (it == object.end()) return "";
+  const bool fits = it->is_number_unsigned()
+                        ? it->get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()}
+                        : it->get<int64_t>() >= 0;
+  if (fits) return "";
+  return fmt::format("\"{}\" is {}, outside 0 to 9223372036854775807", key, it->dump());
+}
+
 // The same for a number; null passes too (the metrics write a non-finite loss as null).
 std::string NotNumber(const Json& object, const char* key) {
   const auto it = object.find(key);
@@ -72,20 +85,35 @@ std::string NotNumber(const Json& object, const char* key) {
 }
 
 // The figures the report draws from a metrics line or a summary's stage: read as 0 when absent,
-// so a value of another type would be drawn as 0 without a word.
-constexpr const char* kFigures[] = {"loss",
-                                    "lr",
-                                    "tokens_per_s",
-                                    "val_loss",
-                                    "accuracy",
-                                    "peak_allocated_bytes",
-                                    "peak_reserved_bytes",
-                                    "bubble"};
+// so a value of another type would be drawn as 0 without a word; each within its range (a
+// negative byte count, a bubble above 1 were drawn as they came).
+constexpr double kNoBound = std::numeric_limits<double>::infinity();
+constexpr struct {
+  const char* key;
+  double least, most;
+} kFigures[] = {{"loss", -kNoBound, kNoBound},
+                {"lr", 0, kNoBound},
+                {"tokens_per_s", 0, kNoBound},
+                {"val_loss", -kNoBound, kNoBound},
+                {"accuracy", 0, 1},
+                {"peak_allocated_bytes", 0, kNoBound},
+                {"peak_reserved_bytes", 0, kNoBound},
+                {"liveness_bound_bytes", 0, kNoBound},
+                {"predicted_peak_allocated_bytes", 0, kNoBound},
+                {"bubble", 0, 1}};
 
-// The first of kFigures in `object` that is not a number, or "".
+// The first of kFigures in `object` that is not a number, or out of its range; "" when none.
 std::string BadFigure(const Json& object) {
-  for (const char* key : kFigures) {
-    if (std::string bad = NotNumber(object, key); !bad.empty()) return bad;
+  for (const auto& f : kFigures) {
+    if (std::string bad = NotNumber(object, f.key); !bad.empty()) return bad;
+    const auto it = object.find(f.key);
+    if (it == object.end() || it->is_null()) continue;
+    const double v = it->get<double>();
+    if (v < f.least || v > f.most) {
+      return f.most == kNoBound ? fmt::format("\"{}\" is {}, below {}", f.key, it->dump(), f.least)
+                                : fmt::format("\"{}\" is {}, outside {} to {}", f.key, it->dump(),
+                                              f.least, f.most);
+    }
   }
   return "";
 }
@@ -193,14 +221,14 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
                        "a metrics line must be a JSON object (sluice train --metrics)");
     }
     // What the report reads as an integer, checked here where the line is known.
-    std::string bad = NotInteger(j, "step");
+    std::string bad = NotCount(j, "step");
     if (bad.empty()) bad = BadFigure(j);
     const auto stages = j.find("stages");
     if (bad.empty() && j.contains("summary") && stages != j.end() && stages->is_array()) {
       for (const Json& stage : *stages) {
         if (!stage.is_object()) {
           bad = fmt::format("\"stages\" holds {}, not an object", stage.dump());
-        } else if (std::string b = NotInteger(stage, "stage"); !b.empty()) {
+        } else if (std::string b = NotCount(stage, "stage"); !b.empty()) {
           bad = "in \"stages\", " + b;
         } else if (std::string f = BadFigure(stage); !f.empty()) {
           bad = "in \"stages\", " + f;

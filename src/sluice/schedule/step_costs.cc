@@ -55,6 +55,18 @@ void CheckCostsCover(const StepCosts& costs, const Schedule& schedule) {
 }
 
 void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job) {
+  // A file that does not say what it measured would be taken for any job: what identifies this
+  // job (the model, its sizes, the layout) must all be there.
+  for (const auto& [key, value] : job.items()) {
+    if (costs.job.is_object() && costs.job.contains(key)) continue;
+    throw InvalidArgument(fmt::format(
+        "{}: {} says nothing of \"{}\", so it could have been measured on any job; a costs file "
+        "of sluice train --profile-out records its job (profile this one with sluice train ... "
+        "--profile-out)",
+        costs.source,
+        costs.job.is_object() && !costs.job.empty() ? "its \"job\"" : "it has no \"job\": it",
+        key));
+  }
   for (const auto& [key, value] : costs.job.items()) {
     if (!job.contains(key)) continue;
     if (job[key] != value) {

@@ -111,7 +111,8 @@ inline constexpr double kCoreWaitShareNoted = 0.05;
 
 // Throws InvalidArgument when `costs` do not cover `schedule` (see above).
 void CheckCostsCover(const StepCosts& costs, const Schedule& schedule);
-// Throws InvalidArgument naming the first field of costs.job that `job` has with another value.
+// Throws InvalidArgument naming the first field of `job` that costs.job lacks (a file without its
+// job, or without "dim", fits no job), then the first it has with another value.
 void CheckCostsJob(const StepCosts& costs, const nlohmann::json& job);
 
 // Costs files (docs/simulator.md): JSON, written by `sluice train --profile-out`.

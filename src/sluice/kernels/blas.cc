@@ -2,11 +2,18 @@
 
 #include <dlfcn.h>
 
+#include <sys/resource.h>
+
 #include <cblas.h>
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
+#include "sluice/core/system_memory.h"
 
 namespace sluice::kernels {
 namespace {
@@ -63,6 +70,32 @@ std::string BetterBlasCore(const std::string& openblas_choice, const std::string
     return "";
   }
   return avx512 ? "SkylakeX" : "Haswell";
+}
+
+int64_t BlasThreadsAddressSpace(int threads) {
+  // A thread's stack is RLIMIT_STACK's soft limit (glibc's default; 8 MiB when unlimited).
+  int64_t stack = int64_t{8} << 20;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_STACK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    stack = static_cast<int64_t>(limit.rlim_cur);
+  }
+  const int64_t more = std::max(0, threads - 1);
+  return more * (kOpenBlasBufferBytes + stack) + more * stack;
+}
+
+void CheckBlasThreadsFit(int threads) {
+  const SystemMemory m = ReadSystemMemory();
+  const int64_t left = m.AddressLeft();
+  if (left < 0 || BlasThreadsAddressSpace(threads) <= left) return;
+  int fit = threads;
+  while (fit > 1 && BlasThreadsAddressSpace(fit) > left) --fit;
+  auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); };
+  throw ResourceError(fmt::format(
+      "{} intra-op threads need {:.1f} GiB of address space (OpenBLAS's 128 MiB buffer and the "
+      "stacks of each thread past the first), and the address-space limit (ulimit -v, {:.1f} GiB) "
+      "leaves {:.1f} GiB: ask for at most {} (--threads {}) or raise the limit",
+      threads, gib(BlasThreadsAddressSpace(threads)), gib(m.address_limit_bytes),
+      gib(std::max<int64_t>(left, 0)), fit, fit));
 }
 
 const BlasKernels& EnsureBlasKernels() {

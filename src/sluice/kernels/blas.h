@@ -22,6 +22,7 @@
 //   "");
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace sluice::kernels {
@@ -40,5 +41,19 @@ const BlasKernels& EnsureBlasKernels();
 // Empty: keep OpenBLAS's pick. (Pure; EnsureBlasKernels applies it.)
 std::string BetterBlasCore(const std::string& openblas_choice, const std::string& user_choice,
                            bool avx2, bool avx512);
+
+// OpenBLAS gives each of its threads a buffer of 128 MiB (its BUFFER_SIZE on x86-64, plus a page),
+// allocated when the thread starts or first works; when that allocation fails, OpenBLAS's
+// allocator retries for ever: the GEMM never returns, nor does the process's exit, which joins the
+// thread (under `ulimit -v 8388608`, `--threads 64` hung so). CheckBlasThreadsFit(threads) is
+// called before OpenBLAS is given `threads` threads: under an address-space limit (RLIMIT_AS) it
+// throws ResourceError unless threads - 1 such buffers, their stacks and those of as many intra-op
+// workers (kernels/parallel.h) fit in what the limit leaves, naming the most --threads that fit.
+// Without a limit it checks nothing: memory the machine lacks is the memory check's
+// (docs/errors.md, "A resource check before allocation").
+inline constexpr int64_t kOpenBlasBufferBytes = (int64_t{128} << 20) + 4096;
+// The address space `threads` intra-op threads take beyond the calling one's (both pools).
+int64_t BlasThreadsAddressSpace(int threads);
+void CheckBlasThreadsFit(int threads);
 
 }  // namespace sluice::kernels

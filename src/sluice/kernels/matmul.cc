@@ -116,6 +116,7 @@ template void MatMulBlas<double>(const Tensor&, const Tensor&, const Tensor&, bo
 
 void SetBlasThreads(int threads) {
   EnsureBlasKernels();
+  CheckBlasThreadsFit(threads);  // before OpenBLAS starts threads it could not give a buffer
   openblas_set_num_threads(threads);
 }
 

@@ -116,9 +116,12 @@ TEST_F(SampleCli, BadPromptsAndOptionsAreClearErrors) {
     EXPECT_EQ(r.status, 1);
     EXPECT_THAT(r.err, HasSubstr("--temperature must be a positive number when sampling"));
   }
-  // Greedy decoding does not use the temperature.
-  r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --temperature 0 --greedy", ckpt));
-  EXPECT_EQ(r.status, 0) << r.err;
+  // Greedy decoding draws nothing: the options of the draws are refused rather than ignored.
+  for (const char* o : {"--temperature 0", "--top-k 5", "--seed 3"}) {
+    r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 {} --greedy", ckpt, o));
+    EXPECT_EQ(r.status, 1) << o;
+    EXPECT_THAT(r.err, HasSubstr("shapes the sampling, and --greedy samples nothing")) << o;
+  }
   r = Sluice(fmt::format("sample --checkpoint {} --prompt 315402 --seed -1", ckpt));
   EXPECT_EQ(r.status, static_cast<int>(CLI::ExitCodes::ValidationError)) << r.err;
   EXPECT_THAT(r.err, HasSubstr("a seed is an integer from 0 to 18446744073709551615, got '-1'"));

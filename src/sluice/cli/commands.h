@@ -13,7 +13,9 @@
 // Thread-safety: called from main only.
 #pragma once
 
+#include <charconv>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -74,6 +76,22 @@ inline CLI::Validator Seed() {
         return "a seed is an integer from 0 to 18446744073709551615, got '" + text + "'";
       },
       "UINT64");
+}
+
+// A CLI11 check for an option bound to an int64_t: a decimal integer beyond 64 bits is refused
+// naming the range. CLI11 alone clamps it (`--steps 99999999999999999999` ran 2^63 - 1 steps).
+// Other text passes on to CLI11's own parsing (and its error for what is not a number).
+inline CLI::Validator Int64() {
+  return CLI::Validator(
+      [](std::string& text) {
+        int64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+        if (ec != std::errc::result_out_of_range) return std::string();
+        return "'" + text + "' is out of range: an integer from -9223372036854775808 to " +
+               "9223372036854775807 (2^63 - 1) is expected";
+      },
+      "");
 }
 
 // One per command file.

@@ -28,7 +28,7 @@ namespace sluice::cli {
 namespace {}  // namespace
 
 CommandRunner SetupExportCommand(CLI::App& sub) {
-  TrainOptions options = AddTrainOptions(sub);
+  TrainOptions options = AddTrainOptions(sub, TrainCommand::kNoTraining);
   auto out = std::make_shared<std::string>();
   sub.add_option("--out", *out, "the program file to write (.sluice)")
       ->required()

@@ -98,7 +98,7 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
 }
 
 CommandRunner SetupPlanCommand(CLI::App& sub) {
-  TrainOptions options = AddTrainOptions(sub);
+  TrainOptions options = AddTrainOptions(sub, TrainCommand::kNoTraining);
   sub.add_option("--format", options.args->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

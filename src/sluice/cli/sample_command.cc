@@ -241,18 +241,29 @@ CommandRunner SetupSampleCommand(CLI::App& sub) {
   auto* tokens =
       sub.add_option("--tokens", a->tokens,
                      "tokens to generate (default: 256; the sorted digits for the sort task)");
-  sub.add_option("--temperature", a->temperature, "divides the logits before sampling; > 0")
-      ->capture_default_str();
-  sub.add_option("--top-k", a->top_k, "sample among the k most likely tokens (0: all)")
-      ->capture_default_str();
-  sub.add_option("--seed", a->seed, "seed of the draws: the same seed, the same text")
-      ->check(Seed())
-      ->capture_default_str();
+  auto* temperature =
+      sub.add_option("--temperature", a->temperature, "divides the logits before sampling; > 0")
+          ->capture_default_str();
+  auto* top_k =
+      sub.add_option("--top-k", a->top_k, "sample among the k most likely tokens (0: all)")
+          ->capture_default_str();
+  auto* seed = sub.add_option("--seed", a->seed, "seed of the draws: the same seed, the same text")
+                   ->check(Seed())
+                   ->capture_default_str();
   sub.add_flag("--greedy", a->greedy, "always the most likely token (no sampling)");
   sub.add_option("--threads", a->threads, "BLAS threads of the matrix products")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  return [a, tokens] {
+  return [a, tokens, temperature, top_k, seed] {
+    // Greedy decoding draws nothing: an option that shapes the draws would be silently ignored.
+    for (const CLI::Option* o : {temperature, top_k, seed}) {
+      if (a->greedy && o->count() > 0) {
+        throw InvalidArgument(fmt::format(
+            "{} shapes the sampling, and --greedy samples nothing (it always takes the most "
+            "likely token): drop {} or --greedy",
+            o->get_name(), o->get_name()));
+      }
+    }
     if (tokens->count() > 0 && (a->tokens < 0 || a->tokens > kMaxSampleTokens)) {
       throw InvalidArgument(
           fmt::format("--tokens must be 0 to {}, got {}", kMaxSampleTokens, a->tokens));

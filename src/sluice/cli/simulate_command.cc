@@ -244,7 +244,7 @@ int RunSimulate(TrainArgs& a) {
 }  // namespace
 
 CommandRunner SetupSimulateCommand(CLI::App& sub) {
-  TrainOptions options = AddTrainOptions(sub);
+  TrainOptions options = AddTrainOptions(sub, TrainCommand::kNoTraining);
   sub.add_option("--costs", options.args->costs,
                  "costs file of sluice train --profile-out (default: unit costs); repeat it to "
                  "give several (interleaved needs its own): each schedule uses the first that "

@@ -133,6 +133,7 @@ int RunTrain(TrainArgs& a) {
     c.memory_budget = choice.budget;
     a.pipe.schedule = choice.schedule;
   }
+  CheckMemoryFits(a);  // before anything is allocated
   EngineFactory engine;
   if (a.pipeline) engine = pipeline::PipelineEngineFactory(a.pipe);
   // From here a first SIGINT or SIGTERM stops training after the current step, with a checkpoint.
@@ -217,7 +218,7 @@ int RunTrain(TrainArgs& a) {
 }  // namespace
 
 CommandRunner SetupTrainCommand(CLI::App& sub) {
-  TrainOptions options = AddTrainOptions(sub);
+  TrainOptions options = AddTrainOptions(sub, TrainCommand::kTrain);
   return [options] {
     options.finish();
     TrainArgs* a = options.args.get();

@@ -5,13 +5,18 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sluice/cli/commands.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
+#include "sluice/core/system_memory.h"
+#include "sluice/exec/analysis.h"
+#include "sluice/pipeline/memory_forecast.h"
 #include "sluice/schedule/schedule_analysis.h"
 #include "sluice/step/config_checks.h"
 #include "sluice/step/memory_budget.h"
+#include "sluice/step/memory_replay.h"
 #include "sluice/step/program_task.h"
 
 namespace sluice::cli {
@@ -85,9 +90,16 @@ void CheckScopedOptions(const std::vector<ScopedOption>& scoped, const std::stri
   }
 }
 
+// An option of `sluice train` that a command training nothing accepts only to refuse it.
+struct UnusedOption {
+  CLI::Option* option;
+  std::string_view why;  // "it writes no checkpoint"
+  std::string name;      // "--save" (CLI11 names a hidden option "")
+};
+
 }  // namespace
 
-TrainOptions AddTrainOptions(CLI::App& sub) {
+TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
   auto a = std::make_shared<TrainArgs>();
   TrainConfig& c = a->config;
   auto* model = sub.add_option("--model", c.model, "gpt or mlp")->capture_default_str();
@@ -116,8 +128,8 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   auto* hidden =
       sub.add_option("--hidden", c.mlp.hidden, "mlp: hidden width")->capture_default_str();
   auto* classes = sub.add_option("--classes", c.mlp.classes, "mlp: classes")->capture_default_str();
-  sub.add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
-  sub.add_option("--batch", c.batch, "sequences per step")->capture_default_str();
+  auto* steps = sub.add_option("--steps", c.steps, "optimizer steps")->capture_default_str();
+  auto* batch = sub.add_option("--batch", c.batch, "sequences per step")->capture_default_str();
   auto* microbatches = sub.add_option(
       "--microbatches", c.microbatches,
       "micro-batches per step (gradient accumulation; default 1, with a pipeline the fewest its "
@@ -125,8 +137,8 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--optimizer", a->optimizer, "adamw or sgd")->capture_default_str();
   sub.add_option("--lr", c.optimizer.lr, "peak learning rate")->capture_default_str();
   sub.add_option("--lr-schedule", a->lr_schedule, "constant or cosine")->capture_default_str();
-  sub.add_option("--warmup", c.optimizer.warmup_steps, "linear warmup steps")
-      ->capture_default_str();
+  auto* warmup = sub.add_option("--warmup", c.optimizer.warmup_steps, "linear warmup steps")
+                     ->capture_default_str();
   auto* min_lr = sub.add_option("--min-lr", c.optimizer.min_lr,
                                 "cosine floor, at most --lr (default: 0.0003 or --lr if lower)");
   sub.add_option("--weight-decay", c.optimizer.weight_decay,
@@ -168,25 +180,38 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
   sub.add_option("--threads", c.threads,
                  "intra-op threads, BLAS included (0: all cores; at most 1024)")
       ->capture_default_str();
-  sub.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end)")
-      ->capture_default_str();
-  sub.add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")
-      ->capture_default_str();
-  sub.add_option("--metrics", c.metrics_path,
-                 "write JSON lines (per step, eval, summary) to this file")
-      ->check(NonEmptyPath());
-  sub.add_option("--save", c.save_path, "checkpoint file (safetensors)")->check(NonEmptyPath());
-  sub.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end)")
-      ->capture_default_str();
-  sub.add_option("--resume", c.resume_path,
-                 "continue from this checkpoint (bitwise the same losses)")
-      ->check(NonEmptyPath());
-  sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file")
-      ->check(NonEmptyPath());
-  sub.add_option("--skip-nonfinite", c.skip_nonfinite,
-                 "skip the update of up to N steps whose loss or gradient norm is not finite "
-                 "(0: stop at the first)")
-      ->capture_default_str();
+  auto* eval_every =
+      sub.add_option("--eval-every", c.eval_every, "evaluate every N steps (0: at the end)")
+          ->capture_default_str();
+  auto* eval_batches =
+      sub.add_option("--eval-batches", c.eval_batches, "validation batches per evaluation")
+          ->capture_default_str();
+  auto* metrics = sub.add_option("--metrics", c.metrics_path,
+                                 "write JSON lines (per step, eval, summary) to this file")
+                      ->check(NonEmptyPath());
+  auto* save =
+      sub.add_option("--save", c.save_path, "checkpoint file (safetensors)")->check(NonEmptyPath());
+  auto* save_every =
+      sub.add_option("--save-every", c.save_every, "checkpoint every N steps (0: at the end)")
+          ->capture_default_str();
+  auto* resume = sub.add_option("--resume", c.resume_path,
+                                "continue from this checkpoint (bitwise the same losses)")
+                     ->check(NonEmptyPath());
+  auto* no_memory_check = sub.add_flag(
+      "--no-memory-check", a->no_memory_check,
+      "start even when the forecast peak exceeds the memory available (MemAvailable, ulimit -v)");
+  auto* allow_changes = sub.add_flag(
+      "--allow-changes", c.allow_changes,
+      "with --resume: go on with hyperparameters (--lr, --batch, ...) that differ from the "
+      "checkpoint's, each printed as a warning, instead of refusing them");
+  auto* init_from =
+      sub.add_option("--init-from", c.init_from, "load weights only from this safetensors file")
+          ->check(NonEmptyPath());
+  auto* skip_nonfinite =
+      sub.add_option("--skip-nonfinite", c.skip_nonfinite,
+                     "skip the update of up to N steps whose loss or gradient norm is not finite "
+                     "(0: stop at the first)")
+          ->capture_default_str();
   sub.add_flag("--quiet", a->quiet, "no progress output");
 
   sub.add_option("--stages", a->pipe.stages, "pipeline stages P, one thread each (1: no pipeline)")
@@ -236,6 +261,35 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
              "--data-parallel", a->data_parallel,
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
+  // The files and faults a command that trains nothing (plan, simulate, export) never reads:
+  // refused by name in finish rather than ignored. They stay options of the command, hidden from
+  // its help, so that the error is sluice's own. What describes the run itself (--steps,
+  // --eval-every, --skip-nonfinite, --seed) stays accepted, so that a train command's options can
+  // be planned as they are.
+  std::vector<UnusedOption> unused;
+  if (command == TrainCommand::kNoTraining) {
+    unused = {{save, "it writes no checkpoint"},
+              {save_every, "it writes no checkpoint"},
+              {metrics, "it writes no metrics"},
+              {trace, "it runs no step to trace (sluice train --trace does)"},
+              {profile, "it measures no costs (sluice train --profile-out does)"},
+              {resume, "there is no run to continue"},
+              {allow_changes, "there is no run to continue"},
+              {no_memory_check, "it allocates nothing"},
+              {init_from, "it loads no weights (only a --program's `loaded` parameters need them)"},
+              {fault, "it runs no stage to fail"},
+              {compute_sleep, "it runs no stage"}};
+    for (UnusedOption& u : unused) {
+      u.name = "--" + u.option->get_lnames().front();
+      u.option->group("");
+    }
+  }
+  // Integers past 64 bits are refused, not clamped to 2^63 - 1.
+  for (CLI::Option* o :
+       {steps, batch, microbatches, warmup, eval_every, eval_batches, save_every, skip_nonfinite,
+        layers, heads, dim, seq, vocab, features, hidden, classes}) {
+    o->check(Int64());
+  }
   // Options only one model or one optimizer reads: given for the other, they would change nothing.
   const std::vector<ScopedOption> scoped = {
       {layers, "--model", "gpt"},        {heads, "--model", "gpt"},
@@ -245,9 +299,10 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       {classes, "--model", "mlp", true}, {beta1, "--optimizer", "adamw"},
       {beta2, "--optimizer", "adamw"},   {momentum, "--optimizer", "sgd"},
   };
-  auto finish = [a, data, scoped, sched, chunks, partition, layout, release, ahead, timeout, trace,
-                 profile, fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr,
-                 microbatches, model, program] {
+  auto finish = [a, command_name = sub.get_name(), unused, init_from, resume, allow_changes, data,
+                 scoped, sched, chunks, partition, layout, release, ahead, timeout, trace, profile,
+                 fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr, microbatches,
+                 model, program] {
     if (program->count() > 0) {
       if (model->count() > 0) {
         throw InvalidArgument(fmt::format("--program {} and --model {} name two models: drop one",
@@ -256,6 +311,12 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       a->config.model = "program";
     }
     CheckScopedOptions(scoped, a->config.model, a->optimizer);
+    for (const UnusedOption& u : unused) {
+      if (u.option->count() == 0) continue;
+      if (u.option == init_from && program->count() > 0) continue;  // `loaded` parameters
+      throw InvalidArgument(fmt::format("{}: sluice {} trains nothing, so {}: drop {}", u.name,
+                                        command_name, u.why, u.name));
+    }
     if (data->count() == 0) {
       a->config.data = a->config.model == "program" ? DefaultProgramData(a->config.program)
                                                     : DefaultData(a->config.model);
@@ -267,6 +328,22 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
                                  profile, fault, compute_sleep, comm, dp}) {
       a->pipeline = a->pipeline || o->count() > 0;
     }
+    if (recompute->count() > 0 && no_recompute->count() > 0) {
+      throw InvalidArgument(fmt::format(
+          "--recompute {} and --no-recompute (--recompute none) choose two policies: give one",
+          a->recompute));
+    }
+    if (allow_changes->count() > 0 && resume->count() == 0) {
+      throw InvalidArgument(
+          "--allow-changes lets a --resume change the checkpoint's hyperparameters; without "
+          "--resume there is nothing to change: drop it");
+    }
+    if (resume->count() > 0 && init_from->count() > 0) {
+      throw InvalidArgument(fmt::format(
+          "--resume {} continues a run with its own weights, which --init-from {} would replace: "
+          "give --resume to continue the run, or --init-from to start a new one from its weights",
+          a->config.resume_path, a->config.init_from));
+    }
     a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
     a->microbatches_given = microbatches->count() > 0;
     a->partition_given = partition->count() > 0;
@@ -274,9 +351,11 @@ TrainOptions AddTrainOptions(CLI::App& sub) {
       throw InvalidArgument(
           fmt::format("--inject-compute-ms must be in [0, 60000] ms, got {}", a->compute_sleep_ms));
     }
-    if (!(a->comm_timeout_s > 0)) {
-      throw InvalidArgument(
-          fmt::format("--comm-timeout must be positive, got {}", a->comm_timeout_s));
+    // Kept in whole milliseconds: a positive value below one would become 0 ms, which is refused.
+    if (!(a->comm_timeout_s >= 1e-3)) {
+      throw InvalidArgument(fmt::format(
+          "--comm-timeout must be at least 0.001 s (1 ms, the resolution of the timeout), got {}",
+          a->comm_timeout_s));
     }
     a->pipe.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(std::min(a->comm_timeout_s, 1e9) * 1000));
@@ -401,6 +480,81 @@ PlanRequest MakePlanRequest(const TrainArgs& a) {
     r.budget = ParseMemoryBudget(a.memory_budget, a.pipeline ? a.pipe.stages : 1);
   }
   return r;
+}
+
+void CheckMemoryFits(const TrainArgs& a) {
+  if (a.no_memory_check) return;
+  const SystemMemory system = ReadSystemMemory();
+  const int64_t address_left = system.AddressLeft();
+  if (system.available_bytes < 0 && address_left < 0) return;  // nothing known to compare with
+  const TrainConfig& c = a.config;
+  const Job job = MakeJob(c);
+  const std::vector<StageMemoryForecast> stages =
+      ForecastJob(MakePlanRequest(a), job, c, a.pipe.schedule);
+  // Stages as threads share this process; under --comm mpi it runs one of them (the largest, at
+  // worst).
+  MemoryBreakdown peak;
+  int64_t total = 0;
+  for (const StageMemoryForecast& f : stages) {
+    if (a.comm != "mpi") {
+      for (size_t u = 0; u < peak.bytes.size(); ++u) peak.bytes[u] += f.at_peak.bytes[u];
+      total += f.peak_allocated_bytes;
+    } else if (f.peak_allocated_bytes > total) {
+      peak = f.at_peak;
+      total = f.peak_allocated_bytes;
+    }
+  }
+  const bool over_available = system.available_bytes >= 0 && total > system.available_bytes;
+  const bool over_limit = address_left >= 0 && total > address_left;
+  if (!over_available && !over_limit) return;
+  std::vector<std::string> parts;
+  for (const auto& [use, name] : kMemoryUseNames) {
+    if (peak[use] > 0) {
+      std::string words(name);
+      std::replace(words.begin(), words.end(), '_', ' ');
+      parts.push_back(fmt::format("{} {}", words, FormatBytes(peak[use])));
+    }
+  }
+  const int64_t model_bytes =
+      peak[MemoryUse::kParameters] + peak[MemoryUse::kOptimizerState] + peak[MemoryUse::kGradients];
+  std::string cause;
+  if (2 * model_bytes >= total) {
+    if (c.model == "gpt") {
+      cause = fmt::format(
+          "the model's size makes most of it: --dim {} and --layers {} (parameters grow with "
+          "layers × dim²); ask for a smaller model",
+          c.gpt.dim, c.gpt.layers);
+    } else if (c.model == "mlp") {
+      cause = fmt::format(
+          "the model's size makes most of it: --features {}, --hidden {}, --classes {}; ask for "
+          "a smaller model",
+          c.mlp.features, c.mlp.hidden, c.mlp.classes);
+    } else {
+      cause = fmt::format("the model's parameters make most of it: the sizes in {}", c.program);
+    }
+    if (a.pipeline && a.comm != "mpi") {
+      cause += " or place the stages in processes of their own (--comm mpi)";
+    }
+  } else {
+    cause = fmt::format(
+        "the activations of its micro-batches make most of it: --batch {} in {} micro-batches "
+        "(more --microbatches, a smaller --batch{} or --recompute full keep fewer)",
+        c.batch, c.microbatches, c.model == "gpt" ? " or --seq" : "");
+  }
+  std::string room;
+  if (over_available) {
+    room = fmt::format("this machine has {} available (MemAvailable)",
+                       FormatBytes(system.available_bytes));
+  }
+  if (over_limit) {
+    room += fmt::format("{}the address-space limit (ulimit -v, {}) leaves {}",
+                        room.empty() ? "" : " and ", FormatBytes(system.address_limit_bytes),
+                        FormatBytes(std::max<int64_t>(address_left, 0)));
+  }
+  throw ResourceError(fmt::format(
+      "this run needs {} of tensor memory at its peak (the forecast of sluice plan: {}), and {}: "
+      "{}; or pass --no-memory-check to try anyway",
+      FormatBytes(total), fmt::join(parts, ", "), room, cause));
 }
 
 }  // namespace sluice::cli

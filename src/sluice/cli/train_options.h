@@ -7,7 +7,7 @@
 // Thread-safety: called from main only.
 //
 // Example (what a command's setup does):
-//   TrainOptions options = AddTrainOptions(sub);
+//   TrainOptions options = AddTrainOptions(sub, TrainCommand::kNoTraining);
 //   return [options] {
 //     options.finish();            // once CLI11 has parsed the command line
 //     TrainArgs& a = *options.args;
@@ -42,6 +42,7 @@ struct TrainArgs {
   std::string mode = "trace";
   std::string recompute = "cheap";  // a policy, or a comma list of one per stage
   bool no_recompute = false;
+  bool no_memory_check = false;  // --no-memory-check: skip CheckMemoryFits
   bool quiet = false;
   // Pipeline: used when --stages > 1 or any pipeline option is given.
   bool pipeline = false;
@@ -76,7 +77,12 @@ struct TrainOptions {
   std::function<void()> finish;
 };
 
-TrainOptions AddTrainOptions(CLI::App& sub);
+// Which command the options are for: `train` reads them all; a command that trains nothing
+// (`plan`, `simulate`, `export`) refuses those only training reads (--save, --metrics, --trace,
+// --resume, --inject-fault, ...), naming each, instead of ignoring them.
+enum class TrainCommand { kTrain, kNoTraining };
+
+TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command);
 
 // Reads the textual options into a.config and a.pipe (everything but the memory budget).
 void Configure(TrainArgs& a);
@@ -89,5 +95,13 @@ PlanRequest MakePlanRequest(const TrainArgs& a);
 // For people: the plan as `sluice plan` prints it, and `sluice train` before training under a
 // budget or auto (plan_command.cc).
 std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a);
+
+// The resource check before allocation (`sluice train`, unless --no-memory-check): the forecast
+// peak of every stage this process runs (pipeline/memory_forecast.h, what `sluice plan` prints)
+// against the memory Linux reports available and the room an address-space limit leaves (core/
+// system_memory.h). Throws ResourceError when the peak exceeds either — a run certain to fail in
+// the allocator, perhaps after minutes — naming the sizes and the options that make most of it.
+// Call after Configure, with a.config's recompute policies and a.pipe's schedule final.
+void CheckMemoryFits(const TrainArgs& a);
 
 }  // namespace sluice::cli

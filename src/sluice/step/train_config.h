@@ -76,6 +76,9 @@ struct TrainConfig {
   int64_t save_every = 0;    // 0: only at the end (when save_path is set)
   std::string resume_path;   // continue a run from this checkpoint
   std::string init_from;     // load weights only from this safetensors file
+  // `--allow-changes`: a --resume whose hyperparameters (--lr, --batch, ...) differ from the
+  // checkpoint's goes on with a warning for each instead of being refused.
+  bool allow_changes = false;
 
   // What messages call the model: "gpt", "mlp", or the program's file.
   const std::string& ModelName() const { return model == "program" ? program : model; }

@@ -21,6 +21,27 @@ nlohmann::json DescribeRun(const Task& task, const TrainConfig& config) {
   return description;
 }
 
+// The "training" metadata: the hyperparameters a resumed run must keep to give the losses an
+// uninterrupted run would have, under the names of their options. --steps, --microbatches,
+// --skip-nonfinite and the evaluation may change (docs/errors.md says why).
+nlohmann::json DescribeTraining(const TrainConfig& config) {
+  const OptimizerConfig& o = config.optimizer;
+  nlohmann::json t = {{"batch", config.batch},
+                      {"lr", o.lr},
+                      {"lr-schedule", std::string(Name(o.schedule))},
+                      {"warmup", o.warmup_steps},
+                      {"min-lr", o.min_lr},
+                      {"weight-decay", o.weight_decay},
+                      {"clip", o.clip_norm}};
+  if (o.kind == OptimizerKind::kAdamW) {
+    t["beta1"] = o.beta1;
+    t["beta2"] = o.beta2;
+  } else {
+    t["momentum"] = o.momentum;
+  }
+  return t;
+}
+
 // A key of the checkpoint's config whose value differs from this run's, as people read it:
 // "--layers 4 (this run: 6)".
 struct ConfigDifference {
@@ -28,11 +49,13 @@ struct ConfigDifference {
   std::string text;
 };
 
-// Every difference; nothing when the checkpoint has no config or it is not a JSON object.
+// Every difference of the JSON object in metadata `key` ("config", "training"); nothing when the
+// checkpoint has no such key or it is not a JSON object.
 std::vector<ConfigDifference> ConfigDifferences(const std::map<std::string, std::string>& metadata,
+                                                const std::string& key,
                                                 const nlohmann::json& ours) {
   std::vector<ConfigDifference> differences;
-  auto it = metadata.find("config");
+  auto it = metadata.find(key);
   if (it == metadata.end() || !nlohmann::json::accept(it->second)) return differences;
   const nlohmann::json theirs = nlohmann::json::parse(it->second);
   if (!theirs.is_object()) return differences;
@@ -66,6 +89,7 @@ std::map<std::string, std::string> TrainingCheckpointMetadata(const Task& task,
       {"data_seed", std::to_string(config.seed)},
       {"data_position", std::to_string(data_position)},
       {"config", description.dump()},
+      {"training", DescribeTraining(config).dump()},
   };
 }
 
@@ -168,7 +192,7 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
     }
   }
   const std::vector<ConfigDifference> differences =
-      ConfigDifferences(ckpt.metadata, DescribeRun(task, config));
+      ConfigDifferences(ckpt.metadata, "config", DescribeRun(task, config));
   if (!problems.empty()) {
     // A model of another size misses every tensor of a layer: name the sizes, then a few tensors.
     const std::string written_by = differences.empty()
@@ -203,6 +227,22 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
           "checkpoint '{}' was written with {}: --resume continues the same run, so give the "
           "checkpoint's options (or start a new run from its weights with --init-from)",
           path, Texts(model_differences)));
+    }
+    // Changed hyperparameters give other losses than the run being continued: refused, each named
+    // with its two values, unless --allow-changes (then each is a warning). A checkpoint written
+    // before sluice recorded them ("training" absent) is not checked.
+    const std::vector<ConfigDifference> changes =
+        ConfigDifferences(ckpt.metadata, "training", DescribeTraining(config));
+    if (!changes.empty() && !config.allow_changes) {
+      throw InvalidArgument(fmt::format(
+          "checkpoint '{}' was trained with {}: --resume continues the run bitwise, so give the "
+          "checkpoint's values, or add --allow-changes to go on with this run's",
+          path, Texts(changes)));
+    }
+    for (const ConfigDifference& d : changes) {
+      info.warnings.push_back(fmt::format(
+          "checkpoint '{}' was trained with {}; training goes on with this run's (--allow-changes)",
+          path, d.text));
     }
     if (info.data_seed != config.seed) {
       throw InvalidArgument(fmt::format(

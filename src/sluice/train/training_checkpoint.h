@@ -10,6 +10,10 @@
 //                  the whole run used one M; a resumed run continues from it, so changing
 //                  --microbatches on resume neither repeats nor skips data)
 //   config         the task's description (model, sizes, data) and the optimizer
+//   training       the hyperparameters, by option name: batch, lr, lr-schedule, warmup, min-lr,
+//                  weight-decay, clip, and beta1 and beta2 (AdamW) or momentum (SGD); a resume
+//                  that changes one is refused, or with TrainConfig::allow_changes warned about
+//                  (absent from checkpoints of older versions, which are not checked)
 // The engine writes the files (StepEngine::SaveCheckpoint: a distributed engine writes shards);
 // LoadTrainingCheckpoint reads either layout, and a process reads only the shards holding its own
 // tensors, so checkpoints move freely between single-stage, pipelined and MPI runs.
@@ -18,7 +22,8 @@
 // is read strictly: "2 apples" is not a step); InvalidArgument listing every missing, unexpected or
 // mis-shaped tensor at once (the first 12, and how many more), naming the --seed to resume with, or
 // a checkpoint at or past --steps, or — on resume — a checkpoint of a model that differs from this
-// run's in anything but its data (--heads 4 against 8 loads but is another model).
+// run's in anything but its data (--heads 4 against 8 loads but is another model), or whose
+// hyperparameters differ ("--lr 0.003 (this run: 0.01)") unless config.allow_changes.
 #pragma once
 
 #include <cstdint>

@@ -138,12 +138,19 @@ TEST_F(SideOutputsCli, ANonFiniteStopKeepsTheLastFiniteState) {
                          kept.string(), kept.string())));
   EXPECT_FALSE(fs::exists(ck)) << "a diverged run wrote its --save checkpoint";
   ASSERT_TRUE(fs::exists(kept));
-  // It is a checkpoint of step 1.
-  const CliResult resumed = Sluice(fmt::format("train {} --steps 1 --resume {}",
-                                               "--layers 1 --dim 16 --heads 2 "
-                                               "--batch 8 --threads 1 --quiet",
-                                               kept.string()));
+  EXPECT_THAT(r.err, HasSubstr("(and --allow-changes to go on with a lower --lr)"));
+  // It is a checkpoint of step 1, of the run's hyperparameters.
+  const std::string job =
+      "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --quiet --lr-schedule constant";
+  CliResult resumed =
+      Sluice(fmt::format("train {} --lr 1e30 --steps 1 --resume {}", job, kept.string()));
   EXPECT_THAT(resumed.err, HasSubstr("is at step 1, at or past --steps 1"));
+  // A lower rate is a change of the run: refused, and allowed with --allow-changes.
+  resumed = Sluice(fmt::format("train {} --lr 0.001 --steps 2 --resume {}", job, kept.string()));
+  EXPECT_THAT(resumed.err, HasSubstr("was trained with --lr 1e+30 (this run: 0.001)"));
+  resumed = Sluice(
+      fmt::format("train {} --lr 0.001 --steps 2 --resume {} --allow-changes", job, kept.string()));
+  EXPECT_THAT(resumed.err, HasSubstr("training goes on with this run's (--allow-changes)"));
 }
 
 }  // namespace

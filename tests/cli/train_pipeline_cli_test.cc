@@ -273,7 +273,7 @@ TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
   EXPECT_THAT(mlp.err, HasSubstr("4 virtual stages (--stages × --chunks) exceed the model's 3 "
                                  "units (fc.0, fc.1, fc.2)"));
   EXPECT_THAT(Refused(gpt + " --stages 2 --comm-timeout 0"),
-              HasSubstr("--comm-timeout must be positive"));
+              HasSubstr("--comm-timeout must be at least 0.001 s"));
   EXPECT_THAT(Refused("--layers 2 --microbatches 4 --stages 4 --partition uniform"),
               HasSubstr("--partition uniform puts at least one layer on every stage"));
   EXPECT_THAT(Refused(gpt + " --stages 2 --partition even"), HasSubstr("unknown partition 'even'"));

@@ -488,9 +488,15 @@ void CheckMemoryFits(const TrainArgs& a) {
   const int64_t address_left = system.AddressLeft();
   if (system.available_bytes < 0 && address_left < 0) return;  // nothing known to compare with
   const TrainConfig& c = a.config;
-  const Job job = MakeJob(c);
-  const std::vector<StageMemoryForecast> stages =
-      ForecastJob(MakePlanRequest(a), job, c, a.pipe.schedule);
+  std::vector<StageMemoryForecast> stages;
+  try {
+    const Job job = MakeJob(c);
+    stages = ForecastJob(MakePlanRequest(a), job, c, a.pipe.schedule);
+  } catch (const Error&) {
+    // A job that cannot be forecast cannot be built either: the trainer's error, which names the
+    // option in the words of the engine (`--stages must be at least 1`), comes next.
+    return;
+  }
   // Stages as threads share this process; under --comm mpi it runs one of them (the largest, at
   // worst).
   MemoryBreakdown peak;

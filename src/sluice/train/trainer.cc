@@ -252,7 +252,7 @@ void Trainer::Impl::SaveLastFinite(const NonFiniteError& error, int64_t first_st
   }
   throw NonFiniteError(
       fmt::format("{}; the last finite state (step {}) is saved to '{}': resume from it with "
-                  "--resume {}",
+                  "--resume {} (and --allow-changes to go on with a lower --lr)",
                   error.what(), good, path, path));
 }
 

@@ -17,6 +17,9 @@
 #   kill      kill -9 of one rank: every other process exits non-zero within 30 s
 #   timeout   a message that never comes: the job exits non-zero within seconds, naming the action
 #   launch    a world size other than P × D: a clear error before any work
+#   tied      examples/tied_lm.sluice (head tied to the token embedding, a copy on stages 0 and 1):
+#             P = 2 (1f1b, interleaved) bitwise one process on one stage, P = 2 × D = 2 within 1e-6;
+#             its sharded checkpoint holds %tok.weight once (stage 0's shard) and resumes bitwise
 # Usage: train_mpi_test.sh MODE SLUICE MPIEXEC NP_FLAG. Never hangs: every job runs under timeout.
 set -u
 mode=$1 sluice=$2 mpiexec=$3 np=$4
@@ -231,6 +234,39 @@ PY
     grep -q "the job has 3 processes but --stages 2 × --data-parallel 1 needs 2" "$dir/out" \
       || { cat "$dir/out"; fail "no clear message"; }
     [ ! -e "$dir/metrics.jsonl" ] || fail "work was done"
+    ;;
+  tied)
+    prog="$(cd "$(dirname "$0")/../.." && pwd)/examples/tied_lm.sluice"
+    run=(--program "$prog" --data sort --eval-every 0 --threads 1 --quiet --lr-schedule constant
+         --warmup 0 --batch 8 --microbatches 4)
+    "$sluice" train "${run[@]}" --steps 4 --metrics "$dir/one.jsonl" || fail "one stage"
+    for sched in 1f1b interleaved; do
+      mpi 2 "${run[@]}" --steps 4 --stages 2 --schedule "$sched" --metrics "$dir/mpi.jsonl" \
+        || fail "mpirun $sched P=2"
+      compare "$dir/one.jsonl" "$dir/mpi.jsonl" 0
+      rm -f "$dir/mpi.jsonl"
+    done
+    mpi 4 "${run[@]}" --steps 4 --stages 2 --data-parallel 2 --metrics "$dir/dp.jsonl" \
+      || fail "mpirun P=2 x D=2"
+    compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
+    mpi 2 "${run[@]}" --steps 2 --stages 2 --save "$dir/ck.safetensors" --metrics "$dir/part.jsonl" \
+      || fail "first half"
+    python3 - "$dir" <<'PY' || fail "the sharded checkpoint does not hold %tok.weight once"
+import json, struct, sys
+d = sys.argv[1]
+def names(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return set(json.loads(f.read(n))) - {"__metadata__"}
+s0, s1 = names(f"{d}/ck-stage0-of-2.safetensors"), names(f"{d}/ck-stage1-of-2.safetensors")
+index = json.load(open(f"{d}/ck.safetensors.index.json"))["weight_map"]
+assert "tok.weight" in s0 and "tok.weight" not in s1, (sorted(s0), sorted(s1))
+assert index["tok.weight"] == "ck-stage0-of-2.safetensors", index
+assert not any("@" in n for n in s0 | s1), (s0, s1)
+PY
+    mpi 2 "${run[@]}" --steps 4 --stages 2 --resume "$dir/ck.safetensors" --metrics "$dir/part.jsonl" \
+      || fail "resume"
+    compare "$dir/one.jsonl" "$dir/part.jsonl" 0
     ;;
   *) fail "unknown mode" ;;
 esac

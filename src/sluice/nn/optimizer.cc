@@ -89,6 +89,14 @@ void GradientAccumulator::Add(const std::string& name, Tensor grad) {
   kernels::AxpyBlas<float>(grad.data<float>(), it->second.data<float>(), grad.numel(), 1.0f);
 }
 
+Tensor GradientAccumulator::Take(const std::string& name) {
+  auto it = grads_.find(name);
+  if (it == grads_.end()) return Tensor();
+  Tensor g = std::move(it->second);
+  grads_.erase(it);
+  return g;
+}
+
 std::map<std::string, double> GradientAccumulator::MeanAndSumSquares(int64_t micro_batches) {
   const float inv = 1.0f / static_cast<float>(micro_batches);
   std::map<std::string, double> sum_squares;

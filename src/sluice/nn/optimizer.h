@@ -84,6 +84,8 @@ double LearningRate(const OptimizerConfig& config, int64_t step, int64_t total_s
 class GradientAccumulator {
  public:
   void Add(const std::string& name, Tensor grad);
+  // Removes and returns gradient `name`; an undefined tensor when there is none.
+  Tensor Take(const std::string& name);
   // Divides every gradient by `micro_batches`; returns each one's sum of squares (in f64) by name.
   std::map<std::string, double> MeanAndSumSquares(int64_t micro_batches);
   // torch.nn.utils.clip_grad_norm_: scales by clip_norm / (norm + 1e-6) when that is below 1;

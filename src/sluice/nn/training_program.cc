@@ -1,5 +1,6 @@
 #include "sluice/nn/training_program.h"
 
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -77,6 +78,111 @@ std::vector<std::string> UnitInputs(const Program& p) {
     }
   }
   return kept;
+}
+
+int64_t UnitOfInstruction(const Program& p, int32_t instruction) {
+  const std::vector<ProgramUnit>& units = p.units();
+  if (units.empty()) return -1;
+  int64_t unit = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].begin <= instruction) unit = static_cast<int64_t>(u);
+  }
+  return unit;
+}
+
+std::vector<TiedParam> TiedParams(const Program& p) {
+  std::vector<TiedParam> out;
+  if (p.units().empty()) return out;
+  std::map<ValueId, std::set<int64_t>> readers;  // parameter -> the units reading it
+  for (size_t i = 0; i < p.instructions().size(); ++i) {
+    for (ValueId v : p.instructions()[i].inputs) {
+      if (p.value(v).kind == ValueKind::kParam)
+        readers[v].insert(UnitOfInstruction(p, static_cast<int32_t>(i)));
+    }
+  }
+  for (ValueId v : p.params()) {
+    auto it = readers.find(v);
+    if (it == readers.end() || it->second.size() < 2) continue;
+    TiedParam tied{.name = p.value(v).name};
+    for (int64_t u : it->second) tied.units.push_back(p.units()[static_cast<size_t>(u)].name);
+    out.push_back(std::move(tied));
+  }
+  return out;
+}
+
+std::string TiedReadName(std::string_view param, std::string_view unit) {
+  return fmt::format("{}@{}", param, unit);
+}
+
+Program SeparateTiedReads(const Program& p, const std::vector<TiedParam>& tied) {
+  std::map<std::string, const TiedParam*> by_name;
+  for (const TiedParam& t : tied) by_name.emplace(t.name, &t);
+  std::vector<bool> is_tied(p.values().size(), false);
+  for (ValueId v : p.params()) is_tied[static_cast<size_t>(v)] = by_name.contains(p.value(v).name);
+  for (ValueId v : p.outputs()) {
+    if (is_tied[static_cast<size_t>(v)]) {
+      throw InvalidArgument(fmt::format("program {}: the tied parameter %{} is an output", p.name(),
+                                        p.value(v).name));
+    }
+  }
+  Program q(p.name());
+  std::vector<ValueId> map(p.values().size(), kNoValue);
+  for (ValueId v : p.inputs()) map[static_cast<size_t>(v)] = q.AddInput(p.value(v).name, p.type(v));
+  // Untied parameters keep their place; each tied one becomes a parameter per unit reading it
+  // here, in unit order, where it stood.
+  std::map<std::pair<ValueId, int64_t>, ValueId> reads;  // (tied parameter, unit) -> its read
+  std::map<ValueId, std::set<int64_t>> units_reading;
+  for (size_t i = 0; i < p.instructions().size(); ++i) {
+    for (ValueId v : p.instructions()[i].inputs) {
+      if (is_tied[static_cast<size_t>(v)])
+        units_reading[v].insert(UnitOfInstruction(p, static_cast<int32_t>(i)));
+    }
+  }
+  for (ValueId v : p.params()) {
+    if (!is_tied[static_cast<size_t>(v)]) {
+      map[static_cast<size_t>(v)] = q.AddParam(p.value(v).name, p.type(v));
+      continue;
+    }
+    for (int64_t u : units_reading[v]) {
+      const std::string name =
+          TiedReadName(p.value(v).name, p.units()[static_cast<size_t>(u)].name);
+      if (p.Find(name)) {
+        throw InvalidArgument(fmt::format(
+            "program {}: %{} is the name given to unit '{}'s read of the tied parameter %{}: "
+            "rename the value",
+            p.name(), name, p.units()[static_cast<size_t>(u)].name, p.value(v).name));
+      }
+      reads[{v, u}] = q.AddParam(name, p.type(v));
+    }
+  }
+  const auto& units = p.units();
+  const auto n = static_cast<int32_t>(p.instructions().size());
+  size_t next = 0;  // the next unit to open
+  for (int32_t i = 0; i <= n; ++i) {
+    if (q.unit_open() && units[next - 1].end <= i) q.EndUnit();
+    while (next < units.size() && units[next].begin <= i) {
+      q.BeginUnit(units[next].name);
+      ++next;
+      if (units[next - 1].end > i) break;
+      q.EndUnit();  // an empty unit
+    }
+    if (i == n) break;
+    const Instruction& ins = p.instructions()[static_cast<size_t>(i)];
+    const int64_t unit = UnitOfInstruction(p, i);
+    ValueList inputs;
+    for (ValueId v : ins.inputs) {
+      inputs.push_back(is_tied[static_cast<size_t>(v)] ? reads.at({v, unit})
+                                                       : map[static_cast<size_t>(v)]);
+    }
+    std::vector<std::string> names;
+    for (ValueId v : ins.outputs) names.push_back(p.value(v).name);
+    const ValueList outs =
+        q.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+    for (size_t k = 0; k < outs.size(); ++k) map[static_cast<size_t>(ins.outputs[k])] = outs[k];
+  }
+  if (q.unit_open()) q.EndUnit();
+  for (ValueId v : p.outputs()) q.AddOutput(map[static_cast<size_t>(v)]);
+  return q;
 }
 
 TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view file,

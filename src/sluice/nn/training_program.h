@@ -95,4 +95,31 @@ std::vector<std::string> SquareInSequence(const Program& program, int64_t T);
 // before the unit computed (the residual stream of a transformer, one per block).
 std::vector<std::string> UnitInputs(const Program& program);
 
+// The unit instruction `instruction` of `program` runs with: the last unit that begins at or before
+// it (instructions between two units run with the one before them, as SliceTrainingModel cuts),
+// the first unit for those before it; -1 when the program has no units.
+int64_t UnitOfInstruction(const Program& program, int32_t instruction);
+
+// A parameter read by more than one unit (a tied weight: the token embedding that is also the
+// output head, a block's weight shared by several blocks), with the units reading it in order.
+struct TiedParam {
+  std::string name;
+  std::vector<std::string> units;
+};
+
+// The parameters of `program` that more than one of its units reads (UnitOfInstruction), in the
+// program's parameter order. Empty for a program without units.
+std::vector<TiedParam> TiedParams(const Program& program);
+
+// The name of unit `unit`'s read of tied parameter `param`: "<param>@<unit>".
+std::string TiedReadName(std::string_view param, std::string_view unit);
+
+// `program` with every read of each parameter of `tied` replaced by a read of a parameter of its
+// own per unit, TiedReadName(param, unit), of the parameter's type — so that autodiff gives each
+// unit's share of the gradient apart ("<param>@<unit>.grad"), which training sums in unit order
+// on one stage and across pipeline stages alike (step/stage_program.h). Everything else (inputs,
+// other parameters, instructions, units, outputs) is kept as it is. Throws InvalidArgument when a
+// name TiedReadName makes is already taken, or a tied parameter is an output.
+Program SeparateTiedReads(const Program& program, const std::vector<TiedParam>& tied);
+
 }  // namespace sluice

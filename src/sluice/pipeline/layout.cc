@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/nn/training_program.h"
 
 namespace sluice::pipeline {
 
@@ -40,6 +41,7 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   out.layout = FormatLayout(out.partition, setup.units.names);
   setup.slices = out.partition.stages;
   for (const ParamSpec& p : ctx.model.params) setup.model_params.push_back(p.name);
+  setup.tied = TiedParams(ctx.model.forward);
   setup.release_outputs = options.release_outputs;
   setup.fault = options.fault;
   return out;

@@ -60,10 +60,10 @@ ScheduleOptions ScheduleOptionsOf(const PipelineOptions& options, int64_t micro_
 
 // How `sluice train --stages P` lays the model out: the schedule, the partition and what every
 // rank is built from (threads, replica and communicators left for the engine to fill). The one
-// source of the engine and of the memory forecast (memory_forecast.h). Throws InvalidArgument for
-// a model without units, `replicas` not dividing a micro-batch, a parameter read by two virtual
-// stages (tied weights the cut separates), and what MakeSchedule, the partitioner and
-// Task::BuildPiece throw.
+// source of the engine and of the memory forecast (memory_forecast.h). A parameter read by units of
+// several ranks (a tied weight) is held by each of them (StageSetup::tied). Throws InvalidArgument
+// for a model without units, `replicas` not dividing a micro-batch, and what MakeSchedule, the
+// partitioner and Task::BuildPiece throw.
 struct PipelineLayout {
   StageSetup setup;
   Partition partition;

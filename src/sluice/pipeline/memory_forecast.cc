@@ -228,6 +228,7 @@ class RankReplay {
         mb.scope.Clear();
         break;
       case ActionKind::kOptimizer: {
+        stage_.ReceiveTiedShares(grads_);  // the shares of tied parameters other ranks hold
         const Id sum_squares = ledger_.Allocate(
             static_cast<int64_t>(setup_.model_params.size() * sizeof(double)), MemoryUse::kWorking);
         Poll(i, /*everyone=*/true);  // the norm's all-reduce: every rank has reached OPT

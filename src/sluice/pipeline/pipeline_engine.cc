@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -121,32 +122,17 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   // Stages on threads share the process's cores: intra-op threads (BLAS included) are divided.
   impl.setup.threads = ShareIntraOpThreads(ctx.threads, impl.distributed() ? 1 : P);
 
-  // Which stage holds which parameter (for gathering and the checkpoint index), and the largest
-  // output a rank sends (for its report).
+  // Which stage owns which parameter (for gathering and the checkpoint index: a tied parameter,
+  // held by every rank reading it, is owned by the first), and the largest output a rank sends
+  // (for its report).
   impl.owned.resize(P);
   std::vector<int64_t> output_bytes(static_cast<size_t>(P), 0);
-  std::map<std::string, int> holder;  // parameter -> the virtual stage reading it
+  std::set<std::string> owned;
   for (int v = 0; v < S; ++v) {
     const Model piece = ctx.task.BuildPiece(impl.setup.micro_batch_size, impl.setup.slices[v]);
     const int rank = impl.setup.schedule.RankOf(v);
     for (const ParamSpec& p : piece.params) {
-      auto [it, added] = holder.emplace(p.name, v);
-      if (!added) {
-        const auto& names = impl.setup.units.names;
-        auto text = [&](int stage) {
-          const UnitRange& r = impl.setup.slices[static_cast<size_t>(stage)];
-          if (r.end - r.first == 1) {
-            return fmt::format("{} (unit {})", stage, names[static_cast<size_t>(r.first)]);
-          }
-          return fmt::format("{} (units {} to {})", stage, names[static_cast<size_t>(r.first)],
-                             names[static_cast<size_t>(r.end - 1)]);
-        };
-        throw InvalidArgument(fmt::format(
-            "parameter %{} is read by virtual stages {} and {}: tied parameters must lie in one "
-            "stage (one --layout stage holding every unit that reads it)",
-            p.name, text(it->second), text(v)));
-      }
-      impl.owned[rank].push_back(p.name);
+      if (owned.insert(p.name).second) impl.owned[rank].push_back(p.name);
     }
     if (std::optional<ValueId> y = piece.forward.Find(kChunkOutput)) {
       output_bytes[rank] =
@@ -459,6 +445,17 @@ std::map<std::string, Tensor> PipelineEngine::State() const {
   return out;
 }
 
+void PipelineEngine::StateLoaded() {
+  if (impl_->distributed()) return;
+  const std::map<std::string, Tensor> loaded = State();
+  for (const auto& rank : impl_->ranks) {
+    for (const auto& [name, copy] : rank->State()) {
+      const Tensor& source = loaded.at(name);
+      if (copy.raw_data() != source.raw_data()) copy.CopyFrom(source);
+    }
+  }
+}
+
 bool PipelineEngine::leader() const { return impl_->world_rank() == 0; }
 
 // Distributed: replica 0's stages send their parameters to the leader (stage 0 of replica 0),
@@ -537,7 +534,15 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
     std::map<std::string, std::string> shard_metadata = metadata;
     shard_metadata["shard"] = fmt::format("{} of {}", impl.stage(), P);
     try {
-      SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P), State(), shard_metadata);
+      // A tied parameter's copies are equal: the shard of the stage owning it holds it once.
+      std::map<std::string, Tensor> shard;
+      const std::map<std::string, Tensor> state = State();
+      for (const std::string& p : impl.owned[impl.stage()]) {
+        shard.emplace(p, state.at(p));
+        for (const std::string& o : OptimizerStateNames(p, impl.setup.config->optimizer))
+          shard.emplace(o, state.at(o));
+      }
+      SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P), shard, shard_metadata);
     } catch (const IoError& e) {
       mine = e.what();
     }
@@ -617,6 +622,9 @@ nlohmann::json PipelineEngine::Summary() const {
             {"release_outputs", impl.options.release_outputs}}}};
 }
 
+std::map<std::string, Tensor> PipelineEngine::RankState(int rank) const {
+  return impl_->ranks.at(static_cast<size_t>(rank))->State();
+}
 const std::vector<StageReport>& PipelineEngine::reports() const { return impl_->reports; }
 const Schedule& PipelineEngine::schedule() const { return impl_->setup.schedule; }
 const Partition& PipelineEngine::partition() const { return impl_->partition; }

@@ -76,7 +76,11 @@ class PipelineEngine final : public StepEngine {
   ~PipelineEngine() override;
 
   StepResult Step(int64_t step, int64_t first_batch, double lr) override;
+  // A tied parameter (and its optimizer state) once: the copy of the first rank holding it.
   std::map<std::string, Tensor> State() const override;
+  // In-process: copies the tensors State() returns into the other ranks' copies of tied
+  // parameters. Distributed: nothing (each rank loaded its own copy from the checkpoint).
+  void StateLoaded() override;
   nlohmann::json Summary() const override;
   GcMode gc_mode() const override;  // every rank allocates from the same kind of allocator
   // memory_forecast.h: in-process only, and empty above its action limit (kForecastActionLimit).
@@ -91,6 +95,9 @@ class PipelineEngine final : public StepEngine {
   std::string Describe() const override;
   std::vector<std::string> ReportLines() const override;
 
+  // Rank `rank`'s parameters and optimizer state by name, sharing its memory: its own copy of a
+  // tied parameter. In-process only (a distributed engine holds its one rank: rank 0 here).
+  std::map<std::string, Tensor> RankState(int rank) const;
   const std::vector<StageReport>& reports() const;
   const Schedule& schedule() const;
   const Partition& partition() const;

@@ -39,6 +39,18 @@ struct StageRuntime::Impl {
   CachingAllocator allocator;  // declared before program, which allocates from it
   std::unique_ptr<StageProgram> program;
   std::vector<int> model_index;  // [program->params()]: each parameter's index in the whole model
+  // [program->params()]: whether this rank adds the parameter's sum of squares to the global
+  // norm — every untied one; a tied one only on the rank of its first unit (counted once).
+  std::vector<bool> in_norm;
+  // OPT's exchange of tied shares (StageProgram::tied_shares): this rank sends each share it
+  // accumulates to every other rank holding the parameter, and receives each share it does not.
+  struct TiedMessage {
+    std::string grad;  // the share's name
+    int peer = 0, tag = 0;
+    bool send = false;
+    Shape shape;
+  };
+  std::vector<TiedMessage> tied_messages;
 
   Impl(const StageSetup& s, int r);
   // One step's messages, numbered as StageStep::MessageEvent says; tags wrap it.
@@ -68,6 +80,7 @@ std::unique_ptr<StageProgram> BuildStageProgram(const StageSetup& s, int rank, A
                           .threads = s.threads,
                           .split_backward = s.schedule.split_backward,
                           .recompute = RecomputeForStage(*s.config, rank, s.schedule.stages),
+                          .tied = s.tied,
                           .plan_only = plan_only});
 }
 
@@ -88,7 +101,47 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
     SLUICE_CHECK(it != s.model_params.end(), "stage {} holds '{}', which the model does not", rank,
                  p.name);
     model_index.push_back(static_cast<int>(it - s.model_params.begin()));
+    in_norm.push_back(true);
   }
+  // Tags from kMaxTag down, one per share of the whole model's tied parameters, the same on every
+  // rank; at OPT every message of the step's schedule has been received, so none is mistaken.
+  int tag = kMaxTag;
+  for (const TiedParam& t : s.tied) {
+    const int first = RankOfUnit(s, t.units.front());
+    std::vector<int> holders;
+    for (const std::string& unit : t.units) {
+      const int holder = RankOfUnit(s, unit);
+      if (std::find(holders.begin(), holders.end(), holder) == holders.end())
+        holders.push_back(holder);
+    }
+    const auto held = std::find_if(program->params().begin(), program->params().end(),
+                                   [&](const ParamSpec& p) { return p.name == t.name; });
+    if (held != program->params().end() && first != rank)
+      in_norm[static_cast<size_t>(held - program->params().begin())] = false;
+    for (const std::string& unit : t.units) {
+      const int holder = RankOfUnit(s, unit), k = tag--;
+      if (held == program->params().end()) continue;
+      const std::string grad = TiedReadName(t.name, unit) + ".grad";
+      if (holder != rank) {
+        tied_messages.push_back({grad, holder, k, /*send=*/false, held->shape});
+        continue;
+      }
+      for (int other : holders) {
+        if (other != rank) tied_messages.push_back({grad, other, k, /*send=*/true, held->shape});
+      }
+    }
+  }
+}
+
+int RankOfUnit(const StageSetup& s, const std::string& unit) {
+  const auto& names = s.units.names;
+  const auto u = std::find(names.begin(), names.end(), unit) - names.begin();
+  for (size_t v = 0; v < s.slices.size(); ++v) {
+    if (s.slices[v].first <= u && u < s.slices[v].end)
+      return s.schedule.RankOf(static_cast<int>(v));
+  }
+  SLUICE_CHECK(false, "unit '{}' lies in no virtual stage", unit);
+  return -1;
 }
 
 StageRuntime::StageRuntime(const StageSetup& setup, int rank)
@@ -483,14 +536,17 @@ class StageRuntime::StepRun {
       out_.comm_ns += NowNs() - begin;
       Span("ALLREDUCE_DP", a, begin, NowNs());
     }
+    std::map<std::string, Tensor> shares = ExchangeTiedShares(a);
     const int64_t n = static_cast<int64_t>(setup.model_params.size());
     // [n] sums of squares in model order, then the loss sum.
     Tensor sum_squares = Tensor::Zeros({n + 1}, DType::kF64, rt_.allocator);
     sum_squares.data<double>()[n] = loss_sum.data<double>()[0];
     Compute(a, "OPT", 3, [&] {
-      const std::vector<double> mine = rt_.program->FinishGradients(grads_, rt_.M * setup.replicas);
-      for (size_t i = 0; i < mine.size(); ++i)
-        sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
+      const std::vector<double> mine =
+          rt_.program->FinishGradients(grads_, rt_.M * setup.replicas, std::move(shares));
+      for (size_t i = 0; i < mine.size(); ++i) {
+        if (rt_.in_norm[i]) sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
+      }
     });
     out_.allreduce_begin_ns = NowNs();
     comm_.AllReduceSum(sum_squares);
@@ -502,6 +558,36 @@ class StageRuntime::StepRun {
     Compute(a, "OPT", 4, [&] {
       out_.updated = rt_.program->UpdateIfFinite(grads_, out_.grad_norm, all_losses, lr_, step_);
     });
+  }
+
+  // Tied parameters: sends this rank's shares of their gradients (summed over the replicas) to the
+  // other ranks holding them, receives theirs, and waits for both — the sends too, since
+  // FinishGradients then adds into the shares in place. Returns the shares received, by name.
+  std::map<std::string, Tensor> ExchangeTiedShares(const Action& a) {
+    std::map<std::string, Tensor> received;
+    if (rt_.tied_messages.empty()) return received;
+    const int64_t begin = NowNs();
+    std::vector<Tensor> sent;  // kept alive until their sends complete
+    std::vector<std::pair<std::string, Request>> pending;
+    for (const StageRuntime::Impl::TiedMessage& msg : rt_.tied_messages) {
+      if (msg.send) {
+        auto it = grads_.grads().find(msg.grad);  // a share without a gradient sends zeros
+        sent.push_back(it != grads_.grads().end()
+                           ? it->second
+                           : Tensor::Zeros(msg.shape, DType::kF32, rt_.allocator));
+        pending.emplace_back("", comm_.Isend(sent.back(), msg.peer, msg.tag));
+      } else {
+        pending.emplace_back(msg.grad,
+                             comm_.Irecv(msg.peer, msg.tag, DType::kF32, msg.shape, rt_.allocator));
+      }
+    }
+    for (auto& [grad, request] : pending) {
+      Tensor t = request.Wait();
+      if (!grad.empty()) received.emplace(grad, std::move(t));
+    }
+    out_.comm_ns += NowNs() - begin;
+    Span("ALLREDUCE_TIED", a, begin, NowNs());
+    return received;
   }
 
   StageRuntime::Impl& rt_;

@@ -24,9 +24,14 @@
 //   RECV_B  posts a receive of "y.grad".  B  runs the backward (or its B half: input gradients),
 //           accumulates parameter gradients, and holds "x.grad" for SEND_B.  W runs the W half.
 //   OPT     with data parallelism, the sum of every gradient over the replicas (all-reduce);
-//           then the mean over micro-batches (and replicas), the global gradient norm
-//           (all-reduce of every parameter's sum of squares, each rank filling its own, summed in
-//           model order: bitwise the single stage's norm), clipping, and the optimizer in place.
+//           then, for each tied parameter (one read by units on several ranks, each holding a
+//           copy), every holder sends its units' shares of the gradient to the other holders and
+//           sums all shares in unit order (StageProgram::FinishGradients: the same sum on every
+//           copy, bitwise one stage's); then the mean over micro-batches (and replicas), the global
+//           gradient norm (all-reduce of every parameter's sum of squares, each rank filling its
+//           own — a tied one only on the rank of its first unit — summed in model order: bitwise
+//           the single stage's norm), clipping, and the optimizer in place, identical on every
+//           copy.
 // Message tags: the receiving virtual stage v, micro-batch m and direction d: ((v·M + m)·2 + d)
 // mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous.
 // Gradients of one parameter are summed in micro-batch order and the norm per parameter in model
@@ -99,6 +104,9 @@ struct StageSetup {
   Schedule schedule;
   std::vector<UnitRange> slices;          // [P·V] by virtual stage: the units each one runs
   std::vector<std::string> model_params;  // the whole model's parameter names, model order
+  // The whole model's tied parameters (nn/training_program.h TiedParams): every rank reading one
+  // holds a copy, and OPT sums the units' shares of its gradient across them (StageRuntime).
+  std::vector<TiedParam> tied;
   bool release_outputs = true;
   int threads = 1;  // intra-op threads per rank
   FaultInjection fault;
@@ -183,6 +191,9 @@ int64_t StepSpanNs(const std::vector<StageStep>& steps);
 // that other threads held — in ns: the second figure of Linux's /proc/thread-self/schedstat. -1
 // where the system does not say (not Linux, or a kernel without scheduler statistics).
 int64_t ThreadCoreWaitNs();
+
+// The rank that runs unit `unit` (a name of setup.units) under setup's partition and schedule.
+int RankOfUnit(const StageSetup& setup, const std::string& unit);
 
 // The StageProgram of rank `rank` (its V chunks, its recompute policy) from `setup`, allocating
 // from `allocator` — or, with plan_only, allocating nothing (step/memory_replay.h).

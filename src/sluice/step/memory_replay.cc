@@ -256,12 +256,39 @@ StageReplay::StageReplay(const StageProgram& program, MemoryLedger& ledger)
 }
 
 void StageReplay::BindParams(int c, SymbolicScope& scope) const {
-  for (const std::string& p : program_.chunk(c).params) scope.Set(p, state_.Get(p));
+  for (const Chunk::ParamRead& p : program_.chunk(c).params)
+    scope.Set(p.value, state_.Get(p.param));
 }
 
 void StageReplay::TakeGradients(int c, SymbolicScope& scope, SymbolicGradients& grads) const {
-  for (const std::string& p : program_.chunk(c).params) grads.AddFrom(scope, p + ".grad");
-  for (const std::string& p : program_.chunk(c).params) scope.Erase(p);
+  for (const Chunk::ParamRead& p : program_.chunk(c).params)
+    grads.AddFrom(scope, p.value + ".grad");
+  for (const Chunk::ParamRead& p : program_.chunk(c).params) scope.Erase(p.value);
+}
+
+void StageReplay::ReceiveTiedShares(SymbolicGradients& grads) const {
+  MemoryLedger& ledger = grads.scope().ledger();
+  for (const StageProgram::TiedShare& share : program_.tied_shares()) {
+    if (share.local) continue;
+    auto spec = std::find_if(program_.params().begin(), program_.params().end(),
+                             [&](const ParamSpec& p) { return p.name == share.param; });
+    const MemoryLedger::Id id = ledger.Allocate(F32Bytes(spec->shape), MemoryUse::kMessages);
+    grads.scope().Set(share.grad, id);
+    ledger.Release(id, MemoryUse::kMessages);
+  }
+}
+
+// StageProgram::FinishGradients: the first share of a tied parameter holds the sum, later ones are
+// added into it and freed.
+void StageReplay::SumTiedShares(SymbolicGradients& grads) const {
+  SymbolicScope& g = grads.scope();
+  for (const StageProgram::TiedShare& share : program_.tied_shares()) {
+    if (!g.Has(share.grad)) continue;
+    const std::string total = share.param + ".grad";
+    const MemoryLedger::Id id = g.Take(share.grad, MemoryUse::kWorking);
+    if (!g.Has(total)) g.Set(total, id);
+    g.ledger().Release(id, MemoryUse::kWorking);
+  }
 }
 
 void StageReplay::Forward(int c, SymbolicScope& scope) const {
@@ -296,6 +323,7 @@ void StageReplay::Weight(int c, SymbolicScope& scope, SymbolicGradients& grads) 
 }
 
 void StageReplay::Update(SymbolicGradients& grads) {
+  SumTiedShares(grads);
   MemoryLedger& ledger = state_.ledger();
   std::vector<std::string> names = grads.scope().Names();
   for (const std::string& name : names) {

@@ -209,7 +209,11 @@ class StageReplay {
   void Forward(int c, SymbolicScope& scope) const;
   void Backward(int c, SymbolicScope& scope, SymbolicGradients& grads) const;
   void Weight(int c, SymbolicScope& scope, SymbolicGradients& grads) const;
-  // Clipping and the optimizer: the gradients join the state for the optimizer run, then go.
+  // A pipeline rank's OPT: the shares of its tied parameters that other ranks accumulated arrive
+  // (StageProgram::tied_shares), each a message of the parameter's size, into `grads`.
+  void ReceiveTiedShares(SymbolicGradients& grads) const;
+  // Clipping and the optimizer: each tied parameter's shares are summed into its gradient (the
+  // first holds the sum), the gradients join the state for the optimizer run, then go.
   void Update(SymbolicGradients& grads);
 
   const StageProgram& program() const { return program_; }
@@ -219,6 +223,7 @@ class StageReplay {
  private:
   void BindParams(int c, SymbolicScope& scope) const;
   void TakeGradients(int c, SymbolicScope& scope, SymbolicGradients& grads) const;
+  void SumTiedShares(SymbolicGradients& grads) const;
 
   const StageProgram& program_;
   mutable SymbolicScope state_;  // parameters and optimizer state

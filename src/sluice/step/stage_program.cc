@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -43,17 +44,35 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
                                .threads = options_.threads,
                                .memory_plan = config.memory_plan,
                                .reset_peak = false};
+  const bool whole = chunks.size() == 1 && chunks[0].first && chunks[0].last;
+  const std::vector<TiedParam> tied = whole ? TiedParams(chunks[0].model.forward) : options_.tied;
+  std::set<std::string> local_shares;  // the tied shares this rank's chunks read
   chunks_.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& ch = chunks_[c];
     ch.model = std::move(chunks[c].model);
     ch.first = chunks[c].first;
     ch.last = chunks[c].last;
+    if (!tied.empty()) ch.model.forward = SeparateTiedReads(ch.model.forward, tied);
+    std::map<std::string, const ParamSpec*> spec_of;  // what each program parameter reads
+    for (const ParamSpec& p : ch.model.params) spec_of[p.name] = &p;
+    for (const TiedParam& t : tied) {
+      auto it = spec_of.find(t.name);
+      if (it == spec_of.end()) continue;
+      for (const std::string& unit : t.units) spec_of[TiedReadName(t.name, unit)] = it->second;
+    }
     std::vector<std::string> wrt;
-    for (const ParamSpec& p : ch.model.params) {
-      wrt.push_back(p.name);
-      ch.params.push_back(p.name);
-      params_.push_back(p);
+    for (ValueId v : ch.model.forward.params()) {
+      const std::string& name = ch.model.forward.value(v).name;
+      auto found = spec_of.find(name);
+      SLUICE_CHECK(found != spec_of.end(), "chunk {} reads %{} without its ParamSpec", c, name);
+      const ParamSpec* spec = found->second;
+      wrt.push_back(name);
+      ch.params.push_back({.value = name, .param = spec->name});
+      if (name != spec->name) local_shares.insert(name + ".grad");
+      const bool held = std::any_of(params_.begin(), params_.end(),
+                                    [&](const ParamSpec& p) { return p.name == spec->name; });
+      if (!held) params_.push_back(*spec);
     }
     if (!ch.first) wrt.push_back(kChunkInput);
     GradientSpec spec{.wrt = wrt, .recompute = options_.recompute != RecomputePolicy::kNone};
@@ -87,6 +106,17 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       ch.backward_exe = std::make_unique<Executable>(ch.backward.program, bwd);
     }
   }
+  for (const TiedParam& t : tied) {
+    const bool held = std::any_of(params_.begin(), params_.end(),
+                                  [&](const ParamSpec& p) { return p.name == t.name; });
+    if (!held) continue;
+    tied_.push_back(t);
+    for (const std::string& unit : t.units) {
+      const std::string grad = TiedReadName(t.name, unit) + ".grad";
+      tied_shares_.push_back(
+          {.param = t.name, .unit = unit, .grad = grad, .local = local_shares.contains(grad)});
+    }
+  }
   optimizer_ = std::make_unique<Executable>(BuildOptimizer(params_, config.optimizer), base);
   if (options_.plan_only) return;
   Allocator& allocator = *options_.allocator;
@@ -100,7 +130,7 @@ StageProgram::~StageProgram() = default;
 
 void StageProgram::Forward(int c, Scope& scope) const {
   const Chunk& ch = chunks_[c];
-  for (const std::string& p : ch.params) scope.Set(p, state_.Get(p));
+  for (const Chunk::ParamRead& p : ch.params) scope.Set(p.value, state_.Get(p.param));
   ch.forward->Run(scope);
   // The hand-off: the scope keeps exactly what the backward reads, and the chunk's output.
   const std::string& output = ch.last ? ch.model.loss : std::string(kChunkOutput);
@@ -112,22 +142,23 @@ void StageProgram::Forward(int c, Scope& scope) const {
 namespace {
 
 // Parameter gradients a backward run left in the scope go to the accumulator.
+// A tied parameter's share is accumulated under its own name ("<param>@<unit>.grad").
 void TakeGradients(const Chunk& ch, Scope& scope, GradientAccumulator& grads) {
-  for (const std::string& p : ch.params) {
-    Tensor g = scope.Take(p + ".grad");
-    if (g.defined()) grads.Add(p + ".grad", std::move(g));
+  for (const Chunk::ParamRead& p : ch.params) {
+    Tensor g = scope.Take(p.value + ".grad");
+    if (g.defined()) grads.Add(p.value + ".grad", std::move(g));
   }
 }
 
 void UnbindParams(const Chunk& ch, Scope& scope) {
-  for (const std::string& p : ch.params) scope.Erase(p);
+  for (const Chunk::ParamRead& p : ch.params) scope.Erase(p.value);
 }
 
 }  // namespace
 
 void StageProgram::Backward(int c, Scope& scope, GradientAccumulator& grads) const {
   const Chunk& ch = chunks_[c];
-  for (const std::string& p : ch.params) scope.Set(p, state_.Get(p));
+  for (const Chunk::ParamRead& p : ch.params) scope.Set(p.value, state_.Get(p.param));
   (options_.split_backward ? ch.b_exe : ch.backward_exe)->Run(scope);
   TakeGradients(ch, scope, grads);
   UnbindParams(ch, scope);
@@ -136,14 +167,25 @@ void StageProgram::Backward(int c, Scope& scope, GradientAccumulator& grads) con
 void StageProgram::Weight(int c, Scope& scope, GradientAccumulator& grads) const {
   const Chunk& ch = chunks_[c];
   SLUICE_CHECK(options_.split_backward, "W of chunk {} without a split backward", c);
-  for (const std::string& p : ch.params) scope.Set(p, state_.Get(p));
+  for (const Chunk::ParamRead& p : ch.params) scope.Set(p.value, state_.Get(p.param));
   ch.w_exe->Run(scope);
   TakeGradients(ch, scope, grads);
   UnbindParams(ch, scope);
 }
 
-std::vector<double> StageProgram::FinishGradients(GradientAccumulator& grads,
-                                                  int64_t micro_batches) const {
+std::vector<double> StageProgram::FinishGradients(GradientAccumulator& grads, int64_t micro_batches,
+                                                  std::map<std::string, Tensor> others) const {
+  // Unit order, the same shares in the same order on every copy and on one stage.
+  for (const TiedShare& share : tied_shares_) {
+    Tensor g = grads.Take(share.grad);
+    if (!share.local) {
+      auto it = others.find(share.grad);
+      SLUICE_CHECK(it != others.end(), "no share {} of tied parameter %{} from its rank",
+                   share.grad, share.param);
+      g = std::move(it->second);
+    }
+    if (g.defined()) grads.Add(share.param + ".grad", std::move(g));
+  }
   const std::map<std::string, double> by_name = grads.MeanAndSumSquares(micro_batches);
   std::vector<double> out;
   out.reserve(params_.size());

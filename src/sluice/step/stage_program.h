@@ -14,6 +14,13 @@
 // and, for all of the rank's parameters: their initial values and optimizer state in the rank's
 // allocator and the optimizer program that applies the accumulated gradients in place.
 //
+// Tied parameters (read by more than one unit of the model: nn/training_program.h TiedParams):
+// each unit's read is a parameter of its own in the chunk's programs (SeparateTiedReads), bound to
+// the rank's one tensor, so each unit's share of the gradient is accumulated apart over the
+// micro-batches; FinishGradients then sums the shares in unit order. Every pipeline rank that
+// reads the parameter holds a copy and gets the other ranks' shares from its runtime, so the sum —
+// and with it the update — is bitwise the same on every copy and on one stage.
+//
 // A chunk's interface: "x" f32 [B, T, C] in from the previous chunk (absent on the first, which
 // reads the batch's "ids"), "y" out to the next (absent on the last, whose output is the loss),
 // and their gradients "y.grad" in, "x.grad" out.
@@ -54,6 +61,7 @@
 #include "sluice/exec/scope.h"
 #include "sluice/nn/model.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/nn/training_program.h"
 #include "sluice/step/train_config.h"
 
 namespace sluice {
@@ -76,6 +84,9 @@ struct StageProgramOptions {
   int threads = 1;                                      // intra-op threads (parallel runs)
   bool split_backward = false;                          // B and W halves (zero-bubble schedules)
   RecomputePolicy recompute = RecomputePolicy::kCheap;  // this rank's (RecomputeForStage)
+  // The whole model's tied parameters (TiedParams of its program). A rank of one chunk that is
+  // the whole model (first and last) finds them itself.
+  std::vector<TiedParam> tied;
   // Build the programs only: no parameters or optimizer state are allocated, and only the
   // accessors may be used (for step/memory_replay.h, which predicts what a run would hold).
   bool plan_only = false;
@@ -91,9 +102,14 @@ struct Chunk {
   Model model;
   bool first = true, last = true;
   Backward backward;
-  SplitBackward split;              // when split_backward
-  std::vector<std::string> params;  // its parameters, model order
-  bool output_saved = false;        // the backward reads "y": it may not be released early
+  SplitBackward split;  // when split_backward
+  // Its parameters, model order: `value`, the name its programs read (the parameter's own, or
+  // for a tied parameter each unit's read, TiedReadName), bound to the rank's tensor `param`.
+  struct ParamRead {
+    std::string value, param;
+  };
+  std::vector<ParamRead> params;
+  bool output_saved = false;  // the backward reads "y": it may not be released early
   std::unique_ptr<Executable> forward, backward_exe, b_exe, w_exe;
 };
 
@@ -124,9 +140,21 @@ class StageProgram {
   // Runs chunk c's W half (split only) and adds its parameter gradients to `grads`.
   void Weight(int c, Scope& scope, GradientAccumulator& grads) const;
 
-  // The mean of `grads` over `micro_batches`, then each of the rank's parameters' gradient sum
-  // of squares, in params() order (0 for a parameter without a gradient).
-  std::vector<double> FinishGradients(GradientAccumulator& grads, int64_t micro_batches) const;
+  // One unit's share of a tied parameter's gradient, accumulated as `grad` ("<param>@<unit>.grad").
+  struct TiedShare {
+    std::string param, unit, grad;
+    bool local = false;  // read by one of this rank's chunks; else another rank accumulates it
+  };
+  // The shares of the tied parameters this rank holds: parameter order, then unit order.
+  const std::vector<TiedShare>& tied_shares() const { return tied_shares_; }
+
+  // Sums each tied parameter's shares in unit order into "<param>.grad" — its local ones from
+  // `grads` (a share without a gradient counts as none), the others from `others` (by share name,
+  // from the ranks accumulating them; each must be there) — then the mean of `grads` over
+  // `micro_batches`, then each of the rank's parameters' gradient sum of squares, in params()
+  // order (0 for a parameter without a gradient).
+  std::vector<double> FinishGradients(GradientAccumulator& grads, int64_t micro_batches,
+                                      std::map<std::string, Tensor> others = {}) const;
   // Clips `grads` (averaged) to config.optimizer.clip_norm given their global norm, applies them
   // to the parameters in place with the optimizer at `lr` for 0-based `step`, then clears `grads`.
   void Update(GradientAccumulator& grads, double global_norm, double lr, int64_t step);
@@ -145,6 +173,8 @@ class StageProgram {
   StageProgramOptions options_;
   std::vector<Chunk> chunks_;
   std::vector<ParamSpec> params_;
+  std::vector<TiedParam> tied_;  // those of the whole model that this rank holds
+  std::vector<TiedShare> tied_shares_;
   Scope state_;  // parameters and optimizer state
   std::unique_ptr<Executable> optimizer_;
 };

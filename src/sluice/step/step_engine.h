@@ -59,6 +59,10 @@ class StepEngine {
   virtual StepResult Step(int64_t step, int64_t first_batch, double lr) = 0;
   // Every parameter and optimizer-state tensor by name, sharing the engine's memory.
   virtual std::map<std::string, Tensor> State() const = 0;
+  // The caller copied a checkpoint into State()'s tensors: an engine that keeps more than one copy
+  // of a tensor (a pipeline's tied parameter on every stage reading it) brings the others to it.
+  // Collective when distributed.
+  virtual void StateLoaded() {}
   // The GC mode the engine's programs run with: config.gc, kAuto resolved against the engine's
   // allocators (exec/garbage_collector.h ResolveGcMode). Named in the metrics summary.
   virtual GcMode gc_mode() const = 0;

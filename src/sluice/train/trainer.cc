@@ -108,6 +108,7 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
     data_position = resumed.data_position;
     warnings = resumed.warnings;
   }
+  if (!config.init_from.empty() || !config.resume_path.empty()) engine->StateLoaded();
   if (!config.metrics_path.empty() && engine->leader()) {
     metrics = MetricsWriter(config.metrics_path, /*append=*/!config.resume_path.empty());
   }

@@ -3,6 +3,7 @@
 // (losses, gradient norms, final state), every rank's copy of the tied table stays equal to the
 // others, a checkpoint holds the table once and resumes bitwise into every copy, and the memory
 // forecast counts the copy on every stage holding it.
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -233,6 +234,15 @@ TEST(TiedParameterPipeline, ACheckpointHoldsTheTableOnceAndResumesBitwiseIntoEve
 TEST(TiedParameterPipeline, TheForecastCountsTheCopyOnEveryHoldingStage) {
   TrainConfig config = Config("tied_lm_forecast.sluice");
   config.steps = 2;
+  {  // one stage: exact, the per-unit gradient shares included
+    Trainer trainer(config);
+    int64_t peak = 0;
+    for (int64_t s = 0; s < config.steps; ++s)
+      peak = std::max(peak, trainer.Step().peak_allocated_bytes);
+    const std::vector<StageMemoryForecast> one = trainer.engine().Forecast();
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(one[0].peak_allocated_bytes, peak);
+  }
   for (int P : {2, 4}) {
     const PipelineOptions options{.stages = P};
     std::vector<StageMemoryForecast> forecast, untied;

@@ -33,7 +33,9 @@
 //           the single stage's norm), clipping, and the optimizer in place, identical on every
 //           copy.
 // Message tags: the receiving virtual stage v, micro-batch m and direction d: ((v·M + m)·2 + d)
-// mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous.
+// mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous. OPT's
+// shares of tied parameters take kMaxTag, kMaxTag − 1, … (one per share of the whole model): by
+// OPT every message of the step has been received, and per-peer order covers the rest.
 // Gradients of one parameter are summed in micro-batch order and the norm per parameter in model
 // order, as on one stage, so losses, norms, weights and optimizer state match single-stage
 // training bit for bit (with one BLAS thread on both sides), clipping included.

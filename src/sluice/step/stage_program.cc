@@ -53,7 +53,9 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     ch.model = std::move(chunks[c].model);
     ch.first = chunks[c].first;
     ch.last = chunks[c].last;
-    if (!tied.empty()) ch.model.forward = SeparateTiedReads(ch.model.forward, tied);
+    // The model stays as given; its programs read each tied parameter once per unit.
+    const Program forward =
+        tied.empty() ? ch.model.forward : SeparateTiedReads(ch.model.forward, tied);
     std::map<std::string, const ParamSpec*> spec_of;  // what each program parameter reads
     for (const ParamSpec& p : ch.model.params) spec_of[p.name] = &p;
     for (const TiedParam& t : tied) {
@@ -62,8 +64,8 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       for (const std::string& unit : t.units) spec_of[TiedReadName(t.name, unit)] = it->second;
     }
     std::vector<std::string> wrt;
-    for (ValueId v : ch.model.forward.params()) {
-      const std::string& name = ch.model.forward.value(v).name;
+    for (ValueId v : forward.params()) {
+      const std::string& name = forward.value(v).name;
       auto found = spec_of.find(name);
       SLUICE_CHECK(found != spec_of.end(), "chunk {} reads %{} without its ParamSpec", c, name);
       const ParamSpec* spec = found->second;
@@ -84,12 +86,12 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     } else {
       spec.seeds = {kChunkOutput};
     }
-    ch.backward = BuildBackward(ch.model.forward, spec);
+    ch.backward = BuildBackward(forward, spec);
     ch.output_saved = !ch.last && Contains(ch.backward.saved, kChunkOutput);
 
     ExecutableOptions fwd = base;
     fwd.keep = ch.backward.saved;
-    ch.forward = std::make_unique<Executable>(ch.model.forward, fwd);
+    ch.forward = std::make_unique<Executable>(forward, fwd);
     if (options_.split_backward) {
       ch.split = SplitBW(ch.backward, ch.first ? std::vector<std::string>{}
                                                : std::vector<std::string>{kChunkInput});

@@ -99,7 +99,7 @@ RecomputePolicy RecomputeForStage(const TrainConfig& config, int stage, int stag
 
 // A built chunk. backward.saved is what its forward leaves in the scope for its backward.
 struct Chunk {
-  Model model;
+  Model model;  // as given; its executables read a tied parameter once per unit
   bool first = true, last = true;
   Backward backward;
   SplitBackward split;  // when split_backward

@@ -9,6 +9,11 @@ read with `B, T = x.shape`, the attention spelt out with a mask, a weight tied b
   gpt      nanoGPT-style: token and position embeddings, pre-norm blocks in an nn.ModuleList
            (causal self-attention from a registered tril mask, GELU MLP), final LayerNorm, an output
            head tied to the token embedding.
+  llama    Llama-style: RMSNorm written out (pow, mean, rsqrt, mul), rotary positions from
+           precomputed cos/sin tables (registered buffers) applied with slicing, cat and neg,
+           grouped-query attention (fewer key/value heads than query heads, repeat_interleave),
+           a SwiGLU MLP (SiLU), an additive causal mask buffer, no biases, the output head tied to
+           the token embedding.
   mlp_lm   not a transformer: token and position embeddings, then residual per-token MLP blocks in
            an nn.Sequential (LayerNorm, SiLU, ReLU), a separate output head with a bias.
 
@@ -120,9 +125,109 @@ class MlpLM(nn.Module):
                                ignore_index=-1)
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, dim, heads, kv_heads):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.wq = nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        groups = self.heads // self.kv_heads
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim) + mask
+        y = F.softmax(scores, dim=-1) @ v
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, dim, heads, kv_heads, hidden):
+        super().__init__()
+        self.attention_norm = RMSNorm(dim)
+        self.attention = LlamaAttention(dim, heads, kv_heads)
+        self.ffn_norm = RMSNorm(dim)
+        self.feed_forward = SwiGLU(dim, hidden)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab=11, seq=12, dim=32, heads=4, kv_heads=2, hidden=64, layers=2,
+                 theta=10000.0):
+        super().__init__()
+        head_dim = dim // heads
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(
+            [LlamaBlock(dim, heads, kv_heads, hidden) for _ in range(layers)])
+        self.norm = RMSNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+        self.output.weight = self.tok_embeddings.weight  # tied
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        freqs = torch.outer(torch.arange(seq).float(), inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)  # [seq, head_dim]
+        self.register_buffer("rope_cos", angles.cos())
+        self.register_buffer("rope_sin", angles.sin())
+        self.register_buffer("mask", torch.full((seq, seq), float("-inf")).triu(1))
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        mask = self.mask[:T, :T]
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        logits = self.output(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
 def gpt():
     torch.manual_seed(0)
     return GPT()
+
+
+def llama():
+    torch.manual_seed(0)
+    return Llama()
 
 
 def mlp_lm():

@@ -30,6 +30,7 @@ inline std::map<std::string, std::vector<float>> KeepState(const Trainer& traine
     std::vector<std::string> names = OptimizerStateNames(p, optimizer);
     names.insert(names.begin(), p);
     for (const std::string& n : names) {
+      if (n != p && !trainer.Has(n)) continue;  // a constant has no optimizer state
       const Tensor& t = trainer.Value(n);
       std::vector<float> v(static_cast<size_t>(t.numel()));
       for (int64_t i = 0; i < t.numel(); ++i)

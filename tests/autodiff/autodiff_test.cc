@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sluice/core/error.h"
 #include "sluice/exec/reference_runner.h"
 #include "sluice/ir/builder.h"
 #include "sluice/ir/ops.h"
@@ -89,6 +90,28 @@ TEST(Autodiff, GradientsMatchFiniteDifferences) {
           << kWrt[w] << "[" << i << "]";
     }
   }
+}
+
+// A constant is read, never differentiated: asking for its gradient is an error naming it, and a
+// backward program that reads it declares it a constant too.
+TEST(Autodiff, ConstantsAreNotDifferentiated) {
+  Program p("rope");
+  const ValueId x = p.AddParam("x", {DType::kF32, Shape{2, 4}});
+  const ValueId c = p.AddConst("table", {DType::kF32, Shape{2, 4}});
+  const ValueId y = p.AddInstruction("mul", {x, c}, {}, {"y"})[0];
+  p.AddOutput(p.AddInstruction("sum", {y}, {{"axes", std::vector<int64_t>{}}, {"keepdims", false}},
+                               {"loss"})[0]);
+  try {
+    BuildBackward(p, {.loss = "loss", .wrt = {"x", "table"}});
+    ADD_FAILURE() << "differentiated with respect to a constant";
+  } catch (const ProgramError& e) {
+    EXPECT_NE(std::string(e.what()).find("%table: it is a constant"), std::string::npos)
+        << e.what();
+  }
+  const Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"x"}});
+  EXPECT_EQ(bwd.grads, std::vector<std::string>{"x.grad"});
+  ASSERT_TRUE(bwd.program.Find("table"));
+  EXPECT_TRUE(bwd.program.IsConstant(*bwd.program.Find("table")));
 }
 
 TEST(Autodiff, NamesGradientsAndStatesWhatItReads) {

@@ -36,6 +36,10 @@ std::vector<BadText> Cases() {
       {"missing_name", "program {", 1, 9, "expected the program's name"},
       {"missing_brace", "program p input", 1, 11, "expected '{' to open the program body"},
       {"garbage_char", Body("  %y: f32[2] = copy(%x) $\n"), 3, 25, "unexpected character '$'"},
+      {"const_updated",
+       Body("  const %c: f32[2]\n  input %lr: f32[]\n  param %m: f32[2]\n  sgd_update(%c, %x, %m, "
+            "%lr)\n"),
+       6, 3, "%c is a constant, and sgd_update updates its inputs in place"},
       {"nul_byte", Body(std::string("  \0\n", 4)), 3, 3, "unexpected character '\\x00'"},
       {"high_byte", Body("  \xff\n"), 3, 3, "unexpected character '\\xff'"},
       {"bad_statement", Body("  let %y\n"), 3, 3, "expected a statement"},

@@ -170,6 +170,32 @@ TEST(TextFormat, RoundTripProgramsCoverEveryRegisteredOp) {
   }
 }
 
+// A constant prints as `const`, where it was declared among the parameters, and parses back as one.
+TEST(TextFormat, ConstantsRoundTripAsConstants) {
+  Program p("rope");
+  const ValueId x = p.AddInput("x", {DType::kF32, Shape{2, 4}});
+  const ValueId w = p.AddParam("w", {DType::kF32, Shape{4}});
+  const ValueId table = p.AddConst("table", {DType::kF32, Shape{8, 4}});
+  const ValueId rows = p.AddInstruction(
+      "slice", {table}, {{"axis", int64_t{0}}, {"start", int64_t{0}}, {"end", int64_t{2}}},
+      {"rows"})[0];
+  p.AddOutput(p.AddInstruction("mul", {p.AddInstruction("mul", {x, rows}, {}, {"xr"})[0], w}, {},
+                               {"y"})[0]);
+  const std::string text = PrintProgram(p);
+  EXPECT_NE(text.find("  param %w: f32[4]\n  const %table: f32[8, 4]\n"), std::string::npos)
+      << text;
+  const Program q = ParseProgram(text);
+  EXPECT_FALSE(q.IsConstant(q.Get("w")));
+  EXPECT_TRUE(q.IsConstant(q.Get("table")));
+  EXPECT_FALSE(q.IsConstant(q.Get("x")));
+  EXPECT_EQ(PrintProgram(q), text);
+  ProgramAnnotations a;
+  const Program r = ParseProgram("program c { const %t: f32[3] = loaded  output %t }", "c", {}, &a);
+  EXPECT_TRUE(r.IsConstant(r.Get("t")));
+  EXPECT_EQ(a.initializers.at("t").kind, "loaded");
+  EXPECT_EQ(PrintProgram(r, &a), "program c {\n  const %t: f32[3] = loaded\n  output %t\n}\n");
+}
+
 TEST(TextFormat, PrintsTheDocumentedLayout) {
   Builder b("affine");
   Var x = b.Input("x", DType::kF32, {8, 16});

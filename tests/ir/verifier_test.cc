@@ -67,6 +67,24 @@ TEST(Verifier, AttributesTheOpDoesNotDeclareAreNamed) {
                                  "'transpose_a'?); its attributes are transpose_a, transpose_b")));
 }
 
+TEST(Verifier, AnInPlaceUpdateOfAConstantIsNamed) {
+  Program p("opt");
+  const ValueId w = p.AddParam("w", {DType::kF32, Shape{4}});
+  const ValueId g = p.AddInput("rope_cos.grad", {DType::kF32, Shape{4}});
+  const ValueId buf = p.AddParam("buf", {DType::kF32, Shape{4}});
+  const ValueId lr = p.AddInput("lr", {DType::kF32, Shape{}});
+  p.AddInstruction("sgd_update", {w, g, buf, lr}, {{"momentum", 0.0}, {"weight_decay", 0.0}});
+  // AddInstruction refuses the update of a constant; a faulty pass could still make one.
+  EXPECT_THROW(
+      p.AddInstruction("sgd_update", {p.AddConst("c", {DType::kF32, Shape{4}}), g, buf, lr},
+                       {{"momentum", 0.0}, {"weight_decay", 0.0}}),
+      ProgramError);
+  const ValueId c = p.AddConst("rope_cos", {DType::kF32, Shape{4}});
+  Edit{p}.instructions()[0].inputs[0] = c;
+  EXPECT_THAT(VerifyError(p), HasSubstr("instruction 0 (sgd_update -): %rope_cos is a constant, "
+                                        "and sgd_update updates its inputs in place"));
+}
+
 TEST(Verifier, UseBeforeDefinitionNamesTheInstructionAndTheValue) {
   Program p = Chain();
   std::swap(Edit{p}.instructions()[0], Edit{p}.instructions()[1]);

@@ -286,5 +286,62 @@ TEST(ProgramTraining, ParametersWithoutInitializersComeFromInitFrom) {
   EXPECT_THAT(ErrorOf(unwritten), HasSubstr("a parameter without an initializer: %table"));
 }
 
+// A constant (`const`) is read like a parameter but never trained: it keeps its loaded values,
+// has no optimizer state, is counted in no gradient, and the checkpoint keeps it, so that the
+// checkpoint alone is enough to --init-from. The same program with the table as a `param` moves it.
+TEST(ProgramTraining, AConstantIsReadButNeverTrainedAndTheCheckpointKeepsIt) {
+  std::vector<float> table(11 * 8), scale(8);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = std::sin(0.7f * static_cast<float>(i));
+  for (size_t i = 0; i < scale.size(); ++i) scale[i] = 0.5f + 0.25f * static_cast<float>(i);
+  const std::string init = ::testing::TempDir() + "/const_init.safetensors";
+  WriteSafetensors(init, {{"table", Tensor::FromVector<float>({11, 8}, table)},
+                          {"scale", Tensor::FromVector<float>({1, 8}, scale)}});
+  const std::string program = R"(program consts {
+  input %ids: i64[B, T] = tokens
+  input %targets: i64[B, T] = next_tokens
+  param %table: f32[11, 8] = loaded
+  const %scale: f32[1, 8] = loaded
+  %e: f32[B, T, 8] = embedding(%ids, %table)
+  %s: f32[1, 8] = slice(%scale) {axis = 0, end = 1, start = 0}
+  %h: f32[B, T, 8] = mul(%e, %s)
+  %logits: f32[B, T, 11] = matmul(%h, %table) {transpose_b = true}
+  %loss: f32[] = cross_entropy(%logits, %targets)
+  output %loss
+}
+)";
+  TrainConfig c = AsProgram(SmallGpt(), WriteTemp("consts.sluice", program));
+  c.steps = 3;
+  c.init_from = init;
+  const std::string checkpoint = ::testing::TempDir() + "/consts_ckpt.safetensors";
+  std::vector<double> losses;
+  {
+    Trainer trainer(c);
+    for (int64_t s = 0; s < c.steps; ++s) losses.push_back(trainer.Step().loss);
+    EXPECT_EQ(trainer.ParamNames(), (std::vector<std::string>{"table", "scale"}));
+    const Tensor& kept = trainer.Value("scale");
+    for (int64_t i = 0; i < kept.numel(); ++i)
+      EXPECT_EQ(kept.FlatAt(i), scale[static_cast<size_t>(i)]) << "scale[" << i << "]";
+    EXPECT_FALSE(trainer.Has("scale.exp_avg"));
+    EXPECT_TRUE(trainer.Has("table.exp_avg"));
+    EXPECT_NE(trainer.Value("table").FlatAt(0), table[0]) << "the parameter beside it trains";
+    trainer.SaveCheckpoint(checkpoint);
+  }
+  const SafetensorsFile saved = ReadSafetensors(checkpoint);
+  ASSERT_TRUE(saved.tensors.count("scale"));
+  EXPECT_FALSE(saved.tensors.count("scale.exp_avg"));
+  EXPECT_EQ(saved.tensors.at("scale").FlatAt(3), scale[3]);
+  // The checkpoint alone starts a run (parameter and constant), and resumes one.
+  TrainConfig from = c;
+  from.init_from = checkpoint;
+  EXPECT_NO_THROW(Trainer{from}.Step());
+  TrainConfig resumed = c;
+  resumed.init_from.clear();
+  resumed.resume_path = checkpoint;
+  resumed.steps = 4;
+  Trainer again(resumed);
+  EXPECT_EQ(again.step(), 3);
+  EXPECT_TRUE(std::isfinite(again.Step().loss));
+}
+
 }  // namespace
 }  // namespace sluice

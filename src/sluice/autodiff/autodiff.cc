@@ -114,7 +114,7 @@ Var BackwardBuilder::Import(ValueId v) {
   if (!imported_[v].valid()) {
     const Value& value = fwd_.value(v);
     imported_[v] = value.kind == ValueKind::kParam
-                       ? b_.Param(value.name, fwd_.type(v).dtype, fwd_.type(v).shape)
+                       ? Var(&b_, b_.mutable_program().AddParamLike(fwd_, v))
                        : b_.Input(value.name, fwd_.type(v).dtype, fwd_.type(v).shape);
   }
   return imported_[v];
@@ -158,6 +158,11 @@ Backward BackwardBuilder::Build() {
   // Which forward values depend on something we differentiate with respect to.
   for (const std::string& name : spec_.wrt) {
     ValueId v = fwd_.Get(name);
+    if (fwd_.IsConstant(v)) {
+      throw ProgramError(fmt::format(
+          "autodiff: cannot differentiate with respect to %{}: it is a constant (never trained)",
+          name));
+    }
     if (!IsFloating(fwd_.type(v).dtype)) {
       throw ProgramError(
           fmt::format("autodiff: cannot differentiate with respect to %{} of dtype {}", name,
@@ -330,7 +335,7 @@ Program CopyProgram(const Program& src, const std::string& name, KeepInstr keep_
     if (keep_value(v)) to_dst[v] = dst.AddInput(src.value(v).name, src.type(v));
   }
   for (ValueId v : src.params()) {
-    if (keep_value(v)) to_dst[v] = dst.AddParam(src.value(v).name, src.type(v));
+    if (keep_value(v)) to_dst[v] = dst.AddParamLike(src, v);
   }
   const auto& instrs = src.instructions();
   for (size_t i = 0; i < instrs.size(); ++i) {
@@ -402,7 +407,7 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
     if (liveness.live[v] && !dropped[v]) to_dst[v] = dst.AddInput(bwd.value(v).name, bwd.type(v));
   }
   for (ValueId v : bwd.params()) {
-    if (liveness.live[v]) to_dst[v] = dst.AddParam(bwd.value(v).name, bwd.type(v));
+    if (liveness.live[v]) to_dst[v] = dst.AddParamLike(bwd, v);
   }
   // Makes the forward value `name` available in dst. Iterative (a deep model recomputes long
   // chains): a stack of values whose producers wait for their inputs.
@@ -416,7 +421,7 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
         continue;
       }
       if (value.kind == ValueKind::kParam) {
-        dst.AddParam(value.name, fwd.type(stack.back()));
+        dst.AddParamLike(fwd, stack.back());
         stack.pop_back();
         continue;
       }
@@ -592,7 +597,7 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
   }
   for (ValueId v : crossing) to_w[v] = w.AddInput(p.value(v).name, p.type(v));
   for (ValueId v : p.params()) {
-    if (w_value[v]) to_w[v] = w.AddParam(p.value(v).name, p.type(v));
+    if (w_value[v]) to_w[v] = w.AddParamLike(p, v);
   }
   for (size_t i = 0; i < instrs.size(); ++i) {
     if (in_w[i]) CopyInstruction(p, instrs[i], w, to_w);

@@ -161,6 +161,18 @@ ValueId Program::AddParam(std::string name, TensorType type) {
   return id;
 }
 
+ValueId Program::AddConst(std::string name, TensorType type) {
+  const ValueId id = AddParam(std::move(name), std::move(type));
+  if (is_constant_.size() <= static_cast<size_t>(id)) is_constant_.resize(values_.size(), false);
+  is_constant_[static_cast<size_t>(id)] = true;
+  return id;
+}
+
+ValueId Program::AddParamLike(const Program& source, ValueId v) {
+  return source.IsConstant(v) ? AddConst(source.value(v).name, source.type(v))
+                              : AddParam(source.value(v).name, source.type(v));
+}
+
 ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, Attrs attrs,
                                   std::vector<std::string> output_names) {
   const OpDef& op = OpRegistry::Global().Get(op_name);
@@ -190,6 +202,11 @@ ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, At
     const ValueId v = inputs[k];
     if (v < 0 || static_cast<size_t>(v) >= values_.size()) {
       throw ProgramError(fmt::format("{}: input refers to an undefined value", where()));
+    }
+    if (op.kind == OpKind::kInPlace && IsConstant(v)) {
+      throw ProgramError(fmt::format(
+          "{}: %{} is a constant, and {} updates its inputs in place (constants never change)",
+          where(), values_[v].name, op.name));
     }
     in_types[k] = types_[values_[v].type_id];
   }

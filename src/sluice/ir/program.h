@@ -7,6 +7,11 @@
 //   * inputs     data bound by the caller for each run (token ids, targets, the gradient of a
 //                stage's output, values saved by another program such as forward activations).
 //   * params     long-lived state bound by the caller (weights, optimizer moments); never freed.
+//                A param may be a *constant* (AddConst, `const` in text): a tensor the program
+//                reads but never trains or updates (a rotary table, a mask of an imported
+//                module). Training gives it no gradient and no optimizer state, checkpoints keep
+//                it, autodiff refuses to differentiate with respect to it and the verifier refuses
+//                an in-place op that updates it.
 //   * outputs    values left in the scope after the run (loss, gradients, saved activations).
 //
 // Values are addressed by ValueId (an index into values()). A value's type is interned: the
@@ -111,6 +116,13 @@ class Program {
   // Declarations. Throw ProgramError on a duplicate name.
   ValueId AddInput(std::string name, TensorType type);
   ValueId AddParam(std::string name, TensorType type);
+  // A constant: a param (in params(), bound by the caller, never freed) that is never trained.
+  ValueId AddConst(std::string name, TensorType type);
+  // Declares the param `v` of `source` here: its name, its type and whether it is a constant.
+  ValueId AddParamLike(const Program& source, ValueId v);
+  bool IsConstant(ValueId id) const {
+    return static_cast<size_t>(id) < is_constant_.size() && is_constant_[static_cast<size_t>(id)];
+  }
   // Appends an instruction of registered op `op`, running its shape inference; output i is named
   // output_names[i] when given, otherwise a fresh name derived from the op ("matmul_3").
   // Throws ProgramError (unknown op, wrong arity, undefined input, duplicate name) or ShapeError
@@ -165,8 +177,9 @@ class Program {
   std::vector<ValueId> inputs_;
   std::vector<ValueId> params_;
   std::vector<ValueId> outputs_;
-  std::vector<bool> is_output_;   // value -> listed in outputs_ (sized lazily)
-  std::vector<IndexSlot> index_;  // name -> value
+  std::vector<bool> is_output_;    // value -> listed in outputs_ (sized lazily)
+  std::vector<bool> is_constant_;  // value -> declared by AddConst (sized lazily)
+  std::vector<IndexSlot> index_;   // name -> value
   std::deque<TensorType> types_;
   std::unordered_map<TensorType, TypeId, TensorTypeHash> type_ids_;  // types_[i] -> i
   // One Attrs block per distinct set of attributes (ir/attrs.h); instructions share them.

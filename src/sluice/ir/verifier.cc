@@ -52,6 +52,11 @@ void Verify(const Program& p) {
         throw ProgramError(
             fmt::format("{}: %{} is used before it is defined", describe(i, ins), values[v].name));
       }
+      if (ins.op->kind == OpKind::kInPlace && p.IsConstant(v)) {
+        throw ProgramError(fmt::format(
+            "{}: %{} is a constant, and {} updates its inputs in place (constants never change)",
+            describe(i, ins), values[v].name, ins.op->name));
+      }
       in_types.push_back(p.type(v));
       // A view taken before an in-place update of its storage would show the updated values,
       // not those it was taken of: reading it after the update is refused (docs/program-format.md).

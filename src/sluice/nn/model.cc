@@ -68,7 +68,7 @@ std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, ui
 
 int64_t CountParams(const std::vector<ParamSpec>& specs) {
   int64_t n = 0;
-  for (const ParamSpec& s : specs) n += s.shape.numel();
+  for (const ParamSpec& s : specs) n += s.constant ? 0 : s.shape.numel();
   return n;
 }
 

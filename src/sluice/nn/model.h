@@ -36,6 +36,9 @@ struct ParamSpec {
   int64_t init_index = -1;
   double mean = 0.0;             // for kNormal
   double low = 0.0, high = 0.0;  // for kUniform
+  // A program constant (Program::IsConstant, `const` in text): bound and checkpointed like a
+  // parameter, but never differentiated, given optimizer state or updated.
+  bool constant = false;
 };
 
 struct Model {
@@ -103,7 +106,7 @@ class ModelBuilder {
 std::map<std::string, Tensor> InitParams(const std::vector<ParamSpec>& specs, uint64_t seed,
                                          Allocator& allocator = DefaultAllocator());
 
-// Total number of parameter elements.
+// Total number of trained parameter elements (constants not counted).
 int64_t CountParams(const std::vector<ParamSpec>& specs);
 
 }  // namespace sluice

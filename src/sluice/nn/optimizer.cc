@@ -30,11 +30,18 @@ std::vector<std::string> OptimizerStateNames(const std::string& param,
   return {param + ".momentum_buffer"};
 }
 
+std::vector<std::string> OptimizerStateNames(const ParamSpec& param,
+                                             const OptimizerConfig& config) {
+  if (param.constant) return {};
+  return OptimizerStateNames(param.name, config);
+}
+
 Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config) {
   Builder b(std::string(Name(config.kind)));
   Var lr = b.Input("lr", DType::kF32, {});
   Var step = config.kind == OptimizerKind::kAdamW ? b.Input("step", DType::kF32, {}) : Var();
   for (const ParamSpec& s : params) {
+    if (s.constant) continue;
     Var p = b.Param(s.name, DType::kF32, s.shape);
     Var g = b.Input(s.name + ".grad", DType::kF32, s.shape);
     std::vector<std::string> state = OptimizerStateNames(s.name, config);
@@ -60,7 +67,7 @@ std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& p
                                                  Allocator& allocator) {
   std::map<std::string, Tensor> state;
   for (const ParamSpec& s : params) {
-    for (const std::string& n : OptimizerStateNames(s.name, config)) {
+    for (const std::string& n : OptimizerStateNames(s, config)) {
       state.emplace(n, Tensor::Zeros(s.shape, DType::kF32, allocator));
     }
   }

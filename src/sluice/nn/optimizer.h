@@ -63,6 +63,7 @@ struct OptimizerConfig {
   double min_lr = 0.0;  // cosine decays from lr to min_lr over the run
 };
 
+// Constants (ParamSpec::constant) are skipped by all three: they have no state and no update.
 Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config);
 
 // Zero-initialized optimizer state tensors, by name.
@@ -72,6 +73,8 @@ std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& p
 // Names of the state tensors of one parameter.
 std::vector<std::string> OptimizerStateNames(const std::string& param,
                                              const OptimizerConfig& config);
+// The same for a parameter's spec: none for a constant.
+std::vector<std::string> OptimizerStateNames(const ParamSpec& param, const OptimizerConfig& config);
 
 // Learning rate for 0-based `step` of `total_steps`: linear warmup over warmup_steps to lr, then
 // constant or cosine decay to min_lr (nanoGPT's schedule).

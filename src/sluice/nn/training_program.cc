@@ -14,6 +14,7 @@ namespace {
 
 ParamSpec SpecOf(const Program& p, ValueId id, const Initializer& init, int64_t index) {
   ParamSpec spec{.name = p.value(id).name, .shape = p.type(id).shape, .init_index = index};
+  spec.constant = p.IsConstant(id);
   if (init.kind == "normal") {
     spec.init = Init::kNormal;
     spec.mean = init.args.at(0);
@@ -363,7 +364,7 @@ Model SliceTrainingModel(const Model& whole, const UnitRange& r) {
   for (size_t i = 0; i < p.params().size(); ++i) {
     const ValueId v = p.params()[i];
     if (!read[static_cast<size_t>(v)]) continue;
-    map[static_cast<size_t>(v)] = q.AddParam(p.value(v).name, p.type(v));
+    map[static_cast<size_t>(v)] = q.AddParamLike(p, v);
     ParamSpec spec = whole.params.at(i);
     SLUICE_CHECK(spec.name == p.value(v).name, "parameter {} has the spec of {}", p.value(v).name,
                  spec.name);

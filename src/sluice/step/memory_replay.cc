@@ -247,7 +247,7 @@ StageReplay::StageReplay(const StageProgram& program, MemoryLedger& ledger)
     ledger.Release(id, MemoryUse::kParameters);
   }
   for (const ParamSpec& p : program.params()) {
-    for (const std::string& s : OptimizerStateNames(p.name, program.config().optimizer)) {
+    for (const std::string& s : OptimizerStateNames(p, program.config().optimizer)) {
       const MemoryLedger::Id id = ledger.Allocate(F32Bytes(p.shape), MemoryUse::kOptimizerState);
       state_.Set(s, id, MemoryUse::kOptimizerState);
       ledger.Release(id, MemoryUse::kOptimizerState);

@@ -117,10 +117,11 @@ class ProgramTask final : public Task {
     FindPredictions(tp.model.forward);
     loss_ = tp.model.loss;
     for (const ParamSpec& p : tp.model.params) {
-      if (p.init == Init::kLoaded && c.init_from.empty()) {
+      // A resumed run takes every parameter and constant from its checkpoint.
+      if (p.init == Init::kLoaded && c.init_from.empty() && c.resume_path.empty()) {
         throw InvalidArgument(fmt::format(
             "{}: %{} is `loaded` (its value comes from --init-from) but no --init-from file is "
-            "given",
+            "given (nor a --resume checkpoint)",
             path_, p.name));
       }
     }

@@ -69,7 +69,7 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       auto found = spec_of.find(name);
       SLUICE_CHECK(found != spec_of.end(), "chunk {} reads %{} without its ParamSpec", c, name);
       const ParamSpec* spec = found->second;
-      wrt.push_back(name);
+      if (!spec->constant) wrt.push_back(name);  // a constant is bound, never differentiated
       ch.params.push_back({.value = name, .param = spec->name});
       if (name != spec->name) local_shares.insert(name + ".grad");
       const bool held = std::any_of(params_.begin(), params_.end(),
@@ -225,7 +225,7 @@ std::map<std::string, Tensor> StageProgram::State() const {
   std::map<std::string, Tensor> out;
   for (const ParamSpec& p : params_) {
     out.emplace(p.name, state_.Get(p.name));
-    for (const std::string& s : OptimizerStateNames(p.name, config_.optimizer))
+    for (const std::string& s : OptimizerStateNames(p, config_.optimizer))
       out.emplace(s, state_.Get(s));
   }
   return out;

@@ -123,6 +123,7 @@ const std::vector<std::string>& Trainer::warnings() const { return impl_->warnin
 const TrainConfig& Trainer::config() const { return impl_->config; }
 const StepEngine& Trainer::engine() const { return *impl_->engine; }
 const Tensor& Trainer::Value(const std::string& name) const { return impl_->scope.Get(name); }
+bool Trainer::Has(const std::string& name) const { return impl_->scope.Has(name); }
 std::vector<std::string> Trainer::ParamNames() const {
   std::vector<std::string> names;
   for (const ParamSpec& p : impl_->model.params) names.push_back(p.name);

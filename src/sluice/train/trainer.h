@@ -128,6 +128,9 @@ class Trainer {
   const StepEngine& engine() const;
   // Current parameter and optimizer-state tensors by name.
   const Tensor& Value(const std::string& name) const;
+  bool Has(const std::string& name) const;
+  // Every parameter's name, constants (ParamSpec::constant, which have no optimizer state)
+  // included, in the model's order.
   std::vector<std::string> ParamNames() const;
 
  private:

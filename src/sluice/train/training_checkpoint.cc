@@ -166,8 +166,7 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
     if (!state.Has(p.name)) continue;
     expected.push_back(p.name);
     if (resume) {
-      for (const std::string& s : OptimizerStateNames(p.name, config.optimizer))
-        expected.push_back(s);
+      for (const std::string& s : OptimizerStateNames(p, config.optimizer)) expected.push_back(s);
     }
   }
   const bool whole_model = std::all_of(params.begin(), params.end(),

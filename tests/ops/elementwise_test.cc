@@ -1,5 +1,5 @@
 // Op table: elementwise family (binary with broadcasting, unary, fused activation gradients, fill,
-// cast, copy), plus GELU against PyTorch's numbers.
+// cast, copy), plus GELU (both forms) and SiLU against PyTorch's numbers.
 #include <cmath>
 #include <limits>
 
@@ -50,6 +50,10 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "gelu", .op = "gelu", .inputs = {F({7, 13})}, .fills = {wide}},
       {.label = "gelu_one", .op = "gelu", .inputs = {F({1})}},
       {.label = "gelu_long", .op = "gelu", .inputs = {F({1031})}, .fills = {Uniform(-12, 12)}, .grad = false},
+      {.label = "gelu_erf", .op = "gelu_erf", .single_kernel = true, .inputs = {F({7, 13})}, .fills = {wide}},
+      {.label = "silu", .op = "silu", .inputs = {F({7, 13})}, .fills = {wide}},
+      {.label = "silu_one", .op = "silu", .inputs = {F({1})}},
+      {.label = "silu_long", .op = "silu", .inputs = {F({1031})}, .fills = {Uniform(-90, 90)}, .grad = false},
       {.label = "tanh", .op = "tanh", .inputs = {F({33})}, .fills = {wide}},
       {.label = "tanh_long", .op = "tanh", .inputs = {F({1031})}, .fills = {Uniform(-12, 12)}, .grad = false},
       {.label = "exp", .op = "exp", .inputs = {F({7, 13})}, .fills = {wide}},
@@ -60,6 +64,9 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "relu_grad", .op = "relu_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
       {.label = "gelu_grad", .op = "gelu_grad", .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
       {.label = "gelu_grad_long", .op = "gelu_grad", .inputs = {F({1031}), F({1031})}, .fills = {Fill{}, Uniform(-12, 12)}, .grad = false},
+      {.label = "silu_grad", .op = "silu_grad", .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
+      {.label = "silu_grad_long", .op = "silu_grad", .inputs = {F({1031}), F({1031})}, .fills = {Fill{}, Uniform(-90, 90)}, .grad = false},
+      {.label = "gelu_erf_grad", .op = "gelu_erf_grad", .single_kernel = true, .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
       {.label = "tanh_grad", .op = "tanh_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
       // Fill, cast, copy. (A cast to f32 rounds away what a finite difference measures: no grad.)
       {.label = "full", .op = "full", .single_kernel = true, .inputs = {}, .attrs = {{"dtype", std::string("f32")}, {"shape", std::vector<int64_t>{2, 3}}, {"value", 1.5}}},
@@ -88,6 +95,8 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "relu_int", .op = "relu", .inputs = {I64({3})}},
       {.label = "gelu_bf16", .op = "gelu", .inputs = {{DType::kBF16, Shape{3}}}},
       {.label = "exp_int", .op = "exp", .inputs = {I32({3})}},
+      {.label = "silu_int", .op = "silu", .inputs = {I64({3})}},
+      {.label = "silu_grad_shape", .op = "silu_grad", .inputs = {F({3}), F({4})}},
       {.label = "relu_grad_shape", .op = "relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "gelu_grad_broadcast", .op = "gelu_grad", .inputs = {F({2, 3}), F({3})}},
       {.label = "tanh_grad_dtype", .op = "tanh_grad", .inputs = {F({3}), f64_3}},
@@ -147,6 +156,48 @@ TEST(Gelu, MatchesPyTorchTanhApproximation) {
           << "gelu(" << x[i] << ") reference=" << reference;
       EXPECT_NEAR(dx[i], torch_dx[i], 1e-12 * std::max(1.0, std::abs(torch_dx[i])))
           << "gelu'(" << x[i] << ") reference=" << reference;
+    }
+  }
+}
+
+// torch.nn.functional.silu and gelu(approximate='none') and their gradients in float64 (PyTorch
+// 1.13), fast and reference kernels.
+TEST(SiluAndExactGelu, MatchPyTorch) {
+  const std::vector<double> x = {-20.0, -6.0, -1.5, -0.5, 0.0, 1e-3, 0.5, 2.5, 6.0, 20.0};
+  struct Expected {
+    const char* op;
+    const char* grad_op;
+    std::vector<double> y, dx;
+  };
+  const std::vector<Expected> expected = {
+      {"silu",
+       "silu_grad",
+       {-4.122307236380407e-08, -0.014835738939808647, -0.2736382857095345, -0.1887703343990727,
+        0.0, 0.0005002499999791667, 0.3112296656009273, 2.3103545499468914, 5.985164261060192,
+        19.999999958776925},
+       {-3.9161918660646786e-08, -0.012326432591525513, -0.041294154299142946, 0.2600388126973482,
+        0.5, 0.5004999999166666, 0.7399611873026519, 1.0994011113415267, 1.0123264325915249,
+        1.0000000391619202}},
+      {"gelu_erf",
+       "gelu_erf_grad",
+       {-0.0, -5.919525869479969e-09, -0.10021080190328704, -0.15426876936299344, 0.0,
+        0.000500398942213911, 0.34573123063700656, 2.4844758366855597, 5.999999994080474, 20.0},
+       {-1.1041896724319527e-86, -3.546870945402639e-08, -0.1274691922299796, 0.13250487534383712,
+        0.5, 0.5007978842948414, 0.8674951246561629, 1.037611085908145, 1.0000000354687093, 1.0}},
+  };
+  const Shape n{static_cast<int64_t>(x.size())};
+  const Tensor xt = Tensor::FromVector<double>(n, x);
+  const Tensor ones = Tensor::Full(n, 1.0, DType::kF64);
+  for (const Expected& e : expected) {
+    for (bool reference : {false, true}) {
+      const std::vector<double> y = RunF64(e.op, {xt}, reference);
+      const std::vector<double> dx = RunF64(e.grad_op, {ones, xt}, reference);
+      for (size_t i = 0; i < x.size(); ++i) {
+        EXPECT_NEAR(y[i], e.y[i], 1e-12 * std::max(1.0, std::abs(e.y[i])))
+            << e.op << "(" << x[i] << ") reference=" << reference;
+        EXPECT_NEAR(dx[i], e.dx[i], 1e-12 * std::max(1.0, std::abs(e.dx[i])))
+            << e.op << "'(" << x[i] << ") reference=" << reference;
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "sluice/kernels/unary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -48,6 +49,77 @@ template <typename T>
 void GeluFast(const T* x, T* y, int64_t n) {
   ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
     Simd<T>().gelu(x + begin, y + begin, end - begin);
+  });
+}
+
+template <typename T>
+void SiluReference(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (T(1) + std::exp(-x[i]));
+}
+
+// e^−x of a block by the SIMD exp, into `e` (kSiluBlock elements at most).
+constexpr int64_t kSiluBlock = 256;
+
+template <typename T>
+void ExpNegBlock(const T* x, T* e, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) e[i] = -x[i];
+  Simd<T>().exp(e, e, n);
+}
+
+template <typename T>
+void SiluFast(const T* x, T* y, int64_t n) {
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    T e[kSiluBlock];
+    for (int64_t b = begin; b < end; b += kSiluBlock) {
+      const int64_t m = std::min(kSiluBlock, end - b);
+      ExpNegBlock(x + b, e, m);
+      for (int64_t i = 0; i < m; ++i) y[b + i] = x[b + i] / (T(1) + e[i]);
+    }
+  });
+}
+
+template <typename T>
+void SiluGradReference(const T* dy, const T* x, T* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T s = T(1) / (T(1) + std::exp(-x[i]));
+    dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
+  }
+}
+
+template <typename T>
+void SiluGradFast(const T* dy, const T* x, T* dx, int64_t n) {
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    T e[kSiluBlock];
+    for (int64_t b = begin; b < end; b += kSiluBlock) {
+      const int64_t m = std::min(kSiluBlock, end - b);
+      ExpNegBlock(x + b, e, m);
+      for (int64_t i = 0; i < m; ++i) {
+        const T s = T(1) / (T(1) + e[i]);
+        dx[b + i] = dy[b + i] * s * (T(1) + x[b + i] * (T(1) - s));
+      }
+    }
+  });
+}
+
+template <typename T>
+void GeluErf(const T* x, T* y, int64_t n) {
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      y[i] = T(0.5) * x[i] * (T(1) + std::erf(x[i] * static_cast<T>(std::numbers::sqrt2 / 2)));
+  });
+}
+
+template <typename T>
+void GeluErfGrad(const T* dy, const T* x, T* dx, int64_t n) {
+  // PyTorch's GeluBackwardKernelImpl, approximate='none': Φ(x) + x·φ(x).
+  const T inv_sqrt2 = static_cast<T>(std::numbers::sqrt2 / 2);
+  const T inv_sqrt_2pi = static_cast<T>(std::numbers::inv_sqrtpi * std::numbers::sqrt2 / 2);
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T cdf = T(0.5) * (T(1) + std::erf(x[i] * inv_sqrt2));
+      const T pdf = inv_sqrt_2pi * std::exp(T(-0.5) * x[i] * x[i]);
+      dx[i] = dy[i] * (cdf + x[i] * pdf);
+    }
   });
 }
 
@@ -133,6 +205,12 @@ template void Scale<float>(const float*, float*, int64_t, float);
 template void Relu<float>(const float*, float*, int64_t);
 template void GeluReference<float>(const float*, float*, int64_t);
 template void GeluFast<float>(const float*, float*, int64_t);
+template void SiluReference<float>(const float*, float*, int64_t);
+template void SiluFast<float>(const float*, float*, int64_t);
+template void GeluErf<float>(const float*, float*, int64_t);
+template void SiluGradReference<float>(const float*, const float*, float*, int64_t);
+template void SiluGradFast<float>(const float*, const float*, float*, int64_t);
+template void GeluErfGrad<float>(const float*, const float*, float*, int64_t);
 template void TanhReference<float>(const float*, float*, int64_t);
 template void TanhFast<float>(const float*, float*, int64_t);
 template void ExpReference<float>(const float*, float*, int64_t);
@@ -148,6 +226,12 @@ template void Scale<double>(const double*, double*, int64_t, double);
 template void Relu<double>(const double*, double*, int64_t);
 template void GeluReference<double>(const double*, double*, int64_t);
 template void GeluFast<double>(const double*, double*, int64_t);
+template void SiluReference<double>(const double*, double*, int64_t);
+template void SiluFast<double>(const double*, double*, int64_t);
+template void GeluErf<double>(const double*, double*, int64_t);
+template void SiluGradReference<double>(const double*, const double*, double*, int64_t);
+template void SiluGradFast<double>(const double*, const double*, double*, int64_t);
+template void GeluErfGrad<double>(const double*, const double*, double*, int64_t);
 template void TanhReference<double>(const double*, double*, int64_t);
 template void TanhFast<double>(const double*, double*, int64_t);
 template void ExpReference<double>(const double*, double*, int64_t);

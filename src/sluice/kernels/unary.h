@@ -11,6 +11,9 @@
 // GELU is the tanh approximation, exactly PyTorch's gelu(approximate='tanh'), in both versions:
 //   gelu(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
 //
+// SiLU is x·σ(x) = x / (1 + e^−x), PyTorch's silu; its fast form takes e^−x from the SIMD exp.
+// The exact GELU is 0.5·x·(1 + erf(x/√2)), PyTorch's gelu(approximate='none'), with libm's erf.
+//
 // Inputs and outputs may not overlap (pointers are __restrict), unless a kernel says otherwise.
 // Thread-safety: pure functions of their inputs.
 #pragma once
@@ -33,6 +36,14 @@ template <typename T>
 void GeluReference(const T* x, T* y, int64_t n);
 template <typename T>
 void GeluFast(const T* x, T* y, int64_t n);
+// y = silu(x) = x / (1 + e^−x).
+template <typename T>
+void SiluReference(const T* x, T* y, int64_t n);
+template <typename T>
+void SiluFast(const T* x, T* y, int64_t n);
+// y = 0.5·x·(1 + erf(x/√2)) (exact GELU).
+template <typename T>
+void GeluErf(const T* x, T* y, int64_t n);
 // y = tanh(x), e^x, ln x, √x.
 template <typename T>
 void TanhReference(const T* x, T* y, int64_t n);
@@ -56,6 +67,14 @@ template <typename T>
 void GeluGradReference(const T* dy, const T* x, T* dx, int64_t n);
 template <typename T>
 void GeluGradFast(const T* dy, const T* x, T* dx, int64_t n);
+// dx = dy · silu'(x) = dy · σ(x)·(1 + x·(1 − σ(x))). Both may run in place (dx = dy).
+template <typename T>
+void SiluGradReference(const T* dy, const T* x, T* dx, int64_t n);
+template <typename T>
+void SiluGradFast(const T* dy, const T* x, T* dx, int64_t n);
+// dx = dy · (Φ(x) + x·φ(x)), the exact GELU's derivative (Φ, φ: the normal CDF and density).
+template <typename T>
+void GeluErfGrad(const T* dy, const T* x, T* dx, int64_t n);
 // dx = dy · (1 − y²) with y = tanh(x).
 template <typename T>
 void TanhGrad(const T* dy, const T* y, T* dx, int64_t n);

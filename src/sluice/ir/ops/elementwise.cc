@@ -138,6 +138,8 @@ std::vector<Var> ScaleVjp(VjpContext& ctx) {
 std::vector<Var> NegVjp(VjpContext& ctx) { return {Neg(ctx.dy(0))}; }
 std::vector<Var> ReluVjp(VjpContext& ctx) { return {ReluGrad(ctx.dy(0), ctx.y(0))}; }
 std::vector<Var> GeluVjp(VjpContext& ctx) { return {GeluGrad(ctx.dy(0), ctx.x(0))}; }
+std::vector<Var> SiluVjp(VjpContext& ctx) { return {SiluGrad(ctx.dy(0), ctx.x(0))}; }
+std::vector<Var> GeluErfVjp(VjpContext& ctx) { return {GeluErfGrad(ctx.dy(0), ctx.x(0))}; }
 std::vector<Var> TanhVjp(VjpContext& ctx) { return {TanhGrad(ctx.dy(0), ctx.y(0))}; }
 // d e^x = dy · y.
 std::vector<Var> ExpVjp(VjpContext& ctx) { return {Mul(ctx.dy(0), ctx.y(0))}; }
@@ -256,6 +258,8 @@ Var Scale(Var x, double factor) { return x.builder()->Emit1("scale", {x}, {{"fac
 Var Neg(Var x) { return x.builder()->Emit1("neg", {x}); }
 Var Relu(Var x) { return x.builder()->Emit1("relu", {x}); }
 Var Gelu(Var x) { return x.builder()->Emit1("gelu", {x}); }
+Var Silu(Var x) { return x.builder()->Emit1("silu", {x}); }
+Var GeluErf(Var x) { return x.builder()->Emit1("gelu_erf", {x}); }
 Var Tanh(Var x) { return x.builder()->Emit1("tanh", {x}); }
 Var Exp(Var x) { return x.builder()->Emit1("exp", {x}); }
 Var Log(Var x) { return x.builder()->Emit1("log", {x}); }
@@ -263,6 +267,8 @@ Var Sqrt(Var x) { return x.builder()->Emit1("sqrt", {x}); }
 Var ReluGrad(Var dy, Var s) { return dy.builder()->Emit1("relu_grad", {dy, s}); }
 Var GeluGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_grad", {dy, x}); }
 Var TanhGrad(Var dy, Var y) { return dy.builder()->Emit1("tanh_grad", {dy, y}); }
+Var SiluGrad(Var dy, Var x) { return dy.builder()->Emit1("silu_grad", {dy, x}); }
+Var GeluErfGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_erf_grad", {dy, x}); }
 
 Var Full(Builder& b, const Shape& shape, double value, DType dtype) {
   return b.Emit1("full", {},
@@ -308,6 +314,13 @@ void RegisterElementwiseOps(OpRegistry& r) {
                 UnaryKernel<kernels::GeluReference<float>, kernels::GeluReference<double>>, GeluVjp,
                 "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))",
                 /*recomputable=*/true);
+  RegisterUnary(r, "gelu_erf", UnaryKernel<kernels::GeluErf<float>, kernels::GeluErf<double>>,
+                nullptr, GeluErfVjp,
+                "GELU, exact: 0.5·x·(1 + erf(x/√2)) (PyTorch gelu(approximate='none'))",
+                /*recomputable=*/true);
+  RegisterUnary(r, "silu", UnaryKernel<kernels::SiluFast<float>, kernels::SiluFast<double>>,
+                UnaryKernel<kernels::SiluReference<float>, kernels::SiluReference<double>>, SiluVjp,
+                "SiLU (swish): x·sigmoid(x) = x / (1 + e^-x)", /*recomputable=*/true);
   RegisterUnary(r, "tanh", UnaryKernel<kernels::TanhFast<float>, kernels::TanhFast<double>>,
                 UnaryKernel<kernels::TanhReference<float>, kernels::TanhReference<double>>, TanhVjp,
                 "tanh(x)", /*recomputable=*/true);
@@ -327,6 +340,14 @@ void RegisterElementwiseOps(OpRegistry& r) {
       UnaryGradKernel<kernels::GeluGradFast<float>, kernels::GeluGradFast<double>>,
       UnaryGradKernel<kernels::GeluGradReference<float>, kernels::GeluGradReference<double>>,
       "gelu gradient: dy · gelu'(x)");
+  RegisterUnaryGrad(
+      r, "silu_grad", "x",
+      UnaryGradKernel<kernels::SiluGradFast<float>, kernels::SiluGradFast<double>>,
+      UnaryGradKernel<kernels::SiluGradReference<float>, kernels::SiluGradReference<double>>,
+      "silu gradient: dy · sigmoid(x)·(1 + x·(1 − sigmoid(x)))");
+  RegisterUnaryGrad(r, "gelu_erf_grad", "x",
+                    UnaryGradKernel<kernels::GeluErfGrad<float>, kernels::GeluErfGrad<double>>,
+                    nullptr, "exact gelu gradient: dy · (Φ(x) + x·φ(x))");
   RegisterUnaryGrad(r, "tanh_grad", "y",
                     UnaryGradKernel<kernels::TanhGrad<float>, kernels::TanhGrad<double>>, nullptr,
                     "tanh gradient from the output y: dy · (1 − y²)");

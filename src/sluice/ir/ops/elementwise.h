@@ -35,9 +35,12 @@ Var Neg(Var x);
 inline Var operator-(Var x) { return Neg(x); }
 
 // Activations and functions, y = f(x), same shape. Ops "relu", "gelu" (tanh approximation,
-// PyTorch's gelu(approximate='tanh')), "tanh", "exp", "log", "sqrt".
+// PyTorch's gelu(approximate='tanh')), "gelu_erf" (exact, approximate='none'), "silu" (x·σ(x)),
+// "tanh", "exp", "log", "sqrt".
 Var Relu(Var x);
 Var Gelu(Var x);
+Var GeluErf(Var x);
+Var Silu(Var x);
 Var Tanh(Var x);
 Var Exp(Var x);
 Var Log(Var x);
@@ -50,6 +53,10 @@ Var Sqrt(Var x);
 Var ReluGrad(Var dy, Var s);
 // dy · gelu'(x). Op "gelu_grad".
 Var GeluGrad(Var dy, Var x);
+// dy · silu'(x). Op "silu_grad".
+Var SiluGrad(Var dy, Var x);
+// dy · gelu_erf'(x). Op "gelu_erf_grad".
+Var GeluErfGrad(Var dy, Var x);
 // dy · (1 − y²) for y = tanh(x). Op "tanh_grad".
 Var TanhGrad(Var dy, Var y);
 

@@ -181,7 +181,12 @@ def trace(module, aliases, user_file, batch, seq):
     except ExportError:
         raise
     except Exception as e:
-        raise ExportError(f"tracing forward(tokens, targets) at [{batch}, {seq}] failed: "
+        where = ""
+        for frame in reversed(traceback.extract_tb(e.__traceback__)):
+            if os.path.abspath(frame.filename) == user_file:
+                where = f" (at {frame.filename}:{frame.lineno}: {frame.line})"
+                break
+        raise ExportError(f"tracing forward(tokens, targets) at [{batch}, {seq}] failed{where}: "
                           f"{type(e).__name__}: {e}") from e
     finally:
         proxy_tensor.PythonKeyTracer = original
@@ -209,10 +214,15 @@ class Transposed:
 
 
 class Const:
-    """A value that depends on no input or parameter: folded."""
+    """A value that depends on no input or parameter: folded. `origin` is the graph node that
+    computed it; when it derives from a buffer and an instruction needs it as a tensor, that node
+    is lowered for real, reading the buffer as a program constant (Lowering.materialize)."""
 
-    def __init__(self, tensor):
+    def __init__(self, tensor, origin=None):
         self.tensor = tensor
+        self.origin = origin
+        self.shape = list(tensor.shape)
+        self.dtype = DTYPES.get(tensor.dtype)
 
 
 DTYPES = {torch.float32: "f32", torch.int64: "i64"}
@@ -246,8 +256,13 @@ def fmt_type(dtype, shape):
 class Lowering:
     """Turns one traced graph into program text. unit_of(node) names the unit of a node."""
 
-    def __init__(self, gm, example_inputs, param_names, blocks):
+    def __init__(self, gm, example_inputs, param_names, blocks, buffers):
         self.gm = gm
+        self.buffers = buffers  # id(tensor) -> the module's name for a buffer
+        self.from_buffer = {}   # fx node -> whether its value derives from a buffer
+        self.constants = {}     # name -> tensor: the buffers the program reads (`const`)
+        self.const_decls = []
+        self.materialized = {}  # (fx node, unit) -> what lowering the node there gave
         self.inputs = example_inputs
         self.param_names = param_names
         self.blocks = blocks
@@ -259,6 +274,9 @@ class Lowering:
         self.unit = "embed"
         self.closed = set()
         self.counter = 0
+        self.materializing = None  # the unit a buffer-derived node is being lowered in
+        self.node_names = {}       # (fx node, materializing) -> the name of its first value
+        self.stem_counts = {}      # name stem -> how many values took it
 
     # -- errors and names
     def fail(self, message):
@@ -272,16 +290,31 @@ class Lowering:
         raise ExportError(message + (" (" + ", ".join(where) + ")" if where else ""))
 
     def fresh(self, hint):
-        """A new value name: the node's name under its module path, then .HINT for the further
-        instructions one node needs."""
+        """A new value name: the node's op under its module path (`layers.0.attention.slice`,
+        then `..._1` for the next node of that op there), then NAME.HINT for the further
+        instructions one node needs. Names count only what is emitted, never fx's node numbers, so
+        traces that fold different nodes (a slice of a whole buffer) still name alike."""
         node = self.node
         if node is not None and node.target == aten.nll_loss_forward.default:
             name = "loss"
         else:
-            path = node.meta.get("module_path", "") if node is not None else ""
-            name = f"{path}.{node.name}" if path else node.name
-        if name in self.used_names:
-            name = f"{name}.{hint}"
+            key = (node, self.materializing)
+            if key in self.node_names:
+                name = f"{self.node_names[key]}.{hint}"
+            else:
+                base = re.sub(r"_\d+$", "", node.name) if node is not None else hint
+                path = node.meta.get("module_path", "") if node is not None else ""
+                prefix = self.materializing if self.materializing is not None else path
+                stem = f"{prefix}.{base}" if prefix else base
+                k = self.stem_counts.get(stem, 0)
+                name = stem if k == 0 else f"{stem}_{k}"
+                while name in self.used_names:
+                    k += 1
+                    name = f"{stem}_{k}"
+                self.stem_counts[stem] = k + 1
+                self.node_names[key] = name
+                self.used_names.add(name)
+                return name
         base = name
         while name in self.used_names:
             self.counter += 1
@@ -316,10 +349,39 @@ class Lowering:
                 return self.emit("full", [], list(t.shape), DTYPES[t.dtype],
                                  {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
                                   "value": float(value)})
-            self.fail(f"a constant tensor of shape {list(t.shape)} that is not uniform is read by "
-                      f"{self.node.target}: sluice programs hold no tensor constants (only a causal "
-                      f"mask is recognised); make it a parameter or compute it from the inputs")
+            if x.origin is not None and self.from_buffer.get(x.origin):
+                return self.val(self.materialize(x.origin))
+            self.fail(f"a constant tensor of shape {list(t.shape)} that is not uniform and comes "
+                      f"from no buffer is read by {self.node.target}: register it as a buffer "
+                      f"(module.register_buffer), which becomes a program constant, or compute "
+                      f"it from the inputs")
         self.fail(f"unexpected operand {x!r} of {self.node.target}")
+
+    def materialize(self, node):
+        """Lowers the buffer-derived node `node` for real in the current unit (once per unit, so
+        that each pipeline stage reads the buffer itself and no slice of it crosses a cut); a
+        buffer itself becomes a program constant, `const %NAME: T = loaded`."""
+        key = (node, self.unit)
+        if key in self.materialized:
+            return self.materialized[key]
+        if node.op == "get_attr":
+            t = self.concrete[node]
+            name = self.buffers[id(getattr(self.gm, node.target))]
+            if t.dtype != torch.float32:
+                self.fail(f"buffer {name} is {t.dtype}: sluice constants read as tensors are f32")
+            if name not in self.constants:
+                self.constants[name] = t
+                self.const_decls.append(f"const %{name}: {fmt_type('f32', t.shape)} = loaded")
+                self.used_names.add(name)
+            return Val(name, t.shape, "f32")
+        saved = self.node, self.materializing
+        self.node, self.materializing = node, self.unit
+        try:
+            out = self.lower(node, fold=False)
+        finally:
+            self.node, self.materializing = saved
+        self.materialized[key] = out
+        return out
 
     def is_const(self, x):
         return isinstance(x, Const)
@@ -370,6 +432,7 @@ class Lowering:
                 decls.append(f"param %{name}: {fmt_type('f32', t.shape)} = loaded")
             self.used_names.add(self.env[n].name)
         nodes = list(self.gm.graph.nodes)
+        fused, skipped = find_rms_norms(nodes)
         last_block = max((i for i, n in enumerate(nodes) if self.unit_for(n) is not None),
                          default=-1)
         loss = None
@@ -380,7 +443,8 @@ class Lowering:
             if node.op == "get_attr":
                 t = getattr(self.gm, node.target)
                 self.concrete[node] = t
-                self.env[node] = Const(t.detach().clone())
+                self.env[node] = Const(t.detach().clone(), node)
+                self.from_buffer[node] = id(t) in self.buffers
                 continue
             if node.op == "output":
                 (result,) = node.args
@@ -396,12 +460,24 @@ class Lowering:
             args = fx.node.map_arg(node.args, lambda a: self.concrete[a])
             kwargs = fx.node.map_arg(node.kwargs, lambda a: self.concrete[a])
             self.concrete[node] = node.target(*args, **kwargs)
+            self.from_buffer[node] = any(self.from_buffer.get(a, False)
+                                         for a in node.all_input_nodes)
             if self.unit_for(node) is not None:
                 self.enter_unit(node)
             elif index > last_block >= 0 and self.unit != "head":
                 self.closed.add(self.unit)
                 self.unit = "head"
-            self.env[node] = self.lower(node) if node.users else None
+            if node in skipped:
+                self.env[node] = None  # inside an RMS norm that `fused` emits whole
+            elif node in fused:
+                x, w, eps = fused[node]
+                x, w = self.val(self.env[x]), self.env[w]
+                if not isinstance(w, Val) or w.shape != x.shape[-1:]:
+                    self.fail("an RMS norm whose weight is not a parameter of the last axis")
+                self.env[node] = self.emit("rms_norm", [x, w], list(self.concrete[node].shape),
+                                           "f32", {"eps": float(eps)})
+            else:
+                self.env[node] = self.lower(node) if node.users else None
         if not isinstance(loss, Val):
             self.fail("the loss does not depend on the inputs and parameters")
         body = []
@@ -416,20 +492,21 @@ class Lowering:
         if current is not None:
             body.append("  }")
         units = list(dict.fromkeys(u for u, _ in self.lines))
+        decls += self.const_decls
         out = ["program model {"] + ["  " + d for d in decls] + body + [f"  output %{loss.name}",
                                                                         "}"]
         return "\n".join(out) + "\n", units
 
-    def lower(self, node):
+    def lower(self, node, fold=True):
         target = node.target
         args = fx.node.map_arg(node.args, lambda a: self.env[a])
         kwargs = fx.node.map_arg(node.kwargs, lambda a: self.env[a])
         out_shape = list(self.concrete[node].shape) if isinstance(self.concrete[node],
                                                                   torch.Tensor) else None
         flat = [a for a in node.all_input_nodes]
-        if all(isinstance(self.env[a], Const) for a in flat):
+        if fold and all(isinstance(self.env[a], Const) for a in flat):
             if isinstance(self.concrete[node], torch.Tensor):
-                return Const(self.concrete[node].detach().clone())
+                return Const(self.concrete[node].detach().clone(), node)
             if isinstance(self.concrete[node], (tuple, list)):
                 return tuple(Const(t) if isinstance(t, torch.Tensor) else None
                              for t in self.concrete[node])
@@ -444,6 +521,51 @@ class Lowering:
             self.fail(f"unsupported ATen op {target}: sluice has no mapping for it "
                       f"(docs/torch-export.md lists the supported ops)")
         return handler(self, node, args, kwargs, out_shape)
+
+
+def find_rms_norms(nodes):
+    """RMS norms written out, `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`,
+    which PyTorch traces as pow, mean, add, rsqrt, mul, mul: {the last mul: (x, weight, eps)}
+    and the set of the nodes before it, each read only by the next (one rms_norm replaces them)."""
+    def call(n, *targets):
+        return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+    def only_user(n, user):
+        return list(n.users) == [user]
+
+    fused, skipped = {}, set()
+    for out in nodes:
+        if not call(out, aten.mul.Tensor):
+            continue
+        for inner, weight in (out.args, out.args[::-1]):
+            if not call(inner, aten.mul.Tensor) or not only_user(inner, out):
+                continue
+            for x, rsqrt in (inner.args, inner.args[::-1]):
+                if not call(rsqrt, aten.rsqrt.default) or not only_user(rsqrt, inner):
+                    continue
+                add = rsqrt.args[0]
+                if not call(add, aten.add.Tensor, aten.add.Scalar) or not only_user(add, rsqrt):
+                    continue
+                mean, eps = add.args[0], add.args[1]
+                if not isinstance(eps, (int, float)) or eps <= 0:
+                    continue
+                if not call(mean, aten.mean.dim) or not only_user(mean, add):
+                    continue
+                sq = mean.args[0]
+                dims, keep = mean.args[1], (mean.args[2] if len(mean.args) > 2 else False)
+                rank = len(sq.meta["val"].shape) if "val" in sq.meta else None
+                if not keep or len(dims) != 1 or dims[0] not in (-1, (rank or 0) - 1):
+                    continue
+                if not call(sq, aten.pow.Tensor_Scalar) or sq.args[1] != 2 or sq.args[0] is not x:
+                    continue
+                if not only_user(sq, mean):
+                    continue
+                fused[out] = (x, weight, eps)
+                skipped.update({sq, mean, add, rsqrt, inner})
+                break
+            if out in fused:
+                break
+    return fused, skipped
 
 
 # Handlers: (lowering, node, args, kwargs, out_shape) -> value
@@ -591,10 +713,11 @@ def _unary(op):
 
 
 def _gelu(L, node, args, kwargs, shape):
-    if kwargs.get("approximate", "none") != "tanh":
-        L.fail("gelu with approximate='none' (the exact erf form): sluice's gelu is the tanh "
-               "approximation; write F.gelu(x, approximate='tanh') or nn.GELU(approximate='tanh')")
-    return L.emit("gelu", [L.val(args[0])], shape, "f32")
+    approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+    op = {"tanh": "gelu", "none": "gelu_erf"}.get(approximate)
+    if op is None:
+        L.fail(f"gelu with approximate={approximate!r}")
+    return L.emit(op, [L.val(args[0])], shape, "f32")
 
 
 def _sigmoid_of(L, x, shape):
@@ -611,8 +734,7 @@ def _sigmoid(L, node, args, kwargs, shape):
 
 
 def _silu(L, node, args, kwargs, shape):
-    x = L.val(args[0])
-    return L.emit("mul", [x, _sigmoid_of(L, x, shape)], shape, "f32", hint="silu")
+    return L.emit("silu", [L.val(args[0])], shape, "f32")
 
 
 def _rsqrt(L, node, args, kwargs, shape):
@@ -759,8 +881,42 @@ def _dropout(L, node, args, kwargs, shape):
     return (x, None)
 
 
+def _repeat_axis(L, x, dim, repeats, shape):
+    """x with each entry along `dim` repeated `repeats` times in place (repeat_interleave):
+    a new axis of 1 after dim, broadcast to `repeats`, merged back into dim."""
+    x = L.val(x)
+    if repeats == 1:
+        return x
+    inner = x.shape[:dim + 1] + [1] + x.shape[dim + 1:]
+    wide = x.shape[:dim + 1] + [repeats] + x.shape[dim + 1:]
+    y = L.emit("reshape", [x], inner, x.dtype, {"shape": inner}, hint="unsqueeze")
+    y = L.emit("broadcast_to", [y], wide, x.dtype, {"shape": wide}, hint="repeat")
+    return L.emit("reshape", [y], shape, x.dtype, {"shape": shape})
+
+
 def _repeat_interleave(L, node, args, kwargs, shape):
-    L.fail("repeat_interleave is not supported yet")
+    x, repeats = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    if dim is None or not isinstance(repeats, int):
+        L.fail("repeat_interleave without a dim or with repeats given as a tensor")
+    return _repeat_axis(L, x, dim % len(x.shape), repeats, shape)
+
+
+def _index_select(L, node, args, kwargs, shape):
+    """index_select by constant indices: repeat_interleave (grouped-query attention's keys and
+    values, which PyTorch traces as index_select by [0, 0, 1, 1, ...]) or all of the axis."""
+    x, dim, index = args[0], args[1], args[2]
+    if not isinstance(index, Const) or index.tensor.dim() != 1:
+        L.fail("index_select by indices computed from the inputs: only constant indices that "
+               "repeat each entry (repeat_interleave) are supported")
+    dim %= len(x.shape)
+    n, idx = x.shape[dim], index.tensor
+    if n > 0 and idx.numel() % n == 0:
+        r = idx.numel() // n
+        if bool((idx == torch.arange(n).repeat_interleave(r)).all()):
+            return _repeat_axis(L, x, dim, r, shape)
+    L.fail(f"index_select along axis {dim} by constant indices {idx.tolist()[:8]}...: only "
+           f"indices that repeat each entry in place (repeat_interleave) are supported")
 
 
 LOWERINGS = {
@@ -793,6 +949,7 @@ LOWERINGS = {
     aten.squeeze.default: _unsqueeze_squeeze,
     aten.native_dropout.default: _dropout,
     aten.repeat_interleave.self_int: _repeat_interleave,
+    aten.index_select.default: _index_select,
 }
 
 
@@ -891,13 +1048,15 @@ def export(spec, batch, seq, out):
     aliases = parameter_aliases(module)
     names = [n for n, _, _ in aliases]
     blocks = block_paths(module)
+    buffers = {id(b): n for n, b in module.named_buffers()}
     texts = []
     last_error = None
     gm, inputs = trace(module, aliases, user_file, batch, seq)
-    text, units = Lowering(gm, inputs, names, blocks).run()
+    lowering = Lowering(gm, inputs, names, blocks, buffers)
+    text, units = lowering.run()
     for b2, t2 in second_sizes(batch, seq):
         gm2, inputs2 = trace(module, aliases, user_file, b2, t2)
-        text2, _ = Lowering(gm2, inputs2, names, blocks).run()
+        text2, _ = Lowering(gm2, inputs2, names, blocks, buffers).run()
         try:
             program = generalise(text, (batch, seq), text2, (b2, t2))
             break
@@ -914,8 +1073,9 @@ def export(spec, batch, seq, out):
     try:
         with open(os.path.join(tmp, "model.sluice"), "w") as f:
             f.write(program)
-        write_safetensors(os.path.join(tmp, "init.safetensors"),
-                          {n: p for n, p, _ in aliases})
+        tensors = {n: p for n, p, _ in aliases}
+        tensors.update(lowering.constants)
+        write_safetensors(os.path.join(tmp, "init.safetensors"), tensors)
         if os.path.isdir(out):
             os.rmdir(out)  # empty, checked above
         os.rename(tmp, out)
@@ -923,7 +1083,7 @@ def export(spec, batch, seq, out):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     tied = [(n, len(hs)) for n, _, hs in aliases if len(hs) > 1]
-    return units, tied, len(names), sum(p.numel() for _, p, _ in aliases)
+    return units, tied, len(names), sum(p.numel() for _, p, _ in aliases), list(lowering.constants)
 
 
 def main(argv=None):
@@ -936,13 +1096,15 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="new or empty folder to write")
     a = parser.parse_args(argv)
     try:
-        units, tied, count, numel = export(a.spec, a.batch, a.seq, a.out)
+        units, tied, count, numel, constants = export(a.spec, a.batch, a.seq, a.out)
     except ExportError as e:
         print(f"torch_export: error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {os.path.join(a.out, 'model.sluice')} and {os.path.join(a.out, 'init.safetensors')}"
           f" ({count} parameters, {numel} values)")
     print(f"units: {', '.join(units)}")
+    if constants:
+        print(f"constants (buffers, never trained): {', '.join(constants)}")
     for n, k in tied:
         print(f"tied: {n} is shared by {k} modules (one parameter)")
     print(f"train it: sluice train --program {os.path.join(a.out, 'model.sluice')} "

@@ -14,8 +14,8 @@ trains that module itself, not a re-implementation of it:
      state (NAME.exp_avg, NAME.exp_avg_sq, ...) is the only unexpected kind of key; then its loss
      on the batch of the step after the checkpoint ("tokens.<steps>").
 
-Writes OUTPUT.safetensors: "losses" f64 [steps], "final.<param>" after the last step, and
-"checkpoint_loss" f64 [1].
+Writes OUTPUT.safetensors: "losses" f64 [steps], "final.<name>" of every parameter and buffer
+after the last step, and "checkpoint_loss" f64 [1].
 
 Usage: torch_import_reference.py FILE.py:FACTORY INPUT INIT CHECKPOINT OUTPUT
 """
@@ -89,6 +89,8 @@ def main():
         opt.step()
     out = {"losses": torch.tensor(losses, dtype=torch.float64)}
     out.update({f"final.{n}": p.detach().clone() for n, p in model.named_parameters()})
+    # Buffers (the program's constants: rotary tables) stay as they were; sluice keeps them so.
+    out.update({f"final.{n}": b.detach().clone() for n, b in model.named_buffers()})
 
     trained, _ = read_safetensors(checkpoint_path)
     restored = load(build(spec), trained, checkpoint_path)

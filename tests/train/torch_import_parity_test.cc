@@ -1,9 +1,9 @@
 // Parity of an imported PyTorch module (tools/torch_export.py, docs/torch-export.md) with PyTorch
-// training that very module: for each model of tests/parity/torch_models.py, the exporter writes
-// model.sluice and init.safetensors; a Trainer runs the program (`--program ... --init-from ...
-// --data sort --threads 1`, AdamW, constant lr, no clipping) for ten steps and saves a
-// checkpoint; tests/parity/torch_import_reference.py trains the module in PyTorch from the same
-// weights on the same batches, and loads sluice's checkpoint back into a fresh module.
+// training that very module: for each model of tests/parity/torch_models.py (gpt, llama, mlp_lm),
+// the exporter writes model.sluice and init.safetensors; a Trainer runs the program (`--program
+// ... --init-from ... --data sort --threads 1`, AdamW, constant lr, no clipping) for ten steps and
+// saves a checkpoint; tests/parity/torch_import_reference.py trains the module in PyTorch from the
+// same weights on the same batches, and loads sluice's checkpoint back into a fresh module.
 //
 //   losses          the ten per-step losses, 1e-5 relative
 //   final weights   1e-4 of each tensor's largest entry plus 2e-2 of the AdamW steps taken
@@ -11,9 +11,17 @@
 //   weights back    PyTorch's loss of the module holding sluice's checkpoint, on the batch of the
 //                   step after it, against the loss sluice computes in that step: 1e-5 relative
 //
-// Skipped, saying so, without python3-torch (/usr/bin/python3 -c 'import torch').
+//   TorchImportGolden   always runs: the exported program, its initial weights and PyTorch's
+//                       losses, committed in tests/parity/torch_import/MODEL/ (model.sluice,
+//                       init.safetensors, golden.json with the batches they came from), so this
+//                       check runs where PyTorch is absent.
+//   TorchImportParity   exports and runs PyTorch now (skipped, saying so, without python3-torch
+//                       /usr/bin/python3 -c 'import torch').
+// Regenerate the golden files after a deliberate change to the models, the exporter or the data:
+//   SLUICE_UPDATE_GOLDEN=1 ctest --test-dir build -R TorchImportParity
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -60,12 +68,79 @@ TrainConfig ImportConfig(const std::string& dir) {
 
 double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
+std::string GoldenDir(const std::string& model) {
+  return SourceDir() + "/tests/parity/torch_import/" + model;
+}
+
+// What sluice does with an exported model: the batches it trains on, its losses, the weights it
+// saved after kSteps steps (in `checkpoint`) and its loss on the next batch with them.
+struct SluiceRun {
+  std::map<std::string, Tensor> batches;  // tokens.<step>, targets.<step>, steps 0 to kSteps
+  std::vector<double> losses;
+  std::map<std::string, Tensor> trained;
+  double next_loss = 0;
+};
+
+SluiceRun TrainExported(const std::string& dir, const std::string& checkpoint) {
+  const TrainConfig config = ImportConfig(dir);
+  SluiceRun run;
+  {
+    std::unique_ptr<Task> task = MakeTask(config);
+    for (int64_t s = 0; s < config.steps; ++s) {
+      Scope scope;
+      task->BindBatch(scope, DataSplit::kTrain, s, config.batch, config.seed);
+      run.batches.emplace(fmt::format("tokens.{}", s), scope.Take("tokens"));
+      run.batches.emplace(fmt::format("targets.{}", s), scope.Take("targets"));
+    }
+  }
+  Trainer trainer(config);
+  for (int64_t s = 0; s < kSteps; ++s) run.losses.push_back(trainer.Step().loss);
+  trainer.SaveCheckpoint(checkpoint);
+  for (const std::string& name : trainer.ParamNames())
+    run.trained.emplace(name, trainer.Value(name).Clone());
+  run.next_loss = trainer.Step().loss;  // the checkpoint's weights on batch kSteps
+  return run;
+}
+
+std::vector<int64_t> Ids(const Tensor& t) {
+  return std::vector<int64_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
+}
+
+class TorchImportGolden : public testing::TestWithParam<const char*> {};
+
+TEST_P(TorchImportGolden, TrainsLikePyTorchDid) {
+  const std::string model = GetParam();
+  const std::string dir = GoldenDir(model);
+  std::ifstream in(dir + "/golden.json");
+  ASSERT_TRUE(in) << "cannot read " << dir << "/golden.json";
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const SluiceRun run =
+      TrainExported(dir, ::testing::TempDir() + "/torch_import_golden_" + model + ".safetensors");
+  // The data first: a mismatch here is a change to the data, not to training.
+  for (const auto& [name, t] : run.batches)
+    ASSERT_EQ(Ids(t), golden.at("batches").at(name).get<std::vector<int64_t>>()) << name;
+  const std::vector<double> losses = golden.at("losses").get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), run.losses.size());
+  double worst = 0;
+  for (size_t s = 0; s < losses.size(); ++s) {
+    worst = std::max(worst, Relative(run.losses[s], losses[s]));
+    EXPECT_LE(Relative(run.losses[s], losses[s]), 1e-5)
+        << "loss of step " << s + 1 << ": sluice " << run.losses[s] << " vs PyTorch " << losses[s];
+  }
+  const double back = golden.at("checkpoint_loss").get<double>();
+  EXPECT_LE(Relative(back, run.next_loss), 1e-5)
+      << "PyTorch's loss with sluice's checkpoint loaded, " << back << ", vs sluice's "
+      << run.next_loss;
+  fmt::print("{}: largest relative difference from PyTorch's committed losses: {:.2e}\n", model,
+             worst);
+}
+
 class TorchImportParity : public testing::TestWithParam<const char*> {};
 
 TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
   if (!HaveTorch()) {
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it): "
-                    "tools/torch_export.py needs it";
+                    "tools/torch_export.py needs it; only the committed golden files were checked";
   }
   const std::string model = GetParam();
   const std::string spec = SourceDir() + "/tests/parity/torch_models.py:" + model;
@@ -77,25 +152,8 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
   ASSERT_EQ(std::system(export_cmd.c_str()), 0) << "the exporter failed: " << export_cmd;
 
   const TrainConfig config = ImportConfig(dir);
-  std::map<std::string, Tensor> batches;
-  {
-    std::unique_ptr<Task> task = MakeTask(config);
-    for (int64_t s = 0; s < config.steps; ++s) {
-      Scope scope;
-      task->BindBatch(scope, DataSplit::kTrain, s, config.batch, config.seed);
-      batches.emplace(fmt::format("tokens.{}", s), scope.Take("tokens"));
-      batches.emplace(fmt::format("targets.{}", s), scope.Take("targets"));
-    }
-  }
-  Trainer trainer(config);
-  std::vector<double> losses;
-  for (int64_t s = 0; s < kSteps; ++s) losses.push_back(trainer.Step().loss);
   const std::string checkpoint = dir + "/trained.safetensors";
-  trainer.SaveCheckpoint(checkpoint);
-  std::map<std::string, Tensor> trained;
-  for (const std::string& name : trainer.ParamNames())
-    trained.emplace(name, trainer.Value(name).Clone());
-  const double next_loss = trainer.Step().loss;  // the checkpoint's weights on batch kSteps
+  const SluiceRun run = TrainExported(dir, checkpoint);
 
   const OptimizerConfig& o = config.optimizer;
   const nlohmann::json reference_config = {{"steps", kSteps},  {"lr", o.lr},
@@ -103,7 +161,7 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
                                            {"eps", o.eps},     {"weight_decay", o.weight_decay}};
   const std::string in_path = dir + "/reference_input.safetensors",
                     out_path = dir + "/reference_output.safetensors";
-  WriteSafetensors(in_path, batches, {{"config", reference_config.dump()}});
+  WriteSafetensors(in_path, run.batches, {{"config", reference_config.dump()}});
   const std::string cmd =
       fmt::format("/usr/bin/python3 {}/tests/parity/torch_import_reference.py {} {} {} {} {}",
                   SourceDir(), spec, in_path, config.init_from, checkpoint, out_path);
@@ -114,13 +172,15 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
   ASSERT_EQ(ref_losses.numel(), kSteps);
   double worst_loss = 0;
   for (int64_t s = 0; s < kSteps; ++s) {
-    const double r = Relative(losses[static_cast<size_t>(s)], ref_losses.FlatAt(s));
+    const double mine = run.losses[static_cast<size_t>(s)];
+    const double r = Relative(mine, ref_losses.FlatAt(s));
     worst_loss = std::max(worst_loss, r);
-    EXPECT_LE(r, 1e-5) << "loss of step " << s + 1 << ": sluice " << losses[static_cast<size_t>(s)]
-                       << " vs PyTorch " << ref_losses.FlatAt(s);
+    EXPECT_LE(r, 1e-5) << "loss of step " << s + 1 << ": sluice " << mine << " vs PyTorch "
+                       << ref_losses.FlatAt(s);
   }
   double worst_weight = 0;
-  for (const auto& [name, mine] : trained) {
+  for (const auto& [name, mine] : run.trained) {
+    ASSERT_TRUE(ref.tensors.count("final." + name)) << name << " is no parameter or buffer";
     const Tensor& theirs = ref.tensors.at("final." + name);
     ASSERT_EQ(mine.numel(), theirs.numel()) << name;
     double diff = 0, scale = 1e-12;
@@ -134,18 +194,43 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
     EXPECT_LE(diff, 1e-4 * scale + 2e-2 * o.lr * kSteps) << name << " after step " << kSteps;
   }
   const double back = ref.tensors.at("checkpoint_loss").FlatAt(0);
-  EXPECT_LE(Relative(back, next_loss), 1e-5) << "PyTorch's loss with sluice's checkpoint loaded, "
-                                             << back << ", vs sluice's " << next_loss;
+  EXPECT_LE(Relative(back, run.next_loss), 1e-5)
+      << "PyTorch's loss with sluice's checkpoint loaded, " << back << ", vs sluice's "
+      << run.next_loss;
   fmt::print(
       "{}: largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}, "
       "loss with the checkpoint loaded back {:.2e}\n",
-      model, worst_loss, worst_weight, Relative(back, next_loss));
+      model, worst_loss, worst_weight, Relative(back, run.next_loss));
+
+  if (std::getenv("SLUICE_UPDATE_GOLDEN") != nullptr) {
+    const std::string golden_dir = GoldenDir(model);
+    std::filesystem::create_directories(golden_dir);
+    for (const char* file : {"model.sluice", "init.safetensors"}) {
+      std::filesystem::copy_file(dir + "/" + file, golden_dir + "/" + file,
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    nlohmann::json batches = nlohmann::json::object();
+    for (const auto& [name, t] : run.batches) batches[name] = Ids(t);
+    std::vector<double> losses;
+    for (int64_t s = 0; s < kSteps; ++s) losses.push_back(ref_losses.FlatAt(s));
+    const nlohmann::json golden = {
+        {"produced_by",
+         "tests/parity/torch_import_reference.py (SLUICE_UPDATE_GOLDEN=1 ctest -R "
+         "TorchImportParity)"},
+        {"model", "tests/parity/torch_models.py:" + model},
+        {"losses", losses},
+        {"checkpoint_loss", back},
+        {"batches", batches}};
+    std::ofstream(golden_dir + "/golden.json") << golden.dump() << "\n";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TorchImportParity, testing::Values("gpt", "mlp_lm"),
-                         [](const testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param);
-                         });
+std::string ModelName(const testing::TestParamInfo<const char*>& info) { return info.param; }
+
+INSTANTIATE_TEST_SUITE_P(Models, TorchImportGolden, testing::Values("gpt", "llama", "mlp_lm"),
+                         ModelName);
+INSTANTIATE_TEST_SUITE_P(Models, TorchImportParity, testing::Values("gpt", "llama", "mlp_lm"),
+                         ModelName);
 
 }  // namespace
 }  // namespace sluice

@@ -1,0 +1,107 @@
+"""Modules tools/torch_export.py must refuse, each with a clear error and nothing written
+(tests/parity/torch_export_test.py). Each factory is one way a user's module can be wrong."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class TinyLM(nn.Module):
+    """A valid module: an embedding and a head; the others change one thing of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.head = nn.Linear(8, 11)
+
+    def logits(self, tokens):
+        return self.head(self.embed(tokens))
+
+    def forward(self, tokens, targets):
+        x = self.logits(tokens)
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class OtherArguments(TinyLM):
+    def forward(self, tokens):
+        return self.logits(tokens).mean()
+
+
+class NotScalar(TinyLM):
+    def forward(self, tokens, targets):
+        loss = F.cross_entropy(self.logits(tokens).view(-1, 11), targets.view(-1))
+        return loss.view(1)  # a tensor of one loss, not a scalar
+
+
+class BranchOnValues(TinyLM):
+    def forward(self, tokens, targets):
+        x = self.logits(tokens)
+        if x.sum() > 0:  # data-dependent control flow
+            x = x * 2
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class BranchOnLength(TinyLM):
+    def forward(self, tokens, targets):
+        x = self.logits(tokens)
+        if tokens.shape[1] % 2 == 0:  # another program at another sequence length
+            x = torch.tanh(x)
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class Cumulative(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.mix = Mixer()
+        self.head = nn.Linear(8, 11)
+
+    def forward(self, tokens, targets):
+        x = self.head(self.mix(self.embed(tokens)))
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class Mixer(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=1)  # an op sluice has no mapping for
+
+
+class NoParameters(nn.Module):
+    def forward(self, tokens, targets):
+        return (tokens * 0.0).sum()
+
+
+def tiny():
+    torch.manual_seed(0)
+    return TinyLM()
+
+
+def other_arguments():
+    return OtherArguments()
+
+
+def not_scalar():
+    return NotScalar()
+
+
+def branch_on_values():
+    return BranchOnValues()
+
+
+def branch_on_length():
+    return BranchOnLength()
+
+
+def cumulative():
+    return Cumulative()
+
+
+def no_parameters():
+    return NoParameters()
+
+
+def raises():
+    raise ValueError("the factory's own error")
+
+
+def not_a_module():
+    return 42

@@ -1,0 +1,123 @@
+#!/usr/bin/python3
+"""Bad input to tools/torch_export.py (docs/torch-export.md, "Limits"): each case is a clear error
+that names the problem and where, exit status 1, and nothing written (no DIR, no temporary folder
+beside it). The modules are in tests/parity/bad_modules.py; one valid export checks that the
+cases fail for their own reason. Exits 77 (skipped, saying why) without python3-torch.
+
+Run by ctest as torch_export_bad_input; by hand: /usr/bin/python3 tests/parity/torch_export_test.py
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXPORTER = os.path.join(ROOT, "tools", "torch_export.py")
+MODULES = os.path.join(HERE, "bad_modules.py")
+
+
+def line_of(text):
+    """'bad_modules.py:N: TEXT' for the line of bad_modules.py that starts with TEXT."""
+    with open(MODULES) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip().startswith(text):
+                return f"bad_modules.py:{n}: {text}"
+    raise AssertionError(f"no line starts with {text!r} in {MODULES}")
+
+
+class BadInput(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="torch_export_test.")
+        self.parent = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def export(self, spec, out=None, batch="2", seq="6"):
+        out = out or os.path.join(self.parent, "out")
+        return subprocess.run([sys.executable, EXPORTER, spec, "--batch", batch, "--seq", seq,
+                               "--out", out], capture_output=True, text=True), out
+
+    def refused(self, spec, *expected, out=None):
+        before = sorted(os.listdir(self.parent))
+        result, out = self.export(spec, out)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertEqual(result.stdout, "")
+        for text in expected:
+            self.assertIn(text, result.stderr)
+        self.assertTrue(result.stderr.startswith("torch_export: error: "), result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        # Nothing written: the folder holds what it held before (no DIR, no .torch_export.*).
+        self.assertEqual(sorted(os.listdir(self.parent)), before)
+        return result.stderr
+
+    def test_a_valid_module_exports(self):
+        result, out = self.export(f"{MODULES}:tiny")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(sorted(os.listdir(out)), ["init.safetensors", "model.sluice"])
+        self.assertIn("units: ", result.stdout)
+
+    def test_a_factory_that_does_not_exist(self):
+        self.refused(f"{MODULES}:nope", "bad_modules.py has no function 'nope'")
+
+    def test_a_file_that_does_not_exist(self):
+        self.refused(os.path.join(HERE, "no_such_file.py") + ":tiny", "no_such_file.py: no such file")
+
+    def test_a_spec_without_a_factory(self):
+        self.refused(MODULES, "expected FILE.py:FACTORY")
+
+    def test_a_factory_that_raises(self):
+        self.refused(f"{MODULES}:raises", "raises() raised ValueError: the factory's own error")
+
+    def test_a_factory_that_returns_no_module(self):
+        self.refused(f"{MODULES}:not_a_module", "not_a_module() returned int, not a torch.nn.Module")
+
+    def test_a_module_with_no_parameters(self):
+        self.refused(f"{MODULES}:no_parameters", "a module with no parameters")
+
+    def test_a_forward_with_other_arguments(self):
+        self.refused(f"{MODULES}:other_arguments", "forward(tokens, targets)",
+                     "takes 2 positional arguments but 3 were given")
+
+    def test_a_forward_with_a_non_scalar_result(self):
+        self.refused(f"{MODULES}:not_scalar", "forward must return the mean loss, a float scalar",
+                     "shape [1]")
+
+    def test_control_flow_on_values(self):
+        self.refused(f"{MODULES}:branch_on_values", "data-dependent control flow",
+                     line_of("if x.sum() > 0:"))
+
+    def test_control_flow_on_sizes(self):
+        self.refused(f"{MODULES}:branch_on_length", "in more than sizes (data-dependent control flow?)")
+
+    def test_an_unsupported_op_names_op_module_and_line(self):
+        self.refused(f"{MODULES}:cumulative", "unsupported ATen op aten.cumsum.default",
+                     "in module 'mix'", line_of("return torch.cumsum(x, dim=1)"))
+
+    def test_out_is_an_existing_file(self):
+        path = os.path.join(self.parent, "file")
+        with open(path, "w") as f:
+            f.write("mine")
+        self.refused(f"{MODULES}:tiny", f"--out {path} is an existing file", out=path)
+        with open(path) as f:
+            self.assertEqual(f.read(), "mine")
+
+    def test_out_is_a_folder_with_other_files(self):
+        folder = os.path.join(self.parent, "full")
+        os.mkdir(folder)
+        with open(os.path.join(folder, "keep.txt"), "w") as f:
+            f.write("mine")
+        self.refused(f"{MODULES}:tiny", "is a folder that holds other files", out=folder)
+        self.assertEqual(os.listdir(folder), ["keep.txt"])
+
+
+if __name__ == "__main__":
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("skipped: python3-torch is not installed (scripts/install-deps.sh installs it); "
+              "tools/torch_export.py needs it")
+        sys.exit(77)
+    unittest.main()

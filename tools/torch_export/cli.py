@@ -1,0 +1,115 @@
+"""export(): trace twice, lower, generalise, write model.sluice and init.safetensors into a fresh
+folder renamed to DIR at the end; main(): the command line."""
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+
+import torch
+
+from .errors import AmbiguousSizes, ExportError
+from .lowering import Lowering
+from .sizes import generalise, second_sizes
+from .tracing import block_paths, load_module, parameter_aliases, trace
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file: u64 header length, JSON header, raw little-endian data."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        code = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}[t.dtype]
+        raw = t.numpy().astype(t.numpy().dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def check_out(out):
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ExportError(f"--out {out} is an existing file: give a new or empty folder")
+    if os.path.isdir(out) and os.listdir(out):
+        raise ExportError(f"--out {out} is a folder that holds other files: give a new or empty "
+                          f"folder")
+
+
+def export(spec, batch, seq, out):
+    if batch < 1 or seq < 2:
+        raise ExportError("--batch must be at least 1 and --seq at least 2")
+    check_out(out)
+    module, user_file = load_module(spec)
+    aliases = parameter_aliases(module)
+    names = [n for n, _, _ in aliases]
+    blocks = block_paths(module)
+    buffers = {id(b): n for n, b in module.named_buffers()}
+    last_error = None
+    gm, inputs = trace(module, aliases, user_file, batch, seq)
+    lowering = Lowering(gm, inputs, names, blocks, buffers)
+    text, units = lowering.run()
+    for b2, t2 in second_sizes(batch, seq):
+        gm2, inputs2 = trace(module, aliases, user_file, b2, t2)
+        text2, _ = Lowering(gm2, inputs2, names, blocks, buffers).run()
+        try:
+            program = generalise(text, (batch, seq), text2, (b2, t2))
+            break
+        except AmbiguousSizes as e:
+            last_error = e
+    else:
+        raise last_error
+    program = (f"# exported by tools/torch_export.py from {spec} (traced at batch {batch}, "
+               f"sequence {seq})\n" + program)
+
+    parent = os.path.dirname(os.path.abspath(out)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".torch_export.", dir=parent)
+    try:
+        with open(os.path.join(tmp, "model.sluice"), "w") as f:
+            f.write(program)
+        tensors = {n: p for n, p, _ in aliases}
+        tensors.update(lowering.constants)
+        write_safetensors(os.path.join(tmp, "init.safetensors"), tensors)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty, checked above
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tied = [(n, len(hs)) for n, _, hs in aliases if len(hs) > 1]
+    return units, tied, len(names), sum(p.numel() for _, p, _ in aliases), list(lowering.constants)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="torch_export.py",
+        description="Export a PyTorch module as a sluice training program (docs/torch-export.md)")
+    parser.add_argument("spec", metavar="FILE.py:FACTORY")
+    parser.add_argument("--batch", type=int, required=True, help="batch of the example trace")
+    parser.add_argument("--seq", type=int, required=True, help="longest sequence T")
+    parser.add_argument("--out", required=True, help="new or empty folder to write")
+    a = parser.parse_args(argv)
+    try:
+        units, tied, count, numel, constants = export(a.spec, a.batch, a.seq, a.out)
+    except ExportError as e:
+        print(f"torch_export: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {os.path.join(a.out, 'model.sluice')} and {os.path.join(a.out, 'init.safetensors')}"
+          f" ({count} parameters, {numel} values)")
+    print(f"units: {', '.join(units)}")
+    if constants:
+        print(f"constants (buffers, never trained): {', '.join(constants)}")
+    for n, k in tied:
+        print(f"tied: {n} is shared by {k} modules (one parameter)")
+    print(f"train it: sluice train --program {os.path.join(a.out, 'model.sluice')} "
+          f"--init-from {os.path.join(a.out, 'init.safetensors')}")
+    return 0
+

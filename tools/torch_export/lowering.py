@@ -1,0 +1,326 @@
+"""One traced ATen graph to program text (Lowering), and the RMS-norm pattern it fuses."""
+import re
+
+import torch
+import torch.fx as fx
+
+from .errors import ExportError
+from .ops import LOWERINGS
+from .values import DTYPES, Const, Transposed, Val, fmt_attr, fmt_type
+
+aten = torch.ops.aten
+
+
+class Lowering:
+    """Turns one traced graph into program text. unit_of(node) names the unit of a node."""
+
+    def __init__(self, gm, example_inputs, param_names, blocks, buffers):
+        self.gm = gm
+        self.buffers = buffers  # id(tensor) -> the module's name for a buffer
+        self.from_buffer = {}   # fx node -> whether its value derives from a buffer
+        self.constants = {}     # name -> tensor: the buffers the program reads (`const`)
+        self.const_decls = []
+        self.materialized = {}  # (fx node, unit) -> what lowering the node there gave
+        self.inputs = example_inputs
+        self.param_names = param_names
+        self.blocks = blocks
+        self.env = {}       # fx node -> Val | Transposed | Const | tuple of those | None
+        self.concrete = {}  # fx node -> the tensor it computed at the traced sizes
+        self.lines = []     # (unit, text)
+        self.used_names = set()
+        self.node = None
+        self.unit = "embed"
+        self.closed = set()
+        self.counter = 0
+        self.materializing = None  # the unit a buffer-derived node is being lowered in
+        self.node_names = {}       # (fx node, materializing) -> the name of its first value
+        self.stem_counts = {}      # name stem -> how many values took it
+
+    # -- errors and names
+    def fail(self, message):
+        n = self.node
+        where = []
+        if n is not None:
+            if n.meta.get("module_path"):
+                where.append(f"in module '{n.meta['module_path']}'")
+            if n.meta.get("source"):
+                where.append(f"at {n.meta['source']}")
+        raise ExportError(message + (" (" + ", ".join(where) + ")" if where else ""))
+
+    def fresh(self, hint):
+        """A new value name: the node's op under its module path (`layers.0.attention.slice`,
+        then `..._1` for the next node of that op there), then NAME.HINT for the further
+        instructions one node needs. Names count only what is emitted, never fx's node numbers, so
+        traces that fold different nodes (a slice of a whole buffer) still name alike."""
+        node = self.node
+        if node is not None and node.target == aten.nll_loss_forward.default:
+            name = "loss"
+        else:
+            key = (node, self.materializing)
+            if key in self.node_names:
+                name = f"{self.node_names[key]}.{hint}"
+            else:
+                base = re.sub(r"_\d+$", "", node.name) if node is not None else hint
+                path = node.meta.get("module_path", "") if node is not None else ""
+                prefix = self.materializing if self.materializing is not None else path
+                stem = f"{prefix}.{base}" if prefix else base
+                k = self.stem_counts.get(stem, 0)
+                name = stem if k == 0 else f"{stem}_{k}"
+                while name in self.used_names:
+                    k += 1
+                    name = f"{stem}_{k}"
+                self.stem_counts[stem] = k + 1
+                self.node_names[key] = name
+                self.used_names.add(name)
+                return name
+        base = name
+        while name in self.used_names:
+            self.counter += 1
+            name = f"{base}_{self.counter}"
+        self.used_names.add(name)
+        return name
+
+    def emit(self, op, args, shape, dtype="f32", attrs=None, hint=None):
+        out = Val(self.fresh(hint or op), shape, dtype)
+        self.emit_multi(op, args, [out], attrs)
+        return out
+
+    def emit_multi(self, op, args, outs, attrs=None):
+        text = ", ".join(f"%{o.name}: {fmt_type(o.dtype, o.shape)}" for o in outs)
+        text += f" = {op}(" + ", ".join(f"%{a.name}" for a in args) + ")"
+        if attrs:
+            text += " {" + ", ".join(f"{k} = {fmt_attr(v)}" for k, v in sorted(attrs.items())) + "}"
+        self.lines.append((self.unit, text))
+
+    # -- operands
+    def val(self, x):
+        """x as a materialised Val (a constant only when it is a uniform tensor)."""
+        if isinstance(x, Val):
+            return x
+        if isinstance(x, Transposed):
+            r = len(x.val.shape)
+            return self.emit("transpose", [x.val], x.shape, x.dtype, {"dim0": r - 2, "dim1": r - 1})
+        if isinstance(x, Const):
+            t = x.tensor
+            if t.numel() > 0 and bool((t == t.reshape(-1)[0]).all()) and t.dtype in DTYPES:
+                value = t.reshape(-1)[0].item()
+                return self.emit("full", [], list(t.shape), DTYPES[t.dtype],
+                                 {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
+                                  "value": float(value)})
+            if x.origin is not None and self.from_buffer.get(x.origin):
+                return self.val(self.materialize(x.origin))
+            self.fail(f"a constant tensor of shape {list(t.shape)} that is not uniform and comes "
+                      f"from no buffer is read by {self.node.target}: register it as a buffer "
+                      f"(module.register_buffer), which becomes a program constant, or compute "
+                      f"it from the inputs")
+        self.fail(f"unexpected operand {x!r} of {self.node.target}")
+
+    def materialize(self, node):
+        """Lowers the buffer-derived node `node` for real in the current unit (once per unit, so
+        that each pipeline stage reads the buffer itself and no slice of it crosses a cut); a
+        buffer itself becomes a program constant, `const %NAME: T = loaded`."""
+        key = (node, self.unit)
+        if key in self.materialized:
+            return self.materialized[key]
+        if node.op == "get_attr":
+            t = self.concrete[node]
+            name = self.buffers[id(getattr(self.gm, node.target))]
+            if t.dtype != torch.float32:
+                self.fail(f"buffer {name} is {t.dtype}: sluice constants read as tensors are f32")
+            if name not in self.constants:
+                self.constants[name] = t
+                self.const_decls.append(f"const %{name}: {fmt_type('f32', t.shape)} = loaded")
+                self.used_names.add(name)
+            return Val(name, t.shape, "f32")
+        saved = self.node, self.materializing
+        self.node, self.materializing = node, self.unit
+        try:
+            out = self.lower(node, fold=False)
+        finally:
+            self.node, self.materializing = saved
+        self.materialized[key] = out
+        return out
+
+    def is_const(self, x):
+        return isinstance(x, Const)
+
+    def scalar_of(self, x):
+        """A Python number, or a Const holding one value; None otherwise."""
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return float(x)
+        if isinstance(x, Const) and x.tensor.numel() == 1:
+            return float(x.tensor.reshape(-1)[0].item())
+        return None
+
+    def shape_of(self, node):
+        return list(self.concrete[node].shape)
+
+    # -- units
+    def unit_for(self, node):
+        path = node.meta.get("module_path", "")
+        for b in self.blocks:
+            if path == b or path.startswith(b + "."):
+                return b
+        return None
+
+    def enter_unit(self, node):
+        b = self.unit_for(node)
+        if b is not None and b != self.unit and b not in self.closed:
+            self.closed.add(self.unit)
+            self.unit = b
+
+    # -- the graph
+    def run(self):
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != 2 + len(self.param_names):
+            raise ExportError("forward must take exactly (tokens, targets)")
+        decls = []
+        for i, (n, t) in enumerate(zip(placeholders, self.inputs)):
+            self.concrete[n] = t
+            if i < 2:
+                name = ["tokens", "targets"][i]
+                array = ["tokens", "next_tokens"][i]
+                self.env[n] = Val(name, t.shape, "i64")
+                decls.append(f"input %{name}: {fmt_type('i64', t.shape)} = {array}")
+            else:
+                name = self.param_names[i - 2]
+                if t.dtype != torch.float32:
+                    raise ExportError(f"parameter {name} is {t.dtype}: sluice trains f32 parameters")
+                self.env[n] = Val(name, t.shape, "f32")
+                decls.append(f"param %{name}: {fmt_type('f32', t.shape)} = loaded")
+            self.used_names.add(self.env[n].name)
+        nodes = list(self.gm.graph.nodes)
+        fused, skipped = find_rms_norms(nodes)
+        last_block = max((i for i, n in enumerate(nodes) if self.unit_for(n) is not None),
+                         default=-1)
+        loss = None
+        for index, node in enumerate(nodes):
+            self.node = node
+            if node.op == "placeholder":
+                continue
+            if node.op == "get_attr":
+                t = getattr(self.gm, node.target)
+                self.concrete[node] = t
+                self.env[node] = Const(t.detach().clone(), node)
+                self.from_buffer[node] = id(t) in self.buffers
+                continue
+            if node.op == "output":
+                (result,) = node.args
+                if isinstance(result, (list, tuple)):
+                    self.fail("forward must return one scalar loss, not a tuple")
+                loss = self.env[result]
+                shape = self.concrete[result].shape
+                if len(shape) != 0 or self.concrete[result].dtype != torch.float32:
+                    self.fail(f"forward must return the mean loss, a float scalar; it returns "
+                              f"{self.concrete[result].dtype} of shape {list(shape)}")
+                continue
+            # evaluate concretely (the traced values), then lower
+            args = fx.node.map_arg(node.args, lambda a: self.concrete[a])
+            kwargs = fx.node.map_arg(node.kwargs, lambda a: self.concrete[a])
+            self.concrete[node] = node.target(*args, **kwargs)
+            self.from_buffer[node] = any(self.from_buffer.get(a, False)
+                                         for a in node.all_input_nodes)
+            if self.unit_for(node) is not None:
+                self.enter_unit(node)
+            elif index > last_block >= 0 and self.unit != "head":
+                self.closed.add(self.unit)
+                self.unit = "head"
+            if node in skipped:
+                self.env[node] = None  # inside an RMS norm that `fused` emits whole
+            elif node in fused:
+                x, w, eps = fused[node]
+                x, w = self.val(self.env[x]), self.env[w]
+                if not isinstance(w, Val) or w.shape != x.shape[-1:]:
+                    self.fail("an RMS norm whose weight is not a parameter of the last axis")
+                self.env[node] = self.emit("rms_norm", [x, w], list(self.concrete[node].shape),
+                                           "f32", {"eps": float(eps)})
+            else:
+                self.env[node] = self.lower(node) if node.users else None
+        if not isinstance(loss, Val):
+            self.fail("the loss does not depend on the inputs and parameters")
+        body = []
+        current = None
+        for unit, text in self.lines:
+            if unit != current:
+                if current is not None:
+                    body.append("  }")
+                body.append(f"  unit {unit} {{")
+                current = unit
+            body.append("    " + text)
+        if current is not None:
+            body.append("  }")
+        units = list(dict.fromkeys(u for u, _ in self.lines))
+        decls += self.const_decls
+        out = ["program model {"] + ["  " + d for d in decls] + body + [f"  output %{loss.name}",
+                                                                        "}"]
+        return "\n".join(out) + "\n", units
+
+    def lower(self, node, fold=True):
+        target = node.target
+        args = fx.node.map_arg(node.args, lambda a: self.env[a])
+        kwargs = fx.node.map_arg(node.kwargs, lambda a: self.env[a])
+        out_shape = list(self.concrete[node].shape) if isinstance(self.concrete[node],
+                                                                  torch.Tensor) else None
+        flat = [a for a in node.all_input_nodes]
+        if fold and all(isinstance(self.env[a], Const) for a in flat):
+            if isinstance(self.concrete[node], torch.Tensor):
+                return Const(self.concrete[node].detach().clone(), node)
+            if isinstance(self.concrete[node], (tuple, list)):
+                return tuple(Const(t) if isinstance(t, torch.Tensor) else None
+                             for t in self.concrete[node])
+        if target is getattr(__import__("operator"), "getitem"):
+            src, i = args
+            if src[i] is None:
+                self.fail(f"output {i} of {node.args[0].target} is used; sluice computes only "
+                          f"output 0 of it")
+            return src[i]
+        handler = LOWERINGS.get(target)
+        if handler is None:
+            self.fail(f"unsupported ATen op {target}: sluice has no mapping for it "
+                      f"(docs/torch-export.md lists the supported ops)")
+        return handler(self, node, args, kwargs, out_shape)
+
+
+def find_rms_norms(nodes):
+    """RMS norms written out, `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight`,
+    which PyTorch traces as pow, mean, add, rsqrt, mul, mul: {the last mul: (x, weight, eps)}
+    and the set of the nodes before it, each read only by the next (one rms_norm replaces them)."""
+    def call(n, *targets):
+        return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+    def only_user(n, user):
+        return list(n.users) == [user]
+
+    fused, skipped = {}, set()
+    for out in nodes:
+        if not call(out, aten.mul.Tensor):
+            continue
+        for inner, weight in (out.args, out.args[::-1]):
+            if not call(inner, aten.mul.Tensor) or not only_user(inner, out):
+                continue
+            for x, rsqrt in (inner.args, inner.args[::-1]):
+                if not call(rsqrt, aten.rsqrt.default) or not only_user(rsqrt, inner):
+                    continue
+                add = rsqrt.args[0]
+                if not call(add, aten.add.Tensor, aten.add.Scalar) or not only_user(add, rsqrt):
+                    continue
+                mean, eps = add.args[0], add.args[1]
+                if not isinstance(eps, (int, float)) or eps <= 0:
+                    continue
+                if not call(mean, aten.mean.dim) or not only_user(mean, add):
+                    continue
+                sq = mean.args[0]
+                dims, keep = mean.args[1], (mean.args[2] if len(mean.args) > 2 else False)
+                rank = len(sq.meta["val"].shape) if "val" in sq.meta else None
+                if not keep or len(dims) != 1 or dims[0] not in (-1, (rank or 0) - 1):
+                    continue
+                if not call(sq, aten.pow.Tensor_Scalar) or sq.args[1] != 2 or sq.args[0] is not x:
+                    continue
+                if not only_user(sq, mean):
+                    continue
+                fused[out] = (x, weight, eps)
+                skipped.update({sq, mean, add, rsqrt, inner})
+                break
+            if out in fused:
+                break
+    return fused, skipped

@@ -1,0 +1,390 @@
+"""The op mapping: one handler per ATen op, (lowering, node, args, kwargs, out_shape) -> value
+(a Val, a Transposed, a Const, or a tuple of those for a node with several outputs)."""
+import torch
+
+from .values import Const, Transposed, Val
+
+aten = torch.ops.aten
+
+
+def _identity(L, node, args, kwargs, shape):
+    return args[0]
+
+
+def _reshape(L, node, args, kwargs, shape):
+    x = args[0]
+    if isinstance(x, Transposed) and len(shape) >= 2 and shape[-2:] == x.shape[-2:]:
+        inner = x.val
+        v = L.emit("reshape", [inner], shape[:-2] + inner.shape[-2:], inner.dtype,
+                   {"shape": shape[:-2] + inner.shape[-2:]})
+        return Transposed(v)
+    x = L.val(x)
+    if x.shape == shape:
+        return x
+    return L.emit("reshape", [x], shape, x.dtype, {"shape": shape})
+
+
+def _expand(L, node, args, kwargs, shape):
+    x = args[0]
+    if list(x.shape) == shape:
+        return x
+    x = L.val(x)
+    if len(x.shape) < len(shape):
+        pad = [1] * (len(shape) - len(x.shape)) + x.shape
+        x = L.emit("reshape", [x], pad, x.dtype, {"shape": pad})
+    return L.emit("broadcast_to", [x], shape, x.dtype, {"shape": shape})
+
+
+def _transpose(L, node, args, kwargs, shape):
+    x = args[0]
+    r = len(x.shape)
+    if node.target == aten.t.default:
+        d0, d1 = 0, 1 if r == 2 else 0
+        if r < 2:
+            return x
+    else:
+        d0, d1 = args[1] % r, args[2] % r
+    if {d0, d1} == {r - 2, r - 1}:
+        return x.val if isinstance(x, Transposed) else Transposed(L.val(x))
+    x = L.val(x)
+    return L.emit("transpose", [x], shape, x.dtype, {"dim0": d0, "dim1": d1})
+
+
+def _permute(L, node, args, kwargs, shape):
+    x = L.val(args[0])
+    order = [d % len(x.shape) for d in args[1]]
+    if order == list(range(len(order))):
+        return x
+    return L.emit("permute", [x], shape, x.dtype, {"order": order})
+
+
+def _matmul(L, node, args, kwargs, shape):
+    a, b = args[0], args[1]
+    attrs = {}
+    if isinstance(a, Transposed):
+        a, attrs["transpose_a"] = a.val, True
+    if isinstance(b, Transposed):
+        b, attrs["transpose_b"] = b.val, True
+    return L.emit("matmul", [L.val(a), L.val(b)], shape, "f32", attrs, hint="matmul")
+
+
+def _addmm(L, node, args, kwargs, shape):
+    bias, a, b = args[0], args[1], args[2]
+    if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+        L.fail("addmm with beta or alpha other than 1 is not supported")
+    y = _matmul(L, node, [a, b], {}, shape)
+    return L.emit("add", [y, L.val(bias)], shape, "f32", hint="bias")
+
+
+def _binary(op):
+    def lower(L, node, args, kwargs, shape):
+        a, b = args[0], args[1]
+        alpha = kwargs.get("alpha", 1)
+        if alpha != 1:
+            b_s = L.scalar_of(b)
+            if b_s is None:
+                b = L.emit("scale", [L.val(b)], list(b.shape), "f32", {"factor": float(alpha)})
+            else:
+                b = b_s * alpha
+        sa, sb = L.scalar_of(a), L.scalar_of(b)
+        if op == "mul" and sb is not None and not isinstance(a, Const):
+            return L.emit("scale", [L.val(a)], shape, "f32", {"factor": sb})
+        if op == "mul" and sa is not None and not isinstance(b, Const):
+            return L.emit("scale", [L.val(b)], shape, "f32", {"factor": sa})
+        if op == "div" and sb is not None and not isinstance(a, Const):
+            return L.emit("scale", [L.val(a)], shape, "f32", {"factor": 1.0 / sb})
+        if op == "add" and isinstance(b, Const) and b.tensor.dim() >= 2:
+            mask = _causal_mask_value(b.tensor, additive=True)
+            if mask is not None:
+                return L.emit("causal_mask", [L.val(a)], shape, "f32", {"value": mask})
+        if op == "sub" and sb == 0.0:
+            return a
+        if op == "add" and sb == 0.0:
+            return a
+        return L.emit(op, [_operand(L, a), _operand(L, b)], shape, "f32")
+    return lower
+
+
+def _operand(L, x):
+    if isinstance(x, (int, float)):
+        return L.emit("full", [], [], "f32", {"dtype": "f32", "shape": [], "value": float(x)})
+    return L.val(x)
+
+
+def _causal_mask_value(t, additive):
+    """For a mask over the last two axes equal to the causal pattern (true / -inf above the
+    diagonal, false / 0 on and below): the value that goes above the diagonal; else None."""
+    if t.dim() < 2 or t.shape[-1] != t.shape[-2]:
+        return None
+    n = t.shape[-1]
+    flat = t.reshape(-1, n, n)
+    if not bool((flat == flat[0:1]).all()):
+        return None
+    m = flat[0]
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    if additive:
+        if not bool((m[~upper] == 0).all()):
+            return None
+        vals = m[upper]
+        if n > 1 and not bool((vals == vals[0]).all()):
+            return None
+        return float(vals[0]) if n > 1 else None
+    return bool((m == upper).all())
+
+
+def _masked_fill(L, node, args, kwargs, shape):
+    x, mask, value = args[0], args[1], args[2]
+    v = L.scalar_of(value)
+    if isinstance(mask, Const) and v is not None and _causal_mask_value(mask.tensor, False):
+        if list(mask.tensor.shape[-2:]) != shape[-2:]:
+            L.fail("masked_fill with a causal mask of another size than the scores")
+        return L.emit("causal_mask", [L.val(x)], shape, "f32", {"value": v})
+    L.fail("masked_fill is supported with a constant causal mask only (entries above the diagonal "
+           "filled); other masks are not")
+
+
+def _unary(op):
+    def lower(L, node, args, kwargs, shape):
+        return L.emit(op, [L.val(args[0])], shape, "f32")
+    return lower
+
+
+def _gelu(L, node, args, kwargs, shape):
+    approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+    op = {"tanh": "gelu", "none": "gelu_erf"}.get(approximate)
+    if op is None:
+        L.fail(f"gelu with approximate={approximate!r}")
+    return L.emit(op, [L.val(args[0])], shape, "f32")
+
+
+def _sigmoid_of(L, x, shape):
+    # sigmoid(x) = 0.5 + 0.5·tanh(x/2): no overflow for large |x|, unlike 1 / (1 + e^-x)
+    h = L.emit("scale", [x], shape, "f32", {"factor": 0.5}, hint="half")
+    t = L.emit("tanh", [h], shape, "f32")
+    t = L.emit("scale", [t], shape, "f32", {"factor": 0.5}, hint="half_tanh")
+    half = L.emit("full", [], [], "f32", {"dtype": "f32", "shape": [], "value": 0.5}, hint="half")
+    return L.emit("add", [t, half], shape, "f32", hint="sigmoid")
+
+
+def _sigmoid(L, node, args, kwargs, shape):
+    return _sigmoid_of(L, L.val(args[0]), shape)
+
+
+def _silu(L, node, args, kwargs, shape):
+    return L.emit("silu", [L.val(args[0])], shape, "f32")
+
+
+def _rsqrt(L, node, args, kwargs, shape):
+    s = L.emit("sqrt", [L.val(args[0])], shape, "f32")
+    one = L.emit("full", [], [], "f32", {"dtype": "f32", "shape": [], "value": 1.0}, hint="one")
+    return L.emit("div", [one, s], shape, "f32", hint="rsqrt")
+
+
+def _pow(L, node, args, kwargs, shape):
+    e = L.scalar_of(args[1])
+    x = L.val(args[0])
+    if e == 2.0:
+        return L.emit("mul", [x, x], shape, "f32", hint="square")
+    if e == 1.0:
+        return x
+    if e == 0.5:
+        return L.emit("sqrt", [x], shape, "f32")
+    L.fail(f"pow with exponent {args[1]}: only 2, 1 and 0.5 are supported")
+
+
+def _reduce(op):
+    def lower(L, node, args, kwargs, shape):
+        x = L.val(args[0])
+        dims = args[1] if len(args) > 1 and args[1] is not None else []
+        keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        if "dtype" in kwargs and kwargs["dtype"] not in (None, torch.float32):
+            L.fail(f"{op} to {kwargs['dtype']}")
+        axes = [d % len(x.shape) for d in dims]
+        return L.emit(op, [x], shape, "f32", {"axes": axes, "keepdims": bool(keep)})
+    return lower
+
+
+def _layer_norm(L, node, args, kwargs, shape):
+    x, normalized, w, b, eps = args
+    if len(normalized) != 1 or w is None or b is None:
+        L.fail("layer_norm over more than the last axis, or without weight and bias, is not "
+               "supported")
+    shape = list(L.concrete[node][0].shape)
+    y = L.emit("layer_norm", [L.val(x), L.val(w), L.val(b)], shape, "f32", {"eps": float(eps)})
+    return (y, None, None)
+
+
+def _softmax(L, node, args, kwargs, shape):
+    x, dim = args[0], args[1]
+    if dim % len(shape) != len(shape) - 1:
+        L.fail("softmax over an axis other than the last")
+    return L.emit("softmax", [L.val(x)], shape, "f32")
+
+
+def _log_softmax(L, node, args, kwargs, shape):
+    x, dim = args[0], args[1]
+    if dim % len(shape) != len(shape) - 1:
+        L.fail("log_softmax over an axis other than the last")
+    users = list(node.users)
+    if not all(u.target in (aten.nll_loss_forward.default, aten.detach.default) for u in users):
+        L.fail("log_softmax is supported only as the input of nll_loss (cross-entropy)")
+    return ("log_softmax", L.val(x))
+
+
+def _nll_loss(L, node, args, kwargs, shape):
+    logp, targets, weight, reduction, ignore = args
+    if not (isinstance(logp, tuple) and logp[0] == "log_softmax"):
+        L.fail("nll_loss is supported only on log_softmax (F.cross_entropy)")
+    if weight is not None or reduction != 1:
+        L.fail("cross-entropy with class weights or a reduction other than 'mean'")
+    if ignore not in (-1, -100):
+        L.fail(f"cross-entropy with ignore_index={ignore}: sluice ignores targets of -1 "
+               f"(write ignore_index=-1)")
+    loss = L.emit("cross_entropy", [logp[1], L.val(targets)], [], "f32", hint="loss")
+    return (loss, None)
+
+
+def _embedding(L, node, args, kwargs, shape):
+    table, ids = args[0], args[1]
+    if isinstance(ids, Const):
+        t = ids.tensor
+        n = t.shape[-1] if t.dim() > 0 else 0
+        if t.dim() == 1 and bool((t == torch.arange(n)).all()):
+            table = L.val(table)
+            return L.emit("slice", [table], shape, "f32", {"axis": 0, "start": 0, "end": n})
+        L.fail("embedding of constant ids other than arange(0, n)")
+    return L.emit("embedding", [L.val(ids), L.val(table)], shape, "f32")
+
+
+def _slice(L, node, args, kwargs, shape):
+    x = args[0]
+    dim = args[1] if len(args) > 1 else 0
+    start = args[2] if len(args) > 2 else None
+    end = args[3] if len(args) > 3 else None
+    step = args[4] if len(args) > 4 else 1
+    if step != 1:
+        L.fail("slicing with a step other than 1")
+    if (start or 0) == 0 and (end is None or end >= 2**62):
+        return x  # an open slice `x[:]`: the whole axis at every size
+    x = L.val(x)
+    r = len(x.shape)
+    dim %= r
+    n = x.shape[dim]
+    start = 0 if start is None else (start + n if start < 0 else start)
+    start = min(max(start, 0), n)
+    stop = start + shape[dim]
+    return L.emit("slice", [x], shape, x.dtype, {"axis": dim, "start": start, "end": stop})
+
+
+def _select(L, node, args, kwargs, shape):
+    x = L.val(args[0])
+    dim, index = args[1] % len(x.shape), args[2]
+    if index < 0:
+        index += x.shape[dim]
+    part = x.shape[:dim] + [1] + x.shape[dim + 1:]
+    s = L.emit("slice", [x], part, x.dtype, {"axis": dim, "start": index, "end": index + 1})
+    return L.emit("reshape", [s], shape, x.dtype, {"shape": shape})
+
+
+def _split(L, node, args, kwargs, shape):
+    x = L.val(args[0])
+    dim = (args[2] if len(args) > 2 else kwargs.get("dim", 0)) % len(x.shape)
+    pieces = [list(t.shape) for t in L.concrete[node]]
+    sizes = [p[dim] for p in pieces]
+    base = L.fresh("split")
+    outs = [Val(f"{base}.{i}", p, x.dtype) for i, p in enumerate(pieces)]
+    L.emit_multi("split", [x], outs, {"axis": dim, "sizes": sizes})
+    return tuple(outs)
+
+
+def _cat(L, node, args, kwargs, shape):
+    xs = [L.val(x) for x in args[0]]
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % len(shape)
+    return L.emit("concat", xs, shape, xs[0].dtype, {"axis": dim})
+
+
+def _unsqueeze_squeeze(L, node, args, kwargs, shape):
+    x = L.val(args[0])
+    if x.shape == shape:
+        return x
+    return L.emit("reshape", [x], shape, x.dtype, {"shape": shape})
+
+
+def _dropout(L, node, args, kwargs, shape):
+    x, p, train = args[0], args[1], args[2]
+    if train and p:
+        L.fail(f"dropout with p={p} in training mode: sluice has no dropout; use p=0 or "
+               f"call module.eval() in the factory")
+    return (x, None)
+
+
+def _repeat_axis(L, x, dim, repeats, shape):
+    """x with each entry along `dim` repeated `repeats` times in place (repeat_interleave):
+    a new axis of 1 after dim, broadcast to `repeats`, merged back into dim."""
+    x = L.val(x)
+    if repeats == 1:
+        return x
+    inner = x.shape[:dim + 1] + [1] + x.shape[dim + 1:]
+    wide = x.shape[:dim + 1] + [repeats] + x.shape[dim + 1:]
+    y = L.emit("reshape", [x], inner, x.dtype, {"shape": inner}, hint="unsqueeze")
+    y = L.emit("broadcast_to", [y], wide, x.dtype, {"shape": wide}, hint="repeat")
+    return L.emit("reshape", [y], shape, x.dtype, {"shape": shape})
+
+
+def _repeat_interleave(L, node, args, kwargs, shape):
+    x, repeats = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim")
+    if dim is None or not isinstance(repeats, int):
+        L.fail("repeat_interleave without a dim or with repeats given as a tensor")
+    return _repeat_axis(L, x, dim % len(x.shape), repeats, shape)
+
+
+def _index_select(L, node, args, kwargs, shape):
+    """index_select by constant indices: repeat_interleave (grouped-query attention's keys and
+    values, which PyTorch traces as index_select by [0, 0, 1, 1, ...]) or all of the axis."""
+    x, dim, index = args[0], args[1], args[2]
+    if not isinstance(index, Const) or index.tensor.dim() != 1:
+        L.fail("index_select by indices computed from the inputs: only constant indices that "
+               "repeat each entry (repeat_interleave) are supported")
+    dim %= len(x.shape)
+    n, idx = x.shape[dim], index.tensor
+    if n > 0 and idx.numel() % n == 0:
+        r = idx.numel() // n
+        if bool((idx == torch.arange(n).repeat_interleave(r)).all()):
+            return _repeat_axis(L, x, dim, r, shape)
+    L.fail(f"index_select along axis {dim} by constant indices {idx.tolist()[:8]}...: only "
+           f"indices that repeat each entry in place (repeat_interleave) are supported")
+
+
+LOWERINGS = {
+    aten.view.default: _reshape, aten._unsafe_view.default: _reshape,
+    aten._reshape_alias.default: _reshape, aten.reshape.default: _reshape,
+    aten.clone.default: _identity, aten.detach.default: _identity, aten.alias.default: _identity,
+    aten.contiguous.default: _identity, aten.lift_fresh_copy.default: _identity,
+    aten.expand.default: _expand,
+    aten.t.default: _transpose, aten.transpose.int: _transpose, aten.permute.default: _permute,
+    aten.mm.default: _matmul, aten.bmm.default: _matmul, aten.matmul.default: _matmul,
+    aten.addmm.default: _addmm,
+    aten.add.Tensor: _binary("add"), aten.sub.Tensor: _binary("sub"),
+    aten.mul.Tensor: _binary("mul"), aten.div.Tensor: _binary("div"),
+    aten.add.Scalar: _binary("add"), aten.mul.Scalar: _binary("mul"),
+    aten.masked_fill.Scalar: _masked_fill,
+    aten.neg.default: _unary("neg"), aten.exp.default: _unary("exp"),
+    aten.log.default: _unary("log"), aten.sqrt.default: _unary("sqrt"),
+    aten.tanh.default: _unary("tanh"), aten.relu.default: _unary("relu"),
+    aten.gelu.default: _gelu, aten.silu.default: _silu, aten.sigmoid.default: _sigmoid,
+    aten.rsqrt.default: _rsqrt, aten.pow.Tensor_Scalar: _pow,
+    aten.mean.dim: _reduce("mean"), aten.sum.dim_IntList: _reduce("sum"),
+    aten.native_layer_norm.default: _layer_norm,
+    aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
+    aten.nll_loss_forward.default: _nll_loss,
+    aten.embedding.default: _embedding,
+    aten.slice.Tensor: _slice, aten.select.int: _select,
+    aten.split.Tensor: _split, aten.split_with_sizes.default: _split,
+    aten.cat.default: _cat,
+    aten.unsqueeze.default: _unsqueeze_squeeze, aten.squeeze.dim: _unsqueeze_squeeze,
+    aten.squeeze.default: _unsqueeze_squeeze,
+    aten.native_dropout.default: _dropout,
+    aten.repeat_interleave.self_int: _repeat_interleave,
+    aten.index_select.default: _index_select,
+}

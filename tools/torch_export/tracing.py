@@ -1,0 +1,148 @@
+"""Loading the user's module and tracing it with make_fx into an ATen graph whose nodes know the
+module path and user source line they come from."""
+import importlib.util
+import os
+import sys
+import traceback
+
+import torch
+from torch.fx.experimental import proxy_tensor
+
+from .errors import ExportError
+
+
+def load_module(spec_text):
+    path, sep, factory = spec_text.rpartition(":")
+    if not sep or not path or not factory:
+        raise ExportError(f"'{spec_text}': expected FILE.py:FACTORY, e.g. models.py:gpt")
+    if not os.path.isfile(path):
+        raise ExportError(f"{path}: no such file")
+    spec = importlib.util.spec_from_file_location("sluice_user_module", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        raise ExportError(f"{path}: importing it raised {type(e).__name__}: {e}") from e
+    fn = getattr(mod, factory, None)
+    if fn is None or not callable(fn):
+        raise ExportError(f"{path} has no function '{factory}'")
+    try:
+        module = fn()
+    except Exception as e:
+        raise ExportError(f"{path}:{factory}() raised {type(e).__name__}: {e}") from e
+    if not isinstance(module, torch.nn.Module):
+        raise ExportError(f"{path}:{factory}() returned {type(module).__name__}, not a torch.nn.Module")
+    if not list(module.parameters()):
+        raise ExportError(f"{path}:{factory}() returned a module with no parameters: nothing to train")
+    return module, os.path.abspath(path)
+
+
+def parameter_aliases(module):
+    """[(name, Parameter, [(owner module, attribute), ...])] in named_parameters() order; a tied
+    Parameter appears once, under its first name, with every (module, attribute) holding it."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    order = [n for n, _ in module.named_parameters()]
+    holders = {}
+    for _, sub in module.named_modules(remove_duplicate=False):
+        for attr, p in sub._parameters.items():
+            if p is not None and id(p) in names:
+                holders.setdefault(id(p), []).append((sub, attr))
+    out = []
+    for n, p in module.named_parameters():
+        hs = list(dict.fromkeys(holders[id(p)]))
+        out.append((n, p, hs))
+    assert [n for n, _, _ in out] == order
+    return out
+
+
+def block_paths(module):
+    """Module paths of the units: each element of an outermost nn.ModuleList/nn.Sequential."""
+    paths = []
+    for path, sub in module.named_modules():
+        if not isinstance(sub, (torch.nn.ModuleList, torch.nn.Sequential)) or not path:
+            continue
+        if any(path.startswith(p + ".") for p in paths):
+            continue  # inside a block already
+        for name, _ in sub.named_children():
+            paths.append(f"{path}.{name}")
+    return paths
+
+
+class _Recorder:
+    """The module path and user source line current while tracing, stamped on every node."""
+
+    def __init__(self, module, user_file):
+        self.stack = [""]
+        self.user_file = user_file
+        self.handles = []
+        for path, sub in module.named_modules():
+            self.handles.append(sub.register_forward_pre_hook(self._enter(path)))
+            self.handles.append(sub.register_forward_hook(self._leave()))
+
+    def _enter(self, path):
+        def hook(mod, args):
+            self.stack.append(path)
+        return hook
+
+    def _leave(self):
+        def hook(mod, args, out):
+            self.stack.pop()
+        return hook
+
+    def source_line(self):
+        for frame in reversed(traceback.extract_stack()):
+            if os.path.abspath(frame.filename) == self.user_file:
+                return f"{frame.filename}:{frame.lineno}: {frame.line}"
+        return None
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def trace(module, aliases, user_file, batch, seq):
+    """The ATen graph of module(tokens, targets) at [batch, seq], parameters as placeholders."""
+    recorder = _Recorder(module, user_file)
+
+    class Tracer(proxy_tensor.PythonKeyTracer):
+        def create_node(self, *args, **kwargs):
+            node = super().create_node(*args, **kwargs)
+            node.meta["module_path"] = recorder.stack[-1]
+            node.meta["source"] = recorder.source_line()
+            return node
+
+    def call(tokens, targets, *params):
+        saved = []
+        for (_, _, holders), p in zip(aliases, params):
+            for owner, attr in holders:
+                saved.append((owner, attr, owner._parameters[attr]))
+                owner._parameters[attr] = p
+        try:
+            return module(tokens, targets)
+        finally:
+            for owner, attr, p in reversed(saved):
+                owner._parameters[attr] = p
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 2, (batch, seq), generator=gen)
+    targets = torch.randint(0, 2, (batch, seq), generator=gen)
+    params = [p.detach().clone() for _, p, _ in aliases]
+    original = proxy_tensor.PythonKeyTracer
+    proxy_tensor.PythonKeyTracer = Tracer
+    try:
+        gm = proxy_tensor.make_fx(call)(tokens, targets, *params)
+    except ExportError:
+        raise
+    except Exception as e:
+        where = ""
+        for frame in reversed(traceback.extract_tb(e.__traceback__)):
+            if os.path.abspath(frame.filename) == user_file:
+                where = f" (at {frame.filename}:{frame.lineno}: {frame.line})"
+                break
+        raise ExportError(f"tracing forward(tokens, targets) at [{batch}, {seq}] failed{where}: "
+                          f"{type(e).__name__}: {e}") from e
+    finally:
+        proxy_tensor.PythonKeyTracer = original
+        recorder.remove()
+    return gm, [tokens, targets] + params

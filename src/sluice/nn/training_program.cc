@@ -102,6 +102,7 @@ std::vector<TiedParam> TiedParams(const Program& p) {
     }
   }
   for (ValueId v : p.params()) {
+    if (p.IsConstant(v)) continue;  // read by every holder, never trained: nothing to sum
     auto it = readers.find(v);
     if (it == readers.end() || it->second.size() < 2) continue;
     TiedParam tied{.name = p.value(v).name};

@@ -107,8 +107,8 @@ struct TiedParam {
   std::vector<std::string> units;
 };
 
-// The parameters of `program` that more than one of its units reads (UnitOfInstruction), in the
-// program's parameter order. Empty for a program without units.
+// The parameters (not constants) of `program` that more than one of its units reads
+// (UnitOfInstruction), in the program's parameter order. Empty for a program without units.
 std::vector<TiedParam> TiedParams(const Program& program);
 
 // The name of unit `unit`'s read of tied parameter `param`: "<param>@<unit>".

@@ -520,6 +520,13 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
   const int P = impl.options.stages;
   Communicator& world = *impl.options.distributed->world;
   std::optional<std::string> mine;
+  // A parameter's optimizer state, by its spec (a constant has none).
+  auto state_names = [&](const std::string& name) {
+    for (const ParamSpec& p : impl.params) {
+      if (p.name == name) return OptimizerStateNames(p, impl.setup.config->optimizer);
+    }
+    return OptimizerStateNames(name, impl.setup.config->optimizer);
+  };
   // The world ranks whose write failed, the same list on every rank.
   auto agree = [&] {
     Tensor failed = Tensor::Zeros({world.size()}, DType::kF64);
@@ -539,8 +546,7 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
       const std::map<std::string, Tensor> state = State();
       for (const std::string& p : impl.owned[impl.stage()]) {
         shard.emplace(p, state.at(p));
-        for (const std::string& o : OptimizerStateNames(p, impl.setup.config->optimizer))
-          shard.emplace(o, state.at(o));
+        for (const std::string& o : state_names(p)) shard.emplace(o, state.at(o));
       }
       SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P), shard, shard_metadata);
     } catch (const IoError& e) {
@@ -565,8 +571,7 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
     for (int s = 0; s < P; ++s) {
       for (const std::string& p : impl.owned[s]) {
         names[s].push_back(p);
-        for (const std::string& o : OptimizerStateNames(p, impl.setup.config->optimizer))
-          names[s].push_back(o);
+        for (const std::string& o : state_names(p)) names[s].push_back(o);
       }
     }
     try {

@@ -271,10 +271,18 @@ TEST(Analysis, DonatedInputsAreFreedAtLastUse) {
 
 // Random programs over [4] and [R, 4] values: copies, adds, broadcasts up and reductions down
 // (so that orders differ in live bytes), reshapes (views) and sgd_updates (in-place hazards on a
-// parameter, on the values they read and on the shared %lr), some values made outputs.
+// parameter, on the values they read and on the shared %lr), some values made outputs. Only
+// programs the verifier accepts: an update's gradient never shares the parameter's storage, and a
+// view of a parameter taken before its update is not read after it, nor output (ir/verifier.h).
 Program RandomProgram(uint32_t seed, int instructions) {
   std::mt19937 rng(seed);
-  auto pick = [&](const std::vector<Var>& pool) {
+  // A value, and the parameter whose storage it is or views (-1: a storage of its own).
+  struct Item {
+    Var var;
+    int param = -1;
+    bool view = false;
+  };
+  auto pick = [&](const std::vector<Item>& pool) -> const Item& {
     return pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)];
   };
   auto chance = [&](int percent) {
@@ -287,37 +295,49 @@ Program RandomProgram(uint32_t seed, int instructions) {
     params.push_back(b.Param("p" + std::to_string(k), DType::kF32, {4}));
     buffers.push_back(b.Param("m" + std::to_string(k), DType::kF32, {4}));
   }
-  std::vector<Var> small = {b.Input("x", DType::kF32, {4}), params[0], params[1], params[2]};
-  std::vector<Var> big;
+  std::vector<Item> small = {
+      {b.Input("x", DType::kF32, {4})}, {params[0], 0}, {params[1], 1}, {params[2], 2}};
+  std::vector<Item> big;
   for (int i = 0; i < instructions; ++i) {
-    Var made = small[0];
+    Item made{small[0].var};
     switch (std::uniform_int_distribution<int>(0, 6)(rng)) {
       case 0:
-        made = Copy(pick(small));
+        made = {Copy(pick(small).var)};
         break;
       case 1:
-        made = pick(small) + pick(small);
+        made = {pick(small).var + pick(small).var};
         break;
       case 2:
-        made = BroadcastTo(pick(small), Shape{8 << (i % 3), 4});
+        made = {BroadcastTo(pick(small).var, Shape{8 << (i % 3), 4})};
         break;
       case 3:
-        made = big.empty() ? Copy(pick(small)) : SumTo(pick(big), Shape{4});
+        made = {big.empty() ? Copy(pick(small).var) : SumTo(pick(big).var, Shape{4})};
         break;
-      case 4:
-        made = big.empty() ? Reshape(pick(small), {4}) : Reshape(pick(big), {-1, 4});
+      case 4: {
+        const Item& from = big.empty() ? pick(small) : pick(big);
+        made = {big.empty() ? Reshape(from.var, {4}) : Reshape(from.var, {-1, 4}), from.param,
+                true};
         break;
+      }
       case 5:
-        made = big.empty() ? Copy(pick(small)) : Copy(pick(big));
+        made = {big.empty() ? Copy(pick(small).var) : Copy(pick(big).var)};
         break;
       default: {
-        const size_t k = std::uniform_int_distribution<size_t>(0, 2)(rng);
-        SgdUpdate(params[k], pick(small), buffers[k], lr);
+        const int k = std::uniform_int_distribution<int>(0, 2)(rng);
+        std::vector<Item> grads;
+        for (const Item& item : small) {
+          if (item.param != k) grads.push_back(item);
+        }
+        SgdUpdate(params[k], pick(grads).var, buffers[k], lr);
+        // Views of p_k taken before the update are read no more; p_k itself reads the new values.
+        for (std::vector<Item>* pool : {&small, &big}) {
+          std::erase_if(*pool, [&](const Item& item) { return item.view && item.param == k; });
+        }
         continue;
       }
     }
-    (made.type().shape.rank() == 1 ? small : big).push_back(made);
-    if (chance(5)) b.Output(made);
+    (made.var.type().shape.rank() == 1 ? small : big).push_back(made);
+    if (chance(5) && !(made.view && made.param >= 0)) b.Output(made.var);
   }
   return b.Build();
 }

@@ -202,6 +202,13 @@ TEST(Verifier, AViewReadAfterAnUpdateOfItsStorageIsNamed) {
               }),
               HasSubstr("instruction 2 (copy %y): reads %v, a view of %w taken at instruction "
                         "0, after instruction 1 (sgd_update) updated %w in place"));
+  // An output is read after the program: the same holds.
+  EXPECT_THAT(BuildError([](Builder& b, Var w, Var g, Var m, Var lr) {
+                b.Output(b.Name(Reshape(w, {16}), "v"));
+                SgdUpdate(w, g, m, lr);
+              }),
+              HasSubstr("program 'opt': outputs %v, a view of %w taken at instruction 0, which "
+                        "instruction 1 (sgd_update) then updates in place"));
   // The value updated, and a view taken after the update, read the new values: both allowed.
   EXPECT_EQ(BuildError([](Builder& b, Var w, Var g, Var m, Var lr) {
               Var before = b.Name(Reshape(w, {16}), "before");

@@ -128,6 +128,15 @@ void Verify(const Program& p) {
       throw ProgramError(fmt::format("program '{}': output {} is never defined", p.name(),
                                      value_ok(v) ? "%" + values[v].name : std::string("?")));
     }
+    // An output is read after the last instruction: a view updated under it is read stale too.
+    if (root[v] != v && updated[root[v]] > values[v].producer) {
+      throw ProgramError(fmt::format(
+          "program '{}': outputs %{}, a view of %{} taken at instruction {}, which instruction {} "
+          "({}) then updates in place; a view shares its storage, so it would show the updated "
+          "values: take the view after the update, or output a copy",
+          p.name(), values[v].name, values[root[v]].name, values[v].producer, updated[root[v]],
+          instrs[updated[root[v]]].op->name));
+    }
   }
 }
 

@@ -6,9 +6,9 @@
 // In-place updates (OpKind::kInPlace, OpDef::updates): an input the op writes shares its storage
 // with no other input of the instruction (`sgd_update(%w, %w, %w, %lr)`, or a view of %w), and a
 // view (kView: it shares its input's storage) taken before an update of its storage is not read
-// after it, nor output — it would show the updated values. The value updated, and views taken after the
-// update, read the new values (docs/program-format.md, "In-place updates").
-// Throws ProgramError naming the program, the instruction (index, op, first output) and the value.
+// after it, nor output — it would show the updated values. The value updated, and views taken after
+// the update, read the new values (docs/program-format.md, "In-place updates"). Throws ProgramError
+// naming the program, the instruction (index, op, first output) and the value.
 #pragma once
 
 #include "sluice/ir/program.h"

@@ -29,25 +29,25 @@ using testing_support::TrainedRun;
 
 // A language model on the sort task (vocabulary 11) with `blocks` residual MLP blocks between an
 // embedding and a head that reads the embedding table again, transposed: units embed, block.i,
-// head — blocks + 2 of them, so that 4 ranks of 2 chunks each get a unit with 6 blocks.
-std::string TiedLm(int blocks) {
+// head — blocks + 2 of them, so that 4 ranks of 2 chunks each get a unit with 6 blocks. With
+// `shared_up`, every block also reads block 0's up-projection (ALBERT's sharing).
+std::string TiedLm(int blocks, bool shared_up = false) {
   std::string params, units;
   std::string x = "%x";
   for (int i = 0; i < blocks; ++i) {
-    params += fmt::format(
-        "  param %b{0}.norm: f32[16] = ones\n"
-        "  param %b{0}.up: f32[16, 32] = normal(0, 0.1)\n"
-        "  param %b{0}.down: f32[32, 16] = normal(0, 0.1)\n",
-        i);
+    const int up = shared_up ? 0 : i;
+    params += fmt::format("  param %b{0}.norm: f32[16] = ones\n", i);
+    if (up == i) params += fmt::format("  param %b{0}.up: f32[16, 32] = normal(0, 0.1)\n", i);
+    params += fmt::format("  param %b{0}.down: f32[32, 16] = normal(0, 0.1)\n", i);
     units += fmt::format(
         "  unit block.{0} {{\n"
         "    %b{0}.n: f32[B, T, 16] = rms_norm({1}, %b{0}.norm) {{eps = 1e-06}}\n"
-        "    %b{0}.u: f32[B, T, 32] = matmul(%b{0}.n, %b{0}.up)\n"
+        "    %b{0}.u: f32[B, T, 32] = matmul(%b{0}.n, %b{2}.up)\n"
         "    %b{0}.a: f32[B, T, 32] = relu(%b{0}.u)\n"
         "    %b{0}.d: f32[B, T, 16] = matmul(%b{0}.a, %b{0}.down)\n"
         "    %b{0}.out: f32[B, T, 16] = add({1}, %b{0}.d)\n"
         "  }}\n",
-        i, x);
+        i, x, up);
     x = fmt::format("%b{}.out", i);
   }
   return fmt::format(R"(program tied_lm {{
@@ -178,6 +178,20 @@ TEST(TiedParameterPipeline, TrainsBitwiseLikeOneStageAndKeepsTheCopiesEqual) {
       ExpectBitwiseRun(one, piped, what);
       ExpectEqualCopies(*engine, P, config.optimizer, what);
     }
+  }
+}
+
+// A weight read by every block as well as the tied table: at P = 4 each of the four ranks holds the
+// block weight, their shares summed in unit order, bitwise one stage's.
+TEST(TiedParameterPipeline, AWeightSharedByEveryBlockTrainsBitwiseOnFourStages) {
+  TrainConfig config = Config("shared_lm.sluice");
+  config.program = WriteTemp("shared_lm.sluice", TiedLm(6, /*shared_up=*/true));
+  const TrainedRun one = TrainAndKeep(config);
+  for (const Case& c : {Case{ScheduleKind::kOneFOneB, 0}, Case{ScheduleKind::kInterleaved, 2}}) {
+    const PipelineOptions options{
+        .stages = 4, .schedule = c.kind, .chunks = c.chunks, .partition = PartitionKind::kBalanced};
+    ExpectBitwiseRun(one, TrainAndKeep(config, PipelineEngineFactory(options)),
+                     fmt::format("{} P=4, b0.up shared", ScheduleKindName(c.kind)));
   }
 }
 

@@ -10,6 +10,10 @@
 // and stops, and Step throws the failing rank's StageError (naming rank, action, micro-batch);
 // a receive waiting beyond options.timeout fails the same way. The engine is unusable afterwards.
 //
+// A parameter read by units of several ranks (a tied embedding and head) is held by each of them;
+// their shares of its gradient are summed at OPT, so the copies stay bitwise equal
+// (stage_runtime.h, docs/pipeline.md "Tied parameters"). State() and checkpoints hold it once.
+//
 // Distributed (options.distributed, `mpirun -np P·D sluice train --comm mpi`): the process runs the
 // one rank it is, over MPI communicators, and every step ends with one all-reduce that brings
 // every rank's figures (loss, norm, memory, time) to every process; the leader reports them.

@@ -5,7 +5,7 @@ import torch
 import torch.fx as fx
 
 from .errors import ExportError
-from .ops import LOWERINGS
+from .ops import LOWERINGS, _causal_mask_value
 from .values import DTYPES, Const, Transposed, Val, fmt_attr, fmt_type
 
 aten = torch.ops.aten
@@ -191,6 +191,9 @@ class Lowering:
             self.used_names.add(self.env[n].name)
         nodes = list(self.gm.graph.nodes)
         fused, skipped = find_rms_norms(nodes)
+        attentions, attention_parts = find_attentions(nodes)
+        skipped |= attention_parts
+        order = {n: i for i, n in enumerate(nodes)}
         last_block = max((i for i, n in enumerate(nodes) if self.unit_for(n) is not None),
                          default=-1)
         loss = None
@@ -227,6 +230,8 @@ class Lowering:
                 self.unit = "head"
             if node in skipped:
                 self.env[node] = None  # inside an RMS norm that `fused` emits whole
+            elif node in attentions:
+                self.env[node] = self.attention(node, attentions[node], order)
             elif node in fused:
                 x, w, eps = fused[node]
                 x, w = self.val(self.env[x]), self.env[w]
@@ -254,6 +259,32 @@ class Lowering:
         out = ["program model {"] + ["  " + d for d in decls] + body + [f"  output %{loss.name}",
                                                                         "}"]
         return "\n".join(out) + "\n", units
+
+    def attention(self, node, found, order):
+        """A written-out causal attention as one causal_attention; when the mask turns out not
+        to be a constant causal one, or the operands do not fit, its nodes are lowered one by
+        one after all."""
+        q, k, v, scale, mask, additive, parts = found
+        m = self.env.get(mask)
+        value = None
+        if isinstance(m, Const):
+            value = _causal_mask_value(m.tensor, additive) if additive else (
+                float("-inf") if _causal_mask_value(m.tensor, False) else None)
+        qv, kv, vv = (self.env.get(n) for n in (q, k, v))
+        fits = (value == float("-inf") and all(isinstance(x, Val) for x in (qv, kv, vv))
+                and len(qv.shape) >= 3 and qv.shape == kv.shape == vv.shape
+                and list(m.tensor.shape[-2:]) == [qv.shape[-2]] * 2)
+        if not fits:
+            for n in sorted(parts, key=order.get):
+                self.node = n
+                self.env[n] = self.lower(n)
+            self.node = node
+            return self.lower(node)
+        y = Val(self.fresh("attention"), qv.shape, "f32")
+        lse = Val(self.fresh("lse"), qv.shape[:-1], "f32")
+        self.emit_multi("causal_attention", [qv, kv, vv], [y, lse], {"scale": float(scale)})
+        return self.emit("reshape", [y], list(self.concrete[node].shape), "f32",
+                         {"shape": list(self.concrete[node].shape)})
 
     def lower(self, node, fold=True):
         target = node.target
@@ -324,3 +355,74 @@ def find_rms_norms(nodes):
             if out in fused:
                 break
     return fused, skipped
+
+
+_VIEWS = None
+
+
+def _views():
+    global _VIEWS
+    if _VIEWS is None:
+        _VIEWS = {aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
+                  aten.reshape.default, aten.expand.default, aten.clone.default,
+                  aten.contiguous.default, aten.alias.default}
+    return _VIEWS
+
+
+def find_attentions(nodes):
+    """Causal attention written out — softmax(q @ k.transpose(-2, -1) * scale masked) @ v, with
+    the mask a buffer (masked_fill of the positions above the diagonal, or an added -inf mask),
+    which PyTorch traces through views to [B·H, T, D] for its bmm's — as {the last bmm: (q, k, v,
+    scale, mask node, whether the mask is added, the nodes in between)}. Whether the mask is a
+    constant causal one is known only when lowering (Lowering.attention checks it)."""
+    def call(n, *targets):
+        return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+    def through_views(n, parts):
+        while call(n, *_views()) and len(n.users) == 1:
+            parts.add(n)
+            n = n.args[0]
+        return n
+
+    found, all_parts = {}, set()
+    for out in nodes:
+        if not call(out, aten.bmm.default):
+            continue
+        parts = set()
+        probs = through_views(out.args[0], parts)
+        v = through_views(out.args[1], parts)
+        if not call(probs, aten._softmax.default) or len(probs.users) != 1:
+            continue
+        parts.add(probs)
+        masked = probs.args[0]
+        if call(masked, aten.add.Tensor) and len(masked.users) == 1:
+            scores, mask, additive = masked.args[0], masked.args[1], True
+        elif (call(masked, aten.masked_fill.Scalar) and len(masked.users) == 1
+              and masked.args[2] == float("-inf")):
+            scores, mask, additive = masked.args[0], masked.args[1], False
+        else:
+            continue
+        parts.add(masked)
+        if not call(scores, aten.mul.Tensor, aten.div.Tensor) or len(scores.users) != 1:
+            continue
+        factor = scores.args[1]
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor == 0:
+            continue
+        scale = float(factor) if scores.target == aten.mul.Tensor else 1.0 / float(factor)
+        parts.add(scores)
+        product = through_views(scores.args[0], parts)
+        if not call(product, aten.bmm.default) or len(product.users) != 1:
+            continue
+        parts.add(product)
+        q = through_views(product.args[0], parts)
+        kt = through_views(product.args[1], parts)
+        if not call(kt, aten.transpose.int) or len(kt.users) != 1:
+            continue
+        rank = len(kt.meta["val"].shape) if "val" in kt.meta else None
+        dims = {d % rank for d in kt.args[1:3]} if rank else set(kt.args[1:3])
+        if dims not in ({rank - 2, rank - 1} if rank else set(), {-2, -1}):
+            continue
+        parts.add(kt)
+        found[out] = (q, kt.args[0], v, scale, mask, additive, parts)
+        all_parts |= parts
+    return found, all_parts

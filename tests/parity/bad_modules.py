@@ -1,5 +1,9 @@
 """Modules tools/torch_export.py must refuse, each with a clear error and nothing written
-(tests/parity/torch_export_test.py). Each factory is one way a user's module can be wrong."""
+(tests/parity/torch_export_test.py). Each factory is one way a user's module can be wrong, except
+tiny (a valid module the others change) and additive_mask (valid: a mask buffer that is not
+causal becomes a program constant)."""
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -65,6 +69,22 @@ class Mixer(nn.Module):
         return torch.cumsum(x, dim=1)  # an op sluice has no mapping for
 
 
+class AdditiveMask(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.qkv = nn.Linear(8, 24)
+        self.head = nn.Linear(8, 11)
+        self.register_buffer("mask", torch.randn(6, 6))  # added to the scores; not causal
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        q, k, v = self.qkv(self.embed(tokens)).split(8, dim=2)
+        att = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(8) + self.mask[:T, :T], dim=-1)
+        x = self.head(att @ v)
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
 class NoParameters(nn.Module):
     def forward(self, tokens, targets):
         return (tokens * 0.0).sum()
@@ -93,6 +113,11 @@ def branch_on_length():
 
 def cumulative():
     return Cumulative()
+
+
+def additive_mask():
+    torch.manual_seed(0)
+    return AdditiveMask()
 
 
 def no_parameters():

@@ -59,6 +59,16 @@ class BadInput(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(out)), ["init.safetensors", "model.sluice"])
         self.assertIn("units: ", result.stdout)
 
+    def test_a_mask_buffer_becomes_a_constant_sliced_to_the_run(self):
+        result, out = self.export(f"{MODULES}:additive_mask")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("constants (buffers, never trained): mask", result.stdout)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertIn("const %mask: f32[6, 6] = loaded", text)
+        self.assertIn("slice(%mask) {axis = 0, end = T, start = 0}", text)
+        self.assertNotIn("causal_attention", text)  # not causal: the attention stays written out
+
     def test_a_factory_that_does_not_exist(self):
         self.refused(f"{MODULES}:nope", "bad_modules.py has no function 'nope'")
 

@@ -44,8 +44,8 @@ def check_out(out):
 
 
 def export(spec, batch, seq, out):
-    if batch < 1 or seq < 2:
-        raise ExportError("--batch must be at least 1 and --seq at least 2")
+    if batch < 1 or seq < 3:
+        raise ExportError("--batch must be at least 1 and --seq at least 3")
     check_out(out)
     module, user_file = load_module(spec)
     aliases = parameter_aliases(module)
@@ -53,21 +53,24 @@ def export(spec, batch, seq, out):
     blocks = block_paths(module)
     buffers = {id(b): n for n, b in module.named_buffers()}
     last_error = None
-    gm, inputs = trace(module, aliases, user_file, batch, seq)
+    # Both traces are shorter than --seq: at the full length PyTorch elides a slice of a buffer
+    # that takes all of it (`mask[:T, :T]` of a [T, T] mask), and the two texts would differ.
+    t1 = seq - 1
+    gm, inputs = trace(module, aliases, user_file, batch, t1)
     lowering = Lowering(gm, inputs, names, blocks, buffers)
     text, units = lowering.run()
-    for b2, t2 in second_sizes(batch, seq):
+    for b2, t2 in second_sizes(batch, t1):
         gm2, inputs2 = trace(module, aliases, user_file, b2, t2)
         text2, _ = Lowering(gm2, inputs2, names, blocks, buffers).run()
         try:
-            program = generalise(text, (batch, seq), text2, (b2, t2))
+            program = generalise(text, (batch, t1), text2, (b2, t2))
             break
         except AmbiguousSizes as e:
             last_error = e
     else:
         raise last_error
-    program = (f"# exported by tools/torch_export.py from {spec} (traced at batch {batch}, "
-               f"sequence {seq})\n" + program)
+    program = (f"# exported by tools/torch_export.py from {spec} (batch {batch}, sequences up to "
+               f"{seq}; traced at [{batch}, {t1}] and [{b2}, {t2}])\n" + program)
 
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)

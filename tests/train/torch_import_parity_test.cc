@@ -19,6 +19,8 @@
 //                       /usr/bin/python3 -c 'import torch').
 // Regenerate the golden files after a deliberate change to the models, the exporter or the data:
 //   SLUICE_UPDATE_GOLDEN=1 ctest --test-dir build -R TorchImportParity
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -69,6 +71,11 @@ TrainConfig ImportConfig(const std::string& dir) {
 
 double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
+// A folder of this process's own: several checkouts may run these tests at once on one /tmp.
+std::string ScratchDir(const std::string& name) {
+  return fmt::format("{}/{}_{}", ::testing::TempDir(), name, static_cast<int64_t>(getpid()));
+}
+
 std::string GoldenDir(const std::string& model) {
   return SourceDir() + "/tests/parity/torch_import/" + model;
 }
@@ -115,8 +122,9 @@ TEST_P(TorchImportGolden, TrainsLikePyTorchDid) {
   std::ifstream in(dir + "/golden.json");
   ASSERT_TRUE(in) << "cannot read " << dir << "/golden.json";
   const nlohmann::json golden = nlohmann::json::parse(in);
-  const SluiceRun run =
-      TrainExported(dir, ::testing::TempDir() + "/torch_import_golden_" + model + ".safetensors");
+  const std::string checkpoint = ScratchDir("torch_import_golden_" + model) + ".safetensors";
+  const SluiceRun run = TrainExported(dir, checkpoint);
+  std::filesystem::remove(checkpoint);
   // The data first: a mismatch here is a change to the data, not to training.
   for (const auto& [name, t] : run.batches)
     ASSERT_EQ(Ids(t), golden.at("batches").at(name).get<std::vector<int64_t>>()) << name;
@@ -145,7 +153,7 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
   }
   const std::string model = GetParam();
   const std::string spec = SourceDir() + "/tests/parity/torch_models.py:" + model;
-  const std::string dir = ::testing::TempDir() + "/torch_import_" + model;
+  const std::string dir = ScratchDir("torch_import_" + model);
   std::filesystem::remove_all(dir);
   const std::string export_cmd =
       fmt::format("/usr/bin/python3 {}/tools/torch_export.py {} --batch 4 --seq 12 --out {}",
@@ -228,6 +236,7 @@ TEST_P(TorchImportParity, TrainsLikePyTorchAndLoadsBack) {
         {"batches", batches}};
     std::ofstream(golden_dir + "/golden.json") << golden.dump() << "\n";
   }
+  std::filesystem::remove_all(dir);
 }
 
 std::string ModelName(const testing::TestParamInfo<const char*>& info) { return info.param; }

@@ -72,12 +72,14 @@ TEST_F(TrainGcCli, DefaultGcCostsNoMemoryOverSyncOnFourStages) {
   for (size_t s = 0; s < 4; ++s) {
     const int64_t sync_allocated = sync["stages"][s]["peak_allocated_bytes"].get<int64_t>();
     // A stage's peak moves by one stage output (64 KiB here) with thread timing, in any mode: a
-    // send completing before or after a compute.
+    // send completing before or after a compute; its reserved bytes with it (the cache keeps the
+    // block that peak took: the full suite under load once measured such a run above sync's).
     EXPECT_LE(by_default["stages"][s]["peak_allocated_bytes"].get<int64_t>(),
               sync_allocated + Allowance(sync_allocated))
         << "stage " << s;
+    const int64_t sync_reserved = sync["stages"][s]["peak_reserved_bytes"].get<int64_t>();
     EXPECT_LE(by_default["stages"][s]["peak_reserved_bytes"].get<int64_t>(),
-              sync["stages"][s]["peak_reserved_bytes"].get<int64_t>())
+              sync_reserved + Allowance(sync_reserved))
         << "stage " << s;
   }
 }

@@ -23,14 +23,6 @@ namespace fs = std::filesystem;
 
 using testing_support::SourceDir;
 
-// Parses `text`, prints it, parses the print and prints again: both prints must agree.
-std::string ExpectStable(const std::string& text, const std::string& label) {
-  const std::string first = PrintProgram(ParseProgram(text, label));
-  const std::string second = PrintProgram(ParseProgram(first, label + " (reprinted)"));
-  EXPECT_EQ(first, second) << label;
-  return first;
-}
-
 void ExpectRoundTrip(const Program& p) {
   const std::string text = PrintProgram(p);
   const Program q = ParseProgram(text, p.name());

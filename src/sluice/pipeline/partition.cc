@@ -253,8 +253,6 @@ double LeastFeasible(double lo, double hi, Test feasible) {
 // expensive rank is as cheap as possible — exact: the least bound T some cut meets, found by
 // bisection (whether a cut meets T is monotone in T), each test O(P·N²) (VShapeCuts).
 Partition BalancedV(const ModelUnits& model, int S) {
-  const std::vector<double>& units = model.costs;
-  const int64_t N = static_cast<int64_t>(units.size());
   const int P = S / 2;
   RequireUnitPerStage(S, model, "--stages × 2 chunks", "stages");
   VShapeCuts cuts(model, P);

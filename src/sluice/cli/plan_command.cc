@@ -1,8 +1,11 @@
 // `sluice plan`: the memory forecast of a `sluice train` command line, and the recompute policies
 // (and, with --schedule auto, the schedule) that --memory-budget would train with — the
 // planner's choice (plan/planner.h) printed as a table or JSON. `sluice train` prints the same
-// table before training under a budget or auto (DescribePlan).
+// table before training under a budget or auto (DescribePlan). With --explain, every tensor live
+// at each stage's peak as well, largest first (DescribeLiveAtPeak; "live_at_peak" in JSON).
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,7 +19,27 @@ namespace sluice::cli {
 
 namespace {
 
-nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a) {
+nlohmann::json LiveJson(const std::vector<LiveTensor>& live) {
+  nlohmann::json out = nlohmann::json::array();
+  auto or_null = [](int v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  for (const LiveTensor& t : live) {
+    out.push_back({{"name", t.name},
+                   {"type", t.type},
+                   {"bytes", t.bytes},
+                   {"use", Name(t.use)},
+                   {"reason", Name(t.reason)},
+                   {"why", t.Why()},
+                   {"micro_batch", or_null(t.micro_batch)},
+                   {"chunk", or_null(t.chunk)},
+                   {"made_by", t.made_by},
+                   {"made_in", t.made_in},
+                   {"next_reader", t.next_reader},
+                   {"next_read_in", t.next_read_in}});
+  }
+  return out;
+}
+
+nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a, bool explain) {
   const MemoryPlan& plan = choice.plan;
   nlohmann::json stages = nlohmann::json::array();
   for (size_t s = 0; s < plan.stages.size(); ++s) {
@@ -36,6 +59,7 @@ nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a) {
                       {"budget_bytes", choice.budget.empty() ? nlohmann::json(nullptr)
                                                              : nlohmann::json(choice.budget[s])},
                       {"fits", p.fits}});
+    if (explain) stages.back()["live_at_peak"] = LiveJson(p.forecast.live_at_peak);
   }
   return {{"model", a.config.ModelName()},
           {"schedule", choice.pipeline ? nlohmann::json(pipeline::ScheduleKindName(choice.schedule))
@@ -97,20 +121,48 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
   return out;
 }
 
+std::string DescribeLiveAtPeak(const PlanChoice& choice) {
+  std::string out;
+  for (size_t s = 0; s < choice.plan.stages.size(); ++s) {
+    const StageMemoryForecast& f = choice.plan.stages[s].forecast;
+    out += fmt::format("\nstage {}: {} tensors live at its peak of {} B ({}), {}{}\n", s,
+                       f.live_at_peak.size(), f.peak_allocated_bytes,
+                       FormatBytes(f.peak_allocated_bytes), f.peak_phase,
+                       f.peak_instruction.empty() ? "" : ": " + f.peak_instruction);
+    out += fmt::format("  {:>10}  {:<18}  {:<32}  {:<44}  {}\n", "bytes", "type", "name", "why",
+                       "made by  →  next reader");
+    for (const LiveTensor& t : f.live_at_peak) {
+      const std::string next =
+          t.next_reader.empty()
+              ? (t.next_read_in.empty() ? "none in this step" : "none; " + t.next_read_in)
+              : fmt::format("{} ({})", t.next_reader, t.next_read_in);
+      out += fmt::format("  {:>10}  {:<18}  {:<32}  {:<44}  {}  →  {}\n", t.bytes,
+                         t.type.empty() ? "-" : t.type, t.name, t.Why(), t.made_by, next);
+    }
+  }
+  return out;
+}
+
 CommandRunner SetupPlanCommand(CLI::App& sub) {
   TrainOptions options = AddTrainOptions(sub, TrainCommand::kNoTraining);
   sub.add_option("--format", options.args->format, "table or json")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
-  return [options] {
+  auto explain = std::make_shared<bool>(false);
+  sub.add_flag("--explain", *explain,
+               "list every tensor live at each stage's peak, largest first: its type, bytes, why "
+               "it is alive, the instruction that made it and its next reader");
+  return [options, explain] {
     options.finish();
     TrainArgs& a = *options.args;
     Configure(a);
-    const PlanChoice choice = ChoosePlan(MakePlanRequest(a));
+    PlanRequest request = MakePlanRequest(a);
+    request.explain = *explain;
+    const PlanChoice choice = ChoosePlan(request);
     if (a.format == "json") {
-      fmt::print("{}\n", PlanJson(choice, a).dump(2));
+      fmt::print("{}\n", PlanJson(choice, a, *explain).dump(2));
     } else {
-      fmt::print("{}", DescribePlan(choice, a));
+      fmt::print("{}{}", DescribePlan(choice, a), *explain ? DescribeLiveAtPeak(choice) : "");
     }
     return 0;
   };

@@ -95,6 +95,8 @@ PlanRequest MakePlanRequest(const TrainArgs& a);
 // For people: the plan as `sluice plan` prints it, and `sluice train` before training under a
 // budget or auto (plan_command.cc).
 std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a);
+// `sluice plan --explain`: per stage, the tensors live at its peak (an explained choice).
+std::string DescribeLiveAtPeak(const PlanChoice& choice);
 
 // The resource check before allocation (`sluice train`, unless --no-memory-check): the forecast
 // peak of every stage this process runs (pipeline/memory_forecast.h, what `sluice plan` prints)

@@ -111,19 +111,23 @@ class RankReplay {
  public:
   // `prompt`: every send completes as soon as it is made (its receive was posted before), the
   // least memory any timing gives; otherwise only once its receive was certainly posted.
+  // `explain_at`: the peak this same replay found, to list what it holds; -1 not to.
   RankReplay(const StageSetup& setup, int rank, const Causality& causality, bool prompt,
-             ReplayFrees frees)
+             ReplayFrees frees, int64_t explain_at = -1)
       : setup_(setup),
         rank_(rank),
         causality_(causality),
         prompt_(prompt),
         program_(BuildStageProgram(setup, rank, unused_, /*plan_only=*/true)),
-        ledger_(frees),
+        ledger_(MakeLedger(frees, explain_at)),
         stage_(*program_, ledger_),
         grads_(ledger_) {
     const int V = setup.schedule.chunks, M = setup.schedule.micro_batches;
     mbs_.reserve(static_cast<size_t>(V * M));
-    for (int k = 0; k < V * M; ++k) mbs_.emplace_back(std::make_unique<MicroBatch>(ledger_));
+    for (int k = 0; k < V * M; ++k) {
+      mbs_.emplace_back(std::make_unique<MicroBatch>(ledger_));
+      mbs_.back()->scope.HoldFor(k % M, V > 1 ? k / M : -1);
+    }
   }
 
   StageMemoryForecast Run() {
@@ -143,10 +147,29 @@ class RankReplay {
     out.at_peak = ledger_.at_peak();
     out.peak_phase = ledger_.peak_phase();
     out.peak_instruction = ledger_.peak_instruction();
+    out.live_at_peak = ledger_.LiveAtPeak();
     return out;
   }
 
  private:
+  static MemoryLedger MakeLedger(ReplayFrees frees, int64_t explain_at) {
+    MemoryLedger ledger(frees);
+    if (explain_at >= 0) ledger.ExplainAt(explain_at);
+    return ledger;
+  }
+
+  // Names a received buffer `name` (of the type of the chunk's `like`) and says why it is held
+  // (when explaining).
+  void NoteMessage(Id id, const Chunk& ch, const char* name, const char* like, const Action& a,
+                   std::string detail) {
+    if (!ledger_.explaining()) return;
+    const Program& p = ch.model.forward;
+    ledger_.Made(id, name, p.type(p.Get(like)).ToString(),
+                 fmt::format("{} from stage {}", ActionKindName(a.kind), a.peer));
+    ledger_.Note(id, MemoryUse::kMessages, LiveReason::kMessage, std::move(detail), a.micro_batch,
+                 setup_.schedule.chunks > 1 ? a.chunk : -1);
+  }
+
   struct Pending {
     int mb;
     bool forward;  // SEND_F (the output is released) or SEND_B (the send held "x.grad")
@@ -205,15 +228,21 @@ class RankReplay {
     switch (a.kind) {
       case ActionKind::kRecvF:
         mb.recv_f = ledger_.Allocate(MessageBytes(ch, kChunkInput), MemoryUse::kMessages);
+        NoteMessage(mb.recv_f, ch, kChunkInput, kChunkInput, a,
+                    fmt::format("received from stage {}", a.peer));
         break;
       case ActionKind::kRecvB:
         mb.recv_b = ledger_.Allocate(MessageBytes(ch, kChunkOutput), MemoryUse::kMessages);
+        NoteMessage(mb.recv_b, ch, kChunkOutputGrad, kChunkOutput, a,
+                    fmt::format("received from stage {}", a.peer));
         break;
       case ActionKind::kSendF:
+        Sent(mb.output, a);
         mb.sending = true;
         pending_.push_back({index, true, kNone, static_cast<int>(i)});
         break;
       case ActionKind::kSendB:
+        Sent(mb.input_grad, a);
         pending_.push_back({index, false, mb.input_grad, static_cast<int>(i)});
         mb.input_grad = kNone;  // the send holds it until it completes
         break;
@@ -231,6 +260,8 @@ class RankReplay {
         stage_.ReceiveTiedShares(grads_);  // the shares of tied parameters other ranks hold
         const Id sum_squares = ledger_.Allocate(
             static_cast<int64_t>(setup_.model_params.size() * sizeof(double)), MemoryUse::kWorking);
+        ledger_.Made(sum_squares, "clip.sum_squares",
+                     fmt::format("f64[{}]", setup_.model_params.size()), "clipping");
         Poll(i, /*everyone=*/true);  // the norm's all-reduce: every rank has reached OPT
         stage_.Update(grads_);
         ledger_.Release(sum_squares, MemoryUse::kWorking);
@@ -275,6 +306,19 @@ class RankReplay {
     } else {
       mb.output = scope.Take(kChunkOutput, MemoryUse::kMessages);
     }
+    if (!ch.last) {
+      ledger_.Note(mb.output, MemoryUse::kMessages, LiveReason::kMessage, "output to send",
+                   a.micro_batch, setup_.schedule.chunks > 1 ? a.chunk : -1);
+    }
+  }
+
+  // A send reads `id` now; until it completes the message is in flight.
+  void Sent(Id id, const Action& a) {
+    if (!ledger_.explaining() || id == kNone) return;
+    const std::string send = fmt::format("{} to stage {}", ActionKindName(a.kind), a.peer);
+    ledger_.ReadBy(id, send);
+    ledger_.Note(id, MemoryUse::kMessages, LiveReason::kInFlight, send, a.micro_batch,
+                 setup_.schedule.chunks > 1 ? a.chunk : -1);
   }
 
   void Backward(const Action& a, const Chunk& ch, MicroBatch& mb, int index, size_t i) {
@@ -295,7 +339,12 @@ class RankReplay {
       });
     }
     stage_.Backward(a.chunk, scope, grads_);
-    if (!ch.first) mb.input_grad = scope.Take(kChunkInputGrad, MemoryUse::kMessages);
+    if (!ch.first) {
+      mb.input_grad = scope.Take(kChunkInputGrad, MemoryUse::kMessages);
+      ledger_.Note(mb.input_grad, MemoryUse::kMessages, LiveReason::kMessage,
+                   "input gradient to send", a.micro_batch,
+                   setup_.schedule.chunks > 1 ? a.chunk : -1);
+    }
     if (mb.output != kNone) {  // release off (or a saved output): kept until now
       ledger_.Release(mb.output, MemoryUse::kMessages);
       mb.output = kNone;
@@ -328,7 +377,7 @@ std::optional<std::string> ForecastRefusal(const Schedule& schedule) {
       actions, kForecastActionLimit);
 }
 
-std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup) {
+std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup, bool explain) {
   if (std::optional<std::string> why = ForecastRefusal(setup.schedule)) throw InvalidArgument(*why);
   // The programs are built as trace mode with sync GC plans them; the frees follow the run's own
   // --gc and --mode (memory_replay.h ReplayFreesFor).
@@ -345,14 +394,20 @@ std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup) {
     StageMemoryForecast f = RankReplay(s, r, causality, /*prompt=*/false, frees).Run();
     f.least_peak_allocated_bytes =
         RankReplay(s, r, causality, /*prompt=*/true, frees).Run().peak_allocated_bytes;
+    if (explain) {  // the same replay again, listing what its peak holds
+      f.live_at_peak = RankReplay(s, r, causality, /*prompt=*/false, frees, f.peak_allocated_bytes)
+                           .Run()
+                           .live_at_peak;
+    }
     out.push_back(std::move(f));
   }
   return out;
 }
 
 std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,
-                                                  const PipelineOptions& options, int replicas) {
-  return ForecastStages(LayOutPipeline(context, options, replicas).setup);
+                                                  const PipelineOptions& options, int replicas,
+                                                  bool explain) {
+  return ForecastStages(LayOutPipeline(context, options, replicas).setup, explain);
 }
 
 }  // namespace sluice::pipeline

@@ -51,10 +51,13 @@ inline constexpr int64_t kForecastActionLimit = 400'000;
 std::optional<std::string> ForecastRefusal(const Schedule& schedule);
 
 // One forecast per stage (rank), for `replicas` data-parallel replicas of the pipeline.
+// `explain`: each rank's replay runs once more to list the tensors live at its peak
+// (StageMemoryForecast::live_at_peak; memory_replay.h).
 std::vector<StageMemoryForecast> ForecastPipeline(const EngineContext& context,
-                                                  const PipelineOptions& options, int replicas = 1);
+                                                  const PipelineOptions& options, int replicas = 1,
+                                                  bool explain = false);
 // The same from the setup the ranks are built from (PipelineEngine's); its programs are planned
 // as trace mode plans them, its frees follow the config's --gc and --mode.
-std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup);
+std::vector<StageMemoryForecast> ForecastStages(const StageSetup& setup, bool explain = false);
 
 }  // namespace sluice::pipeline

@@ -65,6 +65,27 @@ PlanChoice PlanKind(const PlanRequest& r, const Job& job, pipeline::ScheduleKind
 
 }  // namespace
 
+namespace {
+
+// Lists the tensors live at each stage's peak of `choice` (its policies and schedule).
+void Explain(const PlanRequest& r, const Job& job, PlanChoice& choice) {
+  TrainConfig config = r.config;
+  config.recompute = choice.plan.Policies();
+  const std::vector<StageMemoryForecast> f =
+      ForecastJob(r, job, config, choice.schedule, /*explain=*/true);
+  SLUICE_CHECK(f.size() == choice.plan.stages.size(), "{} stages explained of {}", f.size(),
+               choice.plan.stages.size());
+  for (size_t s = 0; s < f.size(); ++s) {
+    StageMemoryForecast& chosen = choice.plan.stages[s].forecast;
+    SLUICE_CHECK(f[s].peak_allocated_bytes == chosen.peak_allocated_bytes,
+                 "stage {} explained at {} bytes, planned at {}", s, f[s].peak_allocated_bytes,
+                 chosen.peak_allocated_bytes);
+    chosen.live_at_peak = f[s].live_at_peak;
+  }
+}
+
+}  // namespace
+
 Job MakeJob(const TrainConfig& config) {
   ValidateTrainConfig(config);
   Job job;
@@ -74,13 +95,13 @@ Job MakeJob(const TrainConfig& config) {
 }
 
 std::vector<StageMemoryForecast> ForecastJob(const PlanRequest& request, const Job& job,
-                                             const TrainConfig& config,
-                                             pipeline::ScheduleKind kind) {
-  if (!request.pipeline) return {ForecastSingleStage(job.model, config)};
+                                             const TrainConfig& config, pipeline::ScheduleKind kind,
+                                             bool explain) {
+  if (!request.pipeline) return {ForecastSingleStage(job.model, config, explain)};
   const EngineContext ctx{.config = config, .task = *job.task, .model = job.model, .threads = 1};
   pipeline::PipelineOptions options = request.pipe;
   options.schedule = kind;
-  return pipeline::ForecastPipeline(ctx, options, request.data_parallel);
+  return pipeline::ForecastPipeline(ctx, options, request.data_parallel, explain);
 }
 
 PlanChoice ChoosePlan(const PlanRequest& request) {
@@ -115,7 +136,10 @@ PlanChoice ChoosePlan(const PlanRequest& request) {
       closest = choice;
     }
   }
-  if (best) return *best;
+  if (best) {
+    if (request.explain) Explain(request, job, *best);
+    return *best;
+  }
   if (!closest) {
     throw InvalidArgument("--schedule auto: no schedule can run this job:" + refused);
   }

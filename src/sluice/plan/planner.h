@@ -64,6 +64,7 @@ struct PlanRequest {
   bool automatic = false;          // --schedule auto: choose the kind too (pipe.schedule ignored)
   std::vector<int64_t> budget;     // bytes per stage (ParseMemoryBudget); empty: no budget
   std::string budget_text;         // the budget as given, for messages ("6MiB")
+  bool explain = false;  // list each stage's tensors live at its peak (--explain; live_at_peak)
 };
 
 // The decision: the schedule, and per stage the policy and its forecast.
@@ -77,12 +78,15 @@ struct PlanChoice {
 };
 
 // Every stage's forecast of `job` for `config` (its recompute list included) under schedule
-// `kind` — one stage without a pipeline — with the frees of the config's --gc and --mode.
+// `kind` — one stage without a pipeline — with the frees of the config's --gc and --mode;
+// `explain`: with each stage's live_at_peak.
 std::vector<StageMemoryForecast> ForecastJob(const PlanRequest& request, const Job& job,
-                                             const TrainConfig& config,
-                                             pipeline::ScheduleKind kind);
+                                             const TrainConfig& config, pipeline::ScheduleKind kind,
+                                             bool explain = false);
 
-// The plan for the request (see the top of this file). Throws InvalidArgument when nothing fits,
+// The plan for the request (see the top of this file); under request.explain the chosen plan's
+// forecasts list the tensors live at each stage's peak (one more replay of the chosen plan, after
+// the choice). Throws InvalidArgument when nothing fits,
 // naming each stage's smallest achievable peak, or under auto when no schedule can run the job,
 // naming why each was skipped.
 PlanChoice ChoosePlan(const PlanRequest& request);

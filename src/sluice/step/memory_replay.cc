@@ -13,6 +13,21 @@
 namespace sluice {
 
 std::string_view Name(MemoryUse use) { return EnumName(kMemoryUseNames, use); }
+std::string_view Name(LiveReason reason) { return EnumName(kLiveReasonNames, reason); }
+
+std::string LiveTensor::Why() const {
+  const std::string of =
+      micro_batch < 0 ? std::string()
+                      : fmt::format("micro-batch {}{}", micro_batch,
+                                    chunk < 0 ? std::string() : fmt::format(", chunk {}", chunk));
+  if (reason == LiveReason::kSavedForBackward && !of.empty()) {
+    return "saved for backward of " + of;
+  }
+  std::string out(Name(reason));
+  if (!detail.empty()) out += ": " + detail;
+  if (!of.empty()) out += " (" + of + ")";
+  return out;
+}
 
 int64_t MemoryBreakdown::total() const {
   int64_t sum = 0;
@@ -30,6 +45,8 @@ size_t MemoryLedger::UseOf(const Storage& s) {
 
 MemoryLedger::Id MemoryLedger::Allocate(int64_t bytes, MemoryUse use) {
   SLUICE_CHECK(bytes >= 0, "a storage of {} bytes", bytes);
+  FlushCapture();
+  if (explaining()) origins_.emplace_back().made_in = phase_;
   const Id id = static_cast<Id>(storages_.size());
   Storage& s = storages_.emplace_back();
   s.bytes = bytes;
@@ -43,6 +60,7 @@ MemoryLedger::Id MemoryLedger::Allocate(int64_t bytes, MemoryUse use) {
 
 void MemoryLedger::Retain(Id id, MemoryUse use) {
   if (id == kExternal) return;
+  FlushCapture();
   Storage& s = storages_.at(static_cast<size_t>(id));
   SLUICE_CHECK(s.live, "storage {} retained after it was freed", id);
   const size_t before = UseOf(s);
@@ -52,6 +70,7 @@ void MemoryLedger::Retain(Id id, MemoryUse use) {
 
 void MemoryLedger::Release(Id id, MemoryUse use) {
   if (id == kExternal) return;
+  FlushCapture();
   Storage& s = storages_.at(static_cast<size_t>(id));
   int32_t& refs = s.refs[static_cast<size_t>(use)];
   SLUICE_CHECK(refs > 0, "storage {} released by {}, which holds no reference", id, Name(use));
@@ -66,6 +85,10 @@ void MemoryLedger::Release(Id id, MemoryUse use) {
   allocated_ -= s.bytes;
   now_.bytes[before] -= s.bytes;
   s.live = false;
+  if (auto it = awaiting_reader_.find(id); it != awaiting_reader_.end()) {
+    live_[it->second].next_read_in = "freed in " + phase_;
+    awaiting_reader_.erase(it);
+  }
 }
 
 void MemoryLedger::Reclassify(const Storage& s, size_t before) {
@@ -82,11 +105,122 @@ void MemoryLedger::Transfer(Id id, MemoryUse from, MemoryUse to) {
 }
 
 void MemoryLedger::ResetPeak() {
+  FlushCapture();
   peak_ = -1;  // the next Snapshot records the present
+  armed_ = explaining();
   Snapshot();
 }
 
+// ---- MemoryLedger: explaining the peak ----
+
+void MemoryLedger::ExplainAt(int64_t peak) {
+  SLUICE_CHECK(storages_.empty(), "ExplainAt after {} allocations", storages_.size());
+  SLUICE_CHECK(peak >= 0, "explaining a peak of {} bytes", peak);
+  explain_at_ = peak;
+}
+
+MemoryLedger::Origin* MemoryLedger::OriginOf(Id id) {
+  if (!explaining() || id < 0) return nullptr;  // kExternal, or no storage
+  return &origins_.at(static_cast<size_t>(id));
+}
+
+void MemoryLedger::Made(Id id, const Program& program, int32_t instruction, ValueId value) {
+  if (Origin* o = OriginOf(id)) {
+    o->program = &program;
+    o->instruction = instruction;
+    o->value = value;
+  }
+}
+
+void MemoryLedger::Made(Id id, std::string name, std::string type, std::string made_by) {
+  if (Origin* o = OriginOf(id)) {
+    o->name = std::move(name);
+    o->type = std::move(type);
+    o->made_by = std::move(made_by);
+  }
+}
+
+void MemoryLedger::Note(Id id, MemoryUse use, LiveReason reason, std::string detail,
+                        int micro_batch, int chunk) {
+  if (Origin* o = OriginOf(id)) {
+    o->why[static_cast<size_t>(use)] = {reason, std::move(detail), micro_batch, chunk, true};
+  }
+}
+
+void MemoryLedger::ReadBy(Id id, std::string_view reader) {
+  FlushCapture();
+  auto it = awaiting_reader_.find(id);
+  if (it == awaiting_reader_.end()) return;
+  live_[it->second].next_reader = std::string(reader);
+  live_[it->second].next_read_in = phase_;
+  awaiting_reader_.erase(it);
+}
+
+void MemoryLedger::ReadBy(Id id, const Program& program, int32_t instruction) {
+  FlushCapture();
+  if (!awaiting_reader_.contains(id)) return;
+  ReadBy(id, fmt::format("{}: {}", program.name(), DescribeInstruction(program, instruction)));
+}
+
+void MemoryLedger::FlushCapture() {
+  if (!capture_pending_) return;
+  capture_pending_ = false;
+  // The reason a use implies when its holder said nothing more.
+  constexpr LiveReason kDefault[] = {LiveReason::kParameter, LiveReason::kOptimizerState,
+                                     LiveReason::kGradient,  LiveReason::kSavedForBackward,
+                                     LiveReason::kMessage,   LiveReason::kWorking};
+  std::vector<Id> ids;
+  for (size_t id = 0; id < storages_.size(); ++id) {
+    if (storages_[id].live) ids.push_back(static_cast<Id>(id));
+  }
+  std::stable_sort(ids.begin(), ids.end(), [&](Id a, Id b) {
+    return storages_[static_cast<size_t>(a)].bytes > storages_[static_cast<size_t>(b)].bytes;
+  });
+  for (Id id : ids) {
+    const Storage& s = storages_[static_cast<size_t>(id)];
+    const Origin& o = origins_[static_cast<size_t>(id)];
+    const size_t use = UseOf(s);
+    LiveTensor& t = live_.emplace_back();
+    t.bytes = s.bytes;
+    t.use = static_cast<MemoryUse>(use);
+    t.reason = kDefault[use];
+    if (o.why[use].set) {
+      t.reason = o.why[use].reason;
+      t.detail = o.why[use].detail;
+      t.micro_batch = o.why[use].micro_batch;
+      t.chunk = o.why[use].chunk;
+    }
+    if (o.program != nullptr) {
+      t.name = o.program->value(o.value).name;
+      t.type = o.program->type(o.value).ToString();
+      t.made_by =
+          fmt::format("{}: {}", o.program->name(), DescribeInstruction(*o.program, o.instruction));
+    } else {
+      t.name = o.name;
+      t.type = o.type;
+      t.made_by = o.made_by;
+    }
+    t.made_in = o.made_in;
+    awaiting_reader_.emplace(id, live_.size() - 1);
+  }
+}
+
+std::vector<LiveTensor> MemoryLedger::LiveAtPeak() {
+  if (!explaining()) return {};
+  FlushCapture();
+  SLUICE_CHECK(captured_, "the replay explained did not reach its peak of {} bytes", explain_at_);
+  int64_t sum = 0;
+  for (const LiveTensor& t : live_) sum += t.bytes;
+  SLUICE_CHECK(sum == explain_at_, "the tensors live at the peak hold {} bytes, not {}", sum,
+               explain_at_);
+  return live_;
+}
+
 void MemoryLedger::Snapshot() {
+  if (armed_ && allocated_ == explain_at_ && !captured_) {
+    capture_pending_ = true;  // taken at the next change, once the caller has noted what it made
+    captured_ = true;
+  }
   peak_ = allocated_;
   at_peak_ = now_;
   peak_phase_ = phase_;
@@ -105,6 +239,9 @@ void SymbolicScope::Set(const std::string& name, MemoryLedger::Id id) { Set(name
 
 void SymbolicScope::Set(const std::string& name, MemoryLedger::Id id, MemoryUse use) {
   ledger_.Retain(id, use);
+  if (use == MemoryUse::kActivations && micro_batch_ >= 0 && ledger_.explaining()) {
+    ledger_.Note(id, use, LiveReason::kSavedForBackward, {}, micro_batch_, chunk_);
+  }
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     entries_.emplace(name, Entry{id, use});
@@ -187,6 +324,7 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
   const ArenaPlan& arena = exe.arena();
   const MemoryLedger::Id arena_storage =
       arena.arena_bytes > 0 ? ledger.Allocate(arena.arena_bytes, kRun) : MemoryLedger::kExternal;
+  ledger.Made(arena_storage, "arena:" + program.name(), "", "the static memory plan");
 
   for (size_t s = 0; s < plan.num_steps(); ++s) {
     const int32_t i = plan.order[s];
@@ -196,7 +334,14 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
       if (plan.groups[g].root != v) continue;  // a view: a member of its input's group
       if (!arena.offset.empty() && arena.planned(static_cast<int32_t>(g))) continue;  // in it
       storage[g] = ledger.Allocate(plan.groups[g].bytes, kRun);
+      ledger.Made(storage[g], program, i, v);
       held[g] = 1;
+    }
+    if (ledger.explaining()) {  // the instruction reads its inputs after its outputs exist
+      for (ValueId in : program.instructions()[static_cast<size_t>(i)].inputs) {
+        ledger.ReadBy(storage[static_cast<size_t>(plan.group_of[static_cast<size_t>(in)])], program,
+                      i);
+      }
     }
     if (ledger.frees() == ReplayFrees::kAtRunEnd) continue;  // all of them below, at the end
     for (int32_t g : plan.FreeList(static_cast<int32_t>(s))) {
@@ -226,7 +371,11 @@ void SymbolicGradients::AddFrom(SymbolicScope& scope, const std::string& name) {
   if (!scope.Has(name)) return;
   const MemoryLedger::Id id = scope.Take(name, MemoryUse::kWorking);
   // The first gradient is kept; a later one is added into it and freed.
-  if (!grads_.Has(name)) grads_.Set(name, id);
+  if (!grads_.Has(name)) {
+    grads_.Set(name, id);
+  } else if (grads_.ledger().explaining()) {
+    grads_.ledger().ReadBy(id, "added into the accumulated " + name);
+  }
   grads_.ledger().Release(id, MemoryUse::kWorking);
 }
 
@@ -235,6 +384,7 @@ void SymbolicGradients::AddFrom(SymbolicScope& scope, const std::string& name) {
 namespace {
 
 int64_t F32Bytes(const Shape& shape) { return shape.numel() * static_cast<int64_t>(sizeof(float)); }
+std::string F32Type(const Shape& shape) { return "f32" + shape.ToString(); }
 
 }  // namespace
 
@@ -243,12 +393,14 @@ StageReplay::StageReplay(const StageProgram& program, MemoryLedger& ledger)
   // InitParams, then InitOptimizerState, in the order StageProgram allocates them.
   for (const ParamSpec& p : program.params()) {
     const MemoryLedger::Id id = ledger.Allocate(F32Bytes(p.shape), MemoryUse::kParameters);
+    ledger.Made(id, p.name, F32Type(p.shape), "initialisation");
     state_.Set(p.name, id, MemoryUse::kParameters);
     ledger.Release(id, MemoryUse::kParameters);
   }
   for (const ParamSpec& p : program.params()) {
     for (const std::string& s : OptimizerStateNames(p, program.config().optimizer)) {
       const MemoryLedger::Id id = ledger.Allocate(F32Bytes(p.shape), MemoryUse::kOptimizerState);
+      ledger.Made(id, s, F32Type(p.shape), "initialisation");
       state_.Set(s, id, MemoryUse::kOptimizerState);
       ledger.Release(id, MemoryUse::kOptimizerState);
     }
@@ -273,6 +425,9 @@ void StageReplay::ReceiveTiedShares(SymbolicGradients& grads) const {
     auto spec = std::find_if(program_.params().begin(), program_.params().end(),
                              [&](const ParamSpec& p) { return p.name == share.param; });
     const MemoryLedger::Id id = ledger.Allocate(F32Bytes(spec->shape), MemoryUse::kMessages);
+    ledger.Made(id, share.grad, F32Type(spec->shape), "received from the stages sharing it");
+    ledger.Note(id, MemoryUse::kMessages, LiveReason::kMessage,
+                "the share of tied " + share.param + " accumulated elsewhere");
     grads.scope().Set(share.grad, id);
     ledger.Release(id, MemoryUse::kMessages);
   }
@@ -332,6 +487,7 @@ void StageReplay::Update(SymbolicGradients& grads) {
   grads.scope().Clear();
   for (const char* scalar : {"lr", "step"}) {
     const MemoryLedger::Id id = ledger.Allocate(sizeof(float), MemoryUse::kWorking);
+    ledger.Made(id, scalar, "f32[]", "the optimizer's step");
     state_.Set(scalar, id, MemoryUse::kWorking);
     ledger.Release(id, MemoryUse::kWorking);
   }
@@ -365,16 +521,12 @@ double EstimateWork(const Program& program) {
 
 // ---- the single stage ----
 
-StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& config) {
-  TrainConfig replayed = config;  // what the forecast is exact for (see the top of the header)
-  replayed.gc = GcMode::kSync;
-  replayed.mode = RunMode::kTrace;
-  CachingAllocator unused;  // a plan-only program allocates nothing
-  const StageProgram program({{.model = model}}, replayed,
-                             {.allocator = &unused,
-                              .recompute = RecomputeForStage(config, /*stage=*/0, /*stages=*/1),
-                              .plan_only = true});
-  MemoryLedger ledger(ReplayFreesFor(config));
+namespace {
+
+// One step of SingleStageEngine on `ledger`: its micro-batches' forward and backward, then the
+// optimizer.
+StageMemoryForecast ReplaySingleStage(const StageProgram& program, const TrainConfig& config,
+                                      MemoryLedger& ledger) {
   StageReplay stage(program, ledger);
   StageMemoryForecast out;
   out.persistent_bytes = ledger.allocated();
@@ -383,6 +535,7 @@ StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& c
   const Chunk& ch = program.chunk(0);
   for (int64_t k = 0; k < config.microbatches; ++k) {
     SymbolicScope scope(ledger, MemoryUse::kActivations);
+    scope.HoldFor(static_cast<int>(k));
     for (ValueId v : ch.model.forward.inputs()) {  // the batch: another allocator's
       scope.Set(ch.model.forward.value(v).name, MemoryLedger::kExternal);
     }
@@ -399,6 +552,28 @@ StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& c
   out.at_peak = ledger.at_peak();
   out.peak_phase = ledger.peak_phase();
   out.peak_instruction = ledger.peak_instruction();
+  out.live_at_peak = ledger.LiveAtPeak();
+  return out;
+}
+
+}  // namespace
+
+StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& config,
+                                        bool explain) {
+  TrainConfig replayed = config;  // what the forecast is exact for (see the top of the header)
+  replayed.gc = GcMode::kSync;
+  replayed.mode = RunMode::kTrace;
+  CachingAllocator unused;  // a plan-only program allocates nothing
+  const StageProgram program({{.model = model}}, replayed,
+                             {.allocator = &unused,
+                              .recompute = RecomputeForStage(config, /*stage=*/0, /*stages=*/1),
+                              .plan_only = true});
+  MemoryLedger ledger(ReplayFreesFor(config));
+  StageMemoryForecast out = ReplaySingleStage(program, config, ledger);
+  if (!explain) return out;
+  MemoryLedger again(ReplayFreesFor(config));  // the same replay, listing what the peak holds
+  again.ExplainAt(out.peak_allocated_bytes);
+  out.live_at_peak = ReplaySingleStage(program, config, again).live_at_peak;
   return out;
 }
 

@@ -29,6 +29,12 @@
 // end for --gc none (exact in trace mode) and as the upper bound of --gc async and --mode
 // parallel, whose frees thread timing decides but which drain before a run returns.
 //
+// Explaining the peak (`sluice plan --explain`): a replay found its peak; the same replay run again
+// on a ledger told that peak (ExplainAt) records where each storage came from, captures every
+// live storage the first time the bytes reach it (after ResetPeak: the moment at_peak describes)
+// and, replaying on, the next instruction or send that reads each one. The captured bytes add up
+// to the peak exactly. Without ExplainAt nothing of this is recorded.
+//
 // Thread-safety: none; one thread replays. Failure: ReplayRun throws ProgramError when a value the
 // program reads is not bound, like Executable::Run.
 //
@@ -79,6 +85,44 @@ struct MemoryBreakdown {
   int64_t total() const;
 };
 
+// Why a tensor is alive at the peak (LiveTensor::reason).
+enum class LiveReason : uint8_t {
+  kParameter,
+  kOptimizerState,
+  kGradient,
+  kSavedForBackward,  // by the micro-batch (and chunk) named
+  kInFlight,          // a send made and not yet complete
+  kMessage,           // received, or an output or gradient awaiting its send
+  kWorking,           // the run in progress (or the optimizer's scalars)
+};
+inline constexpr EnumEntry<LiveReason> kLiveReasonNames[] = {
+    {LiveReason::kParameter, "parameter"}, {LiveReason::kOptimizerState, "optimizer state"},
+    {LiveReason::kGradient, "gradient"},   {LiveReason::kSavedForBackward, "saved for backward"},
+    {LiveReason::kInFlight, "in flight"},  {LiveReason::kMessage, "message"},
+    {LiveReason::kWorking, "working"},
+};
+static_assert(IsCompleteEnumTable(kLiveReasonNames));
+std::string_view Name(LiveReason reason);
+
+// One storage live at a stage's peak (--explain).
+struct LiveTensor {
+  std::string name;   // the value that made it ("h", "blocks.0.w", "x" of a receive)
+  std::string type;   // "f32[4, 64, 128]"; "" for an arena or a scalar of the runtime
+  int64_t bytes = 0;  // what the allocator holds for it
+  MemoryUse use = MemoryUse::kWorking;  // what it counts as in MemoryBreakdown
+  LiveReason reason = LiveReason::kWorking;
+  std::string detail;        // of the reason: "SEND_F to stage 1", "received from stage 0", ""
+  int micro_batch = -1;      // the micro-batch it belongs to, where it belongs to one
+  int chunk = -1;            // and the chunk, on a rank of several
+  std::string made_by;       // "gpt.forward: %h = linear(%x, %w)", "initialisation", "RECV_F"
+  std::string made_in;       // the phase: "F of micro-batch 2 (action 5 of 16)"
+  std::string next_reader;   // the next instruction or send reading it; "" when none does
+  std::string next_read_in;  // its phase, or "freed in <phase>" / "" when nothing reads it again
+  // "saved for backward of micro-batch 2", "in flight: SEND_F to stage 1 (micro-batch 2)",
+  // "parameter".
+  std::string Why() const;
+};
+
 // When a replayed run (ReplayRun) releases what it no longer reads.
 enum class ReplayFrees : uint8_t {
   kAtLastUse,  // after each step, its free list: the interpreter's trace mode with sync GC
@@ -113,6 +157,25 @@ class MemoryLedger {
   // Restarts the peak from the current bytes (an engine's step start).
   void ResetPeak();
 
+  // --explain (see the top of this file): `peak` is what this same replay peaked at since
+  // ResetPeak. Call before the first Allocate.
+  void ExplainAt(int64_t peak);
+  bool explaining() const { return explain_at_ >= 0; }
+  // What a storage is, when explaining (no-ops otherwise and on kExternal): made by instruction
+  // `instruction` of `program` as value `value`, or named outright.
+  void Made(Id id, const Program& program, int32_t instruction, ValueId value);
+  void Made(Id id, std::string name, std::string type, std::string made_by);
+  // Why `use` holds `id` (its reason when that use is what the storage counts as).
+  void Note(Id id, MemoryUse use, LiveReason reason, std::string detail = {}, int micro_batch = -1,
+            int chunk = -1);
+  // `id` is read now by `reader` ("SEND_F to stage 1"): its next reader if it was live at the
+  // peak and nothing read it since. ReadBy(..., program, instruction) formats only then.
+  void ReadBy(Id id, std::string_view reader);
+  void ReadBy(Id id, const Program& program, int32_t instruction);
+  // The storages live at the peak, largest first (ties: allocation order); empty unless
+  // explaining. Their bytes add up to peak(); throws Internal when the peak was not reached.
+  std::vector<LiveTensor> LiveAtPeak();
+
   // Where the step is, for the peak's report: the action ("B of micro-batch 3, chunk 0") and,
   // set by ReplayRun, the instruction whose outputs were being allocated.
   void SetPhase(std::string phase) { phase_ = std::move(phase); }
@@ -142,8 +205,32 @@ class MemoryLedger {
   // walk over the live storages at every new peak made a replay quadratic in its storages).
   void Snapshot();
 
+  // Explaining: where each storage came from and why each use holds it.
+  struct Origin {
+    const Program* program = nullptr;  // made by a run: its instruction and value
+    int32_t instruction = -1;
+    ValueId value = -1;
+    std::string name, type, made_by, made_in;
+    struct Why {
+      LiveReason reason;
+      std::string detail;
+      int micro_batch = -1, chunk = -1;
+      bool set = false;
+    };
+    std::array<Why, kNumMemoryUses> why{};
+  };
+  // Takes the capture the peak asked for (capture_pending_): called before anything changes.
+  void FlushCapture();
+  Origin* OriginOf(Id id);
+
   ReplayFrees frees_;
   std::vector<Storage> storages_;  // by id; never reused
+  int64_t explain_at_ = -1;        // the peak to explain; -1: not explaining
+  bool armed_ = false;             // ResetPeak was called: the next reach of explain_at_ counts
+  bool captured_ = false, capture_pending_ = false;
+  std::vector<Origin> origins_;                     // by id, when explaining
+  std::vector<LiveTensor> live_;                    // captured at the peak
+  std::unordered_map<Id, size_t> awaiting_reader_;  // captured storages not yet read: → live_
   int64_t allocated_ = 0, peak_ = 0;
   MemoryBreakdown now_;  // the allocated bytes by use, now
   MemoryBreakdown at_peak_;
@@ -161,6 +248,13 @@ class SymbolicScope {
   ~SymbolicScope() { Clear(); }
   SymbolicScope(const SymbolicScope&) = delete;
   SymbolicScope& operator=(const SymbolicScope&) = delete;
+
+  // The scope of micro-batch `micro_batch` (of chunk `chunk`): what it holds as activations is
+  // saved for that micro-batch's backward (LiveReason::kSavedForBackward, when explaining).
+  void HoldFor(int micro_batch, int chunk = -1) {
+    micro_batch_ = micro_batch;
+    chunk_ = chunk;
+  }
 
   // Binds `name` (retaining `id`), replacing and releasing a previous binding.
   void Set(const std::string& name, MemoryLedger::Id id);
@@ -182,6 +276,7 @@ class SymbolicScope {
   };
   MemoryLedger& ledger_;
   MemoryUse use_;
+  int micro_batch_ = -1, chunk_ = -1;
   std::unordered_map<std::string, Entry> entries_;
 };
 
@@ -246,10 +341,15 @@ struct StageMemoryForecast {
   std::string peak_instruction;  // and the instruction being run ("" between runs)
   int64_t persistent_bytes = 0;  // parameters and optimizer state: held between steps
   double work = 0;               // EstimateWork of the step's F, B and W runs
+  // Explained forecasts only: every tensor live at the peak, largest first; their bytes add up to
+  // peak_allocated_bytes and, by use, to at_peak.
+  std::vector<LiveTensor> live_at_peak;
 };
 
 // The forecast of SingleStageEngine (train/single_stage.h) for `config` on `model`, with the
-// frees of its --gc and --mode (ReplayFreesFor).
-StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& config);
+// frees of its --gc and --mode (ReplayFreesFor). `explain`: replays once more to list the tensors
+// live at the peak (live_at_peak).
+StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& config,
+                                        bool explain = false);
 
 }  // namespace sluice

@@ -316,6 +316,8 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
     const bool donated = donate.contains(name);
     storage[g] = donated ? scope.Take(name, kRun) : scope.Get(name);
     if (!donated) ledger.Retain(storage[g], kRun);
+    if (donated)
+      ledger.Note(storage[g], kRun, LiveReason::kWorking, "donated to " + program.name());
     held[g] = 1;
   };
   for (ValueId v : program.inputs()) bind(v);

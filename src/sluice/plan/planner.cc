@@ -63,10 +63,6 @@ PlanChoice PlanKind(const PlanRequest& r, const Job& job, pipeline::ScheduleKind
   return choice;
 }
 
-}  // namespace
-
-namespace {
-
 // Lists the tensors live at each stage's peak of `choice` (its policies and schedule).
 void Explain(const PlanRequest& r, const Job& job, PlanChoice& choice) {
   TrainConfig config = r.config;

@@ -114,7 +114,7 @@ struct LiveTensor {
   std::string detail;        // of the reason: "SEND_F to stage 1", "received from stage 0", ""
   int micro_batch = -1;      // the micro-batch it belongs to, where it belongs to one
   int chunk = -1;            // and the chunk, on a rank of several
-  std::string made_by;       // "gpt.forward: %h = linear(%x, %w)", "initialisation", "RECV_F"
+  std::string made_by;       // "gpt: %h = linear(%x, %w)", "initialisation", "RECV_F from stage 0"
   std::string made_in;       // the phase: "F of micro-batch 2 (action 5 of 16)"
   std::string next_reader;   // the next instruction or send reading it; "" when none does
   std::string next_read_in;  // its phase, or "freed in <phase>" / "" when nothing reads it again

@@ -60,8 +60,9 @@ TEST(StageProgram, RecomputePoliciesKeepFewerBytes) {
   EXPECT_LT(cheap.saved_bytes, none.saved_bytes);
   EXPECT_LT(selective.saved_bytes, cheap.saved_bytes);
   EXPECT_LT(full.saved_bytes, selective.saved_bytes);
-  // full keeps the block inputs and the program's inputs, nothing else.
-  ASSERT_EQ(full.model.block_inputs.size(), 3u);
+  // full keeps the unit inputs (each block's and the head's) and the program's inputs, nothing
+  // else.
+  ASSERT_EQ(full.model.block_inputs.size(), 4u);
   for (const std::string& name : full.saved) {
     const bool block_input =
         std::find(full.model.block_inputs.begin(), full.model.block_inputs.end(), name) !=

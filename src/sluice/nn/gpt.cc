@@ -175,6 +175,9 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     b.Output(b.Name(x, "y"));
     return m.Finish("");
   }
+  // The head is a unit as a block is: full recompute keeps its input too, so that the head's
+  // backward recomputes ln_f and the logits only, not the last block before it.
+  m.MarkBlockInput(x.name());
   m.SetNextInitIndex(kEmbedParams + kBlockParams * c.layers);
   Var logits, loss;
   {

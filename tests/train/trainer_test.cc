@@ -284,6 +284,9 @@ TEST(Trainer, MetricsHaveStepEvalAndSummaryLines) {
       ++summaries;
       EXPECT_EQ(j["steps"], 6);
       EXPECT_GT(j["peak_allocated_bytes"].get<int64_t>(), 0);
+      // What the machine saw: the process's resident peak holds at least the tensors (Linux
+      // reports VmHWM).
+      EXPECT_GE(j["peak_resident_bytes"].get<int64_t>(), j["peak_reserved_bytes"].get<int64_t>());
     } else if (j.contains("val_loss")) {
       ++evals;
       EXPECT_TRUE(j.contains("accuracy"));

@@ -35,6 +35,7 @@ SystemMemory ReadSystemMemory() {
     m.address_limit_bytes = static_cast<int64_t>(limit.rlim_cur);
   }
   m.address_used_bytes = std::max<int64_t>(0, ReadKilobytes("/proc/self/status", "VmSize"));
+  m.peak_resident_bytes = ReadKilobytes("/proc/self/status", "VmHWM");
   return m;
 }
 

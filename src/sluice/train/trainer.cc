@@ -10,6 +10,7 @@
 
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
+#include "sluice/core/system_memory.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/metrics.h"
 #include "sluice/kernels/blas.h"
@@ -330,6 +331,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   s.tokens_per_s = impl.wall_s > 0 ? static_cast<double>(impl.tokens) / impl.wall_s : 0;
   s.peak_allocated_bytes = impl.peak_allocated;
   s.peak_reserved_bytes = impl.peak_reserved;
+  s.peak_resident_bytes = ReadSystemMemory().peak_resident_bytes;
   s.params = CountParams(impl.model.params);
   s.skipped = impl.skipped;
   nlohmann::json summary = {{"summary", true},
@@ -340,6 +342,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"tokens_per_s", s.tokens_per_s},
                             {"peak_allocated_bytes", s.peak_allocated_bytes},
                             {"peak_reserved_bytes", s.peak_reserved_bytes},
+                            {"peak_resident_bytes", s.peak_resident_bytes},
                             {"params", s.params},
                             {"skipped", s.skipped},
                             {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},

@@ -79,6 +79,9 @@ struct TrainSummary {
   double tokens_per_s = 0;
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
+  // The process's peak resident set at the end (VmHWM: tensors, code, libraries, thread stacks,
+  // allocator caches of every stage in this process); -1 where /proc does not say.
+  int64_t peak_resident_bytes = -1;
   int64_t params = 0;
   int64_t skipped = 0;  // steps whose update was withheld (StepRecord::skipped)
   // Run stopped early at this signal's request (0: it ran to config.steps).

@@ -126,14 +126,16 @@ int RunTrain(TrainArgs& a) {
                "sluice: warning: --data sort is the built-in sort task, not the file 'sort' here: "
                "give --data ./sort to train on the file\n");
   }
+  std::vector<StageMemoryForecast> forecast;  // the plan's, when one is made
   if (!a.memory_budget.empty() || a.pipeline_schedule == "auto") {
     const PlanChoice choice = ChoosePlan(MakePlanRequest(a));
     if (!a.quiet) fmt::print(stderr, "{}", DescribePlan(choice, a));
     c.recompute = choice.plan.Policies();
     c.memory_budget = choice.budget;
     a.pipe.schedule = choice.schedule;
+    for (const StagePlan& p : choice.plan.stages) forecast.push_back(p.forecast);
   }
-  CheckMemoryFits(a);  // before anything is allocated
+  CheckMemoryFits(a, std::move(forecast));  // before anything is allocated
   EngineFactory engine;
   if (a.pipeline) engine = pipeline::PipelineEngineFactory(a.pipe);
   // From here a first SIGINT or SIGTERM stops training after the current step, with a checkpoint.

@@ -482,20 +482,21 @@ PlanRequest MakePlanRequest(const TrainArgs& a) {
   return r;
 }
 
-void CheckMemoryFits(const TrainArgs& a) {
+void CheckMemoryFits(const TrainArgs& a, std::vector<StageMemoryForecast> stages) {
   if (a.no_memory_check) return;
   const SystemMemory system = ReadSystemMemory();
   const int64_t address_left = system.AddressLeft();
   if (system.available_bytes < 0 && address_left < 0) return;  // nothing known to compare with
   const TrainConfig& c = a.config;
-  std::vector<StageMemoryForecast> stages;
-  try {
-    const Job job = MakeJob(c);
-    stages = ForecastJob(MakePlanRequest(a), job, c, a.pipe.schedule);
-  } catch (const Error&) {
-    // A job that cannot be forecast cannot be built either: the trainer's error, which names the
-    // option in the words of the engine (`--stages must be at least 1`), comes next.
-    return;
+  if (stages.empty()) {
+    try {
+      const Job job = MakeJob(c);
+      stages = ForecastJob(MakePlanRequest(a), job, c, a.pipe.schedule);
+    } catch (const Error&) {
+      // A job that cannot be forecast cannot be built either: the trainer's error, which names
+      // the option in the words of the engine (`--stages must be at least 1`), comes next.
+      return;
+    }
   }
   // Stages as threads share this process; under --comm mpi it runs one of them (the largest, at
   // worst).

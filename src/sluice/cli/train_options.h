@@ -104,6 +104,8 @@ std::string DescribeLiveAtPeak(const PlanChoice& choice);
 // system_memory.h). Throws ResourceError when the peak exceeds either — a run certain to fail in
 // the allocator, perhaps after minutes — naming the sizes and the options that make most of it.
 // Call after Configure, with a.config's recompute policies and a.pipe's schedule final.
-void CheckMemoryFits(const TrainArgs& a);
+// `forecast`: the job's per-stage forecasts when already made (the plan of --memory-budget or
+// --schedule auto); empty: made here.
+void CheckMemoryFits(const TrainArgs& a, std::vector<StageMemoryForecast> forecast = {});
 
 }  // namespace sluice::cli

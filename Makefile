@@ -4,6 +4,7 @@
 #   make test       build (RelWithDebInfo) and run the whole CTest suite
 #   make test-tsan  the suite under ThreadSanitizer
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-cluster  only the tests across emulated hosts (tests/cluster/, needs root; docs/mpi.md)
 #   make bench      build and run the benchmarks, JSON results in build/bench-results/
 #   make fuzz       build the libFuzzer targets with clang and fuzz each briefly (FUZZ_SECONDS each,
 #                   default 30): the program parser, the checkpoint readers, the --layout parser,
@@ -14,7 +15,7 @@ JOBS ?= $(shell nproc)
 CMAKE_GEN := -G Ninja
 CTEST := ctest --output-on-failure -j$(JOBS)
 
-.PHONY: all deps build run test test-tsan test-asan bench fuzz format check-format clean
+.PHONY: all deps build run test test-cluster test-tsan test-asan bench fuzz format check-format clean
 
 all: build
 
@@ -37,6 +38,9 @@ run: build
 
 test: build
 	cd build && $(CTEST)
+
+test-cluster: build
+	cd build && $(CTEST) -L cluster
 
 build-tsan/build.ninja: | deps
 	cmake -S . -B build-tsan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=thread -DSLUICE_BUILD_BENCHMARKS=OFF

@@ -27,6 +27,9 @@
 
 namespace sluice::cli {
 
+// What `sluice --version` prints; the ranks of an MPI job check that they all run it.
+inline constexpr const char* kSluiceVersion = "sluice 0.1.0";
+
 using CommandRunner = std::function<int()>;
 using CommandSetup = CommandRunner (*)(CLI::App& sub);
 

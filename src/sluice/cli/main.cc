@@ -34,7 +34,7 @@ std::string ForTerminal(std::string_view message) {
 
 int main(int argc, char** argv) {
   CLI::App app{"sluice: train neural networks with as little memory as the work allows"};
-  app.set_version_flag("--version", "sluice 0.1.0");
+  app.set_version_flag("--version", sluice::cli::kSluiceVersion);
   app.require_subcommand(1);
   sluice::cli::RegisterCommands(app);
   try {

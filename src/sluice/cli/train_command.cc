@@ -25,6 +25,7 @@
 #include "sluice/comm/mpi.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
+#include "sluice/pipeline/mpi_launch.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/plan/planner.h"
 #include "sluice/step/config_checks.h"
@@ -101,11 +102,16 @@ int RunTrain(TrainArgs& a);
 
 // `--comm mpi`: one rank per process under mpirun. World rank w runs stage w mod P of replica
 // w div P. Any error on any rank ends the whole job (MPI_Abort) with the rank and the message.
-int RunTrainMpi(TrainArgs& a) {
+int RunTrainMpi(TrainArgs& a, const pipeline::LaunchSettings& launch) {
   MpiWorld mpi(MpiWorldOptions{.timeout = a.pipe.timeout});
   MpiCommunicator& world = mpi.world();
   try {
+    pipeline::CheckSameLaunch(world, launch);  // before anything else can differ
     pipeline::MpiJob job(world, a.pipe.stages, a.data_parallel);
+    // Every rank says where it runs and how it reaches its peers (one write: lines never mix).
+    const std::string placement = pipeline::DescribeRankPlacement(
+        mpi.hosts(), world.rank(), a.pipe.stages, a.data_parallel, MpiWorld::TransportSettings());
+    fmt::print(stderr, "{}\n", placement);
     a.pipe.distributed = job.distributed();
     a.quiet = a.quiet || world.rank() != 0;  // the leader reports for everyone
     return RunTrain(a);
@@ -221,10 +227,19 @@ int RunTrain(TrainArgs& a) {
 
 CommandRunner SetupTrainCommand(CLI::App& sub) {
   TrainOptions options = AddTrainOptions(sub, TrainCommand::kTrain);
-  return [options] {
+  return [options, &sub] {
     options.finish();
     TrainArgs* a = options.args.get();
-    if (a->comm == "mpi") return RunTrainMpi(*a);
+    if (a->comm == "mpi") {
+      // What each rank was started with, compared across the ranks: the version, then every
+      // option as given ("" where not given).
+      pipeline::LaunchSettings launch = {{"version", kSluiceVersion}};
+      for (const CLI::Option* o : sub.get_options()) {
+        if (o->get_name().empty() || o->get_name() == "--help") continue;
+        launch.emplace_back(o->get_name(), fmt::format("{}", fmt::join(o->results(), " ")));
+      }
+      return RunTrainMpi(*a, launch);
+    }
     if (a->comm != "local")
       throw InvalidArgument(fmt::format("--comm must be local or mpi, not '{}'", a->comm));
     if (a->data_parallel != 1) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sluice/comm/rank_order_sum.h"
 #include "sluice/core/mutex.h"
@@ -37,6 +38,9 @@ std::atomic<bool> g_serialize{false};
 // than fields, and is taken only when g_serialize is set — a conditional lock around code, which
 // the analysis has nothing to check on. MpiCall is its only user.
 std::mutex g_mpi_mu;
+// Every world rank's host (MPI_Get_processor_name), gathered once by MpiWorld's constructor before
+// any communicator exists and read-only after: messages name a peer's host with it.
+std::vector<std::string> g_world_hosts;
 
 // Holds the process-wide MPI mutex for one MPI call when calls must be serialized.
 class MpiCall {
@@ -185,20 +189,22 @@ enum class Phase { kPending, kCompleted, kFailed };
 // One send or receive (see mpi.h for the three MPI operations it is made of).
 class P2POp final : public InFlight {
  public:
-  P2POp(bool is_send, int rank, int peer, int tag, DType dtype, const Shape& shape, Tensor tensor)
+  P2POp(bool is_send, int rank, int peer, std::string peer_name, int tag, DType dtype,
+        const Shape& shape, Tensor tensor)
       : is_send(is_send),
         rank(rank),
         peer(peer),
+        peer_name(std::move(peer_name)),
         tag(tag),
         dtype(dtype),
         shape(shape),
         tensor(std::move(tensor)),
         mine(Encode(dtype, shape)) {}
 
-  // "rank 0: send f32[2, 3] to rank 1 (tag 5)".
+  // "rank 0: send f32[2, 3] to rank 1 (world rank 3 on host node3) (tag 5)".
   std::string Describe() const {
-    return fmt::format("rank {}: {} {} {} rank {} (tag {})", rank, is_send ? "send" : "receive",
-                       DescribeTensor(dtype, shape), is_send ? "to" : "from", peer, tag);
+    return fmt::format("rank {}: {} {} {} {} (tag {})", rank, is_send ? "send" : "receive",
+                       DescribeTensor(dtype, shape), is_send ? "to" : "from", peer_name, tag);
   }
 
   bool Progress() override {
@@ -230,6 +236,7 @@ class P2POp final : public InFlight {
   const bool is_send;
   const int rank;
   const int peer;
+  const std::string peer_name;  // MpiCommShared::Who(peer)
   const int tag;
   const DType dtype;
   const Shape shape;
@@ -301,6 +308,29 @@ struct MpiCommShared {
     }
     MPI_Comm_rank(data, &rank);
     MPI_Comm_size(data, &size);
+    // Each member's world rank, for messages (Who).
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(data, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> members(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) members[r] = r;
+    world_ranks.resize(members.size());
+    MPI_Group_translate_ranks(group, size, members.data(), world, world_ranks.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+  }
+
+  // Rank r of this communicator as a message names it: "rank 1 (world rank 3 on host node3)",
+  // or "rank 3 (host node3)" on the world.
+  std::string Who(int r) const {
+    if (r < 0 || r >= size) return fmt::format("rank {}", r);
+    const int w = world_ranks[r];
+    const std::string host =
+        w >= 0 && static_cast<size_t>(w) < g_world_hosts.size() ? g_world_hosts[w] : "";
+    if (w == r)
+      return host.empty() ? fmt::format("rank {}", r) : fmt::format("rank {} (host {})", r, host);
+    return host.empty() ? fmt::format("rank {} (world rank {})", r, w)
+                        : fmt::format("rank {} (world rank {} on host {})", r, w, host);
   }
 
   ~MpiCommShared() {
@@ -354,14 +384,23 @@ struct MpiCommShared {
     abort_reason = reason;
   }
 
+  // Every rank but this one, as Who names them.
+  std::string Others() const {
+    std::vector<std::string> others;
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) others.push_back(Who(r));
+    }
+    return others.empty() ? "none" : fmt::format("{}", fmt::join(others, ", "));
+  }
+
   // Runs `op` (already started) to completion, or throws CommTimeout after aborting locally.
   void WaitCollective(const std::shared_ptr<CollectiveOp>& op, const std::string& what,
                       Clock::time_point deadline, milliseconds timeout) {
     if (!PollUntil(deadline, [&] { return op->Progress(); })) {
       const std::string message = fmt::format(
           "rank {}: {} timed out after {} ms: not every one of the {} ranks of the communicator "
-          "has entered it",
-          rank, what, timeout.count(), size);
+          "has entered it (its other ranks: {})",
+          rank, what, timeout.count(), size, Others());
       Adopt(op);
       AbortLocally(message);
       throw CommTimeout(message);
@@ -406,6 +445,7 @@ struct MpiCommShared {
   MPI_Comm recv_headers = MPI_COMM_NULL;  // a receive's header, to the sender
   int rank = 0;
   int size = 0;
+  std::vector<int> world_ranks;  // by rank of this communicator; set at construction
   const milliseconds timeout;
 
   Mutex mu;
@@ -547,15 +587,17 @@ Request MpiCommunicator::DoIsend(const Tensor& tensor, int peer, int tag) {
     Allocator* own = tensor.storage()->allocator();
     source = tensor.Contiguous(own != nullptr ? *own : DefaultAllocator());
   }
-  return Start(shared_, std::make_shared<P2POp>(/*is_send=*/true, shared_->rank, peer, tag,
-                                                tensor.dtype(), tensor.shape(), std::move(source)));
+  return Start(shared_,
+               std::make_shared<P2POp>(/*is_send=*/true, shared_->rank, peer, shared_->Who(peer),
+                                       tag, tensor.dtype(), tensor.shape(), std::move(source)));
 }
 
 Request MpiCommunicator::DoIrecv(int peer, int tag, DType dtype, const Shape& shape,
                                  Allocator& allocator) {
   shared_->Sweep();
-  return Start(shared_, std::make_shared<P2POp>(/*is_send=*/false, shared_->rank, peer, tag, dtype,
-                                                shape, Tensor::Empty(shape, dtype, allocator)));
+  return Start(shared_,
+               std::make_shared<P2POp>(/*is_send=*/false, shared_->rank, peer, shared_->Who(peer),
+                                       tag, dtype, shape, Tensor::Empty(shape, dtype, allocator)));
 }
 
 void MpiCommunicator::DoBarrier(milliseconds timeout) {
@@ -633,6 +675,21 @@ MpiWorld::MpiWorld(MpiWorldOptions options) {
     initialized_here_ = true;
   }
   g_serialize.store(provided < MPI_THREAD_MULTIPLE);
+  {
+    // Every rank's host, once (a blocking gather at start, as MPI_Init_thread itself is).
+    int size = 0, length = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::vector<char> name(MPI_MAX_PROCESSOR_NAME, '\0');
+    if (MPI_Get_processor_name(name.data(), &length) != MPI_SUCCESS) name.assign(name.size(), '\0');
+    name.back() = '\0';
+    std::vector<char> all(name.size() * static_cast<size_t>(size), '\0');
+    Check(MPI_Allgather(name.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(),
+                        MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD),
+          "MpiWorld: gathering the host names");
+    g_world_hosts.clear();
+    for (int r = 0; r < size; ++r)
+      g_world_hosts.emplace_back(all.data() + r * MPI_MAX_PROCESSOR_NAME);
+  }
   world_.reset(new MpiCommunicator(
       std::make_shared<MpiCommShared>(MPI_COMM_WORLD, std::min(options.timeout, kMaxTimeout))));
 }
@@ -641,6 +698,41 @@ MpiWorld::~MpiWorld() {
   world_.reset();
   if (initialized_here_ && !MpiFinalized()) MPI_Finalize();
 }
+
+MpiTransportSettings MpiWorld::TransportSettings() {
+  MpiCall call;
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return {};
+  auto read = [](const char* name) -> std::string {
+    int index = 0;
+    if (MPI_T_cvar_get_index(name, &index) != MPI_SUCCESS) return "";
+    char cvar_name[256], description[1024];
+    int name_len = sizeof cvar_name, desc_len = sizeof description, verbosity = 0, bind = 0,
+        scope = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_T_enum enumtype = MPI_T_ENUM_NULL;
+    if (MPI_T_cvar_get_info(index, cvar_name, &name_len, &verbosity, &type, &enumtype, description,
+                            &desc_len, &bind, &scope) != MPI_SUCCESS ||
+        type != MPI_CHAR) {
+      return "";
+    }
+    MPI_T_cvar_handle handle = MPI_T_CVAR_HANDLE_NULL;
+    int count = 0;
+    if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) != MPI_SUCCESS) return "";
+    std::string value(static_cast<size_t>(std::max(count, 0)) + 1, '\0');
+    const bool ok = MPI_T_cvar_read(handle, value.data()) == MPI_SUCCESS;
+    MPI_T_cvar_handle_free(&handle);
+    if (!ok) return "";
+    value.resize(std::strlen(value.c_str()));
+    return value;
+  };
+  MpiTransportSettings settings{
+      .pml = read("pml"), .btl = read("btl"), .tcp_interfaces = read("btl_tcp_if_include")};
+  MPI_T_finalize();
+  return settings;
+}
+
+const std::vector<std::string>& MpiWorld::hosts() const { return g_world_hosts; }
 
 bool MpiWorld::LaunchedByMpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;

@@ -89,13 +89,23 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "sluice/comm/communicator.h"
 
 namespace sluice {
 
 struct MpiCommShared;  // mpi.cc: the state a communicator shares with its Requests
+
+// How the MPI library was told to move messages: Open MPI's MCA variables pml (the messaging
+// layer), btl (its byte transports, e.g. "self,tcp") and btl_tcp_if_include (the networks TCP may
+// use), read through the MPI tool interface (MPI_T). A value is empty where unset (the library then
+// chooses) or where the library has no such variable (another MPI).
+struct MpiTransportSettings {
+  std::string pml, btl, tcp_interfaces;
+};
 
 struct MpiWorldOptions {
   // Default timeout of Request::Wait(), Barrier() and AllReduceSum() on every communicator.
@@ -148,6 +158,13 @@ class MpiWorld {
   // True when this process was started by mpirun/mpiexec (OpenMPI's OMPI_COMM_WORLD_SIZE or the
   // PMI_SIZE of MPICH and Slurm is set). Needs no MPI call; usable before constructing MpiWorld.
   static bool LaunchedByMpirun();
+
+  // Every world rank's host (MPI_Get_processor_name), by rank: gathered once at construction.
+  // Messages of every communicator name a peer's world rank and host with it.
+  const std::vector<std::string>& hosts() const;
+
+  // This process's transport settings (MPI_T). Call after construction; never throws.
+  static MpiTransportSettings TransportSettings();
 
   // The communicator over every process of the job (MPI_COMM_WORLD).
   MpiCommunicator& world() { return *world_; }

@@ -13,8 +13,10 @@
 #             (bitwise: only P changes) and as P = 4 × D = 1 on four hosts (the same global batch:
 #             within 1e-6); a checkpoint missing a shard, or holding a shard of another step, is
 #             refused on every rank naming the shard, with nothing written.
-#   badinput  a host that cannot be reached, and --data-parallel not dividing the world: each a
-#             clear error, non-zero exit, nothing written, no process left behind.
+#   badinput  --data-parallel not dividing the world, ranks started with different options, a host
+#             that does not exist: each a clear error, non-zero exit, nothing written, no process
+#             left behind. (A host that exists but cannot be reached is not here: OpenMPI 4.1's
+#             mpirun waits for its daemon for ever; docs/mpi.md says so.)
 # Usage: cluster_test.sh MODE SLUICE. Exits 77 (skipped, with the reason) where the machine allows no
 # network namespaces (not root, no iproute2). Never hangs: every job runs under a time limit.
 set -u
@@ -124,6 +126,9 @@ fault() {
       | grep -E "rank 3|host $(cluster_host 3)" >/dev/null \
       || fail "no rank names host 3 (rank 3) as the peer it waited for"
     ip -n "$(cluster_host 3)" link set eth0 up || fail "cannot bring host 3's link back"
+  else
+    # Its ranks died with their host: mpirun names the host it lost.
+    grep -q "Remote daemon: .* on node $(cluster_host 3)\$" "$dir/out" || fail "mpirun does not name host 3"
   fi
   local step
   step=$(checkpoint_step "$ck") || fail "the last checkpoint has no readable index"
@@ -175,6 +180,7 @@ case "$mode" in
       --steps 4 --resume "$ck" --metrics "$dir/p4.jsonl" || fail "resuming as P=4 x D=1"
     compare "$dir/whole.jsonl" "$dir/p4.jsonl" 1e-6 2
     # A checkpoint missing a shard, and one holding a shard of another step: refused, naming it.
+    mkdir "$dir/later"
     cluster_mpirun 4 "$sluice" train --comm mpi "${dp[@]}" --steps 3 --save "$dir/later/ck.safetensors" \
       --metrics "$dir/later.jsonl" || fail "the run saving step 3"
     mkdir "$dir/missing" "$dir/mixed"
@@ -184,11 +190,14 @@ case "$mode" in
     for bad in missing mixed; do
       before=$(ls "$dir/$bad")
       cluster_mpirun 4 "$sluice" train --comm mpi "${dp[@]}" --steps 4 --resume "$dir/$bad/ck.safetensors" \
-        --save "$dir/$bad/ck.safetensors" --metrics "$dir/$bad/m.jsonl" >"$dir/out" 2>&1 \
+        --save "$dir/$bad/new.safetensors" --metrics "$dir/$bad/m.jsonl" >"$dir/out" 2>&1 \
         && { cat "$dir/out"; fail "resuming from the $bad checkpoint exited 0"; }
       cat "$dir/out"
       grep -q "ck-stage1-of-2.safetensors" "$dir/out" || fail "the $bad shard is not named"
-      [ "$bad" = missing ] || grep -q "another save" "$dir/out" || fail "the shard of step 3 is not called another save's"
+      [ "$bad" = missing ] || grep -q "has step .3. but its index .* has .2.: the shard is from another save" "$dir/out" \
+        || fail "the shard of step 3 is not named as another save's"
+      [ "$bad" = mixed ] || grep -q "is incomplete: its index .* names the shard .*ck-stage1-of-2.safetensors., which does not exist" "$dir/out" \
+        || fail "the missing shard is not named as missing"
       [ "$(ls "$dir/$bad")" = "$before" ] || fail "files written beside the $bad checkpoint: $(ls "$dir/$bad")"
       no_process_left 10
     done
@@ -219,9 +228,6 @@ case "$mode" in
       : -np 1 "$sluice" train --comm mpi "${common[@]}" --stages 3 --steps 7 "${out[@]}"
     expect_error "a host that does not exist" "no emulated host '$CLUSTER-h9'" \
       cluster_launch 2 "$(cluster_host 0):1,$CLUSTER-h9:1" "$sluice" train --comm mpi "${common[@]}" --stages 2 "${out[@]}"
-    ip -n "$(cluster_host 2)" link set eth0 down || fail "cannot take host 2's link down"
-    expect_error "a host that cannot be reached" "ORTE" \
-      cluster_mpirun 3 "$sluice" train --comm mpi "${common[@]}" --stages 3 "${out[@]}"
     ;;
   *) fail "unknown mode '$mode'" ;;
 esac

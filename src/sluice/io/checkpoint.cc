@@ -15,6 +15,8 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -106,6 +108,26 @@ void SaveCheckpointIndex(const std::string& path,
 
 namespace {
 
+// Throws IoError unless the shard's metadata agrees with its index's on every key both have.
+void CheckShardOfThisSave(const std::string& shard,
+                          const std::map<std::string, std::string>& metadata,
+                          const std::map<std::string, std::string>& index_metadata,
+                          const std::string& index_path) {
+  // The step first: a shard of another step is the usual case, and the clearest to name.
+  std::vector<std::pair<std::string, std::string>> keys(index_metadata.begin(),
+                                                        index_metadata.end());
+  std::stable_partition(keys.begin(), keys.end(), [](const auto& k) { return k.first == "step"; });
+  for (const auto& [key, value] : keys) {
+    auto it = metadata.find(key);
+    if (it != metadata.end() && it->second != value) {
+      throw IoError(fmt::format(
+          "checkpoint shard '{}' has {} '{}' but its index '{}' has '{}': the shard is from "
+          "another save",
+          shard, key, it->second, index_path, value));
+    }
+  }
+}
+
 // A sharded checkpoint: the index's metadata, and every shard's tensors merged, each checked to be
 // where the index says.
 Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
@@ -147,19 +169,28 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
     if (!wanted || wanted(name)) files.insert(file.get<std::string>());
   }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  // Every shard the index names must be there and of this save, even those this reader skips:
+  // a rank that reads one shard refuses a checkpoint with another missing or from another step,
+  // as the ranks reading those do, so that no rank of a job starts on it.
+  std::set<std::string> all_files;
+  for (const auto& [name, file] : index["weight_map"].items())
+    all_files.insert(file.get<std::string>());
+  for (const std::string& file : all_files) {
+    const std::string shard = (dir / file).string();
+    if (!std::filesystem::exists(shard)) {
+      throw IoError(fmt::format(
+          "checkpoint '{}' is incomplete: its index '{}' names the shard '{}', which does not "
+          "exist",
+          path, index_path, shard));
+    }
+    if (files.count(file)) continue;  // read in full below, and checked there
+    CheckShardOfThisSave(shard, ReadSafetensorsMetadata(shard), ckpt.metadata, index_path);
+  }
   for (const std::string& file : files) {
     SafetensorsFile f = ReadSafetensors((dir / file).string(), allocator);
     // Every shard of one save carries the index's metadata: a shard left by another save (one
     // rank's part written before another's failed) must not be mixed into this state.
-    for (const auto& [key, value] : ckpt.metadata) {
-      auto it = f.metadata.find(key);
-      if (it != f.metadata.end() && it->second != value) {
-        throw IoError(fmt::format(
-            "checkpoint shard '{}' has {} '{}' but its index '{}' has '{}': the shard is from "
-            "another save",
-            (dir / file).string(), key, it->second, index_path, value));
-      }
-    }
+    CheckShardOfThisSave((dir / file).string(), f.metadata, ckpt.metadata, index_path);
     for (auto& [name, t] : f.tensors) {
       auto it = index["weight_map"].find(name);
       if (it == index["weight_map"].end() || it->get<std::string>() != file) {

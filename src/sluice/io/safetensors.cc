@@ -58,6 +58,15 @@ class Reader {
     throw IoError(fmt::format("{}: tensor '{}': {}", label_, name, message));
   }
 
+  // The header's __metadata__ alone; the bytes may end after the header.
+  std::map<std::string, std::string> Metadata() const {
+    uint64_t header_len;
+    std::memcpy(&header_len, bytes_.data(), 8);
+    const Json json = ParseHeader(bytes_.substr(8, header_len));
+    auto it = json.find("__metadata__");
+    return it == json.end() ? std::map<std::string, std::string>() : ParseMetadata(*it);
+  }
+
   SafetensorsFile Parse(Allocator& allocator) {
     if (bytes_.size() < 8) {
       Fail(fmt::format("truncated: {} bytes, but the 8-byte header length alone needs 8",
@@ -243,6 +252,28 @@ SafetensorsFile ParseSafetensors(std::string_view bytes, std::string_view label,
 SafetensorsFile ReadSafetensors(const std::string& path, Allocator& allocator) {
   const std::string bytes = ReadWholeFile("safetensors file", path);
   return ParseSafetensors(bytes, path, allocator);
+}
+
+std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw IoError(fmt::format("cannot read safetensors file '{}': {}", path, std::strerror(errno)));
+  }
+  std::string bytes(8, '\0');
+  if (!in.read(bytes.data(), 8)) {
+    throw IoError(fmt::format("{}: truncated: shorter than the 8-byte header length", path));
+  }
+  uint64_t header_len;
+  std::memcpy(&header_len, bytes.data(), 8);
+  if (header_len > kMaxSafetensorsHeaderBytes) {
+    throw IoError(fmt::format("{}: header length {} exceeds the limit of {} bytes", path,
+                              header_len, kMaxSafetensorsHeaderBytes));
+  }
+  bytes.resize(8 + header_len);
+  if (!in.read(bytes.data() + 8, static_cast<std::streamsize>(header_len))) {
+    throw IoError(fmt::format("{}: truncated: its header claims {} bytes", path, header_len));
+  }
+  return Reader(bytes, path).Metadata();
 }
 
 std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,

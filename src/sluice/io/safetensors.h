@@ -47,6 +47,10 @@ SafetensorsFile ParseSafetensors(std::string_view bytes, std::string_view label,
 // Reads and parses the file at `path`; IoError naming the path when it cannot be read.
 SafetensorsFile ReadSafetensors(const std::string& path, Allocator& allocator = DefaultAllocator());
 
+// The metadata of the file at `path`, reading its header only (not the tensors): IoError naming
+// the path when it cannot be read or its header is malformed.
+std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& path);
+
 // The bytes of a safetensors file holding `tensors` (non-contiguous ones are written contiguous).
 // Throws InvalidArgument for a name that is empty or "__metadata__", or an undefined tensor.
 std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,

@@ -347,7 +347,13 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
   row[kLossSum] = loss_sum;
   row[kLosses] = static_cast<double>(s.losses.size());
   row[kNorm] = s.grad_norm;
-  impl.options.distributed->world->AllReduceSum(all);
+  try {
+    impl.options.distributed->world->AllReduceSum(all);
+  } catch (const CommTimeout& e) {  // a rank or its host is gone: say where this one stood
+    throw CommTimeout(fmt::format(
+        "stage {} of replica {} finished step {} and waited for every rank's figures of it: {}",
+        impl.stage(), impl.replica(), step + 1, e.what()));
+  }
   // Processes share no clock: the step's span is its slowest rank's wall (each starts its step
   // as the barrier above releases it).
   int64_t span = 0;

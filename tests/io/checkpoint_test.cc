@@ -55,14 +55,40 @@ TEST(Checkpoint, AShardedCheckpointLoadsThroughItsIndex) {
   EXPECT_EQ(all.metadata.at("step"), "7");
 }
 
-TEST(Checkpoint, AStageReadsOnlyTheShardsHoldingItsTensors) {
+TEST(Checkpoint, AStageReadsOnlyTheTensorsOfTheShardsHoldingItsOwn) {
   Sharded ck;
-  std::filesystem::remove(CheckpointShardPath(ck.path, 0, 2));  // never read for "b" and "c"
+  // Shard 0 cut after its header: its tensors are never read for "b" and "c", only its header.
+  const std::string shard0 = CheckpointShardPath(ck.path, 0, 2);
+  std::ifstream in(shard0, std::ios::binary);
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  in.close();
+  std::filesystem::resize_file(shard0, 8 + header_len);
   Checkpoint mine =
       LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; });
   EXPECT_EQ(mine.tensors.size(), 2u);
   EXPECT_EQ(mine.tensors.at("c").FlatAt(0), 3.0);
-  EXPECT_THROW(LoadCheckpoint(ck.path), IoError);  // the whole checkpoint needs the missing shard
+  EXPECT_THROW(LoadCheckpoint(ck.path), IoError);  // the whole checkpoint reads shard 0's tensors
+}
+
+// Issue 38: every rank of a job refuses a checkpoint with a shard missing, not only the ranks that
+// would read it, so that none starts (and writes metrics) while the others fail.
+TEST(Checkpoint, AMissingShardIsRefusedByEveryStageNamingIt) {
+  Sharded ck;
+  std::filesystem::remove(CheckpointShardPath(ck.path, 0, 2));
+  for (bool whole : {true, false}) {
+    try {
+      if (whole) {
+        LoadCheckpoint(ck.path);
+      } else {
+        LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; });
+      }
+      FAIL() << "a checkpoint missing shard 0 was accepted" << (whole ? "" : " by stage 1");
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("is incomplete"));
+      EXPECT_THAT(e.what(), HasSubstr("ck-stage0-of-2.safetensors', which does not exist"));
+    }
+  }
 }
 
 TEST(Checkpoint, AnIndexPlacingATensorInTheWrongShardIsAnError) {
@@ -91,9 +117,14 @@ TEST(Checkpoint, AShardOfAnotherSaveIsAnError) {
     EXPECT_THAT(e.what(), HasSubstr("ck-stage0-of-2.safetensors' has step '9'"));
     EXPECT_THAT(e.what(), HasSubstr("has '7'"));
   }
-  // A stage that reads only the other shard is not affected.
-  EXPECT_NO_THROW(
-      LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; }));
+  // A stage that reads only the other shard refuses it too (issue 38), from its header alone.
+  try {
+    LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; });
+    FAIL() << "stage 1 accepted a checkpoint whose shard 0 is of step 9";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("ck-stage0-of-2.safetensors' has step '9'"));
+    EXPECT_THAT(e.what(), HasSubstr("the shard is from another save"));
+  }
 }
 
 TEST(Checkpoint, AnIndexNamingAShardOutsideItsFolderIsRefused) {

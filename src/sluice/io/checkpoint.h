@@ -44,8 +44,11 @@ void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, T
 void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& tensors);
 
 // A single-file checkpoint, or a sharded one through its index (shards merged). With `wanted`, a
-// sharded checkpoint reads only the shards that hold a tensor it accepts (a pipeline stage reads
-// its own); a single file is read whole. A tensor holding NaN or ±inf, which no save writes, is an
+// sharded checkpoint reads the tensors of only the shards that hold a tensor it accepts (a pipeline
+// stage reads its own), and the header of every other shard: a shard the index names that is
+// missing, or whose metadata (its step first) differs from the index's, is an IoError naming it on
+// every reader, so that no rank of a job starts from a checkpoint another rank refuses. A single
+// file is read whole. A tensor holding NaN or ±inf, which no save writes, is an
 // IoError naming it (the file is damaged).
 Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator = DefaultAllocator(),
                           const std::function<bool(const std::string&)>& wanted = nullptr);

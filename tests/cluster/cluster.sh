@@ -11,7 +11,8 @@
 #   cluster_pids I      the processes living in host I's namespace, one per line
 #   cluster_down        ends every process of every host (SIGKILL) and deletes the namespaces;
 #                       safe to call twice. cluster_up installs it as the EXIT trap (chained
-#                       after CLUSTER_ON_EXIT, a command of the caller's).
+#                       after CLUSTER_ON_EXIT, a command of the caller's), and first removes
+#                       what runs killed outright left (cluster_sweep_stale).
 # CLUSTER is unique per run (sl<pid>), so parallel runs do not collide. Needs root and `ip netns`;
 # cluster_can_run says why not (the caller exits 77: skipped).
 # The range 10.213.0.0/24 is private (RFC 1918) and exists only inside the namespaces.
@@ -65,8 +66,24 @@ cluster_down() {
   return 0
 }
 
+# Removes the namespaces of earlier runs that were killed before their EXIT trap could (SIGKILL
+# from a test driver's time limit): sl<pid>-* whose <pid> no longer lives.
+cluster_sweep_stale() {
+  local ns pid
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^sl[0-9]+-(h[0-9]+|sw|probe)$'); do
+    pid=${ns#sl}
+    pid=${pid%%-*}
+    kill -0 "$pid" 2>/dev/null && continue
+    # shellcheck disable=SC2046
+    kill -KILL $(ip netns pids "$ns") 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  return 0
+}
+
 cluster_up() {
   local n=$1 i ns
+  cluster_sweep_stale
   trap '{ eval "${CLUSTER_ON_EXIT:-}"; cluster_down; }' EXIT
   trap 'exit 130' INT TERM
   CLUSTER_HOSTS=$n

@@ -156,8 +156,10 @@ TEST(MpiP2P, WaitTimesOutNamingWhatIsMissingThenStillCompletes) {
       send.Wait(milliseconds(50));
       ADD_FAILURE() << "a send without a receive completed";
     } catch (const CommTimeout& e) {
+      // The peer by rank and host (issue 38: which machine to look at).
       EXPECT_THAT(e.what(), HasSubstr("rank 0: send f32[3] to rank 1 (tag 4) did not complete "
-                                      "within 50 ms: rank 1 has posted no receive for it"));
+                                      "within 50 ms: rank 1 (host "));
+      EXPECT_THAT(e.what(), HasSubstr(") has posted no receive for it"));
     }
     EXPECT_EQ(send.state(), RequestState::kPending);
     c.Barrier();
@@ -172,7 +174,8 @@ TEST(MpiP2P, WaitTimesOutNamingWhatIsMissingThenStillCompletes) {
         ADD_FAILURE() << "a receive without a send completed";
       } catch (const CommTimeout& e) {
         EXPECT_THAT(e.what(), HasSubstr("rank 1: receive f32[2] from rank 0 (tag 5) did not "
-                                        "complete within 50 ms: rank 0 has sent nothing for it"));
+                                        "complete within 50 ms: rank 0 (host "));
+        EXPECT_THAT(e.what(), HasSubstr(") has sent nothing for it"));
       }
     }
     c.Barrier();
@@ -307,6 +310,7 @@ TEST(MpiCollective, BarrierTimeoutThrowsAndAbortsTheCommunicator) {
       ADD_FAILURE() << "a barrier that one rank entered completed";
     } catch (const CommTimeout& e) {
       EXPECT_THAT(e.what(), HasSubstr("rank 0: barrier timed out after 50 ms"));
+      EXPECT_THAT(e.what(), HasSubstr("(its other ranks: rank 1 (host "));  // and where they run
     }
     EXPECT_THROW(c->Barrier(), CommAborted);
   }

@@ -201,10 +201,10 @@ class P2POp final : public InFlight {
         tensor(std::move(tensor)),
         mine(Encode(dtype, shape)) {}
 
-  // "rank 0: send f32[2, 3] to rank 1 (world rank 3 on host node3) (tag 5)".
+  // "rank 0: send f32[2, 3] to rank 1 (tag 5)".
   std::string Describe() const {
-    return fmt::format("rank {}: {} {} {} {} (tag {})", rank, is_send ? "send" : "receive",
-                       DescribeTensor(dtype, shape), is_send ? "to" : "from", peer_name, tag);
+    return fmt::format("rank {}: {} {} {} rank {} (tag {})", rank, is_send ? "send" : "receive",
+                       DescribeTensor(dtype, shape), is_send ? "to" : "from", peer, tag);
   }
 
   bool Progress() override {
@@ -225,8 +225,8 @@ class P2POp final : public InFlight {
   // Timeout hint: what the operation still waits for.
   std::string Missing() const {
     if (requests[kTheirHeader] != MPI_REQUEST_NULL) {
-      return is_send ? fmt::format("rank {} has posted no receive for it", peer)
-                     : fmt::format("rank {} has sent nothing for it", peer);
+      return is_send ? fmt::format("{} has posted no receive for it", peer_name)
+                     : fmt::format("{} has sent nothing for it", peer_name);
     }
     return "the peer has posted its half, but the data is still in transit";
   }

@@ -44,6 +44,10 @@ cluster_can_run() {
     return 1
   fi
   ip netns del "$probe"
+  if ! unshare --uts true 2>/dev/null; then
+    echo "this machine does not allow UTS namespaces (unshare --uts failed): hosts need their own names"
+    return 1
+  fi
   return 0
 }
 

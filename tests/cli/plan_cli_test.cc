@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@ namespace sluice {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::HasSubstr;
 
 // A small job of the default task in 4 stages (the shapes of `make run`, fewer steps).
 #define SLUICE_MODEL "--layers 4 --batch 16 --microbatches 4 --threads 1 --steps 2 --eval-every 0"
@@ -77,6 +79,36 @@ TEST_F(PlanCli, ForecastBracketsTheMeasuredPeaks) {
       parts += bytes.get<int64_t>();
     EXPECT_EQ(parts, predicted) << "stage " << s;
   }
+}
+
+// --post-validate: the plan counts the copy each stage keeps for a rollback, the run reports the
+// same bytes and its rollbacks (--clip fires at every step), the forecast still brackets the
+// measured peaks, and the losses are those of the synchronous run.
+TEST_F(PlanCli, PostValidationsRollbackCopyIsPlannedAndMeasured) {
+  const std::string job = fmt::format("{} --schedule zb-h2 --clip 0.01", kJob);
+  const nlohmann::json plan = Plan(job + " --post-validate");
+  EXPECT_EQ(plan["post_validate"], true);
+  const Trained run = Train(job + " --post-validate"), sync = Train(job);
+  EXPECT_EQ(run.losses, sync.losses);
+  ASSERT_EQ(plan["stages"].size(), 4u) << plan.dump();
+  ASSERT_TRUE(run.summary.contains("post_validation")) << run.summary.dump();
+  EXPECT_EQ(run.summary["post_validation"]["rollbacks"], 2);
+  int64_t kept = 0;
+  for (size_t s = 0; s < 4; ++s) {
+    const nlohmann::json& p = plan["stages"][s];
+    EXPECT_GT(p["rollback_bytes"].get<int64_t>(), 0) << "stage " << s;
+    EXPECT_EQ(run.summary["stages"][s]["rollback_bytes"], p["rollback_bytes"]) << "stage " << s;
+    kept += p["rollback_bytes"].get<int64_t>();
+    const int64_t measured = run.summary["stages"][s]["peak_allocated_bytes"].get<int64_t>();
+    EXPECT_LE(measured, p["predicted_peak_allocated_bytes"].get<int64_t>()) << "stage " << s;
+    EXPECT_GE(measured, p["least_peak_allocated_bytes"].get<int64_t>()) << "stage " << s;
+  }
+  EXPECT_EQ(run.summary["post_validation"]["rollback_bytes"], kept);
+  const CliResult table = Sluice(fmt::format("plan {} --post-validate", job));
+  EXPECT_EQ(table.status, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("zb-h2 (steady-state bubble "));
+  EXPECT_THAT(table.out, HasSubstr("% at unit cost with post-validation"));
+  EXPECT_THAT(table.out, HasSubstr("post-validation keeps a copy of each stage's parameters"));
 }
 
 TEST_F(PlanCli, OneStageForecastIsExact) {

@@ -38,6 +38,30 @@ TEST_F(ScheduleCli, PrintsTheGrid) {
   EXPECT_THAT(r.out, HasSubstr("0     4          27.3%"));
 }
 
+// --post-validate: the steps interlock, and ZB-H2 and ZB-V lose nothing between them at unit
+// cost (the zero-bubble paper's 0), their fill and drain reported apart.
+TEST_F(ScheduleCli, PostValidateReportsTheSteadyStateBubble) {
+  const Result r = Sluice("-p 8 -m 32 -s zb-h2 --post-validate");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("zb-h2 (P=8, M=32): 103 steps"));
+  EXPECT_THAT(
+      r.out,
+      HasSubstr(
+          "a training step every 96 unit steps, bubble 0.0% (synchronous: 103, bubble 6.8%)"));
+  EXPECT_THAT(r.out, HasSubstr("the first fill 3.5 and the last drain 3.5"));
+  const Result v = Sluice("-p 8 -m 32 -s zb-v --post-validate --format json");
+  ASSERT_EQ(v.status, 0) << v.err;
+  const nlohmann::json j = nlohmann::json::parse(v.out);
+  EXPECT_EQ(j["post_validation"]["steady_state_bubble"], 0.0);
+  EXPECT_GT(j["bubble"].get<double>(), 0.03);
+  // Without the flag the JSON and the grid are as they were.
+  EXPECT_FALSE(nlohmann::json::parse(Sluice("-p 8 -m 32 -s zb-v --format json").out)
+                   .contains("post_validation"));
+  const Result one = Sluice("-p 1 -m 4 --post-validate");
+  EXPECT_EQ(one.status, 1);
+  EXPECT_THAT(one.err, HasSubstr("--stages 2 or more"));
+}
+
 TEST_F(ScheduleCli, PrintsJson) {
   const Result r = Sluice("-p 4 -m 8 -s interleaved --chunks 3 --format json");
   ASSERT_EQ(r.status, 0) << r.err;

@@ -283,6 +283,18 @@ TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
               HasSubstr("--recompute lists 2 policies but training runs in 4 stages"));
 }
 
+// --post-validate hides the cross-stage reduction of the norm: one stage has none, and is refused
+// with the reason rather than run as if the flag did something.
+TEST_F(TrainPipelineCli, PostValidateWithoutAPipelineIsRefusedSayingWhy) {
+  for (const char* command : {"train", "plan", "simulate"}) {
+    const CliResult r = Sluice(fmt::format("{} --post-validate --steps 1", command));
+    EXPECT_EQ(r.status, 1) << command;
+    EXPECT_THAT(r.err, HasSubstr("--stages 1 has no such reduction to hide: give --stages 2 or "
+                                 "more, or drop --post-validate"))
+        << command;
+  }
+}
+
 TEST_F(TrainPipelineCli, AFailingStageStopsThePipelineWithItsName) {
   const std::string job = "--layers 4 --microbatches 4 --stages 4 --schedule 1f1b";
   std::string err = Refused(job + " --inject-fault throw:1:F:0");

@@ -3,6 +3,8 @@
 #   bitwise   1f1b, interleaved, zb-h2, zb-v, v-half and v-min at P = 2 and 4: the same losses as
 #             the in-process run, bit for bit
 #   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
+#   post-validate  --post-validate with --clip firing at every step, P = 2 (1f1b, zb-h2, zb-v):
+#             the synchronous in-process run's losses bitwise, a rollback per step counted
 #   program   the GPT as `sluice export` writes it, trained with --program under mpirun: P = 2
 #             (1f1b, zb-v) bitwise and P = 2 × D = 2 within 1e-6 of --model gpt in one process
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
@@ -86,6 +88,19 @@ case "$mode" in
         compare "$dir/local.jsonl" "$dir/mpi.jsonl" 0
         rm -f "$dir"/*.jsonl
       done
+    done ;;
+  post-validate)
+    # --post-validate under mpirun: every rank updates before the norm's all-reduce and rolls back
+    # where --clip fires (here at every step) — the losses of the synchronous run in one process,
+    # bit for bit, and one rollback per step counted in the summary.
+    for sched in 1f1b zb-h2 zb-v; do
+      args=("${small[@]}" --layers 4 --steps 4 --stages 2 --schedule "$sched" --clip 0.05)
+      "$sluice" train "${args[@]}" --metrics "$dir/local.jsonl" || fail "in-process $sched"
+      mpi 2 "${args[@]}" --post-validate --metrics "$dir/mpi.jsonl" || fail "mpirun $sched"
+      compare "$dir/local.jsonl" "$dir/mpi.jsonl" 0
+      grep -q '"post_validation":{"rollback_bytes":[0-9]*,"rollbacks":4}' "$dir/mpi.jsonl" \
+        || fail "$sched: the summary does not count 4 rollbacks: $(grep summary "$dir/mpi.jsonl")"
+      rm -f "$dir"/*.jsonl
     done ;;
   dp)
     "$sluice" train "${small[@]}" --layers 4 --steps 5 --metrics "$dir/one.jsonl" || fail "one process"

@@ -132,6 +132,40 @@ TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
   }
 }
 
+// Post-validation keeps a copy of every rank's parameters and optimizer state for a rollback: the
+// forecast holds it for the whole step (a run's steps after the first do), exactly its bytes
+// above the synchronous forecast, and still brackets the measured peaks.
+TEST(MemoryForecast, PostValidationsRollbackCopyIsForecastAndBracketsTheMeasuredPeak) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
+    for (int P : {2, 4}) {
+      const PipelineOptions sync{.stages = P, .schedule = kind};
+      PipelineOptions eager = sync;
+      eager.post_validate = true;
+      TrainConfig config = Config(kSizes[0], RecomputePolicy::kCheap, 8);
+      config.steps = 3;
+      config.optimizer.clip_norm = 0.05;  // every step rolled back and redone
+      const Compared with = Compare(config, &eager), without = Compare(config, &sync);
+      ASSERT_EQ(with.forecast.size(), with.measured.size());
+      for (size_t s = 0; s < with.measured.size(); ++s) {
+        const StageMemoryForecast& f = with.forecast[s];
+        const std::string what =
+            fmt::format("{} P={} stage {}: measured {} B, {}", ScheduleKindName(kind), P, s,
+                        with.measured[s], Describe(f));
+        EXPECT_GT(f.rollback_bytes, 0) << what;
+        EXPECT_EQ(without.forecast[s].rollback_bytes, 0) << what;
+        EXPECT_EQ(f.peak_allocated_bytes,
+                  without.forecast[s].peak_allocated_bytes + f.rollback_bytes)
+            << what;
+        EXPECT_EQ(f.persistent_bytes, without.forecast[s].persistent_bytes + f.rollback_bytes)
+            << what;
+        EXPECT_LE(with.measured[s], f.peak_allocated_bytes) << what;
+        EXPECT_GE(with.measured[s], f.least_peak_allocated_bytes) << what;
+      }
+    }
+  }
+}
+
 TEST(MemoryForecast, PerStagePoliciesApplyToTheirStage) {
   TrainConfig config = Config(kSizes[0], RecomputePolicy::kNone, 8);
   config.recompute = {RecomputePolicy::kFull, RecomputePolicy::kNone};

@@ -40,6 +40,7 @@ TrainConfig Small(int layers, int64_t microbatches = 4) {
 // reports.
 struct RunResult : testing_support::TrainedRun {
   std::vector<StageReport> reports;
+  nlohmann::json post_validation;  // the engine's summary of it (null when off)
 };
 
 RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
@@ -61,7 +62,10 @@ RunResult Train(const TrainConfig& config, const PipelineOptions* options) {
     run.norms.push_back(r.grad_norm);
   }
   run.state = testing_support::KeepState(trainer, config.optimizer);
-  if (engine != nullptr) run.reports = engine->reports();
+  if (engine != nullptr) {
+    run.reports = engine->reports();
+    run.post_validation = engine->Summary()["post_validation"];
+  }
   return run;
 }
 
@@ -156,6 +160,44 @@ TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {
         << "the norm must exceed the clip for clipping to be tested";
     const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
     ExpectBitwiseEqual(single, Train(config, &options), Describe(c) + " clipped");
+  }
+}
+
+// Post-validation (`--post-validate`): every rank updates before the norm's all-reduce and
+// validates afterwards, under every schedule at P = 2 and 4 — bitwise the synchronous pipeline
+// (itself bitwise one stage, above) when clipping fires at every step (each one rolled back and
+// redone) and when it never does (no rollback), with the bytes kept for a rollback reported.
+TEST(PipelineEngine, PostValidationIsBitwiseTheSynchronousRunUnderEverySchedule) {
+  for (const Case& c : kCases) {
+    for (const double clip : {0.05, 1e6}) {
+      TrainConfig config = Small(c.layers, c.microbatches);
+      config.optimizer.clip_norm = clip;
+      const PipelineOptions sync{.stages = c.stages, .schedule = c.kind};
+      PipelineOptions eager = sync;
+      eager.post_validate = true;
+      const RunResult expected = Train(config, &sync), got = Train(config, &eager);
+      const std::string what = fmt::format("{} clip {}", Describe(c), clip);
+      ExpectBitwiseEqual(expected, got, what);
+      int64_t fired = 0;
+      for (double norm : expected.norms) fired += ClipCoefficient(norm, clip) < 1 ? 1 : 0;
+      EXPECT_EQ(fired, clip < 1 ? config.steps : 0) << what << ": the clip must fire every step "
+                                                    << "or never for both cases to be tested";
+      ASSERT_TRUE(got.post_validation.is_object()) << what;
+      EXPECT_EQ(got.post_validation["rollbacks"].get<int64_t>(), fired) << what;
+      EXPECT_TRUE(expected.post_validation.is_null()) << what;
+      int64_t bytes = 0;  // every rank's parameters and AdamW's two moments: 3 × 4 bytes each
+      for (const StageReport& r : got.reports) {
+        EXPECT_GT(r.rollback_bytes, 0) << what << ": stage " << r.stage;
+        bytes += r.rollback_bytes;
+      }
+      EXPECT_EQ(got.post_validation["rollback_bytes"].get<int64_t>(), bytes) << what;
+      int64_t state_bytes = 0;
+      for (const auto& [name, values] : got.state) {
+        state_bytes += static_cast<int64_t>(values.size()) * 4;
+      }
+      // A tied parameter is held (and kept) by each rank reading it, counted once in the state.
+      EXPECT_GE(bytes, state_bytes) << what;
+    }
   }
 }
 
@@ -284,30 +326,64 @@ TEST(PipelineEngine, ReleaseSavesInFlightTimesOutputBytes) {
 // --skip-nonfinite on a pipeline: every stage withholds the update of a step whose loss (known
 // to the last stage only) or gradient norm is not finite — the decision is made on all-reduced
 // figures — so the pipeline skips exactly the steps one stage skips and ends in the same state.
-TEST(PipelineEngine, SkipsTheSameNonFiniteStepsAsOneStage) {
-  TrainConfig c = Small(2);
+// Steps that skip: a learning rate of 1e30 makes the loss or the norm overflow within a few steps,
+// and --skip-nonfinite lets training go on past them.
+TrainConfig Overflowing(int layers) {
+  TrainConfig c = Small(layers);
   c.steps = 5;
   c.optimizer.lr = 1e30;
   c.optimizer.schedule = LrSchedule::kConstant;
   c.optimizer.warmup_steps = 0;
   c.optimizer.clip_norm = 0;
   c.skip_nonfinite = 100;
-  struct Skipping {
-    std::vector<bool> skipped;
-    std::map<std::string, std::vector<float>> state;
-  };
-  auto run = [&](const PipelineOptions* options) {
-    Trainer t(c, options != nullptr ? PipelineEngineFactory(*options) : EngineFactory());
-    Skipping s;
-    while (t.step() < c.steps) s.skipped.push_back(t.Step().skipped);
-    s.state = testing_support::KeepState(t, c.optimizer);
-    return s;
-  };
+  return c;
+}
+
+// Which steps a run of `c` skipped, its final state and its engine's post-validation summary.
+struct Skipping {
+  std::vector<bool> skipped;
+  std::map<std::string, std::vector<float>> state;
+  nlohmann::json post_validation;
+};
+
+Skipping TrainSkipping(const TrainConfig& c, const PipelineOptions* options) {
+  Trainer t(c, options != nullptr ? PipelineEngineFactory(*options) : EngineFactory());
+  Skipping s;
+  while (t.step() < c.steps) s.skipped.push_back(t.Step().skipped);
+  s.state = testing_support::KeepState(t, c.optimizer);
+  if (options != nullptr) s.post_validation = t.engine().Summary()["post_validation"];
+  return s;
+}
+
+TEST(PipelineEngine, SkipsTheSameNonFiniteStepsAsOneStage) {
+  const TrainConfig c = Overflowing(2);
+  auto run = [&](const PipelineOptions* options) { return TrainSkipping(c, options); };
   const PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kOneFOneB};
   const Skipping one = run(nullptr), pipe = run(&options);
   EXPECT_GE(std::count(one.skipped.begin(), one.skipped.end(), true), 2);
   EXPECT_EQ(pipe.skipped, one.skipped);
   EXPECT_TRUE(pipe.state == one.state) << "a stage applied the update of a skipped step";
+}
+
+// Post-validation with --skip-nonfinite: every rank's eager update of a non-finite step is rolled
+// back, so the pipeline skips the steps the synchronous one skips and ends in its state, at P = 2
+// and 4.
+TEST(PipelineEngine, PostValidationRollsBackTheNonFiniteStepsTheSynchronousRunSkips) {
+  const TrainConfig c = Overflowing(4);
+  for (const int P : {2, 4}) {
+    for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH2}) {
+      const PipelineOptions sync{.stages = P, .schedule = kind};
+      PipelineOptions eager = sync;
+      eager.post_validate = true;
+      const Skipping expected = TrainSkipping(c, &sync), got = TrainSkipping(c, &eager);
+      const std::string what = fmt::format("{} P={}", ScheduleKindName(kind), P);
+      const auto skips = std::count(expected.skipped.begin(), expected.skipped.end(), true);
+      EXPECT_GE(skips, 2) << what;
+      EXPECT_EQ(got.skipped, expected.skipped) << what;
+      EXPECT_TRUE(got.state == expected.state) << what << ": a rank kept a skipped step's update";
+      EXPECT_EQ(got.post_validation["rollbacks"].get<int64_t>(), skips) << what;
+    }
+  }
 }
 
 TEST(PipelineEngine, AFailingStageStopsEveryStageAndNamesThePlace) {

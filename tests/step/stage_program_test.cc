@@ -150,5 +150,96 @@ TEST(StageProgram, PolicyNamesRoundTrip) {
   EXPECT_EQ(RecomputePolicyNames(), "none|cheap|full|selective");
 }
 
+// Post-validation: an eager update validated afterwards leaves the parameters and optimizer state
+// bitwise where Update (or UpdateIfFinite's refusal) leaves them, whether clipping fires or not
+// and when the step is not finite; only a fired clip or a non-finite step rolls back.
+class EagerUpdate : public testing::Test {
+ protected:
+  // Two programs from the same initial state; `grads` holds one micro-batch's gradients.
+  struct Rank {
+    CachingAllocator allocator;
+    std::unique_ptr<StageProgram> program;
+    GradientAccumulator grads;
+    double norm = 0;
+  };
+  void SetUp() override { task_ = MakeTask(config_); }
+  std::unique_ptr<Rank> Make() {
+    auto r = std::make_unique<Rank>();
+    r->program =
+        std::make_unique<StageProgram>(std::vector<ChunkModel>{{.model = task_->BuildTrain(4)}},
+                                       config_, StageProgramOptions{.allocator = &r->allocator});
+    Scope scope;
+    task_->BindBatch(scope, DataSplit::kTrain, 0, 4, config_.seed);
+    r->program->Forward(0, scope);
+    r->program->Backward(0, scope, r->grads);
+    r->norm = GlobalNorm(r->program->FinishGradients(r->grads, 1));
+    return r;
+  }
+  static std::map<std::string, std::vector<float>> Values(const StageProgram& p) {
+    std::map<std::string, std::vector<float>> out;
+    for (const auto& [name, t] : p.State())
+      out[name].assign(t.data<float>(), t.data<float>() + t.numel());
+    return out;
+  }
+  // The synchronous update against the eager one validated with `norm` and `loss`.
+  StageProgram::Validation Compare(double clip, double norm_scale, double loss) {
+    config_.optimizer.clip_norm = clip;
+    std::unique_ptr<Rank> sync = Make(), eager = Make();
+    const double norm = sync->norm * norm_scale;
+    sync->program->UpdateIfFinite(sync->grads, norm, loss, 1e-2, 0);
+    eager->program->UpdateEagerly(eager->grads, 1e-2, 0);
+    EXPECT_TRUE(eager->grads.grads().empty());
+    const StageProgram::Validation v = eager->program->ValidateEagerUpdate(norm, loss, 1e-2, 0);
+    EXPECT_TRUE(Values(*sync->program) == Values(*eager->program));
+    EXPECT_EQ(eager->program->RollbackBytes(), ParamAndStateBytes(*eager->program));
+    return v;
+  }
+  static int64_t ParamAndStateBytes(const StageProgram& p) {
+    int64_t bytes = 0;
+    for (const auto& [name, t] : p.State()) bytes += t.numel() * 4;
+    return bytes;
+  }
+  TrainConfig config_ = SmallGpt();
+  std::unique_ptr<Task> task_;
+};
+
+TEST_F(EagerUpdate, StandsWhenClippingDoesNotFire) {
+  EXPECT_EQ(Compare(/*clip=*/0, 1, 2.0), StageProgram::Validation::kAccepted);
+  EXPECT_EQ(Compare(/*clip=*/1e9, 1, 2.0), StageProgram::Validation::kAccepted);
+}
+
+TEST_F(EagerUpdate, RollsBackAndRedoesWhenClippingFires) {
+  EXPECT_EQ(Compare(/*clip=*/1e-3, 1, 2.0), StageProgram::Validation::kRedone);
+}
+
+TEST_F(EagerUpdate, RollsBackWithoutUpdateWhenTheStepIsNotFinite) {
+  EXPECT_EQ(Compare(0, 1, std::numeric_limits<double>::quiet_NaN()),
+            StageProgram::Validation::kSkipped);
+  EXPECT_EQ(Compare(0.5, std::numeric_limits<double>::infinity(), 2.0),
+            StageProgram::Validation::kSkipped);
+}
+
+// A rollback that cannot find its saved state is an internal error naming the step, never an
+// update made silently.
+TEST_F(EagerUpdate, AValidationWithoutItsEagerUpdateNamesTheStep) {
+  std::unique_ptr<Rank> r = Make();
+  try {
+    r->program->ValidateEagerUpdate(r->norm, 2.0, 1e-2, 6);
+    ADD_FAILURE() << "a validation without an eager update passed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("post-validation of step 7 found no saved state"),
+              std::string::npos)
+        << e.what();
+  }
+  r->program->UpdateEagerly(r->grads, 1e-2, 6);
+  try {
+    r->program->ValidateEagerUpdate(r->norm, 2.0, 1e-2, 7);
+    ADD_FAILURE() << "step 8 validated step 7's eager update";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the pending one is step 7's"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace sluice

@@ -60,13 +60,17 @@ nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a, bool expla
                                                              : nlohmann::json(choice.budget[s])},
                       {"fits", p.fits}});
     if (explain) stages.back()["live_at_peak"] = LiveJson(p.forecast.live_at_peak);
+    if (a.pipe.post_validate) stages.back()["rollback_bytes"] = p.forecast.rollback_bytes;
   }
-  return {{"model", a.config.ModelName()},
-          {"schedule", choice.pipeline ? nlohmann::json(pipeline::ScheduleKindName(choice.schedule))
-                                       : nlohmann::json(nullptr)},
-          {"bubble", choice.bubble},
-          {"fits", plan.fits},
-          {"stages", stages}};
+  nlohmann::json out = {
+      {"model", a.config.ModelName()},
+      {"schedule", choice.pipeline ? nlohmann::json(pipeline::ScheduleKindName(choice.schedule))
+                                   : nlohmann::json(nullptr)},
+      {"bubble", choice.bubble},
+      {"fits", plan.fits},
+      {"stages", stages}};
+  if (a.pipe.post_validate) out["post_validate"] = true;  // bubble: the steady state's
+  return out;
 }
 
 }  // namespace
@@ -77,8 +81,10 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
       "memory plan: {} on {}, batch {} in {} micro-batches, {}{}\n", a.config.ModelName(),
       a.config.data, a.config.batch, a.config.microbatches,
       choice.pipeline
-          ? fmt::format("{} stages, {} (bubble {:.1f}% at unit cost)", plan.stages.size(),
-                        pipeline::ScheduleKindName(choice.schedule), 100 * choice.bubble)
+          ? fmt::format("{} stages, {} ({}bubble {:.1f}% at unit cost{})", plan.stages.size(),
+                        pipeline::ScheduleKindName(choice.schedule),
+                        a.pipe.post_validate ? "steady-state " : "", 100 * choice.bubble,
+                        a.pipe.post_validate ? " with post-validation" : "")
           : std::string("one stage"),
       choice.budget.empty() ? std::string() : fmt::format(", budget {}", a.memory_budget));
   out += fmt::format(
@@ -106,6 +112,16 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
           fmt::format("{}{}", s ? " / " : "", plan.stages[s].forecast.least_peak_allocated_bytes);
     }
     out += " B\n";
+  }
+  if (a.pipe.post_validate) {
+    out +=
+        "  post-validation keeps a copy of each stage's parameters and optimizer state for a "
+        "rollback (in the optimizer column): ";
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      out +=
+          fmt::format("{}{}", s ? " / " : "", FormatBytes(plan.stages[s].forecast.rollback_bytes));
+    }
+    out += "\n";
   }
   if (!choice.budget.empty()) {
     for (size_t s = 0; s < plan.stages.size(); ++s) {

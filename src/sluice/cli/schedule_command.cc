@@ -9,6 +9,8 @@
 //   sluice schedule --stages 4 --microbatches 8 --schedule 1f1b
 //   sluice schedule --stages 4 --microbatches 8 --schedule interleaved --chunks 2 --format json
 //   sluice schedule -p 8 -m 32 -s interleaved --post-receives-ahead   # receives posted early
+//   sluice schedule -p 8 -m 32 -s zb-h2 --post-validate   # steady-state bubble of interlocked
+//   steps
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -32,6 +34,7 @@ struct ScheduleArgs {
   std::string schedule = "1f1b";
   int chunks = 0;
   bool post_receives_ahead = false;
+  bool post_validate = false;
   std::string format = "table";
 };
 
@@ -47,12 +50,22 @@ int RunSchedule(const ScheduleArgs& args) {
                               .micro_batches = args.micro_batches,
                               .chunks = args.chunks,
                               .post_receives_ahead = args.post_receives_ahead});
+  if (args.post_validate && args.stages < 2) {
+    throw InvalidArgument(fmt::format(
+        "--post-validate interlocks the steps of a pipeline's stages, and --stages {} has none "
+        "to interlock: give --stages 2 or more, or drop --post-validate",
+        args.stages));
+  }
+  std::optional<pipeline::SteadyState> steady;
+  if (args.post_validate) steady = pipeline::GridSteadyState(schedule);
   // Streamed: at P = 1024, M = 8192 the JSON is 2 GB.
   if (args.format == "json") {
-    pipeline::WriteScheduleJson(schedule, std::cout, /*validated=*/true);  // MakeSchedule did
+    pipeline::WriteScheduleJson(schedule, std::cout, /*validated=*/true,  // MakeSchedule did
+                                steady ? &*steady : nullptr);
     std::cout << "\n";
   } else {
     pipeline::WriteScheduleTable(schedule, std::cout, /*validated=*/true);
+    if (steady) std::cout << pipeline::FormatSteadyState(*steady);
   }
   std::cout.flush();
   if (!std::cout)
@@ -76,6 +89,9 @@ CommandRunner SetupScheduleCommand(CLI::App& sub) {
   sub.add_flag("--post-receives-ahead", args->post_receives_ahead,
                "List each receive right after the rank's previous message (for sends that block "
                "until their receive is posted; default off)");
+  sub.add_flag("--post-validate", args->post_validate,
+               "Optimizer post-validation: the steps interlock; print the steady-state bubble "
+               "beside the synchronous one, and the first fill and last drain (default off)");
   sub.add_option("--format", args->format,
                  "table (the action grid) or json (every action, in order)")
       ->check(CLI::IsMember({"table", "json"}))

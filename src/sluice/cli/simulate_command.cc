@@ -15,6 +15,7 @@
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
 #include "sluice/plan/simulation.h"
+#include "sluice/schedule/schedule_format.h"
 #include "sluice/step/memory_budget.h"
 
 namespace sluice::cli {
@@ -188,6 +189,7 @@ int RunSimulate(TrainArgs& a) {
     if (r.core_wait_share >= 0) out["core_wait_share"] = r.core_wait_share;
     if (const std::string note = CoreWaitNote(r); !note.empty()) out["note"] = note;
     if (!r.measured.is_null()) out["measured"] = r.measured;
+    if (r.steady) out["post_validation"] = pipeline::SteadyStateJson(*r.steady);
     out["stages"] = stages;
     if (!p.draws.empty()) {
       nlohmann::ordered_json draws = nlohmann::ordered_json::array();
@@ -238,6 +240,16 @@ int RunSimulate(TrainArgs& a) {
   }
   if (!r.memory_note.empty()) fmt::print("  {}\n", r.memory_note);
   if (const std::string note = CoreWaitNote(r); !note.empty()) fmt::print("  note: {}\n", note);
+  if (r.steady) {
+    const pipeline::SteadyState& st = *r.steady;
+    fmt::print(
+        "  post-validation: the steps interlock; at the mean F, B and W costs (messages and OPT "
+        "free) a steady-state step takes {:.3f} {}, bubble {:.1f}% (synchronous {:.3f}, "
+        "{:.1f}%); once per run the first fill {:.3f} and the last drain {:.3f} (mean per "
+        "stage)\n",
+        st.period, unit, 100 * st.bubble, st.synchronous_makespan, 100 * st.synchronous_bubble,
+        st.fill, st.drain);
+  }
   return 0;
 }
 

@@ -239,6 +239,11 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
   auto* ahead = sub.add_flag("--post-receives-ahead", a->pipe.post_receives_ahead,
                              "list each receive right after the rank's previous message, for "
                              "sends that block until their receive is posted (default off)");
+  auto* post_validate = sub.add_flag(
+      "--post-validate", a->pipe.post_validate,
+      "optimizer post-validation: each stage updates as soon as its gradients are done and "
+      "validates the update against the global norm and finite check afterwards, rolling back "
+      "where clipping or a skip was due (bitwise the same results; default off)");
   auto* timeout = sub.add_option("--comm-timeout", a->comm_timeout_s,
                                  "seconds a stage waits for a message before failing")
                       ->capture_default_str();
@@ -300,9 +305,9 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
       {beta2, "--optimizer", "adamw"},   {momentum, "--optimizer", "sgd"},
   };
   auto finish = [a, command_name = sub.get_name(), unused, init_from, resume, allow_changes, data,
-                 scoped, sched, chunks, partition, layout, release, ahead, timeout, trace, profile,
-                 fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr, microbatches,
-                 model, program] {
+                 scoped, sched, chunks, partition, layout, release, ahead, post_validate, timeout,
+                 trace, profile, fault, compute_sleep, comm, dp, recompute, no_recompute, min_lr,
+                 microbatches, model, program] {
     if (program->count() > 0) {
       if (model->count() > 0) {
         throw InvalidArgument(fmt::format("--program {} and --model {} name two models: drop one",
@@ -327,6 +332,13 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
     for (const CLI::Option* o : {sched, chunks, partition, layout, release, ahead, timeout, trace,
                                  profile, fault, compute_sleep, comm, dp}) {
       a->pipeline = a->pipeline || o->count() > 0;
+    }
+    if (post_validate->count() > 0 && a->pipe.stages < 2) {
+      throw InvalidArgument(fmt::format(
+          "--post-validate overlaps each pipeline stage's optimizer step with the reduction of "
+          "the gradient norm across the stages, and --stages {} has no such reduction to hide: "
+          "give --stages 2 or more, or drop --post-validate",
+          a->pipe.stages));
     }
     if (recompute->count() > 0 && no_recompute->count() > 0) {
       throw InvalidArgument(fmt::format(

@@ -114,10 +114,15 @@ std::map<std::string, double> GradientAccumulator::MeanAndSumSquares(int64_t mic
   return sum_squares;
 }
 
-void GradientAccumulator::Clip(double norm, double clip_norm) {
-  if (clip_norm <= 0) return;
+double ClipCoefficient(double norm, double clip_norm) {
+  if (clip_norm <= 0) return 1.0;
   const double coef = clip_norm / (norm + 1e-6);
-  if (coef >= 1.0) return;
+  return coef >= 1.0 ? 1.0 : coef;
+}
+
+void GradientAccumulator::Clip(double norm, double clip_norm) {
+  const double coef = ClipCoefficient(norm, clip_norm);
+  if (coef == 1.0) return;
   for (auto& [name, g] : grads_) {
     kernels::ScaleInPlaceBlas<float>(g.data<float>(), g.numel(), static_cast<float>(coef));
   }

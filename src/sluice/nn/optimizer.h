@@ -80,6 +80,12 @@ std::vector<std::string> OptimizerStateNames(const ParamSpec& param, const Optim
 // constant or cosine decay to min_lr (nanoGPT's schedule).
 double LearningRate(const OptimizerConfig& config, int64_t step, int64_t total_steps);
 
+// The factor clipping scales the gradients by (torch.nn.utils.clip_grad_norm_): clip_norm /
+// (norm + 1e-6) when that is below 1 (or not a number), else 1 — and 1 when clip_norm is 0
+// (clipping off). The one definition of when clipping fires: GradientAccumulator::Clip and the
+// post-validation of an eager update (step/stage_program.h) both ask it.
+double ClipCoefficient(double norm, double clip_norm);
+
 // Accumulates gradients over micro-batches: Add(g) sums (g is taken over for the first micro-batch,
 // added after). Then MeanAndSumSquares divides by the micro-batches and returns each gradient's sum
 // of squares (step/stage_program.h sums them in the model's parameter order into the global
@@ -91,8 +97,7 @@ class GradientAccumulator {
   Tensor Take(const std::string& name);
   // Divides every gradient by `micro_batches`; returns each one's sum of squares (in f64) by name.
   std::map<std::string, double> MeanAndSumSquares(int64_t micro_batches);
-  // torch.nn.utils.clip_grad_norm_: scales by clip_norm / (norm + 1e-6) when that is below 1;
-  // nothing when clip_norm is 0.
+  // torch.nn.utils.clip_grad_norm_: scales by ClipCoefficient(norm, clip_norm) when it is not 1.
   void Clip(double norm, double clip_norm);
   const std::map<std::string, Tensor>& grads() const { return grads_; }
   void Clear() { grads_.clear(); }

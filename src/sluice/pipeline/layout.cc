@@ -43,6 +43,7 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   for (const ParamSpec& p : ctx.model.params) setup.model_params.push_back(p.name);
   setup.tied = TiedParams(ctx.model.forward);
   setup.release_outputs = options.release_outputs;
+  setup.post_validate = options.post_validate;
   setup.fault = options.fault;
   return out;
 }

@@ -33,6 +33,8 @@ struct PipelineOptions {
   // previous message, for sends that block until their receive is posted. Off by default: this
   // runtime's sends never block, so it only holds receive buffers longer (docs/pipeline.md).
   bool post_receives_ahead = false;
+  // `--post-validate`: optimizer post-validation (StageSetup::post_validate, docs/pipeline.md).
+  bool post_validate = false;
   std::chrono::milliseconds timeout = std::chrono::seconds(60);  // a receive waiting longer fails
   std::string trace_path;  // Chrome trace of the last step; empty: none
   // Costs of every step but the first (warm-up) as JSON (step_simulator.h), written after the

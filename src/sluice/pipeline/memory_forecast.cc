@@ -133,6 +133,10 @@ class RankReplay {
   StageMemoryForecast Run() {
     StageMemoryForecast out;
     out.stage = rank_;
+    if (setup_.post_validate) {  // allocated at the first step's OPT, then held for the run
+      out.rollback_bytes = RollbackBytes(program_->params(), setup_.config->optimizer);
+      ledger_.Allocate(out.rollback_bytes, MemoryUse::kOptimizerState);
+    }
     out.persistent_bytes = ledger_.allocated();
     ledger_.ResetPeak();
     const auto& actions = setup_.schedule.ranks[rank_];

@@ -44,6 +44,7 @@ enum ReducedFigure {
   kLossSum,
   kLosses,
   kNorm,
+  kRollbackBytes,
   kReducedFigures
 };
 
@@ -80,6 +81,14 @@ struct PipelineEngine::Impl {
     }
   }
   std::unique_ptr<CostProfiler> profiler;  // with options.profile_path
+  int64_t rollbacks = 0;  // post-validation: steps whose eager update was rolled back
+  // What post-validation kept and redid: null without it.
+  nlohmann::json PostValidationSummary() const {
+    if (!options.post_validate) return nullptr;
+    int64_t bytes = 0;
+    for (const StageReport& r : reports) bytes += r.rollback_bytes;
+    return {{"rollbacks", rollbacks}, {"rollback_bytes", bytes}};
+  }
   // In-process: the stages' threads, kept for the engine's life (the caller's thread is stage
   // 0's), so that a step starts no thread and each stage's thread-local state — its caches in the
   // allocator and the storage pool, the kernels' scratch — carries over from step to step.
@@ -286,6 +295,7 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released, i
   rep.comm_ms += static_cast<double>(s.comm_ns) / 1e6;
   rep.busy_cpu_ms += static_cast<double>(s.busy_cpu_ns) / 1e6;
   rep.idle_ms += static_cast<double>(span_ns - s.busy_ns) / 1e6;
+  rep.rollback_bytes = std::max(rep.rollback_bytes, s.rollback_bytes);
 }
 
 StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
@@ -316,6 +326,7 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
     result.loss = loss_sum / static_cast<double>(M);
     result.grad_norm = steps[0].grad_norm;
     result.updated = steps[0].updated;  // every rank decided on the same all-reduced figures
+    impl.rollbacks += steps[0].rolled_back ? 1 : 0;  // likewise
     for (int r = 0; r < P; ++r) {
       impl.Record(r, steps[r], steps[r].released_output_bytes, span);
       result.peak_allocated_bytes =
@@ -347,6 +358,7 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
   row[kLossSum] = loss_sum;
   row[kLosses] = static_cast<double>(s.losses.size());
   row[kNorm] = s.grad_norm;
+  row[kRollbackBytes] = static_cast<double>(s.rollback_bytes);
   try {
     impl.options.distributed->world->AllReduceSum(all);
   } catch (const CommTimeout& e) {  // a rank or its host is gone: say where this one stood
@@ -371,6 +383,7 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
     figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
     figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
     figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
+    figures.rollback_bytes = static_cast<int64_t>(f[kRollbackBytes]);
     impl.Record(r, figures, static_cast<int64_t>(f[kReleased]), span);
     if (r == w) {  // only this rank's per-chunk figures are known here
       for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
@@ -387,6 +400,7 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
   result.loss = losses > 0 ? sum / losses : 0;
   result.grad_norm = all.data<double>()[kNorm];  // equal on every rank
   result.updated = s.updated;                    // likewise
+  impl.rollbacks += s.rolled_back ? 1 : 0;       // likewise
   if (impl.profiler) {
     const int64_t steps_run = impl.setup.config->steps;
     if (step > 0 || steps_run == 1) {  // step 0 warms up
@@ -426,10 +440,12 @@ void PipelineEngine::Impl::WriteTrace(const std::vector<StageStep>& steps, int f
     trace.NameThread(pid, 0, "compute");
     trace.NameThread(pid, 1, "communication");
     for (const TraceSpan& span : steps[i].spans) {
-      const bool compute =
-          span.name == "F" || span.name == "B" || span.name == "W" || span.name == "OPT";
+      // Post-validation's check after the all-reduce (and its rollback) is OPT's work too.
+      const bool step_end =
+          span.name == "OPT" || span.name == "VALIDATE" || span.name == "ROLLBACK";
+      const bool compute = span.name == "F" || span.name == "B" || span.name == "W" || step_end;
       const std::string label =
-          span.name == "OPT" || span.name.starts_with("ALLREDUCE")
+          step_end || span.name.starts_with("ALLREDUCE")
               ? span.name
               : (V > 1 ? fmt::format("{}{}.{}", span.name, span.chunk, span.micro_batch)
                        : fmt::format("{}{}", span.name, span.micro_batch));
@@ -617,6 +633,7 @@ nlohmann::json PipelineEngine::Summary() const {
         {"idle_ms", r.idle_ms},
         {"comm_ms", r.comm_ms},
         {"bubble", r.bubble()}};
+    if (impl.options.post_validate) entry["rollback_bytes"] = r.rollback_bytes;
     if (!impl.distributed()) entry["inflight_peak_per_chunk"] = r.inflight_peak_per_chunk;
     if (impl.distributed()) entry["replica"] = r.replica;
     stages.push_back(entry);
@@ -630,7 +647,9 @@ nlohmann::json PipelineEngine::Summary() const {
             {"data_parallel", impl.setup.replicas},
             {"comm", impl.distributed() ? "mpi" : "local"},
             {"layout", impl.layout},
-            {"release_outputs", impl.options.release_outputs}}}};
+            {"release_outputs", impl.options.release_outputs},
+            {"post_validate", impl.options.post_validate}}},
+          {"post_validation", impl.PostValidationSummary()}};
 }
 
 std::map<std::string, Tensor> PipelineEngine::RankState(int rank) const {
@@ -670,10 +689,11 @@ PipelineOptions::Distributed MpiJob::distributed() const {
 std::string PipelineEngine::Describe() const {
   const Impl& impl = *impl_;
   return fmt::format(
-      "pipeline: {} stages{}, {}, layout {}, output release {}", impl.options.stages,
+      "pipeline: {} stages{}, {}, layout {}, output release {}{}", impl.options.stages,
       impl.distributed() ? fmt::format(" × {} replicas as MPI processes", impl.setup.replicas)
                          : " as threads",
-      impl.setup.schedule.Describe(), impl.layout, impl.options.release_outputs ? "on" : "off");
+      impl.setup.schedule.Describe(), impl.layout, impl.options.release_outputs ? "on" : "off",
+      impl.options.post_validate ? ", post-validation on" : "");
 }
 
 std::vector<std::string> PipelineEngine::ReportLines() const {
@@ -689,6 +709,12 @@ std::vector<std::string> PipelineEngine::ReportLines() const {
         "stage {}{}: peak {}, released {} per step, in flight {} (theory {}), bubble {:.0f}%",
         r.stage, replica, mib(r.peak_allocated_bytes), mib(r.released_output_bytes),
         r.inflight_peak, r.theoretical_inflight, 100 * r.bubble()));
+  }
+  if (impl.options.post_validate) {
+    const nlohmann::json pv = impl.PostValidationSummary();
+    lines.push_back(fmt::format(
+        "post-validation: {} step(s) rolled back and redone; {} kept for a rollback (all stages)",
+        pv["rollbacks"].get<int64_t>(), mib(pv["rollback_bytes"].get<int64_t>())));
   }
   if (!impl.options.trace_path.empty())
     lines.push_back(fmt::format("trace of the last step: {}", impl.options.trace_path));

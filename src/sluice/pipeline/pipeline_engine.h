@@ -29,6 +29,10 @@
 // track of computes (F/B/W/OPT spans labelled chunk and micro-batch), a track of communication
 // (receive waits, sends, the all-reduce) and an allocated-bytes counter.
 //
+// Post-validation (options.post_validate, `--post-validate`): every rank updates before the
+// all-reduce of the norm and validates after it (StageSetup::post_validate); Summary() adds
+// "post_validation": {"rollbacks": steps rolled back, "rollback_bytes": kept by all ranks}.
+//
 // Thread-safety: one thread calls the engine; it runs its own rank threads inside Step. Every
 // process of a distributed run calls the same methods in the same order (they are collective).
 // Failure modes: the constructor throws InvalidArgument for a model that is not a GPT, a
@@ -71,6 +75,7 @@ struct StageReport {
   double busy_ms = 0, idle_ms = 0;  // sums over steps; idle: the step's span minus busy
   double comm_ms = 0;               // sum over steps: time inside the communicator (part of idle)
   double busy_cpu_ms = 0;           // sum over steps: CPU time of the computes (StageStep)
+  int64_t rollback_bytes = 0;       // post-validation: what the rank keeps for a rollback
   double bubble() const { return busy_ms + idle_ms > 0 ? idle_ms / (busy_ms + idle_ms) : 0; }
 };
 

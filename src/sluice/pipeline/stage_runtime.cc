@@ -548,6 +548,10 @@ class StageRuntime::StepRun {
         if (rt_.in_norm[i]) sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
       }
     });
+    // Post-validation: the update first, assuming the reduction will not object; then the
+    // reduction, and the validation that accepts the update or rolls it back (StageProgram).
+    const bool eager = setup.post_validate;
+    if (eager) Compute(a, "OPT", 4, [&] { rt_.program->UpdateEagerly(grads_, lr_, step_); });
     out_.allreduce_begin_ns = NowNs();
     comm_.AllReduceSum(sum_squares);
     out_.allreduce_end_ns = NowNs();
@@ -555,9 +559,20 @@ class StageRuntime::StepRun {
     Span("ALLREDUCE", a, out_.allreduce_begin_ns, out_.allreduce_end_ns);
     out_.grad_norm = GlobalNorm({sum_squares.data<double>(), sum_squares.data<double>() + n});
     const double all_losses = sum_squares.data<double>()[n];
-    Compute(a, "OPT", 4, [&] {
-      out_.updated = rt_.program->UpdateIfFinite(grads_, out_.grad_norm, all_losses, lr_, step_);
-    });
+    if (!eager) {
+      Compute(a, "OPT", 4, [&] {
+        out_.updated = rt_.program->UpdateIfFinite(grads_, out_.grad_norm, all_losses, lr_, step_);
+      });
+      return;
+    }
+    const int64_t begin = NowNs();
+    const StageProgram::Validation v =
+        rt_.program->ValidateEagerUpdate(out_.grad_norm, all_losses, lr_, step_);
+    out_.busy_ns += NowNs() - begin;
+    Span(v == StageProgram::Validation::kAccepted ? "VALIDATE" : "ROLLBACK", a, begin, NowNs());
+    out_.updated = v != StageProgram::Validation::kSkipped;
+    out_.rolled_back = v != StageProgram::Validation::kAccepted;
+    out_.rollback_bytes = rt_.program->RollbackBytes();
   }
 
   // Tied parameters: sends this rank's shares of their gradients (summed over the replicas) to the

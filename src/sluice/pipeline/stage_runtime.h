@@ -31,7 +31,9 @@
 //           gradient norm (all-reduce of every parameter's sum of squares, each rank filling its
 //           own — a tied one only on the rank of its first unit — summed in model order: bitwise
 //           the single stage's norm), clipping, and the optimizer in place, identical on every
-//           copy.
+//           copy. With post_validate the optimizer runs first, unclipped, before the norm's
+//           all-reduce, and is validated after it (rolled back and redone, or withheld, where
+//           clipping or the finite check intervenes): the same results, bit for bit.
 // Message tags: the receiving virtual stage v, micro-batch m and direction d: ((v·M + m)·2 + d)
 // mod (kMaxTag + 1); per-peer order (validated schedules) keeps wrapped tags unambiguous. OPT's
 // shares of tied parameters take kMaxTag, kMaxTag − 1, … (one per share of the whole model): by
@@ -110,6 +112,10 @@ struct StageSetup {
   // holds a copy, and OPT sums the units' shares of its gradient across them (StageRuntime).
   std::vector<TiedParam> tied;
   bool release_outputs = true;
+  // Post-validation (--post-validate): OPT updates before the all-reduce of the norm and the
+  // loss, then validates — accepting, or rolling back and redoing the update clipped, or
+  // withholding it (StageProgram::UpdateEagerly, ValidateEagerUpdate): bitwise the same results.
+  bool post_validate = false;
   int threads = 1;  // intra-op threads per rank
   FaultInjection fault;
   // Data parallelism: this rank belongs to replica `replica` of `replicas`; each replica takes
@@ -152,6 +158,10 @@ struct StageStep {
   std::vector<double> losses;  // [M] on the last virtual stage's rank; empty elsewhere
   double grad_norm = 0;
   bool updated = true;  // false: the step's loss or gradient norm was not finite (no update)
+  // Post-validation (StageSetup::post_validate): whether the eager update was rolled back (redone
+  // clipped, or withheld), and the bytes kept for a rollback (StageProgram::RollbackBytes).
+  bool rolled_back = false;
+  int64_t rollback_bytes = 0;
   std::vector<TraceSpan> spans;      // when tracing
   std::vector<MemorySample> memory;  // when tracing
   // Profile (step_simulator.h's costs): every compute's wall and thread CPU time, one sample per

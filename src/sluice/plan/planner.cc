@@ -8,6 +8,7 @@
 #include "sluice/core/error.h"
 #include "sluice/pipeline/memory_forecast.h"
 #include "sluice/schedule/schedule_analysis.h"
+#include "sluice/schedule/steady_state.h"
 #include "sluice/step/config_checks.h"
 #include "sluice/step/program_task.h"
 
@@ -52,10 +53,17 @@ PlanChoice PlanKind(const PlanRequest& r, const Job& job, pipeline::ScheduleKind
     options.schedule = kind;
     const pipeline::Schedule schedule =
         pipeline::MakeSchedule(pipeline::ScheduleOptionsOf(options, r.config.microbatches));
-    const pipeline::Simulation sim = pipeline::Simulate(schedule);
     // Unit cost is per action, and an action of a rank with V chunks does 1/V of its work.
-    makespan = sim.makespan / schedule.chunks;
-    choice.bubble = sim.bubble;
+    if (r.pipe.post_validate) {  // steps interlock: each costs the steady state's period
+      const pipeline::SteadyState steady =
+          pipeline::AnalyseSteadyState(schedule, {}, pipeline::CommMode::kAsync, true);
+      makespan = steady.period / schedule.chunks;
+      choice.bubble = steady.bubble;
+    } else {
+      const pipeline::Simulation sim = pipeline::Simulate(schedule);
+      makespan = sim.makespan / schedule.chunks;
+      choice.bubble = sim.bubble;
+    }
   }
   double extra = 0;
   for (const StagePlan& p : choice.plan.stages) extra = std::max(extra, p.extra_work);

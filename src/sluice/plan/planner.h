@@ -71,7 +71,9 @@ struct PlanRequest {
 struct PlanChoice {
   bool pipeline = false;
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::kOneFOneB;
-  double bubble = 0;     // the schedule's at unit cost (Simulate); 0 on one stage
+  double bubble = 0;     // the schedule's at unit cost (Simulate); 0 on one stage. With
+                         // pipe.post_validate, its interlocked steps' steady state's
+                         // (schedule/steady_state.h), and step_time that state's period
   double step_time = 1;  // estimated: unit-cost makespan per chunk × (1 + largest extra work)
   std::vector<int64_t> budget;  // per stage; empty: none given
   MemoryPlan plan;

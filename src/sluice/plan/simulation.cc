@@ -49,6 +49,27 @@ pipeline::StepCosts CostsFor(const std::vector<pipeline::StepCosts>& costs,
   throw InvalidArgument(why);
 }
 
+// Each compute kind's mean cost over the ranks and chunks of `costs`: the cost model of the
+// steady-state analysis (schedule_analysis.h Simulate takes one cost per kind).
+pipeline::CostModel MeanComputeCosts(const pipeline::StepCosts& costs) {
+  pipeline::CostModel mean{.forward = 0, .backward = 0, .weight = 0};
+  int n = 0;
+  for (const pipeline::RankCosts& rank : costs.ranks) {
+    for (const pipeline::ChunkCosts& ch : rank.chunks) {
+      mean.forward += ch.forward_ms;
+      mean.backward += ch.backward_ms;
+      mean.weight += ch.weight_ms;
+      ++n;
+    }
+  }
+  if (n > 0) {
+    mean.forward /= n;
+    mean.backward /= n;
+    mean.weight /= n;
+  }
+  return mean;
+}
+
 }  // namespace
 
 int64_t SimulatedSchedule::LargestPeak() const {
@@ -78,6 +99,10 @@ SimulatedSchedule SimulateSchedule(const SimulationRequest& r, const Job& job,
       .draws = draws,
       .core_wait_share = pipeline::CoreWaitShare(chosen),
       .measured = MeasuredStep(chosen, layout.setup.schedule)};
+  if (options.post_validate) {
+    out.steady = pipeline::AnalyseSteadyState(layout.setup.schedule, MeanComputeCosts(chosen),
+                                              pipeline::CommMode::kAsync, /*validated=*/true);
+  }
   if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
     out.memory_note = *why;
     if (!r.budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);

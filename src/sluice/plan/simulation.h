@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,7 @@
 
 #include "sluice/pipeline/layout.h"
 #include "sluice/plan/planner.h"
+#include "sluice/schedule/steady_state.h"
 #include "sluice/schedule/step_costs.h"
 #include "sluice/schedule/step_simulator.h"
 
@@ -58,6 +60,11 @@ struct SimulatedSchedule {
   // The profiled run's own step, when it ran this very schedule (its costs' "measured"): what the
   // prediction can be checked against. Null otherwise.
   nlohmann::ordered_json measured;
+  // With pipe.post_validate: the steady state of its steps interlocked (schedule/steady_state.h)
+  // at each kind of compute's mean cost over the ranks and chunks (F, B, W; messages and OPT
+  // free), in the prediction's unit — the step every step after the first costs, the fill and
+  // drain paid once per run. Empty without post-validation.
+  std::optional<pipeline::SteadyState> steady;
 
   // The largest stage's forecast peak; -1 when memory was not forecast.
   int64_t LargestPeak() const;

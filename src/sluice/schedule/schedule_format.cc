@@ -18,9 +18,12 @@ namespace {
 // Every compute action one step, the unsplit backward too; receives posted ahead, so the grid
 // shows the shape of the compute order itself.
 // `s` is valid (the writers validate it once).
+CostModel GridCosts(const Schedule& s) {
+  return {.forward = 1, .backward = 1, .weight = s.split_backward ? 1.0 : 0.0};
+}
+
 Simulation UnitCostRun(const Schedule& s, bool keep_action_times) {
-  return Simulate(s, CostModel{.forward = 1, .backward = 1, .weight = s.split_backward ? 1.0 : 0.0},
-                  CommMode::kAsync, keep_action_times, /*validated=*/true);
+  return Simulate(s, GridCosts(s), CommMode::kAsync, keep_action_times, /*validated=*/true);
 }
 
 std::string Percent(double fraction) { return fmt::format("{:.1f}%", 100 * fraction); }
@@ -79,6 +82,30 @@ void WriteScheduleTable(const Schedule& s, std::ostream& out, bool validated) {
       s.chunks > 1 ? "chunk-micro-batches" : "micro-batches");
 }
 
+SteadyState GridSteadyState(const Schedule& s) {
+  return AnalyseSteadyState(s, GridCosts(s), CommMode::kAsync);
+}
+
+std::string FormatSteadyState(const SteadyState& st) {
+  return fmt::format(
+      "\npost-validation: steps interlock (a rank starts step k + 1 after its own OPT of step k)\n"
+      "  steady state: a training step every {:g} unit steps, bubble {} (synchronous: {:g}, bubble "
+      "{})\n"
+      "  once per run: the first fill {:g} and the last drain {:g} idle unit steps per rank "
+      "(mean)\n",
+      st.period, Percent(st.bubble), st.synchronous_makespan, Percent(st.synchronous_bubble),
+      st.fill, st.drain);
+}
+
+nlohmann::ordered_json SteadyStateJson(const SteadyState& st) {
+  return {{"steady_state_bubble", st.bubble},
+          {"steady_state_step", st.period},
+          {"synchronous_step", st.synchronous_makespan},
+          {"synchronous_bubble", st.synchronous_bubble},
+          {"fill", st.fill},
+          {"drain", st.drain}};
+}
+
 std::string FormatScheduleTable(const Schedule& s) {
   std::ostringstream out;
   WriteScheduleTable(s, out);
@@ -96,17 +123,19 @@ std::string OpenObject(const nlohmann::ordered_json& object) {
 
 }  // namespace
 
-void WriteScheduleJson(const Schedule& s, std::ostream& out, bool validated) {
+void WriteScheduleJson(const Schedule& s, std::ostream& out, bool validated,
+                       const SteadyState* steady) {
   if (!validated) ValidateSchedule(s);
   const Simulation sim = UnitCostRun(s, /*keep_action_times=*/false);
   const std::vector<InFlight> in_flight = InFlightPeaks(s, /*validated=*/true);
-  out << OpenObject({{"schedule", s.name},
-                     {"stages", s.stages},
-                     {"micro_batches", s.micro_batches},
-                     {"chunks", s.chunks},
-                     {"split_backward", s.split_backward},
-                     {"bubble", sim.bubble}})
-      << ",\"ranks\":[";
+  nlohmann::ordered_json head = {{"schedule", s.name},
+                                 {"stages", s.stages},
+                                 {"micro_batches", s.micro_batches},
+                                 {"chunks", s.chunks},
+                                 {"split_backward", s.split_backward},
+                                 {"bubble", sim.bubble}};
+  if (steady != nullptr) head["post_validation"] = SteadyStateJson(*steady);
+  out << OpenObject(head) << ",\"ranks\":[";
   std::string text;  // one rank's, written at once
   for (int r = 0; r < s.stages; ++r) {
     text = r > 0 ? "," : "";

@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/schedule/schedule.h"
+#include "sluice/schedule/steady_state.h"
 
 namespace sluice::pipeline {
 
@@ -45,9 +46,18 @@ std::string FormatScheduleTable(const Schedule& schedule);
 void WriteScheduleTable(const Schedule& schedule, std::ostream& out, bool validated = false);
 
 nlohmann::ordered_json ScheduleToJson(const Schedule& schedule);
+// Post-validation (`sluice schedule --post-validate`, steady_state.h): the steady state of the
+// schedule's steps interlocked at the grid's unit costs; the lines printed below the grid; and
+// the object the JSON then holds as "post_validation" after "bubble": {"steady_state_bubble",
+// "steady_state_step", "synchronous_step", "synchronous_bubble", "fill", "drain"} (unit steps).
+SteadyState GridSteadyState(const Schedule& schedule);
+std::string FormatSteadyState(const SteadyState& steady);
+nlohmann::ordered_json SteadyStateJson(const SteadyState& steady);
 // ScheduleToJson(schedule).dump(), written to `out` one rank at a time without a JSON tree:
 // beyond the schedule it holds one rank's text and O(P + V·M) figures, so P = 1024, M = 8192
 // (50 M actions, 2 GB of JSON) streams out in the memory of its action lists.
-void WriteScheduleJson(const Schedule& schedule, std::ostream& out, bool validated = false);
+// `steady`: adds its "post_validation" object (SteadyStateJson).
+void WriteScheduleJson(const Schedule& schedule, std::ostream& out, bool validated = false,
+                       const SteadyState* steady = nullptr);
 
 }  // namespace sluice::pipeline

@@ -340,7 +340,11 @@ struct StageMemoryForecast {
   std::string peak_phase;        // where in the step: the action
   std::string peak_instruction;  // and the instruction being run ("" between runs)
   int64_t persistent_bytes = 0;  // parameters and optimizer state: held between steps
-  double work = 0;               // EstimateWork of the step's F, B and W runs
+  // Post-validation (--post-validate): the copy of parameters and optimizer state kept for a
+  // rollback (RollbackBytes), held between steps — in persistent_bytes and, at the peak, in
+  // optimizer_state. 0 without it.
+  int64_t rollback_bytes = 0;
+  double work = 0;  // EstimateWork of the step's F, B and W runs
   // Explained forecasts only: every tensor live at the peak, largest first; their bytes add up to
   // peak_allocated_bytes and, by use, to at_peak.
   std::vector<LiveTensor> live_at_peak;

@@ -198,17 +198,21 @@ std::vector<double> StageProgram::FinishGradients(GradientAccumulator& grads, in
   return out;
 }
 
-void StageProgram::Update(GradientAccumulator& grads, double global_norm, double lr, int64_t step) {
-  grads.Clip(global_norm, config_.optimizer.clip_norm);
+void StageProgram::Apply(const GradientAccumulator& grads, double lr, int64_t step) {
   Allocator& allocator = *options_.allocator;
   for (const auto& [name, g] : grads.grads()) state_.Set(name, g);
-  grads.Clear();
   state_.Set("lr", Tensor::Full({}, lr, DType::kF32, allocator));
   state_.Set("step", Tensor::Full({}, static_cast<double>(step + 1), DType::kF32, allocator));
   optimizer_->Run(state_);
   for (const ParamSpec& p : params_) state_.Erase(p.name + ".grad");
   state_.Erase("lr");
   state_.Erase("step");
+}
+
+void StageProgram::Update(GradientAccumulator& grads, double global_norm, double lr, int64_t step) {
+  grads.Clip(global_norm, config_.optimizer.clip_norm);
+  Apply(grads, lr, step);
+  grads.Clear();
 }
 
 bool StageProgram::UpdateIfFinite(GradientAccumulator& grads, double global_norm, double loss,
@@ -219,6 +223,67 @@ bool StageProgram::UpdateIfFinite(GradientAccumulator& grads, double global_norm
   }
   Update(grads, global_norm, lr, step);
   return true;
+}
+
+std::vector<std::string> StageProgram::UpdatedStateNames() const {
+  std::vector<std::string> names;
+  for (const ParamSpec& p : params_) {
+    if (p.constant) continue;
+    names.push_back(p.name);
+    for (const std::string& s : OptimizerStateNames(p, config_.optimizer)) names.push_back(s);
+  }
+  return names;
+}
+
+int64_t StageProgram::RollbackBytes() const {
+  return sluice::RollbackBytes(params_, config_.optimizer);
+}
+
+int64_t RollbackBytes(const std::vector<ParamSpec>& params, const OptimizerConfig& optimizer) {
+  int64_t bytes = 0;
+  for (const ParamSpec& p : params) {
+    if (p.constant) continue;
+    const int64_t tensors = 1 + static_cast<int64_t>(OptimizerStateNames(p, optimizer).size());
+    bytes += tensors * p.shape.numel() * static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
+}
+
+void StageProgram::UpdateEagerly(GradientAccumulator& grads, double lr, int64_t step) {
+  SLUICE_CHECK(pending_step_ < 0,
+               "step {}'s eager update began while step {}'s still awaits its validation", step + 1,
+               pending_step_ + 1);
+  if (saved_.empty()) {
+    for (const std::string& name : UpdatedStateNames())
+      saved_.push_back({name, state_.Get(name).Clone(*options_.allocator)});
+  } else {
+    for (const Saved& s : saved_) s.copy.CopyFrom(state_.Get(s.name));
+  }
+  Apply(grads, lr, step);
+  pending_grads_ = std::move(grads);
+  grads.Clear();
+  pending_step_ = step;
+}
+
+StageProgram::Validation StageProgram::ValidateEagerUpdate(double global_norm, double loss,
+                                                           double lr, int64_t step) {
+  SLUICE_CHECK(pending_step_ == step && !saved_.empty(),
+               "post-validation of step {} found no saved state to roll back to ({})", step + 1,
+               pending_step_ < 0 ? "no eager update is pending"
+                                 : fmt::format("the pending one is step {}'s", pending_step_ + 1));
+  pending_step_ = -1;
+  const bool finite = std::isfinite(loss) && std::isfinite(global_norm);
+  if (finite && ClipCoefficient(global_norm, config_.optimizer.clip_norm) == 1.0) {
+    pending_grads_.Clear();
+    return Validation::kAccepted;
+  }
+  for (const Saved& s : saved_) state_.Get(s.name).CopyFrom(s.copy);  // before the eager update
+  if (!finite) {
+    pending_grads_.Clear();
+    return Validation::kSkipped;
+  }
+  Update(pending_grads_, global_norm, lr, step);
+  return Validation::kRedone;
 }
 
 std::map<std::string, Tensor> StageProgram::State() const {

@@ -165,6 +165,27 @@ class StageProgram {
   bool UpdateIfFinite(GradientAccumulator& grads, double global_norm, double loss, double lr,
                       int64_t step);
 
+  // Post-validation (`--post-validate`, docs/pipeline.md "Post-validation"): a rank updates
+  // before the global norm and the finite check are known, assuming neither will intervene, and
+  // corrects afterwards — the result bitwise UpdateIfFinite's in every case.
+  //
+  // UpdateEagerly copies the parameters and optimizer state the update changes into buffers kept
+  // for the run (RollbackBytes of them, allocated at the first call), applies `grads` (averaged)
+  // unclipped at `lr` for 0-based `step`, and keeps `grads` for a redo.
+  // ValidateEagerUpdate then decides with the step's global norm and loss: kAccepted when both
+  // are finite and clipping does not fire (ClipCoefficient 1: the eager update is the one
+  // Update makes); kRedone when clipping fires (the saved state is restored and the update
+  // redone with the clipped gradients); kSkipped when either is not finite (restored, no
+  // update: UpdateIfFinite's false). Either way the kept gradients are dropped.
+  // Throws Error (an internal invariant) naming the step when no eager update of `step` is
+  // pending: a rollback that cannot find its saved state never updates silently.
+  enum class Validation { kAccepted, kRedone, kSkipped };
+  void UpdateEagerly(GradientAccumulator& grads, double lr, int64_t step);
+  Validation ValidateEagerUpdate(double global_norm, double loss, double lr, int64_t step);
+  // The bytes UpdateEagerly keeps for a rollback: every non-constant parameter and its optimizer
+  // state (the gradients kept until validation are the step's own, held by Update alike).
+  int64_t RollbackBytes() const;
+
   // Parameters and optimizer state by name, sharing the rank's memory.
   std::map<std::string, Tensor> State() const;
 
@@ -177,7 +198,28 @@ class StageProgram {
   std::vector<TiedShare> tied_shares_;
   Scope state_;  // parameters and optimizer state
   std::unique_ptr<Executable> optimizer_;
+  // Post-validation: the state tensors an update changes, by name (looked up in state_ at each
+  // use: a resume may rebind them), each with its saved copy (allocated at the first
+  // UpdateEagerly); the step whose eager update awaits validation (-1: none) and its gradients,
+  // kept for a redo.
+  struct Saved {
+    std::string name;
+    Tensor copy;
+  };
+  std::vector<Saved> saved_;
+  int64_t pending_step_ = -1;
+  GradientAccumulator pending_grads_;
+
+  // The names of the state tensors an update changes: each non-constant parameter and its state.
+  std::vector<std::string> UpdatedStateNames() const;
+  // Runs the optimizer on `grads` as they are (no clipping) and leaves them in place.
+  void Apply(const GradientAccumulator& grads, double lr, int64_t step);
 };
+
+// The bytes post-validation keeps for a rollback of `params`' update (StageProgram::UpdateEagerly):
+// each non-constant parameter (f32) and its optimizer state. The memory forecast counts them
+// with it (pipeline/memory_forecast.h).
+int64_t RollbackBytes(const std::vector<ParamSpec>& params, const OptimizerConfig& optimizer);
 
 // The global gradient norm from per-parameter sums of squares in the whole model's parameter
 // order — summed in that order on one stage and on every rank of a pipeline alike, so the norm is

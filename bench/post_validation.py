@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Optimizer post-validation measured: `sluice train` of zb-h2 and zb-v at P = 2 and 4, with and
+without --post-validate — steps per second, each stage's measured bubble, rollbacks counted — beside
+the simulator's prediction (`sluice simulate --costs` of the run's own profile: the synchronous
+step, and with --post-validate the steady state of interlocked steps) and the share of the step a
+stage thread waited for a core (the simulator models a core per stage; P = 4 on a 2-core machine
+does not have one).
+
+Usage: bench/post_validation.py [--sluice build/sluice] [--out post_validation.jsonl]
+                                [--stages 2,4] [--steps 6] [--clip 1.0]
+Prints one markdown table; writes every run's figures as JSON lines. A GPT of 8 blocks, C = 128,
+8 sequences per micro-batch, M = 2P (zb-v needs M ≥ 2P − 1), --threads P (a BLAS thread per stage).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SCHEDULES = ["zb-h2", "zb-v"]
+MB_SIZE = 8
+
+
+def model(steps, clip, p):
+    return ["--layers", "8", "--dim", "128", "--heads", "4", "--threads", str(p), "--steps",
+            str(steps), "--eval-every", "0", "--quiet", "--clip", str(clip)]
+
+
+def run(sluice, schedule, p, m, steps, clip, post_validate, tmp):
+    metrics, costs = os.path.join(tmp, "m.jsonl"), os.path.join(tmp, "costs.json")
+    job = [*model(steps, clip, p), "--batch", str(MB_SIZE * m), "--microbatches", str(m),
+           "--stages", str(p), "--schedule", schedule] + (["--post-validate"] if post_validate
+                                                          else [])
+    subprocess.run([sluice, "train", *job, "--metrics", metrics, "--profile-out", costs],
+                   check=True)
+    with open(metrics) as f:
+        summary = [json.loads(l) for l in f if '"summary"' in l][-1]
+    sim = subprocess.run([sluice, "simulate", *job, "--costs", costs, "--format", "json"],
+                         check=True, capture_output=True, text=True)
+    sim = json.loads(sim.stdout)
+    pv = summary.get("post_validation") or {}
+    return {
+        "schedule": schedule, "stages": p, "micro_batches": m, "post_validate": post_validate,
+        "steps_per_s": steps / summary["wall_s"],
+        "measured_bubble": [s["bubble"] for s in summary["stages"]],
+        "rollbacks": pv.get("rollbacks"), "rollback_bytes": pv.get("rollback_bytes"),
+        "predicted_step_ms": sim["step_ms"], "predicted_bubble": sim["bubble"],
+        "steady_state": sim.get("post_validation"),
+        "core_wait_share": sim.get("core_wait_share"),
+        "command": "sluice train " + " ".join(job),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sluice", default="build/sluice")
+    ap.add_argument("--out", default="post_validation.jsonl")
+    ap.add_argument("--stages", default="2,4")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--clip", type=float, default=1.0)
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in [int(x) for x in a.stages.split(",")]:
+            for schedule in SCHEDULES:
+                for post_validate in (False, True):
+                    rows.append(run(a.sluice, schedule, p, 2 * p, a.steps, a.clip, post_validate,
+                                    tmp))
+                    print(json.dumps(rows[-1]), file=sys.stderr)
+    with open(a.out, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print("| schedule | P | M | post-validate | steps/s | measured bubble (mean) | rollbacks "
+          "| predicted bubble (sync step) | predicted steady-state bubble | core wait |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        steady = r["steady_state"]
+        cw = r["core_wait_share"]
+        cells = [r["schedule"], str(r["stages"]), str(r["micro_batches"]),
+                 "on" if r["post_validate"] else "off", f"{r['steps_per_s']:.2f}",
+                 f"{sum(r['measured_bubble']) / len(r['measured_bubble']):.3f}",
+                 str(r["rollbacks"]) if r["rollbacks"] is not None else "-",
+                 f"{r['predicted_bubble']:.3f}",
+                 f"{steady['steady_state_bubble']:.3f}" if steady else "-",
+                 f"{cw:.2f}" if cw is not None else "-"]
+        print("| " + " | ".join(cells) + " |")
+
+if __name__ == "__main__":
+    main()

@@ -226,7 +226,7 @@ TEST_F(EagerUpdate, AValidationWithoutItsEagerUpdateNamesTheStep) {
   try {
     r->program->ValidateEagerUpdate(r->norm, 2.0, 1e-2, 6);
     ADD_FAILURE() << "a validation without an eager update passed";
-  } catch (const Error& e) {
+  } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("post-validation of step 7 found no saved state"),
               std::string::npos)
         << e.what();
@@ -235,7 +235,7 @@ TEST_F(EagerUpdate, AValidationWithoutItsEagerUpdateNamesTheStep) {
   try {
     r->program->ValidateEagerUpdate(r->norm, 2.0, 1e-2, 7);
     ADD_FAILURE() << "step 8 validated step 7's eager update";
-  } catch (const Error& e) {
+  } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("the pending one is step 7's"), std::string::npos)
         << e.what();
   }

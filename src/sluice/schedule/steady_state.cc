@@ -64,7 +64,8 @@ SteadyState AnalyseSteadyState(const Schedule& schedule, const CostModel& costs,
     fill += first / P;
     drain += (n1.makespan - last) / P;
   }
-  out.bubble = out.period > 0 ? idle / (P * out.period) : 0;
+  // Sums of measured costs may leave a rounding error below 0 where the steady state has no idle.
+  out.bubble = out.period > 0 ? std::max(0.0, idle / (P * out.period)) : 0;
   out.fill = fill;
   out.drain = drain;
   return out;

@@ -177,7 +177,7 @@ class StageProgram {
   // Update makes); kRedone when clipping fires (the saved state is restored and the update
   // redone with the clipped gradients); kSkipped when either is not finite (restored, no
   // update: UpdateIfFinite's false). Either way the kept gradients are dropped.
-  // Throws Error (an internal invariant) naming the step when no eager update of `step` is
+  // Throws InternalError (an invariant) naming the step when no eager update of `step` is
   // pending: a rollback that cannot find its saved state never updates silently.
   enum class Validation { kAccepted, kRedone, kSkipped };
   void UpdateEagerly(GradientAccumulator& grads, double lr, int64_t step);

@@ -85,7 +85,7 @@ TEST_F(PlanCli, ForecastBracketsTheMeasuredPeaks) {
 // same bytes and its rollbacks (--clip fires at every step), the forecast still brackets the
 // measured peaks, and the losses are those of the synchronous run.
 TEST_F(PlanCli, PostValidationsRollbackCopyIsPlannedAndMeasured) {
-  const std::string job = fmt::format("{} --schedule zb-h2 --clip 0.01", kJob);
+  const std::string job = fmt::format("{} --stages 4 --schedule zb-h2 --clip 0.01", kModel);
   const nlohmann::json plan = Plan(job + " --post-validate");
   EXPECT_EQ(plan["post_validate"], true);
   const Trained run = Train(job + " --post-validate"), sync = Train(job);

@@ -109,6 +109,34 @@ TEST(Planner, AutoPicksTheFastestKindTheJobCanRun) {
   EXPECT_LT(chosen.bubble, TryPlan(r, ScheduleKind::kOneFOneB)->bubble);
 }
 
+// --post-validate: steps interlock, so auto weighs each kind's steady-state step instead of its
+// synchronous one — a zero-bubble kind (zb-h2 or zb-v, steady bubble 0) wins — and every stage's
+// forecast holds the rollback copy (its parameters and optimizer state once more).
+TEST(Planner, UnderPostValidationAutoWeighsTheSteadyStateAndTheRollbackCopy) {
+  PlanRequest r = Pipeline(4, 8);
+  r.automatic = true;
+  const PlanChoice sync = ChoosePlan(r);
+  r.pipe.post_validate = true;
+  const PlanChoice chosen = ChoosePlan(r);
+  EXPECT_TRUE(chosen.schedule == ScheduleKind::kZeroBubbleH2 ||
+              chosen.schedule == ScheduleKind::kZeroBubbleV)
+      << pipeline::ScheduleKindName(chosen.schedule);
+  EXPECT_EQ(chosen.bubble, 0.0);
+  EXPECT_LT(chosen.step_time, sync.step_time);
+  r.automatic = false;
+  r.pipe.schedule = chosen.schedule;
+  const PlanChoice pv = ChoosePlan(r);
+  r.pipe.post_validate = false;
+  const PlanChoice without = ChoosePlan(r);
+  for (size_t s = 0; s < pv.plan.stages.size(); ++s) {
+    const StageMemoryForecast& f = pv.plan.stages[s].forecast;
+    EXPECT_GT(f.rollback_bytes, 0) << "stage " << s;
+    EXPECT_EQ(f.peak_allocated_bytes,
+              without.plan.stages[s].forecast.peak_allocated_bytes + f.rollback_bytes)
+        << "stage " << s;
+  }
+}
+
 TEST(Planner, ABudgetGetsTheLeastWorkPoliciesThatFit) {
   PlanRequest r = Pipeline(2, 4);
   r.config.batch = 32;  // micro-batches of 8 sequences: activations that recompute can drop

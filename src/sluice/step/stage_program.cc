@@ -253,7 +253,7 @@ void StageProgram::UpdateEagerly(GradientAccumulator& grads, double lr, int64_t 
   SLUICE_CHECK(pending_step_ < 0,
                "step {}'s eager update began while step {}'s still awaits its validation", step + 1,
                pending_step_ + 1);
-  if (saved_.empty()) {
+  if (saved_.empty()) {  // the first eager update (a rank without parameters keeps none)
     for (const std::string& name : UpdatedStateNames())
       saved_.push_back({name, state_.Get(name).Clone(*options_.allocator)});
   } else {
@@ -267,7 +267,7 @@ void StageProgram::UpdateEagerly(GradientAccumulator& grads, double lr, int64_t 
 
 StageProgram::Validation StageProgram::ValidateEagerUpdate(double global_norm, double loss,
                                                            double lr, int64_t step) {
-  SLUICE_CHECK(pending_step_ == step && !saved_.empty(),
+  SLUICE_CHECK(pending_step_ == step,
                "post-validation of step {} found no saved state to roll back to ({})", step + 1,
                pending_step_ < 0 ? "no eager update is pending"
                                  : fmt::format("the pending one is step {}'s", pending_step_ + 1));

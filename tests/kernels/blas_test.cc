@@ -4,6 +4,8 @@
 #include <cblas.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -11,6 +13,42 @@
 
 namespace sluice::kernels {
 namespace {
+
+// A weight gradient added into its buffer by one GEMM with beta = 1 is bitwise the buffer plus
+// the product MatMulBlas gives, for every k up to GemmOneBlockK() (and the reference likewise).
+TEST(Blas, AccumulatingGemmIsTheBufferPlusTheProductWithinOneBlock) {
+  const int64_t one_block = GemmOneBlockK();
+  ASSERT_GE(one_block, 64) << "OpenBLAS blocks k by 128 or more on every x86 core";
+  for (const int64_t k : {int64_t{1}, int64_t{7}, int64_t{64}, one_block}) {
+    SCOPED_TRACE(k);
+    // dW [m, n] = aᵀ·b with a [k, m], b [k, n]: the weight-gradient layout.
+    const int64_t m = 33, n = 65;
+    const Tensor a = Tensor::Empty({k, m}, DType::kF32), b = Tensor::Empty({k, n}, DType::kF32);
+    const Tensor acc = Tensor::Empty({m, n}, DType::kF32);
+    uint32_t state = 7;
+    auto next = [&] {
+      state = state * 1664525u + 1013904223u;
+      return static_cast<float>(state >> 8) / static_cast<float>(1u << 24) - 0.5f;
+    };
+    for (const Tensor* t : {&a, &b, &acc})
+      for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = next();
+    const Tensor product = Tensor::Empty({m, n}, DType::kF32);
+    MatMulBlas<float>(a, b, product, true, false);
+    std::vector<float> expected(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m * n; ++i)
+      expected[static_cast<size_t>(i)] = acc.data<float>()[i] + product.data<float>()[i];
+    const Tensor ref = Tensor::Empty({m, n}, DType::kF32);
+    ref.CopyFrom(acc);
+    MatMulAccumulateBlas<float>(acc, a, b, true, false);
+    EXPECT_EQ(std::memcmp(acc.data<float>(), expected.data(), expected.size() * sizeof(float)), 0);
+    // The reference sums the product in full first, then adds: its own matmul plus the buffer.
+    MatMulReference<float>(a, b, product, true, false);
+    for (int64_t i = 0; i < m * n; ++i)
+      expected[static_cast<size_t>(i)] = ref.data<float>()[i] + product.data<float>()[i];
+    MatMulAccumulateReference<float>(ref, a, b, true, false);
+    EXPECT_EQ(std::memcmp(ref.data<float>(), expected.data(), expected.size() * sizeof(float)), 0);
+  }
+}
 
 TEST(Blas, APreAvx2FallbackIsReplacedByWhatTheCpuRuns) {
   EXPECT_EQ(BetterBlasCore("Prescott", "", /*avx2=*/true, /*avx512=*/true), "SkylakeX");

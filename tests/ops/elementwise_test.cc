@@ -73,6 +73,9 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "cast_to_f64", .op = "cast", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = f64},
       {.label = "cast_to_f32", .op = "cast", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = f32, .grad = false},
       {.label = "copy", .op = "copy", .single_kernel = true, .inputs = {F({3, 7})}},
+      // Gradient accumulation in place (autodiff's AccumulateGradients).
+      {.label = "accumulate", .op = "accumulate", .inputs = {F({3, 7}), F({3, 7})}, .grad = false},
+      {.label = "accumulate_long", .op = "accumulate", .inputs = {F({1031}), F({1031})}, .grad = false},
   };
 }
 // clang-format on
@@ -84,6 +87,7 @@ std::vector<OpErrorCase> ElementwiseErrors() {
   const TensorType f64_3{DType::kF64, Shape{3}};
   return {
       {.label = "add_mismatch", .op = "add", .inputs = {F({4, 3}), F({4})}},
+      {.label = "accumulate_shape", .op = "accumulate", .inputs = {F({4, 3}), F({3, 4})}},
       {.label = "add_dtype", .op = "add", .inputs = {F({3}), f64_3}},
       {.label = "add_int", .op = "add", .inputs = {I64({3}), I64({3})}},
       {.label = "sub_mismatch", .op = "sub", .inputs = {F({7, 13}), F({13, 7})}},

@@ -118,10 +118,14 @@ TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
             EXPECT_LE(c.measured[s], f.peak_allocated_bytes) << what;
             EXPECT_GE(c.measured[s], f.least_peak_allocated_bytes) << what;
             // How many messages' timing is in doubt at the peak, at most (docs/memory.md).
-            const int64_t doubt = kind == ScheduleKind::kInterleaved                       ? 4
-                                  : kind == ScheduleKind::kZeroBubbleH2 || IsVShaped(kind) ? 3
-                                  : kind == ScheduleKind::kZeroBubbleH1                    ? 2
-                                                                                           : 1;
+            // GPipe holds every forward's output until the backwards begin: once weight
+            // gradients accumulate in place the backwards peak lower, and its bracket is set by
+            // the forwards' messages (1 output and a few hundred bytes on the small model).
+            const int64_t doubt =
+                kind == ScheduleKind::kInterleaved                                    ? 4
+                : kind == ScheduleKind::kZeroBubbleH2 || IsVShaped(kind)              ? 3
+                : kind == ScheduleKind::kZeroBubbleH1 || kind == ScheduleKind::kGPipe ? 2
+                                                                                      : 1;
             EXPECT_LE(f.peak_allocated_bytes - f.least_peak_allocated_bytes, doubt * c.output_bytes)
                 << what;
             EXPECT_EQ(c.forecast[s].at_peak.total(), c.forecast[s].peak_allocated_bytes) << what;

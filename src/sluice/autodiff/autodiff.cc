@@ -1,6 +1,7 @@
 #include "sluice/autodiff/autodiff.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <unordered_set>
 
@@ -605,6 +606,72 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
   for (ValueId v : w_outputs) w.AddOutput(to_w[v] != kNoValue ? to_w[v] : w.Get(p.value(v).name));
   out.w = std::move(w);
   return out;
+}
+
+Program AccumulateGradients(const Program& p, const std::vector<std::string>& grads,
+                            int64_t one_block_k) {
+  std::vector<bool> into(p.values().size(), false);  // a gradient to add into its buffer
+  for (const std::string& name : grads) {
+    const std::optional<ValueId> v = p.Find(name);
+    if (!v || !p.IsOutput(*v)) {
+      throw ProgramError(
+          fmt::format("program {}: %{} is not an output to accumulate", p.name(), name));
+    }
+    if (p.value(*v).kind != ValueKind::kIntermediate) {
+      throw ProgramError(
+          fmt::format("program {}: %{} is not computed by the program, so it cannot "
+                      "be added into a buffer",
+                      p.name(), name));
+    }
+    into[static_cast<size_t>(*v)] = true;
+  }
+  std::vector<int32_t> readers(p.values().size(), 0);
+  for (const Instruction& ins : p.instructions()) {
+    for (ValueId v : ins.inputs) ++readers[static_cast<size_t>(v)];
+  }
+  Program dst(p.name() + ".accumulate");
+  std::vector<ValueId> to_dst(p.values().size(), kNoValue);
+  for (const Value& v : p.values()) dst.ReserveName(v.name);
+  for (ValueId v : p.inputs()) to_dst[v] = dst.AddInput(p.value(v).name, p.type(v));
+  std::map<ValueId, ValueId> buffer;  // gradient -> the accumulated buffer, an input of dst
+  for (const std::string& name : grads) {
+    const ValueId v = p.Get(name);
+    buffer[v] = dst.AddInput(name, p.type(v));
+  }
+  for (ValueId v : p.params()) to_dst[v] = dst.AddParamLike(p, v);
+  for (const Instruction& ins : p.instructions()) {
+    ValueList inputs;
+    for (ValueId v : ins.inputs) inputs.push_back(to_dst[v]);
+    const bool one_gradient = ins.outputs.size() == 1 && into[static_cast<size_t>(ins.outputs[0])];
+    if (one_gradient && ins.op->name == "matmul" && readers[ins.outputs[0]] == 0) {
+      const Shape& a = p.type(ins.inputs[0]).shape;
+      const bool ta = ins.attrs.GetBool("transpose_a", false);
+      const int64_t k = a.rank() == 2 ? a[ta ? 0 : 1] : -1;
+      if (a.rank() == 2 && p.type(ins.inputs[1]).shape.rank() == 2 && k <= one_block_k) {
+        // The product goes straight into the buffer: bitwise buffer + product (k fits one block).
+        dst.AddInstruction("matmul_accumulate", {buffer.at(ins.outputs[0]), inputs[0], inputs[1]},
+                           ins.attrs);
+        continue;
+      }
+    }
+    std::vector<std::string> names;
+    for (ValueId v : ins.outputs) {
+      names.push_back(into[static_cast<size_t>(v)] ? dst.FreshName(p.value(v).name + ".part")
+                                                   : p.value(v).name);
+    }
+    const ValueList outputs =
+        dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      to_dst[ins.outputs[k]] = outputs[k];
+      // Added in at once, so that the part dies here unless a later instruction reads it.
+      if (into[static_cast<size_t>(ins.outputs[k])])
+        dst.AddInstruction("accumulate", {buffer.at(ins.outputs[k]), outputs[k]}, {});
+    }
+  }
+  for (ValueId v : p.outputs()) {
+    if (!into[static_cast<size_t>(v)]) dst.AddOutput(to_dst[v]);
+  }
+  return dst;
 }
 
 }  // namespace sluice

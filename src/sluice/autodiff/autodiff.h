@@ -89,6 +89,21 @@ struct SplitBackward {
 
 SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& b_wrt);
 
+// The same program adding the gradients `grads` (outputs it computes) into buffers instead of
+// giving them out: each becomes an input of its own name, the buffer, which the program updates in
+// place; the gradients are no longer outputs. Used for every micro-batch after the first, so that
+// no micro-batch's weight gradient lives beside the accumulated one (step/stage_program.h).
+//   * A gradient made by a 2-D matmul that nothing else reads, over an inner dimension k at most
+//     `one_block_k`, becomes matmul_accumulate(buffer, a, b): one GEMM with beta = 1, no product
+//     tensor (pass kernels::GemmOneBlockK(), the k up to which that is bitwise buffer + product).
+//   * Any other (a bias's sum, a layer norm's parameters, an embedding's scatter, a longer k) is
+//     computed as before, as "<grad>.part", and added in right after: accumulate(buffer, part).
+// Either way each element is buffer + (the gradient as the program computes it): bitwise what
+// adding the program's outputs into the buffers afterwards gives. Throws ProgramError naming a
+// gradient that is not an output the program computes.
+Program AccumulateGradients(const Program& program, const std::vector<std::string>& grads,
+                            int64_t one_block_k);
+
 // A copy of `program` without the instructions whose outputs reach no program output (in-place ops
 // always stay) and without inputs and params that nothing reads.
 Program PruneDeadCode(const Program& program);

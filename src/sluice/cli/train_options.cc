@@ -118,6 +118,11 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
       sub.add_option("--attention", a->attention,
                      "gpt: fused (one op, no [T, T] values kept) or naive (matmul, mask, softmax)")
           ->capture_default_str();
+  auto* head_chunk =
+      sub.add_option("--head-chunk", c.gpt.head_chunk,
+                     "gpt: tokens per chunk of the head's fused linear + cross-entropy, whose "
+                     "logits are never whole (0: automatic; -1: the unfused head)")
+          ->capture_default_str();
   auto* seq =
       sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")
           ->capture_default_str();
@@ -172,6 +177,10 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
           ->capture_default_str();
   auto* no_recompute =
       sub.add_flag("--no-recompute", a->no_recompute, "the same as --recompute none");
+  sub.add_flag("--accumulate-in-place,!--no-accumulate-in-place", c.accumulate_in_place,
+               "micro-batches after the first add their weight gradients straight into the "
+               "accumulated ones (bitwise the same; --no-accumulate-in-place measures the saving)")
+      ->capture_default_str();
   sub.add_option("--memory-budget", a->memory_budget,
                  "most bytes a stage may hold, e.g. 6MiB or 1.5GB (one, or one per stage "
                  "separated by commas): picks each stage's recompute policy before training and "
@@ -292,17 +301,18 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
   // Integers past 64 bits are refused, not clamped to 2^63 - 1.
   for (CLI::Option* o :
        {steps, batch, microbatches, warmup, eval_every, eval_batches, save_every, skip_nonfinite,
-        layers, heads, dim, seq, vocab, features, hidden, classes}) {
+        layers, heads, dim, head_chunk, seq, vocab, features, hidden, classes}) {
     o->check(Int64());
   }
   // Options only one model or one optimizer reads: given for the other, they would change nothing.
   const std::vector<ScopedOption> scoped = {
-      {layers, "--model", "gpt"},        {heads, "--model", "gpt"},
-      {dim, "--model", "gpt"},           {attention, "--model", "gpt"},
-      {seq, "--model", "gpt", true},     {vocab, "--model", "gpt", true},
-      {features, "--model", "mlp"},      {hidden, "--model", "mlp"},
-      {classes, "--model", "mlp", true}, {beta1, "--optimizer", "adamw"},
-      {beta2, "--optimizer", "adamw"},   {momentum, "--optimizer", "sgd"},
+      {layers, "--model", "gpt"},       {heads, "--model", "gpt"},
+      {dim, "--model", "gpt"},          {attention, "--model", "gpt"},
+      {head_chunk, "--model", "gpt"},   {seq, "--model", "gpt", true},
+      {vocab, "--model", "gpt", true},  {features, "--model", "mlp"},
+      {hidden, "--model", "mlp"},       {classes, "--model", "mlp", true},
+      {beta1, "--optimizer", "adamw"},  {beta2, "--optimizer", "adamw"},
+      {momentum, "--optimizer", "sgd"},
   };
   auto finish = [a, command_name = sub.get_name(), unused, init_from, resume, allow_changes, data,
                  scoped, sched, chunks, partition, layout, release, ahead, post_validate, timeout,

@@ -186,6 +186,10 @@ struct OpDef {
   bool recomputable = false;
   std::string doc;  // one line, required: what the op computes (`sluice ops` prints it)
   OpSignature signature;
+  // Scratch memory the kernel takes from KernelContext::allocator while it runs and frees before
+  // it returns, in bytes, from the input types and attributes; null: none. The memory forecast
+  // (step/memory_replay.h) holds it at the instruction, beside its outputs, so it stays exact.
+  int64_t (*scratch_bytes)(std::span<const TensorType> inputs, const Attrs& attrs) = nullptr;
   // kInPlace ops: the inputs the kernel writes (indices; the others it only reads). The verifier
   // refuses an instruction whose written input shares its storage with another input, and a view
   // read after an update of the storage it was taken of (ir/verifier.h).

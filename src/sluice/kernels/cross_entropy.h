@@ -45,4 +45,26 @@ template <typename T, typename I>
 void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
                           int64_t vocab);
 
+// The pieces of the mean above, for a loss computed over chunks of rows
+// (kernels/linear_cross_entropy.h); the functions above are made of them. `first_row` is the
+// chunk's first row in the whole, for error messages.
+// Tokens that count in the mean: targets other than kIgnoreTarget.
+template <typename I>
+int64_t CountTargets(const I* targets, int64_t n);
+// Σ over the counted rows of lse_n − logits[n, targets[n]], in double.
+template <typename T, typename I>
+double CrossEntropySumReference(const T* logits, const I* targets, int64_t n, int64_t vocab,
+                                int64_t first_row = 0);
+template <typename T, typename I>
+double CrossEntropySumFast(const T* logits, const I* targets, int64_t n, int64_t vocab,
+                           int64_t first_row = 0);
+// dlogits[n, v] = scale · (softmax(logits[n])[v] − [v == targets[n]]), zero on ignored rows.
+// dlogits may be logits itself (each row is read before it is written).
+template <typename T, typename I>
+void CrossEntropyGradScaledReference(const T* logits, const I* targets, T scale, T* dlogits,
+                                     int64_t n, int64_t vocab, int64_t first_row = 0);
+template <typename T, typename I>
+void CrossEntropyGradScaledFast(const T* logits, const I* targets, T scale, T* dlogits, int64_t n,
+                                int64_t vocab, int64_t first_row = 0);
+
 }  // namespace sluice::kernels

@@ -1,6 +1,9 @@
 #include "sluice/kernels/matmul.h"
 
 #include <cblas.h>
+#include <cstring>
+#include <random>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -109,6 +112,90 @@ void MatMulBlas(const Tensor& a, const Tensor& b, const Tensor& out, bool transp
   }
 }
 
+namespace {
+
+// acc must be the [m, n] product of 2-D operands: a throwing check, the op's inference does the
+// same for programs.
+MatMulDims AccumulateShape(const Tensor& acc, const Tensor& a, const Tensor& b, bool transpose_a,
+                           bool transpose_b) {
+  const MatMulDims d = MatMulShape(a.shape(), b.shape(), transpose_a, transpose_b);
+  if (a.rank() != 2 || b.rank() != 2 || acc.shape() != Shape{d.m, d.n}) {
+    throw ShapeError(
+        fmt::format("matmul_accumulate: acc {} must be the [m, n] = [{}, {}] product "
+                    "of 2-D a {} and b {}",
+                    acc.shape().ToString(), d.m, d.n, a.shape().ToString(), b.shape().ToString()));
+  }
+  return d;
+}
+
+// Whether beta = 1 gives bitwise c + a·b for this k, on a 256 x 256 product of values in [-1, 1).
+template <typename T>
+bool AddsOnce(int64_t k) {
+  constexpr int64_t kSide = 256;
+  std::mt19937 rng(static_cast<uint32_t>(k));
+  std::uniform_real_distribution<T> u(T(-1), T(1));
+  std::vector<T> a(static_cast<size_t>(k * kSide)), b(a.size()), c(kSide * kSide), sum(c.size());
+  for (T& x : a) x = u(rng);
+  for (T& x : b) x = u(rng);
+  for (T& x : c) x = u(rng);
+  // The weight-gradient layout: aᵀ·b with a [k, m].
+  Gemm(true, false, kSide, kSide, k, T(1), a.data(), b.data(), T(0), sum.data());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = c[i] + sum[i];
+  Gemm(true, false, kSide, kSide, k, T(1), a.data(), b.data(), T(1), c.data());
+  return std::memcmp(c.data(), sum.data(), c.size() * sizeof(T)) == 0;
+}
+
+int64_t ProbeOneBlockK() {
+  int64_t fits = 0;
+  for (int64_t k = 16; k <= 4096; k *= 2) {
+    if (!AddsOnce<float>(k) || !AddsOnce<double>(k)) break;
+    fits = k;
+  }
+  return fits;
+}
+
+}  // namespace
+
+int64_t GemmOneBlockK() {
+  static const int64_t k = ProbeOneBlockK();  // C++ guarantees one initialisation
+  return k;
+}
+
+template <typename T>
+void MatMulAccumulateReference(const Tensor& acc, const Tensor& a, const Tensor& b,
+                               bool transpose_a, bool transpose_b) {
+  const MatMulDims d = AccumulateShape(acc, a, b, transpose_a, transpose_b);
+  const T* A = a.data<T>();
+  const T* B = b.data<T>();
+  T* C = acc.data<T>();
+  for (int64_t i = 0; i < d.m; ++i) {
+    for (int64_t j = 0; j < d.n; ++j) {
+      T sum = 0;  // the product in full, as MatMulReference sums it, then one addition
+      for (int64_t p = 0; p < d.k; ++p) {
+        T x = transpose_a ? A[p * d.m + i] : A[i * d.k + p];
+        T y = transpose_b ? B[j * d.k + p] : B[p * d.n + j];
+        sum += x * y;
+      }
+      C[i * d.n + j] += sum;
+    }
+  }
+}
+
+template <typename T>
+void MatMulAccumulateBlas(const Tensor& acc, const Tensor& a, const Tensor& b, bool transpose_a,
+                          bool transpose_b) {
+  const MatMulDims d = AccumulateShape(acc, a, b, transpose_a, transpose_b);
+  if (d.m == 0 || d.n == 0 || d.k == 0) return;  // acc += 0
+  Gemm(transpose_a, transpose_b, d.m, d.n, d.k, T(1), a.data<T>(), b.data<T>(), T(1),
+       acc.data<T>());
+}
+
+template void MatMulAccumulateReference<float>(const Tensor&, const Tensor&, const Tensor&, bool,
+                                               bool);
+template void MatMulAccumulateReference<double>(const Tensor&, const Tensor&, const Tensor&, bool,
+                                                bool);
+template void MatMulAccumulateBlas<float>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
+template void MatMulAccumulateBlas<double>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
 template void MatMulReference<float>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
 template void MatMulReference<double>(const Tensor&, const Tensor&, const Tensor&, bool, bool);
 template void MatMulBlas<float>(const Tensor&, const Tensor&, const Tensor&, bool, bool);

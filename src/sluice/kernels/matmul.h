@@ -44,6 +44,26 @@ void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, d
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
 
+// Accumulating products for weight gradients: acc[m, n] += op(a)·op(b), a and b 2-D.
+//   MatMulAccumulateReference: the product of each element summed in T (as MatMulReference), then
+//   added to acc: bitwise acc + MatMulReference(a, b).
+//   MatMulAccumulateBlas: one GEMM with beta = 1 straight into acc, no [m, n] temporary. OpenBLAS
+//   adds into C once per block of the inner dimension k, so the result is bitwise acc + (a·b) as
+//   MatMulBlas computes it only while k fits one block: k <= GemmOneBlockK(). Beyond it the sum is
+//   ((acc + p1) + p2) + ..., a different rounding of the same sum.
+template <typename T>
+void MatMulAccumulateReference(const Tensor& acc, const Tensor& a, const Tensor& b,
+                               bool transpose_a, bool transpose_b);
+template <typename T>
+void MatMulAccumulateBlas(const Tensor& acc, const Tensor& a, const Tensor& b, bool transpose_a,
+                          bool transpose_b);
+
+// The largest inner dimension k (a power of two, at most 4096) for which the GEMM kernels in use
+// give bitwise C + A·B with beta = 1, for C, A, B in f32 and f64 alike: probed once per process on
+// a 256 x 256 product (OpenBLAS blocks k by its GEMM_Q, 256 to 384 on AVX2 and AVX-512 cores,
+// 128 on pre-AVX2 ones). 0 when even k = 16 differs. Thread-safe (computed once).
+int64_t GemmOneBlockK();
+
 // The threads every GEMM of the process uses (OpenBLAS's own pool; process-wide). Called once per
 // engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it (it sizes
 // the other kernels' intra-op pool, kernels/parallel.h, to the same count).

@@ -20,6 +20,12 @@ void ValidateGptConfig(const GptConfig& c) {
         fmt::format("GPT sizes must be positive (vocab {}, seq {}, layers {}, heads {}, dim {})",
                     c.vocab, c.seq, c.layers, c.heads, c.dim));
   }
+  if (c.head_chunk < -1) {
+    throw InvalidArgument(fmt::format(
+        "--head-chunk {} is not a number of tokens: give a positive chunk, 0 (automatic) or -1 "
+        "(the unfused head)",
+        c.head_chunk));
+  }
   if (c.dim % c.heads != 0) {
     throw InvalidArgument(
         fmt::format("--heads {} does not divide --dim {}: choose a dim that is a multiple of heads",
@@ -185,10 +191,16 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     x = LayerNormLayer(m, "ln_f", x, c.dim);
     // [vocab, C] like torch.nn.Linear
     Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);
-    logits = b.Name(MatMul(x, head, false, true), "logits");  // [B, T, vocab]
-    if (output == GptOutput::kLoss) {
+    if (output == GptOutput::kLoss && c.head_chunk >= 0) {
+      // The logits only ever a chunk of tokens at a time, inside the kernel.
       Var targets = b.Input("targets", DType::kI64, {B, T});
-      loss = b.Name(CrossEntropy(logits, targets), "loss");
+      loss = b.Name(LinearCrossEntropy(x, head, targets, c.head_chunk), "loss");
+    } else {
+      logits = b.Name(MatMul(x, head, false, true), "logits");  // [B, T, vocab]
+      if (output == GptOutput::kLoss) {
+        Var targets = b.Input("targets", DType::kI64, {B, T});
+        loss = b.Name(CrossEntropy(logits, targets), "loss");
+      }
     }
   }
   if (output == GptOutput::kLogits) {

@@ -56,6 +56,11 @@ struct GptConfig {
   int64_t heads = 4;
   int64_t dim = 128;
   GptAttention attention = GptAttention::kFused;  // how blocks compute attention (same parameters)
+  // The head's loss: linear_cross_entropy over chunks of this many tokens, so that the [B, T,
+  // vocab] logits and their gradient are never whole (0: chunks whose logits are the size of the
+  // head's input); -1: the unfused matmul and cross_entropy (the logits whole). Same parameters,
+  // the loss within rounding (ir/ops/nn.h).
+  int64_t head_chunk = 0;
 };
 
 // Throws InvalidArgument saying what to change (heads not dividing dim, non-positive sizes).

@@ -93,6 +93,11 @@ double ClipCoefficient(double norm, double clip_norm);
 class GradientAccumulator {
  public:
   void Add(const std::string& name, Tensor grad);
+  // Gradient `name`, or null when there is none yet (a backward adds into it in place).
+  const Tensor* Find(const std::string& name) const {
+    auto it = grads_.find(name);
+    return it == grads_.end() ? nullptr : &it->second;
+  }
   // Removes and returns gradient `name`; an undefined tensor when there is none.
   Tensor Take(const std::string& name);
   // Divides every gradient by `micro_batches`; returns each one's sum of squares (in f64) by name.

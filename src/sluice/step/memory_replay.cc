@@ -339,6 +339,19 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
       ledger.Made(storage[g], program, i, v);
       held[g] = 1;
     }
+    const Instruction& ins = program.instructions()[static_cast<size_t>(i)];
+    if (ins.op->scratch_bytes != nullptr) {  // the kernel's scratch, freed before it returns
+      std::vector<TensorType> types;
+      for (ValueId in : ins.inputs) types.push_back(program.type(in));
+      const int64_t bytes = ins.op->scratch_bytes(types, ins.attrs);
+      if (bytes > 0) {
+        const MemoryLedger::Id scratch = ledger.Allocate(bytes, kRun);
+        if (ledger.explaining())
+          ledger.Made(scratch, fmt::format("scratch of {}", ins.op->name), "",
+                      fmt::format("{}: the kernel of instruction {}", program.name(), i));
+        ledger.Release(scratch, kRun);
+      }
+    }
     if (ledger.explaining()) {  // the instruction reads its inputs after its outputs exist
       for (ValueId in : program.instructions()[static_cast<size_t>(i)].inputs) {
         ledger.ReadBy(storage[static_cast<size_t>(plan.group_of[static_cast<size_t>(in)])], program,
@@ -461,22 +474,41 @@ void StageReplay::Forward(int c, SymbolicScope& scope) const {
   }
 }
 
+// StageProgram's RunBackward: the accumulating program once every gradient it adds into has a
+// buffer, bound in the scope for the run.
+void StageReplay::RunBackward(int c, const Executable& plain, const Chunk::Accumulating& acc,
+                              SymbolicScope& scope, SymbolicGradients& grads) const {
+  SymbolicScope& g = grads.scope();
+  const bool in_place =
+      acc.exe != nullptr && std::all_of(acc.grads.begin(), acc.grads.end(),
+                                        [&](const std::string& name) { return g.Has(name); });
+  const Executable& exe = in_place ? *acc.exe : plain;
+  if (in_place) {
+    for (const std::string& name : acc.grads) scope.Set(name, g.Get(name));
+  }
+  ReplayRun(exe, scope);
+  work_ += EstimateWork(exe.program());
+  if (in_place) {
+    for (const std::string& name : acc.grads) scope.Erase(name);
+  }
+  TakeGradients(c, scope, grads);
+}
+
 void StageReplay::Backward(int c, SymbolicScope& scope, SymbolicGradients& grads) const {
   const Chunk& ch = program_.chunk(c);
   BindParams(c, scope);
-  const Executable& exe = program_.split_backward() ? *ch.b_exe : *ch.backward_exe;
-  ReplayRun(exe, scope);
-  work_ += EstimateWork(exe.program());
-  TakeGradients(c, scope, grads);
+  if (program_.split_backward()) {
+    RunBackward(c, *ch.b_exe, ch.b_acc, scope, grads);
+  } else {
+    RunBackward(c, *ch.backward_exe, ch.backward_acc, scope, grads);
+  }
 }
 
 void StageReplay::Weight(int c, SymbolicScope& scope, SymbolicGradients& grads) const {
   const Chunk& ch = program_.chunk(c);
   SLUICE_CHECK(ch.w_exe != nullptr, "W of chunk {} without a split backward", c);
   BindParams(c, scope);
-  ReplayRun(*ch.w_exe, scope);
-  work_ += EstimateWork(ch.w_exe->program());
-  TakeGradients(c, scope, grads);
+  RunBackward(c, *ch.w_exe, ch.w_acc, scope, grads);
 }
 
 void StageReplay::Update(SymbolicGradients& grads) {
@@ -502,6 +534,14 @@ void StageReplay::Update(SymbolicGradients& grads) {
 double EstimateWork(const Program& program) {
   double work = 0;
   for (const Instruction& instr : program.instructions()) {
+    if (instr.op->name == "matmul_accumulate") {  // the matmul it stands for (AccumulateGradients)
+      const Shape& a = program.type(instr.inputs[1]).shape;
+      const int64_t k = a[instr.attrs.GetBool("transpose_a", false) ? 0 : 1];
+      work += 2.0 * static_cast<double>(program.type(instr.inputs[0]).shape.numel()) *
+              static_cast<double>(k);
+      continue;
+    }
+    // Other in-place ops (accumulate: the gradient adds the accumulator always made) count none.
     if (instr.outputs.empty()) continue;
     const TensorType& out = program.type(instr.outputs[0]);
     if (instr.inputs.empty()) {

@@ -318,6 +318,8 @@ class StageReplay {
  private:
   void BindParams(int c, SymbolicScope& scope) const;
   void TakeGradients(int c, SymbolicScope& scope, SymbolicGradients& grads) const;
+  void RunBackward(int c, const Executable& plain, const Chunk::Accumulating& acc,
+                   SymbolicScope& scope, SymbolicGradients& grads) const;
   void SumTiedShares(SymbolicGradients& grads) const;
 
   const StageProgram& program_;

@@ -31,6 +31,31 @@ std::vector<std::string> InputNames(const Program& program,
   return names;
 }
 
+// The parameter gradients among `program`'s outputs, in the chunk's parameter order.
+std::vector<std::string> GradientOutputs(const Program& program,
+                                         const std::vector<Chunk::ParamRead>& params) {
+  std::vector<std::string> out;
+  for (const Chunk::ParamRead& p : params) {
+    const std::optional<ValueId> v = program.Find(p.value + ".grad");
+    if (v && program.IsOutput(*v) && program.value(*v).kind == ValueKind::kIntermediate)
+      out.push_back(p.value + ".grad");
+  }
+  return out;
+}
+
+// The accumulating form of `program` (AccumulateGradients), with `options`; none when the program
+// gives out no parameter gradient.
+Chunk::Accumulating MakeAccumulating(const Program& program,
+                                     const std::vector<Chunk::ParamRead>& params,
+                                     ExecutableOptions options) {
+  Chunk::Accumulating acc;
+  acc.grads = GradientOutputs(program, params);
+  if (acc.grads.empty()) return acc;
+  acc.exe = std::make_unique<Executable>(
+      AccumulateGradients(program, acc.grads, kernels::GemmOneBlockK()), options);
+  return acc;
+}
+
 }  // namespace
 
 StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config,
@@ -101,11 +126,17 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       ExecutableOptions w = base;
       w.donate = InputNames(ch.split.w);
       ch.w_exe = std::make_unique<Executable>(ch.split.w, w);
+      if (config.accumulate_in_place) {
+        ch.b_acc = MakeAccumulating(ch.split.b, ch.params, b);  // buffers are inputs, not donated
+        ch.w_acc = MakeAccumulating(ch.split.w, ch.params, w);
+      }
     } else {
       ExecutableOptions bwd = base;
       bwd.donate =
           InputNames(ch.backward.program);  // saved activations and "y.grad" die at last use
       ch.backward_exe = std::make_unique<Executable>(ch.backward.program, bwd);
+      if (config.accumulate_in_place)
+        ch.backward_acc = MakeAccumulating(ch.backward.program, ch.params, bwd);
     }
   }
   for (const TiedParam& t : tied) {
@@ -156,13 +187,34 @@ void UnbindParams(const Chunk& ch, Scope& scope) {
   for (const Chunk::ParamRead& p : ch.params) scope.Erase(p.value);
 }
 
+// Runs `plain`, or `acc` once `grads` holds a buffer for each of its gradients: the buffers are
+// bound under the gradients' names, updated in place, and unbound after.
+void RunBackward(const Chunk& ch, Executable& plain, const Chunk::Accumulating& acc, Scope& scope,
+                 GradientAccumulator& grads) {
+  const bool in_place =
+      acc.exe != nullptr && std::all_of(acc.grads.begin(), acc.grads.end(),
+                                        [&](const auto& g) { return grads.Find(g) != nullptr; });
+  if (!in_place) {
+    plain.Run(scope);
+    TakeGradients(ch, scope, grads);
+    return;
+  }
+  for (const std::string& g : acc.grads) scope.Set(g, *grads.Find(g));
+  acc.exe->Run(scope);
+  for (const std::string& g : acc.grads) scope.Erase(g);
+  TakeGradients(ch, scope, grads);  // any the program still gives out
+}
+
 }  // namespace
 
 void StageProgram::Backward(int c, Scope& scope, GradientAccumulator& grads) const {
   const Chunk& ch = chunks_[c];
   for (const Chunk::ParamRead& p : ch.params) scope.Set(p.value, state_.Get(p.param));
-  (options_.split_backward ? ch.b_exe : ch.backward_exe)->Run(scope);
-  TakeGradients(ch, scope, grads);
+  if (options_.split_backward) {
+    RunBackward(ch, *ch.b_exe, ch.b_acc, scope, grads);
+  } else {
+    RunBackward(ch, *ch.backward_exe, ch.backward_acc, scope, grads);
+  }
   UnbindParams(ch, scope);
 }
 
@@ -170,8 +222,7 @@ void StageProgram::Weight(int c, Scope& scope, GradientAccumulator& grads) const
   const Chunk& ch = chunks_[c];
   SLUICE_CHECK(options_.split_backward, "W of chunk {} without a split backward", c);
   for (const Chunk::ParamRead& p : ch.params) scope.Set(p.value, state_.Get(p.param));
-  ch.w_exe->Run(scope);
-  TakeGradients(ch, scope, grads);
+  RunBackward(ch, *ch.w_exe, ch.w_acc, scope, grads);
   UnbindParams(ch, scope);
 }
 

@@ -10,7 +10,9 @@
 //              first, "x.grad" for the previous chunk; seeded by the loss on the last chunk, by
 //              "y.grad" from the next chunk elsewhere. It donates its inputs, so saved activations
 //              die at their last backward use. With split_backward, its B half (input gradients:
-//              the pipeline's critical path) and W half (parameter gradients) instead (SplitBW)
+//              the pipeline's critical path) and W half (parameter gradients) instead (SplitBW);
+//              and, for the micro-batches after the first, the same adding the parameter gradients
+//              into the accumulated buffers (AccumulateGradients; TrainConfig::accumulate_in_place)
 // and, for all of the rank's parameters: their initial values and optimizer state in the rank's
 // allocator and the optimizer program that applies the accumulated gradients in place.
 //
@@ -111,6 +113,15 @@ struct Chunk {
   std::vector<ParamRead> params;
   bool output_saved = false;  // the backward reads "y": it may not be released early
   std::unique_ptr<Executable> forward, backward_exe, b_exe, w_exe;
+  // The backward (or B, or W) that adds the parameter gradients `grads` into the accumulated
+  // buffers, bound in the scope under those names (AccumulateGradients): run instead of the plain
+  // one once every one of them has a buffer (TrainConfig::accumulate_in_place). exe is null when
+  // the program gives out no parameter gradient or accumulation in place is off.
+  struct Accumulating {
+    std::unique_ptr<Executable> exe;
+    std::vector<std::string> grads;
+  };
+  Accumulating backward_acc, b_acc, w_acc;
 };
 
 class StageProgram {
@@ -134,7 +145,8 @@ class StageProgram {
   // backward reads, plus the output: the loss on the last chunk, else "y".
   void Forward(int c, Scope& scope) const;
   // Runs chunk c's backward — its B half when split — on the forward's hand-off plus "y.grad"
-  // (unless last) and adds the parameter gradients it produced to `grads`. Afterwards `scope`
+  // (unless last) and adds the parameter gradients it produced to `grads` — in place, by the
+  // accumulating program, once `grads` holds every one of them. Afterwards `scope`
   // holds "x.grad" unless the chunk is the first, and, when split, what W reads.
   void Backward(int c, Scope& scope, GradientAccumulator& grads) const;
   // Runs chunk c's W half (split only) and adds its parameter gradients to `grads`.

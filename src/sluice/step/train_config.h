@@ -57,6 +57,11 @@ struct TrainConfig {
   // `--memory-plan`: dynamic (the default) or static — every run's intermediates in one arena
   // (exec/memory_plan.h; trace mode only). Bitwise the same results.
   MemoryPlanMode memory_plan = MemoryPlanMode::kDynamic;
+  // Every micro-batch after the first adds its weight gradients straight into the accumulated
+  // buffers (autodiff.h's AccumulateGradients: a GEMM with beta = 1, or an add right where the
+  // gradient is made), so no micro-batch's gradients live beside the accumulated ones. false: each
+  // backward gives its gradients out and they are added afterwards. Bitwise the same results.
+  bool accumulate_in_place = true;
   // What the backward recomputes instead of keeping from the forward (RecomputePolicy): one policy
   // for every pipeline stage, or one per stage (`--recompute full,cheap,cheap,none`).
   std::vector<RecomputePolicy> recompute = {RecomputePolicy::kCheap};

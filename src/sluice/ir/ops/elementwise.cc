@@ -8,6 +8,7 @@
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
+#include "sluice/kernels/accumulate.h"
 #include "sluice/kernels/binary.h"
 #include "sluice/kernels/unary.h"
 
@@ -208,6 +209,29 @@ void CopyKernel(KernelContext& ctx) { ctx.outputs[0].CopyFrom(ctx.inputs[0]); }
 
 std::vector<Var> CopyVjp(VjpContext& ctx) { return {ctx.dy(0)}; }
 
+// acc += x, same shape and dtype: a gradient added into its accumulated buffer, each element one
+// rounded addition (what GradientAccumulator::Add computes).
+std::vector<TensorType> InferAccumulate(std::span<const TensorType> in, const Attrs&) {
+  ops::SameFloatDType(in);
+  if (in[0].shape != in[1].shape) {
+    throw ShapeError(fmt::format("x must have acc's shape {}, got {}", in[0].shape.ToString(),
+                                 in[1].shape.ToString()));
+  }
+  return {};
+}
+
+template <bool kFast>
+void AccumulateKernel(KernelContext& ctx) {
+  const Tensor& acc = ctx.inputs[0];
+  DispatchFloat(acc.dtype(), "accumulate", [&]<typename T>() {
+    if constexpr (kFast) {
+      kernels::AxpyBlas<T>(ctx.inputs[1].data<T>(), acc.data<T>(), acc.numel(), T(1));
+    } else {
+      kernels::AxpyReference<T>(ctx.inputs[1].data<T>(), acc.data<T>(), acc.numel(), T(1));
+    }
+  });
+}
+
 void RegisterBinary(OpRegistry& r, std::string name, KernelFn fast, KernelFn reference, VjpFn vjp,
                     std::string doc) {
   r.Register({.name = std::move(name),
@@ -287,6 +311,16 @@ Var Cast(Var x, DType dtype) {
 Var Copy(Var x) { return x.builder()->Emit1("copy", {x}); }
 
 void RegisterElementwiseOps(OpRegistry& r) {
+  r.Register({.name = "accumulate",
+              .kind = OpKind::kInPlace,
+              .num_inputs = 2,
+              .infer = InferAccumulate,
+              .kernel = AccumulateKernel<true>,
+              .reference = AccumulateKernel<false>,
+              .doc = "acc += x elementwise, in place: a gradient added into its accumulated buffer "
+                     "(autodiff's AccumulateGradients)",
+              .signature = {.inputs = {{"acc", "float[...]"}, {"x", "float[...]"}}},
+              .updates = {0}});
   RegisterBinary(r, "add", BinaryKernel<std::plus<>, true>, BinaryKernel<std::plus<>, false>,
                  AddVjp, "a + b with broadcasting");
   RegisterBinary(r, "sub", BinaryKernel<std::minus<>, true>, BinaryKernel<std::minus<>, false>,

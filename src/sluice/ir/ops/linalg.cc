@@ -156,6 +156,36 @@ void MatMulGeluGradKernel(KernelContext& ctx) {
   });
 }
 
+// acc [m, n] += op(a)·op(b), a and b 2-D: a weight gradient added into its accumulated buffer.
+std::vector<TensorType> InferMatMulAccumulate(std::span<const TensorType> in, const Attrs& attrs) {
+  ops::SameFloatDType(in);
+  if (in[1].shape.rank() != 2 || in[2].shape.rank() != 2) {
+    throw ShapeError(fmt::format("a and b must be 2-D, got a {} and b {}", in[1].shape.ToString(),
+                                 in[2].shape.ToString()));
+  }
+  const Shape product = InferMatMul(in.subspan(1, 2), attrs)[0].shape;
+  if (in[0].shape != product) {
+    throw ShapeError(fmt::format("acc must have the product's shape {} (a {}, b {}), got {}",
+                                 product.ToString(), in[1].shape.ToString(), in[2].shape.ToString(),
+                                 in[0].shape.ToString()));
+  }
+  return {};
+}
+
+template <bool kFast>
+void MatMulAccumulateKernel(KernelContext& ctx) {
+  const bool ta = ctx.attrs.GetBool("transpose_a", false),
+             tb = ctx.attrs.GetBool("transpose_b", false);
+  const Tensor& acc = ctx.inputs[0];
+  DispatchFloat(acc.dtype(), "matmul_accumulate", [&]<typename T>() {
+    if constexpr (kFast) {
+      kernels::MatMulAccumulateBlas<T>(acc, ctx.inputs[1], ctx.inputs[2], ta, tb);
+    } else {
+      kernels::MatMulAccumulateReference<T>(acc, ctx.inputs[1], ctx.inputs[2], ta, tb);
+    }
+  });
+}
+
 }  // namespace
 
 Var MatMulGeluGrad(Var a, Var b, Var x, bool transpose_a, bool transpose_b) {
@@ -210,6 +240,19 @@ void RegisterLinalgOps(OpRegistry& r) {
                                 {"x", "float[..., m, n]"}},
                      .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
                      .outputs = {{"dx", "float[..., m, n]"}}}});
+  r.Register(
+      {.name = "matmul_accumulate",
+       .kind = OpKind::kInPlace,
+       .num_inputs = 3,
+       .infer = InferMatMulAccumulate,
+       .kernel = MatMulAccumulateKernel<true>,
+       .reference = MatMulAccumulateKernel<false>,
+       .doc = "acc += op(a)·op(b) for 2-D a and b, one GEMM with beta = 1 into acc: a weight "
+              "gradient added into its accumulated buffer without a product tensor (autodiff's "
+              "AccumulateGradients)",
+       .signature = {.inputs = {{"acc", "float[m, n]"}, {"a", "float[m, k]"}, {"b", "float[k, n]"}},
+                     .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}}},
+       .updates = {0}});
 }
 
 }  // namespace sluice

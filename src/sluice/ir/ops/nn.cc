@@ -9,6 +9,7 @@
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/layer_norm.h"
+#include "sluice/kernels/linear_cross_entropy.h"
 #include "sluice/kernels/rms_norm.h"
 #include "sluice/kernels/softmax.h"
 
@@ -476,7 +477,126 @@ std::vector<Var> CrossEntropyVjp(VjpContext& ctx) {
   return {CrossEntropyGrad(ctx.x(0), ctx.x(1), ctx.dy(0)), Var()};
 }
 
+// ---- linear_cross_entropy, linear_cross_entropy_grad ----
+
+// x [..., C], w [vocab, C], targets x's shape without C; returns N, the tokens.
+int64_t CheckLinearCrossEntropy(std::span<const TensorType> in, const Attrs& attrs) {
+  const TensorType floats[] = {in[0], in[1]};
+  ops::SameFloatDType(floats);
+  RequireIndices(in[2], "targets");
+  const Shape &x = in[0].shape, &w = in[1].shape;
+  if (x.rank() < 2) {
+    throw ShapeError(
+        fmt::format("x must be [N, C] or [B, T, C] (rank 2 or more), got {}", x.ToString()));
+  }
+  if (w.rank() != 2 || w[1] != LastDim(x)) {
+    throw ShapeError(fmt::format("w must be [vocab, C] with C = {} (x's last axis, x {}), got {}",
+                                 LastDim(x), x.ToString(), w.ToString()));
+  }
+  std::vector<int64_t> lead(x.dims().begin(), x.dims().end() - 1);
+  if (in[2].shape != Shape(std::span<const int64_t>(lead))) {
+    throw ShapeError(fmt::format(
+        "targets must be x's shape without its last axis ({} for x {}), got {}",
+        Shape(std::span<const int64_t>(lead)).ToString(), x.ToString(), in[2].shape.ToString()));
+  }
+  if (in[2].shape.numel() == 0) throw ShapeError("there are no tokens: the mean loss is undefined");
+  if (attrs.GetInt("chunk", 0) < 0) {
+    throw ShapeError(
+        fmt::format("chunk must be 0 (automatic) or a positive number of tokens, got {}",
+                    attrs.GetInt("chunk", 0)));
+  }
+  return in[2].shape.numel();
+}
+
+std::vector<TensorType> InferLinearCrossEntropy(std::span<const TensorType> in,
+                                                const Attrs& attrs) {
+  CheckLinearCrossEntropy(in, attrs);
+  return {{in[0].dtype, Shape{}}};
+}
+
+std::vector<TensorType> InferLinearCrossEntropyGrad(std::span<const TensorType> in,
+                                                    const Attrs& attrs) {
+  CheckLinearCrossEntropy(in.first(3), attrs);
+  if (in[3].dtype != in[0].dtype || in[3].shape.rank() != 0) {
+    throw ShapeError(
+        fmt::format("dloss must be a scalar {}[], got {}", Name(in[0].dtype), in[3].ToString()));
+  }
+  return {in[0], in[1]};
+}
+
+// The kernel's scratch: one chunk's logits, [rows, vocab].
+int64_t LinearCrossEntropyScratch(std::span<const TensorType> in, const Attrs& attrs) {
+  const int64_t n = in[2].shape.numel(), c = LastDim(in[0].shape), vocab = in[1].shape[0];
+  const int64_t rows = kernels::LinearCrossEntropyChunk(n, c, vocab, attrs.GetInt("chunk", 0));
+  return rows * vocab * static_cast<int64_t>(SizeOf(in[0].dtype));
+}
+
+template <bool kFast>
+void LinearCrossEntropyKernel(KernelContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &w = ctx.inputs[1], &targets = ctx.inputs[2];
+  DispatchFloat(x.dtype(), "linear_cross_entropy", [&]<typename T>() {
+    DispatchIndex(targets.dtype(), "linear_cross_entropy", [&]<typename I>() {
+      const int64_t n = targets.numel(), c = LastDim(x.shape()), vocab = w.shape()[0];
+      const int64_t rows =
+          kernels::LinearCrossEntropyChunk(n, c, vocab, ctx.attrs.GetInt("chunk", 0));
+      const Tensor scratch = Tensor::Empty({rows, vocab}, x.dtype(), ctx.allocator);
+      T* loss = ctx.outputs[0].data<T>();
+      if constexpr (kFast) {
+        *loss = kernels::LinearCrossEntropyFast<T, I>(x.data<T>(), w.data<T>(), targets.data<I>(),
+                                                      n, c, vocab, rows, scratch.data<T>());
+      } else {
+        *loss = kernels::LinearCrossEntropyReference<T, I>(
+            x.data<T>(), w.data<T>(), targets.data<I>(), n, c, vocab, rows, scratch.data<T>());
+      }
+    });
+  });
+}
+
+template <bool kFast>
+void LinearCrossEntropyGradKernel(KernelContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &w = ctx.inputs[1], &targets = ctx.inputs[2];
+  DispatchFloat(x.dtype(), "linear_cross_entropy_grad", [&]<typename T>() {
+    DispatchIndex(targets.dtype(), "linear_cross_entropy_grad", [&]<typename I>() {
+      const int64_t n = targets.numel(), c = LastDim(x.shape()), vocab = w.shape()[0];
+      const int64_t rows =
+          kernels::LinearCrossEntropyChunk(n, c, vocab, ctx.attrs.GetInt("chunk", 0));
+      const Tensor scratch = Tensor::Empty({rows, vocab}, x.dtype(), ctx.allocator);
+      const T dloss = ctx.inputs[3].data<T>()[0];
+      T* dx = ctx.outputs[0].data<T>();
+      T* dw = ctx.outputs[1].data<T>();
+      if constexpr (kFast) {
+        kernels::LinearCrossEntropyGradFast<T, I>(x.data<T>(), w.data<T>(), targets.data<I>(),
+                                                  dloss, n, c, vocab, rows, scratch.data<T>(), dx,
+                                                  dw);
+      } else {
+        kernels::LinearCrossEntropyGradReference<T, I>(x.data<T>(), w.data<T>(), targets.data<I>(),
+                                                       dloss, n, c, vocab, rows, scratch.data<T>(),
+                                                       dx, dw);
+      }
+    });
+  });
+}
+
+std::vector<Var> LinearCrossEntropyVjp(VjpContext& ctx) {
+  const std::pair<Var, Var> g = LinearCrossEntropyGrad(ctx.x(0), ctx.x(1), ctx.x(2), ctx.dy(0),
+                                                       ctx.attrs().GetInt("chunk", 0));
+  return {ctx.needs(0) ? g.first : Var(), ctx.needs(1) ? g.second : Var(), Var()};
+}
+
 }  // namespace
+
+Var LinearCrossEntropy(Var x, Var w, Var targets, int64_t chunk) {
+  Attrs attrs;
+  if (chunk != 0) attrs.Set("chunk", chunk);
+  return x.builder()->Emit1("linear_cross_entropy", {x, w, targets}, std::move(attrs));
+}
+std::pair<Var, Var> LinearCrossEntropyGrad(Var x, Var w, Var targets, Var dloss, int64_t chunk) {
+  Attrs attrs;
+  if (chunk != 0) attrs.Set("chunk", chunk);
+  std::vector<Var> out =
+      x.builder()->Emit("linear_cross_entropy_grad", {x, w, targets, dloss}, std::move(attrs));
+  return {out[0], out[1]};
+}
 
 Var Softmax(Var x) { return x.builder()->Emit1("softmax", {x}); }
 Var SoftmaxGrad(Var dy, Var y) { return dy.builder()->Emit1("softmax_grad", {dy, y}); }
@@ -663,6 +783,34 @@ void RegisterNnOps(OpRegistry& r) {
                                        {"targets", "int[...]"},
                                        {"dloss", "float[]"}},
                             .outputs = {{"dlogits", "float[..., vocab]"}}}});
+  r.Register({.name = "linear_cross_entropy",
+              .num_inputs = 3,
+              .infer = InferLinearCrossEntropy,
+              .kernel = LinearCrossEntropyKernel<true>,
+              .reference = LinearCrossEntropyKernel<false>,
+              .vjp = LinearCrossEntropyVjp,
+              .doc = "cross_entropy(x·wᵀ, targets) over chunks of tokens: the [N, vocab] logits "
+                     "are never whole (kernels/linear_cross_entropy.h)",
+              .signature = {.inputs = {{"x", "float[..., C]"},
+                                       {"w", "float[vocab, C]"},
+                                       {"targets", "int[...]"}},
+                            .attrs = {{"chunk", "int = 0"}},
+                            .outputs = {{"loss", "float[]"}}},
+              .scratch_bytes = LinearCrossEntropyScratch});
+  r.Register({.name = "linear_cross_entropy_grad",
+              .num_inputs = 4,
+              .infer = InferLinearCrossEntropyGrad,
+              .kernel = LinearCrossEntropyGradKernel<true>,
+              .reference = LinearCrossEntropyGradKernel<false>,
+              .doc = "dx and dw of linear_cross_entropy, each chunk's logits recomputed and turned "
+                     "into their gradient in place",
+              .signature = {.inputs = {{"x", "float[..., C]"},
+                                       {"w", "float[vocab, C]"},
+                                       {"targets", "int[...]"},
+                                       {"dloss", "float[]"}},
+                            .attrs = {{"chunk", "int = 0"}},
+                            .outputs = {{"dx", "float[..., C]"}, {"dw", "float[vocab, C]"}}},
+              .scratch_bytes = LinearCrossEntropyScratch});
 }
 
 }  // namespace sluice

@@ -1,5 +1,5 @@
 // Neural-network ops: softmax, causal masking, layer and RMS normalization, embeddings,
-// cross-entropy.
+// cross-entropy (alone, or fused with the linear head before it).
 // Shapes use the glossary (docs/glossary.md): B batch, T sequence, C channels, H heads, and vocab
 // the vocabulary size; "..." is any number of leading axes. Every op takes f32 or f64 (one dtype
 // per op); ids and targets are i32 or i64. Kernels: kernels/{softmax,layer_norm,rms_norm,
@@ -74,5 +74,16 @@ Var CrossEntropy(Var logits, Var targets);
 // (dloss / N) · (softmax(logits) − onehot(targets)). logits [..., vocab], targets [...], dloss []
 // -> dlogits [..., vocab]. Op "cross_entropy_grad".
 Var CrossEntropyGrad(Var logits, Var targets, Var dloss);
+
+// CrossEntropy(MatMul(x, w, false, true), targets) without the logits ever whole: a linear head
+// (w [vocab, C], torch.nn.Linear's layout, no bias) and its loss, over chunks of `chunk` tokens
+// (0: chunks whose logits take as many values as x; kernels/linear_cross_entropy.h). x [..., C],
+// targets x's shape without C -> loss []. The kernel's scratch is one chunk's logits. Op
+// "linear_cross_entropy", attribute chunk; VJP: linear_cross_entropy_grad, which recomputes each
+// chunk's logits. The loss is the unfused one's within rounding of its double sum (1e-15).
+Var LinearCrossEntropy(Var x, Var w, Var targets, int64_t chunk = 0);
+// {dx [..., C], dw [vocab, C]} of LinearCrossEntropy for dloss []. dx is bitwise the unfused one;
+// dw sums over the chunks. Op "linear_cross_entropy_grad".
+std::pair<Var, Var> LinearCrossEntropyGrad(Var x, Var w, Var targets, Var dloss, int64_t chunk = 0);
 
 }  // namespace sluice

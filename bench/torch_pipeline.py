@@ -225,7 +225,7 @@ def main():
                           ("dim", 128), ("seq", 64), ("batch", 16), ("steps", 4)):
         p.add_argument(f"--{name}", type=int, default=default)
     a = p.parse_args()
-    data = os.path.join(tempfile.mkdtemp(), "data.bin")
+    data = os.path.join(tempfile.mkdtemp(), "data.txt")  # raw bytes: a .bin file is read as tokens
     random.seed(0)
     with open(data, "wb") as f:
         f.write(bytes(random.randrange(a.vocab) for _ in range(1 << 18)))

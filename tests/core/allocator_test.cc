@@ -3,6 +3,7 @@
 // cross-thread frees, errors for bad input.
 #include "sluice/core/caching_allocator.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 #include "sluice/core/error.h"
 #include "sluice/core/system_allocator.h"
 
@@ -22,6 +25,7 @@ namespace {
 
 constexpr size_t KiB = size_t{1} << 10;
 constexpr size_t MiB = size_t{1} << 20;
+const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
 
 // A live block of the randomized tests: its memory holds `id` in every word (and its low byte in
 // the tail), so a block that another one overwrote is noticed before it is freed.
@@ -152,21 +156,24 @@ TEST(CachingAllocator, ReusesCachedMemoryWithoutTheOs) {
   EXPECT_EQ(q, p) << "the freed block should be handed out again";
   alloc.Deallocate(q, 1000);
   EXPECT_EQ(alloc.Stats().num_os_allocs, 1);
-  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(kPage));
 }
 
-TEST(CachingAllocator, SmallAndLargeRequestsGetDocumentedChunks) {
-  CachingAllocator alloc;
-  void* small = alloc.Allocate(MiB);  // rounded 1 MiB: small pool, one 2 MiB chunk
-  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
-  void* large = alloc.Allocate(MiB + 1);  // large pool: its own chunk rounded up to 2 MiB
-  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB));
-  void* larger = alloc.Allocate(3 * MiB);  // a 4 MiB chunk
-  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(8 * MiB));
+TEST(CachingAllocator, ChunksGrowInPlaceByPages) {
+  CachingAllocator alloc({.small_limit_bytes = MiB});
+  void* small = alloc.Allocate(MiB);  // rounded 1 MiB: small pool, a region of which 1 MiB is used
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(MiB));
+  void* large = alloc.Allocate(MiB + 1);  // large pool: a region of its own, one page more
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB + kPage));
+  // The large chunk's free tail (a page less 512 B) is extended to 3 MiB in place.
+  void* larger = alloc.Allocate(3 * MiB);
+  EXPECT_EQ(static_cast<char*>(larger), static_cast<char*>(large) + MiB + 512);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(5 * MiB + kPage));
   EXPECT_EQ(alloc.Stats().allocated_bytes, static_cast<int64_t>(5 * MiB + 1));
-  EXPECT_EQ(alloc.NumChunks(), 3u);
+  EXPECT_EQ(alloc.NumChunks(), 2u);
   for (const auto& chunk : alloc.Snapshot().chunks) {
     EXPECT_EQ(chunk.small_pool, chunk.blocks[0].requested_bytes == MiB);
+    EXPECT_EQ(chunk.capacity, alloc.options().region_bytes);
   }
   alloc.Deallocate(small, MiB);
   alloc.Deallocate(large, MiB + 1);
@@ -174,7 +181,29 @@ TEST(CachingAllocator, SmallAndLargeRequestsGetDocumentedChunks) {
   alloc.CheckInvariants();
 }
 
-TEST(CachingAllocator, LargeBlocksSplitOnlyForALargeRemainder) {
+TEST(CachingAllocator, ANewRegionOnlyWhenNoChunkHasRoom) {
+  CachingAllocator alloc({.small_limit_bytes = 4 * KiB, .region_bytes = 64 * KiB});
+  void* a = alloc.Allocate(40 * KiB);
+  void* b = alloc.Allocate(20 * KiB);  // fits the first region's remaining 24 KiB
+  EXPECT_EQ(alloc.NumChunks(), 1u);
+  void* c = alloc.Allocate(20 * KiB);  // does not: a second region
+  EXPECT_EQ(alloc.NumChunks(), 2u);
+  void* d = alloc.Allocate(100 * KiB);  // above region_bytes: a region of exactly its size
+  EXPECT_EQ(alloc.NumChunks(), 3u);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(180 * KiB));
+  bool found = false;
+  for (const auto& chunk : alloc.Snapshot().chunks) {
+    if (chunk.size == 100 * KiB) found = chunk.capacity == 100 * KiB;
+  }
+  EXPECT_TRUE(found);
+  alloc.Deallocate(a, 40 * KiB);
+  alloc.Deallocate(b, 20 * KiB);
+  alloc.Deallocate(c, 20 * KiB);
+  alloc.Deallocate(d, 100 * KiB);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, LargeBlocksSplitAtAnyRemainder) {
   CachingAllocator alloc;
   void* big = alloc.Allocate(64 * MiB);
   alloc.Deallocate(big, 64 * MiB);
@@ -187,11 +216,12 @@ TEST(CachingAllocator, LargeBlocksSplitOnlyForALargeRemainder) {
   ASSERT_EQ(chunks[0].blocks.size(), 2u);
   EXPECT_EQ(chunks[0].blocks[1].size, 48 * MiB);
   alloc.Deallocate(a, 16 * MiB);
-  // 63.5 MiB leaves 0.5 MiB, below the 1 MiB minimum remainder: the whole block is handed out.
+  // 63.5 MiB leaves 0.5 MiB, which stays free for the next request rather than wasted inside.
   void* b = alloc.Allocate(63 * MiB + 512 * KiB);
   chunks = alloc.Snapshot().chunks;
-  ASSERT_EQ(chunks[0].blocks.size(), 1u);
-  EXPECT_EQ(chunks[0].blocks[0].size, 64 * MiB);
+  ASSERT_EQ(chunks[0].blocks.size(), 2u);
+  EXPECT_EQ(chunks[0].blocks[0].size, 63 * MiB + 512 * KiB);
+  EXPECT_FALSE(chunks[0].blocks[1].allocated);
   EXPECT_EQ(alloc.Stats().allocated_bytes, static_cast<int64_t>(63 * MiB + 512 * KiB));
   alloc.Deallocate(b, 63 * MiB + 512 * KiB);
 }
@@ -232,7 +262,8 @@ TEST(CachingAllocator, FreeCoalescesWithBothNeighbours) {
   const auto chunks = alloc.Snapshot().chunks;
   ASSERT_EQ(chunks.size(), 1u);
   ASSERT_EQ(chunks[0].blocks.size(), 1u);
-  EXPECT_EQ(chunks[0].blocks[0].size, 2 * MiB);
+  EXPECT_EQ(chunks[0].blocks[0].size, chunks[0].size);
+  EXPECT_EQ(chunks[0].size, RoundUp(6 * KiB, kPage));
   alloc.CheckInvariants();
 }
 
@@ -242,28 +273,47 @@ TEST(CachingAllocator, ReleaseCachedKeepsChunksInUse) {
   void* big = alloc.Allocate(10 * MiB);
   alloc.Deallocate(big, 10 * MiB);
   EXPECT_EQ(alloc.ReleaseCached(), 10 * MiB);
-  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(kPage));
   EXPECT_EQ(alloc.NumChunks(), 1u);
   alloc.Deallocate(kept, 100);
-  EXPECT_EQ(alloc.ReleaseCached(), 2 * MiB);
+  EXPECT_EQ(alloc.ReleaseCached(), kPage);
   EXPECT_EQ(alloc.Stats().reserved_bytes, 0);
   EXPECT_EQ(alloc.Stats().num_os_frees, 2);
   alloc.CheckInvariants();
 }
 
-TEST(CachingAllocator, ResetPeakRestartsFromCurrentValues) {
+TEST(CachingAllocator, ReleaseCachedTrimsFreeTails) {
   CachingAllocator alloc;
+  void* kept = alloc.Allocate(kPage);
+  void* tail = alloc.Allocate(64 * KiB);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(kPage + 64 * KiB));
+  alloc.Deallocate(tail, 64 * KiB);
+  EXPECT_EQ(alloc.ReleaseCached(), 64 * KiB);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(kPage));
+  alloc.CheckInvariants();
+  // The chunk grows into the returned pages again.
+  void* again = alloc.Allocate(64 * KiB);
+  EXPECT_EQ(again, tail);
+  std::memset(again, 1, 64 * KiB);
+  EXPECT_EQ(alloc.NumChunks(), 1u);
+  alloc.Deallocate(again, 64 * KiB);
+  alloc.Deallocate(kept, kPage);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, ResetPeakRestartsFromCurrentValues) {
+  CachingAllocator alloc({.small_limit_bytes = MiB});
   void* a = alloc.Allocate(3 * MiB);
   void* b = alloc.Allocate(100);
   alloc.Deallocate(a, 3 * MiB);
   MemoryStats s = alloc.Stats();
   EXPECT_EQ(s.peak_allocated_bytes, static_cast<int64_t>(3 * MiB + 100));
-  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(6 * MiB));
+  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(3 * MiB + kPage));
   alloc.ReleaseCached();
   alloc.ResetPeak();
   s = alloc.Stats();
   EXPECT_EQ(s.peak_allocated_bytes, 100);
-  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(s.peak_reserved_bytes, static_cast<int64_t>(kPage));
   void* c = alloc.Allocate(50);
   alloc.Deallocate(c, 50);
   EXPECT_EQ(alloc.Stats().peak_allocated_bytes, 150);
@@ -278,7 +328,7 @@ TEST(CachingAllocator, InstancesKeepIndependentStats) {
   void* q = second.Allocate(4 * MiB);
   EXPECT_EQ(first.Stats().allocated_bytes, 123);
   EXPECT_EQ(second.Stats().allocated_bytes, static_cast<int64_t>(4 * MiB));
-  EXPECT_EQ(first.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(first.Stats().reserved_bytes, static_cast<int64_t>(kPage));
   EXPECT_EQ(second.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB));
   EXPECT_THROW(second.Deallocate(p, 123), InternalError) << "p belongs to the first instance";
   first.Deallocate(p, 123);
@@ -455,24 +505,26 @@ TEST(CachingAllocator, ForeignPointersAndWrongSizesFailChecksWithoutHarm) {
 }
 
 TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
-  CachingAllocator alloc({.chunk_bytes = 2 * MiB, .max_reserved_bytes = 4 * MiB});
-  void* big = alloc.Allocate(3 * MiB);  // a 4 MiB chunk: the whole budget
+  CachingAllocator alloc({.small_limit_bytes = MiB, .max_reserved_bytes = 4 * MiB});
+  void* big = alloc.Allocate(4 * MiB);  // the whole budget
   try {
     alloc.Allocate(KiB);
     FAIL() << "the budget was exceeded";
   } catch (const OutOfMemory& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("chunk of 2097152 bytes for a request of 1024 bytes"), std::string::npos)
+    EXPECT_NE(
+        message.find(fmt::format("cannot obtain {} bytes for a request of 1024 bytes", kPage)),
+        std::string::npos)
         << message;
     EXPECT_NE(message.find("max_reserved_bytes = 4194304"), std::string::npos) << message;
-    // What is held, not counting the refused request (it was: 3146752 bytes allocated).
-    EXPECT_NE(message.find("4194304 bytes are reserved and 3145728 bytes allocated"),
+    // What is held, not counting the refused request.
+    EXPECT_NE(message.find("4194304 bytes are reserved and 4194304 bytes allocated"),
               std::string::npos)
         << message;
   }
-  alloc.Deallocate(big, 3 * MiB);
+  alloc.Deallocate(big, 4 * MiB);
   void* small = alloc.Allocate(KiB);  // the free 4 MiB chunk is unmapped to make room
-  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * MiB));
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(kPage));
   alloc.Deallocate(small, KiB);
   alloc.CheckInvariants();
 }
@@ -515,12 +567,14 @@ TEST(CachingAllocator, OsRefusalIsOutOfMemory) {
 }
 
 TEST(CachingAllocator, BadOptionsAreInvalidArguments) {
-  EXPECT_THROW(CachingAllocator({.chunk_bytes = 3 * MiB}), InvalidArgument);
-  EXPECT_THROW(CachingAllocator({.chunk_bytes = 4 * KiB}), InvalidArgument);
-  CachingAllocator small_chunks({.chunk_bytes = 64 * KiB});
-  void* p = small_chunks.Allocate(40 * KiB);  // above half a chunk: large pool, one 64 KiB chunk
-  EXPECT_EQ(small_chunks.Stats().reserved_bytes, static_cast<int64_t>(64 * KiB));
-  small_chunks.Deallocate(p, 40 * KiB);
+  EXPECT_THROW(CachingAllocator({.small_limit_bytes = 1000}), InvalidArgument);
+  EXPECT_THROW(CachingAllocator({.region_bytes = 4 * KiB}), InvalidArgument);
+  EXPECT_THROW(CachingAllocator({.region_bytes = 64 * KiB + 1}), InvalidArgument);
+  CachingAllocator small_limit({.small_limit_bytes = 32 * KiB});
+  void* p = small_limit.Allocate(40 * KiB);  // above the limit: the large pool
+  EXPECT_EQ(small_limit.Stats().reserved_bytes, static_cast<int64_t>(40 * KiB));
+  EXPECT_FALSE(small_limit.Snapshot().chunks.at(0).small_pool);
+  small_limit.Deallocate(p, 40 * KiB);
 }
 
 TEST(DefaultAllocator, IsAProcessWideCachingAllocator) {

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
 #include "sluice/core/storage.h"
@@ -20,7 +22,6 @@ namespace sluice {
 namespace {
 
 constexpr size_t KiB = size_t{1} << 10;
-constexpr size_t MiB = size_t{1} << 20;
 
 struct Held {
   void* ptr;
@@ -39,7 +40,7 @@ void Give(CachingAllocator& alloc, const Held& h) {
 }
 
 TEST(ThreadCache, AFreedBlockIsParkedAndReusedByItsClass) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   const Held a = Take(alloc, 1000);  // the locked path: nothing parked yet
   EXPECT_EQ(alloc.Stats().allocated_bytes, 1000);
   Give(alloc, a);
@@ -65,7 +66,7 @@ TEST(ThreadCache, AFreedBlockIsParkedAndReusedByItsClass) {
 }
 
 TEST(ThreadCache, LargeRequestsAndFullClassesTakeTheLockedPath) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   const Held big = Take(alloc, CachingAllocator::kMaxCachedBytes + 1);
   Give(alloc, big);
   EXPECT_EQ(alloc.NumThreadCachedBlocks(), 0u);
@@ -80,20 +81,21 @@ TEST(ThreadCache, LargeRequestsAndFullClassesTakeTheLockedPath) {
 }
 
 TEST(ThreadCache, ReleaseCachedAndFlushReturnParkedBlocks) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   Give(alloc, Take(alloc, 300));
   EXPECT_EQ(alloc.NumThreadCachedBlocks(), 1u);
   alloc.FlushThreadCache();
   EXPECT_EQ(alloc.NumThreadCachedBlocks(), 0u);
   EXPECT_EQ(alloc.NumFreeBlocks(), 1u) << "the block coalesced with the rest of its chunk";
   Give(alloc, Take(alloc, 300));
-  EXPECT_EQ(alloc.ReleaseCached(), 2 * MiB) << "the caller's parked block is flushed first";
+  EXPECT_EQ(alloc.ReleaseCached(), static_cast<size_t>(sysconf(_SC_PAGESIZE)))
+      << "the caller's parked block is flushed first";
   EXPECT_EQ(alloc.Stats().reserved_bytes, 0);
   alloc.CheckInvariants();
 }
 
 TEST(ThreadCache, StoragesUseTheFastPath) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   void* first;
   {
     auto s = Storage::Create(alloc, 256);
@@ -106,7 +108,7 @@ TEST(ThreadCache, StoragesUseTheFastPath) {
 }
 
 TEST(ThreadCache, BadFreesAreStillReported) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   const Held a = Take(alloc, 100);
   try {
     alloc.DeallocateWithToken(a.ptr, 99, a.token);
@@ -128,7 +130,7 @@ TEST(ThreadCache, BadFreesAreStillReported) {
 }
 
 TEST(ThreadCache, TheBudgetHoldsOnTheFastPath) {
-  CachingAllocator alloc({.max_allocated_bytes = 1000});
+  CachingAllocator alloc({.thread_cache = true, .max_allocated_bytes = 1000});
   Give(alloc, Take(alloc, 600));  // parked
   const Held kept = Take(alloc, 500);
   EXPECT_THROW(Take(alloc, 600), OutOfMemory);
@@ -140,7 +142,7 @@ TEST(ThreadCache, TheBudgetHoldsOnTheFastPath) {
 }
 
 TEST(ThreadCache, TheTimelineSeesEveryEvent) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   Give(alloc, Take(alloc, 64));  // parked before the timeline starts
   alloc.EnableTimeline(true);
   const Held a = Take(alloc, 64);
@@ -156,7 +158,7 @@ TEST(ThreadCache, TheTimelineSeesEveryEvent) {
 // The async GC's pattern: one thread allocates, another frees (and parks the blocks in its own
 // cache); allocated bytes are exact throughout, and the freeing thread's exit returns its cache.
 TEST(ThreadCache, BlocksFreedOnAnotherThreadParkThereAndReturnAtItsExit) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Held> queue;  // guarded by mu
@@ -208,7 +210,7 @@ TEST(ThreadCache, BlocksFreedOnAnotherThreadParkThereAndReturnAtItsExit) {
 // Several threads allocate and free through their caches at once, some freeing each other's
 // blocks; the allocated bytes and the peak are exact.
 TEST(ThreadCache, AllocatedBytesStayExactAcrossThreads) {
-  CachingAllocator alloc;
+  CachingAllocator alloc({.thread_cache = true});
   constexpr int kThreads = 4;
   std::mutex mu;
   std::vector<Held> shared;  // guarded by mu: blocks any thread may free
@@ -258,7 +260,7 @@ TEST(ThreadCache, AnAllocatorMayDieWhileAThreadHoldsItsCache) {
   std::mutex mu;
   std::condition_variable cv;
   int stage = 0;  // guarded by mu: 1 parked, 2 allocator gone
-  auto alloc = std::make_unique<CachingAllocator>();
+  auto alloc = std::make_unique<CachingAllocator>(CachingAllocatorOptions{.thread_cache = true});
   std::thread worker([&] {
     Give(*alloc, Take(*alloc, 200));  // parked in this thread's cache
     {
@@ -269,7 +271,7 @@ TEST(ThreadCache, AnAllocatorMayDieWhileAThreadHoldsItsCache) {
     std::unique_lock lock(mu);
     cv.wait(lock, [&] { return stage == 2; });
     lock.unlock();
-    CachingAllocator next;
+    CachingAllocator next({.thread_cache = true});
     Give(next, Take(next, 200));
     Give(next, Take(next, 200));
     EXPECT_EQ(next.NumThreadCachedBlocks(), 1u);

@@ -3,6 +3,9 @@
 #   bitwise   1f1b, interleaved, zb-h2, zb-v, v-half and v-min at P = 2 and 4: the same losses as
 #             the in-process run, bit for bit
 #   dp        P = 2 × D = 2 matches one process on the same global batch (≤ 1e-6 relative)
+#   zero      P = 2 × D = 2 with --shard-optimizer (ZeRO stage 1): the same losses as without, bit
+#             for bit; the plan puts each rank's optimizer state at half of D = 1's; without
+#             data parallelism the flag is a clear error
 #   post-validate  --post-validate with --clip firing at every step, P = 2 (1f1b, zb-h2, zb-v):
 #             the synchronous in-process run's losses bitwise, a rollback per step counted
 #   program   the GPT as `sluice export` writes it, trained with --program under mpirun: P = 2
@@ -107,6 +110,29 @@ case "$mode" in
     mpi 4 "${small[@]}" --layers 4 --steps 5 --stages 2 --data-parallel 2 --metrics "$dir/dp.jsonl" || fail "P=2 x D=2"
     compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
     grep -q '"replica":1' "$dir/dp.jsonl" || fail "the summary has no replica 1"
+    ;;
+  zero)
+    args=("${small[@]}" --layers 4 --steps 5 --stages 2 --data-parallel 2)
+    mpi 4 "${args[@]}" --metrics "$dir/dp.jsonl" || fail "P=2 x D=2"
+    mpi 4 "${args[@]}" --shard-optimizer --metrics "$dir/zero.jsonl" || fail "P=2 x D=2 sharded"
+    compare "$dir/dp.jsonl" "$dir/zero.jsonl" 0
+    plan=("${small[@]}" --layers 4 --stages 2 --format json)
+    "$sluice" plan "${plan[@]}" > "$dir/one.json" || fail "plan D=1"
+    "$sluice" plan "${plan[@]}" --data-parallel 2 --shard-optimizer > "$dir/zero.json" ||
+      fail "plan D=2 --shard-optimizer"
+    python3 - "$dir/one.json" "$dir/zero.json" <<'PY' || fail "the sharded optimizer state is not half"
+import json, sys
+one, zero = (json.load(open(p))["stages"] for p in sys.argv[1:3])
+for a, b in zip(one, zero):
+    o1, o2 = a["breakdown"]["optimizer_state"], b["breakdown"]["optimizer_state"]
+    print(f"stage {a['stage']}: optimizer state {o1} B at D = 1, {o2} B per rank sharded")
+    # Half, up to one element per parameter tensor and state tensor (an odd slice).
+    assert o1 // 2 <= o2 <= o1 // 2 + 4 * 2 * 64, (o1, o2)
+PY
+    "$sluice" train "${small[@]}" --layers 4 --steps 1 --shard-optimizer > "$dir/out.txt" 2>&1 &&
+      fail "--shard-optimizer without --data-parallel trained"
+    grep -q -- "--shard-optimizer shards the optimizer state over data-parallel replicas" \
+      "$dir/out.txt" || fail "no clear error: $(cat "$dir/out.txt")"
     ;;
   program)
     model=(--dim 32 --heads 2 --layers 4)

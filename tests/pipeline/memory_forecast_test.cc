@@ -205,7 +205,7 @@ TEST(MemoryForecast, AStepThatWouldExceedTheBudgetStopsWithAClearError) {
   const PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kOneFOneB};
   const Compared free_run = Compare(config, &options);
   // Stage 1 gets room for its parameters and state, not for its step.
-  config.memory_budget = {free_run.forecast[0].peak_allocated_bytes,
+  config.memory_budget = {free_run.forecast[0].peak_reserved_bytes,
                           free_run.forecast[1].persistent_bytes + 1024};
   Trainer trainer(config, PipelineEngineFactory(options));
   try {

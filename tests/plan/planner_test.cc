@@ -155,7 +155,7 @@ TEST(Planner, ABudgetGetsTheLeastWorkPoliciesThatFit) {
   bool recomputes = false;
   for (size_t s = 0; s < 2; ++s) {
     const StagePlan& p = budgeted.plan.stages[s];
-    EXPECT_LE(p.forecast.peak_allocated_bytes, r.budget[s]) << "stage " << s;
+    EXPECT_LE(p.forecast.peak_reserved_bytes, r.budget[s]) << "stage " << s;
     recomputes = recomputes || p.policy != RecomputePolicy::kNone;
     // Every policy of less work than the chosen one is over the budget.
     for (RecomputePolicy policy : kPolicies) {
@@ -163,7 +163,7 @@ TEST(Planner, ABudgetGetsTheLeastWorkPoliciesThatFit) {
       c.recompute = {policy};
       const StageMemoryForecast f = ForecastJob(r, job, c, ScheduleKind::kOneFOneB)[s];
       if (f.work < p.forecast.work) {
-        EXPECT_GT(f.peak_allocated_bytes, r.budget[s]) << "stage " << s << ": " << Name(policy);
+        EXPECT_GT(f.peak_reserved_bytes, r.budget[s]) << "stage " << s << ": " << Name(policy);
       }
     }
   }

@@ -73,6 +73,7 @@ std::vector<StageMemoryForecast> Fake(const TrainConfig& config) {
   for (int s = 0; s < 2; ++s) {
     out[s].stage = s;
     out[s].peak_allocated_bytes = (s == 0 ? 1000 : 600) - 100 * level;
+    out[s].peak_reserved_bytes = out[s].peak_allocated_bytes;  // what the budget bounds
     out[s].at_peak.bytes[static_cast<size_t>(MemoryUse::kActivations)] =
         out[s].peak_allocated_bytes;
     out[s].work = 100 + 10 * static_cast<double>(level);

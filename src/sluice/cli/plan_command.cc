@@ -49,6 +49,7 @@ nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a, bool expla
     stages.push_back({{"stage", s},
                       {"recompute", Name(p.policy)},
                       {"predicted_peak_allocated_bytes", p.forecast.peak_allocated_bytes},
+                      {"predicted_peak_reserved_bytes", p.forecast.peak_reserved_bytes},
                       {"least_peak_allocated_bytes", p.forecast.least_peak_allocated_bytes},
                       {"persistent_bytes", p.forecast.persistent_bytes},
                       {"breakdown", breakdown},
@@ -88,19 +89,21 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
           : std::string("one stage"),
       choice.budget.empty() ? std::string() : fmt::format(", budget {}", a.memory_budget));
   out += fmt::format(
-      "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  {}\n", "stage",
-      "recompute", "peak B", "peak", "parameters", "optimizer", "gradients", "activations",
-      "messages", "working", "peak at");
+      "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  {}\n",
+      "stage", "recompute", "peak B", "peak", "reserved", "parameters", "optimizer", "gradients",
+      "activations", "messages", "working", "peak at");
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& p = plan.stages[s];
     const MemoryBreakdown& b = p.forecast.at_peak;
     out += fmt::format(
-        "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  {}{}\n", s,
-        Name(p.policy), p.forecast.peak_allocated_bytes,
-        FormatBytes(p.forecast.peak_allocated_bytes), FormatBytes(b[MemoryUse::kParameters]),
-        FormatBytes(b[MemoryUse::kOptimizerState]), FormatBytes(b[MemoryUse::kGradients]),
-        FormatBytes(b[MemoryUse::kActivations]), FormatBytes(b[MemoryUse::kMessages]),
-        FormatBytes(b[MemoryUse::kWorking]), p.forecast.peak_phase,
+        "  {:<5}  {:<9}  {:>12}  {:>10}  {:>10}  {:>10}  {:>9}  {:>9}  {:>11}  {:>9}  {:>9}  "
+        "{}{}\n",
+        s, Name(p.policy), p.forecast.peak_allocated_bytes,
+        FormatBytes(p.forecast.peak_allocated_bytes), FormatBytes(p.forecast.peak_reserved_bytes),
+        FormatBytes(b[MemoryUse::kParameters]), FormatBytes(b[MemoryUse::kOptimizerState]),
+        FormatBytes(b[MemoryUse::kGradients]), FormatBytes(b[MemoryUse::kActivations]),
+        FormatBytes(b[MemoryUse::kMessages]), FormatBytes(b[MemoryUse::kWorking]),
+        p.forecast.peak_phase,
         p.forecast.peak_instruction.empty() ? "" : ": " + p.forecast.peak_instruction);
   }
   if (choice.pipeline) {
@@ -127,9 +130,9 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
     for (size_t s = 0; s < plan.stages.size(); ++s) {
       const StagePlan& p = plan.stages[s];
       out +=
-          fmt::format("  stage {}: {} of {} ({:.0f}%), recompute {}: {:+.0f}% work\n", s,
-                      FormatBytes(p.forecast.peak_allocated_bytes), FormatBytes(choice.budget[s]),
-                      100.0 * static_cast<double>(p.forecast.peak_allocated_bytes) /
+          fmt::format("  stage {}: {} reserved of {} ({:.0f}%), recompute {}: {:+.0f}% work\n", s,
+                      FormatBytes(p.forecast.peak_reserved_bytes), FormatBytes(choice.budget[s]),
+                      100.0 * static_cast<double>(p.forecast.peak_reserved_bytes) /
                           static_cast<double>(choice.budget[s]),
                       Name(p.policy), 100 * p.extra_work);
     }

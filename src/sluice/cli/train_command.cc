@@ -210,9 +210,16 @@ int RunTrain(TrainArgs& a) {
   }
   fail_on_lost_outputs();
   if (!a.quiet) {
-    fmt::print(stderr, "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB, {} parameters\n",
+    const std::string resident =
+        s.peak_resident_bytes >= 0
+            ? fmt::format(", process resident {:.2f} MiB", s.peak_resident_bytes / 1048576.0)
+            : std::string();
+    fmt::print(stderr,
+               "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB (reserved {:.2f} MiB{}), "
+               "{} parameters\n",
                s.steps, FormatDuration(s.wall_s), FormatRate(s.tokens_per_s),
-               s.peak_allocated_bytes / 1048576.0, s.params);
+               s.peak_allocated_bytes / 1048576.0, s.peak_reserved_bytes / 1048576.0, resident,
+               s.params);
     for (const std::string& line : trainer.engine().ReportLines())
       fmt::print(stderr, "  {}\n", line);
     if (s.last_eval.accuracy >= 0)

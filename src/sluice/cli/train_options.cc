@@ -275,6 +275,9 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
              "--data-parallel", a->data_parallel,
              "pipeline replicas D (--comm mpi): mpirun -np P·D; gradients averaged over replicas")
           ->capture_default_str();
+  sub.add_flag("--shard-optimizer", a->config.shard_optimizer,
+               "ZeRO stage 1 with --data-parallel D: each replica keeps and updates 1/D of the "
+               "optimizer state, then the parameters are gathered (losses bitwise unchanged)");
   // The files and faults a command that trains nothing (plan, simulate, export) never reads:
   // refused by name in finish rather than ignored. They stay options of the command, hidden from
   // its help, so that the error is sluice's own. What describes the run itself (--steps,
@@ -367,6 +370,20 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
           a->config.resume_path, a->config.init_from));
     }
     a->recompute_given = recompute->count() > 0 || no_recompute->count() > 0;
+    if (a->config.shard_optimizer && a->data_parallel < 2) {
+      throw InvalidArgument(fmt::format(
+          "--shard-optimizer shards the optimizer state over data-parallel replicas, but "
+          "--data-parallel is {}: add --data-parallel D (D >= 2, with --comm mpi under mpirun -np "
+          "P*D) or drop --shard-optimizer",
+          a->data_parallel));
+    }
+    if (a->config.shard_optimizer &&
+        (!a->config.save_path.empty() || !a->config.resume_path.empty())) {
+      throw InvalidArgument(fmt::format(
+          "--shard-optimizer with --{}: checkpoints of sharded optimizer state (1/D of it on each "
+          "replica) are not written or read yet; train without --shard-optimizer to save or resume",
+          a->config.save_path.empty() ? "resume" : "save"));
+    }
     a->microbatches_given = microbatches->count() > 0;
     a->partition_given = partition->count() > 0;
     if (!(a->compute_sleep_ms >= 0 && a->compute_sleep_ms <= 60'000)) {
@@ -527,10 +544,10 @@ void CheckMemoryFits(const TrainArgs& a, std::vector<StageMemoryForecast> stages
   for (const StageMemoryForecast& f : stages) {
     if (a.comm != "mpi") {
       for (size_t u = 0; u < peak.bytes.size(); ++u) peak.bytes[u] += f.at_peak.bytes[u];
-      total += f.peak_allocated_bytes;
-    } else if (f.peak_allocated_bytes > total) {
+      total += f.peak_reserved_bytes;
+    } else if (f.peak_reserved_bytes > total) {
       peak = f.at_peak;
-      total = f.peak_allocated_bytes;
+      total = f.peak_reserved_bytes;
     }
   }
   const bool over_available = system.available_bytes >= 0 && total > system.available_bytes;

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -27,16 +28,22 @@ std::atomic<uint64_t> next_allocator_id{1};
 
 CachingAllocator::CachingAllocator(CachingAllocatorOptions options)
     : options_(options), id_(next_allocator_id.fetch_add(1, std::memory_order_relaxed)) {
-  const size_t chunk = options_.chunk_bytes;
-  if (!std::has_single_bit(chunk) || chunk < (size_t{64} << 10) || chunk > (size_t{1} << 30) ||
-      chunk % PageSize() != 0) {
+  const size_t small = options_.small_limit_bytes;
+  if (small < kRoundBytes || small > (size_t{1} << 30) || small % kRoundBytes != 0) {
     throw InvalidArgument(fmt::format(
-        "caching allocator: chunk_bytes = {} must be a power of two between 64 KiB and 1 GiB and "
-        "a multiple of the page size ({} bytes); the default is 2 MiB",
-        chunk, PageSize()));
+        "caching allocator: small_limit_bytes = {} must be a multiple of {} between {} and 1 GiB; "
+        "the default is 1 MiB",
+        small, kRoundBytes, kRoundBytes));
+  }
+  const size_t region = options_.region_bytes;
+  if (region < (size_t{64} << 10) || region > (size_t{1} << 40) || region % PageSize() != 0) {
+    throw InvalidArgument(fmt::format(
+        "caching allocator: region_bytes = {} must be a multiple of the page size ({} bytes) "
+        "between 64 KiB and 1 TiB; the default is 1 GiB",
+        region, PageSize()));
   }
   small_pool_ = std::make_unique<Pool>(/*small_pool=*/true, kRoundBytes);
-  large_pool_ = std::make_unique<Pool>(/*small_pool=*/false, chunk / 2);
+  large_pool_ = std::make_unique<Pool>(/*small_pool=*/false, kRoundBytes);
   live_ = std::make_unique<BlockMap>();
   arena_ = std::make_unique<BlockArena>();
 }
@@ -52,14 +59,14 @@ CachingAllocator::~CachingAllocator() {
   }
   for (Chunk* c = chunks_; c != nullptr;) {
     Chunk* next = c->next;
-    munmap(c->base, c->size);  // nothing useful to do on failure in a destructor
+    munmap(c->base, c->capacity);  // nothing useful to do on failure in a destructor
     delete c;
     c = next;
   }
 }
 
 CachingAllocator::Pool& CachingAllocator::PoolFor(size_t rounded) {
-  return rounded <= options_.chunk_bytes / 2 ? *small_pool_ : *large_pool_;
+  return rounded <= options_.small_limit_bytes ? *small_pool_ : *large_pool_;
 }
 
 void CachingAllocator::ThrowOverBudget(size_t bytes) const {
@@ -87,7 +94,7 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
     if (block != nullptr) {
       pool.Remove(block);
     } else {
-      block = MapChunk(pool, rounded, bytes);
+      block = Grow(pool, rounded, bytes);
     }
     Split(pool, block, rounded);
   } catch (...) {
@@ -103,48 +110,94 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::MapChunk(Pool& pool, size_t rounded, size_t requested) {
-  const size_t chunk_size =
-      pool.small_pool() ? options_.chunk_bytes : RoundUp(rounded, options_.chunk_bytes);
-  const auto over_budget = [&]() REQUIRES(mu_) {
-    return options_.max_reserved_bytes != 0 &&
-           static_cast<size_t>(recorder_.stats().reserved_bytes) + chunk_size >
-               options_.max_reserved_bytes;
-  };
+CachingAllocator::Block* CachingAllocator::GrowChunk(Pool& pool, size_t rounded) {
+  for (Chunk* c = chunks_; c != nullptr; c = c->next) {
+    if (c->small_pool != pool.small_pool()) continue;
+    Block* tail = c->last;
+    // The free tail is in the pool and best fit found nothing: it is smaller than `rounded`.
+    const size_t free_tail = tail->allocated ? 0 : tail->size;
+    const size_t grow = RoundUp(rounded - free_tail, PageSize());
+    if (c->capacity - c->size < grow || OverReservedBudget(grow)) continue;
+    const size_t old_size = c->size;
+    c->size += grow;
+    recorder_.OnGrow(static_cast<int64_t>(grow));
+    if (free_tail != 0) {
+      pool.Remove(tail);
+      tail->size += grow;
+      return tail;
+    }
+    Block* block = arena_->Take();
+    block->InitFree(c->base + old_size, grow, c, tail, nullptr);
+    tail->next = block;
+    c->last = block;
+    return block;
+  }
+  return nullptr;
+}
+
+bool CachingAllocator::OverReservedBudget(size_t more) const {
+  return options_.max_reserved_bytes != 0 &&
+         static_cast<size_t>(recorder_.stats().reserved_bytes) + more > options_.max_reserved_bytes;
+}
+
+CachingAllocator::Block* CachingAllocator::Grow(Pool& pool, size_t rounded, size_t requested) {
+  const size_t size = RoundUp(rounded, PageSize());
   auto chunk = std::make_unique<Chunk>();  // before mmap, so a failure here leaks no mapping
   void* base = MAP_FAILED;
+  size_t capacity = 0;
   int error = 0;
   // Second attempt after returning the cache to the OS; unmapping under the lock is fine on
   // this already slow path.
   for (int attempt = 0; attempt < 2 && base == MAP_FAILED; ++attempt) {
-    if (attempt == 1) UnmapChunks(DetachFreeChunks());
+    if (attempt == 1) {
+      UnmapChunks(DetachFreeChunks());
+      TrimFreeTails();
+    }
+    if (Block* grown = GrowChunk(pool, rounded); grown != nullptr) return grown;
     error = 0;
-    if (over_budget()) continue;
-    base = mmap(nullptr, chunk_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) error = errno;
+    if (OverReservedBudget(size)) continue;
+    // A new region: address space only; pages are touched as blocks are used. When
+    // the OS refuses a whole region, the request alone.
+    for (const size_t want : {std::max(options_.region_bytes, size), size}) {
+      capacity = want;
+      base =
+          options_.address_space_only
+              ? mmap(nullptr, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+              : mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (base != MAP_FAILED) break;
+      error = errno;
+    }
   }
   if (base == MAP_FAILED) {
     const MemoryStats& s = recorder_.stats();
     const std::string reason =
-        error != 0
-            ? fmt::format("the OS refused to map it ({})", std::strerror(error))
-            : fmt::format("it would exceed max_reserved_bytes = {}", options_.max_reserved_bytes);
-    throw OutOfMemory(fmt::format(
-        "caching allocator: cannot obtain a chunk of {} bytes for a request of {} bytes: {}; "
-        "{} bytes are reserved and {} bytes allocated after returning free chunks",
-        chunk_size, requested, reason, s.reserved_bytes,
-        // AllocateBlock accounted the request before mapping: it is not held.
-        allocated_.load(std::memory_order_relaxed) - static_cast<int64_t>(requested)));
+        error != 0 ? fmt::format("the OS refused to map it ({})", std::strerror(error))
+                   : fmt::format(
+                         "it would take the reserved bytes over the memory budget "
+                         "(max_reserved_bytes = {})",
+                         options_.max_reserved_bytes);
+    throw OutOfMemory(
+        fmt::format("caching allocator: cannot obtain {} bytes for a request of {} bytes: {}; "
+                    "{} bytes are reserved and {} bytes allocated after returning free memory",
+                    size, requested, reason, s.reserved_bytes,
+                    // AllocateBlock accounted the request before mapping: it is not held.
+                    allocated_.load(std::memory_order_relaxed) - static_cast<int64_t>(requested)));
   }
-  *chunk =
-      Chunk{static_cast<char*>(base), chunk_size, pool.small_pool(), nullptr, nullptr, chunks_};
+  *chunk = Chunk{static_cast<char*>(base),
+                 size,
+                 capacity,
+                 pool.small_pool(),
+                 nullptr,
+                 nullptr,
+                 nullptr,
+                 chunks_};
   if (chunks_ != nullptr) chunks_->prev = chunk.get();
   chunks_ = chunk.release();
   ++num_chunks_;
   Block* block = arena_->Take();
-  block->InitFree(chunks_->base, chunk_size, chunks_, nullptr, nullptr);
-  chunks_->first = block;
-  recorder_.OnReserve(static_cast<int64_t>(chunk_size));
+  block->InitFree(chunks_->base, size, chunks_, nullptr, nullptr);
+  chunks_->first = chunks_->last = block;
+  recorder_.OnReserve(static_cast<int64_t>(size));
   return block;
 }
 
@@ -155,6 +208,7 @@ void CachingAllocator::Split(Pool& pool, Block* block, size_t rounded) {
   rest->InitFree(block->ptr + rounded, remainder, block->chunk, block, block->next);
   if (block->next != nullptr) block->next->prev = rest;
   block->next = rest;
+  if (block->chunk->last == block) block->chunk->last = rest;
   block->size = rounded;
   pool.Insert(rest);
 }
@@ -191,6 +245,7 @@ void CachingAllocator::FreeBlock(Block* block) {
     pool.Remove(next);
     block->size += next->size;
     block->next = next->next;
+    if (block->chunk->last == next) block->chunk->last = block;
     if (next->next != nullptr) next->next->prev = block;
     arena_->Give(next);
   }
@@ -198,6 +253,7 @@ void CachingAllocator::FreeBlock(Block* block) {
     pool.Remove(prev);
     prev->size += block->size;
     prev->next = block->next;
+    if (block->chunk->last == block) block->chunk->last = prev;
     if (block->next != nullptr) block->next->prev = prev;
     arena_->Give(block);
     block = prev;
@@ -224,11 +280,40 @@ std::vector<CachingAllocator::Chunk*> CachingAllocator::DetachFreeChunks() {
   return detached;
 }
 
+size_t CachingAllocator::TrimFreeTails() {
+  size_t trimmed = 0;
+  for (Chunk* c = chunks_; c != nullptr; c = c->next) {
+    Block* tail = c->last;
+    if (tail->allocated || tail == c->first) continue;  // a wholly free chunk is DetachFreeChunks'
+    const size_t keep = RoundUp(static_cast<size_t>(tail->ptr - c->base), PageSize());
+    if (keep >= c->size) continue;
+    const size_t cut = c->size - keep;
+    // The pages stay mapped (the chunk may grow into them again) but their memory goes back.
+    const int rc = madvise(c->base + keep, cut, MADV_DONTNEED);
+    SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", cut,
+                 std::strerror(errno));
+    Pool& pool = c->small_pool ? *small_pool_ : *large_pool_;
+    pool.Remove(tail);
+    if (tail->ptr == c->base + keep) {
+      c->last = tail->prev;
+      c->last->next = nullptr;
+      arena_->Give(tail);
+    } else {
+      tail->size -= cut;
+      pool.Insert(tail);
+    }
+    c->size = keep;
+    recorder_.OnShrink(static_cast<int64_t>(cut));
+    trimmed += cut;
+  }
+  return trimmed;
+}
+
 void CachingAllocator::UnmapChunks(const std::vector<Chunk*>& chunks) {
   for (Chunk* c : chunks) {
-    const int rc = munmap(c->base, c->size);
+    const int rc = munmap(c->base, c->capacity);
     const int error = errno;
-    const size_t size = c->size;
+    const size_t size = c->capacity;
     delete c;
     SLUICE_CHECK(rc == 0, "caching allocator: munmap of a {}-byte chunk failed: {}", size,
                  std::strerror(error));
@@ -238,12 +323,13 @@ void CachingAllocator::UnmapChunks(const std::vector<Chunk*>& chunks) {
 size_t CachingAllocator::ReleaseCached() {
   ThreadCache* cache = LocalCache();
   std::vector<Chunk*> detached;
+  size_t bytes = 0;
   {
     MutexLock lock(&mu_);
     if (cache != nullptr) DrainCache(cache, /*retire=*/false);
     detached = DetachFreeChunks();
+    bytes = TrimFreeTails();
   }
-  size_t bytes = 0;
   for (const Chunk* c : detached) bytes += c->size;
   UnmapChunks(detached);
   return bytes;

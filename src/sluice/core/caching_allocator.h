@@ -3,32 +3,34 @@
 // a page fault per page. It is the allocator sluice uses by default (DefaultAllocator()).
 //
 // How memory is organised:
-//   * Memory is mapped from the OS (mmap) in chunks; a chunk is split into blocks, each either
-//     allocated (handed to a caller) or free (cached). Blocks of a chunk tile it exactly, in
-//     address order.
+//   * Memory comes from the OS in regions ("chunks"): one mmap of region_bytes (1 GiB) of address
+//     space each, of which a prefix is in use (the chunk's size, a multiple of the
+//     page size) and tiled by blocks, each either allocated (handed to a caller) or free (cached).
+//     A chunk grows in place into its untouched address space, a page at a time, so reserved
+//     bytes (the sum of the chunks' sizes: the pages a run can have touched) follow the live
+//     bytes closely instead of in steps of whole chunks; the address space beyond costs no memory.
 //   * Rounding: every request is rounded up to a multiple of kRoundBytes (512 B). Chunks are
 //     page-aligned and blocks start at multiples of 512 B inside them, so every pointer is aligned
 //     to kAlignment (64 B), and to 512 B in fact.
-//   * Two pools, so that small tensors do not fragment the chunks of large ones:
-//       - small: rounded size <= chunk_bytes / 2 (1 MiB by default); carved from chunks of exactly
-//         chunk_bytes (2 MiB). A free block is split when the remainder is at least 512 B.
-//       - large: rounded size > chunk_bytes / 2; carved from chunks of the rounded size rounded up
-//         to a multiple of chunk_bytes (a 3 MiB request maps a 4 MiB chunk). A free block is split
-//         only when the remainder is at least chunk_bytes / 2, so large blocks are not cut into
-//         slivers; otherwise the caller gets the whole block (the slack is internal waste).
+//   * Two pools, so that small tensors do not fragment the free spans of large ones: small
+//     (rounded size <= small_limit_bytes, 4 MiB by default) and large, each with chunks of its
+//     own. A free block is split whenever the remainder is at least 512 B.
 //   * Best fit: a request takes the smallest free block of its pool that holds it. Free blocks are
 //     kept in size-class bins (exact per 512 B up to 2 MiB, then 16 bins per power of two) with a
 //     bitmap of non-empty bins, so the search is a few bit scans plus, above 2 MiB, a walk of one
 //     bin's list.
 //   * Coalescing: a freed block merges at once with a free neighbour on either side, so a chunk
 //     whose blocks are all free is a single free block again.
-//   * Auto-growth: when no free block fits, a new chunk is mapped. If the OS refuses (or the
-//     max_reserved_bytes budget would be exceeded), completely free chunks are returned to the OS
-//     first and the mapping retried once.
+//   * Growth: when no free block fits, a chunk of the pool grows at its end (its free tail, if
+//     any, is extended to the request, page-rounded); only when no chunk has the address space
+//     left is a new region mapped (a request above region_bytes gets a region of its own size).
+//     If the OS refuses (or the max_reserved_bytes budget would be exceeded), completely free
+//     chunks are returned to the OS and free tails trimmed first, and the growth retried once.
 //   * No heap allocation on the hot path: block descriptors come from a pooled arena and live
 //     pointers are found through an open-addressing hash table; both only grow (rarely) and never
 //     shrink, so a steady state of Allocate/Deallocate allocates nothing.
-//   * Per-thread fast path (AllocateWithToken / DeallocateWithToken, which Storage uses): each
+//   * Per-thread fast path (options.thread_cache, off by default; AllocateWithToken /
+//     DeallocateWithToken, which Storage uses, take it when on): each
 //     thread keeps, per allocator, a small cache of freed blocks of up to kMaxCachedBytes (64 KiB),
 //     by size class (one per 512 B), at most kThreadCacheDepth blocks a class and
 //     kMaxThreadCacheBytes (256 KiB) in all. A free with its token parks the block in the freeing
@@ -44,23 +46,27 @@
 //
 // Statistics: allocated_bytes is the exact sum of the live requests (not rounded) — parked blocks
 // count as freed — kept with peak_allocated_bytes in atomics that both paths update, so they are
-// exact across threads at every moment; reserved_bytes is the sum of the mapped chunks. num_allocs
-// / num_frees count both paths. num_os_allocs / num_os_frees count chunk maps and unmaps. While the
+// exact across threads at every moment; reserved_bytes is the sum of the chunks' sizes (their
+// used prefixes, not their address space). num_allocs / num_frees count both paths. num_os_allocs
+// / num_os_frees count region maps and unmaps (growing in place and trimming are not OS calls
+// that map or unmap, and count in reserved_bytes alone). While the
 // timeline is on (EnableTimeline), every call takes the locked path, so every event is recorded.
 //
 // Thread-safety: all methods may be called from any thread at the same time. One mutex, mu_, guards
 // the chunks, bins and live map (the fields say GUARDED_BY(mu_), the helpers that need it
 // REQUIRES(mu_); clang checks both). mmap runs under the lock (growth is rare and mapping without
-// touching is cheap); ReleaseCached() unmaps outside it, the out-of-memory retry in Allocate under
-// it. A thread cache is touched only by its thread, except when the thread exits or the allocator
-// is destroyed: those two meet under one process-wide registry lock (taken before mu_), so a
-// cache is flushed into a live allocator or dropped with a dead one, never both.
+// touching is cheap); ReleaseCached() unmaps outside it (and trims tails with madvise under it),
+// the out-of-memory retry in Allocate under it. A thread cache is touched only by its thread,
+// except when the thread exits or the allocator is destroyed: those two meet under one process-wide
+// registry lock (taken before mu_), so a cache is flushed into a live allocator or dropped with a
+// dead one, never both.
 //
 // Invariants (checked by CheckInvariants()):
 //   * the blocks of a chunk tile it with no gap or overlap, and no two free blocks are adjacent;
 //   * every free block is in exactly the bin of its size, every allocated block (held by a caller
 //     or parked in a thread cache) in the live map;
-//   * allocated_bytes == sum of live requests; reserved_bytes == sum of chunk sizes.
+//   * allocated_bytes == sum of live requests; reserved_bytes == sum of chunk sizes (each at most
+//     its capacity, a multiple of the page size).
 //
 // Errors: Allocate throws InvalidArgument for 0 bytes or above kMaxAllocationBytes, and
 // OutOfMemory (naming the request, the chunk and what is held) when no chunk can be mapped or
@@ -69,8 +75,9 @@
 // allocated, fails SLUICE_CHECK (InternalError) and leaves the allocator unchanged.
 //
 // Example:
-//   CachingAllocator alloc;                     // 2 MiB chunks, no budget
-//   void* p = alloc.Allocate(1000);             // maps a 2 MiB chunk, returns its first 1024 B
+//   CachingAllocator alloc;                     // 1 GiB regions, no budget
+//   void* p = alloc.Allocate(1000);             // maps a region, reserves its first page,
+//                                               // returns its first 1024 B
 //   alloc.Deallocate(p, 1000);                  // cached: the chunk is one free block again
 //   void* q = alloc.Allocate(1000);             // no OS call; q == p
 //   alloc.Deallocate(q, 1000);
@@ -91,13 +98,26 @@
 namespace sluice {
 
 struct CachingAllocatorOptions {
-  // Size of a small-pool chunk and the granularity of large-pool chunks. A power of two, at least
-  // 64 KiB and a multiple of the page size. Requests whose rounded size is at most half of it are
-  // "small".
-  size_t chunk_bytes = size_t{2} << 20;
-  // Upper bound on reserved_bytes (a device-like memory budget); 0 means only the OS limits it.
+  // Requests whose rounded size is at most this are "small" (their own pool). A multiple of
+  // kRoundBytes, at most 1 GiB. The default keeps a GPT's per-layer activations and the larger
+  // transients of a recomputed block apart (docs/memory.md, "Reserved bytes").
+  size_t small_limit_bytes = size_t{4} << 20;
+  // Address space of one region (a chunk's capacity): a multiple of the page size between 64 KiB
+  // and 1 TiB. Only what the chunk grows into counts as reserved.
+  size_t region_bytes = size_t{1} << 30;
+  // Upper bound on reserved_bytes (`--memory-budget`, a device-like memory budget): a growth past
+  // it first returns free chunks and tails, then throws OutOfMemory; 0 means only the OS limits it.
   size_t max_reserved_bytes = 0;
-  // Upper bound on allocated_bytes (`--memory-budget`): an Allocate that would take the live
+  // The per-thread fast path (see the top). Off by default: blocks parked in a thread's cache stay
+  // allocated in their chunk, so its neighbours cannot coalesce and the chunks grow around them
+  // (reserved +4% on the one-stage GPT, docs/memory.md). On, AllocateWithToken and
+  // DeallocateWithToken skip the mutex for blocks of up to kMaxCachedBytes.
+  bool thread_cache = false;
+  // A model of an allocator, for forecasts (step/memory_replay.h): regions are mapped as address
+  // space alone (PROT_NONE, MAP_NORESERVE), so any size costs nothing and the memory handed out
+  // must never be read or written. Reserved bytes count exactly as in a real allocator.
+  bool address_space_only = false;
+  // Upper bound on allocated_bytes: an Allocate that would take the live
   // requested bytes above it throws OutOfMemory instead; 0 means no bound.
   size_t max_allocated_bytes = 0;
 };
@@ -112,7 +132,8 @@ struct CachingAllocatorSnapshot {
   };
   struct Chunk {
     uintptr_t base;
-    size_t size;
+    size_t size;      // reserved: what the blocks tile
+    size_t capacity;  // address space mapped
     bool small_pool;
     std::vector<Block> blocks;  // in address order, tiling the chunk
   };
@@ -149,8 +170,9 @@ class CachingAllocator final : public Allocator {
   FreeCost free_cost() const override { return FreeCost::kCheap; }
 
   // Returns the calling thread's cached blocks to the bins, then every completely free chunk to
-  // the OS. Chunks holding an allocated block, or one parked in another thread's cache, stay.
-  // Returns the number of bytes unmapped.
+  // the OS, and the whole free pages at the end of every other chunk (madvise). Chunks holding an
+  // allocated block, or one parked in another thread's cache, stay. Returns the number of
+  // reserved bytes returned.
   size_t ReleaseCached();
   // Returns the calling thread's cached blocks (of this allocator) to the bins.
   void FlushThreadCache();
@@ -189,7 +211,14 @@ class CachingAllocator final : public Allocator {
   int64_t Account(size_t bytes);
   void NotePeak(int64_t allocated);
   [[noreturn]] void ThrowOverBudget(size_t bytes) const;
-  Block* MapChunk(Pool& pool, size_t rounded, size_t requested) REQUIRES(mu_);
+  // A free block (not in the pool) of at least `rounded` bytes at the end of a grown or new chunk;
+  // throws OutOfMemory when neither can be had.
+  Block* Grow(Pool& pool, size_t rounded, size_t requested) REQUIRES(mu_);
+  // Grows a chunk of `pool` in place; nullptr when none has the room (or the budget).
+  Block* GrowChunk(Pool& pool, size_t rounded) REQUIRES(mu_);
+  bool OverReservedBudget(size_t more) const REQUIRES(mu_);
+  // Gives the whole free pages at the end of each chunk back to the OS; returns the bytes.
+  size_t TrimFreeTails() REQUIRES(mu_);
   void Split(Pool& pool, Block* block, size_t rounded) REQUIRES(mu_);
   void FreeBlock(Block* block) REQUIRES(mu_);
   // Detaches completely free chunks; the caller unmaps them after dropping mu_ (or under it).
@@ -199,8 +228,8 @@ class CachingAllocator final : public Allocator {
   const CachingAllocatorOptions options_;  // immutable after construction
 
   mutable Mutex mu_;
-  std::unique_ptr<Pool> small_pool_ GUARDED_BY(mu_);   // blocks of chunk_bytes chunks
-  std::unique_ptr<Pool> large_pool_ GUARDED_BY(mu_);   // blocks of large chunks
+  std::unique_ptr<Pool> small_pool_ GUARDED_BY(mu_);   // blocks of small-pool chunks
+  std::unique_ptr<Pool> large_pool_ GUARDED_BY(mu_);   // blocks of large-pool chunks
   std::unique_ptr<BlockMap> live_ GUARDED_BY(mu_);     // every allocated block by pointer
   std::unique_ptr<BlockArena> arena_ GUARDED_BY(mu_);  // spare Block descriptors
   Chunk* chunks_ GUARDED_BY(mu_) = nullptr;            // all chunks, intrusive list

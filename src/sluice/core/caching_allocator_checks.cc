@@ -41,6 +41,7 @@ CachingAllocatorSnapshot CachingAllocator::Snapshot() const {
     auto& chunk = snapshot.chunks.emplace_back();
     chunk.base = reinterpret_cast<uintptr_t>(c->base);
     chunk.size = c->size;
+    chunk.capacity = c->capacity;
     chunk.small_pool = c->small_pool;
     for (const Block* b = c->first; b != nullptr; b = b->next) {
       chunk.blocks.push_back({static_cast<size_t>(b->ptr - c->base), b->size,
@@ -86,6 +87,11 @@ void CachingAllocator::CheckInvariants() const {
       expected += b->size;
     }
     SLUICE_CHECK(expected == c->base + c->size, "blocks do not tile chunk {}", fmt::ptr(c->base));
+    SLUICE_CHECK(c->last != nullptr && c->last->next == nullptr &&
+                     c->last->ptr + c->last->size == c->base + c->size,
+                 "chunk {} does not end with its last block", fmt::ptr(c->base));
+    SLUICE_CHECK(c->size <= c->capacity, "chunk {} uses {} bytes of its {}", fmt::ptr(c->base),
+                 c->size, c->capacity);
   }
   SLUICE_CHECK(num_chunks == num_chunks_, "num_chunks_ = {} but {} chunks listed", num_chunks_,
                num_chunks);

@@ -66,13 +66,17 @@ struct CachingAllocator::Block {
   }
 };
 
-// One OS mapping. `first` is the block at `base`; it is never recycled while the chunk lives,
-// because coalescing always keeps the lower-address descriptor.
+// One OS mapping (a region): `capacity` bytes of address space, of which the first `size` are in
+// use (reserved) and tiled by blocks; the rest is untouched address space the chunk grows into.
+// `first` is the block at `base`; it is never recycled while the chunk lives, because coalescing
+// always keeps the lower-address descriptor. `last` is the block that ends at base + size.
 struct CachingAllocator::Chunk {
   char* base;
-  size_t size;
+  size_t size;      // reserved: a multiple of the page size, at most capacity
+  size_t capacity;  // mapped address space
   bool small_pool;
   Block* first;
+  Block* last;
   Chunk* prev;  // list of all chunks (CachingAllocator::chunks_)
   Chunk* next;
 };

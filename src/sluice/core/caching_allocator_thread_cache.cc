@@ -117,7 +117,8 @@ CachingAllocator::ThreadCache* CachingAllocator::LocalCache() {
 }
 
 void* CachingAllocator::AllocateWithToken(size_t bytes, uintptr_t* token) {
-  if (bytes - 1 < kMaxCachedBytes && !timeline_on_.load(std::memory_order_relaxed)) {
+  if (options_.thread_cache && bytes - 1 < kMaxCachedBytes &&
+      !timeline_on_.load(std::memory_order_relaxed)) {
     ThreadCache* cache = LocalCache();
     if (Block* block = cache != nullptr ? cache->Pop(RoundUp(bytes, kRoundBytes)) : nullptr) {
       const int64_t allocated = Account(bytes);
@@ -141,8 +142,8 @@ void CachingAllocator::DeallocateWithToken(void* ptr, size_t bytes, uintptr_t to
   auto* block = reinterpret_cast<Block*>(token);
   // The token is checked against what it claims; anything else (a wrong size, a double free, a
   // block not from this path) goes the locked way, which reports it.
-  if (block != nullptr && bytes - 1 < kMaxCachedBytes && block->ptr == ptr &&
-      block->size == RoundUp(bytes, kRoundBytes) &&
+  if (options_.thread_cache && block != nullptr && bytes - 1 < kMaxCachedBytes &&
+      block->ptr == ptr && block->size == RoundUp(bytes, kRoundBytes) &&
       block->requested.load(std::memory_order_relaxed) == bytes &&
       !timeline_on_.load(std::memory_order_relaxed)) {
     ThreadCache* cache = LocalCache();

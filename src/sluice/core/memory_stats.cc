@@ -30,15 +30,21 @@ void MemoryStatsRecorder::OnFree(int64_t requested_bytes) {
 }
 
 void MemoryStatsRecorder::OnReserve(int64_t bytes) {
-  stats_.reserved_bytes += bytes;
-  stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+  OnGrow(bytes);
   ++stats_.num_os_allocs;
 }
 
 void MemoryStatsRecorder::OnUnreserve(int64_t bytes) {
-  stats_.reserved_bytes -= bytes;
+  OnShrink(bytes);
   ++stats_.num_os_frees;
 }
+
+void MemoryStatsRecorder::OnGrow(int64_t bytes) {
+  stats_.reserved_bytes += bytes;
+  stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+}
+
+void MemoryStatsRecorder::OnShrink(int64_t bytes) { stats_.reserved_bytes -= bytes; }
 
 void MemoryStatsRecorder::ResetPeak() {
   stats_.peak_allocated_bytes = stats_.allocated_bytes;

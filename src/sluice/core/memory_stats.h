@@ -71,8 +71,12 @@ class MemoryStatsRecorder {
   // per-thread fast path needs no lock): the timeline event of an allocation (delta > 0) or a free
   // (delta < 0), given allocated_bytes after it. Touches no counter.
   void RecordEvent(int64_t delta_bytes, int64_t allocated_after);
-  void OnReserve(int64_t bytes);    // memory obtained from the OS
-  void OnUnreserve(int64_t bytes);  // memory returned to the OS
+  void OnReserve(int64_t bytes);    // memory obtained from the OS (a map)
+  void OnUnreserve(int64_t bytes);  // memory returned to the OS (an unmap)
+  // Reserved bytes that change without a map or an unmap (a caching allocator's region growing
+  // into its address space, or its free tail trimmed): reserved_bytes only, no OS-call count.
+  void OnGrow(int64_t bytes);
+  void OnShrink(int64_t bytes);
 
   const MemoryStats& stats() const { return stats_; }
   void ResetPeak();

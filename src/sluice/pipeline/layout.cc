@@ -30,6 +30,7 @@ PipelineLayout LayOutPipeline(const EngineContext& ctx, const PipelineOptions& o
   setup.config = &config;
   setup.task = &ctx.task;
   setup.micro_batch_size = micro_batch_size / replicas;
+  setup.replicas = replicas;  // the engine adds its replica and the data communicator
   setup.units = ctx.task.Units(setup.micro_batch_size);
   setup.seq_len = ctx.task.seq_len();
   setup.schedule = MakeSchedule(ScheduleOptionsOf(options, config.microbatches));

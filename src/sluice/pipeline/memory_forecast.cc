@@ -147,6 +147,7 @@ class RankReplay {
       Execute(a, i);
     }
     out.peak_allocated_bytes = ledger_.peak();
+    out.peak_reserved_bytes = ledger_.peak_reserved();
     out.work = stage_.work();
     out.at_peak = ledger_.at_peak();
     out.peak_phase = ledger_.peak_phase();

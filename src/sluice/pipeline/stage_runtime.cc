@@ -81,7 +81,12 @@ std::unique_ptr<StageProgram> BuildStageProgram(const StageSetup& s, int rank, A
                           .split_backward = s.schedule.split_backward,
                           .recompute = RecomputeForStage(*s.config, rank, s.schedule.stages),
                           .tied = s.tied,
-                          .plan_only = plan_only});
+                          .plan_only = plan_only,
+                          // A forecast takes the largest slice, the last replica's.
+                          .shard = !s.config->shard_optimizer ? 0
+                                   : plan_only                ? s.replicas - 1
+                                                              : s.replica,
+                          .shards = s.config->shard_optimizer ? s.replicas : 1});
 }
 
 StageRuntime::Impl::Impl(const StageSetup& s, int r)
@@ -91,7 +96,7 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
       V(s.schedule.chunks),
       M(s.schedule.micro_batches),
       allocator(CachingAllocatorOptions{
-          .max_allocated_bytes =
+          .max_reserved_bytes =
               s.config->memory_budget.empty()
                   ? 0
                   : static_cast<size_t>(s.config->memory_budget.at(static_cast<size_t>(r)))}) {
@@ -563,16 +568,24 @@ class StageRuntime::StepRun {
       Compute(a, "OPT", 4, [&] {
         out_.updated = rt_.program->UpdateIfFinite(grads_, out_.grad_norm, all_losses, lr_, step_);
       });
-      return;
+    } else {
+      const int64_t begin = NowNs();
+      const StageProgram::Validation v =
+          rt_.program->ValidateEagerUpdate(out_.grad_norm, all_losses, lr_, step_);
+      out_.busy_ns += NowNs() - begin;
+      Span(v == StageProgram::Validation::kAccepted ? "VALIDATE" : "ROLLBACK", a, begin, NowNs());
+      out_.updated = v != StageProgram::Validation::kSkipped;
+      out_.rolled_back = v != StageProgram::Validation::kAccepted;
+      out_.rollback_bytes = rt_.program->RollbackBytes();
     }
-    const int64_t begin = NowNs();
-    const StageProgram::Validation v =
-        rt_.program->ValidateEagerUpdate(out_.grad_norm, all_losses, lr_, step_);
-    out_.busy_ns += NowNs() - begin;
-    Span(v == StageProgram::Validation::kAccepted ? "VALIDATE" : "ROLLBACK", a, begin, NowNs());
-    out_.updated = v != StageProgram::Validation::kSkipped;
-    out_.rolled_back = v != StageProgram::Validation::kAccepted;
-    out_.rollback_bytes = rt_.program->RollbackBytes();
+    // ZeRO stage 1: each replica updated its slice of every parameter; gather the slices. Every
+    // replica saw the same loss and norm, so all of them updated (or none did).
+    if (out_.updated && rt_.program->shards() > 1) {
+      const int64_t begin = NowNs();
+      rt_.program->GatherParams([&](const Tensor& p) { setup.data->AllReduceSum(p); });
+      out_.comm_ns += NowNs() - begin;
+      Span("ALLGATHER_PARAMS", a, begin, NowNs());
+    }
   }
 
   // Tied parameters: sends this rank's shares of their gradients (summed over the replicas) to the

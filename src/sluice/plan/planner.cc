@@ -22,7 +22,7 @@ int64_t Overshoot(const MemoryPlan& plan, const std::vector<int64_t>& budget) {
   int64_t worst = INT64_MIN;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& p = plan.stages[s];
-    const int64_t peak = p.fits ? p.forecast.peak_allocated_bytes : p.smallest.peak_allocated_bytes;
+    const int64_t peak = p.fits ? p.forecast.peak_reserved_bytes : p.smallest.peak_reserved_bytes;
     worst = std::max(worst, peak - budget[s]);
   }
   return worst;

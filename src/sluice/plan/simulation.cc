@@ -110,7 +110,7 @@ SimulatedSchedule SimulateSchedule(const SimulationRequest& r, const Job& job,
     out.memory = pipeline::ForecastStages(layout.setup);
   }
   for (size_t s = 0; s < r.budget.size() && s < out.memory.size(); ++s) {
-    if (out.memory[s].peak_allocated_bytes > r.budget[s]) out.fits = false;
+    if (out.memory[s].peak_reserved_bytes > r.budget[s]) out.fits = false;
   }
   return out;
 }

@@ -116,7 +116,7 @@ std::string MemoryPlan::Explain(const std::vector<int64_t>& budget) const {
     out += fmt::format(
         "\n  stage {}: budget {}, smallest achievable peak {} with --recompute {}, of which {} {} "
         "(at {})",
-        s, FormatBudgetBytes(budget[s]), FormatBudgetBytes(p.smallest.peak_allocated_bytes),
+        s, FormatBudgetBytes(budget[s]), FormatBudgetBytes(p.smallest.peak_reserved_bytes),
         Name(p.smallest_policy), Name(top), FormatBytes(p.smallest.at_peak[top]),
         p.smallest.peak_phase);
   }
@@ -144,8 +144,8 @@ MemoryPlan PlanForBudget(const TrainConfig& config, const std::vector<int64_t>& 
     size_t best = SIZE_MAX, smallest = 0;
     for (size_t p = 0; p < by_policy.size(); ++p) {
       const StageMemoryForecast& f = by_policy[p][s];
-      if (f.peak_allocated_bytes < by_policy[smallest][s].peak_allocated_bytes) smallest = p;
-      if (f.peak_allocated_bytes > budget[s]) continue;
+      if (f.peak_reserved_bytes < by_policy[smallest][s].peak_reserved_bytes) smallest = p;
+      if (f.peak_reserved_bytes > budget[s]) continue;
       if (best == SIZE_MAX || f.work < by_policy[best][s].work) best = p;
     }
     stage.smallest = by_policy[smallest][s];

@@ -52,6 +52,7 @@ MemoryLedger::Id MemoryLedger::Allocate(int64_t bytes, MemoryUse use) {
   s.bytes = bytes;
   s.refs[static_cast<size_t>(use)] = 1;
   s.live = true;
+  if (bytes > 0) s.address = mirror_->AllocateWithToken(static_cast<size_t>(bytes), &s.token);
   allocated_ += bytes;
   now_.bytes[static_cast<size_t>(use)] += bytes;
   if (allocated_ > peak_) Snapshot();
@@ -85,6 +86,10 @@ void MemoryLedger::Release(Id id, MemoryUse use) {
   allocated_ -= s.bytes;
   now_.bytes[before] -= s.bytes;
   s.live = false;
+  if (s.address != nullptr) {
+    mirror_->DeallocateWithToken(s.address, static_cast<size_t>(s.bytes), s.token);
+    s.address = nullptr;
+  }
   if (auto it = awaiting_reader_.find(id); it != awaiting_reader_.end()) {
     live_[it->second].next_read_in = "freed in " + phase_;
     awaiting_reader_.erase(it);
@@ -107,6 +112,7 @@ void MemoryLedger::Transfer(Id id, MemoryUse from, MemoryUse to) {
 void MemoryLedger::ResetPeak() {
   FlushCapture();
   peak_ = -1;  // the next Snapshot records the present
+  mirror_->ResetPeak();
   armed_ = explaining();
   Snapshot();
 }
@@ -413,9 +419,12 @@ StageReplay::StageReplay(const StageProgram& program, MemoryLedger& ledger)
     ledger.Release(id, MemoryUse::kParameters);
   }
   for (const ParamSpec& p : program.params()) {
+    // With a sharded optimizer, the replica's slice (StageProgram::OptimizerStateNumel).
+    const Shape kept{program.OptimizerStateNumel(p)};
+    const Shape& shape = program.shards() > 1 ? kept : p.shape;
     for (const std::string& s : OptimizerStateNames(p, program.config().optimizer)) {
-      const MemoryLedger::Id id = ledger.Allocate(F32Bytes(p.shape), MemoryUse::kOptimizerState);
-      ledger.Made(id, s, F32Type(p.shape), "initialisation");
+      const MemoryLedger::Id id = ledger.Allocate(F32Bytes(shape), MemoryUse::kOptimizerState);
+      ledger.Made(id, s, F32Type(shape), "initialisation");
       state_.Set(s, id, MemoryUse::kOptimizerState);
       ledger.Release(id, MemoryUse::kOptimizerState);
     }
@@ -590,6 +599,7 @@ StageMemoryForecast ReplaySingleStage(const StageProgram& program, const TrainCo
   ledger.SetPhase("optimizer");
   stage.Update(grads);
   out.peak_allocated_bytes = out.least_peak_allocated_bytes = ledger.peak();
+  out.peak_reserved_bytes = ledger.peak_reserved();
   out.work = stage.work();
   out.at_peak = ledger.at_peak();
   out.peak_phase = ledger.peak_phase();

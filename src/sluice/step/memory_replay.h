@@ -7,7 +7,10 @@
 //
 //   MemoryLedger    a symbolic allocator: storages with sizes and reference counts, the allocated
 //                   bytes (requested-bytes accounting, as core/memory_stats.h counts them), their
-//                   peak, and at the peak what the bytes are (MemoryUse) and where the step was.
+//                   peak, and at the peak what the bytes are (MemoryUse) and where the step was;
+//                   beside them, the reserved bytes: every allocation and free is also made on a
+//                   model of the stage's CachingAllocator (address space only, never touched), so
+//                   the forecast says what the allocator would take from the system.
 //   SymbolicScope   a Scope (exec/scope.h) of storage ids: names bound to storages.
 //   ReplayRun       one Executable::Run: binds, takes donated inputs, allocates each instruction's
 //                   outputs at its step, frees each step's free list, leaves outputs and kept
@@ -50,10 +53,12 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "sluice/core/caching_allocator.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/exec/interpreter.h"
 #include "sluice/step/stage_program.h"
@@ -154,6 +159,10 @@ class MemoryLedger {
 
   int64_t allocated() const { return allocated_; }
   int64_t peak() const { return peak_; }
+  // The reserved bytes of a CachingAllocator that saw the same allocations and frees, and their
+  // peak since ResetPeak (what the stage's allocator reports as peak_reserved_bytes).
+  int64_t reserved() const { return mirror_->Stats().reserved_bytes; }
+  int64_t peak_reserved() const { return mirror_->Stats().peak_reserved_bytes; }
   // Restarts the peak from the current bytes (an engine's step start).
   void ResetPeak();
 
@@ -195,7 +204,9 @@ class MemoryLedger {
   struct Storage {
     int64_t bytes = 0;
     std::array<int32_t, kNumMemoryUses> refs{};
-    bool live = false;  // false once the last reference is released
+    bool live = false;        // false once the last reference is released
+    void* address = nullptr;  // its block in mirror_ (nullptr for 0 bytes)
+    uintptr_t token = 0;
   };
   // What a storage counts as: the first use (in MemoryUse order) holding a reference to it.
   static size_t UseOf(const Storage& s);
@@ -224,6 +235,10 @@ class MemoryLedger {
   Origin* OriginOf(Id id);
 
   ReplayFrees frees_;
+  // The allocator model: Storage's own calls (AllocateWithToken, DeallocateWithToken), on this one
+  // thread, as a stage under sync GC makes them. Behind a pointer so that a ledger moves.
+  std::unique_ptr<CachingAllocator> mirror_ =
+      std::make_unique<CachingAllocator>(CachingAllocatorOptions{.address_space_only = true});
   std::vector<Storage> storages_;  // by id; never reused
   int64_t explain_at_ = -1;        // the peak to explain; -1: not explaining
   bool armed_ = false;             // ResetPeak was called: the next reach of explain_at_ counts
@@ -335,6 +350,8 @@ double EstimateWork(const Program& program);
 struct StageMemoryForecast {
   int stage = 0;
   int64_t peak_allocated_bytes = 0;  // predicted: the allocator's peak over a step
+  // Predicted: the allocator's peak reserved bytes over a step (what `--memory-budget` bounds).
+  int64_t peak_reserved_bytes = 0;
   // Where thread timing decides (a pipeline send completing before or after a compute): the peak
   // if every send completed at once. The measured peak lies in [least, peak]; equal elsewhere.
   int64_t least_peak_allocated_bytes = 0;

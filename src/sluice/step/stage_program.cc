@@ -150,13 +150,39 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
           {.param = t.name, .unit = unit, .grad = grad, .local = local_shares.contains(grad)});
     }
   }
-  optimizer_ = std::make_unique<Executable>(BuildOptimizer(params_, config.optimizer), base);
+  if (options_.shards < 1 || options_.shard < 0 || options_.shard >= options_.shards) {
+    throw InvalidArgument(fmt::format("optimizer shard {} of {}: the shard must be in [0, {})",
+                                      options_.shard, options_.shards, options_.shards));
+  }
+  // Sharded: the optimizer program sees each parameter as its slice (same name, 1-D), so its
+  // state and its update cover the slice alone; Update binds views of the slices.
+  const std::vector<ParamSpec>* updated = &params_;
+  if (options_.shards > 1) {
+    for (const ParamSpec& p : params_) {
+      ParamSpec slice = p;
+      slice.shape =
+          Shape({OptimizerShard(p.shape.numel(), options_.shard, options_.shards).size()});
+      shard_specs_.push_back(std::move(slice));
+    }
+    updated = &shard_specs_;
+  }
+  optimizer_ = std::make_unique<Executable>(BuildOptimizer(*updated, config.optimizer), base);
   if (options_.plan_only) return;
   Allocator& allocator = *options_.allocator;
   for (auto& [name, t] : InitParams(params_, config.seed, allocator))
     state_.Set(name, std::move(t));
-  for (auto& [name, t] : InitOptimizerState(params_, config.optimizer, allocator))
+  for (auto& [name, t] : InitOptimizerState(*updated, config.optimizer, allocator))
     state_.Set(name, std::move(t));
+}
+
+ShardRange OptimizerShard(int64_t numel, int shard, int shards) {
+  SLUICE_CHECK(shards >= 1 && shard >= 0 && shard < shards, "shard {} of {}", shard, shards);
+  return {.begin = numel * shard / shards, .end = numel * (shard + 1) / shards};
+}
+
+int64_t StageProgram::OptimizerStateNumel(const ParamSpec& param) const {
+  if (options_.shards == 1) return param.shape.numel();
+  return OptimizerShard(param.shape.numel(), options_.shard, options_.shards).size();
 }
 
 StageProgram::~StageProgram() = default;
@@ -254,7 +280,23 @@ void StageProgram::Apply(const GradientAccumulator& grads, double lr, int64_t st
   for (const auto& [name, g] : grads.grads()) state_.Set(name, g);
   state_.Set("lr", Tensor::Full({}, lr, DType::kF32, allocator));
   state_.Set("step", Tensor::Full({}, static_cast<double>(step + 1), DType::kF32, allocator));
-  optimizer_->Run(state_);
+  if (options_.shards == 1) {
+    optimizer_->Run(state_);
+  } else {
+    // The slices: views into the parameters and their gradients, updated in place.
+    Scope slices;
+    for (const std::string& name : state_.Names()) slices.Set(name, state_.Get(name));
+    for (const ParamSpec& p : params_) {
+      const ShardRange r = OptimizerShard(p.shape.numel(), options_.shard, options_.shards);
+      const auto slice = [&](const Tensor& t) {
+        return t.Reshape({p.shape.numel()}).Slice(0, r.begin, r.end);
+      };
+      slices.Set(p.name, slice(state_.Get(p.name)));
+      const std::string grad = p.name + ".grad";
+      if (state_.Has(grad)) slices.Set(grad, slice(state_.Get(grad)));
+    }
+    optimizer_->Run(slices);
+  }
   for (const ParamSpec& p : params_) state_.Erase(p.name + ".grad");
   state_.Erase("lr");
   state_.Erase("step");
@@ -264,6 +306,21 @@ void StageProgram::Update(GradientAccumulator& grads, double global_norm, double
   grads.Clip(global_norm, config_.optimizer.clip_norm);
   Apply(grads, lr, step);
   grads.Clear();
+}
+
+void StageProgram::GatherParams(const std::function<void(const Tensor&)>& all_reduce_sum) {
+  SLUICE_CHECK(options_.shards > 1, "GatherParams without a sharded optimizer");
+  for (const ParamSpec& p : params_) {
+    if (p.constant) continue;  // never updated: the same on every replica
+    const Tensor param = state_.Get(p.name);
+    SLUICE_CHECK(param.dtype() == DType::kF32 && param.is_contiguous(),
+                 "parameter '{}' is not contiguous f32", p.name);
+    const ShardRange r = OptimizerShard(p.shape.numel(), options_.shard, options_.shards);
+    float* x = param.data<float>();
+    std::fill(x, x + r.begin, -0.0f);
+    std::fill(x + r.end, x + p.shape.numel(), -0.0f);
+    all_reduce_sum(param);
+  }
 }
 
 bool StageProgram::UpdateIfFinite(GradientAccumulator& grads, double global_norm, double loss,

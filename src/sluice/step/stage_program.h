@@ -52,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -92,7 +93,21 @@ struct StageProgramOptions {
   // Build the programs only: no parameters or optimizer state are allocated, and only the
   // accessors may be used (for step/memory_replay.h, which predicts what a run would hold).
   bool plan_only = false;
+  // Optimizer state sharding (ZeRO stage 1, `--shard-optimizer`): this rank is replica `shard` of
+  // `shards` data-parallel replicas and keeps and updates only its slice of every parameter —
+  // elements OptimizerShard(numel, shard, shards) of the flattened parameter — and of its
+  // optimizer state. After Update the caller makes the parameters whole again (GatherParams).
+  int shard = 0;
+  int shards = 1;
 };
+
+// The elements [begin, end) of a flattened parameter of `numel` elements that replica `shard` of
+// `shards` updates: [numel·shard/shards, numel·(shard+1)/shards). The last shard is the largest.
+struct ShardRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+ShardRange OptimizerShard(int64_t numel, int shard, int shards);
 
 // The recompute policy of pipeline stage `stage` of `stages` (0 of 1 on one stage): the one policy
 // of config.recompute, or the stage's own when it lists one per stage. Throws InvalidArgument
@@ -198,7 +213,20 @@ class StageProgram {
   // state (the gradients kept until validation are the step's own, held by Update alike).
   int64_t RollbackBytes() const;
 
-  // Parameters and optimizer state by name, sharing the rank's memory.
+
+  // Sharded optimizer only (options.shards > 1), after an Update that returned true: sets every
+  // element outside this replica's slice of each parameter to −0.0 and calls all_reduce_sum on the
+  // parameter, in params() order. An all-reduce over the replicas then adds, per element, the one
+  // replica's updated value and −0.0 from the others — exact (−0.0 is the additive identity: x +
+  // (−0.0) = x for every x, +0.0 and NaN included), so the gather is bitwise.
+  void GatherParams(const std::function<void(const Tensor&)>& all_reduce_sum);
+  int shard() const { return options_.shard; }
+  int shards() const { return options_.shards; }
+  // The bytes of optimizer state this rank keeps for `param` (its slice when sharded).
+  int64_t OptimizerStateNumel(const ParamSpec& param) const;
+
+  // Parameters and optimizer state by name, sharing the rank's memory. With a sharded optimizer
+  // the state tensors are this replica's slices (1-D, OptimizerShard's size).
   std::map<std::string, Tensor> State() const;
 
  private:
@@ -226,6 +254,7 @@ class StageProgram {
   std::vector<std::string> UpdatedStateNames() const;
   // Runs the optimizer on `grads` as they are (no clipping) and leaves them in place.
   void Apply(const GradientAccumulator& grads, double lr, int64_t step);
+  std::vector<ParamSpec> shard_specs_;  // sharded: each parameter as its 1-D slice
 };
 
 // The bytes post-validation keeps for a rollback of `params`' update (StageProgram::UpdateEagerly):

@@ -69,6 +69,9 @@ struct TrainConfig {
   // beyond it fails the step with OutOfMemory); empty: no bound. The CLI plans the recompute
   // policies to fit it before training (step/memory_budget.h).
   std::vector<int64_t> memory_budget;
+  // ZeRO stage 1 (`--shard-optimizer`): with D data-parallel replicas, each keeps and updates 1/D
+  // of every parameter's optimizer state and the updated parameters are gathered (StageProgram).
+  bool shard_optimizer = false;
   RunMode mode = RunMode::kTrace;
   int threads = 0;           // intra-op threads (BLAS and parallel runs); 0 = all cores
   int64_t eval_every = 250;  // 0: only after the last step

@@ -10,7 +10,7 @@ namespace {
 CachingAllocatorOptions AllocatorOptions(const TrainConfig& config) {
   CachingAllocatorOptions options;
   if (!config.memory_budget.empty()) {
-    options.max_allocated_bytes = static_cast<size_t>(config.memory_budget[0]);
+    options.max_reserved_bytes = static_cast<size_t>(config.memory_budget[0]);
   }
   return options;
 }

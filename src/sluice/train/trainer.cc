@@ -360,6 +360,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       nlohmann::json& entry = stages != nullptr && s < stages->size() ? (*stages)[s] : summary;
       entry["predicted_peak_allocated_bytes"] = forecast[s].peak_allocated_bytes;
       entry["least_peak_allocated_bytes"] = forecast[s].least_peak_allocated_bytes;
+      entry["predicted_peak_reserved_bytes"] = forecast[s].peak_reserved_bytes;
     }
   }
   impl.WriteMetrics(summary);

@@ -148,7 +148,7 @@ TEST(Explain, ABudgetedPlanIsExplainedUnderItsChosenPolicies) {
   const PlanChoice free = ChoosePlan(r);
   int64_t largest = 0;
   for (const StagePlan& p : free.plan.stages) {
-    largest = std::max(largest, p.forecast.peak_allocated_bytes);
+    largest = std::max(largest, p.forecast.peak_reserved_bytes);
   }
   r.budget.assign(4, largest * 4 / 5);
   r.budget_text = std::to_string(largest * 4 / 5);

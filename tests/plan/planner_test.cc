@@ -68,7 +68,7 @@ std::vector<int64_t> SmallestPeaks(const PlanRequest& r, ScheduleKind kind) {
     const std::vector<StageMemoryForecast> f = ForecastJob(r, job, c, kind);
     smallest.resize(f.size(), INT64_MAX);
     for (size_t s = 0; s < f.size(); ++s) {
-      smallest[s] = std::min(smallest[s], f[s].peak_allocated_bytes);
+      smallest[s] = std::min(smallest[s], f[s].peak_reserved_bytes);
     }
   }
   return smallest;
@@ -144,7 +144,7 @@ TEST(Planner, ABudgetGetsTheLeastWorkPoliciesThatFit) {
   const PlanChoice free = ChoosePlan(r);
   int64_t largest = 0;
   for (const StagePlan& p : free.plan.stages) {
-    largest = std::max(largest, p.forecast.peak_allocated_bytes);
+    largest = std::max(largest, p.forecast.peak_reserved_bytes);
   }
   r.budget = {largest * 4 / 5, largest * 4 / 5};
   r.budget_text = std::to_string(largest * 4 / 5);

@@ -86,9 +86,13 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
 
 
+AUTOCAST = False  # --autocast
+
+
 def step(model, opt, ids, targets):
     opt.zero_grad(set_to_none=True)
-    loss = model(ids, targets)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
+        loss = model(ids, targets)
     loss.backward()
     opt.step()
     return loss
@@ -128,11 +132,15 @@ def main():
                           ("steps", 20), ("warmup", 3), ("threads", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--checkpoint", action="store_true", help="torch.utils.checkpoint around every block")
+    p.add_argument("--autocast", action="store_true",
+                   help='mixed precision: forward under torch.autocast("cpu", dtype=torch.bfloat16)')
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = GPT(a.vocab, a.seq, a.layers, a.heads, a.dim)
     model.checkpoint = a.checkpoint
+    global AUTOCAST
+    AUTOCAST = a.autocast
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     ids = torch.randint(0, a.vocab, (a.batch, a.seq))
     targets = torch.randint(0, a.vocab, (a.batch, a.seq))
@@ -146,6 +154,7 @@ def main():
     times.sort()
     median = times[len(times) // 2]
     print(json.dumps({"framework": "pytorch " + torch.__version__, "threads": a.threads, "checkpoint": a.checkpoint,
+                      "autocast": a.autocast,
                       "tokens_per_s": a.batch * a.seq / median, "step_ms_median": median * 1e3,
                       "peak_tensor_bytes": peak_step_bytes(model, opt, ids, targets),
                       "blas": blas_core()}))

@@ -4,7 +4,8 @@
 // the vocabulary).
 //
 // Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc auto|none|sync|async]
-//                              [--no-recompute] [--attention fused|naive] [--vocab 256]
+//                              [--no-recompute] [--attention fused|naive] [--precision fp32|bf16]
+//                              [--vocab 256]
 //                              [--layers 4] [--heads 4] [--dim 128] [--seq 64] [--batch 16]
 // Prints one JSON object: tokens_per_s (median step), step_ms_median, cpu_ms_median and cpu_ms_min
 // (the process's CPU time per step, user + system, every thread: on a shared machine it moves less
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   int64_t steps = 20, warmup = 3;
   std::string gc = "auto";  // the default of sluice train
   std::string attention = "fused";
+  std::string precision = "fp32";
   bool recompute = true;
   GptConfig gpt{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .dim = 128};
   int64_t batch = 16;
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
       gc = argv[i + 1];
     else if (flag == "--attention")
       attention = argv[i + 1];
+    else if (flag == "--precision")
+      precision = argv[i + 1];
     else if (flag == "--vocab")
       gpt.vocab = std::atoll(argv[i + 1]);
     else if (flag == "--layers")
@@ -103,6 +107,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   gpt.attention = *attention_kind;
+  const std::optional<Precision> precision_kind = ParsePrecision(precision);
+  if (!precision_kind) {
+    fmt::print(stderr, "train_bench: --precision must be fp32 or bf16, not '{}'\n", precision);
+    return 2;
+  }
+  gpt.precision = *precision_kind;
   c.gpt = gpt;
   c.batch = batch;
   c.steps = warmup + steps;
@@ -136,6 +146,7 @@ int main(int argc, char** argv) {
                         {"gc", gc},
                         {"recompute", recompute},
                         {"attention", attention},
+                        {"precision", precision},
                         {"simd", kernels::SimdTarget()},
                         {"blas", kernels::EnsureBlasKernels().core},
                         {"tokens_per_s", static_cast<double>(batch * gpt.seq) / (median / 1000.0)},

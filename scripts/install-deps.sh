@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libopenblas-dev          # GEMM through CBLAS
   libhwy-dev               # Google Highway: runtime-dispatched SIMD row kernels
+  libdnnl-dev              # oneDNN: bf16 matmul (fp32 accumulation), fp32 GEMM where it beats OpenBLAS
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev

@@ -14,7 +14,8 @@ std::vector<OpCase> ElementwiseCases() {
   const Fill positive = Positive();
   const Fill wide = Uniform(-4, 4);  // reaches GELU's tails and exp's larger values
   const std::vector<Fill> nonzero_b = {Fill{}, positive};
-  const Attrs f32{{"dtype", std::string("f32")}}, f64{{"dtype", std::string("f64")}};
+  const Attrs f32{{"dtype", std::string("f32")}}, f64{{"dtype", std::string("f64")}},
+      bf16{{"dtype", std::string("bf16")}};
   return {
       // Binary ops: equal shapes, rows, columns, scalars, both operands stretched, odd sizes.
       {.label = "add_same", .op = "add", .inputs = {F({4, 3}), F({4, 3})}},
@@ -70,8 +71,13 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "tanh_grad", .op = "tanh_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
       // Fill, cast, copy. (A cast to f32 rounds away what a finite difference measures: no grad.)
       {.label = "full", .op = "full", .single_kernel = true, .inputs = {}, .attrs = {{"dtype", std::string("f32")}, {"shape", std::vector<int64_t>{2, 3}}, {"value", 1.5}}},
-      {.label = "cast_to_f64", .op = "cast", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = f64},
-      {.label = "cast_to_f32", .op = "cast", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = f32, .grad = false},
+      {.label = "cast_to_f64", .op = "cast", .inputs = {F({7, 13})}, .attrs = f64},
+      {.label = "cast_to_f32", .op = "cast", .inputs = {F({7, 13})}, .attrs = f32, .grad = false},
+      // Mixed precision (op_harness.h): rounding to bf16 costs at most half a bf16 ulp, 2^-9
+      // relative (2e-3); widening is exact; each gradient is cast back, the bf16 one exactly.
+      {.label = "cast_to_bf16", .op = "cast", .inputs = {F({7, 13})}, .attrs = bf16, .bf16 = true, .bf16_tolerance = 2e-3, .bf16_grad_tolerance = 0},
+      {.label = "cast_to_bf16_long", .op = "cast", .inputs = {F({1031})}, .attrs = bf16, .fills = {Uniform(-1e3, 1e3)}, .grad = false, .bf16 = true, .bf16_tolerance = 2e-3},
+      {.label = "cast_from_bf16", .op = "cast", .inputs = {F({1031})}, .attrs = f32, .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 0, .bf16_grad_tolerance = 2e-3},
       {.label = "copy", .op = "copy", .single_kernel = true, .inputs = {F({3, 7})}},
       // Gradient accumulation in place (autodiff's AccumulateGradients).
       {.label = "accumulate", .op = "accumulate", .inputs = {F({3, 7}), F({3, 7})}, .grad = false},
@@ -98,6 +104,9 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "scale_int", .op = "scale", .inputs = {I64({3})}, .attrs = {{"factor", 2.0}}},
       {.label = "relu_int", .op = "relu", .inputs = {I64({3})}},
       {.label = "gelu_bf16", .op = "gelu", .inputs = {{DType::kBF16, Shape{3}}}},
+      {.label = "add_bf16", .op = "add", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
+      {.label = "cast_bf16_to_f64", .op = "cast", .inputs = {{DType::kBF16, Shape{3}}}, .attrs = {{"dtype", std::string("f64")}}},
+      {.label = "cast_to_f16", .op = "cast", .inputs = {F({3})}, .attrs = {{"dtype", std::string("f16")}}},
       {.label = "exp_int", .op = "exp", .inputs = {I32({3})}},
       {.label = "silu_int", .op = "silu", .inputs = {I64({3})}},
       {.label = "silu_grad_shape", .op = "silu_grad", .inputs = {F({3}), F({4})}},

@@ -32,6 +32,38 @@ Program MakeProgram(const OpCase& c, DType float_type) {
   return p;
 }
 
+// The mixed-precision case's program: inputs c.bf16_inputs in bf16, other floating ones in f32.
+// With `twin`, its f32 twin: every floating input f32 and an attribute dtype = "bf16" read "f32".
+Program MakeMixedProgram(const OpCase& c, bool twin) {
+  Program p(c.label);
+  std::vector<ValueId> ins;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    TensorType t = c.inputs[i];
+    const bool bf16 = std::find(c.bf16_inputs.begin(), c.bf16_inputs.end(), static_cast<int>(i)) !=
+                      c.bf16_inputs.end();
+    if (IsFloating(t.dtype)) t.dtype = bf16 && !twin ? DType::kBF16 : DType::kF32;
+    ins.push_back(p.AddInput(fmt::format("x{}", i), t));
+  }
+  Attrs attrs = c.attrs;
+  if (twin && attrs.Has("dtype") && attrs.GetString("dtype") == "bf16") attrs.Set("dtype", "f32");
+  ValueList outs = p.AddInstruction(c.op, ins, attrs);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    p.Rename(outs[i], fmt::format("y{}", i));
+    p.AddOutput(outs[i]);
+  }
+  return p;
+}
+
+// max |a - b| / max(|b|, 1e-6) over two tensors of one shape, read as doubles.
+double RelativeDiff(const Tensor& a, const Tensor& b) {
+  double scale = 1e-6, diff = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    scale = std::max(scale, std::abs(b.FlatAt(i)));
+    diff = std::max(diff, std::abs(a.FlatAt(i) - b.FlatAt(i)));
+  }
+  return diff / scale;
+}
+
 Tensor MakeInput(const TensorType& t, const Fill& fill, std::mt19937_64& rng) {
   Tensor x = Tensor::Empty(t.shape, t.dtype);
   for (int64_t i = 0; i < x.numel(); ++i) {
@@ -92,6 +124,64 @@ void CompareKernels(const OpCase& c, DType t, double tolerance) {
                                 << "): fast and reference kernels differ on %" << name << "\nfast "
                                 << a.ToString(16) << "\nref  " << b.ToString(16);
     }
+  }
+}
+
+// The values of `from` in the types of `p`'s inputs (f32 copies of bf16 inputs for the twin).
+Scope Retyped(const Program& p, const Scope& from) {
+  Scope out;
+  for (ValueId v : p.inputs()) {
+    const std::string& name = p.value(v).name;
+    const Tensor& x = from.Get(name);
+    Tensor y = Tensor::Empty(x.shape(), p.type(v).dtype);
+    for (int64_t i = 0; i < x.numel(); ++i) y.FlatSet(i, x.FlatAt(i));
+    out.Set(name, y);
+  }
+  return out;
+}
+
+void RunMixedCase(const OpCase& c) {
+  const Program p = MakeMixedProgram(c, false), twin = MakeMixedProgram(c, true);
+  const Scope inputs = MakeInputs(p, c, 1234);
+  Scope fast = CloneScope(inputs), ref = CloneScope(inputs), exact = Retyped(twin, inputs);
+  RunReference(p, fast, DefaultAllocator(), /*use_reference_kernels=*/false);
+  RunReference(p, ref, DefaultAllocator(), /*use_reference_kernels=*/true);
+  RunReference(twin, exact, DefaultAllocator(), /*use_reference_kernels=*/true);
+  for (ValueId y : p.outputs()) {
+    const std::string& name = p.value(y).name;
+    ASSERT_EQ(fast.Get(name).dtype(), p.type(y).dtype) << c.label << " %" << name;
+    EXPECT_LE(RelativeDiff(fast.Get(name), ref.Get(name)), c.f32_tolerance)
+        << c.label << " (mixed): fast and reference kernels differ on %" << name;
+    EXPECT_LE(RelativeDiff(fast.Get(name), exact.Get(name)), c.bf16_tolerance)
+        << c.label << " (mixed): %" << name << " beside its f32 twin\nmixed "
+        << fast.Get(name).ToString(16) << "\nf32   " << exact.Get(name).ToString(16);
+  }
+  if (!c.grad) return;
+  // Backward of both programs seeded with the same output gradients.
+  GradientSpec spec;
+  for (ValueId y : p.outputs()) spec.seeds.push_back(p.value(y).name);
+  for (ValueId x : p.inputs()) {
+    if (IsFloating(p.type(x).dtype)) spec.wrt.push_back(p.value(x).name);
+  }
+  const Backward bwd = BuildBackward(p, spec), twin_bwd = BuildBackward(twin, spec);
+  std::mt19937_64 rng(7);
+  Scope mixed_scope = CloneScope(inputs), twin_scope = Retyped(twin, inputs);
+  RunReference(p, mixed_scope, DefaultAllocator(), false);
+  RunReference(twin, twin_scope, DefaultAllocator(), true);
+  for (size_t k = 0; k < p.outputs().size(); ++k) {
+    const Tensor seed = MakeInput(p.type(p.outputs()[k]), Fill{}, rng);
+    Tensor twin_seed = Tensor::Empty(seed.shape(), twin.type(twin.outputs()[k]).dtype);
+    for (int64_t i = 0; i < seed.numel(); ++i) twin_seed.FlatSet(i, seed.FlatAt(i));
+    mixed_scope.Set(p.value(p.outputs()[k]).name + ".grad", seed);
+    twin_scope.Set(twin.value(twin.outputs()[k]).name + ".grad", twin_seed);
+  }
+  RunReference(bwd.program, mixed_scope, DefaultAllocator(), false);
+  RunReference(twin_bwd.program, twin_scope, DefaultAllocator(), true);
+  for (size_t w = 0; w < spec.wrt.size(); ++w) {
+    const Tensor& g = mixed_scope.Get(bwd.grads[w]);
+    EXPECT_EQ(g.dtype(), inputs.Get(spec.wrt[w]).dtype()) << c.label << " d/d" << spec.wrt[w];
+    EXPECT_LE(RelativeDiff(g, twin_scope.Get(twin_bwd.grads[w])), c.bf16_grad_tolerance)
+        << c.label << " (mixed): gradient of " << spec.wrt[w] << " beside its f32 twin";
   }
 }
 
@@ -198,6 +288,10 @@ void RunOpCase(const OpCase& c) {
               ? " has a single kernel (the registry's reference is its fast kernel): mark the "
                 "case .single_kernel = true"
               : " has a reference and a fast kernel: drop .single_kernel so they are compared");
+  if (c.bf16) {
+    RunMixedCase(c);
+    return;
+  }
   CheckSignature(c, *op);
   if (c.single_kernel) {
     ::testing::Test::RecordProperty("fast_vs_reference", "skipped: single kernel");

@@ -7,6 +7,13 @@
 //      of the op's VJP rule as autodiff uses it;
 //   3. the op's signature (OpDef::signature) against the case: its attributes are ones the
 //      signature names, and the op gives as many outputs as the signature lists;
+// A mixed-precision case (bf16 = true) runs instead, with the inputs bf16_inputs in bf16 and the
+// other floating inputs in f32 (an attribute dtype = "bf16" kept):
+//   1. fast vs reference kernel (f32_tolerance, relative to the largest magnitude);
+//   2. against its f32 twin — the same op on the same (bf16-representable) values all in f32, an
+//      attribute dtype = "bf16" read as "f32" — within bf16_tolerance: what bf16 costs the op;
+//   3. with grad, its backward program against the twin's (bf16_grad_tolerance): autodiff gives
+//      each input a gradient of the input's dtype, within bf16's rounding of the twin's.
 // and OpErrorCase entries check that shape/dtype mistakes are reported as errors, not crashes.
 // op_coverage_test.cc fails for every registered op that no table has a case for.
 //
@@ -56,6 +63,11 @@ struct OpCase {
   double grad_tolerance = 1e-6;
   // Inputs the gradient check skips (e.g. in-place state); empty = all floating inputs.
   std::vector<int> no_grad_inputs;
+  // Mixed precision (see the top of this file).
+  bool bf16 = false;
+  std::vector<int> bf16_inputs;
+  double bf16_tolerance = 1e-5;
+  double bf16_grad_tolerance = 1e-2;
 };
 
 struct OpErrorCase {

@@ -11,6 +11,10 @@ with the per-step losses ("losses", f64 [steps], the mean over micro-batches), t
 before clipping ("grad_norms", f64 [steps]), the first step's averaged gradients ("<param>.grad")
 and the weights after the last step ("final.<param>").
 
+With "precision": "bf16" in the configuration, every forward runs under PyTorch's own mixed
+precision, torch.autocast("cpu", dtype=torch.bfloat16) (what users compare sluice's
+`--precision bf16` with); parameters, gradients and AdamW stay f32 as they do in sluice.
+
 With --golden GOLDEN.json it also writes the small golden file the parity test reads where
 PyTorch is absent: the configuration, every micro-batch and the per-step losses and norms.
 
@@ -109,11 +113,12 @@ def main():
         opt.zero_grad()
         total = 0.0
         for k in range(M):
-            loss = forward(params, tensors[f"ids.{step}.{k}"], tensors[f"targets.{step}.{k}"], cfg)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.get("precision") == "bf16"):
+                loss = forward(params, tensors[f"ids.{step}.{k}"], tensors[f"targets.{step}.{k}"], cfg)
             (loss / M).backward()
             total += loss.item()
         if step == 0:
-            out.update({f"{k}.grad": v.grad.detach().clone() for k, v in params.items()})
+            out.update({f"{k}.grad": v.grad.detach().float().clone() for k, v in params.items()})
         clip = cfg["clip"] if cfg["clip"] > 0 else float("inf")
         norms.append(float(torch.nn.utils.clip_grad_norm_(list(params.values()), clip)))
         losses.append(total / M)

@@ -148,6 +148,19 @@ TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStage) {
   }
 }
 
+// Mixed precision: the bf16 casts and oneDNN's products run on each stage as on one (oneDNN with
+// one thread sums in a fixed order), so every schedule at P = 2 stays bitwise.
+TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStageUnderBf16) {
+  for (const Case& c : kCases) {
+    if (c.stages != 2) continue;
+    TrainConfig config = Small(c.layers, c.microbatches);
+    config.gpt.precision = Precision::kBf16;
+    const RunResult single = Train(config, nullptr);
+    const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
+    ExpectBitwiseEqual(single, Train(config, &options), Describe(c) + " bf16");
+  }
+}
+
 // Clipping scales every gradient by the global norm: bitwise only because every rank sums the
 // per-parameter squares in model order, as one stage does.
 TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {

@@ -10,10 +10,16 @@
 //   LivePyTorch            runs the reference now (skipped, saying so, without python3-torch):
 //                          losses, norms and the weights after the last step.
 //
+//   ParityBf16.*           the same under mixed precision: sluice `--precision bf16` against
+//                          PyTorch's torch.autocast("cpu", bfloat16) for ten steps (golden file
+//                          tests/parity/gpt_bf16_golden.json). The two round at different places
+//                          (autocast also runs attention's products and the head in bf16), so
+//                          losses agree within 1e-2 relative and gradient norms within 5e-2.
+//
 // Tolerances: losses and norms 1e-5 relative; final weights 1e-4 of each tensor's largest entry
 // plus 1e-3 of the AdamW steps taken (lr · steps: where a gradient is rounding noise).
 // Regenerate the golden file after a deliberate change to initialization or data:
-//   SLUICE_UPDATE_GOLDEN=1 ctest --test-dir build -R Parity.LivePyTorch
+//   SLUICE_UPDATE_GOLDEN=1 ctest --test-dir build -R 'Parity.*LivePyTorch'
 #include <cstdlib>
 #include <fstream>
 
@@ -51,23 +57,32 @@ TrainConfig ParityConfig() {
   return c;  // the GC mode and recompute are the defaults `sluice train` runs with
 }
 
+TrainConfig Bf16ParityConfig() {
+  TrainConfig c = ParityConfig();
+  c.gpt.precision = Precision::kBf16;
+  c.steps = 10;
+  return c;
+}
+
 nlohmann::json ReferenceConfig(const TrainConfig& c, const Trainer& trainer) {
   const OptimizerConfig& o = c.optimizer;
-  return {{"dim", c.gpt.dim},
-          {"heads", c.gpt.heads},
-          {"layers", c.gpt.layers},
-          {"steps", c.steps},
-          {"microbatches", c.microbatches},
-          {"batch", c.batch},
-          {"seed", c.seed},
-          {"data", c.data},
-          {"vocab", trainer.Value("wte.weight").shape()[0]},
-          {"lr", o.lr},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
-          {"eps", o.eps},
-          {"weight_decay", o.weight_decay},
-          {"clip", o.clip_norm}};
+  nlohmann::json config = {{"dim", c.gpt.dim},
+                           {"heads", c.gpt.heads},
+                           {"layers", c.gpt.layers},
+                           {"steps", c.steps},
+                           {"microbatches", c.microbatches},
+                           {"batch", c.batch},
+                           {"seed", c.seed},
+                           {"data", c.data},
+                           {"vocab", trainer.Value("wte.weight").shape()[0]},
+                           {"lr", o.lr},
+                           {"beta1", o.beta1},
+                           {"beta2", o.beta2},
+                           {"eps", o.eps},
+                           {"weight_decay", o.weight_decay},
+                           {"clip", o.clip_norm}};
+  if (c.gpt.precision != Precision::kFp32) config["precision"] = Name(c.gpt.precision);
+  return config;
 }
 
 // The micro-batches of every step, as the engine binds them: "ids.<step>.<k>",
@@ -104,10 +119,10 @@ SluiceRun Train(Trainer& trainer) {
 double Relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 void ExpectClose(const std::vector<double>& sluice, const std::vector<double>& reference,
-                 const char* what) {
+                 const char* what, double tolerance = 1e-5) {
   ASSERT_EQ(sluice.size(), reference.size()) << what;
   for (size_t s = 0; s < sluice.size(); ++s) {
-    EXPECT_LE(Relative(sluice[s], reference[s]), 1e-5)
+    EXPECT_LE(Relative(sluice[s], reference[s]), tolerance)
         << what << " of step " << s + 1 << ": sluice " << sluice[s] << " vs PyTorch "
         << reference[s];
   }
@@ -195,6 +210,82 @@ TEST(Parity, LivePyTorch) {
     worst_loss = std::max(worst_loss, Relative(run.losses[s], values("losses")[s]));
   fmt::print("largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}\n",
              worst_loss, worst);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Runs tests/parity/gpt_reference.py on `config`'s initial weights and micro-batches; its output.
+SafetensorsFile RunReference(const TrainConfig& config, Trainer& trainer,
+                             const std::string& golden) {
+  std::map<std::string, Tensor> input = MicroBatches(config);
+  for (const std::string& name : trainer.ParamNames())
+    input.emplace("param." + name, trainer.Value(name).Clone());
+  const std::string dir = ::testing::TempDir();
+  const std::string in_path = dir + "/parity_bf16_input.safetensors",
+                    out_path = dir + "/parity_bf16_output.safetensors";
+  WriteSafetensors(in_path, input, {{"config", ReferenceConfig(config, trainer).dump()}});
+  std::string cmd = fmt::format("/usr/bin/python3 {}/tests/parity/gpt_reference.py {} {}",
+                                SourceDir(), in_path, out_path);
+  if (std::getenv("SLUICE_UPDATE_GOLDEN") != nullptr) cmd += " --golden " + golden;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << "the PyTorch reference failed: " << cmd;
+  return ReadSafetensors(out_path);
+}
+
+std::vector<double> Values(const Tensor& t) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < t.numel(); ++i) v.push_back(t.FlatAt(i));
+  return v;
+}
+
+TEST(ParityBf16, GoldenLosses) {
+  const std::string path = SourceDir() + "/tests/parity/gpt_bf16_golden.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot read " << path;
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const TrainConfig config = Bf16ParityConfig();
+  Trainer trainer(config);
+  EXPECT_EQ(golden.at("config"), ReferenceConfig(config, trainer))
+      << "the golden file was made for another configuration: regenerate it (see the top of this "
+         "file)";
+  const SluiceRun run = Train(trainer);
+  ExpectClose(run.losses, golden.at("losses").get<std::vector<double>>(), "bf16 loss", 1e-2);
+  ExpectClose(run.grad_norms, golden.at("grad_norms").get<std::vector<double>>(),
+              "bf16 gradient norm", 5e-2);
+}
+
+TEST(ParityBf16, DiffersFromFp32ByMoreThanFp32ParityAllows) {
+  // Guards against a --precision bf16 that silently ran in f32 (and so matched autocast loosely).
+  TrainConfig fp32 = Bf16ParityConfig();
+  fp32.gpt.precision = Precision::kFp32;
+  fp32.steps = 2;
+  TrainConfig bf16 = Bf16ParityConfig();
+  bf16.steps = 2;
+  Trainer a(fp32), b(bf16);
+  const SluiceRun ra = Train(a), rb = Train(b);
+  EXPECT_GT(Relative(rb.losses[1], ra.losses[1]), 1e-5);
+  EXPECT_LT(Relative(rb.losses[1], ra.losses[1]), 1e-2);
+}
+
+TEST(ParityBf16, LivePyTorch) {
+  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3-torch is not installed: only the golden file was checked";
+  }
+  const TrainConfig config = Bf16ParityConfig();
+  Trainer trainer(config);
+  const SafetensorsFile ref =
+      RunReference(config, trainer, SourceDir() + "/tests/parity/gpt_bf16_golden.json");
+  const SluiceRun run = Train(trainer);
+  ExpectClose(run.losses, Values(ref.tensors.at("losses")), "bf16 loss", 1e-2);
+  ExpectClose(run.grad_norms, Values(ref.tensors.at("grad_norms")), "bf16 gradient norm", 5e-2);
+  double worst = 0;
+  for (size_t s = 0; s < run.losses.size(); ++s)
+    worst = std::max(worst, Relative(run.losses[s], Values(ref.tensors.at("losses"))[s]));
+  fmt::print("bf16: largest relative difference of the losses from PyTorch autocast: {:.2e}\n",
+             worst);
 }
 
 }  // namespace

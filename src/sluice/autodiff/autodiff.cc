@@ -489,6 +489,8 @@ Program FuseMatMulIntoGeluGrad(Program p) {
     const ValueId dy = instrs[i].inputs[0];
     const int32_t producer = p.value(dy).producer;
     if (producer < 0 || uses[dy] != 1 || instrs[producer].op->name != "matmul") continue;
+    // A mixed-precision product (bf16 operands, f32 result) is left unfused.
+    if (p.type(instrs[producer].inputs[0]).dtype != p.type(dy).dtype) continue;
     fused_matmul[i] = producer;
     absorbed[producer] = any = true;
   }

@@ -123,6 +123,11 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
                      "gpt: tokens per chunk of the head's fused linear + cross-entropy, whose "
                      "logits are never whole (0: automatic; -1: the unfused head)")
           ->capture_default_str();
+  auto* precision =
+      sub.add_option("--precision", a->precision,
+                     "gpt: fp32, or bf16 (mixed precision: the blocks' linears multiply bf16 with "
+                     "f32 accumulation; weights, gradients, optimizer state stay f32)")
+          ->capture_default_str();
   auto* seq =
       sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")
           ->capture_default_str();
@@ -309,13 +314,13 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
   }
   // Options only one model or one optimizer reads: given for the other, they would change nothing.
   const std::vector<ScopedOption> scoped = {
-      {layers, "--model", "gpt"},       {heads, "--model", "gpt"},
-      {dim, "--model", "gpt"},          {attention, "--model", "gpt"},
-      {head_chunk, "--model", "gpt"},   {seq, "--model", "gpt", true},
-      {vocab, "--model", "gpt", true},  {features, "--model", "mlp"},
-      {hidden, "--model", "mlp"},       {classes, "--model", "mlp", true},
-      {beta1, "--optimizer", "adamw"},  {beta2, "--optimizer", "adamw"},
-      {momentum, "--optimizer", "sgd"},
+      {layers, "--model", "gpt"},        {heads, "--model", "gpt"},
+      {dim, "--model", "gpt"},           {attention, "--model", "gpt"},
+      {head_chunk, "--model", "gpt"},    {precision, "--model", "gpt"},
+      {seq, "--model", "gpt", true},     {vocab, "--model", "gpt", true},
+      {features, "--model", "mlp"},      {hidden, "--model", "mlp"},
+      {classes, "--model", "mlp", true}, {beta1, "--optimizer", "adamw"},
+      {beta2, "--optimizer", "adamw"},   {momentum, "--optimizer", "sgd"},
   };
   auto finish = [a, command_name = sub.get_name(), unused, init_from, resume, allow_changes, data,
                  scoped, sched, chunks, partition, layout, release, ahead, post_validate, timeout,
@@ -418,6 +423,11 @@ void Configure(TrainArgs& a) {
     throw InvalidArgument(fmt::format("--attention must be one of {}, not '{}'",
                                       EnumNames(kGptAttentionNames, ", "), a.attention));
   c.gpt.attention = *attention;
+  auto precision = ParsePrecision(a.precision);
+  if (!precision)
+    throw InvalidArgument(fmt::format("--precision must be one of {}, not '{}'",
+                                      EnumNames(kPrecisionNames, ", "), a.precision));
+  c.gpt.precision = *precision;
   auto gc = ParseGcMode(a.gc);
   if (!gc)
     throw InvalidArgument(

@@ -39,6 +39,7 @@ struct TrainArgs {
   std::string gc = "auto";
   std::string memory_plan = "dynamic";
   std::string attention = "fused";
+  std::string precision = "fp32";  // --precision: a Precision's name (nn/layers.h)
   std::string mode = "trace";
   std::string recompute = "cheap";  // a policy, or a comma list of one per stage
   bool no_recompute = false;

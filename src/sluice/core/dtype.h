@@ -1,8 +1,10 @@
 // Element types of tensors.
 //
 // f32 and f64 are what kernels compute (f64 is for gradient checks); i32 and i64 hold indices
-// (embedding ids, targets); bf16 and f16 exist as storage types (size and name) for checkpoints
-// and memory accounting, and kernels reject them with a clear error.
+// (embedding ids, targets). bf16 is the storage type of mixed precision (`--precision bf16`): the
+// `cast` op converts it to and from f32, and matmul and linear take bf16 operands (f32 results);
+// other kernels reject it with a clear error naming the op. f16 exists as a storage type (size and
+// name) for checkpoints and memory accounting only.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +55,31 @@ constexpr bool IsFloating(DType t) {
 }
 constexpr bool IsInteger(DType t) { return t == DType::kI32 || t == DType::kI64; }
 
+// One bfloat16 number: the upper 16 bits of an IEEE f32 (sign, 8 exponent bits, 7 mantissa bits).
+// A plain value type for storage; arithmetic goes through f32 (BF16ToFloat, FloatToBF16).
+struct BFloat16 {
+  uint16_t bits = 0;
+  bool operator==(const BFloat16&) const = default;
+};
+
+// Exact: every bf16 is an f32.
+inline float BF16ToFloat(BFloat16 x) {
+  const uint32_t u = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Rounds to the nearest bf16, ties to even (as PyTorch and oneDNN do); a NaN stays a (quiet) NaN,
+// infinities stay infinite, and finite values beyond the largest bf16 round to infinity.
+inline BFloat16 FloatToBF16(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<uint16_t>((u >> 16) | 0x0040u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {static_cast<uint16_t>(u >> 16)};
+}
+
 // Maps a C++ element type to its DType: DTypeOf<float>() == DType::kF32.
 template <typename T>
 constexpr DType DTypeOf();
@@ -63,6 +90,10 @@ constexpr DType DTypeOf<float>() {
 template <>
 constexpr DType DTypeOf<double>() {
   return DType::kF64;
+}
+template <>
+constexpr DType DTypeOf<BFloat16>() {
+  return DType::kBF16;
 }
 template <>
 constexpr DType DTypeOf<int32_t>() {

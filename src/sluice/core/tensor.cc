@@ -21,6 +21,7 @@ double LoadAsDouble(const void* base, int64_t index, DType t) {
     case DType::kI64:
       return static_cast<double>(static_cast<const int64_t*>(base)[index]);
     case DType::kBF16:
+      return BF16ToFloat(static_cast<const BFloat16*>(base)[index]);
     case DType::kF16:
       break;
   }
@@ -41,7 +42,9 @@ void StoreFromDouble(void* base, int64_t index, DType t, double v) {
     case DType::kI64:
       static_cast<int64_t*>(base)[index] = static_cast<int64_t>(v);
       return;
-    case DType::kBF16:
+    case DType::kBF16:  // through f32: v rounded to f32, then to the nearest bf16
+      static_cast<BFloat16*>(base)[index] = FloatToBF16(static_cast<float>(v));
+      return;
     case DType::kF16:
       break;
   }

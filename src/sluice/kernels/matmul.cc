@@ -7,7 +7,12 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <string>
+
+#include "sluice/core/error.h"
 #include "sluice/kernels/blas.h"
+#include "sluice/kernels/onednn_matmul.h"
 
 namespace sluice::kernels {
 
@@ -63,8 +68,40 @@ void MatMulReference(const Tensor& a, const Tensor& b, const Tensor& out, bool t
   }
 }
 
+namespace {
+
+bool Fp32GemmOnOneDnn() {
+  static const bool onednn = [] {
+    const char* env = std::getenv("SLUICE_GEMM");
+    const std::string choice = env == nullptr ? "openblas" : env;
+    if (choice != "openblas" && choice != "onednn") {
+      throw InvalidArgument(
+          fmt::format("SLUICE_GEMM='{}': the f32 GEMM engine is openblas or onednn", choice));
+    }
+    return choice == "onednn";
+  }();
+  return onednn;
+}
+
+}  // namespace
+
+const char* Fp32GemmEngineName() { return Fp32GemmOnOneDnn() ? "onednn" : "openblas"; }
+
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (Fp32GemmOnOneDnn() && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {
+    OneDnnGemm({.transpose_a = ta,
+                .transpose_b = tb,
+                .m = m,
+                .n = n,
+                .k = k,
+                .lda = lda,
+                .ldb = ldb,
+                .ldc = ldc,
+                .accumulate = beta == 1.0f},
+               a, b, c);
+    return;
+  }
   EnsureBlasKernels();
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,

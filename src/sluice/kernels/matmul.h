@@ -64,6 +64,13 @@ void MatMulAccumulateBlas(const Tensor& acc, const Tensor& a, const Tensor& b, b
 // 128 on pre-AVX2 ones). 0 when even k = 16 differs. Thread-safe (computed once).
 int64_t GemmOneBlockK();
 
+// The library that runs the f32 GEMMs above: OpenBLAS ("openblas", the default: it measured
+// faster than oneDNN's f32 matmul on the GPT's products, docs/benchmarks.md "Mixed precision") or
+// oneDNN ("onednn", kernels/onednn_matmul.h), chosen with SLUICE_GEMM=openblas|onednn (read once;
+// another value throws InvalidArgument naming it). oneDNN takes the products with alpha 1 and beta
+// 0 or 1; others go to OpenBLAS. f64 GEMMs are always OpenBLAS's.
+const char* Fp32GemmEngineName();
+
 // The threads every GEMM of the process uses (OpenBLAS's own pool; process-wide). Called once per
 // engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it (it sizes
 // the other kernels' intra-op pool, kernels/parallel.h, to the same count).

@@ -46,7 +46,7 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
                         double proj_std) {
   Builder::NameScope scope(m.b(), "attn");
   const int64_t C = c.dim, H = c.heads, D = C / H;
-  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C);  // [B, T, 3C]
+  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C, 0.02, c.precision);  // [B, T, 3C]
   Builder& b = m.b();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Var y;  // [B, T, C]
@@ -64,13 +64,13 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
     for (const Var& t : {qk, scores, masked, att}) m.MarkAttentionValue(t.name());
     y = Reshape(Transpose(MatMul(att, v), 1, 2), {B, T, C});  // [B, H, T, D] -> [B, T, C]
   }
-  return LinearLayer(m, "c_proj", y, C, C, proj_std);
+  return LinearLayer(m, "c_proj", y, C, C, proj_std, c.precision);
 }
 
 Var Mlp(ModelBuilder& m, Var x, const GptConfig& c, double proj_std) {
   Builder::NameScope scope(m.b(), "mlp");
-  Var h = Gelu(LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim));  // [B, T, 4C]
-  return LinearLayer(m, "c_proj", h, 4 * c.dim, c.dim, proj_std);
+  Var h = Gelu(LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim, 0.02, c.precision));  // [B, T, 4C]
+  return LinearLayer(m, "c_proj", h, 4 * c.dim, c.dim, proj_std, c.precision);
 }
 
 // Parameters of the embeddings (wte, wpe) and of one block (ln_1, c_attn, attn.c_proj, ln_2, c_fc,

@@ -33,6 +33,7 @@
 #include <string_view>
 
 #include "sluice/core/enum_names.h"
+#include "sluice/nn/layers.h"
 #include "sluice/nn/model.h"
 
 namespace sluice {
@@ -61,6 +62,9 @@ struct GptConfig {
   // head's input); -1: the unfused matmul and cross_entropy (the logits whole). Same parameters,
   // the loss within rounding (ir/ops/nn.h).
   int64_t head_chunk = 0;
+  // The blocks' linears (c_attn, c_proj, c_fc) under kBf16 (nn/layers.h); attention's own products
+  // and the head stay f32.
+  Precision precision = Precision::kFp32;
 };
 
 // Throws InvalidArgument saying what to change (heads not dividing dim, non-positive sizes).

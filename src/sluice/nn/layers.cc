@@ -6,11 +6,21 @@
 
 namespace sluice {
 
-Var LinearLayer(ModelBuilder& m, std::string_view name, Var x, int64_t in, int64_t out,
-                double std) {
+std::string_view Name(Precision precision) { return EnumName(kPrecisionNames, precision); }
+
+std::optional<Precision> ParsePrecision(std::string_view name) {
+  return ParseEnum(kPrecisionNames, name);
+}
+
+Var LinearLayer(ModelBuilder& m, std::string_view name, Var x, int64_t in, int64_t out, double std,
+                Precision precision) {
   Builder::NameScope scope(m.b(), name);
   Var w = m.Param("weight", {in, out}, Init::kNormal, std);
   Var b = m.Param("bias", {out}, Init::kZeros);
+  if (precision == Precision::kBf16) {
+    return Linear(m.b().Name(Cast(x, DType::kBF16), "x_bf16"),
+                  m.b().Name(Cast(w, DType::kBF16), "weight_bf16"), b);
+  }
   return Linear(x, w, b);
 }
 

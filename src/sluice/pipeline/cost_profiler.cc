@@ -52,7 +52,8 @@ nlohmann::json ProfileJob(const StageSetup& setup, const std::string& layout) {
            {"layers", gpt->layers},
            {"heads", gpt->heads},
            {"dim", gpt->dim},
-           {"attention", std::string(Name(gpt->attention))}};
+           {"attention", std::string(Name(gpt->attention))},
+           {"precision", std::string(Name(gpt->precision))}};
   } else {
     job = setup.task->Describe();  // the model, its sizes or file, and the data
     job["seq"] = setup.seq_len;

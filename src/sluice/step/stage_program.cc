@@ -9,6 +9,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/onednn_matmul.h"
 #include "sluice/kernels/parallel.h"
 
 namespace sluice {
@@ -427,6 +428,7 @@ int ShareIntraOpThreads(int threads, int ranks) {
       threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int per_rank = std::max(1, all / std::max(1, ranks));
   kernels::SetBlasThreads(per_rank);
+  kernels::SetOneDnnThreads(per_rank);
   kernels::SetIntraOpThreads(per_rank);
   return per_rank;
 }

@@ -89,8 +89,13 @@ class GptTask final : public Task {
     return static_cast<double>(correct) / static_cast<double>(total);
   }
   nlohmann::json Describe() const override {
-    return {{"model", "gpt"},        {"vocab", cfg_.vocab}, {"seq", cfg_.seq},
-            {"layers", cfg_.layers}, {"heads", cfg_.heads}, {"dim", cfg_.dim},
+    return {{"model", "gpt"},
+            {"vocab", cfg_.vocab},
+            {"seq", cfg_.seq},
+            {"layers", cfg_.layers},
+            {"heads", cfg_.heads},
+            {"dim", cfg_.dim},
+            {"precision", std::string(Name(cfg_.precision))},
             {"data", data_->name()}};
   }
 

@@ -13,7 +13,10 @@
 #include "sluice/core/system_memory.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/metrics.h"
+#include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/blas.h"
+#include "sluice/kernels/matmul.h"
+#include "sluice/kernels/onednn_matmul.h"
 #include "sluice/kernels/simd_kernels.h"
 #include "sluice/nn/data.h"
 #include "sluice/train/single_stage.h"
@@ -26,10 +29,22 @@ namespace {
 
 // The instruction sets the run's kernels use: Highway's target for the row kernels, OpenBLAS's
 // core for GEMM (and what OpenBLAS chose by itself, when sluice replaced it: kernels/blas.h).
-nlohmann::json KernelsDescription() {
+// The kernels the run's products and row kernels use. gemm: the engine of f32 GEMMs. Under
+// --precision bf16, bf16_gemm names the engine of bf16 products (kernels/bf16_products.h):
+// oneDNN's implementation, or OpenBLAS on operands widened to f32 (bf16 storage, f32 compute);
+// bf16_native says whether the CPU has bf16 instructions (AVX512_BF16 or AMX) as oneDNN sees it.
+nlohmann::json KernelsDescription(Precision precision) {
   const kernels::BlasKernels& blas = kernels::EnsureBlasKernels();
-  nlohmann::json k = {{"simd", kernels::SimdTarget()}, {"blas", blas.core}};
+  nlohmann::json k = {{"simd", kernels::SimdTarget()},
+                      {"blas", blas.core},
+                      {"gemm", kernels::Fp32GemmEngineName()}};
   if (blas.switched) k["blas_openblas_choice"] = blas.openblas_choice;
+  if (precision == Precision::kBf16) {
+    k["bf16_gemm"] = std::string(kernels::Bf16GemmEngine()) == "onednn"
+                         ? "onednn " + kernels::OneDnnImplementation(DType::kBF16, 256, 256, 256)
+                         : std::string("openblas (bf16 operands widened to f32)");
+    k["bf16_native"] = kernels::OneDnnBf16Native();
+  }
   return k;
 }
 
@@ -334,21 +349,23 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   s.peak_resident_bytes = ReadSystemMemory().peak_resident_bytes;
   s.params = CountParams(impl.model.params);
   s.skipped = impl.skipped;
-  nlohmann::json summary = {{"summary", true},
-                            {"steps", s.steps},
-                            {"final_loss", s.final_loss},
-                            {"val_loss", s.last_eval.val_loss},
-                            {"wall_s", s.wall_s},
-                            {"tokens_per_s", s.tokens_per_s},
-                            {"peak_allocated_bytes", s.peak_allocated_bytes},
-                            {"peak_reserved_bytes", s.peak_reserved_bytes},
-                            {"peak_resident_bytes", s.peak_resident_bytes},
-                            {"params", s.params},
-                            {"skipped", s.skipped},
-                            {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
-                            {"memory_plan", Name(c.memory_plan)},
-                            {"config", impl.task->Describe()},
-                            {"kernels", KernelsDescription()}};
+  nlohmann::json summary = {
+      {"summary", true},
+      {"steps", s.steps},
+      {"final_loss", s.final_loss},
+      {"val_loss", s.last_eval.val_loss},
+      {"wall_s", s.wall_s},
+      {"tokens_per_s", s.tokens_per_s},
+      {"peak_allocated_bytes", s.peak_allocated_bytes},
+      {"peak_reserved_bytes", s.peak_reserved_bytes},
+      {"peak_resident_bytes", s.peak_resident_bytes},
+      {"params", s.params},
+      {"skipped", s.skipped},
+      {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
+      {"memory_plan", Name(c.memory_plan)},
+      {"config", impl.task->Describe()},
+      {"kernels", KernelsDescription(impl.task->gpt() != nullptr ? impl.task->gpt()->precision
+                                                                 : Precision::kFp32)}};
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (s.stop_signal != 0) summary["stopped"] = SignalName(s.stop_signal);
   if (nlohmann::json extra = impl.engine->Summary(); extra.is_object()) summary.update(extra);

@@ -9,6 +9,7 @@
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/accumulate.h"
+#include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/binary.h"
 #include "sluice/kernels/unary.h"
 
@@ -182,23 +183,45 @@ void FullKernel(KernelContext& ctx) {
   }
 }
 
+// f32 <-> f64 both ways, f32 <-> bf16 both ways (mixed precision), and a cast to the same dtype.
 std::vector<TensorType> InferCast(std::span<const TensorType> in, const Attrs& attrs) {
   std::optional<DType> to = DTypeAttr(attrs);
-  if (!to || (*to != DType::kF32 && *to != DType::kF64)) {
-    throw ShapeError(fmt::format("can cast to f32 or f64, not '{}'", attrs.GetString("dtype")));
+  const DType from = in[0].dtype;
+  if (!to || (*to != DType::kF32 && *to != DType::kF64 && *to != DType::kBF16)) {
+    throw ShapeError(
+        fmt::format("can cast to f32, f64 or bf16, not '{}'", attrs.GetString("dtype")));
   }
-  ops::SameFloatDType(in);
+  if (from != DType::kF32 && from != DType::kF64 && from != DType::kBF16) {
+    throw ShapeError(fmt::format("can cast f32, f64 or bf16, not {}", Name(from)));
+  }
+  if ((from == DType::kBF16 && *to == DType::kF64) ||
+      (from == DType::kF64 && *to == DType::kBF16)) {
+    throw ShapeError(
+        fmt::format("cannot cast {} to {} directly: cast through f32", Name(from), Name(*to)));
+  }
   return {{*to, in[0].shape}};
 }
 
+template <bool kFast>
 void CastKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   const Tensor& y = ctx.outputs[0];
-  DispatchFloat(x.dtype(), "cast", [&]<typename From>() {
-    DispatchFloat(y.dtype(), "cast", [&]<typename To>() {
-      kernels::Cast<From, To>(x.data<From>(), y.data<To>(), x.numel());
+  const int64_t n = x.numel();
+  if (x.dtype() == y.dtype()) {
+    y.CopyFrom(x);
+  } else if (y.dtype() == DType::kBF16) {
+    (kFast ? kernels::ToBF16Fast : kernels::ToBF16Reference)(x.data<float>(), y.data<BFloat16>(),
+                                                             n);
+  } else if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::FromBF16Fast : kernels::FromBF16Reference)(x.data<BFloat16>(),
+                                                                 y.data<float>(), n);
+  } else {
+    DispatchFloat(x.dtype(), "cast", [&]<typename From>() {
+      DispatchFloat(y.dtype(), "cast", [&]<typename To>() {
+        kernels::Cast<From, To>(x.data<From>(), y.data<To>(), n);
+      });
     });
-  });
+  }
 }
 
 std::vector<Var> CastVjp(VjpContext& ctx) { return {Cast(ctx.dy(0), ctx.x_type(0).dtype)}; }
@@ -398,10 +421,12 @@ void RegisterElementwiseOps(OpRegistry& r) {
   r.Register({.name = "cast",
               .num_inputs = 1,
               .infer = InferCast,
-              .kernel = CastKernel,
+              .kernel = CastKernel<true>,
+              .reference = CastKernel<false>,
               .vjp = CastVjp,
-              .doc = "x converted to dtype (f32 or f64)",
-              .signature = {.inputs = {{"x", "float[...]"}},
+              .doc = "x converted to dtype: f32 <-> f64, f32 <-> bf16 (rounded to nearest even); "
+                     "the gradient is cast back",
+              .signature = {.inputs = {{"x", "f32, f64 or bf16[...]"}},
                             .attrs = {{"dtype", "string"}},
                             .outputs = {{"y", "dtype[...]"}}}});
   r.Register({.name = "copy",

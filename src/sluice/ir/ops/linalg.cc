@@ -4,6 +4,7 @@
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
+#include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/kernels/unary.h"
@@ -12,8 +13,34 @@ namespace sluice {
 
 namespace {
 
+// Mixed precision (kernels/bf16_products.h): bf16 operands give an f32 product. Otherwise the
+// operands share one float dtype, the product's.
+DType ProductDType(std::span<const TensorType> operands) {
+  if (operands[0].dtype == DType::kBF16) {
+    for (const TensorType& t : operands) {
+      if (t.dtype != DType::kBF16) {
+        throw ShapeError(
+            fmt::format("dtypes differ: bf16 vs {} (a bf16 product takes bf16 "
+                        "operands: cast the other one)",
+                        Name(t.dtype)));
+      }
+    }
+    return DType::kF32;
+  }
+  return ops::SameFloatDType(operands);
+}
+
+// An output gradient as an operand of the products giving the inputs' gradients: rounded to bf16
+// when the forward product was bf16 (autocast's backward), as is.
+Var GradOperand(Var dy, DType operand) {
+  return operand == DType::kBF16 ? Cast(dy, DType::kBF16) : dy;
+}
+
+// A gradient in its input's dtype (a bf16 product's f32 result rounded back to bf16).
+Var AsInputGrad(Var g, DType input) { return g.dtype() == input ? g : Cast(g, input); }
+
 std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs& attrs) {
-  DType t = ops::SameFloatDType(in);
+  DType t = ProductDType(in.first(2));
   const bool ta = attrs.GetBool("transpose_a", false), tb = attrs.GetBool("transpose_b", false);
   kernels::MatMulDims d = kernels::MatMulShape(in[0].shape, in[1].shape, ta, tb);
   Shape out = in[0].shape;
@@ -26,6 +53,11 @@ template <bool kFast>
 void MatMulKernel(KernelContext& ctx) {
   const bool ta = ctx.attrs.GetBool("transpose_a", false),
              tb = ctx.attrs.GetBool("transpose_b", false);
+  if (ctx.inputs[0].dtype() == DType::kBF16) {
+    (kFast ? kernels::MatMulBF16 : kernels::MatMulBF16Reference)(ctx.inputs[0], ctx.inputs[1],
+                                                                 ctx.outputs[0], ta, tb);
+    return;
+  }
   DispatchFloat(ctx.outputs[0].dtype(), "matmul", [&]<typename T>() {
     if constexpr (kFast) {
       kernels::MatMulBlas<T>(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ta, tb);
@@ -46,10 +78,12 @@ Var Flatten2D(Var v) { return Reshape(v, {-1, v.shape()[v.rank() - 1]}); }
 //   1  1  | Bᵀ·dCᵀ                | dCᵀ·Aᵀ
 // When B is a 2-D weight shared by a batched A, dB sums over the batch: with A not transposed the
 // batch folds into the rows (one GEMM), otherwise the batched product is summed with SumTo.
+// Under mixed precision dC is rounded to bf16 first and each gradient back to its input's bf16.
 std::vector<Var> MatMulVjp(VjpContext& ctx) {
   const bool ta = ctx.attrs().GetBool("transpose_a", false),
              tb = ctx.attrs().GetBool("transpose_b", false);
-  Var dc = ctx.dy(0);
+  const DType operand = ctx.x_type(0).dtype;
+  Var dc = GradOperand(ctx.dy(0), operand);
   std::vector<Var> grads(2);
   if (ctx.needs(0)) {
     Var b = ctx.x(1);
@@ -73,11 +107,19 @@ std::vector<Var> MatMulVjp(VjpContext& ctx) {
       grads[1] = shared ? SumTo(g, ctx.x_type(1).shape) : g;
     }
   }
+  for (Var& g : grads) {
+    if (g.valid()) g = AsInputGrad(g, operand);
+  }
   return grads;
 }
 
+// x and w bf16 with an f32 bias: the mixed-precision linear (f32 result).
 std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&) {
-  DType t = ops::SameFloatDType(in);
+  const DType t = ProductDType(in.first(2));
+  if (in[2].dtype != t) {
+    throw ShapeError(fmt::format("b must be {} for x {} and w {}, got {}", Name(t),
+                                 Name(in[0].dtype), Name(in[1].dtype), Name(in[2].dtype)));
+  }
   const Shape &x = in[0].shape, &w = in[1].shape, &b = in[2].shape;
   if (x.rank() < 2) {
     throw ShapeError(fmt::format("x must be [..., k] of rank 2 or more, got {}", x.ToString()));
@@ -99,6 +141,13 @@ std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&
 template <bool kFast>
 void LinearKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
+  if (x.dtype() == DType::kBF16) {
+    const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1], m = x.numel() / k;
+    (kFast ? kernels::LinearBF16 : kernels::LinearBF16Reference)(
+        x.data<BFloat16>(), ctx.inputs[1].data<BFloat16>(), ctx.inputs[2].data<float>(),
+        ctx.outputs[0].data<float>(), m, k, n);
+    return;
+  }
   DispatchFloat(x.dtype(), "linear", [&]<typename T>() {
     const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1];
     int64_t m = 1;  // rows: x's leading axes folded
@@ -115,11 +164,16 @@ void LinearKernel(KernelContext& ctx) {
 
 // y = x·w + b. dx = dy·wᵀ (w shared: one GEMM over all rows); dw = xᵀ·dy with the leading axes
 // folded into the rows (one GEMM); db sums dy over every axis but the last.
+// Mixed precision: dx and dw from dy rounded to bf16, returned in bf16; db from dy in f32.
 std::vector<Var> LinearVjp(VjpContext& ctx) {
   Var dy = ctx.dy(0);
+  const DType operand = ctx.x_type(0).dtype;
+  Var dyo = ctx.needs(0) || ctx.needs(1) ? GradOperand(dy, operand) : Var();
   std::vector<Var> grads(3);
-  if (ctx.needs(0)) grads[0] = MatMul(dy, ctx.x(1), false, true);
-  if (ctx.needs(1)) grads[1] = MatMul(Flatten2D(ctx.x(0)), Flatten2D(dy), true, false);
+  if (ctx.needs(0)) grads[0] = AsInputGrad(MatMul(dyo, ctx.x(1), false, true), operand);
+  if (ctx.needs(1)) {
+    grads[1] = AsInputGrad(MatMul(Flatten2D(ctx.x(0)), Flatten2D(dyo), true, false), operand);
+  }
   if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
   return grads;
 }
@@ -213,20 +267,23 @@ void RegisterLinalgOps(OpRegistry& r) {
        .reference = MatMulKernel<false>,
        .vjp = MatMulVjp,
        .doc = "op(a)·op(b), op transposing the last two axes when asked; b shared by every "
-              "batch entry when 2-D (CBLAS GEMM)",
-       .signature = {.inputs = {{"a", "float[..., m, k]"}, {"b", "float[k, n] or [..., k, n]"}},
+              "batch entry when 2-D (CBLAS GEMM); bf16 operands give an f32 product (oneDNN)",
+       .signature = {.inputs = {{"a", "float or bf16[..., m, k]"},
+                                {"b", "float or bf16[k, n] or [..., k, n]"}},
                      .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
                      .outputs = {{"y", "float[..., m, n]"}}}});
-  r.Register(
-      {.name = "linear",
-       .num_inputs = 3,
-       .infer = InferLinear,
-       .kernel = LinearKernel<true>,
-       .reference = LinearKernel<false>,
-       .vjp = LinearVjp,
-       .doc = "x·w + b with w stored [in, out] (one CBLAS GEMM)",
-       .signature = {.inputs = {{"x", "float[..., k]"}, {"w", "float[k, n]"}, {"b", "float[n]"}},
-                     .outputs = {{"y", "float[..., n]"}}}});
+  r.Register({.name = "linear",
+              .num_inputs = 3,
+              .infer = InferLinear,
+              .kernel = LinearKernel<true>,
+              .reference = LinearKernel<false>,
+              .vjp = LinearVjp,
+              .doc = "x·w + b with w stored [in, out] (one CBLAS GEMM); bf16 x and w with an f32 b "
+                     "give an f32 result (oneDNN)",
+              .signature = {.inputs = {{"x", "float or bf16[..., k]"},
+                                       {"w", "float or bf16[k, n]"},
+                                       {"b", "float[n]"}},
+                            .outputs = {{"y", "float[..., n]"}}}});
   r.Register(
       {.name = "matmul_gelu_grad",
        .num_inputs = 3,

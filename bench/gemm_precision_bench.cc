@@ -1,0 +1,133 @@
+// GEMM engines and precisions side by side on the products of the built-in GPT (issue 35): what
+// decides which engine runs fp32 GEMMs (kernels.gemm in the training summary) and what bf16 buys.
+//
+//   GemmPrecision/<model>/<product>/<impl>  GFLOP/s (counter GFLOPs, 2·M·N·K per call)
+//     model    small  (C = 128, B·T = 16·64 = 1024 rows: `sluice train` defaults)
+//              medium (C = 384, B·T = 8·256 = 2048 rows: docs/benchmarks.md's medium GPT)
+//     product  the linear layers' forward products and their two backward ones:
+//                qkv, fc, proj        x [rows, k] · W [k, n]     (forward)
+//                fc_dx                dy [rows, 4C] · W_fcᵀ       (input gradient, b transposed)
+//                fc_dw                xᵀ · dy, x [rows, C]        (weight gradient, a transposed)
+//     impl     openblas_f32  cblas_sgemm (kernels::Gemm)
+//              onednn_f32    oneDNN f32 matmul (kernels::OneDnnGemm)
+//              onednn_bf16   oneDNN bf16 operands, f32 accumulation and result
+//              sluice_bf16   kernels::Bf16Gemm, the engine --precision bf16 uses (its label:
+//                            "openblas" — bf16 operands widened to f32 — or "onednn")
+//
+// The label of each onednn row names the implementation oneDNN chose ("brg:avx512_core_bf16"...).
+// Rates are per CPU second of the benchmark thread; run single-threaded for a fair ratio on a
+// shared machine: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 build/bench/gemm_precision_bench
+//   --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
+// (results, the CPU's flags and the command: docs/benchmarks.md, "Mixed precision (issue 35)").
+#include <benchmark/benchmark.h>
+
+#include <fmt/format.h>
+
+#include <random>
+#include <vector>
+
+#include "sluice/core/dtype.h"
+#include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/bf16_products.h"
+#include "sluice/kernels/matmul.h"
+#include "sluice/kernels/onednn_matmul.h"
+
+namespace sluice {
+namespace {
+
+enum class Impl { kOpenBlasF32, kOneDnnF32, kOneDnnBf16, kSluiceBf16 };
+
+struct Product {
+  const char* name;
+  bool transpose_a, transpose_b;
+  int64_t m, n, k;
+};
+
+std::vector<float> Random(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+void BM_GemmPrecision(benchmark::State& state, Impl impl, Product p) {
+  const std::vector<float> a = Random(p.m * p.k), b = Random(p.k * p.n);
+  std::vector<BFloat16> a16(a.size()), b16(b.size());
+  kernels::ToBF16Fast(a.data(), a16.data(), static_cast<int64_t>(a.size()));
+  kernels::ToBF16Fast(b.data(), b16.data(), static_cast<int64_t>(b.size()));
+  std::vector<float> c(static_cast<size_t>(p.m * p.n));
+  const kernels::OneDnnGemmShape shape{
+      .dtype = impl == Impl::kOneDnnBf16 || impl == Impl::kSluiceBf16 ? DType::kBF16 : DType::kF32,
+      .transpose_a = p.transpose_a,
+      .transpose_b = p.transpose_b,
+      .m = p.m,
+      .n = p.n,
+      .k = p.k};
+  if (impl == Impl::kSluiceBf16) {
+    state.SetLabel(kernels::Bf16GemmEngine());
+  } else if (impl != Impl::kOpenBlasF32) {
+    state.SetLabel(kernels::OneDnnImplementation(shape.dtype, p.m, p.n, p.k));
+  }
+  for (auto _ : state) {
+    switch (impl) {
+      case Impl::kOpenBlasF32:
+        kernels::Gemm(p.transpose_a, p.transpose_b, p.m, p.n, p.k, 1.0f, a.data(), b.data(), 0.0f,
+                      c.data());
+        break;
+      case Impl::kOneDnnF32:
+        kernels::OneDnnGemm(shape, a.data(), b.data(), c.data());
+        break;
+      case Impl::kOneDnnBf16:
+        kernels::OneDnnGemm(shape, a16.data(), b16.data(), c.data());
+        break;
+      case Impl::kSluiceBf16:
+        kernels::Bf16Gemm(shape, a16.data(), b16.data(), c.data());
+        break;
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * static_cast<double>(p.m * p.n * p.k) * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+}
+
+void Register() {
+  struct Model {
+    const char* name;
+    int64_t c, rows;
+  };
+  const Model models[] = {{"small", 128, 1024}, {"medium", 384, 2048}};
+  const std::pair<const char*, Impl> impls[] = {{"openblas_f32", Impl::kOpenBlasF32},
+                                                {"onednn_f32", Impl::kOneDnnF32},
+                                                {"onednn_bf16", Impl::kOneDnnBf16},
+                                                {"sluice_bf16", Impl::kSluiceBf16}};
+  for (const Model& m : models) {
+    const int64_t C = m.c, R = m.rows;
+    const Product products[] = {{"qkv", false, false, R, 3 * C, C},
+                                {"fc", false, false, R, 4 * C, C},
+                                {"proj", false, false, R, C, 4 * C},
+                                {"fc_dx", false, true, R, C, 4 * C},
+                                {"fc_dw", true, false, C, 4 * C, R}};
+    for (const Product& p : products) {
+      for (const auto& [impl_name, impl] : impls) {
+        benchmark::RegisterBenchmark(
+            fmt::format("GemmPrecision/{}/{}/{}", m.name, p.name, impl_name).c_str(),
+            BM_GemmPrecision, impl, p);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sluice
+
+int main(int argc, char** argv) {
+  sluice::Register();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,55 @@
+// Mixed-precision products: bf16 operands, f32 accumulation, f32 results — the matmul and linear
+// kernels of `--precision bf16` (autocast's rule for products).
+//
+//   MatMulBF16*: out[..., m, n] = op(a)[..., m, k] · op(b)[..., k, n], a and b bf16, out f32, with
+//                kernels/matmul.h's shapes and batching (MatMulShape).
+//   LinearBF16*: out[m, n] = x[m, k] · w[k, n] + b[n], x and w bf16, b and out f32 (linear.h).
+//
+// The fast kernels run every product through Bf16Gemm, on one of two engines (Bf16GemmEngine):
+//   onednn    oneDNN's bf16 matmul (kernels/onednn_matmul.h): the bf16 instructions (AVX512_BF16,
+//             AMX) multiply. The default where oneDNN can use AMX.
+//   openblas  the operands widened to f32 (exactly) in blocks of kWidenBlock along k, each block an
+//             f32 GEMM (kernels/matmul.h's Gemm) accumulating into the result: bf16 storage, f32
+//             compute. The default elsewhere: on an AVX512_BF16 Xeon without AMX oneDNN's bf16
+//             products ran at 0.55× its f32 ones (docs/benchmarks.md, "Mixed precision"), and
+//             without bf16 instructions oneDNN emulates them (0.28× on Zen 4, issue 35).
+// SLUICE_BF16_GEMM=onednn|openblas overrides the default (read once; another value throws
+// InvalidArgument naming it). The widening scratch is per thread, at most
+// kWidenBlock · (m + n) floats, outside the allocators (like OpenBLAS's own buffers).
+// The reference kernels widen each operand to f32 exactly and run the f32 reference
+// (kernels/matmul.h, linear.h): both compute the exact products of the same bf16 numbers and differ
+// by the order of f32 additions only (relative 1e-5 at the GPT's k; tests/ops/linalg_test.cc).
+//
+// Thread-safety: plain functions over caller-owned memory; calls on disjoint outputs may run
+// concurrently. The reference kernels allocate their f32 copies.
+//
+// Example:
+//   // x [B·T, C] bf16, w [C, 4C] bf16, b [4C] f32 -> h [B·T, 4C] f32
+//   kernels::LinearBF16(x, w, b, h, B * T, C, 4 * C);
+#pragma once
+
+#include <cstdint>
+
+#include "sluice/core/tensor.h"
+#include "sluice/kernels/onednn_matmul.h"
+
+namespace sluice::kernels {
+
+// c[m, n] = op(a)·op(b) (+ c when shape.accumulate), a and b bf16 — OneDnnGemm's contract
+// (shape.dtype must be kBF16), on the engine Bf16GemmEngine names.
+void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c);
+// "onednn" or "openblas" (see above).
+const char* Bf16GemmEngine();
+inline constexpr int64_t kWidenBlock = 256;
+
+void MatMulBF16(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+                bool transpose_b);
+void MatMulBF16Reference(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+                         bool transpose_b);
+
+void LinearBF16(const BFloat16* x, const BFloat16* w, const float* b, float* out, int64_t m,
+                int64_t k, int64_t n);
+void LinearBF16Reference(const BFloat16* x, const BFloat16* w, const float* b, float* out,
+                         int64_t m, int64_t k, int64_t n);
+
+}  // namespace sluice::kernels

@@ -1,0 +1,175 @@
+#include "sluice/kernels/onednn_matmul.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "sluice/core/error.h"
+#include "sluice/core/mutex.h"
+
+namespace sluice::kernels {
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+// Everything a primitive depends on (pointers excluded: a primitive runs on any buffers).
+struct Key {
+  OneDnnGemmShape s;
+  auto Tie() const {
+    return std::tie(s.dtype, s.transpose_a, s.transpose_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc,
+                    s.accumulate);
+  }
+  bool operator<(const Key& o) const { return Tie() < o.Tie(); }
+};
+
+dt DataType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return dt::f32;
+    case DType::kBF16:
+      return dt::bf16;
+    default:
+      throw InternalError(fmt::format("oneDNN matmul takes f32 or bf16 operands, not {}", Name(t)));
+  }
+}
+
+// The shape with its strides filled in.
+OneDnnGemmShape Packed(OneDnnGemmShape s) {
+  if (s.lda == 0) s.lda = s.transpose_a ? s.m : s.k;
+  if (s.ldb == 0) s.ldb = s.transpose_b ? s.k : s.n;
+  if (s.ldc == 0) s.ldc = s.n;
+  return s;
+}
+
+std::string Describe(const OneDnnGemmShape& s) {
+  return fmt::format("{} matmul m={} n={} k={}{}{} (lda {}, ldb {}, ldc {}){}", Name(s.dtype), s.m,
+                     s.n, s.k, s.transpose_a ? " a transposed" : "",
+                     s.transpose_b ? " b transposed" : "", s.lda, s.ldb, s.ldc,
+                     s.accumulate ? " accumulating" : "");
+}
+
+// A made primitive and its description (the memory descriptors its buffers are wrapped in).
+struct Entry {
+  dnnl::matmul::primitive_desc desc;
+  dnnl::matmul primitive;
+};
+
+struct Cache {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  Mutex mutex;
+  std::map<Key, std::shared_ptr<const Entry>> primitives GUARDED_BY(mutex);
+};
+
+Cache& GlobalCache() {
+  static Cache* cache = new Cache();  // never destroyed: kernels may run during static teardown
+  return *cache;
+}
+
+dnnl::matmul::primitive_desc MakeDesc(const OneDnnGemmShape& s, const dnnl::engine& engine) {
+  using dims = dnnl::memory::dims;
+  const dt in = DataType(s.dtype);
+  // Logical [m, k] · [k, n]; a transposed operand is the same matrix read with swapped strides.
+  const dnnl::memory::desc a(dims{s.m, s.k}, in, s.transpose_a ? dims{1, s.lda} : dims{s.lda, 1});
+  const dnnl::memory::desc b(dims{s.k, s.n}, in, s.transpose_b ? dims{1, s.ldb} : dims{s.ldb, 1});
+  const dnnl::memory::desc c(dims{s.m, s.n}, dt::f32, dims{s.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (s.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine);
+}
+
+std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
+  Cache& cache = GlobalCache();
+  const Key key{s};
+  {
+    MutexLock lock(&cache.mutex);
+    auto it = cache.primitives.find(key);
+    if (it != cache.primitives.end()) return it->second;
+  }
+  // Made outside the lock (JIT compilation is slow); two threads racing on a new shape both make
+  // one and the first insert wins.
+  std::shared_ptr<const Entry> made;
+  try {
+    dnnl::matmul::primitive_desc desc = MakeDesc(s, cache.engine);
+    dnnl::matmul primitive(desc);
+    made = std::make_shared<const Entry>(Entry{std::move(desc), std::move(primitive)});
+  } catch (const dnnl::error& e) {
+    throw InternalError(fmt::format("oneDNN cannot make the {}: {}", Describe(s), e.what()));
+  }
+  MutexLock lock(&cache.mutex);
+  return cache.primitives.emplace(key, std::move(made)).first->second;
+}
+
+std::atomic<int> g_threads{1};
+
+}  // namespace
+
+void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c) {
+  const OneDnnGemmShape s = Packed(shape);
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0) {
+    if (!s.accumulate) {
+      for (int64_t i = 0; i < s.m; ++i) std::fill_n(c + i * s.ldc, s.n, 0.0f);
+    }
+    return;
+  }
+  const std::shared_ptr<const Entry> entry = Primitive(s);
+  // OpenMP's thread count is per calling thread: set it on this one when the setting changed.
+  thread_local int applied = 0;
+  const int threads = g_threads.load(std::memory_order_relaxed);
+  if (applied != threads) {
+    omp_set_num_threads(threads);
+    applied = threads;
+  }
+  const dnnl::engine& engine = GlobalCache().engine;
+  thread_local dnnl::stream stream(engine);
+  try {
+    // oneDNN's memory objects take non-const pointers; a and b are only read.
+    dnnl::memory ma(entry->desc.src_desc(), engine, const_cast<void*>(a));
+    dnnl::memory mb(entry->desc.weights_desc(), engine, const_cast<void*>(b));
+    dnnl::memory mc(entry->desc.dst_desc(), engine, c);
+    entry->primitive.execute(stream,
+                             {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    throw InternalError(fmt::format("oneDNN failed running the {}: {}", Describe(s), e.what()));
+  }
+}
+
+void SetOneDnnThreads(int threads) { g_threads.store(std::max(threads, 1)); }
+
+bool OneDnnBf16Native() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;
+}
+
+std::string OneDnnImplementation(DType dtype, int64_t m, int64_t n, int64_t k) {
+  const OneDnnGemmShape s = Packed({.dtype = dtype, .m = m, .n = n, .k = k});
+  try {
+    return MakeDesc(s, GlobalCache().engine).impl_info_str();
+  } catch (const dnnl::error& e) {
+    throw InternalError(fmt::format("oneDNN cannot make the {}: {}", Describe(s), e.what()));
+  }
+}
+
+int64_t OneDnnCachedPrimitives() {
+  Cache& cache = GlobalCache();
+  MutexLock lock(&cache.mutex);
+  return static_cast<int64_t>(cache.primitives.size());
+}
+
+}  // namespace sluice::kernels

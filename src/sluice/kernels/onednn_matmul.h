@@ -1,0 +1,63 @@
+// GEMM through oneDNN's matmul primitive (Debian's libdnnl, 2.6): f32, and bf16 inputs with f32
+// accumulation and f32 output — the mixed-precision product of `--precision bf16`.
+//
+//   c[m, n] = op(a)[m, k] · op(b)[k, n]  (+ c[m, n] when accumulate)
+// where op(a) is a or its transpose (a stored [k, m]), likewise b (stored [n, k]); lda, ldb, ldc
+// are the row strides (in elements) of the buffers as stored, as in kernels/matmul.h's Gemm. a and
+// b are both f32 or both bf16; c is always f32.
+//
+// oneDNN JIT-compiles a primitive per problem (shape, strides, dtypes, transposes, accumulate):
+// creating one takes far longer than running it at the GPT's sizes, so each is made once and kept
+// in a process-wide cache keyed by all of these (a program runs the same few shapes every step).
+// oneDNN picks the kernels for the CPU at hand: AVX512_BF16 or AMX instructions for bf16 where the
+// CPU has them, otherwise an emulation several times slower than f32 (OneDnnBf16Native() says
+// which; on such CPUs `--precision bf16` still computes its products in f32).
+//
+// Threads: Debian's oneDNN runs its work on OpenMP threads. SetOneDnnThreads(n) sets the count
+// every call uses (step/stage_program.cc sets it with the BLAS threads); each calling thread
+// applies it to its own OpenMP setting before it runs a primitive.
+//
+// Thread-safety: every function may be called from any thread. The cache is guarded by a mutex
+// (lookups and inserts); oneDNN primitives are immutable once made and run concurrently from
+// several threads, each thread through its own stream. Failures: oneDNN's errors (no
+// implementation for a problem, out of memory) are rethrown as InternalError naming the problem.
+//
+// Example:
+//   // x [B·T, C] bf16, w [C, 3C] bf16 -> qkv [B·T, 3C] f32
+//   kernels::OneDnnGemm({.dtype = DType::kBF16, .m = B * T, .n = 3 * C, .k = C}, x, w, qkv);
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "sluice/core/dtype.h"
+
+namespace sluice::kernels {
+
+struct OneDnnGemmShape {
+  DType dtype = DType::kF32;  // of a and b: kF32 or kBF16 (c is f32)
+  bool transpose_a = false, transpose_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  // Row strides as stored; 0 means packed (a: k, or m when transposed; b: n, or k; c: n).
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  bool accumulate = false;  // c += product (beta = 1) instead of c = product
+};
+
+// Runs the product. m, n or k of 0: c is left alone (k = 0 and !accumulate: c is zeroed).
+void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c);
+
+// The threads each oneDNN primitive uses (≥ 1; default 1).
+void SetOneDnnThreads(int threads);
+
+// Whether the CPU multiplies bf16 natively (AVX512_BF16 or AMX), as oneDNN sees it; honours
+// ONEDNN_MAX_CPU_ISA.
+bool OneDnnBf16Native();
+
+// The implementation oneDNN chose for an f32 or bf16 product of m×k by k×n: "brg:avx512_core_bf16",
+// "gemm:jit", ... (for the training summary and benchmarks).
+std::string OneDnnImplementation(DType dtype, int64_t m, int64_t n, int64_t k);
+
+// Primitives made so far (the cache's size; tests check that a shape is made once).
+int64_t OneDnnCachedPrimitives();
+
+}  // namespace sluice::kernels

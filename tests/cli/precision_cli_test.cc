@@ -1,0 +1,106 @@
+// `sluice train --precision` as a user runs it: a bf16 run trains, resumes bitwise from its own
+// checkpoint (which holds f32 weights), names its kernels in the summary, and refuses an unknown
+// precision, a resume into the other precision (pointing at --init-from) and --precision for the
+// MLP; `sluice plan` counts the bf16 values.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_fixture.h"
+#include "sluice/io/safetensors.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+class PrecisionCli : public CliTest {
+ protected:
+  CliResult Train(const std::string& args) { return Sluice("train " + args); }
+
+  std::vector<nlohmann::json> Lines(const fs::path& p) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(p);
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+    return out;
+  }
+
+  std::vector<double> Losses(const fs::path& p) {
+    std::vector<double> l;
+    for (const auto& j : Lines(p)) {
+      if (j.contains("loss") && !j.contains("summary")) l.push_back(j["loss"].get<double>());
+    }
+    return l;
+  }
+};
+
+constexpr const char* kCommon =
+    "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet";
+
+TEST_F(PrecisionCli, Bf16TrainsResumesBitwiseAndNamesItsKernels) {
+  const fs::path full = dir_ / "full.jsonl", first = dir_ / "first.jsonl",
+                 ckpt = dir_ / "ckpt.safetensors";
+  CliResult r =
+      Train(fmt::format("{} --precision bf16 --steps 4 --metrics {}", kCommon, full.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = Train(fmt::format("{} --precision bf16 --steps 2 --metrics {} --save {}", kCommon,
+                        first.string(), ckpt.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = Train(fmt::format("{} --precision bf16 --steps 4 --metrics {} --resume {}", kCommon,
+                        first.string(), ckpt.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(Losses(full), Losses(first));
+  const nlohmann::json summary = Lines(full).back();
+  EXPECT_EQ(summary["config"]["precision"], "bf16");
+  EXPECT_EQ(summary["kernels"]["gemm"], "openblas");
+  EXPECT_FALSE(summary["kernels"]["bf16_gemm"].get<std::string>().empty());
+  EXPECT_TRUE(summary["kernels"]["bf16_native"].is_boolean());
+  // The checkpoint's weights are the f32 masters.
+  const SafetensorsFile f = ReadSafetensors(ckpt.string());
+  EXPECT_EQ(f.tensors.at("h.0.mlp.c_fc.weight").dtype(), DType::kF32);
+
+  // fp32 of the same run differs (the products were bf16), and says fp32.
+  const fs::path fp32 = dir_ / "fp32.jsonl";
+  ASSERT_EQ(Train(fmt::format("{} --steps 4 --metrics {}", kCommon, fp32.string())).status, 0);
+  EXPECT_NE(Losses(fp32), Losses(full));
+  EXPECT_EQ(Lines(fp32).back()["config"]["precision"], "fp32");
+  EXPECT_FALSE(Lines(fp32).back()["kernels"].contains("bf16_gemm"));
+}
+
+TEST_F(PrecisionCli, BadPrecisionsSayWhatToChange) {
+  CliResult r = Train(fmt::format("{} --precision fp16 --steps 1", kCommon));
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--precision must be one of fp32, bf16, not 'fp16'"));
+  r = Train("--model mlp --precision bf16 --steps 1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--precision"));
+  // A resume continues the same run: another precision is refused, --init-from offered.
+  const fs::path ckpt = dir_ / "bf16.safetensors";
+  ASSERT_EQ(
+      Train(fmt::format("{} --precision bf16 --steps 1 --save {}", kCommon, ckpt.string())).status,
+      0);
+  r = Train(fmt::format("{} --steps 2 --resume {}", kCommon, ckpt.string()));
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--precision bf16 (this run: fp32)"));
+  EXPECT_THAT(r.err, HasSubstr("--init-from"));
+  r = Train(fmt::format("{} --steps 2 --init-from {}", kCommon, ckpt.string()));
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST_F(PrecisionCli, PlanCountsBf16Bytes) {
+  const std::string model = "--layers 2 --dim 64 --heads 2 --batch 8 --no-recompute";
+  CliResult f = Sluice(fmt::format("plan {} --format json", model));
+  CliResult b = Sluice(fmt::format("plan {} --precision bf16 --format json", model));
+  ASSERT_EQ(f.status, 0) << f.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_NE(f.out, b.out);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,90 @@
+// bf16 in the program text (ir/text_format.h) and the verifier's dtype rules for mixed precision:
+// bf16 values declare, print and parse back; a product of bf16 operands is f32; an op without a
+// bf16 kernel is refused at parse time with the op and the place named. Kernels and gradients of
+// each op under bf16 are the op tables' mixed cases (op_harness.h).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "sluice/core/error.h"
+#include "sluice/exec/reference_runner.h"
+#include "sluice/ir/program.h"
+#include "sluice/ir/text_format.h"
+
+namespace sluice {
+namespace {
+
+constexpr const char* kMixed = R"(program mixed {
+  input %x: f32[4, 8]
+  param %w: f32[8, 3]
+  param %b: f32[3]
+  %x16: bf16[4, 8] = cast(%x) {dtype = "bf16"}
+  %w16: bf16[8, 3] = cast(%w) {dtype = "bf16"}
+  %y: f32[4, 3] = linear(%x16, %w16, %b)
+  %z: f32[4, 8] = cast(%x16) {dtype = "f32"}
+  output %y
+  output %z
+}
+)";
+
+TEST(MixedPrecisionText, Bf16ValuesParsePrintAndParseBack) {
+  const Program p = ParseProgram(kMixed, "mixed.sluice");
+  const std::string printed = PrintProgram(p);
+  EXPECT_NE(printed.find("bf16[4, 8]"), std::string::npos) << printed;
+  EXPECT_EQ(PrintProgram(ParseProgram(printed, "printed.sluice")), printed);
+}
+
+TEST(MixedPrecisionText, RunsAndRoundsThroughBf16) {
+  const Program p = ParseProgram(kMixed, "mixed.sluice");
+  Scope scope;
+  Tensor x = Tensor::Empty({4, 8}, DType::kF32), w = Tensor::Empty({8, 3}, DType::kF32),
+         b = Tensor::Empty({3}, DType::kF32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.FlatSet(i, 1.0 + 1.0 / 1024 * i);  // 1 + i/1024
+  for (int64_t i = 0; i < w.numel(); ++i) w.FlatSet(i, 0.25);
+  for (int64_t i = 0; i < b.numel(); ++i) b.FlatSet(i, 0.5);
+  scope.Set("x", x);
+  scope.Set("w", w);
+  scope.Set("b", b);
+  RunReference(p, scope);
+  const Tensor& z = scope.Get("z");
+  // bf16's ulp at 1 is 2^-7 = 8/1024: 1 + 1/1024 rounds down to 1; 1 + 4/1024 is a tie between
+  // 1 (even) and 1 + 8/1024 (odd): 1; 1 + 12/1024 a tie between 1 + 8/1024 (odd) and
+  // 1 + 16/1024 (even): up.
+  EXPECT_EQ(z.FlatAt(1), 1.0);
+  EXPECT_EQ(z.FlatAt(4), 1.0);
+  EXPECT_EQ(z.FlatAt(12), 1.0 + 16.0 / 1024);
+  // y = Σ_k x16[i, k] · 0.25 + 0.5, exactly representable here.
+  double want = 0.5;
+  for (int64_t k = 0; k < 8; ++k) want += z.FlatAt(k) * 0.25;
+  EXPECT_EQ(scope.Get("y").FlatAt(0), want);
+}
+
+TEST(MixedPrecisionText, AProductDeclaredBf16IsAnErrorAtItsLine) {
+  std::string text = kMixed;
+  text.replace(text.find("%y: f32[4, 3]"), 13, "%y: bf16[4, 3]");
+  try {
+    ParseProgram(text, "mixed.sluice");
+    FAIL() << "a linear of bf16 operands gives f32";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("mixed.sluice:7"), std::string::npos) << what;
+    EXPECT_NE(what.find("f32[4, 3]"), std::string::npos) << what;
+  }
+}
+
+TEST(MixedPrecisionText, AnOpWithoutBf16KernelsIsNamed) {
+  std::string text = kMixed;
+  text.replace(text.find("  %z: f32[4, 8] = cast(%x16)"), 0, "  %g: bf16[4, 8] = gelu(%x16)\n");
+  try {
+    ParseProgram(text, "mixed.sluice");
+    FAIL() << "gelu has no bf16 kernel";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("gelu"), std::string::npos) << what;
+    EXPECT_NE(what.find("bf16"), std::string::npos) << what;
+    EXPECT_NE(what.find("mixed.sluice:8"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace sluice

@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const std::string data = fmt::format("/tmp/sluice_train_bench_{}.bin", ::getpid());
+  const std::string data = fmt::format("/tmp/sluice_train_bench_{}.txt", ::getpid());
   {
     std::mt19937 rng(0);
     std::ofstream out(data, std::ios::binary);

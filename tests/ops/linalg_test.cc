@@ -73,7 +73,8 @@ std::vector<OpCase> LinalgCases() {
        .grad = false},
       // Mixed precision (op_harness.h): bf16 operands, f32 products. Forward: the same exact
       // products as the f32 twin's, summed in another order (1e-5). Backward: the output gradient
-      // and each input's gradient rounded to bf16 (2^-9 relative each, so 1e-2 of the largest).
+      // rounded to bf16 as the backward products' operand (2^-9 relative, so 1e-2 of the
+      // largest), the gradients themselves f32.
       {.label = "matmul_bf16",
        .op = "matmul",
        .inputs = {F({33, 65}), F({65, 17})},

@@ -9,6 +9,7 @@
 
 #include "sluice/autodiff/autodiff.h"
 #include "sluice/exec/reference_runner.h"
+#include "sluice/ir/gradient_type.h"
 #include "sluice/ir/program.h"
 
 namespace sluice::testing {
@@ -169,7 +170,7 @@ void RunMixedCase(const OpCase& c) {
   RunReference(p, mixed_scope, DefaultAllocator(), false);
   RunReference(twin, twin_scope, DefaultAllocator(), true);
   for (size_t k = 0; k < p.outputs().size(); ++k) {
-    const Tensor seed = MakeInput(p.type(p.outputs()[k]), Fill{}, rng);
+    const Tensor seed = MakeInput(GradientType(p.type(p.outputs()[k])), Fill{}, rng);
     Tensor twin_seed = Tensor::Empty(seed.shape(), twin.type(twin.outputs()[k]).dtype);
     for (int64_t i = 0; i < seed.numel(); ++i) twin_seed.FlatSet(i, seed.FlatAt(i));
     mixed_scope.Set(p.value(p.outputs()[k]).name + ".grad", seed);
@@ -179,7 +180,8 @@ void RunMixedCase(const OpCase& c) {
   RunReference(twin_bwd.program, twin_scope, DefaultAllocator(), true);
   for (size_t w = 0; w < spec.wrt.size(); ++w) {
     const Tensor& g = mixed_scope.Get(bwd.grads[w]);
-    EXPECT_EQ(g.dtype(), inputs.Get(spec.wrt[w]).dtype()) << c.label << " d/d" << spec.wrt[w];
+    EXPECT_EQ(g.dtype(), GradientType({inputs.Get(spec.wrt[w]).dtype(), {}}).dtype)
+        << c.label << " d/d" << spec.wrt[w];
     EXPECT_LE(RelativeDiff(g, twin_scope.Get(twin_bwd.grads[w])), c.bf16_grad_tolerance)
         << c.label << " (mixed): gradient of " << spec.wrt[w] << " beside its f32 twin";
   }

@@ -13,7 +13,8 @@
 //   2. against its f32 twin — the same op on the same (bf16-representable) values all in f32, an
 //      attribute dtype = "bf16" read as "f32" — within bf16_tolerance: what bf16 costs the op;
 //   3. with grad, its backward program against the twin's (bf16_grad_tolerance): autodiff gives
-//      each input a gradient of the input's dtype, within bf16's rounding of the twin's.
+//      each input a gradient of its GradientType (f32 for bf16), within bf16's rounding of the
+//      twin's.
 // and OpErrorCase entries check that shape/dtype mistakes are reported as errors, not crashes.
 // op_coverage_test.cc fails for every registered op that no table has a case for.
 //

@@ -9,6 +9,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/ir/builder.h"
+#include "sluice/ir/gradient_type.h"
 #include "sluice/ir/ops.h"
 
 namespace sluice {
@@ -185,7 +186,7 @@ Backward BackwardBuilder::Build() {
       throw ProgramError(fmt::format("autodiff: the loss %{} must be a scalar, it is {}",
                                      spec_.loss, t.ToString()));
     }
-    Var one = Full(b_, t.shape, 1.0, t.dtype);
+    Var one = Full(b_, t.shape, 1.0, GradientType(t).dtype);
     b_.mutable_program().Rename(one.id(), GradName(spec_.loss));
     MarkGradNamed(one);
     AddPart(loss, one);
@@ -193,7 +194,7 @@ Backward BackwardBuilder::Build() {
   for (const std::string& name : spec_.seeds) {
     ValueId v = fwd_.Get(name);
     const TensorType& t = fwd_.type(v);
-    Var seed = b_.Input(GradName(name), t.dtype, t.shape);
+    Var seed = b_.Input(GradName(name), GradientType(t).dtype, t.shape);
     MarkGradNamed(seed);
     AddPart(v, seed);
   }
@@ -221,9 +222,10 @@ Backward BackwardBuilder::Build() {
                  where(), grads.size(), ins.inputs.size());
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!ctx.needs(static_cast<int>(i)) || !grads[i].valid()) continue;
-      SLUICE_CHECK(grads[i].type() == ctx.x_type(static_cast<int>(i)),
+      SLUICE_CHECK(grads[i].type() == GradientType(ctx.x_type(static_cast<int>(i))),
                    "VJP of {}: gradient of input {} is {}, expected {}", where(), i,
-                   grads[i].type().ToString(), ctx.x_type(static_cast<int>(i)).ToString());
+                   grads[i].type().ToString(),
+                   GradientType(ctx.x_type(static_cast<int>(i))).ToString());
       AddPart(ins.inputs[i], grads[i]);
     }
   }
@@ -234,7 +236,7 @@ Backward BackwardBuilder::Build() {
     ValueId v = fwd_.Get(name);
     const TensorType& t = fwd_.type(v);
     Var g = GradOf(v);
-    if (!g.valid()) g = Full(b_, t.shape, 0.0, t.dtype);
+    if (!g.valid()) g = Full(b_, t.shape, 0.0, GradientType(t).dtype);
     if (g.name() != GradName(name)) {
       if (g.value().producer < 0 || GradNamed(g))
         g = Copy(g);  // the gradient aliases another value

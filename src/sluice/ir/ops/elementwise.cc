@@ -6,6 +6,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "sluice/ir/gradient_type.h"
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/accumulate.h"
@@ -224,7 +225,13 @@ void CastKernel(KernelContext& ctx) {
   }
 }
 
-std::vector<Var> CastVjp(VjpContext& ctx) { return {Cast(ctx.dy(0), ctx.x_type(0).dtype)}; }
+// The gradient in x's gradient type: f32 <-> f64 cast back; across bf16 both sides' gradients are
+// f32 (GradientType), so it passes through unrounded.
+std::vector<Var> CastVjp(VjpContext& ctx) {
+  Var dy = ctx.dy(0);
+  const DType want = GradientType(ctx.x_type(0)).dtype;
+  return {dy.dtype() == want ? dy : Cast(dy, want)};
+}
 
 std::vector<TensorType> InferSame(std::span<const TensorType> in, const Attrs&) { return {in[0]}; }
 

@@ -36,9 +36,6 @@ Var GradOperand(Var dy, DType operand) {
   return operand == DType::kBF16 ? Cast(dy, DType::kBF16) : dy;
 }
 
-// A gradient in its input's dtype (a bf16 product's f32 result rounded back to bf16).
-Var AsInputGrad(Var g, DType input) { return g.dtype() == input ? g : Cast(g, input); }
-
 std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs& attrs) {
   DType t = ProductDType(in.first(2));
   const bool ta = attrs.GetBool("transpose_a", false), tb = attrs.GetBool("transpose_b", false);
@@ -78,7 +75,8 @@ Var Flatten2D(Var v) { return Reshape(v, {-1, v.shape()[v.rank() - 1]}); }
 //   1  1  | Bᵀ·dCᵀ                | dCᵀ·Aᵀ
 // When B is a 2-D weight shared by a batched A, dB sums over the batch: with A not transposed the
 // batch folds into the rows (one GEMM), otherwise the batched product is summed with SumTo.
-// Under mixed precision dC is rounded to bf16 first and each gradient back to its input's bf16.
+// Under mixed precision dC is rounded to bf16 first; the gradients are the products' f32 results
+// (a bf16 value's gradient is f32: GradientType).
 std::vector<Var> MatMulVjp(VjpContext& ctx) {
   const bool ta = ctx.attrs().GetBool("transpose_a", false),
              tb = ctx.attrs().GetBool("transpose_b", false);
@@ -106,9 +104,6 @@ std::vector<Var> MatMulVjp(VjpContext& ctx) {
       Var g = tb ? MatMul(dc, a, true, ta) : MatMul(a, dc, !ta, false);
       grads[1] = shared ? SumTo(g, ctx.x_type(1).shape) : g;
     }
-  }
-  for (Var& g : grads) {
-    if (g.valid()) g = AsInputGrad(g, operand);
   }
   return grads;
 }
@@ -164,16 +159,14 @@ void LinearKernel(KernelContext& ctx) {
 
 // y = x·w + b. dx = dy·wᵀ (w shared: one GEMM over all rows); dw = xᵀ·dy with the leading axes
 // folded into the rows (one GEMM); db sums dy over every axis but the last.
-// Mixed precision: dx and dw from dy rounded to bf16, returned in bf16; db from dy in f32.
+// Mixed precision: dx and dw (f32, GradientType) from dy rounded to bf16; db from dy in f32.
 std::vector<Var> LinearVjp(VjpContext& ctx) {
   Var dy = ctx.dy(0);
   const DType operand = ctx.x_type(0).dtype;
   Var dyo = ctx.needs(0) || ctx.needs(1) ? GradOperand(dy, operand) : Var();
   std::vector<Var> grads(3);
-  if (ctx.needs(0)) grads[0] = AsInputGrad(MatMul(dyo, ctx.x(1), false, true), operand);
-  if (ctx.needs(1)) {
-    grads[1] = AsInputGrad(MatMul(Flatten2D(ctx.x(0)), Flatten2D(dyo), true, false), operand);
-  }
+  if (ctx.needs(0)) grads[0] = MatMul(dyo, ctx.x(1), false, true);
+  if (ctx.needs(1)) grads[1] = MatMul(Flatten2D(ctx.x(0)), Flatten2D(dyo), true, false);
   if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
   return grads;
 }

@@ -1,0 +1,16 @@
+// The type of a value's gradient, one rule shared by autodiff and the ops' VJP rules.
+//
+// A gradient has its value's type, except that a bf16 value's gradient is f32: mixed precision
+// carries gradients in f32, as autocast does; only the operands of the backward products are
+// rounded to bf16, by those products' VJP rules (ir/ops/linalg.cc).
+#pragma once
+
+#include "sluice/ir/op_registry.h"
+
+namespace sluice {
+
+inline TensorType GradientType(const TensorType& t) {
+  return {t.dtype == DType::kBF16 ? DType::kF32 : t.dtype, t.shape};
+}
+
+}  // namespace sluice

@@ -5,10 +5,12 @@
 // test progress; every rank prints its own failures, prefixed by its rank.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <mpi.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -333,6 +335,24 @@ TEST(MpiCollective, SplitMakesGroupsThatReduceAmongThemselves) {
   double want = 0;
   for (int k = r % 2; k < n; k += 2) want += k;
   for (int i = 0; i < 5; ++i) EXPECT_EQ(t.FlatAt(i), want);
+}
+
+// Every rank knows every rank's host (one process per rank here: each its own processor name),
+// which messages use to name a peer's machine.
+TEST(MpiWorld, HostsHoldsEveryRanksProcessorName) {
+  const std::vector<std::string>& hosts = g_mpi->hosts();
+  ASSERT_EQ(static_cast<int>(hosts.size()), World().size());
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  EXPECT_EQ(hosts[World().rank()], std::string(name, length));
+  for (const std::string& h : hosts) EXPECT_FALSE(h.empty());
+}
+
+// The transport settings are the library's own: CTest sets OMPI_MCA_btl for these tests.
+TEST(MpiWorld, TransportSettingsAreReadFromTheLibrary) {
+  const MpiTransportSettings t = MpiWorld::TransportSettings();
+  if (const char* btl = std::getenv("OMPI_MCA_btl")) EXPECT_EQ(t.btl, btl);
 }
 
 }  // namespace

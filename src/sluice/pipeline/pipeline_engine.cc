@@ -638,18 +638,21 @@ nlohmann::json PipelineEngine::Summary() const {
     if (impl.distributed()) entry["replica"] = r.replica;
     stages.push_back(entry);
   }
-  return {{"stages", stages},
-          {"pipeline",
-           {{"schedule", std::string(ScheduleKindName(impl.options.schedule))},
-            {"stages", impl.options.stages},
-            {"chunks", impl.setup.schedule.chunks},
-            {"micro_batches", impl.setup.schedule.micro_batches},
-            {"data_parallel", impl.setup.replicas},
-            {"comm", impl.distributed() ? "mpi" : "local"},
-            {"layout", impl.layout},
-            {"release_outputs", impl.options.release_outputs},
-            {"post_validate", impl.options.post_validate}}},
-          {"post_validation", impl.PostValidationSummary()}};
+  nlohmann::json out = {{"stages", stages},
+                        {"pipeline",
+                         {{"schedule", std::string(ScheduleKindName(impl.options.schedule))},
+                          {"stages", impl.options.stages},
+                          {"chunks", impl.setup.schedule.chunks},
+                          {"micro_batches", impl.setup.schedule.micro_batches},
+                          {"data_parallel", impl.setup.replicas},
+                          {"comm", impl.distributed() ? "mpi" : "local"},
+                          {"layout", impl.layout},
+                          {"release_outputs", impl.options.release_outputs}}}};
+  if (impl.options.post_validate) {  // a summary without it stays as it was
+    out["pipeline"]["post_validate"] = true;
+    out["post_validation"] = impl.PostValidationSummary();
+  }
+  return out;
 }
 
 std::map<std::string, Tensor> PipelineEngine::RankState(int rank) const {

@@ -31,7 +31,8 @@
 //
 // Post-validation (options.post_validate, `--post-validate`): every rank updates before the
 // all-reduce of the norm and validates after it (StageSetup::post_validate); Summary() adds
-// "post_validation": {"rollbacks": steps rolled back, "rollback_bytes": kept by all ranks}.
+// "post_validation": {"rollbacks": steps rolled back, "rollback_bytes": kept by all ranks} (and
+// nothing without post-validation).
 //
 // Thread-safety: one thread calls the engine; it runs its own rank threads inside Step. Every
 // process of a distributed run calls the same methods in the same order (they are collective).

@@ -103,6 +103,13 @@ Program GradientsAndOptimizers() {
       CausalAttentionQkvGrad(att_packed, lse_packed, packed, att_packed, lse_packed, 1, 0.5);
   // A GELU's input gradient from the matmul producing its output gradient: [3, 5]·[5, 5]ᵀ.
   Var dgelu = MatMulGeluGrad(dy, b.Input("w5", DType::kF64, {5, 5}), x, false, true);
+  // The chunked head (x [3, 5], a [7, 5] weight) and its gradient; gradients added into buffers.
+  Var head = b.Input("head", DType::kF64, {7, 5});
+  Var head_loss = LinearCrossEntropy(x, head, targets, 2);
+  auto [dhead_x, dhead_w] = LinearCrossEntropyGrad(x, head, targets, one, 2);
+  Var acc = b.Input("acc", DType::kF64, {5, 5});
+  b.Emit("matmul_accumulate", {acc, x, dy}, {{"transpose_a", true}});
+  b.Emit("accumulate", {acc, b.Input("part", DType::kF64, {5, 5})});
   Var summed = SumTo(BroadcastTo(db, Shape{3, 5}), Shape{5});
   SgdUpdate(bias, summed, Copy(bias), lr, {.momentum = 0.9, .weight_decay = 1e-4});
   AdamWUpdate(w, dw, m, v, lr, step, {.beta1 = 0.8, .eps = 1e-12});
@@ -115,6 +122,9 @@ Program GradientsAndOptimizers() {
   b.Output(dqkv[0]);
   b.Output(dpacked);
   b.Output(dgelu);
+  b.Output(head_loss);
+  b.Output(dhead_x);
+  b.Output(dhead_w);
   return b.Build();
 }
 

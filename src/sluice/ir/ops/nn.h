@@ -82,8 +82,8 @@ Var CrossEntropyGrad(Var logits, Var targets, Var dloss);
 // "linear_cross_entropy", attribute chunk; VJP: linear_cross_entropy_grad, which recomputes each
 // chunk's logits. The loss is the unfused one's within rounding of its double sum (1e-15).
 Var LinearCrossEntropy(Var x, Var w, Var targets, int64_t chunk = 0);
-// {dx [..., C], dw [vocab, C]} of LinearCrossEntropy for dloss []. dx is bitwise the unfused one;
-// dw sums over the chunks. Op "linear_cross_entropy_grad".
+// {dx [..., C], dw [vocab, C]} of LinearCrossEntropy for dloss []; dw sums over the chunks, so it
+// agrees with the unfused ops' within rounding. Op "linear_cross_entropy_grad".
 std::pair<Var, Var> LinearCrossEntropyGrad(Var x, Var w, Var targets, Var dloss, int64_t chunk = 0);
 
 }  // namespace sluice

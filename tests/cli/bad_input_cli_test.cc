@@ -124,6 +124,23 @@ TEST_F(BadInputCli, NumericFlagsMustBeFiniteAndInRange) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
+// --shard-optimizer shards over data-parallel replicas: without them, and with checkpoints (not
+// written sharded yet), a clear error before anything is built or written.
+TEST_F(BadInputCli, ShardOptimizerNeedsDataParallelismAndNoCheckpoint) {
+  for (const char* command : {"train --steps 1", "plan"}) {
+    EXPECT_THAT(Refused(fmt::format("{} --shard-optimizer", command)),
+                HasSubstr("--shard-optimizer shards the optimizer state over data-parallel "
+                          "replicas, but --data-parallel is 1"))
+        << command;
+  }
+  const fs::path ck = dir_ / "ck.safetensors";
+  EXPECT_THAT(Refused(fmt::format("train --steps 1 --comm mpi --data-parallel 2 --shard-optimizer "
+                                  "--save {}",
+                                  ck.string())),
+              HasSubstr("--shard-optimizer with --save: checkpoints of sharded optimizer state"));
+  EXPECT_FALSE(fs::exists(ck));
+}
+
 TEST_F(BadInputCli, AnOmittedMinLrFollowsALowerLr) {
   // --min-lr's default (0.0003) above a smaller --lr is no error: the floor follows --lr.
   const CliResult r = Sluice(fmt::format("train {} --steps 1 --lr 0.0001", kTiny));

@@ -135,7 +135,7 @@ TEST_F(PlanCli, ABudgetOfFourFifthsTrainsWithinItAndLosesNothing) {
   const nlohmann::json plan = Plan(fmt::format("{} --recompute none", kJob));
   int64_t largest = 0;
   for (const auto& s : plan["stages"])
-    largest = std::max(largest, s["predicted_peak_allocated_bytes"].get<int64_t>());
+    largest = std::max(largest, s["predicted_peak_reserved_bytes"].get<int64_t>());
   const int64_t budget = largest * 4 / 5;
   const Trained free_run = Train(fmt::format("{} --recompute none", kJob));
   const Trained budgeted = Train(fmt::format("{} --memory-budget {}", kJob, budget));

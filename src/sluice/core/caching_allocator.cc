@@ -24,6 +24,11 @@ size_t PageSize() {
 
 std::atomic<uint64_t> next_allocator_id{1};
 
+// The ranges an address_space_only allocator hands out: addresses no mapping ever has (above the
+// 47-bit user space), unique in the process, never touched. Nothing is mapped, so a forecast of
+// any size costs neither memory nor address space (ulimit -v).
+std::atomic<uintptr_t> next_unmapped_range{uintptr_t{1} << 48};
+
 }  // namespace
 
 CachingAllocator::CachingAllocator(CachingAllocatorOptions options)
@@ -59,7 +64,7 @@ CachingAllocator::~CachingAllocator() {
   }
   for (Chunk* c = chunks_; c != nullptr;) {
     Chunk* next = c->next;
-    munmap(c->base, c->capacity);  // nothing useful to do on failure in a destructor
+    if (c->mapped) munmap(c->base, c->capacity);  // nothing useful to do on failure here
     delete c;
     c = next;
   }
@@ -160,10 +165,12 @@ CachingAllocator::Block* CachingAllocator::Grow(Pool& pool, size_t rounded, size
     // the OS refuses a whole region, the request alone.
     for (const size_t want : {std::max(options_.region_bytes, size), size}) {
       capacity = want;
-      base =
-          options_.address_space_only
-              ? mmap(nullptr, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-              : mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (options_.address_space_only) {
+        base = reinterpret_cast<void*>(next_unmapped_range.fetch_add(
+            RoundUp(want, PageSize()) + PageSize(), std::memory_order_relaxed));
+      } else {
+        base = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      }
       if (base != MAP_FAILED) break;
       error = errno;
     }
@@ -187,6 +194,7 @@ CachingAllocator::Block* CachingAllocator::Grow(Pool& pool, size_t rounded, size
                  size,
                  capacity,
                  pool.small_pool(),
+                 /*mapped=*/!options_.address_space_only,
                  nullptr,
                  nullptr,
                  nullptr,
@@ -289,9 +297,11 @@ size_t CachingAllocator::TrimFreeTails() {
     if (keep >= c->size) continue;
     const size_t cut = c->size - keep;
     // The pages stay mapped (the chunk may grow into them again) but their memory goes back.
-    const int rc = madvise(c->base + keep, cut, MADV_DONTNEED);
-    SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", cut,
-                 std::strerror(errno));
+    if (c->mapped) {
+      const int rc = madvise(c->base + keep, cut, MADV_DONTNEED);
+      SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", cut,
+                   std::strerror(errno));
+    }
     Pool& pool = c->small_pool ? *small_pool_ : *large_pool_;
     pool.Remove(tail);
     if (tail->ptr == c->base + keep) {
@@ -311,7 +321,7 @@ size_t CachingAllocator::TrimFreeTails() {
 
 void CachingAllocator::UnmapChunks(const std::vector<Chunk*>& chunks) {
   for (Chunk* c : chunks) {
-    const int rc = munmap(c->base, c->capacity);
+    const int rc = c->mapped ? munmap(c->base, c->capacity) : 0;
     const int error = errno;
     const size_t size = c->capacity;
     delete c;

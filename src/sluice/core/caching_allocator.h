@@ -113,9 +113,9 @@ struct CachingAllocatorOptions {
   // (reserved +4% on the one-stage GPT, docs/memory.md). On, AllocateWithToken and
   // DeallocateWithToken skip the mutex for blocks of up to kMaxCachedBytes.
   bool thread_cache = false;
-  // A model of an allocator, for forecasts (step/memory_replay.h): regions are mapped as address
-  // space alone (PROT_NONE, MAP_NORESERVE), so any size costs nothing and the memory handed out
-  // must never be read or written. Reserved bytes count exactly as in a real allocator.
+  // A model of an allocator, for forecasts (step/memory_replay.h): its regions are address ranges
+  // nothing is mapped at, so any size costs neither memory nor address space, and the pointers it
+  // hands out must never be read or written. Reserved bytes count exactly as in a real allocator.
   bool address_space_only = false;
   // Upper bound on allocated_bytes: an Allocate that would take the live
   // requested bytes above it throws OutOfMemory instead; 0 means no bound.

@@ -75,6 +75,7 @@ struct CachingAllocator::Chunk {
   size_t size;      // reserved: a multiple of the page size, at most capacity
   size_t capacity;  // mapped address space
   bool small_pool;
+  bool mapped;  // false: an address_space_only allocator's range, never mapped (nothing to unmap)
   Block* first;
   Block* last;
   Chunk* prev;  // list of all chunks (CachingAllocator::chunks_)

@@ -303,14 +303,15 @@ TEST_F(SimulateCli, CompareRanksSchedulesByPredictedTimeWithinTheBudget) {
   EXPECT_EQ(j["ranking"][2]["schedule"], "1f1b");
   EXPECT_EQ(j["ranking"][3]["schedule"], "gpipe");
 
-  // A budget of 1F1B's own forecast: gpipe holds every micro-batch in flight and goes over, so it
-  // ranks after every schedule that fits, although its step time ties 1F1B's.
+  // A budget of 1F1B's own forecast (reserved bytes, what a budget bounds): gpipe holds every
+  // micro-batch in flight and goes over, so it ranks after every schedule that fits, although its
+  // step time ties 1F1B's.
   const CliResult plan = Sluice(fmt::format("plan {} --schedule 1f1b --format json", kJob));
   ASSERT_EQ(plan.status, 0) << plan.err;
   const nlohmann::json p = nlohmann::json::parse(plan.out);
   const std::string budget =
-      fmt::format("{},{}", p["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>(),
-                  p["stages"][1]["predicted_peak_allocated_bytes"].get<int64_t>());
+      fmt::format("{},{}", p["stages"][0]["predicted_peak_reserved_bytes"].get<int64_t>(),
+                  p["stages"][1]["predicted_peak_reserved_bytes"].get<int64_t>());
   const nlohmann::json b =
       Simulate(fmt::format("{} --compare gpipe,1f1b --memory-budget {}", kJob, budget));
   ASSERT_EQ(b["ranking"].size(), 2u);

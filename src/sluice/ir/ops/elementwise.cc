@@ -431,8 +431,11 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .kernel = CastKernel<true>,
               .reference = CastKernel<false>,
               .vjp = CastVjp,
+              // A bf16 copy a backward product reads is remade from its input, as the layer norm
+              // or GELU giving that input is, so `--recompute cheap` saves what fp32 saves.
+              .recomputable = true,
               .doc = "x converted to dtype: f32 <-> f64, f32 <-> bf16 (rounded to nearest even); "
-                     "the gradient is cast back",
+                     "the gradient is cast back (f32 across bf16)",
               .signature = {.inputs = {{"x", "f32, f64 or bf16[...]"}},
                             .attrs = {{"dtype", "string"}},
                             .outputs = {{"y", "dtype[...]"}}}});

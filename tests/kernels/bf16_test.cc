@@ -136,6 +136,15 @@ std::vector<float> Uniform(int64_t n, uint32_t seed) {
   return v;
 }
 
+// x rounded to bf16: returns the bf16 numbers and leaves their exact f32 values in x.
+std::vector<BFloat16> RoundToBF16(std::vector<float>& x) {
+  std::vector<BFloat16> out(x.size());
+  const auto n = static_cast<int64_t>(x.size());
+  ToBF16Reference(x.data(), out.data(), n);
+  FromBF16Reference(out.data(), x.data(), n);
+  return out;
+}
+
 TEST(OneDnnGemm, MatchesTheTripleLoopForEveryTransposeDtypeAndAccumulate) {
   const int64_t m = 37, n = 29, k = 70;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -143,13 +152,11 @@ TEST(OneDnnGemm, MatchesTheTripleLoopForEveryTransposeDtypeAndAccumulate) {
       for (bool tb : {false, true}) {
         for (bool accumulate : {false, true}) {
           std::vector<float> a = Uniform(m * k, 1), b = Uniform(k * n, 2);
-          std::vector<BFloat16> a16(a.size()), b16(b.size());
-          if (dtype == DType::kBF16) {
-            // The exact operands oneDNN multiplies: a and b rounded to bf16.
-            ToBF16Reference(a.data(), a16.data(), m * k);
-            ToBF16Reference(b.data(), b16.data(), k * n);
-            FromBF16Reference(a16.data(), a.data(), m * k);
-            FromBF16Reference(b16.data(), b.data(), k * n);
+          // The exact operands oneDNN multiplies: a and b rounded to bf16.
+          const std::vector<BFloat16> a16 = RoundToBF16(a), b16 = RoundToBF16(b);
+          if (dtype == DType::kF32) {
+            a = Uniform(m * k, 1);
+            b = Uniform(k * n, 2);
           }
           std::vector<float> c(static_cast<size_t>(m * n), 0.5f);
           const void* pa = dtype == DType::kBF16 ? static_cast<const void*>(a16.data()) : a.data();
@@ -182,11 +189,7 @@ TEST(Bf16Gemm, MatchesTheTripleLoopOverSeveralBlocksOfK) {
     for (bool tb : {false, true}) {
       for (bool accumulate : {false, true}) {
         std::vector<float> a = Uniform(m * k, 11), b = Uniform(k * n, 12);
-        std::vector<BFloat16> a16(a.size()), b16(b.size());
-        ToBF16Reference(a.data(), a16.data(), m * k);
-        ToBF16Reference(b.data(), b16.data(), k * n);
-        FromBF16Reference(a16.data(), a.data(), m * k);
-        FromBF16Reference(b16.data(), b.data(), k * n);
+        const std::vector<BFloat16> a16 = RoundToBF16(a), b16 = RoundToBF16(b);
         std::vector<float> c(static_cast<size_t>(m * n), 0.25f);
         Bf16Gemm({.dtype = DType::kBF16,
                   .transpose_a = ta,

@@ -213,7 +213,6 @@ class StageProgram {
   // state (the gradients kept until validation are the step's own, held by Update alike).
   int64_t RollbackBytes() const;
 
-
   // Sharded optimizer only (options.shards > 1), after an Update that returned true: sets every
   // element outside this replica's slice of each parameter to −0.0 and calls all_reduce_sum on the
   // parameter, in params() order. An all-reduce over the replicas then adds, per element, the one

@@ -73,7 +73,7 @@ def main():
     a = p.parse_args()
     sluice = os.path.join(a.build, "sluice")
     work = tempfile.mkdtemp()
-    data = os.path.join(work, "data.bin")
+    data = os.path.join(work, "data.txt")  # bytes: .bin would be read as uint16 token ids
     with open(data, "wb") as f:
         f.write(bytes((i * 7919) % 251 for i in range(1 << 18)))
     job = f"{a.model} --data {data} --threads 1 --stages {a.stages} --microbatches {a.microbatches}"

@@ -188,18 +188,20 @@ case "$mode" in
       --metrics "$dir/later.jsonl" || fail "the run saving step 3"
     mkdir "$dir/missing" "$dir/mixed"
     cp "$dir"/ck* "$dir/missing/" && cp "$dir"/ck* "$dir/mixed/"
-    rm "$dir/missing/ck-stage1-of-2.safetensors"
-    cp "$dir/later/ck-stage1-of-2.safetensors" "$dir/mixed/"
+    rm "$dir/missing/ck-step2-stage1-of-2.safetensors"
+    # Step 3's shard where the index expects step 2's (a copy by hand, or a file system restored
+    # from two backups): the header's step says it is another save's.
+    cp "$dir/later/ck-step3-stage1-of-2.safetensors" "$dir/mixed/ck-step2-stage1-of-2.safetensors"
     for bad in missing mixed; do
       before=$(ls "$dir/$bad")
       cluster_mpirun 4 "$sluice" train --comm mpi "${dp[@]}" --steps 4 --resume "$dir/$bad/ck.safetensors" \
         --save "$dir/$bad/new.safetensors" --metrics "$dir/$bad/m.jsonl" >"$dir/out" 2>&1 \
         && { cat "$dir/out"; fail "resuming from the $bad checkpoint exited 0"; }
       cat "$dir/out"
-      grep -q "ck-stage1-of-2.safetensors" "$dir/out" || fail "the $bad shard is not named"
+      grep -q "ck-step2-stage1-of-2.safetensors" "$dir/out" || fail "the $bad shard is not named"
       [ "$bad" = missing ] || grep -q "has step .3. but its index .* has .2.: the shard is from another save" "$dir/out" \
         || fail "the shard of step 3 is not named as another save's"
-      [ "$bad" = mixed ] || grep -q "is incomplete: its index .* names the shard .*ck-stage1-of-2.safetensors., which does not exist" "$dir/out" \
+      [ "$bad" = mixed ] || grep -q "is incomplete: its index .* names the shard .*ck-step2-stage1-of-2.safetensors., which does not exist" "$dir/out" \
         || fail "the missing shard is not named as missing"
       [ "$(ls "$dir/$bad")" = "$before" ] || fail "files written beside the $bad checkpoint: $(ls "$dir/$bad")"
       no_process_left 10

@@ -44,7 +44,54 @@ struct Sharded {
 
 TEST(Checkpoint, ShardsAreNamedBesideThePathAndIndexed) {
   EXPECT_EQ(CheckpointShardPath("runs/ck.safetensors", 1, 4), "runs/ck-stage1-of-4.safetensors");
+  EXPECT_EQ(CheckpointShardPath("runs/ck.safetensors", 1, 4, "12"),
+            "runs/ck-step12-stage1-of-4.safetensors");
+  // A rescue path names its step already.
+  EXPECT_EQ(CheckpointShardPath("runs/ck.safetensors.rescue-step12.safetensors", 0, 2, "12"),
+            "runs/ck.safetensors.rescue-step12-stage0-of-2.safetensors");
   EXPECT_EQ(CheckpointIndexPath("runs/ck.safetensors"), "runs/ck.safetensors.index.json");
+}
+
+// A save whose shards are written but whose index is not (a rank lost, a full disk, a signal
+// between the two) leaves the previous checkpoint whole: the new shards are named by their step and
+// overwrite nothing. Once the new index is written, the previous save's shards go.
+TEST(Checkpoint, AnInterruptedSaveLeavesThePreviousCheckpointWhole) {
+  const std::filesystem::path dir =
+      ::testing::TempDir() + "/interrupted_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "ck.safetensors").string();
+  const auto save_shards = [&](const std::string& step, double value) {
+    const std::map<std::string, std::string> metadata = {{"step", step}};
+    SaveCheckpointAtomic(CheckpointShardPath(path, 0, 2, step),
+                         {{"a", Tensor::Full({2}, value, DType::kF32)}}, metadata);
+    SaveCheckpointAtomic(CheckpointShardPath(path, 1, 2, step),
+                         {{"b", Tensor::Full({1}, value, DType::kF32)}}, metadata);
+    return metadata;
+  };
+  SaveCheckpointIndex(path, {{"a"}, {"b"}}, save_shards("7", 1.0), "7");
+  // Step 9's shards are written; its index is not.
+  const std::map<std::string, std::string> nine = save_shards("9", 2.0);
+  Checkpoint ck = LoadCheckpoint(path);
+  EXPECT_EQ(ck.metadata.at("step"), "7");
+  EXPECT_EQ(ck.tensors.at("a").data<float>()[0], 1.0f);
+  EXPECT_EQ(ck.tensors.at("b").data<float>()[0], 1.0f);
+  // The save completes: the index names step 9's shards, and step 7's are removed. A file of
+  // another checkpoint, or of another number of shards, stays.
+  SaveCheckpointIndex(path, {{"a"}, {"b"}}, nine, "9");
+  std::ofstream((dir / "ck-step7-stage0-of-4.safetensors").string()) << "x";
+  std::ofstream((dir / "other-step7-stage0-of-2.safetensors").string()) << "x";
+  std::ofstream((dir / "ck-stage1-of-2.safetensors").string()) << "x";  // an earlier version's
+  EXPECT_EQ(RemoveShardsOfOtherSaves(path, 0, 2, "9").size(), 1u);
+  EXPECT_EQ(RemoveShardsOfOtherSaves(path, 1, 2, "9").size(), 2u);
+  EXPECT_FALSE(std::filesystem::exists(CheckpointShardPath(path, 0, 2, "7")));
+  EXPECT_FALSE(std::filesystem::exists(CheckpointShardPath(path, 1, 2, "7")));
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck-stage1-of-2.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "ck-step7-stage0-of-4.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "other-step7-stage0-of-2.safetensors"));
+  ck = LoadCheckpoint(path);
+  EXPECT_EQ(ck.metadata.at("step"), "9");
+  EXPECT_EQ(ck.tensors.at("a").data<float>()[0], 2.0f);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Checkpoint, AShardedCheckpointLoadsThroughItsIndex) {

@@ -158,7 +158,7 @@ PY
     args=("${small[@]}" --layers 4 --stages 2)
     mpi 2 "${args[@]}" --steps 4 --metrics "$dir/whole.jsonl" || fail "uninterrupted run"
     mpi 2 "${args[@]}" --steps 2 --save "$dir/ck.safetensors" --metrics "$dir/part.jsonl" || fail "first half"
-    for f in ck-stage0-of-2.safetensors ck-stage1-of-2.safetensors ck.safetensors.index.json; do
+    for f in ck-step2-stage0-of-2.safetensors ck-step2-stage1-of-2.safetensors ck.safetensors.index.json; do
       [ -s "$dir/$f" ] || fail "no $f"
     done
     mpi 2 "${args[@]}" --steps 4 --resume "$dir/ck.safetensors" --metrics "$dir/part.jsonl" || fail "resume"
@@ -167,18 +167,31 @@ PY
     "$sluice" train "${small[@]}" --layers 4 --steps 4 --resume "$dir/ck.safetensors" --metrics "$dir/one.jsonl" \
       || fail "resume in one process"
     continues "$dir/whole.jsonl" "$dir/one.jsonl" || fail "one-process resume differs"
+    # Two saves of one path (steps 2 and 3): step 3's shards, and step 2's removed once step 3's
+    # index is written (shards are named by step, so a save cut short leaves the last one whole).
+    mkdir "$dir/two"
+    mpi 2 "${args[@]}" --steps 3 --save "$dir/two/ck.safetensors" --save-every 2 \
+      --metrics "$dir/two/m.jsonl" || fail "two saves of one path"
+    for f in ck-step3-stage0-of-2.safetensors ck-step3-stage1-of-2.safetensors; do
+      [ -s "$dir/two/$f" ] || fail "no $f"
+    done
+    for f in ck-step2-stage0-of-2.safetensors ck-step2-stage1-of-2.safetensors; do
+      [ ! -e "$dir/two/$f" ] || fail "$f left beside step 3's index"
+    done
+    grep -q '"ck-step3-stage1-of-2.safetensors"' "$dir/two/ck.safetensors.index.json" \
+      || fail "the index names no step 3 shard"
     ;;
   rescue)
     args=("${small[@]}" --layers 4 --stages 2)
     mpi 2 "${args[@]}" --steps 4 --metrics "$dir/whole.jsonl" || fail "uninterrupted run"
     # Stage 1's shard cannot be written (a folder has its name); stage 0's can.
-    mkdir "$dir/ck-stage1-of-2.safetensors"
+    mkdir "$dir/ck-step2-stage1-of-2.safetensors"
     mpi 2 "${args[@]}" --steps 2 --save "$dir/ck.safetensors" --metrics "$dir/part.jsonl" >"$dir/out" 2>&1 \
       && fail "a save that failed on one rank exited 0"
     rescue="$dir/ck.safetensors.rescue-step2.safetensors"
     grep -F -q "the trained state (step 2) is saved to '$rescue' instead" "$dir/out" \
       || { cat "$dir/out"; fail "the error does not say where the state went"; }
-    grep -q "ck-stage1-of-2.safetensors" "$dir/out" || { cat "$dir/out"; fail "the failing shard is not named"; }
+    grep -q "ck-step2-stage1-of-2.safetensors" "$dir/out" || { cat "$dir/out"; fail "the failing shard is not named"; }
     for f in ck.safetensors.rescue-step2-stage0-of-2.safetensors ck.safetensors.rescue-step2-stage1-of-2.safetensors \
              ck.safetensors.rescue-step2.safetensors.index.json; do
       [ -s "$dir/$f" ] || fail "no $f"
@@ -299,10 +312,10 @@ def names(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         return set(json.loads(f.read(n))) - {"__metadata__"}
-s0, s1 = names(f"{d}/ck-stage0-of-2.safetensors"), names(f"{d}/ck-stage1-of-2.safetensors")
+s0, s1 = names(f"{d}/ck-step2-stage0-of-2.safetensors"), names(f"{d}/ck-step2-stage1-of-2.safetensors")
 index = json.load(open(f"{d}/ck.safetensors.index.json"))["weight_map"]
 assert "tok.weight" in s0 and "tok.weight" not in s1, (sorted(s0), sorted(s1))
-assert index["tok.weight"] == "ck-stage0-of-2.safetensors", index
+assert index["tok.weight"] == "ck-step2-stage0-of-2.safetensors", index
 assert not any("@" in n for n in s0 | s1), (s0, s1)
 PY
     mpi 2 "${run[@]}" --steps 4 --stages 2 --resume "$dir/ck.safetensors" --metrics "$dir/part.jsonl" \

@@ -86,20 +86,61 @@ void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, T
 
 std::string CheckpointIndexPath(const std::string& path) { return path + ".index.json"; }
 
-std::string CheckpointShardPath(const std::string& path, int shard, int shards) {
+namespace {
+
+// <path> without ".safetensors".
+std::string CheckpointStem(const std::string& path) {
   std::string stem = path;
   if (stem.ends_with(".safetensors")) stem.resize(stem.size() - std::string(".safetensors").size());
+  return stem;
+}
+
+}  // namespace
+
+std::string CheckpointShardPath(const std::string& path, int shard, int shards,
+                                const std::string& step) {
+  std::string stem = CheckpointStem(path);
+  if (!step.empty() && !stem.ends_with("-step" + step)) stem += "-step" + step;
   return fmt::format("{}-stage{}-of-{}.safetensors", stem, shard, shards);
+}
+
+std::vector<std::string> RemoveShardsOfOtherSaves(const std::string& path, int shard, int shards,
+                                                  const std::string& step) {
+  const std::filesystem::path keep(CheckpointShardPath(path, shard, shards, step));
+  const std::string stem = std::filesystem::path(CheckpointStem(path)).filename().string();
+  const std::string tail = fmt::format("-stage{}-of-{}.safetensors", shard, shards);
+  // Another save's shard: "<stem><tail>" or "<stem>-step<digits><tail>".
+  const auto of_another_save = [&](const std::string& name) {
+    if (name == keep.filename().string() || !name.starts_with(stem) || !name.ends_with(tail) ||
+        name.size() < stem.size() + tail.size()) {
+      return false;
+    }
+    const std::string middle = name.substr(stem.size(), name.size() - stem.size() - tail.size());
+    if (middle.empty()) return true;
+    return middle.starts_with("-step") && middle.size() > 5 &&
+           std::all_of(middle.begin() + 5, middle.end(),
+                       [](unsigned char c) { return std::isdigit(c) != 0; });
+  };
+  std::vector<std::string> removed;
+  std::error_code ec;
+  const std::filesystem::path dir =
+      keep.has_parent_path() ? keep.parent_path() : std::filesystem::path(".");
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file(ec) || !of_another_save(entry.path().filename().string())) continue;
+    if (std::filesystem::remove(entry.path(), ec)) removed.push_back(entry.path().string());
+  }
+  return removed;
 }
 
 void SaveCheckpointIndex(const std::string& path,
                          const std::vector<std::vector<std::string>>& names_per_shard,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata,
+                         const std::string& step) {
   nlohmann::json weight_map = nlohmann::json::object();
   const int shards = static_cast<int>(names_per_shard.size());
   for (int k = 0; k < shards; ++k) {
     const std::string file =
-        std::filesystem::path(CheckpointShardPath(path, k, shards)).filename().string();
+        std::filesystem::path(CheckpointShardPath(path, k, shards, step)).filename().string();
     for (const std::string& name : names_per_shard[k]) weight_map[name] = file;
   }
   const nlohmann::json index = {{"metadata", metadata}, {"weight_map", weight_map}};

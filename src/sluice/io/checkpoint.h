@@ -8,12 +8,17 @@
 // killed mid-save leaves its "<path>.tmp-<pid>" behind; the next save of <path> removes it
 // (core/files.h RemoveStaleTemporaries).
 //
-// Sharded checkpoints (one shard per pipeline stage, written by distributed runs): shard k of n is
-// "<stem>-stage<k>-of-<n>.safetensors" beside <path> (<stem> = <path> without ".safetensors"), and
-// "<path>.index.json" holds {"metadata": {...}, "weight_map": {tensor name: shard file name}} —
-// the layout Hugging Face uses. The index is written last, after every shard: a checkpoint with
-// an index is complete. LoadCheckpoint(path) reads the index when <path> itself does not exist,
-// so any run can resume from a sharded checkpoint.
+// Sharded checkpoints (one shard per pipeline stage, written by distributed runs): shard k of n of
+// the save at step S is "<stem>-step<S>-stage<k>-of-<n>.safetensors" beside <path> (<stem> = <path>
+// without ".safetensors"), and "<path>.index.json" holds {"metadata": {...}, "weight_map": {tensor
+// name: shard file name}} — the layout Hugging Face uses. The index is written last, after every
+// shard, with one atomic rename: a checkpoint with an index is complete, and since a save's shards
+// never overwrite the previous save's (their names differ by step), a save interrupted anywhere
+// (a full disk, a rank or host lost, a signal) leaves the previous checkpoint whole. The previous
+// save's shards are removed once the new index is written (RemoveShardsOfOtherSaves).
+// LoadCheckpoint(path) reads the index when <path> itself does not exist and follows its file
+// names, so any run can resume from a sharded checkpoint, those of earlier versions (shards named
+// without their step) included.
 //
 // Failure: IoError naming the path (unwritable directory, full disk, unreadable or malformed file,
 // a shard that does not hold what its index says).
@@ -54,10 +59,24 @@ Checkpoint LoadCheckpoint(const std::string& path, Allocator& allocator = Defaul
                           const std::function<bool(const std::string&)>& wanted = nullptr);
 
 std::string CheckpointIndexPath(const std::string& path);  // "<path>.index.json"
-std::string CheckpointShardPath(const std::string& path, int shard, int shards);
-// Writes the index of a checkpoint whose shard k holds names_per_shard[k] (atomically).
+// Shard `shard` of `shards` of the save at `step`: "<stem>-step<step>-stage<k>-of-<n>.safetensors"
+// (a stem already ending in "-step<step>", as a rescue path's does, does not name it twice).
+// Without a step: "<stem>-stage<k>-of-<n>.safetensors", as earlier versions named every shard.
+// Example: CheckpointShardPath("runs/ck.safetensors", 1, 4, "12") ==
+// "runs/ck-step12-stage1-of-4.safetensors"
+std::string CheckpointShardPath(const std::string& path, int shard, int shards,
+                                const std::string& step = "");
+// Writes the index of a checkpoint whose shard k (CheckpointShardPath with `step`) holds
+// names_per_shard[k] (atomically).
 void SaveCheckpointIndex(const std::string& path,
                          const std::vector<std::vector<std::string>>& names_per_shard,
-                         const std::map<std::string, std::string>& metadata);
+                         const std::map<std::string, std::string>& metadata,
+                         const std::string& step = "");
+// After the index of the save at `step` is written: removes the files beside `path` that are shard
+// `shard` of `shards` of another save (another step, or named without one), which no index of
+// `path` names any more. Best effort (a file that cannot be removed stays; the checkpoint is whole
+// either way); returns the files removed.
+std::vector<std::string> RemoveShardsOfOtherSaves(const std::string& path, int shard, int shards,
+                                                  const std::string& step);
 
 }  // namespace sluice

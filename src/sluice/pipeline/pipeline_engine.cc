@@ -542,6 +542,9 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
   const int P = impl.options.stages;
   Communicator& world = *impl.options.distributed->world;
   std::optional<std::string> mine;
+  // Shards are named by step, so that this save never overwrites the previous one's.
+  const auto step_it = metadata.find("step");
+  const std::string step = step_it != metadata.end() ? step_it->second : "";
   // A parameter's optimizer state, by its spec (a constant has none).
   auto state_names = [&](const std::string& name) {
     for (const ParamSpec& p : impl.params) {
@@ -570,7 +573,7 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
         shard.emplace(p, state.at(p));
         for (const std::string& o : state_names(p)) shard.emplace(o, state.at(o));
       }
-      SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P), shard, shard_metadata);
+      SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P, step), shard, shard_metadata);
     } catch (const IoError& e) {
       mine = e.what();
     }
@@ -579,9 +582,9 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
   auto others = [&](const std::vector<int>& failed, bool index) {
     std::vector<std::string> parts;
     for (int w : failed) {
-      parts.push_back(
-          fmt::format("rank {} could not write '{}'", w,
-                      index ? CheckpointIndexPath(path) : CheckpointShardPath(path, w % P, P)));
+      parts.push_back(fmt::format(
+          "rank {} could not write '{}'", w,
+          index ? CheckpointIndexPath(path) : CheckpointShardPath(path, w % P, P, step)));
     }
     return fmt::format("checkpoint '{}' not written: {} (the error is in that rank's output)", path,
                        fmt::join(parts, ", "));
@@ -597,12 +600,14 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
       }
     }
     try {
-      SaveCheckpointIndex(path, names, metadata);
+      SaveCheckpointIndex(path, names, metadata, step);
     } catch (const IoError& e) {
       mine = e.what();
     }
   }
   if (std::vector<int> failed = agree(); !failed.empty()) return mine ? mine : others(failed, true);
+  // The new index names this save's shards: the previous save's are no checkpoint's any more.
+  if (impl.replica() == 0) RemoveShardsOfOtherSaves(path, impl.stage(), P, step);
   return std::nullopt;
 }
 

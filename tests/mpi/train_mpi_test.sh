@@ -129,6 +129,20 @@ for a, b in zip(one, zero):
     # Half, up to one element per parameter tensor and state tensor (an odd slice).
     assert o1 // 2 <= o2 <= o1 // 2 + 4 * 2 * 64, (o1, o2)
 PY
+    # Stopped by a signal, a sharded run saves no checkpoint (replica 0's slices are not the
+    # state) and says so.
+    timeout -k 5 120 "$mpiexec" "$np" 4 "$sluice" train --comm mpi "${small[@]}" --layers 4 --stages 2 \
+      --data-parallel 2 --shard-optimizer --steps 100000000 --metrics "$dir/zsig.jsonl" >"$dir/zout" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do [ -s "$dir/zsig.jsonl" ] && break; sleep 0.1; done
+    [ -s "$dir/zsig.jsonl" ] || { cat "$dir/zout"; kill -KILL "$job"; fail "the sharded job did not start"; }
+    victim=$(ps -eo pid=,args= | grep "[s]luice train --comm mpi" | grep -v -e mpirun -e mpiexec -e timeout \
+             | grep -F "$dir/zsig.jsonl" | awk 'NR == 2 {print $1}')
+    [ -n "$victim" ] || { kill -KILL "$job"; fail "no rank process found"; }
+    kill -INT "$victim"
+    wait "$job"
+    grep -q "no checkpoint: --shard-optimizer state" "$dir/zout" || { cat "$dir/zout"; fail "no word on the unsaved state"; }
+    ! ls "$dir"/sluice-stopped-step* >/dev/null 2>&1 || fail "a checkpoint of replica 0's slices was written"
     "$sluice" train "${small[@]}" --layers 4 --steps 1 --shard-optimizer > "$dir/out.txt" 2>&1 &&
       fail "--shard-optimizer without --data-parallel trained"
     grep -q -- "--shard-optimizer shards the optimizer state over data-parallel replicas" \

@@ -336,7 +336,10 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       saved_step = impl.step;
     }
   }
-  if (s.stop_signal != 0 && impl.step > first_step) {
+  // A sharded optimizer's state is 1/D on each replica, and such checkpoints are not written yet:
+  // saving replica 0's slices would make a checkpoint that resumes wrong, so none is made (the
+  // CLI says so).
+  if (s.stop_signal != 0 && impl.step > first_step && !c.shard_optimizer) {
     s.stop_checkpoint = StopCheckpointPath(c, impl.step);
     if (saved_step != impl.step || s.stop_checkpoint != c.save_path)
       impl.SaveOrRescue(s.stop_checkpoint);

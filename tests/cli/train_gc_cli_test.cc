@@ -77,9 +77,12 @@ TEST_F(TrainGcCli, DefaultGcCostsNoMemoryOverSyncOnFourStages) {
     EXPECT_LE(by_default["stages"][s]["peak_allocated_bytes"].get<int64_t>(),
               sync_allocated + Allowance(sync_allocated))
         << "stage " << s;
+    // Reserved bytes move more: a run whose frees came in another order leaves other holes (the
+    // 4-stage job measures 1.04-1.11x its allocated peak from run to run, docs/memory.md
+    // "Reserved bytes"), so two runs of one mode differ by up to a tenth.
     const int64_t sync_reserved = sync["stages"][s]["peak_reserved_bytes"].get<int64_t>();
     EXPECT_LE(by_default["stages"][s]["peak_reserved_bytes"].get<int64_t>(),
-              sync_reserved + Allowance(sync_reserved))
+              sync_reserved + std::max(Allowance(sync_reserved), sync_reserved / 10))
         << "stage " << s;
   }
 }

@@ -116,6 +116,14 @@ case "$mode" in
     mpi 4 "${args[@]}" --metrics "$dir/dp.jsonl" || fail "P=2 x D=2"
     mpi 4 "${args[@]}" --shard-optimizer --metrics "$dir/zero.jsonl" || fail "P=2 x D=2 sharded"
     compare "$dir/dp.jsonl" "$dir/zero.jsonl" 0
+    # With post-validation, clipping firing at every step: each replica updates its slice eagerly,
+    # rolls back and redoes it clipped, then the slices are gathered — the synchronous losses.
+    mpi 4 "${args[@]}" --shard-optimizer --clip 0.01 --metrics "$dir/zclip.jsonl" || fail "sharded, clipped"
+    mpi 4 "${args[@]}" --shard-optimizer --clip 0.01 --post-validate --metrics "$dir/zpv.jsonl" \
+      || fail "sharded, clipped, post-validated"
+    compare "$dir/zclip.jsonl" "$dir/zpv.jsonl" 0
+    python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d["post_validation"]["rollbacks"] > 0, d["post_validation"]' \
+      "$dir/zpv.jsonl" || fail "no rollback counted with clipping at every step"
     plan=("${small[@]}" --layers 4 --stages 2 --format json)
     "$sluice" plan "${plan[@]}" > "$dir/one.json" || fail "plan D=1"
     "$sluice" plan "${plan[@]}" --data-parallel 2 --shard-optimizer > "$dir/zero.json" ||

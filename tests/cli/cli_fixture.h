@@ -11,9 +11,11 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace sluice {
 
@@ -40,6 +42,14 @@ class CliTest : public ::testing::Test {
     std::stringstream s;
     s << in.rdbuf();
     return s.str();
+  }
+
+  // Every line of a JSON-lines file (metrics), parsed.
+  static std::vector<nlohmann::json> Lines(const std::filesystem::path& p) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(p);
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+    return out;
   }
 
   std::filesystem::path Write(const std::string& name, const std::string& text) {

@@ -24,13 +24,6 @@ class PrecisionCli : public CliTest {
  protected:
   CliResult Train(const std::string& args) { return Sluice("train " + args); }
 
-  std::vector<nlohmann::json> Lines(const fs::path& p) {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(p);
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
-  }
-
   std::vector<double> Losses(const fs::path& p) {
     std::vector<double> l;
     for (const auto& j : Lines(p)) {

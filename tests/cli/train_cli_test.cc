@@ -26,13 +26,6 @@ namespace fs = std::filesystem;
 class TrainCli : public CliTest {
  protected:
   CliResult Train(const std::string& args) { return Sluice("train " + args); }
-
-  std::vector<nlohmann::json> Lines(const fs::path& p) {
-    std::vector<nlohmann::json> out;
-    std::ifstream in(p);
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-    return out;
-  }
 };
 
 TEST_F(TrainCli, TrainsWritesMetricsAndResumesBitwise) {

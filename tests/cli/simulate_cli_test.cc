@@ -2,6 +2,7 @@
 // simulator; without costs the unit-cost figures come out; memory is the plan's forecast; costs
 // of another job, another stage count or a schedule they do not cover, and broken costs files,
 // are refused naming the mismatch.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -321,6 +322,19 @@ TEST_F(SimulateCli, CompareRanksSchedulesByPredictedTimeWithinTheBudget) {
   EXPECT_EQ(b["ranking"][1]["fits_budget"], false);
   EXPECT_GT(b["ranking"][1]["peak_allocated_bytes"].get<int64_t>(),
             b["ranking"][0]["peak_allocated_bytes"].get<int64_t>());
+  // What fits is judged on: each row's largest reserved peak, and each stage's, as plan says.
+  for (const nlohmann::json& row : b["ranking"]) {
+    int64_t largest = 0;
+    for (const nlohmann::json& stage : row["stages"]) {
+      EXPECT_GE(stage["peak_reserved_bytes"].get<int64_t>(),
+                stage["peak_allocated_bytes"].get<int64_t>());
+      largest = std::max(largest, stage["peak_reserved_bytes"].get<int64_t>());
+    }
+    EXPECT_EQ(row["peak_reserved_bytes"].get<int64_t>(), largest);
+  }
+  EXPECT_EQ(b["ranking"][0]["peak_reserved_bytes"],
+            std::max(p["stages"][0]["predicted_peak_reserved_bytes"].get<int64_t>(),
+                     p["stages"][1]["predicted_peak_reserved_bytes"].get<int64_t>()));
 
   // Measured costs of 1F1B cover gpipe too, not interleaved (V = 2): it is listed, not ranked.
   const std::string costs = Profile("1f1b");

@@ -92,5 +92,16 @@ TEST(FusedHead, TheWorkingSetAtGpt2VocabularyIsAtMostAnEighth) {
   EXPECT_LT(fused.peak_allocated_bytes, unfused.peak_allocated_bytes);
 }
 
+// The planner's work estimate (EstimateWork: the recompute policy's cost, the budget's choice)
+// counts the fused head's GEMM as it counts the unfused head's linear: the forward programs'
+// estimates differ by the cross-entropy's elementwise passes only, not by the head's GEMM.
+TEST(FusedHead, TheWorkEstimateCountsTheHeadsGemm) {
+  const TrainConfig fused_config = Gpt(0), unfused_config = Gpt(-1);
+  const double fused = EstimateWork(MakeTask(fused_config)->BuildTrain(4).forward);
+  const double unfused = EstimateWork(MakeTask(unfused_config)->BuildTrain(4).forward);
+  const double head_gemm = 2.0 * 4 * 16 * 16 * 300;  // 2·N·C·vocab, N = batch·seq tokens
+  EXPECT_LT(std::abs(fused - unfused), 0.1 * head_gemm) << fused << " vs " << unfused;
+}
+
 }  // namespace
 }  // namespace sluice

@@ -33,10 +33,12 @@ std::string CoreWaitNote(const SimulatedSchedule& r) {
       r.costs, 100 * r.core_wait_share);
 }
 
-// Stage s's forecast peak, or null when memory was not forecast.
-nlohmann::ordered_json PeakJson(const std::vector<StageMemoryForecast>& memory, size_t s) {
-  return memory.empty() ? nlohmann::ordered_json()
-                        : nlohmann::ordered_json(memory[s].peak_allocated_bytes);
+// Stage s's forecast peak of allocated or reserved bytes, or null when memory was not forecast.
+nlohmann::ordered_json PeakJson(const std::vector<StageMemoryForecast>& memory, size_t s,
+                                bool reserved = false) {
+  if (memory.empty()) return nlohmann::ordered_json();
+  return memory[s].*(reserved ? &StageMemoryForecast::peak_reserved_bytes
+                              : &StageMemoryForecast::peak_allocated_bytes);
 }
 
 // The kinds of --compare: a comma list of schedule names, or "all".
@@ -81,7 +83,8 @@ int RunCompare(const TrainArgs& a, const SimulationRequest& request, const Job& 
       for (size_t s = 0; s < r.prediction.ranks.size(); ++s) {
         stages.push_back({{"stage", s},
                           {"bubble", r.prediction.ranks[s].bubble},
-                          {"peak_allocated_bytes", PeakJson(r.memory, s)}});
+                          {"peak_allocated_bytes", PeakJson(r.memory, s)},
+                          {"peak_reserved_bytes", PeakJson(r.memory, s, true)}});
       }
       rows.push_back(
           {{"rank", i + 1},
@@ -92,6 +95,9 @@ int RunCompare(const TrainArgs& a, const SimulationRequest& request, const Job& 
            {"bubble", r.prediction.bubble},
            {"peak_allocated_bytes",
             r.memory.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(r.LargestPeak())},
+           {"peak_reserved_bytes", r.memory.empty()
+                                       ? nlohmann::ordered_json()
+                                       : nlohmann::ordered_json(r.LargestReservedPeak())},
            {"fits_budget", r.fits},
            {"stages", stages}});
       if (!r.memory_note.empty()) rows.back()["memory_note"] = r.memory_note;
@@ -113,13 +119,17 @@ int RunCompare(const TrainArgs& a, const SimulationRequest& request, const Job& 
   fmt::print("schedules ranked by predicted step time ({}){}\n",
              costs.empty() ? "unit costs" : "measured costs",
              budget.empty() ? "" : ", those within --memory-budget first");
+  // With a budget the column shows what it bounds: reserved bytes (docs/memory.md).
   fmt::print("  {:<4}  {:<28}  {:>10}  {:>7}  {:>16}{}\n", "rank", "schedule", "step", "bubble",
-             "largest peak", budget.empty() ? "" : "  budget");
+             budget.empty() ? "largest peak" : "largest reserved",
+             budget.empty() ? "" : "  budget");
   for (size_t i = 0; i < ranked.size(); ++i) {
     const SimulatedSchedule& r = ranked[i];
     fmt::print("  {:<4}  {:<28}  {:>7.3f} {:<2}  {:>6.1f}%  {:>16}{}\n", i + 1, r.describe,
                r.prediction.step_ms, unit, 100 * r.prediction.bubble,
-               r.memory.empty() ? "-" : FormatBytes(r.LargestPeak()),
+               r.memory.empty()
+                   ? "-"
+                   : FormatBytes(budget.empty() ? r.LargestPeak() : r.LargestReservedPeak()),
                budget.empty() ? "" : (r.fits ? "  fits" : "  over"));
   }
   std::vector<std::string> notes;  // one per costs file
@@ -173,7 +183,8 @@ int RunSimulate(TrainArgs& a) {
                         {"busy_ms", p.ranks[s].busy_ms},
                         {"idle_ms", p.ranks[s].idle_ms},
                         {"bubble", p.ranks[s].bubble},
-                        {"peak_allocated_bytes", PeakJson(memory, s)}});
+                        {"peak_allocated_bytes", PeakJson(memory, s)},
+                        {"peak_reserved_bytes", PeakJson(memory, s, true)}});
     }
     nlohmann::ordered_json out;
     out["schedule"] = r.describe;
@@ -225,7 +236,8 @@ int RunSimulate(TrainArgs& a) {
         std::abs(off), off >= 0 ? "above" : "below");
   }
   fmt::print("  {:<5}  {:>10}  {:>10}  {:>7}{}  {:>12}{}\n", "stage", "busy", "idle", "bubble",
-             measured ? "  measured" : "", "peak memory", budget.empty() ? "" : "  budget");
+             measured ? "  measured" : "", "peak memory",
+             budget.empty() ? "" : "      reserved  budget");
   for (size_t s = 0; s < p.ranks.size(); ++s) {
     fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%{}  {:>12}{}\n", s, p.ranks[s].busy_ms,
                p.ranks[s].idle_ms, 100 * p.ranks[s].bubble,
@@ -233,10 +245,12 @@ int RunSimulate(TrainArgs& a) {
                    ? fmt::format("  {:>7.1f}%", 100 * r.measured["stage_bubble"][s].get<double>())
                    : "",
                memory.empty() ? "-" : FormatBytes(memory[s].peak_allocated_bytes),
-               budget.empty() ? ""
-                              : fmt::format("  {}", memory[s].peak_allocated_bytes <= budget[s]
-                                                        ? "fits"
-                                                        : "over " + FormatBytes(budget[s])));
+               budget.empty() || memory.empty()  // the budget bounds reserved bytes
+                   ? ""
+                   : fmt::format("  {:>12}  {}", FormatBytes(memory[s].peak_reserved_bytes),
+                                 memory[s].peak_reserved_bytes <= budget[s]
+                                     ? "fits"
+                                     : "over " + FormatBytes(budget[s])));
   }
   if (!r.memory_note.empty()) fmt::print("  {}\n", r.memory_note);
   if (const std::string note = CoreWaitNote(r); !note.empty()) fmt::print("  note: {}\n", note);

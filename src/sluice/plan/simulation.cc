@@ -78,6 +78,12 @@ int64_t SimulatedSchedule::LargestPeak() const {
   return peak;
 }
 
+int64_t SimulatedSchedule::LargestReservedPeak() const {
+  int64_t peak = memory.empty() ? -1 : 0;
+  for (const StageMemoryForecast& m : memory) peak = std::max(peak, m.peak_reserved_bytes);
+  return peak;
+}
+
 SimulatedSchedule SimulateSchedule(const SimulationRequest& r, const Job& job,
                                    pipeline::ScheduleKind kind) {
   const EngineContext ctx{.config = r.config, .task = *job.task, .model = job.model, .threads = 1};
@@ -132,13 +138,14 @@ ScheduleRanking RankSchedules(const SimulationRequest& request, const Job& job,
     }
     throw InvalidArgument("--compare: no schedule named can be simulated for this job:" + why);
   }
-  // Within the budget first, then the fastest; of equal times, the one needing less memory.
+  // Within the budget first, then the fastest; of equal times, the one needing less memory (in the
+  // reserved bytes the budget bounds).
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const auto& x, const auto& y) {
     if (x.fits != y.fits) return x.fits;
     if (x.prediction.step_ms != y.prediction.step_ms) {
       return x.prediction.step_ms < y.prediction.step_ms;
     }
-    return x.LargestPeak() < y.LargestPeak();
+    return x.LargestReservedPeak() < y.LargestReservedPeak();
   });
   return out;
 }

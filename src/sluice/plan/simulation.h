@@ -66,8 +66,11 @@ struct SimulatedSchedule {
   // drain paid once per run. Empty without post-validation.
   std::optional<pipeline::SteadyState> steady;
 
-  // The largest stage's forecast peak; -1 when memory was not forecast.
+  // The largest stage's forecast peak of allocated bytes; -1 when memory was not forecast.
   int64_t LargestPeak() const;
+  // The largest stage's forecast peak of reserved bytes, what `fits` weighs against the budget;
+  // -1 when memory was not forecast.
+  int64_t LargestReservedPeak() const;
 };
 
 SimulatedSchedule SimulateSchedule(const SimulationRequest& request, const Job& job,

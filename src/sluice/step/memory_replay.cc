@@ -550,6 +550,14 @@ double EstimateWork(const Program& program) {
               static_cast<double>(k);
       continue;
     }
+    if (instr.op->name == "linear_cross_entropy" || instr.op->name == "linear_cross_entropy_grad") {
+      // x [..., C] · w [vocab, C]ᵀ in chunks of tokens: the forward's one GEMM, the gradient's
+      // three (the chunk's logits again, then x's and w's gradients).
+      const double gemm = 2.0 * static_cast<double>(program.type(instr.inputs[2]).shape.numel()) *
+                          static_cast<double>(program.type(instr.inputs[1]).shape.numel());
+      work += instr.op->name == "linear_cross_entropy" ? gemm : 3 * gemm;
+      continue;
+    }
     // Other in-place ops (accumulate: the gradient adds the accumulator always made) count none.
     if (instr.outputs.empty()) continue;
     const TensorType& out = program.type(instr.outputs[0]);

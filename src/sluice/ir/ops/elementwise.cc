@@ -12,6 +12,7 @@
 #include "sluice/kernels/accumulate.h"
 #include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/binary.h"
+#include "sluice/kernels/swiglu.h"
 #include "sluice/kernels/unary.h"
 
 namespace sluice {
@@ -150,6 +151,58 @@ std::vector<Var> ExpVjp(VjpContext& ctx) { return {Mul(ctx.dy(0), ctx.y(0))}; }
 std::vector<Var> LogVjp(VjpContext& ctx) { return {Div(ctx.dy(0), ctx.x(0))}; }
 // d √x = dy / (2·y).
 std::vector<Var> SqrtVjp(VjpContext& ctx) { return {Scale(Div(ctx.dy(0), ctx.y(0)), 0.5)}; }
+
+// ---- SwiGLU: silu(a) · b fused, backward from a and b ----
+
+// a, b (and dy for the gradient): one float dtype, one shape (no broadcasting).
+std::vector<TensorType> InferSwiglu(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::SameFloatDType(in);
+  for (size_t i = 1; i < in.size(); ++i) {
+    if (in[i].shape != in[0].shape) {
+      throw ShapeError(
+          fmt::format("swiglu's operands must have one shape (no broadcasting): {} "
+                      "and {}",
+                      in[0].shape.ToString(), in[i].shape.ToString()));
+    }
+  }
+  return {{t, in[0].shape}};
+}
+
+// dy, a, b -> da, db.
+std::vector<TensorType> InferSwigluGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  TensorType t = InferSwiglu(in, attrs)[0];
+  return {t, t};
+}
+
+template <bool kFast>
+void SwigluKernel(KernelContext& ctx) {
+  const Tensor& a = ctx.inputs[0];
+  DispatchFloat(a.dtype(), "swiglu", [&]<typename T>() {
+    const T *ap = a.data<T>(), *bp = ctx.inputs[1].data<T>();
+    T* y = ctx.outputs[0].data<T>();
+    if constexpr (kFast) {
+      kernels::SwigluFast<T>(ap, bp, y, a.numel());
+    } else {
+      kernels::SwigluReference<T>(ap, bp, y, a.numel());
+    }
+  });
+}
+
+template <bool kFast>
+void SwigluGradKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  DispatchFloat(dy.dtype(), "swiglu_grad", [&]<typename T>() {
+    const T *g = dy.data<T>(), *a = ctx.inputs[1].data<T>(), *b = ctx.inputs[2].data<T>();
+    T *da = ctx.outputs[0].data<T>(), *db = ctx.outputs[1].data<T>();
+    if constexpr (kFast) {
+      kernels::SwigluGradFast<T>(g, a, b, da, db, dy.numel());
+    } else {
+      kernels::SwigluGradReference<T>(g, a, b, da, db, dy.numel());
+    }
+  });
+}
+
+std::vector<Var> SwigluVjp(VjpContext& ctx) { return SwigluGrad(ctx.dy(0), ctx.x(0), ctx.x(1)); }
 
 // ---- Fill, cast, copy ----
 
@@ -323,6 +376,10 @@ Var GeluGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_grad", {dy, x}); 
 Var TanhGrad(Var dy, Var y) { return dy.builder()->Emit1("tanh_grad", {dy, y}); }
 Var SiluGrad(Var dy, Var x) { return dy.builder()->Emit1("silu_grad", {dy, x}); }
 Var GeluErfGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_erf_grad", {dy, x}); }
+Var Swiglu(Var a, Var b) { return a.builder()->Emit1("swiglu", {a, b}); }
+std::vector<Var> SwigluGrad(Var dy, Var a, Var b) {
+  return dy.builder()->Emit("swiglu_grad", {dy, a, b});
+}
 
 Var Full(Builder& b, const Shape& shape, double value, DType dtype) {
   return b.Emit1("full", {},
@@ -395,6 +452,27 @@ void RegisterElementwiseOps(OpRegistry& r) {
                 "natural logarithm");
   RegisterUnary(r, "sqrt", UnaryKernel<kernels::Sqrt<float>, kernels::Sqrt<double>>, nullptr,
                 SqrtVjp, "square root");
+
+  r.Register({.name = "swiglu",
+              .num_inputs = 2,
+              .infer = InferSwiglu,
+              .kernel = SwigluKernel<true>,
+              .reference = SwigluKernel<false>,
+              .vjp = SwigluVjp,
+              .recomputable = true,
+              .doc = "SwiGLU gate silu(a)·b (Llama's MLP); backward recomputes silu from a, so "
+                     "a and b are all it keeps",
+              .signature = {.inputs = {{"a", "float[...]"}, {"b", "float[...]"}},
+                            .outputs = {{"y", "float[...]"}}}});
+  r.Register(
+      {.name = "swiglu_grad",
+       .num_inputs = 3,
+       .infer = InferSwigluGrad,
+       .kernel = SwigluGradKernel<true>,
+       .reference = SwigluGradKernel<false>,
+       .doc = "swiglu gradient: da = dy·b·silu'(a), db = dy·silu(a)",
+       .signature = {.inputs = {{"dy", "float[...]"}, {"a", "float[...]"}, {"b", "float[...]"}},
+                     .outputs = {{"da", "float[...]"}, {"db", "float[...]"}}}});
 
   RegisterUnaryGrad(r, "relu_grad", "s",
                     UnaryGradKernel<kernels::ReluGrad<float>, kernels::ReluGrad<double>>, nullptr,

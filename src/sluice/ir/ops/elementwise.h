@@ -60,6 +60,13 @@ Var GeluErfGrad(Var dy, Var x);
 // dy · (1 − y²) for y = tanh(x). Op "tanh_grad".
 Var TanhGrad(Var dy, Var y);
 
+// SwiGLU's gate, silu(a) · b, a and b of one shape (Llama's MLP: a = x·W1ᵀ, b = x·W3ᵀ). Op
+// "swiglu", recomputable; its VJP, swiglu_grad, recomputes silu(a), so the forward keeps a and b
+// only (silu then mul would keep silu(a) as well).
+Var Swiglu(Var a, Var b);
+// {da, db} = {dy · b · silu'(a), dy · silu(a)}, all one shape. Op "swiglu_grad".
+std::vector<Var> SwigluGrad(Var dy, Var a, Var b);
+
 // A new tensor of `shape` filled with `value`. Op "full", no inputs; attributes shape, value,
 // dtype.
 Var Full(Builder& b, const Shape& shape, double value, DType dtype);

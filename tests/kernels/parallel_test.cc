@@ -278,6 +278,23 @@ TEST_F(ParallelKernels, LossEmbeddingOptimizerAndAttentionAreBitwiseTheSame) {
         return y;
       },
       "attention");
+  // Grouped-query: 3 query entries per key/value entry (batch 6 queries, 2 keys and values), dk
+  // and dv summed over each group.
+  ExpectBitwiseAcrossThreads(
+      [&] {
+        const size_t n = static_cast<size_t>(batch * t * d), nkv = n / 3;
+        std::vector<float> y(n), lse(static_cast<size_t>(batch * t)), grads(n + 2 * nkv);
+        const AttentionLayouts grouped = AttentionLayouts::Contiguous(t, d, 3);
+        CausalAttentionFast(q.data(), k.data(), v.data(), y.data(), lse.data(), batch, t, d, 0.25f,
+                            grouped);
+        CausalAttentionGradFast(dyy.data(), lse.data(), q.data(), k.data(), v.data(), y.data(),
+                                lse.data(), grads.data(), grads.data() + n, grads.data() + n + nkv,
+                                batch, t, d, 0.25f, grouped);
+        y.insert(y.end(), lse.begin(), lse.end());
+        y.insert(y.end(), grads.begin(), grads.end());
+        return y;
+      },
+      "attention, grouped-query");
   // The packed layout (heads side by side in qkv [B, T, 3C] and y [B, T, C]): batch 6 = 2 · 3
   // heads.
   const int64_t heads = 3, c = heads * d, seqs = batch / heads;
@@ -289,10 +306,11 @@ TEST_F(ParallelKernels, LossEmbeddingOptimizerAndAttentionAreBitwiseTheSame) {
         std::vector<float> y(static_cast<size_t>(seqs * t * c)),
             lse(static_cast<size_t>(batch * t)), dqkv(qkv.size());
         const float* q = qkv.data();
-        CausalAttentionFast(q, q + c, q + 2 * c, y.data(), lse.data(), batch, t, d, 0.25f, in, out);
+        CausalAttentionFast(q, q + c, q + 2 * c, y.data(), lse.data(), batch, t, d, 0.25f,
+                            {in, in, out});
         CausalAttentionGradFast(dy_packed.data(), lse.data(), q, q + c, q + 2 * c, y.data(),
                                 lse.data(), dqkv.data(), dqkv.data() + c, dqkv.data() + 2 * c,
-                                batch, t, d, 0.25f, in, out);
+                                batch, t, d, 0.25f, {in, in, out});
         y.insert(y.end(), lse.begin(), lse.end());
         y.insert(y.end(), dqkv.begin(), dqkv.end());
         return y;

@@ -42,6 +42,18 @@ std::vector<OpCase> AttentionCases() {
        .attrs = scale,
        .fills = {wide, wide},
        .grad = false},
+      // Grouped-query attention: k and v with fewer heads (2 query heads per key/value head).
+      {.label = "attention_grouped",
+       .op = "causal_attention",
+       .inputs = {F({2, 4, 5, 4}), F({2, 2, 5, 4}), F({2, 2, 5, 4})},
+       .attrs = scale,
+       .fills = {wide, wide}},
+      {.label = "attention_grouped_one_kv_head_two_tiles",
+       .op = "causal_attention",
+       .inputs = {F({1, 3, 67, 2}), F({1, 1, 67, 2}), F({1, 1, 67, 2})},
+       .attrs = scale,
+       .fills = {wide, wide},
+       .grad_tolerance = 1e-5},
       {.label = "attention_qkv",
        .op = "causal_attention_qkv",
        .inputs = {F({2, 5, 3 * 6})},
@@ -71,6 +83,12 @@ std::vector<OpCase> AttentionCases() {
                   F({2, 3, 5, 4}), F({2, 3, 5})},
        .attrs = scale,
        .grad = false},
+      {.label = "attention_grad_grouped_long",
+       .op = "causal_attention_grad",
+       .inputs = {F({3, long_t, 8}), F({3, long_t}), F({3, long_t, 8}), F({1, long_t, 8}),
+                  F({1, long_t, 8}), F({3, long_t, 8}), F({3, long_t})},
+       .attrs = scale,
+       .grad = false},
       {.label = "attention_grad_long",
        .op = "causal_attention_grad",
        .inputs = {F({2, long_t, 8}), F({2, long_t}), F({2, long_t, 8}), F({2, long_t, 8}),
@@ -92,6 +110,18 @@ std::vector<OpErrorCase> AttentionErrors() {
       {.label = "attention_k_shape",
        .op = "causal_attention",
        .inputs = {F({2, 5, 4}), F({2, 6, 4}), F({2, 5, 4})},
+       .attrs = scale},
+      {.label = "attention_grouped_heads_not_dividing",
+       .op = "causal_attention",
+       .inputs = {F({2, 3, 5, 4}), F({2, 2, 5, 4}), F({2, 2, 5, 4})},
+       .attrs = scale},
+      {.label = "attention_grouped_k_v_differ",
+       .op = "causal_attention",
+       .inputs = {F({2, 4, 5, 4}), F({2, 2, 5, 4}), F({2, 4, 5, 4})},
+       .attrs = scale},
+      {.label = "attention_grouped_other_axis",
+       .op = "causal_attention",
+       .inputs = {F({2, 4, 5, 4}), F({1, 4, 5, 4}), F({1, 4, 5, 4})},
        .attrs = scale},
       {.label = "attention_dtype",
        .op = "causal_attention",
@@ -217,6 +247,54 @@ TEST(CausalAttentionQkv, MatchesSplitTransposeAndCausalAttention) {
     for (int64_t j = 0; j < copies[i].numel(); ++j) {
       EXPECT_NEAR(packed[i].FlatAt(j), copies[i].FlatAt(j),
                   1e-12 * std::max(1.0, std::abs(copies[i].FlatAt(j))))
+          << "output " << i << " at " << j;
+    }
+  }
+}
+
+// Grouped-query attention computes what repeating each key/value head over its group of query
+// heads (repeat_interleave: reshape, broadcast_to, reshape) and then causal_attention computes —
+// output and gradients of q, k and v (dk, dv summed over the group), in f64 with the fast kernels,
+// over two query tiles.
+TEST(CausalAttention, GroupedMatchesRepeatedKeysAndValues) {
+  const int64_t batch = 2, heads = 6, kv_heads = 2, t = kernels::kAttentionQueryTile + 9, d = 4;
+  const int64_t group = heads / kv_heads;
+  const Shape sq{batch, heads, t, d}, skv{batch, kv_heads, t, d};
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  auto run = [&](bool grouped) {
+    Builder b(grouped ? "grouped" : "repeated");
+    Var q = b.Input("q", DType::kF64, sq), k = b.Input("k", DType::kF64, skv),
+        v = b.Input("v", DType::kF64, skv);
+    auto repeat = [&](Var x) {
+      Var wide =
+          BroadcastTo(Reshape(x, {batch, kv_heads, 1, t, d}), Shape{batch, kv_heads, group, t, d});
+      return Reshape(wide, {batch, heads, t, d});
+    };
+    Var y = grouped ? CausalAttention(q, k, v, scale).first
+                    : CausalAttention(q, repeat(k), repeat(v), scale).first;
+    Var w = b.Input("w", DType::kF64, sq);
+    b.Output(b.Name(Sum(y * w), "loss"));
+    Program p = b.Build();
+    Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"q", "k", "v"}});
+    Scope scope;
+    scope.Set("q", Sine(sq, 0.37));
+    scope.Set("k", Sine(skv, 0.91));
+    scope.Set("v", Sine(skv, 0.13));
+    scope.Set("w", Sine(sq, 0.71));
+    RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
+    RunReference(bwd.program, scope);
+    std::vector<Tensor> out = {scope.Get("loss")};
+    for (const std::string& g : bwd.grads) out.push_back(scope.Get(g));
+    return out;
+  };
+  const std::vector<Tensor> repeated = run(false), grouped = run(true);
+  ASSERT_EQ(repeated.size(), 4u);
+  ASSERT_EQ(grouped.size(), 4u);
+  for (size_t i = 0; i < repeated.size(); ++i) {
+    ASSERT_EQ(repeated[i].numel(), grouped[i].numel());
+    for (int64_t j = 0; j < repeated[i].numel(); ++j) {
+      EXPECT_NEAR(grouped[i].FlatAt(j), repeated[i].FlatAt(j),
+                  1e-12 * std::max(1.0, std::abs(repeated[i].FlatAt(j))))
           << "output " << i << " at " << j;
     }
   }

@@ -54,20 +54,20 @@ int64_t Visible(int64_t i, int64_t k0, int64_t kt) {
 
 template <typename T>
 void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
-                              int64_t t, int64_t d, T scale, const AttentionLayout& in,
-                              const AttentionLayout& out) {
+                              int64_t t, int64_t d, T scale, const AttentionLayouts& l) {
   std::vector<T> s(static_cast<size_t>(t));
   for (int64_t b = 0; b < batch; ++b) {
-    const Rows<const T> qb = EntryRows(q, in, b), kb = EntryRows(k, in, b),
-                        vb = EntryRows(v, in, b);
-    const Rows<T> yb = EntryRows(y, out, b);
+    const int64_t f = b / l.group;  // the key/value entry query entry b reads
+    const Rows<const T> qb = EntryRows(q, l.q, b), kb = EntryRows(k, l.kv, f),
+                        vb = EntryRows(v, l.kv, f);
+    const Rows<T> yb = EntryRows(y, l.y, b);
     for (int64_t i = 0; i < t; ++i) {
-      const T l = ScoresAndLse(qb, kb, i, d, scale, s.data());
-      lse[b * t + i] = l;
+      const T lse_i = ScoresAndLse(qb, kb, i, d, scale, s.data());
+      lse[b * t + i] = lse_i;
       T* yi = yb[i];
       std::fill_n(yi, d, T(0));
       for (int64_t j = 0; j <= i; ++j) {
-        const T p = std::exp(s[j] - l);
+        const T p = std::exp(s[j] - lse_i);
         for (int64_t c = 0; c < d; ++c) yi[c] += p * vb[j][c];
       }
     }
@@ -77,28 +77,31 @@ void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, 
 template <typename T>
 void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                                   const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
-                                  int64_t t, int64_t d, T scale, const AttentionLayout& in,
-                                  const AttentionLayout& out) {
+                                  int64_t t, int64_t d, T scale, const AttentionLayouts& l) {
   std::vector<T> s(static_cast<size_t>(t));
-  for (int64_t b = 0; b < batch; ++b) {
-    const Rows<const T> qb = EntryRows(q, in, b), kb = EntryRows(k, in, b),
-                        vb = EntryRows(v, in, b);
-    const Rows<const T> dyb = EntryRows(dy, out, b), yb = EntryRows(y, out, b);
-    const Rows<T> dqb = EntryRows(dq, in, b), dkb = EntryRows(dk, in, b),
-                  dvb = EntryRows(dv, in, b);
+  for (int64_t f = 0; f < batch / l.group; ++f) {  // dk, dv sum over the group: zero them first
+    const Rows<T> dkf = EntryRows(dk, l.kv, f), dvf = EntryRows(dv, l.kv, f);
     for (int64_t i = 0; i < t; ++i) {
-      std::fill_n(dqb[i], d, T(0));
-      std::fill_n(dkb[i], d, T(0));
-      std::fill_n(dvb[i], d, T(0));
+      std::fill_n(dkf[i], d, T(0));
+      std::fill_n(dvf[i], d, T(0));
     }
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t f = b / l.group;
+    const Rows<const T> qb = EntryRows(q, l.q, b), kb = EntryRows(k, l.kv, f),
+                        vb = EntryRows(v, l.kv, f);
+    const Rows<const T> dyb = EntryRows(dy, l.y, b), yb = EntryRows(y, l.y, b);
+    const Rows<T> dqb = EntryRows(dq, l.q, b), dkb = EntryRows(dk, l.kv, f),
+                  dvb = EntryRows(dv, l.kv, f);
+    for (int64_t i = 0; i < t; ++i) std::fill_n(dqb[i], d, T(0));
     for (int64_t i = 0; i < t; ++i) {
       const T* dyi = dyb[i];
       ScoresAndLse(qb, kb, i, d, scale, s.data());  // s[j]; lse is the saved one
-      const T l = lse[b * t + i];
+      const T lse_i = lse[b * t + i];
       // Σ_j p·dp = dy[i]·y[i]; a gradient reaching lse adds p·dlse to ds.
       const T row = Dot(dyi, yb[i], d) - (dlse ? dlse[b * t + i] : T(0));
       for (int64_t j = 0; j <= i; ++j) {
-        const T p = std::exp(s[j] - l);
+        const T p = std::exp(s[j] - lse_i);
         const T dp = Dot(dyi, vb[j], d);
         const T ds = p * (dp - row);
         for (int64_t c = 0; c < d; ++c) {
@@ -130,49 +133,53 @@ T* Scratch(size_t n) {
 
 template <typename T>
 void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
-                         int64_t d, T scale, const AttentionLayout& in,
-                         const AttentionLayout& out) {
+                         int64_t d, T scale, const AttentionLayouts& l) {
   const SimdRowKernels<T>& simd = Simd<T>();
   constexpr int64_t kQ = kAttentionQueryTile, kK = kAttentionKeyChunk;
-  const int64_t ld = in.row_stride, ldy = out.row_stride;
-  // One chunk per batch entry (a head of a sequence): each writes only its own y and lse.
-  ParallelFor(batch, 1, [&](int64_t b_begin, int64_t b_end) {
+  const int64_t ldq = l.q.row_stride, ld = l.kv.row_stride, ldy = l.y.row_stride;
+  // One chunk per key/value entry (a key/value head of a sequence) and its group of query
+  // entries: each writes only its own y and lse, and kᵀ is copied once per key/value head.
+  ParallelFor(batch / l.group, 1, [&](int64_t f_begin, int64_t f_end) {
     const int64_t width = std::min(kK, t);  // the widest key chunk
     T* s = Scratch<T>(static_cast<size_t>(kQ * width + 2 * kQ + d * t));
     T *row_max = s + kQ * width, *row_sum = row_max + kQ, *kt_rows = row_sum + kQ;
-    for (int64_t b = b_begin; b < b_end; ++b) {
-      const T *qb = q + in.Offset(b), *kb = k + in.Offset(b), *vb = v + in.Offset(b);
-      T* yb = y + out.Offset(b);
+    for (int64_t f = f_begin; f < f_end; ++f) {
+      const T *kb = k + l.kv.Offset(f), *vb = v + l.kv.Offset(f);
       simd.transpose(kb, ld, t, d, kt_rows, t);
-      for (int64_t q0 = 0; q0 < t; q0 += kQ) {
-        const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;  // keys [0, keys) are visible
-        T* o = yb + q0 * ldy;  // [qt, d] rows ldy apart: the running, unnormalised output
-        for (int64_t k0 = 0; k0 < keys; k0 += kK) {
-          const int64_t kt = std::min(kK, keys - k0);
-          // s = scale · q[q0 : q0+qt] · k[k0 : k0+kt]ᵀ   [qt, kt]
-          simd.small_gemm(qt, kt, d, scale, qb + q0 * ld, ld, 1, kt_rows + k0, t, T(0), s, kt);
-          for (int64_t r = 0; r < qt; ++r) {
-            T* sr = s + r * kt;
-            const int64_t n = Visible(q0 + r, k0, kt);  // ≥ 1: chunks start at or before q0
-            std::fill(sr + n, sr + kt, T(0));           // keys after the query: p = 0
-            if (k0 == 0) {
-              row_max[r] = simd.row_max(sr, n);
-              row_sum[r] = simd.exp_sum(sr, row_max[r], sr, n);
-              continue;
+      for (int64_t b = f * l.group; b < (f + 1) * l.group; ++b) {
+        const T* qb = q + l.q.Offset(b);
+        T* yb = y + l.y.Offset(b);
+        for (int64_t q0 = 0; q0 < t; q0 += kQ) {
+          const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;  // keys [0, keys) are visible
+          T* o = yb + q0 * ldy;  // [qt, d] rows ldy apart: the running, unnormalised output
+          for (int64_t k0 = 0; k0 < keys; k0 += kK) {
+            const int64_t kt = std::min(kK, keys - k0);
+            // s = scale · q[q0 : q0+qt] · k[k0 : k0+kt]ᵀ   [qt, kt]
+            simd.small_gemm(qt, kt, d, scale, qb + q0 * ldq, ldq, 1, kt_rows + k0, t, T(0), s, kt);
+            for (int64_t r = 0; r < qt; ++r) {
+              T* sr = s + r * kt;
+              const int64_t n = Visible(q0 + r, k0, kt);  // ≥ 1: chunks start at or before q0
+              std::fill(sr + n, sr + kt, T(0));           // keys after the query: p = 0
+              if (k0 == 0) {
+                row_max[r] = simd.row_max(sr, n);
+                row_sum[r] = simd.exp_sum(sr, row_max[r], sr, n);
+                continue;
+              }
+              // Online softmax: a larger max rescales what the row has summed so far.
+              const T m = std::max(row_max[r], simd.row_max(sr, n));
+              const T rescale = std::exp(row_max[r] - m);
+              row_sum[r] = row_sum[r] * rescale + simd.exp_sum(sr, m, sr, n);
+              row_max[r] = m;
+              if (rescale != T(1)) simd.scale_in_place(o + r * ldy, rescale, d);
             }
-            // Online softmax: a larger max rescales what the row has summed so far.
-            const T m = std::max(row_max[r], simd.row_max(sr, n));
-            const T rescale = std::exp(row_max[r] - m);
-            row_sum[r] = row_sum[r] * rescale + simd.exp_sum(sr, m, sr, n);
-            row_max[r] = m;
-            if (rescale != T(1)) simd.scale_in_place(o + r * ldy, rescale, d);
+            // o = p · v[k0 : k0+kt] on the first chunk, o += on the next   [qt, d]
+            simd.small_gemm(qt, d, kt, T(1), s, kt, 1, vb + k0 * ld, ld, T(k0 == 0 ? 0 : 1), o,
+                            ldy);
           }
-          // o = p · v[k0 : k0+kt] on the first chunk, o += on the next   [qt, d]
-          simd.small_gemm(qt, d, kt, T(1), s, kt, 1, vb + k0 * ld, ld, T(k0 == 0 ? 0 : 1), o, ldy);
-        }
-        for (int64_t r = 0; r < qt; ++r) {
-          simd.scale_in_place(o + r * ldy, T(1) / row_sum[r], d);
-          lse[b * t + q0 + r] = row_max[r] + std::log(row_sum[r]);
+          for (int64_t r = 0; r < qt; ++r) {
+            simd.scale_in_place(o + r * ldy, T(1) / row_sum[r], d);
+            lse[b * t + q0 + r] = row_max[r] + std::log(row_sum[r]);
+          }
         }
       }
     }
@@ -182,55 +189,60 @@ void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64
 template <typename T>
 void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                              const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
-                             int64_t t, int64_t d, T scale, const AttentionLayout& in,
-                             const AttentionLayout& out) {
+                             int64_t t, int64_t d, T scale, const AttentionLayouts& l) {
   const SimdRowKernels<T>& simd = Simd<T>();
   constexpr int64_t kQ = kAttentionQueryTile, kK = kAttentionKeyChunk;
-  const int64_t ld = in.row_stride, ldy = out.row_stride;
-  // One chunk per batch entry: each writes only its own dq, dk, dv.
-  ParallelFor(batch, 1, [&](int64_t b_begin, int64_t b_end) {
+  const int64_t ldq = l.q.row_stride, ld = l.kv.row_stride, ldy = l.y.row_stride;
+  // One chunk per key/value entry, its query entries one after the other: each chunk writes only
+  // its own dq and its own dk, dv (which sum over the group).
+  ParallelFor(batch / l.group, 1, [&](int64_t f_begin, int64_t f_end) {
     const int64_t width = std::min(kK, t);  // the widest key chunk
     T* p = Scratch<T>(static_cast<size_t>(2 * kQ * width + t + 2 * d * t));
     T *ds = p + kQ * width, *row = ds + kQ * width, *kt_rows = row + t, *vt_rows = kt_rows + d * t;
-    for (int64_t b = b_begin; b < b_end; ++b) {
-      const int64_t at = in.Offset(b), at_y = out.Offset(b);
-      const T *qb = q + at, *kb = k + at, *vb = v + at, *dyb = dy + at_y, *yb = y + at_y;
-      T *dqb = dq + at, *dkb = dk + at, *dvb = dv + at;
+    for (int64_t f = f_begin; f < f_end; ++f) {
+      const T *kb = k + l.kv.Offset(f), *vb = v + l.kv.Offset(f);
+      T *dkb = dk + l.kv.Offset(f), *dvb = dv + l.kv.Offset(f);
       simd.transpose(kb, ld, t, d, kt_rows, t);
       simd.transpose(vb, ld, t, d, vt_rows, t);
-      // row[i] = dy[i]·y[i] − dlse[i]: what softmax backward subtracts from dp on row i.
-      for (int64_t i = 0; i < t; ++i) {
-        row[i] = simd.row_dot(dyb + i * ldy, yb + i * ldy, d) - (dlse ? dlse[b * t + i] : T(0));
-      }
-      // Query tiles from the last: it sees every key, so its products write dk and dv (beta 0)
-      // and the tiles after add to them — no pass zeroes dq, dk, dv first.
-      const int64_t last = (t - 1) / kQ * kQ;
-      for (int64_t q0 = last; q0 >= 0; q0 -= kQ) {
-        const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;
-        const T first_query_tile = q0 == last ? T(0) : T(1);  // beta of the dk, dv products
-        for (int64_t k0 = 0; k0 < keys; k0 += kK) {
-          const int64_t kt = std::min(kK, keys - k0);
-          // p = e^(s − lse), recomputed from q, k and the saved lse   [qt, kt]
-          simd.small_gemm(qt, kt, d, scale, qb + q0 * ld, ld, 1, kt_rows + k0, t, T(0), p, kt);
-          for (int64_t r = 0; r < qt; ++r) {
-            T* pr = p + r * kt;
-            const int64_t n = Visible(q0 + r, k0, kt);
-            simd.exp_sum(pr, lse[b * t + q0 + r], pr, n);
-            std::fill(pr + n, pr + kt, T(0));
+      for (int64_t b = f * l.group; b < (f + 1) * l.group; ++b) {
+        const T *qb = q + l.q.Offset(b), *dyb = dy + l.y.Offset(b), *yb = y + l.y.Offset(b);
+        T* dqb = dq + l.q.Offset(b);
+        // row[i] = dy[i]·y[i] − dlse[i]: what softmax backward subtracts from dp on row i.
+        for (int64_t i = 0; i < t; ++i) {
+          row[i] = simd.row_dot(dyb + i * ldy, yb + i * ldy, d) - (dlse ? dlse[b * t + i] : T(0));
+        }
+        // Query tiles from the last: it sees every key, so the group's first query entry writes
+        // dk and dv there (beta 0) and every later product adds to them — no pass zeroes dq, dk,
+        // dv first.
+        const int64_t last = (t - 1) / kQ * kQ;
+        for (int64_t q0 = last; q0 >= 0; q0 -= kQ) {
+          const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;
+          // beta of the dk, dv products
+          const T overwrite = q0 == last && b == f * l.group ? T(0) : T(1);
+          for (int64_t k0 = 0; k0 < keys; k0 += kK) {
+            const int64_t kt = std::min(kK, keys - k0);
+            // p = e^(s − lse), recomputed from q, k and the saved lse   [qt, kt]
+            simd.small_gemm(qt, kt, d, scale, qb + q0 * ldq, ldq, 1, kt_rows + k0, t, T(0), p, kt);
+            for (int64_t r = 0; r < qt; ++r) {
+              T* pr = p + r * kt;
+              const int64_t n = Visible(q0 + r, k0, kt);
+              simd.exp_sum(pr, lse[b * t + q0 + r], pr, n);
+              std::fill(pr + n, pr + kt, T(0));
+            }
+            // dv[k0 …] (+)= pᵀ · dy[q0 …]   [kt, d]
+            simd.small_gemm(kt, d, qt, T(1), p, 1, kt, dyb + q0 * ldy, ldy, overwrite,
+                            dvb + k0 * ld, ld);
+            // dp = dy[q0 …] · v[k0 …]ᵀ   [qt, kt], then ds = p · (dp − row)
+            simd.small_gemm(qt, kt, d, T(1), dyb + q0 * ldy, ldy, 1, vt_rows + k0, t, T(0), ds, kt);
+            for (int64_t r = 0; r < qt; ++r) {
+              simd.softmax_grad_row(p + r * kt, ds + r * kt, row[q0 + r], ds + r * kt, kt);
+            }
+            // dq[q0 …] (+)= scale · ds · k[k0 …];  dk[k0 …] (+)= scale · dsᵀ · q[q0 …]
+            simd.small_gemm(qt, d, kt, scale, ds, kt, 1, kb + k0 * ld, ld, T(k0 == 0 ? 0 : 1),
+                            dqb + q0 * ldq, ldq);
+            simd.small_gemm(kt, d, qt, scale, ds, 1, kt, qb + q0 * ldq, ldq, overwrite,
+                            dkb + k0 * ld, ld);
           }
-          // dv[k0 …] (+)= pᵀ · dy[q0 …]   [kt, d]
-          simd.small_gemm(kt, d, qt, T(1), p, 1, kt, dyb + q0 * ldy, ldy, first_query_tile,
-                          dvb + k0 * ld, ld);
-          // dp = dy[q0 …] · v[k0 …]ᵀ   [qt, kt], then ds = p · (dp − row)
-          simd.small_gemm(qt, kt, d, T(1), dyb + q0 * ldy, ldy, 1, vt_rows + k0, t, T(0), ds, kt);
-          for (int64_t r = 0; r < qt; ++r) {
-            simd.softmax_grad_row(p + r * kt, ds + r * kt, row[q0 + r], ds + r * kt, kt);
-          }
-          // dq[q0 …] (+)= scale · ds · k[k0 …];  dk[k0 …] (+)= scale · dsᵀ · q[q0 …]
-          simd.small_gemm(qt, d, kt, scale, ds, kt, 1, kb + k0 * ld, ld, T(k0 == 0 ? 0 : 1),
-                          dqb + q0 * ld, ld);
-          simd.small_gemm(kt, d, qt, scale, ds, 1, kt, qb + q0 * ld, ld, first_query_tile,
-                          dkb + k0 * ld, ld);
         }
       }
     }
@@ -241,31 +253,30 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
 template <typename T>
 void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
                               int64_t t, int64_t d, T scale) {
-  const AttentionLayout l = AttentionLayout::Contiguous(t, d);
-  CausalAttentionReference(q, k, v, y, lse, batch, t, d, scale, l, l);
+  CausalAttentionReference(q, k, v, y, lse, batch, t, d, scale,
+                           AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template <typename T>
 void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
                          int64_t d, T scale) {
-  const AttentionLayout l = AttentionLayout::Contiguous(t, d);
-  CausalAttentionFast(q, k, v, y, lse, batch, t, d, scale, l, l);
+  CausalAttentionFast(q, k, v, y, lse, batch, t, d, scale, AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template <typename T>
 void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                                   const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
                                   int64_t t, int64_t d, T scale) {
-  const AttentionLayout l = AttentionLayout::Contiguous(t, d);
-  CausalAttentionGradReference(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale, l, l);
+  CausalAttentionGradReference(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale,
+                               AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template <typename T>
 void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                              const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
                              int64_t t, int64_t d, T scale) {
-  const AttentionLayout l = AttentionLayout::Contiguous(t, d);
-  CausalAttentionGradFast(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale, l, l);
+  CausalAttentionGradFast(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale,
+                          AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template void CausalAttentionReference<float>(const float*, const float*, const float*, float*,
@@ -274,10 +285,9 @@ template void CausalAttentionFast<float>(const float*, const float*, const float
                                          int64_t, int64_t, int64_t, float);
 template void CausalAttentionReference<float>(const float*, const float*, const float*, float*,
                                               float*, int64_t, int64_t, int64_t, float,
-                                              const AttentionLayout&, const AttentionLayout&);
+                                              const AttentionLayouts&);
 template void CausalAttentionFast<float>(const float*, const float*, const float*, float*, float*,
-                                         int64_t, int64_t, int64_t, float, const AttentionLayout&,
-                                         const AttentionLayout&);
+                                         int64_t, int64_t, int64_t, float, const AttentionLayouts&);
 template void CausalAttentionGradReference<float>(const float*, const float*, const float*,
                                                   const float*, const float*, const float*,
                                                   const float*, float*, float*, float*, int64_t,
@@ -288,12 +298,11 @@ template void CausalAttentionGradFast<float>(const float*, const float*, const f
 template void CausalAttentionGradReference<float>(const float*, const float*, const float*,
                                                   const float*, const float*, const float*,
                                                   const float*, float*, float*, float*, int64_t,
-                                                  int64_t, int64_t, float, const AttentionLayout&,
-                                                  const AttentionLayout&);
+                                                  int64_t, int64_t, float, const AttentionLayouts&);
 template void CausalAttentionGradFast<float>(const float*, const float*, const float*, const float*,
                                              const float*, const float*, const float*, float*,
                                              float*, float*, int64_t, int64_t, int64_t, float,
-                                             const AttentionLayout&, const AttentionLayout&);
+                                             const AttentionLayouts&);
 
 template void CausalAttentionReference<double>(const double*, const double*, const double*, double*,
                                                double*, int64_t, int64_t, int64_t, double);
@@ -301,10 +310,10 @@ template void CausalAttentionFast<double>(const double*, const double*, const do
                                           double*, int64_t, int64_t, int64_t, double);
 template void CausalAttentionReference<double>(const double*, const double*, const double*, double*,
                                                double*, int64_t, int64_t, int64_t, double,
-                                               const AttentionLayout&, const AttentionLayout&);
+                                               const AttentionLayouts&);
 template void CausalAttentionFast<double>(const double*, const double*, const double*, double*,
                                           double*, int64_t, int64_t, int64_t, double,
-                                          const AttentionLayout&, const AttentionLayout&);
+                                          const AttentionLayouts&);
 template void CausalAttentionGradReference<double>(const double*, const double*, const double*,
                                                    const double*, const double*, const double*,
                                                    const double*, double*, double*, double*,
@@ -317,11 +326,10 @@ template void CausalAttentionGradReference<double>(const double*, const double*,
                                                    const double*, const double*, const double*,
                                                    const double*, double*, double*, double*,
                                                    int64_t, int64_t, int64_t, double,
-                                                   const AttentionLayout&, const AttentionLayout&);
+                                                   const AttentionLayouts&);
 template void CausalAttentionGradFast<double>(const double*, const double*, const double*,
                                               const double*, const double*, const double*,
                                               const double*, double*, double*, double*, int64_t,
-                                              int64_t, int64_t, double, const AttentionLayout&,
-                                              const AttentionLayout&);
+                                              int64_t, int64_t, double, const AttentionLayouts&);
 
 }  // namespace sluice::kernels

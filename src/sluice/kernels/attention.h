@@ -19,6 +19,14 @@
 // and y written straight into [B, T, C] (heads side by side, the layout the output projection
 // reads) — so that no split, transpose or concat copies them. lse is always [batch, T].
 //
+// Grouped-query attention (GQA): `group` query heads share one key/value head. q, y, lse and dy
+// have `batch` entries (B·H), k, v, dk and dv batch / group (B·H_kv); query entry e reads
+// key/value entry e / group — with q [B, H, T, D] and k, v [B, H_kv, T, D], H = H_kv · group,
+// query head h of sequence b reads key/value head h / group of b, as repeat_interleave of k and v
+// by group along the heads would give, without the copies. Backward sums dk and dv over the
+// group: the fast kernel runs one key/value entry per chunk and its query entries one after the
+// other, so no two threads write one dk.
+//
 // *Reference: the formulas row by row with std::exp and left-to-right sums, the whole row of p
 // at once. *Fast: tiles of kAttentionQueryTile queries, each against the keys up to its diagonal
 // in chunks of at most kAttentionKeyChunk keys (one chunk for T ≤ 256): s by a small product, an
@@ -31,8 +39,8 @@
 // from the last, which sees every key, so dk and dv need no zeroing pass. Scratch, per thread and
 // kept between calls: 2·T·D + T + 2·kQ·kK elements, never O(T²). Fast agrees with the reference
 // to rounding (sums in another order): relative 1e-5 in f32 on the op tests. The fast kernels run
-// batch entries on the intra-op threads (kernels/parallel.h), one entry per chunk, each writing
-// only its own rows and columns.
+// key/value entries on the intra-op threads (kernels/parallel.h), one per chunk with its group of
+// query entries, each writing only its own rows and columns.
 //
 // Outputs must not alias inputs. Thread-safety: plain functions over caller-owned memory.
 // Failure modes: none (shapes are checked by the op's inference).
@@ -44,7 +52,10 @@
 //   const auto in = kernels::AttentionLayout::Packed(H, T, C, 3 * C);
 //   const auto out = kernels::AttentionLayout::Packed(H, T, C, C);
 //   kernels::CausalAttentionFast<float>(qkv, qkv + C, qkv + 2 * C, y, lse, B * H, T, C / H, scale,
-//                                       in, out);
+//                                       {in, in, out});
+//   // q [B, H, T, D], k, v [B, H / 2, T, D] (two query heads per key/value head)
+//   kernels::CausalAttentionFast<float>(q, k, v, y, lse, B * H, T, D, scale,
+//                                       kernels::AttentionLayouts::Contiguous(T, D, 2));
 #pragma once
 
 #include <cstdint>
@@ -76,20 +87,32 @@ struct AttentionLayout {
   }
 };
 
+// The layouts of one call: q and dq (indexed by query entry), k, v, dk and dv (indexed by
+// key/value entry), y and dy (by query entry), and the query heads per key/value head.
+struct AttentionLayouts {
+  AttentionLayout q, kv, y;
+  int64_t group = 1;
+
+  // q, y [batch, T, D] and k, v [batch / group, T, D], contiguous.
+  static AttentionLayouts Contiguous(int64_t t, int64_t d, int64_t group) {
+    const AttentionLayout l = AttentionLayout::Contiguous(t, d);
+    return {l, l, l, group};
+  }
+};
+
 template <typename T>
 void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
                               int64_t t, int64_t d, T scale);
 template <typename T>
 void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
                          int64_t d, T scale);
-// q, k and v in the layout `in`, y in `out`.
+// The operands where `l` says; batch counts query entries.
 template <typename T>
 void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
-                              int64_t t, int64_t d, T scale, const AttentionLayout& in,
-                              const AttentionLayout& out);
+                              int64_t t, int64_t d, T scale, const AttentionLayouts& l);
 template <typename T>
 void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
-                         int64_t d, T scale, const AttentionLayout& in, const AttentionLayout& out);
+                         int64_t d, T scale, const AttentionLayouts& l);
 
 // dlse may be null (no gradient reaches lse: dlse = 0).
 template <typename T>
@@ -100,16 +123,14 @@ template <typename T>
 void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                              const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
                              int64_t t, int64_t d, T scale);
-// q, k, v, dq, dk and dv in the layout `in`; dy and y in `out`.
+// The operands where `l` says; batch counts query entries.
 template <typename T>
 void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                                   const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
-                                  int64_t t, int64_t d, T scale, const AttentionLayout& in,
-                                  const AttentionLayout& out);
+                                  int64_t t, int64_t d, T scale, const AttentionLayouts& l);
 template <typename T>
 void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                              const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
-                             int64_t t, int64_t d, T scale, const AttentionLayout& in,
-                             const AttentionLayout& out);
+                             int64_t t, int64_t d, T scale, const AttentionLayouts& l);
 
 }  // namespace sluice::kernels

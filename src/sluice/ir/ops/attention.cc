@@ -18,17 +18,32 @@ Shape RowsShape(const Shape& s) {
   return Shape(std::span<const int64_t>(dims));
 }
 
-void RequireQkv(std::span<const TensorType> qkv) {
+// q [..., H, T, D], k and v one shape: q's, or with H_kv heads dividing H (grouped-query
+// attention: H / H_kv query heads per key/value head). Returns that group; throws ShapeError
+// naming what does not fit.
+int64_t RequireQkv(std::span<const TensorType> qkv) {
   const Shape& s = qkv[0].shape;
   if (s.rank() < 2) {
     throw ShapeError(fmt::format("q must be [..., T, D] (rank 2 or more), got {}", s.ToString()));
   }
-  for (size_t i = 1; i < qkv.size(); ++i) {
-    if (qkv[i].shape != s) {
-      throw ShapeError(fmt::format("q, k and v must have one shape: q {}, {} {}", s.ToString(),
-                                   i == 1 ? "k" : "v", qkv[i].shape.ToString()));
-    }
+  const Shape& k = qkv[1].shape;
+  if (qkv[2].shape != k) {
+    throw ShapeError(fmt::format("k and v must have one shape: k {}, v {}", k.ToString(),
+                                 qkv[2].shape.ToString()));
   }
+  if (k == s) return 1;
+  const int64_t r = s.rank();
+  bool fits = r >= 3 && k.rank() == r;
+  for (int64_t i = 0; fits && i < r; ++i) {
+    if (i != r - 3 && k[i] != s[i]) fits = false;
+  }
+  if (!fits || k[r - 3] < 1 || s[r - 3] % k[r - 3] != 0) {
+    throw ShapeError(fmt::format(
+        "k and v must have q's shape {} or, for grouped-query attention, q's shape with fewer "
+        "heads (axis -3) dividing q's; got k {}",
+        s.ToString(), k.ToString()));
+  }
+  return s[r - 3] / k[r - 3];
 }
 
 double Scale(const Attrs& attrs) { return attrs.GetFloat("scale"); }
@@ -61,7 +76,7 @@ std::vector<TensorType> InferAttentionGrad(std::span<const TensorType> in, const
                                    rows.ToString(), s.ToString(), in[i].shape.ToString()));
     }
   }
-  return {{t, s}, {t, s}, {t, s}};
+  return {{t, s}, {t, in[3].shape}, {t, in[3].shape}};
 }
 
 struct Dims {
@@ -73,18 +88,26 @@ Dims AttentionDims(const Shape& s) {
   return {t * d == 0 ? 0 : s.numel() / (t * d), t, d};
 }
 
+// Query heads per key/value head: q [..., H, T, D], k [..., H_kv, T, D] (shapes checked by
+// inference).
+int64_t Group(const Shape& q, const Shape& k) {
+  return q == k ? 1 : q[q.rank() - 3] / k[k.rank() - 3];
+}
+
 template <bool kFast>
 void AttentionKernel(KernelContext& ctx) {
   const Tensor& q = ctx.inputs[0];
   DispatchFloat(q.dtype(), "causal_attention", [&]<typename T>() {
     const Dims n = AttentionDims(q.shape());
+    const kernels::AttentionLayouts l =
+        kernels::AttentionLayouts::Contiguous(n.t, n.d, Group(q.shape(), ctx.inputs[1].shape()));
     const T scale = static_cast<T>(Scale(ctx.attrs));
     const T *qp = q.data<T>(), *kp = ctx.inputs[1].data<T>(), *vp = ctx.inputs[2].data<T>();
     T *y = ctx.outputs[0].data<T>(), *lse = ctx.outputs[1].data<T>();
     if constexpr (kFast) {
-      kernels::CausalAttentionFast<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale);
+      kernels::CausalAttentionFast<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale, l);
     } else {
-      kernels::CausalAttentionReference<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale);
+      kernels::CausalAttentionReference<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale, l);
     }
   });
 }
@@ -94,6 +117,8 @@ void AttentionGradKernel(KernelContext& ctx) {
   const Tensor& q = ctx.inputs[2];
   DispatchFloat(q.dtype(), "causal_attention_grad", [&]<typename T>() {
     const Dims n = AttentionDims(q.shape());
+    const kernels::AttentionLayouts l =
+        kernels::AttentionLayouts::Contiguous(n.t, n.d, Group(q.shape(), ctx.inputs[3].shape()));
     const T scale = static_cast<T>(Scale(ctx.attrs));
     const T* in[7];
     for (int i = 0; i < 7; ++i) in[i] = ctx.inputs[i].data<T>();
@@ -101,10 +126,10 @@ void AttentionGradKernel(KernelContext& ctx) {
       *dv = ctx.outputs[2].data<T>();
     if constexpr (kFast) {
       kernels::CausalAttentionGradFast<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq, dk,
-                                          dv, n.batch, n.t, n.d, scale);
+                                          dv, n.batch, n.t, n.d, scale, l);
     } else {
       kernels::CausalAttentionGradReference<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq,
-                                               dk, dv, n.batch, n.t, n.d, scale);
+                                               dk, dv, n.batch, n.t, n.d, scale, l);
     }
   });
 }
@@ -192,10 +217,10 @@ void AttentionQkvKernel(KernelContext& ctx) {
     T *y = ctx.outputs[0].data<T>(), *lse = ctx.outputs[1].data<T>();
     if constexpr (kFast) {
       kernels::CausalAttentionFast<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d, scale,
-                                      l.in, l.out);
+                                      {l.in, l.in, l.out});
     } else {
       kernels::CausalAttentionReference<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d,
-                                           scale, l.in, l.out);
+                                           scale, {l.in, l.in, l.out});
     }
   });
 }
@@ -214,10 +239,10 @@ void AttentionQkvGradKernel(KernelContext& ctx) {
     T *dk = dq + n.c, *dv = dq + 2 * n.c;
     if constexpr (kFast) {
       kernels::CausalAttentionGradFast<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries, n.t,
-                                          l.d, scale, l.in, l.out);
+                                          l.d, scale, {l.in, l.in, l.out});
     } else {
       kernels::CausalAttentionGradReference<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries,
-                                               n.t, l.d, scale, l.in, l.out);
+                                               n.t, l.d, scale, {l.in, l.in, l.out});
     }
   });
 }
@@ -266,37 +291,40 @@ std::vector<Var> CausalAttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var 
 }
 
 void RegisterAttentionOps(OpRegistry& r) {
-  r.Register({.name = "causal_attention",
-              .num_inputs = 3,
-              .infer = InferAttention,
-              .kernel = AttentionKernel<true>,
-              .reference = AttentionKernel<false>,
-              .vjp = AttentionVjp,
-              .doc = "fused causal self-attention softmax(scale·q·kᵀ, masked)·v; also the "
-                     "log-sum-exp of each row (no [T, T] value is kept)",
-              .signature = {.inputs = {{"q", "float[..., T, D]"},
-                                       {"k", "float[..., T, D]"},
-                                       {"v", "float[..., T, D]"}},
-                            .attrs = {{"scale", "float"}},
-                            .outputs = {{"y", "float[..., T, D]"}, {"lse", "float[..., T]"}}}});
+  r.Register(
+      {.name = "causal_attention",
+       .num_inputs = 3,
+       .infer = InferAttention,
+       .kernel = AttentionKernel<true>,
+       .reference = AttentionKernel<false>,
+       .vjp = AttentionVjp,
+       .doc = "fused causal self-attention softmax(scale·q·kᵀ, masked)·v; also the "
+              "log-sum-exp of each row (no [T, T] value is kept); k and v may have fewer "
+              "heads than q (grouped-query attention: H / H_kv query heads per key/value "
+              "head, read in place)",
+       .signature = {.inputs = {{"q", "float[..., H, T, D]"},
+                                {"k", "float[..., H_kv, T, D]"},
+                                {"v", "float[..., H_kv, T, D]"}},
+                     .attrs = {{"scale", "float"}},
+                     .outputs = {{"y", "float[..., H, T, D]"}, {"lse", "float[..., H, T]"}}}});
   r.Register({.name = "causal_attention_grad",
               .num_inputs = 7,
               .infer = InferAttentionGrad,
               .kernel = AttentionGradKernel<true>,
               .reference = AttentionGradKernel<false>,
               .doc = "causal_attention backward: dq, dk, dv, the probabilities recomputed from q, "
-                     "k and lse tile by tile",
-              .signature = {.inputs = {{"dy", "float[..., T, D]"},
-                                       {"dlse", "float[..., T]"},
-                                       {"q", "float[..., T, D]"},
-                                       {"k", "float[..., T, D]"},
-                                       {"v", "float[..., T, D]"},
-                                       {"y", "float[..., T, D]"},
-                                       {"lse", "float[..., T]"}},
+                     "k and lse tile by tile; dk and dv summed over each key/value head's group",
+              .signature = {.inputs = {{"dy", "float[..., H, T, D]"},
+                                       {"dlse", "float[..., H, T]"},
+                                       {"q", "float[..., H, T, D]"},
+                                       {"k", "float[..., H_kv, T, D]"},
+                                       {"v", "float[..., H_kv, T, D]"},
+                                       {"y", "float[..., H, T, D]"},
+                                       {"lse", "float[..., H, T]"}},
                             .attrs = {{"scale", "float"}},
-                            .outputs = {{"dq", "float[..., T, D]"},
-                                        {"dk", "float[..., T, D]"},
-                                        {"dv", "float[..., T, D]"}}}});
+                            .outputs = {{"dq", "float[..., H, T, D]"},
+                                        {"dk", "float[..., H_kv, T, D]"},
+                                        {"dv", "float[..., H_kv, T, D]"}}}});
   r.Register({.name = "causal_attention_qkv",
               .num_inputs = 1,
               .infer = InferAttentionQkv,

@@ -19,11 +19,15 @@ namespace sluice {
 
 // y = softmax(scale · q·kᵀ, keys after each query hidden) · v, and lse = the log-sum-exp of each
 // row of scale · q·kᵀ over its visible keys. q, k, v [..., T, D] (one shape) -> {y [..., T, D],
-// lse [..., T]}. Op "causal_attention", attribute scale. VJP: causal_attention_grad (q, k and v;
-// a gradient reaching lse is taken into account).
+// lse [..., T]}. Grouped-query attention: k and v [..., H_kv, T, D] with H_kv dividing q's H
+// (axis -3, the rest as q's); query head h reads key/value head h / (H / H_kv), in place — what
+// repeat_interleave of k and v along the heads computes, without the copies. Op
+// "causal_attention", attribute scale. VJP: causal_attention_grad (q, k and v; a gradient reaching
+// lse is taken into account).
 std::pair<Var, Var> CausalAttention(Var q, Var k, Var v, double scale);
-// dy [..., T, D], dlse [..., T], q, k, v, y [..., T, D], lse [..., T] -> {dq, dk, dv} [..., T, D].
-// Op "causal_attention_grad", attribute scale; recomputes the probabilities tile by tile.
+// dy [..., T, D], dlse [..., T], q, k, v, y [..., T, D], lse [..., T] -> {dq, dk, dv} [..., T, D]
+// (with grouped-query k and v, dk and dv have k's shape: the sums over each group). Op
+// "causal_attention_grad", attribute scale; recomputes the probabilities tile by tile.
 std::vector<Var> CausalAttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse,
                                      double scale);
 

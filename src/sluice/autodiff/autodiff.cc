@@ -375,18 +375,36 @@ Program Pruned(const Program& p, const Liveness& liveness) {
 }
 
 // Saved values that the backward program can recompute from values it reads anyway (see
-// GradientSpec::recompute), in forward order.
+// GradientSpec::recompute), in forward order. A saved view (reshape, …) of a recomputable op's
+// output that is not saved itself counts as that output: the backward recomputes the op and takes
+// the view again (an exported `matmul` reads its input through such views).
 // `kept`: forward value -> saved and not dropped.
 std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kept) {
   std::vector<ValueId> chosen;
+  const std::vector<bool> saved = kept;
+  // Whether the producer of `v` is a recomputable op whose inputs the backward has, looking
+  // through views of values that are not saved.
+  auto recomputable = [&](ValueId v) {
+    while (true) {
+      const Value& value = fwd.value(v);
+      if (value.kind != ValueKind::kIntermediate) return false;
+      const Instruction& ins = fwd.instructions().at(value.producer);
+      if (ins.outputs.size() != 1) return false;
+      if (ins.op->kind == OpKind::kView && !ins.op->recomputable) {
+        v = ins.inputs.at(0);
+        if (saved[v]) return false;  // the storage stays anyway: nothing to gain
+        continue;
+      }
+      if (!ins.op->recomputable) return false;
+      return std::all_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId in) {
+        return fwd.value(in).kind == ValueKind::kParam || kept[in];
+      });
+    }
+  };
   for (const Instruction& ins : fwd.instructions()) {
-    if (!ins.op->recomputable || ins.outputs.size() != 1) continue;
+    if (ins.outputs.size() != 1) continue;
     const ValueId out = ins.outputs[0];
-    if (!kept[out]) continue;
-    const bool inputs_available = std::all_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId v) {
-      return fwd.value(v).kind == ValueKind::kParam || kept[v];
-    });
-    if (!inputs_available) continue;
+    if (!kept[out] || !recomputable(out)) continue;
     kept[out] = false;
     chosen.push_back(out);
   }

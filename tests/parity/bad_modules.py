@@ -1,7 +1,8 @@
 """Modules tools/torch_export.py must refuse, each with a clear error and nothing written
 (tests/parity/torch_export_test.py). Each factory is one way a user's module can be wrong, except
-tiny (a valid module the others change) and additive_mask (valid: a mask buffer that is not
-causal becomes a program constant)."""
+tiny (a valid module the others change), additive_mask (valid: a mask buffer that is not
+causal becomes a program constant) and near_misses (valid: patterns the exporter fuses, each
+changed so that it no longer fits, stay written out)."""
 import math
 
 import torch
@@ -85,6 +86,33 @@ class AdditiveMask(nn.Module):
         return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
 
 
+class NearMisses(nn.Module):
+    """Grouped-query attention under a mask that is not causal (no causal_attention: the repeated
+    keys and values are copied), and a SiLU gate by a parameter broadcast over the tokens (not
+    two values of one shape: silu then mul, no swiglu)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.q = nn.Linear(8, 8)
+        self.k = nn.Linear(8, 4)
+        self.v = nn.Linear(8, 4)
+        self.gate = nn.Parameter(torch.randn(8))
+        self.head = nn.Linear(8, 11)
+        self.register_buffer("mask", torch.randn(6, 6))
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        x = self.embed(tokens)
+        q = self.q(x).view(B, T, 2, 4).transpose(1, 2)  # 2 query heads, 1 key/value head
+        k = self.k(x).view(B, T, 1, 4).transpose(1, 2).repeat_interleave(2, dim=1)
+        v = self.v(x).view(B, T, 1, 4).transpose(1, 2).repeat_interleave(2, dim=1)
+        att = F.softmax(q @ k.transpose(-2, -1) / 2.0 + self.mask[:T, :T], dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, 8)
+        x = self.head(F.silu(y) * self.gate)
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
 class NoParameters(nn.Module):
     def forward(self, tokens, targets):
         return (tokens * 0.0).sum()
@@ -118,6 +146,11 @@ def cumulative():
 def additive_mask():
     torch.manual_seed(0)
     return AdditiveMask()
+
+
+def near_misses():
+    torch.manual_seed(0)
+    return NearMisses()
 
 
 def no_parameters():

@@ -69,6 +69,33 @@ class BadInput(unittest.TestCase):
         self.assertIn("slice(%mask) {axis = 0, end = T, start = 0}", text)
         self.assertNotIn("causal_attention", text)  # not causal: the attention stays written out
 
+    def test_the_llama_gate_and_grouped_attention_are_fused(self):
+        result, out = self.export(os.path.join(HERE, "torch_models.py") + ":llama", seq="12")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        # silu(w1(x)) * w3(x) is one swiglu; keys and values keep their 2 heads (no repeat copy)
+        self.assertIn("= swiglu(%layers.0.feed_forward.w1._unsafe_view, "
+                      "%layers.0.feed_forward.w3._unsafe_view)", text)
+        self.assertNotIn("silu(", text)
+        self.assertNotIn("broadcast_to", text)
+        attention = [line for line in text.splitlines() if "causal_attention(" in line]
+        self.assertEqual(len(attention), 2)
+        self.assertIn("%layers.0.attention.bmm: f32[B, 4, T, 8]", attention[0])
+        self.assertIn("= causal_attention(%layers.0.attention.add, %layers.0.attention.add_1, "
+                      "%layers.0.attention.transpose_2)", attention[0])
+        self.assertIn("%layers.0.attention.add_1: f32[B, 2, T, 8] = add(", text)
+
+    def test_near_misses_of_the_fused_patterns_stay_written_out(self):
+        result, out = self.export(f"{MODULES}:near_misses")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertNotIn("swiglu", text)  # the gate broadcasts a parameter: silu, then mul
+        self.assertIn("= silu(", text)
+        self.assertNotIn("causal_attention", text)  # the mask is not causal
+        self.assertEqual(text.count("= broadcast_to("), 2)  # keys and values repeated: copies
+
     def test_a_factory_that_does_not_exist(self):
         self.refused(f"{MODULES}:nope", "bad_modules.py has no function 'nope'")
 

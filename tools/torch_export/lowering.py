@@ -1,12 +1,13 @@
-"""One traced ATen graph to program text (Lowering), and the RMS-norm pattern it fuses."""
+"""One traced ATen graph to program text (Lowering), and the patterns it fuses: RMS norms,
+causal attention, SwiGLU gates."""
 import re
 
 import torch
 import torch.fx as fx
 
 from .errors import ExportError
-from .ops import LOWERINGS, _causal_mask_value
-from .values import DTYPES, Const, Transposed, Val, fmt_attr, fmt_type
+from .ops import LOWERINGS, _causal_mask_value, repeat_copy
+from .values import DTYPES, Const, Repeated, Transposed, Val, fmt_attr, fmt_type
 
 aten = torch.ops.aten
 
@@ -97,6 +98,10 @@ class Lowering:
         """x as a materialised Val (a constant only when it is a uniform tensor)."""
         if isinstance(x, Val):
             return x
+        if isinstance(x, Repeated):
+            if x.materialized is None:
+                x.materialized = repeat_copy(self, x)
+            return x.materialized
         if isinstance(x, Transposed):
             r = len(x.val.shape)
             return self.emit("transpose", [x.val], x.shape, x.dtype, {"dim0": r - 2, "dim1": r - 1})
@@ -193,6 +198,8 @@ class Lowering:
         fused, skipped = find_rms_norms(nodes)
         attentions, attention_parts = find_attentions(nodes)
         skipped |= attention_parts
+        swiglus = find_swiglus(nodes)
+        skipped |= {silu for _, _, silu in swiglus.values()}
         order = {n: i for i, n in enumerate(nodes)}
         last_block = max((i for i, n in enumerate(nodes) if self.unit_for(n) is not None),
                          default=-1)
@@ -230,6 +237,8 @@ class Lowering:
                 self.unit = "head"
             if node in skipped:
                 self.env[node] = None  # inside an RMS norm that `fused` emits whole
+            elif node in swiglus:
+                self.env[node] = self.swiglu(node, *swiglus[node])
             elif node in attentions:
                 self.env[node] = self.attention(node, attentions[node], order)
             elif node in fused:
@@ -271,8 +280,16 @@ class Lowering:
             value = _causal_mask_value(m.tensor, additive) if additive else (
                 float("-inf") if _causal_mask_value(m.tensor, False) else None)
         qv, kv, vv = (self.env.get(n) for n in (q, k, v))
+        # grouped-query keys and values, repeated along the heads (axis -3): read in place
+        if (isinstance(kv, Repeated) and isinstance(vv, Repeated) and isinstance(qv, Val)
+                and len(qv.shape) >= 3 and kv.dim == vv.dim == len(qv.shape) - 3
+                and kv.repeats == vv.repeats and kv.shape == vv.shape == qv.shape
+                and kv.val.shape == vv.val.shape):
+            kv, vv = kv.val, vv.val
         fits = (value == float("-inf") and all(isinstance(x, Val) for x in (qv, kv, vv))
-                and len(qv.shape) >= 3 and qv.shape == kv.shape == vv.shape
+                and len(qv.shape) >= 3 and kv.shape == vv.shape
+                and (qv.shape == kv.shape or qv.shape[:-3] + qv.shape[-2:]
+                     == kv.shape[:-3] + kv.shape[-2:])
                 and list(m.tensor.shape[-2:]) == [qv.shape[-2]] * 2)
         if not fits:
             for n in sorted(parts, key=order.get):
@@ -285,6 +302,20 @@ class Lowering:
         self.emit_multi("causal_attention", [qv, kv, vv], [y, lse], {"scale": float(scale)})
         return self.emit("reshape", [y], list(self.concrete[node].shape), "f32",
                          {"shape": list(self.concrete[node].shape)})
+
+    def swiglu(self, node, a, b, silu):
+        """silu(a) * b as one swiglu (its backward recomputes silu from a, so the forward keeps a
+        and b only); when the operands are not two values of one shape (broadcasting, a
+        constant), silu and mul are lowered one by one after all."""
+        av, bv = self.env.get(a), self.env.get(b)
+        shape = list(self.concrete[node].shape)
+        if (isinstance(av, Val) and isinstance(bv, Val) and av.shape == bv.shape == shape
+                and av.dtype == bv.dtype == "f32"):
+            return self.emit("swiglu", [av, bv], shape, "f32")
+        self.node = silu
+        self.env[silu] = self.lower(silu)
+        self.node = node
+        return self.lower(node)
 
     def lower(self, node, fold=True):
         target = node.target
@@ -355,6 +386,25 @@ def find_rms_norms(nodes):
             if out in fused:
                 break
     return fused, skipped
+
+
+def find_swiglus(nodes):
+    """SwiGLU gates, `F.silu(a) * b` (Llama's MLP), which PyTorch traces as silu then mul:
+    {the mul: (a, b, the silu)} where the silu is read by that mul alone (its value is then
+    needed by nothing else, and one swiglu replaces both)."""
+    def call(n, *targets):
+        return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+    found = {}
+    for out in nodes:
+        if not call(out, aten.mul.Tensor) or len(out.args) != 2:
+            continue
+        for silu, b in (out.args, out.args[::-1]):
+            if (call(silu, aten.silu.default) and list(silu.users) == [out]
+                    and isinstance(b, fx.Node) and b is not silu):
+                found[out] = (silu.args[0], b, silu)
+                break
+    return found
 
 
 _VIEWS = None

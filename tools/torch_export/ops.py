@@ -2,7 +2,7 @@
 (a Val, a Transposed, a Const, or a tuple of those for a node with several outputs)."""
 import torch
 
-from .values import Const, Transposed, Val
+from .values import Const, Repeated, Transposed, Val
 
 aten = torch.ops.aten
 
@@ -319,11 +319,18 @@ def _dropout(L, node, args, kwargs, shape):
 
 
 def _repeat_axis(L, x, dim, repeats, shape):
-    """x with each entry along `dim` repeated `repeats` times in place (repeat_interleave):
-    a new axis of 1 after dim, broadcast to `repeats`, merged back into dim."""
+    """x with each entry along `dim` repeated `repeats` times in place (repeat_interleave), as a
+    Repeated that the first reader materialises (repeat_copy) unless it reads it in place."""
     x = L.val(x)
     if repeats == 1:
         return x
+    return Repeated(x, dim, repeats, shape)
+
+
+def repeat_copy(L, r):
+    """A Repeated materialised: a new axis of 1 after dim, broadcast to `repeats`, merged back
+    into dim."""
+    x, dim, repeats, shape = r.val, r.dim, r.repeats, r.shape
     inner = x.shape[:dim + 1] + [1] + x.shape[dim + 1:]
     wide = x.shape[:dim + 1] + [repeats] + x.shape[dim + 1:]
     y = L.emit("reshape", [x], inner, x.dtype, {"shape": inner}, hint="unsqueeze")

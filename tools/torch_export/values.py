@@ -21,6 +21,18 @@ class Transposed:
         self.dtype = val.dtype
 
 
+class Repeated:
+    """A Val with each entry along `dim` repeated `repeats` times in place (repeat_interleave),
+    not yet materialised: causal_attention reads grouped-query keys and values so, in place;
+    anything else gets the copy (Lowering.val)."""
+
+    def __init__(self, val, dim, repeats, shape):
+        self.val, self.dim, self.repeats = val, dim, repeats
+        self.shape = list(shape)
+        self.dtype = val.dtype
+        self.materialized = None
+
+
 class Const:
     """A value that depends on no input or parameter: folded. `origin` is the graph node that
     computed it; when it derives from a buffer and an instruction needs it as a tensor, that node

@@ -133,6 +133,76 @@ TEST_P(CachingAllocatorRandomTest, BlocksStayDisjointAndStatsExact) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, CachingAllocatorRandomTest, ::testing::Values(1, 2, 3, 2024));
 
+// The bytes of whole pages under the allocated blocks of a snapshot: what a chunk reserves once
+// every free block's pages are returned.
+size_t PagesUnderAllocatedBlocks(const CachingAllocatorSnapshot& snapshot) {
+  size_t bytes = 0;
+  for (const auto& chunk : snapshot.chunks) {
+    size_t covered_to = 0;  // pages below this offset are counted
+    for (const auto& b : chunk.blocks) {
+      if (!b.allocated) continue;
+      const size_t first = std::max(b.offset / kPage * kPage, covered_to);
+      const size_t end = (b.offset + b.size + kPage - 1) / kPage * kPage;
+      if (end > first) bytes += end - first;
+      covered_to = std::max(covered_to, end);
+    }
+  }
+  return bytes;
+}
+
+// Under a reserved budget, random requests: whenever the page spans of the live blocks and the
+// request (PageSpanBytes, what the forecast sums) fit the budget, the request succeeds, whatever
+// the holes; reserved never passes the budget; returned pages are backed again on reuse and no
+// live block's bytes change when its neighbours' pages are returned.
+TEST_P(CachingAllocatorRandomTest, ABudgetHoldsWheneverThePageSpansFit) {
+  const size_t budget = 24 * MiB;
+  CachingAllocator alloc({.max_reserved_bytes = budget});
+  std::mt19937_64 rng(GetParam());
+  std::vector<LiveBlock> live;
+  size_t spans = 0;  // sum of PageSpanBytes over the live blocks
+  uint64_t next_id = 1;
+  int refused = 0, returned = 0;
+  for (int step = 0; step < 4000; ++step) {
+    const bool allocate = live.empty() || std::uniform_int_distribution<int>(0, 99)(rng) < 52;
+    if (allocate) {
+      const size_t bytes = RandomSize(rng);
+      const size_t span = CachingAllocator::PageSpanBytes(bytes);
+      const int64_t returned_before = alloc.Stats().reserved_bytes;
+      try {
+        auto* ptr = static_cast<char*>(alloc.Allocate(bytes));
+        live.push_back({ptr, bytes, next_id++});
+        Fill(live.back());
+        spans += span;
+        returned += alloc.Stats().reserved_bytes < returned_before;
+      } catch (const OutOfMemory& e) {
+        ASSERT_GT(spans + span, budget) << "step " << step << ": " << bytes
+                                        << " bytes refused though the page spans fit: " << e.what();
+        ++refused;
+      }
+    } else {
+      const size_t index = std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
+      const LiveBlock b = live[index];
+      ASSERT_TRUE(Intact(b)) << "block " << b.id << " of " << b.bytes << " bytes was overwritten";
+      live[index] = live.back();
+      live.pop_back();
+      alloc.Deallocate(b.ptr, b.bytes);
+      spans -= CachingAllocator::PageSpanBytes(b.bytes);
+    }
+    const MemoryStats s = alloc.Stats();
+    ASSERT_LE(s.reserved_bytes, static_cast<int64_t>(budget)) << "step " << step;
+    ASSERT_LE(s.peak_reserved_bytes, static_cast<int64_t>(budget)) << "step " << step;
+    if (step % 16 == 0) alloc.CheckInvariants();
+  }
+  // The budget was pressed both ways: pages returned to place requests, requests refused.
+  EXPECT_GT(returned, 0);
+  EXPECT_GT(refused, 0);
+  for (const LiveBlock& b : live) {
+    ASSERT_TRUE(Intact(b)) << "block " << b.id;
+    alloc.Deallocate(b.ptr, b.bytes);
+  }
+  alloc.CheckInvariants();
+}
+
 TEST(CachingAllocator, EveryPointerIsAlignedTo64) {
   CachingAllocator alloc;
   std::vector<std::pair<void*, size_t>> blocks;
@@ -527,6 +597,93 @@ TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
   EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(kPage));
   alloc.Deallocate(small, KiB);
   alloc.CheckInvariants();
+}
+
+// A budget met by holes: the pages inside free blocks go back to the OS (not reserved), the
+// request is placed, and a block placed on returned pages backs them again.
+TEST(CachingAllocator, ABudgetReturnsTheHolesPagesBeforeGrowing) {
+  const size_t q = 256 * KiB;
+  CachingAllocator alloc({.max_reserved_bytes = 4 * q + 64 * KiB});
+  char* a = static_cast<char*>(alloc.Allocate(q));
+  char* b = static_cast<char*>(alloc.Allocate(q));
+  char* c = static_cast<char*>(alloc.Allocate(q));
+  char* d = static_cast<char*>(alloc.Allocate(q));
+  std::memset(b, 0x5b, q);
+  std::memset(d, 0x5d, q);
+  alloc.Deallocate(a, q);
+  alloc.Deallocate(c, q);  // two holes of 256 KiB between live blocks
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * q));
+  // 300 KiB fits no hole and growing would cross the budget: the holes' pages go back first.
+  char* e = static_cast<char*>(alloc.Allocate(300 * KiB));
+  EXPECT_EQ(e, d + q);  // the chunk grew
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(2 * q + 300 * KiB));
+  EXPECT_EQ(alloc.Snapshot().chunks.at(0).returned_bytes, 2 * q);
+  alloc.CheckInvariants();
+  EXPECT_TRUE(std::all_of(b, b + q, [](char x) { return x == 0x5b; }));  // the neighbours keep
+  EXPECT_TRUE(std::all_of(d, d + q, [](char x) { return x == 0x5d; }));  // their bytes
+  // A block placed on a hole backs its pages again: counted at once, written freely.
+  char* again = static_cast<char*>(alloc.Allocate(q));
+  EXPECT_TRUE(again == a || again == c);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(3 * q + 300 * KiB));
+  std::memset(again, 0x7a, q);
+  alloc.CheckInvariants();
+  // The other hole's pages would cross the budget and nothing is left to return: refused, and
+  // nothing changes.
+  const MemoryStats before = alloc.Stats();
+  try {
+    alloc.Allocate(q);
+    FAIL() << "the budget was exceeded";
+  } catch (const OutOfMemory& err) {
+    const std::string message = err.what();
+    EXPECT_NE(message.find("cannot obtain 262144 bytes for a request of 262144 bytes: it would "
+                           "take the reserved bytes over the memory budget"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(alloc.Stats().reserved_bytes, before.reserved_bytes);
+  EXPECT_EQ(alloc.Stats().allocated_bytes, before.allocated_bytes);
+  alloc.CheckInvariants();
+  for (auto [p, n] : {std::pair{again, q}, {b, q}, {d, q}, {e, 300 * KiB}}) alloc.Deallocate(p, n);
+  alloc.CheckInvariants();
+}
+
+// ReleaseCached returns the pages inside free blocks too: reserved is then exactly the pages
+// under allocated blocks, partial pages at a hole's edges included.
+TEST(CachingAllocator, ReleaseCachedReturnsTheHolesPages) {
+  CachingAllocator alloc;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 64; ++i) blocks.push_back(alloc.Allocate(1000));  // 1 KiB blocks
+  for (int i = 0; i < 64; ++i) {
+    if (i % 16 >= 3) alloc.Deallocate(blocks[static_cast<size_t>(i)], 1000);  // keep 3 in 16
+  }
+  const size_t released = alloc.ReleaseCached();
+  const CachingAllocatorSnapshot snapshot = alloc.Snapshot();
+  const size_t under = PagesUnderAllocatedBlocks(snapshot);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(under));
+  EXPECT_EQ(released + under, 16 * kPage);
+  EXPECT_GT(snapshot.chunks.at(0).returned_bytes, 0u);
+  alloc.CheckInvariants();
+  // Placed again on the returned pages: backed again, writable, counted.
+  for (int i = 0; i < 64; ++i) {
+    if (i % 16 >= 3) {
+      blocks[static_cast<size_t>(i)] = alloc.Allocate(1000);
+      std::memset(blocks[static_cast<size_t>(i)], i, 1000);
+    }
+  }
+  EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(16 * kPage));
+  alloc.CheckInvariants();
+  for (void* p : blocks) alloc.Deallocate(p, 1000);
+  EXPECT_EQ(alloc.ReleaseCached(), 16 * kPage);
+  EXPECT_EQ(alloc.Stats().reserved_bytes, 0);
+  alloc.CheckInvariants();
+}
+
+TEST(CachingAllocator, PageSpanBytesIsTheMostPagesABlockCanLieOn) {
+  EXPECT_EQ(CachingAllocator::PageSpanBytes(1), kPage);
+  EXPECT_EQ(CachingAllocator::PageSpanBytes(512), kPage);
+  EXPECT_EQ(CachingAllocator::PageSpanBytes(513), 2 * kPage);  // 1 KiB across a boundary
+  EXPECT_EQ(CachingAllocator::PageSpanBytes(kPage), 2 * kPage);
+  EXPECT_EQ(CachingAllocator::PageSpanBytes(64 * kPage), 65 * kPage);
 }
 
 TEST(CachingAllocator, AllocatedBytesBudgetRefusesAndChangesNothing) {

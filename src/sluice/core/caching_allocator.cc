@@ -81,6 +81,13 @@ void CachingAllocator::ThrowOverBudget(size_t bytes) const {
                   bytes, held + bytes, options_.max_allocated_bytes));
 }
 
+size_t CachingAllocator::PageSpanBytes(size_t bytes) {
+  const size_t page = PageSize();
+  const size_t rounded = RoundUp(bytes, kRoundBytes);
+  // Starting kRoundBytes short of a page boundary, the most it can cross.
+  return RoundUp(rounded + page - kRoundBytes, page);
+}
+
 void* CachingAllocator::Allocate(size_t bytes) { return AllocateBlock(bytes)->ptr; }
 
 CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
@@ -96,12 +103,21 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
     live_->ReserveOneMore();
     Pool& pool = PoolFor(rounded);
     block = pool.FindBestFit(rounded);
+    if (block != nullptr && block->chunk->returned_pages != 0 &&
+        OverReservedBudget(ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false))) {
+      // Backing the block's returned pages would cross the budget: return every free block's
+      // pages first (this one's too), then back what the request covers.
+      ReturnFreePages();
+      const size_t back = ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false);
+      if (OverReservedBudget(back)) ThrowReservedOver(back, bytes, /*error=*/0);
+    }
     if (block != nullptr) {
       pool.Remove(block);
     } else {
       block = Grow(pool, rounded, bytes);
     }
     Split(pool, block, rounded);
+    if (block->chunk->returned_pages != 0) ReturnedUnder(block->chunk, block->ptr, rounded, true);
   } catch (...) {
     allocated_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
     throw;
@@ -122,7 +138,10 @@ CachingAllocator::Block* CachingAllocator::GrowChunk(Pool& pool, size_t rounded)
     // The free tail is in the pool and best fit found nothing: it is smaller than `rounded`.
     const size_t free_tail = tail->allocated ? 0 : tail->size;
     const size_t grow = RoundUp(rounded - free_tail, PageSize());
-    if (c->capacity - c->size < grow || OverReservedBudget(grow)) continue;
+    if (c->capacity - c->size < grow) continue;
+    // The tail's returned pages are backed again too, when the request is placed (AllocateBlock).
+    const size_t back = free_tail == 0 ? 0 : ReturnedUnder(c, tail->ptr, free_tail, false);
+    if (OverReservedBudget(grow + back)) continue;
     const size_t old_size = c->size;
     c->size += grow;
     recorder_.OnGrow(static_cast<int64_t>(grow));
@@ -145,6 +164,67 @@ bool CachingAllocator::OverReservedBudget(size_t more) const {
          static_cast<size_t>(recorder_.stats().reserved_bytes) + more > options_.max_reserved_bytes;
 }
 
+size_t CachingAllocator::ReturnedUnder(Chunk* c, const char* ptr, size_t size, bool back) {
+  if (c->returned_pages == 0) return 0;
+  const auto offset = static_cast<size_t>(ptr - c->base);
+  const size_t page = PageSize();
+  const size_t n = c->CountReturned(offset / page, (offset + size + page - 1) / page, back);
+  if (back && n != 0) recorder_.OnGrow(static_cast<int64_t>(n * page));
+  return n * page;
+}
+
+size_t CachingAllocator::ReturnFreePages() {
+  const size_t page = PageSize();
+  size_t bytes = 0;
+  for (Chunk* c = chunks_; c != nullptr; c = c->next) {
+    for (Block* b = c->first; b != nullptr; b = b->next) {
+      if (b->allocated) continue;
+      const size_t begin = RoundUp(static_cast<size_t>(b->ptr - c->base), page) / page;
+      const size_t end = (static_cast<size_t>(b->ptr - c->base) + b->size) / page;
+      if (begin >= end) continue;
+      if (c->returned.size() * 64 < end) c->returned.resize((end + 63) / 64, 0);
+      // Runs of backed pages, one madvise each.
+      for (size_t p = begin; p < end;) {
+        if (c->Returned(p)) {
+          ++p;
+          continue;
+        }
+        size_t q = p;
+        while (q < end && !c->Returned(q)) {
+          c->returned[q / 64] |= uint64_t{1} << (q % 64);
+          ++q;
+        }
+        if (c->mapped) {
+          const int rc = madvise(c->base + p * page, (q - p) * page, MADV_DONTNEED);
+          SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", (q - p) * page,
+                       std::strerror(errno));
+        }
+        c->returned_pages += q - p;
+        bytes += (q - p) * page;
+        p = q;
+      }
+    }
+  }
+  recorder_.OnShrink(static_cast<int64_t>(bytes));
+  return bytes;
+}
+
+void CachingAllocator::ThrowReservedOver(size_t size, size_t requested, int error) const {
+  const MemoryStats& s = recorder_.stats();
+  const std::string reason =
+      error != 0 ? fmt::format("the OS refused to map it ({})", std::strerror(error))
+                 : fmt::format(
+                       "it would take the reserved bytes over the memory budget "
+                       "(max_reserved_bytes = {})",
+                       options_.max_reserved_bytes);
+  throw OutOfMemory(
+      fmt::format("caching allocator: cannot obtain {} bytes for a request of {} bytes: {}; "
+                  "{} bytes are reserved and {} bytes allocated after returning free memory",
+                  size, requested, reason, s.reserved_bytes,
+                  // AllocateBlock accounted the request before placing it: it is not held.
+                  allocated_.load(std::memory_order_relaxed) - static_cast<int64_t>(requested)));
+}
+
 CachingAllocator::Block* CachingAllocator::Grow(Pool& pool, size_t rounded, size_t requested) {
   const size_t size = RoundUp(rounded, PageSize());
   auto chunk = std::make_unique<Chunk>();  // before mmap, so a failure here leaks no mapping
@@ -157,6 +237,7 @@ CachingAllocator::Block* CachingAllocator::Grow(Pool& pool, size_t rounded, size
     if (attempt == 1) {
       UnmapChunks(DetachFreeChunks());
       TrimFreeTails();
+      ReturnFreePages();
     }
     if (Block* grown = GrowChunk(pool, rounded); grown != nullptr) return grown;
     error = 0;
@@ -175,21 +256,7 @@ CachingAllocator::Block* CachingAllocator::Grow(Pool& pool, size_t rounded, size
       error = errno;
     }
   }
-  if (base == MAP_FAILED) {
-    const MemoryStats& s = recorder_.stats();
-    const std::string reason =
-        error != 0 ? fmt::format("the OS refused to map it ({})", std::strerror(error))
-                   : fmt::format(
-                         "it would take the reserved bytes over the memory budget "
-                         "(max_reserved_bytes = {})",
-                         options_.max_reserved_bytes);
-    throw OutOfMemory(
-        fmt::format("caching allocator: cannot obtain {} bytes for a request of {} bytes: {}; "
-                    "{} bytes are reserved and {} bytes allocated after returning free memory",
-                    size, requested, reason, s.reserved_bytes,
-                    // AllocateBlock accounted the request before mapping: it is not held.
-                    allocated_.load(std::memory_order_relaxed) - static_cast<int64_t>(requested)));
-  }
+  if (base == MAP_FAILED) ThrowReservedOver(size, requested, error);
   *chunk = Chunk{static_cast<char*>(base),
                  size,
                  capacity,
@@ -280,7 +347,7 @@ std::vector<CachingAllocator::Chunk*> CachingAllocator::DetachFreeChunks() {
       (c->prev != nullptr ? c->prev->next : chunks_) = c->next;
       if (c->next != nullptr) c->next->prev = c->prev;
       --num_chunks_;
-      recorder_.OnUnreserve(static_cast<int64_t>(c->size));
+      recorder_.OnUnreserve(static_cast<int64_t>(c->size - c->returned_pages * PageSize()));
       detached.push_back(c);
     }
     c = next;
@@ -296,6 +363,9 @@ size_t CachingAllocator::TrimFreeTails() {
     const size_t keep = RoundUp(static_cast<size_t>(tail->ptr - c->base), PageSize());
     if (keep >= c->size) continue;
     const size_t cut = c->size - keep;
+    // Of them, those returned already are not reserved; the chunk grows into them backed.
+    const size_t returned =
+        c->CountReturned(keep / PageSize(), c->size / PageSize(), /*clear=*/true) * PageSize();
     // The pages stay mapped (the chunk may grow into them again) but their memory goes back.
     if (c->mapped) {
       const int rc = madvise(c->base + keep, cut, MADV_DONTNEED);
@@ -313,8 +383,8 @@ size_t CachingAllocator::TrimFreeTails() {
       pool.Insert(tail);
     }
     c->size = keep;
-    recorder_.OnShrink(static_cast<int64_t>(cut));
-    trimmed += cut;
+    recorder_.OnShrink(static_cast<int64_t>(cut - returned));
+    trimmed += cut - returned;
   }
   return trimmed;
 }
@@ -338,9 +408,9 @@ size_t CachingAllocator::ReleaseCached() {
     MutexLock lock(&mu_);
     if (cache != nullptr) DrainCache(cache, /*retire=*/false);
     detached = DetachFreeChunks();
-    bytes = TrimFreeTails();
+    bytes = TrimFreeTails() + ReturnFreePages();
   }
-  for (const Chunk* c : detached) bytes += c->size;
+  for (const Chunk* c : detached) bytes += c->size - c->returned_pages * PageSize();
   UnmapChunks(detached);
   return bytes;
 }

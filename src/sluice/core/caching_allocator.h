@@ -7,8 +7,8 @@
 //     space each, of which a prefix is in use (the chunk's size, a multiple of the
 //     page size) and tiled by blocks, each either allocated (handed to a caller) or free (cached).
 //     A chunk grows in place into its untouched address space, a page at a time, so reserved
-//     bytes (the sum of the chunks' sizes: the pages a run can have touched) follow the live
-//     bytes closely instead of in steps of whole chunks; the address space beyond costs no memory.
+//     bytes (the pages a run can have touched and not returned) follow the live bytes closely
+//     instead of in steps of whole chunks; the address space beyond costs no memory.
 //   * Rounding: every request is rounded up to a multiple of kRoundBytes (512 B). Chunks are
 //     page-aligned and blocks start at multiples of 512 B inside them, so every pointer is aligned
 //     to kAlignment (64 B), and to 512 B in fact.
@@ -25,7 +25,15 @@
 //     any, is extended to the request, page-rounded); only when no chunk has the address space
 //     left is a new region mapped (a request above region_bytes gets a region of its own size).
 //     If the OS refuses (or the max_reserved_bytes budget would be exceeded), completely free
-//     chunks are returned to the OS and free tails trimmed first, and the growth retried once.
+//     chunks are returned to the OS, free tails trimmed and the pages inside free blocks returned
+//     first, and the growth retried once.
+//   * Returned pages: the whole pages inside a free block can be given back to the OS
+//     (madvise(MADV_DONTNEED): mapped still, no memory behind them) — under a budget when growing
+//     or backing a block would cross it, and in ReleaseCached(). They are not reserved until a
+//     block placed on them backs them again (counted at once; the OS faults them in, zeroed, on
+//     first touch). So after a return, reserved bytes are exactly the pages under allocated blocks,
+//     and a budget on reserved can be honoured whenever those pages fit: at most, per live block of
+//     s rounded bytes, ceil((s + page - 512) / page) pages (PageSpanBytes).
 //   * No heap allocation on the hot path: block descriptors come from a pooled arena and live
 //     pointers are found through an open-addressing hash table; both only grow (rarely) and never
 //     shrink, so a steady state of Allocate/Deallocate allocates nothing.
@@ -47,15 +55,17 @@
 // Statistics: allocated_bytes is the exact sum of the live requests (not rounded) — parked blocks
 // count as freed — kept with peak_allocated_bytes in atomics that both paths update, so they are
 // exact across threads at every moment; reserved_bytes is the sum of the chunks' sizes (their
-// used prefixes, not their address space). num_allocs / num_frees count both paths. num_os_allocs
-// / num_os_frees count region maps and unmaps (growing in place and trimming are not OS calls
-// that map or unmap, and count in reserved_bytes alone). While the
+// used prefixes, not their address space) less their returned pages. num_allocs / num_frees count
+// both paths. num_os_allocs / num_os_frees count region maps and unmaps (growing in place,
+// trimming and returning pages are not OS calls that map or unmap, and count in reserved_bytes
+// alone). While the
 // timeline is on (EnableTimeline), every call takes the locked path, so every event is recorded.
 //
 // Thread-safety: all methods may be called from any thread at the same time. One mutex, mu_, guards
 // the chunks, bins and live map (the fields say GUARDED_BY(mu_), the helpers that need it
 // REQUIRES(mu_); clang checks both). mmap runs under the lock (growth is rare and mapping without
-// touching is cheap); ReleaseCached() unmaps outside it (and trims tails with madvise under it),
+// touching is cheap); ReleaseCached() unmaps outside it (and trims tails and returns pages with
+// madvise under it),
 // the out-of-memory retry in Allocate under it. A thread cache is touched only by its thread,
 // except when the thread exits or the allocator is destroyed: those two meet under one process-wide
 // registry lock (taken before mu_), so a cache is flushed into a live allocator or dropped with a
@@ -66,7 +76,8 @@
 //   * every free block is in exactly the bin of its size, every allocated block (held by a caller
 //     or parked in a thread cache) in the live map;
 //   * allocated_bytes == sum of live requests; reserved_bytes == sum of chunk sizes (each at most
-//     its capacity, a multiple of the page size).
+//     its capacity, a multiple of the page size) less returned pages; a returned page lies inside
+//     the used prefix and under no allocated block.
 //
 // Errors: Allocate throws InvalidArgument for 0 bytes or above kMaxAllocationBytes, and
 // OutOfMemory (naming the request, the chunk and what is held) when no chunk can be mapped or
@@ -105,8 +116,9 @@ struct CachingAllocatorOptions {
   // Address space of one region (a chunk's capacity): a multiple of the page size between 64 KiB
   // and 1 TiB. Only what the chunk grows into counts as reserved.
   size_t region_bytes = size_t{1} << 30;
-  // Upper bound on reserved_bytes (`--memory-budget`, a device-like memory budget): a growth past
-  // it first returns free chunks and tails, then throws OutOfMemory; 0 means only the OS limits it.
+  // Upper bound on reserved_bytes (`--memory-budget`, a device-like memory budget): a growth (or
+  // the backing of returned pages) past it first returns free chunks, tails and the pages inside
+  // free blocks, then throws OutOfMemory; 0 means only the OS limits it.
   size_t max_reserved_bytes = 0;
   // The per-thread fast path (see the top). Off by default: blocks parked in a thread's cache stay
   // allocated in their chunk, so its neighbours cannot coalesce and the chunks grow around them
@@ -132,8 +144,9 @@ struct CachingAllocatorSnapshot {
   };
   struct Chunk {
     uintptr_t base;
-    size_t size;      // reserved: what the blocks tile
-    size_t capacity;  // address space mapped
+    size_t size;            // what the blocks tile
+    size_t capacity;        // address space mapped
+    size_t returned_bytes;  // pages of `size` returned to the OS: reserved is size - returned
     bool small_pool;
     std::vector<Block> blocks;  // in address order, tiling the chunk
   };
@@ -147,6 +160,12 @@ class CachingAllocator final : public Allocator {
   static constexpr size_t kMaxCachedBytes = size_t{64} << 10;
   static constexpr int kThreadCacheDepth = 4;
   static constexpr size_t kMaxThreadCacheBytes = size_t{256} << 10;
+
+  // The most bytes of whole pages a block of `bytes` (rounded to kRoundBytes, placed at any
+  // multiple of kRoundBytes) lies on: what it can hold reserved once free blocks' pages are
+  // returned. A forecast that sums it over the live blocks bounds the reserved bytes under a
+  // budget whatever the order of frees (docs/memory.md, "Reserved bytes").
+  static size_t PageSpanBytes(size_t bytes);
 
   // Throws InvalidArgument when the options are not as documented above.
   explicit CachingAllocator(CachingAllocatorOptions options = {});
@@ -170,9 +189,9 @@ class CachingAllocator final : public Allocator {
   FreeCost free_cost() const override { return FreeCost::kCheap; }
 
   // Returns the calling thread's cached blocks to the bins, then every completely free chunk to
-  // the OS, and the whole free pages at the end of every other chunk (madvise). Chunks holding an
-  // allocated block, or one parked in another thread's cache, stay. Returns the number of
-  // reserved bytes returned.
+  // the OS, the whole free pages at the end of every other chunk and those inside its free blocks
+  // (madvise). Chunks holding an allocated block, or one parked in another thread's cache, stay.
+  // Returns the number of reserved bytes returned.
   size_t ReleaseCached();
   // Returns the calling thread's cached blocks (of this allocator) to the bins.
   void FlushThreadCache();
@@ -217,6 +236,13 @@ class CachingAllocator final : public Allocator {
   // Grows a chunk of `pool` in place; nullptr when none has the room (or the budget).
   Block* GrowChunk(Pool& pool, size_t rounded) REQUIRES(mu_);
   bool OverReservedBudget(size_t more) const REQUIRES(mu_);
+  // The returned bytes (pages) under [ptr, ptr + size) of chunk `c`; with `back`, counts them as
+  // reserved again (a block is being placed on them: they fault in on first touch).
+  size_t ReturnedUnder(Chunk* c, const char* ptr, size_t size, bool back) REQUIRES(mu_);
+  // Gives the whole pages inside every free block back to the OS (madvise), counted as not
+  // reserved until a block placed on them backs them again; returns the bytes.
+  size_t ReturnFreePages() REQUIRES(mu_);
+  [[noreturn]] void ThrowReservedOver(size_t size, size_t requested, int error) const REQUIRES(mu_);
   // Gives the whole free pages at the end of each chunk back to the OS; returns the bytes.
   size_t TrimFreeTails() REQUIRES(mu_);
   void Split(Pool& pool, Block* block, size_t rounded) REQUIRES(mu_);

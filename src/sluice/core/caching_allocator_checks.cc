@@ -1,7 +1,10 @@
 // CachingAllocator's introspection, for tests and debugging output: counts, a Snapshot of every
 // chunk's blocks, and CheckInvariants, which walks every block against the invariants the header
 // lists. Each takes mu_ and changes nothing.
+#include <unistd.h>
+
 #include <atomic>
+#include <bit>
 #include <cstdint>
 
 #include <fmt/format.h>
@@ -42,6 +45,7 @@ CachingAllocatorSnapshot CachingAllocator::Snapshot() const {
     chunk.base = reinterpret_cast<uintptr_t>(c->base);
     chunk.size = c->size;
     chunk.capacity = c->capacity;
+    chunk.returned_bytes = c->returned_pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
     chunk.small_pool = c->small_pool;
     for (const Block* b = c->first; b != nullptr; b = b->next) {
       chunk.blocks.push_back({static_cast<size_t>(b->ptr - c->base), b->size,
@@ -63,7 +67,16 @@ void CachingAllocator::CheckInvariants() const {
     SLUICE_CHECK(c->next == nullptr || c->next->prev == c, "chunk list links broken");
     SLUICE_CHECK(c->first != nullptr && c->first->ptr == c->base && c->first->prev == nullptr,
                  "chunk {} does not start with its first block", fmt::ptr(c->base));
-    reserved += static_cast<int64_t>(c->size);
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    reserved += static_cast<int64_t>(c->size - c->returned_pages * page);
+    size_t returned = 0;
+    for (const uint64_t word : c->returned) returned += static_cast<size_t>(std::popcount(word));
+    SLUICE_CHECK(returned == c->returned_pages, "chunk {}: {} pages returned, counter says {}",
+                 fmt::ptr(c->base), returned, c->returned_pages);
+    for (size_t p = c->size / page; p < c->returned.size() * 64; ++p) {
+      SLUICE_CHECK(!c->Returned(p), "chunk {}: page {} returned past its used {} bytes",
+                   fmt::ptr(c->base), p, c->size);
+    }
     char* expected = c->base;
     for (const Block* b = c->first; b != nullptr; b = b->next) {
       SLUICE_CHECK(b->chunk == c && b->ptr == expected, "block {} is not where its chunk says",
@@ -79,6 +92,11 @@ void CachingAllocator::CheckInvariants() const {
                      "allocated block of {} bytes holds a request of {}", b->size, r);
         SLUICE_CHECK(live_->Find(b->ptr) == b, "allocated block {} missing from the live map",
                      fmt::ptr(b->ptr));
+        const auto offset = static_cast<size_t>(b->ptr - c->base);
+        for (size_t p = offset / page; p * page < offset + b->size; ++p) {
+          SLUICE_CHECK(!c->Returned(p), "allocated block {} lies on returned page {}",
+                       fmt::ptr(b->ptr), p);
+        }
       } else {
         ++num_free[c->small_pool];
         SLUICE_CHECK(b->next == nullptr || b->next->allocated,

@@ -13,6 +13,7 @@
 // alone.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -67,12 +68,15 @@ struct CachingAllocator::Block {
 };
 
 // One OS mapping (a region): `capacity` bytes of address space, of which the first `size` are in
-// use (reserved) and tiled by blocks; the rest is untouched address space the chunk grows into.
-// `first` is the block at `base`; it is never recycled while the chunk lives, because coalescing
-// always keeps the lower-address descriptor. `last` is the block that ends at base + size.
+// use and tiled by blocks; the rest is untouched address space the chunk grows into. Of the used
+// prefix, the pages in `returned` were given back to the OS (madvise) from inside free blocks and
+// are not reserved until a block placed on them backs them again: the chunk reserves
+// size - returned_pages pages. `first` is the block at `base`; it is never recycled while the
+// chunk lives, because coalescing always keeps the lower-address descriptor. `last` is the block
+// that ends at base + size.
 struct CachingAllocator::Chunk {
   char* base;
-  size_t size;      // reserved: a multiple of the page size, at most capacity
+  size_t size;      // in use: a multiple of the page size, at most capacity
   size_t capacity;  // mapped address space
   bool small_pool;
   bool mapped;  // false: an address_space_only allocator's range, never mapped (nothing to unmap)
@@ -80,6 +84,29 @@ struct CachingAllocator::Chunk {
   Block* last;
   Chunk* prev;  // list of all chunks (CachingAllocator::chunks_)
   Chunk* next;
+  // Bit i set: page i of the used prefix is returned. Grown on the first return that needs it;
+  // pages past its end are backed.
+  std::vector<uint64_t> returned = {};
+  size_t returned_pages = 0;  // the bits set
+
+  bool Returned(size_t page) const {
+    return page / 64 < returned.size() && ((returned[page / 64] >> (page % 64)) & 1) != 0;
+  }
+  // The returned pages among pages [first, last): counts them and, with `clear`, backs them.
+  size_t CountReturned(size_t first_page, size_t end_page, bool clear) {
+    size_t n = 0;
+    end_page = std::min(end_page, returned.size() * 64);
+    for (size_t page = first_page; page < end_page;) {
+      const size_t word = page / 64, bit = page % 64;
+      const size_t take = std::min<size_t>(64 - bit, end_page - page);
+      const uint64_t mask = (take == 64 ? ~uint64_t{0} : ((uint64_t{1} << take) - 1)) << bit;
+      n += static_cast<size_t>(std::popcount(returned[word] & mask));
+      if (clear) returned[word] &= ~mask;
+      page += take;
+    }
+    if (clear) returned_pages -= n;
+    return n;
+  }
 };
 
 // The free blocks of one pool: intrusive LIFO lists per size class plus a two-level bitmap of the

@@ -133,17 +133,19 @@ TEST_F(ReservedMemoryCli, TextPlanShowsReservedBytes) {
   EXPECT_NE(r.out.find("reserved"), std::string::npos) << r.out;
 }
 
-// --memory-budget at 0.9× the largest stage's peak (the unbudgeted job's, allocated) trains, with
-// every stage's peak *reserved* within it. (Issue 34 asks 0.75×. At 0.85× the plan fits but a
-// pipeline stage's reserved peak can run a few percent above the forecast's, which replays one
-// order of frees: docs/memory.md, "Reserved bytes", says what is left.)
+// --memory-budget at 0.81× the largest stage's peak (the unbudgeted job's, allocated) trains, with
+// every stage's peak *reserved* within it whatever the order in which the stage threads free: the
+// allocator returns its holes' pages before crossing the budget, and the plan's reserved bytes
+// are the page spans of what a stage holds. (Issue 34 asks 0.75×: stage 0's least allocated peak,
+// --recompute full, is 1.01× that budget; with its page spans 0.8005×. docs/memory.md says what
+// is left.)
 TEST_F(ReservedMemoryCli, ABudgetBoundsEveryStagesReservedPeak) {
   const std::string unbudgeted = fmt::format("{} --data {}", kPipeline, Bytes());
   const nlohmann::json free_run = Train(unbudgeted);
   int64_t largest = 0;
   for (const nlohmann::json& s : Stages(free_run))
     largest = std::max(largest, s["peak_allocated_bytes"].get<int64_t>());
-  const int64_t budget = largest * 90 / 100;
+  const int64_t budget = largest * 81 / 100;
   const std::string job = fmt::format("{} --memory-budget {}", unbudgeted, budget);
   const nlohmann::json plan = Plan(job);
   ASSERT_TRUE(plan["fits"].get<bool>()) << plan.dump();

@@ -52,7 +52,11 @@ MemoryLedger::Id MemoryLedger::Allocate(int64_t bytes, MemoryUse use) {
   s.bytes = bytes;
   s.refs[static_cast<size_t>(use)] = 1;
   s.live = true;
-  if (bytes > 0) s.address = mirror_->AllocateWithToken(static_cast<size_t>(bytes), &s.token);
+  if (bytes > 0) {
+    s.address = mirror_->AllocateWithToken(static_cast<size_t>(bytes), &s.token);
+    spans_ += static_cast<int64_t>(CachingAllocator::PageSpanBytes(static_cast<size_t>(bytes)));
+    peak_spans_ = std::max(peak_spans_, spans_);
+  }
   allocated_ += bytes;
   now_.bytes[static_cast<size_t>(use)] += bytes;
   if (allocated_ > peak_) Snapshot();
@@ -89,6 +93,7 @@ void MemoryLedger::Release(Id id, MemoryUse use) {
   if (s.address != nullptr) {
     mirror_->DeallocateWithToken(s.address, static_cast<size_t>(s.bytes), s.token);
     s.address = nullptr;
+    spans_ -= static_cast<int64_t>(CachingAllocator::PageSpanBytes(static_cast<size_t>(s.bytes)));
   }
   if (auto it = awaiting_reader_.find(id); it != awaiting_reader_.end()) {
     live_[it->second].next_read_in = "freed in " + phase_;
@@ -113,6 +118,7 @@ void MemoryLedger::ResetPeak() {
   FlushCapture();
   peak_ = -1;  // the next Snapshot records the present
   mirror_->ResetPeak();
+  peak_spans_ = spans_;
   armed_ = explaining();
   Snapshot();
 }

@@ -163,6 +163,11 @@ class MemoryLedger {
   // peak since ResetPeak (what the stage's allocator reports as peak_reserved_bytes).
   int64_t reserved() const { return mirror_->Stats().reserved_bytes; }
   int64_t peak_reserved() const { return mirror_->Stats().peak_reserved_bytes; }
+  // The peak since ResetPeak of the page spans of the live storages (CachingAllocator::
+  // PageSpanBytes summed): the reserved bytes an allocator under a budget of at least this holds
+  // at most, in any order of frees that holds no more storages than this replay (it returns the
+  // pages of free blocks before it would cross the budget).
+  int64_t peak_page_spans() const { return peak_spans_; }
   // Restarts the peak from the current bytes (an engine's step start).
   void ResetPeak();
 
@@ -247,7 +252,8 @@ class MemoryLedger {
   std::vector<LiveTensor> live_;                    // captured at the peak
   std::unordered_map<Id, size_t> awaiting_reader_;  // captured storages not yet read: → live_
   int64_t allocated_ = 0, peak_ = 0;
-  MemoryBreakdown now_;  // the allocated bytes by use, now
+  int64_t spans_ = 0, peak_spans_ = 0;  // page spans of the live storages, and their peak
+  MemoryBreakdown now_;                 // the allocated bytes by use, now
   MemoryBreakdown at_peak_;
   std::string phase_, peak_phase_;
   const Program* program_ = nullptr;
@@ -350,7 +356,11 @@ double EstimateWork(const Program& program);
 struct StageMemoryForecast {
   int stage = 0;
   int64_t peak_allocated_bytes = 0;  // predicted: the allocator's peak over a step
-  // Predicted: the allocator's peak reserved bytes over a step (what `--memory-budget` bounds).
+  // Predicted: the allocator's peak reserved bytes over a step (what `--memory-budget` bounds),
+  // the least budget the step is sure to run within. One stage: the replay's own reserved peak,
+  // exact. A pipeline rank, whose frees thread timing orders: the peak page spans of what it
+  // holds (MemoryLedger::peak_page_spans), an upper bound under any budget at least this; a run
+  // without a budget keeps its free blocks' pages and may reserve more.
   int64_t peak_reserved_bytes = 0;
   // Where thread timing decides (a pipeline send completing before or after a compute): the peak
   // if every send completed at once. The measured peak lies in [least, peak]; equal elsewhere.

@@ -183,29 +183,29 @@ size_t CachingAllocator::ReturnFreePages() {
       const size_t end = (static_cast<size_t>(b->ptr - c->base) + b->size) / page;
       if (begin >= end) continue;
       if (c->returned.size() * 64 < end) c->returned.resize((end + 63) / 64, 0);
-      // Runs of backed pages, one madvise each.
+      // Runs of backed pages, one madvise each; the counts follow each run, so that a failure
+      // leaves them exact.
       for (size_t p = begin; p < end;) {
         if (c->Returned(p)) {
           ++p;
           continue;
         }
         size_t q = p;
-        while (q < end && !c->Returned(q)) {
-          c->returned[q / 64] |= uint64_t{1} << (q % 64);
-          ++q;
-        }
+        while (q < end && !c->Returned(q)) ++q;
+        const size_t run = (q - p) * page;
         if (c->mapped) {
-          const int rc = madvise(c->base + p * page, (q - p) * page, MADV_DONTNEED);
-          SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", (q - p) * page,
+          const int rc = madvise(c->base + p * page, run, MADV_DONTNEED);
+          SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", run,
                        std::strerror(errno));
         }
+        for (size_t i = p; i < q; ++i) c->returned[i / 64] |= uint64_t{1} << (i % 64);
         c->returned_pages += q - p;
-        bytes += (q - p) * page;
+        recorder_.OnShrink(static_cast<int64_t>(run));
+        bytes += run;
         p = q;
       }
     }
   }
-  recorder_.OnShrink(static_cast<int64_t>(bytes));
   return bytes;
 }
 

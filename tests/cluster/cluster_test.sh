@@ -9,10 +9,11 @@
 #             the action and the peer, no process is left on any host, the last checkpoint loads;
 #             with the link back, resuming from it gives bitwise the losses of an uninterrupted run.
 #   hostkill  the same with host 3's processes killed outright (SIGKILL).
-#   reshape   a checkpoint of P = 2 × D = 2 on four hosts resumes as P = 1 × D = 2 on two hosts
-#             (bitwise: only P changes) and as P = 4 × D = 1 on four hosts (the same global batch:
-#             within 1e-6); a checkpoint missing a shard, or holding a shard of another step, is
-#             refused on every rank naming the shard, with nothing written.
+#   reshape   a checkpoint of P = 2 × D = 2 with --shard-optimizer on four hosts (the replicas'
+#             state slices gathered) resumes sharded as P = 1 × D = 2 on two hosts (bitwise: only P
+#             changes) and unsharded as P = 4 × D = 1 on four hosts (the same global batch: within
+#             1e-6); a checkpoint missing a shard, or holding a shard of another step, is refused on
+#             every rank naming the shard, with nothing written.
 #   badinput  --data-parallel not dividing the world, ranks started with different options, a host
 #             that does not exist: each a clear error, non-zero exit, nothing written, no process
 #             left behind. (A host that exists but cannot be reached is not here: OpenMPI 4.1's
@@ -176,13 +177,15 @@ case "$mode" in
     ck="$dir/ck.safetensors"
     cluster_mpirun 4 "$sluice" train --comm mpi "${dp[@]}" --steps 4 --metrics "$dir/whole.jsonl" \
       || fail "the uninterrupted run"
-    cluster_mpirun 4 "$sluice" train --comm mpi "${dp[@]}" --steps 2 --save "$ck" \
+    # Sharded optimizer state (bitwise the unsharded run's losses): the replicas' slices are
+    # gathered into each stage's shard.
+    cluster_mpirun 4 "$sluice" train --comm mpi "${dp[@]}" --shard-optimizer --steps 2 --save "$ck" \
       --metrics "$dir/part.jsonl" || fail "the first half"
-    # Only P changes (2 -> 1, D = 2 on two hosts): bit for bit.
+    # Only P changes (2 -> 1, D = 2 on two hosts, the state re-split): bit for bit.
     cluster_mpirun 2 "$sluice" train --comm mpi "${common[@]}" --stages 1 --data-parallel 2 \
-      --steps 4 --resume "$ck" --metrics "$dir/p1.jsonl" || fail "resuming as P=1 x D=2"
+      --shard-optimizer --steps 4 --resume "$ck" --metrics "$dir/p1.jsonl" || fail "resuming as P=1 x D=2"
     compare "$dir/whole.jsonl" "$dir/p1.jsonl" 0 2
-    # D changes too (P = 4 × D = 1 on four hosts), the same global batch: within 1e-6.
+    # D changes too (P = 4 × D = 1 on four hosts, unsharded), the same global batch: within 1e-6.
     cluster_mpirun 4 "$sluice" train --comm mpi "${common[@]}" --stages 4 --data-parallel 1 \
       --steps 4 --resume "$ck" --metrics "$dir/p4.jsonl" || fail "resuming as P=4 x D=1"
     compare "$dir/whole.jsonl" "$dir/p4.jsonl" 1e-6 2

@@ -16,7 +16,10 @@
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/safetensors.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/step/stage_program.h"
+#include "sluice/step/task.h"
 #include "sluice/train/single_stage.h"
+#include "sluice/train/training_checkpoint.h"
 
 namespace sluice {
 namespace {
@@ -171,6 +174,73 @@ TEST(Trainer, CheckpointHoldsWeightsStateAndMetadata) {
   EXPECT_TRUE(c.tensors.count("wte.weight"));
   EXPECT_TRUE(c.tensors.count("h.0.attn.c_attn.weight.exp_avg_sq"));
   EXPECT_TRUE(BitwiseEqual(c.tensors.at("lm_head.weight"), t.Value("lm_head.weight")));
+  std::remove(ckpt.c_str());
+}
+
+// --shard-optimizer: a checkpoint holds the whole optimizer state, and a resume on replica d of D
+// copies elements OptimizerShard(numel, d, D) of each flattened state tensor into its 1-D slice,
+// whatever D wrote the checkpoint; a state tensor of another shape is refused with the whole shape.
+TEST(Trainer, ResumeCopiesEachReplicasSliceOfTheWholeOptimizerState) {
+  const std::string ckpt = Temp("sliced.safetensors");
+  const TrainConfig config = SmallGpt();
+  {
+    Trainer t(config);
+    t.Step();
+    t.Step();
+    t.SaveCheckpoint(ckpt);
+  }
+  const Checkpoint saved = LoadCheckpoint(ckpt);
+  const std::unique_ptr<Task> task = MakeTask(config);
+  const Model model = task->BuildTrain(config.batch / config.microbatches);
+  constexpr int kReplicas = 3;
+  for (int d = 0; d < kReplicas; ++d) {
+    Scope state;
+    for (const ParamSpec& p : model.params) {
+      state.Set(p.name, Tensor::Zeros(p.shape, DType::kF32));
+      const ShardRange r = OptimizerShard(p.shape.numel(), d, kReplicas);
+      for (const std::string& s : OptimizerStateNames(p, config.optimizer))
+        state.Set(s, Tensor::Zeros({r.size()}, DType::kF32));
+    }
+    const TrainingCheckpointInfo info =
+        LoadTrainingCheckpoint(ckpt, LoadKind::kResume, *task, model.params, config, state,
+                               DefaultAllocator(), {.shard = d, .shards = kReplicas});
+    EXPECT_EQ(info.step, 2);
+    int checked = 0;
+    for (const ParamSpec& p : model.params) {
+      EXPECT_TRUE(BitwiseEqual(state.Get(p.name), saved.tensors.at(p.name))) << p.name;
+      const ShardRange r = OptimizerShard(p.shape.numel(), d, kReplicas);
+      for (const std::string& s : OptimizerStateNames(p, config.optimizer)) {
+        const Tensor whole = saved.tensors.at(s).Reshape({p.shape.numel()});
+        EXPECT_TRUE(BitwiseEqual(state.Get(s), whole.Slice(0, r.begin, r.end).Contiguous()))
+            << s << " on replica " << d;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 0);
+  }
+  // A checkpoint holding a slice where the whole tensor belongs (as a per-replica file would).
+  std::map<std::string, Tensor> tensors = saved.tensors;
+  const std::string m = "wte.weight.exp_avg";
+  tensors[m] = Tensor::Zeros({5}, DType::kF32);
+  WriteSafetensors(ckpt, tensors, saved.metadata);
+  Scope state;
+  for (const ParamSpec& p : model.params) {
+    state.Set(p.name, Tensor::Zeros(p.shape, DType::kF32));
+    const ShardRange r = OptimizerShard(p.shape.numel(), 1, 2);
+    for (const std::string& s : OptimizerStateNames(p, config.optimizer))
+      state.Set(s, Tensor::Zeros({r.size()}, DType::kF32));
+  }
+  const Shape wte = saved.tensors.at("wte.weight").shape();
+  try {
+    LoadTrainingCheckpoint(ckpt, LoadKind::kResume, *task, model.params, config, state,
+                           DefaultAllocator(), {.shard = 1, .shards = 2});
+    FAIL() << "a sliced state tensor was loaded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format(
+                  "tensor '{}' is f32[5] but the model needs f32{}", m, wte.ToString())),
+              std::string::npos)
+        << e.what();
+  }
   std::remove(ckpt.c_str());
 }
 

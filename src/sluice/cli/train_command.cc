@@ -194,13 +194,7 @@ int RunTrain(TrainArgs& a) {
                                             c.metrics_path.empty() ? "in the working directory"
                                                                    : "beside the --metrics file")
                               : std::string();
-      if (s.stop_checkpoint.empty() && c.shard_optimizer && s.steps > 0) {
-        fmt::print(stderr,
-                   "sluice: stopped by {} after step {} of {}; no checkpoint: --shard-optimizer "
-                   "state (1/D of it on each replica) is not saved yet, so this run cannot be "
-                   "continued\n",
-                   SignalName(s.stop_signal), s.steps, c.steps);
-      } else if (s.stop_checkpoint.empty()) {
+      if (s.stop_checkpoint.empty()) {
         fmt::print(stderr, "sluice: stopped by {} before the first step; nothing new to save\n",
                    SignalName(s.stop_signal));
       } else {

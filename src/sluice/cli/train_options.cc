@@ -382,13 +382,6 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
           "P*D) or drop --shard-optimizer",
           a->data_parallel));
     }
-    if (a->config.shard_optimizer &&
-        (!a->config.save_path.empty() || !a->config.resume_path.empty())) {
-      throw InvalidArgument(fmt::format(
-          "--shard-optimizer with --{}: checkpoints of sharded optimizer state (1/D of it on each "
-          "replica) are not written or read yet; train without --shard-optimizer to save or resume",
-          a->config.save_path.empty() ? "resume" : "save"));
-    }
     a->microbatches_given = microbatches->count() > 0;
     a->partition_given = partition->count() > 0;
     if (!(a->compute_sleep_ms >= 0 && a->compute_sleep_ms <= 60'000)) {

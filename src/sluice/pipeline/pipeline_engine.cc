@@ -101,6 +101,13 @@ struct PipelineEngine::Impl {
   int replica() const { return world_rank() / options.stages; }
 
   std::vector<StageStep> RunLocal(int64_t step, int64_t first_batch, double lr, bool trace);
+  // Sharded optimizer (ZeRO stage 1), for a checkpoint: the whole optimizer state of the
+  // parameters this stage owns, gathered over the data-parallel communicator from every
+  // replica's slice (`state`: this rank's State()) onto replica 0, in the heap (DefaultAllocator,
+  // outside the stage's allocator and its budget; docs/memory.md says what a save holds).
+  // Replica 0 gets every owned state tensor whole, by name; the other replicas send their slices
+  // and get nothing. Collective over the stage's replicas.
+  std::map<std::string, Tensor> GatherOptimizerState(const std::map<std::string, Tensor>& state);
   StageStep RunDistributed(int64_t step, int64_t first_batch, double lr, bool trace);
   // Adds rank `world_rank`'s step to its report; its idle time is the step's span (StepSpanNs)
   // minus its busy time.
@@ -532,6 +539,50 @@ int PipelineEngine::AgreeOnStop(int mine) {
   return 0;
 }
 
+std::map<std::string, Tensor> PipelineEngine::Impl::GatherOptimizerState(
+    const std::map<std::string, Tensor>& state) {
+  Communicator& data = *options.distributed->data;
+  const int D = data.size();
+  const int me = data.rank();  // the replica: the data communicator is split by replica
+  std::map<std::string, Tensor> whole;
+  std::vector<Request> sends;
+  int tag = 0;
+  for (const std::string& name : owned[stage()]) {
+    const auto spec = std::find_if(params.begin(), params.end(),
+                                   [&](const ParamSpec& p) { return p.name == name; });
+    SLUICE_CHECK(spec != params.end(), "stage {} owns '{}', which the model does not", stage(),
+                 name);
+    const int64_t numel = spec->shape.numel();
+    for (const std::string& o : OptimizerStateNames(*spec, setup.config->optimizer)) {
+      const int t = tag++ % (kMaxTag + 1);
+      const Tensor& slice = state.at(o);
+      if (me != 0) {
+        sends.push_back(data.Isend(slice, 0, t));
+        continue;
+      }
+      // One tensor at a time: its D − 1 slices are received (a receive's buffer is allocated
+      // when it is posted), copied into place and freed before the next tensor's are posted.
+      Tensor full = Tensor::Empty(spec->shape, DType::kF32, DefaultAllocator());
+      const Tensor flat = full.Reshape({numel});
+      const ShardRange mine = OptimizerShard(numel, 0, D);
+      flat.Slice(0, mine.begin, mine.end).CopyFrom(slice);
+      std::vector<Request> receives;
+      for (int r = 1; r < D; ++r) {
+        const ShardRange range = OptimizerShard(numel, r, D);
+        receives.push_back(
+            data.Irecv(r, t, DType::kF32, Shape({range.size()}), DefaultAllocator()));
+      }
+      for (int r = 1; r < D; ++r) {
+        const ShardRange range = OptimizerShard(numel, r, D);
+        flat.Slice(0, range.begin, range.end).CopyFrom(receives[r - 1].Wait());
+      }
+      whole.emplace(o, std::move(full));
+    }
+  }
+  for (Request& s : sends) s.Wait();
+  return whole;
+}
+
 // Distributed: a shard per stage (replica 0's ranks write their own), then the leader's index.
 // Each write is followed by an all-reduce of who failed (it is also the barrier: the index is
 // written once every shard is), so one rank's failure reaches every rank and none waits alone.
@@ -562,16 +613,21 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
       if (failed.data<double>()[w] != 0) ranks.push_back(w);
     return ranks;
   };
+  const std::map<std::string, Tensor> state = State();
+  // A sharded optimizer's slices are gathered whole to replica 0, which writes the stage's shard
+  // as an unsharded run does: the checkpoint is the same whatever D and --shard-optimizer.
+  const std::map<std::string, Tensor> gathered =
+      sharded_optimizer() ? impl.GatherOptimizerState(state) : std::map<std::string, Tensor>();
   if (impl.replica() == 0) {
     std::map<std::string, std::string> shard_metadata = metadata;
     shard_metadata["shard"] = fmt::format("{} of {}", impl.stage(), P);
     try {
       // A tied parameter's copies are equal: the shard of the stage owning it holds it once.
       std::map<std::string, Tensor> shard;
-      const std::map<std::string, Tensor> state = State();
       for (const std::string& p : impl.owned[impl.stage()]) {
         shard.emplace(p, state.at(p));
-        for (const std::string& o : state_names(p)) shard.emplace(o, state.at(o));
+        for (const std::string& o : state_names(p))
+          shard.emplace(o, gathered.empty() ? state.at(o) : gathered.at(o));
       }
       SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P, step), shard, shard_metadata);
     } catch (const IoError& e) {
@@ -612,6 +668,15 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
 }
 
 bool PipelineEngine::distributed() const { return impl_->distributed(); }
+
+bool PipelineEngine::sharded_optimizer() const {
+  return impl_->distributed() && impl_->setup.config->shard_optimizer && impl_->setup.replicas > 1;
+}
+
+OptimizerStateSlice PipelineEngine::optimizer_state_slice() const {
+  if (!sharded_optimizer()) return {};
+  return {.shard = impl_->replica(), .shards = impl_->setup.replicas};
+}
 
 GcMode PipelineEngine::gc_mode() const { return impl_->ranks.front()->gc_mode(); }
 

@@ -18,7 +18,9 @@
 // one rank it is, over MPI communicators, and every step ends with one all-reduce that brings
 // every rank's figures (loss, norm, memory, time) to every process; the leader reports them.
 // Parameters for evaluation are gathered to the leader; checkpoints are a shard per stage
-// (written by replica 0's ranks) and an index written by the leader (io/checkpoint.h).
+// (written by replica 0's ranks) and an index written by the leader (io/checkpoint.h). With a
+// sharded optimizer (`--shard-optimizer`), replica 0 gathers its stage's state slices first, so
+// the shards are those of an unsharded run and resume on any P × D.
 //
 // Records (reports(), and "stages" in the metrics summary): per rank, the peak of its allocator
 // over a step, the bytes released after send completion per step, the in-flight peak (measured,
@@ -97,6 +99,11 @@ class PipelineEngine final : public StepEngine {
   std::vector<StageMemoryForecast> Forecast() const override;
   bool leader() const override;
   bool distributed() const override;
+  // `--shard-optimizer` under MPI with D > 1: each rank's State() holds its replica's slice of
+  // the optimizer state (optimizer_state_slice), and TrySaveCheckpoint gathers the slices whole
+  // to replica 0 before it writes (the checkpoint is the one an unsharded run writes).
+  bool sharded_optimizer() const;
+  OptimizerStateSlice optimizer_state_slice() const override;
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
   std::optional<std::string> TrySaveCheckpoint(
       const std::string& path, const std::map<std::string, std::string>& metadata) override;

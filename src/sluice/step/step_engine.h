@@ -48,6 +48,16 @@ struct StepResult {
   int64_t peak_reserved_bytes = 0;
 };
 
+// Which slice of each parameter's optimizer state an engine keeps: with `--shard-optimizer`
+// (ZeRO stage 1) replica `shard` of `shards` keeps elements OptimizerShard(numel, shard, shards)
+// (step/stage_program.h) of each flattened state tensor; {0, 1}: all of it. Checkpoints always
+// hold the whole state (a sharded engine gathers it at save), so a resume cuts its slice out of
+// them whatever D wrote them.
+struct OptimizerStateSlice {
+  int shard = 0;
+  int shards = 1;
+};
+
 class StepEngine {
  public:
   virtual ~StepEngine() = default;
@@ -102,6 +112,8 @@ class StepEngine {
   // of the world ranks (collective: one all-reduce of a figure per rank), so that every rank stops
   // after the same step even when only one was signalled.
   virtual int AgreeOnStop(int mine) { return mine; }
+  // The slice of the optimizer state State() holds (OptimizerStateSlice).
+  virtual OptimizerStateSlice optimizer_state_slice() const { return {}; }
   // TrySaveCheckpoint, throwing its failure as an IoError.
   void SaveCheckpoint(const std::string& path, const std::map<std::string, std::string>& metadata);
 };

@@ -118,8 +118,9 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::m
                            scope, eval_allocator);
   }
   if (!config.resume_path.empty()) {
-    const TrainingCheckpointInfo resumed = LoadTrainingCheckpoint(
-        config.resume_path, LoadKind::kResume, *task, model.params, config, scope, eval_allocator);
+    const TrainingCheckpointInfo resumed =
+        LoadTrainingCheckpoint(config.resume_path, LoadKind::kResume, *task, model.params, config,
+                               scope, eval_allocator, engine->optimizer_state_slice());
     step = resumed.step;
     data_position = resumed.data_position;
     warnings = resumed.warnings;
@@ -336,10 +337,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       saved_step = impl.step;
     }
   }
-  // A sharded optimizer's state is 1/D on each replica, and such checkpoints are not written yet:
-  // saving replica 0's slices would make a checkpoint that resumes wrong, so none is made (the
-  // CLI says so).
-  if (s.stop_signal != 0 && impl.step > first_step && !c.shard_optimizer) {
+  if (s.stop_signal != 0 && impl.step > first_step) {
     s.stop_checkpoint = StopCheckpointPath(c, impl.step);
     if (saved_step != impl.step || s.stop_checkpoint != c.save_path)
       impl.SaveOrRescue(s.stop_checkpoint);

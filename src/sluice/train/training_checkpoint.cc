@@ -9,6 +9,7 @@
 #include "sluice/core/error.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/nn/optimizer.h"
+#include "sluice/step/stage_program.h"
 
 namespace sluice {
 
@@ -153,7 +154,7 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
                                               const Task& task,
                                               const std::vector<ParamSpec>& params,
                                               const TrainConfig& config, Scope& state,
-                                              Allocator& scratch) {
+                                              Allocator& scratch, OptimizerStateSlice slice) {
   const bool resume = kind == LoadKind::kResume;
   // A sharded checkpoint: read only the shards holding this process's state (a stage's own).
   const Checkpoint ckpt =
@@ -162,11 +163,23 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
   // Every problem in one message, before anything is copied.
   std::vector<std::string> problems;
   std::vector<std::string> expected;  // what this process holds: every parameter, or one stage's
+  // A sharded optimizer's state tensors: the whole shape the checkpoint holds, and this replica's
+  // elements of it (the rest of `expected` is copied whole).
+  struct Sliced {
+    Shape whole;
+    ShardRange range;
+  };
+  std::map<std::string, Sliced> sliced;
   for (const ParamSpec& p : params) {
     if (!state.Has(p.name)) continue;
     expected.push_back(p.name);
-    if (resume) {
-      for (const std::string& s : OptimizerStateNames(p, config.optimizer)) expected.push_back(s);
+    if (!resume) continue;
+    for (const std::string& s : OptimizerStateNames(p, config.optimizer)) {
+      expected.push_back(s);
+      if (slice.shards > 1) {
+        sliced[s] = {.whole = p.shape,
+                     .range = OptimizerShard(p.shape.numel(), slice.shard, slice.shards)};
+      }
     }
   }
   const bool whole_model = std::all_of(params.begin(), params.end(),
@@ -174,13 +187,15 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
   for (const std::string& name : expected) {
     auto it = ckpt.tensors.find(name);
     const Tensor& current = state.Get(name);
+    auto s = sliced.find(name);
+    const Shape& needed = s == sliced.end() ? current.shape() : s->second.whole;
     if (it == ckpt.tensors.end()) {
       problems.push_back(fmt::format("missing tensor '{}' ({}{})", name, Name(current.dtype()),
-                                     current.shape().ToString()));
-    } else if (it->second.shape() != current.shape() || it->second.dtype() != current.dtype()) {
+                                     needed.ToString()));
+    } else if (it->second.shape() != needed || it->second.dtype() != current.dtype()) {
       problems.push_back(fmt::format("tensor '{}' is {}{} but the model needs {}{}", name,
                                      Name(it->second.dtype()), it->second.shape().ToString(),
-                                     Name(current.dtype()), current.shape().ToString()));
+                                     Name(current.dtype()), needed.ToString()));
     }
   }
   for (const auto& [name, t] : ckpt.tensors) {
@@ -255,7 +270,16 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
           path, step, config.steps, step));
     }
   }
-  for (const std::string& name : expected) state.Get(name).CopyFrom(ckpt.tensors.at(name));
+  for (const std::string& name : expected) {
+    const Tensor& source = ckpt.tensors.at(name);
+    auto s = sliced.find(name);
+    if (s == sliced.end()) {
+      state.Get(name).CopyFrom(source);
+    } else {
+      const ShardRange& r = s->second.range;
+      state.Get(name).CopyFrom(source.Reshape({source.numel()}).Slice(0, r.begin, r.end));
+    }
+  }
   return info;
 }
 

@@ -34,6 +34,7 @@
 #include "sluice/core/allocator.h"
 #include "sluice/exec/scope.h"
 #include "sluice/nn/model.h"
+#include "sluice/step/step_engine.h"
 #include "sluice/step/task.h"
 #include "sluice/step/train_config.h"
 
@@ -67,6 +68,10 @@ enum class LoadKind {
 // model's) that `state` holds, with their optimizer state when resuming. Checks everything first
 // and changes nothing when a check fails. Returns where to continue: the checkpoint's step, data
 // position and warnings for kResume; all zero and empty for kInitFrom.
+// With a sharded optimizer (`slice`, StepEngine::optimizer_state_slice: {0, 1} when whole), the
+// optimizer-state tensors of `state` are this replica's 1-D slices: each is checked against the
+// checkpoint's whole tensor (the parameter's shape, as every save writes it) and its slice copied,
+// so a checkpoint resumes on any D, sharded or not, whatever run wrote it.
 // When tensors are missing or mis-shaped, the message leads with the options of the checkpoint's
 // run that differ from this one's (its "config" beside `task`'s: "--layers 4 (this run: 6)") and
 // lists the first tensors, then how many more.
@@ -74,6 +79,6 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
                                               const Task& task,
                                               const std::vector<ParamSpec>& params,
                                               const TrainConfig& config, Scope& state,
-                                              Allocator& scratch);
+                                              Allocator& scratch, OptimizerStateSlice slice = {});
 
 }  // namespace sluice

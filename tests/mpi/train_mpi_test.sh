@@ -81,11 +81,10 @@ def losses(p):
 whole, part, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
 if tol == 0:
     assert part == whole[2:4], (part, whole)
-else:
-    assert len(part) == 2 and len(whole) >= 4, (part, whole)
-    worst = max(abs(x - y) / abs(x) for x, y in zip(whole[2:4], part))
-    print(f"{sys.argv[2]}: max relative difference {worst:.3g} from {sys.argv[1]}")
-    assert worst <= tol, (part, whole)
+assert len(part) == 2 and len(whole) >= 4, (part, whole)
+worst = max(abs(x - y) / abs(x) for x, y in zip(whole[2:4], part))
+print(f"{sys.argv[2]}: max relative difference {worst:.3g} from {sys.argv[1]}")
+assert worst <= tol, (part, whole)
 PY
 }
 

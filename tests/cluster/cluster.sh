@@ -106,12 +106,14 @@ cluster_up() {
 }
 
 # The environment of every cluster job: OpenMPI as root, TCP only (no shared memory: one rank per
-# host), daemons launched by launch_agent.sh one by one (no tree spawn), both channels on the
-# emulated network, and daemons that notice a lost link to mpirun within seconds (TCP keepalive)
-# rather than the kernel's two hours.
+# host), daemons launched by launch_agent.sh one by one (no tree spawn) with ssh's
+# `-o ConnectTimeout` ($CLUSTER_CONNECT_TIMEOUT s, default 5: a host that does not answer fails
+# the launch, as with ssh), both channels on the emulated network, and daemons that notice a lost
+# link to mpirun within seconds (TCP keepalive) rather than the kernel's two hours.
 cluster_env() {
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export OMPI_MCA_plm_rsh_agent="$CLUSTER_DIR/launch_agent.sh"
+  export OMPI_MCA_plm_rsh_args="-o ConnectTimeout=${CLUSTER_CONNECT_TIMEOUT:-5}"
   export OMPI_MCA_plm_rsh_no_tree_spawn=1
   export OMPI_MCA_btl=${OMPI_MCA_btl:-self,tcp}
   export OMPI_MCA_btl_tcp_if_include="$CLUSTER_NET.0/24"

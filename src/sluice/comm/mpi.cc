@@ -189,10 +189,11 @@ enum class Phase { kPending, kCompleted, kFailed };
 // One send or receive (see mpi.h for the three MPI operations it is made of).
 class P2POp final : public InFlight {
  public:
-  P2POp(bool is_send, int rank, int peer, std::string peer_name, int tag, DType dtype,
-        const Shape& shape, Tensor tensor)
+  P2POp(bool is_send, int rank, std::string me, int peer, std::string peer_name, int tag,
+        DType dtype, const Shape& shape, Tensor tensor)
       : is_send(is_send),
         rank(rank),
+        me(std::move(me)),
         peer(peer),
         peer_name(std::move(peer_name)),
         tag(tag),
@@ -201,9 +202,10 @@ class P2POp final : public InFlight {
         tensor(std::move(tensor)),
         mine(Encode(dtype, shape)) {}
 
-  // "rank 0: send f32[2, 3] to rank 1 (tag 5)".
+  // "rank 0: send f32[2, 3] to rank 1 (tag 5)"; "rank 2 (rank 0 of its communicator): ..." on a
+  // communicator of Split (MpiCommShared::Me).
   std::string Describe() const {
-    return fmt::format("rank {}: {} {} {} rank {} (tag {})", rank, is_send ? "send" : "receive",
+    return fmt::format("{}: {} {} {} rank {} (tag {})", me, is_send ? "send" : "receive",
                        DescribeTensor(dtype, shape), is_send ? "to" : "from", peer, tag);
   }
 
@@ -235,6 +237,7 @@ class P2POp final : public InFlight {
 
   const bool is_send;
   const int rank;
+  const std::string me;  // MpiCommShared::Me()
   const int peer;
   const std::string peer_name;  // MpiCommShared::Who(peer)
   const int tag;
@@ -333,6 +336,15 @@ struct MpiCommShared {
                         : fmt::format("rank {} (world rank {} on host {})", r, w, host);
   }
 
+  // This process as a message names it: its world rank, and its rank here when that differs —
+  // "rank 3", or "rank 3 (rank 1 of its communicator)". The world rank is the one the abort line
+  // ("sluice: rank 3 aborts: ...") and mpirun name.
+  std::string Me() const {
+    const int w = rank < static_cast<int>(world_ranks.size()) ? world_ranks[rank] : rank;
+    return w == rank ? fmt::format("rank {}", rank)
+                     : fmt::format("rank {} (rank {} of its communicator)", w, rank);
+  }
+
   ~MpiCommShared() {
     if (MpiFinalized()) return;  // a precondition was broken; nothing can be done safely
     const auto deadline = Clock::now() + timeout;
@@ -398,9 +410,9 @@ struct MpiCommShared {
                       Clock::time_point deadline, milliseconds timeout) {
     if (!PollUntil(deadline, [&] { return op->Progress(); })) {
       const std::string message = fmt::format(
-          "rank {}: {} timed out after {} ms: not every one of the {} ranks of the communicator "
+          "{}: {} timed out after {} ms: not every one of the {} ranks of the communicator "
           "has entered it (its other ranks: {})",
-          rank, what, timeout.count(), size, Others());
+          Me(), what, timeout.count(), size, Others());
       Adopt(op);
       AbortLocally(message);
       throw CommTimeout(message);
@@ -411,7 +423,7 @@ struct MpiCommShared {
   // Gathers every rank's signature and checks that all called the same collective as this one.
   void AgreeOn(const Signature& signature, Clock::time_point deadline, milliseconds timeout) {
     const std::string what = DescribeSignature(signature);
-    CheckAborted(fmt::format("rank {}: {} refused", rank, what));
+    CheckAborted(fmt::format("{}: {} refused", Me(), what));
     Sweep();
     auto op = std::make_shared<CollectiveOp>();
     op->words.resize(kSignatureLength * (1 + size));
@@ -587,17 +599,17 @@ Request MpiCommunicator::DoIsend(const Tensor& tensor, int peer, int tag) {
     Allocator* own = tensor.storage()->allocator();
     source = tensor.Contiguous(own != nullptr ? *own : DefaultAllocator());
   }
-  return Start(shared_,
-               std::make_shared<P2POp>(/*is_send=*/true, shared_->rank, peer, shared_->Who(peer),
-                                       tag, tensor.dtype(), tensor.shape(), std::move(source)));
+  return Start(shared_, std::make_shared<P2POp>(/*is_send=*/true, shared_->rank, shared_->Me(),
+                                                peer, shared_->Who(peer), tag, tensor.dtype(),
+                                                tensor.shape(), std::move(source)));
 }
 
 Request MpiCommunicator::DoIrecv(int peer, int tag, DType dtype, const Shape& shape,
                                  Allocator& allocator) {
   shared_->Sweep();
-  return Start(shared_,
-               std::make_shared<P2POp>(/*is_send=*/false, shared_->rank, peer, shared_->Who(peer),
-                                       tag, dtype, shape, Tensor::Empty(shape, dtype, allocator)));
+  return Start(shared_, std::make_shared<P2POp>(/*is_send=*/false, shared_->rank, shared_->Me(),
+                                                peer, shared_->Who(peer), tag, dtype, shape,
+                                                Tensor::Empty(shape, dtype, allocator)));
 }
 
 void MpiCommunicator::DoBarrier(milliseconds timeout) {

@@ -526,13 +526,20 @@ std::vector<std::string> PipelineEngine::TakeOutputFailures() {
   return std::exchange(impl_->output_failures, {});
 }
 
-int PipelineEngine::AgreeOnStop(int mine) {
+int PipelineEngine::AgreeOnStop(int mine, int64_t next_step) {
   Impl& impl = *impl_;
   if (!impl.distributed()) return mine;
   Communicator& world = *impl.options.distributed->world;
   Tensor requests = Tensor::Zeros({world.size()}, DType::kF64);
   requests.data<double>()[world.rank()] = mine;
-  world.AllReduceSum(requests);
+  try {
+    world.AllReduceSum(requests);
+  } catch (const CommTimeout& e) {  // a rank or its host is gone: say where this one stood
+    throw CommTimeout(fmt::format(
+        "stage {} of replica {}, before step {}, waited for every rank to say whether to stop "
+        "(a signal on any rank): {}",
+        impl.stage(), impl.replica(), next_step + 1, e.what()));
+  }
   for (int w = 0; w < world.size(); ++w) {
     if (const double r = requests.data<double>()[w]; r != 0) return static_cast<int>(r);
   }
@@ -607,7 +614,14 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
   auto agree = [&] {
     Tensor failed = Tensor::Zeros({world.size()}, DType::kF64);
     failed.data<double>()[world.rank()] = mine ? 1 : 0;
-    world.AllReduceSum(failed);
+    try {
+      world.AllReduceSum(failed);
+    } catch (const CommTimeout& e) {  // a rank or its host is gone: say where this one stood
+      throw CommTimeout(fmt::format(
+          "stage {} of replica {} saved checkpoint '{}' of step {} and waited for every rank to "
+          "say whether its part was written: {}",
+          impl.stage(), impl.replica(), path, step, e.what()));
+    }
     std::vector<int> ranks;
     for (int w = 0; w < world.size(); ++w)
       if (failed.data<double>()[w] != 0) ranks.push_back(w);

@@ -107,7 +107,7 @@ class PipelineEngine final : public StepEngine {
   std::map<std::string, Tensor> GatherParams(Allocator& allocator) override;
   std::optional<std::string> TrySaveCheckpoint(
       const std::string& path, const std::map<std::string, std::string>& metadata) override;
-  int AgreeOnStop(int mine) override;
+  int AgreeOnStop(int mine, int64_t next_step) override;
   std::vector<std::string> TakeOutputFailures() override;
   std::string Describe() const override;
   std::vector<std::string> ReportLines() const override;

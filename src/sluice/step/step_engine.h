@@ -108,10 +108,14 @@ class StepEngine {
   // update is done, so the trainer goes on, saves the model, and reports these at the end.
   virtual std::vector<std::string> TakeOutputFailures() { return {}; }
   // The request to stop training this process acts on (a signal number, train/stop_signals.h; 0:
-  // none), given this process's own. One process: `mine`. Distributed: the first non-zero request
-  // of the world ranks (collective: one all-reduce of a figure per rank), so that every rank stops
-  // after the same step even when only one was signalled.
-  virtual int AgreeOnStop(int mine) { return mine; }
+  // none), given this process's own, before step `next_step` (0-based: the steps done so far).
+  // One process: `mine`. Distributed: the first non-zero request of the world ranks (collective:
+  // one all-reduce of a figure per rank), so that every rank stops after the same step even when
+  // only one was signalled; its timeout names the step and the ranks waited for.
+  virtual int AgreeOnStop(int mine, int64_t next_step) {
+    (void)next_step;
+    return mine;
+  }
   // The slice of the optimizer state State() holds (OptimizerStateSlice).
   virtual OptimizerStateSlice optimizer_state_slice() const { return {}; }
   // TrySaveCheckpoint, throwing its failure as an IoError.

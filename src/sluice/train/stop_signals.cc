@@ -34,12 +34,12 @@ extern "C" void OnStopSignal(int signal) {
   if (g_received.compare_exchange_strong(none, signal)) {
     if (signal == SIGINT) {
       WriteStderr(
-          "\nsluice: SIGINT: finishing this step, then saving a checkpoint (send it again to stop "
-          "at once, without one)\n");
+          "\nsluice: SIGINT: finishing this step, then trying to save a checkpoint (send it again "
+          "to stop at once, without one)\n");
     } else {
       WriteStderr(
-          "\nsluice: SIGTERM: finishing this step, then saving a checkpoint (send it again to "
-          "stop at once, without one)\n");
+          "\nsluice: SIGTERM: finishing this step, then trying to save a checkpoint (send it "
+          "again to stop at once, without one)\n");
     }
     return;
   }

@@ -317,7 +317,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   int64_t saved_step = -1;  // the step of the last checkpoint this run wrote
   while (impl.step < c.steps) {
     if (stop) {
-      s.stop_signal = impl.engine->AgreeOnStop(stop());
+      s.stop_signal = impl.engine->AgreeOnStop(stop(), impl.step);
       if (s.stop_signal != 0) break;
     }
     try {

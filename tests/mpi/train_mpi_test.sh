@@ -317,7 +317,7 @@ PY
   profile)
     args=("${small[@]}" --layers 4 --stages 2)
     check_costs() {
-      python3 - "$1" <<'PY' || fail "the costs file $1"
+      python3 - "$@" <<'PY' || fail "the costs file $1"
 import json, sys
 c = json.load(open(sys.argv[1]))
 assert c["format"] == "sluice-step-costs/1" and c["stages"] == 2 and c["split_backward"], c
@@ -330,7 +330,15 @@ assert c["measured"]["steps"] == 3 and len(c["measured"]["stage_bubble"]) == 2, 
 # the norm's all-reduce, joined over the ranks (the shortest of each step's); no shared clock for
 # wake-ups, and no recorded steps (draws replay the in-process profile's)
 assert c["allreduce_ms"] > 0 and c["messages"]["wake_ms"] == 0 and "steps" not in c, c
-print(f"{sys.argv[1]}: F {[r['chunks'][0]['forward_ms'] for r in c['ranks']]} ms")
+# a message's transit between the processes (the ping-pong's one way: a round trip takes time)
+m = c["messages"]
+assert c["measured"]["transit_ping_pong_ms"] > 0 and m["transit_ms"] > 0, (m, c["measured"])
+assert abs(m["transit_ms"] - m["transit_latency_ms"] - m["bytes"] * m["transit_ms_per_byte"]) < 1e-9, m
+# the replicas' gradient all-reduce, with replicas only
+replicas = len(sys.argv) > 2
+assert all((r.get("data_allreduce_ms", 0) > 0) == replicas for r in c["ranks"]), c["ranks"]
+print(f"{sys.argv[1]}: F {[r['chunks'][0]['forward_ms'] for r in c['ranks']]} ms, "
+      f"transit {m['transit_ms']:.3f} ms")
 PY
     }
     mpi 2 "${args[@]}" --schedule zb-h1 --steps 4 --profile-out "$dir/costs.json" || fail "profiled run"
@@ -341,7 +349,7 @@ PY
       || fail "no predicted step"
     mpi 4 "${args[@]}" --schedule zb-h1 --data-parallel 2 --steps 4 --profile-out "$dir/dp.json" \
       || fail "profiled P=2 x D=2"
-    check_costs "$dir/dp.json"
+    check_costs "$dir/dp.json" replicas
     ;;
   signal)
     timeout -k 5 120 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${small[@]}" --layers 4 --stages 2 \

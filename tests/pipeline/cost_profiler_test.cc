@@ -1,9 +1,12 @@
 // The cost profiler: it records each step's computes by micro-batch, measures a stage's bubble
 // over the step's span, keeps stalled steps out of the waits' means, and says nothing of a wait
-// for a core it could not measure; threads sharing one core are seen waiting for it.
+// for a core it could not measure; threads sharing one core are seen waiting for it; the transit
+// of a message is fitted by every neighbour pair of a pipeline, and by no other rank.
 #include "sluice/pipeline/cost_profiler.h"
 
 #include <atomic>
+#include <cmath>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include <sched.h>
 #endif
 
+#include "comm/rank_threads.h"
 #include "sluice/core/clock.h"
 #include "sluice/schedule/schedules.h"
 
@@ -211,6 +215,60 @@ TEST(CostProfiler, ThreadsSharingOneCoreWaitForIt) {
   EXPECT_GE(ThreadCoreWaitNs(), before);
 }
 #endif
+
+// MeasureTransit is collective: every rank of the pipeline takes part, each pair of neighbours
+// ping-pongs (even stages first, then odd), and each rank that pinged its next stage gets a fit —
+// the last stage, and a pipeline of one, none. Ranks are threads here (no network: only the
+// protocol and the fit's signs are checked, never a time).
+TEST(CostProfiler, TransitIsFittedByEveryNeighbourPairAndNoOtherRank) {
+  for (int P : {1, 2, 3, 4}) {
+    LocalWorld world(P, {.timeout = std::chrono::seconds(30)});
+    std::vector<std::optional<TransitFit>> fits(static_cast<size_t>(P));
+    testing::RunRanks(world, [&](int r) { fits[r] = MeasureTransit(world.comm(r), 4096); });
+    for (int r = 0; r < P; ++r) {
+      SCOPED_TRACE(::testing::Message() << "P = " << P << ", rank " << r);
+      ASSERT_EQ(fits[r].has_value(), r + 1 < P);
+      if (!fits[r]) continue;
+      EXPECT_TRUE(std::isfinite(fits[r]->latency_ms) && fits[r]->latency_ms >= 0);
+      EXPECT_TRUE(std::isfinite(fits[r]->ms_per_byte) && fits[r]->ms_per_byte >= 0);
+    }
+  }
+}
+
+// Under MPI the ranks share no clock: each measures its half of a message round trip — the
+// sender of F(m) from posting it until the blocked receive of B(m) returns, the receiver from its
+// blocked receive of F(m) returning until it posts B(m) — and the difference is two transits. A
+// receive that did not block says nothing (the message came before the wait), nor does a rank's
+// half alone.
+TEST(CostProfiler, TransitInTheStepIsHalfTheRoundTripBeyondThePeersTurn) {
+  const Schedule s =
+      MakeSchedule({.kind = ScheduleKind::kOneFOneB, .stages = 2, .micro_batches = 2});
+  CostProfiler profiler(s, nlohmann::json::object());
+  // Messages: (receiving virtual stage · M + m) · 2 + direction. F(m) to stage 1: 4 + 2m;
+  // B(m) to stage 0: 1 + 2m.
+  StageStep lower, upper;
+  lower.sends = {{4, 100, 110}, {6, 2000, 2010}};
+  lower.blocked_receives = {{1, 150, 1100}};  // B(1)'s receive did not block
+  upper.blocked_receives = {{4, 0, 300}, {6, 0, 2400}};
+  upper.sends = {{1, 700, 710}, {3, 2900, 2910}};
+  profiler.AddRank(0, lower, 3000);
+  profiler.AddRank(1, upper, 3000);
+  const std::vector<std::vector<double>>& halves = profiler.RoundTrips();
+  ASSERT_EQ(halves.size(), 2u);  // one per AddRank
+  ASSERT_EQ(halves[0].size(), 4u);
+  EXPECT_EQ(halves[0][0], 1000);          // rank 0: F(0) posted at 100, B(0) back at 1100
+  EXPECT_TRUE(std::isnan(halves[0][1]));  // the upper half is rank 1's
+  EXPECT_TRUE(std::isnan(halves[0][2]));  // B(1)'s receive did not block
+  EXPECT_EQ(halves[1][1], 400);           // rank 1: F(0) at 300, B(0) posted at 700
+  EXPECT_EQ(halves[1][3], 500);           // F(1) at 2400, B(1) posted at 2900
+  std::vector<double> joined(4);
+  for (size_t i = 0; i < joined.size(); ++i)
+    joined[i] = std::isnan(halves[0][i]) ? halves[1][i] : halves[0][i];
+  // Only m = 0 has both halves: (1000 − 400) / 2 ns.
+  ASSERT_TRUE(TransitInStepMs(joined).has_value());
+  EXPECT_DOUBLE_EQ(*TransitInStepMs(joined), 300e-6);
+  EXPECT_FALSE(TransitInStepMs(halves[0]).has_value());  // one rank's halves alone: none
+}
 
 }  // namespace
 }  // namespace sluice::pipeline

@@ -197,6 +197,49 @@ TEST(StepSimulator, RefusesCostsOfAnotherJob) {
           ::testing::HasSubstr("its \"job\" says nothing of \"dim\"")));
 }
 
+// Under MPI: every message arrives (its send completes) the transit after its later post, and OPT
+// starts with the replicas' gradient all-reduce (idle). A costs file round-trips both; one
+// without them (in-process, or written before) reads 0.
+TEST(StepSimulator, TransitAndTheReplicasAllReduceGiveTheHandComputedMakespan) {
+  const Schedule s =
+      FromText({.micro_batches = 1,
+                .ranks = {"F0 SEND_F0>1 RECV_B0<1 B0 OPT", "RECV_F0<0 F0 B0 SEND_B0>0 OPT"}});
+  StepCosts c = HandCosts();
+  c.message_bytes = 1000;
+  c.transit_latency_ms = 0.25;
+  c.transit_ms_per_byte = 0.00025;  // 0.25 + 1000 × 0.00025: 0.5 per message
+  c.ranks[0].data_allreduce_ms = 0.7;
+  c.ranks[1].data_allreduce_ms = 0.3;
+  EXPECT_DOUBLE_EQ(TransitMs(c), 0.5);
+  // As MeasuredCostsGiveTheHandComputedMakespan, but the F message, copied at 1.3, arrives at
+  // 1.8: rank 1's F 1.8 → 4.8, B + W → 9.3, SEND_B posts (→ 9.4) and copies (→ 9.6): arrives at
+  // 10.1; its OPT: the replicas' all-reduce → 9.9, the first half → 10.2. Rank 0: B 10.1 → 12.6,
+  // the replicas' all-reduce → 13.3, OPT's first half → 13.6; the update → 13.8 on both.
+  for (const StepCosts& costs :
+       {c, CostsFromJson(nlohmann::json::parse(CostsToJson(c).dump()), "file")}) {
+    const StepPrediction p = SimulateStep(s, costs);
+    EXPECT_NEAR(p.makespan_ms, 13.8, 1e-12);
+    EXPECT_NEAR(p.ranks[0].busy_ms, 4.0, 1e-12);  // the all-reduce is idle
+    const StepPrediction reference = SimulateStep(s, costs, {.in_event_order = true});
+    EXPECT_EQ(p.makespan_ms, reference.makespan_ms);
+  }
+  const nlohmann::json file = nlohmann::json::parse(CostsToJson(c).dump());
+  EXPECT_DOUBLE_EQ(file["messages"]["transit_ms"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(file["ranks"][0]["data_allreduce_ms"].get<double>(), 0.7);
+  // In-process costs write neither (their files stay as they were) and read them back as 0.
+  const nlohmann::json local = nlohmann::json::parse(CostsToJson(HandCosts()).dump());
+  EXPECT_FALSE(local["messages"].contains("transit_latency_ms"));
+  EXPECT_FALSE(local["ranks"][0].contains("data_allreduce_ms"));
+  const StepCosts back = CostsFromJson(local, "local.json");
+  EXPECT_EQ(TransitMs(back), 0);
+  EXPECT_EQ(back.ranks[0].data_allreduce_ms, 0);
+  // A negative one is an error naming it.
+  nlohmann::json bad = file;
+  bad["messages"]["transit_latency_ms"] = -1;
+  EXPECT_NE(CostsError(bad).find("\"transit_latency_ms\" is -1"), std::string::npos)
+      << CostsError(bad);
+}
+
 TEST(StepSimulator, CostsRoundTripThroughJson) {
   const StepCosts c = HandCosts();
   const StepCosts back = CostsFromJson(nlohmann::json::parse(CostsToJson(c).dump()), "file");
@@ -363,10 +406,17 @@ TEST(StepSimulator, RankByRankReplayGivesTheEventOrderedTimesExactly) {
       overheads.wake_ms = 0.03;
       overheads.allreduce_ms = 0.2;
       for (int r = 0; r < s.stages; ++r) overheads.ranks[r].overhead_ms = 0.02 * (r + 1);
-      for (const StepCosts& c :
-           {UnitCosts(s), unit_copies, overheads, UnevenCosts(s, 0.01, 0.05, false),
-            UnevenCosts(s, 0.01, 0, false), UnevenCosts(s, 0, 0.05, false),
-            UnevenCosts(s, 0.01, 0.05, true), UnevenCosts(s, 0, 0, true)}) {
+      StepCosts transit = overheads;  // under MPI
+      transit.message_bytes = 1000;
+      transit.transit_latency_ms = 0.07;
+      transit.transit_ms_per_byte = 1e-5;
+      for (int r = 0; r < s.stages; ++r) transit.ranks[r].data_allreduce_ms = 0.05 * (r % 3);
+      StepCosts transit_copies = unit_copies;
+      transit_copies.transit_latency_ms = 0.3;
+      for (const StepCosts& c : {UnitCosts(s), unit_copies, overheads, transit, transit_copies,
+                                 UnevenCosts(s, 0.01, 0.05, false), UnevenCosts(s, 0.01, 0, false),
+                                 UnevenCosts(s, 0, 0.05, false), UnevenCosts(s, 0.01, 0.05, true),
+                                 UnevenCosts(s, 0, 0, true)}) {
         SCOPED_TRACE(fmt::format("{}{}, post {} copy {}, forward {}", s.Describe(),
                                  k.ahead ? " receives ahead" : "", c.post_ms, c.copy_ms,
                                  c.ranks[0].chunks[0].forward_ms));

@@ -1,9 +1,13 @@
 #include "sluice/pipeline/cost_profiler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include <fmt/format.h>
+
+#include "sluice/core/clock.h"
 
 namespace sluice::pipeline {
 
@@ -137,6 +141,31 @@ void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
   rank_allreduce_ms_.push_back(
       s.allreduce_end_ns > 0 ? static_cast<double>(s.allreduce_end_ns - s.allreduce_begin_ns) / 1e6
                              : 0);
+  if (s.data_allreduce_ns >= 0)
+    rank_data_allreduce_ms_.push_back(static_cast<double>(s.data_allreduce_ns) / 1e6);
+  // This rank's halves of the message round trips (RoundTrips).
+  const int VS = schedule_.virtual_stages(), M = schedule_.micro_batches;
+  if (VS > 1 && round_trips_.size() < static_cast<size_t>(kMaxRecordedSteps) * schedule_.stages) {
+    std::vector<double>& halves = round_trips_.emplace_back(
+        static_cast<size_t>(VS - 1) * M * 2, std::numeric_limits<double>::quiet_NaN());
+    std::unordered_map<int64_t, int64_t> posted, returned;  // message → send's post, receive's end
+    for (const StageStep::MessageEvent& e : s.sends) posted[e.message] = e.begin_ns;
+    for (const StageStep::MessageEvent& e : s.blocked_receives) returned[e.message] = e.end_ns;
+    for (int u = 0; u + 1 < VS; ++u) {
+      const int lower = schedule_.RankOf(u), upper = schedule_.RankOf(u + 1);
+      if (lower == upper || (lower != r && upper != r)) continue;
+      for (int m = 0; m < M; ++m) {
+        const int64_t forward = (static_cast<int64_t>(u + 1) * M + m) * 2;   // F(m) to u + 1
+        const int64_t backward = (static_cast<int64_t>(u) * M + m) * 2 + 1;  // B(m) to u
+        const auto sent = posted.find(lower == r ? forward : backward);
+        const auto back = returned.find(lower == r ? backward : forward);
+        if (sent == posted.end() || back == returned.end()) continue;
+        const size_t at = (static_cast<size_t>(u) * M + m) * 2 + (lower == r ? 0 : 1);
+        halves[at] = static_cast<double>(lower == r ? back->second - sent->second
+                                                    : sent->second - back->second);
+      }
+    }
+  }
   bubble_[r].push_back(
       span_ns > 0 ? static_cast<double>(span_ns - s.busy_ns) / static_cast<double>(span_ns) : 0);
   if (s.core_wait_ns >= 0) core_wait_[r].push_back(static_cast<double>(s.core_wait_ns) / 1e6);
@@ -147,6 +176,11 @@ void CostProfiler::AddRank(int r, const StageStep& s, int64_t span_ns) {
         static_cast<double>(std::max<int64_t>(0, s.wall_ns - s.busy_ns - s.comm_ns)) /
         static_cast<double>(computes));
   }
+}
+
+double CostProfiler::MeanCoreWaitMs(int r) const {
+  const std::vector<double>& waits = core_wait_.at(static_cast<size_t>(r));
+  return waits.empty() ? -1 : Mean(waits);
 }
 
 void CostProfiler::AddStep(int64_t step_wall_ns, int64_t span_ns) {
@@ -239,6 +273,53 @@ void CostProfiler::Record(const std::vector<StageStep>& steps, int64_t step_wall
     for (const StageStep::Sample& x : s.computes[3]) rank.optimizer_ms = ms(x.wall_ns);
     for (const StageStep::Sample& x : s.computes[4]) rank.update_ms = ms(x.wall_ns);
   }
+}
+
+std::optional<TransitFit> MeasureTransit(Communicator& pipe, int64_t message_bytes) {
+  const int P = pipe.size(), s = pipe.rank();
+  constexpr int kWarmup = 2, kTag = 0;
+  Allocator& allocator = DefaultAllocator();
+  const int64_t n = std::max<int64_t>(2, message_bytes / 4);  // the large message's f32 elements
+  const Tensor small = Tensor::Zeros({1}, DType::kF32, allocator);
+  const Tensor large = Tensor::Zeros({n}, DType::kF32, allocator);
+  std::vector<int64_t> round_trip[2];  // [small, large] ns
+  for (int parity = 0; parity < 2; ++parity) {
+    const bool pings = s % 2 == parity && s + 1 < P;
+    const bool answers = s >= 1 && (s - 1) % 2 == parity;
+    // The sizes alternate, so that a slower stretch of the machine slows both alike.
+    for (int k = 0; k < 2 * (kWarmup + kTransitRounds); ++k) {
+      const Tensor& x = k % 2 == 0 ? small : large;
+      if (pings) {
+        const int64_t begin = NowNs();
+        Request back = pipe.Irecv(s + 1, kTag, DType::kF32, x.shape(), allocator);
+        pipe.Send(x, s + 1, kTag);
+        back.Wait();
+        if (k >= 2 * kWarmup) round_trip[k % 2].push_back(NowNs() - begin);
+      } else if (answers) {
+        const Tensor got = pipe.Recv(s - 1, kTag, DType::kF32, x.shape(), allocator);
+        pipe.Send(got, s - 1, kTag);
+      }
+    }
+    pipe.Barrier();
+  }
+  if (s + 1 >= P) return std::nullopt;
+  // One way: half a round trip.
+  const double small_ms = Median(round_trip[0]) / 2e6, large_ms = Median(round_trip[1]) / 2e6;
+  const double extra_bytes = static_cast<double>(large.nbytes() - small.nbytes());
+  return TransitFit{.latency_ms = small_ms,
+                    .ms_per_byte = std::max(0.0, (large_ms - small_ms) / extra_bytes)};
+}
+
+std::optional<double> TransitInStepMs(const std::vector<double>& halves) {
+  double sum = 0;
+  int n = 0;
+  for (size_t i = 0; i + 1 < halves.size(); i += 2) {
+    if (std::isnan(halves[i]) || std::isnan(halves[i + 1])) continue;
+    sum += std::max(0.0, (halves[i] - halves[i + 1]) / 2);
+    ++n;
+  }
+  if (n == 0) return std::nullopt;
+  return sum / n / 1e6;
 }
 
 }  // namespace sluice::pipeline

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -191,15 +192,22 @@ void WriteCosts(const StepCosts& costs, const std::string& path) {
   WriteFileAtomic("--profile-out costs file", path, CostsToJson(costs).dump(2) + "\n");
 }
 
-// A distributed run's costs: every process profiled its own rank (`mine`: its Costs(), the other
-// ranks empty); one all-reduce brings replica 0's ranks to every process. A rank's figures are its
-// own medians; the message costs are the mean of the ranks' medians; the all-reduce is, per step,
-// the shortest of the ranks' (`allreduce`: this rank's per step; the last rank to reach it waits
-// least), averaged over the steps as in-process. Collective.
-StepCosts GatherCosts(StepCosts mine, const std::vector<double>& allreduce, int stage,
-                      bool contributes, Communicator& world) {
+// A distributed run's costs: every process profiled its own rank (`profiler`); all-reduces over
+// the world bring replica 0's ranks to every process. A rank's figures are its own medians (and
+// its mean wait for a core); the message costs are the mean of the ranks' medians; the all-reduce
+// of the norm is, per step, the shortest of the ranks' (the last rank to reach it waits least),
+// averaged over the steps as in-process; the replicas' gradient all-reduce likewise per stage,
+// the shortest of the stage's replicas'; and the transit of a message from the steps' own round
+// trips (TransitInStepMs over every replica's: what a message cost in the step, the network, a
+// waiting rank's wake-up and its wait for a core included), split into latency and bytes by the
+// cost per byte of every neighbour pair's ping-pong (MeasureTransit). Collective.
+StepCosts GatherCosts(const CostProfiler& profiler, int stage, int replica,
+                      const PipelineOptions::Distributed& d) {
+  StepCosts mine = profiler.Costs();
+  Communicator& world = *d.world;
+  const bool contributes = replica == 0;
   const int P = mine.stages, V = mine.chunks;
-  const int fields = 6 * V + 7;
+  const int fields = 6 * V + 8;
   Tensor all = Tensor::Zeros({P, fields}, DType::kF64);
   if (contributes) {
     double* row = all.data<double>() + stage * fields;
@@ -212,14 +220,15 @@ StepCosts GatherCosts(StepCosts mine, const std::vector<double>& allreduce, int 
     }
     const nlohmann::json& bubbles = mine.measured["stage_bubble"];
     for (double x : {r.optimizer_ms, r.update_ms, r.overhead_ms, mine.post_ms, mine.copy_ms,
-                     static_cast<double>(mine.message_bytes), bubbles[stage].get<double>()})
+                     static_cast<double>(mine.message_bytes), bubbles[stage].get<double>(),
+                     profiler.MeanCoreWaitMs(stage)})
       *row++ = x;
   }
   world.AllReduceSum(all);
   StepCosts c = std::move(mine);
   c.post_ms = c.copy_ms = 0;
   c.message_bytes = 0;
-  nlohmann::json bubbles = nlohmann::json::array();
+  nlohmann::json bubbles = nlohmann::json::array(), core_waits = nlohmann::json::array();
   for (int s = 0; s < P; ++s) {
     const double* row = all.data<double>() + s * fields;
     RankCosts& r = c.ranks[s];
@@ -236,20 +245,93 @@ StepCosts GatherCosts(StepCosts mine, const std::vector<double>& allreduce, int 
     c.copy_ms += *row++ / P;
     c.message_bytes = std::max(c.message_bytes, static_cast<int64_t>(*row++));
     bubbles.push_back(*row++);
+    if (const double wait = *row++; wait >= 0 && core_waits.is_array()) {
+      core_waits.push_back(wait);
+    } else {
+      core_waits = nullptr;  // a rank whose system does not say: none
+    }
   }
   c.measured["stage_bubble"] = bubbles;
+  if (core_waits.is_array()) c.measured["stage_core_wait_ms"] = core_waits;
+  // Per step, the shortest of the durations in `each` ([ranks, S] by world rank) of `ranks`,
+  // averaged over the steps.
+  auto shortest_mean = [](const Tensor& each, int S, const std::vector<int>& ranks) {
+    double sum = 0;
+    for (int k = 0; k < S; ++k) {
+      double least = std::numeric_limits<double>::infinity();
+      for (int w : ranks) least = std::min(least, each.data<double>()[w * S + k]);
+      sum += least;
+    }
+    return sum / S;
+  };
   // Every process profiled the same steps: the same S everywhere, so all take part or none.
+  const std::vector<double>& allreduce = profiler.RankAllReduceMs();
   if (const int S = static_cast<int>(allreduce.size()); S > 0) {
     Tensor each = Tensor::Zeros({P, S}, DType::kF64);
     if (contributes) std::copy(allreduce.begin(), allreduce.end(), each.data<double>() + stage * S);
     world.AllReduceSum(each);
-    double sum = 0;
-    for (int k = 0; k < S; ++k) {
-      double least = std::numeric_limits<double>::infinity();
-      for (int s = 0; s < P; ++s) least = std::min(least, each.data<double>()[s * S + k]);
-      sum += least;
+    std::vector<int> stages(static_cast<size_t>(P));
+    for (int s = 0; s < P; ++s) stages[s] = s;
+    c.allreduce_ms = shortest_mean(each, S, stages);
+  }
+  // The replicas' gradient all-reduce: every replica's ranks (each step's shortest is the
+  // replica that came last).
+  const std::vector<double>& data = profiler.RankDataAllReduceMs();
+  if (const int S = static_cast<int>(data.size()); d.replicas > 1 && S > 0) {
+    const int W = world.size();
+    Tensor each = Tensor::Zeros({W, S}, DType::kF64);
+    std::copy(data.begin(), data.end(), each.data<double>() + world.rank() * S);
+    world.AllReduceSum(each);
+    for (int s = 0; s < P; ++s) {
+      std::vector<int> replicas;
+      for (int q = 0; q < d.replicas; ++q) replicas.push_back(q * P + s);  // world rank q·P + s
+      c.ranks[s].data_allreduce_ms = shortest_mean(each, S, replicas);
     }
-    c.allreduce_ms = sum / S;
+  }
+  // The transit of a message. In the steps: every replica's round trips, their halves joined
+  // (each measured by one rank; the same number of steps everywhere).
+  const std::vector<std::vector<double>>& mine_halves = profiler.RoundTrips();
+  std::optional<double> in_step;
+  if (const int S = static_cast<int>(mine_halves.size()); S > 0) {
+    const int64_t L = static_cast<int64_t>(mine_halves[0].size());
+    Tensor halves = Tensor::Zeros({d.replicas, S, L}, DType::kF64);
+    Tensor measured = Tensor::Zeros({d.replicas, S, L}, DType::kF64);
+    const int64_t base = static_cast<int64_t>(replica) * S * L;
+    for (int k = 0; k < S; ++k) {
+      for (int64_t i = 0; i < L; ++i) {
+        if (std::isnan(mine_halves[k][i])) continue;
+        halves.data<double>()[base + k * L + i] = mine_halves[k][i];
+        measured.data<double>()[base + k * L + i] = 1;
+      }
+    }
+    world.AllReduceSum(halves);
+    world.AllReduceSum(measured);
+    std::vector<double> joined(static_cast<size_t>(halves.numel()));
+    for (size_t i = 0; i < joined.size(); ++i) {
+      joined[i] = measured.data<double>()[i] > 0 ? halves.data<double>()[i]
+                                                 : std::numeric_limits<double>::quiet_NaN();
+    }
+    in_step = TransitInStepMs(joined);
+  }
+  // Idle: every neighbour pair's ping-pong, in every replica's pipeline — its cost per byte is
+  // the fit's; its latency stands only where no round trip of the steps was measured.
+  const std::optional<TransitFit> fit = MeasureTransit(*d.pipe, c.message_bytes);
+  Tensor fits = Tensor::Zeros({3}, DType::kF64);
+  if (fit) {
+    fits.data<double>()[0] = fit->latency_ms;
+    fits.data<double>()[1] = fit->ms_per_byte;
+    fits.data<double>()[2] = 1;
+  }
+  world.AllReduceSum(fits);
+  if (const double pairs = fits.data<double>()[2]; pairs > 0) {
+    c.transit_latency_ms = fits.data<double>()[0] / pairs;
+    c.transit_ms_per_byte = fits.data<double>()[1] / pairs;
+    c.measured["transit_ping_pong_ms"] = TransitMs(c);
+  }
+  if (in_step) {
+    const double bytes_ms = c.transit_ms_per_byte * static_cast<double>(c.message_bytes);
+    c.transit_latency_ms = std::max(0.0, *in_step - bytes_ms);
+    c.measured["transit_in_step_ms"] = *in_step;
   }
   return c;
 }
@@ -416,8 +498,7 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
     }
     if (step == steps_run - 1) {
       const StepCosts costs =
-          GatherCosts(impl.profiler->Costs(), impl.profiler->RankAllReduceMs(), impl.stage(),
-                      impl.replica() == 0, *impl.options.distributed->world);
+          GatherCosts(*impl.profiler, impl.stage(), impl.replica(), *impl.options.distributed);
       if (leader()) impl.WriteSideOutput([&] { WriteCosts(costs, impl.options.profile_path); });
     }
   }

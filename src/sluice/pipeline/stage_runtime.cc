@@ -309,6 +309,7 @@ class StageRuntime::StepRun {
     const bool copied = request.Test();
     (copied ? out_.post_copy_ns : out_.post_ns).push_back(cpu);
     if (copied && send) out_.copied_sends.push_back({message, begin, end});
+    if (send) out_.sends.push_back({message, begin, end});
     return request;
   }
 
@@ -538,8 +539,10 @@ class StageRuntime::StepRun {
       const int64_t begin = NowNs();
       for (const auto& [name, g] : grads_.grads()) setup.data->AllReduceSum(g);
       setup.data->AllReduceSum(loss_sum);
-      out_.comm_ns += NowNs() - begin;
-      Span("ALLREDUCE_DP", a, begin, NowNs());
+      const int64_t end = NowNs();
+      out_.comm_ns += end - begin;
+      out_.data_allreduce_ns = end - begin;
+      Span("ALLREDUCE_DP", a, begin, end);
     }
     std::map<std::string, Tensor> shares = ExchangeTiedShares(a);
     const int64_t n = static_cast<int64_t>(setup.model_params.size());

@@ -188,7 +188,13 @@ struct StageStep {
     int64_t begin_ns = 0, end_ns = 0;
   };
   std::vector<MessageEvent> copied_sends, blocked_receives;
+  // Every send's post (begin_ns, end_ns of the Isend call), copied or not: with the blocked
+  // receives, the round trips of a pipeline's messages on each rank's own clock (CostProfiler's
+  // transit under MPI).
+  std::vector<MessageEvent> sends;
   int64_t allreduce_begin_ns = 0, allreduce_end_ns = 0;
+  // The replicas' gradient all-reduce at the start of OPT (data parallelism); -1 without replicas.
+  int64_t data_allreduce_ns = -1;
 };
 
 // The span of one step over ranks that share a clock (threads of one process): from the earliest

@@ -101,6 +101,9 @@ nlohmann::ordered_json CostsToJson(const StepCosts& c) {
                      {"optimizer_ms", c.ranks[r].optimizer_ms},
                      {"update_ms", c.ranks[r].update_ms},
                      {"overhead_ms", c.ranks[r].overhead_ms}});
+    // Only where measured (replicas under MPI): files of other runs stay as they were.
+    if (c.ranks[r].data_allreduce_ms > 0)
+      ranks.back()["data_allreduce_ms"] = c.ranks[r].data_allreduce_ms;
   }
   j["ranks"] = ranks;
   j["messages"] = {{"bytes", c.message_bytes},
@@ -109,6 +112,11 @@ nlohmann::ordered_json CostsToJson(const StepCosts& c) {
                    {"copy_ms_per_byte",
                     c.message_bytes > 0 ? c.copy_ms / static_cast<double>(c.message_bytes) : 0.0},
                    {"wake_ms", c.wake_ms}};
+  if (c.transit_latency_ms > 0 || c.transit_ms_per_byte > 0) {  // under MPI only
+    j["messages"]["transit_latency_ms"] = c.transit_latency_ms;
+    j["messages"]["transit_ms_per_byte"] = c.transit_ms_per_byte;
+    j["messages"]["transit_ms"] = TransitMs(c);
+  }
   j["allreduce_ms"] = c.allreduce_ms;
   j["step_overhead_ms"] = c.step_overhead_ms;
   j["measured"] = c.measured;
@@ -217,6 +225,7 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     rc.optimizer_ms = number(rank, "optimizer_ms", where);
     rc.update_ms = number(rank, "update_ms", where);
     rc.overhead_ms = optional(rank, "overhead_ms", where);
+    rc.data_allreduce_ms = optional(rank, "data_allreduce_ms", where);
     const nlohmann::json& chunks =
         entries(rank, "chunks", c.chunks, where, fmt::format("one entry per chunk ({})", c.chunks));
     for (int v = 0; v < c.chunks; ++v) {
@@ -245,6 +254,8 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
   c.post_ms = number(j["messages"], "post_ms", "\"messages\"");
   c.copy_ms = number(j["messages"], "copy_ms", "\"messages\"");
   c.wake_ms = optional(j["messages"], "wake_ms", "\"messages\"");
+  c.transit_latency_ms = optional(j["messages"], "transit_latency_ms", "\"messages\"");
+  c.transit_ms_per_byte = optional(j["messages"], "transit_ms_per_byte", "\"messages\"");
   c.allreduce_ms = optional(j, "allreduce_ms", "the file");
   c.step_overhead_ms = number(j, "step_overhead_ms", "the file");
   if (j.contains("measured")) {
@@ -329,6 +340,11 @@ StepCosts CostsFromJson(const nlohmann::json& j, const std::string& source) {
     }
   }
   return c;
+}
+
+double TransitMs(const StepCosts& costs) {
+  return costs.transit_latency_ms +
+         costs.transit_ms_per_byte * static_cast<double>(costs.message_bytes);
 }
 
 double CoreWaitShare(const StepCosts& costs) {

@@ -42,6 +42,10 @@ struct RankCosts {
   // Per F, B or W: the rank's time outside computes and the communicator (binding a batch,
   // handing values between scopes, freeing a micro-batch's): idle, spent after each compute.
   double overhead_ms = 0;
+  // Data parallelism under MPI: the all-reduce of the stage's gradients over the replicas, at the
+  // start of OPT (idle: a wait in the communicator), as the replica that reached it last saw it.
+  // 0 without replicas.
+  double data_allreduce_ms = 0;
 };
 
 // One profiled step as it ran: every compute's wall time, and what the run measured of the step.
@@ -76,8 +80,15 @@ struct StepCosts {
   int64_t message_bytes = 0;          // one message
   double post_ms = 0;                 // an Isend or Irecv call that copies nothing
   double copy_ms = 0;                 // the extra of the call that copies the message
-  double wake_ms = 0;           // from a message's arrival to its blocked receiver running again
-  double allreduce_ms = 0;      // OPT's all-reduce, once the last rank has reached it
+  double wake_ms = 0;       // from a message's arrival to its blocked receiver running again
+  double allreduce_ms = 0;  // OPT's all-reduce, once the last rank has reached it
+  // Under MPI: a message's transit from one process to another, latency + bytes × ms per byte,
+  // fitted by a ping-pong of every pipeline neighbour pair at the end of the profiled run (a
+  // message of 4 bytes and one of message_bytes, through the communicator's own Isend and Irecv).
+  // A message arrives — and its send completes — this long after the later of its two posts.
+  // 0 in-process (a copy between threads is copy_ms).
+  double transit_latency_ms = 0;
+  double transit_ms_per_byte = 0;
   double step_overhead_ms = 0;  // per step, beyond the slowest rank
   // Every compute of the profiled steps (empty for unit costs, costs files written before they
   // were recorded, and runs under MPI); each has `micro_batches` entries per compute kind.
@@ -99,6 +110,9 @@ struct StepCosts {
 // action costs 1/V, so schedules of different V compare (schedule_analysis.h's Simulate counts
 // one per action: its makespan and busy times are V times these, its bubbles the same).
 StepCosts UnitCosts(const Schedule& schedule);
+
+// The transit of one message of `costs.message_bytes` (StepCosts::transit_latency_ms).
+double TransitMs(const StepCosts& costs);
 
 // The largest share of the measured step a stage thread of the profiled run spent waiting for a
 // core (measured "stage_core_wait_ms" over "step_ms", at most 1); -1 when the costs do not say. The

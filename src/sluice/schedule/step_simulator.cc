@@ -48,9 +48,12 @@ ComputeCosts CostsOf(const Schedule& s, const StepCosts& costs, int r, int chunk
 // being exact. A costs file guarantees it (CostsFromJson); costs made in code may not.
 bool NoNegativeCosts(const StepCosts& c) {
   auto ok = [](double x) { return x >= 0; };  // false for NaN too
-  if (!ok(c.post_ms) || !ok(c.copy_ms) || !ok(c.wake_ms) || !ok(c.allreduce_ms)) return false;
+  if (!ok(c.post_ms) || !ok(c.copy_ms) || !ok(c.wake_ms) || !ok(c.allreduce_ms) ||
+      !ok(TransitMs(c)))
+    return false;
   for (const RankCosts& r : c.ranks) {
-    if (!ok(r.optimizer_ms) || !ok(r.update_ms) || !ok(r.overhead_ms)) return false;
+    if (!ok(r.optimizer_ms) || !ok(r.update_ms) || !ok(r.overhead_ms) || !ok(r.data_allreduce_ms))
+      return false;
     for (const ChunkCosts& ch : r.chunks) {
       if (!ok(ch.forward_ms) || !ok(ch.backward_ms) || !ok(ch.weight_ms)) return false;
     }
@@ -162,7 +165,9 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
     completed_b[r] = std::max(completed_b[r], t);
     --pending_b[r];
   };
-  // Rank r posts its side of message `a` with its peer; the later post copies.
+  // Rank r posts its side of message `a` with its peer; the later post copies, and the message
+  // arrives (its send completes) `transit` after it.
+  const double transit = TransitMs(costs);
   auto post = [&](int r, const Action& a) {
     clock[r] += costs.post_ms;
     const bool send = IsSend(a.kind);
@@ -182,7 +187,7 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
     const Post other = theirs.front();
     theirs.pop_front();
     clock[r] += costs.copy_ms;
-    const double t = clock[r];
+    const double t = clock[r] + transit;
     fill(r, when, t);
     fill(other.rank, other.when, t);
     if (other.when != nullptr) wake(other.rank, other.when);
@@ -219,7 +224,8 @@ RankTimes ReplayInEventOrder(const Schedule& schedule, const StepCosts& costs, i
         compute(r, cost(r, a), overhead);
       } else if (a.kind == ActionKind::kWeight) {
         compute(r, cost(r, a), overhead);
-      } else {  // OPT: its first half, then the all-reduce's barrier
+      } else {  // OPT: the replicas' gradient all-reduce, its first half, then the barrier
+        clock[r] += costs.ranks[r].data_allreduce_ms;
         compute(r, drawn != nullptr ? drawn->action[r][next[r]] : costs.ranks[r].optimizer_ms);
         at_barrier[r] = true;
         if (++barrier_count == P) {
@@ -324,6 +330,7 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs, const D
     ranks[r].end = schedule.ranks[r].data() + schedule.ranks[r].size();
   }
   const bool copies = costs.copy_ms > 0;
+  const double transit = TransitMs(costs);
   int at_barrier = 0, finished = 0;
   int64_t unmatched = 0;
   // Rank r is certainly the first to post a message with `peer`, which has not posted it yet.
@@ -374,7 +381,8 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs, const D
           me.clock += overhead;
           me.busy += cost(ch.cost.weight);
           break;
-        case ActionKind::kOptimizer:  // its first half, then the all-reduce's barrier
+        case ActionKind::kOptimizer:  // the replicas' all-reduce, its first half, the barrier
+          me.clock += costs.ranks[r].data_allreduce_ms;
           me.clock += cost(costs.ranks[r].optimizer_ms);
           me.busy += cost(costs.ranks[r].optimizer_ms);
           me.runnable = false;
@@ -419,7 +427,7 @@ RankTimes ReplayByRank(const Schedule& schedule, const StepCosts& costs, const D
           me.clock += costs.post_ms;
           me.clock += costs.copy_ms;
           // Copying costs something: the peer posted first (above). Nothing: the later clock.
-          const double t = copies ? me.clock : std::max(earlier, me.clock);
+          const double t = (copies ? me.clock : std::max(earlier, me.clock)) + transit;
           *when = t;
           --unmatched;
           Rank& sender = IsSend(a.kind) ? me : ranks[a.peer];

@@ -9,8 +9,9 @@
 // The model, action by action on rank r at its clock t (times in milliseconds):
 //   RECV_F, RECV_B, SEND_F, SEND_B  posting costs `post_ms` on r. Matching is per pair of ranks in
 //           list order (validated schedules). The later of the two posts of a message copies it
-//           (comm/local.h): `copy_ms` more on that rank; the message has then arrived and the send
-//           has completed. Nobody waits at a post.
+//           (comm/local.h): `copy_ms` more on that rank; the message arrives and the send
+//           completes `transit` after that (under MPI: TransitMs, latency + bytes × ms per
+//           byte; 0 in-process). Nobody waits at a post.
 //   F(c, m) waits for its RECV_F's message, if it had one, then costs forward_ms of (r, c).
 //   B(c, m) waits for its RECV_B's message, then for the completion of SEND_F(c, m) (output
 //           release), then costs backward_ms (+ weight_ms when the schedule does not split).
@@ -18,7 +19,8 @@
 //           A compute that waited (its message came after r's clock) starts `wake_ms` after the
 //           message (the blocked thread waking); after each compute r spends `overhead_ms` of
 //           its own (bookkeeping between actions: idle, not busy).
-//   OPT     costs optimizer_ms (gradient mean and norm), then the all-reduce of the norm: a barrier
+//   OPT     waits data_allreduce_ms (the replicas' gradient all-reduce; 0 without replicas),
+//           costs optimizer_ms (gradient mean and norm), then the all-reduce of the norm: a barrier
 //           of all ranks, ending `allreduce_ms` after the last rank reaches it; then update_ms
 //           (the optimizer proper).
 //   end     a rank's step ends once every send it made has completed.

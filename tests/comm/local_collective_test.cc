@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "comm/rank_threads.h"
@@ -177,6 +178,68 @@ TEST(LocalCollective, AllReduceRejectsWhatItCannotSum) {
   EXPECT_THROW(world.comm(0).AllReduceSum(Tensor::Zeros({2}, DType::kBF16)), InvalidArgument);
   EXPECT_THROW(world.comm(0).AllReduceSum(Tensor()), InvalidArgument);
   EXPECT_THROW(world.comm(0).Barrier(milliseconds(-5)), InvalidArgument);
+}
+
+// The non-blocking all-reduce: every rank posts two reductions before waiting on either (the
+// interlocked steps' pattern, comm/communicator.h IallReduceSum); each gets the rank-order sum,
+// bitwise AllReduceSum's, the n-th post of every rank reduced together.
+TEST(LocalCollective, IallReduceSumMatchesTheNthPostsAndSumsInRankOrder) {
+  constexpr int kRanks = 4;
+  const Shape shape{5, 3};
+  const Tensor expected = ExpectedSum<double>(shape, kRanks);
+  RankAllocators alloc(kRanks);
+  LocalWorld world(kRanks, {.timeout = std::chrono::seconds(30)});
+  RunRanks(world, [&](int rank) {
+    Communicator& comm = world.comm(rank);
+    Tensor first = Filled<double>(shape, rank, alloc[rank]);
+    Tensor second = Filled<double>(shape, rank, alloc[rank]);
+    for (int64_t i = 0; i < second.numel(); ++i) second.data<double>()[i] *= 2;
+    Request a = comm.IallReduceSum(first);
+    Request b = comm.IallReduceSum(second);
+    Tensor blocking = Filled<double>(shape, rank, alloc[rank]);
+    comm.AllReduceSum(blocking);  // independent of the pending ones
+    EXPECT_TRUE(BitwiseEqual(b.Wait(), second)) << "rank " << rank;
+    EXPECT_TRUE(BitwiseEqual(a.Wait(), expected)) << "rank " << rank << ": " << first.ToString();
+    EXPECT_TRUE(BitwiseEqual(blocking, expected)) << "rank " << rank;
+    EXPECT_TRUE(a.Test());
+    for (int64_t i = 0; i < second.numel(); ++i)
+      EXPECT_EQ(second.data<double>()[i], 2 * expected.data<double>()[i]) << "rank " << rank;
+  });
+}
+
+// A rank that never posts: the waiting ranks time out naming it, and the world is aborted.
+TEST(LocalCollective, IallReduceSumTimesOutNamingTheRankThatDidNotPost) {
+  LocalWorld world(3, {.timeout = milliseconds(200)});
+  RankAllocators alloc(3);
+  std::vector<std::string> errors(3);
+  RunRanks(world, [&](int rank) {
+    if (rank == 2) return;
+    Tensor t = Tensor::Zeros({2}, DType::kF64, alloc[rank]);
+    try {
+      world.comm(rank).IallReduceSum(t).Wait();
+    } catch (const CommError& e) {
+      errors[rank] = e.what();
+    }
+  });
+  const std::string both = errors[0] + errors[1];
+  EXPECT_THAT(both, HasSubstr("iall_reduce_sum of f64[2] timed out"));
+  EXPECT_THAT(both, HasSubstr("waiting for rank(s) 2"));
+}
+
+// Two ranks posting different shapes as their n-th reduction: a mismatch naming both.
+TEST(LocalCollective, IallReduceSumOfDifferentShapesIsAMismatch) {
+  LocalWorld world(2, {.timeout = std::chrono::seconds(10)});
+  RankAllocators alloc(2);
+  std::vector<std::string> errors(2);
+  RunRanks(world, [&](int rank) {
+    Tensor t = Tensor::Zeros({rank + 1}, DType::kF64, alloc[rank]);
+    try {
+      world.comm(rank).IallReduceSum(t).Wait();
+    } catch (const CommError& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_THAT(errors[0] + errors[1], HasSubstr("collective mismatch"));
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "sluice/comm/communicator.h"
 
 #include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -97,25 +100,61 @@ void Communicator::Barrier(std::chrono::milliseconds timeout) {
 
 void Communicator::AllReduceSum(const Tensor& tensor) { AllReduceSum(tensor, default_timeout()); }
 
-void Communicator::AllReduceSum(const Tensor& tensor, std::chrono::milliseconds timeout) {
+void Communicator::CheckReducible(std::string_view what, const Tensor& tensor) const {
   if (!tensor.defined()) {
-    throw InvalidArgument(fmt::format("rank {}: all_reduce_sum: the tensor is undefined", rank()));
+    throw InvalidArgument(fmt::format("rank {}: {}: the tensor is undefined", rank(), what));
   }
   const DType dtype = tensor.dtype();
   if (dtype != DType::kF32 && dtype != DType::kF64 && dtype != DType::kI32 &&
       dtype != DType::kI64) {
     throw InvalidArgument(
-        fmt::format("rank {}: all_reduce_sum of {}: only f32, f64, i32 and i64 "
+        fmt::format("rank {}: {} of {}: only f32, f64, i32 and i64 "
                     "can be summed",
-                    rank(), DescribeTensor(dtype, tensor.shape())));
+                    rank(), what, DescribeTensor(dtype, tensor.shape())));
   }
   if (!tensor.is_contiguous()) {
     throw InvalidArgument(
-        fmt::format("rank {}: all_reduce_sum of {}: the tensor must be "
+        fmt::format("rank {}: {} of {}: the tensor must be "
                     "contiguous (reduce a Contiguous() copy and copy it back)",
-                    rank(), DescribeTensor(dtype, tensor.shape())));
+                    rank(), what, DescribeTensor(dtype, tensor.shape())));
   }
+}
+
+void Communicator::AllReduceSum(const Tensor& tensor, std::chrono::milliseconds timeout) {
+  CheckReducible("all_reduce_sum", tensor);
   DoAllReduceSum(tensor, CheckTimeout("all_reduce_sum", timeout));
+}
+
+Request Communicator::IallReduceSum(const Tensor& tensor) {
+  CheckReducible("iall_reduce_sum", tensor);
+  return DoIallReduceSum(tensor);
+}
+
+namespace {
+
+// The Request of a reduction that completed inside its post (DoIallReduceSum's default).
+class CompletedReduction final : public RequestImpl {
+ public:
+  CompletedReduction(Tensor tensor, std::string what)
+      : tensor_(std::move(tensor)), what_(std::move(what)) {}
+  Tensor Wait(std::chrono::milliseconds) override { return tensor_; }
+  bool Test() override { return true; }
+  RequestState state() const override { return RequestState::kCompleted; }
+  std::string Describe() const override { return what_; }
+
+ private:
+  Tensor tensor_;
+  std::string what_;
+};
+
+}  // namespace
+
+Request Communicator::DoIallReduceSum(const Tensor& tensor) {
+  DoAllReduceSum(tensor, default_timeout());
+  return Request(std::make_shared<CompletedReduction>(
+                     tensor, fmt::format("rank {}: all_reduce_sum of {}", rank(),
+                                         DescribeTensor(tensor.dtype(), tensor.shape()))),
+                 default_timeout());
 }
 
 }  // namespace sluice

@@ -197,6 +197,13 @@ class Communicator {
   // elementwise sum over ranks, added in rank order 0, 1, ..., size() − 1 on every rank.
   void AllReduceSum(const Tensor& tensor);
   void AllReduceSum(const Tensor& tensor, std::chrono::milliseconds timeout);
+  // The non-blocking AllReduceSum: posts `tensor` (the same rules) and returns at once. Wait() on
+  // the Request writes the rank-order sum into `tensor` (bitwise AllReduceSum's) and returns it;
+  // until then the caller must neither write nor free the tensor. Every rank posts its
+  // IallReduceSums in the same order (the n-th of every rank's are reduced together), and may post
+  // the next before waiting on the last. A backend without its own (MPI here) runs AllReduceSum
+  // inside the post and returns a completed Request: correct, but blocking.
+  Request IallReduceSum(const Tensor& tensor);
 
   // Stops the whole group: see CommAborted above. The first abort wins; later calls do nothing.
   virtual void Abort(std::string_view reason) noexcept = 0;
@@ -209,8 +216,10 @@ class Communicator {
                           Allocator& allocator) = 0;
   virtual void DoBarrier(std::chrono::milliseconds timeout) = 0;
   virtual void DoAllReduceSum(const Tensor& tensor, std::chrono::milliseconds timeout) = 0;
+  virtual Request DoIallReduceSum(const Tensor& tensor);
 
  private:
+  void CheckReducible(std::string_view what, const Tensor& tensor) const;
   void CheckPeerAndTag(std::string_view what, int peer, int tag) const;
   std::chrono::milliseconds CheckTimeout(std::string_view what,
                                          std::chrono::milliseconds timeout) const;

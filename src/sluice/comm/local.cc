@@ -91,6 +91,20 @@ struct Channel {
   std::deque<std::shared_ptr<Op>> recvs;
 };
 
+// One non-blocking all-reduce (IallReduceSum): the n-th post of every rank. Every field is guarded
+// by the world's mutex (LocalWorldShared::mu); `result` is written once, when the last rank posts,
+// and only read afterwards.
+struct PendingSum {
+  DType dtype = DType::kF32;
+  Shape shape;
+  int first_rank = 0;                         // the first to post, for mismatch messages
+  std::vector<std::vector<std::byte>> parts;  // [rank]: its contribution, copied at its post
+  std::vector<bool> posted;
+  int count = 0;  // ranks posted
+  bool done = false;
+  std::vector<std::byte> result;  // the rank-order sum, once every rank posted
+};
+
 // The state the ranks of one world share. Every method but the constructor takes mu itself or, as
 // declared, requires it.
 struct LocalWorldShared {
@@ -104,6 +118,12 @@ struct LocalWorldShared {
   void Abort(int rank, std::string_view reason) noexcept EXCLUDES(mu);
   void Barrier(int rank, milliseconds timeout) EXCLUDES(mu);
   void AllReduceSum(int rank, const Tensor& tensor, milliseconds timeout) EXCLUDES(mu);
+  // IallReduceSum: copies `tensor` into this rank's next pending sum; the last rank to post adds
+  // the contributions in rank order. WaitSum writes the result into `tensor` once every rank has
+  // posted (abort and the deadline interrupt it; a timeout aborts the world).
+  std::shared_ptr<PendingSum> PostSum(int rank, const Tensor& tensor) EXCLUDES(mu);
+  void WaitSum(int rank, PendingSum& sum, const Tensor& tensor, milliseconds timeout) EXCLUDES(mu);
+  bool SumDone(const PendingSum& sum) EXCLUDES(mu);
 
   const int size;
   const milliseconds timeout;  // the default of every rank
@@ -125,6 +145,11 @@ struct LocalWorldShared {
   int signature_rank GUARDED_BY(mu) = -1;       // who that was
   std::vector<bool> present GUARDED_BY(mu);     // per rank, waiting in the current one
   std::vector<Tensor> operands GUARDED_BY(mu);  // per rank, its all-reduce tensor meanwhile
+
+  // Non-blocking all-reduces: those some rank has not posted yet, by sequence number, and each
+  // rank's count of posts so far (its next post's number).
+  std::map<uint64_t, std::shared_ptr<PendingSum>> sums GUARDED_BY(mu);
+  std::vector<uint64_t> sums_posted GUARDED_BY(mu) = std::vector<uint64_t>(size, 0);
 
  private:
   // Tells the analysis what it cannot see: `op` was posted to this world, so its guard
@@ -416,6 +441,73 @@ void LocalWorldShared::AllReduceSum(int rank, const Tensor& tensor, milliseconds
   }
 }
 
+std::shared_ptr<PendingSum> LocalWorldShared::PostSum(int rank, const Tensor& tensor) {
+  const size_t bytes = static_cast<size_t>(tensor.numel()) * SizeOf(tensor.dtype());
+  MutexLock lock(&mu);
+  const std::string what = "iall_reduce_sum of " + DescribeTensor(tensor.dtype(), tensor.shape());
+  if (aborted) throw AbortedError(fmt::format("rank {}: {} refused", rank, what));
+  const uint64_t seq = sums_posted[rank]++;
+  std::shared_ptr<PendingSum>& slot = sums[seq];
+  if (slot == nullptr) {
+    slot = std::make_shared<PendingSum>();
+    slot->dtype = tensor.dtype();
+    slot->shape = tensor.shape();
+    slot->first_rank = rank;
+    slot->parts.resize(size);
+    slot->posted.assign(size, false);
+  } else if (slot->dtype != tensor.dtype() || slot->shape != tensor.shape()) {
+    const std::string reason = fmt::format(
+        "collective mismatch: rank {} posted {} while rank {} posted iall_reduce_sum of {}", rank,
+        what, slot->first_rank, DescribeTensor(slot->dtype, slot->shape));
+    AbortLocked(rank, reason);
+    throw CommError(fmt::format("rank {}: {}", rank, reason));
+  }
+  std::shared_ptr<PendingSum> sum = slot;
+  sum->parts[rank].resize(bytes);
+  std::memcpy(sum->parts[rank].data(), tensor.raw_data(), bytes);
+  sum->posted[rank] = true;
+  if (++sum->count == size) {  // the last: add in rank order, once, for every rank
+    std::vector<const void*> sources;
+    for (const auto& part : sum->parts) sources.push_back(part.data());
+    sum->result.resize(bytes);
+    SumInRankOrder(sum->dtype, sources, tensor.numel(), sum->result.data());
+    sum->parts.clear();
+    sum->done = true;
+    sums.erase(seq);
+    cv.NotifyAll();
+  }
+  return sum;
+}
+
+void LocalWorldShared::WaitSum(int rank, PendingSum& sum, const Tensor& tensor,
+                               milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  MutexLock lock(&mu);
+  while (!sum.done && !aborted && cv.WaitUntil(&mu, deadline)) {
+  }
+  const std::string what = "iall_reduce_sum of " + DescribeTensor(sum.dtype, sum.shape);
+  if (sum.done) {
+    std::memcpy(tensor.raw_data(), sum.result.data(), sum.result.size());
+    return;
+  }
+  if (aborted) throw AbortedError(fmt::format("rank {}: {} failed", rank, what));
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    if (!sum.posted[r]) missing.push_back(r);
+  }
+  const std::string message =
+      fmt::format("rank {}: {} timed out after {} ms waiting for rank(s) {}", rank, what,
+                  timeout.count(), fmt::join(missing, ", "));
+  AbortLocked(rank, message);
+  throw CommTimeout(message);
+}
+
+bool LocalWorldShared::SumDone(const PendingSum& sum) {
+  MutexLock lock(&mu);
+  if (!sum.done && aborted) throw AbortedError("iall_reduce_sum failed");
+  return sum.done;
+}
+
 class LocalRequest final : public RequestImpl {
  public:
   LocalRequest(std::shared_ptr<LocalWorldShared> shared, std::shared_ptr<Op> op)
@@ -429,6 +521,37 @@ class LocalRequest final : public RequestImpl {
  private:
   std::shared_ptr<LocalWorldShared> shared_;
   std::shared_ptr<Op> op_;
+};
+
+// A rank's handle on a PendingSum: Wait writes the sum into its tensor.
+class LocalSumRequest final : public RequestImpl {
+ public:
+  LocalSumRequest(std::shared_ptr<LocalWorldShared> shared, std::shared_ptr<PendingSum> sum,
+                  int rank, Tensor tensor)
+      : shared_(std::move(shared)), sum_(std::move(sum)), rank_(rank), tensor_(std::move(tensor)) {}
+
+  Tensor Wait(milliseconds timeout) override {
+    shared_->WaitSum(rank_, *sum_, tensor_, timeout);
+    return tensor_;
+  }
+  bool Test() override { return shared_->SumDone(*sum_); }
+  RequestState state() const override {
+    try {
+      return shared_->SumDone(*sum_) ? RequestState::kCompleted : RequestState::kPending;
+    } catch (const CommAborted&) {
+      return RequestState::kFailed;
+    }
+  }
+  std::string Describe() const override {
+    return fmt::format("rank {}: iall_reduce_sum of {}", rank_,
+                       DescribeTensor(tensor_.dtype(), tensor_.shape()));
+  }
+
+ private:
+  std::shared_ptr<LocalWorldShared> shared_;
+  std::shared_ptr<PendingSum> sum_;
+  int rank_;
+  Tensor tensor_;
 };
 
 class LocalCommunicator final : public Communicator {
@@ -454,6 +577,11 @@ class LocalCommunicator final : public Communicator {
   void DoBarrier(milliseconds timeout) override { shared_->Barrier(rank_, timeout); }
   void DoAllReduceSum(const Tensor& tensor, milliseconds timeout) override {
     shared_->AllReduceSum(rank_, tensor, timeout);
+  }
+  Request DoIallReduceSum(const Tensor& tensor) override {
+    return Request(
+        std::make_shared<LocalSumRequest>(shared_, shared_->PostSum(rank_, tensor), rank_, tensor),
+        shared_->timeout);
   }
 
  private:

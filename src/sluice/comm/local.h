@@ -24,6 +24,10 @@
 // own tensor; the third makes sure no rank returns (and reuses its tensor) while another reads it.
 // Abort and timeouts interrupt only the first rendezvous; after it, the rest is bounded local work
 // on every rank and runs to the end, so no rank ever returns while another writes its tensor.
+// IallReduceSum (non-blocking) copies the rank's tensor into the world at its post, the n-th post
+// of every rank meeting in one pending sum; the last rank to post adds the copies in rank order
+// (SumInRankOrder, bitwise AllReduceSum's result) and Wait copies the sum back: scratch memory of
+// P + 1 copies while pending, so it is meant for small tensors (a step's norm partials).
 //
 // Ownership and lifetime: LocalWorld owns its Communicators; the state they share lives until the
 // world and every Request made by it are gone. Tensors posted and not yet matched are released by

@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Optimizer post-validation measured: `sluice train` of zb-h2 and zb-v at P = 2 and 4, with and
-without --post-validate — steps per second, each stage's measured bubble, rollbacks counted — beside
+"""Optimizer post-validation measured: `sluice train` of zb-h2 and zb-v (and 1f1b for contrast) at
+P = 2 and 4, with and without --post-validate — steps per second, each stage's measured bubble,
+rollbacks counted, and how often a stage began a step before every stage had ended the previous
+one (interlocked steps: the summary's post_validation.overlapped_starts) — beside
 the simulator's prediction (`sluice simulate --costs` of the run's own profile: the synchronous
 step, and with --post-validate the steady state of interlocked steps) and the share of the step a
 stage thread waited for a core (the simulator models a core per stage; P = 4 on a 2-core machine
 does not have one).
 
 Usage: bench/post_validation.py [--sluice build/sluice] [--out post_validation.jsonl]
-                                [--stages 2,4] [--steps 6] [--clip 10]
+                                [--stages 2,4] [--steps 6] [--clip 10] [--repeat 1]
+                                [--schedules 1f1b,zb-h2,zb-v]
 Prints one markdown table; writes every run's figures as JSON lines. A GPT of 8 blocks, C = 128,
 8 sequences per micro-batch, M = 2P (zb-v needs M ≥ 2P − 1), --threads P (a BLAS thread per stage).
+With --repeat N every pair (off, on) runs N times alternately and the table gives the medians: the
+machine's load moves between runs, and alternating spreads it over both sides.
 """
 import argparse
 import json
@@ -18,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-SCHEDULES = ["zb-h2", "zb-v"]
+SCHEDULES = ["1f1b", "zb-h2", "zb-v"]
 MB_SIZE = 8
 
 
@@ -45,11 +50,18 @@ def run(sluice, schedule, p, m, steps, clip, post_validate, tmp):
         "steps_per_s": steps / summary["wall_s"],
         "measured_bubble": [s["bubble"] for s in summary["stages"]],
         "rollbacks": pv.get("rollbacks"), "rollback_bytes": pv.get("rollback_bytes"),
+        "overlapped_starts": pv.get("overlapped_starts"),
         "predicted_step_ms": sim["step_ms"], "predicted_bubble": sim["bubble"],
         "steady_state": sim.get("post_validation"),
         "core_wait_share": sim.get("core_wait_share"),
         "command": "sluice train " + " ".join(job),
     }
+
+
+def median_row(runs):
+    """The run whose steps/s is the median of `runs` (its other figures with it)."""
+    ordered = sorted(runs, key=lambda r: r["steps_per_s"])
+    return ordered[len(ordered) // 2]
 
 
 def main():
@@ -60,21 +72,28 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--clip", type=float, default=10.0,
                     help="10: rarely fires (no rollback); 1.0 fires at every step of this job")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for p in [int(x) for x in a.stages.split(",")]:
-            for schedule in SCHEDULES:
+            for schedule in a.schedules.split(","):
+                runs = {False: [], True: []}
+                for _ in range(a.repeat):
+                    for post_validate in (False, True):
+                        runs[post_validate].append(run(a.sluice, schedule, p, 2 * p, a.steps,
+                                                       a.clip, post_validate, tmp))
+                        print(json.dumps(runs[post_validate][-1]), file=sys.stderr)
                 for post_validate in (False, True):
-                    rows.append(run(a.sluice, schedule, p, 2 * p, a.steps, a.clip, post_validate,
-                                    tmp))
-                    print(json.dumps(rows[-1]), file=sys.stderr)
+                    rows.append(median_row(runs[post_validate]))
     with open(a.out, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     print("| schedule | P | M | post-validate | steps/s | measured bubble (mean) | rollbacks "
-          "| predicted bubble (sync step) | predicted steady-state bubble | core wait |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| overlapped starts | predicted bubble (sync step) | predicted steady-state bubble "
+          "| core wait |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         steady = r["steady_state"]
         cw = r["core_wait_share"]
@@ -82,6 +101,7 @@ def main():
                  "on" if r["post_validate"] else "off", f"{r['steps_per_s']:.2f}",
                  f"{sum(r['measured_bubble']) / len(r['measured_bubble']):.3f}",
                  str(r["rollbacks"]) if r["rollbacks"] is not None else "-",
+                 str(r["overlapped_starts"]) if r["overlapped_starts"] is not None else "-",
                  f"{r['predicted_bubble']:.3f}",
                  f"{steady['steady_state_bubble']:.3f}" if steady else "-",
                  f"{cw:.2f}" if cw is not None else "-"]

@@ -81,9 +81,10 @@ TEST_F(PlanCli, ForecastBracketsTheMeasuredPeaks) {
   }
 }
 
-// --post-validate: the plan counts the copy each stage keeps for a rollback, the run reports the
-// same bytes and its rollbacks (--clip fires at every step), the forecast still brackets the
-// measured peaks, and the losses are those of the synchronous run.
+// --post-validate: the plan counts the copy each stage keeps for a rollback and the gradients an
+// interlocked step keeps for a redo, the run (its steps interlocked) reports the same copy and its
+// rollbacks (--clip fires at every step), the forecast still brackets the measured peaks, and the
+// losses are those of the synchronous run.
 TEST_F(PlanCli, PostValidationsRollbackCopyIsPlannedAndMeasured) {
   const std::string job = fmt::format("{} --stages 4 --schedule zb-h2 --clip 0.01", kModel);
   const nlohmann::json plan = Plan(job + " --post-validate");
@@ -97,6 +98,7 @@ TEST_F(PlanCli, PostValidationsRollbackCopyIsPlannedAndMeasured) {
   for (size_t s = 0; s < 4; ++s) {
     const nlohmann::json& p = plan["stages"][s];
     EXPECT_GT(p["rollback_bytes"].get<int64_t>(), 0) << "stage " << s;
+    EXPECT_GT(p["interlock_bytes"].get<int64_t>(), 0) << "stage " << s;
     EXPECT_EQ(run.summary["stages"][s]["rollback_bytes"], p["rollback_bytes"]) << "stage " << s;
     kept += p["rollback_bytes"].get<int64_t>();
     const int64_t measured = run.summary["stages"][s]["peak_allocated_bytes"].get<int64_t>();
@@ -109,6 +111,7 @@ TEST_F(PlanCli, PostValidationsRollbackCopyIsPlannedAndMeasured) {
   EXPECT_THAT(table.out, HasSubstr("zb-h2 (steady-state bubble "));
   EXPECT_THAT(table.out, HasSubstr("% at unit cost with post-validation"));
   EXPECT_THAT(table.out, HasSubstr("post-validation keeps a copy of each stage's parameters"));
+  EXPECT_THAT(table.out, HasSubstr("the previous step's gradients for its redo"));
 }
 
 TEST_F(PlanCli, OneStageForecastIsExact) {

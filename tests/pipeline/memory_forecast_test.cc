@@ -41,7 +41,10 @@ struct Compared {
   int64_t output_bytes = 0;  // one stage output: [micro-batch, T, C] f32
 };
 
-Compared Compare(const TrainConfig& config, const PipelineOptions* options) {
+// `interlocked`: through Trainer::Run, which announces each next step (post-validation then
+// interlocks the steps); otherwise one Trainer::Step at a time.
+Compared Compare(const TrainConfig& config, const PipelineOptions* options,
+                 bool interlocked = false) {
   Compared out;
   auto output_bytes = [&](const EngineContext& ctx) {
     return config.batch / config.microbatches * ctx.task.seq_len() * ctx.task.gpt()->dim *
@@ -65,8 +68,13 @@ Compared Compare(const TrainConfig& config, const PipelineOptions* options) {
   }
   Trainer trainer(config, factory);
   int64_t single_peak = 0;
-  for (int64_t s = 0; s < config.steps; ++s) {
-    single_peak = std::max(single_peak, trainer.Step().peak_allocated_bytes);
+  if (interlocked) {
+    trainer.Run(
+        [&](const StepRecord& r) { single_peak = std::max(single_peak, r.peak_allocated_bytes); });
+  } else {
+    for (int64_t s = 0; s < config.steps; ++s) {
+      single_peak = std::max(single_peak, trainer.Step().peak_allocated_bytes);
+    }
   }
   if (engine != nullptr) {
     for (const StageReport& r : engine->reports()) out.measured.push_back(r.peak_allocated_bytes);
@@ -136,9 +144,11 @@ TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
   }
 }
 
-// Post-validation keeps a copy of every rank's parameters and optimizer state for a rollback: the
-// forecast holds it for the whole step (a run's steps after the first do), exactly its bytes
-// above the synchronous forecast, and still brackets the measured peaks.
+// Post-validation keeps a copy of every rank's parameters and optimizer state for a rollback, and,
+// as consecutive steps interlock, the previous step's gradients for its redo: the forecast holds
+// both for the whole step (a run's steps after the first do), exactly their bytes above the
+// synchronous forecast, and still brackets the measured peaks of runs one step at a time and of
+// interlocked runs (Trainer::Run) alike.
 TEST(MemoryForecast, PostValidationsRollbackCopyIsForecastAndBracketsTheMeasuredPeak) {
   for (ScheduleKind kind :
        {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
@@ -149,7 +159,8 @@ TEST(MemoryForecast, PostValidationsRollbackCopyIsForecastAndBracketsTheMeasured
       TrainConfig config = Config(kSizes[0], RecomputePolicy::kCheap, 8);
       config.steps = 3;
       config.optimizer.clip_norm = 0.05;  // every step rolled back and redone
-      const Compared with = Compare(config, &eager), without = Compare(config, &sync);
+      const Compared with = Compare(config, &eager), without = Compare(config, &sync),
+                     interlocked = Compare(config, &eager, /*interlocked=*/true);
       ASSERT_EQ(with.forecast.size(), with.measured.size());
       for (size_t s = 0; s < with.measured.size(); ++s) {
         const StageMemoryForecast& f = with.forecast[s];
@@ -158,13 +169,17 @@ TEST(MemoryForecast, PostValidationsRollbackCopyIsForecastAndBracketsTheMeasured
                         with.measured[s], Describe(f));
         EXPECT_GT(f.rollback_bytes, 0) << what;
         EXPECT_EQ(without.forecast[s].rollback_bytes, 0) << what;
-        EXPECT_EQ(f.peak_allocated_bytes,
-                  without.forecast[s].peak_allocated_bytes + f.rollback_bytes)
-            << what;
-        EXPECT_EQ(f.persistent_bytes, without.forecast[s].persistent_bytes + f.rollback_bytes)
-            << what;
+        EXPECT_GT(f.interlock_bytes, 0) << what;
+        EXPECT_EQ(without.forecast[s].interlock_bytes, 0) << what;
+        const int64_t kept = f.rollback_bytes + f.interlock_bytes;
+        EXPECT_EQ(f.peak_allocated_bytes, without.forecast[s].peak_allocated_bytes + kept) << what;
+        EXPECT_EQ(f.persistent_bytes, without.forecast[s].persistent_bytes + kept) << what;
         EXPECT_LE(with.measured[s], f.peak_allocated_bytes) << what;
-        EXPECT_GE(with.measured[s], f.least_peak_allocated_bytes) << what;
+        EXPECT_LE(interlocked.measured[s], f.peak_allocated_bytes) << what << " (interlocked)";
+        // The least peak assumes the gradients kept for a redo, which only interlocked steps hold.
+        EXPECT_GE(interlocked.measured[s], f.least_peak_allocated_bytes)
+            << what << " (interlocked)";
+        EXPECT_GE(with.measured[s], f.least_peak_allocated_bytes - f.interlock_bytes) << what;
       }
     }
   }

@@ -61,7 +61,10 @@ nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a, bool expla
                                                              : nlohmann::json(choice.budget[s])},
                       {"fits", p.fits}});
     if (explain) stages.back()["live_at_peak"] = LiveJson(p.forecast.live_at_peak);
-    if (a.pipe.post_validate) stages.back()["rollback_bytes"] = p.forecast.rollback_bytes;
+    if (a.pipe.post_validate) {
+      stages.back()["rollback_bytes"] = p.forecast.rollback_bytes;
+      stages.back()["interlock_bytes"] = p.forecast.interlock_bytes;
+    }
   }
   nlohmann::json out = {
       {"model", a.config.ModelName()},
@@ -123,6 +126,13 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
     for (size_t s = 0; s < plan.stages.size(); ++s) {
       out +=
           fmt::format("{}{}", s ? " / " : "", FormatBytes(plan.stages[s].forecast.rollback_bytes));
+    }
+    out +=
+        "\n  and, as consecutive steps interlock, the previous step's gradients for its redo (in "
+        "the gradients column): ";
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      out +=
+          fmt::format("{}{}", s ? " / " : "", FormatBytes(plan.stages[s].forecast.interlock_bytes));
     }
     out += "\n";
   }

@@ -189,6 +189,12 @@ int RunTrain(TrainArgs& a) {
     // its state went.
     if (leader) {
       progress.EndLine();
+      if (s.stopped_ahead) {
+        fmt::print(stderr,
+                   "sluice: {} came while step {} ran ahead of step {} (--post-validate "
+                   "interlocks consecutive steps): step {} was finished and validated first\n",
+                   SignalName(s.stop_signal), s.steps, s.steps - 1, s.steps);
+      }
       const std::string where =
           c.save_path.empty() ? fmt::format(" (no --save was given: saved {})",
                                             c.metrics_path.empty() ? "in the working directory"

@@ -136,6 +136,15 @@ class RankReplay {
     if (setup_.post_validate) {  // allocated at the first step's OPT, then held for the run
       out.rollback_bytes = RollbackBytes(program_->params(), setup_.config->optimizer);
       ledger_.Allocate(out.rollback_bytes, MemoryUse::kOptimizerState);
+      // Interlocked steps: the previous step's gradients, kept for its redo, and its norm
+      // partials (the pending reduction's operand: one f64 per model parameter and the loss sum),
+      // through this step.
+      out.interlock_bytes = static_cast<int64_t>((setup_.model_params.size() + 1) * sizeof(double));
+      for (const ParamSpec& p : program_->params()) {
+        if (!p.constant)
+          out.interlock_bytes += p.shape.numel() * static_cast<int64_t>(sizeof(float));
+      }
+      ledger_.Allocate(out.interlock_bytes, MemoryUse::kGradients);
     }
     out.persistent_bytes = ledger_.allocated();
     ledger_.ResetPeak();

@@ -8,15 +8,19 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "sluice/comm/local.h"
+#include "sluice/comm/rank_order_sum.h"
 #include "sluice/core/clock.h"
 #include "sluice/core/files.h"
+#include "sluice/core/mutex.h"
 #include "sluice/core/thread_pool.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/chrome_trace.h"
@@ -83,12 +87,54 @@ struct PipelineEngine::Impl {
   }
   std::unique_ptr<CostProfiler> profiler;  // with options.profile_path
   int64_t rollbacks = 0;  // post-validation: steps whose eager update was rolled back
+
+  // Interlocked post-validation (options.post_validate on threads): the ranks run a chain of
+  // steps without joining between them — RankChain on every rank, started by StartChain on the
+  // `driver` thread — and Step meets them through `chain`: it sets what each step is and what
+  // follows it, and takes each step's StageSteps once every rank has posted its reduction.
+  struct Chain {
+    struct Spec {
+      int64_t step = 0, first_batch = 0;
+      double lr = 0;
+      bool trace = false;
+    };
+    enum class After { kContinue, kStop, kDiscard };
+    Mutex mu;
+    CondVar cv;                                     // notified at every change below
+    std::map<int64_t, Spec> specs GUARDED_BY(mu);   // the steps to run, by index
+    std::map<int64_t, After> after GUARDED_BY(mu);  // what each rank does after a step
+    // [step][rank]: the rank's StageStep of the step, once it posted the step's reduction.
+    std::map<int64_t, std::vector<std::optional<StageStep>>> posted GUARDED_BY(mu);
+    std::map<int64_t, int> settled GUARDED_BY(mu);  // ranks that ended the chain after a step
+    std::exception_ptr error GUARDED_BY(mu);        // a rank failed: the chain is over
+    bool ended GUARDED_BY(mu) = true;               // no driver runs the ranks
+  };
+  std::unique_ptr<Chain> chain;            // post-validation on threads; null otherwise
+  std::unique_ptr<StepProgress> progress;  // likewise: how far each rank got
+  std::thread driver;                      // runs stage_threads over one chain
+  int64_t ahead = -1;  // the step announced by Step's `next` and running ahead; -1: none
+  int64_t chain_last_end_ns = -1;        // the previous step's last rank end in this chain
+  std::vector<StageStep> traced_before;  // the traced step before the last (its spans)
+  void StartChain(int64_t first);
+  void RankChain(int r, int64_t step);
+  // Waits until every rank posted `step` (and with `settle`, ended the chain after it); rethrows
+  // a rank's failure once the driver is joined.
+  std::vector<StageStep> AwaitChain(int64_t step, bool settle);
+  StepResult StepInterlocked(int64_t step, int64_t first_batch, double lr,
+                             const std::optional<StepEngine::NextStep>& next);
+  bool TracedStep(int64_t step) const {
+    if (options.trace_path.empty()) return false;
+    const int64_t last = setup.config->steps - 1;
+    return step == last || (chain != nullptr && step == last - 1);  // the last two, interlocked
+  }
   // What post-validation kept and redid: null without it.
   nlohmann::json PostValidationSummary() const {
     if (!options.post_validate) return nullptr;
     int64_t bytes = 0;
     for (const StageReport& r : reports) bytes += r.rollback_bytes;
-    return {{"rollbacks", rollbacks}, {"rollback_bytes", bytes}};
+    nlohmann::json out = {{"rollbacks", rollbacks}, {"rollback_bytes", bytes}};
+    if (progress != nullptr) out["overlapped_starts"] = progress->overlapped_starts();
+    return out;
   }
   // In-process: the stages' threads, kept for the engine's life (the caller's thread is stage
   // 0's), so that a step starts no thread and each stage's thread-local state — its caches in the
@@ -171,6 +217,11 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     impl.world =
         std::make_unique<LocalWorld>(P, LocalWorldOptions{.timeout = impl.options.timeout});
     impl.stage_threads = std::make_unique<ThreadPool>(P, ThreadPool::Jobs::kOwnWork);
+    if (impl.options.post_validate) {
+      impl.chain = std::make_unique<Impl::Chain>();
+      impl.progress = std::make_unique<StepProgress>(P);
+      impl.setup.progress = impl.progress.get();  // the ranks hold impl.setup by reference
+    }
   }
   const ScheduleOptions sched = ScheduleOptionsOf(impl.options, config.microbatches);
   for (int w = 0; w < P * D; ++w) {
@@ -184,7 +235,134 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
   }
 }
 
-PipelineEngine::~PipelineEngine() = default;
+PipelineEngine::~PipelineEngine() {
+  try {
+    Drain();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a failed chain is over; nothing to undo
+  }
+  if (impl_->driver.joinable()) impl_->driver.join();
+}
+
+void PipelineEngine::Impl::StartChain(int64_t first) {
+  {
+    MutexLock lock(&chain->mu);
+    chain->ended = false;
+  }
+  driver = std::thread([this, first] {
+    const int P = options.stages;
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
+    stage_threads->RunOnAll([&](int r) {
+      try {
+        RankChain(r, first);
+      } catch (...) {
+        errors[r] = std::current_exception();
+        std::string what = fmt::format("stage {} failed", r);
+        try {
+          std::rethrow_exception(errors[r]);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {  // NOLINT(bugprone-empty-catch): the generic message stands
+        }
+        world->comm(r).Abort(what);  // the first abort wins: a StageError's already did
+        MutexLock lock(&chain->mu);
+        if (!chain->error) chain->error = errors[r];
+        chain->cv.NotifyAll();
+      }
+    });
+    // Report the rank that failed first — its StageError; the others were woken by its abort.
+    std::exception_ptr first_error;
+    for (const std::exception_ptr& e : errors) {
+      if (e && (!first_error || IsStageError(e))) first_error = e;
+      if (first_error && IsStageError(first_error)) break;
+    }
+    MutexLock lock(&chain->mu);
+    if (first_error) chain->error = first_error;
+    chain->ended = true;
+    chain->cv.NotifyAll();
+  });
+}
+
+// One rank's chain: each step's actions, its reduction posted at its end (StageStep to `posted`),
+// then on to the next step when Step announced it, else the last validation. A step whose run
+// was discarded (the previous step failed validation at its update point) runs again.
+void PipelineEngine::Impl::RankChain(int r, int64_t step) {
+  Chain& c = *chain;
+  Communicator& comm = world->comm(r);
+  for (;;) {
+    Chain::Spec spec;
+    {
+      MutexLock lock(&c.mu);
+      spec = c.specs.at(step);  // set before any rank could reach it
+    }
+    StageStep s =
+        ranks[r]->RunStepInterlocked(spec.step, spec.first_batch, spec.lr, comm, spec.trace);
+    if (s.redo) continue;
+    Chain::After after = Chain::After::kStop;
+    {
+      MutexLock lock(&c.mu);
+      auto& slot = c.posted[step];
+      slot.resize(static_cast<size_t>(options.stages));
+      slot[r] = std::move(s);
+      c.cv.NotifyAll();
+      while (c.after.count(step) == 0 && !c.error) c.cv.Wait(&c.mu);
+      if (c.error) return;  // another rank failed; the driver reports its error
+      after = c.after.at(step);
+    }
+    if (after == Chain::After::kContinue) {
+      ++step;
+      continue;
+    }
+    if (after == Chain::After::kStop) {
+      ranks[r]->Settle();
+    } else {
+      ranks[r]->DiscardPending();
+    }
+    MutexLock lock(&c.mu);
+    ++c.settled[step];
+    c.cv.NotifyAll();
+    return;
+  }
+}
+
+std::vector<StageStep> PipelineEngine::Impl::AwaitChain(int64_t step, bool settle) {
+  Chain& c = *chain;
+  const size_t P = static_cast<size_t>(options.stages);
+  std::vector<StageStep> steps;
+  {
+    MutexLock lock(&c.mu);
+    while (!c.error) {
+      const auto it = c.posted.find(step);
+      const bool all_posted =
+          it != c.posted.end() && it->second.size() == P &&
+          std::all_of(it->second.begin(), it->second.end(),
+                      [](const std::optional<StageStep>& x) { return x.has_value(); });
+      if (all_posted && (!settle || c.settled[step] == static_cast<int>(P))) break;
+      c.cv.Wait(&c.mu);
+    }
+    if (!c.error) {
+      for (std::optional<StageStep>& x : c.posted[step]) steps.push_back(std::move(*x));
+      // Every rank has read what it needs of this step and the previous one (a rank posts a step
+      // after reading the decision that led to it; it settles after reading this step's).
+      c.posted.erase(step);
+      c.specs.erase(step);
+      c.after.erase(c.after.begin(), c.after.lower_bound(settle ? step + 1 : step));
+      c.settled.erase(step);
+    } else {
+      while (!c.ended) c.cv.Wait(&c.mu);
+    }
+  }
+  if (settle || steps.empty()) {
+    if (driver.joinable()) driver.join();
+    ahead = -1;
+    chain_last_end_ns = -1;
+  }
+  if (steps.empty()) {
+    MutexLock lock(&c.mu);
+    failure = c.error;
+    std::rethrow_exception(failure);
+  }
+  return steps;
+}
 
 namespace {
 
@@ -388,8 +566,116 @@ void PipelineEngine::Impl::Record(int w, const StageStep& s, int64_t released, i
 }
 
 StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr) {
+  return Step(step, first_batch, lr, std::nullopt);
+}
+
+bool PipelineEngine::RunningAhead() const { return impl_->ahead >= 0; }
+
+void PipelineEngine::Drain() {
+  Impl& impl = *impl_;
+  if (impl.chain == nullptr || impl.ahead < 0) return;
+  {
+    MutexLock lock(&impl.chain->mu);
+    impl.chain->after[impl.ahead] = Impl::Chain::After::kDiscard;
+    impl.chain->cv.NotifyAll();
+  }
+  impl.AwaitChain(impl.ahead, /*settle=*/true);  // its figures are no step's: dropped
+}
+
+StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_batch, double lr,
+                                                 const std::optional<StepEngine::NextStep>& next) {
+  const int P = options.stages;
+  const int M = setup.schedule.micro_batches;
+  const bool trace = TracedStep(step);
+  bool start = false;
+  {
+    MutexLock lock(&chain->mu);
+    if (ahead >= 0) {
+      const Chain::Spec& spec = chain->specs.at(ahead);
+      SLUICE_CHECK(ahead == step && spec.first_batch == first_batch && spec.lr == lr,
+                   "step {} (batch {}, lr {}) asked for while step {} (batch {}, lr {}) runs ahead",
+                   step + 1, first_batch, lr, ahead + 1, spec.first_batch, spec.lr);
+    } else {
+      chain->specs[step] = {step, first_batch, lr, trace};
+      start = true;
+    }
+    chain->after[step] = next ? Chain::After::kContinue : Chain::After::kStop;
+    if (next) {
+      chain->specs[next->step] = {next->step, next->first_batch, next->lr, TracedStep(next->step)};
+    }
+    chain->cv.NotifyAll();
+  }
+  if (start) StartChain(step);
+  const int64_t previous_end = chain_last_end_ns;
+  std::vector<StageStep> steps = AwaitChain(step, /*settle=*/!next);
+  ahead = next ? next->step : -1;
+
+  // The reduction every rank computes (or will): the partials added in rank order.
+  const size_t n = steps[0].norm_partials.size();
+  std::vector<const void*> sources;
+  for (const StageStep& s : steps) {
+    SLUICE_CHECK(s.norm_partials.size() == n, "stage partials of step {} differ in size", step + 1);
+    sources.push_back(s.norm_partials.data());
+  }
+  std::vector<double> sums(n);
+  SumInRankOrder(DType::kF64, sources, static_cast<int64_t>(n), sums.data());
+  StepResult result;
+  result.grad_norm = GlobalNorm({sums.begin(), sums.end() - 1});
+  const StageProgram::Validation verdict =
+      EagerUpdateVerdict(result.grad_norm, sums.back(), setup.config->optimizer.clip_norm);
+  result.updated = verdict != StageProgram::Validation::kSkipped;
+  rollbacks += verdict != StageProgram::Validation::kAccepted ? 1 : 0;
+  const StageStep& last = steps[setup.schedule.RankOf(setup.schedule.virtual_stages() - 1)];
+  double loss_sum = 0;
+  for (double l : last.losses) loss_sum += l;
+  result.loss = loss_sum / static_cast<double>(M);
+  for (StageStep& s : steps) {
+    s.grad_norm = result.grad_norm;
+    s.updated = result.updated;
+    s.rolled_back = verdict != StageProgram::Validation::kAccepted;
+  }
+  // The step's span: from its first rank's start — or, where steps overlap, from the previous
+  // step's last end — to its last rank's end, so that the spans of a chain add up to its time.
+  int64_t begin = std::numeric_limits<int64_t>::max(), end = 0;
+  for (const StageStep& s : steps) {
+    begin = std::min(begin, s.begin_ns);
+    end = std::max(end, s.begin_ns + s.wall_ns);
+  }
+  if (previous_end >= 0) begin = std::max(begin, std::min(previous_end, end));
+  chain_last_end_ns = next ? end : -1;
+  if (profiler) {
+    const int64_t steps_run = setup.config->steps;
+    if (step > 0 || steps_run == 1) profiler->Add(steps, end - begin);  // step 0 warms up
+    if (step == steps_run - 1)
+      WriteSideOutput([&] { WriteCosts(profiler->Costs(), options.profile_path); });
+  }
+  for (int r = 0; r < P; ++r) {
+    Record(r, steps[r], steps[r].released_output_bytes, end - begin);
+    result.peak_allocated_bytes =
+        std::max(result.peak_allocated_bytes, steps[r].peak_allocated_bytes);
+    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, steps[r].peak_reserved_bytes);
+  }
+  if (trace && step == setup.config->steps - 1) {
+    // The last two steps, where they overlap: each stage's spans of both, in time order.
+    for (size_t r = 0; r < traced_before.size() && r < steps.size(); ++r) {
+      StageStep& s = steps[r];
+      s.spans.insert(s.spans.begin(), traced_before[r].spans.begin(), traced_before[r].spans.end());
+      s.memory.insert(s.memory.begin(), traced_before[r].memory.begin(),
+                      traced_before[r].memory.end());
+    }
+    WriteSideOutput([&] { WriteTrace(steps, 0, options.trace_path); });
+    traced_before.clear();
+  } else if (trace) {
+    traced_before = std::move(steps);
+  }
+  return result;
+}
+
+StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr,
+                                const std::optional<NextStep>& next) {
   Impl& impl = *impl_;
   if (impl.failure) std::rethrow_exception(impl.failure);
+  if (impl.chain != nullptr) return impl.StepInterlocked(step, first_batch, lr, next);
   const int P = impl.options.stages;
   const int M = impl.setup.schedule.micro_batches;
   const bool trace = !impl.options.trace_path.empty() && step == impl.setup.config->steps - 1;
@@ -824,6 +1110,9 @@ std::map<std::string, Tensor> PipelineEngine::RankState(int rank) const {
   return impl_->ranks.at(static_cast<size_t>(rank))->State();
 }
 const std::vector<StageReport>& PipelineEngine::reports() const { return impl_->reports; }
+int64_t PipelineEngine::overlapped_starts() const {
+  return impl_->progress != nullptr ? impl_->progress->overlapped_starts() : 0;
+}
 const Schedule& PipelineEngine::schedule() const { return impl_->setup.schedule; }
 const Partition& PipelineEngine::partition() const { return impl_->partition; }
 
@@ -885,7 +1174,10 @@ std::vector<std::string> PipelineEngine::ReportLines() const {
         pv["rollbacks"].get<int64_t>(), mib(pv["rollback_bytes"].get<int64_t>())));
   }
   if (!impl.options.trace_path.empty())
-    lines.push_back(fmt::format("trace of the last step: {}", impl.options.trace_path));
+    lines.push_back(fmt::format(
+        "trace of the last {}: {}",
+        impl.chain != nullptr && impl.setup.config->steps > 1 ? "two steps (interlocked)" : "step",
+        impl.options.trace_path));
   return lines;
 }
 

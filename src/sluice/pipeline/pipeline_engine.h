@@ -36,6 +36,22 @@
 // "post_validation": {"rollbacks": steps rolled back, "rollback_bytes": kept by all ranks} (and
 // nothing without post-validation).
 //
+// Interlocked steps (post-validation on threads): Step's `next` (StepEngine::Step) announces the
+// step after this one, and the ranks do not stop in between. Each rank ends a step by updating
+// eagerly and posting the reduction of its norm partials and loss without waiting
+// (Communicator::IallReduceSum), and goes straight on to the next step's actions; it waits for
+// that reduction only at the next step's update point, where it validates the previous step. Step
+// returns a step's figures once every rank has posted its reduction (the verdict follows from the
+// reduced figures, EagerUpdateVerdict), while the ranks may be inside the next step. When a step
+// fails validation (clipping fires, or a skip), every rank sees it at the same point — the next
+// step's OPT, all of that step's messages received — and restores and redoes the step's update as
+// the synchronous run does, drops the next step's gradients and runs that step again: results
+// stay bitwise the synchronous run's, and the rollbacks count the redone steps. A Step without
+// `next` ends the chain after its step (validated before Step returns); Drain undoes a step
+// announced but not taken. MPI runs stay synchronous: `next` is ignored there. The span of an
+// interlocked step starts at the previous step's last end, so that spans add up to the run's time.
+// With --trace the last two steps are traced, so that their overlap shows.
+//
 // Thread-safety: one thread calls the engine; it runs its own rank threads inside Step. Every
 // process of a distributed run calls the same methods in the same order (they are collective).
 // Failure modes: the constructor throws InvalidArgument for a model that is not a GPT, a
@@ -88,6 +104,15 @@ class PipelineEngine final : public StepEngine {
   ~PipelineEngine() override;
 
   StepResult Step(int64_t step, int64_t first_batch, double lr) override;
+  // With post-validation on threads, `next` lets the ranks go on into that step without a join:
+  // see "Interlocked steps" above. Otherwise `next` is ignored.
+  StepResult Step(int64_t step, int64_t first_batch, double lr,
+                  const std::optional<NextStep>& next) override;
+  bool RunningAhead() const override;
+  void Drain() override;
+  // Interlocked post-validation: how many times a rank began a step's first action before every
+  // rank had finished the previous step's actions (StepProgress; 0 otherwise).
+  int64_t overlapped_starts() const;
   // A tied parameter (and its optimizer state) once: the copy of the first rank holding it.
   std::map<std::string, Tensor> State() const override;
   // In-process: copies the tensors State() returns into the other ranks' copies of tied

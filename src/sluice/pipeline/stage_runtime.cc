@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -51,6 +53,25 @@ struct StageRuntime::Impl {
     Shape shape;
   };
   std::vector<TiedMessage> tied_messages;
+  // Interlocked post-validation: the step whose eager update awaits its reduction (posted, not
+  // yet waited for), with what validating it needs.
+  struct Pending {
+    int64_t step = 0;
+    double lr = 0;
+    Tensor sums;  // [n + 1]: the reduction's operand, its result once waited for
+    Request reduce;
+  };
+  std::optional<Pending> pending;
+  // The last run was discarded (StageStep::redo): the run of the same step again keeps its peak,
+  // so that the step's reported peak covers both runs.
+  bool redoing = false;
+  // Waits for `pending`'s reduction and returns its global norm and loss sum.
+  std::pair<double, double> Reduced() {
+    const Tensor sums = pending->reduce.Wait();
+    const auto n = static_cast<size_t>(sums.numel() - 1);
+    const double* x = sums.data<double>();
+    return {GlobalNorm({x, x + n}), x[n]};
+  }
 
   Impl(const StageSetup& s, int r);
   // One step's messages, numbered as StageStep::MessageEvent says; tags wrap it.
@@ -165,8 +186,9 @@ GcMode StageRuntime::gc_mode() const {
 class StageRuntime::StepRun {
  public:
   StepRun(StageRuntime::Impl& rt, int64_t step, int64_t first_batch, double lr, Communicator& comm,
-          bool trace)
-      : rt_(rt),
+          bool trace, bool interlocked = false)
+      : interlocked_(interlocked),
+        rt_(rt),
         cfg_(*rt.setup.config),
         step_(step),
         first_batch_(first_batch),
@@ -188,12 +210,15 @@ class StageRuntime::StepRun {
 
   StageStep Run() {
     const auto& actions = rt_.setup.schedule.ranks[rt_.rank];
-    rt_.allocator.ResetPeak();
+    if (!rt_.redoing) rt_.allocator.ResetPeak();
     const int64_t t0 = NowNs(), core_wait0 = ThreadCoreWaitNs();
     out_.begin_ns = t0;
+    StepProgress* progress = rt_.setup.progress;
+    if (progress != nullptr) progress->Begin(rt_.rank, step_);
     for (size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       try {
+        if (i + 1 == actions.size()) Hold();
         Comm([&] { PollSends(); });
         if (Faulty(a)) continue;
         if (IsCompute(a.kind) || a.kind == ActionKind::kOptimizer) {
@@ -234,6 +259,7 @@ class StageRuntime::StepRun {
       comm_.Abort(what);
       throw StageError(what);
     }
+    if (progress != nullptr && !out_.redo) progress->Finish(rt_.rank, step_);
     out_.wall_ns = NowNs() - t0;
     if (core_wait0 >= 0) {
       const int64_t core_wait1 = ThreadCoreWaitNs();
@@ -242,6 +268,7 @@ class StageRuntime::StepRun {
     const MemoryStats stats = rt_.allocator.Stats();
     out_.peak_allocated_bytes = stats.peak_allocated_bytes;
     out_.peak_reserved_bytes = stats.peak_reserved_bytes;
+    rt_.redoing = out_.redo;
     return std::move(out_);
   }
 
@@ -279,6 +306,20 @@ class StageRuntime::StepRun {
     }
     if (f.mode == FaultInjection::Mode::kThrow) throw Error("injected fault");
     return true;  // kSkip
+  }
+
+  // FaultInjection::hold_step: before this rank's last action of that step, wait for rank 0 to
+  // begin the next one.
+  void Hold() {
+    const FaultInjection& f = rt_.setup.fault;
+    if (f.hold_step != step_ || f.rank != rt_.rank || rt_.setup.progress == nullptr) return;
+    const std::chrono::milliseconds timeout = comm_.default_timeout();
+    if (!rt_.setup.progress->WaitBegun(0, step_ + 1, timeout)) {
+      throw Error(fmt::format(
+          "held before its last action of step {} until rank 0 began step {}, which it did not "
+          "within {} ms: consecutive steps do not interlock",
+          step_ + 1, step_ + 2, timeout.count()));
+    }
   }
 
   // Times a compute action: busy time, and a span when tracing.
@@ -556,6 +597,10 @@ class StageRuntime::StepRun {
         if (rt_.in_norm[i]) sum_squares.data<double>()[rt_.model_index[i]] = mine[i];
       }
     });
+    if (interlocked_) {
+      OptimizeInterlocked(a, std::move(sum_squares));
+      return;
+    }
     // Post-validation: the update first, assuming the reduction will not object; then the
     // reduction, and the validation that accepts the update or rolls it back (StageProgram).
     const bool eager = setup.post_validate;
@@ -591,6 +636,40 @@ class StageRuntime::StepRun {
     }
   }
 
+  // Interlocked post-validation's update point: validate the previous step (its reduction has
+  // long completed: every rank posted it at the end of that step), then update this one eagerly
+  // and post its reduction without waiting. A previous step that fails is restored and redone here
+  // (or withheld) by every rank alike — each sees the same reduced figures at this same point of
+  // its action list — and this step's run is discarded: its gradients are dropped and it runs
+  // again from the corrected weights (StageStep::redo).
+  void OptimizeInterlocked(const Action& a, Tensor sum_squares) {
+    if (rt_.pending) {
+      const int64_t begin = NowNs();
+      const auto [norm, loss] = rt_.Reduced();
+      const int64_t waited = NowNs();
+      out_.comm_ns += waited - begin;
+      Span("ALLREDUCE", a, begin, waited);
+      const StageProgram::Validation v =
+          rt_.program->ValidateEagerUpdate(norm, loss, rt_.pending->lr, rt_.pending->step);
+      rt_.pending.reset();
+      out_.busy_ns += NowNs() - waited;
+      Span(v == StageProgram::Validation::kAccepted ? "VALIDATE" : "ROLLBACK", a, waited, NowNs());
+      if (v != StageProgram::Validation::kAccepted) {
+        grads_.Clear();
+        out_.redo = true;
+        return;
+      }
+    }
+    Compute(a, "OPT", 4, [&] { rt_.program->UpdateEagerly(grads_, lr_, step_); });
+    const double* x = sum_squares.data<double>();
+    out_.norm_partials.assign(x, x + sum_squares.numel());
+    out_.rollback_bytes = rt_.program->RollbackBytes();
+    out_.allreduce_begin_ns = out_.allreduce_end_ns = NowNs();
+    Request reduce = comm_.IallReduceSum(sum_squares);
+    rt_.pending = StageRuntime::Impl::Pending{
+        .step = step_, .lr = lr_, .sums = std::move(sum_squares), .reduce = std::move(reduce)};
+  }
+
   // Tied parameters: sends this rank's shares of their gradients (summed over the replicas) to the
   // other ranks holding them, receives theirs, and waits for both — the sends too, since
   // FinishGradients then adds into the shares in place. Returns the shares received, by name.
@@ -621,6 +700,7 @@ class StageRuntime::StepRun {
     return received;
   }
 
+  bool interlocked_;
   StageRuntime::Impl& rt_;
   const TrainConfig& cfg_;  // the run's (step/train_config.h)
   int64_t step_;
@@ -664,7 +744,71 @@ int64_t StepSpanNs(const std::vector<StageStep>& steps) {
 
 StageStep StageRuntime::RunStep(int64_t step, int64_t first_batch, double lr, Communicator& comm,
                                 bool trace) {
+  SLUICE_CHECK(!impl_->pending,
+               "stage {}: step {} ran synchronously while step {} awaits its "
+               "validation",
+               impl_->rank, step + 1, impl_->pending ? impl_->pending->step + 1 : 0);
   return StepRun(*impl_, step, first_batch, lr, comm, trace).Run();
+}
+
+StageStep StageRuntime::RunStepInterlocked(int64_t step, int64_t first_batch, double lr,
+                                           Communicator& comm, bool trace) {
+  SLUICE_CHECK(impl_->setup.post_validate && impl_->setup.data == nullptr,
+               "stage {}: interlocked steps need post-validation without data parallelism",
+               impl_->rank);
+  return StepRun(*impl_, step, first_batch, lr, comm, trace, /*interlocked=*/true).Run();
+}
+
+StageProgram::Validation StageRuntime::Settle() {
+  Impl& rt = *impl_;
+  if (!rt.pending) return StageProgram::Validation::kAccepted;
+  const auto [norm, loss] = rt.Reduced();
+  const StageProgram::Validation v =
+      rt.program->ValidateEagerUpdate(norm, loss, rt.pending->lr, rt.pending->step);
+  rt.pending.reset();
+  return v;
+}
+
+void StageRuntime::DiscardPending() {
+  Impl& rt = *impl_;
+  if (!rt.pending) return;
+  rt.Reduced();  // every rank posted it: the collective completes on every rank
+  rt.program->DiscardEagerUpdate(rt.pending->step);
+  rt.pending.reset();
+}
+
+StepProgress::StepProgress(int ranks) : ranks_(ranks), begun_(static_cast<size_t>(ranks), -1) {}
+
+bool StepProgress::Begin(int rank, int64_t step) {
+  MutexLock lock(&mu_);
+  begun_[static_cast<size_t>(rank)] = std::max(begun_[static_cast<size_t>(rank)], step);
+  const auto previous = finished_.find(step - 1);
+  const bool overlap = previous != finished_.end() && previous->second < ranks_;
+  if (overlap) ++overlapped_;
+  cv_.NotifyAll();
+  return overlap;
+}
+
+void StepProgress::Finish(int rank, int64_t step) {
+  MutexLock lock(&mu_);
+  (void)rank;
+  ++finished_[step];
+  // A step two behind every rank's is done with: keep the map small.
+  while (!finished_.empty() && finished_.begin()->first < step - 2)
+    finished_.erase(finished_.begin());
+}
+
+bool StepProgress::WaitBegun(int rank, int64_t step, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (begun_[static_cast<size_t>(rank)] < step && cv_.WaitUntil(&mu_, deadline)) {
+  }
+  return begun_[static_cast<size_t>(rank)] >= step;
+}
+
+int64_t StepProgress::overlapped_starts() const {
+  MutexLock lock(&mu_);
+  return overlapped_;
 }
 
 }  // namespace sluice::pipeline

@@ -68,6 +68,8 @@
 #include "sluice/comm/communicator.h"
 #include "sluice/core/error.h"
 #include "sluice/core/memory_stats.h"
+#include "sluice/core/mutex.h"
+#include "sluice/core/thread_annotations.h"
 #include "sluice/nn/model.h"
 #include "sluice/schedule/schedule.h"
 #include "sluice/step/stage_program.h"
@@ -96,6 +98,36 @@ struct FaultInjection {
   int micro_batch = 0;
   int64_t step = 0;
   int64_t compute_sleep_ns = 0;
+  // Interlocked post-validation (StageRuntime::RunStepInterlocked): rank `rank` holds before its
+  // last action of step hold_step until rank 0 has begun step hold_step + 1 (StepProgress), and
+  // fails naming both when that does not happen within the communicator's timeout — a run whose
+  // steps did not interlock. -1: no hold.
+  int64_t hold_step = -1;
+};
+
+// Interlocked post-validation: how far each rank of one process got, shared by their threads.
+// Thread-safe (one mutex).
+class StepProgress {
+ public:
+  explicit StepProgress(int ranks);
+  // Rank `rank` begins step `step`'s actions. Returns true, and counts it, when some rank had not
+  // yet finished step − 1's actions: the two steps overlap. Causal, not timed: both events are
+  // recorded by the ranks themselves, in their order under this object's mutex.
+  bool Begin(int rank, int64_t step);
+  // Rank `rank` finished step `step`'s actions (its update included).
+  void Finish(int rank, int64_t step);
+  // Waits until rank `rank` has begun step `step`; false when `timeout` passed first.
+  bool WaitBegun(int rank, int64_t step, std::chrono::milliseconds timeout);
+  // Begins that overlapped the previous step, summed over ranks and steps.
+  int64_t overlapped_starts() const;
+
+ private:
+  mutable Mutex mu_;
+  CondVar cv_;
+  int ranks_;
+  std::vector<int64_t> begun_ GUARDED_BY(mu_);       // [rank]: the last step it began
+  std::map<int64_t, int> finished_ GUARDED_BY(mu_);  // step → ranks that finished it
+  int64_t overlapped_ GUARDED_BY(mu_) = 0;
 };
 
 // What every rank is built from (shared, read-only while ranks run).
@@ -118,6 +150,9 @@ struct StageSetup {
   bool post_validate = false;
   int threads = 1;  // intra-op threads per rank
   FaultInjection fault;
+  // Interlocked post-validation on threads (PipelineEngine): the ranks' shared progress record
+  // (FaultInjection::hold_step waits on it). Null otherwise.
+  StepProgress* progress = nullptr;
   // Data parallelism: this rank belongs to replica `replica` of `replicas`; each replica takes
   // rows [replica·b, (replica+1)·b) of every micro-batch of b·replicas sequences, and OPT sums the
   // gradients over `data` (the replicas of this stage) before the norm. Null when replicas = 1.
@@ -162,6 +197,13 @@ struct StageStep {
   // clipped, or withheld), and the bytes kept for a rollback (StageProgram::RollbackBytes).
   bool rolled_back = false;
   int64_t rollback_bytes = 0;
+  // Interlocked post-validation (RunStepInterlocked): this rank's contribution to the step's
+  // reduction — its parameters' sums of squares by model order, then the loss sum — from which the
+  // engine tells the step's norm and verdict (EagerUpdateVerdict) as every rank will; and
+  // `redo`: the previous step failed its validation at this step's update point, so this run was
+  // discarded (no update, gradients dropped) and the step must run again.
+  std::vector<double> norm_partials;
+  bool redo = false;
   std::vector<TraceSpan> spans;      // when tracing
   std::vector<MemorySample> memory;  // when tracing
   // Profile (step_simulator.h's costs): every compute's wall and thread CPU time, one sample per
@@ -228,6 +270,21 @@ class StageRuntime {
   // Executes this rank's actions for step `step` (0-based) at learning rate `lr`, on training
   // batches first_batch … first_batch + M − 1 (StepEngine::Step).
   StageStep RunStep(int64_t step, int64_t first_batch, double lr, Communicator& comm, bool trace);
+
+  // Interlocked post-validation (threads; setup.post_validate, no data parallelism): as RunStep,
+  // but OPT first validates the previous step's eager update, whose reduction it waits for only
+  // now — when that fails (clipping or a skip), it restores and redoes that update, drops this
+  // step's gradients and returns with `redo` set (run this step again) — then updates eagerly and
+  // posts this step's reduction without waiting (IallReduceSum); its StageStep carries the
+  // partials (norm_partials). Settle or DiscardPending ends the chain.
+  StageStep RunStepInterlocked(int64_t step, int64_t first_batch, double lr, Communicator& comm,
+                               bool trace);
+  // Waits for the pending step's reduction and validates its eager update (nothing pending:
+  // kAccepted).
+  StageProgram::Validation Settle();
+  // Waits for the pending step's reduction and undoes its eager update (StageProgram::
+  // DiscardEagerUpdate): the state is the previous step's.
+  void DiscardPending();
 
   int rank() const;
   // This rank's parameters and optimizer state by name (sharing its memory).

@@ -373,6 +373,12 @@ struct StageMemoryForecast {
   // rollback (RollbackBytes), held between steps — in persistent_bytes and, at the peak, in
   // optimizer_state. 0 without it.
   int64_t rollback_bytes = 0;
+  // Post-validation's interlocked steps (on threads): the previous step's gradients, kept for its
+  // redo until this step's update point validates it, and its pending reduction's operand (an f64
+  // per model parameter and the loss sum) — held through the whole step, in persistent_bytes and,
+  // at the peak, in gradients (an upper bound: every non-constant parameter's f32 gradient).
+  // 0 without post-validation.
+  int64_t interlock_bytes = 0;
   double work = 0;  // EstimateWork of the step's F, B and W runs
   // Explained forecasts only: every tensor live at the peak, largest first; their bytes add up to
   // peak_allocated_bytes and, by use, to at_peak.

@@ -381,18 +381,35 @@ StageProgram::Validation StageProgram::ValidateEagerUpdate(double global_norm, d
                pending_step_ < 0 ? "no eager update is pending"
                                  : fmt::format("the pending one is step {}'s", pending_step_ + 1));
   pending_step_ = -1;
-  const bool finite = std::isfinite(loss) && std::isfinite(global_norm);
-  if (finite && ClipCoefficient(global_norm, config_.optimizer.clip_norm) == 1.0) {
+  const Validation verdict = EagerUpdateVerdict(global_norm, loss, config_.optimizer.clip_norm);
+  if (verdict == Validation::kAccepted) {
     pending_grads_.Clear();
-    return Validation::kAccepted;
+    return verdict;
   }
   for (const Saved& s : saved_) state_.Get(s.name).CopyFrom(s.copy);  // before the eager update
-  if (!finite) {
+  if (verdict == Validation::kSkipped) {
     pending_grads_.Clear();
-    return Validation::kSkipped;
+    return verdict;
   }
   Update(pending_grads_, global_norm, lr, step);
-  return Validation::kRedone;
+  return verdict;
+}
+
+void StageProgram::DiscardEagerUpdate(int64_t step) {
+  SLUICE_CHECK(pending_step_ == step,
+               "discarding step {}'s eager update found no saved state to restore ({})", step + 1,
+               pending_step_ < 0 ? "no eager update is pending"
+                                 : fmt::format("the pending one is step {}'s", pending_step_ + 1));
+  pending_step_ = -1;
+  for (const Saved& s : saved_) state_.Get(s.name).CopyFrom(s.copy);
+  pending_grads_.Clear();
+}
+
+StageProgram::Validation EagerUpdateVerdict(double global_norm, double loss, double clip_norm) {
+  if (!std::isfinite(loss) || !std::isfinite(global_norm))
+    return StageProgram::Validation::kSkipped;
+  return ClipCoefficient(global_norm, clip_norm) == 1.0 ? StageProgram::Validation::kAccepted
+                                                        : StageProgram::Validation::kRedone;
 }
 
 std::map<std::string, Tensor> StageProgram::State() const {

@@ -212,6 +212,10 @@ class StageProgram {
   // The bytes UpdateEagerly keeps for a rollback: every non-constant parameter and its optimizer
   // state (the gradients kept until validation are the step's own, held by Update alike).
   int64_t RollbackBytes() const;
+  // Undoes the pending eager update of `step` without validating it: restores the saved state and
+  // drops the kept gradients (a speculative step the trainer will not take, PipelineEngine::Drain).
+  // Throws InternalError, as ValidateEagerUpdate, when no eager update of `step` is pending.
+  void DiscardEagerUpdate(int64_t step);
 
   // Sharded optimizer only (options.shards > 1), after an Update that returned true: sets every
   // element outside this replica's slice of each parameter to −0.0 and calls all_reduce_sum on the
@@ -255,6 +259,10 @@ class StageProgram {
   void Apply(const GradientAccumulator& grads, double lr, int64_t step);
   std::vector<ParamSpec> shard_specs_;  // sharded: each parameter as its 1-D slice
 };
+
+// What ValidateEagerUpdate decides from a step's global norm and loss under `clip_norm` (the same
+// on every rank, so an engine can tell the outcome from the reduced figures alone).
+StageProgram::Validation EagerUpdateVerdict(double global_norm, double loss, double clip_norm);
 
 // The bytes post-validation keeps for a rollback of `params`' update (StageProgram::UpdateEagerly):
 // each non-constant parameter (f32) and its optimizer state. The memory forecast counts them

@@ -67,6 +67,28 @@ class StepEngine {
   // the update is withheld (`updated`). A run from scratch has first_batch = step·M; a resumed one
   // continues from the checkpoint's data position, whatever M the checkpoint's run used.
   virtual StepResult Step(int64_t step, int64_t first_batch, double lr) = 0;
+  // The step the caller will ask for next, known in advance.
+  struct NextStep {
+    int64_t step = 0, first_batch = 0;
+    double lr = 0;
+  };
+  // Step, telling the engine that the next call will be Step(next->step, next->first_batch,
+  // next->lr): an engine that can (a pipeline with --post-validate, on threads) begins it before
+  // this one is validated, and returns this step's figures once it is. Until the next call —
+  // or Drain — the engine's state is in motion: the caller must not read or write State() then.
+  // Without `next` the engine ends with this step, as Step does. The default ignores `next`.
+  virtual StepResult Step(int64_t step, int64_t first_batch, double lr,
+                          const std::optional<NextStep>& next) {
+    (void)next;
+    return Step(step, first_batch, lr);
+  }
+  // Whether a step announced by Step's `next` is running ahead (then the next call must be that
+  // step, or Drain).
+  virtual bool RunningAhead() const { return false; }
+  // The caller will not take the step announced by Step's `next` (a non-finite step stops
+  // training): the engine finishes and undoes it, and State() is again that after the last step
+  // returned. Nothing when no step runs ahead.
+  virtual void Drain() {}
   // Every parameter and optimizer-state tensor by name, sharing the engine's memory.
   virtual std::map<std::string, Tensor> State() const = 0;
   // The caller copied a checkpoint into State()'s tensors: an engine that keeps more than one copy

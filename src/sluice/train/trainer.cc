@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -84,6 +85,8 @@ struct Trainer::Impl {
   // After `error` (a step that was not finite; the engine withheld its update, so the state is the
   // previous step's): with config.save_path, saves that state as LastFiniteCheckpointPath unless
   // this run trained nothing, then throws `error` naming where it went (or why not).
+  // One step; with `lookahead`, the engine is told the next one (StepEngine::Step's `next`).
+  StepRecord Step(bool lookahead);
   [[noreturn]] void SaveLastFinite(const NonFiniteError& error, int64_t first_step);
   // Saves a checkpoint at `path`; when that fails, saves the state elsewhere (RescuePaths) and
   // throws IoError naming both.
@@ -147,13 +150,21 @@ std::vector<std::string> Trainer::ParamNames() const {
   return names;
 }
 
-StepRecord Trainer::Step() {
-  Impl& impl = *impl_;
+StepRecord Trainer::Step() { return impl_->Step(/*lookahead=*/false); }
+
+StepRecord Trainer::Impl::Step(bool lookahead) {
+  Impl& impl = *this;
   const TrainConfig& c = impl.config;
   const auto t0 = Clock::now();
   StepRecord r;
   r.lr = LearningRate(c.optimizer, impl.step, c.steps);
-  StepResult s = impl.engine->Step(impl.step, impl.data_position, r.lr);
+  std::optional<StepEngine::NextStep> next;
+  if (lookahead && impl.step + 1 < c.steps) {
+    next = StepEngine::NextStep{.step = impl.step + 1,
+                                .first_batch = impl.data_position + c.microbatches,
+                                .lr = LearningRate(c.optimizer, impl.step + 1, c.steps)};
+  }
+  StepResult s = impl.engine->Step(impl.step, impl.data_position, r.lr, next);
   for (std::string& failure : impl.engine->TakeOutputFailures())
     impl.output_failures.push_back(std::move(failure));
   ++impl.step;
@@ -187,6 +198,7 @@ StepRecord Trainer::Step() {
   if (r.skipped) {
     ++impl.skipped;
   } else if (!finite) {
+    impl.engine->Drain();  // a step running ahead is not taken: the state is this step's
     const std::string skipped =
         c.skip_nonfinite > 0
             ? fmt::format(" after skipping {} such step{} (--skip-nonfinite {})", impl.skipped,
@@ -315,13 +327,22 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   StepRecord last;
   const int64_t first_step = impl.step;
   int64_t saved_step = -1;  // the step of the last checkpoint this run wrote
+  // Whether the state after step n (a count) is needed: evaluation, a checkpoint, the end.
+  const auto boundary = [&](int64_t n) {
+    return n >= c.steps || (c.eval_every > 0 && n % c.eval_every == 0) ||
+           (!c.save_path.empty() && c.save_every > 0 && n % c.save_every == 0);
+  };
   while (impl.step < c.steps) {
+    bool stopping = false;
     if (stop) {
       s.stop_signal = impl.engine->AgreeOnStop(stop(), impl.step);
-      if (s.stop_signal != 0) break;
+      if (s.stop_signal != 0) {
+        if (!impl.engine->RunningAhead()) break;
+        stopping = s.stopped_ahead = true;  // finish the step begun ahead, then stop
+      }
     }
     try {
-      last = Step();
+      last = impl.Step(/*lookahead=*/!stopping && !boundary(impl.step + 1));
     } catch (const NonFiniteError& e) {
       impl.SaveLastFinite(e, first_step);  // throws
     }
@@ -336,6 +357,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       impl.SaveOrRescue(c.save_path);
       saved_step = impl.step;
     }
+    if (stopping) break;
   }
   if (s.stop_signal != 0 && impl.step > first_step) {
     s.stop_checkpoint = StopCheckpointPath(c, impl.step);

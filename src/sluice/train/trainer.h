@@ -38,6 +38,13 @@
 // a checkpoint of the last step at StopCheckpointPath (config.save_path, or a file named for the
 // stop beside the metrics or in the working directory), writes the metrics summary with
 // "stopped" and returns. Nothing is saved when no step ran (the state is what was loaded).
+// When the engine runs the next step ahead (StepEngine::Step's `next`: a pipeline with
+// --post-validate on threads), the signal finds that step begun: it is finished and validated —
+// a real step — and training stops after it (TrainSummary::stopped_ahead says so).
+//
+// Lookahead: Run tells the engine the next step in advance whenever nothing needs the engine's
+// state between the two — no evaluation, no checkpoint, not the last step — so an engine that
+// can interlock consecutive steps does; Step() (for tests) never does.
 #pragma once
 
 #include <cstdint>
@@ -88,6 +95,8 @@ struct TrainSummary {
   int stop_signal = 0;
   // Where the early stop saved the state; empty when it did not (no step had run).
   std::string stop_checkpoint;
+  // The stop found the step after the last one it saw begun (running ahead) and finished it first.
+  bool stopped_ahead = false;
   // Side outputs that could not be written (metrics, a pipeline's trace or costs file), each an
   // IoError's message. Training went on past them and saved its checkpoints as configured.
   std::vector<std::string> output_failures;

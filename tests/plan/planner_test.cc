@@ -111,7 +111,8 @@ TEST(Planner, AutoPicksTheFastestKindTheJobCanRun) {
 
 // --post-validate: steps interlock, so auto weighs each kind's steady-state step instead of its
 // synchronous one — a zero-bubble kind (zb-h2 or zb-v, steady bubble 0) wins — and every stage's
-// forecast holds the rollback copy (its parameters and optimizer state once more).
+// forecast holds the rollback copy (its parameters and optimizer state once more) and what
+// interlocked steps keep for a redo (the previous step's gradients and norm partials).
 TEST(Planner, UnderPostValidationAutoWeighsTheSteadyStateAndTheRollbackCopy) {
   PlanRequest r = Pipeline(4, 8);
   r.automatic = true;
@@ -131,8 +132,9 @@ TEST(Planner, UnderPostValidationAutoWeighsTheSteadyStateAndTheRollbackCopy) {
   for (size_t s = 0; s < pv.plan.stages.size(); ++s) {
     const StageMemoryForecast& f = pv.plan.stages[s].forecast;
     EXPECT_GT(f.rollback_bytes, 0) << "stage " << s;
-    EXPECT_EQ(f.peak_allocated_bytes,
-              without.plan.stages[s].forecast.peak_allocated_bytes + f.rollback_bytes)
+    EXPECT_GT(f.interlock_bytes, 0) << "stage " << s;
+    EXPECT_EQ(f.peak_allocated_bytes, without.plan.stages[s].forecast.peak_allocated_bytes +
+                                          f.rollback_bytes + f.interlock_bytes)
         << "stage " << s;
   }
 }

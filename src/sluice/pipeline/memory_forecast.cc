@@ -133,6 +133,11 @@ class RankReplay {
   StageMemoryForecast Run() {
     StageMemoryForecast out;
     out.stage = rank_;
+    // Parameters and optimizer state are laid out before the first step, in this order, and never
+    // move: the pages they lie on are the reserved bytes now, not a page span each.
+    const int64_t laid_out = ledger_.reserved();
+    ledger_.ResetPeak();
+    const int64_t laid_out_spans = ledger_.peak_page_spans();
     if (setup_.post_validate) {  // allocated at the first step's OPT, then held for the run
       out.rollback_bytes = RollbackBytes(program_->params(), setup_.config->optimizer);
       ledger_.Allocate(out.rollback_bytes, MemoryUse::kOptimizerState);
@@ -157,8 +162,10 @@ class RankReplay {
     }
     out.peak_allocated_bytes = ledger_.peak();
     // Thread timing orders the frees, so the holes of this replay's order are not the run's: the
-    // page spans of what the rank holds bound its reserved bytes under a budget of that much.
-    out.peak_reserved_bytes = ledger_.peak_page_spans();
+    // pages of what the rank holds bound its reserved bytes under a budget of that much — the
+    // parameters' and state's pages as laid out, a page span for everything else.
+    out.peak_reserved_bytes =
+        std::min(ledger_.peak_page_spans(), ledger_.peak_page_spans() - laid_out_spans + laid_out);
     out.work = stage_.work();
     out.at_peak = ledger_.at_peak();
     out.peak_phase = ledger_.peak_phase();

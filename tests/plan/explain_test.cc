@@ -150,8 +150,10 @@ TEST(Explain, ABudgetedPlanIsExplainedUnderItsChosenPolicies) {
   for (const StagePlan& p : free.plan.stages) {
     largest = std::max(largest, p.forecast.peak_reserved_bytes);
   }
-  r.budget.assign(4, largest * 4 / 5);
-  r.budget_text = std::to_string(largest * 4 / 5);
+  // 0.85x: on this small model a stage's pages (a page span per sub-page tensor) leave no policy
+  // under 0.80x.
+  r.budget.assign(4, largest * 17 / 20);
+  r.budget_text = std::to_string(largest * 17 / 20);
   const PlanChoice c = Explained(r);
   for (size_t s = 0; s < 4; ++s) {
     ExpectExactList(c.plan.stages[s].forecast, fmt::format("budgeted stage {}", s));

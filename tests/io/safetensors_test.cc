@@ -103,6 +103,35 @@ TEST(Safetensors, RejectsTruncatedFiles) {
   ExpectIoError(huge, "exceeds the limit");
 }
 
+// Reading the header alone (what checkpoint readers do with every shard) still refuses a file cut
+// short in its data, or with bytes after it, by the file's size.
+TEST(Safetensors, MetadataAloneRefusesAFileCutShortInItsData) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "sluice_safetensors_metadata_test.safetensors")
+          .string();
+  const std::string good =
+      SerializeSafetensors({{"w", Tensor::Zeros({4}, DType::kF32)}}, {{"step", "3"}});
+  const auto write = [&](const std::string& bytes) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    std::fclose(f);
+  };
+  write(good);
+  EXPECT_EQ(ReadSafetensorsMetadata(path).at("step"), "3");
+  write(good.substr(0, good.size() - 1));
+  try {
+    ReadSafetensorsMetadata(path);
+    FAIL() << "a file one byte short was accepted";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(path + ": "));
+    EXPECT_THAT(e.what(), HasSubstr("tensor 'w': data_offsets [0, 16] run past the data buffer"));
+  }
+  write(good + "xx");
+  EXPECT_THROW(ReadSafetensorsMetadata(path), IoError);
+  std::remove(path.c_str());
+}
+
 TEST(Safetensors, RejectsBadHeaders) {
   ExpectIoError(FileWith("{\"w\": [", 0), "header is not valid JSON");
   ExpectIoError(FileWith("[1, 2]", 0), "header must be a JSON object, not array");

@@ -58,13 +58,24 @@ class Reader {
     throw IoError(fmt::format("{}: tensor '{}': {}", label_, name, message));
   }
 
-  // The header's __metadata__ alone; the bytes may end after the header.
-  std::map<std::string, std::string> Metadata() const {
+  // The header's __metadata__, its tensors' entries checked as Parse checks them against a data
+  // buffer of `data_size` bytes (what follows the header in the file), which is not read: the
+  // bytes may end after the header.
+  std::map<std::string, std::string> Metadata(uint64_t data_size) const {
     uint64_t header_len;
     std::memcpy(&header_len, bytes_.data(), 8);
     const Json json = ParseHeader(bytes_.substr(8, header_len));
-    auto it = json.find("__metadata__");
-    return it == json.end() ? std::map<std::string, std::string>() : ParseMetadata(*it);
+    std::map<std::string, std::string> metadata;
+    std::vector<Entry> entries;
+    for (const auto& [name, value] : json.items()) {
+      if (name == "__metadata__") {
+        metadata = ParseMetadata(value);
+      } else {
+        entries.push_back(ParseEntry(name, value, data_size));
+      }
+    }
+    CheckLayout(entries, data_size);
+    return metadata;
   }
 
   SafetensorsFile Parse(Allocator& allocator) {
@@ -273,7 +284,9 @@ std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& pa
   if (!in.read(bytes.data() + 8, static_cast<std::streamsize>(header_len))) {
     throw IoError(fmt::format("{}: truncated: its header claims {} bytes", path, header_len));
   }
-  return Reader(bytes, path).Metadata();
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(in.tellg());  // ≥ 8 + header_len: both were read
+  return Reader(bytes, path).Metadata(size - 8 - header_len);
 }
 
 std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,

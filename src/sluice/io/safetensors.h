@@ -48,7 +48,8 @@ SafetensorsFile ParseSafetensors(std::string_view bytes, std::string_view label,
 SafetensorsFile ReadSafetensors(const std::string& path, Allocator& allocator = DefaultAllocator());
 
 // The metadata of the file at `path`, reading its header only (not the tensors): IoError naming
-// the path when it cannot be read or its header is malformed.
+// the path when it cannot be read, its header is malformed, or its tensors do not tile the bytes
+// that follow the header (a file cut short in its data is refused without reading the data).
 std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& path);
 
 // The bytes of a safetensors file holding `tensors` (non-contiguous ones are written contiguous).

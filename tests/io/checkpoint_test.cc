@@ -104,18 +104,34 @@ TEST(Checkpoint, AShardedCheckpointLoadsThroughItsIndex) {
 
 TEST(Checkpoint, AStageReadsOnlyTheTensorsOfTheShardsHoldingItsOwn) {
   Sharded ck;
-  // Shard 0 cut after its header: its tensors are never read for "b" and "c", only its header.
+  // Shard 0's tensor bytes rewritten in place (1.0 → 5.0, its size kept): a stage holding "b" and
+  // "c" reads only shard 0's header, so it loads as before; the whole checkpoint reads the bytes.
   const std::string shard0 = CheckpointShardPath(ck.path, 0, 2);
-  std::ifstream in(shard0, std::ios::binary);
   uint64_t header_len = 0;
-  in.read(reinterpret_cast<char*>(&header_len), 8);
-  in.close();
-  std::filesystem::resize_file(shard0, 8 + header_len);
+  {
+    std::fstream f(shard0, std::ios::binary | std::ios::in | std::ios::out);
+    f.read(reinterpret_cast<char*>(&header_len), 8);
+    const float fives[2] = {5.0f, 5.0f};
+    f.seekp(static_cast<std::streamoff>(8 + header_len));
+    f.write(reinterpret_cast<const char*>(fives), sizeof(fives));
+  }
   Checkpoint mine =
       LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; });
   EXPECT_EQ(mine.tensors.size(), 2u);
   EXPECT_EQ(mine.tensors.at("c").FlatAt(0), 3.0);
-  EXPECT_THROW(LoadCheckpoint(ck.path), IoError);  // the whole checkpoint reads shard 0's tensors
+  EXPECT_EQ(LoadCheckpoint(ck.path).tensors.at("a").FlatAt(1), 5.0);
+
+  // Cut short after its header, shard 0 is refused by that stage too, by its size: every rank of a
+  // job refuses it, not only the one that reads its tensors.
+  std::filesystem::resize_file(shard0, 8 + header_len);
+  try {
+    LoadCheckpoint(ck.path, DefaultAllocator(), [](const std::string& n) { return n != "a"; });
+    FAIL() << "a shard cut short was accepted by the stage that does not read its tensors";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("ck-stage0-of-2.safetensors"));
+    EXPECT_THAT(e.what(), HasSubstr("run past the data buffer"));
+  }
+  EXPECT_THROW(LoadCheckpoint(ck.path), IoError);
 }
 
 // Issue 38: every rank of a job refuses a checkpoint with a shard missing, not only the ranks that

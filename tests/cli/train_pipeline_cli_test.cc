@@ -20,6 +20,7 @@ namespace sluice {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 // A small GPT that trains in well under a second per step. --threads 1 keeps every summation in
@@ -293,6 +294,20 @@ TEST_F(TrainPipelineCli, PostValidateWithoutAPipelineIsRefusedSayingWhy) {
                                  "more, or drop --post-validate"))
         << command;
   }
+}
+
+// A clip far below the gradient norms fires on every step, so post-validation redoes each one:
+// the run says what that cost and what to do; a clip that never fires says nothing.
+TEST_F(TrainPipelineCli, PostValidationThatRedoesMostStepsSaysSo) {
+  const std::string job = "--layers 2 --microbatches 2 --stages 2 --steps 3 --post-validate";
+  const CliResult fired = Sluice("train " + job + " --clip 1e-6");
+  ASSERT_EQ(fired.status, 0) << fired.err;
+  EXPECT_THAT(fired.err, HasSubstr("post-validation: 3 step(s) rolled back and redone"));
+  EXPECT_THAT(fired.err, HasSubstr("note: post-validation redid 3 of 3 steps"));
+  const CliResult quiet = Sluice("train " + job + " --clip 1e6");
+  ASSERT_EQ(quiet.status, 0) << quiet.err;
+  EXPECT_THAT(quiet.err, HasSubstr("post-validation: 0 step(s) rolled back and redone"));
+  EXPECT_THAT(quiet.err, Not(HasSubstr("note: post-validation")));
 }
 
 TEST_F(TrainPipelineCli, AFailingStageStopsThePipelineWithItsName) {

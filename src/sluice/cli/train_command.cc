@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "sluice/cli/commands.h"
 #include "sluice/cli/file_checks.h"
@@ -228,6 +229,18 @@ int RunTrain(TrainArgs& a) {
                s.params);
     for (const std::string& line : trainer.engine().ReportLines())
       fmt::print(stderr, "  {}\n", line);
+    // Post-validation pays a whole step again for each rollback: say so when most steps paid it.
+    if (const nlohmann::json extra = trainer.engine().Summary();
+        extra.is_object() && extra.contains("post_validation")) {
+      const int64_t redone = extra["post_validation"]["rollbacks"].get<int64_t>();
+      if (redone > 0 && 2 * redone > s.steps) {
+        fmt::print(stderr,
+                   "note: post-validation redid {} of {} steps (clipping or the non-finite check "
+                   "fired), each at the cost of a step; where that is usual (--clip below the "
+                   "run's gradient norms), training without --post-validate is faster\n",
+                   redone, s.steps);
+      }
+    }
     if (s.last_eval.accuracy >= 0)
       fmt::print(stderr, "held-out accuracy: {:.1f}%\n", 100 * s.last_eval.accuracy);
     if (!c.metrics_path.empty()) fmt::print(stderr, "metrics: {}\n", c.metrics_path);

@@ -66,6 +66,26 @@ TEST_F(PrecisionCli, Bf16TrainsResumesBitwiseAndNamesItsKernels) {
   EXPECT_FALSE(Lines(fp32).back()["kernels"].contains("bf16_gemm"));
 }
 
+// `sluice sample` decodes in the precision the checkpoint was trained in (the summary line names
+// bf16), --precision overrides it, and an unknown one is refused naming the choices.
+TEST_F(PrecisionCli, SampleDecodesInTheCheckpointsPrecision) {
+  const fs::path ckpt = dir_ / "bf16.safetensors";
+  ASSERT_EQ(
+      Train(fmt::format("{} --precision bf16 --steps 2 --save {}", kCommon, ckpt.string())).status,
+      0);
+  const std::string sample =
+      fmt::format("sample --checkpoint {} --prompt 315402 --greedy", ckpt.string());
+  CliResult r = Sluice(sample);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("(sort, bf16)"));
+  r = Sluice(sample + " --precision fp32");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("(sort)"));
+  r = Sluice(sample + " --precision fp8");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--precision must be one of fp32, bf16, not 'fp8'"));
+}
+
 TEST_F(PrecisionCli, BadPrecisionsSayWhatToChange) {
   CliResult r = Train(fmt::format("{} --precision fp16 --steps 1", kCommon));
   EXPECT_NE(r.status, 0);

@@ -46,9 +46,9 @@ std::vector<int64_t> Tokens(int64_t n, uint64_t seed = 7) {
 
 // The program's logits [T, vocab] for one sequence (BuildGpt, kLogits, run by RunReference).
 std::vector<float> ProgramLogits(const std::map<std::string, Tensor>& params,
-                                 const std::vector<int64_t>& ids) {
+                                 const std::vector<int64_t>& ids, const GptConfig& config = kCfg) {
   const int64_t T = static_cast<int64_t>(ids.size());
-  const Model m = BuildGpt(kCfg, 1, GptOutput::kLogits, T);
+  const Model m = BuildGpt(config, 1, GptOutput::kLogits, T);
   Scope scope;
   for (const ParamSpec& p : m.params) scope.Set(p.name, params.at(p.name));
   Tensor t = Tensor::Empty({1, T}, DType::kI64);
@@ -78,6 +78,33 @@ TEST(GptDecoder, PrefillGivesTheProgramsLogitsAtEveryPosition) {
     ExpectClose(decoder.Append(ids), want, fmt::format("prefill of {}", T));
     EXPECT_EQ(decoder.length(), T);
   }
+}
+
+// Under bf16 the decoder gives the bf16 program's logits (its block linears multiply bf16
+// operands), which differ from the fp32 program's by more than the tolerance: the rounding is
+// there, and it is the program's.
+TEST(GptDecoder, UnderBf16ItGivesTheBf16ProgramsLogits) {
+  const auto params = Weights();
+  GptConfig bf16 = kCfg;
+  bf16.precision = Precision::kBf16;
+  const std::vector<int64_t> ids = Tokens(kCfg.seq);
+  const std::vector<float> want = ProgramLogits(params, ids, bf16);
+  GptDecoder decoder(bf16, params);
+  ExpectClose(decoder.Append(std::span(ids).first(4)),
+              std::span(want).first(static_cast<size_t>(4 * kCfg.vocab)), "bf16 prefill of 4");
+  for (int64_t p = 4; p < kCfg.seq; ++p) {
+    ExpectClose(decoder.Append(std::span(ids).subspan(static_cast<size_t>(p), 1)),
+                std::span(want).subspan(static_cast<size_t>(p * kCfg.vocab),
+                                        static_cast<size_t>(kCfg.vocab)),
+                fmt::format("bf16, position {}", p));
+  }
+  const std::vector<float> fp32 = ProgramLogits(params, ids);
+  float spread = 0, off = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    spread = std::max(spread, std::abs(fp32[i]));
+    off = std::max(off, std::abs(want[i] - fp32[i]));
+  }
+  EXPECT_GT(off, 2e-3f * spread) << "bf16 and fp32 programs agree: the test would not see rounding";
 }
 
 TEST(GptDecoder, OneTokenAtATimeGivesTheProgramsLogits) {

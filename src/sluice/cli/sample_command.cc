@@ -18,6 +18,7 @@
 // ran for days).
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,14 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/cli/commands.h"
+#include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/nn/data.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/nn/gpt_decoder.h"
+#include "sluice/nn/layers.h"
 
 namespace sluice::cli {
 
@@ -48,6 +51,7 @@ struct SampleArgs {
   uint64_t seed = 0;
   bool greedy = false;
   int threads = 1;
+  std::string precision;  // empty: the checkpoint's (fp32 when it names none)
 };
 
 constexpr char kSortSeparator = '|';
@@ -152,6 +156,20 @@ int RunSample(const SampleArgs& a) {
     throw InvalidArgument(fmt::format("{}: the GPT's sizes are missing from its metadata: {}",
                                       a.checkpoint, e.what()));
   }
+  // The precision it was trained in (checkpoints from before bf16 name none: fp32), unless
+  // --precision says otherwise: the weights are f32 either way.
+  const std::string trained = field("precision").empty() ? "fp32" : field("precision");
+  const std::string wanted = a.precision.empty() ? trained : a.precision;
+  if (std::optional<Precision> p = ParsePrecision(wanted)) {
+    gpt.precision = *p;
+  } else if (a.precision.empty()) {
+    throw InvalidArgument(
+        fmt::format("{}: the 'config' metadata names precision '{}', not one of {}", a.checkpoint,
+                    trained, EnumNames(kPrecisionNames, ", ")));
+  } else {
+    throw InvalidArgument(fmt::format("--precision must be one of {}, not '{}'",
+                                      EnumNames(kPrecisionNames, ", "), a.precision));
+  }
   // Before any size is used: a vocabulary of -5 made the --top-k check the first to complain.
   try {
     ValidateGptConfig(gpt);
@@ -208,8 +226,9 @@ int RunSample(const SampleArgs& a) {
   const std::string step = ckpt.metadata.count("step") ? ckpt.metadata.at("step") : "?";
   fmt::print(
       stderr,
-      "sluice sample: GPT vocab {}, seq {}, {} layers, {} heads, dim {} ({}), step {}; {}\n",
-      gpt.vocab, gpt.seq, gpt.layers, gpt.heads, gpt.dim, data, step,
+      "sluice sample: GPT vocab {}, seq {}, {} layers, {} heads, dim {} ({}{}), step {}; {}\n",
+      gpt.vocab, gpt.seq, gpt.layers, gpt.heads, gpt.dim, data,
+      gpt.precision == Precision::kFp32 ? "" : fmt::format(", {}", Name(gpt.precision)), step,
       a.greedy ? std::string("greedy")
                : fmt::format("temperature {}, top-k {}, seed {}", a.temperature,
                              a.top_k == 0 ? std::string("off") : std::to_string(a.top_k), a.seed));
@@ -251,6 +270,9 @@ CommandRunner SetupSampleCommand(CLI::App& sub) {
                    ->check(Seed())
                    ->capture_default_str();
   sub.add_flag("--greedy", a->greedy, "always the most likely token (no sampling)");
+  sub.add_option("--precision", a->precision,
+                 "fp32, or bf16 (the block linears multiply bf16 operands, as --precision bf16 "
+                 "trains); default: the precision the checkpoint was trained in");
   sub.add_option("--threads", a->threads, "BLAS threads of the matrix products")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

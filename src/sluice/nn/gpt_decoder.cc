@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "sluice/core/dtype.h"
 #include "sluice/core/error.h"
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/matmul.h"
@@ -18,11 +19,9 @@ namespace {
 
 constexpr float kLayerNormEps = 1e-5f;  // as nn/layers.h LayerNormLayer
 
-// out [n, out] = x [n, in] · w [in, out] + b [out]
-void Linear(const float* x, const float* w, const float* b, float* out, int64_t n, int64_t in,
-            int64_t out_dim) {
-  for (int64_t r = 0; r < n; ++r) std::copy(b, b + out_dim, out + r * out_dim);
-  kernels::Gemm(false, false, n, out_dim, in, 1.0f, x, w, 1.0f, out);
+// Each of `n` values rounded to the nearest bf16 (ties to even), kept as f32.
+void RoundToBf16(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = BF16ToFloat(FloatToBF16(x[i]));
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point t) {
@@ -71,10 +70,41 @@ GptDecoder::GptDecoder(const GptConfig& config, const std::map<std::string, Tens
                        p("ln_2.weight"), p("ln_2.bias"), p("mlp.c_fc.weight"), p("mlp.c_fc.bias"),
                        p("mlp.c_proj.weight"), p("mlp.c_proj.bias")});
   }
+  if (config.precision == Precision::kBf16) {
+    // The block linears multiply bf16 operands (nn/layers.h LinearLayer): their weights are
+    // rounded once here, and their inputs at each product (Linear). Products of bf16 values are
+    // exact in f32 and summed in f32, as the program's bf16 linears sum them.
+    const int64_t C = config.dim;
+    const int64_t per_layer = C * 3 * C + C * C + C * 4 * C + 4 * C * C;
+    bf16_weights_.resize(static_cast<size_t>(config.layers * per_layer));
+    float* next = bf16_weights_.data();
+    auto round = [&](const float*& w, int64_t count) {
+      RoundToBf16(w, next, count);
+      w = next;
+      next += count;
+    };
+    for (Layer& layer : layers_) {
+      round(layer.attn_w, C * 3 * C);
+      round(layer.proj_w, C * C);
+      round(layer.fc_w, C * 4 * C);
+      round(layer.fc_proj_w, 4 * C * C);
+    }
+  }
   const size_t cache = static_cast<size_t>(config.layers * config.seq * config.dim);
   keys_.resize(cache);
   values_.resize(cache);
   scores_.resize(static_cast<size_t>(config.seq));
+}
+
+void GptDecoder::Linear(const float* x, const float* w, const float* b, float* out, int64_t n,
+                        int64_t in, int64_t out_dim) {
+  for (int64_t r = 0; r < n; ++r) std::copy(b, b + out_dim, out + r * out_dim);
+  if (config_.precision == Precision::kBf16) {
+    rounded_.resize(static_cast<size_t>(n * in));
+    RoundToBf16(x, rounded_.data(), n * in);
+    x = rounded_.data();
+  }
+  kernels::Gemm(false, false, n, out_dim, in, 1.0f, x, w, 1.0f, out);
 }
 
 std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {

@@ -10,7 +10,9 @@
 // names (docs/models.md), the same formulas (pre-LayerNorm blocks, causal attention, GELU tanh,
 // untied head) — from the same kernels (kernels/layer_norm.h, kernels/unary.h GeluFast, Gemm), so
 // its logits agree with the program's within float rounding (tests/nn/gpt_decoder_test.cc
-// compares them position by position, for a prefill and for one token at a time).
+// compares them position by position, for a prefill and for one token at a time). Under
+// config.precision bf16 the block linears multiply bf16-rounded inputs and weights, summed in f32,
+// as the program's `cast` + bf16 `linear` do (nn/layers.h LinearLayer); the rest stays f32.
 //
 // Positions: the model has config.seq rows of position embeddings, so the cache holds at most
 // seq positions. Generate() slides the window when it is full: it keeps the last seq/2 tokens and
@@ -70,6 +72,13 @@ class GptDecoder {
   // Scratch for one Append of n rows: x, normed [n, C]; qkv [n, 3C]; att [n, C]; fc [n, 4C] twice;
   // scores [seq]; logits [n, vocab].
   std::vector<float> x_, normed_, qkv_, att_, fc_, fc_act_, scores_, logits_;
+  // Under bf16: the block linears' weights rounded to bf16 (Layer points into it), and one
+  // linear's input rounded.
+  std::vector<float> bf16_weights_, rounded_;
+
+  // out [n, out] = x [n, in] · w [in, out] + b [out]; under bf16, x rounded to bf16 first.
+  void Linear(const float* x, const float* w, const float* b, float* out, int64_t n, int64_t in,
+              int64_t out_dim);
 };
 
 // How the next token is chosen from the logits.

@@ -156,6 +156,16 @@ struct PipelineEngine::Impl {
   // and get nothing. Collective over the stage's replicas.
   std::map<std::string, Tensor> GatherOptimizerState(const std::map<std::string, Tensor>& state);
   StageStep RunDistributed(int64_t step, int64_t first_batch, double lr, bool trace);
+  // Sums `t` over the world ranks in place (collective). A timeout — a rank or its host is gone —
+  // is rethrown saying where this rank stood: "stage S of replica R <what>: <the timeout>".
+  void AllReduceOverWorld(Tensor& t, std::string_view what) {
+    try {
+      options.distributed->world->AllReduceSum(t);
+    } catch (const CommTimeout& e) {
+      throw CommTimeout(
+          fmt::format("stage {} of replica {} {}: {}", stage(), replica(), what, e.what()));
+    }
+  }
   // Adds rank `world_rank`'s step to its report; its idle time is the step's span (StepSpanNs)
   // minus its busy time.
   void Record(int world_rank, const StageStep& s, int64_t released, int64_t span_ns);
@@ -734,13 +744,8 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr,
   row[kLosses] = static_cast<double>(s.losses.size());
   row[kNorm] = s.grad_norm;
   row[kRollbackBytes] = static_cast<double>(s.rollback_bytes);
-  try {
-    impl.options.distributed->world->AllReduceSum(all);
-  } catch (const CommTimeout& e) {  // a rank or its host is gone: say where this one stood
-    throw CommTimeout(fmt::format(
-        "stage {} of replica {} finished step {} and waited for every rank's figures of it: {}",
-        impl.stage(), impl.replica(), step + 1, e.what()));
-  }
+  impl.AllReduceOverWorld(
+      all, fmt::format("finished step {} and waited for every rank's figures of it", step + 1));
   // Processes share no clock: the step's span is its slowest rank's wall (each starts its step
   // as the barrier above releases it).
   int64_t span = 0;
@@ -899,14 +904,9 @@ int PipelineEngine::AgreeOnStop(int mine, int64_t next_step) {
   Communicator& world = *impl.options.distributed->world;
   Tensor requests = Tensor::Zeros({world.size()}, DType::kF64);
   requests.data<double>()[world.rank()] = mine;
-  try {
-    world.AllReduceSum(requests);
-  } catch (const CommTimeout& e) {  // a rank or its host is gone: say where this one stood
-    throw CommTimeout(fmt::format(
-        "stage {} of replica {}, before step {}, waited for every rank to say whether to stop "
-        "(a signal on any rank): {}",
-        impl.stage(), impl.replica(), next_step + 1, e.what()));
-  }
+  impl.AllReduceOverWorld(requests, fmt::format("before step {} waited for every rank to say "
+                                                "whether to stop (a signal on any rank)",
+                                                next_step + 1));
   for (int w = 0; w < world.size(); ++w) {
     if (const double r = requests.data<double>()[w]; r != 0) return static_cast<int>(r);
   }
@@ -981,14 +981,9 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
   auto agree = [&] {
     Tensor failed = Tensor::Zeros({world.size()}, DType::kF64);
     failed.data<double>()[world.rank()] = mine ? 1 : 0;
-    try {
-      world.AllReduceSum(failed);
-    } catch (const CommTimeout& e) {  // a rank or its host is gone: say where this one stood
-      throw CommTimeout(fmt::format(
-          "stage {} of replica {} saved checkpoint '{}' of step {} and waited for every rank to "
-          "say whether its part was written: {}",
-          impl.stage(), impl.replica(), path, step, e.what()));
-    }
+    impl.AllReduceOverWorld(failed, fmt::format("saved checkpoint '{}' of step {} and waited for "
+                                                "every rank to say whether its part was written",
+                                                path, step));
     std::vector<int> ranks;
     for (int w = 0; w < world.size(); ++w)
       if (failed.data<double>()[w] != 0) ranks.push_back(w);

@@ -327,10 +327,13 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   StepRecord last;
   const int64_t first_step = impl.step;
   int64_t saved_step = -1;  // the step of the last checkpoint this run wrote
-  // Whether the state after step n (a count) is needed: evaluation, a checkpoint, the end.
-  const auto boundary = [&](int64_t n) {
-    return n >= c.steps || (c.eval_every > 0 && n % c.eval_every == 0) ||
-           (!c.save_path.empty() && c.save_every > 0 && n % c.save_every == 0);
+  // What follows step count n: an evaluation, a checkpoint. Either needs the state settled, so
+  // the engine is told no next step before one (nor before the end, which does both).
+  const auto evaluates = [&](int64_t n) {
+    return n == c.steps || (c.eval_every > 0 && n % c.eval_every == 0);
+  };
+  const auto saves = [&](int64_t n) {
+    return !c.save_path.empty() && (n == c.steps || (c.save_every > 0 && n % c.save_every == 0));
   };
   while (impl.step < c.steps) {
     bool stopping = false;
@@ -342,18 +345,18 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       }
     }
     try {
-      last = impl.Step(/*lookahead=*/!stopping && !boundary(impl.step + 1));
+      const int64_t n = impl.step + 1;
+      last = impl.Step(/*lookahead=*/!stopping && n < c.steps && !evaluates(n) && !saves(n));
     } catch (const NonFiniteError& e) {
       impl.SaveLastFinite(e, first_step);  // throws
     }
     s.final_loss = last.loss;
     if (on_step) on_step(last);
-    const bool final = impl.step == c.steps;
-    if (final || (c.eval_every > 0 && impl.step % c.eval_every == 0)) {
+    if (evaluates(impl.step)) {
       s.last_eval = Evaluate();
       if (on_eval) on_eval(s.last_eval);
     }
-    if (!c.save_path.empty() && (final || (c.save_every > 0 && impl.step % c.save_every == 0))) {
+    if (saves(impl.step)) {
       impl.SaveOrRescue(c.save_path);
       saved_step = impl.step;
     }

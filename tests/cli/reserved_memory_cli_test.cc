@@ -133,21 +133,22 @@ TEST_F(ReservedMemoryCli, TextPlanShowsReservedBytes) {
   EXPECT_NE(r.out.find("reserved"), std::string::npos) << r.out;
 }
 
-// --memory-budget at 0.78× the largest stage's peak (the unbudgeted job's, allocated) trains, with
-// every stage's peak *reserved* within it whatever the order in which the stage threads free: the
-// allocator returns its holes' pages before crossing the budget, and the plan's reserved bytes
-// are the pages of what a stage holds. (Issue 34 asks 0.75×: stage 0's least allocated peak,
-// --recompute full, is 1.01× that budget, its pages 0.7745×. docs/memory.md says what is left.)
+// --memory-budget at 0.75× the largest stage's peak (the unbudgeted job's, allocated; issue 34's
+// target) trains, with every stage's peak *reserved* within it whatever the order in which the
+// stage threads free: the allocator returns its holes' pages before crossing the budget, and the
+// plan's reserved bytes are the pages of what a stage holds. Stage 0 fits only by recomputing one
+// sub-layer at a time (under full its least allocated peak is 1.01× the budget).
 TEST_F(ReservedMemoryCli, ABudgetBoundsEveryStagesReservedPeak) {
   const std::string unbudgeted = fmt::format("{} --data {}", kPipeline, Bytes());
   const nlohmann::json free_run = Train(unbudgeted);
   int64_t largest = 0;
   for (const nlohmann::json& s : Stages(free_run))
     largest = std::max(largest, s["peak_allocated_bytes"].get<int64_t>());
-  const int64_t budget = largest * 78 / 100;
+  const int64_t budget = largest * 75 / 100;
   const std::string job = fmt::format("{} --memory-budget {}", unbudgeted, budget);
   const nlohmann::json plan = Plan(job);
   ASSERT_TRUE(plan["fits"].get<bool>()) << plan.dump();
+  EXPECT_EQ(plan["stages"][0]["recompute"], "sublayer") << plan.dump();
   for (const auto& s : plan["stages"])
     EXPECT_LE(s["predicted_peak_reserved_bytes"].get<int64_t>(), budget) << s.dump();
   const nlohmann::json budgeted = Train(job);

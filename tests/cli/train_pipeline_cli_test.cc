@@ -278,8 +278,9 @@ TEST_F(TrainPipelineCli, BadRequestsSayWhatToChange) {
   EXPECT_THAT(Refused("--layers 2 --microbatches 4 --stages 4 --partition uniform"),
               HasSubstr("--partition uniform puts at least one layer on every stage"));
   EXPECT_THAT(Refused(gpt + " --stages 2 --partition even"), HasSubstr("unknown partition 'even'"));
-  EXPECT_THAT(Refused(gpt + " --stages 2 --recompute full,some"),
-              HasSubstr("--recompute: 'some' is not a policy; use none|cheap|full|selective"));
+  EXPECT_THAT(
+      Refused(gpt + " --stages 2 --recompute full,some"),
+      HasSubstr("--recompute: 'some' is not a policy; use none|cheap|full|selective|sublayer"));
   EXPECT_THAT(Refused(gpt + " --stages 4 --recompute full,cheap"),
               HasSubstr("--recompute lists 2 policies but training runs in 4 stages"));
 }

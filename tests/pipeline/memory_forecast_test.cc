@@ -92,7 +92,8 @@ std::string Describe(const StageMemoryForecast& f) {
 }
 
 constexpr RecomputePolicy kPolicies[] = {RecomputePolicy::kNone, RecomputePolicy::kCheap,
-                                         RecomputePolicy::kSelective, RecomputePolicy::kFull};
+                                         RecomputePolicy::kSelective, RecomputePolicy::kFull,
+                                         RecomputePolicy::kSublayer};
 
 TEST(MemoryForecast, OneStageIsExact) {
   for (const Size& size : kSizes) {

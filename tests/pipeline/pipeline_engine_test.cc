@@ -228,6 +228,22 @@ TEST(PipelineEngine, PerStageRecomputeTrainsBitwiseLikeOneStage) {
     ExpectBitwiseEqual(single, Train(config, &options),
                        fmt::format("{} full,selective", ScheduleKindName(kind)));
   }
+  // One sub-layer at a time, at P = 2 and P = 4, on every stage or beside another policy.
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
+                            ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleV}) {
+    for (int P : {2, 4}) {
+      if (kind != ScheduleKind::kOneFOneB && kind != ScheduleKind::kZeroBubbleH1 && P == 4)
+        continue;  // V = 2 chunks on 4 stages need 8 units; the model has 6
+      config.recompute = {RecomputePolicy::kSublayer};
+      const PipelineOptions options{.stages = P, .schedule = kind};
+      ExpectBitwiseEqual(single, Train(config, &options),
+                         fmt::format("{} P={} sublayer", ScheduleKindName(kind), P));
+    }
+  }
+  config.recompute = {RecomputePolicy::kSublayer, RecomputePolicy::kCheap, RecomputePolicy::kFull,
+                      RecomputePolicy::kSublayer};
+  const PipelineOptions four{.stages = 4, .schedule = ScheduleKind::kOneFOneB};
+  ExpectBitwiseEqual(single, Train(config, &four), "1f1b P=4 sublayer,cheap,full,sublayer");
 }
 
 TEST(PipelineEngine, ReleaseOnAndOffAreBitwiseIdentical) {

@@ -142,6 +142,39 @@ TEST(Explain, ProgramExamplesListExactlyTheirPeaks) {
   }
 }
 
+// --recompute sublayer: the lists still add up to each peak, for the GPT and a program of its own
+// units, on one stage and four; and one stage peaks lower than under full, holding no recomputed
+// attention value while its MLP back-propagates.
+TEST(Explain, SublayerRecomputeListsExactlyEachPeak) {
+  auto with = [](PlanRequest r, RecomputePolicy policy) {
+    r.config.recompute = {policy};
+    return r;
+  };
+  // The recomputed packed q|k|v of an attention held at the peak: made by a backward's linear
+  // that reads a c_attn weight.
+  auto qkv_held = [](const StageMemoryForecast& f) {
+    return std::count_if(f.live_at_peak.begin(), f.live_at_peak.end(), [](const LiveTensor& t) {
+      return t.made_by.find("backward") != std::string::npos &&
+             t.made_by.find("= linear(") != std::string::npos &&
+             t.made_by.find("attn.c_attn.weight") != std::string::npos;
+    });
+  };
+  const PlanChoice full = Explained(with(OneStage(Gpt(2)), RecomputePolicy::kFull));
+  const PlanChoice one = Explained(with(OneStage(Gpt(2)), RecomputePolicy::kSublayer));
+  const StageMemoryForecast& f = one.plan.stages.at(0).forecast;
+  ExpectExactList(f, "sublayer, one stage");
+  EXPECT_LT(f.peak_allocated_bytes, full.plan.stages.at(0).forecast.peak_allocated_bytes);
+  EXPECT_EQ(qkv_held(full.plan.stages.at(0).forecast), 1) << "full holds the whole block";
+  EXPECT_EQ(qkv_held(f), 0) << "sublayer holds one sub-layer at " << f.peak_instruction;
+  const PlanChoice four = Explained(with(FourStages(Gpt(8)), RecomputePolicy::kSublayer));
+  for (size_t s = 0; s < 4; ++s) {
+    ExpectExactList(four.plan.stages[s].forecast, fmt::format("sublayer, stage {}", s));
+  }
+  const PlanChoice prenorm =
+      Explained(with(OneStage(Program("prenorm.sluice", 2)), RecomputePolicy::kSublayer));
+  ExpectExactList(prenorm.plan.stages.at(0).forecast, "sublayer, prenorm.sluice");
+}
+
 // A budget: the stages are explained under the policies the plan chose.
 TEST(Explain, ABudgetedPlanIsExplainedUnderItsChosenPolicies) {
   PlanRequest r = FourStages(Gpt(8));

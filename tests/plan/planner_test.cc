@@ -25,7 +25,8 @@ namespace {
 using pipeline::ScheduleKind;
 
 constexpr RecomputePolicy kPolicies[] = {RecomputePolicy::kNone, RecomputePolicy::kCheap,
-                                         RecomputePolicy::kSelective, RecomputePolicy::kFull};
+                                         RecomputePolicy::kSelective, RecomputePolicy::kFull,
+                                         RecomputePolicy::kSublayer};
 
 // A small GPT of the sort task: M micro-batches of one sequence.
 TrainConfig Config(int64_t microbatches) {

@@ -81,6 +81,43 @@ TEST(StageProgram, RecomputePoliciesKeepFewerBytes) {
   EXPECT_GT(kept_by_cheap, 0);
 }
 
+// sublayer keeps exactly what full keeps; its backward recomputes each block's attention twice —
+// a transient copy to rebuild the MLP's input, then again for the attention's own backward — and
+// its MLP once, so it never holds the attention's recomputed values during the MLP's backward.
+TEST(StageProgram, SublayerKeepsWhatFullKeepsAndRecomputesTheAttentionTwice) {
+  for (GptAttention attention : {GptAttention::kFused, GptAttention::kNaive}) {
+    SCOPED_TRACE(std::string(Name(attention)) + " attention");
+    const Built full = Build(RecomputePolicy::kFull, attention);
+    const Built sublayer = Build(RecomputePolicy::kSublayer, attention);
+    EXPECT_EQ(sublayer.saved, full.saved);
+    // Each block is cut at its residual stream between attention and MLP.
+    const std::vector<std::string> cuts = SublayerInputs(full.model.forward);
+    std::vector<std::string> attn_outs;
+    for (const std::string& name : cuts) {
+      if (name.ends_with(".attn_out")) attn_outs.push_back(name);
+    }
+    EXPECT_EQ(attn_outs,
+              (std::vector<std::string>{"h.0.attn_out", "h.1.attn_out", "h.2.attn_out"}));
+    TrainConfig c = SmallGpt();
+    c.gpt.attention = attention;
+    std::unique_ptr<Task> task = MakeTask(c);
+    auto count = [&](RecomputePolicy policy, std::string_view param) {
+      CachingAllocator allocator;
+      StageProgram program({{.model = task->BuildTrain(4)}}, c,
+                           {.allocator = &allocator, .recompute = policy});
+      const Program& b = program.chunk(0).backward.program;
+      int n = 0;
+      for (const Instruction& ins : b.instructions()) {
+        if (ins.op->name == "linear" && b.value(ins.inputs.at(1)).name == param) ++n;
+      }
+      return n;
+    };
+    EXPECT_EQ(count(RecomputePolicy::kFull, "h.1.attn.c_attn.weight"), 1);
+    EXPECT_EQ(count(RecomputePolicy::kSublayer, "h.1.attn.c_attn.weight"), 2);
+    EXPECT_EQ(count(RecomputePolicy::kSublayer, "h.1.mlp.c_fc.weight"), 1);
+  }
+}
+
 // Fused attention keeps no [T, T] value under any policy: selective has nothing beyond cheap to
 // drop and keeps what cheap keeps. (What it keeps instead, the attention output and a log-sum-exp
 // per query, grows with T, not T²; at this model's tiny T it is not fewer bytes.)
@@ -107,8 +144,8 @@ TEST(StageProgram, EveryRecomputePolicyTrainsBitwiseLikeNone) {
     c.gpt.attention = attention;
     c.recompute = {RecomputePolicy::kNone};
     const Trained none = Train(c);
-    for (RecomputePolicy p :
-         {RecomputePolicy::kCheap, RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+    for (RecomputePolicy p : {RecomputePolicy::kCheap, RecomputePolicy::kFull,
+                              RecomputePolicy::kSelective, RecomputePolicy::kSublayer}) {
       c.recompute = {p};
       const Trained t = Train(c);
       EXPECT_EQ(t.losses, none.losses) << Name(p);
@@ -143,11 +180,11 @@ TEST(StageProgram, RecomputeListMustHaveOnePolicyOrOnePerStage) {
 
 TEST(StageProgram, PolicyNamesRoundTrip) {
   for (RecomputePolicy p : {RecomputePolicy::kNone, RecomputePolicy::kCheap, RecomputePolicy::kFull,
-                            RecomputePolicy::kSelective}) {
+                            RecomputePolicy::kSelective, RecomputePolicy::kSublayer}) {
     EXPECT_EQ(ParseRecomputePolicy(Name(p)), p);
   }
   EXPECT_EQ(ParseRecomputePolicy("all"), std::nullopt);
-  EXPECT_EQ(RecomputePolicyNames(), "none|cheap|full|selective");
+  EXPECT_EQ(RecomputePolicyNames(), "none|cheap|full|selective|sublayer");
 }
 
 // Post-validation: an eager update validated afterwards leaves the parameters and optimizer state

@@ -34,7 +34,8 @@ Liveness FindLive(const Program& p);
 
 std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kept);
 Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
-                                const std::vector<bool>& dropped);
+                                const std::vector<bool>& dropped, const std::vector<int32_t>& part);
+std::vector<int32_t> PartsOf(const Program& fwd, const std::vector<std::string>& cuts);
 Program Pruned(const Program& p, const Liveness& liveness);
 Program FuseMatMulIntoGeluGrad(Program p);
 
@@ -297,7 +298,8 @@ Backward BackwardBuilder::Build() {
       }
     }
     out.program = FuseMatMulIntoGeluGrad(
-        any_dropped ? PrunedWithRecomputation(fwd_, bwd, liveness, bwd_dropped)
+        any_dropped ? PrunedWithRecomputation(fwd_, bwd, liveness, bwd_dropped,
+                                              PartsOf(fwd_, spec_.recompute_cuts))
                     : Pruned(bwd, liveness));
   }
   for (ValueId v : out.program.inputs()) {
@@ -411,12 +413,34 @@ std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kep
   return chosen;
 }
 
+// The part (GradientSpec::recompute_cuts) of each forward value: the number of cut values made at
+// or before its instruction; parameters and inputs are in part 0. Unknown names are skipped (a
+// cut of another piece of the model).
+std::vector<int32_t> PartsOf(const Program& fwd, const std::vector<std::string>& cuts) {
+  std::vector<int32_t> part(fwd.values().size(), 0);
+  if (cuts.empty()) return part;
+  std::vector<int32_t> starts(fwd.instructions().size(), 0);  // instruction -> cuts made there
+  for (const std::string& name : cuts) {
+    const std::optional<ValueId> v = fwd.Find(name);
+    if (v && fwd.value(*v).producer >= 0) ++starts[static_cast<size_t>(fwd.value(*v).producer)];
+  }
+  int32_t current = 0;
+  for (size_t i = 0; i < fwd.instructions().size(); ++i) {
+    current += starts[i];
+    for (ValueId o : fwd.instructions()[i].outputs) part[o] = current;
+  }
+  return part;
+}
+
 // The live part of `bwd` (as Pruned gives it) without the `dropped` inputs (forward values, by
 // backward value id): each is computed by its forward instruction right before its first use
 // instead, as is — transitively — every forward value such an instruction reads that the program
-// does not have. Parameters and forward inputs are read as such.
+// does not have. Parameters and forward inputs are read as such. `part` (PartsOf, by forward
+// value): a value of an earlier part than the one recomputed is made as a transient copy under a
+// fresh name, so that it dies once read here and its part's backward recomputes it again.
 Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
-                                const std::vector<bool>& dropped) {
+                                const std::vector<bool>& dropped,
+                                const std::vector<int32_t>& part) {
   Program dst(bwd.name());
   // The names the pruned program has (it reserves those) and the forward's.
   for (ValueId v = 0; v < static_cast<ValueId>(bwd.values().size()); ++v) {
@@ -434,10 +458,17 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
   // chains): a stack of values whose producers wait for their inputs.
   auto ensure = [&](const std::string& name) {
     if (dst.Find(name) || !fwd.Find(name)) return;
+    const int32_t own = part[fwd.Get(name)];
+    std::map<ValueId, ValueId> transient;  // forward value of an earlier part -> its copy here
+    // The copy of forward value `v` this recomputation reads, if made.
+    auto made = [&](ValueId v) -> std::optional<ValueId> {
+      if (auto it = transient.find(v); it != transient.end()) return it->second;
+      return dst.Find(fwd.value(v).name);
+    };
     std::vector<ValueId> stack = {fwd.Get(name)};
     while (!stack.empty()) {
       const Value& value = fwd.value(stack.back());
-      if (dst.Find(value.name)) {
+      if (made(stack.back())) {
         stack.pop_back();
         continue;
       }
@@ -454,22 +485,27 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
       const Instruction& ins = fwd.instructions().at(value.producer);
       bool ready = true;
       for (ValueId in : ins.inputs) {
-        if (!dst.Find(fwd.value(in).name)) {
+        if (!made(in)) {
           stack.push_back(in);
           ready = false;
         }
       }
       if (!ready) continue;
       std::vector<ValueId> inputs;
-      for (ValueId in : ins.inputs) inputs.push_back(dst.Get(fwd.value(in).name));
+      for (ValueId in : ins.inputs) inputs.push_back(*made(in));
       // Outputs the backward already has (another output of a multi-output op, kept) get fresh
-      // names: the recomputed copy is the same value.
+      // names: the recomputed copy is the same value. So do transient copies of an earlier part.
+      const bool earlier = part[stack.back()] < own;
       std::vector<std::string> names;
       for (ValueId o : ins.outputs) {
         const std::string& n = fwd.value(o).name;
-        names.push_back(dst.Find(n) ? dst.FreshName(n) : n);
+        names.push_back(earlier || dst.Find(n) ? dst.FreshName(n) : n);
       }
-      dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+      const ValueList outputs =
+          dst.AddInstruction(ins.op->name, std::move(inputs), ins.attrs, std::move(names));
+      if (earlier) {
+        for (size_t k = 0; k < outputs.size(); ++k) transient[ins.outputs[k]] = outputs[k];
+      }
       stack.pop_back();
     }
   };

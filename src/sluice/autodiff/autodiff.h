@@ -58,6 +58,16 @@ struct GradientSpec {
   // (parameters and forward inputs are always at hand). Gradients stay bitwise the same.
   std::vector<std::string> recompute_values;
   std::optional<std::vector<std::string>> checkpoints;
+  // Finer recompute units (with `checkpoints`): each names the one value that crosses a cut inside
+  // a unit (a transformer block's residual stream between its attention and its MLP), cutting the
+  // forward into parts at each cut value's instruction (the value starts the later part). A
+  // recomputation for a value of one part re-runs what it needs of an earlier part as transient
+  // copies, under fresh names, which die as soon as that part's last value needed is made; the
+  // earlier part's own values are recomputed again, right before its backward first reads them.
+  // So the backward holds one part's recomputed forward at a time, never the whole unit's, and
+  // keeps nothing more than `checkpoints` from the forward (the cut values are not kept); the
+  // earlier parts' forward runs twice. Gradients stay bitwise the same.
+  std::vector<std::string> recompute_cuts;
 };
 
 struct Backward {

@@ -176,8 +176,8 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
       sub.add_option(
              "--recompute", a->recompute,
              "what backward recomputes instead of keeping: none, cheap, full (keep block "
-             "inputs only) or "
-             "selective (also drop attention scores); one for all stages or a comma list, one "
+             "inputs only), selective (also drop attention scores) or sublayer (keep what full "
+             "keeps, recompute one sub-layer at a time); one for all stages or a comma list, one "
              "per stage")
           ->capture_default_str();
   auto* no_recompute =

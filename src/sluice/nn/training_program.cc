@@ -1,5 +1,6 @@
 #include "sluice/nn/training_program.h"
 
+#include <cstdlib>
 #include <map>
 #include <set>
 
@@ -79,6 +80,57 @@ std::vector<std::string> UnitInputs(const Program& p) {
     }
   }
   return kept;
+}
+
+std::vector<std::string> SublayerInputs(const Program& p) {
+  const auto& ins = p.instructions();
+  const size_t n = ins.size();
+  // Crossing values by sweep: a value made by instruction i and last read by instruction j > i
+  // (or a program output) crosses the points i + 1 .. j (the point before instruction c is c).
+  std::vector<int32_t> last(p.values().size(), -1);
+  for (size_t i = 0; i < n; ++i) {
+    for (ValueId v : ins[i].inputs) last[v] = static_cast<int32_t>(i);
+  }
+  for (ValueId v : p.outputs()) last[v] = static_cast<int32_t>(n);
+  std::vector<int64_t> count(n + 2, 0), id_sum(n + 2, 0);  // differences over the points
+  for (size_t v = 0; v < p.values().size(); ++v) {
+    const int32_t producer = p.value(static_cast<ValueId>(v)).producer;
+    if (producer < 0 || last[v] <= producer) continue;
+    count[static_cast<size_t>(producer) + 1] += 1;
+    count[static_cast<size_t>(last[v]) + 1] -= 1;
+    id_sum[static_cast<size_t>(producer) + 1] += static_cast<int64_t>(v);
+    id_sum[static_cast<size_t>(last[v]) + 1] -= static_cast<int64_t>(v);
+  }
+  for (size_t c = 1; c < count.size(); ++c) {
+    count[c] += count[c - 1];
+    id_sum[c] += id_sum[c - 1];
+  }
+  std::vector<int64_t> made(n, 0);  // bytes each instruction makes (views make none)
+  for (size_t i = 0; i < n; ++i) {
+    if (ins[i].op->kind == OpKind::kView) continue;
+    for (ValueId o : ins[i].outputs) {
+      made[i] += p.type(o).shape.numel() * static_cast<int64_t>(SizeOf(p.type(o).dtype));
+    }
+  }
+  std::vector<std::string> cuts;
+  for (const ProgramUnit& u : p.units()) {
+    int64_t total = 0;
+    for (int32_t i = u.begin; i < u.end; ++i) total += made[static_cast<size_t>(i)];
+    int64_t before = made[static_cast<size_t>(u.begin)], best_gap = -1;
+    std::string best;
+    for (int32_t c = u.begin + 1; c < u.end; before += made[static_cast<size_t>(c)], ++c) {
+      if (count[static_cast<size_t>(c)] != 1) continue;
+      const auto v = static_cast<ValueId>(id_sum[static_cast<size_t>(c)]);
+      if (p.value(v).producer < u.begin) continue;  // the unit's input: nothing to cut
+      const int64_t gap = std::abs(2 * before - total);
+      if (best_gap < 0 || gap < best_gap) {
+        best_gap = gap;
+        best = p.value(v).name;
+      }
+    }
+    if (!best.empty()) cuts.push_back(best);
+  }
+  return cuts;
 }
 
 int64_t UnitOfInstruction(const Program& p, int32_t instruction) {

@@ -95,6 +95,15 @@ std::vector<std::string> SquareInSequence(const Program& program, int64_t T);
 // before the unit computed (the residual stream of a transformer, one per block).
 std::vector<std::string> UnitInputs(const Program& program);
 
+// Where each unit splits into two sub-layers for `--recompute sublayer`
+// (GradientSpec::recompute_cuts): per unit, the one value crossing a point inside it — a point
+// where no other value computed before it is read at or after it (as a pipeline cut between units
+// passes one value) — choosing, when several points qualify, the one that divides the bytes the
+// unit's instructions make most evenly. A transformer block's residual stream between its
+// attention and its MLP (`attn_out`) is the only such value of a GPT block. Units without such a
+// point are not split; empty without units.
+std::vector<std::string> SublayerInputs(const Program& program);
+
 // The unit instruction `instruction` of `program` runs with: the last unit that begins at or before
 // it (instructions between two units run with the one before them, as SliceTrainingModel cuts),
 // the first unit for those before it; -1 when the program has no units.

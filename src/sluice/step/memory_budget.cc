@@ -126,7 +126,8 @@ std::string MemoryPlan::Explain(const std::vector<int64_t>& budget) const {
 MemoryPlan PlanForBudget(const TrainConfig& config, const std::vector<int64_t>& budget,
                          const Forecaster& forecast) {
   constexpr RecomputePolicy kPolicies[] = {RecomputePolicy::kNone, RecomputePolicy::kCheap,
-                                           RecomputePolicy::kSelective, RecomputePolicy::kFull};
+                                           RecomputePolicy::kSelective, RecomputePolicy::kFull,
+                                           RecomputePolicy::kSublayer};
   std::vector<std::vector<StageMemoryForecast>> by_policy;
   for (RecomputePolicy policy : kPolicies) {
     TrainConfig c = config;

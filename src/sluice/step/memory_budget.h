@@ -6,12 +6,12 @@
 // KiB/MiB/GiB/TiB (powers of 1024), case-insensitive: "6MiB", "1.5GB", "1048576". One size for
 // every stage, or a comma list with one per stage ("8MiB,6MiB,6MiB,5MiB").
 //
-// The plan: every policy (none, cheap, selective, full) is forecast for the whole job; each stage
-// takes, among the policies whose forecast fits its budget, the one with the least estimated work
-// (EstimateWork: recomputing costs forward work again in the backward). Stages are independent —
-// each has its own allocator and runs its own policy — so choosing per stage is choosing for the
-// job. Nothing fits on a stage when even `full` exceeds its budget; the plan then says, per stage,
-// its smallest achievable peak and what dominates it.
+// The plan: every policy (none, cheap, selective, full, sublayer) is forecast for the whole job;
+// each stage takes, among the policies whose forecast fits its budget, the one with the least
+// estimated work (EstimateWork: recomputing costs forward work again in the backward). Stages are
+// independent — each has its own allocator and runs its own policy — so choosing per stage is
+// choosing for the job. Nothing fits on a stage when even the smallest exceeds its budget; the plan
+// then says, per stage, its smallest achievable peak and what dominates it.
 //
 // Thread-safety: pure functions. Failure: the parsers throw InvalidArgument naming the option,
 // the text and what is allowed.

@@ -104,7 +104,11 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     }
     if (!ch.first) wrt.push_back(kChunkInput);
     GradientSpec spec{.wrt = wrt, .recompute = options_.recompute != RecomputePolicy::kNone};
-    if (options_.recompute == RecomputePolicy::kFull) spec.checkpoints = ch.model.block_inputs;
+    if (options_.recompute == RecomputePolicy::kFull ||
+        options_.recompute == RecomputePolicy::kSublayer)
+      spec.checkpoints = ch.model.block_inputs;
+    if (options_.recompute == RecomputePolicy::kSublayer)
+      spec.recompute_cuts = SublayerInputs(ch.model.forward);
     if (options_.recompute == RecomputePolicy::kSelective)
       spec.recompute_values = ch.model.attention_values;
     if (ch.last) {

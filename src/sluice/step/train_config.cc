@@ -7,10 +7,9 @@ namespace sluice {
 namespace {
 
 constexpr EnumEntry<RecomputePolicy> kRecomputePolicies[] = {
-    {RecomputePolicy::kNone, "none"},
-    {RecomputePolicy::kCheap, "cheap"},
-    {RecomputePolicy::kFull, "full"},
-    {RecomputePolicy::kSelective, "selective"},
+    {RecomputePolicy::kNone, "none"},         {RecomputePolicy::kCheap, "cheap"},
+    {RecomputePolicy::kFull, "full"},         {RecomputePolicy::kSelective, "selective"},
+    {RecomputePolicy::kSublayer, "sublayer"},
 };
 static_assert(IsCompleteEnumTable(kRecomputePolicies));
 

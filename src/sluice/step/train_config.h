@@ -30,10 +30,14 @@ namespace sluice {
 //              (activation checkpointing: about one more forward per step)
 //   selective  cheap, and never keep the attention scores and probabilities [B, H, T, T]
 //              (recomputed from q and k, which the backward reads anyway)
-enum class RecomputePolicy : uint8_t { kNone, kCheap, kFull, kSelective };
+//   sublayer   keep what full keeps; recompute and back-propagate each block one sub-layer at a
+//              time (nn/training_program.h SublayerInputs: a GPT block's attention, then its MLP),
+//              so the backward holds one sub-layer's recomputed forward, not the whole block's;
+//              the first sub-layer's forward runs twice (GradientSpec::recompute_cuts)
+enum class RecomputePolicy : uint8_t { kNone, kCheap, kFull, kSelective, kSublayer };
 std::string_view Name(RecomputePolicy policy);
 std::optional<RecomputePolicy> ParseRecomputePolicy(std::string_view name);
-// "none|cheap|full|selective", for messages.
+// "none|cheap|full|selective|sublayer", for messages.
 std::string RecomputePolicyNames();
 
 struct TrainConfig {

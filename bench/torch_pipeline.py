@@ -233,7 +233,8 @@ def main():
     rows = []
     layout_text = None
     for label, extra in (("sluice, default flags", ""), ("sluice --recompute selective", "--recompute selective"),
-                         ("sluice --recompute full", "--recompute full")):
+                         ("sluice --recompute full", "--recompute full"),
+                         ("sluice --recompute sublayer", "--recompute sublayer")):
         s = sluice_run(a, data, extra)
         layout_text = layout_text or s["pipeline"]["layout"]
         rows.append((label, [st["peak_allocated_bytes"] for st in s["stages"]]))

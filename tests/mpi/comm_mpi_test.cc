@@ -289,6 +289,58 @@ TEST(MpiCollective, AllReduceSumIsTheRankOrderSumBitwiseOnEveryRank) {
   EXPECT_EQ(ints.data<int64_t>()[2], -n);
 }
 
+// IallReduceSum: two reductions posted before either is waited for, point-to-point traffic in
+// between (the interlocked steps' pattern: post at a step's end, wait at the next one's update),
+// each the rank-order sum bitwise AllReduceSum's; an operand above 1 MiB takes the blocking path
+// inside the post with the same result.
+TEST(MpiCollective, IallReduceSumPostsNowAndWaitsLaterForTheRankOrderSum) {
+  Communicator& c = World();
+  const int r = c.rank(), n = c.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  CachingAllocator alloc;
+  constexpr int64_t kNumel = 1000;
+  auto filled = [&](int64_t numel, int salt) {
+    Tensor t = Tensor::Empty({numel}, DType::kF64, alloc);
+    for (int64_t i = 0; i < numel; ++i) t.data<double>()[i] = Contribution(r, i + salt);
+    return t;
+  };
+  Tensor first = filled(kNumel, 0), second = filled(kNumel, 7);
+  Tensor first_blocking = filled(kNumel, 0), second_blocking = filled(kNumel, 7);
+  Request a = c.IallReduceSum(first);
+  Request b = c.IallReduceSum(second);
+  Request ring = c.Irecv(prev, 3, DType::kI64, {1}, alloc);
+  c.Send(Tensor::FromVector<int64_t>({1}, {r}, alloc), next, 3);
+  EXPECT_EQ(ring.Wait().data<int64_t>()[0], prev);
+  c.AllReduceSum(first_blocking);
+  c.AllReduceSum(second_blocking);
+  EXPECT_EQ(b.Wait().raw_data(), second.raw_data());  // the sum lands in the posted tensor
+  a.Wait();
+  EXPECT_EQ(a.state(), RequestState::kCompleted);
+  EXPECT_EQ(std::memcmp(first.raw_data(), first_blocking.raw_data(), kNumel * sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(second.raw_data(), second_blocking.raw_data(), kNumel * sizeof(double)), 0);
+
+  constexpr int64_t kLarge = 200'000;  // 1.6 MB of f64: above the non-blocking limit
+  Tensor large = filled(kLarge, 3), large_blocking = filled(kLarge, 3);
+  Request l = c.IallReduceSum(large);
+  EXPECT_TRUE(l.Test());  // completed inside the post
+  c.AllReduceSum(large_blocking);
+  EXPECT_EQ(std::memcmp(large.raw_data(), large_blocking.raw_data(), kLarge * sizeof(double)), 0);
+}
+
+TEST(MpiCollective, IallReduceSumOfDifferentShapesIsAMismatchOnWait) {
+  std::unique_ptr<MpiCommunicator> c = g_mpi->world().Split(/*color=*/0, /*key=*/0);
+  CachingAllocator alloc;
+  Tensor t = Tensor::Zeros({c->rank() == 0 ? 3 : 4}, DType::kF32, alloc);
+  Request posted = c->IallReduceSum(t);
+  try {
+    posted.Wait();
+    ADD_FAILURE() << "a reduction of different shapes completed";
+  } catch (const CommError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("collective mismatch: rank 1 called iall_reduce_sum of f32[4] "
+                                    "while rank 0 called iall_reduce_sum of f32[3]"));
+  }
+  EXPECT_THROW(c->Barrier(), CommAborted);
+}
+
 TEST(MpiCollective, CollectiveMismatchIsAnErrorOnEveryRank) {
   std::unique_ptr<MpiCommunicator> c = g_mpi->world().Split(/*color=*/0, /*key=*/0);
   CachingAllocator alloc;

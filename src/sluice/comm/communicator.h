@@ -201,8 +201,8 @@ class Communicator {
   // the Request writes the rank-order sum into `tensor` (bitwise AllReduceSum's) and returns it;
   // until then the caller must neither write nor free the tensor. Every rank posts its
   // IallReduceSums in the same order (the n-th of every rank's are reduced together), and may post
-  // the next before waiting on the last. A backend without its own (MPI here) runs AllReduceSum
-  // inside the post and returns a completed Request: correct, but blocking.
+  // the next before waiting on the last. A backend without its own runs AllReduceSum inside the
+  // post and returns a completed Request: correct, but blocking (MPI does so above 1 MiB).
   Request IallReduceSum(const Tensor& tensor);
 
   // Stops the whole group: see CommAborted above. The first abort wins; later calls do nothing.

@@ -96,14 +96,14 @@ std::string DescribeHeader(const Header& h) {
 }
 
 // What a rank calls as a collective: {kind, header of the tensor}; every rank's must be equal.
-enum class CollectiveKind : int64_t { kBarrier, kAllReduceSum, kSplit };
+enum class CollectiveKind : int64_t { kBarrier, kAllReduceSum, kSplit, kIallReduceSum };
 constexpr int kSignatureLength = 1 + kHeaderLength;
 using Signature = std::array<int64_t, kSignatureLength>;
 
 Signature MakeSignature(CollectiveKind kind, DType dtype = DType::kF32, const Shape& shape = {}) {
   Signature s{};
   s[0] = static_cast<int64_t>(kind);
-  if (kind == CollectiveKind::kAllReduceSum) {
+  if (kind == CollectiveKind::kAllReduceSum || kind == CollectiveKind::kIallReduceSum) {
     const Header h = Encode(dtype, shape);
     std::copy(h.begin(), h.end(), s.begin() + 1);
   }
@@ -116,10 +116,14 @@ std::string DescribeSignature(const Signature& s) {
       return "barrier";
     case CollectiveKind::kSplit:
       return "split";
-    case CollectiveKind::kAllReduceSum: {
+    case CollectiveKind::kAllReduceSum:
+    case CollectiveKind::kIallReduceSum: {
       Header h;
       std::copy(s.begin() + 1, s.end(), h.begin());
-      return "all_reduce_sum of " + DescribeHeader(h);
+      return (static_cast<CollectiveKind>(s[0]) == CollectiveKind::kAllReduceSum
+                  ? "all_reduce_sum of "
+                  : "iall_reduce_sum of ") +
+             DescribeHeader(h);
     }
   }
   return fmt::format("an unknown collective ({})", s[0]);
@@ -293,6 +297,33 @@ class CollectiveOp final : public InFlight {
   std::vector<int64_t> words;      // signatures: this rank's, then the gathered ones
   std::vector<std::byte> scratch;  // gathered all-reduce chunks
 };
+
+// One IallReduceSum: the gather of every rank's signature and the gather of every rank's whole
+// operand, both posted at once (MPI_Iallgather); the sum in rank order follows their completion.
+class ReductionOp final : public InFlight {
+ public:
+  bool Progress() override {
+    bool all_done = true;
+    for (MPI_Request& r : requests) {
+      bool done = false;
+      const int c = TestOnce(r, done);
+      if (c != MPI_SUCCESS && code == MPI_SUCCESS) code = c;
+      all_done = all_done && done;
+    }
+    return all_done;
+  }
+  void Cancel() override { CancelAll(requests); }
+
+  std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};  // signatures, data
+  int code = MPI_SUCCESS;
+  Tensor tensor;                   // the operand, read by MPI; the sum is written into it
+  std::vector<int64_t> words;      // this rank's signature, then the gathered ones
+  std::vector<std::byte> scratch;  // every rank's operand, by rank
+};
+
+// Operands up to this size are reduced without blocking (IallReduceSum); the scratch buffer holds
+// every rank's, size × the operand's bytes. Larger ones run the blocking AllReduceSum in the post.
+constexpr size_t kMaxNonBlockingReduction = size_t{1} << 20;
 
 }  // namespace
 
@@ -522,6 +553,103 @@ class MpiRequest final : public RequestImpl {
   std::shared_ptr<P2POp> op_;
 };
 
+// The Request of one IallReduceSum (ReductionOp). Wait and Test finish it once: compare the
+// gathered signatures, then add the gathered operands in rank order into the tensor.
+class MpiReduction final : public RequestImpl {
+ public:
+  MpiReduction(std::shared_ptr<MpiCommShared> shared, std::shared_ptr<ReductionOp> op,
+               std::string what)
+      : shared_(std::move(shared)), op_(std::move(op)), what_(std::move(what)) {}
+
+  // A pending reduction outlives its Request: the communicator keeps testing it.
+  ~MpiReduction() override {
+    if (phase_ == Phase::kPending) shared_->Adopt(std::move(op_));
+  }
+
+  Tensor Wait(milliseconds timeout) override {
+    if (phase_ == Phase::kPending) {
+      if (!PollUntil(Clock::now() + timeout, [&] {
+            shared_->CheckAborted(Describe() + " failed");
+            return op_->Progress();
+          })) {
+        // A collective that timed out: the ranks can no longer complete it consistently.
+        const std::string message = fmt::format(
+            "{} timed out after {} ms: not every one of the {} ranks of the communicator has "
+            "posted it (its other ranks: {})",
+            Describe(), timeout.count(), shared_->size, shared_->Others());
+        shared_->AbortLocally(message);
+        throw CommTimeout(message);
+      }
+      Finish();
+    }
+    if (phase_ == Phase::kFailed) std::rethrow_exception(error_);
+    return op_->tensor;
+  }
+
+  bool Test() override {
+    if (phase_ == Phase::kPending) {
+      shared_->CheckAborted(Describe() + " failed");
+      if (op_->Progress()) Finish();
+    }
+    if (phase_ == Phase::kFailed) std::rethrow_exception(error_);
+    return phase_ == Phase::kCompleted;
+  }
+
+  RequestState state() const override {
+    switch (phase_) {
+      case Phase::kPending:
+        return RequestState::kPending;
+      case Phase::kCompleted:
+        return RequestState::kCompleted;
+      case Phase::kFailed:
+        return RequestState::kFailed;
+    }
+    return RequestState::kFailed;
+  }
+
+  std::string Describe() const override { return fmt::format("{}: {}", shared_->Me(), what_); }
+
+ private:
+  // Both gathers are done: check that every rank posted the same reduction (a mismatch is named
+  // before any error MPI found in the gather it broke), then sum.
+  void Finish() {
+    MpiCommShared& s = *shared_;
+    const auto row = [&](int r) {
+      Signature sig;
+      std::copy_n(op_->words.begin() + kSignatureLength * (1 + r), kSignatureLength, sig.begin());
+      return sig;
+    };
+    const Signature first = row(0);
+    for (int r = 1; r < s.size; ++r) {
+      if (row(r) == first) continue;
+      const std::string reason =
+          fmt::format("collective mismatch: rank {} called {} while rank 0 called {}", r,
+                      DescribeSignature(row(r)), DescribeSignature(first));
+      s.AbortLocally(reason);
+      return Fail(CommError(fmt::format("rank {}: {}", s.rank, reason)));
+    }
+    if (op_->code != MPI_SUCCESS) {
+      return Fail(CommError(Describe() + " failed: " + MpiErrorString(op_->code)));
+    }
+    const size_t bytes = op_->tensor.nbytes();
+    std::vector<const void*> contributions;  // rank r's at r · bytes into the scratch buffer
+    for (int r = 0; r < s.size; ++r) contributions.push_back(op_->scratch.data() + r * bytes);
+    SumInRankOrder(op_->tensor.dtype(), contributions, op_->tensor.numel(), op_->tensor.raw_data());
+    op_->scratch = {};
+    phase_ = Phase::kCompleted;
+  }
+  void Fail(const CommError& e) {
+    phase_ = Phase::kFailed;
+    error_ = std::make_exception_ptr(e);
+  }
+
+  std::shared_ptr<MpiCommShared> shared_;
+  std::shared_ptr<ReductionOp> op_;
+  std::string what_;
+  Phase phase_ = Phase::kPending;
+  std::exception_ptr error_;  // when kFailed
+};
+
 // Bytes of `t` as an MPI count, or InvalidArgument naming the operation.
 int ByteCount(const P2POp& op) {
   const size_t bytes = op.tensor.nbytes();
@@ -647,6 +775,38 @@ void MpiCommunicator::DoAllReduceSum(const Tensor& tensor, milliseconds timeout)
   }
 }
 
+Request MpiCommunicator::DoIallReduceSum(const Tensor& tensor) {
+  MpiCommShared& s = *shared_;
+  const size_t bytes = tensor.nbytes();
+  if (bytes > kMaxNonBlockingReduction) return Communicator::DoIallReduceSum(tensor);
+  const Signature signature =
+      MakeSignature(CollectiveKind::kIallReduceSum, tensor.dtype(), tensor.shape());
+  const std::string what = DescribeSignature(signature);
+  s.CheckAborted(fmt::format("{}: {} refused", s.Me(), what));
+  s.Sweep();
+  auto op = std::make_shared<ReductionOp>();
+  op->tensor = tensor;
+  op->words.resize(kSignatureLength * (1 + s.size));
+  std::copy(signature.begin(), signature.end(), op->words.begin());
+  op->scratch.resize(bytes * static_cast<size_t>(s.size));
+  try {
+    MpiCall call;
+    Check(MPI_Iallgather(op->words.data(), kSignatureLength, MPI_INT64_T,
+                         op->words.data() + kSignatureLength, kSignatureLength, MPI_INT64_T, s.data,
+                         &op->requests[0]),
+          fmt::format("rank {}: {}: MPI_Iallgather", s.rank, what));
+    // MPI reads the operand until the gather completes: the caller must not write it (the
+    // contract), and the sum is written only after.
+    Check(MPI_Iallgather(tensor.raw_data(), static_cast<int>(bytes), MPI_BYTE, op->scratch.data(),
+                         static_cast<int>(bytes), MPI_BYTE, s.data, &op->requests[1]),
+          fmt::format("rank {}: {}: MPI_Iallgather", s.rank, what));
+  } catch (...) {
+    s.Adopt(std::move(op));  // what was posted may still use its buffers
+    throw;
+  }
+  return Request(std::make_shared<MpiReduction>(shared_, std::move(op), what), s.timeout);
+}
+
 std::unique_ptr<MpiCommunicator> MpiCommunicator::Split(int color, int key) {
   MpiCommShared& s = *shared_;
   if (color < 0) {
@@ -687,6 +847,9 @@ MpiWorld::MpiWorld(MpiWorldOptions options) {
     initialized_here_ = true;
   }
   g_serialize.store(provided < MPI_THREAD_MULTIPLE);
+  // Errors are codes, never fatal: Open MPI reports an error of a non-blocking collective's
+  // request (a gather whose ranks' sizes differ) on MPI_COMM_WORLD, whatever its communicator.
+  Check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MpiWorld: error handler");
   {
     // Every rank's host, once (a blocking gather at start, as MPI_Init_thread itself is).
     int size = 0, length = 0;

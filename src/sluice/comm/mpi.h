@@ -40,6 +40,11 @@
 // into a scratch buffer and adds the contributions in rank order 0..size−1 locally: every rank
 // adds the same numbers in the same order, so the result is bitwise identical everywhere
 // (MPI_Allreduce promises no order). Scratch memory: size × 1 MiB at most, on the heap.
+// IallReduceSum posts both gathers at once — the signatures and the whole operand (up to 1 MiB,
+// into a scratch buffer of size × its bytes) — and returns; Wait (or a Test that finds both done)
+// compares the signatures and adds the operands in rank order, bitwise AllReduceSum's sum. A
+// wait past the timeout aborts the communicator locally, as a timed-out collective does. A
+// larger operand runs the blocking AllReduceSum inside the post.
 // Split(color, key) is MPI_Comm_split after the same signature check.
 //
 // What differs from LocalWorld:
@@ -136,6 +141,7 @@ class MpiCommunicator final : public Communicator {
                   Allocator& allocator) override;
   void DoBarrier(std::chrono::milliseconds timeout) override;
   void DoAllReduceSum(const Tensor& tensor, std::chrono::milliseconds timeout) override;
+  Request DoIallReduceSum(const Tensor& tensor) override;
 
  private:
   friend class MpiWorld;

@@ -14,8 +14,15 @@
 #             (only P changes); unsharded on P = 2 × D = 1 within 1e-6 (D changes, the same global
 #             batch); an unsharded P = 2 checkpoint resumes sharded on P = 1 × D = 2 within 1e-6;
 #             a missing or damaged shard is refused on every rank naming the file, nothing written
-#   post-validate  --post-validate with --clip firing at every step, P = 2 (1f1b, zb-h2, zb-v):
-#             the synchronous in-process run's losses bitwise, a rollback per step counted
+#   post-validate  --post-validate, its steps interlocked (each rank posts a step's reduction and
+#             goes on into the next): P = 2 (1f1b, zb-h2, zb-v) and P = 4 (zb-h2, zb-v), --clip
+#             firing at every step and at none — the synchronous in-process run's losses bitwise,
+#             a rollback per step or none counted; a non-finite step skipped (--skip-nonfinite)
+#             bitwise; and some rank began a step before the previous one's reduction had
+#             completed on it (overlapped_starts, causal: a synchronous step waits for it)
+#   post-validate-signal  SIGINT to one rank while steps interlock: every rank stops after the
+#             same step, the step running ahead finished and validated first, and the checkpoint
+#             resumes bitwise
 #   program   the GPT as `sluice export` writes it, trained with --program under mpirun: P = 2
 #             (1f1b, zb-v) bitwise and P = 2 × D = 2 within 1e-6 of --model gpt in one process
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
@@ -107,18 +114,84 @@ case "$mode" in
       done
     done ;;
   post-validate)
-    # --post-validate under mpirun: every rank updates before the norm's all-reduce and rolls back
-    # where --clip fires (here at every step) — the losses of the synchronous run in one process,
-    # bit for bit, and one rollback per step counted in the summary.
-    for sched in 1f1b zb-h2 zb-v; do
-      args=("${small[@]}" --layers 4 --steps 4 --stages 2 --schedule "$sched" --clip 0.05)
-      "$sluice" train "${args[@]}" --metrics "$dir/local.jsonl" || fail "in-process $sched"
-      mpi 2 "${args[@]}" --post-validate --metrics "$dir/mpi.jsonl" || fail "mpirun $sched"
-      compare "$dir/local.jsonl" "$dir/mpi.jsonl" 0
-      grep -q '"post_validation":{"rollback_bytes":[0-9]*,"rollbacks":4}' "$dir/mpi.jsonl" \
-        || fail "$sched: the summary does not count 4 rollbacks: $(grep summary "$dir/mpi.jsonl")"
-      rm -f "$dir"/*.jsonl
-    done ;;
+    # The synchronous in-process run, bit for bit, and what post-validation counted.
+    # pv_check LOCAL MPI ROLLBACKS [text]: the losses equal (as text: not finite); the summary's
+    # rollbacks; adds its overlapped starts to $overlapped.
+    pv_check() {
+      if [ "${4:-}" = text ]; then  # losses that are not finite: compared as text
+        [ "$(losses "$1")" = "$(losses "$2")" ] || fail "losses of $1 and $2 differ"
+      else
+        compare "$1" "$2" 0
+      fi
+      python3 - "$2" "$3" <<'PY' || fail "the post-validation summary of $2"
+import json, sys
+pv = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][0]["post_validation"]
+print("  post_validation:", pv)
+assert pv["rollbacks"] == int(sys.argv[2]), pv
+open(sys.argv[1] + ".overlapped", "w").write(str(pv["overlapped_starts"]))
+PY
+      overlapped=$((overlapped + $(cat "$2.overlapped")))
+    }
+    overlapped=0
+    for p in 2 4; do
+      for sched in 1f1b zb-h2 zb-v; do
+        [ "$p" = 4 ] && [ "$sched" = 1f1b ] && continue
+        layers=4 m=4
+        [ "$p" = 4 ] && { layers=8; [ "$sched" = zb-v ] && m=8; }
+        for clip in 0.05 10; do
+          args=("${common[@]}" --batch $((2 * m)) --microbatches "$m" --layers "$layers" --steps 4
+                --stages "$p" --schedule "$sched" --clip "$clip")
+          "$sluice" train "${args[@]}" --metrics "$dir/local.jsonl" || fail "in-process $sched P=$p"
+          mpi "$p" "${args[@]}" --post-validate --metrics "$dir/mpi.jsonl" \
+            || fail "mpirun $sched P=$p --clip $clip"
+          rollbacks=0
+          [ "$clip" = 0.05 ] && rollbacks=4
+          pv_check "$dir/local.jsonl" "$dir/mpi.jsonl" "$rollbacks"
+          rm -f "$dir"/*.jsonl*
+        done
+      done
+    done
+    # Non-finite steps skipped: a learning rate of 1e30 overflows within a few steps.
+    args=("${small[@]}" --layers 4 --steps 5 --stages 2 --schedule zb-h2 --lr 1e30 --clip 0
+          --skip-nonfinite 100)
+    "$sluice" train "${args[@]}" --metrics "$dir/local.jsonl" || fail "in-process, overflowing"
+    mpi 2 "${args[@]}" --post-validate --metrics "$dir/mpi.jsonl" || fail "mpirun, overflowing"
+    skips=$(grep -c '"skipped":true' "$dir/local.jsonl")
+    [ "$skips" -ge 2 ] || fail "the overflowing run skipped $skips steps, expected 2 or more"
+    pv_check "$dir/local.jsonl" "$dir/mpi.jsonl" "$skips" text
+    [ "$(grep -c '"skipped":true' "$dir/mpi.jsonl")" = "$skips" ] || fail "mpirun skipped other steps"
+    # A synchronous step waits for its reduction inside OPT, so it never counts one.
+    echo "steps begun before the previous one's reduction completed, over all runs: $overlapped"
+    [ "$overlapped" -ge 1 ] || fail "no rank ever began a step before the previous one was reduced"
+    ;;
+  post-validate-signal)
+    # As `signal` below, with the steps interlocked: SIGINT to rank 1 while a step runs ahead.
+    args=("${small[@]}" --layers 4 --stages 2 --schedule zb-h2 --clip 10)
+    timeout -k 5 120 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${args[@]}" --post-validate \
+      --steps 100000000 --metrics "$dir/sig.jsonl" --save "$dir/sig.safetensors" >"$dir/out" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do [ -s "$dir/sig.jsonl" ] && break; sleep 0.1; done  # training has started
+    [ -s "$dir/sig.jsonl" ] || { cat "$dir/out"; kill -KILL "$job"; fail "the job did not start training"; }
+    victim=$(ps -eo pid=,args= | grep "[s]luice train --comm mpi" | grep -v -e mpirun -e mpiexec -e timeout \
+             | grep -F "$dir/sig.jsonl" | awk 'NR == 2 {print $1}')
+    [ -n "$victim" ] || { kill -KILL "$job"; fail "no rank process found"; }
+    kill -INT "$victim"
+    wait "$job"; rc=$?
+    tail -5 "$dir/out"
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job ended with status $rc"
+    grep -q "ran ahead of step .* was finished and validated first" "$dir/out" \
+      || fail "no word of the step running ahead"
+    [ "$(grep -c 'stopped by SIGINT after step' "$dir/out")" -ge 1 ] || fail "no stop message"
+    grep -q "internal error\|aborts" "$dir/out" && fail "a rank failed instead of stopping"
+    steps=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d["stopped"] == "SIGINT"; print(d["steps"])' "$dir/sig.jsonl") \
+      || fail "the metrics summary does not say the run stopped"
+    total=$((steps + 2))
+    "$sluice" train "${args[@]}" --steps "$total" --metrics "$dir/sig.jsonl" \
+      --resume "$dir/sig.safetensors" >"$dir/out" 2>&1 || { cat "$dir/out"; fail "resume failed"; }
+    "$sluice" train "${args[@]}" --steps "$total" --metrics "$dir/whole.jsonl" \
+      >"$dir/out" 2>&1 || { cat "$dir/out"; fail "the uninterrupted run failed"; }
+    compare "$dir/whole.jsonl" "$dir/sig.jsonl" 0
+    ;;
   dp)
     "$sluice" train "${small[@]}" --layers 4 --steps 5 --metrics "$dir/one.jsonl" || fail "one process"
     mpi 4 "${small[@]}" --layers 4 --steps 5 --stages 2 --data-parallel 2 --metrics "$dir/dp.jsonl" || fail "P=2 x D=2"

@@ -50,6 +50,7 @@ enum ReducedFigure {
   kLosses,
   kNorm,
   kRollbackBytes,
+  kBeganAhead,  // interlocked: whether the rank began the step before the last one was reduced
   kReducedFigures
 };
 
@@ -111,8 +112,13 @@ struct PipelineEngine::Impl {
   };
   std::unique_ptr<Chain> chain;            // post-validation on threads; null otherwise
   std::unique_ptr<StepProgress> progress;  // likewise: how far each rank got
-  std::thread driver;                      // runs stage_threads over one chain
+  std::thread driver;  // runs stage_threads (or, under MPI, the rank) over one chain
   int64_t ahead = -1;  // the step announced by Step's `next` and running ahead; -1: none
+  // Interlocked under MPI: steps some rank began before the previous step's reduction had
+  // completed on it (StageStep::began_ahead), summed over the world's ranks and the steps.
+  int64_t began_ahead = 0;
+  // The ranks a chain runs in this process: P on threads, the one rank under MPI.
+  int chain_ranks() const { return distributed() ? 1 : options.stages; }
   int64_t chain_last_end_ns = -1;        // the previous step's last rank end in this chain
   std::vector<StageStep> traced_before;  // the traced step before the last (its spans)
   void StartChain(int64_t first);
@@ -122,6 +128,11 @@ struct PipelineEngine::Impl {
   std::vector<StageStep> AwaitChain(int64_t step, bool settle);
   StepResult StepInterlocked(int64_t step, int64_t first_batch, double lr,
                              const std::optional<StepEngine::NextStep>& next);
+  // Interlocked under MPI: the figures of this rank's step (posted by its chain, which may be
+  // inside the next step) to every process by one all-reduce over the world on the calling
+  // thread — no barrier for the ranks — with every rank's norm partials, from which each process
+  // tells the step's norm and verdict as the ranks will.
+  StepResult FinishDistributedInterlocked(int64_t step, StageStep s, int64_t begin_ns);
   bool TracedStep(int64_t step) const {
     if (options.trace_path.empty()) return false;
     const int64_t last = setup.config->steps - 1;
@@ -134,6 +145,7 @@ struct PipelineEngine::Impl {
     for (const StageReport& r : reports) bytes += r.rollback_bytes;
     nlohmann::json out = {{"rollbacks", rollbacks}, {"rollback_bytes", bytes}};
     if (progress != nullptr) out["overlapped_starts"] = progress->overlapped_starts();
+    if (chain != nullptr && distributed()) out["overlapped_starts"] = began_ahead;
     return out;
   }
   // In-process: the stages' threads, kept for the engine's life (the caller's thread is stage
@@ -222,6 +234,10 @@ PipelineEngine::PipelineEngine(const EngineContext& ctx, PipelineOptions options
     impl.setup.replicas = D;
     impl.setup.data = impl.options.distributed->data;
     impl.ranks.push_back(std::make_unique<StageRuntime>(impl.setup, impl.stage()));
+    // Interlocked steps over MPI: the rank runs its chain on a thread of its own, the caller's
+    // thread reduces the figures a step behind. Not with data parallelism: the replicas' gradient
+    // all-reduce and the sharded optimizer's gather sit inside OPT, around the eager update.
+    if (impl.options.post_validate && D == 1) impl.chain = std::make_unique<Impl::Chain>();
   } else {
     for (int r = 0; r < P; ++r) impl.ranks.push_back(std::make_unique<StageRuntime>(impl.setup, r));
     impl.world =
@@ -257,6 +273,23 @@ void PipelineEngine::Impl::StartChain(int64_t first) {
   {
     MutexLock lock(&chain->mu);
     chain->ended = false;
+  }
+  if (distributed()) {
+    // One rank: a failing action has already ended the job (MPI_Abort); anything else thrown
+    // (a reduction that timed out between actions) is rethrown by Step on the caller's thread.
+    driver = std::thread([this, first] {
+      std::exception_ptr error;
+      try {
+        RankChain(0, first);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      MutexLock lock(&chain->mu);
+      if (error && !chain->error) chain->error = error;
+      chain->ended = true;
+      chain->cv.NotifyAll();
+    });
+    return;
   }
   driver = std::thread([this, first] {
     const int P = options.stages;
@@ -297,7 +330,8 @@ void PipelineEngine::Impl::StartChain(int64_t first) {
 // was discarded (the previous step failed validation at its update point) runs again.
 void PipelineEngine::Impl::RankChain(int r, int64_t step) {
   Chain& c = *chain;
-  Communicator& comm = world->comm(r);
+  Communicator& comm = distributed() ? *options.distributed->pipe : world->comm(r);
+  bool began_ahead = false;  // a discarded run of the step began ahead: the step did
   for (;;) {
     Chain::Spec spec;
     {
@@ -306,12 +340,14 @@ void PipelineEngine::Impl::RankChain(int r, int64_t step) {
     }
     StageStep s =
         ranks[r]->RunStepInterlocked(spec.step, spec.first_batch, spec.lr, comm, spec.trace);
+    began_ahead = began_ahead || s.began_ahead;
     if (s.redo) continue;
+    s.began_ahead = std::exchange(began_ahead, false);
     Chain::After after = Chain::After::kStop;
     {
       MutexLock lock(&c.mu);
       auto& slot = c.posted[step];
-      slot.resize(static_cast<size_t>(options.stages));
+      slot.resize(static_cast<size_t>(chain_ranks()));
       slot[r] = std::move(s);
       c.cv.NotifyAll();
       while (c.after.count(step) == 0 && !c.error) c.cv.Wait(&c.mu);
@@ -336,7 +372,7 @@ void PipelineEngine::Impl::RankChain(int r, int64_t step) {
 
 std::vector<StageStep> PipelineEngine::Impl::AwaitChain(int64_t step, bool settle) {
   Chain& c = *chain;
-  const size_t P = static_cast<size_t>(options.stages);
+  const size_t P = static_cast<size_t>(chain_ranks());
   std::vector<StageStep> steps;
   {
     MutexLock lock(&c.mu);
@@ -594,6 +630,7 @@ void PipelineEngine::Drain() {
 
 StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_batch, double lr,
                                                  const std::optional<StepEngine::NextStep>& next) {
+  const int64_t begin_ns = NowNs();
   const int P = options.stages;
   const int M = setup.schedule.micro_batches;
   const bool trace = TracedStep(step);
@@ -615,10 +652,15 @@ StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_bat
     }
     chain->cv.NotifyAll();
   }
+  if (start && distributed()) {
+    // As RunDistributed: the leader may have evaluated since the last chain ended.
+    options.distributed->world->Barrier(std::chrono::hours(24));
+  }
   if (start) StartChain(step);
   const int64_t previous_end = chain_last_end_ns;
   std::vector<StageStep> steps = AwaitChain(step, /*settle=*/!next);
   ahead = next ? next->step : -1;
+  if (distributed()) return FinishDistributedInterlocked(step, std::move(steps[0]), begin_ns);
 
   // The reduction every rank computes (or will): the partials added in rank order.
   const size_t n = steps[0].norm_partials.size();
@@ -677,6 +719,112 @@ StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_bat
     traced_before.clear();
   } else if (trace) {
     traced_before = std::move(steps);
+  }
+  return result;
+}
+
+StepResult PipelineEngine::Impl::FinishDistributedInterlocked(int64_t step, StageStep s,
+                                                              int64_t begin_ns) {
+  const int W = static_cast<int>(reports.size()), w = world_rank();
+  const int64_t n = static_cast<int64_t>(s.norm_partials.size());
+  const int64_t F = kReducedFigures + n;  // the figures, then the rank's norm partials
+  Tensor all = Tensor::Zeros({W, F}, DType::kF64);
+  double* row = all.data<double>() + w * F;
+  double loss_sum = 0;
+  for (double l : s.losses) loss_sum += l;
+  row[kPeakAllocated] = static_cast<double>(s.peak_allocated_bytes);
+  row[kPeakReserved] = static_cast<double>(s.peak_reserved_bytes);
+  row[kReleased] = static_cast<double>(s.released_output_bytes);
+  row[kAtInflightPeak] = static_cast<double>(s.allocated_at_inflight_peak_bytes);
+  row[kInflight] = s.inflight_peak;
+  row[kBusyNs] = static_cast<double>(s.busy_ns);
+  row[kCommNs] = static_cast<double>(s.comm_ns);
+  row[kBusyCpuNs] = static_cast<double>(s.busy_cpu_ns);
+  row[kWallNs] = static_cast<double>(s.wall_ns);
+  row[kLossSum] = loss_sum;
+  row[kLosses] = static_cast<double>(s.losses.size());
+  row[kRollbackBytes] = static_cast<double>(s.rollback_bytes);
+  row[kBeganAhead] = s.began_ahead ? 1 : 0;
+  std::copy(s.norm_partials.begin(), s.norm_partials.end(), row + kReducedFigures);
+  AllReduceOverWorld(
+      all, fmt::format("finished step {} and waited for every rank's figures of it", step + 1));
+  // The step's reduction as the ranks compute it (D = 1: world rank = pipeline rank): each row
+  // holds one rank's partials exactly (the others added zeros), summed in rank order.
+  std::vector<const void*> sources;
+  for (int r = 0; r < W; ++r) sources.push_back(all.data<double>() + r * F + kReducedFigures);
+  std::vector<double> sums(static_cast<size_t>(n));
+  SumInRankOrder(DType::kF64, sources, n, sums.data());
+  StepResult result;
+  result.grad_norm = GlobalNorm({sums.begin(), sums.end() - 1});
+  const StageProgram::Validation verdict =
+      EagerUpdateVerdict(result.grad_norm, sums.back(), setup.config->optimizer.clip_norm);
+  result.updated = verdict != StageProgram::Validation::kSkipped;
+  rollbacks += verdict != StageProgram::Validation::kAccepted ? 1 : 0;
+  s.grad_norm = result.grad_norm;
+  s.updated = result.updated;
+  s.rolled_back = verdict != StageProgram::Validation::kAccepted;
+  // Processes share no clock: the step's span is its slowest rank's wall, from the rank's own
+  // start of the step (right after its end of the previous one) to its post.
+  int64_t span = 0;
+  double losses = 0, sum = 0;
+  for (int r = 0; r < W; ++r) {
+    const double* f = all.data<double>() + r * F;
+    span = std::max(span, static_cast<int64_t>(f[kWallNs]));
+    began_ahead += f[kBeganAhead] != 0 ? 1 : 0;
+  }
+  for (int r = 0; r < W; ++r) {
+    const double* f = all.data<double>() + r * F;
+    StageStep figures;
+    figures.peak_allocated_bytes = static_cast<int64_t>(f[kPeakAllocated]);
+    figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
+    figures.inflight_peak = static_cast<int>(f[kInflight]);
+    figures.allocated_at_inflight_peak_bytes = static_cast<int64_t>(f[kAtInflightPeak]);
+    figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
+    figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
+    figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
+    figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
+    figures.rollback_bytes = static_cast<int64_t>(f[kRollbackBytes]);
+    Record(r, figures, static_cast<int64_t>(f[kReleased]), span);
+    if (r == w) {  // only this rank's per-chunk figures are known here
+      for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
+        reports[r].inflight_peak_per_chunk[c] =
+            std::max(reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
+      }
+    }
+    sum += f[kLossSum];
+    losses += f[kLosses];
+    result.peak_allocated_bytes =
+        std::max(result.peak_allocated_bytes, figures.peak_allocated_bytes);
+    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, figures.peak_reserved_bytes);
+  }
+  result.loss = losses > 0 ? sum / losses : 0;
+  const int64_t steps_run = setup.config->steps;
+  if (profiler) {
+    if (step > 0 || steps_run == 1) {  // step 0 warms up
+      profiler->AddRank(stage(), s, span);
+      profiler->AddStep(NowNs() - begin_ns, span);
+    }
+    if (step == steps_run - 1) {
+      const StepCosts costs = GatherCosts(*profiler, stage(), replica(), *options.distributed);
+      if (world_rank() == 0) WriteSideOutput([&] { WriteCosts(costs, options.profile_path); });
+    }
+  }
+  if (TracedStep(step)) {
+    if (step == steps_run - 1) {
+      // The last two steps, where they overlap: this rank's spans of both, in time order.
+      if (!traced_before.empty()) {
+        s.spans.insert(s.spans.begin(), traced_before[0].spans.begin(),
+                       traced_before[0].spans.end());
+        s.memory.insert(s.memory.begin(), traced_before[0].memory.begin(),
+                        traced_before[0].memory.end());
+      }
+      std::string stem = options.trace_path;
+      if (stem.ends_with(".json")) stem.resize(stem.size() - 5);
+      WriteSideOutput([&] { WriteTrace({s}, stage(), fmt::format("{}.rank{}.json", stem, w)); });
+      traced_before.clear();
+    } else {
+      traced_before = {std::move(s)};
+    }
   }
   return result;
 }
@@ -1145,7 +1293,9 @@ std::string PipelineEngine::Describe() const {
       impl.distributed() ? fmt::format(" × {} replicas as MPI processes", impl.setup.replicas)
                          : " as threads",
       impl.setup.schedule.Describe(), impl.layout, impl.options.release_outputs ? "on" : "off",
-      impl.options.post_validate ? ", post-validation on" : "");
+      !impl.options.post_validate ? ""
+      : impl.chain != nullptr     ? ", post-validation on (steps interlock)"
+                              : ", post-validation on (steps synchronous with data parallelism)");
 }
 
 std::vector<std::string> PipelineEngine::ReportLines() const {

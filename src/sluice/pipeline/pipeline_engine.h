@@ -48,9 +48,21 @@
 // the synchronous run does, drops the next step's gradients and runs that step again: results
 // stay bitwise the synchronous run's, and the rollbacks count the redone steps. A Step without
 // `next` ends the chain after its step (validated before Step returns); Drain undoes a step
-// announced but not taken. MPI runs stay synchronous: `next` is ignored there. The span of an
+// announced but not taken. The span of an
 // interlocked step starts at the previous step's last end, so that spans add up to the run's time.
 // With --trace the last two steps are traced, so that their overlap shows.
+//
+// Interlocked steps under MPI (post-validation, D = 1): the process's one rank runs its chain on
+// a thread of its own (the driver) and posts each step's reduction over the pipeline communicator
+// (MPI IallReduceSum); the calling thread meets it as on threads, then reduces the step's figures
+// — with every rank's norm partials, so that each process tells the norm and verdict the ranks
+// will — in one all-reduce over the world, and the trainer's stop agreement follows: both block
+// only the calling thread, one step behind the ranks, so neither is a barrier between steps. A
+// chain starts after the world barrier a synchronous step begins with (the leader may have
+// evaluated). `post_validation.overlapped_starts` counts the steps some rank began before the
+// previous step's reduction had completed on it (StageStep::began_ahead). With data parallelism
+// (D > 1, and so --shard-optimizer) steps stay synchronous: the replicas' all-reduce and the
+// sharded gather sit inside OPT around the eager update, and `next` is ignored.
 //
 // Thread-safety: one thread calls the engine; it runs its own rank threads inside Step. Every
 // process of a distributed run calls the same methods in the same order (they are collective).

@@ -215,6 +215,19 @@ class StageRuntime::StepRun {
     out_.begin_ns = t0;
     StepProgress* progress = rt_.setup.progress;
     if (progress != nullptr) progress->Begin(rt_.rank, step_);
+    if (interlocked_ && rt_.pending) {
+      try {
+        Comm([&] { out_.began_ahead = !rt_.pending->reduce.Test(); });
+      } catch (const CommAborted&) {
+        throw;
+      } catch (const std::exception& e) {
+        const std::string what =
+            fmt::format("stage {} failed at the start of step {}, testing step {}'s reduction: {}",
+                        rt_.rank, step_ + 1, rt_.pending->step + 1, e.what());
+        comm_.Abort(what);
+        throw StageError(what);
+      }
+    }
     for (size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       try {

@@ -204,6 +204,11 @@ struct StageStep {
   // discarded (no update, gradients dropped) and the step must run again.
   std::vector<double> norm_partials;
   bool redo = false;
+  // Interlocked: this rank began the step while the reduction of the previous step, which it had
+  // posted, had not yet completed here (a Test when the step began: some rank's part had not
+  // arrived) — the step overlapped the previous one's validation, which a synchronous step waits
+  // for inside its OPT. Causal, not timed. Processes without a shared StepProgress count these.
+  bool began_ahead = false;
   std::vector<TraceSpan> spans;      // when tracing
   std::vector<MemorySample> memory;  // when tracing
   // Profile (step_simulator.h's costs): every compute's wall and thread CPU time, one sample per
@@ -271,9 +276,9 @@ class StageRuntime {
   // batches first_batch … first_batch + M − 1 (StepEngine::Step).
   StageStep RunStep(int64_t step, int64_t first_batch, double lr, Communicator& comm, bool trace);
 
-  // Interlocked post-validation (threads; setup.post_validate, no data parallelism): as RunStep,
-  // but OPT first validates the previous step's eager update, whose reduction it waits for only
-  // now — when that fails (clipping or a skip), it restores and redoes that update, drops this
+  // Interlocked post-validation (threads or MPI; setup.post_validate, no data parallelism): as
+  // RunStep, but OPT first validates the previous step's eager update, whose reduction it waits for
+  // only now — when that fails (clipping or a skip), it restores and redoes that update, drops this
   // step's gradients and returns with `redo` set (run this step again) — then updates eagerly and
   // posts this step's reduction without waiting (IallReduceSum); its StageStep carries the
   // partials (norm_partials). Settle or DiscardPending ends the chain.

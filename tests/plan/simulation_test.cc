@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include "sluice/core/error.h"
+#include "sluice/pipeline/cost_profiler.h"
 #include "sluice/schedule/schedule_analysis.h"
+#include "sluice/schedule/steady_state.h"
 
 namespace sluice {
 namespace {
@@ -83,6 +85,63 @@ TEST(Simulation, RankingPutsTheBudgetFirstThenTheStepTime) {
       ranking.refused, [](const auto& r) { return r.first == ScheduleKind::kZeroBubbleV; });
   ASSERT_NE(zbv, ranking.refused.end());
   EXPECT_FALSE(zbv->second.empty());
+}
+
+// The costs of a profile of this job: unit computes (F, B, W 1 each, messages free), as a
+// costs file of `sluice train --profile-out` would hold them.
+pipeline::StepCosts ProfileOf(const SimulationRequest& r, const Job& job, ScheduleKind kind) {
+  const EngineContext ctx{.config = r.config, .task = *job.task, .model = job.model, .threads = 1};
+  pipeline::PipelineOptions options = r.pipe;
+  options.schedule = kind;
+  const pipeline::PipelineLayout layout = pipeline::LayOutPipeline(ctx, options, 1);
+  pipeline::StepCosts costs = pipeline::UnitCosts(layout.setup.schedule);
+  costs.source = "test costs";
+  costs.job = pipeline::ProfileJob(layout.setup, layout.layout);
+  return costs;
+}
+
+// `simulate --post-validate` with a costs file replays interlocked steps at the per-action costs:
+// at unit computes the unit-cost analysis' steady state; every step pays each rank's OPT and the
+// copy of its rollback state at the profile's copy bandwidth — not again when the profiled run
+// had post-validation (its update held the copy).
+TEST(Simulation, PostValidationWithAProfileChargesEveryStepsOptAndRollbackCopy) {
+  SimulationRequest r = Request(4, 8);
+  r.pipe.post_validate = true;
+  const Job job = MakeJob(r.config);
+  const ScheduleKind kind = ScheduleKind::kZeroBubbleH2;
+  const SimulatedSchedule unit = SimulateSchedule(r, job, kind);
+  ASSERT_TRUE(unit.steady.has_value());
+  EXPECT_FALSE(unit.steady_per_action);
+
+  r.costs = {ProfileOf(r, job, kind)};
+  const SimulatedSchedule free = SimulateSchedule(r, job, kind);
+  ASSERT_TRUE(free.steady.has_value());
+  EXPECT_TRUE(free.steady_per_action);
+  EXPECT_NEAR(free.steady->period, unit.steady->period, 1e-9);
+  EXPECT_NEAR(free.steady->bubble, unit.steady->bubble, 1e-9);
+  EXPECT_EQ(free.rollback_copy_ms, 0);
+  EXPECT_EQ(free.RankedTime(), free.steady->period);
+
+  // Each rank's OPT 0.25 ms: every step pays it.
+  pipeline::StepCosts& c = r.costs[0];
+  for (pipeline::RankCosts& rank : c.ranks) rank.optimizer_ms = 0.25;
+  EXPECT_NEAR(SimulateSchedule(r, job, kind).steady->period, free.steady->period + 0.25, 1e-9);
+
+  // A copy of message_bytes costs copy_ms (the messages' copies too): the rollback copy is charged
+  // at that bandwidth, on the rank where it costs most — unless the profile's run copied already.
+  c.message_bytes = 1 << 20;
+  c.copy_ms = 0.5;
+  const SimulatedSchedule charged = SimulateSchedule(r, job, kind);
+  double copy = 0;
+  for (const StageMemoryForecast& m : charged.memory) {
+    ASSERT_GT(m.rollback_bytes, 0);
+    copy = std::max(copy, static_cast<double>(m.rollback_bytes) * 0.5 / (1 << 20));
+  }
+  EXPECT_DOUBLE_EQ(charged.rollback_copy_ms, copy);
+  c.measured["post_validate"] = true;
+  const SimulatedSchedule measured = SimulateSchedule(r, job, kind);
+  EXPECT_EQ(measured.rollback_copy_ms, 0);
+  EXPECT_NEAR(charged.steady->period - measured.steady->period, copy, 1e-9);
 }
 
 TEST(Simulation, NoKindThatCanRunIsAnErrorNamingEach) {

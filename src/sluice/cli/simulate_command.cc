@@ -200,7 +200,13 @@ int RunSimulate(TrainArgs& a) {
     if (r.core_wait_share >= 0) out["core_wait_share"] = r.core_wait_share;
     if (const std::string note = CoreWaitNote(r); !note.empty()) out["note"] = note;
     if (!r.measured.is_null()) out["measured"] = r.measured;
-    if (r.steady) out["post_validation"] = pipeline::SteadyStateJson(*r.steady);
+    if (r.steady) {
+      out["post_validation"] = pipeline::SteadyStateJson(*r.steady);
+      if (r.steady_per_action) {
+        out["post_validation"]["per_action"] = true;
+        out["post_validation"]["rollback_copy_ms"] = r.rollback_copy_ms;
+      }
+    }
     out["stages"] = stages;
     if (!p.draws.empty()) {
       nlohmann::ordered_json draws = nlohmann::ordered_json::array();
@@ -257,10 +263,14 @@ int RunSimulate(TrainArgs& a) {
   if (r.steady) {
     const pipeline::SteadyState& st = *r.steady;
     fmt::print(
-        "  post-validation: the steps interlock; at the mean F, B and W costs (messages and OPT "
-        "free) a steady-state step takes {:.3f} {}, bubble {:.1f}% (synchronous {:.3f}, "
-        "{:.1f}%); once per run the first fill {:.3f} and the last drain {:.3f} (mean per "
-        "stage)\n",
+        "  post-validation: the steps interlock; {} a steady-state step takes {:.3f} {}, bubble "
+        "{:.1f}% (synchronous {:.3f}, {:.1f}%); once per run the first fill {:.3f} and the last "
+        "drain {:.3f} (mean per stage)\n",
+        r.steady_per_action
+            ? fmt::format("at the profile's per-action costs, every step's OPT and rollback copy "
+                          "({:.3f} ms) included,",
+                          r.rollback_copy_ms)
+            : "at the mean F, B and W costs (messages and OPT free)",
         st.period, unit, 100 * st.bubble, st.synchronous_makespan, 100 * st.synchronous_bubble,
         st.fill, st.drain);
   }

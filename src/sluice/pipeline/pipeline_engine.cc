@@ -412,7 +412,10 @@ std::vector<StageStep> PipelineEngine::Impl::AwaitChain(int64_t step, bool settl
 
 namespace {
 
-void WriteCosts(const StepCosts& costs, const std::string& path) {
+// Writes the costs file; a run with post-validation says so in its "measured" (its update held
+// the rollback copy, which the simulator then does not charge again: plan/simulation.h).
+void WriteCosts(StepCosts costs, const std::string& path, bool post_validate) {
+  if (post_validate) costs.measured["post_validate"] = true;
   WriteFileAtomic("--profile-out costs file", path, CostsToJson(costs).dump(2) + "\n");
 }
 
@@ -699,7 +702,8 @@ StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_bat
     const int64_t steps_run = setup.config->steps;
     if (step > 0 || steps_run == 1) profiler->Add(steps, end - begin);  // step 0 warms up
     if (step == steps_run - 1)
-      WriteSideOutput([&] { WriteCosts(profiler->Costs(), options.profile_path); });
+      WriteSideOutput(
+          [&] { WriteCosts(profiler->Costs(), options.profile_path, options.post_validate); });
   }
   for (int r = 0; r < P; ++r) {
     Record(r, steps[r], steps[r].released_output_bytes, end - begin);
@@ -806,7 +810,8 @@ StepResult PipelineEngine::Impl::FinishDistributedInterlocked(int64_t step, Stag
     }
     if (step == steps_run - 1) {
       const StepCosts costs = GatherCosts(*profiler, stage(), replica(), *options.distributed);
-      if (world_rank() == 0) WriteSideOutput([&] { WriteCosts(costs, options.profile_path); });
+      if (world_rank() == 0)
+        WriteSideOutput([&] { WriteCosts(costs, options.profile_path, options.post_validate); });
     }
   }
   if (TracedStep(step)) {
@@ -848,8 +853,9 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr,
       if (step > 0 || steps_run == 1)
         impl.profiler->Add(steps, NowNs() - begin);  // step 0 warms up
       if (step == steps_run - 1) {
-        impl.WriteSideOutput(
-            [&] { WriteCosts(impl.profiler->Costs(), impl.options.profile_path); });
+        impl.WriteSideOutput([&] {
+          WriteCosts(impl.profiler->Costs(), impl.options.profile_path, impl.options.post_validate);
+        });
       }
     }
     const StageStep& last =
@@ -938,7 +944,9 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr,
     if (step == steps_run - 1) {
       const StepCosts costs =
           GatherCosts(*impl.profiler, impl.stage(), impl.replica(), *impl.options.distributed);
-      if (leader()) impl.WriteSideOutput([&] { WriteCosts(costs, impl.options.profile_path); });
+      if (leader())
+        impl.WriteSideOutput(
+            [&] { WriteCosts(costs, impl.options.profile_path, impl.options.post_validate); });
     }
   }
   if (trace) {

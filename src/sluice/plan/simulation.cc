@@ -70,12 +70,50 @@ pipeline::CostModel MeanComputeCosts(const pipeline::StepCosts& costs) {
   return mean;
 }
 
+// The steady state of interlocked steps at a profile's per-action costs (module comment of
+// simulation.h): SimulateStep of N and N + 1 interlocked steps at the medians; the period is
+// what one more step adds plus the OPT the interlocked schedule leaves out, on the rank where it
+// costs most. `one` is the synchronous step's prediction.
+pipeline::SteadyState ProfiledSteadyState(const pipeline::Schedule& schedule,
+                                          const pipeline::StepCosts& costs, int cores,
+                                          const pipeline::StepPrediction& one,
+                                          const std::vector<double>& step_opt_ms) {
+  const int N = pipeline::kSteadyStateSteps;
+  const int P = schedule.stages;
+  auto simulate = [&](int steps) {
+    return pipeline::SimulateStep(pipeline::InterlockSteps(schedule, steps), costs,
+                                  {.cores = cores, .validated = true, .draws = 0});
+  };
+  const pipeline::StepPrediction n = simulate(N), n1 = simulate(N + 1);
+  pipeline::SteadyState out{
+      .steps = N, .synchronous_makespan = one.makespan_ms, .synchronous_bubble = one.bubble};
+  const double opt = *std::max_element(step_opt_ms.begin(), step_opt_ms.end());
+  out.period = n1.makespan_ms - n.makespan_ms + opt;
+  double idle = 0;
+  for (int r = 0; r < P; ++r) {
+    const double busy = n1.ranks[r].busy_ms - n.ranks[r].busy_ms;
+    const double steady_idle = std::max(0.0, n1.makespan_ms - n.makespan_ms - busy);
+    idle += out.period - busy - step_opt_ms[r];
+    // What N steps idle beyond N steady-state steps: after the rank's end (the drain), the rest
+    // before its first compute (the fill).
+    const double drain = n.makespan_ms - n.ranks[r].end_ms;
+    out.drain += drain / P;
+    out.fill += std::max(0.0, n.ranks[r].idle_ms - drain - N * steady_idle) / P;
+  }
+  out.bubble = out.period > 0 ? idle / (P * out.period) : 0;
+  return out;
+}
+
 }  // namespace
 
 int64_t SimulatedSchedule::LargestPeak() const {
   int64_t peak = memory.empty() ? -1 : 0;
   for (const StageMemoryForecast& m : memory) peak = std::max(peak, m.peak_allocated_bytes);
   return peak;
+}
+
+double SimulatedSchedule::RankedTime() const {
+  return steady && steady_per_action ? steady->period : prediction.step_ms;
 }
 
 int64_t SimulatedSchedule::LargestReservedPeak() const {
@@ -105,15 +143,32 @@ SimulatedSchedule SimulateSchedule(const SimulationRequest& r, const Job& job,
       .draws = draws,
       .core_wait_share = pipeline::CoreWaitShare(chosen),
       .measured = MeasuredStep(chosen, layout.setup.schedule)};
-  if (options.post_validate) {
-    out.steady = pipeline::AnalyseSteadyState(layout.setup.schedule, MeanComputeCosts(chosen),
-                                              pipeline::CommMode::kAsync, /*validated=*/true);
-  }
   if (std::optional<std::string> why = pipeline::ForecastRefusal(layout.setup.schedule)) {
     out.memory_note = *why;
     if (!r.budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
   } else {
     out.memory = pipeline::ForecastStages(layout.setup);
+  }
+  if (options.post_validate && r.costs.empty()) {
+    out.steady = pipeline::AnalyseSteadyState(layout.setup.schedule, MeanComputeCosts(chosen),
+                                              pipeline::CommMode::kAsync, /*validated=*/true);
+  } else if (options.post_validate) {
+    // Every step's OPT: each rank's optimizer and update, and the copy of its rollback state at
+    // the profile's copy bandwidth — unless the profiled run updated eagerly, copy included.
+    const bool copied = chosen.measured.is_object() && chosen.measured.contains("post_validate");
+    const double ms_per_byte =
+        chosen.message_bytes > 0 ? chosen.copy_ms / static_cast<double>(chosen.message_bytes) : 0;
+    std::vector<double> opt;
+    for (size_t rank = 0; rank < chosen.ranks.size(); ++rank) {
+      const pipeline::RankCosts& rc = chosen.ranks[rank];
+      const double bytes =
+          rank < out.memory.size() ? static_cast<double>(out.memory[rank].rollback_bytes) : 0;
+      const double copy = copied ? 0 : bytes * ms_per_byte;
+      out.rollback_copy_ms = std::max(out.rollback_copy_ms, copy);
+      opt.push_back(rc.optimizer_ms + rc.update_ms + copy);
+    }
+    out.steady_per_action = true;
+    out.steady = ProfiledSteadyState(layout.setup.schedule, chosen, r.cores, out.prediction, opt);
   }
   for (size_t s = 0; s < r.budget.size() && s < out.memory.size(); ++s) {
     if (out.memory[s].peak_reserved_bytes > r.budget[s]) out.fits = false;
@@ -142,9 +197,7 @@ ScheduleRanking RankSchedules(const SimulationRequest& request, const Job& job,
   // reserved bytes the budget bounds).
   std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const auto& x, const auto& y) {
     if (x.fits != y.fits) return x.fits;
-    if (x.prediction.step_ms != y.prediction.step_ms) {
-      return x.prediction.step_ms < y.prediction.step_ms;
-    }
+    if (x.RankedTime() != y.RankedTime()) return x.RankedTime() < y.RankedTime();
     return x.LargestReservedPeak() < y.LargestReservedPeak();
   });
   return out;

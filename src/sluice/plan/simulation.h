@@ -60,11 +60,23 @@ struct SimulatedSchedule {
   // The profiled run's own step, when it ran this very schedule (its costs' "measured"): what the
   // prediction can be checked against. Null otherwise.
   nlohmann::ordered_json measured;
-  // With pipe.post_validate: the steady state of its steps interlocked (schedule/steady_state.h)
-  // at each kind of compute's mean cost over the ranks and chunks (F, B, W; messages and OPT
-  // free), in the prediction's unit — the step every step after the first costs, the fill and
-  // drain paid once per run. Empty without post-validation.
+  // With pipe.post_validate: the steady state of its steps interlocked (schedule/steady_state.h),
+  // in the prediction's unit — the step every step after the first costs, the fill and drain
+  // paid once per run. Empty without post-validation. At unit costs, the unit-cost analysis
+  // (AnalyseSteadyState). With a costs file (`steady_per_action`), the step simulator's replay of
+  // N and N + 1 interlocked steps at the profile's per-action costs (each rank's and chunk's F,
+  // B, W, messages and their transit; the medians), the period being what one more step adds
+  // plus the OPT every step pays and the interlocked schedule leaves out — on the rank where it
+  // costs most, its optimizer and update and the copy of its rollback state (the forecast's
+  // rollback_bytes at the profile's copy bandwidth, message_bytes per copy_ms; `rollback_copy_ms`,
+  // the largest rank's) — unless the profiled run had --post-validate itself, whose update held
+  // the copy (its "measured" says "post_validate"). A rollback (a step validation refuses) costs
+  // a step more; the steady state assumes none.
   std::optional<pipeline::SteadyState> steady;
+  bool steady_per_action = false;
+  double rollback_copy_ms = 0;
+  // What ranking weighs: the steady-state period with per-action costs, else the step time.
+  double RankedTime() const;
 
   // The largest stage's forecast peak of allocated bytes; -1 when memory was not forecast.
   int64_t LargestPeak() const;

@@ -10,11 +10,15 @@ does not have one).
 
 Usage: bench/post_validation.py [--sluice build/sluice] [--out post_validation.jsonl]
                                 [--stages 2,4] [--steps 6] [--clip 10] [--repeat 1]
-                                [--schedules 1f1b,zb-h2,zb-v]
+                                [--schedules 1f1b,zb-h2,zb-v] [--comm mpi [--mpirun mpirun]]
 Prints one markdown table; writes every run's figures as JSON lines. A GPT of 8 blocks, C = 128,
 8 sequences per micro-batch, M = 2P (zb-v needs M ≥ 2P − 1), --threads P (a BLAS thread per stage).
 With --repeat N every pair (off, on) runs N times alternately and the table gives the medians: the
-machine's load moves between runs, and alternating spreads it over both sides.
+machine's load moves between runs, and alternating spreads it over both sides. With --comm mpi
+every training run is `mpirun -np P sluice train --comm mpi` (a process per stage, --threads 1
+each; the environment of tests/CMakeLists.txt: shared memory, oversubscription allowed), and
+"overlapped starts" counts the steps a rank began before the previous step's reduction had
+completed on it.
 """
 import argparse
 import json
@@ -27,18 +31,26 @@ SCHEDULES = ["1f1b", "zb-h2", "zb-v"]
 MB_SIZE = 8
 
 
-def model(steps, clip, p):
-    return ["--layers", "8", "--dim", "128", "--heads", "4", "--threads", str(p), "--steps",
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_btl": "self,vader",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+
+
+def model(steps, clip, threads):
+    return ["--layers", "8", "--dim", "128", "--heads", "4", "--threads", str(threads), "--steps",
             str(steps), "--eval-every", "0", "--quiet", "--clip", str(clip)]
 
 
-def run(sluice, schedule, p, m, steps, clip, post_validate, tmp):
+def run(sluice, schedule, p, m, steps, clip, post_validate, tmp, mpirun=None):
     metrics, costs = os.path.join(tmp, "m.jsonl"), os.path.join(tmp, "costs.json")
-    job = [*model(steps, clip, p), "--batch", str(MB_SIZE * m), "--microbatches", str(m),
-           "--stages", str(p), "--schedule", schedule] + (["--post-validate"] if post_validate
-                                                          else [])
-    subprocess.run([sluice, "train", *job, "--metrics", metrics, "--profile-out", costs],
-                   check=True)
+    job = [*model(steps, clip, 1 if mpirun else p), "--batch", str(MB_SIZE * m),
+           "--microbatches", str(m), "--stages", str(p), "--schedule", schedule] + (
+               ["--post-validate"] if post_validate else [])
+    train = [sluice, "train", *job, "--metrics", metrics, "--profile-out", costs]
+    if mpirun:
+        train = [mpirun, "-np", str(p), sluice, "train", "--comm", "mpi", *train[2:]]
+    subprocess.run(train, check=True, env={**os.environ, **MPI_ENV} if mpirun else None,
+                   stderr=subprocess.DEVNULL if mpirun else None)
     with open(metrics) as f:
         summary = [json.loads(l) for l in f if '"summary"' in l][-1]
     sim = subprocess.run([sluice, "simulate", *job, "--costs", costs, "--format", "json"],
@@ -54,7 +66,8 @@ def run(sluice, schedule, p, m, steps, clip, post_validate, tmp):
         "predicted_step_ms": sim["step_ms"], "predicted_bubble": sim["bubble"],
         "steady_state": sim.get("post_validation"),
         "core_wait_share": sim.get("core_wait_share"),
-        "command": "sluice train " + " ".join(job),
+        "command": ("mpirun -np {} sluice train --comm mpi ".format(p) if mpirun
+                    else "sluice train ") + " ".join(job),
     }
 
 
@@ -74,6 +87,8 @@ def main():
                     help="10: rarely fires (no rollback); 1.0 fires at every step of this job")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--comm", choices=["local", "mpi"], default="local")
+    ap.add_argument("--mpirun", default="mpirun")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,8 +97,9 @@ def main():
                 runs = {False: [], True: []}
                 for _ in range(a.repeat):
                     for post_validate in (False, True):
-                        runs[post_validate].append(run(a.sluice, schedule, p, 2 * p, a.steps,
-                                                       a.clip, post_validate, tmp))
+                        runs[post_validate].append(
+                            run(a.sluice, schedule, p, 2 * p, a.steps, a.clip, post_validate, tmp,
+                                a.mpirun if a.comm == "mpi" else None))
                         print(json.dumps(runs[post_validate][-1]), file=sys.stderr)
                 for post_validate in (False, True):
                     rows.append(median_row(runs[post_validate]))

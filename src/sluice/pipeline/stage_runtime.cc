@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -65,6 +66,18 @@ struct StageRuntime::Impl {
   // The last run was discarded (StageStep::redo): the run of the same step again keeps its peak,
   // so that the step's reported peak covers both runs.
   bool redoing = false;
+  // Reduced, at the end of a chain (outside any action): a timeout or failure names the rank,
+  // the step and what it was waiting to do (`what`: "validate", "undo").
+  std::pair<double, double> ReducedAtChainEnd(std::string_view what) {
+    try {
+      return Reduced();
+    } catch (const CommTimeout& e) {
+      throw CommTimeout(
+          fmt::format("stage {} waited for the reduction of step {} to {} its eager "
+                      "update: {}",
+                      rank, pending->step + 1, what, e.what()));
+    }
+  }
   // Waits for `pending`'s reduction and returns its global norm and loss sum.
   std::pair<double, double> Reduced() {
     const Tensor sums = pending->reduce.Wait();
@@ -775,7 +788,7 @@ StageStep StageRuntime::RunStepInterlocked(int64_t step, int64_t first_batch, do
 StageProgram::Validation StageRuntime::Settle() {
   Impl& rt = *impl_;
   if (!rt.pending) return StageProgram::Validation::kAccepted;
-  const auto [norm, loss] = rt.Reduced();
+  const auto [norm, loss] = rt.ReducedAtChainEnd("validate");
   const StageProgram::Validation v =
       rt.program->ValidateEagerUpdate(norm, loss, rt.pending->lr, rt.pending->step);
   rt.pending.reset();
@@ -785,7 +798,7 @@ StageProgram::Validation StageRuntime::Settle() {
 void StageRuntime::DiscardPending() {
   Impl& rt = *impl_;
   if (!rt.pending) return;
-  rt.Reduced();  // every rank posted it: the collective completes on every rank
+  rt.ReducedAtChainEnd("undo");  // every rank posted it: the collective completes on every rank
   rt.program->DiscardEagerUpdate(rt.pending->step);
   rt.pending.reset();
 }

@@ -140,6 +140,55 @@ TEST(Planner, UnderPostValidationAutoWeighsTheSteadyStateAndTheRollbackCopy) {
   }
 }
 
+// Under auto, --post-validate is allowed, not required: each kind keeps it only where its plan
+// fits and its steady-state step is strictly shorter than its synchronous step. Unbudgeted, a
+// zero-bubble kind wins with it; under a budget that the chosen kind's synchronous plan just fits,
+// the rule still holds of whatever auto picks.
+TEST(Planner, AutoKeepsPostValidationOnlyWhereItFitsAndIsFaster) {
+  PlanRequest r = Pipeline(4, 8);
+  r.automatic = true;
+  r.pipe.post_validate = true;
+  const PlanChoice free = ChoosePlan(r);
+  EXPECT_TRUE(free.post_validate);
+  EXPECT_EQ(free.plan.stages.front().forecast.rollback_bytes > 0, true);
+  // 1F1B's steady state is its synchronous step: with post-validation it is no faster.
+  PlanRequest one = r;
+  one.pipe.schedule = ScheduleKind::kOneFOneB;
+  const std::optional<PlanChoice> with = TryPlan(one, ScheduleKind::kOneFOneB);
+  one.pipe.post_validate = false;
+  const std::optional<PlanChoice> without = TryPlan(one, ScheduleKind::kOneFOneB);
+  ASSERT_TRUE(with && without);
+  EXPECT_GE(with->step_time, without->step_time);
+
+  // The rule, checked on a choice: post-validated only where it fits and is faster.
+  const auto check = [&](const PlanRequest& req, const PlanChoice& c) {
+    PlanRequest plain = req;
+    plain.pipe.post_validate = false;
+    const std::optional<PlanChoice> pv = TryPlan(req, c.schedule);
+    const std::optional<PlanChoice> sync = TryPlan(plain, c.schedule);
+    ASSERT_TRUE(pv && sync);
+    EXPECT_TRUE(c.plan.fits);
+    if (c.post_validate) {
+      EXPECT_TRUE(pv->plan.fits);
+      EXPECT_LT(pv->step_time, sync->step_time);
+      EXPECT_EQ(c.step_time, pv->step_time);
+    } else {
+      EXPECT_TRUE(!pv->plan.fits || pv->step_time >= sync->step_time);
+      EXPECT_EQ(c.step_time, sync->step_time);
+    }
+  };
+  check(r, free);
+  PlanRequest synchronous = r;
+  synchronous.pipe.post_validate = false;
+  const std::optional<PlanChoice> sync = TryPlan(synchronous, free.schedule);
+  ASSERT_TRUE(sync);
+  r.budget.clear();
+  for (const StagePlan& p : sync->plan.stages) r.budget.push_back(p.forecast.peak_reserved_bytes);
+  r.budget_text = "test";
+  const PlanChoice budgeted = ChoosePlan(r);
+  check(r, budgeted);
+}
+
 TEST(Planner, ABudgetGetsTheLeastWorkPoliciesThatFit) {
   PlanRequest r = Pipeline(2, 4);
   r.config.batch = 32;  // micro-batches of 8 sequences: activations that recompute can drop

@@ -61,7 +61,7 @@ nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a, bool expla
                                                              : nlohmann::json(choice.budget[s])},
                       {"fits", p.fits}});
     if (explain) stages.back()["live_at_peak"] = LiveJson(p.forecast.live_at_peak);
-    if (a.pipe.post_validate) {
+    if (choice.post_validate) {
       stages.back()["rollback_bytes"] = p.forecast.rollback_bytes;
       stages.back()["interlock_bytes"] = p.forecast.interlock_bytes;
     }
@@ -73,7 +73,7 @@ nlohmann::json PlanJson(const PlanChoice& choice, const TrainArgs& a, bool expla
       {"bubble", choice.bubble},
       {"fits", plan.fits},
       {"stages", stages}};
-  if (a.pipe.post_validate) out["post_validate"] = true;  // bubble: the steady state's
+  if (choice.post_validate) out["post_validate"] = true;  // bubble: the steady state's
   return out;
 }
 
@@ -87,8 +87,8 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
       choice.pipeline
           ? fmt::format("{} stages, {} ({}bubble {:.1f}% at unit cost{})", plan.stages.size(),
                         pipeline::ScheduleKindName(choice.schedule),
-                        a.pipe.post_validate ? "steady-state " : "", 100 * choice.bubble,
-                        a.pipe.post_validate ? " with post-validation" : "")
+                        choice.post_validate ? "steady-state " : "", 100 * choice.bubble,
+                        choice.post_validate ? " with post-validation" : "")
           : std::string("one stage"),
       choice.budget.empty() ? std::string() : fmt::format(", budget {}", a.memory_budget));
   out += fmt::format(
@@ -119,7 +119,13 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
     }
     out += " B\n";
   }
-  if (a.pipe.post_validate) {
+  if (a.pipe.post_validate && !choice.post_validate) {
+    out += fmt::format(
+        "  post-validation off for {}: --schedule auto keeps it only where it fits and its "
+        "steady-state step is shorter than the synchronous one at unit cost\n",
+        pipeline::ScheduleKindName(choice.schedule));
+  }
+  if (choice.post_validate) {
     out +=
         "  post-validation keeps a copy of each stage's parameters and optimizer state for a "
         "rollback (in the optimizer column): ";

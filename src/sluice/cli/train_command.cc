@@ -140,6 +140,7 @@ int RunTrain(TrainArgs& a) {
     c.recompute = choice.plan.Policies();
     c.memory_budget = choice.budget;
     a.pipe.schedule = choice.schedule;
+    a.pipe.post_validate = choice.post_validate;  // auto may leave it off (planner.h)
     for (const StagePlan& p : choice.plan.stages) forecast.push_back(p.forecast);
   }
   CheckMemoryFits(a, std::move(forecast));  // before anything is allocated

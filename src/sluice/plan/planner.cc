@@ -34,6 +34,7 @@ PlanChoice PlanKind(const PlanRequest& r, const Job& job, pipeline::ScheduleKind
   choice.pipeline = r.pipeline;
   choice.schedule = kind;
   choice.budget = r.budget;
+  choice.post_validate = r.pipeline && r.pipe.post_validate;
   auto forecast = [&](const TrainConfig& c) { return ForecastJob(r, job, c, kind); };
   if (r.budget.empty()) {
     const std::vector<StageMemoryForecast> f = forecast(r.config);
@@ -72,7 +73,8 @@ PlanChoice PlanKind(const PlanRequest& r, const Job& job, pipeline::ScheduleKind
 }
 
 // Lists the tensors live at each stage's peak of `choice` (its policies and schedule).
-void Explain(const PlanRequest& r, const Job& job, PlanChoice& choice) {
+void Explain(PlanRequest r, const Job& job, PlanChoice& choice) {
+  r.pipe.post_validate = choice.post_validate;
   TrainConfig config = r.config;
   config.recompute = choice.plan.Policies();
   const std::vector<StageMemoryForecast> f =
@@ -128,6 +130,13 @@ PlanChoice ChoosePlan(const PlanRequest& request) {
     std::optional<PlanChoice> choice;
     try {
       choice = PlanKind(request, job, kind);
+      if (request.automatic && request.pipe.post_validate) {
+        // Post-validation allowed: kept only where it fits and its steady state is faster.
+        PlanRequest synchronous = request;
+        synchronous.pipe.post_validate = false;
+        PlanChoice plain = PlanKind(synchronous, job, kind);
+        if (!choice->plan.fits || !(choice->step_time < plain.step_time)) choice = plain;
+      }
     } catch (const Error& e) {
       if (!request.automatic) throw;
       refused += fmt::format("\n  {}: {}", pipeline::ScheduleKindName(kind), e.what());

@@ -12,7 +12,14 @@
 //   - `automatic` (--schedule auto): every schedule kind is planned so; a kind the job cannot run
 //     (too few micro-batches, layers or a forecast too large) is skipped, and among the kinds that
 //     fit the one with the least estimated step time wins — its unit-cost makespan per chunk
-//     times 1 + the largest stage's extra work (ties: the first in kScheduleKindNames).
+//     times 1 + the largest stage's extra work (ties: the first in kScheduleKindNames). With
+//     pipe.post_validate, auto takes it as allowed, not required: each kind is planned with and
+//     without post-validation, and keeps it only where its forecast (the rollback copy and the
+//     interlock's gradients counted) fits and its steady-state step is strictly shorter than the
+//     synchronous one at unit cost (zb-h2, zb-v; not 1f1b, whose steady state is its step);
+//     PlanChoice::post_validate says which. Auto never turns post-validation on unasked: unit
+//     costs do not know the time of the rollback copy each step pays, nor how often clipping
+//     fires (a rollback costs a step more) — docs/pipeline.md, "Post-validation".
 // When nothing fits, the error names each stage's smallest achievable peak — under auto, of the
 // schedule that comes closest (the least overshoot of its worst stage), named too.
 //
@@ -75,6 +82,7 @@ struct PlanChoice {
                          // pipe.post_validate, its interlocked steps' steady state's
                          // (schedule/steady_state.h), and step_time that state's period
   double step_time = 1;  // estimated: unit-cost makespan per chunk × (1 + largest extra work)
+  bool post_validate = false;   // the plan's steps are post-validated (interlocked)
   std::vector<int64_t> budget;  // per stage; empty: none given
   MemoryPlan plan;
 };

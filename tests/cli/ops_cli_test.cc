@@ -55,8 +55,9 @@ TEST_F(OpsCli, TextShowsSignatureDocAndTraits) {
     EXPECT_THAT(r.out, HasSubstr(def->name + "(")) << def->name;
     EXPECT_THAT(r.out, HasSubstr("  " + def->doc + "\n")) << def->name;
   }
-  EXPECT_THAT(r.out, HasSubstr("layer_norm(x: float[..., C], weight: float[C], bias: float[C]) "
-                               "{eps: float = 1e-05} -> y: float[..., C]\n"));
+  EXPECT_THAT(r.out,
+              HasSubstr("layer_norm(x: float or bf16[..., C], weight: float[C], bias: float[C]) "
+                        "{eps: float = 1e-05} -> y: x's dtype[..., C]\n"));
   EXPECT_THAT(r.out, HasSubstr("compute; reference and fast kernels; VJP; recomputable"));
   EXPECT_THAT(r.out, HasSubstr("in place: updates its inputs, no outputs; reference and fast "
                                "kernels; no VJP"));

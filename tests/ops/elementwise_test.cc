@@ -83,6 +83,13 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "cast_to_bf16", .op = "cast", .inputs = {F({7, 13})}, .attrs = bf16, .bf16 = true, .bf16_tolerance = 2e-3, .bf16_grad_tolerance = 0},
       {.label = "cast_to_bf16_long", .op = "cast", .inputs = {F({1031})}, .attrs = bf16, .fills = {Uniform(-1e3, 1e3)}, .grad = false, .bf16 = true, .bf16_tolerance = 2e-3},
       {.label = "cast_from_bf16", .op = "cast", .inputs = {F({1031})}, .attrs = f32, .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 0, .bf16_grad_tolerance = 0},
+      // GELU on bf16 (kernels/bf16_activations.h): widened exactly, f32 inside, y rounded — half a
+      // bf16 ulp of y, at most 2^-8 relative (4e-3), against the twin; fast and reference kernels
+      // round f32 values that differ in the last bits, so they may fall on two sides of a tie:
+      // one ulp (8e-3). gelu_grad with bf16 x computes the f32 kernel's values (f32 rounding).
+      {.label = "gelu_bf16", .op = "gelu", .inputs = {F({7, 13})}, .fills = {wide}, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 4e-3, .bf16_grad_tolerance = 1e-5},
+      {.label = "gelu_bf16_long", .op = "gelu", .inputs = {F({40000})}, .fills = {Uniform(-12, 12)}, .grad = false, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 4e-3},
+      {.label = "gelu_grad_bf16", .op = "gelu_grad", .inputs = {F({40000}), F({40000})}, .fills = {Fill{}, Uniform(-12, 12)}, .grad = false, .bf16 = true, .bf16_inputs = {1}, .bf16_tolerance = 1e-5},
       {.label = "copy", .op = "copy", .single_kernel = true, .inputs = {F({3, 7})}},
       // Gradient accumulation in place (autodiff's AccumulateGradients).
       {.label = "accumulate", .op = "accumulate", .inputs = {F({3, 7}), F({3, 7})}, .grad = false},
@@ -108,7 +115,9 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "scale_no_factor", .op = "scale", .inputs = {F({3})}},
       {.label = "scale_int", .op = "scale", .inputs = {I64({3})}, .attrs = {{"factor", 2.0}}},
       {.label = "relu_int", .op = "relu", .inputs = {I64({3})}},
-      {.label = "gelu_bf16", .op = "gelu", .inputs = {{DType::kBF16, Shape{3}}}},
+      {.label = "tanh_bf16", .op = "tanh", .inputs = {{DType::kBF16, Shape{3}}}},
+      {.label = "gelu_grad_bf16_dy", .op = "gelu_grad", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
+      {.label = "gelu_grad_bf16_shape", .op = "gelu_grad", .inputs = {F({4}), {DType::kBF16, Shape{3}}}},
       {.label = "add_bf16", .op = "add", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
       {.label = "cast_bf16_to_f64", .op = "cast", .inputs = {{DType::kBF16, Shape{3}}}, .attrs = {{"dtype", std::string("f64")}}},
       {.label = "cast_to_f16", .op = "cast", .inputs = {F({3})}, .attrs = {{"dtype", std::string("f16")}}},

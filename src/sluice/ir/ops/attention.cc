@@ -4,9 +4,11 @@
 
 #include <vector>
 
+#include "sluice/ir/gradient_type.h"
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/attention.h"
+#include "sluice/kernels/bf16_activations.h"
 
 namespace sluice {
 
@@ -167,19 +169,21 @@ std::pair<Shape, Shape> PackedOutputShapes(const Shape& qkv, const PackedDims& n
   return {Shape(std::span<const int64_t>(y)), Shape(std::span<const int64_t>(lse))};
 }
 
+// Under mixed precision qkv and y are bf16 and lse f32 (kernels/bf16_activations.h).
 std::vector<TensorType> InferAttentionQkv(std::span<const TensorType> in, const Attrs& attrs) {
-  const DType t = ops::SameFloatDType(in);
+  const DType t = ops::MixedFloatDType(in, {0});
   const PackedDims n = RequirePackedQkv(in[0].shape, attrs);
   if (!std::isfinite(Scale(attrs))) {
     throw ShapeError(fmt::format("scale must be finite, got {}", Scale(attrs)));
   }
   const auto [y, lse] = PackedOutputShapes(in[0].shape, n);
-  return {{t, y}, {t, lse}};
+  return {{t, y}, {t == DType::kBF16 ? DType::kF32 : t, lse}};
 }
 
-// dy, dlse, qkv, y, lse.
+// dy, dlse, qkv, y, lse; under mixed precision qkv and y bf16, the rest f32, dqkv f32.
 std::vector<TensorType> InferAttentionQkvGrad(std::span<const TensorType> in, const Attrs& attrs) {
-  const DType t = ops::SameFloatDType(in);
+  DType t = ops::MixedFloatDType(in, {2, 3});
+  if (t == DType::kBF16) t = DType::kF32;
   const PackedDims n = RequirePackedQkv(in[2].shape, attrs);
   const auto [y, lse] = PackedOutputShapes(in[2].shape, n);
   const char* names[] = {"dy", "dlse", "qkv", "y", "lse"};
@@ -206,9 +210,20 @@ PackedLayouts Layouts(const PackedDims& n) {
           n.c / n.heads};
 }
 
+kernels::PackedAttentionDims BF16Dims(const PackedDims& n) {
+  return {.sequences = n.sequences, .t = n.t, .c = n.c, .heads = n.heads};
+}
+
 template <bool kFast>
 void AttentionQkvKernel(KernelContext& ctx) {
   const Tensor& qkv = ctx.inputs[0];
+  if (qkv.dtype() == DType::kBF16) {
+    const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
+    (kFast ? kernels::CausalAttentionQkvBF16Fast : kernels::CausalAttentionQkvBF16Reference)(
+        qkv.data<BFloat16>(), ctx.outputs[0].data<BFloat16>(), ctx.outputs[1].data<float>(),
+        BF16Dims(n), static_cast<float>(Scale(ctx.attrs)));
+    return;
+  }
   DispatchFloat(qkv.dtype(), "causal_attention_qkv", [&]<typename T>() {
     const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
     const PackedLayouts l = Layouts(n);
@@ -228,6 +243,15 @@ void AttentionQkvKernel(KernelContext& ctx) {
 template <bool kFast>
 void AttentionQkvGradKernel(KernelContext& ctx) {
   const Tensor& qkv = ctx.inputs[2];
+  if (qkv.dtype() == DType::kBF16) {
+    const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
+    (kFast ? kernels::CausalAttentionQkvGradBF16Fast
+           : kernels::CausalAttentionQkvGradBF16Reference)(
+        ctx.inputs[0].data<float>(), ctx.inputs[1].data<float>(), qkv.data<BFloat16>(),
+        ctx.inputs[3].data<BFloat16>(), ctx.inputs[4].data<float>(), ctx.outputs[0].data<float>(),
+        BF16Dims(n), static_cast<float>(Scale(ctx.attrs)));
+    return;
+  }
   DispatchFloat(qkv.dtype(), "causal_attention_qkv_grad", [&]<typename T>() {
     const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
     const PackedLayouts l = Layouts(n);
@@ -260,7 +284,8 @@ std::vector<Var> AttentionVjp(VjpContext& ctx) {
 std::vector<Var> AttentionQkvVjp(VjpContext& ctx) {
   auto or_zeros = [&](int i) {
     Var g = ctx.dy(i);
-    return g.valid() ? g : Zeros(ctx.builder(), ctx.y_type(i).shape, ctx.y_type(i).dtype);
+    const TensorType t = GradientType(ctx.y_type(i));
+    return g.valid() ? g : Zeros(ctx.builder(), t.shape, t.dtype);
   };
   return {CausalAttentionQkvGrad(or_zeros(0), or_zeros(1), ctx.x(0), ctx.y(0), ctx.y(1),
                                  ctx.attrs().GetInt("heads"), Scale(ctx.attrs()))};
@@ -325,28 +350,30 @@ void RegisterAttentionOps(OpRegistry& r) {
                             .outputs = {{"dq", "float[..., H, T, D]"},
                                         {"dk", "float[..., H_kv, T, D]"},
                                         {"dv", "float[..., H_kv, T, D]"}}}});
-  r.Register({.name = "causal_attention_qkv",
-              .num_inputs = 1,
-              .infer = InferAttentionQkv,
-              .kernel = AttentionQkvKernel<true>,
-              .reference = AttentionQkvKernel<false>,
-              .vjp = AttentionQkvVjp,
-              .doc = "causal_attention over the heads of q, k, v packed side by side in qkv (a "
-                     "GPT's c_attn output), read in place; y comes out with the heads side by "
-                     "side, no split, transpose or concat copies",
-              .signature = {.inputs = {{"qkv", "float[..., T, 3C]"}},
-                            .attrs = {{"heads", "int (H, dividing C)"}, {"scale", "float"}},
-                            .outputs = {{"y", "float[..., T, C]"}, {"lse", "float[..., H, T]"}}}});
+  r.Register(
+      {.name = "causal_attention_qkv",
+       .num_inputs = 1,
+       .infer = InferAttentionQkv,
+       .kernel = AttentionQkvKernel<true>,
+       .reference = AttentionQkvKernel<false>,
+       .vjp = AttentionQkvVjp,
+       .doc = "causal_attention over the heads of q, k, v packed side by side in qkv (a "
+              "GPT's c_attn output), read in place; y comes out with the heads side by "
+              "side, no split, transpose or concat copies; bf16 qkv gives bf16 y, computed in f32",
+       .signature = {.inputs = {{"qkv", "float or bf16[..., T, 3C]"}},
+                     .attrs = {{"heads", "int (H, dividing C)"}, {"scale", "float"}},
+                     .outputs = {{"y", "qkv's dtype[..., T, C]"}, {"lse", "float[..., H, T]"}}}});
   r.Register({.name = "causal_attention_qkv_grad",
               .num_inputs = 5,
               .infer = InferAttentionQkvGrad,
               .kernel = AttentionQkvGradKernel<true>,
               .reference = AttentionQkvGradKernel<false>,
-              .doc = "causal_attention_qkv backward: dq, dk, dv written side by side into dqkv",
+              .doc = "causal_attention_qkv backward: dq, dk, dv written side by side into dqkv; "
+                     "bf16 qkv and y beside f32 dy, dlse and lse give an f32 dqkv",
               .signature = {.inputs = {{"dy", "float[..., T, C]"},
                                        {"dlse", "float[..., H, T]"},
-                                       {"qkv", "float[..., T, 3C]"},
-                                       {"y", "float[..., T, C]"},
+                                       {"qkv", "float or bf16[..., T, 3C]"},
+                                       {"y", "qkv's dtype[..., T, C]"},
                                        {"lse", "float[..., H, T]"}},
                             .attrs = {{"heads", "int"}, {"scale", "float"}},
                             .outputs = {{"dqkv", "float[..., T, 3C]"}}}});

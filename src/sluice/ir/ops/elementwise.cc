@@ -10,6 +10,7 @@
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/accumulate.h"
+#include "sluice/kernels/bf16_activations.h"
 #include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/binary.h"
 #include "sluice/kernels/swiglu.h"
@@ -120,6 +121,54 @@ void UnaryGradKernel(KernelContext& ctx) {
       kF64(dy.data<T>(), s.data<T>(), dx.data<T>(), dy.numel());
     }
   });
+}
+
+// ---- GELU under mixed precision: bf16 in, f32 compute, bf16 out (kernels/bf16_activations.h) ----
+
+// gelu: x f32, f64 or bf16 -> y of x's dtype.
+std::vector<TensorType> InferGelu(std::span<const TensorType> in, const Attrs& attrs) {
+  if (in[0].dtype == DType::kBF16) return {in[0]};
+  return InferUnary(in, attrs);
+}
+
+// gelu_grad: dy and x of one dtype, or dy f32 (a bf16 value's gradient type) with x bf16.
+std::vector<TensorType> InferGeluGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  if (in[1].dtype != DType::kBF16) return InferUnaryGrad(in, attrs);
+  if (in[0].dtype != DType::kF32) {
+    throw ShapeError(
+        fmt::format("dy must be f32 (the gradient of bf16 x), got {}", Name(in[0].dtype)));
+  }
+  if (in[0].shape != in[1].shape) {
+    throw ShapeError(fmt::format("the gradient {} and the saved value {} must have one shape",
+                                 in[0].shape.ToString(), in[1].shape.ToString()));
+  }
+  return {{DType::kF32, in[0].shape}};
+}
+
+template <bool kFast>
+void GeluKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::GeluBF16Fast : kernels::GeluBF16Reference)(
+        x.data<BFloat16>(), ctx.outputs[0].data<BFloat16>(), x.numel());
+  } else if constexpr (kFast) {
+    UnaryKernel<kernels::GeluFast<float>, kernels::GeluFast<double>>(ctx);
+  } else {
+    UnaryKernel<kernels::GeluReference<float>, kernels::GeluReference<double>>(ctx);
+  }
+}
+
+template <bool kFast>
+void GeluGradKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[1];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::GeluGradBF16Fast : kernels::GeluGradBF16Reference)(
+        ctx.inputs[0].data<float>(), x.data<BFloat16>(), ctx.outputs[0].data<float>(), x.numel());
+  } else if constexpr (kFast) {
+    UnaryGradKernel<kernels::GeluGradFast<float>, kernels::GeluGradFast<double>>(ctx);
+  } else {
+    UnaryGradKernel<kernels::GeluGradReference<float>, kernels::GeluGradReference<double>>(ctx);
+  }
 }
 
 void ScaleKernel(KernelContext& ctx) {
@@ -431,10 +480,17 @@ void RegisterElementwiseOps(OpRegistry& r) {
                 "-x", /*recomputable=*/true);
   RegisterUnary(r, "relu", UnaryKernel<kernels::Relu<float>, kernels::Relu<double>>, nullptr,
                 ReluVjp, "max(x, 0)", /*recomputable=*/true);
-  RegisterUnary(r, "gelu", UnaryKernel<kernels::GeluFast<float>, kernels::GeluFast<double>>,
-                UnaryKernel<kernels::GeluReference<float>, kernels::GeluReference<double>>, GeluVjp,
-                "GELU, tanh approximation (PyTorch gelu(approximate='tanh'))",
-                /*recomputable=*/true);
+  r.Register({.name = "gelu",
+              .num_inputs = 1,
+              .infer = InferGelu,
+              .kernel = GeluKernel<true>,
+              .reference = GeluKernel<false>,
+              .vjp = GeluVjp,
+              .recomputable = true,
+              .doc = "GELU, tanh approximation (PyTorch gelu(approximate='tanh')); bf16 x gives "
+                     "bf16 y, computed in f32",
+              .signature = {.inputs = {{"x", "float or bf16[...]"}},
+                            .outputs = {{"y", "x's dtype[...]"}}}});
   RegisterUnary(r, "gelu_erf", UnaryKernel<kernels::GeluErf<float>, kernels::GeluErf<double>>,
                 nullptr, GeluErfVjp,
                 "GELU, exact: 0.5·x·(1 + erf(x/√2)) (PyTorch gelu(approximate='none'))",
@@ -477,11 +533,14 @@ void RegisterElementwiseOps(OpRegistry& r) {
   RegisterUnaryGrad(r, "relu_grad", "s",
                     UnaryGradKernel<kernels::ReluGrad<float>, kernels::ReluGrad<double>>, nullptr,
                     "relu gradient: dy where s (relu's input or output) is > 0, else 0");
-  RegisterUnaryGrad(
-      r, "gelu_grad", "x",
-      UnaryGradKernel<kernels::GeluGradFast<float>, kernels::GeluGradFast<double>>,
-      UnaryGradKernel<kernels::GeluGradReference<float>, kernels::GeluGradReference<double>>,
-      "gelu gradient: dy · gelu'(x)");
+  r.Register({.name = "gelu_grad",
+              .num_inputs = 2,
+              .infer = InferGeluGrad,
+              .kernel = GeluGradKernel<true>,
+              .reference = GeluGradKernel<false>,
+              .doc = "gelu gradient: dy · gelu'(x); bf16 x takes an f32 dy and gives an f32 dx",
+              .signature = {.inputs = {{"dy", "float[...]"}, {"x", "float or bf16[...]"}},
+                            .outputs = {{"dx", "float[...]"}}}});
   RegisterUnaryGrad(
       r, "silu_grad", "x",
       UnaryGradKernel<kernels::SiluGradFast<float>, kernels::SiluGradFast<double>>,

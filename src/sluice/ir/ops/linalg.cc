@@ -4,6 +4,7 @@
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
+#include "sluice/kernels/bf16_activations.h"
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
@@ -171,9 +172,16 @@ std::vector<Var> LinearVjp(VjpContext& ctx) {
   return grads;
 }
 
-// a, b as matmul's; x the product's shape.
+// a, b as matmul's; x the product's shape, of the product's dtype — or bf16 beside bf16 a and b
+// (mixed precision: the GELU's input stored bf16, the gradient f32).
 std::vector<TensorType> InferMatMulGeluGrad(std::span<const TensorType> in, const Attrs& attrs) {
-  const DType t = ops::SameFloatDType(in);
+  const DType t = ProductDType(in.first(2));
+  const bool mixed = in[0].dtype == DType::kBF16;
+  if (in[2].dtype != t && !(mixed && in[2].dtype == DType::kBF16)) {
+    throw ShapeError(fmt::format("x must be {}{} for a {} and b {}, got {}", Name(t),
+                                 mixed ? " or bf16" : "", Name(in[0].dtype), Name(in[1].dtype),
+                                 Name(in[2].dtype)));
+  }
   const Shape product = InferMatMul(in.first(2), attrs)[0].shape;
   if (in[2].shape != product) {
     throw ShapeError(fmt::format("x must have the product's shape {} (a {}, b {}), got {}",
@@ -188,6 +196,23 @@ void MatMulGeluGradKernel(KernelContext& ctx) {
   const bool ta = ctx.attrs.GetBool("transpose_a", false),
              tb = ctx.attrs.GetBool("transpose_b", false);
   const Tensor& out = ctx.outputs[0];
+  if (ctx.inputs[0].dtype() == DType::kBF16) {
+    // bf16 a and b: the f32 product into the result, then the GELU gradient in place from x (f32,
+    // or bf16 widened in the kernel).
+    const Tensor& x = ctx.inputs[2];
+    const Tensor dy = kFast ? out : Tensor::Empty(out.shape(), out.dtype());
+    (kFast ? kernels::MatMulBF16 : kernels::MatMulBF16Reference)(ctx.inputs[0], ctx.inputs[1], dy,
+                                                                 ta, tb);
+    if (x.dtype() == DType::kBF16) {
+      (kFast ? kernels::GeluGradBF16Fast : kernels::GeluGradBF16Reference)(
+          dy.data<float>(), x.data<BFloat16>(), out.data<float>(), out.numel());
+    } else {
+      (kFast ? kernels::GeluGradFast<float>
+             : kernels::GeluGradReference<float>)(dy.data<float>(), x.data<float>(),
+                                                  out.data<float>(), out.numel());
+    }
+    return;
+  }
   DispatchFloat(out.dtype(), "matmul_gelu_grad", [&]<typename T>() {
     const T* x = ctx.inputs[2].data<T>();
     if constexpr (kFast) {
@@ -285,9 +310,9 @@ void RegisterLinalgOps(OpRegistry& r) {
        .reference = MatMulGeluGradKernel<false>,
        .doc = "gelu_grad(op(a)·op(b), x): a GELU's input gradient from the matmul giving its "
               "output gradient, the product written once, into the result (autodiff's fusion)",
-       .signature = {.inputs = {{"a", "float[..., m, k]"},
-                                {"b", "float[k, n] or [..., k, n]"},
-                                {"x", "float[..., m, n]"}},
+       .signature = {.inputs = {{"a", "float or bf16[..., m, k]"},
+                                {"b", "a's dtype[k, n] or [..., k, n]"},
+                                {"x", "float or bf16[..., m, n]"}},
                      .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
                      .outputs = {{"dx", "float[..., m, n]"}}}});
   r.Register(

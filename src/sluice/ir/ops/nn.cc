@@ -6,6 +6,7 @@
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
+#include "sluice/kernels/bf16_activations.h"
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/layer_norm.h"
@@ -156,8 +157,9 @@ void RequireRank1(const TensorType& x, std::string_view what) {
   if (x.shape.rank() < 1) throw ShapeError(fmt::format("{} must be [..., C], got a scalar", what));
 }
 
+// Under mixed precision x and y are bf16, weight and bias f32 (kernels/bf16_activations.h).
 std::vector<TensorType> InferLayerNorm(std::span<const TensorType> in, const Attrs& attrs) {
-  DType t = ops::SameFloatDType(in);
+  DType t = ops::MixedFloatDType(in, {0});
   RequireRank1(in[0], "x");
   RequireChannels(in[0], in[1], "weight");
   RequireChannels(in[0], in[2], "bias");
@@ -174,8 +176,20 @@ std::vector<TensorType> InferNormGradX(std::span<const TensorType> in, const Att
   return {{t, in[1].shape}};
 }
 
+// layer_norm_grad_x: as InferNormGradX, and x bf16 with dy and weight f32 giving an f32 dx.
+std::vector<TensorType> InferLayerNormGradX(std::span<const TensorType> in, const Attrs& attrs) {
+  if (in[1].dtype != DType::kBF16) return InferNormGradX(in, attrs);
+  ops::MixedFloatDType(in, {1});
+  RequireSameShape(in[0], in[1], "dy and x");
+  RequireRank1(in[1], "x");
+  RequireChannels(in[1], in[2], "weight");
+  return {{DType::kF32, in[1].shape}};
+}
+
+// dy, x of one dtype, or dy f32 with x bf16: f32 dweight and dbias then.
 std::vector<TensorType> InferLayerNormGradParams(std::span<const TensorType> in, const Attrs&) {
-  DType t = ops::SameFloatDType(in);
+  DType t = in[1].dtype == DType::kBF16 ? ops::MixedFloatDType(in, {1}) : ops::SameFloatDType(in);
+  if (t == DType::kBF16) t = DType::kF32;
   RequireSameShape(in[0], in[1], "dy and x");
   RequireRank1(in[1], "x");
   const Shape c{LastDim(in[1].shape)};
@@ -185,6 +199,13 @@ std::vector<TensorType> InferLayerNormGradParams(std::span<const TensorType> in,
 template <bool kFast>
 void LayerNormKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::LayerNormBF16Fast : kernels::LayerNormBF16Reference)(
+        x.data<BFloat16>(), ctx.inputs[1].data<float>(), ctx.inputs[2].data<float>(),
+        ctx.outputs[0].data<BFloat16>(), Rows(x.shape()), LastDim(x.shape()),
+        static_cast<float>(Eps(ctx.attrs)));
+    return;
+  }
   DispatchFloat(x.dtype(), "layer_norm", [&]<typename T>() {
     const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
     const T eps = static_cast<T>(Eps(ctx.attrs));
@@ -201,6 +222,13 @@ void LayerNormKernel(KernelContext& ctx) {
 template <bool kFast>
 void LayerNormGradXKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[1];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::LayerNormGradXBF16Fast : kernels::LayerNormGradXBF16Reference)(
+        ctx.inputs[0].data<float>(), x.data<BFloat16>(), ctx.inputs[2].data<float>(),
+        ctx.outputs[0].data<float>(), Rows(x.shape()), LastDim(x.shape()),
+        static_cast<float>(Eps(ctx.attrs)));
+    return;
+  }
   DispatchFloat(x.dtype(), "layer_norm_grad_x", [&]<typename T>() {
     const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
     const T eps = static_cast<T>(Eps(ctx.attrs));
@@ -218,6 +246,13 @@ void LayerNormGradXKernel(KernelContext& ctx) {
 template <bool kFast>
 void LayerNormGradParamsKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[1];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::LayerNormGradParamsBF16Fast : kernels::LayerNormGradParamsBF16Reference)(
+        ctx.inputs[0].data<float>(), x.data<BFloat16>(), ctx.outputs[0].data<float>(),
+        ctx.outputs[1].data<float>(), Rows(x.shape()), LastDim(x.shape()),
+        static_cast<float>(Eps(ctx.attrs)));
+    return;
+  }
   DispatchFloat(x.dtype(), "layer_norm_grad_params", [&]<typename T>() {
     const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
     const T eps = static_cast<T>(Eps(ctx.attrs));
@@ -686,29 +721,31 @@ void RegisterNnOps(OpRegistry& r) {
        .reference = LayerNormKernel<false>,
        .vjp = LayerNormVjp,
        .recomputable = true,
-       .doc = "layer normalization over the last axis (biased variance), then weight and bias",
+       .doc = "layer normalization over the last axis (biased variance), then weight and bias; "
+              "bf16 x gives bf16 y, the statistics in f32",
        .signature = {
-           .inputs = {{"x", "float[..., C]"}, {"weight", "float[C]"}, {"bias", "float[C]"}},
+           .inputs = {{"x", "float or bf16[..., C]"}, {"weight", "float[C]"}, {"bias", "float[C]"}},
            .attrs = {{"eps", "float = 1e-05"}},
-           .outputs = {{"y", "float[..., C]"}}}});
-  r.Register(
-      {.name = "layer_norm_grad_x",
-       .num_inputs = 3,
-       .infer = InferNormGradX,
-       .kernel = LayerNormGradXKernel<true>,
-       .reference = LayerNormGradXKernel<false>,
-       .doc = "layer_norm backward for x (recomputes mean and rstd)",
-       .signature = {
-           .inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}, {"weight", "float[C]"}},
-           .attrs = {{"eps", "float = 1e-05"}},
-           .outputs = {{"dx", "float[..., C]"}}}});
+           .outputs = {{"y", "x's dtype[..., C]"}}}});
+  r.Register({.name = "layer_norm_grad_x",
+              .num_inputs = 3,
+              .infer = InferLayerNormGradX,
+              .kernel = LayerNormGradXKernel<true>,
+              .reference = LayerNormGradXKernel<false>,
+              .doc = "layer_norm backward for x (recomputes mean and rstd); bf16 x: f32 dy and dx",
+              .signature = {.inputs = {{"dy", "float[..., C]"},
+                                       {"x", "float or bf16[..., C]"},
+                                       {"weight", "float[C]"}},
+                            .attrs = {{"eps", "float = 1e-05"}},
+                            .outputs = {{"dx", "float[..., C]"}}}});
   r.Register({.name = "layer_norm_grad_params",
               .num_inputs = 2,
               .infer = InferLayerNormGradParams,
               .kernel = LayerNormGradParamsKernel<true>,
               .reference = LayerNormGradParamsKernel<false>,
-              .doc = "layer_norm backward for weight and bias (recomputes mean and rstd)",
-              .signature = {.inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}},
+              .doc = "layer_norm backward for weight and bias (recomputes mean and rstd); bf16 x: "
+                     "f32 dy and outputs",
+              .signature = {.inputs = {{"dy", "float[..., C]"}, {"x", "float or bf16[..., C]"}},
                             .attrs = {{"eps", "float = 1e-05"}},
                             .outputs = {{"dweight", "float[C]"}, {"dbias", "float[C]"}}}});
   r.Register({.name = "rms_norm",

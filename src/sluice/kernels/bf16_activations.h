@@ -1,0 +1,80 @@
+// The activation kernels of `--precision bf16` beyond the products: GELU, layer norm and the
+// packed causal attention on bf16 tensors, by autocast's rule "bf16 in, f32 compute, bf16 out".
+//
+// Each kernel widens a block of its bf16 operands to f32 (kernels/bf16_convert.h, Highway), runs
+// the f32 kernel on that block (kernels/unary.h, layer_norm.h, attention.h — the same code the
+// f32 ops run), and rounds the block's bf16 outputs to nearest even. Gradients stay f32 (a bf16
+// value's gradient is f32: ir/gradient_type.h); statistics (layer norm's mean and rstd, the
+// attention's running max, sum and lse) are computed in f32 and never rounded. So a fast kernel
+// gives, bit for bit, what casting its bf16 inputs to f32, running the f32 fast kernel and casting
+// its bf16 outputs back would give — without the f32 copies living as tensors:
+//
+//   GeluBF16         x [n] bf16                  -> y [n] bf16
+//   GeluGradBF16     dy [n] f32, x [n] bf16      -> dx [n] f32
+//   LayerNormBF16    x [rows, C] bf16, w, b [C]  -> y [rows, C] bf16
+//   LayerNormGradXBF16      dy f32, x bf16, w    -> dx [rows, C] f32
+//   LayerNormGradParamsBF16 dy f32, x bf16       -> dweight, dbias [C] f32 (overwritten)
+//   CausalAttentionQkvBF16      qkv [B, T, 3C] bf16 -> y [B, T, C] bf16, lse [B, H, T] f32
+//   CausalAttentionQkvGradBF16  dy [B, T, C] f32, dlse [B, H, T] f32 (or null), qkv bf16, y bf16,
+//                               lse f32 -> dqkv [B, T, 3C] f32
+//
+// (B sequences, T positions, C channels in H heads; qkv holds q, k, v side by side, as
+// causal_attention_qkv reads them, kernels/attention.h.) The *Reference kernels widen the whole
+// operands with core/dtype.h's scalar conversions and run the f32 reference kernels; the op
+// harness compares each pair, and each with the f32 op on the same values (tests/ops/).
+//
+// Scratch, outside the caching allocator (so not in the memory forecast): GELU and layer norm
+// widen a chunk of rows (about kernels/parallel.h's kChunkCost elements) into per-thread buffers
+// kept between calls; the attention allocates one sequence's qkv and y in f32 per call
+// (T·4C elements); the references allocate whole f32 copies (tests only).
+//
+// Threading: as the f32 kernels (kernels/parallel.h): chunks fixed by the work, bitwise the same
+// at any thread count. The attention runs one sequence at a time, its heads on the intra-op
+// threads. Outputs must not alias inputs. Failure modes: none (the ops' inference checks shapes).
+//
+// Example:
+//   // h [B·T, 4C] bf16 -> g [B·T, 4C] bf16
+//   kernels::GeluBF16Fast(h.data<BFloat16>(), g.data<BFloat16>(), h.numel());
+#pragma once
+
+#include <cstdint>
+
+#include "sluice/core/dtype.h"
+
+namespace sluice::kernels {
+
+void GeluBF16Reference(const BFloat16* x, BFloat16* y, int64_t n);
+void GeluBF16Fast(const BFloat16* x, BFloat16* y, int64_t n);
+void GeluGradBF16Reference(const float* dy, const BFloat16* x, float* dx, int64_t n);
+void GeluGradBF16Fast(const float* dy, const BFloat16* x, float* dx, int64_t n);
+
+void LayerNormBF16Reference(const BFloat16* x, const float* weight, const float* bias, BFloat16* y,
+                            int64_t rows, int64_t cols, float eps);
+void LayerNormBF16Fast(const BFloat16* x, const float* weight, const float* bias, BFloat16* y,
+                       int64_t rows, int64_t cols, float eps);
+void LayerNormGradXBF16Reference(const float* dy, const BFloat16* x, const float* weight, float* dx,
+                                 int64_t rows, int64_t cols, float eps);
+void LayerNormGradXBF16Fast(const float* dy, const BFloat16* x, const float* weight, float* dx,
+                            int64_t rows, int64_t cols, float eps);
+void LayerNormGradParamsBF16Reference(const float* dy, const BFloat16* x, float* dweight,
+                                      float* dbias, int64_t rows, int64_t cols, float eps);
+void LayerNormGradParamsBF16Fast(const float* dy, const BFloat16* x, float* dweight, float* dbias,
+                                 int64_t rows, int64_t cols, float eps);
+
+// The packed attention's shape: B sequences of T positions, C channels in H heads.
+struct PackedAttentionDims {
+  int64_t sequences, t, c, heads;
+};
+
+void CausalAttentionQkvBF16Reference(const BFloat16* qkv, BFloat16* y, float* lse,
+                                     const PackedAttentionDims& n, float scale);
+void CausalAttentionQkvBF16Fast(const BFloat16* qkv, BFloat16* y, float* lse,
+                                const PackedAttentionDims& n, float scale);
+void CausalAttentionQkvGradBF16Reference(const float* dy, const float* dlse, const BFloat16* qkv,
+                                         const BFloat16* y, const float* lse, float* dqkv,
+                                         const PackedAttentionDims& n, float scale);
+void CausalAttentionQkvGradBF16Fast(const float* dy, const float* dlse, const BFloat16* qkv,
+                                    const BFloat16* y, const float* lse, float* dqkv,
+                                    const PackedAttentionDims& n, float scale);
+
+}  // namespace sluice::kernels

@@ -80,9 +80,10 @@ TEST(GptDecoder, PrefillGivesTheProgramsLogitsAtEveryPosition) {
   }
 }
 
-// Under bf16 the decoder gives the bf16 program's logits (its block linears multiply bf16
-// operands), which differ from the fp32 program's by more than the tolerance: the rounding is
-// there, and it is the program's.
+// Under bf16 the decoder gives the bf16 program's logits (its blocks store bf16 values: the
+// linears' operands, layer norms', qkv, attention's and GELU's inputs and outputs), which differ
+// from the fp32 program's by more than the tolerance: the rounding is there, and it is the
+// program's.
 TEST(GptDecoder, UnderBf16ItGivesTheBf16ProgramsLogits) {
   const auto params = Weights();
   GptConfig bf16 = kCfg;

@@ -125,8 +125,8 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
           ->capture_default_str();
   auto* precision =
       sub.add_option("--precision", a->precision,
-                     "gpt: fp32, or bf16 (mixed precision: the blocks' linears multiply bf16 with "
-                     "f32 accumulation; weights, gradients, optimizer state stay f32)")
+                     "gpt: fp32, or bf16 (mixed precision: the blocks' activations stored bf16, "
+                     "f32 compute and accumulation; weights, gradients, optimizer state stay f32)")
           ->capture_default_str();
   auto* seq =
       sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")

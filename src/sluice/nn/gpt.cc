@@ -52,6 +52,8 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
   Var y;  // [B, T, C]
   if (c.attention == GptAttention::kFused) {
     // The heads read in place from qkv, y written with the heads side by side: no copies.
+    // Under bf16 the attention keeps qkv and y in bf16 (its statistics, lse, f32).
+    qkv = StoredAs(m, qkv, c.precision, "qkv_bf16");
     y = b.Name(CausalAttentionQkv(qkv, H, scale).first, "attention");  // and lse [B, H, T]
   } else {
     std::vector<Var> parts = Split(qkv, -1, {C, C, C});  // q, k, v: [B, T, C]
@@ -69,7 +71,8 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
 
 Var Mlp(ModelBuilder& m, Var x, const GptConfig& c, double proj_std) {
   Builder::NameScope scope(m.b(), "mlp");
-  Var h = Gelu(LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim, 0.02, c.precision));  // [B, T, 4C]
+  Var fc = LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim, 0.02, c.precision);  // [B, T, 4C]
+  Var h = Gelu(StoredAs(m, fc, c.precision, "fc_bf16"));  // bf16 in and out under bf16
   return LinearLayer(m, "c_proj", h, 4 * c.dim, c.dim, proj_std, c.precision);
 }
 
@@ -172,9 +175,10 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     m.SetNextInitIndex(kEmbedParams + kBlockParams * l);
     Builder::NameScope scope(b, fmt::format("h.{}", l));
     Builder::Unit unit(b, fmt::format("h.{}", l));
-    Var a = CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim), c, B, T, proj_std);
+    Var a =
+        CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim, c.precision), c, B, T, proj_std);
     x = b.Name(x + a, "attn_out");
-    Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim), c, proj_std);
+    Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim, c.precision), c, proj_std);
     x = b.Name(x + f, "out");
   }
   if (!slice.head) {

@@ -62,8 +62,9 @@ struct GptConfig {
   // head's input); -1: the unfused matmul and cross_entropy (the logits whole). Same parameters,
   // the loss within rounding (ir/ops/nn.h).
   int64_t head_chunk = 0;
-  // The blocks' linears (c_attn, c_proj, c_fc) under kBf16 (nn/layers.h); attention's own products
-  // and the head stay f32.
+  // Under kBf16 (nn/layers.h) the blocks run mixed precision: their linears multiply bf16
+  // operands, layer norms, GELU and the fused attention take and give bf16 (f32 inside), the
+  // residual stream's additions stay f32; the head (ln_f, the logits, the loss) stays f32.
   Precision precision = Precision::kFp32;
 };
 

@@ -107,6 +107,21 @@ void GptDecoder::Linear(const float* x, const float* w, const float* b, float* o
   kernels::Gemm(false, false, n, out_dim, in, 1.0f, x, w, 1.0f, out);
 }
 
+void GptDecoder::StoreAsBf16(float* x, int64_t n) const {
+  if (config_.precision == Precision::kBf16) RoundToBf16(x, x, n);
+}
+
+void GptDecoder::Norm(const float* x, const float* w, const float* b, int64_t n) {
+  const int64_t C = config_.dim;
+  if (config_.precision == Precision::kBf16) {
+    norm_in_.resize(static_cast<size_t>(n * C));
+    RoundToBf16(x, norm_in_.data(), n * C);
+    x = norm_in_.data();
+  }
+  kernels::LayerNormFast<float>(x, w, b, normed_.data(), n, C, kLayerNormEps);
+  StoreAsBf16(normed_.data(), n * C);
+}
+
 std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t C = config_.dim, H = config_.heads, D = C / H, S = config_.seq, V = config_.vocab;
@@ -140,8 +155,9 @@ std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     // Attention: qkv = ln_1(x)·W + b; the new keys and values join the cache.
-    kernels::LayerNormFast<float>(x_.data(), w.ln1_w, w.ln1_b, normed_.data(), n, C, kLayerNormEps);
+    Norm(x_.data(), w.ln1_w, w.ln1_b, n);
     Linear(normed_.data(), w.attn_w, w.attn_b, qkv_.data(), n, C, 3 * C);
+    StoreAsBf16(qkv_.data(), n * 3 * C);
     float* keys = keys_.data() + l * size(S * C);  // [H, S, D]
     float* values = values_.data() + l * size(S * C);
     for (int64_t i = 0; i < n; ++i) {
@@ -178,12 +194,15 @@ std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {
         }
       }
     }
+    StoreAsBf16(att_.data(), n * C);
     Linear(att_.data(), w.proj_w, w.proj_b, normed_.data(), n, C, C);
     for (size_t k = 0; k < size(n * C); ++k) x_[k] += normed_[k];
     // MLP: x += c_proj(gelu(c_fc(ln_2(x))))
-    kernels::LayerNormFast<float>(x_.data(), w.ln2_w, w.ln2_b, normed_.data(), n, C, kLayerNormEps);
+    Norm(x_.data(), w.ln2_w, w.ln2_b, n);
     Linear(normed_.data(), w.fc_w, w.fc_b, fc_.data(), n, C, 4 * C);
+    StoreAsBf16(fc_.data(), n * 4 * C);
     kernels::GeluFast<float>(fc_.data(), fc_act_.data(), n * 4 * C);
+    StoreAsBf16(fc_act_.data(), n * 4 * C);
     Linear(fc_act_.data(), w.fc_proj_w, w.fc_proj_b, normed_.data(), n, 4 * C, C);
     for (size_t k = 0; k < size(n * C); ++k) x_[k] += normed_[k];
   }

@@ -33,6 +33,14 @@ struct Liveness {
 Liveness FindLive(const Program& p);
 
 std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kept);
+
+// Whether `v` is a `cast` of a parameter.
+bool IsParamCast(const Program& fwd, ValueId v) {
+  const Value& value = fwd.value(v);
+  if (value.kind != ValueKind::kIntermediate) return false;
+  const Instruction& ins = fwd.instructions().at(value.producer);
+  return ins.op->name == "cast" && fwd.value(ins.inputs.at(0)).kind == ValueKind::kParam;
+}
 Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Liveness& liveness,
                                 const std::vector<bool>& dropped, const std::vector<int32_t>& part);
 std::vector<int32_t> PartsOf(const Program& fwd, const std::vector<std::string>& cuts);
@@ -284,6 +292,12 @@ Backward BackwardBuilder::Build() {
     for (const std::string& name : spec_.recompute_values) {
       const std::optional<ValueId> f = fwd_.Find(name);
       if (f && saved[*f] && !is_forward_input(*f)) dropped[*f] = true;
+    }
+    // A parameter's cast (its bf16 copy under mixed precision) is remade in backward under every
+    // policy: the parameter is always at hand, and one pass over a weight costs about 1/(B·T) of
+    // the products that read the copy, which would otherwise stay alive from forward to backward.
+    for (size_t f = 0; f < nf; ++f) {
+      if (saved[f] && IsParamCast(fwd_, static_cast<ValueId>(f))) dropped[f] = true;
     }
     std::vector<bool> kept(nf, false);
     for (size_t f = 0; f < nf; ++f) kept[f] = saved[f] && !dropped[f];
@@ -545,8 +559,6 @@ Program FuseMatMulIntoGeluGrad(Program p) {
     const ValueId dy = instrs[i].inputs[0];
     const int32_t producer = p.value(dy).producer;
     if (producer < 0 || uses[dy] != 1 || instrs[producer].op->name != "matmul") continue;
-    // A mixed-precision product (bf16 operands, f32 result) is left unfused.
-    if (p.type(instrs[producer].inputs[0]).dtype != p.type(dy).dtype) continue;
     fused_matmul[i] = producer;
     absorbed[producer] = any = true;
   }

@@ -17,10 +17,13 @@
 // Recomputation (GradientSpec::recompute, on by default) trades a cheap op for a saved tensor:
 // layer_norm(x) feeding a linear is recomputed from x, which layer_norm's own gradient reads
 // anyway, so a GPT block keeps its normalized activations and its GELU output out of the saved set.
+// A parameter's `cast` (its bf16 copy under mixed precision) is remade in backward under every
+// policy, recompute off included: the parameter is always at hand and the pass is cheap.
 //
 // One fusion: gelu_grad(dy, x) whose dy is the result of a matmul that nothing else reads (a GPT
 // MLP's c_proj input gradient) becomes one matmul_gelu_grad (ir/ops/linalg.h), so the [B, T, 4C]
-// product is written once, into the gradient, and never lives beside it (bitwise the same result).
+// product is written once, into the gradient, and never lives beside it (bitwise the same result;
+// under mixed precision too: bf16 operands and GELU input, an f32 gradient).
 //
 // Work no gradient needs is never emitted: VJP rules are only asked for inputs that depend on a
 // value being differentiated, and a final pass removes instructions whose results reach no output.

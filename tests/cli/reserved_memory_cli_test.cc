@@ -1,7 +1,7 @@
 // Reserved bytes (what the caching allocator takes from the system) against allocated bytes (the
-// tensors), from the command line (issue 34): on the one-stage batch-16 GPT job and the 4-stage
-// job, each stage's peak reserved is within 5% of its peak allocated (7% at batch 48 with full
-// recompute); `sluice plan` predicts the reserved peak of the one-stage job exactly; and
+// tensors), from the command line (issue 34): on the one-stage GPT jobs (batch 16, and batch 48
+// with full recompute) and the 4-stage job, each stage's peak reserved is within 5% of its peak
+// allocated by default; `sluice plan` predicts the reserved peak of the one-stage job exactly; and
 // `--memory-budget` bounds reserved bytes.
 // Peaks are byte counts, the same on every machine for these jobs (no timing is asserted).
 #include <algorithm>
@@ -95,22 +95,22 @@ TEST_F(ReservedMemoryCli, OneStageBatch16ReservesWithinFivePercentOfAllocated) {
   ExpectReservedNearAllocated(Train(job), job);
 }
 
-// Issue 34 asks 1.05 here too; the allocator reaches 1.081 since the working set shrank (the
-// allocated peak fell, the holes did not; docs/memory.md, "Reserved bytes"): this pins what it
-// does (it was 1.19) until a planned arena closes the rest. One stage replays exactly: no jitter.
-TEST_F(ReservedMemoryCli, OneStageBatch48FullRecomputeReservesWithinNinePercentOfAllocated) {
+// Its recomputed block's 6 MiB and 4.5 MiB transients meet holes a little too small for them
+// (1.081 with the holes kept): the allocator returns the holes' pages past its headroom (4% over
+// the most allocated) before growing. One stage replays exactly: no jitter.
+TEST_F(ReservedMemoryCli, OneStageBatch48FullRecomputeReservesWithinFivePercentOfAllocated) {
   const std::string job = fmt::format("{} --batch 48 --recompute full --data {}", kGpt, Bytes());
-  ExpectReservedNearAllocated(Train(job), job, /*percent=*/109);
+  ExpectReservedNearAllocated(Train(job), job);
 }
 
-// Issue 34 asks 1.05; with the smaller working set the stages measure 1.04-1.11, and the order in
-// which the stage threads free (sends completing) moves it by a few percent from run to run. This
-// pins the allocator against a return to 2 MiB chunks (1.07-1.21) until the holes are returned.
-TEST_F(ReservedMemoryCli, FourStageJobReservesWithinFifteenPercentOfAllocatedOnEveryStage) {
+// The order in which the stage threads free (sends completing) leaves different holes from run to
+// run (1.04-1.11 with the holes kept); returning their pages past the headroom holds every stage
+// within 5% whatever the order.
+TEST_F(ReservedMemoryCli, FourStageJobReservesWithinFivePercentOfAllocatedOnEveryStage) {
   const std::string job = fmt::format("{} --data {}", kPipeline, Bytes());
   const nlohmann::json summary = Train(job);
   ASSERT_EQ(Stages(summary).size(), 4u) << summary.dump();
-  ExpectReservedNearAllocated(summary, job, /*percent=*/115);
+  ExpectReservedNearAllocated(summary, job);
 }
 
 // One stage under sync GC replays exactly: the plan's reserved peak is the run's, and it is at

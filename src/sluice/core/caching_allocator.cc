@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -34,6 +36,12 @@ std::atomic<uintptr_t> next_unmapped_range{uintptr_t{1} << 48};
 CachingAllocator::CachingAllocator(CachingAllocatorOptions options)
     : options_(options), id_(next_allocator_id.fetch_add(1, std::memory_order_relaxed)) {
   const size_t small = options_.small_limit_bytes;
+  if (!(options_.reserved_headroom >= 0) || !std::isfinite(options_.reserved_headroom)) {
+    throw InvalidArgument(fmt::format(
+        "caching allocator: reserved_headroom = {} must be a finite fraction of at least 0 (0 "
+        "keeps free blocks' pages); the default is 0.04",
+        options_.reserved_headroom));
+  }
   if (small < kRoundBytes || small > (size_t{1} << 30) || small % kRoundBytes != 0) {
     throw InvalidArgument(fmt::format(
         "caching allocator: small_limit_bytes = {} must be a multiple of {} between {} and 1 GiB; "
@@ -103,6 +111,7 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
     live_->ReserveOneMore();
     Pool& pool = PoolFor(rounded);
     block = pool.FindBestFit(rounded);
+    KeepWithinHeadroom(pool, block, rounded, allocated);
     if (block != nullptr && block->chunk->returned_pages != 0 &&
         OverReservedBudget(ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false))) {
       // Backing the block's returned pages would cross the budget: return every free block's
@@ -159,6 +168,26 @@ CachingAllocator::Block* CachingAllocator::GrowChunk(Pool& pool, size_t rounded)
   return nullptr;
 }
 
+void CachingAllocator::KeepWithinHeadroom(const Pool& pool, const Block* block, size_t rounded,
+                                          int64_t allocated) {
+  if (options_.reserved_headroom == 0) return;
+  // What placing the request adds: the returned pages under the part of `block` it covers, or a
+  // growth of at most its size (less when a free tail is extended).
+  const size_t more = block != nullptr
+                          ? ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false)
+                          : RoundUp(rounded, PageSize());
+  if (more == 0) return;
+  const auto mark =
+      static_cast<double>(std::max(allocated, high_water_.load(std::memory_order_relaxed)));
+  const auto limit = static_cast<int64_t>(mark * (1 + options_.reserved_headroom));
+  const int64_t over = recorder_.stats().reserved_bytes + static_cast<int64_t>(more) - limit;
+  if (over <= 0) return;
+  // Spared: what the request lands on — the covered part of `block`, or the free tails of the
+  // pool's chunks, which growth extends (their pages returned would only be backed again).
+  ReturnFreePages(static_cast<size_t>(over),
+                  {.block = block, .block_bytes = rounded, .tails_of = block ? nullptr : &pool});
+}
+
 bool CachingAllocator::OverReservedBudget(size_t more) const {
   return options_.max_reserved_bytes != 0 &&
          static_cast<size_t>(recorder_.stats().reserved_bytes) + more > options_.max_reserved_bytes;
@@ -174,24 +203,32 @@ size_t CachingAllocator::ReturnedUnder(Chunk* c, const char* ptr, size_t size, b
 }
 
 size_t CachingAllocator::ReturnFreePages() {
+  return ReturnFreePages(std::numeric_limits<size_t>::max(), Spared{});
+}
+
+size_t CachingAllocator::ReturnFreePages(size_t want, const Spared& spared) {
   const size_t page = PageSize();
   size_t bytes = 0;
-  for (Chunk* c = chunks_; c != nullptr; c = c->next) {
-    for (Block* b = c->first; b != nullptr; b = b->next) {
-      if (b->allocated) continue;
-      const size_t begin = RoundUp(static_cast<size_t>(b->ptr - c->base), page) / page;
-      const size_t end = (static_cast<size_t>(b->ptr - c->base) + b->size) / page;
+  for (Chunk* c = chunks_; c != nullptr && bytes < want; c = c->next) {
+    const bool spare_tail =
+        spared.tails_of != nullptr && c->small_pool == spared.tails_of->small_pool();
+    for (Block* b = c->first; b != nullptr && bytes < want; b = b->next) {
+      if (b->allocated || (spare_tail && b == c->last)) continue;
+      const auto offset = static_cast<size_t>(b->ptr - c->base);
+      const size_t from = b == spared.block ? offset + spared.block_bytes : offset;
+      const size_t begin = RoundUp(from, page) / page;
+      const size_t end = (offset + b->size) / page;
       if (begin >= end) continue;
       if (c->returned.size() * 64 < end) c->returned.resize((end + 63) / 64, 0);
       // Runs of backed pages, one madvise each; the counts follow each run, so that a failure
       // leaves them exact.
-      for (size_t p = begin; p < end;) {
+      for (size_t p = begin; p < end && bytes < want;) {
         if (c->Returned(p)) {
           ++p;
           continue;
         }
         size_t q = p;
-        while (q < end && !c->Returned(q)) ++q;
+        while (q < end && !c->Returned(q) && bytes + (q - p) * page < want) ++q;
         const size_t run = (q - p) * page;
         if (c->mapped) {
           const int rc = madvise(c->base + p * page, run, MADV_DONTNEED);

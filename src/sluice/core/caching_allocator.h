@@ -120,6 +120,13 @@ struct CachingAllocatorOptions {
   // the backing of returned pages) past it first returns free chunks, tails and the pages inside
   // free blocks, then throws OutOfMemory; 0 means only the OS limits it.
   size_t max_reserved_bytes = 0;
+  // Reserved bytes kept beyond the high-water mark of allocated bytes (the most allocated since
+  // construction; ResetPeak leaves it), as a fraction of it. A growth, or the backing of returned
+  // pages, that would take reserved_bytes past (1 + reserved_headroom) x that mark first returns
+  // as many whole pages of free blocks as it would pass it by (not those the request lands on),
+  // so reserved bytes stay within it wherever free blocks hold the pages (docs/memory.md,
+  // "Reserved bytes"). 0 keeps free blocks' pages until a budget or ReleaseCached returns them.
+  double reserved_headroom = 0.04;
   // The per-thread fast path (see the top). Off by default: blocks parked in a thread's cache stay
   // allocated in their chunk, so its neighbours cannot coalesce and the chunks grow around them
   // (reserved +4% on the one-stage GPT, docs/memory.md). On, AllocateWithToken and
@@ -239,9 +246,22 @@ class CachingAllocator final : public Allocator {
   // The returned bytes (pages) under [ptr, ptr + size) of chunk `c`; with `back`, counts them as
   // reserved again (a block is being placed on them: they fault in on first touch).
   size_t ReturnedUnder(Chunk* c, const char* ptr, size_t size, bool back) REQUIRES(mu_);
-  // Gives the whole pages inside every free block back to the OS (madvise), counted as not
-  // reserved until a block placed on them backs them again; returns the bytes.
-  size_t ReturnFreePages() REQUIRES(mu_);
+  // Gives the whole pages inside free blocks back to the OS (madvise), counted as not reserved
+  // until a block placed on them backs them again, until `want` bytes are returned; returns the
+  // bytes. Spared: the first block_bytes of `block`, and the free tails of the chunks of
+  // `tails_of`.
+  struct Spared {
+    const Block* block = nullptr;
+    size_t block_bytes = 0;
+    const Pool* tails_of = nullptr;
+  };
+  size_t ReturnFreePages(size_t want, const Spared& spared) REQUIRES(mu_);
+  size_t ReturnFreePages() REQUIRES(mu_);  // all of them
+  // options.reserved_headroom: before a request of `rounded` bytes (of `allocated` live bytes, the
+  // request included) is placed on free `block`, or grows `pool` (block == nullptr), returns the
+  // free pages it would take the reserved bytes past the headroom by.
+  void KeepWithinHeadroom(const Pool& pool, const Block* block, size_t rounded, int64_t allocated)
+      REQUIRES(mu_);
   [[noreturn]] void ThrowReservedOver(size_t size, size_t requested, int error) const REQUIRES(mu_);
   // Gives the whole free pages at the end of each chunk back to the OS; returns the bytes.
   size_t TrimFreeTails() REQUIRES(mu_);
@@ -269,6 +289,7 @@ class CachingAllocator final : public Allocator {
   // Updated by both paths without mu_: exact sums in one modification order.
   std::atomic<int64_t> allocated_{0};
   std::atomic<int64_t> peak_allocated_{0};
+  std::atomic<int64_t> high_water_{0};    // peak_allocated_ that ResetPeak leaves alone
   std::atomic<bool> timeline_on_{false};  // mirrors the recorder's: the fast path stands aside
   const uint64_t id_;                     // unique per instance, never reused (thread caches' key)
 };

@@ -434,9 +434,11 @@ inline int64_t CachingAllocator::Account(size_t bytes) {
 }
 
 inline void CachingAllocator::NotePeak(int64_t allocated) {
-  int64_t peak = peak_allocated_.load(std::memory_order_relaxed);
-  while (allocated > peak &&
-         !peak_allocated_.compare_exchange_weak(peak, allocated, std::memory_order_relaxed)) {
+  for (std::atomic<int64_t>* mark : {&peak_allocated_, &high_water_}) {
+    int64_t peak = mark->load(std::memory_order_relaxed);
+    while (allocated > peak &&
+           !mark->compare_exchange_weak(peak, allocated, std::memory_order_relaxed)) {
+    }
   }
 }
 

@@ -29,7 +29,9 @@
 //     first, and the growth retried once.
 //   * Returned pages: the whole pages inside a free block can be given back to the OS
 //     (madvise(MADV_DONTNEED): mapped still, no memory behind them) — under a budget when growing
-//     or backing a block would cross it, and in ReleaseCached(). They are not reserved until a
+//     or backing a block would cross it; by default when that would take reserved bytes past
+//     (1 + reserved_headroom) x the most ever allocated, as many as it would pass it by; and in
+//     ReleaseCached(). They are not reserved until a
 //     block placed on them backs them again (counted at once; the OS faults them in, zeroed, on
 //     first touch). So after a return, reserved bytes are exactly the pages under allocated blocks,
 //     and a budget on reserved can be honoured whenever those pages fit: at most, per live block of

@@ -134,5 +134,28 @@ TEST(Tensor, AssignEmptyRefillsAVacantStorageItHoldsAlone) {
   caching.CheckInvariants();
 }
 
+// Storage::SwapMemory: every tensor and view of either storage sees the other's memory, the
+// memory goes back to its allocator as usual, and storages of different sizes are refused.
+TEST(Tensor, SwapMemoryExchangesWhatEveryHolderSees) {
+  CachingAllocator caching;
+  {
+    Tensor a = Tensor::Full({4}, 1.0, DType::kF32, caching);
+    Tensor b = Tensor::Full({4}, 2.0, DType::kF32, caching);
+    const Tensor a_view = a.Slice(0, 1, 3);
+    const Tensor b_holder = b;
+    Storage::SwapMemory(*a.storage(), *b.storage());
+    EXPECT_EQ(a.data<float>()[0], 2.0f);
+    EXPECT_EQ(a_view.data<float>()[0], 2.0f);
+    EXPECT_EQ(b_holder.data<float>()[3], 1.0f);
+    Storage::SwapMemory(*a.storage(), *b.storage());
+    EXPECT_EQ(a_view.data<float>()[1], 1.0f);
+    EXPECT_EQ(b_holder.data<float>()[0], 2.0f);
+    const Tensor c = Tensor::Zeros({5}, DType::kF32, caching);
+    EXPECT_THROW(Storage::SwapMemory(*a.storage(), *c.storage()), InternalError);
+  }
+  EXPECT_EQ(caching.Stats().allocated_bytes, 0);
+  caching.CheckInvariants();
+}
+
 }  // namespace
 }  // namespace sluice

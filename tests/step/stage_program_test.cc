@@ -256,6 +256,63 @@ TEST_F(EagerUpdate, RollsBackWithoutUpdateWhenTheStepIsNotFinite) {
             StageProgram::Validation::kSkipped);
 }
 
+// The double buffer switches the memory under the state's tensors instead of copying it, so a
+// holder of State()'s tensors taken before the first step (as the trainer's evaluation scope is)
+// reads, after every eager update and its validation, what the synchronous update leaves —
+// through accepted, redone, skipped and discarded steps — and the spares are allocated once.
+TEST_F(EagerUpdate, AHolderOfTheStateSeesEveryUpdateAndRollback) {
+  config_.optimizer.clip_norm = 1.0;
+  std::unique_ptr<Rank> sync = Make(), eager = Make();
+  const std::map<std::string, Tensor> held = eager->program->State();
+  const auto held_values = [&] {
+    std::map<std::string, std::vector<float>> out;
+    for (const auto& [name, t] : held)
+      out[name].assign(t.data<float>(), t.data<float>() + t.numel());
+    return out;
+  };
+  const auto gradients = [&](Rank& r, int64_t step) {
+    r.grads.Clear();
+    Scope scope;
+    task_->BindBatch(scope, DataSplit::kTrain, step, 4, config_.seed);
+    r.program->Forward(0, scope);
+    r.program->Backward(0, scope, r.grads);
+    r.program->FinishGradients(r.grads, 1);
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Step {
+    double norm, loss;
+    bool discard;
+    StageProgram::Validation verdict;
+  };
+  const Step steps[] = {{0.5, 2.0, false, StageProgram::Validation::kAccepted},
+                        {4.0, 2.0, false, StageProgram::Validation::kRedone},
+                        {0.5, nan, false, StageProgram::Validation::kSkipped},
+                        {0.5, 2.0, false, StageProgram::Validation::kAccepted},
+                        {0.5, 2.0, true, StageProgram::Validation::kAccepted}};
+  int64_t allocated_after_first = 0;
+  for (int64_t k = 0; k < std::ssize(steps); ++k) {
+    const Step& s = steps[k];
+    if (k > 0) {
+      gradients(*sync, k);
+      gradients(*eager, k);
+    }
+    if (!s.discard) sync->program->UpdateIfFinite(sync->grads, s.norm, s.loss, 1e-2, k);
+    sync->grads.Clear();
+    eager->program->UpdateEagerly(eager->grads, 1e-2, k);
+    // The spares (and the step's kept gradients): allocated at the first step, the same after.
+    if (k == 0) allocated_after_first = eager->allocator.Stats().allocated_bytes;
+    EXPECT_EQ(eager->allocator.Stats().allocated_bytes, allocated_after_first) << "step " << k;
+    if (s.discard) {
+      eager->program->DiscardEagerUpdate(k);
+    } else {
+      EXPECT_EQ(eager->program->ValidateEagerUpdate(s.norm, s.loss, 1e-2, k), s.verdict)
+          << "step " << k;
+    }
+    EXPECT_TRUE(held_values() == Values(*sync->program)) << "after step " << k;
+    EXPECT_TRUE(Values(*eager->program) == Values(*sync->program)) << "after step " << k;
+  }
+}
+
 // A rollback that cannot find its saved state is an internal error naming the step, never an
 // update made silently.
 TEST_F(EagerUpdate, AValidationWithoutItsEagerUpdateNamesTheStep) {

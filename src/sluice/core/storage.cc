@@ -1,5 +1,7 @@
 #include "sluice/core/storage.h"
 
+#include <utility>
+
 #include "sluice/core/error.h"
 #include "sluice/core/storage_pool.h"
 
@@ -37,6 +39,15 @@ std::shared_ptr<Storage> Storage::Borrowed(Allocator& allocator, size_t nbytes) 
 void Storage::Rebind(void* data) {
   SLUICE_CHECK(!owns_, "Rebind of a storage that owns its memory");
   data_ = data;
+}
+
+void Storage::SwapMemory(Storage& a, Storage& b) {
+  SLUICE_CHECK(a.owns_ && b.owns_, "SwapMemory of a borrowed storage");
+  SLUICE_CHECK(a.nbytes_ == b.nbytes_ && a.allocator_ == b.allocator_,
+               "SwapMemory of storages of {} and {} bytes{}", a.nbytes_, b.nbytes_,
+               a.allocator_ == b.allocator_ ? "" : " from different allocators");
+  std::swap(a.data_, b.data_);
+  std::swap(a.token_, b.token_);
 }
 
 void Storage::Vacate() {

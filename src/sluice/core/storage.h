@@ -55,6 +55,13 @@ class Storage {
   // storage then stays vacant. REQUIRES: vacant().
   void Refill();
 
+  // Exchanges the memory of `a` and `b`: every tensor and view of `a` then reads what `b` held,
+  // and the other way round — post-validation's double buffer switches which copy of the state is
+  // live with it, for everyone holding the state's tensors (step/stage_program.h). REQUIRES: both
+  // own their memory, of the same nbytes() from the same allocator, and no other thread uses either
+  // meanwhile.
+  static void SwapMemory(Storage& a, Storage& b);
+
   // Points a borrowed Storage at `data` (kAlignment-aligned, at least nbytes() long, or null to
   // unbind). REQUIRES: borrowed(), and no other thread uses the storage meanwhile.
   void Rebind(void* data);

@@ -16,7 +16,11 @@
 //   p = p − (lr / (1 − β1^t)) · m / (sqrt(v) / sqrt(1 − β2^t) + eps)
 // The scalar factors are computed in double, the per-element work in T, as PyTorch does.
 //
-// Buffers are contiguous with n elements each and must not alias one another.
+// Buffers are contiguous with n elements each and must not alias one another. Each update has an
+// out-of-place form (`*_out` buffers): it reads the state from the first buffers and writes the new
+// state to the others, each of which is its input (the in-place form is that) or overlaps no
+// buffer — post-validation's double buffer (step/stage_program.h), which keeps the old state
+// without a copy.
 // *Reference: the formulas element by element. *Fast: scalars hoisted, branches outside the loop,
 // __restrict so the loop vectorizes. Thread-safety: plain functions; concurrent calls on distinct
 // parameters are safe. Failure modes: none; a zero step gives 1 − β^0 = 0 and so inf/NaN (the op
@@ -48,6 +52,12 @@ void SgdUpdateReference(T* param, const T* grad, T* momentum_buf, int64_t n, con
 template <typename T>
 void SgdUpdateFast(T* param, const T* grad, T* momentum_buf, int64_t n, const SgdHyper& h,
                    double lr);
+template <typename T>
+void SgdUpdateReference(const T* param, const T* grad, const T* momentum_buf, T* param_out,
+                        T* momentum_out, int64_t n, const SgdHyper& h, double lr);
+template <typename T>
+void SgdUpdateFast(const T* param, const T* grad, const T* momentum_buf, T* param_out,
+                   T* momentum_out, int64_t n, const SgdHyper& h, double lr);
 
 template <typename T>
 void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h,
@@ -55,5 +65,12 @@ void AdamWUpdateReference(T* param, const T* grad, T* m, T* v, int64_t n, const 
 template <typename T>
 void AdamWUpdateFast(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWHyper& h, double lr,
                      double step);
+template <typename T>
+void AdamWUpdateReference(const T* param, const T* grad, const T* m, const T* v, T* param_out,
+                          T* m_out, T* v_out, int64_t n, const AdamWHyper& h, double lr,
+                          double step);
+template <typename T>
+void AdamWUpdateFast(const T* param, const T* grad, const T* m, const T* v, T* param_out, T* m_out,
+                     T* v_out, int64_t n, const AdamWHyper& h, double lr, double step);
 
 }  // namespace sluice::kernels

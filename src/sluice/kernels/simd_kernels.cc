@@ -609,7 +609,8 @@ void Binary(const T* a, const T* b, T* out, int64_t n) {
 // ---- optimizer updates ----
 
 template <typename T>
-void AdamW(T* p, const T* g, T* m, T* v, int64_t n, const AdamWScalars<T>& s) {
+void AdamW(const T* p, const T* g, const T* m, const T* v, T* p_out, T* m_out, T* v_out, int64_t n,
+           const AdamWScalars<T>& s) {
   const hn::ScalableTag<T> d;
   const auto decay = hn::Set(d, s.decay), b1 = hn::Set(d, s.beta1),
              c1 = hn::Set(d, s.one_minus_beta1), b2 = hn::Set(d, s.beta2),
@@ -620,19 +621,21 @@ void AdamW(T* p, const T* g, T* m, T* v, int64_t n, const AdamWScalars<T>& s) {
     PrefetchAhead(m + j);
     PrefetchAhead(v + j);
     PrefetchAhead(p + j);
+    // Every load of a vector comes before its stores, so an output may be its input (in place).
     const auto gv = LoadPart(d, g + j, c, T(0));
     const auto mi = hn::Add(hn::Mul(b1, LoadPart(d, m + j, c, T(0))), hn::Mul(c1, gv));
     const auto vi = hn::Add(hn::Mul(b2, LoadPart(d, v + j, c, T(0))), hn::Mul(hn::Mul(c2, gv), gv));
     const auto denom = hn::Add(hn::Div(hn::Sqrt(vi), bias2_sqrt), eps);
     const auto pv = hn::Mul(LoadPart(d, p + j, c, T(0)), decay);
-    StorePart(d, mi, m + j, c);
-    StorePart(d, vi, v + j, c);
-    StorePart(d, hn::Sub(pv, hn::Mul(step_size, hn::Div(mi, denom))), p + j, c);
+    StorePart(d, mi, m_out + j, c);
+    StorePart(d, vi, v_out + j, c);
+    StorePart(d, hn::Sub(pv, hn::Mul(step_size, hn::Div(mi, denom))), p_out + j, c);
   });
 }
 
 template <typename T>
-void Sgd(T* p, const T* g, T* buf, int64_t n, T weight_decay, T momentum, T lr) {
+void Sgd(const T* p, const T* g, const T* buf, T* p_out, T* buf_out, int64_t n, T weight_decay,
+         T momentum, T lr) {
   const hn::ScalableTag<T> d;
   const auto wd = hn::Set(d, weight_decay), mu = hn::Set(d, momentum), rate = hn::Set(d, lr);
   ForVectors(d, n, [&](int64_t j, size_t c) {
@@ -643,9 +646,9 @@ void Sgd(T* p, const T* g, T* buf, int64_t n, T weight_decay, T momentum, T lr) 
     auto dir = hn::Add(LoadPart(d, g + j, c, T(0)), hn::Mul(wd, pv));
     if (momentum != T(0)) {
       dir = hn::Add(hn::Mul(mu, LoadPart(d, buf + j, c, T(0))), dir);
-      StorePart(d, dir, buf + j, c);
+      StorePart(d, dir, buf_out + j, c);
     }
-    StorePart(d, hn::Sub(pv, hn::Mul(rate, dir)), p + j, c);
+    StorePart(d, hn::Sub(pv, hn::Mul(rate, dir)), p_out + j, c);
   });
 }
 

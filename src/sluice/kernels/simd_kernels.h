@@ -103,10 +103,14 @@ struct SimdRowKernels {
   void (*tanh)(const T* x, T* y, int64_t n);
   void (*gelu)(const T* x, T* y, int64_t n);
   void (*gelu_grad)(const T* dy, const T* x, T* dx, int64_t n);
-  void (*adamw)(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWScalars<T>& s);
-  // d = g + weight_decay·p; with momentum: buf = momentum·buf + d, d = buf; p = p − lr·d.
-  void (*sgd)(T* param, const T* grad, T* momentum_buf, int64_t n, T weight_decay, T momentum,
-              T lr);
+  // The optimizer updates read the state (param, m, v; param, momentum_buf) and write the new
+  // values to the *_out buffers: each either its input (in place) or a buffer overlapping none.
+  void (*adamw)(const T* param, const T* grad, const T* m, const T* v, T* param_out, T* m_out,
+                T* v_out, int64_t n, const AdamWScalars<T>& s);
+  // d = g + weight_decay·p; with momentum: buf = momentum·buf + d, d = buf; p = p − lr·d. With
+  // momentum 0 neither momentum_buf nor momentum_out is touched.
+  void (*sgd)(const T* param, const T* grad, const T* momentum_buf, T* param_out, T* momentum_out,
+              int64_t n, T weight_decay, T momentum, T lr);
   // out = a ∘ b over n elements (the equal-shapes case of kernels/binary.h); out may be a or b.
   void (*add)(const T* a, const T* b, T* out, int64_t n);
   void (*sub)(const T* a, const T* b, T* out, int64_t n);

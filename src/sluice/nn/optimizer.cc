@@ -7,6 +7,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/ir/builder.h"
+#include "sluice/ir/ops/optimizer.h"
 #include "sluice/kernels/accumulate.h"
 #include "sluice/kernels/simd_kernels.h"
 
@@ -36,31 +37,59 @@ std::vector<std::string> OptimizerStateNames(const ParamSpec& param,
   return OptimizerStateNames(param.name, config);
 }
 
-Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config) {
-  Builder b(std::string(Name(config.kind)));
+namespace {
+
+// The optimizer program: each parameter's update in place, or (`into`) written to its
+// UpdatedName params.
+Program BuildUpdate(const std::vector<ParamSpec>& params, const OptimizerConfig& config,
+                    bool into) {
+  Builder b(std::string(Name(config.kind)) + (into ? "_into" : ""));
   Var lr = b.Input("lr", DType::kF32, {});
   Var step = config.kind == OptimizerKind::kAdamW ? b.Input("step", DType::kF32, {}) : Var();
   for (const ParamSpec& s : params) {
     if (s.constant) continue;
     Var p = b.Param(s.name, DType::kF32, s.shape);
     Var g = b.Input(s.name + ".grad", DType::kF32, s.shape);
+    const auto out = [&](const std::string& name) {
+      return b.Param(UpdatedName(name), DType::kF32, s.shape);
+    };
     std::vector<std::string> state = OptimizerStateNames(s.name, config);
     if (config.kind == OptimizerKind::kAdamW) {
+      const AdamWOptions options{.beta1 = config.beta1,
+                                 .beta2 = config.beta2,
+                                 .eps = config.eps,
+                                 .weight_decay = config.weight_decay};
       Var m = b.Param(state[0], DType::kF32, s.shape);
       Var v = b.Param(state[1], DType::kF32, s.shape);
-      b.Emit("adamw_update", {p, g, m, v, lr, step},
-             {{"beta1", config.beta1},
-              {"beta2", config.beta2},
-              {"eps", config.eps},
-              {"weight_decay", config.weight_decay}});
+      if (into) {
+        AdamWUpdateInto(p, g, m, v, lr, step, out(s.name), out(state[0]), out(state[1]), options);
+      } else {
+        AdamWUpdate(p, g, m, v, lr, step, options);
+      }
     } else {
+      const SgdOptions options{.momentum = config.momentum, .weight_decay = config.weight_decay};
       Var buf = b.Param(state[0], DType::kF32, s.shape);
-      b.Emit("sgd_update", {p, g, buf, lr},
-             {{"momentum", config.momentum}, {"weight_decay", config.weight_decay}});
+      if (into) {
+        SgdUpdateInto(p, g, buf, lr, out(s.name), out(state[0]), options);
+      } else {
+        SgdUpdate(p, g, buf, lr, options);
+      }
     }
   }
   return b.Build();
 }
+
+}  // namespace
+
+Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config) {
+  return BuildUpdate(params, config, /*into=*/false);
+}
+
+Program BuildOptimizerInto(const std::vector<ParamSpec>& params, const OptimizerConfig& config) {
+  return BuildUpdate(params, config, /*into=*/true);
+}
+
+std::string UpdatedName(const std::string& name) { return name + "@updated"; }
 
 std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& params,
                                                  const OptimizerConfig& config,

@@ -1,11 +1,12 @@
 // Optimizers as programs, and the host-side pieces around them (learning-rate schedule, gradient
 // accumulation over micro-batches, clipping by global norm).
 //
-// BuildOptimizer writes one program that updates every parameter in place:
+// BuildOptimizer writes one program that updates every parameter in place (BuildOptimizerInto the
+// same into buffers of their own):
 //   params  the model parameters and their state: "<p>.exp_avg", "<p>.exp_avg_sq" (AdamW) or
 //           "<p>.momentum_buffer" (SGD) — names as in PyTorch's optimizer state;
 //   inputs  "<p>.grad" for every parameter, scalar "lr" and (AdamW) scalar "step" (1-based);
-//   ops     adamw_update / sgd_update (OpKind::kInPlace), PyTorch semantics.
+//   ops     adamw_update / sgd_update (OpKind::kInPlace), PyTorch semantics (the *_into forms).
 //
 // Example:
 //   OptimizerConfig opt{.kind = OptimizerKind::kAdamW, .lr = 3e-4};
@@ -65,6 +66,12 @@ struct OptimizerConfig {
 
 // Constants (ParamSpec::constant) are skipped by all three: they have no state and no update.
 Program BuildOptimizer(const std::vector<ParamSpec>& params, const OptimizerConfig& config);
+// The same update out of place (adamw_update_into / sgd_update_into): it reads the parameters and
+// their state as BuildOptimizer's program does and writes the new values to params of their own,
+// UpdatedName(name) of each ("<name>@updated"), leaving the old ones as they were. Post-validation
+// double-buffers the state with it (step/stage_program.h): the old state stays for a rollback.
+Program BuildOptimizerInto(const std::vector<ParamSpec>& params, const OptimizerConfig& config);
+std::string UpdatedName(const std::string& name);
 
 // Zero-initialized optimizer state tensors, by name.
 std::map<std::string, Tensor> InitOptimizerState(const std::vector<ParamSpec>& params,

@@ -64,12 +64,13 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     : config_(config), options_(options) {
   SLUICE_CHECK(options_.allocator != nullptr, "StageProgram needs an allocator");
   // Peaks run on across the runs of a step: the engine restarts them once per step.
-  const ExecutableOptions base{.allocator = options_.allocator,
-                               .mode = config.mode,
-                               .gc = config.gc,
-                               .threads = options_.threads,
-                               .memory_plan = config.memory_plan,
-                               .reset_peak = false};
+  exe_options_ = {.allocator = options_.allocator,
+                  .mode = config.mode,
+                  .gc = config.gc,
+                  .threads = options_.threads,
+                  .memory_plan = config.memory_plan,
+                  .reset_peak = false};
+  const ExecutableOptions& base = exe_options_;
   const bool whole = chunks.size() == 1 && chunks[0].first && chunks[0].last;
   const std::vector<TiedParam> tied = whole ? TiedParams(chunks[0].model.forward) : options_.tied;
   std::set<std::string> local_shares;  // the tied shares this rank's chunks read
@@ -280,31 +281,32 @@ std::vector<double> StageProgram::FinishGradients(GradientAccumulator& grads, in
   return out;
 }
 
-void StageProgram::Apply(const GradientAccumulator& grads, double lr, int64_t step) {
+void StageProgram::Apply(const GradientAccumulator& grads, double lr, int64_t step,
+                         bool into_spares) {
   Allocator& allocator = *options_.allocator;
-  for (const auto& [name, g] : grads.grads()) state_.Set(name, g);
-  state_.Set("lr", Tensor::Full({}, lr, DType::kF32, allocator));
-  state_.Set("step", Tensor::Full({}, static_cast<double>(step + 1), DType::kF32, allocator));
-  if (options_.shards == 1) {
-    optimizer_->Run(state_);
-  } else {
-    // The slices: views into the parameters and their gradients, updated in place.
-    Scope slices;
-    for (const std::string& name : state_.Names()) slices.Set(name, state_.Get(name));
+  Scope run;  // the state, the gradients, lr and step; the spares under their UpdatedName
+  for (const std::string& name : state_.Names()) run.Set(name, state_.Get(name));
+  for (const auto& [name, g] : grads.grads()) run.Set(name, g);
+  if (into_spares) {
+    for (const Spare& s : spares_) run.Set(UpdatedName(s.name), s.tensor);
+  }
+  run.Set("lr", Tensor::Full({}, lr, DType::kF32, allocator));
+  run.Set("step", Tensor::Full({}, static_cast<double>(step + 1), DType::kF32, allocator));
+  if (options_.shards > 1) {
+    // The slices: views into the parameters (and their spares) and their gradients, updated in
+    // place; the optimizer state is this replica's slice already.
     for (const ParamSpec& p : params_) {
       const ShardRange r = OptimizerShard(p.shape.numel(), options_.shard, options_.shards);
-      const auto slice = [&](const Tensor& t) {
-        return t.Reshape({p.shape.numel()}).Slice(0, r.begin, r.end);
+      const auto slice = [&](const std::string& name) {
+        if (run.Has(name))
+          run.Set(name, run.Get(name).Reshape({p.shape.numel()}).Slice(0, r.begin, r.end));
       };
-      slices.Set(p.name, slice(state_.Get(p.name)));
-      const std::string grad = p.name + ".grad";
-      if (state_.Has(grad)) slices.Set(grad, slice(state_.Get(grad)));
+      slice(p.name);
+      slice(p.name + ".grad");
+      if (into_spares) slice(UpdatedName(p.name));
     }
-    optimizer_->Run(slices);
   }
-  for (const ParamSpec& p : params_) state_.Erase(p.name + ".grad");
-  state_.Erase("lr");
-  state_.Erase("step");
+  (into_spares ? *optimizer_into_ : *optimizer_).Run(run);
 }
 
 void StageProgram::Update(GradientAccumulator& grads, double global_norm, double lr, int64_t step) {
@@ -366,16 +368,34 @@ void StageProgram::UpdateEagerly(GradientAccumulator& grads, double lr, int64_t 
   SLUICE_CHECK(pending_step_ < 0,
                "step {}'s eager update began while step {}'s still awaits its validation", step + 1,
                pending_step_ + 1);
-  if (saved_.empty()) {  // the first eager update (a rank without parameters keeps none)
+  if (optimizer_into_ ==
+      nullptr) {  // the first eager update (a rank without parameters keeps none)
+    optimizer_into_ = std::make_unique<Executable>(
+        BuildOptimizerInto(options_.shards > 1 ? shard_specs_ : params_, config_.optimizer),
+        exe_options_);
+    // Copies of the state, once: what the update does not write (SGD's momentum buffer at
+    // momentum 0, the other replicas' elements of a sharded parameter) then matches either way.
     for (const std::string& name : UpdatedStateNames())
-      saved_.push_back({name, state_.Get(name).Clone(*options_.allocator)});
-  } else {
-    for (const Saved& s : saved_) s.copy.CopyFrom(state_.Get(s.name));
+      spares_.push_back({name, state_.Get(name).Clone(*options_.allocator)});
   }
-  Apply(grads, lr, step);
+  Apply(grads, lr, step, /*into_spares=*/true);
+  SwapSpares();  // the live tensors hold the update, the spares the state before it
   pending_grads_ = std::move(grads);
   grads.Clear();
   pending_step_ = step;
+}
+
+void StageProgram::SwapSpares() {
+  for (Spare& s : spares_) {
+    const Tensor& live = state_.Get(s.name);
+    // The swap exchanges whole allocations: the state tensor must be one of its own.
+    SLUICE_CHECK(live.offset() == 0 && live.is_contiguous() &&
+                     live.storage()->nbytes() == s.tensor.storage()->nbytes(),
+                 "post-validation's double buffer of '{}': the state tensor is not an allocation "
+                 "of its own of {} bytes",
+                 s.name, s.tensor.storage()->nbytes());
+    Storage::SwapMemory(*live.storage(), *s.tensor.storage());
+  }
 }
 
 StageProgram::Validation StageProgram::ValidateEagerUpdate(double global_norm, double loss,
@@ -390,7 +410,7 @@ StageProgram::Validation StageProgram::ValidateEagerUpdate(double global_norm, d
     pending_grads_.Clear();
     return verdict;
   }
-  for (const Saved& s : saved_) state_.Get(s.name).CopyFrom(s.copy);  // before the eager update
+  SwapSpares();  // the state before the eager update is live again
   if (verdict == Validation::kSkipped) {
     pending_grads_.Clear();
     return verdict;
@@ -405,7 +425,7 @@ void StageProgram::DiscardEagerUpdate(int64_t step) {
                pending_step_ < 0 ? "no eager update is pending"
                                  : fmt::format("the pending one is step {}'s", pending_step_ + 1));
   pending_step_ = -1;
-  for (const Saved& s : saved_) state_.Get(s.name).CopyFrom(s.copy);
+  SwapSpares();
   pending_grads_.Clear();
 }
 

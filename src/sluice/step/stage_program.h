@@ -196,21 +196,27 @@ class StageProgram {
   // before the global norm and the finite check are known, assuming neither will intervene, and
   // corrects afterwards — the result bitwise UpdateIfFinite's in every case.
   //
-  // UpdateEagerly copies the parameters and optimizer state the update changes into buffers kept
-  // for the run (RollbackBytes of them, allocated at the first call), applies `grads` (averaged)
-  // unclipped at `lr` for 0-based `step`, and keeps `grads` for a redo.
+  // UpdateEagerly applies `grads` (averaged) unclipped at `lr` for 0-based `step` and keeps
+  // `grads` for a redo. It double-buffers the state the update changes (every non-constant
+  // parameter and its optimizer state): the optimizer reads the live tensors and writes the new
+  // values into spares of the same size (BuildOptimizerInto; RollbackBytes of them, allocated at
+  // the first call and kept for the run), then the live tensors and their spares exchange memory
+  // (Storage::SwapMemory) — so every holder of State()'s tensors sees the update, as after
+  // Update, and the spares hold the state before it. No copy is made: a rollback swaps back.
   // ValidateEagerUpdate then decides with the step's global norm and loss: kAccepted when both
   // are finite and clipping does not fire (ClipCoefficient 1: the eager update is the one
   // Update makes); kRedone when clipping fires (the saved state is restored and the update
-  // redone with the clipped gradients); kSkipped when either is not finite (restored, no
-  // update: UpdateIfFinite's false). Either way the kept gradients are dropped.
+  // redone with the clipped gradients, in place); kSkipped when either is not finite (restored,
+  // no update: UpdateIfFinite's false). Either way the kept gradients are dropped. Restoring is
+  // the swap back: the spares then hold what the eager update made, unused.
   // Throws InternalError (an invariant) naming the step when no eager update of `step` is
   // pending: a rollback that cannot find its saved state never updates silently.
   enum class Validation { kAccepted, kRedone, kSkipped };
   void UpdateEagerly(GradientAccumulator& grads, double lr, int64_t step);
   Validation ValidateEagerUpdate(double global_norm, double loss, double lr, int64_t step);
-  // The bytes UpdateEagerly keeps for a rollback: every non-constant parameter and its optimizer
-  // state (the gradients kept until validation are the step's own, held by Update alike).
+  // The bytes UpdateEagerly keeps for a rollback — the spares: every non-constant parameter and
+  // its optimizer state (the gradients kept until validation are the step's own, held by Update
+  // alike).
   int64_t RollbackBytes() const;
   // Undoes the pending eager update of `step` without validating it: restores the saved state and
   // drops the kept gradients (a speculative step the trainer will not take, PipelineEngine::Drain).
@@ -241,22 +247,27 @@ class StageProgram {
   std::vector<TiedShare> tied_shares_;
   Scope state_;  // parameters and optimizer state
   std::unique_ptr<Executable> optimizer_;
-  // Post-validation: the state tensors an update changes, by name (looked up in state_ at each
-  // use: a resume may rebind them), each with its saved copy (allocated at the first
-  // UpdateEagerly); the step whose eager update awaits validation (-1: none) and its gradients,
-  // kept for a redo.
-  struct Saved {
+  ExecutableOptions exe_options_;  // the options every program of the rank runs with
+  // Post-validation's double buffer: the state tensors an update changes, by name (looked up in
+  // state_ at each use: a resume may rebind them), each with its spare, and the optimizer that
+  // writes into the spares (both made at the first UpdateEagerly); the step whose eager update
+  // awaits validation (-1: none) and its gradients, kept for a redo.
+  struct Spare {
     std::string name;
-    Tensor copy;
+    Tensor tensor;
   };
-  std::vector<Saved> saved_;
+  std::vector<Spare> spares_;
+  std::unique_ptr<Executable> optimizer_into_;
   int64_t pending_step_ = -1;
   GradientAccumulator pending_grads_;
 
   // The names of the state tensors an update changes: each non-constant parameter and its state.
   std::vector<std::string> UpdatedStateNames() const;
-  // Runs the optimizer on `grads` as they are (no clipping) and leaves them in place.
-  void Apply(const GradientAccumulator& grads, double lr, int64_t step);
+  // Runs the optimizer on `grads` as they are (no clipping) and leaves them in place: in place,
+  // or (`into_spares`) reading the live state and writing the spares.
+  void Apply(const GradientAccumulator& grads, double lr, int64_t step, bool into_spares = false);
+  // Exchanges the memory of every updated state tensor and its spare.
+  void SwapSpares();
   std::vector<ParamSpec> shard_specs_;  // sharded: each parameter as its 1-D slice
 };
 

@@ -5,8 +5,10 @@
 #include "sluice/kernels/simd_kernels.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -344,6 +346,47 @@ TYPED_TEST(SimdKernels, OptimizerUpdatesMatchTheReferences) {
       SgdUpdateReference<T>(q_ref.data(), g.data(), buf_ref.data(), n, s, 0.1);
       ExpectClose(q, q_ref, Tolerance<T>(), "sgd param");
       ExpectClose(buf, buf_ref, Tolerance<T>(), "sgd momentum");
+    }
+  });
+}
+
+// The out-of-place forms (post-validation's spares) write bitwise what the in-place forms leave, on
+// every target, and leave their inputs as they were — AdamW's outputs 64-byte aligned (streamed
+// stores) and one element off (ordinary ones).
+TYPED_TEST(SimdKernels, OutOfPlaceOptimizerUpdatesAreBitwiseTheInPlaceOnes) {
+  using T = TypeParam;
+  struct Free {
+    void operator()(T* x) const { std::free(x); }
+  };
+  const auto aligned = [](int64_t n) {
+    const size_t bytes = (static_cast<size_t>(n + 1) * sizeof(T) + 63) / 64 * 64;
+    return std::unique_ptr<T, Free>(static_cast<T*>(std::aligned_alloc(64, bytes)));
+  };
+  ForEachTarget([&] {
+    for (int64_t n : kLengths) {
+      for (int64_t offset : {0, 1}) {
+        const std::vector<T> g = Random<T>(n, 9), p = Random<T>(n, 10),
+                             m = Random<T>(n, 11, -0.1, 0.1), v = Random<T>(n, 12, 0, 1);
+        std::vector<T> p_in = p, m_in = m, v_in = v;
+        auto p_out = aligned(n), m_out = aligned(n), v_out = aligned(n);
+        const AdamWHyper h{.weight_decay = 0.1};
+        AdamWUpdateFast<T>(p_in.data(), g.data(), m_in.data(), v_in.data(), n, h, 1e-2, 3);
+        AdamWUpdateFast<T>(p.data(), g.data(), m.data(), v.data(), p_out.get() + offset,
+                           m_out.get() + offset, v_out.get() + offset, n, h, 1e-2, 3);
+        const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+        EXPECT_EQ(std::memcmp(p_in.data(), p_out.get() + offset, bytes), 0) << "adamw p " << n;
+        EXPECT_EQ(std::memcmp(m_in.data(), m_out.get() + offset, bytes), 0) << "adamw m " << n;
+        EXPECT_EQ(std::memcmp(v_in.data(), v_out.get() + offset, bytes), 0) << "adamw v " << n;
+        EXPECT_EQ(p, Random<T>(n, 10)) << "the out-of-place update wrote its input";
+      }
+      const std::vector<T> g = Random<T>(n, 9);
+      std::vector<T> q = Random<T>(n, 13), buf = Random<T>(n, 14), q_out(n), buf_out(n);
+      const std::vector<T> q0 = q, buf0 = buf;
+      const SgdHyper s{.momentum = 0.9, .weight_decay = 0.01};
+      SgdUpdateFast<T>(q0.data(), g.data(), buf0.data(), q_out.data(), buf_out.data(), n, s, 0.1);
+      SgdUpdateFast<T>(q.data(), g.data(), buf.data(), n, s, 0.1);
+      EXPECT_EQ(q, q_out) << "sgd param " << n;
+      EXPECT_EQ(buf, buf_out) << "sgd momentum " << n;
     }
   });
 }

@@ -608,6 +608,10 @@ void Binary(const T* a, const T* b, T* out, int64_t n) {
 
 // ---- optimizer updates ----
 
+// Out of place (outputs apart from the inputs, post-validation's spares), the outputs are written
+// with streaming stores: their lines were last touched a training step ago and are out of the
+// caches, and an ordinary store would first read each line it fills. Measured in a pipeline
+// stage (docs/benchmarks.md, "A rollback that costs nothing"): 1.95 → 1.26 ms for 9.5 MB of state.
 template <typename T>
 void AdamW(const T* p, const T* g, const T* m, const T* v, T* p_out, T* m_out, T* v_out, int64_t n,
            const AdamWScalars<T>& s) {
@@ -616,6 +620,11 @@ void AdamW(const T* p, const T* g, const T* m, const T* v, T* p_out, T* m_out, T
              c1 = hn::Set(d, s.one_minus_beta1), b2 = hn::Set(d, s.beta2),
              c2 = hn::Set(d, s.one_minus_beta2), step_size = hn::Set(d, s.step_size),
              bias2_sqrt = hn::Set(d, s.bias2_sqrt), eps = hn::Set(d, s.eps);
+  const size_t lanes = hn::Lanes(d);
+  const auto aligned = [&](const T* x) {
+    return reinterpret_cast<uintptr_t>(x) % (lanes * sizeof(T)) == 0;
+  };
+  const bool stream = p_out != p && aligned(p_out) && aligned(m_out) && aligned(v_out);
   ForVectors(d, n, [&](int64_t j, size_t c) {
     PrefetchAhead(g + j);
     PrefetchAhead(m + j);
@@ -627,10 +636,18 @@ void AdamW(const T* p, const T* g, const T* m, const T* v, T* p_out, T* m_out, T
     const auto vi = hn::Add(hn::Mul(b2, LoadPart(d, v + j, c, T(0))), hn::Mul(hn::Mul(c2, gv), gv));
     const auto denom = hn::Add(hn::Div(hn::Sqrt(vi), bias2_sqrt), eps);
     const auto pv = hn::Mul(LoadPart(d, p + j, c, T(0)), decay);
+    const auto pn = hn::Sub(pv, hn::Mul(step_size, hn::Div(mi, denom)));
+    if (stream && c == lanes) {
+      hn::Stream(mi, d, m_out + j);
+      hn::Stream(vi, d, v_out + j);
+      hn::Stream(pn, d, p_out + j);
+      return;
+    }
     StorePart(d, mi, m_out + j, c);
     StorePart(d, vi, v_out + j, c);
-    StorePart(d, hn::Sub(pv, hn::Mul(step_size, hn::Div(mi, denom))), p_out + j, c);
+    StorePart(d, pn, p_out + j, c);
   });
+  if (stream) hwy::FlushStream();  // the streamed stores are visible before the caller goes on
 }
 
 template <typename T>

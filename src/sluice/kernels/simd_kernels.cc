@@ -610,8 +610,8 @@ void Binary(const T* a, const T* b, T* out, int64_t n) {
 
 // Out of place (outputs apart from the inputs, post-validation's spares), the outputs are written
 // with streaming stores: their lines were last touched a training step ago and are out of the
-// caches, and an ordinary store would first read each line it fills. Measured in a pipeline
-// stage (docs/benchmarks.md, "A rollback that costs nothing"): 1.95 → 1.26 ms for 9.5 MB of state.
+// caches, and an ordinary store would first read each line it fills (measured in
+// docs/benchmarks.md, "A rollback that costs nothing").
 template <typename T>
 void AdamW(const T* p, const T* g, const T* m, const T* v, T* p_out, T* m_out, T* v_out, int64_t n,
            const AdamWScalars<T>& s) {

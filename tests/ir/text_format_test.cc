@@ -111,6 +111,12 @@ Program GradientsAndOptimizers() {
   b.Emit("matmul_accumulate", {acc, x, dy}, {{"transpose_a", true}});
   b.Emit("accumulate", {acc, b.Input("part", DType::kF64, {5, 5})});
   Var summed = SumTo(BroadcastTo(db, Shape{3, 5}), Shape{5});
+  // The out-of-place forms write buffers of their own (post-validation's spares), then in place.
+  const auto spare = [&](const char* name) { return b.Param(name, DType::kF64, {5}); };
+  SgdUpdateInto(bias, summed, Copy(bias), lr, spare("b.next"), spare("b.buf.next"),
+                {.momentum = 0.5});
+  AdamWUpdateInto(w, dw, m, v, lr, step, spare("w.next"), spare("w.m.next"), spare("w.v.next"),
+                  {.beta2 = 0.99});
   SgdUpdate(bias, summed, Copy(bias), lr, {.momentum = 0.9, .weight_decay = 1e-4});
   AdamWUpdate(w, dw, m, v, lr, step, {.beta1 = 0.8, .eps = 1e-12});
   b.Output(dx);

@@ -368,8 +368,9 @@ void StageProgram::UpdateEagerly(GradientAccumulator& grads, double lr, int64_t 
   SLUICE_CHECK(pending_step_ < 0,
                "step {}'s eager update began while step {}'s still awaits its validation", step + 1,
                pending_step_ + 1);
-  if (optimizer_into_ ==
-      nullptr) {  // the first eager update (a rank without parameters keeps none)
+  // The first eager update makes the optimizer into the spares, and the spares (a rank without
+  // parameters keeps none).
+  if (optimizer_into_ == nullptr) {
     optimizer_into_ = std::make_unique<Executable>(
         BuildOptimizerInto(options_.shards > 1 ? shard_specs_ : params_, config_.optimizer),
         exe_options_);

@@ -77,7 +77,7 @@ def run(sluice, schedule, p, m, steps, clip, post_validate, tmp, mpirun=None):
     pv = summary.get("post_validation") or {}
     return {
         "schedule": schedule, "stages": p, "micro_batches": m, "post_validate": post_validate,
-        "build": label or sluice,
+        "build": sluice,
         "steps_per_s": steps / summary["wall_s"],
         "measured_bubble": [s["bubble"] for s in summary["stages"]],
         "rollbacks": pv.get("rollbacks"), "rollback_bytes": pv.get("rollback_bytes"),

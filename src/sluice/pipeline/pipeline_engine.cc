@@ -54,6 +54,25 @@ enum ReducedFigure {
   kReducedFigures
 };
 
+// Writes `s`'s figures into its row of the end-of-step all-reduce (all but kNorm and
+// kBeganAhead, which each kind of step sets itself).
+void PutReducedFigures(const StageStep& s, double* row) {
+  double loss_sum = 0;
+  for (double l : s.losses) loss_sum += l;
+  row[kPeakAllocated] = static_cast<double>(s.peak_allocated_bytes);
+  row[kPeakReserved] = static_cast<double>(s.peak_reserved_bytes);
+  row[kReleased] = static_cast<double>(s.released_output_bytes);
+  row[kAtInflightPeak] = static_cast<double>(s.allocated_at_inflight_peak_bytes);
+  row[kInflight] = s.inflight_peak;
+  row[kBusyNs] = static_cast<double>(s.busy_ns);
+  row[kCommNs] = static_cast<double>(s.comm_ns);
+  row[kBusyCpuNs] = static_cast<double>(s.busy_cpu_ns);
+  row[kWallNs] = static_cast<double>(s.wall_ns);
+  row[kLossSum] = loss_sum;
+  row[kLosses] = static_cast<double>(s.losses.size());
+  row[kRollbackBytes] = static_cast<double>(s.rollback_bytes);
+}
+
 bool IsStageError(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -181,6 +200,11 @@ struct PipelineEngine::Impl {
   // Adds rank `world_rank`'s step to its report; its idle time is the step's span (StepSpanNs)
   // minus its busy time.
   void Record(int world_rank, const StageStep& s, int64_t released, int64_t span_ns);
+  // Records every rank's row of the end-of-step all-reduce `all` ([W, columns]) over the step's
+  // span, and this rank's per-chunk figures from its own step `s`; sets `result`'s loss (the mean
+  // over every rank's losses) and peaks (the largest of any rank's).
+  void RecordReducedFigures(const Tensor& all, int64_t columns, const StageStep& s, int64_t span_ns,
+                            StepResult& result);
   void WriteTrace(const std::vector<StageStep>& steps, int first_stage,
                   const std::string& path) const;
 };
@@ -727,6 +751,39 @@ StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_bat
   return result;
 }
 
+void PipelineEngine::Impl::RecordReducedFigures(const Tensor& all, int64_t columns,
+                                                const StageStep& s, int64_t span_ns,
+                                                StepResult& result) {
+  const int W = static_cast<int>(reports.size()), w = world_rank();
+  double losses = 0, sum = 0;
+  for (int r = 0; r < W; ++r) {
+    const double* f = all.data<double>() + r * columns;
+    StageStep figures;
+    figures.peak_allocated_bytes = static_cast<int64_t>(f[kPeakAllocated]);
+    figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
+    figures.inflight_peak = static_cast<int>(f[kInflight]);
+    figures.allocated_at_inflight_peak_bytes = static_cast<int64_t>(f[kAtInflightPeak]);
+    figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
+    figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
+    figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
+    figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
+    figures.rollback_bytes = static_cast<int64_t>(f[kRollbackBytes]);
+    Record(r, figures, static_cast<int64_t>(f[kReleased]), span_ns);
+    if (r == w) {  // only this rank's per-chunk figures are known here
+      for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
+        reports[r].inflight_peak_per_chunk[c] =
+            std::max(reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
+      }
+    }
+    sum += f[kLossSum];
+    losses += f[kLosses];
+    result.peak_allocated_bytes =
+        std::max(result.peak_allocated_bytes, figures.peak_allocated_bytes);
+    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, figures.peak_reserved_bytes);
+  }
+  result.loss = losses > 0 ? sum / losses : 0;
+}
+
 StepResult PipelineEngine::Impl::FinishDistributedInterlocked(int64_t step, StageStep s,
                                                               int64_t begin_ns) {
   const int W = static_cast<int>(reports.size()), w = world_rank();
@@ -734,20 +791,7 @@ StepResult PipelineEngine::Impl::FinishDistributedInterlocked(int64_t step, Stag
   const int64_t F = kReducedFigures + n;  // the figures, then the rank's norm partials
   Tensor all = Tensor::Zeros({W, F}, DType::kF64);
   double* row = all.data<double>() + w * F;
-  double loss_sum = 0;
-  for (double l : s.losses) loss_sum += l;
-  row[kPeakAllocated] = static_cast<double>(s.peak_allocated_bytes);
-  row[kPeakReserved] = static_cast<double>(s.peak_reserved_bytes);
-  row[kReleased] = static_cast<double>(s.released_output_bytes);
-  row[kAtInflightPeak] = static_cast<double>(s.allocated_at_inflight_peak_bytes);
-  row[kInflight] = s.inflight_peak;
-  row[kBusyNs] = static_cast<double>(s.busy_ns);
-  row[kCommNs] = static_cast<double>(s.comm_ns);
-  row[kBusyCpuNs] = static_cast<double>(s.busy_cpu_ns);
-  row[kWallNs] = static_cast<double>(s.wall_ns);
-  row[kLossSum] = loss_sum;
-  row[kLosses] = static_cast<double>(s.losses.size());
-  row[kRollbackBytes] = static_cast<double>(s.rollback_bytes);
+  PutReducedFigures(s, row);
   row[kBeganAhead] = s.began_ahead ? 1 : 0;
   std::copy(s.norm_partials.begin(), s.norm_partials.end(), row + kReducedFigures);
   AllReduceOverWorld(
@@ -770,38 +814,12 @@ StepResult PipelineEngine::Impl::FinishDistributedInterlocked(int64_t step, Stag
   // Processes share no clock: the step's span is its slowest rank's wall, from the rank's own
   // start of the step (right after its end of the previous one) to its post.
   int64_t span = 0;
-  double losses = 0, sum = 0;
   for (int r = 0; r < W; ++r) {
     const double* f = all.data<double>() + r * F;
     span = std::max(span, static_cast<int64_t>(f[kWallNs]));
     began_ahead += f[kBeganAhead] != 0 ? 1 : 0;
   }
-  for (int r = 0; r < W; ++r) {
-    const double* f = all.data<double>() + r * F;
-    StageStep figures;
-    figures.peak_allocated_bytes = static_cast<int64_t>(f[kPeakAllocated]);
-    figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
-    figures.inflight_peak = static_cast<int>(f[kInflight]);
-    figures.allocated_at_inflight_peak_bytes = static_cast<int64_t>(f[kAtInflightPeak]);
-    figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
-    figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
-    figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
-    figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
-    figures.rollback_bytes = static_cast<int64_t>(f[kRollbackBytes]);
-    Record(r, figures, static_cast<int64_t>(f[kReleased]), span);
-    if (r == w) {  // only this rank's per-chunk figures are known here
-      for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
-        reports[r].inflight_peak_per_chunk[c] =
-            std::max(reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
-      }
-    }
-    sum += f[kLossSum];
-    losses += f[kLosses];
-    result.peak_allocated_bytes =
-        std::max(result.peak_allocated_bytes, figures.peak_allocated_bytes);
-    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, figures.peak_reserved_bytes);
-  }
-  result.loss = losses > 0 ? sum / losses : 0;
+  RecordReducedFigures(all, F, s, span, result);
   const int64_t steps_run = setup.config->steps;
   if (profiler) {
     if (step > 0 || steps_run == 1) {  // step 0 warms up
@@ -883,21 +901,8 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr,
   const int W = static_cast<int>(impl.reports.size()), w = impl.world_rank();
   Tensor all = Tensor::Zeros({W, kReducedFigures}, DType::kF64);
   double* row = all.data<double>() + w * kReducedFigures;
-  double loss_sum = 0;
-  for (double l : s.losses) loss_sum += l;
-  row[kPeakAllocated] = static_cast<double>(s.peak_allocated_bytes);
-  row[kPeakReserved] = static_cast<double>(s.peak_reserved_bytes);
-  row[kReleased] = static_cast<double>(s.released_output_bytes);
-  row[kAtInflightPeak] = static_cast<double>(s.allocated_at_inflight_peak_bytes);
-  row[kInflight] = s.inflight_peak;
-  row[kBusyNs] = static_cast<double>(s.busy_ns);
-  row[kCommNs] = static_cast<double>(s.comm_ns);
-  row[kBusyCpuNs] = static_cast<double>(s.busy_cpu_ns);
-  row[kWallNs] = static_cast<double>(s.wall_ns);
-  row[kLossSum] = loss_sum;
-  row[kLosses] = static_cast<double>(s.losses.size());
+  PutReducedFigures(s, row);
   row[kNorm] = s.grad_norm;
-  row[kRollbackBytes] = static_cast<double>(s.rollback_bytes);
   impl.AllReduceOverWorld(
       all, fmt::format("finished step {} and waited for every rank's figures of it", step + 1));
   // Processes share no clock: the step's span is its slowest rank's wall (each starts its step
@@ -905,33 +910,7 @@ StepResult PipelineEngine::Step(int64_t step, int64_t first_batch, double lr,
   int64_t span = 0;
   for (int r = 0; r < W; ++r)
     span = std::max(span, static_cast<int64_t>(all.data<double>()[r * kReducedFigures + kWallNs]));
-  double losses = 0, sum = 0;
-  for (int r = 0; r < W; ++r) {
-    const double* f = all.data<double>() + r * kReducedFigures;
-    StageStep figures;
-    figures.peak_allocated_bytes = static_cast<int64_t>(f[kPeakAllocated]);
-    figures.peak_reserved_bytes = static_cast<int64_t>(f[kPeakReserved]);
-    figures.inflight_peak = static_cast<int>(f[kInflight]);
-    figures.allocated_at_inflight_peak_bytes = static_cast<int64_t>(f[kAtInflightPeak]);
-    figures.busy_ns = static_cast<int64_t>(f[kBusyNs]);
-    figures.comm_ns = static_cast<int64_t>(f[kCommNs]);
-    figures.busy_cpu_ns = static_cast<int64_t>(f[kBusyCpuNs]);
-    figures.wall_ns = static_cast<int64_t>(f[kWallNs]);
-    figures.rollback_bytes = static_cast<int64_t>(f[kRollbackBytes]);
-    impl.Record(r, figures, static_cast<int64_t>(f[kReleased]), span);
-    if (r == w) {  // only this rank's per-chunk figures are known here
-      for (size_t c = 0; c < s.inflight_peak_per_chunk.size(); ++c) {
-        impl.reports[r].inflight_peak_per_chunk[c] =
-            std::max(impl.reports[r].inflight_peak_per_chunk[c], s.inflight_peak_per_chunk[c]);
-      }
-    }
-    sum += f[kLossSum];
-    losses += f[kLosses];
-    result.peak_allocated_bytes =
-        std::max(result.peak_allocated_bytes, figures.peak_allocated_bytes);
-    result.peak_reserved_bytes = std::max(result.peak_reserved_bytes, figures.peak_reserved_bytes);
-  }
-  result.loss = losses > 0 ? sum / losses : 0;
+  impl.RecordReducedFigures(all, kReducedFigures, s, span, result);
   result.grad_norm = all.data<double>()[kNorm];  // equal on every rank
   result.updated = s.updated;                    // likewise
   impl.rollbacks += s.rolled_back ? 1 : 0;       // likewise

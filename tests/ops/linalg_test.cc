@@ -73,7 +73,7 @@ std::vector<OpCase> LinalgCases() {
        .grad = false},
       // Mixed precision (op_harness.h): bf16 operands, f32 products. Forward: the same exact
       // products as the f32 twin's, summed in another order (1e-5). Backward: the output gradient
-      // rounded to bf16 as the backward products' operand (2^-9 relative, so 1e-2 of the
+      // rounded to bf16 as the backward products' operand (at most 2^-8 relative, so 1e-2 of the
       // largest), the gradients themselves f32.
       {.label = "matmul_bf16",
        .op = "matmul",

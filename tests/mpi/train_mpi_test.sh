@@ -78,6 +78,42 @@ sys.exit(0 if (worst == 0 if tol == 0 else worst <= tol) else 1)
 PY
 }
 
+# Trains "${args[@]}" under mpirun at P = 2 (with the flags after the first argument) until SIGINT
+# reaches rank 1; checks that the job stopped, saved and said so (and, when the first argument is
+# not empty, that its output matches it), then resumes in one process for two more steps: the
+# losses must be bitwise an uninterrupted run's.
+sigint_then_resume() {
+  local expect=$1
+  shift
+  timeout -k 5 120 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${args[@]}" "$@" \
+    --steps 100000000 --metrics "$dir/sig.jsonl" --save "$dir/sig.safetensors" >"$dir/out" 2>&1 &
+  local job=$!
+  for _ in $(seq 600); do [ -s "$dir/sig.jsonl" ] && break; sleep 0.1; done  # training has started
+  [ -s "$dir/sig.jsonl" ] || { cat "$dir/out"; kill -KILL "$job"; fail "the job did not start training"; }
+  local victim
+  victim=$(ps -eo pid=,args= | grep "[s]luice train --comm mpi" | grep -v -e mpirun -e mpiexec -e timeout \
+           | grep -F "$dir/sig.jsonl" | awk 'NR == 2 {print $1}')
+  [ -n "$victim" ] || { kill -KILL "$job"; fail "no rank process found"; }
+  kill -INT "$victim"
+  local rc=0
+  wait "$job" || rc=$?
+  tail -5 "$dir/out"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job ended with status $rc"
+  if [ -n "$expect" ]; then grep -q "$expect" "$dir/out" || fail "no word of: $expect"; fi
+  [ "$(grep -c 'stopped by SIGINT after step' "$dir/out")" -ge 1 ] || fail "no stop message"
+  grep -q "internal error\|aborts" "$dir/out" && fail "a rank failed instead of stopping"
+  local steps
+  steps=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d["stopped"] == "SIGINT"; print(d["steps"])' "$dir/sig.jsonl") \
+    || fail "the metrics summary does not say the run stopped"
+  [ -f "$dir/sig.safetensors.index.json" ] || fail "no checkpoint index"
+  local total=$((steps + 2))
+  "$sluice" train "${args[@]}" --steps "$total" --metrics "$dir/sig.jsonl" \
+    --resume "$dir/sig.safetensors" >"$dir/out" 2>&1 || { cat "$dir/out"; fail "resume failed"; }
+  "$sluice" train "${args[@]}" --steps "$total" --metrics "$dir/whole.jsonl" \
+    >"$dir/out" 2>&1 || { cat "$dir/out"; fail "the uninterrupted run failed"; }
+  compare "$dir/whole.jsonl" "$dir/sig.jsonl" 0
+}
+
 # continues WHOLE PART [TOLERANCE]: PART's losses are WHOLE's of steps 3 and 4 (a run resumed at
 # 2), bit for bit or within the relative tolerance.
 continues() {
@@ -167,30 +203,7 @@ PY
   post-validate-signal)
     # As `signal` below, with the steps interlocked: SIGINT to rank 1 while a step runs ahead.
     args=("${small[@]}" --layers 4 --stages 2 --schedule zb-h2 --clip 10)
-    timeout -k 5 120 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${args[@]}" --post-validate \
-      --steps 100000000 --metrics "$dir/sig.jsonl" --save "$dir/sig.safetensors" >"$dir/out" 2>&1 &
-    job=$!
-    for _ in $(seq 600); do [ -s "$dir/sig.jsonl" ] && break; sleep 0.1; done  # training has started
-    [ -s "$dir/sig.jsonl" ] || { cat "$dir/out"; kill -KILL "$job"; fail "the job did not start training"; }
-    victim=$(ps -eo pid=,args= | grep "[s]luice train --comm mpi" | grep -v -e mpirun -e mpiexec -e timeout \
-             | grep -F "$dir/sig.jsonl" | awk 'NR == 2 {print $1}')
-    [ -n "$victim" ] || { kill -KILL "$job"; fail "no rank process found"; }
-    kill -INT "$victim"
-    wait "$job"; rc=$?
-    tail -5 "$dir/out"
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job ended with status $rc"
-    grep -q "ran ahead of step .* was finished and validated first" "$dir/out" \
-      || fail "no word of the step running ahead"
-    [ "$(grep -c 'stopped by SIGINT after step' "$dir/out")" -ge 1 ] || fail "no stop message"
-    grep -q "internal error\|aborts" "$dir/out" && fail "a rank failed instead of stopping"
-    steps=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d["stopped"] == "SIGINT"; print(d["steps"])' "$dir/sig.jsonl") \
-      || fail "the metrics summary does not say the run stopped"
-    total=$((steps + 2))
-    "$sluice" train "${args[@]}" --steps "$total" --metrics "$dir/sig.jsonl" \
-      --resume "$dir/sig.safetensors" >"$dir/out" 2>&1 || { cat "$dir/out"; fail "resume failed"; }
-    "$sluice" train "${args[@]}" --steps "$total" --metrics "$dir/whole.jsonl" \
-      >"$dir/out" 2>&1 || { cat "$dir/out"; fail "the uninterrupted run failed"; }
-    compare "$dir/whole.jsonl" "$dir/sig.jsonl" 0
+    sigint_then_resume "ran ahead of step .* was finished and validated first" --post-validate
     ;;
   dp)
     "$sluice" train "${small[@]}" --layers 4 --steps 5 --metrics "$dir/one.jsonl" || fail "one process"
@@ -425,29 +438,8 @@ PY
     check_costs "$dir/dp.json" replicas
     ;;
   signal)
-    timeout -k 5 120 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${small[@]}" --layers 4 --stages 2 \
-      --steps 100000000 --metrics "$dir/sig.jsonl" --save "$dir/sig.safetensors" >"$dir/out" 2>&1 &
-    job=$!
-    for _ in $(seq 600); do [ -s "$dir/sig.jsonl" ] && break; sleep 0.1; done  # training has started
-    [ -s "$dir/sig.jsonl" ] || { cat "$dir/out"; kill -KILL "$job"; fail "the job did not start training"; }
-    victim=$(ps -eo pid=,args= | grep "[s]luice train --comm mpi" | grep -v -e mpirun -e mpiexec -e timeout \
-             | grep -F "$dir/sig.jsonl" | awk 'NR == 2 {print $1}')
-    [ -n "$victim" ] || { kill -KILL "$job"; fail "no rank process found"; }
-    kill -INT "$victim"
-    wait "$job"; rc=$?
-    tail -5 "$dir/out"
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job ended with status $rc"
-    [ "$(grep -c 'stopped by SIGINT after step' "$dir/out")" -ge 1 ] || fail "no stop message"
-    grep -q "internal error\|aborts" "$dir/out" && fail "a rank failed instead of stopping"
-    steps=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); assert d["stopped"] == "SIGINT"; print(d["steps"])' "$dir/sig.jsonl") \
-      || fail "the metrics summary does not say the run stopped"
-    [ -f "$dir/sig.safetensors.index.json" ] || fail "no checkpoint index"
-    total=$((steps + 2))
-    "$sluice" train "${small[@]}" --layers 4 --stages 2 --steps "$total" --metrics "$dir/sig.jsonl" \
-      --resume "$dir/sig.safetensors" >"$dir/out" 2>&1 || { cat "$dir/out"; fail "resume failed"; }
-    "$sluice" train "${small[@]}" --layers 4 --stages 2 --steps "$total" --metrics "$dir/whole.jsonl" \
-      >"$dir/out" 2>&1 || { cat "$dir/out"; fail "the uninterrupted run failed"; }
-    compare "$dir/whole.jsonl" "$dir/sig.jsonl" 0
+    args=("${small[@]}" --layers 4 --stages 2)
+    sigint_then_resume ""
     ;;
   kill)
     SECONDS=0

@@ -55,6 +55,15 @@ bool Intact(const LiveBlock& b) {
   return true;
 }
 
+// Removes a block chosen at random from `live` (the last takes its place) and returns it.
+LiveBlock TakeRandom(std::vector<LiveBlock>& live, std::mt19937_64& rng) {
+  const size_t index = std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
+  const LiveBlock b = live[index];
+  live[index] = live.back();
+  live.pop_back();
+  return b;
+}
+
 // Mostly small requests, some medium, a few large (up to 6 MiB), all sizes odd-ish.
 size_t RandomSize(std::mt19937_64& rng) {
   const int kind = std::uniform_int_distribution<int>(0, 99)(rng);
@@ -181,11 +190,8 @@ TEST_P(CachingAllocatorRandomTest, ABudgetHoldsWheneverThePageSpansFit) {
         ++refused;
       }
     } else {
-      const size_t index = std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
-      const LiveBlock b = live[index];
+      const LiveBlock b = TakeRandom(live, rng);
       ASSERT_TRUE(Intact(b)) << "block " << b.id << " of " << b.bytes << " bytes was overwritten";
-      live[index] = live.back();
-      live.pop_back();
       alloc.Deallocate(b.ptr, b.bytes);
       spans -= CachingAllocator::PageSpanBytes(b.bytes);
     }
@@ -224,11 +230,8 @@ TEST_P(CachingAllocatorRandomTest, ReservedStaysWithinTheHeadroomOfTheHighWaterM
         live.push_back({ptr, pages * kPage, next_id++});
         Fill(live.back());
       } else {
-        const size_t index = std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
-        const LiveBlock b = live[index];
+        const LiveBlock b = TakeRandom(live, rng);
         EXPECT_TRUE(Intact(b)) << "block " << b.id << " of " << b.bytes << " bytes";
-        live[index] = live.back();
-        live.pop_back();
         alloc.Deallocate(b.ptr, b.bytes);
       }
       // Stats().peak_allocated_bytes is the high-water mark: nothing resets it here.

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "schedule_cases.h"
 #include "sluice/nn/optimizer.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/schedule/schedules.h"
@@ -98,23 +99,8 @@ void ExpectBitwise(const Result& a, const Result& b, const std::string& what) {
     EXPECT_TRUE(values == b.state.at(name)) << what << ": " << name << " differs";
 }
 
-struct Case {
-  ScheduleKind kind;
-  int stages;
-  int layers;
-  int64_t microbatches = 4;
-};
-
-const Case kCases[] = {
-    {ScheduleKind::kGPipe, 2, 4},        {ScheduleKind::kGPipe, 4, 4},
-    {ScheduleKind::kOneFOneB, 2, 4},     {ScheduleKind::kOneFOneB, 4, 4},
-    {ScheduleKind::kZeroBubbleH1, 2, 4}, {ScheduleKind::kZeroBubbleH1, 4, 4},
-    {ScheduleKind::kZeroBubbleH2, 2, 4}, {ScheduleKind::kZeroBubbleH2, 4, 4},
-    {ScheduleKind::kInterleaved, 2, 4},  {ScheduleKind::kInterleaved, 4, 8},
-    {ScheduleKind::kZeroBubbleV, 2, 4},  {ScheduleKind::kZeroBubbleV, 4, 8, 8},
-    {ScheduleKind::kVHalf, 2, 4},        {ScheduleKind::kVHalf, 4, 8, 8},
-    {ScheduleKind::kVMin, 2, 4},         {ScheduleKind::kVMin, 4, 8, 8},
-};
+using Case = testing_support::ScheduleCase;
+constexpr const auto& kCases = testing_support::kScheduleCases;
 
 int64_t Fired(const std::vector<double>& norms, double clip) {
   int64_t fired = 0;

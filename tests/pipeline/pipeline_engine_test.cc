@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "schedule_cases.h"
 #include "sluice/comm/communicator.h"
 #include "sluice/schedule/schedules.h"
 #include "sluice/train/trainer.h"
@@ -83,31 +84,8 @@ void ExpectBitwiseEqual(const RunResult& a, const RunResult& b, const std::strin
   }
 }
 
-struct Case {
-  ScheduleKind kind;
-  int stages;
-  int layers;
-  int64_t microbatches = 4;
-};
-
-const Case kCases[] = {
-    {ScheduleKind::kGPipe, 2, 4},
-    {ScheduleKind::kGPipe, 4, 4},
-    {ScheduleKind::kOneFOneB, 2, 4},
-    {ScheduleKind::kOneFOneB, 4, 4},
-    {ScheduleKind::kZeroBubbleH1, 2, 4},
-    {ScheduleKind::kZeroBubbleH1, 4, 4},
-    {ScheduleKind::kZeroBubbleH2, 2, 4},
-    {ScheduleKind::kZeroBubbleH2, 4, 4},
-    {ScheduleKind::kInterleaved, 2, 4},
-    {ScheduleKind::kInterleaved, 4, 8},  // V = 2: 4 and 8 virtual stages
-    {ScheduleKind::kZeroBubbleV, 2, 4},
-    {ScheduleKind::kZeroBubbleV, 4, 8, 8},  // M ≥ 2P − 1
-    {ScheduleKind::kVHalf, 2, 4},
-    {ScheduleKind::kVHalf, 4, 8, 8},
-    {ScheduleKind::kVMin, 2, 4},
-    {ScheduleKind::kVMin, 4, 8, 8},
-};
+using Case = testing_support::ScheduleCase;
+constexpr const auto& kCases = testing_support::kScheduleCases;
 
 std::string Describe(const Case& c) {
   return fmt::format("{} P={}", ScheduleKindName(c.kind), c.stages);

@@ -200,6 +200,12 @@ struct PipelineEngine::Impl {
   // Adds rank `world_rank`'s step to its report; its idle time is the step's span (StepSpanNs)
   // minus its busy time.
   void Record(int world_rank, const StageStep& s, int64_t released, int64_t span_ns);
+  // An interlocked step's validation, as every rank computes it: `sources` (one per rank, in rank
+  // order) each hold `n` doubles — the rank's norm partials and last its loss, zeros where another
+  // rank owns them — summed in rank order; sets `result`'s gradient norm and whether it updated,
+  // counts a rollback, and returns the verdict.
+  StageProgram::Validation Validate(const std::vector<const void*>& sources, int64_t n,
+                                    StepResult& result);
   // Records every rank's row of the end-of-step all-reduce `all` ([W, columns]) over the step's
   // span, and this rank's per-chunk figures from its own step `s`; sets `result`'s loss (the mean
   // over every rank's losses) and peaks (the largest of any rank's).
@@ -696,14 +702,8 @@ StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_bat
     SLUICE_CHECK(s.norm_partials.size() == n, "stage partials of step {} differ in size", step + 1);
     sources.push_back(s.norm_partials.data());
   }
-  std::vector<double> sums(n);
-  SumInRankOrder(DType::kF64, sources, static_cast<int64_t>(n), sums.data());
   StepResult result;
-  result.grad_norm = GlobalNorm({sums.begin(), sums.end() - 1});
-  const StageProgram::Validation verdict =
-      EagerUpdateVerdict(result.grad_norm, sums.back(), setup.config->optimizer.clip_norm);
-  result.updated = verdict != StageProgram::Validation::kSkipped;
-  rollbacks += verdict != StageProgram::Validation::kAccepted ? 1 : 0;
+  const StageProgram::Validation verdict = Validate(sources, static_cast<int64_t>(n), result);
   const StageStep& last = steps[setup.schedule.RankOf(setup.schedule.virtual_stages() - 1)];
   double loss_sum = 0;
   for (double l : last.losses) loss_sum += l;
@@ -749,6 +749,18 @@ StepResult PipelineEngine::Impl::StepInterlocked(int64_t step, int64_t first_bat
     traced_before = std::move(steps);
   }
   return result;
+}
+
+StageProgram::Validation PipelineEngine::Impl::Validate(const std::vector<const void*>& sources,
+                                                        int64_t n, StepResult& result) {
+  std::vector<double> sums(static_cast<size_t>(n));
+  SumInRankOrder(DType::kF64, sources, n, sums.data());
+  result.grad_norm = GlobalNorm({sums.begin(), sums.end() - 1});
+  const StageProgram::Validation verdict =
+      EagerUpdateVerdict(result.grad_norm, sums.back(), setup.config->optimizer.clip_norm);
+  result.updated = verdict != StageProgram::Validation::kSkipped;
+  rollbacks += verdict != StageProgram::Validation::kAccepted ? 1 : 0;
+  return verdict;
 }
 
 void PipelineEngine::Impl::RecordReducedFigures(const Tensor& all, int64_t columns,
@@ -800,14 +812,8 @@ StepResult PipelineEngine::Impl::FinishDistributedInterlocked(int64_t step, Stag
   // holds one rank's partials exactly (the others added zeros), summed in rank order.
   std::vector<const void*> sources;
   for (int r = 0; r < W; ++r) sources.push_back(all.data<double>() + r * F + kReducedFigures);
-  std::vector<double> sums(static_cast<size_t>(n));
-  SumInRankOrder(DType::kF64, sources, n, sums.data());
   StepResult result;
-  result.grad_norm = GlobalNorm({sums.begin(), sums.end() - 1});
-  const StageProgram::Validation verdict =
-      EagerUpdateVerdict(result.grad_norm, sums.back(), setup.config->optimizer.clip_norm);
-  result.updated = verdict != StageProgram::Validation::kSkipped;
-  rollbacks += verdict != StageProgram::Validation::kAccepted ? 1 : 0;
+  const StageProgram::Validation verdict = Validate(sources, n, result);
   s.grad_norm = result.grad_norm;
   s.updated = result.updated;
   s.rolled_back = verdict != StageProgram::Validation::kAccepted;

@@ -18,8 +18,8 @@
 //     interlock's gradients counted) fits and its steady-state step is strictly shorter than the
 //     synchronous one at unit cost (zb-h2, zb-v; not 1f1b, whose steady state is its step);
 //     PlanChoice::post_validate says which. Auto never turns post-validation on unasked: unit
-//     costs do not know the time of the rollback copy each step pays, nor how often clipping
-//     fires (a rollback costs a step more) — docs/pipeline.md, "Post-validation".
+//     costs do not know the time keeping the rollback state adds to each step, nor how often
+//     clipping fires (a rollback costs a step more) — docs/pipeline.md, "Post-validation".
 // When nothing fits, the error names each stage's smallest achievable peak — under auto, of the
 // schedule that comes closest (the least overshoot of its worst stage), named too.
 //

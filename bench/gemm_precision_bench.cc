@@ -14,6 +14,24 @@
 //              sluice_bf16   kernels::Bf16Gemm, the engine --precision bf16 uses (its label:
 //                            "openblas" — bf16 operands widened to f32 — or "onednn")
 //
+// Epilogues (issue 35: bias and GELU fused into the product where oneDNN offers it):
+//   LinearGelu/<model>/<threads>t/<impl>  the MLP's first layer, h = gelu(x·W_fc + b), x [rows, C],
+//                                         W_fc [C, 4C]; GFLOP/s of the product (2·rows·4C·C), the
+//                                         same count for every impl so the rates compare as times
+//     openblas_unfused  kernels::LinearBlas (b copied into each row, sgemm with beta 1) into fc,
+//     then
+//                       kernels::GeluFast into h: what the fp32 `linear` and `gelu` ops run today
+//     onednn_bias       oneDNN f32 matmul with b as its bias input into fc, then GeluFast into h
+//     onednn_fused      oneDNN f32 matmul, bias and eltwise_gelu_tanh post-op: h only, no fc
+//     sluice_bf16       --precision bf16 today: kernels::LinearBF16 into fc, rounded to bf16, then
+//                       kernels::GeluBF16Fast into a bf16 h
+//     onednn_bf16_fused oneDNN bf16 operands, bias and GELU fused, f32 h rounded to bf16
+//   LinearBias/<model>/<product>/<threads>t/<impl>  y = x·W + b alone, impl openblas (LinearBlas)
+//   or
+//                                         onednn (bias input): the bias half of the epilogue
+//   <threads>: 1 or 2; OpenBLAS, oneDNN and the intra-op pool all get that many threads. Rates are
+//   per wall-clock second (UseRealTime): with 2 threads CPU time would count one of them.
+//
 // The label of each onednn row names the implementation oneDNN chose ("brg:avx512_core_bf16"...).
 // Rates are per CPU second of the benchmark thread; run single-threaded for a fair ratio on a
 // shared machine: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 build/bench/gemm_precision_bench
@@ -27,10 +45,14 @@
 #include <vector>
 
 #include "sluice/core/dtype.h"
+#include "sluice/kernels/bf16_activations.h"
 #include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/bf16_products.h"
+#include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/kernels/onednn_matmul.h"
+#include "sluice/kernels/parallel.h"
+#include "sluice/kernels/unary.h"
 
 namespace sluice {
 namespace {
@@ -93,7 +115,128 @@ void BM_GemmPrecision(benchmark::State& state, Impl impl, Product p) {
       benchmark::Counter::kIsRate);
 }
 
+void SetThreads(int threads) {
+  kernels::SetBlasThreads(threads);
+  kernels::SetOneDnnThreads(threads);
+  kernels::SetIntraOpThreads(threads);
+}
+
+enum class Epilogue { kOpenBlasUnfused, kOneDnnBias, kOneDnnFused, kSluiceBf16, kOneDnnBf16Fused };
+
+// h = gelu(x·W + b), x [rows, k], W [k, n].
+void BM_LinearGelu(benchmark::State& state, Epilogue impl, int64_t rows, int64_t k, int64_t n,
+                   int threads) {
+  SetThreads(threads);
+  const std::vector<float> x = Random(rows * k), w = Random(k * n), bias = Random(n);
+  std::vector<BFloat16> x16(x.size()), w16(w.size()), fc16(static_cast<size_t>(rows * n)),
+      h16(fc16.size());
+  kernels::ToBF16Fast(x.data(), x16.data(), static_cast<int64_t>(x.size()));
+  kernels::ToBF16Fast(w.data(), w16.data(), static_cast<int64_t>(w.size()));
+  std::vector<float> fc(static_cast<size_t>(rows * n)), h(fc.size());
+  const int64_t elements = rows * n;
+  kernels::OneDnnGemmShape shape{.m = rows, .n = n, .k = k, .bias = true};
+  if (impl == Epilogue::kOneDnnFused || impl == Epilogue::kOneDnnBf16Fused) shape.gelu = true;
+  if (impl == Epilogue::kOneDnnBf16Fused) shape.dtype = DType::kBF16;
+  if (impl == Epilogue::kSluiceBf16) state.SetLabel(kernels::Bf16GemmEngine());
+  if (impl != Epilogue::kOpenBlasUnfused && impl != Epilogue::kSluiceBf16) {
+    state.SetLabel(kernels::OneDnnImplementation(shape));
+  }
+  for (auto _ : state) {
+    switch (impl) {
+      case Epilogue::kOpenBlasUnfused:
+        kernels::LinearBlas<float>(x.data(), w.data(), bias.data(), fc.data(), rows, k, n);
+        kernels::GeluFast<float>(fc.data(), h.data(), elements);
+        break;
+      case Epilogue::kOneDnnBias:
+        kernels::OneDnnGemm(shape, x.data(), w.data(), fc.data(), bias.data());
+        kernels::GeluFast<float>(fc.data(), h.data(), elements);
+        break;
+      case Epilogue::kOneDnnFused:
+        kernels::OneDnnGemm(shape, x.data(), w.data(), h.data(), bias.data());
+        break;
+      case Epilogue::kSluiceBf16:
+        kernels::LinearBF16(x16.data(), w16.data(), bias.data(), fc.data(), rows, k, n);
+        kernels::ToBF16Fast(fc.data(), fc16.data(), elements);
+        kernels::GeluBF16Fast(fc16.data(), h16.data(), elements);
+        break;
+      case Epilogue::kOneDnnBf16Fused:
+        kernels::OneDnnGemm(shape, x16.data(), w16.data(), h.data(), bias.data());
+        kernels::ToBF16Fast(h.data(), h16.data(), elements);
+        break;
+    }
+    benchmark::DoNotOptimize(h.data());
+    benchmark::DoNotOptimize(h16.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * static_cast<double>(rows * n * k) * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+  SetThreads(1);
+}
+
+// y = x·W + b, x [rows, k], W [k, n]: OpenBLAS with the bias copied first, or oneDNN's bias input.
+void BM_LinearBias(benchmark::State& state, bool onednn, int64_t rows, int64_t k, int64_t n,
+                   int threads) {
+  SetThreads(threads);
+  const std::vector<float> x = Random(rows * k), w = Random(k * n), bias = Random(n);
+  std::vector<float> y(static_cast<size_t>(rows * n));
+  const kernels::OneDnnGemmShape shape{.m = rows, .n = n, .k = k, .bias = true};
+  if (onednn) state.SetLabel(kernels::OneDnnImplementation(shape));
+  for (auto _ : state) {
+    if (onednn) {
+      kernels::OneDnnGemm(shape, x.data(), w.data(), y.data(), bias.data());
+    } else {
+      kernels::LinearBlas<float>(x.data(), w.data(), bias.data(), y.data(), rows, k, n);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * static_cast<double>(rows * n * k) * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+  SetThreads(1);
+}
+
+void RegisterEpilogues() {
+  struct Model {
+    const char* name;
+    int64_t c, rows;
+  };
+  const Model models[] = {{"small", 128, 1024}, {"medium", 384, 2048}};
+  const std::pair<const char*, Epilogue> impls[] = {
+      {"openblas_unfused", Epilogue::kOpenBlasUnfused},
+      {"onednn_bias", Epilogue::kOneDnnBias},
+      {"onednn_fused", Epilogue::kOneDnnFused},
+      {"sluice_bf16", Epilogue::kSluiceBf16},
+      {"onednn_bf16_fused", Epilogue::kOneDnnBf16Fused}};
+  for (const Model& m : models) {
+    const int64_t C = m.c, R = m.rows;
+    for (int threads : {1, 2}) {
+      for (const auto& [impl_name, impl] : impls) {
+        benchmark::RegisterBenchmark(
+            fmt::format("LinearGelu/{}/{}t/{}", m.name, threads, impl_name).c_str(), BM_LinearGelu,
+            impl, R, C, 4 * C, threads)
+            ->UseRealTime();
+      }
+      const Product products[] = {{"qkv", false, false, R, 3 * C, C},
+                                  {"proj", false, false, R, C, C},
+                                  {"fc", false, false, R, 4 * C, C},
+                                  {"fc_proj", false, false, R, C, 4 * C}};
+      for (const Product& p : products) {
+        for (bool onednn : {false, true}) {
+          benchmark::RegisterBenchmark(fmt::format("LinearBias/{}/{}/{}t/{}", m.name, p.name,
+                                                   threads, onednn ? "onednn" : "openblas")
+                                           .c_str(),
+                                       BM_LinearBias, onednn, p.m, p.k, p.n, threads)
+              ->UseRealTime();
+        }
+      }
+    }
+  }
+}
+
 void Register() {
+  RegisterEpilogues();
   struct Model {
     const char* name;
     int64_t c, rows;

@@ -1,8 +1,10 @@
 #include "sluice/kernels/linear.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/onednn_matmul.h"
 
 namespace sluice::kernels {
 
@@ -20,6 +22,12 @@ void LinearReference(const T* x, const T* w, const T* b, T* out, int64_t m, int6
 
 template <typename T>
 void LinearBlas(const T* x, const T* w, const T* b, T* out, int64_t m, int64_t k, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (Fp32GemmOnOneDnn()) {
+      OneDnnGemm({.m = m, .n = n, .k = k, .bias = true}, x, w, out, b);
+      return;
+    }
+  }
   for (int64_t i = 0; i < m; ++i) std::copy_n(b, n, out + i * n);
   // CBLAS rejects a leading dimension of 0, and with k = 0 the product adds nothing anyway.
   if (m == 0 || n == 0 || k == 0) return;

@@ -7,7 +7,10 @@
 //
 // LinearReference: the textbook triple loop, bias first, accumulating in T.
 // LinearBlas: copies b into every row of out, then one CBLAS GEMM with beta = 1 adds x·w on top
-// (no temporary, out is written twice only in cache-friendly row order).
+// (no temporary, out is written twice only in cache-friendly row order). When the f32 GEMMs run on
+// oneDNN (SLUICE_GEMM=onednn, kernels/matmul.h), the f32 form is one oneDNN matmul with b as its
+// bias input instead: the bias added in the product's epilogue, out written once
+// (docs/benchmarks.md, "GEMM epilogues").
 //
 // Thread-safety: plain functions over caller-owned memory; concurrent calls on disjoint outputs
 // are safe. Failure modes: none (shapes are checked by the op's inference).

@@ -68,8 +68,6 @@ void MatMulReference(const Tensor& a, const Tensor& b, const Tensor& out, bool t
   }
 }
 
-namespace {
-
 bool Fp32GemmOnOneDnn() {
   static const bool onednn = [] {
     const char* env = std::getenv("SLUICE_GEMM");
@@ -82,8 +80,6 @@ bool Fp32GemmOnOneDnn() {
   }();
   return onednn;
 }
-
-}  // namespace
 
 const char* Fp32GemmEngineName() { return Fp32GemmOnOneDnn() ? "onednn" : "openblas"; }
 

@@ -68,8 +68,10 @@ int64_t GemmOneBlockK();
 // faster than oneDNN's f32 matmul on the GPT's products, docs/benchmarks.md "Mixed precision") or
 // oneDNN ("onednn", kernels/onednn_matmul.h), chosen with SLUICE_GEMM=openblas|onednn (read once;
 // another value throws InvalidArgument naming it). oneDNN takes the products with alpha 1 and beta
-// 0 or 1; others go to OpenBLAS. f64 GEMMs are always OpenBLAS's.
+// 0 or 1; others go to OpenBLAS. f64 GEMMs are always OpenBLAS's. Under oneDNN the f32 linear
+// layer (kernels/linear.h) takes its bias in the product's epilogue.
 const char* Fp32GemmEngineName();
+bool Fp32GemmOnOneDnn();  // Fp32GemmEngineName() is "onednn"
 
 // The threads every GEMM of the process uses (OpenBLAS's own pool; process-wide). Called once per
 // engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it (it sizes

@@ -9,12 +9,14 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "sluice/core/error.h"
 #include "sluice/core/mutex.h"
+#include "sluice/kernels/unary.h"
 
 namespace sluice::kernels {
 
@@ -27,7 +29,7 @@ struct Key {
   OneDnnGemmShape s;
   auto Tie() const {
     return std::tie(s.dtype, s.transpose_a, s.transpose_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc,
-                    s.accumulate);
+                    s.accumulate, s.bias, s.gelu);
   }
   bool operator<(const Key& o) const { return Tie() < o.Tie(); }
 };
@@ -52,10 +54,11 @@ OneDnnGemmShape Packed(OneDnnGemmShape s) {
 }
 
 std::string Describe(const OneDnnGemmShape& s) {
-  return fmt::format("{} matmul m={} n={} k={}{}{} (lda {}, ldb {}, ldc {}){}", Name(s.dtype), s.m,
-                     s.n, s.k, s.transpose_a ? " a transposed" : "",
+  return fmt::format("{} matmul m={} n={} k={}{}{} (lda {}, ldb {}, ldc {}){}{}{}", Name(s.dtype),
+                     s.m, s.n, s.k, s.transpose_a ? " a transposed" : "",
                      s.transpose_b ? " b transposed" : "", s.lda, s.ldb, s.ldc,
-                     s.accumulate ? " accumulating" : "");
+                     s.accumulate ? " accumulating" : "", s.bias ? " + bias" : "",
+                     s.gelu ? " then gelu" : "");
 }
 
 // A made primitive and its description (the memory descriptors its buffers are wrapped in).
@@ -83,10 +86,13 @@ dnnl::matmul::primitive_desc MakeDesc(const OneDnnGemmShape& s, const dnnl::engi
   const dnnl::memory::desc b(dims{s.k, s.n}, in, s.transpose_b ? dims{1, s.ldb} : dims{s.ldb, 1});
   const dnnl::memory::desc c(dims{s.m, s.n}, dt::f32, dims{s.ldc, 1});
   dnnl::primitive_attr attr;
-  if (s.accumulate) {
-    dnnl::post_ops ops;
-    ops.append_sum(1.0f);
-    attr.set_post_ops(ops);
+  dnnl::post_ops ops;
+  if (s.accumulate) ops.append_sum(1.0f);
+  if (s.gelu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_tanh, 0.0f, 0.0f);
+  attr.set_post_ops(ops);
+  if (s.bias) {
+    const dnnl::memory::desc bias(dims{1, s.n}, dt::f32, dims{s.n, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attr, engine);
   }
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine);
 }
@@ -117,12 +123,28 @@ std::atomic<int> g_threads{1};
 
 }  // namespace
 
-void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c) {
+void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c,
+                const float* bias) {
   const OneDnnGemmShape s = Packed(shape);
+  if (s.bias != (bias != nullptr)) {
+    throw InternalError(fmt::format("the {} was given {} bias", Describe(s),
+                                    bias == nullptr ? "no" : "an unasked"));
+  }
+  if (s.accumulate && (s.bias || s.gelu)) {
+    throw InternalError(
+        fmt::format("the {}: an epilogue does not combine with accumulate", Describe(s)));
+  }
   if (s.m == 0 || s.n == 0) return;
   if (s.k == 0) {
-    if (!s.accumulate) {
-      for (int64_t i = 0; i < s.m; ++i) std::fill_n(c + i * s.ldc, s.n, 0.0f);
+    if (s.accumulate) return;
+    for (int64_t i = 0; i < s.m; ++i) {
+      float* row = c + i * s.ldc;
+      if (s.bias) {
+        std::copy_n(bias, s.n, row);
+      } else {
+        std::fill_n(row, s.n, 0.0f);
+      }
+      if (s.gelu) GeluReference<float>(row, row, s.n);
     }
     return;
   }
@@ -141,8 +163,13 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
     dnnl::memory ma(entry->desc.src_desc(), engine, const_cast<void*>(a));
     dnnl::memory mb(entry->desc.weights_desc(), engine, const_cast<void*>(b));
     dnnl::memory mc(entry->desc.dst_desc(), engine, c);
-    entry->primitive.execute(stream,
-                             {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    if (s.bias) {
+      args.emplace(DNNL_ARG_BIAS,
+                   dnnl::memory(entry->desc.bias_desc(), engine, const_cast<float*>(bias)));
+    }
+    entry->primitive.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     throw InternalError(fmt::format("oneDNN failed running the {}: {}", Describe(s), e.what()));
@@ -158,7 +185,11 @@ bool OneDnnBf16Native() {
 }
 
 std::string OneDnnImplementation(DType dtype, int64_t m, int64_t n, int64_t k) {
-  const OneDnnGemmShape s = Packed({.dtype = dtype, .m = m, .n = n, .k = k});
+  return OneDnnImplementation({.dtype = dtype, .m = m, .n = n, .k = k});
+}
+
+std::string OneDnnImplementation(const OneDnnGemmShape& shape) {
+  const OneDnnGemmShape s = Packed(shape);
   try {
     return MakeDesc(s, GlobalCache().engine).impl_info_str();
   } catch (const dnnl::error& e) {

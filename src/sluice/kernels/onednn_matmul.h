@@ -2,6 +2,9 @@
 // accumulation and f32 output — the mixed-precision product of `--precision bf16`.
 //
 //   c[m, n] = op(a)[m, k] · op(b)[k, n]  (+ c[m, n] when accumulate)
+// and with an epilogue fused into the product (oneDNN applies it to each block of c while the
+// block is in registers, no second pass over c):
+//   c[m, n] = gelu(op(a) · op(b) + bias[n])   (bias and gelu each optional)
 // where op(a) is a or its transpose (a stored [k, m]), likewise b (stored [n, k]); lda, ldb, ldc
 // are the row strides (in elements) of the buffers as stored, as in kernels/matmul.h's Gemm. a and
 // b are both f32 or both bf16; c is always f32.
@@ -41,10 +44,22 @@ struct OneDnnGemmShape {
   // Row strides as stored; 0 means packed (a: k, or m when transposed; b: n, or k; c: n).
   int64_t lda = 0, ldb = 0, ldc = 0;
   bool accumulate = false;  // c += product (beta = 1) instead of c = product
+  // The epilogue. bias: an f32 row bias[n] added to every row of the product (oneDNN's matmul
+  // bias input). gelu: then the tanh-approximation GELU (oneDNN's eltwise_gelu_tanh post-op, the
+  // formula of kernels/unary.h's GeluReference computed with oneDNN's own tanh: within
+  // kOneDnnGeluTolerance·(1 + |y|) of GeluReference<float>, tests/kernels/onednn_epilogue_test.cc).
+  // Neither combines with accumulate.
+  bool bias = false;
+  bool gelu = false;
 };
 
-// Runs the product. m, n or k of 0: c is left alone (k = 0 and !accumulate: c is zeroed).
-void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c);
+inline constexpr float kOneDnnGeluTolerance = 1e-6f;
+
+// Runs the product. m, n or k of 0: c is left alone (k = 0 and !accumulate: c is zeroed; with an
+// epilogue, c is gelu(bias) or bias). `bias` ([n] f32) is read when and only when shape.bias;
+// a missing bias, or an epilogue beside accumulate, throws InternalError.
+void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c,
+                const float* bias = nullptr);
 
 // The threads each oneDNN primitive uses (≥ 1; default 1).
 void SetOneDnnThreads(int threads);
@@ -54,8 +69,10 @@ void SetOneDnnThreads(int threads);
 bool OneDnnBf16Native();
 
 // The implementation oneDNN chose for an f32 or bf16 product of m×k by k×n: "brg:avx512_core_bf16",
-// "gemm:jit", ... (for the training summary and benchmarks).
+// "gemm:jit", ... (for the training summary and benchmarks); the second form for any shape,
+// epilogue included.
 std::string OneDnnImplementation(DType dtype, int64_t m, int64_t n, int64_t k);
+std::string OneDnnImplementation(const OneDnnGemmShape& shape);
 
 // Primitives made so far (the cache's size; tests check that a shape is made once).
 int64_t OneDnnCachedPrimitives();

@@ -1,0 +1,144 @@
+// oneDNN's matmul with its epilogue fused (kernels/onednn_matmul.h): a bias row and the tanh GELU
+// after the product, f32 and bf16 operands, against the triple loop in double and the project's
+// GeluReference; the bias and accumulate checks; the empty sum.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "sluice/core/dtype.h"
+#include "sluice/core/error.h"
+#include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/onednn_matmul.h"
+#include "sluice/kernels/unary.h"
+
+namespace sluice::kernels {
+namespace {
+
+std::vector<float> Uniform(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// x rounded to bf16 in place; the bf16 copy returned.
+std::vector<BFloat16> RoundToBF16(std::vector<float>& x) {
+  std::vector<BFloat16> out(x.size());
+  const auto n = static_cast<int64_t>(x.size());
+  ToBF16Reference(x.data(), out.data(), n);
+  FromBF16Reference(out.data(), x.data(), n);
+  return out;
+}
+
+// gelu(op(a)·op(b) + bias) in double (gelu only when asked).
+std::vector<double> Want(const std::vector<float>& a, const std::vector<float>& b,
+                         const std::vector<float>& bias, bool ta, bool tb, bool gelu, int64_t m,
+                         int64_t n, int64_t k) {
+  std::vector<double> out(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bias.empty() ? 0.0 : bias[j];
+      for (int64_t p = 0; p < k; ++p) {
+        acc += double(ta ? a[p * m + i] : a[i * k + p]) * (tb ? b[j * k + p] : b[p * n + j]);
+      }
+      out[i * n + j] = acc;
+    }
+  }
+  if (gelu) GeluReference<double>(out.data(), out.data(), m * n);
+  return out;
+}
+
+TEST(OneDnnEpilogue, BiasAndGeluMatchTheTripleLoopForEveryTransposeAndDtype) {
+  const int64_t m = 37, n = 29, k = 70;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (bool bias_on : {false, true}) {
+          for (bool gelu : {false, true}) {
+            if (!bias_on && !gelu) continue;  // the plain product: bf16_test.cc
+            std::vector<float> a = Uniform(m * k, 1), b = Uniform(k * n, 2);
+            std::vector<float> bias = bias_on ? Uniform(n, 3, 2.0f) : std::vector<float>();
+            std::vector<BFloat16> a16, b16;
+            if (dtype == DType::kBF16) {
+              a16 = RoundToBF16(a);  // the exact operands oneDNN multiplies
+              b16 = RoundToBF16(b);
+            }
+            std::vector<float> c(static_cast<size_t>(m * n), 99.0f);
+            const void* pa =
+                dtype == DType::kBF16 ? static_cast<const void*>(a16.data()) : a.data();
+            const void* pb =
+                dtype == DType::kBF16 ? static_cast<const void*>(b16.data()) : b.data();
+            OneDnnGemm({.dtype = dtype,
+                        .transpose_a = ta,
+                        .transpose_b = tb,
+                        .m = m,
+                        .n = n,
+                        .k = k,
+                        .bias = bias_on,
+                        .gelu = gelu},
+                       pa, pb, c.data(), bias_on ? bias.data() : nullptr);
+            const std::vector<double> want = Want(a, b, bias, ta, tb, gelu, m, n, k);
+            for (int64_t i = 0; i < m * n; ++i) {
+              // f32 accumulation of k exact products (bf16_test.cc's bound); GELU's slope is
+              // below 1.13, so it keeps the bound.
+              ASSERT_NEAR(c[i], want[i], 3e-4)
+                  << Name(dtype) << " ta " << ta << " tb " << tb << " bias " << bias_on << " gelu "
+                  << gelu << " at " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The fused GELU against the project's: gelu applied by oneDNN to the product + bias against
+// GeluReference<float> of the same product + bias computed by oneDNN without the GELU. Inputs
+// spread over [-8, 8], where the tanh saturates and where it does not.
+TEST(OneDnnEpilogue, FusedGeluIsTheProjectsTanhGeluWithinItsStatedTolerance) {
+  const int64_t m = 64, n = 256, k = 32;
+  const std::vector<float> a = Uniform(m * k, 4), b = Uniform(k * n, 5, 0.5f),
+                           bias = Uniform(n, 6, 2.0f);
+  std::vector<float> pre(static_cast<size_t>(m * n)), fused(pre.size()), want(pre.size());
+  OneDnnGemm({.m = m, .n = n, .k = k, .bias = true}, a.data(), b.data(), pre.data(), bias.data());
+  OneDnnGemm({.m = m, .n = n, .k = k, .bias = true, .gelu = true}, a.data(), b.data(), fused.data(),
+             bias.data());
+  GeluReference<float>(pre.data(), want.data(), m * n);
+  float lo = 0, hi = 0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    lo = std::min(lo, pre[i]);
+    hi = std::max(hi, pre[i]);
+    ASSERT_NEAR(fused[i], want[i], kOneDnnGeluTolerance * (1.0f + std::fabs(want[i])))
+        << "pre-activation " << pre[i] << " at " << i;
+  }
+  EXPECT_LT(lo, -3.0f);  // the inputs reached both tails
+  EXPECT_GT(hi, 3.0f);
+}
+
+TEST(OneDnnEpilogue, AnEmptySumIsTheBiasThroughTheGelu) {
+  const std::vector<float> bias = {-1.0f, 0.0f, 0.5f, 3.0f};
+  std::vector<float> c(3 * 4, 7.0f), want(4);
+  GeluReference<float>(bias.data(), want.data(), 4);
+  OneDnnGemm({.m = 3, .n = 4, .k = 0, .bias = true, .gelu = true}, nullptr, nullptr, c.data(),
+             bias.data());
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(c[i], want[i % 4]) << i;
+  OneDnnGemm({.m = 3, .n = 4, .k = 0, .bias = true}, nullptr, nullptr, c.data(), bias.data());
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(c[i], bias[i % 4]) << i;
+}
+
+TEST(OneDnnEpilogue, AMissingBiasOrAnEpilogueBesideAccumulateIsAnInternalError) {
+  std::vector<float> a = Uniform(4, 7), b = Uniform(4, 8), c(4), bias(2);
+  EXPECT_THROW(OneDnnGemm({.m = 2, .n = 2, .k = 2, .bias = true}, a.data(), b.data(), c.data()),
+               InternalError);
+  EXPECT_THROW(OneDnnGemm({.m = 2, .n = 2, .k = 2}, a.data(), b.data(), c.data(), bias.data()),
+               InternalError);
+  EXPECT_THROW(OneDnnGemm({.m = 2, .n = 2, .k = 2, .accumulate = true, .gelu = true}, a.data(),
+                          b.data(), c.data()),
+               InternalError);
+}
+
+}  // namespace
+}  // namespace sluice::kernels

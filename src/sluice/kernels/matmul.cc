@@ -83,6 +83,11 @@ bool Fp32GemmOnOneDnn() {
 
 const char* Fp32GemmEngineName() { return Fp32GemmOnOneDnn() ? "onednn" : "openblas"; }
 
+const char* Fp32GemmChosenBy() {
+  Fp32GemmOnOneDnn();  // a bad SLUICE_GEMM is refused here too
+  return std::getenv("SLUICE_GEMM") == nullptr ? "default: measured" : "SLUICE_GEMM";
+}
+
 void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (Fp32GemmOnOneDnn() && alpha == 1.0f && (beta == 0.0f || beta == 1.0f)) {

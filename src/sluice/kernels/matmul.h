@@ -72,6 +72,9 @@ int64_t GemmOneBlockK();
 // layer (kernels/linear.h) takes its bias in the product's epilogue.
 const char* Fp32GemmEngineName();
 bool Fp32GemmOnOneDnn();  // Fp32GemmEngineName() is "onednn"
+// What chose it, for the training summary: "SLUICE_GEMM" when the variable is set, otherwise
+// "default: measured" (OpenBLAS: docs/benchmarks.md, "GEMM epilogues", says on which figures).
+const char* Fp32GemmChosenBy();
 
 // The threads every GEMM of the process uses (OpenBLAS's own pool; process-wide). Called once per
 // engine by step/stage_program.h's ShareIntraOpThreads, the one place sluice decides it (it sizes

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -30,7 +31,11 @@ namespace {
 
 // The instruction sets the run's kernels use: Highway's target for the row kernels, OpenBLAS's
 // core for GEMM (and what OpenBLAS chose by itself, when sluice replaced it: kernels/blas.h).
-// The kernels the run's products and row kernels use. gemm: the engine of f32 GEMMs. Under
+// The kernels the run's products and row kernels use. gemm: the engine of f32 GEMMs, gemm_chosen_by
+// what chose it (kernels/matmul.h), gemm_epilogue what the f32 linear fuses into the product
+// ("bias" on oneDNN, "none" on OpenBLAS); on oneDNN, omp_wait_policy how oneDNN's OpenMP threads
+// wait (OMP_WAIT_POLICY, read when the process starts: with cores shared, libgomp's default
+// spinning made 2-thread steps ~4× slower, docs/benchmarks.md "GEMM epilogues"). Under
 // --precision bf16, bf16_gemm names the engine of bf16 products (kernels/bf16_products.h):
 // oneDNN's implementation, or OpenBLAS on operands widened to f32 (bf16 storage, f32 compute);
 // bf16_native says whether the CPU has bf16 instructions (AVX512_BF16 or AMX) as oneDNN sees it.
@@ -38,7 +43,13 @@ nlohmann::json KernelsDescription(Precision precision) {
   const kernels::BlasKernels& blas = kernels::EnsureBlasKernels();
   nlohmann::json k = {{"simd", kernels::SimdTarget()},
                       {"blas", blas.core},
-                      {"gemm", kernels::Fp32GemmEngineName()}};
+                      {"gemm", kernels::Fp32GemmEngineName()},
+                      {"gemm_chosen_by", kernels::Fp32GemmChosenBy()},
+                      {"gemm_epilogue", kernels::Fp32GemmOnOneDnn() ? "bias" : "none"}};
+  if (kernels::Fp32GemmOnOneDnn()) {
+    const char* wait = std::getenv("OMP_WAIT_POLICY");
+    k["omp_wait_policy"] = wait == nullptr ? "unset (libgomp's default)" : wait;
+  }
   if (blas.switched) k["blas_openblas_choice"] = blas.openblas_choice;
   if (precision == Precision::kBf16) {
     k["bf16_gemm"] = std::string(kernels::Bf16GemmEngine()) == "onednn"

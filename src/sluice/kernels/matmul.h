@@ -64,8 +64,9 @@ void MatMulAccumulateBlas(const Tensor& acc, const Tensor& a, const Tensor& b, b
 // 128 on pre-AVX2 ones). 0 when even k = 16 differs. Thread-safe (computed once).
 int64_t GemmOneBlockK();
 
-// The library that runs the f32 GEMMs above: OpenBLAS ("openblas", the default: it measured
-// faster than oneDNN's f32 matmul on the GPT's products, docs/benchmarks.md "Mixed precision") or
+// The library that runs the f32 GEMMs above: OpenBLAS ("openblas", the default: even with oneDNN
+// at one thread on the GPT's training steps, and at two on shared cores never the ~4× loser that
+// oneDNN's spinning OpenMP threads are there, docs/benchmarks.md "GEMM epilogues") or
 // oneDNN ("onednn", kernels/onednn_matmul.h), chosen with SLUICE_GEMM=openblas|onednn (read once;
 // another value throws InvalidArgument naming it). oneDNN takes the products with alpha 1 and beta
 // 0 or 1; others go to OpenBLAS. f64 GEMMs are always OpenBLAS's. Under oneDNN the f32 linear

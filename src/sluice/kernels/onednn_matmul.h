@@ -2,8 +2,8 @@
 // accumulation and f32 output — the mixed-precision product of `--precision bf16`.
 //
 //   c[m, n] = op(a)[m, k] · op(b)[k, n]  (+ c[m, n] when accumulate)
-// and with an epilogue fused into the product (oneDNN applies it to each block of c while the
-// block is in registers, no second pass over c):
+// and with an epilogue fused into the product (oneDNN applies it as it stores each block of c, no
+// second pass over c):
 //   c[m, n] = gelu(op(a) · op(b) + bias[n])   (bias and gelu each optional)
 // where op(a) is a or its transpose (a stored [k, m]), likewise b (stored [n, k]); lda, ldb, ldc
 // are the row strides (in elements) of the buffers as stored, as in kernels/matmul.h's Gemm. a and

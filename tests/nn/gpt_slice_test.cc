@@ -76,29 +76,62 @@ Scope StageScope(const Model& m, const std::map<std::string, Tensor>& params, co
 }
 
 TEST(GptSlice, ChainedSlicesGiveTheWholeModelsLossBitwise) {
-  const Model whole = BuildGpt(kCfg, kB, GptOutput::kLoss, kT);
-  const std::map<std::string, Tensor> params = InitParams(whole.params, kSeed);
-  const Batch batch = MakeBatch();
-  Scope ws = StageScope(whole, params, batch);
-  RunReference(whole.forward, ws);
-  const float expected = ws.Get("loss").data<float>()[0];
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(Name(precision));
+    GptConfig cfg = kCfg;
+    cfg.precision = precision;
+    const Model whole = BuildGpt(cfg, kB, GptOutput::kLoss, kT);
+    const std::map<std::string, Tensor> params = InitParams(whole.params, kSeed);
+    const Batch batch = MakeBatch();
+    Scope ws = StageScope(whole, params, batch);
+    RunReference(whole.forward, ws);
+    const float expected = ws.Get("loss").data<float>()[0];
 
-  for (const std::vector<GptSlice>& split : Splits()) {
-    SCOPED_TRACE(SplitText(split));
-    Tensor x;
-    float loss = 0;
-    for (const GptSlice& slice : split) {
-      const Model m = BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT, slice);
-      Scope scope = StageScope(m, params, batch);
-      if (!slice.embed) scope.Set("x", x);
-      RunReference(m.forward, scope);
-      if (slice.head) {
-        loss = scope.Get("loss").data<float>()[0];
-      } else {
-        x = scope.Get("y");
+    for (const std::vector<GptSlice>& split : Splits()) {
+      SCOPED_TRACE(SplitText(split));
+      Tensor x;
+      float loss = 0;
+      for (const GptSlice& slice : split) {
+        const Model m = BuildGptSlice(cfg, kB, GptOutput::kLoss, kT, slice);
+        Scope scope = StageScope(m, params, batch);
+        if (!slice.embed) scope.Set("x", x);
+        RunReference(m.forward, scope);
+        if (slice.head) {
+          loss = scope.Get("loss").data<float>()[0];
+        } else {
+          x = scope.Get("y");
+        }
       }
+      EXPECT_EQ(loss, expected);
     }
-    EXPECT_EQ(loss, expected);
+  }
+}
+
+// Under bf16 what crosses a unit boundary — the embedding's output, each block's output — is
+// rounded to bf16 by the unit that makes it, on one stage as on many: a slice's "x" and "y" (the
+// pipeline's messages) are bf16, half fp32's bytes, and so is every unit input a full recompute
+// keeps; inside a block the residual additions stay f32.
+TEST(GptSlice, UnderBf16WhatCrossesAUnitBoundaryIsBf16) {
+  GptConfig cfg = kCfg;
+  cfg.precision = Precision::kBf16;
+  const GptSlice mid{.embed = false, .first_layer = 1, .end_layer = 3, .head = false};
+  const Model m = BuildGptSlice(cfg, kB, GptOutput::kLoss, kT, mid);
+  const Program& p = m.forward;
+  EXPECT_EQ(p.type(p.Get("x")).dtype, DType::kBF16);
+  EXPECT_EQ(p.type(p.Get("y")).dtype, DType::kBF16);
+  const Model f32 = BuildGptSlice(kCfg, kB, GptOutput::kLoss, kT, mid);
+  EXPECT_EQ(2 * p.Bytes(p.Get("y")), f32.forward.Bytes(f32.forward.Get("y")));
+  EXPECT_EQ(p.type(p.Get("h.1.attn_out")).dtype, DType::kF32);
+  EXPECT_EQ(p.type(p.Get("h.1.out")).dtype, DType::kF32);  // the sum before its rounding
+
+  const Model whole = BuildGpt(cfg, kB, GptOutput::kLoss, kT);
+  ASSERT_EQ(whole.block_inputs.size(), static_cast<size_t>(cfg.layers + 1));  // blocks and head
+  for (const std::string& name : whole.block_inputs) {
+    EXPECT_EQ(whole.forward.type(whole.forward.Get(name)).dtype, DType::kBF16) << name;
+  }
+  const Model fp32 = BuildGpt(kCfg, kB, GptOutput::kLoss, kT);
+  for (const std::string& name : fp32.block_inputs) {
+    EXPECT_EQ(fp32.forward.type(fp32.forward.Get(name)).dtype, DType::kF32) << name;
   }
 }
 

@@ -145,6 +145,31 @@ TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
   }
 }
 
+// Under bf16 the pipeline's forward messages and the unit inputs full recompute keeps are bf16,
+// their gradients f32 (nn/gpt.cc): the forecast still equals one stage's measured peak and
+// brackets every rank's, at P = 2 and 4, under every policy.
+TEST(MemoryForecast, HoldsUnderBf16) {
+  const Size& size = kSizes[0];
+  for (RecomputePolicy policy : kPolicies) {
+    TrainConfig config = Config(size, policy, 8);
+    config.gpt.precision = Precision::kBf16;
+    const Compared one = Compare(config, nullptr);
+    EXPECT_EQ(one.forecast[0].peak_allocated_bytes, one.measured[0])
+        << Name(policy) << ": " << Describe(one.forecast[0]);
+    for (int P : {2, 4}) {
+      const PipelineOptions options{.stages = P, .schedule = ScheduleKind::kOneFOneB};
+      const Compared c = Compare(config, &options);
+      ASSERT_EQ(c.forecast.size(), c.measured.size());
+      for (size_t s = 0; s < c.measured.size(); ++s) {
+        const std::string what = fmt::format("{} P={} stage {}: measured {} B, {}", Name(policy), P,
+                                             s, c.measured[s], Describe(c.forecast[s]));
+        EXPECT_LE(c.measured[s], c.forecast[s].peak_allocated_bytes) << what;
+        EXPECT_GE(c.measured[s], c.forecast[s].least_peak_allocated_bytes) << what;
+      }
+    }
+  }
+}
+
 // Post-validation keeps a copy of every rank's parameters and optimizer state for a rollback, and,
 // as consecutive steps interlock, the previous step's gradients for its redo: the forecast holds
 // both for the whole step (a run's steps after the first do), exactly their bytes above the

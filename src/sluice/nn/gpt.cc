@@ -76,6 +76,16 @@ Var Mlp(ModelBuilder& m, Var x, const GptConfig& c, double proj_std) {
   return LinearLayer(m, "c_proj", h, 4 * c.dim, c.dim, proj_std, c.precision);
 }
 
+// The value crossing a unit boundary (the embedding's output, each block's output: wherever a
+// pipeline cut may fall) is, under bf16, rounded to bf16 by the unit that makes it (StoredAs) and
+// widened to f32 by the units that read it, on one stage as on many: so pipeline messages and the
+// unit inputs full recompute keeps are bf16, and a pipeline stays bitwise one stage.
+// x widened to f32 (a cast named `name`), x itself when f32 already.
+Var Widened(ModelBuilder& m, Var x, std::string_view name) {
+  if (x.dtype() != DType::kBF16) return x;
+  return m.b().Name(Cast(x, DType::kF32), name);
+}
+
 // Parameters of the embeddings (wte, wpe) and of one block (ln_1, c_attn, attn.c_proj, ln_2, c_fc,
 // mlp.c_proj: weight and bias each); BuildGpt's list is embeddings, blocks in order, ln_f, lm_head.
 constexpr int64_t kEmbedParams = 2;
@@ -167,8 +177,9 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     Builder::Unit unit(b, "embed");
     Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);  // [T, C]
     x = b.Name(Embedding(ids, wte) + pos, "h_in");     // [B, T, C]
+    x = StoredAs(m, x, c.precision, "h_in_bf16");
   } else {
-    x = b.Input("x", DType::kF32, {B, T, c.dim});
+    x = b.Input("x", c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32, {B, T, c.dim});
   }
   for (int64_t l = first; l < end; ++l) {
     m.MarkBlockInput(x.name());
@@ -177,9 +188,9 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     Builder::Unit unit(b, fmt::format("h.{}", l));
     Var a =
         CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim, c.precision), c, B, T, proj_std);
-    x = b.Name(x + a, "attn_out");
+    x = b.Name(Widened(m, x, "in_f32") + a, "attn_out");
     Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim, c.precision), c, proj_std);
-    x = b.Name(x + f, "out");
+    x = StoredAs(m, b.Name(x + f, "out"), c.precision, "out_bf16");
   }
   if (!slice.head) {
     b.Output(b.Name(x, "y"));
@@ -192,7 +203,7 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   Var logits, loss;
   {
     Builder::Unit unit(b, "head");
-    x = LayerNormLayer(m, "ln_f", x, c.dim);
+    x = LayerNormLayer(m, "ln_f", Widened(m, x, "ln_f.x_f32"), c.dim);
     // [vocab, C] like torch.nn.Linear
     Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);
     if (output == GptOutput::kLoss && c.head_chunk >= 0) {

@@ -151,6 +151,7 @@ std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {
     const float* pe = wpe_ + (length_ + i) * C;
     for (int64_t c = 0; c < C; ++c) x_[size(i * C + c)] = te[c] + pe[c];
   }
+  StoreAsBf16(x_.data(), n * C);  // what crosses a unit boundary is bf16 (nn/gpt.cc)
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
@@ -205,6 +206,7 @@ std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {
     StoreAsBf16(fc_act_.data(), n * 4 * C);
     Linear(fc_act_.data(), w.fc_proj_w, w.fc_proj_b, normed_.data(), n, 4 * C, C);
     for (size_t k = 0; k < size(n * C); ++k) x_[k] += normed_[k];
+    StoreAsBf16(x_.data(), n * C);
   }
   length_ += n;
   // logits [n, V] = ln_f(x) · lm_headᵀ

@@ -250,12 +250,14 @@ class RankReplay {
     const int index = a.chunk * M + a.micro_batch;
     switch (a.kind) {
       case ActionKind::kRecvF:
-        mb.recv_f = ledger_.Allocate(MessageBytes(ch, kChunkInput), MemoryUse::kMessages);
+        mb.recv_f = ledger_.Allocate(MessageBytes(ch, kChunkInput, /*gradient=*/false),
+                                     MemoryUse::kMessages);
         NoteMessage(mb.recv_f, ch, kChunkInput, kChunkInput, a,
                     fmt::format("received from stage {}", a.peer));
         break;
       case ActionKind::kRecvB:
-        mb.recv_b = ledger_.Allocate(MessageBytes(ch, kChunkOutput), MemoryUse::kMessages);
+        mb.recv_b = ledger_.Allocate(MessageBytes(ch, kChunkOutput, /*gradient=*/true),
+                                     MemoryUse::kMessages);
         NoteMessage(mb.recv_b, ch, kChunkOutputGrad, kChunkOutput, a,
                     fmt::format("received from stage {}", a.peer));
         break;
@@ -293,10 +295,9 @@ class RankReplay {
     }
   }
 
-  // The bytes of a chunk's input "x" or output "y" (its gradient's as well): a message's.
-  static int64_t MessageBytes(const Chunk& ch, const char* name) {
-    const Program& p = ch.model.forward;
-    return static_cast<int64_t>(p.Bytes(p.Get(name)));
+  // The bytes of a message: a chunk's input "x" or output "y", or its gradient (f32 for bf16).
+  static int64_t MessageBytes(const Chunk& ch, const char* name, bool gradient) {
+    return ChunkMessageBytes(ch.model.forward, name, gradient);
   }
 
   // Binds an input that arrived in `*held` (a receive's buffer or a local hand-off).

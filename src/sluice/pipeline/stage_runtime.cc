@@ -213,8 +213,9 @@ class StageRuntime::StepRun {
     for (int c = 0; c < rt.V; ++c) {  // the largest message this rank sends or receives
       const Program& p = rt.program->chunk(c).model.forward;
       for (const char* name : {kChunkInput, kChunkOutput}) {
-        if (std::optional<ValueId> v = p.Find(name)) {
-          out_.message_bytes = std::max(out_.message_bytes, static_cast<int64_t>(p.Bytes(*v)));
+        if (!p.Find(name)) continue;
+        for (const bool gradient : {false, true}) {
+          out_.message_bytes = std::max(out_.message_bytes, ChunkMessageBytes(p, name, gradient));
         }
       }
     }
@@ -422,10 +423,9 @@ class StageRuntime::StepRun {
     });
   }
 
-  // The type of a chunk's input "x" or output "y": what crosses to its neighbour.
-  static const TensorType& MessageType(const Chunk& ch, const char* name) {
-    const Program& p = ch.model.forward;
-    return p.type(p.Get(name));
+  // What crosses to a neighbour: a chunk's input "x" or output "y", or its gradient.
+  static TensorType MessageType(const Chunk& ch, const char* name, bool gradient) {
+    return ChunkMessageType(ch.model.forward, name, gradient);
   }
 
   void Execute(const Action& a) {
@@ -436,7 +436,7 @@ class StageRuntime::StepRun {
       case ActionKind::kRecvF:
         mb.recv_f = Post(
             [&] {
-              const TensorType& t = MessageType(ch, kChunkInput);
+              const TensorType t = MessageType(ch, kChunkInput, /*gradient=*/false);
               return comm_.Irecv(a.peer,
                                  rt_.Tag(VirtualStage(a.chunk), a.micro_batch, Direction::kForward),
                                  t.dtype, t.shape, rt_.allocator);
@@ -460,7 +460,7 @@ class StageRuntime::StepRun {
       case ActionKind::kRecvB:
         mb.recv_b = Post(
             [&] {
-              const TensorType& t = MessageType(ch, kChunkOutput);  // its gradient's
+              const TensorType t = MessageType(ch, kChunkOutput, /*gradient=*/true);
               return comm_.Irecv(
                   a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, Direction::kBackward),
                   t.dtype, t.shape, rt_.allocator);

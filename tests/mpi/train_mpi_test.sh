@@ -25,6 +25,10 @@
 #             resumes bitwise
 #   program   the GPT as `sluice export` writes it, trained with --program under mpirun: P = 2
 #             (1f1b, zb-v) bitwise and P = 2 × D = 2 within 1e-6 of --model gpt in one process
+#   bf16      --precision bf16, whose pipeline messages are bf16 forward (f32 gradients): P = 2
+#             (1f1b, zb-v) and P = 4 (1f1b) bitwise the in-process run; the bf16 GPT as `sluice
+#             export` writes it, trained with --program at P = 2 under mpirun, bitwise --model gpt
+#             --precision bf16 on one stage in one process
 #   resume    a sharded checkpoint (a shard per stage + index) resumes bitwise, under MPI and in one
 #             process
 #   rescue    one rank cannot write its shard: the job exits non-zero naming where the whole state
@@ -353,6 +357,27 @@ PY
     mpi 4 --program "$dir/gpt.sluice" "${run[@]}" --stages 2 --data-parallel 2 \
       --metrics "$dir/dp.jsonl" || fail "mpirun --program P=2 x D=2"
     compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
+    ;;
+  bf16)
+    for case in "1f1b 2 4 4" "zb-v 2 4 4" "1f1b 4 4 4"; do
+      read -r sched p layers m <<<"$case"
+      args=("${common[@]}" --precision bf16 --batch $((2 * m)) --microbatches "$m"
+            --layers "$layers" --steps 4 --stages "$p" --schedule "$sched")
+      "$sluice" train "${args[@]}" --metrics "$dir/local.jsonl" || fail "in-process bf16 $sched P=$p"
+      mpi "$p" "${args[@]}" --metrics "$dir/mpi.jsonl" || fail "mpirun bf16 $sched P=$p"
+      compare "$dir/local.jsonl" "$dir/mpi.jsonl" 0
+      rm -f "$dir"/*.jsonl
+    done
+    model=(--dim 32 --heads 2 --layers 4)
+    run=(--eval-every 0 --threads 1 --quiet --lr-schedule constant --warmup 0 --batch 8
+         --microbatches 4 --steps 4)
+    "$sluice" export "${model[@]}" --precision bf16 --out "$dir/gpt.sluice" || fail "export"
+    grep -q "bf16\[B, T, 32\] = cast(%h.1.out)" "$dir/gpt.sluice" || fail "no bf16 block output in the export"
+    "$sluice" train "${model[@]}" --precision bf16 "${run[@]}" --metrics "$dir/one.jsonl" \
+      || fail "one process --model gpt --precision bf16"
+    mpi 2 --program "$dir/gpt.sluice" "${run[@]}" --stages 2 --schedule 1f1b \
+      --metrics "$dir/prog.jsonl" || fail "mpirun --program bf16 P=2"
+    compare "$dir/one.jsonl" "$dir/prog.jsonl" 0
     ;;
   resume)
     args=("${small[@]}" --layers 4 --stages 2)

@@ -170,6 +170,44 @@ TEST(MemoryForecast, HoldsUnderBf16) {
   }
 }
 
+// The forecast of each rank, with every tensor live at its peak (explained).
+std::vector<StageMemoryForecast> Explained(const TrainConfig& config,
+                                           const PipelineOptions& options) {
+  std::vector<StageMemoryForecast> out;
+  Trainer trainer(config, [&](const EngineContext& ctx) -> std::unique_ptr<StepEngine> {
+    out = ForecastPipeline(ctx, options, /*replicas=*/1, /*explain=*/true);
+    return std::make_unique<PipelineEngine>(ctx, options);
+  });
+  return out;
+}
+
+// What a rank holds of its received messages at its peak, by name and type: under bf16 the
+// inputs it keeps ("x", one per micro-batch in flight under full recompute) take half fp32's
+// bytes, and a received gradient ("y.grad") stays f32.
+TEST(MemoryForecast, Bf16MessagesTakeHalfTheBytesTheirGradientsF32) {
+  TrainConfig config = Config(kSizes[0], RecomputePolicy::kFull, 4);
+  const PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kGPipe};
+  const std::vector<StageMemoryForecast> fp32 = Explained(config, options);
+  config.gpt.precision = Precision::kBf16;
+  const std::vector<StageMemoryForecast> bf16 = Explained(config, options);
+  auto held = [](const StageMemoryForecast& f, const std::string& name, const std::string& type) {
+    int64_t count = 0, bytes = 0;
+    for (const LiveTensor& t : f.live_at_peak) {
+      if (t.name != name) continue;
+      EXPECT_EQ(t.type.substr(0, type.size()), type) << name << ": " << t.type;
+      ++count;
+      bytes += t.bytes;
+    }
+    return std::pair{count, bytes};
+  };
+  const auto [n32, bytes32] = held(fp32[1], "x", "f32[");
+  const auto [n16, bytes16] = held(bf16[1], "x", "bf16[");
+  EXPECT_GT(n32, 0) << "the last stage keeps no received input at its peak: nothing is compared";
+  EXPECT_EQ(n16, n32);
+  EXPECT_EQ(2 * bytes16, bytes32);
+  for (const StageMemoryForecast* f : {&fp32[0], &bf16[0]}) held(*f, "y.grad", "f32[");
+}
+
 // Post-validation keeps a copy of every rank's parameters and optimizer state for a rollback, and,
 // as consecutive steps interlock, the previous step's gradients for its redo: the forecast holds
 // both for the whole step (a run's steps after the first do), exactly their bytes above the

@@ -16,8 +16,8 @@
 // weights stored [in, out], lm_head.weight [vocab, C] like torch.nn.Linear).
 //
 // A pipeline stage runs a contiguous slice of the model (BuildGptSlice): the hidden state
-// x [B, T, C] passes from one slice to the next, and chaining the slices' programs computes
-// bitwise what the whole model computes.
+// x [B, T, C] (f32, bf16 under Precision::kBf16) passes from one slice to the next, and chaining
+// the slices' programs computes bitwise what the whole model computes.
 //
 // Example:
 //   GptConfig cfg{.vocab = 11, .seq = 12, .layers = 2, .heads = 4, .dim = 64};
@@ -64,7 +64,10 @@ struct GptConfig {
   int64_t head_chunk = 0;
   // Under kBf16 (nn/layers.h) the blocks run mixed precision: their linears multiply bf16
   // operands, layer norms, GELU and the fused attention take and give bf16 (f32 inside), the
-  // residual stream's additions stay f32; the head (ln_f, the logits, the loss) stays f32.
+  // residual stream's additions stay f32; the head (ln_f, the logits, the loss) stays f32. What
+  // crosses a unit boundary (the embedding's output, each block's output) is rounded to bf16 by
+  // the unit that makes it and widened by the one that reads it, as Megatron-LM's bf16 residual:
+  // a slice's "x" and "y" are bf16 (their gradients f32), on one stage as on many.
   Precision precision = Precision::kFp32;
 };
 

@@ -13,7 +13,8 @@
 // compares them position by position, for a prefill and for one token at a time). Under
 // config.precision bf16 it rounds to bf16 where the program stores bf16 (nn/layers.h): the block
 // linears' inputs and weights (products summed in f32), the layer norms' inputs and outputs, qkv
-// and the attention's output, GELU's input and output; the residual stream and the head stay f32.
+// and the attention's output, GELU's input and output, the hidden state between blocks (the
+// embedding's and each block's output, nn/gpt.h); the residual additions and the head stay f32.
 //
 // Positions: the model has config.seq rows of position embeddings, so the cache holds at most
 // seq positions. Generate() slides the window when it is full: it keeps the last seq/2 tokens and

@@ -16,7 +16,8 @@ namespace sluice {
 // and the fused attention take bf16 and give bf16, computing in f32 inside their kernels
 // (kernels/bf16_activations.h), so the activations saved for backward are bf16. Parameters (master
 // weights), gradients, optimizer state, layer norm's and softmax's statistics, the residual
-// stream's additions, the loss and every reduction stay f32.
+// stream's additions, the loss and every reduction stay f32; a model rounds what crosses its unit
+// boundaries to bf16 (nn/gpt.h), so that pipeline messages and kept unit inputs are bf16.
 enum class Precision : uint8_t { kFp32, kBf16 };
 
 inline constexpr EnumEntry<Precision> kPrecisionNames[] = {

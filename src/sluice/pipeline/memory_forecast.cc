@@ -181,13 +181,12 @@ class RankReplay {
     return ledger;
   }
 
-  // Names a received buffer `name` (of the type of the chunk's `like`) and says why it is held
-  // (when explaining).
-  void NoteMessage(Id id, const Chunk& ch, const char* name, const char* like, const Action& a,
-                   std::string detail) {
+  // Names a received buffer `name` (of the type of the chunk's `like`, or of its gradient) and
+  // says why it is held (when explaining).
+  void NoteMessage(Id id, const Chunk& ch, const char* name, const char* like, bool gradient,
+                   const Action& a, std::string detail) {
     if (!ledger_.explaining()) return;
-    const Program& p = ch.model.forward;
-    ledger_.Made(id, name, p.type(p.Get(like)).ToString(),
+    ledger_.Made(id, name, ChunkMessageType(ch.model.forward, like, gradient).ToString(),
                  fmt::format("{} from stage {}", ActionKindName(a.kind), a.peer));
     ledger_.Note(id, MemoryUse::kMessages, LiveReason::kMessage, std::move(detail), a.micro_batch,
                  setup_.schedule.chunks > 1 ? a.chunk : -1);
@@ -252,13 +251,13 @@ class RankReplay {
       case ActionKind::kRecvF:
         mb.recv_f = ledger_.Allocate(MessageBytes(ch, kChunkInput, /*gradient=*/false),
                                      MemoryUse::kMessages);
-        NoteMessage(mb.recv_f, ch, kChunkInput, kChunkInput, a,
+        NoteMessage(mb.recv_f, ch, kChunkInput, kChunkInput, /*gradient=*/false, a,
                     fmt::format("received from stage {}", a.peer));
         break;
       case ActionKind::kRecvB:
         mb.recv_b = ledger_.Allocate(MessageBytes(ch, kChunkOutput, /*gradient=*/true),
                                      MemoryUse::kMessages);
-        NoteMessage(mb.recv_b, ch, kChunkOutputGrad, kChunkOutput, a,
+        NoteMessage(mb.recv_b, ch, kChunkOutputGrad, kChunkOutput, /*gradient=*/true, a,
                     fmt::format("received from stage {}", a.peer));
         break;
       case ActionKind::kSendF:

@@ -253,6 +253,70 @@ TEST(Checkpoint, ATensorHoldingNanOrInfIsNeverSaved) {
   std::filesystem::remove_all(dir);
 }
 
+// A save streamed one tensor at a time writes the bytes the whole-state serialization does, asks
+// for each tensor once in name order, and a non-finite tensor part way leaves nothing written and
+// asks for nothing after it.
+TEST(Checkpoint, AStreamedSaveWritesTheSameFileOneTensorAtATime) {
+  const std::string dir = ScratchDir("streamed");
+  const std::string path = dir + "/ck.safetensors";
+  Tensor w = Tensor::Full({2, 3}, 0.25, DType::kF32);
+  w.data<float>()[4] = -0.0f;
+  const std::map<std::string, Tensor> tensors = {
+      {"w", w},
+      {"a.exp_avg", Tensor::Full({5}, -1.5, DType::kF32)},
+      {"b", Tensor::Full({}, 3.0, DType::kF64)},
+      {"i", Tensor::Full({4}, 7, DType::kI64)},
+      {"empty", Tensor::Full({0, 2}, 1.0, DType::kF32)},
+      {"t", Tensor::Full({3, 2}, 2.0, DType::kF32).Transpose(0, 1)}};  // not contiguous
+  const std::map<std::string, std::string> metadata = {{"step", "3"}, {"shard", "0 of 2"}};
+  std::map<std::string, SafetensorsEntry> entries;
+  for (const auto& [name, t] : tensors)
+    entries.emplace(name, SafetensorsEntry{t.dtype(), t.shape()});
+  std::vector<std::string> asked;
+  SaveCheckpointStreamed(path, entries, metadata, [&](const std::string& name) {
+    asked.push_back(name);
+    return tensors.at(name).Contiguous();
+  });
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes, SerializeSafetensors(tensors, metadata));
+  EXPECT_EQ(asked, (std::vector<std::string>{"a.exp_avg", "b", "empty", "i", "t", "w"}));
+  // SaveCheckpointAtomic streams the same bytes.
+  const std::string whole = dir + "/whole.safetensors";
+  SaveCheckpointAtomic(whole, tensors, metadata);
+  std::ifstream in2(whole, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in2)), std::istreambuf_iterator<char>()),
+            bytes);
+
+  // A NaN in "empty"'s successor: the file keeps the previous save, no temporary is left, and the
+  // tensors after it are not asked for.
+  Tensor bad = Tensor::Full({4}, 7.0, DType::kF32);
+  bad.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  std::map<std::string, SafetensorsEntry> with_bad = entries;
+  with_bad["i"] = SafetensorsEntry{DType::kF32, Shape({4})};
+  asked.clear();
+  try {
+    SaveCheckpointStreamed(path, with_bad, metadata, [&](const std::string& name) {
+      asked.push_back(name);
+      return name == "i" ? bad : tensors.at(name);
+    });
+    FAIL() << "a NaN was saved";
+  } catch (const NonFiniteError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("tensor 'i' holds nan at flat index 1"));
+  }
+  EXPECT_EQ(asked, (std::vector<std::string>{"a.exp_avg", "b", "empty", "i"}));
+  std::ifstream in3(path, std::ios::binary);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in3)), std::istreambuf_iterator<char>()),
+            bytes);
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    EXPECT_THAT(entry.path().filename().string(), ::testing::Not(HasSubstr(".tmp-")));
+  // A tensor made with another shape than its entry's is a bug in the caller, not a file.
+  EXPECT_THROW(
+      SaveCheckpointStreamed(path, entries, metadata, [&](const std::string&) { return bad; }),
+      InternalError);
+  std::filesystem::remove_all(dir);
+}
+
 // No save writes NaN or ±inf, so one in a file is damage: loading it is an IoError naming the
 // tensor, not weights that diverge at the first step.
 TEST(Checkpoint, ATensorHoldingNanOrInfIsRefusedWhenLoaded) {

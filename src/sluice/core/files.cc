@@ -125,6 +125,11 @@ void WriteAll(int fd, std::string_view bytes, std::string_view what, const std::
 }  // namespace
 
 void WriteFileAtomic(std::string_view what, const std::string& path, std::string_view bytes) {
+  WriteFileAtomic(what, path, [&](const ByteSink& sink) { sink(bytes); });
+}
+
+void WriteFileAtomic(std::string_view what, const std::string& path,
+                     const std::function<void(const ByteSink& sink)>& write) {
   // lstat: a symbolic link is replaced itself, like a regular file (as for checkpoints), so that
   // a link to a pipe without a reader does not block the write.
   struct stat st;
@@ -133,7 +138,7 @@ void WriteFileAtomic(std::string_view what, const std::string& path, std::string
     // A device or pipe: written in place (there is no file to keep).
     Fd f{::open(path.c_str(), O_WRONLY | O_CLOEXEC)};
     if (f.fd < 0) FailSave(what, path, "cannot open");
-    WriteAll(f.fd, bytes, what, path);
+    write([&](std::string_view bytes) { WriteAll(f.fd, bytes, what, path); });
     const int closed = ::close(f.fd);
     f.fd = -1;
     if (closed != 0) FailSave(what, path, "close failed");
@@ -150,7 +155,7 @@ void WriteFileAtomic(std::string_view what, const std::string& path, std::string
     FailSave(what, path, how);
   };
   try {
-    WriteAll(fd, bytes, what, path);
+    write([&](std::string_view bytes) { WriteAll(fd, bytes, what, path); });
   } catch (...) {
     const int saved = errno;
     ::close(fd);

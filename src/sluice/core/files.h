@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,6 +60,17 @@ void CheckReplaceable(std::string_view what, const std::string& path);
 // temporaries of `path` first (RemoveStaleTemporaries). `what` names the file in messages: IoError
 // "cannot save WHAT 'PATH': cannot create 'PATH.tmp-42' (No such file or directory)".
 void WriteFileAtomic(std::string_view what, const std::string& path, std::string_view bytes);
+
+// The bytes of a file given piece by piece: WriteFileAtomic calls `write` once, and `write` hands
+// each piece to `sink` in order (the sink writes it out before returning, so the caller may drop
+// the piece). An exception thrown by `write` (or by `sink`) removes the temporary and propagates:
+// `path` keeps what it held.
+using ByteSink = std::function<void(std::string_view)>;
+
+// WriteFileAtomic of the bytes `write` hands to its sink: the same file, written as it is made, so
+// that no more than a piece is held at once.
+void WriteFileAtomic(std::string_view what, const std::string& path,
+                     const std::function<void(const ByteSink& sink)>& write);
 
 // Removes "<path>.tmp-<pid>" files left by a process killed while writing `path` atomically: those
 // of a pid that no longer runs (and of this process). A live process's temporary is left alone.

@@ -81,7 +81,36 @@ void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& t
 void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
                           const std::map<std::string, std::string>& metadata) {
   CheckFinite(path, tensors);
-  SaveFileAtomic(path, SerializeSafetensors(tensors, metadata));
+  // Streamed from the tensors: the save holds no serialized copy of them.
+  std::map<std::string, SafetensorsEntry> entries;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' is undefined", name));
+    }
+    entries.emplace(name, SafetensorsEntry{t.dtype(), t.shape()});
+  }
+  SaveCheckpointStreamed(path, entries, metadata,
+                         [&](const std::string& name) { return tensors.at(name); });
+}
+
+void SaveCheckpointStreamed(const std::string& path,
+                            const std::map<std::string, SafetensorsEntry>& entries,
+                            const std::map<std::string, std::string>& metadata,
+                            const std::function<Tensor(const std::string&)>& tensor) {
+  const std::string header = SafetensorsHeaderBytes(entries, metadata);
+  CheckReplaceable("checkpoint", path);  // the rename would replace a device or pipe at `path`
+  WriteFileAtomic("checkpoint", path, [&](const ByteSink& sink) {
+    sink(header);
+    for (const auto& [name, entry] : entries) {
+      const Tensor t = tensor(name).Contiguous();
+      SLUICE_CHECK(t.dtype() == entry.dtype && t.shape() == entry.shape,
+                   "checkpoint '{}': tensor '{}' made as {}{}, its header says {}{}", path, name,
+                   Name(t.dtype()), t.shape().ToString(), Name(entry.dtype),
+                   entry.shape.ToString());
+      CheckFinite(path, {{name, t}});
+      if (t.nbytes() > 0) sink({static_cast<const char*>(t.raw_data()), t.nbytes()});
+    }
+  });
 }
 
 std::string CheckpointIndexPath(const std::string& path) { return path + ".index.json"; }

@@ -31,6 +31,7 @@
 
 #include "sluice/core/allocator.h"
 #include "sluice/core/tensor.h"
+#include "sluice/io/safetensors.h"
 
 namespace sluice {
 
@@ -44,6 +45,23 @@ struct Checkpoint {
 // diverged run never replaces a good checkpoint. Removes stale temporaries of `path` first.
 void SaveCheckpointAtomic(const std::string& path, const std::map<std::string, Tensor>& tensors,
                           const std::map<std::string, std::string>& metadata);
+
+// SaveCheckpointAtomic of tensors made one at a time, so that a save holds one tensor beside the
+// file, not the whole state: `tensor(name)` is called once for each name of `entries`, in name
+// order, and what it returns is checked, written and dropped before the next call. The file is
+// byte for byte SaveCheckpointAtomic's of the same tensors. A tensor holding NaN or ±inf throws
+// NonFiniteError naming it and the temporary is removed (nothing written) — the calls for the
+// names after it are not made; a tensor whose dtype or shape is not its entry's is an internal
+// error. The tensors the caller hands over are its own: tensor() may return a view of one it keeps.
+// Example (replica 0 of a sharded optimizer gathers each state tensor as it is written,
+// pipeline/pipeline_engine.cc):
+//   std::map<std::string, SafetensorsEntry> entries = {{"w", {DType::kF32, Shape({512, 128})}}};
+//   SaveCheckpointStreamed(path, entries, metadata,
+//                          [&](const std::string& name) { return gather(name); });
+void SaveCheckpointStreamed(const std::string& path,
+                            const std::map<std::string, SafetensorsEntry>& entries,
+                            const std::map<std::string, std::string>& metadata,
+                            const std::function<Tensor(const std::string&)>& tensor);
 
 // NonFiniteError naming `path`, the first tensor holding NaN or ±inf and its flat index.
 void CheckFinite(const std::string& path, const std::map<std::string, Tensor>& tensors);

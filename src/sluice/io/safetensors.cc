@@ -289,25 +289,20 @@ std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& pa
   return Reader(bytes, path).Metadata(size - 8 - header_len);
 }
 
-std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,
-                                 const std::map<std::string, std::string>& metadata) {
+std::string SafetensorsHeaderBytes(const std::map<std::string, SafetensorsEntry>& entries,
+                                   const std::map<std::string, std::string>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  std::vector<Tensor> contiguous;
-  for (const auto& [name, t] : tensors) {
+  for (const auto& [name, e] : entries) {
     if (name.empty() || name == "__metadata__") {
       throw InvalidArgument(fmt::format("safetensors: '{}' cannot name a tensor", name));
     }
-    if (!t.defined()) {
-      throw InvalidArgument(fmt::format("safetensors: tensor '{}' is undefined", name));
-    }
-    contiguous.push_back(t.Contiguous());
-    header[name] = {
-        {"dtype", SafetensorsName(t.dtype())},
-        {"shape", std::vector<int64_t>(t.shape().dims().begin(), t.shape().dims().end())},
-        {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
+    const uint64_t nbytes = static_cast<uint64_t>(e.shape.numel()) * SizeOf(e.dtype);
+    header[name] = {{"dtype", SafetensorsName(e.dtype)},
+                    {"shape", std::vector<int64_t>(e.shape.dims().begin(), e.shape.dims().end())},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -315,7 +310,24 @@ std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,
   std::string out(8, '\0');
   std::memcpy(out.data(), &header_len, 8);
   out += text;
-  out.reserve(out.size() + offset);
+  return out;
+}
+
+std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,
+                                 const std::map<std::string, std::string>& metadata) {
+  std::map<std::string, SafetensorsEntry> entries;
+  std::vector<Tensor> contiguous;
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) {
+      throw InvalidArgument(fmt::format("safetensors: tensor '{}' is undefined", name));
+    }
+    entries.emplace(name, SafetensorsEntry{t.dtype(), t.shape()});
+    contiguous.push_back(t.Contiguous());
+    bytes += t.nbytes();
+  }
+  std::string out = SafetensorsHeaderBytes(entries, metadata);
+  out.reserve(out.size() + bytes);
   for (const Tensor& t : contiguous) {
     if (t.nbytes() > 0) out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
   }

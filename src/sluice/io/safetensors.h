@@ -52,6 +52,19 @@ SafetensorsFile ReadSafetensors(const std::string& path, Allocator& allocator = 
 // that follow the header (a file cut short in its data is refused without reading the data).
 std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& path);
 
+// A tensor of a file written one tensor at a time (io/checkpoint.h SaveCheckpointStreamed): what
+// the header says of it before its bytes exist.
+struct SafetensorsEntry {
+  DType dtype;
+  Shape shape;
+};
+
+// The bytes before the data buffer of a file holding tensors of `entries`: the header's length and
+// the header, padded, exactly as SerializeSafetensors writes them. The data buffer that follows is
+// each entry's bytes in name order. Throws InvalidArgument for a name SerializeSafetensors refuses.
+std::string SafetensorsHeaderBytes(const std::map<std::string, SafetensorsEntry>& entries,
+                                   const std::map<std::string, std::string>& metadata = {});
+
 // The bytes of a safetensors file holding `tensors` (non-contiguous ones are written contiguous).
 // Throws InvalidArgument for a name that is empty or "__metadata__", or an undefined tensor.
 std::string SerializeSafetensors(const std::map<std::string, Tensor>& tensors,

@@ -179,13 +179,18 @@ struct PipelineEngine::Impl {
   int replica() const { return world_rank() / options.stages; }
 
   std::vector<StageStep> RunLocal(int64_t step, int64_t first_batch, double lr, bool trace);
-  // Sharded optimizer (ZeRO stage 1), for a checkpoint: the whole optimizer state of the
-  // parameters this stage owns, gathered over the data-parallel communicator from every
-  // replica's slice (`state`: this rank's State()) onto replica 0, in the heap (DefaultAllocator,
-  // outside the stage's allocator and its budget; docs/memory.md says what a save holds).
-  // Replica 0 gets every owned state tensor whole, by name; the other replicas send their slices
-  // and get nothing. Collective over the stage's replicas.
-  std::map<std::string, Tensor> GatherOptimizerState(const std::map<std::string, Tensor>& state);
+  // Sharded optimizer (ZeRO stage 1), for a checkpoint: the optimizer state tensors of the
+  // parameters this stage owns (`names`, in the order the shard's file holds them), each gathered
+  // whole over the data-parallel communicator from every replica's slice onto replica 0 — one
+  // tensor at a time, as the file is written. On replica 0, `gather(name)` returns the tensor
+  // whole (in the heap, DefaultAllocator, outside the stage's allocator and its budget), the
+  // names in `names` order; before returning, GatherOptimizerState drains the gathers of the names
+  // `write` did not ask for (a write that failed part way), so that no replica waits on a send.
+  // The other replicas send their slices of `state` (this rank's State()) and `write` is not
+  // called. Collective over the stage's replicas.
+  void GatherOptimizerState(
+      const std::map<std::string, Tensor>& state, const std::vector<std::string>& names,
+      const std::function<void(const std::function<Tensor(const std::string&)>& gather)>& write);
   StageStep RunDistributed(int64_t step, int64_t first_batch, double lr, bool trace);
   // Sums `t` over the world ranks in place (collective). A timeout — a rank or its host is gone —
   // is rethrown saying where this rank stood: "stage S of replica R <what>: <the timeout>".
@@ -1054,48 +1059,57 @@ int PipelineEngine::AgreeOnStop(int mine, int64_t next_step) {
   return 0;
 }
 
-std::map<std::string, Tensor> PipelineEngine::Impl::GatherOptimizerState(
-    const std::map<std::string, Tensor>& state) {
+void PipelineEngine::Impl::GatherOptimizerState(
+    const std::map<std::string, Tensor>& state, const std::vector<std::string>& names,
+    const std::function<void(const std::function<Tensor(const std::string&)>& gather)>& write) {
   Communicator& data = *options.distributed->data;
   const int D = data.size();
   const int me = data.rank();  // the replica: the data communicator is split by replica
-  std::map<std::string, Tensor> whole;
-  std::vector<Request> sends;
-  int tag = 0;
+  // Each state tensor's shape, its parameter's; its tag is its place in `names`.
+  std::map<std::string, Shape> shape;
   for (const std::string& name : owned[stage()]) {
     const auto spec = std::find_if(params.begin(), params.end(),
                                    [&](const ParamSpec& p) { return p.name == name; });
     SLUICE_CHECK(spec != params.end(), "stage {} owns '{}', which the model does not", stage(),
                  name);
-    const int64_t numel = spec->shape.numel();
-    for (const std::string& o : OptimizerStateNames(*spec, setup.config->optimizer)) {
-      const int t = tag++ % (kMaxTag + 1);
-      const Tensor& slice = state.at(o);
-      if (me != 0) {
-        sends.push_back(data.Isend(slice, 0, t));
-        continue;
-      }
-      // One tensor at a time: its D − 1 slices are received (a receive's buffer is allocated
-      // when it is posted), copied into place and freed before the next tensor's are posted.
-      Tensor full = Tensor::Empty(spec->shape, DType::kF32, DefaultAllocator());
-      const Tensor flat = full.Reshape({numel});
-      const ShardRange mine = OptimizerShard(numel, 0, D);
-      flat.Slice(0, mine.begin, mine.end).CopyFrom(slice);
-      std::vector<Request> receives;
-      for (int r = 1; r < D; ++r) {
-        const ShardRange range = OptimizerShard(numel, r, D);
-        receives.push_back(
-            data.Irecv(r, t, DType::kF32, Shape({range.size()}), DefaultAllocator()));
-      }
-      for (int r = 1; r < D; ++r) {
-        const ShardRange range = OptimizerShard(numel, r, D);
-        flat.Slice(0, range.begin, range.end).CopyFrom(receives[r - 1].Wait());
-      }
-      whole.emplace(o, std::move(full));
-    }
+    for (const std::string& o : OptimizerStateNames(*spec, setup.config->optimizer))
+      shape.emplace(o, spec->shape);
   }
-  for (Request& s : sends) s.Wait();
-  return whole;
+  auto tag = [&](size_t i) { return static_cast<int>(i % (kMaxTag + 1)); };
+  if (me != 0) {
+    std::vector<Request> sends;
+    for (size_t i = 0; i < names.size(); ++i)
+      sends.push_back(data.Isend(state.at(names[i]), 0, tag(i)));
+    for (Request& s : sends) s.Wait();
+    return;
+  }
+  size_t next = 0;  // the index in `names` of the next tensor to gather
+  // One tensor: its D − 1 other slices are received one replica at a time (a receive's buffer is
+  // allocated when it is posted), each copied into place and freed before the next is posted.
+  auto gather = [&](const std::string& name) {
+    SLUICE_CHECK(next < names.size() && names[next] == name,
+                 "the sharded save gathers '{}' out of order", name);
+    const int t = tag(next++);
+    const Shape& whole = shape.at(name);
+    const int64_t n = whole.numel();
+    Tensor full = Tensor::Empty(whole, DType::kF32, DefaultAllocator());
+    const Tensor flat = full.Reshape({n});
+    const ShardRange mine = OptimizerShard(n, 0, D);
+    flat.Slice(0, mine.begin, mine.end).CopyFrom(state.at(name));
+    for (int r = 1; r < D; ++r) {
+      const ShardRange range = OptimizerShard(n, r, D);
+      Request receive = data.Irecv(r, t, DType::kF32, Shape({range.size()}), DefaultAllocator());
+      flat.Slice(0, range.begin, range.end).CopyFrom(receive.Wait());
+    }
+    return full;
+  };
+  try {
+    write(gather);
+  } catch (...) {
+    while (next < names.size()) gather(names[next]);  // drained: the senders complete
+    throw;
+  }
+  while (next < names.size()) gather(names[next]);
 }
 
 // Distributed: a shard per stage (replica 0's ranks write their own), then the leader's index.
@@ -1131,25 +1145,47 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
     return ranks;
   };
   const std::map<std::string, Tensor> state = State();
-  // A sharded optimizer's slices are gathered whole to replica 0, which writes the stage's shard
-  // as an unsharded run does: the checkpoint is the same whatever D and --shard-optimizer.
-  const std::map<std::string, Tensor> gathered =
-      sharded_optimizer() ? impl.GatherOptimizerState(state) : std::map<std::string, Tensor>();
-  if (impl.replica() == 0) {
+  // The stage's shard: its parameters and their optimizer state, written one tensor at a time. A
+  // tied parameter's copies are equal: the shard of the stage owning it holds it once.
+  std::map<std::string, SafetensorsEntry> entries;
+  std::vector<std::string> sharded;  // the optimizer state tensors gathered whole, in file order
+  for (const std::string& p : impl.owned[impl.stage()]) {
+    const Tensor& param = state.at(p);
+    entries.emplace(p, SafetensorsEntry{param.dtype(), param.shape()});
+    for (const std::string& o : state_names(p)) {
+      // A sharded optimizer's slices are gathered whole to replica 0, which writes the stage's
+      // shard as an unsharded run does: the checkpoint is the same whatever D and
+      // --shard-optimizer.
+      const Tensor& t = state.at(o);
+      entries.emplace(o,
+                      SafetensorsEntry{t.dtype(), sharded_optimizer() ? param.shape() : t.shape()});
+    }
+  }
+  if (sharded_optimizer()) {
+    for (const auto& [name, entry] : entries) {
+      if (std::find(impl.owned[impl.stage()].begin(), impl.owned[impl.stage()].end(), name) ==
+          impl.owned[impl.stage()].end())
+        sharded.push_back(name);
+    }
+  }
+  // Writes the shard, each optimizer state tensor from `gather` when sharded.
+  auto write = [&](const std::function<Tensor(const std::string&)>& gather) {
     std::map<std::string, std::string> shard_metadata = metadata;
     shard_metadata["shard"] = fmt::format("{} of {}", impl.stage(), P);
+    const std::set<std::string> gathered(sharded.begin(), sharded.end());
     try {
-      // A tied parameter's copies are equal: the shard of the stage owning it holds it once.
-      std::map<std::string, Tensor> shard;
-      for (const std::string& p : impl.owned[impl.stage()]) {
-        shard.emplace(p, state.at(p));
-        for (const std::string& o : state_names(p))
-          shard.emplace(o, gathered.empty() ? state.at(o) : gathered.at(o));
-      }
-      SaveCheckpointAtomic(CheckpointShardPath(path, impl.stage(), P, step), shard, shard_metadata);
+      SaveCheckpointStreamed(CheckpointShardPath(path, impl.stage(), P, step), entries,
+                             shard_metadata, [&](const std::string& name) {
+                               return gathered.contains(name) ? gather(name) : state.at(name);
+                             });
     } catch (const IoError& e) {
       mine = e.what();
     }
+  };
+  if (sharded_optimizer()) {
+    impl.GatherOptimizerState(state, sharded, write);
+  } else if (impl.replica() == 0) {
+    write(nullptr);
   }
   // Names what the failed ranks were writing, for the ranks that did not fail.
   auto others = [&](const std::vector<int>& failed, bool index) {

@@ -8,6 +8,7 @@ peaks and tokens/s are set beside the unbudgeted batch-16 run:
   pipeline-micro   4 stages 1f1b, 8 micro-batches: the micro-batch grows with the batch
   pipeline-accum   4 stages 1f1b, micro-batches of 2 sequences: the number of micro-batches grows
   one-stage        no pipeline, one micro-batch
+  one-stage-accum  no pipeline, micro-batches of 16 sequences (gradients accumulated in place)
 Then one stage beside PyTorch 1.13 (bench/torch_train.py) in the same session: batch 16 without
 and with torch.utils.checkpoint per block, batch 48 with it (against --recompute full, also with
 the unfused head and with gradients added apart, to show what each lever takes off).
@@ -48,20 +49,22 @@ def main():
         f.write(bytes(random.randrange(256) for _ in range(1 << 20)))
     base = f"{sluice} {{cmd}} --data {data} {MODEL}"
 
+    every = (24, 32, 40, 48, 56, 64, 80, 96, 128)
     cases = [
-        ("pipeline-micro", "--stages 4 --schedule 1f1b --microbatches 8", lambda b: f"--batch {b}"),
+        ("pipeline-micro", "--stages 4 --schedule 1f1b --microbatches 8", lambda b: f"--batch {b}", every),
         ("pipeline-accum", "--stages 4 --schedule 1f1b",
-         lambda b: f"--batch {b} --microbatches {b // 2}"),
-        ("one-stage", "", lambda b: f"--batch {b} --microbatches 1"),
+         lambda b: f"--batch {b} --microbatches {b // 2}", every),
+        ("one-stage", "", lambda b: f"--batch {b} --microbatches 1", every),
+        ("one-stage-accum", "", lambda b: f"--batch {b} --microbatches {b // 16}", (32, 48, 64, 80, 96, 128)),
     ]
-    for name, job, size in cases:
+    for name, job, size, batches in cases:
         plan = run(base.format(cmd="plan") + f" {job} {size(16)} --recompute none --format json")
         if plan.returncode != 0:
             sys.exit(f"{name}: sluice plan failed: {plan.stderr}")
         budget = [s["predicted_peak_allocated_bytes"] for s in json.loads(plan.stdout)["stages"]]
         budget_arg = ",".join(str(b) for b in budget)
         largest, policies = 16, None
-        for batch in (24, 32, 40, 48, 56, 64, 80, 96, 128):
+        for batch in batches:
             fit = run(base.format(cmd="plan") + f" {job} {size(batch)} --memory-budget {budget_arg} --format json")
             if fit.returncode != 0:
                 break

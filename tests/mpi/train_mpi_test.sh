@@ -8,8 +8,9 @@
 #             signal, the sharded run saves its checkpoint and it resumes bitwise; without
 #             data parallelism the flag is a clear error
 #   zero-resume  --shard-optimizer with --save and --resume (P = 2 × D = 2): the checkpoint holds
-#             each stage's whole optimizer state (the replicas' slices gathered), byte for byte the
-#             files the unsharded run writes, so it resumes
+#             each stage's whole optimizer state (the replicas' slices gathered as each shard is
+#             streamed), byte for byte the files the unsharded run writes; a shard that cannot be
+#             written is rescued (gathered again) and resumes bitwise; the checkpoint resumes
 #             bitwise sharded on the same D, unsharded on the same D, and sharded on P = 1 × D = 2
 #             (only P changes); unsharded on P = 2 × D = 1 within 1e-6 (D changes, the same global
 #             batch); an unsharded P = 2 checkpoint resumes sharded on P = 1 × D = 2 within 1e-6;
@@ -300,6 +301,16 @@ PY
     for f in ck-step2-stage0-of-2.safetensors ck-step2-stage1-of-2.safetensors ck.safetensors.index.json; do
       cmp "$dir/$f" "$dir/u/$f" || fail "$f differs from the unsharded run's"
     done
+    # A shard that cannot be written (a folder has its name): every rank learns it, the state is
+    # gathered again into the rescue checkpoint, and that resumes bitwise.
+    mkdir -p "$dir/r/ck-step2-stage1-of-2.safetensors"
+    mpi 4 "${zero[@]}" --steps 2 --save "$dir/r/ck.safetensors" --metrics "$dir/r/part.jsonl" \
+      >"$dir/r/out" 2>&1 && fail "a sharded save that failed on one rank exited 0"
+    grep -F -q "is saved to '$dir/r/ck.safetensors.rescue-step2.safetensors' instead" "$dir/r/out" \
+      || { cat "$dir/r/out"; fail "the sharded save's error does not say where the state went"; }
+    mpi 4 "${zero[@]}" --steps 4 --resume "$dir/r/ck.safetensors.rescue-step2.safetensors" \
+      --metrics "$dir/r/resumed.jsonl" || fail "resume from the sharded rescue"
+    continues "$dir/whole.jsonl" "$dir/r/resumed.jsonl" || fail "the sharded rescue does not resume bitwise"
     # The same D, sharded and unsharded; only P changing (P = 1 × D = 2, sharded): bit for bit.
     mpi 4 "${zero[@]}" --steps 4 --resume "$dir/ck.safetensors" --metrics "$dir/same.jsonl" || fail "resume sharded"
     continues "$dir/whole.jsonl" "$dir/same.jsonl" || fail "the sharded resume differs"

@@ -86,6 +86,8 @@ void BM_GemmPrecision(benchmark::State& state, Impl impl, Product p) {
       .m = p.m,
       .n = p.n,
       .k = p.k};
+  std::vector<float> scratch(
+      static_cast<size_t>(impl == Impl::kSluiceBf16 ? kernels::Bf16GemmScratchFloats(shape) : 0));
   if (impl == Impl::kSluiceBf16) {
     state.SetLabel(kernels::Bf16GemmEngine());
   } else if (impl != Impl::kOpenBlasF32) {
@@ -104,7 +106,7 @@ void BM_GemmPrecision(benchmark::State& state, Impl impl, Product p) {
         kernels::OneDnnGemm(shape, a16.data(), b16.data(), c.data());
         break;
       case Impl::kSluiceBf16:
-        kernels::Bf16Gemm(shape, a16.data(), b16.data(), c.data());
+        kernels::Bf16Gemm(shape, a16.data(), b16.data(), c.data(), scratch.data());
         break;
     }
     benchmark::DoNotOptimize(c.data());

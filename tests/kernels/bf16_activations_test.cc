@@ -110,7 +110,8 @@ TEST_P(Bf16Activations, PackedAttentionIsTheF32KernelBetweenConversions) {
   const std::vector<float> qf = Widened(qkv);
   std::vector<BFloat16> y(static_cast<size_t>(out));
   std::vector<float> lse(static_cast<size_t>(stats)), yf(y.size()), want_lse(lse.size());
-  CausalAttentionQkvBF16Fast(qkv.data(), y.data(), lse.data(), n, scale);
+  std::vector<float> scratch(static_cast<size_t>(CausalAttentionQkvBF16ScratchFloats(n)));
+  CausalAttentionQkvBF16Fast(qkv.data(), y.data(), lse.data(), n, scale, scratch.data());
   const AttentionLayout l_in = AttentionLayout::Packed(n.heads, n.t, n.c, 3 * n.c);
   const AttentionLayouts layouts{l_in, l_in, AttentionLayout::Packed(n.heads, n.t, n.c, n.c)};
   CausalAttentionFast<float>(qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(),
@@ -122,7 +123,7 @@ TEST_P(Bf16Activations, PackedAttentionIsTheF32KernelBetweenConversions) {
   const std::vector<float> y_wide = Widened(y);
   std::vector<float> dqkv(static_cast<size_t>(in)), want(dqkv.size());
   CausalAttentionQkvGradBF16Fast(dy.data(), dlse.data(), qkv.data(), y.data(), lse.data(),
-                                 dqkv.data(), n, scale);
+                                 dqkv.data(), n, scale, scratch.data());
   CausalAttentionGradFast<float>(dy.data(), dlse.data(), qf.data(), qf.data() + n.c,
                                  qf.data() + 2 * n.c, y_wide.data(), lse.data(), want.data(),
                                  want.data() + n.c, want.data() + 2 * n.c, n.sequences * n.heads,

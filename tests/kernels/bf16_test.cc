@@ -191,14 +191,15 @@ TEST(Bf16Gemm, MatchesTheTripleLoopOverSeveralBlocksOfK) {
         std::vector<float> a = Uniform(m * k, 11), b = Uniform(k * n, 12);
         const std::vector<BFloat16> a16 = RoundToBF16(a), b16 = RoundToBF16(b);
         std::vector<float> c(static_cast<size_t>(m * n), 0.25f);
-        Bf16Gemm({.dtype = DType::kBF16,
-                  .transpose_a = ta,
-                  .transpose_b = tb,
-                  .m = m,
-                  .n = n,
-                  .k = k,
-                  .accumulate = accumulate},
-                 a16.data(), b16.data(), c.data());
+        const OneDnnGemmShape shape{.dtype = DType::kBF16,
+                                    .transpose_a = ta,
+                                    .transpose_b = tb,
+                                    .m = m,
+                                    .n = n,
+                                    .k = k,
+                                    .accumulate = accumulate};
+        std::vector<float> scratch(static_cast<size_t>(Bf16GemmScratchFloats(shape)));
+        Bf16Gemm(shape, a16.data(), b16.data(), c.data(), scratch.data());
         const std::vector<double> want = Product(a, b, ta, tb, m, n, k);
         for (int64_t i = 0; i < m * n; ++i) {
           ASSERT_NEAR(c[i], want[i] + (accumulate ? 0.25 : 0.0), 1e-3)

@@ -14,12 +14,38 @@ namespace sluice::kernels {
 
 namespace {
 
-// The calling thread's f32 scratch `slot` (0 or 1), at least n elements, kept from call to call.
-float* Scratch(int slot, int64_t n) {
-  thread_local std::vector<float> buffers[2];
-  std::vector<float>& b = buffers[slot];
-  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
-  return b.data();
+// The elementwise and row kernels widen kStackFloats elements at a time into a buffer on the
+// calling thread's stack (16 KiB: it stays in L1 between the widening, the f32 kernel and the
+// rounding). A multiple of 64, so every element meets the vector code it meets in f32.
+constexpr int64_t kStackFloats = 4096;
+
+// Calls fn(begin, end) over [0, n) in pieces of at most `piece` elements.
+template <typename F>
+void InPieces(int64_t n, int64_t piece, F&& fn) {
+  for (int64_t begin = 0; begin < n; begin += piece) fn(begin, std::min(n, begin + piece));
+}
+
+// Rows [begin, end) of a [rows, cols] bf16 matrix through fn(row0, rows, xf): each group of rows
+// that fits kStackFloats widened into a stack buffer xf (f32, the group's rows packed), which fn
+// may overwrite. A row longer than kStackFloats takes a heap buffer of one row (the only scratch
+// of these kernels outside the stack: channels past 4096).
+template <typename F>
+void WidenedRows(const BFloat16* x, int64_t begin, int64_t end, int64_t cols, F&& fn) {
+  if (cols > kStackFloats) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = begin; r < end; ++r) {
+      FromBF16Fast(x + r * cols, row.data(), cols);
+      fn(r, int64_t{1}, row.data());
+    }
+    return;
+  }
+  alignas(64) float xf[kStackFloats];
+  const int64_t group = kStackFloats / std::max<int64_t>(1, cols);
+  for (int64_t r = begin; r < end; r += group) {
+    const int64_t rows = std::min(group, end - r);
+    FromBF16Fast(x + r * cols, xf, rows * cols);
+    fn(r, rows, xf);
+  }
 }
 
 // A whole f32 copy of x (the references).
@@ -41,11 +67,12 @@ void GeluBF16Fast(const BFloat16* x, BFloat16* y, int64_t n) {
   // The f32 kernel's chunks (multiples of 64 elements), so every element meets the vector code
   // it meets in f32.
   ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
-    const int64_t m = end - begin;
-    float* xf = Scratch(0, m);
-    FromBF16Fast(x + begin, xf, m);
-    Simd<float>().gelu(xf, xf, m);
-    ToBF16Fast(xf, y + begin, m);
+    alignas(64) float xf[kStackFloats];
+    InPieces(end - begin, kStackFloats, [&](int64_t b, int64_t e) {
+      FromBF16Fast(x + begin + b, xf, e - b);
+      Simd<float>().gelu(xf, xf, e - b);
+      ToBF16Fast(xf, y + begin + b, e - b);
+    });
   });
 }
 
@@ -56,10 +83,11 @@ void GeluGradBF16Reference(const float* dy, const BFloat16* x, float* dx, int64_
 
 void GeluGradBF16Fast(const float* dy, const BFloat16* x, float* dx, int64_t n) {
   ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
-    const int64_t m = end - begin;
-    float* xf = Scratch(0, m);
-    FromBF16Fast(x + begin, xf, m);
-    Simd<float>().gelu_grad(dy + begin, xf, dx + begin, m);
+    alignas(64) float xf[kStackFloats];
+    InPieces(end - begin, kStackFloats, [&](int64_t b, int64_t e) {
+      FromBF16Fast(x + begin + b, xf, e - b);
+      Simd<float>().gelu_grad(dy + begin + b, xf, dx + begin + b, e - b);
+    });
   });
 }
 
@@ -73,12 +101,13 @@ void LayerNormBF16Reference(const BFloat16* x, const float* weight, const float*
 
 void LayerNormBF16Fast(const BFloat16* x, const float* weight, const float* bias, BFloat16* y,
                        int64_t rows, int64_t cols, float eps) {
+  // In place in the widened rows: the f32 kernel reads a row's statistics before it writes the
+  // row, and each element before writing it.
   ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
-    const int64_t at = begin * cols, m = (end - begin) * cols;
-    float *xf = Scratch(0, m), *yf = Scratch(1, m);
-    FromBF16Fast(x + at, xf, m);
-    Simd<float>().layer_norm(xf, weight, bias, yf, end - begin, cols, eps);
-    ToBF16Fast(yf, y + at, m);
+    WidenedRows(x, begin, end, cols, [&](int64_t r, int64_t n, float* xf) {
+      Simd<float>().layer_norm(xf, weight, bias, xf, n, cols, eps);
+      ToBF16Fast(xf, y + r * cols, n * cols);
+    });
   });
 }
 
@@ -91,10 +120,10 @@ void LayerNormGradXBF16Reference(const float* dy, const BFloat16* x, const float
 void LayerNormGradXBF16Fast(const float* dy, const BFloat16* x, const float* weight, float* dx,
                             int64_t rows, int64_t cols, float eps) {
   ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
-    const int64_t at = begin * cols, m = (end - begin) * cols;
-    float* xf = Scratch(0, m);
-    FromBF16Fast(x + at, xf, m);
-    Simd<float>().layer_norm_grad_x(dy + at, xf, weight, dx + at, end - begin, cols, eps);
+    WidenedRows(x, begin, end, cols, [&](int64_t r, int64_t n, float* xf) {
+      const int64_t at = r * cols;
+      Simd<float>().layer_norm_grad_x(dy + at, xf, weight, dx + at, n, cols, eps);
+    });
   });
 }
 
@@ -111,11 +140,11 @@ void LayerNormGradParamsBF16Fast(const float* dy, const BFloat16* x, float* dwei
   const int64_t chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
   std::vector<float> partials(static_cast<size_t>(chunks * 2 * cols), 0.0f);
   ParallelFor(rows, chunk, [&](int64_t begin, int64_t end) {
+    // The chunk's rows in groups, added into its partial in row order as in one call.
     float* pw = partials.data() + (begin / chunk) * 2 * cols;
-    const int64_t at = begin * cols, m = (end - begin) * cols;
-    float* xf = Scratch(0, m);
-    FromBF16Fast(x + at, xf, m);
-    Simd<float>().layer_norm_grad_params(dy + at, xf, pw, pw + cols, end - begin, cols, eps);
+    WidenedRows(x, begin, end, cols, [&](int64_t r, int64_t n, float* xf) {
+      Simd<float>().layer_norm_grad_params(dy + r * cols, xf, pw, pw + cols, n, cols, eps);
+    });
   });
   std::fill_n(dweight, cols, 0.0f);
   std::fill_n(dbias, cols, 0.0f);
@@ -146,19 +175,19 @@ void CausalAttentionQkvBF16Reference(const BFloat16* qkv, BFloat16* y, float* ls
   ToBF16Reference(yf.data(), y, out);
 }
 
-// One sequence at a time: its qkv widened, the f32 kernel over its heads (on the intra-op
-// threads), its y rounded. The scratch is the calling thread's; the kernel's own threads do not
-// touch it.
+int64_t CausalAttentionQkvBF16ScratchFloats(const PackedAttentionDims& n) { return n.t * 4 * n.c; }
+
+// One sequence at a time: its qkv widened into the scratch, the f32 kernel over its heads, its y
+// rounded (each on the intra-op threads).
 void CausalAttentionQkvBF16Fast(const BFloat16* qkv, BFloat16* y, float* lse,
-                                const PackedAttentionDims& n, float scale) {
+                                const PackedAttentionDims& n, float scale, float* scratch) {
   const int64_t in = n.t * 3 * n.c, out = n.t * n.c;
-  std::vector<float> qf(static_cast<size_t>(in)), yf(static_cast<size_t>(out));
+  float *qf = scratch, *yf = scratch + in;
   for (int64_t s = 0; s < n.sequences; ++s) {
-    FromBF16Fast(qkv + s * in, qf.data(), in);
-    CausalAttentionFast<float>(qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(),
-                               lse + s * n.heads * n.t, n.heads, n.t, n.c / n.heads, scale,
-                               PackedLayouts({1, n.t, n.c, n.heads}));
-    ToBF16Fast(yf.data(), y + s * out, out);
+    FromBF16Parallel(qkv + s * in, qf, in);
+    CausalAttentionFast<float>(qf, qf + n.c, qf + 2 * n.c, yf, lse + s * n.heads * n.t, n.heads,
+                               n.t, n.c / n.heads, scale, PackedLayouts({1, n.t, n.c, n.heads}));
+    ToBF16Parallel(yf, y + s * out, out);
   }
 }
 
@@ -174,17 +203,17 @@ void CausalAttentionQkvGradBF16Reference(const float* dy, const float* dlse, con
 
 void CausalAttentionQkvGradBF16Fast(const float* dy, const float* dlse, const BFloat16* qkv,
                                     const BFloat16* y, const float* lse, float* dqkv,
-                                    const PackedAttentionDims& n, float scale) {
+                                    const PackedAttentionDims& n, float scale, float* scratch) {
   const int64_t in = n.t * 3 * n.c, out = n.t * n.c, stats = n.heads * n.t;
-  std::vector<float> qf(static_cast<size_t>(in)), yf(static_cast<size_t>(out));
+  float *qf = scratch, *yf = scratch + in;
   for (int64_t s = 0; s < n.sequences; ++s) {
-    FromBF16Fast(qkv + s * in, qf.data(), in);
-    FromBF16Fast(y + s * out, yf.data(), out);
+    FromBF16Parallel(qkv + s * in, qf, in);
+    FromBF16Parallel(y + s * out, yf, out);
     float* dq = dqkv + s * in;
-    CausalAttentionGradFast<float>(dy + s * out, dlse == nullptr ? nullptr : dlse + s * stats,
-                                   qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(),
-                                   lse + s * stats, dq, dq + n.c, dq + 2 * n.c, n.heads, n.t,
-                                   n.c / n.heads, scale, PackedLayouts({1, n.t, n.c, n.heads}));
+    CausalAttentionGradFast<float>(dy + s * out, dlse == nullptr ? nullptr : dlse + s * stats, qf,
+                                   qf + n.c, qf + 2 * n.c, yf, lse + s * stats, dq, dq + n.c,
+                                   dq + 2 * n.c, n.heads, n.t, n.c / n.heads, scale,
+                                   PackedLayouts({1, n.t, n.c, n.heads}));
   }
 }
 

@@ -23,14 +23,18 @@
 // operands with core/dtype.h's scalar conversions and run the f32 reference kernels; the op
 // harness compares each pair, and each with the f32 op on the same values (tests/ops/).
 //
-// Scratch, outside the caching allocator (so not in the memory forecast): GELU and layer norm
-// widen a chunk of rows (about kernels/parallel.h's kChunkCost elements) into per-thread buffers
-// kept between calls; the attention allocates one sequence's qkv and y in f32 per call
-// (T·4C elements); the references allocate whole f32 copies (tests only).
+// Scratch: GELU and layer norm widen 4096 elements at a time (whole rows for layer norm) into a
+// 16 KiB buffer on the calling thread's stack — bounded, no heap, so nothing for the memory
+// forecast to count — except a layer norm row of more than 4096 channels, which takes a one-row
+// heap buffer. The attention widens one sequence's qkv and y into the caller's scratch,
+// CausalAttentionQkvBF16ScratchFloats (T·4C floats), which the ops take from
+// KernelContext::allocator (counted by the forecast: OpDef::scratch_bytes). The references
+// allocate whole f32 copies (tests only).
 //
 // Threading: as the f32 kernels (kernels/parallel.h): chunks fixed by the work, bitwise the same
 // at any thread count. The attention runs one sequence at a time, its heads on the intra-op
-// threads. Outputs must not alias inputs. Failure modes: none (the ops' inference checks shapes).
+// threads (its widening and rounding too). Outputs must not alias inputs. Failure modes: none (the
+// ops' inference checks shapes).
 //
 // Example:
 //   // h [B·T, 4C] bf16 -> g [B·T, 4C] bf16
@@ -68,13 +72,15 @@ struct PackedAttentionDims {
 
 void CausalAttentionQkvBF16Reference(const BFloat16* qkv, BFloat16* y, float* lse,
                                      const PackedAttentionDims& n, float scale);
+// The fast attention kernels' scratch (forward and backward alike).
+int64_t CausalAttentionQkvBF16ScratchFloats(const PackedAttentionDims& n);
 void CausalAttentionQkvBF16Fast(const BFloat16* qkv, BFloat16* y, float* lse,
-                                const PackedAttentionDims& n, float scale);
+                                const PackedAttentionDims& n, float scale, float* scratch);
 void CausalAttentionQkvGradBF16Reference(const float* dy, const float* dlse, const BFloat16* qkv,
                                          const BFloat16* y, const float* lse, float* dqkv,
                                          const PackedAttentionDims& n, float scale);
 void CausalAttentionQkvGradBF16Fast(const float* dy, const float* dlse, const BFloat16* qkv,
                                     const BFloat16* y, const float* lse, float* dqkv,
-                                    const PackedAttentionDims& n, float scale);
+                                    const PackedAttentionDims& n, float scale, float* scratch);
 
 }  // namespace sluice::kernels

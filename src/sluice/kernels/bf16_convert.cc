@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace sluice::kernels::HWY_NAMESPACE {
@@ -77,6 +78,16 @@ void ToBF16Fast(const float* x, BFloat16* y, int64_t n) { HWY_DYNAMIC_DISPATCH(T
 
 void FromBF16Fast(const BFloat16* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(FromBF16)(x, y, n);
+}
+
+void ToBF16Parallel(const float* x, BFloat16* y, int64_t n) {
+  ParallelFor(n, kChunkElements,
+              [&](int64_t begin, int64_t end) { ToBF16Fast(x + begin, y + begin, end - begin); });
+}
+
+void FromBF16Parallel(const BFloat16* x, float* y, int64_t n) {
+  ParallelFor(n, kChunkElements,
+              [&](int64_t begin, int64_t end) { FromBF16Fast(x + begin, y + begin, end - begin); });
 }
 
 }  // namespace sluice::kernels

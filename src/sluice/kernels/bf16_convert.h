@@ -31,4 +31,9 @@ void FromBF16Reference(const BFloat16* x, float* y, int64_t n);
 void ToBF16Fast(const float* x, BFloat16* y, int64_t n);
 void FromBF16Fast(const BFloat16* x, float* y, int64_t n);
 
+// The *Fast kernels over chunks of kernels/parallel.h's kChunkElements on the intra-op threads
+// (the `cast` op's kernels; element by element, so the same bits at any thread count).
+void ToBF16Parallel(const float* x, BFloat16* y, int64_t n);
+void FromBF16Parallel(const BFloat16* x, float* y, int64_t n);
+
 }  // namespace sluice::kernels

@@ -14,6 +14,7 @@
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/kernels/onednn_matmul.h"
+#include "sluice/kernels/parallel.h"
 
 namespace sluice::kernels {
 
@@ -51,15 +52,18 @@ bool Bf16GemmOnOneDnn() {
 }
 
 // Rows [0, rows) of a bf16 matrix with row stride ld, columns [col, col + cols), into a packed
-// f32 [rows, cols].
+// f32 [rows, cols]; chunks of rows on the intra-op threads.
 void WidenBlock(const BFloat16* x, int64_t ld, int64_t rows, int64_t col, int64_t cols,
                 float* out) {
-  for (int64_t r = 0; r < rows; ++r) FromBF16Fast(x + r * ld + col, out + r * cols, cols);
+  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) FromBF16Fast(x + r * ld + col, out + r * cols, cols);
+  });
 }
 
 // op(a)·op(b) through f32 GEMMs over blocks of k: each block of op(a)'s columns and op(b)'s rows
-// widened to f32 (exact), then multiplied and added to c.
-void WidenedGemm(const OneDnnGemmShape& s, const BFloat16* a, const BFloat16* b, float* c) {
+// widened to f32 (exact) into the scratch, then multiplied and added to c.
+void WidenedGemm(const OneDnnGemmShape& s, const BFloat16* a, const BFloat16* b, float* c,
+                 float* scratch) {
   const int64_t lda = s.lda != 0 ? s.lda : (s.transpose_a ? s.m : s.k);
   const int64_t ldb = s.ldb != 0 ? s.ldb : (s.transpose_b ? s.k : s.n);
   const int64_t ldc = s.ldc != 0 ? s.ldc : s.n;
@@ -70,27 +74,26 @@ void WidenedGemm(const OneDnnGemmShape& s, const BFloat16* a, const BFloat16* b,
     }
     return;
   }
-  thread_local std::vector<float> wa, wb;
   const int64_t block = std::min(s.k, kWidenBlock);
-  wa.resize(static_cast<size_t>(block * s.m));
-  wb.resize(static_cast<size_t>(block * s.n));
+  float* wa = scratch;
+  float* wb = scratch + block * s.m;
   for (int64_t k0 = 0; k0 < s.k; k0 += block) {
     const int64_t kb = std::min(block, s.k - k0);
     // a stored [m, k]: rows m, columns [k0, k0 + kb); stored [k, m]: rows [k0, k0 + kb).
     if (s.transpose_a) {
-      WidenBlock(a + k0 * lda, lda, kb, 0, s.m, wa.data());
+      WidenBlock(a + k0 * lda, lda, kb, 0, s.m, wa);
     } else {
-      WidenBlock(a, lda, s.m, k0, kb, wa.data());
+      WidenBlock(a, lda, s.m, k0, kb, wa);
     }
     // b stored [k, n]: rows [k0, k0 + kb); stored [n, k]: rows n, columns [k0, k0 + kb).
     if (s.transpose_b) {
-      WidenBlock(b, ldb, s.n, k0, kb, wb.data());
+      WidenBlock(b, ldb, s.n, k0, kb, wb);
     } else {
-      WidenBlock(b + k0 * ldb, ldb, kb, 0, s.n, wb.data());
+      WidenBlock(b + k0 * ldb, ldb, kb, 0, s.n, wb);
     }
     const float beta = k0 > 0 || s.accumulate ? 1.0f : 0.0f;
-    Gemm(s.transpose_a, s.transpose_b, s.m, s.n, kb, 1.0f, wa.data(), s.transpose_a ? s.m : kb,
-         wb.data(), s.transpose_b ? kb : s.n, beta, c, ldc);
+    Gemm(s.transpose_a, s.transpose_b, s.m, s.n, kb, 1.0f, wa, s.transpose_a ? s.m : kb, wb,
+         s.transpose_b ? kb : s.n, beta, c, ldc);
   }
 }
 
@@ -98,35 +101,60 @@ void WidenedGemm(const OneDnnGemmShape& s, const BFloat16* a, const BFloat16* b,
 
 const char* Bf16GemmEngine() { return Bf16GemmOnOneDnn() ? "onednn" : "openblas"; }
 
-void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c) {
+int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape) {
+  if (Bf16GemmOnOneDnn() || shape.m == 0 || shape.n == 0) return 0;
+  return std::min(shape.k, kWidenBlock) * (shape.m + shape.n);
+}
+
+void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
+              float* scratch) {
   if (Bf16GemmOnOneDnn()) {
     OneDnnGemm(shape, a, b, c);
   } else {
-    WidenedGemm(shape, a, b, c);
+    WidenedGemm(shape, a, b, c, scratch);
   }
 }
 
+namespace {
+
+// The products MatMulBF16 runs: one over every batch entry's rows, or one per batch entry.
+OneDnnGemmShape MatMulBF16Product(const MatMulDims& d, bool transpose_a, bool transpose_b) {
+  if (d.b_shared && !transpose_a) {
+    return {
+        .dtype = DType::kBF16, .transpose_b = transpose_b, .m = d.batch * d.m, .n = d.n, .k = d.k};
+  }
+  return {.dtype = DType::kBF16,
+          .transpose_a = transpose_a,
+          .transpose_b = transpose_b,
+          .m = d.m,
+          .n = d.n,
+          .k = d.k};
+}
+
+}  // namespace
+
+int64_t MatMulBF16ScratchFloats(const Shape& a, const Shape& b, bool transpose_a,
+                                bool transpose_b) {
+  const MatMulDims d = MatMulShape(a, b, transpose_a, transpose_b);
+  if (d.batch == 0) return 0;
+  return Bf16GemmScratchFloats(MatMulBF16Product(d, transpose_a, transpose_b));
+}
+
 void MatMulBF16(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
-                bool transpose_b) {
+                bool transpose_b, float* scratch) {
   const MatMulDims d = MatMulShape(a.shape(), b.shape(), transpose_a, transpose_b);
   const BFloat16* pa = a.data<BFloat16>();
   const BFloat16* pb = b.data<BFloat16>();
   float* po = out.data<float>();
+  const OneDnnGemmShape product = MatMulBF16Product(d, transpose_a, transpose_b);
   if (d.b_shared && !transpose_a) {
     // Rows of every batch entry are consecutive: one product of (batch·m) × k by k × n.
-    Bf16Gemm(
-        {.dtype = DType::kBF16, .transpose_b = transpose_b, .m = d.batch * d.m, .n = d.n, .k = d.k},
-        pa, pb, po);
+    Bf16Gemm(product, pa, pb, po, scratch);
     return;
   }
   for (int64_t bi = 0; bi < d.batch; ++bi) {
-    Bf16Gemm({.dtype = DType::kBF16,
-              .transpose_a = transpose_a,
-              .transpose_b = transpose_b,
-              .m = d.m,
-              .n = d.n,
-              .k = d.k},
-             pa + bi * d.m * d.k, d.b_shared ? pb : pb + bi * d.k * d.n, po + bi * d.m * d.n);
+    Bf16Gemm(product, pa + bi * d.m * d.k, d.b_shared ? pb : pb + bi * d.k * d.n,
+             po + bi * d.m * d.n, scratch);
   }
 }
 
@@ -135,10 +163,14 @@ void MatMulBF16Reference(const Tensor& a, const Tensor& b, const Tensor& out, bo
   MatMulReference<float>(Widened(a), Widened(b), out, transpose_a, transpose_b);
 }
 
+int64_t LinearBF16ScratchFloats(int64_t m, int64_t k, int64_t n) {
+  return Bf16GemmScratchFloats({.dtype = DType::kBF16, .m = m, .n = n, .k = k});
+}
+
 void LinearBF16(const BFloat16* x, const BFloat16* w, const float* b, float* out, int64_t m,
-                int64_t k, int64_t n) {
+                int64_t k, int64_t n, float* scratch) {
   for (int64_t i = 0; i < m; ++i) std::copy_n(b, n, out + i * n);
-  Bf16Gemm({.dtype = DType::kBF16, .m = m, .n = n, .k = k, .accumulate = true}, x, w, out);
+  Bf16Gemm({.dtype = DType::kBF16, .m = m, .n = n, .k = k, .accumulate = true}, x, w, out, scratch);
 }
 
 void LinearBF16Reference(const BFloat16* x, const BFloat16* w, const float* b, float* out,

@@ -14,18 +14,22 @@
 //             products ran at 0.55× its f32 ones (docs/benchmarks.md, "Mixed precision"), and
 //             without bf16 instructions oneDNN emulates them (0.28× on Zen 4, issue 35).
 // SLUICE_BF16_GEMM=onednn|openblas overrides the default (read once; another value throws
-// InvalidArgument naming it). The widening scratch is per thread, at most
-// kWidenBlock · (m + n) floats, outside the allocators (like OpenBLAS's own buffers).
-// The reference kernels widen each operand to f32 exactly and run the f32 reference
-// (kernels/matmul.h, linear.h): both compute the exact products of the same bf16 numbers and differ
-// by the order of f32 additions only (relative 1e-5 at the GPT's k; tests/ops/linalg_test.cc).
+// InvalidArgument naming it). The widening scratch is the caller's: *ScratchFloats(...) floats,
+// min(k, kWidenBlock) · (m + n) per product on the openblas engine (0 on onednn), which the ops
+// take from KernelContext::allocator so that the memory forecast counts them
+// (OpDef::scratch_bytes). The widening runs on the intra-op threads (kernels/parallel.h); it copies
+// values exactly, so the result does not depend on the thread count. The reference kernels widen
+// each operand to f32 exactly and run the f32 reference (kernels/matmul.h, linear.h): both compute
+// the exact products of the same bf16 numbers and differ by the order of f32 additions only
+// (relative 1e-5 at the GPT's k; tests/ops/linalg_test.cc).
 //
 // Thread-safety: plain functions over caller-owned memory; calls on disjoint outputs may run
 // concurrently. The reference kernels allocate their f32 copies.
 //
 // Example:
 //   // x [B·T, C] bf16, w [C, 4C] bf16, b [4C] f32 -> h [B·T, 4C] f32
-//   kernels::LinearBF16(x, w, b, h, B * T, C, 4 * C);
+//   std::vector<float> scratch(kernels::LinearBF16ScratchFloats(B * T, C, 4 * C));
+//   kernels::LinearBF16(x, w, b, h, B * T, C, 4 * C, scratch.data());
 #pragma once
 
 #include <cstdint>
@@ -36,19 +40,25 @@
 namespace sluice::kernels {
 
 // c[m, n] = op(a)·op(b) (+ c when shape.accumulate), a and b bf16 — OneDnnGemm's contract
-// (shape.dtype must be kBF16), on the engine Bf16GemmEngine names.
-void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c);
+// (shape.dtype must be kBF16), on the engine Bf16GemmEngine names. scratch: at least
+// Bf16GemmScratchFloats(shape) floats (may be null when that is 0).
+void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
+              float* scratch);
+int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape);
 // "onednn" or "openblas" (see above).
 const char* Bf16GemmEngine();
 inline constexpr int64_t kWidenBlock = 256;
 
+// MatMulBF16's scratch for a, b of these shapes (MatMulShape's rules).
+int64_t MatMulBF16ScratchFloats(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b);
 void MatMulBF16(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
-                bool transpose_b);
+                bool transpose_b, float* scratch);
 void MatMulBF16Reference(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
                          bool transpose_b);
 
+int64_t LinearBF16ScratchFloats(int64_t m, int64_t k, int64_t n);
 void LinearBF16(const BFloat16* x, const BFloat16* w, const float* b, float* out, int64_t m,
-                int64_t k, int64_t n);
+                int64_t k, int64_t n, float* scratch);
 void LinearBF16Reference(const BFloat16* x, const BFloat16* w, const float* b, float* out,
                          int64_t m, int64_t k, int64_t n);
 

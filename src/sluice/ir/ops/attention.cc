@@ -214,14 +214,38 @@ kernels::PackedAttentionDims BF16Dims(const PackedDims& n) {
   return {.sequences = n.sequences, .t = n.t, .c = n.c, .heads = n.heads};
 }
 
+// The bf16 kernels' f32 scratch (one sequence's qkv and y), from the executor's allocator so that
+// the memory forecast holds it (OpDef::scratch_bytes); the reference kernels take it too, to keep
+// the forecast exact for both. qkv is input `qkv_input`.
+template <int qkv_input>
+int64_t AttentionBF16ScratchBytes(std::span<const TensorType> in, const Attrs& attrs) {
+  if (in[qkv_input].dtype != DType::kBF16) return 0;
+  const PackedDims n = RequirePackedQkv(in[qkv_input].shape, attrs);
+  if (n.sequences == 0) return 0;
+  return 4 * kernels::CausalAttentionQkvBF16ScratchFloats(BF16Dims(n));
+}
+
+Tensor AttentionBF16Scratch(KernelContext& ctx, const PackedDims& n) {
+  const int64_t floats =
+      n.sequences == 0 ? 0 : kernels::CausalAttentionQkvBF16ScratchFloats(BF16Dims(n));
+  return Tensor::Empty({floats}, DType::kF32, ctx.allocator);
+}
+
 template <bool kFast>
 void AttentionQkvKernel(KernelContext& ctx) {
   const Tensor& qkv = ctx.inputs[0];
   if (qkv.dtype() == DType::kBF16) {
     const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
-    (kFast ? kernels::CausalAttentionQkvBF16Fast : kernels::CausalAttentionQkvBF16Reference)(
-        qkv.data<BFloat16>(), ctx.outputs[0].data<BFloat16>(), ctx.outputs[1].data<float>(),
-        BF16Dims(n), static_cast<float>(Scale(ctx.attrs)));
+    const Tensor scratch = AttentionBF16Scratch(ctx, n);
+    const float scale = static_cast<float>(Scale(ctx.attrs));
+    BFloat16* y = ctx.outputs[0].data<BFloat16>();
+    float* lse = ctx.outputs[1].data<float>();
+    if constexpr (kFast) {
+      kernels::CausalAttentionQkvBF16Fast(qkv.data<BFloat16>(), y, lse, BF16Dims(n), scale,
+                                          scratch.data<float>());
+    } else {
+      kernels::CausalAttentionQkvBF16Reference(qkv.data<BFloat16>(), y, lse, BF16Dims(n), scale);
+    }
     return;
   }
   DispatchFloat(qkv.dtype(), "causal_attention_qkv", [&]<typename T>() {
@@ -245,11 +269,19 @@ void AttentionQkvGradKernel(KernelContext& ctx) {
   const Tensor& qkv = ctx.inputs[2];
   if (qkv.dtype() == DType::kBF16) {
     const PackedDims n = RequirePackedQkv(qkv.shape(), ctx.attrs);
-    (kFast ? kernels::CausalAttentionQkvGradBF16Fast
-           : kernels::CausalAttentionQkvGradBF16Reference)(
-        ctx.inputs[0].data<float>(), ctx.inputs[1].data<float>(), qkv.data<BFloat16>(),
-        ctx.inputs[3].data<BFloat16>(), ctx.inputs[4].data<float>(), ctx.outputs[0].data<float>(),
-        BF16Dims(n), static_cast<float>(Scale(ctx.attrs)));
+    const Tensor scratch = AttentionBF16Scratch(ctx, n);
+    const float scale = static_cast<float>(Scale(ctx.attrs));
+    const float *dy = ctx.inputs[0].data<float>(), *dlse = ctx.inputs[1].data<float>(),
+                *lse = ctx.inputs[4].data<float>();
+    const BFloat16* y = ctx.inputs[3].data<BFloat16>();
+    float* dqkv = ctx.outputs[0].data<float>();
+    if constexpr (kFast) {
+      kernels::CausalAttentionQkvGradBF16Fast(dy, dlse, qkv.data<BFloat16>(), y, lse, dqkv,
+                                              BF16Dims(n), scale, scratch.data<float>());
+    } else {
+      kernels::CausalAttentionQkvGradBF16Reference(dy, dlse, qkv.data<BFloat16>(), y, lse, dqkv,
+                                                   BF16Dims(n), scale);
+    }
     return;
   }
   DispatchFloat(qkv.dtype(), "causal_attention_qkv_grad", [&]<typename T>() {
@@ -362,7 +394,8 @@ void RegisterAttentionOps(OpRegistry& r) {
               "side, no split, transpose or concat copies; bf16 qkv gives bf16 y, computed in f32",
        .signature = {.inputs = {{"qkv", "float or bf16[..., T, 3C]"}},
                      .attrs = {{"heads", "int (H, dividing C)"}, {"scale", "float"}},
-                     .outputs = {{"y", "qkv's dtype[..., T, C]"}, {"lse", "float[..., H, T]"}}}});
+                     .outputs = {{"y", "qkv's dtype[..., T, C]"}, {"lse", "float[..., H, T]"}}},
+       .scratch_bytes = AttentionBF16ScratchBytes<0>});
   r.Register({.name = "causal_attention_qkv_grad",
               .num_inputs = 5,
               .infer = InferAttentionQkvGrad,
@@ -376,7 +409,8 @@ void RegisterAttentionOps(OpRegistry& r) {
                                        {"y", "qkv's dtype[..., T, C]"},
                                        {"lse", "float[..., H, T]"}},
                             .attrs = {{"heads", "int"}, {"scale", "float"}},
-                            .outputs = {{"dqkv", "float[..., T, 3C]"}}}});
+                            .outputs = {{"dqkv", "float[..., T, 3C]"}}},
+              .scratch_bytes = AttentionBF16ScratchBytes<2>});
 }
 
 }  // namespace sluice

@@ -313,11 +313,11 @@ void CastKernel(KernelContext& ctx) {
   if (x.dtype() == y.dtype()) {
     y.CopyFrom(x);
   } else if (y.dtype() == DType::kBF16) {
-    (kFast ? kernels::ToBF16Fast : kernels::ToBF16Reference)(x.data<float>(), y.data<BFloat16>(),
-                                                             n);
+    (kFast ? kernels::ToBF16Parallel : kernels::ToBF16Reference)(x.data<float>(),
+                                                                 y.data<BFloat16>(), n);
   } else if (x.dtype() == DType::kBF16) {
-    (kFast ? kernels::FromBF16Fast : kernels::FromBF16Reference)(x.data<BFloat16>(),
-                                                                 y.data<float>(), n);
+    (kFast ? kernels::FromBF16Parallel : kernels::FromBF16Reference)(x.data<BFloat16>(),
+                                                                     y.data<float>(), n);
   } else {
     DispatchFloat(x.dtype(), "cast", [&]<typename From>() {
       DispatchFloat(y.dtype(), "cast", [&]<typename To>() {

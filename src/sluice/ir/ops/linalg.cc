@@ -37,6 +37,27 @@ Var GradOperand(Var dy, DType operand) {
   return operand == DType::kBF16 ? Cast(dy, DType::kBF16) : dy;
 }
 
+// The f32 scratch of a bf16 product's kernel (kernels/bf16_products.h: the operands' widened
+// blocks), taken from the executor's allocator so that the memory forecast holds it
+// (OpDef::scratch_bytes). The reference kernels take it too, to keep the forecast exact for both.
+Tensor Bf16Scratch(KernelContext& ctx, int64_t floats) {
+  return Tensor::Empty({floats}, DType::kF32, ctx.allocator);
+}
+
+int64_t MatMulBF16ScratchBytes(std::span<const TensorType> in, const Attrs& attrs) {
+  if (in[0].dtype != DType::kBF16) return 0;
+  return 4 * kernels::MatMulBF16ScratchFloats(in[0].shape, in[1].shape,
+                                              attrs.GetBool("transpose_a", false),
+                                              attrs.GetBool("transpose_b", false));
+}
+
+// x [..., k] bf16 by w [k, n]: rows = x's leading axes folded.
+int64_t LinearBF16ScratchBytes(std::span<const TensorType> in, const Attrs&) {
+  if (in[0].dtype != DType::kBF16) return 0;
+  const int64_t k = in[1].shape[0], n = in[1].shape[1];
+  return 4 * kernels::LinearBF16ScratchFloats(k == 0 ? 0 : in[0].shape.numel() / k, k, n);
+}
+
 std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs& attrs) {
   DType t = ProductDType(in.first(2));
   const bool ta = attrs.GetBool("transpose_a", false), tb = attrs.GetBool("transpose_b", false);
@@ -52,8 +73,15 @@ void MatMulKernel(KernelContext& ctx) {
   const bool ta = ctx.attrs.GetBool("transpose_a", false),
              tb = ctx.attrs.GetBool("transpose_b", false);
   if (ctx.inputs[0].dtype() == DType::kBF16) {
-    (kFast ? kernels::MatMulBF16 : kernels::MatMulBF16Reference)(ctx.inputs[0], ctx.inputs[1],
-                                                                 ctx.outputs[0], ta, tb);
+    const Tensor scratch = Bf16Scratch(
+        ctx,
+        kernels::MatMulBF16ScratchFloats(ctx.inputs[0].shape(), ctx.inputs[1].shape(), ta, tb));
+    if constexpr (kFast) {
+      kernels::MatMulBF16(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ta, tb,
+                          scratch.data<float>());
+    } else {
+      kernels::MatMulBF16Reference(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ta, tb);
+    }
     return;
   }
   DispatchFloat(ctx.outputs[0].dtype(), "matmul", [&]<typename T>() {
@@ -138,10 +166,17 @@ template <bool kFast>
 void LinearKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   if (x.dtype() == DType::kBF16) {
-    const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1], m = x.numel() / k;
-    (kFast ? kernels::LinearBF16 : kernels::LinearBF16Reference)(
-        x.data<BFloat16>(), ctx.inputs[1].data<BFloat16>(), ctx.inputs[2].data<float>(),
-        ctx.outputs[0].data<float>(), m, k, n);
+    const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1],
+                  m = k == 0 ? 0 : x.numel() / k;
+    const Tensor scratch = Bf16Scratch(ctx, kernels::LinearBF16ScratchFloats(m, k, n));
+    const BFloat16* w = ctx.inputs[1].data<BFloat16>();
+    const float* b = ctx.inputs[2].data<float>();
+    float* y = ctx.outputs[0].data<float>();
+    if constexpr (kFast) {
+      kernels::LinearBF16(x.data<BFloat16>(), w, b, y, m, k, n, scratch.data<float>());
+    } else {
+      kernels::LinearBF16Reference(x.data<BFloat16>(), w, b, y, m, k, n);
+    }
     return;
   }
   DispatchFloat(x.dtype(), "linear", [&]<typename T>() {
@@ -201,8 +236,14 @@ void MatMulGeluGradKernel(KernelContext& ctx) {
     // or bf16 widened in the kernel).
     const Tensor& x = ctx.inputs[2];
     const Tensor dy = kFast ? out : Tensor::Empty(out.shape(), out.dtype());
-    (kFast ? kernels::MatMulBF16 : kernels::MatMulBF16Reference)(ctx.inputs[0], ctx.inputs[1], dy,
-                                                                 ta, tb);
+    const Tensor scratch = Bf16Scratch(
+        ctx,
+        kernels::MatMulBF16ScratchFloats(ctx.inputs[0].shape(), ctx.inputs[1].shape(), ta, tb));
+    if constexpr (kFast) {
+      kernels::MatMulBF16(ctx.inputs[0], ctx.inputs[1], dy, ta, tb, scratch.data<float>());
+    } else {
+      kernels::MatMulBF16Reference(ctx.inputs[0], ctx.inputs[1], dy, ta, tb);
+    }
     if (x.dtype() == DType::kBF16) {
       (kFast ? kernels::GeluGradBF16Fast : kernels::GeluGradBF16Reference)(
           dy.data<float>(), x.data<BFloat16>(), out.data<float>(), out.numel());
@@ -289,7 +330,8 @@ void RegisterLinalgOps(OpRegistry& r) {
        .signature = {.inputs = {{"a", "float or bf16[..., m, k]"},
                                 {"b", "float or bf16[k, n] or [..., k, n]"}},
                      .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
-                     .outputs = {{"y", "float[..., m, n]"}}}});
+                     .outputs = {{"y", "float[..., m, n]"}}},
+       .scratch_bytes = MatMulBF16ScratchBytes});
   r.Register({.name = "linear",
               .num_inputs = 3,
               .infer = InferLinear,
@@ -301,7 +343,8 @@ void RegisterLinalgOps(OpRegistry& r) {
               .signature = {.inputs = {{"x", "float or bf16[..., k]"},
                                        {"w", "float or bf16[k, n]"},
                                        {"b", "float[n]"}},
-                            .outputs = {{"y", "float[..., n]"}}}});
+                            .outputs = {{"y", "float[..., n]"}}},
+              .scratch_bytes = LinearBF16ScratchBytes});
   r.Register(
       {.name = "matmul_gelu_grad",
        .num_inputs = 3,
@@ -314,7 +357,8 @@ void RegisterLinalgOps(OpRegistry& r) {
                                 {"b", "a's dtype[k, n] or [..., k, n]"},
                                 {"x", "float or bf16[..., m, n]"}},
                      .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
-                     .outputs = {{"dx", "float[..., m, n]"}}}});
+                     .outputs = {{"dx", "float[..., m, n]"}}},
+       .scratch_bytes = MatMulBF16ScratchBytes});
   r.Register(
       {.name = "matmul_accumulate",
        .kind = OpKind::kInPlace,

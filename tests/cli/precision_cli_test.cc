@@ -54,6 +54,16 @@ TEST_F(PrecisionCli, Bf16TrainsResumesBitwiseAndNamesItsKernels) {
   EXPECT_EQ(summary["kernels"]["gemm"], "openblas");
   EXPECT_FALSE(summary["kernels"]["bf16_gemm"].get<std::string>().empty());
   EXPECT_TRUE(summary["kernels"]["bf16_native"].is_boolean());
+  // What bf16 does here: storage bf16, compute f32 unless oneDNN multiplies (SLUICE_BF16_GEMM),
+  // with the CPU's flags and the measured dot-product rate (a number: 0 without AVX512_BF16).
+  const nlohmann::json& bf16 = summary["kernels"]["bf16"];
+  EXPECT_EQ(bf16["storage"], "bf16");
+  EXPECT_EQ(
+      bf16["compute"],
+      summary["kernels"]["bf16_gemm"].get<std::string>().starts_with("onednn") ? "bf16" : "f32");
+  EXPECT_GE(bf16["dot_vs_fma"].get<double>(), 0.0);
+  EXPECT_FALSE(bf16["cpu_flags"].get<std::string>().empty());
+  EXPECT_THAT(bf16["text"].get<std::string>(), HasSubstr("bf16: storage bf16, compute "));
   // The checkpoint's weights are the f32 masters.
   const SafetensorsFile f = ReadSafetensors(ckpt.string());
   EXPECT_EQ(f.tensors.at("h.0.mlp.c_fc.weight").dtype(), DType::kF32);
@@ -64,6 +74,19 @@ TEST_F(PrecisionCli, Bf16TrainsResumesBitwiseAndNamesItsKernels) {
   EXPECT_NE(Losses(fp32), Losses(full));
   EXPECT_EQ(Lines(fp32).back()["config"]["precision"], "fp32");
   EXPECT_FALSE(Lines(fp32).back()["kernels"].contains("bf16_gemm"));
+  EXPECT_FALSE(Lines(fp32).back()["kernels"].contains("bf16"));
+
+  // The text says it too, after the summary line (not under --quiet, nor for fp32).
+  const std::string loud =
+      "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 "
+      "--steps 1";
+  r = Train(loud + " --precision bf16");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("bf16: storage bf16, compute "));
+  EXPECT_THAT(r.err, HasSubstr("; cpu: "));
+  r = Train(loud);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("bf16: storage")));
 }
 
 // `sluice sample` decodes in the precision the checkpoint was trained in (the summary line names
@@ -128,6 +151,14 @@ TEST_F(PrecisionCli, PlanCountsBf16Bytes) {
   const int64_t fp32 = peak("fp32"), bf16 = peak("bf16");
   EXPECT_LT(bf16, fp32);
   EXPECT_GT(bf16, fp32 / 2);
+  // The text plan says what bf16 does on this CPU; fp32's does not.
+  const std::string text_model = model.substr(0, model.find(" --format json"));
+  CliResult r = Sluice(fmt::format("plan {} --precision bf16", text_model));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("bf16: storage bf16, compute "));
+  r = Sluice(fmt::format("plan {}", text_model));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("bf16: storage")));
 }
 
 }  // namespace

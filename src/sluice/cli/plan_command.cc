@@ -13,6 +13,7 @@
 #include "sluice/cli/commands.h"
 #include "sluice/cli/train_options.h"
 #include "sluice/core/enum_names.h"
+#include "sluice/kernels/bf16_probe.h"
 #include "sluice/plan/planner.h"
 
 namespace sluice::cli {
@@ -153,6 +154,9 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
                       Name(p.policy), 100 * p.extra_work);
     }
   }
+  // What bf16 does on this CPU (--precision is a GPT's: bf16 means a GPT).
+  if (a.config.gpt.precision == Precision::kBf16)
+    out += fmt::format("  {}\n", kernels::DescribeBf16Compute());
   return out;
 }
 

@@ -26,6 +26,7 @@
 #include "sluice/comm/mpi.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
+#include "sluice/kernels/bf16_probe.h"
 #include "sluice/pipeline/mpi_launch.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/plan/planner.h"
@@ -230,6 +231,9 @@ int RunTrain(TrainArgs& a) {
                s.params);
     for (const std::string& line : trainer.engine().ReportLines())
       fmt::print(stderr, "  {}\n", line);
+    // What bf16 does on this CPU (--precision is a GPT's: bf16 means a GPT).
+    if (a.config.gpt.precision == Precision::kBf16)
+      fmt::print(stderr, "  {}\n", kernels::DescribeBf16Compute());
     // Post-validation pays a whole step again for each rollback: say so when most steps paid it.
     if (const nlohmann::json extra = trainer.engine().Summary();
         extra.is_object() && extra.contains("post_validation")) {

@@ -14,7 +14,6 @@
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/kernels/onednn_matmul.h"
-#include "sluice/kernels/parallel.h"
 
 namespace sluice::kernels {
 
@@ -52,12 +51,12 @@ bool Bf16GemmOnOneDnn() {
 }
 
 // Rows [0, rows) of a bf16 matrix with row stride ld, columns [col, col + cols), into a packed
-// f32 [rows, cols]; chunks of rows on the intra-op threads.
+// f32 [rows, cols]. On the calling thread: handing each block to the intra-op pool between two
+// OpenBLAS calls costs more than it saves at 2 threads (OpenBLAS's threads still spin when the
+// pool's wake, and on 2 cores they take the pool's core: docs/benchmarks.md, "Mixed precision").
 void WidenBlock(const BFloat16* x, int64_t ld, int64_t rows, int64_t col, int64_t cols,
                 float* out) {
-  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) FromBF16Fast(x + r * ld + col, out + r * cols, cols);
-  });
+  for (int64_t r = 0; r < rows; ++r) FromBF16Fast(x + r * ld + col, out + r * cols, cols);
 }
 
 // op(a)·op(b) through f32 GEMMs over blocks of k: each block of op(a)'s columns and op(b)'s rows

@@ -15,6 +15,7 @@
 #include "sluice/core/system_memory.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/metrics.h"
+#include "sluice/kernels/bf16_probe.h"
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/blas.h"
 #include "sluice/kernels/matmul.h"
@@ -38,7 +39,9 @@ namespace {
 // spinning made 2-thread steps ~4× slower, docs/benchmarks.md "GEMM epilogues"). Under
 // --precision bf16, bf16_gemm names the engine of bf16 products (kernels/bf16_products.h):
 // oneDNN's implementation, or OpenBLAS on operands widened to f32 (bf16 storage, f32 compute);
-// bf16_native says whether the CPU has bf16 instructions (AVX512_BF16 or AMX) as oneDNN sees it.
+// bf16_native says whether the CPU has bf16 instructions (AVX512_BF16 or AMX) as oneDNN sees it;
+// bf16 says what the run does with them (storage bf16, compute f32 or bf16) beside the CPU's flags
+// and the measured bf16 dot-product rate (kernels/bf16_probe.h), and its one-line text.
 nlohmann::json KernelsDescription(Precision precision) {
   const kernels::BlasKernels& blas = kernels::EnsureBlasKernels();
   nlohmann::json k = {{"simd", kernels::SimdTarget()},
@@ -56,6 +59,14 @@ nlohmann::json KernelsDescription(Precision precision) {
                          ? "onednn " + kernels::OneDnnImplementation(DType::kBF16, 256, 256, 256)
                          : std::string("openblas (bf16 operands widened to f32)");
     k["bf16_native"] = kernels::OneDnnBf16Native();
+    const kernels::Bf16Products& probe = kernels::ProbeBf16Products();
+    const bool bf16_compute = std::string(kernels::Bf16GemmEngine()) == "onednn";
+    k["bf16"] = {{"storage", "bf16"},
+                 {"compute", bf16_compute ? "bf16" : "f32"},
+                 {"dot_vs_fma", std::round(probe.dot_vs_fma * 100) / 100},
+                 {"products_pay", probe.Pay()},
+                 {"cpu_flags", probe.Flags()},
+                 {"text", kernels::DescribeBf16Compute(probe, bf16_compute)}};
   }
   return k;
 }

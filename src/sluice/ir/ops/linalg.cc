@@ -201,9 +201,11 @@ std::vector<Var> LinearVjp(VjpContext& ctx) {
   const DType operand = ctx.x_type(0).dtype;
   Var dyo = ctx.needs(0) || ctx.needs(1) ? GradOperand(dy, operand) : Var();
   std::vector<Var> grads(3);
+  // db first: under mixed precision the products read dy's bf16 copy, so f32 dy is free before
+  // they run (and their scratch) rather than after.
+  if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
   if (ctx.needs(0)) grads[0] = MatMul(dyo, ctx.x(1), false, true);
   if (ctx.needs(1)) grads[1] = MatMul(Flatten2D(ctx.x(0)), Flatten2D(dyo), true, false);
-  if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
   return grads;
 }
 

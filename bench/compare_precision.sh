@@ -8,7 +8,10 @@
 # (default "1 2"). Peak: the bytes of every live tensor at a step's worst moment (train_bench's
 # peak_tensor_bytes, torch_train.py's profiler figure). Extra flags for sluice in SLUICE_FLAGS
 # (e.g. "--no-recompute": the issue's memory target is without recompute).
-# Prints the CPU's model and its bf16-related flags first: every figure goes with them.
+# Prints the CPU's model and its bf16-related flags first: every figure goes with them. Beside the
+# tokens/s ratio (median wall time of a step), "cpu" is sluice's bf16 / fp32 speed by the least
+# process CPU time of a step (train_bench's cpu_ms_min, every thread): on a loaded machine the
+# wall time swings with the other processes, the least CPU time much less.
 # Usage: bench/compare_precision.sh [BUILD_DIR] [MODEL...]   (default: build small medium)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +25,8 @@ read -r -a extra <<<"${SLUICE_FLAGS:-}"
 
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx512f|avx512_bf16|avx512_fp16|amx_bf16|amx_tile|avx512_vnni)$' | tr '\n' ' ')"
-printf "%-7s %-3s %11s %11s %6s %11s %11s %6s %6s %12s %12s %6s %12s %12s\n" model thr \
-  "fp32 tok/s" "bf16 tok/s" ratio "torch fp32" "torch bf16" "s/t" "s/t" \
+printf "%-7s %-3s %11s %11s %6s %6s %11s %11s %6s %6s %12s %12s %6s %12s %12s\n" model thr \
+  "fp32 tok/s" "bf16 tok/s" ratio cpu "torch fp32" "torch bf16" "s/t" "s/t" \
   "fp32 peak" "bf16 peak" ratio "torch fp32" "torch bf16"
 for model in "${models[@]}"; do
   case $model in
@@ -44,10 +47,12 @@ m, t = sys.argv[1], sys.argv[2]
 f, b, p, q = (json.loads(x) for x in sys.argv[3:7])
 tok = lambda r: r['tokens_per_s']
 peak = lambda r: r['peak_tensor_bytes']
-print(f"{m:<7} {t:<3} {tok(f):11.0f} {tok(b):11.0f} {tok(b)/tok(f):6.2f} {tok(p):11.0f} {tok(q):11.0f} "
+cpu = f['cpu_ms_min'] / b['cpu_ms_min']
+print(f"{m:<7} {t:<3} {tok(f):11.0f} {tok(b):11.0f} {tok(b)/tok(f):6.2f} {cpu:6.2f} {tok(p):11.0f} {tok(q):11.0f} "
       f"{tok(f)/tok(p):6.2f} {tok(b)/tok(q):6.2f} {peak(f):12d} {peak(b):12d} {peak(b)/peak(f):6.2f} "
       f"{peak(p):12d} {peak(q):12d}")
 PY
   done
 done
-echo "columns: s/t = sluice fp32 / torch fp32, then sluice bf16 / torch autocast bf16"
+echo "columns: ratio = sluice bf16 / fp32 tokens/s; cpu = the same by least CPU time a step;"
+echo "         s/t = sluice fp32 / torch fp32, then sluice bf16 / torch autocast bf16"

@@ -14,9 +14,9 @@
 // on a timing. The figure only says, beside that choice, what the CPU offers.
 //
 // Cost: ProbeBf16Products() runs once per process (the first call, ~3 ms: five alternating
-// rounds of 40,000 iterations per instruction, the fastest round of each kept, so a busy machine moves it
-// little); later calls return the cached result. MeasureBf16DotVsFma(rounds, iterations) runs the
-// measurement afresh (the benchmark).
+// rounds of 40,000 iterations per instruction, the fastest round of each kept, so a busy machine
+// moves it little); later calls return the cached result. MeasureBf16DotVsFma(rounds, iterations)
+// runs the measurement afresh (the benchmark).
 //
 // Thread-safety: ProbeBf16Products may be called from any thread (a function-local static).
 //

@@ -126,6 +126,28 @@ TEST_F(PlanCli, OneStageForecastIsExact) {
             run.summary["peak_allocated_bytes"].get<int64_t>());
 }
 
+// Under bf16 on the f32-compute engine the products and the attention widen their operands into
+// scratch from the executor's allocator: the forecast holds it at its instruction (OpDef::
+// scratch_bytes), so the plan still equals the measured peak, fused and naive attention (whose
+// batched products take the per-entry scratch), with and without recompute, at 2 threads.
+TEST_F(PlanCli, OneStageForecastIsExactUnderBf16) {
+  for (const char* extra : {"--recompute none", "--recompute cheap --attention naive"}) {
+    const std::string job = fmt::format(
+        "--layers 2 --batch 8 --microbatches 2 --threads 2 --steps 2 --eval-every 0 "
+        "--precision bf16 {}",
+        extra);
+    const nlohmann::json plan = Plan(job);
+    const Trained run = Train(job);
+    ASSERT_EQ(plan["stages"].size(), 1u);
+    EXPECT_EQ(plan["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>(),
+              run.summary["peak_allocated_bytes"].get<int64_t>())
+        << extra;
+    EXPECT_EQ(run.summary["predicted_peak_allocated_bytes"].get<int64_t>(),
+              run.summary["peak_allocated_bytes"].get<int64_t>())
+        << extra;
+  }
+}
+
 TEST_F(PlanCli, TableNamesWhereThePeakIs) {
   const CliResult r = Sluice(fmt::format("plan {}", kJob));
   ASSERT_EQ(r.status, 0) << r.err;

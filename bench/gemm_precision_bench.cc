@@ -134,7 +134,8 @@ void BM_LinearGelu(benchmark::State& state, Epilogue impl, int64_t rows, int64_t
       h16(fc16.size());
   kernels::ToBF16Fast(x.data(), x16.data(), static_cast<int64_t>(x.size()));
   kernels::ToBF16Fast(w.data(), w16.data(), static_cast<int64_t>(w.size()));
-  std::vector<float> fc(static_cast<size_t>(rows * n)), h(fc.size());
+  std::vector<float> fc(static_cast<size_t>(rows * n)), h(fc.size()),
+      scratch(static_cast<size_t>(kernels::LinearBF16ScratchFloats(rows, k, n)));
   const int64_t elements = rows * n;
   kernels::OneDnnGemmShape shape{.m = rows, .n = n, .k = k, .bias = true};
   if (impl == Epilogue::kOneDnnFused || impl == Epilogue::kOneDnnBf16Fused) shape.gelu = true;
@@ -157,7 +158,8 @@ void BM_LinearGelu(benchmark::State& state, Epilogue impl, int64_t rows, int64_t
         kernels::OneDnnGemm(shape, x.data(), w.data(), h.data(), bias.data());
         break;
       case Epilogue::kSluiceBf16:
-        kernels::LinearBF16(x16.data(), w16.data(), bias.data(), fc.data(), rows, k, n);
+        kernels::LinearBF16(x16.data(), w16.data(), bias.data(), fc.data(), rows, k, n,
+                            scratch.data());
         kernels::ToBF16Fast(fc.data(), fc16.data(), elements);
         kernels::GeluBF16Fast(fc16.data(), h16.data(), elements);
         break;

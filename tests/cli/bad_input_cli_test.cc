@@ -85,6 +85,11 @@ TEST_F(BadInputCli, NumericFlagsMustBeFiniteAndInRange) {
       {"--lr 0.001 --min-lr 0.01", "--min-lr must be a finite number from 0 to --lr (0.001)"},
       {"--weight-decay nan", "--weight-decay must be a finite number, 0 or more, got nan"},
       {"--clip -1", "--clip must be a finite number, 0 (off) or more, got -1"},
+      {"--reserved-headroom -0.5",
+       "--reserved-headroom must be a finite fraction from 0 (keep free blocks' pages) to 1, got "
+       "-0.5"},
+      {"--reserved-headroom nan", "--reserved-headroom must be a finite fraction"},
+      {"--reserved-headroom 1.5", "--reserved-headroom must be a finite fraction"},
       {"--beta1 1", "--beta1 must be in [0, 1), got 1"},
       {"--beta2 -0.1", "--beta2 must be in [0, 1), got -0.1"},
       {"--optimizer sgd --momentum 1.5", "--momentum must be in [0, 1), got 1.5"},

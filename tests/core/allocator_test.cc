@@ -290,6 +290,167 @@ TEST(CachingAllocator, HolesPastTheHeadroomGiveBackTheirPagesBeforeGrowing) {
   }
 }
 
+// One training step's requests, the same every step (shapes are static): allocations of random
+// sizes (sub-page, pages, and a few large ones), each freed at a random later point of the step or
+// at its end. `size` 0 frees op `freed`.
+struct StepOp {
+  size_t size;
+  size_t freed;
+};
+
+std::vector<StepOp> RandomStep(uint64_t seed, int allocations) {
+  std::mt19937_64 rng(seed);
+  std::vector<StepOp> ops;
+  std::vector<size_t> live;  // indices into ops
+  for (int i = 0; i < allocations; ++i) {
+    // A forward that grows, then a backward that shrinks, as a training step's memory does.
+    const int free_percent = i < allocations / 2 ? 30 : 70;
+    while (!live.empty() && std::uniform_int_distribution<int>(0, 99)(rng) < free_percent) {
+      const size_t k = std::uniform_int_distribution<size_t>(0, live.size() - 1)(rng);
+      ops.push_back({0, live[k]});
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    const int kind = std::uniform_int_distribution<int>(0, 99)(rng);
+    const size_t size = kind < 30   ? std::uniform_int_distribution<size_t>(1, 4 * KiB)(rng)
+                        : kind < 92 ? std::uniform_int_distribution<size_t>(1, 48)(rng) * kPage
+                                    : std::uniform_int_distribution<size_t>(256, 1024)(rng) * kPage;
+    live.push_back(ops.size());
+    ops.push_back({size, 0});
+  }
+  for (const size_t k : live) ops.push_back({0, k});
+  return ops;
+}
+
+struct StepsRun {
+  std::vector<size_t> backed_again;  // bytes of returned pages backed again, per step
+  std::vector<bool> followed;        // FollowsLastStep() at each step's end
+  double worst = 0;                  // the largest reserved / high-water mark seen
+};
+
+// Runs `steps` steps of `ops` (ResetPeak at each start, as the engines do) beside a few blocks
+// held throughout (parameters), checking every block's bytes; `odd` replaces the step's requests
+// on that step (-1: none).
+StepsRun RunSteps(CachingAllocatorOptions options, const std::vector<StepOp>& ops, int steps,
+                  int odd = -1, const std::vector<StepOp>& odd_ops = {}) {
+  CachingAllocator alloc(options);
+  StepsRun out;
+  std::vector<LiveBlock> held;
+  for (const size_t size : {3 * kPage, 40 * KiB, 100 * kPage}) {
+    held.push_back({static_cast<char*>(alloc.Allocate(size)), size, held.size() + 1});
+    Fill(held.back());
+  }
+  uint64_t next_id = 100;
+  size_t before = 0;
+  int64_t high_water = 0;
+  for (int step = 0; step < steps; ++step) {
+    alloc.ResetPeak();
+    const std::vector<StepOp>& these = step == odd ? odd_ops : ops;
+    std::vector<LiveBlock> live(these.size());
+    for (size_t i = 0; i < these.size(); ++i) {
+      if (these[i].size == 0) {
+        const LiveBlock& b = live[these[i].freed];
+        EXPECT_TRUE(Intact(b)) << "step " << step << " block " << b.id;
+        alloc.Deallocate(b.ptr, b.bytes);
+      } else {
+        live[i] = {static_cast<char*>(alloc.Allocate(these[i].size)), these[i].size, next_id++};
+        Fill(live[i]);
+      }
+      // The high-water mark: the most allocated since the start (ResetPeak starts each step's
+      // peak afresh).
+      const MemoryStats s = alloc.Stats();
+      high_water = std::max(high_water, s.allocated_bytes);
+      out.worst = std::max(out.worst,
+                           static_cast<double>(s.reserved_bytes) / static_cast<double>(high_water));
+    }
+    out.followed.push_back(alloc.FollowsLastStep());
+    out.backed_again.push_back(alloc.BackedAgainBytes() - before);
+    before = alloc.BackedAgainBytes();
+    alloc.CheckInvariants();
+  }
+  for (const LiveBlock& b : held) {
+    EXPECT_TRUE(Intact(b)) << "held block " << b.id;
+    alloc.Deallocate(b.ptr, b.bytes);
+  }
+  alloc.CheckInvariants();
+  return out;
+}
+
+// The churn of the headroom: a step that repeats the last one's requests places them on backed
+// pages where a free block has them and returns the pages the last step needed last or never, so
+// after the first steps far fewer returned pages fault in again each step than when the pages
+// go back in address order (follow_last_step = false, as before), within the same headroom. Summed
+// over the seeds: on some a step that had no churn gets a little (a window moves the layout), on
+// others tens of MB a step go (docs/memory.md, "The churn of the headroom").
+TEST(CachingAllocator, RepeatedStepsBackFewerReturnedPages) {
+  constexpr int kSteps = 8;
+  const double headroom = CachingAllocatorOptions{}.reserved_headroom;
+  size_t follow_late = 0, address_late = 0;  // steps 3 on: the steady state
+  for (const uint64_t seed : {1, 2, 3, 2024}) {
+    SCOPED_TRACE(fmt::format("seed {}", seed));
+    const std::vector<StepOp> ops = RandomStep(seed, 400);
+    const StepsRun follow = RunSteps({}, ops, kSteps);
+    const StepsRun address_order = RunSteps({.follow_last_step = false}, ops, kSteps);
+    EXPECT_LE(follow.worst, 1 + headroom);
+    EXPECT_LE(address_order.worst, 1 + headroom);
+    // The first step has no step before it; every later one repeats it.
+    EXPECT_FALSE(follow.followed[0]);
+    for (int step = 1; step < kSteps; ++step) EXPECT_TRUE(follow.followed[step]) << step;
+    for (const bool f : address_order.followed) EXPECT_FALSE(f);
+    for (int step = 3; step < kSteps; ++step) {
+      follow_late += follow.backed_again[step];
+      address_late += address_order.backed_again[step];
+    }
+  }
+  EXPECT_GT(address_late, 0u) << "no page was returned and reused: the test is moot";
+  EXPECT_LT(follow_late * 4, address_late)
+      << "backed again from step 3 on: " << follow_late << " vs " << address_late;
+}
+
+// The fallback: a step whose requests differ from the last one's (another size at some point)
+// stops following it there and returns pages in address order for the rest of the step, within
+// the headroom still; the step after it follows it (its requests are what came last), and the
+// one after that the usual step again.
+TEST(CachingAllocator, AStepThatDiffersFromTheLastFallsBackToAddressOrder) {
+  const std::vector<StepOp> ops = RandomStep(7, 300);
+  std::vector<StepOp> odd = ops;
+  for (StepOp& op : odd) {
+    if (op.size > 2 * kPage) {
+      op.size += kPage;  // the first allocation of more than two pages: one page more
+      break;
+    }
+  }
+  const StepsRun run = RunSteps({}, ops, 6, /*odd=*/3, odd);
+  EXPECT_LE(run.worst, 1 + CachingAllocatorOptions{}.reserved_headroom);
+  const std::vector<bool> expected = {false, true, true, false, false, true};
+  EXPECT_EQ(run.followed, expected);
+  // Without a headroom nothing is recorded or followed.
+  const StepsRun none = RunSteps({.reserved_headroom = 0}, ops, 3);
+  EXPECT_EQ(none.followed, std::vector<bool>(3, false));
+  EXPECT_EQ(none.backed_again, std::vector<size_t>(3, 0));
+}
+
+// Unmapping a chunk forgets the recorded steps (their placements name it): the next step has
+// nothing to follow.
+TEST(CachingAllocator, ReleasingChunksForgetsTheLastStep) {
+  CachingAllocator alloc;
+  for (int step = 0; step < 2; ++step) {
+    alloc.ResetPeak();
+    void* p = alloc.Allocate(64 * KiB);
+    alloc.Deallocate(p, 64 * KiB);
+  }
+  alloc.ResetPeak();
+  void* p = alloc.Allocate(64 * KiB);
+  EXPECT_TRUE(alloc.FollowsLastStep());
+  alloc.Deallocate(p, 64 * KiB);
+  EXPECT_GT(alloc.ReleaseCached(), 0u);
+  EXPECT_EQ(alloc.NumChunks(), 0u);
+  EXPECT_FALSE(alloc.FollowsLastStep());
+  alloc.ResetPeak();
+  p = alloc.Allocate(64 * KiB);
+  EXPECT_FALSE(alloc.FollowsLastStep());
+  alloc.Deallocate(p, 64 * KiB);
+}
+
 TEST(CachingAllocator, ANegativeOrInfiniteHeadroomIsRefused) {
   for (const double headroom :
        {-0.01, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {

@@ -191,6 +191,11 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
                  "separated by commas): picks each stage's recompute policy before training and "
                  "stops a step that would exceed it")
       ->check(NonEmpty("an empty value gives no size; leave the option out for no budget"));
+  sub.add_option("--reserved-headroom", c.reserved_headroom,
+                 "reserved bytes each allocator keeps past the most it ever had allocated, as a "
+                 "fraction of it (0 to 1): past it, free blocks give their pages back to the "
+                 "system (0 keeps them: more memory, fewer page faults)")
+      ->capture_default_str();
   sub.add_option("--threads", c.threads,
                  "intra-op threads, BLAS included (0: all cores; at most 1024)")
       ->capture_default_str();
@@ -402,6 +407,7 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
 
 void Configure(TrainArgs& a) {
   TrainConfig& c = a.config;
+  ValidateReservedHeadroom(c.reserved_headroom);
   auto opt = ParseOptimizerKind(a.optimizer);
   if (!opt)
     throw InvalidArgument(fmt::format("--optimizer must be adamw or sgd, not '{}'", a.optimizer));

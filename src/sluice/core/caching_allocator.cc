@@ -107,26 +107,65 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
   Block* block = nullptr;
   try {
     // Everything that could allocate happens first, so a failure leaves no half-made change.
-    arena_->Reserve(2);
+    arena_->Reserve(3);
     live_->ReserveOneMore();
+    const bool follow = options_.reserved_headroom != 0 && options_.follow_last_step;
+    const bool record = follow && !step_overflow_;
+    if (record && step_placements_.size() == step_placements_.capacity()) {
+      if (step_placements_.size() == kMaxStepPlacements) {
+        step_overflow_ = true;
+      } else {
+        step_placements_.reserve(std::min(kMaxStepPlacements, 2 * step_placements_.size() + 64));
+      }
+    }
+    const auto granules = static_cast<uint32_t>(rounded / kRoundBytes);
+    const size_t tick = step_placements_.size();
+    if (follows_last_step_ &&
+        (tick >= last_step_.size() || last_step_[tick].granules != granules)) {
+      follows_last_step_ = false;  // not the last step's requests: its placements predict nothing
+    }
     Pool& pool = PoolFor(rounded);
     block = pool.FindBestFit(rounded);
-    KeepWithinHeadroom(pool, block, rounded, allocated);
+    // Where in `block` the request goes: its start, unless that lies on returned pages and
+    // backed ones fit it elsewhere (see the top).
+    size_t at = 0;
+    if (block != nullptr && follow &&
+        ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false) != 0) {
+      at = FindBackedWindow(pool, rounded, &block);
+    }
+    KeepWithinHeadroom(pool, block, at, rounded, allocated);
     if (block != nullptr && block->chunk->returned_pages != 0 &&
-        OverReservedBudget(ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false))) {
+        OverReservedBudget(ReturnedUnder(block->chunk, block->ptr + at, rounded, /*back=*/false))) {
       // Backing the block's returned pages would cross the budget: return every free block's
       // pages first (this one's too), then back what the request covers.
       ReturnFreePages();
-      const size_t back = ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false);
+      const size_t back = ReturnedUnder(block->chunk, block->ptr + at, rounded, /*back=*/false);
       if (OverReservedBudget(back)) ThrowReservedOver(back, bytes, /*error=*/0);
     }
     if (block != nullptr) {
       pool.Remove(block);
+      if (at != 0) {  // the part before the window stays free
+        Block* rest = arena_->Take();
+        rest->InitFree(block->ptr + at, block->size - at, block->chunk, block, block->next);
+        if (block->next != nullptr) block->next->prev = rest;
+        block->next = rest;
+        if (block->chunk->last == block) block->chunk->last = rest;
+        block->size = at;
+        pool.Insert(block);
+        block = rest;
+      }
     } else {
       block = Grow(pool, rounded, bytes);
     }
     Split(pool, block, rounded);
     if (block->chunk->returned_pages != 0) ReturnedUnder(block->chunk, block->ptr, rounded, true);
+    if (record && !step_overflow_) {
+      const size_t page = PageSize();
+      const auto offset = static_cast<size_t>(block->ptr - block->chunk->base);
+      step_placements_.push_back({block->chunk, static_cast<uint32_t>(offset / page),
+                                  static_cast<uint32_t>((offset + rounded + page - 1) / page),
+                                  granules});
+    }
   } catch (...) {
     allocated_.fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
     throw;
@@ -168,13 +207,13 @@ CachingAllocator::Block* CachingAllocator::GrowChunk(Pool& pool, size_t rounded)
   return nullptr;
 }
 
-void CachingAllocator::KeepWithinHeadroom(const Pool& pool, const Block* block, size_t rounded,
-                                          int64_t allocated) {
+void CachingAllocator::KeepWithinHeadroom(const Pool& pool, const Block* block, size_t at,
+                                          size_t rounded, int64_t allocated) {
   if (options_.reserved_headroom == 0) return;
   // What placing the request adds: the returned pages under the part of `block` it covers, or a
   // growth of at most its size (less when a free tail is extended).
   const size_t more = block != nullptr
-                          ? ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false)
+                          ? ReturnedUnder(block->chunk, block->ptr + at, rounded, /*back=*/false)
                           : RoundUp(rounded, PageSize());
   if (more == 0) return;
   const auto mark =
@@ -184,8 +223,15 @@ void CachingAllocator::KeepWithinHeadroom(const Pool& pool, const Block* block, 
   if (over <= 0) return;
   // Spared: what the request lands on — the covered part of `block`, or the free tails of the
   // pool's chunks, which growth extends (their pages returned would only be backed again).
-  ReturnFreePages(static_cast<size_t>(over),
-                  {.block = block, .block_bytes = rounded, .tails_of = block ? nullptr : &pool});
+  const Spared spared{.block = block,
+                      .block_offset = at,
+                      .block_bytes = rounded,
+                      .tails_of = block ? nullptr : &pool};
+  if (follows_last_step_) {
+    ReturnColdestPages(static_cast<size_t>(over), spared);
+  } else {
+    ReturnFreePages(static_cast<size_t>(over), spared);
+  }
 }
 
 bool CachingAllocator::OverReservedBudget(size_t more) const {
@@ -198,7 +244,10 @@ size_t CachingAllocator::ReturnedUnder(Chunk* c, const char* ptr, size_t size, b
   const auto offset = static_cast<size_t>(ptr - c->base);
   const size_t page = PageSize();
   const size_t n = c->CountReturned(offset / page, (offset + size + page - 1) / page, back);
-  if (back && n != 0) recorder_.OnGrow(static_cast<int64_t>(n * page));
+  if (back && n != 0) {
+    recorder_.OnGrow(static_cast<int64_t>(n * page));
+    backed_again_bytes_ += n * page;
+  }
   return n * page;
 }
 
@@ -215,30 +264,141 @@ size_t CachingAllocator::ReturnFreePages(size_t want, const Spared& spared) {
     for (Block* b = c->first; b != nullptr && bytes < want; b = b->next) {
       if (b->allocated || (spare_tail && b == c->last)) continue;
       const auto offset = static_cast<size_t>(b->ptr - c->base);
-      const size_t from = b == spared.block ? offset + spared.block_bytes : offset;
-      const size_t begin = RoundUp(from, page) / page;
+      const size_t begin = RoundUp(offset, page) / page;
       const size_t end = (offset + b->size) / page;
       if (begin >= end) continue;
-      if (c->returned.size() * 64 < end) c->returned.resize((end + 63) / 64, 0);
+      // The pages the request lands on, when it lands in this block.
+      const std::pair<size_t, size_t> kept = SparedPages(spared, b);
+      const auto keep = [&](size_t p) {
+        return c->Returned(p) || (p >= kept.first && p < kept.second);
+      };
       // Runs of backed pages, one madvise each; the counts follow each run, so that a failure
       // leaves them exact.
       for (size_t p = begin; p < end && bytes < want;) {
-        if (c->Returned(p)) {
+        if (keep(p)) {
           ++p;
           continue;
         }
         size_t q = p;
-        while (q < end && !c->Returned(q) && bytes + (q - p) * page < want) ++q;
-        const size_t run = (q - p) * page;
-        if (c->mapped) {
-          const int rc = madvise(c->base + p * page, run, MADV_DONTNEED);
-          SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", run,
-                       std::strerror(errno));
+        while (q < end && !keep(q) && bytes + (q - p) * page < want) ++q;
+        bytes += ReturnPages(c, p, q);
+        p = q;
+      }
+    }
+  }
+  return bytes;
+}
+
+std::pair<size_t, size_t> CachingAllocator::SparedPages(const Spared& spared, const Block* b) {
+  if (b != spared.block) return {0, 0};
+  const size_t page = PageSize();
+  const auto begin = static_cast<size_t>(b->ptr - b->chunk->base) + spared.block_offset;
+  return {begin / page, (begin + spared.block_bytes + page - 1) / page};
+}
+
+size_t CachingAllocator::FindBackedWindow(const Pool& pool, size_t rounded, Block** block) {
+  const size_t page = PageSize();
+  size_t best_cost = ReturnedUnder((*block)->chunk, (*block)->ptr, rounded, /*back=*/false) / page;
+  size_t best_size = (*block)->size, best_offset = 0;
+  for (Chunk* c = chunks_; c != nullptr && best_cost != 0; c = c->next) {
+    if (c->small_pool != pool.small_pool()) continue;
+    for (Block* b = c->first; b != nullptr; b = b->next) {
+      if (b->allocated || b->size < rounded) continue;
+      // The window's cost changes only where an end crosses a page boundary: try each start at
+      // one, and the block's two ends.
+      const auto base = static_cast<size_t>(b->ptr - c->base);
+      const size_t last = b->size - rounded;
+      for (size_t at = 0;;) {
+        const size_t n =
+            c->CountReturned((base + at) / page, (base + at + rounded + page - 1) / page, false);
+        if (n < best_cost || (n == best_cost && b->size < best_size)) {
+          best_cost = n;
+          best_size = b->size;
+          best_offset = at;
+          *block = b;
+          if (n == 0 && b->size == rounded) break;
         }
-        for (size_t i = p; i < q; ++i) c->returned[i / 64] |= uint64_t{1} << (i % 64);
-        c->returned_pages += q - p;
-        recorder_.OnShrink(static_cast<int64_t>(run));
-        bytes += run;
+        if (at == last) break;
+        at = std::min(last, RoundUp(base + at + 1, page) - base);
+      }
+    }
+  }
+  return best_offset;
+}
+
+size_t CachingAllocator::ReturnPages(Chunk* c, size_t first_page, size_t end_page) {
+  const size_t page = PageSize();
+  const size_t run = (end_page - first_page) * page;
+  if (c->returned.size() * 64 < end_page) c->returned.resize((end_page + 63) / 64, 0);
+  if (c->mapped) {
+    const int rc = madvise(c->base + first_page * page, run, MADV_DONTNEED);
+    SLUICE_CHECK(rc == 0, "caching allocator: madvise of {} bytes failed: {}", run,
+                 std::strerror(errno));
+  }
+  for (size_t i = first_page; i < end_page; ++i) c->returned[i / 64] |= uint64_t{1} << (i % 64);
+  c->returned_pages += end_page - first_page;
+  recorder_.OnShrink(static_cast<int64_t>(run));
+  return run;
+}
+
+size_t CachingAllocator::ReturnColdestPages(size_t want, const Spared& spared) {
+  const size_t page = PageSize();
+  // The candidates: the backed whole pages inside free blocks, less the spared ones.
+  size_t count = 0;
+  for (Chunk* c = chunks_; c != nullptr; c = c->next) {
+    c->candidates.assign((c->size / page + 63) / 64, 0);
+    const bool spare_tail =
+        spared.tails_of != nullptr && c->small_pool == spared.tails_of->small_pool();
+    for (Block* b = c->first; b != nullptr; b = b->next) {
+      if (b->allocated || (spare_tail && b == c->last)) continue;
+      const auto offset = static_cast<size_t>(b->ptr - c->base);
+      const auto [spare_begin, spare_end] = SparedPages(spared, b);
+      for (size_t p = RoundUp(offset, page) / page; p < (offset + b->size) / page; ++p) {
+        if (c->Returned(p) || (p >= spare_begin && p < spare_end)) continue;
+        c->candidates[p / 64] |= uint64_t{1} << (p % 64);
+        ++count;
+      }
+    }
+  }
+  const size_t need = (want + page - 1) / page;
+  // Drop, in the order the last step placed its blocks from this point of the step on (and on
+  // into the next step), the candidates each placement covers, while more than `need` remain:
+  // those left are needed last, or not at all. `stop` is the placement that would leave fewer;
+  // its pages go last.
+  const Placement* stop = nullptr;
+  const size_t now = step_placements_.size(), n = last_step_.size();
+  for (size_t i = 0; i < n && count > need; ++i) {
+    const Placement& placed = last_step_[(now + i) % n];
+    std::vector<uint64_t>& bits = placed.chunk->candidates;
+    const size_t end = std::min<size_t>(placed.end_page, bits.size() * 64);
+    size_t covered = 0;
+    for (size_t p = placed.first_page; p < end; ++p) covered += (bits[p / 64] >> (p % 64)) & 1;
+    if (count - covered < need) {
+      stop = &placed;
+      break;
+    }
+    for (size_t p = placed.first_page; p < end; ++p) bits[p / 64] &= ~(uint64_t{1} << (p % 64));
+    count -= covered;
+  }
+  const auto stopped = [&](const Chunk* c, size_t p) {
+    return stop != nullptr && stop->chunk == c && p >= stop->first_page && p < stop->end_page;
+  };
+  size_t bytes = 0;
+  for (const bool last : {false, true}) {
+    for (Chunk* c = chunks_; c != nullptr && bytes < want; c = c->next) {
+      const size_t pages = c->candidates.size() * 64;
+      const auto candidate = [&](size_t p) {
+        return ((c->candidates[p / 64] >> (p % 64)) & 1) != 0 && stopped(c, p) == last &&
+               !c->Returned(p);
+      };
+      for (size_t p = 0; p < pages && bytes < want;) {
+        if (!candidate(p)) {
+          ++p;
+          continue;
+        }
+        size_t q = p;
+        while (q < pages && candidate(q) && bytes + (q - p) * page < want) ++q;
+        bytes += ReturnPages(c, p, q);
         p = q;
       }
     }
@@ -384,6 +544,7 @@ std::vector<CachingAllocator::Chunk*> CachingAllocator::DetachFreeChunks() {
       (c->prev != nullptr ? c->prev->next : chunks_) = c->next;
       if (c->next != nullptr) c->next->prev = c->prev;
       --num_chunks_;
+      ForgetSteps();  // their placements name this chunk
       recorder_.OnUnreserve(static_cast<int64_t>(c->size - c->returned_pages * PageSize()));
       detached.push_back(c);
     }
@@ -468,8 +629,30 @@ MemoryStats CachingAllocator::Stats() const {
 
 void CachingAllocator::ResetPeak() {
   MutexLock lock(&mu_);
+  // A step boundary: the step that ends predicts the next, unless it was too long to record.
+  last_step_.swap(step_placements_);
+  step_placements_.clear();
+  if (step_overflow_) last_step_.clear();
+  step_overflow_ = false;
+  follows_last_step_ = !last_step_.empty();
   recorder_.ResetPeak();
   peak_allocated_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+void CachingAllocator::ForgetSteps() {
+  step_placements_.clear();
+  last_step_.clear();
+  follows_last_step_ = false;
+}
+
+size_t CachingAllocator::BackedAgainBytes() const {
+  MutexLock lock(&mu_);
+  return backed_again_bytes_;
+}
+
+bool CachingAllocator::FollowsLastStep() const {
+  MutexLock lock(&mu_);
+  return follows_last_step_;
 }
 
 void CachingAllocator::EnableTimeline(bool on) {

@@ -88,6 +88,8 @@ struct CachingAllocator::Chunk {
   // pages past its end are backed.
   std::vector<uint64_t> returned = {};
   size_t returned_pages = 0;  // the bits set
+  // Scratch of ReturnColdestPages: bit i set for a page it may return.
+  std::vector<uint64_t> candidates = {};
 
   bool Returned(size_t page) const {
     return page / 64 < returned.size() && ((returned[page / 64] >> (page % 64)) & 1) != 0;

@@ -119,7 +119,7 @@ class RankReplay {
         causality_(causality),
         prompt_(prompt),
         program_(BuildStageProgram(setup, rank, unused_, /*plan_only=*/true)),
-        ledger_(MakeLedger(frees, explain_at)),
+        ledger_(MakeLedger(frees, setup.config->reserved_headroom, explain_at)),
         stage_(*program_, ledger_),
         grads_(ledger_) {
     const int V = setup.schedule.chunks, M = setup.schedule.micro_batches;
@@ -175,8 +175,8 @@ class RankReplay {
   }
 
  private:
-  static MemoryLedger MakeLedger(ReplayFrees frees, int64_t explain_at) {
-    MemoryLedger ledger(frees);
+  static MemoryLedger MakeLedger(ReplayFrees frees, double reserved_headroom, int64_t explain_at) {
+    MemoryLedger ledger(frees, reserved_headroom);
     if (explain_at >= 0) ledger.ExplainAt(explain_at);
     return ledger;
   }

@@ -133,7 +133,8 @@ StageRuntime::Impl::Impl(const StageSetup& s, int r)
           .max_reserved_bytes =
               s.config->memory_budget.empty()
                   ? 0
-                  : static_cast<size_t>(s.config->memory_budget.at(static_cast<size_t>(r)))}) {
+                  : static_cast<size_t>(s.config->memory_budget.at(static_cast<size_t>(r))),
+          .reserved_headroom = s.config->reserved_headroom}) {
   program = BuildStageProgram(s, rank, allocator);
   for (const ParamSpec& p : program->params()) {
     auto it = std::find(s.model_params.begin(), s.model_params.end(), p.name);

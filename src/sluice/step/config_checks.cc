@@ -35,6 +35,11 @@ void CheckCount(std::string_view option, int64_t value, int64_t lo, std::string_
 
 }  // namespace
 
+void ValidateReservedHeadroom(double headroom) {
+  CheckReal("--reserved-headroom", headroom, 0, 1, false,
+            "a finite fraction from 0 (keep free blocks' pages) to 1");
+}
+
 void ValidateTrainRanges(const TrainConfig& c) {
   const OptimizerConfig& o = c.optimizer;
   constexpr double kInf = INFINITY;
@@ -46,6 +51,7 @@ void ValidateTrainRanges(const TrainConfig& c) {
   CheckReal("--beta1", o.beta1, 0, 1, true, "in [0, 1)");
   CheckReal("--beta2", o.beta2, 0, 1, true, "in [0, 1)");
   CheckReal("--momentum", o.momentum, 0, 1, true, "in [0, 1)");
+  ValidateReservedHeadroom(c.reserved_headroom);
   CheckReal("--clip", o.clip_norm, 0, kInf, false, "a finite number, 0 (off) or more");
   CheckCount("--warmup", o.warmup_steps, 0, "0 or more");
   CheckCount("--eval-every", c.eval_every, 0, "0 (only at the end) or more");

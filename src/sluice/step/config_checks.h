@@ -29,5 +29,8 @@ inline constexpr int64_t kMaxEvalBatches = 10'000;
 // Learning rates, weight decay, betas, momentum and clip finite and in range (min-lr ≤ lr); counts
 // (warmup, eval and save intervals, model sizes, threads) within their bounds.
 void ValidateTrainRanges(const TrainConfig& config);
+// `--reserved-headroom`: throws InvalidArgument naming it unless 0 <= headroom <= 1 (finite).
+// ValidateTrainRanges checks it too; the CLI checks it first, before any allocator is made.
+void ValidateReservedHeadroom(double headroom);
 
 }  // namespace sluice

@@ -634,10 +634,11 @@ StageMemoryForecast ForecastSingleStage(const Model& model, const TrainConfig& c
                              {.allocator = &unused,
                               .recompute = RecomputeForStage(config, /*stage=*/0, /*stages=*/1),
                               .plan_only = true});
-  MemoryLedger ledger(ReplayFreesFor(config));
+  MemoryLedger ledger(ReplayFreesFor(config), config.reserved_headroom);
   StageMemoryForecast out = ReplaySingleStage(program, config, ledger);
   if (!explain) return out;
-  MemoryLedger again(ReplayFreesFor(config));  // the same replay, listing what the peak holds
+  MemoryLedger again(ReplayFreesFor(config),
+                     config.reserved_headroom);  // the same replay, listing what the peak holds
   again.ExplainAt(out.peak_allocated_bytes);
   out.live_at_peak = ReplaySingleStage(program, config, again).live_at_peak;
   return out;

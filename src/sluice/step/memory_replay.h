@@ -144,7 +144,12 @@ class MemoryLedger {
   // A storage of another allocator (the batch's ids and targets): binding it costs nothing.
   static constexpr Id kExternal = -1;
 
-  explicit MemoryLedger(ReplayFrees frees = ReplayFrees::kAtLastUse) : frees_(frees) {}
+  // `reserved_headroom`: the modelled allocator's (CachingAllocatorOptions), as the run's.
+  explicit MemoryLedger(ReplayFrees frees = ReplayFrees::kAtLastUse,
+                        double reserved_headroom = CachingAllocatorOptions{}.reserved_headroom)
+      : frees_(frees),
+        mirror_(std::make_unique<CachingAllocator>(CachingAllocatorOptions{
+            .reserved_headroom = reserved_headroom, .address_space_only = true})) {}
   // How the runs replayed on this ledger free their values.
   ReplayFrees frees() const { return frees_; }
 
@@ -242,8 +247,7 @@ class MemoryLedger {
   ReplayFrees frees_;
   // The allocator model: Storage's own calls (AllocateWithToken, DeallocateWithToken), on this one
   // thread, as a stage under sync GC makes them. Behind a pointer so that a ledger moves.
-  std::unique_ptr<CachingAllocator> mirror_ =
-      std::make_unique<CachingAllocator>(CachingAllocatorOptions{.address_space_only = true});
+  std::unique_ptr<CachingAllocator> mirror_;
   std::vector<Storage> storages_;  // by id; never reused
   int64_t explain_at_ = -1;        // the peak to explain; -1: not explaining
   bool armed_ = false;             // ResetPeak was called: the next reach of explain_at_ counts

@@ -73,6 +73,11 @@ struct TrainConfig {
   // beyond it fails the step with OutOfMemory); empty: no bound. The CLI plans the recompute
   // policies to fit it before training (step/memory_budget.h).
   std::vector<int64_t> memory_budget;
+  // `--reserved-headroom`: every allocator of the run (and the forecast's model of it) keeps its
+  // reserved bytes within (1 + this) x the most it ever had allocated, returning free blocks'
+  // pages past it (CachingAllocatorOptions::reserved_headroom; docs/memory.md, "Reserved bytes").
+  // 0 keeps them. From 0 to 1.
+  double reserved_headroom = 0.04;
   // ZeRO stage 1 (`--shard-optimizer`): with D data-parallel replicas, each keeps and updates 1/D
   // of every parameter's optimizer state and the updated parameters are gathered (StageProgram).
   bool shard_optimizer = false;

@@ -8,7 +8,7 @@ namespace sluice {
 namespace {
 
 CachingAllocatorOptions AllocatorOptions(const TrainConfig& config) {
-  CachingAllocatorOptions options;
+  CachingAllocatorOptions options{.reserved_headroom = config.reserved_headroom};
   if (!config.memory_budget.empty()) {
     options.max_reserved_bytes = static_cast<size_t>(config.memory_budget[0]);
   }

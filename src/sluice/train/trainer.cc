@@ -115,7 +115,9 @@ struct Trainer::Impl {
   void SaveOrRescue(const std::string& path);
 };
 
-Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory) : config(std::move(c)) {
+Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory)
+    : config(std::move(c)),
+      eval_allocator(CachingAllocatorOptions{.reserved_headroom = config.reserved_headroom}) {
   ValidateTrainConfig(config);
   task = MakeTask(config);
   // Intra-op threads of the process (0: every core): the engine shares them among its ranks and

@@ -1,6 +1,7 @@
 """Modules tools/torch_export.py must refuse, each with a clear error and nothing written
 (tests/parity/torch_export_test.py). Each factory is one way a user's module can be wrong, except
-tiny (a valid module the others change), additive_mask (valid: a mask buffer that is not
+tiny (a valid module the others change), frozen (valid: a parameter with requires_grad False
+becomes a constant), additive_mask (valid: a mask buffer that is not
 causal becomes a program constant) and near_misses (valid: patterns the exporter fuses, each
 changed so that it no longer fits, stay written out)."""
 import math
@@ -113,6 +114,32 @@ class NearMisses(nn.Module):
         return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
 
 
+class Recurrent(nn.Module):
+    """A GRU keeps flat copies of its weights that forward reads instead of the Parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.rnn = nn.GRU(8, 8, batch_first=True)
+        self.head = nn.Linear(8, 11)
+
+    def forward(self, tokens, targets):
+        h, _ = self.rnn(self.embed(tokens))
+        return F.cross_entropy(self.head(h).view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class Dropout(TinyLM):
+    """nn.Dropout(p > 0) in training mode: make_fx traces it as empty_like, bernoulli_, div_."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, tokens, targets):
+        x = self.head(self.drop(self.embed(tokens)))
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
 class NoParameters(nn.Module):
     def forward(self, tokens, targets):
         return (tokens * 0.0).sum()
@@ -155,6 +182,22 @@ def near_misses():
 
 def no_parameters():
     return NoParameters()
+
+
+def recurrent():
+    return Recurrent()
+
+
+def dropout():
+    return Dropout()
+
+
+def frozen():
+    """Valid: a frozen embedding (requires_grad False) becomes a constant, never trained."""
+    torch.manual_seed(0)
+    m = TinyLM()
+    m.embed.weight.requires_grad_(False)
+    return m
 
 
 def raises():

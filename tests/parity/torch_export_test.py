@@ -133,6 +133,30 @@ class BadInput(unittest.TestCase):
         self.refused(f"{MODULES}:cumulative", "unsupported ATen op aten.cumsum.default",
                      "in module 'mix'", line_of("return torch.cumsum(x, dim=1)"))
 
+    def test_a_recurrent_layer_names_its_module(self):
+        # nn.GRU reads flat copies of its weights, not the Parameters the exporter swaps: it was
+        # refused as "a constant tensor ... that comes from no buffer", which named no GRU.
+        self.refused(f"{MODULES}:recurrent", "module 'rnn' is a torch.nn.GRU",
+                     "recurrent layers (RNN, LSTM, GRU) have no mapping")
+
+    def test_dropout_in_training_names_dropout(self):
+        # PyTorch 1.13 traces dropout as empty_like, bernoulli_, div_: it was refused as
+        # "unsupported ATen op aten.empty_like.default", which did not say dropout.
+        self.refused(f"{MODULES}:dropout", "dropout with p=0.1 in training mode",
+                     "in module 'drop'", "module.eval()")
+
+    def test_a_frozen_parameter_becomes_a_constant(self):
+        # A parameter with requires_grad False was exported as a trained `param`: sluice trained
+        # what PyTorch keeps fixed.
+        result, out = self.export(f"{MODULES}:frozen")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            program = f.read()
+        self.assertIn("const %embed.weight: f32[11, 8] = loaded", program)
+        self.assertNotIn("param %embed.weight", program)
+        self.assertIn("param %head.weight", program)
+        self.assertIn("constants (buffers, never trained): embed.weight", result.stdout)
+
     def test_out_is_an_existing_file(self):
         path = os.path.join(self.parent, "file")
         with open(path, "w") as f:

@@ -47,8 +47,8 @@ def load(module, weights, what):
     ids_loaded = {id(p) for n, p in module.named_parameters() if n in keys}
     aliases = _all_parameters(module)
     for missing in result.missing_keys:
-        if missing not in aliases:
-            continue  # a buffer: a constant of the program, kept by the module
+        if missing not in aliases or not aliases[missing].requires_grad:
+            continue  # a buffer or a frozen parameter: a constant of the program, kept as it was
         if id(aliases[missing]) not in ids_loaded:
             sys.exit(f"{what}: parameter {missing} is missing")
     unexpected = sorted(keys - set(module.state_dict()))
@@ -90,7 +90,9 @@ def main():
     out = {"losses": torch.tensor(losses, dtype=torch.float64)}
     out.update({f"final.{n}": p.detach().clone() for n, p in model.named_parameters()})
     # Buffers (the program's constants: rotary tables) stay as they were; sluice keeps them so.
-    out.update({f"final.{n}": b.detach().clone() for n, b in model.named_buffers()})
+    # (A boolean mask buffer is folded into the program, never a constant: left out.)
+    out.update({f"final.{n}": b.detach().clone() for n, b in model.named_buffers()
+                if b.is_floating_point()})
 
     trained, _ = read_safetensors(checkpoint_path)
     restored = load(build(spec), trained, checkpoint_path)

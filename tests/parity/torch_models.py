@@ -17,6 +17,14 @@ read with `B, T = x.shape`, the attention spelt out with a mask, a weight tied b
   mlp_lm   not a transformer: token and position embeddings, then residual per-token MLP blocks in
            an nn.Sequential (LayerNorm, SiLU, ReLU), a separate output head with a bias.
 
+  seq_mlp  what a user writes first: an nn.Sequential MLP (Linear, ReLU, LayerNorm, Tanh,
+           Dropout(0), SiLU) over token embeddings; the position embedding is frozen
+           (requires_grad False), so it is a constant neither framework trains.
+  encoder  two nn.TransformerEncoderLayer (PyTorch's own, with nn.MultiheadAttention; pre-norm,
+           GELU, no dropout) in an nn.ModuleList, causal by a boolean src_mask buffer (which
+           MultiheadAttention adds to the scores by baddbmm), then a linear head; the attention's
+           in_proj_bias is frozen (see Encoder).
+
 The sizes suit `sluice train --data sort` (vocabulary 11, sequences of 12).
 """
 import math
@@ -233,3 +241,56 @@ def llama():
 def mlp_lm():
     torch.manual_seed(0)
     return MlpLM()
+
+
+class SeqMLP(nn.Module):
+    def __init__(self, vocab=11, seq=12, dim=16, hidden=32):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(seq, dim)
+        self.wpe.weight.requires_grad_(False)
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.LayerNorm(hidden),
+                                 nn.Linear(hidden, hidden), nn.Tanh(), nn.Dropout(0.0),
+                                 nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, vocab))
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        logits = self.net(self.wte(tokens) + self.wpe(torch.arange(T)))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab=11, seq=12, dim=16, heads=2, layers=2):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(seq, dim)
+        self.layers = nn.ModuleList([
+            nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu",
+                                       batch_first=True, norm_first=True)
+            for _ in range(layers)])
+        # The key third of in_proj_bias has a true gradient of zero (softmax ignores a shift
+        # shared by every key), and AdamW turns the rounding noise of each framework into steps of
+        # up to lr that differ (4e-3 apart after ten steps): frozen, as a user may freeze it, so
+        # that the final weights compare within the test's 2e-3.
+        for layer in self.layers:
+            layer.self_attn.in_proj_bias.requires_grad_(False)
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("causal", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        x = self.wte(tokens) + self.wpe(torch.arange(T))
+        for layer in self.layers:
+            x = layer(x, src_mask=self.causal[:T, :T])
+        logits = self.head(x)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def seq_mlp():
+    torch.manual_seed(0)
+    return SeqMLP()
+
+
+def encoder():
+    torch.manual_seed(0)
+    return Encoder()

@@ -4,6 +4,8 @@
 // ... --init-from ... --data sort --threads 1`, AdamW, constant lr, no clipping) for ten steps and
 // saves a checkpoint; tests/parity/torch_import_reference.py trains the module in PyTorch from the
 // same weights on the same batches, and loads sluice's checkpoint back into a fresh module.
+// TorchImportParity also runs seq_mlp and encoder, modules a user brings built of PyTorch's own
+// layers (nn.Sequential, nn.TransformerEncoderLayer) with frozen parameters.
 //
 //   losses          the ten per-step losses, 1e-5 relative
 //   final weights   1e-4 of each tensor's largest entry plus 2e-2 of the AdamW steps taken
@@ -243,7 +245,11 @@ std::string ModelName(const testing::TestParamInfo<const char*>& info) { return 
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportGolden, testing::Values("gpt", "llama", "mlp_lm"),
                          ModelName);
-INSTANTIATE_TEST_SUITE_P(Models, TorchImportParity, testing::Values("gpt", "llama", "mlp_lm"),
+// seq_mlp and encoder are modules a user brings as they are (an nn.Sequential MLP with a frozen
+// position table; PyTorch's own nn.TransformerEncoderLayer): checked here only, with no golden
+// files.
+INSTANTIATE_TEST_SUITE_P(Models, TorchImportParity,
+                         testing::Values("gpt", "llama", "mlp_lm", "seq_mlp", "encoder"),
                          ModelName);
 
 }  // namespace

@@ -13,7 +13,8 @@ import torch
 from .errors import AmbiguousSizes, ExportError
 from .lowering import Lowering
 from .sizes import generalise, second_sizes
-from .tracing import block_paths, load_module, parameter_aliases, trace
+from .tracing import (block_paths, check_modules, frozen_parameters, load_module,
+                      parameter_aliases, trace)
 
 
 def write_safetensors(path, tensors):
@@ -48,10 +49,15 @@ def export(spec, batch, seq, out):
         raise ExportError("--batch must be at least 1 and --seq at least 3")
     check_out(out)
     module, user_file = load_module(spec)
+    check_modules(module)
     aliases = parameter_aliases(module)
+    if not aliases:
+        raise ExportError(f"{spec}: every parameter has requires_grad False: nothing to train")
     names = [n for n, _, _ in aliases]
     blocks = block_paths(module)
+    # Buffers, and frozen parameters, which PyTorch never trains: constants of the program.
     buffers = {id(b): n for n, b in module.named_buffers()}
+    buffers.update(frozen_parameters(module))
     last_error = None
     # Both traces are shorter than --seq: at the full length PyTorch elides a slice of a buffer
     # that takes all of it (`mask[:T, :T]` of a [T, T] mask), and the two texts would differ.

@@ -76,6 +76,16 @@ def _addmm(L, node, args, kwargs, shape):
     return L.emit("add", [y, L.val(bias)], shape, "f32", hint="bias")
 
 
+def _baddbmm(L, node, args, kwargs, shape):
+    """input + b1 @ b2: nn.MultiheadAttention adds its attn_mask to the scores so; a constant
+    causal mask becomes causal_mask, as an added one does."""
+    bias, a, b = args[0], args[1], args[2]
+    if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+        L.fail("baddbmm with beta or alpha other than 1 is not supported")
+    y = _matmul(L, node, [a, b], {}, shape)
+    return _binary("add")(L, node, [y, bias], {}, shape)
+
+
 def _binary(op):
     def lower(L, node, args, kwargs, shape):
         a, b = args[0], args[1]
@@ -318,6 +328,18 @@ def _dropout(L, node, args, kwargs, shape):
     return (x, None)
 
 
+def _empty_like(L, node, args, kwargs, shape):
+    """PyTorch 1.13 traces dropout in training as empty_like, bernoulli_(1 - p), div_, mul: the
+    empty tensor is the mask's, so the error names dropout rather than empty_like."""
+    for user in node.users:
+        if user.target in (aten.bernoulli_.float, aten.bernoulli.p):
+            p = 1 - user.args[1]
+            L.fail(f"dropout with p={p:.6g} in training mode: sluice has no dropout; use p=0 or "
+                   f"call module.eval() in the factory")
+    L.fail(f"unsupported ATen op {node.target}: sluice has no mapping for it "
+           f"(docs/torch-export.md lists the supported ops)")
+
+
 def _repeat_axis(L, x, dim, repeats, shape):
     """x with each entry along `dim` repeated `repeats` times in place (repeat_interleave), as a
     Repeated that the first reader materialises (repeat_copy) unless it reads it in place."""
@@ -371,7 +393,7 @@ LOWERINGS = {
     aten.expand.default: _expand,
     aten.t.default: _transpose, aten.transpose.int: _transpose, aten.permute.default: _permute,
     aten.mm.default: _matmul, aten.bmm.default: _matmul, aten.matmul.default: _matmul,
-    aten.addmm.default: _addmm,
+    aten.addmm.default: _addmm, aten.baddbmm.default: _baddbmm,
     aten.add.Tensor: _binary("add"), aten.sub.Tensor: _binary("sub"),
     aten.mul.Tensor: _binary("mul"), aten.div.Tensor: _binary("div"),
     aten.add.Scalar: _binary("add"), aten.mul.Scalar: _binary("mul"),
@@ -391,7 +413,7 @@ LOWERINGS = {
     aten.cat.default: _cat,
     aten.unsqueeze.default: _unsqueeze_squeeze, aten.squeeze.dim: _unsqueeze_squeeze,
     aten.squeeze.default: _unsqueeze_squeeze,
-    aten.native_dropout.default: _dropout,
+    aten.native_dropout.default: _dropout, aten.empty_like.default: _empty_like,
     aten.repeat_interleave.self_int: _repeat_interleave,
     aten.index_select.default: _index_select,
 }

@@ -38,11 +38,25 @@ def load_module(spec_text):
     return module, os.path.abspath(path)
 
 
+def check_modules(module):
+    """Refuses modules whose forward the trace cannot follow. A recurrent layer (nn.RNN, nn.LSTM,
+    nn.GRU) reads flat copies of its weights rather than the Parameters the trace swaps for
+    placeholders, so its weights would look like constants that come from no buffer."""
+    for path, sub in module.named_modules():
+        if isinstance(sub, torch.nn.RNNBase):
+            kind = f"{type(sub).__module__}.{type(sub).__name__}".replace("torch.nn.modules.rnn",
+                                                                         "torch.nn")
+            raise ExportError(f"module '{path}' is a {kind}: recurrent layers (RNN, LSTM, GRU) have "
+                              f"no mapping in sluice (docs/torch-export.md lists the supported ops)")
+
+
 def parameter_aliases(module):
     """[(name, Parameter, [(owner module, attribute), ...])] in named_parameters() order; a tied
-    Parameter appears once, under its first name, with every (module, attribute) holding it."""
+    Parameter appears once, under its first name, with every (module, attribute) holding it.
+    Frozen parameters (requires_grad False) are left out: PyTorch never trains them, so they are
+    read as constants, as buffers are (see frozen_parameters)."""
     names = {id(p): n for n, p in module.named_parameters()}
-    order = [n for n, _ in module.named_parameters()]
+    order = [n for n, p in module.named_parameters() if p.requires_grad]
     holders = {}
     for _, sub in module.named_modules(remove_duplicate=False):
         for attr, p in sub._parameters.items():
@@ -50,10 +64,17 @@ def parameter_aliases(module):
                 holders.setdefault(id(p), []).append((sub, attr))
     out = []
     for n, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
         hs = list(dict.fromkeys(holders[id(p)]))
         out.append((n, p, hs))
     assert [n for n, _, _ in out] == order
     return out
+
+
+def frozen_parameters(module):
+    """{id(Parameter): name} of the parameters with requires_grad False."""
+    return {id(p): n for n, p in module.named_parameters() if not p.requires_grad}
 
 
 def block_paths(module):

@@ -204,6 +204,32 @@ TEST_F(RunReportFiles, ATraceMustBeAChromeTrace) {
   EXPECT_THROW(ReadTraceFile(Write("c.json", "not json")), ParseError);
 }
 
+// Regression: a number past the range of a double (1e999) is not a parse_error for nlohmann::json
+// but an out_of_range (406), which escaped both readers: `sluice report` ended with "internal
+// error". It is a ParseError naming the file and line, as any other bad JSON.
+TEST_F(RunReportFiles, ANumberPastADoubleIsAParseErrorNotAnInternalError) {
+  const std::string m =
+      Write("big.jsonl", "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 1e999}\n");
+  try {
+    ReadMetricsFile(m);
+    FAIL() << "expected ParseError";
+  } catch (const ParseError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(m + ":2:"));
+    EXPECT_THAT(e.what(), HasSubstr("number overflow parsing '1e999'"));
+  }
+  const std::string t = Write(
+      "big.json",
+      R"({"traceEvents": [{"ph": "X", "ts": 1e999, "dur": 1, "pid": 0, "tid": 0, "name": "F0"}]})");
+  try {
+    ReadTraceFile(t);
+    FAIL() << "expected ParseError";
+  } catch (const ParseError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(t + ":1:"));
+    EXPECT_THAT(e.what(), HasSubstr("not a Chrome trace (JSON)"));
+    EXPECT_THAT(e.what(), HasSubstr("number overflow parsing '1e999'"));
+  }
+}
+
 // Regression (issue "Nothing lost"): figures out of their range were drawn as they came — a step
 // of 2^63 as negative, negative steps, byte counts and stage indices, a bubble above 1. Each is a
 // ParseError naming the file, the line and the range.

@@ -215,6 +215,9 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
     } catch (const Json::parse_error& e) {
       throw ParseError(path, number, static_cast<int>(e.byte),
                        fmt::format("not a JSON line of sluice train --metrics: {}", e.what()));
+    } catch (const Json::out_of_range& e) {  // a number past a double: 1e999 (406)
+      throw ParseError(path, number, 1,
+                       fmt::format("not a JSON line of sluice train --metrics: {}", e.what()));
     }
     if (!j.is_object()) {
       throw ParseError(path, number, 1,
@@ -252,6 +255,8 @@ Json ReadTraceFile(const std::string& path) {
   } catch (const Json::parse_error& e) {
     throw ParseError(path, 1, static_cast<int>(e.byte),
                      fmt::format("not a Chrome trace (JSON): {}", e.what()));
+  } catch (const Json::out_of_range& e) {  // a number past a double: 1e999 (406)
+    throw ParseError(path, 1, 1, fmt::format("not a Chrome trace (JSON): {}", e.what()));
   }
   if (j.is_object() && j.contains("traceEvents")) j = j["traceEvents"];
   if (!j.is_array()) {

@@ -168,5 +168,25 @@ TEST_F(RunCli, MalformedProgramsAndBadOptionsFailClearly) {
   EXPECT_THAT(r.err, HasSubstr("memory plan static needs run mode trace"));
 }
 
+// Regression: a --size past int64 (std::from_chars out of range, the value left at 0) ran the
+// program at size 0: `--size B=99999999999999999999999` reported "there are no tokens".
+TEST_F(RunCli, ASizePastInt64IsRefusedNotTakenForZero) {
+  const fs::path program = Write("scaled.sluice", R"(program scaled {
+  input %x: f32[B, 3]
+  %y: f32[B, 3] = add(%x, %x)
+  output %y
+}
+)");
+  for (const char* value : {"99999999999999999999999", "18446744073709551615"}) {
+    const Result r = Sluice(fmt::format("run {} --size B={}", program.string(), value));
+    EXPECT_EQ(r.status, 1) << value << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(fmt::format("sluice: error: --size 'B={}': expected NAME=VALUE "
+                                             "with a non-negative integer",
+                                             value)));
+    EXPECT_THAT(r.err, HasSubstr("at most 9223372036854775807")) << r.err;
+  }
+  EXPECT_EQ(Sluice(fmt::format("run {} --size B=2", program.string())).status, 0);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -15,9 +15,11 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <fmt/format.h>
@@ -120,12 +122,19 @@ SizeBindings ParseSizes(const std::vector<std::string>& texts) {
     const size_t eq = text.find('=');
     int64_t value = 0;
     const char* end = text.data() + text.size();
-    const bool number = eq != std::string::npos &&
-                        std::from_chars(text.data() + eq + 1, end, value).ptr == end &&
+    std::from_chars_result parsed{};
+    if (eq != std::string::npos) parsed = std::from_chars(text.data() + eq + 1, end, value);
+    // ec: a number past int64 leaves `value` 0 (it ran the program at that size).
+    const bool number = eq != std::string::npos && parsed.ptr == end && parsed.ec == std::errc() &&
                         eq + 1 < text.size();
     if (eq == 0 || !number || value < 0) {
-      throw InvalidArgument(fmt::format(
-          "--size '{}': expected NAME=VALUE with a non-negative integer, e.g. --size B=8", text));
+      throw InvalidArgument(
+          fmt::format("--size '{}': expected NAME=VALUE with a non-negative integer, e.g. --size "
+                      "B=8{}",
+                      text,
+                      parsed.ec == std::errc::result_out_of_range
+                          ? fmt::format(" (at most {})", std::numeric_limits<int64_t>::max())
+                          : ""));
     }
     if (!sizes.emplace(text.substr(0, eq), value).second) {
       throw InvalidArgument(fmt::format("--size {} is given twice", text.substr(0, eq)));

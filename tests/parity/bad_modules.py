@@ -140,6 +140,38 @@ class Dropout(TinyLM):
         return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
 
 
+class PaddingIdx(TinyLM):
+    """nn.Embedding(padding_idx=0): PyTorch never trains row 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8, padding_idx=0)
+
+
+class MaxNorm(TinyLM):
+    """nn.Embedding(max_norm=1): forward renormalises the weight in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8, max_norm=1.0)
+
+
+class InPlace(TinyLM):
+    """An in-place change of an activation."""
+
+    def forward(self, tokens, targets):
+        h = self.embed(tokens)
+        h.mul_(2.0)
+        x = self.head(h)
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class DivideByZero(TinyLM):
+    def forward(self, tokens, targets):
+        x = self.logits(tokens) / 0.0
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
 class NoParameters(nn.Module):
     def forward(self, tokens, targets):
         return (tokens * 0.0).sum()
@@ -198,6 +230,22 @@ def frozen():
     m = TinyLM()
     m.embed.weight.requires_grad_(False)
     return m
+
+
+def padding_idx():
+    return PaddingIdx()
+
+
+def max_norm():
+    return MaxNorm()
+
+
+def in_place():
+    return InPlace()
+
+
+def divide_by_zero():
+    return DivideByZero()
 
 
 def raises():

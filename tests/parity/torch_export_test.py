@@ -145,6 +145,27 @@ class BadInput(unittest.TestCase):
         self.refused(f"{MODULES}:dropout", "dropout with p=0.1 in training mode",
                      "in module 'drop'", "module.eval()")
 
+    def test_an_embedding_with_padding_idx(self):
+        # padding_idx was dropped: sluice trained the row PyTorch never trains.
+        self.refused(f"{MODULES}:padding_idx", "nn.Embedding with padding_idx=0",
+                     "in module 'embed'")
+
+    def test_an_embedding_with_max_norm(self):
+        # embedding_renorm_ (nothing reads its result) was dropped: the weight was never
+        # renormalised.
+        self.refused(f"{MODULES}:max_norm", "nn.Embedding with max_norm", "drop max_norm")
+
+    def test_an_in_place_op(self):
+        # make_fx routes later reads of h through mul_, so it is an unmapped op (embedding_renorm_
+        # above is the in-place op nothing reads).
+        self.refused(f"{MODULES}:in_place", "unsupported ATen op aten.mul_.Tensor",
+                     line_of("h.mul_(2.0)"))
+
+    def test_a_division_by_zero(self):
+        # It was a Python ZeroDivisionError with a traceback.
+        self.refused(f"{MODULES}:divide_by_zero", "division by the constant 0",
+                     line_of("x = self.logits(tokens) / 0.0"))
+
     def test_a_frozen_parameter_becomes_a_constant(self):
         # A parameter with requires_grad False was exported as a trained `param`: sluice trained
         # what PyTorch keeps fixed.

@@ -248,6 +248,14 @@ class Lowering:
                     self.fail("an RMS norm whose weight is not a parameter of the last axis")
                 self.env[node] = self.emit("rms_norm", [x, w], list(self.concrete[node].shape),
                                            "f32", {"eps": float(eps)})
+            elif not node.users and self.mutates_a_value(node):
+                if node.target == aten.embedding_renorm_.default:
+                    self.fail("nn.Embedding with max_norm renormalises rows of its weight in place "
+                              "in forward (aten.embedding_renorm_); sluice's embedding does not: "
+                              "drop max_norm")
+                self.fail(f"in-place op {node.target} changes a value that depends on the inputs "
+                          f"or parameters, and nothing reads its result: a program computes new "
+                          f"values only, so the change would be lost; write it out of place")
             else:
                 self.env[node] = self.lower(node) if node.users else None
         if not isinstance(loss, Val):
@@ -316,6 +324,14 @@ class Lowering:
         self.env[silu] = self.lower(silu)
         self.node = node
         return self.lower(node)
+
+    def mutates_a_value(self, node):
+        """Whether `node` is an in-place ATen op on a value that is not a folded constant (a
+        constant's in-place change is folded with it, as MultiheadAttention's mask)."""
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or not schema.is_mutable:
+            return False
+        return any(not isinstance(self.env.get(a), Const) for a in node.all_input_nodes)
 
     def lower(self, node, fold=True):
         target = node.target

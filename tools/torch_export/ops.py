@@ -102,6 +102,8 @@ def _binary(op):
         if op == "mul" and sa is not None and not isinstance(b, Const):
             return L.emit("scale", [L.val(b)], shape, "f32", {"factor": sa})
         if op == "div" and sb is not None and not isinstance(a, Const):
+            if sb == 0.0:
+                L.fail("division by the constant 0")
             return L.emit("scale", [L.val(a)], shape, "f32", {"factor": 1.0 / sb})
         if op == "add" and isinstance(b, Const) and b.tensor.dim() >= 2:
             mask = _causal_mask_value(b.tensor, additive=True)
@@ -256,6 +258,13 @@ def _nll_loss(L, node, args, kwargs, shape):
 
 def _embedding(L, node, args, kwargs, shape):
     table, ids = args[0], args[1]
+    padding_idx = args[2] if len(args) > 2 else kwargs.get("padding_idx", -1)
+    if padding_idx != -1:
+        L.fail(f"nn.Embedding with padding_idx={padding_idx}: PyTorch never trains that row (its "
+               f"gradient is zero), sluice's embedding trains every row; drop padding_idx")
+    if (args[3] if len(args) > 3 else kwargs.get("scale_grad_by_freq", False)):
+        L.fail("nn.Embedding with scale_grad_by_freq=True: sluice's embedding gradient is not "
+               "scaled by frequency")
     if isinstance(ids, Const):
         t = ids.tensor
         n = t.shape[-1] if t.dim() > 0 else 0

@@ -162,6 +162,39 @@ TEST_F(BadInputCli, InputFilesMustBeRegularFiles) {
               HasSubstr("program file '/dev/zero' is a character device"));
 }
 
+// Regression: a --data (or --program) pipe was read once per dataset sluice built from it, so the
+// second build found it drained: `head -c 5000 big.txt | sluice train --data /dev/stdin` failed
+// with "data file '/dev/stdin' has 0 bytes". A pipe or device is read once; later reads of it in
+// the process give those bytes.
+TEST_F(BadInputCli, APipeIsReadOnceAndTrainsAsAFileWould) {
+  std::string text;
+  for (int i = 0; text.size() < 5000; ++i) text += fmt::format("line {} of a piped corpus\n", i);
+  const fs::path corpus = Write("corpus.txt", text);
+  auto train = [&](const std::string& data, const std::string& metrics, const std::string& pipe) {
+    return Sluice(fmt::format("train {} --steps 2 --seq 16 --metrics {} --data {}", kTiny,
+                              (dir_ / metrics).string(), data),
+                  pipe);
+  };
+  // Sluice() puts its second argument before the binary: here a pipe into it.
+  const CliResult piped = train("/dev/stdin", "piped.jsonl", "cat " + corpus.string() + " |");
+  ASSERT_EQ(piped.status, 0) << piped.err;
+  const CliResult file = train(corpus.string(), "file.jsonl", "");
+  ASSERT_EQ(file.status, 0) << file.err;
+  const auto piped_lines = Lines(dir_ / "piped.jsonl"), file_lines = Lines(dir_ / "file.jsonl");
+  ASSERT_EQ(piped_lines.size(), file_lines.size());
+  EXPECT_EQ(piped_lines[0]["loss"], file_lines[0]["loss"]);
+  EXPECT_EQ(piped_lines[1]["loss"], file_lines[1]["loss"]);
+
+  const fs::path program = Write("p.sluice", R"(program p {
+  input %x: f32[3]
+  %y: f32[3] = add(%x, %x)
+  output %y
+}
+)");
+  const CliResult run = Sluice("run /dev/stdin", "cat " + program.string() + " |");
+  EXPECT_EQ(run.status, 0) << run.err;
+}
+
 TEST_F(BadInputCli, OutputsMayNotOverwriteInputsOrEachOther) {
   const fs::path corpus = Write("corpus.txt", std::string(4096, 'a'));
   const std::string before = ReadFile(corpus);

@@ -10,6 +10,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -190,6 +193,18 @@ void CheckReplaceable(std::string_view what, const std::string& path) {
       what, path, KindOf(st.st_mode)));
 }
 
+// The bytes of every pipe or device read so far, by (device, inode): a pipe yields its bytes
+// once, and a run builds its dataset (or parses its program) more than once.
+struct SpecialFileCache {
+  std::mutex mutex;
+  std::map<std::pair<dev_t, ino_t>, std::string> bytes;
+};
+
+SpecialFileCache& SpecialFiles() {
+  static SpecialFileCache cache;
+  return cache;
+}
+
 std::string ReadWholeFile(std::string_view what, const std::string& path, int64_t special_limit) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
@@ -198,11 +213,28 @@ std::string ReadWholeFile(std::string_view what, const std::string& path, int64_
   if (S_ISDIR(st.st_mode)) {
     throw IoError(fmt::format("cannot read {} '{}': it is a directory, not a file", what, path));
   }
+  const bool regular = S_ISREG(st.st_mode);
+  auto too_long = [&] {
+    return IoError(fmt::format(
+        "{} '{}' is {} and yields more than {} MiB, the most read from anything but a regular "
+        "file; copy what it should hold into a file",
+        what, path, KindOf(st.st_mode), special_limit >> 20));
+  };
+  const std::pair<dev_t, ino_t> key{st.st_dev, st.st_ino};
+  SpecialFileCache& cache = SpecialFiles();
+  // Held while a pipe is read, so that two threads reading one pipe share what it yields.
+  std::unique_lock<std::mutex> lock(cache.mutex, std::defer_lock);
+  if (!regular) {
+    lock.lock();
+    if (auto it = cache.bytes.find(key); it != cache.bytes.end()) {
+      if (static_cast<int64_t>(it->second.size()) > special_limit) throw too_long();
+      return it->second;
+    }
+  }
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {
     throw IoError(fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno)));
   }
-  const bool regular = S_ISREG(st.st_mode);
   std::string bytes;
   if (regular) bytes.reserve(static_cast<size_t>(st.st_size));
   char buffer[1 << 16];
@@ -215,13 +247,9 @@ std::string ReadWholeFile(std::string_view what, const std::string& path, int64_
     }
     if (n == 0) break;
     bytes.append(buffer, static_cast<size_t>(n));
-    if (!regular && static_cast<int64_t>(bytes.size()) > special_limit) {
-      throw IoError(fmt::format(
-          "{} '{}' is {} and yields more than {} MiB, the most read from anything but a regular "
-          "file; copy what it should hold into a file",
-          what, path, KindOf(st.st_mode), special_limit >> 20));
-    }
+    if (!regular && static_cast<int64_t>(bytes.size()) > special_limit) throw too_long();
   }
+  if (!regular) cache.bytes.emplace(key, bytes);
   return bytes;
 }
 

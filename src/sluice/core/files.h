@@ -31,7 +31,9 @@ inline constexpr int64_t kSpecialFileLimit = int64_t{64} << 20;
 
 // The whole content of `path`. `what` names the file in messages ("program", "--data file").
 // Throws IoError when it does not exist, is a directory, cannot be read, or is not a regular file
-// and yields more than `special_limit` bytes.
+// and yields more than `special_limit` bytes. A file that is not regular (a pipe, /dev/stdin) is
+// read once per process: a later call for it (by device and inode) returns the bytes of the first,
+// since a pipe yields them only once and a run may read its data or program twice.
 std::string ReadWholeFile(std::string_view what, const std::string& path,
                           int64_t special_limit = kSpecialFileLimit);
 

@@ -178,6 +178,33 @@ class BadInput(unittest.TestCase):
         self.assertIn("param %head.weight", program)
         self.assertIn("constants (buffers, never trained): embed.weight", result.stdout)
 
+    def test_a_file_that_is_not_python(self):
+        # importlib gives no loader for a name not ending in .py: it was an AttributeError
+        # traceback.
+        path = os.path.join(self.parent, "model.txt")
+        with open(path, "w") as f:
+            f.write("def tiny(): pass\n")
+        self.refused(f"{path}:tiny", f"{path}: not a Python file")
+
+    def test_out_where_no_folder_can_be_made(self):
+        # Each was a Python traceback (FileExistsError, FileNotFoundError from mkdtemp).
+        blocker = os.path.join(self.parent, "a_file")
+        with open(blocker, "w") as f:
+            f.write("mine")
+        self.refused(f"{MODULES}:tiny", f"--out {blocker}/out: cannot create a folder in",
+                     out=f"{blocker}/out")
+        os.remove(blocker)
+        self.refused(f"{MODULES}:tiny", "--out /proc/out: cannot create a folder in '/proc'",
+                     out="/proc/out")
+        self.assertFalse(any(n.startswith(".torch_export.") for n in os.listdir("/proc")))
+
+    def test_sizes_past_sluices_limits(self):
+        # --batch 100000000 traced the module at that batch for real (it ran out of time).
+        for batch, seq in (("100000000", "6"), ("2", "100000")):
+            result, _ = self.export(f"{MODULES}:tiny", batch=batch, seq=seq)
+            self.assertEqual(result.returncode, 1, result.stderr)
+            self.assertIn("--batch must be 1 to 16384 and --seq 3 to 16384", result.stderr)
+
     def test_out_is_an_existing_file(self):
         path = os.path.join(self.parent, "file")
         with open(path, "w") as f:

@@ -44,9 +44,17 @@ def check_out(out):
                           f"folder")
 
 
+MAX_BATCH = 16384  # --batch of sluice train
+MAX_SEQ = 16384    # --seq of sluice train
+
+
 def export(spec, batch, seq, out):
-    if batch < 1 or seq < 3:
-        raise ExportError("--batch must be at least 1 and --seq at least 3")
+    # sluice's own bounds (step/config_checks.h): the module is traced for real at about these
+    # sizes, so a size typed by mistake would run out of memory or time rather than fail.
+    if not (1 <= batch <= MAX_BATCH and 3 <= seq <= MAX_SEQ):
+        raise ExportError(f"--batch must be 1 to {MAX_BATCH} and --seq 3 to {MAX_SEQ}, got --batch "
+                          f"{batch} --seq {seq} (the program trains at any batch, so a small "
+                          f"--batch is enough)")
     check_out(out)
     module, user_file = load_module(spec)
     check_modules(module)
@@ -79,8 +87,12 @@ def export(spec, batch, seq, out):
                f"{seq}; traced at [{batch}, {t1}] and [{b2}, {t2}])\n" + program)
 
     parent = os.path.dirname(os.path.abspath(out)) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".torch_export.", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".torch_export.", dir=parent)
+    except OSError as e:
+        raise ExportError(f"--out {out}: cannot create a folder in '{parent}': "
+                          f"{e.strerror or e}") from e
     try:
         with open(os.path.join(tmp, "model.sluice"), "w") as f:
             f.write(program)
@@ -90,6 +102,9 @@ def export(spec, batch, seq, out):
         if os.path.isdir(out):
             os.rmdir(out)  # empty, checked above
         os.rename(tmp, out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExportError(f"--out {out}: cannot write it: {e.strerror or e}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -18,6 +18,8 @@ def load_module(spec_text):
     if not os.path.isfile(path):
         raise ExportError(f"{path}: no such file")
     spec = importlib.util.spec_from_file_location("sluice_user_module", path)
+    if spec is None or spec.loader is None:
+        raise ExportError(f"{path}: not a Python file (expected FILE.py:FACTORY, e.g. models.py:gpt)")
     mod = importlib.util.module_from_spec(spec)
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:

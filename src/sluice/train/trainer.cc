@@ -30,18 +30,18 @@ namespace sluice {
 
 namespace {
 
-// The instruction sets the run's kernels use: Highway's target for the row kernels, OpenBLAS's
-// core for GEMM (and what OpenBLAS chose by itself, when sluice replaced it: kernels/blas.h).
-// The kernels the run's products and row kernels use. gemm: the engine of f32 GEMMs, gemm_chosen_by
-// what chose it (kernels/matmul.h), gemm_epilogue what the f32 linear fuses into the product
-// ("bias" on oneDNN, "none" on OpenBLAS); on oneDNN, omp_wait_policy how oneDNN's OpenMP threads
-// wait (OMP_WAIT_POLICY, read when the process starts: with cores shared, libgomp's default
-// spinning made 2-thread steps ~4× slower, docs/benchmarks.md "GEMM epilogues"). Under
-// --precision bf16, bf16_gemm names the engine of bf16 products (kernels/bf16_products.h):
-// oneDNN's implementation, or OpenBLAS on operands widened to f32 (bf16 storage, f32 compute);
-// bf16_native says whether the CPU has bf16 instructions (AVX512_BF16 or AMX) as oneDNN sees it;
-// bf16 says what the run does with them (storage bf16, compute f32 or bf16) beside the CPU's flags
-// and the measured bf16 dot-product rate (kernels/bf16_probe.h), and its one-line text.
+// The kernels the run's products and row kernels use: simd, Highway's target for the row kernels;
+// blas, OpenBLAS's core (and what OpenBLAS chose by itself, when sluice replaced it:
+// kernels/blas.h); gemm, the engine of f32 GEMMs, gemm_chosen_by what chose it (kernels/matmul.h),
+// gemm_epilogue what the f32 linear fuses into the product ("bias" on oneDNN, "none" on OpenBLAS);
+// on oneDNN, omp_wait_policy how oneDNN's OpenMP threads wait (OMP_WAIT_POLICY, read when the
+// process starts: with cores shared, libgomp's default spinning made 2-thread steps ~4× slower,
+// docs/benchmarks.md "GEMM epilogues"). Under --precision bf16, bf16_gemm names the engine of bf16
+// products (kernels/bf16_products.h): oneDNN's implementation, or OpenBLAS on operands widened to
+// f32 (bf16 storage, f32 compute); bf16_native says whether the CPU has bf16 instructions
+// (AVX512_BF16 or AMX) as oneDNN sees it; bf16 says what the run does with them (storage bf16,
+// compute f32 or bf16) beside the CPU's flags and the measured bf16 dot-product rate
+// (kernels/bf16_probe.h), and its one-line text.
 nlohmann::json KernelsDescription(Precision precision) {
   const kernels::BlasKernels& blas = kernels::EnsureBlasKernels();
   nlohmann::json k = {{"simd", kernels::SimdTarget()},

@@ -16,8 +16,13 @@
 #include "sluice/kernels/onednn_matmul.h"
 #include "sluice/kernels/simd_kernels.h"
 
+#include "bf16_test_data.h"
+
 namespace sluice::kernels {
 namespace {
+
+using testing_support::RoundToBF16;
+using testing_support::Uniform;
 
 uint32_t Bits(float f) {
   uint32_t u;
@@ -126,23 +131,6 @@ std::vector<double> Product(const std::vector<float>& a, const std::vector<float
     }
   }
   return c;
-}
-
-std::vector<float> Uniform(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// x rounded to bf16: returns the bf16 numbers and leaves their exact f32 values in x.
-std::vector<BFloat16> RoundToBF16(std::vector<float>& x) {
-  std::vector<BFloat16> out(x.size());
-  const auto n = static_cast<int64_t>(x.size());
-  ToBF16Reference(x.data(), out.data(), n);
-  FromBF16Reference(out.data(), x.data(), n);
-  return out;
 }
 
 TEST(OneDnnGemm, MatchesTheTripleLoopForEveryTransposeDtypeAndAccumulate) {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "sluice/core/dtype.h"
@@ -13,25 +12,13 @@
 #include "sluice/kernels/onednn_matmul.h"
 #include "sluice/kernels/unary.h"
 
+#include "bf16_test_data.h"
+
 namespace sluice::kernels {
 namespace {
 
-std::vector<float> Uniform(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-scale, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// x rounded to bf16 in place; the bf16 copy returned.
-std::vector<BFloat16> RoundToBF16(std::vector<float>& x) {
-  std::vector<BFloat16> out(x.size());
-  const auto n = static_cast<int64_t>(x.size());
-  ToBF16Reference(x.data(), out.data(), n);
-  FromBF16Reference(out.data(), x.data(), n);
-  return out;
-}
+using testing_support::RoundToBF16;
+using testing_support::Uniform;
 
 // gelu(op(a)·op(b) + bias) in double (gelu only when asked).
 std::vector<double> Want(const std::vector<float>& a, const std::vector<float>& b,

@@ -306,11 +306,17 @@ size_t CachingAllocator::FindBackedWindow(const Pool& pool, size_t rounded, Bloc
       if (b->allocated || b->size < rounded) continue;
       // The window's cost changes only where an end crosses a page boundary: try each start at
       // one, and the block's two ends.
+      // The window's pages [first, end) only move forward, so its count is kept by the pages
+      // that leave and enter it: linear in the block's pages.
       const auto base = static_cast<size_t>(b->ptr - c->base);
       const size_t last = b->size - rounded;
+      size_t first = base / page, end = (base + rounded + page - 1) / page;
+      size_t n = c->CountReturned(first, end, false);
       for (size_t at = 0;;) {
-        const size_t n =
-            c->CountReturned((base + at) / page, (base + at + rounded + page - 1) / page, false);
+        const size_t new_first = (base + at) / page;
+        const size_t new_end = (base + at + rounded + page - 1) / page;
+        for (; first < new_first; ++first) n -= c->Returned(first) ? 1 : 0;
+        for (; end < new_end; ++end) n += c->Returned(end) ? 1 : 0;
         if (n < best_cost || (n == best_cost && b->size < best_size)) {
           best_cost = n;
           best_size = b->size;

@@ -237,7 +237,11 @@ TEST(Partition, LayoutErrorsNameTheStageAndTheItem) {
   EXPECT_EQ(LayoutError("embed,h.0-1,head|h.2-3", 2),
             "--layout stage 0: head must come last, at the end of stage 1");
   EXPECT_EQ(LayoutError("embed,h.0-1|h.2-3,head", 4),
-            "--layout has 2 stages, but --stages × --chunks asks for 4 virtual stages");
+            "--layout has 2 stages, but --stages × --chunks asks for 4 virtual stages ('|' "
+            "separates stages, ',' the items of one)");
+  EXPECT_EQ(LayoutError("embed,h.0-3,head", 2),
+            "--layout has 1 stage, but --stages × --chunks asks for 2 virtual stages ('|' "
+            "separates stages, ',' the items of one)");
 }
 
 // The most expensive rank of a V-shaped placement: rank r runs virtual stages r and S − 1 − r.

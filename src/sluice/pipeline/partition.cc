@@ -418,7 +418,9 @@ Partition ParseLayout(std::string_view layout, const ModelUnits& units, int S,
   }
   if (given != S) {
     throw InvalidArgument(fmt::format(
-        "--layout has {} stages, but --stages × --chunks asks for {} virtual stages", given, S));
+        "--layout has {} stage{}, but --stages × --chunks asks for {} virtual stages ('|' "
+        "separates stages, ',' the items of one)",
+        given, given == 1 ? "" : "s", S));
   }
   // Every unit in exactly one item.
   std::vector<const Item*> owner(static_cast<size_t>(N), nullptr);

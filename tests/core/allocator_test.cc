@@ -253,6 +253,24 @@ TEST_P(CachingAllocatorRandomTest, ReservedStaysWithinTheHeadroomOfTheHighWaterM
   EXPECT_GT(run(0.0), 1 + headroom) << "the requests leave no holes to return: the test is moot";
 }
 
+// Four blocks of q bytes allocated in a row, b and d filled with 0x5b and 0x5d, a and c freed: two
+// holes of q between live blocks.
+struct TwoHoles {
+  char* a;
+  char* b;
+  char* c;
+  char* d;
+};
+TwoHoles MakeTwoHoles(CachingAllocator& alloc, size_t q) {
+  TwoHoles h{};
+  for (char** p : {&h.a, &h.b, &h.c, &h.d}) *p = static_cast<char*>(alloc.Allocate(q));
+  std::memset(h.b, 0x5b, q);
+  std::memset(h.d, 0x5d, q);
+  alloc.Deallocate(h.a, q);
+  alloc.Deallocate(h.c, q);
+  return h;
+}
+
 // The headroom after ResetPeak: the high-water mark is the most ever allocated, not this step's,
 // so a step that starts low keeps the pages of the last step's peak within it.
 TEST(CachingAllocator, HolesPastTheHeadroomGiveBackTheirPagesBeforeGrowing) {
@@ -260,14 +278,7 @@ TEST(CachingAllocator, HolesPastTheHeadroomGiveBackTheirPagesBeforeGrowing) {
   for (const double headroom : {0.0, 0.04}) {
     SCOPED_TRACE(fmt::format("reserved_headroom {}", headroom));
     CachingAllocator alloc({.reserved_headroom = headroom});
-    char* a = static_cast<char*>(alloc.Allocate(q));
-    char* b = static_cast<char*>(alloc.Allocate(q));
-    char* c = static_cast<char*>(alloc.Allocate(q));
-    char* d = static_cast<char*>(alloc.Allocate(q));
-    std::memset(b, 0x5b, q);
-    std::memset(d, 0x5d, q);
-    alloc.Deallocate(a, q);
-    alloc.Deallocate(c, q);  // two holes of 256 KiB; the high-water mark is 4q
+    const auto [a, b, c, d] = MakeTwoHoles(alloc, q);  // the high-water mark is 4q
     alloc.ResetPeak();
     char* e = static_cast<char*>(alloc.Allocate(300 * KiB));  // fits no hole: the chunk grows
     EXPECT_EQ(e, d + q);
@@ -865,14 +876,7 @@ TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
 TEST(CachingAllocator, ABudgetReturnsTheHolesPagesBeforeGrowing) {
   const size_t q = 256 * KiB;
   CachingAllocator alloc({.max_reserved_bytes = 4 * q + 64 * KiB, .reserved_headroom = 0});
-  char* a = static_cast<char*>(alloc.Allocate(q));
-  char* b = static_cast<char*>(alloc.Allocate(q));
-  char* c = static_cast<char*>(alloc.Allocate(q));
-  char* d = static_cast<char*>(alloc.Allocate(q));
-  std::memset(b, 0x5b, q);
-  std::memset(d, 0x5d, q);
-  alloc.Deallocate(a, q);
-  alloc.Deallocate(c, q);  // two holes of 256 KiB between live blocks
+  const auto [a, b, c, d] = MakeTwoHoles(alloc, q);
   EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * q));
   // 300 KiB fits no hole and growing would cross the budget: the holes' pages go back first.
   char* e = static_cast<char*>(alloc.Allocate(300 * KiB));

@@ -190,6 +190,19 @@ void CancelAll(std::span<MPI_Request> requests) {
 
 enum class Phase { kPending, kCompleted, kFailed };
 
+// What Request::state reports for an operation in this phase.
+RequestState StateOf(Phase phase) {
+  switch (phase) {
+    case Phase::kPending:
+      return RequestState::kPending;
+    case Phase::kCompleted:
+      return RequestState::kCompleted;
+    case Phase::kFailed:
+      return RequestState::kFailed;
+  }
+  return RequestState::kFailed;
+}
+
 // One send or receive (see mpi.h for the three MPI operations it is made of).
 class P2POp final : public InFlight {
  public:
@@ -534,17 +547,7 @@ class MpiRequest final : public RequestImpl {
     return op_->phase == Phase::kCompleted;
   }
 
-  RequestState state() const override {
-    switch (op_->phase) {
-      case Phase::kPending:
-        return RequestState::kPending;
-      case Phase::kCompleted:
-        return RequestState::kCompleted;
-      case Phase::kFailed:
-        return RequestState::kFailed;
-    }
-    return RequestState::kFailed;
-  }
+  RequestState state() const override { return StateOf(op_->phase); }
 
   std::string Describe() const override { return op_->Describe(); }
 
@@ -595,17 +598,7 @@ class MpiReduction final : public RequestImpl {
     return phase_ == Phase::kCompleted;
   }
 
-  RequestState state() const override {
-    switch (phase_) {
-      case Phase::kPending:
-        return RequestState::kPending;
-      case Phase::kCompleted:
-        return RequestState::kCompleted;
-      case Phase::kFailed:
-        return RequestState::kFailed;
-    }
-    return RequestState::kFailed;
-  }
+  RequestState state() const override { return StateOf(phase_); }
 
   std::string Describe() const override { return fmt::format("{}: {}", shared_->Me(), what_); }
 

@@ -304,6 +304,8 @@ size_t CachingAllocator::FindBackedWindow(const Pool& pool, size_t rounded, Bloc
     if (c->small_pool != pool.small_pool()) continue;
     for (Block* b = c->first; b != nullptr; b = b->next) {
       if (b->allocated || b->size < rounded) continue;
+      // With a window on no returned page found, only a smaller block free of them can win.
+      if (best_cost == 0 && b->size >= best_size) continue;
       // The window's cost changes only where an end crosses a page boundary: try each start at
       // one, and the block's two ends.
       // The window's pages [first, end) only move forward, so its count is kept by the pages
@@ -322,8 +324,10 @@ size_t CachingAllocator::FindBackedWindow(const Pool& pool, size_t rounded, Bloc
           best_size = b->size;
           best_offset = at;
           *block = b;
-          if (n == 0 && b->size == rounded) break;
         }
+        // No later start in this block can win: the cost cannot fall below none, and a tie
+        // needs a smaller block.
+        if (n == 0) break;
         if (at == last) break;
         at = std::min(last, RoundUp(base + at + 1, page) - base);
       }

@@ -135,6 +135,23 @@ std::vector<OpCase> LinalgCases() {
        .inputs = {F({33, 65}), F({65, 17}), F({17})},
        .bf16 = true,
        .bf16_inputs = {0, 1}},
+      // The bf16 linear's output gradient, rounded and summed in one pass: fast and reference
+      // kernels bitwise equal, over four-vector groups of columns and the scalar columns after.
+      {.label = "cast_bf16_and_sum",
+       .op = "cast_bf16_and_sum",
+       .inputs = {F({2, 3, 5})},
+       .grad = false,
+       .f32_tolerance = 0,
+       .bf16 = true,
+       .bf16_tolerance = 0},
+      {.label = "cast_bf16_and_sum_wide",
+       .op = "cast_bf16_and_sum",
+       .inputs = {F({37, 200})},
+       .fills = {Uniform(-1e3, 1e3)},
+       .grad = false,
+       .f32_tolerance = 0,
+       .bf16 = true,
+       .bf16_tolerance = 0},
   };
 }
 
@@ -177,6 +194,10 @@ std::vector<OpErrorCase> LinalgErrors() {
       {.label = "linear_dtype",
        .op = "linear",
        .inputs = {F({3, 5}), F({5, 4}), {DType::kF64, Shape{4}}}},
+      {.label = "cast_bf16_and_sum_f64",
+       .op = "cast_bf16_and_sum",
+       .inputs = {{DType::kF64, Shape{3, 4}}}},
+      {.label = "cast_bf16_and_sum_scalar", .op = "cast_bf16_and_sum", .inputs = {F({})}},
   };
 }
 

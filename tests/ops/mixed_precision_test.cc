@@ -4,10 +4,16 @@
 // each op under bf16 are the op tables' mixed cases (op_harness.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "sluice/core/error.h"
 #include "sluice/exec/reference_runner.h"
+#include "sluice/ir/builder.h"
+#include "sluice/ir/ops.h"
 #include "sluice/ir/program.h"
 #include "sluice/ir/text_format.h"
 
@@ -57,6 +63,36 @@ TEST(MixedPrecisionText, RunsAndRoundsThroughBf16) {
   double want = 0.5;
   for (int64_t k = 0; k < 8; ++k) want += z.FlatAt(k) * 0.25;
   EXPECT_EQ(scope.Get("y").FlatAt(0), want);
+}
+
+// The linear's VJP under bf16 rounds dy and sums it in one pass (cast_bf16_and_sum): the bits of
+// the cast and sum_to it replaces, with the fast kernels (columns past the parallel chunks' first,
+// a tail of scalar columns, rows past the prefetch distance) and the reference ones.
+TEST(CastBf16AndSum, IsBitwiseCastAndSumTo) {
+  const Shape s{3, 37, 200};
+  Builder b("fused_and_apart");
+  Var dy = b.Input("dy", DType::kF32, s);
+  std::vector<Var> fused = CastBf16AndSum(dy);
+  b.Output(b.Name(fused[0], "y_fused"));
+  b.Output(b.Name(fused[1], "sum_fused"));
+  b.Output(b.Name(Cast(dy, DType::kBF16), "y"));
+  b.Output(b.Name(SumTo(dy, Shape{200}), "sum"));
+  const Program p = b.Build();
+  Tensor x = Tensor::Empty(s, DType::kF32);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    x.FlatSet(i, std::sin(0.37 * static_cast<double>(i)) * 1e3);
+  for (const bool reference : {false, true}) {
+    Scope scope;
+    scope.Set("dy", x);
+    RunReference(p, scope, DefaultAllocator(), reference);
+    for (const auto& [fused_name, name] : {std::pair{"y_fused", "y"}, {"sum_fused", "sum"}}) {
+      const Tensor &f = scope.Get(fused_name), &want = scope.Get(name);
+      ASSERT_EQ(f.dtype(), want.dtype());
+      ASSERT_EQ(f.nbytes(), want.nbytes());
+      EXPECT_EQ(std::memcmp(f.raw_data(), want.raw_data(), f.nbytes()), 0)
+          << name << (reference ? " (reference kernels)" : " (fast kernels)");
+    }
+  }
 }
 
 TEST(MixedPrecisionText, AProductDeclaredBf16IsAnErrorAtItsLine) {

@@ -9,6 +9,7 @@
 #define HWY_TARGET_INCLUDE "sluice/kernels/bf16_convert.cc"
 #include <hwy/foreach_target.h>  // must come before highway.h
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <cstdint>
@@ -20,27 +21,78 @@ HWY_BEFORE_NAMESPACE();
 namespace sluice::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+using DF = hn::ScalableTag<float>;
+using DU = hn::RebindToUnsigned<DF>;    // u32 lanes
+using DU16 = hn::Rebind<uint16_t, DF>;  // as many u16 lanes
+using VF = hn::Vec<DF>;
+
+// v rounded to the nearest bf16, ties to even (a NaN quieted), stored as its bf16 bits.
+HWY_INLINE void StoreRounded(VF v, uint16_t* out) {
+  const DU du;
+  const DU16 du16;
+  const auto one = hn::Set(du, 1u), half = hn::Set(du, 0x7fffu), quiet = hn::Set(du, 0x40u);
+  const auto u = hn::BitCast(du, v);
+  // Round to nearest even: add 0x7fff plus the lowest bit kept, then keep the upper half.
+  const auto rounded =
+      hn::ShiftRight<16>(hn::Add(u, hn::Add(half, hn::And(hn::ShiftRight<16>(u), one))));
+  const auto nan = hn::Or(hn::ShiftRight<16>(u), quiet);
+  const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded);
+  hn::StoreU(hn::TruncateTo(du16, bits), du16, out);
+}
+
 // Whole vectors through SIMD, the tail (fewer than a vector's lanes) through the scalar
 // conversion, which computes the same bits.
 void ToBF16(const float* x, BFloat16* y, int64_t n) {
-  const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;    // u32 lanes
-  const hn::Rebind<uint16_t, decltype(df)> du16;  // as many u16 lanes
+  const DF df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   auto* out = reinterpret_cast<uint16_t*>(y);
-  const auto one = hn::Set(du, 1u), half = hn::Set(du, 0x7fffu), quiet = hn::Set(du, 0x40u);
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::LoadU(df, x + i);
-    const auto u = hn::BitCast(du, v);
-    // Round to nearest even: add 0x7fff plus the lowest bit kept, then keep the upper half.
-    const auto rounded =
-        hn::ShiftRight<16>(hn::Add(u, hn::Add(half, hn::And(hn::ShiftRight<16>(u), one))));
-    const auto nan = hn::Or(hn::ShiftRight<16>(u), quiet);
-    const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded);
-    hn::StoreU(hn::TruncateTo(du16, bits), du16, out + i);
-  }
+  for (; i + lanes <= n; i += lanes) StoreRounded(hn::LoadU(df, x + i), out + i);
   for (; i < n; ++i) y[i] = FloatToBF16(x[i]);
+}
+
+// Columns [0, cols) of x [rows, ld]: y (same layout) = x rounded, sum[j] = x[0, j] + x[1, j] + ...
+// added from 0 in row order (what kernels/simd_kernels.h's column_sum adds, lane by lane). Four
+// vectors of columns at a time down the rows; the columns left (fewer than four vectors) one at a
+// time through the scalar conversion and the same additions in the same order.
+void ToBF16ColumnSum(const float* x, BFloat16* y, float* sum, int64_t rows, int64_t cols,
+                     int64_t ld) {
+  const DF df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  auto* out = reinterpret_cast<uint16_t*>(y);
+  int64_t j = 0;
+  for (; j + 4 * lanes <= cols; j += 4 * lanes) {
+    auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x + r * ld + j;
+      uint16_t* o = out + r * ld + j;
+      if (r + 8 < rows) {
+        for (int64_t v = 0; v < 4; ++v) hwy::Prefetch(row + 8 * ld + v * lanes);
+      }
+      const auto v0 = hn::LoadU(df, row), v1 = hn::LoadU(df, row + lanes),
+                 v2 = hn::LoadU(df, row + 2 * lanes), v3 = hn::LoadU(df, row + 3 * lanes);
+      a0 = hn::Add(a0, v0);
+      a1 = hn::Add(a1, v1);
+      a2 = hn::Add(a2, v2);
+      a3 = hn::Add(a3, v3);
+      StoreRounded(v0, o);
+      StoreRounded(v1, o + lanes);
+      StoreRounded(v2, o + 2 * lanes);
+      StoreRounded(v3, o + 3 * lanes);
+    }
+    hn::StoreU(a0, df, sum + j);
+    hn::StoreU(a1, df, sum + j + lanes);
+    hn::StoreU(a2, df, sum + j + 2 * lanes);
+    hn::StoreU(a3, df, sum + j + 3 * lanes);
+  }
+  for (; j < cols; ++j) {
+    float s = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      s += x[r * ld + j];
+      y[r * ld + j] = FloatToBF16(x[r * ld + j]);
+    }
+    sum[j] = s;
+  }
 }
 
 void FromBF16(const BFloat16* x, float* y, int64_t n) {
@@ -65,6 +117,7 @@ namespace sluice::kernels {
 
 HWY_EXPORT(ToBF16);
 HWY_EXPORT(FromBF16);
+HWY_EXPORT(ToBF16ColumnSum);
 
 void ToBF16Reference(const float* x, BFloat16* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = FloatToBF16(x[i]);
@@ -88,6 +141,27 @@ void ToBF16Parallel(const float* x, BFloat16* y, int64_t n) {
 void FromBF16Parallel(const BFloat16* x, float* y, int64_t n) {
   ParallelFor(n, kChunkElements,
               [&](int64_t begin, int64_t end) { FromBF16Fast(x + begin, y + begin, end - begin); });
+}
+
+void ToBF16ColumnSumReference(const float* x, BFloat16* y, float* sum, int64_t rows, int64_t cols) {
+  ToBF16Reference(x, y, rows * cols);
+  for (int64_t j = 0; j < cols; ++j) sum[j] = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < cols; ++j) sum[j] += x[r * cols + j];
+  }
+}
+
+void ToBF16ColumnSumParallel(const float* x, BFloat16* y, float* sum, int64_t rows, int64_t cols) {
+  if (rows == 0) {
+    for (int64_t j = 0; j < cols; ++j) sum[j] = 0.0f;
+    return;
+  }
+  // Chunks of whole columns, a multiple of 64 (whole vectors on every target), as SumFast's.
+  const int64_t chunk = (ChunkRows(rows) + 63) / 64 * 64;
+  ParallelFor(cols, chunk, [&](int64_t begin, int64_t end) {
+    HWY_DYNAMIC_DISPATCH(ToBF16ColumnSum)
+    (x + begin, y + begin, sum + begin, rows, end - begin, cols);
+  });
 }
 
 }  // namespace sluice::kernels

@@ -31,6 +31,14 @@ void FromBF16Reference(const BFloat16* x, float* y, int64_t n);
 void ToBF16Fast(const float* x, BFloat16* y, int64_t n);
 void FromBF16Fast(const BFloat16* x, float* y, int64_t n);
 
+// y = ToBF16(x) and sum[j] = Σ_r x[r, j] in one pass over x [rows, cols] (y [rows, cols], sum
+// [cols]): a bf16 linear's output gradient rounded for its products and summed for its bias
+// (the `cast_bf16_and_sum` op). Each column is added from 0 in row order, in f32 — the bits of
+// kernels/reduce.h's SumFast and of the sum_to reference — and y holds ToBF16's bits. The
+// Parallel kernel runs chunks of columns on the intra-op threads (the same bits at any count).
+void ToBF16ColumnSumReference(const float* x, BFloat16* y, float* sum, int64_t rows, int64_t cols);
+void ToBF16ColumnSumParallel(const float* x, BFloat16* y, float* sum, int64_t rows, int64_t cols);
+
 // The *Fast kernels over chunks of kernels/parallel.h's kChunkElements on the intra-op threads
 // (the `cast` op's kernels; element by element, so the same bits at any thread count).
 void ToBF16Parallel(const float* x, BFloat16* y, int64_t n);

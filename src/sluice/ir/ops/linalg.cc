@@ -5,6 +5,7 @@
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/bf16_activations.h"
+#include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
@@ -195,18 +196,47 @@ void LinearKernel(KernelContext& ctx) {
 
 // y = x·w + b. dx = dy·wᵀ (w shared: one GEMM over all rows); dw = xᵀ·dy with the leading axes
 // folded into the rows (one GEMM); db sums dy over every axis but the last.
-// Mixed precision: dx and dw (f32, GradientType) from dy rounded to bf16; db from dy in f32.
+// Mixed precision: dx and dw (f32, GradientType) from dy rounded to bf16; db from dy in f32 — both
+// from one pass over dy (cast_bf16_and_sum) when both are wanted.
 std::vector<Var> LinearVjp(VjpContext& ctx) {
   Var dy = ctx.dy(0);
   const DType operand = ctx.x_type(0).dtype;
-  Var dyo = ctx.needs(0) || ctx.needs(1) ? GradOperand(dy, operand) : Var();
+  const bool products = ctx.needs(0) || ctx.needs(1);
   std::vector<Var> grads(3);
-  // db first: under mixed precision the products read dy's bf16 copy, so f32 dy is free before
-  // they run (and their scratch) rather than after.
-  if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
+  Var dyo;
+  if (products && ctx.needs(2) && operand == DType::kBF16 && dy.dtype() == DType::kF32) {
+    std::vector<Var> both = CastBf16AndSum(dy);
+    dyo = both[0];
+    grads[2] = both[1];
+  } else {
+    dyo = products ? GradOperand(dy, operand) : Var();
+    // db first: under mixed precision the products read dy's bf16 copy, so f32 dy is free before
+    // they run (and their scratch) rather than after.
+    if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
+  }
   if (ctx.needs(0)) grads[0] = MatMul(dyo, ctx.x(1), false, true);
   if (ctx.needs(1)) grads[1] = MatMul(Flatten2D(ctx.x(0)), Flatten2D(dyo), true, false);
   return grads;
+}
+
+// dy [..., n] f32 -> dy rounded to bf16 [..., n] and dy summed over its leading axes [n].
+std::vector<TensorType> InferCastBf16AndSum(std::span<const TensorType> in, const Attrs&) {
+  if (in[0].dtype != DType::kF32) {
+    throw ShapeError(fmt::format("dy must be f32, got {}", Name(in[0].dtype)));
+  }
+  const Shape& dy = in[0].shape;
+  if (dy.rank() < 1) {
+    throw ShapeError(fmt::format("dy must be [..., n] of rank 1 or more, got {}", dy.ToString()));
+  }
+  return {{DType::kBF16, dy}, {DType::kF32, Shape{dy[dy.rank() - 1]}}};
+}
+
+template <bool kFast>
+void CastBf16AndSumKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  const int64_t n = dy.shape()[dy.rank() - 1], rows = n == 0 ? 0 : dy.numel() / n;
+  (kFast ? kernels::ToBF16ColumnSumParallel : kernels::ToBF16ColumnSumReference)(
+      dy.data<float>(), ctx.outputs[0].data<BFloat16>(), ctx.outputs[1].data<float>(), rows, n);
 }
 
 // a, b as matmul's; x the product's shape, of the product's dtype — or bf16 beside bf16 a and b
@@ -312,6 +342,8 @@ Var MatMulGeluGrad(Var a, Var b, Var x, bool transpose_a, bool transpose_b) {
 
 Var Linear(Var x, Var w, Var b) { return x.builder()->Emit1("linear", {x, w, b}); }
 
+std::vector<Var> CastBf16AndSum(Var dy) { return dy.builder()->Emit("cast_bf16_and_sum", {dy}); }
+
 Var MatMul(Var a, Var b, bool transpose_a, bool transpose_b) {
   Attrs attrs;
   if (transpose_a) attrs.Set("transpose_a", true);
@@ -347,6 +379,16 @@ void RegisterLinalgOps(OpRegistry& r) {
                                        {"b", "float[n]"}},
                             .outputs = {{"y", "float[..., n]"}}},
               .scratch_bytes = LinearBF16ScratchBytes});
+  r.Register({.name = "cast_bf16_and_sum",
+              .num_inputs = 1,
+              .infer = InferCastBf16AndSum,
+              .kernel = CastBf16AndSumKernel<true>,
+              .reference = CastBf16AndSumKernel<false>,
+              .doc = "dy rounded to bf16 and dy summed over every axis but the last, in one pass "
+                     "over dy: a bf16 linear's output gradient as its products' operand and its "
+                     "bias gradient (the linear's VJP), bitwise cast and sum_to",
+              .signature = {.inputs = {{"dy", "f32[..., n]"}},
+                            .outputs = {{"dy_bf16", "bf16[..., n]"}, {"db", "f32[n]"}}}});
   r.Register(
       {.name = "matmul_gelu_grad",
        .num_inputs = 3,

@@ -3,6 +3,8 @@
 // dimensions of one product (docs/glossary.md).
 #pragma once
 
+#include <vector>
+
 #include "sluice/ir/builder.h"
 
 namespace sluice {
@@ -24,5 +26,11 @@ Var MatMul(Var a, Var b, bool transpose_a = false, bool transpose_b = false);
 // Example:
 //   Var qkv = Linear(x, w_qkv, b_qkv);  // x [B, T, C], w_qkv [C, 3C], b_qkv [3C] -> [B, T, 3C]
 Var Linear(Var x, Var w, Var b);
+
+// dy [..., n] f32 -> {dy rounded to bf16 [..., n], dy summed over its leading axes [n] f32}: a bf16
+// linear's output gradient as the operand of its products and its bias gradient, from one pass
+// over dy, bitwise Cast(dy, kBF16) and SumTo(dy, [n]). Op "cast_bf16_and_sum", no VJP (the
+// linear's VJP emits it under mixed precision).
+std::vector<Var> CastBf16AndSum(Var dy);
 
 }  // namespace sluice

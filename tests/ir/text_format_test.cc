@@ -103,6 +103,8 @@ Program GradientsAndOptimizers() {
       CausalAttentionQkvGrad(att_packed, lse_packed, packed, att_packed, lse_packed, 1, 0.5);
   // A GELU's input gradient from the matmul producing its output gradient: [3, 5]·[5, 5]ᵀ.
   Var dgelu = MatMulGeluGrad(dy, b.Input("w5", DType::kF64, {5, 5}), x, false, true);
+  // A bf16 linear's output gradient [2, 3, 4], rounded for its products and summed for its bias.
+  std::vector<Var> dy_bf16_db = CastBf16AndSum(b.Input("dy32", DType::kF32, {2, 3, 4}));
   // The chunked head (x [3, 5], a [7, 5] weight) and its gradient; gradients added into buffers.
   Var head = b.Input("head", DType::kF64, {7, 5});
   Var head_loss = LinearCrossEntropy(x, head, targets, 2);
@@ -120,6 +122,8 @@ Program GradientsAndOptimizers() {
   SgdUpdate(bias, summed, Copy(bias), lr, {.momentum = 0.9, .weight_decay = 1e-4});
   AdamWUpdate(w, dw, m, v, lr, step, {.beta1 = 0.8, .eps = 1e-12});
   b.Output(dx);
+  b.Output(dy_bf16_db[0]);
+  b.Output(dy_bf16_db[1]);
   b.Output(dxn);
   b.Output(drms);
   b.Output(drms_w);

@@ -188,5 +188,30 @@ TEST_F(RunCli, ASizePastInt64IsRefusedNotTakenForZero) {
   EXPECT_EQ(Sluice(fmt::format("run {} --size B=2", program.string())).status, 0);
 }
 
+// Regression: `run --size Q=3` for a size the program never names was silently ignored.
+TEST_F(RunCli, ASizeTheProgramNeverNamesIsRefused) {
+  const fs::path program = Write("scaled.sluice", R"(program scaled {
+  input %x: f32[B, 3]
+  %y: f32[B, 3] = add(%x, %x)
+  output %y
+}
+)");
+  Result r = Sluice(fmt::format("run {} --size B=2 --size Q=3", program.string()));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(fmt::format("sluice: error: --size Q=3: {} names no size Q (its "
+                                           "sizes: B)",
+                                           program.string())));
+  const fs::path fixed = Write("fixed.sluice", R"(program fixed {
+  input %x: f32[2, 3]
+  %y: f32[2, 3] = add(%x, %x)
+  output %y
+}
+)");
+  r = Sluice(fmt::format("run {} --size B=2", fixed.string()));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("names no size B (it names no sizes)"));
+  EXPECT_EQ(Sluice(fmt::format("run {} --size B=2", program.string())).status, 0);
+}
+
 }  // namespace
 }  // namespace sluice

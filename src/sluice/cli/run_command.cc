@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/cli/commands.h"
@@ -143,10 +144,27 @@ SizeBindings ParseSizes(const std::vector<std::string>& texts) {
   return sizes;
 }
 
+// A --size the program never names would be silently ignored (`--size Q=3` ran as without it):
+// refuse it, naming the sizes the program has.
+void CheckSizesNamed(const SizeBindings& sizes, const std::set<std::string>& named,
+                     const std::string& program_file) {
+  for (const auto& [name, value] : sizes) {
+    if (named.contains(name)) continue;
+    throw InvalidArgument(fmt::format(
+        "--size {}={}: {} names no size {} ({}); drop the option or give one the program names",
+        name, value, program_file, name,
+        named.empty() ? std::string("it names no sizes")
+                      : fmt::format("its sizes: {}", fmt::join(named, ", "))));
+  }
+}
+
 int Run(const RunArgs& args) {
   CheckRunFiles(args.program, args.inputs, args.trace);
-  const Program program = ParseProgram(ReadWholeFile("program file", args.program), args.program,
-                                       ParseSizes(args.sizes));
+  const SizeBindings sizes = ParseSizes(args.sizes);
+  ProgramAnnotations annotations;
+  const Program program =
+      ParseProgram(ReadWholeFile("program file", args.program), args.program, sizes, &annotations);
+  CheckSizesNamed(sizes, annotations.sizes, args.program);
 
   // The allocator outlives the scope, which ends up holding outputs allocated from it.
   std::unique_ptr<Allocator> allocator = MakeAllocator(args.allocator);

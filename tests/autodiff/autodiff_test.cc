@@ -260,6 +260,25 @@ TEST(Autodiff, UnusedParameterGetsZeroGradient) {
   EXPECT_EQ(s.Get("w.grad").FlatAt(0), 0.0);
 }
 
+// The parameters a loss does not depend on: one no instruction reads, one read by a branch whose
+// result nothing reads; not a constant, nor a parameter read on the loss's path.
+TEST(Autodiff, ParamsOffLossPathAreThoseTheLossDoesNotDependOn) {
+  Program p("heads");
+  const ValueId x = p.AddParam("x", {DType::kF32, Shape{2, 4}});
+  p.AddParam("head", {DType::kF32, Shape{2, 4}});
+  const ValueId side = p.AddParam("side", {DType::kF32, Shape{2, 4}});
+  const ValueId c = p.AddConst("table", {DType::kF32, Shape{2, 4}});
+  p.AddConst("unread_table", {DType::kF32, Shape{2, 4}});
+  const ValueId y = p.AddInstruction("mul", {x, c}, {}, {"y"})[0];
+  const ValueId branch = p.AddInstruction("mul", {y, side}, {}, {"branch"})[0];
+  p.AddOutput(p.AddInstruction("sum", {y}, {{"axes", std::vector<int64_t>{}}, {"keepdims", false}},
+                               {"loss"})[0]);
+  p.AddOutput(branch);
+  EXPECT_EQ(ParamsOffLossPath(p, "loss"), (std::vector<std::string>{"head", "side"}));
+  EXPECT_EQ(ParamsOffLossPath(p, "branch"), (std::vector<std::string>{"head"}));
+  EXPECT_THROW(ParamsOffLossPath(p, "nothing"), ProgramError);
+}
+
 // A GELU whose output gradient is one matmul gets its input gradient from one matmul_gelu_grad;
 // the gradients are bitwise those of the unfused pair, which a second use of the GELU's output
 // (adding a zero gradient, so the matmul's result is no longer gelu_grad's own) keeps apart.

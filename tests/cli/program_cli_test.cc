@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_fixture.h"
+#include "sluice/io/safetensors.h"
 #include "source_dir.h"
 
 namespace sluice {
@@ -265,6 +266,52 @@ TEST_F(ProgramCli, LayoutAndPartitionErrorsOfAProgramDoNotOfferLayers) {
     EXPECT_EQ(r.status, 1) << args << "\n" << r.err;
     EXPECT_THAT(r.err, HasSubstr(message)) << args;
     EXPECT_THAT(r.err, Not(HasSubstr("--layers"))) << args;
+  }
+}
+
+// Regression: a parameter the loss does not depend on (a head forward never uses, a branch whose
+// result nothing reads) got a zero gradient, so AdamW's weight decay moved it, and it took
+// optimizer state; PyTorch leaves its .grad None and skips it. Now it is left as it was and said
+// once; on a pipeline the unread head is held by the first stage and still checkpointed.
+TEST_F(ProgramCli, AParameterTheLossDoesNotReadIsLeftAsItWas) {
+  const fs::path program = Write("unused.sluice", R"(program unused {
+  input %x: f32[B, 16]
+  input %labels: i64[B]
+  param %fc.weight: f32[16, 4] = normal(0, 0.1)
+  param %fc.bias: f32[4] = zeros
+  param %aux.weight: f32[16, 4] = ones
+  param %side.weight: f32[4, 4] = ones
+  unit fc {
+    %logits: f32[B, 4] = linear(%x, %fc.weight, %fc.bias)
+  }
+  unit loss {
+    %side: f32[B, 4] = matmul(%logits, %side.weight)
+    %loss: f32[] = cross_entropy(%logits, %labels)
+  }
+  output %loss
+}
+)");
+  for (const char* stages : {"1", "2"}) {
+    SCOPED_TRACE(stages);
+    const fs::path ck = dir_ / fmt::format("unused{}.safetensors", stages);
+    const CliResult r = Sluice(fmt::format(
+        "train --program {} --data blobs --steps 3 --lr 0.1 --weight-decay 0.5 --clip 1 "
+        "--stages {} --quiet --save {}",
+        program.string(), stages, ck.string()));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("sluice: warning: the loss does not depend on parameters "
+                                 "%aux.weight, %side.weight: left as they are"));
+    EXPECT_EQ(r.err.find("the loss does not depend"), r.err.rfind("the loss does not depend"))
+        << "said more than once:\n"
+        << r.err;
+    const SafetensorsFile f = ReadSafetensors(ck.string());
+    for (const char* name : {"aux.weight", "side.weight"}) {
+      ASSERT_TRUE(f.tensors.count(name)) << name << " is not in the checkpoint";
+      const Tensor& t = f.tensors.at(name);
+      for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(t.FlatAt(i), 1.0) << name << " at " << i;
+      EXPECT_FALSE(f.tensors.count(std::string(name) + ".exp_avg")) << name;
+    }
+    EXPECT_TRUE(f.tensors.count("fc.weight.exp_avg"));
   }
 }
 

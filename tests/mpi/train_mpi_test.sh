@@ -42,6 +42,10 @@
 #   kill      kill -9 of one rank: every other process exits non-zero within 30 s
 #   timeout   a message that never comes: the job exits non-zero within seconds, naming the action
 #   launch    a world size other than P × D: a clear error before any work
+#   unused    a program with parameters the loss does not depend on (one no instruction reads, one
+#             read by a branch nothing uses), weight decay on: P = 2 x D = 2 with --shard-optimizer
+#             within 1e-6 of one process on one stage, and both parameters saved unchanged, without
+#             optimizer state (it was a segmentation fault)
 #   tied      examples/tied_lm.sluice (head tied to the token embedding, a copy on stages 0 and 1):
 #             P = 2 (1f1b, interleaved) bitwise one process on one stage, P = 2 × D = 2 within 1e-6;
 #             its sharded checkpoint holds %tok.weight once (stage 0's shard) and resumes bitwise
@@ -544,6 +548,51 @@ PY
     mpi 2 "${run[@]}" --steps 4 --stages 2 --resume "$dir/ck.safetensors" --metrics "$dir/part.jsonl" \
       || fail "resume"
     compare "$dir/one.jsonl" "$dir/part.jsonl" 0
+    ;;
+  unused)
+    cat > "$dir/unused.sluice" <<'EOF'
+program unused {
+  input %x: f32[B, 16]
+  input %y: i64[B] = labels
+  param %fc1.weight: f32[16, 32] = normal(0, 0.1)
+  param %fc1.bias: f32[32] = zeros
+  param %aux.weight: f32[16, 4] = ones
+  param %side.weight: f32[32, 4] = ones
+  param %fc2.weight: f32[32, 4] = normal(0, 0.1)
+  param %fc2.bias: f32[4] = zeros
+  unit hidden {
+    %h: f32[B, 32] = linear(%x, %fc1.weight, %fc1.bias)
+    %a: f32[B, 32] = gelu(%h)
+  }
+  unit head {
+    %side: f32[B, 4] = matmul(%a, %side.weight)
+    %logits: f32[B, 4] = linear(%a, %fc2.weight, %fc2.bias)
+    %loss: f32[] = cross_entropy(%logits, %y)
+  }
+  output %loss
+}
+EOF
+    run=(--program "$dir/unused.sluice" --data blobs --eval-every 0 --threads 1 --quiet
+         --lr-schedule constant --warmup 0 --lr 0.05 --weight-decay 0.5 --batch 8 --microbatches 2)
+    "$sluice" train "${run[@]}" --steps 4 --metrics "$dir/one.jsonl" || fail "one stage"
+    mpi 4 "${run[@]}" --steps 4 --stages 2 --data-parallel 2 --shard-optimizer \
+      --save "$dir/ck.safetensors" --metrics "$dir/zero.jsonl" || fail "mpirun P=2 x D=2 sharded"
+    compare "$dir/one.jsonl" "$dir/zero.jsonl" 1e-6
+    python3 - "$dir" <<'PY' || fail "an unused parameter moved or took optimizer state"
+import array, json, struct, sys
+d = sys.argv[1]
+found = {}
+for stage in (0, 1):
+    with open(f"{d}/ck-step4-stage{stage}-of-2.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    for name, t in header.items():
+        if name.startswith(("aux.weight", "side.weight")):
+            a, b = t["data_offsets"]
+            found[name] = set(array.array("f", data[a:b]))
+assert found == {"aux.weight": {1.0}, "side.weight": {1.0}}, found
+PY
     ;;
   *) fail "unknown mode" ;;
 esac

@@ -20,6 +20,9 @@ read with `B, T = x.shape`, the attention spelt out with a mask, a weight tied b
   seq_mlp  what a user writes first: an nn.Sequential MLP (Linear, ReLU, LayerNorm, Tanh,
            Dropout(0), SiLU) over token embeddings; the position embedding is frozen
            (requires_grad False), so it is a constant neither framework trains.
+  unused_head  seq_mlp's layers with a second output head forward never uses (as an imported module
+           keeps a head for another task): PyTorch leaves its .grad None and AdamW skips it, weight
+           decay included.
   encoder  two nn.TransformerEncoderLayer (PyTorch's own, with nn.MultiheadAttention; pre-norm,
            GELU, no dropout) in an nn.ModuleList, causal by a boolean src_mask buffer (which
            MultiheadAttention adds to the scores by baddbmm), then a linear head; the attention's
@@ -286,6 +289,18 @@ class Encoder(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
+class UnusedHead(nn.Module):
+    def __init__(self, vocab=11, dim=16, hidden=32):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, vocab))
+        self.aux_head = nn.Linear(dim, vocab)  # another task's head: forward never calls it
+
+    def forward(self, tokens, targets):
+        logits = self.net(self.wte(tokens))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
 def seq_mlp():
     torch.manual_seed(0)
     return SeqMLP()
@@ -294,3 +309,8 @@ def seq_mlp():
 def encoder():
     torch.manual_seed(0)
     return Encoder()
+
+
+def unused_head():
+    torch.manual_seed(0)
+    return UnusedHead()

@@ -744,4 +744,21 @@ Program AccumulateGradients(const Program& p, const std::vector<std::string>& gr
   return dst;
 }
 
+std::vector<std::string> ParamsOffLossPath(const Program& forward, const std::string& loss) {
+  std::vector<bool> on_path(forward.values().size(), false);
+  on_path[forward.Get(loss)] = true;
+  const auto& instrs = forward.instructions();
+  for (size_t i = instrs.size(); i-- > 0;) {
+    const Instruction& ins = instrs[i];
+    if (std::none_of(ins.outputs.begin(), ins.outputs.end(), [&](ValueId v) { return on_path[v]; }))
+      continue;
+    for (ValueId v : ins.inputs) on_path[v] = true;
+  }
+  std::vector<std::string> off;
+  for (ValueId v : forward.params()) {
+    if (!on_path[v] && !forward.IsConstant(v)) off.push_back(forward.value(v).name);
+  }
+  return off;
+}
+
 }  // namespace sluice

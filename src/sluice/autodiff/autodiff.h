@@ -117,6 +117,14 @@ SplitBackward SplitBW(const Backward& backward, const std::vector<std::string>& 
 Program AccumulateGradients(const Program& program, const std::vector<std::string>& grads,
                             int64_t one_block_k);
 
+// The parameters (not constants) of `forward` that the value `loss` does not depend on: no
+// instruction on the loss's path reads them (a head forward never uses, a branch whose result
+// nothing reads), so their gradient is zero by structure. In declaration order. PyTorch leaves
+// such a parameter's `.grad` None and its optimizers skip it (no weight decay, no state, no step);
+// training does the same with these (nn/training_program.h). Throws ProgramError when `loss` is
+// no value of `forward`.
+std::vector<std::string> ParamsOffLossPath(const Program& forward, const std::string& loss);
+
 // A copy of `program` without the instructions whose outputs reach no program output (in-place ops
 // always stay) and without inputs and params that nothing reads.
 Program PruneDeadCode(const Program& program);

@@ -1,5 +1,6 @@
 #include "sluice/nn/training_program.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -7,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "sluice/autodiff/autodiff.h"
 #include "sluice/core/error.h"
 
 namespace sluice {
@@ -307,6 +309,14 @@ TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view fil
   if (auto t = sizes.find("T"); t != sizes.end()) {
     out.model.attention_values = SquareInSequence(program, t->second);
   }
+  // PyTorch skips a parameter whose .grad is None; so does training: no gradient, no optimizer
+  // state, no update, no share of the gradient norm, as a constant (still bound and saved).
+  out.unused_params = ParamsOffLossPath(program, out.model.loss);
+  for (ParamSpec& spec : params) {
+    if (std::find(out.unused_params.begin(), out.unused_params.end(), spec.name) !=
+        out.unused_params.end())
+      spec.constant = true;
+  }
   out.model.params = std::move(params);
   out.model.forward = std::move(program);
   return out;
@@ -397,6 +407,17 @@ Model SliceTrainingModel(const Model& whole, const UnitRange& r) {
   for (int32_t i = begin; i < end; ++i) {
     for (ValueId v : p.instructions()[static_cast<size_t>(i)].inputs)
       read[static_cast<size_t>(v)] = true;
+  }
+  // A parameter no instruction reads (a head forward never uses) goes with the first piece, so
+  // that some stage holds it, binds it from --init-from and writes it to the checkpoint.
+  if (r.first == 0) {
+    std::vector<bool> read_anywhere(p.values().size(), false);
+    for (const Instruction& ins : p.instructions()) {
+      for (ValueId v : ins.inputs) read_anywhere[static_cast<size_t>(v)] = true;
+    }
+    for (ValueId v : p.params()) {
+      if (!read_anywhere[static_cast<size_t>(v)]) read[static_cast<size_t>(v)] = true;
+    }
   }
   Model m;
   m.loss = r.end == n ? whole.loss : "";

@@ -31,6 +31,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sluice/ir/text_format.h"
 #include "sluice/nn/model.h"
@@ -42,6 +43,11 @@ struct TrainingProgram {
   // Every input → the data array it binds: the name written after '=', else its own name.
   std::map<std::string, std::string> data;
   ProgramAnnotations annotations;  // as parsed: initializers, data arrays, positions, sizes used
+  // Parameters the loss does not depend on (autodiff/autodiff.h ParamsOffLossPath), in declaration
+  // order. Their ParamSpecs are marked constant: like a PyTorch parameter whose .grad stays None,
+  // they get no gradient, optimizer state, update or share of the gradient norm, and are still
+  // bound from --init-from and written to checkpoints.
+  std::vector<std::string> unused_params;
 };
 
 // Parses `text` (labelled `file` in errors) with its sizes bound to `sizes` and describes it as a

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/caching_allocator.h"
@@ -89,7 +90,7 @@ struct Trainer::Impl {
   MetricsWriter metrics;
   int64_t step = 0;
   int64_t data_position = 0;          // the next step's first training batch
-  std::vector<std::string> warnings;  // from --resume (LoadTrainingCheckpoint)
+  std::vector<std::string> warnings;  // unused parameters; from --resume (LoadTrainingCheckpoint)
   int64_t micro_batch = 0;
   int64_t eval_batch = 0;
   double wall_s = 0;
@@ -140,6 +141,21 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory)
   logits = std::make_unique<Executable>(task->BuildLogits(eval_batch).forward, base);
   for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
 
+  // Parameters the loss never reads (nn/training_program.h): a ParamSpec marked constant whose
+  // program value is a param. Said once, so a head left out of forward by mistake shows.
+  std::vector<std::string> unused;
+  for (const ParamSpec& p : model.params) {
+    const std::optional<ValueId> v = model.forward.Find(p.name);
+    if (p.constant && v && !model.forward.IsConstant(*v)) unused.push_back("%" + p.name);
+  }
+  if (!unused.empty()) {
+    warnings.push_back(fmt::format(
+        "the loss does not depend on {} {}: left as {} (no gradient, weight decay, optimizer "
+        "state or share of the gradient norm), as PyTorch's optimizers skip a parameter whose "
+        ".grad is None",
+        unused.size() == 1 ? "parameter" : "parameters", fmt::join(unused, ", "),
+        unused.size() == 1 ? "it is" : "they are"));
+  }
   if (!config.init_from.empty()) {
     LoadTrainingCheckpoint(config.init_from, LoadKind::kInitFrom, *task, model.params, config,
                            scope, eval_allocator);
@@ -150,7 +166,7 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory)
                                scope, eval_allocator, engine->optimizer_state_slice());
     step = resumed.step;
     data_position = resumed.data_position;
-    warnings = resumed.warnings;
+    warnings.insert(warnings.end(), resumed.warnings.begin(), resumed.warnings.end());
   }
   if (!config.init_from.empty() || !config.resume_path.empty()) engine->StateLoaded();
   if (!config.metrics_path.empty() && engine->leader()) {

@@ -132,8 +132,9 @@ class Trainer {
   void SaveCheckpoint(const std::string& path) const;
 
   int64_t step() const;
-  // What --resume accepted but a person should hear (the checkpoint was trained on other data);
-  // `sluice train` prints each as a warning.
+  // What a person should hear before training: parameters the loss does not depend on (left
+  // untouched, nn/training_program.h), and what --resume accepted (the checkpoint was trained on
+  // other data). `sluice train` prints each as a warning.
   const std::vector<std::string>& warnings() const;
   const TrainConfig& config() const;
   // The step engine, for its Describe() and ReportLines().

@@ -315,5 +315,49 @@ TEST_F(ProgramCli, AParameterTheLossDoesNotReadIsLeftAsItWas) {
   }
 }
 
+// Regression: token ids past a --program's embedding rows were caught only at the first step,
+// inside a stage ("stage 0 failed at step 1, action 1 of 9 ... embedding id 104 ... vocab = 11").
+// Now train and plan refuse before anything runs, naming the data, its largest id, the table and
+// its rows; so for targets past the cross-entropy's classes. A piped file is read once for it.
+TEST_F(ProgramCli, DataIdsPastAnEmbeddingTableAreRefusedBeforeTraining) {
+  std::string text;
+  for (int i = 0; text.size() < 4000; ++i) text += fmt::format("line {} of a small corpus\n", i);
+  const fs::path corpus = Write("corpus.txt", text);
+  char largest = 0;
+  for (char c : text) largest = std::max(largest, c);
+  const std::string prenorm = Example("prenorm.sluice");
+  for (const std::string command : {"train --steps 1 --stages 2", "plan --stages 2", "train"}) {
+    SCOPED_TRACE(command);
+    const CliResult r =
+        Sluice(fmt::format("{} --program {} --data {}", command, prenorm, corpus.string()));
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(fmt::format(
+                           "sluice: error: {}: the data's largest id in 'tokens' is {}, but "
+                           "%tok.weight ({}:16:9), the table the embedding %tok picks rows of, has "
+                           "11 rows (ids 0 to 10): give it at least {} rows",
+                           corpus.string(), static_cast<int>(largest), prenorm, largest + 1)));
+    EXPECT_THAT(r.err, Not(HasSubstr("failed at step")));
+  }
+  const CliResult piped =
+      Sluice(fmt::format("train --steps 1 --program {} --data /dev/stdin", prenorm),
+             "cat " + corpus.string() + " |");
+  EXPECT_THAT(piped.err, HasSubstr("sluice: error: /dev/stdin: the data's largest id in 'tokens'"));
+  // The table wide enough, the head still of 11 classes: the targets are past them.
+  std::string wide = ReadFile(prenorm);
+  const size_t at = wide.find("param %tok.weight: f32[11, 32]");
+  ASSERT_NE(at, std::string::npos);
+  wide.replace(at, 30, "param %tok.weight: f32[256, 32]");
+  const fs::path program = Write("wide.sluice", wide);
+  const CliResult r = Sluice(
+      fmt::format("train --steps 1 --program {} --data {}", program.string(), corpus.string()));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(fmt::format(
+                         "the data's largest id in 'next_tokens' is {}, but the cross-entropy "
+                         "%loss of {} scores 11 classes (the last axis of %logits: ids 0 to 10)",
+                         static_cast<int>(largest), program.string())));
+  // Data within the table trains.
+  EXPECT_EQ(Sluice(fmt::format("train --steps 1 --program {} --quiet", prenorm)).status, 0);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -102,6 +102,7 @@ TextDataset::TextDataset(const std::string& path, int64_t seq_len)
   const std::string bytes = ReadWholeFile("data file", path);
   bytes_.assign(bytes.begin(), bytes.end());
   train_end_ = bytes_.size() * 9 / 10;
+  for (uint8_t b : bytes_) largest_id_ = std::max<int64_t>(largest_id_, b);
   const size_t need = static_cast<size_t>(std::max<int64_t>(seq_len, 0)) + 1;
   if (seq_len < 1 || bytes_.size() < LeastTokensForSplits(need)) {
     throw InvalidArgument(fmt::format(
@@ -146,8 +147,9 @@ TokenFileDataset::TokenFileDataset(const std::string& path, int64_t seq_len, int
         "smaller --seq",
         path, n, seq_len, LeastTokensForSplits(need)));
   }
+  for (size_t i = 0; i < n; ++i) largest_id_ = std::max(largest_id_, token(i));
   if (vocab_ == 0) {
-    for (size_t i = 0; i < n; ++i) vocab_ = std::max(vocab_, token(i) + 1);
+    vocab_ = largest_id_ + 1;
   } else {
     for (size_t i = 0; i < n; ++i) {
       if (token(i) >= vocab_) {

@@ -41,6 +41,9 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual std::string name() const = 0;
   virtual int64_t vocab_size() const = 0;
+  // The largest token id the data holds (ids and targets alike; below vocab_size()), found from
+  // what the dataset holds in memory when it was made: the data is never read again for it.
+  virtual int64_t largest_id() const = 0;
   // The sequence length T of every batch.
   virtual int64_t seq_len() const = 0;
   // Batch number `index` of `split`, deterministic in (seed, index).
@@ -55,6 +58,7 @@ class SortDataset final : public Dataset {
   SortDataset(int64_t num_digits = 6, int64_t base = 10);
   std::string name() const override { return "sort"; }
   int64_t vocab_size() const override { return base_ + 1; }
+  int64_t largest_id() const override { return base_; }  // the separator
   int64_t seq_len() const override { return 2 * n_; }
   Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const override;
 
@@ -74,6 +78,7 @@ class TextDataset final : public Dataset {
   TextDataset(const std::string& path, int64_t seq_len);
   std::string name() const override { return path_; }
   int64_t vocab_size() const override { return 256; }
+  int64_t largest_id() const override { return largest_id_; }
   int64_t seq_len() const override { return seq_len_; }
   Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const override;
 
@@ -82,6 +87,7 @@ class TextDataset final : public Dataset {
   int64_t seq_len_;
   std::vector<uint8_t> bytes_;
   size_t train_end_;  // bytes [0, train_end_) train, [train_end_, size) validation
+  int64_t largest_id_ = 0;
 };
 
 class TokenFileDataset final : public Dataset {
@@ -96,6 +102,7 @@ class TokenFileDataset final : public Dataset {
   TokenFileDataset(const std::string& path, int64_t seq_len, int64_t vocab = 0);
   std::string name() const override { return path_; }
   int64_t vocab_size() const override { return vocab_; }
+  int64_t largest_id() const override { return largest_id_; }
   int64_t seq_len() const override { return seq_len_; }
   Batch GetBatch(DataSplit split, int64_t index, int64_t batch_size, uint64_t seed) const override;
 
@@ -111,6 +118,7 @@ class TokenFileDataset final : public Dataset {
   std::string path_;
   int64_t seq_len_;
   int64_t vocab_;
+  int64_t largest_id_ = 0;
   std::string bytes_;  // the file as read: token i is bytes 2i (low) and 2i + 1 (high)
   size_t train_end_;   // tokens [0, train_end_) train, [train_end_, num_tokens()) validation
 };

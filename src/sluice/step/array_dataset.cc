@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include <fmt/format.h>
@@ -108,6 +109,15 @@ std::map<std::string, Tensor> ArrayDataset::GetBatch(DataSplit split, int64_t in
     out.emplace(name, std::move(t));
   }
   return out;
+}
+
+std::optional<int64_t> ArrayDataset::LargestValue(const std::string& name) const {
+  auto it = arrays_.find(name);
+  if (it == arrays_.end() || IsFloating(it->second.dtype())) return std::nullopt;
+  int64_t largest = std::numeric_limits<int64_t>::min();
+  for (int64_t i = 0; i < it->second.numel(); ++i)
+    largest = std::max(largest, static_cast<int64_t>(it->second.FlatAt(i)));
+  return largest;
 }
 
 }  // namespace sluice

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ class ArrayDataset {
   const std::map<std::string, TensorType>& example_types() const { return example_types_; }
   // N, and the examples of each split: train [0, N - held out), validation the rest.
   int64_t num_examples() const { return n_; }
+  // The largest value of integer array `name` (i32, i64), from the arrays held in memory; nullopt
+  // for a float array or a name the file does not hold.
+  std::optional<int64_t> LargestValue(const std::string& name) const;
   int64_t split_size(DataSplit split) const {
     return split == DataSplit::kTrain ? train_end_ : n_ - train_end_;
   }

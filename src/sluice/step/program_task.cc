@@ -35,6 +35,9 @@ class ArraySource {
   virtual int64_t seq_len() const { return 0; }
   // The vocabulary of token data; 0 for other data.
   virtual int64_t vocab() const { return 0; }
+  // The largest value of integer array `array` (token ids, labels), from what the source holds in
+  // memory; nullopt for a float array or one the source cannot tell.
+  virtual std::optional<int64_t> LargestId(const std::string& array) const = 0;
 };
 
 class TokenSource final : public ArraySource {
@@ -52,6 +55,9 @@ class TokenSource final : public ArraySource {
   }
   int64_t seq_len() const override { return data_->seq_len(); }
   int64_t vocab() const override { return data_->vocab_size(); }
+  std::optional<int64_t> LargestId(const std::string&) const override {
+    return data_->largest_id();
+  }
 
  private:
   std::unique_ptr<Dataset> data_;
@@ -69,6 +75,10 @@ class BlobsSource final : public ArraySource {
     auto [x, labels] = blobs_.GetBatch(split, index, batch);
     return {{"x", std::move(x)}, {"labels", std::move(labels)}};
   }
+  std::optional<int64_t> LargestId(const std::string& array) const override {
+    if (array == "labels") return config_.classes - 1;
+    return std::nullopt;
+  }
 
  private:
   MlpConfig config_;
@@ -83,6 +93,9 @@ class FileArraySource final : public ArraySource {
   std::map<std::string, Tensor> GetBatch(DataSplit split, int64_t index, int64_t batch,
                                          uint64_t seed) const override {
     return data_.GetBatch(split, index, batch, seed);
+  }
+  std::optional<int64_t> LargestId(const std::string& array) const override {
+    return data_.LargestValue(array);
   }
 
  private:
@@ -114,6 +127,7 @@ class ProgramTask final : public Task {
     // Every check, before the first step.
     TrainingProgram tp = Parse(micro);
     bindings_ = tp.data;
+    CheckIdsFitTables(tp);
     FindPredictions(tp.model.forward);
     loss_ = tp.model.loss;
     for (const ParamSpec& p : tp.model.params) {
@@ -259,6 +273,71 @@ class ProgramTask final : public Task {
     }
     throw InvalidArgument(
         fmt::format("input %{} is declared {}, but {}", input, declared.ToString(), why));
+  }
+
+  // Ids past a table fail only at the first step, deep inside a stage ("embedding id 104 ... vocab
+  // = 11"): checked here instead, for every embedding table and cross-entropy an integer input
+  // feeds (directly or through reshapes and slices), against the largest id of the array it binds.
+  void CheckIdsFitTables(const TrainingProgram& tp) const {
+    const Program& p = tp.model.forward;
+    std::vector<std::string> array_of(p.values().size());  // integer values: the array they carry
+    for (ValueId v : p.inputs()) {
+      if (!IsFloating(p.type(v).dtype)) array_of[v] = tp.data.at(p.value(v).name);
+    }
+    auto at = [&](const std::string& name) {
+      auto it = tp.annotations.declared_at.find(name);
+      return it == tp.annotations.declared_at.end()
+                 ? path_
+                 : fmt::format("{}:{}:{}", path_, it->second.first, it->second.second);
+    };
+    for (const Instruction& ins : p.instructions()) {
+      const std::string& op = ins.op->name;
+      ValueId ids = kNoValue, table = kNoValue;
+      if (op == "embedding") {
+        ids = ins.inputs[0];
+        table = ins.inputs[1];
+      } else if (op == "cross_entropy") {
+        ids = ins.inputs[1];
+        table = ins.inputs[0];
+      } else if (op == "linear_cross_entropy") {
+        ids = ins.inputs[2];
+        table = ins.inputs[1];
+      }
+      if (ids != kNoValue && !array_of[ids].empty()) {
+        const std::string& array = array_of[ids];
+        const std::optional<int64_t> largest = source_->LargestId(array);
+        const Shape& shape = p.type(table).shape;
+        const int64_t rows =
+            op == "embedding" || op == "linear_cross_entropy" ? shape[0] : shape[shape.rank() - 1];
+        if (largest && *largest >= rows) {
+          const std::string out = p.value(ins.outputs[0]).name;
+          const std::string table_name = p.value(table).name;
+          throw InvalidArgument(
+              op == "cross_entropy"
+                  ? fmt::format(
+                        "{}: the data's largest id in '{}' is {}, but the cross-entropy %{} of {} "
+                        "scores {} classes (the last axis of %{}: ids 0 to {}): give the program "
+                        "at least {} classes, or train on data whose ids are below {}",
+                        source_->name(), array, *largest, out, path_, rows, table_name, rows - 1,
+                        *largest + 1, rows)
+                  : fmt::format(
+                        "{}: the data's largest id in '{}' is {}, but %{} ({}), the table the "
+                        "{} %{} picks rows of, has {} rows (ids 0 to {}): give it at least {} "
+                        "rows (a byte-level text needs 256), or train on data whose ids are "
+                        "below {}",
+                        source_->name(), array, *largest, table_name, at(table_name), op, out, rows,
+                        rows - 1, *largest + 1, rows));
+        }
+      }
+      const bool carries = std::all_of(ins.outputs.begin(), ins.outputs.end(),
+                                       [&](ValueId v) { return !IsFloating(p.type(v).dtype); });
+      if (!carries) continue;
+      for (ValueId v : ins.inputs) {
+        if (array_of[v].empty()) continue;
+        for (ValueId o : ins.outputs) array_of[o] = array_of[v];
+        break;
+      }
+    }
   }
 
   std::string path_;

@@ -186,6 +186,40 @@ TEST_F(PlanCli, ABudgetNothingFitsIsRefusedBeforeTraining) {
   EXPECT_NE(p.err.find("smallest achievable peak"), std::string::npos) << p.err;
 }
 
+// Regression: a budget no recompute policy fits at the job's micro-batch count was refused without
+// saying that splitting the batch further fits it (bench/memory_budget.py's one-stage-accum). The
+// refusal now names the count, from the same forecast: planned with it, the budget fits, and one
+// fewer (a count dividing the batch) does not.
+TEST_F(PlanCli, ABudgetNoPolicyFitsNamesTheMicroBatchesThatFit) {
+  const std::string model = "--layers 2 --threads 1 --steps 1 --eval-every 0";
+  const nlohmann::json small = Plan(model + " --batch 8 --microbatches 1 --recompute none");
+  const int64_t budget = small["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>();
+  const std::string job = fmt::format("{} --batch 64 --memory-budget {}", model, budget);
+  for (const char* command : {"plan", "train"}) {
+    SCOPED_TRACE(command);
+    const CliResult r = Sluice(fmt::format("{} {} --microbatches 1", command, job));
+    ASSERT_EQ(r.status, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("no recompute policy fits every stage")) << r.err;
+    const size_t at = r.err.find("\n--microbatches ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const int m = std::stoi(r.err.substr(at + 16));
+    EXPECT_THAT(r.err, HasSubstr(fmt::format("--microbatches {} fits it (batch 64 in "
+                                             "micro-batches of {}; forecast peak ",
+                                             m, 64 / m)));
+    EXPECT_GT(m, 1);
+    Plan(fmt::format("{} --microbatches {}", job, m));  // fits: status 0
+    int fewer = m - 1;
+    while (64 % fewer != 0) --fewer;
+    if (fewer > 1) {
+      EXPECT_NE(Sluice(fmt::format("plan {} --microbatches {}", job, fewer)).status, 0) << fewer;
+    }
+  }
+  // GPipe keeps every micro-batch in flight: with a budget below what the parameters alone take,
+  // no split fits, and the refusal says so.
+  const CliResult none = Sluice(fmt::format("plan {} --batch 64 --memory-budget 1KiB", model));
+  EXPECT_THAT(none.err, HasSubstr("no split of the batch into more micro-batches fits it either"));
+}
+
 // Above the forecast's action limit (memory_forecast.h) plan says so at once instead of replaying
 // millions of actions; --schedule auto refuses each schedule for that reason.
 TEST_F(PlanCli, JobsOverTheForecastLimitAreRefusedNamingIt) {

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "sluice/core/error.h"
 #include "sluice/pipeline/memory_forecast.h"
@@ -90,6 +91,41 @@ void Explain(PlanRequest r, const Job& job, PlanChoice& choice) {
   }
 }
 
+// When no policy fits at the job's micro-batch count: the fewest micro-batches above it, dividing
+// the batch, at which some policy does (each micro-batch smaller, so are its activations), from
+// the same forecast; as the sentence the refusal ends with, or empty when no split fits (GPipe
+// keeps every micro-batch in flight, so splitting further saves nothing there). The job's task is
+// reused (the data is not read again); its model is rebuilt per count and restored.
+std::string MicroBatchesThatFit(const PlanRequest& request, Job& job, pipeline::ScheduleKind kind) {
+  const int64_t batch = request.config.batch;
+  Model original = job.model;
+  std::string found;
+  for (int64_t m = request.config.microbatches + 1; m <= batch && found.empty(); ++m) {
+    if (batch % m != 0) continue;
+    PlanRequest r = request;
+    r.config.microbatches = m;
+    try {
+      ValidateTrainConfig(r.config);
+      job.model = job.task->BuildTrain(batch / m);
+      const PlanChoice c = PlanKind(r, job, kind);
+      if (!c.plan.fits) continue;
+      std::vector<std::string> peaks;
+      for (const StagePlan& p : c.plan.stages)
+        peaks.push_back(fmt::format("{} with --recompute {}",
+                                    FormatBudgetBytes(p.forecast.peak_reserved_bytes),
+                                    Name(p.policy)));
+      found = fmt::format(
+          "\n--microbatches {} fits it (batch {} in micro-batches of {}; forecast peak{} {}): "
+          "the same batch in smaller micro-batches, gradients accumulated",
+          m, batch, batch / m, peaks.size() == 1 ? "" : "s", fmt::join(peaks, ", "));
+    } catch (const Error&) {
+      continue;  // a count the schedule or the model cannot take
+    }
+  }
+  job.model = std::move(original);
+  return found;
+}
+
 }  // namespace
 
 Job MakeJob(const TrainConfig& config) {
@@ -117,7 +153,7 @@ PlanChoice ChoosePlan(const PlanRequest& request) {
   const int stages = request.pipeline ? request.pipe.stages : 1;
   SLUICE_CHECK(request.budget.empty() || std::ssize(request.budget) == stages,
                "a budget of {} stages for a job of {}", request.budget.size(), stages);
-  const Job job = MakeJob(request.config);
+  Job job = MakeJob(request.config);
 
   std::vector<pipeline::ScheduleKind> kinds = {request.pipe.schedule};
   if (request.automatic) {
@@ -156,13 +192,15 @@ PlanChoice ChoosePlan(const PlanRequest& request) {
   if (!closest) {
     throw InvalidArgument("--schedule auto: no schedule can run this job:" + refused);
   }
+  const std::string split = MicroBatchesThatFit(request, job, closest->schedule);
   throw InvalidArgument(fmt::format(
-      "--memory-budget {}: no recompute policy{} fits every stage{}:{}", request.budget_text,
+      "--memory-budget {}: no recompute policy{} fits every stage{}:{}{}", request.budget_text,
       request.automatic ? " and schedule" : "",
       request.automatic
           ? fmt::format(" (the closest, {})", pipeline::ScheduleKindName(closest->schedule))
           : std::string(),
-      closest->plan.Explain(request.budget)));
+      closest->plan.Explain(request.budget),
+      split.empty() ? "\nno split of the batch into more micro-batches fits it either" : split));
 }
 
 }  // namespace sluice

@@ -14,6 +14,9 @@ trains that module itself, not a re-implementation of it:
      state (NAME.exp_avg, NAME.exp_avg_sq, ...) is the only unexpected kind of key; then its loss
      on the batch of the step after the checkpoint ("tokens.<steps>").
 
+With "autocast": true in the input's config, step 1 runs under torch.autocast("cpu",
+dtype=torch.bfloat16) (the reference of sluice's --precision bf16).
+
 Writes OUTPUT.safetensors: "losses" f64 [steps], "final.<name>" of every parameter and buffer
 after the last step, and "checkpoint_loss" f64 [1].
 
@@ -81,10 +84,14 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])
     losses = []
+    # "autocast": true trains under torch.autocast("cpu", dtype=torch.bfloat16), the reference of
+    # sluice's --precision bf16 (the weights and AdamW stay f32 in both).
+    bf16 = bool(cfg.get("autocast", False))
     for step in range(cfg["steps"]):
         opt.zero_grad()
-        loss = model(batches[f"tokens.{step}"], batches[f"targets.{step}"])
-        loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(batches[f"tokens.{step}"], batches[f"targets.{step}"])
+        loss.float().backward()
         losses.append(loss.item())
         opt.step()
     out = {"losses": torch.tensor(losses, dtype=torch.float64)}

@@ -112,5 +112,31 @@ TEST(ProgramExamples, AClassifierOnNamedArraysWithATiedWeightLearnsOnOneAndTwoSt
   ExpectTrainsOnOneAndTwoStages(config, "in,block.0|block.1,head", 0.5);
 }
 
+// Under --precision bf16 every example trains as its mixed-precision form (ir/autocast.h), and two
+// stages stay bitwise one: what crosses a unit boundary is rounded by the unit making it, on one
+// stage as on two.
+TrainConfig Bf16(TrainConfig c) {
+  c.gpt.precision = Precision::kBf16;
+  return c;
+}
+
+TEST(ProgramExamples, EveryLmExampleLearnsUnderBf16OnOneAndTwoStagesAlike) {
+  ExpectTrainsOnOneAndTwoStages(Bf16(Short(Example("gpt.sluice"), "sort")), "embed,h.0|h.1,head",
+                                0.8);
+  ExpectTrainsOnOneAndTwoStages(Bf16(Short(Example("prenorm.sluice"), "sort")),
+                                "embed,block.0|block.1,head", 0.8);
+  ExpectTrainsOnOneAndTwoStages(Bf16(Short(Example("tied_lm.sluice"), "sort")),
+                                "embed,block.0|block.1,head", 0.8);
+}
+
+TEST(ProgramExamples, TheClassifiersLearnUnderBf16OnOneAndTwoStagesAlike) {
+  ExpectTrainsOnOneAndTwoStages(
+      Bf16(Short(Example("array_classifier.sluice"),
+                 WriteClassifierData("classifier_bf16.safetensors", 256))),
+      "in,block.0|block.1,head", 0.5);
+  ExpectTrainsOnOneAndTwoStages(Bf16(Short(Example("classifier.sluice"), "blobs")),
+                                "in,block.0|block.1,head", 0.5);
+}
+
 }  // namespace
 }  // namespace sluice::pipeline

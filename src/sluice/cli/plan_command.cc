@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/cli/commands.h"
@@ -15,6 +16,7 @@
 #include "sluice/core/enum_names.h"
 #include "sluice/kernels/bf16_probe.h"
 #include "sluice/plan/planner.h"
+#include "sluice/step/task.h"
 
 namespace sluice::cli {
 
@@ -154,10 +156,23 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
                       Name(p.policy), 100 * p.extra_work);
     }
   }
-  // What bf16 does on this CPU (--precision is a GPT's: bf16 means a GPT).
-  if (a.config.gpt.precision == Precision::kBf16)
+  // What bf16 does on this CPU, and which of a program's ops run bf16.
+  if (a.config.gpt.precision == Precision::kBf16) {
     out += fmt::format("  {}\n", kernels::DescribeBf16Compute());
+    if (std::string ops = DescribeProgramPrecision(a.config); !ops.empty())
+      out += fmt::format("  {}\n", ops);
+  }
   return out;
+}
+
+std::string DescribeProgramPrecision(const TrainConfig& config) {
+  if (config.model != "program" || config.gpt.precision != Precision::kBf16) return "";
+  const nlohmann::json ops = MakeTask(config)->PrecisionOps();
+  auto names = [](const nlohmann::json& list) {
+    return list.empty() ? std::string("none") : fmt::format("{}", fmt::join(list, ", "));
+  };
+  return fmt::format("ops running bf16: {}; running f32 (the fp32 fallback): {}",
+                     names(ops["bf16_ops"]), names(ops["f32_ops"]));
 }
 
 std::string DescribeLiveAtPeak(const PlanChoice& choice) {

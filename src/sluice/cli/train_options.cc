@@ -125,8 +125,9 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
           ->capture_default_str();
   auto* precision =
       sub.add_option("--precision", a->precision,
-                     "gpt: fp32, or bf16 (mixed precision: the blocks' activations stored bf16, "
-                     "f32 compute and accumulation; weights, gradients, optimizer state stay f32)")
+                     "fp32, or bf16 (mixed precision: activations stored bf16, f32 compute and "
+                     "accumulation; weights, gradients, optimizer state stay f32; a --program "
+                     "gets autocast's casts, its other ops running f32)")
           ->capture_default_str();
   auto* seq =
       sub.add_option("--seq", c.gpt.seq, "longest sequence (0: the data's; text data default 64)")
@@ -321,7 +322,7 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
   const std::vector<ScopedOption> scoped = {
       {layers, "--model", "gpt"},        {heads, "--model", "gpt"},
       {dim, "--model", "gpt"},           {attention, "--model", "gpt"},
-      {head_chunk, "--model", "gpt"},    {precision, "--model", "gpt"},
+      {head_chunk, "--model", "gpt"},    {precision, "--model", "gpt", true},
       {seq, "--model", "gpt", true},     {vocab, "--model", "gpt", true},
       {features, "--model", "mlp"},      {hidden, "--model", "mlp"},
       {classes, "--model", "mlp", true}, {beta1, "--optimizer", "adamw"},

@@ -10,6 +10,7 @@
 
 #include "sluice/autodiff/autodiff.h"
 #include "sluice/core/error.h"
+#include "sluice/ir/autocast.h"
 
 namespace sluice {
 
@@ -319,6 +320,28 @@ TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view fil
   }
   out.model.params = std::move(params);
   out.model.forward = std::move(program);
+  return out;
+}
+
+Model AutocastTrainingModel(const Model& model, AutocastOps* ops) {
+  AutocastResult r = AutocastBf16(model.forward);
+  if (!r.already_bf16.empty()) {
+    throw InvalidArgument(fmt::format(
+        "--precision bf16: program {} already has the bf16 value %{}, so it sets its own "
+        "precision; train it without --precision bf16, or write it in f32 and let --precision "
+        "bf16 place the casts",
+        model.forward.name(), r.already_bf16));
+  }
+  Model out = model;
+  const std::set<std::string> square(model.attention_values.begin(), model.attention_values.end());
+  for (const Instruction& ins : r.program.instructions()) {
+    if (ins.op->name == "cast" && square.count(r.program.value(ins.inputs[0]).name) > 0) {
+      out.attention_values.push_back(r.program.value(ins.outputs[0]).name);
+    }
+  }
+  out.block_inputs = UnitInputs(r.program);
+  out.forward = std::move(r.program);
+  if (ops != nullptr) *ops = {.bf16 = std::move(r.bf16_ops), .f32 = std::move(r.f32_ops)};
   return out;
 }
 

@@ -72,6 +72,18 @@ std::string PrintTrainingProgram(const Model& model,
 std::string ExportTrainingProgram(const std::function<Model(int64_t B, int64_t T)>& build,
                                   const std::map<std::string, std::string>& data);
 
+// `model` in mixed precision (ir/autocast.h AutocastBf16 on its forward program): what `--precision
+// bf16` trains a `--program` as. Parameters, loss and names are kept; the values a full recompute
+// keeps are the new program's unit inputs (the bf16 copies crossing unit boundaries), and the bf16
+// copies of attention values are attention values too. `ops` (when given) receives which ops run
+// bf16 and which f32, the fallback. Throws InvalidArgument when the forward program already has a
+// bf16 value (it sets its own precision), naming it.
+struct AutocastOps {
+  std::vector<std::string> bf16;  // ops that run with bf16 operands (AutocastResult::bf16_ops)
+  std::vector<std::string> f32;   // ops that run f32: the fallback (AutocastResult::f32_ops)
+};
+Model AutocastTrainingModel(const Model& model, AutocastOps* ops = nullptr);
+
 // The piece of a training model made of its units [range.first, range.end) (Program::units();
 // instructions written between two units run with the unit before them, those before the first
 // unit with the first): one pipeline stage.

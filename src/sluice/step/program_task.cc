@@ -111,7 +111,7 @@ std::string ArrayNames(const ArraySource& source) {
 class ProgramTask final : public Task {
  public:
   explicit ProgramTask(const TrainConfig& c)
-      : path_(c.program), loaded_by_default_(!c.init_from.empty()) {
+      : path_(c.program), loaded_by_default_(!c.init_from.empty()), precision_(c.gpt.precision) {
     text_ = ReadWholeFile("program file", c.program);
     const int64_t micro = c.batch / std::max<int64_t>(c.microbatches, 1);
     seq_ = c.gpt.seq;  // T of data without sequences: --seq, when given
@@ -125,9 +125,10 @@ class ProgramTask final : public Task {
     }
     seq_ = source_->seq_len() > 0 ? source_->seq_len() : c.gpt.seq;
     // Every check, before the first step.
-    TrainingProgram tp = Parse(micro);
+    TrainingProgram tp = ParseAsWritten(micro);
     bindings_ = tp.data;
     CheckIdsFitTables(tp);
+    if (precision_ == Precision::kBf16) tp.model = AutocastTrainingModel(tp.model, &ops_);
     FindPredictions(tp.model.forward);
     loss_ = tp.model.loss;
     for (const ParamSpec& p : tp.model.params) {
@@ -191,7 +192,13 @@ class ProgramTask final : public Task {
     const std::filesystem::path canonical = std::filesystem::weakly_canonical(path_, ec);
     return {{"model", "program"},
             {"program", ec ? path_ : canonical.string()},
+            {"precision", std::string(Name(precision_))},
             {"data", source_->name()}};
+  }
+  Precision precision() const override { return precision_; }
+  nlohmann::json PrecisionOps() const override {
+    if (precision_ != Precision::kBf16) return nullptr;
+    return {{"bf16_ops", ops_.bf16}, {"f32_ops", ops_.f32}};
   }
   int64_t seq_len() const override { return seq_ > 0 ? seq_ : 1; }
 
@@ -234,7 +241,13 @@ class ProgramTask final : public Task {
   }
 
   // Parses the program at micro-batch `batch`, each input checked against its data array.
+  // Under --precision bf16 the model is the program's mixed-precision form (ir/autocast.h).
   TrainingProgram Parse(int64_t batch) const {
+    TrainingProgram tp = ParseAsWritten(batch);
+    if (precision_ == Precision::kBf16) tp.model = AutocastTrainingModel(tp.model);
+    return tp;
+  }
+  TrainingProgram ParseAsWritten(int64_t batch) const {
     return ParseTrainingProgram(
         text_, path_, Sizes(batch),
         [&](const std::string& input, const TensorType& declared, const std::string& array) {
@@ -342,6 +355,8 @@ class ProgramTask final : public Task {
 
   std::string path_;
   bool loaded_by_default_;  // --init-from given: parameters without an initializer are loaded
+  Precision precision_;
+  AutocastOps ops_;  // under bf16: the ops running bf16, and those running f32 (the fallback)
   std::string text_;
   std::unique_ptr<ArraySource> source_;
   int64_t seq_ = 0;  // T; 0 when the data has no sequences and --seq is not given

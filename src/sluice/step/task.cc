@@ -56,6 +56,7 @@ class GptTask final : public Task {
   }
   int64_t TokensPerSample() const override { return data_->seq_len(); }
   const GptConfig* gpt() const override { return &cfg_; }
+  Precision precision() const override { return cfg_.precision; }
   int64_t seq_len() const override { return data_->seq_len(); }
 
   // Sort: generate the answer greedily, one digit per forward pass, and count sequences whose

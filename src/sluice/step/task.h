@@ -65,6 +65,12 @@ class Task {
   virtual Model BuildPiece(int64_t batch, const UnitRange& range) const = 0;
   // The GPT's configuration with sizes filled in from the data; nullptr for other models.
   virtual const GptConfig* gpt() const { return nullptr; }
+  // The precision the model trains in (--precision: the GPT's, or a program's mixed-precision
+  // form, ir/autocast.h).
+  virtual Precision precision() const { return Precision::kFp32; }
+  // Under a program's bf16 the ops that run bf16 and those that run f32 (the fallback):
+  // {"bf16_ops": [...], "f32_ops": [...]}; null otherwise.
+  virtual nlohmann::json PrecisionOps() const { return nullptr; }
   // The sequence length of every batch (1 for models without sequences).
   virtual int64_t seq_len() const { return 1; }
 };

@@ -415,23 +415,23 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   s.peak_resident_bytes = ReadSystemMemory().peak_resident_bytes;
   s.params = CountParams(impl.model.params);
   s.skipped = impl.skipped;
-  nlohmann::json summary = {
-      {"summary", true},
-      {"steps", s.steps},
-      {"final_loss", s.final_loss},
-      {"val_loss", s.last_eval.val_loss},
-      {"wall_s", s.wall_s},
-      {"tokens_per_s", s.tokens_per_s},
-      {"peak_allocated_bytes", s.peak_allocated_bytes},
-      {"peak_reserved_bytes", s.peak_reserved_bytes},
-      {"peak_resident_bytes", s.peak_resident_bytes},
-      {"params", s.params},
-      {"skipped", s.skipped},
-      {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
-      {"memory_plan", Name(c.memory_plan)},
-      {"config", impl.task->Describe()},
-      {"kernels", KernelsDescription(impl.task->gpt() != nullptr ? impl.task->gpt()->precision
-                                                                 : Precision::kFp32)}};
+  nlohmann::json summary = {{"summary", true},
+                            {"steps", s.steps},
+                            {"final_loss", s.final_loss},
+                            {"val_loss", s.last_eval.val_loss},
+                            {"wall_s", s.wall_s},
+                            {"tokens_per_s", s.tokens_per_s},
+                            {"peak_allocated_bytes", s.peak_allocated_bytes},
+                            {"peak_reserved_bytes", s.peak_reserved_bytes},
+                            {"peak_resident_bytes", s.peak_resident_bytes},
+                            {"params", s.params},
+                            {"skipped", s.skipped},
+                            {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
+                            {"memory_plan", Name(c.memory_plan)},
+                            {"config", impl.task->Describe()},
+                            {"kernels", KernelsDescription(impl.task->precision())}};
+  // A program under bf16: which of its ops run bf16 and which f32 (the fallback, ir/autocast.h).
+  if (nlohmann::json ops = impl.task->PrecisionOps(); !ops.is_null()) summary["precision"] = ops;
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (s.stop_signal != 0) summary["stopped"] = SignalName(s.stop_signal);
   if (nlohmann::json extra = impl.engine->Summary(); extra.is_object()) summary.update(extra);

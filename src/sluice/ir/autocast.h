@@ -1,0 +1,62 @@
+// Autocast: the pass that turns an f32 forward program into its mixed-precision (bf16) form, what
+// `--precision bf16` trains a `--program` with (docs/program-format.md, "Mixed precision").
+//
+// The rules are PyTorch's CPU autocast in sluice's form "bf16 storage, f32 compute":
+//   products      matmul and linear multiply bf16 operands (a, b; x, w) into an f32 result;
+//                 linear's bias stays f32. An f32 operand is rounded by a `cast`, one per value,
+//                 shared by every product reading it; a parameter's (or input's) copy is made in
+//                 each unit that reads it, just before its first reader there (autodiff remakes a
+//                 parameter's copy in backward rather than keeping it).
+//   activations   gelu, layer_norm (x; weight and bias f32) and causal_attention_qkv (qkv; lse
+//                 f32) take bf16 and give bf16, computing in f32 — when every reader of their
+//                 output takes bf16 (a product, or such an activation running bf16): then their
+//                 input is rounded as a product's is and their output is what the next product
+//                 multiplies. Otherwise they run f32 (their output would only be widened again).
+//   shape ops     reshape, transpose and permute carry bf16 as they are (bytes moved), on the
+//                 same terms: a layer norm, a reshape, then a product stay bf16 throughout.
+//   the rest      every other op runs f32: the fp32 fallback. A bf16 value it reads is widened
+//                 by a `cast` to f32, one per value and unit, just before its first reader there.
+//                 Losses, reductions, softmax and norms' statistics are never bf16.
+//   unit boundary an f32 value made in one unit and read in another (the residual stream between
+//                 blocks, wherever a pipeline cut may fall) is rounded to bf16 by the unit making
+//                 it, right after it is made, and the units reading it read the rounded copy
+//                 (widened where they compute f32) — on one stage as on many, so that a pipeline
+//                 stays bitwise one stage and its messages are bf16 (docs/memory.md "bf16 at unit
+//                 boundaries"). Readers inside the making unit read the f32 value.
+// Only f32 values change: f64 and integer values, and ops reading them, are left as written.
+// Inputs, parameters, outputs and every value of the program keep their names and types (an
+// activation that runs bf16 has a bf16 output: never a program output); the casts are new values,
+// `NAME.bf16` and `NAME.f32` (with a suffix when taken), inside the unit they belong to.
+//
+// A program that already has a bf16 value (declared, or made by a cast) is left as it is: the
+// result names the first such value, and the program is returned unchanged, so the pass is
+// idempotent; callers that want an error say so (`sluice train --precision bf16` refuses it).
+//
+// Example:
+//   AutocastResult r = AutocastBf16(program);   // program: verified, f32
+//   r.program   // the bf16 program; r.f32_ops: {"add", "cross_entropy", ...}
+//
+// Thread-safety: reentrant. Cost: linear in the program's values and instructions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sluice/ir/program.h"
+
+namespace sluice {
+
+struct AutocastResult {
+  Program program;
+  // The ops of the program's instructions that run with bf16 operands, and those that compute on
+  // f32 values in f32 (the fallback), each name once, sorted. Casts the pass adds are in neither.
+  std::vector<std::string> bf16_ops;
+  std::vector<std::string> f32_ops;
+  // The first bf16 value of the program given (then `program` is that program unchanged and the
+  // lists are empty); empty when there is none.
+  std::string already_bf16;
+};
+
+AutocastResult AutocastBf16(const Program& program);
+
+}  // namespace sluice

@@ -1,0 +1,257 @@
+// The autocast pass (ir/autocast.h): which casts go where on small programs, the unit-boundary
+// rounding, per-unit copies of a parameter, the fp32 fallback it names, and that a program already
+// holding bf16 is left as it is (so the pass is idempotent).
+#include "sluice/ir/autocast.h"
+
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "sluice/ir/text_format.h"
+#include "sluice/ir/verifier.h"
+
+namespace sluice {
+namespace {
+
+using testing::ElementsAre;
+
+// The instructions of `text` after the pass, as the printer writes them (one per line).
+std::string Autocast(const std::string& text, AutocastResult* result = nullptr) {
+  AutocastResult r = AutocastBf16(ParseProgram(text));
+  Verify(r.program);
+  const std::string printed = PrintProgram(r.program);
+  if (result != nullptr) *result = std::move(r);
+  return printed;
+}
+
+constexpr const char* kMlp = R"(program mlp {
+  input %x: f32[8, 16]
+  input %targets: i64[8]
+  param %fc1.weight: f32[16, 32]
+  param %fc1.bias: f32[32]
+  param %fc2.weight: f32[32, 10]
+  param %fc2.bias: f32[10]
+  %h: f32[8, 32] = linear(%x, %fc1.weight, %fc1.bias)
+  %a: f32[8, 32] = gelu(%h)
+  %logits: f32[8, 10] = linear(%a, %fc2.weight, %fc2.bias)
+  %loss: f32[] = cross_entropy(%logits, %targets)
+  output %loss
+}
+)";
+
+// Products take bf16 operands (bias f32) and give f32; GELU, read only by a product, takes and
+// gives bf16; the loss runs f32.
+TEST(Autocast, AnMlpMultipliesBf16OperandsAndKeepsItsLossF32) {
+  AutocastResult r;
+  EXPECT_EQ(Autocast(kMlp, &r), R"(program mlp {
+  input %x: f32[8, 16]
+  input %targets: i64[8]
+  param %fc1.weight: f32[16, 32]
+  param %fc1.bias: f32[32]
+  param %fc2.weight: f32[32, 10]
+  param %fc2.bias: f32[10]
+  %x.bf16: bf16[8, 16] = cast(%x) {dtype = "bf16"}
+  %fc1.weight.bf16: bf16[16, 32] = cast(%fc1.weight) {dtype = "bf16"}
+  %h: f32[8, 32] = linear(%x.bf16, %fc1.weight.bf16, %fc1.bias)
+  %h.bf16: bf16[8, 32] = cast(%h) {dtype = "bf16"}
+  %a: bf16[8, 32] = gelu(%h.bf16)
+  %fc2.weight.bf16: bf16[32, 10] = cast(%fc2.weight) {dtype = "bf16"}
+  %logits: f32[8, 10] = linear(%a, %fc2.weight.bf16, %fc2.bias)
+  %loss: f32[] = cross_entropy(%logits, %targets)
+  output %loss
+}
+)");
+  EXPECT_THAT(r.bf16_ops, ElementsAre("gelu", "linear"));
+  EXPECT_THAT(r.f32_ops, ElementsAre("cross_entropy"));
+  EXPECT_TRUE(r.already_bf16.empty());
+}
+
+// A layer norm (or GELU) whose output an f32 op reads runs f32: its output would only be widened
+// again. One bf16 copy of %h serves both products.
+TEST(Autocast, AnActivationReadByAnF32OpStaysF32AndOneCopyServesEveryProduct) {
+  AutocastResult r;
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[4, 8]
+  param %w: f32[8, 8]
+  param %v: f32[8, 8]
+  param %g: f32[8]
+  param %b: f32[8]
+  %h: f32[4, 8] = layer_norm(%x, %g, %b)
+  %y: f32[4, 8] = add(%h, %x)
+  %p: f32[4, 8] = matmul(%y, %w)
+  %q: f32[4, 8] = matmul(%y, %v)
+  %s: f32[4, 8] = add(%p, %q)
+  %loss: f32[] = sum(%s)
+  output %loss
+}
+)",
+                                   &r);
+  EXPECT_THAT(out, testing::HasSubstr("%h: f32[4, 8] = layer_norm(%x, %g, %b)"));
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %y: f32[4, 8] = add(%h, %x)
+  %y.bf16: bf16[4, 8] = cast(%y) {dtype = "bf16"}
+  %w.bf16: bf16[8, 8] = cast(%w) {dtype = "bf16"}
+  %p: f32[4, 8] = matmul(%y.bf16, %w.bf16)
+  %v.bf16: bf16[8, 8] = cast(%v) {dtype = "bf16"}
+  %q: f32[4, 8] = matmul(%y.bf16, %v.bf16)
+)"));
+  EXPECT_THAT(r.bf16_ops, ElementsAre("matmul"));
+  EXPECT_THAT(r.f32_ops, ElementsAre("add", "layer_norm", "sum"));
+}
+
+// What one unit makes and another reads is rounded by the unit making it; the reading unit
+// multiplies the bf16 copy and widens it once for its f32 ops. A parameter two units read is cast
+// in each. Readers inside the making unit keep the f32 value.
+TEST(Autocast, AValueCrossingAUnitBoundaryIsRoundedByItsMaker) {
+  AutocastResult r;
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[4, 8]
+  param %w: f32[8, 8]
+  unit a {
+    %h: f32[4, 8] = matmul(%x, %w)
+    %r: f32[4, 8] = relu(%h)
+    %y: f32[4, 8] = add(%h, %r)
+  }
+  unit b {
+    %z: f32[4, 8] = matmul(%y, %w)
+    %s: f32[4, 8] = add(%y, %z)
+    %t: f32[4, 8] = mul(%y, %s)
+    %loss: f32[] = sum(%t)
+  }
+  output %loss
+}
+)",
+                                   &r);
+  EXPECT_EQ(out, R"(program p {
+  input %x: f32[4, 8]
+  param %w: f32[8, 8]
+  unit a {
+    %x.bf16: bf16[4, 8] = cast(%x) {dtype = "bf16"}
+    %w.bf16: bf16[8, 8] = cast(%w) {dtype = "bf16"}
+    %h: f32[4, 8] = matmul(%x.bf16, %w.bf16)
+    %r: f32[4, 8] = relu(%h)
+    %y: f32[4, 8] = add(%h, %r)
+    %y.bf16: bf16[4, 8] = cast(%y) {dtype = "bf16"}
+  }
+  unit b {
+    %w.bf16_0: bf16[8, 8] = cast(%w) {dtype = "bf16"}
+    %z: f32[4, 8] = matmul(%y.bf16, %w.bf16_0)
+    %y.f32: f32[4, 8] = cast(%y.bf16) {dtype = "f32"}
+    %s: f32[4, 8] = add(%y.f32, %z)
+    %t: f32[4, 8] = mul(%y.f32, %s)
+    %loss: f32[] = sum(%t)
+  }
+  output %loss
+}
+)");
+  EXPECT_THAT(r.f32_ops, ElementsAre("add", "mul", "relu", "sum"));
+}
+
+// The fused attention takes bf16 qkv and gives bf16 y (read by a product) and f32 lse.
+TEST(Autocast, FusedAttentionTakesAndGivesBf16) {
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[2, 4, 8]
+  param %wqkv: f32[8, 24]
+  param %wo: f32[8, 8]
+  %qkv: f32[2, 4, 24] = matmul(%x, %wqkv)
+  %y: f32[2, 4, 8], %lse: f32[2, 2, 4] = causal_attention_qkv(%qkv) {heads = 2, scale = 0.5}
+  %o: f32[2, 4, 8] = matmul(%y, %wo)
+  %loss: f32[] = sum(%o)
+  output %loss
+}
+)");
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %qkv.bf16: bf16[2, 4, 24] = cast(%qkv) {dtype = "bf16"}
+  %y: bf16[2, 4, 8], %lse: f32[2, 2, 4] = causal_attention_qkv(%qkv.bf16) {heads = 2, scale = 0.5}
+  %wo.bf16: bf16[8, 8] = cast(%wo) {dtype = "bf16"}
+  %o: f32[2, 4, 8] = matmul(%y, %wo.bf16)
+)"));
+}
+
+// Shape ops carry bf16 between a layer norm and a product (as tools/torch_export.py writes a
+// linear: reshape, then matmul); one that an f32 op reads stays f32.
+TEST(Autocast, ShapeOpsCarryBf16ToAProduct) {
+  AutocastResult r;
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[2, 4, 8]
+  param %w: f32[8, 8]
+  param %g: f32[8]
+  param %b: f32[8]
+  %n: f32[2, 4, 8] = layer_norm(%x, %g, %b)
+  %v: f32[8, 8] = reshape(%n) {shape = [8, 8]}
+  %h: f32[8, 8] = matmul(%v, %w)
+  %t: f32[8, 8] = transpose(%h) {dim0 = 0, dim1 = 1}
+  %loss: f32[] = sum(%t)
+  output %loss
+}
+)",
+                                   &r);
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %x.bf16: bf16[2, 4, 8] = cast(%x) {dtype = "bf16"}
+  %n: bf16[2, 4, 8] = layer_norm(%x.bf16, %g, %b)
+  %v: bf16[8, 8] = reshape(%n) {shape = [8, 8]}
+  %w.bf16: bf16[8, 8] = cast(%w) {dtype = "bf16"}
+  %h: f32[8, 8] = matmul(%v, %w.bf16)
+  %t: f32[8, 8] = transpose(%h) {dim0 = 0, dim1 = 1}
+)"));
+  EXPECT_THAT(r.bf16_ops, ElementsAre("layer_norm", "matmul", "reshape"));
+  EXPECT_THAT(r.f32_ops, ElementsAre("sum", "transpose"));
+}
+
+// An activation that is a program output stays f32: outputs keep their types.
+TEST(Autocast, OutputsKeepTheirTypes) {
+  AutocastResult r;
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[4, 8]
+  param %w: f32[8, 8]
+  %h: f32[4, 8] = matmul(%x, %w)
+  %a: f32[4, 8] = gelu(%h)
+  output %a
+}
+)",
+                                   &r);
+  EXPECT_THAT(out, testing::HasSubstr("%a: f32[4, 8] = gelu(%h)"));
+  EXPECT_THAT(r.f32_ops, ElementsAre("gelu"));
+}
+
+// f64 values and the ops reading them are left as written.
+TEST(Autocast, F64IsLeftAlone) {
+  const std::string text = R"(program p {
+  input %x: f64[4, 8]
+  param %w: f64[8, 8]
+  %h: f64[4, 8] = matmul(%x, %w)
+  %loss: f64[] = sum(%h)
+  output %loss
+}
+)";
+  AutocastResult r;
+  EXPECT_EQ(Autocast(text, &r), text);
+  EXPECT_TRUE(r.bf16_ops.empty());
+  EXPECT_TRUE(r.f32_ops.empty());
+}
+
+// A program holding bf16 already sets its own precision: the pass names the value and changes
+// nothing, so applying it twice is applying it once.
+TEST(Autocast, IsIdempotentAndLeavesABf16ProgramAlone) {
+  const std::string once = Autocast(kMlp);
+  AutocastResult r;
+  EXPECT_EQ(Autocast(once, &r), once);
+  EXPECT_EQ(r.already_bf16, "x.bf16");
+  EXPECT_TRUE(r.f32_ops.empty());
+}
+
+// A name the pass would make that the program uses later is not taken.
+TEST(Autocast, NewNamesNeverCollideWithTheProgramsOwn) {
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[4, 8]
+  param %w: f32[8, 8]
+  %h: f32[4, 8] = matmul(%x, %w)
+  %x.bf16: f32[4, 8] = relu(%h)
+  %loss: f32[] = sum(%x.bf16)
+  output %loss
+}
+)");
+  EXPECT_THAT(out, testing::HasSubstr("%x.bf16_0: bf16[4, 8] = cast(%x)"));
+  EXPECT_THAT(out, testing::HasSubstr("%x.bf16: f32[4, 8] = relu(%h)"));
+}
+
+}  // namespace
+}  // namespace sluice

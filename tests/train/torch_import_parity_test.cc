@@ -19,6 +19,9 @@
 //                       check runs where PyTorch is absent.
 //   TorchImportParity   exports and runs PyTorch now (skipped, saying so, without python3-torch
 //                       /usr/bin/python3 -c 'import torch').
+//   TorchImportAutocastParity   gpt, llama, mlp_lm under --precision bf16 against PyTorch training
+//                       the module under torch.autocast("cpu", dtype=torch.bfloat16): the ten
+//                       losses within 1e-2 relative (skipped without python3-torch).
 // Regenerate the golden files after a deliberate change to the models, the exporter or the data:
 //   SLUICE_UPDATE_GOLDEN=1 ctest --test-dir build -R TorchImportParity
 #include <unistd.h>

@@ -12,6 +12,7 @@
 #include "sluice/exec/reference_runner.h"
 #include "sluice/ir/builder.h"
 #include "sluice/ir/ops.h"
+#include "sluice/ir/text_format.h"
 
 namespace sluice {
 namespace {
@@ -244,6 +245,95 @@ TEST(Autodiff, ErrorsNameTheValue) {
     EXPECT_NE(std::string(e.what()).find("%y"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("scalar"), std::string::npos) << e.what();
   }
+}
+
+// GradientSpec::bf16_gradients (mixed precision's unit boundaries): a bf16 value's gradient is the
+// f32 sum of its parts rounded to bf16 once — not each part rounded — and what its producer's
+// gradient reads is that, widened; as a seed it comes in bf16, as a wrt it goes out bf16.
+TEST(Autodiff, Bf16GradientIsItsPartsSumRoundedOnce) {
+  constexpr int64_t n = 64;
+  Builder b("boundary");
+  Var x = b.Input("x", DType::kF32, {n});
+  Var w1 = b.Param("w1", DType::kF32, {n});
+  Var w2 = b.Param("w2", DType::kF32, {n});
+  Var v = b.Name(Cast(x, DType::kBF16), "v");  // read twice: two gradient parts
+  Var loss = b.Name(Sum(Cast(v, DType::kF32) * w1) + Sum(Cast(v, DType::kF32) * w2), "loss");
+  b.Output(loss);
+  const Program p = b.Build();
+  const Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"x"}, .bf16_gradients = {"v"}});
+  EXPECT_EQ(bwd.program.type(bwd.program.Get("v.grad")).dtype, DType::kBF16);
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> xs(n), a(n), c(n);
+  for (int64_t i = 0; i < n; ++i) xs[i] = u(rng), a[i] = u(rng), c[i] = u(rng);
+  Scope s;
+  s.Set("x", Tensor::FromVector<float>({n}, xs));
+  s.Set("w1", Tensor::FromVector<float>({n}, a));
+  s.Set("w2", Tensor::FromVector<float>({n}, c));
+  RunReference(p, s, DefaultAllocator(), false, bwd.saved);
+  RunReference(bwd.program, s);
+  const Tensor& g = s.Get("x.grad");
+  int rounded_apart = 0;  // elements where rounding each part first would differ
+  for (int64_t i = 0; i < n; ++i) {
+    const float once = BF16ToFloat(FloatToBF16(a[i] + c[i]));
+    EXPECT_EQ(g.data<float>()[i], once) << i;
+    const float each = BF16ToFloat(FloatToBF16(a[i])) + BF16ToFloat(FloatToBF16(c[i]));
+    rounded_apart += BF16ToFloat(FloatToBF16(each)) != once || each != once;
+  }
+  EXPECT_GT(rounded_apart, 0) << "no element tells the two roundings apart";
+
+  // v as a pipeline stage's output (seeded) and input (differentiated): both gradients bf16.
+  Builder s2("stage");
+  Var in = s2.Input("in", DType::kBF16, {n});
+  Var out = s2.Name(Cast(Cast(in, DType::kF32) * 2.0, DType::kBF16), "out");
+  s2.Output(out);
+  const Program q = s2.Build();
+  const Backward qb =
+      BuildBackward(q, {.seeds = {"out"}, .wrt = {"in"}, .bf16_gradients = {"in", "out"}});
+  EXPECT_EQ(qb.program.type(qb.program.Get("out.grad")).dtype, DType::kBF16);
+  EXPECT_EQ(qb.program.type(qb.program.Get("in.grad")).dtype, DType::kBF16);
+  const Backward f32 = BuildBackward(q, {.seeds = {"out"}, .wrt = {"in"}});
+  EXPECT_EQ(f32.program.type(f32.program.Get("in.grad")).dtype, DType::kF32);
+
+  EXPECT_THROW(BuildBackward(p, {.loss = "loss", .wrt = {"x"}, .bf16_gradients = {"nope"}}),
+               ProgramError);
+  try {
+    BuildBackward(p, {.loss = "loss", .wrt = {"x"}, .bf16_gradients = {"x"}});
+    ADD_FAILURE() << "an f32 value's bf16 gradient was accepted";
+  } catch (const ProgramError& e) {
+    EXPECT_NE(std::string(e.what()).find("%x, which is f32[64]"), std::string::npos) << e.what();
+  }
+}
+
+// A boundary's f32 gradient is made again right before each reader that needs it (between them
+// only its bf16 source is alive), and a bf16 product reads the bf16 gradient itself rather than a
+// second rounding of its widened copy.
+TEST(Autodiff, Bf16GradientIsWidenedAtEachReaderAndProductsReadItAsIs) {
+  Builder b("block");
+  Var x = b.Input("x", DType::kBF16, {4, 8});
+  Var w = b.Param("w", DType::kF32, {8, 8});
+  Var bias = b.Param("bias", DType::kF32, {8});
+  Var r = Cast(x, DType::kF32) + Linear(x, Cast(w, DType::kBF16), bias);  // residual + product
+  b.Output(b.Name(Cast(r, DType::kBF16), "y"));
+  const Program p = b.Build();
+  const Backward bwd =
+      BuildBackward(p, {.seeds = {"y"}, .wrt = {"x", "w", "bias"}, .bf16_gradients = {"x", "y"}});
+  const Program& q = bwd.program;
+  int widenings = 0, roundings = 0, products_reading_the_seed = 0;
+  for (const Instruction& ins : q.instructions()) {
+    const std::string& in = q.value(ins.inputs.at(0)).name;
+    if (ins.op->name == "matmul") {
+      for (ValueId v : ins.inputs) products_reading_the_seed += q.value(v).name == "y.grad";
+    }
+    if (ins.op->name != "cast" || q.value(ins.inputs[0]).kind == ValueKind::kParam) continue;
+    const DType to = q.type(ins.outputs[0]).dtype;
+    widenings += to == DType::kF32 && in == "y.grad";
+    roundings += to == DType::kBF16;
+  }
+  // y.grad widened for the bias's sum, then again for x's gradient (the residual's part).
+  EXPECT_EQ(widenings, 2) << PrintProgram(q);
+  EXPECT_EQ(roundings, 1) << "only x's gradient is rounded: " << PrintProgram(q);
+  EXPECT_GE(products_reading_the_seed, 1) << PrintProgram(q);  // dx (dw through a reshape)
 }
 
 TEST(Autodiff, UnusedParameterGetsZeroGradient) {

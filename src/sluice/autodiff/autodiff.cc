@@ -46,6 +46,7 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
 std::vector<int32_t> PartsOf(const Program& fwd, const std::vector<std::string>& cuts);
 Program Pruned(const Program& p, const Liveness& liveness);
 Program FuseMatMulIntoGeluGrad(Program p);
+Program WidenAtEachReader(const Program& p, const std::unordered_set<std::string>& widened);
 
 class BackwardBuilder {
  public:
@@ -57,6 +58,8 @@ class BackwardBuilder {
         first_part_(fwd.values().size(), -1),
         last_part_(fwd.values().size(), -1),
         grad_(fwd.values().size()),
+        bf16_grad_(fwd.values().size(), false),
+        rounded_(fwd.values().size()),
         depends_on_wrt_(fwd.values().size(), false) {}
 
   Backward Build();
@@ -93,6 +96,11 @@ class BackwardBuilder {
   std::vector<Part> parts_;
   std::vector<int32_t> first_part_, last_part_;  // forward value -> its first, last part; -1: none
   std::vector<Var> grad_;                        // forward value -> summed gradient, once final
+  // GradientSpec::bf16_gradients: forward value -> its gradient is bf16; that gradient, once final
+  // (grad_ holds it widened to f32); the widening casts made (backward values).
+  std::vector<bool> bf16_grad_;
+  std::vector<Var> rounded_;
+  std::vector<ValueId> widened_;
   std::vector<bool> depends_on_wrt_;
   std::vector<bool> grad_named_;  // backward value -> already named "<v>.grad"
 };
@@ -156,11 +164,29 @@ Var BackwardBuilder::GradOf(ValueId v) {
   if (grad_[v].valid()) return grad_[v];
   int32_t k = first_part_[v];
   if (k < 0) return Var();
-  Var sum = parts_[k].var;
-  for (k = parts_[k].next; k >= 0; k = parts_[k].next) sum = Add(sum, parts_[k].var);
-  MarkGradName(sum, v);
-  grad_[v] = sum;
-  return sum;
+  if (!bf16_grad_[v]) {
+    Var sum = parts_[k].var;
+    for (k = parts_[k].next; k >= 0; k = parts_[k].next) sum = Add(sum, parts_[k].var);
+    MarkGradName(sum, v);
+    grad_[v] = sum;
+    return sum;
+  }
+  // A bf16 gradient (GradientSpec::bf16_gradients): a bf16 seed alone is it; otherwise the parts
+  // (a seed among them widened) are summed in f32 and rounded once.
+  if (parts_[k].next < 0 && parts_[k].var.dtype() == DType::kBF16) {
+    rounded_[v] = parts_[k].var;
+  } else {
+    auto f32 = [](Var part) {
+      return part.dtype() == DType::kBF16 ? Cast(part, DType::kF32) : part;
+    };
+    Var sum = f32(parts_[k].var);
+    for (k = parts_[k].next; k >= 0; k = parts_[k].next) sum = Add(sum, f32(parts_[k].var));
+    rounded_[v] = Cast(sum, DType::kBF16);
+    MarkGradName(rounded_[v], v);
+  }
+  grad_[v] = Cast(rounded_[v], DType::kF32);  // the producer's VJP reads GradientType
+  widened_.push_back(grad_[v].id());
+  return grad_[v];
 }
 
 Backward BackwardBuilder::Build() {
@@ -180,6 +206,19 @@ Backward BackwardBuilder::Build() {
                       Name(fwd_.type(v).dtype)));
     }
     depends_on_wrt_[v] = true;
+  }
+  for (const std::string& name : spec_.bf16_gradients) {
+    const std::optional<ValueId> v = fwd_.Find(name);
+    if (!v) {
+      throw ProgramError(
+          fmt::format("autodiff: a bf16 gradient is asked for %{}, which does not exist", name));
+    }
+    if (fwd_.type(*v).dtype != DType::kBF16) {
+      throw ProgramError(fmt::format(
+          "autodiff: a bf16 gradient is asked for %{}, which is {}: only a bf16 value has one",
+          name, fwd_.type(*v).ToString()));
+    }
+    bf16_grad_[*v] = true;
   }
   for (const Instruction& ins : fwd_.instructions()) {
     bool any = std::any_of(ins.inputs.begin(), ins.inputs.end(),
@@ -203,7 +242,8 @@ Backward BackwardBuilder::Build() {
   for (const std::string& name : spec_.seeds) {
     ValueId v = fwd_.Get(name);
     const TensorType& t = fwd_.type(v);
-    Var seed = b_.Input(GradName(name), GradientType(t).dtype, t.shape);
+    Var seed =
+        b_.Input(GradName(name), bf16_grad_[v] ? DType::kBF16 : GradientType(t).dtype, t.shape);
     MarkGradNamed(seed);
     AddPart(v, seed);
   }
@@ -245,7 +285,9 @@ Backward BackwardBuilder::Build() {
     ValueId v = fwd_.Get(name);
     const TensorType& t = fwd_.type(v);
     Var g = GradOf(v);
+    if (g.valid() && bf16_grad_[v]) g = rounded_[v];
     if (!g.valid()) g = Full(b_, t.shape, 0.0, GradientType(t).dtype);
+    if (bf16_grad_[v]) g = Cast(g, DType::kBF16);
     if (g.name() != GradName(name)) {
       if (g.value().producer < 0 || GradNamed(g))
         g = Copy(g);  // the gradient aliases another value
@@ -315,6 +357,11 @@ Backward BackwardBuilder::Build() {
         any_dropped ? PrunedWithRecomputation(fwd_, bwd, liveness, bwd_dropped,
                                               PartsOf(fwd_, spec_.recompute_cuts))
                     : Pruned(bwd, liveness));
+    if (!widened_.empty()) {
+      std::unordered_set<std::string> widened;
+      for (ValueId w : widened_) widened.insert(bwd.value(w).name);
+      out.program = WidenAtEachReader(out.program, widened);
+    }
   }
   for (ValueId v : out.program.inputs()) {
     const std::string& n = out.program.value(v).name;
@@ -539,6 +586,52 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
     available(v);
     dst.AddOutput(to_dst[v] != kNoValue ? to_dst[v] : dst.Get(bwd.value(v).name));
   }
+  return dst;
+}
+
+// The values named in `widened` (casts of a bf16 gradient to f32: GradientSpec::bf16_gradients)
+// made again right before each instruction that reads them (once for a run of instructions in a
+// row that do), from their bf16 source: between two readers only the bf16 gradient is alive, not
+// its f32 copy (a block's output gradient through the MLP's backward, until the residual's add
+// reads it). Bitwise the same: widening is exact. One that is an output or that an in-place op
+// reads stays as it is.
+Program WidenAtEachReader(const Program& p, const std::unordered_set<std::string>& widened) {
+  const auto& instrs = p.instructions();
+  std::vector<bool> rewiden(p.values().size(), false);
+  for (const Instruction& ins : instrs) {
+    if (ins.op->name == "cast" && ins.outputs.size() == 1 &&
+        widened.count(p.value(ins.outputs[0]).name) && !p.IsOutput(ins.outputs[0])) {
+      rewiden[ins.outputs[0]] = true;
+    }
+  }
+  for (const Instruction& ins : instrs) {
+    if (ins.op->kind != OpKind::kInPlace) continue;
+    for (ValueId v : ins.inputs) rewiden[v] = false;
+  }
+  std::vector<ValueId> to_dst;
+  Program dst = CopyProgram(
+      p, p.name(), [](size_t) { return false; }, [](ValueId) { return true; }, to_dst);
+  std::vector<const Instruction*> widening(p.values().size(), nullptr);  // its cast in p
+  std::vector<size_t> made_for(p.values().size(), 0);  // 1 + the reader its last copy was made for
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    const Instruction& ins = instrs[i];
+    if (ins.op->name == "cast" && ins.outputs.size() == 1 && rewiden[ins.outputs[0]]) {
+      widening[ins.outputs[0]] = &ins;
+      continue;
+    }
+    for (ValueId v : ins.inputs) {
+      if (widening[v] == nullptr || made_for[v] == i + 1) continue;
+      if (made_for[v] != i) {  // the last copy was not for the instruction just before
+        const std::string name =
+            to_dst[v] == kNoValue ? p.value(v).name : dst.FreshName(p.value(v).name);
+        to_dst[v] = dst.AddInstruction("cast", {to_dst[widening[v]->inputs[0]]}, widening[v]->attrs,
+                                       {name})[0];
+      }
+      made_for[v] = i + 1;
+    }
+    CopyInstruction(p, ins, dst, to_dst);
+  }
+  for (ValueId v : p.outputs()) dst.AddOutput(to_dst[v]);
   return dst;
 }
 

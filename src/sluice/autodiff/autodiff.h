@@ -71,6 +71,15 @@ struct GradientSpec {
   // keeps nothing more than `checkpoints` from the forward (the cut values are not kept); the
   // earlier parts' forward runs twice. Gradients stay bitwise the same.
   std::vector<std::string> recompute_cuts;
+  // bf16 values whose gradient is bf16 (mixed precision's unit boundaries: what a pipeline cut
+  // sends, BoundaryGradients in nn/training_program.h). Their gradient's parts are summed in f32
+  // as any value's, then rounded to bf16 once: that is the gradient a seed among them comes in as
+  // and a wrt among them goes out as, so a pipeline's gradient messages are bf16 and one stage
+  // rounds where a cut would. The gradient handed on to the value's producer is the rounded one
+  // widened back to f32 (GradientType), widened again right before each of its readers
+  // (WidenAtEachReader) so that between them only the bf16 copy is alive. Throws ProgramError
+  // naming a value that does not exist or is not bf16.
+  std::vector<std::string> bf16_gradients;
 };
 
 struct Backward {

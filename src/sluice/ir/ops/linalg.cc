@@ -33,9 +33,19 @@ DType ProductDType(std::span<const TensorType> operands) {
 }
 
 // An output gradient as an operand of the products giving the inputs' gradients: rounded to bf16
-// when the forward product was bf16 (autocast's backward), as is.
+// when the forward product was bf16 (autocast's backward), as is. A gradient widened from a bf16
+// one (a unit boundary's, autodiff.h GradientSpec::bf16_gradients) rounds back to it exactly: the
+// products read that one, no second bf16 copy.
 Var GradOperand(Var dy, DType operand) {
-  return operand == DType::kBF16 ? Cast(dy, DType::kBF16) : dy;
+  if (operand != DType::kBF16) return dy;
+  if (const int32_t producer = dy.value().producer; producer >= 0) {
+    const Program& p = dy.builder()->program();
+    const Instruction& ins = p.instructions()[static_cast<size_t>(producer)];
+    if (ins.op->name == "cast" && p.type(ins.inputs[0]).dtype == DType::kBF16) {
+      return Var(dy.builder(), ins.inputs[0]);
+    }
+  }
+  return Cast(dy, DType::kBF16);
 }
 
 // The f32 scratch of a bf16 product's kernel (kernels/bf16_products.h: the operands' widened

@@ -145,8 +145,8 @@ TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
   }
 }
 
-// Under bf16 the pipeline's forward messages and the unit inputs full recompute keeps are bf16,
-// their gradients f32 (nn/gpt.cc): the forecast still equals one stage's measured peak and
+// Under bf16 the pipeline's messages, their gradients and the unit inputs full recompute keeps
+// are bf16 (nn/gpt.cc, StageProgram): the forecast still equals one stage's measured peak and
 // brackets every rank's, at P = 2 and 4, under every policy.
 TEST(MemoryForecast, HoldsUnderBf16) {
   const Size& size = kSizes[0];
@@ -182,9 +182,9 @@ std::vector<StageMemoryForecast> Explained(const TrainConfig& config,
 }
 
 // What a rank holds of its received messages at its peak, by name and type: under bf16 the
-// inputs it keeps ("x", one per micro-batch in flight under full recompute) take half fp32's
-// bytes, and a received gradient ("y.grad") stays f32.
-TEST(MemoryForecast, Bf16MessagesTakeHalfTheBytesTheirGradientsF32) {
+// inputs it keeps ("x", one per micro-batch in flight under full recompute) and a received
+// gradient ("y.grad") take half fp32's bytes.
+TEST(MemoryForecast, Bf16MessagesAndTheirGradientsTakeHalfTheBytes) {
   TrainConfig config = Config(kSizes[0], RecomputePolicy::kFull, 4);
   const PipelineOptions options{.stages = 2, .schedule = ScheduleKind::kGPipe};
   const std::vector<StageMemoryForecast> fp32 = Explained(config, options);
@@ -205,7 +205,8 @@ TEST(MemoryForecast, Bf16MessagesTakeHalfTheBytesTheirGradientsF32) {
   EXPECT_GT(n32, 0) << "the last stage keeps no received input at its peak: nothing is compared";
   EXPECT_EQ(n16, n32);
   EXPECT_EQ(2 * bytes16, bytes32);
-  for (const StageMemoryForecast* f : {&fp32[0], &bf16[0]}) held(*f, "y.grad", "f32[");
+  held(fp32[0], "y.grad", "f32[");
+  held(bf16[0], "y.grad", "bf16[");
 }
 
 // Post-validation keeps a copy of every rank's parameters and optimizer state for a rollback, and,

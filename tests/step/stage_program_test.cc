@@ -7,6 +7,7 @@
 
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
+#include "sluice/nn/gpt.h"
 #include "sluice/step/task.h"
 #include "sluice/train/trainer.h"
 #include "trained_run.h"
@@ -130,6 +131,38 @@ TEST(StageProgram, FusedAttentionKeepsNoScoresUnderAnyPolicy) {
   for (const std::string& name : cheap.saved) {
     const Shape& s = p.type(p.Get(name)).shape;
     EXPECT_FALSE(s.rank() == 4 && s[2] == s[3]) << name << " " << s.ToString() << " is kept";
+  }
+}
+
+// Under bf16 a chunk's gradient messages are bf16, as its forward ones: the backward reads "y.grad"
+// and gives "x.grad" as bf16, half fp32's bytes (ChunkMessageType/Bytes agree), and one stage
+// rounds each block boundary's gradient where a cut would ("h.0.out_bf16.grad").
+TEST(StageProgram, Bf16GradientMessagesAreBf16) {
+  GptConfig cfg{.vocab = 16, .seq = 8, .layers = 3, .heads = 2, .dim = 32};
+  cfg.precision = Precision::kBf16;
+  const TrainConfig c = SmallGpt();
+  const GptSlice mid{.embed = false, .first_layer = 1, .end_layer = 2, .head = false};
+  CachingAllocator allocator;
+  for (const RecomputePolicy policy : {RecomputePolicy::kNone, RecomputePolicy::kFull}) {
+    StageProgram program(
+        {{.model = BuildGptSlice(cfg, 4, GptOutput::kLoss, 8, mid), .first = false, .last = false}},
+        c, {.allocator = &allocator, .recompute = policy, .plan_only = true});
+    const Chunk& ch = program.chunk(0);
+    const Program& b = ch.backward.program;
+    const TensorType message{DType::kBF16, Shape({4, 8, 32})};
+    EXPECT_EQ(b.type(b.Get(kChunkOutputGrad)), message);
+    EXPECT_EQ(b.type(b.Get(kChunkInputGrad)), message);
+    EXPECT_TRUE(b.IsOutput(b.Get(kChunkInputGrad)));
+    EXPECT_EQ(ChunkMessageType(ch.model.forward, kChunkOutput), message);
+    EXPECT_EQ(ChunkMessageBytes(ch.model.forward, kChunkInput), 4 * 8 * 32 * 2);
+  }
+  GptConfig whole_cfg = cfg;
+  StageProgram whole({{.model = BuildGpt(whole_cfg, 4, GptOutput::kLoss, 8)}}, c,
+                     {.allocator = &allocator, .plan_only = true});
+  const Program& b = whole.chunk(0).backward.program;
+  for (const char* name : {"h_in_bf16.grad", "h.0.out_bf16.grad", "h.2.out_bf16.grad"}) {
+    ASSERT_TRUE(b.Find(name)) << name;
+    EXPECT_EQ(b.type(b.Get(name)).dtype, DType::kBF16) << name;
   }
 }
 

@@ -2,7 +2,9 @@
 //
 // A gradient has its value's type, except that a bf16 value's gradient is f32: mixed precision
 // carries gradients in f32, as autocast does; only the operands of the backward products are
-// rounded to bf16, by those products' VJP rules (ir/ops/linalg.cc).
+// rounded to bf16, by those products' VJP rules (ir/ops/linalg.cc). The one exception is a unit
+// boundary (GradientSpec::bf16_gradients, autodiff/autodiff.h): there the summed gradient is
+// rounded to bf16, and the VJP of the value's producer reads it widened back to this type.
 #pragma once
 
 #include "sluice/ir/op_registry.h"

@@ -67,7 +67,8 @@ struct GptConfig {
   // residual stream's additions stay f32; the head (ln_f, the logits, the loss) stays f32. What
   // crosses a unit boundary (the embedding's output, each block's output) is rounded to bf16 by
   // the unit that makes it and widened by the one that reads it, as Megatron-LM's bf16 residual:
-  // a slice's "x" and "y" are bf16 (their gradients f32), on one stage as on many.
+  // a slice's "x" and "y" are bf16, and so are their gradients (StageProgram rounds the gradient
+  // of every bf16 value crossing a unit boundary), on one stage as on many.
   Precision precision = Precision::kFp32;
 };
 

@@ -181,12 +181,12 @@ class RankReplay {
     return ledger;
   }
 
-  // Names a received buffer `name` (of the type of the chunk's `like`, or of its gradient) and
-  // says why it is held (when explaining).
-  void NoteMessage(Id id, const Chunk& ch, const char* name, const char* like, bool gradient,
-                   const Action& a, std::string detail) {
+  // Names a received buffer `name` (of the type of the chunk's `like`, which its gradient has
+  // too) and says why it is held (when explaining).
+  void NoteMessage(Id id, const Chunk& ch, const char* name, const char* like, const Action& a,
+                   std::string detail) {
     if (!ledger_.explaining()) return;
-    ledger_.Made(id, name, ChunkMessageType(ch.model.forward, like, gradient).ToString(),
+    ledger_.Made(id, name, ChunkMessageType(ch.model.forward, like).ToString(),
                  fmt::format("{} from stage {}", ActionKindName(a.kind), a.peer));
     ledger_.Note(id, MemoryUse::kMessages, LiveReason::kMessage, std::move(detail), a.micro_batch,
                  setup_.schedule.chunks > 1 ? a.chunk : -1);
@@ -249,15 +249,13 @@ class RankReplay {
     const int index = a.chunk * M + a.micro_batch;
     switch (a.kind) {
       case ActionKind::kRecvF:
-        mb.recv_f = ledger_.Allocate(MessageBytes(ch, kChunkInput, /*gradient=*/false),
-                                     MemoryUse::kMessages);
-        NoteMessage(mb.recv_f, ch, kChunkInput, kChunkInput, /*gradient=*/false, a,
+        mb.recv_f = ledger_.Allocate(MessageBytes(ch, kChunkInput), MemoryUse::kMessages);
+        NoteMessage(mb.recv_f, ch, kChunkInput, kChunkInput, a,
                     fmt::format("received from stage {}", a.peer));
         break;
       case ActionKind::kRecvB:
-        mb.recv_b = ledger_.Allocate(MessageBytes(ch, kChunkOutput, /*gradient=*/true),
-                                     MemoryUse::kMessages);
-        NoteMessage(mb.recv_b, ch, kChunkOutputGrad, kChunkOutput, /*gradient=*/true, a,
+        mb.recv_b = ledger_.Allocate(MessageBytes(ch, kChunkOutput), MemoryUse::kMessages);
+        NoteMessage(mb.recv_b, ch, kChunkOutputGrad, kChunkOutput, a,
                     fmt::format("received from stage {}", a.peer));
         break;
       case ActionKind::kSendF:
@@ -294,9 +292,9 @@ class RankReplay {
     }
   }
 
-  // The bytes of a message: a chunk's input "x" or output "y", or its gradient (f32 for bf16).
-  static int64_t MessageBytes(const Chunk& ch, const char* name, bool gradient) {
-    return ChunkMessageBytes(ch.model.forward, name, gradient);
+  // The bytes of a message: a chunk's input "x" or output "y", or its gradient (the same).
+  static int64_t MessageBytes(const Chunk& ch, const char* name) {
+    return ChunkMessageBytes(ch.model.forward, name);
   }
 
   // Binds an input that arrived in `*held` (a receive's buffer or a local hand-off).

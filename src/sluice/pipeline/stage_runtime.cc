@@ -214,10 +214,8 @@ class StageRuntime::StepRun {
     for (int c = 0; c < rt.V; ++c) {  // the largest message this rank sends or receives
       const Program& p = rt.program->chunk(c).model.forward;
       for (const char* name : {kChunkInput, kChunkOutput}) {
-        if (!p.Find(name)) continue;
-        for (const bool gradient : {false, true}) {
-          out_.message_bytes = std::max(out_.message_bytes, ChunkMessageBytes(p, name, gradient));
-        }
+        if (p.Find(name))
+          out_.message_bytes = std::max(out_.message_bytes, ChunkMessageBytes(p, name));
       }
     }
     inflight_chunk_.assign(rt.V, 0);
@@ -424,9 +422,10 @@ class StageRuntime::StepRun {
     });
   }
 
-  // What crosses to a neighbour: a chunk's input "x" or output "y", or its gradient.
-  static TensorType MessageType(const Chunk& ch, const char* name, bool gradient) {
-    return ChunkMessageType(ch.model.forward, name, gradient);
+  // What crosses to a neighbour: a chunk's input "x" or output "y", or its gradient (of the same
+  // type).
+  static TensorType MessageType(const Chunk& ch, const char* name) {
+    return ChunkMessageType(ch.model.forward, name);
   }
 
   void Execute(const Action& a) {
@@ -437,7 +436,7 @@ class StageRuntime::StepRun {
       case ActionKind::kRecvF:
         mb.recv_f = Post(
             [&] {
-              const TensorType t = MessageType(ch, kChunkInput, /*gradient=*/false);
+              const TensorType t = MessageType(ch, kChunkInput);
               return comm_.Irecv(a.peer,
                                  rt_.Tag(VirtualStage(a.chunk), a.micro_batch, Direction::kForward),
                                  t.dtype, t.shape, rt_.allocator);
@@ -461,7 +460,7 @@ class StageRuntime::StepRun {
       case ActionKind::kRecvB:
         mb.recv_b = Post(
             [&] {
-              const TensorType t = MessageType(ch, kChunkOutput, /*gradient=*/true);
+              const TensorType t = MessageType(ch, kChunkOutput);
               return comm_.Irecv(
                   a.peer, rt_.Tag(VirtualStage(a.chunk), a.micro_batch, Direction::kBackward),
                   t.dtype, t.shape, rt_.allocator);

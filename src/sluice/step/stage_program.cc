@@ -57,6 +57,20 @@ Chunk::Accumulating MakeAccumulating(const Program& program,
   return acc;
 }
 
+// The bf16 values crossing a unit boundary — those a later unit reads (UnitInputs), the chunk's
+// input and its output — whose gradients are bf16 (GradientSpec::bf16_gradients): a pipeline's
+// gradient messages are bf16, and one stage rounds each where a cut would, so every schedule
+// stays bitwise one stage.
+std::vector<std::string> Bf16Boundaries(const Program& forward, bool first, bool last) {
+  std::vector<std::string> names = UnitInputs(forward);
+  if (!first) names.push_back(kChunkInput);
+  if (!last) names.push_back(kChunkOutput);
+  std::erase_if(names, [&](const std::string& n) {
+    return forward.type(forward.Get(n)).dtype != DType::kBF16;
+  });
+  return names;
+}
+
 }  // namespace
 
 StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& config,
@@ -104,7 +118,9 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       if (!held) params_.push_back(*spec);
     }
     if (!ch.first) wrt.push_back(kChunkInput);
-    GradientSpec spec{.wrt = wrt, .recompute = options_.recompute != RecomputePolicy::kNone};
+    GradientSpec spec{.wrt = wrt,
+                      .recompute = options_.recompute != RecomputePolicy::kNone,
+                      .bf16_gradients = Bf16Boundaries(forward, ch.first, ch.last)};
     if (options_.recompute == RecomputePolicy::kFull ||
         options_.recompute == RecomputePolicy::kSublayer)
       spec.checkpoints = ch.model.block_inputs;

@@ -62,7 +62,6 @@
 #include "sluice/core/allocator.h"
 #include "sluice/exec/interpreter.h"
 #include "sluice/exec/scope.h"
-#include "sluice/ir/gradient_type.h"
 #include "sluice/nn/model.h"
 #include "sluice/nn/optimizer.h"
 #include "sluice/nn/training_program.h"
@@ -77,16 +76,15 @@ inline constexpr const char* kChunkOutputGrad = "y.grad";
 inline constexpr const char* kChunkInputGrad = "x.grad";
 
 // The type of a message across a chunk boundary: the chunk's input "x" or output "y" (`name`) as
-// its forward program types it, or, with `gradient`, that value's gradient's (a bf16 message's
-// gradient is f32, ir/gradient_type.h).
-inline TensorType ChunkMessageType(const Program& forward, const char* name, bool gradient) {
-  const TensorType& t = forward.type(forward.Get(name));
-  return gradient ? GradientType(t) : t;
+// its forward program types it — and that value's gradient's alike: a bf16 message's gradient is
+// bf16 (StageProgram asks autodiff for it, GradientSpec::bf16_gradients), an f32 one's f32.
+inline TensorType ChunkMessageType(const Program& forward, const char* name) {
+  return forward.type(forward.Get(name));
 }
 
 // ChunkMessageType's bytes.
-inline int64_t ChunkMessageBytes(const Program& forward, const char* name, bool gradient) {
-  const TensorType t = ChunkMessageType(forward, name, gradient);
+inline int64_t ChunkMessageBytes(const Program& forward, const char* name) {
+  const TensorType t = ChunkMessageType(forward, name);
   return t.shape.numel() * static_cast<int64_t>(SizeOf(t.dtype));
 }
 

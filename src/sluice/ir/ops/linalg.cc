@@ -2,6 +2,8 @@
 // Kernels: kernels/matmul.h, kernels/linear.h.
 #include "sluice/ir/ops/linalg.h"
 
+#include <optional>
+
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/bf16_activations.h"
@@ -36,8 +38,8 @@ DType ProductDType(std::span<const TensorType> operands) {
 // when the forward product was bf16 (autocast's backward), as is. A gradient widened from a bf16
 // one (a unit boundary's, autodiff.h GradientSpec::bf16_gradients) rounds back to it exactly: the
 // products read that one, no second bf16 copy.
-Var GradOperand(Var dy, DType operand) {
-  if (operand != DType::kBF16) return dy;
+// The bf16 value `dy` was widened from, if it was.
+std::optional<Var> WidenedFrom(Var dy) {
   if (const int32_t producer = dy.value().producer; producer >= 0) {
     const Program& p = dy.builder()->program();
     const Instruction& ins = p.instructions()[static_cast<size_t>(producer)];
@@ -45,6 +47,12 @@ Var GradOperand(Var dy, DType operand) {
       return Var(dy.builder(), ins.inputs[0]);
     }
   }
+  return std::nullopt;
+}
+
+Var GradOperand(Var dy, DType operand) {
+  if (operand != DType::kBF16) return dy;
+  if (std::optional<Var> bf16 = WidenedFrom(dy)) return *bf16;
   return Cast(dy, DType::kBF16);
 }
 
@@ -214,7 +222,10 @@ std::vector<Var> LinearVjp(VjpContext& ctx) {
   const bool products = ctx.needs(0) || ctx.needs(1);
   std::vector<Var> grads(3);
   Var dyo;
-  if (products && ctx.needs(2) && operand == DType::kBF16 && dy.dtype() == DType::kF32) {
+  // A dy widened from a bf16 gradient (a unit boundary's) already has its bf16 copy: the products
+  // read that one, and the fused pass would only make a second.
+  if (products && ctx.needs(2) && operand == DType::kBF16 && dy.dtype() == DType::kF32 &&
+      !WidenedFrom(dy)) {
     std::vector<Var> both = CastBf16AndSum(dy);
     dyo = both[0];
     grads[2] = both[1];

@@ -2,6 +2,9 @@
 """Export a PyTorch nn.Module as a sluice training program and its initial weights.
 
 Usage: /usr/bin/python3 tools/torch_export.py FILE.py:FACTORY --batch B --seq T --out DIR
+       /usr/bin/python3 tools/torch_export.py FILE.py:FACTORY --batch B --data FILE.safetensors
+           --out DIR    (a forward reading arrays: each argument binds the array of its name;
+                         --input 'x=f32[8]' gives a type instead, --bind x=features another name)
 
 Imports FILE.py, calls FACTORY() for the module, whose forward(tokens, targets) (int64 [B, T] each)
 returns the mean next-token cross-entropy, and writes

@@ -32,6 +32,17 @@ class OtherArguments(TinyLM):
         return self.logits(tokens).mean()
 
 
+class Classifier(nn.Module):
+    """A classifier on arrays: forward(x, y), x f32 [B, 8], y i64 [B] (valid; the array cases)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc(x), y)
+
+
 class NotScalar(TinyLM):
     def forward(self, tokens, targets):
         loss = F.cross_entropy(self.logits(tokens).view(-1, 11), targets.view(-1))
@@ -184,6 +195,10 @@ def tiny():
 
 def other_arguments():
     return OtherArguments()
+
+
+def classifier():
+    return Classifier()
 
 
 def not_scalar():

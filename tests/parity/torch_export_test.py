@@ -35,14 +35,15 @@ class BadInput(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def export(self, spec, out=None, batch="2", seq="6"):
+    def export(self, spec, out=None, batch="2", seq="6", extra=()):
         out = out or os.path.join(self.parent, "out")
-        return subprocess.run([sys.executable, EXPORTER, spec, "--batch", batch, "--seq", seq,
-                               "--out", out], capture_output=True, text=True), out
+        sizes = ["--batch", batch] + (["--seq", seq] if seq is not None else [])
+        return subprocess.run([sys.executable, EXPORTER, spec, *sizes, "--out", out, *extra],
+                              capture_output=True, text=True), out
 
-    def refused(self, spec, *expected, out=None):
+    def refused(self, spec, *expected, out=None, seq="6", extra=()):
         before = sorted(os.listdir(self.parent))
-        result, out = self.export(spec, out)
+        result, out = self.export(spec, out, seq=seq, extra=extra)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         self.assertEqual(result.stdout, "")
         for text in expected:
@@ -115,8 +116,48 @@ class BadInput(unittest.TestCase):
         self.refused(f"{MODULES}:no_parameters", "a module with no parameters")
 
     def test_a_forward_with_other_arguments(self):
-        self.refused(f"{MODULES}:other_arguments", "forward(tokens, targets)",
-                     "takes 2 positional arguments but 3 were given")
+        self.refused(f"{MODULES}:other_arguments", "OtherArguments.forward(tokens) takes 1 "
+                     "argument(s): a token model is forward(tokens, targets)",
+                     "--data FILE.safetensors or --input NAME=TYPE")
+
+    def blobs(self):
+        """examples/classifier_data.py's arrays, features f32[64, 8] and label i64[64]."""
+        path = os.path.join(self.parent, "blobs.safetensors")
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "classifier_data.py"), path,
+                        "--examples", "64"], check=True, capture_output=True)
+        return path
+
+    def test_a_classifier_reads_arrays_by_name(self):
+        data = self.blobs()
+        result, out = self.export(f"{MODULES}:classifier", seq=None,
+                                  extra=["--data", data, "--bind", "x=features", "--bind", "y=label"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertIn("input %x: f32[B, 8] = features", text)
+        self.assertIn("input %y: i64[B] = label", text)
+        self.assertIn(f"--data {data}", result.stdout)
+        # the same types given on the command line instead of a data file
+        result, out = self.export(f"{MODULES}:classifier", os.path.join(self.parent, "typed"),
+                                  seq=None, extra=["--input", "x=f32[8]", "--input", "y=i64[]"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            self.assertIn("input %x: f32[B, 8] = x", f.read())
+
+    def test_array_inputs_that_do_not_fit(self):
+        data = self.blobs()
+        self.refused(f"{MODULES}:classifier", f"--data {data} has no array 'x' for forward "
+                     f"argument 'x' (its arrays: features, label)", "--bind x=ARRAY",
+                     seq=None, extra=["--data", data])
+        self.refused(f"{MODULES}:classifier", "--bind z=features: forward has no argument "
+                     "'z' (its arguments: x, y)", seq=None,
+                     extra=["--data", data, "--bind", "z=features"])
+        self.refused(f"{MODULES}:classifier", "--seq is for token models", extra=["--data", data])
+        self.refused(f"{MODULES}:classifier", "no type for forward argument(s) y", seq=None,
+                     extra=["--input", "x=f32[8]"])
+        self.refused(f"{MODULES}:classifier", "--input x=f16[8]: expected ARGUMENT=TYPE",
+                     seq=None, extra=["--input", "x=f16[8]", "--input", "y=i64[]"])
+        self.refused(f"{MODULES}:tiny", "give --seq T for a token model", seq=None)
 
     def test_a_forward_with_a_non_scalar_result(self):
         self.refused(f"{MODULES}:not_scalar", "forward must return the mean loss, a float scalar",

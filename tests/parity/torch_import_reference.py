@@ -6,13 +6,14 @@ trains that module itself, not a re-implementation of it:
 
   1. build the module, load the weights the exporter wrote (init.safetensors) with
      load_state_dict(strict=False), and train it as `sluice train` does: per step one batch
-     ("tokens.<step>", "targets.<step>" of the input file), its mean loss, backward, one AdamW step
+     ("tokens.<step>", "targets.<step>" of the input file for a token model; "NAME.<step>" for each
+     argument NAME of a forward reading arrays), its mean loss, backward, one AdamW step
      (torch.optim.AdamW with the metadata's lr, betas, eps and weight_decay; no clipping);
   2. build a fresh module and load sluice's trained checkpoint into it with
      load_state_dict(strict=False): every parameter must be restored (a missing key is allowed
      only for the second name of a tied Parameter, which the first name restores), the optimizer
      state (NAME.exp_avg, NAME.exp_avg_sq, ...) is the only unexpected kind of key; then its loss
-     on the batch of the step after the checkpoint ("tokens.<steps>").
+     on the batch of the step after the checkpoint ("tokens.<steps>", ...).
 
 With "autocast": true in the input's config, step 1 runs under torch.autocast("cpu",
 dtype=torch.bfloat16) (the reference of sluice's --precision bf16).
@@ -23,6 +24,7 @@ after the last step, and "checkpoint_loss" f64 [1].
 Usage: torch_import_reference.py FILE.py:FACTORY INPUT INIT CHECKPOINT OUTPUT
 """
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -71,6 +73,10 @@ def _all_parameters(module):
     return out
 
 
+def batch_of(batches, names, step):
+    return [batches[f"{n}.{step}"] for n in names]
+
+
 def main():
     spec, input_path, init_path, checkpoint_path, output_path = sys.argv[1:6]
     torch.manual_seed(0)
@@ -80,6 +86,10 @@ def main():
     init, _ = read_safetensors(init_path)
 
     model = load(build(spec), init, init_path)
+    # A token model's program inputs are tokens and targets whatever forward calls them; a module
+    # reading arrays has one input per forward argument, of its name.
+    names = (["tokens", "targets"] if "tokens.0" in batches
+             else list(inspect.signature(model.forward).parameters))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])
@@ -90,7 +100,7 @@ def main():
     for step in range(cfg["steps"]):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model(batches[f"tokens.{step}"], batches[f"targets.{step}"])
+            loss = model(*batch_of(batches, names, step))
         loss.float().backward()
         losses.append(loss.item())
         opt.step()
@@ -106,7 +116,7 @@ def main():
     with torch.no_grad():
         s = cfg["steps"]
         out["checkpoint_loss"] = torch.tensor(
-            [restored(batches[f"tokens.{s}"], batches[f"targets.{s}"]).item()], dtype=torch.float64)
+            [restored(*batch_of(batches, names, s)).item()], dtype=torch.float64)
     write_safetensors(output_path, out)
 
 

@@ -3,6 +3,7 @@ folder renamed to DIR at the end; main(): the command line."""
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -12,9 +13,9 @@ import torch
 
 from .errors import AmbiguousSizes, ExportError
 from .lowering import Lowering
-from .sizes import generalise, second_sizes
-from .tracing import (block_paths, check_modules, frozen_parameters, load_module,
-                      parameter_aliases, trace)
+from .sizes import generalise, second_batches, second_sizes
+from .tracing import (block_paths, check_modules, forward_arguments, frozen_parameters,
+                      load_module, parameter_aliases, trace)
 
 
 def write_safetensors(path, tensors):
@@ -47,17 +48,143 @@ def check_out(out):
 MAX_BATCH = 16384  # --batch of sluice train
 MAX_SEQ = 16384    # --seq of sluice train
 
+_DATA_DTYPES = {"F32": "f32", "I64": "i64"}  # data arrays the exporter binds (PyTorch's dtypes)
+_TORCH_DTYPES = {"f32": torch.float32, "i64": torch.int64}
+_INPUT_SPEC = re.compile(r"^(\w+)=(\w+)\[([0-9, ]*)\]$")
 
-def export(spec, batch, seq, out):
+
+def read_array_types(path):
+    """{name: (dtype code, shape)} of a safetensors file's arrays, from its header alone."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise ExportError(f"--data {path}: not a safetensors file (shorter than 8 bytes)")
+            (size,) = struct.unpack("<Q", head)
+            if size > 100_000_000:
+                raise ExportError(f"--data {path}: not a safetensors file (a header of {size} "
+                                  f"bytes)")
+            header = json.loads(f.read(size))
+    except OSError as e:
+        raise ExportError(f"--data {path}: cannot read it: {e.strerror or e}") from e
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ExportError(f"--data {path}: not a safetensors file (its header is not JSON: "
+                          f"{e})") from e
+    if not isinstance(header, dict):
+        raise ExportError(f"--data {path}: not a safetensors file (its header is not a JSON "
+                          f"object)")
+    return {n: (v["dtype"], list(v["shape"])) for n, v in header.items()
+            if n != "__metadata__" and isinstance(v, dict) and "dtype" in v and "shape" in v}
+
+
+def array_inputs(arg_names, data, specs, binds):
+    """[(argument, data array, dtype, example shape)] of a module whose forward reads arrays: the
+    types from --data's arrays or from --input NAME=TYPE; --bind ARG=ARRAY renames an array."""
+    bound = {}
+    for b in binds:
+        arg, sep, array = b.partition("=")
+        if not sep or not arg or not array:
+            raise ExportError(f"--bind {b}: expected ARGUMENT=ARRAY, e.g. --bind x=features")
+        if arg not in arg_names:
+            raise ExportError(f"--bind {b}: forward has no argument '{arg}' (its arguments: "
+                              f"{', '.join(arg_names)})")
+        bound[arg] = array
+    types = {}
+    if data is not None:
+        arrays = read_array_types(data)
+        for arg in arg_names:
+            array = bound.get(arg, arg)
+            if array not in arrays:
+                raise ExportError(f"--data {data} has no array '{array}' for forward argument "
+                                  f"'{arg}' (its arrays: {', '.join(sorted(arrays))}); name the "
+                                  f"argument so, or give --bind {arg}=ARRAY")
+            code, shape = arrays[array]
+            if code not in _DATA_DTYPES or not shape:
+                raise ExportError(f"--data {data}: array '{array}' is {code}{shape}: forward's "
+                                  f"inputs are f32 (features) or i64 (labels, token ids) arrays "
+                                  f"with the examples along their first axis")
+            types[arg] = (_DATA_DTYPES[code], shape[1:])
+    for spec in specs:
+        m = _INPUT_SPEC.match(spec.replace(" ", ""))
+        if m is None or m.group(2) not in _TORCH_DTYPES:
+            raise ExportError(f"--input {spec}: expected ARGUMENT=TYPE with the type of one "
+                              f"example, f32 or i64, e.g. --input 'x=f32[8]' --input 'y=i64[]'")
+        arg = m.group(1)
+        if arg not in arg_names:
+            raise ExportError(f"--input {spec}: forward has no argument '{arg}' (its arguments: "
+                              f"{', '.join(arg_names)})")
+        types[arg] = (m.group(2), [int(d) for d in m.group(3).split(",") if d])
+    missing = [a for a in arg_names if a not in types]
+    if missing:
+        raise ExportError(f"no type for forward argument(s) {', '.join(missing)}: give "
+                          f"--input '{missing[0]}=f32[...]' or an array of that name in --data")
+    return [(a, bound.get(a, a), *types[a]) for a in arg_names]
+
+
+def array_examples(inputs, batch):
+    """Example values of array inputs at `batch`: floats normal, integers 0 or 1 (a valid class
+    or token id of any model), from a fixed seed."""
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for _, _, dtype, shape in inputs:
+        if dtype == "f32":
+            out.append(torch.randn([batch] + shape, generator=gen))
+        else:
+            out.append(torch.randint(0, 2, [batch] + shape, generator=gen))
+    return out
+
+
+def token_examples(batch, seq):
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 2, (batch, seq), generator=gen)
+    targets = torch.randint(0, 2, (batch, seq), generator=gen)
+    return [tokens, targets]
+
+
+def export(spec, batch, seq, out, data=None, input_specs=(), binds=()):
+    """Token mode (no data nor input_specs): forward(tokens, targets) on token data, sizes B and T.
+    Array mode: forward's arguments bound to the arrays of a data file, sizes B alone."""
+    arrays = data is not None or bool(input_specs)
     # sluice's own bounds (step/config_checks.h): the module is traced for real at about these
     # sizes, so a size typed by mistake would run out of memory or time rather than fail.
-    if not (1 <= batch <= MAX_BATCH and 3 <= seq <= MAX_SEQ):
+    if arrays and seq is not None:
+        raise ExportError("--seq is for token models (forward(tokens, targets)); a module whose "
+                          "forward reads arrays (--data, --input) takes their shapes from them")
+    if not arrays and seq is None:
+        raise ExportError("give --seq T for a token model (forward(tokens, targets)), or --data "
+                          "FILE.safetensors / --input NAME=TYPE for a module reading arrays")
+    if not (1 <= batch <= MAX_BATCH and (arrays or 3 <= seq <= MAX_SEQ)):
         raise ExportError(f"--batch must be 1 to {MAX_BATCH} and --seq 3 to {MAX_SEQ}, got --batch "
                           f"{batch} --seq {seq} (the program trains at any batch, so a small "
                           f"--batch is enough)")
+    if data is not None and input_specs:
+        raise ExportError("give --data or --input, not both")
     check_out(out)
     module, user_file = load_module(spec)
     check_modules(module)
+    arg_names = forward_arguments(module)
+    if arrays:
+        inputs = array_inputs(arg_names, data, input_specs, binds)
+        data_inputs = [(a, array) for a, array, _, _ in inputs]
+        names_of_sizes = ("B",)
+        first = (batch,)
+        again = second_batches(batch)
+        examples = lambda sizes: array_examples(inputs, sizes[0])  # noqa: E731
+    else:
+        if binds:
+            raise ExportError("--bind renames the arrays of --data or --input")
+        if len(arg_names) != 2:
+            raise ExportError(f"{type(module).__name__}.forward({', '.join(arg_names)}) takes "
+                              f"{len(arg_names)} argument(s): a token model is forward(tokens, "
+                              f"targets) (int64 [B, T] each); a module reading other arrays needs "
+                              f"--data FILE.safetensors or --input NAME=TYPE")
+        data_inputs = [("tokens", "tokens"), ("targets", "next_tokens")]
+        names_of_sizes = ("B", "T")
+        # Both traces are shorter than --seq: at the full length PyTorch elides a slice of a buffer
+        # that takes all of it (`mask[:T, :T]` of a [T, T] mask), and the two texts would differ.
+        first = (batch, seq - 1)
+        again = second_sizes(batch, seq - 1)
+        examples = lambda sizes: token_examples(*sizes)  # noqa: E731
     aliases = parameter_aliases(module)
     if not aliases:
         raise ExportError(f"{spec}: every parameter has requires_grad False: nothing to train")
@@ -67,24 +194,31 @@ def export(spec, batch, seq, out):
     buffers = {id(b): n for n, b in module.named_buffers()}
     buffers.update(frozen_parameters(module))
     last_error = None
-    # Both traces are shorter than --seq: at the full length PyTorch elides a slice of a buffer
-    # that takes all of it (`mask[:T, :T]` of a [T, T] mask), and the two texts would differ.
-    t1 = seq - 1
-    gm, inputs = trace(module, aliases, user_file, batch, t1)
-    lowering = Lowering(gm, inputs, names, blocks, buffers)
-    text, units = lowering.run()
-    for b2, t2 in second_sizes(batch, t1):
-        gm2, inputs2 = trace(module, aliases, user_file, b2, t2)
-        text2, _ = Lowering(gm2, inputs2, names, blocks, buffers).run()
+
+    def lower(sizes):
+        gm, values = trace(module, aliases, user_file, examples(sizes), arg_names)
+        lowering = Lowering(gm, values, names, blocks, buffers, data_inputs)
+        return lowering, lowering.run()[0]
+
+    lowering, text = lower(first)
+    units = list(dict.fromkeys(u for u, _ in lowering.lines))
+    for second in again:
+        _, text2 = lower(second)
         try:
-            program = generalise(text, (batch, t1), text2, (b2, t2))
+            program = generalise(text, first, text2, second, names_of_sizes)
             break
         except AmbiguousSizes as e:
             last_error = e
     else:
         raise last_error
-    program = (f"# exported by tools/torch_export.py from {spec} (batch {batch}, sequences up to "
-               f"{seq}; traced at [{batch}, {t1}] and [{b2}, {t2}])\n" + program)
+    at = " and ".join("[" + ", ".join(map(str, s)) + "]" for s in (first, second))
+    if arrays:
+        what = ", ".join(f"{a} {dt}[B{''.join(f', {d}' for d in shape)}] = {array}"
+                         for a, array, dt, shape in inputs)
+        program = f"# exported by tools/torch_export.py from {spec} ({what}; traced at {at})\n" + program
+    else:
+        program = (f"# exported by tools/torch_export.py from {spec} (batch {batch}, sequences up "
+                   f"to {seq}; traced at {at})\n" + program)
 
     parent = os.path.dirname(os.path.abspath(out)) or "."
     try:
@@ -118,11 +252,19 @@ def main(argv=None):
         description="Export a PyTorch module as a sluice training program (docs/torch-export.md)")
     parser.add_argument("spec", metavar="FILE.py:FACTORY")
     parser.add_argument("--batch", type=int, required=True, help="batch of the example trace")
-    parser.add_argument("--seq", type=int, required=True, help="longest sequence T")
+    parser.add_argument("--seq", type=int, help="longest sequence T (a token model)")
+    parser.add_argument("--data", metavar="FILE.safetensors",
+                        help="the data file: each forward argument reads the array of its name")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=TYPE",
+                        help="the type of one example of forward argument NAME, f32 or i64: "
+                             "'x=f32[8]', 'y=i64[]' (instead of --data)")
+    parser.add_argument("--bind", action="append", default=[], metavar="ARG=ARRAY",
+                        help="forward argument ARG reads the data array ARRAY")
     parser.add_argument("--out", required=True, help="new or empty folder to write")
     a = parser.parse_args(argv)
     try:
-        units, tied, count, numel, constants = export(a.spec, a.batch, a.seq, a.out)
+        units, tied, count, numel, constants = export(a.spec, a.batch, a.seq, a.out, a.data,
+                                                      a.input, a.bind)
     except ExportError as e:
         print(f"torch_export: error: {e}", file=sys.stderr)
         return 1
@@ -133,7 +275,8 @@ def main(argv=None):
         print(f"constants (buffers, never trained): {', '.join(constants)}")
     for n, k in tied:
         print(f"tied: {n} is shared by {k} modules (one parameter)")
+    data = f" --data {a.data}" if a.data else (" --data FILE.safetensors" if a.input else "")
     print(f"train it: sluice train --program {os.path.join(a.out, 'model.sluice')} "
-          f"--init-from {os.path.join(a.out, 'init.safetensors')}")
+          f"--init-from {os.path.join(a.out, 'init.safetensors')}{data}")
     return 0
 

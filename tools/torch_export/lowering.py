@@ -15,8 +15,11 @@ aten = torch.ops.aten
 class Lowering:
     """Turns one traced graph into program text. unit_of(node) names the unit of a node."""
 
-    def __init__(self, gm, example_inputs, param_names, blocks, buffers):
+    def __init__(self, gm, example_inputs, param_names, blocks, buffers,
+                 data_inputs=(("tokens", "tokens"), ("targets", "next_tokens"))):
         self.gm = gm
+        # (program input name, data array it binds), one per forward argument, in order
+        self.data_inputs = list(data_inputs)
         self.buffers = buffers  # id(tensor) -> the module's name for a buffer
         self.from_buffer = {}   # fx node -> whether its value derives from a buffer
         self.constants = {}     # name -> tensor: the buffers the program reads (`const`)
@@ -177,18 +180,20 @@ class Lowering:
     # -- the graph
     def run(self):
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        if len(placeholders) != 2 + len(self.param_names):
-            raise ExportError("forward must take exactly (tokens, targets)")
+        count = len(self.data_inputs)
+        if len(placeholders) != count + len(self.param_names):
+            raise ExportError(f"forward must take exactly "
+                              f"({', '.join(n for n, _ in self.data_inputs)})")
         decls = []
         for i, (n, t) in enumerate(zip(placeholders, self.inputs)):
             self.concrete[n] = t
-            if i < 2:
-                name = ["tokens", "targets"][i]
-                array = ["tokens", "next_tokens"][i]
-                self.env[n] = Val(name, t.shape, "i64")
-                decls.append(f"input %{name}: {fmt_type('i64', t.shape)} = {array}")
+            if i < count:
+                name, array = self.data_inputs[i]
+                dtype = DTYPES[t.dtype]
+                self.env[n] = Val(name, t.shape, dtype)
+                decls.append(f"input %{name}: {fmt_type(dtype, t.shape)} = {array}")
             else:
-                name = self.param_names[i - 2]
+                name = self.param_names[i - count]
                 if t.dtype != torch.float32:
                     raise ExportError(f"parameter {name} is {t.dtype}: sluice trains f32 parameters")
                 self.env[n] = Val(name, t.shape, "f32")

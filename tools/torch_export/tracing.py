@@ -1,6 +1,7 @@
 """Loading the user's module and tracing it with make_fx into an ATen graph whose nodes know the
 module path and user source line they come from."""
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -124,8 +125,25 @@ class _Recorder:
             h.remove()
 
 
-def trace(module, aliases, user_file, batch, seq):
-    """The ATen graph of module(tokens, targets) at [batch, seq], parameters as placeholders."""
+def forward_arguments(module):
+    """The names of module.forward's arguments, in order; refuses *args, **kwargs and keyword-only
+    arguments, which the exporter could not bind to inputs."""
+    try:
+        sig = inspect.signature(module.forward)
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"cannot read the arguments of {type(module).__name__}.forward: {e}") from e
+    names = []
+    for name, p in sig.parameters.items():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            raise ExportError(f"{type(module).__name__}.forward({', '.join(sig.parameters)}): "
+                              f"argument '{name}' is not positional; every argument must be an "
+                              f"input of the program (a data array)")
+        names.append(name)
+    return names
+
+
+def trace(module, aliases, user_file, examples, arg_names):
+    """The ATen graph of module(*examples), parameters as placeholders (after the inputs)."""
     recorder = _Recorder(module, user_file)
 
     class Tracer(proxy_tensor.PythonKeyTracer):
@@ -135,26 +153,27 @@ def trace(module, aliases, user_file, batch, seq):
             node.meta["source"] = recorder.source_line()
             return node
 
-    def call(tokens, targets, *params):
+    count = len(examples)
+
+    def call(*values):
+        inputs, params = values[:count], values[count:]
         saved = []
         for (_, _, holders), p in zip(aliases, params):
             for owner, attr in holders:
                 saved.append((owner, attr, owner._parameters[attr]))
                 owner._parameters[attr] = p
         try:
-            return module(tokens, targets)
+            return module(*inputs)
         finally:
             for owner, attr, p in reversed(saved):
                 owner._parameters[attr] = p
 
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 2, (batch, seq), generator=gen)
-    targets = torch.randint(0, 2, (batch, seq), generator=gen)
     params = [p.detach().clone() for _, p, _ in aliases]
     original = proxy_tensor.PythonKeyTracer
     proxy_tensor.PythonKeyTracer = Tracer
+    shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(arg_names, examples))
     try:
-        gm = proxy_tensor.make_fx(call)(tokens, targets, *params)
+        gm = proxy_tensor.make_fx(call)(*examples, *params)
     except ExportError:
         raise
     except Exception as e:
@@ -163,9 +182,9 @@ def trace(module, aliases, user_file, batch, seq):
             if os.path.abspath(frame.filename) == user_file:
                 where = f" (at {frame.filename}:{frame.lineno}: {frame.line})"
                 break
-        raise ExportError(f"tracing forward(tokens, targets) at [{batch}, {seq}] failed{where}: "
+        raise ExportError(f"tracing forward({', '.join(arg_names)}) at {shapes} failed{where}: "
                           f"{type(e).__name__}: {e}") from e
     finally:
         proxy_tensor.PythonKeyTracer = original
         recorder.remove()
-    return gm, [tokens, targets] + params
+    return gm, list(examples) + params

@@ -48,6 +48,12 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "neg", .op = "neg", .single_kernel = true, .inputs = {F({33})}},
       {.label = "relu", .op = "relu", .single_kernel = true, .inputs = {F({7, 13})}},
       {.label = "relu_scalar", .op = "relu", .single_kernel = true, .inputs = {F({})}},
+      {.label = "leaky_relu", .op = "leaky_relu", .single_kernel = true, .inputs = {F({7, 13})}},
+      {.label = "leaky_relu_slope", .op = "leaky_relu", .single_kernel = true, .inputs = {F({33})}, .attrs = {{"slope", 0.2}}, .fills = {Uniform(-3, 3)}},
+      {.label = "softplus", .op = "softplus", .single_kernel = true, .inputs = {F({7, 13})}, .fills = {Uniform(-5, 5)}},
+      {.label = "softplus_beta", .op = "softplus", .single_kernel = true, .inputs = {F({33})}, .attrs = {{"beta", 2.0}, {"threshold", 20.0}}, .fills = {Uniform(-4, 4)}},
+      // Past the threshold softplus is x itself (a jump of log1p(e^-threshold) / beta: no finite difference there).
+      {.label = "softplus_threshold", .op = "softplus", .single_kernel = true, .inputs = {F({33})}, .attrs = {{"beta", 1.0}, {"threshold", 1.0}}, .fills = {Uniform(-4, 4)}, .grad = false},
       {.label = "gelu", .op = "gelu", .inputs = {F({7, 13})}, .fills = {wide}},
       {.label = "gelu_one", .op = "gelu", .inputs = {F({1})}},
       {.label = "gelu_long", .op = "gelu", .inputs = {F({1031})}, .fills = {Uniform(-12, 12)}, .grad = false},
@@ -74,6 +80,8 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "swiglu_grad_long", .op = "swiglu_grad", .inputs = {F({1031}), F({1031}), F({1031})}, .fills = {Fill{}, Uniform(-90, 90), Fill{}}, .grad = false},
       {.label = "gelu_erf_grad", .op = "gelu_erf_grad", .single_kernel = true, .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
       {.label = "tanh_grad", .op = "tanh_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
+      {.label = "leaky_relu_grad", .op = "leaky_relu_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .attrs = {{"slope", 0.2}}, .grad = false},
+      {.label = "softplus_grad", .op = "softplus_grad", .single_kernel = true, .inputs = {F({33}), F({33})}, .attrs = {{"beta", 2.0}, {"threshold", 3.0}}, .fills = {Fill{}, Uniform(-4, 4)}, .grad = false},
       // Fill, cast, copy. (A cast to f32 rounds away what a finite difference measures: no grad.)
       {.label = "full", .op = "full", .single_kernel = true, .inputs = {}, .attrs = {{"dtype", std::string("f32")}, {"shape", std::vector<int64_t>{2, 3}}, {"value", 1.5}}},
       {.label = "cast_to_f64", .op = "cast", .inputs = {F({7, 13})}, .attrs = f64},
@@ -131,6 +139,8 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "relu_grad_shape", .op = "relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "gelu_grad_broadcast", .op = "gelu_grad", .inputs = {F({2, 3}), F({3})}},
       {.label = "tanh_grad_dtype", .op = "tanh_grad", .inputs = {F({3}), f64_3}},
+      {.label = "softplus_beta_zero", .op = "softplus", .inputs = {F({3})}, .attrs = {{"beta", 0.0}}},
+      {.label = "leaky_relu_grad_shape", .op = "leaky_relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "full_dtype", .op = "full", .inputs = {}, .attrs = {{"dtype", std::string("q8")}, {"shape", std::vector<int64_t>{2}}, {"value", 0.0}}},
       {.label = "cast_to_int", .op = "cast", .inputs = {F({3})}, .attrs = {{"dtype", std::string("i64")}}},
       {.label = "cast_from_int", .op = "cast", .inputs = {I64({3})}, .attrs = {{"dtype", std::string("f32")}}},
@@ -144,8 +154,8 @@ INSTANTIATE_TEST_SUITE_P(Elementwise, OpErrors, ::testing::ValuesIn(ElementwiseE
                          CaseName());
 
 // Runs a one-instruction program op(x) in f64 with the fast or the reference kernel.
-std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs,
-                           bool reference) {
+std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs, bool reference,
+                           const Attrs& attrs = {}) {
   Program p(op);
   Scope scope;
   std::vector<ValueId> ids;
@@ -154,7 +164,7 @@ std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inp
     ids.push_back(p.AddInput(name, {DType::kF64, inputs[i].shape()}));
     scope.Set(name, inputs[i]);
   }
-  p.AddOutput(p.AddInstruction(op, ids, {}, {"y"})[0]);
+  p.AddOutput(p.AddInstruction(op, ids, attrs, {"y"})[0]);
   RunReference(p, scope, DefaultAllocator(), reference);
   const Tensor& y = scope.Get("y");
   std::vector<double> out;
@@ -229,6 +239,46 @@ TEST(SiluAndExactGelu, MatchPyTorch) {
         EXPECT_NEAR(dx[i], e.dx[i], 1e-12 * std::max(1.0, std::abs(e.dx[i])))
             << e.op << "'(" << x[i] << ") reference=" << reference;
       }
+    }
+  }
+}
+
+// torch.nn.functional.leaky_relu(x, 0.2) and softplus(x, beta=2, threshold=10) and their
+// gradients in float64 (PyTorch 1.13): the slope at 0 is leaky_relu's, and 12 is past the
+// threshold, where softplus is x.
+TEST(LeakyReluAndSoftplus, MatchPyTorch) {
+  const std::vector<double> x = {-3.0, -0.5, 0.0, 0.75, 4.0, 12.0};
+  struct Expected {
+    const char* op;
+    const char* grad_op;
+    Attrs attrs;
+    std::vector<double> y, dx;
+  };
+  const std::vector<Expected> expected = {
+      {"leaky_relu",
+       "leaky_relu_grad",
+       {{"slope", 0.2}},
+       {-0.6, -0.1, 0.0, 0.75, 4.0, 12.0},
+       {0.2, 0.2, 0.2, 1.0, 1.0, 1.0}},
+      {"softplus",
+       "softplus_grad",
+       {{"beta", 2.0}, {"threshold", 10.0}},
+       {0.0012378425688652247, 0.15663084375911143, 0.34657359027997264, 0.8507066389913762,
+        4.000167703186448, 12.0},
+       {0.0024726231566347748, 0.2689414213699951, 0.5, 0.8175744761936437, 0.9996646498695335,
+        1.0}},
+  };
+  const Shape n{static_cast<int64_t>(x.size())};
+  const Tensor xt = Tensor::FromVector<double>(n, x);
+  const Tensor ones = Tensor::Full(n, 1.0, DType::kF64);
+  for (const Expected& e : expected) {
+    const std::vector<double> y = RunF64(e.op, {xt}, false, e.attrs);
+    const std::vector<double> dx = RunF64(e.grad_op, {ones, xt}, false, e.attrs);
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_NEAR(y[i], e.y[i], 1e-12 * std::max(1.0, std::abs(e.y[i])))
+          << e.op << "(" << x[i] << ")";
+      EXPECT_NEAR(dx[i], e.dx[i], 1e-12 * std::max(1.0, std::abs(e.dx[i])))
+          << e.op << "'(" << x[i] << ")";
     }
   }
 }

@@ -213,6 +213,17 @@ std::vector<OpCase> NnCases() {
        .op = "cross_entropy",
        .inputs = {F({3, 4, 6}), I64({3, 4})},
        .fills = {Uniform(-3, 3), IndicesOrIgnored(6)}},
+      // PyTorch's label_smoothing and reduction="sum" (values against PyTorch: CrossEntropyParity).
+      {.label = "cross_entropy_smoothed",
+       .op = "cross_entropy",
+       .inputs = {F({4, 7}), I64({4})},
+       .attrs = {{"label_smoothing", 0.1}},
+       .fills = {Uniform(-3, 3), Indices(7)}},
+      {.label = "cross_entropy_sum_smoothed_ignored",
+       .op = "cross_entropy",
+       .inputs = {F({3, 4, 6}), I64({3, 4})},
+       .attrs = {{"label_smoothing", 0.25}, {"reduction", std::string("sum")}},
+       .fills = {Uniform(-3, 3), IndicesOrIgnored(6)}},
       {.label = "cross_entropy_big",
        .op = "cross_entropy",
        .inputs = {F({16, 257}), I64({16})},
@@ -222,6 +233,12 @@ std::vector<OpCase> NnCases() {
        .op = "cross_entropy_grad",
        .inputs = {F({4, 7}), I64({4}), F({})},
        .fills = {Uniform(-3, 3), Indices(7)},
+       .grad = false},
+      {.label = "cross_entropy_grad_sum_smoothed",
+       .op = "cross_entropy_grad",
+       .inputs = {F({5, 33}), I64({5}), F({})},
+       .attrs = {{"label_smoothing", 0.2}, {"reduction", std::string("sum")}},
+       .fills = {Uniform(-3, 3), IndicesOrIgnored(33)},
        .grad = false},
       {.label = "cross_entropy_grad_3d",
        .op = "cross_entropy_grad",
@@ -269,6 +286,14 @@ namespace {
 std::vector<OpErrorCase> NnErrors() {
   return {
       {.label = "softmax_scalar", .op = "softmax", .inputs = {F({})}},
+      {.label = "cross_entropy_smoothing_past_1",
+       .op = "cross_entropy",
+       .inputs = {F({4, 7}), I64({4})},
+       .attrs = {{"label_smoothing", 1.5}}},
+      {.label = "cross_entropy_reduction_none",
+       .op = "cross_entropy",
+       .inputs = {F({4, 7}), I64({4})},
+       .attrs = {{"reduction", std::string("none")}}},
       {.label = "softmax_int", .op = "softmax", .inputs = {I64({3})}},
       {.label = "softmax_grad_shapes", .op = "softmax_grad", .inputs = {F({3, 4}), F({3, 5})}},
       {.label = "causal_mask_not_square", .op = "causal_mask", .inputs = {F({2, 3, 4})}},
@@ -530,6 +555,48 @@ TEST(RmsNormParity, OutputAndGradientsMatchPyTorch) {
             << "dweight";
       }
     }
+  }
+}
+
+// F.cross_entropy(logits, targets, ignore_index=-1, label_smoothing=0.1), mean and sum, and the
+// sum's gradient, in float64 (PyTorch 1.13); the third row's target is ignored.
+TEST(CrossEntropy, LabelSmoothingAndSumMatchPyTorch) {
+  const Tensor logits =
+      Tensor::FromVector<double>({3, 3}, {0.5, -1.25, 2.0, 1.5, 0.25, -0.75, 0.0, 3.0, -2.0});
+  const Tensor targets = Tensor::FromVector<int64_t>({3}, {2, 0, -1});
+  const std::vector<double> dsum = {0.14348684877411097,
+                                    -0.0026065930068969005,
+                                    -0.14088025576721408,
+                                    -0.21489299218226843,
+                                    0.17250327066431823,
+                                    0.04238972151795018,
+                                    0.0,
+                                    0.0,
+                                    0.0};
+  for (bool reference : {false, true}) {
+    for (const std::string reduction : {"mean", "sum"}) {
+      const Attrs attrs = {{"label_smoothing", 0.1}, {"reduction", reduction}};
+      Tensor loss = RunOne(
+          [&](Builder& b) {
+            return b.Emit1("cross_entropy",
+                           {b.Input("l", DType::kF64, {3, 3}), b.Input("t", DType::kI64, {3})},
+                           attrs);
+          },
+          With({{"l", logits}, {"t", targets}}), reference);
+      EXPECT_NEAR(loss.FlatAt(0), reduction == "sum" ? 0.8382945925092566 : 0.4191472962546283,
+                  1e-12)
+          << reduction;
+    }
+    Tensor grad = RunOne(
+        [&](Builder& b) {
+          return b.Emit1("cross_entropy_grad",
+                         {b.Input("l", DType::kF64, {3, 3}), b.Input("t", DType::kI64, {3}),
+                          b.Input("d", DType::kF64, {})},
+                         {{"label_smoothing", 0.1}, {"reduction", std::string("sum")}});
+        },
+        With({{"l", logits}, {"t", targets}, {"d", Tensor::Full({}, 1.0, DType::kF64)}}),
+        reference);
+    for (int64_t i = 0; i < 9; ++i) EXPECT_NEAR(grad.FlatAt(i), dsum[i], 1e-12) << i;
   }
 }
 

@@ -276,15 +276,17 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportGolden, testing::Values("gpt", "llam
 // files.
 // The classifiers read arrays of a data file written at run time, also checked here only.
 constexpr const char* kBlobs = "python3 examples/classifier_data.py {} --examples 256 > /dev/null";
-INSTANTIATE_TEST_SUITE_P(Models, TorchImportParity,
-                         testing::Values(ImportedModel{"gpt", "torch_models.py", nullptr},
-                                         ImportedModel{"llama", "torch_models.py", nullptr},
-                                         ImportedModel{"mlp_lm", "torch_models.py", nullptr},
-                                         ImportedModel{"seq_mlp", "torch_models.py", nullptr},
-                                         ImportedModel{"encoder", "torch_models.py", nullptr},
-                                         ImportedModel{"mlp_classifier", "torch_classifiers.py",
-                                                       kBlobs}),
-                         ImportedName);
+INSTANTIATE_TEST_SUITE_P(
+    Models, TorchImportParity,
+    testing::Values(ImportedModel{"gpt", "torch_models.py", nullptr},
+                    ImportedModel{"llama", "torch_models.py", nullptr},
+                    ImportedModel{"mlp_lm", "torch_models.py", nullptr},
+                    ImportedModel{"seq_mlp", "torch_models.py", nullptr},
+                    ImportedModel{"encoder", "torch_models.py", nullptr},
+                    ImportedModel{"mlp_classifier", "torch_classifiers.py", kBlobs},
+                    ImportedModel{"smoothed_mean", "torch_classifiers.py", kBlobs},
+                    ImportedModel{"smoothed_sum", "torch_classifiers.py", kBlobs}),
+    ImportedName);
 
 }  // namespace
 }  // namespace sluice

@@ -1,12 +1,13 @@
 """One traced ATen graph to program text (Lowering), and the patterns it fuses: RMS norms,
 causal attention, SwiGLU gates."""
+import operator
 import re
 
 import torch
 import torch.fx as fx
 
 from .errors import ExportError
-from .ops import LOWERINGS, _causal_mask_value, repeat_copy
+from .ops import LOWERINGS, _causal_mask_value, cross_entropy, repeat_copy
 from .values import DTYPES, Const, Repeated, Transposed, Val, fmt_attr, fmt_type
 
 aten = torch.ops.aten
@@ -205,6 +206,9 @@ class Lowering:
         skipped |= attention_parts
         swiglus = find_swiglus(nodes)
         skipped |= {silu for _, _, silu in swiglus.values()}
+        smoothed = find_smoothed_cross_entropies(nodes)
+        for _, _, _, _, parts in smoothed.values():
+            skipped |= parts
         order = {n: i for i, n in enumerate(nodes)}
         last_block = max((i for i, n in enumerate(nodes) if self.unit_for(n) is not None),
                          default=-1)
@@ -244,6 +248,8 @@ class Lowering:
                 self.env[node] = None  # inside an RMS norm that `fused` emits whole
             elif node in swiglus:
                 self.env[node] = self.swiglu(node, *swiglus[node])
+            elif node in smoothed:
+                self.env[node] = self.smoothed_cross_entropy(node, *smoothed[node][:4])
             elif node in attentions:
                 self.env[node] = self.attention(node, attentions[node], order)
             elif node in fused:
@@ -329,6 +335,24 @@ class Lowering:
         self.env[silu] = self.lower(silu)
         self.node = node
         return self.lower(node)
+
+    def smoothed_cross_entropy(self, node, logp, nll, keep, spread):
+        """F.cross_entropy(..., label_smoothing=ε) as one cross_entropy {label_smoothing = ε}:
+        keep = 1 − ε and spread = ε / C, C the classes."""
+        classes = self.concrete[logp].shape[-1]
+        eps = float(spread) * classes
+        if abs(float(keep) - (1 - eps)) > 1e-6:
+            self.fail(f"a cross-entropy mixed with its smoothing term as {keep} and {spread}, "
+                      f"which no label_smoothing gives")
+        self.node = nll
+        x = logp.args[0]
+        if logp.args[1] % len(self.concrete[logp].shape) != len(self.concrete[logp].shape) - 1:
+            self.fail("log_softmax over an axis other than the last")
+        _, targets, weight, reduction, ignore = nll.args
+        loss = cross_entropy(self, self.val(self.env[x]), self.env[targets], weight, reduction,
+                             ignore, eps)
+        self.node = node
+        return loss
 
     def mutates_a_value(self, node):
         """Whether `node` is an in-place ATen op on a value that is not a folded constant (a
@@ -425,6 +449,67 @@ def find_swiglus(nodes):
                     and isinstance(b, fx.Node) and b is not silu):
                 found[out] = (silu.args[0], b, silu)
                 break
+    return found
+
+
+def find_smoothed_cross_entropies(nodes):
+    """Cross-entropies with label smoothing, which PyTorch 1.13 traces as the nll loss of the
+    log-softmax times (1 − ε) plus ε / C times the (mean or summed) −Σ log-probabilities, their
+    ignored rows zeroed (index_put_) or dropped (masked_select): {the final add: (log_softmax,
+    nll_loss_forward, ε, the nodes it replaces)}. The log-softmax, the nll and the smoothing term
+    are read by nothing else."""
+    def call(n, *targets):
+        return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+    def only_user(n, user):
+        return list(n.users) == [user]
+
+    found = {}
+    for add in nodes:
+        if not call(add, aten.add.Tensor) or len(add.args) != 2:
+            continue
+        for main, smooth in (add.args, add.args[::-1]):
+            if not (call(main, aten.mul.Scalar) and call(smooth, aten.mul.Scalar)):
+                continue
+            item = main.args[0]
+            if not (call(item, operator.getitem) and item.args[1] == 0
+                    and call(item.args[0], aten.nll_loss_forward.default)):
+                continue
+            nll = item.args[0]
+            parts = {main, smooth, item, nll} | set(nll.users)
+            x = smooth.args[0]
+            if call(x, aten.mean.default):  # reduction "mean": the rows not ignored
+                selected = x.args[0]
+                if not call(selected, aten.masked_select.default):
+                    continue
+                parts |= {x, selected}
+                if call(selected.args[1], aten.bitwise_not.default):
+                    parts.add(selected.args[1])
+                x = selected.args[0]
+            elif call(x, aten.sum.default):  # reduction "sum"
+                parts.add(x)
+                x = x.args[0]
+            else:
+                continue
+            if not call(x, aten.index_put_.default):
+                continue
+            parts.add(x)
+            for index in x.args[1]:
+                if call(index, aten.eq.Scalar):
+                    parts.add(index)
+            neg = x.args[0]
+            if not call(neg, aten.neg.default):
+                continue
+            total = neg.args[0]
+            if not call(total, aten.sum.dim_IntList):
+                continue
+            logp = total.args[0]
+            if not (call(logp, aten._log_softmax.default) and nll.args[0] is logp
+                    and set(logp.users) == {nll, total}):
+                continue
+            parts |= {neg, total, logp}
+            found[add] = (logp, nll, main.args[1], smooth.args[1], parts)
+            break
     return found
 
 

@@ -169,6 +169,18 @@ def _gelu(L, node, args, kwargs, shape):
     return L.emit(op, [L.val(args[0])], shape, "f32")
 
 
+def _leaky_relu(L, node, args, kwargs, shape):
+    slope = args[1] if len(args) > 1 else kwargs.get("negative_slope", 0.01)
+    return L.emit("leaky_relu", [L.val(args[0])], shape, "f32", {"slope": float(slope)})
+
+
+def _softplus(L, node, args, kwargs, shape):
+    beta = args[1] if len(args) > 1 else kwargs.get("beta", 1)
+    threshold = args[2] if len(args) > 2 else kwargs.get("threshold", 20)
+    return L.emit("softplus", [L.val(args[0])], shape, "f32",
+                  {"beta": float(beta), "threshold": float(threshold)})
+
+
 def _sigmoid_of(L, x, shape):
     # sigmoid(x) = 0.5 + 0.5·tanh(x/2): no overflow for large |x|, unlike 1 / (1 + e^-x)
     h = L.emit("scale", [x], shape, "f32", {"factor": 0.5}, hint="half")
@@ -218,11 +230,16 @@ def _reduce(op):
 
 def _layer_norm(L, node, args, kwargs, shape):
     x, normalized, w, b, eps = args
-    if len(normalized) != 1 or w is None or b is None:
-        L.fail("layer_norm over more than the last axis, or without weight and bias, is not "
-               "supported")
+    if len(normalized) != 1:
+        L.fail("layer_norm over more than the last axis is not supported")
+    c = [int(normalized[0])]
+    # Without elementwise_affine: a weight of ones and a bias of zeros, which nothing trains.
+    w = L.val(w) if w is not None else L.emit("full", [], c, "f32", {"dtype": "f32", "shape": c,
+                                                                     "value": 1.0}, hint="ones")
+    b = L.val(b) if b is not None else L.emit("full", [], c, "f32", {"dtype": "f32", "shape": c,
+                                                                     "value": 0.0}, hint="zeros")
     shape = list(L.concrete[node][0].shape)
-    y = L.emit("layer_norm", [L.val(x), L.val(w), L.val(b)], shape, "f32", {"eps": float(eps)})
+    y = L.emit("layer_norm", [L.val(x), w, b], shape, "f32", {"eps": float(eps)})
     return (y, None, None)
 
 
@@ -247,13 +264,27 @@ def _nll_loss(L, node, args, kwargs, shape):
     logp, targets, weight, reduction, ignore = args
     if not (isinstance(logp, tuple) and logp[0] == "log_softmax"):
         L.fail("nll_loss is supported only on log_softmax (F.cross_entropy)")
-    if weight is not None or reduction != 1:
-        L.fail("cross-entropy with class weights or a reduction other than 'mean'")
+    return (cross_entropy(L, logp[1], targets, weight, reduction, ignore), None)
+
+
+def cross_entropy(L, logits, targets, weight, reduction, ignore, smoothing=0.0):
+    """F.cross_entropy of logits (a Val) as sluice's cross_entropy: reduction 1 (mean) or 2
+    (sum), label smoothing ε."""
+    if weight is not None:
+        L.fail("cross-entropy with class weights")
+    if reduction not in (1, 2):
+        L.fail("cross-entropy with reduction='none': the loss must be one number (write "
+               "reduction='mean' or 'sum', or .mean() after it)")
     if ignore not in (-1, -100):
         L.fail(f"cross-entropy with ignore_index={ignore}: sluice ignores targets of -1 "
                f"(write ignore_index=-1)")
-    loss = L.emit("cross_entropy", [logp[1], L.val(targets)], [], "f32", hint="loss")
-    return (loss, None)
+    attrs = {}
+    if reduction == 2:
+        attrs["reduction"] = "sum"
+    if smoothing:
+        attrs["label_smoothing"] = float(smoothing)
+    return L.emit("cross_entropy", [logits, L.val(targets)], [], "f32", attrs or None,
+                  hint="loss")
 
 
 def _embedding(L, node, args, kwargs, shape):
@@ -411,6 +442,7 @@ LOWERINGS = {
     aten.log.default: _unary("log"), aten.sqrt.default: _unary("sqrt"),
     aten.tanh.default: _unary("tanh"), aten.relu.default: _unary("relu"),
     aten.gelu.default: _gelu, aten.silu.default: _silu, aten.sigmoid.default: _sigmoid,
+    aten.leaky_relu.default: _leaky_relu, aten.softplus.default: _softplus,
     aten.rsqrt.default: _rsqrt, aten.pow.Tensor_Scalar: _pow,
     aten.mean.dim: _reduce("mean"), aten.sum.dim_IntList: _reduce("sum"),
     aten.native_layer_norm.default: _layer_norm,

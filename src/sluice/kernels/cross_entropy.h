@@ -6,6 +6,11 @@
 //   lse_n     = m_n + log Σ_v e^(logits[n, v] − m_n),  m_n = max_v logits[n, v]
 //               (log-sum-exp never overflows; the loss of a row is ≥ 0).
 //   grad      dlogits[n, v] = (dloss / N) · ( softmax(logits[n])[v] − [v == targets[n]] )
+// With label smoothing ε (PyTorch's label_smoothing) a row's loss is (1 − ε)·(lse_n − logits[n, t])
+// + ε·(lse_n − mean_v logits[n, v]) — the target's share moved evenly onto every class — and its
+// gradient softmax − (1 − ε)·onehot − ε / vocab. CrossEntropyOptions::sum gives the sum over the
+// counted tokens instead of the mean (PyTorch's reduction="sum"); the gradient's factor is then
+// dloss, not dloss / N.
 // A target of kIgnoreTarget (-1, PyTorch's ignore_index=-1) adds nothing: the mean is over the
 // counted tokens and an ignored row's gradient is zero. With no counted token the loss and the
 // gradient are 0 (PyTorch would give NaN).
@@ -32,18 +37,26 @@ namespace sluice::kernels {
 // position is not to be predicted (nn/data.h).
 inline constexpr int64_t kIgnoreTarget = -1;
 
-template <typename T, typename I>
-T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t vocab);
-template <typename T, typename I>
-T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t vocab);
+// Label smoothing and the reduction (the op's attributes label_smoothing and reduction).
+struct CrossEntropyOptions {
+  double smoothing = 0;  // ε in [0, 1]
+  bool sum = false;      // the sum over the counted tokens, not their mean
+};
 
-// dlogits [N, vocab] (overwritten) for the upstream gradient dloss of the mean loss.
+template <typename T, typename I>
+T CrossEntropyReference(const T* logits, const I* targets, int64_t n, int64_t vocab,
+                        CrossEntropyOptions options = {});
+template <typename T, typename I>
+T CrossEntropyFast(const T* logits, const I* targets, int64_t n, int64_t vocab,
+                   CrossEntropyOptions options = {});
+
+// dlogits [N, vocab] (overwritten) for the upstream gradient dloss of the loss.
 template <typename T, typename I>
 void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
-                               int64_t vocab);
+                               int64_t vocab, CrossEntropyOptions options = {});
 template <typename T, typename I>
 void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
-                          int64_t vocab);
+                          int64_t vocab, CrossEntropyOptions options = {});
 
 // The pieces of the mean above, for a loss computed over chunks of rows
 // (kernels/linear_cross_entropy.h); the functions above are made of them. `first_row` is the
@@ -51,20 +64,22 @@ void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits
 // Tokens that count in the mean: targets other than kIgnoreTarget.
 template <typename I>
 int64_t CountTargets(const I* targets, int64_t n);
-// Σ over the counted rows of lse_n − logits[n, targets[n]], in double.
+// Σ over the counted rows of lse_n − logits[n, targets[n]] (with smoothing ε: the smoothed row
+// loss above), in double.
 template <typename T, typename I>
 double CrossEntropySumReference(const T* logits, const I* targets, int64_t n, int64_t vocab,
-                                int64_t first_row = 0);
+                                int64_t first_row = 0, double smoothing = 0);
 template <typename T, typename I>
 double CrossEntropySumFast(const T* logits, const I* targets, int64_t n, int64_t vocab,
-                           int64_t first_row = 0);
-// dlogits[n, v] = scale · (softmax(logits[n])[v] − [v == targets[n]]), zero on ignored rows.
-// dlogits may be logits itself (each row is read before it is written).
+                           int64_t first_row = 0, double smoothing = 0);
+// dlogits[n, v] = scale · (softmax(logits[n])[v] − (1 − ε)·[v == targets[n]] − ε / vocab), zero
+// on ignored rows. dlogits may be logits itself (each row is read before it is written).
 template <typename T, typename I>
 void CrossEntropyGradScaledReference(const T* logits, const I* targets, T scale, T* dlogits,
-                                     int64_t n, int64_t vocab, int64_t first_row = 0);
+                                     int64_t n, int64_t vocab, int64_t first_row = 0,
+                                     double smoothing = 0);
 template <typename T, typename I>
 void CrossEntropyGradScaledFast(const T* logits, const I* targets, T scale, T* dlogits, int64_t n,
-                                int64_t vocab, int64_t first_row = 0);
+                                int64_t vocab, int64_t first_row = 0, double smoothing = 0);
 
 }  // namespace sluice::kernels

@@ -158,6 +158,35 @@ void Sqrt(const T* __restrict x, T* __restrict y, int64_t n) {
 }
 
 template <typename T>
+void LeakyRelu(const T* __restrict x, T* __restrict y, int64_t n, T slope) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : x[i] * slope;
+}
+
+template <typename T>
+void Softplus(const T* __restrict x, T* __restrict y, int64_t n, T beta, T threshold) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T bx = x[i] * beta;
+    y[i] = bx > threshold ? x[i] : std::log1p(std::exp(bx)) / beta;
+  }
+}
+
+template <typename T>
+void LeakyReluGrad(const T* __restrict dy, const T* __restrict x, T* __restrict dx, int64_t n,
+                   T slope) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > T(0) ? dy[i] : dy[i] * slope;
+}
+
+template <typename T>
+void SoftplusGrad(const T* __restrict dy, const T* __restrict x, T* __restrict dx, int64_t n,
+                  T beta, T threshold) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T bx = x[i] * beta;
+    const T z = std::exp(bx);
+    dx[i] = bx > threshold ? dy[i] : dy[i] * z / (z + T(1));
+  }
+}
+
+template <typename T>
 void ReluGrad(const T* __restrict dy, const T* __restrict s, T* __restrict dx, int64_t n) {
   // A select on another operand's sign is not if-converted at -O2: vector code.
   MapVec2<T>(dy, s, dx, n,
@@ -221,6 +250,10 @@ template void ReluGrad<float>(const float*, const float*, float*, int64_t);
 template void GeluGradReference<float>(const float*, const float*, float*, int64_t);
 template void GeluGradFast<float>(const float*, const float*, float*, int64_t);
 template void TanhGrad<float>(const float*, const float*, float*, int64_t);
+template void LeakyRelu<float>(const float*, float*, int64_t, float);
+template void Softplus<float>(const float*, float*, int64_t, float, float);
+template void LeakyReluGrad<float>(const float*, const float*, float*, int64_t, float);
+template void SoftplusGrad<float>(const float*, const float*, float*, int64_t, float, float);
 template void Neg<double>(const double*, double*, int64_t);
 template void Scale<double>(const double*, double*, int64_t, double);
 template void Relu<double>(const double*, double*, int64_t);
@@ -242,6 +275,10 @@ template void ReluGrad<double>(const double*, const double*, double*, int64_t);
 template void GeluGradReference<double>(const double*, const double*, double*, int64_t);
 template void GeluGradFast<double>(const double*, const double*, double*, int64_t);
 template void TanhGrad<double>(const double*, const double*, double*, int64_t);
+template void LeakyRelu<double>(const double*, double*, int64_t, double);
+template void Softplus<double>(const double*, double*, int64_t, double, double);
+template void LeakyReluGrad<double>(const double*, const double*, double*, int64_t, double);
+template void SoftplusGrad<double>(const double*, const double*, double*, int64_t, double, double);
 
 template void Cast<float, double>(const float*, double*, int64_t);
 template void Cast<double, float>(const double*, float*, int64_t);

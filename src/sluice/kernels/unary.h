@@ -58,6 +58,14 @@ void Log(const T* x, T* y, int64_t n);
 template <typename T>
 void Sqrt(const T* x, T* y, int64_t n);
 
+// y = x where x > 0, slope·x elsewhere (PyTorch's leaky_relu, negative_slope = slope).
+template <typename T>
+void LeakyRelu(const T* x, T* y, int64_t n, T slope);
+// y = log(1 + e^(beta·x)) / beta, and x itself where beta·x > threshold (PyTorch's softplus, its
+// formula: log1p(exp(beta·x)) / beta).
+template <typename T>
+void Softplus(const T* x, T* y, int64_t n, T beta, T threshold);
+
 // Fused gradients: dx from the output gradient dy and one saved forward value.
 // dx = dy where s > 0, else 0; s is relu's input or its output (they have the same sign pattern).
 template <typename T>
@@ -75,6 +83,12 @@ void SiluGradFast(const T* dy, const T* x, T* dx, int64_t n);
 // dx = dy · (Φ(x) + x·φ(x)), the exact GELU's derivative (Φ, φ: the normal CDF and density).
 template <typename T>
 void GeluErfGrad(const T* dy, const T* x, T* dx, int64_t n);
+// dx = dy where x > 0, slope·dy elsewhere.
+template <typename T>
+void LeakyReluGrad(const T* dy, const T* x, T* dx, int64_t n, T slope);
+// dx = dy · σ(beta·x) = dy · z / (z + 1), z = e^(beta·x); dy where beta·x > threshold.
+template <typename T>
+void SoftplusGrad(const T* dy, const T* x, T* dx, int64_t n, T beta, T threshold);
 // dx = dy · (1 − y²) with y = tanh(x).
 template <typename T>
 void TanhGrad(const T* dy, const T* y, T* dx, int64_t n);

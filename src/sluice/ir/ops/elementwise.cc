@@ -194,6 +194,64 @@ std::vector<Var> GeluVjp(VjpContext& ctx) { return {GeluGrad(ctx.dy(0), ctx.x(0)
 std::vector<Var> SiluVjp(VjpContext& ctx) { return {SiluGrad(ctx.dy(0), ctx.x(0))}; }
 std::vector<Var> GeluErfVjp(VjpContext& ctx) { return {GeluErfGrad(ctx.dy(0), ctx.x(0))}; }
 std::vector<Var> TanhVjp(VjpContext& ctx) { return {TanhGrad(ctx.dy(0), ctx.y(0))}; }
+std::vector<Var> LeakyReluVjp(VjpContext& ctx) {
+  return {LeakyReluGrad(ctx.dy(0), ctx.x(0), ctx.attrs().GetFloat("slope", 0.01))};
+}
+std::vector<Var> SoftplusVjp(VjpContext& ctx) {
+  return {SoftplusGrad(ctx.dy(0), ctx.x(0), ctx.attrs().GetFloat("beta", 1.0),
+                       ctx.attrs().GetFloat("threshold", 20.0))};
+}
+
+// leaky_relu and softplus: unary functions with attributes, one plain kernel each (a loop of
+// compares, and libm's log1p and exp).
+void LeakyReluKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const double slope = ctx.attrs.GetFloat("slope", 0.01);
+  DispatchFloat(x.dtype(), "leaky_relu", [&]<typename T>() {
+    kernels::LeakyRelu<T>(x.data<T>(), ctx.outputs[0].data<T>(), x.numel(), static_cast<T>(slope));
+  });
+}
+
+void LeakyReluGradKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  const double slope = ctx.attrs.GetFloat("slope", 0.01);
+  DispatchFloat(dy.dtype(), "leaky_relu_grad", [&]<typename T>() {
+    kernels::LeakyReluGrad<T>(dy.data<T>(), ctx.inputs[1].data<T>(), ctx.outputs[0].data<T>(),
+                              dy.numel(), static_cast<T>(slope));
+  });
+}
+
+void SoftplusKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const double beta = ctx.attrs.GetFloat("beta", 1.0);
+  const double threshold = ctx.attrs.GetFloat("threshold", 20.0);
+  DispatchFloat(x.dtype(), "softplus", [&]<typename T>() {
+    kernels::Softplus<T>(x.data<T>(), ctx.outputs[0].data<T>(), x.numel(), static_cast<T>(beta),
+                         static_cast<T>(threshold));
+  });
+}
+
+void SoftplusGradKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  const double beta = ctx.attrs.GetFloat("beta", 1.0);
+  const double threshold = ctx.attrs.GetFloat("threshold", 20.0);
+  DispatchFloat(dy.dtype(), "softplus_grad", [&]<typename T>() {
+    kernels::SoftplusGrad<T>(dy.data<T>(), ctx.inputs[1].data<T>(), ctx.outputs[0].data<T>(),
+                             dy.numel(), static_cast<T>(beta), static_cast<T>(threshold));
+  });
+}
+
+// softplus: beta must not be 0 (it divides).
+std::vector<TensorType> InferSoftplus(std::span<const TensorType> in, const Attrs& attrs) {
+  if (attrs.GetFloat("beta", 1.0) == 0.0) throw ShapeError("softplus: beta must not be 0");
+  return {{ops::SameFloatDType(in.first(1)), in[0].shape}};
+}
+
+std::vector<TensorType> InferSoftplusGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  if (attrs.GetFloat("beta", 1.0) == 0.0) throw ShapeError("softplus_grad: beta must not be 0");
+  return InferUnaryGrad(in, attrs);
+}
+
 // d e^x = dy · y.
 std::vector<Var> ExpVjp(VjpContext& ctx) { return {Mul(ctx.dy(0), ctx.y(0))}; }
 // d ln x = dy / x.
@@ -420,6 +478,18 @@ Var Tanh(Var x) { return x.builder()->Emit1("tanh", {x}); }
 Var Exp(Var x) { return x.builder()->Emit1("exp", {x}); }
 Var Log(Var x) { return x.builder()->Emit1("log", {x}); }
 Var Sqrt(Var x) { return x.builder()->Emit1("sqrt", {x}); }
+Var LeakyRelu(Var x, double slope) {
+  return x.builder()->Emit1("leaky_relu", {x}, {{"slope", slope}});
+}
+Var Softplus(Var x, double beta, double threshold) {
+  return x.builder()->Emit1("softplus", {x}, {{"beta", beta}, {"threshold", threshold}});
+}
+Var LeakyReluGrad(Var dy, Var x, double slope) {
+  return dy.builder()->Emit1("leaky_relu_grad", {dy, x}, {{"slope", slope}});
+}
+Var SoftplusGrad(Var dy, Var x, double beta, double threshold) {
+  return dy.builder()->Emit1("softplus_grad", {dy, x}, {{"beta", beta}, {"threshold", threshold}});
+}
 Var ReluGrad(Var dy, Var s) { return dy.builder()->Emit1("relu_grad", {dy, s}); }
 Var GeluGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_grad", {dy, x}); }
 Var TanhGrad(Var dy, Var y) { return dy.builder()->Emit1("tanh_grad", {dy, y}); }
@@ -530,6 +600,42 @@ void RegisterElementwiseOps(OpRegistry& r) {
        .signature = {.inputs = {{"dy", "float[...]"}, {"a", "float[...]"}, {"b", "float[...]"}},
                      .outputs = {{"da", "float[...]"}, {"db", "float[...]"}}}});
 
+  r.Register({.name = "leaky_relu",
+              .num_inputs = 1,
+              .infer = InferUnary,
+              .kernel = LeakyReluKernel,
+              .vjp = LeakyReluVjp,
+              .recomputable = true,
+              .doc = "x where x > 0, slope·x elsewhere (PyTorch leaky_relu, negative_slope)",
+              .signature = {.inputs = {{"x", "float[...]"}},
+                            .attrs = {{"slope", "float = 0.01"}},
+                            .outputs = {{"y", "float[...]"}}}});
+  r.Register({.name = "softplus",
+              .num_inputs = 1,
+              .infer = InferSoftplus,
+              .kernel = SoftplusKernel,
+              .vjp = SoftplusVjp,
+              .recomputable = true,
+              .doc = "log(1 + e^(beta·x)) / beta, x where beta·x > threshold (PyTorch softplus)",
+              .signature = {.inputs = {{"x", "float[...]"}},
+                            .attrs = {{"beta", "float = 1"}, {"threshold", "float = 20"}},
+                            .outputs = {{"y", "float[...]"}}}});
+  r.Register({.name = "leaky_relu_grad",
+              .num_inputs = 2,
+              .infer = InferUnaryGrad,
+              .kernel = LeakyReluGradKernel,
+              .doc = "leaky_relu gradient: dy where x > 0, slope·dy elsewhere",
+              .signature = {.inputs = {{"dy", "float[...]"}, {"x", "float[...]"}},
+                            .attrs = {{"slope", "float = 0.01"}},
+                            .outputs = {{"dx", "float[...]"}}}});
+  r.Register({.name = "softplus_grad",
+              .num_inputs = 2,
+              .infer = InferSoftplusGrad,
+              .kernel = SoftplusGradKernel,
+              .doc = "softplus gradient: dy·sigmoid(beta·x), dy where beta·x > threshold",
+              .signature = {.inputs = {{"dy", "float[...]"}, {"x", "float[...]"}},
+                            .attrs = {{"beta", "float = 1"}, {"threshold", "float = 20"}},
+                            .outputs = {{"dx", "float[...]"}}}});
   RegisterUnaryGrad(r, "relu_grad", "s",
                     UnaryGradKernel<kernels::ReluGrad<float>, kernels::ReluGrad<double>>, nullptr,
                     "relu gradient: dy where s (relu's input or output) is > 0, else 0");

@@ -45,6 +45,12 @@ Var Tanh(Var x);
 Var Exp(Var x);
 Var Log(Var x);
 Var Sqrt(Var x);
+// x where x > 0, slope·x elsewhere: PyTorch's leaky_relu(x, negative_slope). Op "leaky_relu",
+// attribute slope; VJP: leaky_relu_grad(dy, x).
+Var LeakyRelu(Var x, double slope = 0.01);
+// log(1 + e^(beta·x)) / beta, x where beta·x > threshold: PyTorch's softplus(x, beta, threshold).
+// Op "softplus", attributes beta and threshold; VJP: softplus_grad(dy, x).
+Var Softplus(Var x, double beta = 1.0, double threshold = 20.0);
 
 // Fused activation gradients (used by the VJP rules; no gradients of their own). dy, the saved
 // value and the result all have one shape.
@@ -59,6 +65,10 @@ Var SiluGrad(Var dy, Var x);
 Var GeluErfGrad(Var dy, Var x);
 // dy · (1 − y²) for y = tanh(x). Op "tanh_grad".
 Var TanhGrad(Var dy, Var y);
+// dy where x > 0, slope·dy elsewhere. Op "leaky_relu_grad", attribute slope.
+Var LeakyReluGrad(Var dy, Var x, double slope);
+// dy · σ(beta·x), dy where beta·x > threshold. Op "softplus_grad", attributes beta, threshold.
+Var SoftplusGrad(Var dy, Var x, double beta, double threshold);
 
 // SwiGLU's gate, silu(a) · b, a and b of one shape (Llama's MLP: a = x·W1ᵀ, b = x·W3ᵀ). Op
 // "swiglu", recomputable; its VJP, swiglu_grad, recomputes silu(a), so the forward keeps a and b

@@ -456,16 +456,31 @@ void CheckLogitsAndTargets(const TensorType& logits, const TensorType& targets) 
   }
 }
 
-std::vector<TensorType> InferCrossEntropy(std::span<const TensorType> in, const Attrs&) {
+// The attributes label_smoothing (in [0, 1]) and reduction ("mean" or "sum").
+kernels::CrossEntropyOptions CrossEntropyOptionsOf(const Attrs& attrs) {
+  const double smoothing = attrs.GetFloat("label_smoothing", 0.0);
+  if (!(smoothing >= 0.0 && smoothing <= 1.0)) {
+    throw ShapeError(fmt::format("label_smoothing must be in [0, 1], got {}", smoothing));
+  }
+  const std::string reduction = attrs.Has("reduction") ? attrs.GetString("reduction") : "mean";
+  if (reduction != "mean" && reduction != "sum") {
+    throw ShapeError(fmt::format("reduction must be \"mean\" or \"sum\", got \"{}\"", reduction));
+  }
+  return {.smoothing = smoothing, .sum = reduction == "sum"};
+}
+
+std::vector<TensorType> InferCrossEntropy(std::span<const TensorType> in, const Attrs& attrs) {
   DType t = ops::SameFloatDType(in.subspan(0, 1));
   CheckLogitsAndTargets(in[0], in[1]);
+  CrossEntropyOptionsOf(attrs);
   return {{t, Shape{}}};
 }
 
-std::vector<TensorType> InferCrossEntropyGrad(std::span<const TensorType> in, const Attrs&) {
+std::vector<TensorType> InferCrossEntropyGrad(std::span<const TensorType> in, const Attrs& attrs) {
   const TensorType floats[] = {in[0], in[2]};
   DType t = ops::SameFloatDType(floats);
   CheckLogitsAndTargets(in[0], in[1]);
+  CrossEntropyOptionsOf(attrs);
   if (in[2].shape.rank() != 0) {
     throw ShapeError(fmt::format("dloss must be a scalar [], got {}", in[2].shape.ToString()));
   }
@@ -479,11 +494,13 @@ void CrossEntropyKernel(KernelContext& ctx) {
   DispatchFloat(logits.dtype(), "cross_entropy", [&]<typename T>() {
     DispatchIndex(targets.dtype(), "cross_entropy", [&]<typename I>() {
       const int64_t n = targets.numel(), v = LastDim(logits.shape());
+      const kernels::CrossEntropyOptions options = CrossEntropyOptionsOf(ctx.attrs);
       T* loss = ctx.outputs[0].data<T>();
       if constexpr (kFast) {
-        *loss = kernels::CrossEntropyFast<T, I>(logits.data<T>(), targets.data<I>(), n, v);
+        *loss = kernels::CrossEntropyFast<T, I>(logits.data<T>(), targets.data<I>(), n, v, options);
       } else {
-        *loss = kernels::CrossEntropyReference<T, I>(logits.data<T>(), targets.data<I>(), n, v);
+        *loss = kernels::CrossEntropyReference<T, I>(logits.data<T>(), targets.data<I>(), n, v,
+                                                     options);
       }
     });
   });
@@ -497,19 +514,23 @@ void CrossEntropyGradKernel(KernelContext& ctx) {
     DispatchIndex(targets.dtype(), "cross_entropy_grad", [&]<typename I>() {
       const int64_t n = targets.numel(), v = LastDim(logits.shape());
       const T dloss = ctx.inputs[2].data<T>()[0];
+      const kernels::CrossEntropyOptions options = CrossEntropyOptionsOf(ctx.attrs);
       T* out = ctx.outputs[0].data<T>();
       if constexpr (kFast) {
-        kernels::CrossEntropyGradFast<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n, v);
+        kernels::CrossEntropyGradFast<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n, v,
+                                            options);
       } else {
         kernels::CrossEntropyGradReference<T, I>(logits.data<T>(), targets.data<I>(), dloss, out, n,
-                                                 v);
+                                                 v, options);
       }
     });
   });
 }
 
 std::vector<Var> CrossEntropyVjp(VjpContext& ctx) {
-  return {CrossEntropyGrad(ctx.x(0), ctx.x(1), ctx.dy(0)), Var()};
+  Var logits = ctx.x(0);
+  return {logits.builder()->Emit1("cross_entropy_grad", {logits, ctx.x(1), ctx.dy(0)}, ctx.attrs()),
+          Var()};
 }
 
 // ---- linear_cross_entropy, linear_cross_entropy_grad ----
@@ -806,20 +827,25 @@ void RegisterNnOps(OpRegistry& r) {
               .vjp = CrossEntropyVjp,
               .doc =
                   "mean over tokens of −log softmax(logits)[target], fused log-sum-exp; a target "
-                  "of -1 does not count",
-              .signature = {.inputs = {{"logits", "float[..., vocab]"}, {"targets", "int[...]"}},
-                            .outputs = {{"loss", "float[]"}}}});
+                  "of -1 does not count; label_smoothing moves that share of the target onto "
+                  "every class, reduction \"sum\" sums instead (PyTorch's cross_entropy)",
+              .signature = {
+                  .inputs = {{"logits", "float[..., vocab]"}, {"targets", "int[...]"}},
+                  .attrs = {{"label_smoothing", "float = 0"}, {"reduction", "string = \"mean\""}},
+                  .outputs = {{"loss", "float[]"}}}});
   r.Register({.name = "cross_entropy_grad",
               .num_inputs = 3,
               .infer = InferCrossEntropyGrad,
               .kernel = CrossEntropyGradKernel<true>,
               .reference = CrossEntropyGradKernel<false>,
-              .doc = "(dloss/N)·(softmax(logits) − onehot(targets)) over the N counted tokens, "
-                     "softmax recomputed",
-              .signature = {.inputs = {{"logits", "float[..., vocab]"},
-                                       {"targets", "int[...]"},
-                                       {"dloss", "float[]"}},
-                            .outputs = {{"dlogits", "float[..., vocab]"}}}});
+              .doc = "(dloss/N)·(softmax(logits) − (1 − ε)·onehot(targets) − ε/vocab) over the N "
+                     "counted tokens (dloss alone for reduction \"sum\"), softmax recomputed",
+              .signature = {
+                  .inputs = {{"logits", "float[..., vocab]"},
+                             {"targets", "int[...]"},
+                             {"dloss", "float[]"}},
+                  .attrs = {{"label_smoothing", "float = 0"}, {"reduction", "string = \"mean\""}},
+                  .outputs = {{"dlogits", "float[..., vocab]"}}}});
   r.Register({.name = "linear_cross_entropy",
               .num_inputs = 3,
               .infer = InferLinearCrossEntropy,

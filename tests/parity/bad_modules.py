@@ -43,6 +43,19 @@ class Classifier(nn.Module):
         return F.cross_entropy(self.fc(x), y)
 
 
+class ImageNet(nn.Module):
+    """forward(x, y), x f32 [B, 2, 8, 8]: one layer, then a linear head (the convolution cases)."""
+
+    def __init__(self, layer, channels):
+        super().__init__()
+        self.layer = layer
+        self.fc = nn.Linear(channels, 2)
+
+    def forward(self, x, y):
+        h = self.layer(x)
+        return F.cross_entropy(self.fc(h.mean(dim=(2, 3))), y)
+
+
 class NotScalar(TinyLM):
     def forward(self, tokens, targets):
         loss = F.cross_entropy(self.logits(tokens).view(-1, 11), targets.view(-1))
@@ -199,6 +212,18 @@ def other_arguments():
 
 def classifier():
     return Classifier()
+
+
+def grouped_conv():
+    return ImageNet(nn.Conv2d(2, 4, 3, groups=2), 4)
+
+
+def dilated_conv():
+    return ImageNet(nn.Conv2d(2, 4, 3, dilation=2), 4)
+
+
+def batch_norm():
+    return ImageNet(nn.BatchNorm2d(2), 2)
 
 
 def not_scalar():

@@ -159,6 +159,16 @@ class BadInput(unittest.TestCase):
                      seq=None, extra=["--input", "x=f16[8]", "--input", "y=i64[]"])
         self.refused(f"{MODULES}:tiny", "give --seq T for a token model", seq=None)
 
+    def test_convolution_options_sluice_lacks(self):
+        images = ["--input", "x=f32[2, 8, 8]", "--input", "y=i64[]"]
+        self.refused(f"{MODULES}:grouped_conv", "a convolution with groups=2", "in module 'layer'",
+                     line_of("h = self.layer(x)"), seq=None, extra=images)
+        self.refused(f"{MODULES}:dilated_conv", "a convolution with dilation=[2, 2]",
+                     "in module 'layer'", line_of("h = self.layer(x)"), seq=None, extra=images)
+        self.refused(f"{MODULES}:batch_norm", "batch norm in training mode",
+                     "use nn.LayerNorm or nn.GroupNorm", "in module 'layer'", seq=None,
+                     extra=images)
+
     def test_a_forward_with_a_non_scalar_result(self):
         self.refused(f"{MODULES}:not_scalar", "forward must return the mean loss, a float scalar",
                      "shape [1]")

@@ -7,7 +7,8 @@
 // TorchImportParity also runs seq_mlp and encoder, modules a user brings built of PyTorch's own
 // layers (nn.Sequential, nn.TransformerEncoderLayer) with frozen parameters, and the classifiers
 // of tests/parity/torch_classifiers.py, whose forward reads float features and integer labels from
-// a safetensors data file (examples/classifier_data.py writes it; `--data FILE` to the exporter).
+// a safetensors data file (examples/classifier_data.py writes it; `--data FILE` to the exporter),
+// among them convolutional networks on the images of examples/bars_data.py.
 //
 //   losses          the ten per-step losses, 1e-5 relative
 //   final weights   1e-4 of each tensor's largest entry plus 2e-2 of the AdamW steps taken
@@ -276,6 +277,7 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportGolden, testing::Values("gpt", "llam
 // files.
 // The classifiers read arrays of a data file written at run time, also checked here only.
 constexpr const char* kBlobs = "python3 examples/classifier_data.py {} --examples 256 > /dev/null";
+constexpr const char* kBars = "python3 examples/bars_data.py {} --examples 128 > /dev/null";
 INSTANTIATE_TEST_SUITE_P(
     Models, TorchImportParity,
     testing::Values(ImportedModel{"gpt", "torch_models.py", nullptr},
@@ -285,7 +287,9 @@ INSTANTIATE_TEST_SUITE_P(
                     ImportedModel{"encoder", "torch_models.py", nullptr},
                     ImportedModel{"mlp_classifier", "torch_classifiers.py", kBlobs},
                     ImportedModel{"smoothed_mean", "torch_classifiers.py", kBlobs},
-                    ImportedModel{"smoothed_sum", "torch_classifiers.py", kBlobs}),
+                    ImportedModel{"smoothed_sum", "torch_classifiers.py", kBlobs},
+                    ImportedModel{"cnn", "torch_classifiers.py", kBars},
+                    ImportedModel{"conv1d", "torch_classifiers.py", kBars}),
     ImportedName);
 
 }  // namespace

@@ -243,6 +243,117 @@ def _layer_norm(L, node, args, kwargs, shape):
     return (y, None, None)
 
 
+def _full_of(L, shape, value, hint):
+    return L.emit("full", [], shape, "f32", {"dtype": "f32", "shape": shape, "value": value},
+                  hint=hint)
+
+
+def _group_norm(L, node, args, kwargs, shape):
+    """nn.GroupNorm: each group's channels and pixels normalised together (a layer norm over the
+    group reshaped to one axis), then the per-channel weight and bias."""
+    x, w, b, n, c, hw, groups, eps = args
+    x = L.val(x)
+    shape = list(L.concrete[node][0].shape)
+    rows = [x.shape[0], groups, (c // groups) * hw]
+    g = L.emit("reshape", [x], rows, "f32", {"shape": rows}, hint="groups")
+    ones, zeros = _full_of(L, rows[-1:], 1.0, "ones"), _full_of(L, rows[-1:], 0.0, "zeros")
+    y = L.emit("layer_norm", [g, ones, zeros], rows, "f32", {"eps": float(eps)})
+    per_channel = [x.shape[0], c, hw]
+    y = L.emit("reshape", [y], per_channel, "f32", {"shape": per_channel}, hint="channels")
+    if w is not None:
+        wv = L.emit("reshape", [L.val(w)], [c, 1], "f32", {"shape": [c, 1]}, hint="weight")
+        y = L.emit("mul", [y, wv], per_channel, "f32", hint="scaled")
+    if b is not None:
+        bv = L.emit("reshape", [L.val(b)], [c, 1], "f32", {"shape": [c, 1]}, hint="bias")
+        y = L.emit("add", [y, bv], per_channel, "f32", hint="shifted")
+    y = L.emit("reshape", [y], shape, "f32", {"shape": shape}, hint="group_norm")
+    return (y, None, None)
+
+
+def _batch_norm(L, node, args, kwargs, shape):
+    training = args[5]
+    if training:
+        L.fail("batch norm in training mode (nn.BatchNorm1d/2d) normalises by the batch's "
+               "statistics and updates its running mean and variance in forward, which a "
+               "sluice program does not: use nn.LayerNorm or nn.GroupNorm (GroupNorm(1, C) "
+               "normalises each example over all its channels)")
+    L.fail("batch norm in eval mode is not mapped: use nn.LayerNorm or nn.GroupNorm")
+
+
+def _convolution(L, node, args, kwargs, shape):
+    """nn.Conv2d (and nn.Conv1d, as a conv2d over images of one row) as conv2d, the bias added
+    per output channel."""
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = args
+    if transposed:
+        L.fail("a transposed convolution (ConvTranspose) has no mapping in sluice")
+    if groups != 1:
+        L.fail(f"a convolution with groups={groups}: sluice's conv2d has one group (groups=1)")
+    if any(d != 1 for d in dilation):
+        L.fail(f"a convolution with dilation={list(dilation)}: sluice's conv2d has dilation 1")
+    x, w = L.val(x), L.val(w)
+    if len(x.shape) == 3:  # conv1d: [B, C, L] as [B, C, 1, L]
+        xs, ws = x.shape[:2] + [1, x.shape[2]], w.shape[:2] + [1, w.shape[2]]
+        x = L.emit("reshape", [x], xs, "f32", {"shape": xs}, hint="rows")
+        w = L.emit("reshape", [w], ws, "f32", {"shape": ws}, hint="filters")
+        stride, padding = [1, stride[0]], [0, padding[0]]
+        out = shape[:2] + [1, shape[2]]
+    elif len(x.shape) == 4:
+        out = shape
+    else:
+        L.fail(f"a convolution of a {len(x.shape)}-D input: sluice maps conv1d and conv2d")
+    y = L.emit("conv2d", [x, w], out, "f32", {"stride": list(stride), "padding": list(padding)})
+    if b is not None:
+        o = out[1]
+        bv = L.emit("reshape", [L.val(b)], [o, 1, 1], "f32", {"shape": [o, 1, 1]}, hint="bias")
+        y = L.emit("add", [y, bv], out, "f32", hint="biased")
+    if out != shape:
+        y = L.emit("reshape", [y], shape, "f32", {"shape": shape})
+    return y
+
+
+def _pool_args(L, what, kernel, stride, padding, ceil_mode):
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v) * (2 // len(v))  # noqa: E731
+    kernel = pair(kernel)
+    stride = pair(stride) if stride else kernel
+    padding = pair(padding)
+    if ceil_mode:
+        L.fail(f"{what} with ceil_mode=True: sluice pools windows that fit (ceil_mode=False)")
+    return {"kernel": kernel, "stride": stride, "padding": padding}
+
+
+def _max_pool2d(L, node, args, kwargs, shape):
+    x, kernel = args[0], args[1]
+    stride = args[2] if len(args) > 2 else []
+    padding = args[3] if len(args) > 3 else 0
+    dilation = args[4] if len(args) > 4 else 1
+    ceil_mode = args[5] if len(args) > 5 else False
+    if any(d != 1 for d in ([dilation] if isinstance(dilation, int) else dilation)):
+        L.fail(f"max_pool2d with dilation={dilation}: sluice's max_pool2d has dilation 1")
+    x = L.val(x)
+    if len(x.shape) != 4:
+        L.fail("max_pool2d of an input that is not [B, C, H, W]")
+    attrs = _pool_args(L, "max_pool2d", kernel, stride, padding, ceil_mode)
+    shape = list(L.concrete[node][0].shape)
+    return (L.emit("max_pool2d", [x], shape, "f32", attrs), None)
+
+
+def _avg_pool2d(L, node, args, kwargs, shape):
+    x, kernel = args[0], args[1]
+    stride = args[2] if len(args) > 2 else []
+    padding = args[3] if len(args) > 3 else 0
+    ceil_mode = args[4] if len(args) > 4 else False
+    count_include_pad = args[5] if len(args) > 5 else True
+    divisor = args[6] if len(args) > 6 else None
+    attrs = _pool_args(L, "avg_pool2d", kernel, stride, padding, ceil_mode)
+    if divisor is not None or (not count_include_pad and any(attrs["padding"])):
+        L.fail("avg_pool2d with divisor_override or count_include_pad=False: sluice's divides "
+               "by the window's size, the padding counted")
+    x = L.val(x)
+    if len(x.shape) != 4:
+        L.fail("avg_pool2d of an input that is not [B, C, H, W]")
+    return L.emit("avg_pool2d", [x], shape, "f32", attrs)
+
+
 def _softmax(L, node, args, kwargs, shape):
     x, dim = args[0], args[1]
     if dim % len(shape) != len(shape) - 1:
@@ -446,6 +557,9 @@ LOWERINGS = {
     aten.rsqrt.default: _rsqrt, aten.pow.Tensor_Scalar: _pow,
     aten.mean.dim: _reduce("mean"), aten.sum.dim_IntList: _reduce("sum"),
     aten.native_layer_norm.default: _layer_norm,
+    aten.native_group_norm.default: _group_norm, aten.native_batch_norm.default: _batch_norm,
+    aten.convolution.default: _convolution,
+    aten.max_pool2d_with_indices.default: _max_pool2d, aten.avg_pool2d.default: _avg_pool2d,
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
     aten.nll_loss_forward.default: _nll_loss,
     aten.embedding.default: _embedding,

@@ -8,6 +8,7 @@
 #include "sluice/core/error.h"
 #include "sluice/core/spelling.h"
 #include "sluice/ir/ops/attention.h"
+#include "sluice/ir/ops/conv.h"
 
 namespace sluice {
 
@@ -20,6 +21,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterLinalgOps(*r);
     RegisterNnOps(*r);
     RegisterAttentionOps(*r);
+    RegisterConvOps(*r);
     RegisterOptimizerOps(*r);
     return r;
   }();

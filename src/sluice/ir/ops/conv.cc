@@ -1,0 +1,394 @@
+// Convolution and pooling ops: registration, inference and VJP rules. Kernels: kernels/conv.h.
+#include "sluice/ir/ops/conv.h"
+
+#include <string>
+#include <vector>
+
+#include <fmt/ranges.h>
+
+#include "sluice/ir/ops/common.h"
+#include "sluice/kernels/conv.h"
+
+namespace sluice {
+
+namespace {
+
+std::vector<int64_t> Ints(Pair p) { return {p[0], p[1]}; }
+
+// The pair attribute `name` ([rows, columns]); `fallback` when absent. Throws ShapeError when it
+// is not two integers of at least `least`.
+Pair PairAttr(const Attrs& attrs, std::string_view name, Pair fallback, int64_t least) {
+  if (!attrs.Has(name)) return fallback;
+  const std::vector<int64_t>& v = attrs.GetInts(name);
+  if (v.size() != 2 || v[0] < least || v[1] < least) {
+    throw ShapeError(fmt::format("{} must be two integers [rows, columns] of at least {}, got [{}]",
+                                 name, least, fmt::join(v, ", ")));
+  }
+  return {v[0], v[1]};
+}
+
+Pair Stride(const Attrs& attrs) { return PairAttr(attrs, "stride", {1, 1}, 1); }
+Pair Padding(const Attrs& attrs) { return PairAttr(attrs, "padding", {0, 0}, 0); }
+Pair Kernel(const Attrs& attrs) {
+  if (!attrs.Has("kernel")) throw ShapeError("kernel (the window, [rows, columns]) is required");
+  return PairAttr(attrs, "kernel", {0, 0}, 1);
+}
+
+void RequireImages(const TensorType& t, const char* what) {
+  if (t.shape.rank() != 4) {
+    throw ShapeError(
+        fmt::format("{} must be images [B, C, H, W] (rank 4), got {}", what, t.shape.ToString()));
+  }
+}
+
+// The dims of a window of `kernel` over x [B, C, H, W] giving `out_channels`; throws ShapeError
+// when the window is larger than the padded image.
+kernels::Conv2dDims WindowDims(const Shape& x, int64_t out_channels, Pair kernel, Pair stride,
+                               Pair padding) {
+  const kernels::Conv2dDims d = kernels::Conv2dShape(x[0], x[1], x[2], x[3], out_channels,
+                                                     kernel[0], kernel[1], stride, padding);
+  if (x[2] + 2 * padding[0] < kernel[0] || x[3] + 2 * padding[1] < kernel[1]) {
+    throw ShapeError(
+        fmt::format("a window of {}x{} does not fit images of {}x{} padded by [{}, {}]", kernel[0],
+                    kernel[1], x[2], x[3], padding[0], padding[1]));
+  }
+  return d;
+}
+
+Shape OutShape(const kernels::Conv2dDims& d) {
+  return Shape{d.batch, d.out_channels, d.out_h, d.out_w};
+}
+
+// ---- conv2d and its gradients ----
+
+// x [B, C, H, W], w [O, C, KH, KW].
+kernels::Conv2dDims ConvDims(const Shape& x, const Shape& w, const Attrs& attrs) {
+  return WindowDims(x, w[0], {w[2], w[3]}, Stride(attrs), Padding(attrs));
+}
+
+void CheckFilters(const TensorType& x, const TensorType& w) {
+  RequireImages(x, "x");
+  if (w.shape.rank() != 4 || w.shape[1] != x.shape[1] || w.shape[2] < 1 || w.shape[3] < 1) {
+    throw ShapeError(fmt::format("w must be filters [O, C, KH, KW] with x's C = {}, got {}",
+                                 x.shape[1], w.shape.ToString()));
+  }
+}
+
+std::vector<TensorType> InferConv2d(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  CheckFilters(in[0], in[1]);
+  return {{t, OutShape(ConvDims(in[0].shape, in[1].shape, attrs))}};
+}
+
+int64_t Conv2dScratch(std::span<const TensorType> in, const Attrs& attrs) {
+  return kernels::Conv2dColsElements(ConvDims(in[0].shape, in[1].shape, attrs)) *
+         static_cast<int64_t>(SizeOf(in[0].dtype));
+}
+
+// dy must be the convolution's output for x of `x_shape`.
+void RequireOutput(const TensorType& dy, const kernels::Conv2dDims& d) {
+  if (dy.shape != OutShape(d)) {
+    throw ShapeError(fmt::format("dy must be {} (the output's shape), got {}",
+                                 OutShape(d).ToString(), dy.shape.ToString()));
+  }
+}
+
+// conv2d_grad_input: dy [B, O, OH, OW], w [O, C, KH, KW]; attributes height and width give x's.
+Shape GradInputShape(std::span<const TensorType> in, const Attrs& attrs) {
+  RequireImages(in[0], "dy");
+  const Shape& w = in[1].shape;
+  if (w.rank() != 4)
+    throw ShapeError(fmt::format("w must be [O, C, KH, KW], got {}", w.ToString()));
+  return Shape{in[0].shape[0], w[1], attrs.GetInt("height"), attrs.GetInt("width")};
+}
+
+std::vector<TensorType> InferConv2dGradInput(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  const Shape x = GradInputShape(in, attrs);
+  CheckFilters({t, x}, in[1]);
+  RequireOutput(in[0], ConvDims(x, in[1].shape, attrs));
+  return {{t, x}};
+}
+
+int64_t Conv2dGradInputScratch(std::span<const TensorType> in, const Attrs& attrs) {
+  return kernels::Conv2dColsElements(ConvDims(GradInputShape(in, attrs), in[1].shape, attrs)) *
+         static_cast<int64_t>(SizeOf(in[0].dtype));
+}
+
+// conv2d_grad_weight: dy [B, O, OH, OW], x [B, C, H, W]; attribute kernel gives [KH, KW].
+Shape GradWeightShape(std::span<const TensorType> in, const Attrs& attrs) {
+  RequireImages(in[0], "dy");
+  RequireImages(in[1], "x");
+  const Pair k = Kernel(attrs);
+  return Shape{in[0].shape[1], in[1].shape[1], k[0], k[1]};
+}
+
+std::vector<TensorType> InferConv2dGradWeight(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  const Shape w = GradWeightShape(in, attrs);
+  RequireOutput(in[0], ConvDims(in[1].shape, w, attrs));
+  return {{t, w}};
+}
+
+int64_t Conv2dGradWeightScratch(std::span<const TensorType> in, const Attrs& attrs) {
+  return kernels::Conv2dColsElements(ConvDims(in[1].shape, GradWeightShape(in, attrs), attrs)) *
+         static_cast<int64_t>(SizeOf(in[0].dtype));
+}
+
+template <bool kFast>
+void Conv2dKernel(KernelContext& ctx) {
+  const Tensor &x = ctx.inputs[0], &w = ctx.inputs[1];
+  const kernels::Conv2dDims d = ConvDims(x.shape(), w.shape(), ctx.attrs);
+  DispatchFloat(x.dtype(), "conv2d", [&]<typename T>() {
+    T* y = ctx.outputs[0].data<T>();
+    if constexpr (kFast) {
+      const Tensor cols = Tensor::Empty({kernels::Conv2dColsElements(d)}, x.dtype(), ctx.allocator);
+      kernels::Conv2dFast<T>(x.data<T>(), w.data<T>(), y, d, cols.data<T>());
+    } else {
+      kernels::Conv2dReference<T>(x.data<T>(), w.data<T>(), y, d);
+    }
+  });
+}
+
+template <bool kFast>
+void Conv2dGradInputKernel(KernelContext& ctx) {
+  const Tensor &dy = ctx.inputs[0], &w = ctx.inputs[1];
+  const Tensor& dx = ctx.outputs[0];
+  const kernels::Conv2dDims d = ConvDims(dx.shape(), w.shape(), ctx.attrs);
+  DispatchFloat(dy.dtype(), "conv2d_grad_input", [&]<typename T>() {
+    if constexpr (kFast) {
+      const Tensor cols =
+          Tensor::Empty({kernels::Conv2dColsElements(d)}, dy.dtype(), ctx.allocator);
+      kernels::Conv2dGradInputFast<T>(dy.data<T>(), w.data<T>(), dx.data<T>(), d, cols.data<T>());
+    } else {
+      kernels::Conv2dGradInputReference<T>(dy.data<T>(), w.data<T>(), dx.data<T>(), d);
+    }
+  });
+}
+
+template <bool kFast>
+void Conv2dGradWeightKernel(KernelContext& ctx) {
+  const Tensor &dy = ctx.inputs[0], &x = ctx.inputs[1];
+  const Tensor& dw = ctx.outputs[0];
+  const kernels::Conv2dDims d = ConvDims(x.shape(), dw.shape(), ctx.attrs);
+  DispatchFloat(dy.dtype(), "conv2d_grad_weight", [&]<typename T>() {
+    if constexpr (kFast) {
+      const Tensor cols =
+          Tensor::Empty({kernels::Conv2dColsElements(d)}, dy.dtype(), ctx.allocator);
+      kernels::Conv2dGradWeightFast<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), d, cols.data<T>());
+    } else {
+      kernels::Conv2dGradWeightReference<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), d);
+    }
+  });
+}
+
+std::vector<Var> Conv2dVjp(VjpContext& ctx) {
+  std::vector<Var> grads(2);
+  const Pair stride = Stride(ctx.attrs()), padding = Padding(ctx.attrs());
+  const Shape& x = ctx.x_type(0).shape;
+  const Shape& w = ctx.x_type(1).shape;
+  if (ctx.needs(0)) grads[0] = Conv2dGradInput(ctx.dy(0), ctx.x(1), stride, padding, x[2], x[3]);
+  if (ctx.needs(1)) grads[1] = Conv2dGradWeight(ctx.dy(0), ctx.x(0), stride, padding, {w[2], w[3]});
+  return grads;
+}
+
+// ---- pooling ----
+
+kernels::Conv2dDims PoolDims(const Shape& x, const Attrs& attrs) {
+  const Pair kernel = Kernel(attrs), padding = Padding(attrs);
+  if (2 * padding[0] > kernel[0] || 2 * padding[1] > kernel[1]) {
+    throw ShapeError(fmt::format("padding [{}, {}] must be at most half the window {}x{}",
+                                 padding[0], padding[1], kernel[0], kernel[1]));
+  }
+  return WindowDims(x, x[1], kernel, Stride(attrs), padding);
+}
+
+std::vector<TensorType> InferPool(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in.first(1));
+  RequireImages(in[0], "x");
+  return {{t, OutShape(PoolDims(in[0].shape, attrs))}};
+}
+
+std::vector<TensorType> InferMaxPoolGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  RequireImages(in[1], "x");
+  RequireOutput(in[0], PoolDims(in[1].shape, attrs));
+  return {{t, in[1].shape}};
+}
+
+Shape AvgPoolGradShape(const TensorType& dy, const Attrs& attrs) {
+  RequireImages(dy, "dy");
+  return Shape{dy.shape[0], dy.shape[1], attrs.GetInt("height"), attrs.GetInt("width")};
+}
+
+std::vector<TensorType> InferAvgPoolGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  const DType t = ops::SameFloatDType(in);
+  const Shape x = AvgPoolGradShape(in[0], attrs);
+  RequireOutput(in[0], PoolDims(x, attrs));
+  return {{t, x}};
+}
+
+void MaxPoolKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const kernels::Conv2dDims d = PoolDims(x.shape(), ctx.attrs);
+  DispatchFloat(x.dtype(), "max_pool2d", [&]<typename T>() {
+    kernels::MaxPool2d<T>(x.data<T>(), ctx.outputs[0].data<T>(), d);
+  });
+}
+
+void MaxPoolGradKernel(KernelContext& ctx) {
+  const Tensor &dy = ctx.inputs[0], &x = ctx.inputs[1];
+  const kernels::Conv2dDims d = PoolDims(x.shape(), ctx.attrs);
+  DispatchFloat(x.dtype(), "max_pool2d_grad", [&]<typename T>() {
+    kernels::MaxPool2dGrad<T>(dy.data<T>(), x.data<T>(), ctx.outputs[0].data<T>(), d);
+  });
+}
+
+void AvgPoolKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const kernels::Conv2dDims d = PoolDims(x.shape(), ctx.attrs);
+  DispatchFloat(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    kernels::AvgPool2d<T>(x.data<T>(), ctx.outputs[0].data<T>(), d);
+  });
+}
+
+void AvgPoolGradKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  const Tensor& dx = ctx.outputs[0];
+  const kernels::Conv2dDims d = PoolDims(dx.shape(), ctx.attrs);
+  DispatchFloat(dy.dtype(), "avg_pool2d_grad",
+                [&]<typename T>() { kernels::AvgPool2dGrad<T>(dy.data<T>(), dx.data<T>(), d); });
+}
+
+std::vector<Var> MaxPoolVjp(VjpContext& ctx) {
+  const Attrs& a = ctx.attrs();
+  return {MaxPool2dGrad(ctx.dy(0), ctx.x(0), Kernel(a), Stride(a), Padding(a))};
+}
+
+std::vector<Var> AvgPoolVjp(VjpContext& ctx) {
+  const Attrs& a = ctx.attrs();
+  const Shape& x = ctx.x_type(0).shape;
+  return {AvgPool2dGrad(ctx.dy(0), Kernel(a), Stride(a), Padding(a), x[2], x[3])};
+}
+
+const std::vector<OpParam> kConvAttrs = {{"stride", "ints = [1, 1]"}, {"padding", "ints = [0, 0]"}};
+const std::vector<OpParam> kPoolAttrs = {
+    {"kernel", "ints"}, {"stride", "ints = [1, 1]"}, {"padding", "ints = [0, 0]"}};
+
+std::vector<OpParam> With(std::vector<OpParam> attrs, std::vector<OpParam> more) {
+  attrs.insert(attrs.end(), more.begin(), more.end());
+  return attrs;
+}
+
+}  // namespace
+
+Var Conv2d(Var x, Var w, Pair stride, Pair padding) {
+  return x.builder()->Emit1("conv2d", {x, w},
+                            {{"stride", Ints(stride)}, {"padding", Ints(padding)}});
+}
+Var Conv2dGradInput(Var dy, Var w, Pair stride, Pair padding, int64_t height, int64_t width) {
+  return dy.builder()->Emit1(
+      "conv2d_grad_input", {dy, w},
+      {{"stride", Ints(stride)}, {"padding", Ints(padding)}, {"height", height}, {"width", width}});
+}
+Var Conv2dGradWeight(Var dy, Var x, Pair stride, Pair padding, Pair kernel) {
+  return dy.builder()->Emit1(
+      "conv2d_grad_weight", {dy, x},
+      {{"stride", Ints(stride)}, {"padding", Ints(padding)}, {"kernel", Ints(kernel)}});
+}
+Var MaxPool2d(Var x, Pair kernel, Pair stride, Pair padding) {
+  return x.builder()->Emit1(
+      "max_pool2d", {x},
+      {{"kernel", Ints(kernel)}, {"stride", Ints(stride)}, {"padding", Ints(padding)}});
+}
+Var MaxPool2dGrad(Var dy, Var x, Pair kernel, Pair stride, Pair padding) {
+  return dy.builder()->Emit1(
+      "max_pool2d_grad", {dy, x},
+      {{"kernel", Ints(kernel)}, {"stride", Ints(stride)}, {"padding", Ints(padding)}});
+}
+Var AvgPool2d(Var x, Pair kernel, Pair stride, Pair padding) {
+  return x.builder()->Emit1(
+      "avg_pool2d", {x},
+      {{"kernel", Ints(kernel)}, {"stride", Ints(stride)}, {"padding", Ints(padding)}});
+}
+Var AvgPool2dGrad(Var dy, Pair kernel, Pair stride, Pair padding, int64_t height, int64_t width) {
+  return dy.builder()->Emit1("avg_pool2d_grad", {dy},
+                             {{"kernel", Ints(kernel)},
+                              {"stride", Ints(stride)},
+                              {"padding", Ints(padding)},
+                              {"height", height},
+                              {"width", width}});
+}
+
+void RegisterConvOps(OpRegistry& r) {
+  r.Register({.name = "conv2d",
+              .num_inputs = 2,
+              .infer = InferConv2d,
+              .kernel = Conv2dKernel<true>,
+              .reference = Conv2dKernel<false>,
+              .vjp = Conv2dVjp,
+              .doc = "2-D convolution (PyTorch conv2d without bias: dilation 1, one group), "
+                     "im2col and a GEMM per image",
+              .signature = {.inputs = {{"x", "float[B, C, H, W]"}, {"w", "float[O, C, KH, KW]"}},
+                            .attrs = kConvAttrs,
+                            .outputs = {{"y", "float[B, O, OH, OW]"}}},
+              .scratch_bytes = Conv2dScratch});
+  r.Register({.name = "conv2d_grad_input",
+              .num_inputs = 2,
+              .infer = InferConv2dGradInput,
+              .kernel = Conv2dGradInputKernel<true>,
+              .reference = Conv2dGradInputKernel<false>,
+              .doc = "conv2d gradient of x: each output's gradient times the filters, back to the "
+                     "input pixels it read",
+              .signature = {.inputs = {{"dy", "float[B, O, OH, OW]"}, {"w", "float[O, C, KH, KW]"}},
+                            .attrs = With(kConvAttrs, {{"height", "int"}, {"width", "int"}}),
+                            .outputs = {{"dx", "float[B, C, height, width]"}}},
+              .scratch_bytes = Conv2dGradInputScratch});
+  r.Register({.name = "conv2d_grad_weight",
+              .num_inputs = 2,
+              .infer = InferConv2dGradWeight,
+              .kernel = Conv2dGradWeightKernel<true>,
+              .reference = Conv2dGradWeightKernel<false>,
+              .doc = "conv2d gradient of w: dy times the input windows, summed over the batch",
+              .signature = {.inputs = {{"dy", "float[B, O, OH, OW]"}, {"x", "float[B, C, H, W]"}},
+                            .attrs = With(kConvAttrs, {{"kernel", "ints"}}),
+                            .outputs = {{"dw", "float[O, C, kernel]"}}},
+              .scratch_bytes = Conv2dGradWeightScratch});
+  r.Register({.name = "max_pool2d",
+              .num_inputs = 1,
+              .infer = InferPool,
+              .kernel = MaxPoolKernel,
+              .vjp = MaxPoolVjp,
+              .doc = "the largest value of each window (PyTorch max_pool2d, padding −∞)",
+              .signature = {.inputs = {{"x", "float[B, C, H, W]"}},
+                            .attrs = kPoolAttrs,
+                            .outputs = {{"y", "float[B, C, OH, OW]"}}}});
+  r.Register({.name = "max_pool2d_grad",
+              .num_inputs = 2,
+              .infer = InferMaxPoolGrad,
+              .kernel = MaxPoolGradKernel,
+              .doc = "max_pool2d gradient: dy to each window's first largest element of x",
+              .signature = {.inputs = {{"dy", "float[B, C, OH, OW]"}, {"x", "float[B, C, H, W]"}},
+                            .attrs = kPoolAttrs,
+                            .outputs = {{"dx", "float[B, C, H, W]"}}}});
+  r.Register({.name = "avg_pool2d",
+              .num_inputs = 1,
+              .infer = InferPool,
+              .kernel = AvgPoolKernel,
+              .vjp = AvgPoolVjp,
+              .recomputable = true,
+              .doc = "the mean of each window, the padding counted (PyTorch avg_pool2d)",
+              .signature = {.inputs = {{"x", "float[B, C, H, W]"}},
+                            .attrs = kPoolAttrs,
+                            .outputs = {{"y", "float[B, C, OH, OW]"}}}});
+  r.Register({.name = "avg_pool2d_grad",
+              .num_inputs = 1,
+              .infer = InferAvgPoolGrad,
+              .kernel = AvgPoolGradKernel,
+              .doc = "avg_pool2d gradient: dy / window size to every element of its window",
+              .signature = {.inputs = {{"dy", "float[B, C, OH, OW]"}},
+                            .attrs = With(kPoolAttrs, {{"height", "int"}, {"width", "int"}}),
+                            .outputs = {{"dx", "float[B, C, height, width]"}}}});
+}
+
+}  // namespace sluice

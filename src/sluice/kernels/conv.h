@@ -1,0 +1,76 @@
+// 2-D convolution and pooling over images in PyTorch's layout, and their gradients.
+//
+// Buffers are contiguous, row-major:
+//   x  [B, C, H, W]      images (B batch, C channels, H × W pixels)
+//   w  [O, C, KH, KW]    convolution filters (O output channels, KH × KW taps), nn.Conv2d's weight
+//   y  [B, O, OH, OW]    OH = (H + 2·PH − KH) / SH + 1, OW likewise (stride S, zero padding P)
+// Convolution is PyTorch's (cross-correlation, dilation 1, one group):
+//   y[b, o, i, j] = Σ_c,p,q w[o, c, p, q] · x[b, c, i·SH − PH + p, j·SW − PW + q]  (0 outside x)
+// Pooling takes windows of KH × KW at stride S over x padded by P: max pooling pads with −∞ and
+// its gradient goes to the first largest element of each window in row-major order (PyTorch's
+// choice, which matters where a ReLU before it leaves ties of 0); average pooling divides by
+// KH·KW, the padding counted (PyTorch's count_include_pad=True).
+//
+// *Reference: the sums as written, one output element at a time. *Fast (convolution): im2col —
+// each image's windows laid out as a [C·KH·KW, OH·OW] matrix in `cols`, caller-owned scratch of
+// Conv2dColsElements(d) — and one GEMM per image (kernels/matmul.h Gemm). The fast and plain
+// kernels agree within rounding of the order of their sums.
+// Thread-safety: plain functions over caller-owned memory.
+//
+// Example:
+//   Conv2dDims d = Conv2dShape(B, C, H, W, O, 3, 3, {1, 1}, {1, 1});
+//   std::vector<float> cols(Conv2dColsElements(d));
+//   kernels::Conv2dFast<float>(x, w, y, d, cols.data());
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace sluice::kernels {
+
+struct Conv2dDims {
+  int64_t batch = 0, channels = 0, height = 0, width = 0;  // x [B, C, H, W]
+  int64_t out_channels = 0;                                // O (pooling: C)
+  int64_t kernel_h = 0, kernel_w = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t out_h = 0, out_w = 0;
+};
+
+// The dims of a convolution or pooling of x [B, C, H, W] by windows of kernel_h × kernel_w; out_h
+// and out_w from the formula above (≤ 0 when the window does not fit: callers check).
+Conv2dDims Conv2dShape(int64_t batch, int64_t channels, int64_t height, int64_t width,
+                       int64_t out_channels, int64_t kernel_h, int64_t kernel_w,
+                       std::array<int64_t, 2> stride, std::array<int64_t, 2> padding);
+
+// Elements of the im2col scratch of one image: C·KH·KW · OH·OW.
+int64_t Conv2dColsElements(const Conv2dDims& d);
+
+// y [B, O, OH, OW] = conv2d(x, w).
+template <typename T>
+void Conv2dReference(const T* x, const T* w, T* y, const Conv2dDims& d);
+template <typename T>
+void Conv2dFast(const T* x, const T* w, T* y, const Conv2dDims& d, T* cols);
+
+// dx [B, C, H, W] (overwritten) from dy [B, O, OH, OW] and w.
+template <typename T>
+void Conv2dGradInputReference(const T* dy, const T* w, T* dx, const Conv2dDims& d);
+template <typename T>
+void Conv2dGradInputFast(const T* dy, const T* w, T* dx, const Conv2dDims& d, T* cols);
+
+// dw [O, C, KH, KW] (overwritten) from dy [B, O, OH, OW] and x, summed over the batch.
+template <typename T>
+void Conv2dGradWeightReference(const T* dy, const T* x, T* dw, const Conv2dDims& d);
+template <typename T>
+void Conv2dGradWeightFast(const T* dy, const T* x, T* dw, const Conv2dDims& d, T* cols);
+
+// Pooling, d.out_channels == d.channels: y [B, C, OH, OW]; the gradients overwrite dx [B, C, H, W].
+template <typename T>
+void MaxPool2d(const T* x, T* y, const Conv2dDims& d);
+template <typename T>
+void MaxPool2dGrad(const T* dy, const T* x, T* dx, const Conv2dDims& d);
+template <typename T>
+void AvgPool2d(const T* x, T* y, const Conv2dDims& d);
+template <typename T>
+void AvgPool2dGrad(const T* dy, T* dx, const Conv2dDims& d);
+
+}  // namespace sluice::kernels

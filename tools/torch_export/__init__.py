@@ -11,6 +11,7 @@
   cli.py       export() (trace twice, generalise, write both files atomically) and main()
 
 The command line is fixed: /usr/bin/python3 tools/torch_export.py FILE.py:FACTORY --batch B
---seq T --out DIR (tools/torch_export.py runs cli.main). Only the standard library and torch
+--seq T --out DIR for a token model, or --batch B --data FILE.safetensors --out DIR for a module
+whose forward reads arrays (tools/torch_export.py runs cli.main). Only the standard library and torch
 (Debian's python3-torch, PyTorch 1.13) are used.
 """

@@ -7,6 +7,11 @@
 // and the per-stage policy list is honoured.
 #include "sluice/pipeline/memory_forecast.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "sluice/pipeline/pipeline_engine.h"
@@ -105,6 +110,54 @@ TEST(MemoryForecast, OneStageIsExact) {
       EXPECT_EQ(c.forecast[0].at_peak.total(), c.forecast[0].peak_allocated_bytes);
     }
   }
+}
+
+// A convolution's kernel takes one image's im2col matrix as scratch (8·5·5 · 12·12 floats here,
+// larger than every activation of the micro-batch): the forecast holds it at the instruction, so
+// the one-stage forecast stays exact, under every recompute policy.
+TEST(MemoryForecast, OneStageIsExactWithAConvolutionsScratch) {
+  const std::string path =
+      fmt::format("{}/conv_forecast_{}.sluice", ::testing::TempDir(), static_cast<int>(getpid()));
+  std::ofstream(path) << R"(program conv {
+  input %x: f32[B, 144] = x
+  input %y: i64[B] = labels
+  param %c1.weight: f32[8, 1, 5, 5] = normal(0, 0.2)
+  param %c2.weight: f32[8, 8, 5, 5] = normal(0, 0.1)
+  param %out.weight: f32[8, 4] = normal(0, 0.1)
+  unit conv {
+    %image: f32[B, 1, 12, 12] = reshape(%x) {shape = [B, 1, 12, 12]}
+    %h1: f32[B, 8, 12, 12] = conv2d(%image, %c1.weight) {padding = [2, 2], stride = [1, 1]}
+    %a1: f32[B, 8, 12, 12] = relu(%h1)
+    %h2: f32[B, 8, 12, 12] = conv2d(%a1, %c2.weight) {padding = [2, 2], stride = [1, 1]}
+    %p: f32[B, 8, 1, 1] = avg_pool2d(%h2) {kernel = [12, 12], stride = [12, 12]}
+  }
+  unit head {
+    %f: f32[B, 8] = reshape(%p) {shape = [B, 8]}
+    %logits: f32[B, 4] = matmul(%f, %out.weight)
+    %loss: f32[] = cross_entropy(%logits, %y)
+  }
+  output %loss
+}
+)";
+  for (RecomputePolicy policy : kPolicies) {
+    TrainConfig c;
+    c.model = "program";
+    c.program = path;
+    c.data = "blobs";
+    c.steps = 2;
+    c.batch = 4;
+    c.microbatches = 2;
+    c.threads = 1;
+    c.eval_every = 0;
+    c.recompute = {policy};
+    const Compared compared = Compare(c, nullptr);
+    ASSERT_EQ(compared.forecast.size(), 1u);
+    EXPECT_EQ(compared.forecast[0].peak_allocated_bytes, compared.measured[0])
+        << Name(policy) << ": " << Describe(compared.forecast[0]);
+    EXPECT_GE(compared.forecast[0].peak_allocated_bytes, 8 * 25 * 144 * int64_t{4})
+        << "one image's im2col scratch";
+  }
+  std::remove(path.c_str());
 }
 
 TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {

@@ -461,9 +461,6 @@ def find_smoothed_cross_entropies(nodes):
     def call(n, *targets):
         return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
 
-    def only_user(n, user):
-        return list(n.users) == [user]
-
     found = {}
     for add in nodes:
         if not call(add, aten.add.Tensor) or len(add.args) != 2:

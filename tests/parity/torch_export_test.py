@@ -4,7 +4,8 @@ that names the problem and where, exit status 1, and nothing written (no DIR, no
 beside it). The modules are in tests/parity/bad_modules.py; one valid export checks that the
 cases fail for their own reason. Exits 77 (skipped, saying why) without python3-torch.
 
-Run by ctest as torch_export_bad_input; by hand: /usr/bin/python3 tests/parity/torch_export_test.py
+Run by ctest as torch_export_bad_input (class BadInput) and torch_export_arrays (class ArrayInput);
+by hand: /usr/bin/python3 tests/parity/torch_export_test.py [BadInput|ArrayInput]
 """
 import os
 import subprocess
@@ -27,7 +28,9 @@ def line_of(text):
     raise AssertionError(f"no line starts with {text!r} in {MODULES}")
 
 
-class BadInput(unittest.TestCase):
+class ExportCase(unittest.TestCase):
+    """A scratch folder per test, the exporter run in it, and the checks of a refusal."""
+
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory(prefix="torch_export_test.")
         self.parent = self.tmp.name
@@ -53,6 +56,10 @@ class BadInput(unittest.TestCase):
         # Nothing written: the folder holds what it held before (no DIR, no .torch_export.*).
         self.assertEqual(sorted(os.listdir(self.parent)), before)
         return result.stderr
+
+
+class BadInput(ExportCase):
+    """Token models, and what every module may get wrong."""
 
     def test_a_valid_module_exports(self):
         result, out = self.export(f"{MODULES}:tiny")
@@ -119,55 +126,6 @@ class BadInput(unittest.TestCase):
         self.refused(f"{MODULES}:other_arguments", "OtherArguments.forward(tokens) takes 1 "
                      "argument(s): a token model is forward(tokens, targets)",
                      "--data FILE.safetensors or --input NAME=TYPE")
-
-    def blobs(self):
-        """examples/classifier_data.py's arrays, features f32[64, 8] and label i64[64]."""
-        path = os.path.join(self.parent, "blobs.safetensors")
-        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "classifier_data.py"), path,
-                        "--examples", "64"], check=True, capture_output=True)
-        return path
-
-    def test_a_classifier_reads_arrays_by_name(self):
-        data = self.blobs()
-        result, out = self.export(f"{MODULES}:classifier", seq=None,
-                                  extra=["--data", data, "--bind", "x=features", "--bind", "y=label"])
-        self.assertEqual(result.returncode, 0, result.stderr)
-        with open(os.path.join(out, "model.sluice")) as f:
-            text = f.read()
-        self.assertIn("input %x: f32[B, 8] = features", text)
-        self.assertIn("input %y: i64[B] = label", text)
-        self.assertIn(f"--data {data}", result.stdout)
-        # the same types given on the command line instead of a data file
-        result, out = self.export(f"{MODULES}:classifier", os.path.join(self.parent, "typed"),
-                                  seq=None, extra=["--input", "x=f32[8]", "--input", "y=i64[]"])
-        self.assertEqual(result.returncode, 0, result.stderr)
-        with open(os.path.join(out, "model.sluice")) as f:
-            self.assertIn("input %x: f32[B, 8] = x", f.read())
-
-    def test_array_inputs_that_do_not_fit(self):
-        data = self.blobs()
-        self.refused(f"{MODULES}:classifier", f"--data {data} has no array 'x' for forward "
-                     f"argument 'x' (its arrays: features, label)", "--bind x=ARRAY",
-                     seq=None, extra=["--data", data])
-        self.refused(f"{MODULES}:classifier", "--bind z=features: forward has no argument "
-                     "'z' (its arguments: x, y)", seq=None,
-                     extra=["--data", data, "--bind", "z=features"])
-        self.refused(f"{MODULES}:classifier", "--seq is for token models", extra=["--data", data])
-        self.refused(f"{MODULES}:classifier", "no type for forward argument(s) y", seq=None,
-                     extra=["--input", "x=f32[8]"])
-        self.refused(f"{MODULES}:classifier", "--input x=f16[8]: expected ARGUMENT=TYPE",
-                     seq=None, extra=["--input", "x=f16[8]", "--input", "y=i64[]"])
-        self.refused(f"{MODULES}:tiny", "give --seq T for a token model", seq=None)
-
-    def test_convolution_options_sluice_lacks(self):
-        images = ["--input", "x=f32[2, 8, 8]", "--input", "y=i64[]"]
-        self.refused(f"{MODULES}:grouped_conv", "a convolution with groups=2", "in module 'layer'",
-                     line_of("h = self.layer(x)"), seq=None, extra=images)
-        self.refused(f"{MODULES}:dilated_conv", "a convolution with dilation=[2, 2]",
-                     "in module 'layer'", line_of("h = self.layer(x)"), seq=None, extra=images)
-        self.refused(f"{MODULES}:batch_norm", "batch norm in training mode",
-                     "use nn.LayerNorm or nn.GroupNorm", "in module 'layer'", seq=None,
-                     extra=images)
 
     def test_a_forward_with_a_non_scalar_result(self):
         self.refused(f"{MODULES}:not_scalar", "forward must return the mean loss, a float scalar",
@@ -271,6 +229,61 @@ class BadInput(unittest.TestCase):
             f.write("mine")
         self.refused(f"{MODULES}:tiny", "is a folder that holds other files", out=folder)
         self.assertEqual(os.listdir(folder), ["keep.txt"])
+
+
+
+class ArrayInput(ExportCase):
+    """Modules whose forward reads arrays (--data, --input, --bind), and convolutions. Its own
+    ctest entry (torch_export_arrays), so that each entry stays well within its time limit."""
+
+    def blobs(self):
+        """examples/classifier_data.py's arrays, features f32[64, 8] and label i64[64]."""
+        path = os.path.join(self.parent, "blobs.safetensors")
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "classifier_data.py"), path,
+                        "--examples", "64"], check=True, capture_output=True)
+        return path
+
+    def test_a_classifier_reads_arrays_by_name(self):
+        data = self.blobs()
+        result, out = self.export(f"{MODULES}:classifier", seq=None,
+                                  extra=["--data", data, "--bind", "x=features", "--bind", "y=label"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertIn("input %x: f32[B, 8] = features", text)
+        self.assertIn("input %y: i64[B] = label", text)
+        self.assertIn(f"--data {data}", result.stdout)
+        # the same types given on the command line instead of a data file
+        result, out = self.export(f"{MODULES}:classifier", os.path.join(self.parent, "typed"),
+                                  seq=None, extra=["--input", "x=f32[8]", "--input", "y=i64[]"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            self.assertIn("input %x: f32[B, 8] = x", f.read())
+
+    def test_array_inputs_that_do_not_fit(self):
+        data = self.blobs()
+        self.refused(f"{MODULES}:classifier", f"--data {data} has no array 'x' for forward "
+                     f"argument 'x' (its arrays: features, label)", "--bind x=ARRAY",
+                     seq=None, extra=["--data", data])
+        self.refused(f"{MODULES}:classifier", "--bind z=features: forward has no argument "
+                     "'z' (its arguments: x, y)", seq=None,
+                     extra=["--data", data, "--bind", "z=features"])
+        self.refused(f"{MODULES}:classifier", "--seq is for token models", extra=["--data", data])
+        self.refused(f"{MODULES}:classifier", "no type for forward argument(s) y", seq=None,
+                     extra=["--input", "x=f32[8]"])
+        self.refused(f"{MODULES}:classifier", "--input x=f16[8]: expected ARGUMENT=TYPE",
+                     seq=None, extra=["--input", "x=f16[8]", "--input", "y=i64[]"])
+        self.refused(f"{MODULES}:tiny", "give --seq T for a token model", seq=None)
+
+    def test_convolution_options_sluice_lacks(self):
+        images = ["--input", "x=f32[2, 8, 8]", "--input", "y=i64[]"]
+        self.refused(f"{MODULES}:grouped_conv", "a convolution with groups=2", "in module 'layer'",
+                     line_of("h = self.layer(x)"), seq=None, extra=images)
+        self.refused(f"{MODULES}:dilated_conv", "a convolution with dilation=[2, 2]",
+                     "in module 'layer'", line_of("h = self.layer(x)"), seq=None, extra=images)
+        self.refused(f"{MODULES}:batch_norm", "batch norm in training mode",
+                     "use nn.LayerNorm or nn.GroupNorm", "in module 'layer'", seq=None,
+                     extra=images)
 
 
 if __name__ == "__main__":

@@ -164,7 +164,29 @@ Program ElementwiseShapesAndReductions() {
   return b.Build();
 }
 
+// Convolution and pooling over images, attributed activations and a smoothed, summed loss, with
+// the gradient ops of each.
+Program ImagesAndActivations() {
+  Builder b("images");
+  Var x = b.Input("x", DType::kF32, {2, 3, 8, 8});
+  Var w = b.Param("w", DType::kF32, {4, 3, 3, 3});
+  Var h = Softplus(LeakyRelu(Conv2d(x, w, {2, 1}, {1, 0}), 0.2), 2.0, 15.0);     // [2, 4, 4, 6]
+  Var pooled = Add(MaxPool2d(h, {2, 2}, {2, 2}), AvgPool2d(h, {2, 2}, {2, 2}));  // [2, 4, 2, 3]
+  Var dh = Add(LeakyReluGrad(h, h, 0.2), SoftplusGrad(h, h, 2.0, 15.0));
+  b.Output(Conv2dGradInput(dh, w, {2, 1}, {1, 0}, 8, 8));
+  b.Output(Conv2dGradWeight(dh, x, {2, 1}, {1, 0}, {3, 3}));
+  b.Output(MaxPool2dGrad(pooled, h, {2, 2}, {2, 2}, {0, 0}));
+  b.Output(AvgPool2dGrad(pooled, {2, 2}, {2, 2}, {0, 0}, 4, 6));
+  Var logits = Reshape(pooled, {2, 4 * 2 * 3});
+  Var labels = b.Input("labels", DType::kI64, {2});
+  b.Output(b.Emit1("cross_entropy", {logits, labels},
+                   {{"label_smoothing", 0.1}, {"reduction", std::string("sum")}}));
+  return b.Build();
+}
+
 TEST(TextFormat, RoundTripsTransformerBlock) { ExpectRoundTrip(TransformerBlock()); }
+
+TEST(TextFormat, RoundTripsImagesAndActivations) { ExpectRoundTrip(ImagesAndActivations()); }
 
 TEST(TextFormat, RoundTripsGradientAndOptimizerOps) { ExpectRoundTrip(GradientsAndOptimizers()); }
 
@@ -176,8 +198,8 @@ TEST(TextFormat, RoundTripsElementwiseShapeAndReductionOps) {
 // of them so that its attributes are known to round-trip.
 TEST(TextFormat, RoundTripProgramsCoverEveryRegisteredOp) {
   std::set<std::string> used;
-  for (const Program& p :
-       {TransformerBlock(), GradientsAndOptimizers(), ElementwiseShapesAndReductions()}) {
+  for (const Program& p : {TransformerBlock(), GradientsAndOptimizers(),
+                           ElementwiseShapesAndReductions(), ImagesAndActivations()}) {
     for (const Instruction& ins : p.instructions()) used.insert(ins.op->name);
   }
   for (const OpDef* op : OpRegistry::Global().All()) {

@@ -401,15 +401,17 @@ TEST_F(SimulateCli, CompareRanksTheSchedulesAsTheirRunsMeasure) {
 }
 
 // The predicted bubble of every schedule at P = 2 is the measured one when the computes are
-// sleeps (20 ms each: a slow device whose costs the machine's load barely moves): each run's
-// own profile, replayed, gives every stage's idle share of the step as the run measured it. A
+// sleeps (20 ms each: a slow device): each run's own profile, replayed step by step with every
+// compute the time it took in that step (--draw-mode steps, one draw per recorded step), gives
+// every stage's idle share of the step as the run measured it, averaged over the same steps. A
 // definition that differs between the two (busy counting other work, idle over a rank's own
-// wall rather than the step's span) or an overhead the model misses shows here as a gap. The
-// tolerance, 0.08, is wide: worst-stage errors were 0.000–0.020 at load 7–8, but 1f1b's stage 0
-// reached 0.073 once at load 13 and 0.052 under ThreadSanitizer, the wake-up delays of a loaded
-// machine; the measured bubble is the median of 3 steps, so one step slowed down by other work
-// does not decide it. (The per-rank-wall definition this replaces is caught exactly by
-// StepSimulator.ProfiledBubbleIsIdleOverTheStepsSpan.)
+// wall rather than the step's span), a wrong order of actions or an overhead the model misses
+// shows here as a gap. Regression: this compared the replay of the computes' medians with the
+// median step, so a loaded machine's late wake-ups from the sleeps, which lengthen some computes
+// of some steps, decided it: off by 0.08–0.09 at load 15 and more. Replaying each step's own
+// computes leaves only what the model is for. The tolerance, 0.05, is still wide: the replay's
+// waits for messages are the run's mean. (The per-rank-wall definition this replaces is caught
+// exactly by StepSimulator.ProfiledBubbleIsIdleOverTheStepsSpan.)
 TEST_F(SimulateCli, PredictedBubbleOfEveryScheduleIsTheMeasuredOne) {
   for (const char* schedule :
        {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min"}) {
@@ -428,18 +430,20 @@ TEST_F(SimulateCli, PredictedBubbleOfEveryScheduleIsTheMeasuredOne) {
     std::ifstream in(path);
     const nlohmann::json profile = nlohmann::json::parse(in);
     if (const std::string why = SleepsDoNotDominate(profile, 20); !why.empty()) GTEST_SKIP() << why;
-    const nlohmann::json& measured = profile["measured"];
-    // The medians' replay (--draws 0) beside the median step: drawn computes would carry a step
-    // that a loaded machine stalled (one draw of 3 steps' samples), which the median leaves out —
-    // interleaved's prediction reached 489 ms against a measured 338 that way at load 7.
-    const nlohmann::json predicted = Simulate(fmt::format("{} --costs {} --draws 0", job, path));
+    const nlohmann::json& steps = profile["steps"];
+    ASSERT_GE(steps.size(), 3u) << "the profile recorded no steps to replay";
+    const nlohmann::json predicted = Simulate(
+        fmt::format("{} --costs {} --draws {} --draw-mode steps", job, path, steps.size()));
     ASSERT_EQ(predicted["stages"].size(), 2u);
     for (int stage = 0; stage < 2; ++stage) {
-      const double m = measured["stage_bubble"][stage].get<double>();
+      double measured = 0;
+      for (const nlohmann::json& step : steps)
+        measured += step["stage_bubble"][stage].get<double>();
+      measured /= static_cast<double>(steps.size());
       const double p = predicted["stages"][stage]["bubble"].get<double>();
-      EXPECT_NEAR(p, m, 0.08) << "stage " << stage << ": predicted step "
-                              << predicted["step_ms"].get<double>() << " ms, measured "
-                              << measured["step_ms"].get<double>() << " ms";
+      EXPECT_NEAR(p, measured, 0.05)
+          << "stage " << stage << ": predicted step " << predicted["step_ms"].get<double>()
+          << " ms, measured " << profile["measured"]["step_ms"].get<double>() << " ms";
     }
   }
 }

@@ -206,6 +206,27 @@ def tiny():
     return TinyLM()
 
 
+class TwoScalars(TinyLM):
+    def forward(self, tokens, targets):
+        logits = self.logits(tokens)
+        loss = F.cross_entropy(logits.view(-1, 11), targets.view(-1))
+        return loss, logits.mean()  # two float scalars: which is the loss?
+
+
+class LogitsAndLoss(TinyLM):
+    def forward(self, tokens, targets):
+        logits = self.logits(tokens)
+        return logits, F.cross_entropy(logits.view(-1, 11), targets.view(-1))  # nanoGPT's order
+
+
+def two_scalars():
+    return TwoScalars()
+
+
+def logits_and_loss():
+    return LogitsAndLoss()
+
+
 def other_arguments():
     return OtherArguments()
 

@@ -131,6 +131,19 @@ class BadInput(ExportCase):
         self.refused(f"{MODULES}:not_scalar", "forward must return the mean loss, a float scalar",
                      "shape [1]")
 
+    def test_a_tuple_result_with_one_float_scalar_exports_it_as_the_loss(self):
+        # Regression: `return logits, loss` (nanoGPT) was refused as "not a tuple".
+        result, out = self.export(f"{MODULES}:logits_and_loss")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertIn("cross_entropy", text)
+        self.assertIn("output %loss", text)
+
+    def test_a_tuple_result_with_two_float_scalars(self):
+        self.refused(f"{MODULES}:two_scalars", "forward returns a tuple of 2",
+                     "2 float scalars, so no one of them is the loss")
+
     def test_control_flow_on_values(self):
         self.refused(f"{MODULES}:branch_on_values", "data-dependent control flow",
                      line_of("if x.sum() > 0:"))

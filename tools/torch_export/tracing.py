@@ -125,6 +125,23 @@ class _Recorder:
             h.remove()
 
 
+def _loss_of(result):
+    """The loss in what forward returned: the result itself, or of a tuple or list (nanoGPT's
+    `return logits, loss`, a `(loss, logits)`) its one float scalar, the other elements left out;
+    a sequence without exactly one float scalar is refused, saying what it holds."""
+    if not isinstance(result, (tuple, list)):
+        return result
+    scalars = [r for r in result
+               if isinstance(r, torch.Tensor) and r.dim() == 0 and r.is_floating_point()]
+    if len(scalars) == 1:
+        return scalars[0]
+    held = ", ".join(f"{type(r).__name__}" if not isinstance(r, torch.Tensor)
+                     else f"{r.dtype} of shape {list(r.shape)}" for r in result)
+    raise ExportError(f"forward returns a {type(result).__name__} of {len(result)} ({held}): "
+                      f"{len(scalars)} float scalars, so no one of them is the loss; return the mean "
+                      f"loss, alone or as the only float scalar of the tuple")
+
+
 def forward_arguments(module):
     """The names of module.forward's arguments, in order; refuses *args, **kwargs and keyword-only
     arguments, which the exporter could not bind to inputs."""
@@ -163,7 +180,7 @@ def trace(module, aliases, user_file, examples, arg_names):
                 saved.append((owner, attr, owner._parameters[attr]))
                 owner._parameters[attr] = p
         try:
-            return module(*inputs)
+            return _loss_of(module(*inputs))
         finally:
             for owner, attr, p in reversed(saved):
                 owner._parameters[attr] = p

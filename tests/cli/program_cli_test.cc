@@ -313,6 +313,27 @@ TEST_F(ProgramCli, AParameterTheLossDoesNotReadIsLeftAsItWas) {
     }
     EXPECT_TRUE(f.tensors.count("fc.weight.exp_avg"));
   }
+  // A checkpoint of an earlier sluice, which kept (zero) optimizer state for them, resumes: the
+  // state is ignored, saying so.
+  const fs::path ck = dir_ / "unused1.safetensors";
+  SafetensorsFile old = ReadSafetensors(ck.string());
+  for (const char* name : {"aux.weight", "side.weight"}) {
+    for (const char* state : {".exp_avg", ".exp_avg_sq"}) {
+      const Tensor& p = old.tensors.at(name);
+      old.tensors.emplace(std::string(name) + state, Tensor::Zeros(p.shape(), p.dtype()));
+    }
+  }
+  const fs::path earlier = dir_ / "earlier.safetensors";
+  WriteSafetensors(earlier.string(), old.tensors, old.metadata);
+  const CliResult r = Sluice(fmt::format(
+      "train --program {} --data blobs --steps 4 --lr 0.1 --weight-decay 0.5 --clip 1 --quiet "
+      "--resume {}",
+      program.string(), earlier.string()));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("holds optimizer state of parameters the loss does not depend on, "
+                               "which training leaves alone: aux.weight.exp_avg, "
+                               "aux.weight.exp_avg_sq, side.weight.exp_avg, side.weight.exp_avg_sq "
+                               "ignored"));
 }
 
 // Regression: token ids past a --program's embedding rows were caught only at the first step,
@@ -357,6 +378,32 @@ TEST_F(ProgramCli, DataIdsPastAnEmbeddingTableAreRefusedBeforeTraining) {
                          static_cast<int>(largest), program.string())));
   // Data within the table trains.
   EXPECT_EQ(Sluice(fmt::format("train --steps 1 --program {} --quiet", prenorm)).status, 0);
+}
+
+// Regression: --resume with the program file edited since the checkpoint (another computation)
+// went on silently, though --resume promises the run continued bitwise. Now it is refused like a
+// changed hyperparameter, unless --allow-changes (then a warning); an edit of comments or white
+// space alone is no change.
+TEST_F(ProgramCli, ResumingWithAnEditedProgramIsRefusedUnlessAllowed) {
+  const fs::path program = Write("small.sluice", kSmall);
+  const fs::path ck = dir_ / "ck.safetensors";
+  const std::string base = fmt::format("train --program {} --data blobs --quiet", program.string());
+  ASSERT_EQ(Sluice(fmt::format("{} --steps 2 --save {}", base, ck.string())).status, 0);
+  Write("small.sluice",
+        "# the same program, commented\n" + SmallWith("  unit fc {", "\n  unit fc {"));
+  CliResult r = Sluice(fmt::format("{} --steps 3 --resume {}", base, ck.string()));
+  EXPECT_EQ(r.status, 0) << r.err;
+  Write("small.sluice", SmallWith("normal(0, 0.1)", "normal(0, 0.2)"));
+  r = Sluice(fmt::format("{} --steps 3 --resume {}", base, ck.string()));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(fmt::format(
+                         "sluice: error: checkpoint '{}' was trained with another text of {} (the "
+                         "file changed since it was saved): --resume continues the run bitwise",
+                         ck.string(), program.string())));
+  r = Sluice(fmt::format("{} --steps 3 --resume {} --allow-changes", base, ck.string()));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the file changed since it was saved); training goes on with the "
+                               "file as it is now (--allow-changes)"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "sluice/step/program_task.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -190,9 +191,18 @@ class ProgramTask final : public Task {
     // The file as an absolute path, so that ./m.sluice and m.sluice resume each other.
     std::error_code ec;
     const std::filesystem::path canonical = std::filesystem::weakly_canonical(path_, ec);
+    // The text's digest too, comments and white space left out: a file whose program was edited
+    // since a checkpoint resumes only with --allow-changes.
+    uint64_t digest = 14695981039346656037ull;  // FNV-1a, 64 bits
+    bool comment = false;
+    for (unsigned char c : text_) {
+      comment = c == '#' || (comment && c != '\n');
+      if (!comment && !std::isspace(c)) digest = (digest ^ c) * 1099511628211ull;
+    }
     return {{"model", "program"},
             {"program", ec ? path_ : canonical.string()},
             {"precision", std::string(Name(precision_))},
+            {"program_digest", fmt::format("{:016x}", digest)},
             {"data", source_->name()}};
   }
   Precision precision() const override { return precision_; }

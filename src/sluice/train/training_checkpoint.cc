@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <set>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
@@ -198,7 +202,19 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
                                      Name(current.dtype()), needed.ToString()));
     }
   }
+  // Optimizer state that an earlier sluice kept for a parameter the loss does not depend on
+  // (nn/training_program.h), which training now leaves alone: ignored, with a warning.
+  std::set<std::string> stale;
+  for (const ParamSpec& p : params) {
+    if (!p.constant || !state.Has(p.name)) continue;
+    for (const std::string& s : OptimizerStateNames(p.name, config.optimizer)) stale.insert(s);
+  }
+  std::vector<std::string> ignored;
   for (const auto& [name, t] : ckpt.tensors) {
+    if (resume && stale.count(name)) {
+      ignored.push_back(name);
+      continue;
+    }
     if (whole_model && std::find(expected.begin(), expected.end(), name) == expected.end() &&
         (resume || !ckpt.metadata.count("step"))) {
       problems.push_back(fmt::format("unexpected tensor '{}' (not a {} of this model)", name,
@@ -222,12 +238,34 @@ TrainingCheckpointInfo LoadTrainingCheckpoint(const std::string& path, LoadKind 
   TrainingCheckpointInfo info;
   if (resume) {
     info = ParseTrainingCheckpointMetadata(ckpt.path, ckpt.metadata);
+    if (!ignored.empty()) {
+      info.warnings.push_back(fmt::format(
+          "checkpoint '{}' holds optimizer state of parameters the loss does not depend on, "
+          "which training leaves alone: {} ignored",
+          path, fmt::join(ignored, ", ")));
+    }
     const int64_t step = info.step;
     // Resuming continues the checkpoint's run: another model whose tensors happen to fit (--heads
     // 8 against 4) is refused; other data is allowed, with a warning.
     std::vector<ConfigDifference> model_differences;
     for (const ConfigDifference& d : differences) {
-      if (d.key == "data") {
+      if (d.key == "program_digest") {
+        // The program file was edited since: another computation, so not the run continued
+        // bitwise; refused like a changed hyperparameter, unless --allow-changes.
+        const std::string what = fmt::format(
+            "checkpoint '{}' was trained with another text of {} (the file changed since it was "
+            "saved)",
+            path, config.program);
+        if (!config.allow_changes) {
+          throw InvalidArgument(fmt::format(
+              "{}: --resume continues the run bitwise, so restore the program it was trained "
+              "with, or add --allow-changes to go on with the file as it is now (or start a new "
+              "run from its weights with --init-from)",
+              what));
+        }
+        info.warnings.push_back(
+            fmt::format("{}; training goes on with the file as it is now (--allow-changes)", what));
+      } else if (d.key == "data") {
         info.warnings.push_back(
             fmt::format("checkpoint '{}' was trained with {}; training goes on with this run's "
                         "data",

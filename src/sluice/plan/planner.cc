@@ -200,7 +200,10 @@ PlanChoice ChoosePlan(const PlanRequest& request) {
           ? fmt::format(" (the closest, {})", pipeline::ScheduleKindName(closest->schedule))
           : std::string(),
       closest->plan.Explain(request.budget),
-      split.empty() ? "\nno split of the batch into more micro-batches fits it either" : split));
+      !split.empty() ? split
+      : request.config.microbatches < request.config.batch
+          ? "\nno split of the batch into more micro-batches fits it either"
+          : ""));
 }
 
 }  // namespace sluice

@@ -31,6 +31,7 @@
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
 #include "sluice/core/files.h"
+#include "sluice/core/fnv1a.h"
 #include "sluice/core/system_allocator.h"
 #include "sluice/exec/interpreter.h"
 #include "sluice/exec/random_inputs.h"
@@ -66,10 +67,9 @@ struct RunArgs {
 // FNV-1a over a tensor's bytes: equal digests mean bitwise-equal outputs across modes.
 std::string Digest(const Tensor& t) {
   const Tensor c = t.Contiguous();
-  uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(c.raw_data());
-  for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return fmt::format("{:016x}", h);
+  Fnv1a h(1469598103934665603ull);  // the basis of the digests printed so far
+  h.Add(c.raw_data(), c.nbytes());
+  return fmt::format("{:016x}", h.value());
 }
 
 // Binds the tensors of a safetensors file to the program's inputs and parameters by name.

@@ -9,6 +9,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/core/files.h"
+#include "sluice/core/fnv1a.h"
 
 namespace sluice {
 
@@ -64,9 +65,11 @@ SortDataset::SortDataset(int64_t num_digits, int64_t base) : n_(num_digits), bas
 }
 
 bool SortDataset::IsHeldOut(const int64_t* digits) const {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the digits
-  for (int64_t i = 0; i < n_; ++i) h = (h ^ static_cast<uint64_t>(digits[i])) * 1099511628211ull;
-  return h % 10 == 0;  // one sequence in ten is held out
+  // FNV-1a over the digits, from the basis this split was first made with (a digit short of FNV's
+  // own): another basis would move the held-out sequences and every pinned figure with them.
+  Fnv1a h(1469598103934665603ull);
+  for (int64_t i = 0; i < n_; ++i) h.Add(static_cast<uint64_t>(digits[i]));
+  return h.value() % 10 == 0;  // one sequence in ten is held out
 }
 
 Batch SortDataset::GetBatch(DataSplit split, int64_t index, int64_t batch_size,

@@ -12,6 +12,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/core/files.h"
+#include "sluice/core/fnv1a.h"
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/nn/mlp.h"
@@ -193,16 +194,16 @@ class ProgramTask final : public Task {
     const std::filesystem::path canonical = std::filesystem::weakly_canonical(path_, ec);
     // The text's digest too, comments and white space left out: a file whose program was edited
     // since a checkpoint resumes only with --allow-changes.
-    uint64_t digest = 14695981039346656037ull;  // FNV-1a, 64 bits
+    Fnv1a digest;
     bool comment = false;
     for (unsigned char c : text_) {
       comment = c == '#' || (comment && c != '\n');
-      if (!comment && !std::isspace(c)) digest = (digest ^ c) * 1099511628211ull;
+      if (!comment && !std::isspace(c)) digest.Add(c);
     }
     return {{"model", "program"},
             {"program", ec ? path_ : canonical.string()},
             {"precision", std::string(Name(precision_))},
-            {"program_digest", fmt::format("{:016x}", digest)},
+            {"program_digest", fmt::format("{:016x}", digest.value())},
             {"data", source_->name()}};
   }
   Precision precision() const override { return precision_; }

@@ -98,6 +98,12 @@ std::vector<OpCase> ElementwiseCases() {
       // one ulp (8e-3). gelu_grad with bf16 x computes the f32 kernel's values (f32 rounding).
       {.label = "gelu_bf16", .op = "gelu", .inputs = {F({7, 13})}, .fills = {wide}, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 4e-3, .bf16_grad_tolerance = 1e-5},
       {.label = "gelu_bf16_long", .op = "gelu", .inputs = {F({40000})}, .fills = {Uniform(-12, 12)}, .grad = false, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 4e-3},
+      // SwiGLU on bf16 a and b (kernels/bf16_llama.h), as GELU's: y rounded (2^-8 against the
+      // twin, one ulp between fast and reference); swiglu_grad with bf16 a, b computes the f32
+      // kernel's values. 40000 elements span several chunks and 256-element blocks.
+      {.label = "swiglu_bf16", .op = "swiglu", .inputs = {F({7, 13}), F({7, 13})}, .fills = {wide, Fill{}}, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3, .bf16_grad_tolerance = 1e-5},
+      {.label = "swiglu_bf16_long", .op = "swiglu", .inputs = {F({40000}), F({40000})}, .fills = {Uniform(-12, 12), Fill{}}, .grad = false, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3},
+      {.label = "swiglu_grad_bf16", .op = "swiglu_grad", .inputs = {F({40000}), F({40000}), F({40000})}, .fills = {Fill{}, Uniform(-12, 12), Fill{}}, .grad = false, .bf16 = true, .bf16_inputs = {1, 2}, .bf16_tolerance = 1e-5},
       {.label = "gelu_grad_bf16", .op = "gelu_grad", .inputs = {F({40000}), F({40000})}, .fills = {Fill{}, Uniform(-12, 12)}, .grad = false, .bf16 = true, .bf16_inputs = {1}, .bf16_tolerance = 1e-5},
       {.label = "copy", .op = "copy", .single_kernel = true, .inputs = {F({3, 7})}},
       // Gradient accumulation in place (autodiff's AccumulateGradients).
@@ -135,6 +141,9 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "silu_grad_shape", .op = "silu_grad", .inputs = {F({3}), F({4})}},
       {.label = "swiglu_shape", .op = "swiglu", .inputs = {F({3}), F({1, 3})}},
       {.label = "swiglu_int", .op = "swiglu", .inputs = {I64({3}), I64({3})}},
+      {.label = "swiglu_bf16_mixed", .op = "swiglu", .inputs = {{DType::kBF16, Shape{3}}, F({3})}},
+      {.label = "swiglu_grad_bf16_dy", .op = "swiglu_grad", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
+      {.label = "swiglu_grad_bf16_shape", .op = "swiglu_grad", .inputs = {F({4}), {DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
       {.label = "swiglu_grad_shape", .op = "swiglu_grad", .inputs = {F({3}), F({3}), F({4})}},
       {.label = "relu_grad_shape", .op = "relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "gelu_grad_broadcast", .op = "gelu_grad", .inputs = {F({2, 3}), F({3})}},

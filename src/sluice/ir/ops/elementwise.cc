@@ -12,6 +12,7 @@
 #include "sluice/kernels/accumulate.h"
 #include "sluice/kernels/bf16_activations.h"
 #include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/bf16_llama.h"
 #include "sluice/kernels/binary.h"
 #include "sluice/kernels/swiglu.h"
 #include "sluice/kernels/unary.h"
@@ -261,9 +262,10 @@ std::vector<Var> SqrtVjp(VjpContext& ctx) { return {Scale(Div(ctx.dy(0), ctx.y(0
 
 // ---- SwiGLU: silu(a) · b fused, backward from a and b ----
 
-// a, b (and dy for the gradient): one float dtype, one shape (no broadcasting).
+// a, b (and dy for the gradient): one float dtype, one shape (no broadcasting); under mixed
+// precision a, b and y bf16 (kernels/bf16_llama.h).
 std::vector<TensorType> InferSwiglu(std::span<const TensorType> in, const Attrs&) {
-  DType t = ops::SameFloatDType(in);
+  DType t = ops::MixedFloatDType(in, {0, 1});
   for (size_t i = 1; i < in.size(); ++i) {
     if (in[i].shape != in[0].shape) {
       throw ShapeError(
@@ -275,8 +277,18 @@ std::vector<TensorType> InferSwiglu(std::span<const TensorType> in, const Attrs&
   return {{t, in[0].shape}};
 }
 
-// dy, a, b -> da, db.
+// dy, a, b -> da, db; dy f32 with a, b bf16 gives f32 da, db (a bf16 value's gradient type).
 std::vector<TensorType> InferSwigluGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  if (in[1].dtype == DType::kBF16) {
+    ops::MixedFloatDType(in, {1, 2});
+    TensorType t = InferSwiglu(in.subspan(1), attrs)[0];
+    if (in[0].shape != t.shape) {
+      throw ShapeError(fmt::format("swiglu_grad's dy {} must have a's shape {}",
+                                   in[0].shape.ToString(), t.shape.ToString()));
+    }
+    t.dtype = DType::kF32;
+    return {t, t};
+  }
   TensorType t = InferSwiglu(in, attrs)[0];
   return {t, t};
 }
@@ -284,6 +296,12 @@ std::vector<TensorType> InferSwigluGrad(std::span<const TensorType> in, const At
 template <bool kFast>
 void SwigluKernel(KernelContext& ctx) {
   const Tensor& a = ctx.inputs[0];
+  if (a.dtype() == DType::kBF16) {
+    (kFast ? kernels::SwigluBF16Fast : kernels::SwigluBF16Reference)(
+        a.data<BFloat16>(), ctx.inputs[1].data<BFloat16>(), ctx.outputs[0].data<BFloat16>(),
+        a.numel());
+    return;
+  }
   DispatchFloat(a.dtype(), "swiglu", [&]<typename T>() {
     const T *ap = a.data<T>(), *bp = ctx.inputs[1].data<T>();
     T* y = ctx.outputs[0].data<T>();
@@ -298,6 +316,12 @@ void SwigluKernel(KernelContext& ctx) {
 template <bool kFast>
 void SwigluGradKernel(KernelContext& ctx) {
   const Tensor& dy = ctx.inputs[0];
+  if (ctx.inputs[1].dtype() == DType::kBF16) {
+    (kFast ? kernels::SwigluGradBF16Fast : kernels::SwigluGradBF16Reference)(
+        dy.data<float>(), ctx.inputs[1].data<BFloat16>(), ctx.inputs[2].data<BFloat16>(),
+        ctx.outputs[0].data<float>(), ctx.outputs[1].data<float>(), dy.numel());
+    return;
+  }
   DispatchFloat(dy.dtype(), "swiglu_grad", [&]<typename T>() {
     const T *g = dy.data<T>(), *a = ctx.inputs[1].data<T>(), *b = ctx.inputs[2].data<T>();
     T *da = ctx.outputs[0].data<T>(), *db = ctx.outputs[1].data<T>();
@@ -587,18 +611,19 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .vjp = SwigluVjp,
               .recomputable = true,
               .doc = "SwiGLU gate silu(a)·b (Llama's MLP); backward recomputes silu from a, so "
-                     "a and b are all it keeps",
-              .signature = {.inputs = {{"a", "float[...]"}, {"b", "float[...]"}},
-                            .outputs = {{"y", "float[...]"}}}});
+                     "a and b are all it keeps; bf16 a and b give bf16 y, computed in f32",
+              .signature = {.inputs = {{"a", "float or bf16[...]"}, {"b", "a's dtype[...]"}},
+                            .outputs = {{"y", "a's dtype[...]"}}}});
   r.Register(
       {.name = "swiglu_grad",
        .num_inputs = 3,
        .infer = InferSwigluGrad,
        .kernel = SwigluGradKernel<true>,
        .reference = SwigluGradKernel<false>,
-       .doc = "swiglu gradient: da = dy·b·silu'(a), db = dy·silu(a)",
-       .signature = {.inputs = {{"dy", "float[...]"}, {"a", "float[...]"}, {"b", "float[...]"}},
-                     .outputs = {{"da", "float[...]"}, {"db", "float[...]"}}}});
+       .doc = "swiglu gradient: da = dy·b·silu'(a), db = dy·silu(a); bf16 a, b: f32 dy, da, db",
+       .signature = {
+           .inputs = {{"dy", "float[...]"}, {"a", "float or bf16[...]"}, {"b", "a's dtype[...]"}},
+           .outputs = {{"da", "float[...]"}, {"db", "float[...]"}}}});
 
   r.Register({.name = "leaky_relu",
               .num_inputs = 1,

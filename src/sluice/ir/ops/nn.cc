@@ -7,6 +7,7 @@
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/bf16_activations.h"
+#include "sluice/kernels/bf16_llama.h"
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/layer_norm.h"
@@ -176,7 +177,8 @@ std::vector<TensorType> InferNormGradX(std::span<const TensorType> in, const Att
   return {{t, in[1].shape}};
 }
 
-// layer_norm_grad_x: as InferNormGradX, and x bf16 with dy and weight f32 giving an f32 dx.
+// layer_norm_grad_x and rms_norm_grad_x: as InferNormGradX, and x bf16 with dy and weight f32
+// giving an f32 dx.
 std::vector<TensorType> InferLayerNormGradX(std::span<const TensorType> in, const Attrs& attrs) {
   if (in[1].dtype != DType::kBF16) return InferNormGradX(in, attrs);
   ops::MixedFloatDType(in, {1});
@@ -285,8 +287,9 @@ std::vector<Var> LayerNormVjp(VjpContext& ctx) {
 
 double RmsEps(const Attrs& attrs) { return attrs.GetFloat("eps", 1e-6); }
 
+// Under mixed precision x and y are bf16, weight f32 (kernels/bf16_llama.h).
 std::vector<TensorType> InferRmsNorm(std::span<const TensorType> in, const Attrs& attrs) {
-  DType t = ops::SameFloatDType(in);
+  DType t = ops::MixedFloatDType(in, {0});
   RequireRank1(in[0], "x");
   RequireChannels(in[0], in[1], "weight");
   if (!(RmsEps(attrs) > 0)) {
@@ -295,8 +298,10 @@ std::vector<TensorType> InferRmsNorm(std::span<const TensorType> in, const Attrs
   return {{t, in[0].shape}};
 }
 
+// dy, x of one dtype, or dy f32 with x bf16: an f32 dweight then.
 std::vector<TensorType> InferRmsNormGradWeight(std::span<const TensorType> in, const Attrs&) {
-  DType t = ops::SameFloatDType(in);
+  DType t = in[1].dtype == DType::kBF16 ? ops::MixedFloatDType(in, {1}) : ops::SameFloatDType(in);
+  if (t == DType::kBF16) t = DType::kF32;
   RequireSameShape(in[0], in[1], "dy and x");
   RequireRank1(in[1], "x");
   return {{t, Shape{LastDim(in[1].shape)}}};
@@ -305,6 +310,12 @@ std::vector<TensorType> InferRmsNormGradWeight(std::span<const TensorType> in, c
 template <bool kFast>
 void RmsNormKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::RmsNormBF16Fast : kernels::RmsNormBF16Reference)(
+        x.data<BFloat16>(), ctx.inputs[1].data<float>(), ctx.outputs[0].data<BFloat16>(),
+        Rows(x.shape()), LastDim(x.shape()), static_cast<float>(RmsEps(ctx.attrs)));
+    return;
+  }
   DispatchFloat(x.dtype(), "rms_norm", [&]<typename T>() {
     const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
     const T eps = static_cast<T>(RmsEps(ctx.attrs));
@@ -320,6 +331,13 @@ void RmsNormKernel(KernelContext& ctx) {
 template <bool kFast>
 void RmsNormGradXKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[1];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::RmsNormGradXBF16Fast : kernels::RmsNormGradXBF16Reference)(
+        ctx.inputs[0].data<float>(), x.data<BFloat16>(), ctx.inputs[2].data<float>(),
+        ctx.outputs[0].data<float>(), Rows(x.shape()), LastDim(x.shape()),
+        static_cast<float>(RmsEps(ctx.attrs)));
+    return;
+  }
   DispatchFloat(x.dtype(), "rms_norm_grad_x", [&]<typename T>() {
     const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
     const T eps = static_cast<T>(RmsEps(ctx.attrs));
@@ -337,6 +355,12 @@ void RmsNormGradXKernel(KernelContext& ctx) {
 template <bool kFast>
 void RmsNormGradWeightKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[1];
+  if (x.dtype() == DType::kBF16) {
+    (kFast ? kernels::RmsNormGradWeightBF16Fast : kernels::RmsNormGradWeightBF16Reference)(
+        ctx.inputs[0].data<float>(), x.data<BFloat16>(), ctx.outputs[0].data<float>(),
+        Rows(x.shape()), LastDim(x.shape()), static_cast<float>(RmsEps(ctx.attrs)));
+    return;
+  }
   DispatchFloat(x.dtype(), "rms_norm_grad_weight", [&]<typename T>() {
     const int64_t rows = Rows(x.shape()), cols = LastDim(x.shape());
     const T eps = static_cast<T>(RmsEps(ctx.attrs));
@@ -776,28 +800,30 @@ void RegisterNnOps(OpRegistry& r) {
               .reference = RmsNormKernel<false>,
               .vjp = RmsNormVjp,
               .recomputable = true,
-              .doc = "RMS normalization over the last axis (x / sqrt(mean(x²) + eps)), then weight",
-              .signature = {.inputs = {{"x", "float[..., C]"}, {"weight", "float[C]"}},
+              .doc =
+                  "RMS normalization over the last axis (x / sqrt(mean(x²) + eps)), then weight; "
+                  "bf16 x gives bf16 y, rstd in f32",
+              .signature = {.inputs = {{"x", "float or bf16[..., C]"}, {"weight", "float[C]"}},
                             .attrs = {{"eps", "float = 1e-06"}},
-                            .outputs = {{"y", "float[..., C]"}}}});
-  r.Register(
-      {.name = "rms_norm_grad_x",
-       .num_inputs = 3,
-       .infer = InferNormGradX,
-       .kernel = RmsNormGradXKernel<true>,
-       .reference = RmsNormGradXKernel<false>,
-       .doc = "rms_norm backward for x (recomputes rstd)",
-       .signature = {
-           .inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}, {"weight", "float[C]"}},
-           .attrs = {{"eps", "float = 1e-06"}},
-           .outputs = {{"dx", "float[..., C]"}}}});
+                            .outputs = {{"y", "x's dtype[..., C]"}}}});
+  r.Register({.name = "rms_norm_grad_x",
+              .num_inputs = 3,
+              .infer = InferLayerNormGradX,
+              .kernel = RmsNormGradXKernel<true>,
+              .reference = RmsNormGradXKernel<false>,
+              .doc = "rms_norm backward for x (recomputes rstd); bf16 x: f32 dy and dx",
+              .signature = {.inputs = {{"dy", "float[..., C]"},
+                                       {"x", "float or bf16[..., C]"},
+                                       {"weight", "float[C]"}},
+                            .attrs = {{"eps", "float = 1e-06"}},
+                            .outputs = {{"dx", "float[..., C]"}}}});
   r.Register({.name = "rms_norm_grad_weight",
               .num_inputs = 2,
               .infer = InferRmsNormGradWeight,
               .kernel = RmsNormGradWeightKernel<true>,
               .reference = RmsNormGradWeightKernel<false>,
-              .doc = "rms_norm backward for weight (recomputes rstd)",
-              .signature = {.inputs = {{"dy", "float[..., C]"}, {"x", "float[..., C]"}},
+              .doc = "rms_norm backward for weight (recomputes rstd); bf16 x: f32 dy and dweight",
+              .signature = {.inputs = {{"dy", "float[..., C]"}, {"x", "float or bf16[..., C]"}},
                             .attrs = {{"eps", "float = 1e-06"}},
                             .outputs = {{"dweight", "float[C]"}}}});
   r.Register({.name = "embedding",

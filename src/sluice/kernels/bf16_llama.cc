@@ -1,0 +1,167 @@
+#include "sluice/kernels/bf16_llama.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/parallel.h"
+#include "sluice/kernels/rms_norm.h"
+#include "sluice/kernels/simd_kernels.h"
+#include "sluice/kernels/swiglu.h"
+
+namespace sluice::kernels {
+
+namespace {
+
+// The row kernels widen at most kStackFloats elements (whole rows) at a time into the stack.
+constexpr int64_t kStackFloats = 4096;
+// SwiGLU's block: the f32 fast kernel's (kernels/swiglu.cc), so every element meets the same
+// vector exp.
+constexpr int64_t kSwigluBlock = 256;
+
+// Rows [begin, end) of a [rows, cols] bf16 matrix through fn(row0, rows, xf): each group of rows
+// that fits kStackFloats widened into xf (f32, the group's rows packed). A row longer than
+// kStackFloats takes a heap buffer of one row.
+template <typename F>
+void WidenedRows(const BFloat16* x, int64_t begin, int64_t end, int64_t cols, F&& fn) {
+  if (cols > kStackFloats) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = begin; r < end; ++r) {
+      FromBF16Fast(x + r * cols, row.data(), cols);
+      fn(r, int64_t{1}, row.data());
+    }
+    return;
+  }
+  alignas(64) float xf[kStackFloats];
+  const int64_t group = kStackFloats / std::max<int64_t>(1, cols);
+  for (int64_t r = begin; r < end; r += group) {
+    const int64_t rows = std::min(group, end - r);
+    FromBF16Fast(x + r * cols, xf, rows * cols);
+    fn(r, rows, xf);
+  }
+}
+
+// A whole f32 copy of x (the references).
+std::vector<float> Widened(const BFloat16* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  FromBF16Reference(x, out.data(), n);
+  return out;
+}
+
+}  // namespace
+
+void RmsNormBF16Reference(const BFloat16* x, const float* weight, BFloat16* y, int64_t rows,
+                          int64_t cols, float eps) {
+  const int64_t n = rows * cols;
+  std::vector<float> xf = Widened(x, n), yf(static_cast<size_t>(n));
+  RmsNormReference<float>(xf.data(), weight, yf.data(), rows, cols, eps);
+  ToBF16Reference(yf.data(), y, n);
+}
+
+void RmsNormBF16Fast(const BFloat16* x, const float* weight, BFloat16* y, int64_t rows,
+                     int64_t cols, float eps) {
+  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
+    WidenedRows(x, begin, end, cols, [&](int64_t r, int64_t n, float* xf) {
+      // The f32 output beside the widened rows (the row kernel's output must not alias x).
+      std::vector<float> heap;
+      alignas(64) float stack[kStackFloats];
+      float* yf = stack;
+      if (n * cols > kStackFloats) {
+        heap.resize(static_cast<size_t>(n * cols));
+        yf = heap.data();
+      }
+      Simd<float>().rms_norm(xf, weight, yf, n, cols, eps);
+      ToBF16Fast(yf, y + r * cols, n * cols);
+    });
+  });
+}
+
+void RmsNormGradXBF16Reference(const float* dy, const BFloat16* x, const float* weight, float* dx,
+                               int64_t rows, int64_t cols, float eps) {
+  std::vector<float> xf = Widened(x, rows * cols);
+  RmsNormGradXReference<float>(dy, xf.data(), weight, dx, rows, cols, eps);
+}
+
+void RmsNormGradXBF16Fast(const float* dy, const BFloat16* x, const float* weight, float* dx,
+                          int64_t rows, int64_t cols, float eps) {
+  ParallelFor(rows, ChunkRows(cols), [&](int64_t begin, int64_t end) {
+    WidenedRows(x, begin, end, cols, [&](int64_t r, int64_t n, float* xf) {
+      const int64_t at = r * cols;
+      Simd<float>().rms_norm_grad_x(dy + at, xf, weight, dx + at, n, cols, eps);
+    });
+  });
+}
+
+void RmsNormGradWeightBF16Reference(const float* dy, const BFloat16* x, float* dweight,
+                                    int64_t rows, int64_t cols, float eps) {
+  std::vector<float> xf = Widened(x, rows * cols);
+  RmsNormGradWeightReference<float>(dy, xf.data(), dweight, rows, cols, eps);
+}
+
+void RmsNormGradWeightBF16Fast(const float* dy, const BFloat16* x, float* dweight, int64_t rows,
+                               int64_t cols, float eps) {
+  // As RmsNormGradWeightFast: one partial per chunk of rows, added in chunk order.
+  const int64_t chunk = ChunkRows(cols);
+  const int64_t chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
+  std::vector<float> partials(static_cast<size_t>(chunks * cols), 0.0f);
+  ParallelFor(rows, chunk, [&](int64_t begin, int64_t end) {
+    // The chunk's rows in groups, added into its partial in row order as in one call.
+    float* pw = partials.data() + (begin / chunk) * cols;
+    WidenedRows(x, begin, end, cols, [&](int64_t r, int64_t n, float* xf) {
+      Simd<float>().rms_norm_grad_weight(dy + r * cols, xf, pw, n, cols, eps);
+    });
+  });
+  std::fill_n(dweight, cols, 0.0f);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const float* pw = partials.data() + c * cols;
+    for (int64_t j = 0; j < cols; ++j) dweight[j] += pw[j];
+  }
+}
+
+void SwigluBF16Reference(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n) {
+  std::vector<float> af = Widened(a, n), bf = Widened(b, n), yf(static_cast<size_t>(n));
+  SwigluReference<float>(af.data(), bf.data(), yf.data(), n);
+  ToBF16Reference(yf.data(), y, n);
+}
+
+void SwigluBF16Fast(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n) {
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    alignas(64) float af[kSwigluBlock], bf[kSwigluBlock], e[kSwigluBlock];
+    for (int64_t k = begin; k < end; k += kSwigluBlock) {
+      const int64_t m = std::min(kSwigluBlock, end - k);
+      FromBF16Fast(a + k, af, m);
+      FromBF16Fast(b + k, bf, m);
+      for (int64_t i = 0; i < m; ++i) e[i] = -af[i];
+      Simd<float>().exp(e, e, m);
+      for (int64_t i = 0; i < m; ++i) af[i] = af[i] / (1.0f + e[i]) * bf[i];
+      ToBF16Fast(af, y + k, m);
+    }
+  });
+}
+
+void SwigluGradBF16Reference(const float* dy, const BFloat16* a, const BFloat16* b, float* da,
+                             float* db, int64_t n) {
+  std::vector<float> af = Widened(a, n), bf = Widened(b, n);
+  SwigluGradReference<float>(dy, af.data(), bf.data(), da, db, n);
+}
+
+void SwigluGradBF16Fast(const float* dy, const BFloat16* a, const BFloat16* b, float* da, float* db,
+                        int64_t n) {
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    alignas(64) float af[kSwigluBlock], bf[kSwigluBlock], e[kSwigluBlock];
+    for (int64_t k = begin; k < end; k += kSwigluBlock) {
+      const int64_t m = std::min(kSwigluBlock, end - k);
+      FromBF16Fast(a + k, af, m);
+      FromBF16Fast(b + k, bf, m);
+      for (int64_t i = 0; i < m; ++i) e[i] = -af[i];
+      Simd<float>().exp(e, e, m);
+      for (int64_t i = 0; i < m; ++i) {
+        const float x = af[i], g = dy[k + i], s = 1.0f / (1.0f + e[i]);
+        da[k + i] = g * bf[i] * s * (1.0f + x * (1.0f - s));
+        db[k + i] = g * x * s;
+      }
+    }
+  });
+}
+
+}  // namespace sluice::kernels

@@ -167,6 +167,40 @@ TEST(Autocast, FusedAttentionTakesAndGivesBf16) {
 )"));
 }
 
+// Llama's MLP: rms_norm read by products takes and gives bf16 (its weight f32); swiglu takes the
+// two products' results rounded once each and gives the down projection bf16.
+TEST(Autocast, RmsNormAndSwigluTakeAndGiveBf16) {
+  AutocastResult result;
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[4, 8]
+  param %norm.weight: f32[8]
+  param %gate: f32[8, 16]
+  param %up: f32[8, 16]
+  param %down: f32[16, 8]
+  %h: f32[4, 8] = rms_norm(%x, %norm.weight) {eps = 1e-06}
+  %a: f32[4, 16] = matmul(%h, %gate)
+  %b: f32[4, 16] = matmul(%h, %up)
+  %g: f32[4, 16] = swiglu(%a, %b)
+  %o: f32[4, 8] = matmul(%g, %down)
+  %loss: f32[] = sum(%o)
+  output %loss
+}
+)",
+                                   &result);
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %x.bf16: bf16[4, 8] = cast(%x) {dtype = "bf16"}
+  %h: bf16[4, 8] = rms_norm(%x.bf16, %norm.weight) {eps = 1e-06}
+)"));
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %a: f32[4, 16] = matmul(%h, %gate.bf16)
+  %a.bf16: bf16[4, 16] = cast(%a) {dtype = "bf16"}
+)"));
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %g: bf16[4, 16] = swiglu(%a.bf16, %b.bf16)
+  %down.bf16: bf16[16, 8] = cast(%down) {dtype = "bf16"}
+  %o: f32[4, 8] = matmul(%g, %down.bf16)
+)"));
+  EXPECT_THAT(result.bf16_ops, ElementsAre("matmul", "rms_norm", "swiglu"));
+  EXPECT_THAT(result.f32_ops, ElementsAre("sum"));
+}
+
 // Shape ops carry bf16 between a layer norm and a product (as tools/torch_export.py writes a
 // linear: reshape, then matmul); one that an f32 op reads stays f32.
 TEST(Autocast, ShapeOpsCarryBf16ToAProduct) {

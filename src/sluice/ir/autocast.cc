@@ -28,6 +28,8 @@ constexpr Bf16Rule kRules[] = {
     {"gelu", kFirst, true},                  // activations: bf16 in, bf16 out
     {"layer_norm", kFirst, true},            //
     {"causal_attention_qkv", kFirst, true},  //
+    {"rms_norm", kFirst, true},              //
+    {"swiglu", kOperands, true},             //
     {"reshape", kFirst, true},               // shape ops move bytes of any dtype
     {"transpose", kFirst, true},             //
     {"permute", kFirst, true},               //

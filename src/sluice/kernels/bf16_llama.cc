@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/bf16_rows.h"
 #include "sluice/kernels/parallel.h"
 #include "sluice/kernels/rms_norm.h"
 #include "sluice/kernels/simd_kernels.h"
@@ -13,40 +14,13 @@ namespace sluice::kernels {
 
 namespace {
 
-// The row kernels widen at most kStackFloats elements (whole rows) at a time into the stack.
-constexpr int64_t kStackFloats = 4096;
+using bf16_rows::kStackFloats;
+using bf16_rows::Widened;
+using bf16_rows::WidenedRows;
+
 // SwiGLU's block: the f32 fast kernel's (kernels/swiglu.cc), so every element meets the same
 // vector exp.
 constexpr int64_t kSwigluBlock = 256;
-
-// Rows [begin, end) of a [rows, cols] bf16 matrix through fn(row0, rows, xf): each group of rows
-// that fits kStackFloats widened into xf (f32, the group's rows packed). A row longer than
-// kStackFloats takes a heap buffer of one row.
-template <typename F>
-void WidenedRows(const BFloat16* x, int64_t begin, int64_t end, int64_t cols, F&& fn) {
-  if (cols > kStackFloats) {
-    std::vector<float> row(static_cast<size_t>(cols));
-    for (int64_t r = begin; r < end; ++r) {
-      FromBF16Fast(x + r * cols, row.data(), cols);
-      fn(r, int64_t{1}, row.data());
-    }
-    return;
-  }
-  alignas(64) float xf[kStackFloats];
-  const int64_t group = kStackFloats / std::max<int64_t>(1, cols);
-  for (int64_t r = begin; r < end; r += group) {
-    const int64_t rows = std::min(group, end - r);
-    FromBF16Fast(x + r * cols, xf, rows * cols);
-    fn(r, rows, xf);
-  }
-}
-
-// A whole f32 copy of x (the references).
-std::vector<float> Widened(const BFloat16* x, int64_t n) {
-  std::vector<float> out(static_cast<size_t>(n));
-  FromBF16Reference(x, out.data(), n);
-  return out;
-}
 
 }  // namespace
 

@@ -18,10 +18,6 @@ using bf16_rows::kStackFloats;
 using bf16_rows::Widened;
 using bf16_rows::WidenedRows;
 
-// SwiGLU's block: the f32 fast kernel's (kernels/swiglu.cc), so every element meets the same
-// vector exp.
-constexpr int64_t kSwigluBlock = 256;
-
 }  // namespace
 
 void RmsNormBF16Reference(const BFloat16* x, const float* weight, BFloat16* y, int64_t rows,
@@ -100,14 +96,12 @@ void SwigluBF16Reference(const BFloat16* a, const BFloat16* b, BFloat16* y, int6
 
 void SwigluBF16Fast(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n) {
   ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
-    alignas(64) float af[kSwigluBlock], bf[kSwigluBlock], e[kSwigluBlock];
+    alignas(64) float af[kSwigluBlock], bf[kSwigluBlock];
     for (int64_t k = begin; k < end; k += kSwigluBlock) {
       const int64_t m = std::min(kSwigluBlock, end - k);
       FromBF16Fast(a + k, af, m);
       FromBF16Fast(b + k, bf, m);
-      for (int64_t i = 0; i < m; ++i) e[i] = -af[i];
-      Simd<float>().exp(e, e, m);
-      for (int64_t i = 0; i < m; ++i) af[i] = af[i] / (1.0f + e[i]) * bf[i];
+      SwigluBlock(af, bf, af, m);
       ToBF16Fast(af, y + k, m);
     }
   });
@@ -122,18 +116,12 @@ void SwigluGradBF16Reference(const float* dy, const BFloat16* a, const BFloat16*
 void SwigluGradBF16Fast(const float* dy, const BFloat16* a, const BFloat16* b, float* da, float* db,
                         int64_t n) {
   ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
-    alignas(64) float af[kSwigluBlock], bf[kSwigluBlock], e[kSwigluBlock];
+    alignas(64) float af[kSwigluBlock], bf[kSwigluBlock];
     for (int64_t k = begin; k < end; k += kSwigluBlock) {
       const int64_t m = std::min(kSwigluBlock, end - k);
       FromBF16Fast(a + k, af, m);
       FromBF16Fast(b + k, bf, m);
-      for (int64_t i = 0; i < m; ++i) e[i] = -af[i];
-      Simd<float>().exp(e, e, m);
-      for (int64_t i = 0; i < m; ++i) {
-        const float x = af[i], g = dy[k + i], s = 1.0f / (1.0f + e[i]);
-        da[k + i] = g * bf[i] * s * (1.0f + x * (1.0f - s));
-        db[k + i] = g * x * s;
-      }
+      SwigluGradBlock(dy + k, af, bf, da + k, db + k, m);
     }
   });
 }

@@ -9,7 +9,8 @@
 // exp (simd_kernels.h) in blocks and runs the blocks on the intra-op threads (parallel.h). T is
 // float or double; explicit instantiations live in swiglu.cc.
 //
-// Outputs must not overlap inputs. Thread-safety: pure functions of their inputs.
+// Outputs must not overlap inputs (but see SwigluBlock). Thread-safety: pure functions of their
+// inputs.
 //
 // Example:
 //   kernels::SwigluFast<float>(a, b, y, B * T * hidden);
@@ -30,5 +31,14 @@ template <typename T>
 void SwigluGradReference(const T* dy, const T* a, const T* b, T* da, T* db, int64_t n);
 template <typename T>
 void SwigluGradFast(const T* dy, const T* a, const T* b, T* da, T* db, int64_t n);
+
+// The fast kernels' work on one block of m <= kSwigluBlock elements, on the calling thread: the
+// bf16 kernels (bf16_llama.h) run it on blocks they widened, so that they meet the f32 kernels'
+// arithmetic exactly. Here y may alias a or b.
+inline constexpr int64_t kSwigluBlock = 256;
+template <typename T>
+void SwigluBlock(const T* a, const T* b, T* y, int64_t m);
+template <typename T>
+void SwigluGradBlock(const T* dy, const T* a, const T* b, T* da, T* db, int64_t m);
 
 }  // namespace sluice::kernels

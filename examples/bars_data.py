@@ -11,21 +11,10 @@ tests/parity/torch_classifiers.py's `cnn` classifies these; docs/torch-export.md
 """
 
 import argparse
-import json
 import random
 import struct
 
-
-def safetensors_bytes(arrays):
-    """arrays: name -> (dtype, shape, bytes), as safetensors writes them in name order."""
-    header, offset = {}, 0
-    for name in sorted(arrays):
-        dtype, shape, data = arrays[name]
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data buffer starts 8-byte aligned
-    return struct.pack("<Q", len(text)) + text + b"".join(arrays[n][2] for n in sorted(arrays))
+from classifier_data import write_safetensors  # the same directory
 
 
 def bar_image(rng, size):
@@ -60,12 +49,10 @@ def main():
         images.extend(pixels)
         labels.append(label)
     n, s = args.examples, args.size
-    data = safetensors_bytes({
+    write_safetensors(args.out, {
         "image": ("F32", [n, 1, s, s], struct.pack(f"<{n * s * s}f", *images)),
         "label": ("I64", [n], struct.pack(f"<{n}q", *labels)),
     })
-    with open(args.out, "wb") as f:
-        f.write(data)
     print(f"wrote {args.out}: image f32[{n}, 1, {s}, {s}], label i64[{n}] in 2 classes")
 
 

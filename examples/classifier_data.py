@@ -13,6 +13,7 @@ array's dtype, shape and byte range, then the arrays' bytes back to back, row-ma
 
 import argparse
 import json
+import os
 import random
 import struct
 
@@ -35,6 +36,22 @@ def safetensors_bytes(arrays):
     return struct.pack("<Q", len(text)) + text + b"".join(arrays[n][2] for n in sorted(arrays))
 
 
+def write_safetensors(path, arrays):
+    """Writes arrays (as safetensors_bytes takes them) to path whole or not at all: a temporary
+    file beside it, renamed over it once written."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(safetensors_bytes(arrays))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="the .safetensors file to write")
@@ -52,12 +69,10 @@ def main():
         features.extend(x)
         labels.append(label_of(x))
     n = args.examples
-    data = safetensors_bytes({
+    write_safetensors(args.out, {
         "features": ("F32", [n, FEATURES], struct.pack(f"<{n * FEATURES}f", *features)),
         "label": ("I64", [n], struct.pack(f"<{n}q", *labels)),
     })
-    with open(args.out, "wb") as f:
-        f.write(data)
     print(f"wrote {args.out}: features f32[{n}, {FEATURES}], label i64[{n}] in 4 classes")
 
 

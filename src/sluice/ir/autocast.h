@@ -7,8 +7,9 @@
 //                 shared by every product reading it; a parameter's (or input's) copy is made in
 //                 each unit that reads it, just before its first reader there (autodiff remakes a
 //                 parameter's copy in backward rather than keeping it).
-//   activations   gelu, layer_norm (x; weight and bias f32) and causal_attention_qkv (qkv; lse
-//                 f32) take bf16 and give bf16, computing in f32 — when every reader of their
+//   activations   gelu, layer_norm (x; weight and bias f32), rms_norm (x; weight f32), swiglu
+//                 (both operands) and causal_attention_qkv (qkv; lse f32) take bf16 and give
+//                 bf16, computing in f32 — when every reader of their
 //                 output takes bf16 (a product, or such an activation running bf16): then their
 //                 input is rounded as a product's is and their output is what the next product
 //                 multiplies. Otherwise they run f32 (their output would only be widened again).

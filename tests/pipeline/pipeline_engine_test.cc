@@ -140,6 +140,29 @@ TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStageUnderBf16) {
   }
 }
 
+// The settings the autocast pass handles beyond the default GPT (nn/gpt.h) — --attention naive
+// (bf16 attention products) with the unfused head (bf16 logits product) — train under bf16 on two
+// stages bitwise as on one, and within rounding of their fp32 run (the same 1e-2 as the parity
+// with PyTorch's autocast), which they do not copy.
+TEST(PipelineEngine, NaiveAttentionAndUnfusedHeadTrainUnderBf16) {
+  TrainConfig config = Small(2, 4);
+  config.gpt.attention = GptAttention::kNaive;
+  config.gpt.head_chunk = -1;
+  const RunResult fp32 = Train(config, nullptr);
+  config.gpt.precision = Precision::kBf16;
+  const RunResult single = Train(config, nullptr);
+  for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+    const PipelineOptions options{.stages = 2, .schedule = kind};
+    ExpectBitwiseEqual(single, Train(config, &options),
+                       fmt::format("{} bf16", ScheduleKindName(kind)));
+  }
+  ASSERT_EQ(single.losses.size(), fp32.losses.size());
+  for (size_t s = 0; s < fp32.losses.size(); ++s) {
+    EXPECT_NEAR(single.losses[s], fp32.losses[s], 1e-2 * fp32.losses[s]) << "step " << s;
+  }
+  EXPECT_NE(single.losses, fp32.losses);
+}
+
 // Clipping scales every gradient by the global norm: bitwise only because every rank sums the
 // per-parameter squares in model order, as one stage does.
 TEST(PipelineEngine, ClippedTrainingIsBitwiseLikeOneStage) {

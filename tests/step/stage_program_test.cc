@@ -136,7 +136,7 @@ TEST(StageProgram, FusedAttentionKeepsNoScoresUnderAnyPolicy) {
 
 // Under bf16 a chunk's gradient messages are bf16, as its forward ones: the backward reads "y.grad"
 // and gives "x.grad" as bf16, half fp32's bytes (ChunkMessageType/Bytes agree), and one stage
-// rounds each block boundary's gradient where a cut would ("h.0.out_bf16.grad").
+// rounds each block boundary's gradient where a cut would ("h.0.out.bf16.grad").
 TEST(StageProgram, Bf16GradientMessagesAreBf16) {
   GptConfig cfg{.vocab = 16, .seq = 8, .layers = 3, .heads = 2, .dim = 32};
   cfg.precision = Precision::kBf16;
@@ -160,7 +160,7 @@ TEST(StageProgram, Bf16GradientMessagesAreBf16) {
   StageProgram whole({{.model = BuildGpt(whole_cfg, 4, GptOutput::kLoss, 8)}}, c,
                      {.allocator = &allocator, .plan_only = true});
   const Program& b = whole.chunk(0).backward.program;
-  for (const char* name : {"h_in_bf16.grad", "h.0.out_bf16.grad", "h.2.out_bf16.grad"}) {
+  for (const char* name : {"h_in.bf16.grad", "h.0.out.bf16.grad", "h.2.out.bf16.grad"}) {
     ASSERT_TRUE(b.Find(name)) << name;
     EXPECT_EQ(b.type(b.Get(name)).dtype, DType::kBF16) << name;
   }

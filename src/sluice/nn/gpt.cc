@@ -11,6 +11,7 @@
 #include "sluice/core/error.h"
 #include "sluice/ir/ops.h"
 #include "sluice/nn/layers.h"
+#include "sluice/nn/training_program.h"
 
 namespace sluice {
 
@@ -46,14 +47,12 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
                         double proj_std) {
   Builder::NameScope scope(m.b(), "attn");
   const int64_t C = c.dim, H = c.heads, D = C / H;
-  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C, 0.02, c.precision);  // [B, T, 3C]
+  Var qkv = LinearLayer(m, "c_attn", x, C, 3 * C);  // [B, T, 3C]
   Builder& b = m.b();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Var y;  // [B, T, C]
   if (c.attention == GptAttention::kFused) {
     // The heads read in place from qkv, y written with the heads side by side: no copies.
-    // Under bf16 the attention keeps qkv and y in bf16 (its statistics, lse, f32).
-    qkv = StoredAs(m, qkv, c.precision, "qkv_bf16");
     y = b.Name(CausalAttentionQkv(qkv, H, scale).first, "attention");  // and lse [B, H, T]
   } else {
     std::vector<Var> parts = Split(qkv, -1, {C, C, C});  // q, k, v: [B, T, C]
@@ -66,24 +65,13 @@ Var CausalSelfAttention(ModelBuilder& m, Var x, const GptConfig& c, int64_t B, i
     for (const Var& t : {qk, scores, masked, att}) m.MarkAttentionValue(t.name());
     y = Reshape(Transpose(MatMul(att, v), 1, 2), {B, T, C});  // [B, H, T, D] -> [B, T, C]
   }
-  return LinearLayer(m, "c_proj", y, C, C, proj_std, c.precision);
+  return LinearLayer(m, "c_proj", y, C, C, proj_std);
 }
 
 Var Mlp(ModelBuilder& m, Var x, const GptConfig& c, double proj_std) {
   Builder::NameScope scope(m.b(), "mlp");
-  Var fc = LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim, 0.02, c.precision);  // [B, T, 4C]
-  Var h = Gelu(StoredAs(m, fc, c.precision, "fc_bf16"));  // bf16 in and out under bf16
-  return LinearLayer(m, "c_proj", h, 4 * c.dim, c.dim, proj_std, c.precision);
-}
-
-// The value crossing a unit boundary (the embedding's output, each block's output: wherever a
-// pipeline cut may fall) is, under bf16, rounded to bf16 by the unit that makes it (StoredAs) and
-// widened to f32 by the units that read it, on one stage as on many: so pipeline messages and the
-// unit inputs full recompute keeps are bf16, and a pipeline stays bitwise one stage.
-// x widened to f32 (a cast named `name`), x itself when f32 already.
-Var Widened(ModelBuilder& m, Var x, std::string_view name) {
-  if (x.dtype() != DType::kBF16) return x;
-  return m.b().Name(Cast(x, DType::kF32), name);
+  Var fc = LinearLayer(m, "c_fc", x, c.dim, 4 * c.dim);  // [B, T, 4C]
+  return LinearLayer(m, "c_proj", Gelu(fc), 4 * c.dim, c.dim, proj_std);
 }
 
 // Parameters of the embeddings (wte, wpe) and of one block (ln_1, c_attn, attn.c_proj, ln_2, c_fc,
@@ -143,8 +131,10 @@ Model BuildGpt(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len)
   return BuildGptSlice(c, B, output, seq_len, GptSlice{});
 }
 
-Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len,
-                    const GptSlice& slice) {
+namespace {
+
+// Throws InvalidArgument for what BuildGptSlice cannot build (gpt.h).
+void CheckGptSlice(const GptConfig& c, int64_t B, int64_t seq_len, const GptSlice& slice) {
   ValidateGptConfig(c);
   const int64_t T = seq_len == 0 ? c.seq : seq_len;
   if (T < 1 || T > c.seq) {
@@ -152,16 +142,23 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   }
   if (B < 1) throw InvalidArgument(fmt::format("batch size must be positive, got {}", B));
   const int64_t first = slice.first_layer, end = slice.end_layer < 0 ? c.layers : slice.end_layer;
-  const std::string text = SliceText(slice, c.layers);
   if (first < 0 || first > end || end > c.layers) {
     throw InvalidArgument(
         fmt::format("GPT slice '{}': layers [{}, {}) are not a range within the model's {} layers",
-                    text, first, end, c.layers));
+                    SliceText(slice, c.layers), first, end, c.layers));
   }
   if (!slice.embed && !slice.head && first == end) {
     throw InvalidArgument(fmt::format(
         "GPT slice with no embed, no head and no layers (layers [{}, {})) is empty", first, end));
   }
+}
+
+// The f32 program of a checked slice, whatever c.precision says.
+Model BuildF32Slice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len,
+                    const GptSlice& slice) {
+  const int64_t T = seq_len == 0 ? c.seq : seq_len;
+  const int64_t first = slice.first_layer, end = slice.end_layer < 0 ? c.layers : slice.end_layer;
+  const std::string text = SliceText(slice, c.layers);
   const bool whole = slice.embed && slice.head && first == 0 && end == c.layers;
   const std::string base = output == GptOutput::kLoss ? "gpt" : "gpt_logits";
   ModelBuilder m(whole ? base : fmt::format("{}[{}]", base, text));
@@ -177,20 +174,18 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     Builder::Unit unit(b, "embed");
     Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);  // [T, C]
     x = b.Name(Embedding(ids, wte) + pos, "h_in");     // [B, T, C]
-    x = StoredAs(m, x, c.precision, "h_in_bf16");
   } else {
-    x = b.Input("x", c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32, {B, T, c.dim});
+    x = b.Input("x", DType::kF32, {B, T, c.dim});
   }
   for (int64_t l = first; l < end; ++l) {
     m.MarkBlockInput(x.name());
     m.SetNextInitIndex(kEmbedParams + kBlockParams * l);
     Builder::NameScope scope(b, fmt::format("h.{}", l));
     Builder::Unit unit(b, fmt::format("h.{}", l));
-    Var a =
-        CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim, c.precision), c, B, T, proj_std);
-    x = b.Name(Widened(m, x, "in_f32") + a, "attn_out");
-    Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim, c.precision), c, proj_std);
-    x = StoredAs(m, b.Name(x + f, "out"), c.precision, "out_bf16");
+    Var a = CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim), c, B, T, proj_std);
+    x = b.Name(x + a, "attn_out");
+    Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim), c, proj_std);
+    x = b.Name(x + f, "out");
   }
   if (!slice.head) {
     b.Output(b.Name(x, "y"));
@@ -203,7 +198,7 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   Var logits, loss;
   {
     Builder::Unit unit(b, "head");
-    x = LayerNormLayer(m, "ln_f", Widened(m, x, "ln_f.x_f32"), c.dim);
+    x = LayerNormLayer(m, "ln_f", x, c.dim);
     // [vocab, C] like torch.nn.Linear
     Var head = m.Param("lm_head.weight", {c.vocab, c.dim}, Init::kNormal);
     if (output == GptOutput::kLoss && c.head_chunk >= 0) {
@@ -224,6 +219,21 @@ Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   }
   b.Output(loss);
   return m.Finish("loss");
+}
+
+}  // namespace
+
+Model BuildGptSlice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq_len,
+                    const GptSlice& slice) {
+  CheckGptSlice(c, B, seq_len, slice);
+  if (c.precision == Precision::kFp32) return BuildF32Slice(c, B, output, seq_len, slice);
+  // Mixed precision is the autocast pass on the whole f32 model, cut where the slice begins and
+  // ends: the pass rounds what crosses a unit boundary wherever a cut may fall, so the pieces
+  // compute bitwise what the whole computes.
+  Model whole = AutocastTrainingModel(BuildF32Slice(c, B, output, seq_len, GptSlice{}));
+  const int64_t end = slice.end_layer < 0 ? c.layers : slice.end_layer;
+  return SliceTrainingModel(whole, {.first = slice.embed ? 0 : slice.first_layer + 1,
+                                    .end = slice.head ? c.layers + 2 : end + 1});
 }
 
 }  // namespace sluice

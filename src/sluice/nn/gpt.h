@@ -17,7 +17,8 @@
 //
 // A pipeline stage runs a contiguous slice of the model (BuildGptSlice): the hidden state
 // x [B, T, C] (f32, bf16 under Precision::kBf16) passes from one slice to the next, and chaining
-// the slices' programs computes bitwise what the whole model computes.
+// the slices' programs computes bitwise what the whole model computes. Under kBf16 a slice is the
+// piece of the whole model's mixed-precision program (nn/training_program.h SliceTrainingModel).
 //
 // Example:
 //   GptConfig cfg{.vocab = 11, .seq = 12, .layers = 2, .heads = 4, .dim = 64};
@@ -62,13 +63,17 @@ struct GptConfig {
   // head's input); -1: the unfused matmul and cross_entropy (the logits whole). Same parameters,
   // the loss within rounding (ir/ops/nn.h).
   int64_t head_chunk = 0;
-  // Under kBf16 (nn/layers.h) the blocks run mixed precision: their linears multiply bf16
-  // operands, layer norms, GELU and the fused attention take and give bf16 (f32 inside), the
-  // residual stream's additions stay f32; the head (ln_f, the logits, the loss) stays f32. What
-  // crosses a unit boundary (the embedding's output, each block's output) is rounded to bf16 by
-  // the unit that makes it and widened by the one that reads it, as Megatron-LM's bf16 residual:
-  // a slice's "x" and "y" are bf16, and so are their gradients (StageProgram rounds the gradient
-  // of every bf16 value crossing a unit boundary), on one stage as on many.
+  // kBf16: the f32 program run through the autocast pass (ir/autocast.h), as a `--program` under
+  // --precision bf16 — one set of rules. The block linears multiply bf16 operands; layer norms,
+  // GELU and the fused attention feeding them take and give bf16 (f32 inside); the residual
+  // additions stay f32; what crosses a unit boundary (the embedding's output, each block's output)
+  // is rounded to bf16 by the unit that makes it and widened by the one that reads it, as
+  // Megatron-LM's bf16 residual: a slice's "x" and "y" are bf16, and so are their gradients
+  // (StageProgram), on one stage as on many. The fused head (linear_cross_entropy) runs f32. The
+  // other settings follow the same rules, as PyTorch's autocast does: --attention naive multiplies
+  // bf16 q, k, v and probabilities (scale, mask and softmax f32); the unfused head (head_chunk -1,
+  // and GptOutput::kLogits) multiplies the logits from bf16 ln_f output and lm_head (the logits
+  // f32, cross_entropy f32). Value names are the f32 program's, the casts `NAME.bf16`/`NAME.f32`.
   Precision precision = Precision::kFp32;
 };
 

@@ -71,12 +71,13 @@ GptDecoder::GptDecoder(const GptConfig& config, const std::map<std::string, Tens
                        p("mlp.c_proj.weight"), p("mlp.c_proj.bias")});
   }
   if (config.precision == Precision::kBf16) {
-    // The block linears multiply bf16 operands (nn/layers.h LinearLayer): their weights are
-    // rounded once here, and their inputs at each product (Linear). Products of bf16 values are
-    // exact in f32 and summed in f32, as the program's bf16 linears sum them.
+    // The block linears and the logits multiply bf16 operands (nn/gpt.h, the autocast pass):
+    // their weights are rounded once here, and their inputs at each product (Linear, Norm).
+    // Products of bf16 values are exact in f32 and summed in f32, as the program's bf16 products
+    // sum them.
     const int64_t C = config.dim;
     const int64_t per_layer = C * 3 * C + C * C + C * 4 * C + 4 * C * C;
-    bf16_weights_.resize(static_cast<size_t>(config.layers * per_layer));
+    bf16_weights_.resize(static_cast<size_t>(config.layers * per_layer + config.vocab * C));
     float* next = bf16_weights_.data();
     auto round = [&](const float*& w, int64_t count) {
       RoundToBf16(w, next, count);
@@ -89,6 +90,7 @@ GptDecoder::GptDecoder(const GptConfig& config, const std::map<std::string, Tens
       round(layer.fc_w, C * 4 * C);
       round(layer.fc_proj_w, 4 * C * C);
     }
+    round(head_, config.vocab * C);
   }
   const size_t cache = static_cast<size_t>(config.layers * config.seq * config.dim);
   keys_.resize(cache);
@@ -210,7 +212,7 @@ std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {
   }
   length_ += n;
   // logits [n, V] = ln_f(x) · lm_headᵀ
-  kernels::LayerNormFast<float>(x_.data(), lnf_w_, lnf_b_, normed_.data(), n, C, kLayerNormEps);
+  Norm(x_.data(), lnf_w_, lnf_b_, n);
   kernels::Gemm(false, true, n, V, C, 1.0f, normed_.data(), head_, 0.0f, logits_.data());
   return {logits_.data(), logits_.size()};
 }

@@ -11,10 +11,11 @@
 // untied head) — from the same kernels (kernels/layer_norm.h, kernels/unary.h GeluFast, Gemm), so
 // its logits agree with the program's within float rounding (tests/nn/gpt_decoder_test.cc
 // compares them position by position, for a prefill and for one token at a time). Under
-// config.precision bf16 it rounds to bf16 where the program stores bf16 (nn/layers.h): the block
-// linears' inputs and weights (products summed in f32), the layer norms' inputs and outputs, qkv
-// and the attention's output, GELU's input and output, the hidden state between blocks (the
-// embedding's and each block's output, nn/gpt.h); the residual additions and the head stay f32.
+// config.precision bf16 it rounds to bf16 where the program stores bf16 (nn/gpt.h, the autocast
+// pass): the block linears' and the logits' inputs and weights (products summed in f32), the layer
+// norms' inputs and outputs (ln_f's too), qkv and the attention's output, GELU's input and output,
+// the hidden state between blocks (the embedding's and each block's output); the residual
+// additions stay f32.
 //
 // Positions: the model has config.seq rows of position embeddings, so the cache holds at most
 // seq positions. Generate() slides the window when it is full: it keeps the last seq/2 tokens and
@@ -74,8 +75,8 @@ class GptDecoder {
   // Scratch for one Append of n rows: x, normed [n, C]; qkv [n, 3C]; att [n, C]; fc [n, 4C] twice;
   // scores [seq]; logits [n, vocab].
   std::vector<float> x_, normed_, qkv_, att_, fc_, fc_act_, scores_, logits_;
-  // Under bf16: the block linears' weights rounded to bf16 (Layer points into it), one linear's
-  // input rounded, and a layer norm's input rounded.
+  // Under bf16: the block linears' and lm_head's weights rounded to bf16 (Layer and head_ point
+  // into it), one linear's input rounded, and a layer norm's input rounded.
   std::vector<float> bf16_weights_, rounded_, norm_in_;
 
   // x [n] rounded to bf16 in place under bf16 (a value the program stores bf16), as is otherwise.

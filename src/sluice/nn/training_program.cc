@@ -417,7 +417,9 @@ Model SliceTrainingModel(const Model& whole, const UnitRange& r) {
   const auto [begin, end] = InstructionRange(p, r);
   const ValueId x = r.first > 0 ? CrossingValue(p, r.first) : kNoValue;
   const ValueId y = r.end < n ? CrossingValue(p, r.end) : kNoValue;
-  const ValueId loss = p.Get(whole.loss);
+  // A model without a loss (one giving logits) hands on its only output instead.
+  const ValueId loss =
+      whole.loss.empty() && p.outputs().size() == 1 ? p.outputs()[0] : p.Get(whole.loss);
   if (r.end == n && p.value(loss).producer < begin) {
     throw InvalidArgument(
         fmt::format("program {}: the loss %{} is computed before unit '{}', so "

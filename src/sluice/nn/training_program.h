@@ -92,7 +92,8 @@ Model AutocastTrainingModel(const Model& model, AutocastOps* ops = nullptr);
 //   the whole model's data inputs and parameters that the piece reads, under their own names, each
 //   ParamSpec with init_index = its position in the whole model (so its tensors are bitwise the
 //   whole model's);
-//   output "y"  the one value the piece passes on (when end < units), else the whole model's loss.
+//   output "y"  the one value the piece passes on (when end < units), else the whole model's loss
+//               (its only output when it has no loss: a model giving logits).
 // Throws InvalidArgument naming the units when the model cannot be cut there: more (or fewer)
 // than one value crossing a cut (name them), the loss computed before the last piece.
 Model SliceTrainingModel(const Model& whole, const UnitRange& range);

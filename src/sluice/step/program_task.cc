@@ -208,8 +208,7 @@ class ProgramTask final : public Task {
   }
   Precision precision() const override { return precision_; }
   nlohmann::json PrecisionOps() const override {
-    if (precision_ != Precision::kBf16) return nullptr;
-    return {{"bf16_ops", ops_.bf16}, {"f32_ops", ops_.f32}};
+    return precision_ == Precision::kBf16 ? DescribeOps(ops_) : nullptr;
   }
   int64_t seq_len() const override { return seq_ > 0 ? seq_ : 1; }
 

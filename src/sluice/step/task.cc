@@ -36,6 +36,12 @@ class GptTask final : public Task {
                       data_->seq_len(), cfg_.seq));
     }
     ValidateGptConfig(cfg_);
+    if (cfg_.precision == Precision::kBf16) {
+      // Which ops the autocast pass runs bf16 (nn/gpt.h): what the summary and startup line name.
+      GptConfig f32 = cfg_;
+      f32.precision = Precision::kFp32;
+      AutocastTrainingModel(BuildGpt(f32, 1, GptOutput::kLoss, data_->seq_len()), &ops_);
+    }
   }
   Model BuildTrain(int64_t batch) const override {
     return BuildGpt(cfg_, batch, GptOutput::kLoss, data_->seq_len());
@@ -57,6 +63,9 @@ class GptTask final : public Task {
   int64_t TokensPerSample() const override { return data_->seq_len(); }
   const GptConfig* gpt() const override { return &cfg_; }
   Precision precision() const override { return cfg_.precision; }
+  nlohmann::json PrecisionOps() const override {
+    return cfg_.precision == Precision::kBf16 ? DescribeOps(ops_) : nullptr;
+  }
   int64_t seq_len() const override { return data_->seq_len(); }
 
   // Sort: generate the answer greedily, one digit per forward pass, and count sequences whose
@@ -103,6 +112,7 @@ class GptTask final : public Task {
  private:
   std::unique_ptr<Dataset> data_;
   GptConfig cfg_;
+  AutocastOps ops_;  // under bf16: the ops running bf16, and those running f32 (the fallback)
 };
 
 class MlpTask final : public Task {
@@ -151,6 +161,10 @@ class MlpTask final : public Task {
 };
 
 }  // namespace
+
+nlohmann::json DescribeOps(const AutocastOps& ops) {
+  return {{"bf16_ops", ops.bf16}, {"f32_ops", ops.f32}};
+}
 
 std::string DefaultData(const std::string& model) { return model == "mlp" ? "blobs" : "sort"; }
 

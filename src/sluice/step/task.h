@@ -33,6 +33,7 @@
 #include "sluice/nn/data.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/nn/model.h"
+#include "sluice/nn/training_program.h"
 
 namespace sluice {
 
@@ -68,12 +69,15 @@ class Task {
   // The precision the model trains in (--precision: the GPT's, or a program's mixed-precision
   // form, ir/autocast.h).
   virtual Precision precision() const { return Precision::kFp32; }
-  // Under a program's bf16 the ops that run bf16 and those that run f32 (the fallback):
-  // {"bf16_ops": [...], "f32_ops": [...]}; null otherwise.
+  // Under bf16 (the GPT's or a program's, both the autocast pass) the ops that run bf16 and those
+  // that run f32 (the fallback): DescribeOps; null otherwise.
   virtual nlohmann::json PrecisionOps() const { return nullptr; }
   // The sequence length of every batch (1 for models without sequences).
   virtual int64_t seq_len() const { return 1; }
 };
+
+// {"bf16_ops": [...], "f32_ops": [...]}: the autocast pass's choice as Task::PrecisionOps gives it.
+nlohmann::json DescribeOps(const AutocastOps& ops);
 
 // The task of config.model; throws InvalidArgument naming the option for an unusable one.
 std::unique_ptr<Task> MakeTask(const TrainConfig& config);

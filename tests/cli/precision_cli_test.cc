@@ -64,6 +64,11 @@ TEST_F(PrecisionCli, Bf16TrainsResumesBitwiseAndNamesItsKernels) {
   EXPECT_GE(bf16["dot_vs_fma"].get<double>(), 0.0);
   EXPECT_FALSE(bf16["cpu_flags"].get<std::string>().empty());
   EXPECT_THAT(bf16["text"].get<std::string>(), HasSubstr("bf16: storage bf16, compute "));
+  // The GPT goes through the autocast pass as a --program does: its summary names what ran bf16
+  // (the block linears) and what ran f32 (the fused head, the residual additions).
+  EXPECT_THAT(summary["precision"]["bf16_ops"], ::testing::Contains("linear"));
+  EXPECT_THAT(summary["precision"]["f32_ops"], ::testing::Contains("linear_cross_entropy"));
+  EXPECT_THAT(summary["precision"]["f32_ops"], ::testing::Contains("add"));
   // The checkpoint's weights are the f32 masters.
   const SafetensorsFile f = ReadSafetensors(ckpt.string());
   EXPECT_EQ(f.tensors.at("h.0.mlp.c_fc.weight").dtype(), DType::kF32);
@@ -84,6 +89,8 @@ TEST_F(PrecisionCli, Bf16TrainsResumesBitwiseAndNamesItsKernels) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("bf16: storage bf16, compute "));
   EXPECT_THAT(r.err, HasSubstr("; cpu: "));
+  EXPECT_THAT(r.err, HasSubstr("ops running bf16: causal_attention_qkv, gelu, layer_norm, linear; "
+                               "running f32 (the fp32 fallback): "));
   r = Train(loud);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("bf16: storage")));

@@ -156,18 +156,18 @@ std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a) {
                       Name(p.policy), 100 * p.extra_work);
     }
   }
-  // What bf16 does on this CPU, and which of a program's ops run bf16.
+  // What bf16 does on this CPU, and which ops of the model run bf16.
   if (a.config.gpt.precision == Precision::kBf16) {
     out += fmt::format("  {}\n", kernels::DescribeBf16Compute());
-    if (std::string ops = DescribeProgramPrecision(a.config); !ops.empty())
+    if (std::string ops = DescribePrecisionOps(*MakeTask(a.config)); !ops.empty())
       out += fmt::format("  {}\n", ops);
   }
   return out;
 }
 
-std::string DescribeProgramPrecision(const TrainConfig& config) {
-  if (config.model != "program" || config.gpt.precision != Precision::kBf16) return "";
-  const nlohmann::json ops = MakeTask(config)->PrecisionOps();
+std::string DescribePrecisionOps(const Task& task) {
+  const nlohmann::json ops = task.PrecisionOps();
+  if (ops.is_null()) return "";
   auto names = [](const nlohmann::json& list) {
     return list.empty() ? std::string("none") : fmt::format("{}", fmt::join(list, ", "));
   };

@@ -231,10 +231,10 @@ int RunTrain(TrainArgs& a) {
                s.params);
     for (const std::string& line : trainer.engine().ReportLines())
       fmt::print(stderr, "  {}\n", line);
-    // What bf16 does on this CPU, and which of a program's ops run bf16.
+    // What bf16 does on this CPU, and which ops of the model run bf16.
     if (a.config.gpt.precision == Precision::kBf16) {
       fmt::print(stderr, "  {}\n", kernels::DescribeBf16Compute());
-      if (std::string ops = DescribeProgramPrecision(a.config); !ops.empty())
+      if (std::string ops = DescribePrecisionOps(trainer.task()); !ops.empty())
         fmt::print(stderr, "  {}\n", ops);
     }
     // Post-validation pays a whole step again for each rollback: say so when most steps paid it.

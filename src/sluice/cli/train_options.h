@@ -98,9 +98,10 @@ PlanRequest MakePlanRequest(const TrainArgs& a);
 std::string DescribePlan(const PlanChoice& choice, const TrainArgs& a);
 // `sluice plan --explain`: per stage, the tensors live at its peak (an explained choice).
 std::string DescribeLiveAtPeak(const PlanChoice& choice);
-// Under --precision bf16 for a --program, the line `train` and `plan` print: the ops that run
-// bf16 and the f32 fallback (ir/autocast.h); empty for fp32 and for the built-in models.
-std::string DescribeProgramPrecision(const TrainConfig& config);
+// Under --precision bf16 (the GPT, a --program), the line `train` and `plan` print: the ops of
+// `task`'s model that run bf16 and the f32 fallback (Task::PrecisionOps, ir/autocast.h); empty
+// when the task names none (fp32).
+std::string DescribePrecisionOps(const Task& task);
 
 // The resource check before allocation (`sluice train`, unless --no-memory-check): the forecast
 // peak of every stage this process runs (pipeline/memory_forecast.h, what `sluice plan` prints)

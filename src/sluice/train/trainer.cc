@@ -182,6 +182,7 @@ int64_t Trainer::step() const { return impl_->step; }
 const std::vector<std::string>& Trainer::warnings() const { return impl_->warnings; }
 const TrainConfig& Trainer::config() const { return impl_->config; }
 const StepEngine& Trainer::engine() const { return *impl_->engine; }
+const Task& Trainer::task() const { return *impl_->task; }
 const Tensor& Trainer::Value(const std::string& name) const { return impl_->scope.Get(name); }
 bool Trainer::Has(const std::string& name) const { return impl_->scope.Has(name); }
 std::vector<std::string> Trainer::ParamNames() const {
@@ -430,7 +431,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
                             {"memory_plan", Name(c.memory_plan)},
                             {"config", impl.task->Describe()},
                             {"kernels", KernelsDescription(impl.task->precision())}};
-  // A program under bf16: which of its ops run bf16 and which f32 (the fallback, ir/autocast.h).
+  // Under bf16: which of the model's ops run bf16 and which f32 (the fallback, ir/autocast.h).
   if (nlohmann::json ops = impl.task->PrecisionOps(); !ops.is_null()) summary["precision"] = ops;
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;
   if (s.stop_signal != 0) summary["stopped"] = SignalName(s.stop_signal);

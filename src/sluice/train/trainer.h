@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "sluice/step/step_engine.h"
+#include "sluice/step/task.h"
 #include "sluice/step/train_config.h"
 
 namespace sluice {
@@ -139,6 +140,8 @@ class Trainer {
   const TrainConfig& config() const;
   // The step engine, for its Describe() and ReportLines().
   const StepEngine& engine() const;
+  // The task it trains, for what it says of its model (Task::PrecisionOps).
+  const Task& task() const;
   // Current parameter and optimizer-state tensors by name.
   const Tensor& Value(const std::string& name) const;
   bool Has(const std::string& name) const;

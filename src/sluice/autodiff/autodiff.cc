@@ -82,6 +82,9 @@ class BackwardBuilder {
   bool GradNamed(Var v) const {
     return static_cast<size_t>(v.id()) < grad_named_.size() && grad_named_[v.id()];
   }
+  // Whether `g` is the gradient of a cast of parameter `param` (its bf16 copy) that nothing else
+  // names: no value requested, no bf16 gradient.
+  bool IsGradThroughParamCast(ValueId param, Var g) const;
   void MarkGradNamed(Var v) {
     if (static_cast<size_t>(v.id()) >= grad_named_.size()) grad_named_.resize(v.id() + 1, false);
     grad_named_[v.id()] = true;
@@ -158,6 +161,17 @@ void BackwardBuilder::AddPart(ValueId v, Var part) {
     parts_[last_part_[v]].next = k;
   }
   last_part_[v] = k;
+}
+
+bool BackwardBuilder::IsGradThroughParamCast(ValueId param, Var g) const {
+  for (const Instruction& ins : fwd_.instructions()) {
+    if (ins.op->name != "cast" || ins.inputs.at(0) != param) continue;
+    const ValueId copy = ins.outputs.at(0);
+    if (grad_[copy].valid() && grad_[copy].id() == g.id() && !bf16_grad_[copy] &&
+        std::find(spec_.wrt.begin(), spec_.wrt.end(), fwd_.value(copy).name) == spec_.wrt.end())
+      return true;
+  }
+  return false;
 }
 
 Var BackwardBuilder::GradOf(ValueId v) {
@@ -289,7 +303,10 @@ Backward BackwardBuilder::Build() {
     if (!g.valid()) g = Full(b_, t.shape, 0.0, GradientType(t).dtype);
     if (bf16_grad_[v]) g = Cast(g, DType::kBF16);
     if (g.name() != GradName(name)) {
-      if (g.value().producer < 0 || GradNamed(g))
+      // The gradient of a parameter's bf16 copy passes through its cast (f32 both sides) and is
+      // the parameter's gradient: renamed, not copied. Any other gradient named already aliases
+      // a value the program reads under that name.
+      if (g.value().producer < 0 || (GradNamed(g) && !IsGradThroughParamCast(v, g)))
         g = Copy(g);  // the gradient aliases another value
       b_.mutable_program().Rename(g.id(), GradName(name));
       MarkGradNamed(g);
@@ -806,7 +823,11 @@ Program AccumulateGradients(const Program& p, const std::vector<std::string>& gr
     ValueList inputs;
     for (ValueId v : ins.inputs) inputs.push_back(to_dst[v]);
     const bool one_gradient = ins.outputs.size() == 1 && into[static_cast<size_t>(ins.outputs[0])];
-    if (one_gradient && ins.op->name == "matmul" && readers[ins.outputs[0]] == 0) {
+    // (matmul_accumulate multiplies operands of the gradient's dtype: a mixed-precision product
+    // of bf16 operands is added in after it.)
+    const DType grad_dtype = one_gradient ? p.type(ins.outputs[0]).dtype : DType::kF32;
+    if (one_gradient && ins.op->name == "matmul" && readers[ins.outputs[0]] == 0 &&
+        p.type(ins.inputs[0]).dtype == grad_dtype && p.type(ins.inputs[1]).dtype == grad_dtype) {
       const Shape& a = p.type(ins.inputs[0]).shape;
       const bool ta = ins.attrs.GetBool("transpose_a", false);
       const int64_t k = a.rank() == 2 ? a[ta ? 0 : 1] : -1;

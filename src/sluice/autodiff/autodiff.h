@@ -18,7 +18,9 @@
 // layer_norm(x) feeding a linear is recomputed from x, which layer_norm's own gradient reads
 // anyway, so a GPT block keeps its normalized activations and its GELU output out of the saved set.
 // A parameter's `cast` (its bf16 copy under mixed precision) is remade in backward under every
-// policy, recompute off included: the parameter is always at hand and the pass is cheap.
+// policy, recompute off included: the parameter is always at hand and the pass is cheap. The
+// copy's gradient (f32, the product's own result) passes through the cast and is the parameter's
+// %w.grad itself, never copied.
 //
 // One fusion: gelu_grad(dy, x) whose dy is the result of a matmul that nothing else reads (a GPT
 // MLP's c_proj input gradient) becomes one matmul_gelu_grad (ir/ops/linalg.h), so the [B, T, 4C]

@@ -199,7 +199,7 @@ TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
 }
 
 // Under bf16 the pipeline's messages, their gradients and the unit inputs full recompute keeps
-// are bf16 (nn/gpt.cc, StageProgram): the forecast still equals one stage's measured peak and
+// are bf16 (ir/autocast.h, StageProgram): the forecast still equals one stage's measured peak and
 // brackets every rank's, at P = 2 and 4, under every policy.
 TEST(MemoryForecast, HoldsUnderBf16) {
   const Size& size = kSizes[0];

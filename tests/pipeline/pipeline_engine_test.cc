@@ -128,7 +128,7 @@ TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStage) {
 
 // Mixed precision: the bf16 casts and oneDNN's products run on each stage as on one (oneDNN with
 // one thread sums in a fixed order), and what crosses a stage boundary is rounded to bf16 at
-// every unit boundary on one stage too (nn/gpt.cc): so every schedule at P = 2 and 4 stays
+// every unit boundary on one stage too (ir/autocast.h): so every schedule at P = 2 and 4 stays
 // bitwise, its forward messages bf16 and its gradient messages f32.
 TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStageUnderBf16) {
   for (const Case& c : kCases) {

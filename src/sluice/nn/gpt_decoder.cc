@@ -153,7 +153,7 @@ std::span<const float> GptDecoder::Append(std::span<const int64_t> tokens) {
     const float* pe = wpe_ + (length_ + i) * C;
     for (int64_t c = 0; c < C; ++c) x_[size(i * C + c)] = te[c] + pe[c];
   }
-  StoreAsBf16(x_.data(), n * C);  // what crosses a unit boundary is bf16 (nn/gpt.cc)
+  StoreAsBf16(x_.data(), n * C);  // what crosses a unit boundary is bf16 (ir/autocast.h)
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];

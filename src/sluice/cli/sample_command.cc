@@ -270,9 +270,10 @@ CommandRunner SetupSampleCommand(CLI::App& sub) {
                    ->check(Seed())
                    ->capture_default_str();
   sub.add_flag("--greedy", a->greedy, "always the most likely token (no sampling)");
-  sub.add_option("--precision", a->precision,
-                 "fp32, or bf16 (the block linears multiply bf16 operands, as --precision bf16 "
-                 "trains); default: the precision the checkpoint was trained in");
+  sub.add_option(
+      "--precision", a->precision,
+      "fp32, or bf16 (the linears and the logits multiply bf16 operands, as --precision bf16 "
+      "trains); default: the precision the checkpoint was trained in");
   sub.add_option("--threads", a->threads, "BLAS threads of the matrix products")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

@@ -104,6 +104,7 @@ struct GptSlice {
 //   head:  as BuildGpt ("loss" with input "targets", or "logits"); Model::loss as BuildGpt's.
 //   otherwise the single output "y" f32[B, T, C], the hidden state for the next slice (the value
 //          the whole model calls h_in or h.i.out), and Model::loss is "".
+//   Under Precision::kBf16 "x" and "y" are bf16 (h_in.bf16, h.i.out.bf16 of the whole model).
 // Every ParamSpec has init_index = its position in BuildGpt's parameter list, so InitParams gives
 // a slice bitwise the whole model's tensors. The whole-model slice gives exactly BuildGpt's model.
 // Throws InvalidArgument naming the slice when it is empty (no embed, no head, no layers) or its

@@ -1,8 +1,8 @@
 // The bf16 activation kernels (kernels/bf16_activations.h) compute, bit for bit, what widening
 // their bf16 inputs, running the f32 fast kernels and rounding their bf16 outputs computes — at
 // sizes spanning several chunks of rows and, for the attention, several sequences and query
-// tiles — at 1 and 2 intra-op threads. (Their tolerances against the f32 ops and the reference
-// kernels are the op tables' mixed cases, tests/ops/.)
+// tiles, packed and with the heads apart (grouped) — at 1 and 2 intra-op threads. (Their tolerances
+// against the f32 ops and the reference kernels are the op tables' mixed cases, tests/ops/.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -129,6 +129,41 @@ TEST_P(Bf16Activations, PackedAttentionIsTheF32KernelBetweenConversions) {
                                  want.data() + n.c, want.data() + 2 * n.c, n.sequences * n.heads,
                                  n.t, n.c / n.heads, scale, layouts);
   EXPECT_TRUE(SameBits(dqkv, want));
+}
+
+// The split form (causal_attention's), grouped: 4 query heads over 2 key/value heads.
+TEST_P(Bf16Activations, SplitHeadsAttentionIsTheF32KernelBetweenConversions) {
+  const HeadsAttentionDims n{
+      .sequences = 3, .heads = 4, .kv_heads = 2, .t = kAttentionQueryTile * 2 + 5, .d = 8};
+  const int64_t qn = n.sequences * n.heads * n.t * n.d, kvn = n.sequences * n.kv_heads * n.t * n.d,
+                stats = n.sequences * n.heads * n.t;
+  const float scale = 1.0f / std::sqrt(8.0f);
+  const std::vector<BFloat16> q = RandomBf16(qn, -2, 2, 10), k = RandomBf16(kvn, -2, 2, 11),
+                              v = RandomBf16(kvn, -2, 2, 12);
+  const std::vector<float> qf = Widened(q), kf = Widened(k), vf = Widened(v);
+  std::vector<BFloat16> y(static_cast<size_t>(qn));
+  std::vector<float> lse(static_cast<size_t>(stats)), yf(y.size()), want_lse(lse.size());
+  std::vector<float> scratch(static_cast<size_t>(CausalAttentionBF16ScratchFloats(n)));
+  CausalAttentionBF16Fast(q.data(), k.data(), v.data(), y.data(), lse.data(), n, scale,
+                          scratch.data());
+  const AttentionLayouts layouts = AttentionLayouts::Contiguous(n.t, n.d, n.heads / n.kv_heads);
+  CausalAttentionFast<float>(qf.data(), kf.data(), vf.data(), yf.data(), want_lse.data(),
+                             n.sequences * n.heads, n.t, n.d, scale, layouts);
+  EXPECT_TRUE(SameBits(y, Rounded(yf)));
+  EXPECT_TRUE(SameBits(lse, want_lse));
+  const std::vector<float> dy = RandomF32(qn, 13), dlse = RandomF32(stats, 14);
+  const std::vector<float> y_wide = Widened(y);
+  std::vector<float> dq(static_cast<size_t>(qn)), dk(static_cast<size_t>(kvn)), dv(dk.size()),
+      want_dq(dq.size()), want_dk(dk.size()), want_dv(dk.size());
+  CausalAttentionGradBF16Fast(dy.data(), dlse.data(), q.data(), k.data(), v.data(), y.data(),
+                              lse.data(), dq.data(), dk.data(), dv.data(), n, scale,
+                              scratch.data());
+  CausalAttentionGradFast<float>(dy.data(), dlse.data(), qf.data(), kf.data(), vf.data(),
+                                 y_wide.data(), lse.data(), want_dq.data(), want_dk.data(),
+                                 want_dv.data(), n.sequences * n.heads, n.t, n.d, scale, layouts);
+  EXPECT_TRUE(SameBits(dq, want_dq));
+  EXPECT_TRUE(SameBits(dk, want_dk));
+  EXPECT_TRUE(SameBits(dv, want_dv));
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, Bf16Activations, ::testing::Values(1, 2));

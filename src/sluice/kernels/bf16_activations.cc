@@ -1,6 +1,7 @@
 #include "sluice/kernels/bf16_activations.h"
 
 #include <algorithm>
+#include <array>
 #include <vector>
 
 #include "sluice/kernels/attention.h"
@@ -135,6 +136,36 @@ AttentionLayouts PackedLayouts(const PackedAttentionDims& n) {
   return {in, in, AttentionLayout::Packed(n.heads, n.t, n.c, n.c)};
 }
 
+// The f32 kernels' layouts for q, y [H, T, D] and k, v [H_kv, T, D] of each sequence.
+AttentionLayouts HeadsLayouts(const HeadsAttentionDims& n) {
+  return AttentionLayouts::Contiguous(n.t, n.d, n.heads / n.kv_heads);
+}
+
+// A bf16 operand of the attention kernels, sequence after sequence: sequence s's part is
+// data + s·size, `size` elements.
+struct SequenceBlock {
+  const BFloat16* data;
+  int64_t size;
+};
+
+// The fast attention kernels' loop: for each sequence s, every block's part of s widened into the
+// scratch one after the other (on the intra-op threads), then fn(s, widened, rest), widened[i]
+// the f32 copy of blocks[i]'s part and rest the scratch past them (where forward puts its f32 y).
+template <size_t N, typename F>
+void ForEachWidenedSequence(int64_t sequences, const std::array<SequenceBlock, N>& blocks,
+                            float* scratch, F&& fn) {
+  for (int64_t s = 0; s < sequences; ++s) {
+    std::array<const float*, N> widened;
+    float* at = scratch;
+    for (size_t i = 0; i < N; ++i) {
+      FromBF16Parallel(blocks[i].data + s * blocks[i].size, at, blocks[i].size);
+      widened[i] = at;
+      at += blocks[i].size;
+    }
+    fn(s, widened, at);
+  }
+}
+
 }  // namespace
 
 void CausalAttentionQkvBF16Reference(const BFloat16* qkv, BFloat16* y, float* lse,
@@ -154,13 +185,12 @@ int64_t CausalAttentionQkvBF16ScratchFloats(const PackedAttentionDims& n) { retu
 void CausalAttentionQkvBF16Fast(const BFloat16* qkv, BFloat16* y, float* lse,
                                 const PackedAttentionDims& n, float scale, float* scratch) {
   const int64_t in = n.t * 3 * n.c, out = n.t * n.c;
-  float *qf = scratch, *yf = scratch + in;
-  for (int64_t s = 0; s < n.sequences; ++s) {
-    FromBF16Parallel(qkv + s * in, qf, in);
-    CausalAttentionFast<float>(qf, qf + n.c, qf + 2 * n.c, yf, lse + s * n.heads * n.t, n.heads,
-                               n.t, n.c / n.heads, scale, PackedLayouts({1, n.t, n.c, n.heads}));
+  ForEachWidenedSequence<1>(n.sequences, {{{qkv, in}}}, scratch, [&](int64_t s, auto w, float* yf) {
+    CausalAttentionFast<float>(w[0], w[0] + n.c, w[0] + 2 * n.c, yf, lse + s * n.heads * n.t,
+                               n.heads, n.t, n.c / n.heads, scale,
+                               PackedLayouts({1, n.t, n.c, n.heads}));
     ToBF16Parallel(yf, y + s * out, out);
-  }
+  });
 }
 
 void CausalAttentionQkvGradBF16Reference(const float* dy, const float* dlse, const BFloat16* qkv,
@@ -177,16 +207,67 @@ void CausalAttentionQkvGradBF16Fast(const float* dy, const float* dlse, const BF
                                     const BFloat16* y, const float* lse, float* dqkv,
                                     const PackedAttentionDims& n, float scale, float* scratch) {
   const int64_t in = n.t * 3 * n.c, out = n.t * n.c, stats = n.heads * n.t;
-  float *qf = scratch, *yf = scratch + in;
-  for (int64_t s = 0; s < n.sequences; ++s) {
-    FromBF16Parallel(qkv + s * in, qf, in);
-    FromBF16Parallel(y + s * out, yf, out);
-    float* dq = dqkv + s * in;
-    CausalAttentionGradFast<float>(dy + s * out, dlse == nullptr ? nullptr : dlse + s * stats, qf,
-                                   qf + n.c, qf + 2 * n.c, yf, lse + s * stats, dq, dq + n.c,
-                                   dq + 2 * n.c, n.heads, n.t, n.c / n.heads, scale,
-                                   PackedLayouts({1, n.t, n.c, n.heads}));
-  }
+  ForEachWidenedSequence<2>(
+      n.sequences, {{{qkv, in}, {y, out}}}, scratch, [&](int64_t s, auto w, float*) {
+        float* dq = dqkv + s * in;
+        CausalAttentionGradFast<float>(dy + s * out, dlse == nullptr ? nullptr : dlse + s * stats,
+                                       w[0], w[0] + n.c, w[0] + 2 * n.c, w[1], lse + s * stats, dq,
+                                       dq + n.c, dq + 2 * n.c, n.heads, n.t, n.c / n.heads, scale,
+                                       PackedLayouts({1, n.t, n.c, n.heads}));
+      });
+}
+
+void CausalAttentionBF16Reference(const BFloat16* q, const BFloat16* k, const BFloat16* v,
+                                  BFloat16* y, float* lse, const HeadsAttentionDims& n,
+                                  float scale) {
+  const int64_t qn = n.sequences * n.heads * n.t * n.d, kvn = n.sequences * n.kv_heads * n.t * n.d;
+  std::vector<float> qf = Widened(q, qn), kf = Widened(k, kvn), vf = Widened(v, kvn),
+                     yf(static_cast<size_t>(qn));
+  CausalAttentionReference<float>(qf.data(), kf.data(), vf.data(), yf.data(), lse,
+                                  n.sequences * n.heads, n.t, n.d, scale, HeadsLayouts(n));
+  ToBF16Reference(yf.data(), y, qn);
+}
+
+int64_t CausalAttentionBF16ScratchFloats(const HeadsAttentionDims& n) {
+  return n.t * n.d * (2 * n.heads + 2 * n.kv_heads);
+}
+
+// As the packed form: one sequence's q, k, v widened, the f32 kernel over its heads, its y rounded.
+void CausalAttentionBF16Fast(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
+                             float* lse, const HeadsAttentionDims& n, float scale, float* scratch) {
+  const int64_t qn = n.heads * n.t * n.d, kvn = n.kv_heads * n.t * n.d;
+  ForEachWidenedSequence<3>(
+      n.sequences, {{{q, qn}, {k, kvn}, {v, kvn}}}, scratch, [&](int64_t s, auto w, float* yf) {
+        CausalAttentionFast<float>(w[0], w[1], w[2], yf, lse + s * n.heads * n.t, n.heads, n.t, n.d,
+                                   scale, HeadsLayouts(n));
+        ToBF16Parallel(yf, y + s * qn, qn);
+      });
+}
+
+void CausalAttentionGradBF16Reference(const float* dy, const float* dlse, const BFloat16* q,
+                                      const BFloat16* k, const BFloat16* v, const BFloat16* y,
+                                      const float* lse, float* dq, float* dk, float* dv,
+                                      const HeadsAttentionDims& n, float scale) {
+  const int64_t qn = n.sequences * n.heads * n.t * n.d, kvn = n.sequences * n.kv_heads * n.t * n.d;
+  std::vector<float> qf = Widened(q, qn), kf = Widened(k, kvn), vf = Widened(v, kvn),
+                     yf = Widened(y, qn);
+  CausalAttentionGradReference<float>(dy, dlse, qf.data(), kf.data(), vf.data(), yf.data(), lse, dq,
+                                      dk, dv, n.sequences * n.heads, n.t, n.d, scale,
+                                      HeadsLayouts(n));
+}
+
+void CausalAttentionGradBF16Fast(const float* dy, const float* dlse, const BFloat16* q,
+                                 const BFloat16* k, const BFloat16* v, const BFloat16* y,
+                                 const float* lse, float* dq, float* dk, float* dv,
+                                 const HeadsAttentionDims& n, float scale, float* scratch) {
+  const int64_t qn = n.heads * n.t * n.d, kvn = n.kv_heads * n.t * n.d, stats = n.heads * n.t;
+  ForEachWidenedSequence<4>(n.sequences, {{{q, qn}, {k, kvn}, {v, kvn}, {y, qn}}}, scratch,
+                            [&](int64_t s, auto w, float*) {
+                              CausalAttentionGradFast<float>(
+                                  dy + s * qn, dlse == nullptr ? nullptr : dlse + s * stats, w[0],
+                                  w[1], w[2], w[3], lse + s * stats, dq + s * qn, dk + s * kvn,
+                                  dv + s * kvn, n.heads, n.t, n.d, scale, HeadsLayouts(n));
+                            });
 }
 
 }  // namespace sluice::kernels

@@ -17,24 +17,31 @@
 //   CausalAttentionQkvBF16      qkv [B, T, 3C] bf16 -> y [B, T, C] bf16, lse [B, H, T] f32
 //   CausalAttentionQkvGradBF16  dy [B, T, C] f32, dlse [B, H, T] f32 (or null), qkv bf16, y bf16,
 //                               lse f32 -> dqkv [B, T, 3C] f32
+//   CausalAttentionBF16         q [B, H, T, D], k, v [B, H_kv, T, D] bf16 -> y [B, H, T, D] bf16,
+//                               lse [B, H, T] f32
+//   CausalAttentionGradBF16     dy [B, H, T, D] f32, dlse [B, H, T] f32 (or null), q, k, v, y bf16,
+//                               lse f32 -> dq [B, H, T, D], dk, dv [B, H_kv, T, D] f32
 //
-// (B sequences, T positions, C channels in H heads; qkv holds q, k, v side by side, as
-// causal_attention_qkv reads them, kernels/attention.h.) The *Reference kernels widen the whole
-// operands with core/dtype.h's scalar conversions and run the f32 reference kernels; the op
-// harness compares each pair, and each with the f32 op on the same values (tests/ops/).
+// (B sequences, T positions, C channels in H heads of D = C / H; qkv holds q, k, v side by side, as
+// causal_attention_qkv reads them; the split form has the heads apart, as causal_attention reads
+// them, H_kv dividing H: grouped-query attention, kernels/attention.h.) The *Reference kernels
+// widen the whole operands with core/dtype.h's scalar conversions and run the f32 reference
+// kernels; the op harness compares each pair, and each with the f32 op on the same values
+// (tests/ops/).
 //
 // Scratch: GELU and layer norm widen 4096 elements at a time (whole rows for layer norm) into a
 // 16 KiB buffer on the calling thread's stack — bounded, no heap, so nothing for the memory
 // forecast to count — except a layer norm row of more than 4096 channels, which takes a one-row
 // heap buffer. The attention widens one sequence's qkv and y into the caller's scratch,
 // CausalAttentionQkvBF16ScratchFloats (T·4C floats), which the ops take from
-// KernelContext::allocator (counted by the forecast: OpDef::scratch_bytes). The references
-// allocate whole f32 copies (tests only).
+// KernelContext::allocator (counted by the forecast: OpDef::scratch_bytes); the split form widens
+// one sequence's q, k, v and y, CausalAttentionBF16ScratchFloats (T·D·(2·H + 2·H_kv) floats),
+// likewise. The references allocate whole f32 copies (tests only).
 //
 // Threading: as the f32 kernels (kernels/parallel.h): chunks fixed by the work, bitwise the same
-// at any thread count. The attention runs one sequence at a time, its heads on the intra-op
-// threads (its widening and rounding too). Outputs must not alias inputs. Failure modes: none (the
-// ops' inference checks shapes).
+// at any thread count. The attention runs one sequence at a time, its key/value heads on the
+// intra-op threads (its widening and rounding too). Outputs must not alias inputs. Failure modes:
+// none (the ops' inference checks shapes).
 //
 // Example:
 //   // h [B·T, 4C] bf16 -> g [B·T, 4C] bf16
@@ -82,5 +89,27 @@ void CausalAttentionQkvGradBF16Reference(const float* dy, const float* dlse, con
 void CausalAttentionQkvGradBF16Fast(const float* dy, const float* dlse, const BFloat16* qkv,
                                     const BFloat16* y, const float* lse, float* dqkv,
                                     const PackedAttentionDims& n, float scale, float* scratch);
+
+// The split form's shape: B sequences of H query heads and H_kv key/value heads (H_kv dividing
+// H), T positions, D channels per head.
+struct HeadsAttentionDims {
+  int64_t sequences, heads, kv_heads, t, d;
+};
+
+void CausalAttentionBF16Reference(const BFloat16* q, const BFloat16* k, const BFloat16* v,
+                                  BFloat16* y, float* lse, const HeadsAttentionDims& n,
+                                  float scale);
+// The split form's scratch (forward and backward alike).
+int64_t CausalAttentionBF16ScratchFloats(const HeadsAttentionDims& n);
+void CausalAttentionBF16Fast(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
+                             float* lse, const HeadsAttentionDims& n, float scale, float* scratch);
+void CausalAttentionGradBF16Reference(const float* dy, const float* dlse, const BFloat16* q,
+                                      const BFloat16* k, const BFloat16* v, const BFloat16* y,
+                                      const float* lse, float* dq, float* dk, float* dv,
+                                      const HeadsAttentionDims& n, float scale);
+void CausalAttentionGradBF16Fast(const float* dy, const float* dlse, const BFloat16* q,
+                                 const BFloat16* k, const BFloat16* v, const BFloat16* y,
+                                 const float* lse, float* dq, float* dk, float* dv,
+                                 const HeadsAttentionDims& n, float scale, float* scratch);
 
 }  // namespace sluice::kernels

@@ -50,18 +50,21 @@ int64_t RequireQkv(std::span<const TensorType> qkv) {
 
 double Scale(const Attrs& attrs) { return attrs.GetFloat("scale"); }
 
+// Under mixed precision q, k, v and y are bf16 and lse f32 (kernels/bf16_activations.h).
 std::vector<TensorType> InferAttention(std::span<const TensorType> in, const Attrs& attrs) {
-  const DType t = ops::SameFloatDType(in);
+  const DType t = ops::MixedFloatDType(in, {0, 1, 2});
   RequireQkv(in);
   if (!std::isfinite(Scale(attrs))) {
     throw ShapeError(fmt::format("scale must be finite, got {}", Scale(attrs)));
   }
-  return {{t, in[0].shape}, {t, RowsShape(in[0].shape)}};
+  return {{t, in[0].shape}, {t == DType::kBF16 ? DType::kF32 : t, RowsShape(in[0].shape)}};
 }
 
-// dy, dlse, q, k, v, y, lse.
+// dy, dlse, q, k, v, y, lse; under mixed precision q, k, v and y bf16, the rest f32, dq, dk, dv
+// f32.
 std::vector<TensorType> InferAttentionGrad(std::span<const TensorType> in, const Attrs& attrs) {
-  const DType t = ops::SameFloatDType(in);
+  DType t = ops::MixedFloatDType(in, {2, 3, 4, 5});
+  if (t == DType::kBF16) t = DType::kF32;
   RequireQkv(in.subspan(2, 3));
   const Shape& s = in[2].shape;
   const Shape rows = RowsShape(s);
@@ -96,9 +99,51 @@ int64_t Group(const Shape& q, const Shape& k) {
   return q == k ? 1 : q[q.rank() - 3] / k[k.rank() - 3];
 }
 
+// The bf16 kernels' dims for q [..., H, T, D] and k [..., H_kv, T, D]: the axes before H are the
+// sequences (for q of rank 2, one sequence of one head).
+kernels::HeadsAttentionDims HeadsDims(const Shape& q, const Shape& k) {
+  const Dims n = AttentionDims(q);
+  const int64_t heads = q.rank() >= 3 ? q[q.rank() - 3] : 1;
+  const int64_t group = Group(q, k);
+  return {.sequences = heads == 0 ? 0 : n.batch / heads,
+          .heads = heads,
+          .kv_heads = heads / group,
+          .t = n.t,
+          .d = n.d};
+}
+
+// The bf16 kernels' f32 scratch (one sequence's q, k, v and y), taken from the executor's
+// allocator as the packed form's (below). q is input `q_input`.
+template <int q_input>
+int64_t AttentionHeadsBF16ScratchBytes(std::span<const TensorType> in, const Attrs&) {
+  if (in[q_input].dtype != DType::kBF16) return 0;
+  const kernels::HeadsAttentionDims n = HeadsDims(in[q_input].shape, in[q_input + 1].shape);
+  return n.sequences == 0 ? 0 : 4 * kernels::CausalAttentionBF16ScratchFloats(n);
+}
+
+Tensor AttentionHeadsBF16Scratch(KernelContext& ctx, const kernels::HeadsAttentionDims& n) {
+  const int64_t floats = n.sequences == 0 ? 0 : kernels::CausalAttentionBF16ScratchFloats(n);
+  return Tensor::Empty({floats}, DType::kF32, ctx.allocator);
+}
+
 template <bool kFast>
 void AttentionKernel(KernelContext& ctx) {
   const Tensor& q = ctx.inputs[0];
+  if (q.dtype() == DType::kBF16) {
+    const kernels::HeadsAttentionDims n = HeadsDims(q.shape(), ctx.inputs[1].shape());
+    const Tensor scratch = AttentionHeadsBF16Scratch(ctx, n);
+    const float scale = static_cast<float>(Scale(ctx.attrs));
+    const BFloat16 *qp = q.data<BFloat16>(), *kp = ctx.inputs[1].data<BFloat16>(),
+                   *vp = ctx.inputs[2].data<BFloat16>();
+    BFloat16* y = ctx.outputs[0].data<BFloat16>();
+    float* lse = ctx.outputs[1].data<float>();
+    if constexpr (kFast) {
+      kernels::CausalAttentionBF16Fast(qp, kp, vp, y, lse, n, scale, scratch.data<float>());
+    } else {
+      kernels::CausalAttentionBF16Reference(qp, kp, vp, y, lse, n, scale);
+    }
+    return;
+  }
   DispatchFloat(q.dtype(), "causal_attention", [&]<typename T>() {
     const Dims n = AttentionDims(q.shape());
     const kernels::AttentionLayouts l =
@@ -117,6 +162,24 @@ void AttentionKernel(KernelContext& ctx) {
 template <bool kFast>
 void AttentionGradKernel(KernelContext& ctx) {
   const Tensor& q = ctx.inputs[2];
+  if (q.dtype() == DType::kBF16) {
+    const kernels::HeadsAttentionDims n = HeadsDims(q.shape(), ctx.inputs[3].shape());
+    const Tensor scratch = AttentionHeadsBF16Scratch(ctx, n);
+    const float scale = static_cast<float>(Scale(ctx.attrs));
+    const float *dy = ctx.inputs[0].data<float>(), *dlse = ctx.inputs[1].data<float>(),
+                *lse = ctx.inputs[6].data<float>();
+    const BFloat16 *qp = q.data<BFloat16>(), *kp = ctx.inputs[3].data<BFloat16>(),
+                   *vp = ctx.inputs[4].data<BFloat16>(), *y = ctx.inputs[5].data<BFloat16>();
+    float *dq = ctx.outputs[0].data<float>(), *dk = ctx.outputs[1].data<float>(),
+          *dv = ctx.outputs[2].data<float>();
+    if constexpr (kFast) {
+      kernels::CausalAttentionGradBF16Fast(dy, dlse, qp, kp, vp, y, lse, dq, dk, dv, n, scale,
+                                           scratch.data<float>());
+    } else {
+      kernels::CausalAttentionGradBF16Reference(dy, dlse, qp, kp, vp, y, lse, dq, dk, dv, n, scale);
+    }
+    return;
+  }
   DispatchFloat(q.dtype(), "causal_attention_grad", [&]<typename T>() {
     const Dims n = AttentionDims(q.shape());
     const kernels::AttentionLayouts l =
@@ -303,24 +366,23 @@ void AttentionQkvGradKernel(KernelContext& ctx) {
   });
 }
 
-// Gradients that do not reach an output are zeros of its type (the kernel needs both).
+// The gradient reaching output i, or zeros of its gradient type when none does (the kernels need
+// both).
+Var GradientOrZeros(VjpContext& ctx, int i) {
+  Var g = ctx.dy(i);
+  const TensorType t = GradientType(ctx.y_type(i));
+  return g.valid() ? g : Zeros(ctx.builder(), t.shape, t.dtype);
+}
+
 std::vector<Var> AttentionVjp(VjpContext& ctx) {
-  auto or_zeros = [&](int i) {
-    Var g = ctx.dy(i);
-    return g.valid() ? g : Zeros(ctx.builder(), ctx.y_type(i).shape, ctx.y_type(i).dtype);
-  };
-  return CausalAttentionGrad(or_zeros(0), or_zeros(1), ctx.x(0), ctx.x(1), ctx.x(2), ctx.y(0),
-                             ctx.y(1), Scale(ctx.attrs()));
+  return CausalAttentionGrad(GradientOrZeros(ctx, 0), GradientOrZeros(ctx, 1), ctx.x(0), ctx.x(1),
+                             ctx.x(2), ctx.y(0), ctx.y(1), Scale(ctx.attrs()));
 }
 
 std::vector<Var> AttentionQkvVjp(VjpContext& ctx) {
-  auto or_zeros = [&](int i) {
-    Var g = ctx.dy(i);
-    const TensorType t = GradientType(ctx.y_type(i));
-    return g.valid() ? g : Zeros(ctx.builder(), t.shape, t.dtype);
-  };
-  return {CausalAttentionQkvGrad(or_zeros(0), or_zeros(1), ctx.x(0), ctx.y(0), ctx.y(1),
-                                 ctx.attrs().GetInt("heads"), Scale(ctx.attrs()))};
+  return {CausalAttentionQkvGrad(GradientOrZeros(ctx, 0), GradientOrZeros(ctx, 1), ctx.x(0),
+                                 ctx.y(0), ctx.y(1), ctx.attrs().GetInt("heads"),
+                                 Scale(ctx.attrs()))};
 }
 
 }  // namespace
@@ -358,30 +420,33 @@ void RegisterAttentionOps(OpRegistry& r) {
        .doc = "fused causal self-attention softmax(scale·q·kᵀ, masked)·v; also the "
               "log-sum-exp of each row (no [T, T] value is kept); k and v may have fewer "
               "heads than q (grouped-query attention: H / H_kv query heads per key/value "
-              "head, read in place)",
-       .signature = {.inputs = {{"q", "float[..., H, T, D]"},
-                                {"k", "float[..., H_kv, T, D]"},
-                                {"v", "float[..., H_kv, T, D]"}},
+              "head, read in place); bf16 q, k, v give bf16 y, computed in f32",
+       .signature = {.inputs = {{"q", "float or bf16[..., H, T, D]"},
+                                {"k", "q's dtype[..., H_kv, T, D]"},
+                                {"v", "q's dtype[..., H_kv, T, D]"}},
                      .attrs = {{"scale", "float"}},
-                     .outputs = {{"y", "float[..., H, T, D]"}, {"lse", "float[..., H, T]"}}}});
+                     .outputs = {{"y", "q's dtype[..., H, T, D]"}, {"lse", "float[..., H, T]"}}},
+       .scratch_bytes = AttentionHeadsBF16ScratchBytes<0>});
   r.Register({.name = "causal_attention_grad",
               .num_inputs = 7,
               .infer = InferAttentionGrad,
               .kernel = AttentionGradKernel<true>,
               .reference = AttentionGradKernel<false>,
               .doc = "causal_attention backward: dq, dk, dv, the probabilities recomputed from q, "
-                     "k and lse tile by tile; dk and dv summed over each key/value head's group",
+                     "k and lse tile by tile; dk and dv summed over each key/value head's group; "
+                     "bf16 q, k, v and y beside f32 dy, dlse and lse give f32 dq, dk, dv",
               .signature = {.inputs = {{"dy", "float[..., H, T, D]"},
                                        {"dlse", "float[..., H, T]"},
-                                       {"q", "float[..., H, T, D]"},
-                                       {"k", "float[..., H_kv, T, D]"},
-                                       {"v", "float[..., H_kv, T, D]"},
-                                       {"y", "float[..., H, T, D]"},
+                                       {"q", "float or bf16[..., H, T, D]"},
+                                       {"k", "q's dtype[..., H_kv, T, D]"},
+                                       {"v", "q's dtype[..., H_kv, T, D]"},
+                                       {"y", "q's dtype[..., H, T, D]"},
                                        {"lse", "float[..., H, T]"}},
                             .attrs = {{"scale", "float"}},
                             .outputs = {{"dq", "float[..., H, T, D]"},
                                         {"dk", "float[..., H_kv, T, D]"},
-                                        {"dv", "float[..., H_kv, T, D]"}}}});
+                                        {"dv", "float[..., H_kv, T, D]"}}},
+              .scratch_bytes = AttentionHeadsBF16ScratchBytes<2>});
   r.Register(
       {.name = "causal_attention_qkv",
        .num_inputs = 1,

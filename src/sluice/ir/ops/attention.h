@@ -21,13 +21,14 @@ namespace sluice {
 // row of scale · q·kᵀ over its visible keys. q, k, v [..., T, D] (one shape) -> {y [..., T, D],
 // lse [..., T]}. Grouped-query attention: k and v [..., H_kv, T, D] with H_kv dividing q's H
 // (axis -3, the rest as q's); query head h reads key/value head h / (H / H_kv), in place — what
-// repeat_interleave of k and v along the heads computes, without the copies. Op
-// "causal_attention", attribute scale. VJP: causal_attention_grad (q, k and v; a gradient reaching
-// lse is taken into account).
+// repeat_interleave of k and v along the heads computes, without the copies. Under mixed
+// precision q, k, v and y are bf16 (computed in f32) and lse f32. Op "causal_attention", attribute
+// scale. VJP: causal_attention_grad (q, k and v; a gradient reaching lse is taken into account).
 std::pair<Var, Var> CausalAttention(Var q, Var k, Var v, double scale);
 // dy [..., T, D], dlse [..., T], q, k, v, y [..., T, D], lse [..., T] -> {dq, dk, dv} [..., T, D]
-// (with grouped-query k and v, dk and dv have k's shape: the sums over each group). Op
-// "causal_attention_grad", attribute scale; recomputes the probabilities tile by tile.
+// (with grouped-query k and v, dk and dv have k's shape: the sums over each group; with bf16 q, k,
+// v and y, dy, dlse, lse and the results are f32). Op "causal_attention_grad", attribute scale;
+// recomputes the probabilities tile by tile.
 std::vector<Var> CausalAttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse,
                                      double scale);
 

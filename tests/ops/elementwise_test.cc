@@ -105,6 +105,14 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "swiglu_bf16_long", .op = "swiglu", .inputs = {F({40000}), F({40000})}, .fills = {Uniform(-12, 12), Fill{}}, .grad = false, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3},
       {.label = "swiglu_grad_bf16", .op = "swiglu_grad", .inputs = {F({40000}), F({40000}), F({40000})}, .fills = {Fill{}, Uniform(-12, 12), Fill{}}, .grad = false, .bf16 = true, .bf16_inputs = {1, 2}, .bf16_tolerance = 1e-5},
       {.label = "gelu_grad_bf16", .op = "gelu_grad", .inputs = {F({40000}), F({40000})}, .fills = {Fill{}, Uniform(-12, 12)}, .grad = false, .bf16 = true, .bf16_inputs = {1}, .bf16_tolerance = 1e-5},
+      // add and mul on bf16 a and b (kernels/binary.h): each element computed in f32 and rounded,
+      // half a bf16 ulp of y (2^-8 relative, 4e-3) against the twin; fast and reference kernels
+      // compute the same bits (0), equal shapes and broadcast, one chunk and several. Gradients are
+      // f32 (mul's reads the other operand widened, exactly): the twin's bits.
+      {.label = "add_bf16", .op = "add", .inputs = {F({7, 13}), F({7, 13})}, .f32_tolerance = 0, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3, .bf16_grad_tolerance = 0},
+      {.label = "add_bf16_long", .op = "add", .inputs = {F({40000}), F({40000})}, .grad = false, .f32_tolerance = 0, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3},
+      {.label = "mul_bf16_rotary", .op = "mul", .inputs = {F({2, 3, 5, 4}), F({5, 4})}, .fills = {wide, wide}, .f32_tolerance = 0, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3, .bf16_grad_tolerance = 0},
+      {.label = "mul_bf16_rows_long", .op = "mul", .inputs = {F({300, 131}), F({300, 1})}, .grad = false, .f32_tolerance = 0, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3},
       {.label = "copy", .op = "copy", .single_kernel = true, .inputs = {F({3, 7})}},
       // Gradient accumulation in place (autodiff's AccumulateGradients).
       {.label = "accumulate", .op = "accumulate", .inputs = {F({3, 7}), F({3, 7})}, .grad = false},
@@ -133,7 +141,9 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "tanh_bf16", .op = "tanh", .inputs = {{DType::kBF16, Shape{3}}}},
       {.label = "gelu_grad_bf16_dy", .op = "gelu_grad", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
       {.label = "gelu_grad_bf16_shape", .op = "gelu_grad", .inputs = {F({4}), {DType::kBF16, Shape{3}}}},
-      {.label = "add_bf16", .op = "add", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
+      {.label = "add_bf16_f32", .op = "add", .inputs = {{DType::kBF16, Shape{3}}, F({3})}},
+      {.label = "mul_f32_bf16", .op = "mul", .inputs = {F({3}), {DType::kBF16, Shape{3}}}},
+      {.label = "div_bf16", .op = "div", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
       {.label = "cast_bf16_to_f64", .op = "cast", .inputs = {{DType::kBF16, Shape{3}}}, .attrs = {{"dtype", std::string("f64")}}},
       {.label = "cast_to_f16", .op = "cast", .inputs = {F({3})}, .attrs = {{"dtype", std::string("f16")}}},
       {.label = "exp_int", .op = "exp", .inputs = {I32({3})}},

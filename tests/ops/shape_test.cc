@@ -54,6 +54,13 @@ std::vector<OpCase> ShapeCases() {
       {.label = "split_one_piece", .op = "split", .inputs = {F({3, 13})}, .attrs = SplitAttrs(0, {3})},
       {.label = "split_view_first_axis", .op = "split_view", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = SplitAttrs(0, {2, 5})},
       {.label = "split_view_after_one", .op = "split_view", .single_kernel = true, .inputs = {F({1, 33})}, .attrs = SplitAttrs(1, {13, 7, 13})},
+      // Mixed precision (op_harness.h): bf16 moved as it is, the twin's values exactly; gradients
+      // f32 (the zeros a slice's gradient pads with too), the twin's exactly.
+      {.label = "slice_bf16", .op = "slice", .inputs = {F({3, 7, 13})}, .attrs = SliceAttrs(-1, 4, 9), .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 0, .bf16_grad_tolerance = 0},
+      {.label = "slice_view_bf16", .op = "slice_view", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = SliceAttrs(0, 2, 5), .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 0, .bf16_grad_tolerance = 0},
+      {.label = "split_bf16", .op = "split", .inputs = {F({2, 7, 12})}, .attrs = SplitAttrs(2, {4, 4, 4}), .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 0, .bf16_grad_tolerance = 0},
+      {.label = "split_view_bf16", .op = "split_view", .single_kernel = true, .inputs = {F({1, 33})}, .attrs = SplitAttrs(1, {13, 20}), .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 0, .bf16_grad_tolerance = 0},
+      {.label = "concat_bf16", .op = "concat", .inputs = {F({2, 3, 4}), F({2, 3, 5})}, .attrs = Axis(-1), .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 0, .bf16_grad_tolerance = 0},
   };
 }
 // clang-format on

@@ -12,6 +12,12 @@
 // of rows (or of the one flat row) run on the intra-op threads (kernels/parallel.h); every element
 // is computed alone, so results do not depend on the thread count.
 //
+// BinaryBF16Reference / BinaryBF16Fast: mixed precision's form, a, b and out bf16 (PyTorch's
+// bf16 · bf16 = bf16): each element widened exactly, computed in f32 by f and rounded to nearest
+// even — bit for bit what casting a and b to f32, running the f32 kernel (one IEEE operation per
+// element) and rounding out would give, without the f32 copies. The same two walks as above, over
+// bf16 elements.
+//
 // Thread-safety: pure functions of their inputs.
 #pragma once
 
@@ -195,6 +201,25 @@ void BinaryFast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
     }
   }
   BinaryPlanned<T>(a, b, out, f);
+}
+
+// f on bf16 elements: widened, computed in f32, rounded (core/dtype.h's conversions).
+template <typename F>
+struct InF32 {
+  F f;
+  BFloat16 operator()(BFloat16 a, BFloat16 b) const {
+    return FloatToBF16(static_cast<float>(f(BF16ToFloat(a), BF16ToFloat(b))));
+  }
+};
+
+template <typename F>
+void BinaryBF16Reference(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  BinaryReference<BFloat16>(a, b, out, InF32<F>{f});
+}
+
+template <typename F>
+void BinaryBF16Fast(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  BinaryPlanned<BFloat16>(a, b, out, InF32<F>{f});
 }
 
 }  // namespace sluice::kernels

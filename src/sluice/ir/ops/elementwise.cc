@@ -28,8 +28,22 @@ std::vector<TensorType> InferBroadcastBinary(std::span<const TensorType> in, con
   return {{t, Broadcast(in[0].shape, in[1].shape)}};
 }
 
+// add and mul under mixed precision: a and b bf16 give bf16, computed in f32 (kernels/binary.h).
+std::vector<TensorType> InferBroadcastBinaryBF16(std::span<const TensorType> in, const Attrs&) {
+  DType t = ops::MixedFloatDType(in, {0, 1});
+  return {{t, Broadcast(in[0].shape, in[1].shape)}};
+}
+
 template <typename Op, bool kFast>
 void BinaryKernel(KernelContext& ctx) {
+  if (ctx.outputs[0].dtype() == DType::kBF16) {
+    if constexpr (kFast) {
+      kernels::BinaryBF16Fast(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], Op{});
+    } else {
+      kernels::BinaryBF16Reference(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], Op{});
+    }
+    return;
+  }
   DispatchFloat(ctx.outputs[0].dtype(), "binary op", [&]<typename T>() {
     if constexpr (kFast) {
       kernels::BinaryFast<T>(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], Op{});
@@ -58,12 +72,14 @@ std::vector<Var> SubVjp(VjpContext& ctx) {
   return grads;
 }
 
-// d(a · b): da = dy · b, db = dy · a.
+// d(a · b): da = dy · b, db = dy · a; a bf16 operand is widened to dy's f32 (a bf16 value's
+// gradient type) first.
 std::vector<Var> MulVjp(VjpContext& ctx) {
   Var dy = ctx.dy(0);
+  auto widened = [&](int i) { return Cast(ctx.x(i), dy.dtype()); };
   std::vector<Var> grads(2);
-  if (ctx.needs(0)) grads[0] = SumTo(Mul(dy, ctx.x(1)), ctx.x_type(0).shape);
-  if (ctx.needs(1)) grads[1] = SumTo(Mul(dy, ctx.x(0)), ctx.x_type(1).shape);
+  if (ctx.needs(0)) grads[0] = SumTo(Mul(dy, widened(1)), ctx.x_type(0).shape);
+  if (ctx.needs(1)) grads[1] = SumTo(Mul(dy, widened(0)), ctx.x_type(1).shape);
   return grads;
 }
 
@@ -446,17 +462,20 @@ void AccumulateKernel(KernelContext& ctx) {
   });
 }
 
+// bf16: the op takes bf16 a and b too (mixed precision), computing in f32.
 void RegisterBinary(OpRegistry& r, std::string name, KernelFn fast, KernelFn reference, VjpFn vjp,
-                    std::string doc) {
+                    std::string doc, bool bf16 = false) {
+  const char* operand = bf16 ? "float or bf16[...]" : "float[...]";
   r.Register({.name = std::move(name),
               .num_inputs = 2,
-              .infer = InferBroadcastBinary,
+              .infer = bf16 ? InferBroadcastBinaryBF16 : InferBroadcastBinary,
               .kernel = fast,
               .reference = reference,
               .vjp = vjp,
               .doc = std::move(doc),
-              .signature = {.inputs = {{"a", "float[...]"}, {"b", "float[...]"}},
-                            .outputs = {{"y", "float[broadcast of a and b]"}}}});
+              .signature = {.inputs = {{"a", operand}, {"b", bf16 ? "a's dtype[...]" : operand}},
+                            .outputs = {{"y", bf16 ? "a's dtype[broadcast of a and b]"
+                                                   : "float[broadcast of a and b]"}}}});
 }
 
 // reference == nullptr: the kernel is the only version (the registry uses it for both).
@@ -552,11 +571,13 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .signature = {.inputs = {{"acc", "float[...]"}, {"x", "float[...]"}}},
               .updates = {0}});
   RegisterBinary(r, "add", BinaryKernel<std::plus<>, true>, BinaryKernel<std::plus<>, false>,
-                 AddVjp, "a + b with broadcasting");
+                 AddVjp, "a + b with broadcasting; bf16 a and b give bf16, computed in f32",
+                 /*bf16=*/true);
   RegisterBinary(r, "sub", BinaryKernel<std::minus<>, true>, BinaryKernel<std::minus<>, false>,
                  SubVjp, "a - b with broadcasting");
   RegisterBinary(r, "mul", BinaryKernel<std::multiplies<>, true>,
-                 BinaryKernel<std::multiplies<>, false>, MulVjp, "a * b with broadcasting");
+                 BinaryKernel<std::multiplies<>, false>, MulVjp,
+                 "a * b with broadcasting; bf16 a and b give bf16, computed in f32", /*bf16=*/true);
   RegisterBinary(r, "div", BinaryKernel<std::divides<>, true>, BinaryKernel<std::divides<>, false>,
                  DivVjp, "a / b with broadcasting");
 

@@ -1,5 +1,6 @@
 // Elementwise ops. Binary ops use NumPy broadcasting (trailing axes aligned, size-1 axes stretch)
-// and need both operands of the same floating dtype (f32 or f64); unary ops keep shape and dtype.
+// and need both operands of the same floating dtype (f32 or f64; add and mul also bf16, computed
+// in f32 and rounded: mixed precision); unary ops keep shape and dtype.
 // Kernels: kernels/binary.h, kernels/unary.h. Shapes below: x, y [...] any shape; a, b broadcast
 // to the output shape.
 //

@@ -2,6 +2,7 @@
 // kernels::CopyStrided (fast) and Tensor::CopyFrom (reference) over views of the input or output.
 #include "sluice/ir/ops/shape.h"
 
+#include "sluice/ir/gradient_type.h"
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
 #include "sluice/kernels/copy.h"
@@ -186,16 +187,17 @@ std::vector<Var> SliceVjp(VjpContext& ctx) {
   const TensorType& x = ctx.x_type(0);
   const SliceRange r = SliceAttrs(x.shape, ctx.attrs());
   Var dy = ctx.dy(0);
+  const DType t = GradientType(x).dtype;
   std::vector<Var> parts;
   Shape piece = x.shape;
   if (r.start > 0) {
     piece[r.axis] = r.start;
-    parts.push_back(Zeros(ctx.builder(), piece, x.dtype));
+    parts.push_back(Zeros(ctx.builder(), piece, t));
   }
   parts.push_back(dy);
   if (r.end < x.shape[r.axis]) {
     piece[r.axis] = x.shape[r.axis] - r.end;
-    parts.push_back(Zeros(ctx.builder(), piece, x.dtype));
+    parts.push_back(Zeros(ctx.builder(), piece, t));
   }
   return {parts.size() == 1 ? dy : Concat(parts, r.axis)};
 }
@@ -308,8 +310,8 @@ std::vector<Var> SplitVjp(VjpContext& ctx) {
   std::vector<Var> parts;
   for (int i = 0; i < ctx.num_outputs(); ++i) {
     Var dy = ctx.dy(i);
-    parts.push_back(dy.valid() ? dy
-                               : Zeros(ctx.builder(), ctx.y_type(i).shape, ctx.y_type(i).dtype));
+    const TensorType t = GradientType(ctx.y_type(i));
+    parts.push_back(dy.valid() ? dy : Zeros(ctx.builder(), t.shape, t.dtype));
   }
   return {parts.size() == 1 ? parts[0] : Concat(parts, axis)};
 }

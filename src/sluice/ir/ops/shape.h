@@ -1,6 +1,6 @@
 // Shape ops. Every program value is contiguous, so an op whose result is a contiguous range of its
 // input is a view (no copy) and the rest copy (kernels/copy.h). Shape ops move elements of any
-// dtype; their gradients exist for floating values.
+// dtype; their gradients exist for floating values (of a bf16 value: f32, ir/gradient_type.h).
 //
 //   reshape      view                    same elements, new shape
 //   transpose    copy                    swap two axes

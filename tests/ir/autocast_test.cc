@@ -230,6 +230,89 @@ TEST(Autocast, ShapeOpsCarryBf16ToAProduct) {
   EXPECT_THAT(r.f32_ops, ElementsAre("sum", "transpose"));
 }
 
+// An exported GPT's attention: the projection's result (after its bias, f32) is rounded once, and
+// the split, the per-head reshapes and transposes, causal_attention on split heads (lse f32) and
+// the merge back carry bf16 to the output projection.
+TEST(Autocast, SplitHeadsAttentionAndTheShapeOpsAroundItCarryBf16) {
+  AutocastResult r;
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[2, 4, 8]
+  param %wqkv: f32[8, 24]
+  param %bqkv: f32[24]
+  param %wo: f32[8, 8]
+  %m: f32[2, 4, 24] = matmul(%x, %wqkv)
+  %qkv: f32[2, 4, 24] = add(%m, %bqkv)
+  %q: f32[2, 4, 8], %k: f32[2, 4, 8], %v: f32[2, 4, 8] = split(%qkv) {axis = 2, sizes = [8, 8, 8]}
+  %q4: f32[2, 4, 2, 4] = reshape(%q) {shape = [2, 4, 2, 4]}
+  %k4: f32[2, 4, 2, 4] = reshape(%k) {shape = [2, 4, 2, 4]}
+  %v4: f32[2, 4, 2, 4] = reshape(%v) {shape = [2, 4, 2, 4]}
+  %qh: f32[2, 2, 4, 4] = transpose(%q4) {dim0 = 1, dim1 = 2}
+  %kh: f32[2, 2, 4, 4] = transpose(%k4) {dim0 = 1, dim1 = 2}
+  %vh: f32[2, 2, 4, 4] = transpose(%v4) {dim0 = 1, dim1 = 2}
+  %y: f32[2, 2, 4, 4], %lse: f32[2, 2, 4] = causal_attention(%qh, %kh, %vh) {scale = 0.5}
+  %yt: f32[2, 4, 2, 4] = transpose(%y) {dim0 = 1, dim1 = 2}
+  %ym: f32[2, 4, 8] = reshape(%yt) {shape = [2, 4, 8]}
+  %o: f32[2, 4, 8] = matmul(%ym, %wo)
+  %loss: f32[] = sum(%o)
+  output %loss
+}
+)",
+                                   &r);
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %qkv: f32[2, 4, 24] = add(%m, %bqkv)
+  %qkv.bf16: bf16[2, 4, 24] = cast(%qkv) {dtype = "bf16"}
+  %q: bf16[2, 4, 8], %k: bf16[2, 4, 8], %v: bf16[2, 4, 8] = split(%qkv.bf16) {axis = 2, sizes = [8, 8, 8]}
+)"));
+  EXPECT_THAT(
+      out,
+      testing::HasSubstr(
+          R"(  %y: bf16[2, 2, 4, 4], %lse: f32[2, 2, 4] = causal_attention(%qh, %kh, %vh) {scale = 0.5}
+  %yt: bf16[2, 4, 2, 4] = transpose(%y) {dim0 = 1, dim1 = 2}
+  %ym: bf16[2, 4, 8] = reshape(%yt) {shape = [2, 4, 8]}
+)"));
+  EXPECT_THAT(r.bf16_ops,
+              ElementsAre("causal_attention", "matmul", "reshape", "split", "transpose"));
+  EXPECT_THAT(r.f32_ops, ElementsAre("add", "sum"));
+}
+
+// add and mul follow PyTorch's type promotion: bf16 where both operands are made bf16 (here a
+// GELU running bf16 and a product's result, rounded once), computing in f32; an f32 operand (a
+// slice of a constant table, as a Llama's rotary cos) keeps the op f32, and nothing is rounded for
+// it: neither the product's result it multiplies nor the slice (which does not turn bf16 to feed
+// it).
+TEST(Autocast, ArithmeticRunsBf16OnlyOnOperandsMadeBf16) {
+  AutocastResult r;
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[4, 8]
+  param %w1: f32[8, 8]
+  param %w3: f32[8, 8]
+  param %w2: f32[8, 8]
+  const %cos: f32[6, 8] = loaded
+  %a: f32[4, 8] = matmul(%x, %w1)
+  %b: f32[4, 8] = matmul(%x, %w3)
+  %g: f32[4, 8] = gelu(%a)
+  %h: f32[4, 8] = mul(%g, %b)
+  %o: f32[4, 8] = matmul(%h, %w2)
+  %c: f32[4, 8] = slice(%cos) {axis = 0, start = 0, end = 4}
+  %rot: f32[4, 8] = mul(%o, %c)
+  %q: f32[4, 8] = matmul(%rot, %w2)
+  %loss: f32[] = sum(%q)
+  output %loss
+}
+)",
+                                   &r);
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %b.bf16: bf16[4, 8] = cast(%b) {dtype = "bf16"}
+  %g: bf16[4, 8] = gelu(%a.bf16)
+  %h: bf16[4, 8] = mul(%g, %b.bf16)
+  %w2.bf16: bf16[8, 8] = cast(%w2) {dtype = "bf16"}
+  %o: f32[4, 8] = matmul(%h, %w2.bf16)
+  %c: f32[4, 8] = slice(%cos) {axis = 0, end = 4, start = 0}
+  %rot: f32[4, 8] = mul(%o, %c)
+  %rot.bf16: bf16[4, 8] = cast(%rot) {dtype = "bf16"}
+)"));
+  EXPECT_THAT(r.bf16_ops, ElementsAre("gelu", "matmul", "mul"));
+  EXPECT_THAT(r.f32_ops, ElementsAre("mul", "slice", "sum"));
+}
+
 // An activation that is a program output stays f32: outputs keep their types.
 TEST(Autocast, OutputsKeepTheirTypes) {
   AutocastResult r;

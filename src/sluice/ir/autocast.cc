@@ -12,27 +12,50 @@ namespace sluice {
 
 namespace {
 
+// How an op running bf16 stands to PyTorch's bf16 (for arithmetic's rule, below):
+//   kMakes     its result is bf16 there: a product (sluice keeps it f32 and rounds a copy for bf16
+//              readers), an activation;
+//   kCarries   a shape op: it moves the bytes it is given, so what it gives is made bf16 only where
+//              what it takes was;
+//   kPromotes  arithmetic (add, mul): bf16 only where each operand is made bf16, as PyTorch's type
+//              promotion gives bf16 for bf16 operands only; it never rounds an f32 operand.
+enum class Bf16Origin { kMakes, kCarries, kPromotes };
+
 // An op that takes bf16: the inputs it takes as bf16, and whether it gives bf16 (an activation,
 // a shape op) or f32 (a product).
 struct Bf16Rule {
   std::string_view op;
-  std::span<const int> positions;
-  bool bf16_output;
+  std::span<const int> positions;  // empty: every input (concat)
+  bool bf16_output;                // its first output is bf16
+  Bf16Origin origin = Bf16Origin::kMakes;
+  bool every_output = false;  // every output is bf16 (split)
 };
 
 constexpr int kOperands[] = {0, 1};
 constexpr int kFirst[] = {0};
+constexpr int kQkv[] = {0, 1, 2};
+constexpr Bf16Origin kCarries = Bf16Origin::kCarries, kPromotes = Bf16Origin::kPromotes;
 constexpr Bf16Rule kRules[] = {
     {"matmul", kOperands, false},            // products: bf16 operands, f32 result
     {"linear", kOperands, false},            //
     {"gelu", kFirst, true},                  // activations: bf16 in, bf16 out
     {"layer_norm", kFirst, true},            //
     {"causal_attention_qkv", kFirst, true},  //
+    {"causal_attention", kQkv, true},        //
     {"rms_norm", kFirst, true},              //
     {"swiglu", kOperands, true},             //
-    {"reshape", kFirst, true},               // shape ops move bytes of any dtype
-    {"transpose", kFirst, true},             //
-    {"permute", kFirst, true},               //
+    // Shape ops move bytes of any dtype.
+    {"reshape", kFirst, true, kCarries},
+    {"transpose", kFirst, true, kCarries},
+    {"permute", kFirst, true, kCarries},
+    {"slice", kFirst, true, kCarries},
+    {"slice_view", kFirst, true, kCarries},
+    {"split", kFirst, true, kCarries, true},
+    {"split_view", kFirst, true, kCarries, true},
+    {"concat", {}, true, kCarries},
+    // Arithmetic: f32 inside, bf16 out.
+    {"add", kOperands, true, kPromotes},
+    {"mul", kOperands, true, kPromotes},
 };
 
 const Bf16Rule* RuleOf(std::string_view op) {
@@ -43,8 +66,17 @@ const Bf16Rule* RuleOf(std::string_view op) {
 }
 
 bool TakesBf16At(const Bf16Rule* rule, int position) {
-  return rule != nullptr && std::find(rule->positions.begin(), rule->positions.end(), position) !=
-                                rule->positions.end();
+  return rule != nullptr &&
+         (rule->positions.empty() || std::find(rule->positions.begin(), rule->positions.end(),
+                                               position) != rule->positions.end());
+}
+
+// The input positions of `ins` that `rule` takes bf16.
+std::vector<int> Bf16Positions(const Bf16Rule& rule, const Instruction& ins) {
+  if (!rule.positions.empty()) return {rule.positions.begin(), rule.positions.end()};
+  std::vector<int> all(ins.inputs.size());
+  for (size_t k = 0; k < all.size(); ++k) all[k] = static_cast<int>(k);
+  return all;
 }
 
 bool IsF32(const Program& p, ValueId v) { return p.type(v).dtype == DType::kF32; }
@@ -121,37 +153,88 @@ class Autocast {
   ValueId New(ValueId v) const { return new_of_[static_cast<size_t>(v)]; }
   int64_t UnitOf(int32_t instruction) const { return unit_of_[static_cast<size_t>(instruction)]; }
 
-  // Which instructions run bf16, last to first: an activation runs bf16 only when every reader of
-  // its output takes bf16 there, which is decided before it.
+  // Whether instruction i's rule can apply at all: the inputs it takes bf16 are f32, the other
+  // float inputs (a bias, a layer norm's weight) f32 as the op takes them.
+  bool Applies(const Bf16Rule& rule, const Instruction& ins) const {
+    for (int k : Bf16Positions(rule, ins)) {
+      if (static_cast<size_t>(k) >= ins.inputs.size() || !IsF32(in_, ins.inputs[k])) return false;
+    }
+    for (size_t k = 0; k < ins.inputs.size(); ++k) {
+      const DType t = Type(ins.inputs[k]).dtype;
+      if (!TakesBf16At(&rule, static_cast<int>(k)) && IsFloating(t) && t != DType::kF32) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Whether every reader of y takes bf16 where it reads it (and y is no program output).
+  bool EveryReaderTakesBf16(ValueId y) const {
+    const std::vector<Reader>& readers = readers_[static_cast<size_t>(y)];
+    return !in_.IsOutput(y) && !readers.empty() &&
+           std::all_of(readers.begin(), readers.end(), [&](const Reader& r) {
+             return bf16_[static_cast<size_t>(r.instruction)] &&
+                    TakesBf16At(
+                        RuleOf(in_.instructions()[static_cast<size_t>(r.instruction)].op->name),
+                        r.position);
+           });
+  }
+
+  bool Decide(const Bf16Rule& rule, const Instruction& ins) const {
+    if (rule.origin == Bf16Origin::kPromotes) {
+      for (int k : Bf16Positions(rule, ins)) {
+        if (!made_bf16_[static_cast<size_t>(ins.inputs[k])]) return false;
+      }
+    }
+    if (!rule.bf16_output) return true;
+    if (rule.every_output) {
+      return std::all_of(ins.outputs.begin(), ins.outputs.end(),
+                         [&](ValueId y) { return EveryReaderTakesBf16(y); });
+    }
+    return EveryReaderTakesBf16(ins.outputs[0]);
+  }
+
+  // Which values are made bf16 (Bf16Origin) under the present choice, first to last.
+  void FindMadeBf16() {
+    made_bf16_.assign(in_.values().size(), false);
+    for (size_t i = 0; i < in_.instructions().size(); ++i) {
+      if (!bf16_[i]) continue;
+      const Instruction& ins = in_.instructions()[i];
+      const Bf16Rule& rule = *RuleOf(ins.op->name);
+      bool made = true;
+      if (rule.origin != Bf16Origin::kMakes) {
+        for (int k : Bf16Positions(rule, ins)) made = made && made_bf16_[ins.inputs[k]];
+      }
+      const size_t bf16_outputs = rule.every_output ? ins.outputs.size() : 1;
+      for (size_t k = 0; k < bf16_outputs; ++k) made_bf16_[ins.outputs[k]] = made;
+    }
+  }
+
+  // Which instructions run bf16. An activation runs bf16 only when every reader of its output
+  // takes bf16 there, which a sweep from the last instruction to the first decides before it;
+  // arithmetic also needs its operands made bf16, which depends on earlier instructions. So: start
+  // from every instruction whose rule applies, then find what is made bf16 and sweep, again until
+  // nothing changes — choices only turn from bf16 to f32, so this ends, with the largest
+  // consistent choice (the first sweep decides a program without such arithmetic).
   void DecideBf16() {
     const int32_t n = static_cast<int32_t>(in_.instructions().size());
     bf16_.assign(static_cast<size_t>(n), false);
-    for (int32_t i = n - 1; i >= 0; --i) {
+    for (int32_t i = 0; i < n; ++i) {
       const Instruction& ins = in_.instructions()[static_cast<size_t>(i)];
       const Bf16Rule* rule = RuleOf(ins.op->name);
-      if (rule == nullptr) continue;
-      bool ok = std::all_of(rule->positions.begin(), rule->positions.end(), [&](int k) {
-        return static_cast<size_t>(k) < ins.inputs.size() && IsF32(in_, ins.inputs[k]);
-      });
-      // Every other float input (a bias, a layer norm's weight) stays f32: the op takes it so.
-      for (size_t k = 0; k < ins.inputs.size(); ++k) {
-        const DType t = Type(ins.inputs[k]).dtype;
-        if (!TakesBf16At(rule, static_cast<int>(k)) && IsFloating(t) && t != DType::kF32) {
-          ok = false;
+      bf16_[static_cast<size_t>(i)] = rule != nullptr && Applies(*rule, ins);
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      FindMadeBf16();
+      for (int32_t i = n - 1; i >= 0; --i) {
+        if (!bf16_[static_cast<size_t>(i)]) continue;
+        const Instruction& ins = in_.instructions()[static_cast<size_t>(i)];
+        if (!Decide(*RuleOf(ins.op->name), ins)) {
+          bf16_[static_cast<size_t>(i)] = false;
+          changed = true;
         }
       }
-      if (ok && rule->bf16_output) {
-        const ValueId y = ins.outputs[0];
-        const std::vector<Reader>& readers = readers_[static_cast<size_t>(y)];
-        ok = !in_.IsOutput(y) && !readers.empty() &&
-             std::all_of(readers.begin(), readers.end(), [&](const Reader& r) {
-               return bf16_[static_cast<size_t>(r.instruction)] &&
-                      TakesBf16At(
-                          RuleOf(in_.instructions()[static_cast<size_t>(r.instruction)].op->name),
-                          r.position);
-             });
-      }
-      bf16_[static_cast<size_t>(i)] = ok;
     }
   }
 
@@ -250,6 +333,7 @@ class Autocast {
   std::vector<int64_t> unit_of_;              // instruction -> its unit (-1 without units)
   std::vector<std::vector<Reader>> readers_;  // value -> the instructions reading it
   std::vector<bool> bf16_;                    // instruction -> runs with bf16 operands
+  std::vector<bool> made_bf16_;               // value -> made bf16 (Bf16Origin)
   std::vector<ValueId> new_of_;               // value -> the same value in out_
   std::vector<ValueId> rounded_;              // value -> its bf16 copy in out_, made after it
   std::map<std::pair<ValueId, int64_t>, ValueId> unit_copies_;  // (out_ value, unit) -> bf16

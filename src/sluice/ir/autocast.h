@@ -8,13 +8,21 @@
 //                 each unit that reads it, just before its first reader there (autodiff remakes a
 //                 parameter's copy in backward rather than keeping it).
 //   activations   gelu, layer_norm (x; weight and bias f32), rms_norm (x; weight f32), swiglu
-//                 (both operands) and causal_attention_qkv (qkv; lse f32) take bf16 and give
-//                 bf16, computing in f32 — when every reader of their
-//                 output takes bf16 (a product, or such an activation running bf16): then their
-//                 input is rounded as a product's is and their output is what the next product
-//                 multiplies. Otherwise they run f32 (their output would only be widened again).
-//   shape ops     reshape, transpose and permute carry bf16 as they are (bytes moved), on the
-//                 same terms: a layer norm, a reshape, then a product stay bf16 throughout.
+//                 (both operands), causal_attention_qkv (qkv; lse f32) and causal_attention (q, k,
+//                 v; lse f32) take bf16 and give bf16, computing in f32 — when every reader of
+//                 their output takes bf16 (a product, or an op of this list or the next two
+//                 running bf16): then their input is rounded as a product's is and their output
+//                 is what the next product multiplies. Otherwise they run f32 (their output would
+//                 only be widened again).
+//   shape ops     reshape, transpose, permute, slice, split (every piece) and concat (every
+//                 input) carry bf16 as they are (bytes moved), on the same terms: a layer norm, a
+//                 reshape, then a product stay bf16 throughout.
+//   arithmetic    add and mul give bf16, computing in f32, on the same terms and only where each
+//                 operand is made bf16 — by a product (whose result PyTorch's autocast gives
+//                 bf16; sluice's operand is its rounded copy), an activation running bf16, or a
+//                 shape op or arithmetic carrying such a value — as PyTorch's type promotion gives
+//                 bf16 for bf16 operands only: an f32 operand (a parameter, a constant table, the
+//                 residual stream, an op running f32) keeps the op f32, never rounded for it.
 //   the rest      every other op runs f32: the fp32 fallback. A bf16 value it reads is widened
 //                 by a `cast` to f32, one per value and unit, just before its first reader there.
 //                 Losses, reductions, softmax and norms' statistics are never bf16.
@@ -37,7 +45,9 @@
 //   AutocastResult r = AutocastBf16(program);   // program: verified, f32
 //   r.program   // the bf16 program; r.f32_ops: {"add", "cross_entropy", ...}
 //
-// Thread-safety: reentrant. Cost: linear in the program's values and instructions.
+// Thread-safety: reentrant. Cost: linear in the program's values and instructions per sweep of
+// the choice of what runs bf16, repeated until it settles (each sweep but the last turns at least
+// one op back to f32).
 #pragma once
 
 #include <string>

@@ -274,12 +274,11 @@ TEST(Autocast, SplitHeadsAttentionAndTheShapeOpsAroundItCarryBf16) {
   EXPECT_THAT(r.f32_ops, ElementsAre("add", "sum"));
 }
 
-// add and mul follow PyTorch's type promotion: bf16 where both operands are made bf16 (here a
-// GELU running bf16 and a product's result, rounded once), computing in f32; an f32 operand (a
-// slice of a constant table, as a Llama's rotary cos) keeps the op f32, and nothing is rounded for
-// it: neither the product's result it multiplies nor the slice (which does not turn bf16 to feed
-// it).
-TEST(Autocast, ArithmeticRunsBf16OnlyOnOperandsMadeBf16) {
+// add and mul follow PyTorch's type promotion: bf16 where both operands are bf16 already (here two
+// GELUs running bf16), computing in f32. An f32 operand keeps the op f32 and nothing is rounded
+// for it: a product's result (a residual stream a linear starts), or a slice of a constant table
+// (a Llama's rotary cos; the slice does not turn bf16 to feed it).
+TEST(Autocast, ArithmeticRunsBf16OnlyOnBf16Operands) {
   AutocastResult r;
   const std::string out = Autocast(R"(program p {
   input %x: f32[4, 8]
@@ -290,27 +289,30 @@ TEST(Autocast, ArithmeticRunsBf16OnlyOnOperandsMadeBf16) {
   %a: f32[4, 8] = matmul(%x, %w1)
   %b: f32[4, 8] = matmul(%x, %w3)
   %g: f32[4, 8] = gelu(%a)
-  %h: f32[4, 8] = mul(%g, %b)
+  %e: f32[4, 8] = gelu(%b)
+  %h: f32[4, 8] = mul(%g, %e)
   %o: f32[4, 8] = matmul(%h, %w2)
   %c: f32[4, 8] = slice(%cos) {axis = 0, start = 0, end = 4}
   %rot: f32[4, 8] = mul(%o, %c)
-  %q: f32[4, 8] = matmul(%rot, %w2)
+  %u: f32[4, 8] = gelu(%rot)
+  %res: f32[4, 8] = add(%o, %u)
+  %q: f32[4, 8] = matmul(%res, %w2)
   %loss: f32[] = sum(%q)
   output %loss
 }
 )",
                                    &r);
-  EXPECT_THAT(out, testing::HasSubstr(R"(  %b.bf16: bf16[4, 8] = cast(%b) {dtype = "bf16"}
-  %g: bf16[4, 8] = gelu(%a.bf16)
-  %h: bf16[4, 8] = mul(%g, %b.bf16)
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %h: bf16[4, 8] = mul(%g, %e)
   %w2.bf16: bf16[8, 8] = cast(%w2) {dtype = "bf16"}
   %o: f32[4, 8] = matmul(%h, %w2.bf16)
   %c: f32[4, 8] = slice(%cos) {axis = 0, end = 4, start = 0}
   %rot: f32[4, 8] = mul(%o, %c)
-  %rot.bf16: bf16[4, 8] = cast(%rot) {dtype = "bf16"}
+  %u: f32[4, 8] = gelu(%rot)
+  %res: f32[4, 8] = add(%o, %u)
+  %res.bf16: bf16[4, 8] = cast(%res) {dtype = "bf16"}
 )"));
   EXPECT_THAT(r.bf16_ops, ElementsAre("gelu", "matmul", "mul"));
-  EXPECT_THAT(r.f32_ops, ElementsAre("mul", "slice", "sum"));
+  EXPECT_THAT(r.f32_ops, ElementsAre("add", "gelu", "mul", "slice", "sum"));
 }
 
 // An activation that is a program output stays f32: outputs keep their types.

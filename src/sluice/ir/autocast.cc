@@ -12,13 +12,13 @@ namespace sluice {
 
 namespace {
 
-// How an op running bf16 stands to PyTorch's bf16 (for arithmetic's rule, below):
-//   kMakes     its result is bf16 there: a product (sluice keeps it f32 and rounds a copy for bf16
-//              readers), an activation;
+// Where an op running bf16 gets its bf16 output (for arithmetic's rule, below):
+//   kMakes     it computes it: an activation (a product gives f32, and is made f32);
 //   kCarries   a shape op: it moves the bytes it is given, so what it gives is made bf16 only where
 //              what it takes was;
 //   kPromotes  arithmetic (add, mul): bf16 only where each operand is made bf16, as PyTorch's type
-//              promotion gives bf16 for bf16 operands only; it never rounds an f32 operand.
+//              promotion gives bf16 for bf16 operands only; it never rounds an f32 operand (a
+//              product's f32 result included: the residual stream a linear starts stays f32).
 enum class Bf16Origin { kMakes, kCarries, kPromotes };
 
 // An op that takes bf16: the inputs it takes as bf16, and whether it gives bf16 (an activation,
@@ -201,6 +201,7 @@ class Autocast {
       if (!bf16_[i]) continue;
       const Instruction& ins = in_.instructions()[i];
       const Bf16Rule& rule = *RuleOf(ins.op->name);
+      if (!rule.bf16_output) continue;  // a product: f32
       bool made = true;
       if (rule.origin != Bf16Origin::kMakes) {
         for (int k : Bf16Positions(rule, ins)) made = made && made_bf16_[ins.inputs[k]];

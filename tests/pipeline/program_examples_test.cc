@@ -6,6 +6,8 @@
 // safetensors file of named arrays that its inputs bind under other names.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,6 +129,25 @@ TEST(ProgramExamples, EveryLmExampleLearnsUnderBf16OnOneAndTwoStagesAlike) {
                                 "embed,block.0|block.1,head", 0.8);
   ExpectTrainsOnOneAndTwoStages(Bf16(Short(Example("tied_lm.sluice"), "sort")),
                                 "embed,block.0|block.1,head", 0.8);
+}
+
+// The GPT of tests/parity/torch_models.py as tools/torch_export.py writes it: the split of its
+// attention projection, the attention on split heads and the merge back run bf16 under autocast,
+// and two stages stay bitwise one.
+TEST(ProgramExamples, AnExportedSplitHeadsGptLearnsUnderBf16OnOneAndTwoStagesAlike) {
+  if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  }
+  const std::string dir = ::testing::TempDir() + "/split_heads_gpt";
+  std::filesystem::remove_all(dir);
+  const std::string cmd = "/usr/bin/python3 " + Example("../tools/torch_export.py") + " " +
+                          Example("../tests/parity/torch_models.py") +
+                          ":gpt --batch 16 --seq 12 --out " + dir + " > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the exporter failed: " << cmd;
+  TrainConfig c = Bf16(Short(dir + "/model.sluice", "sort"));
+  c.init_from = dir + "/init.safetensors";
+  ExpectTrainsOnOneAndTwoStages(c, "embed,h.0|h.1,head", 0.9);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ProgramExamples, TheClassifiersLearnUnderBf16OnOneAndTwoStagesAlike) {

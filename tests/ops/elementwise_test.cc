@@ -86,6 +86,8 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "full", .op = "full", .single_kernel = true, .inputs = {}, .attrs = {{"dtype", std::string("f32")}, {"shape", std::vector<int64_t>{2, 3}}, {"value", 1.5}}},
       {.label = "cast_to_f64", .op = "cast", .inputs = {F({7, 13})}, .attrs = f64},
       {.label = "cast_to_f32", .op = "cast", .inputs = {F({7, 13})}, .attrs = f32, .grad = false},
+      // An integer mask or count read as numbers (exact below 2^24); no gradient.
+      {.label = "cast_from_i64", .op = "cast", .inputs = {I64({5, 7})}, .attrs = f32, .fills = {Indices(9)}, .grad = false},
       // Mixed precision (op_harness.h): rounding to bf16 costs at most half a bf16 ulp, 2^-8 of
       // the value just above a power of two (4e-3); widening is exact; gradients pass through in
       // f32 both ways (exact).
@@ -162,7 +164,7 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "leaky_relu_grad_shape", .op = "leaky_relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "full_dtype", .op = "full", .inputs = {}, .attrs = {{"dtype", std::string("q8")}, {"shape", std::vector<int64_t>{2}}, {"value", 0.0}}},
       {.label = "cast_to_int", .op = "cast", .inputs = {F({3})}, .attrs = {{"dtype", std::string("i64")}}},
-      {.label = "cast_from_int", .op = "cast", .inputs = {I64({3})}, .attrs = {{"dtype", std::string("f32")}}},
+      {.label = "cast_int_to_bf16", .op = "cast", .inputs = {I64({3})}, .attrs = {{"dtype", std::string("bf16")}}},
   };
 }
 // clang-format on

@@ -94,6 +94,7 @@ std::vector<OpCase> LinalgCases();
 std::vector<OpCase> NnCases();
 std::vector<OpCase> OptimizerCases();
 std::vector<OpCase> ReductionCases();
+std::vector<OpCase> SelectCases();
 std::vector<OpCase> ShapeCases();
 
 class OpHarness : public ::testing::TestWithParam<OpCase> {};

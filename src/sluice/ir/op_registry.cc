@@ -9,6 +9,7 @@
 #include "sluice/core/spelling.h"
 #include "sluice/ir/ops/attention.h"
 #include "sluice/ir/ops/conv.h"
+#include "sluice/ir/ops/select.h"
 
 namespace sluice {
 
@@ -22,6 +23,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterNnOps(*r);
     RegisterAttentionOps(*r);
     RegisterConvOps(*r);
+    RegisterSelectOps(*r);
     RegisterOptimizerOps(*r);
     return r;
   }();

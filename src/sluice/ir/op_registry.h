@@ -228,7 +228,8 @@ class OpRegistry {
 // (add, sub, mul, div, scale, unary functions and their gradients, full, cast, copy), reduction
 // (sum, mean, sum_to, broadcast_to), shape (reshape, transpose, permute, slice, concat, split and
 // their view forms), linalg (matmul, linear), nn (softmax, causal masks, layer_norm, rms_norm,
-// embedding, cross_entropy and their gradients), optimizer (sgd_update, adamw_update).
+// embedding, cross_entropy and their gradients), optimizer (sgd_update, adamw_update); select
+// (compare, where) and conv register from their own headers.
 void RegisterElementwiseOps(OpRegistry& registry);
 void RegisterReductionOps(OpRegistry& registry);
 void RegisterShapeOps(OpRegistry& registry);

@@ -10,4 +10,5 @@
 #include "sluice/ir/ops/nn.h"
 #include "sluice/ir/ops/optimizer.h"
 #include "sluice/ir/ops/reduction.h"
+#include "sluice/ir/ops/select.h"
 #include "sluice/ir/ops/shape.h"

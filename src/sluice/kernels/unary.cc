@@ -284,5 +284,9 @@ template void Cast<float, double>(const float*, double*, int64_t);
 template void Cast<double, float>(const double*, float*, int64_t);
 template void Cast<float, float>(const float*, float*, int64_t);
 template void Cast<double, double>(const double*, double*, int64_t);
+template void Cast<int64_t, float>(const int64_t*, float*, int64_t);
+template void Cast<int64_t, double>(const int64_t*, double*, int64_t);
+template void Cast<int32_t, float>(const int32_t*, float*, int64_t);
+template void Cast<int32_t, double>(const int32_t*, double*, int64_t);
 
 }  // namespace sluice::kernels

@@ -384,7 +384,8 @@ void FullKernel(KernelContext& ctx) {
   }
 }
 
-// f32 <-> f64 both ways, f32 <-> bf16 both ways (mixed precision), and a cast to the same dtype.
+// f32 <-> f64 both ways, f32 <-> bf16 both ways (mixed precision), i32 or i64 to f32 or f64 (a
+// mask or a count read as numbers), and a cast to the same dtype.
 std::vector<TensorType> InferCast(std::span<const TensorType> in, const Attrs& attrs) {
   std::optional<DType> to = DTypeAttr(attrs);
   const DType from = in[0].dtype;
@@ -392,11 +393,11 @@ std::vector<TensorType> InferCast(std::span<const TensorType> in, const Attrs& a
     throw ShapeError(
         fmt::format("can cast to f32, f64 or bf16, not '{}'", attrs.GetString("dtype")));
   }
-  if (from != DType::kF32 && from != DType::kF64 && from != DType::kBF16) {
-    throw ShapeError(fmt::format("can cast f32, f64 or bf16, not {}", Name(from)));
+  if (from != DType::kF32 && from != DType::kF64 && from != DType::kBF16 && !IsInteger(from)) {
+    throw ShapeError(fmt::format("can cast f32, f64, bf16, i32 or i64, not {}", Name(from)));
   }
   if ((from == DType::kBF16 && *to == DType::kF64) ||
-      (from == DType::kF64 && *to == DType::kBF16)) {
+      ((from == DType::kF64 || IsInteger(from)) && *to == DType::kBF16)) {
     throw ShapeError(
         fmt::format("cannot cast {} to {} directly: cast through f32", Name(from), Name(*to)));
   }
@@ -416,6 +417,14 @@ void CastKernel(KernelContext& ctx) {
   } else if (x.dtype() == DType::kBF16) {
     (kFast ? kernels::FromBF16Parallel : kernels::FromBF16Reference)(x.data<BFloat16>(),
                                                                      y.data<float>(), n);
+  } else if (IsInteger(x.dtype())) {
+    DispatchFloat(y.dtype(), "cast", [&]<typename To>() {
+      if (x.dtype() == DType::kI64) {
+        kernels::Cast<int64_t, To>(x.data<int64_t>(), y.data<To>(), n);
+      } else {
+        kernels::Cast<int32_t, To>(x.data<int32_t>(), y.data<To>(), n);
+      }
+    });
   } else {
     DispatchFloat(x.dtype(), "cast", [&]<typename From>() {
       DispatchFloat(y.dtype(), "cast", [&]<typename To>() {
@@ -427,7 +436,9 @@ void CastKernel(KernelContext& ctx) {
 
 // The gradient in x's gradient type: f32 <-> f64 cast back; across bf16 both sides' gradients are
 // f32 (GradientType), so it passes through unrounded.
+// An integer x has no gradient.
 std::vector<Var> CastVjp(VjpContext& ctx) {
+  if (IsInteger(ctx.x_type(0).dtype)) return {Var()};
   Var dy = ctx.dy(0);
   const DType want = GradientType(ctx.x_type(0)).dtype;
   return {dy.dtype() == want ? dy : Cast(dy, want)};
@@ -723,9 +734,9 @@ void RegisterElementwiseOps(OpRegistry& r) {
               // A bf16 copy a backward product reads is remade from its input, as the layer norm
               // or GELU giving that input is, so `--recompute cheap` saves what fp32 saves.
               .recomputable = true,
-              .doc = "x converted to dtype: f32 <-> f64, f32 <-> bf16 (rounded to nearest even); "
-                     "the gradient is cast back (f32 across bf16)",
-              .signature = {.inputs = {{"x", "f32, f64 or bf16[...]"}},
+              .doc = "x converted to dtype: f32 <-> f64, f32 <-> bf16 (rounded to nearest even), "
+                     "i32 or i64 -> f32 or f64; the gradient is cast back (f32 across bf16)",
+              .signature = {.inputs = {{"x", "f32, f64, bf16, i32 or i64[...]"}},
                             .attrs = {{"dtype", "string"}},
                             .outputs = {{"y", "dtype[...]"}}}});
   r.Register({.name = "copy",

@@ -85,8 +85,8 @@ Var Full(Builder& b, const Shape& shape, double value, DType dtype);
 Var Zeros(Builder& b, const Shape& shape, DType dtype);
 Var Ones(Builder& b, const Shape& shape, DType dtype);
 
-// x converted to `dtype` (f32 <-> f64); x itself when it already has that dtype. Op "cast",
-// attribute dtype.
+// x converted to `dtype` (f32 <-> f64, f32 <-> bf16, i32 or i64 to f32 or f64: an integer x has
+// no gradient); x itself when it already has that dtype. Op "cast", attribute dtype.
 Var Cast(Var x, DType dtype);
 // A copy of x in fresh memory. Op "copy".
 Var Copy(Var x);

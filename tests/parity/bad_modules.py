@@ -164,6 +164,19 @@ class Dropout(TinyLM):
         return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
 
 
+class ConstantMask(TinyLM):
+    """masked_fill by a constant boolean buffer that is not a causal mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("band", torch.eye(11, dtype=torch.bool))
+
+    def forward(self, tokens, targets):
+        x = self.head(self.embed(tokens))
+        x = x.masked_fill(self.band[0], 0.0)
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
 class PaddingIdx(TinyLM):
     """nn.Embedding(padding_idx=0): PyTorch never trains row 0."""
 
@@ -283,6 +296,10 @@ def recurrent():
 
 def dropout():
     return Dropout()
+
+
+def constant_mask():
+    return ConstantMask()
 
 
 def frozen():

@@ -12,9 +12,28 @@ arrays of a safetensors data file, and returns F.cross_entropy of the logits.
                   (forward(image, label), image [B, 1, 12, 12]): Conv2d, ReLU, MaxPool2d, Conv2d
                   (stride 1, padding 1), GroupNorm, ReLU, AvgPool2d, Flatten, Linear.
   conv1d          Conv1d (stride 2) over each image's rows read as a sequence of 12 channels.
+  vit             a ViT on those images: patches embedded by a Conv2d with stride = patch, a class
+                  token concatenated in front, learned positions, nn.TransformerEncoderLayer
+                  (batch_first, pre-norm, GELU), the head on the class token.
+
+On the padded token sequences of examples/padded_text_data.py (forward(tokens, mask, label), mask
+1 at a token and 0 at the padding):
+  bert_classifier   BERT-style layers of torch_models.py with the padding mask over the attention
+                    scores (masked_fill(mask == 0, -inf)), the [CLS] position through a tanh pooler.
+  encoder_classifier  nn.TransformerEncoder (post-norm, ReLU: PyTorch's defaults, dropout 0) with
+                    src_key_padding_mask=(mask == 0), then the mean over the real tokens
+                    (mask.float(), sum, divide).
+And on the blobs:
+  gated_classifier  GELU(approximate='tanh'), a tanh·sigmoid gate, F.normalize, torch.where,
+                    clamp.
+Their attention's key bias (in_proj_bias for PyTorch's layers) is frozen: see torch_models.py's
+BertSelfAttention.
 """
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_models import BertEmbeddings, BertLayer  # the same directory
 
 
 class MlpClassifier(nn.Module):
@@ -88,3 +107,102 @@ class Conv1dClassifier(nn.Module):
 
 def conv1d():
     return Conv1dClassifier()
+
+
+def _freeze_in_proj_bias(layers):
+    for layer in layers:
+        layer.self_attn.in_proj_bias.requires_grad_(False)
+
+
+class ViT(nn.Module):
+    def __init__(self, size=12, patch=4, dim=16, heads=2, layers=2, classes=2):
+        super().__init__()
+        patches = (size // patch) ** 2
+        self.patch = nn.Conv2d(1, dim, patch, stride=patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, patches + 1, dim) * 0.02)
+        self.blocks = nn.ModuleList([
+            nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu",
+                                       batch_first=True, norm_first=True)
+            for _ in range(layers)])
+        _freeze_in_proj_bias(self.blocks)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, image, label):
+        x = self.patch(image).flatten(2).transpose(1, 2)  # [B, patches, dim]
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.head(self.norm(x)[:, 0]), label)
+
+
+def vit():
+    torch.manual_seed(0)
+    return ViT()
+
+
+class BertClassifier(nn.Module):
+    def __init__(self, vocab=11, seq=12, dim=32, heads=2, layers=2, classes=2):
+        super().__init__()
+        self.embeddings = BertEmbeddings(vocab, seq, dim)
+        self.layers = nn.ModuleList([BertLayer(dim, heads) for _ in range(layers)])
+        self.pooler = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens, mask, label):
+        x = self.embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x, mask)
+        pooled = torch.tanh(self.pooler(x[:, 0]))
+        return F.cross_entropy(self.head(pooled), label)
+
+
+def bert_classifier():
+    torch.manual_seed(0)
+    return BertClassifier()
+
+
+class EncoderClassifier(nn.Module):
+    def __init__(self, vocab=11, seq=12, dim=16, heads=2, layers=2, classes=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(1, seq, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        _freeze_in_proj_bias(self.encoder.layers)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens, mask, label):
+        T = tokens.shape[1]
+        x = self.encoder(self.embed(tokens) + self.pos[:, :T], src_key_padding_mask=(mask == 0))
+        keep = mask.unsqueeze(-1).float()
+        pooled = (x * keep).sum(dim=1) / keep.sum(dim=1)
+        return F.cross_entropy(self.head(pooled), label)
+
+
+def encoder_classifier():
+    torch.manual_seed(0)
+    return EncoderClassifier()
+
+
+class GatedClassifier(nn.Module):
+    def __init__(self, features=8, hidden=32, classes=4):
+        super().__init__()
+        self.up = nn.Linear(features, hidden)
+        self.value = nn.Linear(hidden, hidden)
+        self.gate = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, classes)
+
+    def forward(self, features, label):
+        h = F.gelu(self.up(features), approximate="tanh")
+        h = torch.tanh(self.value(h)) * torch.sigmoid(self.gate(h))
+        h = F.normalize(h, dim=-1)
+        h = torch.where(h > 0, h, 0.1 * h).clamp(-0.2, 0.5)
+        return F.cross_entropy(self.out(h), label)
+
+
+def gated_classifier():
+    torch.manual_seed(0)
+    return GatedClassifier()
+

@@ -165,7 +165,23 @@ class BadInput(ExportCase):
         # PyTorch 1.13 traces dropout as empty_like, bernoulli_, div_: it was refused as
         # "unsupported ATen op aten.empty_like.default", which did not say dropout.
         self.refused(f"{MODULES}:dropout", "dropout with p=0.1 in training mode",
-                     "in module 'drop'", "module.eval()")
+                     "in module 'drop'", "module.eval()", "--without-dropout")
+
+    def test_without_dropout_says_what_it_left_out(self):
+        # nn.TransformerEncoderLayer and BERT default to dropout 0.1: --without-dropout exports
+        # them at p=0, saying so on the terminal and in the program's first line.
+        result, out = self.export(f"{MODULES}:dropout", extra=["--without-dropout"])
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("without dropout: drop (p=0.1): the program trains as the module would with "
+                      "these at p=0, not as PyTorch trains it", result.stdout)
+        with open(os.path.join(out, "model.sluice")) as f:
+            self.assertEqual(f.readline(), "# without dropout (--without-dropout): drop p=0.1\n")
+
+    def test_a_constant_mask_other_than_causal(self):
+        # A mask computed from the inputs (a padding mask) becomes where(); a constant one that is
+        # not causal has no mapping and is named as such.
+        self.refused(f"{MODULES}:constant_mask", "masked_fill with a constant mask other than a "
+                     "causal one", line_of("x = x.masked_fill(self.band[0], 0.0)"))
 
     def test_an_embedding_with_padding_idx(self):
         # padding_idx was dropped: sluice trained the row PyTorch never trains.

@@ -88,8 +88,10 @@ def main():
     model = load(build(spec), init, init_path)
     # A token model's program inputs are tokens and targets whatever forward calls them; a module
     # reading arrays has one input per forward argument, of its name.
-    names = (["tokens", "targets"] if "tokens.0" in batches
-             else list(inspect.signature(model.forward).parameters))
+    # (A module reading arrays may call one of them `tokens`: its arguments decide, not the keys.)
+    arguments = list(inspect.signature(model.forward).parameters)
+    names = (arguments if all(f"{n}.0" in batches for n in arguments)
+             else ["tokens", "targets"])
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                             eps=cfg["eps"], weight_decay=cfg["weight_decay"])

@@ -23,6 +23,12 @@ read with `B, T = x.shape`, the attention spelt out with a mask, a weight tied b
   unused_head  seq_mlp's layers with a second output head forward never uses (as an imported module
            keeps a head for another task): PyTorch leaves its .grad None and AdamW skips it, weight
            decay included.
+  bert_mlm a BERT-style encoder trained as a masked LM is trained here on next tokens: token and
+           learned position embeddings with an embedding LayerNorm, bidirectional self-attention
+           (no mask; query, key, value as separate nn.Linear), post-norm layers with an exact-GELU
+           MLP, the MLM head's transform (GELU with approximate='tanh', LayerNorm) and a decoder
+           tied to the token embedding with a bias of its own; the key biases are frozen (see
+           BertMLM).
   encoder  two nn.TransformerEncoderLayer (PyTorch's own, with nn.MultiheadAttention; pre-norm,
            GELU, no dropout) in an nn.ModuleList, causal by a boolean src_mask buffer (which
            MultiheadAttention adds to the scores by baddbmm), then a linear head; the attention's
@@ -314,3 +320,83 @@ def encoder():
 def unused_head():
     torch.manual_seed(0)
     return UnusedHead()
+
+
+class BertSelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention as BERT writes it; `pad` [B, T] (1 at a token, 0
+    at padding) masks the padding keys out."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.query = nn.Linear(dim, dim)
+        self.key = nn.Linear(dim, dim)
+        self.value = nn.Linear(dim, dim)
+        self.output = nn.Linear(dim, dim)
+        # The key bias has a true gradient of zero (softmax ignores a shift shared by every key):
+        # each framework's rounding noise becomes AdamW steps of up to lr that differ, so it is
+        # frozen for the weights to compare (as Encoder's in_proj_bias).
+        self.key.bias.requires_grad_(False)
+
+    def forward(self, x, pad=None):
+        B, T, C = x.shape
+        h = self.heads
+        q = self.query(x).view(B, T, h, C // h).permute(0, 2, 1, 3)
+        k = self.key(x).view(B, T, h, C // h).permute(0, 2, 1, 3)
+        v = self.value(x).view(B, T, h, C // h).permute(0, 2, 1, 3)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(C // h)
+        if pad is not None:
+            scores = scores.masked_fill(pad[:, None, None, :] == 0, float("-inf"))
+        y = F.softmax(scores, dim=-1) @ v
+        return self.output(y.permute(0, 2, 1, 3).reshape(B, T, C))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.attention = BertSelfAttention(dim, heads)
+        self.attention_norm = nn.LayerNorm(dim, eps=1e-12)
+        self.intermediate = nn.Linear(dim, 4 * dim)
+        self.output = nn.Linear(4 * dim, dim)
+        self.output_norm = nn.LayerNorm(dim, eps=1e-12)
+
+    def forward(self, x, pad=None):
+        x = self.attention_norm(x + self.attention(x, pad))
+        return self.output_norm(x + self.output(F.gelu(self.intermediate(x))))
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, vocab, seq, dim):
+        super().__init__()
+        self.word = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(seq, dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-12)
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        return self.norm(self.word(tokens) + self.position(torch.arange(T)))
+
+
+class BertMLM(nn.Module):
+    def __init__(self, vocab=11, seq=12, dim=32, heads=2, layers=2):
+        super().__init__()
+        self.embeddings = BertEmbeddings(vocab, seq, dim)
+        self.layers = nn.ModuleList([BertLayer(dim, heads) for _ in range(layers)])
+        self.transform = nn.Linear(dim, dim)
+        self.transform_norm = nn.LayerNorm(dim, eps=1e-12)
+        self.decoder = nn.Linear(dim, vocab)
+        self.decoder.weight = self.embeddings.word.weight  # tied; the decoder keeps its bias
+
+    def forward(self, tokens, targets):
+        x = self.embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        x = self.transform_norm(F.gelu(self.transform(x), approximate="tanh"))
+        logits = self.decoder(x)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def bert_mlm():
+    torch.manual_seed(0)
+    return BertMLM()
+

@@ -8,7 +8,9 @@
 // layers (nn.Sequential, nn.TransformerEncoderLayer) with frozen parameters, and the classifiers
 // of tests/parity/torch_classifiers.py, whose forward reads float features and integer labels from
 // a safetensors data file (examples/classifier_data.py writes it; `--data FILE` to the exporter),
-// among them convolutional networks on the images of examples/bars_data.py.
+// among them convolutional networks and a ViT on the images of examples/bars_data.py, and text
+// classifiers reading a padding mask (BERT-style layers, nn.TransformerEncoder with
+// src_key_padding_mask) on the padded sequences of examples/padded_text_data.py.
 //
 //   losses          the ten per-step losses, 1e-5 relative
 //   final weights   1e-4 of each tensor's largest entry plus 2e-2 of the AdamW steps taken
@@ -402,12 +404,14 @@ INSTANTIATE_TEST_SUITE_P(Models, TorchImportAutocastParity,
                          testing::Values("gpt", "llama", "mlp_lm"), ModelName);
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportGolden, testing::Values("gpt", "llama", "mlp_lm"),
                          ModelName);
-// seq_mlp and encoder are modules a user brings as they are (an nn.Sequential MLP with a frozen
-// position table; PyTorch's own nn.TransformerEncoderLayer): checked here only, with no golden
-// files.
+// seq_mlp, encoder and bert_mlm are modules a user brings as they are (an nn.Sequential MLP with a
+// frozen position table; PyTorch's own nn.TransformerEncoderLayer; a BERT-style encoder): checked
+// here only, with no golden files.
 // The classifiers read arrays of a data file written at run time, also checked here only.
 constexpr const char* kBlobs = "python3 examples/classifier_data.py {} --examples 256 > /dev/null";
 constexpr const char* kBars = "python3 examples/bars_data.py {} --examples 128 > /dev/null";
+constexpr const char* kPadded =
+    "python3 examples/padded_text_data.py {} --examples 128 > /dev/null";
 INSTANTIATE_TEST_SUITE_P(
     Models, TorchImportParity,
     testing::Values(ImportedModel{"gpt", "torch_models.py", nullptr},
@@ -419,7 +423,12 @@ INSTANTIATE_TEST_SUITE_P(
                     ImportedModel{"smoothed_mean", "torch_classifiers.py", kBlobs},
                     ImportedModel{"smoothed_sum", "torch_classifiers.py", kBlobs},
                     ImportedModel{"cnn", "torch_classifiers.py", kBars},
-                    ImportedModel{"conv1d", "torch_classifiers.py", kBars}),
+                    ImportedModel{"conv1d", "torch_classifiers.py", kBars},
+                    ImportedModel{"bert_mlm", "torch_models.py", nullptr},
+                    ImportedModel{"vit", "torch_classifiers.py", kBars},
+                    ImportedModel{"bert_classifier", "torch_classifiers.py", kPadded},
+                    ImportedModel{"encoder_classifier", "torch_classifiers.py", kPadded},
+                    ImportedModel{"gated_classifier", "torch_classifiers.py", kBlobs}),
     ImportedName);
 
 }  // namespace

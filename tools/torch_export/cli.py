@@ -15,7 +15,7 @@ from .errors import AmbiguousSizes, ExportError
 from .lowering import Lowering
 from .sizes import generalise, second_batches, second_sizes
 from .tracing import (block_paths, check_modules, forward_arguments, frozen_parameters,
-                      load_module, parameter_aliases, trace)
+                      load_module, parameter_aliases, remove_dropout, trace)
 
 
 def write_safetensors(path, tensors):
@@ -141,7 +141,7 @@ def token_examples(batch, seq):
     return [tokens, targets]
 
 
-def export(spec, batch, seq, out, data=None, input_specs=(), binds=()):
+def export(spec, batch, seq, out, data=None, input_specs=(), binds=(), without_dropout=False):
     """Token mode (no data nor input_specs): forward(tokens, targets) on token data, sizes B and T.
     Array mode: forward's arguments bound to the arrays of a data file, sizes B alone."""
     arrays = data is not None or bool(input_specs)
@@ -162,6 +162,7 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=()):
     check_out(out)
     module, user_file = load_module(spec)
     check_modules(module)
+    dropped = remove_dropout(module) if without_dropout else []
     arg_names = forward_arguments(module)
     if arrays:
         inputs = array_inputs(arg_names, data, input_specs, binds)
@@ -219,6 +220,9 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=()):
     else:
         program = (f"# exported by tools/torch_export.py from {spec} (batch {batch}, sequences up "
                    f"to {seq}; traced at {at})\n" + program)
+    if dropped:
+        program = (f"# without dropout (--without-dropout): "
+                   f"{', '.join(f'{p} p={v:g}' for p, v in dropped)}\n" + program)
 
     parent = os.path.dirname(os.path.abspath(out)) or "."
     try:
@@ -243,7 +247,8 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=()):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     tied = [(n, len(hs)) for n, _, hs in aliases if len(hs) > 1]
-    return units, tied, len(names), sum(p.numel() for _, p, _ in aliases), list(lowering.constants)
+    return (units, tied, len(names), sum(p.numel() for _, p, _ in aliases),
+            list(lowering.constants), dropped)
 
 
 def main(argv=None):
@@ -261,10 +266,14 @@ def main(argv=None):
     parser.add_argument("--bind", action="append", default=[], metavar="ARG=ARRAY",
                         help="forward argument ARG reads the data array ARRAY")
     parser.add_argument("--out", required=True, help="new or empty folder to write")
+    parser.add_argument("--without-dropout", action="store_true",
+                        help="export every nn.Dropout (and nn.MultiheadAttention's dropout) as p=0: "
+                             "sluice has no dropout, so the program trains without it, which "
+                             "PyTorch's module.train() does not")
     a = parser.parse_args(argv)
     try:
-        units, tied, count, numel, constants = export(a.spec, a.batch, a.seq, a.out, a.data,
-                                                      a.input, a.bind)
+        units, tied, count, numel, constants, dropped = export(
+            a.spec, a.batch, a.seq, a.out, a.data, a.input, a.bind, a.without_dropout)
     except ExportError as e:
         print(f"torch_export: error: {e}", file=sys.stderr)
         return 1
@@ -275,6 +284,9 @@ def main(argv=None):
         print(f"constants (buffers, never trained): {', '.join(constants)}")
     for n, k in tied:
         print(f"tied: {n} is shared by {k} modules (one parameter)")
+    if dropped:
+        print(f"without dropout: {', '.join(f'{p} (p={v:g})' for p, v in dropped)}: the program "
+              f"trains as the module would with these at p=0, not as PyTorch trains it")
     data = f" --data {a.data}" if a.data else (" --data FILE.safetensors" if a.input else "")
     print(f"train it: sluice train --program {os.path.join(a.out, 'model.sluice')} "
           f"--init-from {os.path.join(a.out, 'init.safetensors')}{data}")

@@ -145,14 +145,125 @@ def _causal_mask_value(t, additive):
 
 
 def _masked_fill(L, node, args, kwargs, shape):
+    """masked_fill(x, mask, v): causal_mask for a constant causal mask; where(mask, v, x) for a
+    mask computed from the inputs (a padding mask, `pad == 0`)."""
     x, mask, value = args[0], args[1], args[2]
     v = L.scalar_of(value)
-    if isinstance(mask, Const) and v is not None and _causal_mask_value(mask.tensor, False):
+    if v is None:
+        L.fail("masked_fill with a value that is not one number")
+    if isinstance(mask, Const) and _causal_mask_value(mask.tensor, False):
         if list(mask.tensor.shape[-2:]) != shape[-2:]:
             L.fail("masked_fill with a causal mask of another size than the scores")
         return L.emit("causal_mask", [L.val(x)], shape, "f32", {"value": v})
-    L.fail("masked_fill is supported with a constant causal mask only (entries above the diagonal "
-           "filled); other masks are not")
+    if isinstance(mask, Const):
+        L.fail("masked_fill with a constant mask other than a causal one (entries above the "
+               "diagonal filled): compute the mask from the inputs, or use a causal one")
+    if node.target == aten.masked_fill_.Scalar and list(node.args[0].users) != [node]:
+        L.fail("masked_fill_ (in place) on a value something else reads too: write "
+               "x = x.masked_fill(mask, value)")
+    return L.emit("where", [_condition(L, mask), _operand(L, v), _operand(L, x)], shape, "f32",
+                  hint="masked_fill")
+
+
+def _condition(L, x):
+    """A boolean value (a comparison's 0/1 in f32) or a float one used as a condition."""
+    x = L.val(x)
+    if x.dtype != "f32":
+        L.fail(f"a condition of dtype {x.dtype}: compare it first (mask == 1)")
+    return x
+
+
+def _as_f32(L, x):
+    """An operand of a comparison: an i64 input (a padding mask, token ids) cast to f32."""
+    if isinstance(x, (int, float)):
+        return _operand(L, x)
+    x = L.val(x)
+    if x.dtype == "i64":
+        return L.emit("cast", [x], x.shape, "f32", {"dtype": "f32"}, hint="f32")
+    return x
+
+
+def _compare(relation):
+    """eq, ne, lt, le, gt, ge: 1 where the relation holds, 0 elsewhere, as f32 (a boolean tensor
+    of PyTorch's, which masked_fill, torch.where and `.float()` read so)."""
+    def lower(L, node, args, kwargs, shape):
+        return L.emit("compare", [_as_f32(L, args[0]), _as_f32(L, args[1])], shape, "f32",
+                      {"relation": relation})
+    return lower
+
+
+def _logical_not(L, node, args, kwargs, shape):
+    x = _condition(L, args[0])
+    if node.target == aten.bitwise_not.default and L.concrete[node].dtype != torch.bool:
+        L.fail("bitwise_not of integers")
+    zero = _operand(L, 0.0)
+    return L.emit("compare", [x, zero], shape, "f32", {"relation": "eq"}, hint="not")
+
+
+def _where(L, node, args, kwargs, shape):
+    cond, a, b = args[0], args[1], args[2]
+    return L.emit("where", [_condition(L, cond), _operand(L, a), _operand(L, b)], shape, "f32")
+
+
+def _clamp(L, node, args, kwargs, shape):
+    """clamp, clamp_min, clamp_max as where(x < low, low, x) (and the same for high): the
+    gradient passes to x where it was kept, as PyTorch's does (x >= min and x <= max)."""
+    x = L.val(args[0])
+    if node.target == aten.clamp_max.default:
+        low, high = None, args[1]
+    else:
+        low = args[1] if len(args) > 1 else kwargs.get("min")
+        high = args[2] if len(args) > 2 else kwargs.get("max")
+        if node.target == aten.clamp_min.default:
+            high = None
+    for bound, relation in ((low, "lt"), (high, "gt")):
+        if bound is None:
+            continue
+        if L.scalar_of(bound) is None:
+            L.fail("clamp by a tensor bound: only numbers are supported")
+        b = _operand(L, L.scalar_of(bound))
+        out = L.emit("compare", [x, b], shape, "f32", {"relation": relation}, hint="outside")
+        x = L.emit("where", [out, b, x], shape, "f32", hint="clamped")
+    return x
+
+
+def _norm(L, node, args, kwargs, shape):
+    """The 2-norm along axes (F.normalize's denominator): sqrt(sum(x·x))."""
+    x = L.val(args[0])
+    p = args[1] if len(args) > 1 else kwargs.get("p", 2)
+    dims = args[2] if len(args) > 2 else kwargs.get("dim")
+    keep = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    if L.scalar_of(p) != 2.0:
+        L.fail(f"a norm of order {p}: only the 2-norm is supported")
+    if dims is None:
+        dims = list(range(len(x.shape)))
+    dims = [dims] if isinstance(dims, int) else dims
+    sq = L.emit("mul", [x, x], x.shape, "f32", hint="square")
+    s = L.emit("sum", [sq], shape, "f32", {"axes": [d % len(x.shape) for d in dims],
+                                           "keepdims": bool(keep)})
+    return L.emit("sqrt", [s], shape, "f32")
+
+
+def _to_copy(L, node, args, kwargs, shape):
+    """`.float()` / `.to(torch.float32)`: an i64 value cast, a boolean one (already 0/1 in f32) or
+    an f32 one kept."""
+    dtype = kwargs.get("dtype")
+    x = args[0]
+    if dtype not in (None, torch.float32):
+        L.fail(f"a conversion to {dtype}: sluice computes in f32")
+    x = L.val(x)
+    if x.dtype == "i64":
+        return L.emit("cast", [x], shape, "f32", {"dtype": "f32"})
+    return x
+
+
+def _full_like(value):
+    def lower(L, node, args, kwargs, shape):
+        dtype = kwargs.get("dtype", L.concrete[node].dtype)
+        if dtype not in (torch.float32, torch.bool):
+            L.fail(f"a tensor like another of dtype {dtype}: sluice computes in f32")
+        return L.emit("full", [], shape, "f32", {"dtype": "f32", "shape": shape, "value": value})
+    return lower
 
 
 def _unary(op):
@@ -471,11 +582,17 @@ def _unsqueeze_squeeze(L, node, args, kwargs, shape):
     return L.emit("reshape", [x], shape, x.dtype, {"shape": shape})
 
 
+def _dropout_message(p):
+    return (f"dropout with p={p:.6g} in training mode: sluice has no dropout (no random masks), "
+            f"so it cannot train as PyTorch's module.train() does; to train without it, export "
+            f"with --without-dropout (every nn.Dropout and nn.MultiheadAttention dropout as p=0), "
+            f"or build the module with p=0 or call module.eval() in the factory")
+
+
 def _dropout(L, node, args, kwargs, shape):
     x, p, train = args[0], args[1], args[2]
     if train and p:
-        L.fail(f"dropout with p={p} in training mode: sluice has no dropout; use p=0 or "
-               f"call module.eval() in the factory")
+        L.fail(_dropout_message(p))
     return (x, None)
 
 
@@ -485,8 +602,7 @@ def _empty_like(L, node, args, kwargs, shape):
     for user in node.users:
         if user.target in (aten.bernoulli_.float, aten.bernoulli.p):
             p = 1 - user.args[1]
-            L.fail(f"dropout with p={p:.6g} in training mode: sluice has no dropout; use p=0 or "
-                   f"call module.eval() in the factory")
+            L.fail(_dropout_message(p))
     L.fail(f"unsupported ATen op {node.target}: sluice has no mapping for it "
            f"(docs/torch-export.md lists the supported ops)")
 
@@ -548,7 +664,21 @@ LOWERINGS = {
     aten.add.Tensor: _binary("add"), aten.sub.Tensor: _binary("sub"),
     aten.mul.Tensor: _binary("mul"), aten.div.Tensor: _binary("div"),
     aten.add.Scalar: _binary("add"), aten.mul.Scalar: _binary("mul"),
-    aten.masked_fill.Scalar: _masked_fill,
+    aten.masked_fill.Scalar: _masked_fill, aten.masked_fill_.Scalar: _masked_fill,
+    aten.masked_fill.Tensor: _masked_fill,
+    aten.eq.Scalar: _compare("eq"), aten.eq.Tensor: _compare("eq"),
+    aten.ne.Scalar: _compare("ne"), aten.ne.Tensor: _compare("ne"),
+    aten.lt.Scalar: _compare("lt"), aten.lt.Tensor: _compare("lt"),
+    aten.le.Scalar: _compare("le"), aten.le.Tensor: _compare("le"),
+    aten.gt.Scalar: _compare("gt"), aten.gt.Tensor: _compare("gt"),
+    aten.ge.Scalar: _compare("ge"), aten.ge.Tensor: _compare("ge"),
+    aten.logical_not.default: _logical_not, aten.bitwise_not.default: _logical_not,
+    aten.where.self: _where, aten.where.ScalarSelf: _where, aten.where.ScalarOther: _where,
+    aten.where.Scalar: _where,
+    aten.clamp.default: _clamp, aten.clamp_min.default: _clamp, aten.clamp_max.default: _clamp,
+    aten.norm.ScalarOpt_dim: _norm, aten.linalg_vector_norm.default: _norm,
+    aten._to_copy.default: _to_copy,
+    aten.zeros_like.default: _full_like(0.0), aten.ones_like.default: _full_like(1.0),
     aten.neg.default: _unary("neg"), aten.exp.default: _unary("exp"),
     aten.log.default: _unary("log"), aten.sqrt.default: _unary("sqrt"),
     aten.tanh.default: _unary("tanh"), aten.relu.default: _unary("relu"),

@@ -53,6 +53,21 @@ def check_modules(module):
                               f"no mapping in sluice (docs/torch-export.md lists the supported ops)")
 
 
+def remove_dropout(module):
+    """--without-dropout: every nn.Dropout (and nn.MultiheadAttention's attention dropout) of the
+    module set to p = 0, as module.eval() would for them alone; returns [(module path, p)] of
+    those that had p > 0. A functional F.dropout with p > 0 in forward is still refused."""
+    removed = []
+    for path, sub in module.named_modules():
+        if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.p > 0:
+            removed.append((path, sub.p))
+            sub.p = 0.0
+        elif isinstance(sub, torch.nn.MultiheadAttention) and sub.dropout > 0:
+            removed.append((f"{path} (attention)", sub.dropout))
+            sub.dropout = 0.0
+    return removed
+
+
 def parameter_aliases(module):
     """[(name, Parameter, [(owner module, attribute), ...])] in named_parameters() order; a tied
     Parameter appears once, under its first name, with every (module, attribute) holding it.

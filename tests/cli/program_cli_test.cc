@@ -313,6 +313,14 @@ TEST_F(ProgramCli, AParameterTheLossDoesNotReadIsLeftAsItWas) {
     }
     EXPECT_TRUE(f.tensors.count("fc.weight.exp_avg"));
   }
+  // The summary counts both (fc: 16·4 + 4 trained; aux and side: 64 + 16 unused; it counted the
+  // trained ones alone), and a classifier's throughput is in examples, not tokens.
+  const CliResult loud =
+      Sluice(fmt::format("train --program {} --data blobs --steps 2 --lr 0.1", program.string()));
+  ASSERT_EQ(loud.status, 0) << loud.err;
+  EXPECT_THAT(loud.err, HasSubstr("68 parameters trained, 80 unused"));
+  EXPECT_THAT(loud.err, HasSubstr("examples/s"));
+  EXPECT_THAT(loud.err, Not(HasSubstr("tok/s")));
   // A checkpoint of an earlier sluice, which kept (zero) optimizer state for them, resumes: the
   // state is ignored, saying so.
   const fs::path ck = dir_ / "unused1.safetensors";

@@ -95,6 +95,22 @@ TEST(RunReport, StepsCountOnceAndTheLaterLineWins) {
   EXPECT_TRUE(d["trace"].is_null());
 }
 
+// A language model's metrics count tokens; a classifier's on arrays count examples
+// ("examples_per_s"): the report draws whichever the run wrote, under its name.
+TEST(RunReport, ThroughputKeepsTheUnitTheRunCounted) {
+  const Json tokens = ReportData(Metrics());
+  EXPECT_EQ(tokens["unit"], "tokens");
+  EXPECT_EQ(tokens["steps"]["per_s"], Json({100.0, 120.0, 115.0}));
+  std::vector<Json> metrics = {
+      {{"step", 1}, {"loss", 1.2}, {"lr", 1e-3}, {"examples_per_s", 900.0}},
+      {{"step", 2}, {"loss", 1.1}, {"lr", 1e-3}, {"examples_per_s", 1100.0}},
+      {{"summary", true}, {"steps", 2}, {"examples_per_s", 1000.0}}};
+  const Json examples = ReportData(metrics);
+  EXPECT_EQ(examples["unit"], "examples");
+  EXPECT_EQ(examples["steps"]["per_s"], Json({900.0, 1100.0}));
+  EXPECT_EQ(examples["per_s"], 1000.0);
+}
+
 TEST(RunReport, StagesCarryTheirPeaksAndAnyPredictionFromTheSummary) {
   const Json d = ReportData(Metrics());
   ASSERT_EQ(d["stages"].size(), 2u);

@@ -48,7 +48,7 @@ std::string_view ReportPageTemplate() {
   <p class="note">Training loss at every logged step, validation loss at every evaluation, and the
   learning rate (right axis).</p><div class="legend" id="loss-legend"></div><div id="loss"></div></section>
 <section id="throughput-panel"><h2>Throughput</h2>
-  <p class="note" id="throughput-note">Tokens per second of every step.</p>
+  <p class="note" id="throughput-note">Tokens (or examples) per second of every step.</p>
   <div class="legend" id="throughput-legend"></div><div id="throughput"></div></section>
 <section id="memory-panel"><h2>Peak memory per stage</h2>
   <p class="note" id="memory-note"></p><div class="legend" id="memory-legend"></div>
@@ -202,25 +202,26 @@ std::string_view ReportPageTemplate() {
                            ["learning rate", "#999", true]]);
   })();
 
-  // Tokens per second.
+  // Throughput: tokens or examples per second.
   (function () {
     const f = frame(document.getElementById("throughput"), {
-      x: extent(steps.step), y: [0, extent(steps.tokens_per_s)[1]], xlabel: "step",
-      ylabel: "tokens/s", height: 220 });
-    polyline(f, f.svg, steps.step, steps.tokens_per_s, f.sy, { stroke: "#b5dcae", class: "tps-line" });
+      x: extent(steps.step), y: [0, extent(steps.per_s)[1]], xlabel: "step",
+      ylabel: data.unit + "/s", height: 220 });
+    polyline(f, f.svg, steps.step, steps.per_s, f.sy, { stroke: "#b5dcae", class: "tps-line" });
     // The mean of the last 20 steps at every step: the trend through the noise of a shared machine.
     const window = 20, mean = [];
     let sum = 0;
-    steps.tokens_per_s.forEach((v, i) => {
-      sum += v - (i >= window ? steps.tokens_per_s[i - window] : 0);
+    steps.per_s.forEach((v, i) => {
+      sum += v - (i >= window ? steps.per_s[i - window] : 0);
       mean.push(sum / Math.min(i + 1, window));
     });
     polyline(f, f.svg, steps.step, mean, f.sy, { stroke: "#2f7d32", "stroke-width": 1.6 });
-    legend("throughput-legend", [["tokens/s of the step", "#b5dcae"],
+    legend("throughput-legend", [[data.unit + "/s of the step", "#b5dcae"],
                                  ["mean of the last " + window + " steps", "#2f7d32"]]);
-    if (data.tokens_per_s !== undefined) {
+    if (data.per_s !== undefined) {
       document.getElementById("throughput-note").textContent =
-          "Tokens per second of every step; over the whole run " + num(data.tokens_per_s) + " tokens/s.";
+          data.unit[0].toUpperCase() + data.unit.slice(1) + " per second of every step; over the whole run " +
+          num(data.per_s) + " " + data.unit + "/s.";
     }
   })();
 

@@ -94,6 +94,7 @@ constexpr struct {
 } kFigures[] = {{"loss", -kNoBound, kNoBound},
                 {"lr", 0, kNoBound},
                 {"tokens_per_s", 0, kNoBound},
+                {"examples_per_s", 0, kNoBound},
                 {"val_loss", -kNoBound, kNoBound},
                 {"accuracy", 0, 1},
                 {"peak_allocated_bytes", 0, kNoBound},
@@ -293,16 +294,21 @@ Json MetricsData(const std::vector<Json>& metrics, Json trace) {
         "the metrics hold no step (no line with \"step\" and \"loss\"): is this the --metrics "
         "file of sluice train?");
   }
+  // Throughput in tokens (a language model) or examples (a classifier on arrays), as the run's
+  // metrics name it (Trainer: "<unit>_per_s").
+  const std::string unit =
+      steps.begin()->second->contains("examples_per_s") ? "examples" : "tokens";
+  const std::string per_s = unit + "_per_s";
   Json s = {{"step", Json::array()},
             {"loss", Json::array()},
             {"lr", Json::array()},
-            {"tokens_per_s", Json::array()},
+            {"per_s", Json::array()},
             {"peak_allocated_bytes", Json::array()}};
   for (const auto& [step, line] : steps) {
     s["step"].push_back(step);
     s["loss"].push_back(Number(*line, "loss"));
     s["lr"].push_back(Number(*line, "lr"));
-    s["tokens_per_s"].push_back(Number(*line, "tokens_per_s"));
+    s["per_s"].push_back(Number(*line, per_s.c_str()));
     s["peak_allocated_bytes"].push_back(Number(*line, "peak_allocated_bytes"));
   }
   Json e = {{"step", Json::array()}, {"val_loss", Json::array()}, {"accuracy", Json::array()}};
@@ -354,9 +360,9 @@ Json MetricsData(const std::vector<Json>& metrics, Json trace) {
   Json data = {{"steps", std::move(s)},          {"evals", std::move(e)},
                {"stages", std::move(stages)},    {"config", std::move(config)},
                {"complete", summary != nullptr}, {"trace", std::move(trace)}};
-  if (summary != nullptr && summary->contains("tokens_per_s")) {
-    data["tokens_per_s"] = Number(*summary, "tokens_per_s");
-  }
+  data["unit"] = unit;
+  if (summary != nullptr && summary->contains(per_s))
+    data["per_s"] = Number(*summary, per_s.c_str());
   return data;
 }
 

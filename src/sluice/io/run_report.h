@@ -7,13 +7,15 @@
 //
 // ReportData condenses them into what the page draws (a JSON object, embedded in the page):
 //   steps    per logged step (a step logged twice — a resumed run redoing it — counts once, the
-//            later line winning): loss, learning rate, tokens/s, peak allocated bytes
+//            later line winning): loss, learning rate, throughput (per_s), peak allocated bytes
 //   evals    validation loss (and accuracy) per evaluation
 //   stages   per stage: peak allocated and reserved bytes, the bubble over the run, and — when the
 //            summary has them — the liveness bound ("liveness_bound_bytes") and `sluice plan`'s
 //            prediction ("predicted_peak_allocated_bytes"); a single-stage run is one stage
 //   config   the run's configuration as rows of [key, value] text
-//   tokens_per_s  the run's, over every step (the summary's; absent without a summary)
+//   unit     what the throughput counts: "tokens" (metrics' tokens_per_s) or "examples" (a
+//            classifier on arrays: examples_per_s)
+//   per_s    the run's throughput over every step (the summary's; absent without a summary)
 //   trace    (when given) per stage ("process" of the trace): its spans on the last step, each with
 //            its kind (F, B, W, OPT, SEND, RECV, ALLREDUCE or other) and lane (thread), the bubble
 //            of the step (1 − compute time / the step's span), and its allocated-bytes samples

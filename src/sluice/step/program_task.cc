@@ -162,7 +162,10 @@ class ProgramTask final : public Task {
     std::map<std::string, Tensor> arrays = source_->GetBatch(split, index, batch, seed);
     for (const auto& [input, array] : bindings_) scope.Set(input, arrays.at(array));
   }
-  int64_t TokensPerSample() const override { return source_->seq_len() > 0 ? seq_ : 1; }
+  // A token model's tokens; a module reading arrays counts examples.
+  Throughput ThroughputPerSample() const override {
+    return source_->seq_len() > 0 ? Throughput{seq_, "tokens"} : Throughput{1, "examples"};
+  }
   // The share of held-out targets whose logits' largest entry is the target (positions the loss
   // ignores left out): a classifier's accuracy, a language model's next-token accuracy.
   double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch,

@@ -60,7 +60,7 @@ class GptTask final : public Task {
     scope.Set("ids", std::move(b.ids));
     scope.Set("targets", std::move(b.targets));
   }
-  int64_t TokensPerSample() const override { return data_->seq_len(); }
+  Throughput ThroughputPerSample() const override { return {data_->seq_len(), "tokens"}; }
   const GptConfig* gpt() const override { return &cfg_; }
   Precision precision() const override { return cfg_.precision; }
   nlohmann::json PrecisionOps() const override {
@@ -132,7 +132,7 @@ class MlpTask final : public Task {
     scope.Set("x", std::move(x));
     scope.Set("labels", std::move(labels));
   }
-  int64_t TokensPerSample() const override { return 1; }
+  Throughput ThroughputPerSample() const override { return {1, "examples"}; }
   double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch,
                   uint64_t) const override {
     int64_t correct = 0;

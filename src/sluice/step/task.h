@@ -39,6 +39,14 @@ namespace sluice {
 
 struct TrainConfig;
 
+// What a step's throughput counts per example of a batch: a language model's T tokens, or the one
+// example itself (a classifier on arrays, the MLP). `unit` names it in the progress lines, the
+// metrics ("<unit>_per_s") and the report: "tokens" or "examples".
+struct Throughput {
+  int64_t per_sample = 1;
+  const char* unit = "tokens";
+};
+
 class Task {
  public:
   virtual ~Task() = default;
@@ -48,7 +56,7 @@ class Task {
   // Binds batch `index` of `split` (its inputs and targets) into `scope`.
   virtual void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch,
                          uint64_t seed) const = 0;
-  virtual int64_t TokensPerSample() const = 0;
+  virtual Throughput ThroughputPerSample() const = 0;
   // Exact-match accuracy over `batches` validation batches; -1 when the task has none.
   virtual double Accuracy(Executable& logits, Scope& scope, int64_t batches, int64_t batch,
                           uint64_t seed) const = 0;

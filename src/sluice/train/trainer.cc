@@ -94,7 +94,8 @@ struct Trainer::Impl {
   int64_t micro_batch = 0;
   int64_t eval_batch = 0;
   double wall_s = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;         // what the throughput counts (tokens or examples), every step
+  int64_t unused_params = 0;  // elements of the parameters the loss does not depend on
   int64_t peak_allocated = 0, peak_reserved = 0;
   int64_t skipped = 0;  // steps of this run whose update was withheld
   // Side outputs that failed (TrainSummary::output_failures); the metrics are abandoned after their
@@ -146,7 +147,10 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory)
   std::vector<std::string> unused;
   for (const ParamSpec& p : model.params) {
     const std::optional<ValueId> v = model.forward.Find(p.name);
-    if (p.constant && v && !model.forward.IsConstant(*v)) unused.push_back("%" + p.name);
+    if (p.constant && v && !model.forward.IsConstant(*v)) {
+      unused.push_back("%" + p.name);
+      unused_params += p.shape.numel();
+    }
   }
   if (!unused.empty()) {
     warnings.push_back(fmt::format(
@@ -179,6 +183,7 @@ Trainer::Trainer(TrainConfig config, const EngineFactory& engine)
 Trainer::~Trainer() = default;
 
 int64_t Trainer::step() const { return impl_->step; }
+Throughput Trainer::throughput() const { return impl_->task->ThroughputPerSample(); }
 const std::vector<std::string>& Trainer::warnings() const { return impl_->warnings; }
 const TrainConfig& Trainer::config() const { return impl_->config; }
 const StepEngine& Trainer::engine() const { return *impl_->engine; }
@@ -214,8 +219,9 @@ StepRecord Trainer::Impl::Step(bool lookahead) {
   r.loss = s.loss;
   r.grad_norm = s.grad_norm;
   r.step_ms = MsSince(t0);
-  const int64_t tokens = c.batch * impl.task->TokensPerSample();
-  r.tokens_per_s = static_cast<double>(tokens) / (r.step_ms / 1000.0);
+  const Throughput unit = impl.task->ThroughputPerSample();
+  const int64_t tokens = c.batch * unit.per_sample;
+  r.per_s = static_cast<double>(tokens) / (r.step_ms / 1000.0);
   r.peak_allocated_bytes = s.peak_allocated_bytes;
   r.peak_reserved_bytes = s.peak_reserved_bytes;
   impl.wall_s += r.step_ms / 1000.0;
@@ -230,7 +236,7 @@ StepRecord Trainer::Impl::Step(bool lookahead) {
                          {"loss", r.loss},
                          {"lr", r.lr},
                          {"grad_norm", r.grad_norm},
-                         {"tokens_per_s", r.tokens_per_s},
+                         {fmt::format("{}_per_s", unit.unit), r.per_s},
                          {"step_ms", r.step_ms},
                          {"peak_allocated_bytes", r.peak_allocated_bytes},
                          {"peak_reserved_bytes", r.peak_reserved_bytes}};
@@ -410,27 +416,30 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
   }
   s.steps = impl.step;
   s.wall_s = impl.wall_s;
-  s.tokens_per_s = impl.wall_s > 0 ? static_cast<double>(impl.tokens) / impl.wall_s : 0;
+  s.per_s = impl.wall_s > 0 ? static_cast<double>(impl.tokens) / impl.wall_s : 0;
   s.peak_allocated_bytes = impl.peak_allocated;
   s.peak_reserved_bytes = impl.peak_reserved;
   s.peak_resident_bytes = ReadSystemMemory().peak_resident_bytes;
   s.params = CountParams(impl.model.params);
+  s.unused_params = impl.unused_params;
   s.skipped = impl.skipped;
-  nlohmann::json summary = {{"summary", true},
-                            {"steps", s.steps},
-                            {"final_loss", s.final_loss},
-                            {"val_loss", s.last_eval.val_loss},
-                            {"wall_s", s.wall_s},
-                            {"tokens_per_s", s.tokens_per_s},
-                            {"peak_allocated_bytes", s.peak_allocated_bytes},
-                            {"peak_reserved_bytes", s.peak_reserved_bytes},
-                            {"peak_resident_bytes", s.peak_resident_bytes},
-                            {"params", s.params},
-                            {"skipped", s.skipped},
-                            {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
-                            {"memory_plan", Name(c.memory_plan)},
-                            {"config", impl.task->Describe()},
-                            {"kernels", KernelsDescription(impl.task->precision())}};
+  nlohmann::json summary = {
+      {"summary", true},
+      {"steps", s.steps},
+      {"final_loss", s.final_loss},
+      {"val_loss", s.last_eval.val_loss},
+      {"wall_s", s.wall_s},
+      {fmt::format("{}_per_s", impl.task->ThroughputPerSample().unit), s.per_s},
+      {"peak_allocated_bytes", s.peak_allocated_bytes},
+      {"peak_reserved_bytes", s.peak_reserved_bytes},
+      {"peak_resident_bytes", s.peak_resident_bytes},
+      {"params", s.params},
+      {"unused_params", s.unused_params},
+      {"skipped", s.skipped},
+      {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
+      {"memory_plan", Name(c.memory_plan)},
+      {"config", impl.task->Describe()},
+      {"kernels", KernelsDescription(impl.task->precision())}};
   // Under bf16: which of the model's ops run bf16 and which f32 (the fallback, ir/autocast.h).
   if (nlohmann::json ops = impl.task->PrecisionOps(); !ops.is_null()) summary["precision"] = ops;
   if (s.last_eval.accuracy >= 0) summary["accuracy"] = s.last_eval.accuracy;

@@ -65,7 +65,7 @@ struct StepRecord {
   double lr = 0;
   double grad_norm = 0;  // before clipping
   double step_ms = 0;
-  double tokens_per_s = 0;
+  double per_s = 0;  // throughput: Trainer::throughput().unit per second
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   // The loss or gradient norm was not finite and --skip-nonfinite allowed the step: its update
@@ -84,14 +84,15 @@ struct TrainSummary {
   double final_loss = 0;
   EvalRecord last_eval;
   double wall_s = 0;
-  double tokens_per_s = 0;
+  double per_s = 0;  // over every step, Trainer::throughput().unit per second
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   // The process's peak resident set at the end (VmHWM: tensors, code, libraries, thread stacks,
   // allocator caches of every stage in this process); -1 where /proc does not say.
   int64_t peak_resident_bytes = -1;
-  int64_t params = 0;
-  int64_t skipped = 0;  // steps whose update was withheld (StepRecord::skipped)
+  int64_t params = 0;         // trained parameter elements
+  int64_t unused_params = 0;  // elements of parameters the loss does not depend on (left as loaded)
+  int64_t skipped = 0;        // steps whose update was withheld (StepRecord::skipped)
   // Run stopped early at this signal's request (0: it ran to config.steps).
   int stop_signal = 0;
   // Where the early stop saved the state; empty when it did not (no step had run).
@@ -133,6 +134,8 @@ class Trainer {
   void SaveCheckpoint(const std::string& path) const;
 
   int64_t step() const;
+  // What the throughput figures count (tokens or examples) and how many per example.
+  Throughput throughput() const;
   // What a person should hear before training: parameters the loss does not depend on (left
   // untouched, nn/training_program.h), and what --resume accepted (the checkpoint was trained on
   // other data). `sluice train` prints each as a warning.

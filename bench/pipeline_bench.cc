@@ -121,7 +121,7 @@ Measured Train(const Options& o, ScheduleKind kind, int P, int M, bool release) 
     out.held_outputs.push_back(holds_loss ? held : rep.inflight_peak);
   }
   out.step_ms_median = timed[timed.size() / 2].step_ms;
-  out.tokens_per_s = timed[timed.size() / 2].tokens_per_s;
+  out.tokens_per_s = timed[timed.size() / 2].per_s;  // a GPT: tokens
   return out;
 }
 

@@ -174,25 +174,6 @@ INSTANTIATE_TEST_SUITE_P(Elementwise, OpHarness, ::testing::ValuesIn(Elementwise
 INSTANTIATE_TEST_SUITE_P(Elementwise, OpErrors, ::testing::ValuesIn(ElementwiseErrors()),
                          CaseName());
 
-// Runs a one-instruction program op(x) in f64 with the fast or the reference kernel.
-std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs, bool reference,
-                           const Attrs& attrs = {}) {
-  Program p(op);
-  Scope scope;
-  std::vector<ValueId> ids;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name = "x" + std::to_string(i);
-    ids.push_back(p.AddInput(name, {DType::kF64, inputs[i].shape()}));
-    scope.Set(name, inputs[i]);
-  }
-  p.AddOutput(p.AddInstruction(op, ids, attrs, {"y"})[0]);
-  RunReference(p, scope, DefaultAllocator(), reference);
-  const Tensor& y = scope.Get("y");
-  std::vector<double> out;
-  for (int64_t i = 0; i < y.numel(); ++i) out.push_back(y.FlatAt(i));
-  return out;
-}
-
 // torch.nn.functional.gelu(x, approximate='tanh') and its gradient in float64 (PyTorch 1.13).
 TEST(Gelu, MatchesPyTorchTanhApproximation) {
   const std::vector<double> x = {-6.0, -3.0, -1.5, -0.5, -1e-3, 0.0, 1e-3, 0.5, 1.0, 2.5, 6.0};

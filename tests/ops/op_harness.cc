@@ -330,4 +330,22 @@ void RunOpErrorCase(const OpErrorCase& c) {
 TEST_P(OpHarness, KernelsAgreeAndGradientsCheck) { RunOpCase(GetParam()); }
 TEST_P(OpErrors, BadShapesAreErrors) { RunOpErrorCase(GetParam()); }
 
+std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs, bool reference,
+                           const Attrs& attrs) {
+  Program p(op);
+  Scope scope;
+  std::vector<ValueId> ids;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string name = "x" + std::to_string(i);
+    ids.push_back(p.AddInput(name, {DType::kF64, inputs[i].shape()}));
+    scope.Set(name, inputs[i]);
+  }
+  p.AddOutput(p.AddInstruction(op, ids, attrs, {"y"})[0]);
+  RunReference(p, scope, DefaultAllocator(), reference);
+  const Tensor& y = scope.Get("y");
+  std::vector<double> out;
+  for (int64_t i = 0; i < y.numel(); ++i) out.push_back(y.FlatAt(i));
+  return out;
+}
+
 }  // namespace sluice::testing

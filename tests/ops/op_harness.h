@@ -83,6 +83,11 @@ inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.label; }
 inline void PrintTo(const OpErrorCase& c, std::ostream* os) { *os << c.label; }
 
 void RunOpCase(const OpCase& c);
+
+// Runs a one-instruction program op(inputs...) in f64 with the fast or the reference kernels and
+// returns output 0's elements (for tests of values an op must give).
+std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs, bool reference,
+                           const Attrs& attrs = {});
 void RunOpErrorCase(const OpErrorCase& c);
 
 // The op tables, one per family file (tests/ops/<family>_test.cc); op_coverage_test.cc checks that

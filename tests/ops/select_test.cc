@@ -9,11 +9,11 @@
 #include <gtest/gtest.h>
 
 #include "op_harness.h"
-#include "sluice/exec/reference_runner.h"
 #include "sluice/ir/ops.h"
 
 namespace sluice::testing {
 
+// clang-format off
 std::vector<OpCase> SelectCases() {
   auto relation = [](const char* r) { return Attrs{{"relation", std::string(r)}}; };
   // Small integers as floats, so that eq, le and ge meet equal operands.
@@ -40,29 +40,12 @@ std::vector<OpErrorCase> SelectErrors() {
   };
 }
 
+// clang-format on
+
 INSTANTIATE_TEST_SUITE_P(Select, OpHarness, ::testing::ValuesIn(SelectCases()), CaseName());
 INSTANTIATE_TEST_SUITE_P(Select, OpErrors, ::testing::ValuesIn(SelectErrors()), CaseName());
 
 namespace {
-
-// Runs one op on f64 inputs with the reference kernels (and the fast ones) and returns output 0.
-std::vector<double> Run(const std::string& op, const std::vector<Tensor>& inputs,
-                        const Attrs& attrs, bool reference) {
-  Program p(op);
-  Scope scope;
-  std::vector<ValueId> ids;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string name = "x" + std::to_string(i);
-    ids.push_back(p.AddInput(name, {DType::kF64, inputs[i].shape()}));
-    scope.Set(name, inputs[i]);
-  }
-  p.AddOutput(p.AddInstruction(op, ids, attrs, {"y"})[0]);
-  RunReference(p, scope, DefaultAllocator(), reference);
-  const Tensor& y = scope.Get("y");
-  std::vector<double> out;
-  for (int64_t i = 0; i < y.numel(); ++i) out.push_back(y.FlatAt(i));
-  return out;
-}
 
 Tensor Vec(const std::vector<double>& v) {
   return Tensor::FromVector<double>(Shape{static_cast<int64_t>(v.size())}, v);
@@ -77,7 +60,7 @@ TEST(Compare, EveryRelationGivesOneWhereItHolds) {
       {"le", {1, 1, 0}}, {"gt", {0, 0, 1}}, {"ge", {0, 1, 1}}};
   for (const auto& [relation, want] : expected) {
     for (bool reference : {true, false}) {
-      EXPECT_EQ(Run("compare", {a, b}, {{"relation", relation}}, reference), want)
+      EXPECT_EQ(RunF64("compare", {a, b}, reference, {{"relation", relation}}), want)
           << relation << " reference=" << reference;
     }
   }
@@ -91,9 +74,9 @@ TEST(Where, PutsMinusInfinityWhereAPaddingMaskIsZero) {
   const Tensor minus_inf = Tensor::Full(Shape{}, -inf, DType::kF64);
   const Tensor scores = Tensor::FromVector<double>(Shape{2, 3}, {0.5, -2.0, 3.0, 1.0, 2.0, -1.0});
   const Tensor zero = Tensor::Full(Shape{}, 0.0, DType::kF64);
-  const std::vector<double> is_pad = Run("compare", {pad, zero}, {{"relation", "eq"}}, true);
+  const std::vector<double> is_pad = RunF64("compare", {pad, zero}, true, {{"relation", "eq"}});
   const Tensor cond = Tensor::FromVector<double>(Shape{1, 3}, is_pad);
-  const std::vector<double> y = Run("where", {cond, minus_inf, scores}, {}, true);
+  const std::vector<double> y = RunF64("where", {cond, minus_inf, scores}, true);
   EXPECT_EQ(y, (std::vector<double>{0.5, -2.0, -inf, 1.0, 2.0, -inf}));
 }
 

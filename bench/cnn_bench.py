@@ -1,0 +1,218 @@
+#!/usr/bin/python3
+"""A small convolutional network imported from PyTorch, trained by sluice and by PyTorch side by side.
+
+The model (BenchCNN below) is a CIFAR-sized classifier: images [B, 3, 32, 32], four 3x3 convolutions
+of 16, 32, 64 and 64 channels (padding 1, ReLU), a 2x2 max pool after the second and third and a
+2x2 average pool after the fourth, a linear head to 10 classes. It is exported with
+tools/torch_export.py; both sides train it from the same initial weights on the same random images
+(examples/classifier_data.py's file layout), one micro-batch per step, AdamW, for each thread count:
+  sluice    `sluice train --program model.sluice --init-from init.safetensors --threads N`
+            (OPENBLAS_NUM_THREADS=N): examples/s of the median of --steps timed steps after
+            --warmup; the peak of allocated tensor bytes (the metrics' summary) and the forecast
+            (`sluice plan`, predicted_peak_allocated_bytes); the process's peak RSS (getrusage).
+  PyTorch   this script again (--torch-side N), eager PyTorch 1.13 with torch.set_num_threads(N)
+            (its convolutions are oneDNN's): examples/s likewise; the peak tensor bytes of a step
+            as bench/torch_train.py's peak_step_bytes measures them (live parameters and optimizer
+            state plus the profiler's highest running total); the process's peak RSS, and its RSS
+            once torch is imported (the interpreter and libraries before any tensor).
+sluice and PyTorch alternate for --rounds rounds per thread count (the machine is shared); each
+figure is the median over the rounds.
+
+Run: /usr/bin/python3 bench/cnn_bench.py [--sluice build/sluice] [--threads 1,2]
+     [--rounds 3 --steps 20 --warmup 3 --batch 32]
+Prints a table and one JSON object per row.
+"""
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SIZE, CHANNELS, CLASSES = 32, 3, 10
+
+FACTORY = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class BenchCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),                         # [B, 16, 32, 32]
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),       # [B, 32, 16, 16]
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),       # [B, 64, 8, 8]
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),       # [B, 64, 4, 4]
+            nn.Flatten())
+        self.head = nn.Linear(64 * 4 * 4, 10)
+
+    def forward(self, image, label):
+        return F.cross_entropy(self.head(self.features(image)), label)
+
+
+def cnn():
+    torch.manual_seed(0)
+    return BenchCNN()
+"""
+
+
+def write_images(path, examples):
+    """Random images in [0, 1) and labels, as examples/classifier_data.py writes its arrays."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    from classifier_data import write_safetensors
+    rng = random.Random(0)
+    n = examples * CHANNELS * SIZE * SIZE
+    write_safetensors(path, {
+        "image": ("F32", [examples, CHANNELS, SIZE, SIZE],
+                  struct.pack(f"<{n}f", *(rng.random() for _ in range(n)))),
+        "label": ("I64", [examples], struct.pack(f"<{examples}q",
+                                                 *(rng.randrange(CLASSES) for _ in range(examples)))),
+    })
+
+
+def job(a, exported, data, threads):
+    return ["--program", os.path.join(exported, "model.sluice"), "--init-from",
+            os.path.join(exported, "init.safetensors"), "--data", data, "--batch", str(a.batch),
+            "--microbatches", "1", "--threads", str(threads)]
+
+
+def sluice_plan(a, exported, data, threads):
+    out = subprocess.run([a.sluice, "plan"] + job(a, exported, data, threads) + ["--format", "json"],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["stages"][0]["predicted_peak_allocated_bytes"]
+
+
+def sluice_side(a, exported, data, threads, metrics):
+    cmd = [a.sluice, "train"] + job(a, exported, data, threads) + [
+        "--steps", str(a.warmup + a.steps), "--eval-every", "0", "--eval-batches", "1",
+        "--metrics", metrics, "--quiet"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, OPENBLAS_NUM_THREADS=str(threads)))
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise SystemExit(f"sluice train failed ({status}): {' '.join(cmd)}")
+    steps, summary = [], None
+    with open(metrics) as f:
+        for line in f:
+            record = json.loads(line)
+            if "step_ms" in record:
+                steps.append(record["step_ms"])
+            elif record.get("summary"):
+                summary = record
+    median = statistics.median(steps[a.warmup:])
+    return {"examples_per_s": a.batch / (median / 1e3), "step_ms_median": median,
+            "peak_tensor_bytes": summary["peak_allocated_bytes"],
+            "peak_rss_bytes": usage.ru_maxrss * 1024}
+
+
+def torch_side(a):
+    """Runs in its own process, so that its RSS is its own and OPENBLAS_NUM_THREADS applies."""
+    import torch
+    rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
+    from gpt_reference import read_safetensors
+    from torch_train import peak_step_bytes, step
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_cnn", a.factory_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.set_num_threads(a.torch_side)
+    model = mod.cnn()
+    weights, _ = read_safetensors(a.init)
+    model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    data, _ = read_safetensors(a.data)
+    images, labels = data["image"][:a.batch], data["label"][:a.batch]
+    for _ in range(a.warmup):
+        step(model, opt, images, labels)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        step(model, opt, images, labels)
+        times.append(time.perf_counter() - t0)
+    median = statistics.median(times)
+    print(json.dumps({"examples_per_s": a.batch / median, "step_ms_median": median * 1e3,
+                      "peak_tensor_bytes": peak_step_bytes(model, opt, images, labels),
+                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                      "rss_after_import_bytes": rss_import}))
+
+
+def torch_run(a, factory, exported, data, threads):
+    out = subprocess.run(
+        [sys.executable, __file__, "--torch-side", str(threads), "--factory-file", factory,
+         "--init", os.path.join(exported, "init.safetensors"), "--data-file", data] +
+        [f"--{k}={getattr(a, k)}" for k in ("steps", "warmup", "batch")],
+        check=True, capture_output=True, text=True,
+        env=dict(os.environ, OPENBLAS_NUM_THREADS=str(threads)))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def median_of(runs):
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sluice", default=os.path.join(ROOT, "build", "sluice"))
+    p.add_argument("--threads", default="1,2")
+    for name, default in (("rounds", 3), ("steps", 20), ("warmup", 3), ("batch", 32)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--torch-side", type=int, help=argparse.SUPPRESS)  # internal: thread count
+    p.add_argument("--factory-file", help=argparse.SUPPRESS)
+    p.add_argument("--init", help=argparse.SUPPRESS)
+    p.add_argument("--data-file", dest="data", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.torch_side:
+        torch_side(a)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="cnn_bench.") as tmp:
+        factory = os.path.join(tmp, "bench_cnn.py")
+        with open(factory, "w") as f:
+            f.write(FACTORY)
+        data = os.path.join(tmp, "images.safetensors")
+        write_images(data, max(256, 4 * a.batch))
+        exported = os.path.join(tmp, "cnn")
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_export.py"),
+                        f"{factory}:cnn", "--batch", str(a.batch), "--data", data, "--out",
+                        exported], check=True, stdout=subprocess.DEVNULL)
+        for threads in (int(t) for t in a.threads.split(",")):
+            plan = sluice_plan(a, exported, data, threads)
+            s_runs, t_runs = [], []
+            for r in range(a.rounds):
+                s_runs.append(sluice_side(a, exported, data, threads,
+                                          os.path.join(tmp, f"metrics_{threads}_{r}.jsonl")))
+                t_runs.append(torch_run(a, factory, exported, data, threads))
+            s, t = median_of(s_runs), median_of(t_runs)
+            s["plan_bytes"] = plan
+            rows.append({"model": "BenchCNN (imported)", "batch": a.batch, "threads": threads,
+                         "rounds": a.rounds, "sluice": s, "pytorch": t,
+                         "speed_ratio": s["examples_per_s"] / t["examples_per_s"],
+                         "tensor_memory_ratio": s["peak_tensor_bytes"] / t["peak_tensor_bytes"],
+                         "rss_ratio": s["peak_rss_bytes"] / t["peak_rss_bytes"]})
+    print("| threads | sluice ex/s | PyTorch ex/s | ratio | sluice peak MB (plan) | PyTorch peak MB "
+          "| sluice RSS MB | PyTorch RSS MB (after import) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        s, t = r["sluice"], r["pytorch"]
+        plan = "= plan" if s["plan_bytes"] == s["peak_tensor_bytes"] else \
+            f"plan {s['plan_bytes'] / 1e6:.2f}"
+        print(f"| {r['threads']} | {s['examples_per_s']:,.0f} | {t['examples_per_s']:,.0f} | "
+              f"{r['speed_ratio']:.2f} | {s['peak_tensor_bytes'] / 1e6:.2f} ({plan}) | "
+              f"{t['peak_tensor_bytes'] / 1e6:.2f} | {s['peak_rss_bytes'] / 1e6:.0f} | "
+              f"{t['peak_rss_bytes'] / 1e6:.0f} ({t['rss_after_import_bytes'] / 1e6:.0f}) |")
+    for r in rows:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,10 +8,12 @@ tools/torch_export.py; both sides train it from the same initial weights on the 
 (examples/classifier_data.py's file layout), one micro-batch per step, AdamW, for each thread count:
   sluice    `sluice train --program model.sluice --init-from init.safetensors --threads N`
             (OPENBLAS_NUM_THREADS=N): examples/s of the median of --steps timed steps after
-            --warmup; the peak of allocated tensor bytes (the metrics' summary) and the forecast
+            --warmup; CPU time per timed step (the run's user + system time less a run of the
+            warm-up steps alone: on a loaded machine the steadier figure); the peak of allocated tensor bytes (the metrics' summary) and the forecast
             (`sluice plan`, predicted_peak_allocated_bytes); the process's peak RSS (getrusage).
   PyTorch   this script again (--torch-side N), eager PyTorch 1.13 with torch.set_num_threads(N)
-            (its convolutions are oneDNN's): examples/s likewise; the peak tensor bytes of a step
+            (its convolutions are oneDNN's): examples/s likewise; CPU time per timed step
+            (time.process_time); the peak tensor bytes of a step
             as bench/torch_train.py's peak_step_bytes measures them (live parameters and optimizer
             state plus the profiler's highest running total); the process's peak RSS, and its RSS
             once torch is imported (the interpreter and libraries before any tensor).
@@ -90,24 +92,29 @@ def sluice_plan(a, exported, data, threads):
     return json.loads(out.stdout)["stages"][0]["predicted_peak_allocated_bytes"]
 
 
-def sluice_side(a, exported, data, threads, metrics):
+def run_sluice(a, exported, data, threads, metrics, steps):
+    """Runs `sluice train` for `steps` steps; returns its metrics' records and its rusage."""
     cmd = [a.sluice, "train"] + job(a, exported, data, threads) + [
-        "--steps", str(a.warmup + a.steps), "--eval-every", "0", "--eval-batches", "1",
-        "--metrics", metrics, "--quiet"]
+        "--steps", str(steps), "--eval-every", "0", "--eval-batches", "1", "--metrics", metrics,
+        "--quiet"]
     proc = subprocess.Popen(cmd, env=dict(os.environ, OPENBLAS_NUM_THREADS=str(threads)))
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         raise SystemExit(f"sluice train failed ({status}): {' '.join(cmd)}")
-    steps, summary = [], None
     with open(metrics) as f:
-        for line in f:
-            record = json.loads(line)
-            if "step_ms" in record:
-                steps.append(record["step_ms"])
-            elif record.get("summary"):
-                summary = record
+        return [json.loads(line) for line in f], usage
+
+
+def sluice_side(a, exported, data, threads, metrics):
+    records, usage = run_sluice(a, exported, data, threads, metrics, a.warmup + a.steps)
+    # CPU time of the timed steps: the run's less that of a run of the warm-up steps alone.
+    _, setup = run_sluice(a, exported, data, threads, metrics + ".warmup", a.warmup)
+    cpu_s = (usage.ru_utime + usage.ru_stime) - (setup.ru_utime + setup.ru_stime)
+    steps = [r["step_ms"] for r in records if "step_ms" in r]
+    summary = next(r for r in records if r.get("summary"))
     median = statistics.median(steps[a.warmup:])
     return {"examples_per_s": a.batch / (median / 1e3), "step_ms_median": median,
+            "cpu_ms_per_step": cpu_s * 1e3 / a.steps,
             "peak_tensor_bytes": summary["peak_allocated_bytes"],
             "peak_rss_bytes": usage.ru_maxrss * 1024}
 
@@ -134,12 +141,15 @@ def torch_side(a):
     for _ in range(a.warmup):
         step(model, opt, images, labels)
     times = []
+    cpu0 = time.process_time()
     for _ in range(a.steps):
         t0 = time.perf_counter()
         step(model, opt, images, labels)
         times.append(time.perf_counter() - t0)
+    cpu_ms = (time.process_time() - cpu0) * 1e3 / a.steps
     median = statistics.median(times)
     print(json.dumps({"examples_per_s": a.batch / median, "step_ms_median": median * 1e3,
+                      "cpu_ms_per_step": cpu_ms,
                       "peak_tensor_bytes": peak_step_bytes(model, opt, images, labels),
                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "rss_after_import_bytes": rss_import}))
@@ -196,17 +206,19 @@ def main():
             rows.append({"model": "BenchCNN (imported)", "batch": a.batch, "threads": threads,
                          "rounds": a.rounds, "sluice": s, "pytorch": t,
                          "speed_ratio": s["examples_per_s"] / t["examples_per_s"],
+                         "cpu_ratio": s["cpu_ms_per_step"] / t["cpu_ms_per_step"],
                          "tensor_memory_ratio": s["peak_tensor_bytes"] / t["peak_tensor_bytes"],
                          "rss_ratio": s["peak_rss_bytes"] / t["peak_rss_bytes"]})
-    print("| threads | sluice ex/s | PyTorch ex/s | ratio | sluice peak MB (plan) | PyTorch peak MB "
-          "| sluice RSS MB | PyTorch RSS MB (after import) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| threads | sluice ex/s | PyTorch ex/s | ratio | CPU ms/step sluice / PyTorch | "
+          "sluice peak MB (plan) | PyTorch peak MB | sluice RSS MB | PyTorch RSS MB (after import) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s, t = r["sluice"], r["pytorch"]
         plan = "= plan" if s["plan_bytes"] == s["peak_tensor_bytes"] else \
             f"plan {s['plan_bytes'] / 1e6:.2f}"
         print(f"| {r['threads']} | {s['examples_per_s']:,.0f} | {t['examples_per_s']:,.0f} | "
-              f"{r['speed_ratio']:.2f} | {s['peak_tensor_bytes'] / 1e6:.2f} ({plan}) | "
+              f"{r['speed_ratio']:.2f} | {s['cpu_ms_per_step']:.1f} / {t['cpu_ms_per_step']:.1f} | "
+              f"{s['peak_tensor_bytes'] / 1e6:.2f} ({plan}) | "
               f"{t['peak_tensor_bytes'] / 1e6:.2f} | {s['peak_rss_bytes'] / 1e6:.0f} | "
               f"{t['peak_rss_bytes'] / 1e6:.0f} ({t['rss_after_import_bytes'] / 1e6:.0f}) |")
     for r in rows:

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -22,9 +23,11 @@
 #include "sluice/core/thread_pool.h"
 #include "sluice/kernels/attention.h"
 #include "sluice/kernels/binary.h"
+#include "sluice/kernels/conv.h"
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/layer_norm.h"
+#include "sluice/kernels/matmul.h"
 #include "sluice/kernels/optimizer.h"
 #include "sluice/kernels/reduce.h"
 #include "sluice/kernels/rms_norm.h"
@@ -37,7 +40,10 @@ namespace {
 // Restores one intra-op thread when a test ends, whatever it set.
 class ParallelKernels : public ::testing::Test {
  protected:
-  void TearDown() override { SetIntraOpThreads(1); }
+  void TearDown() override {
+    SetIntraOpThreads(1);
+    SetBlasThreads(1);
+  }
 };
 
 std::vector<float> Random(int64_t n, uint64_t seed) {
@@ -363,6 +369,100 @@ TEST_F(ParallelKernels, BroadcastBinaryIsBitwiseTheSame) {
   BinaryFast<float>(a, b, fast, std::multiplies<>{});
   BinaryReference<float>(a, b, ref, std::multiplies<>{});
   EXPECT_EQ(std::memcmp(fast.data<float>(), ref.data<float>(), a.numel() * sizeof(float)), 0);
+}
+
+// The largest |a − b| over the largest |b|.
+float RelativeDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  float diff = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
+}
+
+// Convolutions whose im2col comes in several blocks of output rows (C·KH·KW · OW · OH is past
+// kConv2dColsBudget), with padding, strides and ragged sizes.
+TEST_F(ParallelKernels, ConvolutionAndPoolingAreBitwiseTheSame) {
+  struct Case {
+    Conv2dDims d;
+    const char* name;
+  };
+  const std::vector<Case> cases = {
+      {Conv2dShape(3, 16, 70, 66, 8, 3, 3, {1, 1}, {1, 1}), "conv2d 3x3"},
+      {Conv2dShape(2, 12, 75, 61, 5, 5, 3, {2, 1}, {2, 0}), "conv2d 5x3 strided"},
+  };
+  for (const Case& c : cases) {
+    const Conv2dDims& d = c.d;
+    ASSERT_LT(Conv2dBlockRows(d), d.out_h) << c.name << ": one block";
+    const int64_t xs = d.batch * d.channels * d.height * d.width;
+    const int64_t ws = d.out_channels * d.channels * d.kernel_h * d.kernel_w;
+    const int64_t ys = d.batch * d.out_channels * d.out_h * d.out_w;
+    const std::vector<float> x = Random(xs, 20), w = Random(ws, 21), dy = Random(ys, 22);
+    std::vector<float> cols(static_cast<size_t>(Conv2dColsElements(d)));
+    auto run = [&](bool fast) {
+      std::vector<float> y(ys), dx(xs), dw(ws);
+      if (fast) {
+        Conv2dFast(x.data(), w.data(), y.data(), d, cols.data());
+        Conv2dGradInputFast(dy.data(), w.data(), dx.data(), d, cols.data());
+        Conv2dGradWeightFast(dy.data(), x.data(), dw.data(), d, cols.data());
+      } else {
+        Conv2dReference(x.data(), w.data(), y.data(), d);
+        Conv2dGradInputReference(dy.data(), w.data(), dx.data(), d);
+        Conv2dGradWeightReference(dy.data(), x.data(), dw.data(), d);
+      }
+      return std::vector<std::vector<float>>{y, dx, dw};
+    };
+    auto flat = [&] {
+      std::vector<float> out;
+      for (const std::vector<float>& v : run(true)) out.insert(out.end(), v.begin(), v.end());
+      return out;
+    };
+    ExpectBitwiseAcrossThreads(flat, c.name);
+    // With the GEMMs on two OpenBLAS threads too, as `--threads 2` runs them: every run gives
+    // the same bits (OpenBLAS's threaded GEMM may round differently from its one-thread GEMM, so
+    // across thread counts only the intra-op part is bitwise).
+    SetIntraOpThreads(2);
+    SetBlasThreads(2);
+    const std::vector<float> first = flat();
+    for (int again = 0; again < 3; ++again) {
+      const std::vector<float> next = flat();
+      EXPECT_EQ(std::memcmp(next.data(), first.data(), first.size() * sizeof(float)), 0)
+          << c.name << " run " << again + 2 << " at 2 threads";
+    }
+    SetBlasThreads(1);
+    // The blocks cover the image: fast agrees with the reference to rounding.
+    const auto fast = run(true), reference = run(false);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_LE(RelativeDifference(fast[k], reference[k]), 1e-5f) << c.name << " output " << k;
+    }
+  }
+  const Conv2dDims max = Conv2dShape(5, 7, 33, 31, 7, 2, 2, {2, 2}, {0, 0});
+  const Conv2dDims avg = Conv2dShape(5, 7, 33, 31, 7, 3, 3, {2, 1}, {1, 1});
+  const std::vector<float> x = Random(5 * 7 * 33 * 31, 23), dy = Random(5 * 7 * 33 * 31, 24);
+  auto pools = [&](bool fast) {
+    const int64_t xs = 5 * 7 * 33 * 31;
+    std::vector<float> ym(5 * 7 * max.out_h * max.out_w), ya(5 * 7 * avg.out_h * avg.out_w);
+    std::vector<float> dxm(xs), dxa(xs);
+    if (fast) {
+      MaxPool2dFast(x.data(), ym.data(), max);
+      MaxPool2dGradFast(dy.data(), x.data(), dxm.data(), max);
+      AvgPool2dFast(x.data(), ya.data(), avg);
+      AvgPool2dGradFast(dy.data(), dxa.data(), avg);
+    } else {
+      MaxPool2dReference(x.data(), ym.data(), max);
+      MaxPool2dGradReference(dy.data(), x.data(), dxm.data(), max);
+      AvgPool2dReference(x.data(), ya.data(), avg);
+      AvgPool2dGradReference(dy.data(), dxa.data(), avg);
+    }
+    for (const std::vector<float>* v : {&dxm, &ya, &dxa}) ym.insert(ym.end(), v->begin(), v->end());
+    return ym;
+  };
+  ExpectBitwiseAcrossThreads([&] { return pools(true); }, "pooling");
+  // And the fast pools are bitwise the reference (the same sums in the same order).
+  SetIntraOpThreads(3);
+  const std::vector<float> fast = pools(true), reference = pools(false);
+  EXPECT_EQ(std::memcmp(fast.data(), reference.data(), fast.size() * sizeof(float)), 0);
 }
 
 }  // namespace

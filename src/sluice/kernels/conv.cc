@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/parallel.h"
 
 namespace sluice::kernels {
 
@@ -27,8 +28,14 @@ Conv2dDims Conv2dShape(int64_t batch, int64_t channels, int64_t height, int64_t 
   return d;
 }
 
+int64_t Conv2dBlockRows(const Conv2dDims& d) {
+  const int64_t per_row = d.channels * d.kernel_h * d.kernel_w * d.out_w;
+  return std::clamp<int64_t>(kConv2dColsBudget / std::max<int64_t>(1, per_row), 1,
+                             std::max<int64_t>(1, d.out_h));
+}
+
 int64_t Conv2dColsElements(const Conv2dDims& d) {
-  return d.channels * d.kernel_h * d.kernel_w * d.out_h * d.out_w;
+  return d.channels * d.kernel_h * d.kernel_w * std::min(d.out_h, Conv2dBlockRows(d)) * d.out_w;
 }
 
 namespace {
@@ -42,53 +49,87 @@ inline int64_t InCol(const Conv2dDims& d, int64_t j, int64_t q) {
   return j * d.stride_w - d.pad_w + q;
 }
 
-// cols [C·KH·KW, OH·OW] of one image x [C, H, W]: row (c, p, q) holds, for every output pixel,
-// the input it reads at that tap (0 in the padding).
-template <typename T>
-void Im2Col(const T* x, T* cols, const Conv2dDims& d) {
-  const int64_t pixels = d.out_h * d.out_w;
-  for (int64_t c = 0; c < d.channels; ++c) {
-    const T* plane = x + c * d.height * d.width;
-    for (int64_t p = 0; p < d.kernel_h; ++p) {
-      for (int64_t q = 0; q < d.kernel_w; ++q) {
-        T* row = cols + ((c * d.kernel_h + p) * d.kernel_w + q) * pixels;
-        for (int64_t i = 0; i < d.out_h; ++i) {
-          const int64_t r = InRow(d, i, p);
-          T* out = row + i * d.out_w;
-          if (r < 0 || r >= d.height) {
-            std::fill_n(out, d.out_w, T(0));
-            continue;
-          }
-          for (int64_t j = 0; j < d.out_w; ++j) {
-            const int64_t s = InCol(d, j, q);
-            out[j] = s >= 0 && s < d.width ? plane[r * d.width + s] : T(0);
-          }
-        }
-      }
-    }
-  }
+// The output columns j whose input column InCol(d, j, q) lies inside the image, [lo, hi) (empty
+// when lo ≥ hi); likewise the output rows for tap row p.
+struct Span {
+  int64_t lo = 0, hi = 0;
+};
+Span Inside(int64_t outputs, int64_t stride, int64_t pad, int64_t tap, int64_t extent) {
+  // in = j·stride − pad + tap ∈ [0, extent)  ⇔  j ∈ [⌈(pad − tap) / stride⌉, ⌊(extent − 1 + pad
+  // − tap) / stride⌋]
+  const int64_t first = pad - tap, last = extent - 1 + pad - tap;
+  if (last < 0) return {0, 0};
+  const int64_t lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+  return {std::min(lo, outputs), std::min(outputs, last / stride + 1)};
+}
+Span InsideCols(const Conv2dDims& d, int64_t q) {
+  return Inside(d.out_w, d.stride_w, d.pad_w, q, d.width);
 }
 
-// The transpose of Im2Col: dx [C, H, W] += each entry of cols at the input it was read from.
+// cols [C·KH·KW, rows·OW] of output rows [i0, i0 + rows) of one image x [C, H, W]: row (c, p, q)
+// holds, for each of those output pixels, the input it reads at that tap (0 in the padding).
+// Channels run on the intra-op threads; each writes only its own KH·KW rows of cols.
 template <typename T>
-void Col2ImAdd(const T* cols, T* dx, const Conv2dDims& d) {
-  const int64_t pixels = d.out_h * d.out_w;
-  for (int64_t c = 0; c < d.channels; ++c) {
-    T* plane = dx + c * d.height * d.width;
-    for (int64_t p = 0; p < d.kernel_h; ++p) {
-      for (int64_t q = 0; q < d.kernel_w; ++q) {
-        const T* row = cols + ((c * d.kernel_h + p) * d.kernel_w + q) * pixels;
-        for (int64_t i = 0; i < d.out_h; ++i) {
-          const int64_t r = InRow(d, i, p);
-          if (r < 0 || r >= d.height) continue;
-          for (int64_t j = 0; j < d.out_w; ++j) {
-            const int64_t s = InCol(d, j, q);
-            if (s >= 0 && s < d.width) plane[r * d.width + s] += row[i * d.out_w + j];
+void Im2Col(const T* x, T* cols, const Conv2dDims& d, int64_t i0, int64_t rows) {
+  const int64_t block = rows * d.out_w;
+  ParallelFor(d.channels, ChunkRows(d.kernel_h * d.kernel_w * block), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const T* plane = x + c * d.height * d.width;
+      for (int64_t p = 0; p < d.kernel_h; ++p) {
+        for (int64_t q = 0; q < d.kernel_w; ++q) {
+          T* row = cols + ((c * d.kernel_h + p) * d.kernel_w + q) * block;
+          const Span in = InsideCols(d, q);
+          for (int64_t i = i0; i < i0 + rows; ++i) {
+            const int64_t r = InRow(d, i, p);
+            T* out = row + (i - i0) * d.out_w;
+            if (r < 0 || r >= d.height || in.lo >= in.hi) {
+              std::fill_n(out, d.out_w, T(0));
+              continue;
+            }
+            std::fill(out, out + in.lo, T(0));
+            const T* src = plane + r * d.width + InCol(d, in.lo, q);
+            if (d.stride_w == 1) {
+              std::copy(src, src + (in.hi - in.lo), out + in.lo);
+            } else {
+              for (int64_t j = in.lo; j < in.hi; ++j) out[j] = src[(j - in.lo) * d.stride_w];
+            }
+            std::fill(out + in.hi, out + d.out_w, T(0));
           }
         }
       }
     }
-  }
+  });
+}
+
+// The transpose of Im2Col: dx [C, H, W] += each entry of cols (output rows [i0, i0 + rows)) at
+// the input it was read from. Channels run on the intra-op threads, each adding only into its own
+// plane, every element's terms in the order of (p, q, i, j): the same sums at any thread count.
+template <typename T>
+void Col2ImAdd(const T* cols, T* dx, const Conv2dDims& d, int64_t i0, int64_t rows) {
+  const int64_t block = rows * d.out_w;
+  ParallelFor(d.channels, ChunkRows(d.kernel_h * d.kernel_w * block), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      T* plane = dx + c * d.height * d.width;
+      for (int64_t p = 0; p < d.kernel_h; ++p) {
+        for (int64_t q = 0; q < d.kernel_w; ++q) {
+          const T* row = cols + ((c * d.kernel_h + p) * d.kernel_w + q) * block;
+          const Span in = InsideCols(d, q);
+          if (in.lo >= in.hi) continue;
+          for (int64_t i = i0; i < i0 + rows; ++i) {
+            const int64_t r = InRow(d, i, p);
+            if (r < 0 || r >= d.height) continue;
+            const T* from = row + (i - i0) * d.out_w;
+            T* dst = plane + r * d.width + InCol(d, in.lo, q);
+            if (d.stride_w == 1) {
+              for (int64_t j = in.lo; j < in.hi; ++j) dst[j - in.lo] += from[j];
+            } else {
+              for (int64_t j = in.lo; j < in.hi; ++j) dst[(j - in.lo) * d.stride_w] += from[j];
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 int64_t XIndex(const Conv2dDims& d, int64_t b, int64_t c, int64_t r, int64_t s) {
@@ -129,11 +170,16 @@ void Conv2dReference(const T* x, const T* w, T* y, const Conv2dDims& d) {
 template <typename T>
 void Conv2dFast(const T* x, const T* w, T* y, const Conv2dDims& d, T* cols) {
   const int64_t pixels = d.out_h * d.out_w, taps = d.channels * d.kernel_h * d.kernel_w;
+  const int64_t block = Conv2dBlockRows(d);
   for (int64_t b = 0; b < d.batch; ++b) {
-    Im2Col(x + b * d.channels * d.height * d.width, cols, d);
-    // y_b [O, OH·OW] = w [O, C·KH·KW] · cols
-    Gemm(false, false, d.out_channels, pixels, taps, T(1), w, cols, T(0),
-         y + b * d.out_channels * pixels);
+    T* yb = y + b * d.out_channels * pixels;
+    for (int64_t i0 = 0; i0 < d.out_h; i0 += block) {
+      const int64_t rows = std::min(block, d.out_h - i0), n = rows * d.out_w;
+      Im2Col(x + b * d.channels * d.height * d.width, cols, d, i0, rows);
+      // y_b[:, rows i0…] [O, rows·OW] = w [O, C·KH·KW] · cols
+      Gemm(false, false, d.out_channels, n, taps, T(1), w, taps, cols, n, T(0), yb + i0 * d.out_w,
+           pixels);
+    }
   }
 }
 
@@ -163,13 +209,19 @@ void Conv2dGradInputReference(const T* dy, const T* w, T* dx, const Conv2dDims& 
 template <typename T>
 void Conv2dGradInputFast(const T* dy, const T* w, T* dx, const Conv2dDims& d, T* cols) {
   const int64_t pixels = d.out_h * d.out_w, taps = d.channels * d.kernel_h * d.kernel_w;
-  const int64_t image = d.channels * d.height * d.width;
-  std::fill_n(dx, d.batch * image, T(0));
+  const int64_t image = d.channels * d.height * d.width, block = Conv2dBlockRows(d);
   for (int64_t b = 0; b < d.batch; ++b) {
-    // cols [C·KH·KW, OH·OW] = wᵀ · dy_b [O, OH·OW], then each tap back to its input pixel
-    Gemm(true, false, taps, pixels, d.out_channels, T(1), w, dy + b * d.out_channels * pixels, T(0),
-         cols);
-    Col2ImAdd(cols, dx + b * image, d);
+    T* dxb = dx + b * image;
+    ParallelFor(image, kChunkElements,
+                [&](int64_t begin, int64_t end) { std::fill(dxb + begin, dxb + end, T(0)); });
+    const T* dyb = dy + b * d.out_channels * pixels;
+    for (int64_t i0 = 0; i0 < d.out_h; i0 += block) {
+      const int64_t rows = std::min(block, d.out_h - i0), n = rows * d.out_w;
+      // cols [C·KH·KW, rows·OW] = wᵀ · dy_b[:, rows i0…], then each tap back to its input pixel
+      Gemm(true, false, taps, n, d.out_channels, T(1), w, taps, dyb + i0 * d.out_w, pixels, T(0),
+           cols, n);
+      Col2ImAdd(cols, dxb, d, i0, rows);
+    }
   }
 }
 
@@ -199,17 +251,24 @@ void Conv2dGradWeightReference(const T* dy, const T* x, T* dw, const Conv2dDims&
 template <typename T>
 void Conv2dGradWeightFast(const T* dy, const T* x, T* dw, const Conv2dDims& d, T* cols) {
   const int64_t pixels = d.out_h * d.out_w, taps = d.channels * d.kernel_h * d.kernel_w;
-  if (d.batch == 0) std::fill_n(dw, d.out_channels * taps, T(0));
+  const int64_t block = Conv2dBlockRows(d);
+  if (d.batch == 0 || pixels == 0) std::fill_n(dw, d.out_channels * taps, T(0));
+  bool first = true;
   for (int64_t b = 0; b < d.batch; ++b) {
-    Im2Col(x + b * d.channels * d.height * d.width, cols, d);
-    // dw [O, C·KH·KW] (+)= dy_b [O, OH·OW] · colsᵀ
-    Gemm(false, true, d.out_channels, taps, pixels, T(1), dy + b * d.out_channels * pixels, cols,
-         b == 0 ? T(0) : T(1), dw);
+    const T* dyb = dy + b * d.out_channels * pixels;
+    for (int64_t i0 = 0; i0 < d.out_h; i0 += block) {
+      const int64_t rows = std::min(block, d.out_h - i0), n = rows * d.out_w;
+      Im2Col(x + b * d.channels * d.height * d.width, cols, d, i0, rows);
+      // dw [O, C·KH·KW] (+)= dy_b[:, rows i0…] [O, rows·OW] · colsᵀ
+      Gemm(false, true, d.out_channels, taps, n, T(1), dyb + i0 * d.out_w, pixels, cols, n,
+           first ? T(0) : T(1), dw, taps);
+      first = false;
+    }
   }
 }
 
 template <typename T>
-void MaxPool2d(const T* x, T* y, const Conv2dDims& d) {
+void MaxPool2dReference(const T* x, T* y, const Conv2dDims& d) {
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t c = 0; c < d.channels; ++c) {
       for (int64_t i = 0; i < d.out_h; ++i) {
@@ -230,7 +289,7 @@ void MaxPool2d(const T* x, T* y, const Conv2dDims& d) {
 }
 
 template <typename T>
-void MaxPool2dGrad(const T* dy, const T* x, T* dx, const Conv2dDims& d) {
+void MaxPool2dGradReference(const T* dy, const T* x, T* dx, const Conv2dDims& d) {
   std::fill_n(dx, d.batch * d.channels * d.height * d.width, T(0));
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t c = 0; c < d.channels; ++c) {
@@ -258,7 +317,7 @@ void MaxPool2dGrad(const T* dy, const T* x, T* dx, const Conv2dDims& d) {
 }
 
 template <typename T>
-void AvgPool2d(const T* x, T* y, const Conv2dDims& d) {
+void AvgPool2dReference(const T* x, T* y, const Conv2dDims& d) {
   const T scale = T(1) / static_cast<T>(d.kernel_h * d.kernel_w);
   for (int64_t b = 0; b < d.batch; ++b) {
     for (int64_t c = 0; c < d.channels; ++c) {
@@ -280,7 +339,7 @@ void AvgPool2d(const T* x, T* y, const Conv2dDims& d) {
 }
 
 template <typename T>
-void AvgPool2dGrad(const T* dy, T* dx, const Conv2dDims& d) {
+void AvgPool2dGradReference(const T* dy, T* dx, const Conv2dDims& d) {
   const T scale = T(1) / static_cast<T>(d.kernel_h * d.kernel_w);
   std::fill_n(dx, d.batch * d.channels * d.height * d.width, T(0));
   for (int64_t b = 0; b < d.batch; ++b) {
@@ -302,6 +361,113 @@ void AvgPool2dGrad(const T* dy, T* dx, const Conv2dDims& d) {
 }
 
 // Explicit instantiations for the two dtypes kernels compute.
+// The fast pools walk one plane [H, W] of one image and channel at a time, planes on the intra-op
+// threads, each window's rows and columns clipped to the image once (Inside) instead of tested
+// per tap. Each plane is written by one chunk, its sums and its first-largest choice taken in the
+// reference's order: bitwise the reference's results at any thread count.
+template <typename F>
+void ForEachPlane(const Conv2dDims& d, int64_t cost_per_plane, F&& plane) {
+  ParallelFor(d.batch * d.channels, ChunkRows(cost_per_plane), [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) plane(k);
+  });
+}
+
+// Calls window(i, j, rows, cols, offset) for every output pixel: its window's taps inside the
+// image are rows [rows.lo, rows.hi) × cols [cols.lo, cols.hi) of the window, and tap (p, q) reads
+// the plane at offset + p·W + q.
+template <typename F>
+void ForEachWindow(const Conv2dDims& d, F&& window) {
+  for (int64_t i = 0; i < d.out_h; ++i) {
+    const int64_t r0 = InRow(d, i, 0);
+    const Span rows{std::max<int64_t>(0, -r0), std::min(d.kernel_h, d.height - r0)};
+    for (int64_t j = 0; j < d.out_w; ++j) {
+      const int64_t s0 = InCol(d, j, 0);
+      const Span cols{std::max<int64_t>(0, -s0), std::min(d.kernel_w, d.width - s0)};
+      window(i * d.out_w + j, rows, cols, r0 * d.width + s0);
+    }
+  }
+}
+
+template <typename T>
+void MaxPool2dFast(const T* x, T* y, const Conv2dDims& d) {
+  const int64_t image = d.height * d.width, pixels = d.out_h * d.out_w;
+  ForEachPlane(d, pixels * d.kernel_h * d.kernel_w, [&](int64_t k) {
+    const T* plane = x + k * image;
+    T* out = y + k * pixels;
+    ForEachWindow(d, [&](int64_t o, Span rows, Span cols, int64_t at) {
+      T best = -std::numeric_limits<T>::infinity();
+      for (int64_t p = rows.lo; p < rows.hi; ++p) {
+        const T* row = plane + (at + p * d.width);
+        for (int64_t q = cols.lo; q < cols.hi; ++q) best = std::max(best, row[q]);
+      }
+      out[o] = best;
+    });
+  });
+}
+
+template <typename T>
+void MaxPool2dGradFast(const T* dy, const T* x, T* dx, const Conv2dDims& d) {
+  const int64_t image = d.height * d.width, pixels = d.out_h * d.out_w;
+  ForEachPlane(d, image + pixels * d.kernel_h * d.kernel_w, [&](int64_t k) {
+    const T* plane = x + k * image;
+    const T* g = dy + k * pixels;
+    T* grad = dx + k * image;
+    std::fill_n(grad, image, T(0));
+    ForEachWindow(d, [&](int64_t o, Span rows, Span cols, int64_t at) {
+      // The first largest element in row-major order (a later one must be strictly larger); a
+      // window always holds one element of the image (padding is at most half the window).
+      int64_t arg = at + rows.lo * d.width + cols.lo;
+      T best = plane[arg];
+      for (int64_t p = rows.lo; p < rows.hi; ++p) {
+        const int64_t row = at + p * d.width;
+        for (int64_t q = cols.lo; q < cols.hi; ++q) {
+          if (plane[row + q] > best) {
+            best = plane[row + q];
+            arg = row + q;
+          }
+        }
+      }
+      grad[arg] += g[o];
+    });
+  });
+}
+
+template <typename T>
+void AvgPool2dFast(const T* x, T* y, const Conv2dDims& d) {
+  const T scale = T(1) / static_cast<T>(d.kernel_h * d.kernel_w);
+  const int64_t image = d.height * d.width, pixels = d.out_h * d.out_w;
+  ForEachPlane(d, pixels * d.kernel_h * d.kernel_w, [&](int64_t k) {
+    const T* plane = x + k * image;
+    T* out = y + k * pixels;
+    ForEachWindow(d, [&](int64_t o, Span rows, Span cols, int64_t at) {
+      T sum = 0;
+      for (int64_t p = rows.lo; p < rows.hi; ++p) {
+        const T* row = plane + (at + p * d.width);
+        for (int64_t q = cols.lo; q < cols.hi; ++q) sum += row[q];
+      }
+      out[o] = sum * scale;
+    });
+  });
+}
+
+template <typename T>
+void AvgPool2dGradFast(const T* dy, T* dx, const Conv2dDims& d) {
+  const T scale = T(1) / static_cast<T>(d.kernel_h * d.kernel_w);
+  const int64_t image = d.height * d.width, pixels = d.out_h * d.out_w;
+  ForEachPlane(d, image + pixels * d.kernel_h * d.kernel_w, [&](int64_t k) {
+    const T* g = dy + k * pixels;
+    T* grad = dx + k * image;
+    std::fill_n(grad, image, T(0));
+    ForEachWindow(d, [&](int64_t o, Span rows, Span cols, int64_t at) {
+      const T v = g[o] * scale;
+      for (int64_t p = rows.lo; p < rows.hi; ++p) {
+        T* row = grad + (at + p * d.width);
+        for (int64_t q = cols.lo; q < cols.hi; ++q) row[q] += v;
+      }
+    });
+  });
+}
+
 template void Conv2dReference<float>(const float*, const float*, float*, const Conv2dDims&);
 template void Conv2dFast<float>(const float*, const float*, float*, const Conv2dDims&, float*);
 template void Conv2dGradInputReference<float>(const float*, const float*, float*,
@@ -312,10 +478,14 @@ template void Conv2dGradWeightReference<float>(const float*, const float*, float
                                                const Conv2dDims&);
 template void Conv2dGradWeightFast<float>(const float*, const float*, float*, const Conv2dDims&,
                                           float*);
-template void MaxPool2d<float>(const float*, float*, const Conv2dDims&);
-template void MaxPool2dGrad<float>(const float*, const float*, float*, const Conv2dDims&);
-template void AvgPool2d<float>(const float*, float*, const Conv2dDims&);
-template void AvgPool2dGrad<float>(const float*, float*, const Conv2dDims&);
+template void MaxPool2dReference<float>(const float*, float*, const Conv2dDims&);
+template void MaxPool2dGradReference<float>(const float*, const float*, float*, const Conv2dDims&);
+template void AvgPool2dReference<float>(const float*, float*, const Conv2dDims&);
+template void AvgPool2dGradReference<float>(const float*, float*, const Conv2dDims&);
+template void MaxPool2dFast<float>(const float*, float*, const Conv2dDims&);
+template void MaxPool2dGradFast<float>(const float*, const float*, float*, const Conv2dDims&);
+template void AvgPool2dFast<float>(const float*, float*, const Conv2dDims&);
+template void AvgPool2dGradFast<float>(const float*, float*, const Conv2dDims&);
 template void Conv2dReference<double>(const double*, const double*, double*, const Conv2dDims&);
 template void Conv2dFast<double>(const double*, const double*, double*, const Conv2dDims&, double*);
 template void Conv2dGradInputReference<double>(const double*, const double*, double*,
@@ -326,9 +496,14 @@ template void Conv2dGradWeightReference<double>(const double*, const double*, do
                                                 const Conv2dDims&);
 template void Conv2dGradWeightFast<double>(const double*, const double*, double*, const Conv2dDims&,
                                            double*);
-template void MaxPool2d<double>(const double*, double*, const Conv2dDims&);
-template void MaxPool2dGrad<double>(const double*, const double*, double*, const Conv2dDims&);
-template void AvgPool2d<double>(const double*, double*, const Conv2dDims&);
-template void AvgPool2dGrad<double>(const double*, double*, const Conv2dDims&);
+template void MaxPool2dReference<double>(const double*, double*, const Conv2dDims&);
+template void MaxPool2dGradReference<double>(const double*, const double*, double*,
+                                             const Conv2dDims&);
+template void AvgPool2dReference<double>(const double*, double*, const Conv2dDims&);
+template void AvgPool2dGradReference<double>(const double*, double*, const Conv2dDims&);
+template void MaxPool2dFast<double>(const double*, double*, const Conv2dDims&);
+template void MaxPool2dGradFast<double>(const double*, const double*, double*, const Conv2dDims&);
+template void AvgPool2dFast<double>(const double*, double*, const Conv2dDims&);
+template void AvgPool2dGradFast<double>(const double*, double*, const Conv2dDims&);
 
 }  // namespace sluice::kernels

@@ -12,9 +12,16 @@
 // KH·KW, the padding counted (PyTorch's count_include_pad=True).
 //
 // *Reference: the sums as written, one output element at a time. *Fast (convolution): im2col —
-// each image's windows laid out as a [C·KH·KW, OH·OW] matrix in `cols`, caller-owned scratch of
-// Conv2dColsElements(d) — and one GEMM per image (kernels/matmul.h Gemm). The fast and plain
-// kernels agree within rounding of the order of their sums.
+// a block of output rows of one image laid out as a [C·KH·KW, rows·OW] matrix in `cols`,
+// caller-owned scratch of Conv2dColsElements(d) — and one GEMM per block (kernels/matmul.h Gemm,
+// on OpenBLAS's threads). Blocks are Conv2dBlockRows(d) output rows, as many as keep the block
+// within kConv2dColsBudget elements (at least one row): a whole image when it is small, so the
+// scratch stays bounded for large ones. The fast and plain convolutions agree within rounding of
+// the order of their sums. *Fast (pooling): a plane at a time, each window clipped to the image
+// once; bitwise the reference's results.
+// Threads: im2col and its transpose run channels, the fast pools planes, on the intra-op threads
+// (kernels/parallel.h), each chunk writing only its own rows, every sum in one fixed order: the
+// results are bitwise the same at any thread count.
 // Thread-safety: plain functions over caller-owned memory.
 //
 // Example:
@@ -42,7 +49,14 @@ Conv2dDims Conv2dShape(int64_t batch, int64_t channels, int64_t height, int64_t 
                        int64_t out_channels, int64_t kernel_h, int64_t kernel_w,
                        std::array<int64_t, 2> stride, std::array<int64_t, 2> padding);
 
-// Elements of the im2col scratch of one image: C·KH·KW · OH·OW.
+// The most elements one im2col block holds unless a single output row needs more: 256 KiB of
+// f32, which a core's L2 cache holds while the GEMM reads it.
+inline constexpr int64_t kConv2dColsBudget = int64_t{1} << 16;
+
+// Output rows per im2col block: ⌊kConv2dColsBudget / (C·KH·KW · OW)⌋, clamped to [1, OH].
+int64_t Conv2dBlockRows(const Conv2dDims& d);
+
+// Elements of the im2col scratch: C·KH·KW · Conv2dBlockRows(d) · OW.
 int64_t Conv2dColsElements(const Conv2dDims& d);
 
 // y [B, O, OH, OW] = conv2d(x, w).
@@ -65,12 +79,20 @@ void Conv2dGradWeightFast(const T* dy, const T* x, T* dw, const Conv2dDims& d, T
 
 // Pooling, d.out_channels == d.channels: y [B, C, OH, OW]; the gradients overwrite dx [B, C, H, W].
 template <typename T>
-void MaxPool2d(const T* x, T* y, const Conv2dDims& d);
+void MaxPool2dReference(const T* x, T* y, const Conv2dDims& d);
 template <typename T>
-void MaxPool2dGrad(const T* dy, const T* x, T* dx, const Conv2dDims& d);
+void MaxPool2dFast(const T* x, T* y, const Conv2dDims& d);
 template <typename T>
-void AvgPool2d(const T* x, T* y, const Conv2dDims& d);
+void MaxPool2dGradReference(const T* dy, const T* x, T* dx, const Conv2dDims& d);
 template <typename T>
-void AvgPool2dGrad(const T* dy, T* dx, const Conv2dDims& d);
+void MaxPool2dGradFast(const T* dy, const T* x, T* dx, const Conv2dDims& d);
+template <typename T>
+void AvgPool2dReference(const T* x, T* y, const Conv2dDims& d);
+template <typename T>
+void AvgPool2dFast(const T* x, T* y, const Conv2dDims& d);
+template <typename T>
+void AvgPool2dGradReference(const T* dy, T* dx, const Conv2dDims& d);
+template <typename T>
+void AvgPool2dGradFast(const T* dy, T* dx, const Conv2dDims& d);
 
 }  // namespace sluice::kernels

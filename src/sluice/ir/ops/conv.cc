@@ -228,36 +228,45 @@ std::vector<TensorType> InferAvgPoolGrad(std::span<const TensorType> in, const A
   return {{t, x}};
 }
 
+template <bool kFast>
 void MaxPoolKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   const kernels::Conv2dDims d = PoolDims(x.shape(), ctx.attrs);
   DispatchFloat(x.dtype(), "max_pool2d", [&]<typename T>() {
-    kernels::MaxPool2d<T>(x.data<T>(), ctx.outputs[0].data<T>(), d);
+    const auto pool = kFast ? kernels::MaxPool2dFast<T> : kernels::MaxPool2dReference<T>;
+    pool(x.data<T>(), ctx.outputs[0].data<T>(), d);
   });
 }
 
+template <bool kFast>
 void MaxPoolGradKernel(KernelContext& ctx) {
   const Tensor &dy = ctx.inputs[0], &x = ctx.inputs[1];
   const kernels::Conv2dDims d = PoolDims(x.shape(), ctx.attrs);
   DispatchFloat(x.dtype(), "max_pool2d_grad", [&]<typename T>() {
-    kernels::MaxPool2dGrad<T>(dy.data<T>(), x.data<T>(), ctx.outputs[0].data<T>(), d);
+    const auto grad = kFast ? kernels::MaxPool2dGradFast<T> : kernels::MaxPool2dGradReference<T>;
+    grad(dy.data<T>(), x.data<T>(), ctx.outputs[0].data<T>(), d);
   });
 }
 
+template <bool kFast>
 void AvgPoolKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
   const kernels::Conv2dDims d = PoolDims(x.shape(), ctx.attrs);
   DispatchFloat(x.dtype(), "avg_pool2d", [&]<typename T>() {
-    kernels::AvgPool2d<T>(x.data<T>(), ctx.outputs[0].data<T>(), d);
+    const auto pool = kFast ? kernels::AvgPool2dFast<T> : kernels::AvgPool2dReference<T>;
+    pool(x.data<T>(), ctx.outputs[0].data<T>(), d);
   });
 }
 
+template <bool kFast>
 void AvgPoolGradKernel(KernelContext& ctx) {
   const Tensor& dy = ctx.inputs[0];
   const Tensor& dx = ctx.outputs[0];
   const kernels::Conv2dDims d = PoolDims(dx.shape(), ctx.attrs);
-  DispatchFloat(dy.dtype(), "avg_pool2d_grad",
-                [&]<typename T>() { kernels::AvgPool2dGrad<T>(dy.data<T>(), dx.data<T>(), d); });
+  DispatchFloat(dy.dtype(), "avg_pool2d_grad", [&]<typename T>() {
+    const auto grad = kFast ? kernels::AvgPool2dGradFast<T> : kernels::AvgPool2dGradReference<T>;
+    grad(dy.data<T>(), dx.data<T>(), d);
+  });
 }
 
 std::vector<Var> MaxPoolVjp(VjpContext& ctx) {
@@ -328,7 +337,7 @@ void RegisterConvOps(OpRegistry& r) {
               .reference = Conv2dKernel<false>,
               .vjp = Conv2dVjp,
               .doc = "2-D convolution (PyTorch conv2d without bias: dilation 1, one group), "
-                     "im2col and a GEMM per image",
+                     "im2col and a GEMM per block of output rows",
               .signature = {.inputs = {{"x", "float[B, C, H, W]"}, {"w", "float[O, C, KH, KW]"}},
                             .attrs = kConvAttrs,
                             .outputs = {{"y", "float[B, O, OH, OW]"}}},
@@ -357,7 +366,8 @@ void RegisterConvOps(OpRegistry& r) {
   r.Register({.name = "max_pool2d",
               .num_inputs = 1,
               .infer = InferPool,
-              .kernel = MaxPoolKernel,
+              .kernel = MaxPoolKernel<true>,
+              .reference = MaxPoolKernel<false>,
               .vjp = MaxPoolVjp,
               .doc = "the largest value of each window (PyTorch max_pool2d, padding −∞)",
               .signature = {.inputs = {{"x", "float[B, C, H, W]"}},
@@ -366,7 +376,8 @@ void RegisterConvOps(OpRegistry& r) {
   r.Register({.name = "max_pool2d_grad",
               .num_inputs = 2,
               .infer = InferMaxPoolGrad,
-              .kernel = MaxPoolGradKernel,
+              .kernel = MaxPoolGradKernel<true>,
+              .reference = MaxPoolGradKernel<false>,
               .doc = "max_pool2d gradient: dy to each window's first largest element of x",
               .signature = {.inputs = {{"dy", "float[B, C, OH, OW]"}, {"x", "float[B, C, H, W]"}},
                             .attrs = kPoolAttrs,
@@ -374,7 +385,8 @@ void RegisterConvOps(OpRegistry& r) {
   r.Register({.name = "avg_pool2d",
               .num_inputs = 1,
               .infer = InferPool,
-              .kernel = AvgPoolKernel,
+              .kernel = AvgPoolKernel<true>,
+              .reference = AvgPoolKernel<false>,
               .vjp = AvgPoolVjp,
               .recomputable = true,
               .doc = "the mean of each window, the padding counted (PyTorch avg_pool2d)",
@@ -384,7 +396,8 @@ void RegisterConvOps(OpRegistry& r) {
   r.Register({.name = "avg_pool2d_grad",
               .num_inputs = 1,
               .infer = InferAvgPoolGrad,
-              .kernel = AvgPoolGradKernel,
+              .kernel = AvgPoolGradKernel<true>,
+              .reference = AvgPoolGradKernel<false>,
               .doc = "avg_pool2d gradient: dy / window size to every element of its window",
               .signature = {.inputs = {{"dy", "float[B, C, OH, OW]"}},
                             .attrs = With(kPoolAttrs, {{"height", "int"}, {"width", "int"}}),

@@ -1,7 +1,7 @@
 // Convolution and pooling ops over images [B, C, H, W] (PyTorch's layout): conv2d (nn.Conv2d
 // without its bias: the bias is an add; dilation 1, one group), max_pool2d and avg_pool2d, and the
-// gradient ops their VJP rules emit. Kernels: kernels/conv.h (im2col and the project's GEMM for
-// the convolution; plain loops for pooling).
+// gradient ops their VJP rules emit. Kernels: kernels/conv.h (blocked im2col and the project's
+// GEMM for the convolution; plane-wise loops for pooling; both on the intra-op threads).
 //
 // Attributes, each a pair [rows, columns]: stride (≥ 1), padding (≥ 0; zeros for the convolution
 // and average pooling, −∞ for max pooling), kernel (pooling's window). The output is
@@ -23,8 +23,9 @@ namespace sluice {
 using Pair = std::array<int64_t, 2>;
 
 // x [B, C, H, W], w [O, C, KH, KW] -> [B, O, OH, OW]. Op "conv2d", attributes stride, padding;
-// its kernel's scratch is one image's im2col matrix, C·KH·KW · OH·OW values (counted by the memory
-// forecast). VJP: conv2d_grad_input (x) and conv2d_grad_weight (w).
+// its kernel's scratch is one block of an image's im2col matrix, C·KH·KW · rows·OW values with
+// rows = kernels::Conv2dBlockRows (counted by the memory forecast). VJP: conv2d_grad_input (x) and
+// conv2d_grad_weight (w).
 Var Conv2d(Var x, Var w, Pair stride = {1, 1}, Pair padding = {0, 0});
 // dy [B, O, OH, OW], w -> dx [B, C, height, width]. Op "conv2d_grad_input".
 Var Conv2dGradInput(Var dy, Var w, Pair stride, Pair padding, int64_t height, int64_t width);

@@ -126,16 +126,8 @@ def torch_side(a):
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
     from gpt_reference import read_safetensors
-    from torch_train import peak_step_bytes, step
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_cnn", a.factory_file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    torch.set_num_threads(a.torch_side)
-    model = mod.cnn()
-    weights, _ = read_safetensors(a.init)
-    model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    from torch_train import imported_module, peak_step_bytes, step
+    model, opt = imported_module(a.factory_file, "cnn", a.init, a.torch_side)
     data, _ = read_safetensors(a.data)
     images, labels = data["image"][:a.batch], data["label"][:a.batch]
     for _ in range(a.warmup):

@@ -75,19 +75,8 @@ def torch_side(a):
     """Runs in its own process, so that OPENBLAS_NUM_THREADS applies before torch loads."""
     import torch
     sys.path.insert(0, HERE)
-    sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
-    from gpt_reference import read_safetensors
-    from torch_train import peak_step_bytes, step
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bench_llama", a.factory_file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    torch.set_num_threads(a.torch_side)
-    model = mod.llama()
-    weights, _ = read_safetensors(a.init)
-    model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()},
-                          strict=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    from torch_train import imported_module, peak_step_bytes, step
+    model, opt = imported_module(a.factory_file, "llama", a.init, a.torch_side)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 256, (a.batch, a.seq), generator=gen)
     targets = torch.randint(0, 256, (a.batch, a.seq), generator=gen)

@@ -116,6 +116,25 @@ def peak_step_bytes(model, opt, ids, targets):
     return live + peak
 
 
+def imported_module(factory_file, factory, init, threads):
+    """The module that `factory` of FILE.py builds (as tools/torch_export.py took it), with the
+    weights the exporter wrote to `init` loaded, its optimizer (AdamW, lr 1e-3, no decay), on
+    `threads` PyTorch threads: the PyTorch side of the benchmarks of imported modules."""
+    import importlib.util
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "tests", "parity"))
+    from gpt_reference import read_safetensors
+    spec = importlib.util.spec_from_file_location("bench_factory", factory_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.set_num_threads(threads)
+    model = getattr(mod, factory)()
+    weights, _ = read_safetensors(init)
+    model.load_state_dict({k: v for k, v in weights.items() if k in model.state_dict()},
+                          strict=False)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+
+
 def blas_core():
     """The kernels OpenBLAS chose in this process (PyTorch's BLAS here is OpenBLAS)."""
     try:

@@ -47,6 +47,7 @@
 #include "sluice/core/dtype.h"
 #include "sluice/kernels/bf16_activations.h"
 #include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/bf16_gemm.h"
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
@@ -57,7 +58,7 @@
 namespace sluice {
 namespace {
 
-enum class Impl { kOpenBlasF32, kOneDnnF32, kOneDnnBf16, kSluiceBf16 };
+enum class Impl { kOpenBlasF32, kOneDnnF32, kOneDnnBf16, kSluiceBf16, kWidenedBf16, kPackedBf16 };
 
 struct Product {
   const char* name;
@@ -80,17 +81,20 @@ void BM_GemmPrecision(benchmark::State& state, Impl impl, Product p) {
   kernels::ToBF16Fast(b.data(), b16.data(), static_cast<int64_t>(b.size()));
   std::vector<float> c(static_cast<size_t>(p.m * p.n));
   const kernels::OneDnnGemmShape shape{
-      .dtype = impl == Impl::kOneDnnBf16 || impl == Impl::kSluiceBf16 ? DType::kBF16 : DType::kF32,
+      .dtype = impl == Impl::kOpenBlasF32 || impl == Impl::kOneDnnF32 ? DType::kF32 : DType::kBF16,
       .transpose_a = p.transpose_a,
       .transpose_b = p.transpose_b,
       .m = p.m,
       .n = p.n,
       .k = p.k};
-  std::vector<float> scratch(
-      static_cast<size_t>(impl == Impl::kSluiceBf16 ? kernels::Bf16GemmScratchFloats(shape) : 0));
+  int64_t scratch_floats = 0;
+  if (impl == Impl::kSluiceBf16) scratch_floats = kernels::Bf16GemmScratchFloats(shape);
+  if (impl == Impl::kWidenedBf16) scratch_floats = kernels::WidenedBf16GemmScratchFloats(shape);
+  if (impl == Impl::kPackedBf16) scratch_floats = kernels::PackedBf16GemmScratchFloats(shape);
+  std::vector<float> scratch(static_cast<size_t>(scratch_floats));
   if (impl == Impl::kSluiceBf16) {
     state.SetLabel(kernels::Bf16GemmEngine());
-  } else if (impl != Impl::kOpenBlasF32) {
+  } else if (impl == Impl::kOneDnnF32 || impl == Impl::kOneDnnBf16) {
     state.SetLabel(kernels::OneDnnImplementation(shape.dtype, p.m, p.n, p.k));
   }
   for (auto _ : state) {
@@ -107,6 +111,12 @@ void BM_GemmPrecision(benchmark::State& state, Impl impl, Product p) {
         break;
       case Impl::kSluiceBf16:
         kernels::Bf16Gemm(shape, a16.data(), b16.data(), c.data(), scratch.data());
+        break;
+      case Impl::kWidenedBf16:
+        kernels::WidenedBf16Gemm(shape, a16.data(), b16.data(), c.data(), scratch.data());
+        break;
+      case Impl::kPackedBf16:
+        kernels::PackedBf16Gemm(shape, a16.data(), b16.data(), c.data(), scratch.data());
         break;
     }
     benchmark::DoNotOptimize(c.data());
@@ -246,10 +256,10 @@ void Register() {
     int64_t c, rows;
   };
   const Model models[] = {{"small", 128, 1024}, {"medium", 384, 2048}};
-  const std::pair<const char*, Impl> impls[] = {{"openblas_f32", Impl::kOpenBlasF32},
-                                                {"onednn_f32", Impl::kOneDnnF32},
-                                                {"onednn_bf16", Impl::kOneDnnBf16},
-                                                {"sluice_bf16", Impl::kSluiceBf16}};
+  const std::pair<const char*, Impl> impls[] = {
+      {"openblas_f32", Impl::kOpenBlasF32}, {"onednn_f32", Impl::kOneDnnF32},
+      {"onednn_bf16", Impl::kOneDnnBf16},   {"sluice_bf16", Impl::kSluiceBf16},
+      {"widened_bf16", Impl::kWidenedBf16}, {"packed_bf16", Impl::kPackedBf16}};
   for (const Model& m : models) {
     const int64_t C = m.c, R = m.rows;
     const Product products[] = {{"qkv", false, false, R, 3 * C, C},

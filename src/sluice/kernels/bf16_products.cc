@@ -11,6 +11,7 @@
 #include "sluice/core/error.h"
 
 #include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/bf16_gemm.h"
 #include "sluice/kernels/linear.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/kernels/onednn_matmul.h"
@@ -32,22 +33,24 @@ std::vector<float> Widened(const BFloat16* x, int64_t n) {
   return out;
 }
 
-bool Bf16GemmOnOneDnn() {
-  static const bool onednn = [] {
+enum class Engine { kOneDnn, kWidened, kPacked };
+
+Engine Bf16GemmEngineChoice() {
+  static const Engine engine = [] {
     const char* env = std::getenv("SLUICE_BF16_GEMM");
     if (env == nullptr) {
       const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
       const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
-      return (isa & amx) == amx;
+      return (isa & amx) == amx ? Engine::kOneDnn : Engine::kPacked;
     }
     const std::string choice = env;
-    if (choice != "openblas" && choice != "onednn") {
-      throw InvalidArgument(fmt::format(
-          "SLUICE_BF16_GEMM='{}': the bf16 product engine is onednn or openblas", choice));
-    }
-    return choice == "onednn";
+    if (choice == "onednn") return Engine::kOneDnn;
+    if (choice == "openblas") return Engine::kWidened;
+    if (choice == "packed") return Engine::kPacked;
+    throw InvalidArgument(fmt::format(
+        "SLUICE_BF16_GEMM='{}': the bf16 product engine is onednn, packed or openblas", choice));
   }();
-  return onednn;
+  return engine;
 }
 
 // Rows [0, rows) of a bf16 matrix with row stride ld, columns [col, col + cols), into a packed
@@ -63,10 +66,17 @@ void WidenBlock(const BFloat16* x, int64_t ld, int64_t rows, int64_t col, int64_
   for (int64_t r = 0; r < rows; ++r) FromBF16Fast(x + r * ld + col, out + r * cols, cols);
 }
 
+}  // namespace
+
+int64_t WidenedBf16GemmScratchFloats(const OneDnnGemmShape& shape) {
+  if (shape.m == 0 || shape.n == 0) return 0;
+  return std::min(shape.k, kWidenBlock) * (shape.m + shape.n);
+}
+
 // op(a)·op(b) through f32 GEMMs over blocks of k: each block of op(a)'s columns and op(b)'s rows
 // widened to f32 (exact) into the scratch, then multiplied and added to c.
-void WidenedGemm(const OneDnnGemmShape& s, const BFloat16* a, const BFloat16* b, float* c,
-                 float* scratch) {
+void WidenedBf16Gemm(const OneDnnGemmShape& s, const BFloat16* a, const BFloat16* b, float* c,
+                     float* scratch) {
   const int64_t lda = s.lda != 0 ? s.lda : (s.transpose_a ? s.m : s.k);
   const int64_t ldb = s.ldb != 0 ? s.ldb : (s.transpose_b ? s.k : s.n);
   const int64_t ldc = s.ldc != 0 ? s.ldc : s.n;
@@ -100,22 +110,41 @@ void WidenedGemm(const OneDnnGemmShape& s, const BFloat16* a, const BFloat16* b,
   }
 }
 
-}  // namespace
-
-const char* Bf16GemmEngine() { return Bf16GemmOnOneDnn() ? "onednn" : "openblas"; }
+const char* Bf16GemmEngine() {
+  switch (Bf16GemmEngineChoice()) {
+    case Engine::kOneDnn:
+      return "onednn";
+    case Engine::kWidened:
+      return "openblas";
+    case Engine::kPacked:
+      break;
+  }
+  return "packed";
+}
 
 int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape) {
-  if (Bf16GemmOnOneDnn() || shape.m == 0 || shape.n == 0) return 0;
-  return std::min(shape.k, kWidenBlock) * (shape.m + shape.n);
+  switch (Bf16GemmEngineChoice()) {
+    case Engine::kOneDnn:
+      return 0;
+    case Engine::kWidened:
+      return WidenedBf16GemmScratchFloats(shape);
+    case Engine::kPacked:
+      break;
+  }
+  return PackedBf16GemmScratchFloats(shape);
 }
 
 void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
               float* scratch) {
-  if (Bf16GemmOnOneDnn()) {
-    OneDnnGemm(shape, a, b, c);
-  } else {
-    WidenedGemm(shape, a, b, c, scratch);
+  switch (Bf16GemmEngineChoice()) {
+    case Engine::kOneDnn:
+      return OneDnnGemm(shape, a, b, c);
+    case Engine::kWidened:
+      return WidenedBf16Gemm(shape, a, b, c, scratch);
+    case Engine::kPacked:
+      break;
   }
+  PackedBf16Gemm(shape, a, b, c, scratch);
 }
 
 namespace {

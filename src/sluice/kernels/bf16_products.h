@@ -5,19 +5,23 @@
 //                kernels/matmul.h's shapes and batching (MatMulShape).
 //   LinearBF16*: out[m, n] = x[m, k] · w[k, n] + b[n], x and w bf16, b and out f32 (linear.h).
 //
-// The fast kernels run every product through Bf16Gemm, on one of two engines (Bf16GemmEngine):
+// The fast kernels run every product through Bf16Gemm, on one of three engines (Bf16GemmEngine):
 //   onednn    oneDNN's bf16 matmul (kernels/onednn_matmul.h): the bf16 instructions (AVX512_BF16,
 //             AMX) multiply. The default where oneDNN can use AMX.
+//   packed    kernels/bf16_gemm.h: an f32 GEMM whose packing widens the bf16 operands (exactly):
+//             bf16 storage, f32 compute, no separate widening pass. The default elsewhere: on an
+//             AVX512_BF16 Xeon without AMX oneDNN's bf16 products ran at 0.55× its f32 ones
+//             (docs/benchmarks.md, "Mixed precision"), and without bf16 instructions oneDNN
+//             emulates them (0.28× on Zen 4, issue 35).
 //   openblas  the operands widened to f32 (exactly) in blocks of kWidenBlock along k, each block an
-//             f32 GEMM (kernels/matmul.h's Gemm) accumulating into the result: bf16 storage, f32
-//             compute. The default elsewhere: on an AVX512_BF16 Xeon without AMX oneDNN's bf16
-//             products ran at 0.55× its f32 ones (docs/benchmarks.md, "Mixed precision"), and
-//             without bf16 instructions oneDNN emulates them (0.28× on Zen 4, issue 35).
-// SLUICE_BF16_GEMM=onednn|openblas overrides the default (read once; another value throws
-// InvalidArgument naming it). The widening scratch is the caller's: *ScratchFloats(...) floats,
-// min(k, kWidenBlock) · (m + n) per product on the openblas engine (0 on onednn), which the ops
-// take from KernelContext::allocator so that the memory forecast counts them
-// (OpDef::scratch_bytes). The widening runs on the calling thread, the GEMMs on OpenBLAS's
+//             f32 GEMM (kernels/matmul.h's Gemm) accumulating into the result: what packed
+//             replaced, kept for comparison (bench/gemm_precision_bench.cc).
+// SLUICE_BF16_GEMM=onednn|packed|openblas overrides the default (read once; another value throws
+// InvalidArgument naming it). The scratch is the caller's: *ScratchFloats(...) floats — the packed
+// blocks (bf16_gemm.h), min(k, kWidenBlock) · (m + n) on the openblas engine (never less than the
+// packed engine's), 0 on onednn — which the ops take from KernelContext::allocator so that the
+// memory forecast counts them (OpDef::scratch_bytes). On the openblas engine the widening runs on
+// the calling thread, the GEMMs on OpenBLAS's threads; the packed engine runs on the intra-op
 // threads. kWidenBlock is 128: on the GPT's products it runs as fast as 256 did (GEMM within ±5% of
 // OpenBLAS f32 on the medium GPT) with half the scratch. The reference kernels widen
 // each operand to f32 exactly and run the f32 reference (kernels/matmul.h, linear.h): both compute
@@ -46,9 +50,14 @@ namespace sluice::kernels {
 void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
               float* scratch);
 int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape);
-// "onednn" or "openblas" (see above).
+// "onednn", "packed" or "openblas" (see above).
 const char* Bf16GemmEngine();
+
+// The openblas engine itself (whatever Bf16GemmEngine names), for benchmarks and tests.
 inline constexpr int64_t kWidenBlock = 128;
+int64_t WidenedBf16GemmScratchFloats(const OneDnnGemmShape& shape);
+void WidenedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
+                     float* scratch);
 
 // MatMulBF16's scratch for a, b of these shapes (MatMulShape's rules).
 int64_t MatMulBF16ScratchFloats(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b);

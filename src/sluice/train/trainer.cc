@@ -56,8 +56,11 @@ nlohmann::json KernelsDescription(Precision precision) {
   }
   if (blas.switched) k["blas_openblas_choice"] = blas.openblas_choice;
   if (precision == Precision::kBf16) {
-    k["bf16_gemm"] = std::string(kernels::Bf16GemmEngine()) == "onednn"
+    const std::string engine = kernels::Bf16GemmEngine();
+    k["bf16_gemm"] = engine == "onednn"
                          ? "onednn " + kernels::OneDnnImplementation(DType::kBF16, 256, 256, 256)
+                     : engine == "packed"
+                         ? std::string("packed (bf16 operands widened to f32 in the GEMM's packing)")
                          : std::string("openblas (bf16 operands widened to f32)");
     k["bf16_native"] = kernels::OneDnnBf16Native();
     const kernels::Bf16Products& probe = kernels::ProbeBf16Products();

@@ -1,0 +1,259 @@
+// The per-target code of bf16_gemm.h. Highway compiles this file once per target
+// (hwy/foreach_target.h re-includes it); the part under HWY_ONCE exports the table.
+//
+// The register tile keeps its accumulators in arrays of vectors, which sizeless vector types
+// (SVE, RVV) cannot form: those targets are not compiled (their CPUs run NEON or the portable
+// EMU128 code here).
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "sluice/kernels/bf16_gemm.cc"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "sluice/core/dtype.h"
+#include "sluice/kernels/bf16_gemm.h"
+#include "sluice/kernels/parallel.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace sluice::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
+constexpr int64_t kMC = kPackedGemmMC;
+constexpr int64_t kNC = kPackedGemmNC;
+// The register tile, MR rows × NR = 2 vectors: 2·MR accumulators, 2 vectors of b and a broadcast
+// fit the 32 vector registers of AVX-512 at MR = 12 and the 16 of the others at MR = 6.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int64_t kMR = 12;
+#else
+constexpr int64_t kMR = 6;
+#endif
+constexpr int64_t kNR = 2 * kLanes;
+
+// The stored operands and where op(a) and op(b) are in them.
+struct Operands {
+  const BFloat16* a;
+  const BFloat16* b;
+  float* c;
+  int64_t m, n, k, lda, ldb, ldc;
+  bool transpose_a, transpose_b;
+};
+
+// y[i] = x[i] as f32 (exact), i in [0, count).
+HWY_INLINE void Widen(const BFloat16* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t count) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto* in = reinterpret_cast<const uint16_t*>(x);
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, in + i)))), df,
+               y + i);
+  }
+  for (; i < count; ++i) y[i] = BF16ToFloat(x[i]);
+}
+
+// A tile of op(a): rows [i0, i0 + rows) (rows ≤ MR), k [p0, p0 + kc), widened into `out`, the
+// rows past `rows` zero. Layouts, chosen by how a is stored so that the packing reads a's rows:
+//   a [m, k] (row-major tile): out[r·KC + p], each row of the tile a row of a;
+//   a [k, m] (k-major tile):   out[p·MR + r], each k a run of MR elements of a row of a.
+template <int64_t kKC>
+void PackRowTile(const Operands& s, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
+  for (int64_t r = 0; r < rows; ++r) Widen(s.a + (i0 + r) * s.lda + p0, out + r * kKC, kc);
+  for (int64_t r = rows; r < kMR; ++r) std::fill_n(out + r * kKC, kc, 0.0f);
+}
+
+// The tiles of op(a)'s block rows [i0, i0 + mc), k [p0, p0 + kc): full tiles into `tiles`
+// (MR·KC floats each), a last partial one into `tail`.
+template <int64_t kKC>
+void PackABlock(const Operands& s, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* tiles,
+                float* tail) {
+  const int64_t full = mc / kMR;
+  if (!s.transpose_a) {
+    for (int64_t t = 0; t < full; ++t)
+      PackRowTile<kKC>(s, i0 + t * kMR, kMR, p0, kc, tiles + t * kMR * kKC);
+    if (full * kMR < mc) PackRowTile<kKC>(s, i0 + full * kMR, mc - full * kMR, p0, kc, tail);
+    return;
+  }
+  // k-major: each k's run of mc elements widened at once, then dealt out MR at a time.
+  HWY_ALIGN float run[kMC + kMR];
+  for (int64_t p = 0; p < kc; ++p) {
+    Widen(s.a + (p0 + p) * s.lda + i0, run, mc);
+    std::fill(run + mc, run + full * kMR + kMR, 0.0f);
+    for (int64_t t = 0; t < full; ++t) {
+      std::memcpy(tiles + t * kMR * kKC + p * kMR, run + t * kMR, sizeof(float) * kMR);
+    }
+    if (full * kMR < mc) std::memcpy(tail + p * kMR, run + full * kMR, sizeof(float) * kMR);
+  }
+}
+
+// A panel of op(b): columns [j0, j0 + cols) (cols ≤ NR), k [p0, p0 + kc), widened into
+// out[p·NR + j], the columns past `cols` zero.
+template <int64_t kKC>
+void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t kc, float* out) {
+  if (!s.transpose_b) {  // b [k, n]: each k a run of b's row
+    for (int64_t p = 0; p < kc; ++p) {
+      float* row = out + p * kNR;
+      Widen(s.b + (p0 + p) * s.ldb + j0, row, cols);
+      std::fill(row + cols, row + kNR, 0.0f);
+    }
+    return;
+  }
+  // b [n, k]: each column of op(b) a row of b, widened whole, then transposed into the panel.
+  HWY_ALIGN float column[kKC];
+  if (cols < kNR) std::fill_n(out, kc * kNR, 0.0f);
+  for (int64_t j = 0; j < cols; ++j) {
+    Widen(s.b + (j0 + j) * s.ldb + p0, column, kc);
+    for (int64_t p = 0; p < kc; ++p) out[p * kNR + j] = column[p];
+  }
+}
+
+// c[rows, cols] (= or +=) the product of a tile of op(a) and a panel of op(b) over kc. The sums
+// start from 0 and run over p in order; `add` adds them to c, else they replace c.
+template <bool kKMajorA, int64_t kKC>
+HWY_NOINLINE void MultiplyTile(int64_t kc, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+                               float* c, int64_t ldc, int64_t rows, int64_t cols, bool add) {
+  const DF d;
+  // c's lines are requested now and arrive while the sums run: on the medium GPT a tile of c
+  // was last touched a block of k ago and comes from L3.
+  for (int64_t r = 0; r < rows; ++r) {
+    hwy::Prefetch(c + r * ldc);
+    hwy::Prefetch(c + r * ldc + cols - 1);
+  }
+  hn::Vec<DF> lo[kMR], hi[kMR];
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < kMR; ++r) lo[r] = hi[r] = hn::Zero(d);
+  for (int64_t p = 0; p < kc; ++p) {
+    const auto b0 = hn::LoadU(d, b + p * kNR);
+    const auto b1 = hn::LoadU(d, b + p * kNR + kLanes);
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kMR; ++r) {
+      const auto x = hn::Set(d, kKMajorA ? a[p * kMR + r] : a[r * kKC + p]);
+      lo[r] = hn::MulAdd(x, b0, lo[r]);
+      hi[r] = hn::MulAdd(x, b1, hi[r]);
+    }
+  }
+  if (rows == kMR && cols == kNR) {
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kMR; ++r) {
+      float* out = c + r * ldc;
+      if (add) {
+        hn::StoreU(hn::Add(hn::LoadU(d, out), lo[r]), d, out);
+        hn::StoreU(hn::Add(hn::LoadU(d, out + kLanes), hi[r]), d, out + kLanes);
+      } else {
+        hn::StoreU(lo[r], d, out);
+        hn::StoreU(hi[r], d, out + kLanes);
+      }
+    }
+    return;
+  }
+  HWY_ALIGN float tile[kMR * kNR];
+#pragma GCC unroll 16  // constant indices: the accumulators stay in registers
+  for (int64_t r = 0; r < kMR; ++r) {
+    hn::Store(lo[r], d, tile + r * kNR);
+    hn::Store(hi[r], d, tile + r * kNR + kLanes);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    float* out = c + r * ldc;
+    const float* sums = tile + r * kNR;
+    for (int64_t j = 0; j < cols; ++j) out[j] = add ? out[j] + sums[j] : sums[j];
+  }
+}
+
+template <int64_t kKC>
+void Gemm(const Operands& s, bool accumulate, float* scratch) {
+  float* panels = scratch;                            // KC × (NC's full panels)
+  float* tiles = scratch + kKC * std::min(s.n, kNC);  // KC × (MC's full tiles)
+  HWY_ALIGN float a_tail[kMR * kKC];
+  HWY_ALIGN float b_tail[kKC * kNR];
+  const auto multiply = s.transpose_a ? &MultiplyTile<true, kKC> : &MultiplyTile<false, kKC>;
+  for (int64_t j0 = 0; j0 < s.n; j0 += kNC) {
+    const int64_t nc = std::min(kNC, s.n - j0);
+    const int64_t n_panels = (nc + kNR - 1) / kNR;
+    for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
+      const int64_t kc = std::min(kKC, s.k - p0);
+      const bool add = accumulate || p0 > 0;
+      for (int64_t i0 = 0; i0 < s.m; i0 += kMC) {
+        const int64_t mc = std::min(kMC, s.m - i0);
+        const int64_t m_tiles = (mc + kMR - 1) / kMR;
+        PackABlock<kKC>(s, i0, mc, p0, kc, tiles, a_tail);
+        // One panel of op(b) a chunk: packed on the first block of rows, then kept.
+        ParallelFor(n_panels, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t jp = begin; jp < end; ++jp) {
+            const int64_t j = j0 + jp * kNR, cols = std::min(kNR, j0 + nc - j);
+            float* panel = cols == kNR ? panels + jp * kKC * kNR : b_tail;
+            if (i0 == 0) PackBPanel<kKC>(s, j, cols, p0, kc, panel);
+            for (int64_t t = 0; t < m_tiles; ++t) {
+              const int64_t i = i0 + t * kMR, rows = std::min(kMR, i0 + mc - i);
+              const float* tile = rows == kMR ? tiles + t * kMR * kKC : a_tail;
+              multiply(kc, tile, panel, s.c + i * s.ldc + j, s.ldc, rows, cols, add);
+            }
+          }
+        });
+      }
+    }
+  }
+}
+
+void PackedGemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
+                float* scratch) {
+  const Operands s{.a = a,
+                   .b = b,
+                   .c = c,
+                   .m = shape.m,
+                   .n = shape.n,
+                   .k = shape.k,
+                   .lda = shape.lda != 0 ? shape.lda : (shape.transpose_a ? shape.m : shape.k),
+                   .ldb = shape.ldb != 0 ? shape.ldb : (shape.transpose_b ? shape.k : shape.n),
+                   .ldc = shape.ldc != 0 ? shape.ldc : shape.n,
+                   .transpose_a = shape.transpose_a,
+                   .transpose_b = shape.transpose_b};
+  switch (PackedBf16GemmBlockK(shape)) {
+    case 384:
+      return Gemm<384>(s, shape.accumulate, scratch);
+    case 256:
+      return Gemm<256>(s, shape.accumulate, scratch);
+    default:
+      return Gemm<128>(s, shape.accumulate, scratch);
+  }
+}
+
+}  // namespace sluice::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace sluice::kernels {
+
+HWY_EXPORT(PackedGemm);
+
+int64_t PackedBf16GemmScratchFloats(const OneDnnGemmShape& shape) {
+  if (shape.m == 0 || shape.n == 0 || shape.k == 0) return 0;
+  return PackedBf16GemmBlockK(shape) *
+         (std::min(shape.m, kPackedGemmMC) + std::min(shape.n, kPackedGemmNC));
+}
+
+void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
+                    float* scratch) {
+  if (shape.m == 0 || shape.n == 0) return;
+  if (shape.k == 0) {
+    if (!shape.accumulate) {
+      const int64_t ldc = shape.ldc != 0 ? shape.ldc : shape.n;
+      for (int64_t i = 0; i < shape.m; ++i) std::fill_n(c + i * ldc, shape.n, 0.0f);
+    }
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, c, scratch);
+}
+
+}  // namespace sluice::kernels
+#endif  // HWY_ONCE

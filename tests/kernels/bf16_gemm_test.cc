@@ -1,0 +1,155 @@
+// The packed bf16 GEMM (kernels/bf16_gemm.h) against a double triple loop over the same bf16
+// numbers, on every Highway target, for every transpose, accumulate, row strides, shapes with
+// partial register tiles and more than one block of m, k and n; and bitwise the same at 1 and 2
+// intra-op threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "sluice/core/dtype.h"
+#include "sluice/kernels/bf16_gemm.h"
+#include "sluice/kernels/bf16_products.h"
+#include "sluice/kernels/parallel.h"
+#include "sluice/kernels/simd_kernels.h"
+
+#include "bf16_test_data.h"
+
+namespace sluice::kernels {
+namespace {
+
+using testing_support::RoundToBF16;
+using testing_support::Uniform;
+
+struct Case {
+  int64_t m, n, k;
+  int64_t lda_extra, ldb_extra, ldc_extra;  // row strides past the packed ones
+};
+
+// c = op(a)·op(b) (+ c) computed by `gemm` from bf16-rounded operands, compared with a double
+// triple loop over the same numbers; returns c.
+template <typename Gemm, typename Scratch>
+std::vector<float> CheckProduct(const Case& t, bool ta, bool tb, bool accumulate, Gemm gemm,
+                                Scratch scratch_floats, const std::string& what) {
+  const int64_t a_rows = ta ? t.k : t.m, a_cols = ta ? t.m : t.k;
+  const int64_t b_rows = tb ? t.n : t.k, b_cols = tb ? t.k : t.n;
+  const int64_t lda = a_cols + t.lda_extra, ldb = b_cols + t.ldb_extra, ldc = t.n + t.ldc_extra;
+  std::vector<float> a = Uniform(a_rows * lda, 21), b = Uniform(b_rows * ldb, 22);
+  const std::vector<BFloat16> a16 = RoundToBF16(a), b16 = RoundToBF16(b);
+  std::vector<float> c(static_cast<size_t>(t.m * ldc), 0.25f);
+  const OneDnnGemmShape shape{.dtype = DType::kBF16,
+                              .transpose_a = ta,
+                              .transpose_b = tb,
+                              .m = t.m,
+                              .n = t.n,
+                              .k = t.k,
+                              .lda = lda,
+                              .ldb = ldb,
+                              .ldc = ldc,
+                              .accumulate = accumulate};
+  std::vector<float> scratch(static_cast<size_t>(scratch_floats(shape)));
+  gemm(shape, a16.data(), b16.data(), c.data(), scratch.data());
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = c[i * ldc + j];
+      if (j >= t.n) {
+        EXPECT_EQ(got, 0.25f) << what << ": wrote outside c at " << i << "," << j;
+        continue;
+      }
+      double want = accumulate ? 0.25 : 0.0;
+      for (int64_t p = 0; p < t.k; ++p) {
+        want += static_cast<double>(ta ? a[p * lda + i] : a[i * lda + p]) *
+                static_cast<double>(tb ? b[j * ldb + p] : b[p * ldb + j]);
+      }
+      // f32 sums of k exact products of numbers in [-1, 1]: within k·ε·k.
+      if (std::fabs(got - want) > 1e-7 * static_cast<double>(t.k * t.k) + 1e-6) {
+        ADD_FAILURE() << what << " m " << t.m << " n " << t.n << " k " << t.k << " ta " << ta
+                      << " tb " << tb << " accumulate " << accumulate << " at " << i << "," << j
+                      << ": " << got << " want " << want;
+        return c;
+      }
+    }
+  }
+  return c;
+}
+
+const Case kCases[] = {
+    {1, 1, 1, 0, 0, 0},
+    {13, 33, 129, 3, 5, 2},  // a partial tile of rows and of columns, two blocks of k
+    {kPackedGemmMC + 29, 70, 2 * 128 + 5, 0, 0, 0},  // two blocks of m, three of k (KC 128)
+    {600, 8, 300, 0, 2, 0},                          // KC 256: blocks of 256 and 44
+    {1000, 8, 800, 1, 0, 0},                         // KC 384, five blocks of m
+    {7, kPackedGemmNC + 40, 20, 1, 0, 3},            // two blocks of n
+};
+
+TEST(PackedBf16Gemm, BlocksOfKAreAsLargeAsTheScratchAllows) {
+  EXPECT_EQ(PackedBf16GemmBlockK({.m = 600, .n = 8, .k = 300}), 256);
+  EXPECT_EQ(PackedBf16GemmBlockK({.m = 1000, .n = 8, .k = 800}), 384);
+  EXPECT_EQ(PackedBf16GemmBlockK({.m = 221, .n = 70, .k = 261}), 128);
+}
+
+TEST(PackedBf16Gemm, MatchesTheTripleLoopOnEveryTarget) {
+  for (const std::string& target : SimdTargets()) {
+    ForceSimdTarget(target);
+    for (const Case& t : kCases) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          for (bool accumulate : {false, true}) {
+            CheckProduct(t, ta, tb, accumulate, PackedBf16Gemm, PackedBf16GemmScratchFloats,
+                         "packed on " + target);
+          }
+        }
+      }
+    }
+  }
+  ForceSimdTarget("");
+}
+
+TEST(PackedBf16Gemm, WidenedEngineMatchesTheTripleLoopToo) {
+  for (const Case& t : kCases) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        CheckProduct(t, ta, tb, true, WidenedBf16Gemm, WidenedBf16GemmScratchFloats, "widened");
+      }
+    }
+  }
+}
+
+TEST(PackedBf16Gemm, GivesTheSameBitsAtOneAndTwoThreads) {
+  const Case t{kPackedGemmMC + 29, kPackedGemmNC + 40, 131, 0, 0, 0};
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      SetIntraOpThreads(1);
+      const std::vector<float> one =
+          CheckProduct(t, ta, tb, false, PackedBf16Gemm, PackedBf16GemmScratchFloats, "1 thread");
+      SetIntraOpThreads(2);
+      const std::vector<float> two =
+          CheckProduct(t, ta, tb, false, PackedBf16Gemm, PackedBf16GemmScratchFloats, "2 threads");
+      SetIntraOpThreads(1);
+      ASSERT_EQ(one.size(), two.size());
+      EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)
+          << "ta " << ta << " tb " << tb;
+    }
+  }
+}
+
+TEST(PackedBf16Gemm, ScratchIsAtMostTheWidenedEngines) {
+  // The GPT's products: the packed engine's blocks never take more than the widened blocks did.
+  for (int64_t c : {128, 384}) {
+    for (int64_t rows : {1024, 2048}) {
+      const OneDnnGemmShape shapes[] = {
+          {.dtype = DType::kBF16, .m = rows, .n = 3 * c, .k = c},
+          {.dtype = DType::kBF16, .m = rows, .n = c, .k = 4 * c},
+          {.dtype = DType::kBF16, .transpose_a = true, .m = c, .n = 4 * c, .k = rows}};
+      for (const OneDnnGemmShape& s : shapes) {
+        EXPECT_LE(PackedBf16GemmScratchFloats(s), WidenedBf16GemmScratchFloats(s))
+            << "m " << s.m << " n " << s.n << " k " << s.k;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sluice::kernels

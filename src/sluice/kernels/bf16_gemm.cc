@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "sluice/core/dtype.h"
+#include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/bf16_gemm.h"
 #include "sluice/kernels/parallel.h"
 
@@ -49,19 +50,8 @@ struct Operands {
   bool transpose_a, transpose_b;
 };
 
-// y[i] = x[i] as f32 (exact), i in [0, count).
-HWY_INLINE void Widen(const BFloat16* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t count) {
-  const DF df;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<uint16_t, DF> du16;
-  const auto* in = reinterpret_cast<const uint16_t*>(x);
-  int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) {
-    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, in + i)))), df,
-               y + i);
-  }
-  for (; i < count; ++i) y[i] = BF16ToFloat(x[i]);
-}
+// y[i] = x[i] as f32 (exact), i in [0, count): bf16_convert.h's widening.
+HWY_INLINE void Widen(const BFloat16* x, float* y, int64_t count) { FromBF16Fast(x, y, count); }
 
 // A tile of op(a): rows [i0, i0 + rows) (rows ≤ MR), k [p0, p0 + kc), widened into `out`, the
 // rows past `rows` zero. Layouts, chosen by how a is stored so that the packing reads a's rows:

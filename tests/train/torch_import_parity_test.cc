@@ -377,7 +377,7 @@ TEST_P(TorchImportAutocastParity, Bf16TrainsLikeAutocast) {
       fmt::format("/usr/bin/python3 {}/tests/parity/torch_import_reference.py {} {} {} {} {}",
                   SourceDir(), spec, in_path, config.init_from, checkpoint, out_path);
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "the PyTorch reference failed: " << cmd;
-  const Tensor& ref = ReadSafetensors(out_path).tensors.at("losses");
+  const Tensor ref = ReadSafetensors(out_path).tensors.at("losses");  // a copy: the file dies here
   ASSERT_EQ(ref.numel(), kSteps);
   double worst = 0;
   bool differs_from_fp32 = false;

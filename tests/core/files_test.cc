@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -70,6 +71,26 @@ TEST_F(Files, ADeviceIsReadOnlyUpToTheLimit) {
   EXPECT_THAT(what, HasSubstr("program file '/dev/zero' is a character device and yields more "
                               "than 1 MiB"));
   EXPECT_EQ(ReadWholeFile("program file", "/dev/null"), "");  // a device that ends is fine
+}
+
+// A pipe yields its bytes once; every reader of it in the process gets them all, also two threads
+// reading it at once (the second waits for the first and takes its bytes from the cache; under
+// ThreadSanitizer this is the cache's locking). More than the read buffer and the pipe's
+// capacity, so the writer blocks while the first reader reads.
+TEST_F(Files, APipeReadByTwoThreadsAtOnceYieldsItsBytesToBoth) {
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string sent(300 << 10, '\0');
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<char>('a' + i % 26);
+  std::thread writer([&] { std::ofstream(fifo, std::ios::binary) << sent; });
+  std::string first, second;
+  std::thread reader([&] { first = ReadWholeFile("data file", fifo); });
+  second = ReadWholeFile("data file", fifo);
+  reader.join();
+  writer.join();
+  EXPECT_EQ(first, sent);
+  EXPECT_EQ(second, sent);
+  EXPECT_EQ(ReadWholeFile("data file", fifo), sent);  // and any later read
 }
 
 TEST_F(Files, AnOutputNamingAnInputIsRefused) {

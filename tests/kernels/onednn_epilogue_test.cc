@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "sluice/core/dtype.h"
@@ -125,6 +127,41 @@ TEST(OneDnnEpilogue, AMissingBiasOrAnEpilogueBesideAccumulateIsAnInternalError) 
   EXPECT_THROW(OneDnnGemm({.m = 2, .n = 2, .k = 2, .accumulate = true, .gelu = true}, a.data(),
                           b.data(), c.data()),
                InternalError);
+}
+
+// Pipeline stages run one cached primitive from several threads at once. Each run must be the
+// single-threaded result, bit for bit: with oneDNN's library scratchpad (one per process), an AMX
+// product running on two threads at once gave other bits, or NaN.
+TEST(OneDnnMatmul, OnePrimitiveOnManyThreadsAtOnceGivesTheOneThreadResult) {
+  const int64_t m = 512, n = 384, k = 128;
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    std::vector<float> a = Uniform(m * k, 11), b = Uniform(k * n, 12);
+    const std::vector<BFloat16> a16 = RoundToBF16(a), b16 = RoundToBF16(b);
+    const void* pa = dtype == DType::kBF16 ? static_cast<const void*>(a16.data()) : a.data();
+    const void* pb = dtype == DType::kBF16 ? static_cast<const void*>(b16.data()) : b.data();
+    for (const bool tb : {false, true}) {
+      const OneDnnGemmShape shape{.dtype = dtype, .transpose_b = tb, .m = m, .n = n, .k = k};
+      std::vector<float> want(m * n);
+      OneDnnGemm(shape, pa, pb, want.data());
+      constexpr int kThreads = 4, kRuns = 16;
+      std::vector<int> mismatches(kThreads, 0);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          std::vector<float> c(m * n);
+          for (int r = 0; r < kRuns; ++r) {
+            OneDnnGemm(shape, pa, pb, c.data());
+            if (std::memcmp(c.data(), want.data(), c.size() * sizeof(float)) != 0) ++mismatches[t];
+          }
+        });
+      }
+      for (std::thread& t : threads) t.join();
+      for (int t = 0; t < kThreads; ++t) {
+        EXPECT_EQ(mismatches[t], 0)
+            << Name(dtype) << (tb ? " b transposed" : "") << ", thread " << t << " of " << kThreads;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <tuple>
 #include <unordered_map>
 
@@ -86,6 +88,10 @@ dnnl::matmul::primitive_desc MakeDesc(const OneDnnGemmShape& s, const dnnl::engi
   const dnnl::memory::desc b(dims{s.k, s.n}, in, s.transpose_b ? dims{1, s.ldb} : dims{s.ldb, 1});
   const dnnl::memory::desc c(dims{s.m, s.n}, dt::f32, dims{s.ldc, 1});
   dnnl::primitive_attr attr;
+  // The cache's primitives run on every stage thread, at once. With the library's scratchpad (the
+  // default) a primitive must run on the thread that made it: two stages running one shape shared
+  // one scratchpad and their results differed run to run, or were NaN. Each call brings its own.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   dnnl::post_ops ops;
   if (s.accumulate) ops.append_sum(1.0f);
   if (s.gelu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_tanh, 0.0f, 0.0f);
@@ -120,6 +126,22 @@ std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
 }
 
 std::atomic<int> g_threads{1};
+
+// The calling thread's scratchpad for oneDNN's primitives, grown to the largest one asked for
+// (the primitives of one thread run one at a time).
+void* ThreadScratchpad(size_t bytes) {
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  thread_local std::unique_ptr<std::byte[], Free> buffer;
+  thread_local size_t capacity = 0;
+  if (bytes > capacity) {
+    buffer.reset();
+    buffer.reset(static_cast<std::byte*>(::operator new[](bytes, std::align_val_t{64})));
+    capacity = bytes;
+  }
+  return buffer.get();
+}
 
 }  // namespace
 
@@ -165,6 +187,10 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
     dnnl::memory mc(entry->desc.dst_desc(), engine, c);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    const dnnl::memory::desc scratchpad = entry->desc.scratchpad_desc();
+    if (const size_t bytes = scratchpad.get_size(); bytes > 0) {
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad, engine, ThreadScratchpad(bytes)));
+    }
     if (s.bias) {
       args.emplace(DNNL_ARG_BIAS,
                    dnnl::memory(entry->desc.bias_desc(), engine, const_cast<float*>(bias)));

@@ -57,14 +57,16 @@ nlohmann::json KernelsDescription(Precision precision) {
   if (blas.switched) k["blas_openblas_choice"] = blas.openblas_choice;
   if (precision == Precision::kBf16) {
     const std::string engine = kernels::Bf16GemmEngine();
-    k["bf16_gemm"] = engine == "onednn"
-                         ? "onednn " + kernels::OneDnnImplementation(DType::kBF16, 256, 256, 256)
-                     : engine == "packed"
-                         ? std::string("packed (bf16 operands widened to f32 in the GEMM's packing)")
-                         : std::string("openblas (bf16 operands widened to f32)");
+    if (engine == "onednn") {
+      k["bf16_gemm"] = "onednn " + kernels::OneDnnImplementation(DType::kBF16, 256, 256, 256);
+    } else if (engine == "packed") {
+      k["bf16_gemm"] = "packed (bf16 operands widened to f32 in the GEMM's packing)";
+    } else {
+      k["bf16_gemm"] = "openblas (bf16 operands widened to f32)";
+    }
     k["bf16_native"] = kernels::OneDnnBf16Native();
     const kernels::Bf16Products& probe = kernels::ProbeBf16Products();
-    const bool bf16_compute = std::string(kernels::Bf16GemmEngine()) == "onednn";
+    const bool bf16_compute = engine == "onednn";
     k["bf16"] = {{"storage", "bf16"},
                  {"compute", bf16_compute ? "bf16" : "f32"},
                  {"dot_vs_fma", std::round(probe.dot_vs_fma * 100) / 100},

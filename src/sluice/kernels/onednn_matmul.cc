@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -202,7 +203,13 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
   }
 }
 
-void SetOneDnnThreads(int threads) { g_threads.store(std::max(threads, 1)); }
+void SetOneDnnThreads(int threads) {
+  // libgomp reads OMP_WAIT_POLICY once, when it loads; unset, its workers spin after every
+  // primitive (on AMX's long `pause` the spin alone cost 10x a 2-thread bf16 step's CPU time:
+  // docs/benchmarks.md, "bf16 on AMX"), so then the primitives run on the calling thread only.
+  static const bool wait_policy_set = std::getenv("OMP_WAIT_POLICY") != nullptr;
+  g_threads.store(wait_policy_set ? std::max(threads, 1) : 1);
+}
 
 bool OneDnnBf16Native() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());

@@ -18,7 +18,10 @@
 //
 // Threads: Debian's oneDNN runs its work on OpenMP threads. SetOneDnnThreads(n) sets the count
 // every call uses (step/stage_program.cc sets it with the BLAS threads); each calling thread
-// applies it to its own OpenMP setting before it runs a primitive.
+// applies it to its own OpenMP setting before it runs a primitive. With OMP_WAIT_POLICY unset
+// the count is 1 whatever n: libgomp's default workers spin between primitives and take the
+// cores the intra-op pool and OpenBLAS need (10x a 2-thread bf16 step's CPU time on AMX); with
+// OMP_WAIT_POLICY set (passive: they sleep) the count is n. The results are the same bits.
 //
 // Thread-safety: every function may be called from any thread. The cache is guarded by a mutex
 // (lookups and inserts); oneDNN primitives are immutable once made and run concurrently from
@@ -61,7 +64,7 @@ inline constexpr float kOneDnnGeluTolerance = 1e-6f;
 void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c,
                 const float* bias = nullptr);
 
-// The threads each oneDNN primitive uses (≥ 1; default 1).
+// The threads each oneDNN primitive uses (≥ 1; default 1; 1 while OMP_WAIT_POLICY is unset).
 void SetOneDnnThreads(int threads);
 
 // Whether the CPU multiplies bf16 natively (AVX512_BF16 or AMX), as oneDNN sees it; honours

@@ -35,13 +35,14 @@ namespace {
 // blas, OpenBLAS's core (and what OpenBLAS chose by itself, when sluice replaced it:
 // kernels/blas.h); gemm, the engine of f32 GEMMs, gemm_chosen_by what chose it (kernels/matmul.h),
 // gemm_epilogue what the f32 linear fuses into the product ("bias" on oneDNN, "none" on OpenBLAS);
-// on oneDNN, omp_wait_policy how oneDNN's OpenMP threads wait (OMP_WAIT_POLICY, read when the
-// process starts: with cores shared, libgomp's default spinning made 2-thread steps ~4× slower,
-// docs/benchmarks.md "GEMM epilogues"). Under --precision bf16, bf16_gemm names the engine of bf16
-// products (kernels/bf16_products.h): oneDNN's implementation, or OpenBLAS on operands widened to
-// f32 (bf16 storage, f32 compute); bf16_native says whether the CPU has bf16 instructions
-// (AVX512_BF16 or AMX) as oneDNN sees it; bf16 says what the run does with them (storage bf16,
-// compute f32 or bf16) beside the CPU's flags and the measured bf16 dot-product rate
+// on oneDNN (f32 or bf16 products), omp_wait_policy how oneDNN's OpenMP threads wait
+// (OMP_WAIT_POLICY, read when the process starts: with cores shared, libgomp's default spinning
+// made 2-thread steps ~4× slower, docs/benchmarks.md "GEMM epilogues", so while it is unset
+// oneDNN runs on one thread: kernels/onednn_matmul.h). Under --precision bf16, bf16_gemm names the
+// engine of bf16 products (kernels/bf16_products.h): oneDNN's implementation, or OpenBLAS on
+// operands widened to f32 (bf16 storage, f32 compute); bf16_native says whether the CPU has bf16
+// instructions (AVX512_BF16 or AMX) as oneDNN sees it; bf16 says what the run does with them
+// (storage bf16, compute f32 or bf16) beside the CPU's flags and the measured bf16 dot-product rate
 // (kernels/bf16_probe.h), and its one-line text.
 nlohmann::json KernelsDescription(Precision precision) {
   const kernels::BlasKernels& blas = kernels::EnsureBlasKernels();
@@ -50,9 +51,12 @@ nlohmann::json KernelsDescription(Precision precision) {
                       {"gemm", kernels::Fp32GemmEngineName()},
                       {"gemm_chosen_by", kernels::Fp32GemmChosenBy()},
                       {"gemm_epilogue", kernels::Fp32GemmOnOneDnn() ? "bias" : "none"}};
-  if (kernels::Fp32GemmOnOneDnn()) {
+  const bool bf16_on_onednn =
+      precision == Precision::kBf16 && std::string(kernels::Bf16GemmEngine()) == "onednn";
+  if (kernels::Fp32GemmOnOneDnn() || bf16_on_onednn) {
     const char* wait = std::getenv("OMP_WAIT_POLICY");
-    k["omp_wait_policy"] = wait == nullptr ? "unset (libgomp's default)" : wait;
+    k["omp_wait_policy"] =
+        wait == nullptr ? "unset (libgomp's default: oneDNN on the calling thread only)" : wait;
   }
   if (blas.switched) k["blas_openblas_choice"] = blas.openblas_choice;
   if (precision == Precision::kBf16) {
@@ -66,13 +70,12 @@ nlohmann::json KernelsDescription(Precision precision) {
     }
     k["bf16_native"] = kernels::OneDnnBf16Native();
     const kernels::Bf16Products& probe = kernels::ProbeBf16Products();
-    const bool bf16_compute = engine == "onednn";
     k["bf16"] = {{"storage", "bf16"},
-                 {"compute", bf16_compute ? "bf16" : "f32"},
+                 {"compute", bf16_on_onednn ? "bf16" : "f32"},
                  {"dot_vs_fma", std::round(probe.dot_vs_fma * 100) / 100},
                  {"products_pay", probe.Pay()},
                  {"cpu_flags", probe.Flags()},
-                 {"text", kernels::DescribeBf16Compute(probe, bf16_compute)}};
+                 {"text", kernels::DescribeBf16Compute(probe, bf16_on_onednn)}};
   }
   return k;
 }

@@ -155,6 +155,7 @@ Program ElementwiseShapesAndReductions() {
   Var perm = Permute(joined, {2, 0, 1});
   std::vector<Var> rows = Split(perm, 0, {2, 3});        // leading axis: views
   perm = Concat({rows[1], Slice(rows[0], 0, 0, 2)}, 0);  // [5, 2, 3]
+  perm = Where(Compare(perm, Slice(perm, 2, 0, 1), "gt"), perm, Scale(perm, 0.5));
   Var reduced = Add(Sum(perm, {0}, true), Mean(perm, {-1, 0}, true));
   Var full = Add(Zeros(b, Shape{1, 1, 1}, DType::kF32), Ones(b, Shape{1}, DType::kF32));
   b.Output(Cast(Add(reduced, full), DType::kF64));

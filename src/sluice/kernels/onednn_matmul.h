@@ -25,7 +25,9 @@
 //
 // Thread-safety: every function may be called from any thread. The cache is guarded by a mutex
 // (lookups and inserts); oneDNN primitives are immutable once made and run concurrently from
-// several threads, each thread through its own stream. Failures: oneDNN's errors (no
+// several threads, each thread through its own stream and its own scratchpad (the user scratchpad
+// mode: oneDNN's default one is shared by the process and holds only while a primitive stays on
+// the thread that made it; pipeline stages sharing it gave other bits, or NaN). Failures: oneDNN's errors (no
 // implementation for a problem, out of memory) are rethrown as InternalError naming the problem.
 //
 // Example:

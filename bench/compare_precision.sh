@@ -35,7 +35,9 @@ for model in "${models[@]}"; do
     *) echo "compare_precision.sh: unknown model '$model' (small or medium)" >&2; exit 2 ;;
   esac
   for t in "${threads_list[@]}"; do
-    run() { "$build/bench/train_bench" --threads "$t" --steps "$steps" --warmup 2 "${shape[@]}" "$@" ${extra[@]+"${extra[@]}"}; }
+    # As `sluice train` runs by default: it restarts itself with OMP_WAIT_POLICY=passive when the
+    # variable is unset (cli/main.cc), which train_bench does not.
+    run() { OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} "$build/bench/train_bench" --threads "$t" --steps "$steps" --warmup 2 "${shape[@]}" "$@" ${extra[@]+"${extra[@]}"}; }
     torch() { /usr/bin/python3 bench/torch_train.py --threads "$t" --steps "$steps" --warmup 2 "${shape[@]}" "$@"; }
     f=$(run --precision fp32)
     b=$(run --precision bf16)

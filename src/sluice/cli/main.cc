@@ -1,6 +1,9 @@
 // The `sluice` command: one binary, one subcommand per job. Every subcommand turns bad input into
 // a message on stderr and a non-zero exit status; nothing escapes as a crash.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -30,9 +33,27 @@ std::string ForTerminal(std::string_view message) {
   return out;
 }
 
+// oneDNN runs its products on libgomp's OpenMP workers, and libgomp reads OMP_WAIT_POLICY once,
+// when the process loads it, before main. Unset, the workers spin after every product and take
+// the cores the stage threads, the intra-op pool and OpenBLAS need, so oneDNN then stays on the
+// calling thread (kernels/onednn_matmul.h) and leaves --threads unused. So, when the variable is
+// unset, sluice starts itself once more with OMP_WAIT_POLICY=passive (the workers sleep): the
+// medium bf16 GPT on AMX at --threads 2 ran 1.37x the tokens/s (docs/benchmarks.md, "bf16 on
+// AMX"). A policy the user set is kept; SLUICE_NO_RESTART=1 skips the restart. Should the exec
+// fail, the process goes on as before, with the variable unset again.
+void RestartWithSleepingOpenMpWorkers(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("SLUICE_NO_RESTART") != nullptr) {
+    return;
+  }
+  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  unsetenv("OMP_WAIT_POLICY");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  RestartWithSleepingOpenMpWorkers(argv);
   CLI::App app{"sluice: train neural networks with as little memory as the work allows"};
   app.set_version_flag("--version", sluice::cli::kSluiceVersion);
   app.require_subcommand(1);

@@ -21,7 +21,8 @@
 // applies it to its own OpenMP setting before it runs a primitive. With OMP_WAIT_POLICY unset
 // the count is 1 whatever n: libgomp's default workers spin between primitives and take the
 // cores the intra-op pool and OpenBLAS need (10x a 2-thread bf16 step's CPU time on AMX); with
-// OMP_WAIT_POLICY set (passive: they sleep) the count is n. The results are the same bits.
+// OMP_WAIT_POLICY set (passive: they sleep) the count is n. The `sluice` command sets passive,
+// restarting itself, when the variable is unset (cli/main.cc).
 //
 // Thread-safety: every function may be called from any thread. The cache is guarded by a mutex
 // (lookups and inserts); oneDNN primitives are immutable once made and run concurrently from

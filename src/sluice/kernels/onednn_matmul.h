@@ -28,8 +28,9 @@
 // (lookups and inserts); oneDNN primitives are immutable once made and run concurrently from
 // several threads, each thread through its own stream and its own scratchpad (the user scratchpad
 // mode: oneDNN's default one is shared by the process and holds only while a primitive stays on
-// the thread that made it; pipeline stages sharing it gave other bits, or NaN). Failures: oneDNN's errors (no
-// implementation for a problem, out of memory) are rethrown as InternalError naming the problem.
+// the thread that made it; pipeline stages sharing it gave other bits, or NaN). Failures: oneDNN's
+// errors (no implementation for a problem, out of memory) are rethrown as InternalError naming the
+// problem.
 //
 // Example:
 //   // x [B·T, C] bf16, w [C, 3C] bf16 -> qkv [B·T, 3C] f32

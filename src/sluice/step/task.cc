@@ -36,12 +36,6 @@ class GptTask final : public Task {
                       data_->seq_len(), cfg_.seq));
     }
     ValidateGptConfig(cfg_);
-    if (cfg_.precision == Precision::kBf16) {
-      // Which ops the autocast pass runs bf16 (nn/gpt.h): what the summary and startup line name.
-      GptConfig f32 = cfg_;
-      f32.precision = Precision::kFp32;
-      AutocastTrainingModel(BuildGpt(f32, 1, GptOutput::kLoss, data_->seq_len()), &ops_);
-    }
   }
   Model BuildTrain(int64_t batch) const override {
     return BuildGpt(cfg_, batch, GptOutput::kLoss, data_->seq_len());
@@ -63,8 +57,15 @@ class GptTask final : public Task {
   Throughput ThroughputPerSample() const override { return {data_->seq_len(), "tokens"}; }
   const GptConfig* gpt() const override { return &cfg_; }
   Precision precision() const override { return cfg_.precision; }
+  // Which ops the autocast pass runs bf16 (nn/gpt.h): asked once or twice a run (the summary,
+  // the startup line), so the fp32 GPT is built and cast here rather than kept.
   nlohmann::json PrecisionOps() const override {
-    return cfg_.precision == Precision::kBf16 ? DescribeOps(ops_) : nullptr;
+    if (cfg_.precision != Precision::kBf16) return nullptr;
+    GptConfig f32 = cfg_;
+    f32.precision = Precision::kFp32;
+    AutocastOps ops;
+    AutocastTrainingModel(BuildGpt(f32, 1, GptOutput::kLoss, data_->seq_len()), &ops);
+    return DescribeOps(ops);
   }
   int64_t seq_len() const override { return data_->seq_len(); }
 
@@ -112,7 +113,6 @@ class GptTask final : public Task {
  private:
   std::unique_ptr<Dataset> data_;
   GptConfig cfg_;
-  AutocastOps ops_;  // under bf16: the ops running bf16, and those running f32 (the fallback)
 };
 
 class MlpTask final : public Task {

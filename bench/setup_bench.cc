@@ -11,6 +11,8 @@
 //                          vectors and GC batches).
 //   BM_SetupGpt            the whole setup of the second: BuildGpt, BuildBackward, and an
 //                          Executable for each program.
+//   BM_BackwardGptBf16     BuildBackward alone, of the GPT under --precision bf16 (a cast of
+//                          every block weight, whose gradient is the weight's).
 // Counters: instructions (all programs together), edges (dependency edges of the plans: linear,
 // N − 1 for the updates' chain through %lr, where a pair per update sharing it was N·(N − 1)),
 // peak_rss_mib (the process's peak resident set during the benchmark, the program itself and
@@ -168,6 +170,31 @@ BENCHMARK(BM_SetupGpt)
     ->Arg(170)
     ->Arg(1'700)
     ->Arg(17'000)
+    ->ArgName("layers")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The backward of a bf16 GPT (the autocast pass's casts of every block weight): BuildBackward
+// alone, where naming each parameter's gradient once looked through every forward instruction
+// for that parameter's casts.
+void BM_BackwardGptBf16(benchmark::State& state) {
+  GptConfig config = TinyGpt(static_cast<int>(state.range(0)));
+  config.precision = Precision::kBf16;
+  const Model model = BuildGpt(config, 1, GptOutput::kLoss);
+  ResetPeakRss();
+  size_t instructions = 0;
+  for (auto _ : state) {
+    const Backward backward = GptBackward(model);
+    instructions = model.forward.instructions().size() + backward.program.instructions().size();
+  }
+  state.counters["instructions"] = static_cast<double>(instructions);
+  state.counters["peak_rss_mib"] = StatusMiB("VmHWM");
+}
+BENCHMARK(BM_BackwardGptBf16)
+    ->Arg(170)
+    ->Arg(1'700)
+    ->Arg(5'000)
     ->ArgName("layers")
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond)

@@ -1,9 +1,12 @@
 #include "sluice/autodiff/autodiff.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <optional>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -60,7 +63,8 @@ class BackwardBuilder {
         grad_(fwd.values().size()),
         bf16_grad_(fwd.values().size(), false),
         rounded_(fwd.values().size()),
-        depends_on_wrt_(fwd.values().size(), false) {}
+        depends_on_wrt_(fwd.values().size(), false),
+        wrt_(fwd.values().size(), false) {}
 
   Backward Build();
 
@@ -83,8 +87,11 @@ class BackwardBuilder {
     return static_cast<size_t>(v.id()) < grad_named_.size() && grad_named_[v.id()];
   }
   // Whether `g` is the gradient of a cast of parameter `param` (its bf16 copy) that nothing else
-  // names: no value requested, no bf16 gradient.
+  // names: no value requested, no bf16 gradient. Looks up param_casts_ (filled by Build): a
+  // parameter's own casts, so that asking for every parameter costs O(casts), not
+  // O(parameters × instructions).
   bool IsGradThroughParamCast(ValueId param, Var g) const;
+  void FindParamCasts();
   void MarkGradNamed(Var v) {
     if (static_cast<size_t>(v.id()) >= grad_named_.size()) grad_named_.resize(v.id() + 1, false);
     grad_named_[v.id()] = true;
@@ -105,7 +112,10 @@ class BackwardBuilder {
   std::vector<Var> rounded_;
   std::vector<ValueId> widened_;
   std::vector<bool> depends_on_wrt_;
+  std::vector<bool> wrt_;         // forward value -> in GradientSpec::wrt
   std::vector<bool> grad_named_;  // backward value -> already named "<v>.grad"
+  // Every cast of a parameter: (the parameter, the cast's output), sorted by parameter.
+  std::vector<std::pair<ValueId, ValueId>> param_casts_;
 };
 
 class Context final : public VjpContext {
@@ -163,12 +173,21 @@ void BackwardBuilder::AddPart(ValueId v, Var part) {
   last_part_[v] = k;
 }
 
-bool BackwardBuilder::IsGradThroughParamCast(ValueId param, Var g) const {
+void BackwardBuilder::FindParamCasts() {
   for (const Instruction& ins : fwd_.instructions()) {
-    if (ins.op->name != "cast" || ins.inputs.at(0) != param) continue;
-    const ValueId copy = ins.outputs.at(0);
-    if (grad_[copy].valid() && grad_[copy].id() == g.id() && !bf16_grad_[copy] &&
-        std::find(spec_.wrt.begin(), spec_.wrt.end(), fwd_.value(copy).name) == spec_.wrt.end())
+    if (ins.op->name == "cast" && fwd_.value(ins.inputs.at(0)).kind == ValueKind::kParam)
+      param_casts_.emplace_back(ins.inputs.at(0), ins.outputs.at(0));
+  }
+  std::sort(param_casts_.begin(), param_casts_.end());
+}
+
+bool BackwardBuilder::IsGradThroughParamCast(ValueId param, Var g) const {
+  auto it =
+      std::lower_bound(param_casts_.begin(), param_casts_.end(),
+                       std::pair<ValueId, ValueId>(param, std::numeric_limits<ValueId>::min()));
+  for (; it != param_casts_.end() && it->first == param; ++it) {
+    const ValueId copy = it->second;
+    if (grad_[copy].valid() && grad_[copy].id() == g.id() && !bf16_grad_[copy] && !wrt_[copy])
       return true;
   }
   return false;
@@ -220,6 +239,7 @@ Backward BackwardBuilder::Build() {
                       Name(fwd_.type(v).dtype)));
     }
     depends_on_wrt_[v] = true;
+    wrt_[v] = true;
   }
   for (const std::string& name : spec_.bf16_gradients) {
     const std::optional<ValueId> v = fwd_.Find(name);
@@ -294,6 +314,7 @@ Backward BackwardBuilder::Build() {
   }
 
   // Outputs: one "<wrt>.grad" per requested value (zeros when nothing depends on it).
+  FindParamCasts();
   Backward out;
   for (const std::string& name : spec_.wrt) {
     ValueId v = fwd_.Get(name);

@@ -19,55 +19,21 @@ With --golden GOLDEN.json it also writes the small golden file the parity test r
 PyTorch is absent: the configuration, every micro-batch and the per-step losses and norms.
 
 Only the Python standard library and torch (Debian's python3-torch) are used: safetensors is read
-and written with struct and json.
+and written by tools/torch_export/safetensors_file.py (struct and json).
 
 Usage: gpt_reference.py INPUT.safetensors OUTPUT.safetensors [--golden GOLDEN.json]
 """
 import json
 import math
-import struct
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"F32": (torch.float32, 4), "F64": (torch.float64, 8), "I64": (torch.int64, 8), "I32": (torch.int32, 4)}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
-    tensors = {}
-    for name, info in header.items():
-        dtype, _ = DTYPES[info["dtype"]]
-        begin, end = info["data_offsets"]
-        buf = bytearray(data[base + begin:base + end])
-        t = torch.frombuffer(buf, dtype=dtype) if buf else torch.empty(0, dtype=dtype)
-        tensors[name] = t.reshape(info["shape"]).clone()
-    return tensors, meta
-
-
-def write_safetensors(path, tensors):
-    names = sorted(tensors)
-    header, blobs, offset = {}, [], 0
-    for name in names:
-        t = tensors[name].contiguous()
-        code = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}[t.dtype]
-        raw = t.numpy().tobytes()
-        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "tools"))
+from torch_export.safetensors_file import read_safetensors, write_safetensors  # noqa: E402,F401
 
 
 def forward(p, ids, targets, cfg):

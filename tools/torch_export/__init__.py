@@ -8,6 +8,7 @@
                fusion
   ops.py       the op mapping: one handler per ATen op (docs/torch-export.md has the table)
   sizes.py     two traces -> sizes written as B and T
+  safetensors_file.py  read_safetensors, write_safetensors (also the parity tests' PyTorch side)
   cli.py       export() (trace twice, generalise, write both files atomically) and main()
 
 The command line is fixed: /usr/bin/python3 tools/torch_export.py FILE.py:FACTORY --batch B

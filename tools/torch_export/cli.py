@@ -13,28 +13,10 @@ import torch
 
 from .errors import AmbiguousSizes, ExportError
 from .lowering import Lowering
+from .safetensors_file import write_safetensors
 from .sizes import generalise, second_batches, second_sizes
 from .tracing import (block_paths, check_modules, forward_arguments, frozen_parameters,
                       load_module, parameter_aliases, remove_dropout, trace)
-
-
-def write_safetensors(path, tensors):
-    """A safetensors file: u64 header length, JSON header, raw little-endian data."""
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().contiguous().cpu()
-        code = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64"}[t.dtype]
-        raw = t.numpy().astype(t.numpy().dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
 
 
 def check_out(out):

@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "sluice/core/dtype.h"
 #include "sluice/core/error.h"
 #include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/onednn_matmul.h"
 #include "sluice/kernels/unary.h"
 
@@ -161,6 +164,45 @@ TEST(OneDnnMatmul, OnePrimitiveOnManyThreadsAtOnceGivesTheOneThreadResult) {
             << Name(dtype) << (tb ? " b transposed" : "") << ", thread " << t << " of " << kThreads;
       }
     }
+  }
+}
+
+// The bf16 products on the onednn engine take oneDNN's scratchpad from their caller (the ops, from
+// the executor's allocator, so that the memory forecast counts it): the scratch they ask for holds
+// the primitive's scratchpad, and a product run with a caller's poisoned scratchpad on several
+// threads at once gives the one-thread result.
+TEST(OneDnnMatmul, Bf16ProductsTakeTheScratchpadFromTheirCaller) {
+  if (std::string(Bf16GemmEngine()) != "onednn") GTEST_SKIP() << "bf16 products not on oneDNN here";
+  // The small GPT's linears (B·T = 1024 rows, C = 128): qkv, the MLP's up and down projections.
+  const struct {
+    int64_t m, k, n;
+  } products[] = {{1024, 128, 384}, {1024, 128, 512}, {1024, 512, 128}};
+  for (const auto& p : products) {
+    const OneDnnGemmShape shape{.dtype = DType::kBF16, .m = p.m, .n = p.n, .k = p.k};
+    const int64_t bytes = OneDnnScratchpadBytes(shape);
+    EXPECT_GE(4 * LinearBF16ScratchFloats(p.m, p.k, p.n), bytes) << p.m << "x" << p.k << "x" << p.n;
+    std::vector<float> a32 = Uniform(p.m * p.k, 21), b32 = Uniform(p.k * p.n, 22);
+    const std::vector<BFloat16> a = RoundToBF16(a32), b = RoundToBF16(b32);
+    std::vector<float> want(p.m * p.n);
+    OneDnnGemm(shape, a.data(), b.data(), want.data());  // the thread's own scratchpad
+    constexpr int kThreads = 3, kRuns = 8;
+    std::vector<int> mismatches(kThreads, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<float> scratch(LinearBF16ScratchFloats(p.m, p.k, p.n) + 16);
+        auto* aligned = reinterpret_cast<float*>(
+            (reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+        std::vector<float> c(p.m * p.n);
+        for (int r = 0; r < kRuns; ++r) {
+          std::fill(scratch.begin(), scratch.end(), std::nanf(""));
+          Bf16Gemm(shape, a.data(), b.data(), c.data(), aligned);
+          if (std::memcmp(c.data(), want.data(), c.size() * sizeof(float)) != 0) ++mismatches[t];
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
   }
 }
 

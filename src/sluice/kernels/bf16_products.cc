@@ -125,7 +125,7 @@ const char* Bf16GemmEngine() {
 int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape) {
   switch (Bf16GemmEngineChoice()) {
     case Engine::kOneDnn:
-      return 0;
+      return (OneDnnScratchpadBytes(shape) + 3) / 4;
     case Engine::kWidened:
       return WidenedBf16GemmScratchFloats(shape);
     case Engine::kPacked:
@@ -138,7 +138,7 @@ void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b
               float* scratch) {
   switch (Bf16GemmEngineChoice()) {
     case Engine::kOneDnn:
-      return OneDnnGemm(shape, a, b, c);
+      return OneDnnGemm(shape, a, b, c, nullptr, scratch);
     case Engine::kWidened:
       return WidenedBf16Gemm(shape, a, b, c, scratch);
     case Engine::kPacked:

@@ -19,14 +19,15 @@
 // SLUICE_BF16_GEMM=onednn|packed|openblas overrides the default (read once; another value throws
 // InvalidArgument naming it). The scratch is the caller's: *ScratchFloats(...) floats — the packed
 // blocks (bf16_gemm.h), min(k, kWidenBlock) · (m + n) on the openblas engine (never less than the
-// packed engine's), 0 on onednn — which the ops take from KernelContext::allocator so that the
-// memory forecast counts them (OpDef::scratch_bytes). On the openblas engine the widening runs on
-// the calling thread, the GEMMs on OpenBLAS's threads; the packed engine runs on the intra-op
-// threads. kWidenBlock is 128: on the GPT's products it runs as fast as 256 did (GEMM within ±5% of
-// OpenBLAS f32 on the medium GPT) with half the scratch. The reference kernels widen
-// each operand to f32 exactly and run the f32 reference (kernels/matmul.h, linear.h): both compute
-// the exact products of the same bf16 numbers and differ by the order of f32 additions only
-// (relative 1e-5 at the GPT's k; tests/ops/linalg_test.cc).
+// packed engine's), on onednn the primitive's scratchpad (OneDnnScratchpadBytes) — which the ops
+// take from KernelContext::allocator so that the memory forecast counts them
+// (OpDef::scratch_bytes). On the openblas engine the widening runs on the calling thread, the GEMMs
+// on OpenBLAS's threads; the packed engine runs on the intra-op threads. kWidenBlock is 128: on the
+// GPT's products it runs as fast as 256 did (GEMM within ±5% of OpenBLAS f32 on the medium GPT)
+// with half the scratch. The reference kernels widen each operand to f32 exactly and run the f32
+// reference (kernels/matmul.h, linear.h): both compute the exact products of the same bf16 numbers
+// and differ by the order of f32 additions only (relative 1e-5 at the GPT's k;
+// tests/ops/linalg_test.cc).
 //
 // Thread-safety: plain functions over caller-owned memory; calls on disjoint outputs may run
 // concurrently. The reference kernels allocate their f32 copies.

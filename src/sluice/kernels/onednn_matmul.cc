@@ -129,7 +129,8 @@ std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
 std::atomic<int> g_threads{1};
 
 // The calling thread's scratchpad for oneDNN's primitives, grown to the largest one asked for
-// (the primitives of one thread run one at a time).
+// (the primitives of one thread run one at a time): for the calls that bring none (the f32
+// engine's products), outside the executor's allocator and so outside the memory forecast.
 void* ThreadScratchpad(size_t bytes) {
   struct Free {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
@@ -146,8 +147,14 @@ void* ThreadScratchpad(size_t bytes) {
 
 }  // namespace
 
+int64_t OneDnnScratchpadBytes(const OneDnnGemmShape& shape) {
+  const OneDnnGemmShape s = Packed(shape);
+  if (s.m == 0 || s.n == 0 || s.k == 0) return 0;
+  return static_cast<int64_t>(Primitive(s)->desc.scratchpad_desc().get_size());
+}
+
 void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c,
-                const float* bias) {
+                const float* bias, void* scratchpad) {
   const OneDnnGemmShape s = Packed(shape);
   if (s.bias != (bias != nullptr)) {
     throw InternalError(fmt::format("the {} was given {} bias", Describe(s),
@@ -188,9 +195,11 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
     dnnl::memory mc(entry->desc.dst_desc(), engine, c);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-    const dnnl::memory::desc scratchpad = entry->desc.scratchpad_desc();
-    if (const size_t bytes = scratchpad.get_size(); bytes > 0) {
-      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(scratchpad, engine, ThreadScratchpad(bytes)));
+    const dnnl::memory::desc scratchpad_desc = entry->desc.scratchpad_desc();
+    if (const size_t bytes = scratchpad_desc.get_size(); bytes > 0) {
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   dnnl::memory(scratchpad_desc, engine,
+                                scratchpad != nullptr ? scratchpad : ThreadScratchpad(bytes)));
     }
     if (s.bias) {
       args.emplace(DNNL_ARG_BIAS,

@@ -64,9 +64,18 @@ inline constexpr float kOneDnnGeluTolerance = 1e-6f;
 
 // Runs the product. m, n or k of 0: c is left alone (k = 0 and !accumulate: c is zeroed; with an
 // epilogue, c is gelu(bias) or bias). `bias` ([n] f32) is read when and only when shape.bias;
-// a missing bias, or an epilogue beside accumulate, throws InternalError.
+// a missing bias, or an epilogue beside accumulate, throws InternalError. `scratchpad`: at least
+// OneDnnScratchpadBytes(shape) bytes, aligned to 64, used by this call alone (the bf16 products
+// take it from the executor's allocator, so that the memory forecast counts it); null: the
+// calling thread's own buffer, grown to the largest scratchpad the thread ran, kept for the
+// thread's life and outside the forecast (the f32 engine's products, SLUICE_GEMM=onednn).
 void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c,
-                const float* bias = nullptr);
+                const float* bias = nullptr, void* scratchpad = nullptr);
+
+// The bytes of the scratchpad the product of `shape` needs (oneDNN's working buffers: packed
+// blocks of the operands, AMX tile configurations, partial sums), 0 for an empty product. Makes
+// the primitive (JIT) when it is not in the cache yet.
+int64_t OneDnnScratchpadBytes(const OneDnnGemmShape& shape);
 
 // The threads each oneDNN primitive uses (≥ 1; default 1; 1 while OMP_WAIT_POLICY is unset).
 void SetOneDnnThreads(int threads);

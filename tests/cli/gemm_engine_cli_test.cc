@@ -62,6 +62,28 @@ TEST_F(GemmEngineCli, TheSummaryNamesTheEngineWhatChoseItAndTheEpilogue) {
   }
 }
 
+// With OMP_WAIT_POLICY unset, sluice restarts itself with passive (cli/main.cc) for the commands
+// that run kernels, and only for them: the others would pay a second start-up for nothing.
+TEST_F(GemmEngineCli, OnlyTheCommandsThatRunKernelsRestartWithPassiveOpenMp) {
+  const std::string env = "env -u OMP_WAIT_POLICY -u SLUICE_NO_RESTART SLUICE_VERBOSE=1";
+  const std::string restart = "restarting with OMP_WAIT_POLICY=passive";
+  const CliResult train =
+      Sluice("train --layers 1 --dim 16 --heads 2 --batch 8 --steps 1 --eval-every 0 --quiet", env);
+  EXPECT_EQ(train.status, 0) << train.err;
+  EXPECT_THAT(train.err, HasSubstr(restart));
+  for (const std::string args : {"ops matmul", "schedule --stages 2 --microbatches 2",
+                                 "plan --layers 1 --dim 16 --heads 2 --batch 8"}) {
+    const CliResult r = Sluice(args, env);
+    EXPECT_EQ(r.status, 0) << args << ": " << r.err;
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr(restart))) << args;
+  }
+  // A policy the user set is kept: no restart.
+  const CliResult kept = Sluice("train --layers 1 --dim 16 --heads 2 --batch 8 --steps 1 --quiet",
+                                "OMP_WAIT_POLICY=active SLUICE_VERBOSE=1");
+  EXPECT_EQ(kept.status, 0) << kept.err;
+  EXPECT_THAT(kept.err, ::testing::Not(HasSubstr(restart)));
+}
+
 TEST_F(GemmEngineCli, AnUnknownEngineIsRefusedNamingTheVariableAndTheChoices) {
   const CliResult r =
       Sluice("train --layers 1 --dim 16 --heads 2 --batch 8 --steps 1 --quiet", "SLUICE_GEMM=mkl");

@@ -9,11 +9,11 @@ namespace {
 
 constexpr CommandSpec kCommands[] = {
     {"run", "Run a program (text format) with last-use freeing; report time and memory",
-     SetupRunCommand},
+     SetupRunCommand, /*runs_kernels=*/true},
     {"train",
      "Train a GPT, an MLP or your own program (--program); progress on the terminal, JSON-lines "
      "metrics, checkpoints",
-     SetupTrainCommand},
+     SetupTrainCommand, /*runs_kernels=*/true},
     {"export", "Write the training program of --model gpt or mlp, to train with --program",
      SetupExportCommand},
     {"plan",
@@ -31,7 +31,7 @@ constexpr CommandSpec kCommands[] = {
     {"ops", "List the ops programs can use: signature, doc, kernels and gradient of each",
      SetupOpsCommand},
     {"sample", "Generate text from a GPT checkpoint (KV cache): greedy or sampled, seeded",
-     SetupSampleCommand},
+     SetupSampleCommand, /*runs_kernels=*/true},
     {"report", "Write one self-contained HTML page of a run: losses, memory, the pipeline step",
      SetupReportCommand},
 };

@@ -37,6 +37,10 @@ struct CommandSpec {
   const char* name;
   const char* description;
   CommandSetup setup;
+  // Whether the command runs programs' kernels, oneDNN's products among them: for these alone
+  // `sluice` restarts itself with OMP_WAIT_POLICY=passive when it is unset (cli/main.cc); the
+  // others never start an OpenMP worker and would only pay a second start-up.
+  bool runs_kernels = false;
 };
 
 // The table of subcommands, in the order `sluice --help` lists them.

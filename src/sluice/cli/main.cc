@@ -2,6 +2,7 @@
 // a message on stderr and a non-zero exit status; nothing escapes as a crash.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -39,13 +40,29 @@ std::string ForTerminal(std::string_view message) {
 // calling thread (kernels/onednn_matmul.h) and leaves --threads unused. So, when the variable is
 // unset, sluice starts itself once more with OMP_WAIT_POLICY=passive (the workers sleep): the
 // medium bf16 GPT on AMX at --threads 2 ran 1.37x the tokens/s (docs/benchmarks.md, "bf16 on
-// AMX"). A policy the user set is kept; SLUICE_NO_RESTART=1 skips the restart. Should the exec
-// fail, the process goes on as before, with the variable unset again.
-void RestartWithSleepingOpenMpWorkers(char** argv) {
+// AMX"). Only the commands that run kernels restart (train, run, sample: CommandSpec::
+// runs_kernels); the others would pay a second start-up for nothing (docs/benchmarks.md,
+// "Defaults on 2 cores"). A policy the user set is kept; SLUICE_NO_RESTART=1 skips the restart.
+// Should the exec fail, the process goes on as before, with the variable unset again.
+void RestartWithSleepingOpenMpWorkers(int argc, char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("SLUICE_NO_RESTART") != nullptr) {
     return;
   }
+  // The subcommand is the first argument (sluice takes no options before it but --help and
+  // --version, which run nothing).
+  const auto commands = sluice::cli::Commands();
+  if (argc < 2 || std::none_of(commands.begin(), commands.end(), [&](const auto& c) {
+        return c.runs_kernels && std::string_view(argv[1]) == c.name;
+      })) {
+    return;
+  }
   if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  if (const char* v = std::getenv("SLUICE_VERBOSE");
+      v != nullptr && *v != '\0' && std::string_view(v) != "0") {
+    std::fprintf(stderr,
+                 "sluice: restarting with OMP_WAIT_POLICY=passive (SLUICE_NO_RESTART=1 "
+                 "skips it)\n");
+  }
   execv("/proc/self/exe", argv);
   unsetenv("OMP_WAIT_POLICY");
 }
@@ -53,7 +70,7 @@ void RestartWithSleepingOpenMpWorkers(char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  RestartWithSleepingOpenMpWorkers(argv);
+  RestartWithSleepingOpenMpWorkers(argc, argv);
   CLI::App app{"sluice: train neural networks with as little memory as the work allows"};
   app.set_version_flag("--version", sluice::cli::kSluiceVersion);
   app.require_subcommand(1);

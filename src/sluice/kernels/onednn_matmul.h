@@ -26,9 +26,10 @@
 //
 // Thread-safety: every function may be called from any thread. The cache is guarded by a mutex
 // (lookups and inserts); oneDNN primitives are immutable once made and run concurrently from
-// several threads, each thread through its own stream and its own scratchpad (the user scratchpad
-// mode: oneDNN's default one is shared by the process and holds only while a primitive stays on
-// the thread that made it; pipeline stages sharing it gave other bits, or NaN). Failures: oneDNN's
+// several threads, each thread through its own stream and each call with its own scratchpad, the
+// caller's or its thread's (the user scratchpad mode: oneDNN's default one is shared by the
+// process and holds only while a primitive stays on the thread that made it; pipeline stages
+// sharing it gave other bits, or NaN). Failures: oneDNN's
 // errors (no implementation for a problem, out of memory) are rethrown as InternalError naming the
 // problem.
 //

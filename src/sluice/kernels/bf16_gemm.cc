@@ -30,7 +30,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
-constexpr int64_t kMC = kPackedGemmMC;
 constexpr int64_t kNC = kPackedGemmNC;
 // The register tile, MR rows × NR = 2 vectors: 2·MR accumulators, 2 vectors of b and a broadcast
 // fit the 32 vector registers of AVX-512 at MR = 12 and the 16 of the others at MR = 6.
@@ -53,37 +52,47 @@ struct Operands {
 // y[i] = x[i] as f32 (exact), i in [0, count): bf16_convert.h's widening.
 HWY_INLINE void Widen(const BFloat16* x, float* y, int64_t count) { FromBF16Fast(x, y, count); }
 
+// x[0, lanes) as f32 (exact), inline: a bf16 is the high half of its f32.
+HWY_INLINE hn::Vec<DF> WidenVector(const BFloat16* x) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto u = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(x)));
+  return hn::BitCast(d, hn::ShiftLeft<16>(u));
+}
+
+// Floats a tile buffer holds past MR·KC: the k-major packing stores whole vectors.
+constexpr int64_t kTileSlack = kLanes;
+
 // A tile of op(a): rows [i0, i0 + rows) (rows ≤ MR), k [p0, p0 + kc), widened into `out`, the
 // rows past `rows` zero. Layouts, chosen by how a is stored so that the packing reads a's rows:
 //   a [m, k] (row-major tile): out[r·KC + p], each row of the tile a row of a;
-//   a [k, m] (k-major tile):   out[p·MR + r], each k a run of MR elements of a row of a.
+//   a [k, m] (k-major tile):   out[p·MR + r], each k a run of MR elements of a row of a, widened
+//                              a vector at a time (out holds MR·KC + kTileSlack floats).
 template <int64_t kKC>
-void PackRowTile(const Operands& s, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
-  for (int64_t r = 0; r < rows; ++r) Widen(s.a + (i0 + r) * s.lda + p0, out + r * kKC, kc);
-  for (int64_t r = rows; r < kMR; ++r) std::fill_n(out + r * kKC, kc, 0.0f);
-}
-
-// The tiles of op(a)'s block rows [i0, i0 + mc), k [p0, p0 + kc): full tiles into `tiles`
-// (MR·KC floats each), a last partial one into `tail`.
-template <int64_t kKC>
-void PackABlock(const Operands& s, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* tiles,
-                float* tail) {
-  const int64_t full = mc / kMR;
+void PackATile(const Operands& s, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
   if (!s.transpose_a) {
-    for (int64_t t = 0; t < full; ++t)
-      PackRowTile<kKC>(s, i0 + t * kMR, kMR, p0, kc, tiles + t * kMR * kKC);
-    if (full * kMR < mc) PackRowTile<kKC>(s, i0 + full * kMR, mc - full * kMR, p0, kc, tail);
+    for (int64_t r = 0; r < rows; ++r) Widen(s.a + (i0 + r) * s.lda + p0, out + r * kKC, kc);
+    for (int64_t r = rows; r < kMR; ++r) std::fill_n(out + r * kKC, kc, 0.0f);
     return;
   }
-  // k-major: each k's run of mc elements widened at once, then dealt out MR at a time.
-  HWY_ALIGN float run[kMC + kMR];
+  // Whole vectors where they stay within a's rows, stored in order of address: each store's
+  // lanes past its run are overwritten by the next.
+  const DF d;
   for (int64_t p = 0; p < kc; ++p) {
-    Widen(s.a + (p0 + p) * s.lda + i0, run, mc);
-    std::fill(run + mc, run + full * kMR + kMR, 0.0f);
-    for (int64_t t = 0; t < full; ++t) {
-      std::memcpy(tiles + t * kMR * kKC + p * kMR, run + t * kMR, sizeof(float) * kMR);
+    const BFloat16* x = s.a + (p0 + p) * s.lda + i0;
+    float* y = out + p * kMR;
+    for (int64_t r0 = 0; r0 < kMR; r0 += kLanes) {
+      const int64_t valid = std::clamp<int64_t>(rows - r0, 0, kLanes);
+      if (i0 + r0 + kLanes <= s.lda) {
+        const auto keep = hn::FirstN(d, static_cast<size_t>(valid));
+        hn::StoreU(hn::IfThenElseZero(keep, WidenVector(x + r0)), d, y + r0);
+        continue;
+      }
+      for (int64_t r = 0; r < std::min(kLanes, kMR - r0); ++r) {
+        y[r0 + r] = r < valid ? BF16ToFloat(x[r0 + r]) : 0.0f;
+      }
     }
-    if (full * kMR < mc) std::memcpy(tail + p * kMR, run + full * kMR, sizeof(float) * kMR);
   }
 }
 
@@ -92,9 +101,16 @@ void PackABlock(const Operands& s, int64_t i0, int64_t mc, int64_t p0, int64_t k
 template <int64_t kKC>
 void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t kc, float* out) {
   if (!s.transpose_b) {  // b [k, n]: each k a run of b's row
+    const DF d;
     for (int64_t p = 0; p < kc; ++p) {
       float* row = out + p * kNR;
-      Widen(s.b + (p0 + p) * s.ldb + j0, row, cols);
+      const BFloat16* x = s.b + (p0 + p) * s.ldb + j0;
+      if (cols == kNR) {
+        hn::StoreU(WidenVector(x), d, row);
+        hn::StoreU(WidenVector(x + kLanes), d, row + kLanes);
+        continue;
+      }
+      Widen(x, row, cols);
       std::fill(row + cols, row + kNR, 0.0f);
     }
     return;
@@ -162,35 +178,37 @@ HWY_NOINLINE void MultiplyTile(int64_t kc, const float* HWY_RESTRICT a, const fl
 
 template <int64_t kKC>
 void Gemm(const Operands& s, bool accumulate, float* scratch) {
-  float* panels = scratch;                            // KC × (NC's full panels)
-  float* tiles = scratch + kKC * std::min(s.n, kNC);  // KC × (MC's full tiles)
-  HWY_ALIGN float a_tail[kMR * kKC];
+  float* panels = scratch;  // KC × (NC's full panels)
   HWY_ALIGN float b_tail[kKC * kNR];
   const auto multiply = s.transpose_a ? &MultiplyTile<true, kKC> : &MultiplyTile<false, kKC>;
+  const int64_t m_tiles = (s.m + kMR - 1) / kMR;
   for (int64_t j0 = 0; j0 < s.n; j0 += kNC) {
     const int64_t nc = std::min(kNC, s.n - j0);
     const int64_t n_panels = (nc + kNR - 1) / kNR;
     for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
       const int64_t kc = std::min(kKC, s.k - p0);
       const bool add = accumulate || p0 > 0;
-      for (int64_t i0 = 0; i0 < s.m; i0 += kMC) {
-        const int64_t mc = std::min(kMC, s.m - i0);
-        const int64_t m_tiles = (mc + kMR - 1) / kMR;
-        PackABlock<kKC>(s, i0, mc, p0, kc, tiles, a_tail);
-        // One panel of op(b) a chunk: packed on the first block of rows, then kept.
-        ParallelFor(n_panels, 1, [&](int64_t begin, int64_t end) {
-          for (int64_t jp = begin; jp < end; ++jp) {
+      ParallelFor(n_panels, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t jp = begin; jp < end; ++jp) {
+          const int64_t j = j0 + jp * kNR, cols = std::min(kNR, j0 + nc - j);
+          PackBPanel<kKC>(s, j, cols, p0, kc, cols == kNR ? panels + jp * kKC * kNR : b_tail);
+        }
+      });
+      // One tile of op(a) a chunk, packed by the thread that uses it and kept in L1 while the
+      // block's panels of op(b) stream past it from L2 (BLIS's order: the register tile's
+      // broadcast operand resident, its loaded one streamed).
+      ParallelFor(m_tiles, 1, [&](int64_t begin, int64_t end) {
+        HWY_ALIGN float tile[kMR * kKC + kTileSlack];
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t i = t * kMR, rows = std::min(kMR, s.m - i);
+          PackATile<kKC>(s, i, rows, p0, kc, tile);
+          for (int64_t jp = 0; jp < n_panels; ++jp) {
             const int64_t j = j0 + jp * kNR, cols = std::min(kNR, j0 + nc - j);
-            float* panel = cols == kNR ? panels + jp * kKC * kNR : b_tail;
-            if (i0 == 0) PackBPanel<kKC>(s, j, cols, p0, kc, panel);
-            for (int64_t t = 0; t < m_tiles; ++t) {
-              const int64_t i = i0 + t * kMR, rows = std::min(kMR, i0 + mc - i);
-              const float* tile = rows == kMR ? tiles + t * kMR * kKC : a_tail;
-              multiply(kc, tile, panel, s.c + i * s.ldc + j, s.ldc, rows, cols, add);
-            }
+            const float* panel = cols == kNR ? panels + jp * kKC * kNR : b_tail;
+            multiply(kc, tile, panel, s.c + i * s.ldc + j, s.ldc, rows, cols, add);
           }
-        });
-      }
+        }
+      });
     }
   }
 }
@@ -228,8 +246,7 @@ HWY_EXPORT(PackedGemm);
 
 int64_t PackedBf16GemmScratchFloats(const OneDnnGemmShape& shape) {
   if (shape.m == 0 || shape.n == 0 || shape.k == 0) return 0;
-  return PackedBf16GemmBlockK(shape) *
-         (std::min(shape.m, kPackedGemmMC) + std::min(shape.n, kPackedGemmNC));
+  return PackedBf16GemmBlockK(shape) * std::min(shape.n, kPackedGemmNC);
 }
 
 void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,

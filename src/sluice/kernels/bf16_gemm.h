@@ -5,21 +5,23 @@
 //                   c f32 — kernels/onednn_matmul.h's OneDnnGemmShape contract (dtype kBF16,
 //                   lda/ldb/ldc 0 for packed rows).
 //
-// How (the GotoBLAS/BLIS blocking): k is cut into blocks of PackedBf16GemmBlockK, n into blocks of
-// at most kPackedGemmNC columns and m into blocks of at most kPackedGemmMC rows. Each block of
-// op(b) is widened into panels of NR columns (the panel's rows contiguous), each block of op(a)
-// into tiles of MR rows, and a register tile of MR × NR f32 sums (MR = 12, NR = 32 on AVX-512: 24
-// zmm accumulators) runs the block's k with one FMA per product. The widening is exact, so every
-// product of two bf16 numbers is exact in f32; sums are f32, over k in order within a block of
-// KC, the blocks' sums added to c in order. Each element of c is computed by one thread
-// in that order whatever the thread count: the same bits at 1, 2 or any number of threads.
-// Highway vector code, one compilation per instruction set, the best the CPU runs chosen at the
-// first call (kernels/simd_kernels.h); MR and NR depend on the target, the order of the sums does
-// not.
+// How (the GotoBLAS/BLIS blocking): k is cut into blocks of PackedBf16GemmBlockK and n into
+// blocks of at most kPackedGemmNC columns. Each block of op(b) is widened into panels of NR
+// columns (the panel's rows contiguous) and kept in L2; op(a) is widened a tile of MR rows at a
+// time, and the tile stays in L1 while a register tile of MR × NR f32 sums (MR = 12, NR = 32 on
+// AVX-512: 24 zmm accumulators) runs the block's k with one FMA per product against each panel in
+// turn. The widening is exact, so every product of two bf16 numbers is exact in f32; sums are
+// f32, over k in order within a block of KC, the blocks' sums added to c in order. Each element
+// of c is computed by one thread in that order whatever the thread count: the same bits at 1, 2
+// or any number of threads. Highway vector code, one compilation per instruction set, the best
+// the CPU runs chosen at the first call (kernels/simd_kernels.h); MR and NR depend on the target,
+// the order of the sums does not.
 //
-// Scratch: PackedBf16GemmScratchFloats(shape) floats from the caller (the packed blocks; the last,
-// partial tiles live on the stack), KC · (min(m, MC) + min(n, NC)).
-// Threads: the panels of n run on the intra-op pool (kernels/parallel.h), one panel a chunk.
+// Scratch: PackedBf16GemmScratchFloats(shape) floats from the caller, KC · min(n, NC): the packed
+// block of op(b) (the last, partial panel and the tiles of op(a) live on the stack).
+// Threads: on the intra-op pool (kernels/parallel.h): the panels of a block of op(b) packed one a
+// chunk, then the tiles of op(a) one a chunk, each packed and multiplied by the thread that
+// takes it.
 //
 // Thread-safety: plain function over caller-owned memory; calls on disjoint outputs and scratch
 // may run concurrently.
@@ -32,15 +34,14 @@
 
 namespace sluice::kernels {
 
-inline constexpr int64_t kPackedGemmMC = 192;
 inline constexpr int64_t kPackedGemmNC = 512;
 
-// The block of k, KC: 384, 256 or 128, the largest that k fills and whose packed blocks
-// KC·(min(m, MC) + min(n, NC)) take no more floats than the widened engine's blocks of 128
+// The block of k, KC: 384, 256 or 128, the largest that k fills and whose packed block of op(b)
+// KC·min(n, NC) takes no more floats than the widened engine's blocks of 128
 // (kernels/bf16_products.h), so that a product's scratch never grows. Fewer blocks of k mean
 // fewer passes over c.
 inline int64_t PackedBf16GemmBlockK(const OneDnnGemmShape& s) {
-  const int64_t packed = std::min(s.m, kPackedGemmMC) + std::min(s.n, kPackedGemmNC);
+  const int64_t packed = std::min(s.n, kPackedGemmNC);
   for (int64_t kc : {384, 256}) {
     if (s.k >= kc && kc * packed <= 128 * (s.m + s.n)) return kc;
   }

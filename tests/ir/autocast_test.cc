@@ -41,7 +41,8 @@ constexpr const char* kMlp = R"(program mlp {
 )";
 
 // Products take bf16 operands (bias f32) and give f32; GELU, read only by a product, takes and
-// gives bf16; the loss runs f32.
+// gives bf16; the loss runs f32. The first linear, read only by the bf16 GELU, stores its result
+// rounded itself (dtype "bf16"): no f32 result, no cast.
 TEST(Autocast, AnMlpMultipliesBf16OperandsAndKeepsItsLossF32) {
   AutocastResult r;
   EXPECT_EQ(Autocast(kMlp, &r), R"(program mlp {
@@ -53,8 +54,7 @@ TEST(Autocast, AnMlpMultipliesBf16OperandsAndKeepsItsLossF32) {
   param %fc2.bias: f32[10]
   %x.bf16: bf16[8, 16] = cast(%x) {dtype = "bf16"}
   %fc1.weight.bf16: bf16[16, 32] = cast(%fc1.weight) {dtype = "bf16"}
-  %h: f32[8, 32] = linear(%x.bf16, %fc1.weight.bf16, %fc1.bias)
-  %h.bf16: bf16[8, 32] = cast(%h) {dtype = "bf16"}
+  %h.bf16: bf16[8, 32] = linear(%x.bf16, %fc1.weight.bf16, %fc1.bias) {dtype = "bf16"}
   %a: bf16[8, 32] = gelu(%h.bf16)
   %fc2.weight.bf16: bf16[32, 10] = cast(%fc2.weight) {dtype = "bf16"}
   %logits: f32[8, 10] = linear(%a, %fc2.weight.bf16, %fc2.bias)
@@ -65,6 +65,31 @@ TEST(Autocast, AnMlpMultipliesBf16OperandsAndKeepsItsLossF32) {
   EXPECT_THAT(r.bf16_ops, ElementsAre("gelu", "linear"));
   EXPECT_THAT(r.f32_ops, ElementsAre("cross_entropy"));
   EXPECT_TRUE(r.already_bf16.empty());
+}
+
+// A linear whose result an f32 op of its unit reads, or that is a program output, keeps its f32
+// result and a separate rounded copy for its bf16 readers.
+TEST(Autocast, ALinearReadAsF32KeepsItsF32ResultAndTheCast) {
+  const std::string out = Autocast(R"(program p {
+  input %x: f32[4, 8]
+  param %w: f32[8, 8]
+  param %b: f32[8]
+  %h: f32[4, 8] = linear(%x, %w, %b)
+  %a: f32[4, 8] = gelu(%h)
+  %g: f32[4, 8] = linear(%a, %w, %b)
+  %s: f32[4, 8] = add(%h, %g)
+  %loss: f32[] = sum(%s)
+  %o: f32[4, 8] = linear(%a, %w, %b)
+  output %loss
+  output %o
+}
+)");
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %h: f32[4, 8] = linear(%x.bf16, %w.bf16, %b)
+  %h.bf16: bf16[4, 8] = cast(%h) {dtype = "bf16"}
+  %a: bf16[4, 8] = gelu(%h.bf16)
+)"));
+  EXPECT_THAT(out, testing::HasSubstr("  %o: f32[4, 8] = linear(%a, %w.bf16, %b)\n"));
+  EXPECT_THAT(out, testing::Not(testing::HasSubstr("%b) {dtype")));
 }
 
 // A layer norm (or GELU) whose output an f32 op reads runs f32: its output would only be widened

@@ -4,12 +4,14 @@
 // intra-op threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "sluice/core/dtype.h"
+#include "sluice/core/error.h"
 #include "sluice/kernels/bf16_gemm.h"
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/parallel.h"
@@ -107,6 +109,50 @@ TEST(PackedBf16Gemm, MatchesTheTripleLoopOnEveryTarget) {
     }
   }
   ForceSimdTarget("");
+}
+
+// The rounded product (a linear stored bf16) is bitwise the product added to c = bias, then
+// rounded: full and partial tiles, one and several panels, on every target and at 2 threads.
+TEST(PackedBf16Gemm, RoundedIsTheProductPlusBiasRounded) {
+  for (const std::string& target : SimdTargets()) {
+    ForceSimdTarget(target);
+    for (const int threads : {1, 2}) {
+      SetIntraOpThreads(threads);
+      for (const Case& t : {Case{13, 33, 100, 3, 0, 2}, Case{221, kPackedGemmNC + 40, 128, 0, 0, 0},
+                            Case{400, 64, 384, 0, 0, 0}}) {
+        const int64_t lda = t.k + t.lda_extra, ldc = t.n + t.ldc_extra;
+        std::vector<float> a = Uniform(t.m * lda, 31), b = Uniform(t.k * t.n, 32),
+                           bias = Uniform(t.n, 33);
+        const std::vector<BFloat16> a16 = RoundToBF16(a), b16 = RoundToBF16(b);
+        const OneDnnGemmShape shape{
+            .dtype = DType::kBF16, .m = t.m, .n = t.n, .k = t.k, .lda = lda, .ldc = ldc};
+        ASSERT_TRUE(PackedBf16GemmRoundsInOnePass(shape)) << t.k;
+        std::vector<float> scratch(static_cast<size_t>(PackedBf16GemmScratchFloats(shape)));
+        std::vector<float> c(static_cast<size_t>(t.m * ldc));
+        for (int64_t i = 0; i < t.m; ++i) std::copy_n(bias.data(), t.n, c.data() + i * ldc);
+        OneDnnGemmShape accumulate = shape;
+        accumulate.accumulate = true;
+        PackedBf16Gemm(accumulate, a16.data(), b16.data(), c.data(), scratch.data());
+        std::vector<BFloat16> y(c.size(), BFloat16{0x1234});
+        PackedBf16GemmRounded(shape, a16.data(), b16.data(), bias.data(), y.data(), scratch.data());
+        for (int64_t i = 0; i < t.m; ++i) {
+          for (int64_t j = 0; j < ldc; ++j) {
+            const BFloat16 want = j < t.n ? FloatToBF16(c[i * ldc + j]) : BFloat16{0x1234};
+            ASSERT_EQ(y[i * ldc + j].bits, want.bits)
+                << target << " threads " << threads << " m " << t.m << " n " << t.n << " k " << t.k
+                << " at " << i << "," << j;
+          }
+        }
+      }
+    }
+  }
+  SetIntraOpThreads(1);
+  ForceSimdTarget("");
+  // k past one block: the sums are not final at the tile.
+  const OneDnnGemmShape two_blocks{.dtype = DType::kBF16, .m = 5, .n = 600, .k = 261};
+  EXPECT_FALSE(PackedBf16GemmRoundsInOnePass(two_blocks));
+  EXPECT_THROW(PackedBf16GemmRounded(two_blocks, nullptr, nullptr, nullptr, nullptr, nullptr),
+               InternalError);
 }
 
 TEST(PackedBf16Gemm, WidenedEngineMatchesTheTripleLoopToo) {

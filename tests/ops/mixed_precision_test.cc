@@ -95,6 +95,61 @@ TEST(CastBf16AndSum, IsBitwiseCastAndSumTo) {
   }
 }
 
+// A linear storing its result bf16 (dtype = "bf16", autocast's fusion of linear and cast) gives
+// the bits of the linear then the cast, with k within one block of the packed engine's k (the
+// rounding in its register tiles) and past it (the f32 result through the scratch), partial
+// tiles of rows and columns, fast and reference kernels.
+TEST(LinearRoundedToBf16, IsBitwiseLinearThenCast) {
+  for (const int64_t k : {100, 300}) {
+    const std::string ks = std::to_string(k);
+    const Program p = ParseProgram(R"(program rounded {
+  input %x: bf16[3, 37, )" + ks + R"(]
+  input %w: bf16[)" + ks + R"(, 70]
+  input %b: f32[70]
+  %y32: f32[3, 37, 70] = linear(%x, %w, %b)
+  %y: bf16[3, 37, 70] = cast(%y32) {dtype = "bf16"}
+  %fused: bf16[3, 37, 70] = linear(%x, %w, %b) {dtype = "bf16"}
+  output %y
+  output %fused
+}
+)",
+                                   "rounded.sluice");
+    Tensor x = Tensor::Empty({3, 37, k}, DType::kBF16), w = Tensor::Empty({k, 70}, DType::kBF16),
+           b = Tensor::Empty({70}, DType::kF32);
+    for (int64_t i = 0; i < x.numel(); ++i) x.FlatSet(i, std::sin(0.37 * static_cast<double>(i)));
+    for (int64_t i = 0; i < w.numel(); ++i) w.FlatSet(i, std::cos(0.11 * static_cast<double>(i)));
+    for (int64_t i = 0; i < b.numel(); ++i) b.FlatSet(i, 0.1 * static_cast<double>(i));
+    for (const bool reference : {false, true}) {
+      Scope scope;
+      scope.Set("x", x);
+      scope.Set("w", w);
+      scope.Set("b", b);
+      RunReference(p, scope, DefaultAllocator(), reference);
+      const Tensor &fused = scope.Get("fused"), &want = scope.Get("y");
+      ASSERT_EQ(fused.dtype(), DType::kBF16);
+      ASSERT_EQ(fused.nbytes(), want.nbytes());
+      EXPECT_EQ(std::memcmp(fused.raw_data(), want.raw_data(), want.nbytes()), 0)
+          << "k " << k << (reference ? " (reference kernels)" : " (fast kernels)");
+    }
+  }
+}
+
+TEST(LinearRoundedToBf16, NeedsBf16OperandsAndNamesTheDtype) {
+  for (const auto& [body, what] :
+       {std::pair{"%r: bf16[4, 3] = linear(%x, %w, %b) {dtype = \"bf16\"}", "bf16 x and w"},
+        {"%r: bf16[4, 3] = linear(%x16, %w16, %b) {dtype = \"f16\"}", "\"f16\""}}) {
+    std::string text = kMixed;
+    text.replace(text.find("  %z: f32[4, 8] = cast(%x16)"), 0, std::string("  ") + body + "\n");
+    try {
+      ParseProgram(text, "mixed.sluice");
+      ADD_FAILURE() << body << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("mixed.sluice:8"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(MixedPrecisionText, AProductDeclaredBf16IsAnErrorAtItsLine) {
   std::string text = kMixed;
   text.replace(text.find("%y: f32[4, 3]"), 13, "%y: bf16[4, 3]");

@@ -120,10 +120,17 @@ class Autocast {
       }
       std::vector<std::string> names;
       for (ValueId v : ins.outputs) names.push_back(Name(v));
-      const ValueList made = out_.AddInstruction(ins.op->name, inputs, ins.attrs, names);
+      Attrs attrs = ins.attrs;
+      const bool stores_rounded = StoresRounded(i, ins);
+      if (stores_rounded) {
+        attrs.Set("dtype", std::string(sluice::Name(DType::kBF16)));
+        names[0] = Unique(names[0] + ".bf16");
+      }
+      const ValueList made = out_.AddInstruction(ins.op->name, inputs, attrs, names);
       for (size_t k = 0; k < ins.outputs.size(); ++k) {
         new_of_[static_cast<size_t>(ins.outputs[k])] = made[k];
       }
+      if (stores_rounded) rounded_[static_cast<size_t>(ins.outputs[0])] = made[0];
       if (rule != nullptr) {
         bf16_ops.insert(ins.op->name);
       } else if (ReadsOrMakesF32(ins)) {
@@ -255,6 +262,23 @@ class Autocast {
              TakesBf16At(RuleOf(in_.instructions()[static_cast<size_t>(r.instruction)].op->name),
                          r.position);
     });
+  }
+
+  // A bf16 linear whose f32 result nothing reads as f32 (its own unit's readers all take it bf16;
+  // other units read the rounded copy anyway): it stores the rounded result itself (the linear's
+  // dtype attribute, the bits of linear then cast), and the f32 result never exists.
+  bool StoresRounded(int32_t i, const Instruction& ins) const {
+    if (ins.op->name != "linear" || !bf16_[static_cast<size_t>(i)] || ins.attrs.Has("dtype")) {
+      return false;
+    }
+    const ValueId y = ins.outputs[0];
+    const std::vector<Reader>& readers = readers_[static_cast<size_t>(y)];
+    return !in_.IsOutput(y) && !readers.empty() &&
+           std::all_of(readers.begin(), readers.end(), [&](const Reader& r) {
+             const auto at = static_cast<size_t>(r.instruction);
+             return UnitOf(r.instruction) != UnitOf(i) ||
+                    (bf16_[at] && TakesBf16At(RuleOf(in_.instructions()[at].op->name), r.position));
+           });
   }
 
   bool NeedsRoundedCopy(ValueId v) const {

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "sluice/kernels/bf16_convert.h"
+#include "sluice/kernels/bf16_round-inl.h"
 #include "sluice/kernels/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -22,23 +23,6 @@ namespace sluice::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
-using DU = hn::RebindToUnsigned<DF>;    // u32 lanes
-using DU16 = hn::Rebind<uint16_t, DF>;  // as many u16 lanes
-using VF = hn::Vec<DF>;
-
-// v rounded to the nearest bf16, ties to even (a NaN quieted), stored as its bf16 bits.
-HWY_INLINE void StoreRounded(VF v, uint16_t* out) {
-  const DU du;
-  const DU16 du16;
-  const auto one = hn::Set(du, 1u), half = hn::Set(du, 0x7fffu), quiet = hn::Set(du, 0x40u);
-  const auto u = hn::BitCast(du, v);
-  // Round to nearest even: add 0x7fff plus the lowest bit kept, then keep the upper half.
-  const auto rounded =
-      hn::ShiftRight<16>(hn::Add(u, hn::Add(half, hn::And(hn::ShiftRight<16>(u), one))));
-  const auto nan = hn::Or(hn::ShiftRight<16>(u), quiet);
-  const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded);
-  hn::StoreU(hn::TruncateTo(du16, bits), du16, out);
-}
 
 // Whole vectors through SIMD, the tail (fewer than a vector's lanes) through the scalar
 // conversion, which computes the same bits.
@@ -97,15 +81,9 @@ void ToBF16ColumnSum(const float* x, BFloat16* y, float* sum, int64_t rows, int6
 
 void FromBF16(const BFloat16* x, float* y, int64_t n) {
   const hn::ScalableTag<float> df;
-  const hn::RebindToUnsigned<decltype(df)> du;
-  const hn::Rebind<uint16_t, decltype(df)> du16;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const auto* in = reinterpret_cast<const uint16_t*>(x);
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto u = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, in + i)));
-    hn::StoreU(hn::BitCast(df, u), df, y + i);
-  }
+  for (; i + lanes <= n; i += lanes) hn::StoreU(WidenVector(x + i), df, y + i);
   for (; i < n; ++i) y[i] = BF16ToFloat(x[i]);
 }
 

@@ -19,9 +19,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include <fmt/format.h>
+
 #include "sluice/core/dtype.h"
+#include "sluice/core/error.h"
 #include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/bf16_gemm.h"
+#include "sluice/kernels/bf16_round-inl.h"
 #include "sluice/kernels/parallel.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -51,15 +55,6 @@ struct Operands {
 
 // y[i] = x[i] as f32 (exact), i in [0, count): bf16_convert.h's widening.
 HWY_INLINE void Widen(const BFloat16* x, float* y, int64_t count) { FromBF16Fast(x, y, count); }
-
-// x[0, lanes) as f32 (exact), inline: a bf16 is the high half of its f32.
-HWY_INLINE hn::Vec<DF> WidenVector(const BFloat16* x) {
-  const DF d;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<uint16_t, DF> du16;
-  const auto u = hn::PromoteTo(du, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(x)));
-  return hn::BitCast(d, hn::ShiftLeft<16>(u));
-}
 
 // Floats a tile buffer holds past MR·KC: the k-major packing stores whole vectors.
 constexpr int64_t kTileSlack = kLanes;
@@ -124,17 +119,29 @@ void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t
   }
 }
 
-// c[rows, cols] (= or +=) the product of a tile of op(a) and a panel of op(b) over kc. The sums
-// start from 0 and run over p in order; `add` adds them to c, else they replace c.
+// Where a register tile's sums go: c[i, j] (= or +=, row stride ld), or, with `rounded`, y[i, j]
+// (bf16, row stride ld) = the sum plus bias[j] rounded to bf16. Pointers at the tile's corner.
+struct TileOut {
+  float* c = nullptr;
+  uint16_t* rounded = nullptr;
+  const float* bias = nullptr;
+  int64_t ld = 0;
+  bool add = false;
+};
+
+// The product of a tile of op(a) and a panel of op(b) over kc into rows × cols of `out`. The
+// sums start from 0 and run over p in order.
 template <bool kKMajorA, int64_t kKC>
 HWY_NOINLINE void MultiplyTile(int64_t kc, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
-                               float* c, int64_t ldc, int64_t rows, int64_t cols, bool add) {
+                               const TileOut& out, int64_t rows, int64_t cols) {
   const DF d;
   // c's lines are requested now and arrive while the sums run: on the medium GPT a tile of c
   // was last touched a block of k ago and comes from L3.
-  for (int64_t r = 0; r < rows; ++r) {
-    hwy::Prefetch(c + r * ldc);
-    hwy::Prefetch(c + r * ldc + cols - 1);
+  if (out.c != nullptr) {
+    for (int64_t r = 0; r < rows; ++r) {
+      hwy::Prefetch(out.c + r * out.ld);
+      hwy::Prefetch(out.c + r * out.ld + cols - 1);
+    }
   }
   hn::Vec<DF> lo[kMR], hi[kMR];
 #pragma GCC unroll 16
@@ -149,16 +156,26 @@ HWY_NOINLINE void MultiplyTile(int64_t kc, const float* HWY_RESTRICT a, const fl
       hi[r] = hn::MulAdd(x, b1, hi[r]);
     }
   }
-  if (rows == kMR && cols == kNR) {
+  if (out.rounded != nullptr && rows == kMR && cols == kNR) {
+    const auto bias0 = hn::LoadU(d, out.bias), bias1 = hn::LoadU(d, out.bias + kLanes);
 #pragma GCC unroll 16
     for (int64_t r = 0; r < kMR; ++r) {
-      float* out = c + r * ldc;
-      if (add) {
-        hn::StoreU(hn::Add(hn::LoadU(d, out), lo[r]), d, out);
-        hn::StoreU(hn::Add(hn::LoadU(d, out + kLanes), hi[r]), d, out + kLanes);
+      uint16_t* y = out.rounded + r * out.ld;
+      StoreRounded(hn::Add(bias0, lo[r]), y);
+      StoreRounded(hn::Add(bias1, hi[r]), y + kLanes);
+    }
+    return;
+  }
+  if (out.rounded == nullptr && rows == kMR && cols == kNR) {
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < kMR; ++r) {
+      float* c = out.c + r * out.ld;
+      if (out.add) {
+        hn::StoreU(hn::Add(hn::LoadU(d, c), lo[r]), d, c);
+        hn::StoreU(hn::Add(hn::LoadU(d, c + kLanes), hi[r]), d, c + kLanes);
       } else {
-        hn::StoreU(lo[r], d, out);
-        hn::StoreU(hi[r], d, out + kLanes);
+        hn::StoreU(lo[r], d, c);
+        hn::StoreU(hi[r], d, c + kLanes);
       }
     }
     return;
@@ -170,14 +187,22 @@ HWY_NOINLINE void MultiplyTile(int64_t kc, const float* HWY_RESTRICT a, const fl
     hn::Store(hi[r], d, tile + r * kNR + kLanes);
   }
   for (int64_t r = 0; r < rows; ++r) {
-    float* out = c + r * ldc;
     const float* sums = tile + r * kNR;
-    for (int64_t j = 0; j < cols; ++j) out[j] = add ? out[j] + sums[j] : sums[j];
+    if (out.rounded != nullptr) {
+      BFloat16* y = reinterpret_cast<BFloat16*>(out.rounded + r * out.ld);
+      for (int64_t j = 0; j < cols; ++j) y[j] = FloatToBF16(out.bias[j] + sums[j]);
+      continue;
+    }
+    float* c = out.c + r * out.ld;
+    for (int64_t j = 0; j < cols; ++j) c[j] = out.add ? c[j] + sums[j] : sums[j];
   }
 }
 
+// The product into c (accumulate: c +=), or, where `rounded` is given (one block of k), into
+// rounded = bf16(product + bias).
 template <int64_t kKC>
-void Gemm(const Operands& s, bool accumulate, float* scratch) {
+void Gemm(const Operands& s, bool accumulate, float* scratch, uint16_t* rounded,
+          const float* bias) {
   float* panels = scratch;  // KC × (NC's full panels)
   HWY_ALIGN float b_tail[kKC * kNR];
   const auto multiply = s.transpose_a ? &MultiplyTile<true, kKC> : &MultiplyTile<false, kKC>;
@@ -187,7 +212,6 @@ void Gemm(const Operands& s, bool accumulate, float* scratch) {
     const int64_t n_panels = (nc + kNR - 1) / kNR;
     for (int64_t p0 = 0; p0 < s.k; p0 += kKC) {
       const int64_t kc = std::min(kKC, s.k - p0);
-      const bool add = accumulate || p0 > 0;
       ParallelFor(n_panels, 1, [&](int64_t begin, int64_t end) {
         for (int64_t jp = begin; jp < end; ++jp) {
           const int64_t j = j0 + jp * kNR, cols = std::min(kNR, j0 + nc - j);
@@ -205,7 +229,15 @@ void Gemm(const Operands& s, bool accumulate, float* scratch) {
           for (int64_t jp = 0; jp < n_panels; ++jp) {
             const int64_t j = j0 + jp * kNR, cols = std::min(kNR, j0 + nc - j);
             const float* panel = cols == kNR ? panels + jp * kKC * kNR : b_tail;
-            multiply(kc, tile, panel, s.c + i * s.ldc + j, s.ldc, rows, cols, add);
+            TileOut out{.ld = s.ldc};
+            if (rounded != nullptr) {
+              out.rounded = rounded + i * s.ldc + j;
+              out.bias = bias + j;
+            } else {
+              out.c = s.c + i * s.ldc + j;
+              out.add = accumulate || p0 > 0;
+            }
+            multiply(kc, tile, panel, out, rows, cols);
           }
         }
       });
@@ -214,7 +246,7 @@ void Gemm(const Operands& s, bool accumulate, float* scratch) {
 }
 
 void PackedGemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
-                float* scratch) {
+                float* scratch, BFloat16* rounded, const float* bias) {
   const Operands s{.a = a,
                    .b = b,
                    .c = c,
@@ -226,13 +258,14 @@ void PackedGemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16*
                    .ldc = shape.ldc != 0 ? shape.ldc : shape.n,
                    .transpose_a = shape.transpose_a,
                    .transpose_b = shape.transpose_b};
+  auto* y = reinterpret_cast<uint16_t*>(rounded);
   switch (PackedBf16GemmBlockK(shape)) {
     case 384:
-      return Gemm<384>(s, shape.accumulate, scratch);
+      return Gemm<384>(s, shape.accumulate, scratch, y, bias);
     case 256:
-      return Gemm<256>(s, shape.accumulate, scratch);
+      return Gemm<256>(s, shape.accumulate, scratch, y, bias);
     default:
-      return Gemm<128>(s, shape.accumulate, scratch);
+      return Gemm<128>(s, shape.accumulate, scratch, y, bias);
   }
 }
 
@@ -259,7 +292,22 @@ void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloa
     }
     return;
   }
-  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, c, scratch);
+  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, c, scratch, nullptr, nullptr);
+}
+
+bool PackedBf16GemmRoundsInOnePass(const OneDnnGemmShape& shape) {
+  return shape.k > 0 && shape.k <= PackedBf16GemmBlockK(shape);
+}
+
+void PackedBf16GemmRounded(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b,
+                           const float* bias, BFloat16* y, float* scratch) {
+  if (!PackedBf16GemmRoundsInOnePass(shape) || shape.accumulate) {
+    throw InternalError(fmt::format(
+        "PackedBf16GemmRounded: k {} takes more than one block of k, or accumulate was asked",
+        shape.k));
+  }
+  if (shape.m == 0 || shape.n == 0) return;
+  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, nullptr, scratch, y, bias);
 }
 
 }  // namespace sluice::kernels

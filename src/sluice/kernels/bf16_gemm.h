@@ -4,6 +4,12 @@
 //   PackedBf16Gemm: c[m, n] = op(a)[m, k] · op(b)[k, n] (+ c when shape.accumulate), a and b bf16,
 //                   c f32 — kernels/onednn_matmul.h's OneDnnGemmShape contract (dtype kBF16,
 //                   lda/ldb/ldc 0 for packed rows).
+//   PackedBf16GemmRounded: y[m, n] = bf16(op(a)·op(b) + bias[n]), y bf16 with row stride ldc — a
+//                   linear whose result is stored bf16: the sums PackedBf16Gemm adds to c
+//                   prefilled with bias, rounded to the nearest bf16 (ties to even) as they leave
+//                   the register tile, so the bits of PackedBf16Gemm then ToBF16 without the f32
+//                   result in memory. Only where PackedBf16GemmRoundsInOnePass (k within one
+//                   block of k: the sums are final at the tile), without accumulate.
 //
 // How (the GotoBLAS/BLIS blocking): k is cut into blocks of PackedBf16GemmBlockK and n into
 // blocks of at most kPackedGemmNC columns. Each block of op(b) is widened into panels of NR
@@ -51,5 +57,9 @@ inline int64_t PackedBf16GemmBlockK(const OneDnnGemmShape& s) {
 int64_t PackedBf16GemmScratchFloats(const OneDnnGemmShape& shape);
 void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
                     float* scratch);
+bool PackedBf16GemmRoundsInOnePass(const OneDnnGemmShape& shape);
+// Throws InternalError where !PackedBf16GemmRoundsInOnePass(shape) or shape.accumulate.
+void PackedBf16GemmRounded(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b,
+                           const float* bias, BFloat16* y, float* scratch);
 
 }  // namespace sluice::kernels

@@ -205,6 +205,44 @@ void LinearBF16(const BFloat16* x, const BFloat16* w, const float* b, float* out
   Bf16Gemm({.dtype = DType::kBF16, .m = m, .n = n, .k = k, .accumulate = true}, x, w, out, scratch);
 }
 
+namespace {
+
+OneDnnGemmShape RoundedLinearProduct(int64_t m, int64_t k, int64_t n) {
+  return {.dtype = DType::kBF16, .m = m, .n = n, .k = k};
+}
+
+// Whether the rounding happens in the product's register tiles (else the f32 result goes through
+// the scratch first).
+bool RoundsInTheProduct(int64_t m, int64_t k, int64_t n) {
+  return Bf16GemmEngineChoice() == Engine::kPacked &&
+         PackedBf16GemmRoundsInOnePass(RoundedLinearProduct(m, k, n));
+}
+
+}  // namespace
+
+int64_t LinearBF16RoundedScratchFloats(int64_t m, int64_t k, int64_t n) {
+  if (RoundsInTheProduct(m, k, n))
+    return PackedBf16GemmScratchFloats(RoundedLinearProduct(m, k, n));
+  return m * n + LinearBF16ScratchFloats(m, k, n);
+}
+
+void LinearBF16Rounded(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
+                       int64_t m, int64_t k, int64_t n, float* scratch) {
+  if (RoundsInTheProduct(m, k, n)) {
+    PackedBf16GemmRounded(RoundedLinearProduct(m, k, n), x, w, b, out, scratch);
+    return;
+  }
+  LinearBF16(x, w, b, scratch, m, k, n, scratch + m * n);
+  ToBF16Parallel(scratch, out, m * n);
+}
+
+void LinearBF16RoundedReference(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
+                                int64_t m, int64_t k, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(m * n));
+  LinearBF16Reference(x, w, b, y.data(), m, k, n);
+  ToBF16Reference(y.data(), out, m * n);
+}
+
 void LinearBF16Reference(const BFloat16* x, const BFloat16* w, const float* b, float* out,
                          int64_t m, int64_t k, int64_t n) {
   const std::vector<float> xf = Widened(x, m * k), wf = Widened(w, k * n);

@@ -4,6 +4,11 @@
 //   MatMulBF16*: out[..., m, n] = op(a)[..., m, k] · op(b)[..., k, n], a and b bf16, out f32, with
 //                kernels/matmul.h's shapes and batching (MatMulShape).
 //   LinearBF16*: out[m, n] = x[m, k] · w[k, n] + b[n], x and w bf16, b and out f32 (linear.h).
+//   LinearBF16Rounded*: the same rounded to bf16 (out bf16): bitwise LinearBF16 then ToBF16. On
+//                the packed engine with k within one block of k the rounding happens as the sums
+//                leave the product's register tiles (bf16_gemm.h PackedBf16GemmRounded: no f32
+//                result in memory, no second pass); elsewhere the f32 result goes through the
+//                scratch (m · n floats more) and is rounded after.
 //
 // The fast kernels run every product through Bf16Gemm, on one of three engines (Bf16GemmEngine):
 //   onednn    oneDNN's bf16 matmul (kernels/onednn_matmul.h): the bf16 instructions (AVX512_BF16,
@@ -72,5 +77,11 @@ void LinearBF16(const BFloat16* x, const BFloat16* w, const float* b, float* out
                 int64_t k, int64_t n, float* scratch);
 void LinearBF16Reference(const BFloat16* x, const BFloat16* w, const float* b, float* out,
                          int64_t m, int64_t k, int64_t n);
+
+int64_t LinearBF16RoundedScratchFloats(int64_t m, int64_t k, int64_t n);
+void LinearBF16Rounded(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
+                       int64_t m, int64_t k, int64_t n, float* scratch);
+void LinearBF16RoundedReference(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
+                                int64_t m, int64_t k, int64_t n);
 
 }  // namespace sluice::kernels

@@ -3,6 +3,7 @@
 #include "sluice/ir/ops/linalg.h"
 
 #include <optional>
+#include <string>
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
@@ -71,10 +72,11 @@ int64_t MatMulBF16ScratchBytes(std::span<const TensorType> in, const Attrs& attr
 }
 
 // x [..., k] bf16 by w [k, n]: rows = x's leading axes folded.
-int64_t LinearBF16ScratchBytes(std::span<const TensorType> in, const Attrs&) {
+int64_t LinearBF16ScratchBytes(std::span<const TensorType> in, const Attrs& attrs) {
   if (in[0].dtype != DType::kBF16) return 0;
-  const int64_t k = in[1].shape[0], n = in[1].shape[1];
-  return 4 * kernels::LinearBF16ScratchFloats(k == 0 ? 0 : in[0].shape.numel() / k, k, n);
+  const int64_t k = in[1].shape[0], n = in[1].shape[1], m = k == 0 ? 0 : in[0].shape.numel() / k;
+  return 4 * (attrs.Has("dtype") ? kernels::LinearBF16RoundedScratchFloats(m, k, n)
+                                 : kernels::LinearBF16ScratchFloats(m, k, n));
 }
 
 std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs& attrs) {
@@ -156,9 +158,23 @@ std::vector<Var> MatMulVjp(VjpContext& ctx) {
   return grads;
 }
 
-// x and w bf16 with an f32 bias: the mixed-precision linear (f32 result).
-std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&) {
+// Whether a linear stores its result bf16 (attribute dtype = "bf16"; bf16 x and w only).
+bool RoundsToBf16(const Attrs& attrs) {
+  if (!attrs.Has("dtype")) return false;
+  const std::string& to = attrs.GetString("dtype");
+  if (to != "bf16") {
+    throw ShapeError(
+        fmt::format("dtype must be \"bf16\" (the result rounded) or absent, got \"{}\"", to));
+  }
+  return true;
+}
+
+// x and w bf16 with an f32 bias: the mixed-precision linear (f32 result, or bf16 with dtype).
+std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs& attrs) {
   const DType t = ProductDType(in.first(2));
+  if (RoundsToBf16(attrs) && in[0].dtype != DType::kBF16) {
+    throw ShapeError(fmt::format("dtype \"bf16\" needs bf16 x and w, got {}", Name(in[0].dtype)));
+  }
   if (in[2].dtype != t) {
     throw ShapeError(fmt::format("b must be {} for x {} and w {}, got {}", Name(t),
                                  Name(in[0].dtype), Name(in[1].dtype), Name(in[2].dtype)));
@@ -178,12 +194,26 @@ std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&
   }
   Shape out = x;
   out[out.rank() - 1] = w[1];
-  return {{t, out}};
+  return {{RoundsToBf16(attrs) ? DType::kBF16 : t, out}};
 }
 
 template <bool kFast>
 void LinearKernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
+  if (x.dtype() == DType::kBF16 && ctx.outputs[0].dtype() == DType::kBF16) {
+    const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1],
+                  m = k == 0 ? 0 : x.numel() / k;
+    const BFloat16* w = ctx.inputs[1].data<BFloat16>();
+    const float* b = ctx.inputs[2].data<float>();
+    BFloat16* y = ctx.outputs[0].data<BFloat16>();
+    const Tensor scratch = Bf16Scratch(ctx, kernels::LinearBF16RoundedScratchFloats(m, k, n));
+    if constexpr (kFast) {
+      kernels::LinearBF16Rounded(x.data<BFloat16>(), w, b, y, m, k, n, scratch.data<float>());
+    } else {
+      kernels::LinearBF16RoundedReference(x.data<BFloat16>(), w, b, y, m, k, n);
+    }
+    return;
+  }
   if (x.dtype() == DType::kBF16) {
     const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1],
                   m = k == 0 ? 0 : x.numel() / k;
@@ -394,11 +424,14 @@ void RegisterLinalgOps(OpRegistry& r) {
               .reference = LinearKernel<false>,
               .vjp = LinearVjp,
               .doc = "x·w + b with w stored [in, out] (one CBLAS GEMM); bf16 x and w with an f32 b "
-                     "give an f32 result (oneDNN)",
+                     "give an f32 result, or with dtype = \"bf16\" that result rounded to bf16 "
+                     "(bitwise linear then cast, the rounding done as the product stores it: "
+                     "autocast's fusion)",
               .signature = {.inputs = {{"x", "float or bf16[..., k]"},
                                        {"w", "float or bf16[k, n]"},
                                        {"b", "float[n]"}},
-                            .outputs = {{"y", "float[..., n]"}}},
+                            .attrs = {{"dtype", "string = absent (\"bf16\": y rounded)"}},
+                            .outputs = {{"y", "float[..., n], or bf16 with dtype"}}},
               .scratch_bytes = LinearBF16ScratchBytes});
   r.Register({.name = "cast_bf16_and_sum",
               .num_inputs = 1,

@@ -6,7 +6,11 @@
 //                 linear's bias stays f32. An f32 operand is rounded by a `cast`, one per value,
 //                 shared by every product reading it; a parameter's (or input's) copy is made in
 //                 each unit that reads it, just before its first reader there (autodiff remakes a
-//                 parameter's copy in backward rather than keeping it).
+//                 parameter's copy in backward rather than keeping it). A linear whose result
+//                 nothing reads as f32 (every reader in its unit takes it bf16; no program
+//                 output) stores it rounded itself: `linear {dtype = "bf16"}`, named `NAME.bf16`,
+//                 the bits of the linear then its cast without the f32 result (the GPT's qkv and
+//                 c_fc).
 //   activations   gelu, layer_norm (x; weight and bias f32), rms_norm (x; weight f32), swiglu
 //                 (both operands), causal_attention_qkv (qkv; lse f32) and causal_attention (q, k,
 //                 v; lse f32) take bf16 and give bf16, computing in f32 — when every reader of
@@ -34,7 +38,8 @@
 //                 boundaries"). Readers inside the making unit read the f32 value.
 // Only f32 values change: f64 and integer values, and ops reading them, are left as written.
 // Inputs, parameters, outputs and every value of the program keep their names and types (an
-// activation that runs bf16 has a bf16 output: never a program output); the casts are new values,
+// activation that runs bf16 has a bf16 output: never a program output), but for a linear storing
+// its result rounded, whose value becomes its rounded copy `NAME.bf16`; the casts are new values,
 // `NAME.bf16` and `NAME.f32` (with a suffix when taken), inside the unit they belong to.
 //
 // A program that already has a bf16 value (declared, or made by a cast) is left as it is: the

@@ -1,0 +1,229 @@
+"""Which of the modules users commonly bring tools/torch_export.py takes, and why it refuses the
+others: four whole models (a CIFAR ResNet-8 with BatchNorm, an MLP-Mixer, a 1-D convolutional
+text classifier, a tiny encoder-decoder nn.Transformer) and one small module per layer or idiom,
+each exported at batch 4; prints one line per module, "ok" or the exporter's error.
+
+  /usr/bin/python3 tests/parity/export_survey.py            # all
+  /usr/bin/python3 tests/parity/export_survey.py resnet8    # the ones named
+
+docs/torch-export.md ("What users bring") keeps the table this prints.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXPORTER = os.path.join(HERE, "..", "..", "tools", "torch_export.py")
+
+
+# ---- whole models ------------------------------------------------------------------------------
+
+class BasicBlock(nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with BatchNorm, a strided 1x1 shortcut when the
+    shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+class ResNet8(nn.Module):
+    """ResNet-8 for 3x16x16 images (CIFAR-like): stem, three stages of one basic block each,
+    adaptive average pooling, a linear head."""
+
+    def __init__(self, width=8, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(width), nn.ReLU())
+        self.layers = nn.Sequential(BasicBlock(width, width, 1), BasicBlock(width, 2 * width, 2),
+                                    BasicBlock(2 * width, 4 * width, 2))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(4 * width, classes)
+
+    def forward(self, image, label):
+        h = self.pool(self.layers(self.stem(image)))
+        return F.cross_entropy(self.head(torch.flatten(h, 1)), label)
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, patches, channels):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(channels)
+        self.tokens = nn.Sequential(nn.Linear(patches, 2 * patches), nn.GELU(),
+                                    nn.Linear(2 * patches, patches))
+        self.norm2 = nn.LayerNorm(channels)
+        self.channels = nn.Sequential(nn.Linear(channels, 2 * channels), nn.GELU(),
+                                      nn.Linear(2 * channels, channels))
+
+    def forward(self, x):  # x [B, P, C]
+        x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channels(self.norm2(x))
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer on 3x16x16 images, 4x4 patches."""
+
+    def __init__(self, channels=16, classes=10):
+        super().__init__()
+        self.patch = nn.Conv2d(3, channels, 4, stride=4)
+        self.blocks = nn.Sequential(MixerBlock(16, channels), MixerBlock(16, channels))
+        self.norm = nn.LayerNorm(channels)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, image, label):
+        x = self.patch(image).flatten(2).transpose(1, 2)  # [B, P, C]
+        x = self.norm(self.blocks(x)).mean(1)
+        return F.cross_entropy(self.head(x), label)
+
+
+class TextCnn(nn.Module):
+    """A 1-D convolutional text classifier: embeddings (padding_idx 0), Conv1d with BatchNorm1d
+    and ReLU, global max pooling over time, a linear head."""
+
+    def __init__(self, vocab=32, dim=16, classes=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.conv = nn.Conv1d(dim, 32, 3, padding=1)
+        self.bn = nn.BatchNorm1d(32)
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, tokens, label):
+        h = self.embed(tokens).transpose(1, 2)  # [B, C, T]
+        h = F.relu(self.bn(self.conv(h))).amax(-1)
+        return F.cross_entropy(self.head(h), label)
+
+
+class TinySeq2Seq(nn.Module):
+    """nn.Transformer (encoder-decoder, cross-attention), tied input/output embeddings."""
+
+    def __init__(self, vocab=32, dim=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(12, dim) * 0.02)
+        self.transformer = nn.Transformer(dim, 2, 1, 1, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("causal", torch.triu(torch.full((12, 12), float("-inf")), 1))
+
+    def forward(self, tokens, label):
+        T = tokens.shape[1]
+        x = self.embed(tokens) + self.pos[:T]
+        y = self.transformer(x, x, tgt_mask=self.causal[:T, :T])
+        return F.cross_entropy(self.head(y).flatten(0, 1), label.flatten())
+
+
+# ---- one layer or idiom each -------------------------------------------------------------------
+
+class Features(nn.Module):
+    """`body` applied to f32[B, 8] features, then a linear head to 2 classes."""
+
+    def __init__(self, body, width=8):
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(width, 2)
+
+    def forward(self, features, label):
+        return F.cross_entropy(self.head(self.body(features).flatten(1)), label)
+
+
+class Image(Features):
+    """`body` applied to f32[B, 4, 6, 6] images; `width` the flattened size of its output."""
+
+    def forward(self, image, label):
+        return super().forward(image, label)
+
+
+class PaddedEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8, padding_idx=0)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, tokens, label):
+        return F.cross_entropy(self.head(self.embed(tokens).mean(1)), label)
+
+
+class CrossAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, tokens, label):
+        x = self.embed(tokens)
+        q = x[:, :2]
+        y, _ = self.attn(q, x, x, need_weights=False)
+        return F.cross_entropy(self.head(y.mean(1)), label)
+
+
+FEATURES = {"features": "f32[8]", "label": "i64[]"}
+IMAGES = {"image": "f32[4, 6, 6]", "label": "i64[]"}
+IMAGES3 = {"image": "f32[3, 16, 16]", "label": "i64[]"}
+TOKENS = {"tokens": "i64[12]", "label": "i64[]"}
+
+MODULES = {
+    # name: (factory, forward's argument types)
+    "resnet8": (ResNet8, IMAGES3),
+    "mixer": (Mixer, IMAGES3),
+    "text_cnn": (TextCnn, TOKENS),
+    "seq2seq": (TinySeq2Seq, {"tokens": "i64[12]", "label": "i64[12]"}),
+    "batch_norm_2d": (lambda: Image(nn.BatchNorm2d(4), 4 * 36), IMAGES),
+    "batch_norm_1d": (lambda: Features(nn.BatchNorm1d(8)), FEATURES),
+    "group_norm": (lambda: Image(nn.GroupNorm(2, 4), 4 * 36), IMAGES),
+    "embedding_padding_idx": (PaddedEmbedding, TOKENS),
+    "gelu_tanh": (lambda: Features(nn.GELU(approximate="tanh")), FEATURES),
+    "silu": (lambda: Features(nn.SiLU()), FEATURES),
+    "mish": (lambda: Features(nn.Mish()), FEATURES),
+    "hardswish": (lambda: Features(nn.Hardswish()), FEATURES),
+    "strided_1x1_conv": (lambda: Image(nn.Conv2d(4, 4, 1, stride=2), 4 * 9), IMAGES),
+    "adaptive_avg_pool": (lambda: Image(nn.AdaptiveAvgPool2d(1), 4), IMAGES),
+    "conv_bias": (lambda: Image(nn.Conv2d(4, 4, 3, padding=1, bias=True), 4 * 36), IMAGES),
+    "conv1d": (lambda: Image(nn.Sequential(nn.Flatten(1, 2), nn.Conv1d(24, 4, 3)), 4 * 4),
+               IMAGES),
+    "cross_attention": (CrossAttention, TOKENS),
+}
+
+
+def export(name, out_root):
+    """Runs the exporter on MODULES[name]; returns "ok" or its error's first line."""
+    _, types = MODULES[name]
+    cmd = [sys.executable, EXPORTER, f"{__file__}:survey_{name}", "--batch", "4",
+           "--out", os.path.join(out_root, name)]
+    for arg, t in types.items():
+        cmd += ["--input", f"{arg}={t}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode == 0:
+        return "ok"
+    lines = [l for l in r.stderr.splitlines() if "error" in l] or r.stderr.splitlines()[-1:]
+    return lines[0] if lines else f"exit {r.returncode}"
+
+
+for _name, (_factory, _) in MODULES.items():  # the factories the exporter loads by name
+    globals()[f"survey_{_name}"] = (lambda f: lambda: (torch.manual_seed(0), f())[1])(_factory)
+
+
+def main(names):
+    with tempfile.TemporaryDirectory() as out_root:
+        for name in names or MODULES:
+            print(f"{name:24} {export(name, out_root)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -14,8 +14,8 @@ namespace {
 std::set<std::string> OpsWithACase() {
   std::set<std::string> ops;
   for (const auto& table :
-       {AttentionCases(), ConvCases(), ElementwiseCases(), LinalgCases(), NnCases(),
-        OptimizerCases(), ReductionCases(), SelectCases(), ShapeCases()}) {
+       {AttentionCases(), BatchNormCases(), ConvCases(), ElementwiseCases(), LinalgCases(),
+        NnCases(), OptimizerCases(), ReductionCases(), SelectCases(), ShapeCases()}) {
     for (const OpCase& c : table) ops.insert(c.op);
   }
   return ops;

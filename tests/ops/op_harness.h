@@ -93,6 +93,7 @@ void RunOpErrorCase(const OpErrorCase& c);
 // The op tables, one per family file (tests/ops/<family>_test.cc); op_coverage_test.cc checks that
 // together they have a case for every registered op.
 std::vector<OpCase> AttentionCases();
+std::vector<OpCase> BatchNormCases();
 std::vector<OpCase> ConvCases();
 std::vector<OpCase> ElementwiseCases();
 std::vector<OpCase> LinalgCases();

@@ -198,6 +198,50 @@ TEST(MemoryForecast, OneStageIsExactWithABlockedConvolutionsScratch) {
                          kernels::Conv2dColsElements(d) * int64_t{4});
 }
 
+// Batch norm (a ResNet's convolution, batch norm and ReLU, twice, the second a residual): its
+// kernels take no scratch, the running statistics are buffers held like parameters, and the
+// update writes them in place; the one-stage forecast stays exact under every recompute policy.
+TEST(MemoryForecast, OneStageIsExactWithBatchNorm) {
+  ExpectExactWithScratch(R"(program resnet {
+  input %x: f32[B, 144] = x
+  input %y: i64[B] = labels
+  param %c1.weight: f32[8, 1, 3, 3] = normal(0, 0.2)
+  param %bn1.weight: f32[8] = ones
+  param %bn1.bias: f32[8] = zeros
+  buffer %bn1.running_mean: f32[8] = zeros
+  buffer %bn1.running_var: f32[8] = ones
+  param %c2.weight: f32[8, 8, 3, 3] = normal(0, 0.1)
+  param %bn2.weight: f32[8] = ones
+  param %bn2.bias: f32[8] = zeros
+  buffer %bn2.running_mean: f32[8] = zeros
+  buffer %bn2.running_var: f32[8] = ones
+  param %out.weight: f32[8, 4] = normal(0, 0.1)
+  unit stem {
+    %image: f32[B, 1, 12, 12] = reshape(%x) {shape = [B, 1, 12, 12]}
+    %h1: f32[B, 8, 12, 12] = conv2d(%image, %c1.weight) {padding = [1, 1], stride = [1, 1]}
+    %n1: f32[B, 8, 12, 12] = batch_norm(%h1, %bn1.weight, %bn1.bias, %bn1.running_mean, %bn1.running_var)
+    batch_norm_update_stats(%h1, %bn1.running_mean, %bn1.running_var) {momentum = 0.1}
+    %a1: f32[B, 8, 12, 12] = relu(%n1)
+  }
+  unit block {
+    %h2: f32[B, 8, 12, 12] = conv2d(%a1, %c2.weight) {padding = [1, 1], stride = [1, 1]}
+    %n2: f32[B, 8, 12, 12] = batch_norm(%h2, %bn2.weight, %bn2.bias, %bn2.running_mean, %bn2.running_var)
+    batch_norm_update_stats(%h2, %bn2.running_mean, %bn2.running_var) {momentum = 0.1}
+    %r: f32[B, 8, 12, 12] = add(%n2, %a1)
+    %a2: f32[B, 8, 12, 12] = relu(%r)
+    %p: f32[B, 8, 1, 1] = avg_pool2d(%a2) {kernel = [12, 12], stride = [12, 12]}
+  }
+  unit head {
+    %f: f32[B, 8] = reshape(%p) {shape = [B, 8]}
+    %logits: f32[B, 4] = matmul(%f, %out.weight)
+    %loss: f32[] = cross_entropy(%logits, %y)
+  }
+  output %loss
+}
+)",
+                         0);
+}
+
 TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
   const ScheduleKind kinds[] = {ScheduleKind::kGPipe,        ScheduleKind::kOneFOneB,
                                 ScheduleKind::kInterleaved,  ScheduleKind::kZeroBubbleH1,

@@ -8,6 +8,7 @@
 #include "sluice/core/error.h"
 #include "sluice/core/spelling.h"
 #include "sluice/ir/ops/attention.h"
+#include "sluice/ir/ops/batch_norm.h"
 #include "sluice/ir/ops/conv.h"
 #include "sluice/ir/ops/select.h"
 
@@ -21,6 +22,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterShapeOps(*r);
     RegisterLinalgOps(*r);
     RegisterNnOps(*r);
+    RegisterBatchNormOps(*r);
     RegisterAttentionOps(*r);
     RegisterConvOps(*r);
     RegisterSelectOps(*r);

@@ -194,6 +194,10 @@ struct OpDef {
   // refuses an instruction whose written input shares its storage with another input, and a view
   // read after an update of the storage it was taken of (ir/verifier.h).
   std::vector<int> updates;
+  // kInPlace ops that keep running statistics (batch_norm_update_stats): the inputs they write
+  // must be buffers (Program::AddBuffer), which no other op may write, and they belong to
+  // training alone — the inference form of a program drops them (ir/inference_form.h).
+  bool updates_buffers = false;
 };
 
 // Attributes: an instruction may carry only the attributes its op's signature declares, so that a

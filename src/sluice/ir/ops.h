@@ -4,6 +4,7 @@
 #pragma once
 
 #include "sluice/ir/ops/attention.h"
+#include "sluice/ir/ops/batch_norm.h"
 #include "sluice/ir/ops/conv.h"
 #include "sluice/ir/ops/elementwise.h"
 #include "sluice/ir/ops/linalg.h"

@@ -168,9 +168,40 @@ ValueId Program::AddConst(std::string name, TensorType type) {
   return id;
 }
 
+ValueId Program::AddBuffer(std::string name, TensorType type) {
+  const ValueId id = AddConst(std::move(name), std::move(type));
+  if (is_buffer_.size() <= static_cast<size_t>(id)) is_buffer_.resize(values_.size(), false);
+  is_buffer_[static_cast<size_t>(id)] = true;
+  return id;
+}
+
 ValueId Program::AddParamLike(const Program& source, ValueId v) {
+  if (source.IsBuffer(v)) return AddBuffer(source.value(v).name, source.type(v));
   return source.IsConstant(v) ? AddConst(source.value(v).name, source.type(v))
                               : AddParam(source.value(v).name, source.type(v));
+}
+
+std::string InPlaceInputProblem(const Program& p, const OpDef& op, int k, ValueId v) {
+  if (op.kind != OpKind::kInPlace || !p.IsConstant(v)) return {};
+  const bool written = std::find(op.updates.begin(), op.updates.end(), k) != op.updates.end();
+  const std::string& name = p.value(v).name;
+  if (op.updates_buffers) {
+    if (!written || p.IsBuffer(v)) return {};
+    return fmt::format(
+        "%{} is a constant, and {} updates it in place (running statistics are kept in "
+        "buffers: declare it `buffer %{}: ...`)",
+        name, op.name, name);
+  }
+  if (p.IsBuffer(v)) {
+    return fmt::format(
+        "%{} is a buffer, and {} updates its inputs in place (only the ops that keep running "
+        "statistics, such as batch_norm_update_stats, touch buffers)",
+        name, op.name);
+  }
+  return fmt::format(
+      "%{} is a constant, and {} updates its inputs in place (constants never "
+      "change)",
+      name, op.name);
 }
 
 ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, Attrs attrs,
@@ -203,10 +234,9 @@ ValueList Program::AddInstruction(std::string_view op_name, ValueList inputs, At
     if (v < 0 || static_cast<size_t>(v) >= values_.size()) {
       throw ProgramError(fmt::format("{}: input refers to an undefined value", where()));
     }
-    if (op.kind == OpKind::kInPlace && IsConstant(v)) {
-      throw ProgramError(fmt::format(
-          "{}: %{} is a constant, and {} updates its inputs in place (constants never change)",
-          where(), values_[v].name, op.name));
+    if (std::string problem = InPlaceInputProblem(*this, op, static_cast<int>(k), v);
+        !problem.empty()) {
+      throw ProgramError(fmt::format("{}: {}", where(), problem));
     }
     in_types[k] = types_[values_[v].type_id];
   }

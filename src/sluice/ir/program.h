@@ -11,7 +11,10 @@
 //                reads but never trains or updates (a rotary table, a mask of an imported
 //                module). Training gives it no gradient and no optimizer state, checkpoints keep
 //                it, autodiff refuses to differentiate with respect to it and the verifier refuses
-//                an in-place op that updates it.
+//                an in-place op that updates it. A constant may be a *buffer* (AddBuffer,
+//                `buffer` in text): running statistics (batch norm's running mean and variance),
+//                which the ops that keep them (OpDef::updates_buffers) update in place and no
+//                other op writes; a constant in every other respect.
 //   * outputs    values left in the scope after the run (loss, gradients, saved activations).
 //
 // Values are addressed by ValueId (an index into values()). A value's type is interned: the
@@ -118,10 +121,16 @@ class Program {
   ValueId AddParam(std::string name, TensorType type);
   // A constant: a param (in params(), bound by the caller, never freed) that is never trained.
   ValueId AddConst(std::string name, TensorType type);
-  // Declares the param `v` of `source` here: its name, its type and whether it is a constant.
+  // A buffer: a constant that ops keeping running statistics update in place.
+  ValueId AddBuffer(std::string name, TensorType type);
+  // Declares the param `v` of `source` here: its name, its type and whether it is a constant or a
+  // buffer.
   ValueId AddParamLike(const Program& source, ValueId v);
   bool IsConstant(ValueId id) const {
     return static_cast<size_t>(id) < is_constant_.size() && is_constant_[static_cast<size_t>(id)];
+  }
+  bool IsBuffer(ValueId id) const {
+    return static_cast<size_t>(id) < is_buffer_.size() && is_buffer_[static_cast<size_t>(id)];
   }
   // Appends an instruction of registered op `op`, running its shape inference; output i is named
   // output_names[i] when given, otherwise a fresh name derived from the op ("matmul_3").
@@ -178,7 +187,8 @@ class Program {
   std::vector<ValueId> params_;
   std::vector<ValueId> outputs_;
   std::vector<bool> is_output_;    // value -> listed in outputs_ (sized lazily)
-  std::vector<bool> is_constant_;  // value -> declared by AddConst (sized lazily)
+  std::vector<bool> is_constant_;  // value -> declared by AddConst or AddBuffer (sized lazily)
+  std::vector<bool> is_buffer_;    // value -> declared by AddBuffer (sized lazily)
   std::vector<IndexSlot> index_;   // name -> value
   std::deque<TensorType> types_;
   std::unordered_map<TensorType, TypeId, TensorTypeHash> type_ids_;  // types_[i] -> i
@@ -194,5 +204,11 @@ class Program {
   std::vector<ProgramUnit> units_;
   bool unit_open_ = false;
 };
+
+// Why value `v`, input `k` of an instruction of `op`, may not be there, or "" when it may: an
+// in-place op reads or writes no constant, except that an op keeping running statistics
+// (OpDef::updates_buffers) reads constants and writes buffers — and buffers are touched by no other
+// in-place op. AddInstruction and the verifier both refuse what this names.
+std::string InPlaceInputProblem(const Program& p, const OpDef& op, int k, ValueId v);
 
 }  // namespace sluice

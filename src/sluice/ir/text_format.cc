@@ -158,7 +158,11 @@ std::string PrintProgram(const Program& p, const ProgramAnnotations* annotations
     out += "\n";
   }
   for (ValueId v : p.params()) {
-    out += fmt::format("  {} {}", p.IsConstant(v) ? "const" : "param", Typed(p, v));
+    out += fmt::format("  {} {}",
+                       p.IsBuffer(v)     ? "buffer"
+                       : p.IsConstant(v) ? "const"
+                                         : "param",
+                       Typed(p, v));
     if (annotations) {
       auto it = annotations->initializers.find(p.value(v).name);
       if (it != annotations->initializers.end()) out += " = " + FormatInitializer(it->second);
@@ -331,17 +335,19 @@ class Parser {
       return;
     }
     if (tok_.kind != TokenKind::kIdent) {
-      Fail(tok_, fmt::format(
-                     "expected a statement (input, param, const, output, unit or an instruction), "
-                     "found {}",
-                     Describe(tok_)));
+      Fail(tok_,
+           fmt::format("expected a statement (input, param, const, buffer, output, unit or an "
+                       "instruction), "
+                       "found {}",
+                       Describe(tok_)));
     }
     Token word = std::move(tok_);
     Advance();
     if (tok_.kind == TokenKind::kLParen) {  // an instruction without outputs: op(...)
       ParseCall(word, {});
-    } else if (word.text == "input" || word.text == "param" || word.text == "const") {
-      ParseDeclaration(word.text == "input", word.text == "const");
+    } else if (word.text == "input" || word.text == "param" || word.text == "const" ||
+               word.text == "buffer") {
+      ParseDeclaration(word.text);
     } else if (word.text == "unit") {
       ParseUnit(word);
     } else if (word.text == "output") {
@@ -352,10 +358,11 @@ class Parser {
       }
       program_.AddOutput(id);
     } else {
-      Fail(word, fmt::format(
-                     "expected a statement (input, param, const, output, unit or an instruction), "
-                     "found {}",
-                     Describe(word)));
+      Fail(word,
+           fmt::format("expected a statement (input, param, const, buffer, output, unit or an "
+                       "instruction), "
+                       "found {}",
+                       Describe(word)));
     }
   }
 
@@ -379,18 +386,18 @@ class Parser {
   }
 
   // input %x: f32[8, 16] [= array]   |   param %w: f32[16, 4] [= initializer]
-  // const %c: f32[16, 4] [= initializer]
-  void ParseDeclaration(bool is_input, bool is_const = false) {
-    const Token v = Take(TokenKind::kValue, is_input   ? "after 'input'"
-                                            : is_const ? "after 'const'"
-                                                       : "after 'param'");
+  // const %c: f32[16, 4] [= initializer]   |   buffer %m: f32[16] [= initializer]
+  void ParseDeclaration(const std::string& keyword) {
+    const bool is_input = keyword == "input";
+    const Token v = Take(TokenKind::kValue, [&] { return fmt::format("after '{}'", keyword); });
     Take(TokenKind::kColon, [&] { return fmt::format("after {}", ValueRef(v.text)); });
     const TensorType type = ParseType();
     ValueId id;
     try {
-      id = is_input   ? program_.AddInput(v.text, type)
-           : is_const ? program_.AddConst(v.text, type)
-                      : program_.AddParam(v.text, type);
+      id = is_input              ? program_.AddInput(v.text, type)
+           : keyword == "const"  ? program_.AddConst(v.text, type)
+           : keyword == "buffer" ? program_.AddBuffer(v.text, type)
+                                 : program_.AddParam(v.text, type);
     } catch (const ProgramError&) {
       CheckUnused(v);  // a taken name: say where it was defined
       throw;

@@ -46,16 +46,16 @@ void Verify(const Program& p) {
       throw ProgramError(fmt::format("{}: {}", describe(i, ins), undeclared));
     }
     in_types.clear();
-    for (ValueId v : ins.inputs) {
+    for (size_t k = 0; k < ins.inputs.size(); ++k) {
+      const ValueId v = ins.inputs[k];
       if (!value_ok(v)) throw ProgramError(describe(i, ins) + ": input refers to no value");
       if (defined[v] == 0) {
         throw ProgramError(
             fmt::format("{}: %{} is used before it is defined", describe(i, ins), values[v].name));
       }
-      if (ins.op->kind == OpKind::kInPlace && p.IsConstant(v)) {
-        throw ProgramError(fmt::format(
-            "{}: %{} is a constant, and {} updates its inputs in place (constants never change)",
-            describe(i, ins), values[v].name, ins.op->name));
+      if (std::string problem = InPlaceInputProblem(p, *ins.op, static_cast<int>(k), v);
+          !problem.empty()) {
+        throw ProgramError(fmt::format("{}: {}", describe(i, ins), problem));
       }
       in_types.push_back(p.type(v));
       // A view taken before an in-place update of its storage would show the updated values,

@@ -1,4 +1,5 @@
 #include "sluice/train/trainer.h"
+#include "sluice/ir/inference_form.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "sluice/core/error.h"
 #include "sluice/core/system_memory.h"
 #include "sluice/io/checkpoint.h"
+#include "sluice/ir/inference_form.h"
 #include "sluice/io/metrics.h"
 #include "sluice/kernels/bf16_probe.h"
 #include "sluice/kernels/bf16_products.h"
@@ -146,8 +148,10 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory)
                          .gc = config.gc,
                          .threads = threads,
                          .memory_plan = config.memory_plan};
-  eval = std::make_unique<Executable>(model.forward, base);
-  logits = std::make_unique<Executable>(task->BuildLogits(eval_batch).forward, base);
+  // Evaluation runs the inference form (ir/inference_form.h): batch norm by its running
+  // statistics, which evaluating leaves alone, as PyTorch's module.eval().
+  eval = std::make_unique<Executable>(InferenceForm(model.forward), base);
+  logits = std::make_unique<Executable>(InferenceForm(task->BuildLogits(eval_batch).forward), base);
   for (auto& [name, t] : engine->State()) scope.Set(name, std::move(t));
 
   // Parameters the loss never reads (nn/training_program.h): a ParamSpec marked constant whose

@@ -260,6 +260,14 @@ def batch_norm():
     return ImageNet(nn.BatchNorm2d(2), 2)
 
 
+def batch_norm_cumulative():
+    return ImageNet(nn.BatchNorm2d(2, momentum=None), 2)
+
+
+def batch_norm_untracked():
+    return ImageNet(nn.BatchNorm2d(2, track_running_stats=False), 2)
+
+
 def not_scalar():
     return NotScalar()
 

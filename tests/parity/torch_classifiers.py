@@ -12,6 +12,10 @@ arrays of a safetensors data file, and returns F.cross_entropy of the logits.
                   (forward(image, label), image [B, 1, 12, 12]): Conv2d, ReLU, MaxPool2d, Conv2d
                   (stride 1, padding 1), GroupNorm, ReLU, AvgPool2d, Flatten, Linear.
   conv1d          Conv1d (stride 2) over each image's rows read as a sequence of 12 channels.
+  resnet          a small ResNet on those images: Conv2d, BatchNorm2d (training mode: the batch's
+                  statistics, running mean and variance updated in forward), ReLU, residual
+                  blocks (the second strided, its shortcut a strided 1x1 Conv2d with BatchNorm2d),
+                  AdaptiveAvgPool2d(1), flatten, Linear, BatchNorm1d, ReLU, Linear.
   vit             a ViT on those images: patches embedded by a Conv2d with stride = patch, a class
                   token concatenated in front, learned positions, nn.TransformerEncoderLayer
                   (batch_first, pre-norm, GELU), the head on the class token.
@@ -23,9 +27,14 @@ On the padded token sequences of examples/padded_text_data.py (forward(tokens, m
   encoder_classifier  nn.TransformerEncoder (post-norm, ReLU: PyTorch's defaults, dropout 0) with
                     src_key_padding_mask=(mask == 0), then the mean over the real tokens
                     (mask.float(), sum, divide).
+  text_cnn          nn.Embedding with padding_idx=0 (the padding id: PyTorch never trains that row),
+                    Conv1d, BatchNorm1d over [B, C, T], ReLU, the padding zeroed by the mask, a max
+                    over time (amax), Linear.
 And on the blobs:
   gated_classifier  GELU(approximate='tanh'), a tanh·sigmoid gate, F.normalize, torch.where,
                     clamp.
+  activations       Mish, Hardswish (wide enough inputs to reach both its flat parts) and SiLU
+                    between Linear layers.
 Their attention's key bias (in_proj_bias for PyTorch's layers) is frozen: see torch_models.py's
 BertSelfAttention.
 """
@@ -107,6 +116,44 @@ class Conv1dClassifier(nn.Module):
 
 def conv1d():
     return Conv1dClassifier()
+
+
+class BasicBlock(nn.Module):
+    """A ResNet basic block: two 3x3 convolutions with batch norm, the shortcut a strided 1x1
+    convolution with batch norm where the shape changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout, momentum=0.2)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()),
+            BasicBlock(8, 8, 1), BasicBlock(8, 16, 2),                   # [B, 16, 6, 6]
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU())
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, image, label):
+        return F.cross_entropy(self.head(self.layers(image)), label)
+
+
+def resnet():
+    return ResNet()
 
 
 def _freeze_in_proj_bias(layers):
@@ -206,3 +253,39 @@ def gated_classifier():
     torch.manual_seed(0)
     return GatedClassifier()
 
+
+class Activations(nn.Module):
+    def __init__(self, features=8, hidden=32, classes=4):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(features, hidden), nn.Mish(),
+            nn.Linear(hidden, hidden), nn.Hardswish(),
+            nn.Linear(hidden, hidden), nn.SiLU(),
+            nn.Linear(hidden, classes))
+        with torch.no_grad():
+            self.net[2].weight.mul_(4.0)  # pre-activations past ±3, where Hardswish is flat
+
+    def forward(self, features, label):
+        return F.cross_entropy(self.net(features), label)
+
+
+def activations():
+    return Activations()
+
+
+class TextCnn(nn.Module):
+    def __init__(self, vocab=11, dim=8, channels=16, classes=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.conv = nn.Conv1d(dim, channels, 3, padding=1)
+        self.bn = nn.BatchNorm1d(channels)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, tokens, mask, label):
+        h = self.embed(tokens).transpose(1, 2)                       # [B, C, T]
+        h = F.relu(self.bn(self.conv(h))) * mask.unsqueeze(1).float()
+        return F.cross_entropy(self.head(h.amax(-1)), label)
+
+
+def text_cnn():
+    return TextCnn()

@@ -70,7 +70,7 @@ class BadInput(ExportCase):
     def test_a_mask_buffer_becomes_a_constant_sliced_to_the_run(self):
         result, out = self.export(f"{MODULES}:additive_mask")
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("constants (buffers, never trained): mask", result.stdout)
+        self.assertIn("constants and buffers (never trained): mask", result.stdout)
         with open(os.path.join(out, "model.sluice")) as f:
             text = f.read()
         self.assertIn("const %mask: f32[6, 6] = loaded", text)
@@ -184,9 +184,12 @@ class BadInput(ExportCase):
                      "causal one", line_of("x = x.masked_fill(self.band[0], 0.0)"))
 
     def test_an_embedding_with_padding_idx(self):
-        # padding_idx was dropped: sluice trained the row PyTorch never trains.
-        self.refused(f"{MODULES}:padding_idx", "nn.Embedding with padding_idx=0",
-                     "in module 'embed'")
+        # padding_idx was dropped (sluice trained the row PyTorch never trains), then refused; now
+        # embedding_grad leaves that row's gradient zero.
+        result, out = self.export(f"{MODULES}:padding_idx")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            self.assertIn("embedding(%tokens, %embed.weight) {padding_idx = 0}", f.read())
 
     def test_an_embedding_with_max_norm(self):
         # embedding_renorm_ (nothing reads its result) was dropped: the weight was never
@@ -214,7 +217,7 @@ class BadInput(ExportCase):
         self.assertIn("const %embed.weight: f32[11, 8] = loaded", program)
         self.assertNotIn("param %embed.weight", program)
         self.assertIn("param %head.weight", program)
-        self.assertIn("constants (buffers, never trained): embed.weight", result.stdout)
+        self.assertIn("constants and buffers (never trained): embed.weight", result.stdout)
 
     def test_a_file_that_is_not_python(self):
         # importlib gives no loader for a name not ending in .py: it was an AttributeError
@@ -310,9 +313,30 @@ class ArrayInput(ExportCase):
                      line_of("h = self.layer(x)"), seq=None, extra=images)
         self.refused(f"{MODULES}:dilated_conv", "a convolution with dilation=[2, 2]",
                      "in module 'layer'", line_of("h = self.layer(x)"), seq=None, extra=images)
-        self.refused(f"{MODULES}:batch_norm", "batch norm in training mode",
-                     "use nn.LayerNorm or nn.GroupNorm", "in module 'layer'", seq=None,
+        self.refused(f"{MODULES}:batch_norm_cumulative", "module 'layer' is a batch norm with "
+                     "momentum=None", "give one (PyTorch's default is 0.1)", seq=None,
                      extra=images)
+        self.refused(f"{MODULES}:batch_norm_untracked", "module 'layer' is a batch norm with "
+                     "track_running_stats=False", seq=None, extra=images)
+
+    def test_batch_norm_keeps_its_running_statistics_in_buffers(self):
+        # Batch norm was refused; now its running statistics are buffers that start as the factory
+        # made them, although tracing runs forward (which moves them) three times.
+        images = ["--input", "x=f32[2, 8, 8]", "--input", "y=i64[]"]
+        result, out = self.export(f"{MODULES}:batch_norm", seq=None, extra=images)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("constants and buffers (never trained): layer.running_mean, "
+                      "layer.running_var", result.stdout)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertIn("buffer %layer.running_mean: f32[2] = loaded", text)
+        self.assertIn("batch_norm_update_stats(%x, %layer.running_mean, %layer.running_var) "
+                      "{momentum = 0.1}", text)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpt_reference import read_safetensors  # noqa: E402
+        init, _ = read_safetensors(os.path.join(out, "init.safetensors"))
+        self.assertEqual(init["layer.running_mean"].tolist(), [0.0, 0.0])
+        self.assertEqual(init["layer.running_var"].tolist(), [1.0, 1.0])
 
 
 if __name__ == "__main__":

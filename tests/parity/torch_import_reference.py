@@ -19,7 +19,8 @@ With "autocast": true in the input's config, step 1 runs under torch.autocast("c
 dtype=torch.bfloat16) (the reference of sluice's --precision bf16).
 
 Writes OUTPUT.safetensors: "losses" f64 [steps], "final.<name>" of every parameter and buffer
-after the last step, and "checkpoint_loss" f64 [1].
+after the last step, "checkpoint_loss" f64 [1] and "eval_loss" f64 [1] (the same under
+module.eval(): batch norm by the running statistics of the checkpoint).
 
 Usage: torch_import_reference.py FILE.py:FACTORY INPUT INIT CHECKPOINT OUTPUT
 """
@@ -108,7 +109,8 @@ def main():
         opt.step()
     out = {"losses": torch.tensor(losses, dtype=torch.float64)}
     out.update({f"final.{n}": p.detach().clone() for n, p in model.named_parameters()})
-    # Buffers (the program's constants: rotary tables) stay as they were; sluice keeps them so.
+    # Buffers: the program's constants (rotary tables) stay as they were, its buffers (batch
+    # norm's running statistics) move in every forward; sluice keeps them so.
     # (A boolean mask buffer is folded into the program, never a constant: left out.)
     out.update({f"final.{n}": b.detach().clone() for n, b in model.named_buffers()
                 if b.is_floating_point()})
@@ -117,6 +119,12 @@ def main():
     restored = load(build(spec), trained, checkpoint_path)
     with torch.no_grad():
         s = cfg["steps"]
+        # module.eval() first (batch norm by the running statistics sluice saved), then in
+        # training mode, which moves them.
+        restored.eval()
+        out["eval_loss"] = torch.tensor(
+            [restored(*batch_of(batches, names, s)).item()], dtype=torch.float64)
+        restored.train()
         out["checkpoint_loss"] = torch.tensor(
             [restored(*batch_of(batches, names, s)).item()], dtype=torch.float64)
     write_safetensors(output_path, out)

@@ -41,7 +41,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "sluice/exec/reference_runner.h"
 #include "sluice/io/safetensors.h"
+#include "sluice/ir/inference_form.h"
 #include "sluice/step/task.h"
 #include "sluice/train/trainer.h"
 #include "source_dir.h"
@@ -100,6 +102,9 @@ struct SluiceRun {
   std::vector<double> losses;
   std::map<std::string, Tensor> trained;
   double next_loss = 0;
+  // The inference form (ir/inference_form.h: batch norm by its running statistics) with the
+  // checkpoint's values on the next batch: what module.eval() gives.
+  double eval_loss = 0;
 };
 
 SluiceRun TrainExported(const TrainConfig& config, const std::string& checkpoint) {
@@ -119,6 +124,15 @@ SluiceRun TrainExported(const TrainConfig& config, const std::string& checkpoint
   trainer.SaveCheckpoint(checkpoint);
   for (const std::string& name : trainer.ParamNames())
     run.trained.emplace(name, trainer.Value(name).Clone());
+  {
+    std::unique_ptr<Task> task = MakeTask(config);
+    const Program eval = InferenceForm(task->BuildTrain(config.batch).forward);
+    Scope scope;
+    for (const auto& [name, t] : run.trained) scope.Set(name, t.Clone());
+    task->BindBatch(scope, DataSplit::kTrain, steps, config.batch, config.seed);
+    RunReference(eval, scope, DefaultAllocator(), /*use_reference_kernels=*/false);
+    run.eval_loss = scope.Get("loss").FlatAt(0);
+  }
   run.next_loss = trainer.Step().loss;  // the checkpoint's weights on the next batch
   return run;
 }
@@ -257,10 +271,15 @@ std::pair<SluiceRun, SafetensorsFile> CompareWithPyTorch(const ImportedModel& im
   EXPECT_LE(Relative(back, run.next_loss), 1e-5)
       << "PyTorch's loss with sluice's checkpoint loaded, " << back << ", vs sluice's "
       << run.next_loss;
+  const double eval_back = ref.tensors.at("eval_loss").FlatAt(0);
+  EXPECT_LE(Relative(eval_back, run.eval_loss), 1e-5)
+      << "PyTorch's loss under module.eval() with sluice's checkpoint loaded, " << eval_back
+      << ", vs sluice's inference form " << run.eval_loss;
   fmt::print(
       "{}: largest relative difference from PyTorch: losses {:.2e}, final weights {:.2e}, "
-      "loss with the checkpoint loaded back {:.2e}\n",
-      model, worst_loss, worst_weight, Relative(back, run.next_loss));
+      "loss with the checkpoint loaded back {:.2e} (in eval mode {:.2e})\n",
+      model, worst_loss, worst_weight, Relative(back, run.next_loss),
+      Relative(eval_back, run.eval_loss));
   return {std::move(run), std::move(ref)};
 }
 
@@ -424,11 +443,14 @@ INSTANTIATE_TEST_SUITE_P(
                     ImportedModel{"smoothed_sum", "torch_classifiers.py", kBlobs},
                     ImportedModel{"cnn", "torch_classifiers.py", kBars},
                     ImportedModel{"conv1d", "torch_classifiers.py", kBars},
+                    ImportedModel{"resnet", "torch_classifiers.py", kBars},
                     ImportedModel{"bert_mlm", "torch_models.py", nullptr},
                     ImportedModel{"vit", "torch_classifiers.py", kBars},
                     ImportedModel{"bert_classifier", "torch_classifiers.py", kPadded},
                     ImportedModel{"encoder_classifier", "torch_classifiers.py", kPadded},
-                    ImportedModel{"gated_classifier", "torch_classifiers.py", kBlobs}),
+                    ImportedModel{"gated_classifier", "torch_classifiers.py", kBlobs},
+                    ImportedModel{"activations", "torch_classifiers.py", kBlobs},
+                    ImportedModel{"text_cnn", "torch_classifiers.py", kPadded}),
     ImportedName);
 
 }  // namespace

@@ -176,12 +176,21 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=(), without_d
     # Buffers, and frozen parameters, which PyTorch never trains: constants of the program.
     buffers = {id(b): n for n, b in module.named_buffers()}
     buffers.update(frozen_parameters(module))
+    # Tracing runs forward for real, and a batch norm in training mode moves its running
+    # statistics (and counts num_batches_tracked) in place: the buffers as the factory made them
+    # are what the program starts from, and the module is left as it was.
+    initial = {n: b.detach().clone() for n, b in module.named_buffers()}
     last_error = None
 
     def lower(sizes):
-        gm, values = trace(module, aliases, user_file, examples(sizes), arg_names)
-        lowering = Lowering(gm, values, names, blocks, buffers, data_inputs)
-        return lowering, lowering.run()[0]
+        try:
+            gm, values = trace(module, aliases, user_file, examples(sizes), arg_names)
+            lowering = Lowering(gm, values, names, blocks, buffers, data_inputs)
+            return lowering, lowering.run()[0]
+        finally:
+            with torch.no_grad():
+                for n, b in module.named_buffers():
+                    b.copy_(initial[n])
 
     lowering, text = lower(first)
     units = list(dict.fromkeys(u for u, _ in lowering.lines))
@@ -217,7 +226,7 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=(), without_d
         with open(os.path.join(tmp, "model.sluice"), "w") as f:
             f.write(program)
         tensors = {n: p for n, p, _ in aliases}
-        tensors.update(lowering.constants)
+        tensors.update({n: initial.get(n, t) for n, t in lowering.constants.items()})
         write_safetensors(os.path.join(tmp, "init.safetensors"), tensors)
         if os.path.isdir(out):
             os.rmdir(out)  # empty, checked above
@@ -263,7 +272,7 @@ def main(argv=None):
           f" ({count} parameters, {numel} values)")
     print(f"units: {', '.join(units)}")
     if constants:
-        print(f"constants (buffers, never trained): {', '.join(constants)}")
+        print(f"constants and buffers (never trained): {', '.join(constants)}")
     for n, k in tied:
         print(f"tied: {n} is shared by {k} modules (one parameter)")
     if dropped:

@@ -92,7 +92,7 @@ class Lowering:
 
     def emit_multi(self, op, args, outs, attrs=None):
         text = ", ".join(f"%{o.name}: {fmt_type(o.dtype, o.shape)}" for o in outs)
-        text += f" = {op}(" + ", ".join(f"%{a.name}" for a in args) + ")"
+        text += (" = " if outs else "") + f"{op}(" + ", ".join(f"%{a.name}" for a in args) + ")"
         if attrs:
             text += " {" + ", ".join(f"{k} = {fmt_attr(v)}" for k, v in sorted(attrs.items())) + "}"
         self.lines.append((self.unit, text))
@@ -149,6 +149,23 @@ class Lowering:
             self.node, self.materializing = saved
         self.materialized[key] = out
         return out
+
+    def running_buffer(self, x):
+        """The buffer `x` (a Const of a module's buffer, batch norm's running mean or variance)
+        declared as `buffer %NAME: T = loaded`: state the program updates in place (its running
+        statistics), kept by checkpoints, never trained."""
+        node = x.origin if isinstance(x, Const) else None
+        if node is None or node.op != "get_attr" or not self.from_buffer.get(node):
+            self.fail("batch norm's running statistics must be the module's own buffers")
+        t = self.concrete[node]
+        name = self.buffers[id(getattr(self.gm, node.target))]
+        if t.dtype != torch.float32:
+            self.fail(f"buffer {name} is {t.dtype}: sluice's running statistics are f32")
+        if name not in self.constants:
+            self.constants[name] = t
+            self.const_decls.append(f"buffer %{name}: {fmt_type('f32', t.shape)} = loaded")
+            self.used_names.add(name)
+        return Val(name, t.shape, "f32")
 
     def is_const(self, x):
         return isinstance(x, Const)

@@ -309,6 +309,28 @@ def _silu(L, node, args, kwargs, shape):
     return L.emit("silu", [L.val(args[0])], shape, "f32")
 
 
+def _mish(L, node, args, kwargs, shape):
+    """nn.Mish: x · tanh(softplus(x)) (PyTorch's softplus threshold 20)."""
+    x = L.val(args[0])
+    s = L.emit("softplus", [x], shape, "f32", {"beta": 1.0, "threshold": 20.0})
+    t = L.emit("tanh", [s], shape, "f32")
+    return L.emit("mul", [x, t], shape, "f32", hint="mish")
+
+
+def _hardswish(L, node, args, kwargs, shape):
+    """nn.Hardswish: x · clamp(x + 3, 0, 6) / 6, the clamp as `compare` and `where` (its gradient
+    0 below −3, 1 above 3 and (2x + 3) / 6 between, as PyTorch's)."""
+    x = L.val(args[0])
+    three = _operand(L, 3.0)
+    h = L.emit("add", [x, three], shape, "f32", hint="shifted")
+    for bound, relation in ((0.0, "lt"), (6.0, "gt")):
+        b = _operand(L, bound)
+        out = L.emit("compare", [h, b], shape, "f32", {"relation": relation}, hint="outside")
+        h = L.emit("where", [out, b, h], shape, "f32", hint="clamped")
+    h = L.emit("scale", [h], shape, "f32", {"factor": 1.0 / 6.0}, hint="gate")
+    return L.emit("mul", [x, h], shape, "f32", hint="hardswish")
+
+
 def _rsqrt(L, node, args, kwargs, shape):
     s = L.emit("sqrt", [L.val(args[0])], shape, "f32")
     one = L.emit("full", [], [], "f32", {"dtype": "f32", "shape": [], "value": 1.0}, hint="one")
@@ -325,6 +347,28 @@ def _pow(L, node, args, kwargs, shape):
     if e == 0.5:
         return L.emit("sqrt", [x], shape, "f32")
     L.fail(f"pow with exponent {args[1]}: only 2, 1 and 0.5 are supported")
+
+
+def _amax(L, node, args, kwargs, shape):
+    """x.amax(-1) (a max over time, [B, C, L] -> [B, C]) as a max_pool2d of x seen as [N, 1, 1, L]
+    with one window of L. Its gradient goes to the first largest element, where PyTorch's splits
+    it among ties (equal floats, as zeros after a ReLU, whose own gradient is zero there)."""
+    x = L.val(args[0])
+    dims = args[1] if len(args) > 1 else kwargs.get("dim", [])
+    keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    r = len(x.shape)
+    if [d % r for d in dims] != [r - 1] or r < 2:
+        L.fail(f"amax over dims {dims} of a rank-{r} value: only the last axis is mapped")
+    n, length = 1, x.shape[-1]
+    for d in x.shape[:-1]:
+        n *= d
+    images = [n, 1, 1, length]
+    v = L.emit("reshape", [x], images, "f32", {"shape": images}, hint="rows")
+    pooled = [n, 1, 1, 1]
+    v = L.emit("max_pool2d", [v], pooled, "f32", {"kernel": [1, length], "stride": [1, length],
+                                                  "padding": [0, 0]})
+    return L.emit("reshape", [v], shape, "f32", {"shape": shape}, hint="amax")
 
 
 def _reduce(op):
@@ -382,13 +426,27 @@ def _group_norm(L, node, args, kwargs, shape):
 
 
 def _batch_norm(L, node, args, kwargs, shape):
-    training = args[5]
+    """nn.BatchNorm1d/2d. In training mode: batch_norm by the batch's statistics, then
+    batch_norm_update_stats moving the running mean and variance (`buffer`s) towards them, as
+    PyTorch's forward does in place. In eval mode (a frozen batch norm): batch_norm by the running
+    statistics, read as constants. No weight or bias (affine=False): ones and zeros."""
+    x, w, b, running_mean, running_var, training, momentum, eps = args
+    x = L.val(x)
+    c = x.shape[1]
+    w = L.val(w) if w is not None else _full_of(L, [c], 1.0, "ones")
+    b = L.val(b) if b is not None else _full_of(L, [c], 0.0, "zeros")
+    if running_mean is None or running_var is None:
+        L.fail("batch norm without running statistics (track_running_stats=False) is not mapped: "
+               "sluice evaluates batch norm by its running statistics")
     if training:
-        L.fail("batch norm in training mode (nn.BatchNorm1d/2d) normalises by the batch's "
-               "statistics and updates its running mean and variance in forward, which a "
-               "sluice program does not: use nn.LayerNorm or nn.GroupNorm (GroupNorm(1, C) "
-               "normalises each example over all its channels)")
-    L.fail("batch norm in eval mode is not mapped: use nn.LayerNorm or nn.GroupNorm")
+        mean, var = L.running_buffer(running_mean), L.running_buffer(running_var)
+    else:
+        mean, var = L.val(running_mean), L.val(running_var)
+    y = L.emit("batch_norm", [x, w, b, mean, var], list(x.shape), "f32",
+               {"eps": float(eps), "training": bool(training)})
+    if training:
+        L.emit_multi("batch_norm_update_stats", [x, mean, var], [], {"momentum": float(momentum)})
+    return (y, None, None)
 
 
 def _convolution(L, node, args, kwargs, shape):
@@ -511,21 +569,21 @@ def cross_entropy(L, logits, targets, weight, reduction, ignore, smoothing=0.0):
 
 def _embedding(L, node, args, kwargs, shape):
     table, ids = args[0], args[1]
+    # padding_idx: the row PyTorch never trains (its gradient is zero); sluice's embedding_grad
+    # leaves it zero too ({padding_idx = p}).
     padding_idx = args[2] if len(args) > 2 else kwargs.get("padding_idx", -1)
-    if padding_idx != -1:
-        L.fail(f"nn.Embedding with padding_idx={padding_idx}: PyTorch never trains that row (its "
-               f"gradient is zero), sluice's embedding trains every row; drop padding_idx")
     if (args[3] if len(args) > 3 else kwargs.get("scale_grad_by_freq", False)):
         L.fail("nn.Embedding with scale_grad_by_freq=True: sluice's embedding gradient is not "
                "scaled by frequency")
     if isinstance(ids, Const):
         t = ids.tensor
         n = t.shape[-1] if t.dim() > 0 else 0
-        if t.dim() == 1 and bool((t == torch.arange(n)).all()):
+        if t.dim() == 1 and bool((t == torch.arange(n)).all()) and padding_idx == -1:
             table = L.val(table)
             return L.emit("slice", [table], shape, "f32", {"axis": 0, "start": 0, "end": n})
         L.fail("embedding of constant ids other than arange(0, n)")
-    return L.emit("embedding", [L.val(ids), L.val(table)], shape, "f32")
+    attrs = {"padding_idx": int(padding_idx)} if padding_idx != -1 else None
+    return L.emit("embedding", [L.val(ids), L.val(table)], shape, "f32", attrs)
 
 
 def _slice(L, node, args, kwargs, shape):
@@ -683,9 +741,10 @@ LOWERINGS = {
     aten.log.default: _unary("log"), aten.sqrt.default: _unary("sqrt"),
     aten.tanh.default: _unary("tanh"), aten.relu.default: _unary("relu"),
     aten.gelu.default: _gelu, aten.silu.default: _silu, aten.sigmoid.default: _sigmoid,
+    aten.mish.default: _mish, aten.hardswish.default: _hardswish,
     aten.leaky_relu.default: _leaky_relu, aten.softplus.default: _softplus,
     aten.rsqrt.default: _rsqrt, aten.pow.Tensor_Scalar: _pow,
-    aten.mean.dim: _reduce("mean"), aten.sum.dim_IntList: _reduce("sum"),
+    aten.mean.dim: _reduce("mean"), aten.sum.dim_IntList: _reduce("sum"), aten.amax.default: _amax,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_group_norm.default: _group_norm, aten.native_batch_norm.default: _batch_norm,
     aten.convolution.default: _convolution,

@@ -51,6 +51,17 @@ def check_modules(module):
                                                                          "torch.nn")
             raise ExportError(f"module '{path}' is a {kind}: recurrent layers (RNN, LSTM, GRU) have "
                               f"no mapping in sluice (docs/torch-export.md lists the supported ops)")
+        if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.training:
+            if sub.momentum is None:
+                raise ExportError(f"module '{path}' is a batch norm with momentum=None (a "
+                                  f"cumulative average, 1 / num_batches_tracked, which changes "
+                                  f"every step): sluice's running statistics take a fixed "
+                                  f"momentum; give one (PyTorch's default is 0.1)")
+            if not sub.track_running_stats:
+                raise ExportError(f"module '{path}' is a batch norm with "
+                                  f"track_running_stats=False (the batch's statistics in "
+                                  f"evaluation too): sluice evaluates batch norm by its running "
+                                  f"statistics; keep track_running_stats=True")
 
 
 def remove_dropout(module):

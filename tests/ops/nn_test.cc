@@ -237,6 +237,12 @@ std::vector<OpCase> NnCases() {
        .attrs = {{"num_embeddings", int64_t{4}}},
        .fills = {Indices(4)},
        .grad = false},
+      {.label = "embedding_grad_padding",
+       .op = "embedding_grad",
+       .inputs = {I64({3, 4}), F({3, 4, 5})},
+       .attrs = {{"num_embeddings", int64_t{4}}, {"padding_idx", int64_t{2}}},
+       .fills = {Indices(4)},
+       .grad = false},
       {.label = "embedding_grad_i32",
        .op = "embedding_grad",
        .inputs = {I32({13}), F({13, 3})},
@@ -398,6 +404,10 @@ std::vector<OpErrorCase> NnErrors() {
        .inputs = {F({4, 7}), F({3, 7})}},
       {.label = "embedding_float_ids", .op = "embedding", .inputs = {F({2, 3}), F({5, 4})}},
       {.label = "embedding_table_rank", .op = "embedding", .inputs = {I64({2}), F({5})}},
+      {.label = "embedding_padding_idx_past_the_table",
+       .op = "embedding",
+       .inputs = {I64({2}), F({5, 4})},
+       .attrs = {{"padding_idx", int64_t{5}}}},
       {.label = "embedding_grad_dy",
        .op = "embedding_grad",
        .inputs = {I64({2, 3}), F({2, 4, 5})},
@@ -718,6 +728,29 @@ TEST(Embedding, OutOfRangeIdNamesTheIdAndVocab) {
       With({{"ids", Tensor::FromVector<int64_t>({2}, {0, 5})},
             {"dy", Tensor::Zeros({2, 2}, DType::kF32)}}),
       {"embedding_grad id 5 at position 1", "vocab = 5"});
+}
+
+// nn.Embedding's padding_idx: the row keeps no gradient (PyTorch never trains it), every other row
+// gets what it gets without padding_idx; forward reads the row as any other.
+TEST(Embedding, PaddingRowGetsNoGradient) {
+  Builder b("padded");
+  Var y =
+      b.Emit1("embedding", {b.Input("ids", DType::kI64, {4}), b.Input("w", DType::kF32, {3, 2})},
+              {{"padding_idx", int64_t{0}}});
+  b.Output(b.Name(Sum(y), "loss"));
+  const Program p = b.Build();
+  const Backward bwd = BuildBackward(p, {.seeds = {"loss"}, .wrt = {"w"}});
+  Scope s = With({{"ids", Tensor::FromVector<int64_t>({4}, {0, 1, 0, 2})},
+                  {"w", Tensor::FromVector<float>({3, 2}, {1, 2, 3, 4, 5, 6})}});
+  RunReference(p, s, DefaultAllocator(), false, bwd.saved);
+  EXPECT_EQ(s.Get("loss").FlatAt(0), 1 + 2 + 3 + 4 + 1 + 2 + 5 + 6);  // row 0 read twice
+  s.Set("loss.grad", Tensor::FromVector<float>({}, {1}));
+  RunReference(bwd.program, s);
+  const Tensor& dw = s.Get("w.grad");
+  EXPECT_EQ(dw.FlatAt(0), 0);  // row 0, read twice: no gradient
+  EXPECT_EQ(dw.FlatAt(1), 0);
+  EXPECT_EQ(dw.FlatAt(2), 1);
+  EXPECT_EQ(dw.FlatAt(5), 1);
 }
 
 TEST(CrossEntropy, OutOfRangeTargetNamesTheTargetAndVocab) {

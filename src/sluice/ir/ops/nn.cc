@@ -2,6 +2,7 @@
 // Kernels: kernels/{softmax,layer_norm,rms_norm,embedding,cross_entropy}.h.
 #include "sluice/ir/ops/nn.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "sluice/ir/ops.h"
@@ -395,12 +396,23 @@ Shape WithChannels(const Shape& ids, int64_t c) {
   return Shape(std::span<const int64_t>(dims));
 }
 
-std::vector<TensorType> InferEmbedding(std::span<const TensorType> in, const Attrs&) {
+// nn.Embedding's padding_idx: the row whose gradient is zero (PyTorch never trains it); -1: none.
+int64_t PaddingIdx(const Attrs& attrs, int64_t vocab) {
+  const int64_t p = attrs.GetInt("padding_idx", -1);
+  if (p < -1 || p >= vocab) {
+    throw ShapeError(fmt::format(
+        "padding_idx must be a row of the table, [0, {}), or -1 (none), got {}", vocab, p));
+  }
+  return p;
+}
+
+std::vector<TensorType> InferEmbedding(std::span<const TensorType> in, const Attrs& attrs) {
   RequireIndices(in[0], "ids");
   DType t = ops::SameFloatDType(in.subspan(1));
   if (in[1].shape.rank() != 2) {
     throw ShapeError(fmt::format("table must be [vocab, C], got {}", in[1].shape.ToString()));
   }
+  PaddingIdx(attrs, in[1].shape[0]);
   return {{t, WithChannels(in[0].shape, in[1].shape[1])}};
 }
 
@@ -409,6 +421,7 @@ std::vector<TensorType> InferEmbeddingGrad(std::span<const TensorType> in, const
   DType t = ops::SameFloatDType(in.subspan(1));
   const int64_t v = attrs.GetInt("num_embeddings");
   if (v < 0) throw ShapeError(fmt::format("num_embeddings must be ≥ 0, got {}", v));
+  PaddingIdx(attrs, v);
   const Shape& dy = in[1].shape;
   if (dy.rank() != in[0].shape.rank() + 1 || WithChannels(in[0].shape, dy[dy.rank() - 1]) != dy) {
     throw ShapeError(fmt::format("dy must be ids' shape plus channels ({} + [C]), got {}",
@@ -450,13 +463,25 @@ void EmbeddingGradKernel(KernelContext& ctx) {
         kernels::EmbeddingGradReference<T, I>(ids.data<I>(), dy.data<T>(), out.data<T>(),
                                               ids.numel(), v, c);
       }
+      // The padding row gets no gradient, whatever its ids' rows of dy hold.
+      if (const int64_t p = PaddingIdx(ctx.attrs, v); p >= 0) {
+        std::fill_n(out.data<T>() + p * c, c, T(0));
+      }
     });
   });
 }
 
 std::vector<Var> EmbeddingVjp(VjpContext& ctx) {
   std::vector<Var> grads(2);
-  if (ctx.needs(1)) grads[1] = EmbeddingGrad(ctx.x(0), ctx.dy(0), ctx.x_type(1).shape[0]);
+  if (!ctx.needs(1)) return grads;
+  const int64_t vocab = ctx.x_type(1).shape[0];
+  const int64_t padding_idx = PaddingIdx(ctx.attrs(), vocab);
+  if (padding_idx < 0) {
+    grads[1] = EmbeddingGrad(ctx.x(0), ctx.dy(0), vocab);
+  } else {
+    grads[1] = ctx.builder().Emit1("embedding_grad", {ctx.x(0), ctx.dy(0)},
+                                   {{"num_embeddings", vocab}, {"padding_idx", padding_idx}});
+  }
   return grads;
 }
 
@@ -832,8 +857,10 @@ void RegisterNnOps(OpRegistry& r) {
               .kernel = EmbeddingKernel<true>,
               .reference = EmbeddingKernel<false>,
               .vjp = EmbeddingVjp,
-              .doc = "the rows of table picked by ids (an id outside [0, vocab) is an error)",
+              .doc = "the rows of table picked by ids (an id outside [0, vocab) is an error); "
+                     "row padding_idx gets no gradient (nn.Embedding's padding_idx)",
               .signature = {.inputs = {{"ids", "int[...]"}, {"table", "float[vocab, C]"}},
+                            .attrs = {{"padding_idx", "int = -1"}},
                             .outputs = {{"y", "float[..., C]"}}}});
   r.Register(
       {.name = "embedding_grad",
@@ -841,9 +868,10 @@ void RegisterNnOps(OpRegistry& r) {
        .infer = InferEmbeddingGrad,
        .kernel = EmbeddingGradKernel<true>,
        .reference = EmbeddingGradKernel<false>,
-       .doc = "scatter-add of the rows of dy by ids into zeros, in token order (deterministic)",
+       .doc = "scatter-add of the rows of dy by ids into zeros, in token order (deterministic); "
+              "row padding_idx left zero",
        .signature = {.inputs = {{"ids", "int[...]"}, {"dy", "float[..., C]"}},
-                     .attrs = {{"num_embeddings", "int"}},
+                     .attrs = {{"num_embeddings", "int"}, {"padding_idx", "int = -1"}},
                      .outputs = {{"dtable", "float[num_embeddings, C]"}}}});
   r.Register({.name = "cross_entropy",
               .num_inputs = 2,

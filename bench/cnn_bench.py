@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """A small convolutional network imported from PyTorch, trained by sluice and by PyTorch side by side.
 
-The model (BenchCNN below) is a CIFAR-sized classifier: images [B, 3, 32, 32], four 3x3 convolutions
-of 16, 32, 64 and 64 channels (padding 1, ReLU), a 2x2 max pool after the second and third and a
-2x2 average pool after the fourth, a linear head to 10 classes. It is exported with
+The model (--model cnn, BenchCNN below) is a CIFAR-sized classifier: images [B, 3, 32, 32], four
+3x3 convolutions of 16, 32, 64 and 64 channels (padding 1, ReLU), a 2x2 max pool after the second
+and third and a 2x2 average pool after the fourth, a linear head to 10 classes; or (--model
+resnet8, ResNet8 below) a CIFAR ResNet-8: a 3x3 stem of 16 channels and three basic blocks of 16,
+32 and 64 channels (the last two strided, with strided 1x1 shortcuts), every convolution followed
+by BatchNorm2d in training mode, AdaptiveAvgPool2d(1), a linear head. It is exported with
 tools/torch_export.py; both sides train it from the same initial weights on the same random images
 (examples/classifier_data.py's file layout), one micro-batch per step, AdamW, for each thread count:
   sluice    `sluice train --program model.sluice --init-from init.safetensors --threads N`
@@ -20,7 +23,7 @@ tools/torch_export.py; both sides train it from the same initial weights on the 
 sluice and PyTorch alternate for --rounds rounds per thread count (the machine is shared); each
 figure is the median over the rounds.
 
-Run: /usr/bin/python3 bench/cnn_bench.py [--sluice build/sluice] [--threads 1,2]
+Run: /usr/bin/python3 bench/cnn_bench.py [--model cnn|resnet8] [--sluice build/sluice] [--threads 1,2]
      [--rounds 3 --steps 20 --warmup 3 --batch 32]
 Prints a table and one JSON object per row.
 """
@@ -63,6 +66,42 @@ class BenchCNN(nn.Module):
 def cnn():
     torch.manual_seed(0)
     return BenchCNN()
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
+
+
+class ResNet8(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                          nn.ReLU()),                                          # [B, 16, 32, 32]
+            BasicBlock(16, 16, 1), BasicBlock(16, 32, 2), BasicBlock(32, 64, 2),  # [B, 64, 8, 8]
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, image, label):
+        return F.cross_entropy(self.head(self.layers(image)), label)
+
+
+def resnet8():
+    torch.manual_seed(0)
+    return ResNet8()
 """
 
 
@@ -127,7 +166,7 @@ def torch_side(a):
     sys.path.insert(0, os.path.join(ROOT, "tests", "parity"))
     from gpt_reference import read_safetensors
     from torch_train import imported_module, peak_step_bytes, step
-    model, opt = imported_module(a.factory_file, "cnn", a.init, a.torch_side)
+    model, opt = imported_module(a.factory_file, a.model, a.init, a.torch_side)
     data, _ = read_safetensors(a.data)
     images, labels = data["image"][:a.batch], data["label"][:a.batch]
     for _ in range(a.warmup):
@@ -151,7 +190,7 @@ def torch_run(a, factory, exported, data, threads):
     out = subprocess.run(
         [sys.executable, __file__, "--torch-side", str(threads), "--factory-file", factory,
          "--init", os.path.join(exported, "init.safetensors"), "--data-file", data] +
-        [f"--{k}={getattr(a, k)}" for k in ("steps", "warmup", "batch")],
+        [f"--{k}={getattr(a, k)}" for k in ("steps", "warmup", "batch", "model")],
         check=True, capture_output=True, text=True,
         env=dict(os.environ, OPENBLAS_NUM_THREADS=str(threads)))
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -165,6 +204,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sluice", default=os.path.join(ROOT, "build", "sluice"))
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--model", default="cnn", choices=("cnn", "resnet8"))
     for name, default in (("rounds", 3), ("steps", 20), ("warmup", 3), ("batch", 32)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--torch-side", type=int, help=argparse.SUPPRESS)  # internal: thread count
@@ -184,7 +224,7 @@ def main():
         write_images(data, max(256, 4 * a.batch))
         exported = os.path.join(tmp, "cnn")
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_export.py"),
-                        f"{factory}:cnn", "--batch", str(a.batch), "--data", data, "--out",
+                        f"{factory}:{a.model}", "--batch", str(a.batch), "--data", data, "--out",
                         exported], check=True, stdout=subprocess.DEVNULL)
         for threads in (int(t) for t in a.threads.split(",")):
             plan = sluice_plan(a, exported, data, threads)
@@ -195,7 +235,7 @@ def main():
                 t_runs.append(torch_run(a, factory, exported, data, threads))
             s, t = median_of(s_runs), median_of(t_runs)
             s["plan_bytes"] = plan
-            rows.append({"model": "BenchCNN (imported)", "batch": a.batch, "threads": threads,
+            rows.append({"model": f"{a.model} (imported)", "batch": a.batch, "threads": threads,
                          "rounds": a.rounds, "sluice": s, "pytorch": t,
                          "speed_ratio": s["examples_per_s"] / t["examples_per_s"],
                          "cpu_ratio": s["cpu_ms_per_step"] / t["cpu_ms_per_step"],

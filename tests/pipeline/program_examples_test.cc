@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -112,6 +113,44 @@ TEST(ProgramExamples, AClassifierOnNamedArraysWithATiedWeightLearnsOnOneAndTwoSt
   // The tied %shared.weight is read by block.0 and block.1: on one stage, or on both.
   ExpectTrainsOnOneAndTwoStages(config, "in,block.0,block.1|head", 0.5);
   ExpectTrainsOnOneAndTwoStages(config, "in,block.0|block.1,head", 0.5);
+}
+
+// Batch norm in micro-batches: each micro-batch's forward normalises by its own statistics and moves
+// the running statistics (buffers), in micro-batch order on every stage, so two stages train
+// bitwise like one, running statistics included (TrainedRun::state holds every buffer).
+TEST(ProgramExamples, ABatchNormClassifierLearnsOnOneAndTwoStagesAlike) {
+  const std::string program = ::testing::TempDir() + "/batch_norm_classifier.sluice";
+  std::ofstream(program) << R"(program bn {
+  input %features: f32[B, 8] = features
+  input %label: i64[B] = label
+  param %fc1.weight: f32[8, 32] = normal(0, 0.3)
+  param %bn.weight: f32[32] = ones
+  param %bn.bias: f32[32] = zeros
+  buffer %bn.running_mean: f32[32] = zeros
+  buffer %bn.running_var: f32[32] = ones
+  param %fc2.weight: f32[32, 4] = normal(0, 0.1)
+  unit in {
+    %h: f32[B, 32] = matmul(%features, %fc1.weight)
+  }
+  unit norm {
+    %n: f32[B, 32] = batch_norm(%h, %bn.weight, %bn.bias, %bn.running_mean, %bn.running_var)
+    batch_norm_update_stats(%h, %bn.running_mean, %bn.running_var) {momentum = 0.1}
+    %a: f32[B, 32] = relu(%n)
+  }
+  unit head {
+    %logits: f32[B, 4] = matmul(%a, %fc2.weight)
+    %loss: f32[] = cross_entropy(%logits, %label)
+  }
+  output %loss
+}
+)";
+  TrainConfig config = Short(program, WriteClassifierData("bn_classifier.safetensors", 256));
+  ExpectTrainsOnOneAndTwoStages(config, "in,norm|head", 0.5);
+  ExpectTrainsOnOneAndTwoStages(config, "in|norm,head", 0.5);
+  const TrainedRun one = TrainAndKeep(config);
+  EXPECT_NE(one.state.at("bn.running_mean"), std::vector<float>(32, 0.0f)) << "never updated";
+  config.recompute = {RecomputePolicy::kFull};
+  testing_support::ExpectBitwiseRun(one, TrainAndKeep(config), "--recompute full");
 }
 
 // Under --precision bf16 every example trains as its mixed-precision form (ir/autocast.h), and two

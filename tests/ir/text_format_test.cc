@@ -178,6 +178,17 @@ Program ImagesAndActivations() {
   b.Output(Conv2dGradWeight(dh, x, {2, 1}, {1, 0}, {3, 3}));
   b.Output(MaxPool2dGrad(pooled, h, {2, 2}, {2, 2}, {0, 0}));
   b.Output(AvgPool2dGrad(pooled, {2, 2}, {2, 2}, {0, 0}, 4, 6));
+  // Batch norm in both modes, its gradient ops and the running statistics' update (buffers in a
+  // model; here parameters, which the update may write too).
+  Var gamma = b.Param("gamma", DType::kF32, {4});
+  Var beta = b.Param("beta", DType::kF32, {4});
+  Var mean = b.Param("running_mean", DType::kF32, {4});
+  Var var = b.Param("running_var", DType::kF32, {4});
+  Var normed = BatchNorm(pooled, gamma, beta, mean, var, {.eps = 1e-3});
+  b.Output(BatchNorm(normed, gamma, beta, mean, var, {.training = false}));
+  b.Output(BatchNormGradX(normed, pooled, gamma, 1e-3));
+  b.Output(BatchNormGradParams(normed, pooled, 1e-3).first);
+  BatchNormUpdateStats(pooled, mean, var, 0.25);
   Var logits = Reshape(pooled, {2, 4 * 2 * 3});
   Var labels = b.Input("labels", DType::kI64, {2});
   b.Output(b.Emit1("cross_entropy", {logits, labels},

@@ -115,8 +115,8 @@ TEST(ProgramExamples, AClassifierOnNamedArraysWithATiedWeightLearnsOnOneAndTwoSt
   ExpectTrainsOnOneAndTwoStages(config, "in,block.0|block.1,head", 0.5);
 }
 
-// Batch norm in micro-batches: each micro-batch's forward normalises by its own statistics and moves
-// the running statistics (buffers), in micro-batch order on every stage, so two stages train
+// Batch norm in micro-batches: each micro-batch's forward normalises by its own statistics and
+// moves the running statistics (buffers), in micro-batch order on every stage, so two stages train
 // bitwise like one, running statistics included (TrainedRun::state holds every buffer).
 TEST(ProgramExamples, ABatchNormClassifierLearnsOnOneAndTwoStagesAlike) {
   const std::string program = ::testing::TempDir() + "/batch_norm_classifier.sluice";

@@ -1,5 +1,4 @@
 #include "sluice/train/trainer.h"
-#include "sluice/ir/inference_form.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,8 +15,8 @@
 #include "sluice/core/error.h"
 #include "sluice/core/system_memory.h"
 #include "sluice/io/checkpoint.h"
-#include "sluice/ir/inference_form.h"
 #include "sluice/io/metrics.h"
+#include "sluice/ir/inference_form.h"
 #include "sluice/kernels/bf16_probe.h"
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/blas.h"

@@ -43,6 +43,18 @@ void RequirePerChannel(const TensorType& x, std::span<const TensorType> per_chan
   }
 }
 
+// The batch's statistics need two values per channel at least (one has no variance, and the
+// unbiased one divides by zero); PyTorch refuses one in training too.
+void RequireBatchStatistics(const TensorType& x) {
+  const int64_t per_channel = x.shape[1] == 0 ? 0 : x.shape.numel() / x.shape[1];
+  if (per_channel < 2) {
+    throw ShapeError(fmt::format(
+        "the batch's statistics need more than one value per channel, and x {} has {}: train "
+        "with a larger (micro-)batch",
+        x.shape.ToString(), per_channel));
+  }
+}
+
 void RequirePositive(double v, std::string_view what) {
   if (!(v > 0)) throw ShapeError(fmt::format("{} must be positive, got {}", what, v));
 }
@@ -53,7 +65,7 @@ std::vector<TensorType> InferBatchNorm(std::span<const TensorType> in, const Att
   RequireBatchChannels(in[0], "x");
   RequirePerChannel(in[0], in.subspan(1), {"weight", "bias", "running_mean", "running_var"});
   RequirePositive(Eps(attrs), "eps");
-  Training(attrs);  // an attribute of the wrong type fails here, not at run time
+  if (Training(attrs)) RequireBatchStatistics(in[0]);
   return {{t, in[0].shape}};
 }
 
@@ -89,6 +101,7 @@ std::vector<TensorType> InferUpdateStats(std::span<const TensorType> in, const A
   ops::SameFloatDType(in);
   RequireBatchChannels(in[0], "x");
   RequirePerChannel(in[0], in.subspan(1), {"running_mean", "running_var"});
+  RequireBatchStatistics(in[0]);
   const double m = Momentum(attrs);
   if (!(m >= 0 && m <= 1)) throw ShapeError(fmt::format("momentum must be in [0, 1], got {}", m));
   return {};

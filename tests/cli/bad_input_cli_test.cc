@@ -36,14 +36,6 @@ constexpr const char* kTwoStages = "--layers 2 --stages 2 " SLUICE_TINY;
 
 class BadInputCli : public CliTest {
  protected:
-  // Runs `sluice args`, which must fail cleanly; returns stderr.
-  std::string Refused(const std::string& args) {
-    const CliResult r = Sluice(args);
-    EXPECT_EQ(r.status, 1) << args << "\n" << r.err;
-    EXPECT_THAT(r.err, HasSubstr("sluice: error: ")) << args;
-    EXPECT_THAT(r.err, Not(HasSubstr("internal error"))) << args;
-    return r.err;
-  }
   std::string Train(const std::string& args) {
     return Refused(fmt::format("train {} {}", kTiny, args));
   }
@@ -106,6 +98,10 @@ TEST_F(BadInputCli, NumericFlagsMustBeFiniteAndInRange) {
       {"--microbatches 0", "--microbatches must be 1 or more, got 0"},
       {"--eval-batches 1000000000000", "--eval-batches must be 1 to 10000, got 1000000000000"},
       {"--threads 100000", "--threads must be 0 (every core) to 1024, got 100000"},
+      // Regression: refused by the thread pool only after 97 s of building 2000 stages.
+      {"--stages 2000",
+       "--stages must be 1 to 1024, got 2000: each stage is a thread of this "
+       "process (more run as MPI processes: --comm mpi)"},
       {"--batch -4", "--batch must be at least 1, got -4"},
   };
   for (const Case& c : cases) {
@@ -337,6 +333,43 @@ TEST_F(BadInputCli, OtherCommandsRefuseHostileArgumentsCleanly) {
            "simulate --stages 2 --microbatches 2 --costs /dev/zero"}) {
     Refused(args);
   }
+}
+
+// Regression: JSON nested 100000 deep (a 200 KB file) overflowed the stack — a segfault — when a
+// message or the report page printed the value: a metrics line, a trace, a costs file, a
+// checkpoint's config for sample and for --resume. Every JSON a user hands over is refused past
+// 128 levels (core/json_text.h), naming the file and the byte.
+TEST_F(BadInputCli, DeeplyNestedJsonIsRefusedNotRecursedInto) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const fs::path metrics = Write("m.jsonl", "{\"step\": 1, \"loss\": 2.5}\n");
+  const fs::path deep_metrics = Write("deep.jsonl", "{\"step\": " + deep + ", \"loss\": 1}\n");
+  const fs::path trace = Write("trace.json", "[{\"ph\": \"X\", \"pid\": " + deep + "}]");
+  const fs::path costs =
+      Write("costs.json", "{\"format\": \"sluice-step-costs/1\", \"measured\": " + deep + "}");
+  const std::string nesting = "nesting deeper than 128 levels of arrays and objects";
+  const std::string out = (dir_ / "r.html").string();
+  EXPECT_THAT(Refused(fmt::format("report {} --out {}", deep_metrics.string(), out)),
+              HasSubstr(deep_metrics.string() +
+                        ":1:137: not a JSON line of sluice train "
+                        "--metrics: [json.exception.parse_error.101] "
+                        "parse error at byte 137: " +
+                        nesting));
+  EXPECT_THAT(
+      Refused(fmt::format("report {} --trace {} --out {}", metrics.string(), trace.string(), out)),
+      HasSubstr(trace.string() + ":1:147: not a Chrome trace (JSON): "));
+  EXPECT_THAT(
+      Refused("simulate --costs " + costs.string()),
+      HasSubstr("--costs " + costs.string() +
+                ": not valid JSON: [json.exception.parse_error.101] parse error at byte 174: " +
+                nesting));
+  const fs::path ck = Checkpoint("ck.safetensors");
+  const fs::path bad =
+      WithMetadata(ck, "deep.safetensors", "config", ("{\"model\": " + deep + "}").c_str());
+  EXPECT_THAT(Refused(fmt::format("sample --checkpoint {} --prompt 315402", bad.string())),
+              HasSubstr(bad.string() + ": the 'config' metadata is not JSON: "));
+  EXPECT_THAT(Train(fmt::format("--steps 4 --resume {}", bad.string())),
+              HasSubstr(fmt::format("checkpoint '{}': metadata \"config\" is not a JSON object",
+                                    bad.string())));
 }
 
 // Regression: `sample` read the checkpoint's config with unchecked JSON accessors (a config that

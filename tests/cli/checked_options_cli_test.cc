@@ -25,14 +25,6 @@ constexpr const char* kTiny =
 
 class CheckedOptionsCli : public CliTest {
  protected:
-  // Runs `sluice args`, which must fail with sluice's own error; returns stderr.
-  std::string Refused(const std::string& args) {
-    const CliResult r = Sluice(args);
-    EXPECT_EQ(r.status, 1) << args << "\n" << r.err;
-    EXPECT_THAT(r.err, HasSubstr("sluice: error: ")) << args;
-    EXPECT_THAT(r.err, Not(HasSubstr("internal error"))) << args;
-    return r.err;
-  }
   // A checkpoint after 1 step of the tiny model, trained with `args`.
   std::string Checkpoint(const std::string& args = "") {
     const std::string ck = (dir_ / "ck.safetensors").string();

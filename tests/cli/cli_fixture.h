@@ -67,6 +67,16 @@ class CliTest : public ::testing::Test {
     return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, ReadFile(out), ReadFile(err)};
   }
 
+  // Runs `sluice args`, which must fail cleanly: exit status 1 and "sluice: error: ", never
+  // "internal error", a signal or a success. Returns stderr.
+  std::string Refused(const std::string& args) {
+    const CliResult r = Sluice(args);
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find("sluice: error: "), std::string::npos) << args << "\n" << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << args << "\n" << r.err;
+    return r.err;
+  }
+
   std::string binary_;
   std::filesystem::path dir_;
 };

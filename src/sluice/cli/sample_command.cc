@@ -28,6 +28,7 @@
 #include "sluice/cli/commands.h"
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
+#include "sluice/core/json_text.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/kernels/matmul.h"
 #include "sluice/nn/data.h"
@@ -121,7 +122,7 @@ int RunSample(const SampleArgs& a) {
   }
   nlohmann::json config;
   try {
-    config = nlohmann::json::parse(it->second);
+    config = ParseJsonText(it->second);
   } catch (const nlohmann::json::exception& e) {
     throw InvalidArgument(
         fmt::format("{}: the 'config' metadata is not JSON: {}", a.checkpoint, e.what()));

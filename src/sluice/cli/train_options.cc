@@ -11,6 +11,7 @@
 #include "sluice/core/enum_names.h"
 #include "sluice/core/error.h"
 #include "sluice/core/system_memory.h"
+#include "sluice/core/thread_pool.h"
 #include "sluice/exec/analysis.h"
 #include "sluice/pipeline/memory_forecast.h"
 #include "sluice/schedule/schedule_analysis.h"
@@ -458,6 +459,14 @@ void Configure(TrainArgs& a) {
     start = end + 1;
   }
   if (a.pipeline) {
+    // A thread per stage in this process (a process per stage under --comm mpi): a count past
+    // the threads one process may start failed only after minutes of building the stages.
+    if (a.comm != "mpi" && a.pipe.stages > ThreadPool::kMaxThreads) {
+      throw InvalidArgument(fmt::format(
+          "--stages must be 1 to {}, got {}: each stage is a thread of this process (more run as "
+          "MPI processes: --comm mpi)",
+          ThreadPool::kMaxThreads, a.pipe.stages));
+    }
     if (a.pipeline_schedule != "auto") {
       const auto schedule_kind = pipeline::ParseScheduleKind(a.pipeline_schedule);
       if (!schedule_kind) {

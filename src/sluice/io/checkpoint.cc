@@ -23,6 +23,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/core/files.h"
+#include "sluice/core/json_text.h"
 #include "sluice/io/safetensors.h"
 
 namespace sluice {
@@ -206,7 +207,7 @@ Checkpoint LoadSharded(const std::string& path, Allocator& allocator,
   nlohmann::json index;
   const std::string text = ReadWholeFile("checkpoint index", index_path);
   try {
-    index = nlohmann::json::parse(text);
+    index = ParseJsonText(text);
   } catch (const nlohmann::json::exception& e) {
     throw IoError(fmt::format("cannot read checkpoint index '{}': {}", index_path, e.what()));
   }

@@ -13,6 +13,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/core/files.h"
+#include "sluice/core/json_text.h"
 
 namespace sluice {
 
@@ -204,7 +205,11 @@ Json TraceData(const std::vector<Json>& traces) {
 }  // namespace
 
 std::vector<Json> ReadMetricsFile(const std::string& path) {
-  std::istringstream in(ReadWholeFile("metrics file", path));
+  return ParseMetricsText(ReadWholeFile("metrics file", path), path);
+}
+
+std::vector<Json> ParseMetricsText(const std::string& text, const std::string& path) {
+  std::istringstream in(text);
   std::vector<Json> lines;
   int number = 0;
   for (std::string line; std::getline(in, line);) {
@@ -212,7 +217,7 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     Json j;
     try {
-      j = Json::parse(line);
+      j = ParseJsonText(line);
     } catch (const Json::parse_error& e) {
       throw ParseError(path, number, static_cast<int>(e.byte),
                        fmt::format("not a JSON line of sluice train --metrics: {}", e.what()));
@@ -250,9 +255,13 @@ std::vector<Json> ReadMetricsFile(const std::string& path) {
 }
 
 Json ReadTraceFile(const std::string& path) {
+  return ParseTraceText(ReadWholeFile("trace file", path), path);
+}
+
+Json ParseTraceText(std::string_view text, const std::string& path) {
   Json j;
   try {
-    j = Json::parse(ReadWholeFile("trace file", path));
+    j = ParseJsonText(text);
   } catch (const Json::parse_error& e) {
     throw ParseError(path, 1, static_cast<int>(e.byte),
                      fmt::format("not a Chrome trace (JSON): {}", e.what()));

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -44,9 +45,12 @@ namespace sluice {
 
 // The lines of a metrics file, parsed, in order (blank lines skipped).
 std::vector<nlohmann::json> ReadMetricsFile(const std::string& path);
+// The same for the file's text, `path` naming it in errors (fuzz/report_fuzz.cc feeds it).
+std::vector<nlohmann::json> ParseMetricsText(const std::string& text, const std::string& path);
 
 // A Chrome trace file's event list ("traceEvents", or the array itself).
 nlohmann::json ReadTraceFile(const std::string& path);
+nlohmann::json ParseTraceText(std::string_view text, const std::string& path);
 
 // What the page draws, from the metrics lines and any number of traces (merged: processes keep
 // their names, so the ranks of an MPI run become the stages of one chart).

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/files.h"
+#include "sluice/core/json_text.h"
 
 namespace sluice {
 
@@ -128,7 +129,7 @@ class Reader {
     };
     Json json;
     try {
-      json = Json::parse(header.begin(), header.end(), on_event);
+      json = ParseJsonText(header, on_event);
     } catch (const Json::exception& e) {
       Fail(fmt::format("header is not valid JSON: {}", e.what()));
     }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/files.h"
+#include "sluice/core/json_text.h"
 
 namespace sluice::pipeline {
 
@@ -362,9 +363,12 @@ double CoreWaitShare(const StepCosts& costs) {
 }
 
 StepCosts ReadCostsFile(const std::string& path) {
-  nlohmann::json j = nlohmann::json::parse(ReadWholeFile("--costs file", path), nullptr,
-                                           /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw InvalidArgument(fmt::format("--costs {}: not valid JSON", path));
+  nlohmann::json j;
+  try {
+    j = ParseJsonText(ReadWholeFile("--costs file", path));
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("--costs {}: not valid JSON: {}", path, e.what()));
+  }
   return CostsFromJson(j, path);
 }
 

@@ -88,6 +88,7 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
   const bool whole = chunks.size() == 1 && chunks[0].first && chunks[0].last;
   const std::vector<TiedParam> tied = whole ? TiedParams(chunks[0].model.forward) : options_.tied;
   std::set<std::string> local_shares;  // the tied shares this rank's chunks read
+  std::set<std::string> held;          // the names in params_
   chunks_.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     Chunk& ch = chunks_[c];
@@ -113,9 +114,9 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
       if (!spec->constant) wrt.push_back(name);  // a constant is bound, never differentiated
       ch.params.push_back({.value = name, .param = spec->name});
       if (name != spec->name) local_shares.insert(name + ".grad");
-      const bool held = std::any_of(params_.begin(), params_.end(),
-                                    [&](const ParamSpec& p) { return p.name == spec->name; });
-      if (!held) params_.push_back(*spec);
+      // A set, not a search of params_: that was quadratic in the parameters (--layers 10000
+      // spent minutes here before its memory forecast).
+      if (held.insert(spec->name).second) params_.push_back(*spec);
     }
     if (!ch.first) wrt.push_back(kChunkInput);
     GradientSpec spec{.wrt = wrt,
@@ -162,9 +163,7 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
     }
   }
   for (const TiedParam& t : tied) {
-    const bool held = std::any_of(params_.begin(), params_.end(),
-                                  [&](const ParamSpec& p) { return p.name == t.name; });
-    if (!held) continue;
+    if (!held.contains(t.name)) continue;
     tied_.push_back(t);
     for (const std::string& unit : t.units) {
       const std::string grad = TiedReadName(t.name, unit) + ".grad";

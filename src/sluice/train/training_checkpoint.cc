@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
+#include "sluice/core/json_text.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/nn/optimizer.h"
 #include "sluice/step/stage_program.h"
@@ -18,6 +20,16 @@
 namespace sluice {
 
 namespace {
+
+// `text` as a JSON object (within ParseJsonText's bound on nesting); nullopt for anything else.
+std::optional<nlohmann::json> JsonObject(const std::string& text) {
+  try {
+    nlohmann::json j = ParseJsonText(text);
+    if (j.is_object()) return j;
+  } catch (const nlohmann::json::exception&) {
+  }
+  return std::nullopt;
+}
 
 // The "config" metadata: the task's description and the optimizer.
 nlohmann::json DescribeRun(const Task& task, const TrainConfig& config) {
@@ -61,13 +73,13 @@ std::vector<ConfigDifference> ConfigDifferences(const std::map<std::string, std:
                                                 const nlohmann::json& ours) {
   std::vector<ConfigDifference> differences;
   auto it = metadata.find(key);
-  if (it == metadata.end() || !nlohmann::json::accept(it->second)) return differences;
-  const nlohmann::json theirs = nlohmann::json::parse(it->second);
-  if (!theirs.is_object()) return differences;
+  if (it == metadata.end()) return differences;
+  const std::optional<nlohmann::json> theirs = JsonObject(it->second);
+  if (!theirs) return differences;
   auto text = [](const nlohmann::json& v) {
     return v.is_string() ? v.get<std::string>() : v.dump();
   };
-  for (const auto& [key, value] : theirs.items()) {
+  for (const auto& [key, value] : theirs->items()) {
     if (ours.contains(key) && ours[key] != value) {
       differences.push_back(
           {key, fmt::format("--{} {} (this run: {})", key, text(value), text(ours[key]))});
@@ -148,7 +160,7 @@ TrainingCheckpointInfo ParseTrainingCheckpointMetadata(
                               path, info.data_position));
   }
   const std::string& config = get("config");
-  if (!nlohmann::json::accept(config) || !nlohmann::json::parse(config).is_object()) {
+  if (!JsonObject(config)) {
     throw IoError(fmt::format("checkpoint '{}': metadata \"config\" is not a JSON object", path));
   }
   return info;

@@ -58,6 +58,18 @@ TEST(Tensor, ToStringIsReadable) {
   EXPECT_EQ(x.ToString(), "Tensor(f32[2, 2], [[1, 2], [3, 4.5]])");
 }
 
+// Regression: integers were printed through a double, so 2^53 + 1 printed as 2^53, and 2^63 - 1
+// rounded to 2^63, which the cast back to int64_t could not hold (undefined behaviour).
+TEST(Tensor, ToStringPrintsIntegersExactly) {
+  const Tensor big =
+      Tensor::FromVector<int64_t>({3}, {INT64_MAX, INT64_MIN, (int64_t{1} << 53) + 1});
+  EXPECT_EQ(big.ToString(),
+            "Tensor(i64[3], [9223372036854775807, -9223372036854775808, 9007199254740993])");
+  const Tensor columns = Tensor::FromVector<int32_t>({2, 2}, {INT32_MAX, 1, 2, INT32_MIN})
+                             .Transpose(0, 1);  // a strided view
+  EXPECT_EQ(columns.ToString(), "Tensor(i32[2, 2], [[2147483647, 2], [1, -2147483648]])");
+}
+
 TEST(Tensor, StorageReturnsMemoryToItsAllocator) {
   SystemAllocator alloc;
   {

@@ -286,9 +286,16 @@ std::string Tensor::ToString(int64_t max_elements) const {
     }
     if (i > 0) body += opens > 0 ? ", " : ", ";
     body.append(opens, '[');
-    double v = FlatAt(i);
-    body +=
-        IsInteger(dtype_) ? fmt::format("{}", static_cast<int64_t>(v)) : fmt::format("{:.6g}", v);
+    // Integers exactly: an i64 past 2^53 rounds as a double, and 2^63 - 1 rounds to 2^63, which
+    // no int64_t holds (a cast back was undefined behaviour).
+    const int64_t at = LogicalToStorageIndex(i);
+    if (dtype_ == DType::kI64) {
+      body += fmt::format("{}", static_cast<const int64_t*>(raw_data())[at]);
+    } else if (dtype_ == DType::kI32) {
+      body += fmt::format("{}", static_cast<const int32_t*>(raw_data())[at]);
+    } else {
+      body += fmt::format("{:.6g}", LoadAsDouble(raw_data(), at, dtype_));
+    }
     int64_t next = i + 1;
     int closes = 0;
     for (int d = rank() - 1; d >= 0 && shape_[d] > 0 && next % shape_[d] == 0; --d) {

@@ -114,10 +114,16 @@ std::map<std::string, Tensor> ArrayDataset::GetBatch(DataSplit split, int64_t in
 std::optional<int64_t> ArrayDataset::LargestValue(const std::string& name) const {
   auto it = arrays_.find(name);
   if (it == arrays_.end() || IsFloating(it->second.dtype())) return std::nullopt;
-  int64_t largest = std::numeric_limits<int64_t>::min();
-  for (int64_t i = 0; i < it->second.numel(); ++i)
-    largest = std::max(largest, static_cast<int64_t>(it->second.FlatAt(i)));
-  return largest;
+  // Read as the integers they are (contiguous, as held): through FlatAt's double, 2^63 - 1
+  // rounded to 2^63, which no int64_t holds (the cast back was undefined behaviour).
+  const Tensor& array = it->second;
+  if (array.numel() == 0) return std::numeric_limits<int64_t>::min();  // [N, 0]: no value
+  if (array.dtype() == DType::kI32) {
+    const int32_t* v = array.data<int32_t>();
+    return *std::max_element(v, v + array.numel());
+  }
+  const int64_t* v = array.data<int64_t>();
+  return *std::max_element(v, v + array.numel());
 }
 
 }  // namespace sluice

@@ -91,6 +91,33 @@ TEST(Safetensors, FileRoundTripAndMissingFile) {
   EXPECT_THROW(WriteSafetensors("/nonexistent-dir/x.safetensors", {}), IoError);
 }
 
+// A checkpoint cut short at any byte (a full disk, a copy interrupted) is an IoError, read in
+// memory or from disk, its metadata alone too — never a crash or a file read as shorter.
+TEST(Safetensors, EveryTruncationIsAnIoError) {
+  const std::string bytes =
+      SerializeSafetensors({{"wte.weight", Tensor::FromVector<float>({2, 3}, {1, 2, 3, 4, 5, 6})},
+                            {"wte.weight.exp_avg", Tensor::Zeros({2, 3}, DType::kF32)},
+                            {"step.count", Tensor::FromVector<int64_t>({}, {7})},
+                            {"z.empty", Tensor::Zeros({0, 4}, DType::kF32)}},
+                           {{"step", "3"}, {"config", "{\"model\": \"gpt\"}"}});
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / "sluice_truncated.safetensors";
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    const std::string cut = bytes.substr(0, n);
+    EXPECT_THROW(ParseSafetensors(cut, "cut.safetensors"), IoError) << n << " bytes";
+    {
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(std::fwrite(cut.data(), 1, cut.size(), f), cut.size());
+      std::fclose(f);
+    }
+    EXPECT_THROW(ReadSafetensors(path.string()), IoError) << n << " bytes";
+    EXPECT_THROW(ReadSafetensorsMetadata(path.string()), IoError) << n << " bytes";
+  }
+  std::filesystem::remove(path);
+  EXPECT_EQ(ParseSafetensors(bytes, "whole").tensors.size(), 4u);
+}
+
 TEST(Safetensors, RejectsTruncatedFiles) {
   ExpectIoError(std::string(5, '\0'), "truncated");
   ExpectIoError(FileWith("{}", 0).substr(0, 9), "truncated: the header claims 2 bytes");

@@ -7,8 +7,9 @@
 #   make test-cluster  only the tests across emulated hosts (tests/cluster/, needs root; docs/mpi.md)
 #   make bench      build and run the benchmarks, JSON results in build/bench-results/
 #   make fuzz       build the libFuzzer targets with clang and fuzz each briefly (FUZZ_SECONDS each,
-#                   default 30): the program parser, the checkpoint readers, the --layout parser,
-#                   the costs file of simulate --costs
+#                   default 20): the program parser, the checkpoint readers, the --layout parser,
+#                   the costs file of simulate --costs, sluice report's metrics and trace, the
+#                   --data files
 #   make format     clang-format every source file
 
 JOBS ?= $(shell nproc)
@@ -68,7 +69,7 @@ bench: build
 build-fuzz/build.ninja: | deps
 	CXX=clang++ cmake -S . -B build-fuzz $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_BUILD_FUZZERS=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCHMARKS=OFF
 
-FUZZ_TARGETS := parser checkpoint layout costs
+FUZZ_TARGETS := parser checkpoint layout costs report data
 
 # Each target starts from its committed seed corpus (fuzz/corpus/NAME, read only) and keeps what it
 # finds in build-fuzz/corpus/NAME; a crash, hang or leak stops `make fuzz` with the input saved as
@@ -79,7 +80,7 @@ fuzz: deps build-fuzz/build.ninja
 	  echo "== $${t}_fuzz"; \
 	  mkdir -p build-fuzz/corpus/$$t && \
 	  build-fuzz/fuzz/$${t}_fuzz build-fuzz/corpus/$$t fuzz/corpus/$$t -dict=fuzz/$$t.dict \
-	    -timeout=10 -rss_limit_mb=2048 -max_total_time=$${FUZZ_SECONDS:-30} -print_final_stats=1 \
+	    -timeout=10 -rss_limit_mb=2048 -max_total_time=$${FUZZ_SECONDS:-20} -print_final_stats=1 \
 	    || exit 1; \
 	done
 

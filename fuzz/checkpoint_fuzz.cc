@@ -16,18 +16,15 @@
 // Run: make fuzz (FUZZ_SECONDS=300 for longer), or build-fuzz/fuzz/checkpoint_fuzz
 // -dict=fuzz/checkpoint.dict CORPUS_DIR fuzz/corpus/checkpoint. Add each input that found a bug to
 // tests/io/safetensors_test.cc or tests/io/checkpoint_test.cc.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <string_view>
 
+#include "scratch_dir.h"
 #include "sluice/core/error.h"
 #include "sluice/core/system_allocator.h"
 #include "sluice/io/checkpoint.h"
@@ -42,18 +39,14 @@ namespace {
   std::abort();
 }
 
-// The scratch directory with the two shards, made once per process and removed at exit (the
-// string is never destroyed, so that the exit handler can still read it).
+// The checkpoint path in the scratch directory, beside its two shards (made once per process).
 const std::string& ScratchCheckpoint() {
   static const std::string* const path = [] {
-    std::string dir = (std::filesystem::temp_directory_path() / "checkpoint_fuzz.XXXXXX").string();
-    if (::mkdtemp(dir.data()) == nullptr) Die("cannot make a scratch directory", dir);
-    auto* ckpt = new std::string(dir + "/ckpt.safetensors");
+    auto* ckpt = new std::string(sluice::fuzz::ScratchDir("checkpoint_fuzz") + "/ckpt.safetensors");
     sluice::WriteSafetensors(sluice::CheckpointShardPath(*ckpt, 0, 2),
                              {{"a", sluice::Tensor::Full({2}, 1.5, sluice::DType::kF32)}});
     sluice::WriteSafetensors(sluice::CheckpointShardPath(*ckpt, 1, 2),
                              {{"b", sluice::Tensor::Full({1}, 7, sluice::DType::kI64)}});
-    std::atexit([] { std::filesystem::remove_all(std::filesystem::path(*path).parent_path()); });
     return ckpt;
   }();
   return *path;
@@ -107,11 +100,7 @@ void FuzzSafetensors(std::string_view bytes) {
 
 void FuzzIndex(std::string_view text) {
   const std::string& ckpt = ScratchCheckpoint();
-  {
-    std::ofstream index(sluice::CheckpointIndexPath(ckpt), std::ios::binary | std::ios::trunc);
-    index.write(text.data(), static_cast<std::streamsize>(text.size()));
-    if (!index) Die("cannot write the index", sluice::CheckpointIndexPath(ckpt));
-  }
+  sluice::fuzz::WriteScratchFile(sluice::CheckpointIndexPath(ckpt), text);
   sluice::SystemAllocator allocator;
   try {
     CheckMetadata(sluice::LoadCheckpoint(ckpt, allocator).metadata);

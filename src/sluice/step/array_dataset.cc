@@ -101,6 +101,12 @@ std::map<std::string, Tensor> ArrayDataset::GetBatch(DataSplit split, int64_t in
     dims.insert(dims.end(), type.shape.dims().begin(), type.shape.dims().end());
     Tensor t = Tensor::Empty(Shape(dims), type.dtype);
     const size_t row_bytes = static_cast<size_t>(type.shape.numel()) * SizeOf(type.dtype);
+    // An example of no elements ([N, 0]): nothing to copy, and an empty array has no storage (a
+    // null pointer, which memcpy may not be given even for 0 bytes).
+    if (row_bytes == 0) {
+      out.emplace(name, std::move(t));
+      continue;
+    }
     const char* src = static_cast<const char*>(array.raw_data());
     char* dst = static_cast<char*>(t.raw_data());
     for (size_t r = 0; r < rows.size(); ++r) {

@@ -85,5 +85,29 @@ TEST_F(ResourceLimitsCli, AModelTheMemoryCannotHoldIsRefusedBeforeAllocation) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
+// `sluice run` of a program whose inputs and values the memory cannot hold is refused before
+// its inputs are made (a program of 60000² inputs was attempted: an allocator failure, or the
+// machine out of memory while the random inputs were written).
+TEST_F(ResourceLimitsCli, ARunThatCannotFitIsRefusedBeforeItsInputsAreMade) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit under ulimit -v";
+  const std::filesystem::path program = Write("big.sluice", R"(program big {
+  input %x: f32[B, 30000]
+  %y: f32[B, 30000] = add(%x, %x)
+  output %y
+}
+)");
+  const CliResult r = Limited(2097152, fmt::format("run {} --size B=30000", program.string()));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(fmt::format(
+                         "sluice: error: {} needs at least 6.71 GiB of tensor memory (3.35 GiB of "
+                         "inputs and parameters, 3.35 GiB at the peak of its order), and ",
+                         program.string())));
+  EXPECT_THAT(r.err, HasSubstr("the address-space limit (ulimit -v, 2.00 GiB) leaves"));
+  EXPECT_THAT(r.err, HasSubstr("bind smaller sizes (--size) or pass --no-memory-check"));
+  // What fits runs under the same limit.
+  const CliResult small = Limited(2097152, fmt::format("run {} --size B=3", program.string()));
+  EXPECT_EQ(small.status, 0) << small.err;
+}
+
 }  // namespace
 }  // namespace sluice

@@ -28,11 +28,13 @@
 
 #include "sluice/cli/commands.h"
 #include "sluice/cli/file_checks.h"
+#include "sluice/cli/train_options.h"
 #include "sluice/core/caching_allocator.h"
 #include "sluice/core/error.h"
 #include "sluice/core/files.h"
 #include "sluice/core/fnv1a.h"
 #include "sluice/core/system_allocator.h"
+#include "sluice/core/system_memory.h"
 #include "sluice/exec/interpreter.h"
 #include "sluice/exec/random_inputs.h"
 #include "sluice/exec/reference_runner.h"
@@ -59,6 +61,7 @@ struct RunArgs {
   std::string trace;
   bool stats_json = false;
   bool verbose = false;
+  bool no_memory_check = false;
   int64_t async_max_pending_mib = 1024;
   int64_t async_queue_batches = 1024;
   int64_t async_min_batch_kib = 64;
@@ -158,6 +161,27 @@ void CheckSizesNamed(const SizeBindings& sizes, const std::set<std::string>& nam
   }
 }
 
+// Before any input is made: a program whose inputs and parameters with the liveness bound of its
+// order (the peak of what it allocates) exceed the memory left is refused — it was attempted, and
+// failed in the allocator or ran the machine out of memory filling its inputs.
+void CheckRunFits(const Program& program, const std::string& path, const ExecutionPlan& plan) {
+  int64_t bound = 0;  // the caller's values, then the bound (both below 2^40 elements each)
+  for (const std::vector<ValueId>* values : {&program.inputs(), &program.params()}) {
+    for (ValueId v : *values) {
+      const TensorType& t = program.type(program.value(v).type_id);
+      bound += t.shape.numel() * static_cast<int64_t>(SizeOf(t.dtype));
+    }
+  }
+  const int64_t inputs = bound;
+  bound += plan.liveness_bound;
+  if (const std::string room = MemoryShortfall(ReadSystemMemory(), bound); !room.empty()) {
+    throw ResourceError(fmt::format(
+        "{} needs at least {} of tensor memory ({} of inputs and parameters, {} at the peak of "
+        "its order), and {}: bind smaller sizes (--size) or pass --no-memory-check to try anyway",
+        path, FormatBytes(bound), FormatBytes(inputs), FormatBytes(plan.liveness_bound), room));
+  }
+}
+
 int Run(const RunArgs& args) {
   CheckRunFiles(args.program, args.inputs, args.trace);
   const SizeBindings sizes = ParseSizes(args.sizes);
@@ -168,10 +192,6 @@ int Run(const RunArgs& args) {
 
   // The allocator outlives the scope, which ends up holding outputs allocated from it.
   std::unique_ptr<Allocator> allocator = MakeAllocator(args.allocator);
-  Scope scope;  // inputs and parameters come from the default allocator, not the measured one
-  if (!args.inputs.empty()) BindFile(program, args.inputs, scope);
-  BindRandomInputs(program, args.seed, scope);
-
   ExecutableOptions options{
       .allocator = allocator.get(),
       .mode = *ParseRunMode(args.mode),
@@ -184,6 +204,10 @@ int Run(const RunArgs& args) {
                 .min_batch_bytes = args.async_min_batch_kib << 10},
       .verbose = args.verbose};
   Executable exe(program, options);
+  if (!args.no_memory_check) CheckRunFits(program, args.program, exe.plan());
+  Scope scope;  // inputs and parameters come from the default allocator, not the measured one
+  if (!args.inputs.empty()) BindFile(program, args.inputs, scope);
+  BindRandomInputs(program, args.seed, scope);
 
   std::vector<RunStats> stats;
   RunTrace trace;
@@ -331,6 +355,9 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
                "Print one JSON object with the statistics on stdout");
   sub.add_flag("--verbose,-v", args->verbose,
                "Print the plan (order, free lists, live bytes) to stderr");
+  sub.add_flag("--no-memory-check", args->no_memory_check,
+               "run even when the program's inputs, parameters and liveness bound exceed the "
+               "memory available");
   return [args] { return Run(*args); };
 }
 

@@ -540,11 +540,25 @@ PlanRequest MakePlanRequest(const TrainArgs& a) {
   return r;
 }
 
+std::string MemoryShortfall(const SystemMemory& system, int64_t bytes) {
+  const int64_t address_left = system.AddressLeft();
+  std::string room;
+  if (system.available_bytes >= 0 && bytes > system.available_bytes) {
+    room = fmt::format("this machine has {} available (MemAvailable)",
+                       FormatBytes(system.available_bytes));
+  }
+  if (address_left >= 0 && bytes > address_left) {
+    room += fmt::format("{}the address-space limit (ulimit -v, {}) leaves {}",
+                        room.empty() ? "" : " and ", FormatBytes(system.address_limit_bytes),
+                        FormatBytes(std::max<int64_t>(address_left, 0)));
+  }
+  return room;
+}
+
 void CheckMemoryFits(const TrainArgs& a, std::vector<StageMemoryForecast> stages) {
   if (a.no_memory_check) return;
   const SystemMemory system = ReadSystemMemory();
-  const int64_t address_left = system.AddressLeft();
-  if (system.available_bytes < 0 && address_left < 0) return;  // nothing known to compare with
+  if (system.available_bytes < 0 && system.AddressLeft() < 0) return;  // nothing to compare with
   const TrainConfig& c = a.config;
   if (stages.empty()) {
     try {
@@ -569,9 +583,8 @@ void CheckMemoryFits(const TrainArgs& a, std::vector<StageMemoryForecast> stages
       total = f.peak_reserved_bytes;
     }
   }
-  const bool over_available = system.available_bytes >= 0 && total > system.available_bytes;
-  const bool over_limit = address_left >= 0 && total > address_left;
-  if (!over_available && !over_limit) return;
+  const std::string room = MemoryShortfall(system, total);
+  if (room.empty()) return;
   std::vector<std::string> parts;
   for (const auto& [use, name] : kMemoryUseNames) {
     if (peak[use] > 0) {
@@ -605,16 +618,6 @@ void CheckMemoryFits(const TrainArgs& a, std::vector<StageMemoryForecast> stages
         "the activations of its micro-batches make most of it: --batch {} in {} micro-batches "
         "(more --microbatches, a smaller --batch{} or --recompute full keep fewer)",
         c.batch, c.microbatches, c.model == "gpt" ? " or --seq" : "");
-  }
-  std::string room;
-  if (over_available) {
-    room = fmt::format("this machine has {} available (MemAvailable)",
-                       FormatBytes(system.available_bytes));
-  }
-  if (over_limit) {
-    room += fmt::format("{}the address-space limit (ulimit -v, {}) leaves {}",
-                        room.empty() ? "" : " and ", FormatBytes(system.address_limit_bytes),
-                        FormatBytes(std::max<int64_t>(address_left, 0)));
   }
   throw ResourceError(fmt::format(
       "this run needs {} of tensor memory at its peak (the forecast of sluice plan: {}), and {}: "

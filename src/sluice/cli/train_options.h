@@ -24,6 +24,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "sluice/core/system_memory.h"
 #include "sluice/nn/model.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/plan/planner.h"
@@ -112,5 +113,10 @@ std::string DescribePrecisionOps(const Task& task);
 // `forecast`: the job's per-stage forecasts when already made (the plan of --memory-budget or
 // --schedule auto); empty: made here.
 void CheckMemoryFits(const TrainArgs& a, std::vector<StageMemoryForecast> forecast = {});
+
+// What keeps `bytes` of tensor memory from fitting, in words: "this machine has 18.3 GiB available
+// (MemAvailable)" and/or "the address-space limit (ulimit -v, 4.00 GiB) leaves 3.21 GiB"; "" when
+// they fit or the system says nothing. CheckMemoryFits and `sluice run`'s check share it.
+std::string MemoryShortfall(const SystemMemory& system, int64_t bytes);
 
 }  // namespace sluice::cli

@@ -24,7 +24,7 @@ sluice and PyTorch alternate for --rounds rounds per thread count (the machine i
 figure is the median over the rounds.
 
 Run: /usr/bin/python3 bench/cnn_bench.py [--model cnn|resnet8] [--sluice build/sluice] [--threads 1,2]
-     [--rounds 3 --steps 20 --warmup 3 --batch 32]
+     [--rounds 3 --steps 20 --warmup 3 --batch 32] [--sluice-flags=--no-in-place]
 Prints a table and one JSON object per row.
 """
 import argparse
@@ -122,7 +122,7 @@ def write_images(path, examples):
 def job(a, exported, data, threads):
     return ["--program", os.path.join(exported, "model.sluice"), "--init-from",
             os.path.join(exported, "init.safetensors"), "--data", data, "--batch", str(a.batch),
-            "--microbatches", "1", "--threads", str(threads)]
+            "--microbatches", "1", "--threads", str(threads)] + a.sluice_flags.split()
 
 
 def sluice_plan(a, exported, data, threads):
@@ -205,6 +205,8 @@ def main():
     p.add_argument("--sluice", default=os.path.join(ROOT, "build", "sluice"))
     p.add_argument("--threads", default="1,2")
     p.add_argument("--model", default="cnn", choices=("cnn", "resnet8"))
+    p.add_argument("--sluice-flags", default="",
+                   help="more flags for sluice train and plan, e.g. --no-in-place")
     for name, default in (("rounds", 3), ("steps", 20), ("warmup", 3), ("batch", 32)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--torch-side", type=int, help=argparse.SUPPRESS)  # internal: thread count

@@ -12,7 +12,7 @@ text file of random bytes, fp32 and bf16 (the program's autocast form, ir/autoca
 Prints a table and one JSON object per row.
 
 Run: /usr/bin/python3 bench/program_precision.py [--sluice build/sluice] [--threads 1]
-     [--rounds 3 --steps 10 --warmup 2]
+     [--rounds 3 --steps 10 --warmup 2] [--sluice-flags=--no-in-place]
 """
 import argparse
 import json
@@ -46,7 +46,7 @@ def job(a, exported, data, precision):
     return ["--program", os.path.join(exported, "model.sluice"), "--init-from",
             os.path.join(exported, "init.safetensors"), "--data", data, "--seq", "64",
             "--batch", "16", "--microbatches", "1", "--no-recompute", "--threads", str(a.threads),
-            "--precision", precision]
+            "--precision", precision] + a.sluice_flags.split()
 
 
 def plan(a, exported, data, precision):
@@ -77,6 +77,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sluice", default=os.path.join(ROOT, "build", "sluice"))
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sluice-flags", default="",
+                   help="more flags for sluice train and plan, e.g. --no-in-place")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)

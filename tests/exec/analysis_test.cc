@@ -56,7 +56,7 @@ TEST(Analysis, FreeListsFollowLastUse) {
 
 TEST(Analysis, LivenessBoundCountsIntermediatesOnly) {
   Program p = Chain();
-  ExecutionPlan plan = Analyze(p, {.order = OrderPolicy::kProgram});
+  ExecutionPlan plan = Analyze(p, {.order = OrderPolicy::kProgram, .in_place = InPlace::kOff});
   // live: a | a b | a b c | c d | c e   (x is the caller's)
   EXPECT_THAT(plan.live_bytes, ElementsAre(16, 32, 48, 32, 32));
   EXPECT_EQ(plan.liveness_bound, 48);
@@ -65,7 +65,8 @@ TEST(Analysis, LivenessBoundCountsIntermediatesOnly) {
 
 TEST(Analysis, KeepAndOutputsArePinned) {
   Program p = Chain();
-  ExecutionPlan plan = Analyze(p, {.order = OrderPolicy::kProgram, .keep = {"b"}});
+  ExecutionPlan plan =
+      Analyze(p, {.order = OrderPolicy::kProgram, .in_place = InPlace::kOff, .keep = {"b"}});
   EXPECT_THAT(Freed(plan, p, 2), ElementsAre("a"));
   EXPECT_TRUE(plan.groups[plan.group_of[p.Get("b")]].pinned);
   EXPECT_TRUE(plan.groups[plan.group_of[p.Get("e")]].pinned);
@@ -82,6 +83,78 @@ TEST(Analysis, UnknownKeepNameIsAnError) {
     EXPECT_THAT(e.what(), HasSubstr("%nope"));
     EXPECT_THAT(e.what(), HasSubstr("chain"));
   }
+}
+
+// The worked example written in place: c = add(a, b) is the last user of a and of b, so c takes
+// over a's storage (the first input its op lists) and step 2 holds 16 bytes fewer; b's later
+// reader at step 1 (c) keeps b = add(a, x) off a.
+TEST(Analysis, AnOutputTakesOverTheStorageOfAnInputDyingAtIt) {
+  Program p = Chain();
+  ExecutionPlan plan = Analyze(p, {.order = OrderPolicy::kProgram});
+  const auto group = [&](const char* name) { return plan.group_of[p.Get(name)]; };
+  EXPECT_EQ(plan.groups[group("c")].in_place_of, group("a"));
+  EXPECT_EQ(plan.groups[group("a")].handed_to, group("c"));
+  EXPECT_EQ(plan.groups[group("b")].in_place_of, -1);  // a is read again by c
+  EXPECT_EQ(plan.groups[group("e")].in_place_of, -1);  // copy is not written in place
+  EXPECT_EQ(plan.num_in_place, 1);
+  EXPECT_EQ(plan.in_place_bytes, 16);
+  EXPECT_THAT(plan.live_bytes, ElementsAre(16, 32, 32, 32, 32));
+  EXPECT_EQ(plan.liveness_bound, 32);
+  EXPECT_THAT(Freed(plan, p, 2), ElementsAre("a", "b"));  // a's handles only: c holds it
+  const std::string text = plan.Describe(p);
+  EXPECT_THAT(text, HasSubstr("%c = add(%a, %b) [in place of %a]"));
+  EXPECT_THAT(text, HasSubstr("%a (handed to %c)"));
+  EXPECT_THAT(text, HasSubstr("written in place: 1 outputs, 16 B"));
+}
+
+// What must not be written over: a kept value, a program input or parameter, a donated input, a
+// value read again later, a value read through a view by the same instruction, a value of
+// another element width, and, for runs in any order, a value with other readers.
+TEST(Analysis, InPlaceSparesWhatIsStillReadOrNotTheRunsToReuse) {
+  Builder b("spared");
+  Var x = b.Input("x", DType::kF32, {2, 4});
+  Var d = b.Input("d", DType::kF32, {2, 4});
+  Var w = b.Param("w", DType::kF32, {2, 4});
+  Var kept = b.Name(Relu(x), "kept");
+  Var from_kept = b.Name(Exp(kept), "from_kept");     // kept is pinned: fresh storage
+  Var xw = b.Name(x + w, "xw");                       // an input and a parameter: fresh storage
+  Var from_input = b.Name(Relu(xw), "from_input");    // over xw
+  Var from_donated = b.Name(Neg(d), "from_donated");  // d is donated: another may share it
+  Var a = b.Name(Copy(from_kept), "a");
+  Var row0 = b.Name(Slice(a, 0, 0, 1), "row0");   // a view of a's first row
+  Var mixed = b.Name(a + row0, "mixed");          // reads a through a view: fresh storage
+  Var later = b.Name(Relu(from_input), "later");  // from_input is read again below
+  Var sum = b.Name(later + from_input, "sum");    // both die here: over later
+  Var wide = b.Name(Cast(from_donated, DType::kF64), "wide");  // not an in-place op anyway
+  b.Output(b.Name(mixed + sum, "y"));
+  b.Output(wide);
+  const Program p = b.Build();
+  const ExecutionPlan plan =
+      Analyze(p, {.order = OrderPolicy::kProgram, .keep = {"kept"}, .donate = {"d"}});
+  const auto source = [&](Var v) {
+    const int32_t g = plan.groups[plan.group_of[v.id()]].in_place_of;
+    return g < 0 ? std::string("-") : p.value(plan.groups[g].root).name;
+  };
+  EXPECT_EQ(source(from_kept), "-");
+  EXPECT_EQ(source(kept), "-");
+  EXPECT_EQ(source(xw), "-");
+  EXPECT_EQ(source(from_input), "xw");
+  EXPECT_EQ(source(from_donated), "-");
+  EXPECT_EQ(source(mixed), "-");
+  EXPECT_EQ(source(later), "-");
+  EXPECT_EQ(source(sum), "later");
+  EXPECT_EQ(source(wide), "-");
+  // The output y: mixed + sum, both dying there: over mixed.
+  EXPECT_EQ(plan.groups[plan.group_of[p.Get("y")]].in_place_of, plan.group_of[mixed.id()]);
+
+  // In any order only a group whose one reader is the instruction: sum reads later (read only by
+  // sum) and from_input (read by later and sum).
+  const ExecutionPlan any = Analyze(p, {.in_place = InPlace::kAnyOrder, .keep = {"kept"}});
+  EXPECT_EQ(any.groups[any.group_of[sum.id()]].in_place_of, any.group_of[later.id()]);
+  EXPECT_EQ(any.groups[any.group_of[later.id()]].in_place_of, -1);
+  const ExecutionPlan off = Analyze(p, {.in_place = InPlace::kOff, .keep = {"kept"}});
+  EXPECT_EQ(off.num_in_place, 0);
+  EXPECT_EQ(plan.num_in_place, 3);  // from_input, sum and y
 }
 
 // Regression: a base must outlive its views. a's last *direct* use is step 2, but the view v (and

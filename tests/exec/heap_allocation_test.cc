@@ -42,13 +42,17 @@ constexpr int64_t kFloats = 17 * 1024;
 
 // Heap allocations (all threads) during one run, after warm-up runs, less the StoragePool's slabs
 // (returned apart in *slabs). The system allocator keeps no bookkeeping on the heap (a caching
-// allocator's tables grow now and then), so the count is exact.
+// allocator's tables grow now and then), so the count is exact. Out of place by default: written
+// in place, the add chain would allocate one buffer and free none (`in_place` checks that too).
 int64_t AllocationsPerRun(const Program& program, RunMode mode, GcMode gc, int64_t* slabs,
-                          bool timed = true) {
+                          bool timed = true, bool in_place = false) {
   SystemAllocator alloc;
-  Executable exe(
-      program,
-      {.allocator = &alloc, .mode = mode, .gc = gc, .threads = 2, .measure_gc_time = timed});
+  Executable exe(program, {.allocator = &alloc,
+                           .mode = mode,
+                           .gc = gc,
+                           .threads = 2,
+                           .in_place = in_place,
+                           .measure_gc_time = timed});
   Scope scope = testing::RandomScope(program, 1);
   for (int warm = 0; warm < 3; ++warm) exe.Run(scope);
   const int64_t slabs_before = StoragePool::SlabsAllocated();
@@ -56,7 +60,7 @@ int64_t AllocationsPerRun(const Program& program, RunMode mode, GcMode gc, int64
   RunStats s = exe.Run(scope);
   const int64_t during = g_heap_allocations.load() - before;
   *slabs = StoragePool::SlabsAllocated() - slabs_before;
-  if (gc == GcMode::kAsync && mode == RunMode::kTrace) {
+  if (gc == GcMode::kAsync && mode == RunMode::kTrace && !in_place) {
     EXPECT_GT(s.async_pending_peak_bytes, 0);  // handed over
   }
   return during - *slabs;
@@ -78,6 +82,13 @@ TEST(HeapAllocations, TheExecutorAddsNonePerInstruction) {
     // Untimed sync GC: the trace run's precomputed drops.
     EXPECT_EQ(AllocationsPerRun(program, RunMode::kTrace, GcMode::kSync, &slabs, false), reference)
         << n << " trace/sync/untimed";
+    // Written in place: each output takes a handle on its input's storage, no allocation.
+    for (RunMode mode : {RunMode::kTrace, RunMode::kParallel}) {
+      for (GcMode gc : {GcMode::kNone, GcMode::kSync, GcMode::kAsync}) {
+        EXPECT_EQ(AllocationsPerRun(program, mode, gc, &slabs, true, /*in_place=*/true), reference)
+            << n << " " << Name(mode) << "/" << Name(gc) << " in place";
+      }
+    }
   }
   // A tensor itself costs no heap allocation once the pool holds a node for it.
   SystemAllocator alloc;
@@ -97,7 +108,8 @@ TEST(HeapAllocations, AsyncFreesComeBackToTheExecutingThread) {
   constexpr int kInstructions = 100;
   const Program program = testing::AddChainProgram(kInstructions, kFloats);
   SystemAllocator alloc;
-  Executable exe(program, {.allocator = &alloc, .gc = GcMode::kAsync});
+  // Out of place: written in place, the chain frees nothing for the worker to destroy.
+  Executable exe(program, {.allocator = &alloc, .gc = GcMode::kAsync, .in_place = false});
   Scope scope = testing::RandomScope(program, 1);
   for (int warm = 0; warm < 3; ++warm) exe.Run(scope);
   const int64_t slabs = StoragePool::SlabsAllocated();

@@ -53,6 +53,7 @@ struct RunArgs {
   std::string mode = "trace";
   std::string order = "best";
   std::string memory_plan = "dynamic";
+  bool in_place = true;
   std::string allocator = "caching";
   int runs = 1;
   uint64_t seed = 0;
@@ -199,6 +200,7 @@ int Run(const RunArgs& args) {
       .threads = args.threads,
       .order = *ParseOrderPolicy(args.order),
       .memory_plan = *ParseMemoryPlanMode(args.memory_plan),
+      .in_place = args.in_place,
       .async = {.queue_batches = static_cast<size_t>(args.async_queue_batches),
                 .max_pending_bytes = args.async_max_pending_mib << 20,
                 .min_batch_bytes = args.async_min_batch_kib << 10},
@@ -236,6 +238,8 @@ int Run(const RunArgs& args) {
         {"order", Name(plan.chosen)},
         {"memory_plan", args.memory_plan},
         {"arena_bytes", exe.arena().arena_bytes},
+        {"in_place_outputs", plan.num_in_place},
+        {"in_place_bytes", plan.in_place_bytes},
         {"allocator", args.allocator},
         {"wall_ns_median", s.wall_ns_median},
         {"wall_ns_min", s.wall_ns_min},
@@ -317,6 +321,9 @@ CommandRunner SetupRunCommand(CLI::App& sub) {
                  "Intermediates: dynamic (allocated and freed one by one) or static (one arena "
                  "per run at planned offsets; trace mode)")
       ->check(OneOf(kMemoryPlanModeNames))
+      ->capture_default_str();
+  sub.add_flag("--in-place,!--no-in-place", args->in_place,
+               "Write elementwise outputs into the storage of inputs dying at their instruction")
       ->capture_default_str();
   sub.add_option("--allocator", args->allocator,
                  "Allocator for the program's buffers: caching or system")

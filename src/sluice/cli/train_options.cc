@@ -184,6 +184,10 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
           ->capture_default_str();
   auto* no_recompute =
       sub.add_flag("--no-recompute", a->no_recompute, "the same as --recompute none");
+  sub.add_flag("--in-place,!--no-in-place", c.in_place,
+               "write an elementwise output into the storage of an input dying at its instruction "
+               "(bitwise the same; --no-in-place measures the saving)")
+      ->capture_default_str();
   sub.add_flag("--accumulate-in-place,!--no-accumulate-in-place", c.accumulate_in_place,
                "micro-batches after the first add their weight gradients straight into the "
                "accumulated ones (bitwise the same; --no-accumulate-in-place measures the saving)")

@@ -191,15 +191,52 @@ Facts CollectFacts(const Program& program, const AnalysisOptions& options) {
   return f;
 }
 
-// Liveness of `order`: fills def/last steps of the groups, live bytes per step, the bound.
+// Liveness of `order`: fills def/last steps of the groups, the outputs written in place, live
+// bytes per step, the bound.
 struct Liveness {
   std::vector<int32_t> def_step, last_step;
+  std::vector<int32_t> in_place_of;  // group -> the group whose storage it takes over, or -1
   std::vector<int64_t> live_bytes;
   int64_t bound = 0;
   int32_t peak_step = -1;
 };
 
-Liveness ComputeLiveness(const Facts& f, const std::vector<int32_t>& order) {
+// The group whose storage instruction i may write its output 0 into (exec/analysis.h, "Writing in
+// place"), or -1. `last_step` is each group's last user's step; `taken` marks the groups already
+// handed over.
+int32_t InPlaceSource(const Program& program, const Facts& f, int32_t i, int32_t step,
+                      std::span<const int32_t> last_step, std::span<const char> taken,
+                      InPlace policy) {
+  const Instruction& instr = program.instructions()[static_cast<size_t>(i)];
+  if (policy == InPlace::kOff || instr.op->kind != OpKind::kCompute || instr.outputs.empty()) {
+    return -1;
+  }
+  const ValueId out = instr.outputs[0];
+  const TensorType& out_type = program.type(out);
+  for (int j : instr.op->in_place_inputs) {
+    const ValueId x = instr.inputs[static_cast<size_t>(j)];
+    const int32_t g = f.group_of[x];
+    const StorageGroup& group = f.groups[g];
+    const TensorType& x_type = program.type(x);
+    if (group.root != x || group.pinned || f.producer_of_group[g] < 0 || taken[g]) continue;
+    if (x_type.shape != out_type.shape || SizeOf(x_type.dtype) != SizeOf(out_type.dtype) ||
+        group.bytes != f.groups[f.group_of[out]].bytes || group.bytes == 0) {
+      continue;
+    }
+    if (last_step[g] != step || (policy == InPlace::kAnyOrder && group.num_users != 1)) continue;
+    // Read through the root only: a view of it among the operands would be read after (or
+    // differently from how) the output is written.
+    if (std::any_of(instr.inputs.begin(), instr.inputs.end(),
+                    [&](ValueId v) { return f.group_of[v] == g && v != x; })) {
+      continue;
+    }
+    return g;
+  }
+  return -1;
+}
+
+Liveness ComputeLiveness(const Program& program, const Facts& f, const std::vector<int32_t>& order,
+                         InPlace in_place) {
   const int32_t n = static_cast<int32_t>(order.size());
   std::vector<int32_t> step_of(n);
   for (int32_t s = 0; s < n; ++s) step_of[order[s]] = s;
@@ -221,6 +258,25 @@ Liveness ComputeLiveness(const Facts& f, const std::vector<int32_t>& order) {
     const int32_t end = f.groups[g].pinned ? n - 1 : last;
     delta[def] += f.groups[g].bytes;
     delta[end + 1] -= f.groups[g].bytes;
+  }
+  // Writing in place: the output's bytes are its source's at the step they meet.
+  l.in_place_of.assign(num_groups, -1);
+  if (in_place != InPlace::kOff) {
+    std::vector<int32_t> last_user(num_groups, -1);  // unpinned or not: who reads it last
+    for (size_t g = 0; g < num_groups; ++g) {
+      for (int32_t u : f.users[g]) last_user[g] = std::max(last_user[g], step_of[u]);
+    }
+    std::vector<char> taken(num_groups, 0);
+    for (int32_t s = 0; s < n; ++s) {
+      const int32_t i = order[s];
+      const int32_t source = InPlaceSource(program, f, i, s, last_user, taken, in_place);
+      if (source < 0) continue;
+      taken[source] = 1;
+      const ValueId out = program.instructions()[static_cast<size_t>(i)].outputs[0];
+      l.in_place_of[f.group_of[out]] = source;
+      delta[s] -= f.groups[source].bytes;
+      delta[s + 1] += f.groups[source].bytes;
+    }
   }
   l.live_bytes.resize(n);
   int64_t live = 0;
@@ -335,7 +391,7 @@ ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options) {
 
   std::vector<int32_t> program_order(n);
   for (int32_t i = 0; i < n; ++i) program_order[i] = i;
-  Liveness by_program = ComputeLiveness(f, program_order);
+  Liveness by_program = ComputeLiveness(program, f, program_order, options.in_place);
 
   ExecutionPlan plan;
   plan.policy = options.order;
@@ -344,7 +400,7 @@ ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options) {
   Liveness live = std::move(by_program);
   if (options.order != OrderPolicy::kProgram) {
     std::vector<int32_t> greedy = GreedyOrder(program, f);
-    Liveness by_greedy = ComputeLiveness(f, greedy);
+    Liveness by_greedy = ComputeLiveness(program, f, greedy, options.in_place);
     plan.greedy_order_bound = by_greedy.bound;
     if (options.order == OrderPolicy::kGreedy || by_greedy.bound < live.bound) {
       order = std::move(greedy);
@@ -359,6 +415,12 @@ ExecutionPlan Analyze(const Program& program, const AnalysisOptions& options) {
   for (size_t g = 0; g < f.groups.size(); ++g) {
     f.groups[g].def_step = live.def_step[g];
     f.groups[g].last_step = live.last_step[g];
+    const int32_t source = live.in_place_of[g];
+    if (source < 0) continue;
+    f.groups[g].in_place_of = source;
+    f.groups[source].handed_to = static_cast<int32_t>(g);
+    ++plan.num_in_place;
+    plan.in_place_bytes += f.groups[g].bytes;
   }
   {
     std::vector<std::pair<int32_t, int32_t>> frees;  // (step, group), groups ascending
@@ -426,18 +488,31 @@ std::string ExecutionPlan::Describe(const Program& program) const {
   }
   out += "\n  step  instr  live        instruction  →  frees after it\n";
   for (size_t s = 0; s < num_steps(); ++s) {
-    const std::string text = DescribeInstruction(program, order[s]);
+    std::string text = DescribeInstruction(program, order[s]);
+    const Instruction& instr = program.instructions()[static_cast<size_t>(order[s])];
+    if (instr.op->kind == OpKind::kCompute && !instr.outputs.empty()) {
+      const int32_t source = groups[group_of[instr.outputs[0]]].in_place_of;
+      if (source >= 0)
+        text += fmt::format(" [in place of %{}]", program.value(groups[source].root).name);
+    }
     std::string freed;
     for (int32_t g : FreeList(static_cast<int32_t>(s))) {
       if (!freed.empty()) freed += ", ";
-      freed +=
-          fmt::format("{} ({})", ValueNames(program, members[g]), FormatBytes(groups[g].bytes));
+      freed += groups[g].handed_to >= 0
+                   ? fmt::format("{} (handed to %{})", ValueNames(program, members[g]),
+                                 program.value(groups[groups[g].handed_to].root).name)
+                   : fmt::format("{} ({})", ValueNames(program, members[g]),
+                                 FormatBytes(groups[g].bytes));
     }
     out += fmt::format("  {:>4}  #{:<5} {:>10}  {}{}{}\n", s, order[s], FormatBytes(live_bytes[s]),
                        text, freed.empty() ? "" : "  →  ", freed);
   }
   out += fmt::format("  liveness lower bound: {} ({} bytes) at step {}\n",
                      FormatBytes(liveness_bound), liveness_bound, peak_step);
+  if (num_in_place > 0) {
+    out += fmt::format("  written in place: {} outputs, {} not allocated anew\n", num_in_place,
+                       FormatBytes(in_place_bytes));
+  }
   return out;
 }
 

@@ -38,13 +38,28 @@
 // user when it finishes; the one reaching zero frees. A group with one user (or none) is freed by
 // that user (or its producer) without any atomic.
 //
+// Writing in place. An instruction whose op lists input j in OpDef::in_place_inputs (elementwise
+// ops: unary functions, their gradients, binary ops on an operand of the output's shape) may write
+// output 0 into input j's storage instead of a fresh one, when, in the chosen order, that input
+// dies at this instruction. The input's group g must be: rooted at a kCompute output of this
+// program (not an input, a parameter or a donated input, whose storage another may share),
+// unpinned, read by the instruction through its root only (no view of it among the operands), of
+// the output's shape and element width (so of its bytes), with no later reader — the instruction is
+// g's last user; and no other output took g over. Under InPlace::kAnyOrder (parallel runs, whose
+// order is not fixed) g must also have this instruction as its only user. Then the output's group
+// takes over g's storage (groups[out].in_place_of = g, groups[g].handed_to = out): g's free list
+// entry at this step only drops its handles (the memory now belongs to the output), and the bytes
+// count once: live(s) below subtracts bytes(g) at the step. Chains (relu over a conv output, then
+// relu_grad over the incoming gradient, then an add of gradients over that) pass one storage along.
+//
 // Liveness lower bound. bytes(g) is the size of a group's root when the interpreter allocates it
 // (kCompute outputs); groups rooted at inputs and parameters belong to the caller and cost 0 here,
 // except donated inputs, which the run frees and which count from step 0; views cost nothing (they
 // are members of their base's group). Group g is alive during steps def(g)..last(g) (its
 // producer's step, or 0 when donated, through its last user's; to the end when pinned). Step s
 // allocates its outputs before running and frees its free list after, so
-//     live(s) = Σ bytes(g) over groups with def(g) ≤ s ≤ last(g),
+//     live(s) = Σ bytes(g) over groups with def(g) ≤ s ≤ last(g)
+//               − Σ bytes(g) over groups handed over at step s (the output's bytes are g's),
 //     liveness_bound = max over s of live(s)   (0 for an empty program).
 // This is exactly the peak of allocated bytes (requested-bytes accounting) of a trace run with sync
 // GC on an allocator that holds nothing else, as long as kernels take no scratch memory from it.
@@ -84,8 +99,16 @@ static_assert(IsCompleteEnumTable(kOrderPolicyNames));
 std::string_view Name(OrderPolicy policy);
 std::optional<OrderPolicy> ParseOrderPolicy(std::string_view name);
 
+// Whether outputs may be written into dying inputs (see "Writing in place" above).
+enum class InPlace : uint8_t {
+  kOff,         // every kCompute output in fresh storage
+  kTraceOrder,  // (default) an input whose last user, in the chosen order, is the instruction
+  kAnyOrder,    // an input whose only user is the instruction (parallel runs)
+};
+
 struct AnalysisOptions {
   OrderPolicy order = OrderPolicy::kBest;
+  InPlace in_place = InPlace::kTraceOrder;
   // Values (by name) never freed and left in the scope after a run, in addition to the outputs.
   std::vector<std::string> keep;
   // Program inputs (by name) handed over to the run: taken out of the scope and freed at their last
@@ -102,6 +125,10 @@ struct StorageGroup {
   int32_t num_users = 0;  // distinct instructions reading any member
   int32_t def_step = -1;  // step of the root's producer (0 if donated); -1 for inputs and params
   int32_t last_step = -1;  // step after which it is freed; -1 when pinned
+  // Writing in place: the group whose storage this group's root is written into (its producer
+  // is the input group's last user), and the other way round; -1 for none.
+  int32_t in_place_of = -1;
+  int32_t handed_to = -1;
 };
 
 // Offsets into a flat array: the items of entry i are [begin[i], begin[i + 1]).
@@ -135,7 +162,9 @@ struct ExecutionPlan {
   CsrLists free_lists;              // step -> groups freed after it (trace runs)
   std::vector<int64_t> live_bytes;  // step -> live(s)
   int64_t liveness_bound = 0;
-  int32_t peak_step = -1;  // first step reaching the bound; -1 for an empty program
+  int32_t peak_step = -1;      // first step reaching the bound; -1 for an empty program
+  int32_t num_in_place = 0;    // outputs written into a dying input's storage
+  int64_t in_place_bytes = 0;  // their bytes (what fresh storage for them would have added)
 
   // Parallel runs, indexed by instruction (not step).
   CsrLists successors;  // instructions that wait for this one (deduplicated)

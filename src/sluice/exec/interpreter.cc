@@ -165,6 +165,9 @@ struct Executable::Impl {
   std::vector<std::shared_ptr<Storage>> group_storage;  // group -> borrowed storage, or null
   // Flat result index -> its planned storage (null: allocated); empty in dynamic mode.
   std::vector<const std::shared_ptr<Storage>*> result_storage;
+  // Flat result index -> the slot of the dying input whose storage it is written into (null:
+  // allocated); empty when the plan writes nothing in place.
+  std::vector<const Tensor*> result_source;
   void* arena_data = nullptr;  // held from AcquireArena to ReleaseArena
   std::vector<Worker> workers;
 
@@ -217,7 +220,16 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
       allocator(options.allocator != nullptr ? options.allocator : &DefaultAllocator()),
       gc_mode(ResolveGcMode(options.gc, *allocator)) {
   VerifyOnce(program);
-  plan = Analyze(program, {.order = options.order, .keep = options.keep, .donate = options.donate});
+  InPlace in_place = InPlace::kTraceOrder;
+  if (!options.in_place || options.memory_plan == MemoryPlanMode::kStatic) {
+    in_place = InPlace::kOff;  // a static plan places every intermediate in its own arena slot
+  } else if (options.mode == RunMode::kParallel) {
+    in_place = InPlace::kAnyOrder;
+  }
+  plan = Analyze(program, {.order = options.order,
+                           .in_place = in_place,
+                           .keep = options.keep,
+                           .donate = options.donate});
   if (options.threads < 0) {
     throw InvalidArgument(fmt::format("executable '{}': threads must be ≥ 0, got {}",
                                       program.name(), options.threads));
@@ -319,6 +331,15 @@ void Executable::Impl::Prepare() {
     }
   }
 
+  if (plan.num_in_place > 0) {
+    result_source.assign(result_values.size(), nullptr);
+    for (size_t r = 0; r < result_values.size(); ++r) {
+      const StorageGroup& group = plan.groups[plan.group_of[result_values[r]]];
+      if (group.root != result_values[r] || group.in_place_of < 0) continue;
+      result_source[r] = slots[plan.groups[group.in_place_of].root];
+    }
+  }
+
   const bool parallel = options.mode == RunMode::kParallel;
   int threads = 1;
   if (parallel) {
@@ -364,7 +385,9 @@ void Executable::Impl::PrepareSyncDrops() {
       for (size_t k = 1; k < members.size(); ++k) sync_drops.push_back({slots[members[k]], false});
       if (Planned(g)) continue;
       const ValueId root = members[0];
-      sync_drops.push_back({slots[root], program.value(root).kind == ValueKind::kIntermediate});
+      // A group handed over to an output written in place only drops its reference.
+      sync_drops.push_back({slots[root], program.value(root).kind == ValueKind::kIntermediate &&
+                                             plan.groups[g].handed_to < 0});
     }
     sync_drops_begin.push_back(static_cast<int32_t>(sync_drops.size()));
   }
@@ -442,7 +465,13 @@ void Executable::Impl::ExecuteUnnamed(int32_t i, Worker& w) {
       const TensorType& t = *result_types[st.out_begin + k];
       const std::shared_ptr<Storage>* planned =
           result_storage.empty() ? nullptr : result_storage[st.out_begin + k];
-      if (planned == nullptr) {
+      const Tensor* source = result_source.empty() ? nullptr : result_source[st.out_begin + k];
+      if (source != nullptr) {
+        // Written in place: the dying input's storage (its group only drops its handles after).
+        if (outs[k].storage() != source->storage()) {
+          outs[k] = Tensor::OnStorage(source->storage(), t.shape, t.dtype);
+        }
+      } else if (planned == nullptr) {
         outs[k].AssignEmpty(t.shape, t.dtype, *allocator);
       } else if (outs[k].storage() != *planned) {
         // Made at the first run; the slot keeps it from then on (ReleaseGroup leaves a planned
@@ -496,7 +525,7 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
   const bool timed = w.TimeGcStep(options.measure_gc_time);
   const int64_t begin_ticks = timed ? CycleClock::Now() : 0;
   const int64_t begin_ns = w.trace != nullptr ? NowNs() : 0;
-  int32_t freed = 0, storages = 0, planned = 0;
+  int32_t freed = 0, storages = 0, planned = 0, handed = 0;
   int64_t bytes = 0;
   GarbageBatch* batch = gc_mode == GcMode::kAsync ? &batches[i] : nullptr;
   for (int32_t g : groups) {
@@ -508,6 +537,11 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
     if (Planned(g)) {  // its arena bytes stay held: only the handles go
       ReleaseGroup(g);
       ++planned;
+      continue;
+    }
+    if (plan.groups[g].handed_to >= 0) {  // the output written in place holds the storage now
+      ReleaseGroup(g);
+      ++handed;
       continue;
     }
     bytes += plan.groups[g].bytes;
@@ -530,7 +564,7 @@ void Executable::Impl::ReleaseAfter(int32_t i, std::span<const int32_t> groups, 
   w.frees += freed;
   if (w.trace != nullptr && freed > 0) {
     const int64_t end_ns = NowNs();
-    w.trace->gc.push_back({i, batch != nullptr ? storages + planned : freed, bytes,
+    w.trace->gc.push_back({i, batch != nullptr ? storages + planned + handed : freed, bytes,
                            begin_ns - w.origin_ns, end_ns - w.origin_ns});
     w.trace->memory.push_back({end_ns - w.origin_ns, allocator->Stats().allocated_bytes});
   }

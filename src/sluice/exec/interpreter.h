@@ -13,7 +13,9 @@
 //      a thread pool driven by dependency counts (RunMode::kParallel; the caller is member 0) —
 //      allocating kCompute outputs from the executable's allocator and freeing storage groups at
 //      their last use according to the GC mode (exec/garbage_collector.h; kAuto is resolved once,
-//      at construction). With the static memory plan (exec/memory_plan.h) the planned
+//      at construction). An output the plan writes in place shares its dying input's storage
+//      instead of being allocated; that input's release then only drops its handles. With the
+//      static memory plan (exec/memory_plan.h) the planned
 //      intermediates instead sit at fixed offsets of one arena, allocated once the inputs are
 //      bound and freed when the run ends: no allocator call for them, and "freeing" one drops
 //      its handles;
@@ -89,6 +91,11 @@ struct ExecutableOptions {
   // at construction (exec/memory_plan.h). Trace runs only. Not the default: it holds the arena
   // for the whole run (figures: docs/executor.md, "Static memory plan").
   MemoryPlanMode memory_plan = MemoryPlanMode::kDynamic;
+  // Write an elementwise output into the storage of an input that dies at its instruction
+  // (exec/analysis.h, "Writing in place"): decided once at construction; in parallel runs only
+  // for inputs the instruction alone reads; never under a static memory plan. Bitwise the same
+  // results; false gives every output fresh storage.
+  bool in_place = true;
   AsyncGcOptions async;  // queue size and pending-bytes budget of the async GC
   bool verbose = false;  // print the plan (order, free lists) to stderr; also SLUICE_VERBOSE=1
   // Time the GC work of executing threads (RunStats::gc_thread_ns): two CycleClock reads

@@ -74,6 +74,12 @@ void CheckSignature(const OpDef& def) {
     SLUICE_CHECK(u >= 0 && u < listed, "op '{}': updates input {}, which it does not have",
                  def.name, u);
   }
+  for (int j : def.in_place_inputs) {
+    SLUICE_CHECK(def.kind == OpKind::kCompute && j >= 0 && j < listed,
+                 "op '{}': output 0 may be written over input {}, which a kCompute op of it must "
+                 "have",
+                 def.name, j);
+  }
   for (const std::vector<OpParam>* params : {&s.inputs, &s.attrs, &s.outputs}) {
     for (const OpParam& p : *params) {
       SLUICE_CHECK(!p.name.empty() && !p.type.empty(),

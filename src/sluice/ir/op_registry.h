@@ -198,6 +198,12 @@ struct OpDef {
   // must be buffers (Program::AddBuffer), which no other op may write, and they belong to
   // training alone — the inference form of a program drops them (ir/inference_form.h).
   bool updates_buffers = false;
+  // kCompute ops: the inputs whose storage output 0 may be written into when the input dies at
+  // this instruction (exec/analysis.h decides, before the first run: same shape and element width,
+  // no view and no later reader). A kernel listing input j reads element k of it only before it
+  // writes element k of output 0, and reads no other element of it after that — a loop over
+  // positions, each read then written, gives the same bits in place as apart.
+  std::vector<int> in_place_inputs;
 };
 
 // Attributes: an instruction may carry only the attributes its op's signature declares, so that a

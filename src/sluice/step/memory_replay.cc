@@ -347,9 +347,15 @@ void ReplayRun(const Executable& exe, SymbolicScope& scope) {
       const size_t g = static_cast<size_t>(plan.group_of[static_cast<size_t>(v)]);
       if (plan.groups[g].root != v) continue;  // a view: a member of its input's group
       if (!arena.offset.empty() && arena.planned(static_cast<int32_t>(g))) continue;  // in it
+      held[g] = 1;
+      if (const int32_t source = plan.groups[g].in_place_of; source >= 0) {
+        // Written in place: the dying input's storage, one more reference (its free drops one).
+        storage[g] = storage[static_cast<size_t>(source)];
+        ledger.Retain(storage[g], kRun);
+        continue;
+      }
       storage[g] = ledger.Allocate(plan.groups[g].bytes, kRun);
       ledger.Made(storage[g], program, i, v);
-      held[g] = 1;
     }
     const Instruction& ins = program.instructions()[static_cast<size_t>(i)];
     if (ins.op->scratch_bytes != nullptr) {  // the kernel's scratch, freed before it returns

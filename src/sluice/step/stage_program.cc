@@ -83,6 +83,7 @@ StageProgram::StageProgram(std::vector<ChunkModel> chunks, const TrainConfig& co
                   .gc = config.gc,
                   .threads = options_.threads,
                   .memory_plan = config.memory_plan,
+                  .in_place = config.in_place,
                   .reset_peak = false};
   const ExecutableOptions& base = exe_options_;
   const bool whole = chunks.size() == 1 && chunks[0].first && chunks[0].last;

@@ -61,6 +61,9 @@ struct TrainConfig {
   // `--memory-plan`: dynamic (the default) or static — every run's intermediates in one arena
   // (exec/memory_plan.h; trace mode only). Bitwise the same results.
   MemoryPlanMode memory_plan = MemoryPlanMode::kDynamic;
+  // `--no-in-place` turns off writing elementwise outputs into the storage of inputs dying at
+  // their instruction (ExecutableOptions::in_place, exec/analysis.h). Bitwise the same results.
+  bool in_place = true;
   // Every micro-batch after the first adds its weight gradients straight into the accumulated
   // buffers (autodiff.h's AccumulateGradients: a GEMM with beta = 1, or an add right where the
   // gradient is made), so no micro-batch's gradients live beside the accumulated ones. false: each

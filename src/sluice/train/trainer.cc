@@ -146,7 +146,8 @@ Trainer::Impl::Impl(TrainConfig c, const EngineFactory& factory)
                          .mode = config.mode,
                          .gc = config.gc,
                          .threads = threads,
-                         .memory_plan = config.memory_plan};
+                         .memory_plan = config.memory_plan,
+                         .in_place = config.in_place};
   // Evaluation runs the inference form (ir/inference_form.h): batch norm by its running
   // statistics, which evaluating leaves alone, as PyTorch's module.eval().
   eval = std::make_unique<Executable>(InferenceForm(model.forward), base);
@@ -449,6 +450,7 @@ TrainSummary Trainer::Run(const std::function<void(const StepRecord&)>& on_step,
       {"skipped", s.skipped},
       {"gc", DescribeGcMode(c.gc, impl.engine->gc_mode())},
       {"memory_plan", Name(c.memory_plan)},
+      {"in_place", c.in_place},
       {"config", impl.task->Describe()},
       {"kernels", KernelsDescription(impl.task->precision())}};
   // Under bf16: which of the model's ops run bf16 and which f32 (the fallback, ir/autocast.h).

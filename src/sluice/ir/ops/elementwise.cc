@@ -486,7 +486,10 @@ void RegisterBinary(OpRegistry& r, std::string name, KernelFn fast, KernelFn ref
               .doc = std::move(doc),
               .signature = {.inputs = {{"a", operand}, {"b", bf16 ? "a's dtype[...]" : operand}},
                             .outputs = {{"y", bf16 ? "a's dtype[broadcast of a and b]"
-                                                   : "float[broadcast of a and b]"}}}});
+                                                   : "float[broadcast of a and b]"}}},
+              // An operand of the output's shape is read at the output's position (any broadcast
+              // of the other one); kernels/binary.h's loops read a position, then write it.
+              .in_place_inputs = {0, 1}});
 }
 
 // reference == nullptr: the kernel is the only version (the registry uses it for both).
@@ -500,7 +503,8 @@ void RegisterUnary(OpRegistry& r, std::string name, KernelFn fast, KernelFn refe
               .vjp = vjp,
               .recomputable = recomputable,
               .doc = std::move(doc),
-              .signature = {.inputs = {{"x", "float[...]"}}, .outputs = {{"y", "float[...]"}}}});
+              .signature = {.inputs = {{"x", "float[...]"}}, .outputs = {{"y", "float[...]"}}},
+              .in_place_inputs = {0}});
 }
 
 // `saved` names the forward value the gradient reads besides dy ("x", "y" or "s").
@@ -513,7 +517,8 @@ void RegisterUnaryGrad(OpRegistry& r, std::string name, const char* saved, Kerne
               .reference = reference,
               .doc = std::move(doc),
               .signature = {.inputs = {{"dy", "float[...]"}, {saved, "float[...]"}},
-                            .outputs = {{"dx", "float[...]"}}}});
+                            .outputs = {{"dx", "float[...]"}}},
+              .in_place_inputs = {0, 1}});
 }
 
 }  // namespace
@@ -601,22 +606,24 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .doc = "factor · x",
               .signature = {.inputs = {{"x", "float[...]"}},
                             .attrs = {{"factor", "float"}},
-                            .outputs = {{"y", "float[...]"}}}});
+                            .outputs = {{"y", "float[...]"}}},
+              .in_place_inputs = {0}});
   RegisterUnary(r, "neg", UnaryKernel<kernels::Neg<float>, kernels::Neg<double>>, nullptr, NegVjp,
                 "-x", /*recomputable=*/true);
   RegisterUnary(r, "relu", UnaryKernel<kernels::Relu<float>, kernels::Relu<double>>, nullptr,
                 ReluVjp, "max(x, 0)", /*recomputable=*/true);
-  r.Register({.name = "gelu",
-              .num_inputs = 1,
-              .infer = InferGelu,
-              .kernel = GeluKernel<true>,
-              .reference = GeluKernel<false>,
-              .vjp = GeluVjp,
-              .recomputable = true,
-              .doc = "GELU, tanh approximation (PyTorch gelu(approximate='tanh')); bf16 x gives "
-                     "bf16 y, computed in f32",
-              .signature = {.inputs = {{"x", "float or bf16[...]"}},
-                            .outputs = {{"y", "x's dtype[...]"}}}});
+  r.Register(
+      {.name = "gelu",
+       .num_inputs = 1,
+       .infer = InferGelu,
+       .kernel = GeluKernel<true>,
+       .reference = GeluKernel<false>,
+       .vjp = GeluVjp,
+       .recomputable = true,
+       .doc = "GELU, tanh approximation (PyTorch gelu(approximate='tanh')); bf16 x gives "
+              "bf16 y, computed in f32",
+       .signature = {.inputs = {{"x", "float or bf16[...]"}}, .outputs = {{"y", "x's dtype[...]"}}},
+       .in_place_inputs = {0}});
   RegisterUnary(r, "gelu_erf", UnaryKernel<kernels::GeluErf<float>, kernels::GeluErf<double>>,
                 nullptr, GeluErfVjp,
                 "GELU, exact: 0.5·x·(1 + erf(x/√2)) (PyTorch gelu(approximate='none'))",
@@ -645,7 +652,8 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .doc = "SwiGLU gate silu(a)·b (Llama's MLP); backward recomputes silu from a, so "
                      "a and b are all it keeps; bf16 a and b give bf16 y, computed in f32",
               .signature = {.inputs = {{"a", "float or bf16[...]"}, {"b", "a's dtype[...]"}},
-                            .outputs = {{"y", "a's dtype[...]"}}}});
+                            .outputs = {{"y", "a's dtype[...]"}}},
+              .in_place_inputs = {0, 1}});
   r.Register(
       {.name = "swiglu_grad",
        .num_inputs = 3,
@@ -666,7 +674,8 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .doc = "x where x > 0, slope·x elsewhere (PyTorch leaky_relu, negative_slope)",
               .signature = {.inputs = {{"x", "float[...]"}},
                             .attrs = {{"slope", "float = 0.01"}},
-                            .outputs = {{"y", "float[...]"}}}});
+                            .outputs = {{"y", "float[...]"}}},
+              .in_place_inputs = {0}});
   r.Register({.name = "softplus",
               .num_inputs = 1,
               .infer = InferSoftplus,
@@ -676,7 +685,8 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .doc = "log(1 + e^(beta·x)) / beta, x where beta·x > threshold (PyTorch softplus)",
               .signature = {.inputs = {{"x", "float[...]"}},
                             .attrs = {{"beta", "float = 1"}, {"threshold", "float = 20"}},
-                            .outputs = {{"y", "float[...]"}}}});
+                            .outputs = {{"y", "float[...]"}}},
+              .in_place_inputs = {0}});
   r.Register({.name = "leaky_relu_grad",
               .num_inputs = 2,
               .infer = InferUnaryGrad,
@@ -684,7 +694,8 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .doc = "leaky_relu gradient: dy where x > 0, slope·dy elsewhere",
               .signature = {.inputs = {{"dy", "float[...]"}, {"x", "float[...]"}},
                             .attrs = {{"slope", "float = 0.01"}},
-                            .outputs = {{"dx", "float[...]"}}}});
+                            .outputs = {{"dx", "float[...]"}}},
+              .in_place_inputs = {0, 1}});
   r.Register({.name = "softplus_grad",
               .num_inputs = 2,
               .infer = InferSoftplusGrad,
@@ -692,7 +703,8 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .doc = "softplus gradient: dy·sigmoid(beta·x), dy where beta·x > threshold",
               .signature = {.inputs = {{"dy", "float[...]"}, {"x", "float[...]"}},
                             .attrs = {{"beta", "float = 1"}, {"threshold", "float = 20"}},
-                            .outputs = {{"dx", "float[...]"}}}});
+                            .outputs = {{"dx", "float[...]"}}},
+              .in_place_inputs = {0, 1}});
   RegisterUnaryGrad(r, "relu_grad", "s",
                     UnaryGradKernel<kernels::ReluGrad<float>, kernels::ReluGrad<double>>, nullptr,
                     "relu gradient: dy where s (relu's input or output) is > 0, else 0");
@@ -703,7 +715,8 @@ void RegisterElementwiseOps(OpRegistry& r) {
               .reference = GeluGradKernel<false>,
               .doc = "gelu gradient: dy · gelu'(x); bf16 x takes an f32 dy and gives an f32 dx",
               .signature = {.inputs = {{"dy", "float[...]"}, {"x", "float or bf16[...]"}},
-                            .outputs = {{"dx", "float[...]"}}}});
+                            .outputs = {{"dx", "float[...]"}}},
+              .in_place_inputs = {0, 1}});
   RegisterUnaryGrad(
       r, "silu_grad", "x",
       UnaryGradKernel<kernels::SiluGradFast<float>, kernels::SiluGradFast<double>>,

@@ -134,13 +134,16 @@ TEST_F(RunCli, ReadableSummaryAndVerbosePlan) {
   Result r = Sluice("run " + program.string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("program 'triple'"));
-  EXPECT_THAT(r.out, HasSubstr("liveness lower bound 24 B"));
+  // z = add(y, x) is y's last reader: z is written over y, one 12-byte buffer.
+  EXPECT_THAT(r.out, HasSubstr("liveness lower bound 12 B"));
   EXPECT_THAT(r.out, HasSubstr("output %z = Tensor(f32[3]"));
   EXPECT_EQ(r.err, "");
 
   r = Sluice("run " + program.string() + " --verbose");
+  EXPECT_THAT(r.err, HasSubstr("%z = add(%y, %x) [in place of %y]  →  %y (handed to %z)"));
+  r = Sluice("run " + program.string() + " --verbose --no-in-place");
   EXPECT_THAT(r.err, HasSubstr("%z = add(%y, %x)  →  %y (12 B)"));
-  r = Sluice("run " + program.string(), "SLUICE_VERBOSE=1");
+  r = Sluice("run " + program.string() + " --no-in-place", "SLUICE_VERBOSE=1");
   EXPECT_THAT(r.err, HasSubstr("liveness lower bound: 24 B"));
 }
 

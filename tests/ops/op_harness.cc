@@ -255,6 +255,38 @@ void RunSingleKernel(const OpCase& c, DType t) {
   }
 }
 
+// Writing in place (exec/analysis.h): for every input the op lists in OpDef::in_place_inputs with
+// output 0's shape and element width, each of its kernels run with output 0 on that input's storage
+// gives bitwise what it gives into fresh memory — the alias-safety the listing promises.
+void CheckInPlace(const Program& p, const Scope& inputs, const OpDef& op,
+                  const std::string& label) {
+  const Instruction& instr = p.instructions()[0];
+  const TensorType& yt = p.type(instr.outputs[0]);
+  for (int j : op.in_place_inputs) {
+    const TensorType& xt = p.type(instr.inputs[static_cast<size_t>(j)]);
+    if (xt.shape != yt.shape || SizeOf(xt.dtype) != SizeOf(yt.dtype)) continue;
+    for (KernelFn kernel : {op.kernel, op.reference}) {
+      auto run = [&](bool in_place) {
+        std::vector<Tensor> ins;
+        for (ValueId v : instr.inputs) ins.push_back(inputs.Get(p.value(v).name).Clone());
+        std::vector<Tensor> outs;
+        for (ValueId v : instr.outputs)
+          outs.push_back(Tensor::Empty(p.type(v).shape, p.type(v).dtype));
+        if (in_place)
+          outs[0] = Tensor::OnStorage(ins[static_cast<size_t>(j)].storage(), yt.shape, yt.dtype);
+        KernelContext ctx{
+            KernelInputs(ins), {outs.data(), outs.size()}, instr.attrs, DefaultAllocator()};
+        kernel(ctx);
+        return outs[0];
+      };
+      const Tensor apart = run(false), over = run(true);
+      EXPECT_TRUE(BitwiseEqual(apart, over))
+          << label << " (" << Name(yt.dtype) << "): output 0 written over input " << j << " of "
+          << op.name << " differs\napart " << apart.ToString(16) << "\nover  " << over.ToString(16);
+    }
+  }
+}
+
 bool SignatureNames(const std::vector<OpParam>& params, const std::string& name) {
   return std::any_of(params.begin(), params.end(),
                      [&](const OpParam& p) { return p.name == name; });
@@ -292,7 +324,13 @@ void RunOpCase(const OpCase& c) {
               : " has a reference and a fast kernel: drop .single_kernel so they are compared");
   if (c.bf16) {
     RunMixedCase(c);
+    const Program p = MakeMixedProgram(c, false);
+    CheckInPlace(p, MakeInputs(p, c, 1234), *op, c.label);
     return;
+  }
+  for (DType t : {DType::kF32, DType::kF64}) {
+    const Program p = MakeProgram(c, t);
+    CheckInPlace(p, MakeInputs(p, c, 1234), *op, c.label);
   }
   CheckSignature(c, *op);
   if (c.single_kernel) {

@@ -7,6 +7,9 @@
 //      of the op's VJP rule as autodiff uses it;
 //   3. the op's signature (OpDef::signature) against the case: its attributes are ones the
 //      signature names, and the op gives as many outputs as the signature lists;
+//   4. for every input the op lists in OpDef::in_place_inputs that has output 0's shape and
+//      element width (mixed-precision cases too): each kernel with output 0 on that input's
+//      storage gives bitwise its result into fresh memory;
 // A mixed-precision case (bf16 = true) runs instead, with the inputs bf16_inputs in bf16 and the
 // other floating inputs in f32 (an attribute dtype = "bf16" kept):
 //   1. fast vs reference kernel (f32_tolerance, relative to the largest magnitude);

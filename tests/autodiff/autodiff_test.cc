@@ -369,51 +369,110 @@ TEST(Autodiff, ParamsOffLossPathAreThoseTheLossDoesNotDependOn) {
   EXPECT_THROW(ParamsOffLossPath(p, "nothing"), ProgramError);
 }
 
-// A GELU whose output gradient is one matmul gets its input gradient from one matmul_gelu_grad;
-// the gradients are bitwise those of the unfused pair, which a second use of the GELU's output
-// (adding a zero gradient, so the matmul's result is no longer gelu_grad's own) keeps apart.
+int64_t CountOp(const Program& p, std::string_view op) {
+  return std::count_if(p.instructions().begin(), p.instructions().end(),
+                       [&](const Instruction& ins) { return ins.op->name == op; });
+}
+
+// Runs each forward program and then its backward program on the same random inputs, parameters
+// and gradient of the output `y` (of `dtype`), and expects bitwise the same gradients from all.
+void ExpectBitwiseSameGradients(const std::vector<std::pair<Program, Backward>>& runs,
+                                DType dtype) {
+  const Program& first = runs[0].first;
+  std::mt19937_64 rng(2);
+  auto random = [&](const Shape& shape) {
+    Tensor t = Tensor::Empty(shape, dtype);
+    const Tensor r = Random(shape, rng);
+    for (int64_t i = 0; i < t.numel(); ++i) t.FlatSet(i, r.FlatAt(i));
+    return t;
+  };
+  Scope base;
+  for (ValueId v : first.inputs()) base.Set(first.value(v).name, random(first.type(v).shape));
+  for (ValueId v : first.params()) base.Set(first.value(v).name, random(first.type(v).shape));
+  base.Set("y.grad", random(first.type(first.Get("y")).shape));
+  std::vector<Scope> results(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name));
+    RunReference(runs[i].first, results[i], DefaultAllocator(), false, runs[i].second.saved);
+    RunReference(runs[i].second.program, results[i]);
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    for (const std::string& grad : runs[0].second.grads) {
+      EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[i].Get(grad))) << grad;
+    }
+  }
+}
+
+// A GELU whose output gradient is one matmul gets its input gradient from one matmul_gelu_grad —
+// also when the GELU reads the product viewed in another shape (an imported linear's [B·T, n] as
+// [B, T, n]); the gradients are bitwise those of the unfused pair, which a second use of the
+// GELU's output (adding a zero gradient, so the matmul's result is no longer gelu_grad's own)
+// keeps apart.
 TEST(Autodiff, FusesTheMatMulIntoTheGeluGradient) {
-  auto build = [](bool second_use) {
+  auto build = [](bool second_use, bool view) {
     Builder b(second_use ? "unfused" : "fused");
     Var x = b.Input("x", DType::kF64, {4, 6});
     Var w1 = b.Param("w1", DType::kF64, {6, 8});
     Var w2 = b.Param("w2", DType::kF64, {3, 8});
-    Var h = b.Name(Gelu(b.Name(MatMul(x, w1), "pre")), "h");
+    Var pre = b.Name(MatMul(x, w1), "pre");
+    Var h = b.Name(Gelu(view ? Reshape(pre, {2, 2, 8}) : pre), "h");
+    if (view) h = Reshape(h, {4, 8});
     Var y = MatMul(h, w2, false, true);
     if (second_use) y = y + MatMul(h, Zeros(b, {8, 3}, DType::kF64));
     b.Output(b.Name(y, "y"));
     return b.Build();
   };
-  auto count = [](const Program& p, std::string_view op) {
-    return std::count_if(p.instructions().begin(), p.instructions().end(),
-                         [&](const Instruction& ins) { return ins.op->name == op; });
-  };
   const std::vector<std::string> wrt = {"x", "w1", "w2"};
-  const Program fused = build(false), unfused = build(true);
-  const Backward fused_bwd = BuildBackward(fused, {.seeds = {"y"}, .wrt = wrt});
-  const Backward unfused_bwd = BuildBackward(unfused, {.seeds = {"y"}, .wrt = wrt});
-  EXPECT_EQ(count(fused_bwd.program, "matmul_gelu_grad"), 1);
-  EXPECT_EQ(count(fused_bwd.program, "gelu_grad"), 0);
-  EXPECT_EQ(count(unfused_bwd.program, "matmul_gelu_grad"), 0);
-  EXPECT_EQ(count(unfused_bwd.program, "gelu_grad"), 1);
+  for (bool view : {false, true}) {
+    SCOPED_TRACE(view ? "through a view" : "the product itself");
+    std::vector<std::pair<Program, Backward>> runs;
+    for (bool second_use : {false, true}) {
+      Program p = build(second_use, view);
+      Backward bwd = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt});
+      runs.emplace_back(std::move(p), std::move(bwd));
+    }
+    const Program &fused = runs[0].second.program, &unfused = runs[1].second.program;
+    EXPECT_EQ(CountOp(fused, "matmul_gelu_grad"), 1);
+    EXPECT_EQ(CountOp(fused, "gelu_grad"), 0);
+    EXPECT_EQ(CountOp(unfused, "matmul_gelu_grad"), 0);
+    EXPECT_EQ(CountOp(unfused, "gelu_grad"), 1);
+    ExpectBitwiseSameGradients(runs, DType::kF64);
+  }
+}
 
-  std::mt19937_64 rng(2);
-  Scope base;
-  for (ValueId v : fused.inputs()) base.Set(fused.value(v).name, Random(fused.type(v).shape, rng));
-  for (ValueId v : fused.params()) base.Set(fused.value(v).name, Random(fused.type(v).shape, rng));
-  const Tensor dy = Random({4, 3}, rng);
-  std::vector<Scope> results(2);
-  const std::pair<const Program*, const Backward*> runs[] = {{&fused, &fused_bwd},
-                                                             {&unfused, &unfused_bwd}};
-  for (int i = 0; i < 2; ++i) {
-    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name));
-    RunReference(*runs[i].first, results[i], DefaultAllocator(), false, runs[i].second->saved);
-    results[i].Set("y.grad", dy);
-    RunReference(runs[i].second->program, results[i]);
+// Llama's MLP under mixed precision, swiglu(x·W1, x·W3)·W2 with bf16 operands: SwiGLU's gradients
+// da and db are read only by the products' VJPs, which round them to bf16, so swiglu_grad makes
+// them bf16 itself (no f32 da, db) — bitwise the same gradients as rounding them afterwards,
+// which a second reader of a's gradient (a product by zeros) forces.
+TEST(Autodiff, MakesASwigluGradientThatOnlyProductsReadBf16) {
+  auto build = [](bool second_use) {
+    Builder b(second_use ? "f32_gradients" : "bf16_gradients");
+    Var x = Cast(b.Input("x", DType::kF32, {4, 6}), DType::kBF16);
+    Var w1 = Cast(b.Param("w1", DType::kF32, {6, 8}), DType::kBF16);
+    Var w3 = Cast(b.Param("w3", DType::kF32, {6, 8}), DType::kBF16);
+    Var w2 = Cast(b.Param("w2", DType::kF32, {8, 3}), DType::kBF16);
+    Var a = Cast(MatMul(x, w1), DType::kBF16), g = Cast(MatMul(x, w3), DType::kBF16);
+    Var y = MatMul(Swiglu(a, g), w2);
+    if (second_use) y = y + MatMul(a, Cast(Zeros(b, {8, 3}, DType::kF32), DType::kBF16));
+    b.Output(b.Name(y, "y"));
+    return b.Build();
+  };
+  auto swiglu_grad_dtype = [](const Program& p) {
+    for (const Instruction& ins : p.instructions()) {
+      if (ins.op->name == "swiglu_grad") return p.type(ins.outputs[0]).dtype;
+    }
+    ADD_FAILURE() << "no swiglu_grad in " << p.name();
+    return DType::kF32;
+  };
+  std::vector<std::pair<Program, Backward>> runs;
+  for (bool second_use : {false, true}) {
+    Program p = build(second_use);
+    Backward bwd = BuildBackward(p, {.seeds = {"y"}, .wrt = {"x", "w1", "w3", "w2"}});
+    runs.emplace_back(std::move(p), std::move(bwd));
   }
-  for (const std::string& grad : fused_bwd.grads) {
-    EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[1].Get(grad))) << grad;
-  }
+  EXPECT_EQ(swiglu_grad_dtype(runs[0].second.program), DType::kBF16);
+  EXPECT_EQ(swiglu_grad_dtype(runs[1].second.program), DType::kF32);
+  ExpectBitwiseSameGradients(runs, DType::kF32);
 }
 
 }  // namespace

@@ -106,6 +106,10 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "swiglu_bf16", .op = "swiglu", .inputs = {F({7, 13}), F({7, 13})}, .fills = {wide, Fill{}}, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3, .bf16_grad_tolerance = 1e-5},
       {.label = "swiglu_bf16_long", .op = "swiglu", .inputs = {F({40000}), F({40000})}, .fills = {Uniform(-12, 12), Fill{}}, .grad = false, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {0, 1}, .bf16_tolerance = 4e-3},
       {.label = "swiglu_grad_bf16", .op = "swiglu_grad", .inputs = {F({40000}), F({40000}), F({40000})}, .fills = {Fill{}, Uniform(-12, 12), Fill{}}, .grad = false, .bf16 = true, .bf16_inputs = {1, 2}, .bf16_tolerance = 1e-5},
+      // da and db rounded to bf16 as they are stored (dtype = "bf16": a gradient only bf16
+      // products read): half a bf16 ulp against the twin, one ulp between fast and reference
+      // (their f32 values differ in the last bits).
+      {.label = "swiglu_grad_bf16_rounded", .op = "swiglu_grad", .inputs = {F({40000}), F({40000}), F({40000})}, .attrs = bf16, .fills = {Fill{}, Uniform(-12, 12), Fill{}}, .grad = false, .f32_tolerance = 8e-3, .bf16 = true, .bf16_inputs = {1, 2}, .bf16_tolerance = 4e-3},
       {.label = "gelu_grad_bf16", .op = "gelu_grad", .inputs = {F({40000}), F({40000})}, .fills = {Fill{}, Uniform(-12, 12)}, .grad = false, .bf16 = true, .bf16_inputs = {1}, .bf16_tolerance = 1e-5},
       // add and mul on bf16 a and b (kernels/binary.h): each element computed in f32 and rounded,
       // half a bf16 ulp of y (2^-8 relative, 4e-3) against the twin; fast and reference kernels
@@ -157,6 +161,8 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "swiglu_grad_bf16_dy", .op = "swiglu_grad", .inputs = {{DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
       {.label = "swiglu_grad_bf16_shape", .op = "swiglu_grad", .inputs = {F({4}), {DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}},
       {.label = "swiglu_grad_shape", .op = "swiglu_grad", .inputs = {F({3}), F({3}), F({4})}},
+      {.label = "swiglu_grad_bf16_of_f32", .op = "swiglu_grad", .inputs = {F({3}), F({3}), F({3})}, .attrs = {{"dtype", std::string("bf16")}}},
+      {.label = "swiglu_grad_dtype_unknown", .op = "swiglu_grad", .inputs = {F({3}), {DType::kBF16, Shape{3}}, {DType::kBF16, Shape{3}}}, .attrs = {{"dtype", std::string("f16")}}},
       {.label = "relu_grad_shape", .op = "relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "gelu_grad_broadcast", .op = "gelu_grad", .inputs = {F({2, 3}), F({3})}},
       {.label = "tanh_grad_dtype", .op = "tanh_grad", .inputs = {F({3}), f64_3}},

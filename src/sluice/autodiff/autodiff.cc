@@ -49,6 +49,7 @@ Program PrunedWithRecomputation(const Program& fwd, const Program& bwd, const Li
 std::vector<int32_t> PartsOf(const Program& fwd, const std::vector<std::string>& cuts);
 Program Pruned(const Program& p, const Liveness& liveness);
 Program FuseMatMulIntoGeluGrad(Program p);
+Program RoundGradientsWhereMade(const Program& p);
 Program WidenAtEachReader(const Program& p, const std::unordered_set<std::string>& widened);
 
 class BackwardBuilder {
@@ -391,10 +392,10 @@ Backward BackwardBuilder::Build() {
         bwd_dropped[v] = any_dropped = true;
       }
     }
-    out.program = FuseMatMulIntoGeluGrad(
+    out.program = RoundGradientsWhereMade(FuseMatMulIntoGeluGrad(
         any_dropped ? PrunedWithRecomputation(fwd_, bwd, liveness, bwd_dropped,
                                               PartsOf(fwd_, spec_.recompute_cuts))
-                    : Pruned(bwd, liveness));
+                    : Pruned(bwd, liveness)));
     if (!widened_.empty()) {
       std::unordered_set<std::string> widened;
       for (ValueId w : widened_) widened.insert(bwd.value(w).name);
@@ -673,30 +674,57 @@ Program WidenAtEachReader(const Program& p, const std::unordered_set<std::string
   return dst;
 }
 
-// gelu_grad(dy, x) whose dy is a matmul's result that nothing else reads becomes one
-// matmul_gelu_grad at the gelu_grad's place (see autodiff.h).
+// Per value of `p`: how many instructions read it (and 1 more for a program output), and the last
+// instruction that reads it (-1: none).
+struct Readers {
+  std::vector<int> uses;
+  std::vector<int32_t> last;
+  explicit Readers(const Program& p) : uses(p.values().size(), 0), last(p.values().size(), -1) {
+    const auto& instrs = p.instructions();
+    for (size_t i = 0; i < instrs.size(); ++i) {
+      for (ValueId v : instrs[i].inputs) {
+        ++uses[v];
+        last[v] = static_cast<int32_t>(i);
+      }
+    }
+    for (ValueId v : p.outputs()) ++uses[v];
+  }
+};
+
+// gelu_grad(dy, x) whose dy is a matmul's result that nothing else reads, as it is or through
+// reshapes that nothing else reads (an imported linear's [B·T, n] product viewed as [B, T, n]),
+// becomes one matmul_gelu_grad at the gelu_grad's place (see autodiff.h), on x viewed in the
+// product's shape and its result viewed back in dx's.
 Program FuseMatMulIntoGeluGrad(Program p) {
   const auto& instrs = p.instructions();
-  std::vector<int> uses(p.values().size(), 0);
-  for (const Instruction& ins : instrs) {
-    for (ValueId v : ins.inputs) ++uses[v];
-  }
-  for (ValueId v : p.outputs()) ++uses[v];
+  const Readers readers(p);
   std::vector<int32_t> fused_matmul(instrs.size(), -1);  // per gelu_grad: the matmul it absorbs
   std::vector<bool> absorbed(instrs.size(), false);
   bool any = false;
   for (size_t i = 0; i < instrs.size(); ++i) {
     if (instrs[i].op->name != "gelu_grad") continue;
-    const ValueId dy = instrs[i].inputs[0];
-    const int32_t producer = p.value(dy).producer;
-    if (producer < 0 || uses[dy] != 1 || instrs[producer].op->name != "matmul") continue;
+    ValueId dy = instrs[i].inputs[0];
+    std::vector<int32_t> views;  // the reshapes between the matmul and the gelu_grad
+    int32_t producer = p.value(dy).producer;
+    while (producer >= 0 && readers.uses[dy] == 1 && instrs[producer].op->name == "reshape") {
+      views.push_back(producer);
+      dy = instrs[producer].inputs[0];
+      producer = p.value(dy).producer;
+    }
+    if (producer < 0 || readers.uses[dy] != 1 || instrs[producer].op->name != "matmul") continue;
     fused_matmul[i] = producer;
     absorbed[producer] = any = true;
+    for (int32_t v : views) absorbed[v] = true;
   }
   if (!any) return p;
   std::vector<ValueId> to_dst;
   Program out = CopyProgram(
       p, p.name(), [](size_t) { return false; }, [](ValueId) { return true; }, to_dst);
+  auto view = [&](ValueId v, const Shape& shape, const std::string& name) {
+    return out.AddInstruction(
+        "reshape", {v}, {{"shape", std::vector<int64_t>(shape.dims().begin(), shape.dims().end())}},
+        {name})[0];
+  };
   for (size_t i = 0; i < instrs.size(); ++i) {
     if (absorbed[i]) continue;
     if (fused_matmul[i] < 0) {
@@ -704,11 +732,81 @@ Program FuseMatMulIntoGeluGrad(Program p) {
       continue;
     }
     const Instruction& mm = instrs[fused_matmul[i]];
-    const ValueId dx = instrs[i].outputs[0];
-    to_dst[dx] = out.AddInstruction(
-        "matmul_gelu_grad",
-        {to_dst[mm.inputs[0]], to_dst[mm.inputs[1]], to_dst[instrs[i].inputs[1]]}, mm.attrs,
-        {p.value(dx).name})[0];
+    const ValueId dx = instrs[i].outputs[0], product = mm.outputs[0];
+    const Shape& shape = p.type(product).shape;
+    ValueId x = to_dst[instrs[i].inputs[1]];
+    if (shape == p.type(dx).shape) {
+      to_dst[dx] =
+          out.AddInstruction("matmul_gelu_grad", {to_dst[mm.inputs[0]], to_dst[mm.inputs[1]], x},
+                             mm.attrs, {p.value(dx).name})[0];
+      continue;
+    }
+    x = view(x, shape, out.FreshName(out.value(x).name + ".view"));
+    const ValueId fused =
+        out.AddInstruction("matmul_gelu_grad", {to_dst[mm.inputs[0]], to_dst[mm.inputs[1]], x},
+                           mm.attrs, {p.value(product).name})[0];
+    to_dst[dx] = view(fused, p.type(dx).shape, p.value(dx).name);
+  }
+  for (ValueId v : p.outputs()) out.AddOutput(to_dst[v]);
+  return out;
+}
+
+// The ops that can round the gradients they make to bf16 as they store them, bit for bit what a
+// cast of their f32 results gives, when asked by the attribute dtype = "bf16": all of an
+// instruction's outputs together.
+constexpr std::string_view kRoundWhereMade[] = {"swiglu_grad"};
+
+// An f32 gradient made by one of those ops whose one reader, as it is or through views that
+// nothing else reads, is a cast to bf16 — a bf16 product's VJP rounding its operand (ir/ops/
+// linalg.cc) — is made bf16 by its op; the views pass the bf16 gradient on, the cast goes (its
+// readers read the last view or the gradient). Bitwise the same gradients, half the bytes between
+// the op and the products (autodiff.h).
+Program RoundGradientsWhereMade(const Program& p) {
+  const auto& instrs = p.instructions();
+  const Readers readers(p);
+  // The cast to bf16 that f32 value v ends in, or -1.
+  auto rounding_cast = [&](ValueId v) -> int32_t {
+    if (p.type(v).dtype != DType::kF32) return -1;
+    for (; readers.uses[v] == 1 && !p.IsOutput(v); v = instrs[readers.last[v]].outputs[0]) {
+      const Instruction& r = instrs[readers.last[v]];
+      if (r.op->name == "cast") {
+        const bool rounds =
+            r.attrs.GetString("dtype") == Name(DType::kBF16) && !p.IsOutput(r.outputs[0]);
+        return rounds ? readers.last[v] : -1;
+      }
+      if (r.op->kind != OpKind::kView || r.outputs.size() != 1) return -1;
+    }
+    return -1;
+  };
+  std::vector<bool> rounded(instrs.size(), false), dropped(instrs.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    const Instruction& ins = instrs[i];
+    if (std::find(std::begin(kRoundWhereMade), std::end(kRoundWhereMade), ins.op->name) ==
+        std::end(kRoundWhereMade)) {
+      continue;
+    }
+    std::vector<int32_t> casts;
+    for (ValueId v : ins.outputs) casts.push_back(rounding_cast(v));
+    if (std::find(casts.begin(), casts.end(), -1) != casts.end()) continue;
+    rounded[i] = any = true;
+    for (int32_t c : casts) dropped[c] = true;
+  }
+  if (!any) return p;
+  std::vector<ValueId> to_dst;
+  Program out = CopyProgram(
+      p, p.name(), [](size_t) { return false; }, [](ValueId) { return true; }, to_dst);
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    const Instruction& ins = instrs[i];
+    if (dropped[i]) {
+      to_dst[ins.outputs[0]] = to_dst[ins.inputs[0]];
+    } else if (rounded[i]) {
+      Instruction bf16 = ins;
+      bf16.attrs.Set("dtype", std::string(Name(DType::kBF16)));
+      CopyInstruction(p, bf16, out, to_dst);
+    } else {
+      CopyInstruction(p, ins, out, to_dst);
+    }
   }
   for (ValueId v : p.outputs()) out.AddOutput(to_dst[v]);
   return out;

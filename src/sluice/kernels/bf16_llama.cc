@@ -1,6 +1,7 @@
 #include "sluice/kernels/bf16_llama.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "sluice/kernels/bf16_convert.h"
@@ -107,13 +108,22 @@ void SwigluBF16Fast(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n
   });
 }
 
-void SwigluGradBF16Reference(const float* dy, const BFloat16* a, const BFloat16* b, float* da,
-                             float* db, int64_t n) {
+template <typename Out>
+void SwigluGradBF16Reference(const float* dy, const BFloat16* a, const BFloat16* b, Out* da,
+                             Out* db, int64_t n) {
   std::vector<float> af = Widened(a, n), bf = Widened(b, n);
-  SwigluGradReference<float>(dy, af.data(), bf.data(), da, db, n);
+  if constexpr (std::is_same_v<Out, float>) {
+    SwigluGradReference<float>(dy, af.data(), bf.data(), da, db, n);
+  } else {
+    std::vector<float> daf(static_cast<size_t>(n)), dbf(static_cast<size_t>(n));
+    SwigluGradReference<float>(dy, af.data(), bf.data(), daf.data(), dbf.data(), n);
+    ToBF16Reference(daf.data(), da, n);
+    ToBF16Reference(dbf.data(), db, n);
+  }
 }
 
-void SwigluGradBF16Fast(const float* dy, const BFloat16* a, const BFloat16* b, float* da, float* db,
+template <typename Out>
+void SwigluGradBF16Fast(const float* dy, const BFloat16* a, const BFloat16* b, Out* da, Out* db,
                         int64_t n) {
   ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
     alignas(64) float af[kSwigluBlock], bf[kSwigluBlock];
@@ -121,9 +131,25 @@ void SwigluGradBF16Fast(const float* dy, const BFloat16* a, const BFloat16* b, f
       const int64_t m = std::min(kSwigluBlock, end - k);
       FromBF16Fast(a + k, af, m);
       FromBF16Fast(b + k, bf, m);
-      SwigluGradBlock(dy + k, af, bf, da + k, db + k, m);
+      if constexpr (std::is_same_v<Out, float>) {
+        SwigluGradBlock(dy + k, af, bf, da + k, db + k, m);
+      } else {
+        alignas(64) float daf[kSwigluBlock], dbf[kSwigluBlock];
+        SwigluGradBlock(dy + k, af, bf, daf, dbf, m);
+        ToBF16Fast(daf, da + k, m);
+        ToBF16Fast(dbf, db + k, m);
+      }
     }
   });
 }
+
+template void SwigluGradBF16Reference<float>(const float*, const BFloat16*, const BFloat16*, float*,
+                                             float*, int64_t);
+template void SwigluGradBF16Reference<BFloat16>(const float*, const BFloat16*, const BFloat16*,
+                                                BFloat16*, BFloat16*, int64_t);
+template void SwigluGradBF16Fast<float>(const float*, const BFloat16*, const BFloat16*, float*,
+                                        float*, int64_t);
+template void SwigluGradBF16Fast<BFloat16>(const float*, const BFloat16*, const BFloat16*,
+                                           BFloat16*, BFloat16*, int64_t);
 
 }  // namespace sluice::kernels

@@ -5,16 +5,18 @@
 // Each fast kernel widens a block of its bf16 operands to f32 (kernels/bf16_convert.h), runs the
 // f32 fast kernel's arithmetic on that block (kernels/rms_norm.h, swiglu.h: the same SIMD row
 // kernels and the same blocks) and rounds the block's bf16 output to nearest even. Gradients are
-// f32 (a bf16 value's gradient is f32: ir/gradient_type.h); rstd is computed in f32 and never
-// rounded. So a fast kernel gives, bit for bit, what casting its bf16 inputs to f32, running the
-// f32 fast kernel and rounding its output to bf16 would give — without the f32 copies living as
-// tensors:
+// f32 (a bf16 value's gradient is f32: ir/gradient_type.h) — except SwiGLU's when bf16 products
+// alone read them (autodiff/autodiff.h, "bf16 gradients where they are made"): then da and db are
+// rounded to bf16 as they are stored, bit for bit what casting the f32 ones would give; rstd is
+// computed in f32 and never rounded. So a fast kernel gives, bit for bit, what casting its bf16
+// inputs to f32, running the f32 fast kernel and rounding its output to bf16 would give — without
+// the f32 copies living as tensors:
 //
 //   RmsNormBF16             x [rows, C] bf16, weight [C] f32  -> y [rows, C] bf16
 //   RmsNormGradXBF16        dy f32, x bf16, weight f32        -> dx [rows, C] f32
 //   RmsNormGradWeightBF16   dy f32, x bf16                    -> dweight [C] f32 (overwritten)
 //   SwigluBF16              a [n] bf16, b [n] bf16            -> y [n] bf16
-//   SwigluGradBF16          dy [n] f32, a bf16, b bf16        -> da, db [n] f32
+//   SwigluGradBF16          dy [n] f32, a bf16, b bf16        -> da, db [n] f32, or bf16 (Out)
 //
 // The *Reference kernels widen whole operands with core/dtype.h's scalar conversions and run the
 // f32 reference kernels; the op harness compares each pair, and each with the f32 op on the same
@@ -57,9 +59,12 @@ void RmsNormGradWeightBF16Fast(const float* dy, const BFloat16* x, float* dweigh
 
 void SwigluBF16Reference(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n);
 void SwigluBF16Fast(const BFloat16* a, const BFloat16* b, BFloat16* y, int64_t n);
-void SwigluGradBF16Reference(const float* dy, const BFloat16* a, const BFloat16* b, float* da,
-                             float* db, int64_t n);
-void SwigluGradBF16Fast(const float* dy, const BFloat16* a, const BFloat16* b, float* da, float* db,
+// Out: float, or BFloat16 (da and db rounded to nearest even).
+template <typename Out>
+void SwigluGradBF16Reference(const float* dy, const BFloat16* a, const BFloat16* b, Out* da,
+                             Out* db, int64_t n);
+template <typename Out>
+void SwigluGradBF16Fast(const float* dy, const BFloat16* a, const BFloat16* b, Out* da, Out* db,
                         int64_t n);
 
 }  // namespace sluice::kernels

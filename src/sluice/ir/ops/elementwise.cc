@@ -293,19 +293,32 @@ std::vector<TensorType> InferSwiglu(std::span<const TensorType> in, const Attrs&
   return {{t, in[0].shape}};
 }
 
-// dy, a, b -> da, db; dy f32 with a, b bf16 gives f32 da, db (a bf16 value's gradient type).
+// dy, a, b -> da, db; dy f32 with a, b bf16 gives f32 da, db (a bf16 value's gradient type), or
+// bf16 ones with the attribute dtype = "bf16" (rounded where they are made: a gradient that only
+// bf16 products read, autodiff/autodiff.h). dtype, when given, names da's and db's dtype.
 std::vector<TensorType> InferSwigluGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  TensorType t;
   if (in[1].dtype == DType::kBF16) {
     ops::MixedFloatDType(in, {1, 2});
-    TensorType t = InferSwiglu(in.subspan(1), attrs)[0];
+    t = InferSwiglu(in.subspan(1), attrs)[0];
     if (in[0].shape != t.shape) {
       throw ShapeError(fmt::format("swiglu_grad's dy {} must have a's shape {}",
                                    in[0].shape.ToString(), t.shape.ToString()));
     }
     t.dtype = DType::kF32;
-    return {t, t};
+  } else {
+    t = InferSwiglu(in, attrs)[0];
   }
-  TensorType t = InferSwiglu(in, attrs)[0];
+  if (attrs.Has("dtype")) {
+    const std::optional<DType> want = ParseDType(attrs.GetString("dtype"));
+    const bool rounded = want == DType::kBF16 && in[1].dtype == DType::kBF16;
+    if (want != t.dtype && !rounded) {
+      throw ShapeError(
+          fmt::format("dtype '{}' for da and db: they are {} here (bf16 only beside bf16 a and b)",
+                      attrs.GetString("dtype"), Name(t.dtype)));
+    }
+    t.dtype = *want;
+  }
   return {t, t};
 }
 
@@ -333,9 +346,19 @@ template <bool kFast>
 void SwigluGradKernel(KernelContext& ctx) {
   const Tensor& dy = ctx.inputs[0];
   if (ctx.inputs[1].dtype() == DType::kBF16) {
-    (kFast ? kernels::SwigluGradBF16Fast : kernels::SwigluGradBF16Reference)(
-        dy.data<float>(), ctx.inputs[1].data<BFloat16>(), ctx.inputs[2].data<BFloat16>(),
-        ctx.outputs[0].data<float>(), ctx.outputs[1].data<float>(), dy.numel());
+    const BFloat16 *a = ctx.inputs[1].data<BFloat16>(), *b = ctx.inputs[2].data<BFloat16>();
+    if (ctx.outputs[0].dtype() == DType::kBF16) {
+      (kFast ? kernels::SwigluGradBF16Fast<BFloat16>
+             : kernels::SwigluGradBF16Reference<BFloat16>)(dy.data<float>(), a, b,
+                                                           ctx.outputs[0].data<BFloat16>(),
+                                                           ctx.outputs[1].data<BFloat16>(),
+                                                           dy.numel());
+    } else {
+      (kFast ? kernels::SwigluGradBF16Fast<float>
+             : kernels::SwigluGradBF16Reference<float>)(dy.data<float>(), a, b,
+                                                        ctx.outputs[0].data<float>(),
+                                                        ctx.outputs[1].data<float>(), dy.numel());
+    }
     return;
   }
   DispatchFloat(dy.dtype(), "swiglu_grad", [&]<typename T>() {
@@ -660,10 +683,12 @@ void RegisterElementwiseOps(OpRegistry& r) {
        .infer = InferSwigluGrad,
        .kernel = SwigluGradKernel<true>,
        .reference = SwigluGradKernel<false>,
-       .doc = "swiglu gradient: da = dy·b·silu'(a), db = dy·silu(a); bf16 a, b: f32 dy, da, db",
+       .doc = "swiglu gradient: da = dy·b·silu'(a), db = dy·silu(a); bf16 a, b: f32 dy, da, db, "
+              "or bf16 da, db with dtype = \"bf16\" (rounded as they are stored)",
        .signature = {
            .inputs = {{"dy", "float[...]"}, {"a", "float or bf16[...]"}, {"b", "a's dtype[...]"}},
-           .outputs = {{"da", "float[...]"}, {"db", "float[...]"}}}});
+           .attrs = {{"dtype", "string = dy's dtype"}},
+           .outputs = {{"da", "float or bf16[...]"}, {"db", "da's dtype[...]"}}}});
 
   r.Register({.name = "leaky_relu",
               .num_inputs = 1,

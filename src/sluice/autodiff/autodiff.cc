@@ -754,7 +754,7 @@ Program FuseMatMulIntoGeluGrad(Program p) {
 // The ops that can round the gradients they make to bf16 as they store them, bit for bit what a
 // cast of their f32 results gives, when asked by the attribute dtype = "bf16": all of an
 // instruction's outputs together.
-constexpr std::string_view kRoundWhereMade[] = {"swiglu_grad"};
+constexpr std::string_view kRoundWhereMade[] = {"swiglu_grad", "cross_entropy_grad"};
 
 // An f32 gradient made by one of those ops whose one reader, as it is or through views that
 // nothing else reads, is a cast to bf16 — a bf16 product's VJP rounding its operand (ir/ops/

@@ -27,6 +27,15 @@
 // product is written once, into the gradient, and never lives beside it (bitwise the same result;
 // under mixed precision too: bf16 operands and GELU input, an f32 gradient).
 //
+// The fusion sees through reshapes between the two (an imported linear's [B·T, 4C] product viewed
+// as [B, T, 4C] before the GELU): the fused op then reads x viewed in the product's shape.
+//
+// bf16 where it is made: under mixed precision a bf16 product's VJP rounds its output gradient to
+// bf16 (ir/ops/linalg.cc). A gradient made f32 by swiglu_grad or cross_entropy_grad whose one
+// reader, as it is or through views nothing else reads, is that rounding cast is made bf16 by its
+// op instead ({dtype = "bf16"}: rounded as it is stored, bitwise the cast's result) and the cast
+// goes: a Llama MLP's da and db and an unfused head's logits gradient never live in f32.
+//
 // Work no gradient needs is never emitted: VJP rules are only asked for inputs that depend on a
 // value being differentiated, and a final pass removes instructions whose results reach no output.
 //

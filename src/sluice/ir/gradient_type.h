@@ -4,7 +4,9 @@
 // carries gradients in f32, as autocast does; only the operands of the backward products are
 // rounded to bf16, by those products' VJP rules (ir/ops/linalg.cc). The one exception is a unit
 // boundary (GradientSpec::bf16_gradients, autodiff/autodiff.h): there the summed gradient is
-// rounded to bf16, and the VJP of the value's producer reads it widened back to this type.
+// rounded to bf16, and the VJP of the value's producer reads it widened back to this type. After the
+// VJPs have run, autodiff lets an op round a gradient that only a product's rounding reads where it
+// makes it ("bf16 where it is made", autodiff/autodiff.h): the same bits, never f32 in memory.
 #pragma once
 
 #include "sluice/ir/op_registry.h"

@@ -6,7 +6,7 @@
 // f32 fast kernel's arithmetic on that block (kernels/rms_norm.h, swiglu.h: the same SIMD row
 // kernels and the same blocks) and rounds the block's bf16 output to nearest even. Gradients are
 // f32 (a bf16 value's gradient is f32: ir/gradient_type.h) — except SwiGLU's when bf16 products
-// alone read them (autodiff/autodiff.h, "bf16 gradients where they are made"): then da and db are
+// alone read them (autodiff/autodiff.h, "bf16 where it is made"): then da and db are
 // rounded to bf16 as they are stored, bit for bit what casting the f32 ones would give; rstd is
 // computed in f32 and never rounded. So a fast kernel gives, bit for bit, what casting its bf16
 // inputs to f32, running the f32 fast kernel and rounding its output to bf16 would give — without

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
+#include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/parallel.h"
 #include "sluice/kernels/simd_kernels.h"
@@ -180,6 +182,36 @@ void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits
                              vocab, 0, options.smoothing);
 }
 
+template <typename I>
+void CrossEntropyGradBF16Reference(const float* logits, const I* targets, float dloss,
+                                   BFloat16* dlogits, int64_t n, int64_t vocab,
+                                   CrossEntropyOptions options) {
+  std::vector<float> d(static_cast<size_t>(n * vocab));
+  CrossEntropyGradReference(logits, targets, dloss, d.data(), n, vocab, options);
+  ToBF16Reference(d.data(), dlogits, n * vocab);
+}
+
+template <typename I>
+void CrossEntropyGradBF16Fast(const float* logits, const I* targets, float dloss, BFloat16* dlogits,
+                              int64_t n, int64_t vocab, CrossEntropyOptions options) {
+  const float scale = GradScale(dloss, targets, n, options);
+  // Each chunk's rows as the f32 kernel computes them (one chunk of it: run here), then rounded.
+  ParallelFor(n, ChunkRows(vocab), [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(static_cast<size_t>((end - begin) * vocab));
+    CrossEntropyGradScaledFast(logits + begin * vocab, targets + begin, scale, rows.data(),
+                               end - begin, vocab, begin, options.smoothing);
+    ToBF16Fast(rows.data(), dlogits + begin * vocab, (end - begin) * vocab);
+  });
+}
+
+template void CrossEntropyGradBF16Reference<int32_t>(const float*, const int32_t*, float, BFloat16*,
+                                                     int64_t, int64_t, CrossEntropyOptions);
+template void CrossEntropyGradBF16Reference<int64_t>(const float*, const int64_t*, float, BFloat16*,
+                                                     int64_t, int64_t, CrossEntropyOptions);
+template void CrossEntropyGradBF16Fast<int32_t>(const float*, const int32_t*, float, BFloat16*,
+                                                int64_t, int64_t, CrossEntropyOptions);
+template void CrossEntropyGradBF16Fast<int64_t>(const float*, const int64_t*, float, BFloat16*,
+                                                int64_t, int64_t, CrossEntropyOptions);
 template int64_t CountTargets<int32_t>(const int32_t*, int64_t);
 template int64_t CountTargets<int64_t>(const int64_t*, int64_t);
 template double CrossEntropySumReference<float, int32_t>(const float*, const int32_t*, int64_t,

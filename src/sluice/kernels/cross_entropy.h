@@ -31,6 +31,8 @@
 
 #include <cstdint>
 
+#include "sluice/core/dtype.h"
+
 namespace sluice::kernels {
 
 // The target that adds nothing to the loss (PyTorch's ignore_index=-1): datasets write it where a
@@ -57,6 +59,17 @@ void CrossEntropyGradReference(const T* logits, const I* targets, T dloss, T* dl
 template <typename T, typename I>
 void CrossEntropyGradFast(const T* logits, const I* targets, T dloss, T* dlogits, int64_t n,
                           int64_t vocab, CrossEntropyOptions options = {});
+
+// dlogits rounded to bf16 as they are stored, from f32 logits: bit for bit the f32 kernel's
+// result cast to bf16 (a gradient that only bf16 products read, autodiff/autodiff.h). The fast
+// kernel computes a chunk of rows at a time into a heap buffer of about kChunkCost floats.
+template <typename I>
+void CrossEntropyGradBF16Reference(const float* logits, const I* targets, float dloss,
+                                   BFloat16* dlogits, int64_t n, int64_t vocab,
+                                   CrossEntropyOptions options = {});
+template <typename I>
+void CrossEntropyGradBF16Fast(const float* logits, const I* targets, float dloss, BFloat16* dlogits,
+                              int64_t n, int64_t vocab, CrossEntropyOptions options = {});
 
 // The pieces of the mean above, for a loss computed over chunks of rows
 // (kernels/linear_cross_entropy.h); the functions above are made of them. `first_row` is the

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -41,6 +42,20 @@ inline DType MixedFloatDType(std::span<const TensorType> in,
     }
   }
   return DType::kBF16;
+}
+
+// The dtype of a gradient op's outputs under its optional attribute `dtype`: `computed` (the
+// dtype it computes in) when absent or named; "bf16" where `may_round` — the gradient rounded as it
+// is stored, for bf16 products alone to read (autodiff/autodiff.h, "bf16 where it is made").
+inline DType GradientDTypeAttr(DType computed, const Attrs& attrs, bool may_round) {
+  if (!attrs.Has("dtype")) return computed;
+  const std::optional<DType> want = ParseDType(attrs.GetString("dtype"));
+  if (want != computed && !(want == DType::kBF16 && may_round)) {
+    throw ShapeError(fmt::format("dtype '{}' for the gradient: it is {} here{}",
+                                 attrs.GetString("dtype"), Name(computed),
+                                 may_round ? " or bf16" : ""));
+  }
+  return *want;
 }
 
 inline std::vector<int64_t> ShapeToVector(const Shape& s) {

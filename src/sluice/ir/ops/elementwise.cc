@@ -309,16 +309,7 @@ std::vector<TensorType> InferSwigluGrad(std::span<const TensorType> in, const At
   } else {
     t = InferSwiglu(in, attrs)[0];
   }
-  if (attrs.Has("dtype")) {
-    const std::optional<DType> want = ParseDType(attrs.GetString("dtype"));
-    const bool rounded = want == DType::kBF16 && in[1].dtype == DType::kBF16;
-    if (want != t.dtype && !rounded) {
-      throw ShapeError(
-          fmt::format("dtype '{}' for da and db: they are {} here (bf16 only beside bf16 a and b)",
-                      attrs.GetString("dtype"), Name(t.dtype)));
-    }
-    t.dtype = *want;
-  }
+  t.dtype = ops::GradientDTypeAttr(t.dtype, attrs, in[1].dtype == DType::kBF16);
   return {t, t};
 }
 

@@ -533,7 +533,7 @@ std::vector<TensorType> InferCrossEntropyGrad(std::span<const TensorType> in, co
   if (in[2].shape.rank() != 0) {
     throw ShapeError(fmt::format("dloss must be a scalar [], got {}", in[2].shape.ToString()));
   }
-  return {{t, in[0].shape}};
+  return {{ops::GradientDTypeAttr(t, attrs, t == DType::kF32), in[0].shape}};
 }
 
 template <bool kFast>
@@ -559,6 +559,17 @@ template <bool kFast>
 void CrossEntropyGradKernel(KernelContext& ctx) {
   const Tensor& logits = ctx.inputs[0];
   const Tensor& targets = ctx.inputs[1];
+  if (ctx.outputs[0].dtype() == DType::kBF16) {  // f32 logits, dlogits rounded as stored
+    DispatchIndex(targets.dtype(), "cross_entropy_grad", [&]<typename I>() {
+      const int64_t n = targets.numel(), v = LastDim(logits.shape());
+      (kFast ? kernels::CrossEntropyGradBF16Fast<I>
+             : kernels::CrossEntropyGradBF16Reference<I>)(logits.data<float>(), targets.data<I>(),
+                                                          ctx.inputs[2].data<float>()[0],
+                                                          ctx.outputs[0].data<BFloat16>(), n, v,
+                                                          CrossEntropyOptionsOf(ctx.attrs));
+    });
+    return;
+  }
   DispatchFloat(logits.dtype(), "cross_entropy_grad", [&]<typename T>() {
     DispatchIndex(targets.dtype(), "cross_entropy_grad", [&]<typename I>() {
       const int64_t n = targets.numel(), v = LastDim(logits.shape());
@@ -893,13 +904,15 @@ void RegisterNnOps(OpRegistry& r) {
               .kernel = CrossEntropyGradKernel<true>,
               .reference = CrossEntropyGradKernel<false>,
               .doc = "(dloss/N)·(softmax(logits) − (1 − ε)·onehot(targets) − ε/vocab) over the N "
-                     "counted tokens (dloss alone for reduction \"sum\"), softmax recomputed",
-              .signature = {
-                  .inputs = {{"logits", "float[..., vocab]"},
-                             {"targets", "int[...]"},
-                             {"dloss", "float[]"}},
-                  .attrs = {{"label_smoothing", "float = 0"}, {"reduction", "string = \"mean\""}},
-                  .outputs = {{"dlogits", "float[..., vocab]"}}}});
+                     "counted tokens (dloss alone for reduction \"sum\"), softmax recomputed; "
+                     "f32 logits with dtype = \"bf16\": dlogits rounded as they are stored",
+              .signature = {.inputs = {{"logits", "float[..., vocab]"},
+                                       {"targets", "int[...]"},
+                                       {"dloss", "float[]"}},
+                            .attrs = {{"label_smoothing", "float = 0"},
+                                      {"reduction", "string = \"mean\""},
+                                      {"dtype", "string = logits' dtype"}},
+                            .outputs = {{"dlogits", "float or bf16[..., vocab]"}}}});
   r.Register({.name = "linear_cross_entropy",
               .num_inputs = 3,
               .infer = InferLinearCrossEntropy,

@@ -84,6 +84,22 @@ TEST_F(GemmEngineCli, OnlyTheCommandsThatRunKernelsRestartWithPassiveOpenMp) {
   EXPECT_THAT(kept.err, ::testing::Not(HasSubstr(restart)));
 }
 
+// cli/main.cc: started with OMP_WAIT_POLICY unset, the command execs itself once with it set to
+// passive, so that oneDNN's products may use --threads; a policy the user set is kept, and
+// SLUICE_NO_RESTART=1 runs on without the restart (oneDNN then stays on the calling thread).
+TEST_F(GemmEngineCli, TheCommandRestartsWithSleepingOpenMpWorkersUnlessTheUserChose) {
+  const std::string unset = "env -u OMP_WAIT_POLICY -u SLUICE_NO_RESTART SLUICE_GEMM=onednn";
+  const auto [restarted_losses, restarted] = Train("restarted.jsonl", unset);
+  EXPECT_EQ(restarted["kernels"]["omp_wait_policy"], "passive");
+  const auto [kept_losses, kept] = Train("kept.jsonl", unset + " OMP_WAIT_POLICY=active");
+  EXPECT_EQ(kept["kernels"]["omp_wait_policy"], "active");
+  const auto [told_losses, told] = Train("told.jsonl", unset + " SLUICE_NO_RESTART=1");
+  EXPECT_THAT(told["kernels"]["omp_wait_policy"].get<std::string>(), HasSubstr("unset"));
+  // --threads 1: the wait policy changes no product, so the three runs train alike.
+  EXPECT_EQ(restarted_losses, told_losses);
+  EXPECT_EQ(kept_losses, told_losses);
+}
+
 TEST_F(GemmEngineCli, AnUnknownEngineIsRefusedNamingTheVariableAndTheChoices) {
   const CliResult r =
       Sluice("train --layers 1 --dim 16 --heads 2 --batch 8 --steps 1 --quiet", "SLUICE_GEMM=mkl");

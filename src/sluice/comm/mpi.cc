@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -23,6 +24,23 @@
 #include "sluice/comm/rank_order_sum.h"
 #include "sluice/core/mutex.h"
 #include "sluice/core/thread_annotations.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define SLUICE_MPI_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SLUICE_MPI_TSAN 1
+#endif
+#endif
+#if SLUICE_MPI_TSAN
+#include <sanitizer/tsan_interface.h>
+extern "C" {  // ThreadSanitizer's own entry points, which its public header does not declare
+void __tsan_read_range(void* addr, unsigned long size);   // NOLINT(google-runtime-int)
+void __tsan_write_range(void* addr, unsigned long size);  // NOLINT(google-runtime-int)
+void __tsan_ignore_thread_begin();
+void __tsan_ignore_thread_end();
+}
+#endif
 
 namespace sluice {
 
@@ -42,12 +60,27 @@ std::mutex g_mpi_mu;
 // any communicator exists and read-only after: messages name a peer's host with it.
 std::vector<std::string> g_world_hosts;
 
-// Holds the process-wide MPI mutex for one MPI call when calls must be serialized.
+// Holds the process-wide MPI mutex for one MPI call when calls must be serialized. Under
+// ThreadSanitizer, what the library reads and writes during the call is not recorded: OpenMPI is
+// not instrumented and orders its own copies (into its shared-memory segment, out of another
+// thread's send buffer that its progress moves on) with atomics that ThreadSanitizer cannot see,
+// so they looked like races between threads. What MPI does with sluice's buffers is told to
+// ThreadSanitizer by LibraryAccess instead. Synchronization the library makes is still seen.
 class MpiCall {
  public:
   MpiCall() {
     if (g_serialize.load(std::memory_order_relaxed)) lock_ = std::unique_lock(g_mpi_mu);
+#if SLUICE_MPI_TSAN
+    __tsan_ignore_thread_begin();
+#endif
   }
+  ~MpiCall() {
+#if SLUICE_MPI_TSAN
+    __tsan_ignore_thread_end();
+#endif
+  }
+  MpiCall(const MpiCall&) = delete;
+  MpiCall& operator=(const MpiCall&) = delete;
 
  private:
   std::unique_lock<std::mutex> lock_;
@@ -146,6 +179,88 @@ bool PollUntil(Clock::time_point deadline, Done done) {
   }
 }
 
+// ---- What ThreadSanitizer is told of MPI's use of the buffers -----------------------------------
+
+// MPI reads a send's buffers and writes a receive's at any time from the post to the completion,
+// on whichever thread drives its progress: a Test on any communicator moves every pending message
+// of the process on, so the main thread's all-reduce may copy a message of a stage's thread.
+// OpenMPI is not instrumented, and it orders its copies against each other and against the
+// owner's next access with its own atomics, which ThreadSanitizer does not see: its copies are
+// not recorded at all (tests/mpi/tsan.supp). Instead sluice tells ThreadSanitizer what the MPI
+// standard promises. Each posted operation gets a fiber — a ThreadSanitizer thread of its own,
+// standing for the library — that reads every buffer the operation sends from and writes every
+// buffer it receives into, ordered after everything its poster did before the post; the thread
+// that sees the operation complete is then ordered after the fiber. So any access to a pending
+// receive's buffer, or a write into a pending send's, by any thread (the posting one too) is
+// reported as a data race with the fiber, whose name says which operation it stands for and whose
+// creation stack shows the post. Without ThreadSanitizer the class does nothing.
+// Used by one thread at a time, as its operation is (InFlight).
+class LibraryAccess {
+ public:
+  LibraryAccess() = default;
+  LibraryAccess(const LibraryAccess&) = delete;
+  LibraryAccess& operator=(const LibraryAccess&) = delete;
+  // An operation is destroyed only after it completed (or is leaked while pending).
+  ~LibraryAccess() { Complete(); }
+
+  struct Range {
+    const void* data;
+    size_t bytes;
+  };
+  // Before the post: from now until Complete the library reads `reads` and writes `writes`;
+  // name() says what the operation is (called only under ThreadSanitizer). Completes the previous
+  // post first (an operation reused, one chunk after another).
+  template <typename Name>
+  void Post([[maybe_unused]] Name&& name, [[maybe_unused]] std::initializer_list<Range> reads,
+            [[maybe_unused]] std::initializer_list<Range> writes) {
+#if SLUICE_MPI_TSAN
+    Complete();
+    fiber_ = __tsan_create_fiber(0);
+    __tsan_set_fiber_name(fiber_, ("MPI: " + std::string(name())).c_str());
+    AccessAsFiber(fiber_, reads.begin(), reads.size(), writes.begin(), writes.size());
+#endif
+  }
+
+  // The operation completed, as this thread saw: what the library did with the buffers is
+  // ordered before this thread's next access. Does nothing when nothing is pending.
+  void Complete() {
+#if SLUICE_MPI_TSAN
+    if (fiber_ == nullptr) return;
+    JoinFiber(fiber_);
+    __tsan_destroy_fiber(fiber_);
+    fiber_ = nullptr;
+#endif
+  }
+
+ private:
+#if SLUICE_MPI_TSAN
+  // While the thread runs as the fiber, every access it makes is the fiber's: these two are not
+  // instrumented, so the fiber makes only the accesses they declare (not the reads of `reads`).
+  __attribute__((no_sanitize("thread"))) static void AccessAsFiber(void* fiber, const Range* reads,
+                                                                   size_t n_reads,
+                                                                   const Range* writes,
+                                                                   size_t n_writes) {
+    void* poster = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(fiber, 0);  // the fiber after everything before the post
+    for (size_t i = 0; i < n_reads; ++i) {
+      if (reads[i].bytes > 0) __tsan_read_range(const_cast<void*>(reads[i].data), reads[i].bytes);
+    }
+    for (size_t i = 0; i < n_writes; ++i) {
+      if (writes[i].bytes > 0)
+        __tsan_write_range(const_cast<void*>(writes[i].data), writes[i].bytes);
+    }
+    __tsan_switch_to_fiber(poster, __tsan_switch_to_fiber_no_sync);  // the poster not after it
+  }
+  __attribute__((no_sanitize("thread"))) static void JoinFiber(void* fiber) {
+    void* me = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync);
+    __tsan_switch_to_fiber(me, 0);  // this thread after the fiber
+  }
+
+  void* fiber_ = nullptr;  // the library's hands while an operation is pending
+#endif
+};
+
 // ---- In-flight MPI operations -------------------------------------------------------------------
 
 // MPI requests together with every buffer they read or write, kept alive until all complete.
@@ -235,7 +350,10 @@ class P2POp final : public InFlight {
       if (code != MPI_SUCCESS && mpi_error == MPI_SUCCESS) mpi_error = code;
       all_done = all_done && done;
     }
-    if (all_done) Settle();
+    if (all_done) {
+      library.Complete();
+      Settle();
+    }
     return all_done;
   }
 
@@ -268,6 +386,7 @@ class P2POp final : public InFlight {
   Phase phase = Phase::kPending;
   std::exception_ptr error;  // when kFailed
   bool handed_over = false;  // receive: Wait has returned the tensor
+  LibraryAccess library;     // last: completed before the buffers above are freed
 
  private:
   // Every MPI request is done: compare the headers and finish. A mismatch is named even when it
@@ -300,6 +419,7 @@ class CollectiveOp final : public InFlight {
   bool Progress() override {
     bool done = false;
     code = TestOnce(request, done);
+    if (done) library.Complete();
     return done;
   }
   void Cancel() override { CancelAll(std::span(&request, 1)); }
@@ -309,6 +429,7 @@ class CollectiveOp final : public InFlight {
   Tensor tensor;                   // the all-reduce operand, read by MPI
   std::vector<int64_t> words;      // signatures: this rank's, then the gathered ones
   std::vector<std::byte> scratch;  // gathered all-reduce chunks
+  LibraryAccess library;           // last: completed before the buffers above are freed
 };
 
 // One IallReduceSum: the gather of every rank's signature and the gather of every rank's whole
@@ -323,6 +444,7 @@ class ReductionOp final : public InFlight {
       if (c != MPI_SUCCESS && code == MPI_SUCCESS) code = c;
       all_done = all_done && done;
     }
+    if (all_done) library.Complete();
     return all_done;
   }
   void Cancel() override { CancelAll(requests); }
@@ -332,6 +454,7 @@ class ReductionOp final : public InFlight {
   Tensor tensor;                   // the operand, read by MPI; the sum is written into it
   std::vector<int64_t> words;      // this rank's signature, then the gathered ones
   std::vector<std::byte> scratch;  // every rank's operand, by rank
+  LibraryAccess library;           // last: completed before the buffers above are freed
 };
 
 // Operands up to this size are reduced without blocking (IallReduceSum); the scratch buffer holds
@@ -472,6 +595,9 @@ struct MpiCommShared {
     auto op = std::make_shared<CollectiveOp>();
     op->words.resize(kSignatureLength * (1 + size));
     std::copy(signature.begin(), signature.end(), op->words.begin());
+    op->library.Post([&] { return fmt::format("{}: {}", Me(), what); },
+                     {{op->words.data(), sizeof(Signature)}},
+                     {{op->words.data() + kSignatureLength, sizeof(Signature) * size}});
     {
       MpiCall call;
       Check(MPI_Iallgather(op->words.data(), kSignatureLength, MPI_INT64_T,
@@ -690,6 +816,14 @@ Request Start(const std::shared_ptr<MpiCommShared>& shared, std::shared_ptr<P2PO
   // the other way round.
   MPI_Comm announce = op->is_send ? s.send_headers : s.recv_headers;
   MPI_Comm learn = op->is_send ? s.recv_headers : s.send_headers;
+  const LibraryAccess::Range elements{op->tensor.raw_data(), static_cast<size_t>(bytes)};
+  const LibraryAccess::Range mine{op->mine.data(), sizeof(Header)};
+  const LibraryAccess::Range theirs{op->theirs.data(), sizeof(Header)};
+  if (op->is_send) {
+    op->library.Post([&] { return op->Describe(); }, {mine, elements}, {theirs});
+  } else {
+    op->library.Post([&] { return op->Describe(); }, {mine}, {theirs, elements});
+  }
   try {
     MpiCall call;
     Check(MPI_Irecv(op->theirs.data(), kHeaderLength, MPI_INT64_T, op->peer, op->tag, learn,
@@ -755,6 +889,9 @@ void MpiCommunicator::DoAllReduceSum(const Tensor& tensor, milliseconds timeout)
   for (int64_t begin = 0; begin < numel; begin += chunk) {
     const int64_t n = std::min(chunk, numel - begin);
     const int bytes = static_cast<int>(n * elem);
+    op->library.Post([&] { return fmt::format("{}: {}", s.Me(), what); },
+                     {{base + begin * elem, static_cast<size_t>(bytes)}},
+                     {{op->scratch.data(), static_cast<size_t>(bytes) * s.size}});
     {
       MpiCall call;
       Check(MPI_Iallgather(base + begin * elem, bytes, MPI_BYTE, op->scratch.data(), bytes,
@@ -782,6 +919,10 @@ Request MpiCommunicator::DoIallReduceSum(const Tensor& tensor) {
   op->words.resize(kSignatureLength * (1 + s.size));
   std::copy(signature.begin(), signature.end(), op->words.begin());
   op->scratch.resize(bytes * static_cast<size_t>(s.size));
+  op->library.Post([&] { return fmt::format("{}: {}", s.Me(), what); },
+                   {{op->words.data(), sizeof(Signature)}, {tensor.raw_data(), bytes}},
+                   {{op->words.data() + kSignatureLength, sizeof(Signature) * s.size},
+                    {op->scratch.data(), op->scratch.size()}});
   try {
     MpiCall call;
     Check(MPI_Iallgather(op->words.data(), kSignatureLength, MPI_INT64_T,

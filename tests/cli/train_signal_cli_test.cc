@@ -47,10 +47,11 @@ class TrainSignalCli : public CliTest {
     CliTest::TearDown();
   }
 
-  // Starts `sluice train ARGS` in the background, stderr to dir_/stderr.txt.
-  void Start(const std::string& args) {
-    const std::string cmd = fmt::format("exec '{}' train {} > '{}' 2> '{}'", binary_, args,
-                                        (dir_ / "stdout.txt").string(), err_path().string());
+  // Starts `sluice train ARGS` in the background, stderr to `err` (dir_/stderr.txt by default).
+  void Start(const std::string& args, std::optional<fs::path> err = std::nullopt) {
+    const std::string cmd =
+        fmt::format("exec '{}' train {} > '{}' 2> '{}'", binary_, args,
+                    (dir_ / "stdout.txt").string(), err.value_or(err_path()).string());
     pid_ = ::fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
@@ -190,6 +191,26 @@ TEST_F(TrainSignalCli, SecondSignalStopsAtOnce) {
   EXPECT_TRUE(WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM) << WTERMSIG(status);
   EXPECT_THAT(err, HasSubstr("second signal: stopping at once, no checkpoint"));
   EXPECT_FALSE(fs::exists(save));
+}
+
+// Nothing written to stderr arrives (it is /dev/full: every write fails with ENOSPC): the run still
+// stops after the step, saves and exits 130. It was aborted by std::terminate: fmt::print threw
+// on the stop message, and main's error message threw again (cli/commands.h, PrintToStderr).
+// The handler's own note fails too, and the handler leaves errno as the interrupted code had it
+// — POSIX asks it of every handler; ThreadSanitizer reports one that changes it ("signal handler
+// spoils errno").
+TEST_F(TrainSignalCli, AStderrThatTakesNothingStillStopsSavesAndExits130) {
+  const fs::path metrics = dir_ / "m.jsonl", save = dir_ / "ck.safetensors";
+  Start(fmt::format("{} --steps {} --metrics '{}' --save '{}'", kCommon, kManySteps,
+                    metrics.string(), save.string()),
+        "/dev/full");
+  AwaitFirstStep(metrics);
+  ASSERT_EQ(::kill(pid_, SIGINT), 0);
+  const int status = Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT);
+  EXPECT_EQ(LastLine(metrics)["stopped"], "SIGINT");
+  EXPECT_TRUE(fs::exists(save));
 }
 
 }  // namespace

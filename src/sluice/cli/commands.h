@@ -16,11 +16,14 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "sluice/core/enum_names.h"
@@ -50,6 +53,17 @@ std::span<const CommandSpec> Commands();
 void RegisterCommands(CLI::App& app);
 // Runs the subcommand the user chose; returns the exit status. Throws sluice::Error on bad input.
 int RunSelected(CLI::App& app);
+
+// fmt::print(stderr, ...) that never throws: a message to the user is written as far as stderr
+// takes it (closed, a full disk, a pipe nobody reads while SIGPIPE is ignored: the rest is lost),
+// and the command goes on to its own exit status. fmt::print throws std::system_error instead,
+// which aborted a training run at its first progress line, and main's own error message then
+// threw again (std::terminate).
+template <typename... Args>
+void PrintToStderr(fmt::format_string<Args...> format, Args&&... args) {
+  const std::string text = fmt::format(format, std::forward<Args>(args)...);
+  [[maybe_unused]] const size_t written = std::fwrite(text.data(), 1, text.size(), stderr);
+}
 
 // A CLI11 check that accepts exactly the names of an enum table (core/enum_names.h), so that an
 // option's choices are written once: sub.add_option("--mode", mode)->check(OneOf(kRunModeNames)).

@@ -83,10 +83,10 @@ int main(int argc, char** argv) {
   try {
     return sluice::cli::RunSelected(app);
   } catch (const sluice::Error& e) {
-    fmt::print(stderr, "sluice: error: {}\n", ForTerminal(e.what()));
+    sluice::cli::PrintToStderr("sluice: error: {}\n", ForTerminal(e.what()));
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "sluice: internal error: {}\n", ForTerminal(e.what()));
+    sluice::cli::PrintToStderr("sluice: internal error: {}\n", ForTerminal(e.what()));
     return 2;
   }
 }

@@ -242,11 +242,11 @@ int RunSample(const SampleArgs& a) {
   fmt::print("\n");
   std::fflush(stdout);  // the text's last line before the figures on stderr, in a terminal too
   const double rate = r.decode_s > 0 ? static_cast<double>(r.tokens.size()) / r.decode_s : 0;
-  fmt::print(stderr,
-             "sample: {} tokens in {:.1f} ms, {:.0f} tokens/s (prompt of {} tokens encoded in "
-             "{:.2f} ms{})\n",
-             r.tokens.size(), 1e3 * r.decode_s, rate, ids.size(), 1e3 * r.prefill_s,
-             r.reencodes > 0 ? fmt::format("; the full window slid {} times", r.reencodes) : "");
+  PrintToStderr(
+      "sample: {} tokens in {:.1f} ms, {:.0f} tokens/s (prompt of {} tokens encoded in "
+      "{:.2f} ms{})\n",
+      r.tokens.size(), 1e3 * r.decode_s, rate, ids.size(), 1e3 * r.prefill_s,
+      r.reencodes > 0 ? fmt::format("; the full window slid {} times", r.reencodes) : "");
   return 0;
 }
 

@@ -69,30 +69,30 @@ class Progress {
     if (tty_) {
       const int width = 24;
       const int filled = static_cast<int>(width * r.step / steps_);
-      fmt::print(stderr, "\r  step {:>{}}/{} [{}{}] loss {:.4f} | {} | eta {}   ", r.step,
-                 std::to_string(steps_).size(), steps_, std::string(filled, '#'),
-                 std::string(width - filled, '.'), r.loss, FormatRate(r.per_s, unit_),
-                 FormatDuration(eta));
-      if (r.step == steps_) fmt::print(stderr, "\n");
+      PrintToStderr("\r  step {:>{}}/{} [{}{}] loss {:.4f} | {} | eta {}   ", r.step,
+                    std::to_string(steps_).size(), steps_, std::string(filled, '#'),
+                    std::string(width - filled, '.'), r.loss, FormatRate(r.per_s, unit_),
+                    FormatDuration(eta));
+      if (r.step == steps_) PrintToStderr("\n");
     } else if (r.step % every_ == 0 || r.step == steps_) {
-      fmt::print(stderr, "  step {}/{}  loss {:.4f}  lr {:.2e}  {}  {:.1f} ms/step\n", r.step,
-                 steps_, r.loss, r.lr, FormatRate(r.per_s, unit_), r.step_ms);
+      PrintToStderr("  step {}/{}  loss {:.4f}  lr {:.2e}  {}  {:.1f} ms/step\n", r.step, steps_,
+                    r.loss, r.lr, FormatRate(r.per_s, unit_), r.step_ms);
     }
   }
 
   // Ends a progress bar left mid-line (a run stopped early).
   void EndLine() {
-    if (!quiet_ && tty_) fmt::print(stderr, "\n");
+    if (!quiet_ && tty_) PrintToStderr("\n");
   }
 
   void OnEval(const EvalRecord& e) {
     if (quiet_) return;
-    if (tty_ && e.step != steps_) fmt::print(stderr, "\n");
+    if (tty_ && e.step != steps_) PrintToStderr("\n");
     if (e.accuracy >= 0) {
-      fmt::print(stderr, "  eval at step {}: val_loss {:.4f}, accuracy {:.1f}%\n", e.step,
-                 e.val_loss, 100 * e.accuracy);
+      PrintToStderr("  eval at step {}: val_loss {:.4f}, accuracy {:.1f}%\n", e.step, e.val_loss,
+                    100 * e.accuracy);
     } else {
-      fmt::print(stderr, "  eval at step {}: val_loss {:.4f}\n", e.step, e.val_loss);
+      PrintToStderr("  eval at step {}: val_loss {:.4f}\n", e.step, e.val_loss);
     }
   }
 
@@ -117,7 +117,7 @@ int RunTrainMpi(TrainArgs& a, const pipeline::LaunchSettings& launch) {
     // Every rank says where it runs and how it reaches its peers (one write: lines never mix).
     const std::string placement = pipeline::DescribeRankPlacement(
         mpi.hosts(), world.rank(), a.pipe.stages, a.data_parallel, MpiWorld::TransportSettings());
-    fmt::print(stderr, "{}\n", placement);
+    PrintToStderr("{}\n", placement);
     a.pipe.distributed = job.distributed();
     a.quiet = a.quiet || world.rank() != 0;  // the leader reports for everyone
     return RunTrain(a);
@@ -134,14 +134,14 @@ int RunTrain(TrainArgs& a) {
   // "sort" names the GPT's built-in task, even where a file of that name lies (a warning, printed
   // under --quiet too).
   if (c.model != "mlp" && c.data == "sort" && std::filesystem::exists(c.data)) {
-    fmt::print(stderr,
-               "sluice: warning: --data sort is the built-in sort task, not the file 'sort' here: "
-               "give --data ./sort to train on the file\n");
+    PrintToStderr(
+        "sluice: warning: --data sort is the built-in sort task, not the file 'sort' here: "
+        "give --data ./sort to train on the file\n");
   }
   std::vector<StageMemoryForecast> forecast;  // the plan's, when one is made
   if (!a.memory_budget.empty() || a.pipeline_schedule == "auto") {
     const PlanChoice choice = ChoosePlan(MakePlanRequest(a));
-    if (!a.quiet) fmt::print(stderr, "{}", DescribePlan(choice, a));
+    if (!a.quiet) PrintToStderr("{}", DescribePlan(choice, a));
     c.recompute = choice.plan.Policies();
     c.memory_budget = choice.budget;
     a.pipe.schedule = choice.schedule;
@@ -155,14 +155,13 @@ int RunTrain(TrainArgs& a) {
   const StopSignals signals;
   Trainer trainer(c, engine);
   if (trainer.engine().leader()) {  // warnings, printed under --quiet too
-    for (const std::string& w : trainer.warnings()) fmt::print(stderr, "sluice: warning: {}\n", w);
+    for (const std::string& w : trainer.warnings()) PrintToStderr("sluice: warning: {}\n", w);
   }
   if (!a.quiet) {
-    fmt::print(stderr,
-               "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n",
-               c.ModelName(), c.data, c.steps, c.batch, c.microbatches, a.optimizer,
-               trainer.step());
-    if (std::string d = trainer.engine().Describe(); !d.empty()) fmt::print(stderr, "{}\n", d);
+    PrintToStderr(
+        "sluice train: {} on {}, {} steps of batch {} ({} micro-batches), {} from step {}\n",
+        c.ModelName(), c.data, c.steps, c.batch, c.microbatches, a.optimizer, trainer.step());
+    if (std::string d = trainer.engine().Describe(); !d.empty()) PrintToStderr("{}\n", d);
   }
   Progress progress(trainer.step(), c.steps, a.quiet, trainer.throughput());
   const bool leader = trainer.engine().leader();
@@ -170,10 +169,10 @@ int RunTrain(TrainArgs& a) {
   TrainSummary s = trainer.Run(
       [&](const StepRecord& r) {
         if (r.skipped && leader) {  // a warning, printed under --quiet too
-          fmt::print(stderr,
-                     "sluice: warning: step {}: the loss is {} and the gradient norm {}; its "
-                     "update is skipped ({} of --skip-nonfinite {})\n",
-                     r.step, r.loss, r.grad_norm, ++skipped, c.skip_nonfinite);
+          PrintToStderr(
+              "sluice: warning: step {}: the loss is {} and the gradient norm {}; its "
+              "update is skipped ({} of --skip-nonfinite {})\n",
+              r.step, r.loss, r.grad_norm, ++skipped, c.skip_nonfinite);
         }
         progress.OnStep(r);
       },
@@ -197,10 +196,10 @@ int RunTrain(TrainArgs& a) {
     if (leader) {
       progress.EndLine();
       if (s.stopped_ahead) {
-        fmt::print(stderr,
-                   "sluice: {} came while step {} ran ahead of step {} (--post-validate "
-                   "interlocks consecutive steps): step {} was finished and validated first\n",
-                   SignalName(s.stop_signal), s.steps, s.steps - 1, s.steps);
+        PrintToStderr(
+            "sluice: {} came while step {} ran ahead of step {} (--post-validate "
+            "interlocks consecutive steps): step {} was finished and validated first\n",
+            SignalName(s.stop_signal), s.steps, s.steps - 1, s.steps);
       }
       const std::string where =
           c.save_path.empty() ? fmt::format(" (no --save was given: saved {})",
@@ -208,14 +207,14 @@ int RunTrain(TrainArgs& a) {
                                                                    : "beside the --metrics file")
                               : std::string();
       if (s.stop_checkpoint.empty()) {
-        fmt::print(stderr, "sluice: stopped by {} before the first step; nothing new to save\n",
-                   SignalName(s.stop_signal));
+        PrintToStderr("sluice: stopped by {} before the first step; nothing new to save\n",
+                      SignalName(s.stop_signal));
       } else {
-        fmt::print(stderr,
-                   "sluice: stopped by {} after step {} of {}; checkpoint saved to '{}'{}: "
-                   "continue with --resume {}\n",
-                   SignalName(s.stop_signal), s.steps, c.steps, s.stop_checkpoint, where,
-                   s.stop_checkpoint);
+        PrintToStderr(
+            "sluice: stopped by {} after step {} of {}; checkpoint saved to '{}'{}: "
+            "continue with --resume {}\n",
+            SignalName(s.stop_signal), s.steps, c.steps, s.stop_checkpoint, where,
+            s.stop_checkpoint);
       }
     }
     fail_on_lost_outputs();
@@ -227,38 +226,37 @@ int RunTrain(TrainArgs& a) {
         s.peak_resident_bytes >= 0
             ? fmt::format(", process resident {:.2f} MiB", s.peak_resident_bytes / 1048576.0)
             : std::string();
-    fmt::print(stderr,
-               "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB (reserved {:.2f} MiB{}), "
-               "{}\n",
-               s.steps, FormatDuration(s.wall_s), FormatRate(s.per_s, trainer.throughput()),
-               s.peak_allocated_bytes / 1048576.0, s.peak_reserved_bytes / 1048576.0, resident,
-               s.unused_params > 0
-                   ? fmt::format("{} parameters trained, {} unused", s.params, s.unused_params)
-                   : fmt::format("{} parameters", s.params));
-    for (const std::string& line : trainer.engine().ReportLines())
-      fmt::print(stderr, "  {}\n", line);
+    PrintToStderr(
+        "done: {} steps in {}, {}, peak tensor memory {:.2f} MiB (reserved {:.2f} MiB{}), "
+        "{}\n",
+        s.steps, FormatDuration(s.wall_s), FormatRate(s.per_s, trainer.throughput()),
+        s.peak_allocated_bytes / 1048576.0, s.peak_reserved_bytes / 1048576.0, resident,
+        s.unused_params > 0
+            ? fmt::format("{} parameters trained, {} unused", s.params, s.unused_params)
+            : fmt::format("{} parameters", s.params));
+    for (const std::string& line : trainer.engine().ReportLines()) PrintToStderr("  {}\n", line);
     // What bf16 does on this CPU, and which ops of the model run bf16.
     if (a.config.gpt.precision == Precision::kBf16) {
-      fmt::print(stderr, "  {}\n", kernels::DescribeBf16Compute());
+      PrintToStderr("  {}\n", kernels::DescribeBf16Compute());
       if (std::string ops = DescribePrecisionOps(trainer.task()); !ops.empty())
-        fmt::print(stderr, "  {}\n", ops);
+        PrintToStderr("  {}\n", ops);
     }
     // Post-validation pays a whole step again for each rollback: say so when most steps paid it.
     if (const nlohmann::json extra = trainer.engine().Summary();
         extra.is_object() && extra.contains("post_validation")) {
       const int64_t redone = extra["post_validation"]["rollbacks"].get<int64_t>();
       if (redone > 0 && 2 * redone > s.steps) {
-        fmt::print(stderr,
-                   "note: post-validation redid {} of {} steps (clipping or the non-finite check "
-                   "fired), each at the cost of a step; where that is usual (--clip below the "
-                   "run's gradient norms), training without --post-validate is faster\n",
-                   redone, s.steps);
+        PrintToStderr(
+            "note: post-validation redid {} of {} steps (clipping or the non-finite check "
+            "fired), each at the cost of a step; where that is usual (--clip below the "
+            "run's gradient norms), training without --post-validate is faster\n",
+            redone, s.steps);
       }
     }
     if (s.last_eval.accuracy >= 0)
-      fmt::print(stderr, "held-out accuracy: {:.1f}%\n", 100 * s.last_eval.accuracy);
-    if (!c.metrics_path.empty()) fmt::print(stderr, "metrics: {}\n", c.metrics_path);
-    if (!c.save_path.empty()) fmt::print(stderr, "checkpoint: {}\n", c.save_path);
+      PrintToStderr("held-out accuracy: {:.1f}%\n", 100 * s.last_eval.accuracy);
+    if (!c.metrics_path.empty()) PrintToStderr("metrics: {}\n", c.metrics_path);
+    if (!c.save_path.empty()) PrintToStderr("checkpoint: {}\n", c.save_path);
   }
   return 0;
 }

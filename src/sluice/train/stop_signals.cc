@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 
 #include <fmt/format.h>
 
@@ -29,7 +30,7 @@ void WriteStderr(const char (&text)[N]) {
   WriteStderr(text, N - 1);
 }
 
-extern "C" void OnStopSignal(int signal) {
+void OnStopSignalKeepingErrno(int signal) {
   int none = 0;
   if (g_received.compare_exchange_strong(none, signal)) {
     if (signal == SIGINT) {
@@ -51,6 +52,14 @@ extern "C" void OnStopSignal(int signal) {
   sigemptyset(&default_action.sa_mask);
   ::sigaction(signal, &default_action, nullptr);
   ::raise(signal);
+}
+
+extern "C" void OnStopSignal(int signal) {
+  // write(2) may fail (stderr closed or full, a broken pipe) and set errno, which the interrupted
+  // code may be about to read: the handler leaves it as it was.
+  const int saved_errno = errno;
+  OnStopSignalKeepingErrno(signal);
+  errno = saved_errno;
 }
 
 }  // namespace

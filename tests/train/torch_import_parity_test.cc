@@ -178,6 +178,9 @@ struct ImportedModel {
   const char* name;
   const char* file;      // under tests/parity/
   const char* data_cmd;  // nullptr: a token model on `sort`
+  // The largest relative loss difference allowed. The ResNet's batch norms over 4 examples and
+  // AdamW amplify the frameworks' different conv rounding: 8e-7 to 2.5e-5 across init seeds.
+  double loss_tolerance = 1e-5;
 };
 
 void PrintTo(const ImportedModel& m, std::ostream* os) { *os << m.name; }
@@ -244,8 +247,8 @@ std::pair<SluiceRun, SafetensorsFile> CompareWithPyTorch(const ImportedModel& im
     const double mine = run.losses[static_cast<size_t>(s)];
     const double r = Relative(mine, ref_losses.FlatAt(s));
     worst_loss = std::max(worst_loss, r);
-    EXPECT_LE(r, 1e-5) << "loss of step " << s + 1 << ": sluice " << mine << " vs PyTorch "
-                       << ref_losses.FlatAt(s);
+    EXPECT_LE(r, imported.loss_tolerance) << "loss of step " << s + 1 << ": sluice " << mine
+                                          << " vs PyTorch " << ref_losses.FlatAt(s);
   }
   double worst_weight = 0;
   for (const auto& [name, mine] : run.trained) {
@@ -443,7 +446,7 @@ INSTANTIATE_TEST_SUITE_P(
                     ImportedModel{"smoothed_sum", "torch_classifiers.py", kBlobs},
                     ImportedModel{"cnn", "torch_classifiers.py", kBars},
                     ImportedModel{"conv1d", "torch_classifiers.py", kBars},
-                    ImportedModel{"resnet", "torch_classifiers.py", kBars},
+                    ImportedModel{"resnet", "torch_classifiers.py", kBars, 1e-4},
                     ImportedModel{"bert_mlm", "torch_models.py", nullptr},
                     ImportedModel{"vit", "torch_classifiers.py", kBars},
                     ImportedModel{"bert_classifier", "torch_classifiers.py", kPadded},

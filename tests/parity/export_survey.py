@@ -17,31 +17,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from torch_classifiers import BasicBlock  # the same directory
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPORTER = os.path.join(HERE, "..", "..", "tools", "torch_export.py")
 
 
 # ---- whole models ------------------------------------------------------------------------------
-
-class BasicBlock(nn.Module):
-    """A ResNet basic block: two 3x3 convolutions with BatchNorm, a strided 1x1 shortcut when the
-    shape changes."""
-
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
-                                          nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        h = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(h)) + self.shortcut(x))
-
 
 class ResNet8(nn.Module):
     """ResNet-8 for 3x16x16 images (CIFAR-like): stem, three stages of one basic block each,

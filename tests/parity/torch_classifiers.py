@@ -121,14 +121,15 @@ def conv1d():
 
 class BasicBlock(nn.Module):
     """A ResNet basic block: two 3x3 convolutions with batch norm, the shortcut a strided 1x1
-    convolution with batch norm where the shape changes."""
+    convolution with batch norm where the shape changes. `momentum2` is the second norm's running
+    statistics momentum (the parity model sets one that is not PyTorch's default)."""
 
-    def __init__(self, cin, cout, stride):
+    def __init__(self, cin, cout, stride, momentum2=0.1):
         super().__init__()
         self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout, momentum=0.2)
+        self.bn2 = nn.BatchNorm2d(cout, momentum=momentum2)
         self.shortcut = nn.Sequential()
         if stride != 1 or cin != cout:
             self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False),
@@ -144,7 +145,7 @@ class ResNet(nn.Module):
         super().__init__()
         self.layers = nn.Sequential(
             nn.Sequential(nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU()),
-            BasicBlock(8, 8, 1), BasicBlock(8, 16, 2),                   # [B, 16, 6, 6]
+            BasicBlock(8, 8, 1, 0.2), BasicBlock(8, 16, 2, 0.2),                # [B, 16, 6, 6]
             nn.AdaptiveAvgPool2d(1), nn.Flatten(),
             nn.Linear(16, 16, bias=False), nn.BatchNorm1d(16), nn.ReLU())
         self.head = nn.Linear(16, 2)

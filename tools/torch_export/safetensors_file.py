@@ -4,6 +4,7 @@ and byte range (and an optional "__metadata__" of strings), padded with spaces t
 raw little-endian data. The one reader and writer of tools/torch_export.py (init.safetensors) and
 of the PyTorch references of the parity tests (tests/parity/gpt_reference.py and its users)."""
 import json
+import os
 import struct
 
 import torch
@@ -32,7 +33,7 @@ def read_safetensors(path):
 
 def write_safetensors(path, tensors):
     """Writes {name: tensor} (f32, f64, i64 or i32; any device, layout or autograd state) in the
-    dict's order."""
+    dict's order, atomically (a temporary file renamed over `path`)."""
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
         t = t.detach().contiguous().cpu()
@@ -44,8 +45,19 @@ def write_safetensors(path, tensors):
         offset += len(raw)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
+    # A temporary file beside it, flushed and renamed over: a full disk or a signal leaves the old
+    # file or none, never a torn one.
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for b in blobs:
+                f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

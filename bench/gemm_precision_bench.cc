@@ -8,6 +8,9 @@
 //                qkv, fc, proj        x [rows, k] · W [k, n]     (forward)
 //                fc_dx                dy [rows, 4C] · W_fcᵀ       (input gradient, b transposed)
 //                fc_dw                xᵀ · dy, x [rows, C]        (weight gradient, a transposed)
+//                attn_proj            x [rows, C] · W [C, C]      (the attention's projection)
+//                qkv_dx               dy [rows, 3C] · W_attnᵀ     (input gradient, b transposed)
+//                proj_dw              hᵀ · dy, h [rows, 4C]       (weight gradient, a transposed)
 //     impl     openblas_f32  cblas_sgemm (kernels::Gemm)
 //              onednn_f32    oneDNN f32 matmul (kernels::OneDnnGemm)
 //              onednn_bf16   oneDNN bf16 operands, f32 accumulation and result
@@ -262,11 +265,11 @@ void Register() {
       {"widened_bf16", Impl::kWidenedBf16}, {"packed_bf16", Impl::kPackedBf16}};
   for (const Model& m : models) {
     const int64_t C = m.c, R = m.rows;
-    const Product products[] = {{"qkv", false, false, R, 3 * C, C},
-                                {"fc", false, false, R, 4 * C, C},
-                                {"proj", false, false, R, C, 4 * C},
-                                {"fc_dx", false, true, R, C, 4 * C},
-                                {"fc_dw", true, false, C, 4 * C, R}};
+    const Product products[] = {
+        {"qkv", false, false, R, 3 * C, C},   {"fc", false, false, R, 4 * C, C},
+        {"proj", false, false, R, C, 4 * C},  {"fc_dx", false, true, R, C, 4 * C},
+        {"fc_dw", true, false, C, 4 * C, R},  {"attn_proj", false, false, R, C, C},
+        {"qkv_dx", false, true, R, C, 3 * C}, {"proj_dw", true, false, 4 * C, C, R}};
     for (const Product& p : products) {
       for (const auto& [impl_name, impl] : impls) {
         benchmark::RegisterBenchmark(

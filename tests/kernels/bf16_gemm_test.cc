@@ -84,7 +84,7 @@ const Case kCases[] = {
     {5, 600, 2 * 128 + 5, 2, 0, 0},        // two blocks of n, three of k (KC 128)
     {600, 8, 300, 0, 2, 0},                // KC 256: blocks of 256 and 44
     {1000, 8, 800, 1, 0, 0},               // KC 384, a partial last tile
-    {7, kPackedGemmNC + 40, 20, 1, 0, 3},  // two blocks of n
+    {7, kPackedGemmNC + 40, 20, 1, 0, 3},  // two blocks of n; b [n, k]: 16 × 16 blocks and 4 k left
 };
 
 TEST(PackedBf16Gemm, BlocksOfKAreAsLargeAsTheScratchAllows) {

@@ -91,15 +91,45 @@ void PackATile(const Operands& s, int64_t i0, int64_t rows, int64_t p0, int64_t 
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// rows[i] = column i of the 16 × 16 block `rows` (rows[q][i] ← rows[i][q]): 32-bit, 64-bit and
+// two 128-bit interleavings.
+HWY_INLINE void Transpose16x16(__m512 rows[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
+  }
+  // rows[4g + c], lane block l: column 4l + c of rows 4g .. 4g + 3.
+  for (int g = 0; g < 16; g += 4) {
+    rows[g] = _mm512_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    rows[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    rows[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    rows[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_f32x4(rows[c], rows[4 + c], 0x88);
+    t[4 + c] = _mm512_shuffle_f32x4(rows[c], rows[4 + c], 0xdd);
+    t[8 + c] = _mm512_shuffle_f32x4(rows[8 + c], rows[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_f32x4(rows[8 + c], rows[12 + c], 0xdd);
+  }
+  for (int c = 0; c < 8; ++c) {
+    rows[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+    rows[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+  }
+}
+#endif
+
 // A panel of op(b): columns [j0, j0 + cols) (cols ≤ NR), k [p0, p0 + kc), widened into
 // out[p·NR + j], the columns past `cols` zero.
 template <int64_t kKC>
 void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t kc, float* out) {
-  if (!s.transpose_b) {  // b [k, n]: each k a run of b's row
+  if (!s.transpose_b) {  // b [k, n]: each k a run of b's row, the rows 8 ahead requested
     const DF d;
     for (int64_t p = 0; p < kc; ++p) {
       float* row = out + p * kNR;
       const BFloat16* x = s.b + (p0 + p) * s.ldb + j0;
+      if (p + 8 < kc) hwy::Prefetch(x + 8 * s.ldb);
       if (cols == kNR) {
         hn::StoreU(WidenVector(x), d, row);
         hn::StoreU(WidenVector(x + kLanes), d, row + kLanes);
@@ -110,12 +140,32 @@ void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t
     }
     return;
   }
-  // b [n, k]: each column of op(b) a row of b, widened whole, then transposed into the panel.
+  // b [n, k]: each column of op(b) a row of b. On AVX-512, blocks of 16 columns × 16 k widened
+  // and transposed in registers; elsewhere (and for what is left) each column widened whole, then
+  // stored into the panel one float at a time.
+  int64_t p_done = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  static_assert(kLanes == 16 && kNR == 32);
+  if (cols == kNR) {
+    p_done = kc / 16 * 16;
+    for (int64_t jg = 0; jg < kNR; jg += 16) {
+      for (int64_t p = 0; p < p_done; p += 16) {
+        __m512 block[16];
+        for (int64_t i = 0; i < 16; ++i) {
+          block[i] = WidenVector(s.b + (j0 + jg + i) * s.ldb + p0 + p).raw;
+        }
+        Transpose16x16(block);
+        for (int64_t q = 0; q < 16; ++q) _mm512_storeu_ps(out + (p + q) * kNR + jg, block[q]);
+      }
+    }
+  }
+#endif
+  if (p_done == kc) return;
   HWY_ALIGN float column[kKC];
   if (cols < kNR) std::fill_n(out, kc * kNR, 0.0f);
   for (int64_t j = 0; j < cols; ++j) {
-    Widen(s.b + (j0 + j) * s.ldb + p0, column, kc);
-    for (int64_t p = 0; p < kc; ++p) out[p * kNR + j] = column[p];
+    Widen(s.b + (j0 + j) * s.ldb + p0 + p_done, column, kc - p_done);
+    for (int64_t p = p_done; p < kc; ++p) out[p * kNR + j] = column[p - p_done];
   }
 }
 

@@ -10,6 +10,7 @@
 //                fc_dw                xᵀ · dy, x [rows, C]        (weight gradient, a transposed)
 //                attn_proj            x [rows, C] · W [C, C]      (the attention's projection)
 //                qkv_dx               dy [rows, 3C] · W_attnᵀ     (input gradient, b transposed)
+//                proj_dx              dy [rows, C] · W_projᵀ      (the MLP's c_proj, b transposed)
 //                proj_dw              hᵀ · dy, h [rows, 4C]       (weight gradient, a transposed)
 //     impl     openblas_f32  cblas_sgemm (kernels::Gemm)
 //              onednn_f32    oneDNN f32 matmul (kernels::OneDnnGemm)
@@ -269,7 +270,8 @@ void Register() {
         {"qkv", false, false, R, 3 * C, C},   {"fc", false, false, R, 4 * C, C},
         {"proj", false, false, R, C, 4 * C},  {"fc_dx", false, true, R, C, 4 * C},
         {"fc_dw", true, false, C, 4 * C, R},  {"attn_proj", false, false, R, C, C},
-        {"qkv_dx", false, true, R, C, 3 * C}, {"proj_dw", true, false, 4 * C, C, R}};
+        {"qkv_dx", false, true, R, C, 3 * C}, {"proj_dx", false, true, R, 4 * C, C},
+        {"proj_dw", true, false, 4 * C, C, R}};
     for (const Product& p : products) {
       for (const auto& [impl_name, impl] : impls) {
         benchmark::RegisterBenchmark(

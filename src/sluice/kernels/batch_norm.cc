@@ -1,9 +1,12 @@
 // Batch normalization kernels: see batch_norm.h for the formulas.
 #include "sluice/kernels/batch_norm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "sluice/kernels/parallel.h"
+#include "sluice/kernels/simd_kernels.h"
 
 namespace sluice::kernels {
 
@@ -58,6 +61,47 @@ std::pair<double, double> GradSums(const T* dy, const T* x, BatchNormDims d, int
   return {sum, dot};
 }
 
+// The fast kernels' sums: a channel's runs of S values through the SIMD row kernels (f32 lanes
+// over blocks, each block added in double: simd_kernels.h), or, for runs too short to fill
+// vectors (BatchNorm1d's [B, C], S = 1), the plain double loops above.
+inline constexpr int64_t kShortestSimdRun = 16;
+
+// StatsOf in two passes as well: Σ x, then Σ (x − shift)² about the mean rounded to T, less the
+// rounding's share: Σ (x − shift)² = Σ (x − mean)² + N·(mean − shift)².
+template <typename T>
+ChannelStats FastStatsOf(const T* x, BatchNormDims d, int64_t c) {
+  if (d.inner < kShortestSimdRun) return StatsOf(x, d, c);
+  const SimdRowKernels<T>& simd = Simd<T>();
+  double sum = 0;
+  for (int64_t b = 0; b < d.batch; ++b) sum += simd.blocked_sum(RunOf(x, d, b, c), d.inner);
+  const double n = static_cast<double>(Count(d));
+  const double mean = sum / n;
+  const T shift = static_cast<T>(mean);
+  double squares = 0;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    squares += simd.centered_squares(RunOf(x, d, b, c), shift, d.inner);
+  }
+  const double off = mean - static_cast<double>(shift);
+  return {mean, std::max(0.0, squares / n - off * off)};
+}
+
+// GradSums likewise: Σ dy·(x − mean) = Σ dy·(x − shift) + (shift − mean)·Σ dy.
+template <typename T>
+std::pair<double, double> FastGradSums(const T* dy, const T* x, BatchNormDims d, int64_t c,
+                                       double mean) {
+  if (d.inner < kShortestSimdRun) return GradSums(dy, x, d, c, mean);
+  const SimdRowKernels<T>& simd = Simd<T>();
+  const T shift = static_cast<T>(mean);
+  double sum = 0, dot = 0;
+  for (int64_t b = 0; b < d.batch; ++b) {
+    double run_sum = 0, run_dot = 0;
+    simd.centered_dot(RunOf(dy, d, b, c), RunOf(x, d, b, c), shift, d.inner, &run_sum, &run_dot);
+    sum += run_sum;
+    dot += run_dot;
+  }
+  return {sum, dot + (static_cast<double>(shift) - mean) * sum};
+}
+
 // fn(c) for every channel: one after another, or split over the intra-op threads (a channel's
 // work stays on one thread, so the results do not depend on the thread count).
 template <bool kParallel, typename F>
@@ -99,7 +143,7 @@ void BatchNormFast(const T* x, const T* weight, const T* bias, const T* mean, co
   ForEachChannel<true>(d, [&](int64_t c) {
     const ChannelStats st =
         mean != nullptr ? ChannelStats{static_cast<double>(mean[c]), static_cast<double>(var[c])}
-                        : StatsOf(x, d, c);
+                        : FastStatsOf(x, d, c);
     const double rstd = 1.0 / std::sqrt(st.var + eps);
     const T alpha = static_cast<T>(rstd * static_cast<double>(weight[c]));
     const T beta = static_cast<T>(static_cast<double>(bias[c]) -
@@ -107,7 +151,11 @@ void BatchNormFast(const T* x, const T* weight, const T* bias, const T* mean, co
     for (int64_t b = 0; b < d.batch; ++b) {
       const T* in = RunOf(x, d, b, c);
       T* out = RunOf(y, d, b, c);
-      for (int64_t s = 0; s < d.inner; ++s) out[s] = in[s] * alpha + beta;
+      if (d.inner >= kShortestSimdRun) {
+        Simd<T>().affine(in, alpha, beta, out, d.inner);
+      } else {
+        for (int64_t s = 0; s < d.inner; ++s) out[s] = in[s] * alpha + beta;
+      }
     }
   });
 }
@@ -143,9 +191,9 @@ void BatchNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, BatchNo
                         double eps) {
   const double n = static_cast<double>(Count(d));
   ForEachChannel<true>(d, [&](int64_t c) {
-    const ChannelStats st = StatsOf(x, d, c);
+    const ChannelStats st = FastStatsOf(x, d, c);
     const double rstd = 1.0 / std::sqrt(st.var + eps);
-    const auto [sum, dot] = GradSums(dy, x, d, c, st.mean);
+    const auto [sum, dot] = FastGradSums(dy, x, d, c, st.mean);
     // dx = (dy − mean(dy) − (x − mean) · k) · rstd · weight, k = Σ dy·(x − mean) · rstd² / N.
     const T k = static_cast<T>(dot * rstd * rstd / n);
     const T grad_mean = static_cast<T>(sum / n);
@@ -155,6 +203,10 @@ void BatchNormGradXFast(const T* dy, const T* x, const T* weight, T* dx, BatchNo
       const T* g = RunOf(dy, d, b, c);
       const T* v = RunOf(x, d, b, c);
       T* out = RunOf(dx, d, b, c);
+      if (d.inner >= kShortestSimdRun) {
+        Simd<T>().batch_norm_grad_row(g, v, mean, k, grad_mean, scale, out, d.inner);
+        continue;
+      }
       for (int64_t s = 0; s < d.inner; ++s) {
         out[s] = (g[s] - grad_mean - (v[s] - mean) * k) * scale;
       }
@@ -185,8 +237,8 @@ template <typename T>
 void BatchNormGradParamsFast(const T* dy, const T* x, T* dweight, T* dbias, BatchNormDims d,
                              double eps) {
   ForEachChannel<true>(d, [&](int64_t c) {
-    const ChannelStats st = StatsOf(x, d, c);
-    const auto [sum, dot] = GradSums(dy, x, d, c, st.mean);
+    const ChannelStats st = FastStatsOf(x, d, c);
+    const auto [sum, dot] = FastGradSums(dy, x, d, c, st.mean);
     dweight[c] = static_cast<T>(dot / std::sqrt(st.var + eps));
     dbias[c] = static_cast<T>(sum);
   });
@@ -211,7 +263,7 @@ void BatchNormUpdateStatsFast(const T* x, T* running_mean, T* running_var, Batch
   const double n = static_cast<double>(Count(d));
   const double keep = 1 - momentum;
   ForEachChannel<true>(d, [&](int64_t c) {
-    const ChannelStats st = StatsOf(x, d, c);
+    const ChannelStats st = FastStatsOf(x, d, c);
     const double unbiased = st.var * (n / (n - 1));
     running_mean[c] =
         static_cast<T>(momentum * st.mean + keep * static_cast<double>(running_mean[c]));

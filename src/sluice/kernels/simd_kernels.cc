@@ -457,6 +457,89 @@ double SumSquares(const T* x, int64_t n) {
   return sum;
 }
 
+// ---- batch norm (kernels/batch_norm.h) ----
+
+// Elements per block of the blocked sums below: each lane adds at most kBlockedSumElements /
+// lanes terms in T (32 with AVX-512's 16 floats) before the block's lanes are added into a
+// double, so a sum's error is that of 32 f32 additions plus a double sum, however long the run.
+inline constexpr int64_t kBlockedSumElements = 512;
+
+// Runs add(s0, s1, j, count) over the vectors of n elements in blocks of kBlockedSumElements,
+// two vector accumulators per block (zeroed), and returns the blocks' totals summed in double.
+// add must leave the accumulators unchanged by lanes at or past count.
+template <class D, class F>
+HWY_INLINE std::pair<double, double> BlockedSums(D d, int64_t n, F&& add) {
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  double t0 = 0, t1 = 0;
+  for (int64_t b = 0; b < n; b += kBlockedSumElements) {
+    const int64_t end = std::min(n, b + kBlockedSumElements);
+    auto s0 = hn::Zero(d), s1 = hn::Zero(d);
+    int64_t j = b;
+    for (; j + lanes <= end; j += lanes) add(s0, s1, j, static_cast<size_t>(lanes));
+    if (j < end) add(s0, s1, j, static_cast<size_t>(end - j));
+    t0 += static_cast<double>(SumLanes(d, s0));
+    t1 += static_cast<double>(SumLanes(d, s1));
+  }
+  return {t0, t1};
+}
+
+template <typename T>
+double BlockedSum(const T* x, int64_t n) {
+  const hn::ScalableTag<T> d;
+  return BlockedSums(d, n,
+                     [&](auto& s, auto&, int64_t j, size_t c) {
+                       s = hn::Add(s, LoadPart(d, x + j, c, T(0)));
+                     })
+      .first;
+}
+
+template <typename T>
+double CenteredSquares(const T* x, T shift, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vs = hn::Set(d, shift);
+  return BlockedSums(d, n,
+                     [&](auto& s, auto&, int64_t j, size_t c) {
+                       const auto v = hn::Sub(LoadPart(d, x + j, c, shift), vs);
+                       s = hn::MulAdd(v, v, s);
+                     })
+      .first;
+}
+
+template <typename T>
+void CenteredDot(const T* dy, const T* x, T shift, int64_t n, double* sum, double* dot) {
+  const hn::ScalableTag<T> d;
+  const auto vs = hn::Set(d, shift);
+  const auto [s, p] = BlockedSums(d, n, [&](auto& s0, auto& s1, int64_t j, size_t c) {
+    const auto g = LoadPart(d, dy + j, c, T(0));
+    s0 = hn::Add(s0, g);
+    s1 = hn::MulAdd(g, hn::Sub(LoadPart(d, x + j, c, shift), vs), s1);
+  });
+  *sum = s;
+  *dot = p;
+}
+
+template <typename T>
+void Affine(const T* x, T a, T b, T* y, int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto va = hn::Set(d, a), vb = hn::Set(d, b);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    StorePart(d, hn::MulAdd(LoadPart(d, x + j, c, T(0)), va, vb), y + j, c);
+  });
+}
+
+template <typename T>
+void BatchNormGradRow(const T* dy, const T* x, T mean, T k, T grad_mean, T scale, T* dx,
+                      int64_t n) {
+  const hn::ScalableTag<T> d;
+  const auto vm = hn::Set(d, mean), vk = hn::Set(d, k), vg = hn::Set(d, grad_mean),
+             vs = hn::Set(d, scale);
+  ForVectors(d, n, [&](int64_t j, size_t c) {
+    const auto centered = hn::Sub(LoadPart(d, x + j, c, T(0)), vm);
+    const auto g = hn::Sub(LoadPart(d, dy + j, c, T(0)), vg);
+    StorePart(d, hn::Mul(hn::NegMulAdd(centered, vk, g), vs), dx + j, c);
+  });
+}
+
 // ---- elementwise ----
 
 // Highway's Exp is accurate up to 104 (f32) / 706 (f64) and garbage far beyond; past these
@@ -687,6 +770,11 @@ const SimdRowKernels<T>* Table() {
       .row_max = RowMax<T>,
       .row_dot = RowDot<T>,
       .sum_squares = SumSquares<T>,
+      .blocked_sum = BlockedSum<T>,
+      .centered_squares = CenteredSquares<T>,
+      .centered_dot = CenteredDot<T>,
+      .affine = Affine<T>,
+      .batch_norm_grad_row = BatchNormGradRow<T>,
       .small_gemm = SmallGemm<T>,
       .transpose = Transpose<T>,
       .exp_sum = RowExpSum<T>,

@@ -1,6 +1,6 @@
 // Runtime-dispatched SIMD row kernels (Google Highway): the vector code behind the *Fast kernels
-// of softmax.h, layer_norm.h, rms_norm.h, cross_entropy.h, unary.h, optimizer.h and binary.h
-// (equal shapes).
+// of softmax.h, layer_norm.h, rms_norm.h, batch_norm.h, cross_entropy.h, unary.h, optimizer.h
+// and binary.h (equal shapes).
 //
 // simd_kernels.cc is compiled once per instruction set that Highway targets on the machine's
 // architecture (x86-64: AVX-512 "AVX3", AVX2+FMA "AVX2", "SSE4" and the one-lane portable
@@ -22,6 +22,8 @@
 //         results differ from the left-to-right reference by rounding only (relative 2e-5 in f32,
 //         the op harness's tolerance). The lane count, and so the rounding, depends on the target:
 //         results are bitwise reproducible on one machine, not across instruction sets.
+//   blocked_sum, centered_squares, centered_dot: per lane in T over blocks of 512 elements, then in
+//         double: beside a double loop, relative ~1e-7 in f32 (batch norm's statistics).
 //   sum_squares: in double, per lane then across lanes: a double loop's result up to the order of
 //         its additions (relative 1e-15 on the gradient norm's sums).
 //   adamw, sgd: elementwise, the fast kernels' formulas exactly (no sums to reorder).
@@ -81,6 +83,17 @@ struct SimdRowKernels {
   T (*row_dot)(const T* a, const T* b, int64_t n);
   // Σ x² over n elements, each widened to double first (the gradient norm).
   double (*sum_squares)(const T* x, int64_t n);
+  // Batch norm's channel sums (kernels/batch_norm.h): in lanes of T over blocks of 512 elements,
+  // each block's lanes added into a double (a lane adds at most 512 / lanes terms in T).
+  // blocked_sum: Σ x. centered_squares: Σ (x − shift)². centered_dot: Σ dy and Σ dy·(x − shift).
+  double (*blocked_sum)(const T* x, int64_t n);
+  double (*centered_squares)(const T* x, T shift, int64_t n);
+  void (*centered_dot)(const T* dy, const T* x, T shift, int64_t n, double* sum, double* dot);
+  // y = x·a + b (one fused multiply-add).
+  void (*affine)(const T* x, T a, T b, T* y, int64_t n);
+  // dx = (dy − grad_mean − (x − mean)·k)·scale: batch norm's input gradient on a run of a channel.
+  void (*batch_norm_grad_row)(const T* dy, const T* x, T mean, T k, T grad_mean, T scale, T* dx,
+                              int64_t n);
   // c [m, n] = alpha · A [m, k] · b [k, n] + beta · c, with A(i, p) = a[i·a_row + p·a_col] (A or
   // Aᵀ of a row-major matrix), b and c row-major (ldb, ldc apart); beta = 0 does not read c. For
   // the small products of fused attention (kernels/attention.h), where a BLAS call's packing and

@@ -28,6 +28,7 @@
 #include "sluice/kernels/embedding.h"
 #include "sluice/kernels/layer_norm.h"
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/onednn_conv.h"
 #include "sluice/kernels/optimizer.h"
 #include "sluice/kernels/reduce.h"
 #include "sluice/kernels/rms_norm.h"
@@ -382,7 +383,8 @@ float RelativeDifference(const std::vector<float>& a, const std::vector<float>& 
 }
 
 // Convolutions whose im2col comes in several blocks of output rows (C·KH·KW · OW · OH is past
-// kConv2dColsBudget), with padding, strides and ragged sizes.
+// kConv2dColsBudget), with padding, strides and ragged sizes; and one on oneDNN (onednn_conv.h) in
+// chunks of images, a remainder among them.
 TEST_F(ParallelKernels, ConvolutionAndPoolingAreBitwiseTheSame) {
   struct Case {
     Conv2dDims d;
@@ -391,15 +393,26 @@ TEST_F(ParallelKernels, ConvolutionAndPoolingAreBitwiseTheSame) {
   const std::vector<Case> cases = {
       {Conv2dShape(3, 16, 70, 66, 8, 3, 3, {1, 1}, {1, 1}), "conv2d 3x3"},
       {Conv2dShape(2, 12, 75, 61, 5, 5, 3, {2, 1}, {2, 0}), "conv2d 5x3 strided"},
+      {Conv2dShape(5, 16, 30, 22, 16, 3, 3, {1, 1}, {1, 1}), "conv2d 3x3 on oneDNN"},
   };
   for (const Case& c : cases) {
     const Conv2dDims& d = c.d;
-    ASSERT_LT(Conv2dBlockRows(d), d.out_h) << c.name << ": one block";
+    if (OneDnnConvolves(d)) {
+      ASSERT_LT(OneDnnConvImages(d), d.batch) << c.name << ": one chunk";
+      ASSERT_NE(d.batch % OneDnnConvImages(d), 0) << c.name << ": no remainder";
+    } else {
+      ASSERT_LT(Conv2dBlockRows(d), d.out_h) << c.name << ": one block";
+    }
     const int64_t xs = d.batch * d.channels * d.height * d.width;
     const int64_t ws = d.out_channels * d.channels * d.kernel_h * d.kernel_w;
     const int64_t ys = d.batch * d.out_channels * d.out_h * d.out_w;
     const std::vector<float> x = Random(xs, 20), w = Random(ws, 21), dy = Random(ys, 22);
-    std::vector<float> cols(static_cast<size_t>(Conv2dColsElements(d)));
+    int64_t scratch = 0;
+    for (Conv2dPass pass :
+         {Conv2dPass::kForward, Conv2dPass::kGradInput, Conv2dPass::kGradWeight}) {
+      scratch = std::max(scratch, Conv2dScratchBytes(d, pass, sizeof(float)));
+    }
+    std::vector<float> cols(static_cast<size_t>(scratch / 4));
     auto run = [&](bool fast) {
       std::vector<float> y(ys), dx(xs), dw(ws);
       if (fast) {

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/onednn_conv.h"
 #include "sluice/kernels/parallel.h"
 
 namespace sluice::kernels {
@@ -38,7 +40,18 @@ int64_t Conv2dColsElements(const Conv2dDims& d) {
   return d.channels * d.kernel_h * d.kernel_w * std::min(d.out_h, Conv2dBlockRows(d)) * d.out_w;
 }
 
+int64_t Conv2dScratchBytes(const Conv2dDims& d, Conv2dPass pass, int64_t element_bytes) {
+  if (element_bytes == 4 && OneDnnConvolves(d)) return OneDnnConvScratchBytes(d, pass);
+  return Conv2dColsElements(d) * element_bytes;
+}
+
 namespace {
+
+// f32 convolutions that run on oneDNN (onednn_conv.h).
+template <typename T>
+bool OnOneDnn(const Conv2dDims& d) {
+  return std::is_same_v<T, float> && OneDnnConvolves(d);
+}
 
 // The input row (column) that output row i (column j) reads at tap p (q); outside [0, H) it is
 // padding.
@@ -169,6 +182,9 @@ void Conv2dReference(const T* x, const T* w, T* y, const Conv2dDims& d) {
 
 template <typename T>
 void Conv2dFast(const T* x, const T* w, T* y, const Conv2dDims& d, T* cols) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (OnOneDnn<T>(d)) return OneDnnConv2d(x, w, y, d, cols);
+  }
   const int64_t pixels = d.out_h * d.out_w, taps = d.channels * d.kernel_h * d.kernel_w;
   const int64_t block = Conv2dBlockRows(d);
   for (int64_t b = 0; b < d.batch; ++b) {
@@ -208,6 +224,9 @@ void Conv2dGradInputReference(const T* dy, const T* w, T* dx, const Conv2dDims& 
 
 template <typename T>
 void Conv2dGradInputFast(const T* dy, const T* w, T* dx, const Conv2dDims& d, T* cols) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (OnOneDnn<T>(d)) return OneDnnConv2dGradInput(dy, w, dx, d, cols);
+  }
   const int64_t pixels = d.out_h * d.out_w, taps = d.channels * d.kernel_h * d.kernel_w;
   const int64_t image = d.channels * d.height * d.width, block = Conv2dBlockRows(d);
   for (int64_t b = 0; b < d.batch; ++b) {
@@ -250,6 +269,9 @@ void Conv2dGradWeightReference(const T* dy, const T* x, T* dw, const Conv2dDims&
 
 template <typename T>
 void Conv2dGradWeightFast(const T* dy, const T* x, T* dw, const Conv2dDims& d, T* cols) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (OnOneDnn<T>(d)) return OneDnnConv2dGradWeight(dy, x, dw, d, cols);
+  }
   const int64_t pixels = d.out_h * d.out_w, taps = d.channels * d.kernel_h * d.kernel_w;
   const int64_t block = Conv2dBlockRows(d);
   if (d.batch == 0 || pixels == 0) std::fill_n(dw, d.out_channels * taps, T(0));

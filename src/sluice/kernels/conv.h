@@ -13,20 +13,21 @@
 //
 // *Reference: the sums as written, one output element at a time. *Fast (convolution): im2col —
 // a block of output rows of one image laid out as a [C·KH·KW, rows·OW] matrix in `cols`,
-// caller-owned scratch of Conv2dColsElements(d) — and one GEMM per block (kernels/matmul.h Gemm,
-// on OpenBLAS's threads). Blocks are Conv2dBlockRows(d) output rows, as many as keep the block
-// within kConv2dColsBudget elements (at least one row): a whole image when it is small, so the
-// scratch stays bounded for large ones. The fast and plain convolutions agree within rounding of
-// the order of their sums. *Fast (pooling): a plane at a time, each window clipped to the image
-// once; bitwise the reference's results.
-// Threads: im2col and its transpose run channels, the fast pools planes, on the intra-op threads
-// (kernels/parallel.h), each chunk writing only its own rows, every sum in one fixed order: the
-// results are bitwise the same at any thread count.
-// Thread-safety: plain functions over caller-owned memory.
+// caller-owned scratch of Conv2dScratchBytes(d, pass, sizeof(T)) — and one GEMM per block
+// (kernels/matmul.h Gemm, on OpenBLAS's threads). Blocks are Conv2dBlockRows(d) output rows, as
+// many as keep the block within kConv2dColsBudget elements (at least one row): a whole image when
+// it is small, so the scratch stays bounded for large ones. The fast and plain convolutions agree
+// within rounding of the order of their sums. f32 convolutions with a window larger than 1×1 over
+// at least 16 input and output channels run on oneDNN's primitives instead (kernels/onednn_conv.h),
+// in the same scratch. *Fast (pooling): a plane at a time, each window clipped to the image once;
+// bitwise the reference's results. Threads: im2col and its transpose run channels, the fast pools
+// planes, on the intra-op threads (kernels/parallel.h), each chunk writing only its own rows, every
+// sum in one fixed order: the results are bitwise the same at any thread count. Thread-safety:
+// plain functions over caller-owned memory.
 //
 // Example:
 //   Conv2dDims d = Conv2dShape(B, C, H, W, O, 3, 3, {1, 1}, {1, 1});
-//   std::vector<float> cols(Conv2dColsElements(d));
+//   std::vector<float> cols(Conv2dScratchBytes(d, Conv2dPass::kForward, 4) / 4);
 //   kernels::Conv2dFast<float>(x, w, y, d, cols.data());
 #pragma once
 
@@ -52,6 +53,15 @@ Conv2dDims Conv2dShape(int64_t batch, int64_t channels, int64_t height, int64_t 
 // The most elements one im2col block holds unless a single output row needs more: 256 KiB of
 // f32, which a core's L2 cache holds while the GEMM reads it.
 inline constexpr int64_t kConv2dColsBudget = int64_t{1} << 16;
+
+// The three kernels of a convolution, for the scratch each takes.
+enum class Conv2dPass { kForward, kGradInput, kGradWeight };
+
+// Bytes of scratch the fast kernel of `pass` takes over elements of `element_bytes` (4 for f32, 8
+// for f64): oneDNN's chunk buffers where the convolution runs there (f32 and
+// OneDnnConvolves(d), kernels/onednn_conv.h), otherwise the im2col block of
+// Conv2dColsElements(d) elements. The fast kernels' `cols` must hold at least that many bytes.
+int64_t Conv2dScratchBytes(const Conv2dDims& d, Conv2dPass pass, int64_t element_bytes);
 
 // Output rows per im2col block: ⌊kConv2dColsBudget / (C·KH·KW · OW)⌋, clamped to [1, OH].
 int64_t Conv2dBlockRows(const Conv2dDims& d);

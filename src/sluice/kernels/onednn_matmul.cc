@@ -19,6 +19,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/core/mutex.h"
+#include "sluice/kernels/onednn_runtime.h"
 #include "sluice/kernels/unary.h"
 
 namespace sluice::kernels {
@@ -71,7 +72,6 @@ struct Entry {
 };
 
 struct Cache {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   Mutex mutex;
   std::map<Key, std::shared_ptr<const Entry>> primitives GUARDED_BY(mutex);
 };
@@ -115,8 +115,10 @@ std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
   // Made outside the lock (JIT compilation is slow); two threads racing on a new shape both make
   // one and the first insert wins.
   std::shared_ptr<const Entry> made;
+  // Made under the thread count it runs on (onednn_conv.cc's Key says why that matters).
+  OneDnnThreadStream();
   try {
-    dnnl::matmul::primitive_desc desc = MakeDesc(s, cache.engine);
+    dnnl::matmul::primitive_desc desc = MakeDesc(s, OneDnnEngine());
     dnnl::matmul primitive(desc);
     made = std::make_shared<const Entry>(Entry{std::move(desc), std::move(primitive)});
   } catch (const dnnl::error& e) {
@@ -128,10 +130,30 @@ std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
 
 std::atomic<int> g_threads{1};
 
+}  // namespace
+
+const dnnl::engine& OneDnnEngine() {
+  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+int OneDnnThreads() { return g_threads.load(std::memory_order_relaxed); }
+
+dnnl::stream& OneDnnThreadStream() {
+  // OpenMP's thread count is per calling thread: set it on this one when the setting changed.
+  thread_local int applied = 0;
+  const int threads = OneDnnThreads();
+  if (applied != threads) {
+    omp_set_num_threads(threads);
+    applied = threads;
+  }
+  thread_local dnnl::stream stream(OneDnnEngine());
+  return stream;
+}
+
 // The calling thread's scratchpad for oneDNN's primitives, grown to the largest one asked for
-// (the primitives of one thread run one at a time): for the calls that bring none (the f32
-// engine's products), outside the executor's allocator and so outside the memory forecast.
-void* ThreadScratchpad(size_t bytes) {
+// (the primitives of one thread run one at a time).
+void* OneDnnThreadScratchpad(size_t bytes) {
   struct Free {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
   };
@@ -144,8 +166,6 @@ void* ThreadScratchpad(size_t bytes) {
   }
   return buffer.get();
 }
-
-}  // namespace
 
 int64_t OneDnnScratchpadBytes(const OneDnnGemmShape& shape) {
   const OneDnnGemmShape s = Packed(shape);
@@ -179,15 +199,8 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
     return;
   }
   const std::shared_ptr<const Entry> entry = Primitive(s);
-  // OpenMP's thread count is per calling thread: set it on this one when the setting changed.
-  thread_local int applied = 0;
-  const int threads = g_threads.load(std::memory_order_relaxed);
-  if (applied != threads) {
-    omp_set_num_threads(threads);
-    applied = threads;
-  }
-  const dnnl::engine& engine = GlobalCache().engine;
-  thread_local dnnl::stream stream(engine);
+  dnnl::stream& stream = OneDnnThreadStream();
+  const dnnl::engine& engine = OneDnnEngine();
   try {
     // oneDNN's memory objects take non-const pointers; a and b are only read.
     dnnl::memory ma(entry->desc.src_desc(), engine, const_cast<void*>(a));
@@ -197,9 +210,10 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
         {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
     const dnnl::memory::desc scratchpad_desc = entry->desc.scratchpad_desc();
     if (const size_t bytes = scratchpad_desc.get_size(); bytes > 0) {
-      args.emplace(DNNL_ARG_SCRATCHPAD,
-                   dnnl::memory(scratchpad_desc, engine,
-                                scratchpad != nullptr ? scratchpad : ThreadScratchpad(bytes)));
+      args.emplace(
+          DNNL_ARG_SCRATCHPAD,
+          dnnl::memory(scratchpad_desc, engine,
+                       scratchpad != nullptr ? scratchpad : OneDnnThreadScratchpad(bytes)));
     }
     if (s.bias) {
       args.emplace(DNNL_ARG_BIAS,
@@ -233,7 +247,7 @@ std::string OneDnnImplementation(DType dtype, int64_t m, int64_t n, int64_t k) {
 std::string OneDnnImplementation(const OneDnnGemmShape& shape) {
   const OneDnnGemmShape s = Packed(shape);
   try {
-    return MakeDesc(s, GlobalCache().engine).impl_info_str();
+    return MakeDesc(s, OneDnnEngine()).impl_info_str();
   } catch (const dnnl::error& e) {
     throw InternalError(fmt::format("oneDNN cannot make the {}: {}", Describe(s), e.what()));
   }

@@ -81,8 +81,9 @@ std::vector<TensorType> InferConv2d(std::span<const TensorType> in, const Attrs&
 }
 
 int64_t Conv2dScratch(std::span<const TensorType> in, const Attrs& attrs) {
-  return kernels::Conv2dColsElements(ConvDims(in[0].shape, in[1].shape, attrs)) *
-         static_cast<int64_t>(SizeOf(in[0].dtype));
+  return kernels::Conv2dScratchBytes(ConvDims(in[0].shape, in[1].shape, attrs),
+                                     kernels::Conv2dPass::kForward,
+                                     static_cast<int64_t>(SizeOf(in[0].dtype)));
 }
 
 // dy must be the convolution's output for x of `x_shape`.
@@ -111,8 +112,9 @@ std::vector<TensorType> InferConv2dGradInput(std::span<const TensorType> in, con
 }
 
 int64_t Conv2dGradInputScratch(std::span<const TensorType> in, const Attrs& attrs) {
-  return kernels::Conv2dColsElements(ConvDims(GradInputShape(in, attrs), in[1].shape, attrs)) *
-         static_cast<int64_t>(SizeOf(in[0].dtype));
+  return kernels::Conv2dScratchBytes(ConvDims(GradInputShape(in, attrs), in[1].shape, attrs),
+                                     kernels::Conv2dPass::kGradInput,
+                                     static_cast<int64_t>(SizeOf(in[0].dtype)));
 }
 
 // conv2d_grad_weight: dy [B, O, OH, OW], x [B, C, H, W]; attribute kernel gives [KH, KW].
@@ -131,8 +133,18 @@ std::vector<TensorType> InferConv2dGradWeight(std::span<const TensorType> in, co
 }
 
 int64_t Conv2dGradWeightScratch(std::span<const TensorType> in, const Attrs& attrs) {
-  return kernels::Conv2dColsElements(ConvDims(in[1].shape, GradWeightShape(in, attrs), attrs)) *
-         static_cast<int64_t>(SizeOf(in[0].dtype));
+  return kernels::Conv2dScratchBytes(ConvDims(in[1].shape, GradWeightShape(in, attrs), attrs),
+                                     kernels::Conv2dPass::kGradWeight,
+                                     static_cast<int64_t>(SizeOf(in[0].dtype)));
+}
+
+// The fast kernel's scratch (kernels/conv.h Conv2dScratchBytes), from the executor's allocator: the
+// forecast's figure for the instruction, the ops' scratch functions above.
+template <typename T>
+Tensor Scratch(const kernels::Conv2dDims& d, kernels::Conv2dPass pass, KernelContext& ctx) {
+  const int64_t bytes = kernels::Conv2dScratchBytes(d, pass, sizeof(T));
+  return Tensor::Empty({(bytes + sizeof(T) - 1) / static_cast<int64_t>(sizeof(T))}, DTypeOf<T>(),
+                       ctx.allocator);
 }
 
 template <bool kFast>
@@ -142,7 +154,7 @@ void Conv2dKernel(KernelContext& ctx) {
   DispatchFloat(x.dtype(), "conv2d", [&]<typename T>() {
     T* y = ctx.outputs[0].data<T>();
     if constexpr (kFast) {
-      const Tensor cols = Tensor::Empty({kernels::Conv2dColsElements(d)}, x.dtype(), ctx.allocator);
+      const Tensor cols = Scratch<T>(d, kernels::Conv2dPass::kForward, ctx);
       kernels::Conv2dFast<T>(x.data<T>(), w.data<T>(), y, d, cols.data<T>());
     } else {
       kernels::Conv2dReference<T>(x.data<T>(), w.data<T>(), y, d);
@@ -157,8 +169,7 @@ void Conv2dGradInputKernel(KernelContext& ctx) {
   const kernels::Conv2dDims d = ConvDims(dx.shape(), w.shape(), ctx.attrs);
   DispatchFloat(dy.dtype(), "conv2d_grad_input", [&]<typename T>() {
     if constexpr (kFast) {
-      const Tensor cols =
-          Tensor::Empty({kernels::Conv2dColsElements(d)}, dy.dtype(), ctx.allocator);
+      const Tensor cols = Scratch<T>(d, kernels::Conv2dPass::kGradInput, ctx);
       kernels::Conv2dGradInputFast<T>(dy.data<T>(), w.data<T>(), dx.data<T>(), d, cols.data<T>());
     } else {
       kernels::Conv2dGradInputReference<T>(dy.data<T>(), w.data<T>(), dx.data<T>(), d);
@@ -173,8 +184,7 @@ void Conv2dGradWeightKernel(KernelContext& ctx) {
   const kernels::Conv2dDims d = ConvDims(x.shape(), dw.shape(), ctx.attrs);
   DispatchFloat(dy.dtype(), "conv2d_grad_weight", [&]<typename T>() {
     if constexpr (kFast) {
-      const Tensor cols =
-          Tensor::Empty({kernels::Conv2dColsElements(d)}, dy.dtype(), ctx.allocator);
+      const Tensor cols = Scratch<T>(d, kernels::Conv2dPass::kGradWeight, ctx);
       kernels::Conv2dGradWeightFast<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), d, cols.data<T>());
     } else {
       kernels::Conv2dGradWeightReference<T>(dy.data<T>(), x.data<T>(), dw.data<T>(), d);

@@ -46,6 +46,7 @@ TEST_F(GemmEngineCli, TheSummaryNamesTheEngineWhatChoseItAndTheEpilogue) {
   EXPECT_EQ(blas["kernels"]["gemm"], "openblas");
   EXPECT_EQ(blas["kernels"]["gemm_chosen_by"], "default: measured");
   EXPECT_EQ(blas["kernels"]["gemm_epilogue"], "none");
+  EXPECT_EQ(blas["kernels"]["conv"], "onednn");
   EXPECT_FALSE(blas["kernels"].contains("omp_wait_policy"));
 
   const auto [dnn_losses, dnn] =

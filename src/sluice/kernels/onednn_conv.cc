@@ -294,15 +294,20 @@ void Run(Conv2dPass pass, const Conv2dDims& d, const std::vector<PlainOperand>& 
 
 }  // namespace
 
-bool OneDnnConvolves(const Conv2dDims& d) {
-  static const bool im2col = [] {
+const char* Fp32ConvEngineName() {
+  static const char* engine = [] {
     const char* env = std::getenv("SLUICE_CONV");
-    if (env == nullptr || std::string_view(env) == "onednn") return false;
-    if (std::string_view(env) == "im2col") return true;
+    if (env == nullptr || std::string_view(env) == "onednn") return "onednn";
+    if (std::string_view(env) == "im2col") return "im2col";
     throw InvalidArgument(
         fmt::format("SLUICE_CONV='{}': the f32 convolution engine is onednn or im2col", env));
   }();
-  return !im2col && d.kernel_h * d.kernel_w > 1 && d.channels >= 16 && d.out_channels >= 16;
+  return engine;
+}
+
+bool OneDnnConvolves(const Conv2dDims& d) {
+  static const bool on_onednn = std::string_view(Fp32ConvEngineName()) == "onednn";
+  return on_onednn && d.kernel_h * d.kernel_w > 1 && d.channels >= 16 && d.out_channels >= 16;
 }
 
 int64_t OneDnnConvImages(const Conv2dDims& d) {

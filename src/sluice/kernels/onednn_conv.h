@@ -36,6 +36,10 @@
 
 namespace sluice::kernels {
 
+// "onednn" (the default: the choice above) or "im2col" (SLUICE_CONV=im2col: every convolution on
+// im2col); throws InvalidArgument naming SLUICE_CONV's value when it is neither.
+const char* Fp32ConvEngineName();
+
 // Whether f32 convolutions of d run on oneDNN (see the choice above).
 bool OneDnnConvolves(const Conv2dDims& d);
 

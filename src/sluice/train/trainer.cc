@@ -21,6 +21,7 @@
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/blas.h"
 #include "sluice/kernels/matmul.h"
+#include "sluice/kernels/onednn_conv.h"
 #include "sluice/kernels/onednn_matmul.h"
 #include "sluice/kernels/simd_kernels.h"
 #include "sluice/nn/data.h"
@@ -36,6 +37,8 @@ namespace {
 // blas, OpenBLAS's core (and what OpenBLAS chose by itself, when sluice replaced it:
 // kernels/blas.h); gemm, the engine of f32 GEMMs, gemm_chosen_by what chose it (kernels/matmul.h),
 // gemm_epilogue what the f32 linear fuses into the product ("bias" on oneDNN, "none" on OpenBLAS);
+// conv, the engine of f32 convolutions (kernels/onednn_conv.h: "onednn" for windows past 1×1 over
+// 16 channels or more, im2col for the rest; "im2col" for all under SLUICE_CONV=im2col);
 // on oneDNN (f32 or bf16 products), omp_wait_policy how oneDNN's OpenMP threads wait
 // (OMP_WAIT_POLICY, read when the process starts: with cores shared, libgomp's default spinning
 // made 2-thread steps ~4× slower, docs/benchmarks.md "GEMM epilogues", so while it is unset
@@ -51,7 +54,8 @@ nlohmann::json KernelsDescription(Precision precision) {
                       {"blas", blas.core},
                       {"gemm", kernels::Fp32GemmEngineName()},
                       {"gemm_chosen_by", kernels::Fp32GemmChosenBy()},
-                      {"gemm_epilogue", kernels::Fp32GemmOnOneDnn() ? "bias" : "none"}};
+                      {"gemm_epilogue", kernels::Fp32GemmOnOneDnn() ? "bias" : "none"},
+                      {"conv", kernels::Fp32ConvEngineName()}};
   const bool bf16_on_onednn =
       precision == Precision::kBf16 && std::string(kernels::Bf16GemmEngine()) == "onednn";
   if (kernels::Fp32GemmOnOneDnn() || bf16_on_onednn) {

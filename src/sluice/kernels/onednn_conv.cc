@@ -4,7 +4,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -16,7 +15,6 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
-#include "sluice/core/mutex.h"
 #include "sluice/kernels/onednn_runtime.h"
 
 namespace sluice::kernels {
@@ -27,10 +25,14 @@ using dims = dnnl::memory::dims;
 using tag = dnnl::memory::format_tag;
 constexpr auto kF32 = dnnl::memory::data_type::f32;
 
-// Everything a chunk's primitives depend on: the pass, the chunk's images, the convolution and
-// oneDNN's thread count (a primitive divides its work, and sizes its scratchpad, for the threads
-// OpenMP offers when it is made; run on fewer, its threads wait at barriers for ones that never
-// come).
+// Everything a chunk's primitives depend on: the pass, the chunk's images, the convolution and the
+// OpenMP threads it runs on — a primitive divides its work for the threads OpenMP offers when it
+// is made: run on fewer, its threads wait at barriers for ones that never come (the ResNet-8's
+// weight gradients took 7.5 ms a call instead of 0.06); on more, two threads do one part (a
+// race). SetOneDnnThreads' count, but 1 for the weight gradient, whose threads meet at a
+// spinning barrier to add their parts — on a loaded machine a thread waiting there for one without
+// a core spun 10 ms a call (ResNet-8's 16-channel layers, 2 threads, load 11), where the whole
+// call takes 0.06 ms on one thread.
 struct Key {
   Conv2dPass pass;
   int64_t images;
@@ -42,6 +44,8 @@ struct Key {
   }
   bool operator<(const Key& o) const { return Tie() < o.Tie(); }
 };
+
+int ThreadsFor(Conv2dPass pass) { return pass == Conv2dPass::kGradWeight ? 1 : OneDnnThreads(); }
 
 const char* PassName(Conv2dPass pass) {
   switch (pass) {
@@ -86,16 +90,6 @@ struct Entry {
   int64_t partial_offset = 0;  // the weight gradient: a chunk's, plain, added into dw
   int64_t bytes = 0;           // the whole scratch
 };
-
-struct Cache {
-  Mutex mutex;
-  std::map<Key, std::shared_ptr<const Entry>> entries GUARDED_BY(mutex);
-};
-
-Cache& GlobalCache() {
-  static Cache* cache = new Cache();  // never destroyed: kernels may run during static teardown
-  return *cache;
-}
 
 dnnl::primitive_attr UserScratchpad() {
   dnnl::primitive_attr attr;
@@ -188,23 +182,16 @@ std::shared_ptr<const Entry> Make(const Key& k) {
 }
 
 std::shared_ptr<const Entry> Primitives(const Key& k) {
-  Cache& cache = GlobalCache();
-  {
-    MutexLock lock(&cache.mutex);
-    auto it = cache.entries.find(k);
-    if (it != cache.entries.end()) return it->second;
-  }
-  // Made outside the lock (JIT compilation is slow); two threads racing on a new shape both make
-  // one and the first insert wins. Made under the calling thread's OpenMP count, the key's.
-  OneDnnThreadStream();
-  std::shared_ptr<const Entry> made;
-  try {
-    made = Make(k);
-  } catch (const dnnl::error& e) {
-    throw InternalError(fmt::format("oneDNN cannot make the {}: {}", Describe(k), e.what()));
-  }
-  MutexLock lock(&cache.mutex);
-  return cache.entries.emplace(k, std::move(made)).first->second;
+  static auto* cache = new OneDnnCache<Key, Entry>();  // never destroyed, as onednn_matmul.cc's
+  return cache->Get(k, [&]() -> std::shared_ptr<const Entry> {
+    // Made under the OpenMP thread count it runs on (the Key says why).
+    OneDnnThreadStream(k.threads);
+    try {
+      return Make(k);
+    } catch (const dnnl::error& e) {
+      throw InternalError(fmt::format("oneDNN cannot make the {}: {}", Describe(k), e.what()));
+    }
+  });
 }
 
 // The chunks of the batch: full chunks of OneDnnConvImages(d) images and the remainder.
@@ -227,14 +214,15 @@ void Run(Conv2dPass pass, const Conv2dDims& d, const std::vector<PlainOperand>& 
          void* scratch) {
   if (d.batch == 0) return;
   std::byte* base = static_cast<std::byte*>(scratch);
-  dnnl::stream& stream = OneDnnThreadStream();
+  const int threads = ThreadsFor(pass);
+  dnnl::stream& stream = OneDnnThreadStream(threads);
   const dnnl::engine& engine = OneDnnEngine();
   const Entry* previous = nullptr;
   int64_t image = 0;
   std::optional<Key> key;
   try {
     for (const int64_t images : ChunkSizes(d)) {
-      key = Key{pass, images, d, OneDnnThreads()};
+      key = Key{pass, images, d, threads};
       const std::shared_ptr<const Entry> entry = Primitives(*key);
       std::unordered_map<int, dnnl::memory> reorder_args;  // the scratchpad, where there is one
       if (entry->scratchpad_bytes > 0) {
@@ -319,13 +307,13 @@ int64_t OneDnnConvImages(const Conv2dDims& d) {
 int64_t OneDnnConvScratchBytes(const Conv2dDims& d, Conv2dPass pass) {
   int64_t bytes = 0;
   for (const int64_t images : ChunkSizes(d)) {
-    bytes = std::max(bytes, Primitives(Key{pass, images, d, OneDnnThreads()})->bytes);
+    bytes = std::max(bytes, Primitives(Key{pass, images, d, ThreadsFor(pass)})->bytes);
   }
   return bytes;
 }
 
 std::string OneDnnConvImplementation(const Conv2dDims& d, Conv2dPass pass) {
-  return Primitives(Key{pass, OneDnnConvImages(d), d, OneDnnThreads()})->implementation;
+  return Primitives(Key{pass, OneDnnConvImages(d), d, ThreadsFor(pass)})->implementation;
 }
 
 void OneDnnConv2d(const float* x, const float* w, float* y, const Conv2dDims& d, void* scratch) {

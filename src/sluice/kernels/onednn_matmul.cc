@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -18,7 +17,6 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "sluice/core/error.h"
-#include "sluice/core/mutex.h"
 #include "sluice/kernels/onednn_runtime.h"
 #include "sluice/kernels/unary.h"
 
@@ -71,13 +69,9 @@ struct Entry {
   dnnl::matmul primitive;
 };
 
-struct Cache {
-  Mutex mutex;
-  std::map<Key, std::shared_ptr<const Entry>> primitives GUARDED_BY(mutex);
-};
-
-Cache& GlobalCache() {
-  static Cache* cache = new Cache();  // never destroyed: kernels may run during static teardown
+// Never destroyed: kernels may run during static teardown.
+OneDnnCache<Key, Entry>& GlobalCache() {
+  static auto* cache = new OneDnnCache<Key, Entry>();
   return *cache;
 }
 
@@ -105,27 +99,15 @@ dnnl::matmul::primitive_desc MakeDesc(const OneDnnGemmShape& s, const dnnl::engi
 }
 
 std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
-  Cache& cache = GlobalCache();
-  const Key key{s};
-  {
-    MutexLock lock(&cache.mutex);
-    auto it = cache.primitives.find(key);
-    if (it != cache.primitives.end()) return it->second;
-  }
-  // Made outside the lock (JIT compilation is slow); two threads racing on a new shape both make
-  // one and the first insert wins.
-  std::shared_ptr<const Entry> made;
-  // Made under the thread count it runs on (onednn_conv.cc's Key says why that matters).
-  OneDnnThreadStream();
-  try {
-    dnnl::matmul::primitive_desc desc = MakeDesc(s, OneDnnEngine());
-    dnnl::matmul primitive(desc);
-    made = std::make_shared<const Entry>(Entry{std::move(desc), std::move(primitive)});
-  } catch (const dnnl::error& e) {
-    throw InternalError(fmt::format("oneDNN cannot make the {}: {}", Describe(s), e.what()));
-  }
-  MutexLock lock(&cache.mutex);
-  return cache.primitives.emplace(key, std::move(made)).first->second;
+  return GlobalCache().Get(Key{s}, [&] {
+    try {
+      dnnl::matmul::primitive_desc desc = MakeDesc(s, OneDnnEngine());
+      dnnl::matmul primitive(desc);
+      return std::make_shared<const Entry>(Entry{std::move(desc), std::move(primitive)});
+    } catch (const dnnl::error& e) {
+      throw InternalError(fmt::format("oneDNN cannot make the {}: {}", Describe(s), e.what()));
+    }
+  });
 }
 
 std::atomic<int> g_threads{1};
@@ -139,10 +121,9 @@ const dnnl::engine& OneDnnEngine() {
 
 int OneDnnThreads() { return g_threads.load(std::memory_order_relaxed); }
 
-dnnl::stream& OneDnnThreadStream() {
+dnnl::stream& OneDnnThreadStream(int threads) {
   // OpenMP's thread count is per calling thread: set it on this one when the setting changed.
   thread_local int applied = 0;
-  const int threads = OneDnnThreads();
   if (applied != threads) {
     omp_set_num_threads(threads);
     applied = threads;
@@ -253,10 +234,6 @@ std::string OneDnnImplementation(const OneDnnGemmShape& shape) {
   }
 }
 
-int64_t OneDnnCachedPrimitives() {
-  Cache& cache = GlobalCache();
-  MutexLock lock(&cache.mutex);
-  return static_cast<int64_t>(cache.primitives.size());
-}
+int64_t OneDnnCachedPrimitives() { return GlobalCache().size(); }
 
 }  // namespace sluice::kernels

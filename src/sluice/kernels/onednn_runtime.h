@@ -9,8 +9,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <utility>
 
 #include <oneapi/dnnl/dnnl.hpp>
+
+#include "sluice/core/mutex.h"
 
 namespace sluice::kernels {
 
@@ -20,12 +26,42 @@ const dnnl::engine& OneDnnEngine();
 // The thread count SetOneDnnThreads (onednn_matmul.h) set: what every call runs on.
 int OneDnnThreads();
 
-// The calling thread's stream on OneDnnEngine(), with its OpenMP thread count set to
-// SetOneDnnThreads' (onednn_matmul.h) when that changed: call it before running a primitive.
-dnnl::stream& OneDnnThreadStream();
+// The calling thread's stream on OneDnnEngine(), with its OpenMP thread count set to `threads`
+// (default: SetOneDnnThreads' count) when that changed: call it before running a primitive.
+dnnl::stream& OneDnnThreadStream(int threads);
+inline dnnl::stream& OneDnnThreadStream() { return OneDnnThreadStream(OneDnnThreads()); }
 
 // The calling thread's own buffer of at least `bytes`, aligned to 64, grown to the largest asked
 // for and kept for the thread's life (outside the executor's allocator and the memory forecast).
 void* OneDnnThreadScratchpad(size_t bytes);
+
+// A process-wide cache of made primitives (Entry) by their problem (Key, ordered by <): oneDNN
+// JIT-compiles a primitive per problem, far slower than running it, so each is made once. Made
+// outside the lock: two threads racing on a new key both make one and the first insert wins.
+template <typename Key, typename Entry>
+class OneDnnCache {
+ public:
+  // The entry of `key`, made by make() (returning std::shared_ptr<const Entry>) when absent.
+  template <typename Make>
+  std::shared_ptr<const Entry> Get(const Key& key, Make&& make) {
+    {
+      MutexLock lock(&mutex_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) return it->second;
+    }
+    std::shared_ptr<const Entry> made = make();
+    MutexLock lock(&mutex_);
+    return entries_.emplace(key, std::move(made)).first->second;
+  }
+
+  int64_t size() {
+    MutexLock lock(&mutex_);
+    return static_cast<int64_t>(entries_.size());
+  }
+
+ private:
+  Mutex mutex_;
+  std::map<Key, std::shared_ptr<const Entry>> entries_ GUARDED_BY(mutex_);
+};
 
 }  // namespace sluice::kernels

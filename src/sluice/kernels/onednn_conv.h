@@ -16,10 +16,12 @@
 // and ResNet-8's shapes (docs/benchmarks.md); 1×1 and few-channel convolutions stay on im2col.
 // SLUICE_CONV=im2col (read once) keeps every convolution on im2col, for comparisons.
 //
-// Determinism: a primitive's results depend on the shape and on oneDNN's thread count
-// (SetOneDnnThreads in onednn_matmul.h, OpenMP), not on the intra-op threads or the stage split:
-// bitwise the same run after run at one thread count. Primitives are made once per shape and kept
-// in a process-wide cache, as onednn_matmul.h's.
+// Threads and determinism: forward and input gradient run on oneDNN's OpenMP threads
+// (SetOneDnnThreads in onednn_matmul.h), the weight gradient on one (its threads add their parts
+// at a spinning barrier, which on a loaded machine waited for a thread without a core:
+// onednn_conv.cc). Results depend on the shape and that thread count, not on the intra-op threads
+// or the stage split: bitwise the same run after run. Primitives are made once per shape and
+// thread count and kept in a process-wide cache (onednn_runtime.h's OneDnnCache).
 // Thread-safety: any thread may call; the cache is guarded by a mutex, each call runs on the
 // calling thread's stream with its own scratch. Failures: oneDNN's errors are rethrown as
 // InternalError naming the convolution.

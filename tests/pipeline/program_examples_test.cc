@@ -153,6 +153,53 @@ TEST(ProgramExamples, ABatchNormClassifierLearnsOnOneAndTwoStagesAlike) {
   testing_support::ExpectBitwiseRun(one, TrainAndKeep(config), "--recompute full");
 }
 
+// Images through the fast convolution and batch-norm kernels: a 16-channel 3x3 convolution on
+// oneDNN (kernels/onednn_conv.h, chunks of images), BatchNorm2d's SIMD passes over runs of 64
+// values, and a 4-channel convolution on im2col. Two stages train bitwise like one, and full
+// recomputation like none.
+TEST(ProgramExamples, AConvolutionalNetworkWithBatchNormLearnsOnOneAndTwoStagesAlike) {
+  const std::string program = ::testing::TempDir() + "/conv_bn_classifier.sluice";
+  std::ofstream(program) << R"(program convbn {
+  input %features: f32[B, 8] = features
+  input %label: i64[B] = label
+  param %lift.weight: f32[8, 256] = normal(0, 0.3)
+  param %c1.weight: f32[16, 4, 3, 3] = normal(0, 0.2)
+  param %bn.weight: f32[16] = ones
+  param %bn.bias: f32[16] = zeros
+  buffer %bn.running_mean: f32[16] = zeros
+  buffer %bn.running_var: f32[16] = ones
+  param %c2.weight: f32[16, 16, 3, 3] = normal(0, 0.1)
+  param %out.weight: f32[16, 4] = normal(0, 0.1)
+  unit lift {
+    %flat: f32[B, 256] = matmul(%features, %lift.weight)
+    %image: f32[B, 4, 8, 8] = reshape(%flat) {shape = [B, 4, 8, 8]}
+  }
+  unit conv1 {
+    %h1: f32[B, 16, 8, 8] = conv2d(%image, %c1.weight) {padding = [1, 1], stride = [1, 1]}
+    %n1: f32[B, 16, 8, 8] = batch_norm(%h1, %bn.weight, %bn.bias, %bn.running_mean, %bn.running_var)
+    batch_norm_update_stats(%h1, %bn.running_mean, %bn.running_var) {momentum = 0.1}
+    %a1: f32[B, 16, 8, 8] = relu(%n1)
+  }
+  unit conv2 {
+    %h2: f32[B, 16, 8, 8] = conv2d(%a1, %c2.weight) {padding = [1, 1], stride = [1, 1]}
+    %a2: f32[B, 16, 8, 8] = relu(%h2)
+  }
+  unit head {
+    %p: f32[B, 16, 1, 1] = avg_pool2d(%a2) {kernel = [8, 8], stride = [8, 8]}
+    %f: f32[B, 16] = reshape(%p) {shape = [B, 16]}
+    %logits: f32[B, 4] = matmul(%f, %out.weight)
+    %loss: f32[] = cross_entropy(%logits, %label)
+  }
+  output %loss
+}
+)";
+  TrainConfig config = Short(program, WriteClassifierData("conv_bn_classifier.safetensors", 256));
+  ExpectTrainsOnOneAndTwoStages(config, "lift,conv1|conv2,head", 0.8);
+  const TrainedRun one = TrainAndKeep(config);
+  config.recompute = {RecomputePolicy::kFull};
+  testing_support::ExpectBitwiseRun(one, TrainAndKeep(config), "--recompute full");
+}
+
 // Under --precision bf16 every example trains as its mixed-precision form (ir/autocast.h), and two
 // stages stay bitwise one: what crosses a unit boundary is rounded by the unit making it, on one
 // stage as on two.

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -209,7 +208,6 @@ struct PlainOperand {
 };
 
 // Runs `pass` over the batch, chunk after chunk.
-
 void Run(Conv2dPass pass, const Conv2dDims& d, const std::vector<PlainOperand>& plain,
          void* scratch) {
   if (d.batch == 0) return;

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "sluice/kernels/conv.h"
+#include "sluice/kernels/onednn_conv.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/train/single_stage.h"
 #include "sluice/train/trainer.h"
@@ -135,7 +136,8 @@ void ExpectExactWithScratch(const std::string& program, int64_t scratch_bytes) {
     ASSERT_EQ(compared.forecast.size(), 1u);
     EXPECT_EQ(compared.forecast[0].peak_allocated_bytes, compared.measured[0])
         << Name(policy) << ": " << Describe(compared.forecast[0]);
-    EXPECT_GE(compared.forecast[0].peak_allocated_bytes, scratch_bytes) << "the im2col scratch";
+    EXPECT_GE(compared.forecast[0].peak_allocated_bytes, scratch_bytes)
+        << "the convolution's scratch";
   }
   std::remove(path.c_str());
 }
@@ -166,6 +168,36 @@ TEST(MemoryForecast, OneStageIsExactWithAConvolutionsScratch) {
 }
 )",
                          8 * 25 * 144 * int64_t{4});
+}
+
+// A convolution on oneDNN (kernels/onednn_conv.h: 16 channels in, 32 out, a 5x5 window) takes
+// the blocked chunk, the blocked weights and, for its weight gradient, a blocked and a plain
+// gradient as scratch (here larger than the micro-batch's activations): the forecast holds it.
+TEST(MemoryForecast, OneStageIsExactWithAOneDnnConvolutionsScratch) {
+  const kernels::Conv2dDims d = kernels::Conv2dShape(2, 16, 12, 12, 32, 5, 5, {1, 1}, {2, 2});
+  ASSERT_TRUE(kernels::OneDnnConvolves(d));
+  ExpectExactWithScratch(R"(program conv {
+  input %x: f32[B, 144] = x
+  input %y: i64[B] = labels
+  param %c1.weight: f32[16, 1, 3, 3] = normal(0, 0.2)
+  param %c2.weight: f32[32, 16, 5, 5] = normal(0, 0.05)
+  param %out.weight: f32[32, 4] = normal(0, 0.1)
+  unit conv {
+    %image: f32[B, 1, 12, 12] = reshape(%x) {shape = [B, 1, 12, 12]}
+    %h1: f32[B, 16, 12, 12] = conv2d(%image, %c1.weight) {padding = [1, 1], stride = [1, 1]}
+    %a1: f32[B, 16, 12, 12] = relu(%h1)
+    %h2: f32[B, 32, 12, 12] = conv2d(%a1, %c2.weight) {padding = [2, 2], stride = [1, 1]}
+    %p: f32[B, 32, 1, 1] = avg_pool2d(%h2) {kernel = [12, 12], stride = [12, 12]}
+  }
+  unit head {
+    %f: f32[B, 32] = reshape(%p) {shape = [B, 32]}
+    %logits: f32[B, 4] = matmul(%f, %out.weight)
+    %loss: f32[] = cross_entropy(%logits, %y)
+  }
+  output %loss
+}
+)",
+                         kernels::Conv2dScratchBytes(d, kernels::Conv2dPass::kGradWeight, 4));
 }
 
 // Past kConv2dColsBudget the im2col comes in blocks of output rows (here 4 of the 38 rows of the

@@ -340,18 +340,20 @@ Var AvgPool2dGrad(Var dy, Pair kernel, Pair stride, Pair padding, int64_t height
 }
 
 void RegisterConvOps(OpRegistry& r) {
-  r.Register({.name = "conv2d",
-              .num_inputs = 2,
-              .infer = InferConv2d,
-              .kernel = Conv2dKernel<true>,
-              .reference = Conv2dKernel<false>,
-              .vjp = Conv2dVjp,
-              .doc = "2-D convolution (PyTorch conv2d without bias: dilation 1, one group), "
-                     "im2col and a GEMM per block of output rows",
-              .signature = {.inputs = {{"x", "float[B, C, H, W]"}, {"w", "float[O, C, KH, KW]"}},
-                            .attrs = kConvAttrs,
-                            .outputs = {{"y", "float[B, O, OH, OW]"}}},
-              .scratch_bytes = Conv2dScratch});
+  r.Register(
+      {.name = "conv2d",
+       .num_inputs = 2,
+       .infer = InferConv2d,
+       .kernel = Conv2dKernel<true>,
+       .reference = Conv2dKernel<false>,
+       .vjp = Conv2dVjp,
+       .doc = "2-D convolution (PyTorch conv2d without bias: dilation 1, one group), "
+              "oneDNN's primitives (f32, a window past 1x1, 16 channels or more) or im2col and a "
+              "GEMM per block of output rows",
+       .signature = {.inputs = {{"x", "float[B, C, H, W]"}, {"w", "float[O, C, KH, KW]"}},
+                     .attrs = kConvAttrs,
+                     .outputs = {{"y", "float[B, O, OH, OW]"}}},
+       .scratch_bytes = Conv2dScratch});
   r.Register({.name = "conv2d_grad_input",
               .num_inputs = 2,
               .infer = InferConv2dGradInput,

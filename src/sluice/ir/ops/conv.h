@@ -23,9 +23,10 @@ namespace sluice {
 using Pair = std::array<int64_t, 2>;
 
 // x [B, C, H, W], w [O, C, KH, KW] -> [B, O, OH, OW]. Op "conv2d", attributes stride, padding;
-// its kernel's scratch is one block of an image's im2col matrix, C·KH·KW · rows·OW values with
-// rows = kernels::Conv2dBlockRows (counted by the memory forecast). VJP: conv2d_grad_input (x) and
-// conv2d_grad_weight (w).
+// its kernel's scratch is kernels::Conv2dScratchBytes: one block of an image's im2col matrix,
+// C·KH·KW · rows·OW values with rows = kernels::Conv2dBlockRows, or, for the f32 convolutions on
+// oneDNN (kernels/onednn_conv.h), a chunk of images in oneDNN's layout with the weights (counted by
+// the memory forecast). VJP: conv2d_grad_input (x) and conv2d_grad_weight (w).
 Var Conv2d(Var x, Var w, Pair stride = {1, 1}, Pair padding = {0, 0});
 // dy [B, O, OH, OW], w -> dx [B, C, height, width]. Op "conv2d_grad_input".
 Var Conv2dGradInput(Var dy, Var w, Pair stride, Pair padding, int64_t height, int64_t width);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -157,6 +158,40 @@ TEST(Safetensors, MetadataAloneRefusesAFileCutShortInItsData) {
   write(good + "xx");
   EXPECT_THROW(ReadSafetensorsMetadata(path), IoError);
   std::remove(path.c_str());
+}
+
+// A header length is checked against the file's size before the header is read: an 8-byte file
+// claiming the largest header allowed is refused by its size, not after allocating 100 MB for it.
+TEST(Safetensors, MetadataAloneChecksTheHeaderLengthAgainstTheFileSizeFirst) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "sluice_safetensors_claims_too_much.safetensors")
+          .string();
+  std::string bytes(8, '\0');
+  const uint64_t n = kMaxSafetensorsHeaderBytes;
+  std::memcpy(bytes.data(), &n, 8);
+  bytes += "{}";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    std::fclose(f);
+  }
+  try {
+    ReadSafetensorsMetadata(path);
+    FAIL() << "a header longer than the file was accepted";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr(fmt::format("{}: truncated: the header claims {} bytes but "
+                                                "only 2 follow the length",
+                                                path, n)));
+  }
+  std::remove(path.c_str());
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  try {
+    ReadSafetensorsMetadata(dir);
+    FAIL() << "a directory was accepted";
+  } catch (const IoError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("it is a directory"));
+  }
 }
 
 TEST(Safetensors, RejectsBadHeaders) {

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -271,9 +272,26 @@ std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& pa
   if (!in) {
     throw IoError(fmt::format("cannot read safetensors file '{}': {}", path, std::strerror(errno)));
   }
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    throw IoError(fmt::format("cannot read safetensors file '{}': it is a directory", path));
+  }
+  // The file's size first: the header length it claims is checked against it before a byte of
+  // the header is allocated (a 16-byte file claiming 100 MB is refused without 100 MB).
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (end < 0 || !in) {
+    throw IoError(
+        fmt::format("cannot read safetensors file '{}': its size cannot be found (a "
+                    "pipe or device?); name a regular file",
+                    path));
+  }
+  const auto size = static_cast<uint64_t>(end);
   std::string bytes(8, '\0');
-  if (!in.read(bytes.data(), 8)) {
-    throw IoError(fmt::format("{}: truncated: shorter than the 8-byte header length", path));
+  if (size < 8 || !in.read(bytes.data(), 8)) {
+    throw IoError(fmt::format("{}: truncated: {} bytes, but the 8-byte header length alone needs 8",
+                              path, size));
   }
   uint64_t header_len;
   std::memcpy(&header_len, bytes.data(), 8);
@@ -281,12 +299,15 @@ std::map<std::string, std::string> ReadSafetensorsMetadata(const std::string& pa
     throw IoError(fmt::format("{}: header length {} exceeds the limit of {} bytes", path,
                               header_len, kMaxSafetensorsHeaderBytes));
   }
+  if (header_len > size - 8) {
+    throw IoError(
+        fmt::format("{}: truncated: the header claims {} bytes but only {} follow the length", path,
+                    header_len, size - 8));
+  }
   bytes.resize(8 + header_len);
   if (!in.read(bytes.data() + 8, static_cast<std::streamsize>(header_len))) {
     throw IoError(fmt::format("{}: truncated: its header claims {} bytes", path, header_len));
   }
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());  // ≥ 8 + header_len: both were read
   return Reader(bytes, path).Metadata(size - 8 - header_len);
 }
 

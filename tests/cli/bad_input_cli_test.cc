@@ -297,6 +297,10 @@ TEST_F(BadInputCli, OtherCommandsRefuseHostileArgumentsCleanly) {
               HasSubstr("trace file '/dev/zero' is a character device"));
   EXPECT_THAT(Refused("report " + dir_.string()),
               HasSubstr("cannot read metrics file '" + dir_.string() + "': it is a directory"));
+  // Metrics without a step (a summary alone, an evaluation alone) name the file.
+  const fs::path no_step = Write("no_step.jsonl", "{\"summary\": true}\n");
+  EXPECT_THAT(Refused(fmt::format("report {} --out {}/r.html", no_step.string(), dir_.string())),
+              HasSubstr("the metrics '" + no_step.string() + "' hold no step"));
   EXPECT_THAT(Refused("simulate --stages 2 --microbatches 2 --costs " + dir_.string()),
               HasSubstr("cannot read --costs file '" + dir_.string() + "': it is a directory"));
   EXPECT_THAT(Refused("simulate --stages 2 --microbatches 0"),

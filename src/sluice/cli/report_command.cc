@@ -39,10 +39,10 @@ int RunReport(const ReportArgs& a) {
   CheckOutputPaths(inputs, {{"--out", out}});
   std::vector<nlohmann::json> traces;
   for (const std::string& t : a.traces) traces.push_back(ReadTraceFile(t));
-  const nlohmann::json data = ReportData(ReadMetricsFile(a.metrics), traces);
+  const nlohmann::json data = ReportData(ReadMetricsFile(a.metrics), traces, a.metrics);
   // A new file renamed over `out`: a failed write (a full disk) leaves a good page as it was.
   WriteFileAtomic("report", out, RenderReportHtml(data, fmt::format("sluice run: {}", a.metrics)));
-  fmt::print("report: {}\n", out);
+  PrintToStdout("report: {}\n", out);
   return 0;
 }
 

@@ -285,7 +285,7 @@ Json ParseTraceText(std::string_view text, const std::string& path) {
 namespace {
 
 // ReportData's metrics part (the trace's already condensed).
-Json MetricsData(const std::vector<Json>& metrics, Json trace) {
+Json MetricsData(const std::vector<Json>& metrics, Json trace, const std::string& what) {
   std::map<int64_t, const Json*> steps;  // a step logged again (after a resume) replaces the first
   std::map<int64_t, const Json*> evals;
   const Json* summary = nullptr;
@@ -299,9 +299,10 @@ Json MetricsData(const std::vector<Json>& metrics, Json trace) {
     }
   }
   if (steps.empty()) {
-    throw InvalidArgument(
-        "the metrics hold no step (no line with \"step\" and \"loss\"): is this the --metrics "
-        "file of sluice train?");
+    throw InvalidArgument(fmt::format(
+        "{} hold no step (no line with \"step\" and \"loss\"): is this the --metrics file of "
+        "sluice train?",
+        what));
   }
   // Throughput in tokens (a language model) or examples (a classifier on arrays), as the run's
   // metrics name it (Trainer: "<unit>_per_s").
@@ -377,7 +378,10 @@ Json MetricsData(const std::vector<Json>& metrics, Json trace) {
 
 }  // namespace
 
-Json ReportData(const std::vector<Json>& metrics, const std::vector<Json>& traces) {
+Json ReportData(const std::vector<Json>& metrics, const std::vector<Json>& traces,
+                const std::string& metrics_path) {
+  const std::string what =
+      metrics_path.empty() ? "the metrics" : fmt::format("the metrics '{}'", metrics_path);
   // A value of the wrong type (a string step, an event without a numeric pid) is the file's fault:
   // say which file, not "internal error".
   Json trace;
@@ -388,10 +392,10 @@ Json ReportData(const std::vector<Json>& metrics, const std::vector<Json>& trace
         fmt::format("the trace holds an event that is not a Chrome trace event: {}", e.what()));
   }
   try {
-    return MetricsData(metrics, std::move(trace));
+    return MetricsData(metrics, std::move(trace), what);
   } catch (const Json::exception& e) {
     throw InvalidArgument(fmt::format(
-        "the metrics hold a line that sluice train --metrics does not write: {}", e.what()));
+        "{} hold a line that sluice train --metrics does not write: {}", what, e.what()));
   }
 }
 

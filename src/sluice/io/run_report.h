@@ -53,9 +53,11 @@ nlohmann::json ReadTraceFile(const std::string& path);
 nlohmann::json ParseTraceText(std::string_view text, const std::string& path);
 
 // What the page draws, from the metrics lines and any number of traces (merged: processes keep
-// their names, so the ranks of an MPI run become the stages of one chart).
+// their names, so the ranks of an MPI run become the stages of one chart). `metrics_path` names
+// the metrics file in errors (empty: the metrics are named as such).
 nlohmann::json ReportData(const std::vector<nlohmann::json>& metrics,
-                          const std::vector<nlohmann::json>& traces = {});
+                          const std::vector<nlohmann::json>& traces = {},
+                          const std::string& metrics_path = "");
 
 // The whole HTML page for `data`, titled `title`.
 std::string RenderReportHtml(const nlohmann::json& data, const std::string& title);

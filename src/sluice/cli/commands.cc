@@ -1,7 +1,15 @@
 #include "sluice/cli/commands.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <span>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
+
+#include "sluice/core/error.h"
 
 namespace sluice::cli {
 
@@ -62,6 +70,22 @@ int RunSelected(CLI::App& app) {
     if (c.app->parsed()) return c.run();
   }
   return 0;
+}
+
+void FailStdout(int error) {
+  if (error == EPIPE) throw StdoutClosed{};
+  throw IoError(
+      fmt::format("cannot write to standard output{}: what was printed there is incomplete",
+                  error == 0 ? std::string() : fmt::format(" ({})", std::strerror(error))));
+}
+
+void FlushStdout() {
+  // An earlier write that failed (CLI11's --help through std::cout, a buffered fwrite) left the
+  // stream's error flag and, on this thread, most likely its errno: the reason given, when known.
+  const int earlier = errno;
+  errno = 0;
+  if (std::fflush(stdout) != 0) FailStdout(errno);
+  if (std::ferror(stdout)) FailStdout(earlier);
 }
 
 }  // namespace sluice::cli

@@ -13,6 +13,7 @@
 // Thread-safety: called from main only.
 #pragma once
 
+#include <cerrno>
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
@@ -64,6 +65,29 @@ void PrintToStderr(fmt::format_string<Args...> format, Args&&... args) {
   const std::string text = fmt::format(format, std::forward<Args>(args)...);
   [[maybe_unused]] const size_t written = std::fwrite(text.data(), 1, text.size(), stderr);
 }
+
+// Standard output, written by the commands that print their result there (plan, simulate, run,
+// schedule, ops, sample, report, export). A write that fails is an error naming standard output,
+// never an exception of the standard library ("internal error") nor a silent success with the
+// output lost (a buffered `sluice plan > /dev/full` exited 0):
+//   - a full disk, a device that takes nothing (/dev/full), any error but EPIPE: IoError
+//     "cannot write to standard output (No space left on device): what was printed is incomplete";
+//   - a reader that went away (EPIPE, reached only while SIGPIPE is ignored; by default SIGPIPE
+//     ends the process first, as it ends `cat`): StdoutClosed, which main turns into a quiet exit
+//     with status 141 (128 + SIGPIPE), what a shell reports for a process SIGPIPE ended.
+struct StdoutClosed {};
+[[noreturn]] void FailStdout(int error);  // `error`: the errno of the failed write, 0 if unknown
+
+// fmt::print(...) to standard output, failing as above.
+template <typename... Args>
+void PrintToStdout(fmt::format_string<Args...> format, Args&&... args) {
+  const std::string text = fmt::format(format, std::forward<Args>(args)...);
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size()) FailStdout(errno);
+}
+
+// Writes out what standard output still buffers (main calls it after every command, and a command
+// that streams calls it as it goes), failing as above, also for a failure of an earlier write.
+void FlushStdout();
 
 // A CLI11 check that accepts exactly the names of an enum table (core/enum_names.h), so that an
 // option's choices are written once: sub.add_option("--mode", mode)->check(OneOf(kRunModeNames)).

@@ -46,8 +46,8 @@ CommandRunner SetupExportCommand(CLI::App& sub) {
     CheckOutputPaths({}, {{"--out", *out, /*replaced=*/true}});
     const std::string text = ExportBuiltinProgram(c);
     WriteFileAtomic("program", *out, text);  // a failed write leaves what was there
-    fmt::print("wrote {} (--model {}): train it with sluice train --program {} --data {}\n", *out,
-               c.model, *out, c.data);
+    PrintToStdout("wrote {} (--model {}): train it with sluice train --program {} --data {}\n",
+                  *out, c.model, *out, c.data);
     return 0;
   };
 }

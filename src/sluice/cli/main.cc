@@ -1,8 +1,11 @@
 // The `sluice` command: one binary, one subcommand per job. Every subcommand turns bad input into
 // a message on stderr and a non-zero exit status; nothing escapes as a crash.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -67,21 +70,42 @@ void RestartWithSleepingOpenMpWorkers(int argc, char** argv) {
   unsetenv("OMP_WAIT_POLICY");
 }
 
+// Started with standard input, output or error closed (`sluice train ... 2>&-`), the next file
+// sluice opens would take that descriptor and receive what is printed there: progress lines and
+// error messages went into the --metrics file. Each closed one of fds 0 to 2 is opened on
+// /dev/null first (what goes there is lost, as the closing asked), before anything else opens a
+// file. Without /dev/null (a bare chroot) the process ends with status 1 rather than run so.
+void OpenClosedStandardDescriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    // The lowest free descriptor is `fd`: those below it are open.
+    const int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (opened != fd) _exit(1);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  OpenClosedStandardDescriptors();
   RestartWithSleepingOpenMpWorkers(argc, argv);
   CLI::App app{"sluice: train neural networks with as little memory as the work allows"};
   app.set_version_flag("--version", sluice::cli::kSluiceVersion);
   app.require_subcommand(1);
   sluice::cli::RegisterCommands(app);
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
-    return sluice::cli::RunSelected(app);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      const int status = app.exit(e);  // --help and --version print on standard output
+      sluice::cli::FlushStdout();
+      return status;
+    }
+    const int status = sluice::cli::RunSelected(app);
+    sluice::cli::FlushStdout();
+    return status;
+  } catch (const sluice::cli::StdoutClosed&) {
+    return 128 + SIGPIPE;  // quietly, as a process SIGPIPE ends
   } catch (const sluice::Error& e) {
     sluice::cli::PrintToStderr("sluice: error: {}\n", ForTerminal(e.what()));
     return 1;

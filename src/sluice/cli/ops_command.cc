@@ -99,11 +99,11 @@ int RunOps(const OpsArgs& args) {
   if (args.format == "json") {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const OpDef* op : ops) list.push_back(OpJson(*op));
-    fmt::print("{}\n", list.dump());
+    PrintToStdout("{}\n", list.dump());
     return 0;
   }
   for (const OpDef* op : ops) {
-    fmt::print("{}\n  {}\n  {}\n\n", FormatSignature(*op), op->doc, FormatTraits(*op));
+    PrintToStdout("{}\n  {}\n  {}\n\n", FormatSignature(*op), op->doc, FormatTraits(*op));
   }
   return 0;
 }

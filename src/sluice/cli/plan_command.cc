@@ -214,9 +214,9 @@ CommandRunner SetupPlanCommand(CLI::App& sub) {
     request.explain = *explain;
     const PlanChoice choice = ChoosePlan(request);
     if (a.format == "json") {
-      fmt::print("{}\n", PlanJson(choice, a, *explain).dump(2));
+      PrintToStdout("{}\n", PlanJson(choice, a, *explain).dump(2));
     } else {
-      fmt::print("{}{}", DescribePlan(choice, a), *explain ? DescribeLiveAtPeak(choice) : "");
+      PrintToStdout("{}{}", DescribePlan(choice, a), *explain ? DescribeLiveAtPeak(choice) : "");
     }
     return 0;
   };

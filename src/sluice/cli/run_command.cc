@@ -257,42 +257,44 @@ int Run(const RunArgs& args) {
         {"async_pending_peak_bytes", s.async_pending_peak_bytes},
         {"outputs", OutputsJson(program, scope)},
     };
-    fmt::print("{}\n", j.dump());
+    PrintToStdout("{}\n", j.dump());
     return 0;
   }
 
-  fmt::print(
+  PrintToStdout(
       "program '{}' ({}): {} instructions; run mode {}, gc {}, order {}, {} executor thread(s)\n",
       program.name(), args.program, s.instructions, args.mode, gc, Name(plan.chosen),
       exe.num_executors());
-  fmt::print("time:   {} runs, wall median {} (min {}), {:.1f} ns per instruction\n", s.runs,
-             Duration(s.wall_ns_median), Duration(s.wall_ns_min),
-             s.instructions > 0
-                 ? static_cast<double>(s.wall_ns_median) / static_cast<double>(s.instructions)
-                 : 0.0);
-  fmt::print("memory: peak allocated {}, peak reserved {} ({} allocator); liveness lower bound {}",
-             FormatBytes(s.peak_allocated_bytes), FormatBytes(s.peak_reserved_bytes),
-             args.allocator, FormatBytes(s.liveness_lower_bound_bytes));
+  PrintToStdout("time:   {} runs, wall median {} (min {}), {:.1f} ns per instruction\n", s.runs,
+                Duration(s.wall_ns_median), Duration(s.wall_ns_min),
+                s.instructions > 0
+                    ? static_cast<double>(s.wall_ns_median) / static_cast<double>(s.instructions)
+                    : 0.0);
+  PrintToStdout(
+      "memory: peak allocated {}, peak reserved {} ({} allocator); liveness lower bound {}",
+      FormatBytes(s.peak_allocated_bytes), FormatBytes(s.peak_reserved_bytes), args.allocator,
+      FormatBytes(s.liveness_lower_bound_bytes));
   if (s.liveness_lower_bound_bytes > 0) {
-    fmt::print(" (peak / bound = {:.3f})", static_cast<double>(s.peak_allocated_bytes) /
-                                               static_cast<double>(s.liveness_lower_bound_bytes));
+    PrintToStdout(" (peak / bound = {:.3f})",
+                  static_cast<double>(s.peak_allocated_bytes) /
+                      static_cast<double>(s.liveness_lower_bound_bytes));
   }
   if (options.memory_plan == MemoryPlanMode::kStatic) {
-    fmt::print("\nplan:   static, {}", exe.arena().Describe());
+    PrintToStdout("\nplan:   static, {}", exe.arena().Describe());
   }
-  fmt::print("\ngc:     {} frees per run, {} on executing threads per run", s.frees_per_run,
-             Duration(s.gc_thread_ns_per_run));
+  PrintToStdout("\ngc:     {} frees per run, {} on executing threads per run", s.frees_per_run,
+                Duration(s.gc_thread_ns_per_run));
   if (exe.gc_mode() == GcMode::kAsync) {
-    fmt::print(", {} sync fallbacks, async pending peak {}, drain wait {}",
-               s.sync_fallbacks_per_run, FormatBytes(s.async_pending_peak_bytes),
-               Duration(s.drain_wait_ns_per_run));
+    PrintToStdout(", {} sync fallbacks, async pending peak {}, drain wait {}",
+                  s.sync_fallbacks_per_run, FormatBytes(s.async_pending_peak_bytes),
+                  Duration(s.drain_wait_ns_per_run));
   }
-  fmt::print("\n");
+  PrintToStdout("\n");
   for (ValueId v : program.outputs()) {
-    fmt::print("output %{} = {}\n", program.value(v).name,
-               scope.Get(program.value(v).name).ToString(8));
+    PrintToStdout("output %{} = {}\n", program.value(v).name,
+                  scope.Get(program.value(v).name).ToString(8));
   }
-  if (!args.trace.empty()) fmt::print("trace:  {} (open in ui.perfetto.dev)\n", args.trace);
+  if (!args.trace.empty()) PrintToStdout("trace:  {} (open in ui.perfetto.dev)\n", args.trace);
   return 0;
 }
 

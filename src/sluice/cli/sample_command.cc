@@ -225,22 +225,21 @@ int RunSample(const SampleArgs& a) {
   GptDecoder decoder(gpt, ckpt.tensors);
 
   const std::string step = ckpt.metadata.count("step") ? ckpt.metadata.at("step") : "?";
-  fmt::print(
-      stderr,
+  PrintToStderr(
       "sluice sample: GPT vocab {}, seq {}, {} layers, {} heads, dim {} ({}{}), step {}; {}\n",
       gpt.vocab, gpt.seq, gpt.layers, gpt.heads, gpt.dim, data,
       gpt.precision == Precision::kFp32 ? "" : fmt::format(", {}", Name(gpt.precision)), step,
       a.greedy ? std::string("greedy")
                : fmt::format("temperature {}, top-k {}, seed {}", a.temperature,
                              a.top_k == 0 ? std::string("off") : std::to_string(a.top_k), a.seed));
-  fmt::print("{}", prompt);
-  std::fflush(stdout);
+  PrintToStdout("{}", prompt);
+  FlushStdout();
   const GenerateResult r = Generate(decoder, ids, tokens, sampler, [&](int64_t id) {
-    fmt::print("{}", codec.Decode(id));
-    std::fflush(stdout);
+    PrintToStdout("{}", codec.Decode(id));
+    FlushStdout();
   });
-  fmt::print("\n");
-  std::fflush(stdout);  // the text's last line before the figures on stderr, in a terminal too
+  PrintToStdout("\n");
+  FlushStdout();  // the text's last line before the figures on stderr, in a terminal too
   const double rate = r.decode_s > 0 ? static_cast<double>(r.tokens.size()) / r.decode_s : 0;
   PrintToStderr(
       "sample: {} tokens in {:.1f} ms, {:.0f} tokens/s (prompt of {} tokens encoded in "

@@ -11,6 +11,7 @@
 //   sluice schedule -p 8 -m 32 -s interleaved --post-receives-ahead   # receives posted early
 //   sluice schedule -p 8 -m 32 -s zb-h2 --post-validate   # steady-state bubble of interlocked
 //   steps
+#include <cerrno>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -58,7 +59,8 @@ int RunSchedule(const ScheduleArgs& args) {
   }
   std::optional<pipeline::SteadyState> steady;
   if (args.post_validate) steady = pipeline::GridSteadyState(schedule);
-  // Streamed: at P = 1024, M = 8192 the JSON is 2 GB.
+  // Streamed: at P = 1024, M = 8192 the JSON is 2 GB. A failed write leaves its errno.
+  errno = 0;
   if (args.format == "json") {
     pipeline::WriteScheduleJson(schedule, std::cout, /*validated=*/true,  // MakeSchedule did
                                 steady ? &*steady : nullptr);
@@ -68,9 +70,7 @@ int RunSchedule(const ScheduleArgs& args) {
     if (steady) std::cout << pipeline::FormatSteadyState(*steady);
   }
   std::cout.flush();
-  if (!std::cout)
-    throw IoError(
-        "sluice schedule: could not write the output (disk full, or the reader went away)");
+  if (!std::cout) FailStdout(errno);
   return 0;
 }
 

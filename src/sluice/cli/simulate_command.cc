@@ -113,36 +113,36 @@ int RunCompare(const TrainArgs& a, const SimulationRequest& request, const Job& 
     out["cores"] = a.cores;
     out["ranking"] = rows;
     out["not_simulated"] = not_simulated;
-    fmt::print("{}\n", out.dump(2));
+    PrintToStdout("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("schedules ranked by predicted step time ({}){}\n",
-             costs.empty() ? "unit costs" : "measured costs",
-             budget.empty() ? "" : ", those within --memory-budget first");
+  PrintToStdout("schedules ranked by predicted step time ({}){}\n",
+                costs.empty() ? "unit costs" : "measured costs",
+                budget.empty() ? "" : ", those within --memory-budget first");
   // With a budget the column shows what it bounds: reserved bytes (docs/memory.md).
-  fmt::print("  {:<4}  {:<28}  {:>10}  {:>7}  {:>16}{}\n", "rank", "schedule", "step", "bubble",
-             budget.empty() ? "largest peak" : "largest reserved",
-             budget.empty() ? "" : "  budget");
+  PrintToStdout("  {:<4}  {:<28}  {:>10}  {:>7}  {:>16}{}\n", "rank", "schedule", "step", "bubble",
+                budget.empty() ? "largest peak" : "largest reserved",
+                budget.empty() ? "" : "  budget");
   for (size_t i = 0; i < ranked.size(); ++i) {
     const SimulatedSchedule& r = ranked[i];
-    fmt::print("  {:<4}  {:<28}  {:>7.3f} {:<2}  {:>6.1f}%  {:>16}{}\n", i + 1, r.describe,
-               r.prediction.step_ms, unit, 100 * r.prediction.bubble,
-               r.memory.empty()
-                   ? "-"
-                   : FormatBytes(budget.empty() ? r.LargestPeak() : r.LargestReservedPeak()),
-               budget.empty() ? "" : (r.fits ? "  fits" : "  over"));
+    PrintToStdout("  {:<4}  {:<28}  {:>7.3f} {:<2}  {:>6.1f}%  {:>16}{}\n", i + 1, r.describe,
+                  r.prediction.step_ms, unit, 100 * r.prediction.bubble,
+                  r.memory.empty()
+                      ? "-"
+                      : FormatBytes(budget.empty() ? r.LargestPeak() : r.LargestReservedPeak()),
+                  budget.empty() ? "" : (r.fits ? "  fits" : "  over"));
   }
   std::vector<std::string> notes;  // one per costs file
   for (const SimulatedSchedule& r : ranked) {
-    if (!r.memory_note.empty()) fmt::print("  {}: {}\n", r.describe, r.memory_note);
+    if (!r.memory_note.empty()) PrintToStdout("  {}: {}\n", r.describe, r.memory_note);
     const std::string note = CoreWaitNote(r);
     if (!note.empty() && std::find(notes.begin(), notes.end(), note) == notes.end()) {
       notes.push_back(note);
     }
   }
-  for (const std::string& note : notes) fmt::print("  note: {}\n", note);
+  for (const std::string& note : notes) PrintToStdout("  note: {}\n", note);
   for (const auto& [kind, reason] : refused) {
-    fmt::print("  not simulated: {}: {}\n", pipeline::ScheduleKindName(kind), reason);
+    PrintToStdout("  not simulated: {}: {}\n", pipeline::ScheduleKindName(kind), reason);
   }
   return 0;
 }
@@ -217,22 +217,22 @@ int RunSimulate(TrainArgs& a) {
       }
       out["drawn"] = draws;
     }
-    fmt::print("{}\n", out.dump(2));
+    PrintToStdout("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print(
+  PrintToStdout(
       "simulated step: {}, {}{}{}\n", r.describe, r.costs,
       a.cores > 0 ? fmt::format(", {} shared core(s)", a.cores) : "",
       r.draws > 0 ? fmt::format(", mean of {} draws of the recorded computes", r.draws) : "");
-  fmt::print("  step {:.3f} {} (makespan {:.3f}{}), bubble {:.1f}%\n", p.step_ms, unit,
-             p.makespan_ms,
-             overhead > 0 ? fmt::format(" + {:.3f} step overhead", overhead) : std::string(),
-             100 * p.bubble);
+  PrintToStdout("  step {:.3f} {} (makespan {:.3f}{}), bubble {:.1f}%\n", p.step_ms, unit,
+                p.makespan_ms,
+                overhead > 0 ? fmt::format(" + {:.3f} step overhead", overhead) : std::string(),
+                100 * p.bubble);
   const bool measured = !r.measured.is_null();
   if (measured) {
     const double step_ms = r.measured["step_ms"].get<double>();
     const double off = step_ms > 0 ? 100 * (p.step_ms / step_ms - 1) : 0.0;
-    fmt::print(
+    PrintToStdout(
         "  measured {:.3f} ms: the profiled run of this schedule{}; the prediction is "
         "{:.1f}% {} it\n",
         step_ms,
@@ -241,28 +241,28 @@ int RunSimulate(TrainArgs& a) {
             : "",
         std::abs(off), off >= 0 ? "above" : "below");
   }
-  fmt::print("  {:<5}  {:>10}  {:>10}  {:>7}{}  {:>12}{}\n", "stage", "busy", "idle", "bubble",
-             measured ? "  measured" : "", "peak memory",
-             budget.empty() ? "" : "      reserved  budget");
+  PrintToStdout("  {:<5}  {:>10}  {:>10}  {:>7}{}  {:>12}{}\n", "stage", "busy", "idle", "bubble",
+                measured ? "  measured" : "", "peak memory",
+                budget.empty() ? "" : "      reserved  budget");
   for (size_t s = 0; s < p.ranks.size(); ++s) {
-    fmt::print("  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%{}  {:>12}{}\n", s, p.ranks[s].busy_ms,
-               p.ranks[s].idle_ms, 100 * p.ranks[s].bubble,
-               measured
-                   ? fmt::format("  {:>7.1f}%", 100 * r.measured["stage_bubble"][s].get<double>())
-                   : "",
-               memory.empty() ? "-" : FormatBytes(memory[s].peak_allocated_bytes),
-               budget.empty() || memory.empty()  // the budget bounds reserved bytes
-                   ? ""
-                   : fmt::format("  {:>12}  {}", FormatBytes(memory[s].peak_reserved_bytes),
-                                 memory[s].peak_reserved_bytes <= budget[s]
-                                     ? "fits"
-                                     : "over " + FormatBytes(budget[s])));
+    PrintToStdout(
+        "  {:<5}  {:>10.3f}  {:>10.3f}  {:>6.1f}%{}  {:>12}{}\n", s, p.ranks[s].busy_ms,
+        p.ranks[s].idle_ms, 100 * p.ranks[s].bubble,
+        measured ? fmt::format("  {:>7.1f}%", 100 * r.measured["stage_bubble"][s].get<double>())
+                 : "",
+        memory.empty() ? "-" : FormatBytes(memory[s].peak_allocated_bytes),
+        budget.empty() || memory.empty()  // the budget bounds reserved bytes
+            ? ""
+            : fmt::format("  {:>12}  {}", FormatBytes(memory[s].peak_reserved_bytes),
+                          memory[s].peak_reserved_bytes <= budget[s]
+                              ? "fits"
+                              : "over " + FormatBytes(budget[s])));
   }
-  if (!r.memory_note.empty()) fmt::print("  {}\n", r.memory_note);
-  if (const std::string note = CoreWaitNote(r); !note.empty()) fmt::print("  note: {}\n", note);
+  if (!r.memory_note.empty()) PrintToStdout("  {}\n", r.memory_note);
+  if (const std::string note = CoreWaitNote(r); !note.empty()) PrintToStdout("  note: {}\n", note);
   if (r.steady) {
     const pipeline::SteadyState& st = *r.steady;
-    fmt::print(
+    PrintToStdout(
         "  post-validation: the steps interlock; {} a steady-state step takes {:.3f} {}, bubble "
         "{:.1f}% (synchronous {:.3f}, {:.1f}%); once per run the first fill {:.3f} and the last "
         "drain {:.3f} (mean per stage)\n",

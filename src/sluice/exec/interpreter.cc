@@ -242,11 +242,14 @@ Executable::Impl::Impl(Program p, ExecutableOptions o)
   }
   Prepare();
   if (options.verbose || VerboseFromEnv()) {
-    fmt::print(stderr, "{}  run mode {}, gc {}, memory plan {}{}, {} executor thread(s)\n",
-               plan.Describe(program), Name(options.mode), DescribeGcMode(options.gc, gc_mode),
-               Name(options.memory_plan),
-               options.memory_plan == MemoryPlanMode::kStatic ? ": " + arena.Describe() : "",
-               workers.size());
+    // Written as far as stderr takes it: a debug line on a full or closed stderr
+    // (`SLUICE_VERBOSE=1 sluice train 2>/dev/full`) is lost, not an exception that ends the run.
+    const std::string line = fmt::format(
+        "{}  run mode {}, gc {}, memory plan {}{}, {} executor thread(s)\n", plan.Describe(program),
+        Name(options.mode), DescribeGcMode(options.gc, gc_mode), Name(options.memory_plan),
+        options.memory_plan == MemoryPlanMode::kStatic ? ": " + arena.Describe() : "",
+        workers.size());
+    [[maybe_unused]] const size_t written = std::fwrite(line.data(), 1, line.size(), stderr);
   }
 }
 

@@ -73,11 +73,16 @@ StopSignals::StopSignals() {
   action.sa_flags = SA_RESTART;  // a read or a wait in progress goes on after the handler
   ::sigaction(SIGINT, &action, &previous_int_);
   ::sigaction(SIGTERM, &action, &previous_term_);
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, &previous_pipe_);
 }
 
 StopSignals::~StopSignals() {
   ::sigaction(SIGINT, &previous_int_, nullptr);
   ::sigaction(SIGTERM, &previous_term_, nullptr);
+  ::sigaction(SIGPIPE, &previous_pipe_, nullptr);
   g_installed.store(false);
 }
 

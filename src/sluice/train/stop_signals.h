@@ -4,7 +4,10 @@
 // stderr; the training loop reads it between steps (Trainer::Run's `stop`), finishes the current
 // step, saves a checkpoint and ends with exit status 128 + signal (docs/errors.md). A second
 // signal ends the process at once, killed by that signal (the default action), as if sluice had
-// not caught it: no checkpoint, shells report 128 + signal.
+// not caught it: no checkpoint, shells report 128 + signal. SIGPIPE is ignored meanwhile: a
+// reader of stderr or of a --metrics pipe that goes away (`sluice train 2>&1 | head -3`) costs
+// the messages, which fail with EPIPE and are lost (a --metrics write is a side output's failure,
+// docs/errors.md), not the run — SIGPIPE's default action ended it at once, its state unsaved.
 //
 // Thread-safety: received() may be called from any thread; the handler may run on any thread of
 // the process (a stage's, a BLAS worker's). At most one StopSignals exists at a time (a second
@@ -22,7 +25,7 @@ namespace sluice {
 
 class StopSignals {
  public:
-  StopSignals();  // installs the handler for SIGINT and SIGTERM (SA_RESTART)
+  StopSignals();  // installs the handler for SIGINT and SIGTERM (SA_RESTART), ignores SIGPIPE
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -32,7 +35,7 @@ class StopSignals {
 
  private:
   struct sigaction previous_int_ {
-  }, previous_term_{};
+  }, previous_term_{}, previous_pipe_{};
 };
 
 // "SIGINT", "SIGTERM", or "signal N".

@@ -77,6 +77,14 @@ TEST_F(BadInputCli, NumericFlagsMustBeFiniteAndInRange) {
       {"--lr 0.001 --min-lr 0.01", "--min-lr must be a finite number from 0 to --lr (0.001)"},
       {"--weight-decay nan", "--weight-decay must be a finite number, 0 or more, got nan"},
       {"--clip -1", "--clip must be a finite number, 0 (off) or more, got -1"},
+      // The optimizer computes in f32: a subnormal rate was 0 there (`--lr 1e-320` trained
+      // nothing without a word), one past f32's largest infinite.
+      {"--lr 1e-320", "--lr must be at least 1.18e-38 (the smallest normal f32"},
+      {"--lr 1e39", "--lr must be at most 3.4e+38 (the largest f32"},
+      {"--min-lr 1e-40", "--min-lr must be 0 or at least 1.18e-38"},
+      {"--weight-decay 1e-320", "--weight-decay must be 0 or at least 1.18e-38"},
+      {"--weight-decay 1e300", "--weight-decay must be at most 3.4e+38"},
+      {"--clip 1e-320", "--clip must be 0 (off) or at least 1.18e-38"},
       {"--reserved-headroom -0.5",
        "--reserved-headroom must be a finite fraction from 0 (keep free blocks' pages) to 1, got "
        "-0.5"},

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -26,6 +27,26 @@ void CheckReal(std::string_view option, double value, double lo, double hi, bool
   }
 }
 
+// The optimizer's rates reach the kernels as f32: a positive value below the smallest normal f32
+// (`--lr 1e-320`, a subnormal even of a double) becomes 0 or a subnormal there, and one above the
+// largest becomes infinite. 0 passes (the callers refuse it where it makes no sense).
+constexpr double kMinNormalF32 = std::numeric_limits<float>::min();
+constexpr double kMaxF32 = std::numeric_limits<float>::max();
+void CheckF32(std::string_view option, double value, bool zero_allowed = true) {
+  if (value != 0 && value < kMinNormalF32) {
+    throw InvalidArgument(fmt::format(
+        "{} must be {}at least {:.3g} (the smallest normal f32: the optimizer computes in f32, "
+        "where {} is 0 or loses its precision), got {}",
+        option, zero_allowed ? "0 or " : "", kMinNormalF32, value, value));
+  }
+  if (value > kMaxF32) {
+    throw InvalidArgument(fmt::format(
+        "{} must be at most {:.3g} (the largest f32: the optimizer computes in f32, where {} is "
+        "infinite), got {}",
+        option, kMaxF32, value, value));
+  }
+}
+
 void CheckCount(std::string_view option, int64_t value, int64_t lo, std::string_view allowed,
                 int64_t hi = INT64_MAX) {
   if (value < lo || value > hi) {
@@ -45,14 +66,23 @@ void ValidateTrainRanges(const TrainConfig& c) {
   constexpr double kInf = INFINITY;
   CheckReal("--lr", o.lr, 0, kInf, false, "a finite number above 0");
   if (o.lr == 0) Refuse("--lr", o.lr, "a finite number above 0");
+  CheckF32("--lr", o.lr, /*zero_allowed=*/false);
   CheckReal("--min-lr", o.min_lr, 0, o.lr, false,
             fmt::format("a finite number from 0 to --lr ({})", o.lr));
+  CheckF32("--min-lr", o.min_lr);
   CheckReal("--weight-decay", o.weight_decay, 0, kInf, false, "a finite number, 0 or more");
+  CheckF32("--weight-decay", o.weight_decay);
   CheckReal("--beta1", o.beta1, 0, 1, true, "in [0, 1)");
   CheckReal("--beta2", o.beta2, 0, 1, true, "in [0, 1)");
   CheckReal("--momentum", o.momentum, 0, 1, true, "in [0, 1)");
   ValidateReservedHeadroom(c.reserved_headroom);
   CheckReal("--clip", o.clip_norm, 0, kInf, false, "a finite number, 0 (off) or more");
+  if (o.clip_norm > 0 && o.clip_norm < kMinNormalF32) {
+    Refuse("--clip", o.clip_norm,
+           fmt::format("0 (off) or at least {:.3g} (the smallest normal f32: the f32 gradients "
+                       "scaled to a smaller norm are 0)",
+                       kMinNormalF32));
+  }
   CheckCount("--warmup", o.warmup_steps, 0, "0 or more");
   CheckCount("--eval-every", c.eval_every, 0, "0 (only at the end) or more");
   CheckCount("--save-every", c.save_every, 0, "0 (only at the end) or more");

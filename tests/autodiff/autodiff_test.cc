@@ -525,6 +525,64 @@ TEST(Autodiff, RecomputesCheapValuesInsteadOfSavingThem) {
   }
 }
 
+// A ResNet's convolution, batch norm and ReLU: batch norm's gradient reads its input h, so the
+// backward recomputes the ReLU's output through the normalisation from h (a chain of two
+// recomputable ops) instead of keeping it — half the saved bytes of the pair, the gradients
+// bitwise the same (the running statistics the recomputed batch_norm is given go unread in
+// training).
+TEST(Autodiff, RecomputesAReluOverABatchNormFromTheNormsInput) {
+  const Program p = ParseProgram(R"(
+program conv_bn_relu {
+  input %x: f64[2, 2, 4, 4]
+  param %w1: f64[3, 2, 3, 3]
+  param %g: f64[3]
+  param %b: f64[3]
+  buffer %mean: f64[3]
+  buffer %var: f64[3]
+  param %w2: f64[2, 3, 3, 3]
+  %h: f64[2, 3, 4, 4] = conv2d(%x, %w1) {padding = [1, 1], stride = [1, 1]}
+  %n: f64[2, 3, 4, 4] = batch_norm(%h, %g, %b, %mean, %var) {eps = 1e-05, training = true}
+  batch_norm_update_stats(%h, %mean, %var) {momentum = 0.1}
+  %r: f64[2, 3, 4, 4] = relu(%n)
+  %y: f64[2, 2, 4, 4] = conv2d(%r, %w2) {padding = [1, 1], stride = [1, 1]}
+  output %y
+}
+)",
+                                 "conv_bn_relu.sluice");
+  const std::vector<std::string> wrt = {"x", "w1", "g", "b", "w2"};
+  Backward saving = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt, .recompute = false});
+  Backward recomputing = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt});
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(saving.saved), (std::vector<std::string>{"h", "r", "x"}));
+  EXPECT_EQ(sorted(recomputing.saved), (std::vector<std::string>{"h", "x"}));
+
+  std::mt19937_64 rng(3);
+  Scope base;
+  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
+  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
+  Tensor ones = Tensor::Empty(Shape{3}, DType::kF64);
+  for (int64_t i = 0; i < 3; ++i) ones.FlatSet(i, 1.0);
+  base.Set("var", ones);  // a variance
+  Tensor dy = Random({2, 2, 4, 4}, rng);
+  std::vector<Scope> results(2);
+  const Backward* bwds[] = {&saving, &recomputing};
+  for (int i = 0; i < 2; ++i) {
+    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name).Clone());
+    RunReference(p, results[i], DefaultAllocator(), false, bwds[i]->saved);
+    results[i].Set("y.grad", dy);
+    RunReference(bwds[i]->program, results[i], DefaultAllocator(), false);
+  }
+  for (const std::string& grad : saving.grads) {
+    EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[1].Get(grad))) << grad;
+  }
+  for (const char* stat : {"mean", "var"}) {
+    EXPECT_TRUE(BitwiseEqual(results[0].Get(stat), results[1].Get(stat))) << stat;
+  }
+}
+
 // recompute_cuts: with only the input kept, the backward rebuilds the second part's input (the
 // cut value) from a transient copy of the first part, whose own values it recomputes again for
 // the first part's backward; the gradients are bitwise those of keeping everything.

@@ -479,14 +479,19 @@ Program Pruned(const Program& p, const Liveness& liveness) {
 // Saved values that the backward program can recompute from values it reads anyway (see
 // GradientSpec::recompute), in forward order. A saved view (reshape, …) of a recomputable op's
 // output that is not saved itself counts as that output: the backward recomputes the op and takes
-// the view again (an exported `matmul` reads its input through such views).
+// the view again (an exported `matmul` reads its input through such views). So does a short chain
+// of recomputable ops over values the backward has: relu(batch_norm(x)) is recomputed from x,
+// which batch norm's gradient reads anyway, the normalised value between them never saved.
 // `kept`: forward value -> saved and not dropped.
 std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kept) {
+  // Recomputable ops a chain may pass through before it reaches values the backward has.
+  constexpr int kMaxChain = 3;
   std::vector<ValueId> chosen;
   const std::vector<bool> saved = kept;
-  // Whether the producer of `v` is a recomputable op whose inputs the backward has, looking
-  // through views of values that are not saved.
-  auto recomputable = [&](ValueId v) {
+  // Whether the producer of `v` is a recomputable op whose inputs the backward has or can
+  // recompute (at most `depth` more ops deep), looking through views of values that are not
+  // saved.
+  auto recomputable = [&](auto& self, ValueId v, int depth) -> bool {
     while (true) {
       const Value& value = fwd.value(v);
       if (value.kind != ValueKind::kIntermediate) return false;
@@ -499,14 +504,17 @@ std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kep
       }
       if (!ins.op->recomputable) return false;
       return std::all_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId in) {
-        return fwd.value(in).kind == ValueKind::kParam || kept[in];
+        if (fwd.value(in).kind == ValueKind::kParam || kept[in]) return true;
+        // An input the forward does not keep (or no longer keeps) made again on the way.
+        return depth > 0 && fwd.value(in).kind == ValueKind::kIntermediate &&
+               self(self, in, depth - 1);
       });
     }
   };
   for (const Instruction& ins : fwd.instructions()) {
     if (ins.outputs.size() != 1) continue;
     const ValueId out = ins.outputs[0];
-    if (!kept[out] || !recomputable(out)) continue;
+    if (!kept[out] || !recomputable(recomputable, out, kMaxChain - 1)) continue;
     kept[out] = false;
     chosen.push_back(out);
   }

@@ -226,6 +226,9 @@ void RegisterBatchNormOps(OpRegistry& r) {
               .kernel = BatchNormKernel<true>,
               .reference = BatchNormKernel<false>,
               .vjp = BatchNormVjp,
+              // Its input is what its own gradient ops read: a backward recomputes y (a ReLU's
+              // output after it) from x instead of keeping both (autodiff.h, recompute).
+              .recomputable = true,
               .doc =
                   "batch normalization per channel (axis 1) over every other axis, then weight and "
                   "bias: by the batch's statistics (biased variance) when training, else by "

@@ -105,14 +105,14 @@ def resnet8():
 """
 
 
-def write_images(path, examples):
+def write_images(path, examples, channels=CHANNELS):
     """Random images in [0, 1) and labels, as examples/classifier_data.py writes its arrays."""
     sys.path.insert(0, os.path.join(ROOT, "examples"))
     from classifier_data import write_safetensors
     rng = random.Random(0)
-    n = examples * CHANNELS * SIZE * SIZE
+    n = examples * channels * SIZE * SIZE
     write_safetensors(path, {
-        "image": ("F32", [examples, CHANNELS, SIZE, SIZE],
+        "image": ("F32", [examples, channels, SIZE, SIZE],
                   struct.pack(f"<{n}f", *(rng.random() for _ in range(n)))),
         "label": ("I64", [examples], struct.pack(f"<{examples}q",
                                                  *(rng.randrange(CLASSES) for _ in range(examples)))),

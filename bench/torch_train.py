@@ -89,16 +89,17 @@ class GPT(nn.Module):
 AUTOCAST = False  # --autocast
 
 
-def step(model, opt, ids, targets):
+def step(model, opt, *inputs):
+    """One training step of `model` on its forward's inputs (tokens and targets for the GPT)."""
     opt.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=AUTOCAST):
-        loss = model(ids, targets)
+        loss = model(*inputs)
     loss.backward()
     opt.step()
     return loss
 
 
-def peak_step_bytes(model, opt, ids, targets):
+def peak_step_bytes(model, opt, *inputs):
     """Live tensor bytes before the step plus the highest running total of the memory the
     profiler attributes to each op (self CPU memory: its allocations minus its frees), the ops
     taken in start order. The op granularity nets allocations and frees inside one op, so the
@@ -108,7 +109,7 @@ def peak_step_bytes(model, opt, ids, targets):
     live += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
     live += sum(b.numel() * b.element_size() for b in model.buffers())
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        step(model, opt, ids, targets)
+        step(model, opt, *inputs)
     total = peak = 0
     for e in sorted(prof.profiler.function_events, key=lambda e: e.time_range.start):
         total += e.self_cpu_memory_usage

@@ -300,11 +300,13 @@ TEST(Interpreter, NoneHoldsEverythingAndFreesMatch) {
 
 // x [4096] f32 → a = exp(x) → b = relu(a) → y = b + b: a dies at the relu and b at the add, so
 // each output takes over its input's storage — one 16 KiB buffer where out of place there are two.
-Program InPlaceChain() {
+// `through_reshape`: the relu reads a viewed as [64, 64] (as an imported linear's [B·T, n]
+// product is read as [B, T, n]), which is still the whole of a's storage, laid out as a is.
+Program InPlaceChain(bool through_reshape = false) {
   Builder b("in_place_chain");
   Var x = b.Input("x", DType::kF32, {4096});
   Var a = b.Name(Exp(x), "a");
-  Var r = b.Name(Relu(a), "r");
+  Var r = b.Name(Relu(through_reshape ? Reshape(a, {64, 64}) : a), "r");
   b.Output(b.Name(r + r, "y"));
   return b.Build();
 }
@@ -312,36 +314,38 @@ Program InPlaceChain() {
 // The peak drops by exactly the bytes written in place, in every mode, with the same bits; under
 // async GC the dying input's hand-off never frees the storage its successor now owns.
 TEST(Interpreter, WritingInPlaceLowersThePeakByTheReusedBytesAndKeepsTheBits) {
-  const Program program = InPlaceChain();
-  const Scope inputs = RandomScope(program, 5);
-  Scope expected = Clone(inputs);
-  RunReference(program, expected);
-  for (const Config& c : AllConfigs()) {
-    const std::string label = ToString(c);
-    CachingAllocator on_alloc, off_alloc;
-    ExecutableOptions on = Options(c, &on_alloc), off = Options(c, &off_alloc);
-    off.in_place = false;
-    Executable on_exe(program, on), off_exe(program, off);
-    for (int run = 0; run < 3; ++run) {
-      Scope on_scope = Clone(inputs), off_scope = Clone(inputs);
-      const RunStats s_on = on_exe.Run(on_scope), s_off = off_exe.Run(off_scope);
-      ExpectSameBits(expected, on_scope, {"y"}, label);
-      ExpectSameBits(expected, off_scope, {"y"}, label);
-      if (!Dynamic(c)) {  // a static plan writes nothing in place
-        EXPECT_EQ(on_exe.plan().num_in_place, 0) << label;
-        EXPECT_EQ(s_on.peak_allocated_bytes, s_off.peak_allocated_bytes) << label;
-        continue;
+  for (bool through_reshape : {false, true}) {
+    const Program program = InPlaceChain(through_reshape);
+    const Scope inputs = RandomScope(program, 5);
+    Scope expected = Clone(inputs);
+    RunReference(program, expected);
+    for (const Config& c : AllConfigs()) {
+      const std::string label = ToString(c) + (through_reshape ? ", through a reshape" : "");
+      CachingAllocator on_alloc, off_alloc;
+      ExecutableOptions on = Options(c, &on_alloc), off = Options(c, &off_alloc);
+      off.in_place = false;
+      Executable on_exe(program, on), off_exe(program, off);
+      for (int run = 0; run < 3; ++run) {
+        Scope on_scope = Clone(inputs), off_scope = Clone(inputs);
+        const RunStats s_on = on_exe.Run(on_scope), s_off = off_exe.Run(off_scope);
+        ExpectSameBits(expected, on_scope, {"y"}, label);
+        ExpectSameBits(expected, off_scope, {"y"}, label);
+        if (!Dynamic(c)) {  // a static plan writes nothing in place
+          EXPECT_EQ(on_exe.plan().num_in_place, 0) << label;
+          EXPECT_EQ(s_on.peak_allocated_bytes, s_off.peak_allocated_bytes) << label;
+          continue;
+        }
+        // Nothing is freed during the run: one buffer in every GC mode. Out of place, none holds
+        // a, r and y; sync two at a time; async at least that.
+        if (c.gc == GcMode::kNone) EXPECT_EQ(s_off.peak_allocated_bytes, 3 * 16384) << label;
+        if (c.gc == GcMode::kSync) EXPECT_EQ(s_off.peak_allocated_bytes, 2 * 16384) << label;
+        EXPECT_GE(s_off.peak_allocated_bytes, 2 * 16384) << label;
+        // a → r (the relu, a's only reader) and r → y (the add, r's only reader) in any mode.
+        EXPECT_EQ(on_exe.plan().num_in_place, 2) << label;
+        EXPECT_EQ(s_on.peak_allocated_bytes, 16384) << label << " run " << run;
+        EXPECT_EQ(on_exe.plan().liveness_bound, 16384) << label;
+        EXPECT_EQ(off_exe.plan().liveness_bound, 2 * 16384) << label;
       }
-      // Nothing is freed during the run: one buffer in every GC mode. Out of place, none holds
-      // a, r and y; sync two at a time; async at least that.
-      if (c.gc == GcMode::kNone) EXPECT_EQ(s_off.peak_allocated_bytes, 3 * 16384) << label;
-      if (c.gc == GcMode::kSync) EXPECT_EQ(s_off.peak_allocated_bytes, 2 * 16384) << label;
-      EXPECT_GE(s_off.peak_allocated_bytes, 2 * 16384) << label;
-      // a → r (the relu, a's only reader) and r → y (the add, r's only reader) in any mode.
-      EXPECT_EQ(on_exe.plan().num_in_place, 2) << label;
-      EXPECT_EQ(s_on.peak_allocated_bytes, 16384) << label << " run " << run;
-      EXPECT_EQ(on_exe.plan().liveness_bound, 16384) << label;
-      EXPECT_EQ(off_exe.plan().liveness_bound, 2 * 16384) << label;
     }
   }
 }

@@ -201,6 +201,21 @@ struct Liveness {
   int32_t peak_step = -1;
 };
 
+// The reshapes between `root` and `x` when x is root or a reshape of it (reshapes all the way
+// up): a view of the whole storage, laid out as the root is (contiguous from offset 0), so an
+// output of x's shape written there puts the same bytes where x's elements were. -1 otherwise.
+int32_t ReshapesFromRoot(const Program& program, ValueId x, ValueId root) {
+  int32_t reshapes = 0;
+  for (; x != root; ++reshapes) {
+    const Value& value = program.value(x);
+    if (value.producer < 0) return -1;
+    const Instruction& ins = program.instructions()[static_cast<size_t>(value.producer)];
+    if (ins.op->name != "reshape") return -1;
+    x = ins.inputs[0];
+  }
+  return reshapes;
+}
+
 // The group whose storage instruction i may write its output 0 into (exec/analysis.h, "Writing in
 // place"), or -1. `last_step` is each group's last user's step; `taken` marks the groups already
 // handed over.
@@ -218,13 +233,19 @@ int32_t InPlaceSource(const Program& program, const Facts& f, int32_t i, int32_t
     const int32_t g = f.group_of[x];
     const StorageGroup& group = f.groups[g];
     const TensorType& x_type = program.type(x);
-    if (group.root != x || group.pinned || f.producer_of_group[g] < 0 || taken[g]) continue;
+    if (group.pinned || f.producer_of_group[g] < 0 || taken[g]) continue;
+    const int32_t reshapes = ReshapesFromRoot(program, x, group.root);
+    if (reshapes < 0) continue;
     if (x_type.shape != out_type.shape || SizeOf(x_type.dtype) != SizeOf(out_type.dtype) ||
         group.bytes != f.groups[f.group_of[out]].bytes || group.bytes == 0) {
       continue;
     }
-    if (last_step[g] != step || (policy == InPlace::kAnyOrder && group.num_users != 1)) continue;
-    // Read through the root only: a view of it among the operands would be read after (or
+    // In any order the reshapes leading to x (which run before this instruction and read no
+    // element) may be the group's other users, nothing else.
+    if (last_step[g] != step || (policy == InPlace::kAnyOrder && group.num_users != 1 + reshapes)) {
+      continue;
+    }
+    // Read through x only: another view of it among the operands would be read after (or
     // differently from how) the output is written.
     if (std::any_of(instr.inputs.begin(), instr.inputs.end(),
                     [&](ValueId v) { return f.group_of[v] == g && v != x; })) {

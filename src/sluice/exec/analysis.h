@@ -43,13 +43,14 @@
 // output 0 into input j's storage instead of a fresh one, when, in the chosen order, that input
 // dies at this instruction. The input's group g must be: rooted at a kCompute output of this
 // program (not an input, a parameter or a donated input, whose storage another may share),
-// unpinned, read by the instruction through its root only (no view of it among the operands), of
+// unpinned, read by the instruction through one operand only, its root or a reshape of it (an
+// imported linear's [B·T, n] result read as [B, T, n]; no other view of it among the operands), of
 // the output's shape and element width (so of its bytes), with no later reader — the instruction is
 // g's last user; and no other output took g over. Under InPlace::kAnyOrder (parallel runs, whose
-// order is not fixed) g must also have this instruction as its only user. Then the output's group
-// takes over g's storage (groups[out].in_place_of = g, groups[g].handed_to = out): g's free list
-// entry at this step only drops its handles (the memory now belongs to the output), and the bytes
-// count once: live(s) below subtracts bytes(g) at the step. Chains (relu over a conv output, then
+// order is not fixed) g must also have this instruction as its only user (besides the reshapes
+// leading to its operand). Then the output's group takes over g's storage (groups[out].in_place_of
+// = g, groups[g].handed_to = out): g's free list entry at this step only drops its handles (the
+// memory now belongs to the output), and the bytes count once: live(s) below subtracts bytes(g) at the step. Chains (relu over a conv output, then
 // relu_grad over the incoming gradient, then an add of gradients over that) pass one storage along.
 //
 // Liveness lower bound. bytes(g) is the size of a group's root when the interpreter allocates it

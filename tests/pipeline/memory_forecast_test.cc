@@ -200,9 +200,9 @@ TEST(MemoryForecast, OneStageIsExactWithAOneDnnConvolutionsScratch) {
                          kernels::Conv2dScratchBytes(d, kernels::Conv2dPass::kGradWeight, 4));
 }
 
-// Past kConv2dColsBudget the im2col comes in blocks of output rows (here 4 of the 38 rows of the
-// second convolution, 16·5·5 · 4·38 floats): the forecast counts the block, which the kernel
-// allocates, not a whole image's matrix.
+// Past kConv2dColsBudget the im2col comes in blocks of output rows (here 3 of the 38 rows of the
+// second convolution, 16·5·5 · 3·38 floats, within the micro-batch's input of 2·16·38·38): the
+// forecast counts the block, which the kernel allocates, not a whole image's matrix.
 TEST(MemoryForecast, OneStageIsExactWithABlockedConvolutionsScratch) {
   const kernels::Conv2dDims d = kernels::Conv2dShape(2, 16, 38, 38, 8, 5, 5, {1, 1}, {2, 2});
   ASSERT_LT(kernels::Conv2dBlockRows(d), d.out_h);
@@ -228,6 +228,23 @@ TEST(MemoryForecast, OneStageIsExactWithABlockedConvolutionsScratch) {
 }
 )",
                          kernels::Conv2dColsElements(d) * int64_t{4});
+}
+
+// An image whose im2col needs blocks gets blocks of at most kConv2dColsBudget values, and at
+// most as many as the convolution's input holds (one output row at least): at batch 1 a ResNet's
+// 3x3 convolution of 32 channels on 16x16 takes one row (4,608 values) where the budget alone
+// would give 14 (64,512 values, 8x the input); from batch 8 the budget binds. An image within the
+// budget stays one block.
+TEST(MemoryForecast, ASmallBatchsIm2colStaysWithinItsInput) {
+  using kernels::Conv2dBlockRows;
+  using kernels::Conv2dShape;
+  EXPECT_EQ(Conv2dBlockRows(Conv2dShape(1, 32, 16, 16, 32, 3, 3, {1, 1}, {1, 1})), 1);
+  EXPECT_EQ(Conv2dBlockRows(Conv2dShape(4, 32, 16, 16, 32, 3, 3, {1, 1}, {1, 1})), 7);
+  EXPECT_EQ(Conv2dBlockRows(Conv2dShape(8, 32, 16, 16, 32, 3, 3, {1, 1}, {1, 1})), 14);
+  EXPECT_EQ(Conv2dBlockRows(Conv2dShape(64, 32, 16, 16, 32, 3, 3, {1, 1}, {1, 1})), 14);
+  EXPECT_EQ(Conv2dBlockRows(Conv2dShape(1, 1, 12, 12, 8, 5, 5, {1, 1}, {2, 2})), 12);
+  // A row of more values than the input (1024·3·3 · 4 against 1024·4·4) is still one block.
+  EXPECT_EQ(Conv2dBlockRows(Conv2dShape(1, 1024, 4, 4, 8, 3, 3, {1, 1}, {1, 1})), 1);
 }
 
 // Batch norm (a ResNet's convolution, batch norm and ReLU, twice, the second a residual): its

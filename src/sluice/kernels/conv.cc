@@ -32,7 +32,12 @@ Conv2dDims Conv2dShape(int64_t batch, int64_t channels, int64_t height, int64_t 
 
 int64_t Conv2dBlockRows(const Conv2dDims& d) {
   const int64_t per_row = d.channels * d.kernel_h * d.kernel_w * d.out_w;
-  return std::clamp<int64_t>(kConv2dColsBudget / std::max<int64_t>(1, per_row), 1,
+  const int64_t whole = per_row * d.out_h, input = d.batch * d.channels * d.height * d.width;
+  // A whole image that fits the budget is one block; once blocks are needed, none holds more
+  // values than the input does (a small batch's scratch would otherwise outgrow its activations).
+  const int64_t budget =
+      whole <= kConv2dColsBudget ? kConv2dColsBudget : std::min(kConv2dColsBudget, input);
+  return std::clamp<int64_t>(budget / std::max<int64_t>(1, per_row), 1,
                              std::max<int64_t>(1, d.out_h));
 }
 

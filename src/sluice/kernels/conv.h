@@ -16,14 +16,16 @@
 // caller-owned scratch of Conv2dScratchBytes(d, pass, sizeof(T)) — and one GEMM per block
 // (kernels/matmul.h Gemm, on OpenBLAS's threads). Blocks are Conv2dBlockRows(d) output rows, as
 // many as keep the block within kConv2dColsBudget elements (at least one row): a whole image when
-// it is small, so the scratch stays bounded for large ones. The fast and plain convolutions agree
-// within rounding of the order of their sums. f32 convolutions with a window larger than 1×1 over
-// at least 16 input and output channels run on oneDNN's primitives instead (kernels/onednn_conv.h),
-// in the same scratch. *Fast (pooling): a plane at a time, each window clipped to the image once;
-// bitwise the reference's results. Threads: im2col and its transpose run channels, the fast pools
-// planes, on the intra-op threads (kernels/parallel.h), each chunk writing only its own rows, every
-// sum in one fixed order: the results are bitwise the same at any thread count. Thread-safety:
-// plain functions over caller-owned memory.
+// it is small, so the scratch stays bounded for large ones; and when an image needs blocks, within
+// the elements of the input x, so that a small batch's scratch does not outgrow its activations.
+// The fast and plain convolutions agree within rounding of the order of their sums. f32
+// convolutions with a window larger than 1×1 over at least 16 input and output channels run on
+// oneDNN's primitives instead (kernels/onednn_conv.h), in the same scratch. *Fast (pooling): a
+// plane at a time, each window clipped to the image once; bitwise the reference's results.
+// Threads: im2col and its transpose run channels, the fast pools planes, on the intra-op threads
+// (kernels/parallel.h), each chunk writing only its own rows, every sum in one fixed order: the
+// results are bitwise the same at any thread count. Thread-safety: plain functions over
+// caller-owned memory.
 //
 // Example:
 //   Conv2dDims d = Conv2dShape(B, C, H, W, O, 3, 3, {1, 1}, {1, 1});
@@ -63,7 +65,8 @@ enum class Conv2dPass { kForward, kGradInput, kGradWeight };
 // Conv2dColsElements(d) elements. The fast kernels' `cols` must hold at least that many bytes.
 int64_t Conv2dScratchBytes(const Conv2dDims& d, Conv2dPass pass, int64_t element_bytes);
 
-// Output rows per im2col block: ⌊kConv2dColsBudget / (C·KH·KW · OW)⌋, clamped to [1, OH].
+// Output rows per im2col block: all OH when C·KH·KW · OH·OW ≤ kConv2dColsBudget, else
+// ⌊min(kConv2dColsBudget, B·C·H·W) / (C·KH·KW · OW)⌋, clamped to [1, OH].
 int64_t Conv2dBlockRows(const Conv2dDims& d);
 
 // Elements of the im2col scratch: C·KH·KW · Conv2dBlockRows(d) · OW.

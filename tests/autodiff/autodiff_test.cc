@@ -583,6 +583,48 @@ program conv_bn_relu {
   }
 }
 
+// An imported attention's output is transposed back into a copy (y.transpose(1, 2)) that the
+// output projection reads through a reshape: that copy is remade in backward from the kept value
+// it was taken of (through its view), not saved beside it. Here h = tanh(x·w1) is kept (tanh's
+// gradient reads its output) and t = transpose(reshape(h)) feeds a product.
+TEST(Autodiff, RecomputesATransposedCopyOfAKeptValueThroughItsView) {
+  Builder b("transposed_copy");
+  Var x = b.Input("x", DType::kF64, {4, 6});
+  Var w1 = b.Param("w1", DType::kF64, {6, 8});
+  Var w2 = b.Param("w2", DType::kF64, {4, 3});
+  Var h = b.Name(Tanh(MatMul(x, w1)), "h");
+  Var t = b.Name(Transpose(Reshape(h, {4, 2, 4}), 0, 1), "t");  // [2, 4, 4], a copy
+  b.Output(b.Name(MatMul(Reshape(t, {8, 4}), w2), "y"));
+  const Program p = b.Build();
+  const std::vector<std::string> wrt = {"x", "w1", "w2"};
+  Backward saving = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt, .recompute = false});
+  Backward recomputing = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt});
+  auto has = [](const std::vector<std::string>& saved, const std::string& name) {
+    return std::find(saved.begin(), saved.end(), name) != saved.end();
+  };
+  EXPECT_TRUE(has(saving.saved, "t") || has(saving.saved, "reshape_1")) << "the copy is saved";
+  EXPECT_TRUE(has(recomputing.saved, "h"));
+  EXPECT_FALSE(has(recomputing.saved, "t"));
+  EXPECT_EQ(recomputing.saved.size(), 2u) << "x and h only";
+
+  std::mt19937_64 rng(4);
+  Scope base;
+  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
+  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
+  Tensor dy = Random({8, 3}, rng);
+  std::vector<Scope> results(2);
+  const Backward* bwds[] = {&saving, &recomputing};
+  for (int i = 0; i < 2; ++i) {
+    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name));
+    RunReference(p, results[i], DefaultAllocator(), false, bwds[i]->saved);
+    results[i].Set("y.grad", dy);
+    RunReference(bwds[i]->program, results[i]);
+  }
+  for (const std::string& grad : saving.grads) {
+    EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[1].Get(grad))) << grad;
+  }
+}
+
 // recompute_cuts: with only the input kept, the backward rebuilds the second part's input (the
 // cut value) from a transient copy of the first part, whose own values it recomputes again for
 // the first part's backward; the gradients are bitwise those of keeping everything.

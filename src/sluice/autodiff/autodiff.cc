@@ -504,7 +504,14 @@ std::vector<ValueId> RecomputableSaved(const Program& fwd, std::vector<bool> kep
       }
       if (!ins.op->recomputable) return false;
       return std::all_of(ins.inputs.begin(), ins.inputs.end(), [&](ValueId in) {
-        if (fwd.value(in).kind == ValueKind::kParam || kept[in]) return true;
+        // A kept value, or a view of one (taken again on the way), is at hand.
+        for (ValueId base = in;;) {
+          if (fwd.value(base).kind == ValueKind::kParam || kept[base]) return true;
+          if (fwd.value(base).kind != ValueKind::kIntermediate) break;
+          const Instruction& producer = fwd.instructions().at(fwd.value(base).producer);
+          if (producer.op->kind != OpKind::kView || producer.op->recomputable) break;
+          base = producer.inputs.at(0);
+        }
         // An input the forward does not keep (or no longer keeps) made again on the way.
         return depth > 0 && fwd.value(in).kind == ValueKind::kIntermediate &&
                self(self, in, depth - 1);

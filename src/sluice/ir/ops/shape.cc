@@ -368,6 +368,7 @@ void RegisterShapeOps(OpRegistry& r) {
               .kernel = TransposeKernel<true>,
               .reference = TransposeKernel<false>,
               .vjp = TransposeVjp,
+              .recomputable = true,  // a copy: one pass, remade from its input in backward
               .doc = "axes dim0 and dim1 swapped (a contiguous copy)",
               .signature = {.inputs = {{"x", "any[...]"}},
                             .attrs = {{"dim0", "int"}, {"dim1", "int"}},
@@ -378,6 +379,7 @@ void RegisterShapeOps(OpRegistry& r) {
               .kernel = PermuteKernel<true>,
               .reference = PermuteKernel<false>,
               .vjp = PermuteVjp,
+              .recomputable = true,  // a copy: one pass, remade from its input in backward
               .doc = "the axes reordered, y.shape[i] = x.shape[order[i]] (a contiguous copy)",
               .signature = {.inputs = {{"x", "any[...]"}},
                             .attrs = {{"order", "ints"}},

@@ -392,7 +392,7 @@ void ExpectBitwiseSameGradients(const std::vector<std::pair<Program, Backward>>&
   base.Set("y.grad", random(first.type(first.Get("y")).shape));
   std::vector<Scope> results(runs.size());
   for (size_t i = 0; i < runs.size(); ++i) {
-    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name));
+    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name).Clone());
     RunReference(runs[i].first, results[i], DefaultAllocator(), false, runs[i].second.saved);
     RunReference(runs[i].second.program, results[i]);
   }
@@ -401,6 +401,25 @@ void ExpectBitwiseSameGradients(const std::vector<std::pair<Program, Backward>>&
       EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[i].Get(grad))) << grad;
     }
   }
+}
+
+// Builds `p`'s backward without and with recomputation (seed y, gradients of `wrt`), checks
+// what each saves (sorted names) and that their gradients are bitwise the same.
+void ExpectRecomputationSaves(const Program& p, const std::vector<std::string>& wrt,
+                              std::vector<std::string> saving_saves,
+                              std::vector<std::string> recomputing_saves) {
+  Backward saving = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt, .recompute = false});
+  Backward recomputing = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt});
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted(saving.saved), sorted(std::move(saving_saves)));
+  EXPECT_EQ(sorted(recomputing.saved), sorted(std::move(recomputing_saves)));
+  std::vector<std::pair<Program, Backward>> runs;
+  runs.emplace_back(p, std::move(saving));
+  runs.emplace_back(p, std::move(recomputing));
+  ExpectBitwiseSameGradients(runs, DType::kF64);
 }
 
 // A GELU whose output gradient is one matmul gets its input gradient from one matmul_gelu_grad —
@@ -498,38 +517,13 @@ TEST(Autodiff, RecomputesCheapValuesInsteadOfSavingThem) {
   Program p = b.Build();
   const std::vector<std::string> wrt = {"x", "ln.weight", "ln.bias", "w1", "w2"};
 
-  Backward saving = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt, .recompute = false});
-  Backward recomputing = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt});
-  auto sorted = [](std::vector<std::string> v) {
-    std::sort(v.begin(), v.end());
-    return v;
-  };
-  EXPECT_EQ(sorted(saving.saved), (std::vector<std::string>{"h", "n", "pre", "x"}));
-  EXPECT_EQ(sorted(recomputing.saved), (std::vector<std::string>{"pre", "x"}));
-
-  std::mt19937_64 rng(1);
-  Scope base;
-  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
-  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
-  Tensor dy = Random({4, 3}, rng);
-  std::vector<Scope> results(2);
-  const Backward* bwds[] = {&saving, &recomputing};
-  for (int i = 0; i < 2; ++i) {
-    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name));
-    RunReference(p, results[i], DefaultAllocator(), false, bwds[i]->saved);
-    results[i].Set("y.grad", dy);
-    RunReference(bwds[i]->program, results[i]);
-  }
-  for (const std::string& grad : saving.grads) {
-    EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[1].Get(grad))) << grad;
-  }
+  ExpectRecomputationSaves(p, wrt, {"h", "n", "pre", "x"}, {"pre", "x"});
 }
 
 // A ResNet's convolution, batch norm and ReLU: batch norm's gradient reads its input h, so the
 // backward recomputes the ReLU's output through the normalisation from h (a chain of two
 // recomputable ops) instead of keeping it — half the saved bytes of the pair, the gradients
-// bitwise the same (the running statistics the recomputed batch_norm is given go unread in
-// training).
+// bitwise the same (a training batch_norm leaves the running statistics it is given unread).
 TEST(Autodiff, RecomputesAReluOverABatchNormFromTheNormsInput) {
   const Program p = ParseProgram(R"(
 program conv_bn_relu {
@@ -550,37 +544,7 @@ program conv_bn_relu {
 )",
                                  "conv_bn_relu.sluice");
   const std::vector<std::string> wrt = {"x", "w1", "g", "b", "w2"};
-  Backward saving = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt, .recompute = false});
-  Backward recomputing = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt});
-  auto sorted = [](std::vector<std::string> v) {
-    std::sort(v.begin(), v.end());
-    return v;
-  };
-  EXPECT_EQ(sorted(saving.saved), (std::vector<std::string>{"h", "r", "x"}));
-  EXPECT_EQ(sorted(recomputing.saved), (std::vector<std::string>{"h", "x"}));
-
-  std::mt19937_64 rng(3);
-  Scope base;
-  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
-  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
-  Tensor ones = Tensor::Empty(Shape{3}, DType::kF64);
-  for (int64_t i = 0; i < 3; ++i) ones.FlatSet(i, 1.0);
-  base.Set("var", ones);  // a variance
-  Tensor dy = Random({2, 2, 4, 4}, rng);
-  std::vector<Scope> results(2);
-  const Backward* bwds[] = {&saving, &recomputing};
-  for (int i = 0; i < 2; ++i) {
-    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name).Clone());
-    RunReference(p, results[i], DefaultAllocator(), false, bwds[i]->saved);
-    results[i].Set("y.grad", dy);
-    RunReference(bwds[i]->program, results[i], DefaultAllocator(), false);
-  }
-  for (const std::string& grad : saving.grads) {
-    EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[1].Get(grad))) << grad;
-  }
-  for (const char* stat : {"mean", "var"}) {
-    EXPECT_TRUE(BitwiseEqual(results[0].Get(stat), results[1].Get(stat))) << stat;
-  }
+  ExpectRecomputationSaves(p, wrt, {"h", "r", "x"}, {"h", "x"});
 }
 
 // An imported attention's output is transposed back into a copy (y.transpose(1, 2)) that the
@@ -597,32 +561,8 @@ TEST(Autodiff, RecomputesATransposedCopyOfAKeptValueThroughItsView) {
   b.Output(b.Name(MatMul(Reshape(t, {8, 4}), w2), "y"));
   const Program p = b.Build();
   const std::vector<std::string> wrt = {"x", "w1", "w2"};
-  Backward saving = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt, .recompute = false});
-  Backward recomputing = BuildBackward(p, {.seeds = {"y"}, .wrt = wrt});
-  auto has = [](const std::vector<std::string>& saved, const std::string& name) {
-    return std::find(saved.begin(), saved.end(), name) != saved.end();
-  };
-  EXPECT_TRUE(has(saving.saved, "t") || has(saving.saved, "reshape_1")) << "the copy is saved";
-  EXPECT_TRUE(has(recomputing.saved, "h"));
-  EXPECT_FALSE(has(recomputing.saved, "t"));
-  EXPECT_EQ(recomputing.saved.size(), 2u) << "x and h only";
-
-  std::mt19937_64 rng(4);
-  Scope base;
-  for (ValueId v : p.inputs()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
-  for (ValueId v : p.params()) base.Set(p.value(v).name, Random(p.type(v).shape, rng));
-  Tensor dy = Random({8, 3}, rng);
-  std::vector<Scope> results(2);
-  const Backward* bwds[] = {&saving, &recomputing};
-  for (int i = 0; i < 2; ++i) {
-    for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name));
-    RunReference(p, results[i], DefaultAllocator(), false, bwds[i]->saved);
-    results[i].Set("y.grad", dy);
-    RunReference(bwds[i]->program, results[i]);
-  }
-  for (const std::string& grad : saving.grads) {
-    EXPECT_TRUE(BitwiseEqual(results[0].Get(grad), results[1].Get(grad))) << grad;
-  }
+  // Without recomputation the copy is saved as the product reads it, a reshape of t.
+  ExpectRecomputationSaves(p, wrt, {"h", "reshape_1", "x"}, {"h", "x"});
 }
 
 // recompute_cuts: with only the input kept, the backward rebuilds the second part's input (the

@@ -180,9 +180,9 @@ struct OpDef {
   KernelFn kernel = nullptr;
   KernelFn reference = nullptr;
   VjpFn vjp = nullptr;  // null: not differentiable (autodiff reports it by name)
-  // Cheap enough (one pass over memory, no reduction across rows) that a backward program may
-  // recompute the output from the op's inputs instead of keeping it alive from the forward pass
-  // (GradientSpec::recompute).
+  // Cheap enough (one or a few passes over its input, no product: elementwise ops, norms,
+  // copies) that a backward program may recompute the output from the op's inputs instead of
+  // keeping it alive from the forward pass (GradientSpec::recompute).
   bool recomputable = false;
   std::string doc;  // one line, required: what the op computes (`sluice ops` prints it)
   OpSignature signature;

@@ -50,8 +50,9 @@
 // order is not fixed) g must also have this instruction as its only user (besides the reshapes
 // leading to its operand). Then the output's group takes over g's storage (groups[out].in_place_of
 // = g, groups[g].handed_to = out): g's free list entry at this step only drops its handles (the
-// memory now belongs to the output), and the bytes count once: live(s) below subtracts bytes(g) at the step. Chains (relu over a conv output, then
-// relu_grad over the incoming gradient, then an add of gradients over that) pass one storage along.
+// memory now belongs to the output), and the bytes count once: live(s) below subtracts bytes(g)
+// at the step. Chains (relu over a conv output, then relu_grad over the incoming gradient, then an
+// add of gradients over that) pass one storage along.
 //
 // Liveness lower bound. bytes(g) is the size of a group's root when the interpreter allocates it
 // (kCompute outputs); groups rooted at inputs and parameters belong to the caller and cost 0 here,

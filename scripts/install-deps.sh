@@ -8,6 +8,7 @@ PACKAGES=(
   libopenblas-dev          # GEMM through CBLAS
   libhwy-dev               # Google Highway: runtime-dispatched SIMD row kernels
   libdnnl-dev              # oneDNN: bf16 matmul (fp32 accumulation), fp32 GEMM where it beats OpenBLAS
+  librandom123-dev         # Random123: Philox, the counter-based generator of dropout's masks
   libgtest-dev libgmock-dev
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev

@@ -13,9 +13,9 @@ namespace {
 
 std::set<std::string> OpsWithACase() {
   std::set<std::string> ops;
-  for (const auto& table :
-       {AttentionCases(), BatchNormCases(), ConvCases(), ElementwiseCases(), LinalgCases(),
-        NnCases(), OptimizerCases(), ReductionCases(), SelectCases(), ShapeCases()}) {
+  for (const auto& table : {AttentionCases(), BatchNormCases(), ConvCases(), DropoutCases(),
+                            ElementwiseCases(), LinalgCases(), NnCases(), OptimizerCases(),
+                            ReductionCases(), SelectCases(), ShapeCases()}) {
     for (const OpCase& c : table) ops.insert(c.op);
   }
   return ops;

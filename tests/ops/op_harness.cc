@@ -375,7 +375,8 @@ std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inp
   std::vector<ValueId> ids;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string name = "x" + std::to_string(i);
-    ids.push_back(p.AddInput(name, {DType::kF64, inputs[i].shape()}));
+    const DType dtype = IsInteger(inputs[i].dtype()) ? inputs[i].dtype() : DType::kF64;
+    ids.push_back(p.AddInput(name, {dtype, inputs[i].shape()}));
     scope.Set(name, inputs[i]);
   }
   p.AddOutput(p.AddInstruction(op, ids, attrs, {"y"})[0]);

@@ -87,7 +87,7 @@ inline void PrintTo(const OpErrorCase& c, std::ostream* os) { *os << c.label; }
 
 void RunOpCase(const OpCase& c);
 
-// Runs a one-instruction program op(inputs...) in f64 with the fast or the reference kernels and
+// Runs a one-instruction program op(inputs...) in f64 (integer inputs as they are) with the fast or the reference kernels and
 // returns output 0's elements (for tests of values an op must give).
 std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs, bool reference,
                            const Attrs& attrs = {});
@@ -98,6 +98,7 @@ void RunOpErrorCase(const OpErrorCase& c);
 std::vector<OpCase> AttentionCases();
 std::vector<OpCase> BatchNormCases();
 std::vector<OpCase> ConvCases();
+std::vector<OpCase> DropoutCases();
 std::vector<OpCase> ElementwiseCases();
 std::vector<OpCase> LinalgCases();
 std::vector<OpCase> NnCases();

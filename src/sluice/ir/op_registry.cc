@@ -10,6 +10,7 @@
 #include "sluice/ir/ops/attention.h"
 #include "sluice/ir/ops/batch_norm.h"
 #include "sluice/ir/ops/conv.h"
+#include "sluice/ir/ops/dropout.h"
 #include "sluice/ir/ops/select.h"
 
 namespace sluice {
@@ -25,6 +26,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterBatchNormOps(*r);
     RegisterAttentionOps(*r);
     RegisterConvOps(*r);
+    RegisterDropoutOps(*r);
     RegisterSelectOps(*r);
     RegisterOptimizerOps(*r);
     return r;

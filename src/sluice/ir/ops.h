@@ -6,6 +6,7 @@
 #include "sluice/ir/ops/attention.h"
 #include "sluice/ir/ops/batch_norm.h"
 #include "sluice/ir/ops/conv.h"
+#include "sluice/ir/ops/dropout.h"
 #include "sluice/ir/ops/elementwise.h"
 #include "sluice/ir/ops/linalg.h"
 #include "sluice/ir/ops/nn.h"

@@ -1,0 +1,44 @@
+// Kernels of dropout (ir/ops/dropout.h): y = x · keep / (1 − p), where whether element i is kept is
+// drawn by a counter-based generator — Philox-4x32-10 (Random123, Salmon et al. 2011) — as a pure
+// function of (key, stream, i):
+//
+//   draws of block b = Philox4x32-10(counter = {b mod 2^32, b div 2^32, stream mod 2^32,
+//                                               stream div 2^32}, key = {key mod 2^32, key div
+//                                               2^32})
+//   u_i              = word i mod 4 of the draws of block i div 4 (a uniform 32-bit integer)
+//   keep_i           = u_i ≥ DropThreshold(p) = ⌊p · 2^32⌋
+//
+// so P(keep) = 1 − ⌊p · 2^32⌋ / 2^32, p to within 2^−32; p = 0 keeps every element and p = 1 none.
+// No state, no order: a mask is the same whichever thread draws which elements, in what order,
+// how often (a recompute, the gradient), on one stage or many — nothing about it is stored.
+// Kept elements are scaled by 1/(1 − p) in the element type (bf16 x: computed in f32, rounded
+// once), dropped ones are 0; p = 0 gives x bitwise (the factor is exactly 1), p = 1 gives zeros.
+//
+// The reference kernel is one plain loop; the fast one runs the same loop over chunks of
+// kChunkElements elements (a multiple of 4: a chunk starts on a block) on the intra-op pool
+// (kernels/parallel.h), so both give the same bits at any thread count. Element i is read before
+// element i is written and no other element after: y may be x's storage (in place).
+//
+// Thread-safety: pure functions of their arguments.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "sluice/core/dtype.h"
+
+namespace sluice::kernels {
+
+// ⌊p · 2^32⌋ for p in [0, 1]: element i is dropped when its draw u_i is below it.
+uint64_t DropThreshold(double p);
+
+// The four 32-bit draws of block `block` (elements 4·block … 4·block + 3).
+std::array<uint32_t, 4> DropoutDraws(uint64_t key, uint64_t stream, uint64_t block);
+
+// y[i] = keep_i ? x[i] · (1/(1 − p)) : 0 for i in [0, n). T: float, double or BFloat16.
+template <typename T>
+void DropoutReference(const T* x, T* y, int64_t n, uint64_t key, uint64_t stream, double p);
+template <typename T>
+void DropoutFast(const T* x, T* y, int64_t n, uint64_t key, uint64_t stream, double p);
+
+}  // namespace sluice::kernels

@@ -89,6 +89,23 @@ TEST(SortDataset, HeldOutSequencesNeverAppearInTraining) {
   EXPECT_GT(train.size(), 40u);
 }
 
+// A batch's random key (dropout's masks) is a pure function of (split, index, seed), i64[], and
+// differs from batch to batch, split to split and seed to seed: 1000 batches, 1000 keys.
+TEST(RandomKey, IsAPureFunctionOfSplitIndexAndSeedAndDiffersBetweenBatches) {
+  auto key = [](DataSplit split, int64_t index, uint64_t seed) {
+    const Tensor k = RandomKey(split, index, seed);
+    EXPECT_EQ(k.dtype(), DType::kI64);
+    EXPECT_EQ(k.shape(), Shape{});
+    return k.data<int64_t>()[0];
+  };
+  EXPECT_EQ(key(DataSplit::kTrain, 7, 1), key(DataSplit::kTrain, 7, 1));
+  std::set<int64_t> keys;
+  for (int64_t i = 0; i < 1000; ++i) keys.insert(key(DataSplit::kTrain, i, 1));
+  EXPECT_EQ(keys.size(), 1000u);
+  EXPECT_NE(key(DataSplit::kTrain, 7, 1), key(DataSplit::kValidation, 7, 1));
+  EXPECT_NE(key(DataSplit::kTrain, 7, 1), key(DataSplit::kTrain, 7, 2));
+}
+
 TEST(SortDataset, RefusesTooFewDigitsOrTooSmallABase) {
   EXPECT_THROW(SortDataset(1, 10), InvalidArgument);
   EXPECT_THROW(SortDataset(4, 1), InvalidArgument);

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -243,6 +244,71 @@ TEST(ProgramExamples, TheClassifiersLearnUnderBf16OnOneAndTwoStagesAlike) {
       "in,block.0|block.1,head", 0.5);
   ExpectTrainsOnOneAndTwoStages(Bf16(Short(Example("classifier.sluice"), "blobs")),
                                 "in,block.0|block.1,head", 0.5);
+}
+
+// examples/dropout_classifier.sluice at dropout p (its p = 0.1 replaced), written to a file of its
+// own.
+std::string DropoutClassifier(const std::string& p) {
+  std::ifstream in(Example("dropout_classifier.sluice"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string with = "p = " + p;
+  for (size_t at = text.find("p = 0.1"); at != std::string::npos;
+       at = text.find("p = 0.1", at + with.size())) {
+    text.replace(at, 7, with);
+  }
+  const std::string path = ::testing::TempDir() + "/dropout_classifier_" + p + ".sluice";
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Dropout's masks are drawn from the batch's random key and each dropout's stream, never stored:
+// one stage, two stages under every kind of schedule (1F1B, GPipe, a backward split into B and W,
+// the V-shaped two chunks per rank), a full recompute of the forward in backward and a resumed run
+// all draw the same masks, so they all train bit for bit alike.
+TEST(ProgramExamples, ADropoutClassifierTrainsBitwiseAlikeOnEveryScheduleRecomputeAndResume) {
+  TrainConfig config = Short(Example("dropout_classifier.sluice"), "blobs");
+  config.microbatches = 4;
+  ExpectTrainsOnOneAndTwoStages(config, "in,block.0|block.1,head", 0.5);
+  const TrainedRun one = TrainAndKeep(config);
+  for (const ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV}) {
+    const PipelineOptions options{
+        .stages = 2, .schedule = kind, .partition = PartitionKind::kBalanced};
+    testing_support::ExpectBitwiseRun(one, TrainAndKeep(config, PipelineEngineFactory(options)),
+                                      std::string(ScheduleKindName(kind)));
+  }
+  for (const RecomputePolicy policy : {RecomputePolicy::kFull, RecomputePolicy::kSelective}) {
+    TrainConfig recomputed = config;
+    recomputed.recompute = {policy};
+    testing_support::ExpectBitwiseRun(one, TrainAndKeep(recomputed),
+                                      "--recompute " + std::string(Name(policy)));
+  }
+  // Stopped after 12 steps and resumed from its checkpoint: the same 18 steps after.
+  const std::string checkpoint = ::testing::TempDir() + "/dropout_classifier.safetensors";
+  {
+    Trainer first(config);
+    for (int s = 0; s < 12; ++s) first.Step();
+    first.SaveCheckpoint(checkpoint);
+  }
+  TrainConfig resume = config;
+  resume.resume_path = checkpoint;
+  Trainer resumed(resume);
+  ASSERT_EQ(resumed.step(), 12);
+  for (int64_t s = 12; s < config.steps; ++s) {
+    EXPECT_EQ(resumed.Step().loss, one.losses[static_cast<size_t>(s)]) << "step " << s + 1;
+  }
+  std::remove(checkpoint.c_str());
+}
+
+// p = 0 keeps every element bitwise and passes every gradient bitwise: the program trains exactly
+// as examples/classifier.sluice, which has no dropout (its parameters are the same, drawn by
+// position). p = 0.1 does not: its masks drop elements.
+TEST(ProgramExamples, DropoutOfZeroTrainsBitwiseAsNoDropoutAndOfATenthDoesNot) {
+  const TrainedRun none = TrainAndKeep(Short(Example("classifier.sluice"), "blobs"));
+  testing_support::ExpectBitwiseRun(none, TrainAndKeep(Short(DropoutClassifier("0"), "blobs")),
+                                    "dropout p = 0");
+  const TrainedRun dropped = TrainAndKeep(Short(DropoutClassifier("0.1"), "blobs"));
+  EXPECT_NE(dropped.losses[0], none.losses[0]) << "the first forward already drops";
 }
 
 }  // namespace

@@ -259,8 +259,8 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="new or empty folder to write")
     parser.add_argument("--without-dropout", action="store_true",
                         help="export every nn.Dropout (and nn.MultiheadAttention's dropout) as p=0: "
-                             "sluice has no dropout, so the program trains without it, which "
-                             "PyTorch's module.train() does not")
+                             "the program trains without them, as the module would at p=0 (by "
+                             "default each becomes a sluice dropout, as module.train() runs it)")
     a = parser.parse_args(argv)
     try:
         units, tied, count, numel, constants, dropped = export(

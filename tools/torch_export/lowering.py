@@ -40,6 +40,8 @@ class Lowering:
         self.materializing = None  # the unit a buffer-derived node is being lowered in
         self.node_names = {}       # (fx node, materializing) -> the name of its first value
         self.stem_counts = {}      # name stem -> how many values took it
+        self.random_key = None     # the input %random_key, once a dropout reads it
+        self.dropouts = 0          # dropouts emitted: the next one's stream
 
     # -- errors and names
     def fail(self, message):
@@ -223,6 +225,8 @@ class Lowering:
         skipped |= attention_parts
         swiglus = find_swiglus(nodes)
         skipped |= {silu for _, _, silu in swiglus.values()}
+        dropouts, dropout_parts = find_dropouts(nodes)
+        skipped |= dropout_parts
         smoothed = find_smoothed_cross_entropies(nodes)
         for _, _, _, _, parts in smoothed.values():
             skipped |= parts
@@ -265,6 +269,9 @@ class Lowering:
                 self.env[node] = None  # inside an RMS norm that `fused` emits whole
             elif node in swiglus:
                 self.env[node] = self.swiglu(node, *swiglus[node])
+            elif node in dropouts:
+                x, p = dropouts[node]
+                self.env[node] = self.dropout(self.val(self.env[x]), p)
             elif node in smoothed:
                 self.env[node] = self.smoothed_cross_entropy(node, *smoothed[node][:4])
             elif node in attentions:
@@ -300,6 +307,8 @@ class Lowering:
         if current is not None:
             body.append("  }")
         units = list(dict.fromkeys(u for u, _ in self.lines))
+        if self.random_key is not None:
+            decls.insert(count, f"input %{self.random_key.name}: i64[] = random_key")
         decls += self.const_decls
         out = ["program model {"] + ["  " + d for d in decls] + body + [f"  output %{loss.name}",
                                                                         "}"]
@@ -338,6 +347,21 @@ class Lowering:
         self.emit_multi("causal_attention", [qv, kv, vv], [y, lse], {"scale": float(scale)})
         return self.emit("reshape", [y], list(self.concrete[node].shape), "f32",
                          {"shape": list(self.concrete[node].shape)})
+
+    def dropout(self, x, p):
+        """x through dropout with probability p in training: `dropout(x, %random_key) {p, stream}`,
+        the mask drawn by sluice from the batch's random key and the dropout's stream (its place
+        among the program's dropouts), never stored."""
+        if self.random_key is None:
+            if "random_key" in self.used_names:
+                self.fail("a forward argument is named random_key, the input a program's "
+                          "dropouts read their key from: rename it")
+            self.random_key = Val("random_key", [], "i64")
+            self.used_names.add("random_key")
+        stream = self.dropouts
+        self.dropouts += 1
+        return self.emit("dropout", [x, self.random_key], x.shape, x.dtype,
+                         {"p": float(f"{p:.12g}"), "stream": stream})
 
     def swiglu(self, node, a, b, silu):
         """silu(a) * b as one swiglu (its backward recomputes silu from a, so the forward keeps a
@@ -448,6 +472,36 @@ def find_rms_norms(nodes):
             if out in fused:
                 break
     return fused, skipped
+
+
+def _call(n, *targets):
+    return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
+
+
+def find_dropouts(nodes):
+    """Dropout in training (nn.Dropout, F.dropout, MultiheadAttention's and
+    TransformerEncoderLayer's), which PyTorch 1.13 traces as empty_like(x), bernoulli_(1 − p),
+    div_(1 − p) and mul(x, mask): {the mul: (x, p)} and the set of the three nodes before it, each
+    read by the next alone (one dropout replaces them: sluice draws the mask, never keeps it)."""
+    found, skipped = {}, set()
+    for empty in nodes:
+        if not _call(empty, aten.empty_like.default) or len(empty.users) != 1:
+            continue
+        (bernoulli,) = empty.users
+        if not _call(bernoulli, aten.bernoulli_.float) or len(bernoulli.users) != 1:
+            continue
+        keep = bernoulli.args[1]
+        (div,) = bernoulli.users
+        if (not _call(div, aten.div_.Scalar) or len(div.users) != 1 or div.args[0] is not bernoulli
+                or div.args[1] != keep):
+            continue
+        (mul,) = div.users
+        x = empty.args[0]
+        if not _call(mul, aten.mul.Tensor) or set(mul.args) != {x, div}:
+            continue
+        found[mul] = (x, 1 - keep)
+        skipped |= {empty, bernoulli, div}
+    return found, skipped
 
 
 def find_swiglus(nodes):

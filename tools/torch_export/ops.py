@@ -640,27 +640,26 @@ def _unsqueeze_squeeze(L, node, args, kwargs, shape):
     return L.emit("reshape", [x], shape, x.dtype, {"shape": shape})
 
 
-def _dropout_message(p):
-    return (f"dropout with p={p:.6g} in training mode: sluice has no dropout (no random masks), "
-            f"so it cannot train as PyTorch's module.train() does; to train without it, export "
-            f"with --without-dropout (every nn.Dropout and nn.MultiheadAttention dropout as p=0), "
-            f"or build the module with p=0 or call module.eval() in the factory")
-
-
 def _dropout(L, node, args, kwargs, shape):
+    """aten.native_dropout(x, p, train): sluice's dropout in training with p > 0, x otherwise; its
+    mask (output 1) is never computed."""
     x, p, train = args[0], args[1], args[2]
     if train and p:
-        L.fail(_dropout_message(p))
+        return (L.dropout(L.val(x), p), None)
     return (x, None)
 
 
 def _empty_like(L, node, args, kwargs, shape):
-    """PyTorch 1.13 traces dropout in training as empty_like, bernoulli_(1 - p), div_, mul: the
-    empty tensor is the mask's, so the error names dropout rather than empty_like."""
+    """PyTorch 1.13 traces dropout in training as empty_like, bernoulli_(1 - p), div_, mul, which
+    the lowering maps to one dropout (find_dropouts); an empty_like left over is a mask in another
+    form, so the error names dropout rather than empty_like."""
     for user in node.users:
         if user.target in (aten.bernoulli_.float, aten.bernoulli.p):
             p = 1 - user.args[1]
-            L.fail(_dropout_message(p))
+            L.fail(f"dropout with p={p:.6g} in training mode whose mask is used otherwise than as "
+                   f"x * mask / (1 - p): sluice draws a dropout's mask itself and never stores it; "
+                   f"use nn.Dropout or F.dropout, or export with --without-dropout (every "
+                   f"nn.Dropout and nn.MultiheadAttention dropout as p=0)")
     L.fail(f"unsupported ATen op {node.target}: sluice has no mapping for it "
            f"(docs/torch-export.md lists the supported ops)")
 

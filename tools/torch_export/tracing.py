@@ -67,7 +67,7 @@ def check_modules(module):
 def remove_dropout(module):
     """--without-dropout: every nn.Dropout (and nn.MultiheadAttention's attention dropout) of the
     module set to p = 0, as module.eval() would for them alone; returns [(module path, p)] of
-    those that had p > 0. A functional F.dropout with p > 0 in forward is still refused."""
+    those that had p > 0. A functional F.dropout with p > 0 in forward stays a dropout."""
     removed = []
     for path, sub in module.named_modules():
         if isinstance(sub, torch.nn.modules.dropout._DropoutNd) and sub.p > 0:

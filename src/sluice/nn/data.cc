@@ -56,6 +56,12 @@ uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index) {
   return z ^ (z >> 31);
 }
 
+Tensor RandomKey(DataSplit split, int64_t index, uint64_t seed) {
+  const uint64_t stream = split == DataSplit::kTrain ? 12 : 13;
+  const uint64_t bits = MixSeed(seed, stream, static_cast<uint64_t>(index));
+  return Tensor::FromVector<int64_t>(Shape{}, {static_cast<int64_t>(bits)});
+}
+
 SortDataset::SortDataset(int64_t num_digits, int64_t base) : n_(num_digits), base_(base) {
   if (n_ < 2 || base_ < 2) {
     throw InvalidArgument(

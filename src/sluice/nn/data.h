@@ -136,7 +136,18 @@ std::unique_ptr<Dataset> OpenTokenData(const std::string& spec, int64_t seq_len,
 // SplitMix64 of (seed, stream, index): the seed of every random draw in data and initialization.
 // Streams in use, one per kind of draw so that no two share a sequence: 1-2 sort (train,
 // validation), 3-4 text, 5-7 blobs (centres, train, validation), 8-9 token file, 10-11 arrays
-// (step/array_dataset.h), 100 parameter initialization (nn/model.h). A new source takes new ones.
+// (step/array_dataset.h), 12-13 random keys (RandomKey: train, validation), 100 parameter
+// initialization (nn/model.h). A new source takes new ones.
 uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index);
+
+// The data array every source offers beside its own: the random key of a batch, what dropout's
+// masks are drawn from (ir/ops/dropout.h). A program input reads it as
+// `input %key: i64[] = random_key`.
+inline constexpr const char* kRandomKeyArray = "random_key";
+
+// The random key of batch `index` of `split`: i64[], MixSeed(seed, 12 or 13, index) as its bits. A
+// pure function like the batch itself, so every stage, rank, recompute and resumed run that binds
+// batch `index` draws the same masks from it.
+Tensor RandomKey(DataSplit split, int64_t index, uint64_t seed);
 
 }  // namespace sluice

@@ -14,6 +14,7 @@
 #include "sluice/core/files.h"
 #include "sluice/core/fnv1a.h"
 #include "sluice/kernels/cross_entropy.h"
+#include "sluice/nn/data.h"
 #include "sluice/nn/gpt.h"
 #include "sluice/nn/mlp.h"
 #include "sluice/nn/training_program.h"
@@ -160,7 +161,9 @@ class ProgramTask final : public Task {
   void BindBatch(Scope& scope, DataSplit split, int64_t index, int64_t batch,
                  uint64_t seed) const override {
     std::map<std::string, Tensor> arrays = source_->GetBatch(split, index, batch, seed);
-    for (const auto& [input, array] : bindings_) scope.Set(input, arrays.at(array));
+    for (const auto& [input, array] : bindings_) {
+      scope.Set(input, array == kRandomKeyArray ? RandomKey(split, index, seed) : arrays.at(array));
+    }
   }
   // A token model's tokens; a module reading arrays counts examples.
   Throughput ThroughputPerSample() const override {
@@ -271,6 +274,13 @@ class ProgramTask final : public Task {
 
   void CheckInput(const std::string& input, const TensorType& declared, const std::string& array,
                   int64_t batch) const {
+    if (array == kRandomKeyArray) {  // every data's: the batch's key, not an example's array
+      if (declared == TensorType{DType::kI64, Shape{}}) return;
+      throw InvalidArgument(fmt::format(
+          "input %{} binds {}, the batch's random key (what dropout draws its masks from), which "
+          "is i64[]; it is declared {}",
+          input, kRandomKeyArray, declared.ToString()));
+    }
     const std::map<std::string, TensorType> arrays = source_->example_types();
     auto it = arrays.find(array);
     if (it == arrays.end()) {
@@ -408,6 +418,7 @@ std::string DefaultProgramData(const std::string& path) {
                  });
   } catch (const Error&) {
   }
+  arrays.erase(kRandomKeyArray);  // every data has it
   if (arrays.count("tokens") || arrays.count("next_tokens")) return "sort";
   if (std::all_of(arrays.begin(), arrays.end(),
                   [](const std::string& a) { return a == "x" || a == "labels"; })) {

@@ -153,7 +153,8 @@ class Recurrent(nn.Module):
 
 
 class Dropout(TinyLM):
-    """nn.Dropout(p > 0) in training mode: make_fx traces it as empty_like, bernoulli_, div_."""
+    """nn.Dropout(p > 0) in training mode (make_fx traces it as empty_like, bernoulli_, div_, mul):
+    not bad input any more, a sluice dropout; --without-dropout exports it as p = 0."""
 
     def __init__(self):
         super().__init__()

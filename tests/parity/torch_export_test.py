@@ -8,6 +8,7 @@ Run by ctest as torch_export_bad_input (class BadInput) and torch_export_arrays 
 by hand: /usr/bin/python3 tests/parity/torch_export_test.py [BadInput|ArrayInput]
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -161,11 +162,29 @@ class BadInput(ExportCase):
         self.refused(f"{MODULES}:recurrent", "module 'rnn' is a torch.nn.GRU",
                      "recurrent layers (RNN, LSTM, GRU) have no mapping")
 
-    def test_dropout_in_training_names_dropout(self):
-        # PyTorch 1.13 traces dropout as empty_like, bernoulli_, div_: it was refused as
-        # "unsupported ATen op aten.empty_like.default", which did not say dropout.
-        self.refused(f"{MODULES}:dropout", "dropout with p=0.1 in training mode",
-                     "in module 'drop'", "module.eval()", "--without-dropout")
+    def test_dropout_in_training_becomes_dropout(self):
+        # PyTorch 1.13 traces dropout as empty_like, bernoulli_, div_, mul: it was refused (sluice
+        # drew no masks); now one dropout, its mask drawn from the batch's random key.
+        result, out = self.export(f"{MODULES}:dropout")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertIn("  input %random_key: i64[] = random_key\n", text)
+        self.assertIn("= dropout(%embed.embedding, %random_key) {p = 0.1, stream = 0}", text)
+        self.assertNotIn("bernoulli", text)
+
+    def test_every_dropout_of_transformer_layers_has_its_own_stream(self):
+        # nn.TransformerEncoderLayer's default dropout 0.1, on the attention weights, inside the
+        # feed-forward and on both residual branches of each of two layers: eight dropouts,
+        # streams 0 to 7 in program order, one random_key input.
+        result, out = self.export(f"{HERE}/torch_models.py:encoder_dropout", seq="12")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        streams = re.findall(r"= dropout\(%[\w.]+, %random_key\) \{p = 0\.1, stream = (\d+)\}",
+                             text)
+        self.assertEqual(streams, [str(i) for i in range(8)], text)
+        self.assertEqual(text.count("= random_key\n"), 1)
 
     def test_without_dropout_says_what_it_left_out(self):
         # nn.TransformerEncoderLayer and BERT default to dropout 0.1: --without-dropout exports

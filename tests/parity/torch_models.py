@@ -33,6 +33,8 @@ read with `B, T = x.shape`, the attention spelt out with a mask, a weight tied b
            GELU, no dropout) in an nn.ModuleList, causal by a boolean src_mask buffer (which
            MultiheadAttention adds to the scores by baddbmm), then a linear head; the attention's
            in_proj_bias is frozen (see Encoder).
+  encoder_dropout  the encoder with nn.TransformerEncoderLayer's default dropout 0.1 (attention
+           weights, feed-forward, both residual branches): eight sluice dropouts.
 
 The sizes suit `sluice train --data sort` (vocabulary 11, sequences of 12).
 """
@@ -269,12 +271,12 @@ class SeqMLP(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, vocab=11, seq=12, dim=16, heads=2, layers=2):
+    def __init__(self, vocab=11, seq=12, dim=16, heads=2, layers=2, dropout=0.0):
         super().__init__()
         self.wte = nn.Embedding(vocab, dim)
         self.wpe = nn.Embedding(seq, dim)
         self.layers = nn.ModuleList([
-            nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu",
+            nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=dropout, activation="gelu",
                                        batch_first=True, norm_first=True)
             for _ in range(layers)])
         # The key third of in_proj_bias has a true gradient of zero (softmax ignores a shift
@@ -315,6 +317,13 @@ def seq_mlp():
 def encoder():
     torch.manual_seed(0)
     return Encoder()
+
+
+def encoder_dropout():
+    """The encoder with nn.TransformerEncoderLayer's default dropout, 0.1: on the attention
+    weights, inside the feed-forward and on both residual branches of every layer."""
+    torch.manual_seed(0)
+    return Encoder(dropout=0.1)
 
 
 def unused_head():

@@ -6,6 +6,7 @@ arrays of a safetensors data file, and returns F.cross_entropy of the logits.
   mlp_classifier  the MLP a user writes first: an nn.Sequential of Linear, GELU, LayerNorm, ReLU,
                   Dropout(0), Tanh over 8 float features into 4 classes (forward(features, label),
                   the arrays of examples/classifier_data.py).
+  mlp_dropout     the same with Dropout(0.1).
   smoothed_mean   LeakyReLU, a LayerNorm without weight and bias, Softplus(beta=2), and a
   smoothed_sum    cross-entropy with label_smoothing=0.1, reduction "mean" / "sum".
   cnn             a small convolutional network on the images of examples/bars_data.py
@@ -47,11 +48,11 @@ from torch_models import BertEmbeddings, BertLayer  # the same directory
 
 
 class MlpClassifier(nn.Module):
-    def __init__(self, features=8, hidden=32, classes=4):
+    def __init__(self, features=8, hidden=32, classes=4, dropout=0.0):
         super().__init__()
         self.net = nn.Sequential(
             nn.Linear(features, hidden), nn.GELU(), nn.LayerNorm(hidden),
-            nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(0.0),
+            nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
             nn.Linear(hidden, hidden), nn.Tanh(),
             nn.Linear(hidden, classes))
 
@@ -61,6 +62,15 @@ class MlpClassifier(nn.Module):
 
 def mlp_classifier():
     return MlpClassifier()
+
+
+def mlp_dropout():
+    """mlp_classifier with its Dropout at p = 0.1 (tests/train/torch_import_parity_test.cc,
+    TorchImportDropout: the masks differ between the frameworks, so the losses compare on average
+    over seeds; in eval mode exactly). Seeded: the same weights every run, so the test's verdict
+    is too."""
+    torch.manual_seed(0)
+    return MlpClassifier(dropout=0.1)
 
 
 class SmoothedClassifier(nn.Module):

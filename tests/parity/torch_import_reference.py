@@ -15,7 +15,8 @@ trains that module itself, not a re-implementation of it:
      state (NAME.exp_avg, NAME.exp_avg_sq, ...) is the only unexpected kind of key; then its loss
      on the batch of the step after the checkpoint ("tokens.<steps>", ...).
 
-With "autocast": true in the input's config, step 1 runs under torch.autocast("cpu",
+With "seed": S in the input's config, PyTorch's generator starts from S (dropout's masks; 0 by
+default). With "autocast": true in the input's config, step 1 runs under torch.autocast("cpu",
 dtype=torch.bfloat16) (the reference of sluice's --precision bf16).
 
 Writes OUTPUT.safetensors: "losses" f64 [steps], "final.<name>" of every parameter and buffer
@@ -80,10 +81,11 @@ def batch_of(batches, names, step):
 
 def main():
     spec, input_path, init_path, checkpoint_path, output_path = sys.argv[1:6]
-    torch.manual_seed(0)
     torch.set_num_threads(1)
     batches, meta = read_safetensors(input_path)
     cfg = json.loads(meta["config"])
+    # The seed of PyTorch's random draws in training: dropout's masks.
+    torch.manual_seed(cfg.get("seed", 0))
     init, _ = read_safetensors(init_path)
 
     model = load(build(spec), init, init_path)

@@ -291,6 +291,39 @@ TEST(MemoryForecast, OneStageIsExactWithBatchNorm) {
                          0);
 }
 
+// Dropout keeps no mask: backward draws it again from the batch's key (8 bytes, an input like the
+// data). The one-stage forecast stays exact under every recompute policy with two dropouts, one on
+// the residual branch, one on the hidden layer.
+TEST(MemoryForecast, OneStageIsExactWithDropout) {
+  ExpectExactWithScratch(R"(program dropout {
+  input %x: f32[B, 16] = x
+  input %y: i64[B] = labels
+  input %key: i64[] = random_key
+  param %in.weight: f32[16, 32] = normal(0, 0.2)
+  param %fc.weight: f32[32, 64] = normal(0, 0.1)
+  param %back.weight: f32[64, 32] = normal(0, 0.1)
+  param %out.weight: f32[32, 4] = normal(0, 0.1)
+  unit in {
+    %h: f32[B, 32] = matmul(%x, %in.weight)
+  }
+  unit block {
+    %f: f32[B, 64] = matmul(%h, %fc.weight)
+    %g: f32[B, 64] = gelu(%f)
+    %gd: f32[B, 64] = dropout(%g, %key) {p = 0.2, stream = 0}
+    %b: f32[B, 32] = matmul(%gd, %back.weight)
+    %bd: f32[B, 32] = dropout(%b, %key) {p = 0.1, stream = 1}
+    %r: f32[B, 32] = add(%h, %bd)
+  }
+  unit head {
+    %logits: f32[B, 4] = matmul(%r, %out.weight)
+    %loss: f32[] = cross_entropy(%logits, %y)
+  }
+  output %loss
+}
+)",
+                         0);
+}
+
 TEST(MemoryForecast, PipelineStagesLieBetweenTheLeastAndTheForecastPeak) {
   const ScheduleKind kinds[] = {ScheduleKind::kGPipe,        ScheduleKind::kOneFOneB,
                                 ScheduleKind::kInterleaved,  ScheduleKind::kZeroBubbleH1,

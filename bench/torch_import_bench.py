@@ -2,7 +2,9 @@
 """An imported PyTorch module trained by sluice against PyTorch training that very module.
 
 The Llama-style model of tests/parity/torch_models.py (RMSNorm, rotary tables as buffers,
-grouped-query attention, SwiGLU, tied embeddings) at benchmark sizes is exported with
+grouped-query attention, SwiGLU, tied embeddings) — or, with --model encoder, its Encoder of
+nn.TransformerEncoderLayer (pre-norm, GELU, causal) with dropout --dropout (0.1, PyTorch's
+default: attention weights, feed-forward, both residual branches) — at benchmark sizes is exported with
 tools/torch_export.py, then, for each thread count, trained one after the other by
   sluice    `sluice train --program model.sluice --init-from init.safetensors` on a text file of
             random bytes (vocabulary 256), one micro-batch per step, AdamW;
@@ -31,19 +33,26 @@ ROOT = os.path.dirname(HERE)
 
 
 def model_factory_file(tmp, a):
-    """A FILE.py whose `llama` factory builds the parity model at the benchmark's sizes."""
+    """A FILE.py whose `llama` and `encoder` factories build the parity models at the benchmark's
+    sizes."""
     path = os.path.join(tmp, "bench_llama.py")
     with open(path, "w") as f:
         f.write(f"""import sys
 sys.path.insert(0, {os.path.join(ROOT, 'tests', 'parity')!r})
 import torch
-from torch_models import Llama
+from torch_models import Encoder, Llama
 
 
 def llama():
     torch.manual_seed(0)
     return Llama(vocab=256, seq={a.seq}, dim={a.dim}, heads={a.heads}, kv_heads={a.kv_heads},
                  hidden={a.hidden}, layers={a.layers})
+
+
+def encoder():
+    torch.manual_seed(0)
+    return Encoder(vocab=256, seq={a.seq}, dim={a.dim}, heads={a.heads}, layers={a.layers},
+                   dropout={a.dropout})
 """)
     return path
 
@@ -76,7 +85,7 @@ def torch_side(a):
     import torch
     sys.path.insert(0, HERE)
     from torch_train import imported_module, peak_step_bytes, step
-    model, opt = imported_module(a.factory_file, "llama", a.init, a.torch_side)
+    model, opt = imported_module(a.factory_file, a.model, a.init, a.torch_side)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 256, (a.batch, a.seq), generator=gen)
     targets = torch.randint(0, 256, (a.batch, a.seq), generator=gen)
@@ -98,6 +107,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sluice", default=os.path.join(ROOT, "build", "sluice"))
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--model", choices=("llama", "encoder"), default="llama")
+    p.add_argument("--dropout", type=float, default=0.1, help="the encoder's dropout")
     for name, default in (("steps", 20), ("warmup", 3), ("batch", 16), ("seq", 64), ("dim", 128),
                           ("heads", 4), ("kv_heads", 2), ("hidden", 384), ("layers", 4)):
         p.add_argument(f"--{name}", type=int, default=default)
@@ -110,9 +121,9 @@ def main():
         return 0
     with tempfile.TemporaryDirectory(prefix="torch_import_bench.") as tmp:
         factory = model_factory_file(tmp, a)
-        exported = os.path.join(tmp, "llama")
+        exported = os.path.join(tmp, a.model)
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_export.py"),
-                        f"{factory}:llama", "--batch", str(a.batch), "--seq", str(a.seq),
+                        f"{factory}:{a.model}", "--batch", str(a.batch), "--seq", str(a.seq),
                         "--out", exported], check=True, stdout=subprocess.DEVNULL)
         data = os.path.join(tmp, "random.txt")
         with open(data, "wb") as f:
@@ -123,11 +134,13 @@ def main():
             out = subprocess.run(
                 [sys.executable, __file__, "--torch-side", str(threads), "--factory-file", factory,
                  "--init", os.path.join(exported, "init.safetensors")] +
-                [f"--{k}={getattr(a, k)}" for k in ("steps", "warmup", "batch", "seq")],
+                [f"--{k}={getattr(a, k)}" for k in ("steps", "warmup", "batch", "seq", "model")],
                 check=True, capture_output=True, text=True,
                 env=dict(os.environ, OPENBLAS_NUM_THREADS=str(threads)))
             t = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append({"model": "llama (imported)", "threads": threads, "sluice": s, "pytorch": t,
+            model = (f"encoder, dropout {a.dropout:g} (imported)" if a.model == "encoder"
+                     else "llama (imported)")
+            rows.append({"model": model, "threads": threads, "sluice": s, "pytorch": t,
                          "speed_ratio": s["tokens_per_s"] / t["tokens_per_s"],
                          "memory_ratio": s["peak_tensor_bytes"] / t["peak_tensor_bytes"]})
         print("| threads | sluice tok/s | PyTorch tok/s | ratio | sluice peak MB | PyTorch peak MB "

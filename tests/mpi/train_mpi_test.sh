@@ -49,6 +49,9 @@
 #   tied      examples/tied_lm.sluice (head tied to the token embedding, a copy on stages 0 and 1):
 #             P = 2 (1f1b, interleaved) bitwise one process on one stage, P = 2 × D = 2 within 1e-6;
 #             its sharded checkpoint holds %tok.weight once (stage 0's shard) and resumes bitwise
+#   dropout   examples/dropout_classifier.sluice (a dropout on each residual branch, masks drawn from
+#             the batch's random key): P = 2 (1f1b, zb-v) bitwise one process on one stage, P = 2 ×
+#             D = 2 within 1e-6 (each replica binds its own micro-batches' keys)
 # Usage: train_mpi_test.sh MODE SLUICE MPIEXEC NP_FLAG. Never hangs: every job runs under timeout.
 set -u
 mode=$1 sluice=$2 mpiexec=$3 np=$4
@@ -85,6 +88,22 @@ worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
 print(f"{sys.argv[1]} vs {sys.argv[2]}: {len(a)} steps, max relative difference {worst:.3g}")
 sys.exit(0 if (worst == 0 if tol == 0 else worst <= tol) else 1)
 PY
+}
+
+# Trains "${run[@]}" 4 steps in one process on one stage (metrics in $dir/one.jsonl), then under
+# mpirun at P = 2 with each schedule named (bitwise alike) and at P = 2 x D = 2 (within 1e-6).
+one_then_ranks() {
+  "$sluice" train "${run[@]}" --steps 4 --metrics "$dir/one.jsonl" || fail "one stage"
+  local sched
+  for sched in "$@"; do
+    mpi 2 "${run[@]}" --steps 4 --stages 2 --schedule "$sched" --metrics "$dir/mpi.jsonl" \
+      || fail "mpirun $sched P=2"
+    compare "$dir/one.jsonl" "$dir/mpi.jsonl" 0
+    rm -f "$dir/mpi.jsonl"
+  done
+  mpi 4 "${run[@]}" --steps 4 --stages 2 --data-parallel 2 --metrics "$dir/dp.jsonl" \
+    || fail "mpirun P=2 x D=2"
+  compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
 }
 
 # Trains "${args[@]}" under mpirun at P = 2 (with the flags after the first argument) until SIGINT
@@ -516,20 +535,17 @@ PY
       || { cat "$dir/out"; fail "no clear message"; }
     [ ! -e "$dir/metrics.jsonl" ] || fail "work was done"
     ;;
+  dropout)
+    prog="$(cd "$(dirname "$0")/../.." && pwd)/examples/dropout_classifier.sluice"
+    run=(--program "$prog" --data blobs --eval-every 0 --threads 1 --quiet --lr-schedule constant
+         --warmup 0 --batch 8 --microbatches 4)
+    one_then_ranks 1f1b zb-v
+    ;;
   tied)
     prog="$(cd "$(dirname "$0")/../.." && pwd)/examples/tied_lm.sluice"
     run=(--program "$prog" --data sort --eval-every 0 --threads 1 --quiet --lr-schedule constant
          --warmup 0 --batch 8 --microbatches 4)
-    "$sluice" train "${run[@]}" --steps 4 --metrics "$dir/one.jsonl" || fail "one stage"
-    for sched in 1f1b interleaved; do
-      mpi 2 "${run[@]}" --steps 4 --stages 2 --schedule "$sched" --metrics "$dir/mpi.jsonl" \
-        || fail "mpirun $sched P=2"
-      compare "$dir/one.jsonl" "$dir/mpi.jsonl" 0
-      rm -f "$dir/mpi.jsonl"
-    done
-    mpi 4 "${run[@]}" --steps 4 --stages 2 --data-parallel 2 --metrics "$dir/dp.jsonl" \
-      || fail "mpirun P=2 x D=2"
-    compare "$dir/one.jsonl" "$dir/dp.jsonl" 1e-6
+    one_then_ranks 1f1b interleaved
     mpi 2 "${run[@]}" --steps 2 --stages 2 --save "$dir/ck.safetensors" --metrics "$dir/part.jsonl" \
       || fail "first half"
     python3 - "$dir" <<'PY' || fail "the sharded checkpoint does not hold %tok.weight once"

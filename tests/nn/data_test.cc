@@ -89,21 +89,27 @@ TEST(SortDataset, HeldOutSequencesNeverAppearInTraining) {
   EXPECT_GT(train.size(), 40u);
 }
 
-// A batch's random key (dropout's masks) is a pure function of (split, index, seed), i64[], and
-// differs from batch to batch, split to split and seed to seed: 1000 batches, 1000 keys.
-TEST(RandomKey, IsAPureFunctionOfSplitIndexAndSeedAndDiffersBetweenBatches) {
-  auto key = [](DataSplit split, int64_t index, uint64_t seed) {
-    const Tensor k = RandomKey(split, index, seed);
+// A batch's random keys (dropout's masks) are a pure function of (split, index, row, seed),
+// i64[batch], and differ from example to example, batch to batch, split to split and seed to
+// seed: 200 batches of 8, 1600 keys; the first rows of a larger batch have the smaller one's keys.
+TEST(RandomKey, IsAPureFunctionOfSplitIndexRowAndSeedAndDiffersBetweenExamples) {
+  auto keys = [](DataSplit split, int64_t index, int64_t batch, uint64_t seed) {
+    const Tensor k = RandomKey(split, index, batch, seed);
     EXPECT_EQ(k.dtype(), DType::kI64);
-    EXPECT_EQ(k.shape(), Shape{});
-    return k.data<int64_t>()[0];
+    EXPECT_EQ(k.shape(), Shape{batch});
+    return std::vector<int64_t>(k.data<int64_t>(), k.data<int64_t>() + batch);
   };
-  EXPECT_EQ(key(DataSplit::kTrain, 7, 1), key(DataSplit::kTrain, 7, 1));
-  std::set<int64_t> keys;
-  for (int64_t i = 0; i < 1000; ++i) keys.insert(key(DataSplit::kTrain, i, 1));
-  EXPECT_EQ(keys.size(), 1000u);
-  EXPECT_NE(key(DataSplit::kTrain, 7, 1), key(DataSplit::kValidation, 7, 1));
-  EXPECT_NE(key(DataSplit::kTrain, 7, 1), key(DataSplit::kTrain, 7, 2));
+  EXPECT_EQ(keys(DataSplit::kTrain, 7, 8, 1), keys(DataSplit::kTrain, 7, 8, 1));
+  std::set<int64_t> all;
+  for (int64_t i = 0; i < 200; ++i) {
+    for (int64_t k : keys(DataSplit::kTrain, i, 8, 1)) all.insert(k);
+  }
+  EXPECT_EQ(all.size(), 1600u);
+  const std::vector<int64_t> four = keys(DataSplit::kTrain, 7, 4, 1);
+  const std::vector<int64_t> eight = keys(DataSplit::kTrain, 7, 8, 1);
+  EXPECT_TRUE(std::equal(four.begin(), four.end(), eight.begin()));
+  EXPECT_NE(keys(DataSplit::kTrain, 7, 8, 1), keys(DataSplit::kValidation, 7, 8, 1));
+  EXPECT_NE(keys(DataSplit::kTrain, 7, 8, 1), keys(DataSplit::kTrain, 7, 8, 2));
 }
 
 TEST(SortDataset, RefusesTooFewDigitsOrTooSmallABase) {

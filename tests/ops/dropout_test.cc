@@ -11,7 +11,9 @@
 #include "op_harness.h"
 #include "sluice/autodiff/autodiff.h"
 #include "sluice/exec/reference_runner.h"
+#include "sluice/ir/inference_form.h"
 #include "sluice/ir/ops.h"
+#include "sluice/ir/text_format.h"
 #include "sluice/kernels/dropout.h"
 #include "sluice/kernels/parallel.h"
 
@@ -28,16 +30,17 @@ std::vector<OpCase> DropoutCases() {
   // Keys anywhere in i64 (negative ones too: the key's bits are what the generator takes).
   const Fill keys = {Fill::kIndex, -1e9, 1e9};
   return {
-      // The harness's finite differences hold exactly: for a fixed key the op is linear in x.
-      {.label = "dropout", .op = "dropout", .inputs = {F({4, 33}), I64({})}, .attrs = DropAttrs(0.1), .fills = {{}, keys}},
-      {.label = "dropout_half_stream", .op = "dropout", .inputs = {F({2, 3, 17}), I64({})}, .attrs = DropAttrs(0.5, 7), .fills = {{}, keys}},
-      {.label = "dropout_p0", .op = "dropout", .inputs = {F({5, 7}), I64({})}, .attrs = DropAttrs(0.0), .fills = {{}, keys}},
-      {.label = "dropout_p1", .op = "dropout", .inputs = {F({5, 7}), I64({})}, .attrs = DropAttrs(1.0), .fills = {{}, keys}},
+      // One key per example (x's leading axis), or one for all (an i64[] key). The harness's
+      // finite differences hold exactly: for fixed keys the op is linear in x.
+      {.label = "dropout", .op = "dropout", .inputs = {F({4, 33}), I64({4})}, .attrs = DropAttrs(0.1), .fills = {{}, keys}},
+      {.label = "dropout_half_stream", .op = "dropout", .inputs = {F({2, 3, 17}), I64({2})}, .attrs = DropAttrs(0.5, 7), .fills = {{}, keys}},
+      {.label = "dropout_p0", .op = "dropout", .inputs = {F({5, 7}), I64({5})}, .attrs = DropAttrs(0.0), .fills = {{}, keys}},
+      {.label = "dropout_p1", .op = "dropout", .inputs = {F({5, 7}), I64({5})}, .attrs = DropAttrs(1.0), .fills = {{}, keys}},
       {.label = "dropout_scalar", .op = "dropout", .inputs = {F({}), I64({})}, .attrs = DropAttrs(0.3), .fills = {{}, keys}},
-      {.label = "dropout_eval", .op = "dropout", .inputs = {F({3, 9}), I64({})}, .attrs = {{"p", 0.4}, {"stream", int64_t{2}}, {"training", false}}, .fills = {{}, keys}},
+      {.label = "dropout_eval", .op = "dropout", .inputs = {F({3, 9}), I64({3})}, .attrs = {{"p", 0.4}, {"stream", int64_t{2}}, {"training", false}}, .fills = {{}, keys}},
       // bf16 x: x · 1/(1 - p) in f32, rounded once (half an ulp of bf16 against the f32 twin);
       // the gradient is dy's (f32) dropout, the twin's bits.
-      {.label = "dropout_bf16", .op = "dropout", .inputs = {F({4, 37}), I64({})}, .attrs = DropAttrs(0.2, 3), .fills = {{}, keys},
+      {.label = "dropout_bf16", .op = "dropout", .inputs = {F({4, 37}), I64({4})}, .attrs = DropAttrs(0.2, 3), .fills = {{}, keys},
        .f32_tolerance = 0, .bf16 = true, .bf16_inputs = {0}, .bf16_tolerance = 4e-3, .bf16_grad_tolerance = 0},
   };
 }
@@ -47,7 +50,9 @@ std::vector<OpErrorCase> DropoutErrors() {
       {.label = "dropout_p_above_one", .op = "dropout", .inputs = {F({3}), I64({})}, .attrs = DropAttrs(1.5)},
       {.label = "dropout_p_negative", .op = "dropout", .inputs = {F({3}), I64({})}, .attrs = DropAttrs(-0.1)},
       {.label = "dropout_stream_negative", .op = "dropout", .inputs = {F({3}), I64({})}, .attrs = DropAttrs(0.1, -1)},
-      {.label = "dropout_key_vector", .op = "dropout", .inputs = {F({3}), I64({2})}, .attrs = DropAttrs(0.1)},
+      {.label = "dropout_key_indivisible", .op = "dropout", .inputs = {F({3}), I64({2})}, .attrs = DropAttrs(0.1)},
+      {.label = "dropout_key_matrix", .op = "dropout", .inputs = {F({3}), I64({1, 3})}, .attrs = DropAttrs(0.1)},
+      {.label = "dropout_key_empty", .op = "dropout", .inputs = {F({0}), I64({0})}, .attrs = DropAttrs(0.1)},
       {.label = "dropout_key_float", .op = "dropout", .inputs = {F({3}), F({})}, .attrs = DropAttrs(0.1)},
       {.label = "dropout_integer_x", .op = "dropout", .inputs = {I64({3}), I64({})}, .attrs = DropAttrs(0.1)},
       {.label = "dropout_no_p", .op = "dropout", .inputs = {F({3}), I64({})}, .attrs = {{"stream", int64_t{0}}}},
@@ -64,6 +69,16 @@ std::vector<double> Drop(const std::vector<double>& x, int64_t key, double p, in
                          bool reference = false) {
   const Tensor xt = Tensor::FromVector<double>(Shape{static_cast<int64_t>(x.size())}, x);
   const Tensor k = Tensor::FromVector<int64_t>(Shape{}, {key});
+  return RunF64("dropout", {xt, k}, reference, DropAttrs(p, stream));
+}
+
+// x as `keys.size()` rows (examples) of x.size() / keys.size() elements, one key each.
+std::vector<double> DropRows(const std::vector<double>& x, const std::vector<int64_t>& keys,
+                             double p, int64_t stream, bool reference = false) {
+  const auto rows = static_cast<int64_t>(keys.size());
+  const Tensor xt =
+      Tensor::FromVector<double>(Shape{rows, static_cast<int64_t>(x.size()) / rows}, x);
+  const Tensor k = Tensor::FromVector<int64_t>(Shape{rows}, keys);
   return RunF64("dropout", {xt, k}, reference, DropAttrs(p, stream));
 }
 
@@ -141,6 +156,30 @@ TEST(Dropout, MaskDependsOnKeyStreamAndIndexOnly) {
   EXPECT_TRUE(std::equal(shorter.begin(), shorter.end(), a.begin()));
 }
 
+// Each example's elements are drawn under its own key: row b of a batch has the mask that its key
+// gives a tensor of that row alone, so a data-parallel replica holding rows 2 and 3 of a batch of 4
+// draws exactly what the whole batch draws there — with either kernel, at any thread count (runs
+// longer than a chunk of the intra-op pool here).
+TEST(Dropout, EachExampleDrawsUnderItsOwnKey) {
+  const int64_t run = kernels::kChunkElements + 37;
+  std::vector<double> x(static_cast<size_t>(4 * run));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 1.0 + static_cast<double>(i % 7);
+  const std::vector<int64_t> keys = {11, -5, 8, 1 << 30};
+  const std::vector<double> whole = DropRows(x, keys, 0.3, 2, /*reference=*/true);
+  kernels::SetIntraOpThreads(3);
+  EXPECT_EQ(DropRows(x, keys, 0.3, 2), whole);
+  kernels::SetIntraOpThreads(1);
+  EXPECT_EQ(DropRows(x, keys, 0.3, 2), whole);
+  for (size_t b = 0; b < keys.size(); ++b) {
+    const std::vector<double> row(x.begin() + b * run, x.begin() + (b + 1) * run);
+    const std::vector<double> alone = Drop(row, keys[b], 0.3, 2);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), whole.begin() + b * run)) << "row " << b;
+  }
+  const std::vector<double> replica(x.begin() + 2 * run, x.end());
+  const std::vector<double> half = DropRows(replica, {keys[2], keys[3]}, 0.3, 2);
+  EXPECT_TRUE(std::equal(half.begin(), half.end(), whole.begin() + 2 * run));
+}
+
 // Backward draws the mask again: it reads the key and nothing of the forward pass (neither x nor
 // y: the saved bytes of the op are the key's 8), and dx = keep · dy / (1 − p) with the forward's
 // keep, bitwise.
@@ -182,6 +221,38 @@ TEST(Dropout, GradientDrawsTheForwardMaskAgain) {
   }
   EXPECT_GT(kept, 0);
   EXPECT_LT(kept, dx.numel());
+}
+
+// Evaluation: the inference form (module.eval()) sets training = false on every dropout, which
+// then gives x as it is; the training program drops elements of the same x.
+TEST(Dropout, TheInferenceFormKeepsEveryElement) {
+  const Program train = ParseProgram(R"(program drop {
+  input %x: f32[2, 8]
+  input %key: i64[2]
+  %y: f32[2, 8] = dropout(%x, %key) {p = 0.5, stream = 0}
+  output %y
+}
+)",
+                                     "drop.sluice");
+  ASSERT_TRUE(HasTrainingMode(train));
+  const Program eval = InferenceForm(train);
+  EXPECT_FALSE(eval.instructions()[0].attrs.GetBool("training", true));
+  Tensor x = Tensor::Empty(Shape{2, 8}, DType::kF32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.FlatSet(i, 1.0 + static_cast<double>(i));
+  auto run = [&](const Program& p) {
+    Scope s;
+    s.Set("x", x.Clone());
+    s.Set("key", Tensor::FromVector<int64_t>(Shape{2}, {3, 4}));
+    RunReference(p, s);
+    return s.Get("y").Clone();
+  };
+  const Tensor evaluated = run(eval), trained = run(train);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    EXPECT_EQ(evaluated.FlatAt(i), x.FlatAt(i));
+    dropped += trained.FlatAt(i) == 0;
+  }
+  EXPECT_GT(dropped, 0);
 }
 
 }  // namespace sluice::testing

@@ -169,7 +169,7 @@ class BadInput(ExportCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         with open(os.path.join(out, "model.sluice")) as f:
             text = f.read()
-        self.assertIn("  input %random_key: i64[] = random_key\n", text)
+        self.assertIn("  input %random_key: i64[B] = random_key\n", text)
         self.assertIn("= dropout(%embed.embedding, %random_key) {p = 0.1, stream = 0}", text)
         self.assertNotIn("bernoulli", text)
 

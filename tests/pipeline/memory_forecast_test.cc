@@ -291,14 +291,14 @@ TEST(MemoryForecast, OneStageIsExactWithBatchNorm) {
                          0);
 }
 
-// Dropout keeps no mask: backward draws it again from the batch's key (8 bytes, an input like the
-// data). The one-stage forecast stays exact under every recompute policy with two dropouts, one on
-// the residual branch, one on the hidden layer.
+// Dropout keeps no mask: backward draws it again from the examples' keys (8 bytes each, an input
+// like the data). The one-stage forecast stays exact under every recompute policy with two
+// dropouts, one on the residual branch, one on the hidden layer.
 TEST(MemoryForecast, OneStageIsExactWithDropout) {
   ExpectExactWithScratch(R"(program dropout {
   input %x: f32[B, 16] = x
   input %y: i64[B] = labels
-  input %key: i64[] = random_key
+  input %key: i64[B] = random_key
   param %in.weight: f32[16, 32] = normal(0, 0.2)
   param %fc.weight: f32[32, 64] = normal(0, 0.1)
   param %back.weight: f32[64, 32] = normal(0, 0.1)

@@ -308,7 +308,8 @@ class Lowering:
             body.append("  }")
         units = list(dict.fromkeys(u for u, _ in self.lines))
         if self.random_key is not None:
-            decls.insert(count, f"input %{self.random_key.name}: i64[] = random_key")
+            decls.insert(count, f"input %{self.random_key.name}: "
+                                f"{fmt_type('i64', self.random_key.shape)} = random_key")
         decls += self.const_decls
         out = ["program model {"] + ["  " + d for d in decls] + body + [f"  output %{loss.name}",
                                                                         "}"]
@@ -350,13 +351,15 @@ class Lowering:
 
     def dropout(self, x, p):
         """x through dropout with probability p in training: `dropout(x, %random_key) {p, stream}`,
-        the mask drawn by sluice from the batch's random key and the dropout's stream (its place
-        among the program's dropouts), never stored."""
+        the mask drawn by sluice from the examples' random keys (`random_key` i64[B]) and the
+        dropout's stream (its place among the program's dropouts), never stored."""
         if self.random_key is None:
             if "random_key" in self.used_names:
                 self.fail("a forward argument is named random_key, the input a program's "
                           "dropouts read their key from: rename it")
-            self.random_key = Val("random_key", [], "i64")
+            # one key per example: the batch is the leading axis of every forward argument
+            batch = self.inputs[0].shape[0]
+            self.random_key = Val("random_key", [batch], "i64")
             self.used_names.add("random_key")
         stream = self.dropouts
         self.dropouts += 1

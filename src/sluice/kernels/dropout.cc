@@ -1,5 +1,6 @@
 #include "sluice/kernels/dropout.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <Random123/philox.h>
@@ -13,7 +14,8 @@ namespace {
 uint32_t Low(uint64_t v) { return static_cast<uint32_t>(v); }
 uint32_t High(uint64_t v) { return static_cast<uint32_t>(v >> 32); }
 
-// Elements [begin, end) of y; begin is a multiple of 4 (the first element of a block).
+// Elements [begin, end) of one key's run (x and y start at the run); begin is a multiple of 4 (the
+// first element of a block).
 template <typename T>
 void DropoutRange(const T* x, T* y, int64_t begin, int64_t end, uint64_t key, uint64_t stream,
                   double p) {
@@ -50,24 +52,45 @@ std::array<uint32_t, 4> DropoutDraws(uint64_t key, uint64_t stream, uint64_t blo
 }
 
 template <typename T>
-void DropoutReference(const T* x, T* y, int64_t n, uint64_t key, uint64_t stream, double p) {
-  DropoutRange(x, y, 0, n, key, stream, p);
+void DropoutReference(const T* x, T* y, int64_t n, std::span<const int64_t> keys, uint64_t stream,
+                      double p) {
+  const int64_t run = n / static_cast<int64_t>(keys.size());
+  for (size_t b = 0; b < keys.size(); ++b) {
+    const int64_t at = static_cast<int64_t>(b) * run;
+    DropoutRange(x + at, y + at, 0, run, static_cast<uint64_t>(keys[b]), stream, p);
+  }
 }
 
 template <typename T>
-void DropoutFast(const T* x, T* y, int64_t n, uint64_t key, uint64_t stream, double p) {
+void DropoutFast(const T* x, T* y, int64_t n, std::span<const int64_t> keys, uint64_t stream,
+                 double p) {
   static_assert(kChunkElements % 4 == 0, "a chunk starts on a block of four draws");
-  ParallelFor(n, kChunkElements,
-              [&](int64_t begin, int64_t end) { DropoutRange(x, y, begin, end, key, stream, p); });
+  const int64_t run = n / static_cast<int64_t>(keys.size());
+  const int64_t chunks_per_run = (run + kChunkElements - 1) / kChunkElements;
+  // Chunk c: run c / chunks_per_run, its elements from (c mod chunks_per_run) · kChunkElements.
+  ParallelFor(static_cast<int64_t>(keys.size()) * chunks_per_run,
+              ChunkRows(std::min(run, kChunkElements)), [&](int64_t first, int64_t last) {
+                for (int64_t c = first; c < last; ++c) {
+                  const int64_t b = c / chunks_per_run;
+                  const int64_t begin = (c % chunks_per_run) * kChunkElements;
+                  const int64_t end = std::min(begin + kChunkElements, run);
+                  DropoutRange(x + b * run, y + b * run, begin, end,
+                               static_cast<uint64_t>(keys[static_cast<size_t>(b)]), stream, p);
+                }
+              });
 }
 
-template void DropoutReference<float>(const float*, float*, int64_t, uint64_t, uint64_t, double);
-template void DropoutReference<double>(const double*, double*, int64_t, uint64_t, uint64_t, double);
-template void DropoutReference<BFloat16>(const BFloat16*, BFloat16*, int64_t, uint64_t, uint64_t,
-                                         double);
-template void DropoutFast<float>(const float*, float*, int64_t, uint64_t, uint64_t, double);
-template void DropoutFast<double>(const double*, double*, int64_t, uint64_t, uint64_t, double);
-template void DropoutFast<BFloat16>(const BFloat16*, BFloat16*, int64_t, uint64_t, uint64_t,
-                                    double);
+template void DropoutReference<float>(const float*, float*, int64_t, std::span<const int64_t>,
+                                      uint64_t, double);
+template void DropoutReference<double>(const double*, double*, int64_t, std::span<const int64_t>,
+                                       uint64_t, double);
+template void DropoutReference<BFloat16>(const BFloat16*, BFloat16*, int64_t,
+                                         std::span<const int64_t>, uint64_t, double);
+template void DropoutFast<float>(const float*, float*, int64_t, std::span<const int64_t>, uint64_t,
+                                 double);
+template void DropoutFast<double>(const double*, double*, int64_t, std::span<const int64_t>,
+                                  uint64_t, double);
+template void DropoutFast<BFloat16>(const BFloat16*, BFloat16*, int64_t, std::span<const int64_t>,
+                                    uint64_t, double);
 
 }  // namespace sluice::kernels

@@ -1,29 +1,33 @@
-// Kernels of dropout (ir/ops/dropout.h): y = x · keep / (1 − p), where whether element i is kept is
-// drawn by a counter-based generator — Philox-4x32-10 (Random123, Salmon et al. 2011) — as a pure
-// function of (key, stream, i):
+// Kernels of dropout (ir/ops/dropout.h): y = x · keep / (1 − p), where whether an element is kept
+// is drawn by a counter-based generator — Philox-4x32-10 (Random123, Salmon et al. 2011) — as a
+// pure function of (key, stream, j), j the element's index under its key:
 //
-//   draws of block b = Philox4x32-10(counter = {b mod 2^32, b div 2^32, stream mod 2^32,
-//                                               stream div 2^32}, key = {key mod 2^32, key div
-//                                               2^32})
-//   u_i              = word i mod 4 of the draws of block i div 4 (a uniform 32-bit integer)
-//   keep_i           = u_i ≥ DropThreshold(p) = ⌊p · 2^32⌋
+//   x's n elements are K consecutive runs of n / K, one per key (keys[b]: example b's key when
+//   x's leading axis is the batch, however the rest is shaped)
+//   draws of block c = Philox4x32-10(counter = {c mod 2^32, c div 2^32, stream mod 2^32,
+//                                               stream div 2^32}, key = {k mod 2^32, k div 2^32})
+//   u_j              = word j mod 4 of the draws of block j div 4 (a uniform 32-bit integer)
+//   keep_j           = u_j ≥ DropThreshold(p) = ⌊p · 2^32⌋
 //
 // so P(keep) = 1 − ⌊p · 2^32⌋ / 2^32, p to within 2^−32; p = 0 keeps every element and p = 1 none.
 // No state, no order: a mask is the same whichever thread draws which elements, in what order,
-// how often (a recompute, the gradient), on one stage or many — nothing about it is stored.
+// how often (a recompute, the gradient), on one stage or many, and an example's mask is the same
+// whichever batch holds it (a data-parallel replica's rows draw what those rows of the whole
+// batch draw) — nothing about it is stored.
 // Kept elements are scaled by 1/(1 − p) in the element type (bf16 x: computed in f32, rounded
 // once), dropped ones are 0; p = 0 gives x bitwise (the factor is exactly 1), p = 1 gives zeros.
 //
 // The reference kernel is one plain loop; the fast one runs the same loop over chunks of
-// kChunkElements elements (a multiple of 4: a chunk starts on a block) on the intra-op pool
-// (kernels/parallel.h), so both give the same bits at any thread count. Element i is read before
-// element i is written and no other element after: y may be x's storage (in place).
+// kChunkElements elements of each key's run (a multiple of 4: a chunk starts on a block) on the
+// intra-op pool (kernels/parallel.h), so both give the same bits at any thread count. Element i is
+// read before element i is written and no other element after: y may be x's storage (in place).
 //
 // Thread-safety: pure functions of their arguments.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <span>
 
 #include "sluice/core/dtype.h"
 
@@ -35,10 +39,13 @@ uint64_t DropThreshold(double p);
 // The four 32-bit draws of block `block` (elements 4·block … 4·block + 3).
 std::array<uint32_t, 4> DropoutDraws(uint64_t key, uint64_t stream, uint64_t block);
 
-// y[i] = keep_i ? x[i] · (1/(1 − p)) : 0 for i in [0, n). T: float, double or BFloat16.
+// y[i] = keep ? x[i] · (1/(1 − p)) : 0 for i in [0, n), element i drawn under keys[i / (n / K)]
+// at j = i mod (n / K). K = keys.size() ≥ 1 divides n. T: float, double or BFloat16.
 template <typename T>
-void DropoutReference(const T* x, T* y, int64_t n, uint64_t key, uint64_t stream, double p);
+void DropoutReference(const T* x, T* y, int64_t n, std::span<const int64_t> keys, uint64_t stream,
+                      double p);
 template <typename T>
-void DropoutFast(const T* x, T* y, int64_t n, uint64_t key, uint64_t stream, double p);
+void DropoutFast(const T* x, T* y, int64_t n, std::span<const int64_t> keys, uint64_t stream,
+                 double p);
 
 }  // namespace sluice::kernels

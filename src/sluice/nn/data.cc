@@ -56,10 +56,14 @@ uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index) {
   return z ^ (z >> 31);
 }
 
-Tensor RandomKey(DataSplit split, int64_t index, uint64_t seed) {
-  const uint64_t stream = split == DataSplit::kTrain ? 12 : 13;
-  const uint64_t bits = MixSeed(seed, stream, static_cast<uint64_t>(index));
-  return Tensor::FromVector<int64_t>(Shape{}, {static_cast<int64_t>(bits)});
+Tensor RandomKey(DataSplit split, int64_t index, int64_t batch, uint64_t seed) {
+  const uint64_t base =
+      MixSeed(seed, split == DataSplit::kTrain ? 12 : 13, static_cast<uint64_t>(index));
+  Tensor keys = Tensor::Empty(Shape{batch}, DType::kI64);
+  for (int64_t r = 0; r < batch; ++r) {
+    keys.data<int64_t>()[r] = static_cast<int64_t>(MixSeed(base, 0, static_cast<uint64_t>(r)));
+  }
+  return keys;
 }
 
 SortDataset::SortDataset(int64_t num_digits, int64_t base) : n_(num_digits), base_(base) {

@@ -140,14 +140,15 @@ std::unique_ptr<Dataset> OpenTokenData(const std::string& spec, int64_t seq_len,
 // initialization (nn/model.h). A new source takes new ones.
 uint64_t MixSeed(uint64_t seed, uint64_t stream, uint64_t index);
 
-// The data array every source offers beside its own: the random key of a batch, what dropout's
+// The data array every source offers beside its own: one random key per example, what dropout's
 // masks are drawn from (ir/ops/dropout.h). A program input reads it as
-// `input %key: i64[] = random_key`.
+// `input %key: i64[B] = random_key`.
 inline constexpr const char* kRandomKeyArray = "random_key";
 
-// The random key of batch `index` of `split`: i64[], MixSeed(seed, 12 or 13, index) as its bits. A
-// pure function like the batch itself, so every stage, rank, recompute and resumed run that binds
-// batch `index` draws the same masks from it.
-Tensor RandomKey(DataSplit split, int64_t index, uint64_t seed);
+// The random keys of batch `index` of `split`, `batch` examples: i64[batch], row r's key the bits
+// of MixSeed(MixSeed(seed, 12 or 13, index), 0, r). A pure function like the batch itself, so
+// every stage, rank, recompute and resumed run that binds batch `index` draws the same masks from
+// it, and a data-parallel replica's rows have the keys of those rows of the whole batch.
+Tensor RandomKey(DataSplit split, int64_t index, int64_t batch, uint64_t seed);
 
 }  // namespace sluice

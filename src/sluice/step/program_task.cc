@@ -162,7 +162,8 @@ class ProgramTask final : public Task {
                  uint64_t seed) const override {
     std::map<std::string, Tensor> arrays = source_->GetBatch(split, index, batch, seed);
     for (const auto& [input, array] : bindings_) {
-      scope.Set(input, array == kRandomKeyArray ? RandomKey(split, index, seed) : arrays.at(array));
+      scope.Set(input,
+                array == kRandomKeyArray ? RandomKey(split, index, batch, seed) : arrays.at(array));
     }
   }
   // A token model's tokens; a module reading arrays counts examples.
@@ -274,12 +275,15 @@ class ProgramTask final : public Task {
 
   void CheckInput(const std::string& input, const TensorType& declared, const std::string& array,
                   int64_t batch) const {
-    if (array == kRandomKeyArray) {  // every data's: the batch's key, not an example's array
-      if (declared == TensorType{DType::kI64, Shape{}}) return;
+    if (array == kRandomKeyArray) {  // every data's: one key per example
+      if (declared == TensorType{DType::kI64, Shape{batch}}) return;
       throw InvalidArgument(fmt::format(
-          "input %{} binds {}, the batch's random key (what dropout draws its masks from), which "
-          "is i64[]; it is declared {}",
-          input, kRandomKeyArray, declared.ToString()));
+          "input %{} binds {}, the examples' random keys (what dropout draws its masks from), "
+          "which are i64[B]; it is declared {}{}",
+          input, kRandomKeyArray, declared.ToString(),
+          declared.dtype == DType::kI64 && declared.shape.rank() == 1
+              ? fmt::format(" (this run's micro-batches hold {} examples: write B)", batch)
+              : ""));
     }
     const std::map<std::string, TensorType> arrays = source_->example_types();
     auto it = arrays.find(array);

@@ -31,11 +31,18 @@ std::vector<TensorType> InferDropout(std::span<const TensorType> in, const Attrs
   if (t != DType::kF32 && t != DType::kF64 && t != DType::kBF16) {
     throw ShapeError(fmt::format("dropout's x must be f32, f64 or bf16, got {}", Name(t)));
   }
-  if (in[1].dtype != DType::kI64 || in[1].shape.rank() != 0) {
+  const TensorType& key = in[1];
+  if (key.dtype != DType::kI64 || key.shape.rank() > 1 || key.shape.numel() == 0) {
     throw ShapeError(
-        fmt::format("dropout's key must be an i64 scalar (i64[]: an input bound to "
-                    "the data array random_key), got {}",
-                    in[1].ToString()));
+        fmt::format("dropout's key must be i64[B], one key per example (an input "
+                    "bound to the data array random_key), or i64[]; got {}",
+                    key.ToString()));
+  }
+  if (in[0].shape.numel() % key.shape.numel() != 0) {
+    throw ShapeError(
+        fmt::format("dropout's x {} does not split into the key's {} examples: its "
+                    "leading axis must be the batch (or a multiple of it)",
+                    in[0].ToString(), key.shape.numel()));
   }
   return {in[0]};
 }
@@ -46,11 +53,12 @@ void DropoutKernel(KernelContext& ctx) {
   const Tensor& y = ctx.outputs[0];
   const bool training = ctx.attrs.GetBool("training", true);
   const double p = training ? ctx.attrs.GetFloat("p") : 0.0;  // evaluation: x as it is
-  const auto key = static_cast<uint64_t>(ctx.inputs[1].data<int64_t>()[0]);
+  const Tensor& key = ctx.inputs[1];
+  const std::span<const int64_t> keys(key.data<int64_t>(), static_cast<size_t>(key.numel()));
   const auto stream = static_cast<uint64_t>(ctx.attrs.GetInt("stream"));
   auto run = [&]<typename T>() {
     (kFast ? kernels::DropoutFast<T> : kernels::DropoutReference<T>)(x.data<T>(), y.data<T>(),
-                                                                     x.numel(), key, stream, p);
+                                                                     x.numel(), keys, stream, p);
   };
   if (x.dtype() == DType::kBF16) {
     run.template operator()<BFloat16>();
@@ -82,7 +90,7 @@ void RegisterDropoutOps(OpRegistry& r) {
        .recomputable = true,
        .doc = "x · keep / (1 - p), keep drawn per element from (key, stream, index) by "
               "Philox-4x32-10, never stored; x when training = false",
-       .signature = {.inputs = {{"x", "float or bf16[...]"}, {"key", "i64[]"}},
+       .signature = {.inputs = {{"x", "float or bf16[B, ...]"}, {"key", "i64[B]"}},
                      .attrs = {{"p", "float"}, {"stream", "int"}, {"training", "bool = true"}},
                      .outputs = {{"y", "x's dtype[...]"}}},
        .in_place_inputs = {0}});

@@ -189,6 +189,11 @@ Program ImagesAndActivations() {
   b.Output(BatchNormGradX(normed, pooled, gamma, 1e-3));
   b.Output(BatchNormGradParams(normed, pooled, 1e-3).first);
   BatchNormUpdateStats(pooled, mean, var, 0.25);
+  // Dropout, with one key per example and in evaluation.
+  Var keys = b.Input("keys", DType::kI64, {2});
+  b.Output(Dropout(pooled, keys, 0.25, 3));
+  b.Output(b.Emit1("dropout", {pooled, keys},
+                   {{"p", 0.5}, {"stream", int64_t{4}}, {"training", false}}));
   Var logits = Reshape(pooled, {2, 4 * 2 * 3});
   Var labels = b.Input("labels", DType::kI64, {2});
   b.Output(b.Emit1("cross_entropy", {logits, labels},

@@ -87,8 +87,8 @@ inline void PrintTo(const OpErrorCase& c, std::ostream* os) { *os << c.label; }
 
 void RunOpCase(const OpCase& c);
 
-// Runs a one-instruction program op(inputs...) in f64 (integer inputs as they are) with the fast or the reference kernels and
-// returns output 0's elements (for tests of values an op must give).
+// Runs a one-instruction program op(inputs...) in f64 (integer inputs as they are) with the fast or
+// the reference kernels and returns output 0's elements (for tests of values an op must give).
 std::vector<double> RunF64(const std::string& op, const std::vector<Tensor>& inputs, bool reference,
                            const Attrs& attrs = {});
 void RunOpErrorCase(const OpErrorCase& c);

@@ -248,6 +248,16 @@ TEST(ProgramTraining, AProgramTheDataCannotFeedIsRefusedBeforeTheFirstStep) {
                         "is the batch, and this run's micro-batches hold 2 examples"));
   EXPECT_THAT(with("dtype.sluice", replace("input %labels: i64[B]", "input %labels: f32[B]")),
               HasSubstr("the data's 'labels' is i64"));
+  // The examples' random keys (dropout's) are one i64 per example, whatever the data.
+  EXPECT_THAT(
+      with("key.sluice", replace("input %labels: i64[B]",
+                                 "input %labels: i64[B]\n  input %key: i64[] = random_key")),
+      HasSubstr("input %key binds random_key, the examples' random keys (what dropout "
+                "draws its masks from), which are i64[B]; it is declared i64[]"));
+  EXPECT_THAT(
+      with("key3.sluice", replace("input %labels: i64[B]",
+                                  "input %labels: i64[B]\n  input %key: i64[3] = random_key")),
+      HasSubstr("it is declared i64[3] (this run's micro-batches hold 2 examples: write B)"));
   EXPECT_THAT(
       with("noinit.sluice", replace("param %out.bias: f32[4] = zeros", "param %out.bias: f32[4]")),
       HasSubstr("a parameter without an initializer: %out.bias"));

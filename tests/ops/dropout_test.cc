@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "op_harness.h"
 #include "sluice/autodiff/autodiff.h"
 #include "sluice/exec/reference_runner.h"
+#include "sluice/ir/autocast.h"
 #include "sluice/ir/inference_form.h"
 #include "sluice/ir/ops.h"
 #include "sluice/ir/text_format.h"
@@ -253,6 +255,28 @@ TEST(Dropout, TheInferenceFormKeepsEveryElement) {
     dropped += trained.FlatAt(i) == 0;
   }
   EXPECT_GT(dropped, 0);
+}
+
+// Under mixed precision a dropout is arithmetic (ir/autocast.h): bf16 where its x is made bf16 and
+// its reader takes bf16 (a layer norm's output into a product here); its keys stay i64.
+TEST(Dropout, AutocastRunsItBf16BetweenALayerNormAndAProduct) {
+  const Program p = ParseProgram(R"(program lndrop {
+  input %x: f32[4, 16]
+  input %key: i64[4]
+  param %n.weight: f32[16]
+  param %n.bias: f32[16]
+  param %w: f32[16, 4]
+  %n: f32[4, 16] = layer_norm(%x, %n.weight, %n.bias)
+  %d: f32[4, 16] = dropout(%n, %key) {p = 0.1, stream = 0}
+  %y: f32[4, 4] = matmul(%d, %w)
+  output %y
+}
+)",
+                                 "lndrop.sluice");
+  const AutocastResult r = AutocastBf16(p);
+  EXPECT_THAT(r.bf16_ops, ::testing::Contains("dropout"));
+  EXPECT_EQ(r.program.type(r.program.Get("d")).dtype, DType::kBF16);
+  EXPECT_EQ(r.program.type(r.program.Get("key")).dtype, DType::kI64);
 }
 
 }  // namespace sluice::testing

@@ -237,6 +237,13 @@ TEST(ProgramExamples, AnExportedSplitHeadsGptLearnsUnderBf16OnOneAndTwoStagesAli
   std::filesystem::remove_all(dir);
 }
 
+// Under bf16 a dropout of a bf16 value runs bf16 (its GELU then too), and two stages stay bitwise
+// one.
+TEST(ProgramExamples, TheDropoutClassifierLearnsUnderBf16OnOneAndTwoStagesAlike) {
+  ExpectTrainsOnOneAndTwoStages(Bf16(Short(Example("dropout_classifier.sluice"), "blobs")),
+                                "in,block.0|block.1,head", 0.5);
+}
+
 TEST(ProgramExamples, TheClassifiersLearnUnderBf16OnOneAndTwoStagesAlike) {
   ExpectTrainsOnOneAndTwoStages(
       Bf16(Short(Example("array_classifier.sluice"),

@@ -56,6 +56,7 @@ constexpr Bf16Rule kRules[] = {
     // Arithmetic: f32 inside, bf16 out.
     {"add", kOperands, true, kPromotes},
     {"mul", kOperands, true, kPromotes},
+    {"dropout", kFirst, true, kPromotes},  // x · keep / (1 − p): bf16 where x is (the key stays)
 };
 
 const Bf16Rule* RuleOf(std::string_view op) {

@@ -126,6 +126,20 @@ TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStage) {
   }
 }
 
+// The GPT with --dropout 0.1 (the embedding, every attention and MLP branch): every schedule
+// draws the masks of one stage, from the examples' keys, so it trains bitwise like one stage; its
+// losses are not those without dropout.
+TEST(PipelineEngine, EveryScheduleTrainsBitwiseLikeOneStageWithDropout) {
+  for (const Case& c : kCases) {
+    TrainConfig config = Small(c.layers, c.microbatches);
+    config.gpt.dropout = 0.1;
+    const RunResult single = Train(config, nullptr);
+    const PipelineOptions options{.stages = c.stages, .schedule = c.kind};
+    ExpectBitwiseEqual(single, Train(config, &options), Describe(c) + " with dropout");
+    EXPECT_NE(single.losses, Train(Small(c.layers, c.microbatches), nullptr).losses);
+  }
+}
+
 // Mixed precision: the bf16 casts and oneDNN's products run on each stage as on one (oneDNN with
 // one thread sums in a fixed order), and what crosses a stage boundary is rounded to bf16 at
 // every unit boundary on one stage too (ir/autocast.h): so every schedule at P = 2 and 4 stays

@@ -124,6 +124,10 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
                      "gpt: tokens per chunk of the head's fused linear + cross-entropy, whose "
                      "logits are never whole (0: automatic; -1: the unfused head)")
           ->capture_default_str();
+  auto* dropout = sub.add_option("--dropout", c.gpt.dropout,
+                                 "gpt: dropout in training, p in [0, 1) (the embedding, each "
+                                 "block's attention and MLP branches; masks never stored)")
+                      ->capture_default_str();
   auto* precision =
       sub.add_option("--precision", a->precision,
                      "fp32, or bf16 (mixed precision: activations stored bf16, f32 compute and "
@@ -325,13 +329,21 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
   }
   // Options only one model or one optimizer reads: given for the other, they would change nothing.
   const std::vector<ScopedOption> scoped = {
-      {layers, "--model", "gpt"},        {heads, "--model", "gpt"},
-      {dim, "--model", "gpt"},           {attention, "--model", "gpt"},
-      {head_chunk, "--model", "gpt"},    {precision, "--model", "gpt", true},
-      {seq, "--model", "gpt", true},     {vocab, "--model", "gpt", true},
-      {features, "--model", "mlp"},      {hidden, "--model", "mlp"},
-      {classes, "--model", "mlp", true}, {beta1, "--optimizer", "adamw"},
-      {beta2, "--optimizer", "adamw"},   {momentum, "--optimizer", "sgd"},
+      {layers, "--model", "gpt"},
+      {heads, "--model", "gpt"},
+      {dim, "--model", "gpt"},
+      {attention, "--model", "gpt"},
+      {head_chunk, "--model", "gpt"},
+      {dropout, "--model", "gpt"},
+      {precision, "--model", "gpt", true},
+      {seq, "--model", "gpt", true},
+      {vocab, "--model", "gpt", true},
+      {features, "--model", "mlp"},
+      {hidden, "--model", "mlp"},
+      {classes, "--model", "mlp", true},
+      {beta1, "--optimizer", "adamw"},
+      {beta2, "--optimizer", "adamw"},
+      {momentum, "--optimizer", "sgd"},
   };
   auto finish = [a, command_name = sub.get_name(), unused, init_from, resume, allow_changes, data,
                  scoped, sched, chunks, partition, layout, release, ahead, post_validate, timeout,

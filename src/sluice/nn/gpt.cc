@@ -10,6 +10,7 @@
 
 #include "sluice/core/error.h"
 #include "sluice/ir/ops.h"
+#include "sluice/nn/data.h"
 #include "sluice/nn/layers.h"
 #include "sluice/nn/training_program.h"
 
@@ -20,6 +21,10 @@ void ValidateGptConfig(const GptConfig& c) {
     throw InvalidArgument(
         fmt::format("GPT sizes must be positive (vocab {}, seq {}, layers {}, heads {}, dim {})",
                     c.vocab, c.seq, c.layers, c.heads, c.dim));
+  }
+  if (!(c.dropout >= 0 && c.dropout < 1)) {
+    throw InvalidArgument(fmt::format(
+        "--dropout {} is not a probability of dropping an element: give one in [0, 1)", c.dropout));
   }
   if (c.head_chunk < -1) {
     throw InvalidArgument(fmt::format(
@@ -165,6 +170,13 @@ Model BuildF32Slice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
   Builder& b = m.b();
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
 
+  // Dropout (GptConfig::dropout): the input random_key is declared by the first one a slice has.
+  Var key;
+  auto drop = [&](Var v, int64_t stream) {
+    if (c.dropout == 0 || output != GptOutput::kLoss) return v;
+    if (!key.valid()) key = b.Input(kRandomKeyArray, DType::kI64, {B});
+    return Dropout(v, key, c.dropout, stream);
+  };
   Var x;  // the hidden state [B, T, C]
   if (slice.embed) {
     m.SetNextInitIndex(0);
@@ -172,8 +184,8 @@ Model BuildF32Slice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     Var wte = m.Param("wte.weight", {c.vocab, c.dim}, Init::kNormal);
     Var wpe = m.Param("wpe.weight", {c.seq, c.dim}, Init::kNormal);
     Builder::Unit unit(b, "embed");
-    Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);  // [T, C]
-    x = b.Name(Embedding(ids, wte) + pos, "h_in");     // [B, T, C]
+    Var pos = T == c.seq ? wpe : Slice(wpe, 0, 0, T);        // [T, C]
+    x = b.Name(drop(Embedding(ids, wte) + pos, 0), "h_in");  // [B, T, C]
   } else {
     x = b.Input("x", DType::kF32, {B, T, c.dim});
   }
@@ -183,9 +195,9 @@ Model BuildF32Slice(const GptConfig& c, int64_t B, GptOutput output, int64_t seq
     Builder::NameScope scope(b, fmt::format("h.{}", l));
     Builder::Unit unit(b, fmt::format("h.{}", l));
     Var a = CausalSelfAttention(m, LayerNormLayer(m, "ln_1", x, c.dim), c, B, T, proj_std);
-    x = b.Name(x + a, "attn_out");
+    x = b.Name(x + drop(a, 1 + 2 * l), "attn_out");
     Var f = Mlp(m, LayerNormLayer(m, "ln_2", x, c.dim), c, proj_std);
-    x = b.Name(x + f, "out");
+    x = b.Name(x + drop(f, 2 + 2 * l), "out");
   }
   if (!slice.head) {
     b.Output(b.Name(x, "y"));

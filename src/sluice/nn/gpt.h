@@ -75,6 +75,12 @@ struct GptConfig {
   // and GptOutput::kLogits) multiplies the logits from bf16 ln_f output and lm_head (the logits
   // f32, cross_entropy f32). Value names are the f32 program's, the casts `NAME.bf16`/`NAME.f32`.
   Precision precision = Precision::kFp32;
+  // Dropout in training (nanoGPT's places: the embedding's sum, each block's attention and MLP
+  // branches before their residual add), p in [0, 1); 0, the default, builds none. The training
+  // loss only (GptOutput::kLogits and the decoder have none, as module.eval()); its masks are
+  // drawn from the input "random_key" i64[B] (ir/ops/dropout.h), streams 0, then 1 + 2l and
+  // 2 + 2l for block l.
+  double dropout = 0;
 };
 
 // Throws InvalidArgument saying what to change (heads not dividing dim, non-positive sizes).

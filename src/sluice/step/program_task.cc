@@ -444,7 +444,11 @@ std::string ExportBuiltinProgram(const TrainConfig& c) {
           sized.seq = T;
           return BuildGpt(sized, B, GptOutput::kLoss, T);
         },
-        {{"ids", "tokens"}, {"targets", "next_tokens"}});
+        g.dropout > 0
+            ? std::map<std::string, std::string>{{"ids", "tokens"},
+                                                 {"targets", "next_tokens"},
+                                                 {kRandomKeyArray, kRandomKeyArray}}
+            : std::map<std::string, std::string>{{"ids", "tokens"}, {"targets", "next_tokens"}});
   }
   if (c.model == "mlp") {
     ValidateMlpConfig(c.mlp);

@@ -53,6 +53,7 @@ class GptTask final : public Task {
     Batch b = data_->GetBatch(split, index, batch, seed);
     scope.Set("ids", std::move(b.ids));
     scope.Set("targets", std::move(b.targets));
+    if (cfg_.dropout > 0) scope.Set(kRandomKeyArray, RandomKey(split, index, batch, seed));
   }
   Throughput ThroughputPerSample() const override { return {data_->seq_len(), "tokens"}; }
   const GptConfig* gpt() const override { return &cfg_; }
@@ -100,14 +101,16 @@ class GptTask final : public Task {
     return static_cast<double>(correct) / static_cast<double>(total);
   }
   nlohmann::json Describe() const override {
-    return {{"model", "gpt"},
-            {"vocab", cfg_.vocab},
-            {"seq", cfg_.seq},
-            {"layers", cfg_.layers},
-            {"heads", cfg_.heads},
-            {"dim", cfg_.dim},
-            {"precision", std::string(Name(cfg_.precision))},
-            {"data", data_->name()}};
+    nlohmann::json d = {{"model", "gpt"},
+                        {"vocab", cfg_.vocab},
+                        {"seq", cfg_.seq},
+                        {"layers", cfg_.layers},
+                        {"heads", cfg_.heads},
+                        {"dim", cfg_.dim},
+                        {"precision", std::string(Name(cfg_.precision))},
+                        {"data", data_->name()}};
+    if (cfg_.dropout > 0) d["dropout"] = cfg_.dropout;  // a run without keeps its line as it was
+    return d;
   }
 
  private:

@@ -22,11 +22,11 @@
 //                 input) carry bf16 as they are (bytes moved), on the same terms: a layer norm, a
 //                 reshape, then a product stay bf16 throughout.
 //   arithmetic    add, mul and dropout (x; its keys stay i64) give bf16, computing in f32, on the
-//                 same terms and only where each operand is bf16 already — made by an activation running bf16, or carried by a
-//                 shape op or arithmetic from one — as PyTorch's type promotion gives bf16 for
-//                 bf16 operands only: an f32 operand (a parameter, a constant table, a product's
-//                 result, the residual stream, an op running f32) keeps the op f32, never rounded
-//                 for it.
+//                 same terms and only where each operand is bf16 already — made by an activation
+//                 running bf16, or carried by a shape op or arithmetic from one — as PyTorch's type
+//                 promotion gives bf16 for bf16 operands only: an f32 operand (a parameter, a
+//                 constant table, a product's result, the residual stream, an op running f32) keeps
+//                 the op f32, never rounded for it.
 //   the rest      every other op runs f32: the fp32 fallback. A bf16 value it reads is widened
 //                 by a `cast` to f32, one per value and unit, just before its first reader there.
 //                 Losses, reductions, softmax and norms' statistics are never bf16.

@@ -50,7 +50,7 @@ build-tsan/build.ninja: | deps
 
 test-tsan: deps build-tsan/build.ninja
 	cmake --build build-tsan -j$(JOBS)
-	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(CTEST)
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/tsan.supp" $(CTEST)
 
 build-asan/build.ninja: | deps
 	cmake -S . -B build-asan $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DSLUICE_SANITIZE=address -DSLUICE_BUILD_BENCHMARKS=OFF

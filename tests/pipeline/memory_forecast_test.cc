@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
@@ -170,11 +171,11 @@ TEST(MemoryForecast, OneStageIsExactWithAConvolutionsScratch) {
                          8 * 25 * 144 * int64_t{4});
 }
 
-// A convolution on oneDNN (kernels/onednn_conv.h: 16 channels in, 32 out, a 5x5 window) takes
-// the blocked chunk, the blocked weights and, for its weight gradient, a blocked and a plain
-// gradient as scratch (here larger than the micro-batch's activations): the forecast holds it.
+// A convolution on oneDNN (kernels/onednn_conv.h: 16 channels in, 32 out, a 5x5 window, on 38x38
+// images, one image a chunk) takes the blocked chunk, the blocked weights and, for its weight
+// gradient, a blocked and a plain gradient as scratch: the forecast holds it.
 TEST(MemoryForecast, OneStageIsExactWithAOneDnnConvolutionsScratch) {
-  const kernels::Conv2dDims d = kernels::Conv2dShape(2, 16, 12, 12, 32, 5, 5, {1, 1}, {2, 2});
+  const kernels::Conv2dDims d = kernels::Conv2dShape(2, 16, 38, 38, 32, 5, 5, {1, 1}, {2, 2});
   ASSERT_TRUE(kernels::OneDnnConvolves(d));
   ExpectExactWithScratch(R"(program conv {
   input %x: f32[B, 144] = x
@@ -184,10 +185,10 @@ TEST(MemoryForecast, OneStageIsExactWithAOneDnnConvolutionsScratch) {
   param %out.weight: f32[32, 4] = normal(0, 0.1)
   unit conv {
     %image: f32[B, 1, 12, 12] = reshape(%x) {shape = [B, 1, 12, 12]}
-    %h1: f32[B, 16, 12, 12] = conv2d(%image, %c1.weight) {padding = [1, 1], stride = [1, 1]}
-    %a1: f32[B, 16, 12, 12] = relu(%h1)
-    %h2: f32[B, 32, 12, 12] = conv2d(%a1, %c2.weight) {padding = [2, 2], stride = [1, 1]}
-    %p: f32[B, 32, 1, 1] = avg_pool2d(%h2) {kernel = [12, 12], stride = [12, 12]}
+    %h1: f32[B, 16, 38, 38] = conv2d(%image, %c1.weight) {padding = [14, 14], stride = [1, 1]}
+    %a1: f32[B, 16, 38, 38] = relu(%h1)
+    %h2: f32[B, 32, 38, 38] = conv2d(%a1, %c2.weight) {padding = [2, 2], stride = [1, 1]}
+    %p: f32[B, 32, 1, 1] = avg_pool2d(%h2) {kernel = [38, 38], stride = [38, 38]}
   }
   unit head {
     %f: f32[B, 32] = reshape(%p) {shape = [B, 32]}
@@ -198,6 +199,18 @@ TEST(MemoryForecast, OneStageIsExactWithAOneDnnConvolutionsScratch) {
 }
 )",
                          kernels::Conv2dScratchBytes(d, kernels::Conv2dPass::kGradWeight, 4));
+}
+
+// A small batch's convolution stays on im2col where oneDNN's blocked weights and weight gradients
+// would outgrow the convolution's own input and output: the same 64-channel 3x3 convolution on
+// 8x8 images runs on im2col at batch 1 and on oneDNN at batch 32.
+TEST(MemoryForecast, ASmallBatchsConvolutionStaysOnIm2colWhereOneDnnsScratchIsLarger) {
+  if (std::string_view(kernels::Fp32ConvEngineName()) != "onednn") GTEST_SKIP() << "SLUICE_CONV";
+  const auto at = [](int64_t batch) {
+    return kernels::Conv2dShape(batch, 64, 8, 8, 64, 3, 3, {1, 1}, {1, 1});
+  };
+  EXPECT_FALSE(kernels::OneDnnConvolves(at(1)));
+  EXPECT_TRUE(kernels::OneDnnConvolves(at(32)));
 }
 
 // Past kConv2dColsBudget the im2col comes in blocks of output rows (here 3 of the 38 rows of the

@@ -293,7 +293,16 @@ const char* Fp32ConvEngineName() {
 
 bool OneDnnConvolves(const Conv2dDims& d) {
   static const bool on_onednn = std::string_view(Fp32ConvEngineName()) == "onednn";
-  return on_onednn && d.kernel_h * d.kernel_w > 1 && d.channels >= 16 && d.out_channels >= 16;
+  if (!on_onednn || d.kernel_h * d.kernel_w == 1 || d.channels < 16 || d.out_channels < 16) {
+    return false;
+  }
+  // The blocked weights and weight gradients are the scratch's bulk when the batch is small: a
+  // convolution whose scratch would outgrow its own input and output stays on im2col, whose
+  // block is bounded by its input. The weight gradient's primitives run on one thread, so the
+  // choice depends on the shape alone.
+  const int64_t activations =
+      d.batch * (d.channels * d.height * d.width + d.out_channels * d.out_h * d.out_w);
+  return OneDnnConvScratchBytes(d, Conv2dPass::kGradWeight) <= activations * int64_t{sizeof(float)};
 }
 
 int64_t OneDnnConvImages(const Conv2dDims& d) {

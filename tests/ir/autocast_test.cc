@@ -42,7 +42,8 @@ constexpr const char* kMlp = R"(program mlp {
 
 // Products take bf16 operands (bias f32) and give f32; GELU, read only by a product, takes and
 // gives bf16; the loss runs f32. The first linear, read only by the bf16 GELU, stores its result
-// rounded itself (dtype "bf16"): no f32 result, no cast.
+// rounded itself (dtype "bf16"): no f32 result, no cast. The weights are read f32 and rounded as
+// the products load them (round_w): no bf16 copy of them.
 TEST(Autocast, AnMlpMultipliesBf16OperandsAndKeepsItsLossF32) {
   AutocastResult r;
   EXPECT_EQ(Autocast(kMlp, &r), R"(program mlp {
@@ -53,11 +54,9 @@ TEST(Autocast, AnMlpMultipliesBf16OperandsAndKeepsItsLossF32) {
   param %fc2.weight: f32[32, 10]
   param %fc2.bias: f32[10]
   %x.bf16: bf16[8, 16] = cast(%x) {dtype = "bf16"}
-  %fc1.weight.bf16: bf16[16, 32] = cast(%fc1.weight) {dtype = "bf16"}
-  %h.bf16: bf16[8, 32] = linear(%x.bf16, %fc1.weight.bf16, %fc1.bias) {dtype = "bf16"}
+  %h.bf16: bf16[8, 32] = linear(%x.bf16, %fc1.weight, %fc1.bias) {dtype = "bf16", round_w = true}
   %a: bf16[8, 32] = gelu(%h.bf16)
-  %fc2.weight.bf16: bf16[32, 10] = cast(%fc2.weight) {dtype = "bf16"}
-  %logits: f32[8, 10] = linear(%a, %fc2.weight.bf16, %fc2.bias)
+  %logits: f32[8, 10] = linear(%a, %fc2.weight, %fc2.bias) {round_w = true}
   %loss: f32[] = cross_entropy(%logits, %targets)
   output %loss
 }
@@ -84,11 +83,11 @@ TEST(Autocast, ALinearReadAsF32KeepsItsF32ResultAndTheCast) {
   output %o
 }
 )");
-  EXPECT_THAT(out, testing::HasSubstr(R"(  %h: f32[4, 8] = linear(%x.bf16, %w.bf16, %b)
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %h: f32[4, 8] = linear(%x.bf16, %w, %b) {round_w = true}
   %h.bf16: bf16[4, 8] = cast(%h) {dtype = "bf16"}
   %a: bf16[4, 8] = gelu(%h.bf16)
 )"));
-  EXPECT_THAT(out, testing::HasSubstr("  %o: f32[4, 8] = linear(%a, %w.bf16, %b)\n"));
+  EXPECT_THAT(out, testing::HasSubstr("  %o: f32[4, 8] = linear(%a, %w, %b) {round_w = true}\n"));
   EXPECT_THAT(out, testing::Not(testing::HasSubstr("%b) {dtype")));
 }
 
@@ -115,18 +114,17 @@ TEST(Autocast, AnActivationReadByAnF32OpStaysF32AndOneCopyServesEveryProduct) {
   EXPECT_THAT(out, testing::HasSubstr("%h: f32[4, 8] = layer_norm(%x, %g, %b)"));
   EXPECT_THAT(out, testing::HasSubstr(R"(  %y: f32[4, 8] = add(%h, %x)
   %y.bf16: bf16[4, 8] = cast(%y) {dtype = "bf16"}
-  %w.bf16: bf16[8, 8] = cast(%w) {dtype = "bf16"}
-  %p: f32[4, 8] = matmul(%y.bf16, %w.bf16)
-  %v.bf16: bf16[8, 8] = cast(%v) {dtype = "bf16"}
-  %q: f32[4, 8] = matmul(%y.bf16, %v.bf16)
+  %p: f32[4, 8] = matmul(%y.bf16, %w) {round_b = true}
+  %q: f32[4, 8] = matmul(%y.bf16, %v) {round_b = true}
 )"));
   EXPECT_THAT(r.bf16_ops, ElementsAre("matmul"));
   EXPECT_THAT(r.f32_ops, ElementsAre("add", "layer_norm", "sum"));
 }
 
 // What one unit makes and another reads is rounded by the unit making it; the reading unit
-// multiplies the bf16 copy and widens it once for its f32 ops. A parameter two units read is cast
-// in each. Readers inside the making unit keep the f32 value.
+// multiplies the bf16 copy and widens it once for its f32 ops. A parameter two units' products
+// read is rounded by each product as it loads it. Readers inside the making unit keep the f32
+// value.
 TEST(Autocast, AValueCrossingAUnitBoundaryIsRoundedByItsMaker) {
   AutocastResult r;
   const std::string out = Autocast(R"(program p {
@@ -152,15 +150,13 @@ TEST(Autocast, AValueCrossingAUnitBoundaryIsRoundedByItsMaker) {
   param %w: f32[8, 8]
   unit a {
     %x.bf16: bf16[4, 8] = cast(%x) {dtype = "bf16"}
-    %w.bf16: bf16[8, 8] = cast(%w) {dtype = "bf16"}
-    %h: f32[4, 8] = matmul(%x.bf16, %w.bf16)
+    %h: f32[4, 8] = matmul(%x.bf16, %w) {round_b = true}
     %r: f32[4, 8] = relu(%h)
     %y: f32[4, 8] = add(%h, %r)
     %y.bf16: bf16[4, 8] = cast(%y) {dtype = "bf16"}
   }
   unit b {
-    %w.bf16_0: bf16[8, 8] = cast(%w) {dtype = "bf16"}
-    %z: f32[4, 8] = matmul(%y.bf16, %w.bf16_0)
+    %z: f32[4, 8] = matmul(%y.bf16, %w) {round_b = true}
     %y.f32: f32[4, 8] = cast(%y.bf16) {dtype = "f32"}
     %s: f32[4, 8] = add(%y.f32, %z)
     %t: f32[4, 8] = mul(%y.f32, %s)
@@ -187,8 +183,7 @@ TEST(Autocast, FusedAttentionTakesAndGivesBf16) {
 )");
   EXPECT_THAT(out, testing::HasSubstr(R"(  %qkv.bf16: bf16[2, 4, 24] = cast(%qkv) {dtype = "bf16"}
   %y: bf16[2, 4, 8], %lse: f32[2, 2, 4] = causal_attention_qkv(%qkv.bf16) {heads = 2, scale = 0.5}
-  %wo.bf16: bf16[8, 8] = cast(%wo) {dtype = "bf16"}
-  %o: f32[2, 4, 8] = matmul(%y, %wo.bf16)
+  %o: f32[2, 4, 8] = matmul(%y, %wo) {round_b = true}
 )"));
 }
 
@@ -215,12 +210,11 @@ TEST(Autocast, RmsNormAndSwigluTakeAndGiveBf16) {
   EXPECT_THAT(out, testing::HasSubstr(R"(  %x.bf16: bf16[4, 8] = cast(%x) {dtype = "bf16"}
   %h: bf16[4, 8] = rms_norm(%x.bf16, %norm.weight) {eps = 1e-06}
 )"));
-  EXPECT_THAT(out, testing::HasSubstr(R"(  %a: f32[4, 16] = matmul(%h, %gate.bf16)
+  EXPECT_THAT(out, testing::HasSubstr(R"(  %a: f32[4, 16] = matmul(%h, %gate) {round_b = true}
   %a.bf16: bf16[4, 16] = cast(%a) {dtype = "bf16"}
 )"));
   EXPECT_THAT(out, testing::HasSubstr(R"(  %g: bf16[4, 16] = swiglu(%a.bf16, %b.bf16)
-  %down.bf16: bf16[16, 8] = cast(%down) {dtype = "bf16"}
-  %o: f32[4, 8] = matmul(%g, %down.bf16)
+  %o: f32[4, 8] = matmul(%g, %down) {round_b = true}
 )"));
   EXPECT_THAT(result.bf16_ops, ElementsAre("matmul", "rms_norm", "swiglu"));
   EXPECT_THAT(result.f32_ops, ElementsAre("sum"));
@@ -247,8 +241,7 @@ TEST(Autocast, ShapeOpsCarryBf16ToAProduct) {
   EXPECT_THAT(out, testing::HasSubstr(R"(  %x.bf16: bf16[2, 4, 8] = cast(%x) {dtype = "bf16"}
   %n: bf16[2, 4, 8] = layer_norm(%x.bf16, %g, %b)
   %v: bf16[8, 8] = reshape(%n) {shape = [8, 8]}
-  %w.bf16: bf16[8, 8] = cast(%w) {dtype = "bf16"}
-  %h: f32[8, 8] = matmul(%v, %w.bf16)
+  %h: f32[8, 8] = matmul(%v, %w) {round_b = true}
   %t: f32[8, 8] = transpose(%h) {dim0 = 0, dim1 = 1}
 )"));
   EXPECT_THAT(r.bf16_ops, ElementsAre("layer_norm", "matmul", "reshape"));
@@ -328,8 +321,7 @@ TEST(Autocast, ArithmeticRunsBf16OnlyOnBf16Operands) {
 )",
                                    &r);
   EXPECT_THAT(out, testing::HasSubstr(R"(  %h: bf16[4, 8] = mul(%g, %e)
-  %w2.bf16: bf16[8, 8] = cast(%w2) {dtype = "bf16"}
-  %o: f32[4, 8] = matmul(%h, %w2.bf16)
+  %o: f32[4, 8] = matmul(%h, %w2) {round_b = true}
   %c: f32[4, 8] = slice(%cos) {axis = 0, end = 4, start = 0}
   %rot: f32[4, 8] = mul(%o, %c)
   %u: f32[4, 8] = gelu(%rot)

@@ -12,6 +12,7 @@
 
 #include "sluice/core/dtype.h"
 #include "sluice/core/error.h"
+#include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/bf16_gemm.h"
 #include "sluice/kernels/bf16_products.h"
 #include "sluice/kernels/parallel.h"
@@ -24,6 +25,12 @@ namespace {
 
 using testing_support::RoundToBF16;
 using testing_support::Uniform;
+
+// The overloads over bf16 b.
+constexpr auto* kPacked =
+    static_cast<void (*)(const OneDnnGemmShape&, const BFloat16*, const BFloat16*, float*, float*)>(
+        &PackedBf16Gemm);
+constexpr auto* kWidened = &WidenedBf16Gemm;
 
 struct Case {
   int64_t m, n, k;
@@ -101,7 +108,7 @@ TEST(PackedBf16Gemm, MatchesTheTripleLoopOnEveryTarget) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {
           for (bool accumulate : {false, true}) {
-            CheckProduct(t, ta, tb, accumulate, PackedBf16Gemm, PackedBf16GemmScratchFloats,
+            CheckProduct(t, ta, tb, accumulate, kPacked, PackedBf16GemmScratchFloats,
                          "packed on " + target);
           }
         }
@@ -151,15 +158,66 @@ TEST(PackedBf16Gemm, RoundedIsTheProductPlusBiasRounded) {
   // k past one block: the sums are not final at the tile.
   const OneDnnGemmShape two_blocks{.dtype = DType::kBF16, .m = 5, .n = 600, .k = 261};
   EXPECT_FALSE(PackedBf16GemmRoundsInOnePass(two_blocks));
-  EXPECT_THROW(PackedBf16GemmRounded(two_blocks, nullptr, nullptr, nullptr, nullptr, nullptr),
+  EXPECT_THROW(PackedBf16GemmRounded(two_blocks, nullptr, static_cast<const BFloat16*>(nullptr),
+                                     nullptr, nullptr, nullptr),
                InternalError);
+}
+
+// b f32 rounded as it is packed: bitwise the product of b cast to bf16 first, for every transpose
+// and row stride, on every target, plain, accumulated and rounded (ties to even and a value
+// rounding to infinity among b's elements).
+TEST(PackedBf16Gemm, AnF32BRoundedOnLoadGivesTheBitsOfItsCast) {
+  for (const std::string& target : SimdTargets()) {
+    ForceSimdTarget(target);
+    for (const Case& t : kCases) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const int64_t lda = (ta ? t.m : t.k) + t.lda_extra, ldb = (tb ? t.k : t.n) + t.ldb_extra,
+                        ldc = t.n + t.ldc_extra;
+          std::vector<float> a = Uniform((ta ? t.k : t.m) * lda, 41);
+          const std::vector<BFloat16> a16 = RoundToBF16(a);
+          std::vector<float> b = Uniform((tb ? t.n : t.k) * ldb, 42);
+          b[0] = 1.0f + 0x1p-8f;                                        // a tie: to 1 (even)
+          if (b.size() > 2) b[1] = 1.0f + 3 * 0x1p-8f, b[2] = 3.3e38f;  // a tie up; to infinity
+          std::vector<BFloat16> b16(b.size());
+          ToBF16Reference(b.data(), b16.data(), static_cast<int64_t>(b.size()));
+          const OneDnnGemmShape shape{.dtype = DType::kBF16,
+                                      .transpose_a = ta,
+                                      .transpose_b = tb,
+                                      .m = t.m,
+                                      .n = t.n,
+                                      .k = t.k,
+                                      .lda = lda,
+                                      .ldb = ldb,
+                                      .ldc = ldc};
+          std::vector<float> scratch(static_cast<size_t>(PackedBf16GemmScratchFloats(shape)));
+          std::vector<float> want(static_cast<size_t>(t.m * ldc), 0.25f), got = want;
+          PackedBf16Gemm(shape, a16.data(), b16.data(), want.data(), scratch.data());
+          PackedBf16Gemm(shape, a16.data(), b.data(), got.data(), scratch.data());
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+              << target << " m " << t.m << " n " << t.n << " k " << t.k << " ta " << ta << " tb "
+              << tb;
+          if (ta || !PackedBf16GemmRoundsInOnePass(shape)) continue;
+          const std::vector<float> bias = Uniform(t.n, 43);
+          std::vector<BFloat16> y_want(want.size()), y_got(want.size());
+          PackedBf16GemmRounded(shape, a16.data(), b16.data(), bias.data(), y_want.data(),
+                                scratch.data());
+          PackedBf16GemmRounded(shape, a16.data(), b.data(), bias.data(), y_got.data(),
+                                scratch.data());
+          ASSERT_EQ(std::memcmp(y_want.data(), y_got.data(), y_want.size() * 2), 0)
+              << target << " rounded m " << t.m << " n " << t.n << " k " << t.k << " tb " << tb;
+        }
+      }
+    }
+  }
+  ForceSimdTarget("");
 }
 
 TEST(PackedBf16Gemm, WidenedEngineMatchesTheTripleLoopToo) {
   for (const Case& t : kCases) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
-        CheckProduct(t, ta, tb, true, WidenedBf16Gemm, WidenedBf16GemmScratchFloats, "widened");
+        CheckProduct(t, ta, tb, true, kWidened, WidenedBf16GemmScratchFloats, "widened");
       }
     }
   }
@@ -171,10 +229,10 @@ TEST(PackedBf16Gemm, GivesTheSameBitsAtOneAndTwoThreads) {
     for (bool tb : {false, true}) {
       SetIntraOpThreads(1);
       const std::vector<float> one =
-          CheckProduct(t, ta, tb, false, PackedBf16Gemm, PackedBf16GemmScratchFloats, "1 thread");
+          CheckProduct(t, ta, tb, false, kPacked, PackedBf16GemmScratchFloats, "1 thread");
       SetIntraOpThreads(2);
       const std::vector<float> two =
-          CheckProduct(t, ta, tb, false, PackedBf16Gemm, PackedBf16GemmScratchFloats, "2 threads");
+          CheckProduct(t, ta, tb, false, kPacked, PackedBf16GemmScratchFloats, "2 threads");
       SetIntraOpThreads(1);
       ASSERT_EQ(one.size(), two.size());
       EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0)

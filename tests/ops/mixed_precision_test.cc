@@ -98,23 +98,27 @@ TEST(CastBf16AndSum, IsBitwiseCastAndSumTo) {
 // A linear storing its result bf16 (dtype = "bf16", autocast's fusion of linear and cast) gives
 // the bits of the linear then the cast, with k within one block of the packed engine's k (the
 // rounding in its register tiles) and past it (the f32 result through the scratch), partial
-// tiles of rows and columns, fast and reference kernels.
+// tiles of rows and columns, fast and reference kernels; and so does one whose f32 weight it
+// rounds as it loads it (round_w) beside the weight's cast.
 TEST(LinearRoundedToBf16, IsBitwiseLinearThenCast) {
   for (const int64_t k : {100, 300}) {
     const std::string ks = std::to_string(k);
     const Program p = ParseProgram(R"(program rounded {
   input %x: bf16[3, 37, )" + ks + R"(]
-  input %w: bf16[)" + ks + R"(, 70]
+  input %w32: f32[)" + ks + R"(, 70]
   input %b: f32[70]
+  %w: bf16[)" + ks + R"(, 70] = cast(%w32) {dtype = "bf16"}
   %y32: f32[3, 37, 70] = linear(%x, %w, %b)
   %y: bf16[3, 37, 70] = cast(%y32) {dtype = "bf16"}
   %fused: bf16[3, 37, 70] = linear(%x, %w, %b) {dtype = "bf16"}
+  %fused_w: bf16[3, 37, 70] = linear(%x, %w32, %b) {dtype = "bf16", round_w = true}
   output %y
   output %fused
+  output %fused_w
 }
 )",
                                    "rounded.sluice");
-    Tensor x = Tensor::Empty({3, 37, k}, DType::kBF16), w = Tensor::Empty({k, 70}, DType::kBF16),
+    Tensor x = Tensor::Empty({3, 37, k}, DType::kBF16), w = Tensor::Empty({k, 70}, DType::kF32),
            b = Tensor::Empty({70}, DType::kF32);
     for (int64_t i = 0; i < x.numel(); ++i) x.FlatSet(i, std::sin(0.37 * static_cast<double>(i)));
     for (int64_t i = 0; i < w.numel(); ++i) w.FlatSet(i, std::cos(0.11 * static_cast<double>(i)));
@@ -122,14 +126,17 @@ TEST(LinearRoundedToBf16, IsBitwiseLinearThenCast) {
     for (const bool reference : {false, true}) {
       Scope scope;
       scope.Set("x", x);
-      scope.Set("w", w);
+      scope.Set("w32", w);
       scope.Set("b", b);
       RunReference(p, scope, DefaultAllocator(), reference);
-      const Tensor &fused = scope.Get("fused"), &want = scope.Get("y");
-      ASSERT_EQ(fused.dtype(), DType::kBF16);
-      ASSERT_EQ(fused.nbytes(), want.nbytes());
-      EXPECT_EQ(std::memcmp(fused.raw_data(), want.raw_data(), want.nbytes()), 0)
-          << "k " << k << (reference ? " (reference kernels)" : " (fast kernels)");
+      const Tensor& want = scope.Get("y");
+      for (const char* name : {"fused", "fused_w"}) {
+        const Tensor& fused = scope.Get(name);
+        ASSERT_EQ(fused.dtype(), DType::kBF16);
+        ASSERT_EQ(fused.nbytes(), want.nbytes());
+        EXPECT_EQ(std::memcmp(fused.raw_data(), want.raw_data(), want.nbytes()), 0)
+            << name << " k " << k << (reference ? " (reference kernels)" : " (fast kernels)");
+      }
     }
   }
 }

@@ -33,9 +33,25 @@ Program MakeProgram(const OpCase& c, DType float_type) {
   return p;
 }
 
+// Whether a product rounds its f32 second operand to bf16 as it loads it (round_b, round_w).
+bool RoundsOnLoad(const Attrs& attrs) {
+  return attrs.GetBool("round_b", false) || attrs.GetBool("round_w", false);
+}
+
+// attrs without round_b and round_w.
+Attrs WithoutRounding(const Attrs& attrs) {
+  Attrs out;
+  for (const auto& [name, value] : attrs.items()) {
+    if (name != "round_b" && name != "round_w") out.Set(name, value);
+  }
+  return out;
+}
+
 // The mixed-precision case's program: inputs c.bf16_inputs in bf16, other floating ones in f32.
-// With `twin`, its f32 twin: every floating input f32 and an attribute dtype = "bf16" read "f32".
-Program MakeMixedProgram(const OpCase& c, bool twin) {
+// With `twin`, its f32 twin: every floating input f32, an attribute dtype = "bf16" read "f32" and
+// rounding on load left out (the twin's input 1 holds the rounded values instead: RunMixedCase).
+// With `cast`, the operand a product rounds on load is cast to bf16 by a cast instead.
+Program MakeMixedProgram(const OpCase& c, bool twin, bool cast = false) {
   Program p(c.label);
   std::vector<ValueId> ins;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
@@ -47,6 +63,10 @@ Program MakeMixedProgram(const OpCase& c, bool twin) {
   }
   Attrs attrs = c.attrs;
   if (twin && attrs.Has("dtype") && attrs.GetString("dtype") == "bf16") attrs.Set("dtype", "f32");
+  if (twin || cast) attrs = WithoutRounding(attrs);
+  if (cast && RoundsOnLoad(c.attrs)) {
+    ins[1] = p.AddInstruction("cast", {ins[1]}, {{"dtype", std::string("bf16")}})[0];
+  }
   ValueList outs = p.AddInstruction(c.op, ins, attrs);
   for (size_t i = 0; i < outs.size(); ++i) {
     p.Rename(outs[i], fmt::format("y{}", i));
@@ -141,10 +161,39 @@ Scope Retyped(const Program& p, const Scope& from) {
   return out;
 }
 
+// Input 1 of `scope` rounded to bf16 values (kept f32): the twin's operand a product rounds on
+// load.
+void RoundInput1(const Program& p, Scope& scope) {
+  const Tensor& x = scope.Get(p.value(p.inputs()[1]).name);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    x.FlatSet(i, BF16ToFloat(FloatToBF16(static_cast<float>(x.FlatAt(i)))));
+  }
+}
+
+// A product rounding its operand on load gives, with each kind of kernel, bitwise what the
+// product of the operand's cast gives.
+void CompareWithTheCast(const OpCase& c, const Program& p, const Scope& inputs) {
+  const Program cast = MakeMixedProgram(c, false, true);
+  for (const bool reference : {false, true}) {
+    Scope fused = CloneScope(inputs), unfused = CloneScope(inputs);
+    RunReference(p, fused, DefaultAllocator(), reference);
+    RunReference(cast, unfused, DefaultAllocator(), reference);
+    for (ValueId y : p.outputs()) {
+      const std::string& name = p.value(y).name;
+      EXPECT_TRUE(BitwiseEqual(fused.Get(name), unfused.Get(name)))
+          << c.label << (reference ? " (reference" : " (fast") << " kernels): %" << name
+          << " differs from the product of the cast operand";
+    }
+  }
+}
+
 void RunMixedCase(const OpCase& c) {
   const Program p = MakeMixedProgram(c, false), twin = MakeMixedProgram(c, true);
   const Scope inputs = MakeInputs(p, c, 1234);
+  const bool rounds = RoundsOnLoad(c.attrs);
+  if (rounds) CompareWithTheCast(c, p, inputs);
   Scope fast = CloneScope(inputs), ref = CloneScope(inputs), exact = Retyped(twin, inputs);
+  if (rounds) RoundInput1(twin, exact);
   RunReference(p, fast, DefaultAllocator(), /*use_reference_kernels=*/false);
   RunReference(p, ref, DefaultAllocator(), /*use_reference_kernels=*/true);
   RunReference(twin, exact, DefaultAllocator(), /*use_reference_kernels=*/true);
@@ -167,6 +216,7 @@ void RunMixedCase(const OpCase& c) {
   const Backward bwd = BuildBackward(p, spec), twin_bwd = BuildBackward(twin, spec);
   std::mt19937_64 rng(7);
   Scope mixed_scope = CloneScope(inputs), twin_scope = Retyped(twin, inputs);
+  if (rounds) RoundInput1(twin, twin_scope);
   RunReference(p, mixed_scope, DefaultAllocator(), false);
   RunReference(twin, twin_scope, DefaultAllocator(), true);
   for (size_t k = 0; k < p.outputs().size(); ++k) {

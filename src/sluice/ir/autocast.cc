@@ -116,12 +116,18 @@ class Autocast {
       const Instruction& ins = in_.instructions()[static_cast<size_t>(i)];
       const Bf16Rule* rule = bf16_[static_cast<size_t>(i)] ? RuleOf(ins.op->name) : nullptr;
       std::vector<ValueId> inputs;
+      Attrs attrs = ins.attrs;
       for (size_t k = 0; k < ins.inputs.size(); ++k) {
-        inputs.push_back(Operand(ins.inputs[k], i, TakesBf16At(rule, static_cast<int>(k))));
+        const bool wants_bf16 = TakesBf16At(rule, static_cast<int>(k));
+        if (wants_bf16 && RoundsOnLoad(ins, static_cast<int>(k))) {
+          inputs.push_back(New(ins.inputs[k]));
+          attrs.Set(ins.op->name == "linear" ? "round_w" : "round_b", true);
+          continue;
+        }
+        inputs.push_back(Operand(ins.inputs[k], i, wants_bf16));
       }
       std::vector<std::string> names;
       for (ValueId v : ins.outputs) names.push_back(Name(v));
-      Attrs attrs = ins.attrs;
       const bool stores_rounded = StoresRounded(i, ins);
       if (stores_rounded) {
         attrs.Set("dtype", std::string(sluice::Name(DType::kBF16)));
@@ -280,6 +286,16 @@ class Autocast {
              return UnitOf(r.instruction) != UnitOf(i) ||
                     (bf16_[at] && TakesBf16At(RuleOf(in_.instructions()[at].op->name), r.position));
            });
+  }
+
+  // Whether a product reads its second operand (matmul's b, linear's w) f32 and rounds it to bf16
+  // as it loads it (round_b / round_w) rather than through a cast: a parameter or input, whose
+  // bf16 copy would otherwise be made in each unit reading it (a weight's, twice a step: forward
+  // and again in backward) and read by products only.
+  bool RoundsOnLoad(const Instruction& ins, int position) const {
+    const std::string& op = ins.op->name;
+    return (op == "matmul" || op == "linear") && position == 1 &&
+           in_.value(ins.inputs[1]).producer < 0 && IsF32(in_, ins.inputs[1]);
   }
 
   bool NeedsRoundedCopy(ValueId v) const {

@@ -47,7 +47,7 @@ constexpr int64_t kNR = 2 * kLanes;
 // The stored operands and where op(a) and op(b) are in them.
 struct Operands {
   const BFloat16* a;
-  const BFloat16* b;
+  const void* b;  // bf16, or f32 rounded to bf16 as it is packed (Gemm's TB)
   float* c;
   int64_t m, n, k, lda, ldb, ldc;
   bool transpose_a, transpose_b;
@@ -55,6 +55,19 @@ struct Operands {
 
 // y[i] = x[i] as f32 (exact), i in [0, count): bf16_convert.h's widening.
 HWY_INLINE void Widen(const BFloat16* x, float* y, int64_t count) { FromBF16Fast(x, y, count); }
+
+// An f32 operand rounded to bf16 where it is loaded, then widened: y[i] = f32(bf16(x[i])), the
+// value a cast to bf16 gives, so the product is bitwise the product of the cast operand.
+HWY_INLINE void Widen(const float* x, float* y, int64_t count) {
+  const DF d;
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) hn::StoreU(RoundedVector(hn::LoadU(d, x + i)), d, y + i);
+  for (; i < count; ++i) y[i] = BF16ToFloat(FloatToBF16(x[i]));
+}
+
+// A vector of op(b) as f32: bf16 widened, or f32 rounded to bf16 and widened.
+HWY_INLINE hn::Vec<DF> LoadWide(const BFloat16* x) { return WidenVector(x); }
+HWY_INLINE hn::Vec<DF> LoadWide(const float* x) { return RoundedVector(hn::LoadU(DF(), x)); }
 
 // Floats a tile buffer holds past MR·KC: the k-major packing stores whole vectors.
 constexpr int64_t kTileSlack = kLanes;
@@ -121,18 +134,20 @@ HWY_INLINE void Transpose16x16(__m512 rows[16]) {
 #endif
 
 // A panel of op(b): columns [j0, j0 + cols) (cols ≤ NR), k [p0, p0 + kc), widened into
-// out[p·NR + j], the columns past `cols` zero.
-template <int64_t kKC>
+// out[p·NR + j], the columns past `cols` zero. TB: b's element, BFloat16 or float (rounded to
+// bf16 as it is loaded: round then widen, the bits of a cast then the packing).
+template <int64_t kKC, typename TB>
 void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t kc, float* out) {
+  const TB* b = static_cast<const TB*>(s.b);
   if (!s.transpose_b) {  // b [k, n]: each k a run of b's row, the rows 8 ahead requested
     const DF d;
     for (int64_t p = 0; p < kc; ++p) {
       float* row = out + p * kNR;
-      const BFloat16* x = s.b + (p0 + p) * s.ldb + j0;
+      const TB* x = b + (p0 + p) * s.ldb + j0;
       if (p + 8 < kc) hwy::Prefetch(x + 8 * s.ldb);
       if (cols == kNR) {
-        hn::StoreU(WidenVector(x), d, row);
-        hn::StoreU(WidenVector(x + kLanes), d, row + kLanes);
+        hn::StoreU(LoadWide(x), d, row);
+        hn::StoreU(LoadWide(x + kLanes), d, row + kLanes);
         continue;
       }
       Widen(x, row, cols);
@@ -152,7 +167,7 @@ void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t
       for (int64_t p = 0; p < p_done; p += 16) {
         __m512 block[16];
         for (int64_t i = 0; i < 16; ++i) {
-          block[i] = WidenVector(s.b + (j0 + jg + i) * s.ldb + p0 + p).raw;
+          block[i] = LoadWide(b + (j0 + jg + i) * s.ldb + p0 + p).raw;
         }
         Transpose16x16(block);
         for (int64_t q = 0; q < 16; ++q) _mm512_storeu_ps(out + (p + q) * kNR + jg, block[q]);
@@ -164,7 +179,7 @@ void PackBPanel(const Operands& s, int64_t j0, int64_t cols, int64_t p0, int64_t
   HWY_ALIGN float column[kKC];
   if (cols < kNR) std::fill_n(out, kc * kNR, 0.0f);
   for (int64_t j = 0; j < cols; ++j) {
-    Widen(s.b + (j0 + j) * s.ldb + p0 + p_done, column, kc - p_done);
+    Widen(b + (j0 + j) * s.ldb + p0 + p_done, column, kc - p_done);
     for (int64_t p = p_done; p < kc; ++p) out[p * kNR + j] = column[p - p_done];
   }
 }
@@ -250,7 +265,7 @@ HWY_NOINLINE void MultiplyTile(int64_t kc, const float* HWY_RESTRICT a, const fl
 
 // The product into c (accumulate: c +=), or, where `rounded` is given (one block of k), into
 // rounded = bf16(product + bias).
-template <int64_t kKC>
+template <int64_t kKC, typename TB>
 void Gemm(const Operands& s, bool accumulate, float* scratch, uint16_t* rounded,
           const float* bias) {
   float* panels = scratch;  // KC × (NC's full panels)
@@ -265,7 +280,7 @@ void Gemm(const Operands& s, bool accumulate, float* scratch, uint16_t* rounded,
       ParallelFor(n_panels, 1, [&](int64_t begin, int64_t end) {
         for (int64_t jp = begin; jp < end; ++jp) {
           const int64_t j = j0 + jp * kNR, cols = std::min(kNR, j0 + nc - j);
-          PackBPanel<kKC>(s, j, cols, p0, kc, cols == kNR ? panels + jp * kKC * kNR : b_tail);
+          PackBPanel<kKC, TB>(s, j, cols, p0, kc, cols == kNR ? panels + jp * kKC * kNR : b_tail);
         }
       });
       // One tile of op(a) a chunk, packed by the thread that uses it and kept in L1 while the
@@ -295,8 +310,22 @@ void Gemm(const Operands& s, bool accumulate, float* scratch, uint16_t* rounded,
   }
 }
 
-void PackedGemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
-                float* scratch, BFloat16* rounded, const float* bias) {
+template <typename TB>
+void GemmOf(const Operands& s, int64_t kc, bool accumulate, float* scratch, uint16_t* y,
+            const float* bias) {
+  switch (kc) {
+    case 384:
+      return Gemm<384, TB>(s, accumulate, scratch, y, bias);
+    case 256:
+      return Gemm<256, TB>(s, accumulate, scratch, y, bias);
+    default:
+      return Gemm<128, TB>(s, accumulate, scratch, y, bias);
+  }
+}
+
+// b_f32: b is f32, rounded to bf16 as it is packed (else bf16).
+void PackedGemm(const OneDnnGemmShape& shape, const BFloat16* a, const void* b, bool b_f32,
+                float* c, float* scratch, BFloat16* rounded, const float* bias) {
   const Operands s{.a = a,
                    .b = b,
                    .c = c,
@@ -309,14 +338,9 @@ void PackedGemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16*
                    .transpose_a = shape.transpose_a,
                    .transpose_b = shape.transpose_b};
   auto* y = reinterpret_cast<uint16_t*>(rounded);
-  switch (PackedBf16GemmBlockK(shape)) {
-    case 384:
-      return Gemm<384>(s, shape.accumulate, scratch, y, bias);
-    case 256:
-      return Gemm<256>(s, shape.accumulate, scratch, y, bias);
-    default:
-      return Gemm<128>(s, shape.accumulate, scratch, y, bias);
-  }
+  const int64_t kc = PackedBf16GemmBlockK(shape);
+  if (b_f32) return GemmOf<float>(s, kc, shape.accumulate, scratch, y, bias);
+  GemmOf<BFloat16>(s, kc, shape.accumulate, scratch, y, bias);
 }
 
 }  // namespace sluice::kernels::HWY_NAMESPACE
@@ -332,8 +356,10 @@ int64_t PackedBf16GemmScratchFloats(const OneDnnGemmShape& shape) {
   return PackedBf16GemmBlockK(shape) * std::min(shape.n, kPackedGemmNC);
 }
 
-void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
-                    float* scratch) {
+namespace {
+
+void PackedProduct(const OneDnnGemmShape& shape, const BFloat16* a, const void* b, bool b_f32,
+                   float* c, float* scratch) {
   if (shape.m == 0 || shape.n == 0) return;
   if (shape.k == 0) {
     if (!shape.accumulate) {
@@ -342,7 +368,30 @@ void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloa
     }
     return;
   }
-  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, c, scratch, nullptr, nullptr);
+  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, b_f32, c, scratch, nullptr, nullptr);
+}
+
+void PackedRoundedProduct(const OneDnnGemmShape& shape, const BFloat16* a, const void* b,
+                          bool b_f32, const float* bias, BFloat16* y, float* scratch) {
+  if (!PackedBf16GemmRoundsInOnePass(shape) || shape.accumulate) {
+    throw InternalError(fmt::format(
+        "PackedBf16GemmRounded: k {} takes more than one block of k, or accumulate was asked",
+        shape.k));
+  }
+  if (shape.m == 0 || shape.n == 0) return;
+  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, b_f32, nullptr, scratch, y, bias);
+}
+
+}  // namespace
+
+void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
+                    float* scratch) {
+  PackedProduct(shape, a, b, false, c, scratch);
+}
+
+void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const float* b, float* c,
+                    float* scratch) {
+  PackedProduct(shape, a, b, true, c, scratch);
 }
 
 bool PackedBf16GemmRoundsInOnePass(const OneDnnGemmShape& shape) {
@@ -351,13 +400,12 @@ bool PackedBf16GemmRoundsInOnePass(const OneDnnGemmShape& shape) {
 
 void PackedBf16GemmRounded(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b,
                            const float* bias, BFloat16* y, float* scratch) {
-  if (!PackedBf16GemmRoundsInOnePass(shape) || shape.accumulate) {
-    throw InternalError(fmt::format(
-        "PackedBf16GemmRounded: k {} takes more than one block of k, or accumulate was asked",
-        shape.k));
-  }
-  if (shape.m == 0 || shape.n == 0) return;
-  HWY_DYNAMIC_DISPATCH(PackedGemm)(shape, a, b, nullptr, scratch, y, bias);
+  PackedRoundedProduct(shape, a, b, false, bias, y, scratch);
+}
+
+void PackedBf16GemmRounded(const OneDnnGemmShape& shape, const BFloat16* a, const float* b,
+                           const float* bias, BFloat16* y, float* scratch) {
+  PackedRoundedProduct(shape, a, b, true, bias, y, scratch);
 }
 
 }  // namespace sluice::kernels

@@ -10,6 +10,9 @@
 //                   the register tile, so the bits of PackedBf16Gemm then ToBF16 without the f32
 //                   result in memory. Only where PackedBf16GemmRoundsInOnePass (k within one
 //                   block of k: the sums are final at the tile), without accumulate.
+//   Both with b f32 (the overloads taking const float* b): b rounded to bf16 (ties to even) as
+//                   the packing loads it, then widened — the bits of casting b to bf16 first,
+//                   without the bf16 copy of b in memory (a weight's cast, ir/autocast.h).
 //
 // How (the GotoBLAS/BLIS blocking): k is cut into blocks of PackedBf16GemmBlockK and n into
 // blocks of at most kPackedGemmNC columns. Each block of op(b) is widened into panels of NR
@@ -57,9 +60,14 @@ inline int64_t PackedBf16GemmBlockK(const OneDnnGemmShape& s) {
 int64_t PackedBf16GemmScratchFloats(const OneDnnGemmShape& shape);
 void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
                     float* scratch);
+// b f32, rounded to bf16 as it is packed: bitwise PackedBf16Gemm of b cast to bf16.
+void PackedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const float* b, float* c,
+                    float* scratch);
 bool PackedBf16GemmRoundsInOnePass(const OneDnnGemmShape& shape);
 // Throws InternalError where !PackedBf16GemmRoundsInOnePass(shape) or shape.accumulate.
 void PackedBf16GemmRounded(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b,
+                           const float* bias, BFloat16* y, float* scratch);
+void PackedBf16GemmRounded(const OneDnnGemmShape& shape, const BFloat16* a, const float* b,
                            const float* bias, BFloat16* y, float* scratch);
 
 }  // namespace sluice::kernels

@@ -20,9 +20,15 @@ namespace sluice::kernels {
 
 namespace {
 
-// t as f32, exactly.
+// t as f32, exactly; an f32 t (an operand rounded on load) rounded to bf16 first.
 Tensor Widened(const Tensor& t) {
   Tensor out = Tensor::Empty(t.shape(), DType::kF32);
+  if (t.dtype() == DType::kF32) {
+    std::vector<BFloat16> rounded(static_cast<size_t>(t.numel()));
+    ToBF16Reference(t.data<float>(), rounded.data(), t.numel());
+    FromBF16Reference(rounded.data(), out.data<float>(), t.numel());
+    return out;
+  }
   FromBF16Reference(t.data<BFloat16>(), out.data<float>(), t.numel());
   return out;
 }
@@ -30,6 +36,12 @@ Tensor Widened(const Tensor& t) {
 std::vector<float> Widened(const BFloat16* x, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
   FromBF16Reference(x, out.data(), n);
+  return out;
+}
+
+std::vector<BFloat16> Rounded(const float* x, int64_t n) {
+  std::vector<BFloat16> out(static_cast<size_t>(n));
+  ToBF16Reference(x, out.data(), n);
   return out;
 }
 
@@ -122,7 +134,16 @@ const char* Bf16GemmEngine() {
   return "packed";
 }
 
-int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape) {
+namespace {
+
+// The floats past the engine's scratch that hold b rounded to bf16 (b_rounds, engines other than
+// packed): k · n bf16.
+int64_t RoundedBFloats(const OneDnnGemmShape& shape, bool b_rounds) {
+  if (!b_rounds || Bf16GemmEngineChoice() == Engine::kPacked) return 0;
+  return (shape.k * shape.n + 1) / 2;
+}
+
+int64_t EngineScratchFloats(const OneDnnGemmShape& shape) {
   switch (Bf16GemmEngineChoice()) {
     case Engine::kOneDnn:
       return (OneDnnScratchpadBytes(shape) + 3) / 4;
@@ -132,6 +153,23 @@ int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape) {
       break;
   }
   return PackedBf16GemmScratchFloats(shape);
+}
+
+}  // namespace
+
+int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape, bool b_rounds) {
+  return EngineScratchFloats(shape) + RoundedBFloats(shape, b_rounds);
+}
+
+void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const float* b, float* c,
+              float* scratch) {
+  if (Bf16GemmEngineChoice() == Engine::kPacked) return PackedBf16Gemm(shape, a, b, c, scratch);
+  if (shape.ldb != 0) {
+    throw InternalError("Bf16Gemm: an f32 b is rounded on load only where its rows are packed");
+  }
+  auto* rounded = reinterpret_cast<BFloat16*>(scratch + EngineScratchFloats(shape));
+  ToBF16Fast(b, rounded, shape.k * shape.n);
+  Bf16Gemm(shape, a, rounded, c, scratch);
 }
 
 void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
@@ -165,18 +203,19 @@ OneDnnGemmShape MatMulBF16Product(const MatMulDims& d, bool transpose_a, bool tr
 
 }  // namespace
 
-int64_t MatMulBF16ScratchFloats(const Shape& a, const Shape& b, bool transpose_a,
-                                bool transpose_b) {
+int64_t MatMulBF16ScratchFloats(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b,
+                                bool b_rounds) {
   const MatMulDims d = MatMulShape(a, b, transpose_a, transpose_b);
   if (d.batch == 0) return 0;
-  return Bf16GemmScratchFloats(MatMulBF16Product(d, transpose_a, transpose_b));
+  return Bf16GemmScratchFloats(MatMulBF16Product(d, transpose_a, transpose_b), b_rounds);
 }
 
-void MatMulBF16(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
-                bool transpose_b, float* scratch) {
-  const MatMulDims d = MatMulShape(a.shape(), b.shape(), transpose_a, transpose_b);
+namespace {
+
+template <typename TB>
+void MatMulBF16Of(const Tensor& a, const TB* pb, const Tensor& out, const MatMulDims& d,
+                  bool transpose_a, bool transpose_b, float* scratch) {
   const BFloat16* pa = a.data<BFloat16>();
-  const BFloat16* pb = b.data<BFloat16>();
   float* po = out.data<float>();
   const OneDnnGemmShape product = MatMulBF16Product(d, transpose_a, transpose_b);
   if (d.b_shared && !transpose_a) {
@@ -190,19 +229,45 @@ void MatMulBF16(const Tensor& a, const Tensor& b, const Tensor& out, bool transp
   }
 }
 
+}  // namespace
+
+void MatMulBF16(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
+                bool transpose_b, float* scratch) {
+  const MatMulDims d = MatMulShape(a.shape(), b.shape(), transpose_a, transpose_b);
+  if (b.dtype() == DType::kF32) {
+    return MatMulBF16Of(a, b.data<float>(), out, d, transpose_a, transpose_b, scratch);
+  }
+  MatMulBF16Of(a, b.data<BFloat16>(), out, d, transpose_a, transpose_b, scratch);
+}
+
 void MatMulBF16Reference(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
                          bool transpose_b) {
   MatMulReference<float>(Widened(a), Widened(b), out, transpose_a, transpose_b);
 }
 
-int64_t LinearBF16ScratchFloats(int64_t m, int64_t k, int64_t n) {
-  return Bf16GemmScratchFloats({.dtype = DType::kBF16, .m = m, .n = n, .k = k});
+int64_t LinearBF16ScratchFloats(int64_t m, int64_t k, int64_t n, bool w_rounds) {
+  return Bf16GemmScratchFloats({.dtype = DType::kBF16, .m = m, .n = n, .k = k}, w_rounds);
 }
+
+namespace {
+
+template <typename TW>
+void LinearBF16Of(const BFloat16* x, const TW* w, const float* b, float* out, int64_t m, int64_t k,
+                  int64_t n, float* scratch) {
+  for (int64_t i = 0; i < m; ++i) std::copy_n(b, n, out + i * n);
+  Bf16Gemm({.dtype = DType::kBF16, .m = m, .n = n, .k = k, .accumulate = true}, x, w, out, scratch);
+}
+
+}  // namespace
 
 void LinearBF16(const BFloat16* x, const BFloat16* w, const float* b, float* out, int64_t m,
                 int64_t k, int64_t n, float* scratch) {
-  for (int64_t i = 0; i < m; ++i) std::copy_n(b, n, out + i * n);
-  Bf16Gemm({.dtype = DType::kBF16, .m = m, .n = n, .k = k, .accumulate = true}, x, w, out, scratch);
+  LinearBF16Of(x, w, b, out, m, k, n, scratch);
+}
+
+void LinearBF16(const BFloat16* x, const float* w, const float* b, float* out, int64_t m, int64_t k,
+                int64_t n, float* scratch) {
+  LinearBF16Of(x, w, b, out, m, k, n, scratch);
 }
 
 namespace {
@@ -220,14 +285,17 @@ bool RoundsInTheProduct(int64_t m, int64_t k, int64_t n) {
 
 }  // namespace
 
-int64_t LinearBF16RoundedScratchFloats(int64_t m, int64_t k, int64_t n) {
+int64_t LinearBF16RoundedScratchFloats(int64_t m, int64_t k, int64_t n, bool w_rounds) {
   if (RoundsInTheProduct(m, k, n))
     return PackedBf16GemmScratchFloats(RoundedLinearProduct(m, k, n));
-  return m * n + LinearBF16ScratchFloats(m, k, n);
+  return m * n + LinearBF16ScratchFloats(m, k, n, w_rounds);
 }
 
-void LinearBF16Rounded(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
-                       int64_t m, int64_t k, int64_t n, float* scratch) {
+namespace {
+
+template <typename TW>
+void LinearBF16RoundedOf(const BFloat16* x, const TW* w, const float* b, BFloat16* out, int64_t m,
+                         int64_t k, int64_t n, float* scratch) {
   if (RoundsInTheProduct(m, k, n)) {
     PackedBf16GemmRounded(RoundedLinearProduct(m, k, n), x, w, b, out, scratch);
     return;
@@ -236,11 +304,33 @@ void LinearBF16Rounded(const BFloat16* x, const BFloat16* w, const float* b, BFl
   ToBF16Parallel(scratch, out, m * n);
 }
 
+}  // namespace
+
+void LinearBF16Rounded(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
+                       int64_t m, int64_t k, int64_t n, float* scratch) {
+  LinearBF16RoundedOf(x, w, b, out, m, k, n, scratch);
+}
+
+void LinearBF16Rounded(const BFloat16* x, const float* w, const float* b, BFloat16* out, int64_t m,
+                       int64_t k, int64_t n, float* scratch) {
+  LinearBF16RoundedOf(x, w, b, out, m, k, n, scratch);
+}
+
 void LinearBF16RoundedReference(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
                                 int64_t m, int64_t k, int64_t n) {
   std::vector<float> y(static_cast<size_t>(m * n));
   LinearBF16Reference(x, w, b, y.data(), m, k, n);
   ToBF16Reference(y.data(), out, m * n);
+}
+
+void LinearBF16RoundedReference(const BFloat16* x, const float* w, const float* b, BFloat16* out,
+                                int64_t m, int64_t k, int64_t n) {
+  LinearBF16RoundedReference(x, Rounded(w, k * n).data(), b, out, m, k, n);
+}
+
+void LinearBF16Reference(const BFloat16* x, const float* w, const float* b, float* out, int64_t m,
+                         int64_t k, int64_t n) {
+  LinearBF16Reference(x, Rounded(w, k * n).data(), b, out, m, k, n);
 }
 
 void LinearBF16Reference(const BFloat16* x, const BFloat16* w, const float* b, float* out,

@@ -4,7 +4,11 @@
 //   MatMulBF16*: out[..., m, n] = op(a)[..., m, k] · op(b)[..., k, n], a and b bf16, out f32, with
 //                kernels/matmul.h's shapes and batching (MatMulShape).
 //   LinearBF16*: out[m, n] = x[m, k] · w[k, n] + b[n], x and w bf16, b and out f32 (linear.h).
-//   LinearBF16Rounded*: the same rounded to bf16 (out bf16): bitwise LinearBF16 then ToBF16. On
+//   LinearBF16Rounded*: the same rounded to bf16 (out bf16): bitwise LinearBF16 then ToBF16.
+//   Each also with b (w) f32 — the overloads taking const float* b / w, b_rounds / w_rounds in
+//                the scratch sizes: b rounded to bf16 where the product loads it, bitwise the
+//                product of b cast to bf16 (ir/autocast.h: a weight read by products only is never
+//                copied to bf16). On
 //                the packed engine with k within one block of k the rounding happens as the sums
 //                leave the product's register tiles (bf16_gemm.h PackedBf16GemmRounded: no f32
 //                result in memory, no second pass); elsewhere the f32 result goes through the
@@ -55,7 +59,13 @@ namespace sluice::kernels {
 // Bf16GemmScratchFloats(shape) floats (may be null when that is 0).
 void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFloat16* b, float* c,
               float* scratch);
-int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape);
+// b f32 with packed rows (ldb 0), rounded to bf16 where it is loaded: bitwise Bf16Gemm of b cast
+// to bf16. The packed engine rounds inside its packing; the others round b into the scratch's
+// last k·n bf16 (Bf16GemmScratchFloats(shape, true)), then multiply.
+void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const float* b, float* c,
+              float* scratch);
+// b_rounds: the scratch of the overload taking an f32 b.
+int64_t Bf16GemmScratchFloats(const OneDnnGemmShape& shape, bool b_rounds = false);
 // "onednn", "packed" or "openblas" (see above).
 const char* Bf16GemmEngine();
 
@@ -66,22 +76,31 @@ void WidenedBf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const BFlo
                      float* scratch);
 
 // MatMulBF16's scratch for a, b of these shapes (MatMulShape's rules).
-int64_t MatMulBF16ScratchFloats(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b);
+int64_t MatMulBF16ScratchFloats(const Shape& a, const Shape& b, bool transpose_a, bool transpose_b,
+                                bool b_rounds = false);
 void MatMulBF16(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
                 bool transpose_b, float* scratch);
 void MatMulBF16Reference(const Tensor& a, const Tensor& b, const Tensor& out, bool transpose_a,
                          bool transpose_b);
 
-int64_t LinearBF16ScratchFloats(int64_t m, int64_t k, int64_t n);
+int64_t LinearBF16ScratchFloats(int64_t m, int64_t k, int64_t n, bool w_rounds = false);
 void LinearBF16(const BFloat16* x, const BFloat16* w, const float* b, float* out, int64_t m,
                 int64_t k, int64_t n, float* scratch);
+void LinearBF16(const BFloat16* x, const float* w, const float* b, float* out, int64_t m, int64_t k,
+                int64_t n, float* scratch);
 void LinearBF16Reference(const BFloat16* x, const BFloat16* w, const float* b, float* out,
                          int64_t m, int64_t k, int64_t n);
+void LinearBF16Reference(const BFloat16* x, const float* w, const float* b, float* out, int64_t m,
+                         int64_t k, int64_t n);
 
-int64_t LinearBF16RoundedScratchFloats(int64_t m, int64_t k, int64_t n);
+int64_t LinearBF16RoundedScratchFloats(int64_t m, int64_t k, int64_t n, bool w_rounds = false);
 void LinearBF16Rounded(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
                        int64_t m, int64_t k, int64_t n, float* scratch);
+void LinearBF16Rounded(const BFloat16* x, const float* w, const float* b, BFloat16* out, int64_t m,
+                       int64_t k, int64_t n, float* scratch);
 void LinearBF16RoundedReference(const BFloat16* x, const BFloat16* w, const float* b, BFloat16* out,
+                                int64_t m, int64_t k, int64_t n);
+void LinearBF16RoundedReference(const BFloat16* x, const float* w, const float* b, BFloat16* out,
                                 int64_t m, int64_t k, int64_t n);
 
 }  // namespace sluice::kernels

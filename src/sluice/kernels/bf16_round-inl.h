@@ -7,6 +7,8 @@
 //                          half of its f32).
 //   StoreRounded(v, out):  v rounded to the nearest bf16, ties to even (a NaN quieted), stored as
 //                          lanes u16 bits at out: core/dtype.h's FloatToBF16, lane by lane.
+//   RoundedVector(v):      v rounded as StoreRounded rounds it, widened back to f32: the value a
+//                          cast to bf16 then to f32 gives, lane by lane, in registers.
 
 #if defined(SLUICE_KERNELS_BF16_ROUND_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef SLUICE_KERNELS_BF16_ROUND_INL_H_
@@ -44,6 +46,18 @@ HWY_INLINE void StoreRounded(hn::Vec<hn::ScalableTag<float>> v, uint16_t* out) {
   const auto nan = hn::Or(hn::ShiftRight<16>(u), quiet);
   const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded);
   hn::StoreU(hn::TruncateTo(du16, bits), du16, out);
+}
+
+HWY_INLINE hn::Vec<hn::ScalableTag<float>> RoundedVector(hn::Vec<hn::ScalableTag<float>> v) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const auto one = hn::Set(du, 1u), half = hn::Set(du, 0x7fffu), high = hn::Set(du, 0xffff0000u);
+  const auto u = hn::BitCast(du, v);
+  // StoreRounded's bits, kept in the upper half: (u >> 16 | 0x40) << 16 for a NaN.
+  const auto rounded =
+      hn::And(hn::Add(u, hn::Add(half, hn::And(hn::ShiftRight<16>(u), one))), high);
+  const auto nan = hn::And(hn::Or(u, hn::Set(du, 0x400000u)), high);
+  return hn::BitCast(df, hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), nan, rounded));
 }
 
 }  // namespace sluice::kernels::HWY_NAMESPACE

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "sluice/ir/ops.h"
 #include "sluice/ir/ops/common.h"
@@ -33,6 +34,28 @@ DType ProductDType(std::span<const TensorType> operands) {
     return DType::kF32;
   }
   return ops::SameFloatDType(operands);
+}
+
+// Whether a product's second operand (matmul's b, linear's w: attribute round_b / round_w) is f32
+// rounded to bf16 as the product loads it — autocast's weights, which products alone read: no bf16
+// copy of them in memory, bitwise the product of the operand cast to bf16
+// (kernels/bf16_products.h).
+const char* RoundAttr(const Attrs& attrs) { return attrs.Has("round_w") ? "round_w" : "round_b"; }
+bool RoundsOnLoad(const Attrs& attrs) {
+  return attrs.GetBool("round_b", false) || attrs.GetBool("round_w", false);
+}
+
+// The operands' types as the product sees them: a second operand rounded on load is bf16 there,
+// and must be f32 beside a bf16 first operand.
+std::vector<TensorType> AsLoaded(std::span<const TensorType> in, const Attrs& attrs) {
+  std::vector<TensorType> loaded(in.begin(), in.end());
+  if (!RoundsOnLoad(attrs)) return loaded;
+  if (in[0].dtype != DType::kBF16 || in[1].dtype != DType::kF32) {
+    throw ShapeError(fmt::format("{} needs a bf16 first operand and an f32 second, got {} and {}",
+                                 RoundAttr(attrs), Name(in[0].dtype), Name(in[1].dtype)));
+  }
+  loaded[1].dtype = DType::kBF16;
+  return loaded;
 }
 
 // An output gradient as an operand of the products giving the inputs' gradients: rounded to bf16
@@ -66,20 +89,22 @@ Tensor Bf16Scratch(KernelContext& ctx, int64_t floats) {
 
 int64_t MatMulBF16ScratchBytes(std::span<const TensorType> in, const Attrs& attrs) {
   if (in[0].dtype != DType::kBF16) return 0;
-  return 4 * kernels::MatMulBF16ScratchFloats(in[0].shape, in[1].shape,
-                                              attrs.GetBool("transpose_a", false),
-                                              attrs.GetBool("transpose_b", false));
+  return 4 * kernels::MatMulBF16ScratchFloats(
+                 in[0].shape, in[1].shape, attrs.GetBool("transpose_a", false),
+                 attrs.GetBool("transpose_b", false), RoundsOnLoad(attrs));
 }
 
 // x [..., k] bf16 by w [k, n]: rows = x's leading axes folded.
 int64_t LinearBF16ScratchBytes(std::span<const TensorType> in, const Attrs& attrs) {
   if (in[0].dtype != DType::kBF16) return 0;
   const int64_t k = in[1].shape[0], n = in[1].shape[1], m = k == 0 ? 0 : in[0].shape.numel() / k;
-  return 4 * (attrs.Has("dtype") ? kernels::LinearBF16RoundedScratchFloats(m, k, n)
-                                 : kernels::LinearBF16ScratchFloats(m, k, n));
+  const bool w_rounds = RoundsOnLoad(attrs);
+  return 4 * (attrs.Has("dtype") ? kernels::LinearBF16RoundedScratchFloats(m, k, n, w_rounds)
+                                 : kernels::LinearBF16ScratchFloats(m, k, n, w_rounds));
 }
 
-std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs& attrs) {
+// in: the operands as loaded (AsLoaded).
+std::vector<TensorType> InferLoadedMatMul(std::span<const TensorType> in, const Attrs& attrs) {
   DType t = ProductDType(in.first(2));
   const bool ta = attrs.GetBool("transpose_a", false), tb = attrs.GetBool("transpose_b", false);
   kernels::MatMulDims d = kernels::MatMulShape(in[0].shape, in[1].shape, ta, tb);
@@ -89,14 +114,18 @@ std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs&
   return {{t, out}};
 }
 
+std::vector<TensorType> InferMatMul(std::span<const TensorType> in, const Attrs& attrs) {
+  return InferLoadedMatMul(AsLoaded(in, attrs), attrs);
+}
+
 template <bool kFast>
 void MatMulKernel(KernelContext& ctx) {
   const bool ta = ctx.attrs.GetBool("transpose_a", false),
              tb = ctx.attrs.GetBool("transpose_b", false);
   if (ctx.inputs[0].dtype() == DType::kBF16) {
     const Tensor scratch = Bf16Scratch(
-        ctx,
-        kernels::MatMulBF16ScratchFloats(ctx.inputs[0].shape(), ctx.inputs[1].shape(), ta, tb));
+        ctx, kernels::MatMulBF16ScratchFloats(ctx.inputs[0].shape(), ctx.inputs[1].shape(), ta, tb,
+                                              RoundsOnLoad(ctx.attrs)));
     if constexpr (kFast) {
       kernels::MatMulBF16(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], ta, tb,
                           scratch.data<float>());
@@ -134,14 +163,16 @@ std::vector<Var> MatMulVjp(VjpContext& ctx) {
   Var dc = GradOperand(ctx.dy(0), operand);
   std::vector<Var> grads(2);
   if (ctx.needs(0)) {
+    // B rounded on load stays so where it is b again; as a, it is cast.
     Var b = ctx.x(1);
+    const bool round_b = RoundsOnLoad(ctx.attrs());
     if (!ta) {
-      grads[0] = MatMul(dc, b, false, !tb);
+      grads[0] = MatMul(dc, b, false, !tb, round_b);
     } else if (b.rank() == 2 && dc.rank() > 2) {
       // A shared 2-D B cannot lead a batched product: dA = (dC·op(B)ᵀ)ᵀ over the last two axes.
-      grads[0] = Transpose(MatMul(dc, b, false, !tb), -2, -1);
+      grads[0] = Transpose(MatMul(dc, b, false, !tb, round_b), -2, -1);
     } else {
-      grads[0] = MatMul(b, dc, tb, true);
+      grads[0] = MatMul(round_b ? Cast(b, DType::kBF16) : b, dc, tb, true);
     }
   }
   if (ctx.needs(1)) {
@@ -169,8 +200,11 @@ bool RoundsToBf16(const Attrs& attrs) {
   return true;
 }
 
-// x and w bf16 with an f32 bias: the mixed-precision linear (f32 result, or bf16 with dtype).
-std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs& attrs) {
+// x and w bf16 with an f32 bias: the mixed-precision linear (f32 result, or bf16 with dtype); w
+// f32 with round_w.
+std::vector<TensorType> InferLinear(std::span<const TensorType> given, const Attrs& attrs) {
+  const std::vector<TensorType> loaded = AsLoaded(given, attrs);
+  const std::span<const TensorType> in = loaded;
   const DType t = ProductDType(in.first(2));
   if (RoundsToBf16(attrs) && in[0].dtype != DType::kBF16) {
     throw ShapeError(fmt::format("dtype \"bf16\" needs bf16 x and w, got {}", Name(in[0].dtype)));
@@ -197,16 +231,19 @@ std::vector<TensorType> InferLinear(std::span<const TensorType> in, const Attrs&
   return {{RoundsToBf16(attrs) ? DType::kBF16 : t, out}};
 }
 
-template <bool kFast>
-void LinearKernel(KernelContext& ctx) {
+// The mixed-precision linear, w of type TW: bf16, or f32 rounded on load (round_w).
+template <bool kFast, typename TW>
+void LinearBF16Kernel(KernelContext& ctx) {
   const Tensor& x = ctx.inputs[0];
-  if (x.dtype() == DType::kBF16 && ctx.outputs[0].dtype() == DType::kBF16) {
-    const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1],
-                  m = k == 0 ? 0 : x.numel() / k;
-    const BFloat16* w = ctx.inputs[1].data<BFloat16>();
-    const float* b = ctx.inputs[2].data<float>();
+  const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1],
+                m = k == 0 ? 0 : x.numel() / k;
+  const bool w_rounds = std::is_same_v<TW, float>;
+  const TW* w = ctx.inputs[1].data<TW>();
+  const float* b = ctx.inputs[2].data<float>();
+  if (ctx.outputs[0].dtype() == DType::kBF16) {
     BFloat16* y = ctx.outputs[0].data<BFloat16>();
-    const Tensor scratch = Bf16Scratch(ctx, kernels::LinearBF16RoundedScratchFloats(m, k, n));
+    const Tensor scratch =
+        Bf16Scratch(ctx, kernels::LinearBF16RoundedScratchFloats(m, k, n, w_rounds));
     if constexpr (kFast) {
       kernels::LinearBF16Rounded(x.data<BFloat16>(), w, b, y, m, k, n, scratch.data<float>());
     } else {
@@ -214,19 +251,21 @@ void LinearKernel(KernelContext& ctx) {
     }
     return;
   }
+  const Tensor scratch = Bf16Scratch(ctx, kernels::LinearBF16ScratchFloats(m, k, n, w_rounds));
+  float* y = ctx.outputs[0].data<float>();
+  if constexpr (kFast) {
+    kernels::LinearBF16(x.data<BFloat16>(), w, b, y, m, k, n, scratch.data<float>());
+  } else {
+    kernels::LinearBF16Reference(x.data<BFloat16>(), w, b, y, m, k, n);
+  }
+}
+
+template <bool kFast>
+void LinearKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
   if (x.dtype() == DType::kBF16) {
-    const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1],
-                  m = k == 0 ? 0 : x.numel() / k;
-    const Tensor scratch = Bf16Scratch(ctx, kernels::LinearBF16ScratchFloats(m, k, n));
-    const BFloat16* w = ctx.inputs[1].data<BFloat16>();
-    const float* b = ctx.inputs[2].data<float>();
-    float* y = ctx.outputs[0].data<float>();
-    if constexpr (kFast) {
-      kernels::LinearBF16(x.data<BFloat16>(), w, b, y, m, k, n, scratch.data<float>());
-    } else {
-      kernels::LinearBF16Reference(x.data<BFloat16>(), w, b, y, m, k, n);
-    }
-    return;
+    if (ctx.inputs[1].dtype() == DType::kF32) return LinearBF16Kernel<kFast, float>(ctx);
+    return LinearBF16Kernel<kFast, BFloat16>(ctx);
   }
   DispatchFloat(x.dtype(), "linear", [&]<typename T>() {
     const int64_t k = ctx.inputs[1].shape()[0], n = ctx.inputs[1].shape()[1];
@@ -265,7 +304,7 @@ std::vector<Var> LinearVjp(VjpContext& ctx) {
     // they run (and their scratch) rather than after.
     if (ctx.needs(2)) grads[2] = SumTo(dy, ctx.x_type(2).shape);
   }
-  if (ctx.needs(0)) grads[0] = MatMul(dyo, ctx.x(1), false, true);
+  if (ctx.needs(0)) grads[0] = MatMul(dyo, ctx.x(1), false, true, RoundsOnLoad(ctx.attrs()));
   if (ctx.needs(1)) grads[1] = MatMul(Flatten2D(ctx.x(0)), Flatten2D(dyo), true, false);
   return grads;
 }
@@ -292,7 +331,9 @@ void CastBf16AndSumKernel(KernelContext& ctx) {
 
 // a, b as matmul's; x the product's shape, of the product's dtype — or bf16 beside bf16 a and b
 // (mixed precision: the GELU's input stored bf16, the gradient f32).
-std::vector<TensorType> InferMatMulGeluGrad(std::span<const TensorType> in, const Attrs& attrs) {
+std::vector<TensorType> InferMatMulGeluGrad(std::span<const TensorType> given, const Attrs& attrs) {
+  const std::vector<TensorType> loaded = AsLoaded(given, attrs);
+  const std::span<const TensorType> in = loaded;
   const DType t = ProductDType(in.first(2));
   const bool mixed = in[0].dtype == DType::kBF16;
   if (in[2].dtype != t && !(mixed && in[2].dtype == DType::kBF16)) {
@@ -300,7 +341,7 @@ std::vector<TensorType> InferMatMulGeluGrad(std::span<const TensorType> in, cons
                                  mixed ? " or bf16" : "", Name(in[0].dtype), Name(in[1].dtype),
                                  Name(in[2].dtype)));
   }
-  const Shape product = InferMatMul(in.first(2), attrs)[0].shape;
+  const Shape product = InferLoadedMatMul(in.first(2), attrs)[0].shape;
   if (in[2].shape != product) {
     throw ShapeError(fmt::format("x must have the product's shape {} (a {}, b {}), got {}",
                                  product.ToString(), in[0].shape.ToString(), in[1].shape.ToString(),
@@ -320,8 +361,8 @@ void MatMulGeluGradKernel(KernelContext& ctx) {
     const Tensor& x = ctx.inputs[2];
     const Tensor dy = kFast ? out : Tensor::Empty(out.shape(), out.dtype());
     const Tensor scratch = Bf16Scratch(
-        ctx,
-        kernels::MatMulBF16ScratchFloats(ctx.inputs[0].shape(), ctx.inputs[1].shape(), ta, tb));
+        ctx, kernels::MatMulBF16ScratchFloats(ctx.inputs[0].shape(), ctx.inputs[1].shape(), ta, tb,
+                                              RoundsOnLoad(ctx.attrs)));
     if constexpr (kFast) {
       kernels::MatMulBF16(ctx.inputs[0], ctx.inputs[1], dy, ta, tb, scratch.data<float>());
     } else {
@@ -395,10 +436,11 @@ Var Linear(Var x, Var w, Var b) { return x.builder()->Emit1("linear", {x, w, b})
 
 std::vector<Var> CastBf16AndSum(Var dy) { return dy.builder()->Emit("cast_bf16_and_sum", {dy}); }
 
-Var MatMul(Var a, Var b, bool transpose_a, bool transpose_b) {
+Var MatMul(Var a, Var b, bool transpose_a, bool transpose_b, bool round_b) {
   Attrs attrs;
   if (transpose_a) attrs.Set("transpose_a", true);
   if (transpose_b) attrs.Set("transpose_b", true);
+  if (round_b) attrs.Set("round_b", true);
   return a.builder()->Emit1("matmul", {a, b}, std::move(attrs));
 }
 
@@ -411,28 +453,35 @@ void RegisterLinalgOps(OpRegistry& r) {
        .reference = MatMulKernel<false>,
        .vjp = MatMulVjp,
        .doc = "op(a)·op(b), op transposing the last two axes when asked; b shared by every "
-              "batch entry when 2-D (CBLAS GEMM); bf16 operands give an f32 product (oneDNN)",
+              "batch entry when 2-D (CBLAS GEMM); bf16 operands give an f32 product (oneDNN); "
+              "with round_b, bf16 a and f32 b rounded to bf16 as the product loads it (bitwise "
+              "the product of b cast, no bf16 copy of b: autocast's weights)",
        .signature = {.inputs = {{"a", "float or bf16[..., m, k]"},
                                 {"b", "float or bf16[k, n] or [..., k, n]"}},
-                     .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
+                     .attrs = {{"transpose_a", "bool = false"},
+                               {"transpose_b", "bool = false"},
+                               {"round_b", "bool = false (true: f32 b rounded to bf16 on load)"}},
                      .outputs = {{"y", "float[..., m, n]"}}},
        .scratch_bytes = MatMulBF16ScratchBytes});
-  r.Register({.name = "linear",
-              .num_inputs = 3,
-              .infer = InferLinear,
-              .kernel = LinearKernel<true>,
-              .reference = LinearKernel<false>,
-              .vjp = LinearVjp,
-              .doc = "x·w + b with w stored [in, out] (one CBLAS GEMM); bf16 x and w with an f32 b "
-                     "give an f32 result, or with dtype = \"bf16\" that result rounded to bf16 "
-                     "(bitwise linear then cast, the rounding done as the product stores it: "
-                     "autocast's fusion)",
-              .signature = {.inputs = {{"x", "float or bf16[..., k]"},
-                                       {"w", "float or bf16[k, n]"},
-                                       {"b", "float[n]"}},
-                            .attrs = {{"dtype", "string = absent (\"bf16\": y rounded)"}},
-                            .outputs = {{"y", "float[..., n], or bf16 with dtype"}}},
-              .scratch_bytes = LinearBF16ScratchBytes});
+  r.Register(
+      {.name = "linear",
+       .num_inputs = 3,
+       .infer = InferLinear,
+       .kernel = LinearKernel<true>,
+       .reference = LinearKernel<false>,
+       .vjp = LinearVjp,
+       .doc = "x·w + b with w stored [in, out] (one CBLAS GEMM); bf16 x and w with an f32 b "
+              "give an f32 result, or with dtype = \"bf16\" that result rounded to bf16 "
+              "(bitwise linear then cast, the rounding done as the product stores it: "
+              "autocast's fusion); with round_w, bf16 x and f32 w rounded to bf16 as the "
+              "product loads it (bitwise w cast, no bf16 copy of w)",
+       .signature = {.inputs = {{"x", "float or bf16[..., k]"},
+                                {"w", "float or bf16[k, n]"},
+                                {"b", "float[n]"}},
+                     .attrs = {{"dtype", "string = absent (\"bf16\": y rounded)"},
+                               {"round_w", "bool = false (true: f32 w rounded to bf16 on load)"}},
+                     .outputs = {{"y", "float[..., n], or bf16 with dtype"}}},
+       .scratch_bytes = LinearBF16ScratchBytes});
   r.Register({.name = "cast_bf16_and_sum",
               .num_inputs = 1,
               .infer = InferCastBf16AndSum,
@@ -443,20 +492,22 @@ void RegisterLinalgOps(OpRegistry& r) {
                      "bias gradient (the linear's VJP), bitwise cast and sum_to",
               .signature = {.inputs = {{"dy", "f32[..., n]"}},
                             .outputs = {{"dy_bf16", "bf16[..., n]"}, {"db", "f32[n]"}}}});
-  r.Register(
-      {.name = "matmul_gelu_grad",
-       .num_inputs = 3,
-       .infer = InferMatMulGeluGrad,
-       .kernel = MatMulGeluGradKernel<true>,
-       .reference = MatMulGeluGradKernel<false>,
-       .doc = "gelu_grad(op(a)·op(b), x): a GELU's input gradient from the matmul giving its "
-              "output gradient, the product written once, into the result (autodiff's fusion)",
-       .signature = {.inputs = {{"a", "float or bf16[..., m, k]"},
-                                {"b", "a's dtype[k, n] or [..., k, n]"},
-                                {"x", "float or bf16[..., m, n]"}},
-                     .attrs = {{"transpose_a", "bool = false"}, {"transpose_b", "bool = false"}},
-                     .outputs = {{"dx", "float[..., m, n]"}}},
-       .scratch_bytes = MatMulBF16ScratchBytes});
+  r.Register({.name = "matmul_gelu_grad",
+              .num_inputs = 3,
+              .infer = InferMatMulGeluGrad,
+              .kernel = MatMulGeluGradKernel<true>,
+              .reference = MatMulGeluGradKernel<false>,
+              .doc =
+                  "gelu_grad(op(a)·op(b), x): a GELU's input gradient from the matmul giving its "
+                  "output gradient, the product written once, into the result (autodiff's fusion)",
+              .signature = {.inputs = {{"a", "float or bf16[..., m, k]"},
+                                       {"b", "a's dtype[k, n] or [..., k, n]"},
+                                       {"x", "float or bf16[..., m, n]"}},
+                            .attrs = {{"transpose_a", "bool = false"},
+                                      {"transpose_b", "bool = false"},
+                                      {"round_b", "bool = false (matmul's)"}},
+                            .outputs = {{"dx", "float[..., m, n]"}}},
+              .scratch_bytes = MatMulBF16ScratchBytes});
   r.Register(
       {.name = "matmul_accumulate",
        .kind = OpKind::kInPlace,

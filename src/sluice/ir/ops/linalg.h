@@ -15,7 +15,8 @@ namespace sluice {
 // autodiff.h). The product is written into the result and scaled there, so no [..., m, n] value
 // lives beside the result.
 Var MatMulGeluGrad(Var a, Var b, Var x, bool transpose_a = false, bool transpose_b = false);
-Var MatMul(Var a, Var b, bool transpose_a = false, bool transpose_b = false);
+// round_b: b f32, rounded to bf16 as the product loads it (a bf16).
+Var MatMul(Var a, Var b, bool transpose_a = false, bool transpose_b = false, bool round_b = false);
 
 // x·w + b: x [..., k], w [k, n], b [n] -> [..., n], x of rank 2 or more ([B·T, C] or [B, T, C]).
 // The weight is stored [in, out] = [k, n] (the transpose of PyTorch's nn.Linear.weight), so the

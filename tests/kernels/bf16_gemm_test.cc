@@ -37,6 +37,20 @@ struct Case {
   int64_t lda_extra, ldb_extra, ldc_extra;  // row strides past the packed ones
 };
 
+OneDnnGemmShape ShapeOf(const Case& t, bool ta, bool tb, int64_t lda, int64_t ldb, int64_t ldc,
+                        bool accumulate) {
+  return {.dtype = DType::kBF16,
+          .transpose_a = ta,
+          .transpose_b = tb,
+          .m = t.m,
+          .n = t.n,
+          .k = t.k,
+          .lda = lda,
+          .ldb = ldb,
+          .ldc = ldc,
+          .accumulate = accumulate};
+}
+
 // c = op(a)·op(b) (+ c) computed by `gemm` from bf16-rounded operands, compared with a double
 // triple loop over the same numbers; returns c.
 template <typename Gemm, typename Scratch>
@@ -48,16 +62,7 @@ std::vector<float> CheckProduct(const Case& t, bool ta, bool tb, bool accumulate
   std::vector<float> a = Uniform(a_rows * lda, 21), b = Uniform(b_rows * ldb, 22);
   const std::vector<BFloat16> a16 = RoundToBF16(a), b16 = RoundToBF16(b);
   std::vector<float> c(static_cast<size_t>(t.m * ldc), 0.25f);
-  const OneDnnGemmShape shape{.dtype = DType::kBF16,
-                              .transpose_a = ta,
-                              .transpose_b = tb,
-                              .m = t.m,
-                              .n = t.n,
-                              .k = t.k,
-                              .lda = lda,
-                              .ldb = ldb,
-                              .ldc = ldc,
-                              .accumulate = accumulate};
+  const OneDnnGemmShape shape = ShapeOf(t, ta, tb, lda, ldb, ldc, accumulate);
   std::vector<float> scratch(static_cast<size_t>(scratch_floats(shape)));
   gemm(shape, a16.data(), b16.data(), c.data(), scratch.data());
   for (int64_t i = 0; i < t.m; ++i) {
@@ -181,15 +186,7 @@ TEST(PackedBf16Gemm, AnF32BRoundedOnLoadGivesTheBitsOfItsCast) {
           if (b.size() > 2) b[1] = 1.0f + 3 * 0x1p-8f, b[2] = 3.3e38f;  // a tie up; to infinity
           std::vector<BFloat16> b16(b.size());
           ToBF16Reference(b.data(), b16.data(), static_cast<int64_t>(b.size()));
-          const OneDnnGemmShape shape{.dtype = DType::kBF16,
-                                      .transpose_a = ta,
-                                      .transpose_b = tb,
-                                      .m = t.m,
-                                      .n = t.n,
-                                      .k = t.k,
-                                      .lda = lda,
-                                      .ldb = ldb,
-                                      .ldc = ldc};
+          const OneDnnGemmShape shape = ShapeOf(t, ta, tb, lda, ldb, ldc, false);
           std::vector<float> scratch(static_cast<size_t>(PackedBf16GemmScratchFloats(shape)));
           std::vector<float> want(static_cast<size_t>(t.m * ldc), 0.25f), got = want;
           PackedBf16Gemm(shape, a16.data(), b16.data(), want.data(), scratch.data());

@@ -4,7 +4,12 @@
 // The rules are PyTorch's CPU autocast in sluice's form "bf16 storage, f32 compute":
 //   products      matmul and linear multiply bf16 operands (a, b; x, w) into an f32 result;
 //                 linear's bias stays f32. An f32 operand is rounded by a `cast`, one per value,
-//                 shared by every product reading it; a parameter's (or input's) copy is made in
+//                 shared by every product reading it — except a parameter (or input) as the
+//                 second operand (matmul's b, linear's w): the product reads it f32 and rounds it
+//                 to bf16 as it loads it (`round_b = true`, `round_w = true`; bitwise the product
+//                 of its cast), so a weight has no bf16 copy, forward or in backward, where the
+//                 input gradient's product dy·wᵀ keeps the attribute (ir/ops/linalg.cc). A
+//                 parameter another bf16 op reads (or a product's first operand) gets a copy in
 //                 each unit that reads it, just before its first reader there (autodiff remakes a
 //                 parameter's copy in backward rather than keeping it). A linear whose result
 //                 nothing reads as f32 (every reader in its unit takes it bf16; no program

@@ -168,7 +168,7 @@ void Bf16Gemm(const OneDnnGemmShape& shape, const BFloat16* a, const float* b, f
     throw InternalError("Bf16Gemm: an f32 b is rounded on load only where its rows are packed");
   }
   auto* rounded = reinterpret_cast<BFloat16*>(scratch + EngineScratchFloats(shape));
-  ToBF16Fast(b, rounded, shape.k * shape.n);
+  ToBF16Parallel(b, rounded, shape.k * shape.n);
   Bf16Gemm(shape, a, rounded, c, scratch);
 }
 

@@ -177,8 +177,8 @@ TEST_F(StandardStreamsCli, TrainingOutlivesAReaderThatWentAway) {
 // were written into it between its JSON lines; they go to /dev/null instead.
 TEST_F(StandardStreamsCli, ClosedStandardDescriptorsNeverReceiveMessages) {
   const fs::path ck = dir_ / "ck.safetensors", metrics = dir_ / "m.jsonl";
-  ASSERT_EQ(Bash(fmt::format("{{sluice}} {} --steps 3 --save '{}' --metrics '{}' 2>&-",
-                             kTinyTrain, ck.string(), metrics.string())),
+  ASSERT_EQ(Bash(fmt::format("{{sluice}} {} --steps 3 --save '{}' --metrics '{}' 2>&-", kTinyTrain,
+                             ck.string(), metrics.string())),
             0);
   const std::vector<nlohmann::json> lines = Lines(metrics);  // throws on a line that is not JSON
   EXPECT_GE(lines.size(), 3u);

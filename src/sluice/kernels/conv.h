@@ -19,8 +19,9 @@
 // it is small, so the scratch stays bounded for large ones; and when an image needs blocks, within
 // the elements of the input x, so that a small batch's scratch does not outgrow its activations.
 // The fast and plain convolutions agree within rounding of the order of their sums. f32
-// convolutions with a window larger than 1×1 over at least 16 input and output channels run on
-// oneDNN's primitives instead (kernels/onednn_conv.h), in the same scratch. *Fast (pooling): a
+// convolutions with a window larger than 1×1 over at least 16 input and output channels, whose
+// oneDNN scratch stays within their input and output, run on oneDNN's primitives instead
+// (kernels/onednn_conv.h's OneDnnConvolves), in the same scratch. *Fast (pooling): a
 // plane at a time, each window clipped to the image once; bitwise the reference's results.
 // Threads: im2col and its transpose run channels, the fast pools planes, on the intra-op threads
 // (kernels/parallel.h), each chunk writing only its own rows, every sum in one fixed order: the

@@ -44,7 +44,8 @@ namespace sluice::kernels {
 // im2col); throws InvalidArgument naming SLUICE_CONV's value when it is neither.
 const char* Fp32ConvEngineName();
 
-// Whether f32 convolutions of d run on oneDNN (see the choice above).
+// Whether f32 convolutions of d run on oneDNN (see the choice above); the scratch rule makes the
+// weight gradient's primitives (JIT) the first time a shape is asked about. Depends on d alone.
 bool OneDnnConvolves(const Conv2dDims& d);
 
 // Images per primitive call: ⌊kConv2dColsBudget / (C·H·W + O·OH·OW)⌋, clamped to [1, B].

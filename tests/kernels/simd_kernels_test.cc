@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "for_each_target.h"
 #include "sluice/core/error.h"
 #include "sluice/kernels/cross_entropy.h"
 #include "sluice/kernels/layer_norm.h"
@@ -45,21 +46,6 @@ int64_t UlpDistance(T a, T b) {
   std::memcpy(&ib, &b, sizeof(T));
   if ((ia < 0) != (ib < 0)) return std::numeric_limits<int64_t>::max();
   return ia > ib ? static_cast<int64_t>(ia) - ib : static_cast<int64_t>(ib) - ia;
-}
-
-// Runs body once per available target, with that target forced; restores the default after.
-template <typename F>
-void ForEachTarget(F&& body) {
-  const std::vector<std::string> targets = SimdTargets();
-  ASSERT_FALSE(targets.empty());
-  for (const std::string& t : targets) {
-    ForceSimdTarget(t);
-    ASSERT_EQ(SimdTarget(), t) << "forcing a target changes the dispatch";
-    SCOPED_TRACE("target " + t);
-    body();
-  }
-  ForceSimdTarget("");
-  EXPECT_EQ(SimdTarget(), targets.front()) << "the default is the best target";
 }
 
 template <typename T>

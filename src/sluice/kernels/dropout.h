@@ -17,10 +17,15 @@
 // Kept elements are scaled by 1/(1 − p) in the element type (bf16 x: computed in f32, rounded
 // once), dropped ones are 0; p = 0 gives x bitwise (the factor is exactly 1), p = 1 gives zeros.
 //
-// The reference kernel is one plain loop; the fast one runs the same loop over chunks of
-// kChunkElements elements of each key's run (a multiple of 4: a chunk starts on a block) on the
-// intra-op pool (kernels/parallel.h), so both give the same bits at any thread count. Element i is
-// read before element i is written and no other element after: y may be x's storage (in place).
+// The reference kernel is one plain loop over Random123's scalar generator. The fast one is
+// Highway vector code (one compilation per instruction set, the best the CPU runs chosen at the
+// first call, as kernels/simd_kernels.h): Philox-4x32-10 on one block per 64-bit lane (MulEven's
+// 32×32→64-bit products), the draws of a vector of blocks interleaved into element order and
+// consumed at once by the scaling — the mask never leaves the registers and L1. It runs over
+// chunks of kChunkElements elements of each key's run (a multiple of 4: a chunk starts on a
+// block) on the intra-op pool (kernels/parallel.h). Both give the same bits on every target and at
+// any thread count (tests/kernels/dropout_kernel_test.cc). Element i is read before element i is
+// written and no other element after: y may be x's storage (in place).
 //
 // Thread-safety: pure functions of their arguments.
 #pragma once
@@ -38,6 +43,13 @@ uint64_t DropThreshold(double p);
 
 // The four 32-bit draws of block `block` (elements 4·block … 4·block + 3).
 std::array<uint32_t, 4> DropoutDraws(uint64_t key, uint64_t stream, uint64_t block);
+
+// The draws of blocks first … first + count − 1 in element order: out[4·b + w] = word w of block
+// first + b (DropoutDraws), 4·count words. The fast form is the vector generator the fast kernel
+// draws with, bitwise the reference's.
+void DropoutDrawsReference(uint64_t key, uint64_t stream, uint64_t first, int64_t count,
+                           uint32_t* out);
+void DropoutDrawsFast(uint64_t key, uint64_t stream, uint64_t first, int64_t count, uint32_t* out);
 
 // y[i] = keep ? x[i] · (1/(1 − p)) : 0 for i in [0, n), element i drawn under keys[i / (n / K)]
 // at j = i mod (n / K). K = keys.size() ≥ 1 divides n. T: float, double or BFloat16.

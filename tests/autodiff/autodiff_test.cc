@@ -380,16 +380,21 @@ void ExpectBitwiseSameGradients(const std::vector<std::pair<Program, Backward>>&
                                 DType dtype) {
   const Program& first = runs[0].first;
   std::mt19937_64 rng(2);
-  auto random = [&](const Shape& shape) {
-    Tensor t = Tensor::Empty(shape, dtype);
+  auto random = [&](const Shape& shape, DType type) {
+    Tensor t = Tensor::Empty(shape, type);
     const Tensor r = Random(shape, rng);
     for (int64_t i = 0; i < t.numel(); ++i) t.FlatSet(i, r.FlatAt(i));
     return t;
   };
   Scope base;
-  for (ValueId v : first.inputs()) base.Set(first.value(v).name, random(first.type(v).shape));
-  for (ValueId v : first.params()) base.Set(first.value(v).name, random(first.type(v).shape));
-  base.Set("y.grad", random(first.type(first.Get("y")).shape));
+  // Inputs in their own dtype (a dropout's i64 keys: the random values truncated).
+  for (ValueId v : first.inputs()) {
+    base.Set(first.value(v).name, random(first.type(v).shape, first.type(v).dtype));
+  }
+  for (ValueId v : first.params()) {
+    base.Set(first.value(v).name, random(first.type(v).shape, dtype));
+  }
+  base.Set("y.grad", random(first.type(first.Get("y")).shape, dtype));
   std::vector<Scope> results(runs.size());
   for (size_t i = 0; i < runs.size(); ++i) {
     for (const std::string& name : base.Names()) results[i].Set(name, base.Get(name).Clone());
@@ -518,6 +523,24 @@ TEST(Autodiff, RecomputesCheapValuesInsteadOfSavingThem) {
   const std::vector<std::string> wrt = {"x", "ln.weight", "ln.bias", "w1", "w2"};
 
   ExpectRecomputationSaves(p, wrt, {"h", "n", "pre", "x"}, {"pre", "x"});
+}
+
+// A transformer's feed-forward with dropout, linear → GELU → dropout → linear: GELU's gradient
+// reads the pre-activation, dropout's only the key, so the backward remakes the second product's
+// input through the chain GELU → dropout (the mask drawn again) from the pre-activation instead of
+// keeping it — the feed-forward keeps what it keeps without dropout, and the gradients are
+// bitwise those of keeping it.
+TEST(Autodiff, RecomputesAGeluDropoutChainFromThePreActivation) {
+  Builder b("feed_forward");
+  Var x = b.Input("x", DType::kF64, {4, 6});
+  Var key = b.Input("key", DType::kI64, {4});
+  Var w1 = b.Param("w1", DType::kF64, {6, 8});
+  Var w2 = b.Param("w2", DType::kF64, {8, 3});
+  Var pre = b.Name(MatMul(x, w1), "pre");
+  Var d = b.Name(Dropout(Gelu(pre), key, 0.5, /*stream=*/1), "d");
+  b.Output(b.Name(MatMul(d, w2), "y"));
+  const Program p = b.Build();
+  ExpectRecomputationSaves(p, {"x", "w1", "w2"}, {"d", "key", "pre", "x"}, {"key", "pre", "x"});
 }
 
 // A ResNet's convolution, batch norm and ReLU: batch norm's gradient reads its input h, so the

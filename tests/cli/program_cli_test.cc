@@ -217,6 +217,9 @@ TEST_F(ProgramCli, BadProgramsAndOptionsAreRefusedNamingThePlaceAndWriteNothing)
   ExpectRefused(fmt::format("--program {} --data blobs --layers 2", small),
                 "--layers sets a size of --model gpt; a --program's sizes are written in its "
                 "file: drop --layers");
+  ExpectRefused(fmt::format("--program {} --data blobs --dropout 0.1", small),
+                "--dropout sets the dropout of --model gpt; a --program carries its own dropout "
+                "ops, each with its p");
   ExpectRefused(fmt::format("--program {} --model gpt", small),
                 fmt::format("--program {} and --model gpt name two models: drop one", small));
   const std::string missing = (dir_ / "missing.sluice").string();

@@ -65,6 +65,8 @@ struct ScopedOption {
   std::string_view owner;  // "--model"
   std::string_view value;  // "gpt"
   bool program = false;    // also read with --program (a data option: --seq, --vocab, --classes)
+  // Why a --program does not read it, where that is not "its sizes are in its file".
+  std::string_view program_refusal = {};
 };
 
 // Refuses an option given for a model or optimizer that does not read it, which would otherwise
@@ -76,6 +78,9 @@ void CheckScopedOptions(const std::vector<ScopedOption>& scoped, const std::stri
     if (s.option->count() == 0) continue;
     if (s.owner == "--model" && chosen == "program") {
       if (s.program) continue;
+      if (!s.program_refusal.empty()) {
+        throw InvalidArgument(fmt::format("{}: drop {}", s.program_refusal, s.option->get_name()));
+      }
       throw InvalidArgument(fmt::format(
           "{} sets a size of --model {}; a --program's sizes are written in its file: drop {}",
           s.option->get_name(), s.value, s.option->get_name()));
@@ -334,7 +339,10 @@ TrainOptions AddTrainOptions(CLI::App& sub, TrainCommand command) {
       {dim, "--model", "gpt"},
       {attention, "--model", "gpt"},
       {head_chunk, "--model", "gpt"},
-      {dropout, "--model", "gpt"},
+      {dropout, "--model", "gpt", false,
+       "--dropout sets the dropout of --model gpt; a --program carries its own dropout ops, "
+       "each with its p (`dropout(%x, %random_key) {p = 0.1, stream = 0}`, docs/program-format.md "
+       "\"Dropout\"), which is where to change it"},
       {precision, "--model", "gpt", true},
       {seq, "--model", "gpt", true},
       {vocab, "--model", "gpt", true},

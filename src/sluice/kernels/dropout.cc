@@ -15,6 +15,7 @@
 #include <Random123/philox.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -89,15 +90,27 @@ HWY_INLINE void PhiloxRound(hn::Vec<DU64>& c0, hn::Vec<DU64>& c1, hn::Vec<DU64>&
   c3 = p0;
 }
 
+// Stores the words (low halves of c0 … c3, one block per lane) in element order: c0 and c1 of a
+// lane joined into one 64-bit word (c0 first in memory: little-endian), interleaved with the
+// joined c2 and c3.
+HWY_INLINE void StoreBlocks(hn::Vec<DU64> c0, hn::Vec<DU64> c1, hn::Vec<DU64> c2, hn::Vec<DU64> c3,
+                            uint32_t* HWY_RESTRICT out) {
+  static_assert(std::endian::native == std::endian::little, "a u64 holds its low u32 first");
+  const DU64 d;
+  const auto low = hn::Set(d, uint64_t{0xffffffff});
+  const auto w01 = hn::Or(hn::And(c0, low), hn::ShiftLeft<32>(c1));
+  const auto w23 = hn::Or(hn::And(c2, low), hn::ShiftLeft<32>(c3));
+  hn::StoreInterleaved2(w01, w23, d, reinterpret_cast<uint64_t*>(out));
+}
+
 // Philox-4x32-10 of the GroupBlocks() blocks first, first + 1, …, one block per 64-bit lane: each
 // counter word rides in the low half of its lane. MulLow multiplies the low halves into the full
 // 64-bit product (its high word is the upper half), and XOR keeps the halves apart, so whatever
 // the upper halves hold never reaches a low one. The draws go to out in element order
-// (out[4·l + w] = word w of block first + l): StoreInterleaved4 of the truncated words.
+// (out[4·l + w] = word w of block first + l).
 HWY_INLINE void PhiloxGroup(uint64_t key, uint64_t stream, uint64_t first,
                             uint32_t* HWY_RESTRICT out) {
   const DU64 d;
-  const hn::Rebind<uint32_t, DU64> dout;  // one u32 per block
   const auto lanes = static_cast<uint64_t>(hn::Lanes(d));
   const auto block_a = hn::Add(hn::Set(d, first), hn::Iota(d, 0));  // carries into the high word
   const auto block_b = hn::Add(hn::Set(d, first + lanes), hn::Iota(d, 0));
@@ -115,10 +128,8 @@ HWY_INLINE void PhiloxGroup(uint64_t key, uint64_t stream, uint64_t first,
     PhiloxRound(a0, a1, a2, a3, key0, key1);
     PhiloxRound(b0, b1, b2, b3, key0, key1);
   }
-  hn::StoreInterleaved4(hn::TruncateTo(dout, a0), hn::TruncateTo(dout, a1),
-                        hn::TruncateTo(dout, a2), hn::TruncateTo(dout, a3), dout, out);
-  hn::StoreInterleaved4(hn::TruncateTo(dout, b0), hn::TruncateTo(dout, b1),
-                        hn::TruncateTo(dout, b2), hn::TruncateTo(dout, b3), dout, out + 4 * lanes);
+  StoreBlocks(a0, a1, a2, a3, out);
+  StoreBlocks(b0, b1, b2, b3, out + 4 * lanes);
 }
 
 void Draws(uint64_t key, uint64_t stream, uint64_t first, int64_t count, uint32_t* out) {

@@ -7,6 +7,10 @@
 //   Relu/bytes:N                   y = max(x, 0)
 //   Add{Fast,Reference}/bytes:N    out = a + b, equal shapes: 2N read, N written
 //   AddRow{Fast,Reference}/bytes:N out[r, :] = a[r, :] + bias, a [N/4/1024, 1024] f32 (a bias add)
+//   Dropout{Fast,Reference}/bytes:N y = dropout(x) at p = 0.1, x [16, N/4/16] f32 under 16 keys
+//                                  (a batch's examples): the mask drawn (Philox-4x32-10) and
+//                                  applied in one pass, N read, N written
+//   DropoutDraws{Fast,Reference}/bytes:N  the N/4 draws alone (Philox-4x32-10 words), N written
 //
 // bytes_per_second counts every byte read and written once, so a kernel that keeps up with memory
 // matches Memcpy at the same N. N is the size of one f32 operand: 64 KiB (in L2), 4 MiB and
@@ -20,6 +24,7 @@
 
 #include "sluice/core/tensor.h"
 #include "sluice/kernels/binary.h"
+#include "sluice/kernels/dropout.h"
 #include "sluice/kernels/unary.h"
 
 namespace sluice {
@@ -104,6 +109,33 @@ void AddRow(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 2 * bytes);
 }
 
+template <bool kFast>
+void Dropout(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  Tensor x = Random(bytes), y = Random(bytes);
+  std::vector<int64_t> keys(16);
+  for (size_t b = 0; b < keys.size(); ++b) keys[b] = static_cast<int64_t>(b) * 7919 + 1;
+  for (auto _ : state) {
+    (kFast ? kernels::DropoutFast<float>
+           : kernels::DropoutReference<float>)(x.data<float>(), y.data<float>(), x.numel(), keys,
+                                               /*stream=*/3, /*p=*/0.1);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * bytes);
+}
+
+template <bool kFast>
+void DropoutDraws(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  std::vector<uint32_t> draws(static_cast<size_t>(bytes / 4));
+  for (auto _ : state) {
+    (kFast ? kernels::DropoutDrawsFast : kernels::DropoutDrawsReference)(
+        /*key=*/12345, /*stream=*/3, /*first=*/0, bytes / 16, draws.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
 BENCHMARK(Memcpy)->Apply(Sizes);
 BENCHMARK(Unary<kernels::GeluFast<float>>)->Name("GeluFast")->Apply(Sizes);
 BENCHMARK(Unary<kernels::GeluReference<float>>)->Name("GeluReference")->Apply(Sizes);
@@ -116,6 +148,10 @@ BENCHMARK(Add<true>)->Name("AddFast")->Apply(Sizes);
 BENCHMARK(Add<false>)->Name("AddReference")->Apply(Sizes);
 BENCHMARK(AddRow<true>)->Name("AddRowFast")->Apply(Sizes);
 BENCHMARK(AddRow<false>)->Name("AddRowReference")->Apply(Sizes);
+BENCHMARK(Dropout<true>)->Name("DropoutFast")->Apply(Sizes);
+BENCHMARK(Dropout<false>)->Name("DropoutReference")->Apply(Sizes);
+BENCHMARK(DropoutDraws<true>)->Name("DropoutDrawsFast")->Apply(Sizes);
+BENCHMARK(DropoutDraws<false>)->Name("DropoutDrawsReference")->Apply(Sizes);
 
 }  // namespace
 }  // namespace sluice

@@ -134,7 +134,7 @@ HWY_INLINE void PhiloxGroup(uint64_t key, uint64_t stream, uint64_t first,
 
 void Draws(uint64_t key, uint64_t stream, uint64_t first, int64_t count, uint32_t* out) {
   const int64_t group = GroupBlocks();
-  HWY_ALIGN uint32_t draws[HWY_MAX_BYTES];
+  HWY_ALIGN uint32_t draws[HWY_MAX_BYTES];  // GroupDraws() ≤ 4 · 2 · HWY_MAX_BYTES / 8
   int64_t b = 0;
   for (; b + group <= count; b += group) {
     PhiloxGroup(key, stream, first + static_cast<uint64_t>(b), out + 4 * b);
@@ -157,12 +157,13 @@ HWY_INLINE void DropVector(const T* x, T* y, const uint32_t* HWY_RESTRICT draws,
   const DT<T> d;
   const hn::RebindToUnsigned<DT<T>> du;
   const hn::Rebind<uint32_t, DT<T>> du32;
-  hn::Vec<decltype(du)> u;
-  if constexpr (sizeof(Compute<T>) == 8) {
-    u = hn::PromoteTo(du, hn::LoadU(du32, draws));
-  } else {
-    u = hn::LoadU(du, draws);
-  }
+  const auto u = [&] {  // the draws as T's unsigned lanes
+    if constexpr (sizeof(Compute<T>) == 8) {
+      return hn::PromoteTo(du, hn::LoadU(du32, draws));
+    } else {
+      return hn::LoadU(du, draws);
+    }
+  }();
   const auto drop =
       hn::RebindMask(d, hn::Lt(u, hn::Set(du, static_cast<hn::TFromD<decltype(du)>>(threshold))));
   if constexpr (std::is_same_v<T, BFloat16>) {

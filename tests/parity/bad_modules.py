@@ -1,9 +1,9 @@
 """Modules tools/torch_export.py must refuse, each with a clear error and nothing written
 (tests/parity/torch_export_test.py). Each factory is one way a user's module can be wrong, except
-tiny (a valid module the others change), frozen (valid: a parameter with requires_grad False
-becomes a constant), additive_mask (valid: a mask buffer that is not
-causal becomes a program constant) and near_misses (valid: patterns the exporter fuses, each
-changed so that it no longer fits, stay written out)."""
+tiny (a valid module the others change), recurrent (valid: a GRU unrolled over T), frozen
+(valid: a parameter with requires_grad False becomes a constant), additive_mask (valid: a mask
+buffer that is not causal becomes a program constant) and near_misses (valid: patterns the
+exporter fuses, each changed so that it no longer fits, stay written out)."""
 import math
 
 import torch
@@ -139,7 +139,7 @@ class NearMisses(nn.Module):
 
 
 class Recurrent(nn.Module):
-    """A GRU keeps flat copies of its weights that forward reads instead of the Parameters."""
+    """A GRU language model: valid, unrolled over the sequence length it is exported for."""
 
     def __init__(self):
         super().__init__()
@@ -149,6 +149,28 @@ class Recurrent(nn.Module):
 
     def forward(self, tokens, targets):
         h, _ = self.rnn(self.embed(tokens))
+        return F.cross_entropy(self.head(h).view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class ProjectedLstm(Recurrent):
+    """An LSTM with projections (proj_size): not unrolled."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16, batch_first=True, proj_size=8)
+
+
+class PackedLstm(Recurrent):
+    """An LSTM reading a PackedSequence: not unrolled."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, tokens, targets):
+        x = nn.utils.rnn.pack_padded_sequence(self.embed(tokens), [tokens.shape[1]] * len(tokens),
+                                              batch_first=True)
+        h, _ = nn.utils.rnn.pad_packed_sequence(self.rnn(x)[0], batch_first=True)
         return F.cross_entropy(self.head(h).view(-1, 11), targets.view(-1), ignore_index=-1)
 
 
@@ -301,6 +323,14 @@ def no_parameters():
 
 def recurrent():
     return Recurrent()
+
+
+def projected_lstm():
+    return ProjectedLstm()
+
+
+def packed_lstm():
+    return PackedLstm()
 
 
 def dropout():

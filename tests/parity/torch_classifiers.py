@@ -18,6 +18,10 @@ arrays of a safetensors data file, and returns F.cross_entropy of the logits.
                   blocks (the second strided, its shortcut a strided 1x1 Conv2d with BatchNorm2d),
                   AdaptiveAvgPool2d(1), flatten, Linear (no bias: see TextCnn), BatchNorm1d,
                   ReLU, Linear.
+  gru_classifier  a bidirectional 2-layer nn.GRU over each image's rows as a sequence of 12 steps
+                  of 12 features (time-major, batch_first=False), from a learned initial state
+                  expanded over the batch; the mean of its outputs over time and the last layer's
+                  final states of both directions into a Linear.
   vit             a ViT on those images: patches embedded by a Conv2d with stride = patch, a class
                   token concatenated in front, learned positions, nn.TransformerEncoderLayer
                   (batch_first, pre-norm, GELU), the head on the class token.
@@ -285,6 +289,25 @@ class Activations(nn.Module):
 def activations():
     torch.manual_seed(0)  # the same weights every run: BN and AdamW amplify rounding
     return Activations()
+
+
+class GruClassifier(nn.Module):
+    def __init__(self, hidden=16, layers=2):
+        super().__init__()
+        self.gru = nn.GRU(12, hidden, num_layers=layers, bidirectional=True)
+        self.h0 = nn.Parameter(torch.randn(2 * layers, 1, hidden) * 0.1)
+        self.head = nn.Linear(4 * hidden, 2)
+
+    def forward(self, image, label):
+        rows = image.squeeze(1).transpose(0, 1)                      # [T, B, 12]
+        out, h_n = self.gru(rows, self.h0.expand(-1, rows.shape[1], -1).contiguous())
+        features = torch.cat([out.mean(0), h_n[-2], h_n[-1]], 1)     # [B, 4H]
+        return F.cross_entropy(self.head(features), label)
+
+
+def gru_classifier():
+    torch.manual_seed(0)
+    return GruClassifier()
 
 
 class TextCnn(nn.Module):

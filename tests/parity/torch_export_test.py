@@ -156,11 +156,36 @@ class BadInput(ExportCase):
         self.refused(f"{MODULES}:cumulative", "unsupported ATen op aten.cumsum.default",
                      "in module 'mix'", line_of("return torch.cumsum(x, dim=1)"))
 
-    def test_a_recurrent_layer_names_its_module(self):
+    def test_a_recurrent_layer_is_unrolled_over_the_sequence_length(self):
         # nn.GRU reads flat copies of its weights, not the Parameters the exporter swaps: it was
-        # refused as "a constant tensor ... that comes from no buffer", which named no GRU.
-        self.refused(f"{MODULES}:recurrent", "module 'rnn' is a torch.nn.GRU",
-                     "recurrent layers (RNN, LSTM, GRU) have no mapping")
+        # refused as "a constant tensor ... that comes from no buffer", then by name; now its
+        # forward is unrolled over T = --seq, its weights the module's parameters.
+        result, out = self.export(f"{MODULES}:recurrent")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("unrolled: rnn (torch.nn.GRU) over 6 steps: the program trains on "
+                      "sequences of exactly 6", result.stdout)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertIn("  input %tokens: i64[B, 6] = tokens\n", text)
+        for name in ("weight_ih_l0: f32[24, 8]", "weight_hh_l0: f32[24, 8]", "bias_ih_l0: f32[24]",
+                     "bias_hh_l0: f32[24]"):
+            self.assertIn(f"  param %rnn.{name} = loaded\n", text)
+        # the input projection of all six steps is one product, cut into the steps without a copy
+        self.assertEqual(text.count("%rnn.weight_ih_l0) {transpose_b = true}"), 1, text)
+        self.assertIn("%rnn.mm: f32[6*B, 24] = matmul(", text)
+        self.assertRegex(text, r"= split_view\(%rnn\.add\) "
+                               r"\{axis = 0, sizes = \[1, 1, 1, 1, 1, 1\]\}")
+        # five recurrent products: the first step's state is zero
+        self.assertEqual(text.count("%rnn.weight_hh_l0) {transpose_b = true}"), 5, text)
+
+    def test_an_lstm_with_projections_names_its_module(self):
+        self.refused(f"{MODULES}:projected_lstm",
+                     "module 'rnn' is a torch.nn.LSTM with proj_size=8",
+                     "sluice unrolls LSTMs without them")
+
+    def test_packed_sequences_name_the_module(self):
+        self.refused(f"{MODULES}:packed_lstm", "module 'rnn' (torch.nn.LSTM) is given a "
+                     "PackedSequence", "packed sequences (pack_padded_sequence) are not mapped")
 
     def test_dropout_in_training_becomes_dropout(self):
         # PyTorch 1.13 traces dropout as empty_like, bernoulli_, div_, mul: it was refused (sluice

@@ -35,6 +35,9 @@ read with `B, T = x.shape`, the attention spelt out with a mask, a weight tied b
            in_proj_bias is frozen (see Encoder).
   encoder_dropout  the encoder with nn.TransformerEncoderLayer's default dropout 0.1 (attention
            weights, feed-forward, both residual branches): eight sluice dropouts.
+  lstm_lm  an LSTM language model: token embeddings, a 2-layer nn.LSTM (batch_first, no initial
+           state), a linear head; exported for sequences of exactly --seq (the recurrence is
+           unrolled over them).
 
 The sizes suit `sluice train --data sort` (vocabulary 11, sequences of 12).
 """
@@ -252,6 +255,25 @@ def llama():
 def mlp_lm():
     torch.manual_seed(0)
     return MlpLM()
+
+
+class LstmLM(nn.Module):
+    def __init__(self, vocab=11, dim=16, hidden=32, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, hidden, num_layers=layers, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens, targets):
+        h, _ = self.lstm(self.embed(tokens))
+        logits = self.out(h)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=-1)
+
+
+def lstm_lm():
+    torch.manual_seed(0)
+    return LstmLM()
 
 
 class SeqMLP(nn.Module):

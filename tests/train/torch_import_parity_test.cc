@@ -10,7 +10,9 @@
 // a safetensors data file (examples/classifier_data.py writes it; `--data FILE` to the exporter),
 // among them convolutional networks and a ViT on the images of examples/bars_data.py, and text
 // classifiers reading a padding mask (BERT-style layers, nn.TransformerEncoder with
-// src_key_padding_mask) on the padded sequences of examples/padded_text_data.py.
+// src_key_padding_mask) on the padded sequences of examples/padded_text_data.py, and recurrent
+// layers unrolled over a fixed T (lstm_lm: a 2-layer nn.LSTM language model; gru_classifier: a
+// bidirectional 2-layer nn.GRU over the rows of the bars images, from a learned initial state).
 //
 //   losses          the ten per-step losses, 1e-5 relative
 //   final weights   1e-4 of each tensor's largest entry plus 2e-2 of the AdamW steps taken
@@ -438,8 +440,8 @@ std::string ImportedName(const testing::TestParamInfo<ImportedModel>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchImportAutocastParity,
                          testing::Values("gpt", "llama", "mlp_lm"), ModelName);
-INSTANTIATE_TEST_SUITE_P(Models, TorchImportGolden, testing::Values("gpt", "llama", "mlp_lm"),
-                         ModelName);
+INSTANTIATE_TEST_SUITE_P(Models, TorchImportGolden,
+                         testing::Values("gpt", "llama", "mlp_lm", "lstm_lm"), ModelName);
 // seq_mlp, encoder and bert_mlm are modules a user brings as they are (an nn.Sequential MLP with a
 // frozen position table; PyTorch's own nn.TransformerEncoderLayer; a BERT-style encoder): checked
 // here only, with no golden files.
@@ -467,7 +469,9 @@ INSTANTIATE_TEST_SUITE_P(
                     ImportedModel{"encoder_classifier", "torch_classifiers.py", kPadded},
                     ImportedModel{"gated_classifier", "torch_classifiers.py", kBlobs},
                     ImportedModel{"activations", "torch_classifiers.py", kBlobs},
-                    ImportedModel{"text_cnn", "torch_classifiers.py", kPadded}),
+                    ImportedModel{"text_cnn", "torch_classifiers.py", kPadded},
+                    ImportedModel{"lstm_lm", "torch_models.py", nullptr},
+                    ImportedModel{"gru_classifier", "torch_classifiers.py", kBars}),
     ImportedName);
 
 // Dropout (torch_classifiers.py's mlp_dropout, p = 0.1 after a ReLU): sluice's masks are not

@@ -13,6 +13,7 @@ import torch
 
 from .errors import AmbiguousSizes, ExportError
 from .lowering import Lowering
+from .recurrent import recurrent_layers
 from .safetensors_file import write_safetensors
 from .sizes import generalise, second_batches, second_sizes
 from .tracing import (block_paths, check_modules, forward_arguments, frozen_parameters,
@@ -146,6 +147,7 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=(), without_d
     check_modules(module)
     dropped = remove_dropout(module) if without_dropout else []
     arg_names = forward_arguments(module)
+    recurrent = [path for path, _ in recurrent_layers(module)]
     if arrays:
         inputs = array_inputs(arg_names, data, input_specs, binds)
         data_inputs = [(a, array) for a, array, _, _ in inputs]
@@ -162,12 +164,21 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=(), without_d
                               f"targets) (int64 [B, T] each); a module reading other arrays needs "
                               f"--data FILE.safetensors or --input NAME=TYPE")
         data_inputs = [("tokens", "tokens"), ("targets", "next_tokens")]
-        names_of_sizes = ("B", "T")
-        # Both traces are shorter than --seq: at the full length PyTorch elides a slice of a buffer
-        # that takes all of it (`mask[:T, :T]` of a [T, T] mask), and the two texts would differ.
-        first = (batch, seq - 1)
-        again = second_sizes(batch, seq - 1)
-        examples = lambda sizes: token_examples(*sizes)  # noqa: E731
+        if recurrent:
+            # An unrolled recurrence has one step per position: the program is for T = --seq
+            # exactly, and only B is a size.
+            names_of_sizes = ("B",)
+            first = (batch,)
+            again = second_batches(batch)
+            examples = lambda sizes: token_examples(sizes[0], seq)  # noqa: E731
+        else:
+            names_of_sizes = ("B", "T")
+            # Both traces are shorter than --seq: at the full length PyTorch elides a slice of a
+            # buffer that takes all of it (`mask[:T, :T]` of a [T, T] mask), and the two texts
+            # would differ.
+            first = (batch, seq - 1)
+            again = second_sizes(batch, seq - 1)
+            examples = lambda sizes: token_examples(*sizes)  # noqa: E731
     aliases = parameter_aliases(module)
     if not aliases:
         raise ExportError(f"{spec}: every parameter has requires_grad False: nothing to train")
@@ -208,6 +219,10 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=(), without_d
         what = ", ".join(f"{a} {dt}[B{''.join(f', {d}' for d in shape)}] = {array}"
                          for a, array, dt, shape in inputs)
         program = f"# exported by tools/torch_export.py from {spec} ({what}; traced at {at})\n" + program
+    elif recurrent:
+        program = (f"# exported by tools/torch_export.py from {spec} (batch {batch}, sequences of "
+                   f"{seq} exactly: {', '.join(recurrent)} unrolled over them; traced at {at})\n"
+                   + program)
     else:
         program = (f"# exported by tools/torch_export.py from {spec} (batch {batch}, sequences up "
                    f"to {seq}; traced at {at})\n" + program)
@@ -238,8 +253,10 @@ def export(spec, batch, seq, out, data=None, input_specs=(), binds=(), without_d
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     tied = [(n, len(hs)) for n, _, hs in aliases if len(hs) > 1]
+    kinds = {path: f"torch.nn.{type(sub).__name__}" for path, sub in recurrent_layers(module)}
+    unrolled = [(path, kinds[path], steps) for path, steps in lowering.gm.unrolled_steps.items()]
     return (units, tied, len(names), sum(p.numel() for _, p, _ in aliases),
-            list(lowering.constants), dropped)
+            list(lowering.constants), dropped, unrolled)
 
 
 def main(argv=None):
@@ -263,7 +280,7 @@ def main(argv=None):
                              "default each becomes a sluice dropout, as module.train() runs it)")
     a = parser.parse_args(argv)
     try:
-        units, tied, count, numel, constants, dropped = export(
+        units, tied, count, numel, constants, dropped, unrolled = export(
             a.spec, a.batch, a.seq, a.out, a.data, a.input, a.bind, a.without_dropout)
     except ExportError as e:
         print(f"torch_export: error: {e}", file=sys.stderr)
@@ -275,6 +292,9 @@ def main(argv=None):
         print(f"constants and buffers (never trained): {', '.join(constants)}")
     for n, k in tied:
         print(f"tied: {n} is shared by {k} modules (one parameter)")
+    for path, kind, steps in unrolled:
+        print(f"unrolled: {path} ({kind}) over {steps} steps: the program trains on sequences of "
+              f"exactly {steps}")
     if dropped:
         print(f"without dropout: {', '.join(f'{p} (p={v:g})' for p, v in dropped)}: the program "
               f"trains as the module would with these at p=0, not as PyTorch trains it")

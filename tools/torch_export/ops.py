@@ -623,7 +623,9 @@ def _split(L, node, args, kwargs, shape):
     sizes = [p[dim] for p in pieces]
     base = L.fresh("split")
     outs = [Val(f"{base}.{i}", p, x.dtype) for i, p in enumerate(pieces)]
-    L.emit_multi("split", [x], outs, {"axis": dim, "sizes": sizes})
+    # Pieces along the first axis are contiguous ranges of x: views (a recurrent layer's input
+    # projection cut into its T steps), no copy. Elsewhere copies.
+    L.emit_multi("split_view" if dim == 0 else "split", [x], outs, {"axis": dim, "sizes": sizes})
     return tuple(outs)
 
 

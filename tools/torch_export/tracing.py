@@ -10,6 +10,7 @@ import torch
 from torch.fx.experimental import proxy_tensor
 
 from .errors import ExportError
+from .recurrent import Unrolled, check_recurrent
 
 
 def load_module(spec_text):
@@ -42,15 +43,12 @@ def load_module(spec_text):
 
 
 def check_modules(module):
-    """Refuses modules whose forward the trace cannot follow. A recurrent layer (nn.RNN, nn.LSTM,
-    nn.GRU) reads flat copies of its weights rather than the Parameters the trace swaps for
-    placeholders, so its weights would look like constants that come from no buffer."""
+    """Refuses modules whose forward the trace cannot follow: recurrent layers that
+    recurrent.unrolled_forward does not compute (recurrent.check_recurrent), batch norms without
+    a fixed momentum or running statistics."""
     for path, sub in module.named_modules():
         if isinstance(sub, torch.nn.RNNBase):
-            kind = f"{type(sub).__module__}.{type(sub).__name__}".replace("torch.nn.modules.rnn",
-                                                                         "torch.nn")
-            raise ExportError(f"module '{path}' is a {kind}: recurrent layers (RNN, LSTM, GRU) have "
-                              f"no mapping in sluice (docs/torch-export.md lists the supported ops)")
+            check_recurrent(path, sub)
         if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm) and sub.training:
             if sub.momentum is None:
                 raise ExportError(f"module '{path}' is a batch norm with momentum=None (a "
@@ -186,7 +184,8 @@ def forward_arguments(module):
 
 
 def trace(module, aliases, user_file, examples, arg_names):
-    """The ATen graph of module(*examples), parameters as placeholders (after the inputs)."""
+    """The ATen graph of module(*examples), parameters as placeholders (after the inputs), its
+    recurrent layers unrolled (recurrent.Unrolled; gm.unrolled_steps says over how many steps)."""
     recorder = _Recorder(module, user_file)
 
     class Tracer(proxy_tensor.PythonKeyTracer):
@@ -216,7 +215,9 @@ def trace(module, aliases, user_file, examples, arg_names):
     proxy_tensor.PythonKeyTracer = Tracer
     shapes = ", ".join(f"{n} {list(t.shape)}" for n, t in zip(arg_names, examples))
     try:
-        gm = proxy_tensor.make_fx(call)(*examples, *params)
+        with Unrolled(module) as unrolled:
+            gm = proxy_tensor.make_fx(call)(*examples, *params)
+        gm.unrolled_steps = unrolled.steps  # {recurrent layer: steps}, for the report
     except ExportError:
         raise
     except Exception as e:

@@ -1,6 +1,7 @@
 """Which of the modules users commonly bring tools/torch_export.py takes, and why it refuses the
-others: four whole models (a CIFAR ResNet-8 with BatchNorm, an MLP-Mixer, a 1-D convolutional
-text classifier, a tiny encoder-decoder nn.Transformer) and one small module per layer or idiom,
+others: whole models (a CIFAR ResNet-8 with BatchNorm, an MLP-Mixer, a 1-D convolutional
+text classifier, a tiny encoder-decoder nn.Transformer, an LSTM language model, a bidirectional
+GRU classifier, an LSTM encoder-decoder) and one small module per layer or idiom,
 each exported at batch 4; prints one line per module, "ok" or the exporter's error.
 
   /usr/bin/python3 tests/parity/export_survey.py            # all
@@ -110,6 +111,51 @@ class TinySeq2Seq(nn.Module):
         return F.cross_entropy(self.head(y).flatten(0, 1), label.flatten())
 
 
+class LstmLM(nn.Module):
+    """An LSTM language model: embeddings, a 2-layer nn.LSTM with dropout between the layers,
+    a linear head over every position."""
+
+    def __init__(self, vocab=32, dim=16, hidden=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, hidden, num_layers=2, dropout=0.2, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens, label):
+        h, _ = self.lstm(self.embed(tokens))
+        return F.cross_entropy(self.head(h).flatten(0, 1), label.flatten())
+
+
+class GruClassifier(nn.Module):
+    """A bidirectional nn.GRU text classifier on its final states."""
+
+    def __init__(self, vocab=32, dim=16, hidden=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.gru = nn.GRU(dim, hidden, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, 2)
+
+    def forward(self, tokens, label):
+        _, h = self.gru(self.embed(tokens))
+        return F.cross_entropy(self.head(torch.cat([h[0], h[1]], 1)), label)
+
+
+class LstmSeq2Seq(nn.Module):
+    """An LSTM encoder-decoder: the decoder starts from the encoder's final (h, c)."""
+
+    def __init__(self, vocab=32, dim=16, hidden=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.encoder = nn.LSTM(dim, hidden, batch_first=True)
+        self.decoder = nn.LSTM(dim, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens, label):
+        _, state = self.encoder(self.embed(tokens))
+        y, _ = self.decoder(self.embed(label), state)
+        return F.cross_entropy(self.head(y).flatten(0, 1), label.flatten())
+
+
 # ---- one layer or idiom each -------------------------------------------------------------------
 
 class Features(nn.Module):
@@ -129,6 +175,34 @@ class Image(Features):
 
     def forward(self, image, label):
         return super().forward(image, label)
+
+
+class Sequence(nn.Module):
+    """The recurrent layer `body` over f32[B, 12, 8] sequences (time-major when it is not
+    batch_first), its outputs' mean over time into a linear head to 2 classes."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+        width = body.hidden_size * (2 if body.bidirectional else 1)
+        self.head = nn.Linear(getattr(body, "proj_size", 0) or width, 2)
+
+    def forward(self, sequence, label):
+        x = sequence if self.body.batch_first else sequence.transpose(0, 1)
+        y, _ = self.body(x)
+        return F.cross_entropy(self.head(y.mean(1 if self.body.batch_first else 0)), label)
+
+
+class PackedLstm(Sequence):
+    """An nn.LSTM over a PackedSequence (pack_padded_sequence)."""
+
+    def __init__(self):
+        super().__init__(nn.LSTM(8, 8, batch_first=True))
+
+    def forward(self, sequence, label):
+        x = nn.utils.rnn.pack_padded_sequence(sequence, [12] * len(sequence), batch_first=True)
+        y, _ = nn.utils.rnn.pad_packed_sequence(self.body(x)[0], batch_first=True)
+        return F.cross_entropy(self.head(y.mean(1)), label)
 
 
 class PaddedEmbedding(nn.Module):
@@ -159,6 +233,7 @@ FEATURES = {"features": "f32[8]", "label": "i64[]"}
 IMAGES = {"image": "f32[4, 6, 6]", "label": "i64[]"}
 IMAGES3 = {"image": "f32[3, 16, 16]", "label": "i64[]"}
 TOKENS = {"tokens": "i64[12]", "label": "i64[]"}
+SEQUENCES = {"sequence": "f32[12, 8]", "label": "i64[]"}
 
 MODULES = {
     # name: (factory, forward's argument types)
@@ -166,6 +241,9 @@ MODULES = {
     "mixer": (Mixer, IMAGES3),
     "text_cnn": (TextCnn, TOKENS),
     "seq2seq": (TinySeq2Seq, {"tokens": "i64[12]", "label": "i64[12]"}),
+    "lstm_lm": (LstmLM, {"tokens": "i64[12]", "label": "i64[12]"}),
+    "gru_classifier": (GruClassifier, TOKENS),
+    "lstm_seq2seq": (LstmSeq2Seq, {"tokens": "i64[12]", "label": "i64[12]"}),
     "batch_norm_2d": (lambda: Image(nn.BatchNorm2d(4), 4 * 36), IMAGES),
     "batch_norm_1d": (lambda: Features(nn.BatchNorm1d(8)), FEATURES),
     "group_norm": (lambda: Image(nn.GroupNorm(2, 4), 4 * 36), IMAGES),
@@ -180,6 +258,17 @@ MODULES = {
     "conv1d": (lambda: Image(nn.Sequential(nn.Flatten(1, 2), nn.Conv1d(24, 4, 3)), 4 * 4),
                IMAGES),
     "cross_attention": (CrossAttention, TOKENS),
+    "lstm": (lambda: Sequence(nn.LSTM(8, 8, batch_first=True)), SEQUENCES),
+    "lstm_2_layers_time_major": (lambda: Sequence(nn.LSTM(8, 8, num_layers=2)), SEQUENCES),
+    "lstm_bidirectional": (lambda: Sequence(nn.LSTM(8, 8, batch_first=True, bidirectional=True)),
+                           SEQUENCES),
+    "gru": (lambda: Sequence(nn.GRU(8, 8, batch_first=True)), SEQUENCES),
+    "rnn_tanh": (lambda: Sequence(nn.RNN(8, 8, batch_first=True)), SEQUENCES),
+    "rnn_relu_no_bias": (lambda: Sequence(nn.RNN(8, 8, nonlinearity="relu", bias=False,
+                                                 batch_first=True)), SEQUENCES),
+    "lstm_proj_size": (lambda: Sequence(nn.LSTM(8, 16, batch_first=True, proj_size=8)),
+                       SEQUENCES),
+    "lstm_packed_sequence": (PackedLstm, SEQUENCES),
 }
 
 

@@ -4,8 +4,9 @@ that names the problem and where, exit status 1, and nothing written (no DIR, no
 beside it). The modules are in tests/parity/bad_modules.py; one valid export checks that the
 cases fail for their own reason. Exits 77 (skipped, saying why) without python3-torch.
 
-Run by ctest as torch_export_bad_input (class BadInput) and torch_export_arrays (class ArrayInput);
-by hand: /usr/bin/python3 tests/parity/torch_export_test.py [BadInput|ArrayInput]
+Run by ctest as torch_export_bad_input (class BadInput), torch_export_arrays (class ArrayInput)
+and torch_export_recurrent (class RecurrentForward: the unrolled recurrent layers against
+PyTorch's own); by hand: /usr/bin/python3 tests/parity/torch_export_test.py [BadInput|...]
 """
 import os
 import re
@@ -381,6 +382,57 @@ class ArrayInput(ExportCase):
         init, _ = read_safetensors(os.path.join(out, "init.safetensors"))
         self.assertEqual(init["layer.running_mean"].tolist(), [0.0, 0.0])
         self.assertEqual(init["layer.running_var"].tolist(), [1.0, 1.0])
+
+
+class RecurrentForward(unittest.TestCase):
+    """tools/torch_export/recurrent.py's unrolled forward against the layer's own (PyTorch's fused
+    CPU kernels) on every configuration it maps: LSTM, GRU, RNN (tanh, relu); 1 and 2 layers;
+    batch_first both ways; one and two directions; with and without biases; with and without an
+    initial state; and an unbatched input. Outputs, final states and every parameter's gradient
+    of one loss that reads them all, within 1e-5 (the sums run in another order)."""
+
+    def test_unrolled_forward_computes_what_the_layer_computes(self):
+        import itertools
+        import torch
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        from torch_export.recurrent import unrolled_forward
+        torch.manual_seed(0)
+        layers = [(torch.nn.LSTM, {}), (torch.nn.GRU, {}), (torch.nn.RNN, {}),
+                  (torch.nn.RNN, {"nonlinearity": "relu"})]
+        for (cls, extra), num, batch_first, bidi, bias, state in itertools.product(
+                layers, (1, 2), (True, False), (False, True), (True, False), (False, True)):
+            with self.subTest(layer=cls.__name__, extra=extra, num_layers=num,
+                              batch_first=batch_first, bidirectional=bidi, bias=bias,
+                              state=state):
+                m = cls(5, 4, num_layers=num, batch_first=batch_first, bidirectional=bidi,
+                        bias=bias, **extra)
+                x = torch.randn(3, 6, 5) if batch_first else torch.randn(6, 3, 5)
+                hx = None
+                if state:
+                    hx = torch.randn(num * (2 if bidi else 1), 3, 4)
+                    if cls is torch.nn.LSTM:
+                        hx = (hx, torch.randn_like(hx))
+                self.assertClose(m, x, hx, m.forward, unrolled_forward(m, "m"))
+        m = torch.nn.LSTM(5, 4, num_layers=2, bidirectional=True)
+        self.assertClose(m, torch.randn(6, 5), None, m.forward, unrolled_forward(m, "m"))
+
+    def assertClose(self, module, x, hx, theirs, mine):
+        import torch
+
+        def run(forward):
+            module.zero_grad()
+            out, state = forward(x, hx)
+            state = state if isinstance(state, tuple) else (state,)
+            weights = torch.linspace(-1, 1, out.numel()).view(out.shape)
+            loss = (out * weights).sum() + sum((s * s).sum() for s in state)
+            loss.backward()
+            return [out, *state] + [p.grad.clone() for p in module.parameters()]
+
+        expected, got = run(theirs), run(mine)
+        self.assertEqual(len(expected), len(got))
+        for e, g in zip(expected, got):
+            self.assertEqual(e.shape, g.shape)
+            self.assertLess((e - g).abs().max().item(), 1e-5)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "swiglu_long", .op = "swiglu", .inputs = {F({1031}), F({1031})}, .fills = {Uniform(-90, 90), Fill{}}, .grad = false},
       {.label = "tanh", .op = "tanh", .inputs = {F({33})}, .fills = {wide}},
       {.label = "tanh_long", .op = "tanh", .inputs = {F({1031})}, .fills = {Uniform(-12, 12)}, .grad = false},
+      {.label = "sigmoid", .op = "sigmoid", .inputs = {F({7, 13})}, .fills = {wide}},
+      {.label = "sigmoid_one", .op = "sigmoid", .inputs = {F({1})}},
+      // Past ±88 e^-x overflows f32 (and underflows): σ is 0 or 1 there, never NaN.
+      {.label = "sigmoid_long", .op = "sigmoid", .inputs = {F({1031})}, .fills = {Uniform(-100, 100)}, .grad = false},
       {.label = "exp", .op = "exp", .inputs = {F({7, 13})}, .fills = {wide}},
       {.label = "exp_long", .op = "exp", .inputs = {F({1031})}, .fills = {Uniform(-80, 80)}, .grad = false},
       {.label = "log", .op = "log", .single_kernel = true, .inputs = {F({7, 13})}, .fills = {positive}},
@@ -80,6 +84,7 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "swiglu_grad_long", .op = "swiglu_grad", .inputs = {F({1031}), F({1031}), F({1031})}, .fills = {Fill{}, Uniform(-90, 90), Fill{}}, .grad = false},
       {.label = "gelu_erf_grad", .op = "gelu_erf_grad", .single_kernel = true, .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
       {.label = "tanh_grad", .op = "tanh_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
+      {.label = "sigmoid_grad", .op = "sigmoid_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
       {.label = "leaky_relu_grad", .op = "leaky_relu_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .attrs = {{"slope", 0.2}}, .grad = false},
       {.label = "softplus_grad", .op = "softplus_grad", .single_kernel = true, .inputs = {F({33}), F({33})}, .attrs = {{"beta", 2.0}, {"threshold", 3.0}}, .fills = {Fill{}, Uniform(-4, 4)}, .grad = false},
       // Fill, cast, copy. (A cast to f32 rounds away what a finite difference measures: no grad.)
@@ -166,6 +171,8 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "relu_grad_shape", .op = "relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "gelu_grad_broadcast", .op = "gelu_grad", .inputs = {F({2, 3}), F({3})}},
       {.label = "tanh_grad_dtype", .op = "tanh_grad", .inputs = {F({3}), f64_3}},
+      {.label = "sigmoid_int", .op = "sigmoid", .inputs = {I64({3})}},
+      {.label = "sigmoid_grad_shape", .op = "sigmoid_grad", .inputs = {F({3}), F({4})}},
       {.label = "softplus_beta_zero", .op = "softplus", .inputs = {F({3})}, .attrs = {{"beta", 0.0}}},
       {.label = "leaky_relu_grad_shape", .op = "leaky_relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "full_dtype", .op = "full", .inputs = {}, .attrs = {{"dtype", std::string("q8")}, {"shape", std::vector<int64_t>{2}}, {"value", 0.0}}},
@@ -247,6 +254,37 @@ TEST(SiluAndExactGelu, MatchPyTorch) {
         EXPECT_NEAR(dx[i], e.dx[i], 1e-12 * std::max(1.0, std::abs(e.dx[i])))
             << e.op << "'(" << x[i] << ") reference=" << reference;
       }
+    }
+  }
+}
+
+// torch.sigmoid and its gradient in float64 (PyTorch 1.13), fast and reference kernels; the
+// gradient op reads sigmoid's output. At ±100 the tails are 3.7e-44 and 1 (no NaN where e^-x is
+// large).
+TEST(Sigmoid, MatchesPyTorch) {
+  const std::vector<double> x = {-100.0, -20.0, -6.0, -1.5, -0.5, 0.0,
+                                 1e-3,   0.5,   2.5,  6.0,  20.0, 100.0};
+  const std::vector<double> torch_y = {
+      3.7200759760208356e-44, 2.0611536181902037e-09, 0.0024726231566347743,
+      0.18242552380635635,    0.3775406687981454,     0.5,
+      0.5002499999791666,     0.6224593312018546,     0.9241418199787566,
+      0.9975273768433653,     0.9999999979388463,     1.0};
+  const std::vector<double> torch_dx = {
+      3.7200759760208356e-44, 2.0611536139418496e-09, 0.002466509291360048,
+      0.14914645207033286,    0.2350037122015945,     0.25,
+      0.24999993750001043,    0.2350037122015945,     0.07010371654510807,
+      0.002466509291359931,   2.0611536879193953e-09, 0.0};
+  const Shape n{static_cast<int64_t>(x.size())};
+  const Tensor ones = Tensor::Full(n, 1.0, DType::kF64);
+  for (bool reference : {false, true}) {
+    const std::vector<double> y = RunF64("sigmoid", {Tensor::FromVector<double>(n, x)}, reference);
+    const std::vector<double> dx =
+        RunF64("sigmoid_grad", {ones, Tensor::FromVector<double>(n, y)}, reference);
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_NEAR(y[i], torch_y[i], 1e-12 * std::max(1e-30, std::abs(torch_y[i])))
+          << "sigmoid(" << x[i] << ") reference=" << reference;
+      EXPECT_NEAR(dx[i], torch_dx[i], 1e-12 * std::max(1e-30, std::abs(torch_dx[i])))
+          << "sigmoid'(" << x[i] << ") reference=" << reference;
     }
   }
 }

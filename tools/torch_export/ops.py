@@ -292,17 +292,8 @@ def _softplus(L, node, args, kwargs, shape):
                   {"beta": float(beta), "threshold": float(threshold)})
 
 
-def _sigmoid_of(L, x, shape):
-    # sigmoid(x) = 0.5 + 0.5·tanh(x/2): no overflow for large |x|, unlike 1 / (1 + e^-x)
-    h = L.emit("scale", [x], shape, "f32", {"factor": 0.5}, hint="half")
-    t = L.emit("tanh", [h], shape, "f32")
-    t = L.emit("scale", [t], shape, "f32", {"factor": 0.5}, hint="half_tanh")
-    half = L.emit("full", [], [], "f32", {"dtype": "f32", "shape": [], "value": 0.5}, hint="half")
-    return L.emit("add", [t, half], shape, "f32", hint="sigmoid")
-
-
 def _sigmoid(L, node, args, kwargs, shape):
-    return _sigmoid_of(L, L.val(args[0]), shape)
+    return L.emit("sigmoid", [L.val(args[0])], shape, "f32")
 
 
 def _silu(L, node, args, kwargs, shape):

@@ -57,21 +57,19 @@ def _cell(sub, xw, h, c, w_hh, b_hh):
     """One step of `sub`'s cell, as ATen's CPU cells compute it: xw the step's input projection
     (with b_ih) [B, G·H], h and c the state [B, H] (None: zero). Returns (h', c')."""
     hw = b_hh if h is None else F.linear(h, w_hh, b_hh)  # [B, G·H]; h = 0: b_hh alone
-    size = sub.hidden_size
     if sub.mode == "GRU":
-        # r and z by one sigmoid of [B, 2H]; n = tanh(xn + r·hn)
-        xrz, xn = xw.split([2 * size, size], 1)
-        hrz, hn = (None, None) if hw is None else hw.split([2 * size, size], -1)
-        r, z = torch.sigmoid(xrz if hrz is None else xrz + hrz).chunk(2, 1)
+        # one sigmoid per gate: its output is what both its gradient and the products read
+        xr, xz, xn = xw.chunk(3, 1)
+        hr, hz, hn = (None, None, None) if hw is None else hw.chunk(3, -1)
+        r = torch.sigmoid(xr if hr is None else xr + hr)
+        z = torch.sigmoid(xz if hz is None else xz + hz)
         n = torch.tanh(xn if hn is None else xn + r * hn)
         # h' = (1 − z)·n + z·h, written as ATen's GRU cell writes it: n + z·(h − n)
         return (n - z * n if h is None else n + z * (h - n)), None
     gates = xw if hw is None else xw + hw
     if sub.mode == "LSTM":
-        # i and f by one sigmoid of [B, 2H], g by tanh, o by sigmoid
-        i_f, g, o = gates.split([2 * size, size, size], 1)
-        i, f = torch.sigmoid(i_f).chunk(2, 1)
-        g, o = torch.tanh(g), torch.sigmoid(o)
+        i, f, g, o = gates.chunk(4, 1)
+        i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
         c = i * g if c is None else f * c + i * g
         return o * torch.tanh(c), c
     return (torch.tanh(gates) if sub.mode == "RNN_TANH" else torch.relu(gates)), None

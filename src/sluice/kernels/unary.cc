@@ -79,6 +79,23 @@ void SiluFast(const T* x, T* y, int64_t n) {
 }
 
 template <typename T>
+void SigmoidReference(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = T(1) / (T(1) + std::exp(-x[i]));
+}
+
+template <typename T>
+void SigmoidFast(const T* x, T* y, int64_t n) {
+  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
+    T e[kSiluBlock];
+    for (int64_t b = begin; b < end; b += kSiluBlock) {
+      const int64_t m = std::min(kSiluBlock, end - b);
+      ExpNegBlock(x + b, e, m);
+      for (int64_t i = 0; i < m; ++i) y[b + i] = T(1) / (T(1) + e[i]);
+    }
+  });
+}
+
+template <typename T>
 void SiluGradReference(const T* dy, const T* x, T* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const T s = T(1) / (T(1) + std::exp(-x[i]));
@@ -223,6 +240,11 @@ void TanhGrad(const T* __restrict dy, const T* __restrict y, T* __restrict dx, i
   ForEachBlocked(n, [&](int64_t i) { dx[i] = dy[i] * (T(1) - y[i] * y[i]); });
 }
 
+template <typename T>
+void SigmoidGrad(const T* __restrict dy, const T* __restrict y, T* __restrict dx, int64_t n) {
+  ForEachBlocked(n, [&](int64_t i) { dx[i] = dy[i] * y[i] * (T(1) - y[i]); });
+}
+
 template <typename From, typename To>
 void Cast(const From* __restrict x, To* __restrict y, int64_t n) {
   ForEachBlocked(n, [&](int64_t i) { y[i] = static_cast<To>(x[i]); });
@@ -250,6 +272,9 @@ template void ReluGrad<float>(const float*, const float*, float*, int64_t);
 template void GeluGradReference<float>(const float*, const float*, float*, int64_t);
 template void GeluGradFast<float>(const float*, const float*, float*, int64_t);
 template void TanhGrad<float>(const float*, const float*, float*, int64_t);
+template void SigmoidReference<float>(const float*, float*, int64_t);
+template void SigmoidFast<float>(const float*, float*, int64_t);
+template void SigmoidGrad<float>(const float*, const float*, float*, int64_t);
 template void LeakyRelu<float>(const float*, float*, int64_t, float);
 template void Softplus<float>(const float*, float*, int64_t, float, float);
 template void LeakyReluGrad<float>(const float*, const float*, float*, int64_t, float);
@@ -275,6 +300,9 @@ template void ReluGrad<double>(const double*, const double*, double*, int64_t);
 template void GeluGradReference<double>(const double*, const double*, double*, int64_t);
 template void GeluGradFast<double>(const double*, const double*, double*, int64_t);
 template void TanhGrad<double>(const double*, const double*, double*, int64_t);
+template void SigmoidReference<double>(const double*, double*, int64_t);
+template void SigmoidFast<double>(const double*, double*, int64_t);
+template void SigmoidGrad<double>(const double*, const double*, double*, int64_t);
 template void LeakyRelu<double>(const double*, double*, int64_t, double);
 template void Softplus<double>(const double*, double*, int64_t, double, double);
 template void LeakyReluGrad<double>(const double*, const double*, double*, int64_t, double);

@@ -11,7 +11,8 @@
 // GELU is the tanh approximation, exactly PyTorch's gelu(approximate='tanh'), in both versions:
 //   gelu(x) = 0.5·x·(1 + tanh(u)),  u = √(2/π)·(x + 0.044715·x³)
 //
-// SiLU is x·σ(x) = x / (1 + e^−x), PyTorch's silu; its fast form takes e^−x from the SIMD exp.
+// SiLU is x·σ(x) = x / (1 + e^−x), PyTorch's silu; its fast form takes e^−x from the SIMD exp, as
+// the sigmoid's does.
 // The exact GELU is 0.5·x·(1 + erf(x/√2)), PyTorch's gelu(approximate='none'), with libm's erf.
 //
 // Inputs and outputs may not overlap (pointers are __restrict), unless a kernel says otherwise.
@@ -41,6 +42,11 @@ template <typename T>
 void SiluReference(const T* x, T* y, int64_t n);
 template <typename T>
 void SiluFast(const T* x, T* y, int64_t n);
+// y = σ(x) = 1 / (1 + e^−x), PyTorch's sigmoid: 0 (not NaN) where e^−x overflows.
+template <typename T>
+void SigmoidReference(const T* x, T* y, int64_t n);
+template <typename T>
+void SigmoidFast(const T* x, T* y, int64_t n);
 // y = 0.5·x·(1 + erf(x/√2)) (exact GELU).
 template <typename T>
 void GeluErf(const T* x, T* y, int64_t n);
@@ -92,6 +98,9 @@ void SoftplusGrad(const T* dy, const T* x, T* dx, int64_t n, T beta, T threshold
 // dx = dy · (1 − y²) with y = tanh(x).
 template <typename T>
 void TanhGrad(const T* dy, const T* y, T* dx, int64_t n);
+// dx = dy · y·(1 − y) with y = σ(x).
+template <typename T>
+void SigmoidGrad(const T* dy, const T* y, T* dx, int64_t n);
 
 // y = static_cast<To>(x).
 template <typename From, typename To>

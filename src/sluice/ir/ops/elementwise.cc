@@ -211,6 +211,7 @@ std::vector<Var> GeluVjp(VjpContext& ctx) { return {GeluGrad(ctx.dy(0), ctx.x(0)
 std::vector<Var> SiluVjp(VjpContext& ctx) { return {SiluGrad(ctx.dy(0), ctx.x(0))}; }
 std::vector<Var> GeluErfVjp(VjpContext& ctx) { return {GeluErfGrad(ctx.dy(0), ctx.x(0))}; }
 std::vector<Var> TanhVjp(VjpContext& ctx) { return {TanhGrad(ctx.dy(0), ctx.y(0))}; }
+std::vector<Var> SigmoidVjp(VjpContext& ctx) { return {SigmoidGrad(ctx.dy(0), ctx.y(0))}; }
 std::vector<Var> LeakyReluVjp(VjpContext& ctx) {
   return {LeakyReluGrad(ctx.dy(0), ctx.x(0), ctx.attrs().GetFloat("slope", 0.01))};
 }
@@ -548,6 +549,7 @@ Var Gelu(Var x) { return x.builder()->Emit1("gelu", {x}); }
 Var Silu(Var x) { return x.builder()->Emit1("silu", {x}); }
 Var GeluErf(Var x) { return x.builder()->Emit1("gelu_erf", {x}); }
 Var Tanh(Var x) { return x.builder()->Emit1("tanh", {x}); }
+Var Sigmoid(Var x) { return x.builder()->Emit1("sigmoid", {x}); }
 Var Exp(Var x) { return x.builder()->Emit1("exp", {x}); }
 Var Log(Var x) { return x.builder()->Emit1("log", {x}); }
 Var Sqrt(Var x) { return x.builder()->Emit1("sqrt", {x}); }
@@ -566,6 +568,7 @@ Var SoftplusGrad(Var dy, Var x, double beta, double threshold) {
 Var ReluGrad(Var dy, Var s) { return dy.builder()->Emit1("relu_grad", {dy, s}); }
 Var GeluGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_grad", {dy, x}); }
 Var TanhGrad(Var dy, Var y) { return dy.builder()->Emit1("tanh_grad", {dy, y}); }
+Var SigmoidGrad(Var dy, Var y) { return dy.builder()->Emit1("sigmoid_grad", {dy, y}); }
 Var SiluGrad(Var dy, Var x) { return dy.builder()->Emit1("silu_grad", {dy, x}); }
 Var GeluErfGrad(Var dy, Var x) { return dy.builder()->Emit1("gelu_erf_grad", {dy, x}); }
 Var Swiglu(Var a, Var b) { return a.builder()->Emit1("swiglu", {a, b}); }
@@ -648,6 +651,12 @@ void RegisterElementwiseOps(OpRegistry& r) {
   RegisterUnary(r, "tanh", UnaryKernel<kernels::TanhFast<float>, kernels::TanhFast<double>>,
                 UnaryKernel<kernels::TanhReference<float>, kernels::TanhReference<double>>, TanhVjp,
                 "tanh(x)", /*recomputable=*/true);
+  RegisterUnary(
+      r, "sigmoid", UnaryKernel<kernels::SigmoidFast<float>, kernels::SigmoidFast<double>>,
+      UnaryKernel<kernels::SigmoidReference<float>, kernels::SigmoidReference<double>>, SigmoidVjp,
+      "sigmoid: 1 / (1 + e^-x) (PyTorch sigmoid; 0 where e^-x overflows); its gradient reads y "
+      "alone",
+      /*recomputable=*/true);
   RegisterUnary(r, "exp", UnaryKernel<kernels::ExpFast<float>, kernels::ExpFast<double>>,
                 UnaryKernel<kernels::ExpReference<float>, kernels::ExpReference<double>>, ExpVjp,
                 "e^x");
@@ -744,6 +753,9 @@ void RegisterElementwiseOps(OpRegistry& r) {
   RegisterUnaryGrad(r, "tanh_grad", "y",
                     UnaryGradKernel<kernels::TanhGrad<float>, kernels::TanhGrad<double>>, nullptr,
                     "tanh gradient from the output y: dy · (1 − y²)");
+  RegisterUnaryGrad(r, "sigmoid_grad", "y",
+                    UnaryGradKernel<kernels::SigmoidGrad<float>, kernels::SigmoidGrad<double>>,
+                    nullptr, "sigmoid gradient from the output y: dy · y·(1 − y)");
 
   r.Register({.name = "full",
               .num_inputs = 0,

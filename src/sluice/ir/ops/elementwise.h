@@ -37,12 +37,13 @@ inline Var operator-(Var x) { return Neg(x); }
 
 // Activations and functions, y = f(x), same shape. Ops "relu", "gelu" (tanh approximation,
 // PyTorch's gelu(approximate='tanh')), "gelu_erf" (exact, approximate='none'), "silu" (x·σ(x)),
-// "tanh", "exp", "log", "sqrt".
+// "tanh", "sigmoid" (1 / (1 + e^−x)), "exp", "log", "sqrt".
 Var Relu(Var x);
 Var Gelu(Var x);
 Var GeluErf(Var x);
 Var Silu(Var x);
 Var Tanh(Var x);
+Var Sigmoid(Var x);
 Var Exp(Var x);
 Var Log(Var x);
 Var Sqrt(Var x);
@@ -66,6 +67,8 @@ Var SiluGrad(Var dy, Var x);
 Var GeluErfGrad(Var dy, Var x);
 // dy · (1 − y²) for y = tanh(x). Op "tanh_grad".
 Var TanhGrad(Var dy, Var y);
+// dy · y·(1 − y) for y = sigmoid(x). Op "sigmoid_grad".
+Var SigmoidGrad(Var dy, Var y);
 // dy where x > 0, slope·dy elsewhere. Op "leaky_relu_grad", attribute slope.
 Var LeakyReluGrad(Var dy, Var x, double slope);
 // dy · σ(beta·x), dy where beta·x > threshold. Op "softplus_grad", attributes beta, threshold.

@@ -146,9 +146,10 @@ Program ElementwiseShapesAndReductions() {
   Var z = Add(Sub(Mul(x, y), Div(x, y)), Neg(Scale(x, 0.125)));
   Var act =
       Add(Add(Add(Relu(z), Gelu(z)), Add(Tanh(z), Sqrt(Exp(Log(z))))), Add(Silu(z), GeluErf(z)));
-  act = Add(act, Swiglu(z, act));
+  act = Add(Add(act, Swiglu(z, act)), Sigmoid(z));
   Var grads = Add(Add(Add(ReluGrad(act, z), GeluGrad(act, z)), TanhGrad(act, z)),
                   Add(SiluGrad(act, z), GeluErfGrad(act, z)));
+  grads = Add(grads, SigmoidGrad(act, z));
   grads = Add(grads, SwigluGrad(act, z, grads)[1]);
   std::vector<Var> parts = Split(grads, 2, {1, 3});
   Var joined = Concat({parts[1], parts[0], Slice(grads, 2, 1, 2)}, 2);

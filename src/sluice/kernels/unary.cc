@@ -66,16 +66,22 @@ void ExpNegBlock(const T* x, T* e, int64_t n) {
   Simd<T>().exp(e, e, n);
 }
 
-template <typename T>
-void SiluFast(const T* x, T* y, int64_t n) {
+// y[i] = f(x[i], e^−x[i]), e^−x by the SIMD exp a block at a time.
+template <typename T, typename F>
+void MapWithExpNeg(const T* x, T* y, int64_t n, F f) {
   ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
     T e[kSiluBlock];
     for (int64_t b = begin; b < end; b += kSiluBlock) {
       const int64_t m = std::min(kSiluBlock, end - b);
       ExpNegBlock(x + b, e, m);
-      for (int64_t i = 0; i < m; ++i) y[b + i] = x[b + i] / (T(1) + e[i]);
+      for (int64_t i = 0; i < m; ++i) y[b + i] = f(x[b + i], e[i]);
     }
   });
+}
+
+template <typename T>
+void SiluFast(const T* x, T* y, int64_t n) {
+  MapWithExpNeg(x, y, n, [](T v, T e) { return v / (T(1) + e); });
 }
 
 template <typename T>
@@ -85,14 +91,7 @@ void SigmoidReference(const T* x, T* y, int64_t n) {
 
 template <typename T>
 void SigmoidFast(const T* x, T* y, int64_t n) {
-  ParallelFor(n, kChunkElements, [&](int64_t begin, int64_t end) {
-    T e[kSiluBlock];
-    for (int64_t b = begin; b < end; b += kSiluBlock) {
-      const int64_t m = std::min(kSiluBlock, end - b);
-      ExpNegBlock(x + b, e, m);
-      for (int64_t i = 0; i < m; ++i) y[b + i] = T(1) / (T(1) + e[i]);
-    }
-  });
+  MapWithExpNeg(x, y, n, [](T, T e) { return T(1) / (T(1) + e); });
 }
 
 template <typename T>

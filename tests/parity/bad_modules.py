@@ -152,14 +152,6 @@ class Recurrent(nn.Module):
         return F.cross_entropy(self.head(h).view(-1, 11), targets.view(-1), ignore_index=-1)
 
 
-class ProjectedLstm(Recurrent):
-    """An LSTM with projections (proj_size): not unrolled."""
-
-    def __init__(self):
-        super().__init__()
-        self.rnn = nn.LSTM(8, 16, batch_first=True, proj_size=8)
-
-
 class PackedLstm(Recurrent):
     """An LSTM reading a PackedSequence: not unrolled."""
 
@@ -323,10 +315,6 @@ def no_parameters():
 
 def recurrent():
     return Recurrent()
-
-
-def projected_lstm():
-    return ProjectedLstm()
 
 
 def packed_lstm():

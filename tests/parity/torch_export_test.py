@@ -179,11 +179,6 @@ class BadInput(ExportCase):
         # five recurrent products: the first step's state is zero
         self.assertEqual(text.count("%rnn.weight_hh_l0) {transpose_b = true}"), 5, text)
 
-    def test_an_lstm_with_projections_names_its_module(self):
-        self.refused(f"{MODULES}:projected_lstm",
-                     "module 'rnn' is a torch.nn.LSTM with proj_size=8",
-                     "sluice unrolls LSTMs without them")
-
     def test_packed_sequences_name_the_module(self):
         self.refused(f"{MODULES}:packed_lstm", "module 'rnn' (torch.nn.LSTM) is given a "
                      "PackedSequence", "packed sequences (pack_padded_sequence) are not mapped")
@@ -388,8 +383,9 @@ class RecurrentForward(unittest.TestCase):
     """tools/torch_export/recurrent.py's unrolled forward against the layer's own (PyTorch's fused
     CPU kernels) on every configuration it maps: LSTM, GRU, RNN (tanh, relu); 1 and 2 layers;
     batch_first both ways; one and two directions; with and without biases; with and without an
-    initial state; and an unbatched input. Outputs, final states and every parameter's gradient
-    of one loss that reads them all, within 1e-5 (the sums run in another order)."""
+    initial state; an unbatched input; LSTMs with projections (proj_size). Outputs, final states
+    and every parameter's gradient of one loss that reads them all, within 1e-5 (the sums run in
+    another order)."""
 
     def test_unrolled_forward_computes_what_the_layer_computes(self):
         import itertools
@@ -415,6 +411,13 @@ class RecurrentForward(unittest.TestCase):
                 self.assertClose(m, x, hx, m.forward, unrolled_forward(m, "m"))
         m = torch.nn.LSTM(5, 4, num_layers=2, bidirectional=True)
         self.assertClose(m, torch.randn(6, 5), None, m.forward, unrolled_forward(m, "m"))
+        # An LSTM with projections (proj_size): h [.., 3] projected from the cell's 4.
+        for bidi, state in itertools.product((False, True), (False, True)):
+            with self.subTest(proj_size=3, bidirectional=bidi, state=state):
+                m = torch.nn.LSTM(5, 4, num_layers=2, bidirectional=bidi, proj_size=3)
+                d = 2 if bidi else 1
+                hx = (torch.randn(2 * d, 2, 3), torch.randn(2 * d, 2, 4)) if state else None
+                self.assertClose(m, torch.randn(6, 2, 5), hx, m.forward, unrolled_forward(m, "m"))
 
     def assertClose(self, module, x, hx, theirs, mine):
         import torch

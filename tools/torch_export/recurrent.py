@@ -20,7 +20,8 @@ A zero initial state (hx None) skips the first step's h·W_hhᵀ, as adding a ze
 Between layers, dropout > 0 in training is F.dropout, which the exporter maps to sluice's dropout.
 The unrolled program is for the traced T only: the exporter keeps T fixed (cli.export).
 
-Refused, naming the module: a PackedSequence input and proj_size > 0 (LSTM projections).
+An LSTM with proj_size > 0 projects each step's h by W_hr (h' = (o·tanh c)·W_hrᵀ), as PyTorch.
+Refused, naming the module: a PackedSequence input.
 """
 import torch
 import torch.nn.functional as F
@@ -43,19 +44,12 @@ def check_recurrent(path, sub):
     if sub.mode not in ("LSTM", "GRU", "RNN_TANH", "RNN_RELU"):
         raise ExportError(f"module '{path}' is a {_kind(sub)} of mode {sub.mode}: sluice unrolls "
                           f"LSTM, GRU and RNN (tanh or relu) layers only")
-    if getattr(sub, "proj_size", 0) > 0:
-        raise ExportError(f"module '{path}' is a {_kind(sub)} with proj_size={sub.proj_size} (an "
-                          f"LSTM with projections): sluice unrolls LSTMs without them; drop "
-                          f"proj_size, or add an nn.Linear after the LSTM")
 
 
-def _gates(sub):
-    return {"LSTM": 4, "GRU": 3}.get(sub.mode, 1)
-
-
-def _cell(sub, xw, h, c, w_hh, b_hh):
+def _cell(sub, xw, h, c, w_hh, b_hh, w_hr):
     """One step of `sub`'s cell, as ATen's CPU cells compute it: xw the step's input projection
-    (with b_ih) [B, G·H], h and c the state [B, H] (None: zero). Returns (h', c')."""
+    (with b_ih) [B, G·H], h and c the state [B, H] (None: zero; h [B, P] with an LSTM's
+    projection w_hr [P, H]). Returns (h', c')."""
     hw = b_hh if h is None else F.linear(h, w_hh, b_hh)  # [B, G·H]; h = 0: b_hh alone
     if sub.mode == "GRU":
         # one sigmoid per gate: its output is what both its gradient and the products read
@@ -71,7 +65,8 @@ def _cell(sub, xw, h, c, w_hh, b_hh):
         i, f, g, o = gates.chunk(4, 1)
         i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
         c = i * g if c is None else f * c + i * g
-        return o * torch.tanh(c), c
+        h = o * torch.tanh(c)
+        return (h if w_hr is None else F.linear(h, w_hr)), c
     return (torch.tanh(gates) if sub.mode == "RNN_TANH" else torch.relu(gates)), None
 
 
@@ -82,11 +77,12 @@ def _direction(sub, x, layer, reverse, h, c):
     w_ih, w_hh = getattr(sub, "weight_ih" + suffix), getattr(sub, "weight_hh" + suffix)
     b_ih = getattr(sub, "bias_ih" + suffix) if sub.bias else None
     b_hh = getattr(sub, "bias_hh" + suffix) if sub.bias else None
+    w_hr = getattr(sub, "weight_hr" + suffix) if getattr(sub, "proj_size", 0) > 0 else None
     xw = F.linear(x, w_ih, b_ih).split(1, 0)  # T pieces [1, B, G·H] of one product
     steps = range(len(xw) - 1, -1, -1) if reverse else range(len(xw))
     outs = [None] * len(xw)
     for t in steps:
-        h, c = _cell(sub, xw[t].squeeze(0), h, c, w_hh, b_hh)
+        h, c = _cell(sub, xw[t].squeeze(0), h, c, w_hh, b_hh, w_hr)
         outs[t] = h.unsqueeze(0)
     return torch.cat(outs, 0), h, c
 

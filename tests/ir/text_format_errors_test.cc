@@ -169,6 +169,30 @@ std::vector<BadText> Cases() {
        "expected a value (%name) after 'input'"},
       {"output_undefined", Body("  output %nope\n"), 3, 10, "undefined value %nope"},
       {"output_twice", Body("  output %x\n  output %x\n"), 4, 10, "%x is already an output"},
+      // Regression: what the verifier refuses once the whole program is read failed at the
+      // program (1:1); it is at the instruction, or the output statement, it concerns now.
+      {"update_reads_what_it_writes",
+       Body("  input %b: f32[4, 2]\n  buffer %m: f32[2] = zeros\n"
+            "  batch_norm_update_stats(%b, %m, %m) {momentum = 0.1}\n"),
+       5, 3,
+       "updates %m in place as 'running_mean' (input 1) and also reads it as 'running_var' (input "
+       "2)"},
+      {"update_reads_a_view_of_what_it_writes",
+       Body("  input %b: f32[4, 2]\n  buffer %m: f32[2] = zeros\n"
+            "  %v: f32[2] = reshape(%m) {shape = [2]}\n"
+            "  batch_norm_update_stats(%b, %m, %v) {momentum = 0.1}\n"),
+       6, 3, "and also reads %v as 'running_var' (input 2), which shares its storage"},
+      {"view_read_after_update",
+       Body("  input %b: f32[4, 2]\n  buffer %m: f32[2] = zeros\n  buffer %r: f32[2] = ones\n"
+            "  %v: f32[2] = reshape(%m) {shape = [2]}\n"
+            "  batch_norm_update_stats(%b, %m, %r) {momentum = 0.1}\n"
+            "  %y: f32[2] = copy(%v)\n"),
+       8, 16, "reads %v, a view of %m taken at instruction 0, after instruction 1"},
+      {"view_output_after_update",
+       Body("  input %b: f32[4, 2]\n  buffer %m: f32[2] = zeros\n  buffer %r: f32[2] = ones\n"
+            "  %v: f32[2] = reshape(%m) {shape = [2]}\n  output %v\n"
+            "  batch_norm_update_stats(%b, %m, %r) {momentum = 0.1}\n"),
+       7, 10, "outputs %v, a view of %m taken at instruction 0, which instruction 1"},
   };
 }
 

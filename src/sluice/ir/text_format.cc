@@ -291,6 +291,16 @@ class Parser {
     }
     try {
       VerifyOnce(program_);
+    } catch (const VerifyError& e) {
+      // At the instruction or output statement it concerns, else at the program.
+      const auto i = static_cast<size_t>(e.instruction());
+      if (e.instruction() >= 0 && i < instruction_at_.size()) {
+        lex_.Fail(instruction_at_[i].first, instruction_at_[i].second, e.what());
+      }
+      if (auto it = output_at_.find(e.output()); it != output_at_.end()) {
+        lex_.Fail(it->second.first, it->second.second, e.what());
+      }
+      Fail(keyword, e.what());
     } catch (const Error& e) {
       Fail(keyword, e.what());
     }
@@ -357,6 +367,7 @@ class Parser {
         Fail(v, fmt::format("{} is already an output", ValueRef(v.text)));
       }
       program_.AddOutput(id);
+      output_at_[id] = {v.line, v.col};
     } else {
       Fail(word,
            fmt::format("expected a statement (input, param, const, buffer, output, unit or an "
@@ -603,6 +614,7 @@ class Parser {
       Fail(op_token, fmt::format("internal error in {} (a bug in sluice, please report it): {}",
                                  op->name, e.what()));
     }
+    instruction_at_.emplace_back(op_token.line, op_token.col);
     for (size_t i = 0; i < std::min(outputs.size(), results.size()); ++i) {
       Record(outputs[i], results[i].at);
     }
@@ -750,6 +762,10 @@ class Parser {
   Token tok_;
   Program program_;
   std::vector<std::pair<int, int>> defined_at_;  // value -> line, col of its definition
+  // For the verifier's errors (VerifyError): each instruction's op name, in program order, and
+  // each output statement's value, by value: line, col.
+  std::vector<std::pair<int, int>> instruction_at_;
+  std::unordered_map<ValueId, std::pair<int, int>> output_at_;
   const SizeBindings& sizes_;
   ProgramAnnotations discarded_;     // where annotations go when the caller wants none
   ProgramAnnotations* annotations_;  // never null

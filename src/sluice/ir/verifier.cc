@@ -37,37 +37,44 @@ void Verify(const Program& p) {
   std::vector<TensorType> in_types;
   for (size_t i = 0; i < instrs.size(); ++i) {
     const Instruction& ins = instrs[i];
-    if (ins.op == nullptr) throw ProgramError(describe(i, ins) + ": no op");
+    if (ins.op == nullptr) throw VerifyError(static_cast<int64_t>(i), describe(i, ins) + ": no op");
     if (ins.op->num_inputs >= 0 && static_cast<int>(ins.inputs.size()) != ins.op->num_inputs) {
-      throw ProgramError(fmt::format("{}: takes {} inputs, has {}", describe(i, ins),
-                                     ins.op->num_inputs, ins.inputs.size()));
+      throw VerifyError(static_cast<int64_t>(i),
+                        fmt::format("{}: takes {} inputs, has {}", describe(i, ins),
+                                    ins.op->num_inputs, ins.inputs.size()));
     }
     if (std::string undeclared = UndeclaredAttrsMessage(*ins.op, ins.attrs); !undeclared.empty()) {
-      throw ProgramError(fmt::format("{}: {}", describe(i, ins), undeclared));
+      throw VerifyError(static_cast<int64_t>(i),
+                        fmt::format("{}: {}", describe(i, ins), undeclared));
     }
     in_types.clear();
     for (size_t k = 0; k < ins.inputs.size(); ++k) {
       const ValueId v = ins.inputs[k];
-      if (!value_ok(v)) throw ProgramError(describe(i, ins) + ": input refers to no value");
+      if (!value_ok(v))
+        throw VerifyError(static_cast<int64_t>(i), describe(i, ins) + ": input refers to no value");
       if (defined[v] == 0) {
-        throw ProgramError(
+        throw VerifyError(
+            static_cast<int64_t>(i),
             fmt::format("{}: %{} is used before it is defined", describe(i, ins), values[v].name));
       }
       if (std::string problem = InPlaceInputProblem(p, *ins.op, static_cast<int>(k), v);
           !problem.empty()) {
-        throw ProgramError(fmt::format("{}: {}", describe(i, ins), problem));
+        throw VerifyError(static_cast<int64_t>(i),
+                          fmt::format("{}: {}", describe(i, ins), problem));
       }
       in_types.push_back(p.type(v));
       // A view taken before an in-place update of its storage would show the updated values,
       // not those it was taken of: reading it after the update is refused (docs/program-format.md).
       const int32_t view_at = values[v].producer;
       if (root[v] != v && updated[root[v]] > view_at) {
-        throw ProgramError(fmt::format(
-            "{}: reads %{}, a view of %{} taken at instruction {}, after instruction {} ({}) "
-            "updated %{} in place; a view shares its storage, so it would show the updated "
-            "values: take the view after the update, or read it before",
-            describe(i, ins), values[v].name, values[root[v]].name, view_at, updated[root[v]],
-            instrs[updated[root[v]]].op->name, values[root[v]].name));
+        throw VerifyError(
+            static_cast<int64_t>(i),
+            fmt::format(
+                "{}: reads %{}, a view of %{} taken at instruction {}, after instruction {} ({}) "
+                "updated %{} in place; a view shares its storage, so it would show the updated "
+                "values: take the view after the update, or read it before",
+                describe(i, ins), values[v].name, values[root[v]].name, view_at, updated[root[v]],
+                instrs[updated[root[v]]].op->name, values[root[v]].name));
       }
     }
     if (ins.op->kind == OpKind::kInPlace) {
@@ -77,12 +84,15 @@ void Verify(const Program& p) {
         for (size_t k = 0; k < ins.inputs.size(); ++k) {
           if (static_cast<int>(k) == u || root[ins.inputs[k]] != root[ins.inputs[u]]) continue;
           const ValueId w = ins.inputs[u], other = ins.inputs[k];
-          throw ProgramError(fmt::format(
-              "{}: updates %{} in place as {} and also reads {} as {}{}: an in-place update may "
-              "not read what it writes through another input; give each input a value of its own",
-              describe(i, ins), values[w].name, input_name(ins, u),
-              other == w ? "it" : "%" + values[other].name, input_name(ins, k),
-              other == w ? "" : ", which shares its storage"));
+          throw VerifyError(
+              static_cast<int64_t>(i),
+              fmt::format("{}: updates %{} in place as {} and also reads {} as {}{}: an in-place "
+                          "update may "
+                          "not read what it writes through another input; give each input a value "
+                          "of its own",
+                          describe(i, ins), values[w].name, input_name(ins, u),
+                          other == w ? "it" : "%" + values[other].name, input_name(ins, k),
+                          other == w ? "" : ", which shares its storage"));
         }
       }
     }
@@ -90,27 +100,31 @@ void Verify(const Program& p) {
     try {
       expected = ins.op->infer(in_types, ins.attrs);
     } catch (const Error& e) {
-      throw ProgramError(fmt::format("{}: {}", describe(i, ins), e.what()));
+      throw VerifyError(static_cast<int64_t>(i), fmt::format("{}: {}", describe(i, ins), e.what()));
     }
     if (expected.size() != ins.outputs.size()) {
-      throw ProgramError(fmt::format("{}: op produces {} outputs, instruction lists {}",
-                                     describe(i, ins), expected.size(), ins.outputs.size()));
+      throw VerifyError(static_cast<int64_t>(i),
+                        fmt::format("{}: op produces {} outputs, instruction lists {}",
+                                    describe(i, ins), expected.size(), ins.outputs.size()));
     }
     for (size_t k = 0; k < ins.outputs.size(); ++k) {
       ValueId v = ins.outputs[k];
-      if (!value_ok(v)) throw ProgramError(describe(i, ins) + ": output refers to no value");
+      if (!value_ok(v))
+        throw VerifyError(static_cast<int64_t>(i),
+                          describe(i, ins) + ": output refers to no value");
       if (++defined[v] > 1) {
-        throw ProgramError(
-            fmt::format("{}: %{} is defined twice", describe(i, ins), values[v].name));
+        throw VerifyError(static_cast<int64_t>(i), fmt::format("{}: %{} is defined twice",
+                                                               describe(i, ins), values[v].name));
       }
       if (p.type(v) != expected[k]) {
-        throw ProgramError(fmt::format("{}: %{} is declared {} but the op gives {}",
-                                       describe(i, ins), values[v].name, p.type(v).ToString(),
-                                       expected[k].ToString()));
+        throw VerifyError(
+            static_cast<int64_t>(i),
+            fmt::format("{}: %{} is declared {} but the op gives {}", describe(i, ins),
+                        values[v].name, p.type(v).ToString(), expected[k].ToString()));
       }
       if (values[v].producer != static_cast<int32_t>(i)) {
-        throw ProgramError(
-            fmt::format("{}: %{} records the wrong producer", describe(i, ins), values[v].name));
+        throw VerifyError(static_cast<int64_t>(i), fmt::format("{}: %{} records the wrong producer",
+                                                               describe(i, ins), values[v].name));
       }
       if (ins.op->kind == OpKind::kView && !ins.inputs.empty()) root[v] = root[ins.inputs[0]];
     }
@@ -125,17 +139,23 @@ void Verify(const Program& p) {
   }
   for (ValueId v : p.outputs()) {
     if (!value_ok(v) || defined[v] == 0) {
-      throw ProgramError(fmt::format("program '{}': output {} is never defined", p.name(),
-                                     value_ok(v) ? "%" + values[v].name : std::string("?")));
+      throw VerifyError(-1,
+                        fmt::format("program '{}': output {} is never defined", p.name(),
+                                    value_ok(v) ? "%" + values[v].name : std::string("?")),
+                        v);
     }
     // An output is read after the last instruction: a view updated under it is read stale too.
     if (root[v] != v && updated[root[v]] > values[v].producer) {
-      throw ProgramError(fmt::format(
-          "program '{}': outputs %{}, a view of %{} taken at instruction {}, which instruction {} "
-          "({}) then updates in place; a view shares its storage, so it would show the updated "
-          "values: take the view after the update, or output a copy",
-          p.name(), values[v].name, values[root[v]].name, values[v].producer, updated[root[v]],
-          instrs[updated[root[v]]].op->name));
+      throw VerifyError(
+          -1,
+          fmt::format(
+              "program '{}': outputs %{}, a view of %{} taken at instruction {}, which instruction "
+              "{} "
+              "({}) then updates in place; a view shares its storage, so it would show the updated "
+              "values: take the view after the update, or output a copy",
+              p.name(), values[v].name, values[root[v]].name, values[v].producer, updated[root[v]],
+              instrs[updated[root[v]]].op->name),
+          v);
     }
   }
 }

@@ -7,13 +7,33 @@
 // with no other input of the instruction (`sgd_update(%w, %w, %w, %lr)`, or a view of %w), and a
 // view (kView: it shares its input's storage) taken before an update of its storage is not read
 // after it, nor output — it would show the updated values. The value updated, and views taken after
-// the update, read the new values (docs/program-format.md, "In-place updates"). Throws ProgramError
+// the update, read the new values (docs/program-format.md, "In-place updates"). Throws VerifyError
 // naming the program, the instruction (index, op, first output) and the value.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
+#include "sluice/core/error.h"
 #include "sluice/ir/program.h"
 
 namespace sluice {
+
+// What Verify throws: a ProgramError that also says, for whoever knows where the program came
+// from (the text parser points at file:line:col), which instruction it concerns — its index in
+// Program::instructions(), -1 when none — and, for an output statement, which value (kNoValue
+// when none).
+class VerifyError : public ProgramError {
+ public:
+  VerifyError(int64_t instruction, const std::string& message, ValueId output = kNoValue)
+      : ProgramError(message), instruction_(instruction), output_(output) {}
+  int64_t instruction() const { return instruction_; }
+  ValueId output() const { return output_; }
+
+ private:
+  int64_t instruction_;
+  ValueId output_;
+};
 
 void Verify(const Program& program);
 

@@ -25,7 +25,28 @@ namespace fs = std::filesystem;
 constexpr const char* kSmall =
     "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet --steps 3";
 
-class SideOutputsCli : public CliTest {};
+class SideOutputsCli : public CliTest {
+ protected:
+  // Runs `sluice train --layers 1 … --steps STEPS --metrics DISK/m.jsonl --save CK` with DISK a
+  // 16 KiB tmpfs mounted in a mount namespace of the run's own (`unshare -m`, so nothing is left
+  // mounted); `before` and `after` are shell commands run there around it, "$0" naming DISK.
+  // Returns its exit status (77: no tmpfs could be mounted); its output is in err.txt.
+  int TrainOnASmallDisk(const fs::path& disk, int steps, const fs::path& ck,
+                        const std::string& before, const std::string& after) {
+    fs::create_directories(disk);
+    const std::string script = fmt::format(
+        "unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs \"$0\" || exit 77; {} \"$1\" train "
+        "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet --steps {} "
+        "--metrics \"$0/m.jsonl\" --save \"$2\"; rc=$?; {}; exit $rc' '{}' '{}' '{}' > '{}' 2>&1",
+        before, steps, after, disk.string(), binary_, ck.string(), (dir_ / "err.txt").string());
+    const int raw = std::system(script.c_str());
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  }
+  // Whether TrainOnASmallDisk's `status` and output say the tmpfs could not be mounted.
+  bool NoSmallDisk(int status, const std::string& err) const {
+    return status == 77 || (status != 1 && err.find("unshare") != std::string::npos);
+  }
+};
 
 TEST_F(SideOutputsCli, AnUnwritableTraceOrProfileOrMetricsStillSavesTheCheckpoint) {
   const struct {
@@ -61,18 +82,11 @@ TEST_F(SideOutputsCli, AnUnwritableTraceOrProfileOrMetricsStillSavesTheCheckpoin
 // cut off by the full disk is removed again). Skipped, with the reason, where the machine does not
 // let the test mount a tmpfs (no root, no CAP_SYS_ADMIN, no unshare).
 TEST_F(SideOutputsCli, AFullDiskAbandonsTheMetricsInWholeLinesAndKeepsTraining) {
-  const fs::path disk = dir_ / "disk", ck = dir_ / "ck.safetensors", copy = dir_ / "m.jsonl";
-  fs::create_directories(disk);
-  const std::string script = fmt::format(
-      "unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs \"$0\" || exit 77; \"$1\" train "
-      "--layers 1 --dim 16 --heads 2 --batch 8 --threads 1 --eval-every 0 --quiet --steps 200 "
-      "--metrics \"$0/m.jsonl\" --save \"$2\"; rc=$?; cp \"$0/m.jsonl\" \"$3\"; exit $rc' "
-      "'{}' '{}' '{}' '{}' > '{}' 2>&1",
-      disk.string(), binary_, ck.string(), copy.string(), (dir_ / "err.txt").string());
-  const int raw = std::system(script.c_str());
-  const int status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  const fs::path ck = dir_ / "ck.safetensors", copy = dir_ / "m.jsonl";
+  const int status = TrainOnASmallDisk(dir_ / "disk", 200, ck, "",
+                                       fmt::format("cp \"$0/m.jsonl\" \"{}\"", copy.string()));
   const std::string err = ReadFile(dir_ / "err.txt");
-  if (status == 77 || (status != 1 && err.find("unshare") != std::string::npos)) {
+  if (NoSmallDisk(status, err)) {
     GTEST_SKIP() << "cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): " << err;
   }
   EXPECT_EQ(status, 1) << err;
@@ -92,6 +106,27 @@ TEST_F(SideOutputsCli, AFullDiskAbandonsTheMetricsInWholeLinesAndKeepsTraining) 
   }
   EXPECT_GT(count, 1);
   EXPECT_LT(count, 200) << "the 16 KiB disk held every line: nothing was tested";
+}
+
+// Regression: a --metrics file that did not exist was left empty (0 bytes) when the disk was full
+// at the first line. Now the first line goes to a temporary renamed over the path once whole: on a
+// tmpfs filled before the run, no metrics file and no temporary is left, and training goes on.
+// Skipped, as above, where a tmpfs cannot be mounted.
+TEST_F(SideOutputsCli, AFullDiskAtTheFirstLineLeavesNoEmptyMetricsFile) {
+  const fs::path ck = dir_ / "ck.safetensors", listing = dir_ / "ls.txt";
+  const int status =
+      TrainOnASmallDisk(dir_ / "disk", 2, ck, "cat /dev/zero > \"$0/fill\" 2>/dev/null;",
+                        fmt::format("ls -a \"$0\" > \"{}\"", listing.string()));
+  const std::string err = ReadFile(dir_ / "err.txt");
+  if (NoSmallDisk(status, err)) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): " << err;
+  }
+  EXPECT_EQ(status, 1) << err;
+  EXPECT_THAT(err, HasSubstr("cannot write metrics file"));
+  EXPECT_TRUE(fs::exists(ck)) << "the checkpoint was lost";
+  const std::string files = ReadFile(listing);
+  EXPECT_THAT(files, HasSubstr("fill")) << "the listing of the full disk";
+  EXPECT_THAT(files, ::testing::Not(HasSubstr("m.jsonl"))) << files;
 }
 
 // A run that fails before its first step leaves the metrics of the run before it whole (it

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "sluice/core/error.h"
+#include "sluice/core/files.h"
 
 namespace sluice {
 
@@ -34,6 +35,20 @@ int64_t WholeLinesLength(int fd, int64_t size) {
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  // A new file, or an earlier run's regular file replaced: the lines go to a temporary beside it
+  // that the first whole line renames over the path (lstat: a symbolic link is written through).
+  struct stat link {};
+  const bool exists = ::lstat(path.c_str(), &link) == 0;
+  if (!exists || (S_ISREG(link.st_mode) && !append)) {
+    RemoveStaleTemporaries(path);
+    temporary_ = fmt::format("{}.tmp-{}", path, ::getpid());
+    fd_ = ::open(temporary_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd_ >= 0) {
+      regular_ = true;
+      return;
+    }
+    temporary_.clear();  // a folder that takes no new file: the existing file, in place
+  }
   // O_RDWR: a resumed file is read back to find its last whole line.
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
   if (fd_ < 0) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
@@ -59,7 +74,9 @@ MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
     regular_ = other.regular_;
     truncate_ = other.truncate_;
     size_ = other.size_;
+    temporary_ = std::move(other.temporary_);
     other.fd_ = -1;
+    other.temporary_.clear();
   }
   return *this;
 }
@@ -69,14 +86,20 @@ MetricsWriter::~MetricsWriter() { Close(); }
 void MetricsWriter::Close() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  // No line ever landed: the path keeps what it held, or stays absent.
+  if (!temporary_.empty()) ::unlink(temporary_.c_str());
+  temporary_.clear();
 }
 
 void MetricsWriter::Write(const nlohmann::json& object) {
   if (fd_ < 0) return;
   const std::string line = object.dump() + "\n";
   auto fail = [&](int error) {
-    // Cut a part-written line off: the file keeps whole lines only.
-    if (regular_) {
+    // Cut a part-written line off: the file keeps whole lines only. A temporary without a line
+    // goes, and the writer with it: the path never sees an empty or torn file.
+    if (!temporary_.empty()) {
+      Close();
+    } else if (regular_) {
       [[maybe_unused]] const int cut = ::ftruncate(fd_, size_);  // best effort; the error follows
     }
     return IoError(fmt::format("cannot write metrics file '{}': {}", path_, std::strerror(error)));
@@ -96,6 +119,10 @@ void MetricsWriter::Write(const nlohmann::json& object) {
     done += static_cast<size_t>(n);
   }
   size_ += static_cast<int64_t>(line.size());
+  if (!temporary_.empty()) {  // the first whole line: the file takes the path
+    if (::rename(temporary_.c_str(), path_.c_str()) != 0) throw fail(errno);
+    temporary_.clear();
+  }
 }
 
 }  // namespace sluice

@@ -5,8 +5,13 @@
 //   - whole lines only: a line whose write fails part-way (a full disk) is cut off again, so the
 //     file ends with the last whole line; a resumed run (`append`) first drops a torn last line a
 //     killed run may have left, so that its lines never glue onto a fragment;
-//   - an existing file is replaced only when the run has its first line: opening it truncates
-//     nothing, so a run that fails before its first step leaves the previous run's metrics whole;
+//   - a path is written only when the run has its first whole line: a new file, or an earlier
+//     run's regular file that is replaced, is written as "<path>.tmp-<pid>" beside it, renamed
+//     over the path once its first line is whole (core/files.h's temporaries). A run that fails
+//     before — no step, or a full disk at the first line — leaves the previous run's metrics
+//     whole, or no file at all, never an empty one; its temporary is removed. Through a symbolic
+//     link the file it points to is written in place (truncated at the first line), and a
+//     resumed run (`append`) appends to its file in place;
 //   - a failed write throws IoError, and the trainer abandons the metrics there while training
 //     goes on (train/trainer.h, docs/errors.md "Nothing lost").
 // A pipe or device (`--metrics /dev/stdout`) is written in place, without the truncations.
@@ -47,6 +52,7 @@ class MetricsWriter {
   bool regular_ = false;   // a regular file: truncated and cut back; else written in place
   bool truncate_ = false;  // drop the previous run's lines at the first Write
   int64_t size_ = 0;       // bytes of whole lines in a regular file
+  std::string temporary_;  // written until its first line is whole, then renamed to path_
 };
 
 }  // namespace sluice

@@ -3,7 +3,8 @@
 // pre-norm LM with RMSNorm and fused attention) and examples/tied_lm.sluice (the same with its head
 // tied to its embedding) on the sort task, and
 // examples/array_classifier.sluice (two blocks sharing a tied weight, on one stage or both) on a
-// safetensors file of named arrays that its inputs bind under other names.
+// safetensors file of named arrays that its inputs bind under other names, and
+// examples/batch_norm_classifier.sluice (running statistics as buffers) on the same arrays.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -14,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "sluice/core/error.h"
 #include "sluice/io/safetensors.h"
@@ -120,38 +123,51 @@ TEST(ProgramExamples, AClassifierOnNamedArraysWithATiedWeightLearnsOnOneAndTwoSt
 // moves the running statistics (buffers), in micro-batch order on every stage, so two stages train
 // bitwise like one, running statistics included (TrainedRun::state holds every buffer).
 TEST(ProgramExamples, ABatchNormClassifierLearnsOnOneAndTwoStagesAlike) {
-  const std::string program = ::testing::TempDir() + "/batch_norm_classifier.sluice";
-  std::ofstream(program) << R"(program bn {
-  input %features: f32[B, 8] = features
-  input %label: i64[B] = label
-  param %fc1.weight: f32[8, 32] = normal(0, 0.3)
-  param %bn.weight: f32[32] = ones
-  param %bn.bias: f32[32] = zeros
-  buffer %bn.running_mean: f32[32] = zeros
-  buffer %bn.running_var: f32[32] = ones
-  param %fc2.weight: f32[32, 4] = normal(0, 0.1)
-  unit in {
-    %h: f32[B, 32] = matmul(%features, %fc1.weight)
-  }
-  unit norm {
-    %n: f32[B, 32] = batch_norm(%h, %bn.weight, %bn.bias, %bn.running_mean, %bn.running_var)
-    batch_norm_update_stats(%h, %bn.running_mean, %bn.running_var) {momentum = 0.1}
-    %a: f32[B, 32] = relu(%n)
-  }
-  unit head {
-    %logits: f32[B, 4] = matmul(%a, %fc2.weight)
-    %loss: f32[] = cross_entropy(%logits, %label)
-  }
-  output %loss
-}
-)";
-  TrainConfig config = Short(program, WriteClassifierData("bn_classifier.safetensors", 256));
+  TrainConfig config = Short(Example("batch_norm_classifier.sluice"),
+                             WriteClassifierData("bn_classifier.safetensors", 256));
   ExpectTrainsOnOneAndTwoStages(config, "in,norm|head", 0.5);
   ExpectTrainsOnOneAndTwoStages(config, "in|norm,head", 0.5);
   const TrainedRun one = TrainAndKeep(config);
   EXPECT_NE(one.state.at("bn.running_mean"), std::vector<float>(32, 0.0f)) << "never updated";
   config.recompute = {RecomputePolicy::kFull};
   testing_support::ExpectBitwiseRun(one, TrainAndKeep(config), "--recompute full");
+}
+
+// Post-validation with interlocked steps (Trainer::Run announces each next step): a step runs
+// ahead on the eagerly updated weights, and when the clip of the step before fires, that run is
+// discarded and the step runs again (docs/pipeline.md, "Post-validation"). The discarded run's
+// forwards moved the running statistics too: they are restored with the parameters, so the run
+// stays bitwise one stage's, buffers included — under 1F1B and zero-bubble (split backward).
+TEST(ProgramExamples, PostValidationRestoresTheBatchNormStatisticsOfADiscardedRun) {
+  TrainConfig config = Short(Example("batch_norm_classifier.sluice"),
+                             WriteClassifierData("bn_post_validate.safetensors", 256));
+  config.steps = 6;
+  config.optimizer.clip_norm = 1e-3;  // below every step's norm: each step after the first redone
+  auto run = [&](const EngineFactory& engine, nlohmann::json* post_validation) {
+    Trainer trainer(config, engine);
+    TrainedRun out;
+    trainer.Run([&](const StepRecord& r) {
+      out.losses.push_back(r.loss);
+      out.norms.push_back(r.grad_norm);
+    });
+    out.state = testing_support::KeepState(trainer, config.optimizer);
+    if (post_validation != nullptr)
+      *post_validation = trainer.engine().Summary()["post_validation"];
+    return out;
+  };
+  const TrainedRun one = run(nullptr, nullptr);
+  ASSERT_EQ(one.norms.size(), 6u);
+  for (double norm : one.norms) ASSERT_GT(norm, config.optimizer.clip_norm);
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+    PipelineOptions options{.stages = 2, .schedule = kind, .layout = "in,norm|head"};
+    options.post_validate = true;
+    nlohmann::json post_validation;
+    const TrainedRun piped = run(PipelineEngineFactory(options), &post_validation);
+    const std::string what = fmt::format("post-validated {}", ScheduleKindName(kind));
+    ASSERT_TRUE(post_validation.is_object()) << what;
+    EXPECT_EQ(post_validation["rollbacks"].get<int64_t>(), 6) << what;
+    testing_support::ExpectBitwiseRun(one, piped, what);
+  }
 }
 
 // Images through the fast convolution and batch-norm kernels: a 16-channel 3x3 convolution on

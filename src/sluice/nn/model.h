@@ -39,6 +39,9 @@ struct ParamSpec {
   // A program constant (Program::IsConstant, `const` in text): bound and checkpointed like a
   // parameter, but never differentiated, given optimizer state or updated.
   bool constant = false;
+  // A buffer (Program::IsBuffer, `buffer` in text): a constant that the forward's running
+  // statistics update in place (batch_norm_update_stats).
+  bool buffer = false;
 };
 
 struct Model {

@@ -19,6 +19,7 @@ namespace {
 ParamSpec SpecOf(const Program& p, ValueId id, const Initializer& init, int64_t index) {
   ParamSpec spec{.name = p.value(id).name, .shape = p.type(id).shape, .init_index = index};
   spec.constant = p.IsConstant(id);
+  spec.buffer = p.IsBuffer(id);
   if (init.kind == "normal") {
     spec.init = Init::kNormal;
     spec.mean = init.args.at(0);

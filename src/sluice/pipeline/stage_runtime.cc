@@ -228,6 +228,9 @@ class StageRuntime::StepRun {
     out_.begin_ns = t0;
     StepProgress* progress = rt_.setup.progress;
     if (progress != nullptr) progress->Begin(rt_.rank, step_);
+    // A run that may be discarded (the previous step fails its validation at this step's OPT,
+    // or the chain drains it) keeps the running statistics it starts from, to restore them.
+    if (interlocked_) rt_.program->SaveBuffers();
     if (interlocked_ && rt_.pending) {
       try {
         Comm([&] { out_.began_ahead = !rt_.pending->reduce.Test(); });
@@ -682,6 +685,7 @@ class StageRuntime::StepRun {
       Span(v == StageProgram::Validation::kAccepted ? "VALIDATE" : "ROLLBACK", a, waited, NowNs());
       if (v != StageProgram::Validation::kAccepted) {
         grads_.Clear();
+        rt_.program->RestoreBuffers();  // this run's forwards moved them
         out_.redo = true;
         return;
       }
@@ -800,6 +804,7 @@ void StageRuntime::DiscardPending() {
   if (!rt.pending) return;
   rt.ReducedAtChainEnd("undo");  // every rank posted it: the collective completes on every rank
   rt.program->DiscardEagerUpdate(rt.pending->step);
+  rt.program->RestoreBuffers();  // as before the discarded step's forwards
   rt.pending.reset();
 }
 

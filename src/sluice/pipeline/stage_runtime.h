@@ -279,7 +279,8 @@ class StageRuntime {
   // Interlocked post-validation (threads or MPI; setup.post_validate, no data parallelism): as
   // RunStep, but OPT first validates the previous step's eager update, whose reduction it waits for
   // only now — when that fails (clipping or a skip), it restores and redoes that update, drops this
-  // step's gradients and returns with `redo` set (run this step again) — then updates eagerly and
+  // step's gradients, restores the buffers its forwards moved (StageProgram::SaveBuffers, saved
+  // as the run began) and returns with `redo` set (run this step again) — then updates eagerly and
   // posts this step's reduction without waiting (IallReduceSum); its StageStep carries the
   // partials (norm_partials). Settle or DiscardPending ends the chain.
   StageStep RunStepInterlocked(int64_t step, int64_t first_batch, double lr, Communicator& comm,
@@ -288,7 +289,7 @@ class StageRuntime {
   // kAccepted).
   StageProgram::Validation Settle();
   // Waits for the pending step's reduction and undoes its eager update (StageProgram::
-  // DiscardEagerUpdate): the state is the previous step's.
+  // DiscardEagerUpdate) and its forwards' moves of the buffers: the state is the previous step's.
   void DiscardPending();
 
   int rank() const;

@@ -373,11 +373,31 @@ int64_t StageProgram::RollbackBytes() const {
 int64_t RollbackBytes(const std::vector<ParamSpec>& params, const OptimizerConfig& optimizer) {
   int64_t bytes = 0;
   for (const ParamSpec& p : params) {
-    if (p.constant) continue;
-    const int64_t tensors = 1 + static_cast<int64_t>(OptimizerStateNames(p, optimizer).size());
+    if (p.constant && !p.buffer) continue;
+    const int64_t tensors =
+        p.constant ? 1 : 1 + static_cast<int64_t>(OptimizerStateNames(p, optimizer).size());
     bytes += tensors * p.shape.numel() * static_cast<int64_t>(sizeof(float));
   }
   return bytes;
+}
+
+void StageProgram::SaveBuffers() {
+  if (saved_buffers_.empty()) {
+    for (const ParamSpec& p : params_) {
+      if (p.buffer)
+        saved_buffers_.push_back({p.name, state_.Get(p.name).Clone(*options_.allocator)});
+    }
+    return;
+  }
+  for (Spare& b : saved_buffers_) b.tensor.CopyFrom(state_.Get(b.name));
+}
+
+void StageProgram::RestoreBuffers() {
+  const bool any =
+      std::any_of(params_.begin(), params_.end(), [](const ParamSpec& p) { return p.buffer; });
+  SLUICE_CHECK(!any || !saved_buffers_.empty(),
+               "restoring the buffers of a discarded run found none saved");
+  for (const Spare& b : saved_buffers_) state_.Get(b.name).CopyFrom(b.tensor);
 }
 
 void StageProgram::UpdateEagerly(GradientAccumulator& grads, double lr, int64_t step) {

@@ -227,10 +227,21 @@ class StageProgram {
   enum class Validation { kAccepted, kRedone, kSkipped };
   void UpdateEagerly(GradientAccumulator& grads, double lr, int64_t step);
   Validation ValidateEagerUpdate(double global_norm, double loss, double lr, int64_t step);
-  // The bytes UpdateEagerly keeps for a rollback — the spares: every non-constant parameter and
-  // its optimizer state (the gradients kept until validation are the step's own, held by Update
-  // alike).
+  // The bytes post-validation keeps for a rollback — UpdateEagerly's spares: every non-constant
+  // parameter and its optimizer state (the gradients kept until validation are the step's own,
+  // held by Update alike) — and SaveBuffers' copies of the buffers.
   int64_t RollbackBytes() const;
+  // Buffers (ParamSpec::buffer; docs/program-format.md "Buffers"): the running statistics that
+  // Forward updates in place. A run of a step that may be discarded and run again (interlocked
+  // post-validation, pipeline/stage_runtime.h) saves them before its first forward and restores
+  // them when it is discarded, so the run again — or the step after — starts from the statistics
+  // the discarded run started from, as in the synchronous run. SaveBuffers copies each buffer
+  // into a copy of its own (allocated at the first call, from the rank's allocator, and kept for
+  // the run); RestoreBuffers copies the saved values back into the live tensors (every holder of
+  // State()'s tensors sees them). Both do nothing on a rank without buffers; RestoreBuffers throws
+  // InternalError when nothing was saved.
+  void SaveBuffers();
+  void RestoreBuffers();
   // Undoes the pending eager update of `step` without validating it: restores the saved state and
   // drops the kept gradients (a speculative step the trainer will not take, PipelineEngine::Drain).
   // Throws InternalError, as ValidateEagerUpdate, when no eager update of `step` is pending.
@@ -270,6 +281,7 @@ class StageProgram {
     Tensor tensor;
   };
   std::vector<Spare> spares_;
+  std::vector<Spare> saved_buffers_;  // SaveBuffers' copies, params() order
   std::unique_ptr<Executable> optimizer_into_;
   int64_t pending_step_ = -1;
   GradientAccumulator pending_grads_;

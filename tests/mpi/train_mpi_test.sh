@@ -49,6 +49,9 @@
 #   tied      examples/tied_lm.sluice (head tied to the token embedding, a copy on stages 0 and 1):
 #             P = 2 (1f1b, interleaved) bitwise one process on one stage, P = 2 × D = 2 within 1e-6;
 #             its sharded checkpoint holds %tok.weight once (stage 0's shard) and resumes bitwise
+#   batch-norm  examples/batch_norm_classifier.sluice at P = 2 × D = 2: the running statistics are the
+#             replicas' mean at each step, so after one step the saved running mean is one
+#             process's on the same global batch (within 1e-6 of its largest value)
 #   dropout   examples/dropout_classifier.sluice (a dropout on each residual branch, masks drawn from
 #             the batch's random key): P = 2 (1f1b, zb-v) bitwise one process on one stage, P = 2 ×
 #             D = 2 within 1e-6 (each replica binds its own micro-batches' keys)
@@ -534,6 +537,43 @@ PY
     grep -q "the job has 3 processes but --stages 2 × --data-parallel 1 needs 2" "$dir/out" \
       || { cat "$dir/out"; fail "no clear message"; }
     [ ! -e "$dir/metrics.jsonl" ] || fail "work was done"
+    ;;
+  batch-norm)
+    # examples/batch_norm_classifier.sluice: every replica moves the running statistics over its rows of
+    # each micro-batch, and at OPT they become the replicas' mean (docs/mpi.md, "Running
+    # statistics"). After one step (the same initial weights in both runs, so the same features
+    # reach the batch norm) the running mean that stage 0 of replica 0 saves is the one process's
+    # on the whole micro-batches: without the mean it is replica 0's rows' alone.
+    root="$(cd "$(dirname "$0")/../.." && pwd)"
+    python3 "$root/examples/classifier_data.py" "$dir/bn.safetensors" --examples 256 >/dev/null \
+      || fail "the data"
+    run=(--program "$root/examples/batch_norm_classifier.sluice" --data "$dir/bn.safetensors"
+         --eval-every 0 --threads 1 --quiet --lr-schedule constant --warmup 0 --batch 16
+         --microbatches 2 --steps 1)
+    "$sluice" train "${run[@]}" --save "$dir/one.safetensors" || fail "one process"
+    mpi 4 "${run[@]}" --stages 2 --data-parallel 2 --layout 'in,norm|head' \
+      --save "$dir/dp.safetensors" || fail "mpirun P=2 x D=2"
+    python3 - "$dir" <<'PY' || fail "the saved running mean is not one process's"
+import json, struct, sys
+d = sys.argv[1]
+def tensor(path, name):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        begin, end = header[name]["data_offsets"]
+        f.seek(8 + n + begin)
+        raw = f.read(end - begin)
+    return struct.unpack(f"<{len(raw) // 4}f", raw)
+index = json.load(open(f"{d}/dp.safetensors.index.json"))["weight_map"]
+one = tensor(f"{d}/one.safetensors", "bn.running_mean")
+dp = tensor(f"{d}/{index['bn.running_mean']}", "bn.running_mean")
+scale = max(abs(x) for x in one)
+worst = max(abs(x - y) for x, y in zip(one, dp)) / scale
+print(f"bn.running_mean after one step: max difference {worst:.3g} of its largest |value| {scale:.3g}")
+assert scale > 1e-3 and worst <= 1e-6, worst
+var = tensor(f"{d}/{index['bn.running_var']}", "bn.running_var")
+assert all(v != 1.0 for v in var), "the running variance never moved"
+PY
     ;;
   dropout)
     prog="$(cd "$(dirname "$0")/../.." && pwd)/examples/dropout_classifier.sluice"

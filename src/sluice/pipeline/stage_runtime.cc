@@ -609,6 +609,9 @@ class StageRuntime::StepRun {
       const int64_t begin = NowNs();
       for (const auto& [name, g] : grads_.grads()) setup.data->AllReduceSum(g);
       setup.data->AllReduceSum(loss_sum);
+      // Running statistics: the replicas' mean, the same bits on every replica.
+      rt_.program->AverageBuffers([&](const Tensor& b) { setup.data->AllReduceSum(b); },
+                                  setup.replicas);
       const int64_t end = NowNs();
       out_.comm_ns += end - begin;
       out_.data_allreduce_ns = end - begin;

@@ -392,6 +392,25 @@ void StageProgram::SaveBuffers() {
   for (Spare& b : saved_buffers_) b.tensor.CopyFrom(state_.Get(b.name));
 }
 
+void StageProgram::AverageBuffers(const std::function<void(const Tensor&)>& all_reduce_sum,
+                                  int replicas) {
+  for (const ParamSpec& p : params_) {
+    if (!p.buffer) continue;
+    const Tensor& b = state_.Get(p.name);
+    all_reduce_sum(b);
+    auto divide = [&]<typename T>(T* x) {
+      for (int64_t i = 0; i < b.numel(); ++i) x[i] /= static_cast<T>(replicas);
+    };
+    if (b.dtype() == DType::kF64) {
+      divide(b.data<double>());
+    } else {
+      SLUICE_CHECK(b.dtype() == DType::kF32, "buffer '{}' is {}, not f32 or f64", p.name,
+                   Name(b.dtype()));
+      divide(b.data<float>());
+    }
+  }
+}
+
 void StageProgram::RestoreBuffers() {
   const bool any =
       std::any_of(params_.begin(), params_.end(), [](const ParamSpec& p) { return p.buffer; });

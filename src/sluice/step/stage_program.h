@@ -242,6 +242,14 @@ class StageProgram {
   // InternalError when nothing was saved.
   void SaveBuffers();
   void RestoreBuffers();
+  // Data parallelism (docs/mpi.md, "Running statistics"): sets every buffer to the mean of the
+  // replicas' — `all_reduce_sum` sums a tensor over the `replicas` in place, in replica order, so
+  // that every replica gets the same bits, then each element is divided by `replicas`. Called once
+  // a step, after the forwards: the replicas' running statistics never diverge, and a running
+  // mean is the one a single process moving it over the whole micro-batches would keep (each
+  // replica's rows of a micro-batch are an equal share of it, and the mean is linear). Nothing on
+  // a rank without buffers.
+  void AverageBuffers(const std::function<void(const Tensor&)>& all_reduce_sum, int replicas);
   // Undoes the pending eager update of `step` without validating it: restores the saved state and
   // drops the kept gradients (a speculative step the trainer will not take, PipelineEngine::Drain).
   // Throws InternalError, as ValidateEagerUpdate, when no eager update of `step` is pending.

@@ -40,7 +40,8 @@
 #             before each step), exits 130, the sharded checkpoint is written, and it resumes
 #             bitwise (the losses of an uninterrupted in-process run)
 #   kill      kill -9 of one rank: every other process exits non-zero within 30 s
-#   timeout   a message that never comes: the job exits non-zero within seconds, naming the action
+#   timeout   a message that never comes: the job exits non-zero within seconds, naming the action,
+#             also when a rank is seconds late at start-up (the start-up is waited for)
 #   launch    a world size other than P × D: a clear error before any work
 #   unused    a program with parameters the loss does not depend on (one no instruction reads, one
 #             read by a branch nothing uses), weight decay on: P = 2 x D = 2 with --shard-optimizer
@@ -531,6 +532,27 @@ PY
     [ "$rc" -ne 124 ] || fail "the job hung"
     grep -q "did not complete within 1000 ms" "$dir/out" || fail "no timeout message"
     grep -q "failed at step 1, action" "$dir/out" || fail "the message does not name the action"
+    # Regression: a rank seconds late at start-up (under a sanitizer at load 12) made the first
+    # stop check time out before the missing message could. A rank is stopped for 3 s once rank 1
+    # has said where it runs (after the launch check, before the stages are built): the start-up
+    # is waited for, and the 1 s timeout still names the missing message's action.
+    timeout -k 5 120 "$mpiexec" "$np" 2 "$sluice" train --comm mpi "${small[@]}" --layers 4 \
+      --stages 2 --steps 3 --comm-timeout 1 --inject-fault skip:0:SEND_F:1 \
+      --metrics "$dir/late.jsonl" >"$dir/late" 2>&1 &
+    job=$!
+    for _ in $(seq 2400); do grep -q "sluice: rank 1 of 2" "$dir/late" && break; sleep 0.005; done
+    # The second rank process, told from mpirun and timeout by its command's name (their args
+    # name the file too, and all of them say --comm-timeout, so `grep -v timeout` finds none).
+    late=$(ps -eo pid=,comm=,args= | awk -v f="$dir/late.jsonl" \
+             '$2 != "timeout" && $2 != "mpirun" && $2 != "mpiexec" && $2 != "awk" && index($0, f)' \
+           | awk 'NR == 2 {print $1}')
+    [ -n "$late" ] || { kill -KILL "$job"; fail "no rank process found"; }
+    kill -STOP "$late"; sleep 3; kill -CONT "$late"
+    rc=0; wait "$job" || rc=$?
+    grep -m1 "aborts" "$dir/late"
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job with a late rank ended with status $rc"
+    grep -q "failed at step 1, action" "$dir/late" \
+      || { cat "$dir/late"; fail "a rank late at start-up timed out before the missing message"; }
     ;;
   launch)
     mpi 3 "${small[@]}" --layers 4 --stages 2 --steps 1 --metrics "$dir/metrics.jsonl" >"$dir/out" 2>&1 && fail "3 processes for P=2 were accepted"

@@ -140,6 +140,9 @@ struct PipelineEngine::Impl {
   int chain_ranks() const { return distributed() ? 1 : options.stages; }
   int64_t chain_last_end_ns = -1;        // the previous step's last rank end in this chain
   std::vector<StageStep> traced_before;  // the traced step before the last (its spans)
+  // Distributed: whether the world's ranks have met once (AgreeOnStop's first call waits for
+  // every rank's start-up without the communicator's timeout).
+  bool started = false;
   void StartChain(int64_t first);
   void RankChain(int r, int64_t step);
   // Waits until every rank posted `step` (and with `settle`, ended the chain after it); rethrows
@@ -1048,6 +1051,14 @@ int PipelineEngine::AgreeOnStop(int mine, int64_t next_step) {
   Impl& impl = *impl_;
   if (!impl.distributed()) return mine;
   Communicator& world = *impl.options.distributed->world;
+  // The first meeting waits for every rank's start-up — building its stages, loading a checkpoint
+  // — which takes as long as it takes (a rank under a sanitizer on a loaded machine runs seconds
+  // behind) and is no message of a step: as RunDistributed's barrier, with a limit a dead process
+  // cannot hold (mpirun ends the job). From here `--comm-timeout` bounds every wait.
+  if (!impl.started) {
+    world.Barrier(std::chrono::hours(24));
+    impl.started = true;
+  }
   Tensor requests = Tensor::Zeros({world.size()}, DType::kF64);
   requests.data<double>()[world.rank()] = mine;
   impl.AllReduceOverWorld(requests, fmt::format("before step {} waited for every rank to say "

@@ -41,7 +41,8 @@
 #             bitwise (the losses of an uninterrupted in-process run)
 #   kill      kill -9 of one rank: every other process exits non-zero within 30 s
 #   timeout   a message that never comes: the job exits non-zero within seconds, naming the action,
-#             also when a rank is seconds late at start-up (the start-up is waited for)
+#             also when a rank is seconds late at start-up (the start-up is waited for); and an
+#             evaluation on the leader longer than --comm-timeout is waited for
 #   launch    a world size other than P × D: a clear error before any work
 #   unused    a program with parameters the loss does not depend on (one no instruction reads, one
 #             read by a branch nothing uses), weight decay on: P = 2 x D = 2 with --shard-optimizer
@@ -553,6 +554,11 @@ PY
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job with a late rank ended with status $rc"
     grep -q "failed at step 1, action" "$dir/late" \
       || { cat "$dir/late"; fail "a rank late at start-up timed out before the missing message"; }
+    # Regression: the leader's evaluation (here over a second) made the other rank's next stop
+    # check time out. The ranks wait for each other after it; the run ends well.
+    mpi 2 --dim 32 --heads 2 --threads 1 --quiet --batch 8 --microbatches 4 --layers 4 \
+      --stages 2 --steps 2 --comm-timeout 1 --eval-every 1 --eval-batches 3000 >"$dir/eval" 2>&1 \
+      || { cat "$dir/eval"; fail "an evaluation longer than --comm-timeout ended the job"; }
     ;;
   launch)
     mpi 3 "${small[@]}" --layers 4 --stages 2 --steps 1 --metrics "$dir/metrics.jsonl" >"$dir/out" 2>&1 && fail "3 processes for P=2 were accepted"

@@ -140,9 +140,10 @@ struct PipelineEngine::Impl {
   int chain_ranks() const { return distributed() ? 1 : options.stages; }
   int64_t chain_last_end_ns = -1;        // the previous step's last rank end in this chain
   std::vector<StageStep> traced_before;  // the traced step before the last (its spans)
-  // Distributed: whether the world's ranks have met once (AgreeOnStop's first call waits for
-  // every rank's start-up without the communicator's timeout).
-  bool started = false;
+  // Distributed: the ranks may be far apart — at start-up, after the leader's evaluation
+  // (GatherParams), after a checkpoint — so the next AgreeOnStop first waits for every rank
+  // without the communicator's timeout.
+  bool apart = true;
   void StartChain(int64_t first);
   void RankChain(int r, int64_t step);
   // Waits until every rank posted `step` (and with `settle`, ended the chain after it); rethrows
@@ -1013,6 +1014,7 @@ bool PipelineEngine::leader() const { return impl_->world_rank() == 0; }
 std::map<std::string, Tensor> PipelineEngine::GatherParams(Allocator& allocator) {
   Impl& impl = *impl_;
   if (!impl.distributed()) return State();
+  impl.apart = true;  // the leader evaluates on what it gathers, alone
   if (impl.replica() != 0) return {};
   Communicator& pipe = *impl.options.distributed->pipe;
   std::map<std::string, Tensor> state = State(), out;
@@ -1051,13 +1053,14 @@ int PipelineEngine::AgreeOnStop(int mine, int64_t next_step) {
   Impl& impl = *impl_;
   if (!impl.distributed()) return mine;
   Communicator& world = *impl.options.distributed->world;
-  // The first meeting waits for every rank's start-up — building its stages, loading a checkpoint
-  // — which takes as long as it takes (a rank under a sanitizer on a loaded machine runs seconds
-  // behind) and is no message of a step: as RunDistributed's barrier, with a limit a dead process
-  // cannot hold (mpirun ends the job). From here `--comm-timeout` bounds every wait.
-  if (!impl.started) {
+  // Where the ranks may be far apart — start-up (building the stages, loading a checkpoint: a
+  // rank under a sanitizer on a loaded machine runs seconds behind), the leader's evaluation, a
+  // checkpoint — the meeting waits for every rank as long as that takes: it is no message of a
+  // step. As RunDistributed's barrier, with a limit a dead process cannot hold (mpirun ends the
+  // job). Between two steps `--comm-timeout` bounds the wait.
+  if (impl.apart) {
     world.Barrier(std::chrono::hours(24));
-    impl.started = true;
+    impl.apart = false;
   }
   Tensor requests = Tensor::Zeros({world.size()}, DType::kF64);
   requests.data<double>()[world.rank()] = mine;
@@ -1130,6 +1133,7 @@ std::optional<std::string> PipelineEngine::TrySaveCheckpoint(
     const std::string& path, const std::map<std::string, std::string>& metadata) {
   Impl& impl = *impl_;
   if (!impl.distributed()) return StepEngine::TrySaveCheckpoint(path, metadata);
+  impl.apart = true;  // ranks write their shards at their own pace
   const int P = impl.options.stages;
   Communicator& world = *impl.options.distributed->world;
   std::optional<std::string> mine;

@@ -133,9 +133,10 @@ class StepEngine {
   // none), given this process's own, before step `next_step` (0-based: the steps done so far).
   // One process: `mine`. Distributed: the first non-zero request of the world ranks (collective:
   // one all-reduce of a figure per rank), so that every rank stops after the same step even when
-  // only one was signalled; its timeout names the step and the ranks waited for. The first call
-  // of a distributed engine first waits for every rank's start-up, with no timeout short of a
-  // day (a dead process ends the job through mpirun): start-up is no message of a step.
+  // only one was signalled; its timeout names the step and the ranks waited for. Where the ranks
+  // may be far apart — the first call (start-up), after an evaluation or a checkpoint — a
+  // distributed engine first waits for every rank with no timeout short of a day (a dead process
+  // ends the job through mpirun): that wait is no message of a step.
   virtual int AgreeOnStop(int mine, int64_t next_step) {
     (void)next_step;
     return mine;

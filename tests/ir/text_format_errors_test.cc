@@ -168,6 +168,30 @@ std::vector<BadText> Cases() {
       {"input_without_percent", Body("  input z: f32[2]\n"), 3, 9,
        "expected a value (%name) after 'input'"},
       {"output_undefined", Body("  output %nope\n"), 3, 10, "undefined value %nope"},
+      {"conv2d_groups_not_dividing_channels",
+       Body("  input %i: f32[1, 6, 8, 8]\n  input %w: f32[4, 2, 3, 3]\n  %y: f32[1, 4, 6, 6] = "
+            "conv2d(%i, %w) {groups = 4}\n"),
+       5, 25, "groups = 4 must divide x's channels C = 6"},
+      {"conv2d_filters_not_per_group",
+       Body("  input %i: f32[1, 6, 8, 8]\n  input %w: f32[4, 6, 3, 3]\n  %y: f32[1, 4, 6, 6] = "
+            "conv2d(%i, %w) {groups = 2}\n"),
+       5, 25, "w must be filters [O, C/G, KH, KW] with x's C = 6 (2 groups: C/G = 3)"},
+      {"conv2d_groups_not_dividing_outputs",
+       Body("  input %i: f32[1, 6, 8, 8]\n  input %w: f32[4, 2, 3, 3]\n  %y: f32[1, 4, 6, 6] = "
+            "conv2d(%i, %w) {groups = 3}\n"),
+       5, 25, "groups = 3 must divide w's output channels O = 4"},
+      {"conv2d_groups_zero",
+       Body("  input %i: f32[1, 6, 8, 8]\n  input %w: f32[4, 6, 3, 3]\n  %y: f32[1, 4, 6, 6] = "
+            "conv2d(%i, %w) {groups = 0}\n"),
+       5, 25, "groups must be at least 1, got 0"},
+      {"conv2d_dilation_zero",
+       Body("  input %i: f32[1, 6, 8, 8]\n  input %w: f32[4, 6, 3, 3]\n  %y: f32[1, 4, 6, 6] = "
+            "conv2d(%i, %w) {dilation = [0, 1]}\n"),
+       5, 25, "dilation must be two integers [rows, columns] of at least 1, got [0, 1]"},
+      {"conv2d_dilated_window_too_large",
+       Body("  input %i: f32[1, 6, 8, 8]\n  input %w: f32[4, 6, 3, 3]\n  %y: f32[1, 4, 6, 6] = "
+            "conv2d(%i, %w) {dilation = [5, 1]}\n"),
+       5, 25, "a window of 3x3 (dilated [5, 1]: 11x3) does not fit images of 8x8 padded by [0, 0]"},
       {"output_twice", Body("  output %x\n  output %x\n"), 4, 10, "%x is already an output"},
       // Regression: what the verifier refuses once the whole program is read failed at the
       // program (1:1); it is at the instruction, or the output statement, it concerns now.

@@ -175,8 +175,12 @@ Program ImagesAndActivations() {
   Var h = Softplus(LeakyRelu(Conv2d(x, w, {2, 1}, {1, 0}), 0.2), 2.0, 15.0);     // [2, 4, 4, 6]
   Var pooled = Add(MaxPool2d(h, {2, 2}, {2, 2}), AvgPool2d(h, {2, 2}, {2, 2}));  // [2, 4, 2, 3]
   Var dh = Add(LeakyReluGrad(h, h, 0.2), SoftplusGrad(h, h, 2.0, 15.0));
-  b.Output(Conv2dGradInput(dh, w, {2, 1}, {1, 0}, 8, 8));
-  b.Output(Conv2dGradWeight(dh, x, {2, 1}, {1, 0}, {3, 3}));
+  const ConvOptions strided{.stride = {2, 1}, .padding = {1, 0}};
+  b.Output(Conv2dGradInput(dh, w, strided, 8, 8));
+  b.Output(Conv2dGradWeight(dh, x, strided, {3, 3}));
+  // A depthwise (3 groups), dilated convolution: its attributes travel through the text too.
+  Var depthwise = b.Param("depthwise", DType::kF32, {6, 1, 3, 3});
+  b.Output(Conv2d(x, depthwise, {.padding = {2, 2}, .dilation = {2, 2}, .groups = 3}));
   b.Output(MaxPool2dGrad(pooled, h, {2, 2}, {2, 2}, {0, 0}));
   b.Output(AvgPool2dGrad(pooled, {2, 2}, {2, 2}, {0, 0}, 4, 6));
   // Batch norm in both modes, its gradient ops and the running statistics' update (buffers in a

@@ -384,7 +384,8 @@ float RelativeDifference(const std::vector<float>& a, const std::vector<float>& 
 
 // Convolutions whose im2col comes in several blocks of output rows (C·KH·KW · OW · OH is past
 // kConv2dColsBudget), with padding, strides and ragged sizes; and one on oneDNN (onednn_conv.h) in
-// chunks of images, a remainder among them.
+// chunks of images, a remainder among them; grouped ones: on oneDNN in chunks, and a depthwise
+// one on the direct kernels (oneDNN's scratch would outgrow its activations).
 TEST_F(ParallelKernels, ConvolutionAndPoolingAreBitwiseTheSame) {
   struct Case {
     Conv2dDims d;
@@ -394,17 +395,21 @@ TEST_F(ParallelKernels, ConvolutionAndPoolingAreBitwiseTheSame) {
       {Conv2dShape(3, 16, 70, 66, 8, 3, 3, {1, 1}, {1, 1}), "conv2d 3x3"},
       {Conv2dShape(2, 12, 75, 61, 5, 5, 3, {2, 1}, {2, 0}), "conv2d 5x3 strided"},
       {Conv2dShape(5, 16, 30, 22, 16, 3, 3, {1, 1}, {1, 1}), "conv2d 3x3 on oneDNN"},
+      {Conv2dShape(5, 24, 30, 22, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3), "conv2d in 3 groups"},
+      {Conv2dShape(4, 32, 12, 12, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 32), "conv2d depthwise direct"},
   };
   for (const Case& c : cases) {
     const Conv2dDims& d = c.d;
     if (OneDnnConvolves(d)) {
       ASSERT_LT(OneDnnConvImages(d), d.batch) << c.name << ": one chunk";
       ASSERT_NE(d.batch % OneDnnConvImages(d), 0) << c.name << ": no remainder";
+    } else if (Conv2dDepthwise(d)) {
+      ASSERT_EQ(Conv2dScratchBytes(d, Conv2dPass::kGradWeight, 4), 0) << c.name << ": scratch";
     } else {
       ASSERT_LT(Conv2dBlockRows(d), d.out_h) << c.name << ": one block";
     }
     const int64_t xs = d.batch * d.channels * d.height * d.width;
-    const int64_t ws = d.out_channels * d.channels * d.kernel_h * d.kernel_w;
+    const int64_t ws = d.out_channels * Conv2dGroupChannels(d) * d.kernel_h * d.kernel_w;
     const int64_t ys = d.batch * d.out_channels * d.out_h * d.out_w;
     const std::vector<float> x = Random(xs, 20), w = Random(ws, 21), dy = Random(ys, 22);
     int64_t scratch = 0;

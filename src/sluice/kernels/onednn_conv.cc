@@ -39,7 +39,8 @@ struct Key {
   int threads;
   auto Tie() const {
     return std::tie(threads, pass, images, d.channels, d.height, d.width, d.out_channels,
-                    d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w);
+                    d.kernel_h, d.kernel_w, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.groups,
+                    d.dilation_h, d.dilation_w);
   }
   bool operator<(const Key& o) const { return Tie() < o.Tie(); }
 };
@@ -62,9 +63,10 @@ std::string Describe(const Key& k) {
   const Conv2dDims& d = k.d;
   return fmt::format(
       "f32 {} of {} images [{}, {}, {}] by {}x{} filters to {} channels (stride "
-      "[{}, {}], padding [{}, {}])",
+      "[{}, {}], padding [{}, {}], dilation [{}, {}], {} groups)",
       PassName(k.pass), k.images, d.channels, d.height, d.width, d.kernel_h, d.kernel_w,
-      d.out_channels, d.stride_h, d.stride_w, d.pad_h, d.pad_w);
+      d.out_channels, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dilation_h, d.dilation_w,
+      d.groups);
 }
 
 int64_t Align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
@@ -102,21 +104,29 @@ std::shared_ptr<const Entry> Make(const Key& k) {
   const Conv2dDims& d = k.d;
   const dnnl::engine& engine = OneDnnEngine();
   const dims x{k.images, d.channels, d.height, d.width};
-  const dims w{d.out_channels, d.channels, d.kernel_h, d.kernel_w};
+  // Grouped filters are oneDNN's [G, O/G, C/G, KH, KW], the same bytes as sluice's [O, C/G, KH,
+  // KW].
+  const dims w = d.groups == 1 ? dims{d.out_channels, d.channels, d.kernel_h, d.kernel_w}
+                               : dims{d.groups, d.out_channels / d.groups, Conv2dGroupChannels(d),
+                                      d.kernel_h, d.kernel_w};
+  const tag w_tag = d.groups == 1 ? tag::oihw : tag::goihw;
   const dims y{k.images, d.out_channels, d.out_h, d.out_w};
   const dims strides{d.stride_h, d.stride_w}, padding{d.pad_h, d.pad_w};
+  // oneDNN counts dilation from 0 (taps next to each other), sluice and PyTorch from 1.
+  const dims dilates{d.dilation_h - 1, d.dilation_w - 1};
   // oneDNN's right padding: what makes its output size the floor formula's (conv.h) exactly.
-  const dims padding_r{(d.out_h - 1) * d.stride_h + d.kernel_h - d.height - d.pad_h,
-                       (d.out_w - 1) * d.stride_w + d.kernel_w - d.width - d.pad_w};
+  const dims padding_r{
+      (d.out_h - 1) * d.stride_h + d.dilation_h * (d.kernel_h - 1) + 1 - d.height - d.pad_h,
+      (d.out_w - 1) * d.stride_w + d.dilation_w * (d.kernel_w - 1) + 1 - d.width - d.pad_w};
   const dnnl::memory::desc any_x(x, kF32, tag::any), any_w(w, kF32, tag::any),
       any_y(y, kF32, tag::any);
-  const dnnl::memory::desc plain_x(x, kF32, tag::nchw), plain_w(w, kF32, tag::oihw),
+  const dnnl::memory::desc plain_x(x, kF32, tag::nchw), plain_w(w, kF32, w_tag),
       plain_y(y, kF32, tag::nchw);
   const dnnl::primitive_attr attr = UserScratchpad();
   const dnnl::convolution_forward::primitive_desc forward(
       dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                       dnnl::algorithm::convolution_direct, any_x, any_w, any_y,
-                                      strides, padding, padding_r),
+                                      strides, dilates, padding, padding_r),
       attr, engine);
   auto entry = std::make_shared<Entry>();
   dnnl::memory::desc scratchpad;
@@ -132,7 +142,7 @@ std::shared_ptr<const Entry> Make(const Key& k) {
     case Conv2dPass::kGradInput: {
       const dnnl::convolution_backward_data::primitive_desc data(
           dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any_x, any_w,
-                                                any_y, strides, padding, padding_r),
+                                                any_y, strides, dilates, padding, padding_r),
           attr, engine, forward);
       entry->primitive = dnnl::convolution_backward_data(data);
       entry->implementation = data.impl_info_str();
@@ -145,7 +155,8 @@ std::shared_ptr<const Entry> Make(const Key& k) {
     case Conv2dPass::kGradWeight: {
       const dnnl::convolution_backward_weights::primitive_desc weights(
           dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any_x,
-                                                   any_w, any_y, strides, padding, padding_r),
+                                                   any_w, any_y, strides, dilates, padding,
+                                                   padding_r),
           attr, engine, forward);
       entry->primitive = dnnl::convolution_backward_weights(weights);
       entry->implementation = weights.impl_info_str();
@@ -267,7 +278,7 @@ void Run(Conv2dPass pass, const Conv2dDims& d, const std::vector<PlainOperand>& 
       stream.wait();
       if (partial != nullptr) {
         float* dw = plain.back().data;
-        const int64_t n = d.out_channels * d.channels * d.kernel_h * d.kernel_w;
+        const int64_t n = d.out_channels * Conv2dGroupChannels(d) * d.kernel_h * d.kernel_w;
         for (int64_t i = 0; i < n; ++i) dw[i] += partial[i];
       }
       previous = entry.get();
@@ -293,7 +304,10 @@ const char* Fp32ConvEngineName() {
 
 bool OneDnnConvolves(const Conv2dDims& d) {
   static const bool on_onednn = std::string_view(Fp32ConvEngineName()) == "onednn";
-  if (!on_onednn || d.kernel_h * d.kernel_w == 1 || d.channels < 16 || d.out_channels < 16) {
+  if (!on_onednn) return false;
+  // Grouped convolutions go to oneDNN whatever their window and channels: im2col runs a GEMM per
+  // group of C/G channels (one, for a depthwise convolution), mostly overhead.
+  if (d.groups == 1 && (d.kernel_h * d.kernel_w == 1 || d.channels < 16 || d.out_channels < 16)) {
     return false;
   }
   // The blocked weights and weight gradients are the scratch's bulk when the batch is small: a
@@ -344,7 +358,7 @@ void OneDnnConv2dGradInput(const float* dy, const float* w, float* dx, const Con
 void OneDnnConv2dGradWeight(const float* dy, const float* x, float* dw, const Conv2dDims& d,
                             void* scratch) {
   if (d.batch == 0) {
-    std::fill_n(dw, d.out_channels * d.channels * d.kernel_h * d.kernel_w, 0.0f);
+    std::fill_n(dw, d.out_channels * Conv2dGroupChannels(d) * d.kernel_h * d.kernel_w, 0.0f);
     return;
   }
   Run(Conv2dPass::kGradWeight, d,

@@ -2,7 +2,8 @@
 // 2.6, the engine under PyTorch's CPU convolutions): the fast path of kernels/conv.h's Conv2dFast,
 // Conv2dGradInputFast and Conv2dGradWeightFast for f32 where OneDnnConvolves(d).
 //
-// Shapes and formulas are conv.h's (x [B, C, H, W], w [O, C, KH, KW], y [B, O, OH, OW]). oneDNN's
+// Shapes and formulas are conv.h's (x [B, C, H, W], w [O, C/G, KH, KW], y [B, O, OH, OW]; groups
+// and dilation are oneDNN's own, a grouped w read as its [G, O/G, C/G, KH, KW]). oneDNN's
 // fast kernels read and write channels in blocks of 16 (nChw16c); sluice's tensors are plain
 // (nchw), so each call runs in chunks of OneDnnConvImages(d) images: a chunk's operands are
 // reordered into blocked buffers in the caller's scratch, the primitive runs, and its output is
@@ -12,7 +13,7 @@
 // chunk order.
 //
 // Choice: OneDnnConvolves(d) — a window larger than 1×1 over at least 16 input and 16 output
-// channels — is where the primitives measured faster than im2col + OpenBLAS on the CIFAR CNN's
+// channels, or any grouped convolution (G > 1: depthwise ones on oneDNN's depthwise kernels) — is where the primitives measured faster than im2col + OpenBLAS on the CIFAR CNN's
 // and ResNet-8's shapes (docs/benchmarks.md); 1×1 and few-channel convolutions stay on im2col, and
 // so does a convolution whose weight-gradient scratch (blocked weights and gradients) would take
 // more bytes than its input and output together (a small batch: the peak stays below PyTorch's).
@@ -61,7 +62,7 @@ void OneDnnConv2d(const float* x, const float* w, float* y, const Conv2dDims& d,
 // dx [B, C, H, W] (overwritten) from dy and w.
 void OneDnnConv2dGradInput(const float* dy, const float* w, float* dx, const Conv2dDims& d,
                            void* scratch);
-// dw [O, C, KH, KW] (overwritten) from dy and x, summed over the batch.
+// dw [O, C/G, KH, KW] (overwritten) from dy and x, summed over the batch.
 void OneDnnConv2dGradWeight(const float* dy, const float* x, float* dw, const Conv2dDims& d,
                             void* scratch);
 

@@ -29,6 +29,12 @@ Pair PairAttr(const Attrs& attrs, std::string_view name, Pair fallback, int64_t 
 
 Pair Stride(const Attrs& attrs) { return PairAttr(attrs, "stride", {1, 1}, 1); }
 Pair Padding(const Attrs& attrs) { return PairAttr(attrs, "padding", {0, 0}, 0); }
+Pair Dilation(const Attrs& attrs) { return PairAttr(attrs, "dilation", {1, 1}, 1); }
+int64_t Groups(const Attrs& attrs) {
+  const int64_t groups = attrs.GetInt("groups", 1);
+  if (groups < 1) throw ShapeError(fmt::format("groups must be at least 1, got {}", groups));
+  return groups;
+}
 Pair Kernel(const Attrs& attrs) {
   if (!attrs.Has("kernel")) throw ShapeError("kernel (the window, [rows, columns]) is required");
   return PairAttr(attrs, "kernel", {0, 0}, 1);
@@ -41,16 +47,24 @@ void RequireImages(const TensorType& t, const char* what) {
   }
 }
 
-// The dims of a window of `kernel` over x [B, C, H, W] giving `out_channels`; throws ShapeError
-// when the window is larger than the padded image.
+// The dims of a window of `kernel` (its taps `dilation` apart) over x [B, C, H, W] giving
+// `out_channels` in `groups` groups; throws ShapeError when the window is larger than the padded
+// image.
 kernels::Conv2dDims WindowDims(const Shape& x, int64_t out_channels, Pair kernel, Pair stride,
-                               Pair padding) {
-  const kernels::Conv2dDims d = kernels::Conv2dShape(x[0], x[1], x[2], x[3], out_channels,
-                                                     kernel[0], kernel[1], stride, padding);
-  if (x[2] + 2 * padding[0] < kernel[0] || x[3] + 2 * padding[1] < kernel[1]) {
+                               Pair padding, Pair dilation = {1, 1}, int64_t groups = 1) {
+  const kernels::Conv2dDims d =
+      kernels::Conv2dShape(x[0], x[1], x[2], x[3], out_channels, kernel[0], kernel[1], stride,
+                           padding, dilation, groups);
+  const Pair extent{dilation[0] * (kernel[0] - 1) + 1, dilation[1] * (kernel[1] - 1) + 1};
+  if (x[2] + 2 * padding[0] < extent[0] || x[3] + 2 * padding[1] < extent[1]) {
+    const std::string dilated = extent == kernel
+                                    ? ""
+                                    : fmt::format(" (dilated [{}, {}]: {}x{})", dilation[0],
+                                                  dilation[1], extent[0], extent[1]);
     throw ShapeError(
-        fmt::format("a window of {}x{} does not fit images of {}x{} padded by [{}, {}]", kernel[0],
-                    kernel[1], x[2], x[3], padding[0], padding[1]));
+        fmt::format("a window of {}x{}{} does not fit images of {}x{} padded by "
+                    "[{}, {}]",
+                    kernel[0], kernel[1], dilated, x[2], x[3], padding[0], padding[1]));
   }
   return d;
 }
@@ -61,22 +75,33 @@ Shape OutShape(const kernels::Conv2dDims& d) {
 
 // ---- conv2d and its gradients ----
 
-// x [B, C, H, W], w [O, C, KH, KW].
+// x [B, C, H, W], w [O, C/G, KH, KW].
 kernels::Conv2dDims ConvDims(const Shape& x, const Shape& w, const Attrs& attrs) {
-  return WindowDims(x, w[0], {w[2], w[3]}, Stride(attrs), Padding(attrs));
+  return WindowDims(x, w[0], {w[2], w[3]}, Stride(attrs), Padding(attrs), Dilation(attrs),
+                    Groups(attrs));
 }
 
-void CheckFilters(const TensorType& x, const TensorType& w) {
+void CheckFilters(const TensorType& x, const TensorType& w, const Attrs& attrs) {
   RequireImages(x, "x");
-  if (w.shape.rank() != 4 || w.shape[1] != x.shape[1] || w.shape[2] < 1 || w.shape[3] < 1) {
-    throw ShapeError(fmt::format("w must be filters [O, C, KH, KW] with x's C = {}, got {}",
-                                 x.shape[1], w.shape.ToString()));
+  const int64_t groups = Groups(attrs), c = x.shape[1];
+  if (c % groups != 0) {
+    throw ShapeError(fmt::format("groups = {} must divide x's channels C = {}", groups, c));
+  }
+  if (w.shape.rank() != 4 || w.shape[1] != c / groups || w.shape[2] < 1 || w.shape[3] < 1) {
+    const std::string per_group =
+        groups == 1 ? "" : fmt::format(" ({} groups: C/G = {})", groups, c / groups);
+    throw ShapeError(fmt::format("w must be filters [O, C/G, KH, KW] with x's C = {}{}, got {}", c,
+                                 per_group, w.shape.ToString()));
+  }
+  if (w.shape[0] % groups != 0) {
+    throw ShapeError(
+        fmt::format("groups = {} must divide w's output channels O = {}", groups, w.shape[0]));
   }
 }
 
 std::vector<TensorType> InferConv2d(std::span<const TensorType> in, const Attrs& attrs) {
   const DType t = ops::SameFloatDType(in);
-  CheckFilters(in[0], in[1]);
+  CheckFilters(in[0], in[1], attrs);
   return {{t, OutShape(ConvDims(in[0].shape, in[1].shape, attrs))}};
 }
 
@@ -94,19 +119,24 @@ void RequireOutput(const TensorType& dy, const kernels::Conv2dDims& d) {
   }
 }
 
-// conv2d_grad_input: dy [B, O, OH, OW], w [O, C, KH, KW]; attributes height and width give x's.
+// conv2d_grad_input: dy [B, O, OH, OW], w [O, C/G, KH, KW]; attributes height and width give x's.
 Shape GradInputShape(std::span<const TensorType> in, const Attrs& attrs) {
   RequireImages(in[0], "dy");
   const Shape& w = in[1].shape;
   if (w.rank() != 4)
-    throw ShapeError(fmt::format("w must be [O, C, KH, KW], got {}", w.ToString()));
-  return Shape{in[0].shape[0], w[1], attrs.GetInt("height"), attrs.GetInt("width")};
+    throw ShapeError(fmt::format("w must be [O, C/G, KH, KW], got {}", w.ToString()));
+  const int64_t height = attrs.GetInt("height"), width = attrs.GetInt("width");
+  if (height < 1 || width < 1) {
+    throw ShapeError(
+        fmt::format("height and width must be at least 1, got {} and {}", height, width));
+  }
+  return Shape{in[0].shape[0], w[1] * Groups(attrs), height, width};
 }
 
 std::vector<TensorType> InferConv2dGradInput(std::span<const TensorType> in, const Attrs& attrs) {
   const DType t = ops::SameFloatDType(in);
   const Shape x = GradInputShape(in, attrs);
-  CheckFilters({t, x}, in[1]);
+  CheckFilters({t, x}, in[1], attrs);
   RequireOutput(in[0], ConvDims(x, in[1].shape, attrs));
   return {{t, x}};
 }
@@ -122,12 +152,13 @@ Shape GradWeightShape(std::span<const TensorType> in, const Attrs& attrs) {
   RequireImages(in[0], "dy");
   RequireImages(in[1], "x");
   const Pair k = Kernel(attrs);
-  return Shape{in[0].shape[1], in[1].shape[1], k[0], k[1]};
+  return Shape{in[0].shape[1], in[1].shape[1] / Groups(attrs), k[0], k[1]};
 }
 
 std::vector<TensorType> InferConv2dGradWeight(std::span<const TensorType> in, const Attrs& attrs) {
   const DType t = ops::SameFloatDType(in);
   const Shape w = GradWeightShape(in, attrs);
+  CheckFilters(in[1], {t, w}, attrs);
   RequireOutput(in[0], ConvDims(in[1].shape, w, attrs));
   return {{t, w}};
 }
@@ -192,13 +223,32 @@ void Conv2dGradWeightKernel(KernelContext& ctx) {
   });
 }
 
+ConvOptions Options(const Attrs& attrs) {
+  return {.stride = Stride(attrs),
+          .padding = Padding(attrs),
+          .dilation = Dilation(attrs),
+          .groups = Groups(attrs)};
+}
+
 std::vector<Var> Conv2dVjp(VjpContext& ctx) {
   std::vector<Var> grads(2);
-  const Pair stride = Stride(ctx.attrs()), padding = Padding(ctx.attrs());
+  const ConvOptions o = Options(ctx.attrs());
   const Shape& x = ctx.x_type(0).shape;
   const Shape& w = ctx.x_type(1).shape;
-  if (ctx.needs(0)) grads[0] = Conv2dGradInput(ctx.dy(0), ctx.x(1), stride, padding, x[2], x[3]);
-  if (ctx.needs(1)) grads[1] = Conv2dGradWeight(ctx.dy(0), ctx.x(0), stride, padding, {w[2], w[3]});
+  if (ctx.needs(0)) grads[0] = Conv2dGradInput(ctx.dy(0), ctx.x(1), o, x[2], x[3]);
+  if (ctx.needs(1)) grads[1] = Conv2dGradWeight(ctx.dy(0), ctx.x(0), o, {w[2], w[3]});
+  return grads;
+}
+
+// conv2d_grad_input(dy, w) is linear in each input: of dy, the convolution of its gradient g by
+// w; of w, the weight gradient of that convolution, its input g and its output's gradient dy.
+// This is nn.ConvTranspose2d's backward (the exporter maps the transposed convolution here).
+std::vector<Var> Conv2dGradInputVjp(VjpContext& ctx) {
+  std::vector<Var> grads(2);
+  const ConvOptions o = Options(ctx.attrs());
+  const Shape& w = ctx.x_type(1).shape;
+  if (ctx.needs(0)) grads[0] = Conv2d(ctx.dy(0), ctx.x(1), o);
+  if (ctx.needs(1)) grads[1] = Conv2dGradWeight(ctx.x(0), ctx.dy(0), o, {w[2], w[3]});
   return grads;
 }
 
@@ -290,7 +340,10 @@ std::vector<Var> AvgPoolVjp(VjpContext& ctx) {
   return {AvgPool2dGrad(ctx.dy(0), Kernel(a), Stride(a), Padding(a), x[2], x[3])};
 }
 
-const std::vector<OpParam> kConvAttrs = {{"stride", "ints = [1, 1]"}, {"padding", "ints = [0, 0]"}};
+const std::vector<OpParam> kConvAttrs = {{"stride", "ints = [1, 1]"},
+                                         {"padding", "ints = [0, 0]"},
+                                         {"dilation", "ints = [1, 1]"},
+                                         {"groups", "int = 1"}};
 const std::vector<OpParam> kPoolAttrs = {
     {"kernel", "ints"}, {"stride", "ints = [1, 1]"}, {"padding", "ints = [0, 0]"}};
 
@@ -301,19 +354,35 @@ std::vector<OpParam> With(std::vector<OpParam> attrs, std::vector<OpParam> more)
 
 }  // namespace
 
+namespace {
+
+// A convolution's attributes; dilation and groups only where they are not 1, so that programs
+// without them read as they always did.
+Attrs ConvAttrs(const ConvOptions& o) {
+  Attrs attrs{{"stride", Ints(o.stride)}, {"padding", Ints(o.padding)}};
+  if (o.dilation != Pair{1, 1}) attrs.Set("dilation", Ints(o.dilation));
+  if (o.groups != 1) attrs.Set("groups", o.groups);
+  return attrs;
+}
+
+}  // namespace
+
+Var Conv2d(Var x, Var w, const ConvOptions& options) {
+  return x.builder()->Emit1("conv2d", {x, w}, ConvAttrs(options));
+}
 Var Conv2d(Var x, Var w, Pair stride, Pair padding) {
-  return x.builder()->Emit1("conv2d", {x, w},
-                            {{"stride", Ints(stride)}, {"padding", Ints(padding)}});
+  return Conv2d(x, w, {.stride = stride, .padding = padding});
 }
-Var Conv2dGradInput(Var dy, Var w, Pair stride, Pair padding, int64_t height, int64_t width) {
-  return dy.builder()->Emit1(
-      "conv2d_grad_input", {dy, w},
-      {{"stride", Ints(stride)}, {"padding", Ints(padding)}, {"height", height}, {"width", width}});
+Var Conv2dGradInput(Var dy, Var w, const ConvOptions& options, int64_t height, int64_t width) {
+  Attrs attrs = ConvAttrs(options);
+  attrs.Set("height", height);
+  attrs.Set("width", width);
+  return dy.builder()->Emit1("conv2d_grad_input", {dy, w}, std::move(attrs));
 }
-Var Conv2dGradWeight(Var dy, Var x, Pair stride, Pair padding, Pair kernel) {
-  return dy.builder()->Emit1(
-      "conv2d_grad_weight", {dy, x},
-      {{"stride", Ints(stride)}, {"padding", Ints(padding)}, {"kernel", Ints(kernel)}});
+Var Conv2dGradWeight(Var dy, Var x, const ConvOptions& options, Pair kernel) {
+  Attrs attrs = ConvAttrs(options);
+  attrs.Set("kernel", Ints(kernel));
+  return dy.builder()->Emit1("conv2d_grad_weight", {dy, x}, std::move(attrs));
 }
 Var MaxPool2d(Var x, Pair kernel, Pair stride, Pair padding) {
   return x.builder()->Emit1(
@@ -347,24 +416,27 @@ void RegisterConvOps(OpRegistry& r) {
        .kernel = Conv2dKernel<true>,
        .reference = Conv2dKernel<false>,
        .vjp = Conv2dVjp,
-       .doc = "2-D convolution (PyTorch conv2d without bias: dilation 1, one group), "
-              "oneDNN's primitives (f32, a window past 1x1, 16 channels or more) or im2col and a "
-              "GEMM per block of output rows",
-       .signature = {.inputs = {{"x", "float[B, C, H, W]"}, {"w", "float[O, C, KH, KW]"}},
+       .doc = "2-D convolution (PyTorch conv2d without bias, with its dilation and groups), "
+              "oneDNN's primitives (f32, a window past 1x1 over 16 channels or more, or grouped) "
+              "or im2col and a GEMM per block of output rows and group",
+       .signature = {.inputs = {{"x", "float[B, C, H, W]"}, {"w", "float[O, C/G, KH, KW]"}},
                      .attrs = kConvAttrs,
                      .outputs = {{"y", "float[B, O, OH, OW]"}}},
        .scratch_bytes = Conv2dScratch});
-  r.Register({.name = "conv2d_grad_input",
-              .num_inputs = 2,
-              .infer = InferConv2dGradInput,
-              .kernel = Conv2dGradInputKernel<true>,
-              .reference = Conv2dGradInputKernel<false>,
-              .doc = "conv2d gradient of x: each output's gradient times the filters, back to the "
-                     "input pixels it read",
-              .signature = {.inputs = {{"dy", "float[B, O, OH, OW]"}, {"w", "float[O, C, KH, KW]"}},
-                            .attrs = With(kConvAttrs, {{"height", "int"}, {"width", "int"}}),
-                            .outputs = {{"dx", "float[B, C, height, width]"}}},
-              .scratch_bytes = Conv2dGradInputScratch});
+  r.Register(
+      {.name = "conv2d_grad_input",
+       .num_inputs = 2,
+       .infer = InferConv2dGradInput,
+       .kernel = Conv2dGradInputKernel<true>,
+       .reference = Conv2dGradInputKernel<false>,
+       .vjp = Conv2dGradInputVjp,
+       .doc = "conv2d gradient of x: each output's gradient times the filters, back to the "
+              "input pixels it read; also PyTorch's conv_transpose2d (dy its input, "
+              "height and width its output's size)",
+       .signature = {.inputs = {{"dy", "float[B, O, OH, OW]"}, {"w", "float[O, C/G, KH, KW]"}},
+                     .attrs = With(kConvAttrs, {{"height", "int"}, {"width", "int"}}),
+                     .outputs = {{"dx", "float[B, C, height, width]"}}},
+       .scratch_bytes = Conv2dGradInputScratch});
   r.Register({.name = "conv2d_grad_weight",
               .num_inputs = 2,
               .infer = InferConv2dGradWeight,
@@ -373,7 +445,7 @@ void RegisterConvOps(OpRegistry& r) {
               .doc = "conv2d gradient of w: dy times the input windows, summed over the batch",
               .signature = {.inputs = {{"dy", "float[B, O, OH, OW]"}, {"x", "float[B, C, H, W]"}},
                             .attrs = With(kConvAttrs, {{"kernel", "ints"}}),
-                            .outputs = {{"dw", "float[O, C, kernel]"}}},
+                            .outputs = {{"dw", "float[O, C/G, kernel]"}}},
               .scratch_bytes = Conv2dGradWeightScratch});
   r.Register({.name = "max_pool2d",
               .num_inputs = 1,

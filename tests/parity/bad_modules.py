@@ -271,6 +271,39 @@ def dilated_conv():
     return ImageNet(nn.Conv2d(2, 4, 3, dilation=2), 4)
 
 
+class SequenceNet(nn.Module):
+    """forward(x, y), x f32 [B, 2, 8]: one layer, then a linear head (the Conv1d cases)."""
+
+    def __init__(self, layer, channels):
+        super().__init__()
+        self.layer = layer
+        self.fc = nn.Linear(channels, 2)
+
+    def forward(self, x, y):
+        h = self.layer(x)
+        return F.cross_entropy(self.fc(h.mean(dim=2)), y)
+
+
+def dilated_depthwise_conv1d():
+    return SequenceNet(nn.Conv1d(2, 4, 3, padding=2, dilation=2, groups=2), 4)
+
+
+def transposed_conv():
+    return ImageNet(nn.ConvTranspose2d(2, 4, 3, stride=2, padding=1, output_padding=1), 4)
+
+
+def nearest_upsample():
+    return ImageNet(nn.Upsample(scale_factor=2, mode="nearest"), 2)
+
+
+def bilinear_upsample():
+    return ImageNet(nn.Upsample(scale_factor=2, mode="bilinear"), 2)
+
+
+def fractional_upsample():
+    return ImageNet(nn.Upsample(scale_factor=1.5, mode="nearest"), 2)
+
+
 def batch_norm():
     return ImageNet(nn.BatchNorm2d(2), 2)
 

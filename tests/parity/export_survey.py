@@ -1,8 +1,9 @@
 """Which of the modules users commonly bring tools/torch_export.py takes, and why it refuses the
-others: whole models (a CIFAR ResNet-8 with BatchNorm, an MLP-Mixer, a 1-D convolutional
-text classifier, a tiny encoder-decoder nn.Transformer, an LSTM language model, a bidirectional
-GRU classifier, an LSTM encoder-decoder) and one small module per layer or idiom,
-each exported at batch 4; prints one line per module, "ok" or the exporter's error.
+others: whole models (a CIFAR ResNet-8 with BatchNorm, an MLP-Mixer, a 1-D convolutional text
+classifier, a tiny encoder-decoder nn.Transformer, an LSTM language model, a bidirectional GRU
+classifier, an LSTM encoder-decoder, a MobileNetV2 and a ConvNeXt-style network, a UNet) and one
+small module per layer or idiom, each exported at batch 4; prints one line per module, "ok" or
+the exporter's error.
 
   /usr/bin/python3 tests/parity/export_survey.py            # all
   /usr/bin/python3 tests/parity/export_survey.py resnet8    # the ones named
@@ -18,7 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torch_classifiers import BasicBlock  # the same directory
+from torch_classifiers import (BasicBlock, ConvNeXtBlock, InvertedResidual,  # the same directory
+                               TinyUNet)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPORTER = os.path.join(HERE, "..", "..", "tools", "torch_export.py")
@@ -229,9 +231,43 @@ class CrossAttention(nn.Module):
         return F.cross_entropy(self.head(y.mean(1)), label)
 
 
+class MobileNetV2(nn.Module):
+    """MobileNetV2 on 3x16x16 images: a stem, inverted residual blocks (1x1 expansion, 3x3
+    depthwise, 1x1 projection, ReLU6), global pooling, a linear head."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(16), nn.ReLU6())
+        self.blocks = nn.Sequential(InvertedResidual(16, 16, 1, 6), InvertedResidual(16, 24, 2, 6),
+                                    InvertedResidual(24, 24, 1, 6))
+        self.head = nn.Linear(24, classes)
+
+    def forward(self, image, label):
+        h = self.blocks(self.stem(image)).mean((2, 3))
+        return F.cross_entropy(self.head(h), label)
+
+
+class ConvNeXtNet(nn.Module):
+    """ConvNeXt on 3x16x16 images: a 4x4 patchify stem, two ConvNeXt blocks (7x7 depthwise,
+    LayerNorm channels-last, MLP, layer scale), pooling, LayerNorm, a linear head."""
+
+    def __init__(self, dim=16, classes=10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, dim, 4, stride=4)
+        self.blocks = nn.Sequential(ConvNeXtBlock(dim), ConvNeXtBlock(dim))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, image, label):
+        h = self.blocks(self.stem(image)).mean((2, 3))
+        return F.cross_entropy(self.head(self.norm(h)), label)
+
+
 FEATURES = {"features": "f32[8]", "label": "i64[]"}
 IMAGES = {"image": "f32[4, 6, 6]", "label": "i64[]"}
 IMAGES3 = {"image": "f32[3, 16, 16]", "label": "i64[]"}
+GRAY = {"image": "f32[1, 12, 12]", "label": "i64[]"}
 TOKENS = {"tokens": "i64[12]", "label": "i64[]"}
 SEQUENCES = {"sequence": "f32[12, 8]", "label": "i64[]"}
 
@@ -244,6 +280,9 @@ MODULES = {
     "lstm_lm": (LstmLM, {"tokens": "i64[12]", "label": "i64[12]"}),
     "gru_classifier": (GruClassifier, TOKENS),
     "lstm_seq2seq": (LstmSeq2Seq, {"tokens": "i64[12]", "label": "i64[12]"}),
+    "mobilenet_v2": (MobileNetV2, IMAGES3),
+    "convnext": (ConvNeXtNet, IMAGES3),
+    "unet": (TinyUNet, GRAY),
     "batch_norm_2d": (lambda: Image(nn.BatchNorm2d(4), 4 * 36), IMAGES),
     "batch_norm_1d": (lambda: Features(nn.BatchNorm1d(8)), FEATURES),
     "group_norm": (lambda: Image(nn.GroupNorm(2, 4), 4 * 36), IMAGES),
@@ -269,6 +308,17 @@ MODULES = {
     "lstm_proj_size": (lambda: Sequence(nn.LSTM(8, 16, batch_first=True, proj_size=8)),
                        SEQUENCES),
     "lstm_packed_sequence": (PackedLstm, SEQUENCES),
+    "depthwise_conv": (lambda: Image(nn.Conv2d(4, 4, 3, padding=1, groups=4), 4 * 36), IMAGES),
+    "grouped_conv": (lambda: Image(nn.Conv2d(4, 8, 3, groups=2), 8 * 16), IMAGES),
+    "dilated_conv": (lambda: Image(nn.Conv2d(4, 4, 3, padding=2, dilation=2), 4 * 36), IMAGES),
+    "dilated_conv1d": (lambda: Image(nn.Sequential(nn.Flatten(1, 2),
+                                                   nn.Conv1d(24, 4, 3, dilation=2)), 4 * 2),
+                       IMAGES),
+    "conv_transpose": (lambda: Image(nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1,
+                                                        output_padding=1), 2 * 144), IMAGES),
+    "upsample_nearest": (lambda: Image(nn.Upsample(scale_factor=2), 4 * 144), IMAGES),
+    "upsample_bilinear": (lambda: Image(nn.Upsample(scale_factor=2, mode="bilinear"), 4 * 144),
+                          IMAGES),
 }
 
 

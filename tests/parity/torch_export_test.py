@@ -347,12 +347,39 @@ class ArrayInput(ExportCase):
                      seq=None, extra=["--input", "x=f16[8]", "--input", "y=i64[]"])
         self.refused(f"{MODULES}:tiny", "give --seq T for a token model", seq=None)
 
+    def exported_text(self, spec, extra):
+        out = os.path.join(self.parent, spec.rsplit(":", 1)[1])
+        result, out = self.export(spec, out, seq=None, extra=extra)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            return f.read()
+
+    def test_grouped_dilated_and_transposed_convolutions_and_upsampling_export(self):
+        images = ["--input", "x=f32[2, 8, 8]", "--input", "y=i64[]"]
+        self.assertIn("= conv2d(%x, %layer.weight) {groups = 2, padding = [0, 0], stride = [1, 1]}",
+                      self.exported_text(f"{MODULES}:grouped_conv", images))
+        self.assertIn("{dilation = [2, 2], padding = [0, 0], stride = [1, 1]}",
+                      self.exported_text(f"{MODULES}:dilated_conv", images))
+        # Conv1d: rows of one pixel, the dilation and padding along the columns.
+        text = self.exported_text(f"{MODULES}:dilated_depthwise_conv1d",
+                                  ["--input", "x=f32[2, 8]", "--input", "y=i64[]"])
+        self.assertIn("{dilation = [1, 2], groups = 2, padding = [0, 2], stride = [1, 1]}", text)
+        # ConvTranspose2d: the input gradient of the convolution it transposes, at 16x16 (7 · 2
+        # − 2 + 3 + output_padding 1).
+        self.assertIn("f32[B, 4, 16, 16] = conv2d_grad_input(%x, %layer.weight) {height = 16, "
+                      "padding = [1, 1], stride = [2, 2], width = 16}",
+                      self.exported_text(f"{MODULES}:transposed_conv", images))
+        self.assertIn("broadcast_to(%layer.upsample_nearest2d) {shape = [B, 2, 8, 2, 8, 2]}",
+                      self.exported_text(f"{MODULES}:nearest_upsample", images))
+
     def test_convolution_options_sluice_lacks(self):
         images = ["--input", "x=f32[2, 8, 8]", "--input", "y=i64[]"]
-        self.refused(f"{MODULES}:grouped_conv", "a convolution with groups=2", "in module 'layer'",
+        self.refused(f"{MODULES}:bilinear_upsample", "unsupported ATen op "
+                     "aten.upsample_bilinear2d.vec", "in module 'layer'",
                      line_of("h = self.layer(x)"), seq=None, extra=images)
-        self.refused(f"{MODULES}:dilated_conv", "a convolution with dilation=[2, 2]",
-                     "in module 'layer'", line_of("h = self.layer(x)"), seq=None, extra=images)
+        self.refused(f"{MODULES}:fractional_upsample", "nearest upsampling from 8x8 to 12x12: "
+                     "sluice repeats pixels by whole factors", "in module 'layer'", seq=None,
+                     extra=images)
         self.refused(f"{MODULES}:batch_norm_cumulative", "module 'layer' is a batch norm with "
                      "momentum=None", "give one (PyTorch's default is 0.1)", seq=None,
                      extra=images)

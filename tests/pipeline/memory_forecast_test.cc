@@ -201,6 +201,42 @@ TEST(MemoryForecast, OneStageIsExactWithAOneDnnConvolutionsScratch) {
                          kernels::Conv2dScratchBytes(d, kernels::Conv2dPass::kGradWeight, 4));
 }
 
+// Grouped, dilated and transposed convolutions: a dilated depthwise one, one in 4 groups (strided)
+// and nn.ConvTranspose2d's conv2d_grad_input back to 38x38, each with its scratch (oneDNN's
+// chunks, or none for the direct depthwise kernels) and its gradients' scratch in the backward:
+// the forecast holds them all.
+TEST(MemoryForecast, OneStageIsExactWithGroupedDilatedAndTransposedConvolutions) {
+  const kernels::Conv2dDims grouped =
+      kernels::Conv2dShape(2, 16, 38, 38, 32, 3, 3, {2, 2}, {1, 1}, {1, 1}, 4);
+  ExpectExactWithScratch(R"(program conv {
+  input %x: f32[B, 144] = x
+  input %y: i64[B] = labels
+  param %c1.weight: f32[16, 1, 3, 3] = normal(0, 0.2)
+  param %dw.weight: f32[16, 1, 3, 3] = normal(0, 0.2)
+  param %g.weight: f32[32, 4, 3, 3] = normal(0, 0.1)
+  param %up.weight: f32[32, 8, 2, 2] = normal(0, 0.1)
+  param %out.weight: f32[8, 4] = normal(0, 0.1)
+  unit conv {
+    %image: f32[B, 1, 12, 12] = reshape(%x) {shape = [B, 1, 12, 12]}
+    %h1: f32[B, 16, 38, 38] = conv2d(%image, %c1.weight) {padding = [14, 14], stride = [1, 1]}
+    %a1: f32[B, 16, 38, 38] = relu(%h1)
+    %h2: f32[B, 16, 38, 38] = conv2d(%a1, %dw.weight) {dilation = [2, 2], groups = 16, padding = [2, 2], stride = [1, 1]}
+    %h3: f32[B, 32, 19, 19] = conv2d(%h2, %g.weight) {groups = 4, padding = [1, 1], stride = [2, 2]}
+    %a3: f32[B, 32, 19, 19] = relu(%h3)
+    %h4: f32[B, 8, 38, 38] = conv2d_grad_input(%a3, %up.weight) {height = 38, padding = [0, 0], stride = [2, 2], width = 38}
+    %p: f32[B, 8, 1, 1] = avg_pool2d(%h4) {kernel = [38, 38], stride = [38, 38]}
+  }
+  unit head {
+    %f: f32[B, 8] = reshape(%p) {shape = [B, 8]}
+    %logits: f32[B, 4] = matmul(%f, %out.weight)
+    %loss: f32[] = cross_entropy(%logits, %y)
+  }
+  output %loss
+}
+)",
+                         kernels::Conv2dScratchBytes(grouped, kernels::Conv2dPass::kGradWeight, 4));
+}
+
 // A small batch's convolution stays on im2col where oneDNN's blocked weights and weight gradients
 // would outgrow the convolution's own input and output: the same 64-channel 3x3 convolution on
 // 8x8 images runs on im2col at batch 1 and on oneDNN at batch 32.

@@ -8,7 +8,9 @@
 // layers (nn.Sequential, nn.TransformerEncoderLayer) with frozen parameters, and the classifiers
 // of tests/parity/torch_classifiers.py, whose forward reads float features and integer labels from
 // a safetensors data file (examples/classifier_data.py writes it; `--data FILE` to the exporter),
-// among them convolutional networks and a ViT on the images of examples/bars_data.py, and text
+// among them convolutional networks (a ResNet, MobileNetV2's depthwise inverted residuals,
+// ConvNeXt blocks with a dilated grouped convolution, a UNet with a transposed convolution and
+// nearest upsampling) and a ViT on the images of examples/bars_data.py, and text
 // classifiers reading a padding mask (BERT-style layers, nn.TransformerEncoder with
 // src_key_padding_mask) on the padded sequences of examples/padded_text_data.py, and recurrent
 // layers unrolled over a fixed T (lstm_lm: a 2-layer nn.LSTM language model; gru_classifier: a
@@ -133,7 +135,8 @@ SluiceRun TrainExported(const TrainConfig& config, const std::string& checkpoint
     for (const auto& [name, t] : run.trained) scope.Set(name, t.Clone());
     task->BindBatch(scope, DataSplit::kTrain, steps, config.batch, config.seed);
     RunReference(eval, scope, DefaultAllocator(), /*use_reference_kernels=*/false);
-    run.eval_loss = scope.Get("loss").FlatAt(0);
+    // The program's output: %loss for a cross-entropy, another name for a sum of losses (unet).
+    run.eval_loss = scope.Get(eval.value(eval.outputs().at(0)).name).FlatAt(0);
   }
   run.next_loss = trainer.Step().loss;  // the checkpoint's weights on the next batch
   return run;
@@ -471,7 +474,10 @@ INSTANTIATE_TEST_SUITE_P(
                     ImportedModel{"activations", "torch_classifiers.py", kBlobs},
                     ImportedModel{"text_cnn", "torch_classifiers.py", kPadded},
                     ImportedModel{"lstm_lm", "torch_models.py", nullptr},
-                    ImportedModel{"gru_classifier", "torch_classifiers.py", kBars}),
+                    ImportedModel{"gru_classifier", "torch_classifiers.py", kBars},
+                    ImportedModel{"mobilenet_v2", "torch_classifiers.py", kBars},
+                    ImportedModel{"convnext", "torch_classifiers.py", kBars},
+                    ImportedModel{"unet", "torch_classifiers.py", kBars}),
     ImportedName);
 
 // Dropout (torch_classifiers.py's mlp_dropout, p = 0.1 after a ReLU): sluice's masks are not

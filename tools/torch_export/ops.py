@@ -227,6 +227,19 @@ def _clamp(L, node, args, kwargs, shape):
     return x
 
 
+def _hardtanh(L, node, args, kwargs, shape):
+    """nn.Hardtanh and nn.ReLU6 (hardtanh(0, 6)) as where(x <= low, low, x) and the same for high:
+    the gradient passes to x strictly between the bounds, as PyTorch's hardtanh_backward."""
+    x = L.val(args[0])
+    low = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
+    high = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
+    for bound, relation in ((low, "le"), (high, "ge")):
+        b = _operand(L, float(bound))
+        out = L.emit("compare", [x, b], shape, "f32", {"relation": relation}, hint="outside")
+        x = L.emit("where", [out, b, x], shape, "f32", hint="clamped")
+    return x
+
+
 def _norm(L, node, args, kwargs, shape):
     """The 2-norm along axes (F.normalize's denominator): sqrt(sum(x·x))."""
     x = L.val(args[0])
@@ -441,27 +454,34 @@ def _batch_norm(L, node, args, kwargs, shape):
 
 
 def _convolution(L, node, args, kwargs, shape):
-    """nn.Conv2d (and nn.Conv1d, as a conv2d over images of one row) as conv2d, the bias added
-    per output channel."""
+    """nn.Conv2d (and nn.Conv1d, as a conv2d over images of one row) as conv2d with its groups and
+    dilation; nn.ConvTranspose2d (and 1d) as conv2d_grad_input, the input gradient of the
+    convolution it transposes (its output size gives output_padding); the bias added per output
+    channel."""
     x, w, b, stride, padding, dilation, transposed, output_padding, groups = args
-    if transposed:
-        L.fail("a transposed convolution (ConvTranspose) has no mapping in sluice")
-    if groups != 1:
-        L.fail(f"a convolution with groups={groups}: sluice's conv2d has one group (groups=1)")
-    if any(d != 1 for d in dilation):
-        L.fail(f"a convolution with dilation={list(dilation)}: sluice's conv2d has dilation 1")
     x, w = L.val(x), L.val(w)
+    stride, padding, dilation = list(stride), list(padding), list(dilation)
     if len(x.shape) == 3:  # conv1d: [B, C, L] as [B, C, 1, L]
         xs, ws = x.shape[:2] + [1, x.shape[2]], w.shape[:2] + [1, w.shape[2]]
         x = L.emit("reshape", [x], xs, "f32", {"shape": xs}, hint="rows")
         w = L.emit("reshape", [w], ws, "f32", {"shape": ws}, hint="filters")
-        stride, padding = [1, stride[0]], [0, padding[0]]
+        stride, padding, dilation = [1] + stride, [0] + padding, [1] + dilation
         out = shape[:2] + [1, shape[2]]
     elif len(x.shape) == 4:
         out = shape
     else:
         L.fail(f"a convolution of a {len(x.shape)}-D input: sluice maps conv1d and conv2d")
-    y = L.emit("conv2d", [x, w], out, "f32", {"stride": list(stride), "padding": list(padding)})
+    attrs = {"stride": stride, "padding": padding}
+    if dilation != [1, 1]:
+        attrs["dilation"] = dilation
+    if groups != 1:
+        attrs["groups"] = groups
+    if transposed:
+        # conv_transpose2d(x, w) is the input gradient of conv2d(·, w) at the output's size.
+        attrs.update(height=out[2], width=out[3])
+        y = L.emit("conv2d_grad_input", [x, w], out, "f32", attrs, hint="transposed")
+    else:
+        y = L.emit("conv2d", [x, w], out, "f32", attrs)
     if b is not None:
         o = out[1]
         bv = L.emit("reshape", [L.val(b)], [o, 1, 1], "f32", {"shape": [o, 1, 1]}, hint="bias")
@@ -469,6 +489,31 @@ def _convolution(L, node, args, kwargs, shape):
     if out != shape:
         y = L.emit("reshape", [y], shape, "f32", {"shape": shape})
     return y
+
+
+def _upsample_nearest2d(L, node, args, kwargs, shape):
+    """F.interpolate / nn.Upsample, mode 'nearest', by whole factors: each pixel repeated s_h × s_w
+    times in place, as x [B, C, H, 1, W, 1] broadcast to [B, C, H, s_h, W, s_w] (its gradient
+    sums the copies back)."""
+    x = L.val(args[0])
+    if len(x.shape) != 4:
+        L.fail("upsample_nearest2d of an input that is not [B, C, H, W]")
+    n, c, h, w = x.shape
+    oh, ow = shape[2], shape[3]
+    if oh % h != 0 or ow % w != 0:
+        L.fail(f"nearest upsampling from {h}x{w} to {oh}x{ow}: sluice repeats pixels by whole "
+               f"factors (scale_factor an integer, or a size that is a multiple of the input's)")
+    sh, sw = oh // h, ow // w
+    scales = args[2] if len(args) > 2 else kwargs.get("scale_factors")
+    if scales is not None and any(float(f) != int(f) for f in scales):
+        L.fail(f"nearest upsampling by scale_factor={list(scales)}: sluice repeats pixels by "
+               f"whole factors")
+    if (sh, sw) == (1, 1):
+        return x
+    inner, wide = [n, c, h, 1, w, 1], [n, c, h, sh, w, sw]
+    y = L.emit("reshape", [x], inner, "f32", {"shape": inner}, hint="pixels")
+    y = L.emit("broadcast_to", [y], wide, "f32", {"shape": wide}, hint="repeated")
+    return L.emit("reshape", [y], shape, "f32", {"shape": shape}, hint="upsampled")
 
 
 def _pool_args(L, what, kernel, stride, padding, ceil_mode):
@@ -725,6 +770,7 @@ LOWERINGS = {
     aten.logical_not.default: _logical_not, aten.bitwise_not.default: _logical_not,
     aten.where.self: _where, aten.where.ScalarSelf: _where, aten.where.ScalarOther: _where,
     aten.where.Scalar: _where,
+    aten.hardtanh.default: _hardtanh,
     aten.clamp.default: _clamp, aten.clamp_min.default: _clamp, aten.clamp_max.default: _clamp,
     aten.norm.ScalarOpt_dim: _norm, aten.linalg_vector_norm.default: _norm,
     aten._to_copy.default: _to_copy,
@@ -736,10 +782,10 @@ LOWERINGS = {
     aten.mish.default: _mish, aten.hardswish.default: _hardswish,
     aten.leaky_relu.default: _leaky_relu, aten.softplus.default: _softplus,
     aten.rsqrt.default: _rsqrt, aten.pow.Tensor_Scalar: _pow,
-    aten.mean.dim: _reduce("mean"), aten.sum.dim_IntList: _reduce("sum"), aten.amax.default: _amax,
+    aten.mean.dim: _reduce("mean"), aten.mean.default: _reduce("mean"), aten.sum.dim_IntList: _reduce("sum"), aten.amax.default: _amax,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_group_norm.default: _group_norm, aten.native_batch_norm.default: _batch_norm,
-    aten.convolution.default: _convolution,
+    aten.convolution.default: _convolution, aten.upsample_nearest2d.vec: _upsample_nearest2d,
     aten.max_pool2d_with_indices.default: _max_pool2d, aten.avg_pool2d.default: _avg_pool2d,
     aten._softmax.default: _softmax, aten._log_softmax.default: _log_softmax,
     aten.nll_loss_forward.default: _nll_loss,

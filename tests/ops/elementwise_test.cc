@@ -49,6 +49,9 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "relu", .op = "relu", .single_kernel = true, .inputs = {F({7, 13})}},
       {.label = "relu_scalar", .op = "relu", .single_kernel = true, .inputs = {F({})}},
       {.label = "leaky_relu", .op = "leaky_relu", .single_kernel = true, .inputs = {F({7, 13})}},
+      // ReLU6 over inputs on both sides of both bounds; another clamp.
+      {.label = "hardtanh_relu6", .op = "hardtanh", .single_kernel = true, .inputs = {F({7, 13})}, .attrs = {{"min_val", 0.0}, {"max_val", 6.0}}, .fills = {Uniform(-3, 9)}},
+      {.label = "hardtanh", .op = "hardtanh", .single_kernel = true, .inputs = {F({33})}, .attrs = {{"min_val", -2.0}, {"max_val", 2.0}}, .fills = {Uniform(-3, 3)}},
       {.label = "leaky_relu_slope", .op = "leaky_relu", .single_kernel = true, .inputs = {F({33})}, .attrs = {{"slope", 0.2}}, .fills = {Uniform(-3, 3)}},
       {.label = "softplus", .op = "softplus", .single_kernel = true, .inputs = {F({7, 13})}, .fills = {Uniform(-5, 5)}},
       {.label = "softplus_beta", .op = "softplus", .single_kernel = true, .inputs = {F({33})}, .attrs = {{"beta", 2.0}, {"threshold", 20.0}}, .fills = {Uniform(-4, 4)}},
@@ -85,6 +88,7 @@ std::vector<OpCase> ElementwiseCases() {
       {.label = "gelu_erf_grad", .op = "gelu_erf_grad", .single_kernel = true, .inputs = {F({33}), F({33})}, .fills = {Fill{}, wide}, .grad = false},
       {.label = "tanh_grad", .op = "tanh_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
       {.label = "sigmoid_grad", .op = "sigmoid_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .grad = false},
+      {.label = "hardtanh_grad", .op = "hardtanh_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .attrs = {{"min_val", -0.5}, {"max_val", 0.5}}, .grad = false},
       {.label = "leaky_relu_grad", .op = "leaky_relu_grad", .single_kernel = true, .inputs = {F({7, 13}), F({7, 13})}, .attrs = {{"slope", 0.2}}, .grad = false},
       {.label = "softplus_grad", .op = "softplus_grad", .single_kernel = true, .inputs = {F({33}), F({33})}, .attrs = {{"beta", 2.0}, {"threshold", 3.0}}, .fills = {Fill{}, Uniform(-4, 4)}, .grad = false},
       // Fill, cast, copy. (A cast to f32 rounds away what a finite difference measures: no grad.)
@@ -174,6 +178,7 @@ std::vector<OpErrorCase> ElementwiseErrors() {
       {.label = "sigmoid_int", .op = "sigmoid", .inputs = {I64({3})}},
       {.label = "sigmoid_grad_shape", .op = "sigmoid_grad", .inputs = {F({3}), F({4})}},
       {.label = "softplus_beta_zero", .op = "softplus", .inputs = {F({3})}, .attrs = {{"beta", 0.0}}},
+      {.label = "hardtanh_bounds", .op = "hardtanh", .inputs = {F({3})}, .attrs = {{"min_val", 1.0}, {"max_val", 1.0}}},
       {.label = "leaky_relu_grad_shape", .op = "leaky_relu_grad", .inputs = {F({3}), F({4})}},
       {.label = "full_dtype", .op = "full", .inputs = {}, .attrs = {{"dtype", std::string("q8")}, {"shape", std::vector<int64_t>{2}}, {"value", 0.0}}},
       {.label = "cast_to_int", .op = "cast", .inputs = {F({3})}, .attrs = {{"dtype", std::string("i64")}}},

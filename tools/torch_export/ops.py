@@ -228,16 +228,12 @@ def _clamp(L, node, args, kwargs, shape):
 
 
 def _hardtanh(L, node, args, kwargs, shape):
-    """nn.Hardtanh and nn.ReLU6 (hardtanh(0, 6)) as where(x <= low, low, x) and the same for high:
-    the gradient passes to x strictly between the bounds, as PyTorch's hardtanh_backward."""
-    x = L.val(args[0])
+    """nn.Hardtanh and nn.ReLU6 (hardtanh(0, 6)) as sluice's hardtanh, whose gradient passes
+    strictly between the bounds, as PyTorch's hardtanh_backward."""
     low = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
     high = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
-    for bound, relation in ((low, "le"), (high, "ge")):
-        b = _operand(L, float(bound))
-        out = L.emit("compare", [x, b], shape, "f32", {"relation": relation}, hint="outside")
-        x = L.emit("where", [out, b, x], shape, "f32", hint="clamped")
-    return x
+    return L.emit("hardtanh", [L.val(args[0])], shape, "f32",
+                  {"min_val": float(low), "max_val": float(high)})
 
 
 def _norm(L, node, args, kwargs, shape):

@@ -179,6 +179,16 @@ void LeakyRelu(const T* __restrict x, T* __restrict y, int64_t n, T slope) {
 }
 
 template <typename T>
+void Hardtanh(const T* x, T* y, int64_t n, T lo, T hi) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < lo ? lo : (x[i] > hi ? hi : x[i]);
+}
+
+template <typename T>
+void HardtanhGrad(const T* dy, const T* y, T* dx, int64_t n, T lo, T hi) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > lo && y[i] < hi ? dy[i] : T(0);
+}
+
+template <typename T>
 void Softplus(const T* __restrict x, T* __restrict y, int64_t n, T beta, T threshold) {
   for (int64_t i = 0; i < n; ++i) {
     const T bx = x[i] * beta;
@@ -275,6 +285,10 @@ template void SigmoidReference<float>(const float*, float*, int64_t);
 template void SigmoidFast<float>(const float*, float*, int64_t);
 template void SigmoidGrad<float>(const float*, const float*, float*, int64_t);
 template void LeakyRelu<float>(const float*, float*, int64_t, float);
+template void Hardtanh<float>(const float*, float*, int64_t, float, float);
+template void HardtanhGrad<float>(const float*, const float*, float*, int64_t, float, float);
+template void Hardtanh<double>(const double*, double*, int64_t, double, double);
+template void HardtanhGrad<double>(const double*, const double*, double*, int64_t, double, double);
 template void Softplus<float>(const float*, float*, int64_t, float, float);
 template void LeakyReluGrad<float>(const float*, const float*, float*, int64_t, float);
 template void SoftplusGrad<float>(const float*, const float*, float*, int64_t, float, float);

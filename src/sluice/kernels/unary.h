@@ -67,6 +67,9 @@ void Sqrt(const T* x, T* y, int64_t n);
 // y = x where x > 0, slope·x elsewhere (PyTorch's leaky_relu, negative_slope = slope).
 template <typename T>
 void LeakyRelu(const T* x, T* y, int64_t n, T slope);
+// y = x clamped to [lo, hi] (PyTorch's hardtanh, min_val = lo, max_val = hi; ReLU6 is [0, 6]).
+template <typename T>
+void Hardtanh(const T* x, T* y, int64_t n, T lo, T hi);
 // y = log(1 + e^(beta·x)) / beta, and x itself where beta·x > threshold (PyTorch's softplus, its
 // formula: log1p(exp(beta·x)) / beta).
 template <typename T>
@@ -92,6 +95,10 @@ void GeluErfGrad(const T* dy, const T* x, T* dx, int64_t n);
 // dx = dy where x > 0, slope·dy elsewhere.
 template <typename T>
 void LeakyReluGrad(const T* dy, const T* x, T* dx, int64_t n, T slope);
+// dx = dy where lo < y < hi, else 0; y is hardtanh's output (strictly inside exactly where its
+// input is: PyTorch's hardtanh_backward).
+template <typename T>
+void HardtanhGrad(const T* dy, const T* y, T* dx, int64_t n, T lo, T hi);
 // dx = dy · σ(beta·x) = dy · z / (z + 1), z = e^(beta·x); dy where beta·x > threshold.
 template <typename T>
 void SoftplusGrad(const T* dy, const T* x, T* dx, int64_t n, T beta, T threshold);

@@ -215,6 +215,26 @@ std::vector<Var> SigmoidVjp(VjpContext& ctx) { return {SigmoidGrad(ctx.dy(0), ct
 std::vector<Var> LeakyReluVjp(VjpContext& ctx) {
   return {LeakyReluGrad(ctx.dy(0), ctx.x(0), ctx.attrs().GetFloat("slope", 0.01))};
 }
+// hardtanh's bounds: attributes min_val and max_val (PyTorch's names), min_val < max_val.
+std::pair<double, double> HardtanhBounds(const Attrs& attrs) {
+  const double lo = attrs.GetFloat("min_val", -1.0), hi = attrs.GetFloat("max_val", 1.0);
+  if (!(lo < hi)) {
+    throw ShapeError(fmt::format("hardtanh needs min_val < max_val, got {} and {}", lo, hi));
+  }
+  return {lo, hi};
+}
+std::vector<TensorType> InferHardtanh(std::span<const TensorType> in, const Attrs& attrs) {
+  HardtanhBounds(attrs);
+  return InferUnary(in, attrs);
+}
+std::vector<TensorType> InferHardtanhGrad(std::span<const TensorType> in, const Attrs& attrs) {
+  HardtanhBounds(attrs);
+  return InferUnaryGrad(in, attrs);
+}
+std::vector<Var> HardtanhVjp(VjpContext& ctx) {
+  const auto [lo, hi] = HardtanhBounds(ctx.attrs());
+  return {HardtanhGrad(ctx.dy(0), ctx.y(0), lo, hi)};
+}
 std::vector<Var> SoftplusVjp(VjpContext& ctx) {
   return {SoftplusGrad(ctx.dy(0), ctx.x(0), ctx.attrs().GetFloat("beta", 1.0),
                        ctx.attrs().GetFloat("threshold", 20.0))};
@@ -236,6 +256,24 @@ void LeakyReluGradKernel(KernelContext& ctx) {
   DispatchFloat(dy.dtype(), "leaky_relu_grad", [&]<typename T>() {
     kernels::LeakyReluGrad<T>(dy.data<T>(), ctx.inputs[1].data<T>(), ctx.outputs[0].data<T>(),
                               dy.numel(), static_cast<T>(slope));
+  });
+}
+
+void HardtanhKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.inputs[0];
+  const auto [lo, hi] = HardtanhBounds(ctx.attrs);
+  DispatchFloat(x.dtype(), "hardtanh", [&]<typename T>() {
+    kernels::Hardtanh<T>(x.data<T>(), ctx.outputs[0].data<T>(), x.numel(), static_cast<T>(lo),
+                         static_cast<T>(hi));
+  });
+}
+
+void HardtanhGradKernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.inputs[0];
+  const auto [lo, hi] = HardtanhBounds(ctx.attrs);
+  DispatchFloat(dy.dtype(), "hardtanh_grad", [&]<typename T>() {
+    kernels::HardtanhGrad<T>(dy.data<T>(), ctx.inputs[1].data<T>(), ctx.outputs[0].data<T>(),
+                             dy.numel(), static_cast<T>(lo), static_cast<T>(hi));
   });
 }
 
@@ -559,6 +597,13 @@ Var LeakyRelu(Var x, double slope) {
 Var Softplus(Var x, double beta, double threshold) {
   return x.builder()->Emit1("softplus", {x}, {{"beta", beta}, {"threshold", threshold}});
 }
+Var Hardtanh(Var x, double min_val, double max_val) {
+  return x.builder()->Emit1("hardtanh", {x}, {{"min_val", min_val}, {"max_val", max_val}});
+}
+Var HardtanhGrad(Var dy, Var y, double min_val, double max_val) {
+  return dy.builder()->Emit1("hardtanh_grad", {dy, y},
+                             {{"min_val", min_val}, {"max_val", max_val}});
+}
 Var LeakyReluGrad(Var dy, Var x, double slope) {
   return dy.builder()->Emit1("leaky_relu_grad", {dy, x}, {{"slope", slope}});
 }
@@ -701,6 +746,27 @@ void RegisterElementwiseOps(OpRegistry& r) {
                             .attrs = {{"slope", "float = 0.01"}},
                             .outputs = {{"y", "float[...]"}}},
               .in_place_inputs = {0}});
+  r.Register({.name = "hardtanh",
+              .num_inputs = 1,
+              .infer = InferHardtanh,
+              .kernel = HardtanhKernel,
+              .vjp = HardtanhVjp,
+              .recomputable = true,
+              .doc = "x clamped to [min_val, max_val] (PyTorch hardtanh; ReLU6 is [0, 6])",
+              .signature = {.inputs = {{"x", "float[...]"}},
+                            .attrs = {{"min_val", "float = -1"}, {"max_val", "float = 1"}},
+                            .outputs = {{"y", "float[...]"}}},
+              .in_place_inputs = {0}});
+  r.Register({.name = "hardtanh_grad",
+              .num_inputs = 2,
+              .infer = InferHardtanhGrad,
+              .kernel = HardtanhGradKernel,
+              .doc = "hardtanh gradient: dy where min_val < y < max_val (y hardtanh's output), "
+                     "else 0",
+              .signature = {.inputs = {{"dy", "float[...]"}, {"y", "float[...]"}},
+                            .attrs = {{"min_val", "float = -1"}, {"max_val", "float = 1"}},
+                            .outputs = {{"dx", "float[...]"}}},
+              .in_place_inputs = {0, 1}});
   r.Register({.name = "softplus",
               .num_inputs = 1,
               .infer = InferSoftplus,

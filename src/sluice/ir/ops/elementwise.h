@@ -50,6 +50,10 @@ Var Sqrt(Var x);
 // x where x > 0, slope·x elsewhere: PyTorch's leaky_relu(x, negative_slope). Op "leaky_relu",
 // attribute slope; VJP: leaky_relu_grad(dy, x).
 Var LeakyRelu(Var x, double slope = 0.01);
+// x clamped to [min_val, max_val]: PyTorch's hardtanh (nn.ReLU6 is [0, 6]). Op "hardtanh",
+// attributes min_val < max_val; VJP: hardtanh_grad(dy, y), from the output, so that the input
+// need not be kept for the backward.
+Var Hardtanh(Var x, double min_val, double max_val);
 // log(1 + e^(beta·x)) / beta, x where beta·x > threshold: PyTorch's softplus(x, beta, threshold).
 // Op "softplus", attributes beta and threshold; VJP: softplus_grad(dy, x).
 Var Softplus(Var x, double beta = 1.0, double threshold = 20.0);
@@ -71,6 +75,8 @@ Var TanhGrad(Var dy, Var y);
 Var SigmoidGrad(Var dy, Var y);
 // dy where x > 0, slope·dy elsewhere. Op "leaky_relu_grad", attribute slope.
 Var LeakyReluGrad(Var dy, Var x, double slope);
+// dy where min_val < y < max_val, else 0 (y hardtanh's output). Op "hardtanh_grad".
+Var HardtanhGrad(Var dy, Var y, double min_val, double max_val);
 // dy · σ(beta·x), dy where beta·x > threshold. Op "softplus_grad", attributes beta, threshold.
 Var SoftplusGrad(Var dy, Var x, double beta, double threshold);
 

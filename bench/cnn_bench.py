@@ -6,7 +6,11 @@ The model (--model cnn, BenchCNN below) is a CIFAR-sized classifier: images [B, 
 and third and a 2x2 average pool after the fourth, a linear head to 10 classes; or (--model
 resnet8, ResNet8 below) a CIFAR ResNet-8: a 3x3 stem of 16 channels and three basic blocks of 16,
 32 and 64 channels (the last two strided, with strided 1x1 shortcuts), every convolution followed
-by BatchNorm2d in training mode, AdaptiveAvgPool2d(1), a linear head. It is exported with
+by BatchNorm2d in training mode, AdaptiveAvgPool2d(1), a linear head; or (--model mobilenet,
+MobileNet below) a CIFAR MobileNetV2: a 3x3 stem of 16 channels and four inverted residual blocks
+(1x1 expansion by 6, 3x3 depthwise Conv2d with groups = channels, the first of each pair strided,
+1x1 projection, BatchNorm2d and ReLU6) of 24, 24, 32 and 32 channels, pooling, a linear head. It
+is exported with
 tools/torch_export.py; both sides train it from the same initial weights on the same random images
 (examples/classifier_data.py's file layout), one micro-batch per step, AdamW, for each thread count:
   sluice    `sluice train --program model.sluice --init-from init.safetensors --threads N`
@@ -23,7 +27,7 @@ tools/torch_export.py; both sides train it from the same initial weights on the 
 sluice and PyTorch alternate for --rounds rounds per thread count (the machine is shared); each
 figure is the median over the rounds.
 
-Run: /usr/bin/python3 bench/cnn_bench.py [--model cnn|resnet8] [--sluice build/sluice] [--threads 1,2]
+Run: /usr/bin/python3 bench/cnn_bench.py [--model cnn|resnet8|mobilenet] [--sluice build/sluice] [--threads 1,2]
      [--rounds 3 --steps 20 --warmup 3 --batch 32] [--sluice-flags=--no-in-place]
 Prints a table and one JSON object per row.
 """
@@ -102,6 +106,41 @@ class ResNet8(nn.Module):
 def resnet8():
     torch.manual_seed(0)
     return ResNet8()
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin, cout, stride, expand=6):
+        super().__init__()
+        hidden = cin * expand
+        self.shortcut = stride == 1 and cin == cout
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, stride=stride, padding=1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return x + self.block(x) if self.shortcut else self.block(x)
+
+
+class MobileNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                          nn.ReLU6()),                                         # [B, 16, 32, 32]
+            InvertedResidual(16, 24, 2), InvertedResidual(24, 24, 1),          # [B, 24, 16, 16]
+            InvertedResidual(24, 32, 2), InvertedResidual(32, 32, 1),          # [B, 32, 8, 8]
+            nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, image, label):
+        return F.cross_entropy(self.head(self.layers(image)), label)
+
+
+def mobilenet():
+    torch.manual_seed(0)
+    return MobileNet()
 """
 
 
@@ -204,7 +243,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sluice", default=os.path.join(ROOT, "build", "sluice"))
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--model", default="cnn", choices=("cnn", "resnet8"))
+    p.add_argument("--model", default="cnn", choices=("cnn", "resnet8", "mobilenet"))
     p.add_argument("--sluice-flags", default="",
                    help="more flags for sluice train and plan, e.g. --no-in-place")
     for name, default in (("rounds", 3), ("steps", 20), ("warmup", 3), ("batch", 32)):

@@ -13,10 +13,13 @@
 // chunk order.
 //
 // Choice: OneDnnConvolves(d) — a window larger than 1×1 over at least 16 input and 16 output
-// channels, or any grouped convolution (G > 1: depthwise ones on oneDNN's depthwise kernels) — is where the primitives measured faster than im2col + OpenBLAS on the CIFAR CNN's
-// and ResNet-8's shapes (docs/benchmarks.md); 1×1 and few-channel convolutions stay on im2col, and
-// so does a convolution whose weight-gradient scratch (blocked weights and gradients) would take
-// more bytes than its input and output together (a small batch: the peak stays below PyTorch's).
+// channels — is where the primitives measured faster than im2col + OpenBLAS on the CIFAR CNN's
+// and ResNet-8's shapes (docs/benchmarks.md); any grouped convolution (G > 1) goes to oneDNN too
+// (depthwise ones on its depthwise kernels), since im2col would run a GEMM per group of C/G
+// channels. 1×1 and few-channel ungrouped convolutions stay on im2col, and so does a convolution
+// whose weight-gradient scratch (blocked weights and gradients) would take more bytes than its
+// input and output together (a small batch: the peak stays below PyTorch's; a depthwise one then
+// runs conv.h's direct kernels).
 // SLUICE_CONV=im2col (read once) keeps every convolution on im2col, for comparisons.
 //
 // Threads and determinism: forward and input gradient run on oneDNN's OpenMP threads

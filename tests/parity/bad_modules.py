@@ -44,16 +44,18 @@ class Classifier(nn.Module):
 
 
 class ImageNet(nn.Module):
-    """forward(x, y), x f32 [B, 2, 8, 8]: one layer, then a linear head (the convolution cases)."""
+    """forward(x, y), x f32 [B, 2, 8, 8]: one layer, then a linear head (the convolution cases);
+    with pooled=(2,), x f32 [B, 2, 8] (the Conv1d cases)."""
 
-    def __init__(self, layer, channels):
+    def __init__(self, layer, channels, pooled=(2, 3)):
         super().__init__()
         self.layer = layer
+        self.pooled = pooled
         self.fc = nn.Linear(channels, 2)
 
     def forward(self, x, y):
         h = self.layer(x)
-        return F.cross_entropy(self.fc(h.mean(dim=(2, 3))), y)
+        return F.cross_entropy(self.fc(h.mean(dim=self.pooled)), y)
 
 
 class NotScalar(TinyLM):
@@ -271,21 +273,8 @@ def dilated_conv():
     return ImageNet(nn.Conv2d(2, 4, 3, dilation=2), 4)
 
 
-class SequenceNet(nn.Module):
-    """forward(x, y), x f32 [B, 2, 8]: one layer, then a linear head (the Conv1d cases)."""
-
-    def __init__(self, layer, channels):
-        super().__init__()
-        self.layer = layer
-        self.fc = nn.Linear(channels, 2)
-
-    def forward(self, x, y):
-        h = self.layer(x)
-        return F.cross_entropy(self.fc(h.mean(dim=2)), y)
-
-
 def dilated_depthwise_conv1d():
-    return SequenceNet(nn.Conv1d(2, 4, 3, padding=2, dilation=2, groups=2), 4)
+    return ImageNet(nn.Conv1d(2, 4, 3, padding=2, dilation=2, groups=2), 4, pooled=(2,))
 
 
 def transposed_conv():

@@ -175,6 +175,9 @@ Program ImagesAndActivations() {
   Var h = Softplus(LeakyRelu(Conv2d(x, w, {2, 1}, {1, 0}), 0.2), 2.0, 15.0);     // [2, 4, 4, 6]
   Var pooled = Add(MaxPool2d(h, {2, 2}, {2, 2}), AvgPool2d(h, {2, 2}, {2, 2}));  // [2, 4, 2, 3]
   Var dh = Add(LeakyReluGrad(h, h, 0.2), SoftplusGrad(h, h, 2.0, 15.0));
+  // ReLU6 and its gradient: the bounds, floats, travel through the text.
+  Var clamped = Hardtanh(h, 0.0, 6.0);
+  b.Output(HardtanhGrad(clamped, clamped, 0.0, 6.0));
   const ConvOptions strided{.stride = {2, 1}, .padding = {1, 0}};
   b.Output(Conv2dGradInput(dh, w, strided, 8, 8));
   b.Output(Conv2dGradWeight(dh, x, strided, {3, 3}));

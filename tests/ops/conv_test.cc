@@ -133,6 +133,10 @@ std::vector<OpCase> ConvCases() {
                  {"groups", int64_t{32}},
                  {"kernel", Ints{3, 3}}},
        .grad = false},
+      {.label = "conv2d_grouped_1x1",  // ShuffleNet's pointwise group convolution
+       .op = "conv2d",
+       .inputs = {F({2, 8, 5, 5}), F({16, 2, 1, 1})},
+       .attrs = {{"groups", int64_t{4}}}},
       {.label = "conv2d_onednn_grouped_dilated",
        .op = "conv2d",
        .inputs = {F({3, 16, 12, 12}), F({32, 4, 3, 3})},

@@ -28,8 +28,8 @@ constexpr const char* kJob = SLUICE_MODEL " --stages 4 --schedule 1f1b";
 
 class PlanCli : public CliTest {
  protected:
-  nlohmann::json Plan(const std::string& args) {
-    const CliResult r = Sluice(fmt::format("plan {} --format json", args));
+  nlohmann::json Plan(const std::string& args, const std::string& env = "") {
+    const CliResult r = Sluice(fmt::format("plan {} --format json", args), env);
     EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
     return nlohmann::json::parse(r.out.empty() ? "{}" : r.out);
   }
@@ -39,11 +39,11 @@ class PlanCli : public CliTest {
     std::vector<double> losses;
     nlohmann::json summary;
   };
-  Trained Train(const std::string& args) {
+  Trained Train(const std::string& args, const std::string& env = "") {
     const fs::path metrics = dir_ / "m.jsonl";
     fs::remove(metrics);
-    const CliResult r =
-        Sluice(fmt::format("train {} --quiet --metrics {}", args, metrics.string()), "timeout 300");
+    const CliResult r = Sluice(fmt::format("train {} --quiet --metrics {}", args, metrics.string()),
+                               env + " timeout 300");
     EXPECT_EQ(r.status, 0) << args << "\n" << r.err;
     Trained t;
     std::ifstream in(metrics);
@@ -145,6 +145,30 @@ TEST_F(PlanCli, OneStageForecastIsExactUnderBf16) {
     EXPECT_EQ(run.summary["predicted_peak_allocated_bytes"].get<int64_t>(),
               run.summary["peak_allocated_bytes"].get<int64_t>())
         << extra;
+  }
+}
+
+// Regression: oneDNN's bf16 products were made under the OpenMP thread count of the thread that
+// first asked for them — on a thread that never set one, the process's default (OMP_NUM_THREADS,
+// else every core) — not under the run's, so their scratchpads (a buffer per thread), and the
+// forecast counting them, grew with that default: at --threads 1 under OMP_NUM_THREADS=4 plan and
+// run held four threads' buffers a product. They are made for the run's threads now (kernels/
+// onednn_runtime.h OneDnnCache): the same forecast whatever OMP_NUM_THREADS says, and still the
+// measured peak.
+TEST_F(PlanCli, OneDnnScratchIsForTheRunsThreadsWhateverOpenMpsDefault) {
+  const std::string job =
+      "--layers 2 --batch 8 --microbatches 2 --threads 1 --steps 2 --eval-every 0 "
+      "--precision bf16";
+  int64_t first = -1;
+  for (const char* omp : {"1", "4"}) {
+    const std::string env = fmt::format("OMP_NUM_THREADS={} SLUICE_BF16_GEMM=onednn", omp);
+    const nlohmann::json plan = Plan(job, env);
+    const Trained run = Train(job, env);
+    ASSERT_EQ(plan["stages"].size(), 1u) << plan.dump();
+    const int64_t predicted = plan["stages"][0]["predicted_peak_allocated_bytes"].get<int64_t>();
+    EXPECT_EQ(predicted, run.summary["peak_allocated_bytes"].get<int64_t>()) << env;
+    if (first < 0) first = predicted;
+    EXPECT_EQ(predicted, first) << env << " against OMP_NUM_THREADS=1";
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include "sluice/cli/commands.h"
 #include "sluice/core/error.h"
+#include "sluice/kernels/onednn_matmul.h"
 
 namespace {
 
@@ -46,7 +47,10 @@ std::string ForTerminal(std::string_view message) {
 // AMX"). Only the commands that run kernels restart (train, run, sample: CommandSpec::
 // runs_kernels); the others would pay a second start-up for nothing (docs/benchmarks.md,
 // "Defaults on 2 cores"). A policy the user set is kept; SLUICE_NO_RESTART=1 skips the restart.
-// Should the exec fail, the process goes on as before, with the variable unset again.
+// Should the exec fail, the process goes on as before, with the variable unset again. The others
+// forecast the runs that restart (plan, simulate: their memory forecast holds oneDNN's scratchpads,
+// sized for the threads the run's products use), so they size oneDNN's primitives as a run with
+// sleeping workers does (SizeOneDnnForSleepingWorkers), without restarting.
 void RestartWithSleepingOpenMpWorkers(int argc, char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("SLUICE_NO_RESTART") != nullptr) {
     return;
@@ -57,6 +61,7 @@ void RestartWithSleepingOpenMpWorkers(int argc, char** argv) {
   if (argc < 2 || std::none_of(commands.begin(), commands.end(), [&](const auto& c) {
         return c.runs_kernels && std::string_view(argv[1]) == c.name;
       })) {
+    sluice::kernels::SizeOneDnnForSleepingWorkers();
     return;
   }
   if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;

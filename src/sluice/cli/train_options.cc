@@ -556,6 +556,7 @@ PlanRequest MakePlanRequest(const TrainArgs& a) {
                 .pipeline = a.pipeline,
                 .pipe = a.pipe,
                 .data_parallel = a.data_parallel,
+                .stage_processes = a.comm == "mpi",
                 .automatic = a.pipeline_schedule == "auto",
                 .budget_text = a.memory_budget};
   if (!a.memory_budget.empty()) {

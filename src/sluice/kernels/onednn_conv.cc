@@ -193,9 +193,7 @@ std::shared_ptr<const Entry> Make(const Key& k) {
 
 std::shared_ptr<const Entry> Primitives(const Key& k) {
   static auto* cache = new OneDnnCache<Key, Entry>();  // never destroyed, as onednn_matmul.cc's
-  return cache->Get(k, [&]() -> std::shared_ptr<const Entry> {
-    // Made under the OpenMP thread count it runs on (the Key says why).
-    OneDnnThreadStream(k.threads);
+  return cache->Get(k, k.threads, [&]() -> std::shared_ptr<const Entry> {
     try {
       return Make(k);
     } catch (const dnnl::error& e) {

@@ -26,12 +26,16 @@ namespace {
 
 using dt = dnnl::memory::data_type;
 
-// Everything a primitive depends on (pointers excluded: a primitive runs on any buffers).
+// Everything a primitive depends on (pointers excluded: a primitive runs on any buffers): the
+// product and the OpenMP threads it runs on, SetOneDnnThreads' count (onednn_runtime.h's
+// OneDnnCache says why), so that the scratchpad a caller asks for is the one of the primitive
+// that runs, made for the threads that run it.
 struct Key {
   OneDnnGemmShape s;
+  int threads;
   auto Tie() const {
-    return std::tie(s.dtype, s.transpose_a, s.transpose_b, s.m, s.n, s.k, s.lda, s.ldb, s.ldc,
-                    s.accumulate, s.bias, s.gelu);
+    return std::tie(threads, s.dtype, s.transpose_a, s.transpose_b, s.m, s.n, s.k, s.lda, s.ldb,
+                    s.ldc, s.accumulate, s.bias, s.gelu);
   }
   bool operator<(const Key& o) const { return Tie() < o.Tie(); }
 };
@@ -98,8 +102,8 @@ dnnl::matmul::primitive_desc MakeDesc(const OneDnnGemmShape& s, const dnnl::engi
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine);
 }
 
-std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
-  return GlobalCache().Get(Key{s}, [&] {
+std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s, int threads) {
+  return GlobalCache().Get(Key{s, threads}, threads, [&] {
     try {
       dnnl::matmul::primitive_desc desc = MakeDesc(s, OneDnnEngine());
       dnnl::matmul primitive(desc);
@@ -111,6 +115,7 @@ std::shared_ptr<const Entry> Primitive(const OneDnnGemmShape& s) {
 }
 
 std::atomic<int> g_threads{1};
+std::atomic<bool> g_size_for_sleeping_workers{false};
 
 }  // namespace
 
@@ -151,7 +156,7 @@ void* OneDnnThreadScratchpad(size_t bytes) {
 int64_t OneDnnScratchpadBytes(const OneDnnGemmShape& shape) {
   const OneDnnGemmShape s = Packed(shape);
   if (s.m == 0 || s.n == 0 || s.k == 0) return 0;
-  return static_cast<int64_t>(Primitive(s)->desc.scratchpad_desc().get_size());
+  return static_cast<int64_t>(Primitive(s, OneDnnThreads())->desc.scratchpad_desc().get_size());
 }
 
 void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, float* c,
@@ -179,8 +184,9 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
     }
     return;
   }
-  const std::shared_ptr<const Entry> entry = Primitive(s);
-  dnnl::stream& stream = OneDnnThreadStream();
+  const int threads = OneDnnThreads();
+  const std::shared_ptr<const Entry> entry = Primitive(s, threads);
+  dnnl::stream& stream = OneDnnThreadStream(threads);
   const dnnl::engine& engine = OneDnnEngine();
   try {
     // oneDNN's memory objects take non-const pointers; a and b are only read.
@@ -212,8 +218,11 @@ void SetOneDnnThreads(int threads) {
   // primitive (on AMX's long `pause` the spin alone cost 10x a 2-thread bf16 step's CPU time:
   // docs/benchmarks.md, "bf16 on AMX"), so then the primitives run on the calling thread only.
   static const bool wait_policy_set = std::getenv("OMP_WAIT_POLICY") != nullptr;
-  g_threads.store(wait_policy_set ? std::max(threads, 1) : 1);
+  const bool sleeping = wait_policy_set || g_size_for_sleeping_workers.load();
+  g_threads.store(sleeping ? std::max(threads, 1) : 1);
 }
+
+void SizeOneDnnForSleepingWorkers() { g_size_for_sleeping_workers.store(true); }
 
 bool OneDnnBf16Native() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());

@@ -9,9 +9,11 @@
 // are the row strides (in elements) of the buffers as stored, as in kernels/matmul.h's Gemm. a and
 // b are both f32 or both bf16; c is always f32.
 //
-// oneDNN JIT-compiles a primitive per problem (shape, strides, dtypes, transposes, accumulate):
-// creating one takes far longer than running it at the GPT's sizes, so each is made once and kept
-// in a process-wide cache keyed by all of these (a program runs the same few shapes every step).
+// oneDNN JIT-compiles a primitive per problem (shape, strides, dtypes, transposes, accumulate,
+// epilogue) and OpenMP thread count: creating one takes far longer than running it at the GPT's
+// sizes, so each is made once, under SetOneDnnThreads' count, and kept in a process-wide cache
+// keyed by all of these (a program runs the same few shapes every step; onednn_runtime.h's
+// OneDnnCache says why the count belongs to the key).
 // oneDNN picks the kernels for the CPU at hand: AVX512_BF16 or AMX instructions for bf16 where the
 // CPU has them, otherwise an emulation several times slower than f32 (OneDnnBf16Native() says
 // which; on such CPUs `--precision bf16` still computes its products in f32).
@@ -78,8 +80,16 @@ void OneDnnGemm(const OneDnnGemmShape& shape, const void* a, const void* b, floa
 // the primitive (JIT) when it is not in the cache yet.
 int64_t OneDnnScratchpadBytes(const OneDnnGemmShape& shape);
 
-// The threads each oneDNN primitive uses (≥ 1; default 1; 1 while OMP_WAIT_POLICY is unset).
+// The threads each oneDNN primitive uses (≥ 1; default 1; 1 while OMP_WAIT_POLICY is unset,
+// unless SizeOneDnnForSleepingWorkers was called). Primitives are made for that count, and their
+// scratchpads sized for it (OneDnnScratchpadBytes): ask and run under the same count.
 void SetOneDnnThreads(int threads);
+
+// For a process that makes primitives only to size them for a run in another process whose
+// OpenMP workers sleep (`sluice plan` with OMP_WAIT_POLICY unset forecasts a `sluice train` that
+// restarts with passive: cli/main.cc): SetOneDnnThreads then takes the count as that run does.
+// Call it before SetOneDnnThreads; this process's primitives should not run (its workers spin).
+void SizeOneDnnForSleepingWorkers();
 
 // Whether the CPU multiplies bf16 natively (AVX512_BF16 or AMX), as oneDNN sees it; honours
 // ONEDNN_MAX_CPU_ISA.

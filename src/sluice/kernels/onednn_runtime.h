@@ -38,17 +38,27 @@ void* OneDnnThreadScratchpad(size_t bytes);
 // A process-wide cache of made primitives (Entry) by their problem (Key, ordered by <): oneDNN
 // JIT-compiles a primitive per problem, far slower than running it, so each is made once. Made
 // outside the lock: two threads racing on a new key both make one and the first insert wins.
+//
+// Every key holds the OpenMP thread count its primitives run on, and Get makes them under that
+// count: a primitive divides its work, and sizes its scratchpad (a buffer per thread), for the
+// threads OpenMP offers the thread that makes it — the process's default (OMP_NUM_THREADS, else
+// every core) on a thread that never set one — not for the threads it will run on. Made for more,
+// the scratchpad the memory forecast counts grows with the cores of the machine; made for fewer,
+// a matmul runs on fewer (oneDNN's matmul takes the lesser count), a convolution's threads wait
+// at a barrier for threads that never come (onednn_conv.cc).
 template <typename Key, typename Entry>
 class OneDnnCache {
  public:
-  // The entry of `key`, made by make() (returning std::shared_ptr<const Entry>) when absent.
+  // The entry of `key`, made by make() (returning std::shared_ptr<const Entry>) under `threads`
+  // OpenMP threads (key's count) when absent; the calling thread runs on `threads` after.
   template <typename Make>
-  std::shared_ptr<const Entry> Get(const Key& key, Make&& make) {
+  std::shared_ptr<const Entry> Get(const Key& key, int threads, Make&& make) {
     {
       MutexLock lock(&mutex_);
       auto it = entries_.find(key);
       if (it != entries_.end()) return it->second;
     }
+    OneDnnThreadStream(threads);
     std::shared_ptr<const Entry> made = make();
     MutexLock lock(&mutex_);
     return entries_.emplace(key, std::move(made)).first->second;

@@ -12,6 +12,7 @@
 #include "sluice/schedule/steady_state.h"
 #include "sluice/step/config_checks.h"
 #include "sluice/step/program_task.h"
+#include "sluice/step/stage_program.h"
 
 namespace sluice {
 
@@ -139,6 +140,9 @@ Job MakeJob(const TrainConfig& config) {
 std::vector<StageMemoryForecast> ForecastJob(const PlanRequest& request, const Job& job,
                                              const TrainConfig& config, pipeline::ScheduleKind kind,
                                              bool explain) {
+  // The oneDNN scratch the run takes is sized for its threads (planner.h).
+  ShareIntraOpThreads(config.threads,
+                      request.pipeline && !request.stage_processes ? request.pipe.stages : 1);
   if (!request.pipeline) return {ForecastSingleStage(job.model, config, explain)};
   const EngineContext ctx{.config = config, .task = *job.task, .model = job.model, .threads = 1};
   pipeline::PipelineOptions options = request.pipe;

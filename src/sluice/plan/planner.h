@@ -27,7 +27,13 @@
 // sync GC (the default, auto, on the caching allocator) and with gc none; an upper bound (every
 // run's values held to its end) under async GC or parallel mode, where thread timing decides.
 //
-// Thread-safety: pure functions of their arguments. Failure: InvalidArgument naming the option
+// The forecasts count the scratch of the oneDNN products and convolutions the run takes, which
+// oneDNN sizes for the threads each call runs on (kernels/onednn_runtime.h): ForecastJob first
+// sets the process's kernel threads to the run's (step/stage_program.h ShareIntraOpThreads: the
+// request's --threads shared by the stages on threads, all of them in a process per stage).
+//
+// Thread-safety: functions of their arguments, but for that setting of the process's kernel
+// threads (call them before a run, not beside one). Failure: InvalidArgument naming the option
 // and the place (what MakeJob, LayOutPipeline, MakeSchedule and the forecast throw, or the
 // budget no plan meets).
 //
@@ -68,6 +74,7 @@ struct PlanRequest {
   bool pipeline = false;           // false: one stage (SingleStageEngine)
   pipeline::PipelineOptions pipe;  // with a pipeline: stages, schedule, chunks, partition, layout
   int data_parallel = 1;           // D replicas of the pipeline
+  bool stage_processes = false;    // a process per stage (--comm mpi), not a thread per stage
   bool automatic = false;          // --schedule auto: choose the kind too (pipe.schedule ignored)
   std::vector<int64_t> budget;     // bytes per stage (ParseMemoryBudget); empty: no budget
   std::string budget_text;         // the budget as given, for messages ("6MiB")

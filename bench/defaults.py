@@ -3,8 +3,9 @@
 
 For each job a user runs without flags (the default `sluice train`; pipelines of 2, 4 and 8 stages
 in fp32 and bf16 — 4 and 8 stage threads outnumber this VM's 2 cores; the example programs; a GPT
-imported from PyTorch) the default run and each alternative to one of its defaults (intra-op threads,
-GC mode, schedule, bf16 engine, the OMP_WAIT_POLICY restart of cli/main.cc) run one after the other,
+imported from PyTorch; bench/cnn_bench.py's CNN and ResNet-8 on 1, 2 and 4 stages) the default
+run and each alternative to one of its defaults (intra-op threads, GC mode, schedule, bf16 engine,
+f32 convolution engine, the OMP_WAIT_POLICY restart of cli/main.cc) run one after the other,
 and the order rotates each round, so that every variant meets the machine's load alike. Per run:
 tokens (or examples) per second of the whole run (the summary's figure: tokens / wall, start-up
 included), the process's CPU seconds (user + system: load disturbs it less than wall time) and
@@ -49,7 +50,7 @@ def gpt():
 """
 
 
-def jobs(data, imported, masked):
+def jobs(data, imported, masked, convnets="CONVNETS"):
     """[(job, base arguments, [(variant, extra arguments, extra environment)])]; the first
     variant of each job is the default."""
     out = [("default", ["--steps", "300"],
@@ -88,7 +89,32 @@ def jobs(data, imported, masked):
                      "--batch", "16", "--steps", "20", "--precision", precision],
                     [("default", [], {}), ("--threads 1", ["--threads", "1"], {}),
                      ("--gc async", ["--gc", "async"], {}), ("no restart", [], NO_RESTART)]))
+    # The convolutional networks of bench/cnn_bench.py (imported, batch 32) on 1, 2 and 4 stages
+    # (4 stage threads outnumber the cores): the f32 convolutions' default engine against im2col.
+    for model in ("cnn", "resnet8"):
+        for p in (1, 2, 4):
+            base = ["--program", os.path.join(convnets, model, "model.sluice"), "--init-from",
+                    os.path.join(convnets, model, "init.safetensors"), "--data",
+                    os.path.join(convnets, "images.safetensors"), "--batch", "32", "--steps", "40"]
+            if p > 1: base += ["--stages", str(p), "--microbatches", "4"]
+            out.append((f"{model} P={p}", base,
+                        [("default", [], {}), ("im2col", [], {"SLUICE_CONV": "im2col"})]))
     return out
+
+
+def export_convnets(directory):
+    """bench/cnn_bench.py's CNN and ResNet-8, exported at batch 32, and its random images."""
+    sys.path.insert(0, HERE)
+    import cnn_bench
+    factory = os.path.join(directory, "convnets.py")
+    with open(factory, "w") as f:
+        f.write(cnn_bench.FACTORY)
+    images = os.path.join(directory, "images.safetensors")
+    cnn_bench.write_images(images, 256)
+    for model in ("cnn", "resnet8"):
+        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "torch_export.py"),
+                        f"{factory}:{model}", "--batch", "32", "--data", images, "--out",
+                        os.path.join(directory, model)], check=True, stdout=subprocess.DEVNULL)
 
 
 def run(sluice, args, env, metrics):
@@ -96,7 +122,7 @@ def run(sluice, args, env, metrics):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     full_env = {k: v for k, v in os.environ.items()
                 if k not in ("OMP_WAIT_POLICY", "SLUICE_NO_RESTART", "SLUICE_BF16_GEMM",
-                             "ONEDNN_MAX_CPU_ISA", "SLUICE_GEMM")}
+                             "ONEDNN_MAX_CPU_ISA", "SLUICE_GEMM", "SLUICE_CONV")}
     full_env.update(env)
     subprocess.run([sluice, "train", *args, "--eval-every", "0", "--quiet", "--metrics", metrics],
                    check=True, env=full_env, stdout=subprocess.DEVNULL)
@@ -133,7 +159,9 @@ def main():
         subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "torch_export.py"),
                         f"{factory}:gpt", "--batch", "8", "--seq", "64", "--out", imported],
                        check=True, stdout=subprocess.DEVNULL)
-        todo = [j for j in jobs(data, imported, a.masked) if re.search(a.jobs, j[0])]
+        todo = [j for j in jobs(data, imported, a.masked, tmp) if re.search(a.jobs, j[0])]
+        if any(job.startswith(("cnn", "resnet8")) for job, _, _ in todo):
+            export_convnets(tmp)
         flags = sorted({w for line in open("/proc/cpuinfo") if line.startswith("flags")
                         for w in line.split()[2:] if w.startswith(("avx512", "amx"))})
         print(f"machine: {os.cpu_count()} cores, flags {' '.join(flags)}")

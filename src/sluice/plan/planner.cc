@@ -141,8 +141,8 @@ std::vector<StageMemoryForecast> ForecastJob(const PlanRequest& request, const J
                                              const TrainConfig& config, pipeline::ScheduleKind kind,
                                              bool explain) {
   // The oneDNN scratch the run takes is sized for its threads (planner.h).
-  ShareIntraOpThreads(config.threads,
-                      request.pipeline && !request.stage_processes ? request.pipe.stages : 1);
+  ShareForecastThreads(config.threads,
+                       request.pipeline && !request.stage_processes ? request.pipe.stages : 1);
   if (!request.pipeline) return {ForecastSingleStage(job.model, config, explain)};
   const EngineContext ctx{.config = config, .task = *job.task, .model = job.model, .threads = 1};
   pipeline::PipelineOptions options = request.pipe;

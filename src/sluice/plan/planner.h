@@ -29,11 +29,11 @@
 //
 // The forecasts count the scratch of the oneDNN products and convolutions the run takes, which
 // oneDNN sizes for the threads each call runs on (kernels/onednn_runtime.h): ForecastJob first
-// sets the process's kernel threads to the run's (step/stage_program.h ShareIntraOpThreads: the
-// request's --threads shared by the stages on threads, all of them in a process per stage).
+// sets the process's oneDNN thread count to the run's (step/stage_program.h ShareForecastThreads:
+// the request's --threads shared by the stages on threads, all of them in a process per stage).
 //
-// Thread-safety: functions of their arguments, but for that setting of the process's kernel
-// threads (call them before a run, not beside one). Failure: InvalidArgument naming the option
+// Thread-safety: functions of their arguments, but for that setting of the process's oneDNN
+// thread count (call them before a run, not beside one). Failure: InvalidArgument naming the option
 // and the place (what MakeJob, LayOutPipeline, MakeSchedule and the forecast throw, or the
 // budget no plan meets).
 //

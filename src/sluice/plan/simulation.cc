@@ -148,7 +148,7 @@ SimulatedSchedule SimulateSchedule(const SimulationRequest& r, const Job& job,
     out.memory_note = *why;
     if (!r.budget.empty()) throw InvalidArgument("--memory-budget: " + out.memory_note);
   } else {
-    ShareIntraOpThreads(r.config.threads, r.pipe.stages);  // as ForecastJob (planner.h)
+    ShareForecastThreads(r.config.threads, r.pipe.stages);  // as ForecastJob (planner.h)
     out.memory = pipeline::ForecastStages(layout.setup);
   }
   if (options.post_validate && r.costs.empty()) {

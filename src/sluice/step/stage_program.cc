@@ -520,10 +520,18 @@ RecomputePolicy RecomputeForStage(const TrainConfig& config, int stage, int stag
   return config.recompute[stage];
 }
 
-int ShareIntraOpThreads(int threads, int ranks) {
+int IntraOpThreadsPerRank(int threads, int ranks) {
   const int all =
       threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int per_rank = std::max(1, all / std::max(1, ranks));
+  return std::max(1, all / std::max(1, ranks));
+}
+
+void ShareForecastThreads(int threads, int ranks) {
+  kernels::SetOneDnnThreads(IntraOpThreadsPerRank(threads, ranks));
+}
+
+int ShareIntraOpThreads(int threads, int ranks) {
+  const int per_rank = IntraOpThreadsPerRank(threads, ranks);
   kernels::SetBlasThreads(per_rank);
   kernels::SetOneDnnThreads(per_rank);
   kernels::SetIntraOpThreads(per_rank);

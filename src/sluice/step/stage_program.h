@@ -323,5 +323,11 @@ double GlobalNorm(const std::vector<double>& sum_squares_in_model_order);
 // (kernels/parallel.h) to it — the one place sluice sets them; docs/executor.md says how they
 // share the cores.
 int ShareIntraOpThreads(int threads, int ranks);
+// The count ShareIntraOpThreads gives each rank, setting nothing.
+int IntraOpThreadsPerRank(int threads, int ranks);
+// Sets what a memory forecast of such a run reads of ShareIntraOpThreads' settings: oneDNN's
+// count, which its primitives' scratchpads are sized for (kernels/onednn_runtime.h); starts no
+// thread (plan/planner.h).
+void ShareForecastThreads(int threads, int ranks);
 
 }  // namespace sluice

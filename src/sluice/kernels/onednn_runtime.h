@@ -42,15 +42,16 @@ void* OneDnnThreadScratchpad(size_t bytes);
 // Every key holds the OpenMP thread count its primitives run on, and Get makes them under that
 // count: a primitive divides its work, and sizes its scratchpad (a buffer per thread), for the
 // threads OpenMP offers the thread that makes it — the process's default (OMP_NUM_THREADS, else
-// every core) on a thread that never set one — not for the threads it will run on. Made for more,
-// the scratchpad the memory forecast counts grows with the cores of the machine; made for fewer,
-// a matmul runs on fewer (oneDNN's matmul takes the lesser count), a convolution's threads wait
-// at a barrier for threads that never come (onednn_conv.cc).
+// every core) on a thread that never set one — not for the threads it will run on. Made for more
+// than it runs on, its scratchpad (which the memory forecast counts) grows with the machine's
+// cores and a convolution's threads wait at a barrier for threads that never come; made for fewer,
+// a matmul runs on fewer (oneDNN's matmul takes the lesser count) and a convolution's threads may
+// split one part between two (onednn_conv.cc).
 template <typename Key, typename Entry>
 class OneDnnCache {
  public:
-  // The entry of `key`, made by make() (returning std::shared_ptr<const Entry>) under `threads`
-  // OpenMP threads (key's count) when absent; the calling thread runs on `threads` after.
+  // The entry of `key`, made by make() (returning std::shared_ptr<const Entry>) when absent,
+  // under `threads` OpenMP threads (key's count; the calling thread's count stays so after).
   template <typename Make>
   std::shared_ptr<const Entry> Get(const Key& key, int threads, Make&& make) {
     {

@@ -235,18 +235,18 @@ void BM_Attention(benchmark::State& state) {
   const auto out = kernels::AttentionLayout::Packed(h, t, c, c);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const float* q = qkv.data<float>();
-  kernels::CausalAttentionFast<float>(q, q + c, q + 2 * c, y.data<float>(), lse.data<float>(),
-                                      b * h, t, d, scale, {in, in, out});
+  kernels::AttentionFast<float>(q, q + c, q + 2 * c, y.data<float>(), lse.data<float>(), b * h, t,
+                                d, scale, {in, in, out});
   for (auto _ : state) {
     if constexpr (kBackward) {
       float* dq = dqkv.data<float>();
-      kernels::CausalAttentionGradFast<float>(dy.data<float>(), nullptr, q, q + c, q + 2 * c,
-                                              y.data<float>(), lse.data<float>(), dq, dq + c,
-                                              dq + 2 * c, b * h, t, d, scale, {in, in, out});
+      kernels::AttentionGradFast<float>(dy.data<float>(), nullptr, q, q + c, q + 2 * c,
+                                        y.data<float>(), lse.data<float>(), dq, dq + c, dq + 2 * c,
+                                        b * h, t, d, scale, {in, in, out});
       benchmark::DoNotOptimize(dqkv.data<float>());
     } else {
-      kernels::CausalAttentionFast<float>(q, q + c, q + 2 * c, y.data<float>(), lse.data<float>(),
-                                          b * h, t, d, scale, {in, in, out});
+      kernels::AttentionFast<float>(q, q + c, q + 2 * c, y.data<float>(), lse.data<float>(), b * h,
+                                    t, d, scale, {in, in, out});
       benchmark::DoNotOptimize(y.data<float>());
     }
     benchmark::ClobberMemory();

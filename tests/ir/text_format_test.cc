@@ -96,6 +96,13 @@ Program GradientsAndOptimizers() {
   // Fused attention over x seen as [T = 3, D = 5] (one head), and its gradient.
   auto [att, lse] = CausalAttention(x, x, x, 0.5);
   std::vector<Var> dqkv = CausalAttentionGrad(dy, lse, x, x, x, att, lse, 0.5);
+  // Over every key; and with a key bias [T = 3] over x seen as [H = 1, T = 3, D = 5].
+  auto [att_all, lse_all] = Attention(x, x, x, 0.5);
+  std::vector<Var> dall = AttentionGrad(dy, lse_all, x, x, x, att_all, lse_all, 0.5);
+  Var heads = Reshape(x, {1, 3, 5}), key_bias = b.Input("key_bias", DType::kF64, {3});
+  auto [att_bias, lse_bias] = Attention(heads, heads, heads, 0.5, key_bias);
+  std::vector<Var> dbias = AttentionGrad(Reshape(dy, {1, 3, 5}), lse_bias, heads, heads, heads,
+                                         att_bias, lse_bias, 0.5, key_bias);
   // The packed form over qkv [T = 3, 3C = 6], one head of C = 2, and its gradient.
   Var packed = b.Input("qkv", DType::kF64, {3, 6});
   auto [att_packed, lse_packed] = CausalAttentionQkv(packed, 1, 0.5);
@@ -130,6 +137,8 @@ Program GradientsAndOptimizers() {
   b.Output(dlogits);
   b.Output(dtable);
   b.Output(dqkv[0]);
+  b.Output(dall[0]);
+  b.Output(dbias[0]);
   b.Output(dpacked);
   b.Output(dgelu);
   b.Output(head_loss);

@@ -114,9 +114,8 @@ TEST_P(Bf16Activations, PackedAttentionIsTheF32KernelBetweenConversions) {
   CausalAttentionQkvBF16Fast(qkv.data(), y.data(), lse.data(), n, scale, scratch.data());
   const AttentionLayout l_in = AttentionLayout::Packed(n.heads, n.t, n.c, 3 * n.c);
   const AttentionLayouts layouts{l_in, l_in, AttentionLayout::Packed(n.heads, n.t, n.c, n.c)};
-  CausalAttentionFast<float>(qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(),
-                             want_lse.data(), n.sequences * n.heads, n.t, n.c / n.heads, scale,
-                             layouts);
+  AttentionFast<float>(qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(), want_lse.data(),
+                       n.sequences * n.heads, n.t, n.c / n.heads, scale, layouts);
   EXPECT_TRUE(SameBits(y, Rounded(yf)));
   EXPECT_TRUE(SameBits(lse, want_lse));
   const std::vector<float> dy = RandomF32(out, 8), dlse = RandomF32(stats, 9);
@@ -124,10 +123,10 @@ TEST_P(Bf16Activations, PackedAttentionIsTheF32KernelBetweenConversions) {
   std::vector<float> dqkv(static_cast<size_t>(in)), want(dqkv.size());
   CausalAttentionQkvGradBF16Fast(dy.data(), dlse.data(), qkv.data(), y.data(), lse.data(),
                                  dqkv.data(), n, scale, scratch.data());
-  CausalAttentionGradFast<float>(dy.data(), dlse.data(), qf.data(), qf.data() + n.c,
-                                 qf.data() + 2 * n.c, y_wide.data(), lse.data(), want.data(),
-                                 want.data() + n.c, want.data() + 2 * n.c, n.sequences * n.heads,
-                                 n.t, n.c / n.heads, scale, layouts);
+  AttentionGradFast<float>(dy.data(), dlse.data(), qf.data(), qf.data() + n.c, qf.data() + 2 * n.c,
+                           y_wide.data(), lse.data(), want.data(), want.data() + n.c,
+                           want.data() + 2 * n.c, n.sequences * n.heads, n.t, n.c / n.heads, scale,
+                           layouts);
   EXPECT_TRUE(SameBits(dqkv, want));
 }
 
@@ -143,24 +142,22 @@ TEST_P(Bf16Activations, SplitHeadsAttentionIsTheF32KernelBetweenConversions) {
   const std::vector<float> qf = Widened(q), kf = Widened(k), vf = Widened(v);
   std::vector<BFloat16> y(static_cast<size_t>(qn));
   std::vector<float> lse(static_cast<size_t>(stats)), yf(y.size()), want_lse(lse.size());
-  std::vector<float> scratch(static_cast<size_t>(CausalAttentionBF16ScratchFloats(n)));
-  CausalAttentionBF16Fast(q.data(), k.data(), v.data(), y.data(), lse.data(), n, scale,
-                          scratch.data());
+  std::vector<float> scratch(static_cast<size_t>(AttentionBF16ScratchFloats(n)));
+  AttentionBF16Fast(q.data(), k.data(), v.data(), y.data(), lse.data(), n, scale, scratch.data());
   const AttentionLayouts layouts = AttentionLayouts::Contiguous(n.t, n.d, n.heads / n.kv_heads);
-  CausalAttentionFast<float>(qf.data(), kf.data(), vf.data(), yf.data(), want_lse.data(),
-                             n.sequences * n.heads, n.t, n.d, scale, layouts);
+  AttentionFast<float>(qf.data(), kf.data(), vf.data(), yf.data(), want_lse.data(),
+                       n.sequences * n.heads, n.t, n.d, scale, layouts);
   EXPECT_TRUE(SameBits(y, Rounded(yf)));
   EXPECT_TRUE(SameBits(lse, want_lse));
   const std::vector<float> dy = RandomF32(qn, 13), dlse = RandomF32(stats, 14);
   const std::vector<float> y_wide = Widened(y);
   std::vector<float> dq(static_cast<size_t>(qn)), dk(static_cast<size_t>(kvn)), dv(dk.size()),
       want_dq(dq.size()), want_dk(dk.size()), want_dv(dk.size());
-  CausalAttentionGradBF16Fast(dy.data(), dlse.data(), q.data(), k.data(), v.data(), y.data(),
-                              lse.data(), dq.data(), dk.data(), dv.data(), n, scale,
-                              scratch.data());
-  CausalAttentionGradFast<float>(dy.data(), dlse.data(), qf.data(), kf.data(), vf.data(),
-                                 y_wide.data(), lse.data(), want_dq.data(), want_dk.data(),
-                                 want_dv.data(), n.sequences * n.heads, n.t, n.d, scale, layouts);
+  AttentionGradBF16Fast(dy.data(), dlse.data(), q.data(), k.data(), v.data(), y.data(), lse.data(),
+                        dq.data(), dk.data(), dv.data(), n, scale, scratch.data());
+  AttentionGradFast<float>(dy.data(), dlse.data(), qf.data(), kf.data(), vf.data(), y_wide.data(),
+                           lse.data(), want_dq.data(), want_dk.data(), want_dv.data(),
+                           n.sequences * n.heads, n.t, n.d, scale, layouts);
   EXPECT_TRUE(SameBits(dq, want_dq));
   EXPECT_TRUE(SameBits(dk, want_dk));
   EXPECT_TRUE(SameBits(dv, want_dv));

@@ -292,11 +292,11 @@ TEST_F(ParallelKernels, LossEmbeddingOptimizerAndAttentionAreBitwiseTheSame) {
         const size_t n = static_cast<size_t>(batch * t * d), nkv = n / 3;
         std::vector<float> y(n), lse(static_cast<size_t>(batch * t)), grads(n + 2 * nkv);
         const AttentionLayouts grouped = AttentionLayouts::Contiguous(t, d, 3);
-        CausalAttentionFast(q.data(), k.data(), v.data(), y.data(), lse.data(), batch, t, d, 0.25f,
-                            grouped);
-        CausalAttentionGradFast(dyy.data(), lse.data(), q.data(), k.data(), v.data(), y.data(),
-                                lse.data(), grads.data(), grads.data() + n, grads.data() + n + nkv,
-                                batch, t, d, 0.25f, grouped);
+        AttentionFast(q.data(), k.data(), v.data(), y.data(), lse.data(), batch, t, d, 0.25f,
+                      grouped);
+        AttentionGradFast(dyy.data(), lse.data(), q.data(), k.data(), v.data(), y.data(),
+                          lse.data(), grads.data(), grads.data() + n, grads.data() + n + nkv, batch,
+                          t, d, 0.25f, grouped);
         y.insert(y.end(), lse.begin(), lse.end());
         y.insert(y.end(), grads.begin(), grads.end());
         return y;
@@ -313,11 +313,10 @@ TEST_F(ParallelKernels, LossEmbeddingOptimizerAndAttentionAreBitwiseTheSame) {
         std::vector<float> y(static_cast<size_t>(seqs * t * c)),
             lse(static_cast<size_t>(batch * t)), dqkv(qkv.size());
         const float* q = qkv.data();
-        CausalAttentionFast(q, q + c, q + 2 * c, y.data(), lse.data(), batch, t, d, 0.25f,
-                            {in, in, out});
-        CausalAttentionGradFast(dy_packed.data(), lse.data(), q, q + c, q + 2 * c, y.data(),
-                                lse.data(), dqkv.data(), dqkv.data() + c, dqkv.data() + 2 * c,
-                                batch, t, d, 0.25f, {in, in, out});
+        AttentionFast(q, q + c, q + 2 * c, y.data(), lse.data(), batch, t, d, 0.25f, {in, in, out});
+        AttentionGradFast(dy_packed.data(), lse.data(), q, q + c, q + 2 * c, y.data(), lse.data(),
+                          dqkv.data(), dqkv.data() + c, dqkv.data() + 2 * c, batch, t, d, 0.25f,
+                          {in, in, out});
         y.insert(y.end(), lse.begin(), lse.end());
         y.insert(y.end(), dqkv.begin(), dqkv.end());
         return y;

@@ -1,9 +1,12 @@
-// Op table: fused causal attention (causal_attention, causal_attention_qkv and their gradients),
-// plus what the table cannot state: the fused op computes what the naive chain matmul → scale →
-// causal_mask → softmax → matmul computes, across several query tiles and key chunks of the fast
-// kernels (T > kernels::kAttentionKeyChunk), and the packed op what split → transpose →
-// causal_attention → transpose computes.
+// Op table: fused attention (causal_attention, attention, attention_key_bias,
+// causal_attention_qkv and their gradients), plus what the table cannot state: the fused ops
+// compute what the naive chain matmul → scale → (causal_mask | add key bias) → softmax → matmul
+// computes, across several query tiles and key chunks of the fast kernels (T >
+// kernels::kAttentionKeyChunk), hidden keys (−inf) included, and the packed op what split →
+// transpose → causal_attention → transpose computes; a query with every key hidden gets NaN.
 #include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -174,6 +177,97 @@ std::vector<OpCase> AttentionCases() {
                   F({2, long_t, 8}), F({2, long_t, 8}), F({2, long_t})},
        .attrs = scale,
        .grad = false},
+      // Every key seen (an encoder's attention), and with a key bias [B, T] shared by the heads.
+      {.label = "attention_all_keys",
+       .op = "attention",
+       .inputs = {F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 3, 5, 4})},
+       .attrs = scale,
+       .fills = {wide, wide}},
+      {.label = "attention_all_keys_two_tiles",
+       .op = "attention",
+       .inputs = {F({1, 67, 2}), F({1, 67, 2}), F({1, 67, 2})},
+       .attrs = scale,
+       .fills = {wide, wide},
+       .grad_tolerance = 1e-5},
+      {.label = "attention_all_keys_grouped_long",
+       .op = "attention",
+       .inputs = {F({2, 4, long_t, 8}), F({2, 2, long_t, 8}), F({2, 2, long_t, 8})},
+       .attrs = scale,
+       .fills = {wide, wide},
+       .grad = false},
+      {.label = "attention_key_bias",
+       .op = "attention_key_bias",
+       .inputs = {F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 5})},
+       .attrs = scale,
+       .fills = {wide, wide, wide, wide},
+       .no_grad_inputs = {3}},
+      {.label = "attention_key_bias_grouped_two_tiles",
+       .op = "attention_key_bias",
+       .inputs = {F({1, 2, 67, 2}), F({1, 1, 67, 2}), F({1, 1, 67, 2}), F({1, 67})},
+       .attrs = scale,
+       .fills = {wide, wide, wide, wide},
+       .grad_tolerance = 1e-5,
+       .no_grad_inputs = {3}},
+      {.label = "attention_key_bias_long",
+       .op = "attention_key_bias",
+       .inputs = {F({2, 2, long_t, 8}), F({2, 2, long_t, 8}), F({2, 2, long_t, 8}), F({2, long_t})},
+       .attrs = scale,
+       .fills = {wide, wide, wide, wide},
+       .grad = false},
+      // bf16 as causal_attention's (tolerances there); the key bias stays f32.
+      {.label = "attention_all_keys_bf16_grouped",
+       .op = "attention",
+       .inputs = {F({2, 4, 5, 4}), F({2, 2, 5, 4}), F({2, 2, 5, 4})},
+       .attrs = scale,
+       .fills = {wide, wide},
+       .f32_tolerance = 8e-3,
+       .bf16 = true,
+       .bf16_inputs = {0, 1, 2},
+       .bf16_tolerance = 4e-3,
+       .bf16_grad_tolerance = 4e-3},
+      {.label = "attention_key_bias_bf16",
+       .op = "attention_key_bias",
+       .inputs = {F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 5})},
+       .attrs = scale,
+       .fills = {wide, wide, wide, wide},
+       .f32_tolerance = 8e-3,
+       .no_grad_inputs = {3},
+       .bf16 = true,
+       .bf16_inputs = {0, 1, 2},
+       .bf16_tolerance = 4e-3,
+       .bf16_grad_tolerance = 4e-3},
+      {.label = "attention_key_bias_bf16_long",
+       .op = "attention_key_bias",
+       .inputs = {F({2, 2, long_t, 8}), F({2, 2, long_t, 8}), F({2, 2, long_t, 8}), F({2, long_t})},
+       .attrs = scale,
+       .fills = {wide, wide, wide, wide},
+       .grad = false,
+       .f32_tolerance = 8e-3,
+       .bf16 = true,
+       .bf16_inputs = {0, 1, 2},
+       .bf16_tolerance = 4e-3},
+      {.label = "attention_all_keys_grad",
+       .op = "attention_grad",
+       .inputs = {F({2, 3, 5, 4}), F({2, 3, 5}), F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 3, 5, 4}),
+                  F({2, 3, 5, 4}), F({2, 3, 5})},
+       .attrs = scale,
+       .grad = false},
+      {.label = "attention_key_bias_grad_long",
+       .op = "attention_key_bias_grad",
+       .inputs = {F({2, 2, long_t, 8}), F({2, 2, long_t}), F({2, 2, long_t, 8}),
+                  F({2, 1, long_t, 8}), F({2, 1, long_t, 8}), F({2, 2, long_t, 8}),
+                  F({2, 2, long_t}), F({2, long_t})},
+       .attrs = scale,
+       .grad = false},
+      {.label = "attention_key_bias_grad_bf16",
+       .op = "attention_key_bias_grad",
+       .inputs = {F({2, 3, 5, 4}), F({2, 3, 5}), F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 3, 5, 4}),
+                  F({2, 3, 5, 4}), F({2, 3, 5}), F({2, 5})},
+       .attrs = scale,
+       .grad = false,
+       .bf16 = true,
+       .bf16_inputs = {2, 3, 4, 5},
+       .bf16_tolerance = 1e-5},
   };
 }
 
@@ -254,6 +348,26 @@ std::vector<OpErrorCase> AttentionErrors() {
       {.label = "attention_grad_dy",
        .op = "causal_attention_grad",
        .inputs = {F({5, 3}), F({5}), F({5, 4}), F({5, 4}), F({5, 4}), F({5, 4}), F({5})},
+       .attrs = scale},
+      {.label = "attention_key_bias_shape",
+       .op = "attention_key_bias",
+       .inputs = {F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 3, 5, 4}), F({2, 3, 5})},
+       .attrs = scale},
+      {.label = "attention_key_bias_q_rank2",
+       .op = "attention_key_bias",
+       .inputs = {F({5, 4}), F({5, 4}), F({5, 4}), F({5})},
+       .attrs = scale},
+      {.label = "attention_key_bias_bf16_bias",
+       .op = "attention_key_bias",
+       .inputs = {{DType::kBF16, Shape{1, 5, 4}},
+                  {DType::kBF16, Shape{1, 5, 4}},
+                  {DType::kBF16, Shape{1, 5, 4}},
+                  {DType::kBF16, Shape{5}}},
+       .attrs = scale},
+      {.label = "attention_key_bias_grad_bias_shape",
+       .op = "attention_key_bias_grad",
+       .inputs = {F({1, 5, 4}), F({1, 5}), F({1, 5, 4}), F({1, 5, 4}), F({1, 5, 4}), F({1, 5, 4}),
+                  F({1, 5}), F({4})},
        .attrs = scale},
   };
 }
@@ -394,6 +508,117 @@ TEST(CausalAttention, GroupedMatchesRepeatedKeysAndValues) {
                   1e-12 * std::max(1.0, std::abs(repeated[i].FlatAt(j))))
           << "output " << i << " at " << j;
     }
+  }
+}
+
+// attention_key_bias computes what the naive chain with the bias added to the scores (a padding
+// mask: −inf at hidden keys, as the exporter lowers BERT's and nn.MultiheadAttention's) computes —
+// output and gradients of q, k and v, in f64 with the fast kernels, over two key chunks: the first
+// sequence hides every key of the first chunk but for its last, the second hides only a few at the
+// end, and a finite bias shifts the others.
+TEST(Attention, KeyBiasMatchesTheNaiveChainWithGradients) {
+  const int64_t batch = 2, heads = 2, t = kernels::kAttentionKeyChunk + 9, d = 5;
+  const Shape s{batch, heads, t, d};
+  const double scale = 1 / std::sqrt(static_cast<double>(d));
+  std::vector<double> bias(static_cast<size_t>(batch * t));
+  for (int64_t j = 0; j < t; ++j) {
+    const double inf = std::numeric_limits<double>::infinity();
+    bias[j] = j < kernels::kAttentionKeyChunk - 1 ? -inf : 0.1 * static_cast<double>(j % 3);
+    bias[t + j] = j >= t - 4 ? -inf : -0.2 * static_cast<double>(j % 5);
+  }
+  auto run = [&](bool fused) {
+    Builder b(fused ? "fused" : "naive");
+    Var q = b.Input("q", DType::kF64, s), k = b.Input("k", DType::kF64, s),
+        v = b.Input("v", DType::kF64, s), kb = b.Input("bias", DType::kF64, {batch, t});
+    Var y = fused ? Attention(q, k, v, scale, kb).first
+                  : MatMul(Softmax(Scale(MatMul(q, k, false, true), scale) +
+                                   Reshape(kb, {batch, 1, 1, t})),
+                           v);
+    Var w = b.Input("w", DType::kF64, s);
+    b.Output(b.Name(Sum(y * w), "loss"));
+    Program p = b.Build();
+    Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"q", "k", "v"}});
+    Scope scope;
+    scope.Set("q", Sine(s, 0.37));
+    scope.Set("k", Sine(s, 0.91));
+    scope.Set("v", Sine(s, 0.13));
+    scope.Set("w", Sine(s, 0.71));
+    scope.Set("bias", Tensor::FromVector<double>({batch, t}, bias));
+    RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
+    RunReference(bwd.program, scope);
+    std::vector<Tensor> out = {scope.Get("loss")};
+    for (const std::string& g : bwd.grads) out.push_back(scope.Get(g));
+    return out;
+  };
+  const std::vector<Tensor> naive = run(false), fused = run(true);
+  ASSERT_EQ(naive.size(), 4u);
+  ASSERT_EQ(fused.size(), 4u);
+  for (size_t i = 0; i < naive.size(); ++i) {
+    ASSERT_EQ(naive[i].numel(), fused[i].numel());
+    for (int64_t j = 0; j < naive[i].numel(); ++j) {
+      ASSERT_TRUE(std::isfinite(naive[i].FlatAt(j))) << "output " << i << " at " << j;
+      EXPECT_NEAR(fused[i].FlatAt(j), naive[i].FlatAt(j),
+                  1e-11 * std::max(1.0, std::abs(naive[i].FlatAt(j))))
+          << "output " << i << " at " << j;
+    }
+  }
+}
+
+// A sequence whose keys are all hidden: its queries get y = NaN and lse = −inf from both kernels
+// (a softmax over a row of −inf gives NaN, as PyTorch's); the other sequence is unaffected —
+// over two key chunks, so the fast kernel's online softmax meets a hidden first chunk too.
+TEST(Attention, EveryKeyHiddenGivesNaN) {
+  const int64_t t = kernels::kAttentionKeyChunk + 3, d = 4;
+  const Shape s{2, 1, t, d};
+  std::vector<double> bias(static_cast<size_t>(2 * t), 0.0);
+  for (int64_t j = 0; j < t; ++j) bias[j] = -std::numeric_limits<double>::infinity();
+  Builder b("hidden");
+  Var q = b.Input("q", DType::kF64, s), k = b.Input("k", DType::kF64, s),
+      v = b.Input("v", DType::kF64, s), kb = b.Input("bias", DType::kF64, {2, t});
+  auto [y, lse] = Attention(q, k, v, 0.5, kb);
+  b.Output(b.Name(y, "y"));
+  b.Output(b.Name(lse, "lse"));
+  const Program p = b.Build();
+  for (bool reference : {false, true}) {
+    const char* kernel = reference ? "reference" : "fast";
+    Scope scope;
+    scope.Set("q", Sine(s, 0.37));
+    scope.Set("k", Sine(s, 0.91));
+    scope.Set("v", Sine(s, 0.13));
+    scope.Set("bias", Tensor::FromVector<double>({2, t}, bias));
+    RunReference(p, scope, DefaultAllocator(), reference);
+    const Tensor &ys = scope.Get("y"), &lses = scope.Get("lse");
+    for (int64_t i = 0; i < ys.numel(); ++i) {
+      const bool hidden = i < t * d;
+      EXPECT_EQ(std::isnan(ys.FlatAt(i)), hidden) << kernel << " y at " << i;
+      if (!hidden) EXPECT_TRUE(std::isfinite(ys.FlatAt(i))) << kernel << " y at " << i;
+    }
+    for (int64_t i = 0; i < lses.numel(); ++i) {
+      if (i < t) {
+        EXPECT_EQ(lses.FlatAt(i), -std::numeric_limits<double>::infinity())
+            << kernel << " at " << i;
+      } else {
+        EXPECT_TRUE(std::isfinite(lses.FlatAt(i))) << kernel << " lse at " << i;
+      }
+    }
+  }
+}
+
+// The key bias takes no gradient: autodiff refuses one that depends on what it differentiates.
+TEST(Attention, KeyBiasFromAParameterIsRefused) {
+  Builder b("bias_param");
+  const Shape s{1, 2, 3, 4};
+  Var q = b.Input("q", DType::kF32, s);
+  Var bias = b.Param("bias", DType::kF32, {1, 3});
+  b.Output(b.Name(Sum(Attention(q, q, q, 0.5, bias).first), "loss"));
+  Program p = b.Build();
+  try {
+    BuildBackward(p, {.loss = "loss", .wrt = {"bias"}});
+    FAIL() << "expected a ProgramError";
+  } catch (const ProgramError& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_key_bias has no gradient for its key_bias"),
+              std::string::npos)
+        << e.what();
   }
 }
 

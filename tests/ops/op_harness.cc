@@ -210,8 +210,11 @@ void RunMixedCase(const OpCase& c) {
   // Backward of both programs seeded with the same output gradients.
   GradientSpec spec;
   for (ValueId y : p.outputs()) spec.seeds.push_back(p.value(y).name);
-  for (ValueId x : p.inputs()) {
-    if (IsFloating(p.type(x).dtype)) spec.wrt.push_back(p.value(x).name);
+  for (size_t i = 0; i < p.inputs().size(); ++i) {
+    const ValueId x = p.inputs()[i];
+    const bool skip = std::find(c.no_grad_inputs.begin(), c.no_grad_inputs.end(),
+                                static_cast<int>(i)) != c.no_grad_inputs.end();
+    if (IsFloating(p.type(x).dtype) && !skip) spec.wrt.push_back(p.value(x).name);
   }
   const Backward bwd = BuildBackward(p, spec), twin_bwd = BuildBackward(twin, spec);
   std::mt19937_64 rng(7);

@@ -42,6 +42,8 @@ constexpr Bf16Rule kRules[] = {
     {"layer_norm", kFirst, true},            //
     {"causal_attention_qkv", kFirst, true},  //
     {"causal_attention", kQkv, true},        //
+    {"attention", kQkv, true},               //
+    {"attention_key_bias", kQkv, true},      // (the key bias stays f32)
     {"rms_norm", kFirst, true},              //
     {"swiglu", kOperands, true},             //
     // Shape ops move bytes of any dtype.

@@ -17,12 +17,12 @@
 //                 the bits of the linear then its cast without the f32 result (the GPT's qkv and
 //                 c_fc).
 //   activations   gelu, layer_norm (x; weight and bias f32), rms_norm (x; weight f32), swiglu
-//                 (both operands), causal_attention_qkv (qkv; lse f32) and causal_attention (q, k,
-//                 v; lse f32) take bf16 and give bf16, computing in f32 — when every reader of
-//                 their output takes bf16 (a product, or an op of this list or the next two
-//                 running bf16): then their input is rounded as a product's is and their output
-//                 is what the next product multiplies. Otherwise they run f32 (their output would
-//                 only be widened again).
+//                 (both operands), causal_attention_qkv (qkv; lse f32), causal_attention, attention
+//                 and attention_key_bias (q, k, v; lse and key bias f32) take bf16 and give bf16,
+//                 computing in f32 — when every reader of their output takes bf16 (a product, or an
+//                 op of this list or the next two running bf16): then their input is rounded as a
+//                 product's is and their output is what the next product multiplies. Otherwise they
+//                 run f32 (their output would only be widened again).
 //   shape ops     reshape, transpose, permute, slice, split (every piece) and concat (every
 //                 input) carry bf16 as they are (bytes moved), on the same terms: a layer norm, a
 //                 reshape, then a product stay bf16 throughout.

@@ -32,41 +32,63 @@ Rows<T> EntryRows(T* p, const AttentionLayout& l, int64_t e) {
   return {p + l.Offset(e), l.row_stride};
 }
 
-// Row i of the reference: s[j] = scale·q[i]·k[j] for j ≤ i into `s`; returns lse[i].
+// The keys query i sees: [0, i] when causal, all T otherwise.
 template <typename T>
-T ScoresAndLse(Rows<const T> q, Rows<const T> k, int64_t i, int64_t d, T scale, T* s) {
+int64_t KeyCount(const AttentionMask<T>& mask, int64_t i, int64_t t) {
+  return mask.causal ? i + 1 : t;
+}
+
+// Row i of the reference: s[j] = scale·q[i]·k[j] (+ bias[j]) for the n keys it sees into `s`;
+// returns lse[i], −inf when every key is hidden (bias −inf).
+template <typename T>
+T ScoresAndLse(Rows<const T> q, Rows<const T> k, const T* bias, int64_t i, int64_t n, int64_t d,
+               T scale, T* s) {
   T m = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = 0; j < n; ++j) {
     s[j] = scale * Dot(q[i], k[j], d);
+    if (bias) s[j] += bias[j];
     m = std::max(m, s[j]);
   }
+  if (m == -std::numeric_limits<T>::infinity()) return m;
   T sum = 0;
-  for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
+  for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - m);
   return m + std::log(sum);
 }
 
 // The visible keys of query row i in the key tile starting at k0 with kt keys: 0 … kt.
-int64_t Visible(int64_t i, int64_t k0, int64_t kt) {
-  return std::clamp<int64_t>(i - k0 + 1, 0, kt);
+template <typename T>
+int64_t Visible(const AttentionMask<T>& mask, int64_t i, int64_t k0, int64_t kt) {
+  return mask.causal ? std::clamp<int64_t>(i - k0 + 1, 0, kt) : kt;
+}
+
+// The shift of an online softmax row whose largest score so far is m: m, or 0 while every score
+// is −inf (a hidden key), so that e^(s − shift) is 0 rather than e^(−inf + inf).
+template <typename T>
+T Shift(T m) {
+  return m == -std::numeric_limits<T>::infinity() ? T(0) : m;
 }
 
 }  // namespace
 
 template <typename T>
-void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
-                              int64_t t, int64_t d, T scale, const AttentionLayouts& l) {
+void AttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
+                        int64_t d, T scale, const AttentionLayouts& l,
+                        const AttentionMask<T>& mask) {
   std::vector<T> s(static_cast<size_t>(t));
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t f = b / l.group;  // the key/value entry query entry b reads
     const Rows<const T> qb = EntryRows(q, l.q, b), kb = EntryRows(k, l.kv, f),
                         vb = EntryRows(v, l.kv, f);
     const Rows<T> yb = EntryRows(y, l.y, b);
+    const T* bias = mask.BiasRow(b, t);
     for (int64_t i = 0; i < t; ++i) {
-      const T lse_i = ScoresAndLse(qb, kb, i, d, scale, s.data());
+      const int64_t n = KeyCount(mask, i, t);
+      // A query that sees no key gets e^(−inf + inf): NaN, as a softmax over −inf scores.
+      const T lse_i = ScoresAndLse(qb, kb, bias, i, n, d, scale, s.data());
       lse[b * t + i] = lse_i;
       T* yi = yb[i];
       std::fill_n(yi, d, T(0));
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < n; ++j) {
         const T p = std::exp(s[j] - lse_i);
         for (int64_t c = 0; c < d; ++c) yi[c] += p * vb[j][c];
       }
@@ -75,9 +97,10 @@ void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, 
 }
 
 template <typename T>
-void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
-                                  const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
-                                  int64_t t, int64_t d, T scale, const AttentionLayouts& l) {
+void AttentionGradReference(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
+                            const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch, int64_t t,
+                            int64_t d, T scale, const AttentionLayouts& l,
+                            const AttentionMask<T>& mask) {
   std::vector<T> s(static_cast<size_t>(t));
   for (int64_t f = 0; f < batch / l.group; ++f) {  // dk, dv sum over the group: zero them first
     const Rows<T> dkf = EntryRows(dk, l.kv, f), dvf = EntryRows(dv, l.kv, f);
@@ -93,14 +116,16 @@ void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const 
     const Rows<const T> dyb = EntryRows(dy, l.y, b), yb = EntryRows(y, l.y, b);
     const Rows<T> dqb = EntryRows(dq, l.q, b), dkb = EntryRows(dk, l.kv, f),
                   dvb = EntryRows(dv, l.kv, f);
+    const T* bias = mask.BiasRow(b, t);
     for (int64_t i = 0; i < t; ++i) std::fill_n(dqb[i], d, T(0));
     for (int64_t i = 0; i < t; ++i) {
       const T* dyi = dyb[i];
-      ScoresAndLse(qb, kb, i, d, scale, s.data());  // s[j]; lse is the saved one
+      const int64_t n = KeyCount(mask, i, t);
+      ScoresAndLse(qb, kb, bias, i, n, d, scale, s.data());  // s[j]; lse is the saved one
       const T lse_i = lse[b * t + i];
       // Σ_j p·dp = dy[i]·y[i]; a gradient reaching lse adds p·dlse to ds.
       const T row = Dot(dyi, yb[i], d) - (dlse ? dlse[b * t + i] : T(0));
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j < n; ++j) {
         const T p = std::exp(s[j] - lse_i);
         const T dp = Dot(dyi, vb[j], d);
         const T ds = p * (dp - row);
@@ -132,8 +157,8 @@ T* Scratch(size_t n) {
 }
 
 template <typename T>
-void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
-                         int64_t d, T scale, const AttentionLayouts& l) {
+void AttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
+                   int64_t d, T scale, const AttentionLayouts& l, const AttentionMask<T>& mask) {
   const SimdRowKernels<T>& simd = Simd<T>();
   constexpr int64_t kQ = kAttentionQueryTile, kK = kAttentionKeyChunk;
   const int64_t ldq = l.q.row_stride, ld = l.kv.row_stride, ldy = l.y.row_stride;
@@ -148,9 +173,11 @@ void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64
       simd.transpose(kb, ld, t, d, kt_rows, t);
       for (int64_t b = f * l.group; b < (f + 1) * l.group; ++b) {
         const T* qb = q + l.q.Offset(b);
+        const T* bias = mask.BiasRow(b, t);
         T* yb = y + l.y.Offset(b);
         for (int64_t q0 = 0; q0 < t; q0 += kQ) {
-          const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;  // keys [0, keys) are visible
+          const int64_t qt = std::min(kQ, t - q0);
+          const int64_t keys = mask.causal ? q0 + qt : t;  // keys [0, keys) are visible
           T* o = yb + q0 * ldy;  // [qt, d] rows ldy apart: the running, unnormalised output
           for (int64_t k0 = 0; k0 < keys; k0 += kK) {
             const int64_t kt = std::min(kK, keys - k0);
@@ -158,17 +185,21 @@ void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64
             simd.small_gemm(qt, kt, d, scale, qb + q0 * ldq, ldq, 1, kt_rows + k0, t, T(0), s, kt);
             for (int64_t r = 0; r < qt; ++r) {
               T* sr = s + r * kt;
-              const int64_t n = Visible(q0 + r, k0, kt);  // ≥ 1: chunks start at or before q0
-              std::fill(sr + n, sr + kt, T(0));           // keys after the query: p = 0
+              if (bias) simd.add(sr, bias + k0, sr, kt);
+              const int64_t n = Visible(mask, q0 + r, k0, kt);  // ≥ 1: chunks start ≤ q0
+              std::fill(sr + n, sr + kt, T(0));                 // keys after the query: p = 0
               if (k0 == 0) {
                 row_max[r] = simd.row_max(sr, n);
-                row_sum[r] = simd.exp_sum(sr, row_max[r], sr, n);
+                row_sum[r] = simd.exp_sum(sr, Shift(row_max[r]), sr, n);
                 continue;
               }
-              // Online softmax: a larger max rescales what the row has summed so far.
+              // Online softmax: a larger max rescales what the row has summed so far (nothing
+              // while every key so far was hidden).
               const T m = std::max(row_max[r], simd.row_max(sr, n));
-              const T rescale = std::exp(row_max[r] - m);
-              row_sum[r] = row_sum[r] * rescale + simd.exp_sum(sr, m, sr, n);
+              const T rescale = row_max[r] == -std::numeric_limits<T>::infinity()
+                                    ? T(0)
+                                    : std::exp(row_max[r] - m);
+              row_sum[r] = row_sum[r] * rescale + simd.exp_sum(sr, Shift(m), sr, n);
               row_max[r] = m;
               if (rescale != T(1)) simd.scale_in_place(o + r * ldy, rescale, d);
             }
@@ -177,6 +208,11 @@ void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64
                             ldy);
           }
           for (int64_t r = 0; r < qt; ++r) {
+            if (row_sum[r] == T(0)) {  // every key hidden: NaN, as a softmax over −inf scores
+              std::fill_n(o + r * ldy, d, std::numeric_limits<T>::quiet_NaN());
+              lse[b * t + q0 + r] = -std::numeric_limits<T>::infinity();
+              continue;
+            }
             simd.scale_in_place(o + r * ldy, T(1) / row_sum[r], d);
             lse[b * t + q0 + r] = row_max[r] + std::log(row_sum[r]);
           }
@@ -187,9 +223,9 @@ void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64
 }
 
 template <typename T>
-void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
-                             const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
-                             int64_t t, int64_t d, T scale, const AttentionLayouts& l) {
+void AttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v, const T* y,
+                       const T* lse, T* dq, T* dk, T* dv, int64_t batch, int64_t t, int64_t d,
+                       T scale, const AttentionLayouts& l, const AttentionMask<T>& mask) {
   const SimdRowKernels<T>& simd = Simd<T>();
   constexpr int64_t kQ = kAttentionQueryTile, kK = kAttentionKeyChunk;
   const int64_t ldq = l.q.row_stride, ld = l.kv.row_stride, ldy = l.y.row_stride;
@@ -207,6 +243,7 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
       for (int64_t b = f * l.group; b < (f + 1) * l.group; ++b) {
         const T *qb = q + l.q.Offset(b), *dyb = dy + l.y.Offset(b), *yb = y + l.y.Offset(b);
         T* dqb = dq + l.q.Offset(b);
+        const T* bias = mask.BiasRow(b, t);
         // row[i] = dy[i]·y[i] − dlse[i]: what softmax backward subtracts from dp on row i.
         for (int64_t i = 0; i < t; ++i) {
           row[i] = simd.row_dot(dyb + i * ldy, yb + i * ldy, d) - (dlse ? dlse[b * t + i] : T(0));
@@ -216,7 +253,7 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
         // dv first.
         const int64_t last = (t - 1) / kQ * kQ;
         for (int64_t q0 = last; q0 >= 0; q0 -= kQ) {
-          const int64_t qt = std::min(kQ, t - q0), keys = q0 + qt;
+          const int64_t qt = std::min(kQ, t - q0), keys = mask.causal ? q0 + qt : t;
           // beta of the dk, dv products
           const T overwrite = q0 == last && b == f * l.group ? T(0) : T(1);
           for (int64_t k0 = 0; k0 < keys; k0 += kK) {
@@ -225,7 +262,8 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
             simd.small_gemm(qt, kt, d, scale, qb + q0 * ldq, ldq, 1, kt_rows + k0, t, T(0), p, kt);
             for (int64_t r = 0; r < qt; ++r) {
               T* pr = p + r * kt;
-              const int64_t n = Visible(q0 + r, k0, kt);
+              if (bias) simd.add(pr, bias + k0, pr, kt);
+              const int64_t n = Visible(mask, q0 + r, k0, kt);
               simd.exp_sum(pr, lse[b * t + q0 + r], pr, n);
               std::fill(pr + n, pr + kt, T(0));
             }
@@ -249,45 +287,39 @@ void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k,
   });
 }
 
-// The contiguous [batch, T, D] forms.
+// The contiguous [batch, T, D] causal forms.
 template <typename T>
 void CausalAttentionReference(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch,
                               int64_t t, int64_t d, T scale) {
-  CausalAttentionReference(q, k, v, y, lse, batch, t, d, scale,
-                           AttentionLayouts::Contiguous(t, d, 1));
+  AttentionReference(q, k, v, y, lse, batch, t, d, scale, AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template <typename T>
 void CausalAttentionFast(const T* q, const T* k, const T* v, T* y, T* lse, int64_t batch, int64_t t,
                          int64_t d, T scale) {
-  CausalAttentionFast(q, k, v, y, lse, batch, t, d, scale, AttentionLayouts::Contiguous(t, d, 1));
+  AttentionFast(q, k, v, y, lse, batch, t, d, scale, AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template <typename T>
 void CausalAttentionGradReference(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                                   const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
                                   int64_t t, int64_t d, T scale) {
-  CausalAttentionGradReference(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale,
-                               AttentionLayouts::Contiguous(t, d, 1));
+  AttentionGradReference(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale,
+                         AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template <typename T>
 void CausalAttentionGradFast(const T* dy, const T* dlse, const T* q, const T* k, const T* v,
                              const T* y, const T* lse, T* dq, T* dk, T* dv, int64_t batch,
                              int64_t t, int64_t d, T scale) {
-  CausalAttentionGradFast(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale,
-                          AttentionLayouts::Contiguous(t, d, 1));
+  AttentionGradFast(dy, dlse, q, k, v, y, lse, dq, dk, dv, batch, t, d, scale,
+                    AttentionLayouts::Contiguous(t, d, 1));
 }
 
 template void CausalAttentionReference<float>(const float*, const float*, const float*, float*,
                                               float*, int64_t, int64_t, int64_t, float);
 template void CausalAttentionFast<float>(const float*, const float*, const float*, float*, float*,
                                          int64_t, int64_t, int64_t, float);
-template void CausalAttentionReference<float>(const float*, const float*, const float*, float*,
-                                              float*, int64_t, int64_t, int64_t, float,
-                                              const AttentionLayouts&);
-template void CausalAttentionFast<float>(const float*, const float*, const float*, float*, float*,
-                                         int64_t, int64_t, int64_t, float, const AttentionLayouts&);
 template void CausalAttentionGradReference<float>(const float*, const float*, const float*,
                                                   const float*, const float*, const float*,
                                                   const float*, float*, float*, float*, int64_t,
@@ -295,25 +327,25 @@ template void CausalAttentionGradReference<float>(const float*, const float*, co
 template void CausalAttentionGradFast<float>(const float*, const float*, const float*, const float*,
                                              const float*, const float*, const float*, float*,
                                              float*, float*, int64_t, int64_t, int64_t, float);
-template void CausalAttentionGradReference<float>(const float*, const float*, const float*,
-                                                  const float*, const float*, const float*,
-                                                  const float*, float*, float*, float*, int64_t,
-                                                  int64_t, int64_t, float, const AttentionLayouts&);
-template void CausalAttentionGradFast<float>(const float*, const float*, const float*, const float*,
-                                             const float*, const float*, const float*, float*,
-                                             float*, float*, int64_t, int64_t, int64_t, float,
-                                             const AttentionLayouts&);
+template void AttentionReference<float>(const float*, const float*, const float*, float*, float*,
+                                        int64_t, int64_t, int64_t, float, const AttentionLayouts&,
+                                        const AttentionMask<float>&);
+template void AttentionFast<float>(const float*, const float*, const float*, float*, float*,
+                                   int64_t, int64_t, int64_t, float, const AttentionLayouts&,
+                                   const AttentionMask<float>&);
+template void AttentionGradReference<float>(const float*, const float*, const float*, const float*,
+                                            const float*, const float*, const float*, float*,
+                                            float*, float*, int64_t, int64_t, int64_t, float,
+                                            const AttentionLayouts&, const AttentionMask<float>&);
+template void AttentionGradFast<float>(const float*, const float*, const float*, const float*,
+                                       const float*, const float*, const float*, float*, float*,
+                                       float*, int64_t, int64_t, int64_t, float,
+                                       const AttentionLayouts&, const AttentionMask<float>&);
 
 template void CausalAttentionReference<double>(const double*, const double*, const double*, double*,
                                                double*, int64_t, int64_t, int64_t, double);
 template void CausalAttentionFast<double>(const double*, const double*, const double*, double*,
                                           double*, int64_t, int64_t, int64_t, double);
-template void CausalAttentionReference<double>(const double*, const double*, const double*, double*,
-                                               double*, int64_t, int64_t, int64_t, double,
-                                               const AttentionLayouts&);
-template void CausalAttentionFast<double>(const double*, const double*, const double*, double*,
-                                          double*, int64_t, int64_t, int64_t, double,
-                                          const AttentionLayouts&);
 template void CausalAttentionGradReference<double>(const double*, const double*, const double*,
                                                    const double*, const double*, const double*,
                                                    const double*, double*, double*, double*,
@@ -322,14 +354,20 @@ template void CausalAttentionGradFast<double>(const double*, const double*, cons
                                               const double*, const double*, const double*,
                                               const double*, double*, double*, double*, int64_t,
                                               int64_t, int64_t, double);
-template void CausalAttentionGradReference<double>(const double*, const double*, const double*,
-                                                   const double*, const double*, const double*,
-                                                   const double*, double*, double*, double*,
-                                                   int64_t, int64_t, int64_t, double,
-                                                   const AttentionLayouts&);
-template void CausalAttentionGradFast<double>(const double*, const double*, const double*,
-                                              const double*, const double*, const double*,
-                                              const double*, double*, double*, double*, int64_t,
-                                              int64_t, int64_t, double, const AttentionLayouts&);
+template void AttentionReference<double>(const double*, const double*, const double*, double*,
+                                         double*, int64_t, int64_t, int64_t, double,
+                                         const AttentionLayouts&, const AttentionMask<double>&);
+template void AttentionFast<double>(const double*, const double*, const double*, double*, double*,
+                                    int64_t, int64_t, int64_t, double, const AttentionLayouts&,
+                                    const AttentionMask<double>&);
+template void AttentionGradReference<double>(const double*, const double*, const double*,
+                                             const double*, const double*, const double*,
+                                             const double*, double*, double*, double*, int64_t,
+                                             int64_t, int64_t, double, const AttentionLayouts&,
+                                             const AttentionMask<double>&);
+template void AttentionGradFast<double>(const double*, const double*, const double*, const double*,
+                                        const double*, const double*, const double*, double*,
+                                        double*, double*, int64_t, int64_t, int64_t, double,
+                                        const AttentionLayouts&, const AttentionMask<double>&);
 
 }  // namespace sluice::kernels

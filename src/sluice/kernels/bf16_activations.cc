@@ -141,6 +141,18 @@ AttentionLayouts HeadsLayouts(const HeadsAttentionDims& n) {
   return AttentionLayouts::Contiguous(n.t, n.d, n.heads / n.kv_heads);
 }
 
+// The mask of every sequence's heads: its bias rows shared by the n.heads query entries of a
+// sequence.
+AttentionMask<float> HeadsMask(const AttentionMask<float>& mask, const HeadsAttentionDims& n) {
+  return {mask.causal, mask.key_bias, n.heads};
+}
+
+// The mask of sequence s alone (the fast kernels' calls, one sequence each): its bias row.
+AttentionMask<float> SequenceMask(const AttentionMask<float>& mask, const HeadsAttentionDims& n,
+                                  int64_t s) {
+  return {mask.causal, mask.key_bias == nullptr ? nullptr : mask.key_bias + s * n.t, n.heads};
+}
+
 // A bf16 operand of the attention kernels, sequence after sequence: sequence s's part is
 // data + s·size, `size` elements.
 struct SequenceBlock {
@@ -172,9 +184,8 @@ void CausalAttentionQkvBF16Reference(const BFloat16* qkv, BFloat16* y, float* ls
                                      const PackedAttentionDims& n, float scale) {
   const int64_t in = n.sequences * n.t * 3 * n.c, out = n.sequences * n.t * n.c;
   std::vector<float> qf = Widened(qkv, in), yf(static_cast<size_t>(out));
-  CausalAttentionReference<float>(qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(), lse,
-                                  n.sequences * n.heads, n.t, n.c / n.heads, scale,
-                                  PackedLayouts(n));
+  AttentionReference<float>(qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(), lse,
+                            n.sequences * n.heads, n.t, n.c / n.heads, scale, PackedLayouts(n));
   ToBF16Reference(yf.data(), y, out);
 }
 
@@ -186,9 +197,8 @@ void CausalAttentionQkvBF16Fast(const BFloat16* qkv, BFloat16* y, float* lse,
                                 const PackedAttentionDims& n, float scale, float* scratch) {
   const int64_t in = n.t * 3 * n.c, out = n.t * n.c;
   ForEachWidenedSequence<1>(n.sequences, {{{qkv, in}}}, scratch, [&](int64_t s, auto w, float* yf) {
-    CausalAttentionFast<float>(w[0], w[0] + n.c, w[0] + 2 * n.c, yf, lse + s * n.heads * n.t,
-                               n.heads, n.t, n.c / n.heads, scale,
-                               PackedLayouts({1, n.t, n.c, n.heads}));
+    AttentionFast<float>(w[0], w[0] + n.c, w[0] + 2 * n.c, yf, lse + s * n.heads * n.t, n.heads,
+                         n.t, n.c / n.heads, scale, PackedLayouts({1, n.t, n.c, n.heads}));
     ToBF16Parallel(yf, y + s * out, out);
   });
 }
@@ -198,9 +208,9 @@ void CausalAttentionQkvGradBF16Reference(const float* dy, const float* dlse, con
                                          const PackedAttentionDims& n, float scale) {
   const int64_t in = n.sequences * n.t * 3 * n.c, out = n.sequences * n.t * n.c;
   std::vector<float> qf = Widened(qkv, in), yf = Widened(y, out);
-  CausalAttentionGradReference<float>(
-      dy, dlse, qf.data(), qf.data() + n.c, qf.data() + 2 * n.c, yf.data(), lse, dqkv, dqkv + n.c,
-      dqkv + 2 * n.c, n.sequences * n.heads, n.t, n.c / n.heads, scale, PackedLayouts(n));
+  AttentionGradReference<float>(dy, dlse, qf.data(), qf.data() + n.c, qf.data() + 2 * n.c,
+                                yf.data(), lse, dqkv, dqkv + n.c, dqkv + 2 * n.c,
+                                n.sequences * n.heads, n.t, n.c / n.heads, scale, PackedLayouts(n));
 }
 
 void CausalAttentionQkvGradBF16Fast(const float* dy, const float* dlse, const BFloat16* qkv,
@@ -210,63 +220,66 @@ void CausalAttentionQkvGradBF16Fast(const float* dy, const float* dlse, const BF
   ForEachWidenedSequence<2>(
       n.sequences, {{{qkv, in}, {y, out}}}, scratch, [&](int64_t s, auto w, float*) {
         float* dq = dqkv + s * in;
-        CausalAttentionGradFast<float>(dy + s * out, dlse == nullptr ? nullptr : dlse + s * stats,
-                                       w[0], w[0] + n.c, w[0] + 2 * n.c, w[1], lse + s * stats, dq,
-                                       dq + n.c, dq + 2 * n.c, n.heads, n.t, n.c / n.heads, scale,
-                                       PackedLayouts({1, n.t, n.c, n.heads}));
+        AttentionGradFast<float>(dy + s * out, dlse == nullptr ? nullptr : dlse + s * stats, w[0],
+                                 w[0] + n.c, w[0] + 2 * n.c, w[1], lse + s * stats, dq, dq + n.c,
+                                 dq + 2 * n.c, n.heads, n.t, n.c / n.heads, scale,
+                                 PackedLayouts({1, n.t, n.c, n.heads}));
       });
 }
 
-void CausalAttentionBF16Reference(const BFloat16* q, const BFloat16* k, const BFloat16* v,
-                                  BFloat16* y, float* lse, const HeadsAttentionDims& n,
-                                  float scale) {
+void AttentionBF16Reference(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
+                            float* lse, const HeadsAttentionDims& n, float scale,
+                            const AttentionMask<float>& mask) {
   const int64_t qn = n.sequences * n.heads * n.t * n.d, kvn = n.sequences * n.kv_heads * n.t * n.d;
   std::vector<float> qf = Widened(q, qn), kf = Widened(k, kvn), vf = Widened(v, kvn),
                      yf(static_cast<size_t>(qn));
-  CausalAttentionReference<float>(qf.data(), kf.data(), vf.data(), yf.data(), lse,
-                                  n.sequences * n.heads, n.t, n.d, scale, HeadsLayouts(n));
+  AttentionReference<float>(qf.data(), kf.data(), vf.data(), yf.data(), lse, n.sequences * n.heads,
+                            n.t, n.d, scale, HeadsLayouts(n), HeadsMask(mask, n));
   ToBF16Reference(yf.data(), y, qn);
 }
 
-int64_t CausalAttentionBF16ScratchFloats(const HeadsAttentionDims& n) {
+int64_t AttentionBF16ScratchFloats(const HeadsAttentionDims& n) {
   return n.t * n.d * (2 * n.heads + 2 * n.kv_heads);
 }
 
 // As the packed form: one sequence's q, k, v widened, the f32 kernel over its heads, its y rounded.
-void CausalAttentionBF16Fast(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
-                             float* lse, const HeadsAttentionDims& n, float scale, float* scratch) {
+void AttentionBF16Fast(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
+                       float* lse, const HeadsAttentionDims& n, float scale, float* scratch,
+                       const AttentionMask<float>& mask) {
   const int64_t qn = n.heads * n.t * n.d, kvn = n.kv_heads * n.t * n.d;
   ForEachWidenedSequence<3>(
       n.sequences, {{{q, qn}, {k, kvn}, {v, kvn}}}, scratch, [&](int64_t s, auto w, float* yf) {
-        CausalAttentionFast<float>(w[0], w[1], w[2], yf, lse + s * n.heads * n.t, n.heads, n.t, n.d,
-                                   scale, HeadsLayouts(n));
+        AttentionFast<float>(w[0], w[1], w[2], yf, lse + s * n.heads * n.t, n.heads, n.t, n.d,
+                             scale, HeadsLayouts(n), SequenceMask(mask, n, s));
         ToBF16Parallel(yf, y + s * qn, qn);
       });
 }
 
-void CausalAttentionGradBF16Reference(const float* dy, const float* dlse, const BFloat16* q,
-                                      const BFloat16* k, const BFloat16* v, const BFloat16* y,
-                                      const float* lse, float* dq, float* dk, float* dv,
-                                      const HeadsAttentionDims& n, float scale) {
+void AttentionGradBF16Reference(const float* dy, const float* dlse, const BFloat16* q,
+                                const BFloat16* k, const BFloat16* v, const BFloat16* y,
+                                const float* lse, float* dq, float* dk, float* dv,
+                                const HeadsAttentionDims& n, float scale,
+                                const AttentionMask<float>& mask) {
   const int64_t qn = n.sequences * n.heads * n.t * n.d, kvn = n.sequences * n.kv_heads * n.t * n.d;
   std::vector<float> qf = Widened(q, qn), kf = Widened(k, kvn), vf = Widened(v, kvn),
                      yf = Widened(y, qn);
-  CausalAttentionGradReference<float>(dy, dlse, qf.data(), kf.data(), vf.data(), yf.data(), lse, dq,
-                                      dk, dv, n.sequences * n.heads, n.t, n.d, scale,
-                                      HeadsLayouts(n));
+  AttentionGradReference<float>(dy, dlse, qf.data(), kf.data(), vf.data(), yf.data(), lse, dq, dk,
+                                dv, n.sequences * n.heads, n.t, n.d, scale, HeadsLayouts(n),
+                                HeadsMask(mask, n));
 }
 
-void CausalAttentionGradBF16Fast(const float* dy, const float* dlse, const BFloat16* q,
-                                 const BFloat16* k, const BFloat16* v, const BFloat16* y,
-                                 const float* lse, float* dq, float* dk, float* dv,
-                                 const HeadsAttentionDims& n, float scale, float* scratch) {
+void AttentionGradBF16Fast(const float* dy, const float* dlse, const BFloat16* q, const BFloat16* k,
+                           const BFloat16* v, const BFloat16* y, const float* lse, float* dq,
+                           float* dk, float* dv, const HeadsAttentionDims& n, float scale,
+                           float* scratch, const AttentionMask<float>& mask) {
   const int64_t qn = n.heads * n.t * n.d, kvn = n.kv_heads * n.t * n.d, stats = n.heads * n.t;
   ForEachWidenedSequence<4>(n.sequences, {{{q, qn}, {k, kvn}, {v, kvn}, {y, qn}}}, scratch,
                             [&](int64_t s, auto w, float*) {
-                              CausalAttentionGradFast<float>(
+                              AttentionGradFast<float>(
                                   dy + s * qn, dlse == nullptr ? nullptr : dlse + s * stats, w[0],
                                   w[1], w[2], w[3], lse + s * stats, dq + s * qn, dk + s * kvn,
-                                  dv + s * kvn, n.heads, n.t, n.d, scale, HeadsLayouts(n));
+                                  dv + s * kvn, n.heads, n.t, n.d, scale, HeadsLayouts(n),
+                                  SequenceMask(mask, n, s));
                             });
 }
 

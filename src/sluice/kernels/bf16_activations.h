@@ -35,7 +35,7 @@
 // heap buffer. The attention widens one sequence's qkv and y into the caller's scratch,
 // CausalAttentionQkvBF16ScratchFloats (T·4C floats), which the ops take from
 // KernelContext::allocator (counted by the forecast: OpDef::scratch_bytes); the split form widens
-// one sequence's q, k, v and y, CausalAttentionBF16ScratchFloats (T·D·(2·H + 2·H_kv) floats),
+// one sequence's q, k, v and y, AttentionBF16ScratchFloats (T·D·(2·H + 2·H_kv) floats),
 // likewise. The references allocate whole f32 copies (tests only).
 //
 // Threading: as the f32 kernels (kernels/parallel.h): chunks fixed by the work, bitwise the same
@@ -51,6 +51,7 @@
 #include <cstdint>
 
 #include "sluice/core/dtype.h"
+#include "sluice/kernels/attention.h"
 
 namespace sluice::kernels {
 
@@ -96,20 +97,24 @@ struct HeadsAttentionDims {
   int64_t sequences, heads, kv_heads, t, d;
 };
 
-void CausalAttentionBF16Reference(const BFloat16* q, const BFloat16* k, const BFloat16* v,
-                                  BFloat16* y, float* lse, const HeadsAttentionDims& n,
-                                  float scale);
+// `mask` as the f32 kernels' (kernels/attention.h), its key bias [sequences, T] f32 (heads is
+// set from n); causal by default.
+void AttentionBF16Reference(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
+                            float* lse, const HeadsAttentionDims& n, float scale,
+                            const AttentionMask<float>& mask = {});
 // The split form's scratch (forward and backward alike).
-int64_t CausalAttentionBF16ScratchFloats(const HeadsAttentionDims& n);
-void CausalAttentionBF16Fast(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
-                             float* lse, const HeadsAttentionDims& n, float scale, float* scratch);
-void CausalAttentionGradBF16Reference(const float* dy, const float* dlse, const BFloat16* q,
-                                      const BFloat16* k, const BFloat16* v, const BFloat16* y,
-                                      const float* lse, float* dq, float* dk, float* dv,
-                                      const HeadsAttentionDims& n, float scale);
-void CausalAttentionGradBF16Fast(const float* dy, const float* dlse, const BFloat16* q,
-                                 const BFloat16* k, const BFloat16* v, const BFloat16* y,
-                                 const float* lse, float* dq, float* dk, float* dv,
-                                 const HeadsAttentionDims& n, float scale, float* scratch);
+int64_t AttentionBF16ScratchFloats(const HeadsAttentionDims& n);
+void AttentionBF16Fast(const BFloat16* q, const BFloat16* k, const BFloat16* v, BFloat16* y,
+                       float* lse, const HeadsAttentionDims& n, float scale, float* scratch,
+                       const AttentionMask<float>& mask = {});
+void AttentionGradBF16Reference(const float* dy, const float* dlse, const BFloat16* q,
+                                const BFloat16* k, const BFloat16* v, const BFloat16* y,
+                                const float* lse, float* dq, float* dk, float* dv,
+                                const HeadsAttentionDims& n, float scale,
+                                const AttentionMask<float>& mask = {});
+void AttentionGradBF16Fast(const float* dy, const float* dlse, const BFloat16* q, const BFloat16* k,
+                           const BFloat16* v, const BFloat16* y, const float* lse, float* dq,
+                           float* dk, float* dv, const HeadsAttentionDims& n, float scale,
+                           float* scratch, const AttentionMask<float>& mask = {});
 
 }  // namespace sluice::kernels

@@ -50,22 +50,59 @@ int64_t RequireQkv(std::span<const TensorType> qkv) {
 
 double Scale(const Attrs& attrs) { return attrs.GetFloat("scale"); }
 
-// Under mixed precision q, k, v and y are bf16 and lse f32 (kernels/bf16_activations.h).
+// The keys the split-form ops let a query see: causal_attention's (keys up to the query),
+// attention's (every key) and attention_key_bias's (every key, its scores plus the key bias
+// [..., T], the op's last input).
+enum class Keys { kCausal, kAll, kBiased };
+
+constexpr const char* kOpNames[] = {"causal_attention", "attention", "attention_key_bias"};
+constexpr const char* kGradNames[] = {"causal_attention_grad", "attention_grad",
+                                      "attention_key_bias_grad"};
+
+const char* OpName(Keys keys) { return kOpNames[static_cast<int>(keys)]; }
+const char* GradName(Keys keys) { return kGradNames[static_cast<int>(keys)]; }
+
+// The query heads H of q [..., H, T, D] (1 for q [T, D]).
+int64_t Heads(const Shape& q) { return q.rank() >= 3 ? q[q.rank() - 3] : 1; }
+
+// key_bias [..., T]: q [..., H, T, D] without H and D, one row per sequence that its heads share.
+void RequireKeyBias(const Shape& q, const Shape& bias) {
+  if (q.rank() < 3) {
+    throw ShapeError(fmt::format(
+        "q must be [..., H, T, D] (rank 3 or more) beside a key bias, got {}", q.ToString()));
+  }
+  std::vector<int64_t> want(q.dims().begin(), q.dims().end() - 3);
+  want.push_back(q[q.rank() - 2]);
+  const Shape rows{std::span<const int64_t>(want)};
+  if (bias != rows) {
+    throw ShapeError(fmt::format(
+        "key_bias must be {} (q {} without its heads and channels: one bias per key of each "
+        "sequence), got {}",
+        rows.ToString(), q.ToString(), bias.ToString()));
+  }
+}
+
+// Under mixed precision q, k, v and y are bf16 and lse (and a key bias) f32
+// (kernels/bf16_activations.h).
+template <Keys kKeys>
 std::vector<TensorType> InferAttention(std::span<const TensorType> in, const Attrs& attrs) {
   const DType t = ops::MixedFloatDType(in, {0, 1, 2});
   RequireQkv(in);
+  if constexpr (kKeys == Keys::kBiased) RequireKeyBias(in[0].shape, in[3].shape);
   if (!std::isfinite(Scale(attrs))) {
     throw ShapeError(fmt::format("scale must be finite, got {}", Scale(attrs)));
   }
   return {{t, in[0].shape}, {t == DType::kBF16 ? DType::kF32 : t, RowsShape(in[0].shape)}};
 }
 
-// dy, dlse, q, k, v, y, lse; under mixed precision q, k, v and y bf16, the rest f32, dq, dk, dv
-// f32.
+// dy, dlse, q, k, v, y, lse (and the key bias); under mixed precision q, k, v and y bf16, the rest
+// f32, dq, dk, dv f32.
+template <Keys kKeys>
 std::vector<TensorType> InferAttentionGrad(std::span<const TensorType> in, const Attrs& attrs) {
   DType t = ops::MixedFloatDType(in, {2, 3, 4, 5});
   if (t == DType::kBF16) t = DType::kF32;
   RequireQkv(in.subspan(2, 3));
+  if constexpr (kKeys == Keys::kBiased) RequireKeyBias(in[2].shape, in[7].shape);
   const Shape& s = in[2].shape;
   const Shape rows = RowsShape(s);
   const char* names[] = {"dy", "dlse", "q", "k", "v", "y", "lse"};
@@ -99,11 +136,23 @@ int64_t Group(const Shape& q, const Shape& k) {
   return q == k ? 1 : q[q.rank() - 3] / k[k.rank() - 3];
 }
 
+// The kernels' mask for q [..., H, T, D]: the key bias (input `bias_at` when kBiased) is one row
+// per sequence, shared by its H heads.
+template <Keys kKeys, typename T>
+kernels::AttentionMask<T> MaskOf(const KernelContext& ctx, const Shape& q, int bias_at) {
+  if constexpr (kKeys == Keys::kCausal) {
+    return kernels::AttentionMask<T>::Causal();
+  } else {
+    const T* bias = kKeys == Keys::kBiased ? ctx.inputs[bias_at].data<T>() : nullptr;
+    return kernels::AttentionMask<T>::Bidirectional(bias, Heads(q));
+  }
+}
+
 // The bf16 kernels' dims for q [..., H, T, D] and k [..., H_kv, T, D]: the axes before H are the
 // sequences (for q of rank 2, one sequence of one head).
 kernels::HeadsAttentionDims HeadsDims(const Shape& q, const Shape& k) {
   const Dims n = AttentionDims(q);
-  const int64_t heads = q.rank() >= 3 ? q[q.rank() - 3] : 1;
+  const int64_t heads = Heads(q);
   const int64_t group = Group(q, k);
   return {.sequences = heads == 0 ? 0 : n.batch / heads,
           .heads = heads,
@@ -118,15 +167,15 @@ template <int q_input>
 int64_t AttentionHeadsBF16ScratchBytes(std::span<const TensorType> in, const Attrs&) {
   if (in[q_input].dtype != DType::kBF16) return 0;
   const kernels::HeadsAttentionDims n = HeadsDims(in[q_input].shape, in[q_input + 1].shape);
-  return n.sequences == 0 ? 0 : 4 * kernels::CausalAttentionBF16ScratchFloats(n);
+  return n.sequences == 0 ? 0 : 4 * kernels::AttentionBF16ScratchFloats(n);
 }
 
 Tensor AttentionHeadsBF16Scratch(KernelContext& ctx, const kernels::HeadsAttentionDims& n) {
-  const int64_t floats = n.sequences == 0 ? 0 : kernels::CausalAttentionBF16ScratchFloats(n);
+  const int64_t floats = n.sequences == 0 ? 0 : kernels::AttentionBF16ScratchFloats(n);
   return Tensor::Empty({floats}, DType::kF32, ctx.allocator);
 }
 
-template <bool kFast>
+template <bool kFast, Keys kKeys>
 void AttentionKernel(KernelContext& ctx) {
   const Tensor& q = ctx.inputs[0];
   if (q.dtype() == DType::kBF16) {
@@ -137,29 +186,31 @@ void AttentionKernel(KernelContext& ctx) {
                    *vp = ctx.inputs[2].data<BFloat16>();
     BFloat16* y = ctx.outputs[0].data<BFloat16>();
     float* lse = ctx.outputs[1].data<float>();
+    const auto mask = MaskOf<kKeys, float>(ctx, q.shape(), 3);
     if constexpr (kFast) {
-      kernels::CausalAttentionBF16Fast(qp, kp, vp, y, lse, n, scale, scratch.data<float>());
+      kernels::AttentionBF16Fast(qp, kp, vp, y, lse, n, scale, scratch.data<float>(), mask);
     } else {
-      kernels::CausalAttentionBF16Reference(qp, kp, vp, y, lse, n, scale);
+      kernels::AttentionBF16Reference(qp, kp, vp, y, lse, n, scale, mask);
     }
     return;
   }
-  DispatchFloat(q.dtype(), "causal_attention", [&]<typename T>() {
+  DispatchFloat(q.dtype(), OpName(kKeys), [&]<typename T>() {
     const Dims n = AttentionDims(q.shape());
     const kernels::AttentionLayouts l =
         kernels::AttentionLayouts::Contiguous(n.t, n.d, Group(q.shape(), ctx.inputs[1].shape()));
+    const auto mask = MaskOf<kKeys, T>(ctx, q.shape(), 3);
     const T scale = static_cast<T>(Scale(ctx.attrs));
     const T *qp = q.data<T>(), *kp = ctx.inputs[1].data<T>(), *vp = ctx.inputs[2].data<T>();
     T *y = ctx.outputs[0].data<T>(), *lse = ctx.outputs[1].data<T>();
     if constexpr (kFast) {
-      kernels::CausalAttentionFast<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale, l);
+      kernels::AttentionFast<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale, l, mask);
     } else {
-      kernels::CausalAttentionReference<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale, l);
+      kernels::AttentionReference<T>(qp, kp, vp, y, lse, n.batch, n.t, n.d, scale, l, mask);
     }
   });
 }
 
-template <bool kFast>
+template <bool kFast, Keys kKeys>
 void AttentionGradKernel(KernelContext& ctx) {
   const Tensor& q = ctx.inputs[2];
   if (q.dtype() == DType::kBF16) {
@@ -172,29 +223,31 @@ void AttentionGradKernel(KernelContext& ctx) {
                    *vp = ctx.inputs[4].data<BFloat16>(), *y = ctx.inputs[5].data<BFloat16>();
     float *dq = ctx.outputs[0].data<float>(), *dk = ctx.outputs[1].data<float>(),
           *dv = ctx.outputs[2].data<float>();
+    const auto mask = MaskOf<kKeys, float>(ctx, q.shape(), 7);
     if constexpr (kFast) {
-      kernels::CausalAttentionGradBF16Fast(dy, dlse, qp, kp, vp, y, lse, dq, dk, dv, n, scale,
-                                           scratch.data<float>());
+      kernels::AttentionGradBF16Fast(dy, dlse, qp, kp, vp, y, lse, dq, dk, dv, n, scale,
+                                     scratch.data<float>(), mask);
     } else {
-      kernels::CausalAttentionGradBF16Reference(dy, dlse, qp, kp, vp, y, lse, dq, dk, dv, n, scale);
+      kernels::AttentionGradBF16Reference(dy, dlse, qp, kp, vp, y, lse, dq, dk, dv, n, scale, mask);
     }
     return;
   }
-  DispatchFloat(q.dtype(), "causal_attention_grad", [&]<typename T>() {
+  DispatchFloat(q.dtype(), GradName(kKeys), [&]<typename T>() {
     const Dims n = AttentionDims(q.shape());
     const kernels::AttentionLayouts l =
         kernels::AttentionLayouts::Contiguous(n.t, n.d, Group(q.shape(), ctx.inputs[3].shape()));
+    const auto mask = MaskOf<kKeys, T>(ctx, q.shape(), 7);
     const T scale = static_cast<T>(Scale(ctx.attrs));
     const T* in[7];
     for (int i = 0; i < 7; ++i) in[i] = ctx.inputs[i].data<T>();
     T *dq = ctx.outputs[0].data<T>(), *dk = ctx.outputs[1].data<T>(),
       *dv = ctx.outputs[2].data<T>();
     if constexpr (kFast) {
-      kernels::CausalAttentionGradFast<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq, dk,
-                                          dv, n.batch, n.t, n.d, scale, l);
+      kernels::AttentionGradFast<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq, dk, dv,
+                                    n.batch, n.t, n.d, scale, l, mask);
     } else {
-      kernels::CausalAttentionGradReference<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq,
-                                               dk, dv, n.batch, n.t, n.d, scale, l);
+      kernels::AttentionGradReference<T>(in[0], in[1], in[2], in[3], in[4], in[5], in[6], dq, dk,
+                                         dv, n.batch, n.t, n.d, scale, l, mask);
     }
   });
 }
@@ -318,11 +371,11 @@ void AttentionQkvKernel(KernelContext& ctx) {
     const T* q = qkv.data<T>();
     T *y = ctx.outputs[0].data<T>(), *lse = ctx.outputs[1].data<T>();
     if constexpr (kFast) {
-      kernels::CausalAttentionFast<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d, scale,
-                                      {l.in, l.in, l.out});
+      kernels::AttentionFast<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d, scale,
+                                {l.in, l.in, l.out});
     } else {
-      kernels::CausalAttentionReference<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d,
-                                           scale, {l.in, l.in, l.out});
+      kernels::AttentionReference<T>(q, q + n.c, q + 2 * n.c, y, lse, l.entries, n.t, l.d, scale,
+                                     {l.in, l.in, l.out});
     }
   });
 }
@@ -357,11 +410,11 @@ void AttentionQkvGradKernel(KernelContext& ctx) {
     const T *k = q + n.c, *v = q + 2 * n.c;
     T *dk = dq + n.c, *dv = dq + 2 * n.c;
     if constexpr (kFast) {
-      kernels::CausalAttentionGradFast<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries, n.t,
-                                          l.d, scale, {l.in, l.in, l.out});
+      kernels::AttentionGradFast<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries, n.t, l.d,
+                                    scale, {l.in, l.in, l.out});
     } else {
-      kernels::CausalAttentionGradReference<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries,
-                                               n.t, l.d, scale, {l.in, l.in, l.out});
+      kernels::AttentionGradReference<T>(dy, dlse, q, k, v, y, lse, dq, dk, dv, l.entries, n.t, l.d,
+                                         scale, {l.in, l.in, l.out});
     }
   });
 }
@@ -374,9 +427,26 @@ Var GradientOrZeros(VjpContext& ctx, int i) {
   return g.valid() ? g : Zeros(ctx.builder(), t.shape, t.dtype);
 }
 
+template <Keys kKeys>
 std::vector<Var> AttentionVjp(VjpContext& ctx) {
-  return CausalAttentionGrad(GradientOrZeros(ctx, 0), GradientOrZeros(ctx, 1), ctx.x(0), ctx.x(1),
-                             ctx.x(2), ctx.y(0), ctx.y(1), Scale(ctx.attrs()));
+  if constexpr (kKeys == Keys::kCausal) {
+    return CausalAttentionGrad(GradientOrZeros(ctx, 0), GradientOrZeros(ctx, 1), ctx.x(0), ctx.x(1),
+                               ctx.x(2), ctx.y(0), ctx.y(1), Scale(ctx.attrs()));
+  } else if constexpr (kKeys == Keys::kAll) {
+    return AttentionGrad(GradientOrZeros(ctx, 0), GradientOrZeros(ctx, 1), ctx.x(0), ctx.x(1),
+                         ctx.x(2), ctx.y(0), ctx.y(1), Scale(ctx.attrs()));
+  } else {
+    if (ctx.needs(3)) {
+      throw ProgramError(
+          "autodiff: attention_key_bias has no gradient for its key_bias (a mask: 0 keeps a "
+          "key, -inf hides it); compute the bias from the inputs, not from parameters");
+    }
+    std::vector<Var> grads =
+        AttentionGrad(GradientOrZeros(ctx, 0), GradientOrZeros(ctx, 1), ctx.x(0), ctx.x(1),
+                      ctx.x(2), ctx.y(0), ctx.y(1), Scale(ctx.attrs()), ctx.x(3));
+    grads.emplace_back();  // the key bias: none
+    return grads;
+  }
 }
 
 std::vector<Var> AttentionQkvVjp(VjpContext& ctx) {
@@ -403,50 +473,100 @@ std::pair<Var, Var> CausalAttention(Var q, Var k, Var v, double scale) {
   return {out[0], out[1]};
 }
 
+std::pair<Var, Var> Attention(Var q, Var k, Var v, double scale, Var key_bias) {
+  std::vector<Var> out =
+      key_bias.valid()
+          ? q.builder()->Emit("attention_key_bias", {q, k, v, key_bias}, {{"scale", scale}})
+          : q.builder()->Emit("attention", {q, k, v}, {{"scale", scale}});
+  return {out[0], out[1]};
+}
+
+std::vector<Var> AttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse, double scale,
+                               Var key_bias) {
+  if (key_bias.valid()) {
+    return dy.builder()->Emit("attention_key_bias_grad", {dy, dlse, q, k, v, y, lse, key_bias},
+                              {{"scale", scale}});
+  }
+  return dy.builder()->Emit("attention_grad", {dy, dlse, q, k, v, y, lse}, {{"scale", scale}});
+}
+
 std::vector<Var> CausalAttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse,
                                      double scale) {
   return dy.builder()->Emit("causal_attention_grad", {dy, dlse, q, k, v, y, lse},
                             {{"scale", scale}});
 }
 
-void RegisterAttentionOps(OpRegistry& r) {
+namespace {
+
+// The split-form op of `keys` and its gradient: causal_attention, attention, attention_key_bias.
+template <Keys kKeys>
+void RegisterSplitAttention(OpRegistry& r, std::string doc, std::string grad_doc) {
+  constexpr bool kBiased = kKeys == Keys::kBiased;
+  std::vector<OpParam> inputs = {{"q", "float or bf16[..., H, T, D]"},
+                                 {"k", "q's dtype[..., H_kv, T, D]"},
+                                 {"v", "q's dtype[..., H_kv, T, D]"}};
+  std::vector<OpParam> grad_inputs = {
+      {"dy", "float[..., H, T, D]"},        {"dlse", "float[..., H, T]"},
+      {"q", "float or bf16[..., H, T, D]"}, {"k", "q's dtype[..., H_kv, T, D]"},
+      {"v", "q's dtype[..., H_kv, T, D]"},  {"y", "q's dtype[..., H, T, D]"},
+      {"lse", "float[..., H, T]"}};
+  if (kBiased) {
+    inputs.push_back({"key_bias", "float[..., T]"});
+    grad_inputs.push_back({"key_bias", "float[..., T]"});
+  }
   r.Register(
-      {.name = "causal_attention",
-       .num_inputs = 3,
-       .infer = InferAttention,
-       .kernel = AttentionKernel<true>,
-       .reference = AttentionKernel<false>,
-       .vjp = AttentionVjp,
-       .doc = "fused causal self-attention softmax(scale·q·kᵀ, masked)·v; also the "
-              "log-sum-exp of each row (no [T, T] value is kept); k and v may have fewer "
-              "heads than q (grouped-query attention: H / H_kv query heads per key/value "
-              "head, read in place); bf16 q, k, v give bf16 y, computed in f32",
-       .signature = {.inputs = {{"q", "float or bf16[..., H, T, D]"},
-                                {"k", "q's dtype[..., H_kv, T, D]"},
-                                {"v", "q's dtype[..., H_kv, T, D]"}},
+      {.name = OpName(kKeys),
+       .num_inputs = kBiased ? 4 : 3,
+       .infer = InferAttention<kKeys>,
+       .kernel = AttentionKernel<true, kKeys>,
+       .reference = AttentionKernel<false, kKeys>,
+       .vjp = AttentionVjp<kKeys>,
+       .doc = std::move(doc),
+       .signature = {.inputs = std::move(inputs),
                      .attrs = {{"scale", "float"}},
                      .outputs = {{"y", "q's dtype[..., H, T, D]"}, {"lse", "float[..., H, T]"}}},
        .scratch_bytes = AttentionHeadsBF16ScratchBytes<0>});
-  r.Register({.name = "causal_attention_grad",
-              .num_inputs = 7,
-              .infer = InferAttentionGrad,
-              .kernel = AttentionGradKernel<true>,
-              .reference = AttentionGradKernel<false>,
-              .doc = "causal_attention backward: dq, dk, dv, the probabilities recomputed from q, "
-                     "k and lse tile by tile; dk and dv summed over each key/value head's group; "
-                     "bf16 q, k, v and y beside f32 dy, dlse and lse give f32 dq, dk, dv",
-              .signature = {.inputs = {{"dy", "float[..., H, T, D]"},
-                                       {"dlse", "float[..., H, T]"},
-                                       {"q", "float or bf16[..., H, T, D]"},
-                                       {"k", "q's dtype[..., H_kv, T, D]"},
-                                       {"v", "q's dtype[..., H_kv, T, D]"},
-                                       {"y", "q's dtype[..., H, T, D]"},
-                                       {"lse", "float[..., H, T]"}},
+  r.Register({.name = GradName(kKeys),
+              .num_inputs = kBiased ? 8 : 7,
+              .infer = InferAttentionGrad<kKeys>,
+              .kernel = AttentionGradKernel<true, kKeys>,
+              .reference = AttentionGradKernel<false, kKeys>,
+              .doc = std::move(grad_doc),
+              .signature = {.inputs = std::move(grad_inputs),
                             .attrs = {{"scale", "float"}},
                             .outputs = {{"dq", "float[..., H, T, D]"},
                                         {"dk", "float[..., H_kv, T, D]"},
                                         {"dv", "float[..., H_kv, T, D]"}}},
               .scratch_bytes = AttentionHeadsBF16ScratchBytes<2>});
+}
+
+}  // namespace
+
+void RegisterAttentionOps(OpRegistry& r) {
+  RegisterSplitAttention<Keys::kCausal>(
+      r,
+      "fused causal self-attention softmax(scale·q·kᵀ, masked)·v; also the log-sum-exp of each "
+      "row (no [T, T] value is kept); k and v may have fewer heads than q (grouped-query "
+      "attention: H / H_kv query heads per key/value head, read in place); bf16 q, k, v give "
+      "bf16 y, computed in f32",
+      "causal_attention backward: dq, dk, dv, the probabilities recomputed from q, k and lse "
+      "tile by tile; dk and dv summed over each key/value head's group; bf16 q, k, v and y beside "
+      "f32 dy, dlse and lse give f32 dq, dk, dv");
+  RegisterSplitAttention<Keys::kAll>(
+      r,
+      "fused attention softmax(scale·q·kᵀ)·v over every key (an encoder's: BERT, "
+      "nn.TransformerEncoder, ViT); also the log-sum-exp of each row (no [T, T] value is kept); "
+      "grouped-query k and v and bf16 as causal_attention",
+      "attention backward: dq, dk, dv, the probabilities recomputed from q, k and lse tile by "
+      "tile; grouped-query and bf16 as causal_attention_grad");
+  RegisterSplitAttention<Keys::kBiased>(
+      r,
+      "fused attention softmax(scale·q·kᵀ + key_bias)·v over every key, key_bias [..., T] one "
+      "row per sequence shared by its heads (0 keeps a key, -inf hides it: a key-padding mask); "
+      "a query whose keys are all hidden gets NaN, as PyTorch's softmax; key_bias takes no "
+      "gradient; grouped-query and bf16 as causal_attention (key_bias f32)",
+      "attention_key_bias backward: dq, dk, dv (none for key_bias), the probabilities "
+      "recomputed from q, k, key_bias and lse tile by tile");
   r.Register(
       {.name = "causal_attention_qkv",
        .num_inputs = 1,

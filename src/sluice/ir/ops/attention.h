@@ -1,4 +1,5 @@
-// Fused causal self-attention as one op (FlashAttention-style kernels, kernels/attention.h).
+// Fused self-attention as one op (FlashAttention-style kernels, kernels/attention.h): causal (a
+// decoder's) or over every key (an encoder's), with an optional key bias (a padding mask).
 // Shapes use the glossary (docs/glossary.md): B batch, H heads, T sequence, D = C / H channels per
 // head; "..." is any number of leading axes (usually [B, H]).
 //
@@ -9,6 +10,7 @@
 // Example:
 //   auto [y, lse] = CausalAttention(q, k, v, 1.0 / std::sqrt(D));   // q, k, v [B, H, T, D]
 //   auto [y, lse] = CausalAttentionQkv(qkv, H, 1.0 / std::sqrt(D));  // qkv [B, T, 3C], y [B, T, C]
+//   auto [y, lse] = Attention(q, k, v, 1.0 / std::sqrt(D), bias);   // bias [B, T]: 0 or -inf
 #pragma once
 
 #include <utility>
@@ -32,6 +34,23 @@ std::pair<Var, Var> CausalAttention(Var q, Var k, Var v, double scale);
 std::vector<Var> CausalAttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse,
                                      double scale);
 
+// attention: causal_attention's y and lse with every key visible to every query — softmax(scale ·
+// q·kᵀ)·v, an encoder's attention (BERT, nn.TransformerEncoder, ViT). With key_bias [..., T] (q's
+// axes before H, then T: one row per sequence that its H heads share), op
+// "attention_key_bias": softmax(scale · q·kᵀ + key_bias)·v, the bias added to every query's score
+// of key j — 0 keeps a key, -inf hides it (a key-padding mask), a finite value shifts it. A query
+// whose every key is hidden gets y = NaN and lse = -inf (PyTorch's softmax over a row of -inf
+// gives NaN; nn.MultiheadAttention does the same). key_bias is f32 under mixed precision (q, k,
+// v, y bf16) and takes no gradient (autodiff refuses a key_bias that depends on a parameter).
+// Grouped-query k and v as causal_attention. Op "attention" (q, k, v) or "attention_key_bias"
+// (q, k, v, key_bias), attribute scale; VJP: attention_grad / attention_key_bias_grad (dy, dlse,
+// q, k, v, y, lse[, key_bias] -> dq, dk, dv, as causal_attention_grad).
+std::pair<Var, Var> Attention(Var q, Var k, Var v, double scale, Var key_bias = {});
+// dy, dlse, q, k, v, y, lse as CausalAttentionGrad's (and the key bias) -> {dq, dk, dv}. Op
+// "attention_grad" or "attention_key_bias_grad".
+std::vector<Var> AttentionGrad(Var dy, Var dlse, Var q, Var k, Var v, Var y, Var lse, double scale,
+                               Var key_bias = {});
+
 // causal_attention on heads packed the way a GPT's c_attn projection writes them: qkv [..., T, 3C]
 // holds q, k and v side by side, each H heads of D = C / H channels (head h of q in columns
 // [h·D, (h + 1)·D)). -> {y [..., T, C] (heads side by side: what the output projection reads),
@@ -45,7 +64,8 @@ std::pair<Var, Var> CausalAttentionQkv(Var qkv, int64_t heads, double scale);
 Var CausalAttentionQkvGrad(Var dy, Var dlse, Var qkv, Var y, Var lse, int64_t heads, double scale);
 
 class OpRegistry;
-// Registers causal_attention, causal_attention_qkv and their gradients; called once by
+// Registers causal_attention, attention, attention_key_bias, causal_attention_qkv and their
+// gradients; called once by
 // OpRegistry::Global().
 void RegisterAttentionOps(OpRegistry& registry);
 

@@ -2,8 +2,8 @@
 (tests/parity/torch_export_test.py). Each factory is one way a user's module can be wrong, except
 tiny (a valid module the others change), recurrent (valid: a GRU unrolled over T), frozen
 (valid: a parameter with requires_grad False becomes a constant), additive_mask (valid: a mask
-buffer that is not causal becomes a program constant) and near_misses (valid: patterns the
-exporter fuses, each changed so that it no longer fits, stay written out)."""
+buffer that is not causal becomes a program constant) and near_misses, pair_mask (valid:
+patterns the exporter fuses, each changed so that it no longer fits, stay written out)."""
 import math
 
 import torch
@@ -137,6 +137,26 @@ class NearMisses(nn.Module):
         att = F.softmax(q @ k.transpose(-2, -1) / 2.0 + self.mask[:T, :T], dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, 8)
         x = self.head(F.silu(y) * self.gate)
+        return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
+
+
+class PairMask(nn.Module):
+    """Bidirectional attention under a mask computed from the tokens per pair of positions
+    ([B, 1, T, T]: not one value per key, so not a key bias): it stays written out."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.qkv = nn.Linear(8, 24)
+        self.head = nn.Linear(8, 11)
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        q, k, v = (h.view(B, T, 2, 4).transpose(1, 2)
+                   for h in self.qkv(self.embed(tokens)).split(8, dim=-1))
+        same = tokens[:, None, :, None] == tokens[:, None, None, :]
+        att = F.softmax((q @ k.transpose(-2, -1) / 2.0).masked_fill(~same, float("-inf")), dim=-1)
+        x = self.head((att @ v).transpose(1, 2).reshape(B, T, 8))
         return F.cross_entropy(x.view(-1, 11), targets.view(-1), ignore_index=-1)
 
 
@@ -329,6 +349,11 @@ def additive_mask():
 def near_misses():
     torch.manual_seed(0)
     return NearMisses()
+
+
+def pair_mask():
+    torch.manual_seed(0)
+    return PairMask()
 
 
 def no_parameters():

@@ -96,6 +96,27 @@ class BadInput(ExportCase):
                       "%layers.0.attention.transpose_2)", attention[0])
         self.assertIn("%layers.0.attention.add_1: f32[B, 2, T, 8] = add(", text)
 
+    def test_encoder_attention_is_fused(self):
+        """BERT's attention without a mask becomes attention; nn.TransformerEncoderLayer's under a
+        constant causal src_mask (nn.MultiheadAttention's baddbmm) causal_attention: no softmax
+        over [B·H, T, T] scores stays."""
+        for model, op in (("bert_mlm", "attention"), ("encoder", "causal_attention")):
+            result, out = self.export(os.path.join(HERE, "torch_models.py") + ":" + model,
+                                      out=os.path.join(self.parent, model), seq="12")
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(out, "model.sluice")) as f:
+                text = f.read()
+            self.assertEqual(text.count(f"= {op}("), 2, model)
+            self.assertNotIn("softmax(", text)
+
+    def test_a_mask_per_pair_of_positions_stays_written_out(self):
+        result, out = self.export(f"{MODULES}:pair_mask")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(out, "model.sluice")) as f:
+            text = f.read()
+        self.assertNotIn("attention", text)  # [B, 1, T, T]: not a key bias
+        self.assertIn("= softmax(", text)
+
     def test_near_misses_of_the_fused_patterns_stay_written_out(self):
         result, out = self.export(f"{MODULES}:near_misses")
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -314,6 +335,28 @@ class ArrayInput(ExportCase):
         subprocess.run([sys.executable, os.path.join(ROOT, "examples", "classifier_data.py"), path,
                         "--examples", "64"], check=True, capture_output=True)
         return path
+
+    def test_a_key_padding_mask_becomes_a_key_bias(self):
+        """nn.TransformerEncoder's src_key_padding_mask (nn.MultiheadAttention: a -inf bias added
+        by baddbmm to [B·H, T, T] scores) and BERT's masked_fill(mask == 0, -inf) of [B, H, T, T]
+        scores: attention_key_bias with the bias one row per sequence, no softmax."""
+        data = os.path.join(self.parent, "padded.safetensors")
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "padded_text_data.py"),
+                        data, "--examples", "16", "--seq", "12"], check=True, capture_output=True)
+        for model, bias in (("encoder_classifier", "f32[2*B, 12]"), ("bert_classifier",
+                                                                     "f32[B, 12]")):
+            result, out = self.export(os.path.join(HERE, "torch_classifiers.py") + ":" + model,
+                                      out=os.path.join(self.parent, model), seq=None,
+                                      extra=["--data", data])
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(os.path.join(out, "model.sluice")) as f:
+                text = f.read()
+            fused = [line for line in text.splitlines() if "= attention_key_bias(" in line]
+            self.assertEqual(len(fused), 2, model)
+            key_bias = re.search(r"attention_key_bias\(%[^,]+, %[^,]+, %[^,]+, %([^)]+)\)",
+                                 fused[0]).group(1)
+            self.assertIn(f"%{key_bias}: {bias} = ", text, model)
+            self.assertNotIn("softmax(", text)
 
     def test_a_classifier_reads_arrays_by_name(self):
         data = self.blobs()

@@ -316,15 +316,12 @@ class Lowering:
         return "\n".join(out) + "\n", units
 
     def attention(self, node, found, order):
-        """A written-out causal attention as one causal_attention; when the mask turns out not
-        to be a constant causal one, or the operands do not fit, its nodes are lowered one by
-        one after all."""
+        """A written-out attention as one fused op: causal_attention for a constant causal mask,
+        attention without a mask, attention_key_bias for a key-padding mask (one value per key of
+        each sequence, shared by the heads and the queries: [B, 1, 1, T] against scores
+        [B, H, T, T], or [B·H, 1, T] against nn.MultiheadAttention's [B·H, T, T]). Any other mask,
+        or operands that do not fit, and its nodes are lowered one by one after all."""
         q, k, v, scale, mask, additive, parts = found
-        m = self.env.get(mask)
-        value = None
-        if isinstance(m, Const):
-            value = _causal_mask_value(m.tensor, additive) if additive else (
-                float("-inf") if _causal_mask_value(m.tensor, False) else None)
         qv, kv, vv = (self.env.get(n) for n in (q, k, v))
         # grouped-query keys and values, repeated along the heads (axis -3): read in place
         if (isinstance(kv, Repeated) and isinstance(vv, Repeated) and isinstance(qv, Val)
@@ -332,22 +329,57 @@ class Lowering:
                 and kv.repeats == vv.repeats and kv.shape == vv.shape == qv.shape
                 and kv.val.shape == vv.val.shape):
             kv, vv = kv.val, vv.val
-        fits = (value == float("-inf") and all(isinstance(x, Val) for x in (qv, kv, vv))
-                and len(qv.shape) >= 3 and kv.shape == vv.shape
+        op = None
+        if (all(isinstance(x, Val) for x in (qv, kv, vv)) and len(qv.shape) >= 3
+                and kv.shape == vv.shape
                 and (qv.shape == kv.shape or qv.shape[:-3] + qv.shape[-2:]
-                     == kv.shape[:-3] + kv.shape[-2:])
-                and list(m.tensor.shape[-2:]) == [qv.shape[-2]] * 2)
-        if not fits:
+                     == kv.shape[:-3] + kv.shape[-2:])):
+            m = self.env.get(mask) if mask is not None else None
+            if mask is None:
+                op = "attention"
+            elif isinstance(m, Const):
+                value = _causal_mask_value(m.tensor, additive) if additive else (
+                    float("-inf") if _causal_mask_value(m.tensor, False) else None)
+                if value == float("-inf") and list(m.tensor.shape[-2:]) == [qv.shape[-2]] * 2:
+                    op = "causal_attention"
+            elif isinstance(m, Val) and _key_bias_rows(list(m.shape), qv.shape) is not None:
+                op = "attention_key_bias"
+        if op is None:
             for n in sorted(parts, key=order.get):
                 self.node = n
                 self.env[n] = self.lower(n)
             self.node = node
             return self.lower(node)
-        y = Val(self.fresh("attention"), qv.shape, "f32")
-        lse = Val(self.fresh("lse"), qv.shape[:-1], "f32")
-        self.emit_multi("causal_attention", [qv, kv, vv], [y, lse], {"scale": float(scale)})
+        inputs = [qv, kv, vv]
+        if op == "attention_key_bias":
+            bias = self.key_bias(m, additive, qv.shape)
+            if len(qv.shape) == 3:  # [B·H, T, D]: each entry a sequence of one head
+                inputs = [self.emit("reshape", [x], [x.shape[0], 1] + x.shape[1:], "f32",
+                                    {"shape": [x.shape[0], 1] + x.shape[1:]}, hint="heads")
+                          for x in inputs]
+            inputs.append(bias)
+        shape = inputs[0].shape
+        y = Val(self.fresh("attention"), shape, "f32")
+        lse = Val(self.fresh("lse"), shape[:-1], "f32")
+        self.emit_multi(op, inputs, [y, lse], {"scale": float(scale)})
         return self.emit("reshape", [y], list(self.concrete[node].shape), "f32",
                          {"shape": list(self.concrete[node].shape)})
+
+    def key_bias(self, m, additive, q_shape):
+        """attention_key_bias's key_bias [..., T] for q [..., H, T, D] from a key-padding mask
+        (_key_bias_rows): the mask's values (added) or -inf where it is true (masked_fill), as
+        one row per sequence, broadcast where the mask is shared by every sequence."""
+        rows = _sequence_axes(q_shape) + [q_shape[-2]]
+        mask_rows = _key_bias_rows(list(m.shape), q_shape)
+        bias = self.emit("reshape", [m], mask_rows, "f32", {"shape": mask_rows}, hint="key_bias")
+        if not additive:  # masked_fill(mask, -inf): -inf where the mask holds, 0 elsewhere
+            hidden = self.emit("full", [], [], "f32",
+                               {"dtype": "f32", "shape": [], "value": float("-inf")})
+            kept = self.emit("full", [], [], "f32", {"dtype": "f32", "shape": [], "value": 0.0})
+            bias = self.emit("where", [bias, hidden, kept], mask_rows, "f32", hint="key_bias")
+        if mask_rows != rows:
+            bias = self.emit("broadcast_to", [bias], rows, "f32", {"shape": rows}, hint="key_bias")
+        return bias
 
     def dropout(self, x, p):
         """x through dropout with probability p in training: `dropout(x, %random_key) {p, stream}`,
@@ -596,12 +628,40 @@ def _views():
     return _VIEWS
 
 
+def _key_bias_rows(mask, q):
+    """For a mask of shape `mask` over the scores of q [..., H, T, D] (q[:-1] + [T], the mask
+    broadcast to it) that holds one value per key of each sequence — 1 on the query axis and on
+    the heads, T on the keys: the shape of its rows, q's axes before H (each that axis or 1) then
+    T; None for any other mask. q [N, T, D] (nn.MultiheadAttention's N = B·H entries) is N
+    sequences of one head."""
+    t = q[-2]
+    scores = list(q[:-1]) + [t]
+    if not mask or len(mask) > len(scores) or mask[-1] != t:
+        return None
+    mask = [1] * (len(scores) - len(mask)) + list(mask)
+    heads = len(q) >= 4
+    if mask[-2] != 1 or heads and mask[-3] != 1:
+        return None
+    lead, mask_lead = (scores[:-3], mask[:-3]) if heads else (scores[:-2], mask[:-2])
+    if any(m not in (1, n) for m, n in zip(mask_lead, lead)):
+        return None
+    return mask_lead + [t]
+
+
+def _sequence_axes(q):
+    """The axes of q [..., H, T, D] before H; of q [N, T, D], N (sequences of one head)."""
+    return list(q[:-3]) if len(q) >= 4 else list(q[:-2])
+
+
 def find_attentions(nodes):
-    """Causal attention written out — softmax(q @ k.transpose(-2, -1) * scale masked) @ v, with
-    the mask a buffer (masked_fill of the positions above the diagonal, or an added -inf mask),
-    which PyTorch traces through views to [B·H, T, D] for its bmm's — as {the last bmm: (q, k, v,
-    scale, mask node, whether the mask is added, the nodes in between)}. Whether the mask is a
-    constant causal one is known only when lowering (Lowering.attention checks it)."""
+    """Attention written out — softmax(q @ k.transpose(-2, -1) * scale [masked]) @ v, which
+    PyTorch traces through views to [B·H, T, D] for its bmm's — as {the last bmm: (q, k, v, scale,
+    mask node or None, whether the mask is added, the nodes in between)}. The scale multiplies or
+    divides the scores, or q before its product (nn.MultiheadAttention); the mask is added to the
+    scores (add, or baddbmm: nn.MultiheadAttention's attn_mask and key_padding_mask) or fills
+    them with -inf where it is true (masked_fill); none is an encoder's attention over every key
+    (ViT). What the mask is — a constant causal one, a key-padding one — is known only when
+    lowering (Lowering.attention checks it)."""
     def call(n, *targets):
         return isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets
 
@@ -610,6 +670,15 @@ def find_attentions(nodes):
             parts.add(n)
             n = n.args[0]
         return n
+
+    def scale_of(n):
+        """The factor of x * c or x / c (c a nonzero number), as a multiplier; else None."""
+        if not call(n, aten.mul.Tensor, aten.div.Tensor) or len(n.users) != 1:
+            return None
+        factor = n.args[1]
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor == 0:
+            return None
+        return float(factor) if n.target == aten.mul.Tensor else 1.0 / float(factor)
 
     found, all_parts = {}, set()
     for out in nodes:
@@ -621,28 +690,38 @@ def find_attentions(nodes):
         if not call(probs, aten._softmax.default) or len(probs.users) != 1:
             continue
         parts.add(probs)
-        masked = probs.args[0]
-        if call(masked, aten.add.Tensor) and len(masked.users) == 1:
-            scores, mask, additive = masked.args[0], masked.args[1], True
-        elif (call(masked, aten.masked_fill.Scalar) and len(masked.users) == 1
-              and masked.args[2] == float("-inf")):
-            scores, mask, additive = masked.args[0], masked.args[1], False
+        scores, mask, additive = probs.args[0], None, True
+        if call(scores, aten.add.Tensor) and len(scores.users) == 1:
+            parts.add(scores)
+            scores, mask = scores.args[0], scores.args[1]
+        elif (call(scores, aten.masked_fill.Scalar) and len(scores.users) == 1
+              and scores.args[2] == float("-inf")):
+            parts.add(scores)
+            scores, mask, additive = scores.args[0], scores.args[1], False
+        elif (call(scores, aten.baddbmm.default) and len(scores.users) == 1
+              and scores.kwargs.get("beta", 1) == 1 and scores.kwargs.get("alpha", 1) == 1):
+            mask = scores.args[0]
+        scale = scale_of(scores)
+        if scale is not None:
+            parts.add(scores)
+            scores = through_views(scores.args[0], parts)
+        if call(scores, aten.baddbmm.default) and mask is not None and mask is scores.args[0]:
+            a, b = scores.args[1], scores.args[2]
+        elif call(scores, aten.bmm.default):
+            a, b = scores.args[0], scores.args[1]
         else:
             continue
-        parts.add(masked)
-        if not call(scores, aten.mul.Tensor, aten.div.Tensor) or len(scores.users) != 1:
+        if len(scores.users) != 1:
             continue
-        factor = scores.args[1]
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor == 0:
-            continue
-        scale = float(factor) if scores.target == aten.mul.Tensor else 1.0 / float(factor)
         parts.add(scores)
-        product = through_views(scores.args[0], parts)
-        if not call(product, aten.bmm.default) or len(product.users) != 1:
-            continue
-        parts.add(product)
-        q = through_views(product.args[0], parts)
-        kt = through_views(product.args[1], parts)
+        q = through_views(a, parts)
+        kt = through_views(b, parts)
+        if scale is None:  # nn.MultiheadAttention scales q before its product
+            scale = scale_of(q)
+            if scale is None:
+                continue
+            parts.add(q)
+            q = through_views(q.args[0], parts)
         if not call(kt, aten.transpose.int) or len(kt.users) != 1:
             continue
         rank = len(kt.meta["val"].shape) if "val" in kt.meta else None

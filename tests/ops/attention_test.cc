@@ -381,6 +381,34 @@ Tensor Sine(const Shape& s, double freq) {
   return Tensor::FromVector<double>(s, v);
 }
 
+// Runs `p` forward (fast kernels) and its backward for `wrt` from `scope`: its loss, then the
+// gradients in wrt's order.
+std::vector<Tensor> LossAndGradients(const Program& p, Scope& scope,
+                                     const std::vector<std::string>& wrt) {
+  const Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = wrt});
+  RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
+  RunReference(bwd.program, scope);
+  std::vector<Tensor> out = {scope.Get("loss")};
+  for (const std::string& g : bwd.grads) out.push_back(scope.Get(g));
+  return out;
+}
+
+// Every element of `got` within `tolerance` of want's, relative (absolute below magnitude 1); both
+// finite.
+void ExpectNearAll(const std::vector<Tensor>& want, const std::vector<Tensor>& got,
+                   double tolerance) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(want[i].numel(), got[i].numel());
+    for (int64_t j = 0; j < want[i].numel(); ++j) {
+      ASSERT_TRUE(std::isfinite(want[i].FlatAt(j))) << "output " << i << " at " << j;
+      EXPECT_NEAR(got[i].FlatAt(j), want[i].FlatAt(j),
+                  tolerance * std::max(1.0, std::abs(want[i].FlatAt(j))))
+          << "output " << i << " at " << j;
+    }
+  }
+}
+
 // The fused op and the naive chain give the same output and the same gradients of q, k and v, in
 // f64 with the fast kernels, over five query tiles and two chunks of keys.
 TEST(CausalAttention, MatchesTheNaiveChainWithGradients) {
@@ -396,28 +424,15 @@ TEST(CausalAttention, MatchesTheNaiveChainWithGradients) {
     Var w = b.Input("w", DType::kF64, s);
     b.Output(b.Name(Sum(y * w), "loss"));
     Program p = b.Build();
-    Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"q", "k", "v"}});
     Scope scope;
     scope.Set("q", Sine(s, 0.37));
     scope.Set("k", Sine(s, 0.91));
     scope.Set("v", Sine(s, 0.13));
     scope.Set("w", Sine(s, 0.71));
-    RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
-    RunReference(bwd.program, scope);
-    std::vector<Tensor> out = {scope.Get("loss")};
-    for (const std::string& g : bwd.grads) out.push_back(scope.Get(g));
-    return out;
+    return LossAndGradients(p, scope, {"q", "k", "v"});
   };
   const std::vector<Tensor> naive = run(false), fused = run(true);
-  ASSERT_EQ(naive.size(), fused.size());
-  for (size_t i = 0; i < naive.size(); ++i) {
-    ASSERT_EQ(naive[i].numel(), fused[i].numel());
-    for (int64_t j = 0; j < naive[i].numel(); ++j) {
-      EXPECT_NEAR(fused[i].FlatAt(j), naive[i].FlatAt(j),
-                  1e-11 * std::max(1.0, std::abs(naive[i].FlatAt(j))))
-          << "output " << i << " at " << j;
-    }
-  }
+  ExpectNearAll(naive, fused, 1e-11);
 }
 
 // The packed op computes what the copies around causal_attention compute — split qkv, heads
@@ -444,23 +459,13 @@ TEST(CausalAttentionQkv, MatchesSplitTransposeAndCausalAttention) {
     Var w = b.Input("w", DType::kF64, {batch, t, c});
     b.Output(b.Name(Sum(y * w), "loss"));
     Program p = b.Build();
-    Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"qkv"}});
     Scope scope;
     scope.Set("qkv", Sine(s, 0.37));
     scope.Set("w", Sine({batch, t, c}, 0.71));
-    RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
-    RunReference(bwd.program, scope);
-    return std::vector<Tensor>{scope.Get("loss"), scope.Get(bwd.grads[0])};
+    return LossAndGradients(p, scope, {"qkv"});
   };
   const std::vector<Tensor> copies = run(false), packed = run(true);
-  for (size_t i = 0; i < copies.size(); ++i) {
-    ASSERT_EQ(copies[i].numel(), packed[i].numel());
-    for (int64_t j = 0; j < copies[i].numel(); ++j) {
-      EXPECT_NEAR(packed[i].FlatAt(j), copies[i].FlatAt(j),
-                  1e-12 * std::max(1.0, std::abs(copies[i].FlatAt(j))))
-          << "output " << i << " at " << j;
-    }
-  }
+  ExpectNearAll(copies, packed, 1e-12);
 }
 
 // Grouped-query attention computes what repeating each key/value head over its group of query
@@ -486,29 +491,17 @@ TEST(CausalAttention, GroupedMatchesRepeatedKeysAndValues) {
     Var w = b.Input("w", DType::kF64, sq);
     b.Output(b.Name(Sum(y * w), "loss"));
     Program p = b.Build();
-    Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"q", "k", "v"}});
     Scope scope;
     scope.Set("q", Sine(sq, 0.37));
     scope.Set("k", Sine(skv, 0.91));
     scope.Set("v", Sine(skv, 0.13));
     scope.Set("w", Sine(sq, 0.71));
-    RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
-    RunReference(bwd.program, scope);
-    std::vector<Tensor> out = {scope.Get("loss")};
-    for (const std::string& g : bwd.grads) out.push_back(scope.Get(g));
-    return out;
+    return LossAndGradients(p, scope, {"q", "k", "v"});
   };
   const std::vector<Tensor> repeated = run(false), grouped = run(true);
   ASSERT_EQ(repeated.size(), 4u);
   ASSERT_EQ(grouped.size(), 4u);
-  for (size_t i = 0; i < repeated.size(); ++i) {
-    ASSERT_EQ(repeated[i].numel(), grouped[i].numel());
-    for (int64_t j = 0; j < repeated[i].numel(); ++j) {
-      EXPECT_NEAR(grouped[i].FlatAt(j), repeated[i].FlatAt(j),
-                  1e-12 * std::max(1.0, std::abs(repeated[i].FlatAt(j))))
-          << "output " << i << " at " << j;
-    }
-  }
+  ExpectNearAll(repeated, grouped, 1e-12);
 }
 
 // attention_key_bias computes what the naive chain with the bias added to the scores (a padding
@@ -537,31 +530,18 @@ TEST(Attention, KeyBiasMatchesTheNaiveChainWithGradients) {
     Var w = b.Input("w", DType::kF64, s);
     b.Output(b.Name(Sum(y * w), "loss"));
     Program p = b.Build();
-    Backward bwd = BuildBackward(p, {.loss = "loss", .wrt = {"q", "k", "v"}});
     Scope scope;
     scope.Set("q", Sine(s, 0.37));
     scope.Set("k", Sine(s, 0.91));
     scope.Set("v", Sine(s, 0.13));
     scope.Set("w", Sine(s, 0.71));
     scope.Set("bias", Tensor::FromVector<double>({batch, t}, bias));
-    RunReference(p, scope, DefaultAllocator(), false, bwd.saved);
-    RunReference(bwd.program, scope);
-    std::vector<Tensor> out = {scope.Get("loss")};
-    for (const std::string& g : bwd.grads) out.push_back(scope.Get(g));
-    return out;
+    return LossAndGradients(p, scope, {"q", "k", "v"});
   };
   const std::vector<Tensor> naive = run(false), fused = run(true);
   ASSERT_EQ(naive.size(), 4u);
   ASSERT_EQ(fused.size(), 4u);
-  for (size_t i = 0; i < naive.size(); ++i) {
-    ASSERT_EQ(naive[i].numel(), fused[i].numel());
-    for (int64_t j = 0; j < naive[i].numel(); ++j) {
-      ASSERT_TRUE(std::isfinite(naive[i].FlatAt(j))) << "output " << i << " at " << j;
-      EXPECT_NEAR(fused[i].FlatAt(j), naive[i].FlatAt(j),
-                  1e-11 * std::max(1.0, std::abs(naive[i].FlatAt(j))))
-          << "output " << i << " at " << j;
-    }
-  }
+  ExpectNearAll(naive, fused, 1e-11);
 }
 
 // A sequence whose keys are all hidden: its queries get y = NaN and lse = −inf from both kernels

@@ -14,7 +14,8 @@ by eager PyTorch 1.13 (the same module and weights, AdamW, fp32, one thread). Re
   and the ratios sluice / PyTorch of tensor bytes and of RSS.
 Peaks of tensor bytes do not depend on load (run it under `nice -n 19`).
 
-The models (V 256 for token models, 11 for the padded text, T 64, C 128, 4 layers, 4 heads):
+The models (V 256 for token models, 11 for the padded text, T 64 (--seq), C 128, 4 layers, 4
+heads):
   gpt       tests/parity/torch_models.py GPT (nanoGPT: separate bias adds, tied head)
   llama     tests/parity/torch_models.py Llama (RMSNorm, rotary, grouped-query 4/2 heads, SwiGLU)
   bert      tests/parity/torch_classifiers.py BertClassifier on padded text (padding mask)
@@ -25,7 +26,8 @@ The models (V 256 for token models, 11 for the padded text, T 64, C 128, 4 layer
   resnet8   bench/cnn_bench.py ResNet8 (batch norm in training mode)
 
 Run: nice -n 19 /usr/bin/python3 bench/import_memory.py [--sluice build/sluice]
-     [--models gpt,llama,...] [--batches 1,4,16,64,128] [--steps 2] [--sluice-flags=...]
+     [--models gpt,llama,...] [--batches 1,4,16,64,128] [--steps 2] [--seq 64]
+     [--sluice-flags=...]
 Prints a table and one JSON object per row.
 """
 import argparse
@@ -43,10 +45,13 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import cnn_bench  # noqa: E402 (the CNN factories, the images, the sluice side's commands)
 
-SEQ, DIM, HEADS, LAYERS = 64, 128, 4, 4
+SEQ, DIM, HEADS, LAYERS = 64, 128, 4, 4  # SEQ: --seq's default
 
-# The factory file: cnn_bench's CNN and ResNet-8, and the parity models at benchmark sizes.
-FACTORIES = cnn_bench.FACTORY + f"""
+
+def factories(seq):
+    """The factory file: cnn_bench's CNN and ResNet-8, and the parity models at benchmark sizes
+    (sequences of `seq`)."""
+    return cnn_bench.FACTORY + f"""
 import sys
 sys.path.insert(0, {os.path.join(ROOT, 'tests', 'parity')!r})
 import torch_classifiers
@@ -55,24 +60,24 @@ import torch_models
 
 def gpt():
     torch.manual_seed(0)
-    return torch_models.GPT(vocab=256, seq={SEQ}, dim={DIM}, heads={HEADS}, layers={LAYERS})
+    return torch_models.GPT(vocab=256, seq={seq}, dim={DIM}, heads={HEADS}, layers={LAYERS})
 
 
 def llama():
     torch.manual_seed(0)
-    return torch_models.Llama(vocab=256, seq={SEQ}, dim={DIM}, heads={HEADS}, kv_heads=2,
+    return torch_models.Llama(vocab=256, seq={seq}, dim={DIM}, heads={HEADS}, kv_heads=2,
                               hidden=384, layers={LAYERS})
 
 
 def bert():
     torch.manual_seed(0)
-    return torch_classifiers.BertClassifier(vocab=11, seq={SEQ}, dim={DIM}, heads={HEADS},
+    return torch_classifiers.BertClassifier(vocab=11, seq={seq}, dim={DIM}, heads={HEADS},
                                             layers={LAYERS})
 
 
 def encoder():
     torch.manual_seed(0)
-    return torch_classifiers.EncoderClassifier(vocab=11, seq={SEQ}, dim={DIM}, heads={HEADS},
+    return torch_classifiers.EncoderClassifier(vocab=11, seq={seq}, dim={DIM}, heads={HEADS},
                                                layers={LAYERS})
 
 
@@ -88,20 +93,20 @@ MODELS = {"gpt": "text", "llama": "text", "bert": "padded", "encoder": "padded",
           "cnn": "rgb", "resnet8": "rgb"}
 
 
-def write_data(kind, path, examples):
+def write_data(kind, path, examples, seq):
     if kind == "text":
         with open(path, "wb") as f:
             f.write(os.urandom(1 << 20))
     elif kind == "padded":
         subprocess.run([sys.executable, os.path.join(ROOT, "examples", "padded_text_data.py"), path,
-                        "--examples", str(examples), "--seq", str(SEQ)], check=True,
+                        "--examples", str(examples), "--seq", str(seq)], check=True,
                        stdout=subprocess.DEVNULL)
     else:
         cnn_bench.write_images(path, examples, channels=3 if kind == "rgb" else 1)
 
 
-def export(factory, model, kind, data, out):
-    size = ["--seq", str(SEQ)] if kind == "text" else ["--data", data]
+def export(factory, model, kind, data, out, seq):
+    size = ["--seq", str(seq)] if kind == "text" else ["--data", data]
     subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_export.py"),
                     f"{factory}:{model}", "--batch", "4", "--out", out] + size, check=True,
                    stdout=subprocess.DEVNULL)
@@ -110,7 +115,7 @@ def export(factory, model, kind, data, out):
 def sluice_side(a, kind, exported, data, batch, metrics):
     """cnn_bench's plan and train commands at this batch (one thread); a text model adds --seq."""
     job = argparse.Namespace(sluice=a.sluice, batch=batch, sluice_flags=a.sluice_flags + (
-        f" --seq {SEQ}" if kind == "text" else ""))
+        f" --seq {a.seq}" if kind == "text" else ""))
     plan = cnn_bench.sluice_plan(job, exported, data, 1)
     records, usage = cnn_bench.run_sluice(job, exported, data, 1, metrics, a.steps)
     summary = next(r for r in records if r.get("summary"))
@@ -128,7 +133,7 @@ def torch_side(a):
     model, opt = imported_module(a.factory_file, a.torch_side, a.init, 1)
     if MODELS[a.torch_side] == "text":
         gen = torch.Generator().manual_seed(0)
-        inputs = [torch.randint(0, 256, (a.batch, SEQ), generator=gen) for _ in range(2)]
+        inputs = [torch.randint(0, 256, (a.batch, a.seq), generator=gen) for _ in range(2)]
     else:  # each argument of forward binds the array of its name, as the exporter binds them
         arrays, _ = read_safetensors(a.data)
         names = list(inspect.signature(model.forward).parameters)
@@ -144,7 +149,7 @@ def torch_run(a, model, factory, exported, data, batch):
     out = subprocess.run(
         [sys.executable, __file__, "--torch-side", model, "--factory-file", factory, "--init",
          os.path.join(exported, "init.safetensors"), "--data-file", data, "--batches", str(batch),
-         "--steps", str(a.steps)],
+         "--steps", str(a.steps), "--seq", str(a.seq)],
         check=True, capture_output=True, text=True, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -155,6 +160,8 @@ def main():
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--batches", default="1,4,16,64,128")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--seq", type=int, default=SEQ,
+                   help="the sequence length of the text models (token and padded)")
     p.add_argument("--sluice-flags", default="",
                    help="more flags for sluice train and plan, e.g. --no-in-place")
     p.add_argument("--torch-side", help=argparse.SUPPRESS)  # internal: the model
@@ -174,14 +181,14 @@ def main():
     with tempfile.TemporaryDirectory(prefix="import_memory.") as tmp:
         factory = os.path.join(tmp, "bench_models.py")
         with open(factory, "w") as f:
-            f.write(FACTORIES)
+            f.write(factories(a.seq))
         for model in a.models.split(","):
             kind = MODELS[model]
             data = os.path.join(tmp, kind + (".txt" if kind == "text" else ".safetensors"))
             if not os.path.exists(data):
-                write_data(kind, data, max(256, 2 * max(batches)))
+                write_data(kind, data, max(256, 2 * max(batches)), a.seq)
             exported = os.path.join(tmp, model)
-            export(factory, model, kind, data, exported)
+            export(factory, model, kind, data, exported, a.seq)
             for batch in batches:
                 t0 = time.monotonic()
                 s = sluice_side(a, kind, exported, data, batch,

@@ -10,9 +10,9 @@
 // forward writes y and lse, and backward recomputes p from q, k and lse:
 //
 //   dp[i, j] = dy[i]·v[j]
-//   ds[i, j] = p[i, j] · (dp[i, j] − (dy[i]·y[i] − dlse[i]))   (softmax backward; dlse[i] adds to
-//   it) dq[i] = scale · Σ_j ds[i, j] · k[j]    dk[j] = scale · Σ_i ds[i, j] · q[i]    dv[j] = Σ_i
-//   p[i, j] · dy[i]
+//   ds[i, j] = p[i, j] · (dp[i, j] − (dy[i]·y[i] − dlse[i]))   (softmax backward, with dlse)
+//   dq[i] = scale · Σ_j ds[i, j] · k[j]    dk[j] = scale · Σ_i ds[i, j] · q[i]
+//   dv[j] = Σ_i p[i, j] · dy[i]
 //
 // Which keys query i sees is an AttentionMask: keys j ≤ i (causal: a decoder, causal_attention),
 // or every key (an encoder: BERT, nn.TransformerEncoder, ViT); bias is an optional additive key
@@ -41,10 +41,10 @@
 // (running max and sum, earlier partial outputs rescaled when the max grows), y, dq, dk, dv by
 // small products; products and exp through the SIMD kernels (kernels/simd_kernels.h: `small_gemm`,
 // a register-tiled product that reads one operand in place by broadcasts, so kᵀ and vᵀ are the only
-// copies, one per head). Keys past the diagonal are skipped and the diagonal's rows stop at the
-// query; 32-query tiles waste 1/8 of the products on the masked triangle at T = 256, 64-query tiles
-// 1/4. Backward walks the query tiles from the last, which sees every key, so dk and dv need no
-// zeroing pass. Scratch, per thread and kept between calls: 2·T·D + T + 2·kQ·kK elements, never
+// copies, one per head). Causal: keys past the diagonal are skipped and the diagonal's rows stop at
+// the query; 32-query tiles waste 1/8 of the products on the masked triangle at T = 256, 64-query
+// tiles 1/4. Backward walks the query tiles from the last, which sees every key, so dk and dv need
+// no zeroing pass. Scratch, per thread and kept between calls: 2·T·D + T + 2·kQ·kK elements, never
 // O(T²). Fast agrees with the reference to rounding (sums in another order): relative 1e-5 in f32
 // on the op tests. The fast kernels run key/value entries on the intra-op threads
 // (kernels/parallel.h), one per chunk with its group of query entries, each writing only its own

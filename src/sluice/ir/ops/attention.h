@@ -65,8 +65,7 @@ Var CausalAttentionQkvGrad(Var dy, Var dlse, Var qkv, Var y, Var lse, int64_t he
 
 class OpRegistry;
 // Registers causal_attention, attention, attention_key_bias, causal_attention_qkv and their
-// gradients; called once by
-// OpRegistry::Global().
+// gradients; called once by OpRegistry::Global().
 void RegisterAttentionOps(OpRegistry& registry);
 
 }  // namespace sluice

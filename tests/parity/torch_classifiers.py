@@ -38,6 +38,8 @@ On the padded token sequences of examples/padded_text_data.py (forward(tokens, m
 1 at a token and 0 at the padding):
   bert_classifier   BERT-style layers of torch_models.py with the padding mask over the attention
                     scores (masked_fill(mask == 0, -inf)), the [CLS] position through a tanh pooler.
+  bert_additive     the same with the mask added as Hugging Face's BERT adds it,
+                    (1 - mask) * -10000.
   encoder_classifier  nn.TransformerEncoder (post-norm, ReLU: PyTorch's defaults, dropout 0) with
                     src_key_padding_mask=(mask == 0), then the mean over the real tokens
                     (mask.float(), sum, divide).
@@ -339,10 +341,11 @@ def vit():
 
 
 class BertClassifier(nn.Module):
-    def __init__(self, vocab=11, seq=12, dim=32, heads=2, layers=2, classes=2):
+    def __init__(self, vocab=11, seq=12, dim=32, heads=2, layers=2, classes=2,
+                 additive_mask=False):
         super().__init__()
         self.embeddings = BertEmbeddings(vocab, seq, dim)
-        self.layers = nn.ModuleList([BertLayer(dim, heads) for _ in range(layers)])
+        self.layers = nn.ModuleList([BertLayer(dim, heads, additive_mask) for _ in range(layers)])
         self.pooler = nn.Linear(dim, dim)
         self.head = nn.Linear(dim, classes)
 
@@ -357,6 +360,11 @@ class BertClassifier(nn.Module):
 def bert_classifier():
     torch.manual_seed(0)
     return BertClassifier()
+
+
+def bert_additive():
+    torch.manual_seed(0)
+    return BertClassifier(additive_mask=True)
 
 
 class EncoderClassifier(nn.Module):

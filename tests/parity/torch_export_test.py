@@ -338,13 +338,14 @@ class ArrayInput(ExportCase):
 
     def test_a_key_padding_mask_becomes_a_key_bias(self):
         """nn.TransformerEncoder's src_key_padding_mask (nn.MultiheadAttention: a -inf bias added
-        by baddbmm to [B·H, T, T] scores) and BERT's masked_fill(mask == 0, -inf) of [B, H, T, T]
-        scores: attention_key_bias with the bias one row per sequence, no softmax."""
+        by baddbmm to [B·H, T, T] scores), BERT's masked_fill(mask == 0, -inf) of [B, H, T, T]
+        scores and its added (1 - mask) * -10000: attention_key_bias with the bias one row per
+        sequence, no softmax."""
         data = os.path.join(self.parent, "padded.safetensors")
         subprocess.run([sys.executable, os.path.join(ROOT, "examples", "padded_text_data.py"),
                         data, "--examples", "16", "--seq", "12"], check=True, capture_output=True)
-        for model, bias in (("encoder_classifier", "f32[2*B, 12]"), ("bert_classifier",
-                                                                     "f32[B, 12]")):
+        for model, bias in (("encoder_classifier", "f32[2*B, 12]"),
+                            ("bert_classifier", "f32[B, 12]"), ("bert_additive", "f32[B, 12]")):
             result, out = self.export(os.path.join(HERE, "torch_classifiers.py") + ":" + model,
                                       out=os.path.join(self.parent, model), seq=None,
                                       extra=["--data", data])

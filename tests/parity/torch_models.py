@@ -357,9 +357,10 @@ class BertSelfAttention(nn.Module):
     """Bidirectional multi-head self-attention as BERT writes it; `pad` [B, T] (1 at a token, 0
     at padding) masks the padding keys out."""
 
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, additive_mask=False):
         super().__init__()
         self.heads = heads
+        self.additive_mask = additive_mask  # (1 - pad) * -10000 added, as Hugging Face's BERT
         self.query = nn.Linear(dim, dim)
         self.key = nn.Linear(dim, dim)
         self.value = nn.Linear(dim, dim)
@@ -376,16 +377,18 @@ class BertSelfAttention(nn.Module):
         k = self.key(x).view(B, T, h, C // h).permute(0, 2, 1, 3)
         v = self.value(x).view(B, T, h, C // h).permute(0, 2, 1, 3)
         scores = q @ k.transpose(-1, -2) / math.sqrt(C // h)
-        if pad is not None:
+        if pad is not None and self.additive_mask:
+            scores = scores + (1.0 - pad[:, None, None, :].float()) * -10000.0
+        elif pad is not None:
             scores = scores.masked_fill(pad[:, None, None, :] == 0, float("-inf"))
         y = F.softmax(scores, dim=-1) @ v
         return self.output(y.permute(0, 2, 1, 3).reshape(B, T, C))
 
 
 class BertLayer(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, additive_mask=False):
         super().__init__()
-        self.attention = BertSelfAttention(dim, heads)
+        self.attention = BertSelfAttention(dim, heads, additive_mask)
         self.attention_norm = nn.LayerNorm(dim, eps=1e-12)
         self.intermediate = nn.Linear(dim, 4 * dim)
         self.output = nn.Linear(4 * dim, dim)

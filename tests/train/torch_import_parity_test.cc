@@ -469,6 +469,7 @@ INSTANTIATE_TEST_SUITE_P(
                     ImportedModel{"bert_mlm", "torch_models.py", nullptr},
                     ImportedModel{"vit", "torch_classifiers.py", kBars},
                     ImportedModel{"bert_classifier", "torch_classifiers.py", kPadded},
+                    ImportedModel{"bert_additive", "torch_classifiers.py", kPadded},
                     ImportedModel{"encoder_classifier", "torch_classifiers.py", kPadded},
                     ImportedModel{"gated_classifier", "torch_classifiers.py", kBlobs},
                     ImportedModel{"activations", "torch_classifiers.py", kBlobs},

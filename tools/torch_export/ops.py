@@ -117,6 +117,12 @@ def _binary(op):
     return lower
 
 
+def _rsub(L, node, args, kwargs, shape):
+    """rsub(x, c) = c - alpha · x (`1.0 - mask`, as Hugging Face's BERT builds its additive
+    mask): sub with the operands swapped."""
+    return _binary("sub")(L, node, [args[1], args[0]], kwargs, shape)
+
+
 def _operand(L, x):
     if isinstance(x, (int, float)):
         return L.emit("full", [], [], "f32", {"dtype": "f32", "shape": [], "value": float(x)})
@@ -753,6 +759,7 @@ LOWERINGS = {
     aten.mm.default: _matmul, aten.bmm.default: _matmul, aten.matmul.default: _matmul,
     aten.addmm.default: _addmm, aten.baddbmm.default: _baddbmm,
     aten.add.Tensor: _binary("add"), aten.sub.Tensor: _binary("sub"),
+    aten.rsub.Scalar: _rsub,
     aten.mul.Tensor: _binary("mul"), aten.div.Tensor: _binary("div"),
     aten.add.Scalar: _binary("add"), aten.mul.Scalar: _binary("mul"),
     aten.masked_fill.Scalar: _masked_fill, aten.masked_fill_.Scalar: _masked_fill,

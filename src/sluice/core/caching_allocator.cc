@@ -258,32 +258,32 @@ size_t CachingAllocator::ReturnFreePages() {
 size_t CachingAllocator::ReturnFreePages(size_t want, const Spared& spared) {
   const size_t page = PageSize();
   size_t bytes = 0;
-  for (Chunk* c = chunks_; c != nullptr && bytes < want; c = c->next) {
+  for (Block* b : FreeBlocksInWalkOrder(small_pool_.get(), large_pool_.get(), 0)) {
+    if (bytes >= want) break;
+    Chunk* c = b->chunk;
     const bool spare_tail =
         spared.tails_of != nullptr && c->small_pool == spared.tails_of->small_pool();
-    for (Block* b = c->first; b != nullptr && bytes < want; b = b->next) {
-      if (b->allocated || (spare_tail && b == c->last)) continue;
-      const auto offset = static_cast<size_t>(b->ptr - c->base);
-      const size_t begin = RoundUp(offset, page) / page;
-      const size_t end = (offset + b->size) / page;
-      if (begin >= end) continue;
-      // The pages the request lands on, when it lands in this block.
-      const std::pair<size_t, size_t> kept = SparedPages(spared, b);
-      const auto keep = [&](size_t p) {
-        return c->Returned(p) || (p >= kept.first && p < kept.second);
-      };
-      // Runs of backed pages, one madvise each; the counts follow each run, so that a failure
-      // leaves them exact.
-      for (size_t p = begin; p < end && bytes < want;) {
-        if (keep(p)) {
-          ++p;
-          continue;
-        }
-        size_t q = p;
-        while (q < end && !keep(q) && bytes + (q - p) * page < want) ++q;
-        bytes += ReturnPages(c, p, q);
-        p = q;
+    if (spare_tail && b == c->last) continue;
+    const auto offset = static_cast<size_t>(b->ptr - c->base);
+    const size_t begin = RoundUp(offset, page) / page;
+    const size_t end = (offset + b->size) / page;
+    if (begin >= end) continue;
+    // The pages the request lands on, when it lands in this block.
+    const std::pair<size_t, size_t> kept = SparedPages(spared, b);
+    const auto keep = [&](size_t p) {
+      return c->Returned(p) || (p >= kept.first && p < kept.second);
+    };
+    // Runs of backed pages, one madvise each; the counts follow each run, so that a failure
+    // leaves them exact.
+    for (size_t p = begin; p < end && bytes < want;) {
+      if (keep(p)) {
+        ++p;
+        continue;
       }
+      size_t q = p;
+      while (q < end && !keep(q) && bytes + (q - p) * page < want) ++q;
+      bytes += ReturnPages(c, p, q);
+      p = q;
     }
   }
   return bytes;
@@ -296,41 +296,56 @@ std::pair<size_t, size_t> CachingAllocator::SparedPages(const Spared& spared, co
   return {begin / page, (begin + spared.block_bytes + page - 1) / page};
 }
 
+const std::vector<CachingAllocator::Block*>& CachingAllocator::FreeBlocksInWalkOrder(
+    const Pool* first, const Pool* second, size_t min_size) {
+  walk_scratch_.clear();
+  for (const Pool* pool : {first, second}) {
+    if (pool != nullptr) pool->ForEachFrom(min_size, [&](Block* b) { walk_scratch_.push_back(b); });
+  }
+  std::sort(walk_scratch_.begin(), walk_scratch_.end(), [](const Block* a, const Block* b) {
+    return a->chunk != b->chunk ? a->chunk->serial > b->chunk->serial : a->ptr < b->ptr;
+  });
+  return walk_scratch_;
+}
+
 size_t CachingAllocator::FindBackedWindow(const Pool& pool, size_t rounded, Block** block) {
   const size_t page = PageSize();
   size_t best_cost = ReturnedUnder((*block)->chunk, (*block)->ptr, rounded, /*back=*/false) / page;
   size_t best_size = (*block)->size, best_offset = 0;
-  for (Chunk* c = chunks_; c != nullptr && best_cost != 0; c = c->next) {
-    if (c->small_pool != pool.small_pool()) continue;
-    for (Block* b = c->first; b != nullptr; b = b->next) {
-      if (b->allocated || b->size < rounded) continue;
-      // With a window on no returned page found, only a smaller block free of them can win.
-      if (best_cost == 0 && b->size >= best_size) continue;
-      // The window's cost changes only where an end crosses a page boundary: try each start at
-      // one, and the block's two ends.
-      // The window's pages [first, end) only move forward, so its count is kept by the pages
-      // that leave and enter it: linear in the block's pages.
-      const auto base = static_cast<size_t>(b->ptr - c->base);
-      const size_t last = b->size - rounded;
-      size_t first = base / page, end = (base + rounded + page - 1) / page;
-      size_t n = c->CountReturned(first, end, false);
-      for (size_t at = 0;;) {
-        const size_t new_first = (base + at) / page;
-        const size_t new_end = (base + at + rounded + page - 1) / page;
-        for (; first < new_first; ++first) n -= c->Returned(first) ? 1 : 0;
-        for (; end < new_end; ++end) n += c->Returned(end) ? 1 : 0;
-        if (n < best_cost || (n == best_cost && b->size < best_size)) {
-          best_cost = n;
-          best_size = b->size;
-          best_offset = at;
-          *block = b;
-        }
-        // No later start in this block can win: the cost cannot fall below none, and a tie
-        // needs a smaller block.
-        if (n == 0) break;
-        if (at == last) break;
-        at = std::min(last, RoundUp(base + at + 1, page) - base);
+  // The pool's free blocks in the order of a walk of the chunks and their blocks, which breaks
+  // ties; with a window on no returned page found, the walk ends with that block's chunk.
+  const Chunk* walked = nullptr;  // the chunk of the block tried last
+  for (Block* b : FreeBlocksInWalkOrder(&pool, nullptr, rounded)) {
+    Chunk* c = b->chunk;
+    if (c != walked && best_cost == 0) break;
+    walked = c;
+    if (b->size < rounded) continue;
+    // With a window on no returned page found, only a smaller block free of them can win.
+    if (best_cost == 0 && b->size >= best_size) continue;
+    // The window's cost changes only where an end crosses a page boundary: try each start at
+    // one, and the block's two ends.
+    // The window's pages [first, end) only move forward, so its count is kept by the pages
+    // that leave and enter it: linear in the block's pages.
+    const auto base = static_cast<size_t>(b->ptr - c->base);
+    const size_t last = b->size - rounded;
+    size_t first = base / page, end = (base + rounded + page - 1) / page;
+    size_t n = c->CountReturned(first, end, false);
+    for (size_t at = 0;;) {
+      const size_t new_first = (base + at) / page;
+      const size_t new_end = (base + at + rounded + page - 1) / page;
+      for (; first < new_first; ++first) n -= c->Returned(first) ? 1 : 0;
+      for (; end < new_end; ++end) n += c->Returned(end) ? 1 : 0;
+      if (n < best_cost || (n == best_cost && b->size < best_size)) {
+        best_cost = n;
+        best_size = b->size;
+        best_offset = at;
+        *block = b;
       }
+      // No later start in this block can win: the cost cannot fall below none, and a tie
+      // needs a smaller block.
+      if (n == 0) break;
+      if (at == last) break;
+      at = std::min(last, RoundUp(base + at + 1, page) - base);
     }
   }
   return best_offset;
@@ -357,17 +372,18 @@ size_t CachingAllocator::ReturnColdestPages(size_t want, const Spared& spared) {
   size_t count = 0;
   for (Chunk* c = chunks_; c != nullptr; c = c->next) {
     c->candidates.assign((c->size / page + 63) / 64, 0);
+  }
+  for (Block* b : FreeBlocksInWalkOrder(small_pool_.get(), large_pool_.get(), 0)) {
+    Chunk* c = b->chunk;
     const bool spare_tail =
         spared.tails_of != nullptr && c->small_pool == spared.tails_of->small_pool();
-    for (Block* b = c->first; b != nullptr; b = b->next) {
-      if (b->allocated || (spare_tail && b == c->last)) continue;
-      const auto offset = static_cast<size_t>(b->ptr - c->base);
-      const auto [spare_begin, spare_end] = SparedPages(spared, b);
-      for (size_t p = RoundUp(offset, page) / page; p < (offset + b->size) / page; ++p) {
-        if (c->Returned(p) || (p >= spare_begin && p < spare_end)) continue;
-        c->candidates[p / 64] |= uint64_t{1} << (p % 64);
-        ++count;
-      }
+    if (spare_tail && b == c->last) continue;
+    const auto offset = static_cast<size_t>(b->ptr - c->base);
+    const auto [spare_begin, spare_end] = SparedPages(spared, b);
+    for (size_t p = RoundUp(offset, page) / page; p < (offset + b->size) / page; ++p) {
+      if (c->Returned(p) || (p >= spare_begin && p < spare_end)) continue;
+      c->candidates[p / 64] |= uint64_t{1} << (p % 64);
+      ++count;
     }
   }
   const size_t need = (want + page - 1) / page;
@@ -473,6 +489,7 @@ CachingAllocator::Block* CachingAllocator::Grow(Pool& pool, size_t rounded, size
                  nullptr,
                  nullptr,
                  chunks_};
+  chunk->serial = next_chunk_serial_++;
   if (chunks_ != nullptr) chunks_->prev = chunk.get();
   chunks_ = chunk.release();
   ++num_chunks_;

@@ -84,6 +84,8 @@ struct CachingAllocator::Chunk {
   Block* last;
   Chunk* prev;  // list of all chunks (CachingAllocator::chunks_)
   Chunk* next;
+  // Made after every chunk of a lower serial: chunks_ lists chunks by falling serial.
+  uint64_t serial = 0;
   // Bit i set: page i of the used prefix is returned. Grown on the first return that needs it;
   // pages past its end are backed.
   std::vector<uint64_t> returned = {};
@@ -180,6 +182,16 @@ class CachingAllocator::Pool {
     if (found < 0) return nullptr;
     if (found < kExactBins) return heads_[found];  // every block of an exact bin fits exactly
     return SmallestAtLeast(heads_[found], size);
+  }
+
+  // Calls f(block) for every free block of at least `size` bytes, and for the smaller ones that
+  // share the first ranged bin with them, in no particular order; visits the non-empty bins alone
+  // (a few bit scans each), never the allocated blocks between the free ones.
+  template <typename F>
+  void ForEachFrom(size_t size, F f) const {
+    for (int bin = FirstNonEmptyBin(BinOf(size)); bin >= 0; bin = FirstNonEmptyBin(bin + 1)) {
+      for (Block* b = heads_[bin]; b != nullptr; b = b->next_free) f(b);
+    }
   }
 
   // For CheckInvariants and Snapshot: calls f(bin, block) for every free block.

@@ -140,11 +140,12 @@ std::vector<std::string> SublayerInputs(const Program& p) {
 int64_t UnitOfInstruction(const Program& p, int32_t instruction) {
   const std::vector<ProgramUnit>& units = p.units();
   if (units.empty()) return -1;
-  int64_t unit = 0;
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].begin <= instruction) unit = static_cast<int64_t>(u);
-  }
-  return unit;
+  // Units begin in program order (BeginUnit opens one at the end of the program), so the last
+  // that begins at or before `instruction` is found by bisection: TiedParams and its kin ask
+  // once per instruction, and a scan per ask made them quadratic in the layers.
+  const auto after = std::upper_bound(units.begin(), units.end(), instruction,
+                                      [](int32_t i, const ProgramUnit& u) { return i < u.begin; });
+  return after == units.begin() ? 0 : (after - units.begin()) - 1;
 }
 
 std::vector<TiedParam> TiedParams(const Program& p) {

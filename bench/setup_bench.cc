@@ -13,6 +13,10 @@
 //                          Executable for each program.
 //   BM_BackwardGptBf16     BuildBackward alone, of the GPT under --precision bf16 (a cast of
 //                          every block weight, whose gradient is the weight's).
+//   BM_PlanBudget          `sluice plan --layers L --stages 4 --dim 16 --heads 2 --memory-budget
+//                          200MiB`: ChoosePlan (plan/planner.h) of a GPT of L layers in 4 stages
+//                          of 1F1B, 4 micro-batches — the job built, then every recompute policy's
+//                          forecast replayed on its model of the caching allocator.
 // Counters: instructions (all programs together), edges (dependency edges of the plans: linear,
 // N − 1 for the updates' chain through %lr, where a pair per update sharing it was N·(N − 1)),
 // peak_rss_mib (the process's peak resident set during the benchmark, the program itself and
@@ -37,6 +41,7 @@
 #include "sluice/ir/ops.h"
 #include "sluice/ir/text_format.h"
 #include "sluice/nn/gpt.h"
+#include "sluice/plan/planner.h"
 
 namespace sluice {
 namespace {
@@ -195,6 +200,35 @@ BENCHMARK(BM_BackwardGptBf16)
     ->Arg(170)
     ->Arg(1'700)
     ->Arg(5'000)
+    ->ArgName("layers")
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The budget's plan of a deep GPT: five forecasts of every stage (one per recompute policy), each
+// a replay of the step on the stage's allocator model, whose headroom returns and backed-window
+// searches once walked every live block (quadratic in the layers).
+void BM_PlanBudget(benchmark::State& state) {
+  TrainConfig config;
+  config.gpt = {.vocab = 0, .seq = 0, .layers = state.range(0), .heads = 2, .dim = 16};
+  config.microbatches = 4;
+  config.threads = 1;
+  const PlanRequest request{.config = config,
+                            .pipeline = true,
+                            .pipe = {.stages = 4},
+                            .budget = ParseMemoryBudget("200MiB", 4),
+                            .budget_text = "200MiB"};
+  ResetPeakRss();
+  bool fits = false;
+  for (auto _ : state) fits = ChoosePlan(request).plan.fits;
+  state.counters["fits"] = fits ? 1 : 0;
+  state.counters["peak_rss_mib"] = StatusMiB("VmHWM");
+}
+BENCHMARK(BM_PlanBudget)
+    ->Arg(500)
+    ->Arg(1'000)
+    ->Arg(2'000)
+    ->Arg(4'000)
     ->ArgName("layers")
     ->Iterations(1)
     ->Unit(benchmark::kMillisecond)

@@ -258,7 +258,7 @@ size_t CachingAllocator::ReturnFreePages() {
 size_t CachingAllocator::ReturnFreePages(size_t want, const Spared& spared) {
   const size_t page = PageSize();
   size_t bytes = 0;
-  for (Block* b : FreeBlocksInWalkOrder(small_pool_.get(), large_pool_.get(), 0)) {
+  for (Block* b : FreeBlocksInWalkOrder()) {
     if (bytes >= want) break;
     Chunk* c = b->chunk;
     const bool spare_tail =
@@ -296,11 +296,10 @@ std::pair<size_t, size_t> CachingAllocator::SparedPages(const Spared& spared, co
   return {begin / page, (begin + spared.block_bytes + page - 1) / page};
 }
 
-const std::vector<CachingAllocator::Block*>& CachingAllocator::FreeBlocksInWalkOrder(
-    const Pool* first, const Pool* second, size_t min_size) {
+const std::vector<CachingAllocator::Block*>& CachingAllocator::FreeBlocksInWalkOrder() {
   walk_scratch_.clear();
-  for (const Pool* pool : {first, second}) {
-    if (pool != nullptr) pool->ForEachFrom(min_size, [&](Block* b) { walk_scratch_.push_back(b); });
+  for (const Pool* pool : {small_pool_.get(), large_pool_.get()}) {
+    pool->ForEachFrom(0, [&](Block* b) { walk_scratch_.push_back(b); });
   }
   std::sort(walk_scratch_.begin(), walk_scratch_.end(), [](const Block* a, const Block* b) {
     return a->chunk != b->chunk ? a->chunk->serial > b->chunk->serial : a->ptr < b->ptr;
@@ -310,22 +309,41 @@ const std::vector<CachingAllocator::Block*>& CachingAllocator::FreeBlocksInWalkO
 
 size_t CachingAllocator::FindBackedWindow(const Pool& pool, size_t rounded, Block** block) {
   const size_t page = PageSize();
-  size_t best_cost = ReturnedUnder((*block)->chunk, (*block)->ptr, rounded, /*back=*/false) / page;
-  size_t best_size = (*block)->size, best_offset = 0;
-  // The pool's free blocks in the order of a walk of the chunks and their blocks, which breaks
-  // ties; with a window on no returned page found, the walk ends with that block's chunk.
-  const Chunk* walked = nullptr;  // the chunk of the block tried last
-  for (Block* b : FreeBlocksInWalkOrder(&pool, nullptr, rounded)) {
+  // The window chosen is the one a walk of the chunks (chunks_ order) and of each chunk's blocks
+  // (address order) would keep, trying each block's starts in order, taking a window only when it
+  // lies on fewer returned pages than the best so far, or as few in a smaller block (so the best
+  // fit `*block` at its start wins ties), and ending with the chunk where a window on none turned
+  // up. In any order of the blocks that is:
+  //   - a window on no returned page, when there is one: in the first chunk walked that has one,
+  //     the smallest block with one, the lowest address, its first such start;
+  //   - otherwise the fewest returned pages, the smallest block, `*block` at its start on a tie,
+  //     then the first chunk walked, the lowest address, the first start.
+  // So the pool's free blocks come straight from its bins, unsorted: a deep model's step leaves
+  // hundreds, and sorting them per search cost more than searching them.
+  struct Window {
+    const Block* block;
+    size_t cost;  // returned pages under it
+    size_t offset;
+  };
+  const auto walked_first = [](const Block* a, const Block* b) {
+    return a->chunk != b->chunk ? a->chunk->serial > b->chunk->serial : a->ptr < b->ptr;
+  };
+  Window best{*block, ReturnedUnder((*block)->chunk, (*block)->ptr, rounded, false) / page, 0};
+  bool best_is_fit = true;     // best is still `*block` at its start
+  Window none{nullptr, 0, 0};  // the window on no returned page, once one is found
+  pool.ForEachFrom(rounded, [&](const Block* b) {
+    if (b->size < rounded) return;
     Chunk* c = b->chunk;
-    if (c != walked && best_cost == 0) break;
-    walked = c;
-    if (b->size < rounded) continue;
-    // With a window on no returned page found, only a smaller block free of them can win.
-    if (best_cost == 0 && b->size >= best_size) continue;
+    if (none.block != nullptr) {  // only a window on none walked before it can win
+      const Block* n = none.block;
+      if (c != n->chunk ? c->serial < n->chunk->serial
+                        : b->size > n->size || (b->size == n->size && b->ptr > n->ptr)) {
+        return;
+      }
+    }
     // The window's cost changes only where an end crosses a page boundary: try each start at
-    // one, and the block's two ends.
-    // The window's pages [first, end) only move forward, so its count is kept by the pages
-    // that leave and enter it: linear in the block's pages.
+    // one, and the block's two ends. The window's pages [first, end) only move forward, so its
+    // count is kept by the pages that leave and enter it: linear in the block's pages.
     const auto base = static_cast<size_t>(b->ptr - c->base);
     const size_t last = b->size - rounded;
     size_t first = base / page, end = (base + rounded + page - 1) / page;
@@ -335,20 +353,32 @@ size_t CachingAllocator::FindBackedWindow(const Pool& pool, size_t rounded, Bloc
       const size_t new_end = (base + at + rounded + page - 1) / page;
       for (; first < new_first; ++first) n -= c->Returned(first) ? 1 : 0;
       for (; end < new_end; ++end) n += c->Returned(end) ? 1 : 0;
-      if (n < best_cost || (n == best_cost && b->size < best_size)) {
-        best_cost = n;
-        best_size = b->size;
-        best_offset = at;
-        *block = b;
+      if (n == 0) {
+        // Its first start on none; no later start of this block can win.
+        const Block* had = none.block;
+        if (had == nullptr || (c != had->chunk ? c->serial > had->chunk->serial
+                                               : b->size < had->size ||
+                                                     (b->size == had->size && b->ptr < had->ptr))) {
+          none = {b, 0, at};
+        }
+        return;
       }
-      // No later start in this block can win: the cost cannot fall below none, and a tie
-      // needs a smaller block.
-      if (n == 0) break;
-      if (at == last) break;
+      if (none.block == nullptr &&
+          (n < best.cost ||
+           (n == best.cost &&
+            (b->size < best.block->size ||
+             (b->size == best.block->size && !best_is_fit &&
+              (b == best.block ? at < best.offset : walked_first(b, best.block))))))) {
+        best = {b, n, at};
+        best_is_fit = false;
+      }
+      if (at == last) return;
       at = std::min(last, RoundUp(base + at + 1, page) - base);
     }
-  }
-  return best_offset;
+  });
+  const Window& chosen = none.block != nullptr ? none : best;
+  *block = const_cast<Block*>(chosen.block);
+  return chosen.offset;
 }
 
 size_t CachingAllocator::ReturnPages(Chunk* c, size_t first_page, size_t end_page) {
@@ -373,7 +403,7 @@ size_t CachingAllocator::ReturnColdestPages(size_t want, const Spared& spared) {
   for (Chunk* c = chunks_; c != nullptr; c = c->next) {
     c->candidates.assign((c->size / page + 63) / 64, 0);
   }
-  for (Block* b : FreeBlocksInWalkOrder(small_pool_.get(), large_pool_.get(), 0)) {
+  for (Block* b : FreeBlocksInWalkOrder()) {
     Chunk* c = b->chunk;
     const bool spare_tail =
         spared.tails_of != nullptr && c->small_pool == spared.tails_of->small_pool();

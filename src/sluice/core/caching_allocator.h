@@ -297,13 +297,11 @@ class CachingAllocator final : public Allocator {
   // nullptr), returns the free pages it would take the reserved bytes past the headroom by.
   void KeepWithinHeadroom(const Pool& pool, const Block* block, size_t at, size_t rounded,
                           int64_t allocated) REQUIRES(mu_);
-  // The free blocks of `pools` of at least `min_size` bytes, in the order a walk of chunks_ and of
-  // each chunk's blocks meets them, found through the pools' bins: a step of a deep model holds
-  // thousands of allocated blocks between a few free ones, and walking those made each headroom
-  // return and each backed-window search linear in the live blocks (a forecast quadratic in the
-  // layers). The vector is scratch, valid until the next call.
-  const std::vector<Block*>& FreeBlocksInWalkOrder(const Pool* first, const Pool* second,
-                                                   size_t min_size) REQUIRES(mu_);
+  // The free blocks in the order a walk of chunks_ and of each chunk's blocks meets them, found
+  // through the pools' bins: a step of a deep model holds thousands of allocated blocks between
+  // a few free ones, and walking those made each headroom return linear in the live blocks (a
+  // forecast quadratic in the layers). The vector is scratch, valid until the next call.
+  const std::vector<Block*>& FreeBlocksInWalkOrder() REQUIRES(mu_);
   // The pages [first, end) of `b` that `spared` keeps ({0, 0} for another block).
   static std::pair<size_t, size_t> SparedPages(const Spared& spared, const Block* b);
   // For a request of `rounded` bytes whose best fit `*block` lies on returned pages: the free

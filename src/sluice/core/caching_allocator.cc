@@ -298,8 +298,10 @@ std::pair<size_t, size_t> CachingAllocator::SparedPages(const Spared& spared, co
 
 const std::vector<CachingAllocator::Block*>& CachingAllocator::FreeBlocksInWalkOrder() {
   walk_scratch_.clear();
+  // The lock analysis does not see that the lambda runs here, under mu_.
+  std::vector<Block*>* blocks = &walk_scratch_;
   for (const Pool* pool : {small_pool_.get(), large_pool_.get()}) {
-    pool->ForEachFrom(0, [&](Block* b) { walk_scratch_.push_back(b); });
+    pool->ForEachFrom(0, [blocks](Block* b) { blocks->push_back(b); });
   }
   std::sort(walk_scratch_.begin(), walk_scratch_.end(), [](const Block* a, const Block* b) {
     return a->chunk != b->chunk ? a->chunk->serial > b->chunk->serial : a->ptr < b->ptr;

@@ -5,14 +5,18 @@
 //
 // Run: build/bench/train_bench [--threads N] [--steps 20] [--warmup 3] [--gc auto|none|sync|async]
 //                              [--no-recompute] [--attention fused|naive] [--precision fp32|bf16]
-//                              [--vocab 256]
+//                              [--vocab 256] [--reserved-headroom 0.04]
 //                              [--layers 4] [--heads 4] [--dim 128] [--seq 64] [--batch 16]
 // Prints one JSON object: tokens_per_s (median step), step_ms_median, cpu_ms_median and cpu_ms_min
 // (the process's CPU time per step, user + system, every thread: on a shared machine it moves less
 // with the load than the wall time does, the minimum least, so A/B runs compare those), and
 // peak_tensor_bytes — the
 // trainer allocator's peak of requested bytes during a step: parameters, optimizer state,
-// gradients and activations, every tensor the step holds (what the PyTorch side measures).
+// gradients and activations, every tensor the step holds (what the PyTorch side measures) — and
+// minor_faults_median, the process's minor page faults a step (median): pages the allocator's
+// headroom returned and a later request faulted in again (docs/memory.md, "Reserved bytes"), a
+// count the load does not move. --reserved-headroom sets the allocator's headroom (sluice train's
+// option of that name; 0 keeps the holes' pages).
 // bench/compare_train.sh runs both sides at 1 and 2 threads and prints the ratios.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -41,6 +45,13 @@ double ProcessCpuMs() {
   return ms(u.ru_utime) + ms(u.ru_stime);
 }
 
+// Minor page faults of the whole process so far.
+int64_t ProcessMinorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,6 +64,7 @@ int main(int argc, char** argv) {
   bool recompute = true;
   GptConfig gpt{.vocab = 256, .seq = 64, .layers = 4, .heads = 4, .dim = 128};
   int64_t batch = 16;
+  double reserved_headroom = TrainConfig{}.reserved_headroom;
   for (int i = 1; i < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--no-recompute") {
@@ -88,7 +100,17 @@ int main(int argc, char** argv) {
       gpt.seq = std::atoll(argv[i + 1]);
     else if (flag == "--batch")
       batch = std::atoll(argv[i + 1]);
-    else {
+    else if (flag == "--reserved-headroom") {
+      char* end = nullptr;
+      reserved_headroom = std::strtod(argv[i + 1], &end);
+      if (end == argv[i + 1] || *end != '\0' ||
+          !(reserved_headroom >= 0 && reserved_headroom <= 1)) {
+        fmt::print(stderr,
+                   "train_bench: --reserved-headroom must be a fraction from 0 to 1, not '{}'\n",
+                   argv[i + 1]);
+        return 2;
+      }
+    } else {
       fmt::print(stderr, "train_bench: unknown option {}\n", flag);
       return 2;
     }
@@ -125,14 +147,18 @@ int main(int argc, char** argv) {
   }
   c.gc = *gc_mode;
   c.recompute = {recompute ? RecomputePolicy::kCheap : RecomputePolicy::kNone};
+  c.reserved_headroom = reserved_headroom;
   Trainer trainer(c);
   std::vector<double> ms, cpu_ms;
+  std::vector<int64_t> faults;
   int64_t peak = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     const double cpu0 = ProcessCpuMs();
+    const int64_t faults0 = ProcessMinorFaults();
     StepRecord r = trainer.Step();
     if (s >= warmup) {
       cpu_ms.push_back(ProcessCpuMs() - cpu0);
+      faults.push_back(ProcessMinorFaults() - faults0);
       ms.push_back(r.step_ms);
       peak = std::max(peak, r.peak_allocated_bytes);
     }
@@ -140,6 +166,7 @@ int main(int argc, char** argv) {
   std::remove(data.c_str());
   std::sort(ms.begin(), ms.end());
   std::sort(cpu_ms.begin(), cpu_ms.end());
+  std::sort(faults.begin(), faults.end());
   const double median = ms[ms.size() / 2];
   nlohmann::json out = {{"framework", "sluice"},
                         {"threads", threads},
@@ -153,6 +180,8 @@ int main(int argc, char** argv) {
                         {"step_ms_median", median},
                         {"cpu_ms_median", cpu_ms[cpu_ms.size() / 2]},
                         {"cpu_ms_min", cpu_ms.front()},
+                        {"reserved_headroom", reserved_headroom},
+                        {"minor_faults_median", faults[faults.size() / 2]},
                         {"peak_tensor_bytes", peak}};
   fmt::print("{}\n", out.dump());
   return 0;

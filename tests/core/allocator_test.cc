@@ -846,7 +846,10 @@ TEST(CachingAllocator, ForeignPointersAndWrongSizesFailChecksWithoutHarm) {
 }
 
 TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
-  CachingAllocator alloc({.small_limit_bytes = MiB, .max_reserved_bytes = 4 * MiB});
+  // Without a headroom, so that the small request does not take the free large block's pages
+  // (ASmallRequestTakesAFreeLargeBlocksBackedPagesBeforeGrowing).
+  CachingAllocator alloc(
+      {.small_limit_bytes = MiB, .max_reserved_bytes = 4 * MiB, .reserved_headroom = 0});
   void* big = alloc.Allocate(4 * MiB);  // the whole budget
   try {
     alloc.Allocate(KiB);
@@ -868,6 +871,33 @@ TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
   EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(kPage));
   alloc.Deallocate(small, KiB);
   alloc.CheckInvariants();
+}
+
+// With the headroom (and the last step followed), a small request that would grow its pool or
+// land on returned pages takes backed pages of a free large-pool block instead: the holes of both
+// pools are reused before pages come from the OS again. Without following steps, the pools stay
+// apart and the small pool grows.
+TEST(CachingAllocator, ASmallRequestTakesAFreeLargeBlocksBackedPagesBeforeGrowing) {
+  for (const bool follow : {true, false}) {
+    SCOPED_TRACE(follow);
+    CachingAllocator alloc({.small_limit_bytes = MiB, .follow_last_step = follow});
+    void* big = alloc.Allocate(4 * MiB);
+    alloc.Deallocate(big, 4 * MiB);
+    void* small = alloc.Allocate(64 * KiB);
+    if (follow) {
+      EXPECT_EQ(small, big);
+      EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB));
+    } else {
+      EXPECT_NE(small, big);
+      EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB + 64 * KiB));
+    }
+    alloc.CheckInvariants();
+    alloc.Deallocate(small, 64 * KiB);
+    alloc.CheckInvariants();
+    // Freed, the block coalesces back into the large pool's free 4 MiB: a large request fits it.
+    EXPECT_EQ(alloc.Allocate(4 * MiB), big);
+    alloc.Deallocate(big, 4 * MiB);
+  }
 }
 
 // A budget met by holes: the pages inside free blocks go back to the OS (not reserved), the

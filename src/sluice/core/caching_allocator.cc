@@ -124,15 +124,35 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
         (tick >= last_step_.size() || last_step_[tick].granules != granules)) {
       follows_last_step_ = false;  // not the last step's requests: its placements predict nothing
     }
-    Pool& pool = PoolFor(rounded);
-    block = pool.FindBestFit(rounded);
+    Pool* chosen = &PoolFor(rounded);
+    block = chosen->FindBestFit(rounded);
     // Where in `block` the request goes: its start, unless that lies on returned pages and
     // backed ones fit it elsewhere (see the top).
     size_t at = 0;
     if (block != nullptr && follow &&
         ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false) != 0) {
-      at = FindBackedWindow(pool, rounded, &block);
+      at = FindBackedWindow(*chosen, rounded, &block);
     }
+    // A small request that would back returned pages, or grow its pool, goes where a free block
+    // of the large pool has backed pages for it instead: the holes of either pool are reused
+    // before pages come back from the OS (see the top).
+    if (follow && chosen == small_pool_.get() &&
+        (block == nullptr ||
+         ReturnedUnder(block->chunk, block->ptr + at, rounded, /*back=*/false) != 0)) {
+      Block* large = large_pool_->FindBestFit(rounded);
+      size_t large_at = 0;
+      if (large != nullptr &&
+          ReturnedUnder(large->chunk, large->ptr, rounded, /*back=*/false) != 0) {
+        large_at = FindBackedWindow(*large_pool_, rounded, &large);
+      }
+      if (large != nullptr &&
+          ReturnedUnder(large->chunk, large->ptr + large_at, rounded, /*back=*/false) == 0) {
+        chosen = large_pool_.get();
+        block = large;
+        at = large_at;
+      }
+    }
+    Pool& pool = *chosen;
     KeepWithinHeadroom(pool, block, at, rounded, allocated);
     if (block != nullptr && block->chunk->returned_pages != 0 &&
         OverReservedBudget(ReturnedUnder(block->chunk, block->ptr + at, rounded, /*back=*/false))) {

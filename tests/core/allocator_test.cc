@@ -846,10 +846,7 @@ TEST(CachingAllocator, ForeignPointersAndWrongSizesFailChecksWithoutHarm) {
 }
 
 TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
-  // Without a headroom, so that the small request does not take the free large block's pages
-  // (ASmallRequestTakesAFreeLargeBlocksBackedPagesBeforeGrowing).
-  CachingAllocator alloc(
-      {.small_limit_bytes = MiB, .max_reserved_bytes = 4 * MiB, .reserved_headroom = 0});
+  CachingAllocator alloc({.small_limit_bytes = MiB, .max_reserved_bytes = 4 * MiB});
   void* big = alloc.Allocate(4 * MiB);  // the whole budget
   try {
     alloc.Allocate(KiB);
@@ -873,30 +870,40 @@ TEST(CachingAllocator, BudgetIsEnforcedAfterReturningTheCache) {
   alloc.CheckInvariants();
 }
 
-// With the headroom (and the last step followed), a small request that would grow its pool or
-// land on returned pages takes backed pages of a free large-pool block instead: the holes of both
-// pools are reused before pages come from the OS again. Without following steps, the pools stay
-// apart and the small pool grows.
-TEST(CachingAllocator, ASmallRequestTakesAFreeLargeBlocksBackedPagesBeforeGrowing) {
+// With the headroom (and the last step followed), a small request whose place in its own pool
+// lies on returned pages takes backed pages of a free large-pool block instead: the holes of both
+// pools are reused before returned pages are faulted in again. Without following steps, the pools
+// stay apart and the request backs the small pool's returned pages.
+TEST(CachingAllocator, ASmallRequestTakesAFreeLargeBlocksBackedPagesBeforeReturnedOnes) {
   for (const bool follow : {true, false}) {
     SCOPED_TRACE(follow);
     CachingAllocator alloc({.small_limit_bytes = MiB, .follow_last_step = follow});
-    void* big = alloc.Allocate(4 * MiB);
+    void* a = alloc.Allocate(512 * KiB);  // small pool, then b keeps its chunk
+    void* b = alloc.Allocate(4 * KiB);
+    void* big = alloc.Allocate(4 * MiB);  // large pool, then c keeps its chunk
+    void* c = alloc.Allocate(2 * MiB);
+    alloc.Deallocate(a, 512 * KiB);
     alloc.Deallocate(big, 4 * MiB);
-    void* small = alloc.Allocate(64 * KiB);
+    alloc.ReleaseCached();                    // both free blocks' pages go back to the OS
+    EXPECT_EQ(alloc.Allocate(4 * MiB), big);  // backs the large block's pages again
+    alloc.Deallocate(big, 4 * MiB);
+    const int64_t reserved = alloc.Stats().reserved_bytes;
+    void* small = alloc.Allocate(256 * KiB);
     if (follow) {
       EXPECT_EQ(small, big);
-      EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB));
+      EXPECT_EQ(alloc.Stats().reserved_bytes, reserved);  // nothing backed again
     } else {
-      EXPECT_NE(small, big);
-      EXPECT_EQ(alloc.Stats().reserved_bytes, static_cast<int64_t>(4 * MiB + 64 * KiB));
+      EXPECT_EQ(small, a);
+      EXPECT_EQ(alloc.Stats().reserved_bytes, reserved + static_cast<int64_t>(256 * KiB));
     }
     alloc.CheckInvariants();
-    alloc.Deallocate(small, 64 * KiB);
+    alloc.Deallocate(small, 256 * KiB);
     alloc.CheckInvariants();
     // Freed, the block coalesces back into the large pool's free 4 MiB: a large request fits it.
     EXPECT_EQ(alloc.Allocate(4 * MiB), big);
     alloc.Deallocate(big, 4 * MiB);
+    alloc.Deallocate(b, 4 * KiB);
+    alloc.Deallocate(c, 2 * MiB);
   }
 }
 

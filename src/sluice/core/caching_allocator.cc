@@ -133,12 +133,11 @@ CachingAllocator::Block* CachingAllocator::AllocateBlock(size_t bytes) {
         ReturnedUnder(block->chunk, block->ptr, rounded, /*back=*/false) != 0) {
       at = FindBackedWindow(*chosen, rounded, &block);
     }
-    // A small request that would back returned pages, or grow its pool, goes where a free block
+    // A small request whose place in its own pool lies on returned pages goes where a free block
     // of the large pool has backed pages for it instead: the holes of either pool are reused
-    // before pages come back from the OS (see the top).
-    if (follow && chosen == small_pool_.get() &&
-        (block == nullptr ||
-         ReturnedUnder(block->chunk, block->ptr + at, rounded, /*back=*/false) != 0)) {
+    // before returned pages are faulted in again (see the top).
+    if (follow && chosen == small_pool_.get() && block != nullptr &&
+        ReturnedUnder(block->chunk, block->ptr + at, rounded, /*back=*/false) != 0) {
       Block* large = large_pool_->FindBestFit(rounded);
       size_t large_at = 0;
       if (large != nullptr &&

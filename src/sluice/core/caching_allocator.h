@@ -47,8 +47,8 @@
 //     at a page boundary or either end of a free block of its pool, where it lies on the fewest
 //     (the smallest such block first; the part before it stays free). On the one-stage batch-48
 //     GPT this cut the pages faulted in again from 5.3 K to 0.3 K a step (docs/memory.md). A
-//     small request that would still land on returned pages, or grow its pool, takes backed pages
-//     of a free large-pool block when one holds it (a large request never goes small): on the
+//     small request that would still land on returned pages takes backed pages of a free
+//     large-pool block when one holds it (a large request never goes small): on the
 //     medium GPT under bf16 and cheap recompute the backward's f32 gradients of the small pool
 //     otherwise faulted in 9.7 K pages a step beside the large pool's free activations.
 //   * No heap allocation on the hot path: block descriptors come from a pooled arena and live

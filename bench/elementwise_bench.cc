@@ -11,6 +11,9 @@
 //                                  (a batch's examples): the mask drawn (Philox-4x32-10) and
 //                                  applied in one pass, N read, N written
 //   DropoutDraws{Fast,Reference}/bytes:N  the N/4 draws alone (Philox-4x32-10 words), N written
+//   ToBF16{Fast,Reference}/bytes:N y = x rounded to bf16 (kernels/bf16_convert.h; the onednn
+//                                  engine's rounding of a linear's f32 weight): N read, N/2 written
+//   FromBF16{Fast,Reference}/bytes:N y = x widened to f32: N/2 read, N written
 //
 // bytes_per_second counts every byte read and written once, so a kernel that keeps up with memory
 // matches Memcpy at the same N. N is the size of one f32 operand: 64 KiB (in L2), 4 MiB and
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "sluice/core/tensor.h"
+#include "sluice/kernels/bf16_convert.h"
 #include "sluice/kernels/binary.h"
 #include "sluice/kernels/dropout.h"
 #include "sluice/kernels/unary.h"
@@ -136,6 +140,31 @@ void DropoutDraws(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+template <void (*kKernel)(const float*, BFloat16*, int64_t)>
+void ToBF16(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  Tensor x = Random(bytes);
+  std::vector<BFloat16> y(static_cast<size_t>(x.numel()));
+  for (auto _ : state) {
+    kKernel(x.data<float>(), y.data(), x.numel());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * (bytes + bytes / 2));
+}
+
+template <void (*kKernel)(const BFloat16*, float*, int64_t)>
+void FromBF16(benchmark::State& state) {
+  const int64_t bytes = state.range(0);
+  Tensor y = Random(bytes);
+  std::vector<BFloat16> x(static_cast<size_t>(y.numel()));
+  kernels::ToBF16Fast(y.data<float>(), x.data(), y.numel());
+  for (auto _ : state) {
+    kKernel(x.data(), y.data<float>(), y.numel());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * (bytes + bytes / 2));
+}
+
 BENCHMARK(Memcpy)->Apply(Sizes);
 BENCHMARK(Unary<kernels::GeluFast<float>>)->Name("GeluFast")->Apply(Sizes);
 BENCHMARK(Unary<kernels::GeluReference<float>>)->Name("GeluReference")->Apply(Sizes);
@@ -152,6 +181,10 @@ BENCHMARK(Dropout<true>)->Name("DropoutFast")->Apply(Sizes);
 BENCHMARK(Dropout<false>)->Name("DropoutReference")->Apply(Sizes);
 BENCHMARK(DropoutDraws<true>)->Name("DropoutDrawsFast")->Apply(Sizes);
 BENCHMARK(DropoutDraws<false>)->Name("DropoutDrawsReference")->Apply(Sizes);
+BENCHMARK(ToBF16<kernels::ToBF16Fast>)->Name("ToBF16Fast")->Apply(Sizes);
+BENCHMARK(ToBF16<kernels::ToBF16Reference>)->Name("ToBF16Reference")->Apply(Sizes);
+BENCHMARK(FromBF16<kernels::FromBF16Fast>)->Name("FromBF16Fast")->Apply(Sizes);
+BENCHMARK(FromBF16<kernels::FromBF16Reference>)->Name("FromBF16Reference")->Apply(Sizes);
 
 }  // namespace
 }  // namespace sluice

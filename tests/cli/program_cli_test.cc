@@ -229,7 +229,7 @@ TEST_F(ProgramCli, BadProgramsAndOptionsAreRefusedNamingThePlaceAndWriteNothing)
   const std::string no_loss =
       Write("noloss.sluice", SmallWith("output %loss", "output %logits")).string();
   ExpectRefused(fmt::format("--program {} --data blobs --batch 8", no_loss),
-                fmt::format("{}: the loss %logits is f32[8, 4]; a training loss is a float "
+                fmt::format("{}:12:10: the loss %logits is f32[8, 4]; a training loss is a float "
                             "scalar",
                             no_loss));
   const std::string unbound =

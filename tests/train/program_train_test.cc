@@ -269,7 +269,8 @@ TEST(ProgramTraining, AProgramTheDataCannotFeedIsRefusedBeforeTheFirstStep) {
               HasSubstr("a training program outputs its loss: an output named %loss, or a single "
                         "output (this program has 2 outputs)"));
   EXPECT_THAT(with("vector.sluice", replace("output %loss", "output %logits")),
-              HasSubstr("the loss %logits is f32[2, 4]; a training loss is a float scalar"));
+              HasSubstr("vector.sluice:21:10: the loss %logits is f32[2, 4]; a training loss is "
+                        "a float scalar"));
   EXPECT_THAT(with("bad.sluice", replace("normal(0, 0.1)", "normal(0, 0)")),
               HasSubstr("bad.sluice:4:36: normal's std must be positive"));
 }

@@ -368,6 +368,7 @@ class Parser {
       }
       program_.AddOutput(id);
       output_at_[id] = {v.line, v.col};
+      annotations_->output_at[v.text] = {v.line, v.col};
     } else {
       Fail(word,
            fmt::format("expected a statement (input, param, const, buffer, output, unit or an "

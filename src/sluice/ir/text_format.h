@@ -68,7 +68,8 @@ struct ProgramAnnotations {
   std::map<std::string, Initializer> initializers;  // params written with `= init`
   std::map<std::string, std::string> data;          // inputs written with `= array`: the array
   std::map<std::string, std::pair<int, int>> declared_at;  // inputs and params: line, column
-  std::set<std::string> sizes;                             // size names the text uses (B, T)
+  std::map<std::string, std::pair<int, int>> output_at;  // output statements' values: line, column
+  std::set<std::string> sizes;                           // size names the text uses (B, T)
 };
 
 // Values of the size names a program may use in place of numbers (`f32[B, T, 64]`, `[B*T, 3]`):

@@ -250,11 +250,11 @@ TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view fil
   TrainingProgram out;
   Program program = ParseProgram(text, file, sizes, &out.annotations, check_input);
   const ProgramAnnotations& a = out.annotations;
-  auto at = [&](const std::string& name) {
-    auto it = a.declared_at.find(name);
-    return it == a.declared_at.end()
-               ? std::string(file)
-               : fmt::format("{}:{}:{}", file, it->second.first, it->second.second);
+  // file:line:col of a declaration (or, in `where`, of an output statement), else the file.
+  auto at = [&](const std::string& name, const auto& where) {
+    auto it = where.find(name);
+    return it == where.end() ? std::string(file)
+                             : fmt::format("{}:{}:{}", file, it->second.first, it->second.second);
   };
 
   // The loss: the output named "loss", or the only output.
@@ -275,7 +275,8 @@ TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view fil
     throw InvalidArgument(
         fmt::format("{}: the loss %{} is {}; a training loss is a float scalar "
                     "(f32[]), such as cross_entropy gives",
-                    file, program.value(*loss).name, loss_type.ToString()));
+                    at(program.value(*loss).name, a.output_at), program.value(*loss).name,
+                    loss_type.ToString()));
   }
 
   std::vector<ParamSpec> params;
@@ -284,11 +285,12 @@ TrainingProgram ParseTrainingProgram(std::string_view text, std::string_view fil
     const std::string& name = program.value(id).name;
     if (program.type(id).dtype != DType::kF32) {
       throw InvalidArgument(fmt::format("{}: param %{} is {}; training keeps f32 parameters",
-                                        at(name), name, program.type(id).ToString()));
+                                        at(name, a.declared_at), name,
+                                        program.type(id).ToString()));
     }
     auto init = a.initializers.find(name);
     if (init == a.initializers.end() && !loaded_by_default) {
-      missing.push_back(fmt::format("%{} ({})", name, at(name)));
+      missing.push_back(fmt::format("%{} ({})", name, at(name, a.declared_at)));
       continue;
     }
     const Initializer loaded{"loaded", {}};

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "scratch_path.h"
 #include "sluice/core/error.h"
 
 namespace sluice {
@@ -24,9 +25,7 @@ std::string Slurp(const std::string& path) {
   return s.str();
 }
 
-std::string TempPath(const std::string& name) {
-  return (std::filesystem::path(::testing::TempDir()) / name).string();
-}
+std::string TempPath(const std::string& name) { return testing_support::ScratchPath(name); }
 
 TEST(MetricsWriter, AnEarlierRunsFileIsReplacedOnlyAtTheFirstLine) {
   const std::string path = TempPath("metrics_replace.jsonl");
@@ -88,7 +87,8 @@ TEST(MetricsWriter, AFullDiskAtTheFirstLineLeavesNoFileAndAnEarlierRunsWhole) {
   std::filesystem::remove(path);
   auto temporaries = [&] {
     int n = 0;
-    for (const auto& e : std::filesystem::directory_iterator(::testing::TempDir()))
+    for (const auto& e :
+         std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
       n += e.path().filename().string().starts_with("metrics_full.jsonl.tmp-") ? 1 : 0;
     return n;
   };

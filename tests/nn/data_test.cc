@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "scratch_path.h"
 #include "sluice/nn/mlp.h"
 
 namespace sluice {
@@ -136,7 +137,7 @@ TEST(BlobsDataset, ConcurrentFirstBatchesAgreeWithASequentialOne) {
 }
 
 TEST(TextDataset, WindowsPredictTheNextByte) {
-  std::string path = ::testing::TempDir() + "/text_dataset.txt";
+  std::string path = testing_support::ScratchPath("text_dataset.txt");
   {
     std::ofstream out(path);
     for (int i = 0; i < 200; ++i) out << static_cast<char>('a' + i % 26);
@@ -154,7 +155,7 @@ TEST(TextDataset, WindowsPredictTheNextByte) {
 
 TEST(TextDataset, ClearErrorsForMissingOrShortFiles) {
   EXPECT_THROW(TextDataset("/nonexistent/file.txt", 8), IoError);
-  std::string path = ::testing::TempDir() + "/short.txt";
+  std::string path = testing_support::ScratchPath("short.txt");
   { std::ofstream(path) << "tiny"; }
   try {
     TextDataset(path, 8);
@@ -169,7 +170,7 @@ TEST(TextDataset, ClearErrorsForMissingOrShortFiles) {
 // The least size the error names is the one the check takes: 640 bytes are refused for sequences
 // of 64 naming 641, and 641 bytes train (the message said 650 while 641 to 649 trained).
 TEST(TextDataset, TheLeastSizeNamedIsTheLeastThatTrains) {
-  const std::string path = ::testing::TempDir() + "/bytes_640.txt";
+  const std::string path = testing_support::ScratchPath("bytes_640.txt");
   { std::ofstream(path) << std::string(640, 'a'); }
   EXPECT_THAT([&] { TextDataset(path, 64); },
               ThrowsMessage<InvalidArgument>(
@@ -201,7 +202,7 @@ TEST(TextDataset, TheLeastSizeNamedIsTheLeastThatTrains) {
 // TokenFileDataset shares: a resumed run draws the same batches as the run it resumes, across
 // versions.
 TEST(TextDataset, WindowStartsArePinned) {
-  const std::string path = ::testing::TempDir() + "/text_pinned.txt";
+  const std::string path = testing_support::ScratchPath("text_pinned.txt");
   {
     std::ofstream out(path, std::ios::binary);
     for (int i = 0; i < 200; ++i) out << static_cast<char>(i);  // byte i is i: ids name positions
@@ -219,7 +220,7 @@ TEST(TextDataset, WindowStartsArePinned) {
 
 // Writes `tokens` as little-endian unsigned 16-bit ids, byte by byte (whatever the host's order).
 std::string WriteTokenFile(const std::string& name, const std::vector<uint16_t>& tokens) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = testing_support::ScratchPath(name);
   std::ofstream out(path, std::ios::binary);
   for (uint16_t t : tokens) out << static_cast<char>(t & 0xff) << static_cast<char>(t >> 8);
   return path;
@@ -311,7 +312,7 @@ TEST(TokenFileDataset, ErrorsNameTheFileAndTheFix) {
   EXPECT_THAT([] { TokenFileDataset("/nonexistent/tokens.bin", 8, 0); },
               ThrowsMessage<IoError>(HasSubstr("/nonexistent/tokens.bin")));
 
-  const std::string odd = ::testing::TempDir() + "/tokens_odd.bin";
+  const std::string odd = testing_support::ScratchPath("tokens_odd.bin");
   { std::ofstream(odd, std::ios::binary) << "abc"; }
   EXPECT_THAT([&] { TokenFileDataset(odd, 8, 0); },
               ThrowsMessage<IoError>(
@@ -358,7 +359,7 @@ TEST(OpenTokenData, PicksTheSourceFromTheSpec) {
   EXPECT_EQ(tokens->seq_len(), 8);
 
   // Any other name is text, read as bytes: the same file named .txt has vocabulary 256.
-  const std::string txt = ::testing::TempDir() + "/open_tokens.txt";
+  const std::string txt = testing_support::ScratchPath("open_tokens.txt");
   std::filesystem::copy_file(bin, txt, std::filesystem::copy_options::overwrite_existing);
   const std::unique_ptr<Dataset> text = OpenTokenData(txt, 8, 5000);
   ASSERT_NE(dynamic_cast<TextDataset*>(text.get()), nullptr);

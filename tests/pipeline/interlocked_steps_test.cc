@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "schedule_cases.h"
+#include "scratch_path.h"
 #include "sluice/nn/optimizer.h"
 #include "sluice/pipeline/pipeline_engine.h"
 #include "sluice/schedule/schedules.h"
@@ -216,7 +217,7 @@ TEST(InterlockedSteps, RankZeroBeginsTheNextStepBeforeTheLastRankEndsThisOne) {
 // no step across them), a resume from that checkpoint, and a stop signal that finds a step running
 // ahead (finished first, then the run stops after it): every state is the synchronous run's.
 TEST(InterlockedSteps, EvaluationCheckpointResumeAndStopBoundariesKeepTheRunBitwise) {
-  const fs::path dir = fs::path(::testing::TempDir()) / "interlocked_steps_boundaries";
+  const fs::path dir = testing_support::ScratchPath("interlocked_steps_boundaries");
   fs::remove_all(dir);
   fs::create_directories(dir);
   for (const ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH2}) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "schedule_cases.h"
+#include "scratch_path.h"
 #include "sluice/comm/communicator.h"
 #include "sluice/schedule/schedules.h"
 #include "sluice/train/trainer.h"
@@ -520,7 +521,7 @@ TEST(PipelineEngine, AMissingMessageTimesOutInsteadOfHanging) {
 }
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = testing_support::ScratchPath(name);
   std::ofstream(path) << text;
   return path;
 }
@@ -615,7 +616,7 @@ TEST(PipelineEngine, ACutThatPassesTwoValuesIsRefusedAndOneThatSplitsATiedWeight
 }
 
 TEST(PipelineEngine, CheckpointsMoveBetweenOneStageAndAPipeline) {
-  const std::string path = ::testing::TempDir() + "/pipeline.safetensors";
+  const std::string path = testing_support::ScratchPath("pipeline.safetensors");
   TrainConfig config = Small(4);
   config.steps = 4;
   const RunResult uninterrupted = Train(config, nullptr);
@@ -634,7 +635,7 @@ TEST(PipelineEngine, CheckpointsMoveBetweenOneStageAndAPipeline) {
 }
 
 TEST(PipelineEngine, TraceHasATrackAndAMemoryCounterPerStage) {
-  const std::string path = ::testing::TempDir() + "/pipeline_trace.json";
+  const std::string path = testing_support::ScratchPath("pipeline_trace.json");
   TrainConfig config = Small(4);
   config.steps = 2;
   PipelineOptions options{.stages = 4, .schedule = ScheduleKind::kOneFOneB, .trace_path = path};

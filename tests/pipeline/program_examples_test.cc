@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "scratch_path.h"
 #include "sluice/core/error.h"
 #include "sluice/io/safetensors.h"
 #include "sluice/pipeline/pipeline_engine.h"
@@ -105,7 +106,7 @@ std::string WriteClassifierData(const std::string& name, int64_t n) {
     for (int j = 0; j < 8; ++j) x[j] = static_cast<float>(rng() >> 8) * 0x1p-23f - 1.0f;
     labels[static_cast<size_t>(i)] = int64_t{x[0] + x[1] > 0} + 2 * int64_t{x[2] - x[3] > 0};
   }
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = testing_support::ScratchPath(name);
   WriteSafetensors(path, {{"features", Tensor::FromVector<float>({n, 8}, features)},
                           {"label", Tensor::FromVector<int64_t>({n}, labels)}});
   return path;
@@ -175,7 +176,7 @@ TEST(ProgramExamples, PostValidationRestoresTheBatchNormStatisticsOfADiscardedRu
 // values, and a 4-channel convolution on im2col. Two stages train bitwise like one, and full
 // recomputation like none.
 TEST(ProgramExamples, AConvolutionalNetworkWithBatchNormLearnsOnOneAndTwoStagesAlike) {
-  const std::string program = ::testing::TempDir() + "/conv_bn_classifier.sluice";
+  const std::string program = testing_support::ScratchPath("conv_bn_classifier.sluice");
   std::ofstream(program) << R"(program convbn {
   input %features: f32[B, 8] = features
   input %label: i64[B] = label
@@ -241,7 +242,7 @@ TEST(ProgramExamples, AnExportedSplitHeadsGptLearnsUnderBf16OnOneAndTwoStagesAli
   if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0) {
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   }
-  const std::string dir = ::testing::TempDir() + "/split_heads_gpt";
+  const std::string dir = testing_support::ScratchPath("split_heads_gpt");
   std::filesystem::remove_all(dir);
   const std::string cmd = "/usr/bin/python3 " + Example("../tools/torch_export.py") + " " +
                           Example("../tests/parity/torch_models.py") +
@@ -279,7 +280,7 @@ std::string DropoutClassifier(const std::string& p) {
        at = text.find("p = 0.1", at + with.size())) {
     text.replace(at, 7, with);
   }
-  const std::string path = ::testing::TempDir() + "/dropout_classifier_" + p + ".sluice";
+  const std::string path = testing_support::ScratchPath("dropout_classifier_" + p + ".sluice");
   std::ofstream(path) << text;
   return path;
 }
@@ -307,7 +308,7 @@ TEST(ProgramExamples, ADropoutClassifierTrainsBitwiseAlikeOnEveryScheduleRecompu
                                       "--recompute " + std::string(Name(policy)));
   }
   // Stopped after 12 steps and resumed from its checkpoint: the same 18 steps after.
-  const std::string checkpoint = ::testing::TempDir() + "/dropout_classifier.safetensors";
+  const std::string checkpoint = testing_support::ScratchPath("dropout_classifier.safetensors");
   {
     Trainer first(config);
     for (int s = 0; s < 12; ++s) first.Step();

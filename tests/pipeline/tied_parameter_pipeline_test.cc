@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "scratch_path.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/nn/training_program.h"
 #include "sluice/pipeline/memory_forecast.h"
@@ -72,7 +73,7 @@ std::string TiedLm(int blocks, bool shared_up = false) {
 }
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = testing_support::ScratchPath(name);
   std::ofstream(path) << text;
   return path;
 }
@@ -203,7 +204,7 @@ TEST(TiedParameterPipeline, ACheckpointHoldsTheTableOnceAndResumesBitwiseIntoEve
   const PipelineOptions options{.stages = 2};
   const TrainedRun whole = TrainAndKeep(config, PipelineEngineFactory(options));
 
-  const std::string path = ::testing::TempDir() + "/tied_lm.safetensors";
+  const std::string path = testing_support::ScratchPath("tied_lm.safetensors");
   TrainConfig first = config;
   first.steps = 2;
   first.save_path = path;

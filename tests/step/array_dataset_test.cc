@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "scratch_path.h"
 #include "sluice/core/error.h"
 #include "sluice/io/safetensors.h"
 
@@ -20,7 +21,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+std::string TempPath(const std::string& name) { return testing_support::ScratchPath(name); }
 
 // N examples: x[i] = f32 {i, i + 0.5, i + 0.25}, labels[i] = i64 3i, w[i] = f64 [[i, -i]] (a rank-3
 // array), k[i] = i32 i % 7 — so that every row of a batch says which example it came from.

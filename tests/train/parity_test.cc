@@ -27,6 +27,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "scratch_path.h"
 #include "sluice/io/safetensors.h"
 #include "sluice/step/task.h"
 #include "sluice/train/trainer.h"
@@ -168,9 +169,8 @@ TEST(Parity, LivePyTorch) {
   std::map<std::string, Tensor> input = MicroBatches(config);
   for (const std::string& name : trainer.ParamNames())
     input.emplace("param." + name, trainer.Value(name).Clone());
-  const std::string dir = ::testing::TempDir();
-  const std::string in_path = dir + "/parity_input.safetensors",
-                    out_path = dir + "/parity_output.safetensors";
+  const std::string in_path = testing_support::ScratchPath("parity_input.safetensors"),
+                    out_path = testing_support::ScratchPath("parity_output.safetensors");
   WriteSafetensors(in_path, input, {{"config", ReferenceConfig(config, trainer).dump()}});
   std::string cmd = fmt::format("/usr/bin/python3 {}/tests/parity/gpt_reference.py {} {}",
                                 SourceDir(), in_path, out_path);
@@ -224,9 +224,8 @@ SafetensorsFile RunReference(const TrainConfig& config, Trainer& trainer,
   std::map<std::string, Tensor> input = MicroBatches(config);
   for (const std::string& name : trainer.ParamNames())
     input.emplace("param." + name, trainer.Value(name).Clone());
-  const std::string dir = ::testing::TempDir();
-  const std::string in_path = dir + "/parity_bf16_input.safetensors",
-                    out_path = dir + "/parity_bf16_output.safetensors";
+  const std::string in_path = testing_support::ScratchPath("parity_bf16_input.safetensors"),
+                    out_path = testing_support::ScratchPath("parity_bf16_output.safetensors");
   WriteSafetensors(in_path, input, {{"config", ReferenceConfig(config, trainer).dump()}});
   std::string cmd = fmt::format("/usr/bin/python3 {}/tests/parity/gpt_reference.py {} {}",
                                 SourceDir(), in_path, out_path);

@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "scratch_path.h"
 #include "sluice/core/error.h"
 #include "sluice/io/safetensors.h"
 #include "sluice/step/program_task.h"
@@ -29,7 +30,7 @@ using testing_support::TrainAndKeep;
 using testing_support::TrainedRun;
 
 std::string WriteTemp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = testing_support::ScratchPath(name);
   std::ofstream(path) << text;
   return path;
 }
@@ -169,8 +170,8 @@ TEST(ProgramTraining, ATiedParameterStepsByTheSumOfItsReadingsGradients) {
   std::vector<float> table(11 * 8);
   for (size_t i = 0; i < table.size(); ++i) table[i] = std::sin(0.7f * static_cast<float>(i));
   const Tensor initial = Tensor::FromVector<float>({11, 8}, table);
-  const std::string tied_init = ::testing::TempDir() + "/tied_init.safetensors";
-  const std::string untied_init = ::testing::TempDir() + "/untied_init.safetensors";
+  const std::string tied_init = testing_support::ScratchPath("tied_init.safetensors");
+  const std::string untied_init = testing_support::ScratchPath("untied_init.safetensors");
   WriteSafetensors(tied_init, {{"table", initial}});
   WriteSafetensors(untied_init, {{"table_in", initial}, {"table_out", initial}});
 
@@ -280,7 +281,7 @@ TEST(ProgramTraining, AProgramTheDataCannotFeedIsRefusedBeforeTheFirstStep) {
 TEST(ProgramTraining, ParametersWithoutInitializersComeFromInitFrom) {
   std::vector<float> table(11 * 8);
   for (size_t i = 0; i < table.size(); ++i) table[i] = std::cos(0.3f * static_cast<float>(i));
-  const std::string init = ::testing::TempDir() + "/bare_init.safetensors";
+  const std::string init = testing_support::ScratchPath("bare_init.safetensors");
   WriteSafetensors(init, {{"table", Tensor::FromVector<float>({11, 8}, table)}});
   std::string bare = TinyLm("table", "table");
   bare.replace(bare.find(" = loaded"), 9, "");
@@ -304,7 +305,7 @@ TEST(ProgramTraining, AConstantIsReadButNeverTrainedAndTheCheckpointKeepsIt) {
   std::vector<float> table(11 * 8), scale(8);
   for (size_t i = 0; i < table.size(); ++i) table[i] = std::sin(0.7f * static_cast<float>(i));
   for (size_t i = 0; i < scale.size(); ++i) scale[i] = 0.5f + 0.25f * static_cast<float>(i);
-  const std::string init = ::testing::TempDir() + "/const_init.safetensors";
+  const std::string init = testing_support::ScratchPath("const_init.safetensors");
   WriteSafetensors(init, {{"table", Tensor::FromVector<float>({11, 8}, table)},
                           {"scale", Tensor::FromVector<float>({1, 8}, scale)}});
   const std::string program = R"(program consts {
@@ -323,7 +324,7 @@ TEST(ProgramTraining, AConstantIsReadButNeverTrainedAndTheCheckpointKeepsIt) {
   TrainConfig c = AsProgram(SmallGpt(), WriteTemp("consts.sluice", program));
   c.steps = 3;
   c.init_from = init;
-  const std::string checkpoint = ::testing::TempDir() + "/consts_ckpt.safetensors";
+  const std::string checkpoint = testing_support::ScratchPath("consts_ckpt.safetensors");
   std::vector<double> losses;
   {
     Trainer trainer(c);

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "scratch_path.h"
 #include "sluice/io/checkpoint.h"
 #include "sluice/io/safetensors.h"
 #include "sluice/nn/optimizer.h"
@@ -39,7 +40,7 @@ TrainConfig SmallGpt() {
   return c;
 }
 
-std::string Temp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+std::string Temp(const std::string& name) { return testing_support::ScratchPath(name); }
 
 TEST(Trainer, ResumeGivesBitwiseTheSameLosses) {
   const std::string ckpt = Temp("resume.safetensors");

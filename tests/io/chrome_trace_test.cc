@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "scratch_path.h"
 #include "sluice/core/caching_allocator.h"
 #include "sluice/exec/interpreter.h"
 #include "sluice/exec/random_inputs.h"
@@ -89,8 +90,7 @@ TEST(ChromeTrace, WritesAFileAndNamesAnUnwritablePath) {
   trace.NameThread(1, 0, "main");
   trace.AddSpan(1, 0, "work", "test", 1.5, 2.0);
   trace.AddCounter(1, "bytes", "allocated", 1.5, 42);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "sluice_trace_test.json").string();
+  const std::string path = testing_support::ScratchPath("sluice_trace_test.json");
   trace.Write(path);
   std::ifstream in(path);
   const Json json = Json::parse(in);

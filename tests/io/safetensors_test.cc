@@ -1,6 +1,7 @@
 // Safetensors: round trips, and a clear IoError naming the file and tensor for every malformed
 // file (truncated, bad JSON, bad fields, offsets out of range, overlaps, holes, size mismatches).
 #include "sluice/io/safetensors.h"
+#include "scratch_path.h"
 
 #include <cstdio>
 #include <cstring>
@@ -78,8 +79,7 @@ TEST(Safetensors, ReadsWhatPyTorchStyleWritersProduce) {
 }
 
 TEST(Safetensors, FileRoundTripAndMissingFile) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "sluice_safetensors_test.safetensors").string();
+  const std::string path = testing_support::ScratchPath("sluice_safetensors_test.safetensors");
   WriteSafetensors(path, {{"x", Tensor::Full({3}, 2.0, DType::kF32)}});
   EXPECT_EQ(ReadSafetensors(path).tensors.at("x").At({2}), 2.0);
   std::remove(path.c_str());
@@ -101,8 +101,7 @@ TEST(Safetensors, EveryTruncationIsAnIoError) {
                             {"step.count", Tensor::FromVector<int64_t>({}, {7})},
                             {"z.empty", Tensor::Zeros({0, 4}, DType::kF32)}},
                            {{"step", "3"}, {"config", "{\"model\": \"gpt\"}"}});
-  const std::filesystem::path path =
-      std::filesystem::temp_directory_path() / "sluice_truncated.safetensors";
+  const std::filesystem::path path = testing_support::ScratchPath("sluice_truncated.safetensors");
   for (size_t n = 0; n < bytes.size(); ++n) {
     const std::string cut = bytes.substr(0, n);
     EXPECT_THROW(ParseSafetensors(cut, "cut.safetensors"), IoError) << n << " bytes";
@@ -135,8 +134,7 @@ TEST(Safetensors, RejectsTruncatedFiles) {
 // short in its data, or with bytes after it, by the file's size.
 TEST(Safetensors, MetadataAloneRefusesAFileCutShortInItsData) {
   const std::string path =
-      (std::filesystem::temp_directory_path() / "sluice_safetensors_metadata_test.safetensors")
-          .string();
+      testing_support::ScratchPath("sluice_safetensors_metadata_test.safetensors");
   const std::string good =
       SerializeSafetensors({{"w", Tensor::Zeros({4}, DType::kF32)}}, {{"step", "3"}});
   const auto write = [&](const std::string& bytes) {
@@ -164,8 +162,7 @@ TEST(Safetensors, MetadataAloneRefusesAFileCutShortInItsData) {
 // claiming the largest header allowed is refused by its size, not after allocating 100 MB for it.
 TEST(Safetensors, MetadataAloneChecksTheHeaderLengthAgainstTheFileSizeFirst) {
   const std::string path =
-      (std::filesystem::temp_directory_path() / "sluice_safetensors_claims_too_much.safetensors")
-          .string();
+      testing_support::ScratchPath("sluice_safetensors_claims_too_much.safetensors");
   std::string bytes(8, '\0');
   const uint64_t n = kMaxSafetensorsHeaderBytes;
   std::memcpy(bytes.data(), &n, 8);

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "scratch_path.h"
 #include "sluice/core/error.h"
 #include "sluice/ir/ops.h"
 #include "source_dir.h"
@@ -490,7 +491,7 @@ TEST(TextFormat, LoadProgramFileNamesTheUnreadablePath) {
 }
 
 TEST(TextFormat, LoadProgramFileLabelsParseErrorsWithThePath) {
-  const fs::path path = fs::temp_directory_path() / "sluice-text-format-test-bad.sluice";
+  const fs::path path = testing_support::ScratchPath("sluice-text-format-test-bad.sluice");
   {
     std::ofstream out(path);
     out << "program p {\n  input %x: f33[2]\n}\n";
